@@ -1,0 +1,224 @@
+"""The event envelope and its codec: the one module that turns events into lines and back.
+
+The envelope is a strict msgspec Struct (no `"5"`, `true` or `5.9` for an int, unknown keys
+refused) whose `data` stays raw JSON until a payload is asked for, so the hot read path never
+decodes payloads it does not need. Envelope rules that span fields (surface ops, source seqs)
+are checked in `__post_init__`, so a decoded `Event` is always a valid envelope.
+
+Writers build events with `make_event`, which refuses data that JSON cannot carry losslessly
+(non-finite floats, non-str keys, ints outside ±2^63, lone surrogates, foreign types).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import InvalidEvent, InvalidPayload, NonLosslessData, UnsupportedLog
+from .events import KNOWN_TYPES, PAYLOAD_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
+
+__all__ = [
+    "Event",
+    "ReplaceOp",
+    "SurfaceOp",
+    "check_lossless",
+    "decode_event",
+    "decode_events",
+    "decode_payload",
+    "encode_event",
+    "encode_events",
+    "make_event",
+]
+
+_INT_MIN = -(2**63)
+_INT_MAX = 2**63 - 1
+
+
+class ReplaceOp(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    op: Literal["replace"]
+    start_seq: int
+    end_seq: int
+
+
+SurfaceOp = Literal["append"] | ReplaceOp
+
+
+class Event(
+    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True, kw_only=True
+):
+    """One event of a session log, exactly as it is stored."""
+
+    seq: int
+    type: str
+    time: int
+    data: msgspec.Raw
+    ignorable: Literal[True] | None = None
+    surface_op: SurfaceOp | None = None
+    source_event_seqs: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        # Raised as ValueError so that msgspec reports it as a ValidationError when decoding.
+        if self.seq < 0 or self.time < 0:
+            raise ValueError("seq and time must be non-negative")
+        # Raw data is valid JSON already; an object is the only shape that starts with "{"
+        # (encoders never emit leading whitespace, and hand-written logs must not either).
+        if memoryview(self.data)[0] != 0x7B:
+            raise ValueError("data must be a JSON object")
+        surface = self.type in SURFACE_TYPES
+        op = self.surface_op
+        if surface:
+            if op is None:
+                raise ValueError(f"surface event {self.type!r} requires surface_op")
+            if op.__class__ is ReplaceOp and not 0 <= op.start_seq <= op.end_seq < self.seq:
+                raise ValueError("surface_op replace range must be ascending and before the event")
+        elif op is not None:
+            raise ValueError(f"surface_op is forbidden on {self.type!r}")
+        seqs = self.source_event_seqs
+        if seqs is not None:
+            if self.type not in SOURCE_SEQ_TYPES:
+                raise ValueError(f"source_event_seqs is forbidden on {self.type!r}")
+            if not seqs:
+                raise ValueError("source_event_seqs must not be empty")
+            prev = -1
+            for s in seqs:
+                if s <= prev:
+                    raise ValueError("source_event_seqs must be strictly ascending and non-negative")
+                prev = s
+            if prev >= self.seq:
+                raise ValueError("source_event_seqs must precede the event")
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Event)
+
+
+def encode_event(event: Event) -> bytes:
+    """One event as one line, newline included."""
+    return _encoder.encode(event) + b"\n"
+
+
+def encode_events(events: Iterable[Event]) -> bytes:
+    buf = bytearray()
+    for event in events:
+        _encoder.encode_into(event, buf, -1)
+        buf += b"\n"
+    return bytes(buf)
+
+
+def decode_event(line: bytes | memoryview) -> Event:
+    """Decode one line; raises `msgspec.DecodeError`/`ValidationError` (mapped by the caller)."""
+    return _decoder.decode(line)
+
+
+def decode_events(buf: bytes | memoryview) -> list[Event]:
+    """Decode newline-delimited events; raises msgspec errors whose path names the line index."""
+    return _decoder.decode_lines(buf)
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def check_lossless(value: object, path: str = "$") -> None:
+    """Raise `NonLosslessData` naming the JSON path of the first value JSON cannot carry."""
+    t = type(value)
+    if value is None or t is bool or t is str:
+        if t is str:
+            try:
+                value.encode("utf-8")  # type: ignore[union-attr]  # t is str
+            except UnicodeEncodeError:
+                raise NonLosslessData(f"{path}: string holds a lone surrogate") from None
+        return
+    if t is int:
+        if not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]  # t is int
+            raise NonLosslessData(f"{path}: int {value} is outside the signed 64-bit range")
+        return
+    if t is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]  # t is float
+            raise NonLosslessData(f"{path}: float {value} is not finite")
+        return
+    if t is dict:
+        for key, item in value.items():  # type: ignore[attr-defined]  # t is dict
+            if type(key) is not str:
+                raise NonLosslessData(f"{path}: key {key!r} is not a str")
+            check_lossless(key, path)
+            check_lossless(item, f"{path}.{key}")
+        return
+    if t is list or t is tuple:
+        for i, item in enumerate(value):  # type: ignore[arg-type]  # t is list or tuple
+            check_lossless(item, f"{path}[{i}]")
+        return
+    if isinstance(value, msgspec.Struct):
+        check_lossless(msgspec.to_builtins(value), path)
+        return
+    raise NonLosslessData(f"{path}: {t.__name__} is not a JSON value")
+
+
+def make_event(
+    seq: int,
+    type: str,
+    time: int,
+    data: Mapping[str, Any] | msgspec.Struct,
+    *,
+    ignorable: bool = False,
+    surface_op: SurfaceOp | None = None,
+    source_event_seqs: list[int] | None = None,
+) -> Event:
+    """Build an event to append: the data is checked for lossless JSON and, for a known type,
+    against its payload schema, so a log never holds something its readers would refuse."""
+    if not isinstance(data, (dict, msgspec.Struct)):
+        raise InvalidEvent(f"event {type!r}: data must be an object, got {data.__class__.__name__}")
+    check_lossless(data, "$.data")
+    raw = msgspec.Raw(_encoder.encode(data))
+    if type in KNOWN_TYPES:
+        _check_payload(type, raw)
+    elif not ignorable:
+        raise InvalidEvent(f"event type {type!r} is not in the vocabulary and not ignorable")
+    try:
+        return Event(
+            seq=seq,
+            type=type,
+            time=time,
+            data=raw,
+            ignorable=True if ignorable else None,
+            surface_op=surface_op,
+            source_event_seqs=source_event_seqs,
+        )
+    except (ValueError, TypeError) as exc:
+        raise InvalidEvent(f"event {type!r} at seq {seq}: {exc}") from None
+
+
+def _check_payload(type: str, raw: msgspec.Raw) -> None:
+    try:
+        msgspec.json.decode(raw, type=PAYLOAD_TYPES[type])
+    except msgspec.ValidationError as exc:
+        raise InvalidEvent(f"event {type!r}: invalid data: {exc}") from None
+
+
+# --- payloads ---------------------------------------------------------------------------------
+
+_payload_decoders = {t: msgspec.json.Decoder(cls) for t, cls in PAYLOAD_TYPES.items()}
+
+
+def decode_payload(event: Event, *, session_id: str) -> Any:
+    """The typed payload of a known event type (validated on first use: SPEC 3.2).
+
+    A malformed payload raises `InvalidPayload` (the session is corrupt); an unknown type raises
+    `UnsupportedLog`.
+    """
+    decoder = _payload_decoders.get(event.type)
+    if decoder is None:
+        raise UnsupportedLog(
+            session_id,
+            f"event type {event.type!r} is unknown",
+            code="STORAGE_UNSUPPORTED_EVENT",
+            seq=event.seq,
+        )
+    try:
+        return decoder.decode(event.data)
+    except msgspec.ValidationError as exc:
+        raise InvalidPayload(
+            session_id, f"invalid {event.type!r} payload: {exc}", seq=event.seq
+        ) from None

@@ -1,0 +1,298 @@
+"""`CrashFs`: an in-memory `Fs` that knows what an fsync made durable, and can crash.
+
+Theory of operation: every file keeps its current bytes and the bytes its last completed
+`fsync` covered; every folder keeps its current entries and the entries its last `fsync_dir`
+covered. `crash()` drops everything not covered: files fall back to their durable bytes,
+folders to their durable entries (recursively, so a folder whose own entry was never made
+durable vanishes with all it holds), and every open handle and lock is gone.
+
+Faults are injected per operation (`inject`): an `OSError` raised instead of the operation, or
+for `write` after a partial write. `drop_fsync` turns file or folder fsyncs into no-ops, so a
+test can prove that its durability checks notice a missing fsync. `counts` tallies operations
+for tests that assert how much IO something did.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+from collections import Counter
+from collections.abc import Iterable
+
+import attrs
+
+from .fs import OpenMode, PathKind
+from .values import Revision
+
+__all__ = ["CrashFs"]
+
+
+@attrs.define(eq=False)
+class _FileNode:
+    ino: int
+    data: bytearray = attrs.field(factory=bytearray)
+    durable: bytes = b""
+    mtime_ns: int = 0
+
+
+@attrs.define(eq=False)
+class _DirNode:
+    entries: dict[str, _FileNode | _DirNode] = attrs.field(factory=dict)
+    durable: dict[str, _FileNode | _DirNode] = attrs.field(factory=dict)
+
+
+@attrs.define
+class _Fault:
+    op: str
+    path_suffix: str | None
+    error: OSError
+    partial: int | None
+    times: int
+
+
+class CrashFile:
+    def __init__(self, fs: CrashFs, node: _FileNode, path: str, generation: int) -> None:
+        self._fs = fs
+        self._node = node
+        self._path = path
+        self._generation = generation
+        self._closed = False
+
+    def _check(self, op: str) -> _FileNode:
+        if self._closed or self._generation != self._fs._generation:
+            raise OSError(errno.EBADF, f"bad file descriptor ({op})", self._path)
+        self._fs._hit(op, self._path)
+        return self._node
+
+    def size(self) -> int:
+        return len(self._check("size").data)
+
+    def pread(self, offset: int, size: int) -> bytes:
+        return bytes(self._check("read").data[offset : offset + size])
+
+    def write(self, data: bytes | memoryview) -> int:
+        node = self._check("write")
+        fault = self._fs._take_fault("write", self._path)
+        if fault is not None:
+            if fault.partial:
+                node.data += bytes(data[: fault.partial])
+            raise fault.error
+        node.data += data
+        node.mtime_ns = self._fs._tick()
+        return len(data)
+
+    def truncate(self, size: int) -> None:
+        node = self._check("truncate")
+        self._fs._raise_fault("truncate", self._path)
+        del node.data[size:]
+        node.mtime_ns = self._fs._tick()
+
+    def fsync(self) -> None:
+        node = self._check("fsync")
+        self._fs._raise_fault("fsync", self._path)
+        if "file" not in self._fs.drop_fsync:
+            node.durable = bytes(node.data)
+
+    def try_lock(self) -> bool:
+        node = self._check("lock")
+        holder = self._fs._locks.get(node.ino)
+        if holder is not None and holder is not self:
+            return False
+        self._fs._locks[node.ino] = self
+        return True
+
+    def revision(self) -> Revision:
+        node = self._check("stat")
+        return Revision(size=len(node.data), mtime_ns=node.mtime_ns, inode=node.ino)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._fs._locks.get(self._node.ino) is self:
+            del self._fs._locks[self._node.ino]
+
+
+class CrashFs:
+    def __init__(self, *, drop_fsync: Iterable[str] = ()) -> None:
+        self.drop_fsync = frozenset(drop_fsync)
+        self.counts: Counter[str] = Counter()
+        self._root = _DirNode()
+        self._inos = itertools.count(1)
+        self._clock = itertools.count(1)
+        self._generation = 0
+        self._locks: dict[int, CrashFile] = {}
+        self._faults: list[_Fault] = []
+
+    # --- test controls ---
+
+    def crash(self) -> None:
+        """Lose everything no fsync covered; every open handle and lock is gone."""
+        self._generation += 1
+        self._locks.clear()
+        self._faults.clear()
+        self._restore(self._root)
+
+    def _restore(self, node: _DirNode) -> None:
+        node.entries = dict(node.durable)
+        for child in node.entries.values():
+            if isinstance(child, _DirNode):
+                self._restore(child)
+            else:
+                child.data = bytearray(child.durable)
+
+    def inject(
+        self,
+        op: str,
+        *,
+        path_suffix: str | None = None,
+        error: OSError | None = None,
+        partial: int | None = None,
+        times: int = 1,
+    ) -> None:
+        """Make the next `times` operations `op` (on a path ending with `path_suffix`) fail."""
+        err = error if error is not None else OSError(errno.EIO, f"injected {op} failure")
+        self._faults.append(_Fault(op, path_suffix, err, partial, times))
+
+    def read_bytes(self, path: str) -> bytes:
+        node = self._lookup(path)
+        assert isinstance(node, _FileNode), path
+        return bytes(node.data)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Plant a file (durably), as a test writing a log by hand would."""
+        parent, name = self._parent(path)
+        node = parent.entries.get(name)
+        if not isinstance(node, _FileNode):
+            node = _FileNode(next(self._inos))
+            parent.entries[name] = node
+            parent.durable[name] = node
+        node.data = bytearray(data)
+        node.durable = bytes(data)
+        node.mtime_ns = self._tick()
+
+    # --- internals ---
+
+    def _tick(self) -> int:
+        return next(self._clock)
+
+    def _hit(self, op: str, path: str) -> None:
+        self.counts[op] += 1
+
+    def _take_fault(self, op: str, path: str) -> _Fault | None:
+        for fault in self._faults:
+            if fault.op == op and (fault.path_suffix is None or path.endswith(fault.path_suffix)):
+                fault.times -= 1
+                if fault.times <= 0:
+                    self._faults.remove(fault)
+                return fault
+        return None
+
+    def _raise_fault(self, op: str, path: str) -> None:
+        fault = self._take_fault(op, path)
+        if fault is not None:
+            raise fault.error
+
+    def _lookup(self, path: str) -> _FileNode | _DirNode:
+        node: _FileNode | _DirNode = self._root
+        if not path:
+            return node
+        for part in path.split("/"):
+            if not isinstance(node, _DirNode):
+                raise OSError(errno.ENOTDIR, "not a directory", path)
+            try:
+                node = node.entries[part]
+            except KeyError:
+                raise FileNotFoundError(errno.ENOENT, "no such file or directory", path) from None
+        return node
+
+    def _parent(self, path: str) -> tuple[_DirNode, str]:
+        head, _, name = path.rpartition("/")
+        parent = self._lookup(head)
+        if not isinstance(parent, _DirNode):
+            raise OSError(errno.ENOTDIR, "not a directory", path)
+        return parent, name
+
+    # --- the Fs protocol ---
+
+    def root_exists(self) -> bool:
+        return True
+
+    def mkdir(self, path: str) -> None:
+        self.counts["mkdir"] += 1
+        self._raise_fault("mkdir", path)
+        parent, name = self._parent(path)
+        existing = parent.entries.get(name)
+        if existing is None:
+            parent.entries[name] = _DirNode()
+        elif not isinstance(existing, _DirNode):
+            raise OSError(errno.ENOTDIR, "exists and is not a directory", path)
+
+    def listdir(self, path: str) -> list[str]:
+        self.counts["listdir"] += 1
+        self._raise_fault("listdir", path)
+        node = self._lookup(path)
+        if not isinstance(node, _DirNode):
+            raise OSError(errno.ENOTDIR, "not a directory", path)
+        return list(node.entries)
+
+    def kind(self, path: str) -> PathKind | None:
+        self.counts["stat"] += 1
+        try:
+            node = self._lookup(path)
+        except FileNotFoundError:
+            return None
+        return "dir" if isinstance(node, _DirNode) else "file"
+
+    def revision(self, path: str) -> Revision | None:
+        self.counts["stat"] += 1
+        self._raise_fault("stat", path)
+        try:
+            node = self._lookup(path)
+        except FileNotFoundError:
+            return None
+        if not isinstance(node, _FileNode):
+            return Revision(size=0, mtime_ns=0, inode=0)
+        return Revision(size=len(node.data), mtime_ns=node.mtime_ns, inode=node.ino)
+
+    def open(self, path: str, mode: OpenMode) -> CrashFile:
+        self.counts["open"] += 1
+        self._raise_fault("open", path)
+        parent, name = self._parent(path)
+        node = parent.entries.get(name)
+        if isinstance(node, _DirNode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        if node is None:
+            if mode in ("read", "append"):
+                raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
+            node = _FileNode(next(self._inos), mtime_ns=self._tick())
+            parent.entries[name] = node
+        elif mode == "create":
+            raise FileExistsError(errno.EEXIST, "file exists", path)
+        return CrashFile(self, node, path, self._generation)
+
+    def link(self, src: str, dst: str) -> None:
+        self.counts["link"] += 1
+        self._raise_fault("link", dst)
+        node = self._lookup(src)
+        parent, name = self._parent(dst)
+        if name in parent.entries:
+            raise FileExistsError(errno.EEXIST, "file exists", dst)
+        parent.entries[name] = node
+
+    def unlink(self, path: str) -> None:
+        self.counts["unlink"] += 1
+        self._raise_fault("unlink", path)
+        parent, name = self._parent(path)
+        if name not in parent.entries:
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
+        del parent.entries[name]
+
+    def fsync_dir(self, path: str) -> None:
+        self.counts["fsync_dir"] += 1
+        self._raise_fault("fsync_dir", path)
+        node = self._lookup(path)
+        if not isinstance(node, _DirNode):
+            raise OSError(errno.ENOTDIR, "not a directory", path)
+        if "dir" not in self.drop_fsync:
+            node.durable = dict(node.entries)

@@ -1,0 +1,242 @@
+"""The event vocabulary of format 1 and the payload of each type.
+
+Payloads are strict msgspec Structs decoded lazily from the envelope's raw `data`: the hot read
+path never looks inside them, and a payload of a known type is validated when it is first used
+(`decode_payload`). A payload that fails validation makes its session corrupt.
+
+`subagent/descriptor` is deliberately only "an object" here: a malformed descriptor is a
+listing-level fact (the identity unit resets to null), not a damaged log.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+__all__ = [
+    "KNOWN_TYPES",
+    "PAYLOAD_TYPES",
+    "SOURCE_SEQ_TYPES",
+    "SURFACE_TYPES",
+    "AgentMessageSource",
+    "AssistantMessageData",
+    "Block",
+    "CompactionEndData",
+    "CompactionSource",
+    "CompactionStartData",
+    "CompactionSummaryData",
+    "EndSeedData",
+    "Message",
+    "MessageData",
+    "ModelSource",
+    "Source",
+    "StepData",
+    "SubagentCatalogData",
+    "SubagentSettledData",
+    "SubagentSettledSource",
+    "TextBlock",
+    "ToolCallBlock",
+    "ToolCallData",
+    "ToolError",
+    "ToolResultBlock",
+    "ToolResultData",
+    "ToolSource",
+    "TurnEndData",
+    "TurnEndReason",
+    "TurnStartData",
+    "TurnTrigger",
+    "Usage",
+    "UserSource",
+]
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True, kw_only=True):
+    pass
+
+
+# --- content blocks ---------------------------------------------------------------------------
+
+
+class TextBlock(_Strict, tag_field="type", tag="text"):
+    text: str
+
+
+class ToolCallBlock(_Strict, tag_field="type", tag="tool-call"):
+    id: str
+    name: str
+    arguments: str
+
+
+class ToolResultBlock(_Strict, tag_field="type", tag="tool-result"):
+    call_id: str
+    content: list[Block]
+    is_error: bool
+
+
+Block = Union[TextBlock, ToolCallBlock, ToolResultBlock]
+
+# --- message sources --------------------------------------------------------------------------
+
+
+class UserSource(_Strict, tag_field="kind", tag="user"):
+    pass
+
+
+class ModelSource(_Strict, tag_field="kind", tag="model"):
+    pass
+
+
+class ToolSource(_Strict, tag_field="kind", tag="tool"):
+    call_id: str
+
+
+class SubagentSettledSource(_Strict, tag_field="kind", tag="subagent-settled"):
+    sender_session_id: str
+
+
+class AgentMessageSource(_Strict, tag_field="kind", tag="agent-message"):
+    sender_session_id: str
+
+
+class CompactionSource(_Strict, tag_field="kind", tag="compaction"):
+    pass
+
+
+Source = Union[
+    UserSource, ModelSource, ToolSource, SubagentSettledSource, AgentMessageSource, CompactionSource
+]
+
+
+class Message(_Strict):
+    id: str
+    role: Literal["system", "user", "assistant"]
+    content: list[Block]
+    source: Source
+
+
+# --- payloads ---------------------------------------------------------------------------------
+
+
+class MessageData(_Strict):
+    """`system/message` and `user/message`."""
+
+    turn: int
+    step: int
+    message: Message
+
+
+class Usage(_Strict):
+    input_tokens: int
+    output_tokens: int
+
+
+class AssistantMessageData(_Strict):
+    turn: int
+    step: int
+    message: Message
+    finish: Literal["stop", "tool-calls", "max-tokens", "error", "aborted"]
+    usage: Usage | None = None
+    interrupted: Literal[True] | None = None
+
+
+class ToolError(_Strict):
+    name: str
+    code: str
+
+
+class ToolResultData(_Strict):
+    turn: int
+    step: int
+    message: Message
+    error: ToolError | None = None
+
+
+class TurnTrigger(_Strict):
+    kind: Literal["message", "notice", "resume"]
+
+
+class TurnStartData(_Strict):
+    turn: int
+    trigger: TurnTrigger | None = None
+
+
+class TurnEndReason(_Strict):
+    kind: Literal["completed", "aborted", "blocked", "error", "max-tokens", "interrupted"]
+    cause: Literal["user", "parent", "disposed"] | None = None
+    message: str | None = None
+
+
+class TurnEndData(_Strict):
+    turn: int
+    reason: TurnEndReason
+
+
+class StepData(_Strict):
+    turn: int
+    step: int
+
+
+class ToolCallData(_Strict):
+    turn: int
+    step: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+class EndSeedData(_Strict):
+    inherited: Literal[True] | None = None
+
+
+class SubagentCatalogData(_Strict):
+    version: Literal[1]
+    child_id: str
+    child_created_at: int
+    mode: Literal["one-shot", "continuable"]
+    label: str | None = None
+
+
+class SubagentSettledData(_Strict):
+    child_id: str
+    reason_kind: str
+    closing_text: str | None = None
+
+
+class CompactionStartData(_Strict):
+    turn: int
+
+
+class CompactionSummaryData(_Strict):
+    text: str
+
+
+class CompactionEndData(_Strict):
+    start_seq: int
+    end_seq: int
+
+
+SURFACE_TYPES = frozenset({"system/message", "user/message", "assistant/message", "tool/result"})
+SOURCE_SEQ_TYPES = frozenset({"user/message", "tool/result"})
+
+# `dict` means "any JSON object": the type's own domain validates it.
+PAYLOAD_TYPES: dict[str, type] = {
+    "system/message": MessageData,
+    "user/message": MessageData,
+    "assistant/message": AssistantMessageData,
+    "tool/result": ToolResultData,
+    "turn/start": TurnStartData,
+    "turn/end": TurnEndData,
+    "step/start": StepData,
+    "step/end": StepData,
+    "tool/call": ToolCallData,
+    "session/end-seed": EndSeedData,
+    "subagent/descriptor": dict,
+    "subagent/catalog": SubagentCatalogData,
+    "subagent/settled": SubagentSettledData,
+    "compaction/start": CompactionStartData,
+    "compaction/summary": CompactionSummaryData,
+    "compaction/end": CompactionEndData,
+}
+
+KNOWN_TYPES = frozenset(PAYLOAD_TYPES)

@@ -1,0 +1,142 @@
+"""`FaultyLogStore`: wraps any `LogStore` and injects failures, delays and hangs per operation.
+
+Storage never imports trio: a delay or hang waits on a `threading.Event` in short slices and
+calls the operation's `checkpoint` hook between them (the actors pass
+`trio.from_thread.check_cancelled`), so a cancelled caller ends it. `release()` ends every hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+import attrs
+
+from .codec import Event
+from .errors import PersistenceFailed
+from .log_store import Batch, LogStore, ReadHandle, WriteHandle
+from .values import Checkpoint, LogInfo, Offset, SessionHeader
+
+__all__ = ["FaultyLogStore", "Operation"]
+
+Operation = str  # "create" | "open_read" | "open_write" | "append" | "read" | "stat" | "list" | "close"
+_SLICE = 0.01
+
+
+@attrs.define
+class _Rule:
+    op: Operation
+    session_id: str | None
+    error: BaseException | None
+    delay: float | None  # seconds; None with no error means hang
+    times: int | None  # None: forever
+
+
+class FaultyLogStore:
+    def __init__(self, inner: LogStore) -> None:
+        self.inner = inner
+        self.calls: Counter[Operation] = Counter()
+        self._rules: list[_Rule] = []
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+
+    # --- test controls ---
+
+    def fail(
+        self,
+        op: Operation,
+        error: BaseException | None = None,
+        *,
+        session_id: str | None = None,
+        times: int | None = 1,
+    ) -> None:
+        err = error if error is not None else PersistenceFailed(f"injected {op} failure")
+        self._add(_Rule(op, session_id, err, None, times))
+
+    def delay(self, op: Operation, seconds: float, *, session_id: str | None = None, times: int | None = 1) -> None:
+        self._add(_Rule(op, session_id, None, seconds, times))
+
+    def hang(self, op: Operation, *, session_id: str | None = None, times: int | None = 1) -> None:
+        self._add(_Rule(op, session_id, None, None, times))
+
+    def release(self) -> None:
+        """End every current and future hang; clears the rules."""
+        with self._lock:
+            self._rules.clear()
+        self._released.set()
+
+    def _add(self, rule: _Rule) -> None:
+        with self._lock:
+            self._rules.append(rule)
+            self._released.clear()
+
+    def _enter(self, op: Operation, session_id: str | None, checkpoint: Checkpoint | None = None) -> None:
+        self.calls[op] += 1
+        with self._lock:
+            rule = next(
+                (r for r in self._rules if r.op == op and r.session_id in (None, session_id)), None
+            )
+            if rule is None:
+                return
+            if rule.times is not None:
+                rule.times -= 1
+                if rule.times <= 0:
+                    self._rules.remove(rule)
+        if rule.error is not None:
+            raise rule.error
+        self._wait(rule.delay, checkpoint)
+
+    def _wait(self, seconds: float | None, checkpoint: Checkpoint | None) -> None:
+        remaining = seconds
+        while remaining is None or remaining > 0:
+            step = _SLICE if remaining is None else min(_SLICE, remaining)
+            if self._released.wait(step):
+                return
+            if checkpoint is not None:
+                checkpoint()
+            if remaining is not None:
+                remaining -= step
+
+    # --- the LogStore protocol ---
+
+    def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
+        self._enter("create", header.id)
+        return self.inner.create(header, inherited_event_count=inherited_event_count)
+
+    def open_write(self, session_id: str) -> WriteHandle:
+        self._enter("open_write", session_id)
+        return self.inner.open_write(session_id)
+
+    def open_read(self, session_id: str) -> ReadHandle:
+        self._enter("open_read", session_id)
+        return self.inner.open_read(session_id)
+
+    def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
+        self._enter("append", handle.session_id)
+        return self.inner.append(handle, batches)
+
+    def read(
+        self,
+        handle: ReadHandle | WriteHandle,
+        start: Offset = Offset(0),
+        stop: Offset | None = None,
+        *,
+        checkpoint: Checkpoint | None = None,
+    ) -> list[Event]:
+        self._enter("read", handle.session_id, checkpoint)
+        return self.inner.read(handle, start, stop, checkpoint=checkpoint)
+
+    def stat(self, session_id: str) -> LogInfo | None:
+        self._enter("stat", session_id)
+        return self.inner.stat(session_id)
+
+    def list(self) -> list[LogInfo]:
+        self._enter("list", None)
+        return self.inner.list()
+
+    def close(self, handle: ReadHandle | WriteHandle) -> None:
+        self._enter("close", handle.session_id)
+        self.inner.close(handle)
+
+

@@ -1,0 +1,157 @@
+"""The plain form of a log, as bytes: where records end, what is torn, and decoding them.
+
+A plain log is line 1 (the header record) followed by one event record per line. Everything
+after the last newline is a torn tail (an incomplete line, or NUL padding a crash left behind);
+readers return every complete record before it, and a writer cuts it before appending. A file
+without a complete header line is corrupt: publication is atomic, so a torn header cannot come
+from a crash.
+
+`decode_event_lines` decodes complete lines in chunks of at most `CHUNK_BYTES`, calling the
+caller's `checkpoint` between chunks (the actors pass `trio.from_thread.check_cancelled`), and
+checks what the envelope codec cannot see line by line: seq continuity, known types and the
+seed marker. Damage is located by seq and byte offset.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import attrs
+import msgspec
+
+from .codec import Event, decode_event, decode_events
+from .errors import CorruptLog, UnsupportedLog
+from .events import KNOWN_TYPES
+from .records import HeaderError, HeaderRecord, decode_header_line
+from .values import Checkpoint
+
+__all__ = [
+    "CHUNK_BYTES",
+    "PlainLayout",
+    "check_seed_marker",
+    "decode_event_lines",
+    "is_seed_marker",
+    "plain_layout",
+    "read_header",
+]
+
+CHUNK_BYTES = 1 << 20
+
+
+@attrs.frozen
+class PlainLayout:
+    header_end: int  # just after line 1's newline
+    complete_end: int  # just after the last newline; bytes beyond it are a torn tail
+    size: int
+
+    @property
+    def torn(self) -> bool:
+        return self.complete_end < self.size
+
+
+def plain_layout(session_id: str, data: bytes) -> PlainLayout:
+    header_end = data.find(b"\n") + 1
+    if header_end == 0:
+        raise CorruptLog(session_id, "the header line is incomplete", offset=0)
+    complete_end = data.rfind(b"\n") + 1
+    return PlainLayout(header_end=header_end, complete_end=complete_end, size=len(data))
+
+
+def read_header(session_id: str, data: bytes, layout: PlainLayout) -> HeaderRecord:
+    try:
+        return decode_header_line(memoryview(data)[: layout.header_end - 1], session_id)
+    except HeaderError as exc:
+        raise exc.to_storage_error(session_id) from None
+
+
+def decode_event_lines(
+    session_id: str,
+    raw: bytes,
+    start: int,
+    end: int,
+    *,
+    first_seq: int = 0,
+    checkpoint: Checkpoint | None = None,
+    out: list[Event] | None = None,
+) -> list[Event]:
+    """Decode the complete lines in `raw[start:end]` as events numbered from `first_seq`."""
+    view = memoryview(raw)
+    events: list[Event] = [] if out is None else out
+    pos = start
+    expected = first_seq
+    while pos < end:
+        if checkpoint is not None and pos > start:
+            checkpoint()
+        stop = end if end - pos <= CHUNK_BYTES else raw.rfind(b"\n", pos, pos + CHUNK_BYTES) + 1
+        if stop <= pos:  # one line longer than a chunk: take it whole
+            stop = raw.find(b"\n", pos + CHUNK_BYTES, end) + 1
+        chunk_first = expected
+        try:
+            decoded = decode_events(view[pos:stop])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            decoded = None
+        if decoded is None or len(decoded) != raw.count(b"\n", pos, stop):
+            # decode_lines skips blank lines and cannot say where a line starts: find it.
+            _locate_damage(session_id, raw, pos, stop, chunk_first)
+        for event in decoded:  # type: ignore[union-attr]  # _locate_damage always raises
+            if event.seq != expected:
+                _locate_damage(session_id, raw, pos, stop, chunk_first)
+            if event.type not in KNOWN_TYPES and event.ignorable is None:
+                _refuse_unknown(session_id, event)
+            expected += 1
+        events.extend(decoded)  # type: ignore[arg-type]
+        pos = stop
+    return events
+
+
+def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: int) -> NoReturn:
+    """Decode `raw[pos:stop]` line by line and raise for the first damaged line."""
+    while pos < stop:
+        nl = raw.index(b"\n", pos, stop)
+        line = raw[pos:nl]
+        try:
+            event = decode_event(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            what = "an empty line" if not line.strip() else f"an invalid record ({exc})"
+            raise CorruptLog(session_id, f"expected seq {expected}, found {what}", seq=expected, offset=pos) from None
+        if event.seq != expected:
+            raise CorruptLog(
+                session_id, f"expected seq {expected}, found seq {event.seq}", seq=expected, offset=pos
+            )
+        if event.type not in KNOWN_TYPES and event.ignorable is None:
+            _refuse_unknown(session_id, event)
+        expected += 1
+        pos = nl + 1
+    raise AssertionError("no damaged line in a chunk that failed to decode")
+
+
+def _refuse_unknown(session_id: str, event: Event) -> NoReturn:
+    raise UnsupportedLog(
+        session_id,
+        f"event type {event.type!r} at seq {event.seq} is unknown and not ignorable",
+        code="STORAGE_UNSUPPORTED_EVENT",
+        seq=event.seq,
+    )
+
+
+def check_seed_marker(session_id: str, events: list[Event], inherited_event_count: int) -> None:
+    """A seeded log holds `session/end-seed {"inherited": true}` at seq K (SPEC 3.3)."""
+    k = inherited_event_count
+    if k == 0:
+        return
+    if len(events) <= k:
+        raise CorruptLog(
+            session_id, f"seeded log ends before its end-seed marker at seq {k}", seq=min(k, len(events))
+        )
+    if not is_seed_marker(events[k]):
+        raise CorruptLog(session_id, f"seq {k} must be the tagged session/end-seed marker", seq=k)
+
+
+def is_seed_marker(event: Event) -> bool:
+    """`session/end-seed {"inherited": true}`, the cut between inherited and own events."""
+    if event.type != "session/end-seed":
+        return False
+    try:
+        return msgspec.json.decode(event.data) == {"inherited": True}
+    except msgspec.DecodeError:
+        return False

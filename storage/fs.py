@@ -1,0 +1,221 @@
+"""The file-system seam: every byte storage reads or writes goes through an `Fs`.
+
+Paths are relative to the store's root, `/`-separated, and never contain `.` or `..`
+components (the log store builds them from encoded ids). `OsFs` walks every component below
+the root with `O_NOFOLLOW`, so a planted symlink anywhere inside the root is refused with
+`ELOOP`/`ENOTDIR` instead of being followed. `CrashFs` (in `crashfs`) is the in-memory twin
+that can simulate a crash.
+
+Implementations raise plain `OSError`; the log store maps them into the storage error tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat as stat_mod
+from typing import Literal, Protocol
+
+from .values import Revision
+
+__all__ = ["File", "Fs", "OpenMode", "OsFs", "PathKind"]
+
+OpenMode = Literal["read", "append", "create", "lock"]
+PathKind = Literal["file", "dir", "other"]
+
+
+class File(Protocol):
+    """An open file. Writes always go to the end (logs are append-only)."""
+
+    def size(self) -> int: ...
+    def pread(self, offset: int, size: int) -> bytes: ...
+    def write(self, data: bytes | memoryview) -> int: ...
+    def truncate(self, size: int) -> None: ...
+    def fsync(self) -> None: ...
+    def try_lock(self) -> bool: ...
+    def revision(self) -> Revision: ...
+    def close(self) -> None: ...
+
+
+class Fs(Protocol):
+    def root_exists(self) -> bool: ...
+    def mkdir(self, path: str) -> None: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def kind(self, path: str) -> PathKind | None: ...
+    def revision(self, path: str) -> Revision | None: ...
+    def open(self, path: str, mode: OpenMode) -> File: ...
+    def link(self, src: str, dst: str) -> None: ...
+    def unlink(self, path: str) -> None: ...
+    def fsync_dir(self, path: str) -> None: ...
+
+
+_FLAGS: dict[str, int] = {
+    "read": os.O_RDONLY,
+    "append": os.O_RDWR | os.O_APPEND,
+    "create": os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND,
+    "lock": os.O_RDWR | os.O_CREAT,
+}
+_COMMON = os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _revision(st: os.stat_result) -> Revision:
+    return Revision(size=st.st_size, mtime_ns=st.st_mtime_ns, inode=st.st_ino)
+
+
+class OsFile:
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def pread(self, offset: int, size: int) -> bytes:
+        chunks = []
+        while size > 0:
+            chunk = os.pread(self._fd, size, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+            size -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def write(self, data: bytes | memoryview) -> int:
+        return os.write(self._fd, data)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+
+    def fsync(self) -> None:
+        os.fsync(self._fd)
+
+    def try_lock(self) -> bool:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def revision(self) -> Revision:
+        return _revision(os.fstat(self._fd))
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+class OsFs:
+    """The real file system below `root`; the root itself may be a symlink (the user chose it)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.fspath(root)
+
+    def _parent(self, path: str) -> tuple[int, str]:
+        """An fd of `path`'s folder, reached without following links, and the last component."""
+        parts = path.split("/")
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                nxt = os.open(part, _DIR, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def root_exists(self) -> bool:
+        return os.path.isdir(self.root)
+
+    def mkdir(self, path: str) -> None:
+        fd, name = self._parent(path)
+        try:
+            os.mkdir(name, 0o755, dir_fd=fd)
+        except FileExistsError:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat_mod.S_ISDIR(st.st_mode):
+                raise OSError(errno.ENOTDIR, "exists and is not a directory", path) from None
+        finally:
+            os.close(fd)
+
+    def listdir(self, path: str) -> list[str]:
+        if not path:
+            return os.listdir(self.root)
+        fd, name = self._parent(path)
+        try:
+            dfd = os.open(name, _DIR, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            return os.listdir(dfd)
+        finally:
+            os.close(dfd)
+
+    def kind(self, path: str) -> PathKind | None:
+        try:
+            st = self._lstat(path)
+        except FileNotFoundError:
+            return None
+        if stat_mod.S_ISREG(st.st_mode):
+            return "file"
+        if stat_mod.S_ISDIR(st.st_mode):
+            return "dir"
+        return "other"
+
+    def _lstat(self, path: str) -> os.stat_result:
+        fd, name = self._parent(path)
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+
+    def revision(self, path: str) -> Revision | None:
+        try:
+            st = self._lstat(path)
+        except FileNotFoundError:
+            return None
+        return _revision(st)
+
+    def open(self, path: str, mode: OpenMode) -> OsFile:
+        fd, name = self._parent(path)
+        try:
+            return OsFile(os.open(name, _FLAGS[mode] | _COMMON, 0o644, dir_fd=fd))
+        finally:
+            os.close(fd)
+
+    def link(self, src: str, dst: str) -> None:
+        sfd, sname = self._parent(src)
+        try:
+            dfd, dname = self._parent(dst)
+            try:
+                os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+
+    def unlink(self, path: str) -> None:
+        fd, name = self._parent(path)
+        try:
+            os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        if not path:
+            dfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            fd, name = self._parent(path)
+            try:
+                dfd = os.open(name, _DIR, dir_fd=fd)
+            finally:
+                os.close(fd)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

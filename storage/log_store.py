@@ -1,0 +1,89 @@
+"""The `LogStore` protocol, its handles and batches.
+
+A store is synchronous (actors call it from worker threads) and speaks in handles: `create`
+and `open_write` return a `WriteHandle` that holds the session's single-writer lock until
+`close`; `open_read` returns a `ReadHandle` that takes no lock. `append(handle, batches)` writes
+every batch and makes them durable with one fsync before it returns; each batch states the seq
+it expects first, and a mismatch refuses the whole call with `SequenceConflict` before anything
+is written. Long reads take a `checkpoint` called between chunks.
+
+Kept as a protocol so that a store that is not made of files (SPEC 7: PostgreSQL) fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+
+from .codec import Event
+from .values import Checkpoint, LogInfo, Offset, SessionHeader, SessionId
+
+__all__ = ["Batch", "LogStore", "ReadHandle", "WriteHandle"]
+
+
+@attrs.frozen
+class Batch:
+    """Events to append, numbered from `expected_seq` (the seq the caller believes is next)."""
+
+    expected_seq: Offset
+    events: Sequence[Event]
+
+
+@attrs.define(eq=False, kw_only=True)
+class ReadHandle:
+    session_id: SessionId
+    header: SessionHeader
+    inherited_event_count: Offset
+    closed: bool = False
+    impl: object = None  # the store's own state; opaque to callers
+
+
+@attrs.define(eq=False, kw_only=True)
+class WriteHandle:
+    session_id: SessionId
+    header: SessionHeader
+    inherited_event_count: Offset
+    next_seq: Offset
+    published: bool
+    closed: bool = False
+    dead: str | None = None  # why the handle died (a failed fsync); it never writes again
+    impl: object = None
+
+
+class LogStore(Protocol):
+    def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
+        """Claim a new session; nothing is written until the first append publishes it."""
+        ...
+
+    def open_write(self, session_id: str) -> WriteHandle:
+        """Claim a published session: lock, validate the whole log, cut a torn tail."""
+        ...
+
+    def open_read(self, session_id: str) -> ReadHandle: ...
+
+    def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
+        """Write every batch and fsync once; returns the next seq. Durable when it returns."""
+        ...
+
+    def read(
+        self,
+        handle: ReadHandle | WriteHandle,
+        start: Offset = Offset(0),
+        stop: Offset | None = None,
+        *,
+        checkpoint: Checkpoint | None = None,
+    ) -> list[Event]:
+        """Events `[start, stop)` of the complete prefix (never a torn tail)."""
+        ...
+
+    def stat(self, session_id: str) -> LogInfo | None: ...
+
+    def list(self) -> list[LogInfo]:
+        """Every published session, damage reported per session; fails only for an unreadable root."""
+        ...
+
+    def close(self, handle: ReadHandle | WriteHandle) -> None:
+        """Idempotent; releases a write handle's lock."""
+        ...

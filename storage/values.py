@@ -1,0 +1,165 @@
+"""Storage values: ids, seqs, offsets, the session header, revisions and listing rows.
+
+A `Seq` names an existing event (0-based, contiguous in a log); an `Offset` is a count, a cut or
+a read boundary and may equal the event count. They are different types on purpose.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Callable
+from typing import Literal, NewType
+
+import attrs
+
+from .errors import InvalidSessionId
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Checkpoint",
+    "MAX_ID_BYTES",
+    "Damage",
+    "LogInfo",
+    "Offset",
+    "Revision",
+    "Seq",
+    "SessionHeader",
+    "SessionId",
+    "check_session_id",
+    "decode_session_id",
+    "encode_session_id",
+]
+
+FORMAT_VERSION = 1
+MAX_ID_BYTES = 80
+
+SessionId = NewType("SessionId", str)
+Seq = NewType("Seq", int)
+Offset = NewType("Offset", int)
+
+Damage = Literal["corrupt", "unsupported"]
+
+# Called between chunks of a long read; raising from it abandons the read.
+Checkpoint = Callable[[], None]
+
+
+def check_session_id(value: object) -> SessionId:
+    """Return `value` as a `SessionId`, or raise `InvalidSessionId` saying why."""
+    if type(value) is not str:
+        raise InvalidSessionId(f"session id must be a str, got {type(value).__name__}")
+    if not value:
+        raise InvalidSessionId("session id must not be empty")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidSessionId(f"session id {value!r} is not valid UTF-8 (lone surrogate)") from None
+    if size > MAX_ID_BYTES:
+        raise InvalidSessionId(
+            f"session id {value[:20]!r}… is {size} UTF-8 bytes; at most {MAX_ID_BYTES} are allowed"
+        )
+    for ch in value:
+        if unicodedata.category(ch) == "Cc":
+            raise InvalidSessionId(f"session id {value!r} contains control character {ch!r}")
+    return SessionId(value)
+
+
+_KEPT = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_DOT = ord(".")
+
+
+def encode_session_id(session_id: str) -> str:
+    """The folder name of a session: safe bytes kept, every other byte (and `~`) as `~XX`.
+
+    At most 240 characters for a valid id, so it always fits a file name, and never `.`/`..`
+    or anything with a `/`, so it cannot leave `sessions/`.
+    """
+    sid = check_session_id(session_id)
+    out: list[str] = []
+    for i, byte in enumerate(sid.encode("utf-8")):
+        if byte in _KEPT or (byte == _DOT and i > 0):
+            out.append(chr(byte))
+        else:
+            out.append(f"~{byte:02X}")
+    return "".join(out)
+
+
+def decode_session_id(name: str) -> SessionId | None:
+    """The id a folder name canonically encodes, or `None` for any other name."""
+    raw = bytearray()
+    i = 0
+    n = len(name)
+    try:
+        while i < n:
+            ch = name[i]
+            if ch == "~":
+                hexpart = name[i + 1 : i + 3]
+                if len(hexpart) != 2 or hexpart.upper() != hexpart:
+                    return None
+                raw.append(int(hexpart, 16))
+                i += 3
+            else:
+                raw.append(ord(ch))
+                i += 1
+        sid = check_session_id(raw.decode("utf-8"))
+    except (ValueError, InvalidSessionId):
+        return None
+    return sid if encode_session_id(sid) == name else None
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{attribute.name} must be a non-negative int, got {value!r}")
+
+
+def _optional_id(_inst: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None:
+        check_session_id(value)
+
+
+def _absolute_cwd(_inst: object, _attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and (type(value) is not str or not value.startswith("/")):
+        raise ValueError(f"cwd must be an absolute path, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class SessionHeader:
+    """Immutable storage metadata of a session (the logical header; the inherited cut is not here)."""
+
+    id: SessionId = attrs.field(validator=lambda _i, _a, v: check_session_id(v))
+    created_at: int = attrs.field(validator=_non_negative)
+    is_seeded: bool = False
+    delegation_depth: int = attrs.field(default=0, validator=_non_negative)
+    cwd: str | None = attrs.field(default=None, validator=_absolute_cwd)
+    parent_session: SessionId | None = attrs.field(default=None, validator=_optional_id)
+    origin: Literal["subagent"] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("subagent",)))
+    )
+    agent_preset: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
+    format: int = FORMAT_VERSION
+
+
+@attrs.frozen
+class Revision:
+    """What tells a changed log from an unchanged one without reading it."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+
+@attrs.frozen(kw_only=True)
+class LogInfo:
+    """One session as `LogStore.list()`/`stat()` report it; damage is reported, never raised.
+
+    For a damaged log `header` is line 1 parsed with the format-1 rules except the `format`
+    value, or `None` when even that fails; `event_count` counts the events before the damage.
+    """
+
+    id: SessionId
+    header: SessionHeader | None
+    damage: Damage | None
+    inherited_event_count: Offset
+    revision: Revision
+    event_count: Offset
