@@ -218,6 +218,9 @@ class CrashFs:
     def root_exists(self) -> bool:
         return True
 
+    def make_root(self) -> None:
+        pass
+
     def mkdir(self, path: str) -> None:
         self.counts["mkdir"] += 1
         self._raise_fault("mkdir", path)

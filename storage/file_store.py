@@ -139,6 +139,7 @@ class FileLogStore:
             raise ValueError("header.is_seeded must be true exactly when inherited_event_count > 0")
         folder = self._folder(sid)
         with _mapped(sid, "create"):
+            self.fs.make_root()
             self.fs.mkdir(SESSIONS)
             self.fs.mkdir(folder)
             lock = self._lock(sid, folder)

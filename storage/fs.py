@@ -40,6 +40,7 @@ class File(Protocol):
 
 class Fs(Protocol):
     def root_exists(self) -> bool: ...
+    def make_root(self) -> None: ...
     def mkdir(self, path: str) -> None: ...
     def listdir(self, path: str) -> list[str]: ...
     def kind(self, path: str) -> PathKind | None: ...
@@ -131,6 +132,18 @@ class OsFs:
 
     def root_exists(self) -> bool:
         return os.path.isdir(self.root)
+
+    def make_root(self) -> None:
+        """Create the root (and missing parents) and make its entry durable."""
+        if os.path.isdir(self.root):
+            return
+        os.makedirs(self.root, exist_ok=True)
+        parent = os.path.dirname(os.path.abspath(self.root))
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def mkdir(self, path: str) -> None:
         fd, name = self._parent(path)

@@ -1,0 +1,29 @@
+"""Shared fixtures: every log-store implementation, for the conformance suite and friends."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from subagents.storage import FaultyLogStore, FileLogStore, LogStore, MemoryLogStore
+
+StoreFactory = Callable[[], LogStore]
+
+
+@pytest.fixture(params=["file", "memory", "faulty"])
+def store_factory(request: pytest.FixtureRequest, tmp_path) -> Iterator[StoreFactory]:
+    """Makes stores that share one root, so a test can open a second store on the same data."""
+    kind = request.param
+    if kind == "file":
+        yield lambda: FileLogStore(str(tmp_path))
+    elif kind == "memory":
+        shared = MemoryLogStore()
+        yield lambda: MemoryLogStore(fs=shared.crash_fs)
+    else:
+        yield lambda: FaultyLogStore(FileLogStore(str(tmp_path)))
+
+
+@pytest.fixture
+def store(store_factory: StoreFactory) -> LogStore:
+    return store_factory()

@@ -1,0 +1,152 @@
+"""The layering rules of SPEC 2, checked on the source: imports point downward only, each layer
+imports only the third-party packages its row allows, nothing imports a layer unprefixed, and
+no two modules import each other (directly or through a cycle)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LAYERS = ("storage", "actors", "runtime")  # bottom to top
+ALLOWED_THIRD_PARTY = {
+    "storage": {"attrs", "cattrs", "msgspec", "zstandard"},
+    "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
+    "runtime": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util", "httpx", "rich"},
+}
+STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+
+def _modules() -> dict[str, Path]:
+    """Installed module name → source file, for every module of the three layers."""
+    found = {}
+    for layer in LAYERS:
+        for path in sorted((REPO / layer).rglob("*.py")):
+            rel = path.relative_to(REPO).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(["subagents", *parts])] = path
+    return found
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, int]]:
+    """Absolute names of everything `path` imports, with line numbers."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                if node.level > 1:
+                    base = base[: -(node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                if node.module is None:
+                    out.extend((f"{target}.{alias.name}", node.lineno) for alias in node.names)
+                else:
+                    out.append((target, node.lineno))
+            else:
+                out.append((node.module or "", node.lineno))
+    return out
+
+
+def _layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] == "subagents" and len(parts) > 1 and parts[1] in LAYERS:
+        return parts[1]
+    return None
+
+
+MODULES = _modules()
+
+
+def test_every_layer_has_modules() -> None:
+    assert {_layer_of(m) for m in MODULES} == set(LAYERS)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_downward_only(module: str) -> None:
+    layer = _layer_of(module)
+    assert layer is not None
+    rank = LAYERS.index(layer)
+    problems = []
+    for target, line in _imports(module, MODULES[module]):
+        top = target.split(".")[0]
+        if top in LAYERS:
+            problems.append(f"line {line}: unprefixed import of {target!r}")
+        elif top == "subagents":
+            target_layer = _layer_of(target)
+            if target_layer is None:
+                problems.append(f"line {line}: {target!r} is not in a layer")
+            elif LAYERS.index(target_layer) > rank:
+                problems.append(f"line {line}: {layer} imports the higher layer {target!r}")
+        elif top not in STDLIB and top not in ALLOWED_THIRD_PARTY[layer]:
+            problems.append(f"line {line}: {layer} may not import {top!r}")
+    assert problems == []
+
+
+def test_no_import_cycles() -> None:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        deps = set()
+        for target, _line in _imports(module, path):
+            # `from .x import y` may name a module `x.y` or an attribute of `x`.
+            for candidate in (target, target.rpartition(".")[0]):
+                if candidate in MODULES and candidate != module:
+                    deps.add(candidate)
+                    break
+        graph[module] = deps
+    # A package's __init__ re-exports its modules; an edge into a package's own __init__ from a
+    # module inside it would be a cycle, and is counted as one.
+    visiting: set[str] = set()
+    done: set[str] = set()
+    cycles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        if node in done:
+            return
+        if node in visiting:
+            cycles.append(trail[trail.index(node) :] + [node])
+            return
+        visiting.add(node)
+        for dep in sorted(graph[node]):
+            visit(dep, [*trail, node])
+        visiting.discard(node)
+        done.add(node)
+
+    for module in sorted(graph):
+        visit(module, [])
+    assert cycles == []
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_layers_are_not_importable_unprefixed(name: str) -> None:
+    # `pytest --import-mode=importlib` keeps the repository root off sys.path, so the source
+    # folders can never shadow (or stand in for) the installed package.
+    assert importlib.util.find_spec(name) is None, f"{name!r} is importable without the prefix"
+    assert importlib.util.find_spec(f"subagents.{name}") is not None
+
+
+def test_tests_and_benchmarks_import_only_prefixed_names() -> None:
+    problems = []
+    for folder in ("tests", "bench", "scenarios"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module]
+                for n in names:
+                    if n.split(".")[0] in LAYERS:
+                        problems.append(f"{path.relative_to(REPO)}:{node.lineno}: {n}")
+    assert problems == []
