@@ -38,10 +38,11 @@ from .errors import (
     UnsafePath,
     UnsupportedLog,
 )
-from .framing import check_seed_marker, decode_event_lines, is_seed_marker, plain_layout, read_header
+from .forms import FORMS, Compression, LogForm, ParsedLog
+from .framing import is_seed_marker
 from .fs import File, Fs, OsFs
 from .log_store import Batch, ReadHandle, WriteHandle
-from .records import HeaderError, HeaderRecord, decode_header_line, encode_header_line
+from .records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
     Checkpoint,
     LogInfo,
@@ -58,8 +59,7 @@ __all__ = ["FileLogStore", "LOG_NAMES"]
 
 log = logging.getLogger(__name__)
 
-Compression = Literal["none", "zstd"]
-LOG_NAMES: dict[Compression, str] = {"none": "session.jsonl", "zstd": "session.jsonl.zst"}
+LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
 LOCK_NAME = "lock"
 PUBLISH_TEMP = "publish.tmp"
 SESSIONS = "sessions"
@@ -68,6 +68,7 @@ SESSIONS = "sessions"
 @attrs.define(eq=False)
 class _WriteState:
     lock: File
+    form: LogForm
     file: File | None = None
     end: int = 0  # bytes of the log this handle has written or validated
 
@@ -75,14 +76,7 @@ class _WriteState:
 @attrs.frozen
 class _ReadState:
     path: str
-
-
-@attrs.frozen
-class _Parsed:
-    record: HeaderRecord
-    events: list[Event]
-    complete_end: int
-    size: int
+    form: LogForm
 
 
 class FileLogStore:
@@ -97,9 +91,8 @@ class FileLogStore:
             if root is None:
                 raise TypeError("FileLogStore needs a root or an fs")
             fs = OsFs(root)
-        if compression != "none":
-            # The zstd form arrives with the framed reader (issue 3); refuse rather than pretend.
-            raise ValueError(f"compression {compression!r} is not available yet; use 'none'")
+        if compression not in FORMS:
+            raise ValueError(f"compression must be one of {sorted(FORMS)}, got {compression!r}")
         self.fs = fs
         self.compression: Compression = compression
         self._root_durable = False
@@ -110,24 +103,22 @@ class FileLogStore:
     def _folder(session_id: str) -> str:
         return f"{SESSIONS}/{encode_session_id(session_id)}"
 
-    def _log_forms(self, folder: str) -> list[tuple[str, Revision]]:
-        forms = []
-        for name in LOG_NAMES.values():
-            rev = self.fs.revision(f"{folder}/{name}")
+    def _log_forms(self, folder: str) -> list[tuple[str, LogForm, Revision]]:
+        found = []
+        for form in FORMS.values():
+            path = f"{folder}/{form.file_name}"
+            rev = self.fs.revision(path)
             if rev is not None:
-                forms.append((f"{folder}/{name}", rev))
-        return forms
+                found.append((path, form, rev))
+        return found
 
-    def _single_form(self, session_id: SessionId, folder: str) -> str:
-        forms = self._log_forms(folder)
-        if not forms:
+    def _single_form(self, session_id: SessionId, folder: str) -> tuple[str, LogForm]:
+        found = self._log_forms(folder)
+        if not found:
             raise SessionNotFound(session_id)
-        if len(forms) > 1:
+        if len(found) > 1:
             raise CorruptLog(session_id, "the folder holds both a plain and a zstd log")
-        path = forms[0][0]
-        if not path.endswith(LOG_NAMES["none"]):
-            raise UnsupportedLog(session_id, "the zstd log form is not readable by this build yet")
-        return path
+        return found[0][0], found[0][1]
 
     # --- claiming ---
 
@@ -155,7 +146,7 @@ class FileLogStore:
             inherited_event_count=inherited_event_count,
             next_seq=Offset(0),
             published=False,
-            impl=_WriteState(lock=lock),
+            impl=_WriteState(lock=lock, form=FORMS[self.compression]),
         )
 
     def _lock(self, sid: SessionId, folder: str) -> File:
@@ -174,13 +165,10 @@ class FileLogStore:
             lock = self._lock(sid, folder)
             file: File | None = None
             try:
-                file = self.fs.open(self._single_form(sid, folder), "append")
-                parsed = self._parse(sid, file.pread(0, file.size()), checkpoint=None)
-                if parsed.complete_end < parsed.size:
-                    # Cut the torn tail durably before anyone appends after it. None of those
-                    # bytes were acknowledged, so nothing acknowledged is lost.
-                    file.truncate(parsed.complete_end)
-                    file.fsync()
+                path, form = self._single_form(sid, folder)
+                file = self.fs.open(path, "append")
+                parsed = form.parse(sid, file.pread(0, file.size()), checkpoint=None)
+                end = _repair_tail(file, form, parsed)
             except BaseException:
                 if file is not None:
                     file.close()
@@ -192,41 +180,25 @@ class FileLogStore:
             inherited_event_count=parsed.record.inherited_event_count,
             next_seq=Offset(len(parsed.events)),
             published=True,
-            impl=_WriteState(lock=lock, file=file, end=parsed.complete_end),
+            impl=_WriteState(lock=lock, form=form, file=file, end=end),
         )
 
     def open_read(self, session_id: str) -> ReadHandle:
         sid = check_session_id(session_id)
         folder = self._folder(sid)
         with _mapped(sid, "open for reading"):
-            path = self._single_form(sid, folder)
+            path, form = self._single_form(sid, folder)
             file = self.fs.open(path, "read")
             try:
-                record = self._read_header_only(sid, file)
+                record = _read_header_only(sid, file, form)
             finally:
                 file.close()
         return ReadHandle(
             session_id=sid,
             header=record.header,
             inherited_event_count=record.inherited_event_count,
-            impl=_ReadState(path),
+            impl=_ReadState(path, form),
         )
-
-    def _read_header_only(self, sid: SessionId, file: File) -> HeaderRecord:
-        size = file.size()
-        want = 4096
-        while True:
-            head = file.pread(0, min(want, size))
-            nl = head.find(b"\n")
-            if nl >= 0:
-                break
-            if len(head) >= size:
-                raise CorruptLog(sid, "the header line is incomplete", offset=0)
-            want *= 4
-        try:
-            return decode_header_line(memoryview(head)[:nl], sid)
-        except HeaderError as exc:
-            raise exc.to_storage_error(sid) from None
 
     def close(self, handle: ReadHandle | WriteHandle) -> None:
         if handle.closed:
@@ -265,13 +237,14 @@ class FileLogStore:
         sid = handle.session_id
         file = state.file
         assert file is not None
+        data = state.form.append_bytes(payload)
         try:
-            _write_all(file, payload)
+            _write_all(file, data)
         except OSError as exc:
             self._roll_back(handle, state, exc)
             raise _persistence(sid, "append", exc) from exc
         self._fsync(handle, file, "fsync")
-        state.end += len(payload)
+        state.end += len(data)
 
     def _roll_back(self, handle: WriteHandle, state: _WriteState, exc: OSError) -> None:
         """Cut a failed write back to the last acknowledged byte, durably, or die trying."""
@@ -299,8 +272,11 @@ class FileLogStore:
         sid = handle.session_id
         folder = self._folder(sid)
         temp = f"{folder}/{PUBLISH_TEMP}"
-        head = encode_header_line(
-            HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
+        data = state.form.publish_bytes(
+            encode_header_line(
+                HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
+            ),
+            payload,
         )
         with _mapped(sid, "publish"):
             if self.fs.kind(temp) is not None:
@@ -308,12 +284,12 @@ class FileLogStore:
             file = self.fs.open(temp, "create")
         try:
             try:
-                _write_all(file, head + payload)
+                _write_all(file, data)
             except OSError as exc:
                 raise _persistence(sid, "publish", exc) from exc
             self._fsync(handle, file, "fsync of the new log")
             try:
-                self.fs.link(temp, f"{folder}/{LOG_NAMES[self.compression]}")
+                self.fs.link(temp, f"{folder}/{state.form.file_name}")
             except FileExistsError:
                 raise SessionAlreadyExists(sid) from None
             except OSError as exc:
@@ -335,7 +311,7 @@ class FileLogStore:
         if not self._root_durable:
             self._fsync(handle, None, "fsync of the root", "")
             self._root_durable = True
-        state.end = len(head) + len(payload)
+        state.end = len(data)
         handle.published = True
 
     # --- reading ---
@@ -364,17 +340,10 @@ class FileLogStore:
                     data = file.pread(0, file.size())
                 finally:
                     file.close()
-        parsed = self._parse(sid, data, checkpoint=checkpoint)
+        parsed = state.form.parse(sid, data, checkpoint=checkpoint)
         if parsed.record.header != handle.header:
             raise CorruptLog(sid, "the log's header changed since the handle was opened", offset=0)
         return parsed.events[start:stop]
-
-    def _parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> _Parsed:
-        layout = plain_layout(sid, data)
-        record = read_header(sid, data, layout)
-        events = decode_event_lines(sid, data, layout.header_end, layout.complete_end, checkpoint=checkpoint)
-        check_seed_marker(sid, events, record.inherited_event_count)
-        return _Parsed(record=record, events=events, complete_end=layout.complete_end, size=layout.size)
 
     # --- listing ---
 
@@ -406,13 +375,17 @@ class FileLogStore:
         try:
             if self.fs.kind(folder) != "dir":
                 return None
-            forms = self._log_forms(folder)
-            if not forms:
+            found = self._log_forms(folder)
+            if not found:
                 return None
-            path, revision = forms[0]
-            if len(forms) > 1 or not path.endswith(LOG_NAMES["none"]):
-                damage: Literal["corrupt", "unsupported"] = "corrupt" if len(forms) > 1 else "unsupported"
-                return _damaged(sid, None, damage, revision, 0)
+            path, form, revision = found[0]
+            if len(found) > 1:
+                plain = self.fs.open(f"{folder}/{FORMS['none'].file_name}", "read")
+                try:
+                    head = plain.pread(0, 1 << 16)
+                finally:
+                    plain.close()
+                return _damaged(sid, FORMS["none"].header_of(sid, head), "corrupt", revision, 0)
             file = self.fs.open(path, "read")
             try:
                 revision = file.revision()
@@ -425,11 +398,12 @@ class FileLogStore:
             log.warning("session %r: skipped by the listing: %s", sid, exc)
             return None
         try:
-            parsed = self._parse(sid, data, checkpoint=None)
+            parsed = form.parse(sid, data, checkpoint=None)
         except (CorruptLog, UnsupportedLog) as exc:
-            damage = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
-            count = getattr(exc, "seq", None) or 0
-            return _damaged(sid, _header_of(sid, data), damage, revision, count)
+            damage: Literal["corrupt", "unsupported"] = (
+                "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
+            )
+            return _damaged(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
         return LogInfo(
             id=sid,
             header=parsed.record.header,
@@ -442,12 +416,12 @@ class FileLogStore:
 
 def _damaged(
     sid: SessionId,
-    record: HeaderRecord | SessionHeader | None,
+    record: HeaderRecord | HeaderError | None,
     damage: Literal["corrupt", "unsupported"],
     revision: Revision,
     event_count: int,
 ) -> LogInfo:
-    header = record.header if isinstance(record, HeaderRecord) else record
+    header = record.header if record is not None else None
     k = record.inherited_event_count if isinstance(record, HeaderRecord) else 0
     return LogInfo(
         id=sid,
@@ -459,15 +433,39 @@ def _damaged(
     )
 
 
-def _header_of(sid: SessionId, data: bytes) -> HeaderRecord | SessionHeader | None:
-    """Line 1 under the format-1 rules except the format value (SPEC 3.3), if it parses."""
-    nl = data.find(b"\n")
-    if nl < 0:
-        return None
-    try:
-        return decode_header_line(memoryview(data)[:nl], sid)
-    except HeaderError as exc:
-        return exc.header
+def _read_header_only(sid: SessionId, file: File, form: LogForm) -> HeaderRecord:
+    """Line 1 without reading the whole log: grow the prefix until the header parses."""
+    size = file.size()
+    want = 4096
+    while True:
+        head = file.pread(0, min(want, size))
+        found = form.header_of(sid, head)
+        if isinstance(found, HeaderRecord):
+            return found
+        if isinstance(found, HeaderError):
+            raise found.to_storage_error(sid)
+        if len(head) >= size:
+            raise CorruptLog(sid, "the header record is incomplete", offset=0)
+        want *= 8
+
+
+def _repair_tail(file: File, form: LogForm, parsed: ParsedLog) -> int:
+    """Cut a torn tail durably before anyone appends after it; returns the new end.
+
+    None of the torn bytes were acknowledged, so nothing acknowledged is lost. The complete
+    lines of a torn zstd frame are re-appended as one new checksummed frame, so the events a
+    reader returned are the events the writer continues from: no seq is ever reused.
+    """
+    if not parsed.torn:
+        return parsed.complete_end
+    file.truncate(parsed.complete_end)
+    end = parsed.complete_end
+    if parsed.recovered:
+        framed = form.append_bytes(parsed.recovered)
+        _write_all(file, framed)
+        end += len(framed)
+    file.fsync()
+    return end
 
 
 def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[Event], bytes]:

@@ -11,17 +11,18 @@ from subagents.storage import FaultyLogStore, FileLogStore, LogStore, MemoryLogS
 StoreFactory = Callable[[], LogStore]
 
 
-@pytest.fixture(params=["file", "memory", "faulty"])
+@pytest.fixture(params=["file", "file-zstd", "memory", "memory-zstd", "faulty"])
 def store_factory(request: pytest.FixtureRequest, tmp_path) -> Iterator[StoreFactory]:
     """Makes stores that share one root, so a test can open a second store on the same data."""
-    kind = request.param
+    kind, _, form = request.param.partition("-")
+    compression = "zstd" if form == "zstd" else "none"
     if kind == "file":
-        yield lambda: FileLogStore(str(tmp_path))
+        yield lambda: FileLogStore(str(tmp_path), compression=compression)
     elif kind == "memory":
         shared = MemoryLogStore()
-        yield lambda: MemoryLogStore(fs=shared.crash_fs)
+        yield lambda: MemoryLogStore(fs=shared.crash_fs, compression=compression)
     else:
-        yield lambda: FaultyLogStore(FileLogStore(str(tmp_path)))
+        yield lambda: FaultyLogStore(FileLogStore(str(tmp_path), compression=compression))
 
 
 @pytest.fixture

@@ -1,0 +1,153 @@
+"""The two file forms of format 1 behind one interface: parse a whole log, frame new bytes.
+
+`PlainForm` is newline-delimited JSON; `ZstdForm` is one checksummed zstd frame for the header
+line and one per durable append. Both parse into the same `ParsedLog`: the header record, every
+event of the complete prefix, where that prefix ends in the file, and — for a torn zstd frame —
+the recovered lines a writer must re-frame before it appends.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Literal, Protocol
+
+import attrs
+
+from .codec import Event
+from .errors import CorruptLog
+from .framing import check_seed_marker, decode_event_lines, plain_layout, read_header
+from .records import HeaderError, HeaderRecord, decode_header_line
+from .values import Checkpoint, SessionId
+from .zstd_framing import FrameDamage, compress_frame, frame_end, new_compressor, walk_frames
+
+__all__ = ["FORMS", "Compression", "LogForm", "ParsedLog", "PlainForm", "ZstdForm"]
+
+Compression = Literal["none", "zstd"]
+
+
+@attrs.frozen
+class ParsedLog:
+    record: HeaderRecord
+    events: list[Event]
+    complete_end: int  # just after the last complete record (plain) or frame (zstd)
+    size: int
+    recovered: bytes = b""  # lines of a torn zstd frame; part of `events`, to be re-framed
+
+    @property
+    def torn(self) -> bool:
+        return self.complete_end < self.size
+
+
+class LogForm(Protocol):
+    compression: Compression
+    file_name: str
+
+    def parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> ParsedLog: ...
+
+    def publish_bytes(self, header_line: bytes, payload: bytes) -> bytes: ...
+
+    def append_bytes(self, payload: bytes) -> bytes: ...
+
+    def header_of(self, sid: SessionId, data: bytes) -> HeaderRecord | HeaderError | None:
+        """Line 1 parsed on its own (for listing damaged logs), its error, or None."""
+        ...
+
+
+def _header(sid: SessionId, line: bytes | memoryview) -> HeaderRecord | HeaderError:
+    try:
+        return decode_header_line(line, sid)
+    except HeaderError as exc:
+        return exc
+
+
+class PlainForm:
+    compression: Compression = "none"
+    file_name = "session.jsonl"
+
+    def parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> ParsedLog:
+        layout = plain_layout(sid, data)
+        record = read_header(sid, data, layout)
+        events = decode_event_lines(
+            sid, data, layout.header_end, layout.complete_end, checkpoint=checkpoint
+        )
+        check_seed_marker(sid, events, record.inherited_event_count)
+        return ParsedLog(record=record, events=events, complete_end=layout.complete_end, size=layout.size)
+
+    def publish_bytes(self, header_line: bytes, payload: bytes) -> bytes:
+        return header_line + payload
+
+    def append_bytes(self, payload: bytes) -> bytes:
+        return payload
+
+    def header_of(self, sid: SessionId, data: bytes) -> HeaderRecord | HeaderError | None:
+        nl = data.find(b"\n")
+        return None if nl < 0 else _header(sid, memoryview(data)[:nl])
+
+
+class ZstdForm:
+    compression: Compression = "zstd"
+    file_name = "session.jsonl.zst"
+
+    def parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> ParsedLog:
+        try:
+            layout = walk_frames(data)
+        except FrameDamage as exc:
+            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
+        if not layout.frames:
+            raise CorruptLog(sid, "the header frame is incomplete", offset=0)
+        head = layout.contents[0]
+        if head.find(b"\n") != len(head) - 1:
+            raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
+        try:
+            record = decode_header_line(memoryview(head)[:-1], sid)
+        except HeaderError as exc:
+            raise exc.to_storage_error(sid) from None
+        starts = [0]  # where each event frame's content starts in `body`
+        for index, content in enumerate(layout.contents[1:], start=1):
+            if not content.endswith(b"\n"):
+                raise CorruptLog(sid, "a frame ends inside a line", offset=layout.frames[index][0])
+            starts.append(starts[-1] + len(content))
+        body = b"".join(layout.contents[1:]) + layout.recovered
+        try:
+            events = decode_event_lines(sid, body, 0, len(body), checkpoint=checkpoint)
+        except CorruptLog as exc:
+            # Offsets inside decompressed content mean nothing to a reader of the file: name
+            # the frame that holds the damaged line instead.
+            frame = bisect.bisect_right(starts, exc.offset or 0) - 1
+            offset = layout.frames[frame + 1][0] if frame + 1 < len(layout.frames) else layout.complete_end
+            raise CorruptLog(sid, exc.reason, seq=exc.seq, offset=offset) from None
+        check_seed_marker(sid, events, record.inherited_event_count)
+        return ParsedLog(
+            record=record,
+            events=events,
+            complete_end=layout.complete_end,
+            size=layout.size,
+            recovered=layout.recovered,
+        )
+
+    def publish_bytes(self, header_line: bytes, payload: bytes) -> bytes:
+        compressor = new_compressor()
+        return compress_frame(header_line, compressor) + compress_frame(payload, compressor)
+
+    def append_bytes(self, payload: bytes) -> bytes:
+        return compress_frame(payload)
+
+    def header_of(self, sid: SessionId, data: bytes) -> HeaderRecord | HeaderError | None:
+        try:
+            layout = walk_frames(data[: _first_frame_end(data)])
+        except FrameDamage:
+            return None
+        if not layout.frames or not layout.contents[0].endswith(b"\n"):
+            return None
+        return _header(sid, memoryview(layout.contents[0])[:-1])
+
+
+def _first_frame_end(data: bytes) -> int:
+    try:
+        end = frame_end(memoryview(data), 0)
+    except FrameDamage:
+        return 0
+    return end if end is not None else 0
+
+
+FORMS: dict[Compression, LogForm] = {"none": PlainForm(), "zstd": ZstdForm()}

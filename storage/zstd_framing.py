@@ -1,0 +1,153 @@
+"""The zstd form of a log, as bytes: independent checksummed frames, walked by hand.
+
+Frame 1 holds exactly the header line; each later frame holds the lines of one durable append
+(whole lines). Decompressing the file yields exactly the plain form.
+
+Theory of operation. The walk reads each frame's header and block headers (RFC 8878) over a
+`memoryview` to find where the frame ends without decompressing — linear in the file, unlike a
+`decompressobj` per frame — then decompresses each complete frame in one call, which verifies
+its content checksum. What remains after the last complete frame is the tail:
+- nothing, or only NUL bytes: no torn data (NUL padding is what a crash can leave);
+- the start of a frame (the walk ran out of bytes inside it): a torn last frame. Its complete
+  blocks are decompressed without verification (the checksum is missing) and their complete
+  lines are *recovered*; a writer re-appends them as a new checksummed frame.
+Anything else — a bad magic number, a reserved block type, a checksum or decoding failure inside
+a complete frame — is corruption at that frame's byte offset. A torn or damaged header frame is
+corruption too: publication is atomic.
+
+Decompressors are made per call and never shared between threads (a shared one has crashed the
+interpreter here).
+"""
+
+from __future__ import annotations
+
+import attrs
+import zstandard
+
+__all__ = ["FrameDamage", "ZstdLayout", "compress_frame", "frame_end", "new_compressor", "walk_frames"]
+
+_MAGIC = b"\x28\xb5\x2f\xfd"
+_FCS_SIZES = (0, 2, 4, 8)
+_DICT_ID_SIZES = (0, 1, 2, 4)
+_LEVEL = 3
+
+
+class FrameDamage(Exception):
+    """A complete frame that cannot be trusted; `offset` is where it starts in the file."""
+
+    def __init__(self, reason: str, offset: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.offset = offset
+
+
+@attrs.frozen
+class ZstdLayout:
+    frames: tuple[tuple[int, int], ...]  # (start, end) of every complete frame, in file order
+    contents: tuple[bytes, ...]  # the decompressed content of each complete frame
+    recovered: bytes  # complete lines of a torn last frame (unverified), else b""
+    complete_end: int  # just after the last complete frame
+    size: int
+
+    @property
+    def torn(self) -> bool:
+        return self.complete_end < self.size
+
+
+def compress_frame(data: bytes, compressor: zstandard.ZstdCompressor | None = None) -> bytes:
+    """One checksummed frame holding `data` (its content size in the header)."""
+    if compressor is None:
+        compressor = new_compressor()
+    return compressor.compress(data)
+
+
+def new_compressor() -> zstandard.ZstdCompressor:
+    return zstandard.ZstdCompressor(level=_LEVEL, write_checksum=True, write_content_size=True)
+
+
+def frame_end(view: memoryview, start: int) -> int | None:
+    """Where the frame starting at `start` ends, or `None` if the bytes run out first.
+
+    Raises `FrameDamage` for something that is not the start of a frame we write.
+    """
+    size = len(view)
+    if start + 5 > size:
+        if bytes(view[start:]) != _MAGIC[: size - start]:
+            raise FrameDamage("not a zstd frame (bad magic number)", start)
+        return None
+    if view[start : start + 4] != _MAGIC:
+        raise FrameDamage("not a zstd frame (bad magic number)", start)
+    descriptor = view[start + 4]
+    fcs_flag = descriptor >> 6
+    single_segment = (descriptor >> 5) & 1
+    if (descriptor >> 3) & 1:
+        raise FrameDamage("reserved bit set in the frame header", start)
+    has_checksum = (descriptor >> 2) & 1
+    header = 1 + (0 if single_segment else 1) + _DICT_ID_SIZES[descriptor & 3]
+    header += _FCS_SIZES[fcs_flag] if (fcs_flag or not single_segment) else 1
+    pos = start + 4 + header
+    while True:
+        if pos + 3 > size:
+            return None
+        block = view[pos] | (view[pos + 1] << 8) | (view[pos + 2] << 16)
+        last = block & 1
+        kind = (block >> 1) & 3
+        length = block >> 3
+        if kind == 3:
+            raise FrameDamage("reserved block type", start)
+        pos += 3 + (1 if kind == 1 else length)
+        if last:
+            break
+    if has_checksum:
+        pos += 4
+    return pos if pos <= size else None
+
+
+def walk_frames(data: bytes) -> ZstdLayout:
+    """Split a zstd log into its complete frames, their contents and a torn tail.
+
+    Raises `FrameDamage` for damage inside a complete frame or a frame-level mess.
+    """
+    view = memoryview(data)
+    size = len(data)
+    decompressor = zstandard.ZstdDecompressor()
+    frames: list[tuple[int, int]] = []
+    contents: list[bytes] = []
+    pos = 0
+    recovered = b""
+    while pos < size:
+        if _all_nul(data, pos):
+            break
+        end = frame_end(view, pos)
+        if end is None:
+            recovered = _recover(view[pos:])
+            break
+        try:
+            content = decompressor.decompress(view[pos:end])
+        except zstandard.ZstdError as exc:
+            raise FrameDamage(f"the frame does not decompress ({exc})", pos) from None
+        frames.append((pos, end))
+        contents.append(content)
+        pos = end
+    complete_end = frames[-1][1] if frames else 0
+    return ZstdLayout(
+        frames=tuple(frames),
+        contents=tuple(contents),
+        recovered=recovered,
+        complete_end=complete_end,
+        size=size,
+    )
+
+
+def _all_nul(data: bytes, pos: int) -> bool:
+    return data[pos] == 0 and data.count(0, pos) == len(data) - pos
+
+
+def _recover(torn: memoryview) -> bytes:
+    """The complete lines that the complete blocks of a torn frame hold (unverified)."""
+    try:
+        partial = zstandard.ZstdDecompressor().decompressobj().decompress(torn)
+    except zstandard.ZstdError:
+        return b""  # a torn frame whose blocks do not decode recovers nothing
+    cut = partial.rfind(b"\n") + 1
+    return partial[:cut]
