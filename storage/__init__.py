@@ -6,6 +6,7 @@ The bottom layer: imports only the stdlib, attrs, cattrs, msgspec and zstandard,
 from .closers import TOOL_NOT_STARTED_TEXT as TOOL_NOT_STARTED_TEXT
 from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
 from .closers import interrupted_closers as interrupted_closers
+from .codec import UNSET as UNSET
 from .codec import Event as Event
 from .codec import ReplaceOp as ReplaceOp
 from .codec import SurfaceOp as SurfaceOp
@@ -20,6 +21,7 @@ from .errors import CorruptLog as CorruptLog
 from .errors import HandleClosed as HandleClosed
 from .errors import HandleDead as HandleDead
 from .errors import InvalidEvent as InvalidEvent
+from .errors import InvalidHeader as InvalidHeader
 from .errors import InvalidPayload as InvalidPayload
 from .errors import InvalidSessionId as InvalidSessionId
 from .errors import NonLosslessData as NonLosslessData

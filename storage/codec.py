@@ -16,11 +16,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from .errors import InvalidEvent, InvalidPayload, NonLosslessData, UnsupportedLog
 from .events import KNOWN_TYPES, PAYLOAD_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
 
 __all__ = [
+    "UNSET",
     "Event",
     "ReplaceOp",
     "SurfaceOp",
@@ -49,15 +51,19 @@ SurfaceOp = Literal["append"] | ReplaceOp
 class Event(
     msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True, kw_only=True
 ):
-    """One event of a session log, exactly as it is stored."""
+    """One event of a session log, exactly as it is stored.
+
+    Optional keys are `UNSET` when absent: on disk they are omitted, and an explicit `null`
+    is refused like any other wrong type.
+    """
 
     seq: int
     type: str
     time: int
     data: msgspec.Raw
-    ignorable: Literal[True] | None = None
-    surface_op: SurfaceOp | None = None
-    source_event_seqs: list[int] | None = None
+    ignorable: Literal[True] | UnsetType = UNSET
+    surface_op: SurfaceOp | UnsetType = UNSET
+    source_event_seqs: list[int] | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         # Raised as ValueError so that msgspec reports it as a ValidationError when decoding.
@@ -70,14 +76,14 @@ class Event(
         surface = self.type in SURFACE_TYPES
         op = self.surface_op
         if surface:
-            if op is None:
+            if op is UNSET:
                 raise ValueError(f"surface event {self.type!r} requires surface_op")
-            if op.__class__ is ReplaceOp and not 0 <= op.start_seq <= op.end_seq < self.seq:
+            if op.__class__ is ReplaceOp and not 0 <= op.start_seq <= op.end_seq < self.seq:  # type: ignore[union-attr]
                 raise ValueError("surface_op replace range must be ascending and before the event")
-        elif op is not None:
+        elif op is not UNSET:
             raise ValueError(f"surface_op is forbidden on {self.type!r}")
         seqs = self.source_event_seqs
-        if seqs is not None:
+        if seqs is not UNSET:
             if self.type not in SOURCE_SEQ_TYPES:
                 raise ValueError(f"source_event_seqs is forbidden on {self.type!r}")
             if not seqs:
@@ -177,16 +183,19 @@ def make_event(
     elif not ignorable:
         raise InvalidEvent(f"event type {type!r} is not in the vocabulary and not ignorable")
     try:
-        return Event(
+        event = Event(
             seq=seq,
             type=type,
             time=time,
             data=raw,
-            ignorable=True if ignorable else None,
-            surface_op=surface_op,
-            source_event_seqs=source_event_seqs,
+            ignorable=True if ignorable else UNSET,
+            surface_op=UNSET if surface_op is None else surface_op,
+            source_event_seqs=UNSET if source_event_seqs is None else source_event_seqs,
         )
-    except (ValueError, TypeError) as exc:
+        # Construction does not check types (`True` for a seq, a bogus surface op): the reader's
+        # own decoder does, so an event this returns is one every reader accepts.
+        return _decoder.decode(_encoder.encode(event))
+    except (ValueError, TypeError, msgspec.ValidationError) as exc:
         raise InvalidEvent(f"event {type!r} at seq {seq}: {exc}") from None
 
 

@@ -6,6 +6,7 @@ storage meets them; nothing else leaks out of the public API.
 
     StorageError
     ├── InvalidSessionId          STORAGE_INVALID_SESSION_ID
+    ├── InvalidHeader             STORAGE_INVALID_HEADER         (refused at create)
     ├── InvalidEvent              STORAGE_INVALID_EVENT          (refused at append)
     │   └── NonLosslessData       STORAGE_NON_LOSSLESS_DATA
     ├── SessionNotFound           STORAGE_SESSION_NOT_FOUND
@@ -29,6 +30,7 @@ __all__ = [
     "HandleClosed",
     "HandleDead",
     "InvalidEvent",
+    "InvalidHeader",
     "InvalidPayload",
     "InvalidSessionId",
     "NonLosslessData",
@@ -52,6 +54,10 @@ class StorageError(Exception):
 
 class InvalidSessionId(StorageError, ValueError):
     code = "STORAGE_INVALID_SESSION_ID"
+
+
+class InvalidHeader(StorageError, ValueError):
+    code = "STORAGE_INVALID_HEADER"
 
 
 class InvalidEvent(StorageError, ValueError):

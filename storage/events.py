@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Literal, Union
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 __all__ = [
     "KNOWN_TYPES",
@@ -136,8 +137,8 @@ class AssistantMessageData(_Strict):
     step: int
     message: Message
     finish: Literal["stop", "tool-calls", "max-tokens", "error", "aborted"]
-    usage: Usage | None = None
-    interrupted: Literal[True] | None = None
+    usage: Usage | UnsetType = UNSET
+    interrupted: Literal[True] | UnsetType = UNSET
 
 
 class ToolError(_Strict):
@@ -149,7 +150,7 @@ class ToolResultData(_Strict):
     turn: int
     step: int
     message: Message
-    error: ToolError | None = None
+    error: ToolError | UnsetType = UNSET
 
 
 class TurnTrigger(_Strict):
@@ -158,13 +159,13 @@ class TurnTrigger(_Strict):
 
 class TurnStartData(_Strict):
     turn: int
-    trigger: TurnTrigger | None = None
+    trigger: TurnTrigger | UnsetType = UNSET
 
 
 class TurnEndReason(_Strict):
     kind: Literal["completed", "aborted", "blocked", "error", "max-tokens", "interrupted"]
-    cause: Literal["user", "parent", "disposed"] | None = None
-    message: str | None = None
+    cause: Literal["user", "parent", "disposed"] | UnsetType = UNSET
+    message: str | UnsetType = UNSET
 
 
 class TurnEndData(_Strict):
@@ -186,7 +187,7 @@ class ToolCallData(_Strict):
 
 
 class EndSeedData(_Strict):
-    inherited: Literal[True] | None = None
+    inherited: Literal[True] | UnsetType = UNSET
 
 
 class SubagentCatalogData(_Strict):
@@ -194,13 +195,13 @@ class SubagentCatalogData(_Strict):
     child_id: str
     child_created_at: int
     mode: Literal["one-shot", "continuable"]
-    label: str | None = None
+    label: str | UnsetType = UNSET
 
 
 class SubagentSettledData(_Strict):
     child_id: str
     reason_kind: str
-    closing_text: str | None = None
+    closing_text: str | UnsetType = UNSET
 
 
 class CompactionStartData(_Strict):

@@ -30,6 +30,7 @@ from .errors import (
     HandleClosed,
     HandleDead,
     InvalidEvent,
+    InvalidHeader,
     PersistenceFailed,
     SequenceConflict,
     SessionAlreadyExists,
@@ -125,9 +126,14 @@ class FileLogStore:
     def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
         sid = check_session_id(header.id)
         if type(inherited_event_count) is not int or inherited_event_count < 0:
-            raise ValueError(f"inherited_event_count must be a non-negative int, got {inherited_event_count!r}")
+            raise InvalidHeader(
+                f"session {sid!r}: inherited_event_count must be a non-negative int, "
+                f"got {inherited_event_count!r}"
+            )
         if header.is_seeded != (inherited_event_count > 0):
-            raise ValueError("header.is_seeded must be true exactly when inherited_event_count > 0")
+            raise InvalidHeader(
+                f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0"
+            )
         folder = self._folder(sid)
         with _mapped(sid, "create"):
             self.fs.make_root()
@@ -221,9 +227,12 @@ class FileLogStore:
             raise HandleClosed(sid, "append")
         if handle.dead is not None:
             raise HandleDead(sid, handle.dead)
-        events, payload = _check_batches(handle, batches)
-        if not events:
+        if not any(batch.events for batch in batches):
+            for batch in batches:
+                if batch.expected_seq != handle.next_seq:
+                    raise SequenceConflict(sid, expected=batch.expected_seq, actual=handle.next_seq)
             return handle.next_seq
+        events, payload = _check_batches(handle, batches)
         state = handle.impl
         assert isinstance(state, _WriteState)
         if handle.published:

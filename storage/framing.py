@@ -96,7 +96,7 @@ def decode_event_lines(
         for event in decoded:  # type: ignore[union-attr]  # _locate_damage always raises
             if event.seq != expected:
                 _locate_damage(session_id, raw, pos, stop, chunk_first)
-            if event.type not in KNOWN_TYPES and event.ignorable is None:
+            if event.type not in KNOWN_TYPES and event.ignorable is not True:
                 _refuse_unknown(session_id, event)
             expected += 1
         events.extend(decoded)  # type: ignore[arg-type]
@@ -118,7 +118,7 @@ def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: i
             raise CorruptLog(
                 session_id, f"expected seq {expected}, found seq {event.seq}", seq=expected, offset=pos
             )
-        if event.type not in KNOWN_TYPES and event.ignorable is None:
+        if event.type not in KNOWN_TYPES and event.ignorable is not True:
             _refuse_unknown(session_id, event)
         expected += 1
         pos = nl + 1

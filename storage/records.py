@@ -79,6 +79,10 @@ def decode_header_line(line: bytes | memoryview, expected_id: str) -> HeaderReco
         raise HeaderError(f"not JSON ({exc})", unsupported=False, header=None) from None
     if type(raw) is not dict:
         raise HeaderError("not a JSON object", unsupported=False, header=None)
+    nulls = sorted(key for key, value in raw.items() if value is None)
+    if nulls:
+        # Absent optional keys are omitted on disk; `null` is a wrong type like any other.
+        raise HeaderError(f"keys {nulls} are null (omit an absent key)", unsupported=False, header=None)
     fmt = raw.get("format")
     if type(fmt) is int and fmt != FORMAT_VERSION:
         # Another format is unsupported whatever else its header holds; the rest is parsed only
@@ -113,7 +117,7 @@ def _parse(raw: dict[str, object], expected_id: str) -> HeaderRecord:
             origin=wire.origin,
             agent_preset=wire.agent_preset,
         )
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise HeaderError(str(exc), unsupported=False, header=None) from None
     if wire.inherited_event_count < 0:
         raise HeaderError("inherited_event_count is negative", unsupported=False, header=header)

@@ -116,9 +116,29 @@ def _optional_id(_inst: object, attribute: attrs.Attribute[str | None], value: s
         check_session_id(value)
 
 
+def _text(value: object, name: str) -> str:
+    if type(value) is not str:
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} {value!r} is not valid UTF-8 (lone surrogate)") from None
+    return value
+
+
 def _absolute_cwd(_inst: object, _attribute: attrs.Attribute[str | None], value: str | None) -> None:
-    if value is not None and (type(value) is not str or not value.startswith("/")):
+    if value is not None and not _text(value, "cwd").startswith("/"):
         raise ValueError(f"cwd must be an absolute path, got {value!r}")
+
+
+def _optional_text(_inst: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None:
+        _text(value, attribute.name)
+
+
+def _bool(_inst: object, attribute: attrs.Attribute[bool], value: bool) -> None:
+    if type(value) is not bool:
+        raise TypeError(f"{attribute.name} must be a bool, got {type(value).__name__}")
 
 
 @attrs.frozen(kw_only=True)
@@ -127,16 +147,14 @@ class SessionHeader:
 
     id: SessionId = attrs.field(validator=lambda _i, _a, v: check_session_id(v))
     created_at: int = attrs.field(validator=_non_negative)
-    is_seeded: bool = False
+    is_seeded: bool = attrs.field(default=False, validator=_bool)
     delegation_depth: int = attrs.field(default=0, validator=_non_negative)
     cwd: str | None = attrs.field(default=None, validator=_absolute_cwd)
     parent_session: SessionId | None = attrs.field(default=None, validator=_optional_id)
     origin: Literal["subagent"] | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("subagent",)))
     )
-    agent_preset: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
-    )
+    agent_preset: str | None = attrs.field(default=None, validator=_optional_text)
     format: int = FORMAT_VERSION
 
 

@@ -1,0 +1,782 @@
+"""One conformance suite for every `LogStore`: the file store, the memory store, the faulty wrapper.
+
+Runs through the `store`/`store_factory` fixtures (tests/conftest.py), so each test runs against
+all three; the file-system walks at the end use a `FileLogStore` on a tmp dir directly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from subagents.storage import (
+    AlreadyOwned,
+    Batch,
+    Event,
+    FileLogStore,
+    HandleClosed,
+    InvalidEvent,
+    InvalidSessionId,
+    LOG_NAMES,
+    LogStore,
+    Offset,
+    SequenceConflict,
+    SessionAlreadyExists,
+    SessionHeader,
+    SessionId,
+    SessionNotFound,
+    StorageError,
+    encode_session_id,
+    make_event,
+)
+
+StoreFactory = Callable[[], LogStore]
+
+CREATED_AT = 1789000000000
+T0 = 1789000000001
+
+CODES: dict[type[StorageError], str] = {
+    AlreadyOwned: "STORAGE_ALREADY_OWNED",
+    HandleClosed: "STORAGE_HANDLE_CLOSED",
+    InvalidEvent: "STORAGE_INVALID_EVENT",
+    InvalidSessionId: "STORAGE_INVALID_SESSION_ID",
+    SequenceConflict: "STORAGE_SEQUENCE_CONFLICT",
+    SessionAlreadyExists: "STORAGE_SESSION_ALREADY_EXISTS",
+    SessionNotFound: "STORAGE_SESSION_NOT_FOUND",
+}
+
+
+@contextmanager
+def raises(kind: type[StorageError], session_id: str | None = None) -> Iterator[pytest.ExceptionInfo[Any]]:
+    """`pytest.raises` that also checks the stable code and, if given, that the message names the session."""
+    with pytest.raises(kind) as info:
+        yield info
+    err = info.value
+    assert isinstance(err, StorageError)
+    assert isinstance(err.code, str) and err.code.startswith("STORAGE_")
+    assert err.code == CODES[kind]
+    if session_id is not None:
+        assert repr(session_id) in str(err)
+
+
+def header(sid: str = "s1", **changes: Any) -> SessionHeader:
+    return SessionHeader(id=SessionId(sid), created_at=CREATED_AT, **changes)
+
+
+def turn(seq: int, n: int = 1) -> Event:
+    return make_event(seq, "turn/start", T0 + seq, {"turn": n})
+
+
+def events(start: int, stop: int) -> list[Event]:
+    return [turn(seq) for seq in range(start, stop)]
+
+
+def batch(start: int, stop: int) -> Batch:
+    return Batch(Offset(start), events(start, stop))
+
+
+def seed_marker(seq: int) -> Event:
+    return make_event(seq, "session/end-seed", T0 + seq, {"inherited": True})
+
+
+def publish(store: LogStore, sid: str = "s1", count: int = 1) -> None:
+    """Create, append `count` events and close."""
+    handle = store.create(header(sid))
+    store.append(handle, [batch(0, count)])
+    store.close(handle)
+
+
+def read_all(store: LogStore, sid: str) -> list[Event]:
+    handle = store.open_read(sid)
+    try:
+        return store.read(handle)
+    finally:
+        store.close(handle)
+
+
+# --- creation and publication -------------------------------------------------------------------
+
+
+def test_create_writes_nothing_visible(store: LogStore) -> None:
+    handle = store.create(header("s1"))
+    assert handle.session_id == "s1"
+    assert handle.header == header("s1")
+    assert handle.next_seq == 0
+    assert handle.published is False
+    assert handle.inherited_event_count == 0
+    assert store.list() == []
+    assert store.stat("s1") is None
+    with raises(SessionNotFound, "s1"):
+        store.open_read("s1")
+    assert store.read(handle) == []
+    store.close(handle)
+
+
+def test_unpublished_session_stays_invisible_after_close(store: LogStore) -> None:
+    store.close(store.create(header("s1")))
+    assert store.list() == []
+    assert store.stat("s1") is None
+    with raises(SessionNotFound, "s1"):
+        store.open_read("s1")
+    with raises(SessionNotFound, "s1"):
+        store.open_write("s1")
+
+
+def test_unpublished_session_can_be_created_again(store: LogStore) -> None:
+    store.close(store.create(header("s1", agent_preset="old")))
+    handle = store.create(header("s1", agent_preset="new"))
+    store.append(handle, [batch(0, 1)])
+    store.close(handle)
+    info = store.stat("s1")
+    assert info is not None
+    assert info.header == header("s1", agent_preset="new")
+
+
+def test_first_append_publishes(store: LogStore) -> None:
+    handle = store.create(header("s1", cwd="/work", origin="subagent", parent_session=SessionId("p")))
+    assert store.append(handle, [batch(0, 2)]) == 2
+    assert handle.published is True
+    assert handle.next_seq == 2
+    info = store.stat("s1")
+    assert info is not None
+    assert info.id == "s1"
+    assert info.header == handle.header
+    assert info.event_count == 2
+    assert [i.id for i in store.list()] == ["s1"]
+    assert read_all(store, "s1") == events(0, 2)
+    store.close(handle)
+
+
+def test_empty_append_publishes_nothing(store: LogStore) -> None:
+    handle = store.create(header("s1"))
+    assert store.append(handle, []) == 0
+    assert store.append(handle, [Batch(Offset(0), [])]) == 0
+    assert handle.published is False
+    assert store.stat("s1") is None
+    store.close(handle)
+
+
+# --- appending ----------------------------------------------------------------------------------
+
+
+def test_append_returns_the_next_seq(store: LogStore) -> None:
+    handle = store.create(header())
+    assert store.append(handle, [batch(0, 1)]) == 1
+    assert store.append(handle, [batch(1, 4)]) == 4
+    assert store.append(handle, [batch(4, 5)]) == 5
+    assert handle.next_seq == 5
+    assert store.read(handle) == events(0, 5)
+    store.close(handle)
+
+
+def test_several_batches_in_one_call(store: LogStore) -> None:
+    handle = store.create(header())
+    assert store.append(handle, [batch(0, 2), batch(2, 3), batch(3, 6)]) == 6
+    assert store.append(handle, [batch(6, 7), batch(7, 9)]) == 9
+    assert store.read(handle) == events(0, 9)
+    store.close(handle)
+    assert read_all(store, "s1") == events(0, 9)
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        pytest.param([batch(2, 3)], id="ahead"),
+        pytest.param([batch(5, 6)], id="far-ahead"),
+        pytest.param([batch(0, 1)], id="behind"),
+        pytest.param([batch(1, 2), batch(5, 6)], id="second-batch-gap"),
+        pytest.param([batch(1, 3), batch(2, 4)], id="second-batch-overlap"),
+    ],
+)
+def test_sequence_conflict_writes_nothing_and_keeps_the_handle(store: LogStore, batches: list[Batch]) -> None:
+    handle = store.create(header())
+    store.append(handle, [batch(0, 1)])
+    before = store.stat("s1")
+    with raises(SequenceConflict, "s1"):
+        store.append(handle, batches)
+    assert handle.next_seq == 1
+    after = store.stat("s1")
+    assert after is not None and before is not None
+    assert after.event_count == 1
+    assert after.revision == before.revision
+    assert store.append(handle, [batch(1, 3)]) == 3
+    assert store.read(handle) == events(0, 3)
+    store.close(handle)
+
+
+def test_sequence_conflict_before_publication_publishes_nothing(store: LogStore) -> None:
+    handle = store.create(header())
+    with raises(SequenceConflict, "s1"):
+        store.append(handle, [batch(1, 2)])
+    assert store.stat("s1") is None
+    assert handle.published is False
+    assert store.append(handle, [batch(0, 1)]) == 1
+    store.close(handle)
+
+
+def test_sequence_conflict_reports_what_was_expected(store: LogStore) -> None:
+    handle = store.create(header())
+    store.append(handle, [batch(0, 3)])
+    with raises(SequenceConflict) as info:
+        store.append(handle, [batch(5, 6)])
+    assert info.value.expected == 5
+    assert info.value.actual == 3
+    store.close(handle)
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        pytest.param([Batch(Offset(0), [turn(1)])], id="wrong-first-seq"),
+        pytest.param([Batch(Offset(0), [turn(0), turn(2)])], id="gap-inside"),
+        pytest.param([Batch(Offset(0), [turn(0), turn(0)])], id="repeat-inside"),
+        pytest.param([Batch(Offset(0), [turn(1), turn(0)])], id="reversed"),
+        pytest.param([batch(0, 1), Batch(Offset(1), [turn(2)])], id="second-batch-mismatch"),
+        pytest.param([Batch(Offset(0), [{"seq": 0}])], id="not-an-event"),  # type: ignore[list-item]
+    ],
+)
+def test_batch_whose_events_do_not_match_its_expected_seq_is_refused(store: LogStore, batches: list[Batch]) -> None:
+    handle = store.create(header())
+    with raises(InvalidEvent, "s1"):
+        store.append(handle, batches)
+    assert store.stat("s1") is None
+    assert handle.next_seq == 0
+    assert store.append(handle, [batch(0, 2)]) == 2
+    with raises(InvalidEvent, "s1"):
+        store.append(handle, [Batch(Offset(2), [turn(3)])])
+    info = store.stat("s1")
+    assert info is not None and info.event_count == 2
+    store.close(handle)
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "stop", "expected"),
+    [
+        (0, None, range(0, 5)),
+        (0, 5, range(0, 5)),
+        (2, None, range(2, 5)),
+        (1, 3, range(1, 3)),
+        (4, 5, range(4, 5)),
+        (0, 0, range(0, 0)),
+        (3, 3, range(3, 3)),
+        (5, None, range(5, 5)),
+        (5, 5, range(5, 5)),
+    ],
+)
+def test_read_ranges(store: LogStore, start: int, stop: int | None, expected: range) -> None:
+    writer = store.create(header())
+    store.append(writer, [batch(0, 5)])
+    reader = store.open_read("s1")
+    want = [turn(seq) for seq in expected]
+    stop_offset = None if stop is None else Offset(stop)
+    assert store.read(reader, Offset(start), stop_offset) == want
+    assert store.read(writer, Offset(start), stop_offset) == want
+    store.close(reader)
+    store.close(writer)
+
+
+def test_read_accepts_a_checkpoint(store: LogStore) -> None:
+    publish(store, "s1", 3)
+    reader = store.open_read("s1")
+    assert store.read(reader, checkpoint=lambda: None) == events(0, 3)
+    assert store.read(reader, Offset(1), Offset(2), checkpoint=lambda: None) == events(1, 2)
+    store.close(reader)
+
+
+def test_open_read_sees_later_appends(store: LogStore) -> None:
+    writer = store.create(header())
+    store.append(writer, [batch(0, 1)])
+    reader = store.open_read("s1")
+    assert reader.session_id == "s1"
+    assert reader.header == header()
+    assert reader.inherited_event_count == 0
+    assert store.read(reader) == events(0, 1)
+    store.append(writer, [batch(1, 3)])
+    assert store.read(reader) == events(0, 3)
+    assert store.read(reader, Offset(1)) == events(1, 3)
+    store.close(reader)
+    store.close(writer)
+
+
+def test_several_readers_and_a_writer_coexist(store: LogStore) -> None:
+    writer = store.create(header())
+    store.append(writer, [batch(0, 2)])
+    r1 = store.open_read("s1")
+    r2 = store.open_read("s1")
+    store.append(writer, [batch(2, 3)])
+    assert store.read(r1) == events(0, 3)
+    assert store.read(r2) == events(0, 3)
+    for h in (r1, r2, writer):
+        store.close(h)
+
+
+def test_read_handle_survives_the_writer_closing(store: LogStore) -> None:
+    writer = store.create(header())
+    store.append(writer, [batch(0, 2)])
+    reader = store.open_read("s1")
+    store.close(writer)
+    assert store.read(reader) == events(0, 2)
+    store.close(reader)
+
+
+# --- closing ------------------------------------------------------------------------------------
+
+
+def test_close_is_idempotent(store: LogStore) -> None:
+    writer = store.create(header())
+    store.append(writer, [batch(0, 1)])
+    reader = store.open_read("s1")
+    for h in (reader, writer):
+        store.close(h)
+        store.close(h)
+        assert h.closed is True
+    unpublished = store.create(header("s2"))
+    store.close(unpublished)
+    store.close(unpublished)
+
+
+def test_closed_write_handle_refuses_append_and_read(store: LogStore) -> None:
+    writer = store.create(header())
+    store.append(writer, [batch(0, 1)])
+    store.close(writer)
+    with raises(HandleClosed, "s1"):
+        store.append(writer, [batch(1, 2)])
+    with raises(HandleClosed, "s1"):
+        store.read(writer)
+    assert read_all(store, "s1") == events(0, 1)
+
+
+def test_closed_unpublished_handle_refuses_append(store: LogStore) -> None:
+    writer = store.create(header())
+    store.close(writer)
+    with raises(HandleClosed, "s1"):
+        store.append(writer, [batch(0, 1)])
+    assert store.stat("s1") is None
+
+
+def test_closed_read_handle_refuses_read(store: LogStore) -> None:
+    publish(store)
+    reader = store.open_read("s1")
+    store.close(reader)
+    with raises(HandleClosed, "s1"):
+        store.read(reader)
+
+
+# --- ownership ----------------------------------------------------------------------------------
+
+
+def test_second_create_of_the_same_id_is_already_owned(store: LogStore) -> None:
+    first = store.create(header())
+    with raises(AlreadyOwned, "s1"):
+        store.create(header())
+    store.append(first, [batch(0, 1)])
+    with raises(AlreadyOwned, "s1"):
+        store.create(header())
+    store.close(first)
+
+
+def test_open_write_of_an_owned_session_is_already_owned(store: LogStore) -> None:
+    first = store.create(header())
+    store.append(first, [batch(0, 1)])
+    with raises(AlreadyOwned, "s1"):
+        store.open_write("s1")
+    store.close(first)
+    second = store.open_write("s1")
+    with raises(AlreadyOwned, "s1"):
+        store.open_write("s1")
+    store.close(second)
+
+
+def test_open_write_of_a_session_being_created_is_already_owned(store: LogStore) -> None:
+    first = store.create(header())
+    with raises(AlreadyOwned, "s1"):
+        store.open_write("s1")
+    store.close(first)
+
+
+def test_ownership_spans_store_instances_on_one_root(store_factory: StoreFactory) -> None:
+    a = store_factory()
+    b = store_factory()
+    first = a.create(header())
+    with raises(AlreadyOwned, "s1"):
+        b.create(header())
+    a.append(first, [batch(0, 1)])
+    with raises(AlreadyOwned, "s1"):
+        b.open_write("s1")
+    a.close(first)
+    second = b.open_write("s1")
+    with raises(AlreadyOwned, "s1"):
+        a.open_write("s1")
+    assert b.append(second, [batch(1, 2)]) == 2
+    b.close(second)
+    assert read_all(a, "s1") == events(0, 2)
+
+
+def test_ownership_is_released_after_close(store: LogStore) -> None:
+    first = store.create(header())
+    store.close(first)
+    second = store.create(header())
+    store.append(second, [batch(0, 1)])
+    store.close(second)
+    third = store.open_write("s1")
+    store.close(third)
+    fourth = store.open_write("s1")
+    store.close(fourth)
+
+
+def test_ownership_is_per_session(store: LogStore) -> None:
+    a = store.create(header("a"))
+    b = store.create(header("b"))
+    store.append(a, [batch(0, 1)])
+    store.append(b, [batch(0, 2)])
+    store.close(a)
+    store.close(b)
+    assert [(i.id, i.event_count) for i in store.list()] == [("a", 1), ("b", 2)]
+
+
+def test_create_of_a_published_session_already_exists(store: LogStore) -> None:
+    publish(store)
+    with raises(SessionAlreadyExists, "s1"):
+        store.create(header())
+    # The refused create released its claim: the session can still be opened for writing.
+    handle = store.open_write("s1")
+    store.close(handle)
+
+
+def test_create_of_a_published_session_from_another_store_already_exists(store_factory: StoreFactory) -> None:
+    publish(store_factory())
+    with raises(SessionAlreadyExists, "s1"):
+        store_factory().create(header())
+
+
+def test_open_write_of_an_unknown_id_creates_nothing(store: LogStore) -> None:
+    with raises(SessionNotFound, "nope"):
+        store.open_write("nope")
+    assert store.list() == []
+    assert store.stat("nope") is None
+    with raises(SessionNotFound, "nope"):
+        store.open_read("nope")
+    # Nothing was claimed either.
+    handle = store.create(header("nope"))
+    store.close(handle)
+
+
+def test_unknown_ids_are_not_found(store: LogStore) -> None:
+    publish(store, "other")
+    assert store.stat("nope") is None
+    with raises(SessionNotFound, "nope"):
+        store.open_read("nope")
+    with raises(SessionNotFound, "nope"):
+        store.open_write("nope")
+
+
+# --- reopening ----------------------------------------------------------------------------------
+
+
+def test_reopen_continues_at_the_event_count(store: LogStore) -> None:
+    h = header("s1", delegation_depth=1, agent_preset="p")
+    writer = store.create(h)
+    store.append(writer, [batch(0, 3)])
+    store.close(writer)
+    again = store.open_write("s1")
+    assert again.session_id == "s1"
+    assert again.header == h
+    assert again.next_seq == 3
+    assert again.published is True
+    assert again.inherited_event_count == 0
+    assert store.read(again) == events(0, 3)
+    with raises(SequenceConflict, "s1"):
+        store.append(again, [batch(0, 1)])
+    assert store.append(again, [batch(3, 5)]) == 5
+    store.close(again)
+    assert read_all(store, "s1") == events(0, 5)
+
+
+def test_reopen_from_another_store_instance(store_factory: StoreFactory) -> None:
+    publish(store_factory(), "s1", 2)
+    other = store_factory()
+    again = other.open_write("s1")
+    assert again.next_seq == 2
+    assert other.append(again, [batch(2, 3)]) == 3
+    other.close(again)
+    assert read_all(store_factory(), "s1") == events(0, 3)
+
+
+# --- seeded logs --------------------------------------------------------------------------------
+
+
+def seeded(k: int, own: int = 0) -> list[Event]:
+    """Inherited events 0..k-1, the marker at k, then `own` own events."""
+    return events(0, k) + [seed_marker(k)] + [turn(k + 1 + i) for i in range(own)]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("own", [0, 2])
+def test_seeded_log_publishes_with_its_seed_and_marker(store: LogStore, k: int, own: int) -> None:
+    h = header("child", is_seeded=True)
+    writer = store.create(h, inherited_event_count=Offset(k))
+    assert writer.inherited_event_count == k
+    assert store.append(writer, [Batch(Offset(0), seeded(k, own))]) == k + 1 + own
+    store.close(writer)
+    info = store.stat("child")
+    assert info is not None
+    assert info.damage is None
+    assert info.inherited_event_count == k
+    assert info.event_count == k + 1 + own
+    assert info.header == h
+    reader = store.open_read("child")
+    assert reader.inherited_event_count == k
+    assert store.read(reader) == seeded(k, own)
+    store.close(reader)
+    again = store.open_write("child")
+    assert again.inherited_event_count == k
+    assert again.header.is_seeded is True
+    assert again.next_seq == k + 1 + own
+    store.close(again)
+
+
+def test_seeded_first_append_may_span_several_batches(store: LogStore) -> None:
+    writer = store.create(header("child", is_seeded=True), inherited_event_count=Offset(2))
+    log = seeded(2, 1)
+    assert store.append(writer, [Batch(Offset(0), log[:1]), Batch(Offset(1), log[1:3]), Batch(Offset(3), log[3:])]) == 4
+    assert store.append(writer, [batch(4, 5)]) == 5
+    store.close(writer)
+    assert read_all(store, "child") == log + [turn(4)]
+
+
+@pytest.mark.parametrize(
+    "first_append",
+    [
+        pytest.param(events(0, 2), id="seed-without-marker"),
+        pytest.param(events(0, 1), id="part-of-seed"),
+        pytest.param(events(0, 3), id="other-event-at-k"),
+        pytest.param(events(0, 2) + [make_event(2, "session/end-seed", T0, {})], id="untagged-marker"),
+        pytest.param([seed_marker(0), turn(1), turn(2)], id="marker-too-early"),
+        pytest.param(events(0, 1) + [seed_marker(1), turn(2)], id="marker-before-k"),
+        pytest.param(events(0, 3) + [seed_marker(3)], id="marker-after-k"),
+    ],
+)
+def test_seeded_first_append_must_end_the_seed_with_the_tagged_marker(store: LogStore, first_append: list[Event]) -> None:
+    writer = store.create(header("child", is_seeded=True), inherited_event_count=Offset(2))
+    with raises(InvalidEvent, "child"):
+        store.append(writer, [Batch(Offset(0), first_append)])
+    assert writer.published is False
+    assert store.stat("child") is None
+    assert store.append(writer, [Batch(Offset(0), seeded(2))]) == 3
+    store.close(writer)
+
+
+@pytest.mark.parametrize(
+    ("is_seeded", "k"),
+    [pytest.param(False, 2, id="cut-without-seeded"), pytest.param(True, 0, id="seeded-without-cut")],
+)
+def test_create_requires_is_seeded_exactly_with_an_inherited_cut(store: LogStore, is_seeded: bool, k: int) -> None:
+    # Every error the storage layer raises on purpose is a StorageError with a stable code.
+    with pytest.raises(StorageError) as info:
+        store.create(header("child", is_seeded=is_seeded), inherited_event_count=Offset(k))
+    assert info.value.code.startswith("STORAGE_")
+    assert isinstance(info.value, ValueError)
+    assert store.list() == []
+    handle = store.create(header("child"))  # nothing was claimed
+    store.close(handle)
+
+
+def test_unseeded_log_may_hold_a_marker_anywhere(store: LogStore) -> None:
+    writer = store.create(header())
+    log = [turn(0), seed_marker(1), make_event(2, "session/end-seed", T0, {})]
+    assert store.append(writer, [Batch(Offset(0), log)]) == 3
+    store.close(writer)
+    info = store.stat("s1")
+    assert info is not None and info.damage is None and info.inherited_event_count == 0
+
+
+# --- stat and list ------------------------------------------------------------------------------
+
+
+def test_stat_row_fields(store: LogStore) -> None:
+    h = header("s1", cwd="/w", parent_session=SessionId("p"), origin="subagent", delegation_depth=2, agent_preset="a")
+    writer = store.create(h)
+    store.append(writer, [batch(0, 2)])
+    info = store.stat("s1")
+    assert info is not None
+    assert info.id == "s1"
+    assert info.header == h
+    assert info.damage is None
+    assert info.inherited_event_count == 0
+    assert info.event_count == 2
+    assert info.revision.size > 0
+    first = info.revision
+    store.append(writer, [batch(2, 3)])
+    info2 = store.stat("s1")
+    assert info2 is not None
+    assert info2.event_count == 3
+    assert info2.revision != first
+    assert info2.revision.size > first.size
+    assert store.stat("s1") == info2  # unchanged log, unchanged row
+    store.close(writer)
+
+
+def test_list_rows_match_stat(store: LogStore) -> None:
+    publish(store, "b", 2)
+    publish(store, "a", 1)
+    publish(store, "a/b", 3)
+    rows = {info.id: info for info in store.list()}
+    assert set(rows) == {"a", "b", "a/b"}
+    for sid, info in rows.items():
+        assert store.stat(sid) == info
+        assert info.damage is None
+        assert info.header == header(sid)
+    assert rows["a/b"].event_count == 3
+
+
+def test_list_skips_unpublished_sessions(store: LogStore) -> None:
+    publish(store, "published", 1)
+    store.close(store.create(header("closed-unpublished")))
+    pending = store.create(header("pending"))
+    assert [i.id for i in store.list()] == ["published"]
+    store.append(pending, [batch(0, 1)])
+    assert sorted(i.id for i in store.list()) == ["pending", "published"]
+    store.close(pending)
+
+
+def test_list_of_an_empty_store_is_empty(store: LogStore) -> None:
+    assert store.list() == []
+
+
+def test_list_sees_sessions_of_another_store_instance(store_factory: StoreFactory) -> None:
+    publish(store_factory(), "x", 2)
+    rows = store_factory().list()
+    assert [(r.id, r.event_count) for r in rows] == [("x", 2)]
+
+
+# --- session ids --------------------------------------------------------------------------------
+
+INVALID_IDS = [
+    pytest.param("", id="empty"),
+    pytest.param("a\x00b", id="nul"),
+    pytest.param("a\nb", id="newline"),
+    pytest.param("\x7f", id="del"),
+    pytest.param("\x85", id="nel"),
+    pytest.param("x" * 81, id="81-bytes"),
+    pytest.param("é" * 40 + "x", id="81-bytes-multibyte"),
+    pytest.param("\ud800", id="lone-surrogate"),
+]
+
+AWKWARD_VALID_IDS = [
+    pytest.param("a/b", id="slash"),
+    pytest.param("../escape", id="dotdot-slash"),
+    pytest.param("/abs", id="absolute"),
+    pytest.param("..", id="dotdot"),
+    pytest.param(".", id="dot"),
+    pytest.param(".hidden", id="leading-dot"),
+    pytest.param("~", id="tilde"),
+    pytest.param("~2F", id="looks-encoded"),
+    pytest.param("lock", id="lock-name"),
+    pytest.param("sessions", id="sessions-name"),
+    pytest.param("index.sqlite3", id="index-name"),
+    pytest.param("x" * 80, id="80-bytes"),
+    pytest.param("😀" * 20, id="80-bytes-4-byte-chars"),
+    pytest.param("a b\u2028c", id="spaces"),
+]
+
+
+@pytest.mark.parametrize("bad", INVALID_IDS)
+def test_invalid_ids_are_refused_before_touching_the_store(store: LogStore, bad: str) -> None:
+    with raises(InvalidSessionId):
+        store.open_read(bad)
+    with raises(InvalidSessionId):
+        store.open_write(bad)
+    with raises(InvalidSessionId):
+        store.stat(bad)
+    with raises(InvalidSessionId):
+        SessionHeader(id=SessionId(bad), created_at=CREATED_AT)
+    assert store.list() == []
+
+
+@pytest.mark.parametrize("sid", AWKWARD_VALID_IDS)
+def test_awkward_valid_ids_round_trip_through_the_store(store: LogStore, sid: str) -> None:
+    publish(store, sid, 2)
+    publish(store, "plain", 1)
+    info = store.stat(sid)
+    assert info is not None
+    assert info.id == sid
+    assert info.header == header(sid)
+    assert info.event_count == 2
+    assert sorted(i.id for i in store.list()) == sorted([sid, "plain"])
+    assert read_all(store, sid) == events(0, 2)
+    again = store.open_write(sid)
+    assert again.next_seq == 2
+    store.close(again)
+    with raises(SessionAlreadyExists, sid):
+        store.create(header(sid))
+
+
+def _walk(root: Path) -> list[str]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            found.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("bad", INVALID_IDS)
+def test_invalid_ids_leave_the_file_system_untouched(tmp_path: Path, bad: str) -> None:
+    store = FileLogStore(str(tmp_path))
+    for op in (store.open_read, store.open_write, store.stat):
+        with raises(InvalidSessionId):
+            op(bad)
+    assert _walk(tmp_path) == []
+
+
+@pytest.mark.parametrize("compression", sorted(LOG_NAMES))
+@pytest.mark.parametrize("sid", AWKWARD_VALID_IDS)
+def test_awkward_ids_stay_inside_their_folder_on_disk(tmp_path: Path, sid: str, compression: Any) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    store = FileLogStore(str(root), compression=compression)
+    handle = store.create(header(sid))
+    folder = f"sessions/{encode_session_id(sid)}"
+    store.append(handle, [batch(0, 1)])
+    store.close(handle)
+    assert _walk(tmp_path) == ["root"] + [f"root/{p}" for p in _walk(root)]
+    found = _walk(root)
+    assert found == sorted(["sessions", folder, f"{folder}/lock", f"{folder}/{LOG_NAMES[compression]}"])
+    assert os.listdir(root / "sessions") == [encode_session_id(sid)]
+
+
+@pytest.mark.parametrize(
+    ("sid", "folder"),
+    [
+        ("a/b", "a~2Fb"),
+        ("..", "~2E."),
+        (".", "~2E"),
+        (".hidden", "~2Ehidden"),
+        ("x.y", "x.y"),
+        ("~", "~7E"),
+        ("../escape", "~2E.~2Fescape"),
+        ("é", "~C3~A9"),
+    ],
+)
+def test_folder_names_on_disk_are_the_documented_encoding(tmp_path: Path, sid: str, folder: str) -> None:
+    store = FileLogStore(str(tmp_path))
+    publish(store, sid)
+    assert os.listdir(tmp_path / "sessions") == [folder]
+    assert (tmp_path / "sessions" / folder / LOG_NAMES["none"]).is_file()
+
+
+def test_open_write_of_an_unknown_id_creates_no_folder(tmp_path: Path) -> None:
+    store = FileLogStore(str(tmp_path))
+    with raises(SessionNotFound, "a/b"):
+        store.open_write("a/b")
+    with raises(SessionNotFound, "a/b"):
+        store.open_read("a/b")
+    assert store.stat("a/b") is None
+    assert _walk(tmp_path) == []
