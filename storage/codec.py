@@ -227,7 +227,7 @@ def decode_payload(event: Event, *, session_id: str) -> Any:
         )
     try:
         return decoder.decode(event.data)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidPayload(
             session_id, f"invalid {event.type!r} payload: {exc}", seq=event.seq
         ) from None

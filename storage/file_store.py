@@ -41,7 +41,7 @@ from .errors import (
 )
 from .forms import FORMS, Compression, LogForm, ParsedLog
 from .framing import is_seed_marker
-from .fs import File, Fs, OsFs
+from .fs import File, Fs, NotRegularFile, OsFs
 from .log_store import Batch, ReadHandle, WriteHandle
 from .records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
@@ -175,6 +175,9 @@ class FileLogStore:
                 file = self.fs.open(path, "append")
                 parsed = form.parse(sid, file.pread(0, file.size()), checkpoint=None)
                 end = _repair_tail(file, form, parsed)
+                # The log may be visible without its folder entries being durable (a publication
+                # whose folder fsync failed): make them durable before acknowledging appends.
+                self._fsync_entries(folder)
             except BaseException:
                 if file is not None:
                     file.close()
@@ -315,13 +318,21 @@ class FileLogStore:
         except OSError:
             log.warning("session %r: removing %s failed", sid, temp, exc_info=True)
         state.file = file
-        self._fsync(handle, None, "fsync of the session folder", folder)
-        self._fsync(handle, None, "fsync of sessions/", SESSIONS)
-        if not self._root_durable:
-            self._fsync(handle, None, "fsync of the root", "")
-            self._root_durable = True
+        try:
+            self._fsync_entries(folder)
+        except OSError as exc:
+            handle.dead = f"fsync of the session's folders failed: {exc.strerror}"
+            raise _persistence(sid, "publish", exc) from exc
         state.end = len(data)
         handle.published = True
+
+    def _fsync_entries(self, folder: str) -> None:
+        """Make the session's folder, its entry in `sessions/` and `sessions/` itself durable."""
+        self.fs.fsync_dir(folder)
+        self.fs.fsync_dir(SESSIONS)
+        if not self._root_durable:
+            self.fs.fsync_dir("")
+            self._root_durable = True
 
     # --- reading ---
 
@@ -402,7 +413,7 @@ class FileLogStore:
             finally:
                 file.close()
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
+            if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
                 return _damaged(sid, None, "corrupt", Revision(0, 0, 0), 0)
             log.warning("session %r: skipped by the listing: %s", sid, exc)
             return None
@@ -521,7 +532,7 @@ def _write_all(file: File, data: bytes) -> None:
 
 
 def _persistence(sid: str, op: str, exc: OSError) -> StorageError:
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+    if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return UnsafePath(f"session {sid!r}: {op}: refusing a symlink or non-regular file ({exc.filename})")
     return PersistenceFailed(f"session {sid!r}: {op} failed: {exc.strerror or exc}")
 

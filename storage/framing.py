@@ -14,6 +14,7 @@ seed marker. Damage is located by seq and byte offset.
 
 from __future__ import annotations
 
+import re
 from typing import NoReturn
 
 import attrs
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 CHUNK_BYTES = 1 << 20
+_BAD_LINE_START = re.compile(rb"\n[^{]")
 
 
 @attrs.frozen
@@ -86,12 +88,22 @@ def decode_event_lines(
         if stop <= pos:  # one line longer than a chunk: take it whole
             stop = raw.find(b"\n", pos + CHUNK_BYTES, end) + 1
         chunk_first = expected
+        chunk = view[pos:stop]
         try:
-            decoded = decode_events(view[pos:stop])
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            # Raw payloads are not checked for UTF-8 by the decoder; the whole chunk is, at
+            # memory speed. decode_lines splits `{..}{..}` into two values and skips blank
+            # lines, so the fast path also needs every line to start with "{" and exactly one
+            # value per line; anything else is located line by line.
+            str(chunk, "utf-8")
+            decoded = decode_events(chunk)
+        except (UnicodeDecodeError, msgspec.DecodeError, msgspec.ValidationError):
             decoded = None
-        if decoded is None or len(decoded) != raw.count(b"\n", pos, stop):
-            # decode_lines skips blank lines and cannot say where a line starts: find it.
+        if (
+            decoded is None
+            or raw[pos] != 0x7B
+            or _BAD_LINE_START.search(raw, pos, stop) is not None
+            or len(decoded) != raw.count(b"\n", pos, stop)
+        ):
             _locate_damage(session_id, raw, pos, stop, chunk_first)
         for event in decoded:  # type: ignore[union-attr]  # _locate_damage always raises
             if event.seq != expected:
@@ -110,10 +122,15 @@ def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: i
         nl = raw.index(b"\n", pos, stop)
         line = raw[pos:nl]
         try:
+            if not line.startswith(b"{"):
+                raise ValueError("a record line must start with '{'")
+            line.decode("utf-8")
             event = decode_event(line)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
             what = "an empty line" if not line.strip() else f"an invalid record ({exc})"
-            raise CorruptLog(session_id, f"expected seq {expected}, found {what}", seq=expected, offset=pos) from None
+            raise CorruptLog(
+                session_id, f"expected seq {expected}, found {what}", seq=expected, offset=pos
+            ) from None
         if event.seq != expected:
             raise CorruptLog(
                 session_id, f"expected seq {expected}, found seq {event.seq}", seq=expected, offset=pos

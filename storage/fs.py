@@ -19,7 +19,11 @@ from typing import Literal, Protocol
 
 from .values import Revision
 
-__all__ = ["File", "Fs", "OpenMode", "OsFs", "PathKind"]
+__all__ = ["File", "Fs", "NotRegularFile", "OpenMode", "OsFs", "PathKind"]
+
+
+class NotRegularFile(OSError):
+    """A path that should be a regular file is a FIFO, a device, a socket or a folder."""
 
 OpenMode = Literal["read", "append", "create", "lock"]
 PathKind = Literal["file", "dir", "other"]
@@ -57,7 +61,8 @@ _FLAGS: dict[str, int] = {
     "create": os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND,
     "lock": os.O_RDWR | os.O_CREAT,
 }
-_COMMON = os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: opening a planted FIFO must not wait for a writer (regular files ignore it).
+_COMMON = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -197,9 +202,13 @@ class OsFs:
     def open(self, path: str, mode: OpenMode) -> OsFile:
         fd, name = self._parent(path)
         try:
-            return OsFile(os.open(name, _FLAGS[mode] | _COMMON, 0o644, dir_fd=fd))
+            file_fd = os.open(name, _FLAGS[mode] | _COMMON, 0o644, dir_fd=fd)
         finally:
             os.close(fd)
+        if not stat_mod.S_ISREG(os.fstat(file_fd).st_mode):
+            os.close(file_fd)
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        return OsFile(file_fd)
 
     def link(self, src: str, dst: str) -> None:
         sfd, sname = self._parent(src)

@@ -79,10 +79,6 @@ def decode_header_line(line: bytes | memoryview, expected_id: str) -> HeaderReco
         raise HeaderError(f"not JSON ({exc})", unsupported=False, header=None) from None
     if type(raw) is not dict:
         raise HeaderError("not a JSON object", unsupported=False, header=None)
-    nulls = sorted(key for key, value in raw.items() if value is None)
-    if nulls:
-        # Absent optional keys are omitted on disk; `null` is a wrong type like any other.
-        raise HeaderError(f"keys {nulls} are null (omit an absent key)", unsupported=False, header=None)
     fmt = raw.get("format")
     if type(fmt) is int and fmt != FORMAT_VERSION:
         # Another format is unsupported whatever else its header holds; the rest is parsed only
@@ -100,6 +96,10 @@ def decode_header_line(line: bytes | memoryview, expected_id: str) -> HeaderReco
 
 
 def _parse(raw: dict[str, object], expected_id: str) -> HeaderRecord:
+    nulls = sorted(key for key, value in raw.items() if value is None)
+    if nulls:
+        # Absent optional keys are omitted on disk; `null` is a wrong type like any other.
+        raise HeaderError(f"keys {nulls} are null (omit an absent key)", unsupported=False, header=None)
     try:
         wire = _converter.structure(raw, _Wire)
     except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
@@ -120,18 +120,18 @@ def _parse(raw: dict[str, object], expected_id: str) -> HeaderRecord:
     except (TypeError, ValueError) as exc:
         raise HeaderError(str(exc), unsupported=False, header=None) from None
     if wire.inherited_event_count < 0:
-        raise HeaderError("inherited_event_count is negative", unsupported=False, header=header)
+        raise HeaderError("inherited_event_count is negative", unsupported=False, header=None)
     if wire.is_seeded != (wire.inherited_event_count > 0):
         raise HeaderError(
             "is_seeded must be true exactly when inherited_event_count > 0",
             unsupported=False,
-            header=header,
+            header=None,
         )
     if wire.id != expected_id:
         raise HeaderError(
             f"header id {wire.id!r} does not match its folder ({expected_id!r})",
             unsupported=False,
-            header=header,
+            header=None,
         )
     return HeaderRecord(header=header, inherited_event_count=Offset(wire.inherited_event_count))
 

@@ -900,8 +900,8 @@ def test_decode_header_line_refuses_an_id_that_does_not_match_its_folder() -> No
         decode_header_line(msgspec.json.encode(BASE_HEADER), "other")
     assert info.value.unsupported is False
     assert "'s'" in info.value.reason and "'other'" in info.value.reason
-    # The header itself is readable, so listings can still show it.
-    assert info.value.header == SessionHeader(id=SessionId("s"), created_at=1789000000000)
+    # The id rule is a format-1 header rule: a header that breaks it is not shown (SPEC 3.3).
+    assert info.value.header is None
 
 
 @pytest.mark.parametrize("fmt", [0, 2, 99])
