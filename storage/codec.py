@@ -12,7 +12,7 @@ Writers build events with `make_event`, which refuses data that JSON cannot carr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -26,6 +26,7 @@ __all__ = [
     "Event",
     "ReplaceOp",
     "SurfaceOp",
+    "check_encoded",
     "check_lossless",
     "decode_event",
     "decode_events",
@@ -66,34 +67,47 @@ class Event(
     source_event_seqs: list[int] | UnsetType = UNSET
 
     def __post_init__(self) -> None:
-        # Raised as ValueError so that msgspec reports it as a ValidationError when decoding.
-        if self.seq < 0 or self.time < 0:
+        # Runs when decoding and when constructing (where msgspec checks no types, so they are
+        # checked here too: an event that exists is one every reader accepts, except that raw
+        # data built by hand is only syntax-checked at append). Raised as ValueError/TypeError
+        # so that msgspec reports a ValidationError when decoding.
+        seq = self.seq
+        if type(seq) is not int or type(self.time) is not int or type(self.type) is not str:
+            raise TypeError("seq and time must be ints and type a str")
+        if seq < 0 or self.time < 0:
             raise ValueError("seq and time must be non-negative")
-        # Raw data is valid JSON already; an object is the only shape that starts with "{"
-        # (encoders never emit leading whitespace, and hand-written logs must not either).
+        if type(self.data) is not msgspec.Raw or not self.data:
+            raise TypeError("data must be raw JSON")
+        # An object is the only JSON value that starts with "{" (encoders never emit leading
+        # whitespace, and hand-written logs must not either).
         if memoryview(self.data)[0] != 0x7B:
             raise ValueError("data must be a JSON object")
-        surface = self.type in SURFACE_TYPES
+        if self.ignorable is not True and self.ignorable is not UNSET:
+            raise ValueError("ignorable must be true or absent")
         op = self.surface_op
-        if surface:
+        if self.type in SURFACE_TYPES:
             if op is UNSET:
                 raise ValueError(f"surface event {self.type!r} requires surface_op")
-            if op.__class__ is ReplaceOp and not 0 <= op.start_seq <= op.end_seq < self.seq:  # type: ignore[union-attr]
-                raise ValueError("surface_op replace range must be ascending and before the event")
+            if op.__class__ is ReplaceOp:
+                start, end = op.start_seq, op.end_seq  # type: ignore[union-attr]
+                if type(start) is not int or type(end) is not int or not 0 <= start <= end < seq:
+                    raise ValueError("surface_op replace range must be ascending and before the event")
+            elif op != "append":
+                raise ValueError(f"surface_op must be 'append' or a replace, got {op!r}")
         elif op is not UNSET:
             raise ValueError(f"surface_op is forbidden on {self.type!r}")
         seqs = self.source_event_seqs
         if seqs is not UNSET:
             if self.type not in SOURCE_SEQ_TYPES:
                 raise ValueError(f"source_event_seqs is forbidden on {self.type!r}")
-            if not seqs:
-                raise ValueError("source_event_seqs must not be empty")
+            if type(seqs) is not list or not seqs:
+                raise ValueError("source_event_seqs must be a non-empty list")
             prev = -1
             for s in seqs:
-                if s <= prev:
-                    raise ValueError("source_event_seqs must be strictly ascending and non-negative")
+                if type(s) is not int or s <= prev:
+                    raise ValueError("source_event_seqs must be strictly ascending non-negative ints")
                 prev = s
-            if prev >= self.seq:
+            if prev >= seq:
                 raise ValueError("source_event_seqs must precede the event")
 
 
@@ -106,12 +120,29 @@ def encode_event(event: Event) -> bytes:
     return _encoder.encode(event) + b"\n"
 
 
-def encode_events(events: Iterable[Event]) -> bytes:
-    buf = bytearray()
-    for event in events:
-        _encoder.encode_into(event, buf, -1)
-        buf += b"\n"
-    return bytes(buf)
+def encode_events(events: Sequence[Event]) -> bytes:
+    """Events as newline-terminated lines, in one call."""
+    return _encoder.encode_lines(events)
+
+
+_raw_lines = msgspec.json.Decoder(msgspec.Raw)
+
+
+def check_encoded(payload: bytes, count: int) -> None:
+    """Refuse encoded events a reader would not split back into `count` valid lines.
+
+    Envelope fields are typed (checked at construction); only raw data built by hand can be
+    malformed JSON, invalid UTF-8, or hold a newline that splits its line. This checks exactly
+    that, without building any value — a fraction of a typed decode.
+    """
+    try:
+        if not payload.isascii():
+            str(payload, "utf-8")
+        lines = len(_raw_lines.decode_lines(payload))
+    except (UnicodeDecodeError, msgspec.DecodeError) as exc:
+        raise InvalidEvent(f"events would not read back: {exc}") from None
+    if lines != count or payload.count(b"\n") != count:
+        raise InvalidEvent("event data holds a line break or several values")
 
 
 def decode_event(line: bytes | memoryview) -> Event:
@@ -183,7 +214,7 @@ def make_event(
     elif not ignorable:
         raise InvalidEvent(f"event type {type!r} is not in the vocabulary and not ignorable")
     try:
-        event = Event(
+        return Event(
             seq=seq,
             type=type,
             time=time,
@@ -192,10 +223,7 @@ def make_event(
             surface_op=UNSET if surface_op is None else surface_op,
             source_event_seqs=UNSET if source_event_seqs is None else source_event_seqs,
         )
-        # Construction does not check types (`True` for a seq, a bogus surface op): the reader's
-        # own decoder does, so an event this returns is one every reader accepts.
-        return _decoder.decode(_encoder.encode(event))
-    except (ValueError, TypeError, msgspec.ValidationError) as exc:
+    except (ValueError, TypeError) as exc:
         raise InvalidEvent(f"event {type!r} at seq {seq}: {exc}") from None
 
 

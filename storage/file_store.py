@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from typing import Literal
 
 import attrs
-import msgspec
 
-from .codec import Event, decode_events, encode_events
+from .codec import Event, check_encoded, encode_events
+from .events import KNOWN_TYPES
 from .errors import (
     AlreadyOwned,
     CorruptLog,
@@ -498,6 +498,10 @@ def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[
         for i, event in enumerate(batch.events):
             if type(event) is not Event:
                 raise InvalidEvent(f"session {sid!r}: batches hold Event values, got {type(event).__name__}")
+            if event.type not in KNOWN_TYPES and event.ignorable is not True:
+                raise InvalidEvent(
+                    f"session {sid!r}: event type {event.type!r} is not in the vocabulary and not ignorable"
+                )
             if event.seq != batch.expected_seq + i:
                 raise InvalidEvent(
                     f"session {sid!r}: batch expecting seq {batch.expected_seq} holds seq {event.seq} "
@@ -518,9 +522,9 @@ def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[
     # refuses what `make_event` would have refused, whoever built the events.
     payload = encode_events(events)
     try:
-        decode_events(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InvalidEvent(f"session {sid!r}: an event would not read back: {exc}") from None
+        check_encoded(payload, len(events))
+    except InvalidEvent as exc:
+        raise InvalidEvent(f"session {sid!r}: {exc.message}") from None
     return events, payload
 
 

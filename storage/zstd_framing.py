@@ -110,21 +110,30 @@ def walk_frames(data: bytes) -> ZstdLayout:
     """
     view = memoryview(data)
     size = len(data)
+    padding = _nul_run_start(data)
     decompressor = zstandard.ZstdDecompressor()
     frames: list[tuple[int, int]] = []
     contents: list[bytes] = []
     pos = 0
     recovered = b""
-    while pos < size:
-        if _all_nul(data, pos):
-            break
-        end = frame_end(view, pos)
+    while pos < padding:
+        try:
+            end = frame_end(view, pos)
+        except FrameDamage:
+            if _torn_into_padding(data, pos, padding, size):
+                break  # the start of a magic number, then zeros
+            raise
         if end is None:
-            recovered = _recover(view[pos:])
+            recovered = _recover(view[pos:padding])
             break
         try:
             content = decompressor.decompress(view[pos:end])
         except zstandard.ZstdError as exc:
+            # A last frame that runs into the zeros a crash left at the end of the file (it
+            # grew, its last pages never reached the disk) is torn, not damaged.
+            if padding < end:
+                recovered = _recover(view[pos:padding])
+                break
             raise FrameDamage(f"the frame does not decompress ({exc})", pos) from None
         frames.append((pos, end))
         contents.append(content)
@@ -139,8 +148,21 @@ def walk_frames(data: bytes) -> ZstdLayout:
     )
 
 
-def _all_nul(data: bytes, pos: int) -> bool:
-    return data[pos] == 0 and data.count(0, pos) == len(data) - pos
+def _nul_run_start(data: bytes) -> int:
+    """Where the run of NUL bytes that ends the file starts (`len(data)` if there is none)."""
+    end = len(data)
+    window = 1 << 16
+    while end > 0:
+        start = max(0, end - window)
+        kept = len(data[start:end].rstrip(b"\x00"))
+        if kept:
+            return start + kept
+        end = start
+    return 0
+
+
+def _torn_into_padding(data: bytes, pos: int, padding: int, size: int) -> bool:
+    return padding < size and _MAGIC.startswith(data[pos:padding])
 
 
 def _recover(torn: memoryview) -> bytes:

@@ -930,11 +930,13 @@ def test_another_format_is_unsupported_even_when_the_rest_is_unreadable() -> Non
     assert info.value.header is None
 
 
-def test_decoded_header_rejects_inconsistent_seeding_but_keeps_the_header() -> None:
+def test_decoded_header_rejects_inconsistent_seeding_without_a_header() -> None:
+    # The seed rule is a format-1 header rule: a header breaking it is not shown (SPEC 3.3).
     with pytest.raises(HeaderError) as info:
         decode_header_line(msgspec.json.encode({**BASE_HEADER, "inherited_event_count": 2}), "s")
-    assert info.value.header is not None
-    assert info.value.header.id == "s"
+    assert info.value.unsupported is False
+    assert "is_seeded" in info.value.reason
+    assert info.value.header is None
 
 
 def test_event_type_checks_use_the_exported_event_class() -> None:
