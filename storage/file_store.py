@@ -18,7 +18,7 @@ import errno
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, NoReturn
 
 import attrs
 
@@ -489,26 +489,21 @@ def _repair_tail(file: File, form: LogForm, parsed: ParsedLog) -> int:
 
 
 def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[Event], bytes]:
+    """The events of `batches`, checked and encoded, or a refusal before anything is written."""
     sid = handle.session_id
     events: list[Event] = []
     nxt = handle.next_seq
     for batch in batches:
         if batch.expected_seq != nxt:
             raise SequenceConflict(sid, expected=batch.expected_seq, actual=handle.next_seq)
-        for i, event in enumerate(batch.events):
-            if type(event) is not Event:
-                raise InvalidEvent(f"session {sid!r}: batches hold Event values, got {type(event).__name__}")
-            if event.type not in KNOWN_TYPES and event.ignorable is not True:
-                raise InvalidEvent(
-                    f"session {sid!r}: event type {event.type!r} is not in the vocabulary and not ignorable"
-                )
-            if event.seq != batch.expected_seq + i:
-                raise InvalidEvent(
-                    f"session {sid!r}: batch expecting seq {batch.expected_seq} holds seq {event.seq} "
-                    f"at position {i}"
-                )
         events.extend(batch.events)
         nxt = Offset(nxt + len(batch.events))
+    # One pass of cheap comparisons for the common case; the slow loop only names the culprit.
+    first = handle.next_seq
+    if not all(
+        type(e) is Event and (e.type in KNOWN_TYPES or e.ignorable is True) for e in events
+    ) or [e.seq for e in events] != list(range(first, nxt)):
+        _refuse_events(sid, first, events)
     k = handle.inherited_event_count
     if k:
         if not handle.published and nxt <= k:
@@ -516,16 +511,29 @@ def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[
                 f"session {sid!r}: a seeded log is published with its whole seed and the "
                 f"end-seed marker at seq {k}"
             )
-        if handle.next_seq <= k < nxt and not is_seed_marker(events[k - handle.next_seq]):
+        if first <= k < nxt and not is_seed_marker(events[k - first]):
             raise InvalidEvent(f"session {sid!r}: seq {k} must be the tagged session/end-seed marker")
-    # Raw data must be the JSON its readers expect: a round trip through the reader's codec
-    # refuses what `make_event` would have refused, whoever built the events.
     payload = encode_events(events)
     try:
         check_encoded(payload, len(events))
     except InvalidEvent as exc:
         raise InvalidEvent(f"session {sid!r}: {exc.message}") from None
     return events, payload
+
+
+def _refuse_events(sid: SessionId, first: int, events: Sequence[Event]) -> NoReturn:
+    for i, event in enumerate(events):
+        if type(event) is not Event:
+            raise InvalidEvent(f"session {sid!r}: batches hold Event values, got {type(event).__name__}")
+        if event.type not in KNOWN_TYPES and event.ignorable is not True:
+            raise InvalidEvent(
+                f"session {sid!r}: event type {event.type!r} is not in the vocabulary and not ignorable"
+            )
+        if event.seq != first + i:
+            raise InvalidEvent(
+                f"session {sid!r}: a batch holds seq {event.seq} where seq {first + i} belongs"
+            )
+    raise AssertionError("no event to refuse")
 
 
 def _write_all(file: File, data: bytes) -> None:
