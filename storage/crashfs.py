@@ -17,11 +17,11 @@ from __future__ import annotations
 import errno
 import itertools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 
-from .fs import OpenMode, PathKind
+from .fs import FolderScan, OpenMode, PathKind
 from .values import Revision
 
 __all__ = ["CrashFs"]
@@ -290,6 +290,27 @@ class CrashFs:
         if name not in parent.entries:
             raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
         del parent.entries[name]
+
+    def scan(self, path: str, names: Sequence[str], only: str | None = None) -> list[FolderScan]:
+        self.counts["scan"] += 1
+        self._raise_fault("scan", path)
+        node = self._lookup(path)
+        if not isinstance(node, _DirNode):
+            raise OSError(errno.ENOTDIR, "not a directory", path)
+        wanted = node.entries if only is None else {only: node.entries[only]} if only in node.entries else {}
+        out = []
+        for name, child in wanted.items():
+            if not isinstance(child, _DirNode):
+                continue
+            files: dict[str, Revision | None] = {}
+            for file_name in names:
+                f = child.entries.get(file_name)
+                if isinstance(f, _FileNode):
+                    files[file_name] = Revision(size=len(f.data), mtime_ns=f.mtime_ns, inode=f.ino)
+                elif f is not None:
+                    files[file_name] = None
+            out.append(FolderScan(name, files))
+        return out
 
     def fsync_dir(self, path: str) -> None:
         self.counts["fsync_dir"] += 1

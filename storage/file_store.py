@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal, NoReturn
+from typing import NoReturn
 
 import attrs
 
@@ -37,11 +38,12 @@ from .errors import (
     SessionNotFound,
     StorageError,
     UnsafePath,
-    UnsupportedLog,
 )
+from .catalog import SESSIONS, Catalog
 from .forms import FORMS, Compression, LogForm, ParsedLog
 from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
+from .index import INDEX_NAME, SessionIndex
 from .log_store import Batch, ReadHandle, WriteHandle
 from .records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
@@ -52,7 +54,6 @@ from .values import (
     SessionHeader,
     SessionId,
     check_session_id,
-    decode_session_id,
     encode_session_id,
 )
 
@@ -63,7 +64,6 @@ log = logging.getLogger(__name__)
 LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
 LOCK_NAME = "lock"
 PUBLISH_TEMP = "publish.tmp"
-SESSIONS = "sessions"
 
 
 @attrs.define(eq=False)
@@ -87,6 +87,7 @@ class FileLogStore:
         *,
         fs: Fs | None = None,
         compression: Compression = "none",
+        use_index: bool = True,
     ) -> None:
         if fs is None:
             if root is None:
@@ -97,6 +98,13 @@ class FileLogStore:
         self.fs = fs
         self.compression: Compression = compression
         self._root_durable = False
+        if not use_index:
+            index = None
+        elif isinstance(fs, OsFs):
+            index = SessionIndex(os.path.join(fs.root, INDEX_NAME))
+        else:
+            index = SessionIndex(None)  # an in-memory Fs gets an in-memory index
+        self._catalog = Catalog(fs, index)
 
     # --- paths ---
 
@@ -369,88 +377,14 @@ class FileLogStore:
 
     def stat(self, session_id: str) -> LogInfo | None:
         sid = check_session_id(session_id)
-        return self._info(sid, self._folder(sid))
+        return self._catalog.stat(sid, encode_session_id(sid))
 
     def list(self) -> list[LogInfo]:
-        try:
-            names = self.fs.listdir(SESSIONS)
-        except FileNotFoundError:
-            if self.fs.root_exists():
-                return []
-            raise PersistenceFailed("the store root does not exist") from None
-        except OSError as exc:
-            raise PersistenceFailed(f"listing sessions/ failed: {exc.strerror}") from exc
-        infos = []
-        for name in sorted(names):
-            sid = decode_session_id(name)
-            if sid is None:
-                continue
-            info = self._info(sid, f"{SESSIONS}/{name}")
-            if info is not None:
-                infos.append(info)
-        return infos
+        return self._catalog.list()
 
-    def _info(self, sid: SessionId, folder: str) -> LogInfo | None:
-        """One listing row; damage is reported, an unreadable session is skipped (and logged)."""
-        try:
-            if self.fs.kind(folder) != "dir":
-                return None
-            found = self._log_forms(folder)
-            if not found:
-                return None
-            path, form, revision = found[0]
-            if len(found) > 1:
-                plain = self.fs.open(f"{folder}/{FORMS['none'].file_name}", "read")
-                try:
-                    head = plain.pread(0, 1 << 16)
-                finally:
-                    plain.close()
-                return _damaged(sid, FORMS["none"].header_of(sid, head), "corrupt", revision, 0)
-            file = self.fs.open(path, "read")
-            try:
-                revision = file.revision()
-                data = file.pread(0, revision.size)
-            finally:
-                file.close()
-        except OSError as exc:
-            if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-                return _damaged(sid, None, "corrupt", Revision(0, 0, 0), 0)
-            log.warning("session %r: skipped by the listing: %s", sid, exc)
-            return None
-        try:
-            parsed = form.parse(sid, data, checkpoint=None)
-        except (CorruptLog, UnsupportedLog) as exc:
-            damage: Literal["corrupt", "unsupported"] = (
-                "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
-            )
-            return _damaged(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
-        return LogInfo(
-            id=sid,
-            header=parsed.record.header,
-            damage=None,
-            inherited_event_count=parsed.record.inherited_event_count,
-            revision=revision,
-            event_count=Offset(len(parsed.events)),
-        )
-
-
-def _damaged(
-    sid: SessionId,
-    record: HeaderRecord | HeaderError | None,
-    damage: Literal["corrupt", "unsupported"],
-    revision: Revision,
-    event_count: int,
-) -> LogInfo:
-    header = record.header if record is not None else None
-    k = record.inherited_event_count if isinstance(record, HeaderRecord) else 0
-    return LogInfo(
-        id=sid,
-        header=header,
-        damage=damage,
-        inherited_event_count=Offset(k),
-        revision=revision,
-        event_count=Offset(event_count),
-    )
+    def close_store(self) -> None:
+        """Release the index connection (handles are closed one by one with `close`)."""
+        self._catalog.close()
 
 
 def _read_header_only(sid: SessionId, file: File, form: LogForm) -> HeaderRecord:

@@ -18,11 +18,28 @@ from .errors import CorruptLog
 from .framing import check_seed_marker, decode_event_lines, plain_layout, read_header
 from .records import HeaderError, HeaderRecord, decode_header_line
 from .values import Checkpoint, SessionId
-from .zstd_framing import FrameDamage, compress_frame, frame_end, new_compressor, walk_frames
+from .zstd_framing import (
+    FrameDamage,
+    ZstdLayout,
+    compress_frame,
+    frame_end,
+    new_compressor,
+    walk_frames,
+)
 
-__all__ = ["FORMS", "Compression", "LogForm", "ParsedLog", "PlainForm", "ZstdForm"]
+__all__ = ["FORMS", "Compression", "LogForm", "ParsedLog", "PlainForm", "TailScan", "ZstdForm"]
 
 Compression = Literal["none", "zstd"]
+
+
+@attrs.frozen
+class TailScan:
+    """The events in a run of bytes that starts at a record (plain) or frame (zstd) boundary."""
+
+    events: list[Event]
+    complete_end: int  # relative to the scanned bytes
+    recovered_events: int = 0  # of `events`, those from a torn zstd frame's lines
+    recovered: bytes = b""
 
 
 @attrs.frozen
@@ -48,6 +65,12 @@ class LogForm(Protocol):
 
     def append_bytes(self, payload: bytes) -> bytes: ...
 
+    def scan_tail(
+        self, sid: SessionId, data: bytes, *, first_seq: int, checkpoint: Checkpoint | None = None
+    ) -> TailScan:
+        """The events after a boundary a previous scan stopped at (offsets relative to `data`)."""
+        ...
+
     def header_of(self, sid: SessionId, data: bytes) -> HeaderRecord | HeaderError | None:
         """Line 1 parsed on its own (for listing damaged logs), its error, or None."""
         ...
@@ -72,6 +95,13 @@ class PlainForm:
         )
         check_seed_marker(sid, events, record.inherited_event_count)
         return ParsedLog(record=record, events=events, complete_end=layout.complete_end, size=layout.size)
+
+    def scan_tail(
+        self, sid: SessionId, data: bytes, *, first_seq: int, checkpoint: Checkpoint | None = None
+    ) -> TailScan:
+        end = data.rfind(b"\n") + 1
+        events = decode_event_lines(sid, data, 0, end, first_seq=first_seq, checkpoint=checkpoint)
+        return TailScan(events=events, complete_end=end)
 
     def publish_bytes(self, header_line: bytes, payload: bytes) -> bytes:
         return header_line + payload
@@ -102,26 +132,28 @@ class ZstdForm:
             record = decode_header_line(memoryview(head)[:-1], sid)
         except HeaderError as exc:
             raise exc.to_storage_error(sid) from None
-        starts = [0]  # where each event frame's content starts in `body`
-        for index, content in enumerate(layout.contents[1:], start=1):
-            if not content.endswith(b"\n"):
-                raise CorruptLog(sid, "a frame ends inside a line", offset=layout.frames[index][0])
-            starts.append(starts[-1] + len(content))
-        body = b"".join(layout.contents[1:]) + layout.recovered
-        try:
-            events = decode_event_lines(sid, body, 0, len(body), checkpoint=checkpoint)
-        except CorruptLog as exc:
-            # Offsets inside decompressed content mean nothing to a reader of the file: name
-            # the frame that holds the damaged line instead.
-            frame = bisect.bisect_right(starts, exc.offset or 0) - 1
-            offset = layout.frames[frame + 1][0] if frame + 1 < len(layout.frames) else layout.complete_end
-            raise CorruptLog(sid, exc.reason, seq=exc.seq, offset=offset) from None
+        events = _decode_frames(sid, layout, 1, first_seq=0, checkpoint=checkpoint)
         check_seed_marker(sid, events, record.inherited_event_count)
         return ParsedLog(
             record=record,
             events=events,
             complete_end=layout.complete_end,
             size=layout.size,
+            recovered=layout.recovered,
+        )
+
+    def scan_tail(
+        self, sid: SessionId, data: bytes, *, first_seq: int, checkpoint: Checkpoint | None = None
+    ) -> TailScan:
+        try:
+            layout = walk_frames(data)
+        except FrameDamage as exc:
+            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
+        events = _decode_frames(sid, layout, 0, first_seq=first_seq, checkpoint=checkpoint)
+        return TailScan(
+            events=events,
+            complete_end=layout.complete_end,
+            recovered_events=layout.recovered.count(b"\n"),
             recovered=layout.recovered,
         )
 
@@ -140,6 +172,26 @@ class ZstdForm:
         if not layout.frames or not layout.contents[0].endswith(b"\n"):
             return None
         return _header(sid, memoryview(layout.contents[0])[:-1])
+
+
+def _decode_frames(
+    sid: SessionId, layout: ZstdLayout, first: int, *, first_seq: int, checkpoint: Checkpoint | None
+) -> list[Event]:
+    """The events of frames `first..` and of the recovered lines, numbered from `first_seq`."""
+    starts = [0]  # where each frame's content starts in `body`
+    for index in range(first, len(layout.contents)):
+        if not layout.contents[index].endswith(b"\n"):
+            raise CorruptLog(sid, "a frame ends inside a line", offset=layout.frames[index][0])
+        starts.append(starts[-1] + len(layout.contents[index]))
+    body = b"".join(layout.contents[first:]) + layout.recovered
+    try:
+        return decode_event_lines(sid, body, 0, len(body), first_seq=first_seq, checkpoint=checkpoint)
+    except CorruptLog as exc:
+        # Offsets inside decompressed content mean nothing to a reader of the file: name the
+        # frame that holds the damaged line instead.
+        frame = first + bisect.bisect_right(starts, exc.offset or 0) - 1
+        offset = layout.frames[frame][0] if frame < len(layout.frames) else layout.complete_end
+        raise CorruptLog(sid, exc.reason, seq=exc.seq, offset=offset) from None
 
 
 def _first_frame_end(data: bytes) -> int:

@@ -1,0 +1,243 @@
+"""`list()` and `stat()` of the file store: log revisions reconciled against the index.
+
+Theory of operation. One `Fs.scan` pass yields every real session folder with the revisions of
+its log files. A log whose revision equals its index row is answered from the row and never
+opened. A log that only grew (same form, same inode, larger) is scanned from where the row's
+scan stopped; any doubt about that tail (it does not start at a record, the seqs do not
+continue) falls back to a full rescan, which is always authoritative. Everything else is
+rescanned whole. A changed inode also forgets the session's checkpoint rows; a vanished log
+loses its row. Rows are mirrored in memory after the first load, and written back in one
+transaction per listing. The index is a cache: when it cannot be read or written the listing
+is computed from the logs alone.
+
+Listing never fails because of one session: damage becomes the row's `damage`, and a log that
+cannot be read because of an I/O error is skipped (and logged) — it is retried next time.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from typing import Literal
+
+from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
+from .forms import FORMS, LogForm
+from .fs import Fs, FolderScan, NotRegularFile
+from .index import IndexRow, SessionIndex
+from .records import HeaderError, HeaderRecord
+from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
+
+__all__ = ["SESSIONS", "Catalog"]
+
+log = logging.getLogger(__name__)
+
+SESSIONS = "sessions"
+_FORM_BY_FILE: dict[str, LogForm] = {form.file_name: form for form in FORMS.values()}
+_LOG_FILES = tuple(_FORM_BY_FILE)
+_NO_REVISION = Revision(size=0, mtime_ns=0, inode=0)
+
+
+class Catalog:
+    def __init__(self, fs: Fs, index: SessionIndex | None) -> None:
+        self.fs = fs
+        self.index = index
+        self._rows: dict[SessionId, IndexRow] | None = None
+        self._lock = threading.Lock()
+
+    def list(self) -> list[LogInfo]:
+        folders = self._scan(None)
+        if folders is None:
+            return []  # no sessions/ yet: nothing to list, and no index to create
+        with self._lock:
+            rows = self._load()
+            infos: list[LogInfo] = []
+            changed: list[IndexRow] = []
+            seen: set[SessionId] = set()
+            for folder in sorted(folders, key=lambda f: f.name):
+                sid = decode_session_id(folder.name)
+                if sid is None:
+                    continue
+                seen.add(sid)
+                info = self._info(sid, folder, rows, changed)
+                if info is not None:
+                    infos.append(info)
+            gone = [sid for sid in rows if sid not in seen]
+            self._commit(rows, changed, gone)
+        return infos
+
+    def stat(self, sid: SessionId, name: str) -> LogInfo | None:
+        folders = self._scan(name)
+        if folders is None:
+            return None
+        with self._lock:
+            rows = self._load()
+            changed: list[IndexRow] = []
+            info = self._info(sid, folders[0], rows, changed) if folders else None
+            gone = [sid] if info is None and sid in rows else []
+            self._commit(rows, changed, gone)
+        return info
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+
+    # --- internals ---
+
+    def _scan(self, only: str | None) -> list[FolderScan] | None:
+        try:
+            return self.fs.scan(SESSIONS, _LOG_FILES, only)
+        except FileNotFoundError:
+            if self.fs.root_exists():
+                return None
+            raise PersistenceFailed("the store root does not exist") from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise UnsafePath("sessions/ is not a folder (a planted link?): refusing the root") from exc
+            raise PersistenceFailed(f"listing sessions/ failed: {exc.strerror or exc}") from exc
+
+    def _load(self) -> dict[SessionId, IndexRow]:
+        if self._rows is None:
+            loaded = self.index.load() if self.index is not None else None
+            self._rows = loaded if loaded is not None else {}
+        return self._rows
+
+    def _commit(self, rows: dict[SessionId, IndexRow], changed: list[IndexRow], gone: list[SessionId]) -> None:
+        forget = []
+        for row in changed:
+            old = rows.get(row.id)
+            if old is not None and old.revision.inode != row.revision.inode:
+                forget.append(row.id)
+            rows[row.id] = row
+        for sid in gone:
+            rows.pop(sid, None)
+        if self.index is not None:
+            self.index.save(changed, gone, forget)
+
+    def _info(
+        self,
+        sid: SessionId,
+        folder: FolderScan,
+        rows: dict[SessionId, IndexRow],
+        changed: list[IndexRow],
+    ) -> LogInfo | None:
+        files = folder.files
+        if not files:
+            return None  # unpublished: invisible
+        path = f"{SESSIONS}/{folder.name}"
+        if len(files) > 1:
+            return _damaged(sid, self._plain_header(sid, path), "corrupt", _NO_REVISION, 0)
+        file_name, revision = next(iter(files.items()))
+        if revision is None:
+            return _damaged(sid, None, "corrupt", _NO_REVISION, 0)  # a planted link or FIFO
+        form = _FORM_BY_FILE[file_name]
+        row = rows.get(sid)
+        if row is not None and row.form == form.compression and row.revision == revision:
+            return row.info
+        try:
+            new = self._rescan(sid, f"{path}/{file_name}", form, row)
+        except OSError as exc:
+            if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
+                return _damaged(sid, None, "corrupt", _NO_REVISION, 0)
+            log.warning("session %r: skipped by the listing: %s", sid, exc)
+            return None
+        changed.append(new)
+        return new.info
+
+    def _plain_header(self, sid: SessionId, path: str) -> HeaderRecord | HeaderError | None:
+        try:
+            file = self.fs.open(f"{path}/{FORMS['none'].file_name}", "read")
+            try:
+                head = file.pread(0, 1 << 16)
+            finally:
+                file.close()
+        except OSError:
+            return None
+        return FORMS["none"].header_of(sid, head)
+
+    def _rescan(self, sid: SessionId, path: str, form: LogForm, row: IndexRow | None) -> IndexRow:
+        file = self.fs.open(path, "read")
+        try:
+            revision = file.revision()
+            if (
+                row is not None
+                and row.info.damage is None
+                and row.form == form.compression
+                and row.revision.inode == revision.inode
+                and row.revision.size < revision.size
+            ):
+                grown = _scan_growth(sid, form, row, revision, file.pread(row.scan_end, revision.size - row.scan_end))
+                if grown is not None:
+                    return grown
+            data = file.pread(0, revision.size)
+        finally:
+            file.close()
+        return _scan_whole(sid, form, revision, data)
+
+
+def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -> IndexRow:
+    try:
+        parsed = form.parse(sid, data, checkpoint=None)
+    except (CorruptLog, UnsupportedLog) as exc:
+        damage: Literal["corrupt", "unsupported"] = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
+        info = _damaged(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
+        return IndexRow(info=info, form=form.compression, scan_end=0, scan_events=0)
+    recovered = parsed.recovered.count(b"\n")
+    info = LogInfo(
+        id=sid,
+        header=parsed.record.header,
+        damage=None,
+        inherited_event_count=parsed.record.inherited_event_count,
+        revision=revision,
+        event_count=Offset(len(parsed.events)),
+    )
+    return IndexRow(
+        info=info,
+        form=form.compression,
+        scan_end=parsed.complete_end,
+        scan_events=len(parsed.events) - recovered,
+    )
+
+
+def _scan_growth(
+    sid: SessionId, form: LogForm, row: IndexRow, revision: Revision, tail: bytes
+) -> IndexRow | None:
+    """The row after scanning only what was appended since `row`, or None to rescan whole."""
+    try:
+        scan = form.scan_tail(sid, tail, first_seq=row.scan_events)
+    except (CorruptLog, UnsupportedLog):
+        return None  # the tail may not start where the row thinks: let a full scan decide
+    count = row.scan_events + len(scan.events)
+    info = LogInfo(
+        id=sid,
+        header=row.info.header,
+        damage=None,
+        inherited_event_count=row.info.inherited_event_count,
+        revision=revision,
+        event_count=Offset(count),
+    )
+    return IndexRow(
+        info=info,
+        form=row.form,
+        scan_end=row.scan_end + scan.complete_end,
+        scan_events=count - scan.recovered_events,
+    )
+
+
+def _damaged(
+    sid: SessionId,
+    record: HeaderRecord | HeaderError | None,
+    damage: Literal["corrupt", "unsupported"],
+    revision: Revision,
+    event_count: int,
+) -> LogInfo:
+    header = record.header if record is not None else None
+    k = record.inherited_event_count if isinstance(record, HeaderRecord) else 0
+    return LogInfo(
+        id=sid,
+        header=header,
+        damage=damage,
+        inherited_event_count=Offset(k),
+        revision=revision,
+        event_count=Offset(event_count),
+    )

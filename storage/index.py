@@ -1,0 +1,283 @@
+"""`index.sqlite3`: the derived index of session headers (and projection checkpoints).
+
+Theory of operation. The durable state is `sessions/`; this file is a cache that any command
+may create, refresh or rebuild inside an existing root, and deleting it loses nothing. A row
+records what a full or incremental scan of one log found, keyed by the log's revision (size,
+mtime_ns, inode), plus where the scan stopped (`scan_end`, `scan_events`) so a log that only
+grew can be scanned from there. `user_version` names the schema; a mismatch, or a file that is
+not a database, drops and rebuilds it. Every `sqlite3.Error` is a cache miss: reads return
+`None`, writes are logged and dropped. All access is serialized by one lock (actors reach the
+index through one worker thread anyway).
+
+The checkpoint table holds projection checkpoints `{session, unit key} → {ver, seq, val,
+log_offset, lifecycle}`; its rows arrive with the projections (SPEC 3.5).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import stat as stat_mod
+import threading
+from collections.abc import Iterable
+
+import attrs
+
+from .values import LogInfo, Offset, Revision, SessionHeader, SessionId
+
+__all__ = ["INDEX_NAME", "SCHEMA_VERSION", "IndexRow", "SessionIndex"]
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "index.sqlite3"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    form TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    inode INTEGER NOT NULL,
+    has_header INTEGER NOT NULL,
+    format INTEGER,
+    created_at INTEGER,
+    is_seeded INTEGER,
+    delegation_depth INTEGER,
+    cwd TEXT,
+    parent_session TEXT,
+    origin TEXT,
+    agent_preset TEXT,
+    damage TEXT,
+    inherited_event_count INTEGER NOT NULL,
+    event_count INTEGER NOT NULL,
+    scan_end INTEGER NOT NULL,
+    scan_events INTEGER NOT NULL
+);
+CREATE TABLE checkpoints (
+    session_id TEXT NOT NULL,
+    unit_key TEXT NOT NULL,
+    ver INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    val BLOB NOT NULL,
+    log_offset INTEGER NOT NULL,
+    lifecycle BLOB NOT NULL,
+    PRIMARY KEY (session_id, unit_key)
+);
+"""
+
+_COLUMNS = (
+    "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
+    "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
+    "scan_end, scan_events"
+)
+
+
+@attrs.frozen(kw_only=True)
+class IndexRow:
+    """What a scan of one log at one revision found."""
+
+    info: LogInfo
+    form: str
+    scan_end: int  # bytes of complete records (plain) or frames (zstd) the scan covered
+    scan_events: int  # events in those bytes (a torn frame's recovered lines excluded)
+
+    @property
+    def id(self) -> SessionId:
+        return self.info.id
+
+    @property
+    def revision(self) -> Revision:
+        return self.info.revision
+
+
+def _trusted_header(row: tuple[object, ...]) -> SessionHeader:
+    """A header the index wrote from a validated one: rebuilt without re-running validators
+    (a listing of a thousand sessions must not pay for a thousand validations)."""
+    header = object.__new__(SessionHeader)
+    for name, value in (
+        ("id", row[0]),
+        ("format", row[6]),
+        ("created_at", row[7]),
+        ("is_seeded", bool(row[8])),
+        ("delegation_depth", row[9]),
+        ("cwd", row[10]),
+        ("parent_session", row[11]),
+        ("origin", row[12]),
+        ("agent_preset", row[13]),
+    ):
+        object.__setattr__(header, name, value)
+    return header
+
+
+def _row_from_sql(row: tuple[object, ...]) -> IndexRow:
+    info = LogInfo(
+        id=SessionId(str(row[0])),
+        header=_trusted_header(row) if row[5] else None,
+        damage=row[14],  # type: ignore[arg-type]
+        inherited_event_count=Offset(int(row[15])),  # type: ignore[call-overload]
+        revision=Revision(size=row[2], mtime_ns=row[3], inode=row[4]),  # type: ignore[arg-type]
+        event_count=Offset(int(row[16])),  # type: ignore[call-overload]
+    )
+    return IndexRow(info=info, form=str(row[1]), scan_end=int(row[17]), scan_events=int(row[18]))  # type: ignore[call-overload]
+
+
+def _row_to_sql(row: IndexRow) -> tuple[object, ...]:
+    info = row.info
+    h = info.header
+    rev = info.revision
+    return (
+        info.id,
+        row.form,
+        rev.size,
+        rev.mtime_ns,
+        rev.inode,
+        1 if h is not None else 0,
+        h.format if h else None,
+        h.created_at if h else None,
+        int(h.is_seeded) if h else None,
+        h.delegation_depth if h else None,
+        h.cwd if h else None,
+        h.parent_session if h else None,
+        h.origin if h else None,
+        h.agent_preset if h else None,
+        info.damage,
+        info.inherited_event_count,
+        info.event_count,
+        row.scan_end,
+        row.scan_events,
+    )
+
+
+class SessionIndex:
+    """One root's index; `path=None` keeps it in memory (for stores over an in-memory Fs)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        if self.path is not None:
+            _refuse_link(self.path)
+        conn = sqlite3.connect(
+            self.path or ":memory:", timeout=5.0, isolation_level=None, check_same_thread=False
+        )
+        try:
+            self._prepare(conn)
+        except sqlite3.DatabaseError:
+            conn.close()
+            if self.path is None:
+                raise
+            # Not a database, or one this build cannot use: it is a cache, so start over.
+            log.warning("index %s is unusable; rebuilding it", self.path)
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(self.path + suffix)
+                except FileNotFoundError:
+                    pass
+            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
+            self._prepare(conn)
+        self._conn = conn
+        return conn
+
+    @staticmethod
+    def _prepare(conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read under the write lock: another process may have just rebuilt it.
+            if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                for (name,) in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table'"
+                ).fetchall():
+                    conn.execute(f'DROP TABLE "{name}"')
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def load(self) -> dict[SessionId, IndexRow] | None:
+        """Every row, or `None` when the index cannot be read (a cache miss)."""
+        with self._lock:
+            try:
+                rows = self._connect().execute(f"SELECT {_COLUMNS} FROM sessions").fetchall()
+            except (sqlite3.Error, OSError) as exc:
+                log.warning("index %s: read failed (%s); listing from the logs", self.path, exc)
+                self._reset()
+                return None
+        out = {}
+        for row in rows:
+            try:
+                parsed = _row_from_sql(row)
+            except (TypeError, ValueError):
+                continue  # a row this build did not write: it is rescanned
+            out[parsed.id] = parsed
+        return out
+
+    def save(
+        self,
+        changed: Iterable[IndexRow],
+        deleted: Iterable[SessionId],
+        forget_checkpoints: Iterable[SessionId] = (),
+    ) -> None:
+        """Write changed rows, delete rows of vanished logs; failures only logged."""
+        changed = list(changed)
+        deleted = list(deleted)
+        forget = set(forget_checkpoints) | set(deleted)
+        if not changed and not deleted and not forget:
+            return
+        with self._lock:
+            try:
+                conn = self._connect()
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany(
+                        f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) "
+                        f"VALUES ({', '.join('?' * 19)})",
+                        [_row_to_sql(row) for row in changed],
+                    )
+                    conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
+                    conn.executemany(
+                        "DELETE FROM checkpoints WHERE session_id = ?", [(sid,) for sid in forget]
+                    )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            except (sqlite3.Error, OSError) as exc:
+                log.warning("index %s: write failed (%s); it stays a cache miss", self.path, exc)
+                self._reset()
+
+    def _reset(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+
+
+def _refuse_link(path: str) -> None:
+    """The index is opened by sqlite, which follows links: a planted one is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat_mod.S_ISREG(st.st_mode):
+        raise sqlite3.OperationalError(f"{path} is not a regular file")
