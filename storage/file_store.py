@@ -275,13 +275,9 @@ class FileLogStore:
         except OSError as cut:
             handle.dead = f"rolling back a failed write ({exc.strerror}) failed: {cut.strerror}"
 
-    def _fsync(self, handle: WriteHandle, file: File | None, what: str, folder: str | None = None) -> None:
+    def _fsync(self, handle: WriteHandle, file: File, what: str) -> None:
         try:
-            if folder is None:
-                assert file is not None
-                file.fsync()
-            else:
-                self.fs.fsync_dir(folder)
+            file.fsync()
         except OSError as exc:
             # After a failed fsync the kernel may have dropped the dirty pages: retrying could
             # report durability that does not exist. The handle never writes again.
