@@ -86,7 +86,7 @@ class FileLogStore:
         root: str | None = None,
         *,
         fs: Fs | None = None,
-        compression: Compression = "none",
+        compression: Compression = "zstd",
         use_index: bool = True,
     ) -> None:
         if fs is None:

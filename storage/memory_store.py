@@ -14,7 +14,7 @@ __all__ = ["MemoryLogStore"]
 
 
 class MemoryLogStore(FileLogStore):
-    def __init__(self, *, fs: CrashFs | None = None, compression: Compression = "none") -> None:
+    def __init__(self, *, fs: CrashFs | None = None, compression: Compression = "zstd") -> None:
         self.crash_fs = fs if fs is not None else CrashFs()
         super().__init__(fs=self.crash_fs, compression=compression)
 

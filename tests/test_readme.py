@@ -15,7 +15,7 @@ def test_storage_example_runs(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     exec(compile(code.group(1), "README.md", "exec"), {})
     assert capsys.readouterr().out == "parent 1 None\n"
-    assert (tmp_path / ".subagents" / "sessions" / "parent" / "session.jsonl").is_file()
+    assert (tmp_path / ".subagents" / "sessions" / "parent" / "session.jsonl.zst").is_file()
 
 
 def test_ci_runs_the_readme_test_command() -> None:

@@ -400,7 +400,7 @@ def test_a_malformed_payload_is_invalid_payload(bad: dict[str, Any]) -> None:
 
 def test_closers_appended_through_a_write_handle_read_back_identically(tmp_path: Path) -> None:
     log, expected = case_three_calls_answered_started_and_not_started()
-    store = FileLogStore(str(tmp_path))
+    store = FileLogStore(str(tmp_path), compression="none")
     handle = store.create(SessionHeader(id="crashed", created_at=T))
     try:
         store.append(handle, [Batch(0, log.events)])

@@ -769,7 +769,7 @@ def test_folder_names_on_disk_are_the_documented_encoding(tmp_path: Path, sid: s
     store = FileLogStore(str(tmp_path))
     publish(store, sid)
     assert os.listdir(tmp_path / "sessions") == [folder]
-    assert (tmp_path / "sessions" / folder / LOG_NAMES["none"]).is_file()
+    assert (tmp_path / "sessions" / folder / LOG_NAMES[store.compression]).is_file()
 
 
 def test_open_write_of_an_unknown_id_creates_no_folder(tmp_path: Path) -> None:

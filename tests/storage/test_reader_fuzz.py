@@ -1230,7 +1230,7 @@ def test_an_unpublished_folder_is_invisible_and_create_reuses_it(tmp_path: Path,
     folder = tmp_path / "sessions" / FOLDER
     folder.mkdir(parents=True)
     (folder / leftover).write_bytes(log_bytes(header_dict(created_at=1), VALID) if leftover != "lock" else b"")
-    store = FileLogStore(str(tmp_path))
+    store = FileLogStore(str(tmp_path), compression="none")
     assert store.list() == [] and store.stat(SID) is None
     with pytest.raises(SessionNotFound):
         store.open_read(SID)
