@@ -30,6 +30,7 @@ _MAGIC = b"\x28\xb5\x2f\xfd"
 _FCS_SIZES = (0, 2, 4, 8)
 _DICT_ID_SIZES = (0, 1, 2, 4)
 _LEVEL = 3
+_MAX_HEADER = 4 + 14  # magic number and the largest frame header
 
 
 class FrameDamage(Exception):
@@ -82,7 +83,10 @@ def frame_end(view: memoryview, start: int) -> int | None:
     single_segment = (descriptor >> 5) & 1
     if (descriptor >> 3) & 1:
         raise FrameDamage("reserved bit set in the frame header", start)
-    has_checksum = (descriptor >> 2) & 1
+    if not (descriptor >> 2) & 1:
+        # Format 1 frames carry content checksums; without one, the 4 bytes after the last
+        # block would be taken for the next frame.
+        raise FrameDamage("the frame has no content checksum", start)
     header = 1 + (0 if single_segment else 1) + _DICT_ID_SIZES[descriptor & 3]
     header += _FCS_SIZES[fcs_flag] if (fcs_flag or not single_segment) else 1
     pos = start + 4 + header
@@ -98,8 +102,7 @@ def frame_end(view: memoryview, start: int) -> int | None:
         pos += 3 + (1 if kind == 1 else length)
         if last:
             break
-    if has_checksum:
-        pos += 4
+    pos += 4
     return pos if pos <= size else None
 
 
@@ -120,14 +123,18 @@ def walk_frames(data: bytes) -> ZstdLayout:
         try:
             end = frame_end(view, pos)
         except FrameDamage:
-            if _torn_into_padding(data, pos, padding, size):
-                break  # the start of a magic number, then zeros
+            if _header_torn_into_padding(data, pos, padding, size):
+                break  # the start of a frame header, then the zeros a crash left
             raise
         if end is None:
+            # Only the last frame can be torn: a frame that seems to run past the end while a
+            # complete frame follows it had its sizes damaged.
+            if _complete_frame_after(view, pos + 4, padding):
+                raise FrameDamage("the frame's sizes run past later frames", pos)
             recovered = _recover(view[pos:padding])
             break
         try:
-            content = decompressor.decompress(view[pos:end])
+            content = _decompress(decompressor, view[pos:end])
         except zstandard.ZstdError as exc:
             # A last frame that runs into the zeros a crash left at the end of the file (it
             # grew, its last pages never reached the disk) is torn, not damaged.
@@ -161,8 +168,42 @@ def _nul_run_start(data: bytes) -> int:
     return 0
 
 
-def _torn_into_padding(data: bytes, pos: int, padding: int, size: int) -> bool:
-    return padding < size and _MAGIC.startswith(data[pos:padding])
+def _header_torn_into_padding(data: bytes, pos: int, padding: int, size: int) -> bool:
+    if padding == size or pos + _MAX_HEADER < padding:
+        return False
+    kept = data[pos:padding]
+    return _MAGIC.startswith(kept) or kept.startswith(_MAGIC)
+
+
+def _decompress(decompressor: zstandard.ZstdDecompressor, frame: memoryview) -> bytes:
+    """One whole frame, checksum verified; frames whose header omits the content size (what
+    streaming compressors write) go through a one-frame decompressobj."""
+    if zstandard.frame_content_size(frame) >= 0:
+        return decompressor.decompress(frame)
+    stream = decompressor.decompressobj()
+    content = stream.decompress(frame)
+    if not stream.eof:
+        raise zstandard.ZstdError("the frame ended early")
+    return content
+
+
+def _complete_frame_after(view: memoryview, start: int, stop: int, tries: int = 64) -> bool:
+    """Whether a frame that parses and decompresses starts somewhere in `view[start:stop]`."""
+    data = view.obj if isinstance(view.obj, bytes) else bytes(view)
+    pos = start
+    for _ in range(tries):
+        pos = data.find(_MAGIC, pos, stop)
+        if pos < 0:
+            return False
+        try:
+            end = frame_end(view, pos)
+            if end is not None and end <= stop:
+                _decompress(zstandard.ZstdDecompressor(), view[pos:end])
+                return True
+        except (FrameDamage, zstandard.ZstdError):
+            pass
+        pos += 1
+    return False
 
 
 def _recover(torn: memoryview) -> bytes:
