@@ -43,6 +43,7 @@ class Catalog:
         self.fs = fs
         self.index = index
         self._rows: dict[SessionId, IndexRow] | None = None
+        self._ids: dict[str, SessionId | None] = {}  # folder name → id (decoding is not free)
         self._lock = threading.Lock()
 
     def list(self) -> list[LogInfo]:
@@ -54,14 +55,17 @@ class Catalog:
             infos: list[LogInfo] = []
             changed: list[IndexRow] = []
             seen: set[SessionId] = set()
-            for folder in sorted(folders, key=lambda f: f.name):
-                sid = decode_session_id(folder.name)
+            known, ids = self._ids, {}
+            for folder in sorted(folders):
+                name = folder.name
+                sid = ids[name] = known[name] if name in known else decode_session_id(name)
                 if sid is None:
                     continue
                 seen.add(sid)
                 info = self._info(sid, folder, rows, changed)
                 if info is not None:
                     infos.append(info)
+            self._ids = ids
             gone = [sid for sid in rows if sid not in seen]
             self._commit(rows, changed, gone)
         return infos

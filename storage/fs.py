@@ -16,17 +16,14 @@ import fcntl
 import os
 import stat as stat_mod
 from collections.abc import Sequence
-from typing import Literal, Protocol
-
-import attrs
+from typing import Literal, NamedTuple, Protocol
 
 from .values import Revision
 
 __all__ = ["File", "FolderScan", "Fs", "NotRegularFile", "OpenMode", "OsFs", "PathKind"]
 
 
-@attrs.frozen
-class FolderScan:
+class FolderScan(NamedTuple):
     """A real folder (not a link) and the revisions of the wanted files it holds.
 
     A file that exists but is not a regular file (a link, a FIFO) maps to `None`.
@@ -263,16 +260,21 @@ class OsFs:
                 with os.scandir(dfd) as entries:
                     folders = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
             out = []
+            access, stat, isreg, F_OK = os.access, os.stat, stat_mod.S_ISREG, os.F_OK
             for folder in folders:
                 files: dict[str, Revision | None] = {}
                 for file_name in names:
-                    try:
-                        st = os.stat(f"{folder}/{file_name}", dir_fd=dfd, follow_symlinks=False)
-                    except FileNotFoundError:
+                    path = f"{folder}/{file_name}"
+                    # access() answers "absent" without raising: most names are absent.
+                    if not access(path, F_OK, dir_fd=dfd, follow_symlinks=False):
                         continue
-                    except NotADirectoryError:
-                        break  # the folder was replaced meanwhile
-                    files[file_name] = _revision(st) if stat_mod.S_ISREG(st.st_mode) else None
+                    try:
+                        st = stat(path, dir_fd=dfd, follow_symlinks=False)
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue  # removed or replaced meanwhile
+                    files[file_name] = (
+                        Revision(st.st_size, st.st_mtime_ns, st.st_ino) if isreg(st.st_mode) else None
+                    )
                 out.append(FolderScan(folder, files))
             return out
         finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
-from typing import Literal, NewType
+from typing import Literal, NamedTuple, NewType
 
 import attrs
 
@@ -158,9 +158,12 @@ class SessionHeader:
     format: int = FORMAT_VERSION
 
 
-@attrs.frozen
-class Revision:
-    """What tells a changed log from an unchanged one without reading it."""
+class Revision(NamedTuple):
+    """What tells a changed log from an unchanged one without reading it.
+
+    A named tuple rather than an attrs class: a listing builds and compares one per session,
+    and that must stay within a small factor of a bare `stat`.
+    """
 
     size: int
     mtime_ns: int
