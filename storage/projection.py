@@ -1,0 +1,190 @@
+"""Projection units, their per-session cells, and checkpoint values (SPEC 3.5).
+
+A unit is a pure fold over a session's events: `initial(header, inherited_event_count)`, then
+`apply(state, event)` for every event, returning the *same object* for events it ignores. State
+is plain JSON. An optional `view(state)` is the client-visible value; a unit without one is
+host-only (never in snapshots, still checkpointed). Units must not raise on bad data — they
+reset to their "no value" state — but if `apply` raises anyway (a bug), only that unit's cell is
+marked broken: a snapshot naming its key raises `ProjectionBroken`, every other key and the
+session carry on.
+
+`ProjectionCells` holds one cell per registered unit for one session: the state and the
+watermark (the last folded seq, -1 before any). `snapshot(keys)` brings every cell to the end
+but views only the selected keys, so a broken view of an unrelated unit cannot break a keyed
+read. Checkpoint rows `{key: {ver, seq, val}}` bind to a `Lifecycle` identity; a row with
+another `ver` or identity is ignored, never migrated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from .codec import Event
+from .values import Offset, SessionHeader
+
+__all__ = [
+    "CheckpointRow",
+    "Lifecycle",
+    "ProjectionBroken",
+    "ProjectionCells",
+    "ProjectionRegistry",
+    "ProjectionUnit",
+]
+
+JsonValue = Any  # plain JSON: None, bool, int, float, str, list, dict[str, ...]
+
+
+class ProjectionUnit(Protocol):
+    key: str
+    state_version: int
+    view: Callable[[JsonValue], JsonValue] | None
+
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonValue: ...
+
+    def apply(self, state: JsonValue, event: Event) -> JsonValue: ...
+
+
+class ProjectionBroken(Exception):
+    """A unit's `apply` or `view` raised: its key cannot be served for this session."""
+
+    code = "PROJECTION_BROKEN"
+
+    def __init__(self, key: str, cause: BaseException) -> None:
+        super().__init__(f"projection {key!r} is broken: {type(cause).__name__}: {cause}")
+        self.key = key
+        self.cause = cause
+
+
+@attrs.frozen(kw_only=True)
+class Lifecycle:
+    """Binds checkpoint rows to one lifecycle of a session id (a recreated id never matches)."""
+
+    format: int
+    created_at: int
+    cwd: str | None
+    is_seeded: bool
+    inherited_event_count: int
+
+    @classmethod
+    def of(cls, header: SessionHeader, inherited_event_count: int) -> Lifecycle:
+        return cls(
+            format=header.format,
+            created_at=header.created_at,
+            cwd=header.cwd,
+            is_seeded=header.is_seeded,
+            inherited_event_count=inherited_event_count,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointRow:
+    ver: int
+    seq: int  # the last folded seq (>= 0 for stored rows)
+    val: JsonValue
+
+
+@attrs.define(eq=False)
+class _Cell:
+    unit: ProjectionUnit
+    state: JsonValue
+    seq: int  # watermark: the last folded seq, -1 before any
+    broken: BaseException | None = None
+
+
+class ProjectionRegistry:
+    """The units of a runtime, handed in by the composition root; keys are unique."""
+
+    def __init__(self, units: Iterable[ProjectionUnit]) -> None:
+        self.units: tuple[ProjectionUnit, ...] = tuple(units)
+        keys = [u.key for u in self.units]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"projection keys must be unique, got {keys}")
+        for unit in self.units:
+            if type(unit.state_version) is not int or unit.state_version < 0:
+                raise ValueError(f"projection {unit.key!r}: state_version must be a non-negative int")
+
+    def cells(
+        self,
+        header: SessionHeader,
+        inherited_event_count: Offset,
+        rows: Mapping[str, CheckpointRow] | None = None,
+    ) -> ProjectionCells:
+        """Fresh cells, seeded from checkpoint rows whose `ver` matches (caller checks identity)."""
+        return ProjectionCells(self.units, header, inherited_event_count, rows or {})
+
+
+class ProjectionCells:
+    def __init__(
+        self,
+        units: Sequence[ProjectionUnit],
+        header: SessionHeader,
+        inherited_event_count: Offset,
+        rows: Mapping[str, CheckpointRow],
+    ) -> None:
+        self._cells: dict[str, _Cell] = {}
+        for unit in units:
+            row = rows.get(unit.key)
+            if row is not None and row.ver == unit.state_version:
+                self._cells[unit.key] = _Cell(unit, row.val, row.seq)
+                continue
+            cell = _Cell(unit, None, -1)
+            try:
+                cell.state = unit.initial(header, inherited_event_count)
+            except Exception as exc:  # a unit bug breaks only its own cell
+                cell.broken = exc
+            self._cells[unit.key] = cell
+
+    @property
+    def floor(self) -> int:
+        """The lowest watermark: events after it must be folded to bring every cell to the end."""
+        return min((c.seq for c in self._cells.values()), default=-1)
+
+    def fold(self, events: Iterable[Event]) -> int:
+        """Fold events in order into every cell that has not seen them; returns how many
+        (event, cell) applications ran."""
+        applied = 0
+        for event in events:
+            seq = event.seq
+            for cell in self._cells.values():
+                if cell.broken is not None or seq <= cell.seq:
+                    continue
+                try:
+                    cell.state = cell.unit.apply(cell.state, event)
+                except Exception as exc:  # a unit bug breaks only its own cell
+                    cell.broken = exc
+                    continue
+                cell.seq = seq
+                applied += 1
+        return applied
+
+    def snapshot(self, keys: Iterable[str] | None = None) -> dict[str, JsonValue]:
+        """Views of the selected keys (every unit with a view when `keys` is None)."""
+        wanted = list(self._cells) if keys is None else list(keys)
+        out: dict[str, JsonValue] = {}
+        for key in wanted:
+            cell = self._cells.get(key)
+            if cell is None:
+                raise KeyError(f"no projection unit {key!r}")
+            view = cell.unit.view
+            if view is None:
+                if keys is None:
+                    continue  # host-only units are never in snapshots
+                raise KeyError(f"projection {key!r} is host-only")
+            if cell.broken is not None:
+                raise ProjectionBroken(key, cell.broken)
+            try:
+                out[key] = view(cell.state)
+            except Exception as exc:
+                raise ProjectionBroken(key, exc) from exc
+        return out
+
+    def checkpoint(self) -> dict[str, CheckpointRow]:
+        """Rows for every healthy cell that has folded at least one event."""
+        return {
+            key: CheckpointRow(ver=cell.unit.state_version, seq=cell.seq, val=cell.state)
+            for key, cell in self._cells.items()
+            if cell.broken is None and cell.seq >= 0
+        }
