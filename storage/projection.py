@@ -140,7 +140,8 @@ class ProjectionCells:
     @property
     def floor(self) -> int:
         """The lowest watermark: events after it must be folded to bring every cell to the end."""
-        return min((c.seq for c in self._cells.values()), default=-1)
+        # A broken cell never advances again; it must not hold every later read down.
+        return min((c.seq for c in self._cells.values() if c.broken is None), default=-1)
 
     def fold(self, events: Iterable[Event]) -> int:
         """Fold events in order into every cell that has not seen them; returns how many

@@ -1,0 +1,160 @@
+"""The projection units of a child session: `subagent` (identity) and `subagent_timing`.
+
+Both are pure folds over a session's events (SPEC 3.5): state is plain JSON, never mutated in
+place (every change is a new dict), and `apply` returns the very same state object for events
+the unit does not look at. Neither raises on bad data.
+
+`subagent` (SPEC 3.6, reference-notes 4.4). State `{identity?: {mode, label?, seq}}`. Every
+`subagent/descriptor` event replaces the state — last wins: a valid payload gives an identity
+stamped with the event's seq; a malformed, unsupported or undecodable one gives `{}`. The view
+is the identity or `None`, a sentinel that survives a JSON round trip (an absent key would not
+clear a client's stale value). `seq` lets a reader tell the child's own descriptor from one a
+fork seed replayed: see `is_own_identity`.
+
+`subagent_timing` (reference-notes 4.5). State
+`{settled_ms, active?: {since, through}, pending_turn_start?, descriptor_seen}`:
+
+    turn/start           descriptor seen → active = {since: t, through: t}
+                         otherwise       → pending_turn_start = t
+    subagent/descriptor  (valid or not)  → {settled_ms: 0, descriptor_seen: true,
+                                            active: {since: active.since or pending_turn_start,
+                                                     through: t}  (only if either exists)}
+    turn/end             before a descriptor → drop pending_turn_start
+                         after, while active → settled_ms += max(0, t - active.since); drop active
+    anything else        while active → active.through = t
+
+so `settled_ms` counts completed turns after the (last) descriptor, and a turn that was already
+open when the descriptor was written counts from its own start. The view is
+`{settled_ms, active?}`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from subagents.storage import Event, Offset, SessionHeader
+
+from .descriptor import MalformedDescriptor, parse_descriptor
+
+__all__ = [
+    "IDENTITY_UNIT",
+    "SUBAGENT_UNITS",
+    "TIMING_UNIT",
+    "SubagentIdentityUnit",
+    "SubagentTimingUnit",
+    "is_own_identity",
+]
+
+DESCRIPTOR_TYPE: Final = "subagent/descriptor"
+
+JsonObject = dict[str, Any]  # plain JSON state
+
+_any_json = msgspec.json.Decoder()
+
+
+def is_own_identity(identity: JsonObject | None, inherited_event_count: int) -> bool:
+    """Whether an identity view came from the session's own suffix, not from a fork seed.
+
+    `identity` is the `subagent` view (`None` means no valid descriptor, so never own).
+    """
+    return identity is not None and identity["seq"] >= inherited_event_count
+
+
+class SubagentIdentityUnit:
+    """The `subagent` unit: the identity of the last valid descriptor, or none."""
+
+    key = "subagent"
+    state_version = 2
+
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonObject:
+        return {}
+
+    def apply(self, state: JsonObject, event: Event) -> JsonObject:
+        if event.type != DESCRIPTOR_TYPE:
+            return state
+        try:
+            descriptor = parse_descriptor(_any_json.decode(event.data))
+        except (msgspec.DecodeError, RecursionError, MalformedDescriptor):
+            # Not JSON (hand-built raw data), nested past msgspec's depth limit, or not a
+            # descriptor: all mean "no valid descriptor", never a failed fold.
+            return {}
+        if descriptor is None:  # another version: unsupported, no identity
+            return {}
+        identity: JsonObject = {"mode": descriptor.mode}
+        if descriptor.label is not None:
+            identity["label"] = descriptor.label
+        identity["seq"] = event.seq
+        return {"identity": identity}
+
+    def view(self, state: JsonObject) -> JsonObject | None:
+        identity = state.get("identity")
+        # A copy: a caller may keep or change the value it is served without touching the cell.
+        return None if identity is None else dict(identity)
+
+
+def _timing(
+    settled_ms: int,
+    descriptor_seen: bool,
+    active: JsonObject | None = None,
+    pending_turn_start: int | None = None,
+) -> JsonObject:
+    state: JsonObject = {"settled_ms": settled_ms}
+    if active is not None:
+        state["active"] = active
+    if pending_turn_start is not None:
+        state["pending_turn_start"] = pending_turn_start
+    state["descriptor_seen"] = descriptor_seen
+    return state
+
+
+class SubagentTimingUnit:
+    """The `subagent_timing` unit: time spent in turns since the child's descriptor."""
+
+    key = "subagent_timing"
+    state_version = 2
+
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonObject:
+        return _timing(0, False)
+
+    def apply(self, state: JsonObject, event: Event) -> JsonObject:
+        kind = event.type
+        time = event.time
+        seen: bool = state["descriptor_seen"]
+        active: JsonObject | None = state.get("active")
+        if kind == DESCRIPTOR_TYPE:
+            since = active["since"] if active is not None else state.get("pending_turn_start")
+            return _timing(0, True, None if since is None else {"since": since, "through": time})
+        if kind == "turn/start":
+            if seen:
+                return _timing(state["settled_ms"], True, {"since": time, "through": time})
+            return _timing(state["settled_ms"], False, pending_turn_start=time)
+        if kind == "turn/end":
+            if not seen:
+                if "pending_turn_start" not in state:
+                    return state
+                return _timing(state["settled_ms"], False)
+            if active is None:
+                return state
+            return _timing(state["settled_ms"] + max(0, time - active["since"]), True)
+        if active is None:
+            return state
+        return _timing(
+            state["settled_ms"],
+            seen,
+            {"since": active["since"], "through": time},
+            state.get("pending_turn_start"),
+        )
+
+    def view(self, state: JsonObject) -> JsonObject:
+        out: JsonObject = {"settled_ms": state["settled_ms"]}
+        active = state.get("active")
+        if active is not None:
+            out["active"] = {"since": active["since"], "through": active["through"]}
+        return out
+
+
+IDENTITY_UNIT: Final = SubagentIdentityUnit()
+TIMING_UNIT: Final = SubagentTimingUnit()
+SUBAGENT_UNITS: Final = (IDENTITY_UNIT, TIMING_UNIT)
