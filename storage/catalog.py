@@ -23,7 +23,7 @@ from typing import Literal
 
 from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
 from .forms import FORMS, LogForm
-from .fs import Fs, FolderScan, NotRegularFile
+from .fs import File, Fs, FolderScan, NotRegularFile
 from .index import IndexRow, SessionIndex
 from .records import HeaderError, HeaderRecord
 from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
@@ -59,8 +59,8 @@ class Catalog:
             for folder in sorted(folders):
                 name = folder.name
                 sid = ids[name] = known[name] if name in known else decode_session_id(name)
-                if sid is None:
-                    continue
+                if sid is None or not folder.files:
+                    continue  # not a session folder, or an unpublished one (its row goes)
                 seen.add(sid)
                 info = self._info(sid, folder, rows, changed)
                 if info is not None:
@@ -110,8 +110,10 @@ class Catalog:
         forget = []
         for row in changed:
             old = rows.get(row.id)
-            if old is not None and old.revision.inode != row.revision.inode:
-                forget.append(row.id)
+            if old is not None and (
+                old.revision.inode != row.revision.inode or old.info.header != row.info.header
+            ):
+                forget.append(row.id)  # another lifecycle: its checkpoints are not ours
             rows[row.id] = row
         for sid in gone:
             rows.pop(sid, None)
@@ -163,20 +165,40 @@ class Catalog:
         file = self.fs.open(path, "read")
         try:
             revision = file.revision()
-            if (
-                row is not None
-                and row.info.damage is None
-                and row.form == form.compression
-                and row.revision.inode == revision.inode
-                and row.revision.size < revision.size
-            ):
-                grown = _scan_growth(sid, form, row, revision, file.pread(row.scan_end, revision.size - row.scan_end))
+            if _may_have_grown(row, form, revision) and _still_holds(file, row):  # type: ignore[arg-type]
+                tail = file.pread(row.scan_end, revision.size - row.scan_end)  # type: ignore[union-attr]
+                grown = _scan_growth(sid, form, row, revision, tail)  # type: ignore[arg-type]
                 if grown is not None:
                     return grown
             data = file.pread(0, revision.size)
         finally:
             file.close()
         return _scan_whole(sid, form, revision, data)
+
+
+_ANCHOR = 32
+
+
+def _may_have_grown(row: IndexRow | None, form: LogForm, revision: Revision) -> bool:
+    return (
+        row is not None
+        and row.info.damage is None
+        and row.form == form.compression
+        and row.revision.inode == revision.inode
+        and row.revision.size < revision.size
+        # the seed marker must lie in what was scanned: the tail scan does not check it
+        and row.scan_events > row.info.inherited_event_count
+    )
+
+
+def _still_holds(file: File, row: IndexRow) -> bool:
+    """Whether the file still starts with the row's head and holds its anchor before scan_end."""
+    if not row.head or not row.anchor:
+        return False
+    return (
+        file.pread(0, len(row.head)) == row.head
+        and file.pread(row.scan_end - len(row.anchor), len(row.anchor)) == row.anchor
+    )
 
 
 def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -> IndexRow:
@@ -195,11 +217,14 @@ def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) 
         revision=revision,
         event_count=Offset(len(parsed.events)),
     )
+    end = parsed.complete_end
     return IndexRow(
         info=info,
         form=form.compression,
-        scan_end=parsed.complete_end,
+        scan_end=end,
         scan_events=len(parsed.events) - recovered,
+        head=data[: parsed.header_end],
+        anchor=data[max(0, end - _ANCHOR) : end],
     )
 
 
@@ -225,6 +250,8 @@ def _scan_growth(
         form=row.form,
         scan_end=row.scan_end + scan.complete_end,
         scan_events=count - scan.recovered_events,
+        head=row.head,
+        anchor=(row.anchor + tail[: scan.complete_end])[-_ANCHOR:],
     )
 
 

@@ -48,6 +48,7 @@ class ParsedLog:
     events: list[Event]
     complete_end: int  # just after the last complete record (plain) or frame (zstd)
     size: int
+    header_end: int  # just after the header line (plain) or header frame (zstd)
     recovered: bytes = b""  # lines of a torn zstd frame; part of `events`, to be re-framed
 
     @property
@@ -94,7 +95,13 @@ class PlainForm:
             sid, data, layout.header_end, layout.complete_end, checkpoint=checkpoint
         )
         check_seed_marker(sid, events, record.inherited_event_count)
-        return ParsedLog(record=record, events=events, complete_end=layout.complete_end, size=layout.size)
+        return ParsedLog(
+            record=record,
+            events=events,
+            complete_end=layout.complete_end,
+            size=layout.size,
+            header_end=layout.header_end,
+        )
 
     def scan_tail(
         self, sid: SessionId, data: bytes, *, first_seq: int, checkpoint: Checkpoint | None = None
@@ -139,6 +146,7 @@ class ZstdForm:
             events=events,
             complete_end=layout.complete_end,
             size=layout.size,
+            header_end=layout.frames[0][1],
             recovered=layout.recovered,
         )
 

@@ -31,7 +31,8 @@ __all__ = ["INDEX_NAME", "SCHEMA_VERSION", "IndexRow", "SessionIndex"]
 log = logging.getLogger(__name__)
 
 INDEX_NAME = "index.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: rebuild; anything else is a cache miss
 
 _SCHEMA = """
 CREATE TABLE sessions (
@@ -53,7 +54,9 @@ CREATE TABLE sessions (
     inherited_event_count INTEGER NOT NULL,
     event_count INTEGER NOT NULL,
     scan_end INTEGER NOT NULL,
-    scan_events INTEGER NOT NULL
+    scan_events INTEGER NOT NULL,
+    head BLOB NOT NULL,
+    anchor BLOB NOT NULL
 );
 CREATE TABLE checkpoints (
     session_id TEXT NOT NULL,
@@ -70,7 +73,7 @@ CREATE TABLE checkpoints (
 _COLUMNS = (
     "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
     "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
-    "scan_end, scan_events"
+    "scan_end, scan_events, head, anchor"
 )
 
 
@@ -82,6 +85,10 @@ class IndexRow:
     form: str
     scan_end: int  # bytes of complete records (plain) or frames (zstd) the scan covered
     scan_events: int  # events in those bytes (a torn frame's recovered lines excluded)
+    # What a log that only grew must still hold: its first bytes and the bytes just before
+    # `scan_end`. A file rewritten in place (same inode, larger) fails this and is rescanned.
+    head: bytes = b""
+    anchor: bytes = b""
 
     @property
     def id(self) -> SessionId:
@@ -120,7 +127,14 @@ def _row_from_sql(row: tuple[object, ...]) -> IndexRow:
         revision=Revision(size=row[2], mtime_ns=row[3], inode=row[4]),  # type: ignore[arg-type]
         event_count=Offset(int(row[16])),  # type: ignore[call-overload]
     )
-    return IndexRow(info=info, form=str(row[1]), scan_end=int(row[17]), scan_events=int(row[18]))  # type: ignore[call-overload]
+    return IndexRow(
+        info=info,
+        form=str(row[1]),
+        scan_end=int(row[17]),  # type: ignore[call-overload]
+        scan_events=int(row[18]),  # type: ignore[call-overload]
+        head=bytes(row[19]),  # type: ignore[call-overload]
+        anchor=bytes(row[20]),  # type: ignore[call-overload]
+    )
 
 
 def _row_to_sql(row: IndexRow) -> tuple[object, ...]:
@@ -147,6 +161,8 @@ def _row_to_sql(row: IndexRow) -> tuple[object, ...]:
         info.event_count,
         row.scan_end,
         row.scan_events,
+        row.head,
+        row.anchor,
     )
 
 
@@ -163,24 +179,26 @@ class SessionIndex:
             return self._conn
         if self.path is not None:
             _refuse_link(self.path)
-        conn = sqlite3.connect(
-            self.path or ":memory:", timeout=5.0, isolation_level=None, check_same_thread=False
-        )
+        conn = _open(self.path)
         try:
             self._prepare(conn)
-        except sqlite3.DatabaseError:
+        except sqlite3.DatabaseError as exc:
             conn.close()
-            if self.path is None:
-                raise
-            # Not a database, or one this build cannot use: it is a cache, so start over.
-            log.warning("index %s is unusable; rebuilding it", self.path)
+            if self.path is None or getattr(exc, "sqlite_errorcode", None) not in _DAMAGED:
+                raise  # busy, locked, I/O: a cache miss now, another try next time
+            # Not a database, or a damaged one: it is a cache, so start over.
+            log.warning("index %s is unusable (%s); rebuilding it", self.path, exc)
             for suffix in ("", "-wal", "-shm"):
                 try:
                     os.unlink(self.path + suffix)
                 except FileNotFoundError:
                     pass
-            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
-            self._prepare(conn)
+            conn = _open(self.path)
+            try:
+                self._prepare(conn)
+            except BaseException:
+                conn.close()
+                raise
         self._conn = conn
         return conn
 
@@ -205,7 +223,7 @@ class SessionIndex:
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _roll_back(conn)
             raise
 
     def load(self) -> dict[SessionId, IndexRow] | None:
@@ -245,7 +263,7 @@ class SessionIndex:
                 try:
                     conn.executemany(
                         f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) "
-                        f"VALUES ({', '.join('?' * 19)})",
+                        f"VALUES ({', '.join('?' * 21)})",
                         [_row_to_sql(row) for row in changed],
                     )
                     conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
@@ -254,7 +272,7 @@ class SessionIndex:
                     )
                     conn.execute("COMMIT")
                 except BaseException:
-                    conn.execute("ROLLBACK")
+                    _roll_back(conn)
                     raise
             except (sqlite3.Error, OSError) as exc:
                 log.warning("index %s: write failed (%s); it stays a cache miss", self.path, exc)
@@ -271,6 +289,19 @@ class SessionIndex:
     def close(self) -> None:
         with self._lock:
             self._reset()
+
+
+def _open(path: str | None) -> sqlite3.Connection:
+    # A short busy timeout: the index is a cache, and a listing must not wait long for it.
+    return sqlite3.connect(path or ":memory:", timeout=1.0, isolation_level=None, check_same_thread=False)
+
+
+def _roll_back(conn: sqlite3.Connection) -> None:
+    """Roll back without hiding the error that caused it (there may be no open transaction)."""
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
 
 
 def _refuse_link(path: str) -> None:
