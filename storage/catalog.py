@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SESSIONS = "sessions"
 _FORM_BY_FILE: dict[str, LogForm] = {form.file_name: form for form in FORMS.values()}
-_LOG_FILES = tuple(_FORM_BY_FILE)
+_LOG_FILES = (FORMS["zstd"].file_name, FORMS["none"].file_name)  # the default form first
 _NO_REVISION = Revision(size=0, mtime_ns=0, inode=0)
 
 

@@ -66,7 +66,8 @@ class Fs(Protocol):
     def fsync_dir(self, path: str) -> None: ...
     def scan(self, path: str, names: Sequence[str], only: str | None = None) -> list[FolderScan]:
         """The sub-folders of `path` (or just `only`), each with the revisions of `names`: the
-        one pass a listing makes, so it can stay within a small factor of scandir + stat."""
+        one pass a listing makes, so it can stay within a small factor of scandir + stat.
+        Put the name most folders hold first."""
         ...
 
 
@@ -263,10 +264,11 @@ class OsFs:
             access, stat, isreg, F_OK = os.access, os.stat, stat_mod.S_ISREG, os.F_OK
             for folder in folders:
                 files: dict[str, Revision | None] = {}
-                for file_name in names:
+                for position, file_name in enumerate(names):
                     path = f"{folder}/{file_name}"
-                    # access() answers "absent" without raising: most names are absent.
-                    if not access(path, F_OK, dir_fd=dfd, follow_symlinks=False):
+                    # The first name is the usual one: stat it straight away. The others are
+                    # usually absent, which access() answers without raising.
+                    if position and not access(path, F_OK, dir_fd=dfd, follow_symlinks=False):
                         continue
                     try:
                         st = stat(path, dir_fd=dfd, follow_symlinks=False)
