@@ -1,4 +1,14 @@
-"""Actors: live concurrency on Trio (session actors, the session store, the cold reader).
+"""Actors: live concurrency on Trio — session actors with group commit, the session store.
 
-Arrives with the actors issue; it may import `subagents.storage`, trio and trio-util.
+It may import `subagents.storage`, trio and trio-util (SPEC 2).
 """
+
+from .abort import Abort as Abort
+from .errors import ActorError as ActorError
+from .errors import ActorStopped as ActorStopped
+from .session_actor import AppendResult as AppendResult
+from .session_actor import EventDraft as EventDraft
+from .session_actor import SessionActor as SessionActor
+from .session_actor import SessionRef as SessionRef
+from .session_store import SessionStore as SessionStore
+from .session_store import open_session_store as open_session_store

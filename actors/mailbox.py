@@ -1,0 +1,96 @@
+"""Bounded mailboxes with `trio.Event` reply slots, and what happens when an actor stops.
+
+Callers hold a `Mailbox` (through a ref), never the actor. `ask` puts a request into a bounded
+memory channel — a full mailbox makes the sender wait (backpressure) — and waits on the
+request's reply slot: a `trio.Event` plus a value or an error, cheaper than a channel per ask.
+When the actor stops, `close` refuses later asks and fails every request still queued, and the
+actor fails the ones it had taken: nothing ever waits on a dead actor.
+
+A requester cancelled while waiting gives up its answer, not its request: an append it sent may
+still be written (and acknowledged to nobody).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from .errors import ActorStopped
+
+__all__ = ["Mailbox", "Reply", "Request"]
+
+T = TypeVar("T")
+
+
+class Reply(Generic[T]):
+    __slots__ = ("_done", "_error", "_value")
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def set(self, value: T) -> None:
+        if not self._done.is_set():
+            self._value = value
+            self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    async def wait(self) -> T:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+
+class Request(Generic[T]):
+    """Base of every request: carries its reply slot."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self) -> None:
+        self.reply: Reply[T] = Reply()
+
+
+class Mailbox:
+    def __init__(self, name: str, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("a mailbox holds at least one request")
+        self.name = name
+        self._send, self.receive = trio.open_memory_channel[Request[Any]](capacity)
+        self._stopped: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped is not None
+
+    async def ask(self, request: Request[T]) -> T:
+        if self._stopped is not None:
+            raise ActorStopped(self.name, self._stopped)
+        try:
+            await self._send.send(request)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(self.name, self._stopped or "stopped") from None
+        return await request.reply.wait()
+
+    def close(self, reason: str = "stopped") -> None:
+        """Refuse later asks and fail every queued request. Idempotent; synchronous."""
+        if self._stopped is None:
+            self._stopped = reason
+        self._send.close()
+        while True:
+            try:
+                request = self.receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            request.reply.fail(ActorStopped(self.name, self._stopped))
+        self.receive.close()  # a sender still blocked on a full mailbox gets ActorStopped

@@ -1,0 +1,248 @@
+"""The session actor: one task per live session, owning its write handle and projection cells.
+
+Theory of operation. Requests arrive in a bounded mailbox. The actor takes one, then drains
+whatever else is already queued (`receive_nowait`, up to `batch_limit`) and serves the lot in
+order. Consecutive appends form one *group commit*: each request's expected seq is checked and
+its drafts become events with the next seqs, then the whole group is written with **one**
+storage `append` (one fsync) in one thread hop, and only then is every request in it
+acknowledged and every event folded into the projection cells — so a live snapshot costs no log
+read and never shows an event that is not durable. A request that fails its own checks (a stale
+expected seq, an invalid event) fails alone; a failed write fails its whole group, and a dead
+handle stops the actor. Any other request waits for the appends queued before it.
+
+The thread hop is never abandoned: a cancelled actor still waits for its fsync before it stops,
+then fails everything pending with `ActorStopped`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from subagents.storage import (
+    Batch,
+    Event,
+    HandleDead,
+    LogStore,
+    Offset,
+    SequenceConflict,
+    StorageError,
+    SurfaceOp,
+    WriteHandle,
+    make_event,
+)
+from subagents.storage.projection import ProjectionCells
+
+from .errors import ActorStopped
+from .mailbox import Mailbox, Request
+
+__all__ = ["AppendResult", "EventDraft", "SessionActor", "SessionRef"]
+
+JsonValue = Any
+
+
+@attrs.frozen(kw_only=True)
+class EventDraft:
+    """An event without its seq: the actor numbers it when the group is written."""
+
+    type: str
+    data: Mapping[str, Any]
+    time: int | None = None  # None: the actor's clock
+    ignorable: bool = False
+    surface_op: SurfaceOp | None = None
+    source_event_seqs: list[int] | None = None
+
+
+@attrs.frozen
+class AppendResult:
+    first_seq: int
+    next_seq: Offset
+    events: tuple[Event, ...]
+
+
+class _Append(Request[AppendResult]):
+    __slots__ = ("drafts", "expected_seq")
+
+    def __init__(self, drafts: Sequence[EventDraft], expected_seq: int | None) -> None:
+        super().__init__()
+        self.drafts = drafts
+        self.expected_seq = expected_seq
+
+
+class _Snapshot(Request[dict[str, JsonValue]]):
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: Iterable[str] | None) -> None:
+        super().__init__()
+        self.keys = None if keys is None else list(keys)
+
+
+class _Flush(Request[Offset]):
+    __slots__ = ()
+
+
+class SessionRef:
+    """What callers hold: asks go through the mailbox; the actor object stays private."""
+
+    def __init__(self, actor: SessionActor) -> None:
+        self._actor = actor
+        self.session_id = actor.handle.session_id
+        self.header = actor.handle.header
+        self.inherited_event_count = actor.handle.inherited_event_count
+
+    @property
+    def stopped(self) -> bool:
+        return self._actor.mailbox.stopped
+
+    async def append(self, drafts: Sequence[EventDraft], *, expected_seq: int | None = None) -> AppendResult:
+        """Durably append `drafts` as consecutive events; returns their seqs once fsynced."""
+        return await self._actor.mailbox.ask(_Append(list(drafts), expected_seq))
+
+    async def snapshot(self, keys: Iterable[str] | None = None) -> dict[str, JsonValue]:
+        """Views of the selected projection keys after every event acknowledged so far."""
+        return await self._actor.mailbox.ask(_Snapshot(keys))
+
+    async def flush(self) -> Offset:
+        """Wait until every append queued before this is durable; returns the next seq."""
+        return await self._actor.mailbox.ask(_Flush())
+
+    def is_own_seq(self, seq: int) -> bool:
+        """True only for an existing, durable seq of the session's own suffix."""
+        return self.inherited_event_count <= seq < self._actor.handle.next_seq
+
+    async def wait_finished(self) -> None:
+        await self._actor.finished.wait()
+
+
+class SessionActor:
+    def __init__(
+        self,
+        store: LogStore,
+        handle: WriteHandle,
+        cells: ProjectionCells,
+        *,
+        now_ms: Callable[[], int],
+        seed: Sequence[Event] = (),
+        capacity: int = 16,
+        batch_limit: int = 64,
+    ) -> None:
+        self.store = store
+        self.handle = handle
+        self.cells = cells
+        # A seeded session not yet published: its inherited events and end-seed marker go out
+        # with the first append, so no crash can leave a child without its own first events.
+        self._seed = list(seed)
+        self.finished = trio.Event()
+        self.now_ms = now_ms
+        self.batch_limit = batch_limit
+        self.mailbox = Mailbox(f"session {handle.session_id}", capacity)
+        self.ref = SessionRef(self)
+        self.fsyncs = 0  # appends written (one fsync each): group commit is measured by it
+
+    async def run(self, *, task_status: trio.TaskStatus[SessionRef] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started(self.ref)
+        taken: list[Request[Any]] = []
+        try:
+            while True:
+                taken = [await self.mailbox.receive.receive()]
+                while len(taken) < self.batch_limit:
+                    try:
+                        taken.append(self.mailbox.receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                await self._serve(taken)
+                taken = []
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            pass
+        finally:
+            reason = "stopped" if self.handle.dead is None else "stopped: its log handle is dead"
+            for request in taken:
+                request.reply.fail(ActorStopped(self.mailbox.name, reason))
+            self.mailbox.close(reason)
+            self.store.close(self.handle)  # frees the single-writer lock
+            self.finished.set()
+
+    def stop(self) -> None:
+        """Refuse new requests and fail queued ones; the run loop ends at its next receive."""
+        self.mailbox.close()
+
+    async def _serve(self, requests: list[Request[Any]]) -> None:
+        group: list[_Append] = []
+        for request in requests:
+            if isinstance(request, _Append):
+                group.append(request)
+                continue
+            await self._commit(group)
+            group = []
+            if isinstance(request, _Snapshot):
+                try:
+                    request.reply.set(self.cells.snapshot(request.keys))
+                except Exception as exc:  # a broken unit or an unknown key: the asker's problem
+                    request.reply.fail(exc)
+            elif isinstance(request, _Flush):
+                request.reply.set(self.handle.next_seq)
+        await self._commit(group)
+
+    async def _commit(self, group: list[_Append]) -> None:
+        if not group:
+            return
+        handle = self.handle
+        seed = self._seed
+        nxt = Offset(handle.next_seq + len(seed))
+        batches: list[Batch] = [Batch(Offset(0), seed)] if seed else []
+        accepted: list[tuple[_Append, list[Event]]] = []
+        for request in group:
+            if request.reply.done:
+                continue
+            if request.expected_seq is not None and request.expected_seq != nxt:
+                request.reply.fail(SequenceConflict(handle.session_id, expected=request.expected_seq, actual=nxt))
+                continue
+            try:
+                events = self._number(request.drafts, nxt)
+            except StorageError as exc:
+                request.reply.fail(exc)
+                continue
+            if events:
+                batches.append(Batch(Offset(nxt), events))
+            accepted.append((request, events))
+            nxt = Offset(nxt + len(events))
+        if any(batch.events for batch in batches[1 if seed else 0 :]):
+            try:
+                # Never abandoned: the fsync finishes (or fails) before anyone hears of it.
+                await trio.to_thread.run_sync(self.store.append, handle, batches)
+            except StorageError as exc:
+                for request, _ in accepted:
+                    request.reply.fail(exc)
+                if isinstance(exc, HandleDead) or handle.dead is not None:
+                    self.mailbox.close("stopped: its log handle is dead")
+                return
+            self.fsyncs += 1
+            if seed:
+                self.cells.fold(seed)
+                self._seed = []
+        for request, events in accepted:
+            self.cells.fold(events)
+            first = events[0].seq if events else int(nxt)
+            request.reply.set(AppendResult(first, Offset(first + len(events)), tuple(events)))
+
+    def _number(self, drafts: Sequence[EventDraft], first: int) -> list[Event]:
+        now = None
+        events = []
+        for i, draft in enumerate(drafts):
+            if draft.time is None and now is None:
+                now = self.now_ms()
+            events.append(
+                make_event(
+                    first + i,
+                    draft.type,
+                    draft.time if draft.time is not None else now,  # type: ignore[arg-type]
+                    draft.data,
+                    ignorable=draft.ignorable,
+                    surface_op=draft.surface_op,
+                    source_event_seqs=draft.source_event_seqs,
+                )
+            )
+        return events

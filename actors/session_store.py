@@ -1,0 +1,155 @@
+"""The session store: the registry of live session actors of one runtime (SPEC 4).
+
+It owns the nursery the actors run in (`open_session_store`), so no actor outlives it, and it
+is the only place that turns a log into a live session: `create` (a new session, or a seeded
+one whose inherited prefix is published with its first append), `open` (a persisted session:
+take the lock, validate, cut a torn tail, fold the projections), `fork` (a new seeded session
+holding a prefix of another), `get`/`list`, and `release` (stop the actor, free the lock so
+another process can open the session). Storage calls run in worker threads; the store never
+keeps a module-level registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from subagents.storage import (
+    Event,
+    LogStore,
+    Offset,
+    SessionAlreadyExists,
+    SessionHeader,
+    make_event,
+)
+from subagents.storage.projection import ProjectionRegistry
+
+from .errors import ActorStopped
+from .session_actor import SessionActor, SessionRef
+
+__all__ = ["SessionStore", "open_session_store"]
+
+
+@attrs.define(eq=False)
+class SessionStore:
+    log_store: LogStore
+    registry: ProjectionRegistry
+    now_ms: Callable[[], int]
+    _nursery: trio.Nursery
+    mailbox_capacity: int = 16
+    _actors: dict[str, SessionActor] = attrs.field(factory=dict)
+    _lock: trio.Lock = attrs.field(factory=trio.Lock)
+
+    async def create(
+        self,
+        header: SessionHeader,
+        *,
+        inherited: Sequence[Event] = (),
+    ) -> SessionRef:
+        """A new live session; with `inherited`, a seeded one (the marker is added here)."""
+        k = len(inherited)
+        seed: list[Event] = list(inherited)
+        if k:
+            marker_time = inherited[-1].time
+            seed.append(make_event(k, "session/end-seed", marker_time, {"inherited": True}))
+        async with self._lock:
+            if header.id in self._actors:
+                raise SessionAlreadyExists(header.id)
+            handle = await trio.to_thread.run_sync(
+                lambda: self.log_store.create(header, inherited_event_count=Offset(k))
+            )
+            cells = self.registry.cells(header, Offset(k))
+            return await self._start(SessionActor(
+                self.log_store, handle, cells, now_ms=self.now_ms, seed=seed, capacity=self.mailbox_capacity
+            ))
+
+    async def open(self, session_id: str) -> SessionRef:
+        """A persisted session made live (or the live one, if it already is)."""
+        async with self._lock:
+            live = self._actors.get(session_id)
+            if live is not None and not live.mailbox.stopped:
+                return live.ref
+
+            def load() -> tuple[object, list[Event]]:
+                handle = self.log_store.open_write(session_id)
+                try:
+                    return handle, self.log_store.read(handle)
+                except BaseException:
+                    self.log_store.close(handle)
+                    raise
+
+            handle, events = await trio.to_thread.run_sync(load)
+            cells = self.registry.cells(handle.header, handle.inherited_event_count)  # type: ignore[attr-defined]
+            cells.fold(events)
+            return await self._start(SessionActor(
+                self.log_store, handle, cells, now_ms=self.now_ms, capacity=self.mailbox_capacity  # type: ignore[arg-type]
+            ))
+
+    async def fork(self, source: SessionRef, prefix: Offset, header: SessionHeader) -> SessionRef:
+        """A new session seeded with the source's events `[0, prefix)` (lazy, like `create`)."""
+        if prefix == 0:
+            return await self.create(header)
+
+        def read() -> list[Event]:
+            handle = self.log_store.open_read(source.session_id)
+            try:
+                return self.log_store.read(handle, Offset(0), prefix)
+            finally:
+                self.log_store.close(handle)
+
+        events = await trio.to_thread.run_sync(read)
+        if len(events) != prefix:
+            raise ValueError(f"session {source.session_id!r} has {len(events)} durable events, not {prefix}")
+        return await self.create(header, inherited=events)
+
+    def get(self, session_id: str) -> SessionRef | None:
+        actor = self._actors.get(session_id)
+        return actor.ref if actor is not None and not actor.mailbox.stopped else None
+
+    def list(self) -> list[SessionRef]:
+        return [a.ref for a in self._actors.values() if not a.mailbox.stopped]
+
+    async def release(self, session_id: str) -> None:
+        """Stop the session's actor after the appends already queued, and free its lock."""
+        actor = self._actors.get(session_id)
+        if actor is None:
+            return
+        try:
+            await actor.ref.flush()
+        except ActorStopped:
+            pass  # already stopping: its queued requests have been failed
+        actor.stop()
+        await actor.finished.wait()
+        if self._actors.get(session_id) is actor:
+            del self._actors[session_id]
+
+    async def _start(self, actor: SessionActor) -> SessionRef:
+        ref: SessionRef = await self._nursery.start(actor.run)
+        self._actors[actor.handle.session_id] = actor
+        return ref
+
+    async def aclose(self) -> None:
+        for session_id in list(self._actors):
+            await self.release(session_id)
+
+
+@asynccontextmanager
+async def open_session_store(
+    log_store: LogStore,
+    registry: ProjectionRegistry,
+    *,
+    now_ms: Callable[[], int],
+    mailbox_capacity: int = 16,
+) -> AsyncIterator[SessionStore]:
+    async with trio.open_nursery() as nursery:
+        store = SessionStore(log_store, registry, now_ms, nursery, mailbox_capacity)
+        try:
+            yield store
+        finally:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(10):
+                    await store.aclose()
+            nursery.cancel_scope.cancel()
