@@ -12,6 +12,7 @@ Writers build events with `make_event`, which refuses data that JSON cannot carr
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -26,7 +27,6 @@ __all__ = [
     "Event",
     "ReplaceOp",
     "SurfaceOp",
-    "check_encoded",
     "check_lossless",
     "decode_event",
     "decode_events",
@@ -47,6 +47,31 @@ class ReplaceOp(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
 
 
 SurfaceOp = Literal["append"] | ReplaceOp
+
+
+class _Trust(threading.local):
+    """Set while the codec itself builds events (decoding checked lines, `make_event` encoding
+    checked values): their raw data needs no second look. Per thread, and never held across an
+    await, so concurrent readers and writers cannot see each other's flag."""
+
+    on = False
+
+
+_trust = _Trust()
+_raw_value = msgspec.json.Decoder(msgspec.Raw)
+
+
+def _check_raw(data: msgspec.Raw) -> None:
+    """Raw data built by hand must be what a reader accepts: one JSON value in valid UTF-8, on
+    the event's own line."""
+    raw = bytes(memoryview(data))
+    if b"\n" in raw:
+        raise ValueError("data holds a line break")
+    raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    try:
+        _raw_value.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"data is not JSON: {exc}") from None
 
 
 class Event(
@@ -82,6 +107,8 @@ class Event(
         # whitespace, and hand-written logs must not either).
         if memoryview(self.data)[0] != 0x7B:
             raise ValueError("data must be a JSON object")
+        if not _trust.on:
+            _check_raw(self.data)
         if self.ignorable is not True and self.ignorable is not UNSET:
             raise ValueError("ignorable must be true or absent")
         op = self.surface_op
@@ -121,38 +148,30 @@ def encode_event(event: Event) -> bytes:
 
 
 def encode_events(events: Sequence[Event]) -> bytes:
-    """Events as newline-terminated lines, in one call."""
+    """Events as newline-terminated lines, in one call. Every `Event` is valid by construction
+    (see `Event.__post_init__`), so what this returns is what readers accept."""
     return _encoder.encode_lines(events)
 
 
-_raw_lines = msgspec.json.Decoder(msgspec.Raw)
-
-
-def check_encoded(payload: bytes, count: int) -> None:
-    """Refuse encoded events a reader would not split back into `count` valid lines.
-
-    Envelope fields are typed (checked at construction); only raw data built by hand can be
-    malformed JSON, invalid UTF-8, or hold a newline that splits its line. This checks exactly
-    that, without building any value — a fraction of a typed decode.
-    """
-    try:
-        if not payload.isascii():
-            str(payload, "utf-8")
-        lines = len(_raw_lines.decode_lines(payload))
-    except (UnicodeDecodeError, msgspec.DecodeError) as exc:
-        raise InvalidEvent(f"events would not read back: {exc}") from None
-    if lines != count or payload.count(b"\n") != count:
-        raise InvalidEvent("event data holds a line break or several values")
-
-
 def decode_event(line: bytes | memoryview) -> Event:
-    """Decode one line; raises `msgspec.DecodeError`/`ValidationError` (mapped by the caller)."""
-    return _decoder.decode(line)
+    """Decode one line; raises `UnicodeDecodeError` or msgspec errors (mapped by the caller)."""
+    str(line, "utf-8")  # the decoder does not look inside raw data
+    prev, _trust.on = _trust.on, True
+    try:
+        return _decoder.decode(line)
+    finally:
+        _trust.on = prev
 
 
 def decode_events(buf: bytes | memoryview) -> list[Event]:
-    """Decode newline-delimited events; raises msgspec errors whose path names the line index."""
-    return _decoder.decode_lines(buf)
+    """Decode newline-delimited events; raises `UnicodeDecodeError` or msgspec errors whose
+    path names the line index."""
+    str(buf, "utf-8")  # the decoder does not look inside raw data
+    prev, _trust.on = _trust.on, True
+    try:
+        return _decoder.decode_lines(buf)
+    finally:
+        _trust.on = prev
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -213,6 +232,7 @@ def make_event(
         _check_payload(type, raw)
     elif not ignorable:
         raise InvalidEvent(f"event type {type!r} is not in the vocabulary and not ignorable")
+    prev, _trust.on = _trust.on, True  # the data was just encoded from checked values
     try:
         return Event(
             seq=seq,
@@ -225,6 +245,8 @@ def make_event(
         )
     except (ValueError, TypeError) as exc:
         raise InvalidEvent(f"event {type!r} at seq {seq}: {exc}") from None
+    finally:
+        _trust.on = prev
 
 
 def _check_payload(type: str, raw: msgspec.Raw) -> None:

@@ -90,11 +90,9 @@ def decode_event_lines(
         chunk_first = expected
         chunk = view[pos:stop]
         try:
-            # Raw payloads are not checked for UTF-8 by the decoder; the whole chunk is, at
-            # memory speed. decode_lines splits `{..}{..}` into two values and skips blank
-            # lines, so the fast path also needs every line to start with "{" and exactly one
-            # value per line; anything else is located line by line.
-            str(chunk, "utf-8")
+            # decode_lines splits `{..}{..}` into two values and skips blank lines, so the fast
+            # path also needs every line to start with "{" and exactly one value per line;
+            # anything else is located line by line. (decode_events checks UTF-8 itself.)
             decoded = decode_events(chunk)
         except (UnicodeDecodeError, msgspec.DecodeError, msgspec.ValidationError):
             decoded = None

@@ -52,8 +52,11 @@ def descriptor(seq: int, data: dict[str, Any], time: int | None = None) -> Event
 
 
 def raw_descriptor(seq: int, raw: bytes) -> Event:
-    """A descriptor whose data only a hand-written log can hold (the envelope checks just `{`)."""
-    return Event(seq=seq, type="subagent/descriptor", time=T + seq, data=msgspec.Raw(raw))
+    """A descriptor with data no Event can be built with (readers and Event itself refuse it):
+    forced in, to show the unit resets instead of raising even then."""
+    event = Event(seq=seq, type="subagent/descriptor", time=T + seq, data=msgspec.Raw(b"{}"))
+    msgspec.structs.force_setattr(event, "data", msgspec.Raw(raw))
+    return event
 
 
 def turn_start(seq: int, time: int, turn: int = 1) -> Event:
