@@ -429,10 +429,12 @@ def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[
         events.extend(batch.events)
         nxt = Offset(nxt + len(batch.events))
     # One pass of cheap comparisons for the common case; the slow loop only names the culprit.
+    # (An Event is valid by construction; a decoded one may carry an unknown type, which a log
+    # must not gain by an append.)
     first = handle.next_seq
-    if not all(
-        type(e) is Event and (e.type in KNOWN_TYPES or e.ignorable is True) for e in events
-    ) or [e.seq for e in events] != list(range(first, nxt)):
+    if not all(type(e) is Event for e in events) or [e.seq for e in events] != list(range(first, nxt)):
+        _refuse_events(sid, first, events)
+    if not KNOWN_TYPES.issuperset(e.type for e in events if e.ignorable is not True):
         _refuse_events(sid, first, events)
     k = handle.inherited_event_count
     if k:
