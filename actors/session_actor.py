@@ -171,12 +171,15 @@ class SessionActor:
 
     async def _serve(self, requests: list[Request[Any]]) -> None:
         group: list[_Append] = []
-        for request in requests:
+        for index, request in enumerate(requests):
             if isinstance(request, _Append):
                 group.append(request)
                 continue
             await self._commit(group)
             group = []
+            if self.mailbox.stopped:  # the handle died under the group: nothing more is served
+                self._refuse(requests[index:])
+                return
             if isinstance(request, _Snapshot):
                 try:
                     request.reply.set(self.cells.snapshot(request.keys))
@@ -186,8 +189,15 @@ class SessionActor:
                 request.reply.set(self.handle.next_seq)
         await self._commit(group)
 
+    def _refuse(self, requests: Iterable[Request[Any]]) -> None:
+        for request in requests:
+            request.reply.fail(ActorStopped(self.mailbox.name, "stopped: its log handle is dead"))
+
     async def _commit(self, group: list[_Append]) -> None:
         if not group:
+            return
+        if self.mailbox.stopped:
+            self._refuse(group)
             return
         handle = self.handle
         seed = self._seed

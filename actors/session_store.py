@@ -144,12 +144,19 @@ async def open_session_store(
     now_ms: Callable[[], int],
     mailbox_capacity: int = 16,
 ) -> AsyncIterator[SessionStore]:
+    # The body's own error is re-raised after the nursery closes, so callers get it unchanged
+    # rather than wrapped in an ExceptionGroup (the actors themselves never raise).
+    body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         store = SessionStore(log_store, registry, now_ms, nursery, mailbox_capacity)
         try:
             yield store
+        except BaseException as exc:
+            body_error = exc
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(10):
                     await store.aclose()
             nursery.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error
