@@ -84,6 +84,10 @@ class _Flush(Request[Offset]):
     __slots__ = ()
 
 
+class _Checkpoint(Request[bool]):
+    __slots__ = ()
+
+
 class SessionRef:
     """What callers hold: asks go through the mailbox; the actor object stays private."""
 
@@ -109,6 +113,10 @@ class SessionRef:
         """Wait until every append queued before this is durable; returns the next seq."""
         return await self._actor.mailbox.ask(_Flush())
 
+    async def checkpoint(self) -> bool:
+        """Write the projection checkpoint now (after the appends queued before this)."""
+        return await self._actor.mailbox.ask(_Checkpoint())
+
     def is_own_seq(self, seq: int) -> bool:
         """True only for an existing, durable seq of the session's own suffix."""
         return self.inherited_event_count <= seq < self._actor.handle.next_seq
@@ -128,6 +136,7 @@ class SessionActor:
         seed: Sequence[Event] = (),
         capacity: int = 16,
         batch_limit: int = 64,
+        checkpoint_every: int = 256,
     ) -> None:
         self.store = store
         self.handle = handle
@@ -141,6 +150,9 @@ class SessionActor:
         self.mailbox = Mailbox(f"session {handle.session_id}", capacity)
         self.ref = SessionRef(self)
         self.fsyncs = 0  # appends written (one fsync each): group commit is measured by it
+        self.checkpoint_every = checkpoint_every
+        self._since_checkpoint = 0
+        self.checkpoints = 0  # checkpoints written
 
     async def run(self, *, task_status: trio.TaskStatus[SessionRef] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started(self.ref)
@@ -187,6 +199,8 @@ class SessionActor:
                     request.reply.fail(exc)
             elif isinstance(request, _Flush):
                 request.reply.set(self.handle.next_seq)
+            elif isinstance(request, _Checkpoint):
+                request.reply.set(await self._write_checkpoint())
         await self._commit(group)
 
     def _refuse(self, requests: Iterable[Request[Any]]) -> None:
@@ -233,10 +247,27 @@ class SessionActor:
             if seed:
                 self.cells.fold(seed)
                 self._seed = []
+        ends_turn = False
         for request, events in accepted:
             self.cells.fold(events)
+            self._since_checkpoint += len(events)
+            ends_turn = ends_turn or any(e.type == "turn/end" for e in events)
             first = events[0].seq if events else int(nxt)
             request.reply.set(AppendResult(first, Offset(first + len(events)), tuple(events)))
+        # Checkpoints cover only what is durable, so they are written after the acks: right
+        # after publication, at every turn end, and every `checkpoint_every` events.
+        if batches and (seed or batches[0].expected_seq == 0 or ends_turn or self._since_checkpoint >= self.checkpoint_every):
+            await self._write_checkpoint()
+
+    async def _write_checkpoint(self) -> bool:
+        if self.handle.dead is not None or not self.handle.published:
+            return False
+        rows = self.cells.checkpoint()
+        written = await trio.to_thread.run_sync(self.store.write_checkpoint, self.handle, rows)
+        if written:
+            self.checkpoints += 1
+            self._since_checkpoint = 0
+        return written
 
     def _number(self, drafts: Sequence[EventDraft], first: int) -> list[Event]:
         now = None

@@ -25,7 +25,8 @@ from subagents.storage import (
     SessionHeader,
     make_event,
 )
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import WriteHandle
+from subagents.storage.projection import ProjectionCells, ProjectionRegistry
 
 from .errors import ActorStopped
 from .session_actor import SessionActor, SessionRef
@@ -41,6 +42,7 @@ class SessionStore:
     _nursery: trio.Nursery
     mailbox_capacity: int = 16
     _actors: dict[str, SessionActor] = attrs.field(factory=dict)
+    last_open_folds: int = 0  # (event, unit) folds the last `open` ran: restores are measured by it
     _lock: trio.Lock = attrs.field(factory=trio.Lock)
 
     async def create(
@@ -73,20 +75,38 @@ class SessionStore:
             if live is not None and not live.mailbox.stopped:
                 return live.ref
 
-            def load() -> tuple[object, list[Event]]:
-                handle = self.log_store.open_write(session_id)
-                try:
-                    return handle, self.log_store.read(handle)
-                except BaseException:
-                    self.log_store.close(handle)
-                    raise
-
-            handle, events = await trio.to_thread.run_sync(load)
-            cells = self.registry.cells(handle.header, handle.inherited_event_count)  # type: ignore[attr-defined]
-            cells.fold(events)
+            handle, cells, folded = await trio.to_thread.run_sync(self._load, session_id)
+            self.last_open_folds = folded
             return await self._start(SessionActor(
-                self.log_store, handle, cells, now_ms=self.now_ms, capacity=self.mailbox_capacity  # type: ignore[arg-type]
+                self.log_store, handle, cells, now_ms=self.now_ms, capacity=self.mailbox_capacity
             ))
+
+    def _load(self, session_id: str) -> tuple[WriteHandle, ProjectionCells, int]:
+        """Claim the log and bring the projection cells to its end: from the stored checkpoint
+        when it covers every unit and the log still holds the next seq where it says, else by
+        folding the whole log. Runs in a worker thread (the units are pure)."""
+        store = self.log_store
+        handle = store.open_write(session_id)
+        try:
+            k = handle.inherited_event_count
+            found = store.read_checkpoint(session_id, handle.header, k)
+            if found is not None:
+                rows, offset = found
+                seq = max(row.seq for row in rows.values())
+                events = store.read_after(handle, offset, seq + 1) if seq < handle.next_seq else None
+                if events is not None and seq + 1 + len(events) == handle.next_seq:
+                    # The log still holds seq+1 where the rows say: they are this log's.
+                    cells = self.registry.cells(handle.header, k, rows)
+                    if cells.floor == seq:
+                        return handle, cells, cells.fold(events)
+                    # A unit without a usable row (another state_version) folds from the start;
+                    # the others skip what their rows cover.
+                    return handle, cells, cells.fold(store.read(handle))
+            cells = self.registry.cells(handle.header, k)
+            return handle, cells, cells.fold(store.read(handle))
+        except BaseException:
+            store.close(handle)
+            raise
 
     async def fork(self, source: SessionRef, prefix: Offset, header: SessionHeader) -> SessionRef:
         """A new session seeded with the source's events `[0, prefix)` (lazy, like `create`)."""
@@ -118,7 +138,7 @@ class SessionStore:
         if actor is None:
             return
         try:
-            await actor.ref.flush()
+            await actor.ref.checkpoint()  # after the appends already queued (fail-soft)
         except ActorStopped:
             pass  # already stopping: its queued requests have been failed
         actor.stop()

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from .codec import Event
 from .errors import PersistenceFailed
 from .log_store import Batch, LogStore, ReadHandle, WriteHandle
+from .projection import CheckpointRow
 from .values import Checkpoint, LogInfo, Offset, SessionHeader
 
 __all__ = ["FaultyLogStore", "Operation"]
@@ -138,5 +139,26 @@ class FaultyLogStore:
     def close(self, handle: ReadHandle | WriteHandle) -> None:
         self._enter("close", handle.session_id)
         self.inner.close(handle)
+
+    def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
+        self._enter("write_checkpoint", handle.session_id)
+        return self.inner.write_checkpoint(handle, rows)
+
+    def read_checkpoint(
+        self, session_id: str, header: SessionHeader, inherited_event_count: int
+    ) -> tuple[dict[str, CheckpointRow], int] | None:
+        self._enter("read_checkpoint", session_id)
+        return self.inner.read_checkpoint(session_id, header, inherited_event_count)
+
+    def read_after(
+        self,
+        handle: ReadHandle | WriteHandle,
+        log_offset: int,
+        first_seq: int,
+        *,
+        checkpoint: Checkpoint | None = None,
+    ) -> list[Event] | None:
+        self._enter("read_after", handle.session_id, checkpoint)
+        return self.inner.read_after(handle, log_offset, first_seq, checkpoint=checkpoint)
 
 

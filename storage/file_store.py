@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -38,6 +38,7 @@ from .errors import (
     SessionNotFound,
     StorageError,
     UnsafePath,
+    UnsupportedLog,
 )
 from .catalog import SESSIONS, Catalog
 from .forms import FORMS, Compression, LogForm, ParsedLog
@@ -45,6 +46,7 @@ from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
 from .index import INDEX_NAME, SessionIndex
 from .log_store import Batch, ReadHandle, WriteHandle
+from .projection import CheckpointRow, Lifecycle
 from .records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
     Checkpoint,
@@ -197,6 +199,7 @@ class FileLogStore:
             inherited_event_count=parsed.record.inherited_event_count,
             next_seq=Offset(len(parsed.events)),
             published=True,
+            end_offset=end,
             impl=_WriteState(lock=lock, form=form, file=file, end=end),
         )
 
@@ -265,6 +268,7 @@ class FileLogStore:
             raise _persistence(sid, "append", exc) from exc
         self._fsync(handle, file, "fsync")
         state.end += len(data)
+        handle.end_offset = state.end
 
     def _roll_back(self, handle: WriteHandle, state: _WriteState, exc: OSError) -> None:
         """Cut a failed write back to the last acknowledged byte, durably, or die trying."""
@@ -328,6 +332,7 @@ class FileLogStore:
             handle.dead = f"fsync of the session's folders failed: {exc.strerror}"
             raise _persistence(sid, "publish", exc) from exc
         state.end = len(data)
+        handle.end_offset = state.end
         handle.published = True
 
     def _fsync_entries(self, folder: str) -> None:
@@ -339,6 +344,75 @@ class FileLogStore:
             self._root_durable = True
 
     # --- reading ---
+
+    # --- checkpoints (SPEC 3.5) ---
+
+    def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
+        """Store the rows that cover exactly the durable log (seq = the last durable seq), at
+        its end offset, under the session's lifecycle identity. Fail-soft: False when not."""
+        if self._catalog.index is None or not handle.published or handle.dead is not None:
+            return False
+        last = handle.next_seq - 1
+        current = {key: row for key, row in rows.items() if row.seq == last}
+        if not current:
+            return False
+        lifecycle = Lifecycle.of(handle.header, handle.inherited_event_count)
+        return self._catalog.index.save_checkpoint(handle.session_id, lifecycle, current, handle.end_offset)
+
+    def read_checkpoint(
+        self, session_id: str, header: SessionHeader, inherited_event_count: int
+    ) -> tuple[dict[str, CheckpointRow], int] | None:
+        """The stored rows of this lifecycle of the session and their log offset, if any."""
+        index = self._catalog.index
+        if index is None:
+            return None
+        loaded = index.load_checkpoints([session_id])
+        if not loaded:
+            return None
+        lifecycle = Lifecycle.of(header, inherited_event_count)
+        stored = [s for s in loaded.get(session_id, []) if s.lifecycle == lifecycle]
+        if not stored:
+            return None
+        offset = stored[0].log_offset
+        seq = stored[0].row.seq
+        rows = {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}
+        return rows, offset
+
+    def read_after(
+        self,
+        handle: ReadHandle | WriteHandle,
+        log_offset: int,
+        first_seq: int,
+        *,
+        checkpoint: Checkpoint | None = None,
+    ) -> list[Event] | None:
+        """The events after a checkpoint: from the record boundary `log_offset`, which must hold
+        seq `first_seq` (or be the end). None when it does not — then fold from the start."""
+        sid = handle.session_id
+        if handle.closed:
+            raise HandleClosed(sid, "read")
+        state = handle.impl
+        with _mapped(sid, "read"):
+            if isinstance(state, _WriteState):
+                if state.file is None or log_offset > state.end:
+                    return None
+                data = state.file.pread(log_offset, state.end - log_offset)
+            else:
+                assert isinstance(state, _ReadState)
+                file = self.fs.open(state.path, "read")
+                try:
+                    size = file.size()
+                    if log_offset > size:
+                        return None
+                    data = file.pread(log_offset, size - log_offset)
+                finally:
+                    file.close()
+        form = state.form
+        try:
+            scan = form.scan_tail(sid, data, first_seq=first_seq, checkpoint=checkpoint)
+        except (CorruptLog, UnsupportedLog):
+            return None
+        return scan.events
 
     def read(
         self,

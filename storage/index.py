@@ -20,16 +20,19 @@ import os
 import sqlite3
 import stat as stat_mod
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
+import msgspec
 
+from .projection import CheckpointRow, Lifecycle
 from .values import LogInfo, Offset, Revision, SessionHeader, SessionId
 
-__all__ = ["INDEX_NAME", "SCHEMA_VERSION", "IndexRow", "SessionIndex"]
+__all__ = ["INDEX_NAME", "SCHEMA_VERSION", "IndexRow", "SessionIndex", "StoredCheckpoint"]
 
 log = logging.getLogger(__name__)
 
+_json = msgspec.json
 INDEX_NAME = "index.sqlite3"
 SCHEMA_VERSION = 2
 _DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: rebuild; anything else is a cache miss
@@ -75,6 +78,14 @@ _COLUMNS = (
     "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
     "scan_end, scan_events, head, anchor"
 )
+
+
+@attrs.frozen(kw_only=True)
+class StoredCheckpoint:
+    key: str
+    row: CheckpointRow
+    log_offset: int  # a record boundary just after `row.seq`
+    lifecycle: Lifecycle
 
 
 @attrs.frozen(kw_only=True)
@@ -285,6 +296,80 @@ class SessionIndex:
                 conn.close()
             except sqlite3.Error:
                 pass
+
+    def save_checkpoint(
+        self,
+        session_id: SessionId,
+        lifecycle: Lifecycle,
+        rows: Mapping[str, CheckpointRow],
+        log_offset: int,
+    ) -> bool:
+        """Replace the session's checkpoint rows; False (and logged) when it could not."""
+        if not rows:
+            return True
+        try:
+            life = _json.encode(attrs.asdict(lifecycle))
+            values = [
+                (session_id, key, row.ver, row.seq, _json.encode(row.val), log_offset, life)
+                for key, row in rows.items()
+            ]
+        except (TypeError, ValueError, OverflowError) as exc:
+            log.warning("session %r: checkpoint not JSON (%s); not written", session_id, exc)
+            return False
+        with self._lock:
+            try:
+                conn = self._connect()
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
+                    conn.executemany(
+                        "INSERT INTO checkpoints (session_id, unit_key, ver, seq, val, log_offset, "
+                        "lifecycle) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        values,
+                    )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _roll_back(conn)
+                    raise
+            except (sqlite3.Error, OSError) as exc:
+                log.warning("index %s: checkpoint write failed (%s)", self.path, exc)
+                self._reset()
+                return False
+        return True
+
+    def load_checkpoints(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
+        """The checkpoint rows of the given sessions in one query; None on any error (a miss)."""
+        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
+        if not session_ids:
+            return out
+        with self._lock:
+            try:
+                conn = self._connect()
+                rows = []
+                for start in range(0, len(session_ids), 500):
+                    chunk = list(session_ids[start : start + 500])
+                    rows += conn.execute(
+                        "SELECT session_id, unit_key, ver, seq, val, log_offset, lifecycle FROM checkpoints "
+                        f"WHERE session_id IN ({', '.join('?' * len(chunk))})",
+                        chunk,
+                    ).fetchall()
+            except (sqlite3.Error, OSError) as exc:
+                log.warning("index %s: checkpoint read failed (%s)", self.path, exc)
+                self._reset()
+                return None
+        for sid, key, ver, seq, val, offset, life in rows:
+            try:
+                lifecycle = Lifecycle(**_json.decode(life))
+                stored = StoredCheckpoint(
+                    key=key,
+                    row=CheckpointRow(ver=ver, seq=seq, val=_json.decode(val)),
+                    log_offset=offset,
+                    lifecycle=lifecycle,
+                )
+            except (TypeError, ValueError, msgspec.DecodeError):
+                continue  # a row this build did not write: ignored
+            out[sid].append(stored)
+        return out
 
     def close(self) -> None:
         with self._lock:

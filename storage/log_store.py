@@ -12,12 +12,13 @@ Kept as a protocol so that a store that is not made of files (SPEC 7: PostgreSQL
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import attrs
 
 from .codec import Event
+from .projection import CheckpointRow
 from .values import Checkpoint, LogInfo, Offset, SessionHeader, SessionId
 
 __all__ = ["Batch", "LogStore", "ReadHandle", "WriteHandle"]
@@ -49,6 +50,7 @@ class WriteHandle:
     published: bool
     closed: bool = False
     dead: str | None = None  # why the handle died (a failed fsync); it never writes again
+    end_offset: int = 0  # the record boundary just after the last durable event
     impl: object = None
 
 
@@ -86,4 +88,25 @@ class LogStore(Protocol):
 
     def close(self, handle: ReadHandle | WriteHandle) -> None:
         """Idempotent; releases a write handle's lock."""
+        ...
+
+    def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
+        """Store rows covering exactly the durable log; fail-soft (False when not stored)."""
+        ...
+
+    def read_checkpoint(
+        self, session_id: str, header: SessionHeader, inherited_event_count: int
+    ) -> tuple[dict[str, CheckpointRow], int] | None:
+        """Rows of this lifecycle of the session and the log offset they cover, if any."""
+        ...
+
+    def read_after(
+        self,
+        handle: ReadHandle | WriteHandle,
+        log_offset: int,
+        first_seq: int,
+        *,
+        checkpoint: Checkpoint | None = None,
+    ) -> list[Event] | None:
+        """Events from a record boundary that must hold `first_seq`; None when it does not."""
         ...

@@ -205,7 +205,8 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
             first = await ref.append([turn_start(1)])  # published and durable
-            await wait_all_tasks_blocked()  # the actor is idle, parked on its mailbox
+            await ref.flush()  # served after the publication checkpoint: the actor is idle now
+            await wait_all_tasks_blocked()  # parked on its mailbox
             faulty.hang("append")
             fsyncs_before = fs.counts["fsync"]
             async with trio.open_nursery() as nursery:
@@ -257,6 +258,7 @@ async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped() ->
         ref = await store.create(header("s"))
         with _released(outer), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
+            await ref.flush()  # after the publication checkpoint: the actor is idle
             outer.hang("append")
             inner.fail("append")
             async with trio.open_nursery() as nursery:
@@ -299,6 +301,9 @@ async def _one_group(
     faulty: FaultyLogStore, ref: SessionRef, requests: Sequence[tuple[str, Callable[[], Awaitable[Any]]]]
 ) -> Calls:
     """Serve `requests` as one drained group, in this order, behind a held append."""
+    # Served after anything the actor still does in a worker thread (a checkpoint write after
+    # publication): from here on the actor is idle, parked on its mailbox.
+    await ref.flush()
     faulty.hang("append")
     async with trio.open_nursery() as nursery:
         calls = Calls(nursery)
@@ -553,6 +558,7 @@ async def test_a_full_mailbox_blocks_senders_until_storage_moves() -> None:
     async with running_actor(faulty, "s", capacity=1) as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
+            await ref.flush()  # after the publication checkpoint: the actor is idle
             faulty.hang("append")
             async with trio.open_nursery() as nursery:
                 calls = Calls(nursery)
@@ -578,6 +584,7 @@ async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes
     async with running_actor(faulty, "s", capacity=2) as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
+            await ref.flush()  # after the publication checkpoint: the actor is idle
             faulty.hang("append")
             async with trio.open_nursery() as nursery:
                 calls = Calls(nursery)
@@ -613,6 +620,7 @@ async def test_stopping_while_the_inflight_append_fails() -> None:
     async with running_actor(faulty, "s") as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
+            await ref.flush()  # after the publication checkpoint: the actor is idle
             faulty.hang("append")
             async with trio.open_nursery() as nursery:
                 calls = Calls(nursery)
@@ -635,6 +643,7 @@ async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consiste
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
+            await ref.flush()  # after the publication checkpoint: the actor is idle
             faulty.hang("append")
             async with trio.open_nursery() as nursery:
                 calls = Calls(nursery)

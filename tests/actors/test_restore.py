@@ -1,0 +1,150 @@
+"""Projection checkpoints (SPEC 3.5): written over durable prefixes, restored by `open`.
+
+Real files (the index is `<root>/index.sqlite3`), so the real clock; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from subagents.actors import EventDraft, open_session_store
+from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
+from subagents.storage.projection import ProjectionRegistry
+
+
+@attrs.define
+class Counter:
+    """Counts events; its state is plain JSON."""
+
+    key: str = "count"
+    state_version: int = 1
+    view: Any = staticmethod(lambda state: state)
+
+    def initial(self, header: SessionHeader, inherited_event_count: int) -> int:
+        return 0
+
+    def apply(self, state: int, event: Any) -> int:
+        return state + 1
+
+
+@attrs.define
+class Turns:
+    key: str = "turns"
+    state_version: int = 1
+    view: Any = staticmethod(lambda state: state)
+
+    def initial(self, header: SessionHeader, inherited_event_count: int) -> int:
+        return 0
+
+    def apply(self, state: int, event: Any) -> int:
+        return state + 1 if event.type == "turn/end" else state
+
+
+clock = itertools.count(1_789_000_000_000)
+
+
+def now_ms() -> int:
+    return next(clock)
+
+
+def turn(n: int, steps: int) -> list[EventDraft]:
+    drafts = [EventDraft(type="turn/start", data={"turn": n})]
+    for s in range(steps):
+        drafts += [EventDraft(type="step/start", data={"turn": n, "step": s}),
+                   EventDraft(type="step/end", data={"turn": n, "step": s})]
+    return drafts + [EventDraft(type="turn/end", data={"turn": n, "reason": {"kind": "completed"}})]
+
+
+def append_behind_the_actors(root: Path, sid: str, count: int) -> None:
+    """Events written by another writer that never checkpoints (after a release)."""
+    store = FileLogStore(str(root))
+    handle = store.open_write(sid)
+    start = handle.next_seq
+    events = [make_event(start + i, "turn/start", 1, {"turn": 100 + i}) for i in range(count)]
+    store.append(handle, [Batch(start, events)])
+    store.close(handle)
+    store.close_store()
+
+
+async def test_open_folds_only_the_events_after_the_checkpoint(tmp_path: Path) -> None:
+    units = [Counter(), Turns()]
+    log_store = FileLogStore(str(tmp_path))
+    async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        await ref.append(turn(1, 2))  # 6 events, ends a turn: checkpointed
+        await store.release("s")  # writes the final checkpoint (seq 5) and frees the lock
+    append_behind_the_actors(tmp_path, "s", 7)
+
+    log_store = FileLogStore(str(tmp_path))
+    async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
+        ref = await store.open("s")
+        assert store.last_open_folds == 7 * len(units)  # only the events after the checkpoint
+        assert await ref.snapshot() == {"count": 13, "turns": 1}
+
+
+async def test_a_bumped_state_version_discards_its_rows(tmp_path: Path) -> None:
+    log_store = FileLogStore(str(tmp_path))
+    async with open_session_store(log_store, ProjectionRegistry([Counter(), Turns()]), now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        await ref.append(turn(1, 1))  # 4 events
+        await ref.append(turn(2, 1))  # 8
+    append_behind_the_actors(tmp_path, "s", 2)
+
+    bumped = [Counter(state_version=2), Turns()]
+    log_store = FileLogStore(str(tmp_path))
+    async with open_session_store(log_store, ProjectionRegistry(bumped), now_ms=now_ms) as store:
+        ref = await store.open("s")
+        # The bumped unit refolds all 10 events; the other keeps its row and folds the last 2.
+        assert store.last_open_folds == 10 + 2
+        assert await ref.snapshot() == {"count": 10, "turns": 2}
+
+
+async def test_a_recreated_id_never_uses_the_old_rows(tmp_path: Path) -> None:
+    units = [Counter(), Turns()]
+    log_store = FileLogStore(str(tmp_path))
+    async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        await ref.append(turn(1, 3))  # 8 events, checkpointed
+    shutil.rmtree(tmp_path / "sessions" / "s")
+    # The same id again, another lifecycle, written by a writer that never checkpoints.
+    raw = FileLogStore(str(tmp_path))
+    handle = raw.create(SessionHeader(id="s", created_at=2))
+    raw.append(handle, [Batch(0, [make_event(i, "turn/start", 1, {"turn": i}) for i in range(3)])])
+    raw.close(handle)
+    stale = raw.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+    assert stale is not None and stale[0]["count"].val == 8  # the old rows are still there
+
+    log_store = FileLogStore(str(tmp_path))
+    async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
+        ref = await store.open("s")
+        assert store.last_open_folds == 3 * len(units)  # folded from the start, rows unused
+        assert await ref.snapshot() == {"count": 3, "turns": 0}
+
+
+async def test_release_checkpoints_and_frees_the_lock(tmp_path: Path) -> None:
+    units = [Counter(), Turns()]
+    log_store = FileLogStore(str(tmp_path))
+    other = FileLogStore(str(tmp_path))
+    async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        await ref.append([EventDraft(type="turn/start", data={"turn": 1})] * 1)  # no turn end
+        try:
+            other.open_write("s")
+        except AlreadyOwned:
+            pass
+        else:
+            raise AssertionError("a second writer opened a live session")
+        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])
+        await store.release("s")
+        handle = other.open_write("s")  # the lock is free
+        other.close(handle)
+    found = other.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+    assert found is not None
+    rows, offset = found
+    assert {key: (row.seq, row.val) for key, row in rows.items()} == {"count": (1, 2), "turns": (1, 0)}
+    assert offset == (tmp_path / "sessions" / "s" / "session.jsonl.zst").stat().st_size
