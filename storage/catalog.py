@@ -82,6 +82,29 @@ class Catalog:
             self._commit(rows, changed, gone)
         return info
 
+    def validated(self, sid: SessionId, name: str, compression: str, revision: Revision) -> IndexRow | None:
+        """The row of a log at exactly `revision` if a scan found it whole and healthy — a
+        writer holding the lock may then skip re-validating it (refreshing a stale row first)."""
+
+        def fresh(row: IndexRow | None) -> bool:
+            return (
+                row is not None
+                and row.form == compression
+                and row.revision == revision
+                and row.info.damage is None
+                and row.info.header is not None
+                and row.scan_end == revision.size  # no torn tail to cut
+                and row.scan_events == row.info.event_count  # no recovered lines to re-frame
+            )
+
+        with self._lock:
+            row = self._load().get(sid)
+        if not fresh(row):
+            self.stat(sid, name)
+            with self._lock:
+                row = self._load().get(sid)
+        return row if fresh(row) else None
+
     def close(self) -> None:
         if self.index is not None:
             self.index.close()
