@@ -137,6 +137,7 @@ class SessionActor:
         capacity: int = 16,
         batch_limit: int = 64,
         checkpoint_every: int = 256,
+        checkpoint_interval: float | None = 30.0,
     ) -> None:
         self.store = store
         self.handle = handle
@@ -151,7 +152,9 @@ class SessionActor:
         self.ref = SessionRef(self)
         self.fsyncs = 0  # appends written (one fsync each): group commit is measured by it
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval = checkpoint_interval
         self._since_checkpoint = 0
+        self._dirty_since = 0.0  # trio time of the first event not covered by a checkpoint
         self.checkpoints = 0  # checkpoints written
 
     async def run(self, *, task_status: trio.TaskStatus[SessionRef] = trio.TASK_STATUS_IGNORED) -> None:
@@ -159,7 +162,11 @@ class SessionActor:
         taken: list[Request[Any]] = []
         try:
             while True:
-                taken = [await self.mailbox.receive.receive()]
+                request = await self._next_request()
+                if request is None:
+                    await self._write_checkpoint()  # idle for checkpoint_interval while dirty
+                    continue
+                taken = [request]
                 while len(taken) < self.batch_limit:
                     try:
                         taken.append(self.mailbox.receive.receive_nowait())
@@ -176,6 +183,14 @@ class SessionActor:
             self.mailbox.close(reason)
             self.store.close(self.handle)  # frees the single-writer lock
             self.finished.set()
+
+    async def _next_request(self) -> Request[Any] | None:
+        """The next request, or None when events have waited `checkpoint_interval` for one."""
+        if not self._since_checkpoint or self.checkpoint_interval is None:
+            return await self.mailbox.receive.receive()
+        with trio.move_on_at(self._dirty_since + self.checkpoint_interval):
+            return await self.mailbox.receive.receive()
+        return None
 
     def stop(self) -> None:
         """Refuse new requests and fail queued ones; the run loop ends at its next receive."""
@@ -248,6 +263,8 @@ class SessionActor:
                 self.cells.fold(seed)
                 self._seed = []
         ends_turn = False
+        if batches and not self._since_checkpoint:
+            self._dirty_since = trio.current_time()
         for request, events in accepted:
             self.cells.fold(events)
             self._since_checkpoint += len(events)
@@ -264,6 +281,8 @@ class SessionActor:
             return False
         rows = self.cells.checkpoint()
         written = await trio.to_thread.run_sync(self.store.write_checkpoint, self.handle, rows)
+        # A failed write (logged by the store) is retried after another interval, not at once.
+        self._dirty_since = trio.current_time()
         if written:
             self.checkpoints += 1
             self._since_checkpoint = 0

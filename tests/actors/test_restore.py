@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import trio
 
 from subagents.actors import EventDraft, open_session_store
 from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
@@ -148,3 +149,28 @@ async def test_release_checkpoints_and_frees_the_lock(tmp_path: Path) -> None:
     rows, offset = found
     assert {key: (row.seq, row.val) for key, row in rows.items()} == {"count": (1, 2), "turns": (1, 0)}
     assert offset == (tmp_path / "sessions" / "s" / "session.jsonl.zst").stat().st_size
+
+
+async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clock: Any) -> None:
+    # In memory (MemoryLogStore, in-memory index), so virtual time is safe here.
+    from subagents.storage import MemoryLogStore
+
+    log_store = MemoryLogStore()
+    async with open_session_store(log_store, ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])  # published: checkpointed
+        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])  # dirty, no turn end
+        await ref.flush()
+        actor = store._actors["s"]
+        assert actor.checkpoints == 1
+        await trio.sleep(actor.checkpoint_interval - 1)
+        await ref.flush()
+        assert actor.checkpoints == 1  # not yet
+        await trio.sleep(2)
+        await ref.flush()
+        assert actor.checkpoints == 2
+        found = log_store.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+        assert found is not None and found[0]["count"].val == 2
+        await trio.sleep(actor.checkpoint_interval * 3)  # clean: nothing more to write
+        await ref.flush()
+        assert actor.checkpoints == 2
