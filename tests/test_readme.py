@@ -22,3 +22,12 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == "./dev test"
     assert "./dev test" in README and "./dev demo" in README
+
+
+def test_actors_example_runs(tmp_path, monkeypatch, capsys) -> None:
+    code = re.search(r"## Live sessions \(actors\)\n\n```python\n(.*?)```", README, re.S)
+    assert code is not None
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.group(1), "README.md", "exec"), {})
+    assert capsys.readouterr().out == "{'subagent': None}\n"
+    assert (tmp_path / ".subagents" / "sessions" / "demo-parent" / "session.jsonl.zst").is_file()
