@@ -43,7 +43,7 @@ class SessionStore:
     mailbox_capacity: int = 16
     _actors: dict[str, SessionActor] = attrs.field(factory=dict)
     last_open_folds: int = 0  # (event, unit) folds the last `open` ran: restores are measured by it
-    _lock: trio.Lock = attrs.field(factory=trio.Lock)
+    _claims: dict[str, trio.Lock] = attrs.field(factory=dict)  # one per id being created/opened
 
     async def create(
         self,
@@ -57,8 +57,8 @@ class SessionStore:
         if k:
             marker_time = inherited[-1].time
             seed.append(make_event(k, "session/end-seed", marker_time, {"inherited": True}))
-        async with self._lock:
-            if header.id in self._actors:
+        async with self._claim(header.id):
+            if header.id in self._actors and not self._actors[header.id].mailbox.stopped:
                 raise SessionAlreadyExists(header.id)
             handle = await trio.to_thread.run_sync(
                 lambda: self.log_store.create(header, inherited_event_count=Offset(k))
@@ -70,7 +70,7 @@ class SessionStore:
 
     async def open(self, session_id: str) -> SessionRef:
         """A persisted session made live (or the live one, if it already is)."""
-        async with self._lock:
+        async with self._claim(session_id):
             live = self._actors.get(session_id)
             if live is not None and not live.mailbox.stopped:
                 return live.ref
@@ -145,6 +145,17 @@ class SessionStore:
         await actor.finished.wait()
         if self._actors.get(session_id) is actor:
             del self._actors[session_id]
+
+    @asynccontextmanager
+    async def _claim(self, session_id: str) -> AsyncIterator[None]:
+        """Serialize creating/opening one id; different ids proceed concurrently."""
+        lock = self._claims.setdefault(session_id, trio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and lock.statistics().tasks_waiting == 0:
+                self._claims.pop(session_id, None)
 
     async def _start(self, actor: SessionActor) -> SessionRef:
         ref: SessionRef = await self._nursery.start(actor.run)
