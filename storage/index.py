@@ -20,7 +20,7 @@ import os
 import sqlite3
 import stat as stat_mod
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 import msgspec
@@ -267,27 +267,33 @@ class SessionIndex:
         forget = set(forget_checkpoints) | set(deleted)
         if not changed and not deleted and not forget:
             return
+        def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 21)})",
+                [_row_to_sql(row) for row in changed],
+            )
+            conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
+            conn.executemany("DELETE FROM checkpoints WHERE session_id = ?", [(sid,) for sid in forget])
+
+        self._write("rows", write)
+
+    def _write(self, what: str, body: Callable[[sqlite3.Connection], None]) -> bool:
+        """Run `body` in one write transaction; a failure is logged and leaves a cache miss."""
         with self._lock:
             try:
                 conn = self._connect()
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    conn.executemany(
-                        f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) "
-                        f"VALUES ({', '.join('?' * 21)})",
-                        [_row_to_sql(row) for row in changed],
-                    )
-                    conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
-                    conn.executemany(
-                        "DELETE FROM checkpoints WHERE session_id = ?", [(sid,) for sid in forget]
-                    )
+                    body(conn)
                     conn.execute("COMMIT")
                 except BaseException:
                     _roll_back(conn)
                     raise
             except (sqlite3.Error, OSError) as exc:
-                log.warning("index %s: write failed (%s); it stays a cache miss", self.path, exc)
+                log.warning("index %s: %s write failed (%s); it stays a cache miss", self.path, what, exc)
                 self._reset()
+                return False
+        return True
 
     def _reset(self) -> None:
         conn, self._conn = self._conn, None
@@ -316,26 +322,15 @@ class SessionIndex:
         except (TypeError, ValueError, OverflowError) as exc:
             log.warning("session %r: checkpoint not JSON (%s); not written", session_id, exc)
             return False
-        with self._lock:
-            try:
-                conn = self._connect()
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
-                    conn.executemany(
-                        "INSERT INTO checkpoints (session_id, unit_key, ver, seq, val, log_offset, "
-                        "lifecycle) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        values,
-                    )
-                    conn.execute("COMMIT")
-                except BaseException:
-                    _roll_back(conn)
-                    raise
-            except (sqlite3.Error, OSError) as exc:
-                log.warning("index %s: checkpoint write failed (%s)", self.path, exc)
-                self._reset()
-                return False
-        return True
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
+            conn.executemany(
+                "INSERT INTO checkpoints (session_id, unit_key, ver, seq, val, log_offset, lifecycle) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
+
+        return self._write("checkpoint", write)
 
     def load_checkpoints(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
         """The checkpoint rows of the given sessions in one query; None on any error (a miss)."""
