@@ -1,0 +1,912 @@
+"""Actor benchmarks: session actors and the session store against baselines measured in the same run.
+
+1. snapshot fan-out: 1,000 live session actors (a `MemoryLogStore`, the `SUBAGENT_UNITS`
+   registry, each session published with a `subagent/descriptor` event) are all asked
+   `snapshot(["subagent"])` at once, from one nursery, against 1,000 sequential bare Trio asks:
+   a hand-written actor task reading a bounded memory channel and answering each request by
+   setting its `trio.Event`. Target: fan-out time <= 1.5x the baseline's.
+2. group commit: 100 sessions x 100 concurrent appenders, each appending one small event
+   through the actors, against the synchronous `FileLogStore.append` of the same 10,000 events,
+   one event per call (so one fsync per call). Reported: events/s of both, their ratio, and the
+   fsyncs of both (the actors' `fsyncs` counters against the number of calls). No target.
+3. resume: `SessionStore.open` of a ~10 MB (uncompressed) zstd log whose checkpoint lies 100
+   events before its end (written by the actors at turn ends and at release; the last 100
+   events are appended afterwards by a plain `FileLogStore` handle, which never checkpoints)
+   against the honest cold path over the same files and index: `open_write`, `read` of every
+   event and a fold of every unit from the start. Target: open >= 5x faster. Checked: both give
+   the same snapshot views, and `last_open_folds` is 100 x the number of units.
+
+As in bench/storage.py, each headline figure is a median of repetitions in which the baseline
+and the subject alternate (their order reverses on every repetition), and each ratio is the
+median of the per-repetition ratios. The realistic events come from bench/storage.py's
+generator, loaded with importlib from this folder.
+Run: `.venv/bin/python bench/actors.py`; `--quick` for a smoke run of a few seconds,
+`--breakdown` to always show where time goes, `--profile` for cProfile listings, `--only 1,3`
+to run some of the measurements. See bench/README.md for what is measured and the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import gc
+import importlib.util
+import io
+import itertools
+import os
+import pstats
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import msgspec
+import trio
+import zstandard
+
+from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_store
+from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.storage import (
+    LOG_NAMES,
+    Batch,
+    FileLogStore,
+    MemoryLogStore,
+    Offset,
+    SessionHeader,
+    WriteHandle,
+    make_event,
+)
+from subagents.storage.codec import encode_events
+from subagents.storage.index import INDEX_NAME, SessionIndex
+from subagents.storage.projection import Lifecycle, ProjectionCells, ProjectionRegistry
+
+FANOUT_TARGET = 1.5  # fan-out time at most this many times the sequential bare asks
+RESUME_TARGET = 5.0  # open from the checkpoint at least this many times faster than a full fold
+SNAPSHOT_KEYS = ("subagent",)
+SMALL_EVENT = "step/start"  # what each group-commit appender appends: {"turn": 1, "step": n}
+BUILD_IN_FLIGHT = 8  # turns appended concurrently when the actors write the resume log
+TAIL_BATCH = 11  # events per append of the plain handle (one turn's worth)
+CREATED_AT = 1_789_000_000_000
+EVENT_GAP_MS = 250  # between consecutive events of the resume log
+SEED = 20261130
+MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class Sizes:
+    sessions: int  # live actors asked at once (1)
+    fanout_reps: int
+    commit_sessions: int  # sessions of the group-commit run (2)
+    appenders: int  # concurrent appenders per session, one event each
+    commit_reps: int
+    log_bytes: int  # event bytes (uncompressed) of the resumed log (3)
+    tail_events: int  # events after the checkpoint
+    resume_reps: int
+
+
+FULL = Sizes(sessions=1000, fanout_reps=21, commit_sessions=100, appenders=100, commit_reps=5,
+             log_bytes=10 * MB, tail_events=100, resume_reps=9)
+QUICK = Sizes(sessions=100, fanout_reps=5, commit_sessions=10, appenders=10, commit_reps=2,
+              log_bytes=1 * MB, tail_events=100, resume_reps=3)
+
+
+# --- shared helpers -----------------------------------------------------------------------------
+
+
+def load_storage_bench() -> ModuleType:
+    """bench/storage.py as a module (for its event generator); this folder is not a package."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "storage.py")
+    spec = importlib.util.spec_from_file_location("bench_storage", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def header(sid: str) -> SessionHeader:
+    return SessionHeader(id=sid, created_at=CREATED_AT, cwd="/work/bench")  # type: ignore[arg-type]
+
+
+def descriptor_data(label: str) -> dict[str, object]:
+    return snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="scripted", label=label))
+
+
+def descriptor_draft(label: str) -> EventDraft:
+    return EventDraft(type="subagent/descriptor", data=descriptor_data(label), time=CREATED_AT)
+
+
+def registry() -> ProjectionRegistry:
+    return ProjectionRegistry(SUBAGENT_UNITS)
+
+
+_clock = itertools.count(CREATED_AT)
+
+
+def now_ms() -> int:
+    return next(_clock)
+
+
+def actor_of(ref: SessionRef) -> Any:
+    """The actor behind a ref: the bench reads its `fsyncs` and `checkpoints` counters."""
+    return ref._actor  # noqa: SLF001 - a measurement, not an API
+
+
+def bug(what: str) -> SystemExit:
+    return SystemExit(f"bench bug: {what}")
+
+
+async def atimed(fn: Callable[[], Awaitable[object]], *, gc_off: bool = False) -> float:
+    """Seconds one await of `fn()` takes, after a full collection; `gc_off` pauses the cyclic GC."""
+    gc.collect()
+    if gc_off:
+        gc.disable()
+    try:
+        start = time.perf_counter()
+        await fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+async def interleaved(reps: int, runs: dict[str, Callable[[int], Awaitable[float]]]) -> dict[str, list[float]]:
+    """Seconds of every run, `reps` times, in an order that reverses on every repetition."""
+    out: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for rep in range(reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            out[name].append(await runs[name](rep))
+    return out
+
+
+def per_rep(over: list[float], under: list[float]) -> list[float]:
+    return [o / u for o, u in zip(over, under)]
+
+
+def spread(ratios: list[float]) -> str:
+    return f"{min(ratios):.2f}..{max(ratios):.2f}"
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_profile(title: str, prof: cProfile.Profile, limit: int = 16) -> None:
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(limit)
+    print(f"\n--- cProfile: {title} (by own time; worker threads not included) ---")
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip()))
+
+
+# --- 1. snapshot fan-out ------------------------------------------------------------------------
+
+
+class BareRequest:
+    """A request with a `trio.Event` reply slot, and nothing else."""
+
+    __slots__ = ("done", "value")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: object = None
+
+
+async def bare_actor(
+    receive: trio.MemoryReceiveChannel[BareRequest],
+    value: object,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    task_status.started()
+    async for request in receive:
+        request.value = value
+        request.done.set()
+
+
+async def bare_ask(send: trio.MemorySendChannel[BareRequest]) -> object:
+    request = BareRequest()
+    await send.send(request)
+    await request.done.wait()
+    return request.value
+
+
+@dataclass
+class FanoutResult:
+    runs: dict[str, list[float]]
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.runs[name])
+
+    def factor(self, name: str, under: str = "baseline") -> list[float]:
+        return per_rep(self.runs[name], self.runs[under])
+
+
+FANOUT_ROWS = {
+    "baseline": "bare asks, sequential, one bare actor (baseline)",
+    "subject": "session actors: snapshot, all at once (one nursery)",
+    "bare fan-out": "bare asks, all at once, one bare actor each",
+    "session sequential": "session actors: snapshot, sequential",
+    "bare posted": "bare asks posted from one task, then awaited",
+    "session posted": "session actors: snapshots posted from one task (proto)",
+}
+
+
+def snapshot_poster() -> Callable[[SessionRef, Sequence[str]], Any] | None:
+    """A prototype of a batched ask, on the actors' private names (None if they changed):
+    put a snapshot request into the mailbox without waiting (`send_nowait`) and return its
+    reply slot, so one task can post to every actor and then await the replies in turn."""
+    try:
+        from subagents.actors.session_actor import _Snapshot  # noqa: PLC0415
+
+        def post(ref: SessionRef, keys: Sequence[str]) -> Any:
+            request = _Snapshot(keys)
+            actor_of(ref).mailbox._send.send_nowait(request)  # noqa: SLF001
+            return request.reply
+
+        return post
+    except (ImportError, AttributeError):
+        return None
+
+
+async def reply_of(reply: Any) -> Any:
+    """A reply slot's value, yielding only when it is not set yet (prototype, private names)."""
+    if not reply.done:
+        await reply._done.wait()  # noqa: SLF001
+    if reply._error is not None:  # noqa: SLF001
+        raise reply._error  # noqa: SLF001
+    return reply._value  # noqa: SLF001
+
+
+async def create_published(store: SessionStore, count: int, prefix: str) -> list[SessionRef]:
+    refs = []
+    for i in range(count):
+        ref = await store.create(header(f"{prefix}-{i:05d}"))
+        await ref.append([descriptor_draft(f"child-{i}")])
+        refs.append(ref)
+    for ref in refs:
+        await ref.flush()  # served after the publication's checkpoint, which follows the ack
+    return refs
+
+
+async def bench_fanout(sizes: Sizes, profiling: bool) -> FanoutResult:
+    n = sizes.sessions
+    expected = [{"subagent": {"mode": "continuable", "label": f"child-{i}", "seq": 0}} for i in range(n)]
+    async with open_session_store(MemoryLogStore(), registry(), now_ms=now_ms) as store:
+        refs = await create_published(store, n, "fan")
+        async with trio.open_nursery() as nursery:
+            capacity = store.mailbox_capacity  # the same bound as a session mailbox
+            one_send, one_receive = trio.open_memory_channel[BareRequest](capacity)
+            await nursery.start(bare_actor, one_receive, expected[0])
+            many: list[trio.MemorySendChannel[BareRequest]] = []
+            for i in range(n):
+                send, receive = trio.open_memory_channel[BareRequest](capacity)
+                await nursery.start(bare_actor, receive, expected[i])
+                many.append(send)
+
+            got: list[object] = [None] * n
+
+            async def snap(i: int) -> None:
+                got[i] = await refs[i].snapshot(SNAPSHOT_KEYS)
+
+            async def fan_out() -> None:
+                async with trio.open_nursery() as inner:
+                    for i in range(n):
+                        inner.start_soon(snap, i)
+
+            async def bare_one(i: int) -> None:
+                got[i] = await bare_ask(many[i])
+
+            async def bare_fan_out() -> None:
+                async with trio.open_nursery() as inner:
+                    for i in range(n):
+                        inner.start_soon(bare_one, i)
+
+            async def sequential_bare() -> None:
+                for i in range(n):
+                    got[i] = await bare_ask(one_send)
+
+            async def sequential_session() -> None:
+                for i in range(n):
+                    got[i] = await refs[i].snapshot(SNAPSHOT_KEYS)
+
+            async def bare_posted() -> None:
+                requests = []
+                for send in many:
+                    request = BareRequest()
+                    send.send_nowait(request)  # the mailboxes are empty: never WouldBlock here
+                    requests.append(request)
+                for i, request in enumerate(requests):
+                    if not request.done.is_set():  # a set Event's wait() would still yield once
+                        await request.done.wait()
+                    got[i] = request.value
+                await trio.lowlevel.checkpoint()
+
+            post = snapshot_poster()
+
+            async def session_posted() -> None:
+                assert post is not None
+                replies = [post(ref, SNAPSHOT_KEYS) for ref in refs]
+                for i, reply in enumerate(replies):
+                    got[i] = await reply_of(reply)
+                await trio.lowlevel.checkpoint()
+
+            def checked(fn: Callable[[], Awaitable[None]], want: list[object]) -> Callable[[int], Awaitable[float]]:
+                async def run(rep: int) -> float:
+                    got[:] = [None] * n
+                    elapsed = await atimed(fn)
+                    if got != want:
+                        raise bug(f"{fn.__name__} answered wrongly")
+                    return elapsed
+
+                return run
+
+            same = [expected[0]] * n
+            await sequential_bare()  # warm-up: every code path once, untimed
+            await fan_out()
+            runs = await interleaved(sizes.fanout_reps, {
+                "baseline": checked(sequential_bare, same),  # type: ignore[arg-type]
+                "subject": checked(fan_out, expected),  # type: ignore[arg-type]
+                "bare fan-out": checked(bare_fan_out, expected),  # type: ignore[arg-type]
+                "session sequential": checked(sequential_session, expected),  # type: ignore[arg-type]
+                "bare posted": checked(bare_posted, expected),  # type: ignore[arg-type]
+                **({"session posted": checked(session_posted, expected)} if post is not None else {}),  # type: ignore[arg-type]
+            })
+            if profiling:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(5):
+                    await fan_out()
+                prof.disable()
+                print_profile(f"snapshot fan-out of {n} actors x5", prof)
+            one_send.close()
+            for send in many:
+                send.close()
+    return FanoutResult(runs)
+
+
+def print_fanout(result: FanoutResult, sizes: Sizes) -> None:
+    n = sizes.sessions
+    print(f"\n1. snapshot fan-out: {n} live session actors, snapshot({list(SNAPSHOT_KEYS)}); "
+          f"ms per {n} asks, medians of {sizes.fanout_reps} interleaved runs")
+    print(f"{'':<54} {'ms':>8} {'µs/ask':>7} {'x baseline':>10} {'range':>11}")
+    for name, label in FANOUT_ROWS.items():
+        if name not in result.runs:
+            print(f"{label:<54} {'n/a (the private names changed)':>38}")
+            continue
+        med = result.median(name)
+        factors = result.factor(name)
+        print(f"{label:<54} {med * 1e3:>8.2f} {med / n * 1e6:>7.1f} "
+              f"{statistics.median(factors):>10.2f} {spread(factors):>11}")
+    bare = result.factor("subject", "bare fan-out")
+    print(f"{'session fan-out / bare fan-out':<54} {'':>8} {'':>7} {statistics.median(bare):>10.2f} {spread(bare):>11}")
+
+
+# --- 2. group commit ----------------------------------------------------------------------------
+
+
+@dataclass
+class CommitResult:
+    events: int
+    sync_seconds: list[float]
+    actor_seconds: list[float]
+    actor_gc_off_seconds: list[float]  # context: the same with the cyclic GC paused
+    actor_fsyncs: list[int]  # per repetition, log appends of the timed part
+    actor_checkpoints: list[int]  # per repetition, checkpoints written in the timed part
+
+    @property
+    def ratios(self) -> list[float]:
+        return per_rep(self.sync_seconds, self.actor_seconds)  # rate ratio = inverse time ratio
+
+
+def small_data(step: int) -> dict[str, int]:
+    return {"turn": 1, "step": step}
+
+
+def sync_appends(root: str, sizes: Sizes) -> float:
+    """Seconds of `sessions x appenders` synchronous appends, one event (one fsync) per call."""
+    store = FileLogStore(root)
+    handles: list[WriteHandle] = []
+    try:
+        for i in range(sizes.commit_sessions):
+            handle = store.create(header(f"sync-{i:04d}"))
+            handles.append(handle)
+            store.append(handle, [Batch(Offset(0), [make_event(0, "subagent/descriptor", CREATED_AT,
+                                                               descriptor_data(f"child-{i}"))])])
+
+        def loop() -> None:
+            for handle in handles:
+                for step in range(1, sizes.appenders + 1):
+                    seq = handle.next_seq
+                    event = make_event(seq, SMALL_EVENT, CREATED_AT + step, small_data(step))
+                    store.append(handle, [Batch(seq, [event])])
+
+        gc.collect()
+        start = time.perf_counter()
+        loop()
+        elapsed = time.perf_counter() - start
+        if any(h.next_seq != 1 + sizes.appenders for h in handles):
+            raise bug("a synchronous session did not end at the expected seq")
+        return elapsed
+    finally:
+        for handle in handles:
+            store.close(handle)
+        store.close_store()
+
+
+async def actor_appends(
+    root: str, sizes: Sizes, counts: list[tuple[int, int]], profiling: bool = False, gc_off: bool = False
+) -> float:
+    """Seconds of `sessions x appenders` concurrent one-event appends through the actors."""
+    store_ = FileLogStore(root)
+    try:
+        async with open_session_store(store_, registry(), now_ms=now_ms) as store:
+            refs = await create_published(store, sizes.commit_sessions, "actor")
+            actors = [actor_of(r) for r in refs]
+            fsyncs0 = sum(a.fsyncs for a in actors)
+            checkpoints0 = sum(a.checkpoints for a in actors)
+            firsts: list[list[int]] = [[] for _ in refs]
+
+            async def appender(i: int, step: int) -> None:
+                drafts = [EventDraft(type=SMALL_EVENT, data=small_data(step), time=CREATED_AT + step)]
+                result = await refs[i].append(drafts)
+                firsts[i].append(result.first_seq)
+
+            async def all_appends() -> None:
+                async with trio.open_nursery() as nursery:
+                    for step in range(1, sizes.appenders + 1):
+                        for i in range(len(refs)):
+                            nursery.start_soon(appender, i, step)
+
+            prof = cProfile.Profile() if profiling else None
+            if prof is not None:
+                prof.enable()
+            elapsed = await atimed(all_appends, gc_off=gc_off)
+            if prof is not None:
+                prof.disable()
+                print_profile(f"{len(refs)} x {sizes.appenders} appends through the actors", prof)
+            counts.append((sum(a.fsyncs for a in actors) - fsyncs0, sum(a.checkpoints for a in actors) - checkpoints0))
+            want = list(range(1, sizes.appenders + 1))
+            for ref, seqs in zip(refs, firsts):
+                if sorted(seqs) != want or await ref.flush() != 1 + sizes.appenders:
+                    raise bug("an actor acknowledged the wrong seqs")
+        return elapsed
+    finally:
+        store_.close_store()
+
+
+async def bench_commit(workdir: str, sizes: Sizes) -> CommitResult:
+    counts: list[tuple[int, int]] = []
+
+    def folder(kind: str, rep: int) -> str:
+        return tempfile.mkdtemp(prefix=f"commit-{kind}-{rep}-", dir=workdir)
+
+    async def sync_run(rep: int) -> float:
+        root = folder("sync", rep)
+        try:
+            return sync_appends(root, sizes)  # directly, on the event loop's thread
+        finally:
+            shutil.rmtree(root)
+
+    def actor_run(gc_off: bool) -> Callable[[int], Awaitable[float]]:
+        async def run(rep: int) -> float:
+            root = folder("actors", rep)
+            try:
+                return await actor_appends(root, sizes, counts if not gc_off else [], gc_off=gc_off)
+            finally:
+                shutil.rmtree(root)
+
+        return run
+
+    runs = await interleaved(sizes.commit_reps, {
+        "baseline": sync_run, "subject": actor_run(False), "gc off": actor_run(True),
+    })
+    return CommitResult(
+        events=sizes.commit_sessions * sizes.appenders,
+        sync_seconds=runs["baseline"],
+        actor_seconds=runs["subject"],
+        actor_gc_off_seconds=runs["gc off"],
+        actor_fsyncs=[f for f, _ in counts],
+        actor_checkpoints=[c for _, c in counts],
+    )
+
+
+def print_commit(result: CommitResult, sizes: Sizes) -> None:
+    n = result.events
+    sync_rate = n / statistics.median(result.sync_seconds)
+    actor_rate = n / statistics.median(result.actor_seconds)
+    fsyncs = statistics.median(result.actor_fsyncs)
+    print(f"\n2. group commit: {sizes.commit_sessions} sessions x {sizes.appenders} appenders, one "
+          f"'{SMALL_EVENT}' event each ({n} events, zstd form); medians of {sizes.commit_reps} interleaved runs")
+    print(f"{'':<54} {'events/s':>9} {'fsyncs':>7} {'events/fsync':>12} {'ms/event':>8}")
+    print(f"{'FileLogStore.append, 1 event per call (baseline)':<54} {sync_rate:>9.0f} {n:>7} {1.0:>12.1f} "
+          f"{1e3 / sync_rate:>8.3f}")
+    print(f"{'session actors, all appenders at once':<54} {actor_rate:>9.0f} {fsyncs:>7.0f} {n / fsyncs:>12.1f} "
+          f"{1e3 / actor_rate:>8.3f}")
+    gc_off_rate = n / statistics.median(result.actor_gc_off_seconds)
+    print(f"{'session actors, GC paused during the run (context)':<54} {gc_off_rate:>9.0f} {fsyncs:>7.0f} "
+          f"{n / fsyncs:>12.1f} {1e3 / gc_off_rate:>8.3f}")
+    print(f"{'actors / baseline (events/s)':<54} {statistics.median(result.ratios):>9.2f}   "
+          f"range {spread(result.ratios)}; fsyncs per run {result.actor_fsyncs}, "
+          f"checkpoints in the timed part {result.actor_checkpoints}")
+
+
+# --- 3. resume from a checkpoint ----------------------------------------------------------------
+
+
+Item = tuple[str, dict[str, Any], bool]  # (type, data, is_surface) as bench/storage.py yields them
+
+
+@dataclass
+class ResumeLog:
+    root: str
+    sid: str
+    head: int  # events the actors wrote (descriptor included)
+    events: int  # all events
+    plain_bytes: int
+    file_bytes: int
+    actor_fsyncs: int
+    actor_checkpoints: int
+    checkpoint_seq: int
+    reset: Callable[[bool], None]  # restore the index as the tail append left it (row kept or dropped)
+    close: Callable[[], None]
+
+
+def resume_items(storage_bench: ModuleType, target: int, tail: int) -> tuple[list[list[Item]], list[Item]]:
+    """Whole turns of about `target` event bytes, then `tail` more events (the tail may end inside a turn)."""
+    rng = random.Random(SEED)
+    turns: list[list[Item]] = []
+    size = 0
+    turn = 1
+    while size < target:
+        items = list(storage_bench.turn_events(rng, turn))
+        size += sum(len(msgspec.json.encode(data)) + 80 for _, data, _ in items)  # ~ the envelope
+        turns.append(items)
+        turn += 1
+    rest: list[Item] = []
+    while len(rest) < tail:
+        rest += storage_bench.turn_events(rng, turn)
+        turn += 1
+    return turns, rest[:tail]
+
+
+def item_time(index: int) -> int:
+    return CREATED_AT + index * EVENT_GAP_MS
+
+
+async def build_resume_log(workdir: str, sizes: Sizes, storage_bench: ModuleType) -> ResumeLog:
+    root = tempfile.mkdtemp(prefix="resume-", dir=workdir)
+    sid = "resumed"
+    turns, tail = resume_items(storage_bench, sizes.log_bytes, sizes.tail_events)
+    counter = itertools.count(1)
+    drafts = [
+        [EventDraft(type=t, data=d, time=item_time(next(counter)), surface_op="append" if s else None) for t, d, s in items]
+        for items in turns
+    ]
+    # The actors write the head: a descriptor, then whole turns, several in flight, so group
+    # commit writes a few turns per frame and checkpoints at each group that ends a turn.
+    log_store = FileLogStore(root)
+    try:
+        async with open_session_store(log_store, registry(), now_ms=now_ms) as store:
+            ref = await store.create(header(sid))
+            await ref.append([descriptor_draft("resumed-child")])
+            work = iter(drafts)
+
+            async def writer() -> None:
+                for turn in work:
+                    await ref.append(turn)
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(BUILD_IN_FLIGHT):
+                    nursery.start_soon(writer)
+            head = int(await ref.flush())
+            actor = actor_of(ref)
+            await store.release(sid)  # the final checkpoint, at the last seq
+            fsyncs, checkpoints = actor.fsyncs, actor.checkpoints
+    finally:
+        log_store.close_store()
+    if head != 1 + sum(map(len, turns)):
+        raise bug("the actors wrote the wrong number of events")
+
+    # Another writer appends the tail and never checkpoints. Its open_write scans the log whole
+    # (nothing had listed it) and leaves an index row at that revision: the tail is not in it.
+    plain = FileLogStore(root)
+    handle = plain.open_write(sid)
+    try:
+        first = handle.next_seq
+        index0 = next(counter)
+        events = [make_event(first + i, t, item_time(index0 + i), d, surface_op="append" if s else None)
+                  for i, (t, d, s) in enumerate(tail)]
+        for i in range(0, len(events), TAIL_BATCH):
+            plain.append(handle, [Batch(Offset(first + i), events[i : i + TAIL_BATCH])])
+        every = plain.read(handle)
+    finally:
+        plain.close(handle)
+    found = plain.read_checkpoint(sid, header(sid), 0)
+    plain.close_store()
+    if found is None:
+        raise bug("the actors left no checkpoint")
+    rows, offset = found
+    if set(rows) != {u.key for u in SUBAGENT_UNITS} or {r.seq for r in rows.values()} != {head - 1}:
+        raise bug(f"the checkpoint should cover every unit at seq {head - 1}: {rows}")
+
+    index = SessionIndex(os.path.join(root, INDEX_NAME))
+    loaded = index.load()
+    if not loaded or sid not in loaded:
+        raise bug("the tail writer's open_write left no index row")
+    row = loaded[sid]
+    lifecycle = Lifecycle.of(header(sid), 0)
+
+    def reset(keep_row: bool) -> None:
+        # Every open refreshes the row (and the actor's release rewrites the checkpoint):
+        # put back what the tail writer left, so every repetition starts from the same state.
+        index.save([row] if keep_row else [], [] if keep_row else [sid])  # dropping a row drops its checkpoint
+        if not index.save_checkpoint(sid, lifecycle, rows, offset):
+            raise bug("restoring the checkpoint failed")
+
+    log_file = os.path.join(root, "sessions", sid, LOG_NAMES["zstd"])
+    return ResumeLog(
+        root=root,
+        sid=sid,
+        head=head,
+        events=len(every),
+        plain_bytes=len(encode_events(every)),
+        file_bytes=os.path.getsize(log_file),
+        actor_fsyncs=fsyncs,
+        actor_checkpoints=checkpoints,
+        checkpoint_seq=head - 1,
+        reset=reset,
+        close=index.close,
+    )
+
+
+def full_load(store: FileLogStore, sid: str) -> tuple[WriteHandle, ProjectionCells, int]:
+    """The cold path without checkpoints: claim the log, read every event, fold every unit."""
+    handle = store.open_write(sid)
+    try:
+        cells = registry().cells(handle.header, handle.inherited_event_count)
+        return handle, cells, cells.fold(store.read(handle))
+    except BaseException:
+        store.close(handle)
+        raise
+
+
+@dataclass
+class ResumeResult:
+    runs: dict[str, list[float]]
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.runs[name])
+
+    def speedup(self, name: str = "subject") -> list[float]:
+        return per_rep(self.runs["baseline"], self.runs[name])
+
+
+RESUME_ROWS = {
+    "baseline": "open_write + read all + fold all units (baseline)",
+    "subject": "SessionStore.open: checkpoint + fold of the tail",
+    "no row": "SessionStore.open, no index row (context)",
+}
+
+
+async def bench_resume(log: ResumeLog, sizes: Sizes, profiling: bool) -> tuple[ResumeResult, dict[str, Any]]:
+    units = len(SUBAGENT_UNITS)
+    views: dict[str, Any] = {}
+
+    async def baseline(rep: int) -> float:
+        log.reset(True)
+        store = FileLogStore(log.root)
+        try:
+            gc.collect()
+            start = time.perf_counter()
+            handle, cells, folds = await trio.to_thread.run_sync(full_load, store, log.sid)
+            elapsed = time.perf_counter() - start
+            try:
+                view = cells.snapshot()
+            finally:
+                store.close(handle)
+        finally:
+            store.close_store()
+        if folds != log.events * units:
+            raise bug(f"the full fold ran {folds} folds, not {log.events * units}")
+        views.setdefault("baseline", view)
+        if view != views["baseline"]:
+            raise bug("the full fold's views changed between runs")
+        return elapsed
+
+    def opener(keep_row: bool, prof: cProfile.Profile | None = None) -> Callable[[int], Awaitable[float]]:
+        async def run(rep: int) -> float:
+            log.reset(keep_row)
+            store = FileLogStore(log.root)
+            try:
+                async with open_session_store(store, registry(), now_ms=now_ms) as sessions:
+                    gc.collect()
+                    if prof is not None:
+                        prof.enable()
+                    start = time.perf_counter()
+                    ref = await sessions.open(log.sid)
+                    elapsed = time.perf_counter() - start
+                    if prof is not None:
+                        prof.disable()
+                    folds = sessions.last_open_folds
+                    view = await ref.snapshot()
+                    # leaving the store releases the session (a checkpoint): untimed, reset next time
+            finally:
+                store.close_store()
+            if folds != sizes.tail_events * units:
+                raise bug(f"open folded {folds} (event, unit) pairs, not {sizes.tail_events} x {units}")
+            views.setdefault("subject", view)
+            if view != views["subject"]:
+                raise bug("the resumed views changed between runs")
+            return elapsed
+
+        return run
+
+    await baseline(-1)  # warm-up (page cache, imports), untimed
+    await opener(True)(-1)
+    runs = await interleaved(sizes.resume_reps, {
+        "baseline": baseline,
+        "subject": opener(True),
+        "no row": opener(False),
+    })
+    if views["subject"] != views["baseline"]:
+        raise bug(f"resumed views differ from the full fold's: {views['subject']} != {views['baseline']}")
+    if profiling:
+        prof = cProfile.Profile()
+        for _ in range(5):
+            await opener(True, prof)(-1)
+        print_profile("SessionStore.open from the checkpoint x5 (the store's work runs in a thread)", prof)
+    return ResumeResult(runs), views["subject"]
+
+
+def resume_breakdown(log: ResumeLog, reps: int) -> list[tuple[str, float]]:
+    """The steps of both paths, called directly (no thread hop), each the best of `reps` runs."""
+    sid = log.sid
+    names = [
+        "open_write, row stale by the tail (tail scan)",
+        "read_checkpoint (index rows)",
+        "read_after (the tail: pread + frame scan + decode)",
+        "cells from the rows + fold of the tail",
+        "open_write, index row dropped (whole-log scan)",
+        "read of every event (whole-log parse)",
+        "fold of every event, every unit",
+    ]
+    best = [float("inf")] * len(names)
+    clock = time.perf_counter
+    for _ in range(reps):
+        laps: list[float] = []
+        log.reset(True)
+        store = FileLogStore(log.root)
+        try:
+            gc.collect()
+            t0 = clock()
+            handle = store.open_write(sid)
+            t1 = clock()
+            found = store.read_checkpoint(sid, handle.header, handle.inherited_event_count)
+            t2 = clock()
+            assert found is not None
+            rows, offset = found
+            seq = max(r.seq for r in rows.values())
+            tail = store.read_after(handle, offset, seq + 1)
+            t3 = clock()
+            assert tail is not None
+            cells = registry().cells(handle.header, handle.inherited_event_count, rows)
+            cells.fold(tail)
+            t4 = clock()
+            laps += [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
+            store.close(handle)
+        finally:
+            store.close_store()
+        log.reset(False)
+        store = FileLogStore(log.root)
+        try:
+            gc.collect()
+            t0 = clock()
+            handle = store.open_write(sid)
+            t1 = clock()
+            events = store.read(handle)
+            t2 = clock()
+            registry().cells(handle.header, handle.inherited_event_count).fold(events)
+            t3 = clock()
+            laps += [t1 - t0, t2 - t1, t3 - t2]
+            store.close(handle)
+        finally:
+            store.close_store()
+        best = [min(b, lap) for b, lap in zip(best, laps)]
+    return list(zip(names, best))
+
+
+def print_resume(log: ResumeLog, result: ResumeResult, view: Any, sizes: Sizes) -> None:
+    print(f"\n3. resume: {log.plain_bytes / MB:.1f} MB uncompressed ({log.file_bytes / MB:.2f} MB zstd file), "
+          f"{log.events} events; the actors wrote {log.head} ({log.actor_fsyncs} appends, "
+          f"{log.actor_checkpoints} checkpoints, the last at seq {log.checkpoint_seq}); a plain handle "
+          f"wrote the last {log.events - log.head}; ms, medians of {sizes.resume_reps} interleaved runs")
+    print(f"{'':<54} {'ms':>8} {'speedup':>8} {'range':>11}")
+    for name, label in RESUME_ROWS.items():
+        speedups = result.speedup(name)
+        print(f"{label:<54} {result.median(name) * 1e3:>8.2f} {statistics.median(speedups):>8.2f} "
+              f"{spread(speedups):>11}")
+    print(f"   both ways: {view}; open folded {sizes.tail_events} events x {len(SUBAGENT_UNITS)} units")
+
+
+def print_resume_breakdown(log: ResumeLog, stages: list[tuple[str, float]]) -> None:
+    print("\n   where the time goes (each step called directly, best of the runs):")
+    print(f"   {'step':<54} {'ms':>8}")
+    for i, (name, seconds) in enumerate(stages):
+        if i == 4:
+            print("   cold path:")
+        print(f"   {name:<54} {seconds * 1e3:>8.2f}")
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
+    parser.add_argument("--dir", default=None, help="where to put temporary logs (default: the system temp dir)")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of each measurement")
+    parser.add_argument("--only", default="1,2,3", help="which measurements to run, e.g. 1,3")
+    parser.add_argument("--breakdown", action="store_true", help="print the breakdowns even when on target")
+    parser.add_argument("--profile", action="store_true", help="also print cProfile listings of the subjects")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    sizes = QUICK if args.quick else FULL
+    if args.reps:
+        sizes = dataclasses.replace(sizes, fanout_reps=args.reps, commit_reps=args.reps, resume_reps=args.reps)
+    only = {part.strip() for part in args.only.split(",")}
+    workdir = tempfile.mkdtemp(prefix="subagents-actors-bench-", dir=args.dir)
+    print(f"actors bench ({'quick' if args.quick else 'full'}): {sizes}, python {sys.version.split()[0]}, "
+          f"trio {trio.__version__}, msgspec {msgspec.__version__}, zstandard {zstandard.__version__}, "
+          f"{os.cpu_count()} cpus, {load()}, logs in {workdir}")
+    verdicts: list[str] = []
+    started = time.perf_counter()
+    try:
+        if "1" in only:
+            fanout = trio.run(bench_fanout, sizes, args.profile)
+            print_fanout(fanout, sizes)
+            factor = statistics.median(fanout.factor("subject"))
+            verdicts.append(f"snapshot fan-out target <= {FANOUT_TARGET}x sequential bare asks: "
+                            f"{'PASS' if factor <= FANOUT_TARGET else 'BELOW'} ({factor:.2f}x)")
+        if "2" in only:
+            commit = trio.run(bench_commit, workdir, sizes)
+            if args.profile:
+                root = tempfile.mkdtemp(prefix="commit-profile-", dir=workdir)
+                trio.run(actor_appends, root, sizes, [], True)
+            print_commit(commit, sizes)
+            verdicts.append(f"group commit (no target): actors {statistics.median(commit.ratios):.2f}x the "
+                            f"events/s of one append per event, with {statistics.median(commit.actor_fsyncs):.0f} "
+                            f"fsyncs instead of {commit.events}")
+        if "3" in only:
+            storage_bench = load_storage_bench()
+            log = trio.run(build_resume_log, workdir, sizes, storage_bench)
+            try:
+                resume, view = trio.run(bench_resume, log, sizes, args.profile)
+                print_resume(log, resume, view, sizes)
+                speedup = statistics.median(resume.speedup())
+                if args.breakdown or args.profile or speedup < RESUME_TARGET:
+                    print_resume_breakdown(log, resume_breakdown(log, sizes.resume_reps))
+            finally:
+                log.close()
+            verdicts.append(f"resume target >= {RESUME_TARGET:.0f}x faster than open_write + read + full fold: "
+                            f"{'PASS' if speedup >= RESUME_TARGET else 'BELOW'} ({speedup:.2f}x)")
+        print(f"\nafter the run ({time.perf_counter() - started:.0f} s): {load()} "
+              f"(a load above the cpu count makes every figure noisier)\n")
+        print("\n".join(verdicts))
+    finally:
+        shutil.rmtree(workdir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
