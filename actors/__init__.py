@@ -10,5 +10,6 @@ from .session_actor import AppendResult as AppendResult
 from .session_actor import EventDraft as EventDraft
 from .session_actor import SessionActor as SessionActor
 from .session_actor import SessionRef as SessionRef
+from .session_actor import snapshot_all as snapshot_all
 from .session_store import SessionStore as SessionStore
 from .session_store import open_session_store as open_session_store

@@ -46,7 +46,14 @@ class Reply(Generic[T]):
             self._done.set()
 
     async def wait(self) -> T:
-        await self._done.wait()
+        if not self._done.is_set():
+            await self._done.wait()
+        return self.result()
+
+    def result(self) -> T:
+        """The value (or raise the error) of a reply that is `done`."""
+        if not self._done.is_set():
+            raise RuntimeError("the reply is not ready")
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
@@ -81,6 +88,21 @@ class Mailbox:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ActorStopped(self.name, self._stopped or "stopped") from None
         return await request.reply.wait()
+
+    async def post(self, request: Request[T]) -> None:
+        """Queue a request without waiting for its reply (wait on `request.reply` later); waits
+        only when the mailbox is full. Raises `ActorStopped` for a stopped actor."""
+        if self._stopped is not None:
+            raise ActorStopped(self.name, self._stopped)
+        try:
+            self._send.send_nowait(request)
+        except trio.WouldBlock:
+            try:
+                await self._send.send(request)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                raise ActorStopped(self.name, self._stopped or "stopped") from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(self.name, self._stopped or "stopped") from None
 
     def close(self, reason: str = "stopped") -> None:
         """Refuse later asks and fail every queued request. Idempotent; synchronous."""

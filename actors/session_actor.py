@@ -39,7 +39,7 @@ from subagents.storage.projection import ProjectionCells
 from .errors import ActorStopped
 from .mailbox import Mailbox, Request
 
-__all__ = ["AppendResult", "EventDraft", "SessionActor", "SessionRef"]
+__all__ = ["AppendResult", "EventDraft", "SessionActor", "SessionRef", "snapshot_all"]
 
 JsonValue = Any
 
@@ -123,6 +123,35 @@ class SessionRef:
 
     async def wait_finished(self) -> None:
         await self._actor.finished.wait()
+
+
+async def snapshot_all(
+    refs: Sequence[SessionRef], keys: Iterable[str] | None = None
+) -> list[dict[str, JsonValue] | Exception]:
+    """Ask every session for a snapshot at once, from one task: post every request first, then
+    collect the replies in order. Results are aligned with `refs`; a failure (`ActorStopped`, a
+    broken unit) is returned as that entry's value, never raised. Starting a task per ask costs
+    about as much as the ask itself; this is how a listing fans out to live children."""
+    wanted = None if keys is None else list(keys)
+    requests: list[_Snapshot | Exception] = []
+    for ref in refs:
+        request = _Snapshot(wanted)
+        try:
+            await ref._actor.mailbox.post(request)  # noqa: SLF001 - same module
+        except ActorStopped as exc:
+            requests.append(exc)
+            continue
+        requests.append(request)
+    results: list[dict[str, JsonValue] | Exception] = []
+    for request in requests:
+        if isinstance(request, Exception):
+            results.append(request)
+            continue
+        try:
+            results.append(await request.reply.wait())
+        except Exception as exc:  # returned as a value: one bad session never hides the rest
+            results.append(exc)
+    return results
 
 
 class SessionActor:
