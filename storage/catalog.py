@@ -105,6 +105,11 @@ class Catalog:
                 row = self._load().get(sid)
         return row if fresh(row) else None
 
+    def record(self, row: IndexRow) -> None:
+        """A row a writer vouches for (it wrote every byte of the log since a validated state)."""
+        with self._lock:
+            self._commit(self._load(), [row], [])
+
     def close(self) -> None:
         if self.index is not None:
             self.index.close()
@@ -199,7 +204,7 @@ class Catalog:
         return _scan_whole(sid, form, revision, data)
 
 
-_ANCHOR = 32
+ANCHOR = _ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
 
 
 def _may_have_grown(row: IndexRow | None, form: LogForm, revision: Revision) -> bool:

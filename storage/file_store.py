@@ -44,7 +44,8 @@ from .catalog import SESSIONS, Catalog
 from .forms import FORMS, Compression, LogForm, ParsedLog
 from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
-from .index import INDEX_NAME, SessionIndex
+from .catalog import ANCHOR as _ANCHOR
+from .index import INDEX_NAME, IndexRow, SessionIndex
 from .log_store import Batch, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
 from .records import HeaderError, HeaderRecord, encode_header_line
@@ -74,6 +75,7 @@ class _WriteState:
     form: LogForm
     file: File | None = None
     end: int = 0  # bytes of the log this handle has written or validated
+    head_len: int = 0  # bytes of the stored header record
 
 
 @attrs.frozen
@@ -188,12 +190,12 @@ class FileLogStore:
                 row = self._catalog.validated(sid, encode_session_id(sid), form.compression, file.revision())
                 if row is not None and row.info.header is not None:
                     header, k = row.info.header, row.info.inherited_event_count
-                    count, end = row.info.event_count, row.scan_end
+                    count, end, head_len = row.info.event_count, row.scan_end, len(row.head)
                 else:
                     parsed = form.parse(sid, file.pread(0, file.size()), checkpoint=None)
                     end = _repair_tail(file, form, parsed)
                     header, k = parsed.record.header, parsed.record.inherited_event_count
-                    count = Offset(len(parsed.events))
+                    count, head_len = Offset(len(parsed.events)), parsed.header_end
                 # The log may be visible without its folder entries being durable (a publication
                 # whose folder fsync failed): make them durable before acknowledging appends.
                 self._fsync_entries(folder)
@@ -209,7 +211,7 @@ class FileLogStore:
             next_seq=count,
             published=True,
             end_offset=end,
-            impl=_WriteState(lock=lock, form=form, file=file, end=end),
+            impl=_WriteState(lock=lock, form=form, file=file, end=end, head_len=head_len),
         )
 
     def open_read(self, session_id: str) -> ReadHandle:
@@ -301,12 +303,13 @@ class FileLogStore:
         sid = handle.session_id
         folder = self._folder(sid)
         temp = f"{folder}/{PUBLISH_TEMP}"
-        data = state.form.publish_bytes(
+        head = state.form.head_bytes(
             encode_header_line(
                 HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
-            ),
-            payload,
+            )
         )
+        data = head + state.form.append_bytes(payload)
+        state.head_len = len(head)
         with _mapped(sid, "publish"):
             if self.fs.kind(temp) is not None:
                 self.fs.unlink(temp)  # a leftover of a crashed publication: never published
@@ -365,8 +368,42 @@ class FileLogStore:
         current = {key: row for key, row in rows.items() if row.seq == last}
         if not current:
             return False
+        self._record_row(handle)
         lifecycle = Lifecycle.of(handle.header, handle.inherited_event_count)
         return self._catalog.index.save_checkpoint(handle.session_id, lifecycle, current, handle.end_offset)
+
+    def _record_row(self, handle: WriteHandle) -> None:
+        """The writer knows its log whole (every event it appended was valid): record the index
+        row, so the next open or listing need not scan the log. Fail-soft."""
+        state = handle.impl
+        if not isinstance(state, _WriteState) or state.file is None or not state.head_len:
+            return
+        try:
+            revision = state.file.revision()
+            if revision.size != state.end:
+                return  # bytes past what this handle wrote: let a scan decide
+            head = state.file.pread(0, state.head_len)
+            anchor = state.file.pread(max(0, state.end - _ANCHOR), min(_ANCHOR, state.end))
+        except OSError:
+            return
+        info = LogInfo(
+            id=handle.session_id,
+            header=handle.header,
+            damage=None,
+            inherited_event_count=handle.inherited_event_count,
+            revision=revision,
+            event_count=handle.next_seq,
+        )
+        self._catalog.record(
+            IndexRow(
+                info=info,
+                form=state.form.compression,
+                scan_end=state.end,
+                scan_events=handle.next_seq,
+                head=head,
+                anchor=anchor,
+            )
+        )
 
     def read_checkpoint(
         self, session_id: str, header: SessionHeader, inherited_event_count: int

@@ -23,7 +23,6 @@ from .zstd_framing import (
     ZstdLayout,
     compress_frame,
     frame_end,
-    new_compressor,
     walk_frames,
 )
 
@@ -62,7 +61,9 @@ class LogForm(Protocol):
 
     def parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> ParsedLog: ...
 
-    def publish_bytes(self, header_line: bytes, payload: bytes) -> bytes: ...
+    def head_bytes(self, header_line: bytes) -> bytes:
+        """The header record as stored: the line (plain) or its frame (zstd)."""
+        ...
 
     def append_bytes(self, payload: bytes) -> bytes: ...
 
@@ -110,8 +111,8 @@ class PlainForm:
         events = decode_event_lines(sid, data, 0, end, first_seq=first_seq, checkpoint=checkpoint)
         return TailScan(events=events, complete_end=end)
 
-    def publish_bytes(self, header_line: bytes, payload: bytes) -> bytes:
-        return header_line + payload
+    def head_bytes(self, header_line: bytes) -> bytes:
+        return header_line
 
     def append_bytes(self, payload: bytes) -> bytes:
         return payload
@@ -165,9 +166,8 @@ class ZstdForm:
             recovered=layout.recovered,
         )
 
-    def publish_bytes(self, header_line: bytes, payload: bytes) -> bytes:
-        compressor = new_compressor()
-        return compress_frame(header_line, compressor) + compress_frame(payload, compressor)
+    def head_bytes(self, header_line: bytes) -> bytes:
+        return compress_frame(header_line)
 
     def append_bytes(self, payload: bytes) -> bytes:
         return compress_frame(payload)

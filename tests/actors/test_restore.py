@@ -174,3 +174,43 @@ async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clo
         await trio.sleep(actor.checkpoint_interval * 3)  # clean: nothing more to write
         await ref.flush()
         assert actor.checkpoints == 2
+
+
+async def test_a_released_session_reopens_without_reading_its_log(tmp_path: Path) -> None:
+    from subagents.storage import OsFs
+
+    class CountingFs(OsFs):
+        def __init__(self, root: str) -> None:
+            super().__init__(root)
+            self.read_bytes = 0
+
+        def open(self, path: str, mode: Any) -> Any:
+            file = super().open(path, mode)
+            fs = self
+
+            class Counted:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(file, name)
+
+                def pread(self, offset: int, size: int) -> bytes:
+                    data = file.pread(offset, size)
+                    if path.endswith(".zst"):
+                        fs.read_bytes += len(data)
+                    return data
+
+            return Counted()
+
+    units = [Counter(), Turns()]
+    async with open_session_store(FileLogStore(str(tmp_path)), ProjectionRegistry(units), now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        for n in range(1, 30):
+            await ref.append(turn(n, 3))
+        await store.release("s")  # its checkpoint also records the index row: no listing ran
+
+    fs = CountingFs(str(tmp_path))
+    async with open_session_store(FileLogStore(fs=fs), ProjectionRegistry(units), now_ms=now_ms) as store:
+        ref = await store.open("s")
+        assert store.last_open_folds == 0
+        assert fs.read_bytes == 0  # neither validated again nor folded: index row + checkpoint
+        assert await ref.snapshot() == {"count": 29 * 8, "turns": 29}
+        assert ref.is_own_seq(29 * 8 - 1) and not ref.is_own_seq(29 * 8)
