@@ -51,7 +51,7 @@ import msgspec
 import trio
 import zstandard
 
-from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_store
+from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_store, snapshot_all
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
@@ -231,38 +231,12 @@ class FanoutResult:
 
 FANOUT_ROWS = {
     "baseline": "bare asks, sequential, one bare actor (baseline)",
-    "subject": "session actors: snapshot, all at once (one nursery)",
+    "subject": "session actors: snapshot_all (posted from one task)",
+    "task per ask": "session actors: snapshot, one task per ask (context)",
     "bare fan-out": "bare asks, all at once, one bare actor each",
     "session sequential": "session actors: snapshot, sequential",
     "bare posted": "bare asks posted from one task, then awaited",
-    "session posted": "session actors: snapshots posted from one task (proto)",
 }
-
-
-def snapshot_poster() -> Callable[[SessionRef, Sequence[str]], Any] | None:
-    """A prototype of a batched ask, on the actors' private names (None if they changed):
-    put a snapshot request into the mailbox without waiting (`send_nowait`) and return its
-    reply slot, so one task can post to every actor and then await the replies in turn."""
-    try:
-        from subagents.actors.session_actor import _Snapshot  # noqa: PLC0415
-
-        def post(ref: SessionRef, keys: Sequence[str]) -> Any:
-            request = _Snapshot(keys)
-            actor_of(ref).mailbox._send.send_nowait(request)  # noqa: SLF001
-            return request.reply
-
-        return post
-    except (ImportError, AttributeError):
-        return None
-
-
-async def reply_of(reply: Any) -> Any:
-    """A reply slot's value, yielding only when it is not set yet (prototype, private names)."""
-    if not reply.done:
-        await reply._done.wait()  # noqa: SLF001
-    if reply._error is not None:  # noqa: SLF001
-        raise reply._error  # noqa: SLF001
-    return reply._value  # noqa: SLF001
 
 
 async def create_published(store: SessionStore, count: int, prefix: str) -> list[SessionRef]:
@@ -329,14 +303,8 @@ async def bench_fanout(sizes: Sizes, profiling: bool) -> FanoutResult:
                     got[i] = request.value
                 await trio.lowlevel.checkpoint()
 
-            post = snapshot_poster()
-
-            async def session_posted() -> None:
-                assert post is not None
-                replies = [post(ref, SNAPSHOT_KEYS) for ref in refs]
-                for i, reply in enumerate(replies):
-                    got[i] = await reply_of(reply)
-                await trio.lowlevel.checkpoint()
+            async def session_snapshot_all() -> None:
+                got[:] = await snapshot_all(refs, SNAPSHOT_KEYS)
 
             def checked(fn: Callable[[], Awaitable[None]], want: list[object]) -> Callable[[int], Awaitable[float]]:
                 async def run(rep: int) -> float:
@@ -353,17 +321,17 @@ async def bench_fanout(sizes: Sizes, profiling: bool) -> FanoutResult:
             await fan_out()
             runs = await interleaved(sizes.fanout_reps, {
                 "baseline": checked(sequential_bare, same),  # type: ignore[arg-type]
-                "subject": checked(fan_out, expected),  # type: ignore[arg-type]
+                "subject": checked(session_snapshot_all, expected),  # type: ignore[arg-type]
+                "task per ask": checked(fan_out, expected),  # type: ignore[arg-type]
                 "bare fan-out": checked(bare_fan_out, expected),  # type: ignore[arg-type]
                 "session sequential": checked(sequential_session, expected),  # type: ignore[arg-type]
                 "bare posted": checked(bare_posted, expected),  # type: ignore[arg-type]
-                **({"session posted": checked(session_posted, expected)} if post is not None else {}),  # type: ignore[arg-type]
             })
             if profiling:
                 prof = cProfile.Profile()
                 prof.enable()
                 for _ in range(5):
-                    await fan_out()
+                    await session_snapshot_all()
                 prof.disable()
                 print_profile(f"snapshot fan-out of {n} actors x5", prof)
             one_send.close()
@@ -379,14 +347,14 @@ def print_fanout(result: FanoutResult, sizes: Sizes) -> None:
     print(f"{'':<54} {'ms':>8} {'µs/ask':>7} {'x baseline':>10} {'range':>11}")
     for name, label in FANOUT_ROWS.items():
         if name not in result.runs:
-            print(f"{label:<54} {'n/a (the private names changed)':>38}")
             continue
         med = result.median(name)
         factors = result.factor(name)
         print(f"{label:<54} {med * 1e3:>8.2f} {med / n * 1e6:>7.1f} "
               f"{statistics.median(factors):>10.2f} {spread(factors):>11}")
-    bare = result.factor("subject", "bare fan-out")
-    print(f"{'session fan-out / bare fan-out':<54} {'':>8} {'':>7} {statistics.median(bare):>10.2f} {spread(bare):>11}")
+    bare = result.factor("subject", "bare posted")
+    print(f"{'snapshot_all / bare asks posted the same way':<54} {'':>8} {'':>7} "
+          f"{statistics.median(bare):>10.2f} {spread(bare):>11}")
 
 
 # --- 2. group commit ----------------------------------------------------------------------------
