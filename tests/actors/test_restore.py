@@ -214,3 +214,32 @@ async def test_a_released_session_reopens_without_reading_its_log(tmp_path: Path
         assert fs.read_bytes == 0  # neither validated again nor folded: index row + checkpoint
         assert await ref.snapshot() == {"count": 29 * 8, "turns": 29}
         assert ref.is_own_seq(29 * 8 - 1) and not ref.is_own_seq(29 * 8)
+
+
+async def test_after_release_another_process_can_open_the_session_for_writing(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from subagents.storage import FileLogStore, AlreadyOwned\n"
+        "store = FileLogStore(sys.argv[1])\n"
+        "try:\n"
+        "    handle = store.open_write('s')\n"
+        "except AlreadyOwned:\n"
+        "    print('owned')\n"
+        "else:\n"
+        "    print('opened', handle.next_seq)\n"
+    )
+
+    def other_process() -> str:
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    async with open_session_store(FileLogStore(str(tmp_path)), ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        await ref.append(turn(1, 1))
+        assert await trio.to_thread.run_sync(other_process) == "owned"
+        await store.release("s")
+        assert await trio.to_thread.run_sync(other_process) == "opened 4"
