@@ -4,6 +4,9 @@ It may import `subagents.storage`, trio and trio-util (SPEC 2).
 """
 
 from .abort import Abort as Abort
+from .cold_reader import ColdRead as ColdRead
+from .cold_reader import ColdReader as ColdReader
+from .cold_reader import ReadAborted as ReadAborted
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped
 from .session_actor import AppendResult as AppendResult
