@@ -16,6 +16,7 @@ then fails everything pending with `ActorStopped`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from subagents.storage import (
     Batch,
     Event,
     HandleDead,
+    InvalidEvent,
     LogStore,
     Offset,
     SequenceConflict,
@@ -40,6 +42,8 @@ from .errors import ActorStopped
 from .mailbox import Mailbox, Request
 
 __all__ = ["AppendResult", "EventDraft", "SessionActor", "SessionRef", "snapshot_all"]
+
+log = logging.getLogger(__name__)
 
 JsonValue = Any
 
@@ -125,6 +129,17 @@ class SessionRef:
         await self._actor.finished.wait()
 
 
+def _own_copy(exc: StorageError) -> StorageError:
+    """The same error (class, message, fields) as a fresh object: each task that raises it gets
+    its own traceback, with the original as the cause."""
+    cls = type(exc)
+    copy = cls.__new__(cls)
+    copy.__dict__.update(exc.__dict__)
+    copy.args = exc.args
+    copy.__cause__ = exc
+    return copy
+
+
 async def snapshot_all(
     refs: Sequence[SessionRef], keys: Iterable[str] | None = None
 ) -> list[dict[str, JsonValue] | Exception]:
@@ -175,6 +190,7 @@ class SessionActor:
         # with the first append, so no crash can leave a child without its own first events.
         self._seed = list(seed)
         self.finished = trio.Event()
+        self._died = False
         self.now_ms = now_ms
         self.batch_limit = batch_limit
         self.mailbox = Mailbox(f"session {handle.session_id}", capacity)
@@ -205,8 +221,15 @@ class SessionActor:
                 taken = []
         except (trio.EndOfChannel, trio.ClosedResourceError):
             pass
+        except Exception:
+            # A bug in the actor or a unit must not take the session store (and every other
+            # session) down with it: this actor dies, its requests fail, the error is logged.
+            log.exception("session %r: its actor died", self.handle.session_id)
+            self._died = True
         finally:
             reason = "stopped" if self.handle.dead is None else "stopped: its log handle is dead"
+            if self._died:
+                reason = "stopped: its actor died (see the log)"
             for request in taken:
                 request.reply.fail(ActorStopped(self.mailbox.name, reason))
             self.mailbox.close(reason)
@@ -273,6 +296,9 @@ class SessionActor:
             except StorageError as exc:
                 request.reply.fail(exc)
                 continue
+            except Exception as exc:  # a draft no event can be made of: only its request fails
+                request.reply.fail(InvalidEvent(f"session {handle.session_id!r}: invalid draft: {exc!r}"))
+                continue
             if events:
                 batches.append(Batch(Offset(nxt), events))
             accepted.append((request, events))
@@ -283,7 +309,7 @@ class SessionActor:
                 await trio.to_thread.run_sync(self.store.append, handle, batches)
             except StorageError as exc:
                 for request, _ in accepted:
-                    request.reply.fail(exc)
+                    request.reply.fail(_own_copy(exc))  # one error object per waiting task
                 if isinstance(exc, HandleDead) or handle.dead is not None:
                     self.mailbox.close("stopped: its log handle is dead")
                 return

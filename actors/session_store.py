@@ -19,6 +19,7 @@ import trio
 
 from subagents.storage import (
     Event,
+    InvalidEvent,
     LogStore,
     Offset,
     SessionAlreadyExists,
@@ -54,6 +55,9 @@ class SessionStore:
         """A new live session; with `inherited`, a seeded one (the marker is added here)."""
         k = len(inherited)
         seed: list[Event] = list(inherited)
+        # A seed that could never be published would wedge the session: refuse it up front.
+        if not all(type(e) is Event for e in seed) or [e.seq for e in seed] != list(range(k)):
+            raise InvalidEvent(f"session {header.id!r}: a seed must be Events with seqs 0..{k - 1}")
         if k:
             marker_time = inherited[-1].time
             seed.append(make_event(k, "session/end-seed", marker_time, {"inherited": True}))
@@ -134,6 +138,10 @@ class SessionStore:
 
     async def release(self, session_id: str) -> None:
         """Stop the session's actor after the appends already queued, and free its lock."""
+        async with self._claim(session_id):  # not while the same id is being created or opened
+            await self._release(session_id)
+
+    async def _release(self, session_id: str) -> None:
         actor = self._actors.get(session_id)
         if actor is None:
             return

@@ -23,6 +23,7 @@ from .errors import HandleDead as HandleDead
 from .errors import InvalidEvent as InvalidEvent
 from .errors import InvalidHeader as InvalidHeader
 from .errors import InvalidPayload as InvalidPayload
+from .errors import InvalidRange as InvalidRange
 from .errors import InvalidSessionId as InvalidSessionId
 from .errors import NonLosslessData as NonLosslessData
 from .errors import PersistenceFailed as PersistenceFailed

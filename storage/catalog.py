@@ -193,7 +193,7 @@ class Catalog:
         file = self.fs.open(path, "read")
         try:
             revision = file.revision()
-            if _may_have_grown(row, form, revision) and _still_holds(file, row):  # type: ignore[arg-type]
+            if _may_have_grown(row, form, revision) and still_holds(file, row):  # type: ignore[arg-type]
                 tail = file.pread(row.scan_end, revision.size - row.scan_end)  # type: ignore[union-attr]
                 grown = _scan_growth(sid, form, row, revision, tail)  # type: ignore[arg-type]
                 if grown is not None:
@@ -204,7 +204,7 @@ class Catalog:
         return _scan_whole(sid, form, revision, data)
 
 
-ANCHOR = _ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
+ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
 
 
 def _may_have_grown(row: IndexRow | None, form: LogForm, revision: Revision) -> bool:
@@ -219,7 +219,7 @@ def _may_have_grown(row: IndexRow | None, form: LogForm, revision: Revision) -> 
     )
 
 
-def _still_holds(file: File, row: IndexRow) -> bool:
+def still_holds(file: File, row: IndexRow) -> bool:
     """Whether the file still starts with the row's head and holds its anchor before scan_end."""
     if not row.head or not row.anchor:
         return False
@@ -252,7 +252,7 @@ def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) 
         scan_end=end,
         scan_events=len(parsed.events) - recovered,
         head=data[: parsed.header_end],
-        anchor=data[max(0, end - _ANCHOR) : end],
+        anchor=data[max(0, end - ANCHOR) : end],
     )
 
 
@@ -279,7 +279,7 @@ def _scan_growth(
         scan_end=row.scan_end + scan.complete_end,
         scan_events=count - scan.recovered_events,
         head=row.head,
-        anchor=(row.anchor + tail[: scan.complete_end])[-_ANCHOR:],
+        anchor=(row.anchor + tail[: scan.complete_end])[-ANCHOR:],
     )
 
 

@@ -181,39 +181,46 @@ def decode_events(buf: bytes | memoryview) -> list[Event]:
 # --- writing ----------------------------------------------------------------------------------
 
 
+MAX_DEPTH = 200  # nesting no event needs, well inside what decoders and the stack allow
+
+
 def check_lossless(value: object, path: str = "$") -> None:
-    """Raise `NonLosslessData` naming the JSON path of the first value JSON cannot carry."""
-    t = type(value)
-    if value is None or t is bool or t is str:
+    """Raise `NonLosslessData` naming the JSON path of the first value JSON cannot carry.
+
+    Iterative, with a depth cap: hostile nesting is a refusal, never a `RecursionError`."""
+    stack: list[tuple[object, str, int]] = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        t = type(item)
+        if item is None or t is bool:
+            continue
         if t is str:
             try:
-                value.encode("utf-8")  # type: ignore[union-attr]  # t is str
+                item.encode("utf-8")  # type: ignore[union-attr]  # t is str
             except UnicodeEncodeError:
-                raise NonLosslessData(f"{path}: string holds a lone surrogate") from None
-        return
-    if t is int:
-        if not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]  # t is int
-            raise NonLosslessData(f"{path}: int {value} is outside the signed 64-bit range")
-        return
-    if t is float:
-        if not math.isfinite(value):  # type: ignore[arg-type]  # t is float
-            raise NonLosslessData(f"{path}: float {value} is not finite")
-        return
-    if t is dict:
-        for key, item in value.items():  # type: ignore[attr-defined]  # t is dict
-            if type(key) is not str:
-                raise NonLosslessData(f"{path}: key {key!r} is not a str")
-            check_lossless(key, path)
-            check_lossless(item, f"{path}.{key}")
-        return
-    if t is list or t is tuple:
-        for i, item in enumerate(value):  # type: ignore[arg-type]  # t is list or tuple
-            check_lossless(item, f"{path}[{i}]")
-        return
-    if isinstance(value, msgspec.Struct):
-        check_lossless(msgspec.to_builtins(value), path)
-        return
-    raise NonLosslessData(f"{path}: {t.__name__} is not a JSON value")
+                raise NonLosslessData(f"{where}: string holds a lone surrogate") from None
+        elif t is int:
+            if not _INT_MIN <= item <= _INT_MAX:  # type: ignore[operator]  # t is int
+                raise NonLosslessData(f"{where}: int {item} is outside the signed 64-bit range")
+        elif t is float:
+            if not math.isfinite(item):  # type: ignore[arg-type]  # t is float
+                raise NonLosslessData(f"{where}: float {item} is not finite")
+        elif t is dict or t is list or t is tuple or isinstance(item, msgspec.Struct):
+            if depth >= MAX_DEPTH:
+                raise NonLosslessData(f"{where}: nested deeper than {MAX_DEPTH} levels")
+            if isinstance(item, msgspec.Struct):
+                stack.append((msgspec.to_builtins(item), where, depth))
+            elif t is dict:
+                for key, child in reversed(list(item.items())):  # type: ignore[attr-defined]
+                    if type(key) is not str:
+                        raise NonLosslessData(f"{where}: key {key!r} is not a str")
+                    stack.append((child, f"{where}.{key}", depth + 1))
+                    stack.append((key, where, depth + 1))
+            else:
+                for i in range(len(item) - 1, -1, -1):  # type: ignore[arg-type]
+                    stack.append((item[i], f"{where}[{i}]", depth + 1))  # type: ignore[index]
+        else:
+            raise NonLosslessData(f"{where}: {t.__name__} is not a JSON value")
 
 
 def make_event(
@@ -228,6 +235,8 @@ def make_event(
 ) -> Event:
     """Build an event to append: the data is checked for lossless JSON and, for a known type,
     against its payload schema, so a log never holds something its readers would refuse."""
+    if type.__class__ is not str:  # (`type` is the parameter here, not the builtin)
+        raise InvalidEvent(f"event type must be a str, got {type!r}")
     if not isinstance(data, (dict, msgspec.Struct)):
         raise InvalidEvent(f"event {type!r}: data must be an object, got {data.__class__.__name__}")
     check_lossless(data, "$.data")

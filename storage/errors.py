@@ -9,6 +9,7 @@ storage meets them; nothing else leaks out of the public API.
     ├── InvalidHeader             STORAGE_INVALID_HEADER         (refused at create)
     ├── InvalidEvent              STORAGE_INVALID_EVENT          (refused at append)
     │   └── NonLosslessData       STORAGE_NON_LOSSLESS_DATA
+    ├── InvalidRange              STORAGE_INVALID_RANGE          (a read range or offset)
     ├── SessionNotFound           STORAGE_SESSION_NOT_FOUND
     ├── SessionAlreadyExists      STORAGE_SESSION_ALREADY_EXISTS
     ├── AlreadyOwned              STORAGE_ALREADY_OWNED
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidEvent",
     "InvalidHeader",
     "InvalidPayload",
+    "InvalidRange",
     "InvalidSessionId",
     "NonLosslessData",
     "PersistenceFailed",
@@ -66,6 +68,10 @@ class InvalidEvent(StorageError, ValueError):
 
 class NonLosslessData(InvalidEvent):
     code = "STORAGE_NON_LOSSLESS_DATA"
+
+
+class InvalidRange(StorageError, ValueError):
+    code = "STORAGE_INVALID_RANGE"
 
 
 class SessionNotFound(StorageError):

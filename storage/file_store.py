@@ -32,6 +32,7 @@ from .errors import (
     HandleDead,
     InvalidEvent,
     InvalidHeader,
+    InvalidRange,
     PersistenceFailed,
     SequenceConflict,
     SessionAlreadyExists,
@@ -40,16 +41,16 @@ from .errors import (
     UnsafePath,
     UnsupportedLog,
 )
-from .catalog import SESSIONS, Catalog
+from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
 from .forms import FORMS, Compression, LogForm, ParsedLog
 from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
-from .catalog import ANCHOR as _ANCHOR
 from .index import INDEX_NAME, IndexRow, SessionIndex
 from .log_store import Batch, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
 from .records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
+    FORMAT_VERSION,
     Checkpoint,
     LogInfo,
     Offset,
@@ -142,6 +143,10 @@ class FileLogStore:
                 f"session {sid!r}: inherited_event_count must be a non-negative int, "
                 f"got {inherited_event_count!r}"
             )
+        if header.format != FORMAT_VERSION or type(header.format) is not int:
+            raise InvalidHeader(
+                f"session {sid!r}: this build writes format {FORMAT_VERSION}, not {header.format!r}"
+            )
         if header.is_seeded != (inherited_event_count > 0):
             raise InvalidHeader(
                 f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0"
@@ -188,7 +193,7 @@ class FileLogStore:
                 # With the lock held nobody else writes: a log the index saw whole and healthy
                 # at exactly this revision needs no second validation.
                 row = self._catalog.validated(sid, encode_session_id(sid), form.compression, file.revision())
-                if row is not None and row.info.header is not None:
+                if row is not None and row.info.header is not None and still_holds(file, row):
                     header, k = row.info.header, row.info.inherited_event_count
                     count, end, head_len = row.info.event_count, row.scan_end, len(row.head)
                 else:
@@ -364,11 +369,11 @@ class FileLogStore:
         its end offset, under the session's lifecycle identity. Fail-soft: False when not."""
         if self._catalog.index is None or not handle.published or handle.dead is not None:
             return False
+        self._record_row(handle)
         last = handle.next_seq - 1
         current = {key: row for key, row in rows.items() if row.seq == last}
         if not current:
-            return False
-        self._record_row(handle)
+            return True  # nothing to checkpoint (no units, or none healthy): not a failure
         lifecycle = Lifecycle.of(handle.header, handle.inherited_event_count)
         return self._catalog.index.save_checkpoint(handle.session_id, lifecycle, current, handle.end_offset)
 
@@ -383,7 +388,7 @@ class FileLogStore:
             if revision.size != state.end:
                 return  # bytes past what this handle wrote: let a scan decide
             head = state.file.pread(0, state.head_len)
-            anchor = state.file.pread(max(0, state.end - _ANCHOR), min(_ANCHOR, state.end))
+            anchor = state.file.pread(max(0, state.end - ANCHOR), min(ANCHOR, state.end))
         except OSError:
             return
         info = LogInfo(
@@ -437,6 +442,11 @@ class FileLogStore:
         sid = handle.session_id
         if handle.closed:
             raise HandleClosed(sid, "read")
+        if type(log_offset) is not int or log_offset < 0 or type(first_seq) is not int or first_seq < 0:
+            raise InvalidRange(
+                f"session {sid!r}: log_offset and first_seq must be non-negative ints, "
+                f"got {log_offset!r}, {first_seq!r}"
+            )
         state = handle.impl
         with _mapped(sid, "read"):
             if isinstance(state, _WriteState):
@@ -471,6 +481,8 @@ class FileLogStore:
         sid = handle.session_id
         if handle.closed:
             raise HandleClosed(sid, "read")
+        if type(start) is not int or start < 0 or (stop is not None and (type(stop) is not int or stop < start)):
+            raise InvalidRange(f"session {sid!r}: read range [{start!r}, {stop!r}) is not a range of offsets")
         state = handle.impl
         with _mapped(sid, "read"):
             if isinstance(state, _WriteState):
@@ -545,7 +557,7 @@ def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[
     nxt = handle.next_seq
     for batch in batches:
         if batch.expected_seq != nxt:
-            raise SequenceConflict(sid, expected=batch.expected_seq, actual=handle.next_seq)
+            raise SequenceConflict(sid, expected=batch.expected_seq, actual=nxt)
         events.extend(batch.events)
         nxt = Offset(nxt + len(batch.events))
     # One pass of cheap comparisons for the common case; the slow loop only names the culprit.

@@ -289,7 +289,7 @@ class SessionIndex:
                 except BaseException:
                     _roll_back(conn)
                     raise
-            except (sqlite3.Error, OSError) as exc:
+            except (sqlite3.Error, OSError, OverflowError, ValueError, TypeError) as exc:
                 log.warning("index %s: %s write failed (%s); it stays a cache miss", self.path, what, exc)
                 self._reset()
                 return False

@@ -119,8 +119,8 @@ def _parse(raw: dict[str, object], expected_id: str) -> HeaderRecord:
         )
     except (TypeError, ValueError) as exc:
         raise HeaderError(str(exc), unsupported=False, header=None) from None
-    if wire.inherited_event_count < 0:
-        raise HeaderError("inherited_event_count is negative", unsupported=False, header=None)
+    if not 0 <= wire.inherited_event_count < 2**63:
+        raise HeaderError("inherited_event_count is out of range", unsupported=False, header=None)
     if wire.is_seeded != (wire.inherited_event_count > 0):
         raise HeaderError(
             "is_seeded must be true exactly when inherited_event_count > 0",

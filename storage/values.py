@@ -107,8 +107,9 @@ def decode_session_id(name: str) -> SessionId | None:
 
 
 def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or value < 0:
-        raise ValueError(f"{attribute.name} must be a non-negative int, got {value!r}")
+    # JSON ints beyond 64 bits are not lossless, and SQLite could not hold them either.
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise ValueError(f"{attribute.name} must be an int in [0, 2**63), got {value!r}")
 
 
 def _optional_id(_inst: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
