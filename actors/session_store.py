@@ -20,6 +20,7 @@ import trio
 from subagents.storage import (
     Event,
     InvalidEvent,
+    InvalidRange,
     LogStore,
     Offset,
     SessionAlreadyExists,
@@ -114,6 +115,8 @@ class SessionStore:
 
     async def fork(self, source: SessionRef, prefix: Offset, header: SessionHeader) -> SessionRef:
         """A new session seeded with the source's events `[0, prefix)` (lazy, like `create`)."""
+        if type(prefix) is not int or prefix < 0:
+            raise InvalidRange(f"fork prefix must be a non-negative int, got {prefix!r}")
         if prefix == 0:
             return await self.create(header)
 
@@ -126,7 +129,7 @@ class SessionStore:
 
         events = await trio.to_thread.run_sync(read)
         if len(events) != prefix:
-            raise ValueError(f"session {source.session_id!r} has {len(events)} durable events, not {prefix}")
+            raise InvalidRange(f"session {source.session_id!r} has {len(events)} durable events, not {prefix}")
         return await self.create(header, inherited=events)
 
     def get(self, session_id: str) -> SessionRef | None:

@@ -17,7 +17,10 @@ from __future__ import annotations
 import errno
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+import functools
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 
@@ -25,6 +28,20 @@ from .fs import FolderScan, OpenMode, PathKind
 from .values import Revision
 
 __all__ = ["CrashFs"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(method: F) -> F:
+    """One lock per CrashFs: actors call it from worker threads, like a real file system."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fs = self if isinstance(self, CrashFs) else self._fs
+        with fs._mutex:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @attrs.define(eq=False)
@@ -64,12 +81,15 @@ class CrashFile:
         self._fs._hit(op, self._path)
         return self._node
 
+    @_locked
     def size(self) -> int:
         return len(self._check("size").data)
 
+    @_locked
     def pread(self, offset: int, size: int) -> bytes:
         return bytes(self._check("read").data[offset : offset + size])
 
+    @_locked
     def write(self, data: bytes | memoryview) -> int:
         node = self._check("write")
         fault = self._fs._take_fault("write", self._path)
@@ -81,18 +101,21 @@ class CrashFile:
         node.mtime_ns = self._fs._tick()
         return len(data)
 
+    @_locked
     def truncate(self, size: int) -> None:
         node = self._check("truncate")
         self._fs._raise_fault("truncate", self._path)
         del node.data[size:]
         node.mtime_ns = self._fs._tick()
 
+    @_locked
     def fsync(self) -> None:
         node = self._check("fsync")
         self._fs._raise_fault("fsync", self._path)
         if "file" not in self._fs.drop_fsync:
             node.durable = bytes(node.data)
 
+    @_locked
     def try_lock(self) -> bool:
         node = self._check("lock")
         holder = self._fs._locks.get(node.ino)
@@ -101,10 +124,12 @@ class CrashFile:
         self._fs._locks[node.ino] = self
         return True
 
+    @_locked
     def revision(self) -> Revision:
         node = self._check("stat")
         return Revision(size=len(node.data), mtime_ns=node.mtime_ns, inode=node.ino)
 
+    @_locked
     def close(self) -> None:
         if self._closed:
             return
@@ -117,6 +142,7 @@ class CrashFs:
     def __init__(self, *, drop_fsync: Iterable[str] = ()) -> None:
         self.drop_fsync = frozenset(drop_fsync)
         self.counts: Counter[str] = Counter()
+        self._mutex = threading.RLock()
         self._root = _DirNode()
         self._inos = itertools.count(1)
         self._clock = itertools.count(1)
@@ -126,6 +152,7 @@ class CrashFs:
 
     # --- test controls ---
 
+    @_locked
     def crash(self) -> None:
         """Lose everything no fsync covered; every open handle and lock is gone."""
         self._generation += 1
@@ -154,11 +181,13 @@ class CrashFs:
         err = error if error is not None else OSError(errno.EIO, f"injected {op} failure")
         self._faults.append(_Fault(op, path_suffix, err, partial, times))
 
+    @_locked
     def read_bytes(self, path: str) -> bytes:
         node = self._lookup(path)
         assert isinstance(node, _FileNode), path
         return bytes(node.data)
 
+    @_locked
     def write_bytes(self, path: str, data: bytes) -> None:
         """Plant a file (durably), as a test writing a log by hand would."""
         parent, name = self._parent(path)
@@ -215,12 +244,15 @@ class CrashFs:
 
     # --- the Fs protocol ---
 
+    @_locked
     def root_exists(self) -> bool:
         return True
 
+    @_locked
     def make_root(self) -> None:
         pass
 
+    @_locked
     def mkdir(self, path: str) -> None:
         self.counts["mkdir"] += 1
         self._raise_fault("mkdir", path)
@@ -231,6 +263,7 @@ class CrashFs:
         elif not isinstance(existing, _DirNode):
             raise OSError(errno.ENOTDIR, "exists and is not a directory", path)
 
+    @_locked
     def listdir(self, path: str) -> list[str]:
         self.counts["listdir"] += 1
         self._raise_fault("listdir", path)
@@ -239,6 +272,7 @@ class CrashFs:
             raise OSError(errno.ENOTDIR, "not a directory", path)
         return list(node.entries)
 
+    @_locked
     def kind(self, path: str) -> PathKind | None:
         self.counts["stat"] += 1
         try:
@@ -247,6 +281,7 @@ class CrashFs:
             return None
         return "dir" if isinstance(node, _DirNode) else "file"
 
+    @_locked
     def revision(self, path: str) -> Revision | None:
         self.counts["stat"] += 1
         self._raise_fault("stat", path)
@@ -258,6 +293,7 @@ class CrashFs:
             return Revision(size=0, mtime_ns=0, inode=0)
         return Revision(size=len(node.data), mtime_ns=node.mtime_ns, inode=node.ino)
 
+    @_locked
     def open(self, path: str, mode: OpenMode) -> CrashFile:
         self.counts["open"] += 1
         self._raise_fault("open", path)
@@ -274,6 +310,7 @@ class CrashFs:
             raise FileExistsError(errno.EEXIST, "file exists", path)
         return CrashFile(self, node, path, self._generation)
 
+    @_locked
     def link(self, src: str, dst: str) -> None:
         self.counts["link"] += 1
         self._raise_fault("link", dst)
@@ -283,6 +320,7 @@ class CrashFs:
             raise FileExistsError(errno.EEXIST, "file exists", dst)
         parent.entries[name] = node
 
+    @_locked
     def unlink(self, path: str) -> None:
         self.counts["unlink"] += 1
         self._raise_fault("unlink", path)
@@ -291,6 +329,7 @@ class CrashFs:
             raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
         del parent.entries[name]
 
+    @_locked
     def scan(self, path: str, names: Sequence[str], only: str | None = None) -> list[FolderScan]:
         self.counts["scan"] += 1
         self._raise_fault("scan", path)
@@ -312,6 +351,7 @@ class CrashFs:
             out.append(FolderScan(name, files))
         return out
 
+    @_locked
     def fsync_dir(self, path: str) -> None:
         self.counts["fsync_dir"] += 1
         self._raise_fault("fsync_dir", path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import attrs
 
@@ -21,7 +22,10 @@ from .values import Checkpoint, LogInfo, Offset, SessionHeader
 
 __all__ = ["FaultyLogStore", "Operation"]
 
-Operation = str  # "create" | "open_read" | "open_write" | "append" | "read" | "stat" | "list" | "close"
+Operation = Literal[
+    "create", "open_read", "open_write", "append", "read", "stat", "list", "close",
+    "write_checkpoint", "read_checkpoint", "read_after",
+]
 _SLICE = 0.01
 
 
@@ -73,8 +77,8 @@ class FaultyLogStore:
             self._released.clear()
 
     def _enter(self, op: Operation, session_id: str | None, checkpoint: Checkpoint | None = None) -> None:
-        self.calls[op] += 1
         with self._lock:
+            self.calls[op] += 1
             rule = next(
                 (r for r in self._rules if r.op == op and r.session_id in (None, session_id)), None
             )

@@ -1,8 +1,9 @@
 """`MemoryLogStore`: the file store over an in-memory `CrashFs`.
 
 The same code as the real store runs against memory, so the fake cannot drift from the real
-thing; it never touches the disk or a thread, which makes it the store for `autojump_clock`
-tests, and `crash()` simulates a power cut.
+thing; it never touches the disk (CrashFs is thread-safe, since actors call stores from worker
+threads), which makes it the store for `autojump_clock` tests, and `crash()` simulates a power
+cut.
 """
 
 from __future__ import annotations

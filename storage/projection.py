@@ -32,6 +32,7 @@ __all__ = [
     "ProjectionCells",
     "ProjectionRegistry",
     "ProjectionUnit",
+    "UnknownProjection",
 ]
 
 JsonValue = Any  # plain JSON: None, bool, int, float, str, list, dict[str, ...]
@@ -45,6 +46,12 @@ class ProjectionUnit(Protocol):
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonValue: ...
 
     def apply(self, state: JsonValue, event: Event) -> JsonValue: ...
+
+
+class UnknownProjection(KeyError):
+    """A snapshot named a key no unit has, or a host-only unit (which has no view)."""
+
+    code = "PROJECTION_UNKNOWN_KEY"
 
 
 class ProjectionBroken(Exception):
@@ -168,12 +175,12 @@ class ProjectionCells:
         for key in wanted:
             cell = self._cells.get(key)
             if cell is None:
-                raise KeyError(f"no projection unit {key!r}")
+                raise UnknownProjection(f"no projection unit {key!r}")
             view = cell.unit.view
             if view is None:
                 if keys is None:
                     continue  # host-only units are never in snapshots
-                raise KeyError(f"projection {key!r} is host-only")
+                raise UnknownProjection(f"projection {key!r} is host-only")
             if cell.broken is not None:
                 raise ProjectionBroken(key, cell.broken)
             try:
