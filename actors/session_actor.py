@@ -191,6 +191,7 @@ class SessionActor:
         self._seed = list(seed)
         self.finished = trio.Event()
         self._died = False
+        self._in_storage = False  # a worker thread is using the handle
         self.now_ms = now_ms
         self.batch_limit = batch_limit
         self.mailbox = Mailbox(f"session {handle.session_id}", capacity)
@@ -230,10 +231,17 @@ class SessionActor:
             reason = "stopped" if self.handle.dead is None else "stopped: its log handle is dead"
             if self._died:
                 reason = "stopped: its actor died (see the log)"
+            if self._in_storage:
+                reason = "stopped: its storage did not answer"
             for request in taken:
                 request.reply.fail(ActorStopped(self.mailbox.name, reason))
             self.mailbox.close(reason)
-            self.store.close(self.handle)  # frees the single-writer lock
+            if self._in_storage:
+                # An abandoned worker thread still holds the handle: it is left to it (and its
+                # lock stays held until the process ends) rather than closed under its feet.
+                log.warning("session %r: storage did not answer; its handle was abandoned", self.handle.session_id)
+            else:
+                self.store.close(self.handle)  # frees the single-writer lock
             self.finished.set()
 
     async def _next_request(self) -> Request[Any] | None:
@@ -305,8 +313,10 @@ class SessionActor:
             nxt = Offset(nxt + len(events))
         if any(batch.events for batch in batches[1 if seed else 0 :]):
             try:
-                # Never abandoned: the fsync finishes (or fails) before anyone hears of it.
-                await trio.to_thread.run_sync(self.store.append, handle, batches)
+                # Nobody hears of a group before its fsync finishes (or fails). Only when the
+                # store gives up on this actor (cancel after a bounded wait) is the hop abandoned:
+                # its requests then fail with ActorStopped — outcome unknown, never acknowledged.
+                await self._in_thread(self.store.append, handle, batches)
             except StorageError as exc:
                 for request, _ in accepted:
                     request.reply.fail(_own_copy(exc))  # one error object per waiting task
@@ -335,13 +345,27 @@ class SessionActor:
         if self.handle.dead is not None or not self.handle.published:
             return False
         rows = self.cells.checkpoint()
-        written = await trio.to_thread.run_sync(self.store.write_checkpoint, self.handle, rows)
+        written = await self._in_thread(self.store.write_checkpoint, self.handle, rows)
         # A failed write (logged by the store) is retried after another interval, not at once.
         self._dirty_since = trio.current_time()
         if written:
             self.checkpoints += 1
             self._since_checkpoint = 0
         return written
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A storage call in a worker thread. If the actor is cancelled meanwhile (the store gave
+        up on it after a bounded wait), the call is abandoned and the thread keeps the handle."""
+        self._in_storage = True
+        try:
+            result = await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        except trio.Cancelled:
+            raise  # abandoned: the worker thread still uses the handle
+        except BaseException:
+            self._in_storage = False
+            raise
+        self._in_storage = False
+        return result
 
     def _number(self, drafts: Sequence[EventDraft], first: int) -> list[Event]:
         now = None

@@ -169,7 +169,13 @@ class SessionStore:
                 self._claims.pop(session_id, None)
 
     async def _start(self, actor: SessionActor) -> SessionRef:
-        ref: SessionRef = await self._nursery.start(actor.run)
+        try:
+            ref: SessionRef = await self._nursery.start(actor.run)
+        except BaseException:
+            # Cancelled before the actor ran: nobody else will close its handle (and lock).
+            if not actor.finished.is_set():
+                self.log_store.close(actor.handle)
+            raise
         self._actors[actor.handle.session_id] = actor
         return ref
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import trio
+import trio.testing
 
 from subagents.actors import EventDraft, open_session_store
 from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
@@ -246,3 +247,32 @@ async def test_after_release_another_process_can_open_the_session_for_writing(tm
         assert await trio.to_thread.run_sync(other_process) == "owned"
         await store.release("s")
         assert await trio.to_thread.run_sync(other_process) == "opened 4"
+
+
+async def test_leaving_the_store_gives_up_on_a_hung_storage_call(autojump_clock: Any) -> None:
+    # Stop = cancel after a bounded wait: a hung append is abandoned (its request fails, never
+    # acknowledged) and the block still ends. Virtual time makes the bound pass at once.
+    from subagents.actors import ActorStopped
+    from subagents.storage import FaultyLogStore, MemoryLogStore
+
+    faulty = FaultyLogStore(MemoryLogStore())
+    outcome: list[BaseException] = []
+    try:
+        async with trio.open_nursery() as outer:
+            async with open_session_store(faulty, ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
+                ref = await store.create(SessionHeader(id="s", created_at=1))
+                await ref.append([EventDraft(type="turn/start", data={"turn": 1})])
+                await ref.flush()
+                faulty.hang("append")
+
+                async def hung_append() -> None:
+                    try:
+                        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])
+                    except ActorStopped as exc:
+                        outcome.append(exc)
+
+                outer.start_soon(hung_append)
+                await trio.testing.wait_all_tasks_blocked()
+    finally:
+        faulty.release()  # let the abandoned worker thread finish
+    assert len(outcome) == 1 and "did not answer" in str(outcome[0])
