@@ -1,0 +1,269 @@
+"""Session query (SPEC 5.1): the live-preferred corpus and observations of one session.
+
+`list_sessions(abort)` merges the log store's listing (through the index, one worker thread at
+a time) with the live sessions of the session store: a live header wins, and a persisted header
+that differs from it marks the record `conflict` instead of failing. Only an unreadable root
+fails it. `observe_session(id, abort)` is an async context manager yielding an `Observation`:
+a live session's projections come from its actor (no log read), a persisted session is read by
+the cold reader, its interrupted turn closed in memory, and every projection unit folded and
+viewed. Prepared observations are kept in a small LRU keyed by the log's revision and bounded in
+bytes; failures are never cached. Errors are `SessionQueryError` with the codes of SPEC 5.1.
+
+    SessionQueryError
+      SESSION_QUERY_SESSION_NOT_FOUND | SESSION_QUERY_CORRUPT_SESSION |
+      SESSION_QUERY_UNSUPPORTED_SESSION | SESSION_QUERY_SOURCE_CONFLICT |
+      SESSION_QUERY_PERSISTENCE_FAILED | SESSION_QUERY_ABORTED
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionStore
+from subagents.storage import (
+    CorruptLog,
+    Event,
+    InvalidSessionId,
+    LogInfo,
+    LogStore,
+    Revision,
+    SessionHeader,
+    SessionId,
+    SessionNotFound,
+    StorageError,
+    UnsupportedLog,
+    check_session_id,
+)
+from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
+
+__all__ = ["Observation", "SessionQuery", "SessionQueryError", "SessionRecord"]
+
+NOT_FOUND = "SESSION_QUERY_SESSION_NOT_FOUND"
+CORRUPT = "SESSION_QUERY_CORRUPT_SESSION"
+UNSUPPORTED = "SESSION_QUERY_UNSUPPORTED_SESSION"
+CONFLICT = "SESSION_QUERY_SOURCE_CONFLICT"
+PERSISTENCE = "SESSION_QUERY_PERSISTENCE_FAILED"
+ABORTED = "SESSION_QUERY_ABORTED"
+
+
+class SessionQueryError(Exception):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@attrs.frozen(kw_only=True)
+class SessionRecord:
+    id: SessionId
+    header: SessionHeader | None  # None only for a damaged log whose line 1 does not parse
+    live: bool
+    persisted: bool
+    damage: Literal["corrupt", "unsupported"] | None
+    inherited_event_count: int
+    revision: Revision | None  # None for live-only records
+    event_count: int | None
+    conflict: bool = False
+
+
+@attrs.define(eq=False)
+class Observation:
+    source: Literal["live", "prepared"]
+    header: SessionHeader
+    inherited_event_count: int
+    events: tuple[Event, ...]
+    projections: dict[str, Any]
+    released: bool = False
+
+
+@attrs.frozen
+class _Prepared:
+    revision: Revision
+    header: SessionHeader
+    inherited_event_count: int
+    events: tuple[Event, ...]
+    projections: dict[str, Any]
+    size: int
+
+
+_WITNESSED = ("format", "id", "created_at", "cwd", "parent_session", "is_seeded", "delegation_depth", "origin", "agent_preset")
+
+
+def headers_differ(a: SessionHeader, b: SessionHeader) -> bool:
+    return any(getattr(a, name) != getattr(b, name) for name in _WITNESSED)
+
+
+class SessionQuery:
+    def __init__(
+        self,
+        log_store: LogStore,
+        sessions: SessionStore,
+        registry: ProjectionRegistry,
+        *,
+        cold_reader: ColdReader | None = None,
+        cache_bytes: int = 64 << 20,
+        index_limiter: trio.CapacityLimiter | None = None,
+    ) -> None:
+        self.log_store = log_store
+        self.sessions = sessions
+        self.registry = registry
+        self.cold_reader = cold_reader or ColdReader(log_store)
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, _Prepared] = OrderedDict()
+        self._cached = 0
+        # The index is used from Trio through one worker thread at a time (SPEC 3.3).
+        self.index_limiter = index_limiter or trio.CapacityLimiter(1)
+
+    # --- the corpus ---
+
+    async def list_sessions(self, abort: Abort | None = None) -> list[SessionRecord]:
+        _check(abort)
+        try:
+            infos = await trio.to_thread.run_sync(self.log_store.list, limiter=self.index_limiter)
+        except StorageError as exc:
+            raise SessionQueryError(f"session persistence listing failed: {exc}", PERSISTENCE) from exc
+        _check(abort)
+        records = {info.id: _persisted(info) for info in infos}
+        for ref in self.sessions.list():
+            stored = records.get(ref.session_id)
+            records[ref.session_id] = SessionRecord(
+                id=ref.session_id,
+                header=ref.header,
+                live=True,
+                persisted=stored is not None,
+                damage=stored.damage if stored is not None else None,
+                inherited_event_count=ref.inherited_event_count,
+                revision=stored.revision if stored is not None else None,
+                event_count=stored.event_count if stored is not None else None,
+                conflict=stored is not None
+                and (stored.header is None or headers_differ(stored.header, ref.header)),
+            )
+        return sorted(records.values(), key=_newest_first)
+
+    # --- one session ---
+
+    @asynccontextmanager
+    async def observe_session(self, session_id: str, abort: Abort | None = None) -> AsyncIterator[Observation]:
+        observation = await self._observe(session_id, abort)
+        try:
+            yield observation
+        finally:
+            observation.released = True
+
+    async def _observe(self, session_id: str, abort: Abort | None) -> Observation:
+        _check(abort)
+        try:
+            sid = check_session_id(session_id)
+        except InvalidSessionId:
+            raise SessionQueryError(f"session {session_id!r} not found", NOT_FOUND) from None
+        ref = self.sessions.get(sid)
+        if ref is not None:
+            try:
+                projections = await ref.snapshot()
+            except ActorStopped:
+                pass  # it stopped meanwhile: observe what it left on disk
+            except (ProjectionBroken, KeyError) as exc:
+                raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
+            else:
+                events = await self._read_live(sid, abort)
+                return Observation("live", ref.header, ref.inherited_event_count, events, projections)
+        prepared = await self._prepare(sid, abort)
+        _check(abort)
+        return Observation(
+            "prepared", prepared.header, prepared.inherited_event_count, prepared.events, dict(prepared.projections)
+        )
+
+    async def _read_live(self, sid: SessionId, abort: Abort | None) -> tuple[Event, ...]:
+        read = await self._cold(sid, abort)
+        return read.events
+
+    async def _prepare(self, sid: SessionId, abort: Abort | None) -> _Prepared:
+        try:
+            info = await trio.to_thread.run_sync(self.log_store.stat, sid, limiter=self.index_limiter)
+        except StorageError as exc:
+            raise _mapped(sid, exc) from exc
+        if info is None:
+            raise SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
+        if info.damage is not None:
+            code = UNSUPPORTED if info.damage == "unsupported" else CORRUPT
+            raise SessionQueryError(f"stored session {sid!r} is {info.damage}", code)
+        cached = self._cache.get(sid)
+        if cached is not None and cached.revision == info.revision:
+            self._cache.move_to_end(sid)
+            return cached
+        read = await self._cold(sid, abort)
+        if info.header is not None and headers_differ(info.header, read.header):
+            raise SessionQueryError(f"session source headers conflict for session {sid!r}", CONFLICT)
+        cells = self.registry.cells(read.header, read.inherited_event_count)
+        cells.fold(read.events)
+        try:
+            projections = cells.snapshot()
+        except (ProjectionBroken, KeyError) as exc:
+            raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
+        prepared = _Prepared(
+            info.revision, read.header, read.inherited_event_count, read.events, projections, info.revision.size
+        )
+        self._remember(sid, prepared)
+        return prepared
+
+    async def _cold(self, sid: SessionId, abort: Abort | None) -> ColdRead:
+        try:
+            (result,) = await self.cold_reader.read_many([sid], abort)
+        except ReadAborted:
+            raise SessionQueryError("session observation was aborted", ABORTED) from None
+        if isinstance(result, StorageError):
+            if abort is not None and abort.is_set():
+                raise SessionQueryError("session observation was aborted", ABORTED) from result
+            raise _mapped(sid, result) from result
+        return result
+
+    def _remember(self, sid: str, prepared: _Prepared) -> None:
+        if prepared.size > self.cache_bytes:
+            return  # larger logs are never cached
+        old = self._cache.pop(sid, None)
+        if old is not None:
+            self._cached -= old.size
+        self._cache[sid] = prepared
+        self._cached += prepared.size
+        while self._cached > self.cache_bytes:
+            _, evicted = self._cache.popitem(last=False)
+            self._cached -= evicted.size
+
+
+def _check(abort: Abort | None) -> None:
+    if abort is not None and abort.is_set():
+        raise SessionQueryError("session observation was aborted", ABORTED)
+
+
+def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
+    if isinstance(exc, (SessionNotFound, InvalidSessionId)):
+        return SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
+    if isinstance(exc, CorruptLog):
+        return SessionQueryError(f"stored session {sid!r} is corrupt: {exc.reason}", CORRUPT)
+    if isinstance(exc, UnsupportedLog):
+        return SessionQueryError(f"stored session {sid!r} is unsupported: {exc.reason}", UNSUPPORTED)
+    return SessionQueryError(f"failed to observe session {sid!r}: {exc}", PERSISTENCE)
+
+
+def _persisted(info: LogInfo) -> SessionRecord:
+    return SessionRecord(
+        id=info.id,
+        header=info.header,
+        live=False,
+        persisted=True,
+        damage=info.damage,
+        inherited_event_count=info.inherited_event_count,
+        revision=info.revision,
+        event_count=info.event_count,
+    )
+
+
+def _newest_first(record: SessionRecord) -> tuple[int, str]:
+    created = record.header.created_at if record.header is not None else -1
+    return (-created, record.id)
