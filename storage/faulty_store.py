@@ -17,6 +17,7 @@ import attrs
 from .codec import Event
 from .errors import PersistenceFailed
 from .log_store import Batch, LogStore, ReadHandle, WriteHandle
+from .index import StoredCheckpoint
 from .projection import CheckpointRow
 from .values import Checkpoint, LogInfo, Offset, SessionHeader
 
@@ -153,6 +154,10 @@ class FaultyLogStore:
     ) -> tuple[dict[str, CheckpointRow], int] | None:
         self._enter("read_checkpoint", session_id)
         return self.inner.read_checkpoint(session_id, header, inherited_event_count)
+
+    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
+        self._enter("read_checkpoint", None)
+        return self.inner.read_checkpoint_rows(session_ids)
 
     def read_after(
         self,

@@ -45,7 +45,7 @@ from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
 from .forms import FORMS, Compression, LogForm, ParsedLog
 from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
-from .index import INDEX_NAME, IndexRow, SessionIndex
+from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
 from .records import HeaderError, HeaderRecord, encode_header_line
@@ -428,6 +428,12 @@ class FileLogStore:
         seq = stored[0].row.seq
         rows = {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}
         return rows, offset
+
+    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions, in one query (None on a cache miss);
+        the caller checks versions and lifecycles."""
+        index = self._catalog.index
+        return None if index is None else index.load_checkpoints(list(session_ids))
 
     def read_after(
         self,

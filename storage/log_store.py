@@ -13,12 +13,15 @@ Kept as a protocol so that a store that is not made of files (SPEC 7: PostgreSQL
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
 from .codec import Event
 from .projection import CheckpointRow
+
+if TYPE_CHECKING:
+    from .index import StoredCheckpoint
 from .values import Checkpoint, LogInfo, Offset, SessionHeader, SessionId
 
 __all__ = ["Batch", "LogStore", "ReadHandle", "WriteHandle"]
@@ -98,6 +101,10 @@ class LogStore(Protocol):
         self, session_id: str, header: SessionHeader, inherited_event_count: int
     ) -> tuple[dict[str, CheckpointRow], int] | None:
         """Rows of this lifecycle of the session and the log offset they cover, if any."""
+        ...
+
+    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions in one query; None on a cache miss."""
         ...
 
     def read_after(

@@ -1,0 +1,310 @@
+"""Listing children (SPEC 5.4): `list_children(parent_id, abort)` and `list_descendants`.
+
+Theory of operation. The corpus is `list_sessions()` (a live header wins). Candidates are the
+records with `origin == "subagent"` naming the parent, in (`created_at`, id) order; a damaged one
+whose header still names the parent becomes its diagnostic. Each candidate's identity climbs a
+ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
+stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
+query for all), and only then one observation each through the cold reader (at most four in
+flight). An identity counts only from the child's own suffix (`seq >= inherited_event_count`).
+Rows come in four states: a child row, an omitted live child without an identity yet, and
+diagnostics `corrupt` / `unsupported` / `unavailable`. Typed query errors become rows; anything
+else fails the listing. An abort at any check point ends it with `CANCELLED` and no rows.
+Listing never writes a log, a checkpoint or an actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, snapshot_all
+from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
+from subagents.storage import LogStore
+from subagents.storage.projection import Lifecycle, ProjectionRegistry
+
+from .units import IDENTITY_UNIT
+
+__all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError"]
+
+Reason = Literal["corrupt", "unsupported", "unavailable"]
+
+
+class SubagentError(Exception):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@attrs.frozen(kw_only=True)
+class ChildRow:
+    id: str
+    activity: Literal["running", "inactive"]
+    has_children: bool
+    mode: Literal["one-shot", "continuable"]
+    label: str | None = None
+    parent_id: str | None = None  # descendants only
+    depth: int | None = None  # descendants only
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "child", "id": self.id, "activity": self.activity,
+                               "has_children": self.has_children, "mode": self.mode}
+        if self.label is not None:
+            out["label"] = self.label
+        if self.parent_id is not None:
+            out |= {"parent_id": self.parent_id, "depth": self.depth}
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class DiagnosticRow:
+    id: str
+    reason: Reason
+    parent_id: str | None = None
+    depth: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "diagnostic", "id": self.id, "reason": self.reason}
+        if self.parent_id is not None:
+            out |= {"parent_id": self.parent_id, "depth": self.depth}
+        return out
+
+
+Row = ChildRow | DiagnosticRow
+_CANCELLED = "subagent listing was cancelled"
+_QUERY_REASONS: dict[str, Reason | None] = {
+    "SESSION_QUERY_CORRUPT_SESSION": "corrupt",
+    "SESSION_QUERY_SOURCE_CONFLICT": "corrupt",
+    "SESSION_QUERY_UNSUPPORTED_SESSION": "unsupported",
+    "SESSION_QUERY_SESSION_NOT_FOUND": "unavailable",
+    "SESSION_QUERY_PERSISTENCE_FAILED": "unavailable",
+}
+
+
+def _own(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
+    if isinstance(identity, dict) and type(identity.get("seq")) is int and identity["seq"] >= inherited_event_count:
+        return identity
+    return None
+
+
+def _child(record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
+    return ChildRow(
+        id=record.id,
+        activity="running" if live else "inactive",
+        has_children=has_children,
+        mode=identity["mode"],
+        label=identity.get("label"),
+    )
+
+
+class ListingService:
+    """Constructible with any collaborator missing, so the service checks are testable."""
+
+    def __init__(
+        self,
+        *,
+        registry: ProjectionRegistry | None,
+        sessions: SessionStore | None,
+        query: SessionQuery | None,
+        log_store: LogStore | None = None,
+    ) -> None:
+        self.registry = registry
+        self.sessions = sessions
+        self.query = query
+        self.log_store = log_store
+
+    async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
+        corpus = await self._corpus(abort)
+        return await self._rows(corpus, _children_of(corpus, parent_id), abort)
+
+    async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
+        corpus = await self._corpus(abort)
+        placed = walk_descendants(corpus, root_id)
+        rows = await self._rows(corpus, [record for record, _, _ in placed if _is_subagent(record)], abort)
+        where = {record.id: (parent, depth) for record, parent, depth in placed}
+        return [attrs.evolve(row, parent_id=where[row.id][0], depth=where[row.id][1]) for row in rows]
+
+    # --- the steps ---
+
+    async def _corpus(self, abort: Abort | None) -> list[SessionRecord]:
+        if self.registry is None:
+            raise SubagentError("projection registry is unavailable", "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE")
+        if self.sessions is None:
+            raise SubagentError("session store is unavailable", "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE")
+        _check(abort)
+        if self.query is None:
+            raise SubagentError("session query is unavailable", "SUBAGENT_CONTROL_QUERY_UNAVAILABLE")
+        try:
+            corpus = await self.query.list_sessions(abort)
+        except SessionQueryError as exc:
+            if exc.code == "SESSION_QUERY_ABORTED":
+                raise SubagentError(_CANCELLED, "CANCELLED") from None
+            raise
+        _check(abort)
+        return corpus
+
+    async def _rows(self, corpus: list[SessionRecord], candidates: list[SessionRecord], abort: Abort | None) -> list[Row]:
+        parents = {r.header.parent_session for r in corpus if r.header is not None and _is_subagent(r)}
+        results: list[Row | None] = [None] * len(candidates)
+        cold: list[int] = []
+        live_at: list[int] = []
+        refs: list[SessionRef] = []
+        assert self.sessions is not None
+        for i, record in enumerate(candidates):
+            ref = self.sessions.get(record.id) if record.live else None
+            if ref is not None:
+                live_at.append(i)
+                refs.append(ref)
+            else:
+                cold.append(i)
+        for i, answer in zip(live_at, await snapshot_all(refs, [IDENTITY_UNIT.key]), strict=True):
+            record = candidates[i]
+            if isinstance(answer, ActorStopped):
+                cold.append(i)  # it stopped meanwhile: read what it left
+            elif isinstance(answer, Exception):
+                results[i] = DiagnosticRow(id=record.id, reason="corrupt")
+            else:
+                identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
+                if identity is not None:
+                    results[i] = _child(record, identity, record.id in parents, live=True)
+                # else: omitted — a live child in its creation window
+        cold.sort()
+        await self._cold_rows(candidates, cold, parents, results, abort)
+        _check(abort)
+        return [row for row in results if row is not None]
+
+    async def _cold_rows(
+        self,
+        candidates: list[SessionRecord],
+        cold: list[int],
+        parents: set[str | None],
+        results: list[Row | None],
+        abort: Abort | None,
+    ) -> None:
+        pending = []
+        for i in cold:
+            record = candidates[i]
+            if record.damage is not None:
+                results[i] = DiagnosticRow(id=record.id, reason=record.damage)
+            else:
+                pending.append(i)
+        checkpoints = await self._checkpoint_identities([candidates[i] for i in pending])
+        observe = []
+        for i in pending:
+            identity = checkpoints.get(candidates[i].id)
+            if identity is not None:
+                results[i] = _child(candidates[i], identity, candidates[i].id in parents, live=False)
+            else:
+                observe.append(i)
+        if not observe:
+            return
+        assert self.query is not None
+        query = self.query
+        failures: list[BaseException] = []
+
+        async def observe_one(i: int) -> None:
+            record = candidates[i]
+            try:
+                async with query.observe_session(record.id, abort) as seen:
+                    if record.header is not None and headers_differ(record.header, seen.header):
+                        results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # lifecycle witness
+                        return
+                    identity = _own(seen.projections.get(IDENTITY_UNIT.key), seen.inherited_event_count)
+            except SessionQueryError as exc:
+                reason = _QUERY_REASONS.get(exc.code)
+                if exc.code == "SESSION_QUERY_ABORTED" or (abort is not None and abort.is_set()):
+                    return  # the listing raises CANCELLED once everything has stopped
+                if reason is None:
+                    failures.append(exc)
+                    return
+                results[i] = DiagnosticRow(id=record.id, reason=reason)
+                return
+            except Exception as exc:  # a bug must not hide as a row: it fails the listing
+                failures.append(exc)
+                return
+            if identity is None:
+                results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
+            else:
+                results[i] = _child(record, identity, record.id in parents, live=False)
+
+        _check(abort)
+        async with trio.open_nursery() as nursery:
+            for i in observe:
+                nursery.start_soon(observe_one, i)
+        _check(abort)
+        if failures:
+            raise failures[0]
+
+    async def _checkpoint_identities(self, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
+        """Identities the index's checkpoint rows prove, for all cold candidates in one query."""
+        if self.log_store is None or not records:
+            return {}
+        try:
+            rows = await trio.to_thread.run_sync(self.log_store.read_checkpoint_rows, [r.id for r in records])
+        except Exception:  # the index is a cache: any failure falls through to observation
+            return {}
+        if not rows:
+            return {}
+        out = {}
+        for record in records:
+            if record.header is None or record.event_count is None:
+                continue
+            lifecycle = Lifecycle.of(record.header, record.inherited_event_count)
+            for stored in rows.get(record.id, []):
+                if (
+                    stored.key == IDENTITY_UNIT.key
+                    and stored.row.ver == IDENTITY_UNIT.state_version
+                    and stored.lifecycle == lifecycle
+                    and stored.row.seq < record.event_count
+                ):
+                    identity = _own((stored.row.val or {}).get("identity"), record.inherited_event_count)
+                    if identity is not None:
+                        out[record.id] = identity
+        return out
+
+
+def _check(abort: Abort | None) -> None:
+    if abort is not None and abort.is_set():
+        raise SubagentError(_CANCELLED, "CANCELLED")
+
+
+def _is_subagent(record: SessionRecord) -> bool:
+    return record.header is not None and record.header.origin == "subagent"
+
+
+def _order(record: SessionRecord) -> tuple[int, str]:
+    return (record.header.created_at if record.header is not None else -1, record.id)
+
+
+def _children_of(corpus: list[SessionRecord], parent_id: str) -> list[SessionRecord]:
+    return sorted(
+        (r for r in corpus if _is_subagent(r) and r.header.parent_session == parent_id),  # type: ignore[union-attr]
+        key=_order,
+    )
+
+
+def walk_descendants(corpus: list[SessionRecord], root_id: str) -> list[tuple[SessionRecord, str, int]]:
+    """Pre-order over every corpus edge below `root_id`: (record, its parent, depth). Iterative,
+    siblings in (`created_at`, id) order, never revisiting the root or a node."""
+    children: dict[str, list[SessionRecord]] = {}
+    for record in corpus:
+        parent = record.header.parent_session if record.header is not None else None
+        if parent is not None:
+            children.setdefault(parent, []).append(record)
+    for siblings in children.values():
+        siblings.sort(key=_order)
+    out: list[tuple[SessionRecord, str, int]] = []
+    seen = {root_id}
+    stack: list[tuple[SessionRecord, str, int]] = [(c, root_id, 1) for c in reversed(children.get(root_id, []))]
+    while stack:
+        record, parent, depth = stack.pop()
+        if record.id in seen:
+            continue
+        seen.add(record.id)
+        out.append((record, parent, depth))
+        stack.extend((c, record.id, depth + 1) for c in reversed(children.get(record.id, [])))
+    return out

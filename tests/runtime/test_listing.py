@@ -1,0 +1,151 @@
+"""Listing children (SPEC 5.4): the ladder, the four row states, diagnostics, cancellation."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from subagents.actors import Abort, EventDraft, open_session_store
+from subagents.runtime.query import SessionQuery
+from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.subagents.listing import ListingService, SubagentError, walk_descendants
+from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.storage import Batch, FaultyLogStore, FileLogStore, PersistenceFailed, SessionHeader, make_event
+from subagents.storage.projection import ProjectionRegistry
+
+clock = itertools.count(1_789_000_000_000)
+
+
+def now_ms() -> int:
+    return next(clock)
+
+
+def descriptor(label: str | None, mode: str = "continuable") -> dict[str, Any]:
+    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider="spawn", label=label))  # type: ignore[arg-type]
+
+
+def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *, data: dict[str, Any] | None = None,
+          origin: str | None = "subagent") -> None:
+    handle = store.create(SessionHeader(id=sid, created_at=created_at, origin=origin, parent_session=parent))  # type: ignore[arg-type]
+    events = [make_event(0, "subagent/descriptor", 1, data)] if data is not None else []
+    events.append(make_event(len(events), "turn/start", 2, {"turn": 1}))
+    store.append(handle, [Batch(0, events)])
+    store.close(handle)
+
+
+def rows(result: list[Any]) -> list[dict[str, Any]]:
+    return [r.to_json() for r in result]
+
+
+async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:
+    base = FileLogStore(str(tmp_path))
+    child(base, "c-late", 30, data=descriptor("late"))
+    child(base, "c-b", 20, data=descriptor("b"))
+    child(base, "c-a", 20, data=descriptor("a"))
+    child(base, "one-shot", 25, data=descriptor(None, "one-shot"))
+    child(base, "no-descriptor", 26)
+    child(base, "ordinary-fork", 27, origin=None)
+    child(base, "other-parent", 28, parent="q", data=descriptor("x"))
+    child(base, "grandchild", 29, parent="c-a", data=descriptor("g"))
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        live = await sessions.create(SessionHeader(id="c-live", created_at=40, origin="subagent", parent_session="p"))
+        window = await sessions.create(SessionHeader(id="c-window", created_at=41, origin="subagent", parent_session="p"))
+        await live.append([EventDraft(type="subagent/descriptor", data=descriptor("live one"))])
+        await window.append([EventDraft(type="turn/start", data={"turn": 1})])  # no descriptor yet
+        query = SessionQuery(base, sessions, registry)
+        service = ListingService(registry=registry, sessions=sessions, query=query, log_store=base)
+        result = rows(await service.list_children("p"))
+        assert result == [
+            {"kind": "child", "id": "c-a", "activity": "inactive", "has_children": True, "mode": "continuable", "label": "a"},
+            {"kind": "child", "id": "c-b", "activity": "inactive", "has_children": False, "mode": "continuable", "label": "b"},
+            {"kind": "child", "id": "one-shot", "activity": "inactive", "has_children": False, "mode": "one-shot"},
+            {"kind": "diagnostic", "id": "no-descriptor", "reason": "corrupt"},
+            {"kind": "child", "id": "c-late", "activity": "inactive", "has_children": False, "mode": "continuable", "label": "late"},
+            {"kind": "child", "id": "c-live", "activity": "running", "has_children": False, "mode": "continuable", "label": "live one"},
+        ]  # c-window (live, no identity yet) is omitted; forks and strangers are not candidates
+        assert await service.list_children("unknown-parent") == []
+        descendants = rows(await service.list_descendants("p"))
+        assert [(r["id"], r["parent_id"], r["depth"]) for r in descendants][:2] == [("c-a", "p", 1), ("grandchild", "c-a", 2)]
+
+
+async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(tmp_path: Path) -> None:
+    base = FileLogStore(str(tmp_path), use_index=False)  # no checkpoint rung: every child observed
+    child(base, "c1", 1, data=descriptor("one"))
+    child(base, "c2", 2, data=descriptor("two"))
+    faulty = FaultyLogStore(base)
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(faulty, registry, now_ms=now_ms) as sessions:
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry), log_store=faulty)
+        faulty.fail("read", PersistenceFailed("an I/O error"), session_id="c1")
+        assert rows(await service.list_children("p")) == [
+            {"kind": "diagnostic", "id": "c1", "reason": "unavailable"},
+            {"kind": "child", "id": "c2", "activity": "inactive", "has_children": False, "mode": "continuable", "label": "two"},
+        ]
+        assert [r["id"] for r in rows(await service.list_children("p"))] == ["c1", "c2"]  # retried: listed
+        faulty.fail("read", TypeError("a bug"), session_id="c2")
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry), log_store=faulty)
+        with pytest.raises(TypeError):
+            await service.list_children("p")
+
+
+async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_path: Path) -> None:
+    base = FileLogStore(str(tmp_path))
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        for i in range(6):
+            ref = await sessions.create(SessionHeader(id=f"c{i}", created_at=i + 1, origin="subagent", parent_session="p"))
+            await ref.append([EventDraft(type="subagent/descriptor", data=descriptor(f"child {i}"))])
+        for i in range(6):
+            await sessions.release(f"c{i}")  # persisted, with checkpoint rows
+    faulty = FaultyLogStore(FileLogStore(str(tmp_path)))
+    async with open_session_store(faulty, registry, now_ms=now_ms) as sessions:
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry), log_store=faulty)
+        result = rows(await service.list_children("p"))
+        assert [r["label"] for r in result] == [f"child {i}" for i in range(6)]
+        assert faulty.calls["read"] == 0 and faulty.calls["open_read"] == 0
+
+
+@pytest.mark.parametrize(
+    ("missing", "code"),
+    [("registry", "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE"), ("sessions", "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE"),
+     ("query", "SUBAGENT_CONTROL_QUERY_UNAVAILABLE")],
+)
+async def test_service_checks(tmp_path: Path, missing: str, code: str) -> None:
+    base = FileLogStore(str(tmp_path))
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        parts: dict[str, Any] = {"registry": registry, "sessions": sessions, "query": SessionQuery(base, sessions, registry)}
+        parts[missing] = None
+        with pytest.raises(SubagentError) as info:
+            await ListingService(**parts).list_children("p")
+        assert info.value.code == code
+
+
+async def test_an_abort_ends_in_cancelled_with_no_rows(tmp_path: Path) -> None:
+    base = FileLogStore(str(tmp_path))
+    child(base, "c1", 1, data=descriptor("one"))
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(base, sessions, registry), log_store=base)
+        abort = Abort()
+        abort.set()
+        with pytest.raises(SubagentError) as info:
+            await service.list_children("p", abort)
+        assert (info.value.code, info.value.message) == ("CANCELLED", "subagent listing was cancelled")
+
+
+def test_the_walk_is_iterative_and_never_loops() -> None:
+    from subagents.runtime.query import SessionRecord
+
+    def rec(sid: str, parent: str | None, created: int) -> SessionRecord:
+        return SessionRecord(id=sid, header=SessionHeader(id=sid, created_at=created, origin="subagent", parent_session=parent),
+                             live=False, persisted=True, damage=None, inherited_event_count=0, revision=None, event_count=1)
+
+    chain = [rec("n0", "n9999", 0)] + [rec(f"n{i}", f"n{i - 1}", i) for i in range(1, 10_000)]  # the root names its own descendant
+    placed = walk_descendants(chain, "n0")
+    assert len(placed) == 9_999
+    assert placed[-1][1:] == ("n9998", 9_999)
