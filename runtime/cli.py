@@ -1,13 +1,34 @@
-"""The `subagents` command line (SPEC 5.7)."""
+"""The `subagents` command line (SPEC 5.7).
+
+Every argument is validated before the runtime opens; bad input is one clear line on stderr and
+exit status 2, and read-only commands never create the root (they may refresh the index inside
+an existing one).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import trio
+
+from subagents.storage import InvalidSessionId, check_session_id
+
+from .app import open_runtime
+from .query import SessionQueryError
+from .subagents.listing import ChildRow, SubagentError
 
 __all__ = ["main"]
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
 
 
 def _version() -> str:
@@ -26,20 +47,87 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument(
-        "--root",
-        default="./.subagents",
-        help="the store root (default: ./.subagents)",
+    root = argparse.ArgumentParser(add_help=False)
+    root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    children = commands.add_parser(
+        "children", parents=[root], help="list a session's subagent children (read-only)"
     )
+    children.add_argument("parent_id", metavar="PARENT_ID")
+    children.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
+    children.add_argument("--json", action="store_true", help="the rows as JSON")
     return parser
+
+
+def _read_only_root(path: str) -> str:
+    if not os.path.isdir(os.path.join(path, "sessions")):
+        raise UsageError(f"not a subagents root: {path}")
+    return path
+
+
+async def _children(args: argparse.Namespace) -> int:
+    async with open_runtime(args.root) as runtime:
+        try:
+            corpus = await runtime.query.list_sessions()
+            if not any(record.id == args.parent_id for record in corpus):
+                raise UsageError(f'session "{args.parent_id}" not found')
+            if args.descendants:
+                rows = await runtime.listing.list_descendants(args.parent_id)
+            else:
+                rows = await runtime.listing.list_children(args.parent_id)
+        except (SessionQueryError, SubagentError) as exc:
+            raise UsageError(exc.message) from None
+    if args.json:
+        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False))
+    else:
+        _print_table(rows, args.descendants)
+    return 0
+
+
+def _print_table(rows: Sequence[Any], descendants: bool) -> None:
+    if not rows:
+        print("(no subagents)")
+        return
+    for row in rows:
+        where = f" parent={row.parent_id} depth={row.depth}" if descendants else ""
+        if isinstance(row, ChildRow):
+            label = f" — {row.label}" if row.label is not None else ""
+            more = " +children" if row.has_children else ""
+            print(f"{row.id} [{row.activity}] {row.mode}{more}{where}{label}")
+        else:
+            print(f"{row.id} [diagnostic: {row.reason}]{where}")
+
+
+def _raise_open_file_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # keep the soft limit: listings still work, just with fewer files open at once
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    parser.parse_args(argv)
-    # No command is implemented yet (SPEC 5.7 commands arrive with later issues): say so plainly.
-    parser.print_help(sys.stderr)
-    return 2
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        if args.command == "children":
+            try:
+                check_session_id(args.parent_id)
+            except InvalidSessionId as exc:
+                raise UsageError(exc.message) from None
+            _read_only_root(args.root)
+            _raise_open_file_limit()
+            return trio.run(_children, args)
+    except UsageError as exc:
+        print(f"subagents: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(f"unhandled command {args.command!r}")
 
 
 if __name__ == "__main__":

@@ -36,3 +36,59 @@ def test_unknown_option_is_exit_2_without_traceback(capsys) -> None:
     err = capsys.readouterr().err
     assert "unrecognized arguments: --no-such-option" in err
     assert "Traceback" not in err
+
+
+def _root_with_children(tmp_path: Path) -> Path:
+    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
+
+    store = FileLogStore(str(tmp_path))
+    for sid, created, parent, label in (("p", 1, None, None), ("c1", 2, "p", "first"), ("c2", 3, "p", None), ("g", 4, "c1", "deep")):
+        header = SessionHeader(id=sid, created_at=created, parent_session=parent, origin="subagent" if parent else None)
+        handle = store.create(header)
+        events = [make_event(0, "turn/start", 1, {"turn": 1})]
+        if parent is not None:
+            mode = "continuable" if label else "one-shot"
+            data = snapshot_descriptor(SubagentDescriptor(mode=mode, provider="spawn", label=label))
+            events.insert(0, make_event(0, "subagent/descriptor", 1, data))
+            events[1] = make_event(1, "turn/start", 1, {"turn": 1})
+        store.append(handle, [Batch(0, events)])
+        store.close(handle)
+    return tmp_path
+
+
+def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
+    root = _root_with_children(tmp_path)
+    assert main(["children", "p", "--json", "--root", str(root)]) == 0
+    import json
+
+    assert json.loads(capsys.readouterr().out) == [
+        {"kind": "child", "id": "c1", "activity": "inactive", "has_children": True, "mode": "continuable", "label": "first"},
+        {"kind": "child", "id": "c2", "activity": "inactive", "has_children": False, "mode": "one-shot"},
+    ]
+    assert main(["children", "p", "--descendants", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "c1 [inactive] continuable +children parent=p depth=1 — first",
+        "g [inactive] continuable parent=c1 depth=2 — deep",
+        "c2 [inactive] one-shot parent=p depth=1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["children", "nobody"], 'session "nobody" not found'),
+        (["children", "bad\x01id"], "control character"),
+        (["children", "p", "--root", "MISSING"], "not a subagents root:"),
+    ],
+)
+def test_children_bad_input_is_exit_2_with_one_line(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    root = _root_with_children(tmp_path / "root")
+    if "--root" not in args:
+        args = [*args, "--root", str(root)]
+    else:
+        args = [str(tmp_path / "missing") if a == "MISSING" else a for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "missing").exists()  # read-only commands never create the root
