@@ -9,6 +9,7 @@ from .cold_reader import ColdReader as ColdReader
 from .cold_reader import ReadAborted as ReadAborted
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped
+from .groups import raise_bare_cancelled as raise_bare_cancelled
 from .session_actor import AppendResult as AppendResult
 from .session_actor import EventDraft as EventDraft
 from .session_actor import SessionActor as SessionActor

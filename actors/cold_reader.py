@@ -21,6 +21,7 @@ from subagents.storage import Event, LogStore, SessionHeader, StorageError, inte
 
 from .abort import Abort
 from .errors import ActorError
+from .groups import raise_bare_cancelled
 
 __all__ = ["ColdRead", "ColdReader", "ReadAborted"]
 
@@ -67,10 +68,7 @@ class ColdReader:
         except BaseExceptionGroup as group:
             # Only an enclosing cancellation gets here (the tasks keep everything else as
             # values): hand it on as the bare Cancelled the enclosing scope expects.
-            cancelled, rest = group.split(trio.Cancelled)
-            if rest is not None or cancelled is None:
-                raise
-            raise _first_leaf(cancelled) from None
+            raise_bare_cancelled(group)
         if abort is not None and abort.is_set():
             raise ReadAborted
         if bugs:
@@ -109,13 +107,6 @@ class ColdReader:
             events=tuple(events) + tuple(closers),
             closers=len(closers),
         )
-
-
-def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    leaf: BaseException = group
-    while isinstance(leaf, BaseExceptionGroup):
-        leaf = leaf.exceptions[0]
-    return leaf
 
 
 async def _cancel_on(abort: Abort, scope: trio.CancelScope) -> None:

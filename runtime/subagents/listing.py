@@ -21,7 +21,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, snapshot_all
+from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, raise_bare_cancelled, snapshot_all
 from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
 from subagents.storage import LogStore
 from subagents.storage.projection import Lifecycle, ProjectionRegistry
@@ -232,9 +232,12 @@ class ListingService:
                 results[i] = _child(record, identity, record.id in parents, live=False)
 
         _check(abort)
-        async with trio.open_nursery() as nursery:
-            for i in observe:
-                nursery.start_soon(observe_one, i)
+        try:
+            async with trio.open_nursery() as nursery:
+                for i in observe:
+                    nursery.start_soon(observe_one, i)
+        except BaseExceptionGroup as group:
+            raise_bare_cancelled(group)  # everything else is kept as a value by observe_one
         _check(abort)
         if failures:
             raise failures[0]
