@@ -323,10 +323,25 @@ async def test_rows_keep_candidate_order_not_completion_order(tmp_path: Path) ->
     for i in range(8):
         child(base, f"c{i}", i + 1, descriptors=[descriptor(f"child {i}")])
     faulty = FaultyLogStore(base)
-    for i in range(4):
-        faulty.delay("read", 0.05 * (4 - i), session_id=f"c{i}")  # the first candidates finish last
+    # The first two candidates hold two read slots until every later one has finished through
+    # the other two: completion order is the reverse of candidate order where it matters.
+    faulty.hang("read", session_id="c0")
+    faulty.hang("read", session_id="c1")
+    result: list[dict[str, Any]] = []
     async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
-        assert rows(await runtime.listing.list_children("p")) == [row(f"c{i}", f"child {i}") for i in range(8)]
+
+        async def listing() -> None:
+            result.extend(rows(await runtime.listing.list_children("p")))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(listing)
+                await wait_for(lambda: faulty.calls["read"] >= 8)  # c2..c7 done, c0 and c1 held
+                assert result == []
+                faulty.release()
+        finally:
+            faulty.release()
+    assert result == [row(f"c{i}", f"child {i}") for i in range(8)]
 
 
 # --- listing is read-only ------------------------------------------------------------------------
