@@ -59,7 +59,12 @@ def interrupted_closers(events: Sequence[Event], *, session_id: str = "") -> lis
     open_turn: int | None = None
     open_step: int | None = None
     pending: dict[str, _Pending] = {}
-    for event in events:
+    # Every turn/start resets the scan, so only the last turn can be open: start there and
+    # leave the payloads of every earlier turn undecoded (a listing observes whole logs).
+    start = next((i for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/start"), None)
+    if start is None:
+        return []
+    for event in events[start:]:
         kind = event.type
         if kind == "turn/start":
             open_turn = decode_payload(event, session_id=session_id).turn
