@@ -17,6 +17,7 @@ another `ver` or identity is ignored, never migrated.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -150,22 +151,29 @@ class ProjectionCells:
         # A broken cell never advances again; it must not hold every later read down.
         return min((c.seq for c in self._cells.values() if c.broken is None), default=-1)
 
-    def fold(self, events: Iterable[Event]) -> int:
-        """Fold events in order into every cell that has not seen them; returns how many
-        (event, cell) applications ran."""
+    def fold(self, events: Sequence[Event]) -> int:
+        """Fold contiguous events (ascending seqs) into every cell that has not seen them;
+        returns how many (event, cell) applications ran. Cell by cell, so a long read costs one
+        tight loop per unit."""
+        if not events:
+            return 0
+        first, last = events[0].seq, events[-1].seq
+        if last - first != len(events) - 1:
+            raise ValueError("fold takes contiguous events")
         applied = 0
-        for event in events:
-            seq = event.seq
-            for cell in self._cells.values():
-                if cell.broken is not None or seq <= cell.seq:
-                    continue
-                try:
-                    cell.state = cell.unit.apply(cell.state, event)
-                except Exception as exc:  # a unit bug breaks only its own cell
-                    cell.broken = exc
-                    continue
-                cell.seq = seq
-                applied += 1
+        for cell in self._cells.values():
+            start = cell.seq + 1 - first
+            if cell.broken is not None or start >= len(events):
+                continue
+            apply, state = cell.unit.apply, cell.state
+            try:
+                for event in itertools.islice(events, max(0, start), None):
+                    state = apply(state, event)
+            except Exception as exc:  # a unit bug breaks only its own cell
+                cell.broken = exc
+                continue
+            cell.state, cell.seq = state, last
+            applied += len(events) - max(0, start)
         return applied
 
     def snapshot(self, keys: Iterable[str] | None = None) -> dict[str, JsonValue]:
