@@ -49,6 +49,7 @@ from typing import Any
 
 import msgspec
 import trio
+from bench_common import BareRequest, bare_actor, bare_ask, bug, load, per_rep, spread
 import zstandard
 
 from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_store, snapshot_all
@@ -140,10 +141,6 @@ def actor_of(ref: SessionRef) -> Any:
     return ref._actor  # noqa: SLF001 - a measurement, not an API
 
 
-def bug(what: str) -> SystemExit:
-    return SystemExit(f"bench bug: {what}")
-
-
 async def atimed(fn: Callable[[], Awaitable[object]], *, gc_off: bool = False) -> float:
     """Seconds one await of `fn()` takes, after a full collection; `gc_off` pauses the cyclic GC."""
     gc.collect()
@@ -167,18 +164,6 @@ async def interleaved(reps: int, runs: dict[str, Callable[[int], Awaitable[float
     return out
 
 
-def per_rep(over: list[float], under: list[float]) -> list[float]:
-    return [o / u for o, u in zip(over, under)]
-
-
-def spread(ratios: list[float]) -> str:
-    return f"{min(ratios):.2f}..{max(ratios):.2f}"
-
-
-def load() -> str:
-    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def print_profile(title: str, prof: cProfile.Profile, limit: int = 16) -> None:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(limit)
@@ -187,35 +172,6 @@ def print_profile(title: str, prof: cProfile.Profile, limit: int = 16) -> None:
 
 
 # --- 1. snapshot fan-out ------------------------------------------------------------------------
-
-
-class BareRequest:
-    """A request with a `trio.Event` reply slot, and nothing else."""
-
-    __slots__ = ("done", "value")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.value: object = None
-
-
-async def bare_actor(
-    receive: trio.MemoryReceiveChannel[BareRequest],
-    value: object,
-    *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    task_status.started()
-    async for request in receive:
-        request.value = value
-        request.done.set()
-
-
-async def bare_ask(send: trio.MemorySendChannel[BareRequest]) -> object:
-    request = BareRequest()
-    await send.send(request)
-    await request.done.wait()
-    return request.value
 
 
 @dataclass

@@ -53,6 +53,7 @@ from typing import Any
 
 import msgspec
 import trio
+from bench_common import BareRequest, bare_actor, bug, load, per_rep, spread
 import zstandard
 
 from subagents.actors import EventDraft
@@ -114,10 +115,6 @@ def expected_rows(n: int, activity: str) -> list[ChildRow]:
                      mode="continuable", label=f"child-{i}") for i in range(n)]
 
 
-def bug(what: str) -> SystemExit:
-    return SystemExit(f"bench bug: {what}")
-
-
 async def atimed(fn: Callable[[], Awaitable[object]]) -> float:
     gc.collect()
     start = time.perf_counter()
@@ -132,18 +129,6 @@ async def interleaved(reps: int, runs: dict[str, Callable[[], Awaitable[float]]]
         for name in names if rep % 2 == 0 else names[::-1]:
             out[name].append(await runs[name]())
     return out
-
-
-def per_rep(over: list[float], under: list[float]) -> list[float]:
-    return [o / u for o, u in zip(over, under)]
-
-
-def spread(ratios: list[float]) -> str:
-    return f"{min(ratios):.2f}..{max(ratios):.2f}"
-
-
-def load() -> str:
-    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def pct(values: list[float], q: float) -> float:
@@ -412,7 +397,7 @@ async def bench_plain(workdir: str, sizes: Sizes, stuff: Material, breakdown: bo
 
                     async def one(sid: str) -> None:
                         async with limiter:
-                            async with rt.query.observe_session(sid) as _seen:
+                            async with rt.query.observe_session(sid):
                                 pass
 
                     for sid in sids:
@@ -424,22 +409,6 @@ async def bench_plain(workdir: str, sizes: Sizes, stuff: Material, breakdown: bo
 
 
 # --- 2: live children --------------------------------------------------------------------------
-
-
-class BareRequest:
-    __slots__ = ("done", "value")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.value: object = None
-
-
-async def bare_actor(receive: trio.MemoryReceiveChannel[BareRequest], value: object, *,
-                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    task_status.started()
-    async for request in receive:
-        request.value = value
-        request.done.set()
 
 
 async def bench_live(workdir: str, sizes: Sizes) -> dict[str, list[float]]:
