@@ -368,16 +368,19 @@ class SessionActor:
         return result
 
     def _number(self, drafts: Sequence[EventDraft], first: int) -> list[Event]:
-        now = None
+        now: int | None = None  # one clock reading for every undated draft of a request
         events = []
         for i, draft in enumerate(drafts):
-            if draft.time is None and now is None:
-                now = self.now_ms()
+            time = draft.time
+            if time is None:
+                if now is None:
+                    now = self.now_ms()
+                time = now
             events.append(
                 make_event(
                     first + i,
                     draft.type,
-                    draft.time if draft.time is not None else now,  # type: ignore[arg-type]
+                    time,
                     draft.data,
                     ignorable=draft.ignorable,
                     surface_op=draft.surface_op,

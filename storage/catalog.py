@@ -193,9 +193,9 @@ class Catalog:
         file = self.fs.open(path, "read")
         try:
             revision = file.revision()
-            if _may_have_grown(row, form, revision) and still_holds(file, row):  # type: ignore[arg-type]
-                tail = file.pread(row.scan_end, revision.size - row.scan_end)  # type: ignore[union-attr]
-                grown = _scan_growth(sid, form, row, revision, tail)  # type: ignore[arg-type]
+            if row is not None and _may_have_grown(row, form, revision) and still_holds(file, row):
+                tail = file.pread(row.scan_end, revision.size - row.scan_end)
+                grown = _scan_growth(sid, form, row, revision, tail)
                 if grown is not None:
                     return grown
             data = file.pread(0, revision.size)
@@ -207,10 +207,9 @@ class Catalog:
 ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
 
 
-def _may_have_grown(row: IndexRow | None, form: LogForm, revision: Revision) -> bool:
+def _may_have_grown(row: IndexRow, form: LogForm, revision: Revision) -> bool:
     return (
-        row is not None
-        and row.info.damage is None
+        row.info.damage is None
         and row.form == form.compression
         and row.revision.inode == revision.inode
         and row.revision.size < revision.size

@@ -119,8 +119,8 @@ class Event(
         if self.type in SURFACE_TYPES:
             if op is UNSET:
                 raise ValueError(f"surface event {self.type!r} requires surface_op")
-            if op.__class__ is ReplaceOp:
-                start, end = op.start_seq, op.end_seq  # type: ignore[union-attr]
+            if isinstance(op, ReplaceOp):
+                start, end = op.start_seq, op.end_seq
                 if type(start) is not int or type(end) is not int or not 0 <= start <= end < seq:
                     raise ValueError("surface_op replace range must be ascending and before the event")
             elif op != "append":
@@ -210,15 +210,15 @@ def check_lossless(value: object, path: str = "$") -> None:
                 raise NonLosslessData(f"{where}: nested deeper than {MAX_DEPTH} levels")
             if isinstance(item, msgspec.Struct):
                 stack.append((msgspec.to_builtins(item), where, depth))
-            elif t is dict:
-                for key, child in reversed(list(item.items())):  # type: ignore[attr-defined]
+            elif isinstance(item, dict):  # exactly a dict (checked above)
+                for key, child in reversed(list(item.items())):
                     if type(key) is not str:
                         raise NonLosslessData(f"{where}: key {key!r} is not a str")
                     stack.append((child, f"{where}.{key}", depth + 1))
                     stack.append((key, where, depth + 1))
-            else:
-                for i in range(len(item) - 1, -1, -1):  # type: ignore[arg-type]
-                    stack.append((item[i], f"{where}[{i}]", depth + 1))  # type: ignore[index]
+            elif isinstance(item, (list, tuple)):  # exactly a list or tuple (checked above)
+                for i in range(len(item) - 1, -1, -1):
+                    stack.append((item[i], f"{where}[{i}]", depth + 1))
         else:
             raise NonLosslessData(f"{where}: {t.__name__} is not a JSON value")
 

@@ -20,7 +20,7 @@ from collections import Counter
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import attrs
 
@@ -41,7 +41,7 @@ def _locked(method: F) -> F:
         with fs._mutex:
             return method(self, *args, **kwargs)
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)
 
 
 @attrs.define(eq=False)

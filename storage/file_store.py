@@ -492,7 +492,7 @@ class FileLogStore:
         state = handle.impl
         with _mapped(sid, "read"):
             if isinstance(state, _WriteState):
-                if not handle.published or state.file is None:  # type: ignore[union-attr]
+                if not handle.published or state.file is None:
                     return []
                 data = state.file.pread(0, state.end)
             else:

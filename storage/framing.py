@@ -103,13 +103,14 @@ def decode_event_lines(
             or len(decoded) != raw.count(b"\n", pos, stop)
         ):
             _locate_damage(session_id, raw, pos, stop, chunk_first)
-        for event in decoded:  # type: ignore[union-attr]  # _locate_damage always raises
+        assert decoded is not None  # _locate_damage never returns
+        for event in decoded:
             if event.seq != expected:
                 _locate_damage(session_id, raw, pos, stop, chunk_first)
             if event.type not in KNOWN_TYPES and event.ignorable is not True:
                 _refuse_unknown(session_id, event)
             expected += 1
-        events.extend(decoded)  # type: ignore[arg-type]
+        events.extend(decoded)
         pos = stop
     return events
 

@@ -22,6 +22,8 @@ import stat as stat_mod
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from typing import Any
+
 import attrs
 import msgspec
 
@@ -110,7 +112,7 @@ class IndexRow:
         return self.info.revision
 
 
-def _trusted_header(row: tuple[object, ...]) -> SessionHeader:
+def _trusted_header(row: tuple[Any, ...]) -> SessionHeader:
     """A header the index wrote from a validated one: rebuilt without re-running validators
     (a listing of a thousand sessions must not pay for a thousand validations)."""
     header = object.__new__(SessionHeader)
@@ -129,22 +131,27 @@ def _trusted_header(row: tuple[object, ...]) -> SessionHeader:
     return header
 
 
-def _row_from_sql(row: tuple[object, ...]) -> IndexRow:
+def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
+    """A row as SQLite returns it (untyped columns; a row this build did not write raises
+    TypeError/ValueError and is rescanned)."""
+    damage = row[14]
+    if damage not in (None, "corrupt", "unsupported"):
+        raise ValueError(f"unknown damage {damage!r}")
     info = LogInfo(
         id=SessionId(str(row[0])),
         header=_trusted_header(row) if row[5] else None,
-        damage=row[14],  # type: ignore[arg-type]
-        inherited_event_count=Offset(int(row[15])),  # type: ignore[call-overload]
-        revision=Revision(size=row[2], mtime_ns=row[3], inode=row[4]),  # type: ignore[arg-type]
-        event_count=Offset(int(row[16])),  # type: ignore[call-overload]
+        damage=damage,
+        inherited_event_count=Offset(int(row[15])),
+        revision=Revision(size=int(row[2]), mtime_ns=int(row[3]), inode=int(row[4])),
+        event_count=Offset(int(row[16])),
     )
     return IndexRow(
         info=info,
         form=str(row[1]),
-        scan_end=int(row[17]),  # type: ignore[call-overload]
-        scan_events=int(row[18]),  # type: ignore[call-overload]
-        head=bytes(row[19]),  # type: ignore[call-overload]
-        anchor=bytes(row[20]),  # type: ignore[call-overload]
+        scan_end=int(row[17]),
+        scan_events=int(row[18]),
+        head=bytes(row[19]),
+        anchor=bytes(row[20]),
     )
 
 

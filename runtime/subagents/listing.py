@@ -285,7 +285,11 @@ def _order(record: SessionRecord) -> tuple[int, str]:
 
 def _children_of(corpus: list[SessionRecord], parent_id: str) -> list[SessionRecord]:
     return sorted(
-        (r for r in corpus if _is_subagent(r) and r.header.parent_session == parent_id),  # type: ignore[union-attr]
+        (
+            r
+            for r in corpus
+            if r.header is not None and r.header.origin == "subagent" and r.header.parent_session == parent_id
+        ),
         key=_order,
     )
 
