@@ -100,8 +100,8 @@ def load_storage_bench() -> ModuleType:
 
 
 def child_header(i: int, seeded: bool) -> SessionHeader:
-    return SessionHeader(id=f"child-{i:05d}", created_at=CREATED_AT + i, is_seeded=seeded,  # type: ignore[arg-type]
-                         delegation_depth=1, cwd="/work/bench", parent_session=PARENT,  # type: ignore[arg-type]
+    return SessionHeader(id=f"child-{i:05d}", created_at=CREATED_AT + i, is_seeded=seeded,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+                         delegation_depth=1, cwd="/work/bench", parent_session=PARENT,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
                          origin="subagent")
 
 
@@ -111,7 +111,7 @@ def descriptor_draft(i: int) -> EventDraft:
 
 
 def expected_rows(n: int, activity: str) -> list[ChildRow]:
-    return [ChildRow(id=f"child-{i:05d}", activity=activity, has_children=False,  # type: ignore[arg-type]
+    return [ChildRow(id=f"child-{i:05d}", activity=activity, has_children=False,  # type: ignore[arg-type]  # a str activity checked by the rows it is compared with
                      mode="continuable", label=f"child-{i}") for i in range(n)]
 
 
@@ -286,7 +286,7 @@ async def bench_zstd(workdir: str, sizes: Sizes, stuff: Material, only: set[str]
         cold_s: list[float] = []
         asks = 0
         if "3" in only:
-            probe = await rt.sessions.create(SessionHeader(id="probe", created_at=CREATED_AT, cwd="/work/bench"))  # type: ignore[arg-type]
+            probe = await rt.sessions.create(SessionHeader(id="probe", created_at=CREATED_AT, cwd="/work/bench"))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
             await probe.append([descriptor_draft(0)])
             await probe.flush()
             await checked(cold)()  # warm-up

@@ -185,7 +185,7 @@ def plain_store(root: str) -> FileLogStore:
 
 
 def header(sid: str) -> SessionHeader:
-    return SessionHeader(id=sid, created_at=CREATED_AT, cwd="/work/bench")  # type: ignore[arg-type]
+    return SessionHeader(id=sid, created_at=CREATED_AT, cwd="/work/bench")  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
 
 
 def header_line(sid: str) -> bytes:
@@ -755,7 +755,7 @@ def list_breakdown(warm: FileLogStore, sessions: Sessions, reps: int) -> list[tu
     names = sorted(os.listdir(sessions.folder))
     log_names = tuple(LOG_NAMES.values())
     scan = best(reps, lambda: timed_count(lambda: scandir_stat(sessions.folder, LOG_NAMES["zstd"]), n))
-    fs_scan = best(reps, lambda: timed_count(lambda: len(warm.fs.scan("sessions", log_names)), n))  # type: ignore[attr-defined]
+    fs_scan = best(reps, lambda: timed_count(lambda: len(warm.fs.scan("sessions", log_names)), n))  # type: ignore[attr-defined]  # the store's Fs is an OsFs here, which has scan()
     decode = best(reps, lambda: timed_count(lambda: sum(decode_session_id(name) is not None for name in names), n))
     total = best(reps, lambda: timed_count(lambda: len(warm.list()), n))
     return [

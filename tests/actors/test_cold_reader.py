@@ -52,7 +52,7 @@ async def test_results_follow_the_ids_and_failures_are_values(faulty: FaultyLogS
     assert interrupted.closers == 2  # step/end + turn/end, in memory only
     assert [e.type for e in interrupted.events][-2:] == ["step/end", "turn/end"]
     assert (tmp_path / "sessions" / "s2" / "session.jsonl.zst").read_bytes() == before  # never written
-    assert results[3].closers == 0  # type: ignore[union-attr]
+    assert results[3].closers == 0  # type: ignore[union-attr]  # entry 3 is a ColdRead (asserted above)
 
 
 async def test_a_bug_fails_the_call_bare(faulty: FaultyLogStore) -> None:

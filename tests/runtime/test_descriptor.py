@@ -110,7 +110,7 @@ def test_snapshot_builds_exactly_the_payload(payload: dict[str, Any], descriptor
 def test_snapshot_omits_absent_optionals_and_orders_keys() -> None:
     built = snapshot_descriptor(SubagentDescriptor(mode="one-shot", provider="spawn"))
     assert list(built) == ["version", "mode", "provider"]
-    full = snapshot_descriptor(parse_descriptor(CONTINUABLE_FULL))  # type: ignore[arg-type]
+    full = snapshot_descriptor(parse_descriptor(CONTINUABLE_FULL))  # type: ignore[arg-type]  # parse_descriptor returns a descriptor for this input
     assert list(full) == [
         "version",
         "mode",

@@ -24,12 +24,12 @@ def now_ms() -> int:
 
 
 def descriptor(label: str | None, mode: str = "continuable") -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider="spawn", label=label))  # type: ignore[arg-type]
+    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider="spawn", label=label))  # type: ignore[arg-type]  # mode is a str from the test table
 
 
 def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *, data: dict[str, Any] | None = None,
           origin: str | None = "subagent") -> None:
-    handle = store.create(SessionHeader(id=sid, created_at=created_at, origin=origin, parent_session=parent))  # type: ignore[arg-type]
+    handle = store.create(SessionHeader(id=sid, created_at=created_at, origin=origin, parent_session=parent))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
     events = [make_event(0, "subagent/descriptor", 1, data)] if data is not None else []
     events.append(make_event(len(events), "turn/start", 2, {"turn": 1}))
     store.append(handle, [Batch(0, events)])

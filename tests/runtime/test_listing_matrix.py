@@ -35,7 +35,7 @@ def now_ms() -> int:
 
 
 def descriptor(label: str | None, mode: str = "continuable", provider: str = "spawn") -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider=provider, label=label))  # type: ignore[arg-type]
+    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider=provider, label=label))  # type: ignore[arg-type]  # mode is a str from the test table
 
 
 MALFORMED = {"version": 2, "mode": "continuable", "provider": "spawn"}  # a continuable child needs a label
@@ -43,7 +43,7 @@ VERSION_3 = {"version": 3, "mode": "continuable", "provider": "spawn", "label": 
 
 
 def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *,
-          descriptors: list[dict[str, Any]] = (), cwd: str | None = None, open_turn: bool = True) -> None:  # type: ignore[assignment]
+          descriptors: list[dict[str, Any]] = (), cwd: str | None = None, open_turn: bool = True) -> None:  # type: ignore[assignment]  # an empty tuple as the default list
     """A persisted child: its descriptors (in order), then a turn that is left open."""
     handle = store.create(SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session=parent, cwd=cwd))
     events = [make_event(i, "subagent/descriptor", i + 1, data) for i, data in enumerate(descriptors)]
@@ -362,14 +362,14 @@ def checkpoint_rows(root: Path) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 async def test_listing_never_modifies_a_log(tmp_path: Path, compression: str) -> None:
-    base = FileLogStore(str(tmp_path), compression=compression)  # type: ignore[arg-type]
+    base = FileLogStore(str(tmp_path), compression=compression)  # type: ignore[arg-type]  # compression is a str from the test table
     child(base, "interrupted", 1, descriptors=[descriptor("open turn")])  # turn/start without turn/end
     child(base, "no-turn", 2, descriptors=[descriptor("quiet")], open_turn=False)
     seeded_child(base, "seeded", 3, inherited=[descriptor("parent's")], own=[descriptor("own")])
     child(base, "g", 4, parent="interrupted", descriptors=[descriptor("grand")])
     base.list()  # the index exists before the listing
     before, rows_before = digests(tmp_path), checkpoint_rows(tmp_path)
-    faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression=compression))  # type: ignore[arg-type]
+    faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression=compression))  # type: ignore[arg-type]  # compression is a str from the test table
     async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
         for _ in range(2):
             assert rows(await runtime.listing.list_children("p")) == [

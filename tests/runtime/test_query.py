@@ -95,9 +95,9 @@ async def test_a_differing_live_header_is_a_conflict_not_a_failure(tmp_path: Pat
         def get(self, sid: str) -> None:
             return None
 
-    query = SessionQuery(base, FakeSessions(), ProjectionRegistry([]))  # type: ignore[arg-type]
+    query = SessionQuery(base, FakeSessions(), ProjectionRegistry([]))  # type: ignore[arg-type]  # a stand-in with just list() and get()
     (record,) = await query.list_sessions()
-    assert record.conflict and record.live and record.header.created_at == 11  # type: ignore[union-attr]
+    assert record.conflict and record.live and record.header.created_at == 11  # type: ignore[union-attr]  # a live record always has a header
 
 
 async def test_an_unreadable_root_and_an_abort_fail_the_listing(tmp_path: Path) -> None:

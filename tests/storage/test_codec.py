@@ -388,7 +388,7 @@ def test_surface_op_is_forbidden_on_other_types(type_: str) -> None:
     data = NON_SURFACE_EXAMPLES[type_]
     for op in ("append", ReplaceOp(op="replace", start_seq=0, end_seq=1)):
         with pytest.raises(InvalidEvent):
-            make_event(SEQ, type_, TIME, data, surface_op=op)  # type: ignore[arg-type]
+            make_event(SEQ, type_, TIME, data, surface_op=op)  # type: ignore[arg-type]  # deliberately invalid surface ops: the refusal under test
         with pytest.raises(msgspec.ValidationError):
             decode_event(_line(_envelope(type_, data, surface_op=msgspec.to_builtins(op))))
 

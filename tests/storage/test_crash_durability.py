@@ -462,7 +462,7 @@ class SelectiveCrashFs(CrashFs):
         super().__init__()
         self.role = role
 
-    def open(self, path: str, mode: OpenMode) -> File:  # type: ignore[override]
+    def open(self, path: str, mode: OpenMode) -> File:  # type: ignore[override]  # a counting stand-in with a looser signature
         file = super().open(path, mode)
         if mode == "create":  # publication's temp file: fsync 1 publishes, later ones append
             return _DroppingFile(file, drop_first=self.role == "publish", drop_rest=self.role == "append")

@@ -86,7 +86,7 @@ class Counting:
         self.read_from: defaultdict[str, list[int]] = defaultdict(list)
 
     def open(self, path: str, mode: Any) -> Any:
-        file = super().open(path, mode)  # type: ignore[misc]
+        file = super().open(path, mode)  # type: ignore[misc]  # OsFs.open returns the File it opened
         self.opened.append(path)
         return CountingFile(file, self, path)
 

@@ -237,7 +237,7 @@ def test_sequence_conflict_reports_what_was_expected(store: LogStore) -> None:
         pytest.param([Batch(Offset(0), [turn(0), turn(0)])], id="repeat-inside"),
         pytest.param([Batch(Offset(0), [turn(1), turn(0)])], id="reversed"),
         pytest.param([batch(0, 1), Batch(Offset(1), [turn(2)])], id="second-batch-mismatch"),
-        pytest.param([Batch(Offset(0), [{"seq": 0}])], id="not-an-event"),  # type: ignore[list-item]
+        pytest.param([Batch(Offset(0), [{"seq": 0}])], id="not-an-event"),  # type: ignore[list-item]  # deliberately not an Event: the refusal under test
     ],
 )
 def test_batch_whose_events_do_not_match_its_expected_seq_is_refused(store: LogStore, batches: list[Batch]) -> None:

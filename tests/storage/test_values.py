@@ -306,12 +306,12 @@ def test_full_header_is_accepted() -> None:
 def test_header_is_frozen() -> None:
     header = SessionHeader(id=SessionId("s"), created_at=0)
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
-        header.created_at = 5  # type: ignore[misc]
+        header.created_at = 5  # type: ignore[misc]  # assigning to a frozen field: the refusal under test
 
 
 def test_header_is_keyword_only() -> None:
     with pytest.raises(TypeError):
-        SessionHeader("s", 0)  # type: ignore[misc]
+        SessionHeader("s", 0)  # type: ignore[misc]  # positional arguments: the refusal under test
 
 
 @pytest.mark.parametrize(
@@ -339,7 +339,7 @@ def test_header_is_keyword_only() -> None:
 def test_invalid_header_values_are_refused(changes: dict[str, object]) -> None:
     fields: dict[str, object] = {"id": "s", "created_at": 1789000000000, **changes}
     with pytest.raises(ValueError):
-        SessionHeader(**fields)  # type: ignore[arg-type]
+        SessionHeader(**fields)  # type: ignore[arg-type]  # deliberately wrong field types: the refusal under test
 
 
 @pytest.mark.parametrize(
@@ -363,7 +363,7 @@ def test_invalid_header_values_are_refused(changes: dict[str, object]) -> None:
 def test_header_fields_of_the_wrong_type_are_refused(changes: dict[str, object]) -> None:
     fields: dict[str, object] = {"id": "s", "created_at": 1789000000000, **changes}
     with pytest.raises((TypeError, ValueError)):
-        SessionHeader(**fields)  # type: ignore[arg-type]
+        SessionHeader(**fields)  # type: ignore[arg-type]  # deliberately wrong field types: the refusal under test
 
 
 @pytest.mark.parametrize(
@@ -376,11 +376,11 @@ def test_header_fields_of_the_wrong_type_are_refused(changes: dict[str, object])
 def test_header_accepts_valid_ids_with_awkward_characters(changes: dict[str, object]) -> None:
     fields: dict[str, object] = {"id": "s", "created_at": 0, **changes}
     # Valid ids with awkward characters are accepted: the encoding makes them safe.
-    SessionHeader(**fields)  # type: ignore[arg-type]
+    SessionHeader(**fields)  # type: ignore[arg-type]  # fields from the test table
 
 
 @pytest.mark.parametrize("field", ["id", "parent_session"])
 def test_header_refuses_invalid_ids_with_invalid_session_id(field: str) -> None:
     fields: dict[str, object] = {"id": "s", "created_at": 0, field: "bad\x7f"}
     with pytest.raises(InvalidSessionId):
-        SessionHeader(**fields)  # type: ignore[arg-type]
+        SessionHeader(**fields)  # type: ignore[arg-type]  # deliberately wrong field types: the refusal under test

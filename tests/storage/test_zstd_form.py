@@ -891,7 +891,7 @@ def test_both_forms_in_one_folder_are_corruption(
     plant(fs, SID, data, ZST)
     plant(fs, SID, plain, PLAIN)
     plant(fs, SIBLING, sibling)
-    store = FileLogStore(fs=fs, compression=compression)  # type: ignore[arg-type]
+    store = FileLogStore(fs=fs, compression=compression)  # type: ignore[arg-type]  # compression is a str from the test table
     for op, fn in (
         ("open_read", lambda: store.open_read(SID)),
         ("open_write", lambda: store.open_write(SID)),
@@ -915,7 +915,7 @@ def test_a_published_zstd_session_refuses_a_plain_log_planted_beside_it() -> Non
     fs.write_bytes(log_path(SID, PLAIN), header_line(SID))
     with pytest.raises(CorruptLog):
         read_all(store, SID)
-    assert store.stat(SID) is not None and store.stat(SID).damage == "corrupt"  # type: ignore[union-attr]
+    assert store.stat(SID) is not None and store.stat(SID).damage == "corrupt"  # type: ignore[union-attr]  # stat() is not None (asserted just before)
     store.close(handle)
 
 
@@ -969,7 +969,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
 
     def frame_end(view: memoryview, start: int) -> int | None:
         tally["frame_end calls"] += 1
-        return real_frame_end(_CountingView(view, tally), start)  # type: ignore[arg-type]
+        return real_frame_end(_CountingView(view, tally), start)  # type: ignore[arg-type]  # a counting view standing in for the memoryview
 
     real_decompressor = zstandard.ZstdDecompressor
 
