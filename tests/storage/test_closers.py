@@ -123,7 +123,7 @@ class Log:
 # --- expected closers, in their on-disk form ----------------------------------------------------
 
 
-def not_started(seq: int, time: int, turn: int, step: int, call_id: str) -> dict[str, Any]:
+def _closer(seq: int, time: int, turn: int, step: int, call_id: str, text: str, error: dict[str, str]) -> dict[str, Any]:
     return {
         "seq": seq,
         "type": "tool/result",
@@ -138,44 +138,27 @@ def not_started(seq: int, time: int, turn: int, step: int, call_id: str) -> dict
                     {
                         "type": "tool-result",
                         "call_id": call_id,
-                        "content": [{"type": "text", "text": NOT_STARTED_TEXT}],
+                        "content": [{"type": "text", "text": text}],
                         "is_error": True,
                     }
                 ],
                 "source": {"kind": "tool", "call_id": call_id},
             },
-            "error": {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"},
+            "error": error,
         },
         "surface_op": "append",
     }
+
+
+def not_started(seq: int, time: int, turn: int, step: int, call_id: str) -> dict[str, Any]:
+    return _closer(seq, time, turn, step, call_id, NOT_STARTED_TEXT,
+                   {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"})
 
 
 def outcome_unknown(seq: int, time: int, turn: int, step: int, call_id: str, call_seq: int) -> dict[str, Any]:
-    return {
-        "seq": seq,
-        "type": "tool/result",
-        "time": time,
-        "data": {
-            "turn": turn,
-            "step": step,
-            "message": {
-                "id": f"interrupted-tool-result-{call_id}-{seq}",
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool-result",
-                        "call_id": call_id,
-                        "content": [{"type": "text", "text": OUTCOME_UNKNOWN_TEXT}],
-                        "is_error": True,
-                    }
-                ],
-                "source": {"kind": "tool", "call_id": call_id},
-            },
-            "error": {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"},
-        },
-        "surface_op": "append",
-        "source_event_seqs": [call_seq],
-    }
+    closer = _closer(seq, time, turn, step, call_id, OUTCOME_UNKNOWN_TEXT,
+                     {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"})
+    return {**closer, "source_event_seqs": [call_seq]}
 
 
 def step_end(seq: int, time: int, turn: int, step: int) -> dict[str, Any]:
