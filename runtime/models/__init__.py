@@ -1,0 +1,1 @@
+"""Model transports: the seam (`base`), the keyless scripted model, the OpenAI-compatible client."""
