@@ -3,23 +3,30 @@
 It builds everything and passes it explicitly — the log store (and its index), the projection
 registry with the subagent units, the session store (which owns the actors' nursery), the cold
 reader, the session query and the listing service — and tears it down in reverse. Nothing below
-it reads the environment or a global registry. Models, clocks and ids arrive with the agent loop.
+it reads the environment or a global registry. The agents run in a nursery inside the session store's, so they stop (and close their
+turns) before their session actors do.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Literal
 
 import attrs
+import trio
 
 from subagents.actors import ColdReader, SessionStore, open_session_store
 from subagents.storage import FileLogStore, LogStore
 from subagents.storage.projection import ProjectionRegistry
 
+from .agent.loop import AgentConfig
+from .agent.registry import AgentRegistry
+from .agent.tools import ToolSet
+from .clock import Clock, RealClock
+from .ids import IdFactory, RandomIds
+from .models.base import Model
 from .query import SessionQuery
 from .subagents.listing import ListingService
 from .subagents.units import SUBAGENT_UNITS
@@ -35,32 +42,48 @@ class Runtime:
     sessions: SessionStore
     query: SessionQuery
     listing: ListingService
-
-
-def _wall_ms() -> Callable[[], int]:
-    """Wall-clock milliseconds, strictly increasing so that events keep their order."""
-    last = 0
-
-    def now_ms() -> int:
-        nonlocal last
-        last = max(last + 1, time.time_ns() // 1_000_000)
-        return last
-
-    return now_ms
+    agents: AgentRegistry
+    clock: Clock
 
 
 @asynccontextmanager
 async def open_runtime(
     root: str | os.PathLike[str],
     *,
+    model: Model | None = None,
+    clock: Clock | None = None,
+    id_factory: IdFactory | None = None,
     compression: Literal["zstd", "none"] = "zstd",
+    agent_config: AgentConfig | None = None,
+    tools: Callable[[], ToolSet] | None = None,
     log_store: LogStore | None = None,
     now_ms: Callable[[], int] | None = None,
 ) -> AsyncIterator[Runtime]:
+    """Open the runtime on `root`. `clock` and `id_factory` make runs deterministic; `now_ms`
+    overrides only the clock's readings (tests of the storage-facing layers use it)."""
     root = os.fspath(root)
+    clock = clock if clock is not None else RealClock()
     store = log_store if log_store is not None else FileLogStore(root, compression=compression)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
-    async with open_session_store(store, registry, now_ms=now_ms or _wall_ms()) as sessions:
+    async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
         query = SessionQuery(store, sessions, registry, cold_reader=ColdReader(store))
         listing = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
-        yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query, listing=listing)
+        # The body's own error is re-raised after the nursery closes, unchanged rather than
+        # wrapped in an ExceptionGroup (agents never raise out of their tasks).
+        body_error: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            agents = AgentRegistry(
+                sessions=sessions, log_store=store, clock=clock, id_factory=id_factory or RandomIds(),
+                model=model, config=agent_config or AgentConfig(), tools=tools or ToolSet, nursery=nursery,
+            )
+            try:
+                yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
+                              listing=listing, agents=agents, clock=clock)
+            except BaseException as exc:
+                body_error = exc
+            finally:
+                with trio.CancelScope(shield=True):
+                    await agents.aclose()
+                nursery.cancel_scope.cancel()
+        if body_error is not None:
+            raise body_error

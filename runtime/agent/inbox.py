@@ -1,0 +1,130 @@
+"""The agent inbox (SPEC 5.2): follow-ups for the next turn, steering and injections for the
+next step.
+
+- *follow-up*: queued for a later turn (one per turn, FIFO); wakes an idle agent.
+- *steer*: joins the next step of the running turn, or starts a turn when idle; wakes.
+- *inject*: joins the next step, whenever that is; does not wake.
+
+Bounded (default 64 queued deliveries): a sender waits for room under its `Abort`, and an abort
+set before the delivery is accepted raises `DeliveryCancelled` with nothing delivered.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from subagents.actors import Abort
+
+__all__ = ["Delivery", "DeliveryCancelled", "Inbox", "Mode", "Trigger"]
+
+Mode = Literal["follow-up", "steer", "inject"]
+Trigger = Literal["message", "notice", "resume"]
+
+
+class DeliveryCancelled(Exception):
+    """The sender's abort was set before the inbox accepted the delivery."""
+
+    def __init__(self) -> None:
+        super().__init__("message delivery was cancelled")
+
+
+@attrs.frozen(kw_only=True)
+class Delivery:
+    """One incoming message: written as a `user/message` when a step claims it."""
+
+    content: Sequence[Mapping[str, Any]]
+    source: Mapping[str, Any] = attrs.field(factory=lambda: {"kind": "user"})
+    source_event_seqs: Sequence[int] | None = None
+    trigger: Trigger = "message"
+
+
+class Inbox:
+    def __init__(self, capacity: int = 64) -> None:
+        if capacity < 1:
+            raise ValueError("inbox capacity must be at least 1")
+        self.capacity = capacity
+        self._next_turn: deque[Delivery] = deque()
+        self._next_step: deque[tuple[Delivery, bool]] = deque()  # (delivery, wakes)
+        self._changed = trio.lowlevel.ParkingLot()  # anything arrived or was claimed
+        self.received = 0  # deliveries accepted so far (scripted `wait_for: steered` counts them)
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._next_turn) + len(self._next_step)
+
+    def wakes(self) -> bool:
+        """Is there input that should start (or continue) a turn?"""
+        return bool(self._next_turn) or any(w for _d, w in self._next_step)
+
+    def steered(self) -> bool:
+        """Did steering arrive for the next step?"""
+        return any(w for _d, w in self._next_step)
+
+    async def put(self, delivery: Delivery, mode: Mode, abort: Abort | None = None) -> None:
+        while len(self) >= self.capacity:
+            await self._wait_changed(abort)
+        if abort is not None and abort.is_set():
+            raise DeliveryCancelled()
+        self.put_nowait(delivery, mode, force=True)
+
+    def put_nowait(self, delivery: Delivery, mode: Mode, *, force: bool = False) -> None:
+        """Accept at once; over capacity only with `force` (durable notices are never dropped)."""
+        if not force and len(self) >= self.capacity:
+            raise trio.WouldBlock
+        if mode == "follow-up":
+            self._next_turn.append(delivery)
+        elif mode == "steer":
+            self._next_step.append((delivery, True))
+        elif mode == "inject":
+            self._next_step.append((delivery, False))
+        else:
+            raise ValueError(f"unknown inbox mode {mode!r}")
+        self.received += 1
+        self._changed.unpark_all()
+
+    def claim_step(self) -> list[Delivery]:
+        """Everything queued for the next step."""
+        claimed = [d for d, _w in self._next_step]
+        self._next_step.clear()
+        if claimed:
+            self._changed.unpark_all()
+        return claimed
+
+    def claim_turn(self) -> list[Delivery]:
+        """The first step of a new turn: the next-step input plus one queued follow-up."""
+        claimed = self.claim_step()
+        if self._next_turn:
+            claimed.append(self._next_turn.popleft())
+            self._changed.unpark_all()
+        return claimed
+
+    async def wait_wake(self) -> None:
+        while not self.wakes():
+            await self._changed.park()
+
+    async def wait_received(self, count: int) -> None:
+        """Return once more than `count` deliveries have been accepted."""
+        while self.received <= count:
+            await self._changed.park()
+
+    async def _wait_changed(self, abort: Abort | None) -> None:
+        if abort is None:
+            await self._changed.park()
+            return
+        if abort.is_set():
+            raise DeliveryCancelled()
+        async with trio.open_nursery() as nursery:
+            async def on_abort() -> None:
+                await abort.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(on_abort)
+            await self._changed.park()
+            nursery.cancel_scope.cancel()
+        if abort.is_set():
+            raise DeliveryCancelled()

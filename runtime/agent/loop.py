@@ -1,0 +1,498 @@
+"""The agent loop: turns and steps over one session actor (SPEC 5.2).
+
+Theory of operation. One `Agent` drives one session. Its task waits for input that wakes it,
+claims the next-step input plus one follow-up, and runs a turn: `turn/start`, then steps —
+`step/start`, the claimed input as `user/message`s, one model call kept as `assistant/message`,
+each requested tool call as `tool/call` → run → `tool/result` (results in model order),
+`step/end` — while the model calls tools or steering arrives, then `turn/end {reason}`.
+Everything goes through the session actor, so each write is durable before the loop moves on;
+a `tool/call` is durable before its tool runs, so a crash leaves an outcome-unknown closer
+rather than a silent retry.
+
+Cancellation is two-phase: `cancel(cause)` sets the turn's `Abort` and cuts the model stream at
+once (the text streamed so far is kept as `assistant/message {interrupted: true}`); tools that
+are running get `tool_abort_grace` seconds of the runtime clock to return (what they return is
+recorded), then their scope is cancelled: a dispatched call with no result gets
+`Error: tool call was cancelled`, an undispatched one a `tool/call` and
+`Error: tool call aborted before dispatch`, and the turn ends `aborted` with its cause. Writes
+that close a turn run shielded, so the log and the in-memory surface never disagree.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
+from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
+
+from ..clock import Clock
+from ..models.base import Finish, Model, ModelError, ModelRequest, ModelWaits, TextDelta, ToolCallDelta, Usage
+from .compaction import CompactionPolicy, plan_compaction
+from .inbox import Delivery, Inbox, Mode
+from .messages import Surface, message, text_blocks, tool_result_message
+from .tools import ToolContext, ToolOutcome, ToolSet
+
+__all__ = ["Agent", "AgentConfig", "AgentStopped", "TurnResult"]
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+Cause = Literal["user", "parent", "disposed"]
+
+CANCELLED_TEXT = "tool call was cancelled"
+NOT_DISPATCHED_TEXT = "tool call aborted before dispatch"
+
+
+class AgentStopped(Exception):
+    """The agent cannot go on: its session actor stopped or its log could not be written."""
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    system_prompt: str | None = None
+    max_steps: int = 64
+    max_parallel_tools: int = 10
+    tool_abort_grace: float = 2.0
+    inbox_capacity: int = 64
+    compaction: CompactionPolicy | None = None
+
+
+@attrs.frozen(kw_only=True)
+class TurnResult:
+    turn: int
+    reason: Json  # the `turn/end` reason
+    text: str | None  # the text of the turn's last assistant message
+
+
+@attrs.define
+class _Call:
+    index: int
+    id: str
+    name: str
+    arguments: str
+    outcome: ToolOutcome | None = None
+    dispatched: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
+@attrs.define
+class _ModelReply:
+    text: str = ""
+    calls: list[_Call] = attrs.field(factory=list)
+    finish: str | None = None
+    usage: Json | None = None
+    error: str | None = None
+    interrupted: bool = False
+
+
+class _Waits:
+    """`wait_for` hooks of the scripted model, bound to one agent."""
+
+    def __init__(self, agent: Agent, settled: Callable[[str, str], Any] | None) -> None:
+        self._agent = agent
+        self._settled = settled
+        self.mark = 0
+
+    async def steered(self) -> None:
+        await self._agent.inbox.wait_received(self.mark)
+
+    async def settled(self, child: str) -> None:
+        if self._settled is None:
+            raise ModelError("wait_for settled needs the subagent service", code="MODEL_SCRIPT_WAIT")
+        await self._settled(self._agent.session_id, child)
+
+
+class Agent:
+    def __init__(
+        self,
+        session: SessionRef,
+        *,
+        model: Model,
+        tools: ToolSet,
+        clock: Clock,
+        config: AgentConfig = AgentConfig(),
+        events: Sequence[Event] = (),
+        label: str | None = None,
+        wait_settled: Callable[[str, str], Any] | None = None,
+    ) -> None:
+        self.session = session
+        self.session_id = session.session_id
+        self.model = model
+        self.tools = tools
+        self.clock = clock
+        self.config = config
+        self.label = label
+        self.inbox = Inbox(config.inbox_capacity)
+        self.surface = Surface.from_events(events, session_id=self.session_id)
+        self.turn = _last_turn(events)
+        self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
+        self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique
+        self.last_result: TurnResult | None = None
+        self.failure: BaseException | None = None
+        self._running = False
+        self._abort: Abort | None = None
+        self._cause: Cause = "user"
+        self._model_scope: trio.CancelScope | None = None
+        self._changed = trio.lowlevel.ParkingLot()
+        self._staged: list[EventDraft] = []
+        self._waits = _Waits(self, wait_settled)
+        self._stopped = False
+        self._scope = trio.CancelScope()
+
+    # --- the public face ------------------------------------------------------------------
+
+    @property
+    def status(self) -> Literal["running", "idle", "stopped"]:
+        if self._stopped:
+            return "stopped"
+        return "running" if self._running else "idle"
+
+    async def send(self, content: str | Sequence[Mapping[str, Any]], mode: Mode = "follow-up", *,
+                   abort: Abort | None = None, **fields: Any) -> None:
+        if self._stopped:
+            raise AgentStopped(f"agent {self.session_id!r} has stopped")
+        blocks = text_blocks(content) if isinstance(content, str) else [dict(b) for b in content]
+        await self.inbox.put(Delivery(content=blocks, **fields), mode, abort)
+
+    def cancel(self, cause: Cause = "user") -> bool:
+        """Stop the current turn (two-phase); False when no turn is running."""
+        abort = self._abort
+        if abort is None or abort.is_set():
+            return False
+        self._cause = cause
+        abort.set()
+        if self._model_scope is not None:
+            self._model_scope.cancel()
+        return True
+
+    async def wait_turn_closed(self) -> None:
+        """Wait until no turn is running (input may be waiting)."""
+        while not self._stopped and self._running:
+            await self._changed.park()
+
+    async def stop(self) -> None:
+        """Stop the driver now (a turn still open is closed by the next resume's closers)."""
+        self._scope.cancel()
+        while not self._stopped:
+            await self._changed.park()
+
+    async def wait_idle(self) -> TurnResult | None:
+        """Wait until no turn runs and no input would start one; the last turn's result."""
+        while not self._stopped and (self._running or self.inbox.wakes()):
+            await self._changed.park()
+        if self.failure is not None:
+            raise AgentStopped(f"agent {self.session_id!r} stopped: {self.failure}") from self.failure
+        return self.last_result
+
+    # --- the driver -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            with self._scope:
+                await self._drive()
+        except (ActorStopped, StorageError) as exc:
+            log.warning("agent %s stopped: %s", self.session_id, exc)
+            self.failure = exc
+        finally:
+            self._stopped = True
+            self._changed.unpark_all()
+
+    async def _drive(self) -> None:
+        while True:
+            await self.inbox.wait_wake()
+            claimed = self.inbox.claim_turn()
+            self._running = True
+            self._changed.unpark_all()
+            try:
+                self.last_result = await self._turn(claimed)
+            finally:
+                self._running = False
+                self._abort = None
+                self._changed.unpark_all()
+
+    async def _turn(self, claimed: list[Delivery]) -> TurnResult:
+        self.turn += 1
+        turn = self.turn
+        abort = self._abort = Abort()
+        self._cause = "user"
+        self._waits.mark = self.inbox.received
+        trigger = claimed[-1].trigger if claimed else "message"
+        self._stage("turn/start", {"turn": turn, "trigger": {"kind": trigger}})
+        reason: Json = {"kind": "completed"}
+        text: str | None = None
+        step = 0
+        pending = claimed
+        while True:
+            if abort.is_set():
+                reason = self._aborted()
+                break
+            if step >= self.config.max_steps:
+                reason = {"kind": "blocked", "message": f"the turn reached its step limit ({self.config.max_steps})"}
+                break
+            step += 1
+            await self._maybe_compact(turn, step, abort)
+            self._stage("step/start", {"turn": turn, "step": step})
+            self._stage_input(turn, step, pending)
+            await self._flush()
+            reply = await self._call_model(turn, step, abort)
+            if reply.text:
+                text = reply.text
+            await self._record_reply(turn, step, reply)
+            if reply.calls and not reply.interrupted and reply.error is None:
+                await self._run_tools(turn, step, reply.calls, abort)
+            self._stage("step/end", {"turn": turn, "step": step})
+            if reply.interrupted or abort.is_set():
+                reason = self._aborted()
+                break
+            if reply.error is not None:
+                reason = {"kind": "error", "message": reply.error}
+                break
+            if reply.finish == "max-tokens" and not reply.calls:
+                reason = {"kind": "max-tokens"}
+                break
+            if reply.calls or self.inbox.steered():
+                pending = self.inbox.claim_step()
+                continue
+            break
+        self._stage("turn/end", {"turn": turn, "reason": reason})
+        with trio.CancelScope(shield=True):
+            await self._flush()
+        return TurnResult(turn=turn, reason=reason, text=text)
+
+    def _aborted(self) -> Json:
+        return {"kind": "aborted", "cause": self._cause}
+
+    # --- writing --------------------------------------------------------------------------
+
+    def _stage(self, type: str, data: Json, **envelope: Any) -> None:
+        self._staged.append(EventDraft(type=type, data=data, time=self.clock.now_ms(), **envelope))
+
+    async def _flush(self) -> list[Event]:
+        if not self._staged:
+            return []
+        drafts, self._staged = self._staged, []
+        result = await self.session.append(drafts)
+        for event in result.events:
+            if event.type in _SURFACE:
+                self.surface.apply(event, session_id=self.session_id)
+        return list(result.events)
+
+    def _next_message_id(self) -> str:
+        self._messages += 1
+        return f"msg-{self._messages}"
+
+    def _stage_input(self, turn: int, step: int, deliveries: Sequence[Delivery]) -> None:
+        system = self.config.system_prompt
+        if step == 1 and system is not None and self.surface.last_system_text() != system:
+            msg = message(self._next_message_id(), "system", text_blocks(system), {"kind": "user"})
+            self._stage("system/message", {"turn": turn, "step": step, "message": msg}, surface_op="append")
+        for d in deliveries:
+            msg = message(self._next_message_id(), "user", d.content, d.source)
+            seqs = list(d.source_event_seqs) if d.source_event_seqs else None
+            self._stage("user/message", {"turn": turn, "step": step, "message": msg},
+                        surface_op="append", source_event_seqs=seqs)
+
+    # --- the model ------------------------------------------------------------------------
+
+    def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
+        return ModelRequest(
+            session_id=self.session_id,
+            messages=list(messages),
+            tools=self.tools.specs() if purpose == "turn" else (),
+            label=self.label,
+            created_at=self.session.header.created_at,
+            assistant_count=self.assistant_count,
+            clock=self.clock,
+            waits=self._waits,
+            purpose=purpose,
+        )
+
+    async def _call_model(self, turn: int, step: int, abort: Abort) -> _ModelReply:
+        reply = _ModelReply()
+        parts: list[str] = []
+        calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
+        with trio.CancelScope() as scope:
+            self._model_scope = scope
+            if abort.is_set():
+                scope.cancel()
+            try:
+                async with aclosing(self.model.stream(self._request("turn", self.surface.messages()))) as stream:
+                    async for chunk in stream:
+                        if isinstance(chunk, TextDelta):
+                            parts.append(chunk.text)
+                        elif isinstance(chunk, ToolCallDelta):
+                            slot = calls.setdefault(chunk.index, [None, None, []])
+                            slot[0] = slot[0] or chunk.id
+                            slot[1] = slot[1] or chunk.name
+                            slot[2].append(chunk.arguments)
+                        elif isinstance(chunk, Usage):
+                            reply.usage = {"input_tokens": chunk.input_tokens, "output_tokens": chunk.output_tokens}
+                        elif isinstance(chunk, Finish):
+                            reply.finish = chunk.reason
+            except ModelError as exc:
+                reply.error = exc.message
+            except Exception as exc:  # a transport bug must end the turn, not the runtime
+                log.exception("model transport failed for session %s", self.session_id)
+                reply.error = f"model call failed: {type(exc).__name__}: {exc}"
+        self._model_scope = None
+        reply.text = "".join(parts)
+        if scope.cancelled_caught or abort.is_set():
+            reply.interrupted = True
+            return reply
+        if reply.error is None and reply.finish is None:
+            reply.error = "the model stream ended without a finish"
+        n = self.assistant_count + 1
+        for i, index in enumerate(sorted(calls), start=1):
+            call_id, name, fragments = calls[index]
+            reply.calls.append(_Call(i - 1, call_id or f"call_{n}_{i}", name or "", "".join(fragments)))
+        return reply
+
+    async def _record_reply(self, turn: int, step: int, reply: _ModelReply) -> None:
+        content: list[Json] = text_blocks(reply.text) if reply.text else []
+        if reply.interrupted or reply.error is not None:
+            if not reply.text:
+                return  # nothing visible was produced: no assistant message
+            reply.calls = []
+            finish = "aborted" if reply.interrupted else "error"
+        else:
+            content += [{"type": "tool-call", "id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.calls]
+            finish = "tool-calls" if reply.calls else (reply.finish or "stop")
+        data: Json = {"turn": turn, "step": step,
+                      "message": message(self._next_message_id(), "assistant", content, {"kind": "model"}),
+                      "finish": finish}
+        if reply.usage is not None:
+            data["usage"] = reply.usage
+        if reply.interrupted:
+            data["interrupted"] = True
+        self._stage("assistant/message", data, surface_op="append")
+        self.assistant_count += 1
+        if not reply.calls:
+            return
+        with trio.CancelScope(shield=True):
+            await self._flush()
+
+    # --- tools ----------------------------------------------------------------------------
+
+    async def _run_tools(self, turn: int, step: int, calls: list[_Call], abort: Abort) -> None:
+        limiter = trio.CapacityLimiter(self.config.max_parallel_tools)
+        with trio.CancelScope() as tools_scope:
+            async with trio.open_nursery() as watch:
+                watch.start_soon(self._grace, abort, tools_scope)
+                for group in _groups(calls, self.tools.parallel_safe):
+                    if abort.is_set():
+                        break
+                    for call in group:
+                        self._stage("tool/call", {"turn": turn, "step": step, "call_id": call.id,
+                                                  "name": call.name, "arguments": call.arguments})
+                        call.dispatched = True
+                    with trio.CancelScope(shield=True):
+                        await self._flush()
+                    async with trio.open_nursery() as pool:
+                        for call in group:
+                            pool.start_soon(self._execute, turn, step, call, abort, limiter)
+                        for call in group:
+                            await call.done.wait()
+                            await self._record_result(turn, step, call)
+                watch.cancel_scope.cancel()
+        for call in calls:
+            if call.outcome is not None:
+                continue
+            if call.dispatched:
+                call.outcome = ToolOutcome.failure(CANCELLED_TEXT, name="ToolCancelledError", code="CANCELLED")
+            else:
+                self._stage("tool/call", {"turn": turn, "step": step, "call_id": call.id,
+                                          "name": call.name, "arguments": call.arguments})
+                call.outcome = ToolOutcome.failure(NOT_DISPATCHED_TEXT, name="ToolAbortedError",
+                                                   code="ABORTED_BEFORE_DISPATCH")
+            await self._record_result(turn, step, call)
+
+    async def _grace(self, abort: Abort, scope: trio.CancelScope) -> None:
+        await abort.wait()
+        await self.clock.sleep(self.config.tool_abort_grace)
+        scope.cancel()
+
+    async def _execute(self, turn: int, step: int, call: _Call, abort: Abort, limiter: trio.CapacityLimiter) -> None:
+        ctx = ToolContext(session_id=self.session_id, call_id=call.id, turn=turn, step=step, abort=abort, agent=self)
+        async with limiter:
+            call.outcome = await self.tools.execute(call.name, call.arguments, ctx)
+        call.done.set()
+
+    async def _record_result(self, turn: int, step: int, call: _Call) -> None:
+        outcome = call.outcome
+        assert outcome is not None
+        data: Json = {"turn": turn, "step": step,
+                      "message": tool_result_message(self._next_message_id(), call.id, outcome.content,
+                                                     is_error=outcome.is_error)}
+        if outcome.error is not None:
+            data["error"] = outcome.error
+        self._stage("tool/result", data, surface_op="append")
+        with trio.CancelScope(shield=True):
+            await self._flush()
+
+    # --- compaction -----------------------------------------------------------------------
+
+    async def _maybe_compact(self, turn: int, step: int, abort: Abort) -> None:
+        policy = self.config.compaction
+        if policy is None or abort.is_set() or self.surface.size() <= policy.max_chars:
+            return
+        plan = plan_compaction(self.surface.nodes, keep_recent=policy.keep_recent)
+        if plan is None:
+            return
+        self._stage("compaction/start", {"turn": turn})
+        summary = await self._summarize([n.message for n in plan.nodes], abort)
+        if summary is None:
+            self._staged.pop()  # no summary, no compaction: the log shows none of it
+            return
+        self._stage("compaction/summary", {"text": summary})
+        replacement = message(self._next_message_id(), "user",
+                              text_blocks(f"<compacted-summary>{summary}</compacted-summary>"),
+                              {"kind": "compaction"})
+        self._stage("user/message", {"turn": turn, "step": step, "message": replacement},
+                    surface_op=ReplaceOp(op="replace", start_seq=plan.start_seq, end_seq=plan.end_seq),
+                    source_event_seqs=[n.seq for n in plan.nodes])
+        self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
+
+    async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
+        parts: list[str] = []
+        with trio.CancelScope() as scope:
+            self._model_scope = scope
+            try:
+                async with aclosing(self.model.stream(self._request("compaction", messages))) as stream:
+                    async for chunk in stream:
+                        if isinstance(chunk, TextDelta):
+                            parts.append(chunk.text)
+            except ModelError as exc:
+                log.warning("compaction of session %s failed: %s", self.session_id, exc.message)
+                return None
+        self._model_scope = None
+        if scope.cancelled_caught or abort.is_set() or not parts:
+            return None
+        return "".join(parts)
+
+
+_SURFACE = frozenset({"system/message", "user/message", "assistant/message", "tool/result"})
+
+
+def _last_turn(events: Sequence[Event]) -> int:
+    for event in reversed(events):
+        if event.type == "turn/start":
+            return int(decode_payload(event).turn)
+    return 0
+
+
+def _groups(calls: list[_Call], parallel_safe: Callable[[str], bool]) -> list[list[_Call]]:
+    """Consecutive parallel-safe calls run together; an exclusive call runs alone (a barrier)."""
+    groups: list[list[_Call]] = []
+    for call in calls:
+        if parallel_safe(call.name) and groups and parallel_safe(groups[-1][0].name):
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+    return groups

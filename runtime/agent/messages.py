@@ -1,0 +1,124 @@
+"""Message values and the surface: what the model sees of a session (SPEC 3.2, 5.2).
+
+Messages are plain JSON values, exactly as logged: `{id, role, content: [blocks], source}`.
+The *surface* is the sequence of surface events after applying their `surface_op`s — `append`
+adds a node, `replace {start_seq, end_seq}` swaps the nodes of that seq range for one node (a
+compaction summary). Pure and synchronous: rebuilt from a log on resume, then kept up to date
+by the loop as it appends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import msgspec
+
+from subagents.storage import UNSET, Event, ReplaceOp, decode_payload
+
+__all__ = [
+    "Surface",
+    "SurfaceNode",
+    "message",
+    "message_text",
+    "text_blocks",
+    "tool_result_message",
+]
+
+Json = dict[str, Any]
+
+
+def text_blocks(*texts: str) -> list[Json]:
+    return [{"type": "text", "text": t} for t in texts]
+
+
+def message(msg_id: str, role: str, content: Sequence[Mapping[str, Any]], source: Mapping[str, Any]) -> Json:
+    return {"id": msg_id, "role": role, "content": [dict(b) for b in content], "source": dict(source)}
+
+
+def tool_result_message(msg_id: str, call_id: str, content: Sequence[Mapping[str, Any]], *, is_error: bool) -> Json:
+    block = {"type": "tool-result", "call_id": call_id, "content": [dict(b) for b in content], "is_error": is_error}
+    return message(msg_id, "user", [block], {"kind": "tool", "call_id": call_id})
+
+
+def message_text(msg: Mapping[str, Any], *, sep: str = "\n") -> str:
+    """The text blocks of a message joined with `sep` (tool-result contents included)."""
+    return sep.join(_texts(msg.get("content", ())))
+
+
+def _texts(blocks: Iterable[Mapping[str, Any]]) -> Iterable[str]:
+    for block in blocks:
+        if block.get("type") == "text":
+            yield block["text"]
+        elif block.get("type") == "tool-result":
+            yield from _texts(block.get("content", ()))
+
+
+@attrs.frozen
+class SurfaceNode:
+    seq: int
+    type: str
+    message: Json
+
+
+class Surface:
+    """The surface nodes of one session, in order."""
+
+    def __init__(self) -> None:
+        self.nodes: list[SurfaceNode] = []
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event], *, session_id: str = "") -> Surface:
+        surface = cls()
+        for event in events:
+            if event.surface_op is not UNSET:
+                surface.apply(event, session_id=session_id)
+        return surface
+
+    def apply(self, event: Event, *, session_id: str = "") -> None:
+        payload = decode_payload(event, session_id=session_id)
+        self.add(event.seq, event.type, _to_json(payload.message), event.surface_op)
+
+    def add(self, seq: int, type: str, msg: Json, op: object = "append") -> None:
+        node = SurfaceNode(seq, type, msg)
+        if isinstance(op, ReplaceOp):
+            kept = [n for n in self.nodes if not op.start_seq <= n.seq <= op.end_seq]
+            at = next((i for i, n in enumerate(self.nodes) if n.seq >= op.start_seq), len(self.nodes))
+            before = sum(1 for n in self.nodes[:at] if not op.start_seq <= n.seq <= op.end_seq)
+            kept.insert(before, node)
+            self.nodes = kept
+        else:
+            self.nodes.append(node)
+
+    def messages(self) -> list[Json]:
+        return [n.message for n in self.nodes]
+
+    def last_system_text(self) -> str | None:
+        for node in reversed(self.nodes):
+            if node.type == "system/message":
+                return message_text(node.message)
+        return None
+
+    def size(self) -> int:
+        """A cheap measure of the history's weight: characters of text, arguments and ids."""
+        total = 0
+        for node in self.nodes:
+            for block in node.message["content"]:
+                total += _block_size(block)
+        return total
+
+
+def _block_size(block: Mapping[str, Any]) -> int:
+    kind = block.get("type")
+    if kind == "text":
+        return len(block["text"])
+    if kind == "tool-call":
+        return len(block["arguments"]) + len(block["name"])
+    if kind == "tool-result":
+        return sum(_block_size(b) for b in block["content"])
+    return 0
+
+
+def _to_json(value: Any) -> Any:
+    return msgspec.to_builtins(value)

@@ -1,0 +1,174 @@
+"""The agent registry: creates and resumes agents and owns the nursery they run in (SPEC 5.2).
+
+One agent per session id. `create` draws a fresh id (skipping any that is live or on disk, so a
+deterministic id factory restarted in a new process never collides), builds the header from the
+runtime clock and publishes it with the first append; `resume` opens a persisted session,
+appends the interrupted closers durably first (SPEC 3.4), and rebuilds the surface from the
+log. `status(id)` answers `running` / `idle` for resident agents; `close` stops every agent
+(`disposed`), waits a bounded time, and releases their sessions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import msgspec
+import trio
+
+from subagents.actors import EventDraft, SessionStore
+from subagents.storage import (
+    Event,
+    UNSET,
+    LogStore,
+    PersistenceFailed,
+    SessionHeader,
+    SessionNotFound,
+    interrupted_closers,
+)
+
+from ..clock import Clock
+from ..ids import IdFactory
+from ..models.base import Model
+from .loop import Agent, AgentConfig
+from .tools import ToolSet
+
+__all__ = ["AgentError", "AgentRegistry"]
+
+log = logging.getLogger(__name__)
+
+
+class AgentError(Exception):
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+@attrs.define(eq=False)
+class AgentRegistry:
+    sessions: SessionStore
+    log_store: LogStore
+    clock: Clock
+    id_factory: IdFactory
+    model: Model | None
+    config: AgentConfig
+    tools: Callable[[], ToolSet]
+    _nursery: trio.Nursery
+    wait_settled: Callable[[str, str], Any] | None = None
+    drain_grace: float = 5.0
+    _agents: dict[str, Agent] = attrs.field(factory=dict)
+
+    def get(self, session_id: str) -> Agent | None:
+        agent = self._agents.get(session_id)
+        return agent if agent is not None and agent.status != "stopped" else None
+
+    def status(self, session_id: str) -> str | None:
+        agent = self.get(session_id)
+        return None if agent is None else agent.status
+
+    def list(self) -> list[Agent]:
+        return [a for a in self._agents.values() if a.status != "stopped"]
+
+    async def new_id(self) -> str:
+        for _ in range(1000):
+            candidate = self.id_factory()
+            if self.sessions.get(candidate) is None and not await self._exists(candidate):
+                return candidate
+        raise AgentError("the id factory keeps proposing ids that already exist", "ID_EXHAUSTED")
+
+    async def _exists(self, session_id: str) -> bool:
+        try:
+            await trio.to_thread.run_sync(self.log_store.stat, session_id)
+        except SessionNotFound:
+            return False
+        except PersistenceFailed:
+            return False  # no root yet (create makes it), or unreadable: create then says why
+        return True
+
+    async def create(
+        self,
+        *,
+        session_id: str | None = None,
+        cwd: str | None = None,
+        parent_session: str | None = None,
+        origin: str | None = None,
+        delegation_depth: int = 0,
+        agent_preset: str | None = None,
+        inherited: Sequence[Event] = (),
+        first: Sequence[EventDraft] = (),
+        label: str | None = None,
+        model: Model | None = None,
+        config: AgentConfig | None = None,
+        tools: ToolSet | None = None,
+    ) -> Agent:
+        """A new session and its agent. `first` events are published with the session."""
+        sid = session_id if session_id is not None else await self.new_id()
+        header = SessionHeader(
+            id=sid, created_at=self.clock.now_ms(), is_seeded=bool(inherited), delegation_depth=delegation_depth,
+            cwd=cwd, parent_session=parent_session, origin=origin, agent_preset=agent_preset,  # type: ignore[arg-type]  # validated by SessionHeader
+        )
+        ref = await self.sessions.create(header, inherited=inherited)
+        events: list[Event] = list(inherited)
+        if first:
+            result = await ref.append(list(first))
+            events.extend(result.events)
+        return await self._start(ref, events, label=label, model=model, config=config, tools=tools)
+
+    async def resume(self, session_id: str, *, label: str | None = None, model: Model | None = None,
+                     config: AgentConfig | None = None, tools: ToolSet | None = None) -> Agent:
+        live = self.get(session_id)
+        if live is not None:
+            return live
+        ref = await self.sessions.open(session_id)
+        events = await trio.to_thread.run_sync(self._read_all, session_id)
+        closers = interrupted_closers(events, session_id=session_id)
+        if closers:
+            result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
+            events.extend(result.events)
+        return await self._start(ref, events, label=label, model=model, config=config, tools=tools)
+
+    def _read_all(self, session_id: str) -> list[Event]:
+        handle = self.log_store.open_read(session_id)
+        try:
+            return list(self.log_store.read(handle))
+        finally:
+            self.log_store.close(handle)
+
+    async def _start(self, ref: Any, events: list[Event], *, label: str | None, model: Model | None,
+                     config: AgentConfig | None, tools: ToolSet | None) -> Agent:
+        chosen = model if model is not None else self.model
+        if chosen is None:
+            raise AgentError("no model is configured: pass open_runtime(model=...)", "NO_MODEL")
+        agent = Agent(ref, model=chosen, tools=tools if tools is not None else self.tools(), clock=self.clock,
+                      config=config or self.config, events=events, label=label, wait_settled=self.wait_settled)
+        await self._nursery.start(agent.run)
+        self._agents[ref.session_id] = agent
+        return agent
+
+    async def stop(self, session_id: str, *, cause: str = "disposed") -> None:
+        """Cancel the agent's turn with `cause`, wait (bounded) for it to close, release the session."""
+        agent = self._agents.pop(session_id, None)
+        if agent is not None:
+            agent.cancel(cause)  # type: ignore[arg-type]  # one of the three causes
+            with trio.move_on_after(self.drain_grace):
+                await agent.wait_turn_closed()
+            await agent.stop()
+        await self.sessions.release(session_id)
+
+    async def aclose(self) -> None:
+        for session_id in list(self._agents):
+            await self.stop(session_id)
+
+
+def _as_draft(event: Event) -> EventDraft:
+    return EventDraft(
+        type=event.type,
+        data=msgspec.json.decode(event.data),
+        time=event.time,
+        ignorable=event.ignorable is True,
+        surface_op=None if event.surface_op is UNSET else event.surface_op,
+        source_event_seqs=None if event.source_event_seqs is UNSET else list(event.source_event_seqs),
+    )

@@ -1,0 +1,274 @@
+"""The tool framework below the agent loop (SPEC 5.2, 5.5).
+
+A tool has a name, a description, JSON-schema parameters and an async `run(args, ctx)` that
+returns text (or text blocks). The framework parses the model's raw argument string, validates
+it against the schema, runs the tool and renders the outcome to content blocks. Every failure
+the model could cause or should hear about — unknown tool, malformed JSON, wrong types, a tool
+raising — becomes an error result `Error: <message>` with `error: {name, code}`, so the model can
+read it and the turn goes on. `trio.Cancelled` is never caught.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from subagents.actors import Abort
+
+from ..models.base import ToolSpec
+from .messages import text_blocks
+
+__all__ = [
+    "FunctionTool",
+    "Tool",
+    "ToolContext",
+    "ToolFailure",
+    "ToolOutcome",
+    "ToolSet",
+    "check_schema",
+    "validate_arguments",
+]
+
+Json = dict[str, Any]
+ToolOutput = str | Sequence[Mapping[str, Any]]
+
+
+class ToolFailure(Exception):
+    """Raised by a tool to fail its call with a readable message and a stable code."""
+
+    def __init__(self, message: str, *, code: str, name: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.error_name = name or type(self).__name__
+
+
+@attrs.frozen(kw_only=True)
+class ToolContext:
+    session_id: str
+    call_id: str
+    turn: int
+    step: int
+    abort: Abort  # the turn's: set when the turn is cancelled (phase one of SPEC 5.2)
+    agent: Any = None  # the calling agent, for tools that act on the runtime
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    parallel_safe: bool
+
+    async def run(self, args: Json, ctx: ToolContext) -> ToolOutput: ...
+
+
+@attrs.frozen(kw_only=True)
+class FunctionTool:
+    """A tool made from an async function `fn(args, ctx)`."""
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
+    fn: Callable[[Json, ToolContext], Awaitable[ToolOutput]]
+    parallel_safe: bool = True
+
+    async def run(self, args: Json, ctx: ToolContext) -> ToolOutput:
+        return await self.fn(args, ctx)
+
+
+@attrs.frozen
+class ToolOutcome:
+    content: list[Json]
+    is_error: bool = False
+    error: Json | None = None  # {name, code} on failure
+
+    @classmethod
+    def failure(cls, message: str, *, name: str, code: str) -> ToolOutcome:
+        return cls(text_blocks(f"Error: {message}"), True, {"name": name, "code": code})
+
+
+class ToolSet:
+    """The tools one agent may call, by name, in registration order."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool) -> None:
+        if not isinstance(tool.name, str) or not tool.name:
+            raise ValueError(f"a tool needs a non-empty name, got {tool.name!r}")
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is registered twice")
+        check_schema(tool.parameters, f"tool {tool.name!r} parameters")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def specs(self) -> list[ToolSpec]:
+        return [ToolSpec(t.name, t.description, t.parameters) for t in self._tools.values()]
+
+    def parallel_safe(self, name: str) -> bool:
+        tool = self._tools.get(name)
+        return tool is None or bool(tool.parallel_safe)  # an unknown tool fails at once: harmless
+
+    async def execute(self, name: str, raw_arguments: str, ctx: ToolContext) -> ToolOutcome:
+        tool = self._tools.get(name)
+        if tool is None:
+            return ToolOutcome.failure(f'unknown tool "{name}"', name="ToolNotFoundError", code="UNKNOWN_TOOL")
+        try:
+            args = _parse(raw_arguments)
+            validate_arguments(args, tool.parameters)
+        except _ArgumentsError as exc:
+            return ToolOutcome.failure(
+                f'invalid arguments for tool "{name}": {exc}', name="ToolArgumentsError", code="INVALID_ARGUMENTS"
+            )
+        try:
+            output = await tool.run(args, ctx)
+        except ToolFailure as exc:
+            return ToolOutcome.failure(exc.message, name=exc.error_name, code=exc.code)
+        except Exception as exc:  # a tool's own bug or IO error: the model hears about it
+            return ToolOutcome.failure(str(exc) or type(exc).__name__, name=type(exc).__name__, code="TOOL_FAILED")
+        return ToolOutcome(_render(name, output))
+
+
+def _render(name: str, output: ToolOutput) -> list[Json]:
+    if isinstance(output, str):
+        return text_blocks(output)
+    blocks = [dict(b) for b in output]
+    for block in blocks:
+        if block.get("type") != "text" or not isinstance(block.get("text"), str) or len(block) != 2:
+            raise TypeError(f"tool {name!r} returned a block that is not a text block: {block!r}")
+    return blocks
+
+
+class _ArgumentsError(ValueError):
+    pass
+
+
+def _parse(raw: str) -> Json:
+    if not isinstance(raw, str):
+        raise _ArgumentsError("arguments must be a JSON string")
+    text = raw.strip() or "{}"  # some models send "" for a tool without parameters
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise _ArgumentsError(f"malformed JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise _ArgumentsError(f"expected a JSON object, got {_kind(value)}")
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# --- a small JSON-schema subset: enough for tool parameters, strict where it matters ---------
+
+_KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "enum", "items", "description",
+    "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "default", "title",
+})
+_TYPES = frozenset({"object", "string", "integer", "number", "boolean", "array", "null"})
+
+
+def check_schema(schema: Mapping[str, Any], where: str) -> None:
+    """Refuse a parameters schema the validator would not honour (a typo must not pass silently)."""
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+        raise ValueError(f"{where}: the schema must be an object schema ({{'type': 'object', ...}})")
+    _check_node(schema, where)
+
+
+def _check_node(schema: Any, where: str) -> None:
+    if not isinstance(schema, Mapping):
+        raise ValueError(f"{where}: a schema must be an object")
+    unknown = set(schema) - _KEYWORDS
+    if unknown:
+        raise ValueError(f"{where}: unsupported schema keywords {sorted(unknown)}")
+    types = schema.get("type")
+    for t in [types] if isinstance(types, str) else (types or []):
+        if t not in _TYPES:
+            raise ValueError(f"{where}: unknown type {t!r}")
+    for key, sub in (schema.get("properties") or {}).items():
+        _check_node(sub, f"{where}.{key}")
+    if "items" in schema:
+        _check_node(schema["items"], f"{where}[]")
+
+
+def validate_arguments(value: Any, schema: Mapping[str, Any], path: str = "$") -> None:
+    """Raise a readable error naming the JSON path of the first mismatch."""
+    types = schema.get("type")
+    if types is not None:
+        allowed = [types] if isinstance(types, str) else list(types)
+        if not any(_is(value, t) for t in allowed):
+            raise _ArgumentsError(f"{path} must be {' or '.join(allowed)}, got {_kind(value)}")
+    if "enum" in schema and value not in schema["enum"]:
+        raise _ArgumentsError(f"{path} must be one of {json.dumps(schema['enum'])}")
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for key in schema.get("required") or ():
+            if key not in value:
+                raise _ArgumentsError(f"{path}.{key} is required")
+        for key, item in value.items():
+            if key in props:
+                validate_arguments(item, props[key], f"{path}.{key}")
+            elif schema.get("additionalProperties") is False:
+                raise _ArgumentsError(f"{path}.{key} is not a known parameter")
+    elif isinstance(value, list):
+        if "items" in schema:
+            for i, item in enumerate(value):
+                validate_arguments(item, schema["items"], f"{path}[{i}]")
+        _bounds(len(value), schema, "minItems", "maxItems", path, "items")
+    elif isinstance(value, str):
+        _bounds(len(value), schema, "minLength", "maxLength", path, "characters")
+    elif _is(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            raise _ArgumentsError(f"{path} must be >= {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise _ArgumentsError(f"{path} must be <= {schema['maximum']}")
+
+
+def _bounds(n: int, schema: Mapping[str, Any], lo: str, hi: str, path: str, unit: str) -> None:
+    if lo in schema and n < schema[lo]:
+        raise _ArgumentsError(f"{path} must have at least {schema[lo]} {unit}")
+    if hi in schema and n > schema[hi]:
+        raise _ArgumentsError(f"{path} must have at most {schema[hi]} {unit}")
+
+
+def _is(value: Any, t: str) -> bool:
+    if t == "object":
+        return isinstance(value, dict)
+    if t == "array":
+        return isinstance(value, list)
+    if t == "string":
+        return isinstance(value, str)
+    if t == "boolean":
+        return isinstance(value, bool)
+    if t == "null":
+        return value is None
+    if isinstance(value, bool):
+        return False
+    if t == "integer":
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer() and math.isfinite(value))
+    if t == "number":
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return False
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string", int: "integer", float: "number"}.get(type(value), type(value).__name__)

@@ -1,0 +1,552 @@
+"""The OpenAI-compatible chat-completions transport (SPEC 5.2): `POST <base_url>/chat/completions`
+with `stream: true`, read back as Server-Sent Events.
+
+Theory of operation. `stream(request)` converts the logged messages and tool specs to the chat
+format, then *connects*: it sends the request and waits for the response head. A 429, a 5xx, a
+connect error or a timeout before the head is retried with exponential backoff and jitter, slept
+on the request's clock (never `trio.sleep`, so scenario clocks make backoff free), honouring
+`Retry-After`/`retry-after-ms` up to `retry_after_max`. Once a 2xx event stream is accepted nothing
+is retried: the body is fed to a sans-IO parser (`_StreamParser`, over `sse.SSEDecoder`) that
+turns `data:` events into chunks — text deltas, tool-call deltas by index, then at `[DONE]` the
+last usage seen and exactly one `Finish`. Closing or cancelling the generator closes the response
+(shielded, bounded by `CLOSE_GRACE`), and the client too when the model made it.
+
+Errors, all `ModelError` with a one-line message naming the model and URL:
+
+    MODEL_AUTH                 401/403 (authentication failed; check the API key)
+    MODEL_NOT_FOUND            404 (wrong base URL or unknown model)
+    MODEL_HTTP_ERROR           any other non-2xx that is not retried (status + body excerpt),
+                               or a request httpx refuses to send
+    MODEL_UNAVAILABLE          429/5xx/connect errors/timeouts still failing after the retries
+                               (names the attempts and the last error)
+    MODEL_BAD_RESPONSE         a 2xx that is not `text/event-stream`, lines that are not SSE,
+                               or a body that cannot be decoded
+    MODEL_BAD_STREAM           an event's data is not JSON or not a chat-completion chunk, the
+                               provider reported an error inside the stream, or `[DONE]` came
+                               without any `finish_reason`
+    MODEL_STREAM_INTERRUPTED   the body broke (connection dropped, read timeout) or ended
+                               cleanly before both `[DONE]` and a `finish_reason`
+    MODEL_CONTENT_FILTERED     `finish_reason: content_filter`
+
+Finish reasons: `stop` → stop (tool-calls if the stream carried tool calls, for providers that
+say `stop` there), `tool_calls`/`function_call` → tool-calls, `length` → max-tokens; an unknown
+reason is read as tool-calls if tool calls were streamed, else stop. A body that ends cleanly
+after a `finish_reason` but without `[DONE]` is accepted (some compatible servers omit it).
+
+The API key is only ever put in the `Authorization` header: it is not kept in the repr, every
+message this module raises or logs is scrubbed of it, and logging (DEBUG on this module's
+logger) names the URL, status and attempt, never headers.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import random
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, Literal
+
+import httpx
+import msgspec
+import trio
+
+from subagents.runtime.clock import Clock
+from subagents.runtime.models.base import (
+    Chunk,
+    Finish,
+    ModelError,
+    ModelRequest,
+    TextDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent
+
+__all__ = ["CLOSE_GRACE", "DEFAULT_TIMEOUT", "OpenAIChatModel", "openai_messages", "openai_tools"]
+
+logger = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0)
+# Closing a response (or a client the model made) is awaited shielded, for at most this long.
+CLOSE_GRACE = 5.0
+_EXCERPT = 200
+_ERROR_BODY_LIMIT = 4096
+FinishReason = Literal["stop", "tool-calls", "max-tokens"]
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "tool_calls": "tool-calls", "function_call": "tool-calls", "length": "max-tokens"}
+
+
+class OpenAIChatModel:
+    """A `Model` speaking the OpenAI chat-completions streaming protocol.
+
+    Args:
+        model: the model name sent in the body (`gpt-4o-mini`, `deepseek-chat`, ...).
+        base_url: API root; requests go to `<base_url>/chat/completions`.
+        api_key: sent as `Authorization: Bearer <key>`; `None` or `""` sends no header.
+        max_retries: retries after the first attempt for 429/5xx/connect errors/timeouts.
+        backoff_base, backoff_max: the n-th retry waits `b/2 + uniform(0, b/2)` seconds with
+            `b = min(backoff_max, backoff_base * 2**(n-1))`, unless the server says how long.
+        retry_after_max: cap on a server's `Retry-After` / `retry-after-ms`.
+        timeout: httpx timeouts for every request (read = the longest gap between bytes).
+        client: an `httpx.AsyncClient` to reuse (pooled connections; the caller closes it).
+            Without one, each `stream` call makes a client and closes it.
+        rng: the jitter source (seed it for reproducible backoff).
+
+    Raises `ValueError` for an empty model, a non-http(s) base URL, a key that is not printable
+    ASCII, or negative retry settings.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        api_key: str | None,
+        max_retries: int = 4,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+        retry_after_max: float = 60.0,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        client: httpx.AsyncClient | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not model:
+            raise ValueError("model name must not be empty")
+        url = httpx.URL(base_url.rstrip("/"))
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if api_key and not all("!" <= ch <= "~" for ch in api_key):
+            raise ValueError("api_key must be printable ASCII without spaces")
+        if max_retries < 0 or backoff_base < 0 or backoff_max < 0 or retry_after_max < 0:
+            raise ValueError("max_retries, backoff_base, backoff_max and retry_after_max must be >= 0")
+        self.model = model
+        self.url = f"{url}/chat/completions"
+        self._api_key = api_key or None
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.retry_after_max = retry_after_max
+        self.timeout = timeout
+        self._client = client
+        self._rng = rng if rng is not None else random.Random()
+        self._ssl_context: Any = None
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key else "none"
+        return f"OpenAIChatModel(model={self.model!r}, url={self.url!r}, api_key={key})"
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """Stream one completion for `request`; see the module docstring for chunks and errors.
+
+        Use inside `contextlib.aclosing`; closing or cancelling it closes the HTTP response.
+        """
+        body = msgspec.json.encode(self._body(request))
+        owned = self._client is None
+        client = self._client if self._client is not None else self._new_client()
+        response: httpx.Response | None = None
+        try:
+            response = await self._connect(client, body, request.clock)
+            parser = _StreamParser()
+            async with aclosing(response.aiter_bytes()) as pieces:
+                while not parser.done:
+                    try:
+                        piece = await anext(pieces, None)
+                    except httpx.DecodingError as exc:
+                        raise self._error("MODEL_BAD_RESPONSE", f"cannot decode the body: {_describe(exc)}") from None
+                    except httpx.TransportError as exc:
+                        raise self._error(
+                            "MODEL_STREAM_INTERRUPTED",
+                            f"stream interrupted after {parser.events} events: {_describe(exc)}",
+                        ) from None
+                    try:
+                        chunks = parser.end() if piece is None else parser.feed(piece)
+                    except _StreamFault as fault:
+                        raise self._error(fault.code, fault.message) from None
+                    for chunk in chunks:
+                        yield chunk
+                    if piece is None:
+                        break
+        finally:
+            with trio.move_on_after(CLOSE_GRACE, shield=True):
+                if response is not None:
+                    await response.aclose()
+                if owned:
+                    await client.aclose()
+
+    # -- request -------------------------------------------------------------------------------
+
+    def _body(self, request: ModelRequest) -> Json:
+        body: Json = {
+            "model": self.model,
+            "messages": openai_messages(request.messages),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = openai_tools(request.tools)
+        return body
+
+    def _new_client(self) -> httpx.AsyncClient:
+        if self._ssl_context is None:  # loading the CA bundle is the slow part: do it once
+            self._ssl_context = httpx.create_ssl_context()
+        return httpx.AsyncClient(verify=self._ssl_context)
+
+    async def _connect(self, client: httpx.AsyncClient, body: bytes, clock: Clock) -> httpx.Response:
+        """Send until a 2xx event stream answers; retry what is transient, map the rest."""
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self._api_key is not None:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        attempts = self.max_retries + 1
+        last = ""
+        for attempt in range(1, attempts + 1):
+            logger.debug("POST %s (model %s), attempt %d of %d", self.url, self.model, attempt, attempts)
+            request = client.build_request("POST", self.url, content=body, headers=headers, timeout=self.timeout)
+            retry_after: float | None = None
+            try:
+                response = await client.send(request, stream=True)
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                last = _describe(exc)
+                logger.debug("POST %s failed: %s", self.url, self._redact(last))
+            except httpx.HTTPError as exc:
+                raise self._error("MODEL_HTTP_ERROR", f"request failed: {_describe(exc)}") from None
+            else:
+                status = response.status_code
+                logger.debug("POST %s answered %d, attempt %d of %d", self.url, status, attempt, attempts)
+                if 200 <= status < 300:
+                    content_type = response.headers.get("content-type", "")
+                    if content_type.split(";")[0].strip().lower() == "text/event-stream":
+                        return response
+                    excerpt = await self._excerpt(response)
+                    raise self._error(
+                        "MODEL_BAD_RESPONSE",
+                        f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
+                        f" with status {status}: {excerpt}",
+                        status,
+                    )
+                excerpt = await self._excerpt(response)
+                if status in (401, 403):
+                    raise self._error(
+                        "MODEL_AUTH", f"authentication failed ({status}): check the API key: {excerpt}", status
+                    )
+                if status == 404:
+                    raise self._error(
+                        "MODEL_NOT_FOUND",
+                        f"not found (404): check the base URL and the model name: {excerpt}",
+                        status,
+                    )
+                if status != 429 and status < 500:
+                    raise self._error("MODEL_HTTP_ERROR", f"HTTP {status}: {excerpt}", status)
+                last = f"HTTP {status}: {excerpt}"
+                retry_after = _retry_after(response.headers, clock.now_ms())
+            if attempt == attempts:
+                break
+            delay = self._delay(attempt, retry_after)
+            logger.debug("retrying POST %s in %.3f s (attempt %d of %d)", self.url, delay, attempt + 1, attempts)
+            await clock.sleep(delay)
+        raise self._error(
+            "MODEL_UNAVAILABLE",
+            f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
+        )
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.retry_after_max)
+        ceiling = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+
+    async def _excerpt(self, response: httpx.Response) -> str:
+        """A short one-line excerpt of an error body (the provider's `error.message` if JSON)."""
+        raw = bytearray()
+        try:
+            async for piece in response.aiter_bytes():
+                raw += piece
+                if len(raw) >= _ERROR_BODY_LIMIT:
+                    break
+        except httpx.HTTPError:
+            pass  # the excerpt is a courtesy; the status already says what happened
+        finally:
+            with trio.move_on_after(CLOSE_GRACE, shield=True):
+                await response.aclose()
+        text = bytes(raw[:_ERROR_BODY_LIMIT]).decode("utf-8", "replace")
+        try:
+            text = _error_message(msgspec.json.decode(text)) or text
+        except msgspec.DecodeError:
+            pass
+        return _one_line(text) or "(empty body)"
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._api_key, "[redacted]") if self._api_key else text
+
+    def _error(self, code: str, detail: str, status: int | None = None) -> ModelError:
+        message = self._redact(f"model {self.model!r} at {self.url}: {detail}")
+        logger.debug("%s: %s", code, message)
+        return ModelError(message, code=code, status=status)
+
+
+# -- the stream parser (sans-IO) ---------------------------------------------------------------
+
+
+class _StreamFault(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _bad(message: str) -> _StreamFault:
+    return _StreamFault("MODEL_BAD_STREAM", message)
+
+
+class _StreamParser:
+    """Body bytes in, chunks out: `feed(bytes)`, then `end()` at a clean end of body."""
+
+    def __init__(self) -> None:
+        self._sse = SSEDecoder()
+        self.events = 0
+        self.done = False
+        self._finish: str | None = None
+        self._usage: Usage | None = None
+        self._saw_tool_calls = False
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        if self.done:
+            return []
+        try:
+            events = self._sse.feed(data)
+        except SSEError as exc:
+            raise _StreamFault("MODEL_BAD_RESPONSE", f"the body is not an event stream: {exc}") from None
+        return self._events(events)
+
+    def end(self) -> list[Chunk]:
+        if self.done:
+            return []
+        try:
+            chunks = self._events(self._sse.close())
+        except SSEError as exc:
+            raise _StreamFault("MODEL_BAD_RESPONSE", f"the body is not an event stream: {exc}") from None
+        if self.done:
+            return chunks
+        if self._finish is None:
+            raise _StreamFault(
+                "MODEL_STREAM_INTERRUPTED",
+                f"stream ended after {self.events} events without [DONE] or a finish_reason",
+            )
+        self.done = True
+        return chunks + self._closing()
+
+    def _events(self, events: Iterable[SSEEvent]) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        for event in events:
+            if self.done:
+                break
+            self.events += 1
+            chunks.extend(self._event(event))
+        return chunks
+
+    def _event(self, event: SSEEvent) -> list[Chunk]:
+        if event.event == "error":
+            raise _bad(f"the provider reported an error: {_one_line(event.data)}")
+        if event.data.strip() == "[DONE]":
+            if self._finish is None:
+                raise _bad("[DONE] arrived without a finish_reason")
+            self.done = True
+            return self._closing()
+        try:
+            obj = msgspec.json.decode(event.data)
+        except msgspec.DecodeError:
+            raise _bad(f"event {self.events} is not JSON: {_one_line(event.data)}") from None
+        if not isinstance(obj, dict):
+            raise _bad(f"event {self.events} is not a JSON object: {_one_line(event.data)}")
+        if obj.get("error"):
+            message = _error_message(obj) or _one_line(event.data)
+            raise _bad(f"the provider reported an error: {_one_line(message)}")
+        usage = obj.get("usage")
+        if usage is not None:
+            self._usage = _usage(usage, self.events)
+        choices = obj.get("choices") or []
+        if not isinstance(choices, list):
+            raise _bad(f"event {self.events}: choices is not a list")
+        if not choices:
+            return []
+        return self._choice(choices[0])
+
+    def _choice(self, choice: Any) -> list[Chunk]:
+        n = self.events
+        if not isinstance(choice, dict):
+            raise _bad(f"event {n}: a choice is not an object")
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            raise _bad(f"event {n}: delta is not an object")
+        chunks: list[Chunk] = []
+        content = delta.get("content")
+        if content is not None and not isinstance(content, str):
+            raise _bad(f"event {n}: delta.content is not a string")
+        if content:
+            chunks.append(TextDelta(content))
+        calls = delta.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise _bad(f"event {n}: delta.tool_calls is not a list")
+        for position, call in enumerate(calls):
+            piece = _tool_call_delta(call, position, n)
+            if piece is not None:
+                self._saw_tool_calls = True
+                chunks.append(piece)
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            if not isinstance(reason, str):
+                raise _bad(f"event {n}: finish_reason is not a string")
+            if reason == "content_filter":
+                raise _StreamFault("MODEL_CONTENT_FILTERED", "the provider's content filter stopped the output")
+            if self._finish is None:
+                self._finish = reason
+        return chunks
+
+    def _closing(self) -> list[Chunk]:
+        known = _FINISH.get(self._finish or "")
+        if known is None:
+            logger.debug("unknown finish_reason %r", self._finish)
+        reason: FinishReason
+        if known is None or known == "stop":
+            reason = "tool-calls" if self._saw_tool_calls else "stop"
+        else:
+            reason = known
+        chunks: list[Chunk] = [] if self._usage is None else [self._usage]
+        chunks.append(Finish(reason))
+        return chunks
+
+
+def _tool_call_delta(call: Any, position: int, n: int) -> ToolCallDelta | None:
+    if not isinstance(call, dict):
+        raise _bad(f"event {n}: a tool call is not an object")
+    index = call.get("index", position)
+    call_id = call.get("id")
+    function = call.get("function") or {}
+    if not isinstance(function, dict):
+        raise _bad(f"event {n}: tool_calls[].function is not an object")
+    name = function.get("name")
+    arguments = function.get("arguments") or ""
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise _bad(f"event {n}: tool_calls[].index is not a non-negative integer")
+    if not isinstance(call_id, str | None) or not isinstance(name, str | None) or not isinstance(arguments, str):
+        raise _bad(f"event {n}: tool_calls[] id, name and arguments must be strings")
+    if not call_id and not name and not arguments:
+        return None
+    return ToolCallDelta(index=index, id=call_id or None, name=name or None, arguments=arguments)
+
+
+def _usage(usage: Any, n: int) -> Usage:
+    if not isinstance(usage, dict):
+        raise _bad(f"event {n}: usage is not an object")
+    prompt = usage.get("prompt_tokens") or 0
+    completion = usage.get("completion_tokens") or 0
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        raise _bad(f"event {n}: usage token counts are not integers")
+    return Usage(input_tokens=prompt, output_tokens=completion)
+
+
+# -- conversion to the chat format (pure) ------------------------------------------------------
+
+
+def openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[Json]:
+    """Logged messages (`{id, role, content: [blocks], source}`) → chat-completions messages.
+
+    System and user text become `{role, content}` (text blocks joined with newlines); an assistant
+    message carries its text (or `null`) and its tool-call blocks as `tool_calls`; each tool-result
+    block becomes its own `{role: "tool", tool_call_id, content}` message, placed before any text
+    of the same message.
+    """
+    out: list[Json] = []
+    for msg in messages:
+        role = msg["role"]
+        blocks: Sequence[Mapping[str, Any]] = msg.get("content", ())
+        text = _text(blocks)
+        if role == "assistant":
+            calls = [
+                {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": b["arguments"]}}
+                for b in blocks
+                if b.get("type") == "tool-call"
+            ]
+            entry: Json = {"role": "assistant", "content": text if text or not calls else None}
+            if calls:
+                entry["tool_calls"] = calls
+            out.append(entry)
+            continue
+        results = [b for b in blocks if b.get("type") == "tool-result"]
+        for result in results:
+            out.append({"role": "tool", "tool_call_id": result["call_id"], "content": _text(result.get("content", ()))})
+        if not results or any(b.get("type") == "text" for b in blocks):
+            out.append({"role": role, "content": text})
+    return out
+
+
+def openai_tools(tools: Iterable[ToolSpec]) -> list[Json]:
+    """Tool specs → chat-completions `tools` entries (`type: function`)."""
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)},
+        }
+        for t in tools
+    ]
+
+
+def _text(blocks: Iterable[Mapping[str, Any]]) -> str:
+    return "\n".join(b["text"] for b in blocks if b.get("type") == "text")
+
+
+# -- small helpers -----------------------------------------------------------------------------
+
+
+def _retry_after(headers: httpx.Headers, now_ms: int) -> float | None:
+    """Seconds the server asked us to wait (`retry-after-ms`, then `Retry-After` seconds or date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            value = float(raw_ms) / 1000
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value >= 0:
+            return value
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        return max(0.0, when.timestamp() - now_ms / 1000)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _error_message(obj: Any) -> str | None:
+    """The human part of a provider's JSON error body, if it has a recognizable one."""
+    if not isinstance(obj, dict):
+        return None
+    error = obj.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    for value in (error, obj.get("message"), obj.get("detail")):
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _one_line(text: str, limit: int = _EXCERPT) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _describe(exc: BaseException) -> str:
+    detail = _one_line(str(exc))
+    return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__

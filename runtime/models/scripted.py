@@ -1,0 +1,326 @@
+"""The keyless scripted model (SPEC 5.6): a `Model` that answers from a `Script`.
+
+Theory of operation. `stream(request)` registers the calling session (id, label, `created_at`)
+and returns an async generator; on its first step the generator yields to the scheduler once
+(shielded, so it cannot be cancelled there), then binds the session to a script entry and
+*consumes* that entry's next response — from then on the response is used up even if the call is
+cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}` templates
+against the request's text, hold on `wait_for` (through `request.waits`), sleep `delay_ms` on
+`request.clock`, `hang` until cancelled, raise the scripted `error`, or stream — text as a few
+`TextDelta`s split at word boundaries, each tool call as one `ToolCallDelta` with id and name
+then its arguments in fragments, `Usage` if scripted, and one `Finish`. A checkpoint precedes
+every chunk, so a consumer can be cancelled between any two chunks and keep partial text.
+Compaction requests (`purpose == "compaction"`) take the next of the script's `summaries`.
+
+Binding (fixed for the life of the instance once a session's first call starts):
+1. an entry with `session` answers that session id;
+2. entries with a `label` are shared out among the sessions with that label: the entries not yet
+   taken, in script order, go to the sessions with that label that are known and not yet bound,
+   in (`created_at`, id) order, and the calling session takes the entry that falls to it.
+   "Known" means registered with `register_session` (the runtime can call it when a child is
+   created), or having started a call — including a call started in the same scheduler tick,
+   thanks to the yield before binding. Limitation: a session that calls while an earlier-created
+   sibling with the same label is not yet known takes that sibling's entry;
+3. otherwise (no such entry, or none left for it) the session takes the next unnamed entry in
+   first-call order; if there is none, the call fails with `MODEL_SCRIPT_NO_AGENT`.
+
+Script positions live in the instance: reusing it (e.g. across `open_runtime` calls) continues
+where it stopped; a new instance starts every entry at its first response.
+
+Error codes (`ModelError.code`): `MODEL_SCRIPTED_ERROR` (a scripted `error`, with its status),
+`MODEL_SCRIPT_NO_AGENT`, `MODEL_SCRIPT_EXHAUSTED` (responses or summaries ran out),
+`MODEL_SCRIPT_NO_MATCH` (a `{{from_request:...}}` regex found nothing),
+`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the request carries no `waits`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+import attrs
+import trio
+
+from subagents.runtime.models.base import (
+    Chunk,
+    Finish,
+    ModelError,
+    ModelRequest,
+    TextDelta,
+    ToolCallDelta,
+)
+from subagents.runtime.models.script import (
+    Script,
+    ScriptedResponse,
+    WaitFor,
+    WaitForSettled,
+    expand_templates,
+    render_arguments,
+)
+
+__all__ = ["ScriptedModel", "ScriptedModelStatistics", "request_text", "split_text"]
+
+_WORD_START = re.compile(r"(?<=\s)(?=\S)")
+_TEXT_PIECES = 3
+
+
+@attrs.frozen(kw_only=True)
+class ScriptedModelStatistics:
+    """Where a `ScriptedModel` stands: calls started per entry (script order), the session each
+    entry is bound to (`None`: not yet), and how many summaries were used."""
+
+    calls: tuple[int, ...]
+    bindings: tuple[str | None, ...]
+    summaries_used: int
+
+
+@attrs.frozen(kw_only=True)
+class _Rendered:
+    text: str
+    calls: tuple[tuple[str, str, str], ...]  # (id, name, arguments)
+    error_message: str | None
+    settled: str | None
+
+
+class ScriptedModel:
+    """A `Model` answering each session from its entry of `script` (see the module docstring)."""
+
+    def __init__(self, script: Script) -> None:
+        self._script = script
+        self._calls = [0] * len(script.agents)
+        self._summaries_used = 0
+        self._session_entries: dict[str, int] = {}
+        self._label_entries: dict[str, list[int]] = {}
+        self._unnamed: list[int] = []
+        for k, entry in enumerate(script.agents):
+            if entry.session is not None:
+                self._session_entries[entry.session] = k
+            elif entry.label is not None:
+                self._label_entries.setdefault(entry.label, []).append(k)
+            else:
+                self._unnamed.append(k)
+        self._bound: dict[str, int] = {}  # session id → entry index
+        self._owner: dict[int, str] = {}  # entry index → session id
+        self._known: dict[str, dict[str, int]] = {}  # label → session id → created_at
+
+    @property
+    def script(self) -> Script:
+        return self._script
+
+    def register_session(self, session_id: str, *, label: str | None, created_at: int) -> None:
+        """Make a session known for label binding before it calls (idempotent, synchronous)."""
+        if session_id in self._session_entries:
+            return
+        if label is not None and label in self._label_entries:
+            self._known.setdefault(label, {}).setdefault(session_id, created_at)
+
+    def statistics(self) -> ScriptedModelStatistics:
+        return ScriptedModelStatistics(
+            calls=tuple(self._calls),
+            bindings=tuple(self._owner.get(k) for k in range(len(self._calls))),
+            summaries_used=self._summaries_used,
+        )
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """Answer `request` from the script; failures are raised as `ModelError` while iterating."""
+        self.register_session(request.session_id, label=request.label, created_at=request.created_at)
+        return self._play(request)
+
+    async def _play(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        # Let calls started in the same tick register before binding; shielded so that the
+        # response is consumed even if the call is cancelled already.
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        if request.purpose == "compaction":
+            summary = self._next_summary(request)
+            for piece in split_text(summary):
+                await trio.lowlevel.checkpoint()
+                yield TextDelta(piece)
+            await trio.lowlevel.checkpoint()
+            yield Finish("stop")
+            return
+        response = self._next_response(request)
+        rendered = _render(response, request)
+        if response.wait_for is not None:
+            await _wait(response.wait_for, rendered.settled, request)
+        if response.delay_ms:
+            await request.clock.sleep(response.delay_ms / 1000)
+        if response.hang:
+            await trio.sleep_forever()
+        if response.error is not None:
+            assert rendered.error_message is not None
+            raise ModelError(
+                rendered.error_message, code="MODEL_SCRIPTED_ERROR", status=response.error.status
+            )
+        for piece in split_text(rendered.text):
+            await trio.lowlevel.checkpoint()
+            yield TextDelta(piece)
+        for index, (call_id, name, arguments) in enumerate(rendered.calls):
+            await trio.lowlevel.checkpoint()
+            yield ToolCallDelta(index, id=call_id, name=name)
+            for fragment in _split_arguments(arguments):
+                await trio.lowlevel.checkpoint()
+                yield ToolCallDelta(index, arguments=fragment)
+        if response.usage is not None:
+            await trio.lowlevel.checkpoint()
+            yield response.usage
+        await trio.lowlevel.checkpoint()
+        yield Finish(response.finish or ("tool-calls" if rendered.calls else "stop"))
+
+    # --- script positions ---------------------------------------------------------------------
+
+    def _next_summary(self, request: ModelRequest) -> str:
+        summaries = self._script.summaries
+        self._summaries_used += 1
+        n = self._summaries_used
+        if n > len(summaries):
+            raise ModelError(
+                f'script summaries exhausted: compaction call {n} for session "{request.session_id}"'
+                f" but the script has {len(summaries)} summaries",
+                code="MODEL_SCRIPT_EXHAUSTED",
+            )
+        return summaries[n - 1]
+
+    def _next_response(self, request: ModelRequest) -> ScriptedResponse:
+        k = self._bind(request)
+        self._calls[k] += 1
+        n = self._calls[k]
+        responses = self._script.agents[k].responses
+        if n > len(responses):
+            raise ModelError(
+                f'script exhausted for session "{request.session_id}": call {n} but its entry'
+                f" $.agents[{k}] has {len(responses)} responses",
+                code="MODEL_SCRIPT_EXHAUSTED",
+            )
+        return responses[n - 1]
+
+    def _bind(self, request: ModelRequest) -> int:
+        session = request.session_id
+        k = self._bound.get(session)
+        if k is None:
+            k = self._session_entries.get(session)
+        if k is None and request.label is not None:
+            k = self._label_entry(session, request.label)
+        if k is None and self._unnamed:
+            k = self._unnamed.pop(0)
+        if k is None:
+            label = f' (label "{request.label}")' if request.label is not None else ""
+            raise ModelError(
+                f'script has no entry for session "{session}"{label}: no entry names it and no'
+                " unnamed entry is left",
+                code="MODEL_SCRIPT_NO_AGENT",
+            )
+        self._bound[session] = k
+        self._owner[k] = session
+        return k
+
+    def _label_entry(self, session: str, label: str) -> int | None:
+        entries = self._label_entries.get(label, [])
+        free_entries = [k for k in entries if k not in self._owner]
+        known = self._known.get(label, {})
+        free_sessions = sorted(
+            (created_at, sid) for sid, created_at in known.items() if sid not in self._bound
+        )
+        for k, (_, sid) in zip(free_entries, free_sessions):
+            if sid == session:
+                return k
+        return None
+
+
+# --- pure helpers -----------------------------------------------------------------------------
+
+
+def split_text(text: str) -> list[str]:
+    """`text` cut at word starts into at most three pieces of about equal word counts (none for
+    empty text); the pieces concatenate back to `text`."""
+    if not text:
+        return []
+    words = _WORD_START.split(text)
+    count = min(_TEXT_PIECES, len(words))
+    bounds = [round(j * len(words) / count) for j in range(count + 1)]
+    return ["".join(words[bounds[j] : bounds[j + 1]]) for j in range(count)]
+
+
+def _split_arguments(arguments: str) -> list[str]:
+    if len(arguments) < 2:
+        return [arguments]
+    middle = len(arguments) // 2
+    return [arguments[:middle], arguments[middle:]]
+
+
+def request_text(messages: Sequence[Mapping[str, object]]) -> str:
+    """The text `{{from_request:...}}` searches: every text block of every message, including
+    text inside tool-result blocks, in order, joined with newlines."""
+    texts: list[str] = []
+    for message in messages:
+        _collect_text(message.get("content"), texts)
+    return "\n".join(texts)
+
+
+def _collect_text(content: object, out: list[str]) -> None:
+    if not isinstance(content, list | tuple):
+        return
+    for block in content:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            out.append(block["text"])
+        elif kind == "tool-result":
+            _collect_text(block.get("content"), out)
+
+
+def _resolver(request: ModelRequest) -> Callable[[str], str]:
+    text: str | None = None
+
+    def resolve(source: str) -> str:
+        nonlocal text
+        if text is None:
+            text = request_text(request.messages)
+        last = None
+        for last in re.finditer(source, text):
+            pass
+        if last is None or last.group(1) is None:
+            raise ModelError(
+                f"{{{{from_request:{source}}}}} found no match in the request messages of"
+                f' session "{request.session_id}"',
+                code="MODEL_SCRIPT_NO_MATCH",
+            )
+        return last.group(1)
+
+    return resolve
+
+
+def _render(response: ScriptedResponse, request: ModelRequest) -> _Rendered:
+    resolve = _resolver(request)
+    n = request.assistant_count + 1
+    calls = tuple(
+        (
+            expand_templates(call.id, resolve) if call.id is not None else f"call_{n}_{i}",
+            expand_templates(call.name, resolve),
+            render_arguments(call.arguments, resolve),
+        )
+        for i, call in enumerate(response.tool_calls, start=1)
+    )
+    wait = response.wait_for
+    return _Rendered(
+        text=expand_templates(response.text, resolve),
+        calls=calls,
+        error_message=(
+            expand_templates(response.error.message, resolve) if response.error is not None else None
+        ),
+        settled=expand_templates(wait.child, resolve) if isinstance(wait, WaitForSettled) else None,
+    )
+
+
+async def _wait(wait_for: WaitFor, settled: str | None, request: ModelRequest) -> None:
+    waits = request.waits
+    if waits is None:
+        raise ModelError(
+            f'a scripted response of session "{request.session_id}" has wait_for but the request'
+            " carries no waits to hold on",
+            code="MODEL_SCRIPT_NO_WAITS",
+        )
+    if settled is not None:
+        await waits.settled(settled)
+    else:
+        await waits.steered()
