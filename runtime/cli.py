@@ -18,9 +18,13 @@ from typing import Any
 
 import trio
 
-from subagents.storage import InvalidSessionId, check_session_id
+from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
 
-from .app import open_runtime
+from .agent.loop import Agent, AgentStopped
+from .agent.registry import AgentError
+from .app import Runtime, open_runtime
+from .models.base import Model
+from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
 from .query import SessionQueryError
 from .subagents.listing import ChildRow, SubagentError
 
@@ -56,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     children.add_argument("parent_id", metavar="PARENT_ID")
     children.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
     children.add_argument("--json", action="store_true", help="the rows as JSON")
+    run = commands.add_parser(
+        "run", parents=[root], help="run one prompt in a session (created or resumed) and print the answer"
+    )
+    run.add_argument("prompt", metavar="PROMPT")
+    run.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
+    run.add_argument("--model", default=DEFAULT_MODEL,
+                     help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})")
+    run.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
+    run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
+    run.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
     return parser
 
 
@@ -82,6 +96,41 @@ async def _children(args: argparse.Namespace) -> int:
     else:
         _print_table(rows, args.descendants)
     return 0
+
+
+async def _run(args: argparse.Namespace, model: Model) -> int:
+    async with open_runtime(args.root, model=model, compression=args.compression) as runtime:
+        try:
+            agent = await _session_agent(runtime, args.session)
+        except (StorageError, AgentError) as exc:
+            raise UsageError(str(exc)) from None
+        await agent.send(args.prompt)
+        try:
+            result = await agent.wait_idle()
+        except AgentStopped as exc:
+            print(f"subagents: {exc}", file=sys.stderr)
+            return 1
+    output = (result.text if result is not None else None) or ""
+    if args.json:
+        print(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
+    else:
+        print(output)
+    reason = result.reason if result is not None else {"kind": "error", "message": "no turn ran"}
+    if reason["kind"] != "completed":
+        detail = f": {reason['message']}" if reason.get("message") else ""
+        cause = f" ({reason['cause']})" if reason.get("cause") else ""
+        print(f"subagents: the turn ended {reason['kind']}{cause}{detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
+    if session_id is None:
+        return await runtime.agents.create()
+    try:
+        return await runtime.agents.resume(session_id)
+    except SessionNotFound:
+        return await runtime.agents.create(session_id=session_id)
 
 
 def _print_table(rows: Sequence[Any], descendants: bool) -> None:
@@ -122,6 +171,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             _read_only_root(args.root)
             _raise_open_file_limit()
             return trio.run(_children, args)
+        if args.command == "run":
+            if args.session is not None:
+                try:
+                    check_session_id(args.session)
+                except InvalidSessionId as exc:
+                    raise UsageError(exc.message) from None
+            try:
+                model = build_model(parse_model_spec(args.model, base_url=args.base_url, env=os.environ))
+            except ModelSpecError as exc:
+                raise UsageError(str(exc)) from None
+            _raise_open_file_limit()
+            return trio.run(_run, args, model)
     except UsageError as exc:
         print(f"subagents: {exc}", file=sys.stderr)
         return 2

@@ -130,7 +130,7 @@ class Agent:
         self.label = label
         self.inbox = Inbox(config.inbox_capacity)
         self.surface = Surface.from_events(events, session_id=self.session_id)
-        self.turn = _last_turn(events)
+        self.turn = _last_turn(events, self.session_id)
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
         self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique
         self.last_result: TurnResult | None = None
@@ -480,10 +480,10 @@ class Agent:
 _SURFACE = frozenset({"system/message", "user/message", "assistant/message", "tool/result"})
 
 
-def _last_turn(events: Sequence[Event]) -> int:
+def _last_turn(events: Sequence[Event], session_id: str) -> int:
     for event in reversed(events):
         if event.type == "turn/start":
-            return int(decode_payload(event).turn)
+            return int(decode_payload(event, session_id=session_id).turn)
     return 0
 
 

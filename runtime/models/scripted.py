@@ -235,6 +235,8 @@ def split_text(text: str) -> list[str]:
     if not text:
         return []
     words = _WORD_START.split(text)
+    if len(words) > 1 and words[0].isspace():
+        words[:2] = [words[0] + words[1]]  # leading blanks belong to the first word
     count = min(_TEXT_PIECES, len(words))
     bounds = [round(j * len(words) / count) for j in range(count + 1)]
     return ["".join(words[bounds[j] : bounds[j + 1]]) for j in range(count)]

@@ -1,0 +1,69 @@
+"""Model specs of the CLI (SPEC 5.7): `scripted:PATH`, `deepseek:MODEL`, `openai:MODEL`.
+
+Parsing is separate from building so the CLI can validate every argument — scheme, script
+file, API key — before it opens the runtime. Only the caller reads the environment; keys are
+passed in and never appear in an error text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from .base import Model
+from .openai import OpenAIChatModel
+from .script import ScriptError, load_script
+from .scripted import ScriptedModel
+
+__all__ = ["ModelSpec", "ModelSpecError", "build_model", "parse_model_spec"]
+
+DEFAULT_MODEL = "deepseek:deepseek-chat"
+
+_PROVIDERS = {
+    # scheme: (API-key variable, base-URL variable or None, default base URL)
+    "deepseek": ("DEEPSEEK_API_KEY", None, "https://api.deepseek.com"),
+    "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+}
+
+
+class ModelSpecError(ValueError):
+    """A model spec that cannot be used; the message is one clear line."""
+
+
+@attrs.frozen(kw_only=True)
+class ModelSpec:
+    scheme: str
+    name: str  # the model name, or the script path for `scripted`
+    base_url: str | None = None
+    api_key: str | None = attrs.field(default=None, repr=False)
+
+
+def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str, str] = {}) -> ModelSpec:
+    scheme, sep, name = spec.partition(":")
+    if not sep or not name:
+        raise ModelSpecError(f"model must look like scripted:PATH, deepseek:MODEL or openai:MODEL, got {spec!r}")
+    if scheme == "scripted":
+        return ModelSpec(scheme=scheme, name=name)
+    if scheme not in _PROVIDERS:
+        raise ModelSpecError(f"unknown model scheme {scheme!r} (use scripted, deepseek or openai)")
+    key_var, url_var, default_url = _PROVIDERS[scheme]
+    key = env.get(key_var)
+    if not key:
+        raise ModelSpecError(f"{key_var} is not set (needed for --model {scheme}:...)")
+    url = base_url or (env.get(url_var) if url_var else None) or default_url
+    return ModelSpec(scheme=scheme, name=name, base_url=url, api_key=key)
+
+
+def build_model(spec: ModelSpec) -> Model:
+    """Build the model (loading and validating a script now, so a bad one fails up front)."""
+    if spec.scheme == "scripted":
+        try:
+            return ScriptedModel(load_script(spec.name))
+        except ScriptError as exc:
+            raise ModelSpecError(f"bad script {spec.name}: {exc}") from None
+    assert spec.base_url is not None
+    try:
+        return OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key)
+    except ValueError as exc:
+        raise ModelSpecError(str(exc)) from None
