@@ -10,7 +10,7 @@ turns) before their session actors do.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -18,16 +18,19 @@ import attrs
 import trio
 
 from subagents.actors import ColdReader, SessionStore, open_session_store
+from subagents.actors.continuation import ContinuationManager
 from subagents.storage import FileLogStore, LogStore
 from subagents.storage.projection import ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
-from .agent.tools import ToolSet
+from .agent.tools import Tool, ToolSet
 from .clock import Clock, RealClock
 from .ids import IdFactory, RandomIds
 from .models.base import Model
 from .query import SessionQuery
+from .subagents.service import SubagentService
+from .tools.subagent_tools import subagent_tools
 from .subagents.listing import ListingService
 from .subagents.units import SUBAGENT_UNITS
 
@@ -43,6 +46,7 @@ class Runtime:
     query: SessionQuery
     listing: ListingService
     agents: AgentRegistry
+    subagents: SubagentService
     clock: Clock
 
 
@@ -55,7 +59,9 @@ async def open_runtime(
     id_factory: IdFactory | None = None,
     compression: Literal["zstd", "none"] = "zstd",
     agent_config: AgentConfig | None = None,
-    tools: Callable[[], ToolSet] | None = None,
+    tools: Callable[[], Sequence[Tool]] | None = None,
+    max_depth: int = 1,
+    max_active_subagents: int = 8,
     log_store: LogStore | None = None,
     now_ms: Callable[[], int] | None = None,
 ) -> AsyncIterator[Runtime]:
@@ -74,15 +80,22 @@ async def open_runtime(
         async with trio.open_nursery() as nursery:
             agents = AgentRegistry(
                 sessions=sessions, log_store=store, clock=clock, id_factory=id_factory or RandomIds(),
-                model=model, config=agent_config or AgentConfig(), tools=tools or ToolSet, nursery=nursery,
+                model=model, config=agent_config or AgentConfig(), tools=ToolSet, nursery=nursery,
             )
+            manager = ContinuationManager(nursery, max_active=max_active_subagents)
+            service = SubagentService(agents=agents, manager=manager, query=query, listing=listing,
+                                      max_depth=max_depth)
+            agents.tools = lambda: ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
+            agents.wait_settled = service.wait_settled
+            agents.on_resume = service.redeliver_notices
             try:
                 yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
-                              listing=listing, agents=agents, clock=clock)
+                              listing=listing, agents=agents, subagents=service, clock=clock)
             except BaseException as exc:
                 body_error = exc
             finally:
                 with trio.CancelScope(shield=True):
+                    await service.drain()  # children first, while their parents can still record them
                     await agents.aclose()
                 nursery.cancel_scope.cancel()
         if body_error is not None:

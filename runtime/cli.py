@@ -106,7 +106,7 @@ async def _run(args: argparse.Namespace, model: Model) -> int:
             raise UsageError(str(exc)) from None
         await agent.send(args.prompt)
         try:
-            result = await agent.wait_idle()
+            result = await runtime.subagents.wait_tree_idle(agent)
         except AgentStopped as exc:
             print(f"subagents: {exc}", file=sys.stderr)
             return 1

@@ -67,7 +67,8 @@ class AgentConfig:
 class TurnResult:
     turn: int
     reason: Json  # the `turn/end` reason
-    text: str | None  # the text of the turn's last assistant message
+    text: str | None  # the text of the turn's last assistant message that had text
+    closing_text: str | None = None  # the text blocks of the turn's last assistant message
 
 
 @attrs.define
@@ -143,6 +144,7 @@ class Agent:
         self._staged: list[EventDraft] = []
         self._waits = _Waits(self, wait_settled)
         self._stopped = False
+        self._closing_text: str | None = None
         self._scope = trio.CancelScope()
 
     # --- the public face ------------------------------------------------------------------
@@ -227,6 +229,7 @@ class Agent:
         self._stage("turn/start", {"turn": turn, "trigger": {"kind": trigger}})
         reason: Json = {"kind": "completed"}
         text: str | None = None
+        self._closing_text = None
         step = 0
         pending = claimed
         while True:
@@ -264,7 +267,7 @@ class Agent:
         self._stage("turn/end", {"turn": turn, "reason": reason})
         with trio.CancelScope(shield=True):
             await self._flush()
-        return TurnResult(turn=turn, reason=reason, text=text)
+        return TurnResult(turn=turn, reason=reason, text=text, closing_text=self._closing_text)
 
     def _aborted(self) -> Json:
         return {"kind": "aborted", "cause": self._cause}
@@ -373,6 +376,7 @@ class Agent:
             data["interrupted"] = True
         self._stage("assistant/message", data, surface_op="append")
         self.assistant_count += 1
+        self._closing_text = reply.text or None
         if not reply.calls:
             return
         with trio.CancelScope(shield=True):

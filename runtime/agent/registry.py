@@ -58,6 +58,7 @@ class AgentRegistry:
     tools: Callable[[], ToolSet]
     _nursery: trio.Nursery
     wait_settled: Callable[[str, str], Any] | None = None
+    on_resume: Callable[[Agent, list[Event]], None] | None = None  # e.g. redeliver settlement notices
     drain_grace: float = 5.0
     _agents: dict[str, Agent] = attrs.field(factory=dict)
 
@@ -128,7 +129,10 @@ class AgentRegistry:
         if closers:
             result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
             events.extend(result.events)
-        return await self._start(ref, events, label=label, model=model, config=config, tools=tools)
+        agent = await self._start(ref, events, label=label, model=model, config=config, tools=tools)
+        if self.on_resume is not None:
+            self.on_resume(agent, events)
+        return agent
 
     def _read_all(self, session_id: str) -> list[Event]:
         handle = self.log_store.open_read(session_id)

@@ -31,7 +31,9 @@ Errors, all `ModelError` with a one-line message naming the model and URL:
 Finish reasons: `stop` → stop (tool-calls if the stream carried tool calls, for providers that
 say `stop` there), `tool_calls`/`function_call` → tool-calls, `length` → max-tokens; an unknown
 reason is read as tool-calls if tool calls were streamed, else stop. A body that ends cleanly
-after a `finish_reason` but without `[DONE]` is accepted (some compatible servers omit it).
+after a `finish_reason` but without `[DONE]` is accepted (some compatible servers omit it). Only
+the first choice is read; delta fields other than `content` and `tool_calls` (DeepSeek's
+`reasoning_content`, `refusal`) are ignored; when usage arrives more than once the last wins.
 
 The API key is only ever put in the `Authorization` header: it is not kept in the repr, every
 message this module raises or logs is scrubbed of it, and logging (DEBUG on this module's
@@ -45,7 +47,6 @@ import logging
 import math
 import random
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import aclosing
 from typing import Any, Literal
 
 import httpx
@@ -75,7 +76,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0)
 # Closing a response (or a client the model made) is awaited shielded, for at most this long.
 CLOSE_GRACE = 5.0
 _EXCERPT = 200
-_ERROR_BODY_LIMIT = 4096
+_ERROR_BODY_LIMIT = 64 * 1024
 FinishReason = Literal["stop", "tool-calls", "max-tokens"]
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "tool_calls": "tool-calls", "function_call": "tool-calls", "length": "max-tokens"}
 
@@ -148,29 +149,32 @@ class OpenAIChatModel:
         owned = self._client is None
         client = self._client if self._client is not None else self._new_client()
         response: httpx.Response | None = None
+        pieces: AsyncIterator[bytes] | None = None
         try:
             response = await self._connect(client, body, request.clock)
             parser = _StreamParser()
-            async with aclosing(response.aiter_bytes()) as pieces:
-                while not parser.done:
-                    try:
-                        piece = await anext(pieces, None)
-                    except httpx.DecodingError as exc:
-                        raise self._error("MODEL_BAD_RESPONSE", f"cannot decode the body: {_describe(exc)}") from None
-                    except httpx.TransportError as exc:
-                        raise self._error(
-                            "MODEL_STREAM_INTERRUPTED",
-                            f"stream interrupted after {parser.events} events: {_describe(exc)}",
-                        ) from None
-                    try:
-                        chunks = parser.end() if piece is None else parser.feed(piece)
-                    except _StreamFault as fault:
-                        raise self._error(fault.code, fault.message) from None
-                    for chunk in chunks:
-                        yield chunk
-                    if piece is None:
-                        break
+            pieces = response.aiter_bytes()
+            while not parser.done:
+                try:
+                    piece = await anext(pieces, None)
+                except httpx.DecodingError as exc:
+                    raise self._error("MODEL_BAD_RESPONSE", f"cannot decode the body: {_describe(exc)}") from None
+                except httpx.TransportError as exc:
+                    raise self._error(
+                        "MODEL_STREAM_INTERRUPTED",
+                        f"stream interrupted after {parser.events} events: {_describe(exc)}",
+                    ) from None
+                try:
+                    chunks = parser.end() if piece is None else parser.feed(piece)
+                except _StreamFault as fault:
+                    raise self._error(fault.code, fault.message) from None
+                for chunk in chunks:
+                    yield chunk
+                if piece is None:
+                    break
         finally:
+            if pieces is not None:
+                await _abandon(pieces)
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 if response is not None:
                     await response.aclose()
@@ -193,7 +197,7 @@ class OpenAIChatModel:
     def _new_client(self) -> httpx.AsyncClient:
         if self._ssl_context is None:  # loading the CA bundle is the slow part: do it once
             self._ssl_context = httpx.create_ssl_context()
-        return httpx.AsyncClient(verify=self._ssl_context)
+        return httpx.AsyncClient(verify=self._ssl_context, trust_env=False)  # only the CLI reads the environment
 
     async def _connect(self, client: httpx.AsyncClient, body: bytes, clock: Clock) -> httpx.Response:
         """Send until a 2xx event stream answers; retry what is transient, map the rest."""
@@ -261,14 +265,16 @@ class OpenAIChatModel:
     async def _excerpt(self, response: httpx.Response) -> str:
         """A short one-line excerpt of an error body (the provider's `error.message` if JSON)."""
         raw = bytearray()
+        pieces = response.aiter_bytes()
         try:
-            async for piece in response.aiter_bytes():
+            async for piece in pieces:
                 raw += piece
                 if len(raw) >= _ERROR_BODY_LIMIT:
                     break
         except httpx.HTTPError:
             pass  # the excerpt is a courtesy; the status already says what happened
         finally:
+            await _abandon(pieces)
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 await response.aclose()
         text = bytes(raw[:_ERROR_BODY_LIMIT]).decode("utf-8", "replace")
@@ -498,6 +504,25 @@ def openai_tools(tools: Iterable[ToolSpec]) -> list[Json]:
 
 def _text(blocks: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(b["text"] for b in blocks if b.get("type") == "text")
+
+
+async def _abandon(pieces: AsyncIterator[bytes]) -> None:
+    """Finish an httpx body iterator we stop reading early, without reading on.
+
+    httpx and httpcore read bodies through nested async generators; closing the outer one or the
+    response leaves the inner ones suspended, and Trio warns when the garbage collector finds
+    them (encode/httpx#3686). Cancelling the pending read (or reaching the end of what is already
+    buffered) unwinds them all; httpcore then closes the connection, which we were doing anyway.
+    """
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            while True:
+                await anext(pieces)
+        except StopAsyncIteration:
+            pass
+        except Exception as exc:  # the body is abandoned: how reading it fails no longer matters
+            logger.debug("abandoned body: %s", _describe(exc))
 
 
 # -- small helpers -----------------------------------------------------------------------------

@@ -1,0 +1,197 @@
+"""The continuation manager: residency of continuable children as Activations (SPEC 4).
+
+It knows nothing of agents. The runtime admits an Activation for a child (on start, or on a
+message to a non-resident child), hands the manager a *body* — an async callable that runs
+until the child settles and returns — and a *settle* callback; the manager runs the body in its
+own nursery, then awaits `settle(activation)` (the runtime appends `subagent/settled` to the
+parent there, durably) and only then `dispose` (the runtime stops the child's agent and
+releases its session). So an Activation is never disposed before its settlement is durable.
+
+Families: a child admitted under a resident parent Activation joins that parent's family (the
+root is the top-level session), and at most `max_active` Activations of one family are resident
+(`ActivationLimitReached`). A parent keeps the ids of its resident children (`owned`), so the
+runtime can keep it resident while they run, and `stop` disposes children before parents.
+`drain` closes admission (`Draining`) and stops everything, child-first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from .errors import ActorError
+
+__all__ = ["Activation", "ActivationLimitReached", "ContinuationManager", "Draining", "open_continuation_manager"]
+
+
+class ActivationLimitReached(ActorError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
+            "or complete this work with the current agents"
+        )
+        self.limit = limit
+
+
+class Draining(ActorError):
+    def __init__(self) -> None:
+        super().__init__("continuable subagents are draining; the operation was not admitted")
+
+
+@attrs.define(eq=False)
+class Activation:
+    child_id: str
+    parent_id: str
+    root_id: str
+    owned: set[str] = attrs.field(factory=set)
+    closing: bool = False
+    cause: str | None = None  # why it was stopped, when it was
+    stop_requested: bool = False
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    disposed: trio.Event = attrs.field(factory=trio.Event)
+    lock: trio.Lock = attrs.field(factory=trio.Lock)  # serializes delivery, settlement, disposal
+
+
+Body = Callable[[Activation], Awaitable[None]]
+Hook = Callable[[Activation], Awaitable[None]]
+
+
+@attrs.define(eq=False)
+class ContinuationManager:
+    _nursery: trio.Nursery
+    max_active: int = 8
+    stop_grace: float = 5.0
+    resident: dict[str, Activation] = attrs.field(factory=dict)
+    draining: bool = False
+    _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    def get(self, child_id: str) -> Activation | None:
+        return self.resident.get(child_id)
+
+    def family_size(self, root_id: str) -> int:
+        return sum(1 for a in self.resident.values() if a.root_id == root_id)
+
+    def root_of(self, session_id: str) -> str:
+        parent = self.resident.get(session_id)
+        return parent.root_id if parent is not None else session_id
+
+    def ancestors(self, child_id: str) -> list[str]:
+        """The live lineage above a resident child, nearest first (the top-level session last)."""
+        out: list[str] = []
+        current = self.resident.get(child_id)
+        seen = {child_id}
+        while current is not None and current.parent_id not in seen:
+            out.append(current.parent_id)
+            seen.add(current.parent_id)
+            current = self.resident.get(current.parent_id)
+        return out
+
+    def admit(self, child_id: str, parent_id: str) -> Activation:
+        """Reserve residency for a child (before its agent exists); `start` runs it."""
+        if self.draining:
+            raise Draining()
+        if child_id in self.resident:
+            raise ActorError(f"subagent {child_id!r} is already resident")
+        root = self.root_of(parent_id)
+        if self.family_size(root) >= self.max_active:
+            raise ActivationLimitReached(self.max_active)
+        activation = Activation(child_id=child_id, parent_id=parent_id, root_id=root)
+        self.resident[child_id] = activation
+        parent = self.resident.get(parent_id)
+        if parent is not None:
+            parent.owned.add(child_id)
+        self._changed.unpark_all()
+        return activation
+
+    def forget(self, activation: Activation) -> None:
+        """Drop a reservation whose child never started (creation failed)."""
+        if self.resident.get(activation.child_id) is activation:
+            del self.resident[activation.child_id]
+        parent = self.resident.get(activation.parent_id)
+        if parent is not None:
+            parent.owned.discard(activation.child_id)
+        activation.disposed.set()
+        self._changed.unpark_all()
+
+    def start(self, activation: Activation, body: Body, ready: Callable[[Activation], bool],
+              settle: Hook, dispose: Hook) -> None:
+        """Run `body` until it returns; then, under the Activation's lock, settle and dispose —
+        unless `ready` says work arrived meanwhile (a message delivered just as the body
+        returned), in which case the body runs again. A stopped Activation always settles."""
+        self._nursery.start_soon(self._run, activation, body, ready, settle, dispose)
+
+    async def _run(self, activation: Activation, body: Body, ready: Callable[[Activation], bool],
+                   settle: Hook, dispose: Hook) -> None:
+        try:
+            while True:
+                activation.scope = trio.CancelScope()  # a scope is entered once: one per round
+                if activation.stop_requested:
+                    activation.scope.cancel()
+                with activation.scope:
+                    await body(activation)
+                forced = activation.stop_requested
+                with trio.CancelScope(shield=True):
+                    async with activation.lock:
+                        if not forced and not ready(activation):
+                            continue
+                        activation.closing = True
+                        await self._stop_owned(activation)
+                        await settle(activation)
+                        await dispose(activation)
+                        return
+        finally:
+            self.forget(activation)
+
+    async def stop(self, child_id: str, cause: str, interrupt: Callable[[Activation], None]) -> None:
+        """Stop a resident child (its own children first): `interrupt` asks its turn to end with
+        `cause`; the body is cancelled after `stop_grace` seconds if it has not returned."""
+        activation = self.resident.get(child_id)
+        if activation is None:
+            return
+        for owned in list(activation.owned):
+            await self.stop(owned, cause, interrupt)
+        activation.cause = activation.cause or cause
+        interrupt(activation)
+        with trio.move_on_after(self.stop_grace):
+            await activation.disposed.wait()
+        activation.stop_requested = True
+        activation.scope.cancel()  # the body returns; settle and dispose still run (shielded)
+        await activation.disposed.wait()
+
+    async def _stop_owned(self, activation: Activation) -> None:
+        for owned in list(activation.owned):
+            child = self.resident.get(owned)
+            if child is not None:
+                child.cause = child.cause or activation.cause or "disposed"
+                child.stop_requested = True
+                child.scope.cancel()
+                await child.disposed.wait()
+
+    async def wait_changed(self) -> None:
+        await self._changed.park()
+
+    async def drain(self, interrupt: Callable[[Activation], None]) -> None:
+        self.draining = True
+        while self.resident:
+            # Stop the top-most Activations; `stop` takes their children first.
+            tops = [a for a in self.resident.values() if a.parent_id not in self.resident]
+            for activation in tops or list(self.resident.values()):
+                await self.stop(activation.child_id, "disposed", interrupt)
+
+
+@asynccontextmanager
+async def open_continuation_manager(*, max_active: int = 8, stop_grace: float = 5.0) -> AsyncIterator[ContinuationManager]:
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        manager = ContinuationManager(nursery, max_active=max_active, stop_grace=stop_grace)
+        try:
+            yield manager
+        except BaseException as exc:
+            body_error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error

@@ -1,0 +1,423 @@
+"""The subagent service: start, settle, notify, message, resume and interrupt children (SPEC 5.3).
+
+Theory of operation. A child is a session with `origin: "subagent"` whose first append carries
+its descriptor (and, for a fork, the parent's prefix and the seed marker), so no crash leaves a
+child without identity. A continuable child runs under an Activation of the continuation
+manager; its body waits until the child's agent is idle with an empty inbox and no resident
+children of its own — *settled*. Settlement appends `subagent/settled` to the parent, durably,
+then delivers the notice (steered into a running parent, starting a turn in an idle one), then
+the Activation is disposed (the agent stops, the session is released). While the runtime
+drains, the notice is not delivered: the durable record waits for the parent's next resume,
+where every own-suffix `subagent/settled` no notice references is delivered again, first.
+
+A message to a child that is not resident cold-resumes it from its log: one observation gives
+the header (direct-parent check) and the identity (the own-suffix descriptor, last wins); no
+provider is dispatched. Per-child order is kept by the Activation's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from subagents.actors import Abort, EventDraft
+from subagents.actors.continuation import (
+    Activation,
+    ActivationLimitReached,
+    ContinuationManager,
+    Draining,
+)
+from subagents.storage import AlreadyOwned, Event, StorageError, check_session_id, decode_payload
+from subagents.storage.errors import InvalidSessionId
+
+from ..agent.inbox import Delivery, DeliveryCancelled
+from ..agent.loop import Agent, TurnResult
+from ..agent.registry import AgentError, AgentRegistry
+from ..query import SessionQuery, SessionQueryError
+from .descriptor import SubagentDescriptor, snapshot_descriptor
+from .listing import ListingService, SubagentError
+from .units import IDENTITY_UNIT
+
+__all__ = ["SubagentService", "notice_blocks", "return_guidance"]
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+Provider = Literal["spawn", "fork"]
+
+_SUMMARIES = {
+    "completed": "finished and will do no further work unless you send it more.",
+    "aborted": "was stopped before it finished.",
+    "max-tokens": "ran out of room before it finished.",
+    "error": "failed before it finished.",
+}
+_HEADLINES = {
+    "aborted": "subagent run was cancelled",
+    "error": "subagent run failed",
+    "max-tokens": "subagent run hit its token limit before finishing",
+}
+
+
+def notice_blocks(child_id: str, reason_kind: str, closing_text: str | None) -> list[Json]:
+    tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
+    blocks = [{"type": "text", "text": f"Background subagent {child_id} {tail}"}]
+    if closing_text is None:
+        blocks.append({"type": "text", "text": "It left no closing message."})
+    else:
+        blocks += [{"type": "text", "text": "Its closing message:"}, {"type": "text", "text": closing_text}]
+    return blocks
+
+
+def return_guidance(parent_id: str) -> str:
+    pid = json.dumps(parent_id, ensure_ascii=False)
+    return (
+        f"Your parent agent id is {pid}. Before you finish, send your result to that agent with "
+        f'send_message({{ agent_id: {pid}, message: "<self-contained result>" }}). The parent shares your '
+        "workspace but does not automatically receive your transcript, tool output, or reasoning. Send "
+        "earlier messages as well when a finding changes what the parent should do next; sending a "
+        "message does not end your turn."
+    )
+
+
+def _unavailable(child_id: str) -> SubagentError:
+    return SubagentError(f'subagent "{child_id}" is unavailable', "NOT_RESUMABLE")
+
+
+@attrs.define(eq=False)
+class SubagentService:
+    agents: AgentRegistry
+    manager: ContinuationManager
+    query: SessionQuery
+    listing: ListingService
+    max_depth: int = 1
+    _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
+    _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    # --- starting ---------------------------------------------------------------------------
+
+    async def start_continuable(self, parent: Agent, provider: Provider, label: str, prompt: str,
+                                abort: Abort | None = None) -> str:
+        """A background child; returns its id once its first prompt is accepted."""
+        if self.manager.draining:
+            raise SubagentError(str(Draining()), "DRAINING")
+        depth = self._child_depth(parent)
+        if abort is not None and abort.is_set():
+            raise SubagentError("message delivery was cancelled", "CANCELLED")
+        child_id = await self.agents.new_id()
+        try:
+            activation = self.manager.admit(child_id, parent.session_id)
+        except ActivationLimitReached as exc:
+            raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
+        except Draining as exc:
+            raise SubagentError(str(exc), "DRAINING") from None
+        try:
+            child = await self._create_child(parent, child_id, provider, depth,
+                                             SubagentDescriptor(mode="continuable", provider=provider, label=label))
+        except BaseException:
+            self.manager.forget(activation)
+            raise
+        try:
+            first = [{"type": "text", "text": prompt}, {"type": "text", "text": return_guidance(parent.session_id)}]
+            await child.send(first, "follow-up", abort=abort)
+        except DeliveryCancelled:
+            await self._dispose_unannounced(activation)
+            raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+        except BaseException:
+            await self._dispose_unannounced(activation)
+            raise
+        await self._catalog(parent, child, "continuable", label)
+        self._run_activation(activation, child)
+        return child_id
+
+    async def start(self, parent: Agent, provider: Provider, prompt: str, *, label: str | None = None,
+                    abort: Abort | None = None) -> TurnResult:
+        """A one-shot foreground child: run it to the end of its turn and return the result."""
+        depth = self._child_depth(parent)
+        child_id = await self.agents.new_id()
+        child = await self._create_child(parent, child_id, provider, depth,
+                                         SubagentDescriptor(mode="one-shot", provider=provider, label=label))
+        try:
+            await self._catalog(parent, child, "one-shot", label)
+            await child.send(prompt)
+            async with trio.open_nursery() as nursery:
+                if abort is not None:
+                    async def stop_on_abort() -> None:
+                        await abort.wait()
+                        child.cancel("parent")
+
+                    nursery.start_soon(stop_on_abort)
+                result = await child.wait_idle()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.agents.stop(child_id, cause="parent")
+        if result is None or result.reason["kind"] != "completed":
+            kind = result.reason["kind"] if result is not None else "error"
+            headline = _HEADLINES.get(kind, f"subagent run ended abnormally ({kind})")
+            detail = result.reason.get("message") if result is not None else None
+            if detail:
+                headline += f"\nDiagnostic: {detail}"
+            if result is not None and result.text:
+                headline += f"\nPartial output before the run ended:\n{result.text}"
+            raise SubagentError(headline, "RUN_NOT_COMPLETED")
+        return result
+
+    def _child_depth(self, parent: Agent) -> int:
+        depth = parent.session.header.delegation_depth + 1
+        if depth > self.max_depth:
+            raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
+        return depth
+
+    async def _create_child(self, parent: Agent, child_id: str, provider: Provider, depth: int,
+                            descriptor: SubagentDescriptor) -> Agent:
+        inherited: list[Event] = []
+        if provider == "fork":
+            inherited = await trio.to_thread.run_sync(self._fork_prefix, parent.session_id)
+        elif provider != "spawn":
+            raise SubagentError(f'no subagent provider registered for "{provider}"', "NO_PROVIDER")
+        draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
+        register = getattr(self.agents.model, "register_session", None)  # scripted: bind labels in order
+        agent = await self.agents.create(
+            session_id=child_id, parent_session=parent.session_id, origin="subagent", delegation_depth=depth,
+            cwd=parent.session.header.cwd, inherited=inherited, first=[draft], label=descriptor.label,
+        )
+        if register is not None and descriptor.label is not None:
+            register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)
+        return agent
+
+    def _fork_prefix(self, parent_id: str) -> list[Event]:
+        """The parent's events up to its last `turn/end` (captured once, at creation)."""
+        store = self.agents.log_store
+        handle = store.open_read(parent_id)
+        try:
+            events = list(store.read(handle))
+        finally:
+            store.close(handle)
+        cut = next((i + 1 for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/end"), 0)
+        return events[:cut]
+
+    async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None) -> None:
+        data: Json = {"version": 1, "child_id": child.session_id,
+                      "child_created_at": child.session.header.created_at, "mode": mode}
+        if label is not None:
+            data["label"] = label
+        await parent.session.append([EventDraft(type="subagent/catalog", data=data, time=self.agents.clock.now_ms())])
+
+    async def _dispose_unannounced(self, activation: Activation) -> None:
+        with trio.CancelScope(shield=True):
+            await self.agents.stop(activation.child_id, cause="parent")
+            self.manager.forget(activation)
+
+    # --- residency and settlement -----------------------------------------------------------
+
+    def _run_activation(self, activation: Activation, child: Agent) -> None:
+        async def body(_a: Activation) -> None:
+            while True:
+                await child.wait_idle()
+                if child.inbox.wakes():
+                    continue
+                if any(self.manager.get(o) is not None for o in activation.owned):
+                    await self.manager.wait_changed()
+                    continue
+                return
+
+        def ready(_a: Activation) -> bool:
+            return child.status != "running" and not child.inbox.wakes()
+
+        async def settle(a: Activation) -> None:
+            await self._settle(a, child)
+
+        async def dispose(a: Activation) -> None:
+            await self.agents.stop(a.child_id, cause=a.cause or "disposed")
+
+        self.manager.start(activation, body, ready, settle, dispose)
+
+    async def _settle(self, activation: Activation, child: Agent) -> None:
+        if activation.cause is not None and child.status == "running":
+            child.cancel(activation.cause)  # type: ignore[arg-type]  # one of the three causes
+            with trio.move_on_after(self.manager.stop_grace):
+                await child.wait_turn_closed()
+        result = child.last_result
+        kind = str(result.reason["kind"]) if result is not None else "aborted"
+        closing = result.closing_text if result is not None else None
+        parent = self.agents.get(activation.parent_id)
+        parent_ref = parent.session if parent is not None else self.agents.sessions.get(activation.parent_id)
+        if parent_ref is None:
+            log.warning("subagent %s settled but its parent %s is not live: the notice is lost",
+                        activation.child_id, activation.parent_id)
+            return
+        data: Json = {"child_id": activation.child_id, "reason_kind": kind}
+        if closing is not None:
+            data["closing_text"] = closing
+        try:
+            appended = await parent_ref.append([EventDraft(type="subagent/settled", data=data,
+                                                           time=self.agents.clock.now_ms())])
+        except Exception as exc:  # the child still lists as ready; only the notice is lost
+            log.warning("could not record the settlement of %s: %s", activation.child_id, exc)
+            return
+        self._settled.setdefault(activation.parent_id, []).append((activation.child_id, child.label))
+        self._settled_changed.unpark_all()
+        parent_activation = self.manager.get(activation.parent_id)
+        if parent is None or self.manager.draining or (parent_activation is not None and parent_activation.closing):
+            return  # the durable record is delivered at the parent's next resume
+        parent.inbox.put_nowait(
+            Delivery(content=notice_blocks(activation.child_id, kind, closing),
+                     source={"kind": "subagent-settled", "sender_session_id": activation.child_id},
+                     source_event_seqs=[appended.first_seq], trigger="notice"),
+            "steer", force=True,
+        )
+
+    def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
+        """On resume: every own-suffix `subagent/settled` that no own-suffix notice references
+        is delivered again, in one first turn (`trigger: resume`)."""
+        pending = [events[seq] for seq in settled_pending(events, agent.session.inherited_event_count)]
+        for i, event in enumerate(pending):
+            data = decode_payload(event, session_id=agent.session_id)
+            closing = data.closing_text if isinstance(data.closing_text, str) else None
+            delivery = Delivery(content=notice_blocks(data.child_id, data.reason_kind, closing),
+                                source={"kind": "subagent-settled", "sender_session_id": data.child_id},
+                                source_event_seqs=[event.seq], trigger="resume")
+            agent.inbox.put_nowait(delivery, "follow-up" if i == len(pending) - 1 else "inject", force=True)
+
+    async def wait_settled(self, parent_id: str, child: str) -> None:
+        """For scripted `wait_for: settled`: until a child (label or id) of `parent_id` settled."""
+        while not any(child in (cid, label) for cid, label in self._settled.get(parent_id, ())):
+            await self._settled_changed.park()
+
+    async def wait_tree_idle(self, agent: Agent) -> TurnResult | None:
+        """Until the agent is idle and no Activation of its family is resident."""
+        while True:
+            result = await agent.wait_idle()
+            if not any(a.root_id == agent.session_id for a in self.manager.resident.values()):
+                if agent.status != "running" and not agent.inbox.wakes():
+                    return result
+                continue
+            await self.manager.wait_changed()
+
+    async def drain(self) -> None:
+        def interrupt(activation: Activation) -> None:
+            child = self.agents.get(activation.child_id)
+            if child is not None:
+                child.cancel("disposed")
+
+        await self.manager.drain(interrupt)
+
+    # --- messages and interrupts -----------------------------------------------------------
+
+    async def send_message(self, sender: Agent, target_id: str, text: str, abort: Abort | None = None) -> None:
+        if self.agents.get(sender.session_id) is not sender:
+            raise SubagentError("message delivery requires the exact live sender agent", "UNAUTHORIZED")
+        if self.manager.draining:
+            raise SubagentError(str(Draining()), "DRAINING")
+        try:
+            check_session_id(target_id)
+        except InvalidSessionId:
+            raise _unavailable(target_id) from None
+        content = [{"type": "text", "text": f"Agent {sender.session_id} sent a message: "},
+                   {"type": "text", "text": text}]
+        source = {"kind": "agent-message", "sender_session_id": sender.session_id}
+        own = self.manager.get(sender.session_id)
+        if sender.session.header.parent_session == target_id:
+            if own is None:
+                raise SubagentError(f'agent "{sender.session_id}" is not a resident continuable child and '
+                                    f'cannot send to parent "{target_id}"', "UNAUTHORIZED")
+            parent = self.agents.get(target_id)
+            if parent is None:
+                raise SubagentError("direct parent is not live; the message was not delivered", "PARENT_UNAVAILABLE")
+            await self._deliver(parent, content, source, abort)
+            return
+        while True:
+            activation = self.manager.get(target_id)
+            if activation is None:
+                if await self._cold_resume(sender, target_id, content, source, abort):
+                    return
+                continue
+            async with activation.lock:
+                if activation.closing:
+                    pass  # wait for its disposal below, then cold-resume it
+                else:
+                    if activation.parent_id != sender.session_id:
+                        raise SubagentError(f'subagent "{target_id}" belongs to another parent session', "UNAUTHORIZED")
+                    child = self.agents.get(target_id)
+                    if child is None:
+                        raise _unavailable(target_id)
+                    await self._deliver(child, content, source, abort)
+                    return
+            await activation.disposed.wait()
+
+    async def _deliver(self, agent: Agent, content: list[Json], source: Json, abort: Abort | None) -> None:
+        try:
+            await agent.inbox.put(Delivery(content=content, source=source, trigger="message"), "steer", abort)
+        except DeliveryCancelled:
+            raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+
+    async def _cold_resume(self, sender: Agent, target_id: str, content: list[Json], source: Json,
+                           abort: Abort | None) -> bool:
+        if self.agents.get(target_id) is not None or self.agents.sessions.get(target_id) is not None:
+            raise _unavailable(target_id)  # live but not an Activation: refused, not adopted
+        try:
+            async with self.query.observe_session(target_id, abort) as observation:
+                header = observation.header
+                identity = observation.projections.get(IDENTITY_UNIT.key)
+                k = observation.inherited_event_count
+        except SessionQueryError as exc:
+            if exc.code == "SESSION_QUERY_ABORTED":
+                raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+            raise _unavailable(target_id) from None
+        if header.parent_session != sender.session_id:
+            raise SubagentError(f'subagent "{target_id}" belongs to another parent session', "UNAUTHORIZED")
+        if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":
+            raise SubagentError(f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
+                                "choose a different target", "NOT_RESUMABLE")
+        if self.manager.get(target_id) is not None:
+            return False  # someone resumed it meanwhile: deliver through its Activation
+        try:
+            activation = self.manager.admit(target_id, sender.session_id)
+        except ActivationLimitReached as exc:
+            raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
+        except Draining as exc:
+            raise SubagentError(str(exc), "DRAINING") from None
+        try:
+            child = await self.agents.resume(target_id, label=identity.get("label"))
+        except (AlreadyOwned, StorageError, AgentError):
+            self.manager.forget(activation)
+            raise _unavailable(target_id) from None
+        except BaseException:
+            self.manager.forget(activation)
+            raise
+        try:
+            await self._deliver(child, content, source, abort)
+        finally:
+            self._run_activation(activation, child)
+        return True
+
+    def interrupt(self, target_id: str, by: Agent) -> None:
+        if target_id == by.session_id:
+            raise SubagentError(f'agent "{target_id}" cannot interrupt itself', "UNAUTHORIZED")
+        activation = self.manager.get(target_id)
+        if activation is None or activation.closing:
+            return  # not resident: an accepted no-op, never a cold resume
+        if by.session_id not in self.manager.ancestors(target_id):
+            raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
+                                "UNAUTHORIZED")
+        child = self.agents.get(target_id)
+        if child is not None:
+            child.cancel("parent")
+
+
+def settled_pending(events: Sequence[Event], inherited_event_count: int) -> list[int]:
+    """Seqs of own-suffix `subagent/settled` records no own-suffix notice references."""
+    referenced: set[int] = set()
+    settled: list[int] = []
+    for event in events[inherited_event_count:]:
+        if event.type == "subagent/settled":
+            settled.append(event.seq)
+        elif event.type == "user/message" and isinstance(event.source_event_seqs, list):
+            referenced.update(event.source_event_seqs)
+    return [s for s in settled if s not in referenced]
+

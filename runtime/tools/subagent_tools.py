@@ -1,0 +1,214 @@
+"""`subagent`, `subagent_fork`, `list_agents`, `send_message`, `interrupt_agent` (SPEC 5.5).
+
+Names, parameters and renders are exact; the descriptions keep the phrases the reference pins
+(reference-notes §6), because they steer model behaviour. A refused call raises a
+`ToolFailure` named `SubagentError` with the service's code, so the durable `tool/result`
+carries `error: {name: "SubagentError", code}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ..agent.tools import ToolContext, ToolFailure
+from ..subagents.listing import ChildRow, SubagentError
+from ..subagents.service import SubagentService
+
+__all__ = ["render_agents", "subagent_tools"]
+
+Json = dict[str, Any]
+
+_DELEGATE_PARAMS: Json = {
+    "type": "object",
+    "properties": {
+        "description": {"type": "string", "description": "A short (3-5 word) description of the delegated task, for display."},
+        "prompt": {"type": "string", "description": "The task for the subagent: everything it needs to know."},
+        "run_in_background": {"type": "boolean", "description": "true (default): start a continuable background child and return its id; false: wait for its answer."},
+    },
+    "required": ["description", "prompt"],
+    "additionalProperties": False,
+}
+
+_BACKGROUND = (
+    " This tool runs in the background by default, immediately returns a durable subagent id, and keeps the "
+    "child conversation available for later turns. When that run settles, the runtime sends the parent a notice "
+    "containing its outcome and any final assistant message; `send_message` steers the child's nearest step "
+    "while it is running and starts a turn while it is idle. Set `run_in_background: false` only when your next "
+    "action depends on receiving the result."
+)
+
+LIST_AGENTS_DESCRIPTION = (
+    "List your continuable background subagents by durable id and label. Use it to recall which ones you "
+    "started, not to poll for completion — you are told when one finishes. Status comes from the live registry: "
+    "running means the agent is working right now, idle means it is loaded but between turns (it may be waiting "
+    "on agents it started), and ready means it exists only in storage — resumable, not terminal, and not a result "
+    "waiting to be collected; a `send_message` steers a running child at its nearest step boundary or starts a "
+    "turn for an idle or ready child, and a direct child remains a `send_message` candidate in every status. The "
+    "snapshot is not a delivery promise — `send_message` performs the authoritative check and may still fail. "
+    "Children that could not be read are reported as diagnostics instead of being silently dropped. Scope "
+    "`descendants` walks the whole tree below you in stable pre-order, annotating each entry with its durable "
+    "direct-parent session id and depth. You may use `send_message` only for depth-1 entries; deeper entries are "
+    "candidates for `interrupt_agent` only."
+)
+
+SEND_MESSAGE_DESCRIPTION = (
+    "Send a message to a direct continuable child by its agent id. If you are a resident continuable child, you "
+    "may also target your direct parent. If the target is still working, the message steers its nearest step; if "
+    "it is idle, the message starts a turn. This call returns no answer from the agent — only confirmation that "
+    "the message was delivered. A failure means the message was NOT delivered."
+)
+
+INTERRUPT_DESCRIPTION = (
+    "Request cancellation of a background agent's current turn by its agent id. The target may be your direct "
+    "child or a deeper agent created under you. Only the current turn stops: messages already queued for the "
+    "agent stay parked until a later send_message, agents it started keep running, and the agent itself stays "
+    "available for follow-ups. This call returns as soon as the stop request is accepted, so the target may keep "
+    "running briefly; interrupting an agent that already finished is an accepted no-op."
+)
+
+
+def _failure(exc: SubagentError) -> ToolFailure:
+    return ToolFailure(exc.message, code=exc.code, name="SubagentError")
+
+
+def _caller(ctx: ToolContext, tool: str) -> Any:
+    if ctx.agent is None:
+        raise ToolFailure(f"{tool} requires a calling agent (exec.agent was undefined)", code="NO_AGENT")
+    return ctx.agent
+
+
+@attrs.frozen
+class _Delegate:
+    service: SubagentService
+    name: str
+    provider: str
+    parallel_safe: bool = True
+    parameters: Json = _DELEGATE_PARAMS
+
+    @property
+    def description(self) -> str:
+        if self.provider == "fork":
+            head = "Delegate a task to a subagent that inherits this conversation (its history up to your last finished turn)."
+        else:
+            head = "Delegate a self-contained task to a subagent with a fresh context: give it everything it needs in the prompt."
+        return head + _BACKGROUND
+
+    async def run(self, args: Json, ctx: ToolContext) -> str:
+        parent = _caller(ctx, self.name)
+        try:
+            if args.get("run_in_background", True):
+                child_id = await self.service.start_continuable(parent, self.provider, args["description"],  # type: ignore[arg-type]  # spawn or fork
+                                                                args["prompt"], ctx.abort)
+                return f"started subagent {child_id}"
+            result = await self.service.start(parent, self.provider, args["prompt"],  # type: ignore[arg-type]  # spawn or fork
+                                              label=args["description"], abort=ctx.abort)
+        except SubagentError as exc:
+            raise _failure(exc) from None
+        return result.text or ""
+
+
+def render_agents(rows: Sequence[Any], descendants: bool, status: Any) -> str:
+    """The `list_agents` text: one line per continuable child or diagnostic."""
+    lines = []
+    for row in rows:
+        at = f" parent={row.parent_id} depth={row.depth}" if descendants else ""
+        if isinstance(row, ChildRow):
+            if row.mode != "continuable":
+                continue
+            lines.append(f"{row.id} [{status(row.id)}]{at} — {row.label}")
+        else:
+            lines.append(f"{row.id} [diagnostic: {row.reason}]{at}")
+    return "\n".join(lines) if lines else "(no subagents)"
+
+
+@attrs.frozen
+class _ListAgents:
+    service: SubagentService
+    name: str = "list_agents"
+    description: str = LIST_AGENTS_DESCRIPTION
+    parallel_safe: bool = True
+    parameters: Json = attrs.field(factory=lambda: {
+        "type": "object",
+        "properties": {"scope": {"type": "string", "enum": ["children", "descendants"],
+                                 "description": "children (default) lists direct children only; descendants walks the complete tree below you."}},
+        "additionalProperties": False,
+    })
+
+    async def run(self, args: Json, ctx: ToolContext) -> str:
+        caller = _caller(ctx, self.name)
+        descendants = args.get("scope", "children") == "descendants"
+        listing = self.service.listing
+        try:
+            if descendants:
+                rows = await listing.list_descendants(caller.session_id, ctx.abort)
+            else:
+                rows = await listing.list_children(caller.session_id, ctx.abort)
+        except SubagentError as exc:
+            raise _failure(exc) from None
+        agents = self.service.agents
+
+        def status(child_id: str) -> str:
+            agent = agents.get(child_id)
+            return "ready" if agent is None else ("running" if agent.status == "running" else "idle")
+
+        return render_agents(rows, descendants, status)
+
+
+@attrs.frozen
+class _SendMessage:
+    service: SubagentService
+    name: str = "send_message"
+    description: str = SEND_MESSAGE_DESCRIPTION
+    parallel_safe: bool = True
+    parameters: Json = attrs.field(factory=lambda: {
+        "type": "object",
+        "properties": {
+            "agent_id": {"type": "string", "description": "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child."},
+            "message": {"type": "string", "description": "The message to deliver to the agent."},
+        },
+        "required": ["agent_id", "message"],
+        "additionalProperties": False,
+    })
+
+    async def run(self, args: Json, ctx: ToolContext) -> str:
+        sender = _caller(ctx, self.name)
+        try:
+            await self.service.send_message(sender, args["agent_id"], args["message"], ctx.abort)
+        except SubagentError as exc:
+            raise _failure(exc) from None
+        return f"message delivered to agent {args['agent_id']}"
+
+
+@attrs.frozen
+class _InterruptAgent:
+    service: SubagentService
+    name: str = "interrupt_agent"
+    description: str = INTERRUPT_DESCRIPTION
+    parallel_safe: bool = True
+    parameters: Json = attrs.field(factory=lambda: {
+        "type": "object",
+        "properties": {"agent_id": {"type": "string", "description": "The agent id of the running agent to interrupt."}},
+        "required": ["agent_id"],
+        "additionalProperties": False,
+    })
+
+    async def run(self, args: Json, ctx: ToolContext) -> str:
+        caller = _caller(ctx, self.name)
+        try:
+            self.service.interrupt(args["agent_id"], caller)
+        except SubagentError as exc:
+            raise _failure(exc) from None
+        return f"interrupt requested for agent {args['agent_id']}"
+
+
+def subagent_tools(service: SubagentService) -> list[Any]:
+    return [
+        _Delegate(service, "subagent", "spawn"),
+        _Delegate(service, "subagent_fork", "fork"),
+        _ListAgents(service),
+        _SendMessage(service),
+        _InterruptAgent(service),
+    ]
