@@ -82,12 +82,12 @@ class AgentRegistry:
 
     async def _exists(self, session_id: str) -> bool:
         try:
-            await trio.to_thread.run_sync(self.log_store.stat, session_id)
+            info = await trio.to_thread.run_sync(self.log_store.stat, session_id)
         except SessionNotFound:
             return False
         except PersistenceFailed:
             return False  # no root yet (create makes it), or unreadable: create then says why
-        return True
+        return info is not None
 
     async def create(
         self,
