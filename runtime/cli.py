@@ -27,6 +27,7 @@ from .models.base import Model
 from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
 from .query import SessionQueryError
 from .subagents.listing import ChildRow, SubagentError
+from .tools.subagent_tools import render_agents
 
 __all__ = ["main"]
 
@@ -60,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     children.add_argument("parent_id", metavar="PARENT_ID")
     children.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
     children.add_argument("--json", action="store_true", help="the rows as JSON")
+    agents = commands.add_parser(
+        "agents", parents=[root], help="a session's continuable children as list_agents shows them (read-only)"
+    )
+    agents.add_argument("parent_id", metavar="PARENT_ID")
+    agents.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
     run = commands.add_parser(
         "run", parents=[root], help="run one prompt in a session (created or resumed) and print the answer"
     )
@@ -80,6 +86,18 @@ def _read_only_root(path: str) -> str:
 
 
 async def _children(args: argparse.Namespace) -> int:
+    rows = await _list(args)
+    if args.command == "agents":
+        # No process is live here, so every continuable child is `ready`.
+        print(render_agents(rows, args.descendants, lambda _id: "ready"))
+    elif args.json:
+        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False))
+    else:
+        _print_table(rows, args.descendants)
+    return 0
+
+
+async def _list(args: argparse.Namespace) -> list[Any]:
     async with open_runtime(args.root) as runtime:
         try:
             corpus = await runtime.query.list_sessions()
@@ -91,11 +109,7 @@ async def _children(args: argparse.Namespace) -> int:
                 rows = await runtime.listing.list_children(args.parent_id)
         except (SessionQueryError, SubagentError) as exc:
             raise UsageError(exc.message) from None
-    if args.json:
-        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False))
-    else:
-        _print_table(rows, args.descendants)
-    return 0
+    return list(rows)
 
 
 async def _run(args: argparse.Namespace, model: Model) -> int:
@@ -163,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        if args.command == "children":
+        if args.command in ("children", "agents"):
             try:
                 check_session_id(args.parent_id)
             except InvalidSessionId as exc:

@@ -92,3 +92,25 @@ def test_children_bad_input_is_exit_2_with_one_line(tmp_path: Path, capsys, args
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "missing").exists()  # read-only commands never create the root
+
+
+def test_agents_renders_like_list_agents(tmp_path: Path, capsys) -> None:
+    root = _root_with_children(tmp_path)
+    assert main(["agents", "p", "--root", str(root)]) == 0
+    # c2 is an unlabeled one-shot child: list_agents never shows one-shot children.
+    assert capsys.readouterr().out == "c1 [ready] — first\n"
+    assert main(["agents", "p", "--descendants", "--root", str(root)]) == 0
+    assert capsys.readouterr().out == "c1 [ready] parent=p depth=1 — first\ng [ready] parent=c1 depth=2 — deep\n"
+    assert main(["agents", "c2", "--root", str(root)]) == 0
+    assert capsys.readouterr().out == "(no subagents)\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["agents", "nobody"], 'session "nobody" not found'),
+    (["agents", "x" * 81], "80"),
+])
+def test_agents_bad_input_is_exit_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    root = _root_with_children(tmp_path)
+    assert main([*args, "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
