@@ -2,3 +2,6 @@
 
 It may import `subagents.actors`, `subagents.storage`, httpx and rich.
 """
+
+from .app import Runtime as Runtime
+from .app import open_runtime as open_runtime

@@ -31,3 +31,12 @@ def test_actors_example_runs(tmp_path, monkeypatch, capsys) -> None:
     exec(compile(code.group(1), "README.md", "exec"), {})
     assert capsys.readouterr().out == "{'subagent': None}\n"
     assert (tmp_path / ".subagents" / "sessions" / "demo-parent" / "session.jsonl.zst").is_file()
+
+
+def test_embedding_example_runs(tmp_path, monkeypatch, capsys) -> None:
+    code = re.search(r"## Embedding in a minute\n\n```python\n(.*?)```", README, re.S)
+    assert code is not None
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.group(1), "README.md", "exec"), {})
+    assert capsys.readouterr().out == "the child said: HI\n['child-1']\n"
+    assert (tmp_path / ".subagents" / "sessions" / "child-1" / "session.jsonl.zst").is_file()
