@@ -28,6 +28,7 @@ from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_mode
 from .query import SessionQueryError
 from .subagents.listing import ChildRow, SubagentError
 from .tools.subagent_tools import render_agents
+from .transcript import render, transcript
 
 __all__ = ["main"]
 
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agents.add_argument("parent_id", metavar="PARENT_ID")
     agents.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
+    sessions = commands.add_parser("sessions", parents=[root], help="every session in the store (read-only)")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per session")
+    show = commands.add_parser("show", parents=[root], help="a readable transcript of one session (read-only)")
+    show.add_argument("session_id", metavar="ID")
+    show.add_argument("--json", action="store_true", help="the transcript entries as JSON")
     run = commands.add_parser(
         "run", parents=[root], help="run one prompt in a session (created or resumed) and print the answer"
     )
@@ -147,6 +153,61 @@ async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
         return await runtime.agents.create(session_id=session_id)
 
 
+async def _sessions(args: argparse.Namespace) -> int:
+    async with open_runtime(args.root) as runtime:
+        try:
+            records = await runtime.query.list_sessions()
+        except SessionQueryError as exc:
+            raise UsageError(exc.message) from None
+    rows = [_session_row(r) for r in records]
+    if args.json:
+        print(json.dumps(rows, ensure_ascii=False))
+        return 0
+    if not rows:
+        print("(no sessions)")
+    for row in rows:
+        where = "live" if row["live"] else "persisted"
+        damage = f" [{row['damage']}]" if row["damage"] else ""
+        parent = f" parent={row['parent']}" if row["parent"] else ""
+        origin = f" {row['origin']}" if row["origin"] else ""
+        print(f"{row['id']}  created={row['created']}{origin}{parent} depth={row['depth']} "
+              f"events={row['events']} {where}{damage}")
+    return 0
+
+
+def _session_row(record: Any) -> dict[str, Any]:
+    header = record.header
+    return {
+        "id": record.id,
+        "created": header.created_at if header is not None else None,
+        "origin": header.origin if header is not None else None,
+        "parent": header.parent_session if header is not None else None,
+        "depth": header.delegation_depth if header is not None else None,
+        "events": record.event_count,
+        "live": record.live,
+        "persisted": record.persisted,
+        "damage": record.damage,
+    }
+
+
+async def _show(args: argparse.Namespace) -> int:
+    async with open_runtime(args.root) as runtime:
+        try:
+            async with runtime.query.observe_session(args.session_id) as observation:
+                entries = transcript(observation.events, session_id=args.session_id)
+        except SessionQueryError as exc:
+            if exc.code == "SESSION_QUERY_SESSION_NOT_FOUND":
+                raise UsageError(f'session "{args.session_id}" not found') from None
+            raise UsageError(exc.message) from None
+        except StorageError as exc:
+            raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(entries, ensure_ascii=False))
+    else:
+        print("\n".join(render(entries)))
+    return 0
+
+
 def _print_table(rows: Sequence[Any], descendants: bool) -> None:
     if not rows:
         print("(no subagents)")
@@ -185,6 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             _read_only_root(args.root)
             _raise_open_file_limit()
             return trio.run(_children, args)
+        if args.command in ("sessions", "show"):
+            if args.command == "show":
+                try:
+                    check_session_id(args.session_id)
+                except InvalidSessionId as exc:
+                    raise UsageError(exc.message) from None
+            _read_only_root(args.root)
+            _raise_open_file_limit()
+            return trio.run(_sessions if args.command == "sessions" else _show, args)
         if args.command == "run":
             if args.session is not None:
                 try:
@@ -202,6 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`subagents sessions | head`): not an error of ours, and Python
+        # must not complain again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     raise AssertionError(f"unhandled command {args.command!r}")
 
 

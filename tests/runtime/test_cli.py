@@ -114,3 +114,56 @@ def test_agents_bad_input_is_exit_2(tmp_path: Path, capsys, args: list[str], mes
     assert main([*args, "--root", str(root)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
+    root = _root_with_children(tmp_path)
+    assert main(["sessions", "--json", "--root", str(root)]) == 0
+    rows = __import__("json").loads(capsys.readouterr().out)
+    assert [r["id"] for r in rows] == ["g", "c2", "c1", "p"]  # newest first
+    assert rows[0] == {"id": "g", "created": 4, "origin": "subagent", "parent": "c1", "depth": 0,
+                       "events": 2, "live": False, "persisted": True, "damage": None}
+    assert main(["sessions", "--root", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "p  created=1 depth=0 events=1 persisted"
+
+
+def test_sessions_reports_damage(tmp_path: Path, capsys) -> None:
+    root = _root_with_children(tmp_path)
+    log = root / "sessions" / "c2" / "session.jsonl.zst"
+    log.write_bytes(log.read_bytes()[:-3] + b"xyz")  # a checksum failure inside a complete frame
+    assert main(["sessions", "--json", "--root", str(root)]) == 0
+    rows = {r["id"]: r for r in __import__("json").loads(capsys.readouterr().out)}
+    assert rows["c2"]["damage"] == "corrupt" and rows["c1"]["damage"] is None
+
+
+def test_show_prints_a_transcript(tmp_path: Path, capsys) -> None:
+    root = _root_with_children(tmp_path)
+    assert main(["show", "c1", "--root", str(root)]) == 0
+    assert capsys.readouterr().out == (
+        "  ⋯ continuable subagent of provider spawn — first\n"
+        "── turn 1\n"
+        "── end of turn 1: interrupted\n"  # the closer a reader adds in memory for the open turn
+    )
+    assert main(["show", "c1", "--json", "--root", str(root)]) == 0
+    entries = __import__("json").loads(capsys.readouterr().out)
+    assert [e["type"] for e in entries] == ["subagent/descriptor", "turn/start", "turn/end"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["show", "nobody"], 'session "nobody" not found'),
+    (["show", "x" * 81], "80"),
+])
+def test_show_bad_input_is_exit_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    root = _root_with_children(tmp_path)
+    assert main([*args, "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("command", [["sessions"], ["show", "p"], ["agents", "p"], ["children", "p"]])
+def test_read_only_commands_never_create_the_root(tmp_path: Path, capsys, command: list[str]) -> None:
+    root = tmp_path / "absent"
+    assert main([*command, "--root", str(root)]) == 2
+    assert capsys.readouterr().err == f"subagents: not a subagents root: {root}\n"
+    assert not root.exists()
