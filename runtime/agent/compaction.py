@@ -35,7 +35,7 @@ class CompactionPlan:
 
     @property
     def start_seq(self) -> int:
-        return self.nodes[0].seq
+        return self.nodes[0].first_seq
 
     @property
     def end_seq(self) -> int:

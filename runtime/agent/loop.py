@@ -460,7 +460,7 @@ class Agent:
                               {"kind": "compaction"})
         self._stage("user/message", {"turn": turn, "step": step, "message": replacement},
                     surface_op=ReplaceOp(op="replace", start_seq=plan.start_seq, end_seq=plan.end_seq),
-                    source_event_seqs=[n.seq for n in plan.nodes])
+                    source_event_seqs=sorted(n.seq for n in plan.nodes))
         self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
 
     async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:

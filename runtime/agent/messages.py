@@ -60,6 +60,14 @@ class SurfaceNode:
     seq: int
     type: str
     message: Json
+    # The first event seq the node stands for: its own seq, or for a compaction summary the
+    # start of the range it replaced. Strictly increasing along the surface (a summary's own
+    # seq is not: it is newer than the nodes after it).
+    first_seq: int = attrs.field()
+
+    @first_seq.default
+    def _own(self) -> int:
+        return self.seq
 
 
 class Surface:
@@ -81,15 +89,17 @@ class Surface:
         self.add(event.seq, event.type, _to_json(payload.message), event.surface_op)
 
     def add(self, seq: int, type: str, msg: Json, op: object = "append") -> None:
-        node = SurfaceNode(seq, type, msg)
-        if isinstance(op, ReplaceOp):
-            kept = [n for n in self.nodes if not op.start_seq <= n.seq <= op.end_seq]
-            at = next((i for i, n in enumerate(self.nodes) if n.seq >= op.start_seq), len(self.nodes))
-            before = sum(1 for n in self.nodes[:at] if not op.start_seq <= n.seq <= op.end_seq)
-            kept.insert(before, node)
-            self.nodes = kept
-        else:
-            self.nodes.append(node)
+        if not isinstance(op, ReplaceOp):
+            self.nodes.append(SurfaceNode(seq, type, msg))
+            return
+        # The span runs from the first node at or after `start_seq` to the node whose own seq is
+        # `end_seq` (a summary may end a span although its seq is newer than what follows it).
+        nodes = self.nodes
+        lo = next((i for i, n in enumerate(nodes) if n.first_seq >= op.start_seq), len(nodes))
+        hi = next((i for i, n in enumerate(nodes) if n.seq == op.end_seq), None)
+        if hi is None:
+            hi = max((i for i, n in enumerate(nodes) if n.first_seq <= op.end_seq), default=lo - 1)
+        self.nodes = [*nodes[:lo], SurfaceNode(seq, type, msg, op.start_seq), *nodes[max(hi, lo - 1) + 1:]]
 
     def messages(self) -> list[Json]:
         return [n.message for n in self.nodes]

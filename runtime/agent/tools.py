@@ -135,17 +135,18 @@ class ToolSet:
                 f'invalid arguments for tool "{name}": {exc}', name="ToolArgumentsError", code="INVALID_ARGUMENTS"
             )
         try:
-            output = await tool.run(args, ctx)
+            return ToolOutcome(_render(name, await tool.run(args, ctx)))
         except ToolFailure as exc:
             return ToolOutcome.failure(exc.message, name=exc.error_name, code=exc.code)
         except Exception as exc:  # a tool's own bug or IO error: the model hears about it
             return ToolOutcome.failure(str(exc) or type(exc).__name__, name=type(exc).__name__, code="TOOL_FAILED")
-        return ToolOutcome(_render(name, output))
 
 
 def _render(name: str, output: ToolOutput) -> list[Json]:
     if isinstance(output, str):
         return text_blocks(output)
+    if not isinstance(output, (list, tuple)) or not all(isinstance(b, Mapping) for b in output):
+        raise TypeError(f"tool {name!r} returned {type(output).__name__}, not text or text blocks")
     blocks = [dict(b) for b in output]
     for block in blocks:
         if block.get("type") != "text" or not isinstance(block.get("text"), str) or len(block) != 2:
@@ -162,7 +163,7 @@ def _parse(raw: str) -> Json:
         raise _ArgumentsError("arguments must be a JSON string")
     text = raw.strip() or "{}"  # some models send "" for a tool without parameters
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise _ArgumentsError(f"malformed JSON ({exc})") from None
     if not isinstance(value, dict):
@@ -172,6 +173,13 @@ def _parse(raw: str) -> Json:
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 # --- a small JSON-schema subset: enough for tool parameters, strict where it matters ---------
@@ -197,10 +205,25 @@ def _check_node(schema: Any, where: str) -> None:
     if unknown:
         raise ValueError(f"{where}: unsupported schema keywords {sorted(unknown)}")
     types = schema.get("type")
-    for t in [types] if isinstance(types, str) else (types or []):
-        if t not in _TYPES:
-            raise ValueError(f"{where}: unknown type {t!r}")
-    for key, sub in (schema.get("properties") or {}).items():
+    if types is not None:
+        listed = [types] if isinstance(types, str) else types
+        if not isinstance(listed, list) or not listed or not all(isinstance(t, str) and t in _TYPES for t in listed):
+            raise ValueError(f"{where}: type must be one of {sorted(_TYPES)} or a list of them, got {types!r}")
+    props = schema.get("properties", {})
+    if not isinstance(props, Mapping):
+        raise ValueError(f"{where}: properties must be an object")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+        raise ValueError(f"{where}: required must be a list of names")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise ValueError(f"{where}: enum must be a list")
+    if not isinstance(schema.get("additionalProperties", True), bool):
+        raise ValueError(f"{where}: additionalProperties must be true or false")
+    for bound in ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"):
+        value = schema.get(bound, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: {bound} must be a number")
+    for key, sub in props.items():
         _check_node(sub, f"{where}.{key}")
     if "items" in schema:
         _check_node(schema["items"], f"{where}[]")
@@ -213,7 +236,7 @@ def validate_arguments(value: Any, schema: Mapping[str, Any], path: str = "$") -
         allowed = [types] if isinstance(types, str) else list(types)
         if not any(_is(value, t) for t in allowed):
             raise _ArgumentsError(f"{path} must be {' or '.join(allowed)}, got {_kind(value)}")
-    if "enum" in schema and value not in schema["enum"]:
+    if "enum" in schema and not any(_json_equal(value, choice) for choice in schema["enum"]):
         raise _ArgumentsError(f"{path} must be one of {json.dumps(schema['enum'])}")
     if isinstance(value, dict):
         props = schema.get("properties") or {}
@@ -237,6 +260,19 @@ def validate_arguments(value: Any, schema: Mapping[str, Any], path: str = "$") -
             raise _ArgumentsError(f"{path} must be >= {schema['minimum']}")
         if "maximum" in schema and value > schema["maximum"]:
             raise _ArgumentsError(f"{path} must be <= {schema['maximum']}")
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equality as JSON sees it: `true` is not `1`, and containers compare item by item."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+        return False
+    return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b)
 
 
 def _bounds(n: int, schema: Mapping[str, Any], lo: str, hi: str, path: str, unit: str) -> None:
