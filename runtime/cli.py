@@ -23,6 +23,7 @@ from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, c
 from .agent.loop import Agent, AgentStopped
 from .agent.registry import AgentError
 from .app import Runtime, open_runtime
+from .demo import run_demo
 from .models.base import Model
 from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
 from .query import SessionQueryError
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agents.add_argument("parent_id", metavar="PARENT_ID")
     agents.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
+    demo = commands.add_parser("demo", parents=[root], help="a keyless story: background children, a restart, a cold resume")
+    demo.add_argument("--plain", action="store_true", help="print the plain log even on a terminal")
     sessions = commands.add_parser("sessions", parents=[root], help="every session in the store (read-only)")
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
     show = commands.add_parser("show", parents=[root], help="a readable transcript of one session (read-only)")
@@ -151,6 +154,14 @@ async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
         return await runtime.agents.resume(session_id)
     except SessionNotFound:
         return await runtime.agents.create(session_id=session_id)
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    try:
+        return await run_demo(args.root, live=False if args.plain else None)
+    except RuntimeError as exc:
+        print(f"subagents: demo failed: {exc}", file=sys.stderr)
+        return 1
 
 
 async def _sessions(args: argparse.Namespace) -> int:
@@ -255,6 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _read_only_root(args.root)
             _raise_open_file_limit()
             return trio.run(_sessions if args.command == "sessions" else _show, args)
+        if args.command == "demo":
+            _raise_open_file_limit()
+            return trio.run(_demo, args)
         if args.command == "run":
             if args.session is not None:
                 try:

@@ -36,7 +36,7 @@ from ..models.base import Finish, Model, ModelError, ModelRequest, ModelWaits, T
 from .compaction import CompactionPolicy, plan_compaction
 from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message
-from .tools import ToolContext, ToolOutcome, ToolSet
+from .tools import PreparedCall, ToolContext, ToolOutcome, ToolSet
 
 __all__ = ["Agent", "AgentConfig", "AgentStopped", "TurnResult"]
 
@@ -78,6 +78,7 @@ class _Call:
     name: str
     arguments: str
     outcome: ToolOutcome | None = None
+    prepared: PreparedCall | None = None
     dispatched: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
 
@@ -398,6 +399,8 @@ class Agent:
                         call.dispatched = True
                     with trio.CancelScope(shield=True):
                         await self._flush()
+                    for call in group:  # in model order: ids and times drawn here follow it
+                        call.prepared = await self.tools.prepare(call.name, call.arguments, self._ctx(turn, step, call, abort))
                     async with trio.open_nursery() as pool:
                         for call in group:
                             pool.start_soon(self._execute, turn, step, call, abort, limiter)
@@ -422,10 +425,13 @@ class Agent:
         await self.clock.sleep(self.config.tool_abort_grace)
         scope.cancel()
 
+    def _ctx(self, turn: int, step: int, call: _Call, abort: Abort) -> ToolContext:
+        return ToolContext(session_id=self.session_id, call_id=call.id, turn=turn, step=step, abort=abort, agent=self)
+
     async def _execute(self, turn: int, step: int, call: _Call, abort: Abort, limiter: trio.CapacityLimiter) -> None:
-        ctx = ToolContext(session_id=self.session_id, call_id=call.id, turn=turn, step=step, abort=abort, agent=self)
+        assert call.prepared is not None
         async with limiter:
-            call.outcome = await self.tools.execute(call.name, call.arguments, ctx)
+            call.outcome = await self.tools.run(call.prepared, self._ctx(turn, step, call, abort))
         call.done.set()
 
     async def _record_result(self, turn: int, step: int, call: _Call) -> None:

@@ -104,11 +104,12 @@ class AgentRegistry:
         model: Model | None = None,
         config: AgentConfig | None = None,
         tools: ToolSet | None = None,
+        created_at: int | None = None,
     ) -> Agent:
         """A new session and its agent. `first` events are published with the session."""
         sid = session_id if session_id is not None else await self.new_id()
         header = SessionHeader(
-            id=sid, created_at=self.clock.now_ms(), is_seeded=bool(inherited), delegation_depth=delegation_depth,
+            id=sid, created_at=created_at if created_at is not None else self.clock.now_ms(), is_seeded=bool(inherited), delegation_depth=delegation_depth,
             cwd=cwd, parent_session=parent_session, origin=origin, agent_preset=agent_preset,  # type: ignore[arg-type]  # validated by SessionHeader
         )
         ref = await self.sessions.create(header, inherited=inherited)

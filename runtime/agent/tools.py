@@ -55,9 +55,24 @@ class ToolContext:
     step: int
     abort: Abort  # the turn's: set when the turn is cancelled (phase one of SPEC 5.2)
     agent: Any = None  # the calling agent, for tools that act on the runtime
+    prepared: Any = None  # what the tool's `prepare` returned (drawn in model order)
+
+
+@attrs.frozen
+class PreparedCall:
+    """A call checked and prepared in model order, ready to run concurrently with its group."""
+
+    tool: Any
+    args: Json
+    state: Any = None
+    outcome: ToolOutcome | None = None  # set when the call already failed
 
 
 class Tool(Protocol):
+    """A tool. It may also define `async prepare(args, ctx)`: the loop calls it for each call of
+    a step in model order before the calls run concurrently (ids and times are drawn there, so
+    they follow the model's order, not completion order); its value arrives as `ctx.prepared`."""
+
     name: str
     description: str
     parameters: Mapping[str, Any]
@@ -124,22 +139,43 @@ class ToolSet:
         return tool is None or bool(tool.parallel_safe)  # an unknown tool fails at once: harmless
 
     async def execute(self, name: str, raw_arguments: str, ctx: ToolContext) -> ToolOutcome:
+        return await self.run(await self.prepare(name, raw_arguments, ctx), ctx)
+
+    async def prepare(self, name: str, raw_arguments: str, ctx: ToolContext) -> PreparedCall:
         tool = self._tools.get(name)
         if tool is None:
-            return ToolOutcome.failure(f'unknown tool "{name}"', name="ToolNotFoundError", code="UNKNOWN_TOOL")
+            return PreparedCall(None, {}, outcome=ToolOutcome.failure(
+                f'unknown tool "{name}"', name="ToolNotFoundError", code="UNKNOWN_TOOL"))
         try:
             args = _parse(raw_arguments)
             validate_arguments(args, tool.parameters)
         except _ArgumentsError as exc:
-            return ToolOutcome.failure(
-                f'invalid arguments for tool "{name}": {exc}', name="ToolArgumentsError", code="INVALID_ARGUMENTS"
-            )
+            return PreparedCall(tool, {}, outcome=ToolOutcome.failure(
+                f'invalid arguments for tool "{name}": {exc}', name="ToolArgumentsError", code="INVALID_ARGUMENTS"))
+        prepare = getattr(tool, "prepare", None)
+        if prepare is None:
+            return PreparedCall(tool, args)
         try:
-            return ToolOutcome(_render(name, await tool.run(args, ctx)))
-        except ToolFailure as exc:
-            return ToolOutcome.failure(exc.message, name=exc.error_name, code=exc.code)
-        except Exception as exc:  # a tool's own bug or IO error: the model hears about it
-            return ToolOutcome.failure(str(exc) or type(exc).__name__, name=type(exc).__name__, code="TOOL_FAILED")
+            return PreparedCall(tool, args, await prepare(args, ctx))
+        except Exception as exc:
+            return PreparedCall(tool, args, outcome=_failed(exc))
+
+    async def run(self, call: PreparedCall, ctx: ToolContext) -> ToolOutcome:
+        if call.outcome is not None:
+            return call.outcome
+        try:
+            if call.state is not None:
+                ctx = attrs.evolve(ctx, prepared=call.state)
+            return ToolOutcome(_render(call.tool.name, await call.tool.run(call.args, ctx)))
+        except Exception as exc:
+            return _failed(exc)
+
+
+def _failed(exc: Exception) -> ToolOutcome:
+    if isinstance(exc, ToolFailure):
+        return ToolOutcome.failure(exc.message, name=exc.error_name, code=exc.code)
+    # A tool's own bug or IO error: the model hears about it, the turn goes on.
+    return ToolOutcome.failure(str(exc) or type(exc).__name__, name=type(exc).__name__, code="TOOL_FAILED")
 
 
 def _render(name: str, output: ToolOutput) -> list[Json]:

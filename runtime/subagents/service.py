@@ -43,7 +43,7 @@ from .descriptor import SubagentDescriptor, snapshot_descriptor
 from .listing import ListingService, SubagentError
 from .units import IDENTITY_UNIT
 
-__all__ = ["SubagentService", "notice_blocks", "return_guidance"]
+__all__ = ["Reservation", "SubagentService", "notice_blocks", "return_guidance"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,12 @@ def return_guidance(parent_id: str) -> str:
     )
 
 
+@attrs.frozen
+class Reservation:
+    child_id: str
+    created_at: int
+
+
 def _unavailable(child_id: str) -> SubagentError:
     return SubagentError(f'subagent "{child_id}" is unavailable', "NOT_RESUMABLE")
 
@@ -100,15 +106,21 @@ class SubagentService:
 
     # --- starting ---------------------------------------------------------------------------
 
+    async def reserve(self) -> Reservation:
+        """A child id and creation time, drawn now (tools draw them in model order)."""
+        child_id = await self.agents.new_id()
+        return Reservation(child_id, self.agents.clock.now_ms())
+
     async def start_continuable(self, parent: Agent, provider: Provider, label: str, prompt: str,
-                                abort: Abort | None = None) -> str:
+                                abort: Abort | None = None, *, reserved: Reservation | None = None) -> str:
         """A background child; returns its id once its first prompt is accepted."""
         if self.manager.draining:
             raise SubagentError(str(Draining()), "DRAINING")
         depth = self._child_depth(parent)
         if abort is not None and abort.is_set():
             raise SubagentError("message delivery was cancelled", "CANCELLED")
-        child_id = await self.agents.new_id()
+        reserved = reserved or await self.reserve()
+        child_id = reserved.child_id
         try:
             activation = self.manager.admit(child_id, parent.session_id)
         except ActivationLimitReached as exc:
@@ -116,7 +128,7 @@ class SubagentService:
         except Draining as exc:
             raise SubagentError(str(exc), "DRAINING") from None
         try:
-            child = await self._create_child(parent, child_id, provider, depth,
+            child = await self._create_child(parent, reserved, provider, depth,
                                              SubagentDescriptor(mode="continuable", provider=provider, label=label))
         except BaseException:
             self.manager.forget(activation)
@@ -135,11 +147,12 @@ class SubagentService:
         return child_id
 
     async def start(self, parent: Agent, provider: Provider, prompt: str, *, label: str | None = None,
-                    abort: Abort | None = None) -> TurnResult:
+                    abort: Abort | None = None, reserved: Reservation | None = None) -> TurnResult:
         """A one-shot foreground child: run it to the end of its turn and return the result."""
         depth = self._child_depth(parent)
-        child_id = await self.agents.new_id()
-        child = await self._create_child(parent, child_id, provider, depth,
+        reserved = reserved or await self.reserve()
+        child_id = reserved.child_id
+        child = await self._create_child(parent, reserved, provider, depth,
                                          SubagentDescriptor(mode="one-shot", provider=provider, label=label))
         try:
             await self._catalog(parent, child, "one-shot", label)
@@ -173,8 +186,9 @@ class SubagentService:
             raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
         return depth
 
-    async def _create_child(self, parent: Agent, child_id: str, provider: Provider, depth: int,
+    async def _create_child(self, parent: Agent, reserved: Reservation, provider: Provider, depth: int,
                             descriptor: SubagentDescriptor) -> Agent:
+        child_id = reserved.child_id
         inherited: list[Event] = []
         if provider == "fork":
             inherited = await trio.to_thread.run_sync(self._fork_prefix, parent.session_id)
@@ -185,6 +199,7 @@ class SubagentService:
         agent = await self.agents.create(
             session_id=child_id, parent_session=parent.session_id, origin="subagent", delegation_depth=depth,
             cwd=parent.session.header.cwd, inherited=inherited, first=[draft], label=descriptor.label,
+            created_at=reserved.created_at,
         )
         if register is not None and descriptor.label is not None:
             register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)

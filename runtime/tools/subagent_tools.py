@@ -15,7 +15,7 @@ import attrs
 
 from ..agent.tools import ToolContext, ToolFailure
 from ..subagents.listing import ChildRow, SubagentError
-from ..subagents.service import SubagentService
+from ..subagents.service import Reservation, SubagentService
 
 __all__ = ["render_agents", "subagent_tools"]
 
@@ -96,15 +96,18 @@ class _Delegate:
             head = "Delegate a self-contained task to a subagent with a fresh context: give it everything it needs in the prompt."
         return head + _BACKGROUND
 
+    async def prepare(self, args: Json, ctx: ToolContext) -> Reservation:
+        return await self.service.reserve()
+
     async def run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
         try:
             if args.get("run_in_background", True):
                 child_id = await self.service.start_continuable(parent, self.provider, args["description"],  # type: ignore[arg-type]  # spawn or fork
-                                                                args["prompt"], ctx.abort)
+                                                                args["prompt"], ctx.abort, reserved=ctx.prepared)
                 return f"started subagent {child_id}"
             result = await self.service.start(parent, self.provider, args["prompt"],  # type: ignore[arg-type]  # spawn or fork
-                                              label=args["description"], abort=ctx.abort)
+                                              label=args["description"], abort=ctx.abort, reserved=ctx.prepared)
         except SubagentError as exc:
             raise _failure(exc) from None
         return result.text or ""

@@ -1,0 +1,46 @@
+"""`subagents demo` — the README's main-job command — runs its story and leaves a store the
+other commands can read."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
+
+
+def _subagents(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "subagents.runtime.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_demo_ends_with_the_four_lines_and_leaves_an_inspectable_store(tmp_path: Path) -> None:
+    done = _subagents("demo", cwd=tmp_path)  # the default root ./.subagents, no TTY: the plain log
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[-4:] == EXPECTED_END
+    assert "demo: parent says: All three subagents finished: demo-2 [ready]" in done.stdout
+    transcript = _subagents("show", "demo-1", cwd=tmp_path).stdout
+    assert "The surveyor answered: Its complete lines are recovered" in transcript
+
+    sessions = json.loads(_subagents("sessions", "--json", cwd=tmp_path).stdout)
+    assert sorted(s["id"] for s in sessions) == ["demo-1", "demo-2", "demo-3", "demo-4"]
+    assert all(s["damage"] is None and not s["live"] for s in sessions)
+    agents = _subagents("agents", "demo-1", cwd=tmp_path)
+    assert agents.stdout.splitlines() == [
+        "demo-2 [ready] — Survey the storage layer",
+        "demo-3 [ready] — Check the listing rules",
+        "demo-4 [ready] — Draft release notes",
+    ]
+    shown = _subagents("show", "demo-2", cwd=tmp_path).stdout
+    assert shown.count("── turn") == 2  # the first task, then the cold-resumed question
+
+
+def test_a_second_demo_on_the_same_root_uses_fresh_ids(tmp_path: Path) -> None:
+    assert _subagents("demo", "--root", "store", cwd=tmp_path).returncode == 0
+    again = _subagents("demo", "--root", "store", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-2:] == ["demo: demo-6 resumed", "demo: ok"]
