@@ -24,6 +24,7 @@ from .agent.loop import Agent, AgentStopped
 from .agent.registry import AgentError
 from .app import Runtime, open_runtime
 from .demo import run_demo
+from .scenario import ScenarioError, check_scenario, run_scenario, scenario_dirs, update_scenario
 from .models.base import Model
 from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
 from .query import SessionQueryError
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     agents.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
     demo = commands.add_parser("demo", parents=[root], help="a keyless story: background children, a restart, a cold resume")
     demo.add_argument("--plain", action="store_true", help="print the plain log even on a terminal")
+    scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")
+    scenario.add_argument("action", choices=("run", "check", "update"))
+    scenario.add_argument("path", metavar="PATH", help="a scenario folder, or a folder of them")
     sessions = commands.add_parser("sessions", parents=[root], help="every session in the store (read-only)")
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
     show = commands.add_parser("show", parents=[root], help="a readable transcript of one session (read-only)")
@@ -154,6 +158,33 @@ async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
         return await runtime.agents.resume(session_id)
     except SessionNotFound:
         return await runtime.agents.create(session_id=session_id)
+
+
+async def _scenario(action: str, dirs: list[Any]) -> int:
+    failed = 0
+    for directory in dirs:
+        try:
+            if action == "run":
+                import tempfile
+
+                with tempfile.TemporaryDirectory(prefix="scenario-") as tmp:
+                    result = await run_scenario(directory, tmp)
+                print(json.dumps({"scenario": directory.name, "outputs": result.outputs}, ensure_ascii=False))
+            elif action == "update":
+                sessions = await update_scenario(directory)
+                print(f"{directory.name}: updated ({len(sessions)} sessions)")
+            else:
+                problems = await check_scenario(directory)
+                if problems:
+                    failed += 1
+                    print(f"{directory.name}: FAILED", file=sys.stderr)
+                    for problem in problems:
+                        print(problem, file=sys.stderr)
+                else:
+                    print(f"{directory.name}: ok")
+        except ScenarioError as exc:
+            raise UsageError(str(exc)) from None
+    return 1 if failed else 0
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -266,6 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _read_only_root(args.root)
             _raise_open_file_limit()
             return trio.run(_sessions if args.command == "sessions" else _show, args)
+        if args.command == "scenario":
+            try:
+                dirs = scenario_dirs(args.path)
+            except ScenarioError as exc:
+                raise UsageError(str(exc)) from None
+            return trio.run(_scenario, args.action, dirs)
         if args.command == "demo":
             _raise_open_file_limit()
             return trio.run(_demo, args)

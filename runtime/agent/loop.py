@@ -80,6 +80,7 @@ class _Call:
     outcome: ToolOutcome | None = None
     prepared: PreparedCall | None = None
     dispatched: bool = False
+    recorded: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
 
 
@@ -409,9 +410,11 @@ class Agent:
                             await self._record_result(turn, step, call)
                 watch.cancel_scope.cancel()
         for call in calls:
-            if call.outcome is not None:
+            if call.recorded:
                 continue
-            if call.dispatched:
+            if call.outcome is not None:
+                pass  # it returned, but the cancel came before its result was written
+            elif call.dispatched:
                 call.outcome = ToolOutcome.failure(CANCELLED_TEXT, name="ToolCancelledError", code="CANCELLED")
             else:
                 self._stage("tool/call", {"turn": turn, "step": step, "call_id": call.id,
@@ -443,6 +446,7 @@ class Agent:
         if outcome.error is not None:
             data["error"] = outcome.error
         self._stage("tool/result", data, surface_op="append")
+        call.recorded = True
         with trio.CancelScope(shield=True):
             await self._flush()
 

@@ -122,6 +122,12 @@ class ToolSet:
         check_schema(tool.parameters, f"tool {tool.name!r} parameters")
         self._tools[tool.name] = tool
 
+    def replace(self, tool: Tool) -> None:
+        """Swap the tool registered under the same name (scenarios wrap one to steer a run)."""
+        if tool.name not in self._tools:
+            raise KeyError(tool.name)
+        self._tools[tool.name] = tool
+
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 

@@ -59,6 +59,7 @@ __all__ = [
     "WaitFor",
     "WaitForSettled",
     "WaitForSteered",
+    "WaitForWaiting",
     "expand_templates",
     "load_script",
     "render_arguments",
@@ -134,7 +135,15 @@ class WaitForSettled:
     child: str
 
 
-WaitFor = WaitForSteered | WaitForSettled
+@attrs.frozen(kw_only=True)
+class WaitForWaiting:
+    """Hold the response until the named session (id or label) is itself held on a `wait_for`:
+    how a script orders a child after its parent has reached a known point."""
+
+    session: str
+
+
+WaitFor = WaitForSteered | WaitForSettled | WaitForWaiting
 
 
 @attrs.frozen(kw_only=True)
@@ -500,9 +509,11 @@ def _usage(value: object, path: str) -> Usage:
 
 
 def _wait_for(value: object, path: str) -> WaitFor:
-    obj = _object(value, path, allowed=("steered", "settled"))
+    obj = _object(value, path, allowed=("steered", "settled", "waiting"))
     if len(obj) != 1:
-        _fail(path, 'must hold exactly one of "steered" or "settled"')
+        _fail(path, 'must hold exactly one of "steered", "settled" or "waiting"')
+    if "waiting" in obj:
+        return WaitForWaiting(session=_templated(obj["waiting"], _key(path, "waiting"), nonempty=True))
     if "steered" in obj:
         steered_path = _key(path, "steered")
         if _bool(obj["steered"], steered_path) is not True:

@@ -54,6 +54,7 @@ from subagents.runtime.models.script import (
     ScriptedResponse,
     WaitFor,
     WaitForSettled,
+    WaitForWaiting,
     expand_templates,
     render_arguments,
 )
@@ -102,13 +103,23 @@ class ScriptedModel:
         self._bound: dict[str, int] = {}  # session id → entry index
         self._owner: dict[int, str] = {}  # entry index → session id
         self._known: dict[str, dict[str, int]] = {}  # label → session id → created_at
+        self._labels: dict[str, str] = {}  # session id → its identity label
+        self._holding: dict[str, int] = {}  # session id → calls held on a wait_for now
+        self._hold_changed = trio.lowlevel.ParkingLot()
 
     @property
     def script(self) -> Script:
         return self._script
 
+    async def _wait_until_holding(self, name: str) -> None:
+        """Until a session named `name` (its id, or its label) is held on a `wait_for`."""
+        while not any(n and (sid == name or self._labels.get(sid) == name) for sid, n in self._holding.items()):
+            await self._hold_changed.park()
+
     def register_session(self, session_id: str, *, label: str | None, created_at: int) -> None:
         """Make a session known for label binding before it calls (idempotent, synchronous)."""
+        if label is not None:
+            self._labels[session_id] = label
         if session_id in self._session_entries:
             return
         if label is not None and label in self._label_entries:
@@ -140,8 +151,15 @@ class ScriptedModel:
             return
         response = self._next_response(request)
         rendered = _render(response, request)
-        if response.wait_for is not None:
-            await _wait(response.wait_for, rendered.settled, request)
+        if isinstance(response.wait_for, WaitForWaiting):
+            await self._wait_until_holding(rendered.settled or response.wait_for.session)
+        elif response.wait_for is not None:
+            self._holding[request.session_id] = self._holding.get(request.session_id, 0) + 1
+            self._hold_changed.unpark_all()
+            try:
+                await _wait(response.wait_for, rendered.settled, request)
+            finally:
+                self._holding[request.session_id] -= 1
         if response.delay_ms:
             await request.clock.sleep(response.delay_ms / 1000)
         if response.hang:
@@ -310,7 +328,8 @@ def _render(response: ScriptedResponse, request: ModelRequest) -> _Rendered:
         error_message=(
             expand_templates(response.error.message, resolve) if response.error is not None else None
         ),
-        settled=expand_templates(wait.child, resolve) if isinstance(wait, WaitForSettled) else None,
+        settled=(expand_templates(wait.child, resolve) if isinstance(wait, WaitForSettled)
+                 else expand_templates(wait.session, resolve) if isinstance(wait, WaitForWaiting) else None),
     )
 
 

@@ -61,7 +61,7 @@ def build_model(spec: ModelSpec) -> Model:
         try:
             return ScriptedModel(load_script(spec.name))
         except ScriptError as exc:
-            raise ModelSpecError(f"bad script {spec.name}: {exc}") from None
+            raise ModelSpecError(str(exc).replace("invalid script", "bad script", 1)) from None
     assert spec.base_url is not None
     try:
         return OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key)
