@@ -179,6 +179,7 @@ async def _listing(runtime: Runtime, step: Json) -> Json:
 async def run_scenario(directory: str | os.PathLike[str], root: str | os.PathLike[str]) -> ScenarioResult:
     directory, root = Path(directory), Path(root)
     spec, model = _load(directory)
+    root.mkdir(parents=True, exist_ok=True)
     _place_seeds(directory, root)
     clock = ScenarioClock()
     ids = CountingIds(spec.get("id_prefix", "session"))
