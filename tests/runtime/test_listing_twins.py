@@ -1,0 +1,88 @@
+"""Compacted and uncompacted twins list identically (issue 5): compaction replaces surface
+nodes only, and the descriptor is log-only, so the identity a listing reads — live, from
+checkpoint rows, or from one observation — is the same with or without a compaction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from subagents.runtime.app import open_runtime
+from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.ids import CountingIds
+from subagents.runtime.agent.compaction import CompactionPolicy
+from subagents.runtime.agent.loop import AgentConfig
+from subagents.runtime.models.script import load_script
+from subagents.runtime.models.scripted import ScriptedModel
+from subagents.storage import FileLogStore
+
+LONG = "x" * 300
+
+
+def _script(n_turns: int) -> str:
+    child = [{"text": f"answer {i} {LONG}"} for i in range(n_turns)]
+    return json.dumps({
+        "agents": [{"label": "twin", "responses": child}],
+        "summaries": ["the story so far"] * n_turns,
+    })
+
+
+async def _twin(root: Path, compacting: bool) -> None:
+    """A parent and one continuable child that runs three turns (compacting or not)."""
+    config = AgentConfig(compaction=CompactionPolicy(max_chars=400, keep_recent=1) if compacting else None)
+    model = ScriptedModel(load_script(_script(3)))
+    async with open_runtime(root, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
+                            compression="none", agent_config=config) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        child_id = await rt.subagents.start_continuable(parent, "spawn", "twin", f"first {LONG}")
+        for i in range(2):
+            child = rt.agents.get(child_id)
+            if child is not None:
+                await child.wait_idle()
+            await rt.subagents.send_message(parent, child_id, f"again {i} {LONG}")
+        await rt.subagents.wait_tree_idle(parent)
+
+
+def _types(root: Path, sid: str) -> list[str]:
+    lines = (root / "sessions" / sid / "session.jsonl").read_text().splitlines()[1:]
+    return [json.loads(line)["type"] for line in lines]
+
+
+async def _rows(root: Path, *, checkpoints: bool) -> list[dict[str, Any]]:
+    if not checkpoints:
+        (root / "index.sqlite3").unlink(missing_ok=True)
+        for extra in ("index.sqlite3-wal", "index.sqlite3-shm"):
+            (root / extra).unlink(missing_ok=True)
+    async with open_runtime(root, log_store=FileLogStore(str(root), use_index=checkpoints)) as rt:
+        return [row.to_json() for row in await rt.listing.list_children("parent")]
+
+
+@pytest.mark.parametrize("checkpoints", [True, False], ids=["checkpoint-rung", "observation-rung"])
+async def test_compacted_and_uncompacted_twins_list_identically(tmp_path: Path, checkpoints: bool) -> None:
+    plain, compacted = tmp_path / "plain", tmp_path / "compacted"
+    await _twin(plain, compacting=False)
+    await _twin(compacted, compacting=True)
+    assert "compaction/end" in _types(compacted, "c-1") and "compaction/end" not in _types(plain, "c-1")
+    assert _types(compacted, "c-1")[0] == "subagent/descriptor"
+    rows = await _rows(plain, checkpoints=checkpoints)
+    assert rows == [{"kind": "child", "id": "c-1", "activity": "inactive", "has_children": False,
+                     "mode": "continuable", "label": "twin"}]
+    assert await _rows(compacted, checkpoints=checkpoints) == rows
+
+
+async def test_a_live_compacted_child_lists_like_its_twin(tmp_path: Path) -> None:
+    config = AgentConfig(compaction=CompactionPolicy(max_chars=400, keep_recent=1))
+    model = ScriptedModel(load_script(_script(3)))
+    async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
+                            compression="none", agent_config=config) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        child_id = await rt.subagents.start_continuable(parent, "spawn", "twin", f"first {LONG}")
+        child = rt.agents.get(child_id)
+        assert child is not None
+        await child.wait_idle()
+        # Resident (idle, settling or not yet disposed) or released: either way it lists as the twin.
+        rows = [row.to_json() for row in await rt.listing.list_children("parent")]
+        assert [(r["id"], r["mode"], r["label"]) for r in rows] == [("c-1", "continuable", "twin")]
