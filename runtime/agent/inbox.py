@@ -52,18 +52,26 @@ class Inbox:
         self._next_step: deque[tuple[Delivery, bool]] = deque()  # (delivery, wakes)
         self._changed = trio.lowlevel.ParkingLot()  # anything arrived or was claimed
         self.received = 0  # deliveries accepted so far (scripted `wait_for: steered` counts them)
-        self.closed = False
+        self.parked = False  # after an interrupt: what is queued waits for a later waking delivery
 
     def __len__(self) -> int:
         return len(self._next_turn) + len(self._next_step)
 
     def wakes(self) -> bool:
         """Is there input that should start (or continue) a turn?"""
-        return bool(self._next_turn) or any(w for _d, w in self._next_step)
+        return not self.parked and (bool(self._next_turn) or any(w for _d, w in self._next_step))
 
     def steered(self) -> bool:
         """Did steering arrive for the next step?"""
-        return any(w for _d, w in self._next_step)
+        return not self.parked and any(w for _d, w in self._next_step)
+
+    def park(self) -> None:
+        """Keep what is queued from waking the agent until a later waking delivery (an
+        interrupt stops only the current turn; queued messages stay parked)."""
+        self.parked = True
+
+    async def wait_changed(self) -> None:
+        await self._changed.park()
 
     async def put(self, delivery: Delivery, mode: Mode, abort: Abort | None = None) -> None:
         while len(self) >= self.capacity:
@@ -78,8 +86,10 @@ class Inbox:
             raise trio.WouldBlock
         if mode == "follow-up":
             self._next_turn.append(delivery)
+            self.parked = False
         elif mode == "steer":
             self._next_step.append((delivery, True))
+            self.parked = False
         elif mode == "inject":
             self._next_step.append((delivery, False))
         else:

@@ -11,7 +11,7 @@ log. `status(id)` answers `running` / `idle` for resident agents; `close` stops 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -59,6 +59,7 @@ class AgentRegistry:
     _nursery: trio.Nursery
     wait_settled: Callable[[str, str], Any] | None = None
     on_resume: Callable[[Agent, list[Event]], None] | None = None  # e.g. redeliver settlement notices
+    before_release: Callable[[str], Awaitable[None]] | None = None  # e.g. drain its running children
     drain_grace: float = 5.0
     _agents: dict[str, Agent] = attrs.field(factory=dict)
 
@@ -154,7 +155,10 @@ class AgentRegistry:
         return agent
 
     async def stop(self, session_id: str, *, cause: str = "disposed") -> None:
-        """Cancel the agent's turn with `cause`, wait (bounded) for it to close, release the session."""
+        """Cancel the agent's turn with `cause`, wait (bounded) for it to close, release the
+        session — after the session's own running children (`before_release`)."""
+        if self.before_release is not None:
+            await self.before_release(session_id)
         agent = self._agents.pop(session_id, None)
         if agent is not None:
             agent.cancel(cause)  # type: ignore[arg-type]  # one of the three causes

@@ -103,6 +103,7 @@ class SubagentService:
     max_depth: int = 1
     _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
     _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
 
     # --- starting ---------------------------------------------------------------------------
 
@@ -236,13 +237,16 @@ class SubagentService:
                 await child.wait_idle()
                 if child.inbox.wakes():
                     continue
+                if len(child.inbox):  # parked by an interrupt: pending work, not settled
+                    await child.inbox.wait_changed()
+                    continue
                 if any(self.manager.get(o) is not None for o in activation.owned):
                     await self.manager.wait_changed()
                     continue
                 return
 
         def ready(_a: Activation) -> bool:
-            return child.status != "running" and not child.inbox.wakes()
+            return child.status != "running" and not len(child.inbox)
 
         async def settle(a: Activation) -> None:
             await self._settle(a, child)
@@ -278,7 +282,8 @@ class SubagentService:
         self._settled.setdefault(activation.parent_id, []).append((activation.child_id, child.label))
         self._settled_changed.unpark_all()
         parent_activation = self.manager.get(activation.parent_id)
-        if parent is None or self.manager.draining or (parent_activation is not None and parent_activation.closing):
+        if (parent is None or self.manager.draining or activation.parent_id in self._disposing
+                or (parent_activation is not None and parent_activation.closing)):
             return  # the durable record is delivered at the parent's next resume
         parent.inbox.put_nowait(
             Delivery(content=notice_blocks(activation.child_id, kind, closing),
@@ -315,12 +320,7 @@ class SubagentService:
             await self.manager.wait_changed()
 
     async def drain(self) -> None:
-        def interrupt(activation: Activation) -> None:
-            child = self.agents.get(activation.child_id)
-            if child is not None:
-                child.cancel("disposed")
-
-        await self.manager.drain(interrupt)
+        await self.manager.drain(self._interrupt_disposed)
 
     # --- messages and interrupts -----------------------------------------------------------
 
@@ -365,9 +365,10 @@ class SubagentService:
                     return
             await activation.disposed.wait()
 
-    async def _deliver(self, agent: Agent, content: list[Json], source: Json, abort: Abort | None) -> None:
+    async def _deliver(self, agent: Agent, content: list[Json], source: Json, abort: Abort | None,
+                       mode: Literal["steer", "follow-up"] = "steer") -> None:
         try:
-            await agent.inbox.put(Delivery(content=content, source=source, trigger="message"), "steer", abort)
+            await agent.inbox.put(Delivery(content=content, source=source, trigger="message"), mode, abort)
         except DeliveryCancelled:
             raise SubagentError("message delivery was cancelled", "CANCELLED") from None
 
@@ -406,7 +407,8 @@ class SubagentService:
             self.manager.forget(activation)
             raise
         try:
-            await self._deliver(child, content, source, abort)
+            # A follow-up, not a steer: notices redelivered on resume take the first turn alone.
+            await self._deliver(child, content, source, abort, mode="follow-up")
         finally:
             self._run_activation(activation, child)
         return True
@@ -422,7 +424,23 @@ class SubagentService:
                                 "UNAUTHORIZED")
         child = self.agents.get(target_id)
         if child is not None:
+            child.inbox.park()
             child.cancel("parent")
+
+    async def release_children_of(self, session_id: str) -> None:
+        """Before a session is released: stop its resident children (child-first). Their
+        settlements are recorded in its log; the notices wait for its next resume."""
+        self._disposing.add(session_id)
+        try:
+            for activation in [a for a in self.manager.resident.values() if a.parent_id == session_id]:
+                await self.manager.stop(activation.child_id, "disposed", self._interrupt_disposed)
+        finally:
+            self._disposing.discard(session_id)
+
+    def _interrupt_disposed(self, activation: Activation) -> None:
+        child = self.agents.get(activation.child_id)
+        if child is not None:
+            child.cancel("disposed")
 
 
 def settled_pending(events: Sequence[Event], inherited_event_count: int) -> list[int]:
