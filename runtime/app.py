@@ -28,6 +28,7 @@ from .agent.tools import Tool, ToolSet
 from .clock import Clock, RealClock
 from .ids import IdFactory, RandomIds
 from .models.base import Model
+from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
 from .subagents.service import SubagentService
 from .tools.subagent_tools import subagent_tools
@@ -54,7 +55,9 @@ class Runtime:
 async def open_runtime(
     root: str | os.PathLike[str],
     *,
-    model: Model | None = None,
+    model: Model | str | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
     clock: Clock | None = None,
     id_factory: IdFactory | None = None,
     compression: Literal["zstd", "none"] = "zstd",
@@ -65,9 +68,13 @@ async def open_runtime(
     log_store: LogStore | None = None,
     now_ms: Callable[[], int] | None = None,
 ) -> AsyncIterator[Runtime]:
-    """Open the runtime on `root`. `clock` and `id_factory` make runs deterministic; `now_ms`
-    overrides only the clock's readings (tests of the storage-facing layers use it)."""
+    """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
+    `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
+    never read here. `clock` and `id_factory` make runs deterministic; `now_ms` overrides only
+    the clock's readings (tests of the storage-facing layers use it)."""
     root = os.fspath(root)
+    if isinstance(model, str):
+        model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key))
     clock = clock if clock is not None else RealClock()
     store = log_store if log_store is not None else FileLogStore(root, compression=compression)
     registry = ProjectionRegistry(SUBAGENT_UNITS)

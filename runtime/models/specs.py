@@ -39,7 +39,10 @@ class ModelSpec:
     api_key: str | None = attrs.field(default=None, repr=False)
 
 
-def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str, str] = {}) -> ModelSpec:
+def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str, str] = {},
+                     api_key: str | None = None) -> ModelSpec:
+    """`api_key` wins over `env` (the library passes keys explicitly; only the CLI hands in
+    `os.environ`)."""
     scheme, sep, name = spec.partition(":")
     if not sep or not name:
         raise ModelSpecError(f"model must look like scripted:PATH, deepseek:MODEL or openai:MODEL, got {spec!r}")
@@ -48,9 +51,10 @@ def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str
     if scheme not in _PROVIDERS:
         raise ModelSpecError(f"unknown model scheme {scheme!r} (use scripted, deepseek or openai)")
     key_var, url_var, default_url = _PROVIDERS[scheme]
-    key = env.get(key_var)
+    key = api_key or env.get(key_var)
     if not key:
-        raise ModelSpecError(f"{key_var} is not set (needed for --model {scheme}:...)")
+        raise ModelSpecError(f"{key_var} is not set (needed for --model {scheme}:...)" if env
+                             else f"model {scheme}:{name} needs an api_key")
     url = base_url or (env.get(url_var) if url_var else None) or default_url
     return ModelSpec(scheme=scheme, name=name, base_url=url, api_key=key)
 

@@ -428,3 +428,18 @@ async def test_openai_run_against_a_local_server_never_leaks_the_key(nursery: tr
         assert SENTINEL_KEY.encode() not in data, path
     [end] = events(root, out["session_id"], "turn/end")
     assert end["data"]["reason"]["kind"] == "completed"
+
+
+async def test_open_runtime_builds_a_model_from_a_spec_and_an_explicit_key(tmp_path: Path, monkeypatch) -> None:
+    from subagents.runtime import open_runtime
+    from subagents.runtime.models.openai import OpenAIChatModel
+    from subagents.runtime.models.specs import ModelSpecError
+
+    monkeypatch.setenv("OPENAI_API_KEY", "from-the-environment")
+    async with open_runtime(tmp_path, model="openai:m", api_key="sk-explicit", base_url="http://127.0.0.1:9") as rt:
+        model = rt.agents.model
+        assert isinstance(model, OpenAIChatModel)
+        assert "sk-explicit" not in repr(model)
+    with pytest.raises(ModelSpecError, match="needs an api_key"):
+        async with open_runtime(tmp_path, model="deepseek:deepseek-chat"):
+            pass  # the environment is never read below the CLI
