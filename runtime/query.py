@@ -197,13 +197,11 @@ class SessionQuery:
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
             return cached
-        read = await self._cold(sid, abort, self.registry)
+        read = await self._cold(sid, abort)
         if info.header is not None and headers_differ(info.header, read.header):
             raise SessionQueryError(f"session source headers conflict for session {sid!r}", CONFLICT)
-        cells = read.cells
-        if cells is None:  # a reader that does not fold: fold here
-            cells = self.registry.cells(read.header, read.inherited_event_count)
-            cells.fold(read.events)
+        cells = self.registry.cells(read.header, read.inherited_event_count)
+        cells.fold(read.events)
         try:
             projections = cells.snapshot()
         except (ProjectionBroken, KeyError) as exc:
@@ -214,11 +212,9 @@ class SessionQuery:
         self._remember(sid, prepared)
         return prepared
 
-    async def _cold(
-        self, sid: SessionId, abort: Abort | None, registry: ProjectionRegistry | None = None
-    ) -> ColdRead:
+    async def _cold(self, sid: SessionId, abort: Abort | None) -> ColdRead:
         try:
-            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry)
+            (result,) = await self.cold_reader.read_many([sid], abort)
         except ReadAborted:
             raise SessionQueryError("session observation was aborted", ABORTED) from None
         if isinstance(result, StorageError):

@@ -30,7 +30,6 @@ open when the descriptor was written counts from its own start. The view is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -68,7 +67,6 @@ class SubagentIdentityUnit:
 
     key = "subagent"
     state_version = 2
-    types: Final = frozenset({DESCRIPTOR_TYPE})  # every other event leaves the state as it is
 
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonObject:
         return {}
@@ -94,9 +92,6 @@ class SubagentIdentityUnit:
         identity = state.get("identity")
         # A copy: a caller may keep or change the value it is served without touching the cell.
         return None if identity is None else dict(identity)
-
-
-_TIMING_TYPES: Final = frozenset({DESCRIPTOR_TYPE, "turn/start", "turn/end"})
 
 
 def _timing(
@@ -151,22 +146,6 @@ class SubagentTimingUnit:
             {"since": active["since"], "through": time},
             state.get("pending_turn_start"),
         )
-
-    def fold(self, state: JsonObject, events: Sequence[Event]) -> JsonObject:
-        """The left fold of `apply` over contiguous events, with one Python step per turn
-        boundary or descriptor instead of one per event: every other event only moves
-        `active.through` to its own time, so while a turn is active at the end of the run,
-        `through` is the time of the run's last event."""
-        apply = self.apply
-        for event in events:
-            if event.type in _TIMING_TYPES:
-                state = apply(state, event)
-        active = state.get("active")
-        if active is not None and events:
-            last = events[-1]
-            if last.type not in _TIMING_TYPES:  # else `apply` has just set `through` itself
-                state = apply(state, last)
-        return state
 
     def view(self, state: JsonObject) -> JsonObject:
         out: JsonObject = {"settled_ms": state["settled_ms"]}
