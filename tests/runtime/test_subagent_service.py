@@ -1,0 +1,97 @@
+"""The subagent service's refusals that need a hand on the runtime (SPEC 5.3): a child locked by
+another writer, a live session that is not an Activation, a delivery aborted before the inbox
+took it, a runtime that drains. Real files, ScenarioClock, no sleeps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from subagents.actors import Abort
+from subagents.runtime.app import open_runtime
+from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.ids import CountingIds
+from subagents.runtime.models.script import load_script
+from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.subagents.listing import SubagentError
+from subagents.storage import FileLogStore
+
+
+def _model(*child_texts: str) -> ScriptedModel:
+    return ScriptedModel(load_script(json.dumps({"agents": [
+        {"label": "worker", "responses": [{"text": t} for t in child_texts]},
+    ]})))
+
+
+async def _settled_child(root: Path) -> str:
+    async with open_runtime(root, model=_model("first"), clock=ScenarioClock(), id_factory=CountingIds("c"),
+                            compression="none") as rt:
+        parent = await rt.agents.create(session_id="parent")
+        child_id = await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
+        await rt.subagents.wait_tree_idle(parent)
+        return child_id
+
+
+async def test_a_child_locked_by_another_writer_is_not_resumable(tmp_path: Path) -> None:
+    child_id = await _settled_child(tmp_path)
+    other = FileLogStore(str(tmp_path), compression="none")
+    handle = other.open_write(child_id)  # another writer (another process would do the same)
+    try:
+        async with open_runtime(tmp_path, model=_model("second"), clock=ScenarioClock(), compression="none") as rt:
+            parent = await rt.agents.resume("parent")
+            with pytest.raises(SubagentError) as exc:
+                await rt.subagents.send_message(parent, child_id, "again")
+            assert (exc.value.code, exc.value.message) == ("NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
+            assert rt.subagents.manager.get(child_id) is None  # no Activation was left behind
+    finally:
+        other.close(handle)
+
+
+async def test_a_live_session_that_is_not_an_activation_is_refused(tmp_path: Path) -> None:
+    child_id = await _settled_child(tmp_path)
+    async with open_runtime(tmp_path, model=_model("second"), clock=ScenarioClock(), compression="none") as rt:
+        parent = await rt.agents.resume("parent")
+        await rt.sessions.open(child_id)  # live in this runtime, but nobody's Activation
+        with pytest.raises(SubagentError) as exc:
+            await rt.subagents.send_message(parent, child_id, "again")
+        assert exc.value.code == "NOT_RESUMABLE"
+        assert rt.agents.get(child_id) is None  # refused, not adopted
+
+
+async def test_an_abort_set_before_delivery_delivers_nothing(tmp_path: Path) -> None:
+    child_id = await _settled_child(tmp_path)
+    before = (tmp_path / "sessions" / child_id / "session.jsonl").read_text()
+    async with open_runtime(tmp_path, model=_model("second"), clock=ScenarioClock(), compression="none") as rt:
+        parent = await rt.agents.resume("parent")
+        abort = Abort()
+        abort.set()
+        with pytest.raises(SubagentError) as exc:
+            await rt.subagents.send_message(parent, child_id, "again", abort)
+        assert (exc.value.code, exc.value.message) == ("CANCELLED", "message delivery was cancelled")
+        with pytest.raises(SubagentError) as exc:
+            await rt.subagents.start_continuable(parent, "spawn", "worker", "work", abort)
+        assert exc.value.code == "CANCELLED"
+    assert (tmp_path / "sessions" / child_id / "session.jsonl").read_text() == before
+
+
+async def test_a_draining_runtime_admits_nothing(tmp_path: Path) -> None:
+    async with open_runtime(tmp_path, model=_model(), clock=ScenarioClock(), compression="none") as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await rt.subagents.drain()
+        with pytest.raises(SubagentError) as exc:
+            await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
+        assert exc.value.code == "DRAINING"
+        with pytest.raises(SubagentError) as exc:
+            await rt.subagents.send_message(parent, "anyone", "hello")
+        assert exc.value.code == "DRAINING"
+
+
+async def test_depth_is_checked_before_anything_is_created(tmp_path: Path) -> None:
+    async with open_runtime(tmp_path, model=_model(), clock=ScenarioClock(), compression="none", max_depth=0) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        with pytest.raises(SubagentError) as exc:
+            await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
+        assert (exc.value.code, exc.value.message) == ("DEPTH_EXCEEDED", "subagent depth 1 exceeds max_depth 0")
+        assert [r.id for r in await rt.query.list_sessions()] == ["parent"]
