@@ -6,8 +6,14 @@ that differs from it marks the record `conflict` instead of failing. Only an unr
 fails it. `observe_session(id, abort)` is an async context manager yielding an `Observation`:
 a live session's projections come from its actor (no log read), a persisted session is read by
 the cold reader, its interrupted turn closed in memory, and every projection unit folded and
-viewed. Prepared observations are kept in a small LRU keyed by the log's revision and bounded in
-bytes; failures are never cached. Errors are `SessionQueryError` with the codes of SPEC 5.1.
+viewed (folded in the cold reader's worker thread). Prepared observations are kept in a small
+LRU keyed by the log's revision and bounded in bytes; failures are never cached. Errors are
+`SessionQueryError` with the codes of SPEC 5.1.
+
+Cheap at scale: records are reused while the store info and live ref they were made from are
+the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
+few lookups per session; observations under way at once share index hops for their stats, and
+their reads share thread hops in the cold reader (a listing's observations share one abort).
 
     SessionQueryError
       SESSION_QUERY_SESSION_NOT_FOUND | SESSION_QUERY_CORRUPT_SESSION |
@@ -17,7 +23,7 @@ bytes; failures are never cached. Errors are `SessionQueryError` with the codes 
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -25,7 +31,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionStore
+from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore
 from subagents.storage import (
     CorruptLog,
     Event,
@@ -92,11 +98,24 @@ class _Prepared:
     size: int
 
 
+_STAT_BATCH = 256  # stats in one index hop at most (about 16 µs each)
+_NO_ANSWER = object()
+_HANDED_BACK = object()
+
+
+@attrs.define(eq=False)
+class _StatJob:
+    session_id: SessionId
+    result: LogInfo | None | Exception | object = _NO_ANSWER
+    done: trio.Event = attrs.Factory(trio.Event)
+
+
 _WITNESSED = ("format", "id", "created_at", "cwd", "parent_session", "is_seeded", "delegation_depth", "origin", "agent_preset")
 
 
 def headers_differ(a: SessionHeader, b: SessionHeader) -> bool:
-    return any(getattr(a, name) != getattr(b, name) for name in _WITNESSED)
+    # Equal headers (the usual case) are equal in every witnessed field: one comparison.
+    return a != b and any(getattr(a, name) != getattr(b, name) for name in _WITNESSED)
 
 
 class SessionQuery:
@@ -117,6 +136,11 @@ class SessionQuery:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Prepared] = OrderedDict()
         self._cached = 0
+        self._stats: deque[_StatJob] = deque()  # stats waiting for an index hop
+        self._pumping = False  # a task is running index hops for `_stats`
+        # The last corpus: for each id, the store info and live ref its record was made from.
+        self._records: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
+        self._order: list[SessionRecord] | None = None
         # The index is used from Trio through one worker thread at a time (SPEC 3.3).
         self.index_limiter = index_limiter or trio.CapacityLimiter(1)
 
@@ -129,22 +153,38 @@ class SessionQuery:
         except StorageError as exc:
             raise SessionQueryError(f"session persistence listing failed: {exc}", PERSISTENCE) from exc
         _check(abort)
-        records = {info.id: _persisted(info) for info in infos}
-        for ref in self.sessions.list():
-            stored = records.get(ref.session_id)
-            records[ref.session_id] = SessionRecord(
-                id=ref.session_id,
-                header=ref.header,
-                live=True,
-                persisted=stored is not None,
-                damage=stored.damage if stored is not None else None,
-                inherited_event_count=ref.inherited_event_count,
-                revision=stored.revision if stored is not None else None,
-                event_count=stored.event_count if stored is not None else None,
-                conflict=stored is not None
-                and (stored.header is None or headers_differ(stored.header, ref.header)),
-            )
-        return sorted(records.values(), key=_newest_first)
+        # Records are values: one made from the very same store info and live ref as last time
+        # is reused, and when every record is, so is last time's order (a warm corpus of a
+        # thousand sessions then costs a few dict lookups per session, not new records).
+        made = self._records
+        kept: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
+        live = {ref.session_id: ref for ref in self.sessions.list()}
+        same = True
+        for info in infos:
+            sid = info.id
+            ref = live.get(sid)
+            known = made.get(sid)
+            if known is not None and known[0] is info and known[1] is ref:
+                kept[sid] = known
+                continue
+            same = False
+            stored = _persisted(info)
+            kept[sid] = (info, ref, stored if ref is None else _live(ref, stored))
+        for sid, ref in live.items():
+            if sid in kept:
+                continue  # persisted too: done above
+            known = made.get(sid)
+            if known is not None and known[0] is None and known[1] is ref:
+                kept[sid] = known
+                continue
+            same = False
+            kept[sid] = (None, ref, _live(ref, None))
+        self._records = kept
+        if same and len(kept) == len(made) and self._order is not None:
+            return list(self._order)
+        order = sorted((entry[2] for entry in kept.values()), key=_newest_first)
+        self._order = order
+        return list(order)
 
     # --- one session ---
 
@@ -183,9 +223,58 @@ class SessionQuery:
         read = await self._cold(sid, abort)
         return read.events
 
+    async def _stat(self, sid: SessionId) -> LogInfo | None:
+        """`log_store.stat(sid)` through the index's one worker thread. Stats asked for at
+        the same time share hops: the first asker pumps (one hop per `_STAT_BATCH` waiting
+        stats, until none waits), the others just wait for their answer. A pump that is
+        cancelled hands the stats it had not reached back to their askers, who pump again."""
+        job = _StatJob(sid)
+        while True:
+            self._stats.append(job)
+            if self._pumping:
+                await job.done.wait()
+            else:
+                await self._pump_stats()
+            if job.result is not _HANDED_BACK:
+                break
+            job.result, job.done = _NO_ANSWER, trio.Event()
+        result = job.result
+        if result is _NO_ANSWER:  # the hop that took it failed before reaching it
+            raise SessionQueryError(f"failed to observe session {sid!r}: the index did not answer", PERSISTENCE)
+        if isinstance(result, Exception):
+            raise result
+        return result  # type: ignore[return-value]  # LogInfo | None once answered
+
+    async def _pump_stats(self) -> None:
+        waiting = self._stats
+        self._pumping = True
+        try:
+            while waiting:
+                async with self.index_limiter:
+                    batch = [waiting.popleft() for _ in range(min(len(waiting), _STAT_BATCH))]
+                    try:
+                        await trio.to_thread.run_sync(self._stat_batch, batch)
+                    finally:
+                        for job in batch:
+                            job.done.set()
+        finally:
+            self._pumping = False
+            while waiting:  # cancelled: nobody pumps these now
+                job = waiting.popleft()
+                job.result = _HANDED_BACK
+                job.done.set()
+
+    def _stat_batch(self, batch: list[_StatJob]) -> None:
+        stat = self.log_store.stat
+        for job in batch:
+            try:
+                job.result = stat(job.session_id)
+            except Exception as exc:  # the asker raises it
+                job.result = exc
+
     async def _prepare(self, sid: SessionId, abort: Abort | None) -> _Prepared:
         try:
-            info = await trio.to_thread.run_sync(self.log_store.stat, sid, limiter=self.index_limiter)
+            info = await self._stat(sid)
         except StorageError as exc:
             raise _mapped(sid, exc) from exc
         if info is None:
@@ -197,11 +286,13 @@ class SessionQuery:
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
             return cached
-        read = await self._cold(sid, abort)
+        read = await self._cold(sid, abort, self.registry)
         if info.header is not None and headers_differ(info.header, read.header):
             raise SessionQueryError(f"session source headers conflict for session {sid!r}", CONFLICT)
-        cells = self.registry.cells(read.header, read.inherited_event_count)
-        cells.fold(read.events)
+        cells = read.cells
+        if cells is None:  # a reader that does not fold: fold here
+            cells = self.registry.cells(read.header, read.inherited_event_count)
+            cells.fold(read.events)
         try:
             projections = cells.snapshot()
         except (ProjectionBroken, KeyError) as exc:
@@ -212,9 +303,11 @@ class SessionQuery:
         self._remember(sid, prepared)
         return prepared
 
-    async def _cold(self, sid: SessionId, abort: Abort | None) -> ColdRead:
+    async def _cold(
+        self, sid: SessionId, abort: Abort | None, registry: ProjectionRegistry | None = None
+    ) -> ColdRead:
         try:
-            (result,) = await self.cold_reader.read_many([sid], abort)
+            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry)
         except ReadAborted:
             raise SessionQueryError("session observation was aborted", ABORTED) from None
         if isinstance(result, StorageError):
@@ -249,6 +342,21 @@ def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
     if isinstance(exc, UnsupportedLog):
         return SessionQueryError(f"stored session {sid!r} is unsupported: {exc.reason}", UNSUPPORTED)
     return SessionQueryError(f"failed to observe session {sid!r}: {exc}", PERSISTENCE)
+
+
+def _live(ref: SessionRef, stored: SessionRecord | None) -> SessionRecord:
+    """A live session's record: its live header wins over the persisted one (SPEC 5.1)."""
+    return SessionRecord(
+        id=ref.session_id,
+        header=ref.header,
+        live=True,
+        persisted=stored is not None,
+        damage=stored.damage if stored is not None else None,
+        inherited_event_count=ref.inherited_event_count,
+        revision=stored.revision if stored is not None else None,
+        event_count=stored.event_count if stored is not None else None,
+        conflict=stored is not None and (stored.header is None or headers_differ(stored.header, ref.header)),
+    )
 
 
 def _persisted(info: LogInfo) -> SessionRecord:

@@ -56,12 +56,25 @@ class Catalog:
             changed: list[IndexRow] = []
             seen: set[SessionId] = set()
             known, ids = self._ids, {}
+            forms = _FORM_BY_FILE
             for folder in sorted(folders):
-                name = folder.name
+                name, files = folder
                 sid = ids[name] = known[name] if name in known else decode_session_id(name)
-                if sid is None or not folder.files:
+                if sid is None or not files:
                     continue  # not a session folder, or an unpublished one (its row goes)
                 seen.add(sid)
+                if len(files) == 1:
+                    # The usual case, inline: one log, unchanged since its row.
+                    ((file_name, revision),) = files.items()
+                    row = rows.get(sid)
+                    if (
+                        row is not None
+                        and revision is not None
+                        and row.form == forms[file_name].compression
+                        and row.info.revision == revision
+                    ):
+                        infos.append(row.info)
+                        continue
                 info = self._info(sid, folder, rows, changed)
                 if info is not None:
                     infos.append(info)

@@ -3,7 +3,15 @@
 The envelope is a strict msgspec Struct (no `"5"`, `true` or `5.9` for an int, unknown keys
 refused) whose `data` stays raw JSON until a payload is asked for, so the hot read path never
 decodes payloads it does not need. Envelope rules that span fields (surface ops, source seqs)
-are checked in `__post_init__`, so a decoded `Event` is always a valid envelope.
+and that msgspec's types cannot say (non-negative seqs, an object as data) are checked on every
+path that makes an `Event`: `Event(...)` itself (its metaclass checks the built value, types
+included, since msgspec checks none there) and the two decoders, `decode_event` and
+`decode_events` (the only ones: msgspec has already checked the types, and one tight loop checks
+the rest for a whole chunk — a `__post_init__` would cost a Python call per event on the hot read
+path). So an `Event` that exists is a valid envelope. (Other msgspec builders that bypass both,
+`msgspec.structs.replace` and `msgspec.convert`, are not used on events.) Events take no part in
+the cyclic GC (`gc=False`: they hold no container that could point back at them), so reading
+a large log does not trigger collections.
 
 Writers build events with `make_event`, which refuses data that JSON cannot carry losslessly
 (non-finite floats, non-str keys, ints outside ±2^63, lone surrogates, foreign types).
@@ -12,6 +20,7 @@ Writers build events with `make_event`, which refuses data that JSON cannot carr
 from __future__ import annotations
 
 import math
+import struct
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -50,9 +59,9 @@ SurfaceOp = Literal["append"] | ReplaceOp
 
 
 class _Trust(threading.local):
-    """Set while the codec itself builds events (decoding checked lines, `make_event` encoding
-    checked values): their raw data needs no second look. Per thread, and never held across an
-    await, so concurrent readers and writers cannot see each other's flag."""
+    """Set while the codec itself builds events (`make_event` encoding checked values): their
+    raw data needs no second look. Per thread, and never held across an await, so concurrent
+    writers cannot see each other's flag."""
 
     on = False
 
@@ -74,8 +83,23 @@ def _check_raw(data: msgspec.Raw) -> None:
         raise ValueError(f"data is not JSON: {exc}") from None
 
 
+class _EventMeta(msgspec.StructMeta):
+    """Checks every `Event` built by calling the class (the decoders check theirs in bulk)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        event = super().__call__(*args, **kwargs)
+        _check_envelope(event, trusted=_trust.on)
+        return event
+
+
 class Event(
-    msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True, kw_only=True
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    frozen=True,
+    kw_only=True,
+    gc=False,
+    metaclass=_EventMeta,
 ):
     """One event of a session log, exactly as it is stored.
 
@@ -91,55 +115,82 @@ class Event(
     surface_op: SurfaceOp | UnsetType = UNSET
     source_event_seqs: list[int] | UnsetType = UNSET
 
-    def __post_init__(self) -> None:
-        # Runs when decoding and when constructing (where msgspec checks no types, so they are
-        # checked here too: an event that exists is one every reader accepts, except that raw
-        # data built by hand is only syntax-checked at append). Raised as ValueError/TypeError
-        # so that msgspec reports a ValidationError when decoding.
-        seq = self.seq
-        if type(seq) is not int or type(self.time) is not int or type(self.type) is not str:
-            raise TypeError("seq and time must be ints and type a str")
-        if seq < 0 or self.time < 0:
-            raise ValueError("seq and time must be non-negative")
-        if type(self.data) is not msgspec.Raw or not self.data:
-            raise TypeError("data must be raw JSON")
-        # An object is the only JSON value that starts with "{" (encoders never emit leading
-        # whitespace, and hand-written logs must not either).
-        if memoryview(self.data)[0] != 0x7B:
-            raise ValueError("data must be a JSON object")
-        if not _trust.on:
-            # Built by hand: check what the codec's own builders guarantee. (Readers meet
-            # unknown types too, and report them as unsupported rather than corrupt.)
-            if self.type not in KNOWN_TYPES and self.ignorable is not True:
-                raise ValueError(f"event type {self.type!r} is not in the vocabulary and not ignorable")
-            _check_raw(self.data)
-        if self.ignorable is not True and self.ignorable is not UNSET:
-            raise ValueError("ignorable must be true or absent")
-        op = self.surface_op
-        if self.type in SURFACE_TYPES:
-            if op is UNSET:
-                raise ValueError(f"surface event {self.type!r} requires surface_op")
-            if isinstance(op, ReplaceOp):
-                start, end = op.start_seq, op.end_seq
-                if type(start) is not int or type(end) is not int or not 0 <= start <= end < seq:
-                    raise ValueError("surface_op replace range must be ascending and before the event")
-            elif op != "append":
-                raise ValueError(f"surface_op must be 'append' or a replace, got {op!r}")
-        elif op is not UNSET:
-            raise ValueError(f"surface_op is forbidden on {self.type!r}")
-        seqs = self.source_event_seqs
-        if seqs is not UNSET:
-            if self.type not in SOURCE_SEQ_TYPES:
-                raise ValueError(f"source_event_seqs is forbidden on {self.type!r}")
-            if type(seqs) is not list or not seqs:
-                raise ValueError("source_event_seqs must be a non-empty list")
-            prev = -1
-            for s in seqs:
-                if type(s) is not int or s <= prev:
-                    raise ValueError("source_event_seqs must be strictly ascending non-negative ints")
-                prev = s
-            if prev >= seq:
-                raise ValueError("source_event_seqs must precede the event")
+
+def _check_envelope(event: Event, *, trusted: bool) -> None:
+    """Raise ValueError/TypeError unless `event` is a valid envelope. Types are checked too
+    (msgspec checks them when decoding, not when constructing). `trusted`: built by the codec
+    from checked values or decoded from checked lines, so its raw data needs no second look."""
+    seq = event.seq
+    if type(seq) is not int or type(event.time) is not int or type(event.type) is not str:
+        raise TypeError("seq and time must be ints and type a str")
+    if seq < 0 or event.time < 0:
+        raise ValueError("seq and time must be non-negative")
+    if type(event.data) is not msgspec.Raw or not event.data:
+        raise TypeError("data must be raw JSON")
+    # An object is the only JSON value that starts with "{" (encoders never emit leading
+    # whitespace, and hand-written logs must not either).
+    if memoryview(event.data)[0] != 0x7B:
+        raise ValueError("data must be a JSON object")
+    if not trusted:
+        # Built by hand: check what the codec's own builders guarantee. (Readers meet
+        # unknown types too, and report them as unsupported rather than corrupt.)
+        if event.type not in KNOWN_TYPES and event.ignorable is not True:
+            raise ValueError(f"event type {event.type!r} is not in the vocabulary and not ignorable")
+        _check_raw(event.data)
+    if event.ignorable is not True and event.ignorable is not UNSET:
+        raise ValueError("ignorable must be true or absent")
+    op = event.surface_op
+    if event.type in SURFACE_TYPES:
+        if op is UNSET:
+            raise ValueError(f"surface event {event.type!r} requires surface_op")
+        if isinstance(op, ReplaceOp):
+            start, end = op.start_seq, op.end_seq
+            if type(start) is not int or type(end) is not int or not 0 <= start <= end < seq:
+                raise ValueError("surface_op replace range must be ascending and before the event")
+        elif op != "append":
+            raise ValueError(f"surface_op must be 'append' or a replace, got {op!r}")
+    elif op is not UNSET:
+        raise ValueError(f"surface_op is forbidden on {event.type!r}")
+    seqs = event.source_event_seqs
+    if seqs is not UNSET:
+        if event.type not in SOURCE_SEQ_TYPES:
+            raise ValueError(f"source_event_seqs is forbidden on {event.type!r}")
+        if type(seqs) is not list or not seqs:
+            raise ValueError("source_event_seqs must be a non-empty list")
+        prev = -1
+        for s in seqs:
+            if type(s) is not int or s <= prev:
+                raise ValueError("source_event_seqs must be strictly ascending non-negative ints")
+            prev = s
+        if prev >= seq:
+            raise ValueError("source_event_seqs must precede the event")
+
+
+_first_byte = struct.Struct("B").unpack_from
+
+
+def _check_decoded(events: list[Event], *, lines: bool) -> None:
+    """The envelope rules msgspec's types cannot say, for freshly decoded events, in one loop:
+    the common case costs a few attribute reads per event, and anything unusual (a replace op,
+    source seqs, or a broken rule) goes through `_check_envelope`, which raises what a
+    `__post_init__` would have: a `msgspec.ValidationError` with the same message (and, for
+    `decode_lines`, the same ``- at `$[i]` `` suffix)."""
+    surface, unset, replace, first = SURFACE_TYPES, UNSET, ReplaceOp, _first_byte
+    for event in events:
+        op = event.surface_op
+        if (
+            event.seq < 0
+            or event.time < 0
+            or first(event.data)[0] != 0x7B
+            or (op is unset) is (event.type in surface)  # a surface event needs an op, others refuse one
+            or op.__class__ is replace
+            or event.source_event_seqs is not unset
+        ):
+            try:
+                _check_envelope(event, trusted=True)
+            except (ValueError, TypeError) as exc:
+                where = f" - at `$[{events.index(event)}]`" if lines else ""
+                raise msgspec.ValidationError(f"{exc}{where}") from None
 
 
 _encoder = msgspec.json.Encoder()
@@ -160,22 +211,18 @@ def encode_events(events: Sequence[Event]) -> bytes:
 def decode_event(line: bytes | memoryview) -> Event:
     """Decode one line; raises `UnicodeDecodeError` or msgspec errors (mapped by the caller)."""
     str(line, "utf-8")  # the decoder does not look inside raw data
-    prev, _trust.on = _trust.on, True
-    try:
-        return _decoder.decode(line)
-    finally:
-        _trust.on = prev
+    event = _decoder.decode(line)
+    _check_decoded([event], lines=False)
+    return event
 
 
 def decode_events(buf: bytes | memoryview) -> list[Event]:
     """Decode newline-delimited events; raises `UnicodeDecodeError` or msgspec errors whose
     path names the line index."""
     str(buf, "utf-8")  # the decoder does not look inside raw data
-    prev, _trust.on = _trust.on, True
-    try:
-        return _decoder.decode_lines(buf)
-    finally:
-        _trust.on = prev
+    events = _decoder.decode_lines(buf)
+    _check_decoded(events, lines=True)
+    return events
 
 
 # --- writing ----------------------------------------------------------------------------------

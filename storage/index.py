@@ -15,6 +15,7 @@ log_offset, lifecycle}`; its rows arrive with the projections (SPEC 3.5).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
@@ -30,14 +31,19 @@ import msgspec
 from .projection import CheckpointRow, Lifecycle
 from .values import LogInfo, Offset, Revision, SessionHeader, SessionId
 
-__all__ = ["INDEX_NAME", "SCHEMA_VERSION", "IndexRow", "SessionIndex", "StoredCheckpoint"]
+__all__ = ["INDEX_NAME", "SCHEMA_VERSION", "UNREADABLE", "IndexRow", "SessionIndex", "StoredCheckpoint"]
 
 log = logging.getLogger(__name__)
 
 _json = msgspec.json
 INDEX_NAME = "index.sqlite3"
 SCHEMA_VERSION = 2
+# Ids per query: SQLite >= 3.32 takes 32,766 bound parameters (older ones 999).
+_IN_LIMIT = 30_000 if sqlite3.sqlite_version_info >= (3, 32) else 900
+_LIFECYCLES = 1 << 16  # decoded lifecycle records kept at most (then forgotten at once)
 _DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: rebuild; anything else is a cache miss
+_UNREADABLE: Any = object()  # a stored checkpoint value that does not decode
+UNREADABLE = _UNREADABLE
 
 _SCHEMA = """
 CREATE TABLE sessions (
@@ -84,10 +90,31 @@ _COLUMNS = (
 
 @attrs.frozen(kw_only=True)
 class StoredCheckpoint:
+    """One stored checkpoint row. Its value stays JSON until `row` or `value()` is read: a
+    listing decodes only the rows of the unit it needs."""
+
     key: str
-    row: CheckpointRow
-    log_offset: int  # a record boundary just after `row.seq`
+    ver: int
+    seq: int
+    val_json: bytes | str = attrs.field(repr=False)  # the value, still JSON
+    log_offset: int  # a record boundary just after `seq`
     lifecycle: Lifecycle
+
+    @functools.cached_property
+    def row(self) -> CheckpointRow:
+        val = self.value()
+        if val is _UNREADABLE:
+            # Not a value this build wrote: a version no unit has (every state_version is
+            # >= 0), so every reader ignores the row, as if it were not there.
+            return CheckpointRow(ver=-1, seq=self.seq, val=None)
+        return CheckpointRow(ver=self.ver, seq=self.seq, val=val)
+
+    def value(self) -> Any:
+        """The decoded value (a fresh one on every call), or `UNREADABLE`."""
+        try:
+            return _json.decode(self.val_json)
+        except msgspec.DecodeError:
+            return _UNREADABLE
 
 
 @attrs.frozen(kw_only=True)
@@ -191,6 +218,7 @@ class SessionIndex:
         self.path = path
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._lifecycles: dict[bytes, Lifecycle] = {}  # decoded lifecycle records (bounded)
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
@@ -348,8 +376,8 @@ class SessionIndex:
             try:
                 conn = self._connect()
                 rows = []
-                for start in range(0, len(session_ids), 500):
-                    chunk = list(session_ids[start : start + 500])
+                for start in range(0, len(session_ids), _IN_LIMIT):
+                    chunk = list(session_ids[start : start + _IN_LIMIT])
                     rows += conn.execute(
                         "SELECT session_id, unit_key, ver, seq, val, log_offset, lifecycle FROM checkpoints "
                         f"WHERE session_id IN ({', '.join('?' * len(chunk))})",
@@ -359,14 +387,19 @@ class SessionIndex:
                 log.warning("index %s: checkpoint read failed (%s)", self.path, exc)
                 self._reset()
                 return None
+        lifecycles = self._lifecycles
+        if len(lifecycles) > _LIFECYCLES:
+            lifecycles.clear()
+        decode = _json.decode
         for sid, key, ver, seq, val, offset, life in rows:
             try:
-                lifecycle = Lifecycle(**_json.decode(life))
+                # A session's rows share one lifecycle, and it does not change between
+                # listings: each distinct record is decoded once (Lifecycle is a frozen value).
+                lifecycle = lifecycles.get(life)
+                if lifecycle is None:
+                    lifecycle = lifecycles[life] = Lifecycle(**decode(life))
                 stored = StoredCheckpoint(
-                    key=key,
-                    row=CheckpointRow(ver=ver, seq=seq, val=_json.decode(val)),
-                    log_offset=offset,
-                    lifecycle=lifecycle,
+                    key=key, ver=ver, seq=seq, val_json=val, log_offset=offset, lifecycle=lifecycle
                 )
             except (TypeError, ValueError, msgspec.DecodeError):
                 continue  # a row this build did not write: ignored

@@ -5,9 +5,11 @@ records with `origin == "subagent"` naming the parent, in (`created_at`, id) ord
 whose header still names the parent becomes its diagnostic. Each candidate's identity climbs a
 ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
 stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
-query for all), and only then one observation each through the cold reader (at most four in
-flight). An identity counts only from the child's own suffix (`seq >= inherited_event_count`).
-Rows come in four states: a child row, an omitted live child without an identity yet, and
+query for all), and only then one observation each through the cold reader (at most four reads
+in flight), `OBSERVERS` observations under way at a time, all under one abort so that their
+reads share thread hops, with one watcher that cancels them all when the abort is set. An
+identity counts only from the child's own suffix (`seq >= inherited_event_count`). Rows come
+in four states: a child row, an omitted live child without an identity yet, and
 diagnostics `corrupt` / `unsupported` / `unavailable`. Typed query errors become rows; anything
 else fails the listing. An abort at any check point ends it with `CANCELLED` and no rows.
 Listing never writes a log, a checkpoint or an actor.
@@ -23,7 +25,7 @@ import trio
 
 from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, raise_bare_cancelled, snapshot_all
 from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
-from subagents.storage import LogStore
+from subagents.storage import LogStore, SessionHeader
 from subagents.storage.projection import Lifecycle, ProjectionRegistry
 
 from .units import IDENTITY_UNIT
@@ -75,6 +77,7 @@ class DiagnosticRow:
 
 
 Row = ChildRow | DiagnosticRow
+OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
 _QUERY_REASONS: dict[str, Reason | None] = {
     "SESSION_QUERY_CORRUPT_SESSION": "corrupt",
@@ -116,6 +119,7 @@ class ListingService:
         self.sessions = sessions
         self.query = query
         self.log_store = log_store
+        self.observers = OBSERVERS
 
     async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
         corpus = await self._corpus(abort)
@@ -205,11 +209,14 @@ class ListingService:
         assert self.query is not None
         query = self.query
         failures: list[BaseException] = []
+        # One Abort for every observation of this listing (a private one, never set, when the
+        # caller gave none): the cold reader lets reads under the same Abort share thread hops.
+        shared = abort if abort is not None else Abort()
 
         async def observe_one(i: int) -> None:
             record = candidates[i]
             try:
-                async with query.observe_session(record.id, abort) as seen:
+                async with query.observe_session(record.id, shared) as seen:
                     if record.header is not None and headers_differ(record.header, seen.header):
                         results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # lifecycle witness
                         return
@@ -234,8 +241,23 @@ class ListingService:
         _check(abort)
         try:
             async with trio.open_nursery() as nursery:
-                for i in observe:
-                    nursery.start_soon(observe_one, i)
+                if abort is not None:
+                    # One watcher for every observation: an abort cancels them all at once
+                    # (each also sees it at its own checks), and the listing raises CANCELLED.
+                    nursery.start_soon(_cancel_on, abort, nursery.cancel_scope)
+                # A bounded number of observers take the candidates in turn: the listing's
+                # memory is bounded by the observations under way, not by the children, and
+                # enough stay under way for the cold reader to fill its thread hops.
+                queue = iter(observe)
+
+                async def observer() -> None:
+                    for i in queue:
+                        await observe_one(i)
+
+                async with trio.open_nursery() as observations:
+                    for _ in range(min(len(observe), self.observers)):
+                        observations.start_soon(observer)
+                nursery.cancel_scope.cancel()  # every observation is done: stop the watcher
         except BaseExceptionGroup as group:
             raise_bare_cancelled(group)  # everything else is kept as a value by observe_one
         _check(abort)
@@ -253,18 +275,17 @@ class ListingService:
         if not rows:
             return {}
         out = {}
+        key, version = IDENTITY_UNIT.key, IDENTITY_UNIT.state_version
         for record in records:
-            if record.header is None or record.event_count is None:
+            header = record.header
+            if header is None or record.event_count is None:
                 continue
-            lifecycle = Lifecycle.of(record.header, record.inherited_event_count)
-            for stored in rows.get(record.id, []):
-                if (
-                    stored.key == IDENTITY_UNIT.key
-                    and stored.row.ver == IDENTITY_UNIT.state_version
-                    and stored.lifecycle == lifecycle
-                    and stored.row.seq < record.event_count
-                ):
-                    identity = _own((stored.row.val or {}).get("identity"), record.inherited_event_count)
+            for stored in rows.get(record.id, ()):
+                if stored.key != key or stored.ver != version or stored.seq >= record.event_count:
+                    continue
+                if _same_lifecycle(stored.lifecycle, header, record.inherited_event_count):
+                    val = stored.value()  # decoded only now (UNREADABLE, an object: no identity)
+                    identity = _own(val.get("identity") if type(val) is dict else None, record.inherited_event_count)
                     if identity is not None:
                         out[record.id] = identity
         return out
@@ -273,6 +294,22 @@ class ListingService:
 def _check(abort: Abort | None) -> None:
     if abort is not None and abort.is_set():
         raise SubagentError(_CANCELLED, "CANCELLED")
+
+
+def _same_lifecycle(stored: Lifecycle, header: SessionHeader, inherited_event_count: int) -> bool:
+    """`stored == Lifecycle.of(header, inherited_event_count)`, without building the latter."""
+    return (
+        stored.format == header.format
+        and stored.created_at == header.created_at
+        and stored.cwd == header.cwd
+        and stored.is_seeded == header.is_seeded
+        and stored.inherited_event_count == inherited_event_count
+    )
+
+
+async def _cancel_on(abort: Abort, scope: trio.CancelScope) -> None:
+    await abort.wait()
+    scope.cancel()
 
 
 def _is_subagent(record: SessionRecord) -> bool:

@@ -30,6 +30,7 @@ open when the descriptor was written counts from its own start. The view is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -67,6 +68,7 @@ class SubagentIdentityUnit:
 
     key = "subagent"
     state_version = 2
+    types: Final = frozenset({DESCRIPTOR_TYPE})  # every other event leaves the state as it is
 
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonObject:
         return {}
@@ -94,6 +96,9 @@ class SubagentIdentityUnit:
         return None if identity is None else dict(identity)
 
 
+_TIMING_TYPES: Final = frozenset({DESCRIPTOR_TYPE, "turn/start", "turn/end"})
+
+
 def _timing(
     settled_ms: int,
     descriptor_seen: bool,
@@ -107,6 +112,29 @@ def _timing(
         state["pending_turn_start"] = pending_turn_start
     state["descriptor_seen"] = descriptor_seen
     return state
+
+
+def _canonical(state: object) -> tuple[int, bool, int | None, int | None, int | None] | None:
+    """(settled_ms, descriptor_seen, active since, active through, pending_turn_start) of a
+    state shaped as `_timing` builds them (every state `apply` makes), else None."""
+    if type(state) is not dict or not 2 <= len(state) <= 4:
+        return None
+    settled = state.get("settled_ms")
+    seen = state.get("descriptor_seen")
+    active = state.get("active")
+    pending = state.get("pending_turn_start")
+    if type(settled) is not int or type(seen) is not bool or (pending is not None and type(pending) is not int):
+        return None
+    if len(state) != 2 + (active is not None) + (pending is not None):
+        return None  # another key (or an explicit null)
+    if active is None:
+        return settled, seen, None, None, pending
+    if type(active) is not dict or len(active) != 2 or not seen:
+        return None  # (`apply` makes a turn active only after a descriptor)
+    since, through = active.get("since"), active.get("through")
+    if type(since) is not int or type(through) is not int:
+        return None
+    return settled, seen, since, through, pending
 
 
 class SubagentTimingUnit:
@@ -146,6 +174,50 @@ class SubagentTimingUnit:
             {"since": active["since"], "through": time},
             state.get("pending_turn_start"),
         )
+
+    def fold(self, state: JsonObject, events: Sequence[Event]) -> JsonObject:
+        """The left fold of `apply` over contiguous events, with one Python step per turn
+        boundary or descriptor instead of one per event: every other event only moves
+        `active.through` to its own time, so while a turn is active at the end of the run,
+        `through` is the time of the run's last event (`apply` keeps a turn active only after a
+        descriptor, and then every turn/start, turn/end or descriptor replaces or ends it). A
+        state of that shape is folded in local variables and built once; any other goes through
+        `apply`, event by event."""
+        canonical = _canonical(state)
+        if canonical is None:
+            for event in events:
+                state = self.apply(state, event)
+            return state
+        marks = [event for event in events if event.type in _TIMING_TYPES]
+        settled, seen, since, through, pending = canonical
+        changed = False
+        for event in marks:
+            kind, time = event.type, event.time
+            if kind == DESCRIPTOR_TYPE:
+                start = since if since is not None else pending
+                settled, seen, pending = 0, True, None
+                since, through = (None, None) if start is None else (start, time)
+            elif kind == "turn/start":
+                if seen:
+                    since, through, pending = time, time, None
+                else:
+                    since, through, pending = None, None, time
+            elif not seen:  # turn/end before any descriptor
+                if pending is None:
+                    continue  # `apply` returns the state as it is
+                since, through, pending = None, None, None
+            elif since is None:
+                continue  # a turn/end while no turn is active: the state as it is
+            else:
+                settled += max(0, time - since)
+                since, through, pending = None, None, None
+            changed = True
+        if since is not None and events and events[-1].type not in _TIMING_TYPES:
+            through = events[-1].time
+            changed = True
+        if not changed:
+            return state
+        return _timing(settled, seen, None if since is None else {"since": since, "through": through}, pending)
 
     def view(self, state: JsonObject) -> JsonObject:
         out: JsonObject = {"settled_ms": state["settled_ms"]}
