@@ -165,7 +165,8 @@ class ListingService:
                 refs.append(ref)
             else:
                 cold.append(i)
-        for i, answer in zip(live_at, await snapshot_all(refs, [IDENTITY_UNIT.key]), strict=True):
+        answers = await self._live_answers(refs, abort)
+        for i, answer in zip(live_at, answers, strict=True):
             record = candidates[i]
             if isinstance(answer, ActorStopped):
                 cold.append(i)  # it stopped meanwhile: read what it left
@@ -180,6 +181,26 @@ class ListingService:
         await self._cold_rows(candidates, cold, parents, results, abort)
         _check(abort)
         return [row for row in results if row is not None]
+
+    async def _live_answers(self, refs: list[SessionRef], abort: Abort | None) -> list[Any]:
+        """All live asks at once; an abort ends the wait (an actor stuck in storage must not
+        hold a cancelled listing)."""
+        if not refs:
+            return []
+        if abort is None:
+            return await snapshot_all(refs, [IDENTITY_UNIT.key])
+        answers: list[Any] | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cancel_on, abort, nursery.cancel_scope)
+                answers = await snapshot_all(refs, [IDENTITY_UNIT.key])
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # only an enclosing cancel gets here: pass it on bare
+            raise_bare_cancelled(group)
+        if answers is None or abort.is_set():
+            _check(abort)
+        assert answers is not None
+        return answers
 
     async def _cold_rows(
         self,
