@@ -298,7 +298,8 @@ class SessionQuery:
         except (ProjectionBroken, KeyError) as exc:
             raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
         prepared = _Prepared(
-            info.revision, read.header, read.inherited_event_count, read.events, projections, info.revision.size
+            info.revision, read.header, read.inherited_event_count, read.events, projections,
+            _footprint(read.events) if self.cache_bytes > 0 else 0,
         )
         self._remember(sid, prepared)
         return prepared
@@ -317,7 +318,7 @@ class SessionQuery:
         return result
 
     def _remember(self, sid: str, prepared: _Prepared) -> None:
-        if prepared.size > self.cache_bytes:
+        if self.cache_bytes <= 0 or prepared.size > self.cache_bytes:
             return  # larger logs are never cached
         old = self._cache.pop(sid, None)
         if old is not None:
@@ -327,6 +328,16 @@ class SessionQuery:
         while self._cached > self.cache_bytes:
             _, evicted = self._cache.popitem(last=False)
             self._cached -= evicted.size
+
+
+# Memory an event holds beyond its raw data (the Struct, the Raw object, the list slot), measured
+# with tracemalloc on small events; the cache bound is about memory, not bytes on disk (a zstd
+# log is several times smaller on disk than in memory).
+_EVENT_OVERHEAD = 200
+
+
+def _footprint(events: tuple[Event, ...]) -> int:
+    return sum(map(len, (e.data for e in events))) + _EVENT_OVERHEAD * len(events)
 
 
 def _check(abort: Abort | None) -> None:

@@ -189,3 +189,26 @@ async def test_observation_errors_carry_their_codes(tmp_path: Path, case: str, c
         if case == "read-fails":
             async with query.observe_session(sid) as seen:
                 assert seen.source == "prepared"
+
+
+async def test_the_observation_cache_is_bounded_by_memory_not_bytes_on_disk(tmp_path: Path) -> None:
+    """A zstd log is several times smaller on disk than in memory: the LRU counts what the
+    prepared observation holds (raw data plus a per-event overhead), so a bound cannot be
+    overrun by a factor of the compression ratio."""
+    base = FileLogStore(str(tmp_path))
+    handle = base.create(SessionHeader(id="big", created_at=1))
+    events = [make_event(i, "turn/start", 2, {"turn": i}) for i in range(2000)]
+    base.append(handle, [Batch(0, events)])
+    base.close(handle)
+    on_disk = (tmp_path / "sessions" / "big" / "session.jsonl.zst").stat().st_size
+    raw = sum(len(e.data) for e in events)
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        roomy = SessionQuery(base, sessions, registry, cache_bytes=64 << 20)
+        async with roomy.observe_session("big"):
+            pass
+        assert roomy._cached >= raw + 100 * len(events) > 3 * on_disk  # noqa: SLF001 - the LRU's own count
+        tight = SessionQuery(base, sessions, registry, cache_bytes=4 * on_disk)  # would fit by disk size
+        async with tight.observe_session("big"):
+            pass
+        assert tight._cached == 0  # noqa: SLF001 - too big for the bound once counted in memory
