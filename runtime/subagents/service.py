@@ -36,7 +36,7 @@ from subagents.storage import AlreadyOwned, Event, StorageError, check_session_i
 from subagents.storage.errors import InvalidSessionId
 
 from ..agent.inbox import Delivery, DeliveryCancelled
-from ..agent.loop import Agent, TurnResult
+from ..agent.loop import Agent, AgentStopped, TurnResult
 from ..agent.registry import AgentError, AgentRegistry
 from ..query import SessionQuery, SessionQueryError
 from .descriptor import SubagentDescriptor, snapshot_descriptor
@@ -234,7 +234,11 @@ class SubagentService:
     def _run_activation(self, activation: Activation, child: Agent) -> None:
         async def body(_a: Activation) -> None:
             while True:
-                await child.wait_idle()
+                try:
+                    await child.wait_idle()
+                except AgentStopped:
+                    return  # its log cannot be written: it settles as failed
+
                 if child.inbox.wakes():
                     continue
                 if len(child.inbox):  # parked by an interrupt: pending work, not settled
@@ -246,7 +250,7 @@ class SubagentService:
                 return
 
         def ready(_a: Activation) -> bool:
-            return child.status != "running" and not len(child.inbox)
+            return child.status == "stopped" or (child.status != "running" and not len(child.inbox))
 
         async def settle(a: Activation) -> None:
             await self._settle(a, child)
@@ -262,8 +266,11 @@ class SubagentService:
             with trio.move_on_after(self.manager.stop_grace):
                 await child.wait_turn_closed()
         result = child.last_result
-        kind = str(result.reason["kind"]) if result is not None else "aborted"
-        closing = result.closing_text if result is not None else None
+        if child.failure is not None:
+            kind = "error"  # the agent stopped: its log could not be written
+        else:
+            kind = str(result.reason["kind"]) if result is not None else "aborted"
+        closing = result.closing_text if result is not None and child.failure is None else None
         parent = self.agents.get(activation.parent_id)
         parent_ref = parent.session if parent is not None else self.agents.sessions.get(activation.parent_id)
         if parent_ref is None:

@@ -95,3 +95,27 @@ async def test_depth_is_checked_before_anything_is_created(tmp_path: Path) -> No
             await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
         assert (exc.value.code, exc.value.message) == ("DEPTH_EXCEEDED", "subagent depth 1 exceeds max_depth 0")
         assert [r.id for r in await rt.query.list_sessions()] == ["parent"]
+
+
+async def test_a_child_whose_log_fails_settles_as_failed_and_the_runtime_carries_on(tmp_path: Path) -> None:
+    from subagents.storage import FaultyLogStore
+
+    faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
+    model = ScriptedModel(load_script(json.dumps({"agents": [
+        {"session": "parent", "responses": [{"text": "noted the failure"}]},
+        {"label": "worker", "responses": [{"wait_for": {"steered": True}, "text": "never written"}]},
+    ]})))
+    async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
+                            log_store=faulty) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        child_id = await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
+        faulty.fail("append", session_id=child_id, times=None)  # from now on its log cannot be written
+        await rt.subagents.send_message(parent, child_id, "go on")  # releases the held model call
+        result = await rt.subagents.wait_tree_idle(parent)
+        assert result is not None and result.text == "noted the failure"
+        assert rt.agents.get(child_id) is None and rt.subagents.manager.get(child_id) is None
+    lines = [json.loads(line) for line in (tmp_path / "sessions" / "parent" / "session.jsonl").read_text().splitlines()[1:]]
+    [settled] = [e for e in lines if e["type"] == "subagent/settled"]
+    assert settled["data"] == {"child_id": child_id, "reason_kind": "error"}
+    notice = next(e for e in lines if e["type"] == "user/message" and e.get("source_event_seqs") == [settled["seq"]])
+    assert notice["data"]["message"]["content"][0]["text"] == f"Background subagent {child_id} failed before it finished."
