@@ -204,6 +204,9 @@ class Agent:
         except (ActorStopped, StorageError) as exc:
             log.warning("agent %s stopped: %s", self.session_id, exc)
             self.failure = exc
+        except Exception as exc:  # a bug: this agent stops, loudly, and the others carry on
+            log.exception("agent %s failed", self.session_id)
+            self.failure = exc
         finally:
             self._stopped = True
             self._changed.unpark_all()
