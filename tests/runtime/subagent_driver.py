@@ -102,7 +102,7 @@ async def main(spec: dict[str, Any]) -> None:
             _say("MARK")
             await trio.sleep_forever()
 
-        SubagentService._settle = held  # type: ignore[method-assign]
+        SubagentService._settle = held  # type: ignore[method-assign]  # the crash driver holds settlement at a marked point
     model = HookedModel(ScriptedModel(load_script(json.dumps(spec["script"]))), spec.get("gates", []))
     async with open_runtime(
         spec["root"], model=model, clock=ScenarioClock(start=spec.get("clock_start", 1_789_000_000_000)),

@@ -500,7 +500,7 @@ def test_one_delivery_per_mode(mode: Any, wakes: bool, steered: bool, by_step: l
 def test_claim_turn_takes_the_next_step_input_and_one_follow_up() -> None:
     inbox = Inbox()
     for text, mode in [("i1", "inject"), ("f1", "follow-up"), ("s1", "steer"), ("f2", "follow-up"), ("i2", "inject")]:
-        inbox.put_nowait(dl(text), mode)  # type: ignore[arg-type]
+        inbox.put_nowait(dl(text), mode)  # type: ignore[arg-type]  # mode is a str from the test table
     assert (len(inbox), inbox.received, inbox.steered()) == (5, 5, True)
     assert texts(inbox.claim_turn()) == ["i1", "s1", "i2", "f1"]
     assert (len(inbox), inbox.wakes(), inbox.steered()) == (1, True, False)
@@ -512,7 +512,7 @@ def test_claim_turn_takes_the_next_step_input_and_one_follow_up() -> None:
 def test_claim_step_leaves_follow_ups_queued() -> None:
     inbox = Inbox()
     for text, mode in [("f1", "follow-up"), ("s1", "steer"), ("i1", "inject")]:
-        inbox.put_nowait(dl(text), mode)  # type: ignore[arg-type]
+        inbox.put_nowait(dl(text), mode)  # type: ignore[arg-type]  # mode is a str from the test table
     assert texts(inbox.claim_step()) == ["s1", "i1"]
     assert (len(inbox), inbox.wakes(), inbox.steered()) == (1, True, False)
 
@@ -532,7 +532,7 @@ def test_put_nowait_refuses_over_capacity_unless_forced() -> None:
     inbox.put_nowait(dl("b"), "inject")
     for mode in ("follow-up", "steer", "inject"):
         with pytest.raises(trio.WouldBlock):
-            inbox.put_nowait(dl("c"), mode)  # type: ignore[arg-type]
+            inbox.put_nowait(dl("c"), mode)  # type: ignore[arg-type]  # mode is a str from the test table
     assert (len(inbox), inbox.received) == (2, 2)
     inbox.put_nowait(dl("notice"), "steer", force=True)  # durable notices are never dropped
     inbox.put_nowait(dl("notice2"), "follow-up", force=True)
@@ -543,7 +543,7 @@ def test_put_nowait_refuses_over_capacity_unless_forced() -> None:
 def test_unknown_mode_and_bad_capacity_are_refused() -> None:
     inbox = Inbox()
     with pytest.raises(ValueError, match="broadcast"):
-        inbox.put_nowait(dl("x"), "broadcast")  # type: ignore[arg-type]
+        inbox.put_nowait(dl("x"), "broadcast")  # type: ignore[arg-type]  # an unknown mode, on purpose
     assert (len(inbox), inbox.received) == (0, 0)
     for capacity in (0, -1):
         with pytest.raises(ValueError):
@@ -938,7 +938,7 @@ def test_plan_compaction(spec: str, keep: int, expected: list[int] | None) -> No
     assert planned(spec, keep) == expected
     plan = plan_compaction(nodes(spec), keep_recent=keep)
     if plan is not None:
-        assert (plan.start_seq, plan.end_seq) == (expected[0], expected[-1])  # type: ignore[index]
+        assert (plan.start_seq, plan.end_seq) == (expected[0], expected[-1])  # type: ignore[index]  # expected is not None on this row
 
 
 def test_plan_compaction_invariants_over_every_small_surface() -> None:
