@@ -11,8 +11,10 @@ import argparse
 import json
 import os
 import resource
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -125,18 +127,73 @@ async def _list(args: argparse.Namespace) -> list[Any]:
     return list(rows)
 
 
-async def _run(args: argparse.Namespace, model: Model) -> int:
+class _Interrupt:
+    """Ctrl-C for a command: it cancels the scopes the command marked as interruptible (so the
+    runtime around them closes normally and drains), or the whole command if it marked none;
+    a second Ctrl-C stops everything at once."""
+
+    def __init__(self, everything: trio.CancelScope) -> None:
+        self.hit = False
+        self._everything = everything
+        self._scopes: list[trio.CancelScope] = []
+
+    @contextmanager
+    def cancels(self) -> Iterator[trio.CancelScope]:
+        with trio.CancelScope() as scope:
+            self._scopes.append(scope)
+            if self.hit:
+                scope.cancel()
+            try:
+                yield scope
+            finally:
+                self._scopes.remove(scope)
+
+    def fire(self) -> None:
+        if self.hit or not self._scopes:
+            self._everything.cancel()
+        self.hit = True
+        for scope in self._scopes:
+            scope.cancel()
+
+
+async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
+    """Run `fn(*args, interrupt=...)`; Ctrl-C makes the status 130. SIGINT is taken as a
+    signal here, so no KeyboardInterrupt lands in some agent's task."""
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        status = 130
+        async with trio.open_nursery() as nursery:
+            interrupt = _Interrupt(nursery.cancel_scope)
+
+            async def on_interrupt() -> None:
+                async for _ in signals:
+                    interrupt.fire()
+
+            async def body() -> None:
+                nonlocal status
+                status = await fn(*args, interrupt=interrupt)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(on_interrupt)
+            nursery.start_soon(body)
+        return 130 if interrupt.hit else status
+
+
+async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt) -> int:
     async with open_runtime(args.root, model=model, compression=args.compression) as runtime:
         try:
             agent = await _session_agent(runtime, args.session)
         except (StorageError, AgentError) as exc:
             raise UsageError(str(exc)) from None
         await agent.send(args.prompt)
-        try:
-            result = await runtime.subagents.wait_tree_idle(agent)
-        except AgentStopped as exc:
-            print(f"subagents: {exc}", file=sys.stderr)
-            return 1
+        result = None
+        with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
+            try:
+                result = await runtime.subagents.wait_tree_idle(agent)
+            except AgentStopped as exc:
+                print(f"subagents: {exc}", file=sys.stderr)
+                return 1
+    if interrupt.hit:
+        return 130
     output = (result.text if result is not None else None) or ""
     if args.json:
         print(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
@@ -187,7 +244,7 @@ async def _scenario(action: str, dirs: list[Any]) -> int:
     return 1 if failed else 0
 
 
-async def _demo(args: argparse.Namespace) -> int:
+async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
     try:
         return await run_demo(args.root, live=False if args.plain else None)
     except RuntimeError as exc:
@@ -305,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_scenario, args.action, dirs)
         if args.command == "demo":
             _raise_open_file_limit()
-            return trio.run(_demo, args)
+            return trio.run(_until_interrupted, _demo, args)
         if args.command == "run":
             if args.session is not None:
                 try:
@@ -317,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ModelSpecError as exc:
                 raise UsageError(str(exc)) from None
             _raise_open_file_limit()
-            return trio.run(_run, args, model)
+            return trio.run(_until_interrupted, _run, args, model)
     except UsageError as exc:
         print(f"subagents: {exc}", file=sys.stderr)
         return 2

@@ -443,3 +443,56 @@ async def test_open_runtime_builds_a_model_from_a_spec_and_an_explicit_key(tmp_p
     with pytest.raises(ModelSpecError, match="needs an api_key"):
         async with open_runtime(tmp_path, model="deepseek:deepseek-chat"):
             pass  # the environment is never read below the CLI
+
+
+class HangingServer:
+    """Takes the request, streams a first piece of text, then holds the stream open."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.streaming = trio.Event()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        try:
+            if await _read_request(stream) is None:
+                return
+            head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            part = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "thinking about "}}]}).encode() + b"\n\n"
+            await stream.send_all(head.encode() + b"%x\r\n%s\r\n" % (len(part), part))
+            self.streaming.set()
+            await stream.receive_some(1)  # until the client goes away
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+
+async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """SIGINT while the model streams: the runtime drains (the turn is closed as aborted by
+    `disposed`, the partial text kept as an interrupted message) and the exit status is 130."""
+    import signal
+
+    server = HangingServer()
+    listeners = await nursery.start(partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1"))
+    server.port = listeners[0].socket.getsockname()[1]
+    root = tmp_path / "root"
+    with trio.fail_after(TIMEOUT):
+        process = await nursery.start(partial(
+            trio.run_process,
+            [*CLI, "run", "--root", str(root), "--compression", "none", "--session", "s1", "--model", "openai:m",
+             "--base-url", f"http://127.0.0.1:{server.port}/v1", "hi"],
+            cwd=tmp_path, env=clean_env(OPENAI_API_KEY="sk-test"), check=False,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            # A child of a non-interactive shell may inherit SIGINT ignored: give it the default.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        ))
+        await server.streaming.wait()
+        process.send_signal(signal.SIGINT)
+        code = await process.wait()
+        assert code == 130, (await process.stderr.receive_some(65536)).decode()
+    records = log_records(root, "s1")[1:]
+    assert [r["type"] for r in records][-2:] == ["step/end", "turn/end"]
+    assert records[-1]["data"]["reason"] == {"kind": "aborted", "cause": "disposed"}
+    [message] = [r for r in records if r["type"] == "assistant/message"]
+    assert message["data"]["interrupted"] is True and message["data"]["finish"] == "aborted"
+    assert message["data"]["message"]["content"] == [{"type": "text", "text": "thinking about "}]
