@@ -122,12 +122,7 @@ class SubagentService:
             raise SubagentError("message delivery was cancelled", "CANCELLED")
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
-        try:
-            activation = self.manager.admit(child_id, parent.session_id)
-        except ActivationLimitReached as exc:
-            raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
-        except Draining as exc:
-            raise SubagentError(str(exc), "DRAINING") from None
+        activation = self._admit(child_id, parent.session_id)
         try:
             child = await self._create_child(parent, reserved, provider, depth,
                                              SubagentDescriptor(mode="continuable", provider=provider, label=label))
@@ -180,6 +175,14 @@ class SubagentService:
                 headline += f"\nPartial output before the run ended:\n{result.text}"
             raise SubagentError(headline, "RUN_NOT_COMPLETED")
         return result
+
+    def _admit(self, child_id: str, parent_id: str) -> Activation:
+        try:
+            return self.manager.admit(child_id, parent_id)
+        except ActivationLimitReached as exc:
+            raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
+        except Draining as exc:
+            raise SubagentError(str(exc), "DRAINING") from None
 
     def _child_depth(self, parent: Agent) -> int:
         depth = parent.session.header.delegation_depth + 1
@@ -399,12 +402,7 @@ class SubagentService:
                                 "choose a different target", "NOT_RESUMABLE")
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
-        try:
-            activation = self.manager.admit(target_id, sender.session_id)
-        except ActivationLimitReached as exc:
-            raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
-        except Draining as exc:
-            raise SubagentError(str(exc), "DRAINING") from None
+        activation = self._admit(target_id, sender.session_id)
         try:
             child = await self.agents.resume(target_id, label=identity.get("label"))
         except (AlreadyOwned, StorageError, AgentError):
