@@ -21,10 +21,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 import zstandard
+
+from http_request import Seen, read_request
 
 from subagents.storage import encode_session_id
 
@@ -323,12 +324,6 @@ def test_bad_input_is_exit_2_and_changes_nothing(case: str, existing_root: Path,
 # -- the OpenAI transport against a real server -----------------------------------------------
 
 
-@attrs.frozen
-class Seen:
-    method: str
-    target: str
-    headers: dict[str, str]
-    body: bytes
 
 
 class StreamingServer:
@@ -340,7 +335,7 @@ class StreamingServer:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         try:
-            seen = await _read_request(stream)
+            seen = await read_request(stream)
             if seen is None:
                 return
             self.requests.append(seen)
@@ -362,27 +357,6 @@ class StreamingServer:
             await stream.aclose()
 
 
-async def _read_request(stream: trio.SocketStream) -> Seen | None:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        piece = await stream.receive_some(65536)
-        if not piece:
-            return None
-        data += piece
-    head, _, body = data.partition(b"\r\n\r\n")
-    request_line, *lines = head.decode("latin-1").split("\r\n")
-    method, target, _version = request_line.split(" ")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        piece = await stream.receive_some(65536)
-        if not piece:
-            return None
-        body += piece
-    return Seen(method, target, headers, body)
 
 
 def all_bytes_under(root: Path) -> list[tuple[Path, bytes]]:
@@ -454,7 +428,7 @@ class HangingServer:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         try:
-            if await _read_request(stream) is None:
+            if await read_request(stream) is None:
                 return
             head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
             part = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "thinking about "}}]}).encode() + b"\n\n"

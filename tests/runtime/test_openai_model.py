@@ -23,6 +23,8 @@ import pytest
 import trio
 import trio.testing
 
+from http_request import Seen, read_request
+
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.models.base import (
     Chunk,
@@ -60,15 +62,6 @@ class Reply:
     hold: bool = False  # after the parts (body unfinished), keep the connection open until the client leaves
 
 
-@attrs.frozen
-class Seen:
-    method: str
-    target: str
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
 
 
 class ScriptedServer:
@@ -83,7 +76,7 @@ class ScriptedServer:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         try:
-            seen = await _read_request(stream)
+            seen = await read_request(stream)
             if seen is None:
                 return
             self.requests.append(seen)
@@ -115,27 +108,6 @@ class ScriptedServer:
             self.disconnected.set()
 
 
-async def _read_request(stream: trio.SocketStream) -> Seen | None:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        piece = await stream.receive_some(65536)
-        if not piece:
-            return None
-        data += piece
-    head, _, body = data.partition(b"\r\n\r\n")
-    request_line, *lines = head.decode("latin-1").split("\r\n")
-    method, target, _version = request_line.split(" ")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        piece = await stream.receive_some(65536)
-        if not piece:
-            return None
-        body += piece
-    return Seen(method, target, headers, body)
 
 
 Serve = Callable[..., Awaitable[ScriptedServer]]
