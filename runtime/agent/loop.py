@@ -123,6 +123,7 @@ class Agent:
         events: Sequence[Event] = (),
         label: str | None = None,
         wait_settled: Callable[[str, str], Any] | None = None,
+        surface: Surface | None = None,  # already built from `events` (a resume builds it in a thread)
     ) -> None:
         self.session = session
         self.session_id = session.session_id
@@ -132,7 +133,7 @@ class Agent:
         self.config = config
         self.label = label
         self.inbox = Inbox(config.inbox_capacity)
-        self.surface = Surface.from_events(events, session_id=self.session_id)
+        self.surface = surface if surface is not None else Surface.from_events(events, session_id=self.session_id)
         self.turn = _last_turn(events, self.session_id)
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
         self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique

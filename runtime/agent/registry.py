@@ -33,6 +33,7 @@ from ..clock import Clock
 from ..ids import IdFactory
 from ..models.base import Model
 from .loop import Agent, AgentConfig
+from .messages import Surface
 from .tools import ToolSet
 
 __all__ = ["AgentError", "AgentRegistry"]
@@ -126,30 +127,38 @@ class AgentRegistry:
         if live is not None:
             return live
         ref = await self.sessions.open(session_id)
-        events = await trio.to_thread.run_sync(self._read_all, session_id)
+        # Read the log and rebuild the surface in a worker thread: payloads are decoded there,
+        # so a long log does not hold up the event loop.
+        events, surface = await trio.to_thread.run_sync(self._read_all, session_id)
         closers = interrupted_closers(events, session_id=session_id)
         if closers:
             result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
             events.extend(result.events)
-        agent = await self._start(ref, events, label=label, model=model, config=config, tools=tools)
+            for event in result.events:
+                if event.surface_op is not UNSET:
+                    surface.apply(event, session_id=session_id)
+        agent = await self._start(ref, events, label=label, model=model, config=config, tools=tools,
+                                  surface=surface)
         if self.on_resume is not None:
             self.on_resume(agent, events)
         return agent
 
-    def _read_all(self, session_id: str) -> list[Event]:
+    def _read_all(self, session_id: str) -> tuple[list[Event], Surface]:
         handle = self.log_store.open_read(session_id)
         try:
-            return list(self.log_store.read(handle))
+            events = list(self.log_store.read(handle))
         finally:
             self.log_store.close(handle)
+        return events, Surface.from_events(events, session_id=session_id)
 
     async def _start(self, ref: Any, events: list[Event], *, label: str | None, model: Model | None,
-                     config: AgentConfig | None, tools: ToolSet | None) -> Agent:
+                     config: AgentConfig | None, tools: ToolSet | None, surface: Surface | None = None) -> Agent:
         chosen = model if model is not None else self.model
         if chosen is None:
             raise AgentError("no model is configured: pass open_runtime(model=...)", "NO_MODEL")
         agent = Agent(ref, model=chosen, tools=tools if tools is not None else self.tools(), clock=self.clock,
-                      config=config or self.config, events=events, label=label, wait_settled=self.wait_settled)
+                      config=config or self.config, events=events, label=label, wait_settled=self.wait_settled,
+                      surface=surface)
         await self._nursery.start(agent.run)
         self._agents[ref.session_id] = agent
         return agent
