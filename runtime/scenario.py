@@ -42,7 +42,7 @@ from .clock import ScenarioClock
 from .ids import CountingIds
 from .models.script import ScriptError, load_script
 from .models.scripted import ScriptedModel
-from .tools.subagent_tools import render_agents
+from .tools.subagent_tools import agent_status, render_agents
 
 __all__ = ["ScenarioError", "check_scenario", "normalize_log", "run_scenario", "scenario_dirs", "update_scenario"]
 
@@ -171,8 +171,7 @@ async def _listing(runtime: Runtime, step: Json) -> Json:
     rows = await (runtime.listing.list_descendants(sid) if descendants else runtime.listing.list_children(sid))
     if step["op"] == "children":
         return {"op": "children", "session": sid, "rows": [row.to_json() for row in rows]}
-    text = render_agents(rows, descendants, lambda cid: runtime.agents.status(cid) and (
-        "running" if runtime.agents.status(cid) == "running" else "idle") or "ready")
+    text = render_agents(rows, descendants, lambda cid: agent_status(runtime.agents, cid))
     return {"op": "agents", "session": sid, "text": text}
 
 

@@ -17,7 +17,7 @@ from ..agent.tools import ToolContext, ToolFailure
 from ..subagents.listing import ChildRow, SubagentError
 from ..subagents.service import Reservation, SubagentService
 
-__all__ = ["render_agents", "subagent_tools"]
+__all__ = ["agent_status", "render_agents", "subagent_tools"]
 
 Json = dict[str, Any]
 
@@ -113,6 +113,12 @@ class _Delegate:
         return result.text or ""
 
 
+def agent_status(agents: Any, child_id: str) -> str:
+    """`list_agents` status from the agent registry: running, idle (resident), or ready (disk)."""
+    agent = agents.get(child_id)
+    return "ready" if agent is None else ("running" if agent.status == "running" else "idle")
+
+
 def render_agents(rows: Sequence[Any], descendants: bool, status: Any) -> str:
     """The `list_agents` text: one line per continuable child or diagnostic."""
     lines = []
@@ -151,13 +157,7 @@ class _ListAgents:
                 rows = await listing.list_children(caller.session_id, ctx.abort)
         except SubagentError as exc:
             raise _failure(exc) from None
-        agents = self.service.agents
-
-        def status(child_id: str) -> str:
-            agent = agents.get(child_id)
-            return "ready" if agent is None else ("running" if agent.status == "running" else "idle")
-
-        return render_agents(rows, descendants, status)
+        return render_agents(rows, descendants, lambda child_id: agent_status(self.service.agents, child_id))
 
 
 @attrs.frozen
