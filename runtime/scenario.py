@@ -115,8 +115,17 @@ def _validate(spec: Any, directory: Path) -> None:
         for key in ("session", "text", "cancel_on_tool"):
             if key in step and not isinstance(step[key], str):
                 raise ScenarioError(f"{where}: {path}.{key} must be a string")
+        if "descendants" in step and not isinstance(step["descendants"], bool):
+            raise ScenarioError(f"{where}: {path}.descendants must be true or false")
     if spec.get("compression", "none") not in ("none", "zstd"):
         raise ScenarioError(f"{where}: $.compression must be \"none\" or \"zstd\"")
+    for key in ("max_depth", "max_active_subagents"):
+        value = spec.get(key, 1)
+        if type(value) is not int or value < 0:
+            raise ScenarioError(f"{where}: $.{key} must be a non-negative integer")
+    for key in ("description", "id_prefix", "system_prompt"):
+        if key in spec and not isinstance(spec[key], str):
+            raise ScenarioError(f"{where}: $.{key} must be a string")
 
 
 def _place_seeds(directory: Path, root: Path) -> None:

@@ -91,6 +91,10 @@ def test_cli_check_exit_codes(tmp_path: Path, capsys) -> None:
     ('{"steps": [{"op": "restart", "extra": 1}]}', "$.steps[0].extra is not a known key"),
     ('{"steps": [{"op": "restart"}], "colour": "red"}', "$.colour is not a known key"),
     ("{not json", "scenario.json"),
+    ('{"steps": [{"op": "agents", "session": "p", "descendants": "yes"}]}', "$.steps[0].descendants must be true or false"),
+    ('{"steps": [{"op": "restart"}], "max_depth": true}', "$.max_depth must be a non-negative integer"),
+    ('{"steps": [{"op": "restart"}], "max_active_subagents": -1}', "$.max_active_subagents must be a non-negative integer"),
+    ('{"steps": [{"op": "restart"}], "id_prefix": 7}', "$.id_prefix must be a string"),
 ])
 def test_bad_scenarios_are_exit_2_with_the_json_path(tmp_path: Path, capsys, spec: str, message: str) -> None:
     directory = tmp_path / "bad"
