@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+from collections.abc import Collection
 from typing import Literal
 
 from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
@@ -27,6 +28,7 @@ from .fs import File, Fs, FolderScan, NotRegularFile
 from .index import IndexRow, SessionIndex
 from .records import HeaderError, HeaderRecord
 from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
+from .watch import Watch
 
 __all__ = ["SESSIONS", "Catalog"]
 
@@ -39,15 +41,27 @@ _NO_REVISION = Revision(size=0, mtime_ns=0, inode=0)
 
 
 class Catalog:
-    def __init__(self, fs: Fs, index: SessionIndex | None) -> None:
+    def __init__(self, fs: Fs, index: SessionIndex | None, *, watch: bool = True) -> None:
         self.fs = fs
         self.index = index
         self._rows: dict[SessionId, IndexRow] | None = None
         self._ids: dict[str, SessionId | None] = {}  # folder name → id (decoding is not free)
         self._lock = threading.Lock()
+        # Change notification (see `watch`): the folders of the last pass, kept while a watch
+        # vouches for them; None means the next listing makes a full pass.
+        self._watching = watch
+        self._watch: Watch | None = None
+        self._folders: dict[str, FolderScan] | None = None
+        self._listed = False
+        self._scan_lock = threading.Lock()
+
+    @property
+    def watching(self) -> bool:
+        """Whether the next listing may re-stat only the folders a watch names."""
+        return self._folders is not None
 
     def list(self) -> list[LogInfo]:
-        folders = self._scan(None)
+        folders = self._folders_now() if self._watching else self._scan(None)
         if folders is None:
             return []  # no sessions/ yet: nothing to list, and no index to create
         with self._lock:
@@ -84,7 +98,7 @@ class Catalog:
         return infos
 
     def stat(self, sid: SessionId, name: str) -> LogInfo | None:
-        folders = self._scan(name)
+        folders = self._scan([name])
         if folders is None:
             return None
         with self._lock:
@@ -124,14 +138,53 @@ class Catalog:
             self._commit(self._load(), [row], [])
 
     def close(self) -> None:
+        with self._scan_lock:
+            self._watching = False
+            self._folders = None
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
         if self.index is not None:
             self.index.close()
 
     # --- internals ---
 
-    def _scan(self, only: str | None) -> list[FolderScan] | None:
+    def _folders_now(self) -> list[FolderScan] | None:
+        """The folders as a stat pass would find them now, re-stat'ing only what the watch
+        names; a full pass (which also sets the watches up) when it cannot vouch."""
+        with self._scan_lock:
+            watch, known = self._watch, self._folders
+            if watch is not None and known is not None:
+                changed = watch.changes()
+                if changed is not None:
+                    if changed:
+                        self._folders = None  # until the partial pass is complete
+                        for name in changed:
+                            known.pop(name, None)
+                        for folder in self._scan(changed, watch) or ():
+                            known[folder.name] = folder
+                        self._folders = known
+                    return list(known.values())
+            self._folders = None
+            if watch is None:
+                if not self._listed:
+                    # Watches cost more than the stats they save in a store that lists once (a
+                    # command): they are set up by the second listing.
+                    self._listed = True
+                    return self._scan(None)
+                watch = self._watch = self.fs.watch(SESSIONS)
+                if watch is None and self.fs.root_exists() and self.fs.kind(SESSIONS) == "dir":
+                    self._watching = False  # no change notification here: stat passes from now on
+            if watch is None or not watch.reset():
+                return self._scan(None)
+            folders = self._scan(None, watch)
+            if folders is not None and watch.vouches:
+                self._folders = {folder.name: folder for folder in folders}
+            return folders
+
+    def _scan(self, only: Collection[str] | None, watch: Watch | None = None) -> list[FolderScan] | None:
         try:
-            return self.fs.scan(SESSIONS, _LOG_FILES, only)
+            return self.fs.scan(SESSIONS, _LOG_FILES, only, watch)
         except FileNotFoundError:
             if self.fs.root_exists():
                 return None

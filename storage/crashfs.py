@@ -19,13 +19,14 @@ import itertools
 from collections import Counter
 import functools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, TypeVar, cast
 
 import attrs
 
 from .fs import FolderScan, OpenMode, PathKind
 from .values import Revision
+from .watch import Watch
 
 __all__ = ["CrashFs"]
 
@@ -330,13 +331,16 @@ class CrashFs:
         del parent.entries[name]
 
     @_locked
-    def scan(self, path: str, names: Sequence[str], only: str | None = None) -> list[FolderScan]:
+    def scan(
+        self, path: str, names: Sequence[str], only: Collection[str] | None = None, watch: Watch | None = None
+    ) -> list[FolderScan]:
         self.counts["scan"] += 1
         self._raise_fault("scan", path)
         node = self._lookup(path)
         if not isinstance(node, _DirNode):
             raise OSError(errno.ENOTDIR, "not a directory", path)
-        wanted = node.entries if only is None else {only: node.entries[only]} if only in node.entries else {}
+        entries = node.entries
+        wanted = entries if only is None else {name: entries[name] for name in only if name in entries}
         out = []
         for name, child in wanted.items():
             if not isinstance(child, _DirNode):
@@ -350,6 +354,9 @@ class CrashFs:
                     files[file_name] = None
             out.append(FolderScan(name, files))
         return out
+
+    def watch(self, path: str) -> Watch | None:
+        return None  # no change notification: every listing makes a stat pass
 
     @_locked
     def fsync_dir(self, path: str) -> None:

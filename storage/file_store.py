@@ -93,6 +93,7 @@ class FileLogStore:
         fs: Fs | None = None,
         compression: Compression = "zstd",
         use_index: bool = True,
+        watch: bool = True,
     ) -> None:
         if fs is None:
             if root is None:
@@ -109,7 +110,7 @@ class FileLogStore:
             index = SessionIndex(os.path.join(fs.root, INDEX_NAME))
         else:
             index = SessionIndex(None)  # an in-memory Fs gets an in-memory index
-        self._catalog = Catalog(fs, index)
+        self._catalog = Catalog(fs, index, watch=watch)
 
     # --- paths ---
 
@@ -515,6 +516,11 @@ class FileLogStore:
 
     def list(self) -> list[LogInfo]:
         return self._catalog.list()
+
+    @property
+    def watching(self) -> bool:
+        """Whether change notification spares the next `list()` a stat per session (`watch`)."""
+        return self._catalog.watching
 
     def close_store(self) -> None:
         """Release the index connection (handles are closed one by one with `close`)."""

@@ -15,10 +15,11 @@ import errno
 import fcntl
 import os
 import stat as stat_mod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Literal, NamedTuple, Protocol
 
 from .values import Revision
+from .watch import Watch
 
 __all__ = ["File", "FolderScan", "Fs", "NotRegularFile", "OpenMode", "OsFs", "PathKind"]
 
@@ -64,10 +65,17 @@ class Fs(Protocol):
     def link(self, src: str, dst: str) -> None: ...
     def unlink(self, path: str) -> None: ...
     def fsync_dir(self, path: str) -> None: ...
-    def scan(self, path: str, names: Sequence[str], only: str | None = None) -> list[FolderScan]:
-        """The sub-folders of `path` (or just `only`), each with the revisions of `names`: the
-        one pass a listing makes, so it can stay within a small factor of scandir + stat.
-        Put the name most folders hold first."""
+    def scan(
+        self, path: str, names: Sequence[str], only: Collection[str] | None = None, watch: Watch | None = None
+    ) -> list[FolderScan]:
+        """The sub-folders of `path` (or just those of `only` that exist), each with the
+        revisions of `names`: the one pass a listing makes, so it can stay within a small factor
+        of scandir + stat. Put the name most folders hold first. With `watch` (from `watch()`),
+        each folder and file is watched before it is stat'ed."""
+        ...
+
+    def watch(self, path: str) -> Watch | None:
+        """Change notification for the folder `path` and its sub-folders, or None."""
         ...
 
 
@@ -244,43 +252,38 @@ class OsFs:
         finally:
             os.close(fd)
 
-    def scan(self, path: str, names: Sequence[str], only: str | None = None) -> list[FolderScan]:
+    def scan(
+        self, path: str, names: Sequence[str], only: Collection[str] | None = None, watch: Watch | None = None
+    ) -> list[FolderScan]:
         fd, name = self._parent(path)
         try:
             dfd = os.open(name, _DIR, dir_fd=fd)
         finally:
             os.close(fd)
         try:
+            if watch is not None:
+                st = os.fstat(dfd)
+                if (st.st_dev, st.st_ino) != watch.identity:
+                    watch.lose()  # not the sessions/ being watched: this pass vouches for nothing
+                    watch = None
             if only is not None:
-                try:
-                    st = os.stat(only, dir_fd=dfd, follow_symlinks=False)
-                except FileNotFoundError:
-                    return []
-                folders = [only] if stat_mod.S_ISDIR(st.st_mode) else []
+                folders = []
+                for candidate in only:
+                    try:
+                        st = os.stat(candidate, dir_fd=dfd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if stat_mod.S_ISDIR(st.st_mode):
+                        folders.append(candidate)
             else:
                 with os.scandir(dfd) as entries:
                     folders = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-            out = []
-            access, stat, isreg, F_OK = os.access, os.stat, stat_mod.S_ISREG, os.F_OK
-            for folder in folders:
-                files: dict[str, Revision | None] = {}
-                for position, file_name in enumerate(names):
-                    path = f"{folder}/{file_name}"
-                    # The first name is the usual one: stat it straight away. The others are
-                    # usually absent, which access() answers without raising.
-                    if position and not access(path, F_OK, dir_fd=dfd, follow_symlinks=False):
-                        continue
-                    try:
-                        st = stat(path, dir_fd=dfd, follow_symlinks=False)
-                    except (FileNotFoundError, NotADirectoryError):
-                        continue  # removed or replaced meanwhile
-                    files[file_name] = (
-                        Revision(st.st_size, st.st_mtime_ns, st.st_ino) if isreg(st.st_mode) else None
-                    )
-                out.append(FolderScan(folder, files))
-            return out
+            return _scan_folders(dfd, folders, names, watch)
         finally:
             os.close(dfd)
+
+    def watch(self, path: str) -> Watch | None:
+        return Watch.open(os.path.join(os.path.abspath(self.root), path))
 
     def fsync_dir(self, path: str) -> None:
         if not path:
@@ -295,3 +298,28 @@ class OsFs:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _scan_folders(dfd: int, folders: list[str], names: Sequence[str], watch: Watch | None) -> list[FolderScan]:
+    out = []
+    access, stat, isreg, F_OK = os.access, os.stat, stat_mod.S_ISREG, os.F_OK
+    for folder in folders:
+        if watch is not None and not watch.folder(folder):
+            continue  # gone meanwhile (its return is reported by the watch on the parent)
+        files: dict[str, Revision | None] = {}
+        for position, file_name in enumerate(names):
+            path = f"{folder}/{file_name}"
+            if watch is not None:
+                if not watch.file(folder, file_name):
+                    continue  # absent; its creation is reported by the folder's watch
+            # The first name is the usual one: stat it straight away. The others are usually
+            # absent, which access() answers without raising.
+            elif position and not access(path, F_OK, dir_fd=dfd, follow_symlinks=False):
+                continue
+            try:
+                st = stat(path, dir_fd=dfd, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed or replaced meanwhile
+            files[file_name] = Revision(st.st_size, st.st_mtime_ns, st.st_ino) if isreg(st.st_mode) else None
+        out.append(FolderScan(folder, files))
+    return out

@@ -1,0 +1,489 @@
+"""Change notification for `list()` (storage/watch.py): a warm listing re-stats only the folders
+the kernel names, and must list exactly what a stat pass lists.
+
+Every listing of a watched store is compared with a fresh store that has no index and no watch
+(`use_index=False, watch=False`): it stats and parses every log, so a watch that missed a change
+cannot agree with it by accident. The changes are made the ways a user, a crash or another
+process makes them: through a writer store, and by hand (bytes appended or cut in place, a log
+replaced by a new inode, a second form planted, a folder renamed or removed, a touch, a write
+through a hard link outside the root, the whole root replaced).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from subagents.storage import (
+    LOG_NAMES,
+    Batch,
+    FileLogStore,
+    LogInfo,
+    Offset,
+    OsFs,
+    SessionHeader,
+    SessionId,
+    StorageError,
+    encode_session_id,
+    make_event,
+)
+from subagents.storage.fs import FolderScan
+from subagents.storage.watch import IN_Q_OVERFLOW, LOCAL_FILE_SYSTEMS, Watch
+
+CREATED_AT = 1_789_000_000_000
+IDS = [f"s{i}" for i in range(6)]
+
+
+def header(sid: str) -> SessionHeader:
+    return SessionHeader(id=SessionId(sid), created_at=CREATED_AT + int(sid[1:]))
+
+
+def events(first: int, count: int) -> list[Any]:
+    return [make_event(seq, "turn/start", CREATED_AT + seq, {"turn": seq + 1}) for seq in range(first, first + count)]
+
+
+def folder(root: Path, sid: str) -> Path:
+    return root / "sessions" / encode_session_id(sid)
+
+
+def log_file(root: Path, sid: str) -> Path | None:
+    for name in LOG_NAMES.values():
+        path = folder(root, sid) / name
+        if path.is_file() and not path.is_symlink():
+            return path
+    return None
+
+
+def publish(root: Path, sid: str, compression: Any = "zstd", count: int = 2) -> None:
+    store = FileLogStore(str(root), compression=compression, watch=False, use_index=False)
+    try:
+        handle = store.create(header(sid))
+        store.append(handle, [Batch(Offset(0), events(0, count))])
+        store.close(handle)
+    finally:
+        store.close_store()
+
+
+def grow(root: Path, sid: str, count: int = 1) -> None:
+    store = FileLogStore(str(root), watch=False, use_index=False)
+    try:
+        handle = store.open_write(sid)
+        try:
+            store.append(handle, [Batch(handle.next_seq, events(handle.next_seq, count))])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()
+
+
+def rows(infos: Sequence[LogInfo]) -> list[tuple[Any, ...]]:
+    return [(i.id, i.header, i.damage, i.inherited_event_count, i.revision, i.event_count) for i in infos]
+
+
+def reference(root: Path) -> list[tuple[Any, ...]]:
+    store = FileLogStore(str(root), use_index=False, watch=False)
+    try:
+        return rows(store.list())
+    finally:
+        store.close_store()
+
+
+class ScanLog(OsFs):
+    """The real file system, recording every `scan` (which folders, and whether watched)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.scans: list[tuple[frozenset[str] | None, bool]] = []
+
+    def scan(
+        self, path: str, names: Sequence[str], only: Collection[str] | None = None, watch: Watch | None = None
+    ) -> list[FolderScan]:
+        self.scans.append((None if only is None else frozenset(only), watch is not None))
+        return super().scan(path, names, only, watch)
+
+
+def inotify_fds() -> int:
+    out = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+        except OSError:
+            pass  # the listing's own descriptor, closed meanwhile
+    return out
+
+
+def warm_store(root: Path, fs: OsFs | None = None) -> FileLogStore:
+    """A store past its first two listings, so its next listing is a warm one."""
+    store = FileLogStore(fs=fs or OsFs(str(root)))
+    store.list()
+    assert not store.watching  # a store that lists once sets no watch up
+    store.list()
+    assert store.watching, "no inotify watch here (instances exhausted by leaked stores?)"
+    return store
+
+
+# --- the mutations ----------------------------------------------------------------------------
+
+
+def m_publish(root: Path, sid: str, arg: int) -> None:
+    if not folder(root, sid).exists():
+        publish(root, sid, "zstd" if arg % 2 else "none", count=1 + arg % 3)
+
+
+def m_grow(root: Path, sid: str, arg: int) -> None:
+    try:
+        grow(root, sid, 1 + arg % 3)
+    except StorageError:
+        pass  # missing, damaged or doubled: the writer refuses, nothing changes
+
+
+def m_append_garbage(root: Path, sid: str, arg: int) -> None:
+    path = log_file(root, sid)
+    if path is not None:
+        with open(path, "ab") as f:
+            f.write(b'{"seq": x\n' if arg % 2 else b"\0" * (1 + arg))
+
+
+def m_cut(root: Path, sid: str, arg: int) -> None:
+    path = log_file(root, sid)
+    if path is not None:
+        size = path.stat().st_size
+        os.truncate(path, max(0, size - 1 - arg * 7))
+
+
+def m_replace(root: Path, sid: str, arg: int) -> None:
+    """The same bytes under a new inode (a copy renamed over the log)."""
+    path = log_file(root, sid)
+    if path is not None:
+        tmp = path.with_name("copy.tmp")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, path)
+
+
+def m_plant_other_form(root: Path, sid: str, arg: int) -> None:
+    path = log_file(root, sid)
+    if path is not None:
+        other = [name for name in LOG_NAMES.values() if name != path.name][0]
+        shutil.copyfile(path, path.with_name(other))
+
+
+def m_remove_a_form(root: Path, sid: str, arg: int) -> None:
+    names = sorted(LOG_NAMES.values())
+    path = folder(root, sid) / names[arg % 2]
+    if path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def m_remove_folder(root: Path, sid: str, arg: int) -> None:
+    if folder(root, sid).exists():
+        shutil.rmtree(folder(root, sid))
+
+
+def m_rename_folder(root: Path, sid: str, arg: int) -> None:
+    """To another session's name (if free) or to a name that is no session id."""
+    source = folder(root, sid)
+    target = folder(root, IDS[arg % len(IDS)]) if arg % 3 else root / "sessions" / ".not-an-id"
+    if source.exists() and not target.exists():
+        os.rename(source, target)
+
+
+def m_touch(root: Path, sid: str, arg: int) -> None:
+    path = log_file(root, sid)
+    if path is not None:
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000 * (1 + arg)))
+
+
+def m_write_through_hard_link(root: Path, sid: str, arg: int) -> None:
+    """Bytes appended through a second name outside the root: only the file's own watch sees it."""
+    path = log_file(root, sid)
+    if path is not None:
+        outside = root.parent / f"{root.name}-link"
+        os.link(path, outside)
+        try:
+            with open(outside, "ab") as f:
+                f.write(b"\n" if arg % 2 else b"garbage")
+        finally:
+            outside.unlink()
+
+
+def m_symlink_log(root: Path, sid: str, arg: int) -> None:
+    path = log_file(root, sid)
+    if path is not None:
+        path.unlink()
+        path.symlink_to("/dev/null")
+
+
+def m_stray_entries(root: Path, sid: str, arg: int) -> None:
+    sessions = root / "sessions"
+    if sessions.is_dir():
+        (sessions / f"stray-{arg}").write_bytes(b"x")  # a file, not a folder
+        (sessions / encode_session_id(f"empty{arg}")).mkdir(exist_ok=True)  # unpublished
+
+
+def m_replace_root(root: Path, sid: str, arg: int) -> None:
+    """The root moved aside (kept, so its sessions/ sees no event) and a copy put in its place:
+    the same bytes under new inodes, found only by checking what the root's path now holds."""
+    if (root / "sessions").is_dir():
+        aside = Path(tempfile.mkdtemp(dir=root.parent, prefix="old-root-"))
+        os.rename(root, aside / "root")
+        shutil.copytree(aside / "root", root, symlinks=True)
+
+
+MUTATIONS: list[Callable[[Path, str, int], None]] = [
+    m_publish, m_publish, m_grow, m_grow, m_append_garbage, m_cut, m_replace, m_plant_other_form,
+    m_remove_a_form, m_remove_folder, m_rename_folder, m_touch, m_write_through_hard_link,
+    m_symlink_log, m_stray_entries, m_replace_root,
+]
+
+
+# --- property: a warm listing equals a stat pass, whatever happened -------------------------------
+
+
+steps = st.lists(
+    st.tuples(st.integers(0, len(MUTATIONS) - 1), st.sampled_from(IDS[:4]), st.integers(0, 5)),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=steps)
+def test_a_watched_listing_equals_a_stat_pass_after_any_changes(tmp_path: Path, steps: list[tuple[int, str, int]]) -> None:
+    root = Path(tempfile.mkdtemp(dir=tmp_path)) / "root"
+    publish(root, "s0")
+    publish(root, "s1", "none")
+    store = warm_store(root)
+    try:
+        for op, sid, arg in steps:
+            MUTATIONS[op](root, sid, arg)
+            assert rows(store.list()) == reference(root), (MUTATIONS[op].__name__, sid, arg)
+    finally:
+        store.close_store()
+
+
+@pytest.mark.parametrize("mutation", list(dict.fromkeys(MUTATIONS)), ids=lambda m: m.__name__)
+def test_each_change_is_noticed_by_a_warm_listing(tmp_path: Path, mutation: Callable[[Path, str, int], None]) -> None:
+    root = tmp_path / "root"
+    for sid in IDS[:3]:
+        publish(root, sid, "none" if sid == "s1" else "zstd")
+    store = warm_store(root)
+    try:
+        before = reference(root)
+        for arg in range(3):
+            mutation(root, f"s{3 + arg}" if mutation is m_publish else "s1", arg)
+            assert rows(store.list()) == reference(root)
+        assert mutation in (m_stray_entries, m_rename_folder, m_replace_root) or reference(root) != before
+    finally:
+        store.close_store()
+
+
+# --- what a warm listing touches ------------------------------------------------------------------
+
+
+def test_a_warm_listing_stats_only_the_folders_that_changed(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for sid in IDS:
+        publish(root, sid)
+    fs = ScanLog(str(root))
+    store = warm_store(root, fs)
+    try:
+        assert fs.scans == [(None, False), (None, True)]  # a stat pass, then a watched full pass
+        fs.scans.clear()
+        assert rows(store.list()) == reference(root)
+        assert fs.scans == []  # nothing changed: not one stat
+        grow(root, "s2")
+        assert rows(store.list()) == reference(root)
+        assert fs.scans == [(frozenset({encode_session_id("s2")}), True)]
+        fs.scans.clear()
+        m_plant_other_form(root, "s4", 0)
+        infos = {i.id: i for i in store.list()}
+        assert infos[SessionId("s4")].damage == "corrupt"
+        assert fs.scans == [(frozenset({encode_session_id("s4")}), True)]
+    finally:
+        store.close_store()
+
+
+def test_a_store_that_lists_once_sets_no_watch_up(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    before = inotify_fds()
+    store = FileLogStore(str(root))
+    store.list()
+    assert not store.watching
+    assert inotify_fds() == before
+    store.close_store()
+
+
+def test_close_store_frees_the_inotify_instance(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    before = inotify_fds()
+    store = warm_store(root)
+    assert inotify_fds() == before + 1
+    store.close_store()
+    assert inotify_fds() == before
+    assert not store.watching
+
+
+def test_a_store_without_watch_makes_stat_passes(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    fs = ScanLog(str(root))
+    store = FileLogStore(fs=fs, watch=False)
+    try:
+        for _ in range(3):
+            store.list()
+        assert fs.scans == [(None, False)] * 3
+        assert not store.watching
+    finally:
+        store.close_store()
+
+
+# --- what the watch cannot vouch for ----------------------------------------------------------------
+
+
+def test_a_queue_overflow_makes_the_next_listing_a_full_pass(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    fs = ScanLog(str(root))
+    store = warm_store(root, fs)
+    try:
+        watch = store._catalog._watch  # the overflow cannot be provoked without root's sysctl
+        assert watch is not None
+        watch.take(bytes(16))  # an event for no known watch: ignored
+        fs.scans.clear()
+        store.list()
+        assert fs.scans == []
+        watch.take(int.to_bytes(2**32 - 1, 4, "little") + IN_Q_OVERFLOW.to_bytes(4, "little") + bytes(8))
+        grow(root, "s0")
+        assert rows(store.list()) == reference(root)
+        assert fs.scans == [(None, True)]
+        fs.scans.clear()
+        store.list()
+        assert fs.scans == []  # vouched for again
+    finally:
+        store.close_store()
+
+
+def test_folders_whose_watch_cannot_be_added_are_stat_ed_every_time(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for sid in IDS[:3]:
+        publish(root, sid)
+    fs = ScanLog(str(root))
+    denied = encode_session_id("s1").encode()
+
+    def open_watch(path: str) -> Watch | None:
+        watch = Watch.open(str(root / path))
+        assert watch is not None
+        real = watch._add_watch
+
+        def add_watch(fd: int, target: bytes, mask: int) -> int:
+            if f"/{denied.decode()}".encode() in target:
+                ctypes.set_errno(errno.ENOSPC)  # the per-user watch limit
+                return -1
+            return real(fd, target, mask)
+
+        watch._add_watch = add_watch
+        return watch
+
+    fs.watch = open_watch  # type: ignore[method-assign]  # the seam under test, replaced per instance
+    store = warm_store(root, fs)
+    try:
+        for step in range(3):
+            fs.scans.clear()
+            if step:
+                grow(root, "s1")
+            assert rows(store.list()) == reference(root)
+            assert fs.scans == [(frozenset({"s1"}), True)]
+    finally:
+        store.close_store()
+
+
+def test_a_file_system_not_known_to_be_local_is_not_watched(tmp_path: Path) -> None:
+    (tmp_path / "sessions").mkdir()
+    assert Watch.open(str(tmp_path / "sessions"), local=frozenset()) is None
+    watch = Watch.open(str(tmp_path / "sessions"), local=LOCAL_FILE_SYSTEMS)
+    if watch is None:
+        pytest.fail(f"{tmp_path} is not on a local file system this test knows: {os.statvfs(tmp_path)}")
+    watch.close()
+    assert Watch.open(str(tmp_path / "missing")) is None
+
+
+def test_without_change_notification_the_store_lists_with_stat_passes(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    fs = ScanLog(str(root))
+    fs.watch = lambda path: None  # type: ignore[method-assign]  # as on a network file system
+    store = FileLogStore(fs=fs)
+    try:
+        for _ in range(3):
+            grow(root, "s0")
+            assert rows(store.list()) == reference(root)
+        assert fs.scans == [(None, False)] * 3
+    finally:
+        store.close_store()
+
+
+def test_a_sessions_folder_that_appears_later_is_watched_then(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    fs = ScanLog(str(root))
+    store = FileLogStore(fs=fs)
+    try:
+        assert store.list() == []
+        assert store.list() == []
+        assert not store.watching
+        publish(root, "s0")
+        assert rows(store.list()) == reference(root)
+        assert store.watching
+        publish(root, "s1")
+        assert rows(store.list()) == reference(root)
+        assert len(rows(store.list())) == 2
+    finally:
+        store.close_store()
+
+
+def test_watches_of_removed_folders_are_forgotten(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for sid in IDS:
+        publish(root, sid)
+    store = warm_store(root)
+    try:
+        watch = store._catalog._watch  # internal: the wd map is what would leak
+        assert watch is not None
+        watched = len(watch._folders)
+        assert watched == 2 * len(IDS)  # each folder and its log
+        for sid in IDS[1:]:
+            m_remove_folder(root, sid, 0)
+        store.list()
+        store.list()  # the IN_IGNORED of the removed inodes may come after the removal's events
+        assert len(watch._folders) == 2
+    finally:
+        store.close_store()
+
+
+def test_a_sessions_folder_swapped_for_a_link_is_refused_when_warm(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    store = warm_store(root)
+    try:
+        elsewhere = tmp_path / "elsewhere"
+        os.rename(root / "sessions", elsewhere)
+        (root / "sessions").symlink_to(elsewhere)
+        from subagents.storage import UnsafePath
+
+        with pytest.raises(UnsafePath):
+            store.list()
+    finally:
+        store.close_store()
