@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar, cast
 
 import trio
+from trio.lowlevel import Task
 
 from .errors import ActorStopped
 
@@ -24,48 +25,84 @@ T = TypeVar("T")
 
 
 class Reply(Generic[T]):
-    __slots__ = ("_done", "_error", "_value")
+    """A value or an error, set once, and the tasks waiting for it.
+
+    Made per request, so it is kept small: a flag and the waiting task (rarely several) instead
+    of a `trio.Event` and its set; a fan-out to a thousand actors makes a thousand of these.
+    """
+
+    __slots__ = ("_done", "_error", "_value", "_waiting")
 
     def __init__(self) -> None:
-        self._done = trio.Event()
+        self._done = False
         self._value: T | None = None
         self._error: BaseException | None = None
+        self._waiting: Task | list[Task] | None = None
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def set(self, value: T) -> None:
-        if not self._done.is_set():
+        if not self._done:
             self._value = value
-            self._done.set()
+            self._done = True
+            self._wake()
 
     def fail(self, error: BaseException) -> None:
-        if not self._done.is_set():
+        if not self._done:
             self._error = error
-            self._done.set()
+            self._done = True
+            self._wake()
+
+    def _wake(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if isinstance(waiting, list):
+            for task in waiting:
+                trio.lowlevel.reschedule(task)
+        elif waiting is not None:
+            trio.lowlevel.reschedule(waiting)
 
     async def wait(self) -> T:
-        if not self._done.is_set():
-            await self._done.wait()
+        if not self._done:
+            task = trio.lowlevel.current_task()
+            waiting = self._waiting
+            if waiting is None:
+                self._waiting = task
+            elif isinstance(waiting, list):
+                waiting.append(task)
+            else:
+                self._waiting = [waiting, task]
+
+            def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+                # A cancelled waiter gives up its answer, not the request (see the module note).
+                current = self._waiting
+                if current is task:
+                    self._waiting = None
+                elif isinstance(current, list) and task in current:
+                    current.remove(task)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
         return self.result()
 
     def result(self) -> T:
         """The value (or raise the error) of a reply that is `done`."""
-        if not self._done.is_set():
+        if not self._done:
             raise RuntimeError("the reply is not ready")
         if self._error is not None:
             raise self._error
         return cast(T, self._value)  # set by `set` whenever there is no error
 
 
-class Request(Generic[T]):
-    """Base of every request: carries its reply slot."""
+class Request(Reply[T]):
+    """Base of every request: it is its own reply slot (one object per ask, not two)."""
 
-    __slots__ = ("reply",)
+    __slots__ = ()
 
-    def __init__(self) -> None:
-        self.reply: Reply[T] = Reply()
+    @property
+    def reply(self) -> Reply[T]:
+        return self
 
 
 class Mailbox:
@@ -88,6 +125,19 @@ class Mailbox:
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ActorStopped(self.name, self._stopped or "stopped") from None
         return await request.reply.wait()
+
+    def try_post(self, request: Request[T]) -> bool:
+        """Queue a request if the mailbox has room, without a checkpoint; False when it is full
+        (then `post` waits for room). Raises `ActorStopped` for a stopped actor."""
+        if self._stopped is not None:
+            raise ActorStopped(self.name, self._stopped)
+        try:
+            self._send.send_nowait(request)
+        except trio.WouldBlock:
+            return False
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(self.name, self._stopped or "stopped") from None
+        return True
 
     async def post(self, request: Request[T]) -> None:
         """Queue a request without waiting for its reply (wait on `request.reply` later); waits

@@ -83,6 +83,13 @@ class _Snapshot(Request[dict[str, JsonValue]]):
         super().__init__()
         self.keys = None if keys is None else list(keys)
 
+    @classmethod
+    def sharing(cls, keys: list[str] | None) -> _Snapshot:
+        """A request that uses `keys` as it is (a fan-out shares one list across requests)."""
+        request = cls(None)
+        request.keys = keys
+        return request
+
 
 class _Flush(Request[Offset]):
     __slots__ = ()
@@ -147,12 +154,14 @@ async def snapshot_all(
     collect the replies in order. Results are aligned with `refs`; a failure (`ActorStopped`, a
     broken unit) is returned as that entry's value, never raised. Starting a task per ask costs
     about as much as the ask itself; this is how a listing fans out to live children."""
-    wanted = None if keys is None else list(keys)
+    wanted = None if keys is None else list(keys)  # one list for all: the actors only read it
     requests: list[_Snapshot | Exception] = []
     for ref in refs:
-        request = _Snapshot(wanted)
+        request = _Snapshot.sharing(wanted)
+        mailbox = ref._actor.mailbox  # noqa: SLF001 - same module
         try:
-            await ref._actor.mailbox.post(request)  # noqa: SLF001 - same module
+            if not mailbox.try_post(request):
+                await mailbox.post(request)
         except ActorStopped as exc:
             requests.append(exc)
             continue
@@ -162,8 +171,10 @@ async def snapshot_all(
         if isinstance(request, Exception):
             results.append(request)
             continue
+        reply = request.reply
         try:
-            results.append(await request.reply.wait())
+            # Most replies are in by the time the first one is: no coroutine for those.
+            results.append(reply.result() if reply.done else await reply.wait())
         except Exception as exc:  # returned as a value: one bad session never hides the rest
             results.append(exc)
     return results
@@ -207,17 +218,28 @@ class SessionActor:
         task_status.started(self.ref)
         taken: list[Request[Any]] = []
         try:
+            receive = self.mailbox.receive.receive
             while True:
-                request = await self._next_request()
+                if not self._since_checkpoint or self.checkpoint_interval is None:
+                    request = await receive()  # clean: no checkpoint deadline to wait with
+                else:
+                    request = await self._next_request()
                 if request is None:
                     await self._write_checkpoint()  # idle for checkpoint_interval while dirty
                     continue
+                if type(request) is _Snapshot:
+                    self._snapshot(request)  # the listing's fan-out: served inline, no batch
+                    continue
                 taken = [request]
-                while len(taken) < self.batch_limit:
-                    try:
-                        taken.append(self.mailbox.receive.receive_nowait())
-                    except trio.WouldBlock:
-                        break
+                if type(request) is _Append:
+                    # Group commit: the appends queued behind this one share its fsync. (Other
+                    # requests are served one by one: probing costs a WouldBlock each.)
+                    receive_nowait = self.mailbox.receive.receive_nowait
+                    while len(taken) < self.batch_limit:
+                        try:
+                            taken.append(receive_nowait())
+                        except trio.WouldBlock:
+                            break
                 await self._serve(taken)
                 taken = []
         except (trio.EndOfChannel, trio.ClosedResourceError):
@@ -262,21 +284,26 @@ class SessionActor:
             if isinstance(request, _Append):
                 group.append(request)
                 continue
-            await self._commit(group)
-            group = []
+            if group:
+                await self._commit(group)
+                group = []
             if self.mailbox.stopped:  # the handle died under the group: nothing more is served
                 self._refuse(requests[index:])
                 return
             if isinstance(request, _Snapshot):
-                try:
-                    request.reply.set(self.cells.snapshot(request.keys))
-                except Exception as exc:  # a broken unit or an unknown key: the asker's problem
-                    request.reply.fail(exc)
+                self._snapshot(request)
             elif isinstance(request, _Flush):
                 request.reply.set(self.handle.next_seq)
             elif isinstance(request, _Checkpoint):
                 request.reply.set(await self._write_checkpoint())
-        await self._commit(group)
+        if group:
+            await self._commit(group)
+
+    def _snapshot(self, request: _Snapshot) -> None:
+        try:
+            request.reply.set(self.cells.snapshot(request.keys))
+        except Exception as exc:  # a broken unit or an unknown key: the asker's problem
+            request.reply.fail(exc)
 
     def _refuse(self, requests: Iterable[Request[Any]]) -> None:
         for request in requests:

@@ -23,6 +23,7 @@ their reads share thread hops in the cold reader (a listing's observations share
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -141,6 +142,8 @@ class SessionQuery:
         # The last corpus: for each id, the store info and live ref its record was made from.
         self._records: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
         self._order: list[SessionRecord] | None = None
+        self._last_infos: list[LogInfo] = []  # what the last corpus was made from
+        self._last_refs: list[SessionRef] = []
         # The index is used from Trio through one worker thread at a time (SPEC 3.3).
         self.index_limiter = index_limiter or trio.CapacityLimiter(1)
 
@@ -156,9 +159,19 @@ class SessionQuery:
         # Records are values: one made from the very same store info and live ref as last time
         # is reused, and when every record is, so is last time's order (a warm corpus of a
         # thousand sessions then costs a few dict lookups per session, not new records).
+        refs = self.sessions.list()
+        if (
+            self._order is not None
+            and len(infos) == len(self._last_infos)
+            and len(refs) == len(self._last_refs)
+            and all(map(operator.is_, infos, self._last_infos))
+            and all(map(operator.is_, refs, self._last_refs))
+        ):
+            return list(self._order)  # the very same infos and live actors: the same records
+        self._last_infos, self._last_refs = infos, refs
         made = self._records
         kept: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
-        live = {ref.session_id: ref for ref in self.sessions.list()}
+        live = {ref.session_id: ref for ref in refs}
         same = True
         for info in infos:
             sid = info.id

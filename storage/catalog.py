@@ -54,6 +54,11 @@ class Catalog:
         self._folders: dict[str, FolderScan] | None = None
         self._listed = False
         self._scan_lock = threading.Lock()
+        # The last answer of `list()`, good while neither the watched folders (`_generation`)
+        # nor the rows (`_rows_generation`) changed.
+        self._generation = 0
+        self._rows_generation = 0
+        self._answer: tuple[int, int, list[LogInfo]] | None = None
 
     @property
     def watching(self) -> bool:
@@ -61,10 +66,13 @@ class Catalog:
         return self._folders is not None
 
     def list(self) -> list[LogInfo]:
-        folders = self._folders_now() if self._watching else self._scan(None)
+        folders, generation = self._folders_now() if self._watching else (self._scan(None), None)
         if folders is None:
             return []  # no sessions/ yet: nothing to list, and no index to create
         with self._lock:
+            answer = self._answer
+            if generation is not None and answer is not None and answer[:2] == (generation, self._rows_generation):
+                return list(answer[2])  # nothing changed on disk or in the rows since
             rows = self._load()
             infos: list[LogInfo] = []
             changed: list[IndexRow] = []
@@ -95,6 +103,9 @@ class Catalog:
             self._ids = ids
             gone = [sid for sid in rows if sid not in seen]
             self._commit(rows, changed, gone)
+            if generation is not None:
+                self._answer = (generation, self._rows_generation, infos)
+                return list(infos)
         return infos
 
     def stat(self, sid: SessionId, name: str) -> LogInfo | None:
@@ -149,9 +160,10 @@ class Catalog:
 
     # --- internals ---
 
-    def _folders_now(self) -> list[FolderScan] | None:
+    def _folders_now(self) -> tuple[list[FolderScan] | None, int | None]:
         """The folders as a stat pass would find them now, re-stat'ing only what the watch
-        names; a full pass (which also sets the watches up) when it cannot vouch."""
+        names; a full pass (which also sets the watches up) when it cannot vouch. With them,
+        the generation of the watched folders (None when no watch vouches for them)."""
         with self._scan_lock:
             watch, known = self._watch, self._folders
             if watch is not None and known is not None:
@@ -159,28 +171,31 @@ class Catalog:
                 if changed is not None:
                     if changed:
                         self._folders = None  # until the partial pass is complete
+                        self._generation += 1
                         for name in changed:
                             known.pop(name, None)
                         for folder in self._scan(changed, watch) or ():
                             known[folder.name] = folder
                         self._folders = known
-                    return list(known.values())
+                    return list(known.values()), self._generation
             self._folders = None
+            self._generation += 1
             if watch is None:
                 if not self._listed:
                     # Watches cost more than the stats they save in a store that lists once (a
                     # command): they are set up by the second listing.
                     self._listed = True
-                    return self._scan(None)
+                    return self._scan(None), None
                 watch = self._watch = self.fs.watch(SESSIONS)
                 if watch is None and self.fs.root_exists() and self.fs.kind(SESSIONS) == "dir":
                     self._watching = False  # no change notification here: stat passes from now on
             if watch is None or not watch.reset():
-                return self._scan(None)
+                return self._scan(None), None
             folders = self._scan(None, watch)
-            if folders is not None and watch.vouches:
-                self._folders = {folder.name: folder for folder in folders}
-            return folders
+            if folders is None or not watch.vouches:
+                return folders, None
+            self._folders = {folder.name: folder for folder in folders}
+            return folders, self._generation
 
     def _scan(self, only: Collection[str] | None, watch: Watch | None = None) -> list[FolderScan] | None:
         try:
@@ -201,6 +216,8 @@ class Catalog:
         return self._rows
 
     def _commit(self, rows: dict[SessionId, IndexRow], changed: list[IndexRow], gone: list[SessionId]) -> None:
+        if changed or gone:
+            self._rows_generation += 1
         forget = []
         for row in changed:
             old = rows.get(row.id)

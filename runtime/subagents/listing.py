@@ -17,6 +17,7 @@ Listing never writes a log, a checkpoint or an actor.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -94,14 +95,61 @@ def _own(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
     return None
 
 
-def _child(record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
-    return ChildRow(
-        id=record.id,
-        activity="running" if live else "inactive",
-        has_children=has_children,
-        mode=identity["mode"],
-        label=identity.get("label"),
-    )
+_ROW_CACHE = 8192  # rows kept for reuse at most (a row is ~200 bytes)
+
+
+class _Rows:
+    """Child rows are values: the same child in the same state is the same row, reused from the
+    last listings instead of built again (a listing of a thousand live children then allocates
+    a thousand fewer objects, and the cyclic GC runs that much less often during it)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, bool, bool, object, object], ChildRow] = {}
+
+    def child(self, record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
+        mode, label = identity["mode"], identity.get("label")
+        key = (record.id, live, has_children, mode, label)
+        row = self._made.get(key)
+        if row is None:
+            if len(self._made) >= _ROW_CACHE:
+                self._made.clear()
+            row = self._made[key] = ChildRow(
+                id=record.id,
+                activity="running" if live else "inactive",
+                has_children=has_children,
+                mode=mode,
+                label=label,
+            )
+        return row
+
+
+class _Shape:
+    """What the listing derives from a corpus (who has children, the candidates per parent),
+    kept while the session query hands back the very same records (a warm corpus)."""
+
+    _PARENTS_KEPT = 64
+
+    def __init__(self) -> None:
+        self._corpus: list[SessionRecord] = []
+        self.parents: frozenset[str | None] = frozenset()
+        self._children: dict[str, list[SessionRecord]] = {}
+
+    def of(self, corpus: list[SessionRecord]) -> _Shape:
+        if len(corpus) != len(self._corpus) or not all(map(operator.is_, corpus, self._corpus)):
+            self._corpus = corpus
+            self.parents = frozenset(
+                r.header.parent_session for r in corpus if r.header is not None and r.header.origin == "subagent"
+            )
+            self._children = {}
+        return self
+
+    def children_of(self, parent_id: str) -> list[SessionRecord]:
+        children = self._children.get(parent_id)
+        if children is None:
+            if len(self._children) >= self._PARENTS_KEPT:
+                self._children.clear()
+            children = self._children[parent_id] = _children_of(self._corpus, parent_id)
+        return list(children)  # the caller's own list
 
 
 class ListingService:
@@ -120,15 +168,19 @@ class ListingService:
         self.query = query
         self.log_store = log_store
         self.observers = OBSERVERS
+        self._rows_made = _Rows()
+        self._shape = _Shape()
 
     async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
         corpus = await self._corpus(abort)
-        return await self._rows(corpus, _children_of(corpus, parent_id), abort)
+        shape = self._shape.of(corpus)
+        return await self._rows(shape.parents, shape.children_of(parent_id), abort)
 
     async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
         corpus = await self._corpus(abort)
         placed = walk_descendants(corpus, root_id)
-        rows = await self._rows(corpus, [record for record, _, _ in placed if _is_subagent(record)], abort)
+        parents = self._shape.of(corpus).parents
+        rows = await self._rows(parents, [record for record, _, _ in placed if _is_subagent(record)], abort)
         where = {record.id: (parent, depth) for record, parent, depth in placed}
         return [attrs.evolve(row, parent_id=where[row.id][0], depth=where[row.id][1]) for row in rows]
 
@@ -151,8 +203,8 @@ class ListingService:
         _check(abort)
         return corpus
 
-    async def _rows(self, corpus: list[SessionRecord], candidates: list[SessionRecord], abort: Abort | None) -> list[Row]:
-        parents = {r.header.parent_session for r in corpus if r.header is not None and _is_subagent(r)}
+    async def _rows(self, parents: frozenset[str | None], candidates: list[SessionRecord], abort: Abort | None) -> list[Row]:
+        """`parents`: the ids some subagent record of the corpus names as its parent."""
         results: list[Row | None] = [None] * len(candidates)
         cold: list[int] = []
         live_at: list[int] = []
@@ -166,6 +218,7 @@ class ListingService:
             else:
                 cold.append(i)
         answers = await self._live_answers(refs, abort)
+        child = self._rows_made.child
         for i, answer in zip(live_at, answers, strict=True):
             record = candidates[i]
             if isinstance(answer, ActorStopped):
@@ -175,7 +228,7 @@ class ListingService:
             else:
                 identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                 if identity is not None:
-                    results[i] = _child(record, identity, record.id in parents, live=True)
+                    results[i] = child(record, identity, record.id in parents, live=True)
                 # else: omitted — a live child in its creation window
         cold.sort()
         await self._cold_rows(candidates, cold, parents, results, abort)
@@ -206,7 +259,7 @@ class ListingService:
         self,
         candidates: list[SessionRecord],
         cold: list[int],
-        parents: set[str | None],
+        parents: frozenset[str | None],
         results: list[Row | None],
         abort: Abort | None,
     ) -> None:
@@ -222,7 +275,7 @@ class ListingService:
         for i in pending:
             identity = checkpoints.get(candidates[i].id)
             if identity is not None:
-                results[i] = _child(candidates[i], identity, candidates[i].id in parents, live=False)
+                results[i] = self._rows_made.child(candidates[i], identity, candidates[i].id in parents, live=False)
             else:
                 observe.append(i)
         if not observe:
@@ -257,7 +310,7 @@ class ListingService:
             if identity is None:
                 results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
             else:
-                results[i] = _child(record, identity, record.id in parents, live=False)
+                results[i] = self._rows_made.child(record, identity, record.id in parents, live=False)
 
         _check(abort)
         try:
