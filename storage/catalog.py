@@ -54,11 +54,10 @@ class Catalog:
         self._folders: dict[str, FolderScan] | None = None
         self._listed = False
         self._scan_lock = threading.Lock()
-        # The last answer of `list()`, good while neither the watched folders (`_generation`)
-        # nor the rows (`_rows_generation`) changed.
+        # The last complete answer of `list()`, good while the watched folders are those of the
+        # same generation: every change to a log goes with an event that starts a new one.
         self._generation = 0
-        self._rows_generation = 0
-        self._answer: tuple[int, int, list[LogInfo]] | None = None
+        self._answer: tuple[int, list[LogInfo]] | None = None
 
     @property
     def watching(self) -> bool:
@@ -71,10 +70,11 @@ class Catalog:
             return []  # no sessions/ yet: nothing to list, and no index to create
         with self._lock:
             answer = self._answer
-            if generation is not None and answer is not None and answer[:2] == (generation, self._rows_generation):
-                return list(answer[2])  # nothing changed on disk or in the rows since
+            if generation is not None and answer is not None and answer[0] == generation:
+                return list(answer[1])  # the kernel reports no change since
             rows = self._load()
             infos: list[LogInfo] = []
+            complete = True
             changed: list[IndexRow] = []
             seen: set[SessionId] = set()
             known, ids = self._ids, {}
@@ -100,11 +100,13 @@ class Catalog:
                 info = self._info(sid, folder, rows, changed)
                 if info is not None:
                     infos.append(info)
+                else:
+                    complete = False  # skipped after an I/O error: retried by the next listing
             self._ids = ids
             gone = [sid for sid in rows if sid not in seen]
             self._commit(rows, changed, gone)
-            if generation is not None:
-                self._answer = (generation, self._rows_generation, infos)
+            if generation is not None and complete:
+                self._answer = (generation, infos)
                 return list(infos)
         return infos
 
@@ -216,8 +218,6 @@ class Catalog:
         return self._rows
 
     def _commit(self, rows: dict[SessionId, IndexRow], changed: list[IndexRow], gone: list[SessionId]) -> None:
-        if changed or gone:
-            self._rows_generation += 1
         forget = []
         for row in changed:
             old = rows.get(row.id)

@@ -144,12 +144,13 @@ class _Shape:
         return self
 
     def children_of(self, parent_id: str) -> list[SessionRecord]:
+        """The candidates of `parent_id`, in order (kept: not to be changed)."""
         children = self._children.get(parent_id)
         if children is None:
             if len(self._children) >= self._PARENTS_KEPT:
                 self._children.clear()
             children = self._children[parent_id] = _children_of(self._corpus, parent_id)
-        return list(children)  # the caller's own list
+        return children
 
 
 class ListingService:

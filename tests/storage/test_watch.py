@@ -487,3 +487,79 @@ def test_a_sessions_folder_swapped_for_a_link_is_refused_when_warm(tmp_path: Pat
             store.list()
     finally:
         store.close_store()
+
+
+def test_the_store_s_own_writes_show_in_its_warm_listings(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    store = warm_store(root)
+    try:
+        handle = store.create(header("s1"))
+        assert rows(store.list()) == reference(root)  # created, not published: invisible
+        for n in range(3):
+            store.append(handle, [Batch(handle.next_seq, events(handle.next_seq, 1 + n))])
+            assert rows(store.list()) == reference(root)
+            assert store.stat("s1") == {i.id: i for i in store.list()}[SessionId("s1")]
+        store.close(handle)
+        assert {i.id: i.event_count for i in store.list()}[SessionId("s1")] == 6
+    finally:
+        store.close_store()
+
+
+def test_listings_in_threads_beside_a_writer_end_with_what_is_on_disk(tmp_path: Path) -> None:
+    import threading
+
+    root = tmp_path / "root"
+    for sid in IDS[:3]:
+        publish(root, sid)
+    store = warm_store(root)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def lister() -> None:
+        try:
+            while not stop.is_set():
+                store.list()
+        except BaseException as exc:  # reported below: a thread must not swallow it
+            failures.append(exc)
+
+    threads = [threading.Thread(target=lister) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        for n in range(30):
+            grow(root, IDS[n % 3])
+            if n % 10 == 0:
+                publish(root, f"s{3 + n // 10}")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    try:
+        assert failures == []
+        assert rows(store.list()) == reference(root)
+    finally:
+        store.close_store()
+
+
+def test_a_log_skipped_after_an_io_error_is_retried_by_the_next_warm_listing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    publish(root, "s1")
+    failing: set[str] = set()
+
+    class FlakyFs(OsFs):
+        def open(self, path: str, mode: Any) -> Any:
+            if path in failing:
+                failing.discard(path)
+                raise OSError(errno.EIO, "input/output error", path)
+            return super().open(path, mode)
+
+    store = warm_store(root, FlakyFs(str(root)))
+    try:
+        grow(root, "s1")  # s1 must be read again by the next listing, which fails once
+        failing.add(f"sessions/{encode_session_id('s1')}/{LOG_NAMES['zstd']}")
+        assert [i.id for i in store.list()] == ["s0"]  # skipped (and logged)
+        assert rows(store.list()) == reference(root)  # no change since, and yet retried
+    finally:
+        store.close_store()
