@@ -78,33 +78,39 @@ async def open_runtime(
     clock = clock if clock is not None else RealClock()
     store = log_store if log_store is not None else FileLogStore(root, compression=compression)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
-    async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
-        query = SessionQuery(store, sessions, registry, cold_reader=ColdReader(store))
-        listing = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
-        # The body's own error is re-raised after the nursery closes, unchanged rather than
-        # wrapped in an ExceptionGroup (agents never raise out of their tasks).
-        body_error: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            agents = AgentRegistry(
-                sessions=sessions, log_store=store, clock=clock, id_factory=id_factory or RandomIds(),
-                model=model, config=agent_config or AgentConfig(), tools=ToolSet, nursery=nursery,
-            )
-            manager = ContinuationManager(nursery, max_active=max_active_subagents)
-            service = SubagentService(agents=agents, manager=manager, query=query, listing=listing,
-                                      max_depth=max_depth)
-            agents.tools = lambda: ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
-            agents.wait_settled = service.wait_settled
-            agents.on_resume = service.redeliver_notices
-            agents.before_release = service.release_children_of
-            try:
-                yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
-                              listing=listing, agents=agents, subagents=service, clock=clock)
-            except BaseException as exc:
-                body_error = exc
-            finally:
-                with trio.CancelScope(shield=True):
-                    await service.drain()  # children first, while their parents can still record them
-                    await agents.aclose()
-                nursery.cancel_scope.cancel()
-        if body_error is not None:
-            raise body_error
+    try:
+        async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
+            query = SessionQuery(store, sessions, registry, cold_reader=ColdReader(store))
+            listing = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
+            # The body's own error is re-raised after the nursery closes, unchanged rather than
+            # wrapped in an ExceptionGroup (agents never raise out of their tasks).
+            body_error: BaseException | None = None
+            async with trio.open_nursery() as nursery:
+                agents = AgentRegistry(
+                    sessions=sessions, log_store=store, clock=clock, id_factory=id_factory or RandomIds(),
+                    model=model, config=agent_config or AgentConfig(), tools=ToolSet, nursery=nursery,
+                )
+                manager = ContinuationManager(nursery, max_active=max_active_subagents)
+                service = SubagentService(agents=agents, manager=manager, query=query, listing=listing,
+                                          max_depth=max_depth)
+                agents.tools = lambda: ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
+                agents.wait_settled = service.wait_settled
+                agents.on_resume = service.redeliver_notices
+                agents.before_release = service.release_children_of
+                try:
+                    yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
+                                  listing=listing, agents=agents, subagents=service, clock=clock)
+                except BaseException as exc:
+                    body_error = exc
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await service.drain()  # children first, while their parents can still record them
+                        await agents.aclose()
+                    nursery.cancel_scope.cancel()
+            if body_error is not None:
+                raise body_error
+    finally:
+        if log_store is None:
+            # The store this call made: its index connection and change notification go with
+            # it (a store passed in belongs to the caller).
+            store.close_store()
