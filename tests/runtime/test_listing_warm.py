@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from open_fds import inotify_fds
 
 from subagents.actors import EventDraft, SessionStore, open_session_store
 from subagents.runtime.query import SessionQuery
@@ -137,29 +138,17 @@ async def test_live_actors_swapped_between_listings_are_noticed(
     assert [(r["id"], r["activity"]) for r in await listings.children()] == [("c0", "inactive"), ("c1", "running")]
 
 
-def _inotify_fds() -> int:
-    import os
-
-    out = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
-        except OSError:
-            pass  # the listing's own descriptor, closed meanwhile
-    return out
-
-
 async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_path: Path) -> None:
     from subagents.runtime import open_runtime
 
-    before = _inotify_fds()
+    before = inotify_fds()
     async with open_runtime(tmp_path / "own") as rt:
         ref = await rt.sessions.create(SessionHeader(id="s", created_at=1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
         await ref.append([EventDraft(type="turn/start", data={"turn": 1})])
         await rt.query.list_sessions()
         await rt.query.list_sessions()  # the store's second listing sets the watches up
-        assert _inotify_fds() == before + 1
-    assert _inotify_fds() == before
+        assert inotify_fds() == before + 1
+    assert inotify_fds() == before
 
     mine = FileLogStore(str(tmp_path / "mine"))
     async with open_runtime(tmp_path / "mine", log_store=mine) as rt:
@@ -169,4 +158,4 @@ async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_p
         await rt.query.list_sessions()
     assert mine.watching and [i.id for i in mine.list()] == ["s"]  # still the caller's, still open
     mine.close_store()
-    assert _inotify_fds() == before
+    assert inotify_fds() == before

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from open_fds import inotify_fds
 
 from subagents.storage import (
     LOG_NAMES,
@@ -110,16 +111,6 @@ class ScanLog(OsFs):
     ) -> list[FolderScan]:
         self.scans.append((None if only is None else frozenset(only), watch is not None))
         return super().scan(path, names, only, watch)
-
-
-def inotify_fds() -> int:
-    out = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            out += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
-        except OSError:
-            pass  # the listing's own descriptor, closed meanwhile
-    return out
 
 
 def warm_store(root: Path, fs: OsFs | None = None) -> FileLogStore:
