@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar, cast
 
 import trio
-from trio.lowlevel import Task
+from trio.lowlevel import Task, enable_ki_protection
 
 from .errors import ActorStopped
 
@@ -43,18 +43,21 @@ class Reply(Generic[T]):
     def done(self) -> bool:
         return self._done
 
+    @enable_ki_protection  # like trio.Event: a Ctrl-C must not strand a waiter
     def set(self, value: T) -> None:
         if not self._done:
             self._value = value
             self._done = True
             self._wake()
 
+    @enable_ki_protection
     def fail(self, error: BaseException) -> None:
         if not self._done:
             self._error = error
             self._done = True
             self._wake()
 
+    @enable_ki_protection
     def _wake(self) -> None:
         waiting, self._waiting = self._waiting, None
         if isinstance(waiting, list):
@@ -63,6 +66,7 @@ class Reply(Generic[T]):
         elif waiting is not None:
             trio.lowlevel.reschedule(waiting)
 
+    @enable_ki_protection
     async def wait(self) -> T:
         if not self._done:
             task = trio.lowlevel.current_task()

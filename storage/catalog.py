@@ -167,6 +167,8 @@ class Catalog:
         names; a full pass (which also sets the watches up) when it cannot vouch. With them,
         the generation of the watched folders (None when no watch vouches for them)."""
         with self._scan_lock:
+            if not self._watching:
+                return self._scan(None), None  # closed meanwhile
             watch, known = self._watch, self._folders
             if watch is not None and known is not None:
                 changed = watch.changes()
@@ -178,6 +180,7 @@ class Catalog:
                             known.pop(name, None)
                         for folder in self._scan(changed, watch) or ():
                             known[folder.name] = folder
+                        watch.gone(name for name in changed if name not in known)
                         self._folders = known
                     return list(known.values()), self._generation
             self._folders = None

@@ -321,5 +321,7 @@ def _scan_folders(dfd: int, folders: list[str], names: Sequence[str], watch: Wat
             except (FileNotFoundError, NotADirectoryError):
                 continue  # removed or replaced meanwhile
             files[file_name] = Revision(st.st_size, st.st_mtime_ns, st.st_ino) if isreg(st.st_mode) else None
+        if watch is not None:
+            watch.scanned(folder)
         out.append(FolderScan(folder, files))
     return out

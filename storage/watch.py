@@ -31,7 +31,7 @@ import logging
 import os
 import struct
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 __all__ = ["LOCAL_FILE_SYSTEMS", "Watch"]
 
@@ -75,18 +75,51 @@ LOCAL_FILE_SYSTEMS = frozenset({
 AddWatch = Callable[[int, bytes, int], int]  # inotify_add_watch: a wd, or -1 with errno set
 
 
-class Watch:
-    """One inotify instance watching `sessions/` (at `path`) and the session folders below it."""
+class _Libc:
+    """The few libc calls a watch needs, with their C signatures."""
 
-    def __init__(self, fd: int, add_watch: AddWatch, path: str) -> None:
-        self._fd = fd
-        self._add_watch = add_watch
+    def __init__(self, libc: ctypes.CDLL) -> None:
+        self.init = libc.inotify_init1
+        self.init.argtypes = [ctypes.c_int]
+        self.add_watch: AddWatch = libc.inotify_add_watch
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        libc.inotify_add_watch.restype = ctypes.c_int
+        self.rm_watch = libc.inotify_rm_watch
+        self.rm_watch.argtypes = [ctypes.c_int, ctypes.c_int]
+        self.statfs = libc.statfs
+        self.statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        self.fstatfs = libc.fstatfs
+        self.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+
+    def fs_type(self, target: str | int) -> int | None:
+        """statfs f_type of a path or an open descriptor, or None if it cannot be read."""
+        buffer = ctypes.create_string_buffer(512)  # struct statfs, f_type first (a C long)
+        ok = self.fstatfs(target, buffer) if isinstance(target, int) else self.statfs(os.fsencode(target), buffer)
+        return None if ok != 0 else ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
+
+
+class Watch:
+    """Watches over `sessions/` (at `path`) and the session folders below it.
+
+    Every full pass (`reset`) starts a new inotify instance and closes the old one, so the
+    kernel drops every watch of the last pass at once: nothing a pass set up outlives the next
+    full one. Between full passes, a folder's watches that no longer speak for it (a replaced
+    log, a folder gone or renamed) are removed as its folder is re-scanned.
+    """
+
+    def __init__(self, libc: _Libc, path: str, local: frozenset[int]) -> None:
+        self._libc = libc
+        self._add_watch = libc.add_watch
         self.path = path
+        self._local = local
         self._base = os.fsencode(path) + b"/"
-        self._close = weakref.finalize(self, os.close, fd)  # a store nobody closed still frees it
+        self._fd = -1
+        self._close: weakref.finalize | None = None
         self._sessions_wd = -1
         self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the watched sessions/
         self._folders: dict[int, str | set[str]] = {}  # wd → the folder(s) it speaks for
+        self._wds: dict[str, list[int]] = {}  # folder → its watches of the last scan of it
+        self._previous: list[int] = []  # the watches of the folder being scanned, before it
         self._dirty: set[str] = set()
         self._unwatched: set[str] = set()  # folders whose watch could not be added
         self._lost = True  # nothing vouched for yet: the first pass is a full one
@@ -94,48 +127,57 @@ class Watch:
     @classmethod
     def open(cls, path: str, local: frozenset[int] = LOCAL_FILE_SYSTEMS) -> Watch | None:
         """A watch for the `sessions/` folder at `path`, or None where inotify cannot vouch for it
-        (not Linux, no free instance, or a file system not in `local`)."""
+        (not Linux, or a file system not in `local`; also while `path` cannot be read)."""
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            init, add, statfs = libc.inotify_init1, libc.inotify_add_watch, libc.statfs
+            libc = _Libc(ctypes.CDLL(None, use_errno=True))
         except (OSError, AttributeError):
             return None
-        statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
-        buffer = ctypes.create_string_buffer(512)  # struct statfs, f_type first (a C long)
-        if statfs(os.fsencode(path), buffer) != 0:
+        fs_type = libc.fs_type(path)
+        if fs_type is None:
             return None  # no sessions/ yet, or unreadable: the caller tries again next time
-        fs_type = ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
         if fs_type not in local:
             log.debug("%s: file system 0x%x is not known to be local: listing with stat passes", path, fs_type)
             return None
-        init.argtypes = [ctypes.c_int]
-        fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
-        if fd < 0:
-            log.debug("inotify_init1 failed (%s): listing with stat passes", os.strerror(ctypes.get_errno()))
-            return None
-        add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        add.restype = ctypes.c_int
-        return cls(fd, add, path)
+        return cls(libc, path, local)
 
     def close(self) -> None:
-        self._close()
+        if self._close is not None:
+            self._close()
+            self._close = None
+        self._fd = -1
 
     # --- a full pass ---
 
     def reset(self) -> bool:
-        """Start a full pass: forget what is pending and (re)watch sessions/ itself. False when
+        """Start a full pass: a new inotify instance watching sessions/ itself. False when
         sessions/ cannot be watched now (the pass then vouches for nothing)."""
-        self._drain()
+        self.close()
+        self._folders.clear()
+        self._wds.clear()
         self._dirty.clear()
         self._unwatched.clear()
         self._lost = True
-        wd = self._add_watch(self._fd, self._base[:-1], _DIR_MASK)
-        if wd < 0:
-            return False
         try:
-            st = os.stat(self.path, follow_symlinks=False)
+            folder = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return False
+        try:
+            # The very folder opened is checked and watched (through its descriptor), so the
+            # identity kept is the watched folder's even if the path changes meanwhile.
+            if self._libc.fs_type(folder) not in self._local:
+                return False
+            st = os.fstat(folder)
+            fd = self._libc.init(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                log.debug("inotify_init1 failed (%s): listing with stat passes", os.strerror(ctypes.get_errno()))
+                return False
+            self._fd = fd
+            self._close = weakref.finalize(self, os.close, fd)  # a store nobody closed frees it too
+            wd = self._add_watch(fd, f"/proc/self/fd/{folder}".encode(), _EVENTS | IN_ONLYDIR)
+            if wd < 0:
+                return False  # no /proc, or the watch limit: stat passes this time
+        finally:
+            os.close(folder)
         self._sessions_wd = wd
         self.identity = (st.st_dev, st.st_ino)
         self._lost = False
@@ -154,14 +196,16 @@ class Watch:
     def folder(self, name: str) -> bool:
         """Watch folder `name` (before its files are stat'ed); False if it is gone or is not a
         folder, which the watch on sessions/ reports should that change."""
+        self._previous = self._wds.pop(name, [])
         wd = self._add_watch(self._fd, self._base + os.fsencode(name), _DIR_MASK)
         if wd >= 0:
             self._speaks_for(wd, name)
             return True
-        if ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
-            return False
-        self._failed(name)
-        return True
+        gone = ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR)
+        if not gone:
+            self._failed(name)
+        self._release(name, self._previous)
+        return not gone
 
     def file(self, folder: str, file_name: str) -> bool:
         """Watch `folder/file_name` (before it is stat'ed); False if it does not exist, which the
@@ -174,6 +218,17 @@ class Watch:
             return False
         self._failed(folder)
         return True  # present or not, the stat decides; the folder is re-stat'ed every time
+
+    def scanned(self, name: str) -> None:
+        """Folder `name` is watched as it is now: drop the watches it no longer needs."""
+        current = self._wds.get(name, [])
+        self._release(name, [wd for wd in self._previous if wd not in current])
+        self._previous = []
+
+    def gone(self, names: Iterable[str]) -> None:
+        """These folders are gone from sessions/: drop their watches."""
+        for name in names:
+            self._release(name, self._wds.pop(name, []))
 
     # --- a warm pass ---
 
@@ -203,6 +258,7 @@ class Watch:
         self._unwatched.add(folder)
 
     def _speaks_for(self, wd: int, folder: str) -> None:
+        self._wds.setdefault(folder, []).append(wd)
         current = self._folders.get(wd)
         if current is None:
             self._folders[wd] = folder
@@ -210,6 +266,22 @@ class Watch:
             current.add(folder)
         elif current != folder:
             self._folders[wd] = {current, folder}  # one inode seen in two folders (a hard link)
+
+    def _release(self, folder: str, wds: Iterable[int]) -> None:
+        for wd in wds:
+            current = self._folders.get(wd)
+            if current is None:
+                continue  # its inode is gone (IN_IGNORED came): nothing to remove
+            if isinstance(current, set):
+                current.discard(folder)
+                if len(current) == 1:
+                    self._folders[wd] = next(iter(current))
+                if current:
+                    continue
+            elif current != folder:
+                continue
+            del self._folders[wd]
+            self._libc.rm_watch(self._fd, wd)  # its IN_IGNORED is skipped: the wd is forgotten
 
     def _drain(self) -> None:
         while True:

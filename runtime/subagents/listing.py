@@ -108,6 +108,10 @@ class _Rows:
 
     def child(self, record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
         mode, label = identity["mode"], identity.get("label")
+        if type(mode) is not str or (label is not None and type(label) is not str):
+            # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
+            return ChildRow(id=record.id, activity="running" if live else "inactive",
+                            has_children=has_children, mode=mode, label=label)
         key = (record.id, live, has_children, mode, label)
         row = self._made.get(key)
         if row is None:

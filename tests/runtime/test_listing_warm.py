@@ -159,3 +159,16 @@ async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_p
     assert mine.watching and [i.id for i in mine.list()] == ["s"]  # still the caller's, still open
     mine.close_store()
     assert inotify_fds() == before
+
+
+def test_an_identity_of_another_shape_gets_a_row_that_is_not_kept() -> None:
+    """Only a tampered checkpoint row can hold such an identity; it must not fail the listing."""
+    from subagents.runtime.query import SessionRecord
+
+    record = SessionRecord(id="c", header=None, live=False, persisted=True, damage=None,  # type: ignore[arg-type]  # a plain str id
+                           inherited_event_count=0, revision=None, event_count=1)
+    made = listing_module._Rows()
+    row = made.child(record, {"mode": "continuable", "label": ["not", "a", "str"]}, False, False)
+    assert row.label == ["not", "a", "str"] and made._made == {}
+    assert made.child(record, {"mode": "continuable", "label": "ok"}, False, False) is made.child(
+        record, {"mode": "continuable", "label": "ok"}, False, False)

@@ -554,3 +554,99 @@ def test_a_log_skipped_after_an_io_error_is_retried_by_the_next_warm_listing(tmp
         assert rows(store.list()) == reference(root)  # no change since, and yet retried
     finally:
         store.close_store()
+
+
+# --- review findings: races and leaks -------------------------------------------------------------
+
+
+def kernel_watches(watch: Watch) -> int:
+    with open(f"/proc/self/fdinfo/{watch._fd}") as info:
+        return sum(1 for line in info if line.startswith("inotify wd:"))
+
+
+def test_a_root_swapped_while_the_watch_is_set_up_is_noticed(tmp_path: Path) -> None:
+    """The root replaced right after sessions/ is watched: the watch and the identity it keeps
+    must be of the same folder, so the next listing sees the swap and makes a full pass."""
+    root = tmp_path / "root"
+    publish(root, "s0")
+    armed = [False]
+
+    class SwapFs(OsFs):
+        def watch(self, path: str) -> Watch | None:
+            watch = super().watch(path)
+            assert watch is not None
+            add = watch._add_watch
+
+            def add_then_swap(fd: int, target: bytes, mask: int) -> int:
+                wd = add(fd, target, mask)
+                if armed[0] and (target.startswith(b"/proc/self/fd/") or target == os.fsencode(root / "sessions")):
+                    armed[0] = False
+                    m_replace_root(root, "s0", 0)
+                return wd
+
+            watch._add_watch = add_then_swap
+            return watch
+
+    store = FileLogStore(fs=SwapFs(str(root)))
+    try:
+        store.list()
+        armed[0] = True
+        store.list()  # sets the watch up; the root is swapped inside
+        assert not armed[0]
+        publish(root, "s1")  # in the root that is there now
+        for _ in range(2):
+            assert rows(store.list()) == reference(root)
+    finally:
+        store.close_store()
+
+
+def test_watches_do_not_pile_up_when_roots_and_folders_come_and_go(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    for sid in IDS[:5]:
+        publish(root, sid)
+    store = warm_store(root)
+    try:
+        watch = store._catalog._watch
+        assert watch is not None
+        for _ in range(4):
+            m_replace_root(root, "s0", 0)  # full passes: each one starts a new instance
+            assert rows(store.list()) == reference(root)
+            watch = store._catalog._watch
+            assert watch is not None and kernel_watches(watch) == 1 + 2 * 5
+        for arg in (1, 1, 4, 2):  # folders renamed to free names and back
+            for sid in IDS[:5]:
+                m_rename_folder(root, sid, arg)
+            assert rows(store.list()) == reference(root)
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        moved = [sid for sid in IDS if folder(root, sid).exists()][:3]
+        for sid in moved:  # folders moved out of the root (kept alive elsewhere)
+            os.rename(folder(root, sid), aside / sid)
+        assert rows(store.list()) == reference(root) and 0 < len(reference(root)) < 5
+        assert kernel_watches(watch) == 1 + 2 * len(reference(root))
+        assert len(watch._folders) == 2 * len(reference(root))
+    finally:
+        store.close_store()
+
+
+def test_each_full_pass_checks_the_file_system_again(tmp_path: Path) -> None:
+    (tmp_path / "sessions").mkdir()
+    watch = Watch.open(str(tmp_path / "sessions"))
+    assert watch is not None
+    assert watch.reset()
+    watch._local = frozenset()  # as if the path now led to a file system not known to be local
+    assert not watch.reset() and not watch.vouches
+    watch.close()
+
+
+def test_a_closed_store_lists_with_stat_passes_and_opens_no_instance(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    publish(root, "s0")
+    before = inotify_fds()
+    store = warm_store(root)
+    store.close_store()
+    assert inotify_fds() == before
+    grow(root, "s0")
+    assert rows(store.list()) == reference(root)
+    assert rows(store.list()) == reference(root)
+    assert inotify_fds() == before and not store.watching
