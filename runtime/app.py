@@ -30,6 +30,7 @@ from .ids import IdFactory, RandomIds
 from .models.base import Model
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
+from .subagents.options import ChildModel
 from .subagents.service import SubagentService
 from .tools.subagent_tools import subagent_tools
 from .subagents.listing import ListingService
@@ -65,13 +66,15 @@ async def open_runtime(
     tools: Callable[[], Sequence[Tool]] | None = None,
     max_depth: int = 1,
     max_active_subagents: int = 8,
+    child_model: ChildModel | None = None,
     log_store: LogStore | None = None,
     now_ms: Callable[[], int] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
     never read here. `clock` and `id_factory` make runs deterministic; `now_ms` overrides only
-    the clock's readings (tests of the storage-facing layers use it)."""
+    the clock's readings (tests of the storage-facing layers use it). `child_model` builds the
+    model of a child whose `ChildOptions` select one (without it, such a child is refused)."""
     root = os.fspath(root)
     if isinstance(model, str):
         model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key))
@@ -92,7 +95,7 @@ async def open_runtime(
                 )
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
                 service = SubagentService(agents=agents, manager=manager, query=query, listing=listing,
-                                          max_depth=max_depth)
+                                          max_depth=max_depth, child_model=child_model)
                 agents.tools = lambda: ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
                 agents.wait_settled = service.wait_settled
                 agents.on_resume = service.redeliver_notices

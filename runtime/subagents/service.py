@@ -36,11 +36,14 @@ from subagents.storage import AlreadyOwned, Event, StorageError, check_session_i
 from subagents.storage.errors import InvalidSessionId
 
 from ..agent.inbox import Delivery, DeliveryCancelled
-from ..agent.loop import Agent, AgentStopped, TurnResult
+from ..agent.loop import Agent, AgentConfig, AgentStopped, TurnResult
+from ..agent.tools import ToolSet
+from ..models.base import Model
 from ..agent.registry import AgentError, AgentRegistry
 from ..query import SessionQuery, SessionQueryError
-from .descriptor import SubagentDescriptor, snapshot_descriptor
+from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
 from .listing import ListingService, SubagentError
+from .options import ChildModel, ChildOptions, filtered_tools
 from .units import IDENTITY_UNIT
 
 __all__ = ["Reservation", "SubagentService", "notice_blocks", "return_guidance"]
@@ -85,6 +88,28 @@ def return_guidance(parent_id: str) -> str:
 
 
 @attrs.frozen
+class _Setup:
+    """What a child agent is started with."""
+
+    model: Model | None
+    config: AgentConfig
+    tools: ToolSet
+
+
+def _descriptor_at(events: Sequence[Event], identity: object, session_id: str) -> SubagentDescriptor | None:
+    """The descriptor the identity was folded from (the event at its `seq`), if it parses."""
+    if not isinstance(identity, dict) or type(identity.get("seq")) is not int:
+        return None
+    seq = identity["seq"]
+    if not 0 <= seq < len(events) or events[seq].type != "subagent/descriptor":
+        return None
+    try:
+        return parse_descriptor(decode_payload(events[seq], session_id=session_id))
+    except (MalformedDescriptor, StorageError):
+        return None
+
+
+@attrs.frozen
 class Reservation:
     child_id: str
     created_at: int
@@ -101,6 +126,7 @@ class SubagentService:
     query: SessionQuery
     listing: ListingService
     max_depth: int = 1
+    child_model: ChildModel | None = None  # builds the model a child's options select
     _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
     _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
@@ -113,19 +139,27 @@ class SubagentService:
         return Reservation(child_id, self.agents.clock.now_ms())
 
     async def start_continuable(self, parent: Agent, provider: Provider, label: str, prompt: str,
-                                abort: Abort | None = None, *, reserved: Reservation | None = None) -> str:
-        """A background child; returns its id once its first prompt is accepted."""
+                                abort: Abort | None = None, *, reserved: Reservation | None = None,
+                                options: ChildOptions | None = None) -> str:
+        """A background child; returns its id once its first prompt is accepted. `options` are
+        recorded in its descriptor and re-applied on every cold resume."""
         if self.manager.draining:
             raise SubagentError(str(Draining()), "DRAINING")
         depth = self._child_depth(parent)
+        options = options or ChildOptions()
+        descriptor = SubagentDescriptor(
+            mode="continuable", provider=provider, label=label, agent_provider=options.agent_provider,
+            agent_model=options.agent_model, agent_reasoning_effort=options.agent_reasoning_effort,
+            persona=options.persona, tool_filter=options.tool_filter,
+        )
+        setup = self._setup(options)  # refusals before anything exists
         if abort is not None and abort.is_set():
             raise SubagentError("message delivery was cancelled", "CANCELLED")
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         activation = self._admit(child_id, parent.session_id)
         try:
-            child = await self._create_child(parent, reserved, provider, depth,
-                                             SubagentDescriptor(mode="continuable", provider=provider, label=label))
+            child = await self._create_child(parent, reserved, provider, depth, descriptor, setup)
         except BaseException:
             self.manager.forget(activation)
             raise
@@ -143,13 +177,16 @@ class SubagentService:
         return child_id
 
     async def start(self, parent: Agent, provider: Provider, prompt: str, *, label: str | None = None,
-                    abort: Abort | None = None, reserved: Reservation | None = None) -> TurnResult:
-        """A one-shot foreground child: run it to the end of its turn and return the result."""
+                    abort: Abort | None = None, reserved: Reservation | None = None,
+                    options: ChildOptions | None = None) -> TurnResult:
+        """A one-shot foreground child: run it to the end of its turn and return the result.
+        `options` apply to this run only (a one-shot descriptor records none)."""
         depth = self._child_depth(parent)
+        setup = self._setup(options or ChildOptions())
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         child = await self._create_child(parent, reserved, provider, depth,
-                                         SubagentDescriptor(mode="one-shot", provider=provider, label=label))
+                                         SubagentDescriptor(mode="one-shot", provider=provider, label=label), setup)
         try:
             await self._catalog(parent, child, "one-shot", label)
             await child.send(prompt)
@@ -190,8 +227,19 @@ class SubagentService:
             raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
         return depth
 
+    def _setup(self, options: ChildOptions) -> _Setup:
+        """The model, config and tools of a child with `options` (SubagentError if the runtime
+        cannot give it the model it selects)."""
+        model = self.agents.model
+        if options.selects_model:
+            if self.child_model is None:
+                raise SubagentError("this runtime cannot select a model per subagent: pass "
+                                    "open_runtime(child_model=...)", "UNSUPPORTED_CAPABILITY")
+            model = self.child_model(options)
+        return _Setup(model, options.config(self.agents.config), filtered_tools(self.agents.tools(), options.tool_filter))
+
     async def _create_child(self, parent: Agent, reserved: Reservation, provider: Provider, depth: int,
-                            descriptor: SubagentDescriptor) -> Agent:
+                            descriptor: SubagentDescriptor, setup: _Setup) -> Agent:
         child_id = reserved.child_id
         inherited: list[Event] = []
         if provider == "fork":
@@ -199,11 +247,11 @@ class SubagentService:
         elif provider != "spawn":
             raise SubagentError(f'no subagent provider registered for "{provider}"', "NO_PROVIDER")
         draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
-        register = getattr(self.agents.model, "register_session", None)  # scripted: bind labels in order
+        register = getattr(setup.model, "register_session", None)  # scripted: bind labels in order
         agent = await self.agents.create(
             session_id=child_id, parent_session=parent.session_id, origin="subagent", delegation_depth=depth,
             cwd=parent.session.header.cwd, inherited=inherited, first=[draft], label=descriptor.label,
-            created_at=reserved.created_at,
+            created_at=reserved.created_at, model=setup.model, config=setup.config, tools=setup.tools,
         )
         if register is not None and descriptor.label is not None:
             register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)
@@ -391,6 +439,7 @@ class SubagentService:
                 header = observation.header
                 identity = observation.projections.get(IDENTITY_UNIT.key)
                 k = observation.inherited_event_count
+                descriptor = _descriptor_at(observation.events, identity, target_id)
         except SessionQueryError as exc:
             if exc.code == "SESSION_QUERY_ABORTED":
                 raise SubagentError("message delivery was cancelled", "CANCELLED") from None
@@ -402,9 +451,15 @@ class SubagentService:
                                 "choose a different target", "NOT_RESUMABLE")
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
+        try:
+            setup = self._setup(ChildOptions.of(descriptor) if descriptor is not None else ChildOptions())
+        except SubagentError as exc:
+            log.warning("subagent %r: its options cannot be re-applied: %s", target_id, exc.message)
+            raise _unavailable(target_id) from None
         activation = self._admit(target_id, sender.session_id)
         try:
-            child = await self.agents.resume(target_id, label=identity.get("label"))
+            child = await self.agents.resume(target_id, label=identity.get("label"), model=setup.model,
+                                             config=setup.config, tools=setup.tools)
         except (AlreadyOwned, StorageError, AgentError):
             self.manager.forget(activation)
             raise _unavailable(target_id) from None

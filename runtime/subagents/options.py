@@ -1,0 +1,70 @@
+"""What a caller may choose for one child beyond its prompt: the descriptor's extras (SPEC 3.6).
+
+A continuable child records them in its descriptor and gets them back on every cold resume: the
+model route (`agent_provider`, `agent_model`, `agent_reasoning_effort`, built by the runtime's
+`child_model` factory), a `persona` that shadows the deployment's system prompt, and a
+`tool_filter` over the tools every agent gets. A one-shot child may use them too; they are not
+recorded (a one-shot child is never resumed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from ..agent.loop import AgentConfig
+from ..agent.tools import ToolSet
+from ..models.base import Model
+from .descriptor import SubagentDescriptor, ToolFilter
+
+__all__ = ["ChildModel", "ChildOptions", "filtered_tools"]
+
+
+def _optional_str(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if value is not None and type(value) is not str:
+        raise TypeError(f"{attribute.name} must be a str, got {type(value).__name__}")
+
+
+def _optional_filter(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
+    if value is not None and type(value) is not ToolFilter:
+        raise TypeError(f"tool_filter must be a ToolFilter, got {type(value).__name__}")
+
+
+@attrs.frozen(kw_only=True)
+class ChildOptions:
+    agent_provider: str | None = attrs.field(default=None, validator=_optional_str)
+    agent_model: str | None = attrs.field(default=None, validator=_optional_str)
+    agent_reasoning_effort: str | None = attrs.field(default=None, validator=_optional_str)
+    persona: str | None = attrs.field(default=None, validator=_optional_str)
+    tool_filter: ToolFilter | None = attrs.field(default=None, validator=_optional_filter)
+
+    @property
+    def selects_model(self) -> bool:
+        return (self.agent_provider, self.agent_model, self.agent_reasoning_effort) != (None, None, None)
+
+    @classmethod
+    def of(cls, descriptor: SubagentDescriptor) -> ChildOptions:
+        return cls(
+            agent_provider=descriptor.agent_provider,
+            agent_model=descriptor.agent_model,
+            agent_reasoning_effort=descriptor.agent_reasoning_effort,
+            persona=descriptor.persona,
+            tool_filter=descriptor.tool_filter,
+        )
+
+    def config(self, base: AgentConfig) -> AgentConfig:
+        return base if self.persona is None else attrs.evolve(base, system_prompt=self.persona)
+
+
+# Builds the model a child's options select (called with options whose `selects_model` is true).
+ChildModel = Callable[[ChildOptions], Model]
+
+
+def filtered_tools(tools: ToolSet, tool_filter: ToolFilter | None) -> ToolSet:
+    """`tools` narrowed to `allow` (when given), without `deny`, in their order."""
+    if tool_filter is None:
+        return tools
+    allow = None if tool_filter.allow is None else set(tool_filter.allow)
+    deny = set(tool_filter.deny or ())
+    return ToolSet(tool for tool in tools if (allow is None or tool.name in allow) and tool.name not in deny)
