@@ -1,8 +1,11 @@
 """Basic compaction (SPEC 5.2): which older part of the surface to summarize.
 
-Pure. The range starts after the leading system message(s), leaves the `keep_recent` newest
-nodes alone, never includes a system message, and never splits a tool call from its result: the
-first node after the range is never a tool result (its call would be inside the range).
+Pure. The range lies between system messages (the system messages themselves stay), leaves the
+`keep_recent` newest nodes alone, and never splits a tool call from its result: the first node
+after the range is never a tool result (its call would be inside the range). It is the oldest
+such run of at least two nodes: a system prompt that changed mid-history (a new system message)
+starts a new run, so the history after it can still be compacted once the run before it is
+down to its summary.
 The loop brackets the summary with `compaction/*` events and appends a replacing
 `user/message`; the raw log keeps everything, and log-only events (a descriptor) are never on
 the surface, so compaction cannot touch them.
@@ -43,14 +46,18 @@ class CompactionPlan:
 
 
 def plan_compaction(nodes: Sequence[SurfaceNode], *, keep_recent: int) -> CompactionPlan | None:
+    end = len(nodes) - keep_recent
     lo = 0
-    while lo < len(nodes) and nodes[lo].type == "system/message":
-        lo += 1
-    hi = lo
-    while hi < len(nodes) - keep_recent and nodes[hi].type != "system/message":
-        hi += 1
-    while hi > lo and hi < len(nodes) and nodes[hi].type == "tool/result":
-        hi -= 1  # the range would end between a call and its result
-    if hi - lo < 2:
-        return None
-    return CompactionPlan(tuple(nodes[lo:hi]))
+    while lo < end:
+        while lo < end and nodes[lo].type == "system/message":
+            lo += 1
+        hi = lo
+        while hi < end and nodes[hi].type != "system/message":
+            hi += 1
+        cut = hi
+        while cut > lo and cut < len(nodes) and nodes[cut].type == "tool/result":
+            cut -= 1  # the range would end between a call and its result
+        if cut - lo >= 2:
+            return CompactionPlan(tuple(nodes[lo:cut]))
+        lo = hi  # too small to summarize: the run after the next system message
+    return None

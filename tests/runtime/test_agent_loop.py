@@ -22,6 +22,7 @@ import trio.testing
 from subagents.actors import EventDraft
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import Agent, AgentConfig
+from subagents.runtime.agent.messages import Surface
 from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolFailure
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
@@ -910,3 +911,28 @@ async def test_compaction_replaces_an_older_range_keeps_the_descriptor_and_the_n
     assert [text(m) for m in after] == [
         "<compacted-summary>They searched alpha.</compacted-summary>", "Step two.", 'echo {"q": "beta"}']
     assert_every_call_answered(events)
+
+
+async def test_compaction_goes_on_past_a_system_prompt_that_changed(tmp_path) -> None:
+    """History under an old prompt, then a new prompt: once the old run is down to its summary,
+    the history after the new system message is what gets compacted."""
+    model = scripted(*[{"text": f"Answer {i}."} for i in range(5)],
+                     summaries=[f"Summary {i}." for i in range(5)])
+    compact = CompactionPolicy(max_chars=10, keep_recent=2)
+    async with runtime(tmp_path, model, config=AgentConfig(system_prompt="Prompt A.", compaction=compact)) as rt:
+        agent = await rt.agents.create(session_id="a")
+        await agent.send("question 0")
+        await agent.wait_idle()
+        await rt.agents.stop("a")
+        agent = await rt.agents.resume("a", config=AgentConfig(system_prompt="Prompt B.", compaction=compact))
+        for i in range(1, 4):
+            await agent.send(f"question {i}")
+            await agent.wait_idle()
+    events = read_log(tmp_path, "a")
+    prompt_b = next(e.seq for e in events if e.type == "system/message" and "Prompt B." in json.dumps(data(e)))
+    ranges = [(data(e)["start_seq"], data(e)["end_seq"]) for e in events if e.type == "compaction/end"]
+    assert any(start > prompt_b for start, _end in ranges), ranges  # compacted after the new prompt
+    assert all(not start <= prompt_b <= end for start, end in ranges)  # a system message is never inside
+    surface = Surface.from_events(events, session_id="a")
+    assert [n.type for n in surface.nodes].count("system/message") == 2
+    assert len(surface.nodes) <= 2 + 2 + 2 + 2  # prompts, a summary on each side, keep_recent

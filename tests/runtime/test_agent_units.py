@@ -929,7 +929,12 @@ PLANS: list[tuple[str, int, list[int] | None]] = [
     ("S U U A T T T U A", 3, [1, 2]),  # backs off over three results
     ("S U A T", 0, [1, 2, 3]),  # nothing after the range
     ("S U A U S U A U A", 2, [1, 2, 3]),  # stops at a later system message
-    ("S U S U A U A", 2, None),
+    ("S U S U A U A", 2, [3, 4]),  # the run before the new system prompt is down to one node
+    ("S U S U A U A U", 2, [3, 4, 5]),
+    ("S U S U S U A U A", 2, [5, 6]),  # past two changed prompts
+    ("S U S U A", 2, None),  # [U] | S | [U] A kept
+    ("S U A T S U A", 3, [1, 2, 3]),  # a call with its result right before a new prompt
+    ("U S U A U", 1, [2, 3]),  # no leading system message, then a prompt
 ]
 
 
@@ -941,26 +946,51 @@ def test_plan_compaction(spec: str, keep: int, expected: list[int] | None) -> No
         assert (plan.start_seq, plan.end_seq) == (expected[0], expected[-1])  # type: ignore[index]  # expected is not None on this row
 
 
+def _runs(kinds: tuple[str, ...], end: int) -> list[tuple[int, int]]:
+    """The (lo, hi) runs of non-system nodes among the first `end` nodes, oldest first."""
+    runs, lo = [], 0
+    while lo < end:
+        while lo < end and kinds[lo] == "S":
+            lo += 1
+        hi = lo
+        while hi < end and kinds[hi] != "S":
+            hi += 1
+        if hi > lo:
+            runs.append((lo, hi))
+        lo = hi
+    return runs
+
+
 def test_plan_compaction_invariants_over_every_small_surface() -> None:
-    """Exhaustive over surfaces of up to 6 nodes: the planner's promises hold for each one."""
+    """Exhaustive over surfaces of up to 7 nodes: the planner's promises hold for each one."""
     checked = 0
-    for n in range(7):
+    for n in range(8):
         for kinds in itertools.product("SUAT", repeat=n):
             surface = nodes(" ".join(kinds))
-            leading = next((i for i, k in enumerate(kinds) if k != "S"), n)
+
+            def fits(lo: int, hi: int) -> bool:
+                """Whether the run still holds two nodes once it backs off from a split call."""
+                while hi > lo and hi < n and kinds[hi] == "T":
+                    hi -= 1
+                return hi - lo >= 2
+
             for keep in range(4):
                 plan = plan_compaction(surface, keep_recent=keep)
+                runs = _runs(kinds, n - keep)
                 if plan is None:
+                    assert not any(fits(lo, hi) for lo, hi in runs)
                     continue
                 checked += 1
                 lo, hi = plan.nodes[0].seq, plan.nodes[-1].seq + 1
                 assert list(plan.nodes) == surface[lo:hi]  # contiguous, in order
                 assert hi - lo >= 2
-                assert lo == leading  # leading system messages kept, nothing else skipped
                 assert all(node.type != "system/message" for node in plan.nodes)
                 assert n - hi >= keep  # the newest keep_recent nodes are left alone
                 assert hi == n or surface[hi].type != "tool/result"  # never ends inside a call
-    assert checked > 1000
+                (run,) = [r for r in runs if r[0] <= lo < r[1]]
+                assert lo == run[0]  # starts a run: right after a system message or at the start
+                assert not any(fits(*r) for r in runs[: runs.index(run)])  # the oldest run that fits
+    assert checked > 5000
 
 
 def test_compaction_policy_validates() -> None:
