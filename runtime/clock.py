@@ -4,6 +4,11 @@ A clock gives `now_ms()` (epoch milliseconds) and `async sleep(seconds)`. `RealC
 wall clock and sleeps with Trio; `ScenarioClock` is virtual and deterministic — its k-th reading
 is `start + k·step_ms` plus whatever was slept so far, and `sleep` only yields once — so
 scenario goldens and backoff tests never wait for real.
+
+`observe(ms)` tells a clock about a time already in a log (the registry calls it with the newest
+event time of every session it resumes), so that what is written next is never older than what
+was written before — across a restart too, when a new process's `ScenarioClock` starts again
+at its `start`, or the wall clock has stepped back.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
+    def observe(self, ms: int) -> None: ...
+
 
 class RealClock:
     """Wall-clock milliseconds, strictly increasing so that events created in one process keep
@@ -35,12 +42,15 @@ class RealClock:
         self._last = max(self._last + 1, time.time_ns() // 1_000_000)
         return self._last
 
+    def observe(self, ms: int) -> None:
+        self._last = max(self._last, ms)
+
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(max(0.0, seconds))
 
 
 class ScenarioClock:
-    __slots__ = ("_calls", "_slept_ms", "start", "step_ms")
+    __slots__ = ("_calls", "_floor", "_slept_ms", "start", "step_ms")
 
     def __init__(self, start: int = 1_789_000_000_000, step_ms: int = 1) -> None:
         if start < 0 or step_ms < 0:
@@ -49,11 +59,18 @@ class ScenarioClock:
         self.step_ms = step_ms
         self._calls = 0
         self._slept_ms = 0
+        self._floor = 0  # added by `observe`: readings stay after every time observed
 
     def now_ms(self) -> int:
-        value = self.start + self._calls * self.step_ms + self._slept_ms
+        value = self.start + self._calls * self.step_ms + self._slept_ms + self._floor
         self._calls += 1
         return value
+
+    def observe(self, ms: int) -> None:
+        """The next reading is at least `ms + 1` (deterministic: it depends only on `ms`)."""
+        nxt = self.start + self._calls * self.step_ms + self._slept_ms + self._floor
+        if nxt <= ms:
+            self._floor += ms + 1 - nxt
 
     @property
     def slept_ms(self) -> int:

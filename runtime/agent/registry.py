@@ -130,6 +130,10 @@ class AgentRegistry:
         # Read the log and rebuild the surface in a worker thread: payloads are decoded there,
         # so a long log does not hold up the event loop.
         events, surface = await trio.to_thread.run_sync(self._read_all, session_id)
+        if events:
+            observe = getattr(self.clock, "observe", None)  # a clock of the caller's may lack it
+            if observe is not None:
+                observe(max(e.time for e in events))  # what it writes next is not older
         closers = interrupted_closers(events, session_id=session_id)
         if closers:
             result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
