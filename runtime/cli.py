@@ -94,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _writable_root(path: str) -> None:
+    """A root `run` and `demo` may create or use: absent, or a folder whose sessions/ (if any)
+    is a folder. Anything else is refused before a runtime opens on it."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(f"the root is not a folder: {path}")
+    sessions = os.path.join(path, "sessions")
+    if os.path.lexists(sessions) and (os.path.islink(sessions) or not os.path.isdir(sessions)):
+        raise UsageError(f"not a subagents root (its sessions is not a folder): {path}")
+
+
 def _read_only_root(path: str) -> str:
     if not os.path.isdir(os.path.join(path, "sessions")):
         raise UsageError(f"not a subagents root: {path}")
@@ -161,6 +171,7 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
     signal here, so no KeyboardInterrupt lands in some agent's task."""
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         status = 130
+        refused: UsageError | None = None
         async with trio.open_nursery() as nursery:
             interrupt = _Interrupt(nursery.cancel_scope)
 
@@ -169,12 +180,20 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
                     interrupt.fire()
 
             async def body() -> None:
-                nonlocal status
-                status = await fn(*args, interrupt=interrupt)
+                nonlocal status, refused
+                try:
+                    status = await fn(*args, interrupt=interrupt)
+                except UsageError as exc:
+                    refused = exc  # raised below, bare: main() prints it as one line (exit 2)
+                except StorageError as exc:
+                    print(f"subagents: {exc}", file=sys.stderr)  # the store failed under the run
+                    status = 1
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(on_interrupt)
             nursery.start_soon(body)
+        if refused is not None:
+            raise refused
         return 130 if interrupt.hit else status
 
 
@@ -183,7 +202,7 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
         try:
             agent = await _session_agent(runtime, args.session)
         except (StorageError, AgentError) as exc:
-            raise UsageError(str(exc)) from None
+            raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
         await agent.send(args.prompt)
         result = None
         with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
@@ -247,6 +266,8 @@ async def _scenario(action: str, dirs: list[Any]) -> int:
 async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
     try:
         return await run_demo(args.root, live=False if args.plain else None)
+    except StorageError as exc:
+        raise UsageError(str(exc)) from None  # the root cannot hold a store
     except RuntimeError as exc:
         print(f"subagents: demo failed: {exc}", file=sys.stderr)
         return 1
@@ -361,9 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(str(exc)) from None
             return trio.run(_scenario, args.action, dirs)
         if args.command == "demo":
+            _writable_root(args.root)
             _raise_open_file_limit()
             return trio.run(_until_interrupted, _demo, args)
         if args.command == "run":
+            _writable_root(args.root)
             if args.session is not None:
                 try:
                     check_session_id(args.session)

@@ -210,6 +210,8 @@ class Catalog:
                 return None
             raise PersistenceFailed("the store root does not exist") from None
         except OSError as exc:
+            if exc.errno == errno.ENOTDIR and not self.fs.root_exists():
+                raise PersistenceFailed("the store root is not a folder") from exc
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise UnsafePath("sessions/ is not a folder (a planted link?): refusing the root") from exc
             raise PersistenceFailed(f"listing sessions/ failed: {exc.strerror or exc}") from exc

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ import zstandard
 
 from http_request import Seen, read_request
 
-from subagents.storage import encode_session_id
+from subagents.storage import FileLogStore, encode_session_id
 
 SENTINEL_KEY = "sk-CLI-SENTINEL-5e1d7a2b9c4f3086"
 TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
@@ -319,6 +320,61 @@ def test_bad_input_is_exit_2_and_changes_nothing(case: str, existing_root: Path,
         assert tree_state(existing_root) == before
         assert not (tmp_path / "absent").exists()
         assert not (tmp_path / ".subagents").exists()
+
+
+def _bad_roots(base: Path) -> dict[str, tuple[Path, list[str]]]:
+    """Roots `run` and `demo` must refuse: (root, words of the error line)."""
+    file_root = base / "a-file"
+    file_root.write_text("{}")
+    sessions_file = base / "sessions-is-a-file"
+    sessions_file.mkdir()
+    (sessions_file / "sessions").write_text("x")
+    sessions_link = base / "sessions-is-a-link"
+    sessions_link.mkdir()
+    (sessions_link / "sessions").symlink_to(base)
+    return {
+        "file": (file_root, ["not a folder", "a-file"]),
+        "sessions-file": (sessions_file, ["sessions is not a folder"]),
+        "sessions-link": (sessions_link, ["sessions is not a folder"]),
+    }
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_run_and_demo_refuse_a_root_that_cannot_hold_a_store(command: str, tmp_path: Path) -> None:
+    model = write_script(tmp_path / "ok.json", text_script("ok"))
+    for name, (root, words) in _bad_roots(tmp_path).items():
+        before = tree_state(tmp_path)
+        args = ["run", "--root", str(root), "--model", model, "hi"] if command == "run" else ["demo", "--root", str(root), "--plain"]
+        done = run_cli(args, cwd=tmp_path)
+        assert done.returncode == 2, (name, done.stdout, done.stderr)
+        one_error_line(done, *words)
+        assert tree_state(tmp_path) == before, name
+
+
+def test_a_session_that_cannot_be_taken_is_exit_2_in_one_line(existing_root: Path, tmp_path: Path) -> None:
+    """Found only once the runtime is open: a corrupt log, a log another process writes."""
+    root = tmp_path / "root"
+    shutil.copytree(existing_root, root)
+    model = write_script(tmp_path / "ok.json", text_script("ok"))
+    folder = session_folder(root, "broken")
+    folder.mkdir()
+    (folder / "session.jsonl").write_bytes(b"not a header\n")
+    done = run_cli(["run", "--root", str(root), "--model", model, "--session", "broken", "hi"], cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    one_error_line(done, "broken", "corrupt")
+
+    store = FileLogStore(str(root))
+    handle = store.open_write("kept")  # as another process would hold it
+    try:
+        before = tree_state(root)
+        done = run_cli(["run", "--root", str(root), "--model", model, "--session", "kept", "hi"], cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        one_error_line(done, "kept", "already owned")
+        assert {k: v for k, v in tree_state(root).items() if "kept" in k} == {
+            k: v for k, v in before.items() if "kept" in k}
+    finally:
+        store.close(handle)
+        store.close_store()
 
 
 # -- the OpenAI transport against a real server -----------------------------------------------

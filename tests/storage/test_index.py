@@ -1200,3 +1200,19 @@ def test_processes_do_not_corrupt_the_index(
     ]
     assert closing(FileLogStore(str(root))).list() == reference
     assert parent.list() == reference
+
+
+def test_a_root_that_is_not_a_folder_fails_list_and_stat_with_a_clear_error(tmp_path: Path) -> None:
+    from subagents.storage import PersistenceFailed, UnsafePath
+
+    root = tmp_path / "a-file"
+    root.write_text("{}")
+    store = FileLogStore(str(root), use_index=False)
+    for call in (store.list, lambda: store.stat("s")):
+        with pytest.raises(PersistenceFailed, match="the store root is not a folder"):
+            call()
+    sessions_file = tmp_path / "root"
+    sessions_file.mkdir()
+    (sessions_file / "sessions").write_text("x")
+    with pytest.raises(UnsafePath, match="sessions/ is not a folder"):
+        FileLogStore(str(sessions_file), use_index=False).list()
