@@ -183,8 +183,16 @@ class ToolSet:
 def _failed(exc: Exception) -> ToolOutcome:
     if isinstance(exc, ToolFailure):
         return ToolOutcome.failure(exc.message, name=exc.error_name, code=exc.code)
-    # A tool's own bug or IO error: the model hears about it, the turn goes on.
-    return ToolOutcome.failure(str(exc) or type(exc).__name__, name=type(exc).__name__, code="TOOL_FAILED")
+    # A typed error of the runtime (a session query, storage, the agent registry, a model)
+    # keeps its stable code; anything else is a tool's own bug or IO error. Either way the
+    # model hears about it and the turn goes on.
+    code = getattr(exc, "code", None)
+    message = getattr(exc, "message", None)
+    return ToolOutcome.failure(
+        message if isinstance(message, str) and message else str(exc) or type(exc).__name__,
+        name=type(exc).__name__,
+        code=code if isinstance(code, str) and code else "TOOL_FAILED",
+    )
 
 
 def _render(name: str, output: ToolOutput) -> list[Json]:

@@ -69,3 +69,33 @@ def test_list_agents_render() -> None:
         "a [ready] parent=p depth=1 — first\nc [diagnostic: corrupt] parent=a depth=2")
     assert render_agents([], False, lambda i: "ready") == "(no subagents)"
     assert render_agents(rows[1:2], False, lambda i: "ready") == "(no subagents)"  # one-shot children are hidden
+
+
+async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: Any) -> None:
+    import json
+
+    import msgspec
+
+    from subagents.runtime.app import open_runtime
+    from subagents.runtime.clock import ScenarioClock
+    from subagents.runtime.models.script import load_script
+    from subagents.runtime.models.scripted import ScriptedModel
+    from subagents.storage import FaultyLogStore, FileLogStore, PersistenceFailed
+
+    script = {"agents": [{"session": "p", "responses": [
+        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
+    faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
+    async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(),
+                            log_store=faulty) as rt:
+        parent = await rt.agents.create(session_id="p")
+        faulty.fail("list", PersistenceFailed("disk gone"), times=None)
+        await parent.send("list them")
+        await parent.wait_idle()
+        faulty.release()
+        handle = faulty.open_read("p")
+        events = list(faulty.read(handle))
+        faulty.close(handle)
+    (result,) = [msgspec.json.decode(e.data) for e in events if e.type == "tool/result"]
+    assert result["error"] == {"name": "SessionQueryError", "code": "SESSION_QUERY_PERSISTENCE_FAILED"}
+    text = result["message"]["content"][0]["content"][0]["text"]
+    assert text.startswith("Error: session persistence listing failed") and "disk gone" in text
