@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
+import msgspec
 import trio
 
 from subagents.actors import Abort, EventDraft
@@ -352,7 +353,10 @@ class SubagentService:
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
         """On resume: every own-suffix `subagent/settled` that no own-suffix notice references
-        is delivered again, in one first turn (`trigger: resume`)."""
+        is delivered again, in one first turn (`trigger: resume`). Every settlement the log
+        holds also counts as settled for `wait_settled` (it may have happened in another
+        process)."""
+        self._remember_settled(agent.session_id, events[agent.session.inherited_event_count:])
         pending = [events[seq] for seq in settled_pending(events, agent.session.inherited_event_count)]
         for i, event in enumerate(pending):
             data = decode_payload(event, session_id=agent.session_id)
@@ -361,6 +365,28 @@ class SubagentService:
                                 source={"kind": "subagent-settled", "sender_session_id": data.child_id},
                                 source_event_seqs=[event.seq], trigger="resume")
             agent.inbox.put_nowait(delivery, "follow-up" if i == len(pending) - 1 else "inject", force=True)
+
+    def _remember_settled(self, parent_id: str, own: Sequence[Event]) -> None:
+        labels: dict[str, str | None] = {}
+        settled: list[str] = []
+        for event in own:
+            if event.type == "subagent/catalog":
+                data = msgspec.json.decode(event.data)
+                if isinstance(data, dict) and isinstance(data.get("child_id"), str):
+                    label = data.get("label")
+                    labels[data["child_id"]] = label if isinstance(label, str) else None
+            elif event.type == "subagent/settled":
+                data = msgspec.json.decode(event.data)
+                if isinstance(data, dict) and isinstance(data.get("child_id"), str):
+                    settled.append(data["child_id"])
+        if not settled:
+            return
+        known = self._settled.setdefault(parent_id, [])
+        for child_id in settled:
+            entry = (child_id, labels.get(child_id))
+            if entry not in known:
+                known.append(entry)
+        self._settled_changed.unpark_all()
 
     async def wait_settled(self, parent_id: str, child: str) -> None:
         """For scripted `wait_for: settled`: until a child (label or id) of `parent_id` settled."""

@@ -119,3 +119,30 @@ async def test_a_child_whose_log_fails_settles_as_failed_and_the_runtime_carries
     assert settled["data"] == {"child_id": child_id, "reason_kind": "error"}
     notice = next(e for e in lines if e["type"] == "user/message" and e.get("source_event_seqs") == [settled["seq"]])
     assert notice["data"]["message"]["content"][0]["text"] == f"Background subagent {child_id} failed before it finished."
+
+
+async def test_a_settlement_recorded_by_an_earlier_process_counts_for_wait_for_settled(tmp_path: Path) -> None:
+    """The scripted `wait_for: {"settled": ...}` must not wait for a settlement that became
+    durable before a restart (it would wait forever)."""
+    import trio
+
+    first = ScriptedModel(load_script(json.dumps({"agents": [
+        {"session": "parent", "responses": [
+            {"tool_calls": [{"name": "subagent", "arguments": {"description": "kid", "prompt": "work"}}]},
+            {"text": "spawned"}, {"text": "noticed"}]},
+        {"label": "kid", "responses": [{"text": "kid done"}]},
+    ]})))
+    async with open_runtime(tmp_path, model=first, clock=ScenarioClock(), id_factory=CountingIds("c"),
+                            compression="none") as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+    second = ScriptedModel(load_script(json.dumps({"agents": [
+        {"session": "parent", "responses": [{"wait_for": {"settled": "kid"}, "text": "after the restart"}]},
+    ]})))
+    async with open_runtime(tmp_path, model=second, clock=ScenarioClock(), compression="none") as rt:
+        parent = await rt.agents.resume("parent")
+        await parent.send("next")
+        with trio.fail_after(30):  # a guard only: without the fix this waits forever
+            result = await rt.subagents.wait_tree_idle(parent)
+    assert result is not None and result.text == "after the restart"
