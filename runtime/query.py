@@ -233,8 +233,15 @@ class SessionQuery:
         )
 
     async def _read_live(self, sid: SessionId, abort: Abort | None) -> tuple[Event, ...]:
-        read = await self._cold(sid, abort)
-        return read.events
+        """The durable events of a live session: none while it is not published yet, and no
+        in-memory closers (its turn is not interrupted: its writer is alive)."""
+        try:
+            read = await self._cold(sid, abort)
+        except SessionQueryError as exc:
+            if exc.code == NOT_FOUND and self.sessions.get(sid) is not None:
+                return ()
+            raise
+        return read.events[: len(read.events) - read.closers] if read.closers else read.events
 
     async def _stat(self, sid: SessionId) -> LogInfo | None:
         """`log_store.stat(sid)` through the index's one worker thread. Stats asked for at

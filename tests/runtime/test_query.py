@@ -146,6 +146,28 @@ async def test_observations_live_and_prepared(tmp_path: Path) -> None:
         assert (tmp_path / "sessions" / "cold" / "session.jsonl.zst").read_bytes() == before  # never written
 
 
+async def test_a_live_observation_holds_the_durable_events_only(tmp_path: Path) -> None:
+    """Not published yet: live with no events (not "not found"); mid-turn: the open turn as it
+    is, without the closers a cold reader adds to an interrupted log."""
+    base = FileLogStore(str(tmp_path))
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        fresh = await sessions.create(SessionHeader(id="fresh", created_at=20))
+        query = SessionQuery(base, sessions, registry)
+        async with query.observe_session("fresh") as seen:
+            assert (seen.source, seen.events, seen.header) == ("live", (), fresh.header)
+        running = await sessions.create(SessionHeader(id="running", created_at=30))
+        await running.append([EventDraft(type="turn/start", data={"turn": 1}),
+                              EventDraft(type="step/start", data={"turn": 1, "step": 1})])
+        async with query.observe_session("running") as seen:
+            assert seen.source == "live"
+            assert [e.type for e in seen.events] == ["turn/start", "step/start"]
+        await sessions.release("running")
+        async with query.observe_session("running") as seen:  # released: a cold reader's view
+            assert seen.source == "prepared"
+            assert [e.type for e in seen.events] == ["turn/start", "step/start", "step/end", "turn/end"]
+
+
 @pytest.mark.parametrize(
     ("case", "code"),
     [
