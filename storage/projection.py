@@ -218,7 +218,7 @@ class ProjectionCells:
             cell = self._cells.get(key)
             if cell is None:
                 raise UnknownProjection(f"no projection unit {key!r}")
-            view = cell.unit.view
+            view = getattr(cell.unit, "view", None)  # no view at all: host-only too
             if view is None:
                 if keys is None:
                     continue  # host-only units are never in snapshots

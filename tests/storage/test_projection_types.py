@@ -341,3 +341,38 @@ def test_an_undecodable_stored_value_is_a_row_no_unit_reads() -> None:
     assert stored.row.ver == -1  # every state_version is >= 0: no cell takes it
     cells = ProjectionRegistry([Counting()]).cells(HEADER, 0, {"counting": stored.row})
     assert cells.floor == -1
+
+
+def test_a_unit_without_a_view_is_host_only() -> None:
+    """SPEC 3.5: `view` is optional — a unit with no `view` at all is host-only, like one
+    whose `view` is None: never in a snapshot, refused by name, still checkpointed."""
+    from subagents.storage.projection import UnknownProjection
+
+    class NoViewAtAll:
+        key = "bare"
+        state_version = 1
+
+        def initial(self, header: Any, k: int) -> int:
+            return 0
+
+        def apply(self, state: int, event: Event) -> int:
+            return state + 1
+
+    class ViewNone(NoViewAtAll):
+        key = "none"
+        view = None
+
+    class Shown(NoViewAtAll):
+        key = "shown"
+
+        def view(self, state: int) -> int:
+            return state
+
+    cells = ProjectionRegistry([NoViewAtAll(), ViewNone(), Shown()]).cells(SessionHeader(id="s", created_at=1), 0)
+    cells.fold([make_event(0, "turn/start", 1, {"turn": 1})])
+    assert cells.snapshot() == {"shown": 1}
+    assert cells.snapshot(["shown"]) == {"shown": 1}
+    for key in ("bare", "none"):
+        with pytest.raises(UnknownProjection, match="host-only"):
+            cells.snapshot([key])
+    assert set(cells.checkpoint()) == {"bare", "none", "shown"}
