@@ -378,7 +378,7 @@ def _damaged(
     event_count: int,
 ) -> LogInfo:
     header = record.header if record is not None else None
-    k = record.inherited_event_count if isinstance(record, HeaderRecord) else 0
+    k = record.inherited_event_count if record is not None else 0
     return LogInfo(
         id=sid,
         header=header,

@@ -59,11 +59,15 @@ for _kind in (int, str, bool):
 class HeaderError(Exception):
     """Line 1 is not a format-1 header record; `unsupported` tells another format from damage."""
 
-    def __init__(self, reason: str, *, unsupported: bool, header: SessionHeader | None) -> None:
+    def __init__(
+        self, reason: str, *, unsupported: bool, header: SessionHeader | None, inherited_event_count: int = 0
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.unsupported = unsupported
         self.header = header
+        # With `header`: the seed cut line 1 states (listings keep it consistent with is_seeded).
+        self.inherited_event_count = inherited_event_count
 
     def to_storage_error(self, session_id: str) -> CorruptLog | UnsupportedLog:
         if self.unsupported:
@@ -83,14 +87,18 @@ def decode_header_line(line: bytes | memoryview, expected_id: str) -> HeaderReco
     if type(fmt) is int and fmt != FORMAT_VERSION:
         # Another format is unsupported whatever else its header holds; the rest is parsed only
         # so that listings can still show what it says.
+        header: SessionHeader | None = None
+        k = 0
         try:
-            header: SessionHeader | None = _parse(raw, expected_id).header
+            record = _parse(raw, expected_id)
+            header, k = record.header, record.inherited_event_count
         except HeaderError as exc:
             header = exc.header
         raise HeaderError(
             f"the log uses format {fmt}, but this build reads only format {FORMAT_VERSION}",
             unsupported=True,
             header=header,
+            inherited_event_count=k,
         )
     return _parse(raw, expected_id)
 

@@ -1216,3 +1216,23 @@ def test_a_root_that_is_not_a_folder_fails_list_and_stat_with_a_clear_error(tmp_
     (sessions_file / "sessions").write_text("x")
     with pytest.raises(UnsafePath, match="sessions/ is not a folder"):
         FileLogStore(str(sessions_file), use_index=False).list()
+
+
+@pytest.mark.parametrize("compression", FORMS)
+def test_a_seeded_log_of_another_format_lists_its_seed_cut(tmp_path: Path, compression: Compression) -> None:
+    """Damaged rows keep line 1's seed cut, so `inherited_event_count` agrees with `is_seeded`
+    for an unsupported log as for a corrupt one."""
+    sessions = tmp_path / "sessions"
+    for sid, fmt, tail in (("other-format", 2, b""), ("corrupt", 1, b"GARBAGE\n")):
+        folder = sessions / sid
+        folder.mkdir(parents=True)
+        head = header_line(sid, k=2).replace(b'"format":1', f'"format":{fmt}'.encode(), 1)
+        name = LOG_NAMES[compression]
+        (folder / name).write_bytes(log_bytes(compression, head, line(0) + tail))
+    for store in (FileLogStore(str(tmp_path)), FileLogStore(str(tmp_path), use_index=False)):
+        rows = {info.id: info for info in store.list()}
+        store.close_store()
+        assert rows["other-format"].damage == "unsupported"
+        for info in rows.values():
+            assert info.header is not None and info.header.is_seeded
+            assert info.inherited_event_count == 2
