@@ -152,6 +152,20 @@ class ToolResultData(_Strict):
     message: Message
     error: ToolError | UnsetType = UNSET
 
+    def __post_init__(self) -> None:
+        # SPEC 3.2: a tool-result message has role user, source {kind: tool, call_id}, and
+        # holds one tool-result block — of that same call.
+        message = self.message
+        if message.role != "user":
+            raise ValueError(f"a tool/result message has role user, not {message.role!r}")
+        if type(message.source) is not ToolSource:
+            raise ValueError("a tool/result message has source {kind: tool, call_id}")
+        content = message.content
+        if len(content) != 1 or type(content[0]) is not ToolResultBlock:
+            raise ValueError("a tool/result message holds exactly one tool-result block")
+        if content[0].call_id != message.source.call_id:
+            raise ValueError("a tool/result message's block and source name different calls")
+
 
 class TurnTrigger(_Strict):
     kind: Literal["message", "notice", "resume"]

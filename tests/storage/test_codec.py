@@ -182,6 +182,13 @@ INVALID_PAYLOADS: list[tuple[str, dict[str, Any]]] = [
         "tool/result",
         {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": [{"type": "tool-result", "call_id": "c1", "content": [], "is_error": "no"}]}},
     ),
+    # SPEC 3.2: role user, source {kind: tool, call_id}, one tool-result block of that call.
+    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "role": "assistant"}}),
+    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "source": {"kind": "model"}}}),
+    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": []}}),
+    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": [{"type": "text", "text": "x"}]}}),
+    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": TOOL_RESULT_MESSAGE["content"] * 2}}),
+    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "source": {"kind": "tool", "call_id": "other"}}}),
     ("turn/start", {}),
     ("turn/start", {"turn": 1, "trigger": {"kind": "timer"}}),
     ("turn/start", {"turn": 1, "trigger": "message"}),
