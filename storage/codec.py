@@ -67,20 +67,22 @@ class _Trust(threading.local):
 
 
 _trust = _Trust()
-_raw_value = msgspec.json.Decoder(msgspec.Raw)
+_any_value = msgspec.json.Decoder()
 
 
 def _check_raw(data: msgspec.Raw) -> None:
     """Raw data built by hand must be what a reader accepts: one JSON value in valid UTF-8, on
-    the event's own line."""
+    the event's own line, that JSON carries losslessly (SPEC 2: no non-finite floats, no ints
+    outside ±2^63 — a reader could not decode them)."""
     raw = bytes(memoryview(data))
     if b"\n" in raw:
         raise ValueError("data holds a line break")
     raw.decode("utf-8")  # UnicodeDecodeError is a ValueError
     try:
-        _raw_value.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise ValueError(f"data is not JSON: {exc}") from None
+        value = _any_value.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise ValueError(f"data is not JSON a reader accepts: {exc}") from None
+    check_lossless(value, "$.data")
 
 
 class _EventMeta(msgspec.StructMeta):

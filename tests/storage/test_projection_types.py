@@ -299,12 +299,21 @@ def current_one(line: bytes) -> list[Any] | str:
         ({"type": "nope/never"}, ValueError),  # built by hand: the vocabulary is checked
         ({"type": "user/message"}, ValueError),  # a surface event without surface_op
         ({"source_event_seqs": [0]}, ValueError),  # not on turn/start
+        # SPEC 2: what JSON cannot carry losslessly is refused before it reaches a log.
+        ({"data": msgspec.Raw(b'{"turn":1,"f":1e999}')}, ValueError),
+        ({"data": msgspec.Raw(b'{"turn":1,"big":123456789012345678901234567890}')}, ValueError),
+        ({"data": msgspec.Raw(b'{"turn":1,"big":9223372036854775808}')}, ValueError),  # 2^63
+        ({"data": msgspec.Raw(b'{"turn":1,"small":-9223372036854775809}')}, ValueError),
+        ({"data": msgspec.Raw(b'{"turn":1,"deep":' + b"[" * 5000 + b"]" * 5000 + b"}")}, ValueError),
+        ({"data": msgspec.Raw(b'{"turn":1,"bad":"\\ud800"}')}, ValueError),  # a lone surrogate
     ],
 )
 def test_building_an_event_by_hand_still_checks_it(fields: dict[str, Any], error: type[Exception]) -> None:
     args: dict[str, Any] = {"seq": 3, "type": "turn/start", "time": 1, "data": msgspec.Raw(b'{"turn":1}')}
     with pytest.raises(error):
         Event(**(args | fields))
+    edge = {"data": msgspec.Raw(b'{"turn":1,"max":9223372036854775807,"min":-9223372036854775808,"f":1.5e308}')}
+    assert Event(**(args | edge)).data == edge["data"]  # the range's own ends are fine
 
 
 def test_events_take_no_part_in_the_cyclic_gc() -> None:
