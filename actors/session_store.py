@@ -43,6 +43,10 @@ class SessionStore:
     now_ms: Callable[[], int]
     _nursery: trio.Nursery
     mailbox_capacity: int = 16
+    # SPEC 4: a checkpoint every `checkpoint_every` events, and after `checkpoint_interval`
+    # seconds idle while dirty (None: never on a timer).
+    checkpoint_every: int = 256
+    checkpoint_interval: float | None = 30.0
     _actors: dict[str, SessionActor] = attrs.field(factory=dict)
     last_open_folds: int = 0  # (event, unit) folds the last `open` ran: restores are measured by it
     _claims: dict[str, trio.Lock] = attrs.field(factory=dict)  # one per id being created/opened
@@ -70,7 +74,8 @@ class SessionStore:
             )
             cells = self.registry.cells(header, Offset(k))
             return await self._start(SessionActor(
-                self.log_store, handle, cells, now_ms=self.now_ms, seed=seed, capacity=self.mailbox_capacity
+                self.log_store, handle, cells, now_ms=self.now_ms, seed=seed, capacity=self.mailbox_capacity,
+                checkpoint_every=self.checkpoint_every, checkpoint_interval=self.checkpoint_interval,
             ))
 
     async def open(self, session_id: str) -> SessionRef:
@@ -83,7 +88,8 @@ class SessionStore:
             handle, cells, folded = await trio.to_thread.run_sync(self._load, session_id)
             self.last_open_folds = folded
             return await self._start(SessionActor(
-                self.log_store, handle, cells, now_ms=self.now_ms, capacity=self.mailbox_capacity
+                self.log_store, handle, cells, now_ms=self.now_ms, capacity=self.mailbox_capacity,
+                checkpoint_every=self.checkpoint_every, checkpoint_interval=self.checkpoint_interval,
             ))
 
     def _load(self, session_id: str) -> tuple[WriteHandle, ProjectionCells, int]:
@@ -191,12 +197,17 @@ async def open_session_store(
     *,
     now_ms: Callable[[], int],
     mailbox_capacity: int = 16,
+    checkpoint_every: int = 256,
+    checkpoint_interval: float | None = 30.0,
 ) -> AsyncIterator[SessionStore]:
     # The body's own error is re-raised after the nursery closes, so callers get it unchanged
     # rather than wrapped in an ExceptionGroup (the actors themselves never raise).
+    if checkpoint_every < 1 or (checkpoint_interval is not None and checkpoint_interval <= 0):
+        raise ValueError("checkpoint_every must be >= 1 and checkpoint_interval > 0 (or None)")
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        store = SessionStore(log_store, registry, now_ms, nursery, mailbox_capacity)
+        store = SessionStore(log_store, registry, now_ms, nursery, mailbox_capacity,
+                             checkpoint_every, checkpoint_interval)
         try:
             yield store
         except BaseException as exc:

@@ -276,3 +276,69 @@ async def test_leaving_the_store_gives_up_on_a_hung_storage_call(autojump_clock:
     finally:
         faulty.release()  # let the abandoned worker thread finish
     assert len(outcome) == 1 and "did not answer" in str(outcome[0])
+
+
+async def test_checkpoints_come_every_n_events_and_at_each_turn_end_alone(tmp_path: Path) -> None:
+    """SPEC 4: after publication, every `checkpoint_every` events, and at every turn end — each
+    on its own (no release, no timer)."""
+    async with open_session_store(FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]),
+                                  now_ms=now_ms, checkpoint_every=5, checkpoint_interval=None) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        actor = store._actors["s"]
+        # Checkpoints follow the acks; a flush is served after the checkpoint an append led to.
+        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])  # publication
+        await ref.flush()
+        assert actor.checkpoints == 1
+        written = []
+        for i in range(12):
+            await ref.append([EventDraft(type="step/start", data={"turn": 1, "step": i})])
+            await ref.flush()
+            written.append(actor.checkpoints)
+        assert written == [1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3]  # after the 5th and 10th event
+        await ref.append([EventDraft(type="turn/end", data={"turn": 1, "reason": {"kind": "completed"}})])
+        await ref.flush()
+        assert actor.checkpoints == 4  # a turn end, 3 events after the last one
+        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])
+        await ref.flush()
+        assert actor.checkpoints == 4
+        store_index = FileLogStore(str(tmp_path), compression="none")
+        found = store_index.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+        store_index.close_store()
+        assert found is not None and found[0]["count"].seq == 13  # the turn end's checkpoint
+
+
+async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_trusted(tmp_path: Path) -> None:
+    """SPEC 3.5: restore checks that the record at `log_offset` has seq `seq + 1` (or is the
+    end); anything else folds the log from the start — with the same result."""
+    import sqlite3
+
+    async with open_session_store(FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]),
+                                  now_ms=now_ms) as store:
+        ref = await store.create(SessionHeader(id="s", created_at=1))
+        for n in range(1, 4):
+            await ref.append(turn(n, 2))
+        await ref.append([EventDraft(type="turn/start", data={"turn": 4})])
+        await store.release("s")
+    with sqlite3.connect(tmp_path / "index.sqlite3") as con:
+        (good,) = {offset for (offset,) in con.execute("select log_offset from checkpoints")}
+    for offset, folds_from_start in ((good, False), (5, True), (good - 7, True), (good + 3, True)):
+        with sqlite3.connect(tmp_path / "index.sqlite3") as con:
+            con.execute("update checkpoints set log_offset=?", (offset,))
+        async with open_session_store(FileLogStore(str(tmp_path), compression="none"),
+                                      ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
+            ref = await store.open("s")
+            total = (await ref.flush())
+            assert await ref.snapshot() == {"count": total}, offset
+            assert (store.last_open_folds == total) is folds_from_start, (offset, store.last_open_folds)
+            await store.release("s")
+
+
+async def test_the_checkpoint_cadence_is_checked() -> None:
+    from subagents.storage import MemoryLogStore
+
+    for bad in ({"checkpoint_every": 0}, {"checkpoint_interval": 0}, {"checkpoint_interval": -1.0}):
+        try:
+            async with open_session_store(MemoryLogStore(), ProjectionRegistry([Counter()]), now_ms=now_ms, **bad):
+                raise AssertionError("accepted")
+        except ValueError:
+            pass
