@@ -205,6 +205,19 @@ class Agent:
         except (ActorStopped, StorageError) as exc:
             log.warning("agent %s stopped: %s", self.session_id, exc)
             self.failure = exc
+        except ExceptionGroup as group:
+            # From the tool pool: a log failure while a result was recorded is a stop, not a bug.
+            matched, rest = group.split((ActorStopped, StorageError))
+            if rest is not None:
+                log.exception("agent %s failed", self.session_id)
+                self.failure = group
+            else:
+                assert matched is not None
+                first = matched.exceptions[0]
+                while isinstance(first, ExceptionGroup):
+                    first = first.exceptions[0]
+                log.warning("agent %s stopped: %s", self.session_id, first)
+                self.failure = first
         except Exception as exc:  # a bug: this agent stops, loudly, and the others carry on
             log.exception("agent %s failed", self.session_id)
             self.failure = exc

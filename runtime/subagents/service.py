@@ -198,7 +198,12 @@ class SubagentService:
                         child.cancel("parent")
 
                     nursery.start_soon(stop_on_abort)
-                result = await child.wait_idle()
+                stopped: AgentStopped | None = None
+                try:
+                    result = await child.wait_idle()
+                except AgentStopped as exc:
+                    # Its log could not be written: the run failed (not a bug of the caller's).
+                    result, stopped = None, exc
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
@@ -206,7 +211,7 @@ class SubagentService:
         if result is None or result.reason["kind"] != "completed":
             kind = result.reason["kind"] if result is not None else "error"
             headline = _HEADLINES.get(kind, f"subagent run ended abnormally ({kind})")
-            detail = result.reason.get("message") if result is not None else None
+            detail = result.reason.get("message") if result is not None else (str(stopped) if stopped else None)
             if detail:
                 headline += f"\nDiagnostic: {detail}"
             if result is not None and result.text:
