@@ -11,11 +11,17 @@ Families: a child admitted under a resident parent Activation joins that parent'
 root is the top-level session), and at most `max_active` Activations of one family are resident
 (`ActivationLimitReached`). A parent keeps the ids of its resident children (`owned`), so the
 runtime can keep it resident while they run, and `stop` disposes children before parents.
-`drain` closes admission (`Draining`) and stops everything, child-first.
+`drain` closes admission (`Draining`) and stops everything, child-first; a parent that is
+closing admits no new child (`ParentClosing`), so no child outlives its parent's disposal.
+
+A body, `ready`, `settle` or `dispose` that raises is a bug of the caller's: it is logged, the
+Activation still settles and is disposed (a failed body counts as stopped), and the other
+Activations carry on.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -24,10 +30,21 @@ import trio
 
 from .errors import ActorError
 
-__all__ = ["Activation", "ActivationLimitReached", "ContinuationManager", "Draining", "open_continuation_manager"]
+__all__ = [
+    "Activation",
+    "ActivationLimitReached",
+    "ContinuationManager",
+    "Draining",
+    "ParentClosing",
+    "open_continuation_manager",
+]
+
+log = logging.getLogger(__name__)
 
 
 class ActivationLimitReached(ActorError):
+    code = "ACTIVATION_LIMIT_REACHED"
+
     def __init__(self, limit: int) -> None:
         super().__init__(
             f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
@@ -37,8 +54,18 @@ class ActivationLimitReached(ActorError):
 
 
 class Draining(ActorError):
+    code = "DRAINING"
+
     def __init__(self) -> None:
         super().__init__("continuable subagents are draining; the operation was not admitted")
+
+
+class ParentClosing(ActorError):
+    code = "PARENT_CLOSING"
+
+    def __init__(self, parent_id: str) -> None:
+        super().__init__(f"agent {parent_id!r} is closing; it takes no new subagents")
+        self.parent_id = parent_id
 
 
 @attrs.define(eq=False)
@@ -95,12 +122,14 @@ class ContinuationManager:
             raise Draining()
         if child_id in self.resident:
             raise ActorError(f"subagent {child_id!r} is already resident")
+        parent = self.resident.get(parent_id)
+        if parent is not None and parent.closing:
+            raise ParentClosing(parent_id)  # its children are being stopped: none may join
         root = self.root_of(parent_id)
         if self.family_size(root) >= self.max_active:
             raise ActivationLimitReached(self.max_active)
         activation = Activation(child_id=child_id, parent_id=parent_id, root_id=root)
         self.resident[child_id] = activation
-        parent = self.resident.get(parent_id)
         if parent is not None:
             parent.owned.add(child_id)
         self._changed.unpark_all()
@@ -125,22 +154,34 @@ class ContinuationManager:
 
     async def _run(self, activation: Activation, body: Body, ready: Callable[[Activation], bool],
                    settle: Hook, dispose: Hook) -> None:
+        name = activation.child_id
         try:
             while True:
                 activation.scope = trio.CancelScope()  # a scope is entered once: one per round
                 if activation.stop_requested:
                     activation.scope.cancel()
+                failed = False
                 with activation.scope:
-                    await body(activation)
-                forced = activation.stop_requested
+                    try:
+                        await body(activation)
+                    except Exception:  # a bug: this child settles as stopped, the others go on
+                        log.exception("subagent %r: its body failed", name)
+                        failed = True
+                forced = activation.stop_requested or failed
                 with trio.CancelScope(shield=True):
                     async with activation.lock:
-                        if not forced and not ready(activation):
+                        if not forced and not _ready(ready, activation):
                             continue
                         activation.closing = True
                         await self._stop_owned(activation)
-                        await settle(activation)
-                        await dispose(activation)
+                        try:
+                            await settle(activation)
+                        except Exception:  # the settlement is lost; the child is disposed still
+                            log.exception("subagent %r: settling failed", name)
+                        try:
+                            await dispose(activation)
+                        except Exception:  # the slot is freed below all the same
+                            log.exception("subagent %r: disposing failed", name)
                         return
         finally:
             self.forget(activation)
@@ -180,6 +221,14 @@ class ContinuationManager:
             tops = [a for a in self.resident.values() if a.parent_id not in self.resident]
             for activation in tops or list(self.resident.values()):
                 await self.stop(activation.child_id, "disposed", interrupt)
+
+
+def _ready(ready: Callable[[Activation], bool], activation: Activation) -> bool:
+    try:
+        return ready(activation)
+    except Exception:  # a bug: treated as nothing more to do, so the child settles
+        log.exception("subagent %r: its ready check failed", activation.child_id)
+        return True
 
 
 @asynccontextmanager

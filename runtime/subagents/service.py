@@ -32,6 +32,7 @@ from subagents.actors.continuation import (
     ActivationLimitReached,
     ContinuationManager,
     Draining,
+    ParentClosing,
 )
 from subagents.storage import AlreadyOwned, Event, StorageError, check_session_id, decode_payload
 from subagents.storage.errors import InvalidSessionId
@@ -224,8 +225,8 @@ class SubagentService:
             return self.manager.admit(child_id, parent_id)
         except ActivationLimitReached as exc:
             raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
-        except Draining as exc:
-            raise SubagentError(str(exc), "DRAINING") from None
+        except (Draining, ParentClosing) as exc:
+            raise SubagentError(str(exc), "DRAINING") from None  # its family is shutting down
 
     def _child_depth(self, parent: Agent) -> int:
         depth = parent.session.header.delegation_depth + 1
