@@ -336,9 +336,9 @@ async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_tr
 async def test_the_checkpoint_cadence_is_checked() -> None:
     from subagents.storage import MemoryLogStore
 
+    import pytest
+
     for bad in ({"checkpoint_every": 0}, {"checkpoint_interval": 0}, {"checkpoint_interval": -1.0}):
-        try:
+        with pytest.raises(ValueError, match="checkpoint_every must be >= 1"):
             async with open_session_store(MemoryLogStore(), ProjectionRegistry([Counter()]), now_ms=now_ms, **bad):
                 raise AssertionError("accepted")
-        except ValueError:
-            pass
