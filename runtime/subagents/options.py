@@ -17,18 +17,10 @@ from ..agent.loop import AgentConfig
 from ..agent.tools import ToolSet
 from ..models.base import Model
 from .descriptor import SubagentDescriptor, ToolFilter
+from .descriptor import _check_filter as _optional_filter  # the descriptor's own field rules
+from .descriptor import _check_optional_str as _optional_str
 
 __all__ = ["ChildModel", "ChildOptions", "filtered_tools"]
-
-
-def _optional_str(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
-    if value is not None and type(value) is not str:
-        raise TypeError(f"{attribute.name} must be a str, got {type(value).__name__}")
-
-
-def _optional_filter(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
-    if value is not None and type(value) is not ToolFilter:
-        raise TypeError(f"tool_filter must be a ToolFilter, got {type(value).__name__}")
 
 
 @attrs.frozen(kw_only=True)
