@@ -118,7 +118,7 @@ class Event(
     source_event_seqs: list[int] | UnsetType = UNSET
 
 
-def _check_envelope(event: Event, *, trusted: bool) -> None:
+def _check_envelope(event: Event, *, trusted: bool, reading: bool = False) -> None:
     """Raise ValueError/TypeError unless `event` is a valid envelope. Types are checked too
     (msgspec checks them when decoding, not when constructing). `trusted`: built by the codec
     from checked values or decoded from checked lines, so its raw data needs no second look."""
@@ -142,6 +142,11 @@ def _check_envelope(event: Event, *, trusted: bool) -> None:
     if event.ignorable is not True and event.ignorable is not UNSET:
         raise ValueError("ignorable must be true or absent")
     op = event.surface_op
+    if reading and event.type not in KNOWN_TYPES:
+        # Read from a log: the surface and source rules are this format's, for its own types.
+        # A type of a later format is judged by `ignorable` alone (unsupported when it is
+        # not); writers of this format still may not put them on a type of their own.
+        return
     if event.type in SURFACE_TYPES:
         if op is UNSET:
             raise ValueError(f"surface event {event.type!r} requires surface_op")
@@ -189,7 +194,7 @@ def _check_decoded(events: list[Event], *, lines: bool) -> None:
             or event.source_event_seqs is not unset
         ):
             try:
-                _check_envelope(event, trusted=True)
+                _check_envelope(event, trusted=True, reading=True)
             except (ValueError, TypeError) as exc:
                 where = f" - at `$[{events.index(event)}]`" if lines else ""
                 raise msgspec.ValidationError(f"{exc}{where}") from None

@@ -196,6 +196,8 @@ class Former(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, fro
             raise TypeError("data must be raw JSON")
         if memoryview(self.data)[0] != 0x7B:
             raise ValueError("data must be a JSON object")
+        if self.type not in KNOWN_TYPES:
+            return  # a later format's type: this format's surface and source rules are not its own
         op = self.surface_op
         if self.type in SURFACE_TYPES:
             if op is UNSET:

@@ -192,6 +192,8 @@ def envelope_model(line: bytes) -> dict[str, Any] | None:
     if d.get("ignorable") not in (None, True):
         return None
     op = d.get("surface_op")
+    if kind not in VOCABULARY:
+        return d  # a later format's type: the surface and source rules are for this format's own
     if kind in SURFACE:
         if op is None:
             return None
@@ -884,6 +886,30 @@ def test_unknown_type_without_ignorable_is_unsupported(tmp_path: Path) -> None:
     assert "team/task" in str(info.value)
     (row,) = store.list()
     assert (row.damage, row.event_count, row.header) == ("unsupported", 3, header_value())
+    assert check_case(tmp_path, data) == []
+
+
+@pytest.mark.parametrize("extra", [
+    {"surface_op": "append"},
+    {"surface_op": {"op": "replace", "start_seq": 0, "end_seq": 1}},
+    {"source_event_seqs": [0, 2]},
+])
+@pytest.mark.parametrize("ignorable", [False, True])
+def test_a_later_format_type_is_judged_by_ignorable_alone(tmp_path: Path, extra: dict[str, Any], ignorable: bool) -> None:
+    """SPEC 3.2: an unknown type without `ignorable` is unsupported — also when it carries
+    fields this format gives only its own types; with `ignorable` it reads fine."""
+    unknown = {"seq": 3, "type": "future/message", "time": T0, "data": {}, **extra}
+    if ignorable:
+        unknown["ignorable"] = True
+    data = log_bytes(header_dict(), [*VALID[:3], jline(unknown)])
+    write_log(tmp_path, data)
+    store = FileLogStore(str(tmp_path), use_index=False)
+    (row,) = store.list()
+    if ignorable:
+        assert row.damage is None and row.event_count == 4
+        assert event_dict(store.read(store.open_read(SID))[3]) == unknown
+    else:
+        assert (row.damage, row.event_count) == ("unsupported", 3)
     assert check_case(tmp_path, data) == []
 
 
