@@ -11,6 +11,8 @@ keeps a module-level registry.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -202,8 +204,11 @@ async def open_session_store(
 ) -> AsyncIterator[SessionStore]:
     # The body's own error is re-raised after the nursery closes, so callers get it unchanged
     # rather than wrapped in an ExceptionGroup (the actors themselves never raise).
-    if checkpoint_every < 1 or (checkpoint_interval is not None and checkpoint_interval <= 0):
-        raise ValueError("checkpoint_every must be >= 1 and checkpoint_interval > 0 (or None)")
+    interval_ok = checkpoint_interval is None or (
+        type(checkpoint_interval) in (int, float) and math.isfinite(checkpoint_interval) and checkpoint_interval > 0
+    )
+    if type(checkpoint_every) is not int or checkpoint_every < 1 or not interval_ok:
+        raise ValueError("checkpoint_every must be an int >= 1 and checkpoint_interval a finite number > 0 (or None)")
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         store = SessionStore(log_store, registry, now_ms, nursery, mailbox_capacity,

@@ -99,6 +99,7 @@ async def open_runtime(
                 agents.tools = lambda: ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
                 agents.wait_settled = service.wait_settled
                 agents.on_resume = service.redeliver_notices
+                agents.resume_setup = service.resume_setup
                 agents.before_release = service.release_children_of
                 try:
                     yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,

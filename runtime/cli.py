@@ -266,9 +266,7 @@ async def _scenario(action: str, dirs: list[Any]) -> int:
 async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
     try:
         return await run_demo(args.root, live=False if args.plain else None)
-    except StorageError as exc:
-        raise UsageError(str(exc)) from None  # the root cannot hold a store
-    except RuntimeError as exc:
+    except (StorageError, RuntimeError) as exc:  # the root was checked before: the run failed
         print(f"subagents: demo failed: {exc}", file=sys.stderr)
         return 1
 

@@ -20,6 +20,8 @@ import trio
 
 __all__ = ["Clock", "RealClock", "ScenarioClock"]
 
+_AHEAD_MS = 24 * 3600 * 1000
+
 
 class Clock(Protocol):
     def now_ms(self) -> int: ...
@@ -43,7 +45,10 @@ class RealClock:
         return self._last
 
     def observe(self, ms: int) -> None:
-        self._last = max(self._last, ms)
+        # A log from a machine whose clock ran far ahead must not drag every session of this
+        # process into its future: only a day ahead of the wall clock is taken.
+        if ms <= time.time_ns() // 1_000_000 + _AHEAD_MS:
+            self._last = max(self._last, ms)
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(max(0.0, seconds))

@@ -125,8 +125,8 @@ def _check_envelope(event: Event, *, trusted: bool, reading: bool = False) -> No
     seq = event.seq
     if type(seq) is not int or type(event.time) is not int or type(event.type) is not str:
         raise TypeError("seq and time must be ints and type a str")
-    if seq < 0 or event.time < 0:
-        raise ValueError("seq and time must be non-negative")
+    if not (0 <= seq <= _INT_MAX and 0 <= event.time <= _INT_MAX):
+        raise ValueError("seq and time must be non-negative and below 2**63")
     if type(event.data) is not msgspec.Raw or not event.data:
         raise TypeError("data must be raw JSON")
     # An object is the only JSON value that starts with "{" (encoders never emit leading
@@ -188,6 +188,7 @@ def _check_decoded(events: list[Event], *, lines: bool) -> None:
         if (
             event.seq < 0
             or event.time < 0
+            or event.time > _INT_MAX
             or first(event.data)[0] != 0x7B
             or (op is unset) is (event.type in surface)  # a surface event needs an op, others refuse one
             or op.__class__ is replace

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 import msgspec
 
-from subagents.storage import UNSET, Event, ReplaceOp, decode_payload
+from subagents.storage import SURFACE_TYPES, UNSET, Event, ReplaceOp, decode_payload
 
 __all__ = [
     "Surface",
@@ -80,7 +80,8 @@ class Surface:
     def from_events(cls, events: Iterable[Event], *, session_id: str = "") -> Surface:
         surface = cls()
         for event in events:
-            if event.surface_op is not UNSET:
+            # An ignorable event of a later format may carry a surface_op: readers skip it.
+            if event.surface_op is not UNSET and event.type in SURFACE_TYPES:
                 surface.apply(event, session_id=session_id)
         return surface
 

@@ -61,6 +61,9 @@ class AgentRegistry:
     wait_settled: Callable[[str, str], Any] | None = None
     on_resume: Callable[[Agent, list[Event]], None] | None = None  # e.g. redeliver settlement notices
     before_release: Callable[[str], Awaitable[None]] | None = None  # e.g. drain its running children
+    # (model, config, tools) a resumed session's own log asks for, or None for the defaults;
+    # raises AgentError when they cannot be given (e.g. a child's model route).
+    resume_setup: Callable[[str, list[Event], int], tuple[Model | None, AgentConfig, ToolSet] | None] | None = None
     drain_grace: float = 5.0
     _agents: dict[str, Agent] = attrs.field(factory=dict)
 
@@ -123,37 +126,49 @@ class AgentRegistry:
 
     async def resume(self, session_id: str, *, label: str | None = None, model: Model | None = None,
                      config: AgentConfig | None = None, tools: ToolSet | None = None) -> Agent:
+        """The live agent, or the session resumed from its log. Without an explicit `model`,
+        `config` or `tools`, `resume_setup` (the subagent service's) gives what the log's own
+        record asks for (a child's options), so every path that resumes a session agrees."""
         live = self.get(session_id)
         if live is not None:
             return live
         ref = await self.sessions.open(session_id)
-        # Read the log and rebuild the surface in a worker thread: payloads are decoded there,
-        # so a long log does not hold up the event loop.
-        events, surface = await trio.to_thread.run_sync(self._read_all, session_id)
-        if events:
+        try:
+            # Read the log and rebuild the surface in a worker thread: payloads are decoded
+            # there, so a long log does not hold up the event loop.
+            events, surface, newest = await trio.to_thread.run_sync(self._read_all, session_id)
             observe = getattr(self.clock, "observe", None)  # a clock of the caller's may lack it
-            if observe is not None:
-                observe(max(e.time for e in events))  # what it writes next is not older
-        closers = interrupted_closers(events, session_id=session_id)
-        if closers:
-            result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
-            events.extend(result.events)
-            for event in result.events:
-                if event.surface_op is not UNSET:
-                    surface.apply(event, session_id=session_id)
-        agent = await self._start(ref, events, label=label, model=model, config=config, tools=tools,
-                                  surface=surface)
+            if observe is not None and newest is not None:
+                observe(newest)  # what it writes next is not older
+            if self.resume_setup is not None and model is None and config is None and tools is None:
+                setup = self.resume_setup(session_id, events, ref.inherited_event_count)
+                if setup is not None:
+                    model, config, tools = setup
+            closers = interrupted_closers(events, session_id=session_id)
+            if closers:
+                result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
+                events.extend(result.events)
+                for event in result.events:
+                    if event.surface_op is not UNSET:
+                        surface.apply(event, session_id=session_id)
+            agent = await self._start(ref, events, label=label, model=model, config=config, tools=tools,
+                                      surface=surface)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.sessions.release(session_id)  # not resumed: its lock goes too
+            raise
         if self.on_resume is not None:
             self.on_resume(agent, events)
         return agent
 
-    def _read_all(self, session_id: str) -> tuple[list[Event], Surface]:
+    def _read_all(self, session_id: str) -> tuple[list[Event], Surface, int | None]:
         handle = self.log_store.open_read(session_id)
         try:
             events = list(self.log_store.read(handle))
         finally:
             self.log_store.close(handle)
-        return events, Surface.from_events(events, session_id=session_id)
+        newest = max((e.time for e in events), default=None)
+        return events, Surface.from_events(events, session_id=session_id), newest
 
     async def _start(self, ref: Any, events: list[Event], *, label: str | None, model: Model | None,
                      config: AgentConfig | None, tools: ToolSet | None, surface: Surface | None = None) -> Agent:

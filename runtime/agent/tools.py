@@ -186,8 +186,9 @@ def _failed(exc: Exception) -> ToolOutcome:
     # A typed error of the runtime (a session query, storage, the agent registry, a model)
     # keeps its stable code; anything else is a tool's own bug or IO error. Either way the
     # model hears about it and the turn goes on.
-    code = getattr(exc, "code", None)
-    message = getattr(exc, "message", None)
+    ours = type(exc).__module__.startswith("subagents.")  # a typed error of this runtime
+    code = getattr(exc, "code", None) if ours else None
+    message = getattr(exc, "message", None) if ours else None
     return ToolOutcome.failure(
         message if isinstance(message, str) and message else str(exc) or type(exc).__name__,
         name=type(exc).__name__,

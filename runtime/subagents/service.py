@@ -98,19 +98,6 @@ class _Setup:
     tools: ToolSet
 
 
-def _descriptor_at(events: Sequence[Event], identity: object, session_id: str) -> SubagentDescriptor | None:
-    """The descriptor the identity was folded from (the event at its `seq`), if it parses."""
-    if not isinstance(identity, dict) or type(identity.get("seq")) is not int:
-        return None
-    seq = identity["seq"]
-    if not 0 <= seq < len(events) or events[seq].type != "subagent/descriptor":
-        return None
-    try:
-        return parse_descriptor(decode_payload(events[seq], session_id=session_id))
-    except (MalformedDescriptor, StorageError):
-        return None
-
-
 @attrs.frozen
 class Reservation:
     child_id: str
@@ -233,6 +220,26 @@ class SubagentService:
         if depth > self.max_depth:
             raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
         return depth
+
+    def resume_setup(self, session_id: str, events: Sequence[Event], inherited_event_count: int
+                     ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
+        """For the registry, on every resume: what a continuable child's descriptor (the last
+        one in its own suffix, as its identity) asks for; None for any other session."""
+        descriptor: SubagentDescriptor | None = None
+        for event in events[inherited_event_count:]:
+            if event.type == "subagent/descriptor":
+                try:
+                    descriptor = parse_descriptor(decode_payload(event, session_id=session_id))
+                except (MalformedDescriptor, StorageError):
+                    descriptor = None  # no identity, as the unit folds it
+        if descriptor is None or descriptor.mode != "continuable":
+            return None
+        try:
+            setup = self._setup(ChildOptions.of(descriptor))
+        except SubagentError as exc:
+            raise AgentError(f"subagent {session_id!r}: its options cannot be applied again: {exc.message}",
+                             "NOT_RESUMABLE") from None
+        return setup.model, setup.config, setup.tools
 
     def _setup(self, options: ChildOptions) -> _Setup:
         """The model, config and tools of a child with `options` (SubagentError if the runtime
@@ -471,7 +478,6 @@ class SubagentService:
                 header = observation.header
                 identity = observation.projections.get(IDENTITY_UNIT.key)
                 k = observation.inherited_event_count
-                descriptor = _descriptor_at(observation.events, identity, target_id)
         except SessionQueryError as exc:
             if exc.code == "SESSION_QUERY_ABORTED":
                 raise SubagentError("message delivery was cancelled", "CANCELLED") from None
@@ -483,16 +489,12 @@ class SubagentService:
                                 "choose a different target", "NOT_RESUMABLE")
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
-        try:
-            setup = self._setup(ChildOptions.of(descriptor) if descriptor is not None else ChildOptions())
-        except SubagentError as exc:
-            log.warning("subagent %r: its options cannot be re-applied: %s", target_id, exc.message)
-            raise _unavailable(target_id) from None
         activation = self._admit(target_id, sender.session_id)
         try:
-            child = await self.agents.resume(target_id, label=identity.get("label"), model=setup.model,
-                                             config=setup.config, tools=setup.tools)
-        except (AlreadyOwned, StorageError, AgentError):
+            # Its options come back from its descriptor (`resume_setup`, as on every resume).
+            child = await self.agents.resume(target_id, label=identity.get("label"))
+        except (AlreadyOwned, StorageError, AgentError) as exc:
+            log.info("subagent %r: not resumable: %s", target_id, exc)
             self.manager.forget(activation)
             raise _unavailable(target_id) from None
         except BaseException:

@@ -338,7 +338,10 @@ async def test_the_checkpoint_cadence_is_checked() -> None:
 
     import pytest
 
-    for bad in ({"checkpoint_every": 0}, {"checkpoint_interval": 0}, {"checkpoint_interval": -1.0}):
-        with pytest.raises(ValueError, match="checkpoint_every must be >= 1"):
+    for bad in ({"checkpoint_every": 0}, {"checkpoint_interval": 0}, {"checkpoint_interval": -1.0},
+                {"checkpoint_every": "3"}, {"checkpoint_every": 2.0}, {"checkpoint_every": True},
+                {"checkpoint_interval": float("nan")}, {"checkpoint_interval": float("inf")},
+                {"checkpoint_interval": "30"}):
+        with pytest.raises(ValueError, match="checkpoint_every must be an int >= 1"):
             async with open_session_store(MemoryLogStore(), ProjectionRegistry([Counter()]), now_ms=now_ms, **bad):
                 raise AssertionError("accepted")

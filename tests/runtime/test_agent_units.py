@@ -1040,3 +1040,34 @@ def test_a_second_compaction_replaces_exactly_its_planned_nodes(keep_recent: int
     assert seqs(surface) == expected
     assert not {n.seq for n in plan.nodes} & set(seqs(surface))
     assert Surface.from_events(events).nodes == surface.nodes
+
+
+def test_the_surface_skips_an_ignorable_event_of_a_later_format() -> None:
+    """A later format's ignorable event may carry a surface_op; readers skip it (the log reads
+    fine, so resuming it must too)."""
+    from subagents.runtime.agent.messages import Surface
+    from subagents.storage import decode_event
+
+    user = make_event(0, "user/message", 1, {"turn": 1, "step": 1, "message": {
+        "id": "m0", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}},
+        surface_op="append")
+    future = decode_event(b'{"seq":1,"type":"future/note","time":1,"data":{"x":1},"ignorable":true,'
+                          b'"surface_op":"append"}')
+    surface = Surface.from_events([user, future], session_id="s")
+    assert [node.seq for node in surface.nodes] == [0]
+
+
+def test_a_tool_failure_keeps_only_this_runtimes_codes() -> None:
+    from subagents.runtime.agent.tools import _failed
+
+    class ThirdParty(Exception):
+        code = "rate_limit_exceeded"
+        message = "slow down"
+
+    outcome = _failed(ThirdParty("from a library"))
+    assert outcome.error == {"name": "ThirdParty", "code": "TOOL_FAILED"}
+    assert outcome.content[0]["text"] == "Error: from a library"
+    from subagents.storage import PersistenceFailed
+
+    ours = _failed(PersistenceFailed("disk gone"))
+    assert ours.error == {"name": "PersistenceFailed", "code": "STORAGE_PERSISTENCE_FAILED"}

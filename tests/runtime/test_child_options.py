@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from subagents.runtime.agent.loop import AgentConfig
+from subagents.runtime.agent.registry import AgentError
 from subagents.runtime.agent.tools import FunctionTool, ToolSet
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
@@ -189,3 +190,31 @@ def test_tool_filters_allow_then_deny_in_registration_order() -> None:
         ChildOptions(persona=3)  # type: ignore[arg-type]  # the wrong type under test
     with pytest.raises(TypeError):
         ChildOptions(tool_filter={"deny": ["a"]})  # type: ignore[arg-type]  # the wrong type under test
+
+
+async def test_every_resume_path_gets_the_options_back(tmp_path: Path) -> None:
+    """Not only a parent's message: resuming the child by id (as `subagents run --session`,
+    scenarios and the demo do) applies its recorded options too; one that cannot be applied
+    leaves the session released."""
+    models = Models("first answer", "second answer")
+    deployment = AgentConfig(system_prompt="You are the deployment's agent.")
+    async with _runtime(tmp_path, models, agent_config=deployment) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        child_id = await rt.subagents.start_continuable(parent, "spawn", "reviewer-child", "go", options=OPTIONS)
+        await rt.subagents.wait_tree_idle(parent)
+        parent_tools = {spec.name for spec in rt.agents.tools().specs()}
+    fresh = Models("unused")
+    fresh.child.script = models.child.script
+    async with _runtime(tmp_path, fresh, agent_config=deployment) as rt:
+        child = await rt.agents.resume(child_id)
+        await child.send("directly")
+        await child.wait_idle()
+    assert fresh.asked == [OPTIONS]
+    (again,) = fresh.child.of(child_id)
+    assert _system_texts(again) == [PERSONA]  # no deployment prompt appended on resume
+    assert {spec.name for spec in again.tools} == parent_tools - {"subagent", "subagent_fork"}
+    async with open_runtime(tmp_path, model=Models("x").default, clock=ScenarioClock(), compression="none") as rt:
+        with pytest.raises(AgentError) as exc:
+            await rt.agents.resume(child_id)
+        assert exc.value.code == "NOT_RESUMABLE"
+        assert rt.sessions.get(child_id) is None  # released again, lock and all

@@ -76,3 +76,12 @@ async def test_a_restart_with_a_fresh_scenario_clock_writes_nothing_older(tmp_pa
         assert after == sorted(after)
     assert min(_times(tmp_path, second)) > newest
     assert [row.id for row in rows] == [first, second]  # created_at order: the new child is newer
+
+
+def test_a_real_clock_ignores_an_observed_time_far_in_the_future() -> None:
+    clock = RealClock()
+    now = time.time_ns() // 1_000_000
+    clock.observe(now + 2 * 24 * 3600 * 1000)  # a log from a machine two days ahead
+    assert clock.now_ms() < now + 60_000
+    clock.observe(now + 3600 * 1000)  # an hour ahead is taken
+    assert clock.now_ms() == now + 3600 * 1000 + 1

@@ -190,8 +190,8 @@ class Former(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, fro
 
     def __post_init__(self) -> None:  # the decoding path (trusted: no vocabulary check)
         seq = self.seq
-        if seq < 0 or self.time < 0:
-            raise ValueError("seq and time must be non-negative")
+        if not (0 <= seq < 2**63 and 0 <= self.time < 2**63):
+            raise ValueError("seq and time must be non-negative and below 2**63")
         if not self.data:
             raise TypeError("data must be raw JSON")
         if memoryview(self.data)[0] != 0x7B:
@@ -387,3 +387,15 @@ def test_a_unit_without_a_view_is_host_only() -> None:
         with pytest.raises(UnknownProjection, match="host-only"):
             cells.snapshot([key])
     assert set(cells.checkpoint()) == {"bare", "none", "shown"}
+
+
+def test_seq_and_time_fit_a_signed_64_bit_int() -> None:
+    from subagents.storage import InvalidEvent
+
+    with pytest.raises(ValueError, match="below 2\\*\\*63"):
+        Event(seq=3, type="turn/start", time=2**63, data=msgspec.Raw(b'{"turn":1}'))
+    with pytest.raises(InvalidEvent):
+        make_event(3, "turn/start", 2**63, {"turn": 1})
+    assert make_event(3, "turn/start", 2**63 - 1, {"turn": 1}).time == 2**63 - 1
+    with pytest.raises(msgspec.ValidationError):
+        decode_event(b'{"seq":0,"type":"turn/start","time":9223372036854775808,"data":{"turn":1}}')
