@@ -92,6 +92,7 @@ async def open_runtime(
                 agents = AgentRegistry(
                     sessions=sessions, log_store=store, clock=clock, id_factory=id_factory or RandomIds(),
                     model=model, config=agent_config or AgentConfig(), tools=ToolSet, nursery=nursery,
+                    index_limiter=query.index_limiter,
                 )
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
                 service = SubagentService(agents=agents, manager=manager, query=query, listing=listing,

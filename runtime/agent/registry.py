@@ -65,6 +65,7 @@ class AgentRegistry:
     # raises AgentError when they cannot be given (e.g. a child's model route).
     resume_setup: Callable[[str, list[Event], int], tuple[Model | None, AgentConfig, ToolSet] | None] | None = None
     drain_grace: float = 5.0
+    index_limiter: trio.CapacityLimiter | None = None  # the index's one worker slot (SPEC 3.3)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
 
     def get(self, session_id: str) -> Agent | None:
@@ -87,7 +88,7 @@ class AgentRegistry:
 
     async def _exists(self, session_id: str) -> bool:
         try:
-            info = await trio.to_thread.run_sync(self.log_store.stat, session_id)
+            info = await trio.to_thread.run_sync(self.log_store.stat, session_id, limiter=self.index_limiter)
         except SessionNotFound:
             return False
         except PersistenceFailed:

@@ -348,7 +348,10 @@ class ListingService:
         if self.log_store is None or not records:
             return {}
         try:
-            rows = await trio.to_thread.run_sync(self.log_store.read_checkpoint_rows, [r.id for r in records])
+            # Through the index's one worker slot (SPEC 3.3), shared with the session query.
+            limiter = self.query.index_limiter if self.query is not None else None
+            rows = await trio.to_thread.run_sync(self.log_store.read_checkpoint_rows, [r.id for r in records],
+                                                 limiter=limiter)
         except Exception:  # the index is a cache: any failure falls through to observation
             return {}
         if not rows:

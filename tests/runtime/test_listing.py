@@ -149,3 +149,54 @@ def test_the_walk_is_iterative_and_never_loops() -> None:
     placed = walk_descendants(chain, "n0")
     assert len(placed) == 9_999
     assert placed[-1][1:] == ("n9998", 9_999)
+
+
+async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(tmp_path: Path) -> None:
+    """SPEC 3.3: the index is used from Trio through one worker slot; the listing's checkpoint
+    query shares the session query's, so it waits while another index call holds it."""
+    import trio
+    import trio.testing
+
+    base = FileLogStore(str(tmp_path))
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        ref = await sessions.create(SessionHeader(id="c0", created_at=1, origin="subagent", parent_session="p"))
+        await ref.append([EventDraft(type="subagent/descriptor", data=descriptor("child"))])
+        await sessions.release("c0")  # persisted, with checkpoint rows
+        query = SessionQuery(base, sessions, registry)
+        service = ListingService(registry=registry, sessions=sessions, query=query, log_store=base)
+        (record,) = [r for r in await query.list_sessions() if r.id == "c0"]
+        found: list[Any] = []
+
+        async def ask() -> None:
+            found.append(await service._checkpoint_identities([record]))
+
+        async with trio.open_nursery() as nursery:
+            await query.index_limiter.acquire_on_behalf_of("test")
+            nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            assert query.index_limiter.statistics().tasks_waiting == 1 and found == []  # for the slot
+            query.index_limiter.release_on_behalf_of("test")
+        assert found == [{"c0": {"mode": "continuable", "label": "child", "seq": 0}}]
+
+
+async def test_the_registry_checks_fresh_ids_through_the_same_index_slot(tmp_path: Path) -> None:
+    import trio
+    import trio.testing
+
+    from subagents.runtime.app import open_runtime
+
+    async with open_runtime(tmp_path, model=None) as rt:
+        limiter = rt.query.index_limiter
+        got: list[str] = []
+
+        async def new_id() -> None:
+            got.append(await rt.agents.new_id())
+
+        async with trio.open_nursery() as nursery:
+            await limiter.acquire_on_behalf_of("test")
+            nursery.start_soon(new_id)
+            await trio.testing.wait_all_tasks_blocked()
+            assert limiter.statistics().tasks_waiting == 1 and got == []
+            limiter.release_on_behalf_of("test")
+        assert len(got) == 1
