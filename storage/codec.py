@@ -23,7 +23,7 @@ import math
 import struct
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -109,9 +109,11 @@ class Event(
     is refused like any other wrong type.
     """
 
-    seq: int
+    # The ranges are checked by the decoder itself (in C) when a log is read; `_check_envelope`
+    # checks them for an event built by hand.
+    seq: Annotated[int, msgspec.Meta(ge=0, le=_INT_MAX)]
     type: str
-    time: int
+    time: Annotated[int, msgspec.Meta(ge=0, le=_INT_MAX)]
     data: msgspec.Raw
     ignorable: Literal[True] | UnsetType = UNSET
     surface_op: SurfaceOp | UnsetType = UNSET
@@ -186,10 +188,7 @@ def _check_decoded(events: list[Event], *, lines: bool) -> None:
     for event in events:
         op = event.surface_op
         if (
-            event.seq < 0
-            or event.time < 0
-            or event.time > _INT_MAX
-            or first(event.data)[0] != 0x7B
+            first(event.data)[0] != 0x7B
             or (op is unset) is (event.type in surface)  # a surface event needs an op, others refuse one
             or op.__class__ is replace
             or event.source_event_seqs is not unset

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import pytest
@@ -180,9 +180,9 @@ def test_types_that_are_not_a_frozenset_are_ignored() -> None:
 class Former(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True, kw_only=True):
     """`Event` as it was: the same fields, and the checks a decoder ran in `__post_init__`."""
 
-    seq: int
+    seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]  # the decoder checks the ranges
     type: str
-    time: int
+    time: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
     data: msgspec.Raw
     ignorable: Literal[True] | UnsetType = UNSET
     surface_op: Literal["append"] | ReplaceOp | UnsetType = UNSET
@@ -190,8 +190,6 @@ class Former(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, fro
 
     def __post_init__(self) -> None:  # the decoding path (trusted: no vocabulary check)
         seq = self.seq
-        if not (0 <= seq < 2**63 and 0 <= self.time < 2**63):
-            raise ValueError("seq and time must be non-negative and below 2**63")
         if not self.data:
             raise TypeError("data must be raw JSON")
         if memoryview(self.data)[0] != 0x7B:
