@@ -83,6 +83,7 @@ class _WriteState:
 class _ReadState:
     path: str
     form: LogForm
+    known: tuple[bytes, HeaderRecord] | None = None  # line 1 as open_read parsed it
 
 
 class FileLogStore:
@@ -227,14 +228,14 @@ class FileLogStore:
             path, form = self._single_form(sid, folder)
             file = self.fs.open(path, "read")
             try:
-                record = _read_header_only(sid, file, form)
+                record, head = _read_header_only(sid, file, form)
             finally:
                 file.close()
         return ReadHandle(
             session_id=sid,
             header=record.header,
             inherited_event_count=record.inherited_event_count,
-            impl=_ReadState(path, form),
+            impl=_ReadState(path, form, (head, record)),
         )
 
     def close(self, handle: ReadHandle | WriteHandle) -> None:
@@ -503,7 +504,8 @@ class FileLogStore:
                     data = file.pread(0, file.size())
                 finally:
                     file.close()
-        parsed = state.form.parse(sid, data, checkpoint=checkpoint)
+        known = state.known if isinstance(state, _ReadState) else None
+        parsed = state.form.parse(sid, data, checkpoint=checkpoint, known=known)
         if parsed.record.header != handle.header:
             raise CorruptLog(sid, "the log's header changed since the handle was opened", offset=0)
         return parsed.events[start:stop]
@@ -527,15 +529,16 @@ class FileLogStore:
         self._catalog.close()
 
 
-def _read_header_only(sid: SessionId, file: File, form: LogForm) -> HeaderRecord:
-    """Line 1 without reading the whole log: grow the prefix until the header parses."""
+def _read_header_only(sid: SessionId, file: File, form: LogForm) -> tuple[HeaderRecord, bytes]:
+    """Line 1 without reading the whole log (grow the prefix until the header parses), and the
+    raw bytes that hold it."""
     size = file.size()
     want = 4096
     while True:
         head = file.pread(0, min(want, size))
         found = form.header_of(sid, head)
         if isinstance(found, HeaderRecord):
-            return found
+            return found, head[: form.header_span(head)]
         if isinstance(found, HeaderError):
             raise found.to_storage_error(sid)
         if len(head) >= size:

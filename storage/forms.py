@@ -55,11 +55,23 @@ class ParsedLog:
         return self.complete_end < self.size
 
 
+KnownHead = tuple[bytes, HeaderRecord]  # a header record's raw bytes and the record parsed from them
+
+
 class LogForm(Protocol):
     compression: Compression
     file_name: str
 
-    def parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> ParsedLog: ...
+    def parse(
+        self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None, known: KnownHead | None = None
+    ) -> ParsedLog:
+        """The whole log. `known`: the raw bytes of its header record as a reader already
+        parsed them, and that record; when `data` starts with them, line 1 is not parsed again."""
+        ...
+
+    def header_span(self, data: bytes) -> int:
+        """How many raw bytes of `data` hold the header record (0 if it is not whole)."""
+        ...
 
     def head_bytes(self, header_line: bytes) -> bytes:
         """The header record as stored: the line (plain) or its frame (zstd)."""
@@ -89,9 +101,14 @@ class PlainForm:
     compression: Compression = "none"
     file_name = "session.jsonl"
 
-    def parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> ParsedLog:
+    def parse(
+        self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None, known: KnownHead | None = None
+    ) -> ParsedLog:
         layout = plain_layout(sid, data)
-        record = read_header(sid, data, layout)
+        if known is not None and data.startswith(known[0]):
+            record = known[1]  # the very bytes a reader parsed a moment ago
+        else:
+            record = read_header(sid, data, layout)
         events = decode_event_lines(
             sid, data, layout.header_end, layout.complete_end, checkpoint=checkpoint
         )
@@ -111,6 +128,9 @@ class PlainForm:
         events = decode_event_lines(sid, data, 0, end, first_seq=first_seq, checkpoint=checkpoint)
         return TailScan(events=events, complete_end=end)
 
+    def header_span(self, data: bytes) -> int:
+        return data.find(b"\n") + 1
+
     def head_bytes(self, header_line: bytes) -> bytes:
         return header_line
 
@@ -126,20 +146,25 @@ class ZstdForm:
     compression: Compression = "zstd"
     file_name = "session.jsonl.zst"
 
-    def parse(self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None) -> ParsedLog:
+    def parse(
+        self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None, known: KnownHead | None = None
+    ) -> ParsedLog:
         try:
             layout = walk_frames(data)
         except FrameDamage as exc:
             raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
         if not layout.frames:
             raise CorruptLog(sid, "the header frame is incomplete", offset=0)
-        head = layout.contents[0]
-        if head.find(b"\n") != len(head) - 1:
-            raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
-        try:
-            record = decode_header_line(memoryview(head)[:-1], sid)
-        except HeaderError as exc:
-            raise exc.to_storage_error(sid) from None
+        if known is not None and data.startswith(known[0]) and layout.frames[0][1] == len(known[0]):
+            record = known[1]  # the very frame a reader parsed a moment ago
+        else:
+            head = layout.contents[0]
+            if head.find(b"\n") != len(head) - 1:
+                raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
+            try:
+                record = decode_header_line(memoryview(head)[:-1], sid)
+            except HeaderError as exc:
+                raise exc.to_storage_error(sid) from None
         events = _decode_frames(sid, layout, 1, first_seq=0, checkpoint=checkpoint)
         check_seed_marker(sid, events, record.inherited_event_count)
         return ParsedLog(
@@ -165,6 +190,9 @@ class ZstdForm:
             recovered_events=layout.recovered.count(b"\n"),
             recovered=layout.recovered,
         )
+
+    def header_span(self, data: bytes) -> int:
+        return _first_frame_end(data)
 
     def head_bytes(self, header_line: bytes) -> bytes:
         return compress_frame(header_line)

@@ -1236,3 +1236,26 @@ def test_a_seeded_log_of_another_format_lists_its_seed_cut(tmp_path: Path, compr
         for info in rows.values():
             assert info.header is not None and info.header.is_seeded
             assert info.inherited_event_count == 2
+
+
+@pytest.mark.parametrize("compression", FORMS)
+def test_a_read_reuses_the_header_open_read_parsed_only_while_its_bytes_are_the_same(
+    tmp_path: Path, compression: Compression
+) -> None:
+    """`read` skips parsing line 1 again when the log still starts with the bytes `open_read`
+    parsed; a log whose header was replaced in between is refused, not read with the old one."""
+    from subagents.storage import CorruptLog
+
+    folder = tmp_path / "sessions" / "s"
+    folder.mkdir(parents=True)
+    path = folder / LOG_NAMES[compression]
+    path.write_bytes(log_bytes(compression, header_line("s"), lines(0, 3)))
+    store = FileLogStore(str(tmp_path), use_index=False)
+    handle = store.open_read("s")
+    assert [e.seq for e in store.read(handle)] == [0, 1, 2]
+    store.close(handle)
+    handle = store.open_read("s")
+    path.write_bytes(log_bytes(compression, header_line("s", created_at=CREATED_AT + 5), lines(0, 3)))
+    with pytest.raises(CorruptLog, match="header changed"):
+        store.read(handle)
+    store.close(handle)
