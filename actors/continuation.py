@@ -238,7 +238,7 @@ async def open_continuation_manager(*, max_active: int = 8, stop_grace: float = 
         manager = ContinuationManager(nursery, max_active=max_active, stop_grace=stop_grace)
         try:
             yield manager
-        except BaseException as exc:
+        except BaseException as exc:  # re-raised bare once the nursery has closed
             body_error = exc
         finally:
             nursery.cancel_scope.cancel()

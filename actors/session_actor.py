@@ -243,7 +243,7 @@ class SessionActor:
                 await self._serve(taken)
                 taken = []
         except (trio.EndOfChannel, trio.ClosedResourceError):
-            pass
+            pass  # the mailbox was closed: the actor ends normally
         except Exception:
             # A bug in the actor or a unit must not take the session store (and every other
             # session) down with it: this actor dies, its requests fail, the error is logged.

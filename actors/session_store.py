@@ -215,7 +215,7 @@ async def open_session_store(
                              checkpoint_every, checkpoint_interval)
         try:
             yield store
-        except BaseException as exc:
+        except BaseException as exc:  # re-raised bare once the nursery has closed
             body_error = exc
         finally:
             with trio.CancelScope(shield=True):

@@ -105,7 +105,7 @@ async def open_runtime(
                 try:
                     yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
                                   listing=listing, agents=agents, subagents=service, clock=clock)
-                except BaseException as exc:
+                except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc
                 finally:
                     with trio.CancelScope(shield=True):

@@ -166,7 +166,7 @@ class ToolSet:
             return PreparedCall(tool, args)
         try:
             return PreparedCall(tool, args, await prepare(args, ctx))
-        except Exception as exc:
+        except Exception as exc:  # a tool's failure is an `Error:` result (Cancelled is not caught)
             return PreparedCall(tool, args, outcome=_failed(exc))
 
     async def run(self, call: PreparedCall, ctx: ToolContext) -> ToolOutcome:
@@ -176,7 +176,7 @@ class ToolSet:
             if call.state is not None:
                 ctx = attrs.evolve(ctx, prepared=call.state)
             return ToolOutcome(_render(call.tool.name, await call.tool.run(call.args, ctx)))
-        except Exception as exc:
+        except Exception as exc:  # a tool's failure is an `Error:` result (Cancelled is not caught)
             return _failed(exc)
 
 

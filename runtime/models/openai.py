@@ -281,7 +281,7 @@ class OpenAIChatModel:
         try:
             text = _error_message(msgspec.json.decode(text)) or text
         except msgspec.DecodeError:
-            pass
+            pass  # not a JSON error body: its text is the message
         return _one_line(text) or "(empty body)"
 
     # -- errors --------------------------------------------------------------------------------

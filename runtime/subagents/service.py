@@ -20,10 +20,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import attrs
-import msgspec
 import trio
 
 from subagents.actors import Abort, EventDraft
@@ -89,9 +88,8 @@ def return_guidance(parent_id: str) -> str:
     )
 
 
-@attrs.frozen
-class _Setup:
-    """What a child agent is started with."""
+class _Setup(NamedTuple):
+    """What a child agent is started with (the registry's resume takes it as it is)."""
 
     model: Model | None
     config: AgentConfig
@@ -235,11 +233,10 @@ class SubagentService:
         if descriptor is None or descriptor.mode != "continuable":
             return None
         try:
-            setup = self._setup(ChildOptions.of(descriptor))
+            return self._setup(ChildOptions.of(descriptor))
         except SubagentError as exc:
             raise AgentError(f"subagent {session_id!r}: its options cannot be applied again: {exc.message}",
                              "NOT_RESUMABLE") from None
-        return setup.model, setup.config, setup.tools
 
     def _setup(self, options: ChildOptions) -> _Setup:
         """The model, config and tools of a child with `options` (SubagentError if the runtime
@@ -380,18 +377,15 @@ class SubagentService:
             agent.inbox.put_nowait(delivery, "follow-up" if i == len(pending) - 1 else "inject", force=True)
 
     def _remember_settled(self, parent_id: str, own: Sequence[Event]) -> None:
+        # The log was read and checked already: its known payloads decode (typed) or it is corrupt.
         labels: dict[str, str | None] = {}
         settled: list[str] = []
         for event in own:
             if event.type == "subagent/catalog":
-                data = msgspec.json.decode(event.data)
-                if isinstance(data, dict) and isinstance(data.get("child_id"), str):
-                    label = data.get("label")
-                    labels[data["child_id"]] = label if isinstance(label, str) else None
+                catalog = decode_payload(event, session_id=parent_id)
+                labels[catalog.child_id] = catalog.label if isinstance(catalog.label, str) else None
             elif event.type == "subagent/settled":
-                data = msgspec.json.decode(event.data)
-                if isinstance(data, dict) and isinstance(data.get("child_id"), str):
-                    settled.append(data["child_id"])
+                settled.append(decode_payload(event, session_id=parent_id).child_id)
         if not settled:
             return
         known = self._settled.setdefault(parent_id, [])
