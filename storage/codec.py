@@ -32,17 +32,21 @@ from .errors import InvalidEvent, InvalidPayload, NonLosslessData, UnsupportedLo
 from .events import KNOWN_TYPES, PAYLOAD_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
 
 __all__ = [
+    "DECODE_ERRORS",
     "UNSET",
     "Event",
+    "PAYLOAD_DECODERS",
     "ReplaceOp",
     "SurfaceOp",
     "check_lossless",
+    "check_payload",
     "decode_event",
     "decode_events",
     "decode_payload",
     "encode_event",
     "encode_events",
     "make_event",
+    "payload_problem",
 ]
 
 _INT_MIN = -(2**63)
@@ -325,11 +329,22 @@ def _check_payload(type: str, raw: msgspec.Raw) -> None:
 
 # --- payloads ---------------------------------------------------------------------------------
 
-_payload_decoders = {t: msgspec.json.Decoder(cls) for t, cls in PAYLOAD_TYPES.items()}
+# The one rule set for payloads: `make_event` refuses what these refuse, every read of a log
+# checks each known type's payload with them (framing, in its per-event loop), and
+# `decode_payload` returns what they build. Read-only by convention.
+PAYLOAD_DECODERS: Mapping[str, msgspec.json.Decoder[Any]] = {
+    t: msgspec.json.Decoder(cls) for t, cls in PAYLOAD_TYPES.items()
+}
+_payload_decoders = PAYLOAD_DECODERS
+# What hostile bytes make a decoder raise (msgspec errors, invalid UTF-8, a broken struct rule,
+# deep nesting, a hostile length): for a reader, every one of them is damage, never a traceback.
+DECODE_ERRORS = (msgspec.MsgspecError, ValueError, TypeError, RecursionError, MemoryError)
 
 
 def decode_payload(event: Event, *, session_id: str) -> Any:
-    """The typed payload of a known event type (validated on first use: SPEC 3.2).
+    """The typed payload of a known event type (SPEC 3.2). Every read of a log has already
+    checked it with the same decoder (a log holding a malformed one is corrupt for every reader
+    alike); events that come from elsewhere are checked here.
 
     A malformed payload raises `InvalidPayload` (the session is corrupt); an unknown type raises
     `UnsupportedLog`.
@@ -344,7 +359,23 @@ def decode_payload(event: Event, *, session_id: str) -> Any:
         )
     try:
         return decoder.decode(event.data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise InvalidPayload(
-            session_id, f"invalid {event.type!r} payload: {exc}", seq=event.seq
-        ) from None
+    except DECODE_ERRORS as exc:
+        raise InvalidPayload(session_id, payload_problem(event, exc), seq=event.seq) from None
+
+
+def check_payload(event: Event, *, session_id: str, offset: int | None = None) -> None:
+    """Raise `InvalidPayload` (with `offset`, where the line starts) unless the payload of a
+    known type validates; events of unknown types are the caller's to judge."""
+    decoder = _payload_decoders.get(event.type)
+    if decoder is None:
+        return
+    try:
+        decoder.decode(event.data)
+    except DECODE_ERRORS as exc:
+        raise InvalidPayload(session_id, payload_problem(event, exc), seq=event.seq, offset=offset) from None
+
+
+def payload_problem(event: Event, exc: BaseException) -> str:
+    """The reason an `InvalidPayload` gives (one wording for every reader)."""
+    what = str(exc) or type(exc).__name__
+    return f"invalid {event.type!r} payload: {what}"

@@ -15,8 +15,8 @@ import attrs
 
 from .codec import Event
 from .errors import CorruptLog
-from .framing import check_seed_marker, decode_event_lines, plain_layout, read_header
-from .records import HeaderError, HeaderRecord, decode_header_line
+from .framing import check_seed_marker, decode_event_lines, parse_header_line, plain_layout, read_header
+from .records import HeaderError, HeaderRecord
 from .values import Checkpoint, SessionId
 from .zstd_framing import (
     FrameDamage,
@@ -92,7 +92,7 @@ class LogForm(Protocol):
 
 def _header(sid: SessionId, line: bytes | memoryview) -> HeaderRecord | HeaderError:
     try:
-        return decode_header_line(line, sid)
+        return parse_header_line(line, sid)
     except HeaderError as exc:
         return exc
 
@@ -162,7 +162,7 @@ class ZstdForm:
             if head.find(b"\n") != len(head) - 1:
                 raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
             try:
-                record = decode_header_line(memoryview(head)[:-1], sid)
+                record = parse_header_line(memoryview(head)[:-1], sid)
             except HeaderError as exc:
                 raise exc.to_storage_error(sid) from None
         events = _decode_frames(sid, layout, 1, first_seq=0, checkpoint=checkpoint)
@@ -224,10 +224,10 @@ def _decode_frames(
         return decode_event_lines(sid, body, 0, len(body), first_seq=first_seq, checkpoint=checkpoint)
     except CorruptLog as exc:
         # Offsets inside decompressed content mean nothing to a reader of the file: name the
-        # frame that holds the damaged line instead.
+        # frame that holds the damaged line instead (keeping the error's type: InvalidPayload).
         frame = first + bisect.bisect_right(starts, exc.offset or 0) - 1
         offset = layout.frames[frame][0] if frame < len(layout.frames) else layout.complete_end
-        raise CorruptLog(sid, exc.reason, seq=exc.seq, offset=offset) from None
+        raise type(exc)(sid, exc.reason, seq=exc.seq, offset=offset) from None
 
 
 def _first_frame_end(data: bytes) -> int:

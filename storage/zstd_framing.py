@@ -31,6 +31,9 @@ _FCS_SIZES = (0, 2, 4, 8)
 _DICT_ID_SIZES = (0, 1, 2, 4)
 _LEVEL = 3
 _MAX_HEADER = 4 + 14  # magic number and the largest frame header
+# The most content a frame can hold per byte: a block of at most 128 KiB takes at least 4 bytes
+# (an RLE block). A header that claims more is hostile: refused before anything is allocated.
+_MAX_RATIO = (128 << 10) // 4
 
 
 class FrameDamage(Exception):
@@ -135,6 +138,8 @@ def walk_frames(data: bytes) -> ZstdLayout:
             break
         try:
             content = _decompress(decompressor, view[pos:end])
+        except MemoryError:
+            raise FrameDamage("the frame's content does not fit in memory", pos) from None
         except zstandard.ZstdError as exc:
             # A last frame that runs into the zeros a crash left at the end of the file (it
             # grew, its last pages never reached the disk) is torn, not damaged.
@@ -178,7 +183,10 @@ def _header_torn_into_padding(data: bytes, pos: int, padding: int, size: int) ->
 def _decompress(decompressor: zstandard.ZstdDecompressor, frame: memoryview) -> bytes:
     """One whole frame, checksum verified; frames whose header omits the content size (what
     streaming compressors write) go through a one-frame decompressobj."""
-    if zstandard.frame_content_size(frame) >= 0:
+    size = zstandard.frame_content_size(frame)
+    if size > _MAX_RATIO * len(frame):
+        raise zstandard.ZstdError(f"the frame claims {size} bytes of content, more than it can hold")
+    if size >= 0:
         return decompressor.decompress(frame)
     stream = decompressor.decompressobj()
     content = stream.decompress(frame)
@@ -200,7 +208,7 @@ def _complete_frame_after(view: memoryview, start: int, stop: int, tries: int = 
             if end is not None and end <= stop:
                 _decompress(zstandard.ZstdDecompressor(), view[pos:end])
                 return True
-        except (FrameDamage, zstandard.ZstdError):
+        except (FrameDamage, zstandard.ZstdError, MemoryError):
             pass
         pos += 1
     return False
@@ -210,7 +218,7 @@ def _recover(torn: memoryview) -> bytes:
     """The complete lines that the complete blocks of a torn frame hold (unverified)."""
     try:
         partial = zstandard.ZstdDecompressor().decompressobj().decompress(torn)
-    except zstandard.ZstdError:
+    except (zstandard.ZstdError, MemoryError):
         return b""  # a torn frame whose blocks do not decode recovers nothing
     cut = partial.rfind(b"\n") + 1
     return partial[:cut]

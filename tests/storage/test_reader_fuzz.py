@@ -31,6 +31,7 @@ from subagents.storage import (
     Batch,
     CorruptLog,
     FileLogStore,
+    InvalidPayload,
     SessionHeader,
     SessionNotFound,
     StorageError,
@@ -216,6 +217,106 @@ def envelope_model(line: bytes) -> dict[str, Any] | None:
     return d
 
 
+# --- payloads: SPEC 3.2, written out independently of storage/events.py -------------------------
+
+_I64, _U64 = -(2**63), 2**64 - 1  # what a typed int field takes (msgspec: int64 or uint64)
+
+
+def _int(v: object) -> bool:
+    return is_int(v) and _I64 <= v <= _U64  # type: ignore[operator]
+
+
+def _str(v: object) -> bool:
+    return type(v) is str
+
+
+def _one_of(*values: object) -> Callable[[object], bool]:
+    return lambda v: type(v) in (str, int, bool) and any(v == x and type(v) is type(x) for x in values)
+
+
+def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> Callable[[object], bool]:
+    """An object with exactly these keys (the optional ones may be absent, never null)."""
+    optional = optional or {}
+
+    def check(v: object) -> bool:
+        if type(v) is not dict or not set(required) <= set(v) or not set(v) <= set(required) | set(optional):
+            return False
+        return all((required | optional)[k](x) for k, x in v.items())
+
+    return check
+
+
+def _list_of(item: Callable[[object], bool]) -> Callable[[object], bool]:
+    return lambda v: type(v) is list and all(item(x) for x in v)
+
+
+def _tagged(tag: str, variants: dict[str, Callable[[object], bool]]) -> Callable[[object], bool]:
+    def check(v: object) -> bool:
+        if type(v) is not dict or tag not in v or v[tag] not in variants:
+            return False
+        rest = {k: x for k, x in v.items() if k != tag}
+        return variants[v[tag]](rest)
+
+    return check
+
+
+def _block(v: object) -> bool:
+    return _tagged("type", {
+        "text": _obj({"text": _str}),
+        "tool-call": _obj({"id": _str, "name": _str, "arguments": _str}),
+        "tool-result": _obj({"call_id": _str, "content": _list_of(_block), "is_error": lambda x: type(x) is bool}),
+    })(v)
+
+
+_SOURCE = _tagged("kind", {
+    "user": _obj({}), "model": _obj({}), "compaction": _obj({}), "tool": _obj({"call_id": _str}),
+    "subagent-settled": _obj({"sender_session_id": _str}), "agent-message": _obj({"sender_session_id": _str}),
+})
+_MESSAGE = _obj({"id": _str, "role": _one_of("system", "user", "assistant"), "content": _list_of(_block), "source": _SOURCE})
+_TURN_STEP = {"turn": _int, "step": _int}
+
+
+def _tool_result(v: object) -> bool:
+    if not _obj(_TURN_STEP | {"message": _MESSAGE}, {"error": _obj({"name": _str, "code": _str})})(v):
+        return False
+    m = v["message"]  # type: ignore[index]
+    content, source = m["content"], m["source"]
+    return (
+        m["role"] == "user" and source["kind"] == "tool" and len(content) == 1
+        and content[0]["type"] == "tool-result" and content[0]["call_id"] == source["call_id"]
+    )
+
+
+PAYLOADS: dict[str, Callable[[object], bool]] = {
+    "system/message": _obj(_TURN_STEP | {"message": _MESSAGE}),
+    "user/message": _obj(_TURN_STEP | {"message": _MESSAGE}),
+    "assistant/message": _obj(
+        _TURN_STEP | {"message": _MESSAGE, "finish": _one_of("stop", "tool-calls", "max-tokens", "error", "aborted")},
+        {"usage": _obj({"input_tokens": _int, "output_tokens": _int}), "interrupted": _one_of(True)},
+    ),
+    "tool/result": _tool_result,
+    "turn/start": _obj({"turn": _int}, {"trigger": _obj({"kind": _one_of("message", "notice", "resume")})}),
+    "turn/end": _obj({"turn": _int, "reason": _obj(
+        {"kind": _one_of("completed", "aborted", "blocked", "error", "max-tokens", "interrupted")},
+        {"cause": _one_of("user", "parent", "disposed"), "message": _str},
+    )}),
+    "step/start": _obj(_TURN_STEP),
+    "step/end": _obj(_TURN_STEP),
+    "tool/call": _obj(_TURN_STEP | {"call_id": _str, "name": _str, "arguments": _str}),
+    "session/end-seed": _obj({}, {"inherited": _one_of(True)}),
+    "subagent/descriptor": lambda v: type(v) is dict,  # its own domain judges the rest
+    "subagent/catalog": _obj(
+        {"version": _one_of(1), "child_id": _str, "child_created_at": _int, "mode": _one_of("one-shot", "continuable")},
+        {"label": _str},
+    ),
+    "subagent/settled": _obj({"child_id": _str, "reason_kind": _str}, {"closing_text": _str}),
+    "compaction/start": _obj({"turn": _int}),
+    "compaction/summary": _obj({"text": _str}),
+    "compaction/end": _obj({"start_seq": _int, "end_seq": _int}),
+}
+assert set(PAYLOADS) == VOCABULARY
+
+
 ANY_OR = "any-or"  # a seed-marker error may name the line's offset or no offset (SPEC: seq or offset)
 
 
@@ -228,6 +329,8 @@ class Expect:
     offset: int | None = None
     offset_rule: str = "exact"
     complete_end: int = 0
+    payload: bool = False  # corrupt because a known type's payload fails validation
+
 
     @property
     def damaged(self) -> bool:
@@ -262,6 +365,9 @@ def model_log(data: bytes, folder_id: str) -> Expect:
             return Expect("corrupt", head, events, seq=seq, offset=pos, complete_end=complete_end)
         if record["type"] not in VOCABULARY and record.get("ignorable") is not True:
             return Expect("unsupported-event", head, events, seq=seq, complete_end=complete_end)
+        if record["type"] in VOCABULARY and not PAYLOADS[record["type"]](record["data"]):
+            # SPEC 3.2: the session is corrupt, for every reader alike (issue 13 item 2).
+            return Expect("corrupt", head, events, seq=seq, offset=pos, complete_end=complete_end, payload=True)
         events.append(record)
         starts.append(pos)
         pos = stop + 1
@@ -462,12 +568,14 @@ def error_problems(exc: BaseException, exp: Expect, sid: str, op: str) -> list[s
     want = {"corrupt": CorruptLog, "unsupported-format": UnsupportedLog, "unsupported-event": UnsupportedLog}[
         exp.kind
     ]
+    if exp.payload:
+        want = InvalidPayload
     if type(exc) is not want:
         return [f"{op}: expected {want.__name__} ({exp.kind}), got {type(exc).__name__}: {exc}"]
     if getattr(exc, "session_id", None) != sid or repr(sid) not in str(exc):
         p.append(f"{op}: the error does not name session {sid!r}: {exc}")
     if exp.kind == "corrupt":
-        if exc.code != "STORAGE_CORRUPT_LOG":
+        if exc.code != ("STORAGE_INVALID_PAYLOAD" if exp.payload else "STORAGE_CORRUPT_LOG"):
             p.append(f"{op}: code {exc.code}")
         if exc.seq != exp.seq:
             p.append(f"{op}: seq {exc.seq}, expected {exp.seq}: {exc}")
