@@ -5,9 +5,15 @@ may create, refresh or rebuild inside an existing root, and deleting it loses no
 records what a full or incremental scan of one log found, keyed by the log's revision (size,
 mtime_ns, inode), plus where the scan stopped (`scan_end`, `scan_events`) so a log that only
 grew can be scanned from there. `user_version` names the schema; a mismatch, or a file that is
-not a database, drops and rebuilds it. Every `sqlite3.Error` is a cache miss: reads return
-`None`, writes are logged and dropped. All access is serialized by one lock (actors reach the
-index through one worker thread anyway).
+not a database or is damaged (`SQLITE_CORRUPT`, `SQLITE_NOTADB`, whenever it is found), drops and
+rebuilds it. Any other failure — a `sqlite3.Error`, but also whatever a garbled file or row makes
+Python raise (`UnicodeDecodeError`, `ValueError`, `TypeError`, msgspec errors, ...) — is a cache
+miss: reads return `None` (or skip the row), writes are dropped. Every `Exception` counts (the
+index is a cache and must never fail an operation); `BaseException`s (cancellation, interrupts)
+pass through. One warning line per index at most: later failures log at debug level. Rows are
+checked field by field when loaded, so a garbled value is a skipped row (a rescan), never a
+wrongly typed header or count handed to a listing. All access is serialized by one lock (actors
+reach the index through one worker thread anyway).
 
 The checkpoint table holds projection checkpoints `{session, unit key} → {ver, seq, val,
 log_offset, lifecycle}`; its rows arrive with the projections (SPEC 3.5).
@@ -37,11 +43,16 @@ log = logging.getLogger(__name__)
 
 _json = msgspec.json
 INDEX_NAME = "index.sqlite3"
-SCHEMA_VERSION = 2
+# 3: rows record payload damage too (issue 13: every read validates known payloads); rows of
+# an older build may call such a log healthy, so they are dropped with the schema.
+SCHEMA_VERSION = 3
 # Ids per query: SQLite >= 3.32 takes 32,766 bound parameters (older ones 999).
 _IN_LIMIT = 30_000 if sqlite3.sqlite_version_info >= (3, 32) else 900
 _LIFECYCLES = 1 << 16  # decoded lifecycle records kept at most (then forgotten at once)
-_DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB: rebuild; anything else is a cache miss
+# Failures that say nothing about the file's contents (PERM, BUSY, LOCKED, NOMEM, READONLY,
+# INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL): a miss now, another try next time. Any other
+# failure of the database (CORRUPT, NOTADB, a text that does not decode, ...) is a damaged file.
+_TRANSIENT = {3, 5, 6, 7, 8, 9, 10, 13, 14, 15}
 _UNREADABLE: Any = object()  # a stored checkpoint value that does not decode
 UNREADABLE = _UNREADABLE
 
@@ -113,8 +124,8 @@ class StoredCheckpoint:
         """The decoded value (a fresh one on every call), or `UNREADABLE`."""
         try:
             return _json.decode(self.val_json)
-        except msgspec.DecodeError:
-            return _UNREADABLE
+        except (msgspec.MsgspecError, ValueError, TypeError, RecursionError, MemoryError):
+            return _UNREADABLE  # garbled (or hostile: deeply nested) bytes
 
 
 @attrs.frozen(kw_only=True)
@@ -141,7 +152,8 @@ class IndexRow:
 
 def _trusted_header(row: tuple[Any, ...]) -> SessionHeader:
     """A header the index wrote from a validated one: rebuilt without re-running validators
-    (a listing of a thousand sessions must not pay for a thousand validations)."""
+    (a listing of a thousand sessions must not pay for a thousand validations). `_row_from_sql`
+    has checked every field's type first."""
     header = object.__new__(SessionHeader)
     for name, value in (
         ("id", row[0]),
@@ -158,27 +170,42 @@ def _trusted_header(row: tuple[Any, ...]) -> SessionHeader:
     return header
 
 
+_COUNTS = (2, 3, 4, 15, 16, 17, 18)  # size, mtime_ns, inode, inherited, event_count, scan_end, scan_events
+_OPTIONAL_TEXT = (10, 11, 12, 13)  # cwd, parent_session, origin, agent_preset
+
+
 def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
-    """A row as SQLite returns it (untyped columns; a row this build did not write raises
-    TypeError/ValueError and is rescanned)."""
+    """A row as SQLite returns it (untyped columns, so every field's type is checked: a row
+    this build did not write, or a garbled one, raises ValueError and is rescanned)."""
     damage = row[14]
     if damage not in (None, "corrupt", "unsupported"):
         raise ValueError(f"unknown damage {damage!r}")
+    if type(row[0]) is not str or row[1] not in ("none", "zstd") or row[5] not in (0, 1):
+        raise ValueError("not a row this build wrote")
+    if any(type(row[i]) is not int or row[i] < 0 for i in _COUNTS) or type(row[19]) is not bytes or type(row[20]) is not bytes:
+        raise ValueError("not a row this build wrote")
+    if row[5]:
+        if any(type(row[i]) is not int or row[i] < 0 for i in (6, 7, 9)) or row[8] not in (0, 1):
+            raise ValueError("not a header this build wrote")
+        if any(row[i] is not None and type(row[i]) is not str for i in _OPTIONAL_TEXT):
+            raise ValueError("not a header this build wrote")
+    elif damage is None:
+        raise ValueError("a healthy log has a header")
     info = LogInfo(
-        id=SessionId(str(row[0])),
+        id=SessionId(row[0]),
         header=_trusted_header(row) if row[5] else None,
         damage=damage,
-        inherited_event_count=Offset(int(row[15])),
-        revision=Revision(size=int(row[2]), mtime_ns=int(row[3]), inode=int(row[4])),
-        event_count=Offset(int(row[16])),
+        inherited_event_count=Offset(row[15]),
+        revision=Revision(size=row[2], mtime_ns=row[3], inode=row[4]),
+        event_count=Offset(row[16]),
     )
     return IndexRow(
         info=info,
-        form=str(row[1]),
-        scan_end=int(row[17]),
-        scan_events=int(row[18]),
-        head=bytes(row[19]),
-        anchor=bytes(row[20]),
+        form=row[1],
+        scan_end=row[17],
+        scan_events=row[18],
+        head=row[19],
+        anchor=row[20],
     )
 
 
@@ -219,6 +246,35 @@ class SessionIndex:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._lifecycles: dict[bytes, Lifecycle] = {}  # decoded lifecycle records (bounded)
+        self.warned = False  # one warning line per index; later failures log at debug level
+
+    def _warn(self, message: str, *args: object) -> None:
+        if self.warned:
+            log.debug(message, *args)
+        else:
+            self.warned = True
+            log.warning(message, *args)
+
+    def _miss(self, what: str, exc: Exception) -> None:
+        """A failure of the index: a cache miss. Damage found now (not only when connecting)
+        drops the file, so that the next use rebuilds it instead of missing forever."""
+        self._reset()
+        if self.path is not None and _damaged(exc):
+            self._warn("index %s is damaged (%s: %s); rebuilding it", self.path, what, exc)
+            try:
+                self._drop_files()
+            except OSError:
+                pass  # still a miss; the next connection tries again
+        else:
+            self._warn("index %s: %s failed (%s: %s); working without it", self.path, what, type(exc).__name__, exc)
+
+    def _drop_files(self) -> None:
+        assert self.path is not None
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.unlink(self.path + suffix)
+            except FileNotFoundError:
+                pass
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
@@ -228,17 +284,13 @@ class SessionIndex:
         conn = _open(self.path)
         try:
             self._prepare(conn)
-        except sqlite3.DatabaseError as exc:
+        except BaseException as exc:
             conn.close()
-            if self.path is None or getattr(exc, "sqlite_errorcode", None) not in _DAMAGED:
+            if self.path is None or not isinstance(exc, Exception) or not _damaged(exc):
                 raise  # busy, locked, I/O: a cache miss now, another try next time
             # Not a database, or a damaged one: it is a cache, so start over.
-            log.warning("index %s is unusable (%s); rebuilding it", self.path, exc)
-            for suffix in ("", "-wal", "-shm"):
-                try:
-                    os.unlink(self.path + suffix)
-                except FileNotFoundError:
-                    pass
+            self._warn("index %s is unusable (%s); rebuilding it", self.path, exc)
+            self._drop_files()
             conn = _open(self.path)
             try:
                 self._prepare(conn)
@@ -277,16 +329,15 @@ class SessionIndex:
         with self._lock:
             try:
                 rows = self._connect().execute(f"SELECT {_COLUMNS} FROM sessions").fetchall()
-            except (sqlite3.Error, OSError) as exc:
-                log.warning("index %s: read failed (%s); listing from the logs", self.path, exc)
-                self._reset()
+            except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
+                self._miss("read", exc)
                 return None
         out = {}
         for row in rows:
             try:
                 parsed = _row_from_sql(row)
-            except (TypeError, ValueError):
-                continue  # a row this build did not write: it is rescanned
+            except Exception:  # a garbled row, or one this build did not write: it is rescanned
+                continue
             out[parsed.id] = parsed
         return out
 
@@ -324,9 +375,8 @@ class SessionIndex:
                 except BaseException:
                     _roll_back(conn)
                     raise
-            except (sqlite3.Error, OSError, OverflowError, ValueError, TypeError) as exc:
-                log.warning("index %s: %s write failed (%s); it stays a cache miss", self.path, what, exc)
-                self._reset()
+            except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
+                self._miss(f"{what} write", exc)
                 return False
         return True
 
@@ -335,7 +385,7 @@ class SessionIndex:
         if conn is not None:
             try:
                 conn.close()
-            except sqlite3.Error:
+            except Exception:  # closing what already failed: nothing more to learn from it
                 pass
 
     def save_checkpoint(
@@ -355,7 +405,7 @@ class SessionIndex:
                 for key, row in rows.items()
             ]
         except (TypeError, ValueError, OverflowError) as exc:
-            log.warning("session %r: checkpoint not JSON (%s); not written", session_id, exc)
+            self._warn("session %r: checkpoint not JSON (%s); not written", session_id, exc)
             return False
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
@@ -383,9 +433,8 @@ class SessionIndex:
                         f"WHERE session_id IN ({', '.join('?' * len(chunk))})",
                         chunk,
                     ).fetchall()
-            except (sqlite3.Error, OSError) as exc:
-                log.warning("index %s: checkpoint read failed (%s)", self.path, exc)
-                self._reset()
+            except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
+                self._miss("checkpoint read", exc)
                 return None
         lifecycles = self._lifecycles
         if len(lifecycles) > _LIFECYCLES:
@@ -393,22 +442,59 @@ class SessionIndex:
         decode = _json.decode
         for sid, key, ver, seq, val, offset, life in rows:
             try:
+                if (
+                    sid not in out or type(key) is not str or type(ver) is not int or type(seq) is not int
+                    or type(offset) is not int or seq < 0 or offset < 0
+                    or type(val) not in (bytes, str) or type(life) not in (bytes, str)
+                ):
+                    continue  # garbled, or not a row this build wrote: ignored
                 # A session's rows share one lifecycle, and it does not change between
                 # listings: each distinct record is decoded once (Lifecycle is a frozen value).
                 lifecycle = lifecycles.get(life)
                 if lifecycle is None:
-                    lifecycle = lifecycles[life] = Lifecycle(**decode(life))
+                    lifecycle = _lifecycle(decode(life))
+                    lifecycles[life] = lifecycle
                 stored = StoredCheckpoint(
                     key=key, ver=ver, seq=seq, val_json=val, log_offset=offset, lifecycle=lifecycle
                 )
-            except (TypeError, ValueError, msgspec.DecodeError):
-                continue  # a row this build did not write: ignored
+            except Exception:  # a garbled lifecycle record: the row is ignored
+                continue
             out[sid].append(stored)
         return out
 
     def close(self) -> None:
         with self._lock:
             self._reset()
+
+
+_LIFECYCLE_TYPES = {
+    "format": (int,), "created_at": (int,), "cwd": (str, type(None)), "is_seeded": (bool,), "inherited_event_count": (int,),
+}
+
+
+def _damaged(exc: Exception) -> bool:
+    """Whether a failure says the file's contents are damaged (then it is rebuilt)."""
+    if isinstance(exc, (OSError, MemoryError)):
+        return False  # the file system or the machine, not the file (a planted link included)
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) not in _TRANSIENT  # extended codes keep the primary one in the low byte
+    if isinstance(exc, sqlite3.Error):
+        # Python's own failure to decode a stored text is the file's; the rest (a closed
+        # connection, a misuse) is not.
+        return str(exc).startswith("Could not decode")
+    return True  # a foreign exception from the file's contents (UnicodeDecodeError, ValueError, ...)
+
+
+def _lifecycle(value: object) -> Lifecycle:
+    """A stored lifecycle record, its fields' types checked (a garbled one raises ValueError)."""
+    if type(value) is not dict:
+        raise ValueError("a lifecycle record is an object")
+    lifecycle = Lifecycle(**value)
+    for name, want in _LIFECYCLE_TYPES.items():
+        if type(getattr(lifecycle, name)) not in want:
+            raise ValueError(f"lifecycle field {name} has the wrong type")
+    return lifecycle
 
 
 def _open(path: str | None) -> sqlite3.Connection:
@@ -424,6 +510,10 @@ def _roll_back(conn: sqlite3.Connection) -> None:
         pass
 
 
+class _NotRegular(OSError):
+    """The index path is a link, a folder or another non-file: never opened, never removed."""
+
+
 def _refuse_link(path: str) -> None:
     """The index is opened by sqlite, which follows links: a planted one is refused."""
     try:
@@ -431,4 +521,4 @@ def _refuse_link(path: str) -> None:
     except FileNotFoundError:
         return
     if not stat_mod.S_ISREG(st.st_mode):
-        raise sqlite3.OperationalError(f"{path} is not a regular file")
+        raise _NotRegular(f"{path} is not a regular file")
