@@ -136,7 +136,9 @@ async def test_listing_show_and_resume_give_one_verdict(tmp_path: Path, case: st
 
 async def test_a_stale_index_row_cannot_call_an_invalid_payload_healthy(tmp_path: Path) -> None:
     """The index trusts rows at the same revision: a row written by an older build (which did not
-    validate payloads) would call this log healthy. Such rows go with the schema version."""
+    validate payloads) would call this log healthy in `sessions`. Such rows go with the schema
+    version. (Listing, show and resume would still refuse it: each of them reads the log, and
+    every read validates payloads.)"""
     import sqlite3
 
     write_child(tmp_path, "kid", CASES["user-message-without-id"][0], "none")
@@ -149,5 +151,8 @@ async def test_a_stale_index_row_cannot_call_an_invalid_payload_healthy(tmp_path
     conn.execute("UPDATE sessions SET damage = NULL, event_count = 3, scan_events = 3 WHERE id = 'kid'")
     conn.execute("PRAGMA user_version = 2")
     conn.close()
+    async with open_runtime(tmp_path, now_ms=now_ms) as runtime:  # `subagents sessions`
+        damage = {r.id: r.damage for r in await runtime.query.list_sessions()}
+    assert damage == {"kid": "corrupt", "sibling": None}
     listing, show, resume, _ = await verdicts(tmp_path, "kid")
     assert (listing, show, resume) == ("corrupt", "corrupt", "corrupt")
