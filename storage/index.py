@@ -27,6 +27,7 @@ import os
 import sqlite3
 import stat as stat_mod
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from typing import Any
@@ -78,7 +79,8 @@ CREATE TABLE sessions (
     scan_end INTEGER NOT NULL,
     scan_events INTEGER NOT NULL,
     head BLOB NOT NULL,
-    anchor BLOB NOT NULL
+    anchor BLOB NOT NULL,
+    crc INTEGER NOT NULL
 );
 CREATE TABLE checkpoints (
     session_id TEXT NOT NULL,
@@ -88,6 +90,7 @@ CREATE TABLE checkpoints (
     val BLOB NOT NULL,
     log_offset INTEGER NOT NULL,
     lifecycle BLOB NOT NULL,
+    crc INTEGER NOT NULL,
     PRIMARY KEY (session_id, unit_key)
 );
 """
@@ -95,8 +98,28 @@ CREATE TABLE checkpoints (
 _COLUMNS = (
     "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
     "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
-    "scan_end, scan_events, head, anchor"
+    "scan_end, scan_events, head, anchor, crc"
 )
+_CHECKPOINT_COLUMNS = "session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc"
+
+
+def _crc(values: tuple[Any, ...]) -> int:
+    """A checksum of a row's values as SQLite stores and returns them: a garbled value that still
+    has its column's type (a flipped byte in a text) makes its row a miss, not a wrong answer."""
+    parts = []
+    blobs = []
+    for value in values:
+        if value is None:
+            parts.append("\x00")
+        elif type(value) is bytes:
+            parts.append("\x01")
+            blobs.append(value)
+        else:
+            parts.append(str(value))
+    crc = zlib.crc32("\x1f".join(parts).encode("utf-8", "surrogatepass"))
+    for blob in blobs:
+        crc = zlib.crc32(blob, crc)
+    return crc
 
 
 @attrs.frozen(kw_only=True)
@@ -177,6 +200,8 @@ _OPTIONAL_TEXT = (10, 11, 12, 13)  # cwd, parent_session, origin, agent_preset
 def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
     """A row as SQLite returns it (untyped columns, so every field's type is checked: a row
     this build did not write, or a garbled one, raises ValueError and is rescanned)."""
+    if len(row) != 22 or _crc(row[:21]) != row[21]:
+        raise ValueError("the row's checksum does not match: garbled")
     damage = row[14]
     if damage not in (None, "corrupt", "unsupported"):
         raise ValueError(f"unknown damage {damage!r}")
@@ -210,6 +235,11 @@ def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
 
 
 def _row_to_sql(row: IndexRow) -> tuple[object, ...]:
+    values = _row_values(row)
+    return (*values, _crc(values))
+
+
+def _row_values(row: IndexRow) -> tuple[Any, ...]:
     info = row.info
     h = info.header
     rev = info.revision
@@ -355,7 +385,7 @@ class SessionIndex:
             return
         def write(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 21)})",
+                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 22)})",
                 [_row_to_sql(row) for row in changed],
             )
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
@@ -400,18 +430,17 @@ class SessionIndex:
             return True
         try:
             life = _json.encode(attrs.asdict(lifecycle))
-            values = [
-                (session_id, key, row.ver, row.seq, _json.encode(row.val), log_offset, life)
-                for key, row in rows.items()
-            ]
+            values = []
+            for key, row in rows.items():
+                fields = (session_id, key, row.ver, row.seq, _json.encode(row.val), log_offset, life)
+                values.append((*fields, _crc(fields)))
         except (TypeError, ValueError, OverflowError) as exc:
             self._warn("session %r: checkpoint not JSON (%s); not written", session_id, exc)
             return False
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
             conn.executemany(
-                "INSERT INTO checkpoints (session_id, unit_key, ver, seq, val, log_offset, lifecycle) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
 
@@ -429,7 +458,7 @@ class SessionIndex:
                 for start in range(0, len(session_ids), _IN_LIMIT):
                     chunk = list(session_ids[start : start + _IN_LIMIT])
                     rows += conn.execute(
-                        "SELECT session_id, unit_key, ver, seq, val, log_offset, lifecycle FROM checkpoints "
+                        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
                         f"WHERE session_id IN ({', '.join('?' * len(chunk))})",
                         chunk,
                     ).fetchall()
@@ -440,10 +469,11 @@ class SessionIndex:
         if len(lifecycles) > _LIFECYCLES:
             lifecycles.clear()
         decode = _json.decode
-        for sid, key, ver, seq, val, offset, life in rows:
+        for sid, key, ver, seq, val, offset, life, crc in rows:
             try:
                 if (
-                    sid not in out or type(key) is not str or type(ver) is not int or type(seq) is not int
+                    crc != _crc((sid, key, ver, seq, val, offset, life))
+                    or sid not in out or type(key) is not str or type(ver) is not int or type(seq) is not int
                     or type(offset) is not int or seq < 0 or offset < 0
                     or type(val) not in (bytes, str) or type(life) not in (bytes, str)
                 ):

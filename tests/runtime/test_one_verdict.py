@@ -23,6 +23,7 @@ from subagents.runtime.query import SessionQueryError
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.transcript import transcript
 from subagents.storage import CorruptLog, InvalidPayload, Offset, SessionHeader, StorageError
+from subagents.storage.index import _COLUMNS, _crc  # noqa: PLC2701 - forging an older build's row
 from subagents.storage.records import HeaderRecord, encode_header_line
 
 clock = itertools.count(1_789_000_000_000)
@@ -147,8 +148,12 @@ async def test_a_stale_index_row_cannot_call_an_invalid_payload_healthy(tmp_path
         await runtime.listing.list_children("p")
     conn = sqlite3.connect(tmp_path / "index.sqlite3", isolation_level=None)
     assert conn.execute("SELECT damage FROM sessions WHERE id = 'kid'").fetchone() == ("corrupt",)
-    # What an older build recorded: the same revision, no damage, and its schema version.
-    conn.execute("UPDATE sessions SET damage = NULL, event_count = 3, scan_events = 3 WHERE id = 'kid'")
+    # What an older build recorded: the same revision, no damage (a checksum that matches), and
+    # its schema version.
+    (values,) = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = 'kid'").fetchall()
+    values = (*values[:14], None, values[15], 3, values[2], 3, *values[19:21])  # damage, counts, scan_end
+    conn.execute("DELETE FROM sessions WHERE id = 'kid'")
+    conn.execute(f"INSERT INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 22)})", (*values, _crc(values)))
     conn.execute("PRAGMA user_version = 2")
     conn.close()
     async with open_runtime(tmp_path, now_ms=now_ms) as runtime:  # `subagents sessions`

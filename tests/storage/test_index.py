@@ -301,8 +301,8 @@ def plant_checkpoint(root: Path, sid: str, unit: str = "unit") -> None:
     conn = index_db(root)
     try:
         conn.execute(
-            "INSERT INTO checkpoints (session_id, unit_key, ver, seq, val, log_offset, lifecycle) "
-            "VALUES (?, ?, 1, 0, ?, 0, ?)",
+            "INSERT INTO checkpoints (session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc) "
+            "VALUES (?, ?, 1, 0, ?, 0, ?, 0)",
             (sid, unit, b"{}", b"[]"),
         )
     finally:

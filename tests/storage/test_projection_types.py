@@ -26,6 +26,7 @@ from msgspec import UNSET, UnsetType
 from subagents.storage import Event, ReplaceOp, SessionHeader, decode_event, make_event
 from subagents.storage.codec import decode_events
 from subagents.storage.events import KNOWN_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
+from subagents.storage.index import _crc  # noqa: PLC2701 - planting a row as a writer would
 from subagents.storage.index import UNREADABLE, SessionIndex
 from subagents.storage.projection import CheckpointRow, Lifecycle, ProjectionBroken, ProjectionRegistry
 
@@ -344,7 +345,10 @@ def test_an_undecodable_stored_value_is_a_row_no_unit_reads() -> None:
     lifecycle = Lifecycle.of(HEADER, 0)
     assert index.save_checkpoint(HEADER.id, lifecycle, {"u": CheckpointRow(ver=2, seq=4, val={})}, 9)
     conn = index._connect()  # noqa: SLF001 - planting a row this build did not write
-    conn.execute("UPDATE checkpoints SET val = ?", (b"{not json",))
+    (fields,) = conn.execute("SELECT session_id, unit_key, ver, seq, val, log_offset, lifecycle FROM checkpoints").fetchall()
+    fields = (*fields[:4], b"{not json", *fields[5:])
+    # With a checksum that matches (a row whose checksum does not is garbled: never loaded).
+    conn.execute("UPDATE checkpoints SET val = ?, crc = ?", (b"{not json", _crc(fields)))
     (stored,) = index.load_checkpoints([HEADER.id])[HEADER.id]  # type: ignore[index]  # not a cache miss here
     assert stored.value() is UNREADABLE
     assert stored.row.ver == -1  # every state_version is >= 0: no cell takes it
