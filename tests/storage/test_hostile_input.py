@@ -168,7 +168,7 @@ def populate(root: Path) -> FileLogStore:
     store = FileLogStore(str(root), compression="none")
     for sid in ("a", "b", "c"):
         healthy(store, sid)
-    write_log(root, "bad", HOSTILE_LINES["deep-1k-in-data"][0], "none")
+    write_log(root, "bad", HOSTILE_LINES["truncated-json"][0], "none")  # damage every build sees
     handle = store.open_write("a")
     assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=2, val={"k": [1]})})
     store.close(handle)

@@ -1,0 +1,153 @@
+"""Damage is reported, never raised (issue 13 item 2b), through the session query and the listing.
+
+A root holds a parent, healthy children and children whose logs hold hostile lines (nesting
+deeper than any recursion limit, numbers no type holds, invalid UTF-8, NUL bytes, truncated
+zstd frames, invalid payloads), and its `index.sqlite3` is garbled at random bytes. Then
+`SessionQuery.list_sessions`/`observe_session` and `ListingService.list_children` run: nothing
+escapes but the documented typed errors, every hostile child lists as `diagnostic corrupt` and
+every healthy sibling lists as it is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+import trio
+import zstandard
+from hypothesis import HealthCheck, given, settings
+
+from subagents.runtime.app import open_runtime
+from subagents.runtime.query import SessionQueryError
+from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.storage import Offset, SessionHeader
+from subagents.storage.records import HeaderRecord, encode_header_line
+
+T = 1_789_000_000_000
+clock = itertools.count(T + 10_000)
+
+
+def now_ms() -> int:
+    return next(clock)
+
+
+def _line(seq: int, type_: str, data: Any, **extra: Any) -> bytes:
+    return json.dumps({"seq": seq, "type": type_, "time": T, "data": data, **extra}, separators=(",", ":")).encode() + b"\n"
+
+
+def _own(label: str) -> bytes:
+    descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=label))
+    return _line(0, "subagent/descriptor", descriptor) + _line(1, "turn/start", {"turn": 1})
+
+
+def _deep(depth: int) -> bytes:
+    return b'{"turn":1,"x":' + b"[" * depth + b"]" * depth + b"}"
+
+
+# Lines after a valid descriptor (seq 0) and turn/start (seq 1): each makes its log corrupt.
+HOSTILE: dict[str, bytes] = {
+    "deep-1k": b'{"seq":2,"type":"turn/end","time":1,"data":' + _deep(1_000) + b"}\n",
+    "deep-100k": b'{"seq":2,"type":"turn/end","time":1,"data":' + _deep(100_000) + b"}\n",
+    "deep-unclosed": b'{"seq":2,"type":"turn/end","time":1,"data":{"x":' + b"[" * 100_000 + b"\n",
+    "huge-int": b'{"seq":2,"type":"turn/start","time":1,"data":{"turn":1' + b"0" * 50_000 + b"}}\n",
+    "huge-time": b'{"seq":2,"type":"turn/start","time":1' + b"0" * 400 + b',"data":{"turn":1}}\n',
+    "invalid-utf8": b'{"seq":2,"type":"turn/start","time":1,"data":{"turn":2,"\xc3\x28":1}}\n',
+    "nul": b'{"seq":2,"type":"turn/start","time":1,"data":{"turn":2}}\x00\x00\n',
+    "user-message-without-id": _line(2, "user/message", {"turn": 1, "step": 1, "message": {
+        "role": "user", "content": [], "source": {"kind": "user"}}}, surface_op="append"),
+    "turn-is-a-str": _line(2, "turn/start", {"turn": "2"}),
+}
+
+
+def write_child(root: Path, sid: str, body: bytes, compression: str, created_at: int, *, torn: bool = False) -> None:
+    header = SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session="p", delegation_depth=1)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+    head = encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
+    folder = root / "sessions" / sid
+    folder.mkdir(parents=True)
+    if compression == "none":
+        (folder / "session.jsonl").write_bytes(head + body)
+        return
+    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
+    data = frame(head) + frame(body)
+    if torn:  # a damaged frame after it: a bad checksum in a complete frame is corruption
+        bad = bytearray(frame(b'{"seq":99}\n'))
+        bad[-1] ^= 0xFF
+        data += bytes(bad) + frame(b"\n")
+    (folder / "session.jsonl.zst").write_bytes(data)
+
+
+def build(root: Path, hostile: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The parent `p`, three healthy children and the hostile ones: (healthy ids, hostile ids)."""
+    header = SessionHeader(id="p", created_at=T)  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
+    folder = root / "sessions" / "p"
+    folder.mkdir(parents=True)
+    (folder / "session.jsonl").write_bytes(encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
+                                          + _line(0, "turn/start", {"turn": 1}))
+    healthy = []
+    for i, compression in enumerate(("none", "zstd", "none")):
+        sid = f"ok-{i}"
+        write_child(root, sid, _own(sid), compression, T + 1 + i)
+        healthy.append(sid)
+    bad = []
+    for i, (name, compression) in enumerate(hostile):
+        sid = f"bad-{i}"
+        write_child(root, sid, _own(sid) + HOSTILE[name], compression, T + 100 + i, torn=(i % 2 == 1))
+        bad.append(sid)
+    return healthy, bad
+
+
+async def check_entry_points(root: Path, healthy: list[str], bad: list[str]) -> None:
+    async with open_runtime(root, now_ms=now_ms) as runtime:
+        for _ in range(2):  # cold, then with whatever the index learned
+            rows = {r.to_json()["id"]: r.to_json() for r in await runtime.listing.list_children("p")}
+            for sid in healthy:
+                assert rows[sid]["kind"] == "child" and rows[sid]["label"] == sid, rows[sid]
+            for sid in bad:
+                assert rows[sid] == {"kind": "diagnostic", "id": sid, "reason": "corrupt"}
+            records = {r.id: r for r in await runtime.query.list_sessions()}
+            assert {sid: records[sid].damage for sid in healthy + bad} == {
+                **{sid: None for sid in healthy}, **{sid: "corrupt" for sid in bad}}
+            for sid in healthy:
+                async with runtime.query.observe_session(sid) as observation:
+                    assert observation.events
+            for sid in bad:
+                with pytest.raises(SessionQueryError) as info:
+                    async with runtime.query.observe_session(sid):
+                        pass
+                assert info.value.code == "SESSION_QUERY_CORRUPT_SESSION"
+
+
+def garble(path: Path, garbles: list[tuple[int, bytes]]) -> None:
+    data = bytearray(path.read_bytes())
+    for offset, junk in garbles:
+        at = offset % max(1, len(data))
+        data[at : at + len(junk)] = junk
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("name", list(HOSTILE))
+async def test_a_hostile_child_lists_as_corrupt_and_its_siblings_as_they_are(
+    tmp_path: Path, name: str, compression: str
+) -> None:
+    healthy, bad = build(tmp_path, [(name, compression)])
+    await check_entry_points(tmp_path, healthy, bad)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    hostile=st.lists(st.tuples(st.sampled_from(sorted(HOSTILE)), st.sampled_from(["none", "zstd"])), min_size=1, max_size=3),
+    garbles=st.lists(st.tuples(st.integers(0, 1 << 16), st.binary(min_size=1, max_size=16)), min_size=1, max_size=8),
+)
+def test_fuzz_listing_over_a_garbled_index_and_hostile_children(
+    tmp_path_factory: pytest.TempPathFactory, hostile: list[tuple[str, str]], garbles: list[tuple[int, bytes]]
+) -> None:
+    root = tmp_path_factory.mktemp("root")
+    healthy, bad = build(root, hostile)
+    trio.run(check_entry_points, root, healthy, bad)  # the index now holds rows and checkpoints
+    garble(root / "index.sqlite3", garbles)  # (closed stores leave no -wal to garble)
+    trio.run(check_entry_points, root, healthy, bad)
