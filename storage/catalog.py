@@ -145,6 +145,20 @@ class Catalog:
                 row = self._load().get(sid)
         return row if fresh(row) else None
 
+    def vouches(self, sid: SessionId, compression: str, revision: Revision, size: int) -> bool:
+        """Whether a row already in memory says a scan (or the writer) found the log whole and
+        healthy at exactly `revision` — its payloads validated then — and `size` bytes are all
+        of it. Never loads the index for the asking (a reader's thread is not the index's)."""
+        with self._lock:
+            row = self._rows.get(sid) if self._rows is not None else None
+        return (
+            row is not None
+            and row.form == compression
+            and row.revision == revision
+            and row.info.damage is None
+            and row.scan_end == revision.size == size
+        )
+
     def record(self, row: IndexRow) -> None:
         """A row a writer vouches for (it wrote every byte of the log since a validated state)."""
         with self._lock:

@@ -145,6 +145,14 @@ def _check_envelope(event: Event, *, trusted: bool, reading: bool = False) -> No
         if event.type not in KNOWN_TYPES and event.ignorable is not True:
             raise ValueError(f"event type {event.type!r} is not in the vocabulary and not ignorable")
         _check_raw(event.data)
+        # Its payload too, as `make_event` checks it: a writer vouches for every event it
+        # appended (the index trusts it), so no event may reach a log unvalidated.
+        decoder = _payload_decoders.get(event.type)
+        if decoder is not None:
+            try:
+                decoder.decode(event.data)
+            except DECODE_ERRORS as exc:
+                raise ValueError(payload_problem(event, exc)) from None
     if event.ignorable is not True and event.ignorable is not UNSET:
         raise ValueError("ignorable must be true or absent")
     op = event.surface_op

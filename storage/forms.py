@@ -63,10 +63,17 @@ class LogForm(Protocol):
     file_name: str
 
     def parse(
-        self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None, known: KnownHead | None = None
+        self,
+        sid: SessionId,
+        data: bytes,
+        *,
+        checkpoint: Checkpoint | None,
+        known: KnownHead | None = None,
+        payloads: bool = True,
     ) -> ParsedLog:
         """The whole log. `known`: the raw bytes of its header record as a reader already
-        parsed them, and that record; when `data` starts with them, line 1 is not parsed again."""
+        parsed them, and that record; when `data` starts with them, line 1 is not parsed again.
+        `payloads=False`: the payloads were validated before (see `decode_event_lines`)."""
         ...
 
     def header_span(self, data: bytes) -> int:
@@ -102,7 +109,13 @@ class PlainForm:
     file_name = "session.jsonl"
 
     def parse(
-        self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None, known: KnownHead | None = None
+        self,
+        sid: SessionId,
+        data: bytes,
+        *,
+        checkpoint: Checkpoint | None,
+        known: KnownHead | None = None,
+        payloads: bool = True,
     ) -> ParsedLog:
         layout = plain_layout(sid, data)
         if known is not None and data.startswith(known[0]):
@@ -110,7 +123,7 @@ class PlainForm:
         else:
             record = read_header(sid, data, layout)
         events = decode_event_lines(
-            sid, data, layout.header_end, layout.complete_end, checkpoint=checkpoint
+            sid, data, layout.header_end, layout.complete_end, checkpoint=checkpoint, payloads=payloads
         )
         check_seed_marker(sid, events, record.inherited_event_count)
         return ParsedLog(
@@ -147,7 +160,13 @@ class ZstdForm:
     file_name = "session.jsonl.zst"
 
     def parse(
-        self, sid: SessionId, data: bytes, *, checkpoint: Checkpoint | None, known: KnownHead | None = None
+        self,
+        sid: SessionId,
+        data: bytes,
+        *,
+        checkpoint: Checkpoint | None,
+        known: KnownHead | None = None,
+        payloads: bool = True,
     ) -> ParsedLog:
         try:
             layout = walk_frames(data)
@@ -165,7 +184,7 @@ class ZstdForm:
                 record = parse_header_line(memoryview(head)[:-1], sid)
             except HeaderError as exc:
                 raise exc.to_storage_error(sid) from None
-        events = _decode_frames(sid, layout, 1, first_seq=0, checkpoint=checkpoint)
+        events = _decode_frames(sid, layout, 1, first_seq=0, checkpoint=checkpoint, payloads=payloads)
         check_seed_marker(sid, events, record.inherited_event_count)
         return ParsedLog(
             record=record,
@@ -211,7 +230,13 @@ class ZstdForm:
 
 
 def _decode_frames(
-    sid: SessionId, layout: ZstdLayout, first: int, *, first_seq: int, checkpoint: Checkpoint | None
+    sid: SessionId,
+    layout: ZstdLayout,
+    first: int,
+    *,
+    first_seq: int,
+    checkpoint: Checkpoint | None,
+    payloads: bool = True,
 ) -> list[Event]:
     """The events of frames `first..` and of the recovered lines, numbered from `first_seq`."""
     starts = [0]  # where each frame's content starts in `body`
@@ -221,7 +246,9 @@ def _decode_frames(
         starts.append(starts[-1] + len(layout.contents[index]))
     body = b"".join(layout.contents[first:]) + layout.recovered
     try:
-        return decode_event_lines(sid, body, 0, len(body), first_seq=first_seq, checkpoint=checkpoint)
+        return decode_event_lines(
+            sid, body, 0, len(body), first_seq=first_seq, checkpoint=checkpoint, payloads=payloads
+        )
     except CorruptLog as exc:
         # Offsets inside decompressed content mean nothing to a reader of the file: name the
         # frame that holds the damaged line instead (keeping the error's type: InvalidPayload).

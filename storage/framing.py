@@ -44,6 +44,8 @@ __all__ = [
 CHUNK_BYTES = 1 << 20
 _BAD_LINE_START = re.compile(rb"\n[^{]")
 _PAYLOAD_CHECKS = {t: decoder.decode for t, decoder in PAYLOAD_DECODERS.items()}  # bound once
+_NO_PAYLOAD_CHECKS: dict[str, None] = dict.fromkeys(PAYLOAD_DECODERS)  # known types, vouched for
+_UNKNOWN = object()
 
 
 @attrs.frozen
@@ -92,10 +94,13 @@ def decode_event_lines(
     first_seq: int = 0,
     checkpoint: Checkpoint | None = None,
     out: list[Event] | None = None,
+    payloads: bool = True,
 ) -> list[Event]:
-    """Decode the complete lines in `raw[start:end]` as events numbered from `first_seq`."""
+    """Decode the complete lines in `raw[start:end]` as events numbered from `first_seq`.
+    `payloads=False` skips the payload check (and only that): for bytes whose payloads were
+    validated before — by the scan the index vouches for, or by their writer."""
     view = memoryview(raw)
-    checks = _PAYLOAD_CHECKS
+    checks = _PAYLOAD_CHECKS if payloads else _NO_PAYLOAD_CHECKS
     events: list[Event] = [] if out is None else out
     pos = start
     expected = first_seq
@@ -120,27 +125,27 @@ def decode_event_lines(
             or _BAD_LINE_START.search(raw, pos, stop) is not None
             or len(decoded) != raw.count(b"\n", pos, stop)
         ):
-            _locate_damage(session_id, raw, pos, stop, chunk_first)
+            _locate_damage(session_id, raw, pos, stop, chunk_first, payloads)
         assert decoded is not None  # _locate_damage never returns
         for event in decoded:
             if event.seq != expected:
-                _locate_damage(session_id, raw, pos, stop, chunk_first)
-            check = checks.get(event.type)
-            if check is None:
+                _locate_damage(session_id, raw, pos, stop, chunk_first, payloads)
+            check = checks.get(event.type, _UNKNOWN)
+            if check is _UNKNOWN:
                 if event.ignorable is not True:
                     _refuse_unknown(session_id, event)
-            else:
+            elif check is not None:
                 try:
                     check(event.data)  # the payload: validated, then dropped
                 except DECODE_ERRORS:
-                    _locate_damage(session_id, raw, pos, stop, chunk_first)
+                    _locate_damage(session_id, raw, pos, stop, chunk_first, payloads)
             expected += 1
         events.extend(decoded)
         pos = stop
     return events
 
 
-def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: int) -> NoReturn:
+def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: int, payloads: bool) -> NoReturn:
     """Decode `raw[pos:stop]` line by line and raise for the first damaged line."""
     first, start = expected, pos
     while pos < stop:
@@ -162,7 +167,8 @@ def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: i
             )
         if event.type not in PAYLOAD_DECODERS and event.ignorable is not True:
             _refuse_unknown(session_id, event)
-        check_payload(event, session_id=session_id, offset=pos)
+        if payloads:
+            check_payload(event, session_id=session_id, offset=pos)
         expected += 1
         pos = nl + 1
     # Every line decodes alone although the chunk did not (a transient MemoryError, say):

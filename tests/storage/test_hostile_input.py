@@ -321,3 +321,27 @@ def test_fuzz_a_garbled_index_and_hostile_logs(
         with pytest.raises((CorruptLog, UnsupportedLog)):
             read_all(store, f"hostile-{i}")
     store.close_store()
+
+
+def test_payloads_are_checked_once_per_revision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read trusts the payload check of the scan whose row vouches for exactly its bytes; a
+    log that changed since is checked again (and its damage found)."""
+    from subagents.storage import framing
+
+    checked: list[str] = []
+    monkeypatch.setattr(framing, "_PAYLOAD_CHECKS", {
+        t: (lambda data, t=t, check=check: (checked.append(t), check(data))[1])
+        for t, check in framing._PAYLOAD_CHECKS.items()  # noqa: SLF001 - counting the checks
+    })
+    write_log(tmp_path, "s", GOOD + line(b'{"turn":2}', seq=1), "none")
+    store = FileLogStore(str(tmp_path), compression="none")
+    assert read_all(store, "s") and len(checked) == 2  # no row yet: checked
+    assert [i.damage for i in store.list()] == [None] and len(checked) == 4  # the scan checks
+    checked.clear()
+    assert len(read_all(store, "s")) == 2 and checked == []  # the row vouches for these bytes
+    with (tmp_path / "sessions" / "s" / "session.jsonl").open("ab") as f:
+        f.write(line(b'{"turn":"3"}', seq=2))  # grown since the row: checked, damage found
+    with pytest.raises(CorruptLog) as info:
+        read_all(store, "s")
+    assert info.value.seq == 2 and checked
+    store.close_store()

@@ -313,8 +313,26 @@ def test_building_an_event_by_hand_still_checks_it(fields: dict[str, Any], error
     args: dict[str, Any] = {"seq": 3, "type": "turn/start", "time": 1, "data": msgspec.Raw(b'{"turn":1}')}
     with pytest.raises(error):
         Event(**(args | fields))
-    edge = {"data": msgspec.Raw(b'{"turn":1,"max":9223372036854775807,"min":-9223372036854775808,"f":1.5e308}')}
+    # (A descriptor's payload is any object: the lossless rules alone decide these.)
+    edge = {"type": "subagent/descriptor",
+            "data": msgspec.Raw(b'{"turn":1,"max":9223372036854775807,"min":-9223372036854775808,"f":1.5e308}')}
     assert Event(**(args | edge)).data == edge["data"]  # the range's own ends are fine
+
+
+@pytest.mark.parametrize(
+    ("type_", "data"),
+    [
+        ("turn/start", b'{"turn":"1"}'),
+        ("user/message", b'{"turn":1,"step":1,"message":{"role":"user","content":[],"source":{"kind":"user"}}}'),
+        ("turn/start", b'{"turn":1,"extra":true}'),
+    ],
+)
+def test_building_an_event_by_hand_checks_its_payload(type_: str, data: bytes) -> None:
+    """A writer vouches for every event it appended (the index trusts it): an event built by hand
+    is held to the payload rules `make_event` and every reader apply."""
+    op = {"surface_op": "append"} if type_ == "user/message" else {}
+    with pytest.raises(ValueError, match="payload"):
+        Event(seq=3, type=type_, time=1, data=msgspec.Raw(data), **op)
 
 
 def test_events_take_no_part_in_the_cyclic_gc() -> None:
