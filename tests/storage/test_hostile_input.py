@@ -345,3 +345,26 @@ def test_payloads_are_checked_once_per_revision(tmp_path: Path, monkeypatch: pyt
         read_all(store, "s")
     assert info.value.seq == 2 and checked
     store.close_store()
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("case", ["deep-100k-in-data", "huge-int", "invalid-utf8", "nul-line", "lone-surrogate"])
+def test_a_hostile_line_appended_after_a_listing_is_found_by_the_incremental_scan(
+    tmp_path: Path, case: str, compression: str
+) -> None:
+    store = FileLogStore(str(tmp_path), compression=compression)  # type: ignore[arg-type]  # from the table
+    healthy(store, "s")
+    assert [(i.damage, i.event_count) for i in store.list()] == [(None, 3)]
+    body = HOSTILE_LINES[case][0].splitlines(keepends=True)[-1]  # the hostile line alone
+    body = body.replace(b'"seq":1', b'"seq":3').replace(b'"seq":0', b'"seq":3')
+    log = tmp_path / "sessions" / "s" / ("session.jsonl" if compression == "none" else "session.jsonl.zst")
+    with log.open("ab") as f:  # grown in place: the index scans only the new bytes first
+        f.write(body if compression == "none" else zstandard.ZstdCompressor(write_checksum=True).compress(body))
+    for _ in range(2):
+        ((info),) = store.list()
+        assert (info.damage, info.event_count) == ("corrupt", 3)
+        assert store.stat("s") == info
+    with pytest.raises(CorruptLog) as exc:
+        read_all(store, "s")
+    assert exc.value.seq == 3
+    store.close_store()
