@@ -519,6 +519,25 @@ class FileLogStore:
     def list(self) -> list[LogInfo]:
         return self._catalog.list()
 
+    def held(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids among `session_ids` whose single-writer lock some writer holds now (in this
+        process or another), read from the lock table without taking any lock (`locks`);
+        empty where the table cannot be read. Invalid ids are never held."""
+        paths: dict[str, SessionId] = {}
+        for session_id in session_ids:
+            try:
+                sid = check_session_id(session_id)
+            except StorageError:
+                continue
+            paths[f"{self._folder(sid)}/{LOCK_NAME}"] = sid
+        if not paths:
+            return set()
+        try:
+            held = self.fs.held_locks(list(paths))
+        except OSError:
+            return set()  # advice for display only: an unreadable folder holds nothing we can see
+        return {paths[path] for path in held}
+
     @property
     def watching(self) -> bool:
         """Whether change notification spares the next `list()` a stat per session (`watch`)."""

@@ -18,6 +18,7 @@ import stat as stat_mod
 from collections.abc import Collection, Sequence
 from typing import Literal, NamedTuple, Protocol
 
+from .locks import held_paths
 from .values import Revision
 from .watch import Watch
 
@@ -72,6 +73,10 @@ class Fs(Protocol):
         revisions of `names`: the one pass a listing makes, so it can stay within a small factor
         of scandir + stat. Put the name most folders hold first. With `watch` (from `watch()`),
         each folder and file is watched before it is stat'ed."""
+        ...
+
+    def held_locks(self, paths: Sequence[str]) -> set[str]:
+        """The `paths` whose lock some writer holds now, found without taking them."""
         ...
 
     def watch(self, path: str) -> Watch | None:
@@ -281,6 +286,10 @@ class OsFs:
             return _scan_folders(dfd, folders, names, watch)
         finally:
             os.close(dfd)
+
+    def held_locks(self, paths: Sequence[str]) -> set[str]:
+        # A plain lstat per path (no O_NOFOLLOW walk): the answer is only shown, never acted on.
+        return held_paths({path: os.path.join(self.root, path) for path in paths})
 
     def watch(self, path: str) -> Watch | None:
         return Watch.open(os.path.join(os.path.abspath(self.root), path))
