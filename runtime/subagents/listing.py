@@ -275,12 +275,14 @@ class ListingService:
                 results[i] = DiagnosticRow(id=record.id, reason=record.damage)
             else:
                 pending.append(i)
-        checkpoints = await self._checkpoint_identities([candidates[i] for i in pending])
+        held: set[str] = set()  # cold candidates another process holds the lock of: running there
+        checkpoints = await self._checkpoint_identities([candidates[i] for i in pending], held)
         observe = []
         for i in pending:
             identity = checkpoints.get(candidates[i].id)
             if identity is not None:
-                results[i] = self._rows_made.child(candidates[i], identity, candidates[i].id in parents, live=False)
+                results[i] = self._rows_made.child(
+                    candidates[i], identity, candidates[i].id in parents, live=candidates[i].id in held)
             else:
                 observe.append(i)
         if not observe:
@@ -315,7 +317,7 @@ class ListingService:
             if identity is None:
                 results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
             else:
-                results[i] = self._rows_made.child(record, identity, record.id in parents, live=False)
+                results[i] = self._rows_made.child(record, identity, record.id in parents, live=record.id in held)
 
         _check(abort)
         try:
@@ -343,17 +345,31 @@ class ListingService:
         if failures:
             raise failures[0]
 
-    async def _checkpoint_identities(self, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
-        """Identities the index's checkpoint rows prove, for all cold candidates in one query."""
+    async def _checkpoint_identities(
+        self, records: Sequence[SessionRecord], held: set[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Identities the index's checkpoint rows prove, for all cold candidates in one query;
+        in the same thread hop, the ids of those another writer holds the lock of go into
+        `held`."""
         if self.log_store is None or not records:
             return {}
+        store, ids = self.log_store, [r.id for r in records]
+
+        def rows_and_locks() -> tuple[dict[str, Any] | None, set[str]]:
+            locked = store.held(ids)
+            try:
+                return store.read_checkpoint_rows(ids), locked
+            except Exception:  # the index is a cache: any failure falls through to observation
+                return None, locked
+
         try:
             # Through the index's one worker slot (SPEC 3.3), shared with the session query.
             limiter = self.query.index_limiter if self.query is not None else None
-            rows = await trio.to_thread.run_sync(self.log_store.read_checkpoint_rows, [r.id for r in records],
-                                                 limiter=limiter)
+            rows, locked = await trio.to_thread.run_sync(rows_and_locks, limiter=limiter)
         except Exception:  # the index is a cache: any failure falls through to observation
             return {}
+        if held is not None:
+            held |= locked
         if not rows:
             return {}
         out = {}
