@@ -343,6 +343,9 @@ class SessionQuery:
             raise SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
         if info.damage is not None:
             code = UNSUPPORTED if info.damage == "unsupported" else CORRUPT
+            # The index knows only that it is damaged; a read finds where (the seq or byte
+            # offset) and raises that. Listings never get here (a damaged record is a diagnostic).
+            await self._cold(sid, abort)
             raise SessionQueryError(f"stored session {sid!r} is {info.damage}", code)
         cached = self._cache.get(sid)
         if cached is not None and cached.revision == info.revision:
@@ -411,10 +414,16 @@ def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
     if isinstance(exc, (SessionNotFound, InvalidSessionId)):
         return SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
     if isinstance(exc, CorruptLog):
-        return SessionQueryError(f"stored session {sid!r} is corrupt: {exc.reason}", CORRUPT)
+        at = _at(exc.seq, exc.offset)
+        return SessionQueryError(f"stored session {sid!r} is corrupt{at}: {exc.reason}", CORRUPT)
     if isinstance(exc, UnsupportedLog):
-        return SessionQueryError(f"stored session {sid!r} is unsupported: {exc.reason}", UNSUPPORTED)
+        return SessionQueryError(f"stored session {sid!r} is unsupported{_at(exc.seq, None)}: {exc.reason}", UNSUPPORTED)
     return SessionQueryError(f"failed to observe session {sid!r}: {exc}", PERSISTENCE)
+
+
+def _at(seq: int | None, offset: int | None) -> str:
+    where = [f"seq {seq}"] * (seq is not None) + [f"byte offset {offset}"] * (offset is not None)
+    return f" at {', '.join(where)}" if where else ""
 
 
 def _live(ref: SessionRef, stored: SessionRecord | None) -> SessionRecord:
