@@ -160,3 +160,48 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
     [row] = json.loads(_cli(capsys, "children", "parent", "--json", "--root", r))
     assert row["activity"] == "inactive"
     assert _cli(capsys, "agents", "parent", "--root", r) == f"{child} [ready] — Busy\n"
+
+
+# --- the same, below the CLI: a writer of another store on the same data -------------------
+
+
+def _parent_and_child(store: Any) -> Any:
+    """A parent and a continuable child, published; the child's write handle is returned open,
+    as another process running it would hold it (its turn 1 still open)."""
+    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.storage import Batch, SessionHeader, make_event
+
+    parent = store.create(SessionHeader(id="p", created_at=1))
+    store.append(parent, [Batch(0, [make_event(0, "turn/start", 1, {"turn": 1})])])
+    store.close(parent)
+    child = store.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
+    descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label="Busy"))
+    store.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, descriptor),
+                                   make_event(1, "turn/start", 2, {"turn": 1})])])
+    return child
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_listing_and_observation_see_a_writer_of_another_store(kind: str, tmp_path: Path) -> None:
+    from subagents.runtime.app import open_runtime
+    from subagents.storage import FileLogStore, MemoryLogStore
+
+    if kind == "memory":
+        writer = MemoryLogStore()
+        reader: Any = MemoryLogStore(fs=writer.crash_fs)
+    else:
+        if held_flocks() is None:
+            pytest.skip("no /proc/locks")
+        writer, reader = FileLogStore(str(tmp_path)), FileLogStore(str(tmp_path))
+    handle = _parent_and_child(writer)
+    async with open_runtime(tmp_path, log_store=reader) as rt:
+        [row] = await rt.listing.list_children("p")
+        assert (row.id, row.activity) == ("c", "running")
+        async with rt.query.observe_session("c") as seen:
+            assert seen.held and [e.type for e in seen.events] == ["subagent/descriptor", "turn/start"]
+        assert [(r.id, r.held) for r in await rt.query.list_sessions(probe_locks=True)] == [("c", True), ("p", False)]
+        writer.close(handle)
+        [row] = await rt.listing.list_children("p")
+        assert row.activity == "inactive"
+        async with rt.query.observe_session("c") as seen:
+            assert not seen.held and seen.events[-1].type == "turn/end"  # closed in memory
