@@ -157,7 +157,11 @@ class _ListAgents:
                 rows = await listing.list_children(caller.session_id, ctx.abort)
         except SubagentError as exc:
             raise _failure(exc) from None
-        return render_agents(rows, descendants, lambda child_id: agent_status(self.service.agents, child_id))
+        # A child not resident here that the listing found `running` is held by another process.
+        elsewhere = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
+        agents = self.service.agents
+        return render_agents(rows, descendants, lambda child_id: (
+            "running" if child_id in elsewhere and agents.get(child_id) is None else agent_status(agents, child_id)))
 
 
 @attrs.frozen

@@ -205,3 +205,37 @@ async def test_listing_and_observation_see_a_writer_of_another_store(kind: str, 
         assert row.activity == "inactive"
         async with rt.query.observe_session("c") as seen:
             assert not seen.held and seen.events[-1].type == "turn/end"  # closed in memory
+
+
+async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: Path) -> None:
+    import msgspec
+
+    from subagents.runtime.app import open_runtime
+    from subagents.runtime.clock import ScenarioClock
+    from subagents.runtime.models.script import load_script
+    from subagents.runtime.models.scripted import ScriptedModel
+    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.storage import Batch, MemoryLogStore, SessionHeader, make_event
+
+    writer = MemoryLogStore()
+    reader = MemoryLogStore(fs=writer.crash_fs)
+    child = writer.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
+    descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label="Busy"))
+    writer.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, descriptor)])])
+    script = {"agents": [{"session": "p", "responses": [
+        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"},
+        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
+    async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(),
+                            log_store=reader) as rt:
+        parent = await rt.agents.create(session_id="p")
+        await parent.send("list them")
+        await parent.wait_idle()
+        writer.close(child)  # the other process ends
+        await parent.send("list them again")
+        await parent.wait_idle()
+        handle = reader.open_read("p")
+        events = list(reader.read(handle))
+        reader.close(handle)
+    results = [msgspec.json.decode(e.data) for e in events if e.type == "tool/result"]
+    texts = [r["message"]["content"][0]["content"][0]["text"] for r in results]
+    assert texts == ["c [running] — Busy", "c [ready] — Busy"]
