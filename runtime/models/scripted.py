@@ -16,8 +16,10 @@ Stalls. A `wait_for` that nothing will ever satisfy must not hang a run: each ho
 on Trio's clock (never the request's clock, whose sleeps may be virtual) and fails with
 `MODEL_SCRIPT_STALLED` — one line naming the session, the response and the wait — once
 `stall_timeout` seconds pass with no progress. Progress is anything the model sees move: a call
-starting, a chunk streamed, a hold released, a session registered, a scripted delay ending, or a
-host calling `note_progress()`; each restarts every watch. While a scripted `delay_ms` sleeps,
+starting, a response finishing or failing, a hold released, a session registered, a scripted
+delay ending, or a host calling `note_progress()`; each restarts every watch. (Appends by the
+runtime are not seen: in a scripted run every step makes a model call, so they come with model
+activity; a host with long-running tools calls `note_progress()` or raises the timeout.) While a scripted `delay_ms` sleeps,
 the watches are suspended (the delay's end is progress that is certain to come).
 
 Binding (fixed for the life of the instance once a session's first call starts):
@@ -94,6 +96,7 @@ def parse_stall_timeout(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"--stall-timeout must be a positive number of seconds, got {text!r}")
     return value
+
 
 _WORD_START = re.compile(r"(?<=\s)(?=\S)")
 _TEXT_PIECES = 3
