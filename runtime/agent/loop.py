@@ -97,7 +97,7 @@ class _ModelReply:
 class _Waits:
     """`wait_for` hooks of the scripted model, bound to one agent."""
 
-    def __init__(self, agent: Agent, settled: Callable[[str, str], Any] | None) -> None:
+    def __init__(self, agent: Agent, settled: Callable[[str, str, int], Any] | None) -> None:
         self._agent = agent
         self._settled = settled
         self.mark = 0
@@ -105,10 +105,10 @@ class _Waits:
     async def steered(self) -> None:
         await self._agent.inbox.wait_received(self.mark)
 
-    async def settled(self, child: str) -> None:
+    async def settled(self, child: str, count: int = 1) -> None:
         if self._settled is None:
             raise ModelError("wait_for settled needs the subagent service", code="MODEL_SCRIPT_WAIT")
-        await self._settled(self._agent.session_id, child)
+        await self._settled(self._agent.session_id, child, count)
 
 
 class Agent:
@@ -122,7 +122,7 @@ class Agent:
         config: AgentConfig = AgentConfig(),
         events: Sequence[Event] = (),
         label: str | None = None,
-        wait_settled: Callable[[str, str], Any] | None = None,
+        wait_settled: Callable[[str, str, int], Any] | None = None,
         surface: Surface | None = None,  # already built from `events` (a resume builds it in a thread)
     ) -> None:
         self.session = session

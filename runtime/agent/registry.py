@@ -58,7 +58,7 @@ class AgentRegistry:
     config: AgentConfig
     tools: Callable[[], ToolSet]
     _nursery: trio.Nursery
-    wait_settled: Callable[[str, str], Any] | None = None
+    wait_settled: Callable[[str, str, int], Any] | None = None
     on_resume: Callable[[Agent, list[Event]], None] | None = None  # e.g. redeliver settlement notices
     before_release: Callable[[str], Awaitable[None]] | None = None  # e.g. drain its running children
     # (model, config, tools) a resumed session's own log asks for, or None for the defaults;

@@ -388,16 +388,19 @@ class SubagentService:
                 settled.append(decode_payload(event, session_id=parent_id).child_id)
         if not settled:
             return
+        # Every settlement this process saw is in the log too: top each child up to the log's count
+        # (a child settles once per run, so repeats are real and count for `wait_for` counts).
         known = self._settled.setdefault(parent_id, [])
-        for child_id in settled:
+        for child_id in dict.fromkeys(settled):
             entry = (child_id, labels.get(child_id))
-            if entry not in known:
-                known.append(entry)
+            seen = sum(1 for cid, _ in known if cid == child_id)
+            known.extend([entry] * (settled.count(child_id) - seen))
         self._settled_changed.unpark_all()
 
-    async def wait_settled(self, parent_id: str, child: str) -> None:
-        """For scripted `wait_for: settled`: until a child (label or id) of `parent_id` settled."""
-        while not any(child in (cid, label) for cid, label in self._settled.get(parent_id, ())):
+    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
+        """For scripted `wait_for: settled`: until `count` settlements of a child (label or id)
+        of `parent_id` are durable (counting those its log held when it was resumed)."""
+        while sum(child in (cid, label) for cid, label in self._settled.get(parent_id, ())) < count:
             await self._settled_changed.park()
 
     async def wait_tree_idle(self, agent: Agent) -> TurnResult | None:
