@@ -165,7 +165,7 @@ class SessionQuery:
 
         def listed() -> tuple[list[LogInfo], set[str]]:
             infos = store.list()
-            return infos, store.held([info.id for info in infos]) if probe_locks else set()
+            return infos, store.held_elsewhere([info.id for info in infos]) if probe_locks else set()
 
         try:
             infos, held = await trio.to_thread.run_sync(listed, limiter=self.index_limiter)
@@ -176,14 +176,6 @@ class SessionQuery:
         if not held:
             return records
         return [attrs.evolve(r, held=True) if r.id in held and not r.live else r for r in records]
-
-    async def held(self, records: list[SessionRecord]) -> set[str]:
-        """The ids among these records not live here whose lock another writer holds now (one
-        thread hop; the index is not touched)."""
-        ids = [r.id for r in records if not r.live]
-        if not ids:
-            return set()
-        return await trio.to_thread.run_sync(self.log_store.held, ids)
 
     def _corpus(self, infos: list[LogInfo]) -> list[SessionRecord]:
         # Records are values: one made from the very same store info and live ref as last time
@@ -327,7 +319,7 @@ class SessionQuery:
             except Exception as exc:  # the asker raises it
                 job.result = exc
         try:
-            held = self.log_store.held([job.session_id for job in batch if isinstance(job.result, LogInfo)])
+            held = self.log_store.held_elsewhere([job.session_id for job in batch if isinstance(job.result, LogInfo)])
         except Exception:  # advice for display only: an unanswered probe is "not held"
             held = set()
         for job in batch:

@@ -357,7 +357,8 @@ class CrashFs:
 
     @_locked
     def held_locks(self, paths: Sequence[str]) -> set[str]:
-        """The `paths` some open `CrashFile` holds the lock of (its in-memory lock table)."""
+        """The `paths` some open `CrashFile` holds the lock of (its in-memory lock table: an
+        in-memory file system has no processes, so every holder counts as elsewhere)."""
         held = set()
         for path in paths:
             try:

@@ -145,8 +145,8 @@ class FaultyLogStore:
         self._enter("close", handle.session_id)
         self.inner.close(handle)
 
-    def held(self, session_ids: Sequence[str]) -> set[str]:
-        return self.inner.held(session_ids)  # advice only: no faults are injected here
+    def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        return self.inner.held_elsewhere(session_ids)  # advice only: no faults are injected here
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         self._enter("write_checkpoint", handle.session_id)

@@ -112,6 +112,7 @@ class FileLogStore:
         else:
             index = SessionIndex(None)  # an in-memory Fs gets an in-memory index
         self._catalog = Catalog(fs, index, watch=watch)
+        self._lock_paths: dict[str, str] = {}  # id -> its lock's path, for `held_elsewhere`
 
     # --- paths ---
 
@@ -519,17 +520,22 @@ class FileLogStore:
     def list(self) -> list[LogInfo]:
         return self._catalog.list()
 
-    def held(self, session_ids: Sequence[str]) -> set[str]:
-        """The ids among `session_ids` whose single-writer lock some writer holds now (in this
-        process or another), read from the lock table without taking any lock (`locks`);
-        empty where the table cannot be read. Invalid ids are never held."""
-        paths: dict[str, SessionId] = {}
+    def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids among `session_ids` whose single-writer lock a writer in another process
+        holds now, read from the lock table without taking any lock (`locks`); empty where
+        the table cannot be read. Invalid ids are never held. (Over an in-memory Fs, every
+        holder counts: it has no processes.)"""
+        known = self._lock_paths
+        paths: dict[str, str] = {}
         for session_id in session_ids:
-            try:
-                sid = check_session_id(session_id)
-            except StorageError:
-                continue
-            paths[f"{self._folder(sid)}/{LOCK_NAME}"] = sid
+            path = known.get(session_id)
+            if path is None:
+                try:
+                    sid = check_session_id(session_id)
+                except StorageError:
+                    continue
+                path = known[sid] = f"{self._folder(sid)}/{LOCK_NAME}"
+            paths[path] = session_id
         if not paths:
             return set()
         try:

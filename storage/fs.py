@@ -76,7 +76,8 @@ class Fs(Protocol):
         ...
 
     def held_locks(self, paths: Sequence[str]) -> set[str]:
-        """The `paths` whose lock some writer holds now, found without taking them."""
+        """The `paths` whose lock a writer elsewhere holds now (another process; for an
+        in-memory Fs, any open file), found without taking them."""
         ...
 
     def watch(self, path: str) -> Watch | None:
@@ -149,6 +150,7 @@ class OsFs:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.fspath(root)
+        self._lock_inodes: dict[str, int] = {}  # lock path -> inode (lock files are never deleted)
 
     def _parent(self, path: str) -> tuple[int, str]:
         """An fd of `path`'s folder, reached without following links, and the last component."""
@@ -288,8 +290,8 @@ class OsFs:
             os.close(dfd)
 
     def held_locks(self, paths: Sequence[str]) -> set[str]:
-        # A plain lstat per path (no O_NOFOLLOW walk): the answer is only shown, never acted on.
-        return held_paths({path: os.path.join(self.root, path) for path in paths})
+        # A plain stat per path (no O_NOFOLLOW walk): the answer is only shown, never acted on.
+        return held_paths(self.root, paths, inodes=self._lock_inodes)
 
     def watch(self, path: str) -> Watch | None:
         return Watch.open(os.path.join(os.path.abspath(self.root), path))

@@ -93,10 +93,10 @@ class LogStore(Protocol):
         """Idempotent; releases a write handle's lock."""
         ...
 
-    def held(self, session_ids: Sequence[str]) -> set[str]:
-        """The ids whose single-writer lock a writer (any process, this one included) holds
-        now, found without taking any lock; empty where the store cannot tell. Advice for
-        display: a writer may take or drop a lock the moment after."""
+    def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids whose single-writer lock a writer in another process holds now (the
+        memory store: any other holder), found without taking any lock; empty where the store
+        cannot tell. Advice for display: a writer may take or drop a lock the moment after."""
         ...
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:

@@ -356,7 +356,7 @@ class ListingService:
         store, ids = self.log_store, [r.id for r in records]
 
         def rows_and_locks() -> tuple[dict[str, Any] | None, set[str]]:
-            locked = store.held(ids)
+            locked = store.held_elsewhere(ids)
             try:
                 return store.read_checkpoint_rows(ids), locked
             except Exception:  # the index is a cache: any failure falls through to observation

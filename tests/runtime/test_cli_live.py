@@ -181,30 +181,62 @@ def _parent_and_child(store: Any) -> Any:
     return child
 
 
+_HOLDER = """
+import sys
+from subagents.storage import FileLogStore
+handle = FileLogStore(sys.argv[1]).open_write(sys.argv[2])
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+class _OtherProcess:
+    """A writer holding session `c` of a file store from another process, until `close`."""
+
+    def __init__(self, root: Path) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), "c"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None and self.process.stdout.readline() == "held\n"
+
+    def close(self, _handle: object = None) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=TIMEOUT)
+
+
 @pytest.mark.parametrize("kind", ["memory", "file"])
-async def test_listing_and_observation_see_a_writer_of_another_store(kind: str, tmp_path: Path) -> None:
+async def test_listing_and_observation_see_a_writer_elsewhere(kind: str, tmp_path: Path) -> None:
     from subagents.runtime.app import open_runtime
     from subagents.storage import FileLogStore, MemoryLogStore
 
-    if kind == "memory":
+    writer: Any
+    if kind == "memory":  # another store on the same in-memory data: it has no processes
         writer = MemoryLogStore()
         reader: Any = MemoryLogStore(fs=writer.crash_fs)
+        handle = _parent_and_child(writer)
     else:
         if held_flocks() is None:
             pytest.skip("no /proc/locks")
-        writer, reader = FileLogStore(str(tmp_path)), FileLogStore(str(tmp_path))
-    handle = _parent_and_child(writer)
-    async with open_runtime(tmp_path, log_store=reader) as rt:
-        [row] = await rt.listing.list_children("p")
-        assert (row.id, row.activity) == ("c", "running")
-        async with rt.query.observe_session("c") as seen:
-            assert seen.held and [e.type for e in seen.events] == ["subagent/descriptor", "turn/start"]
-        assert [(r.id, r.held) for r in await rt.query.list_sessions(probe_locks=True)] == [("c", True), ("p", False)]
-        writer.close(handle)
-        [row] = await rt.listing.list_children("p")
-        assert row.activity == "inactive"
-        async with rt.query.observe_session("c") as seen:
-            assert not seen.held and seen.events[-1].type == "turn/end"  # closed in memory
+        reader = FileLogStore(str(tmp_path))
+        reader.close(_parent_and_child(reader))
+        writer, handle = _OtherProcess(tmp_path), None
+    try:
+        async with open_runtime(tmp_path, log_store=reader) as rt:
+            [row] = await rt.listing.list_children("p")
+            assert (row.id, row.activity) == ("c", "running")
+            async with rt.query.observe_session("c") as seen:
+                assert seen.held and [e.type for e in seen.events] == ["subagent/descriptor", "turn/start"]
+            records = await rt.query.list_sessions(probe_locks=True)
+            assert [(r.id, r.held) for r in records] == [("c", True), ("p", False)]
+            assert not any(r.held for r in await rt.query.list_sessions())  # only when asked
+            writer.close(handle)
+            [row] = await rt.listing.list_children("p")
+            assert row.activity == "inactive"
+            async with rt.query.observe_session("c") as seen:
+                assert not seen.held and seen.events[-1].type == "turn/end"  # closed in memory
+    finally:
+        if kind == "file":
+            writer.close()
 
 
 async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: Path) -> None:

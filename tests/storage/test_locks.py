@@ -15,6 +15,7 @@ from subagents.storage.locks import PROC_LOCKS, held_flocks, held_paths, parse_f
 
 TABLE = """\
 1: FLOCK  ADVISORY  WRITE 5373 fe:00:2148449 0 EOF
+1: FLOCK  ADVISORY  WRITE 4242 fe:00:31337 0 EOF
 1: -> FLOCK  ADVISORY  WRITE 5391 fe:00:77 0 EOF
 2: POSIX  ADVISORY  WRITE 812 00:1a:99 0 EOF
 3: OFDLCK ADVISORY  READ  -1 00:06:1041 0 EOF
@@ -28,7 +29,8 @@ needs_proc_locks = pytest.mark.skipif(held_flocks() is None, reason="no readable
 
 def test_only_held_flocks_count() -> None:
     # Waiters (`->`), POSIX and OFD locks and unparsable lines are not a held flock.
-    assert parse_flocks(TABLE) == {(0xFE, 0, 2148449), (0x103, 0x1F, 12)}
+    assert parse_flocks(TABLE) == {(0xFE, 0, 2148449), (0xFE, 0, 31337), (0x103, 0x1F, 12)}
+    assert parse_flocks(TABLE, exclude_pid=4242) == {(0xFE, 0, 2148449), (0x103, 0x1F, 12)}  # our own
 
 
 def test_an_unreadable_table_holds_nothing(tmp_path: Path) -> None:
@@ -38,9 +40,33 @@ def test_an_unreadable_table_holds_nothing(tmp_path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         assert held_flocks(str(tmp_path / "no-such-table")) is None
-        assert held_paths({"s": str(lock)}, table=str(tmp_path / "no-such-table")) == set()
+        assert held_paths(str(tmp_path), ["lock"], table=str(tmp_path / "no-such-table")) == set()
     finally:
         os.close(fd)
+
+
+def test_paths_match_the_table_by_device_and_inode(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "c").symlink_to(tmp_path / "a")
+    st_a, st_b = (tmp_path / "a").stat(), (tmp_path / "b").stat()
+    major, minor = os.major(st_a.st_dev), os.minor(st_a.st_dev)
+    table = tmp_path / "locks"
+    table.write_text(
+        f"1: FLOCK  ADVISORY  WRITE 1 {major:02x}:{minor:02x}:{st_a.st_ino} 0 EOF\n"
+        f"2: FLOCK  ADVISORY  WRITE {os.getpid()} {major:02x}:{minor:02x}:{st_b.st_ino} 0 EOF\n"  # ours
+    )
+    inodes: dict[str, int] = {}
+    paths = ["a", "b", "c", "missing"]
+    assert held_paths(str(tmp_path), paths, inodes=inodes, table=str(table)) == {"a"}
+    assert inodes == {"a": st_a.st_ino, "b": st_b.st_ino}  # kept: the next call needs no stat
+    assert held_paths(str(tmp_path), paths, inodes=inodes, table=str(table)) == {"a"}
+    inodes["b"] = st_a.st_ino  # a stale inode that happens to be held: a fresh stat decides
+    assert held_paths(str(tmp_path), paths, inodes=inodes, table=str(table)) == {"a"}
+    assert inodes["b"] == st_b.st_ino
+    other_device = tmp_path / "elsewhere"
+    other_device.write_text(f"1: FLOCK  ADVISORY  WRITE 1 {major + 1:02x}:{minor:02x}:{st_a.st_ino} 0 EOF\n")
+    assert held_paths(str(tmp_path), paths, table=str(other_device)) == set()
 
 
 def _publish(root: Path, sid: str) -> None:
@@ -75,12 +101,15 @@ def test_a_lock_held_by_another_process_is_seen_without_taking_it(tmp_path: Path
         def no_probe(*_args: object) -> None:
             raise AssertionError("held() must not take a lock to find out")
 
+        mine = store.open_write("idle")  # held by this process: not elsewhere
         with monkeypatch.context() as patched:
             patched.setattr(fcntl, "flock", no_probe)
-            assert store.held(["busy", "idle", "absent"]) == {"busy"}
+            for _ in range(2):  # the second time from the inodes it kept
+                assert store.held_elsewhere(["busy", "idle", "absent", "bad\x01id"]) == {"busy"}
+        store.close(mine)
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=60)
-    assert store.held(["busy", "idle"]) == set()  # the lock went with the process
+    assert store.held_elsewhere(["busy", "idle"]) == set()  # the lock went with the process
     store.close_store()
