@@ -35,6 +35,7 @@ import trio
 from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore
 from subagents.storage import (
     CorruptLog,
+    HeaderClaim,
     Event,
     InvalidSessionId,
     LogInfo,
@@ -77,6 +78,9 @@ class SessionRecord:
     revision: Revision | None  # None for live-only records
     event_count: int | None
     conflict: bool = False
+    # A damaged persisted record whose line 1 is a JSON object but no valid header: what it says
+    # of its lineage, unvalidated (listings make it a diagnostic of the parent it names).
+    claimed: HeaderClaim | None = None
 
 
 @attrs.define(eq=False)
@@ -400,6 +404,7 @@ def _persisted(info: LogInfo) -> SessionRecord:
         inherited_event_count=info.inherited_event_count,
         revision=info.revision,
         event_count=info.event_count,
+        claimed=info.claimed,
     )
 
 

@@ -29,7 +29,7 @@ import attrs
 import msgspec
 
 from .projection import CheckpointRow, Lifecycle
-from .values import LogInfo, Offset, Revision, SessionHeader, SessionId
+from .values import HeaderClaim, LogInfo, Offset, Revision, SessionHeader, SessionId
 
 __all__ = ["INDEX_NAME", "SCHEMA_VERSION", "UNREADABLE", "IndexRow", "SessionIndex", "StoredCheckpoint"]
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 _json = msgspec.json
 INDEX_NAME = "index.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: the `claim` of a damaged header (SPEC 5.4 step 3)
 # Ids per query: SQLite >= 3.32 takes 32,766 bound parameters (older ones 999).
 _IN_LIMIT = 30_000 if sqlite3.sqlite_version_info >= (3, 32) else 900
 _LIFECYCLES = 1 << 16  # decoded lifecycle records kept at most (then forgotten at once)
@@ -67,7 +67,8 @@ CREATE TABLE sessions (
     scan_end INTEGER NOT NULL,
     scan_events INTEGER NOT NULL,
     head BLOB NOT NULL,
-    anchor BLOB NOT NULL
+    anchor BLOB NOT NULL,
+    claim TEXT
 );
 CREATE TABLE checkpoints (
     session_id TEXT NOT NULL,
@@ -84,7 +85,7 @@ CREATE TABLE checkpoints (
 _COLUMNS = (
     "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
     "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
-    "scan_end, scan_events, head, anchor"
+    "scan_end, scan_events, head, anchor, claim"
 )
 
 
@@ -171,6 +172,7 @@ def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
         inherited_event_count=Offset(int(row[15])),
         revision=Revision(size=int(row[2]), mtime_ns=int(row[3]), inode=int(row[4])),
         event_count=Offset(int(row[16])),
+        claimed=_claim_from_sql(row[21]),
     )
     return IndexRow(
         info=info,
@@ -208,7 +210,24 @@ def _row_to_sql(row: IndexRow) -> tuple[object, ...]:
         row.scan_events,
         row.head,
         row.anchor,
+        None if info.claimed is None else _json.encode(list(info.claimed)).decode(),
     )
+
+
+def _claim_from_sql(value: object) -> HeaderClaim | None:
+    """A stored claim (JSON `[origin, parent_session, created_at]`); another shape raises
+    ValueError, so the row is rescanned."""
+    if value is None:
+        return None
+    try:
+        origin, parent, created = _json.decode(str(value))
+    except (msgspec.DecodeError, TypeError, ValueError):
+        raise ValueError("unreadable claim") from None
+    if not (origin is None or type(origin) is str) or not (parent is None or type(parent) is str):
+        raise ValueError("unreadable claim")
+    if not (created is None or type(created) is int):
+        raise ValueError("unreadable claim")
+    return HeaderClaim(origin=origin, parent_session=parent, created_at=created)
 
 
 class SessionIndex:
@@ -304,7 +323,7 @@ class SessionIndex:
             return
         def write(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 21)})",
+                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 22)})",
                 [_row_to_sql(row) for row in changed],
             )
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
