@@ -84,6 +84,9 @@ class DiagnosticRow:
 
 
 Row = ChildRow | DiagnosticRow
+_IDENTITY = [IDENTITY_UNIT.key]
+_CATALOG = [CATALOG_UNIT.key]
+_BOTH = [IDENTITY_UNIT.key, CATALOG_UNIT.key]  # a live child's identity and whether it has children
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
 _QUERY_REASONS: dict[str, Reason | None] = {
@@ -200,7 +203,7 @@ class ListingService:
         catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates, abort)
         entries = catalogs.get(parent_id)
         absent = absent_children(parent_id, entries, shape.records) if entries else []
-        rows = await self._rows(shape.parents, candidates, abort, stored)
+        rows = await self._rows(shape, candidates, abort, stored)
         if not absent:
             return [row for row in rows if row is not None]
         extra = await self._absent_rows(absent, abort)
@@ -243,7 +246,7 @@ class ListingService:
                 break
         nodes = [node for node, _, _ in placed if isinstance(node, Absent) or _is_subagent(node)]
         candidates = [node for node in nodes if isinstance(node, SessionRecord)]
-        rows = iter(await self._rows(shape.parents, candidates, abort, stored))
+        rows = iter(await self._rows(shape, candidates, abort, stored))
         lost = [node for node in nodes if isinstance(node, Absent)]
         extra = iter(await self._absent_rows(lost, abort) if lost else [])
         where = {node.id: (parent, depth) for node, parent, depth in placed}
@@ -294,7 +297,7 @@ class ListingService:
                 cold.append(owner)
         entries: dict[str, list[CatalogEntry]] = {}
         if refs:
-            for owner, answer in zip(live, await self._live_answers(refs, abort, CATALOG_UNIT.key), strict=True):
+            for owner, answer in zip(live, await self._live_answers(refs, abort, _CATALOG), strict=True):
                 if isinstance(answer, ActorStopped):
                     cold.append(owner)  # it stopped meanwhile: its checkpoint row
                 elif not isinstance(answer, Exception):
@@ -364,13 +367,15 @@ class ListingService:
 
     async def _rows(
         self,
-        parents: frozenset[str | None],
+        shape: _Shape,
         candidates: list[SessionRecord],
         abort: Abort | None,
         stored: dict[str, list[StoredCheckpoint]],
     ) -> list[Row | None]:
-        """Rows aligned to `candidates` (None: omitted). `parents`: the ids some subagent record
-        of the corpus names as its parent; `stored`: checkpoint rows already read."""
+        """Rows aligned to `candidates` (None: omitted); `stored`: checkpoint rows already read.
+        A child has children when a subagent record names it as its parent, or its own catalog
+        names a child that only the catalog places."""
+        parents, records = shape.parents, shape.records
         results: list[Row | None] = [None] * len(candidates)
         cold: list[int] = []
         live_at: list[int] = []
@@ -383,36 +388,50 @@ class ListingService:
                 refs.append(ref)
             else:
                 cold.append(i)
-        answers = await self._live_answers(refs, abort, IDENTITY_UNIT.key)
+        answers = await self._live_answers(refs, abort, _BOTH)
         child = self._rows_made.child
+        again: list[int] = []
         for i, answer in zip(live_at, answers, strict=True):
             record = candidates[i]
             if isinstance(answer, ActorStopped):
                 cold.append(i)  # it stopped meanwhile: read what it left
             elif isinstance(answer, Exception):
-                results[i] = DiagnosticRow(id=record.id, reason="corrupt")
+                again.append(i)  # its identity alone may still be readable (a broken catalog cell)
             else:
                 identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                 if identity is not None:
-                    results[i] = child(record, identity, record.id in parents, live=True)
+                    has = record.id in parents or _names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
+                    results[i] = child(record, identity, has, live=True)
                 # else: omitted — a live child in its creation window
+        if again:
+            retried = await self._live_answers([refs[live_at.index(i)] for i in again], abort, _IDENTITY)
+            for i, answer in zip(again, retried, strict=True):
+                record = candidates[i]
+                if isinstance(answer, ActorStopped):
+                    cold.append(i)
+                elif isinstance(answer, Exception):
+                    results[i] = DiagnosticRow(id=record.id, reason="corrupt")
+                else:
+                    identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
+                    if identity is not None:
+                        results[i] = child(record, identity, record.id in parents, live=True)
         cold.sort()
-        await self._cold_rows(candidates, cold, parents, results, abort, stored)
+        await self._cold_rows(candidates, cold, shape, results, abort, stored)
         _check(abort)
         return results
 
-    async def _live_answers(self, refs: list[SessionRef], abort: Abort | None, key: str) -> list[Any]:
-        """All live asks for `key` at once; an abort ends the wait (an actor stuck in storage
+    async def _live_answers(self, refs: list[SessionRef], abort: Abort | None, keys: list[str]) -> list[Any]:
+        """All live asks for `keys` at once; an abort ends the wait (an actor stuck in storage
         must not hold a cancelled listing)."""
         if not refs:
             return []
         if abort is None:
-            return await snapshot_all(refs, [key])
+            return await snapshot_all(refs, keys)
         answers: list[Any] | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on, abort, nursery.cancel_scope)
-                answers = await snapshot_all(refs, [key])
+                answers = await snapshot_all(refs, keys)
                 nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:  # only an enclosing cancel gets here: pass it on bare
             raise_bare_cancelled(group)
@@ -425,11 +444,12 @@ class ListingService:
         self,
         candidates: list[SessionRecord],
         cold: list[int],
-        parents: frozenset[str | None],
+        shape: _Shape,
         results: list[Row | None],
         abort: Abort | None,
         stored: dict[str, list[StoredCheckpoint]],
     ) -> None:
+        parents, records = shape.parents, shape.records
         pending = []
         for i in cold:
             record = candidates[i]
@@ -442,7 +462,11 @@ class ListingService:
         for i in pending:
             identity = checkpoints.get(candidates[i].id)
             if identity is not None:
-                results[i] = self._rows_made.child(candidates[i], identity, candidates[i].id in parents, live=False)
+                record = candidates[i]
+                has = record.id in parents or _names_absent(
+                    record.id, _stored_catalog(record, stored.get(record.id, ())), records
+                )
+                results[i] = self._rows_made.child(record, identity, has, live=False)
             else:
                 observe.append(i)
         if not observe:
@@ -462,6 +486,7 @@ class ListingService:
                         results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # lifecycle witness
                         return
                     identity = _own(seen.projections.get(IDENTITY_UNIT.key), seen.inherited_event_count)
+                    catalog = seen.projections.get(CATALOG_UNIT.key)
             except SessionQueryError as exc:
                 reason = _QUERY_REASONS.get(exc.code)
                 if exc.code == "SESSION_QUERY_ABORTED" or (abort is not None and abort.is_set()):
@@ -477,7 +502,8 @@ class ListingService:
             if identity is None:
                 results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
             else:
-                results[i] = self._rows_made.child(record, identity, record.id in parents, live=False)
+                has = record.id in parents or _names_absent(record.id, catalog, records)
+                results[i] = self._rows_made.child(record, identity, has, live=False)
 
         _check(abort)
         try:
@@ -562,8 +588,24 @@ def _stored_catalog(owner: SessionRecord, rows: Sequence[StoredCheckpoint]) -> l
             and row.seq < owner.event_count
             and _same_lifecycle(row.lifecycle, header, owner.inherited_event_count)
         ):
+            raw = row.val_json
+            if (_NO_CHILDREN if isinstance(raw, bytes) else _NO_CHILDREN_TEXT) in raw:
+                return []  # the usual row of a child with no children: not decoded
             return state_entries(row.value())  # UNREADABLE, an object: no entries
     return []
+
+
+_NO_CHILDREN = b'"children":{}'  # how msgspec encodes the empty catalog
+_NO_CHILDREN_TEXT = _NO_CHILDREN.decode()
+
+
+def _names_absent(owner_id: str, catalog: object, records: Mapping[str, SessionRecord]) -> bool:
+    """Whether a catalog (a view, or the entries of a stored row) names a child that only the
+    catalog places: then its owner has children even if no record says so."""
+    if not catalog:
+        return False
+    entries = catalog if isinstance(catalog, list) else catalog_entries(catalog)
+    return bool(absent_children(owner_id, entries, records))
 
 
 async def _cancel_on(abort: Abort, scope: trio.CancelScope) -> None:
