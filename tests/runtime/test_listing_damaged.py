@@ -289,3 +289,24 @@ def test_cli_children_and_agents_show_the_diagnostics(
     assert f"{ids['victim']} [diagnostic: corrupt] parent={PARENT} depth=1" in lines
     assert f"{ids['gamma']} [diagnostic: unavailable] parent={PARENT} depth=1" in lines
     assert len(lines) == 5  # alpha, grand, beta, victim, gamma
+
+
+async def test_a_forks_inherited_catalog_never_names_the_parents_children(tmp_path: Path) -> None:
+    script = {"agents": [*SCRIPT["agents"], {"label": "forky", "responses": [{"text": "forked"}]}]}
+    async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(),
+                            id_factory=CountingIds("c"), compression="none", max_depth=2) as rt:
+        parent = await rt.agents.create(session_id=PARENT)
+        beta = await rt.subagents.start_continuable(parent, "spawn", "beta", "work as beta")
+        await rt.subagents.wait_tree_idle(parent)
+        fork = await rt.subagents.start_continuable(parent, "fork", "forky", "work as a fork")
+        await rt.subagents.wait_tree_idle(parent)
+        record = next(r for r in await rt.query.list_sessions() if r.id == fork)
+        assert record.inherited_event_count > 0  # its seed holds the parent's catalog of beta
+        deleted(tmp_path, beta)
+        assert rows(await rt.listing.list_children(fork)) == []
+        assert [(r["id"], r.get("reason")) for r in rows(await rt.listing.list_children(PARENT))] == [
+            (beta, "unavailable"), (fork, None)]
+    async with open_runtime(tmp_path) as rt:  # cold: from the checkpoint rows
+        assert rows(await rt.listing.list_children(fork)) == []
+        assert [(r["id"], r.get("reason")) for r in rows(await rt.listing.list_children(PARENT))] == [
+            (beta, "unavailable"), (fork, None)]
