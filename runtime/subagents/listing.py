@@ -6,7 +6,7 @@ whose line 1 still names the parent — as a valid header, or only as a JSON obj
 `claimed` lineage) — becomes its diagnostic. Children whose line 1 says nothing (log missing,
 empty, not a file, not JSON) come from the parent's `subagent_catalog` projection — its live cell
 or its checkpoint row, never its log — and become diagnostics in (`child_created_at`, id) order
-(see `catalogued`). Each candidate's identity climbs a
+(see `lineage`). Each candidate's identity climbs a
 ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
 stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
 query for all), and only then one observation each through the cold reader (at most four reads
@@ -22,7 +22,7 @@ Listing never writes a log, a checkpoint or an actor.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
@@ -30,14 +30,28 @@ import trio
 
 from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, raise_bare_cancelled, snapshot_all
 from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
-from subagents.storage import LogInfo, LogStore, SessionHeader
+from subagents.storage import LogInfo, LogStore
 from subagents.storage.index import StoredCheckpoint
-from subagents.storage.projection import Lifecycle, ProjectionRegistry
+from subagents.storage.projection import ProjectionRegistry
 
-from .catalogued import Absent, CatalogEntry, absent_children, absent_reason, catalog_entries, lineage, order_key, state_entries
+from .lineage import (
+    Absent,
+    CatalogEntry,
+    absent_children,
+    absent_reason,
+    catalog_entries,
+    children_of,
+    is_subagent,
+    lineage,
+    names_absent,
+    order_key,
+    same_lifecycle,
+    stored_catalog,
+    walk_descendants,
+)
 from .units import CATALOG_UNIT, IDENTITY_UNIT
 
-__all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError"]
+__all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError", "walk_descendants"]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
 
@@ -172,7 +186,7 @@ class _Shape:
         if children is None:
             if len(self._children) >= self._PARENTS_KEPT:
                 self._children.clear()
-            children = self._children[parent_id] = _children_of(self._corpus, parent_id)
+            children = self._children[parent_id] = children_of(self._corpus, parent_id)
         return children
 
 
@@ -233,7 +247,7 @@ class ListingService:
             if not owners:
                 break
             asked.update(owner.id for owner in owners)
-            wanted = [n for n, _, _ in placed if isinstance(n, SessionRecord) and _is_subagent(n) and n.id not in stored]
+            wanted = [n for n, _, _ in placed if isinstance(n, SessionRecord) and is_subagent(n) and n.id not in stored]
             catalogs, more = await self._catalogs(owners, wanted, abort)
             stored.update(more)
             grew = False
@@ -244,7 +258,7 @@ class ListingService:
                     grew = True
             if not grew:
                 break
-        nodes = [node for node, _, _ in placed if isinstance(node, Absent) or _is_subagent(node)]
+        nodes = [node for node, _, _ in placed if isinstance(node, Absent) or is_subagent(node)]
         candidates = [node for node in nodes if isinstance(node, SessionRecord)]
         rows = iter(await self._rows(shape, candidates, abort, stored))
         lost = [node for node in nodes if isinstance(node, Absent)]
@@ -307,7 +321,7 @@ class ListingService:
         ids += [owner.id for owner in cold if owner.persisted]
         stored = await self._stored_rows(ids)
         for owner in cold:
-            entries[owner.id] = _stored_catalog(owner, stored.get(owner.id, ()))
+            entries[owner.id] = stored_catalog(owner, stored.get(owner.id, ()))
         return entries, stored
 
     async def _stored_rows(self, ids: list[str]) -> dict[str, list[StoredCheckpoint]]:
@@ -400,7 +414,7 @@ class ListingService:
             else:
                 identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                 if identity is not None:
-                    has = record.id in parents or _names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
+                    has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
                     results[i] = child(record, identity, has, live=True)
                 # else: omitted — a live child in its creation window
         if again:
@@ -463,8 +477,8 @@ class ListingService:
             identity = checkpoints.get(candidates[i].id)
             if identity is not None:
                 record = candidates[i]
-                has = record.id in parents or _names_absent(
-                    record.id, _stored_catalog(record, stored.get(record.id, ())), records
+                has = record.id in parents or names_absent(
+                    record.id, stored_catalog(record, stored.get(record.id, ())), records
                 )
                 results[i] = self._rows_made.child(record, identity, has, live=False)
             else:
@@ -502,7 +516,7 @@ class ListingService:
             if identity is None:
                 results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
             else:
-                has = record.id in parents or _names_absent(record.id, catalog, records)
+                has = record.id in parents or names_absent(record.id, catalog, records)
                 results[i] = self._rows_made.child(record, identity, has, live=False)
 
         _check(abort)
@@ -551,7 +565,7 @@ class ListingService:
             for row in rows.get(record.id, ()):
                 if row.key != key or row.ver != version or row.seq >= record.event_count:
                     continue
-                if _same_lifecycle(row.lifecycle, header, record.inherited_event_count):
+                if same_lifecycle(row.lifecycle, header, record.inherited_event_count):
                     val = row.value()  # decoded only now (UNREADABLE, an object: no identity)
                     identity = _own(val.get("identity") if type(val) is dict else None, record.inherited_event_count)
                     if identity is not None:
@@ -564,99 +578,6 @@ def _check(abort: Abort | None) -> None:
         raise SubagentError(_CANCELLED, "CANCELLED")
 
 
-def _same_lifecycle(stored: Lifecycle, header: SessionHeader, inherited_event_count: int) -> bool:
-    """`stored == Lifecycle.of(header, inherited_event_count)`, without building the latter."""
-    return (
-        stored.format == header.format
-        and stored.created_at == header.created_at
-        and stored.cwd == header.cwd
-        and stored.is_seeded == header.is_seeded
-        and stored.inherited_event_count == inherited_event_count
-    )
-
-
-def _stored_catalog(owner: SessionRecord, rows: Sequence[StoredCheckpoint]) -> list[CatalogEntry]:
-    """The catalog an owner's checkpoint row holds, when it is a row of this lifecycle that the
-    corpus's view of the log covers (else none: the log is never read for it)."""
-    header = owner.header
-    if header is None or owner.event_count is None:
-        return []
-    for row in rows:
-        if (
-            row.key == CATALOG_UNIT.key
-            and row.ver == CATALOG_UNIT.state_version
-            and row.seq < owner.event_count
-            and _same_lifecycle(row.lifecycle, header, owner.inherited_event_count)
-        ):
-            raw = row.val_json
-            if (_NO_CHILDREN if isinstance(raw, bytes) else _NO_CHILDREN_TEXT) in raw:
-                return []  # the usual row of a child with no children: not decoded
-            return state_entries(row.value())  # UNREADABLE, an object: no entries
-    return []
-
-
-_NO_CHILDREN = b'"children":{}'  # how msgspec encodes the empty catalog
-_NO_CHILDREN_TEXT = _NO_CHILDREN.decode()
-
-
-def _names_absent(owner_id: str, catalog: object, records: Mapping[str, SessionRecord]) -> bool:
-    """Whether a catalog (a view, or the entries of a stored row) names a child that only the
-    catalog places: then its owner has children even if no record says so."""
-    if not catalog:
-        return False
-    entries = catalog if isinstance(catalog, list) else catalog_entries(catalog)
-    return bool(absent_children(owner_id, entries, records))
-
-
 async def _cancel_on(abort: Abort, scope: trio.CancelScope) -> None:
     await abort.wait()
     scope.cancel()
-
-
-def _is_subagent(record: SessionRecord) -> bool:
-    said = lineage(record)
-    return said is not None and said[0] == "subagent"
-
-
-def _children_of(corpus: list[SessionRecord], parent_id: str) -> list[SessionRecord]:
-    out = []
-    for r in corpus:
-        header = r.header
-        if header is not None:
-            if header.origin == "subagent" and header.parent_session == parent_id:
-                out.append(r)
-        elif r.claimed is not None and r.claimed.origin == "subagent" and r.claimed.parent_session == parent_id:
-            out.append(r)  # a damaged header that still names the parent: a diagnostic
-    out.sort(key=order_key)
-    return out
-
-
-Node = SessionRecord | Absent
-
-
-def walk_descendants(
-    corpus: list[SessionRecord], root_id: str, catalogued: Mapping[str, Sequence[Absent]] | None = None
-) -> list[tuple[Node, str, int]]:
-    """Pre-order over every corpus edge below `root_id` — and the edges to the `catalogued`
-    children no record places — as (node, its parent, depth). Iterative, siblings in
-    (`created_at`, id) order, never revisiting the root or a node."""
-    children: dict[str, list[Node]] = {}
-    for record in corpus:
-        said = lineage(record)
-        if said is not None and said[1] is not None:
-            children.setdefault(said[1], []).append(record)
-    for parent_id, absent in (catalogued or {}).items():
-        children.setdefault(parent_id, []).extend(absent)
-    for siblings in children.values():
-        siblings.sort(key=order_key)
-    out: list[tuple[Node, str, int]] = []
-    seen = {root_id}
-    stack: list[tuple[Node, str, int]] = [(c, root_id, 1) for c in reversed(children.get(root_id, []))]
-    while stack:
-        node, parent, depth = stack.pop()
-        if node.id in seen:
-            continue
-        seen.add(node.id)
-        out.append((node, parent, depth))
-        stack.extend((c, node.id, depth + 1) for c in reversed(children.get(node.id, [])))
-    return out

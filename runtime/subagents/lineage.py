@@ -10,22 +10,39 @@ an `Absent` node, placed by the catalog's `child_created_at`. Its reason: a reco
 but says nothing (or names no subagent origin) is `corrupt`; no record at all is decided by a
 fresh stat (none → `unavailable`; a record with nothing usable → `corrupt`; a record that now
 names a parent → it was published after the corpus was taken: omitted, like a live child in its
-creation window). Pure functions; the listing does the IO.
+creation window). Also here: sibling order, the candidates of a parent, the pre-order walk below
+a root, and the catalog a parent's checkpoint row holds. Pure functions; the listing does the IO.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
 import attrs
 
 from subagents.runtime.query import SessionRecord
-from subagents.storage import LogInfo
+from subagents.storage import LogInfo, SessionHeader
+from subagents.storage.index import StoredCheckpoint
+from subagents.storage.projection import Lifecycle
 
-from .units import catalog_children
+from .units import CATALOG_UNIT, catalog_children
 
-__all__ = ["Absent", "CatalogEntry", "absent_children", "absent_reason", "catalog_entries", "lineage", "order_key"]
+__all__ = [
+    "Absent",
+    "CatalogEntry",
+    "absent_children",
+    "absent_reason",
+    "catalog_entries",
+    "children_of",
+    "is_subagent",
+    "lineage",
+    "names_absent",
+    "order_key",
+    "same_lifecycle",
+    "stored_catalog",
+    "walk_descendants",
+]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
 
@@ -124,3 +141,98 @@ def absent_reason(now: LogInfo | None | Exception) -> Reason | None:
     if said.origin == "subagent":
         return None  # published after the corpus was taken: the next listing shows it
     return "corrupt"
+
+
+def same_lifecycle(stored: Lifecycle, header: SessionHeader, inherited_event_count: int) -> bool:
+    """`stored == Lifecycle.of(header, inherited_event_count)`, without building the latter."""
+    return (
+        stored.format == header.format
+        and stored.created_at == header.created_at
+        and stored.cwd == header.cwd
+        and stored.is_seeded == header.is_seeded
+        and stored.inherited_event_count == inherited_event_count
+    )
+
+
+def stored_catalog(owner: SessionRecord, rows: Sequence[StoredCheckpoint]) -> list[CatalogEntry]:
+    """The catalog an owner's checkpoint row holds, when it is a row of this lifecycle that the
+    corpus's view of the log covers (else none: the log is never read for it)."""
+    header = owner.header
+    if header is None or owner.event_count is None:
+        return []
+    for row in rows:
+        if (
+            row.key == CATALOG_UNIT.key
+            and row.ver == CATALOG_UNIT.state_version
+            and row.seq < owner.event_count
+            and same_lifecycle(row.lifecycle, header, owner.inherited_event_count)
+        ):
+            raw = row.val_json
+            if (_NO_CHILDREN if isinstance(raw, bytes) else _NO_CHILDREN_TEXT) in raw:
+                return []  # the usual row of a child with no children: not decoded
+            return state_entries(row.value())  # UNREADABLE, an object: no entries
+    return []
+
+
+_NO_CHILDREN = b'"children":{}'  # how msgspec encodes the empty catalog
+_NO_CHILDREN_TEXT = _NO_CHILDREN.decode()
+
+
+def names_absent(owner_id: str, catalog: object, records: Mapping[str, SessionRecord]) -> bool:
+    """Whether a catalog (a view, or the entries of a stored row) names a child that only the
+    catalog places: then its owner has children even if no record says so."""
+    if not catalog:
+        return False
+    entries = catalog if isinstance(catalog, list) else catalog_entries(catalog)
+    return bool(absent_children(owner_id, entries, records))
+
+
+def is_subagent(record: SessionRecord) -> bool:
+    """Whether the record says it is a subagent (its header, or its damaged line 1's claim)."""
+    said = lineage(record)
+    return said is not None and said[0] == "subagent"
+
+
+def children_of(corpus: list[SessionRecord], parent_id: str) -> list[SessionRecord]:
+    """The candidates of `parent_id` (SPEC 5.4 step 3), in sibling order."""
+    out = []
+    for r in corpus:
+        header = r.header
+        if header is not None:
+            if header.origin == "subagent" and header.parent_session == parent_id:
+                out.append(r)
+        elif r.claimed is not None and r.claimed.origin == "subagent" and r.claimed.parent_session == parent_id:
+            out.append(r)  # a damaged header that still names the parent: a diagnostic
+    out.sort(key=order_key)
+    return out
+
+
+Node = SessionRecord | Absent
+
+
+def walk_descendants(
+    corpus: list[SessionRecord], root_id: str, catalogued: Mapping[str, Sequence[Absent]] | None = None
+) -> list[tuple[Node, str, int]]:
+    """Pre-order over every corpus edge below `root_id` — and the edges to the `catalogued`
+    children no record places — as (node, its parent, depth). Iterative, siblings in
+    (`created_at`, id) order, never revisiting the root or a node."""
+    children: dict[str, list[Node]] = {}
+    for record in corpus:
+        said = lineage(record)
+        if said is not None and said[1] is not None:
+            children.setdefault(said[1], []).append(record)
+    for parent_id, absent in (catalogued or {}).items():
+        children.setdefault(parent_id, []).extend(absent)
+    for siblings in children.values():
+        siblings.sort(key=order_key)
+    out: list[tuple[Node, str, int]] = []
+    seen = {root_id}
+    stack: list[tuple[Node, str, int]] = [(c, root_id, 1) for c in reversed(children.get(root_id, []))]
+    while stack:
+        node, parent, depth = stack.pop()
+        if node.id in seen:
+            continue
+        seen.add(node.id)
+        out.append((node, parent, depth))
+        stack.extend((c, node.id, depth + 1) for c in reversed(children.get(node.id, [])))
+    return out
