@@ -386,21 +386,37 @@ class SessionIndex:
 
         return self._write("checkpoint", write)
 
-    def load_checkpoints(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
-        """The checkpoint rows of the given sessions in one query; None on any error (a miss)."""
+    def load_checkpoints(
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """The checkpoint rows of the given sessions in one query; None on any error (a miss).
+        `keys`: only the rows of these units. `skip`: unit key → bytes; a row of that unit whose
+        stored JSON contains them is not returned (a caller's cheap pre-filter, e.g. for a
+        unit's usual empty state, so a listing does not fetch a row per session for nothing)."""
         out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
         if not session_ids:
             return out
+        where, params = "", []
+        if keys is not None:
+            where += f" AND unit_key IN ({', '.join('?' * len(keys))})"
+            params += list(keys)
+        for key, part in (skip or {}).items():
+            where += " AND NOT (unit_key = ? AND instr(val, ?) > 0)"
+            params += [key, bytes(part)]
         with self._lock:
             try:
                 conn = self._connect()
                 rows = []
-                for start in range(0, len(session_ids), _IN_LIMIT):
-                    chunk = list(session_ids[start : start + _IN_LIMIT])
+                step = _IN_LIMIT - len(params)
+                for start in range(0, len(session_ids), step):
+                    chunk = list(session_ids[start : start + step])
                     rows += conn.execute(
                         "SELECT session_id, unit_key, ver, seq, val, log_offset, lifecycle FROM checkpoints "
-                        f"WHERE session_id IN ({', '.join('?' * len(chunk))})",
-                        chunk,
+                        f"WHERE session_id IN ({', '.join('?' * len(chunk))}){where}",
+                        chunk + params,
                     ).fetchall()
             except (sqlite3.Error, OSError) as exc:
                 log.warning("index %s: checkpoint read failed (%s)", self.path, exc)

@@ -29,14 +29,17 @@ from subagents.storage.projection import Lifecycle
 from .units import CATALOG_UNIT, catalog_children
 
 __all__ = [
+    "NO_CHILDREN",
     "Absent",
     "CatalogEntry",
     "absent_children",
     "absent_reason",
     "catalog_entries",
+    "catalog_owners",
     "children_of",
     "is_subagent",
     "lineage",
+    "may_name_children",
     "names_absent",
     "order_key",
     "same_lifecycle",
@@ -167,15 +170,27 @@ def stored_catalog(owner: SessionRecord, rows: Sequence[StoredCheckpoint]) -> li
             and row.seq < owner.event_count
             and same_lifecycle(row.lifecycle, header, owner.inherited_event_count)
         ):
-            raw = row.val_json
-            if (_NO_CHILDREN if isinstance(raw, bytes) else _NO_CHILDREN_TEXT) in raw:
+            if not may_name_children(row):
                 return []  # the usual row of a child with no children: not decoded
             return state_entries(row.value())  # UNREADABLE, an object: no entries
     return []
 
 
-_NO_CHILDREN = b'"children":{}'  # how msgspec encodes the empty catalog
-_NO_CHILDREN_TEXT = _NO_CHILDREN.decode()
+NO_CHILDREN = b'"children":{}'  # how msgspec encodes the empty catalog (every stored one holds it)
+_NO_CHILDREN_TEXT = NO_CHILDREN.decode()
+
+
+def may_name_children(row: StoredCheckpoint) -> bool:
+    """False for a stored catalog that is certainly empty (told from its JSON, not decoded)."""
+    raw = row.val_json
+    return (NO_CHILDREN if isinstance(raw, bytes) else _NO_CHILDREN_TEXT) not in raw
+
+
+def catalog_owners(stored: Mapping[str, Sequence[StoredCheckpoint]]) -> set[str]:
+    """The sessions among `stored` whose catalog row may name a child (most name none: a listing
+    then checks only these)."""
+    key = CATALOG_UNIT.key
+    return {sid for sid, rows in stored.items() for row in rows if row.key == key and may_name_children(row)}
 
 
 def names_absent(owner_id: str, catalog: object, records: Mapping[str, SessionRecord]) -> bool:

@@ -40,6 +40,8 @@ from .lineage import (
     absent_children,
     absent_reason,
     catalog_entries,
+    NO_CHILDREN,
+    catalog_owners,
     children_of,
     is_subagent,
     lineage,
@@ -101,6 +103,8 @@ Row = ChildRow | DiagnosticRow
 _IDENTITY = [IDENTITY_UNIT.key]
 _CATALOG = [CATALOG_UNIT.key]
 _BOTH = [IDENTITY_UNIT.key, CATALOG_UNIT.key]  # a live child's identity and whether it has children
+_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key)  # the checkpoint rows a listing reads
+_EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
 _QUERY_REASONS: dict[str, Reason | None] = {
@@ -333,7 +337,9 @@ class ListingService:
         try:
             # Through the index's one worker slot (SPEC 3.3), shared with the session query.
             limiter = self.query.index_limiter if self.query is not None else None
-            rows = await trio.to_thread.run_sync(self.log_store.read_checkpoint_rows, ids, limiter=limiter)
+            rows = await trio.to_thread.run_sync(
+                self.log_store.read_checkpoint_rows, ids, _ROW_KEYS, _EMPTY_CATALOG, limiter=limiter
+            )
         except Exception:  # the index is a cache: any failure is a miss
             return out
         if rows:
@@ -472,14 +478,15 @@ class ListingService:
             else:
                 pending.append(i)
         checkpoints = await self._checkpoint_identities([candidates[i] for i in pending], stored)
+        naming = catalog_owners(stored) if checkpoints else set()
         observe = []
         for i in pending:
             identity = checkpoints.get(candidates[i].id)
             if identity is not None:
                 record = candidates[i]
-                has = record.id in parents or names_absent(
-                    record.id, stored_catalog(record, stored.get(record.id, ())), records
-                )
+                has = record.id in parents or (record.id in naming and names_absent(
+                    record.id, stored_catalog(record, stored[record.id]), records
+                ))
                 results[i] = self._rows_made.child(record, identity, has, live=False)
             else:
                 observe.append(i)

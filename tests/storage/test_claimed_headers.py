@@ -70,3 +70,22 @@ def test_the_memory_store_reports_claims_too() -> None:
     store.crash_fs.write_bytes(path, header_with(colour="blue") + b"\n" + rest)
     (info,) = store.list()
     assert info.header is None and info.damage == "corrupt" and info.claimed == HeaderClaim("subagent", "p", 42)
+
+
+def test_checkpoint_rows_can_be_read_for_some_units_and_skip_a_usual_value() -> None:
+    from subagents.storage.index import SessionIndex
+    from subagents.storage.projection import CheckpointRow, Lifecycle
+
+    index = SessionIndex(None)
+    for sid, catalog in (("a", {"children": {}}), ("b", {"children": {"x": {"created_at": 1, "mode": "one-shot"}}})):
+        header = SessionHeader(id=sid, created_at=1)
+        rows = {"subagent": CheckpointRow(ver=2, seq=0, val={}), "subagent_timing": CheckpointRow(ver=2, seq=0, val={}),
+                "subagent_catalog": CheckpointRow(ver=1, seq=0, val=catalog)}
+        assert index.save_checkpoint(header.id, Lifecycle.of(header, 0), rows, 10)
+    every = index.load_checkpoints(["a", "b"])
+    assert every is not None and sorted(s.key for s in every["a"]) == ["subagent", "subagent_catalog", "subagent_timing"]
+    some = index.load_checkpoints(["a", "b", "nobody"], ["subagent", "subagent_catalog"],
+                                  {"subagent_catalog": b'"children":{}'})
+    assert some is not None
+    assert {sid: sorted(s.key for s in rows) for sid, rows in some.items()} == {
+        "a": ["subagent"], "b": ["subagent", "subagent_catalog"], "nobody": []}
