@@ -310,3 +310,27 @@ async def test_a_forks_inherited_catalog_never_names_the_parents_children(tmp_pa
         assert rows(await rt.listing.list_children(fork)) == []
         assert [(r["id"], r.get("reason")) for r in rows(await rt.listing.list_children(PARENT))] == [
             (beta, "unavailable"), (fork, None)]
+
+
+async def test_the_list_agents_tool_shows_the_diagnostics(corpus: tuple[Path, dict[str, str]]) -> None:
+    import msgspec
+
+    root, ids = corpus
+    edit_line1(_add("id", "someone-else"))(root, ids["victim"])
+    fifo(root, ids["beta"])
+    script = {"agents": [{"session": PARENT, "responses": [
+        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
+    async with open_runtime(root, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock()) as rt:
+        parent = await rt.agents.resume(PARENT)
+        await parent.send("list them")
+        await parent.wait_idle()
+        handle = rt.log_store.open_read(PARENT)
+        events = list(rt.log_store.read(handle))
+        rt.log_store.close(handle)
+    (result,) = [msgspec.json.decode(e.data) for e in events if e.type == "tool/result"][-1:]
+    assert result["message"]["content"][0]["content"][0]["text"] == (
+        f"{ids['alpha']} [ready] — alpha\n"
+        f"{ids['beta']} [diagnostic: corrupt]\n"
+        f"{ids['victim']} [diagnostic: corrupt]\n"
+        f"{ids['gamma']} [ready] — gamma"
+    )
