@@ -214,6 +214,9 @@ class ListingService:
         self._shape = _Shape()
 
     async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
+        """The rows of `parent_id`'s direct subagent children (SPEC 5.4), in (`created_at`, id)
+        order, with those only the parent's catalog names. Raises `SubagentError` (a missing
+        service, `CANCELLED`) or `SessionQueryError` (an unreadable root)."""
         corpus = await self._corpus(abort)
         shape = self._shape.of(corpus)
         candidates = shape.children_of(parent_id)
@@ -233,6 +236,8 @@ class ListingService:
         return [row for _, row in placed if row is not None]
 
     async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
+        """The rows of every subagent below `root_id` in pre-order, each with `parent_id` and
+        `depth`; raises as `list_children`."""
         corpus = await self._corpus(abort)
         shape = self._shape.of(corpus)
         records = shape.records
@@ -331,7 +336,7 @@ class ListingService:
     async def _stored_rows(self, ids: list[str]) -> dict[str, list[StoredCheckpoint]]:
         """The checkpoint rows of `ids` in one query and one thread hop; every id asked is a key
         of the answer (no rows: the index is a cache, any failure is a miss)."""
-        out: dict[str, list[StoredCheckpoint]] = dict.fromkeys(ids, [])
+        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in ids}
         if self.log_store is None or not ids:
             return out
         try:
@@ -424,7 +429,8 @@ class ListingService:
                     results[i] = child(record, identity, has, live=True)
                 # else: omitted — a live child in its creation window
         if again:
-            retried = await self._live_answers([refs[live_at.index(i)] for i in again], abort, _IDENTITY)
+            ref_at = dict(zip(live_at, refs, strict=True))
+            retried = await self._live_answers([ref_at[i] for i in again], abort, _IDENTITY)
             for i, answer in zip(again, retried, strict=True):
                 record = candidates[i]
                 if isinstance(answer, ActorStopped):
