@@ -98,8 +98,14 @@ class _Setup(NamedTuple):
 
 @attrs.frozen
 class Reservation:
+    """A child id and creation time drawn in model order. `after` is set once the previous
+    reservation of the same parent step has written its catalog (or given up), so the parent's
+    `subagent/catalog` events follow the model's call order, not completion order."""
+
     child_id: str
     created_at: int
+    after: trio.Event | None = attrs.field(default=None, eq=False)
+    announced: trio.Event = attrs.field(factory=trio.Event, eq=False)  # see `ToolSet.prepare`
 
 
 def _unavailable(child_id: str) -> SubagentError:
@@ -117,13 +123,26 @@ class SubagentService:
     _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
     _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
+    # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
+    _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
+    _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
 
     # --- starting ---------------------------------------------------------------------------
 
-    async def reserve(self) -> Reservation:
-        """A child id and creation time, drawn now (tools draw them in model order)."""
+    async def reserve(self, parent_id: str | None = None, step: tuple[int, int] | None = None) -> Reservation:
+        """A child id and creation time, drawn now (tools draw them in model order). With the
+        parent and its (turn, step), the reservation's catalog waits for the one drawn before
+        it in the same step."""
         child_id = await self.agents.new_id()
-        return Reservation(child_id, self.agents.clock.now_ms())
+        after: trio.Event | None = None
+        if parent_id is not None and step is not None:
+            previous = self._chains.get(parent_id)
+            if previous is not None and previous[0] == step:
+                after = previous[1].announced
+        reserved = Reservation(child_id, self.agents.clock.now_ms(), after)
+        if parent_id is not None and step is not None:
+            self._chains[parent_id] = (step, reserved)
+        return reserved
 
     async def start_continuable(self, parent: Agent, provider: Provider, label: str, prompt: str,
                                 abort: Abort | None = None, *, reserved: Reservation | None = None,
@@ -159,7 +178,7 @@ class SubagentService:
         except BaseException:
             await self._dispose_unannounced(activation)
             raise
-        await self._catalog(parent, child, "continuable", label)
+        await self._catalog(parent, child, "continuable", label, reserved)
         self._run_activation(activation, child)
         return child_id
 
@@ -175,7 +194,7 @@ class SubagentService:
         child = await self._create_child(parent, reserved, provider, depth,
                                          SubagentDescriptor(mode="one-shot", provider=provider, label=label), setup)
         try:
-            await self._catalog(parent, child, "one-shot", label)
+            await self._catalog(parent, child, "one-shot", label, reserved)
             await child.send(prompt)
             async with trio.open_nursery() as nursery:
                 if abort is not None:
@@ -279,12 +298,22 @@ class SubagentService:
         cut = next((i + 1 for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/end"), 0)
         return events[:cut]
 
-    async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None) -> None:
+    async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None,
+                       reserved: Reservation) -> None:
         data: Json = {"version": 1, "child_id": child.session_id,
                       "child_created_at": child.session.header.created_at, "mode": mode}
         if label is not None:
             data["label"] = label
-        await parent.session.append([EventDraft(type="subagent/catalog", data=data, time=self.agents.clock.now_ms())])
+        try:
+            if reserved.after is not None:
+                await reserved.after.wait()  # the child drawn before it in this step goes first
+            await parent.session.append([EventDraft(type="subagent/catalog", data=data,
+                                                    time=self.agents.clock.now_ms())])
+        finally:
+            reserved.announced.set()
+            tail = self._chains.get(parent.session_id)
+            if tail is not None and tail[1] is reserved:
+                del self._chains[parent.session_id]
 
     async def _dispose_unannounced(self, activation: Activation) -> None:
         with trio.CancelScope(shield=True):
@@ -309,6 +338,8 @@ class SubagentService:
                 if any(self.manager.get(o) is not None for o in activation.owned):
                     await self.manager.wait_changed()
                     continue
+                if await self._wait_parent_quiet(activation):
+                    continue  # the parent moved on meanwhile: look again before settling
                 return
 
         def ready(_a: Activation) -> bool:
@@ -321,6 +352,24 @@ class SubagentService:
             await self.agents.stop(a.child_id, cause=a.cause or "disposed")
 
         self.manager.start(activation, body, ready, settle, dispose)
+
+    async def _wait_parent_quiet(self, activation: Activation) -> bool:
+        """Hold a settlement until its live parent is quiet (waiting on its model, or between
+        turns), so `subagent/settled` never lands amid the parent's own step writes: where it
+        lands — and which step claims its notice — then follows the parent's order, not the
+        child's speed. Not while the family is being stopped (drain or disposal cancel the
+        wait). True when it waited."""
+        parent = self.agents.get(activation.parent_id)
+        if (parent is None or parent.quiet or activation.cause is not None or self.manager.draining
+                or activation.parent_id in self._disposing):
+            return False
+        with trio.CancelScope() as gate:
+            self._gates[activation.child_id] = gate
+            try:
+                await parent.wait_quiet()
+            finally:
+                del self._gates[activation.child_id]
+        return True
 
     async def _settle(self, activation: Activation, child: Agent) -> None:
         if activation.cause is not None and child.status == "running":
@@ -529,6 +578,9 @@ class SubagentService:
             self._disposing.discard(session_id)
 
     def _interrupt_disposed(self, activation: Activation) -> None:
+        gate = self._gates.get(activation.child_id)
+        if gate is not None:
+            gate.cancel()  # a settlement waiting for its parent goes on: the family is stopping
         child = self.agents.get(activation.child_id)
         if child is not None:
             child.cancel("disposed")

@@ -97,9 +97,16 @@ class _Delegate:
         return head + _BACKGROUND
 
     async def prepare(self, args: Json, ctx: ToolContext) -> Reservation:
-        return await self.service.reserve()
+        return await self.service.reserve(ctx.session_id, (ctx.turn, ctx.step))
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
+        try:
+            return await self._run(args, ctx)
+        finally:
+            if isinstance(ctx.prepared, Reservation):
+                ctx.prepared.announced.set()  # refused or failed: the next catalog of its step goes on
+
+    async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
         try:
             if args.get("run_in_background", True):
