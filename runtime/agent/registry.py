@@ -64,6 +64,8 @@ class AgentRegistry:
     # (model, config, tools) a resumed session's own log asks for, or None for the defaults;
     # raises AgentError when they cannot be given (e.g. a child's model route).
     resume_setup: Callable[[str, list[Event], int], tuple[Model | None, AgentConfig, ToolSet] | None] | None = None
+    # The tools a session is offered, from its header (e.g. no delegation at the depth limit).
+    offer: Callable[[SessionHeader, ToolSet], ToolSet] | None = None
     drain_grace: float = 5.0
     index_limiter: trio.CapacityLimiter | None = None  # the index's one worker slot (SPEC 3.3)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
@@ -176,7 +178,10 @@ class AgentRegistry:
         chosen = model if model is not None else self.model
         if chosen is None:
             raise AgentError("no model is configured: pass open_runtime(model=...)", "NO_MODEL")
-        agent = Agent(ref, model=chosen, tools=tools if tools is not None else self.tools(), clock=self.clock,
+        offered = tools if tools is not None else self.tools()
+        if self.offer is not None:
+            offered = self.offer(ref.header, offered)
+        agent = Agent(ref, model=chosen, tools=offered, clock=self.clock,
                       config=config or self.config, events=events, label=label, wait_settled=self.wait_settled,
                       surface=surface)
         await self._nursery.start(agent.run)

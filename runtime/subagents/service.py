@@ -33,7 +33,16 @@ from subagents.actors.continuation import (
     Draining,
     ParentClosing,
 )
-from subagents.storage import AlreadyOwned, Event, StorageError, check_session_id, decode_payload
+from subagents.storage import (
+    AlreadyOwned,
+    Event,
+    PersistenceFailed,
+    SessionHeader,
+    SessionNotFound,
+    StorageError,
+    check_session_id,
+    decode_payload,
+)
 from subagents.storage.errors import InvalidSessionId
 
 from ..agent.inbox import Delivery, DeliveryCancelled
@@ -47,12 +56,15 @@ from .listing import ListingService, SubagentError
 from .options import ChildModel, ChildOptions, filtered_tools
 from .units import IDENTITY_UNIT
 
-__all__ = ["Reservation", "SubagentService", "notice_blocks", "return_guidance"]
+__all__ = ["DELEGATION_TOOLS", "Reservation", "SubagentService", "notice_blocks", "return_guidance"]
 
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 Provider = Literal["spawn", "fork"]
+InterruptOutcome = Literal["requested", "not-running"]
+
+DELEGATION_TOOLS = frozenset({"subagent", "subagent_fork"})
 
 _SUMMARIES = {
     "completed": "finished and will do no further work unless you send it more.",
@@ -237,6 +249,13 @@ class SubagentService:
         if depth > self.max_depth:
             raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
         return depth
+
+    def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
+        """`tools` as a session with `header` is offered them: an agent at the depth limit does
+        not see the delegation tools at all (a call would only be refused)."""
+        if header.delegation_depth < self.max_depth:
+            return tools
+        return ToolSet(tool for tool in tools if tool.name not in DELEGATION_TOOLS)
 
     def resume_setup(self, session_id: str, events: Sequence[Event], inherited_event_count: int
                      ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
@@ -553,12 +572,29 @@ class SubagentService:
             self._run_activation(activation, child)
         return True
 
-    def interrupt(self, target_id: str, by: Agent) -> None:
+    async def interrupt(self, target_id: str, by: Agent) -> InterruptOutcome:
+        """Stop a live descendant's current turn (`requested`). A target that exists but is not
+        resident is an accepted no-op, never a cold resume (`not-running`); an id no session
+        has — or an invalid one — is `NOT_RESUMABLE` (unavailable)."""
         if target_id == by.session_id:
             raise SubagentError(f'agent "{target_id}" cannot interrupt itself', "UNAUTHORIZED")
+        try:
+            check_session_id(target_id)
+        except InvalidSessionId:
+            raise _unavailable(target_id) from None
         activation = self.manager.get(target_id)
         if activation is None or activation.closing:
-            return  # not resident: an accepted no-op, never a cold resume
+            live = self.agents.get(target_id) if activation is None else None
+            if live is not None and live.session.header.parent_session == by.session_id:
+                live.cancel("parent")  # the caller's own one-shot child, running in the foreground
+                return "requested"
+            if live is not None:
+                # live, but not a child running under the caller: not the caller's to stop
+                raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
+                                    "UNAUTHORIZED")
+            if activation is None and not await self._exists(target_id):
+                raise _unavailable(target_id)
+            return "not-running"
         if by.session_id not in self.manager.ancestors(target_id):
             raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
                                 "UNAUTHORIZED")
@@ -566,6 +602,18 @@ class SubagentService:
         if child is not None:
             child.inbox.park()
             child.cancel("parent")
+        return "requested"
+
+    async def _exists(self, session_id: str) -> bool:
+        """Whether any session — live, or a log on disk, damaged or not — has this id."""
+        if self.agents.sessions.get(session_id) is not None:
+            return True
+        store = self.agents.log_store
+        try:
+            info = await trio.to_thread.run_sync(store.stat, session_id, limiter=self.agents.index_limiter)
+        except (SessionNotFound, PersistenceFailed):
+            return False  # no such log, or none that can be found: unavailable either way
+        return info is not None
 
     async def release_children_of(self, session_id: str) -> None:
         """Before a session is released: stop its resident children (child-first). Their

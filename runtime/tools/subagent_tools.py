@@ -208,10 +208,11 @@ class _InterruptAgent:
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
         try:
-            self.service.interrupt(args["agent_id"], caller)
+            outcome = await self.service.interrupt(args["agent_id"], caller)
         except SubagentError as exc:
             raise _failure(exc) from None
-        return f"interrupt requested for agent {args['agent_id']}"
+        tail = " (it is not running)" if outcome == "not-running" else ""
+        return f"interrupt requested for agent {args['agent_id']}{tail}"
 
 
 def subagent_tools(service: SubagentService) -> list[Any]:
