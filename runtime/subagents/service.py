@@ -25,7 +25,7 @@ from typing import Any, Literal, NamedTuple
 import attrs
 import trio
 
-from subagents.actors import Abort, EventDraft
+from subagents.actors import Abort, ActorStopped, EventDraft
 from subagents.actors.continuation import (
     Activation,
     ActivationLimitReached,
@@ -428,6 +428,36 @@ class SubagentService:
                      source_event_seqs=[appended.first_seq], trigger="notice"),
             "steer", force=True,
         )
+
+    async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
+        """On the resume of a session whose last turn was interrupted: close the one-shot
+        children that turn catalogued (SPEC 3.4 closers, durably, in their own logs). Nobody
+        resumes a one-shot child, so without this its open turn would stay open forever.
+
+        Only that turn's catalog is read (the events after its last `turn/start`): a one-shot
+        child runs inside one tool call of its parent's turn, in the parent's process, so a
+        crash that kills it leaves that very turn open; children of closed turns were run to
+        their end. No other child log is read. A child held by another process is skipped."""
+        start = next((i for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/start"), None)
+        if start is None:
+            return
+        children: list[str] = []
+        for event in events[start:]:
+            if event.type == "subagent/catalog":
+                try:
+                    catalog = decode_payload(event, session_id=session_id)
+                except StorageError:
+                    continue  # a damaged record names no child we could trust
+                if catalog.mode == "one-shot" and catalog.child_id not in children:
+                    children.append(catalog.child_id)
+        for child_id in children:
+            try:
+                if await self.agents.close_interrupted(child_id):
+                    log.info("closed the interrupted turn of one-shot subagent %s", child_id)
+            except AlreadyOwned:
+                log.info("one-shot subagent %s is held by another process: left to it", child_id)
+            except (StorageError, ActorStopped) as exc:
+                log.warning("could not close the interrupted turn of one-shot subagent %s: %s", child_id, exc)
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
         """On resume: every own-suffix `subagent/settled` that no own-suffix notice references

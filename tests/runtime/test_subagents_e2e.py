@@ -959,3 +959,61 @@ async def test_a_cold_resumed_child_gets_its_pending_notices_first_in_their_own_
     assert resume_turn == [leaf_notice], [texts(m["data"]["message"]) for m in resume_turn]
     assert message["data"]["turn"] == leaf_notice["data"]["turn"] + 1
     assert starts[message["data"]["turn"]] == {"kind": "message"}
+
+
+def test_a_one_shot_child_killed_mid_turn_is_closed_when_its_parent_resumes(tmp_path: Path) -> None:
+    """Issue 13 item 2d: nobody resumes a one-shot child, so its parent's resume closes it —
+    durably, in the child's own log, exactly once however often the parent resumes."""
+    d = Driver(tmp_path)
+    d.run_and_kill({
+        "session": "parent", "create": True, "prompt": "ask a helper",
+        "mark": [{"model_call": ["child-1", 1]}],
+        "script": {"agents": [
+            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+            {"label": "helper", "responses": [{"hang": True}]}]},
+    })
+    child = events_of(d.root, "child-1")
+    assert child[-1]["type"] == "user/message"  # killed inside its first model call: the turn is open
+
+    again = {"session": "parent", "create": False, "prompt": "after restart",
+             "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}}
+    assert d.run(again)["text"] == "BACK"
+    closed = events_of(d.root, "child-1")  # a fresh reader sees the closers on disk
+    assert closed[:len(child)] == child
+    closers = closed[len(child):]
+    assert [e["type"] for e in closers] == ["step/end", "turn/end"]
+    assert closers[-1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
+    parent = events_of(d.root, "parent")
+    assert turn_end(parent, 1) == {"kind": "interrupted"}
+    (result,) = results_named(parent, "subagent")
+    assert result["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+
+    assert d.run(again)["text"] == "BACK"  # a second resume: nothing more is appended
+    assert events_of(d.root, "child-1") == closed
+
+
+async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(tmp_path: Path) -> None:
+    from subagents.storage import FileLogStore
+
+    d = Driver(tmp_path)
+    d.run_and_kill({
+        "session": "parent", "create": True, "prompt": "ask a helper",
+        "mark": [{"model_call": ["child-1", 1]}],
+        "script": {"agents": [
+            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+            {"label": "helper", "responses": [{"hang": True}]}]},
+    })
+    child = events_of(d.root, "child-1")
+    holder = FileLogStore(str(d.root), compression="none")  # another owner of the child's lock
+    handle = holder.open_write("child-1")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(d.root, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}) as rt:
+                parent = await rt.agents.resume("parent")
+                await parent.send("after restart")
+                result = await parent.wait_idle()
+                assert result is not None and result.text == "BACK"
+    finally:
+        holder.close(handle)
+    assert events_of(d.root, "child-1") == child  # left to its owner, who closes it on its resume
+    assert turn_end(events_of(d.root, "parent"), 1) == {"kind": "interrupted"}
