@@ -181,6 +181,8 @@ class AgentRegistry:
         try:
             events = await trio.to_thread.run_sync(self._read_events, session_id)
             closers = interrupted_closers(events, session_id=session_id)
+            if closers and self.on_interrupted is not None:
+                await self.on_interrupted(session_id, events)  # its own one-shot children first
             if closers:
                 await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
             return bool(closers)

@@ -1017,3 +1017,22 @@ async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(
         holder.close(handle)
     assert events_of(d.root, "child-1") == child  # left to its owner, who closes it on its resume
     assert turn_end(events_of(d.root, "parent"), 1) == {"kind": "interrupted"}
+
+
+def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path) -> None:
+    d = Driver(tmp_path)
+    d.run_and_kill({
+        "session": "parent", "create": True, "prompt": "ask a helper", "max_depth": 2,
+        "mark": [{"model_call": ["child-2", 1]}],
+        "script": {"agents": [
+            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+            {"label": "helper", "responses": [delegate("inner", run_in_background=False)]},
+            {"label": "inner", "responses": [{"hang": True}]}]},
+    })
+    before = {sid: events_of(d.root, sid) for sid in ("child-1", "child-2")}
+    assert d.run({"session": "parent", "create": False, "prompt": "after restart", "max_depth": 2,
+                  "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}})["text"] == "BACK"
+    for sid, old in before.items():
+        after = events_of(d.root, sid)
+        assert after[:len(old)] == old
+        assert after[-1]["type"] == "turn/end" and after[-1]["data"]["reason"] == {"kind": "interrupted"}, sid
