@@ -28,6 +28,7 @@ from .app import Runtime, open_runtime
 from .demo import run_demo
 from .scenario import ScenarioError, check_scenario, run_scenario, scenario_dirs, update_scenario
 from .models.base import Model
+from .models.scripted import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
 from .query import SessionQueryError
 from .subagents.listing import ChildRow, SubagentError
@@ -46,6 +47,19 @@ def _version() -> str:
         return version("trio-subagents")
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "unknown"
+
+
+_STALL_HELP = (f"fail a scripted wait_for after this many seconds without progress "
+               f"(default: {DEFAULT_STALL_TIMEOUT:g})")
+
+
+def _stall_timeout(args: argparse.Namespace) -> float:
+    if args.stall_timeout is None:
+        return DEFAULT_STALL_TIMEOUT
+    try:
+        return parse_stall_timeout(args.stall_timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")
     scenario.add_argument("action", choices=("run", "check", "update"))
     scenario.add_argument("path", metavar="PATH", help="a scenario folder, or a folder of them")
+    scenario.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
     sessions = commands.add_parser("sessions", parents=[root], help="every session in the store (read-only)")
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
     show = commands.add_parser("show", parents=[root], help="a readable transcript of one session (read-only)")
@@ -91,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
     run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
     run.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
+    run.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
     return parser
 
 
@@ -236,7 +252,7 @@ async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
         return await runtime.agents.create(session_id=session_id)
 
 
-async def _scenario(action: str, dirs: list[Any]) -> int:
+async def _scenario(action: str, dirs: list[Any], stall_timeout: float) -> int:
     failed = 0
     for directory in dirs:
         try:
@@ -244,13 +260,13 @@ async def _scenario(action: str, dirs: list[Any]) -> int:
                 import tempfile
 
                 with tempfile.TemporaryDirectory(prefix="scenario-") as tmp:
-                    result = await run_scenario(directory, tmp)
+                    result = await run_scenario(directory, tmp, stall_timeout=stall_timeout)
                 print(json.dumps({"scenario": directory.name, "outputs": result.outputs}, ensure_ascii=False))
             elif action == "update":
-                sessions = await update_scenario(directory)
+                sessions = await update_scenario(directory, stall_timeout=stall_timeout)
                 print(f"{directory.name}: updated ({len(sessions)} sessions)")
             else:
-                problems = await check_scenario(directory)
+                problems = await check_scenario(directory, stall_timeout=stall_timeout)
                 if problems:
                     failed += 1
                     print(f"{directory.name}: FAILED", file=sys.stderr)
@@ -374,11 +390,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _raise_open_file_limit()
             return trio.run(_sessions if args.command == "sessions" else _show, args)
         if args.command == "scenario":
+            stall_timeout = _stall_timeout(args)
             try:
                 dirs = scenario_dirs(args.path)
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
-            return trio.run(_scenario, args.action, dirs)
+            return trio.run(_scenario, args.action, dirs, stall_timeout)
         if args.command == "demo":
             _writable_root(args.root)
             _raise_open_file_limit()
@@ -391,7 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except InvalidSessionId as exc:
                     raise UsageError(exc.message) from None
             try:
-                model = build_model(parse_model_spec(args.model, base_url=args.base_url, env=os.environ))
+                model = build_model(parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
+                                    stall_timeout=_stall_timeout(args))
             except ModelSpecError as exc:
                 raise UsageError(str(exc)) from None
             _raise_open_file_limit()
