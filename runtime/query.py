@@ -35,6 +35,7 @@ import trio
 from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore
 from subagents.storage import (
     CorruptLog,
+    HeaderClaim,
     Event,
     InvalidSessionId,
     LogInfo,
@@ -77,8 +78,11 @@ class SessionRecord:
     revision: Revision | None  # None for live-only records
     event_count: int | None
     conflict: bool = False
+    # A damaged persisted record whose line 1 is a JSON object but no valid header: what it says
+    # of its lineage, unvalidated (listings make it a diagnostic of the parent it names).
+    claimed: HeaderClaim | None = None
     # Another writer (another process) holds its lock: it is live elsewhere. Filled only where a
-    # caller asks (`list_sessions(probe_locks=True)`, `held`); never set on a record live here.
+    # caller asks (`list_sessions(probe_locks=True)`); never set on a record live here.
     held: bool = False
 
 
@@ -443,6 +447,7 @@ def _persisted(info: LogInfo) -> SessionRecord:
         inherited_event_count=info.inherited_event_count,
         revision=info.revision,
         event_count=info.event_count,
+        claimed=info.claimed,
     )
 
 

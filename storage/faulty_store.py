@@ -158,9 +158,11 @@ class FaultyLogStore:
         self._enter("read_checkpoint", session_id)
         return self.inner.read_checkpoint(session_id, header, inherited_event_count)
 
-    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
+    def read_checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
         self._enter("read_checkpoint", None)
-        return self.inner.read_checkpoint_rows(session_ids)
+        return self.inner.read_checkpoint_rows(session_ids, keys, skip)
 
     def read_after(
         self,

@@ -432,11 +432,14 @@ class FileLogStore:
         rows = {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}
         return rows, offset
 
-    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
-        """Every stored checkpoint row of these sessions, in one query (None on a cache miss);
-        the caller checks versions and lifecycles."""
+    def read_checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; see
+        `SessionIndex.load_checkpoints` for `skip`), in one query (None on a cache miss); the
+        caller checks versions and lifecycles."""
         index = self._catalog.index
-        return None if index is None else index.load_checkpoints(list(session_ids))
+        return None if index is None else index.load_checkpoints(list(session_ids), keys, skip)
 
     def read_after(
         self,

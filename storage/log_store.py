@@ -109,8 +109,12 @@ class LogStore(Protocol):
         """Rows of this lifecycle of the session and the log offset they cover, if any."""
         ...
 
-    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
-        """Every stored checkpoint row of these sessions in one query; None on a cache miss."""
+    def read_checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; a
+        row of unit `k` whose JSON contains `skip[k]` may be left out) in one query; None on a
+        cache miss."""
         ...
 
     def read_after(
