@@ -271,3 +271,36 @@ async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: P
     results = [msgspec.json.decode(e.data) for e in events if e.type == "tool/result"]
     texts = [r["message"]["content"][0]["content"][0]["text"] for r in results]
     assert texts == ["c [running] — Busy", "c [ready] — Busy"]
+
+
+async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhere(tmp_path: Path) -> None:
+    """The checkpoint rung reads no log, so the lock probe rides along: a child with checkpoint
+    rows whose lock a writer elsewhere holds lists as running, without being observed."""
+    import itertools
+
+    from subagents.actors import EventDraft, open_session_store
+    from subagents.runtime.app import open_runtime
+    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.runtime.subagents.units import SUBAGENT_UNITS
+    from subagents.storage import FaultyLogStore, MemoryLogStore, SessionHeader
+    from subagents.storage.projection import ProjectionRegistry
+
+    memory = MemoryLogStore()  # one store: its in-memory lock table has no processes, any holder counts
+    clock = itertools.count(1)
+    async with open_session_store(memory, ProjectionRegistry(SUBAGENT_UNITS), now_ms=lambda: next(clock)) as sessions:
+        await sessions.create(SessionHeader(id="p", created_at=1))
+        ref = await sessions.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
+        descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label="Busy"))
+        await ref.append([EventDraft(type="subagent/descriptor", data=descriptor)])
+        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])
+        await sessions.release("c")  # checkpoint rows written
+        await sessions.release("p")
+    handle = memory.open_write("c")  # the writer elsewhere
+    faulty = FaultyLogStore(memory)  # counts the reads
+    async with open_runtime(tmp_path, log_store=faulty) as rt:
+        [row] = await rt.listing.list_children("p")
+        assert (row.id, row.activity, row.label) == ("c", "running", "Busy")
+        assert faulty.calls["read"] == 0  # answered by the checkpoint rows, not observed
+        memory.close(handle)
+        [row] = await rt.listing.list_children("p")
+        assert row.activity == "inactive"
