@@ -144,14 +144,18 @@ def pct(values: list[float], q: float) -> float:
 class OriginalLadder(ListingService):
     """The ladder before seeded children used checkpoints: they are observed in full."""
 
-    async def _checkpoint_identities(self, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
-        return await super()._checkpoint_identities([r for r in records if r.inherited_event_count == 0])
+    async def _checkpoint_identities(
+        self, records: Sequence[SessionRecord], stored: Any = None
+    ) -> dict[str, dict[str, Any]]:
+        return await super()._checkpoint_identities([r for r in records if r.inherited_event_count == 0], stored)
 
 
 class NoCheckpoints(ListingService):
     """The checkpoint rung disabled: every cold child is observed through the cold reader."""
 
-    async def _checkpoint_identities(self, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
+    async def _checkpoint_identities(
+        self, records: Sequence[SessionRecord], stored: Any = None
+    ) -> dict[str, dict[str, Any]]:
         return {}
 
 

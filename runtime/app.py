@@ -101,6 +101,8 @@ async def open_runtime(
                 agents.wait_settled = service.wait_settled
                 agents.on_resume = service.redeliver_notices
                 agents.resume_setup = service.resume_setup
+                agents.offer = service.offered_tools
+                agents.on_interrupted = service.close_interrupted_one_shots
                 agents.before_release = service.release_children_of
                 try:
                     yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,

@@ -1,22 +1,27 @@
 """The `subagents` command line (SPEC 5.7).
 
-Every argument is validated before the runtime opens; bad input is one clear line on stderr and
-exit status 2, and read-only commands never create the root (they may refresh the index inside
-an existing one).
+Every argument is validated before the runtime opens; bad input (argparse's own usage errors
+included) is one clear line on stderr and exit status 2; a damaged log `show` cannot read is one
+line naming the seq or byte offset and exit status 1. Read-only commands never create the root
+(they may refresh the index inside an existing one). Log records of the packages below are one
+line each on stderr, and read-only commands print no warnings at all: the index is a cache, and
+its trouble is not the reader's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -28,8 +33,9 @@ from .app import Runtime, open_runtime
 from .demo import run_demo
 from .scenario import ScenarioError, check_scenario, run_scenario, scenario_dirs, update_scenario
 from .models.base import Model
+from .models.scripted import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
-from .query import SessionQueryError
+from .query import NOT_FOUND, SessionQueryError
 from .subagents.listing import ChildRow, SubagentError
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
@@ -41,6 +47,23 @@ class UsageError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
 
+class CommandFailed(Exception):
+    """The input was fine but the command could not do its work (a damaged log): one line,
+    exit status 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit status 2), like every other
+    piece of bad input; subcommand parsers are made of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"subagents: {_one_line(message)} (see '{self.prog} --help')\n")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _version() -> str:
     try:
         return version("trio-subagents")
@@ -48,8 +71,21 @@ def _version() -> str:
         return "unknown"
 
 
+_STALL_HELP = (f"fail a scripted wait_for after this many seconds without progress "
+               f"(default: {DEFAULT_STALL_TIMEOUT:g})")
+
+
+def _stall_timeout(args: argparse.Namespace) -> float:
+    if args.stall_timeout is None:
+        return DEFAULT_STALL_TIMEOUT
+    try:
+        return parse_stall_timeout(args.stall_timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="subagents",
         description=(
             "trio-subagents: a Trio runtime for LLM agents with durable background subagents. "
@@ -57,40 +93,43 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    root = argparse.ArgumentParser(add_help=False)
+    root = _Parser(add_help=False)
     root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     children = commands.add_parser(
         "children", parents=[root], help="list a session's subagent children (read-only)"
     )
-    children.add_argument("parent_id", metavar="PARENT_ID")
+    children.add_argument("parent_id", metavar="PARENT_ID", help="the session whose children to list")
     children.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
     children.add_argument("--json", action="store_true", help="the rows as JSON")
     agents = commands.add_parser(
         "agents", parents=[root], help="a session's continuable children as list_agents shows them (read-only)"
     )
-    agents.add_argument("parent_id", metavar="PARENT_ID")
+    agents.add_argument("parent_id", metavar="PARENT_ID", help="the session whose continuable children to list")
     agents.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
     demo = commands.add_parser("demo", parents=[root], help="a keyless story: background children, a restart, a cold resume")
     demo.add_argument("--plain", action="store_true", help="print the plain log even on a terminal")
     scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")
-    scenario.add_argument("action", choices=("run", "check", "update"))
+    scenario.add_argument("action", choices=("run", "check", "update"), metavar="ACTION",
+                          help="run: print the outputs; check: compare with the goldens; update: rewrite them")
     scenario.add_argument("path", metavar="PATH", help="a scenario folder, or a folder of them")
+    scenario.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
     sessions = commands.add_parser("sessions", parents=[root], help="every session in the store (read-only)")
     sessions.add_argument("--json", action="store_true", help="one JSON object per session")
     show = commands.add_parser("show", parents=[root], help="a readable transcript of one session (read-only)")
-    show.add_argument("session_id", metavar="ID")
+    show.add_argument("session_id", metavar="ID", help="the session to show")
     show.add_argument("--json", action="store_true", help="the transcript entries as JSON")
     run = commands.add_parser(
         "run", parents=[root], help="run one prompt in a session (created or resumed) and print the answer"
     )
-    run.add_argument("prompt", metavar="PROMPT")
+    run.add_argument("prompt", metavar="PROMPT", help="the user message to send")
     run.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
     run.add_argument("--model", default=DEFAULT_MODEL,
                      help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})")
     run.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
     run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
     run.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
+    run.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
     return parser
 
 
@@ -111,30 +150,33 @@ def _read_only_root(path: str) -> str:
 
 
 async def _children(args: argparse.Namespace) -> int:
-    rows = await _list(args)
+    rows, created = await _list(args)
     if args.command == "agents":
-        # No process is live here, so every continuable child is `ready`.
-        print(render_agents(rows, args.descendants, lambda _id: "ready"))
+        # Nothing runs in this process: a continuable child is `running` when another process
+        # holds it (the listing says so), `ready` otherwise.
+        running = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
+        print(render_agents(rows, args.descendants, lambda sid: "running" if sid in running else "ready"))
     elif args.json:
         print(json.dumps([row.to_json() for row in rows], ensure_ascii=False))
     else:
-        _print_table(rows, args.descendants)
+        _print_table(rows, args.descendants, created)
     return 0
 
 
-async def _list(args: argparse.Namespace) -> list[Any]:
+async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
     async with open_runtime(args.root) as runtime:
         try:
             corpus = await runtime.query.list_sessions()
             if not any(record.id == args.parent_id for record in corpus):
                 raise UsageError(f'session "{args.parent_id}" not found')
+            created = {r.id: r.header.created_at for r in corpus if r.header is not None}
             if args.descendants:
                 rows = await runtime.listing.list_descendants(args.parent_id)
             else:
                 rows = await runtime.listing.list_children(args.parent_id)
         except (SessionQueryError, SubagentError) as exc:
             raise UsageError(exc.message) from None
-    return list(rows)
+    return list(rows), created
 
 
 class _Interrupt:
@@ -186,7 +228,7 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
                 except UsageError as exc:
                     refused = exc  # raised below, bare: main() prints it as one line (exit 2)
                 except StorageError as exc:
-                    print(f"subagents: {exc}", file=sys.stderr)  # the store failed under the run
+                    print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)  # the store failed under the run
                     status = 1
                 nursery.cancel_scope.cancel()
 
@@ -203,6 +245,8 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
             agent = await _session_agent(runtime, args.session)
         except (StorageError, AgentError) as exc:
             raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
+        # Named before the work starts, so a person can resume it (`run --session ID`).
+        print(f"session {agent.session_id}", file=sys.stderr, flush=True)
         await agent.send(args.prompt)
         result = None
         with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
@@ -236,7 +280,7 @@ async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
         return await runtime.agents.create(session_id=session_id)
 
 
-async def _scenario(action: str, dirs: list[Any]) -> int:
+async def _scenario(action: str, dirs: list[Any], stall_timeout: float) -> int:
     failed = 0
     for directory in dirs:
         try:
@@ -244,13 +288,13 @@ async def _scenario(action: str, dirs: list[Any]) -> int:
                 import tempfile
 
                 with tempfile.TemporaryDirectory(prefix="scenario-") as tmp:
-                    result = await run_scenario(directory, tmp)
+                    result = await run_scenario(directory, tmp, stall_timeout=stall_timeout)
                 print(json.dumps({"scenario": directory.name, "outputs": result.outputs}, ensure_ascii=False))
             elif action == "update":
-                sessions = await update_scenario(directory)
+                sessions = await update_scenario(directory, stall_timeout=stall_timeout)
                 print(f"{directory.name}: updated ({len(sessions)} sessions)")
             else:
-                problems = await check_scenario(directory)
+                problems = await check_scenario(directory, stall_timeout=stall_timeout)
                 if problems:
                     failed += 1
                     print(f"{directory.name}: FAILED", file=sys.stderr)
@@ -274,7 +318,7 @@ async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
 async def _sessions(args: argparse.Namespace) -> int:
     async with open_runtime(args.root) as runtime:
         try:
-            records = await runtime.query.list_sessions()
+            records = await runtime.query.list_sessions(probe_locks=True)
         except SessionQueryError as exc:
             raise UsageError(exc.message) from None
     rows = [_session_row(r) for r in records]
@@ -283,14 +327,36 @@ async def _sessions(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print("(no sessions)")
+        return 0
+    cells = []
     for row in rows:
-        where = "live" if row["live"] else "persisted"
-        damage = f" [{row['damage']}]" if row["damage"] else ""
-        parent = f" parent={row['parent']}" if row["parent"] else ""
-        origin = f" {row['origin']}" if row["origin"] else ""
-        print(f"{row['id']}  created={row['created']}{origin}{parent} depth={row['depth']} "
-              f"events={row['events']} {where}{damage}")
+        state = "live (another process)" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
+        cells.append([row["id"], iso_time(row["created"]), row["origin"] or "-", row["parent"] or "-",
+                      _text(row["depth"]), _text(row["events"]), state, row["damage"] or "-"])
+    print("\n".join(_table(["ID", "CREATED", "ORIGIN", "PARENT", "DEPTH", "EVENTS", "STATE", "DAMAGE"], cells)))
     return 0
+
+
+def iso_time(ms: int | None) -> str:
+    """Milliseconds since the epoch as ISO 8601 in UTC (`2026-12-01T13:17:21.123Z`)."""
+    if ms is None:
+        return "-"
+    try:
+        second = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # outside what a calendar date can say
+        return str(ms)
+    return f"{second}.{ms % 1000:03d}Z"
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else _one_line(str(value))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell, two spaces apart, a header line first."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in (header, *rows)]
 
 
 def _session_row(record: Any) -> dict[str, Any]:
@@ -302,7 +368,8 @@ def _session_row(record: Any) -> dict[str, Any]:
         "parent": header.parent_session if header is not None else None,
         "depth": header.delegation_depth if header is not None else None,
         "events": record.event_count,
-        "live": record.live,
+        "live": record.live or record.held,
+        "live_elsewhere": record.held,  # another process holds its lock
         "persisted": record.persisted,
         "damage": record.damage,
     }
@@ -312,13 +379,21 @@ async def _show(args: argparse.Namespace) -> int:
     async with open_runtime(args.root) as runtime:
         try:
             async with runtime.query.observe_session(args.session_id) as observation:
-                entries = transcript(observation.events, session_id=args.session_id)
+                entries = transcript(
+                    observation.events,
+                    session_id=args.session_id,
+                    inherited_event_count=observation.inherited_event_count,
+                    inherited_from=observation.header.parent_session,
+                    held=observation.held,
+                )
         except SessionQueryError as exc:
-            if exc.code == "SESSION_QUERY_SESSION_NOT_FOUND":
+            if exc.code == NOT_FOUND:
                 raise UsageError(f'session "{args.session_id}" not found') from None
-            raise UsageError(exc.message) from None
-        except StorageError as exc:
-            raise UsageError(str(exc)) from None
+            raise CommandFailed(exc.message) from None  # damaged, unsupported, unreadable
+        except StorageError as exc:  # a payload the transcript could not decode
+            seq = getattr(exc, "seq", None)
+            at = f" (seq {seq})" if seq is not None and f"seq {seq}" not in str(exc) else ""
+            raise CommandFailed(f"{exc}{at}") from None
     if args.json:
         print(json.dumps(entries, ensure_ascii=False))
     else:
@@ -326,18 +401,21 @@ async def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(rows: Sequence[Any], descendants: bool) -> None:
+def _print_table(rows: Sequence[Any], descendants: bool, created: dict[str, int]) -> None:
     if not rows:
         print("(no subagents)")
         return
+    header = ["ID", *(["PARENT", "DEPTH"] if descendants else []), "STATE", "MODE", "CREATED", "CHILDREN", "LABEL"]
+    cells = []
     for row in rows:
-        where = f" parent={row.parent_id} depth={row.depth}" if descendants else ""
+        where = [row.parent_id, str(row.depth)] if descendants else []
+        when = iso_time(created.get(row.id))
         if isinstance(row, ChildRow):
-            label = f" — {row.label}" if row.label is not None else ""
-            more = " +children" if row.has_children else ""
-            print(f"{row.id} [{row.activity}] {row.mode}{more}{where}{label}")
+            children = "yes" if row.has_children else "no"
+            cells.append([row.id, *where, row.activity, row.mode, when, children, _text(row.label)])
         else:
-            print(f"{row.id} [diagnostic: {row.reason}]{where}")
+            cells.append([row.id, *where, f"diagnostic: {row.reason}", "-", when, "-", "-"])
+    print("\n".join(_table(header, cells)))
 
 
 def _raise_open_file_limit() -> None:
@@ -349,12 +427,50 @@ def _raise_open_file_limit() -> None:
             pass  # keep the soft limit: listings still work, just with fewer files open at once
 
 
+class _OneLineHandler(logging.Handler):
+    """A log record as one line on stderr: no traceback, newlines folded."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = _one_line(record.getMessage())
+        except Exception:  # a record whose arguments do not format: say what it was about
+            text = _one_line(str(record.msg))
+        sys.stderr.write(f"subagents: {record.levelname.lower()}: {text}\n")
+
+
+@contextmanager
+def _logging(level: int) -> Iterator[None]:
+    """Records of the `subagents` packages at `level` or above as one line each, for the
+    length of one command (an embedding program's own logging setup is left alone after)."""
+    logger = logging.getLogger("subagents")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    handler = _OneLineHandler()
+    logger.handlers = [handler]
+    logger.setLevel(level)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        logger.handlers = saved[2]
+
+
+_READ_ONLY = ("sessions", "show", "children", "agents")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help(sys.stderr)
+        print("subagents: a command is required (see 'subagents --help')", file=sys.stderr)
         return 2
+    # Read-only commands print no warnings (index trouble is a cache miss, not the reader's).
+    with _logging(logging.ERROR if args.command in _READ_ONLY else logging.WARNING):
+        return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
     try:
         if args.command in ("children", "agents"):
             try:
@@ -374,11 +490,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _raise_open_file_limit()
             return trio.run(_sessions if args.command == "sessions" else _show, args)
         if args.command == "scenario":
+            stall_timeout = _stall_timeout(args)
             try:
                 dirs = scenario_dirs(args.path)
             except ScenarioError as exc:
                 raise UsageError(str(exc)) from None
-            return trio.run(_scenario, args.action, dirs)
+            return trio.run(_scenario, args.action, dirs, stall_timeout)
         if args.command == "demo":
             _writable_root(args.root)
             _raise_open_file_limit()
@@ -391,14 +508,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except InvalidSessionId as exc:
                     raise UsageError(exc.message) from None
             try:
-                model = build_model(parse_model_spec(args.model, base_url=args.base_url, env=os.environ))
+                model = build_model(parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
+                                    stall_timeout=_stall_timeout(args))
             except ModelSpecError as exc:
                 raise UsageError(str(exc)) from None
             _raise_open_file_limit()
             return trio.run(_until_interrupted, _run, args, model)
     except UsageError as exc:
-        print(f"subagents: {exc}", file=sys.stderr)
+        print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except CommandFailed as exc:
+        print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

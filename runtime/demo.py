@@ -1,11 +1,17 @@
 """`subagents demo`: a built-in keyless story with the scripted model (issue 8).
 
-A parent starts three background children; they work (runtime-clock delays), settle, and the
+A parent starts three background children; they work (paced by real pauses), settle, and the
 parent hears of each and lists them; the runtime closes and reopens on the same root; the
 parent messages one child, which is cold-resumed from its log and answers. On a terminal a live
 tree of statuses (rich) updates as it goes; otherwise a plain log is printed, ending with
 `demo: <n> children settled`, `demo: restart`, `demo: <child-id> resumed`, `demo: ok`. The
 store is left for `subagents sessions`, `show`, `children` and `agents` to inspect.
+
+It writes the same logs on every run (issue 13 item 3): ids come from `CountingIds`, times
+from a `ScenarioClock` frozen at one instant per runtime (a counting clock would give times
+that depend on how the agents' tasks interleave), and the children take turns — each one's
+model call is held until the parent waits for exactly that child — so the settlements, the
+notices and the listing follow one order. The pauses pace the live tree only; no log sees them.
 """
 
 from __future__ import annotations
@@ -13,17 +19,22 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from contextlib import aclosing
 from typing import Any, TextIO
 
 import trio
 
 from .app import Runtime, open_runtime
-from .clock import RealClock
+from .clock import ScenarioClock
 from .ids import CountingIds
+from .models.base import ModelRequest
+from .subagents.listing import ChildRow
 from .models.script import load_script
 from .models.scripted import ScriptedModel
 
 __all__ = ["DEMO_CHILDREN", "demo_script", "run_demo"]
+
+DEMO_START_MS = 1_789_000_000_000
 
 DEMO_CHILDREN = (
     ("Survey the storage layer", "Read the storage layer and summarize its guarantees.", 300,
@@ -36,7 +47,7 @@ DEMO_CHILDREN = (
 _FIRST = DEMO_CHILDREN[0][0]
 
 
-def demo_script(delay_scale: float = 1.0) -> dict[str, Any]:
+def demo_script() -> dict[str, Any]:
     parent = [
         {"tool_calls": [{"name": "subagent", "arguments": {"description": d, "prompt": p}} for d, p, _, _ in DEMO_CHILDREN]},
         {"wait_for": {"settled": DEMO_CHILDREN[0][0]}, "text": "Three subagents are working; I will wait for them."},
@@ -51,13 +62,58 @@ def demo_script(delay_scale: float = 1.0) -> dict[str, Any]:
         {"text": "The surveyor answered: {{from_request:Its closing message:\\n(.*)}}"},
     ]
     agents: list[dict[str, Any]] = [{"responses": parent}]
-    for label, _prompt, delay, answer in DEMO_CHILDREN:
-        responses: list[dict[str, Any]] = [{"delay_ms": int(delay * delay_scale), "text": answer}]
+    for label, _prompt, _pause, answer in DEMO_CHILDREN:
+        responses: list[dict[str, Any]] = [{"text": answer}]
         if label == _FIRST:
-            responses.append({"delay_ms": int(300 * delay_scale),
-                              "text": "Its complete lines are recovered and re-framed; nothing acknowledged is lost."})
+            responses.append({"text": "Its complete lines are recovered and re-framed; nothing acknowledged is lost."})
         agents.append({"label": label, "responses": responses})
     return {"agents": agents}
+
+
+# (label, its n-th model call) → (the parent's model call it waits for, the pause in ms): each
+# child works only while the parent waits on its `wait_for: settled` for that very child.
+_TURNS = {
+    (DEMO_CHILDREN[0][0], 1): (2, DEMO_CHILDREN[0][2]),
+    (DEMO_CHILDREN[1][0], 1): (3, DEMO_CHILDREN[1][2]),
+    (DEMO_CHILDREN[2][0], 1): (4, DEMO_CHILDREN[2][2]),
+    (_FIRST, 2): (7, 300),
+}
+
+
+class _TakingTurns:
+    """The scripted model, holding each child's call until the parent's matching call has
+    started (its step input is durable), then pausing for show (real time, `delay_scale`)."""
+
+    def __init__(self, inner: ScriptedModel, delay_scale: float) -> None:
+        self.inner = inner
+        self.delay_scale = delay_scale
+        self.parent_id: str | None = None
+        self._calls: dict[str, int] = {}
+        self._parent_calls = 0
+        self._changed = trio.lowlevel.ParkingLot()
+
+    def register_session(self, *args: Any, **kwargs: Any) -> None:
+        self.inner.register_session(*args, **kwargs)
+
+    def stream(self, request: ModelRequest) -> Any:
+        if request.purpose != "turn":
+            return self.inner.stream(request)
+        n = self._calls[request.session_id] = self._calls.get(request.session_id, 0) + 1
+        if request.session_id == self.parent_id:
+            self._parent_calls = n
+            self._changed.unpark_all()
+        turn = _TURNS.get((request.label or "", n)) if request.session_id != self.parent_id else None
+        return self._held(turn, request)
+
+    async def _held(self, turn: tuple[int, int] | None, request: ModelRequest) -> Any:
+        if turn is not None:
+            after, pause_ms = turn
+            while self._parent_calls < after:
+                await self._changed.park()
+            await trio.sleep(pause_ms * self.delay_scale / 1000)
+        async with aclosing(self.inner.stream(request)) as stream:
+            async for chunk in stream:
+                yield chunk
 
 
 class _Reporter:
@@ -69,7 +125,7 @@ class _Reporter:
         self.seen: dict[str, str] = {}
         self.quiet = False  # after the restart the plain log holds only the closing lines
         self.labels: dict[str, str] = {}
-        self.created: dict[str, tuple[int, str]] = {}
+        self.created: dict[str, tuple[int, str]] = {}  # sort key: ids count up
 
     def line(self, text: str) -> None:
         if not self.quiet:
@@ -88,11 +144,18 @@ class _Reporter:
             root.add(f"{child_id} [{style}]{status}[/] — {label}")
         return root
 
+    def learn(self, rows: Any) -> None:
+        """Children from a listing (in its order): a fast run may end before a poll saw them."""
+        for row in rows:
+            if isinstance(row, ChildRow) and row.label and row.id not in self.labels:
+                self.labels[row.id] = row.label
+                self.created[row.id] = (len(row.id), row.id)
+
     def poll(self, runtime: Runtime, parent_id: str) -> None:
         for agent in runtime.agents.list():
             if agent.session_id != parent_id and agent.session_id not in self.labels and agent.label:
                 self.labels[agent.session_id] = agent.label
-                self.created[agent.session_id] = (agent.session.header.created_at, agent.session_id)
+                self.created[agent.session_id] = (len(agent.session_id), agent.session_id)  # demo-2 < demo-10
         for child_id, label in sorted(self.labels.items(), key=lambda item: self.created[item[0]]):
             status = runtime.agents.status(child_id) or "settled"
             if self.seen.get(child_id) != status:
@@ -139,17 +202,26 @@ async def _phase(runtime: Runtime, parent_id: str, prompt: str, reporter: _Repor
     return result
 
 
+def _frozen() -> ScenarioClock:
+    """Every reading at one instant (after the newest time a resumed log holds, which the
+    registry makes the clock observe): deterministic however the agents interleave."""
+    return ScenarioClock(start=DEMO_START_MS, step_ms=0)
+
+
 async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = None,
                    delay_scale: float = 1.0) -> int:
     out = out or sys.stdout
     live = out.isatty() if live is None else live
-    model = ScriptedModel(load_script(json.dumps(demo_script(delay_scale))))  # one instance: positions carry on
+    # One instance: script positions carry on across the restart.
+    model = _TakingTurns(ScriptedModel(load_script(json.dumps(demo_script()))), delay_scale)
     ids = CountingIds("demo")
     reporter = _Reporter(out, live)
-    async with open_runtime(root, model=model, clock=RealClock(), id_factory=ids) as runtime:
-        parent_id = await runtime.agents.new_id()
+    async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids) as runtime:
+        parent_id = model.parent_id = await runtime.agents.new_id()
         await _phase(runtime, parent_id, "Delegate three tasks and report back.", reporter, create=True)
         rows = await runtime.listing.list_children(parent_id)
+        reporter.learn(rows)
+        reporter.poll(runtime, parent_id)
     settled = [cid for cid, status in reporter.seen.items() if status == "settled"]
     if len(rows) != len(DEMO_CHILDREN) or len(settled) != len(DEMO_CHILDREN):
         raise RuntimeError(f"expected {len(DEMO_CHILDREN)} settled children, listed {len(rows)}")
@@ -157,7 +229,7 @@ async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = 
     reporter.final("restart")
     reporter.quiet = not live
     first = next(cid for cid, label in reporter.labels.items() if label == _FIRST)
-    async with open_runtime(root, model=model, clock=RealClock(), id_factory=ids) as runtime:
+    async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids) as runtime:
         result = await _phase(runtime, parent_id, "Ask the storage surveyor one more question.", reporter, create=False)
     if "recovered" not in (result.text or ""):
         raise RuntimeError(f"the resumed child did not answer: {result.text!r}")

@@ -35,6 +35,7 @@ import trio
 from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore
 from subagents.storage import (
     CorruptLog,
+    HeaderClaim,
     Event,
     InvalidSessionId,
     LogInfo,
@@ -77,6 +78,12 @@ class SessionRecord:
     revision: Revision | None  # None for live-only records
     event_count: int | None
     conflict: bool = False
+    # A damaged persisted record whose line 1 is a JSON object but no valid header: what it says
+    # of its lineage, unvalidated (listings make it a diagnostic of the parent it names).
+    claimed: HeaderClaim | None = None
+    # Another writer (another process) holds its lock: it is live elsewhere. Filled only where a
+    # caller asks (`list_sessions(probe_locks=True)`); never set on a record live here.
+    held: bool = False
 
 
 @attrs.define(eq=False)
@@ -87,6 +94,9 @@ class Observation:
     events: tuple[Event, ...]
     projections: dict[str, Any]
     released: bool = False
+    # Another process holds the session's lock (its turn may still be running): `events` are
+    # as written, with no in-memory closers.
+    held: bool = False
 
 
 @attrs.frozen
@@ -97,6 +107,7 @@ class _Prepared:
     events: tuple[Event, ...]
     projections: dict[str, Any]
     size: int
+    closers: int = 0  # how many of `events` are in-memory closers
 
 
 _STAT_BATCH = 256  # stats in one index hop at most (about 16 µs each)
@@ -108,6 +119,7 @@ _HANDED_BACK = object()
 class _StatJob:
     session_id: SessionId
     result: LogInfo | None | Exception | object = _NO_ANSWER
+    held: bool = False  # another writer holds its lock (asked in the same hop as the stat)
     done: trio.Event = attrs.Factory(trio.Event)
 
 
@@ -149,13 +161,27 @@ class SessionQuery:
 
     # --- the corpus ---
 
-    async def list_sessions(self, abort: Abort | None = None) -> list[SessionRecord]:
+    async def list_sessions(self, abort: Abort | None = None, *, probe_locks: bool = False) -> list[SessionRecord]:
+        """The corpus, newest first. `probe_locks`: also mark the records another process
+        holds the lock of (`held`), asked in the same thread hop as the listing."""
         _check(abort)
+        store = self.log_store
+
+        def listed() -> tuple[list[LogInfo], set[str]]:
+            infos = store.list()
+            return infos, store.held_elsewhere([info.id for info in infos]) if probe_locks else set()
+
         try:
-            infos = await trio.to_thread.run_sync(self.log_store.list, limiter=self.index_limiter)
+            infos, held = await trio.to_thread.run_sync(listed, limiter=self.index_limiter)
         except StorageError as exc:
             raise SessionQueryError(f"session persistence listing failed: {exc}", PERSISTENCE) from exc
         _check(abort)
+        records = self._corpus(infos)
+        if not held:
+            return records
+        return [attrs.evolve(r, held=True) if r.id in held and not r.live else r for r in records]
+
+    def _corpus(self, infos: list[LogInfo]) -> list[SessionRecord]:
         # Records are values: one made from the very same store info and live ref as last time
         # is reused, and when every record is, so is last time's order (a warm corpus of a
         # thousand sessions then costs a few dict lookups per session, not new records).
@@ -226,10 +252,15 @@ class SessionQuery:
             else:
                 events = await self._read_live(sid, abort)
                 return Observation("live", ref.header, ref.inherited_event_count, events, projections)
-        prepared = await self._prepare(sid, abort)
+        prepared, held = await self._prepare(sid, abort)
         _check(abort)
+        events = prepared.events
+        if held and prepared.closers:
+            # Its writer is alive in another process: the open turn is not interrupted.
+            events = events[: len(events) - prepared.closers]
         return Observation(
-            "prepared", prepared.header, prepared.inherited_event_count, prepared.events, dict(prepared.projections)
+            "prepared", prepared.header, prepared.inherited_event_count, events, dict(prepared.projections),
+            held=held,
         )
 
     async def _read_live(self, sid: SessionId, abort: Abort | None) -> tuple[Event, ...]:
@@ -243,7 +274,7 @@ class SessionQuery:
             raise
         return read.events[: len(read.events) - read.closers] if read.closers else read.events
 
-    async def _stat(self, sid: SessionId) -> LogInfo | None:
+    async def _stat(self, sid: SessionId) -> tuple[LogInfo | None, bool]:
         """`log_store.stat(sid)` through the index's one worker thread. Stats asked for at
         the same time share hops: the first asker pumps (one hop per `_STAT_BATCH` waiting
         stats, until none waits), the others just wait for their answer. A pump that is
@@ -263,7 +294,7 @@ class SessionQuery:
             raise SessionQueryError(f"failed to observe session {sid!r}: the index did not answer", PERSISTENCE)
         if isinstance(result, Exception):
             raise result
-        return result  # type: ignore[return-value]  # LogInfo | None once answered
+        return result, job.held  # type: ignore[return-value]  # LogInfo | None once answered
 
     async def _pump_stats(self) -> None:
         waiting = self._stats
@@ -291,21 +322,31 @@ class SessionQuery:
                 job.result = stat(job.session_id)
             except Exception as exc:  # the asker raises it
                 job.result = exc
-
-    async def _prepare(self, sid: SessionId, abort: Abort | None) -> _Prepared:
         try:
-            info = await self._stat(sid)
+            held = self.log_store.held_elsewhere([job.session_id for job in batch if isinstance(job.result, LogInfo)])
+        except Exception:  # advice for display only: an unanswered probe is "not held"
+            held = set()
+        for job in batch:
+            job.held = job.session_id in held
+
+    async def _prepare(self, sid: SessionId, abort: Abort | None) -> tuple[_Prepared, bool]:
+        """The prepared observation, and whether another writer holds the session's lock."""
+        try:
+            info, held = await self._stat(sid)
         except StorageError as exc:
             raise _mapped(sid, exc) from exc
         if info is None:
             raise SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
         if info.damage is not None:
             code = UNSUPPORTED if info.damage == "unsupported" else CORRUPT
+            # The index knows only that it is damaged; a read finds where (the seq or byte
+            # offset) and raises that. Listings never get here (a damaged record is a diagnostic).
+            await self._cold(sid, abort)
             raise SessionQueryError(f"stored session {sid!r} is {info.damage}", code)
         cached = self._cache.get(sid)
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
-            return cached
+            return cached, held
         read = await self._cold(sid, abort, self.registry)
         if info.header is not None and headers_differ(info.header, read.header):
             raise SessionQueryError(f"session source headers conflict for session {sid!r}", CONFLICT)
@@ -319,10 +360,10 @@ class SessionQuery:
             raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
         prepared = _Prepared(
             info.revision, read.header, read.inherited_event_count, read.events, projections,
-            _footprint(read.events) if self.cache_bytes > 0 else 0,
+            _footprint(read.events) if self.cache_bytes > 0 else 0, read.closers,
         )
         self._remember(sid, prepared)
-        return prepared
+        return prepared, held
 
     async def _cold(
         self, sid: SessionId, abort: Abort | None, registry: ProjectionRegistry | None = None
@@ -369,10 +410,16 @@ def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
     if isinstance(exc, (SessionNotFound, InvalidSessionId)):
         return SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
     if isinstance(exc, CorruptLog):
-        return SessionQueryError(f"stored session {sid!r} is corrupt: {exc.reason}", CORRUPT)
+        at = _at(exc.seq, exc.offset)
+        return SessionQueryError(f"stored session {sid!r} is corrupt{at}: {exc.reason}", CORRUPT)
     if isinstance(exc, UnsupportedLog):
-        return SessionQueryError(f"stored session {sid!r} is unsupported: {exc.reason}", UNSUPPORTED)
+        return SessionQueryError(f"stored session {sid!r} is unsupported{_at(exc.seq, None)}: {exc.reason}", UNSUPPORTED)
     return SessionQueryError(f"failed to observe session {sid!r}: {exc}", PERSISTENCE)
+
+
+def _at(seq: int | None, offset: int | None) -> str:
+    where = [f"seq {seq}"] * (seq is not None) + [f"byte offset {offset}"] * (offset is not None)
+    return f" at {', '.join(where)}" if where else ""
 
 
 def _live(ref: SessionRef, stored: SessionRecord | None) -> SessionRecord:
@@ -400,6 +447,7 @@ def _persisted(info: LogInfo) -> SessionRecord:
         inherited_event_count=info.inherited_event_count,
         revision=info.revision,
         event_count=info.event_count,
+        claimed=info.claimed,
     )
 
 

@@ -41,7 +41,7 @@ from .app import Runtime, open_runtime
 from .clock import ScenarioClock
 from .ids import CountingIds
 from .models.script import ScriptError, load_script
-from .models.scripted import ScriptedModel
+from .models.scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel
 from .tools.subagent_tools import agent_status, render_agents
 
 __all__ = ["ScenarioError", "check_scenario", "normalize_log", "run_scenario", "scenario_dirs", "update_scenario"]
@@ -80,14 +80,14 @@ def scenario_dirs(path: str | os.PathLike[str]) -> list[Path]:
     return found
 
 
-def _load(directory: Path) -> tuple[Json, ScriptedModel]:
+def _load(directory: Path, stall_timeout: float | None) -> tuple[Json, ScriptedModel]:
     try:
         spec = json.loads((directory / "scenario.json").read_text())
     except (OSError, ValueError) as exc:
         raise ScenarioError(f"{directory}/scenario.json: {exc}") from None
     _validate(spec, directory)
     try:
-        model = ScriptedModel(load_script(str(directory / "script.json")))
+        model = ScriptedModel(load_script(str(directory / "script.json")), stall_timeout=stall_timeout)
     except ScriptError as exc:
         raise ScenarioError(str(exc)) from None
     return spec, model
@@ -184,9 +184,17 @@ async def _listing(runtime: Runtime, step: Json) -> Json:
     return {"op": "agents", "session": sid, "text": text}
 
 
-async def run_scenario(directory: str | os.PathLike[str], root: str | os.PathLike[str]) -> ScenarioResult:
+async def run_scenario(
+    directory: str | os.PathLike[str],
+    root: str | os.PathLike[str],
+    *,
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+) -> ScenarioResult:
+    """Run the scenario in `directory` on a store at `root`. A scripted `wait_for` with no
+    progress for `stall_timeout` seconds (Trio's clock) fails its turn (`MODEL_SCRIPT_STALLED`),
+    which the step's output records."""
     directory, root = Path(directory), Path(root)
-    spec, model = _load(directory)
+    spec, model = _load(directory, stall_timeout)
     root.mkdir(parents=True, exist_ok=True)
     _place_seeds(directory, root)
     clock = ScenarioClock()
@@ -254,14 +262,17 @@ def _render_outputs(outputs: Sequence[Json]) -> str:
     return json.dumps(outputs, ensure_ascii=False, indent=2) + "\n"
 
 
-async def _run_fresh(directory: Path) -> ScenarioResult:
+async def _run_fresh(directory: Path, stall_timeout: float | None) -> ScenarioResult:
     with tempfile.TemporaryDirectory(prefix="scenario-") as tmp:
-        return await run_scenario(directory, tmp)
+        return await run_scenario(directory, tmp, stall_timeout=stall_timeout)
 
 
-async def update_scenario(directory: str | os.PathLike[str]) -> list[str]:
+async def update_scenario(
+    directory: str | os.PathLike[str], *, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
+) -> list[str]:
+    """Run the scenario afresh and write its goldens; the session ids written, sorted."""
     directory = Path(directory)
-    result = await _run_fresh(directory)
+    result = await _run_fresh(directory, stall_timeout)
     expected = directory / "expected"
     if expected.exists():
         shutil.rmtree(expected)
@@ -272,13 +283,15 @@ async def update_scenario(directory: str | os.PathLike[str]) -> list[str]:
     return sorted(result.logs)
 
 
-async def check_scenario(directory: str | os.PathLike[str]) -> list[str]:
+async def check_scenario(
+    directory: str | os.PathLike[str], *, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT
+) -> list[str]:
     """The problems found (empty: the scenario matches its goldens), each with a readable diff."""
     directory = Path(directory)
     expected = directory / "expected"
     if not (expected / "output.json").is_file():
         raise ScenarioError(f"{directory}: no goldens (run `subagents scenario update {directory}`)")
-    result = await _run_fresh(directory)
+    result = await _run_fresh(directory, stall_timeout)
     problems: list[str] = []
     _compare(problems, "expected/output.json", (expected / "output.json").read_text(), _render_outputs(result.outputs))
     goldens = {p.name: p for p in (expected / "sessions").glob("*.jsonl")} if (expected / "sessions").is_dir() else {}

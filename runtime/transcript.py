@@ -30,9 +30,28 @@ def _text(content: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def transcript(events: Sequence[Event], *, session_id: str = "") -> list[Json]:
+def transcript(
+    events: Sequence[Event],
+    *,
+    session_id: str = "",
+    inherited_event_count: int = 0,
+    inherited_from: str | None = None,
+    held: bool = False,
+) -> list[Json]:
+    """The entries of a session's events. A fork's inherited prefix (seq `0..K-1`, K =
+    `inherited_event_count`) is framed by an `inherited` entry (naming `inherited_from`, the
+    session it came from, when known) and an `own` entry where its own events start; `held`
+    (another process writes the session now) puts a `live-elsewhere` entry first."""
     out: list[Json] = []
+    if held:
+        out.append({"type": "live-elsewhere"})
+    own_marked = inherited_event_count <= 0
+    if not own_marked:
+        out.append({"type": "inherited", "from": inherited_from, "first_seq": 0, "last_seq": inherited_event_count - 1})
     for event in events:
+        if not own_marked and event.seq >= inherited_event_count:
+            out.append({"type": "own", "first_seq": inherited_event_count})
+            own_marked = True
         kind = event.type
         if kind not in _SHOWN:
             continue
@@ -73,7 +92,14 @@ def render(entries: Sequence[Json]) -> list[str]:
     lines: list[str] = []
     for e in entries:
         kind = e["type"]
-        if kind == "turn/start":
+        if kind == "live-elsewhere":
+            lines.append("── live in another process (its last turn may still be running)")
+        elif kind == "inherited":
+            source = f" from {e['from']}" if e["from"] is not None else ""
+            lines.append(f"--- inherited{source} (events {e['first_seq']}..{e['last_seq']}) ---")
+        elif kind == "own":
+            lines.append(f"--- own (from event {e['first_seq']}) ---")
+        elif kind == "turn/start":
             trigger = f" ({e['trigger']})" if "trigger" in e else ""
             lines.append(f"── turn {e['turn']}{trigger}")
         elif kind == "turn/end":

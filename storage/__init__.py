@@ -49,6 +49,7 @@ from .records import HeaderRecord as HeaderRecord
 from .records import decode_header_line as decode_header_line
 from .records import encode_header_line as encode_header_line
 from .values import FORMAT_VERSION as FORMAT_VERSION
+from .values import HeaderClaim as HeaderClaim
 from .values import Checkpoint as Checkpoint
 from .values import LogInfo as LogInfo
 from .values import Offset as Offset

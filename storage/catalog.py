@@ -400,4 +400,6 @@ def _damaged(
         inherited_event_count=Offset(k),
         revision=revision,
         event_count=Offset(event_count),
+        # A line 1 that is a JSON object but no valid header still says whose child it is.
+        claimed=record.claimed if isinstance(record, HeaderError) and header is None else None,
     )

@@ -355,6 +355,20 @@ class CrashFs:
             out.append(FolderScan(name, files))
         return out
 
+    @_locked
+    def held_locks(self, paths: Sequence[str]) -> set[str]:
+        """The `paths` some open `CrashFile` holds the lock of (its in-memory lock table: an
+        in-memory file system has no processes, so every holder counts as elsewhere)."""
+        held = set()
+        for path in paths:
+            try:
+                node = self._lookup(path)
+            except OSError:
+                continue
+            if isinstance(node, _FileNode) and node.ino in self._locks:
+                held.add(path)
+        return held
+
     def watch(self, path: str) -> Watch | None:
         return None  # no change notification: every listing makes a stat pass
 

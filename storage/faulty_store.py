@@ -145,6 +145,9 @@ class FaultyLogStore:
         self._enter("close", handle.session_id)
         self.inner.close(handle)
 
+    def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        return self.inner.held_elsewhere(session_ids)  # advice only: no faults are injected here
+
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         self._enter("write_checkpoint", handle.session_id)
         return self.inner.write_checkpoint(handle, rows)
@@ -155,9 +158,11 @@ class FaultyLogStore:
         self._enter("read_checkpoint", session_id)
         return self.inner.read_checkpoint(session_id, header, inherited_event_count)
 
-    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
+    def read_checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
         self._enter("read_checkpoint", None)
-        return self.inner.read_checkpoint_rows(session_ids)
+        return self.inner.read_checkpoint_rows(session_ids, keys, skip)
 
     def read_after(
         self,

@@ -112,6 +112,7 @@ class FileLogStore:
         else:
             index = SessionIndex(None)  # an in-memory Fs gets an in-memory index
         self._catalog = Catalog(fs, index, watch=watch)
+        self._lock_paths: dict[str, str] = {}  # id -> its lock's path, for `held_elsewhere`
 
     # --- paths ---
 
@@ -431,11 +432,14 @@ class FileLogStore:
         rows = {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}
         return rows, offset
 
-    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
-        """Every stored checkpoint row of these sessions, in one query (None on a cache miss);
-        the caller checks versions and lifecycles."""
+    def read_checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; see
+        `SessionIndex.load_checkpoints` for `skip`), in one query (None on a cache miss); the
+        caller checks versions and lifecycles."""
         index = self._catalog.index
-        return None if index is None else index.load_checkpoints(list(session_ids))
+        return None if index is None else index.load_checkpoints(list(session_ids), keys, skip)
 
     def read_after(
         self,
@@ -525,6 +529,30 @@ class FileLogStore:
 
     def list(self) -> list[LogInfo]:
         return self._catalog.list()
+
+    def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids among `session_ids` whose single-writer lock a writer in another process
+        holds now, read from the lock table without taking any lock (`locks`); empty where
+        the table cannot be read. Invalid ids are never held. (Over an in-memory Fs, every
+        holder counts: it has no processes.)"""
+        known = self._lock_paths
+        paths: dict[str, str] = {}
+        for session_id in session_ids:
+            path = known.get(session_id)
+            if path is None:
+                try:
+                    sid = check_session_id(session_id)
+                except StorageError:
+                    continue
+                path = known[sid] = f"{self._folder(sid)}/{LOCK_NAME}"
+            paths[path] = session_id
+        if not paths:
+            return set()
+        try:
+            held = self.fs.held_locks(list(paths))
+        except OSError:
+            return set()  # advice for display only: an unreadable folder holds nothing we can see
+        return {paths[path] for path in held}
 
     @property
     def watching(self) -> bool:

@@ -18,6 +18,7 @@ import stat as stat_mod
 from collections.abc import Collection, Sequence
 from typing import Literal, NamedTuple, Protocol
 
+from .locks import held_paths
 from .values import Revision
 from .watch import Watch
 
@@ -72,6 +73,11 @@ class Fs(Protocol):
         revisions of `names`: the one pass a listing makes, so it can stay within a small factor
         of scandir + stat. Put the name most folders hold first. With `watch` (from `watch()`),
         each folder and file is watched before it is stat'ed."""
+        ...
+
+    def held_locks(self, paths: Sequence[str]) -> set[str]:
+        """The `paths` whose lock a writer elsewhere holds now (another process; for an
+        in-memory Fs, any open file), found without taking them."""
         ...
 
     def watch(self, path: str) -> Watch | None:
@@ -144,6 +150,7 @@ class OsFs:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.fspath(root)
+        self._lock_inodes: dict[str, int] = {}  # lock path -> inode (lock files are never deleted)
 
     def _parent(self, path: str) -> tuple[int, str]:
         """An fd of `path`'s folder, reached without following links, and the last component."""
@@ -281,6 +288,10 @@ class OsFs:
             return _scan_folders(dfd, folders, names, watch)
         finally:
             os.close(dfd)
+
+    def held_locks(self, paths: Sequence[str]) -> set[str]:
+        # A plain stat per path (no O_NOFOLLOW walk): the answer is only shown, never acted on.
+        return held_paths(self.root, paths, inodes=self._lock_inodes)
 
     def watch(self, path: str) -> Watch | None:
         return Watch.open(os.path.join(os.path.abspath(self.root), path))

@@ -36,7 +36,7 @@ import attrs
 import msgspec
 
 from .projection import CheckpointRow, Lifecycle
-from .values import LogInfo, Offset, Revision, SessionHeader, SessionId
+from .values import HeaderClaim, LogInfo, Offset, Revision, SessionHeader, SessionId
 
 __all__ = ["INDEX_NAME", "SCHEMA_VERSION", "UNREADABLE", "IndexRow", "SessionIndex", "StoredCheckpoint"]
 
@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 
 _json = msgspec.json
 INDEX_NAME = "index.sqlite3"
-# 3: rows record payload damage too (issue 13: every read validates known payloads); rows of
-# an older build may call such a log healthy, so they are dropped with the schema.
-SCHEMA_VERSION = 3
+# 3: the `claim` of a damaged header (SPEC 5.4 step 3). 4: rows record payload damage too
+# (issue 13: every read validates known payloads; rows of an older build may call such a log
+# healthy, so they are dropped with the schema), and every row carries a checksum.
+SCHEMA_VERSION = 4
 # Ids per query: SQLite >= 3.32 takes 32,766 bound parameters (older ones 999).
 _IN_LIMIT = 30_000 if sqlite3.sqlite_version_info >= (3, 32) else 900
 _LIFECYCLES = 1 << 16  # decoded lifecycle records kept at most (then forgotten at once)
@@ -80,6 +81,7 @@ CREATE TABLE sessions (
     scan_events INTEGER NOT NULL,
     head BLOB NOT NULL,
     anchor BLOB NOT NULL,
+    claim TEXT,
     crc INTEGER NOT NULL
 );
 CREATE TABLE checkpoints (
@@ -98,7 +100,7 @@ CREATE TABLE checkpoints (
 _COLUMNS = (
     "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
     "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
-    "scan_end, scan_events, head, anchor, crc"
+    "scan_end, scan_events, head, anchor, claim, crc"
 )
 _CHECKPOINT_COLUMNS = "session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc"
 
@@ -200,7 +202,7 @@ _OPTIONAL_TEXT = (10, 11, 12, 13)  # cwd, parent_session, origin, agent_preset
 def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
     """A row as SQLite returns it (untyped columns, so every field's type is checked: a row
     this build did not write, or a garbled one, raises ValueError and is rescanned)."""
-    if len(row) != 22 or _crc(row[:21]) != row[21]:
+    if len(row) != 23 or _crc(row[:22]) != row[22]:
         raise ValueError("the row's checksum does not match: garbled")
     damage = row[14]
     if damage not in (None, "corrupt", "unsupported"):
@@ -223,6 +225,7 @@ def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
         inherited_event_count=Offset(row[15]),
         revision=Revision(size=row[2], mtime_ns=row[3], inode=row[4]),
         event_count=Offset(row[16]),
+        claimed=_claim_from_sql(row[21]),
     )
     return IndexRow(
         info=info,
@@ -265,7 +268,24 @@ def _row_values(row: IndexRow) -> tuple[Any, ...]:
         row.scan_events,
         row.head,
         row.anchor,
+        None if info.claimed is None else _json.encode(list(info.claimed)).decode(),
     )
+
+
+def _claim_from_sql(value: object) -> HeaderClaim | None:
+    """A stored claim (JSON `[origin, parent_session, created_at]`); another shape raises
+    ValueError, so the row is rescanned."""
+    if value is None:
+        return None
+    try:
+        origin, parent, created = _json.decode(str(value))
+    except (msgspec.DecodeError, TypeError, ValueError):
+        raise ValueError("unreadable claim") from None
+    if not (origin is None or type(origin) is str) or not (parent is None or type(parent) is str):
+        raise ValueError("unreadable claim")
+    if not (created is None or type(created) is int):
+        raise ValueError("unreadable claim")
+    return HeaderClaim(origin=origin, parent_session=parent, created_at=created)
 
 
 class SessionIndex:
@@ -385,7 +405,7 @@ class SessionIndex:
             return
         def write(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 22)})",
+                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 23)})",
                 [_row_to_sql(row) for row in changed],
             )
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
@@ -446,21 +466,37 @@ class SessionIndex:
 
         return self._write("checkpoint", write)
 
-    def load_checkpoints(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
-        """The checkpoint rows of the given sessions in one query; None on any error (a miss)."""
+    def load_checkpoints(
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """The checkpoint rows of the given sessions in one query; None on any error (a miss).
+        `keys`: only the rows of these units. `skip`: unit key → bytes; a row of that unit whose
+        stored JSON contains them is not returned (a caller's cheap pre-filter, e.g. for a
+        unit's usual empty state, so a listing does not fetch a row per session for nothing)."""
         out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
         if not session_ids:
             return out
+        where, params = "", []
+        if keys is not None:
+            where += f" AND unit_key IN ({', '.join('?' * len(keys))})"
+            params += list(keys)
+        for key, part in (skip or {}).items():
+            where += " AND NOT (unit_key = ? AND instr(val, ?) > 0)"
+            params += [key, bytes(part)]
         with self._lock:
             try:
                 conn = self._connect()
                 rows = []
-                for start in range(0, len(session_ids), _IN_LIMIT):
-                    chunk = list(session_ids[start : start + _IN_LIMIT])
+                step = _IN_LIMIT - len(params)
+                for start in range(0, len(session_ids), step):
+                    chunk = list(session_ids[start : start + step])
                     rows += conn.execute(
                         f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
-                        f"WHERE session_id IN ({', '.join('?' * len(chunk))})",
-                        chunk,
+                        f"WHERE session_id IN ({', '.join('?' * len(chunk))}){where}",
+                        chunk + params,
                     ).fetchall()
             except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
                 self._miss("checkpoint read", exc)

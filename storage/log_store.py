@@ -93,6 +93,12 @@ class LogStore(Protocol):
         """Idempotent; releases a write handle's lock."""
         ...
 
+    def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids whose single-writer lock a writer in another process holds now (the
+        memory store: any other holder), found without taking any lock; empty where the store
+        cannot tell. Advice for display: a writer may take or drop a lock the moment after."""
+        ...
+
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         """Store rows covering exactly the durable log; fail-soft (False when not stored)."""
         ...
@@ -103,8 +109,12 @@ class LogStore(Protocol):
         """Rows of this lifecycle of the session and the log offset they cover, if any."""
         ...
 
-    def read_checkpoint_rows(self, session_ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]] | None:
-        """Every stored checkpoint row of these sessions in one query; None on a cache miss."""
+    def read_checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; a
+        row of unit `k` whose JSON contains `skip[k]` may be left out) in one query; None on a
+        cache miss."""
         ...
 
     def read_after(

@@ -14,7 +14,7 @@ import cattrs
 import msgspec
 
 from .errors import CorruptLog, UnsupportedLog
-from .values import FORMAT_VERSION, Offset, SessionHeader, SessionId
+from .values import FORMAT_VERSION, HeaderClaim, Offset, SessionHeader, SessionId
 
 __all__ = ["HeaderRecord", "decode_header_line", "encode_header_line"]
 
@@ -68,6 +68,8 @@ class HeaderError(Exception):
         self.header = header
         # With `header`: the seed cut line 1 states (listings keep it consistent with is_seeded).
         self.inherited_event_count = inherited_event_count
+        # Without `header` but with a JSON object on line 1: what it says of its lineage.
+        self.claimed: HeaderClaim | None = None
 
     def to_storage_error(self, session_id: str) -> CorruptLog | UnsupportedLog:
         if self.unsupported:
@@ -83,6 +85,15 @@ def decode_header_line(line: bytes | memoryview, expected_id: str) -> HeaderReco
         raise HeaderError(f"not JSON ({exc})", unsupported=False, header=None) from None
     if type(raw) is not dict:
         raise HeaderError("not a JSON object", unsupported=False, header=None)
+    try:
+        return _decode_object(raw, expected_id)
+    except HeaderError as exc:
+        if exc.header is None:
+            exc.claimed = HeaderClaim.of(raw)
+        raise
+
+
+def _decode_object(raw: dict[str, object], expected_id: str) -> HeaderRecord:
     fmt = raw.get("format")
     if type(fmt) is int and fmt != FORMAT_VERSION:
         # Another format is unsupported whatever else its header holds; the rest is parsed only

@@ -19,6 +19,7 @@ __all__ = [
     "Checkpoint",
     "MAX_ID_BYTES",
     "Damage",
+    "HeaderClaim",
     "LogInfo",
     "Offset",
     "Revision",
@@ -171,12 +172,38 @@ class Revision(NamedTuple):
     inode: int
 
 
+class HeaderClaim(NamedTuple):
+    """What the line 1 of a damaged log *says* about its lineage, unvalidated.
+
+    Kept only when line 1 is a JSON object that does not pass the header rules (an unknown key,
+    a wrong type, an id that is not its folder's): listings must not lose such a child (SPEC
+    5.4 step 3, "still parses" means JSON-parses). Each field is the raw value when it has the
+    right JSON type, else None. Never a `SessionHeader`: nothing may mistake it for a validated
+    one.
+    """
+
+    origin: str | None
+    parent_session: str | None
+    created_at: int | None
+
+    @classmethod
+    def of(cls, raw: dict[str, object]) -> HeaderClaim:
+        """The claim of a decoded line 1 (a JSON object)."""
+        origin, parent, created = raw.get("origin"), raw.get("parent_session"), raw.get("created_at")
+        return cls(
+            origin=origin if type(origin) is str else None,
+            parent_session=parent if type(parent) is str else None,
+            created_at=created if type(created) is int and -(2**63) <= created < 2**63 else None,
+        )
+
+
 @attrs.frozen(kw_only=True)
 class LogInfo:
     """One session as `LogStore.list()`/`stat()` report it; damage is reported, never raised.
 
     For a damaged log `header` is line 1 parsed with the format-1 rules except the `format`
-    value, or `None` when even that fails; `event_count` counts the events before the damage.
+    value, or `None` when even that fails; then `claimed` is what line 1 says of its lineage if
+    it is at least a JSON object (else None). `event_count` counts the events before the damage.
     """
 
     id: SessionId
@@ -185,3 +212,4 @@ class LogInfo:
     inherited_event_count: Offset
     revision: Revision
     event_count: Offset
+    claimed: HeaderClaim | None = None

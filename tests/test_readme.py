@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import re
+import tempfile
 from pathlib import Path
+
+import zstandard
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -33,10 +37,38 @@ def test_actors_example_runs(tmp_path, monkeypatch, capsys) -> None:
     assert (tmp_path / ".subagents" / "sessions" / "demo-parent" / "session.jsonl.zst").is_file()
 
 
-def test_embedding_example_runs(tmp_path, monkeypatch, capsys) -> None:
+def _embedding_example() -> str:
     code = re.search(r"## Embedding in a minute\n\n```python\n(.*?)```", README, re.S)
     assert code is not None
+    return code.group(1)
+
+
+def _logs(root: Path) -> dict[str, bytes]:
+    """Every log under `root`, decompressed: the plain form is what determinism is about."""
+    out = {}
+    for log in sorted((root / "sessions").glob("*/session.jsonl*")):
+        data = log.read_bytes()
+        if log.suffix == ".zst":
+            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
+        out[log.parent.name] = data
+    return out
+
+
+def test_embedding_example_is_deterministic_and_rerunnable(tmp_path, monkeypatch, capsys) -> None:
+    """50 runs in a row in one folder: each makes its own store, prints the same two lines and
+    writes byte-identical logs (the child answers only once the parent is held, so the notice
+    always lands in the same step whatever the scheduling)."""
+    code = compile(_embedding_example(), "README.md", "exec")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code.group(1), "README.md", "exec"), {})
-    assert capsys.readouterr().out == "the child said: HI\n['child-1']\n"
-    assert (tmp_path / ".subagents" / "sessions" / "child-1" / "session.jsonl.zst").is_file()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first: dict[str, bytes] | None = None
+    for run in range(50):
+        exec(code, {})
+        assert capsys.readouterr().out == "the child said: HI\n['child-1']\n", f"run {run + 1}"
+        roots = sorted(tmp_path.glob("subagents-*"), key=lambda p: p.stat().st_mtime_ns)
+        assert len(roots) == run + 1
+        logs = _logs(roots[-1])
+        assert set(logs) == {"parent", "child-1"}
+        if first is None:
+            first = logs
+        assert logs == first, f"run {run + 1} wrote other logs than run 1"

@@ -97,7 +97,7 @@ class _ModelReply:
 class _Waits:
     """`wait_for` hooks of the scripted model, bound to one agent."""
 
-    def __init__(self, agent: Agent, settled: Callable[[str, str], Any] | None) -> None:
+    def __init__(self, agent: Agent, settled: Callable[[str, str, int], Any] | None) -> None:
         self._agent = agent
         self._settled = settled
         self.mark = 0
@@ -105,10 +105,10 @@ class _Waits:
     async def steered(self) -> None:
         await self._agent.inbox.wait_received(self.mark)
 
-    async def settled(self, child: str) -> None:
+    async def settled(self, child: str, count: int = 1) -> None:
         if self._settled is None:
             raise ModelError("wait_for settled needs the subagent service", code="MODEL_SCRIPT_WAIT")
-        await self._settled(self._agent.session_id, child)
+        await self._settled(self._agent.session_id, child, count)
 
 
 class Agent:
@@ -122,7 +122,7 @@ class Agent:
         config: AgentConfig = AgentConfig(),
         events: Sequence[Event] = (),
         label: str | None = None,
-        wait_settled: Callable[[str, str], Any] | None = None,
+        wait_settled: Callable[[str, str, int], Any] | None = None,
         surface: Surface | None = None,  # already built from `events` (a resume builds it in a thread)
     ) -> None:
         self.session = session
@@ -149,6 +149,7 @@ class Agent:
         self._stopped = False
         self._closing_text: str | None = None
         self._scope = trio.CancelScope()
+        self._in_model = False  # between a step's flushed input and the end of its model call
 
     # --- the public face ------------------------------------------------------------------
 
@@ -175,6 +176,18 @@ class Agent:
         if self._model_scope is not None:
             self._model_scope.cancel()
         return True
+
+    @property
+    def quiet(self) -> bool:
+        """True while the agent writes nothing of its own: no turn runs, or the turn waits on
+        its model call (its step's input is durable, its reply not yet begun)."""
+        return self._stopped or not self._running or self._in_model
+
+    async def wait_quiet(self) -> None:
+        """Wait until `quiet` (the subagent service places settlements there, so a child that
+        settles while its parent finishes a step lands at the same place on every run)."""
+        while not self.quiet:
+            await self._changed.park()
 
     async def wait_turn_closed(self) -> None:
         """Wait until no turn is running (input may be waiting)."""
@@ -344,6 +357,8 @@ class Agent:
             self._model_scope = scope
             if abort.is_set():
                 scope.cancel()
+            self._in_model = True
+            self._changed.unpark_all()
             try:
                 async with aclosing(self.model.stream(self._request("turn", self.surface.messages()))) as stream:
                     async for chunk in stream:
@@ -363,6 +378,8 @@ class Agent:
             except Exception as exc:  # a transport bug must end the turn, not the runtime
                 log.exception("model transport failed for session %s", self.session_id)
                 reply.error = f"model call failed: {type(exc).__name__}: {exc}"
+            finally:
+                self._in_model = False
         self._model_scope = None
         reply.text = "".join(parts)
         if scope.cancelled_caught or abort.is_set():
@@ -421,7 +438,13 @@ class Agent:
                         call.prepared = await self.tools.prepare(call.name, call.arguments, self._ctx(turn, step, call, abort))
                     async with trio.open_nursery() as pool:
                         for call in group:
+                            # Slots are taken in model order, so a call that waits on an
+                            # earlier one of its step (a child's catalog) never holds the slot
+                            # that earlier call needs.
+                            await limiter.acquire_on_behalf_of(call.index)
                             pool.start_soon(self._execute, turn, step, call, abort, limiter)
+                        for call in group:
+                            await _announced(call)
                         for call in group:
                             await call.done.wait()
                             await self._record_result(turn, step, call)
@@ -450,8 +473,10 @@ class Agent:
 
     async def _execute(self, turn: int, step: int, call: _Call, abort: Abort, limiter: trio.CapacityLimiter) -> None:
         assert call.prepared is not None
-        async with limiter:
+        try:
             call.outcome = await self.tools.run(call.prepared, self._ctx(turn, step, call, abort))
+        finally:
+            limiter.release_on_behalf_of(call.index)
         call.done.set()
 
     async def _record_result(self, turn: int, step: int, call: _Call) -> None:
@@ -516,6 +541,14 @@ def _last_turn(events: Sequence[Event], session_id: str) -> int:
         if event.type == "turn/start":
             return int(decode_payload(event, session_id=session_id).turn)
     return 0
+
+
+async def _announced(call: _Call) -> None:
+    """Until the call wrote what it writes to this session's log before its result (a child's
+    `subagent/catalog`): results then never interleave with a later call's such writes."""
+    announced = getattr(call.prepared.state if call.prepared is not None else None, "announced", None)
+    if isinstance(announced, trio.Event):
+        await announced.wait()
 
 
 def _groups(calls: list[_Call], parallel_safe: Callable[[str], bool]) -> list[list[_Call]]:

@@ -58,12 +58,18 @@ class AgentRegistry:
     config: AgentConfig
     tools: Callable[[], ToolSet]
     _nursery: trio.Nursery
-    wait_settled: Callable[[str, str], Any] | None = None
+    wait_settled: Callable[[str, str, int], Any] | None = None
     on_resume: Callable[[Agent, list[Event]], None] | None = None  # e.g. redeliver settlement notices
     before_release: Callable[[str], Awaitable[None]] | None = None  # e.g. drain its running children
     # (model, config, tools) a resumed session's own log asks for, or None for the defaults;
     # raises AgentError when they cannot be given (e.g. a child's model route).
     resume_setup: Callable[[str, list[Event], int], tuple[Model | None, AgentConfig, ToolSet] | None] | None = None
+    # Called on resume with a session's events when its last turn was interrupted, before the
+    # closers are appended (so a crash in between leaves the turn open and the call is retried):
+    # e.g. close the one-shot children that turn left open.
+    on_interrupted: Callable[[str, list[Event]], Awaitable[None]] | None = None
+    # The tools a session is offered, from its header (e.g. no delegation at the depth limit).
+    offer: Callable[[SessionHeader, ToolSet], ToolSet] | None = None
     drain_grace: float = 5.0
     index_limiter: trio.CapacityLimiter | None = None  # the index's one worker slot (SPEC 3.3)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
@@ -146,6 +152,8 @@ class AgentRegistry:
                 if setup is not None:
                     model, config, tools = setup
             closers = interrupted_closers(events, session_id=session_id)
+            if closers and self.on_interrupted is not None:
+                await self.on_interrupted(session_id, events)
             if closers:
                 result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
                 events.extend(result.events)
@@ -162,6 +170,33 @@ class AgentRegistry:
             self.on_resume(agent, events)
         return agent
 
+    async def close_interrupted(self, session_id: str) -> bool:
+        """Append the interrupted closers (SPEC 3.4) to a session that is not live, durably,
+        without starting an agent: open it through the session store, append, release. True
+        when it had an open turn. `AlreadyOwned` (held by another process) and storage errors
+        are the caller's to judge."""
+        if self.sessions.get(session_id) is not None:
+            return False  # live here: its own agent (or a resume) closes its turns
+        ref = await self.sessions.open(session_id)
+        try:
+            events = await trio.to_thread.run_sync(self._read_events, session_id)
+            closers = interrupted_closers(events, session_id=session_id)
+            if closers and self.on_interrupted is not None:
+                await self.on_interrupted(session_id, events)  # its own one-shot children first
+            if closers:
+                await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
+            return bool(closers)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.sessions.release(session_id)
+
+    def _read_events(self, session_id: str) -> list[Event]:
+        handle = self.log_store.open_read(session_id)
+        try:
+            return list(self.log_store.read(handle))
+        finally:
+            self.log_store.close(handle)
+
     def _read_all(self, session_id: str) -> tuple[list[Event], Surface, int | None]:
         handle = self.log_store.open_read(session_id)
         try:
@@ -176,7 +211,10 @@ class AgentRegistry:
         chosen = model if model is not None else self.model
         if chosen is None:
             raise AgentError("no model is configured: pass open_runtime(model=...)", "NO_MODEL")
-        agent = Agent(ref, model=chosen, tools=tools if tools is not None else self.tools(), clock=self.clock,
+        offered = tools if tools is not None else self.tools()
+        if self.offer is not None:
+            offered = self.offer(ref.header, offered)
+        agent = Agent(ref, model=chosen, tools=offered, clock=self.clock,
                       config=config or self.config, events=events, label=label, wait_settled=self.wait_settled,
                       surface=surface)
         await self._nursery.start(agent.run)

@@ -71,7 +71,10 @@ class PreparedCall:
 class Tool(Protocol):
     """A tool. It may also define `async prepare(args, ctx)`: the loop calls it for each call of
     a step in model order before the calls run concurrently (ids and times are drawn there, so
-    they follow the model's order, not completion order); its value arrives as `ctx.prepared`."""
+    they follow the model's order, not completion order); its value arrives as `ctx.prepared`.
+    A prepared value with an `announced` `trio.Event` holds the step's results until it is set:
+    the tool sets it once it has written its own events to the caller's log (or never will),
+    so those events sit before every result of the group, in model order."""
 
     name: str
     description: str

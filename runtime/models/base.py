@@ -91,8 +91,9 @@ class ModelWaits(Protocol):
         """Return once this session's inbox has received a message (now or earlier in the turn)."""
         ...
 
-    async def settled(self, child: str) -> None:
-        """Return once the `subagent/settled` of the child named by label or id is durable."""
+    async def settled(self, child: str, count: int = 1) -> None:
+        """Return once `count` `subagent/settled` records of the child named by label or id are
+        durable in this session's log (those an earlier process recorded count too)."""
         ...
 
 

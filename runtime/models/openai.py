@@ -35,9 +35,12 @@ after a `finish_reason` but without `[DONE]` is accepted (some compatible server
 the first choice is read; delta fields other than `content` and `tool_calls` (DeepSeek's
 `reasoning_content`, `refusal`) are ignored; when usage arrives more than once the last wins.
 
-The API key is only ever put in the `Authorization` header: it is not kept in the repr, every
-message this module raises or logs is scrubbed of it, and logging (DEBUG on this module's
-logger) names the URL, status and attempt, never headers.
+The API key is only ever put in the `Authorization` header: it is not kept in the repr, and
+every message this module raises or logs is scrubbed of it (`redact_secret`: the key and every
+run of 8 or more of its characters, e.g. a provider echoing a prefix) *before* any excerpt is cut,
+so a key crossing the cut cannot leave a fragment. Errors carry no chained exception (an httpx
+error holds the request and so its headers). Logging (DEBUG on this module's logger) names the
+URL, status and attempt, never headers.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import email.utils
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -66,7 +69,7 @@ from subagents.runtime.models.base import (
 )
 from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent
 
-__all__ = ["CLOSE_GRACE", "DEFAULT_TIMEOUT", "OpenAIChatModel", "openai_messages", "openai_tools"]
+__all__ = ["CLOSE_GRACE", "DEFAULT_TIMEOUT", "OpenAIChatModel", "openai_messages", "openai_tools", "redact_secret"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +79,9 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0)
 # Closing a response (or a client the model made) is awaited shielded, for at most this long.
 CLOSE_GRACE = 5.0
 _EXCERPT = 200
+# Runs of at least this many characters of the key are redacted wherever they appear.
+_SECRET_FRAGMENT = 8
+REDACTED = "[redacted]"
 _ERROR_BODY_LIMIT = 64 * 1024
 FinishReason = Literal["stop", "tool-calls", "max-tokens"]
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "tool_calls": "tool-calls", "function_call": "tool-calls", "length": "max-tokens"}
@@ -152,29 +158,35 @@ class OpenAIChatModel:
         pieces: AsyncIterator[bytes] | None = None
         try:
             response = await self._connect(client, body, request.clock)
-            parser = _StreamParser()
+            parser = _StreamParser(self._redact)
             pieces = response.aiter_bytes()
             while not parser.done:
+                # Errors are raised outside the `except` blocks, so they chain no httpx error.
+                failure: ModelError | None = None
                 try:
                     piece = await anext(pieces, None)
                 except httpx.DecodingError as exc:
-                    raise self._error("MODEL_BAD_RESPONSE", f"cannot decode the body: {_describe(exc)}") from None
+                    failure = self._error("MODEL_BAD_RESPONSE", f"cannot decode the body: {self._describe(exc)}")
                 except httpx.TransportError as exc:
-                    raise self._error(
+                    failure = self._error(
                         "MODEL_STREAM_INTERRUPTED",
-                        f"stream interrupted after {parser.events} events: {_describe(exc)}",
-                    ) from None
+                        f"stream interrupted after {parser.events} events: {self._describe(exc)}",
+                    )
+                if failure is not None:
+                    raise failure
                 try:
                     chunks = parser.end() if piece is None else parser.feed(piece)
                 except _StreamFault as fault:
-                    raise self._error(fault.code, fault.message) from None
+                    failure = self._error(fault.code, fault.message)
+                if failure is not None:
+                    raise failure
                 for chunk in chunks:
                     yield chunk
                 if piece is None:
                     break
         finally:
             if pieces is not None:
-                await _abandon(pieces)
+                await _abandon(pieces, self._redact)
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 if response is not None:
                     await response.aclose()
@@ -210,13 +222,14 @@ class OpenAIChatModel:
             logger.debug("POST %s (model %s), attempt %d of %d", self.url, self.model, attempt, attempts)
             request = client.build_request("POST", self.url, content=body, headers=headers, timeout=self.timeout)
             retry_after: float | None = None
+            refused: ModelError | None = None
             try:
                 response = await client.send(request, stream=True)
             except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-                last = _describe(exc)
-                logger.debug("POST %s failed: %s", self.url, self._redact(last))
+                last = self._describe(exc)
+                logger.debug("POST %s failed: %s", self.url, last)
             except httpx.HTTPError as exc:
-                raise self._error("MODEL_HTTP_ERROR", f"request failed: {_describe(exc)}") from None
+                refused = self._error("MODEL_HTTP_ERROR", f"request failed: {self._describe(exc)}")
             else:
                 status = response.status_code
                 logger.debug("POST %s answered %d, attempt %d of %d", self.url, status, attempt, attempts)
@@ -246,6 +259,8 @@ class OpenAIChatModel:
                     raise self._error("MODEL_HTTP_ERROR", f"HTTP {status}: {excerpt}", status)
                 last = f"HTTP {status}: {excerpt}"
                 retry_after = _retry_after(response.headers, clock.now_ms())
+            if refused is not None:
+                raise refused  # outside the `except`: no httpx error (holding the headers) is chained
             if attempt == attempts:
                 break
             delay = self._delay(attempt, retry_after)
@@ -274,7 +289,7 @@ class OpenAIChatModel:
         except httpx.HTTPError:
             pass  # the excerpt is a courtesy; the status already says what happened
         finally:
-            await _abandon(pieces)
+            await _abandon(pieces, self._redact)
             with trio.move_on_after(CLOSE_GRACE, shield=True):
                 await response.aclose()
         text = bytes(raw[:_ERROR_BODY_LIMIT]).decode("utf-8", "replace")
@@ -282,12 +297,15 @@ class OpenAIChatModel:
             text = _error_message(msgspec.json.decode(text)) or text
         except msgspec.DecodeError:
             pass  # not a JSON error body: its text is the message
-        return _one_line(text) or "(empty body)"
+        return _one_line(self._redact(text)) or "(empty body)"
 
     # -- errors --------------------------------------------------------------------------------
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._api_key, "[redacted]") if self._api_key else text
+        return redact_secret(text, self._api_key)
+
+    def _describe(self, exc: BaseException) -> str:
+        return _describe(exc, self._redact)
 
     def _error(self, code: str, detail: str, status: int | None = None) -> ModelError:
         message = self._redact(f"model {self.model!r} at {self.url}: {detail}")
@@ -310,10 +328,12 @@ def _bad(message: str) -> _StreamFault:
 
 
 class _StreamParser:
-    """Body bytes in, chunks out: `feed(bytes)`, then `end()` at a clean end of body."""
+    """Body bytes in, chunks out: `feed(bytes)`, then `end()` at a clean end of body. Provider
+    text quoted in a fault is passed through `redact` before it is cut to an excerpt."""
 
-    def __init__(self) -> None:
-        self._sse = SSEDecoder()
+    def __init__(self, redact: Callable[[str], str] = str) -> None:
+        self._redact = redact
+        self._sse = SSEDecoder(redact=redact)
         self.events = 0
         self.done = False
         self._finish: str | None = None
@@ -357,7 +377,7 @@ class _StreamParser:
 
     def _event(self, event: SSEEvent) -> list[Chunk]:
         if event.event == "error":
-            raise _bad(f"the provider reported an error: {_one_line(event.data)}")
+            raise _bad(f"the provider reported an error: {self._quote(event.data)}")
         if event.data.strip() == "[DONE]":
             if self._finish is None:
                 raise _bad("[DONE] arrived without a finish_reason")
@@ -366,12 +386,11 @@ class _StreamParser:
         try:
             obj = msgspec.json.decode(event.data)
         except msgspec.DecodeError:
-            raise _bad(f"event {self.events} is not JSON: {_one_line(event.data)}") from None
+            raise _bad(f"event {self.events} is not JSON: {self._quote(event.data)}") from None
         if not isinstance(obj, dict):
-            raise _bad(f"event {self.events} is not a JSON object: {_one_line(event.data)}")
+            raise _bad(f"event {self.events} is not a JSON object: {self._quote(event.data)}")
         if obj.get("error"):
-            message = _error_message(obj) or _one_line(event.data)
-            raise _bad(f"the provider reported an error: {_one_line(message)}")
+            raise _bad(f"the provider reported an error: {self._quote(_error_message(obj) or event.data)}")
         usage = obj.get("usage")
         if usage is not None:
             self._usage = _usage(usage, self.events)
@@ -413,10 +432,13 @@ class _StreamParser:
                 self._finish = reason
         return chunks
 
+    def _quote(self, text: str) -> str:
+        return _one_line(self._redact(text))
+
     def _closing(self) -> list[Chunk]:
         known = _FINISH.get(self._finish or "")
         if known is None:
-            logger.debug("unknown finish_reason %r", self._finish)
+            logger.debug("unknown finish_reason %s", self._quote(repr(self._finish)))
         reason: FinishReason
         if known is None or known == "stop":
             reason = "tool-calls" if self._saw_tool_calls else "stop"
@@ -506,7 +528,7 @@ def _text(blocks: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(b["text"] for b in blocks if b.get("type") == "text")
 
 
-async def _abandon(pieces: AsyncIterator[bytes]) -> None:
+async def _abandon(pieces: AsyncIterator[bytes], redact: Callable[[str], str]) -> None:
     """Finish an httpx body iterator we stop reading early, without reading on.
 
     httpx and httpcore read bodies through nested async generators; closing the outer one or the
@@ -522,7 +544,7 @@ async def _abandon(pieces: AsyncIterator[bytes]) -> None:
         except StopAsyncIteration:
             pass
         except Exception as exc:  # the body is abandoned: how reading it fails no longer matters
-            logger.debug("abandoned body: %s", _describe(exc))
+            logger.debug("abandoned body: %s", _describe(exc, redact))
 
 
 # -- small helpers -----------------------------------------------------------------------------
@@ -572,6 +594,45 @@ def _one_line(text: str, limit: int = _EXCERPT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _describe(exc: BaseException) -> str:
-    detail = _one_line(str(exc))
+def _describe(exc: BaseException, redact: Callable[[str], str]) -> str:
+    detail = _one_line(redact(str(exc)))
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+
+
+def redact_secret(text: str, secret: str | None, *, fragment: int = _SECRET_FRAGMENT) -> str:
+    """`text` with `secret` replaced by `[redacted]` wherever it appears, and also every run of at
+    least `fragment` characters that is part of it (a provider may echo a prefix, a masked key
+    or the key's tail; a cut excerpt may hold a piece). Runs that overlap or touch are replaced
+    once. A secret shorter than `fragment` is only redacted whole.
+
+    Redact before cutting an excerpt: cutting can only shorten what is left, never create a
+    fragment, since no run of `fragment` characters of the secret survives redaction."""
+    if not secret or not text:
+        return text
+    n = min(fragment, len(secret))
+    spans: list[list[int]] = []
+    # Sliding window: text[i:j] is always part of `secret` (a part of a part is a part), so each
+    # start only tries to grow the window further.
+    i = j = 0
+    size = len(text)
+    while i <= size - n:
+        if j < i:
+            j = i
+        while j < size and text[i : j + 1] in secret:
+            j += 1
+        if j - i >= n:
+            if spans and spans[-1][1] >= i:
+                spans[-1][1] = j
+            else:
+                spans.append([i, j])
+        i += 1
+    if not spans:
+        return text
+    out: list[str] = []
+    last = 0
+    for start, end in spans:
+        out.append(text[last:start])
+        out.append(REDACTED)
+        last = end
+    out.append(text[last:])
+    return "".join(out)

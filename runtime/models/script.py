@@ -11,7 +11,8 @@ A script is one JSON object:
                 "error"?: {"status": int, "message": str},
                 "finish"?: "stop" | "max-tokens",
                 "usage"?: {"input_tokens": int >= 0, "output_tokens": int >= 0},
-                "wait_for"?: {"steered": true} | {"settled": "<label or id>"}}
+                "wait_for"?: {"steered": true} | {"settled": "<label or id>", "count"?: int >= 1}
+                             | {"waiting": "<session id or label>"}}
 
 The loader is strict because a script is untrusted input written by hand: unknown keys, missing
 keys, wrong JSON types (no `true` or `1.0` where an integer belongs), duplicate object keys and
@@ -130,9 +131,11 @@ class WaitForSteered:
 
 @attrs.frozen(kw_only=True)
 class WaitForSettled:
-    """Hold the response until the named child's `subagent/settled` is durable."""
+    """Hold the response until the named child's `count`-th `subagent/settled` is durable
+    (settlements an earlier process recorded in the log count too)."""
 
     child: str
+    count: int = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -509,9 +512,12 @@ def _usage(value: object, path: str) -> Usage:
 
 
 def _wait_for(value: object, path: str) -> WaitFor:
-    obj = _object(value, path, allowed=("steered", "settled", "waiting"))
-    if len(obj) != 1:
+    obj = _object(value, path, allowed=("steered", "settled", "waiting", "count"))
+    forms = [key for key in ("steered", "settled", "waiting") if key in obj]
+    if len(forms) != 1:
         _fail(path, 'must hold exactly one of "steered", "settled" or "waiting"')
+    if "count" in obj and forms != ["settled"]:
+        _fail(_key(path, "count"), 'only goes with "settled"')
     if "waiting" in obj:
         return WaitForWaiting(session=_templated(obj["waiting"], _key(path, "waiting"), nonempty=True))
     if "steered" in obj:
@@ -519,4 +525,5 @@ def _wait_for(value: object, path: str) -> WaitFor:
         if _bool(obj["steered"], steered_path) is not True:
             _fail(steered_path, "must be true")
         return WaitForSteered()
-    return WaitForSettled(child=_templated(obj["settled"], _key(path, "settled"), nonempty=True))
+    count = _int(obj["count"], _key(path, "count"), minimum=1) if "count" in obj else 1
+    return WaitForSettled(child=_templated(obj["settled"], _key(path, "settled"), nonempty=True), count=count)

@@ -12,6 +12,16 @@ then its arguments in fragments, `Usage` if scripted, and one `Finish`. A checkp
 every chunk, so a consumer can be cancelled between any two chunks and keep partial text.
 Compaction requests (`purpose == "compaction"`) take the next of the script's `summaries`.
 
+Stalls. A `wait_for` that nothing will ever satisfy must not hang a run: each hold is watched
+on Trio's clock (never the request's clock, whose sleeps may be virtual) and fails with
+`MODEL_SCRIPT_STALLED` — one line naming the session, the response and the wait — once
+`stall_timeout` seconds pass with no progress. Progress is anything the model sees move: a call
+starting, a response finishing or failing, a hold released, a session registered, a scripted
+delay ending, or a host calling `note_progress()`; each restarts every watch. (Appends by the
+runtime are not seen: in a scripted run every step makes a model call, so they come with model
+activity; a host with long-running tools calls `note_progress()` or raises the timeout.) While a scripted `delay_ms` sleeps,
+the watches are suspended (the delay's end is progress that is certain to come).
+
 Binding (fixed for the life of the instance once a session's first call starts):
 1. an entry with `session` answers that session id;
 2. entries with a `label` are shared out among the sessions with that label: the entries not yet
@@ -30,13 +40,18 @@ where it stopped; a new instance starts every entry at its first response.
 Error codes (`ModelError.code`): `MODEL_SCRIPTED_ERROR` (a scripted `error`, with its status),
 `MODEL_SCRIPT_NO_AGENT`, `MODEL_SCRIPT_EXHAUSTED` (responses or summaries ran out),
 `MODEL_SCRIPT_NO_MATCH` (a `{{from_request:...}}` regex found nothing),
-`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the request carries no `waits`).
+`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the request carries no `waits`),
+`MODEL_SCRIPT_STALLED` (a `wait_for` with no progress for `stall_timeout` seconds).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+
+from functools import partial
 
 import attrs
 import trio
@@ -59,7 +74,29 @@ from subagents.runtime.models.script import (
     render_arguments,
 )
 
-__all__ = ["ScriptedModel", "ScriptedModelStatistics", "request_text", "split_text"]
+__all__ = [
+    "DEFAULT_STALL_TIMEOUT",
+    "ScriptedModel",
+    "ScriptedModelStatistics",
+    "parse_stall_timeout",
+    "request_text",
+    "split_text",
+]
+
+DEFAULT_STALL_TIMEOUT = 30.0
+
+
+def parse_stall_timeout(text: str) -> float:
+    """A `--stall-timeout SECONDS` argument: a positive finite number, else `ValueError` with a
+    one-line message."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"--stall-timeout must be a positive number of seconds, got {text!r}")
+    return value
+
 
 _WORD_START = re.compile(r"(?<=\s)(?=\S)")
 _TEXT_PIECES = 3
@@ -84,10 +121,28 @@ class _Rendered:
 
 
 class ScriptedModel:
-    """A `Model` answering each session from its entry of `script` (see the module docstring)."""
+    """A `Model` answering each session from its entry of `script` (see the module docstring).
 
-    def __init__(self, script: Script) -> None:
+    Args:
+        script: the loaded script.
+        stall_timeout: seconds (Trio's clock) a `wait_for` may go without any progress before
+            its call fails with `MODEL_SCRIPT_STALLED`; `None` waits forever.
+
+    Raises `ValueError` when `stall_timeout` is not a positive finite number or `None`.
+    """
+
+    def __init__(self, script: Script, *, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> None:
+        if stall_timeout is not None and (
+            isinstance(stall_timeout, bool)
+            or not isinstance(stall_timeout, int | float)
+            or not math.isfinite(stall_timeout)
+            or stall_timeout <= 0
+        ):
+            raise ValueError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
         self._script = script
+        self._stall_timeout = None if stall_timeout is None else float(stall_timeout)
+        self._watches: set[trio.CancelScope] = set()  # the deadlines of the holds in progress
+        self._delaying = 0  # scripted delays sleeping now
         self._calls = [0] * len(script.agents)
         self._summaries_used = 0
         self._session_entries: dict[str, int] = {}
@@ -111,6 +166,47 @@ class ScriptedModel:
     def script(self) -> Script:
         return self._script
 
+    @property
+    def stall_timeout(self) -> float | None:
+        return self._stall_timeout
+
+    def note_progress(self) -> None:
+        """Restart the stall timer of every held `wait_for`: something in the runtime moved.
+
+        The model calls it itself on its own activity; a host whose tools run for long stretches
+        without model calls may call it too. Synchronous; a no-op outside Trio."""
+        if not self._watches:
+            return
+        deadline = self._deadline()
+        for scope in self._watches:
+            scope.deadline = deadline
+
+    def _deadline(self) -> float:
+        if self._stall_timeout is None or self._delaying:
+            return math.inf
+        try:
+            return trio.current_time() + self._stall_timeout
+        except RuntimeError:  # not in Trio: nothing can be held then either
+            return math.inf
+
+    async def _watched(self, hold: Callable[[], Awaitable[None]], request: ModelRequest, n: int, wait: str) -> None:
+        """Run `hold()` under the stall watch; raise `MODEL_SCRIPT_STALLED` when it fires."""
+        scope = trio.CancelScope(deadline=self._deadline())
+        self._watches.add(scope)
+        try:
+            with scope:
+                await hold()
+        finally:
+            self._watches.discard(scope)
+        if scope.cancelled_caught:
+            label = f' (label "{request.label}")' if request.label is not None else ""
+            raise ModelError(
+                f'scripted wait stalled: session "{request.session_id}"{label} response {n} waits for'
+                f" {wait} with no progress for {self._stall_timeout:g} s",
+                code="MODEL_SCRIPT_STALLED",
+            )
+        self.note_progress()
+
     async def _wait_until_holding(self, name: str) -> None:
         """Until a session named `name` (its id, or its label) is held on a `wait_for`."""
         while not any(n and (sid == name or self._labels.get(sid) == name) for sid, n in self._holding.items()):
@@ -120,6 +216,7 @@ class ScriptedModel:
         """Make a session known for label binding before it calls (idempotent, synchronous)."""
         if label is not None:
             self._labels[session_id] = label
+        self.note_progress()
         if session_id in self._session_entries:
             return
         if label is not None and label in self._label_entries:
@@ -149,23 +246,34 @@ class ScriptedModel:
             await trio.lowlevel.checkpoint()
             yield Finish("stop")
             return
-        response = self._next_response(request)
+        response, n = self._next_response(request)
         rendered = _render(response, request)
-        if isinstance(response.wait_for, WaitForWaiting):
-            await self._wait_until_holding(rendered.settled or response.wait_for.session)
-        elif response.wait_for is not None:
+        wait = response.wait_for
+        if isinstance(wait, WaitForWaiting):
+            target = rendered.settled or wait.session
+            await self._watched(partial(self._wait_until_holding, target), request, n, _dump({"waiting": target}))
+        elif wait is not None:
             self._holding[request.session_id] = self._holding.get(request.session_id, 0) + 1
             self._hold_changed.unpark_all()
             try:
-                await _wait(response.wait_for, rendered.settled, request)
+                await self._watched(
+                    partial(_wait, wait, rendered.settled, request), request, n, _describe_wait(wait, rendered.settled)
+                )
             finally:
                 self._holding[request.session_id] -= 1
         if response.delay_ms:
-            await request.clock.sleep(response.delay_ms / 1000)
+            self._delaying += 1
+            self.note_progress()  # suspends the watches: the delay's end is certain progress
+            try:
+                await request.clock.sleep(response.delay_ms / 1000)
+            finally:
+                self._delaying -= 1
+                self.note_progress()
         if response.hang:
             await trio.sleep_forever()
         if response.error is not None:
             assert rendered.error_message is not None
+            self.note_progress()
             raise ModelError(
                 rendered.error_message, code="MODEL_SCRIPTED_ERROR", status=response.error.status
             )
@@ -182,6 +290,7 @@ class ScriptedModel:
             await trio.lowlevel.checkpoint()
             yield response.usage
         await trio.lowlevel.checkpoint()
+        self.note_progress()
         yield Finish(response.finish or ("tool-calls" if rendered.calls else "stop"))
 
     # --- script positions ---------------------------------------------------------------------
@@ -198,8 +307,10 @@ class ScriptedModel:
             )
         return summaries[n - 1]
 
-    def _next_response(self, request: ModelRequest) -> ScriptedResponse:
+    def _next_response(self, request: ModelRequest) -> tuple[ScriptedResponse, int]:
+        """The response the call consumes and its number in its entry (1-based)."""
         k = self._bind(request)
+        self.note_progress()
         self._calls[k] += 1
         n = self._calls[k]
         responses = self._script.agents[k].responses
@@ -209,7 +320,7 @@ class ScriptedModel:
                 f" $.agents[{k}] has {len(responses)} responses",
                 code="MODEL_SCRIPT_EXHAUSTED",
             )
-        return responses[n - 1]
+        return responses[n - 1], n
 
     def _bind(self, request: ModelRequest) -> int:
         session = request.session_id
@@ -341,7 +452,22 @@ async def _wait(wait_for: WaitFor, settled: str | None, request: ModelRequest) -
             " carries no waits to hold on",
             code="MODEL_SCRIPT_NO_WAITS",
         )
-    if settled is not None:
-        await waits.settled(settled)
+    if isinstance(wait_for, WaitForSettled):
+        assert settled is not None
+        await waits.settled(settled, wait_for.count)
     else:
         await waits.steered()
+
+
+def _describe_wait(wait: WaitFor, settled: str | None) -> str:
+    """The wait as the script writes it, its templates expanded (for the stall message)."""
+    if isinstance(wait, WaitForSettled):
+        shown: dict[str, object] = {"settled": settled if settled is not None else wait.child}
+        if wait.count != 1:
+            shown["count"] = wait.count
+        return _dump(shown)
+    return _dump({"steered": True})
+
+
+def _dump(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))

@@ -14,7 +14,7 @@ import attrs
 from .base import Model
 from .openai import OpenAIChatModel
 from .script import ScriptError, load_script
-from .scripted import ScriptedModel
+from .scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel
 
 __all__ = ["ModelSpec", "ModelSpecError", "build_model", "parse_model_spec"]
 
@@ -59,11 +59,12 @@ def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str
     return ModelSpec(scheme=scheme, name=name, base_url=url, api_key=key)
 
 
-def build_model(spec: ModelSpec) -> Model:
-    """Build the model (loading and validating a script now, so a bad one fails up front)."""
+def build_model(spec: ModelSpec, *, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> Model:
+    """Build the model (loading and validating a script now, so a bad one fails up front).
+    `stall_timeout` only applies to a scripted model (see `ScriptedModel`)."""
     if spec.scheme == "scripted":
         try:
-            return ScriptedModel(load_script(spec.name))
+            return ScriptedModel(load_script(spec.name), stall_timeout=stall_timeout)
         except ScriptError as exc:
             raise ModelSpecError(str(exc).replace("invalid script", "bad script", 1)) from None
     assert spec.base_url is not None

@@ -16,6 +16,7 @@ not UTF-8. No IO, no clock, no trio.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import attrs
 
@@ -36,10 +37,14 @@ class SSEEvent:
 
 
 class SSEDecoder:
-    """Incremental SSE decoder: `feed(bytes) -> [SSEEvent]`, then `close() -> [SSEEvent]`."""
+    """Incremental SSE decoder: `feed(bytes) -> [SSEEvent]`, then `close() -> [SSEEvent]`.
 
-    def __init__(self, *, max_line: int = 16 * 1024 * 1024) -> None:
+    `redact` is applied to a quoted line before it is cut to an excerpt (so a secret crossing the
+    cut is not left half-shown)."""
+
+    def __init__(self, *, max_line: int = 16 * 1024 * 1024, redact: Callable[[str], str] = str) -> None:
         self._max_line = max_line
+        self._redact = redact
         self._buffer = bytearray()
         self._data: list[str] = []
         self._event = ""
@@ -89,7 +94,7 @@ class SSEDecoder:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise SSEError(f"event-stream line is not UTF-8: {_excerpt(raw.decode('utf-8', 'replace'))}") from None
+            raise SSEError(f"event-stream line is not UTF-8: {self._excerpt(raw.decode('utf-8', 'replace'))}") from None
         if self._first_line:
             self._first_line = False
             line = line.removeprefix(_BOM)
@@ -103,13 +108,16 @@ class SSEDecoder:
             return
         field, colon, value = line.partition(":")
         if not _FIELD.match(field):
-            raise SSEError(f"not an event-stream line: {_excerpt(line)}")
+            raise SSEError(f"not an event-stream line: {self._excerpt(line)}")
         if colon and value.startswith(" "):
             value = value[1:]
         if field == "data":
             self._data.append(value)
         elif field == "event":
             self._event = value
+
+    def _excerpt(self, text: str) -> str:
+        return _excerpt(self._redact(text))
 
 
 def _excerpt(text: str, limit: int = 120) -> str:

@@ -2,7 +2,11 @@
 
 Theory of operation. The corpus is `list_sessions()` (a live header wins). Candidates are the
 records with `origin == "subagent"` naming the parent, in (`created_at`, id) order; a damaged one
-whose header still names the parent becomes its diagnostic. Each candidate's identity climbs a
+whose line 1 still names the parent — as a valid header, or only as a JSON object (its
+`claimed` lineage) — becomes its diagnostic. Children whose line 1 says nothing (log missing,
+empty, not a file, not JSON) come from the parent's `subagent_catalog` projection — its live cell
+or its checkpoint row, never its log — and become diagnostics in (`child_created_at`, id) order
+(see `lineage`). Each candidate's identity climbs a
 ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
 stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
 query for all), and only then one observation each through the cold reader (at most four reads
@@ -26,12 +30,30 @@ import trio
 
 from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, raise_bare_cancelled, snapshot_all
 from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
-from subagents.storage import LogStore, SessionHeader
-from subagents.storage.projection import Lifecycle, ProjectionRegistry
+from subagents.storage import LogInfo, LogStore
+from subagents.storage.index import StoredCheckpoint
+from subagents.storage.projection import ProjectionRegistry
 
-from .units import IDENTITY_UNIT
+from .lineage import (
+    Absent,
+    CatalogEntry,
+    absent_children,
+    absent_reason,
+    catalog_entries,
+    NO_CHILDREN,
+    catalog_owners,
+    children_of,
+    is_subagent,
+    lineage,
+    names_absent,
+    order_key,
+    same_lifecycle,
+    stored_catalog,
+    walk_descendants,
+)
+from .units import CATALOG_UNIT, IDENTITY_UNIT
 
-__all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError"]
+__all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError", "walk_descendants"]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
 
@@ -78,6 +100,11 @@ class DiagnosticRow:
 
 
 Row = ChildRow | DiagnosticRow
+_IDENTITY = [IDENTITY_UNIT.key]
+_CATALOG = [CATALOG_UNIT.key]
+_BOTH = [IDENTITY_UNIT.key, CATALOG_UNIT.key]  # a live child's identity and whether it has children
+_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key)  # the checkpoint rows a listing reads
+_EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
 _QUERY_REASONS: dict[str, Reason | None] = {
@@ -137,15 +164,25 @@ class _Shape:
         self._corpus: list[SessionRecord] = []
         self.parents: frozenset[str | None] = frozenset()
         self._children: dict[str, list[SessionRecord]] = {}
+        self._records: dict[str, SessionRecord] | None = None
 
     def of(self, corpus: list[SessionRecord]) -> _Shape:
         if len(corpus) != len(self._corpus) or not all(map(operator.is_, corpus, self._corpus)):
             self._corpus = corpus
+            # A damaged child whose line 1 names its parent lists (as a diagnostic): its parent has children.
             self.parents = frozenset(
-                r.header.parent_session for r in corpus if r.header is not None and r.header.origin == "subagent"
+                said[1] for said in map(lineage, corpus) if said is not None and said[0] == "subagent"
             )
             self._children = {}
+            self._records = None
         return self
+
+    @property
+    def records(self) -> dict[str, SessionRecord]:
+        """The corpus by id."""
+        if self._records is None:
+            self._records = {record.id: record for record in self._corpus}
+        return self._records
 
     def children_of(self, parent_id: str) -> list[SessionRecord]:
         """The candidates of `parent_id`, in order (kept: not to be changed)."""
@@ -153,7 +190,7 @@ class _Shape:
         if children is None:
             if len(self._children) >= self._PARENTS_KEPT:
                 self._children.clear()
-            children = self._children[parent_id] = _children_of(self._corpus, parent_id)
+            children = self._children[parent_id] = children_of(self._corpus, parent_id)
         return children
 
 
@@ -177,17 +214,72 @@ class ListingService:
         self._shape = _Shape()
 
     async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
+        """The rows of `parent_id`'s direct subagent children (SPEC 5.4), in (`created_at`, id)
+        order, with those only the parent's catalog names. Raises `SubagentError` (a missing
+        service, `CANCELLED`) or `SessionQueryError` (an unreadable root)."""
         corpus = await self._corpus(abort)
         shape = self._shape.of(corpus)
-        return await self._rows(shape.parents, shape.children_of(parent_id), abort)
+        candidates = shape.children_of(parent_id)
+        parent = shape.records.get(parent_id)
+        catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates, abort)
+        entries = catalogs.get(parent_id)
+        absent = absent_children(parent_id, entries, shape.records) if entries else []
+        rows = await self._rows(shape, candidates, abort, stored)
+        if not absent:
+            return [row for row in rows if row is not None]
+        extra = await self._absent_rows(absent, abort)
+        placed = sorted(
+            [(order_key(node), row) for node, row in zip(candidates, rows, strict=True)]
+            + [(order_key(node), row) for node, row in zip(absent, extra, strict=True)],
+            key=operator.itemgetter(0),
+        )
+        return [row for _, row in placed if row is not None]
 
     async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
+        """The rows of every subagent below `root_id` in pre-order, each with `parent_id` and
+        `depth`; raises as `list_children`."""
         corpus = await self._corpus(abort)
-        placed = walk_descendants(corpus, root_id)
-        parents = self._shape.of(corpus).parents
-        rows = await self._rows(parents, [record for record, _, _ in placed if _is_subagent(record)], abort)
-        where = {record.id: (parent, depth) for record, parent, depth in placed}
-        return [attrs.evolve(row, parent_id=where[row.id][0], depth=where[row.id][1]) for row in rows]
+        shape = self._shape.of(corpus)
+        records = shape.records
+        # Catalogs can add children the corpus cannot place (and those may have children of their
+        # own): walk, read the catalogs of the nodes not asked yet, walk again while that adds any.
+        absent: dict[str, list[Absent]] = {}
+        asked: set[str] = set()
+        stored: dict[str, list[StoredCheckpoint]] = {}
+        while True:
+            placed = walk_descendants(corpus, root_id, absent)
+            owners = [
+                node
+                for node in ([records[root_id]] if root_id in records else []) + [n for n, _, _ in placed]
+                if isinstance(node, SessionRecord) and node.header is not None and node.id not in asked
+            ]
+            if not owners:
+                break
+            asked.update(owner.id for owner in owners)
+            wanted = [n for n, _, _ in placed if isinstance(n, SessionRecord) and is_subagent(n) and n.id not in stored]
+            catalogs, more = await self._catalogs(owners, wanted, abort)
+            stored.update(more)
+            grew = False
+            for owner_id, entries in catalogs.items():
+                found = absent_children(owner_id, entries, records) if entries else []
+                if found:
+                    absent[owner_id] = found
+                    grew = True
+            if not grew:
+                break
+        nodes = [node for node, _, _ in placed if isinstance(node, Absent) or is_subagent(node)]
+        candidates = [node for node in nodes if isinstance(node, SessionRecord)]
+        rows = iter(await self._rows(shape, candidates, abort, stored))
+        lost = [node for node in nodes if isinstance(node, Absent)]
+        extra = iter(await self._absent_rows(lost, abort) if lost else [])
+        where = {node.id: (parent, depth) for node, parent, depth in placed}
+        out = []
+        for node in nodes:
+            row = next(extra) if isinstance(node, Absent) else next(rows)
+            if row is not None:
+                parent, depth = where[node.id]
+                out.append(attrs.evolve(row, parent_id=parent, depth=depth))
+        return out
 
     # --- the steps ---
 
@@ -208,8 +300,116 @@ class ListingService:
         _check(abort)
         return corpus
 
-    async def _rows(self, parents: frozenset[str | None], candidates: list[SessionRecord], abort: Abort | None) -> list[Row]:
-        """`parents`: the ids some subagent record of the corpus names as its parent."""
+    async def _catalogs(
+        self, owners: list[SessionRecord], candidates: list[SessionRecord], abort: Abort | None
+    ) -> tuple[dict[str, list[CatalogEntry]], dict[str, list[StoredCheckpoint]]]:
+        """The catalog entries of `owners` — a live owner's cell (no log read), else its
+        checkpoint row — and, from the same index hop, the stored checkpoint rows of the
+        candidates that are cold now (for their identity rung)."""
+        assert self.sessions is not None
+        sessions = self.sessions
+        refs: list[SessionRef] = []
+        live: list[SessionRecord] = []
+        cold: list[SessionRecord] = []
+        for owner in owners:
+            ref = sessions.get(owner.id) if owner.live else None
+            if ref is not None:
+                refs.append(ref)
+                live.append(owner)
+            else:
+                cold.append(owner)
+        entries: dict[str, list[CatalogEntry]] = {}
+        if refs:
+            for owner, answer in zip(live, await self._live_answers(refs, abort, _CATALOG), strict=True):
+                if isinstance(answer, ActorStopped):
+                    cold.append(owner)  # it stopped meanwhile: its checkpoint row
+                elif not isinstance(answer, Exception):
+                    entries[owner.id] = catalog_entries(answer.get(CATALOG_UNIT.key))
+                # else a broken catalog cell (a unit bug): it names nobody
+        ids = [c.id for c in candidates if c.damage is None and not (c.live and sessions.get(c.id) is not None)]
+        ids += [owner.id for owner in cold if owner.persisted]
+        stored = await self._stored_rows(ids)
+        for owner in cold:
+            entries[owner.id] = stored_catalog(owner, stored.get(owner.id, ()))
+        return entries, stored
+
+    async def _stored_rows(self, ids: list[str]) -> dict[str, list[StoredCheckpoint]]:
+        """The checkpoint rows of `ids` in one query and one thread hop; every id asked is a key
+        of the answer (no rows: the index is a cache, any failure is a miss)."""
+        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in ids}
+        if self.log_store is None or not ids:
+            return out
+        try:
+            # Through the index's one worker slot (SPEC 3.3), shared with the session query.
+            limiter = self.query.index_limiter if self.query is not None else None
+            rows = await trio.to_thread.run_sync(
+                self.log_store.read_checkpoint_rows, ids, _ROW_KEYS, _EMPTY_CATALOG, limiter=limiter
+            )
+        except Exception:  # the index is a cache: any failure is a miss
+            return out
+        if rows:
+            out.update((sid, found) for sid, found in rows.items() if sid in out)
+        return out
+
+    async def _held_elsewhere(self, ids: list[str]) -> set[str]:
+        """The ids another process holds the lock of (one thread hop; advice, never an error)."""
+        if self.log_store is None or not ids:
+            return set()
+        try:
+            return await trio.to_thread.run_sync(self.log_store.held_elsewhere, ids)
+        except Exception:  # advice for display only: unanswered is "not held"
+            return set()
+
+    async def _absent_rows(self, absent: list[Absent], abort: Abort | None) -> list[Row | None]:
+        """The rows of catalogued children the corpus does not list, aligned to `absent`; those
+        with no record at all are stat'ed afresh, in one thread hop."""
+        out: list[Row | None] = [None] * len(absent)
+        missing = []
+        for i, node in enumerate(absent):
+            if node.record is not None:
+                out[i] = DiagnosticRow(id=node.id, reason="corrupt")  # line 1 says nothing usable
+            else:
+                missing.append(i)
+        if missing:
+            now = await self._stat_all([absent[i].id for i in missing])
+            for i, info in zip(missing, now, strict=True):
+                reason = absent_reason(info)
+                if reason is not None:
+                    out[i] = DiagnosticRow(id=absent[i].id, reason=reason)
+        _check(abort)
+        return out
+
+    async def _stat_all(self, ids: list[str]) -> list[LogInfo | None | Exception]:
+        store = self.log_store
+        if store is None:
+            return [None] * len(ids)
+
+        def stat_all() -> list[LogInfo | None | Exception]:
+            out: list[LogInfo | None | Exception] = []
+            for sid in ids:
+                try:
+                    out.append(store.stat(sid))
+                except Exception as exc:  # it cannot be opened: unavailable
+                    out.append(exc)
+            return out
+
+        limiter = self.query.index_limiter if self.query is not None else None
+        try:
+            return await trio.to_thread.run_sync(stat_all, limiter=limiter)
+        except Exception as exc:
+            return [exc] * len(ids)
+
+    async def _rows(
+        self,
+        shape: _Shape,
+        candidates: list[SessionRecord],
+        abort: Abort | None,
+        stored: dict[str, list[StoredCheckpoint]],
+    ) -> list[Row | None]:
+        """Rows aligned to `candidates` (None: omitted); `stored`: checkpoint rows already read.
+        A child has children when a subagent record names it as its parent, or its own catalog
+        names a child that only the catalog places."""
+        parents, records = shape.parents, shape.records
         results: list[Row | None] = [None] * len(candidates)
         cold: list[int] = []
         live_at: list[int] = []
@@ -222,36 +422,51 @@ class ListingService:
                 refs.append(ref)
             else:
                 cold.append(i)
-        answers = await self._live_answers(refs, abort)
+        answers = await self._live_answers(refs, abort, _BOTH)
         child = self._rows_made.child
+        again: list[int] = []
         for i, answer in zip(live_at, answers, strict=True):
             record = candidates[i]
             if isinstance(answer, ActorStopped):
                 cold.append(i)  # it stopped meanwhile: read what it left
             elif isinstance(answer, Exception):
-                results[i] = DiagnosticRow(id=record.id, reason="corrupt")
+                again.append(i)  # its identity alone may still be readable (a broken catalog cell)
             else:
                 identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                 if identity is not None:
-                    results[i] = child(record, identity, record.id in parents, live=True)
+                    has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
+                    results[i] = child(record, identity, has, live=True)
                 # else: omitted — a live child in its creation window
+        if again:
+            ref_at = dict(zip(live_at, refs, strict=True))
+            retried = await self._live_answers([ref_at[i] for i in again], abort, _IDENTITY)
+            for i, answer in zip(again, retried, strict=True):
+                record = candidates[i]
+                if isinstance(answer, ActorStopped):
+                    cold.append(i)
+                elif isinstance(answer, Exception):
+                    results[i] = DiagnosticRow(id=record.id, reason="corrupt")
+                else:
+                    identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
+                    if identity is not None:
+                        results[i] = child(record, identity, record.id in parents, live=True)
         cold.sort()
-        await self._cold_rows(candidates, cold, parents, results, abort)
+        await self._cold_rows(candidates, cold, shape, results, abort, stored)
         _check(abort)
-        return [row for row in results if row is not None]
+        return results
 
-    async def _live_answers(self, refs: list[SessionRef], abort: Abort | None) -> list[Any]:
-        """All live asks at once; an abort ends the wait (an actor stuck in storage must not
-        hold a cancelled listing)."""
+    async def _live_answers(self, refs: list[SessionRef], abort: Abort | None, keys: list[str]) -> list[Any]:
+        """All live asks for `keys` at once; an abort ends the wait (an actor stuck in storage
+        must not hold a cancelled listing)."""
         if not refs:
             return []
         if abort is None:
-            return await snapshot_all(refs, [IDENTITY_UNIT.key])
+            return await snapshot_all(refs, keys)
         answers: list[Any] | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_cancel_on, abort, nursery.cancel_scope)
-                answers = await snapshot_all(refs, [IDENTITY_UNIT.key])
+                answers = await snapshot_all(refs, keys)
                 nursery.cancel_scope.cancel()
         except BaseExceptionGroup as group:  # only an enclosing cancel gets here: pass it on bare
             raise_bare_cancelled(group)
@@ -264,10 +479,12 @@ class ListingService:
         self,
         candidates: list[SessionRecord],
         cold: list[int],
-        parents: frozenset[str | None],
+        shape: _Shape,
         results: list[Row | None],
         abort: Abort | None,
+        stored: dict[str, list[StoredCheckpoint]],
     ) -> None:
+        parents, records = shape.parents, shape.records
         pending = []
         for i in cold:
             record = candidates[i]
@@ -275,12 +492,20 @@ class ListingService:
                 results[i] = DiagnosticRow(id=record.id, reason=record.damage)
             else:
                 pending.append(i)
-        checkpoints = await self._checkpoint_identities([candidates[i] for i in pending])
+        checkpoints = await self._checkpoint_identities([candidates[i] for i in pending], stored)
+        naming = catalog_owners(stored) if checkpoints else set()
+        # Those another process holds the lock of are running there (observed ones learn it
+        # from their observation's stat hop).
+        held = await self._held_elsewhere([candidates[i].id for i in pending if candidates[i].id in checkpoints])
         observe = []
         for i in pending:
             identity = checkpoints.get(candidates[i].id)
             if identity is not None:
-                results[i] = self._rows_made.child(candidates[i], identity, candidates[i].id in parents, live=False)
+                record = candidates[i]
+                has = record.id in parents or (record.id in naming and names_absent(
+                    record.id, stored_catalog(record, stored[record.id]), records
+                ))
+                results[i] = self._rows_made.child(record, identity, has, live=record.id in held)
             else:
                 observe.append(i)
         if not observe:
@@ -300,6 +525,8 @@ class ListingService:
                         results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # lifecycle witness
                         return
                     identity = _own(seen.projections.get(IDENTITY_UNIT.key), seen.inherited_event_count)
+                    catalog = seen.projections.get(CATALOG_UNIT.key)
+                    elsewhere = seen.held
             except SessionQueryError as exc:
                 reason = _QUERY_REASONS.get(exc.code)
                 if exc.code == "SESSION_QUERY_ABORTED" or (abort is not None and abort.is_set()):
@@ -315,7 +542,8 @@ class ListingService:
             if identity is None:
                 results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
             else:
-                results[i] = self._rows_made.child(record, identity, record.id in parents, live=False)
+                has = record.id in parents or names_absent(record.id, catalog, records)
+                results[i] = self._rows_made.child(record, identity, has, live=elsewhere)
 
         _check(abort)
         try:
@@ -343,30 +571,28 @@ class ListingService:
         if failures:
             raise failures[0]
 
-    async def _checkpoint_identities(self, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any]]:
-        """Identities the index's checkpoint rows prove, for all cold candidates in one query."""
+    async def _checkpoint_identities(
+        self, records: Sequence[SessionRecord], stored: dict[str, list[StoredCheckpoint]] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Identities the index's checkpoint rows prove, for all cold candidates: the rows read
+        with the catalogs, and the rest (those that stopped meanwhile) in one more query."""
         if self.log_store is None or not records:
             return {}
-        try:
-            # Through the index's one worker slot (SPEC 3.3), shared with the session query.
-            limiter = self.query.index_limiter if self.query is not None else None
-            rows = await trio.to_thread.run_sync(self.log_store.read_checkpoint_rows, [r.id for r in records],
-                                                 limiter=limiter)
-        except Exception:  # the index is a cache: any failure falls through to observation
-            return {}
-        if not rows:
-            return {}
+        rows = stored or {}
+        unread = [r.id for r in records if r.id not in rows]
+        if unread:
+            rows = {**rows, **await self._stored_rows(unread)}
         out = {}
         key, version = IDENTITY_UNIT.key, IDENTITY_UNIT.state_version
         for record in records:
             header = record.header
             if header is None or record.event_count is None:
                 continue
-            for stored in rows.get(record.id, ()):
-                if stored.key != key or stored.ver != version or stored.seq >= record.event_count:
+            for row in rows.get(record.id, ()):
+                if row.key != key or row.ver != version or row.seq >= record.event_count:
                     continue
-                if _same_lifecycle(stored.lifecycle, header, record.inherited_event_count):
-                    val = stored.value()  # decoded only now (UNREADABLE, an object: no identity)
+                if same_lifecycle(row.lifecycle, header, record.inherited_event_count):
+                    val = row.value()  # decoded only now (UNREADABLE, an object: no identity)
                     identity = _own(val.get("identity") if type(val) is dict else None, record.inherited_event_count)
                     if identity is not None:
                         out[record.id] = identity
@@ -378,59 +604,6 @@ def _check(abort: Abort | None) -> None:
         raise SubagentError(_CANCELLED, "CANCELLED")
 
 
-def _same_lifecycle(stored: Lifecycle, header: SessionHeader, inherited_event_count: int) -> bool:
-    """`stored == Lifecycle.of(header, inherited_event_count)`, without building the latter."""
-    return (
-        stored.format == header.format
-        and stored.created_at == header.created_at
-        and stored.cwd == header.cwd
-        and stored.is_seeded == header.is_seeded
-        and stored.inherited_event_count == inherited_event_count
-    )
-
-
 async def _cancel_on(abort: Abort, scope: trio.CancelScope) -> None:
     await abort.wait()
     scope.cancel()
-
-
-def _is_subagent(record: SessionRecord) -> bool:
-    return record.header is not None and record.header.origin == "subagent"
-
-
-def _order(record: SessionRecord) -> tuple[int, str]:
-    return (record.header.created_at if record.header is not None else -1, record.id)
-
-
-def _children_of(corpus: list[SessionRecord], parent_id: str) -> list[SessionRecord]:
-    return sorted(
-        (
-            r
-            for r in corpus
-            if r.header is not None and r.header.origin == "subagent" and r.header.parent_session == parent_id
-        ),
-        key=_order,
-    )
-
-
-def walk_descendants(corpus: list[SessionRecord], root_id: str) -> list[tuple[SessionRecord, str, int]]:
-    """Pre-order over every corpus edge below `root_id`: (record, its parent, depth). Iterative,
-    siblings in (`created_at`, id) order, never revisiting the root or a node."""
-    children: dict[str, list[SessionRecord]] = {}
-    for record in corpus:
-        parent = record.header.parent_session if record.header is not None else None
-        if parent is not None:
-            children.setdefault(parent, []).append(record)
-    for siblings in children.values():
-        siblings.sort(key=_order)
-    out: list[tuple[SessionRecord, str, int]] = []
-    seen = {root_id}
-    stack: list[tuple[SessionRecord, str, int]] = [(c, root_id, 1) for c in reversed(children.get(root_id, []))]
-    while stack:
-        record, parent, depth = stack.pop()
-        if record.id in seen:
-            continue
-        seen.add(record.id)
-        out.append((record, parent, depth))
-        stack.extend((c, record.id, depth + 1) for c in reversed(children.get(record.id, [])))
-    return out

@@ -25,7 +25,7 @@ from typing import Any, Literal, NamedTuple
 import attrs
 import trio
 
-from subagents.actors import Abort, EventDraft
+from subagents.actors import Abort, ActorStopped, EventDraft
 from subagents.actors.continuation import (
     Activation,
     ActivationLimitReached,
@@ -33,7 +33,16 @@ from subagents.actors.continuation import (
     Draining,
     ParentClosing,
 )
-from subagents.storage import AlreadyOwned, Event, StorageError, check_session_id, decode_payload
+from subagents.storage import (
+    AlreadyOwned,
+    Event,
+    PersistenceFailed,
+    SessionHeader,
+    SessionNotFound,
+    StorageError,
+    check_session_id,
+    decode_payload,
+)
 from subagents.storage.errors import InvalidSessionId
 
 from ..agent.inbox import Delivery, DeliveryCancelled
@@ -47,12 +56,15 @@ from .listing import ListingService, SubagentError
 from .options import ChildModel, ChildOptions, filtered_tools
 from .units import IDENTITY_UNIT
 
-__all__ = ["Reservation", "SubagentService", "notice_blocks", "return_guidance"]
+__all__ = ["DELEGATION_TOOLS", "Reservation", "SubagentService", "notice_blocks", "return_guidance"]
 
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 Provider = Literal["spawn", "fork"]
+InterruptOutcome = Literal["requested", "not-running"]
+
+DELEGATION_TOOLS = frozenset({"subagent", "subagent_fork"})
 
 _SUMMARIES = {
     "completed": "finished and will do no further work unless you send it more.",
@@ -98,8 +110,14 @@ class _Setup(NamedTuple):
 
 @attrs.frozen
 class Reservation:
+    """A child id and creation time drawn in model order. `after` is set once the previous
+    reservation of the same parent step has written its catalog (or given up), so the parent's
+    `subagent/catalog` events follow the model's call order, not completion order."""
+
     child_id: str
     created_at: int
+    after: trio.Event | None = attrs.field(default=None, eq=False)
+    announced: trio.Event = attrs.field(factory=trio.Event, eq=False)  # see `ToolSet.prepare`
 
 
 def _unavailable(child_id: str) -> SubagentError:
@@ -117,13 +135,26 @@ class SubagentService:
     _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
     _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
+    # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
+    _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
+    _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
 
     # --- starting ---------------------------------------------------------------------------
 
-    async def reserve(self) -> Reservation:
-        """A child id and creation time, drawn now (tools draw them in model order)."""
+    async def reserve(self, parent_id: str | None = None, step: tuple[int, int] | None = None) -> Reservation:
+        """A child id and creation time, drawn now (tools draw them in model order). With the
+        parent and its (turn, step), the reservation's catalog waits for the one drawn before
+        it in the same step."""
         child_id = await self.agents.new_id()
-        return Reservation(child_id, self.agents.clock.now_ms())
+        after: trio.Event | None = None
+        if parent_id is not None and step is not None:
+            previous = self._chains.get(parent_id)
+            if previous is not None and previous[0] == step:
+                after = previous[1].announced
+        reserved = Reservation(child_id, self.agents.clock.now_ms(), after)
+        if parent_id is not None and step is not None:
+            self._chains[parent_id] = (step, reserved)
+        return reserved
 
     async def start_continuable(self, parent: Agent, provider: Provider, label: str, prompt: str,
                                 abort: Abort | None = None, *, reserved: Reservation | None = None,
@@ -159,7 +190,7 @@ class SubagentService:
         except BaseException:
             await self._dispose_unannounced(activation)
             raise
-        await self._catalog(parent, child, "continuable", label)
+        await self._catalog(parent, child, "continuable", label, reserved)
         self._run_activation(activation, child)
         return child_id
 
@@ -175,7 +206,7 @@ class SubagentService:
         child = await self._create_child(parent, reserved, provider, depth,
                                          SubagentDescriptor(mode="one-shot", provider=provider, label=label), setup)
         try:
-            await self._catalog(parent, child, "one-shot", label)
+            await self._catalog(parent, child, "one-shot", label, reserved)
             await child.send(prompt)
             async with trio.open_nursery() as nursery:
                 if abort is not None:
@@ -218,6 +249,13 @@ class SubagentService:
         if depth > self.max_depth:
             raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
         return depth
+
+    def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
+        """`tools` as a session with `header` is offered them: an agent at the depth limit does
+        not see the delegation tools at all (a call would only be refused)."""
+        if header.delegation_depth < self.max_depth:
+            return tools
+        return ToolSet(tool for tool in tools if tool.name not in DELEGATION_TOOLS)
 
     def resume_setup(self, session_id: str, events: Sequence[Event], inherited_event_count: int
                      ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
@@ -279,12 +317,22 @@ class SubagentService:
         cut = next((i + 1 for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/end"), 0)
         return events[:cut]
 
-    async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None) -> None:
+    async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None,
+                       reserved: Reservation) -> None:
         data: Json = {"version": 1, "child_id": child.session_id,
                       "child_created_at": child.session.header.created_at, "mode": mode}
         if label is not None:
             data["label"] = label
-        await parent.session.append([EventDraft(type="subagent/catalog", data=data, time=self.agents.clock.now_ms())])
+        try:
+            if reserved.after is not None:
+                await reserved.after.wait()  # the child drawn before it in this step goes first
+            await parent.session.append([EventDraft(type="subagent/catalog", data=data,
+                                                    time=self.agents.clock.now_ms())])
+        finally:
+            reserved.announced.set()
+            tail = self._chains.get(parent.session_id)
+            if tail is not None and tail[1] is reserved:
+                del self._chains[parent.session_id]
 
     async def _dispose_unannounced(self, activation: Activation) -> None:
         with trio.CancelScope(shield=True):
@@ -309,6 +357,8 @@ class SubagentService:
                 if any(self.manager.get(o) is not None for o in activation.owned):
                     await self.manager.wait_changed()
                     continue
+                if await self._wait_parent_quiet(activation):
+                    continue  # the parent moved on meanwhile: look again before settling
                 return
 
         def ready(_a: Activation) -> bool:
@@ -321,6 +371,24 @@ class SubagentService:
             await self.agents.stop(a.child_id, cause=a.cause or "disposed")
 
         self.manager.start(activation, body, ready, settle, dispose)
+
+    async def _wait_parent_quiet(self, activation: Activation) -> bool:
+        """Hold a settlement until its live parent is quiet (waiting on its model, or between
+        turns), so `subagent/settled` never lands amid the parent's own step writes: where it
+        lands — and which step claims its notice — then follows the parent's order, not the
+        child's speed. Not while the family is being stopped (drain or disposal cancel the
+        wait). True when it waited."""
+        parent = self.agents.get(activation.parent_id)
+        if (parent is None or parent.quiet or activation.cause is not None or self.manager.draining
+                or activation.parent_id in self._disposing):
+            return False
+        with trio.CancelScope() as gate:
+            self._gates[activation.child_id] = gate
+            try:
+                await parent.wait_quiet()
+            finally:
+                del self._gates[activation.child_id]
+        return True
 
     async def _settle(self, activation: Activation, child: Agent) -> None:
         if activation.cause is not None and child.status == "running":
@@ -361,6 +429,36 @@ class SubagentService:
             "steer", force=True,
         )
 
+    async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
+        """On the resume of a session whose last turn was interrupted: close the one-shot
+        children that turn catalogued (SPEC 3.4 closers, durably, in their own logs). Nobody
+        resumes a one-shot child, so without this its open turn would stay open forever.
+
+        Only that turn's catalog is read (the events after its last `turn/start`): a one-shot
+        child runs inside one tool call of its parent's turn, in the parent's process, so a
+        crash that kills it leaves that very turn open; children of closed turns were run to
+        their end. No other child log is read. A child held by another process is skipped."""
+        start = next((i for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/start"), None)
+        if start is None:
+            return
+        children: list[str] = []
+        for event in events[start:]:
+            if event.type == "subagent/catalog":
+                try:
+                    catalog = decode_payload(event, session_id=session_id)
+                except StorageError:
+                    continue  # a damaged record names no child we could trust
+                if catalog.mode == "one-shot" and catalog.child_id not in children:
+                    children.append(catalog.child_id)
+        for child_id in children:
+            try:
+                if await self.agents.close_interrupted(child_id):
+                    log.info("closed the interrupted turn of one-shot subagent %s", child_id)
+            except AlreadyOwned:
+                log.info("one-shot subagent %s is held by another process: left to it", child_id)
+            except (StorageError, ActorStopped) as exc:
+                log.warning("could not close the interrupted turn of one-shot subagent %s: %s", child_id, exc)
+
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
         """On resume: every own-suffix `subagent/settled` that no own-suffix notice references
         is delivered again, in one first turn (`trigger: resume`). Every settlement the log
@@ -388,16 +486,19 @@ class SubagentService:
                 settled.append(decode_payload(event, session_id=parent_id).child_id)
         if not settled:
             return
+        # Every settlement this process saw is in the log too: top each child up to the log's count
+        # (a child settles once per run, so repeats are real and count for `wait_for` counts).
         known = self._settled.setdefault(parent_id, [])
-        for child_id in settled:
+        for child_id in dict.fromkeys(settled):
             entry = (child_id, labels.get(child_id))
-            if entry not in known:
-                known.append(entry)
+            seen = sum(1 for cid, _ in known if cid == child_id)
+            known.extend([entry] * (settled.count(child_id) - seen))
         self._settled_changed.unpark_all()
 
-    async def wait_settled(self, parent_id: str, child: str) -> None:
-        """For scripted `wait_for: settled`: until a child (label or id) of `parent_id` settled."""
-        while not any(child in (cid, label) for cid, label in self._settled.get(parent_id, ())):
+    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
+        """For scripted `wait_for: settled`: until `count` settlements of a child (label or id)
+        of `parent_id` are durable (counting those its log held when it was resumed)."""
+        while sum(child in (cid, label) for cid, label in self._settled.get(parent_id, ())) < count:
             await self._settled_changed.park()
 
     async def wait_tree_idle(self, agent: Agent) -> TurnResult | None:
@@ -501,12 +602,29 @@ class SubagentService:
             self._run_activation(activation, child)
         return True
 
-    def interrupt(self, target_id: str, by: Agent) -> None:
+    async def interrupt(self, target_id: str, by: Agent) -> InterruptOutcome:
+        """Stop a live descendant's current turn (`requested`). A target that exists but is not
+        resident is an accepted no-op, never a cold resume (`not-running`); an id no session
+        has — or an invalid one — is `NOT_RESUMABLE` (unavailable)."""
         if target_id == by.session_id:
             raise SubagentError(f'agent "{target_id}" cannot interrupt itself', "UNAUTHORIZED")
+        try:
+            check_session_id(target_id)
+        except InvalidSessionId:
+            raise _unavailable(target_id) from None
         activation = self.manager.get(target_id)
         if activation is None or activation.closing:
-            return  # not resident: an accepted no-op, never a cold resume
+            live = self.agents.get(target_id) if activation is None else None
+            if live is not None and live.session.header.parent_session == by.session_id:
+                live.cancel("parent")  # the caller's own one-shot child, running in the foreground
+                return "requested"
+            if live is not None:
+                # live, but not a child running under the caller: not the caller's to stop
+                raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
+                                    "UNAUTHORIZED")
+            if activation is None and not await self._exists(target_id):
+                raise _unavailable(target_id)
+            return "not-running"
         if by.session_id not in self.manager.ancestors(target_id):
             raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
                                 "UNAUTHORIZED")
@@ -514,6 +632,18 @@ class SubagentService:
         if child is not None:
             child.inbox.park()
             child.cancel("parent")
+        return "requested"
+
+    async def _exists(self, session_id: str) -> bool:
+        """Whether any session — live, or a log on disk, damaged or not — has this id."""
+        if self.agents.sessions.get(session_id) is not None:
+            return True
+        store = self.agents.log_store
+        try:
+            info = await trio.to_thread.run_sync(store.stat, session_id, limiter=self.agents.index_limiter)
+        except (SessionNotFound, PersistenceFailed):
+            return False  # no such log, or none that can be found: unavailable either way
+        return info is not None
 
     async def release_children_of(self, session_id: str) -> None:
         """Before a session is released: stop its resident children (child-first). Their
@@ -526,6 +656,9 @@ class SubagentService:
             self._disposing.discard(session_id)
 
     def _interrupt_disposed(self, activation: Activation) -> None:
+        gate = self._gates.get(activation.child_id)
+        if gate is not None:
+            gate.cancel()  # a settlement waiting for its parent goes on: the family is stopping
         child = self.agents.get(activation.child_id)
         if child is not None:
             child.cancel("disposed")

@@ -1,8 +1,9 @@
-"""The projection units of a child session: `subagent` (identity) and `subagent_timing`.
+"""The projection units of subagent sessions: `subagent` (identity), `subagent_timing` and the
+parent's `subagent_catalog`.
 
-Both are pure folds over a session's events (SPEC 3.5): state is plain JSON, never mutated in
+All are pure folds over a session's events (SPEC 3.5): state is plain JSON, never mutated in
 place (every change is a new dict), and `apply` returns the very same state object for events
-the unit does not look at. Neither raises on bad data.
+the unit does not look at. None raises on bad data.
 
 `subagent` (SPEC 3.6, reference-notes 4.4). State `{identity?: {mode, label?, seq}}`. Every
 `subagent/descriptor` event replaces the state — last wins: a valid payload gives an identity
@@ -26,6 +27,15 @@ fork seed replayed: see `is_own_identity`.
 so `settled_ms` counts completed turns after the (last) descriptor, and a turn that was already
 open when the descriptor was written counts from its own start. The view is
 `{settled_ms, active?}`.
+
+`subagent_catalog` (a parent's view of the children it made; SPEC 3.2). State
+`{own_from: K, children: {child_id: {created_at, mode, label?}}}`: every valid
+`subagent/catalog` event of the session's own suffix (`seq >= K`, the inherited cut: a fork's
+seed replays its parent's catalog, which names the parent's children, not the fork's) adds or
+replaces its child's entry; an invalid payload or an invalid child id is skipped — one bad entry
+must not hide the siblings the others name. The view is the `children` mapping. Listings take it
+from a live parent's cell or the parent's checkpoint row, so a child whose own log is missing or
+unreadable still shows as a diagnostic without the parent's log being read.
 """
 
 from __future__ import annotations
@@ -35,13 +45,16 @@ from typing import Any, Final
 
 import msgspec
 
-from subagents.storage import Event, Offset, SessionHeader
+from subagents.storage import Event, InvalidSessionId, Offset, SessionHeader, check_session_id
+from subagents.storage.events import SubagentCatalogData
 
 from .descriptor import MalformedDescriptor, parse_descriptor
 
 __all__ = [
+    "CATALOG_UNIT",
     "IDENTITY_UNIT",
     "SUBAGENT_UNITS",
+    "SubagentCatalogUnit",
     "TIMING_UNIT",
     "SubagentIdentityUnit",
     "SubagentTimingUnit",
@@ -227,6 +240,51 @@ class SubagentTimingUnit:
         return out
 
 
+CATALOG_TYPE: Final = "subagent/catalog"
+_catalog_payload = msgspec.json.Decoder(SubagentCatalogData)
+
+
+def catalog_children(state: object) -> dict[str, Any]:
+    """The `children` mapping of a catalog state (a fresh empty one for any other shape: a
+    tampered checkpoint row must not break the fold)."""
+    children = state.get("children") if type(state) is dict else None
+    return children if type(children) is dict else {}
+
+
+class SubagentCatalogUnit:
+    """The `subagent_catalog` unit: the children a session's own `subagent/catalog` events name."""
+
+    key = "subagent_catalog"
+    state_version = 1
+    types: Final = frozenset({CATALOG_TYPE})
+
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonObject:
+        return {"own_from": inherited_event_count, "children": {}}
+
+    def apply(self, state: JsonObject, event: Event) -> JsonObject:
+        if event.type != CATALOG_TYPE:
+            return state
+        own_from = state.get("own_from") if type(state) is dict else None
+        if type(own_from) is not int or event.seq < own_from:
+            return state  # a fork's inherited catalog names its parent's children
+        try:
+            data = _catalog_payload.decode(event.data)
+            child_id = check_session_id(data.child_id)
+        except (msgspec.DecodeError, RecursionError, InvalidSessionId):
+            return state  # (msgspec.ValidationError is a DecodeError)
+        entry: JsonObject = {"created_at": data.child_created_at, "mode": data.mode}
+        if isinstance(data.label, str):
+            entry["label"] = data.label
+        children = dict(catalog_children(state))
+        children[child_id] = entry
+        return {"own_from": own_from, "children": children}
+
+    def view(self, state: JsonObject) -> JsonObject:
+        # Copies: a caller may keep or change what it is served without touching the cell.
+        return {cid: dict(entry) for cid, entry in catalog_children(state).items() if type(entry) is dict}
+
+
 IDENTITY_UNIT: Final = SubagentIdentityUnit()
 TIMING_UNIT: Final = SubagentTimingUnit()
-SUBAGENT_UNITS: Final = (IDENTITY_UNIT, TIMING_UNIT)
+CATALOG_UNIT: Final = SubagentCatalogUnit()
+SUBAGENT_UNITS: Final = (IDENTITY_UNIT, TIMING_UNIT, CATALOG_UNIT)

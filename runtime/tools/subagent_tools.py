@@ -97,9 +97,16 @@ class _Delegate:
         return head + _BACKGROUND
 
     async def prepare(self, args: Json, ctx: ToolContext) -> Reservation:
-        return await self.service.reserve()
+        return await self.service.reserve(ctx.session_id, (ctx.turn, ctx.step))
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
+        try:
+            return await self._run(args, ctx)
+        finally:
+            if isinstance(ctx.prepared, Reservation):
+                ctx.prepared.announced.set()  # refused or failed: the next catalog of its step goes on
+
+    async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
         try:
             if args.get("run_in_background", True):
@@ -157,7 +164,11 @@ class _ListAgents:
                 rows = await listing.list_children(caller.session_id, ctx.abort)
         except SubagentError as exc:
             raise _failure(exc) from None
-        return render_agents(rows, descendants, lambda child_id: agent_status(self.service.agents, child_id))
+        # A child not resident here that the listing found `running` is held by another process.
+        elsewhere = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
+        agents = self.service.agents
+        return render_agents(rows, descendants, lambda child_id: (
+            "running" if child_id in elsewhere and agents.get(child_id) is None else agent_status(agents, child_id)))
 
 
 @attrs.frozen
@@ -201,10 +212,11 @@ class _InterruptAgent:
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
         try:
-            self.service.interrupt(args["agent_id"], caller)
+            outcome = await self.service.interrupt(args["agent_id"], caller)
         except SubagentError as exc:
             raise _failure(exc) from None
-        return f"interrupt requested for agent {args['agent_id']}"
+        tail = " (it is not running)" if outcome == "not-running" else ""
+        return f"interrupt requested for agent {args['agent_id']}{tail}"
 
 
 def subagent_tools(service: SubagentService) -> list[Any]:

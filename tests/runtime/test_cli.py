@@ -67,10 +67,18 @@ def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
         {"kind": "child", "id": "c2", "activity": "inactive", "has_children": False, "mode": "one-shot"},
     ]
     assert main(["children", "p", "--descendants", "--root", str(root)]) == 0
+    # A table with a header and ISO-8601 creation times (UTC, milliseconds).
     assert capsys.readouterr().out.splitlines() == [
-        "c1 [inactive] continuable +children parent=p depth=1 — first",
-        "g [inactive] continuable parent=c1 depth=2 — deep",
-        "c2 [inactive] one-shot parent=p depth=1",
+        "ID  PARENT  DEPTH  STATE     MODE         CREATED                   CHILDREN  LABEL",
+        "c1  p       1      inactive  continuable  1970-01-01T00:00:00.002Z  yes       first",
+        "g   c1      2      inactive  continuable  1970-01-01T00:00:00.004Z  no        deep",
+        "c2  p       1      inactive  one-shot     1970-01-01T00:00:00.003Z  no        -",
+    ]
+    assert main(["children", "p", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ID  STATE     MODE         CREATED                   CHILDREN  LABEL",
+        "c1  inactive  continuable  1970-01-01T00:00:00.002Z  yes       first",
+        "c2  inactive  one-shot     1970-01-01T00:00:00.003Z  no        -",
     ]
 
 
@@ -122,10 +130,11 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
     rows = __import__("json").loads(capsys.readouterr().out)
     assert [r["id"] for r in rows] == ["g", "c2", "c1", "p"]  # newest first
     assert rows[0] == {"id": "g", "created": 4, "origin": "subagent", "parent": "c1", "depth": 0,
-                       "events": 2, "live": False, "persisted": True, "damage": None}
+                       "events": 2, "live": False, "live_elsewhere": False, "persisted": True, "damage": None}
     assert main(["sessions", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1] == "p  created=1 depth=0 events=1 persisted"
+    assert lines[0] == "ID  CREATED                   ORIGIN    PARENT  DEPTH  EVENTS  STATE      DAMAGE"
+    assert lines[-1] == "p   1970-01-01T00:00:00.001Z  -         -       0      1       persisted  -"
 
 
 def test_sessions_reports_damage(tmp_path: Path, capsys) -> None:

@@ -127,8 +127,9 @@ def test_scripted_run_prints_the_answer_and_writes_zstd_by_default(tmp_path: Pat
     model = write_script(tmp_path / "s.json", text_script("Hello from the script"))
     root = tmp_path / "root"
     done = run_cli(["run", "--root", str(root), "--model", model, "say hi"], cwd=tmp_path)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "Hello from the script\n", "")
+    assert (done.returncode, done.stdout) == (0, "Hello from the script\n")
     [sid] = session_ids(root)
+    assert done.stderr == f"session {sid}\n"  # the id it created, so a person can resume it
     folder = session_folder(root, sid)
     assert (folder / "session.jsonl.zst").is_file() and not (folder / "session.jsonl").exists()
     records = log_records(root, sid)
@@ -144,8 +145,8 @@ def test_json_output_and_compression_none(tmp_path: Path) -> None:
     root = tmp_path / "root"
     done = run_cli(["run", "--root", str(root), "--model", model, "--compression", "none", "--json", "q"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
     out = json.loads(done.stdout)
+    assert done.stderr == f"session {out['session_id']}\n"
     assert set(out) == {"session_id", "output"}
     assert out["output"] == "Ünïcode ✓ answer"
     assert session_ids(root) == [out["session_id"]]
@@ -167,6 +168,7 @@ def test_session_is_created_when_missing_then_resumed(tmp_path: Path) -> None:
     assert json.loads(first.stdout) == {"session_id": "my-session", "output": "got alpha"}
     second = run_cli([*base, "now something else"], cwd=tmp_path)
     assert second.returncode == 0, second.stderr
+    assert first.stderr == second.stderr == "session my-session\n"  # created, then resumed
     assert json.loads(second.stdout) == {"session_id": "my-session", "output": "got alpha"}
     assert session_ids(root) == ["my-session"]
     assert [e["data"]["turn"] for e in events(root, "my-session", "turn/start")] == [1, 2]
@@ -181,9 +183,11 @@ def test_a_turn_that_did_not_complete_exits_1_with_the_reason(tmp_path: Path) ->
     root = tmp_path / "root"
     done = run_cli(["run", "--root", str(root), "--model", model, "--json", "q"], cwd=tmp_path)
     assert done.returncode == 1
-    line = one_error_line(done, "scripted upstream boom")
-    assert "error" in line.removeprefix("subagents: ")
     [sid] = session_ids(root)
+    first, rest = done.stderr.split("\n", 1)
+    assert first == f"session {sid}"  # printed before the turn ran
+    line = one_error_line(subprocess.CompletedProcess(done.args, 1, done.stdout, rest), "scripted upstream boom")
+    assert "error" in line.removeprefix("subagents: ")
     assert json.loads(done.stdout)["session_id"] == sid
     [end] = events(root, sid, "turn/end")
     assert end["data"]["reason"]["kind"] == "error"
@@ -236,8 +240,8 @@ def test_run_waits_for_a_background_child_and_its_notice(tmp_path: Path) -> None
     root = tmp_path / "root"
     done = run_cli(["run", "--root", str(root), "--model", model, "--json", "go"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
     out = json.loads(done.stdout)
+    assert done.stderr == f"session {out['session_id']}\n"
     assert out["output"] == "NOTED"
     parent, _child = _parent_and_child(root, out)
     [settled] = events(root, parent, "subagent/settled")
@@ -256,8 +260,8 @@ def test_run_prints_the_last_answer_whenever_the_notice_lands(tmp_path: Path) ->
     root = tmp_path / "root"
     done = run_cli(["run", "--root", str(root), "--model", model, "--json", "go"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
     out = json.loads(done.stdout)
+    assert done.stderr == f"session {out['session_id']}\n"
     parent, _child = _parent_and_child(root, out)
     shape = _surface(root, parent)
     notice_at = [i for i, (kind, _) in enumerate(shape) if kind == "notice"]
@@ -440,8 +444,8 @@ async def test_openai_run_against_a_local_server_never_leaks_the_key(nursery: tr
         )
     stdout, stderr = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, stderr
-    assert stderr == ""
     out = json.loads(stdout)
+    assert stderr == f"session {out['session_id']}\n"
     assert out["output"] == "Hello"
     [seen] = server.requests
     assert (seen.method, seen.target) == ("POST", "/v1/chat/completions")

@@ -44,3 +44,35 @@ def test_a_second_demo_on_the_same_root_uses_fresh_ids(tmp_path: Path) -> None:
     again = _subagents("demo", "--root", "store", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-2:] == ["demo: demo-6 resumed", "demo: ok"]
+
+
+def _logs(root: Path) -> dict[str, bytes]:
+    """Every session log under `root`, decompressed when it is zstd."""
+    import zstandard
+
+    logs = {}
+    for path in sorted((root / "sessions").glob("*/session.jsonl*")):
+        data = path.read_bytes()
+        if path.suffix == ".zst":
+            data = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
+        logs[path.parent.name] = data
+    return logs
+
+
+async def test_the_demo_writes_the_same_logs_every_run(tmp_path: Path) -> None:
+    """Issue 13 item 3: two runs into two fresh roots write every log byte for byte alike."""
+    import io
+
+    from subagents.runtime.demo import run_demo
+
+    runs = []
+    for name in ("first", "second"):
+        out = io.StringIO()
+        assert await run_demo(str(tmp_path / name), out=out, live=False, delay_scale=0) == 0
+        assert out.getvalue().splitlines()[-4:] == EXPECTED_END
+        runs.append(_logs(tmp_path / name))
+    first, second = runs
+    assert sorted(first) == ["demo-1", "demo-2", "demo-3", "demo-4"]
+    assert first.keys() == second.keys()
+    for sid in first:
+        assert first[sid] == second[sid], sid

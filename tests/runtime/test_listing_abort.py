@@ -183,9 +183,9 @@ class SequencedStore(FaultyLogStore):
         with self._running("close"):
             super().close(handle)
 
-    def read_checkpoint_rows(self, session_ids: Any) -> Any:
+    def read_checkpoint_rows(self, session_ids: Any, keys: Any = None, skip: Any = None) -> Any:
         with self._running("read_checkpoint"):
-            return super().read_checkpoint_rows(session_ids)
+            return super().read_checkpoint_rows(session_ids, keys, skip)
 
 
 class CountingQuery(SessionQuery):

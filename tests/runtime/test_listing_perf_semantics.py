@@ -87,7 +87,7 @@ def test_unit_fast_folds_equal_the_plain_fold(events: list[Event], cuts: list[in
     for cut in [*cuts, len(events)]:
         cut = min(cut, len(events))
         if start < cut:
-            assert cells.fold(events[start:cut]) == 2 * (cut - start)
+            assert cells.fold(events[start:cut]) == len(SUBAGENT_UNITS) * (cut - start)
         rows = {key: CheckpointRow(ver=row.ver, seq=row.seq, val=json.loads(json.dumps(row.val)))
                 for key, row in cells.checkpoint().items()}
         cells = registry.cells(HEADER, k, rows)

@@ -151,10 +151,10 @@ async def test_a_stale_index_row_cannot_call_an_invalid_payload_healthy(tmp_path
     # What an older build recorded: the same revision, no damage (a checksum that matches), and
     # its schema version.
     (values,) = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = 'kid'").fetchall()
-    values = (*values[:14], None, values[15], 3, values[2], 3, *values[19:21])  # damage, counts, scan_end
+    values = (*values[:14], None, values[15], 3, values[2], 3, *values[19:22])  # damage, counts, scan_end; no crc
     conn.execute("DELETE FROM sessions WHERE id = 'kid'")
-    conn.execute(f"INSERT INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 22)})", (*values, _crc(values)))
-    conn.execute("PRAGMA user_version = 2")
+    conn.execute(f"INSERT INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 23)})", (*values, _crc(values)))
+    conn.execute("PRAGMA user_version = 3")
     conn.close()
     async with open_runtime(tmp_path, now_ms=now_ms) as runtime:  # `subagents sessions`
         damage = {r.id: r.damage for r in await runtime.query.list_sessions()}

@@ -651,8 +651,8 @@ class FakeWaits:
         self.asked.append("steered")
         await self.steer.wait()
 
-    async def settled(self, child: str) -> None:
-        self.asked.append(f"settled:{child}")
+    async def settled(self, child: str, count: int = 1) -> None:
+        self.asked.append(f"settled:{child}" if count == 1 else f"settled:{child}#{count}")
         await self.settle.setdefault(child, trio.Event()).wait()
 
 

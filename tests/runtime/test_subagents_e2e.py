@@ -578,8 +578,10 @@ async def test_depth_limit_and_unavailable_targets_are_refused(tmp_path: Path) -
 
     child = events_of(root, "child-1")
     spawn, fork = tool_results(child)
-    assert_refused(spawn, "subagent depth 2 exceeds max_depth 1", "DEPTH_EXCEEDED")
-    assert_refused(fork, "subagent depth 2 exceeds max_depth 1", "DEPTH_EXCEEDED")
+    # At the depth limit the delegation tools are not offered at all (issue 13 item 6): a
+    # model that calls them anyway hears they do not exist.
+    assert (spawn["text"], spawn["error"]) == ('Error: unknown tool "subagent"', {"name": "ToolNotFoundError", "code": "UNKNOWN_TOOL"})
+    assert (fork["text"], fork["error"]) == ('Error: unknown tool "subagent_fork"', {"name": "ToolNotFoundError", "code": "UNKNOWN_TOOL"})
     assert session_ids(root) == {"parent", "child-1"}  # nothing was created
     parent_events = events_of(root, "parent")
     unknown, invalid = results_named(parent_events, "send_message")
@@ -697,10 +699,12 @@ async def test_interrupt_and_message_authority(tmp_path: Path) -> None:
     assert user_messages(events_of(root, "child-2"), "agent-message") == []
 
     events = events_of(root, "parent")
-    assert [r["text"] for r in results_named(events, "interrupt_agent")] == [
-        "interrupt requested for agent child-1", "interrupt requested for agent ghost",
-        "interrupt requested for agent child-2"]
-    assert all(r["error"] is None for r in results_named(events, "interrupt_agent"))
+    settled_one, ghost, running_two = results_named(events, "interrupt_agent")
+    # Tools tell the truth (issue 13 item 6): a settled child is accepted but not running; an
+    # id no session has is unavailable.
+    assert_ok(settled_one, "interrupt requested for agent child-1 (it is not running)")
+    assert_refused(ghost, 'subagent "ghost" is unavailable', "NOT_RESUMABLE")
+    assert_ok(running_two, "interrupt requested for agent child-2")
     assert turn_end(events_of(root, "child-2"), 1) == {"kind": "aborted", "cause": "parent"}
     assert [texts(n["data"]["message"]) for n in notices(events)] == [
         notice_texts("child-1", SUMMARY_DONE, "ONE_DONE"), notice_texts("child-2", SUMMARY_STOPPED, None)]
@@ -955,3 +959,80 @@ async def test_a_cold_resumed_child_gets_its_pending_notices_first_in_their_own_
     assert resume_turn == [leaf_notice], [texts(m["data"]["message"]) for m in resume_turn]
     assert message["data"]["turn"] == leaf_notice["data"]["turn"] + 1
     assert starts[message["data"]["turn"]] == {"kind": "message"}
+
+
+def test_a_one_shot_child_killed_mid_turn_is_closed_when_its_parent_resumes(tmp_path: Path) -> None:
+    """Issue 13 item 2d: nobody resumes a one-shot child, so its parent's resume closes it —
+    durably, in the child's own log, exactly once however often the parent resumes."""
+    d = Driver(tmp_path)
+    d.run_and_kill({
+        "session": "parent", "create": True, "prompt": "ask a helper",
+        "mark": [{"model_call": ["child-1", 1]}],
+        "script": {"agents": [
+            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+            {"label": "helper", "responses": [{"hang": True}]}]},
+    })
+    child = events_of(d.root, "child-1")
+    assert child[-1]["type"] == "user/message"  # killed inside its first model call: the turn is open
+
+    again = {"session": "parent", "create": False, "prompt": "after restart",
+             "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}}
+    assert d.run(again)["text"] == "BACK"
+    closed = events_of(d.root, "child-1")  # a fresh reader sees the closers on disk
+    assert closed[:len(child)] == child
+    closers = closed[len(child):]
+    assert [e["type"] for e in closers] == ["step/end", "turn/end"]
+    assert closers[-1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
+    parent = events_of(d.root, "parent")
+    assert turn_end(parent, 1) == {"kind": "interrupted"}
+    (result,) = results_named(parent, "subagent")
+    assert result["error"]["code"] == "TOOL_OUTCOME_UNKNOWN"
+
+    assert d.run(again)["text"] == "BACK"  # a second resume: nothing more is appended
+    assert events_of(d.root, "child-1") == closed
+
+
+async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(tmp_path: Path) -> None:
+    from subagents.storage import FileLogStore
+
+    d = Driver(tmp_path)
+    d.run_and_kill({
+        "session": "parent", "create": True, "prompt": "ask a helper",
+        "mark": [{"model_call": ["child-1", 1]}],
+        "script": {"agents": [
+            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+            {"label": "helper", "responses": [{"hang": True}]}]},
+    })
+    child = events_of(d.root, "child-1")
+    holder = FileLogStore(str(d.root), compression="none")  # another owner of the child's lock
+    handle = holder.open_write("child-1")
+    try:
+        with trio.fail_after(GUARD):
+            async with runtime(d.root, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}) as rt:
+                parent = await rt.agents.resume("parent")
+                await parent.send("after restart")
+                result = await parent.wait_idle()
+                assert result is not None and result.text == "BACK"
+    finally:
+        holder.close(handle)
+    assert events_of(d.root, "child-1") == child  # left to its owner, who closes it on its resume
+    assert turn_end(events_of(d.root, "parent"), 1) == {"kind": "interrupted"}
+
+
+def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path) -> None:
+    d = Driver(tmp_path)
+    d.run_and_kill({
+        "session": "parent", "create": True, "prompt": "ask a helper", "max_depth": 2,
+        "mark": [{"model_call": ["child-2", 1]}],
+        "script": {"agents": [
+            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+            {"label": "helper", "responses": [delegate("inner", run_in_background=False)]},
+            {"label": "inner", "responses": [{"hang": True}]}]},
+    })
+    before = {sid: events_of(d.root, sid) for sid in ("child-1", "child-2")}
+    assert d.run({"session": "parent", "create": False, "prompt": "after restart", "max_depth": 2,
+                  "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}})["text"] == "BACK"
+    for sid, old in before.items():
+        after = events_of(d.root, sid)
+        assert after[:len(old)] == old
+        assert after[-1]["type"] == "turn/end" and after[-1]["data"]["reason"] == {"kind": "interrupted"}, sid

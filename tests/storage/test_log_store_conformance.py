@@ -420,6 +420,33 @@ def test_ownership_spans_store_instances_on_one_root(store_factory: StoreFactory
     assert read_all(a, "s1") == events(0, 2)
 
 
+def test_held_elsewhere_takes_no_lock_and_names_only_held_sessions(store_factory: StoreFactory) -> None:
+    """`held_elsewhere` reads who holds a lock without taking it. A writer of another store
+    instance is elsewhere for the memory store (it has no processes) and not for the file
+    stores (the same process: tests/storage/test_locks.py holds one from another process);
+    a closed handle, an unknown id or an invalid one is never held."""
+    from subagents.storage import MemoryLogStore
+
+    a, b = store_factory(), store_factory()
+    elsewhere = isinstance(a, MemoryLogStore)
+    first = a.create(header("s1"))
+    assert b.held_elsewhere(["s1", "s2", "nobody", "bad\x01id"]) == ({"s1"} if elsewhere else set())
+    a.append(first, [batch(0, 1)])
+    other = a.create(header("s2"))
+    assert b.held_elsewhere(["s1", "s2"]) == ({"s1", "s2"} if elsewhere else set())
+    a.close(first)
+    a.close(other)
+    assert b.held_elsewhere(["s1", "s2"]) == set()
+    second = b.open_write("s1")
+    assert a.held_elsewhere(["s1"]) == ({"s1"} if elsewhere else set())
+    # Asking took nothing: the writer still appends, and another writer is still refused.
+    assert b.append(second, [batch(1, 2)]) == 2
+    with raises(AlreadyOwned, "s1"):
+        a.open_write("s1")
+    b.close(second)
+    assert a.held_elsewhere(["s1"]) == set() and a.held_elsewhere([]) == set()
+
+
 def test_ownership_is_released_after_close(store: LogStore) -> None:
     first = store.create(header())
     store.close(first)

@@ -1,0 +1,91 @@
+"""A damaged line 1 that is still a JSON object keeps what it says of its lineage (`claimed`),
+through the index cache and across stores (issue 13, item 1; SPEC 5.4 step 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from subagents.storage import Batch, FileLogStore, HeaderClaim, MemoryLogStore, SessionHeader, make_event
+
+
+def publish(store: FileLogStore, sid: str, parent: str = "p") -> None:
+    handle = store.create(SessionHeader(id=sid, created_at=42, origin="subagent", parent_session=parent))
+    store.append(handle, [Batch(0, [make_event(0, "turn/start", 43, {"turn": 1})])])
+    store.close(handle)
+
+
+def replace_line1(path: Path, line: bytes) -> None:
+    rest = path.read_bytes().split(b"\n", 1)[1]
+    tmp = path.with_name("edited.tmp")
+    tmp.write_bytes(line + b"\n" + rest)
+    os.replace(tmp, path)
+
+
+def header_with(**changes: object) -> bytes:
+    line = {"type": "session", "format": 1, "id": "c", "created_at": 42, "is_seeded": False,
+            "inherited_event_count": 0, "delegation_depth": 1, "parent_session": "p", "origin": "subagent"}
+    line.update(changes)
+    return json.dumps(line).encode()
+
+
+@pytest.mark.parametrize(
+    ("line", "claim"),
+    [
+        (header_with(colour="blue"), HeaderClaim("subagent", "p", 42)),
+        (header_with(delegation_depth="1"), HeaderClaim("subagent", "p", 42)),
+        (header_with(id="someone-else"), HeaderClaim("subagent", "p", 42)),
+        (header_with(created_at="soon", parent_session=7), HeaderClaim("subagent", None, None)),
+        (header_with(format=2, colour="blue"), HeaderClaim("subagent", "p", 42)),
+        (b"[1, 2]", None),
+        (b"{not json", None),
+    ],
+)
+def test_list_reports_the_claim_of_a_damaged_header_and_the_index_keeps_it(
+    tmp_path: Path, line: bytes, claim: HeaderClaim | None
+) -> None:
+    store = FileLogStore(str(tmp_path), compression="none")
+    publish(store, "c")
+    publish(store, "healthy")
+    replace_line1(tmp_path / "sessions" / "c" / "session.jsonl", line)
+    (info,) = [i for i in store.list() if i.id == "c"]
+    assert info.header is None and info.damage is not None and info.claimed == claim
+    (healthy,) = [i for i in store.list() if i.id == "healthy"]
+    assert healthy.claimed is None and healthy.header is not None
+    store.close_store()
+    again = FileLogStore(str(tmp_path), compression="none")  # answered from the index rows
+    assert [i.claimed for i in again.list() if i.id == "c"] == [claim]
+    assert again.stat("c") == info
+    again.close_store()
+
+
+def test_the_memory_store_reports_claims_too() -> None:
+    store = MemoryLogStore(compression="none")
+    publish(store, "c")
+    path = "sessions/c/session.jsonl"
+    rest = store.crash_fs.read_bytes(path).split(b"\n", 1)[1]
+    store.crash_fs.write_bytes(path, header_with(colour="blue") + b"\n" + rest)
+    (info,) = store.list()
+    assert info.header is None and info.damage == "corrupt" and info.claimed == HeaderClaim("subagent", "p", 42)
+
+
+def test_checkpoint_rows_can_be_read_for_some_units_and_skip_a_usual_value() -> None:
+    from subagents.storage.index import SessionIndex
+    from subagents.storage.projection import CheckpointRow, Lifecycle
+
+    index = SessionIndex(None)
+    for sid, catalog in (("a", {"children": {}}), ("b", {"children": {"x": {"created_at": 1, "mode": "one-shot"}}})):
+        header = SessionHeader(id=sid, created_at=1)
+        rows = {"subagent": CheckpointRow(ver=2, seq=0, val={}), "subagent_timing": CheckpointRow(ver=2, seq=0, val={}),
+                "subagent_catalog": CheckpointRow(ver=1, seq=0, val=catalog)}
+        assert index.save_checkpoint(header.id, Lifecycle.of(header, 0), rows, 10)
+    every = index.load_checkpoints(["a", "b"])
+    assert every is not None and sorted(s.key for s in every["a"]) == ["subagent", "subagent_catalog", "subagent_timing"]
+    some = index.load_checkpoints(["a", "b", "nobody"], ["subagent", "subagent_catalog"],
+                                  {"subagent_catalog": b'"children":{}'})
+    assert some is not None
+    assert {sid: sorted(s.key for s in rows) for sid, rows in some.items()} == {
+        "a": ["subagent"], "b": ["subagent", "subagent_catalog"], "nobody": []}
