@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     root = _Parser(add_help=False)
     root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (each takes --help)")
     children = commands.add_parser(
         "children", parents=[root], help="list a session's subagent children (read-only)"
     )

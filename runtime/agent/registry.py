@@ -170,15 +170,19 @@ class AgentRegistry:
             self.on_resume(agent, events)
         return agent
 
-    async def close_interrupted(self, session_id: str) -> bool:
+    async def close_interrupted(self, session_id: str, *, child_of: str) -> bool:
         """Append the interrupted closers (SPEC 3.4) to a session that is not live, durably,
         without starting an agent: open it through the session store, append, release. True
-        when it had an open turn. `AlreadyOwned` (held by another process) and storage errors
-        are the caller's to judge."""
+        when it had an open turn. Only a subagent whose header names `child_of` as its parent
+        is touched (a catalog is data: a tampered one, or a fork's inherited one, must not
+        close somebody else's session). `AlreadyOwned` (held by another process) and storage
+        errors are the caller's to judge."""
         if self.sessions.get(session_id) is not None:
             return False  # live here: its own agent (or a resume) closes its turns
         ref = await self.sessions.open(session_id)
         try:
+            if ref.header.origin != "subagent" or ref.header.parent_session != child_of:
+                return False
             events = await trio.to_thread.run_sync(self._read_events, session_id)
             closers = interrupted_closers(events, session_id=session_id)
             if closers and self.on_interrupted is not None:

@@ -184,13 +184,16 @@ class SubagentService:
         try:
             first = [{"type": "text", "text": prompt}, {"type": "text", "text": return_guidance(parent.session_id)}]
             await child.send(first, "follow-up", abort=abort)
+            # Inside the guard: a cancel while the catalog waits for its turn in the step (or
+            # for the parent's actor) must not leave an Activation that nothing runs, which a
+            # drain would wait on forever.
+            await self._catalog(parent, child, "continuable", label, reserved)
         except DeliveryCancelled:
             await self._dispose_unannounced(activation)
             raise SubagentError("message delivery was cancelled", "CANCELLED") from None
         except BaseException:
             await self._dispose_unannounced(activation)
             raise
-        await self._catalog(parent, child, "continuable", label, reserved)
         self._run_activation(activation, child)
         return child_id
 
@@ -452,7 +455,7 @@ class SubagentService:
                     children.append(catalog.child_id)
         for child_id in children:
             try:
-                if await self.agents.close_interrupted(child_id):
+                if await self.agents.close_interrupted(child_id, child_of=session_id):
                     log.info("closed the interrupted turn of one-shot subagent %s", child_id)
             except AlreadyOwned:
                 log.info("one-shot subagent %s is held by another process: left to it", child_id)

@@ -144,6 +144,10 @@ def test_every_positional_argument_has_a_help_text(capsys) -> None:
             assert code == 0
             assert action.help.split(":")[0] in " ".join(out.split()), (name, action.help)
     assert seen == 6  # children, agents, scenario (2), show, run
+    top = [a for a in build_parser()._actions if not a.option_strings]
+    assert [a.help for a in top] == ["what to do (each takes --help)"]  # COMMAND
+    code, out, _ = _run(capsys, ["--help"])
+    assert code == 0 and "what to do" in out
 
 
 @pytest.fixture

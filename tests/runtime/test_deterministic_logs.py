@@ -3,9 +3,18 @@ settlements racing a step's end, write the same events in the same order on ever
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import trio
+
+from subagents.runtime.app import open_runtime
+from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.ids import CountingIds
+from subagents.runtime.models.script import load_script
+from subagents.runtime.models.scripted import ScriptedModel
 from subagents.runtime.scenario import check_scenario, run_scenario
+from subagents.runtime.subagents.service import Reservation
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "parallel-children-interrupt"
 
@@ -82,3 +91,34 @@ async def test_a_settlement_waiting_for_a_busy_parent_does_not_hold_up_the_drain
     (settled,) = [e for e in events if e.type == "subagent/settled"]
     assert msgspec.json.decode(settled.data)["closing_text"] == "QUICK"
     assert events[-1].type == "turn/end"
+
+
+async def test_a_start_cancelled_while_its_catalog_waits_leaves_no_activation(tmp_path: Path) -> None:
+    """The second child of a step waits for the first one's catalog; a cancel there disposes the
+    child instead of leaving an Activation nothing runs (the runtime's drain would wait on it
+    forever)."""
+
+    class Waited:  # an Event that says when it is waited on (trio.Event is final)
+        def __init__(self) -> None:
+            self.waiting = trio.Event()
+
+        async def wait(self) -> None:
+            self.waiting.set()
+            await trio.sleep_forever()
+
+    script = load_script(json.dumps({"agents": [{"label": "B", "responses": [{"text": "ok"}]}]}))
+    with trio.fail_after(60):  # a hang guard only: the drain must not wait forever
+        async with open_runtime(tmp_path, model=ScriptedModel(script), clock=ScenarioClock(),
+                                id_factory=CountingIds("c")) as rt:
+            parent = await rt.agents.create(session_id="p")
+            first = Waited()  # the first call of the step never writes its catalog
+            reserved = Reservation("c-1", 1789000000000, after=first)  # type: ignore[arg-type]  # a stand-in Event
+            async with trio.open_nursery() as nursery:
+                async def start() -> None:
+                    await rt.subagents.start_continuable(parent, "spawn", "B", "hi", reserved=reserved)
+
+                nursery.start_soon(start)
+                await first.waiting.wait()
+                nursery.cancel_scope.cancel()
+            assert rt.subagents.manager.get("c-1") is None
+            assert reserved.announced.is_set()

@@ -1036,3 +1036,29 @@ def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path)
         after = events_of(d.root, sid)
         assert after[:len(old)] == old
         assert after[-1]["type"] == "turn/end" and after[-1]["data"]["reason"] == {"kind": "interrupted"}, sid
+
+
+async def test_a_catalog_naming_a_session_that_is_not_its_child_closes_nothing(tmp_path: Path) -> None:
+    """A catalog is data: an interrupted turn whose `subagent/catalog` names a session of another
+    parent (tampered, or a fork's inherited record) must not make the resume write closers there."""
+    from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
+
+    store = FileLogStore(str(tmp_path), compression="none")
+    t = 1789000000000
+    other = store.create(SessionHeader(id="other", created_at=t, origin="subagent", parent_session="elsewhere",
+                                       delegation_depth=1))
+    store.append(other, [Batch(0, [make_event(0, "turn/start", t + 1, {"turn": 1})])])
+    store.close(other)
+    parent = store.create(SessionHeader(id="parent", created_at=t))
+    store.append(parent, [Batch(0, [
+        make_event(0, "turn/start", t + 2, {"turn": 1}),
+        make_event(1, "subagent/catalog", t + 3, {"version": 1, "child_id": "other",
+                                                  "child_created_at": t, "mode": "one-shot"}),
+    ])])
+    store.close(parent)
+    before = events_of(tmp_path, "other")
+    with trio.fail_after(GUARD):
+        async with runtime(tmp_path, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}) as rt:
+            await rt.agents.resume("parent")
+    assert events_of(tmp_path, "other") == before  # still open: not this parent's to close
+    assert turn_end(events_of(tmp_path, "parent"), 1) == {"kind": "interrupted"}
