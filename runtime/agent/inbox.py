@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import attrs
 import trio
+from trio_util import wait_any
 
 from subagents.actors import Abort
 
@@ -128,13 +129,6 @@ class Inbox:
             return
         if abort.is_set():
             raise DeliveryCancelled()
-        async with trio.open_nursery() as nursery:
-            async def on_abort() -> None:
-                await abort.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(on_abort)
-            await self._changed.park()
-            nursery.cancel_scope.cancel()
+        await wait_any(abort.wait, self._changed.park)
         if abort.is_set():
             raise DeliveryCancelled()
