@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import attrs
 import trio
+from trio_util import AsyncValue, move_on_when
 
 from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 Cause = Literal["user", "parent", "disposed"]
+# What the driver is doing: waiting for input, writing a turn, waiting on the turn's model call
+# (the step's input is durable, its reply not yet begun), or ended for good.
+Phase = Literal["idle", "writing", "model", "stopped"]
 
 CANCELLED_TEXT = "tool call was cancelled"
 NOT_DISPATCHED_TEXT = "tool call aborted before dispatch"
@@ -139,29 +143,25 @@ class Agent:
         self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique
         self.last_result: TurnResult | None = None
         self.failure: BaseException | None = None
-        self._running = False
+        self._phase: AsyncValue[Phase] = AsyncValue("idle")  # announces its own changes
         self._abort: Abort | None = None
         self._cause: Cause = "user"
         self._model_scope: trio.CancelScope | None = None
-        self._changed = trio.lowlevel.ParkingLot()
         self._staged: list[EventDraft] = []
         self._waits = _Waits(self, wait_settled)
-        self._stopped = False
         self._closing_text: str | None = None
         self._scope = trio.CancelScope()
-        self._in_model = False  # between a step's flushed input and the end of its model call
 
     # --- the public face ------------------------------------------------------------------
 
     @property
     def status(self) -> Literal["running", "idle", "stopped"]:
-        if self._stopped:
-            return "stopped"
-        return "running" if self._running else "idle"
+        phase = self._phase.value
+        return "running" if phase in ("writing", "model") else phase
 
     async def send(self, content: str | Sequence[Mapping[str, Any]], mode: Mode = "follow-up", *,
                    abort: Abort | None = None, **fields: Any) -> None:
-        if self._stopped:
+        if self._phase.value == "stopped":
             raise AgentStopped(f"agent {self.session_id!r} has stopped")
         blocks = text_blocks(content) if isinstance(content, str) else [dict(b) for b in content]
         await self.inbox.put(Delivery(content=blocks, **fields), mode, abort)
@@ -181,32 +181,36 @@ class Agent:
     def quiet(self) -> bool:
         """True while the agent writes nothing of its own: no turn runs, or the turn waits on
         its model call (its step's input is durable, its reply not yet begun)."""
-        return self._stopped or not self._running or self._in_model
+        return self._phase.value != "writing"
 
     async def wait_quiet(self) -> None:
         """Wait until `quiet` (the subagent service places settlements there, so a child that
         settles while its parent finishes a step lands at the same place on every run)."""
-        while not self.quiet:
-            await self._changed.park()
+        await self._until(lambda phase: phase != "writing")
 
     async def wait_turn_closed(self) -> None:
         """Wait until no turn is running (input may be waiting)."""
-        while not self._stopped and self._running:
-            await self._changed.park()
+        await self._until(lambda phase: phase in ("idle", "stopped"))
 
     async def stop(self) -> None:
         """Stop the driver now (a turn still open is closed by the next resume's closers)."""
         self._scope.cancel()
-        while not self._stopped:
-            await self._changed.park()
+        await self._until(lambda phase: phase == "stopped")
 
     async def wait_idle(self) -> TurnResult | None:
         """Wait until no turn runs and no input would start one; the last turn's result."""
-        while not self._stopped and (self._running or self.inbox.wakes()):
-            await self._changed.park()
+        await self._until(lambda phase: phase == "stopped" or (phase == "idle" and not self.inbox.wakes()))
         if self.failure is not None:
             raise AgentStopped(f"agent {self.session_id!r} stopped: {self.failure}") from self.failure
         return self.last_result
+
+    async def _until(self, holds: Callable[[Phase], bool]) -> None:
+        """Until `holds` is true when this task runs again, not merely when the phase changed:
+        the driver may start the next turn before a woken waiter runs, so a wake looks again.
+        (Not `wait_value`: that returns what held at the change, and checkpoints even when
+        `holds` is true already; the waits here return at once then, as they always did.)"""
+        while not holds(self._phase.value):
+            await self._phase.wait_transition(lambda new, _old: holds(new))
 
     # --- the driver -----------------------------------------------------------------------
 
@@ -235,21 +239,18 @@ class Agent:
             log.exception("agent %s failed", self.session_id)
             self.failure = exc
         finally:
-            self._stopped = True
-            self._changed.unpark_all()
+            self._phase.value = "stopped"
 
     async def _drive(self) -> None:
         while True:
             await self.inbox.wait_wake()
             claimed = self.inbox.claim_turn()
-            self._running = True
-            self._changed.unpark_all()
+            self._phase.value = "writing"
             try:
                 self.last_result = await self._turn(claimed)
             finally:
-                self._running = False
                 self._abort = None
-                self._changed.unpark_all()
+                self._phase.value = "idle"
 
     async def _turn(self, claimed: list[Delivery]) -> TurnResult:
         self.turn += 1
@@ -357,8 +358,7 @@ class Agent:
             self._model_scope = scope
             if abort.is_set():
                 scope.cancel()
-            self._in_model = True
-            self._changed.unpark_all()
+            self._phase.value = "model"
             try:
                 async with aclosing(self.model.stream(self._request("turn", self.surface.messages()))) as stream:
                     async for chunk in stream:
@@ -379,7 +379,7 @@ class Agent:
                 log.exception("model transport failed for session %s", self.session_id)
                 reply.error = f"model call failed: {type(exc).__name__}: {exc}"
             finally:
-                self._in_model = False
+                self._phase.value = "writing"
         self._model_scope = None
         reply.text = "".join(parts)
         if scope.cancelled_caught or abort.is_set():
@@ -422,33 +422,30 @@ class Agent:
 
     async def _run_tools(self, turn: int, step: int, calls: list[_Call], abort: Abort) -> None:
         limiter = trio.CapacityLimiter(self.config.max_parallel_tools)
-        with trio.CancelScope() as tools_scope:
-            async with trio.open_nursery() as watch:
-                watch.start_soon(self._grace, abort, tools_scope)
-                for group in _groups(calls, self.tools.parallel_safe):
-                    if abort.is_set():
-                        break
+        async with move_on_when(self._grace, abort):
+            for group in _groups(calls, self.tools.parallel_safe):
+                if abort.is_set():
+                    break
+                for call in group:
+                    self._stage("tool/call", {"turn": turn, "step": step, "call_id": call.id,
+                                              "name": call.name, "arguments": call.arguments})
+                    call.dispatched = True
+                with trio.CancelScope(shield=True):
+                    await self._flush()
+                for call in group:  # in model order: ids and times drawn here follow it
+                    call.prepared = await self.tools.prepare(call.name, call.arguments, self._ctx(turn, step, call, abort))
+                async with trio.open_nursery() as pool:
                     for call in group:
-                        self._stage("tool/call", {"turn": turn, "step": step, "call_id": call.id,
-                                                  "name": call.name, "arguments": call.arguments})
-                        call.dispatched = True
-                    with trio.CancelScope(shield=True):
-                        await self._flush()
-                    for call in group:  # in model order: ids and times drawn here follow it
-                        call.prepared = await self.tools.prepare(call.name, call.arguments, self._ctx(turn, step, call, abort))
-                    async with trio.open_nursery() as pool:
-                        for call in group:
-                            # Slots are taken in model order, so a call that waits on an
-                            # earlier one of its step (a child's catalog) never holds the slot
-                            # that earlier call needs.
-                            await limiter.acquire_on_behalf_of(call.index)
-                            pool.start_soon(self._execute, turn, step, call, abort, limiter)
-                        for call in group:
-                            await _announced(call)
-                        for call in group:
-                            await call.done.wait()
-                            await self._record_result(turn, step, call)
-                watch.cancel_scope.cancel()
+                        # Slots are taken in model order, so a call that waits on an
+                        # earlier one of its step (a child's catalog) never holds the slot
+                        # that earlier call needs.
+                        await limiter.acquire_on_behalf_of(call.index)
+                        pool.start_soon(self._execute, turn, step, call, abort, limiter)
+                    for call in group:
+                        await _announced(call)
+                    for call in group:
+                        await call.done.wait()
+                        await self._record_result(turn, step, call)
         for call in calls:
             if call.recorded:
                 continue
@@ -463,10 +460,10 @@ class Agent:
                                                    code="ABORTED_BEFORE_DISPATCH")
             await self._record_result(turn, step, call)
 
-    async def _grace(self, abort: Abort, scope: trio.CancelScope) -> None:
+    async def _grace(self, abort: Abort) -> None:
+        """Returns (and so cancels the running tools) `tool_abort_grace` after the abort."""
         await abort.wait()
         await self.clock.sleep(self.config.tool_abort_grace)
-        scope.cancel()
 
     def _ctx(self, turn: int, step: int, call: _Call, abort: Abort) -> ToolContext:
         return ToolContext(session_id=self.session_id, call_id=call.id, turn=turn, step=step, abort=abort, agent=self)

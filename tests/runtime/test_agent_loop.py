@@ -27,7 +27,7 @@ from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolFailure
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.base import Chunk, ModelRequest, TextDelta
+from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta
 from subagents.runtime.models.script import load_script
 from subagents.runtime.models.scripted import ScriptedModel
 from subagents.storage import (
@@ -490,6 +490,71 @@ async def test_inject_mid_turn_joins_the_next_step_and_does_not_extend_a_finishe
         ("turn/end", 3, {"kind": "completed"}),
     ]
     assert result.turn == 3
+
+
+# --- waiting on the agent ---------------------------------------------------------------------
+
+
+class Gated:
+    """A model whose n-th call answers "reply n" once `release(n)` was called."""
+
+    def __init__(self) -> None:
+        self.gates: list[trio.Event] = []
+        self.calls = 0
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        self.calls += 1
+        self._lot.unpark_all()
+        return self._play(self.calls)
+
+    def _gate(self, n: int) -> trio.Event:
+        while len(self.gates) < n:
+            self.gates.append(trio.Event())
+        return self.gates[n - 1]
+
+    def release(self, n: int) -> None:
+        self._gate(n).set()
+
+    async def wait_calls(self, n: int) -> None:
+        while self.calls < n:
+            await self._lot.park()
+
+    async def _play(self, n: int) -> AsyncIterator[Chunk]:
+        await self._gate(n).wait()
+        yield TextDelta(f"reply {n}")
+        yield Finish("stop")
+
+
+async def test_waits_look_again_when_the_next_turn_starts_before_the_waiter_runs(tmp_path) -> None:
+    # A turn that ends with a follow-up queued is followed by the next at once, before a task
+    # woken by the first turn's end runs: `wait_turn_closed` and `wait_idle` must wait on for
+    # the second turn (a wait that trusted the wake-up would return while a turn runs).
+    model = Gated()
+    async with runtime(tmp_path, model) as rt:
+        agent = await rt.agents.create()
+        await agent.send("one")
+        await model.wait_calls(1)
+        await agent.send("two")  # a follow-up: the next turn
+        returned: list[str] = []
+
+        async def wait(name: str, fn: Callable[[], Any]) -> None:
+            await fn()
+            returned.append(name)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait, "closed", agent.wait_turn_closed)
+            nursery.start_soon(wait, "idle", agent.wait_idle)
+            await trio.testing.wait_all_tasks_blocked()
+            model.release(1)
+            await model.wait_calls(2)  # the second turn waits on its model
+            await trio.testing.wait_all_tasks_blocked()
+            assert agent.status == "running" and agent.quiet
+            assert returned == []
+            model.release(2)
+        assert sorted(returned) == ["closed", "idle"]
+        assert agent.status == "idle" and agent.last_result is not None
+        assert agent.last_result.text == "reply 2"
 
 
 # --- cancellation -----------------------------------------------------------------------------
