@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 
 import attrs
 import trio
+from trio_util import RepeatedEvent
 
 from .errors import ActorError
 
@@ -93,7 +94,7 @@ class ContinuationManager:
     stop_grace: float = 5.0
     resident: dict[str, Activation] = attrs.field(factory=dict)
     draining: bool = False
-    _changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _changed: RepeatedEvent = attrs.field(factory=RepeatedEvent)  # set on every admit and forget
 
     def get(self, child_id: str) -> Activation | None:
         return self.resident.get(child_id)
@@ -132,7 +133,7 @@ class ContinuationManager:
         self.resident[child_id] = activation
         if parent is not None:
             parent.owned.add(child_id)
-        self._changed.unpark_all()
+        self._changed.set()
         return activation
 
     def forget(self, activation: Activation) -> None:
@@ -143,7 +144,7 @@ class ContinuationManager:
         if parent is not None:
             parent.owned.discard(activation.child_id)
         activation.disposed.set()
-        self._changed.unpark_all()
+        self._changed.set()
 
     def start(self, activation: Activation, body: Body, ready: Callable[[Activation], bool],
               settle: Hook, dispose: Hook) -> None:
@@ -212,7 +213,8 @@ class ContinuationManager:
                 await child.disposed.wait()
 
     async def wait_changed(self) -> None:
-        await self._changed.park()
+        """Until the next admission or release (callers test `resident` again, then wait on)."""
+        await self._changed.wait()
 
     async def drain(self, interrupt: Callable[[Activation], None]) -> None:
         self.draining = True

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import attrs
 import trio
-from trio_util import wait_any
+from trio_util import RepeatedEvent, wait_any
 
 from subagents.actors import Abort
 
@@ -51,7 +51,7 @@ class Inbox:
         self.capacity = capacity
         self._next_turn: deque[Delivery] = deque()
         self._next_step: deque[tuple[Delivery, bool]] = deque()  # (delivery, wakes)
-        self._changed = trio.lowlevel.ParkingLot()  # anything arrived or was claimed
+        self._changed = RepeatedEvent()  # anything arrived or was claimed
         self.received = 0  # deliveries accepted so far (scripted `wait_for: steered` counts them)
         self.parked = False  # after an interrupt: what is queued waits for a later waking delivery
 
@@ -72,7 +72,8 @@ class Inbox:
         self.parked = True
 
     async def wait_changed(self) -> None:
-        await self._changed.park()
+        """Until the next delivery or claim (callers test the inbox again, then wait on)."""
+        await self._changed.wait()
 
     async def put(self, delivery: Delivery, mode: Mode, abort: Abort | None = None) -> None:
         while len(self) >= self.capacity:
@@ -96,14 +97,14 @@ class Inbox:
         else:
             raise ValueError(f"unknown inbox mode {mode!r}")
         self.received += 1
-        self._changed.unpark_all()
+        self._changed.set()
 
     def claim_step(self) -> list[Delivery]:
         """Everything queued for the next step."""
         claimed = [d for d, _w in self._next_step]
         self._next_step.clear()
         if claimed:
-            self._changed.unpark_all()
+            self._changed.set()
         return claimed
 
     def claim_turn(self) -> list[Delivery]:
@@ -111,24 +112,24 @@ class Inbox:
         claimed = self.claim_step()
         if self._next_turn:
             claimed.append(self._next_turn.popleft())
-            self._changed.unpark_all()
+            self._changed.set()
         return claimed
 
     async def wait_wake(self) -> None:
         while not self.wakes():
-            await self._changed.park()
+            await self._changed.wait()
 
     async def wait_received(self, count: int) -> None:
         """Return once more than `count` deliveries have been accepted."""
         while self.received <= count:
-            await self._changed.park()
+            await self._changed.wait()
 
     async def _wait_changed(self, abort: Abort | None) -> None:
         if abort is None:
-            await self._changed.park()
+            await self._changed.wait()
             return
         if abort.is_set():
             raise DeliveryCancelled()
-        await wait_any(abort.wait, self._changed.park)
+        await wait_any(abort.wait, self._changed.wait)
         if abort.is_set():
             raise DeliveryCancelled()
