@@ -38,10 +38,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
+from contextlib import nullcontext
 from functools import partial
 
 import attrs
 import trio
+from trio_util import move_on_when
 
 from subagents.storage import Event, LogStore, SessionHeader, StorageError, interrupted_closers
 from subagents.storage.projection import ProjectionCells, ProjectionRegistry
@@ -131,13 +133,11 @@ class ColdReader:
                 # polls the abort, and whoever awaits it owns the cancel scope.
                 await self._run(jobs[0], alone=True)
             else:
-                async with trio.open_nursery() as nursery:
-                    if abort is not None:
-                        nursery.start_soon(_cancel_on, abort, nursery.cancel_scope)
+                # A set abort cancels the reads (their threads poll it too).
+                async with move_on_when(abort.wait) if abort is not None else nullcontext():
                     async with trio.open_nursery() as reads:
                         for job in jobs:
                             reads.start_soon(partial(self._run, job, alone=False))
-                    nursery.cancel_scope.cancel()  # the reads are done: stop the abort watcher
         except BaseExceptionGroup as group_error:
             # Only an enclosing cancellation gets here (the tasks keep everything else as
             # values): hand it on as the bare Cancelled the enclosing scope expects.
@@ -357,8 +357,3 @@ def _checkpoint(abort: Abort | None) -> None:
     trio.from_thread.check_cancelled()
     if abort is not None and abort.is_set():
         raise _Stopped
-
-
-async def _cancel_on(abort: Abort, scope: trio.CancelScope) -> None:
-    await abort.wait()
-    scope.cancel()
