@@ -117,6 +117,27 @@ async def test_the_limit_is_per_family_and_counts_reservations() -> None:
             manager.forget(activation)
 
 
+async def test_wait_changed_waits_for_the_next_admission_or_release() -> None:
+    # An edge, not a level: a waiter parked before a change wakes once, and waits anew after it.
+    async with manager_scenario(Hooks()) as manager:
+        woken: list[int] = []
+
+        async def waiter() -> None:
+            for _ in range(2):
+                await manager.wait_changed()
+                woken.append(len(manager.resident))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert woken == []
+            a = manager.admit("a", "top")
+            await trio.testing.wait_all_tasks_blocked()
+            assert woken == [1]  # woken by the admission, then waiting for the next change
+            manager.forget(a)
+        assert woken == [1, 0]
+
+
 async def test_body_then_ready_under_the_lock_then_settle_then_dispose() -> None:
     hooks = Hooks()
     async with manager_scenario(hooks) as manager:
