@@ -1,4 +1,4 @@
-"""`open_runtime`: the one composition root (SPEC 5.2).
+"""`open_runtime`: the one composition root (README, "open_runtime").
 
 It builds everything and passes it explicitly — the log store (and its index), the projection
 registry with the subagent units, the session store (which owns the actors' nursery), the cold

@@ -1,4 +1,4 @@
-"""The `subagents` command line (SPEC 5.7).
+"""The `subagents` command line (README, "The CLI").
 
 Every argument is validated before the runtime opens; bad input (argparse's own usage errors
 included) is one clear line on stderr and exit status 2; a damaged log `show` cannot read is one

@@ -1,4 +1,5 @@
-"""Session query (SPEC 5.1): the live-preferred corpus and observations of one session.
+"""Session query (docs/design.md, "Session query"): the live-preferred corpus and observations
+of one session.
 
 `list_sessions(abort)` merges the log store's listing (through the index, one worker thread at
 a time) with the live sessions of the session store: a live header wins, and a persisted header
@@ -8,7 +9,7 @@ a live session's projections come from its actor (no log read), a persisted sess
 the cold reader, its interrupted turn closed in memory, and every projection unit folded and
 viewed (folded in the cold reader's worker thread). Prepared observations are kept in a small
 LRU keyed by the log's revision and bounded in bytes; failures are never cached. Errors are
-`SessionQueryError` with the codes of SPEC 5.1.
+`SessionQueryError` with the codes below.
 
 Cheap at scale: records are reused while the store info and live ref they were made from are
 the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
@@ -156,7 +157,8 @@ class SessionQuery:
         self._order: list[SessionRecord] | None = None
         self._last_infos: list[LogInfo] = []  # what the last corpus was made from
         self._last_refs: list[SessionRef] = []
-        # The index is used from Trio through one worker thread at a time (SPEC 3.3).
+        # The index is used from Trio through one worker thread at a time (docs/design.md, "The
+        # index").
         self.index_limiter = index_limiter or trio.CapacityLimiter(1)
 
     # --- the corpus ---
@@ -423,7 +425,8 @@ def _at(seq: int | None, offset: int | None) -> str:
 
 
 def _live(ref: SessionRef, stored: SessionRecord | None) -> SessionRecord:
-    """A live session's record: its live header wins over the persisted one (SPEC 5.1)."""
+    """A live session's record: its live header wins over the persisted one (docs/design.md,
+    "Session query")."""
     return SessionRecord(
         id=ref.session_id,
         header=ref.header,

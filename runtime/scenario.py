@@ -4,7 +4,7 @@ A scenario directory holds:
 
     scenario.json        {"description"?, "steps": [...], "compression"?, "max_depth"?,
                           "max_active_subagents"?, "id_prefix"?, "system_prompt"?}
-    script.json          the scripted model (SPEC 5.6)
+    script.json          the scripted model (docs/scripts.md)
     seed/<id>.jsonl      optional hand-written logs (plain form) placed in the store first
     expected/output.json the outputs of the steps          ┐ goldens, written by
     expected/sessions/<encoded id>.jsonl  normalized logs  ┘ `scenario update`

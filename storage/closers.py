@@ -1,13 +1,14 @@
 """`interrupted_closers(events)`: the synthetic events that close a turn a crash left open.
 
-Pure (SPEC 3.4, reference-notes 2.3). The scan tracks the open turn, the open step and the tool
-calls still waiting for a result: every `tool-call` block of an `assistant/message` registers a
-pending call with its step, a later `tool/call` with the same id records that it started, a
-`tool/result` answers it; `turn/start`, `turn/end` and `step/end` reset the pending set. If a
-turn is open, each pending call (in the order it was registered) gets an error `tool/result`,
-then an open step gets `step/end`, then the turn gets `turn/end {reason: {kind: interrupted}}`.
-The closers take consecutive seqs after the last event and reuse its time. Cold readers keep
-them in memory; resuming an agent appends them durably first.
+Pure (docs/format.md, "Interrupted turns", gives the exact events and texts). The scan tracks
+the open turn, the open step and the tool calls still waiting for a result: every `tool-call`
+block of an `assistant/message` registers a pending call with its step, a later `tool/call` with
+the same id records that it started, a `tool/result` answers it; `turn/start`, `turn/end` and
+`step/end` reset the pending set. If a turn is open, each pending call (in the order it was
+registered) gets an error `tool/result`, then an open step gets `step/end`, then the turn gets
+`turn/end {reason: {kind: interrupted}}`. The closers take consecutive seqs after the last event
+and reuse its time. Cold readers keep them in memory; resuming an agent appends them durably
+first.
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ _any_value = msgspec.json.Decoder()
 
 def _check_raw(data: msgspec.Raw) -> None:
     """Raw data built by hand must be what a reader accepts: one JSON value in valid UTF-8, on
-    the event's own line, that JSON carries losslessly (SPEC 2: no non-finite floats, no ints
-    outside ±2^63 — a reader could not decode them)."""
+    the event's own line, that JSON carries losslessly (docs/format.md, "Events": no non-finite
+    floats, no ints outside ±2^63 — a reader could not decode them)."""
     raw = bytes(memoryview(data))
     if b"\n" in raw:
         raise ValueError("data holds a line break")
@@ -350,9 +350,9 @@ DECODE_ERRORS = (msgspec.MsgspecError, ValueError, TypeError, RecursionError, Me
 
 
 def decode_payload(event: Event, *, session_id: str) -> Any:
-    """The typed payload of a known event type (SPEC 3.2). Every read of a log has already
-    checked it with the same decoder (a log holding a malformed one is corrupt for every reader
-    alike); events that come from elsewhere are checked here.
+    """The typed payload of a known event type (docs/format.md, "The vocabulary"). Every read of
+    a log has already checked it with the same decoder (a log holding a malformed one is corrupt
+    for every reader alike); events that come from elsewhere are checked here.
 
     A malformed payload raises `InvalidPayload` (the session is corrupt); an unknown type raises
     `UnsupportedLog`.

@@ -1,12 +1,12 @@
 """The event vocabulary of format 1 and the payload of each type.
 
 Payloads are strict msgspec Structs decoded from the envelope's raw `data` when they are used
-(`decode_payload`). A payload that fails validation makes its session corrupt (SPEC 3.2), for
-every reader alike: a read of a log checks each known type's payload against these Structs in
-the pass that checks its seqs (`framing.decode_event_lines`, through `codec.PAYLOAD_DECODERS`),
-once per revision of the log (a read the index vouches for skips it), and writers refuse what
-readers would refuse (`make_event`, `Event(...)`). So listing, `show` and resume give one
-verdict.
+(`decode_payload`). A payload that fails validation makes its session corrupt (docs/format.md,
+"Payloads"), for every reader alike: a read of a log checks each known type's payload against
+these Structs in the pass that checks its seqs (`framing.decode_event_lines`, through
+`codec.PAYLOAD_DECODERS`), once per revision of the log (a read the index vouches for skips it),
+and writers refuse what readers would refuse (`make_event`, `Event(...)`). So listing, `show`
+and resume give one verdict.
 
 `subagent/descriptor` is deliberately only "an object" here: a malformed descriptor is a
 listing-level fact (the identity unit resets to null), not a damaged log.
@@ -157,8 +157,8 @@ class ToolResultData(_Strict):
     error: ToolError | UnsetType = UNSET
 
     def __post_init__(self) -> None:
-        # SPEC 3.2: a tool-result message has role user, source {kind: tool, call_id}, and
-        # holds one tool-result block — of that same call.
+        # docs/format.md, "The vocabulary": a tool-result message has role user, source {kind:
+        # tool, call_id}, and holds one tool-result block — of that same call.
         message = self.message
         if message.role != "user":
             raise ValueError(f"a tool/result message has role user, not {message.role!r}")

@@ -1,4 +1,4 @@
-"""`FileLogStore`: session logs as files under `<root>/sessions/<encoded-id>/` (SPEC 3.3).
+"""`FileLogStore`: session logs as files under `<root>/sessions/<encoded-id>/` (docs/format.md).
 
 Theory of operation. `create` makes the folder and takes the flock on its `lock` file but
 writes no log: the first `append` publishes, writing header and batches to `publish.tmp`,
@@ -365,7 +365,7 @@ class FileLogStore:
 
     # --- reading ---
 
-    # --- checkpoints (SPEC 3.5) ---
+    # --- checkpoints (docs/format.md, "The index") ---
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         """Store the rows that cover exactly the durable log (seq = the last durable seq), at

@@ -9,12 +9,13 @@ from a crash.
 `decode_event_lines` decodes complete lines in chunks of at most `CHUNK_BYTES`, calling the
 caller's `checkpoint` between chunks (the actors pass `trio.from_thread.check_cancelled`), and
 checks what the envelope codec cannot see line by line: seq continuity, known types, the payload
-of every known type (SPEC 3.2: a payload that fails validation makes its session corrupt — for
-every reader alike, so listing, `show` and resume give one verdict) and the seed marker. The
-payload check runs in the same per-event loop as the seq check, one C decode of the raw data
-per event, each result dropped at once (so it costs no cyclic-GC work). Any failure to decode
-a line — a msgspec error, invalid UTF-8, nesting deeper than the decoder's recursion limit, a
-hostile length — is damage located by seq and byte offset, never a foreign exception.
+of every known type (docs/format.md, "Payloads": a payload that fails validation makes its
+session corrupt — for every reader alike, so listing, `show` and resume give one verdict) and
+the seed marker. The payload check runs in the same per-event loop as the seq check, one C
+decode of the raw data per event, each result dropped at once (so it costs no cyclic-GC work).
+Any failure to decode a line — a msgspec error, invalid UTF-8, nesting deeper than the decoder's
+recursion limit, a hostile length — is damage located by seq and byte offset, never a foreign
+exception.
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ def _refuse_unknown(session_id: str, event: Event) -> NoReturn:
 
 
 def check_seed_marker(session_id: str, events: list[Event], inherited_event_count: int) -> None:
-    """A seeded log holds `session/end-seed {"inherited": true}` at seq K (SPEC 3.3)."""
+    """A seeded log holds `session/end-seed {"inherited": true}` at seq K (docs/format.md,
+    "Seeding")."""
     k = inherited_event_count
     if k == 0:
         return

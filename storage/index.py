@@ -16,7 +16,7 @@ wrongly typed header or count handed to a listing. All access is serialized by o
 reach the index through one worker thread anyway).
 
 The checkpoint table holds projection checkpoints `{session, unit key} → {ver, seq, val,
-log_offset, lifecycle}`; its rows arrive with the projections (SPEC 3.5).
+log_offset, lifecycle}`; its rows arrive with the projections (docs/format.md, "The index").
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 
 _json = msgspec.json
 INDEX_NAME = "index.sqlite3"
-# 3: the `claim` of a damaged header (SPEC 5.4 step 3). 4: rows record payload damage too
-# (issue 13: every read validates known payloads; rows of an older build may call such a log
-# healthy, so they are dropped with the schema), and every row carries a checksum.
+# 3: the `claim` of a damaged header (docs/design.md, "Listing": candidates). 4: rows record
+# payload damage too (issue 13: every read validates known payloads; rows of an older build may
+# call such a log healthy, so they are dropped with the schema), and every row carries a
+# checksum.
 SCHEMA_VERSION = 4
 # Ids per query: SQLite >= 3.32 takes 32,766 bound parameters (older ones 999).
 _IN_LIMIT = 30_000 if sqlite3.sqlite_version_info >= (3, 32) else 900

@@ -7,7 +7,8 @@ every batch and makes them durable with one fsync before it returns; each batch 
 it expects first, and a mismatch refuses the whole call with `SequenceConflict` before anything
 is written. Long reads take a `checkpoint` called between chunks.
 
-Kept as a protocol so that a store that is not made of files (SPEC 7: PostgreSQL) fits.
+Kept as a protocol so that a store that is not made of files (PostgreSQL, planned: README, "What
+is not done yet") fits.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Projection units, their per-session cells, and checkpoint values (SPEC 3.5).
+"""Projection units, their per-session cells, and checkpoint values (docs/design.md, "Projections
+and checkpoints"; the stored rows: docs/format.md, "The index").
 
 A unit is a pure fold over a session's events: `initial(header, inherited_event_count)`, then
 `apply(state, event)` for every event, returning the *same object* for events it ignores. State

@@ -176,10 +176,10 @@ class HeaderClaim(NamedTuple):
     """What the line 1 of a damaged log *says* about its lineage, unvalidated.
 
     Kept only when line 1 is a JSON object that does not pass the header rules (an unknown key,
-    a wrong type, an id that is not its folder's): listings must not lose such a child (SPEC
-    5.4 step 3, "still parses" means JSON-parses). Each field is the raw value when it has the
-    right JSON type, else None. Never a `SessionHeader`: nothing may mistake it for a validated
-    one.
+    a wrong type, an id that is not its folder's): listings must not lose such a child
+    (docs/design.md, "Listing": candidates; "still a JSON object" is what counts). Each field is
+    the raw value when it has the right JSON type, else None. Never a `SessionHeader`: nothing
+    may mistake it for a validated one.
     """
 
     origin: str | None

@@ -1,4 +1,5 @@
-"""The `subagent/descriptor` payload (SPEC 3.6): one value, its builder and its parser.
+"""The `subagent/descriptor` payload (docs/format.md, "The subagent descriptor"): one value, its
+builder and its parser.
 
 A child session records how it was created in one `subagent/descriptor` event in its own
 suffix. The payload is versioned (`DESCRIPTOR_VERSION`, 2) and snake_case:

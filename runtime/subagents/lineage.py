@@ -1,17 +1,18 @@
 """Lineage for listings: who a record says its parent is, and the children only a catalog names.
 
-Theory of operation. A child is found by what its own line 1 says (SPEC 5.4 step 3): a valid
-header, or — for a damaged log whose line 1 is still a JSON object — its unvalidated `claimed`
-origin and parent. Such a lax candidate always lists as a diagnostic (its record is damaged), in
-(claimed `created_at` if an int else -1, id) order. A child whose line 1 says nothing at all (a
-log that is missing, empty, not a regular file or not JSON) would vanish, so the parent's
-`subagent_catalog` projection names it too: every catalogued id without a usable record becomes
-an `Absent` node, placed by the catalog's `child_created_at`. Its reason: a record that exists
-but says nothing (or names no subagent origin) is `corrupt`; no record at all is decided by a
-fresh stat (none → `unavailable`; a record with nothing usable → `corrupt`; a record that now
-names a parent → it was published after the corpus was taken: omitted, like a live child in its
-creation window). Also here: sibling order, the candidates of a parent, the pre-order walk below
-a root, and the catalog a parent's checkpoint row holds. Pure functions; the listing does the IO.
+Theory of operation. A child is found by what its own line 1 says (docs/design.md, "Listing"): a
+valid header, or — for a damaged log whose line 1 is still a JSON object — its unvalidated
+`claimed` origin and parent. Such a lax candidate always lists as a diagnostic (its record is
+damaged), in (claimed `created_at` if an int else -1, id) order. A child whose line 1 says
+nothing at all (a log that is missing, empty, not a regular file or not JSON) would vanish, so
+the parent's `subagent_catalog` projection names it too: every catalogued id without a usable
+record becomes an `Absent` node, placed by the catalog's `child_created_at`. Its reason: a
+record that exists but says nothing (or names no subagent origin) is `corrupt`; no record at all
+is decided by a fresh stat (none → `unavailable`; a record with nothing usable → `corrupt`; a
+record that now names a parent → it was published after the corpus was taken: omitted, like a
+live child in its creation window). Also here: sibling order, the candidates of a parent, the
+pre-order walk below a root, and the catalog a parent's checkpoint row holds. Pure functions;
+the listing does the IO.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def is_subagent(record: SessionRecord) -> bool:
 
 
 def children_of(corpus: list[SessionRecord], parent_id: str) -> list[SessionRecord]:
-    """The candidates of `parent_id` (SPEC 5.4 step 3), in sibling order."""
+    """The candidates of `parent_id` (docs/design.md, "Listing"), in sibling order."""
     out = []
     for r in corpus:
         header = r.header

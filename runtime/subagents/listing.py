@@ -1,4 +1,5 @@
-"""Listing children (SPEC 5.4): `list_children(parent_id, abort)` and `list_descendants`.
+"""Listing children (docs/design.md, "Listing"): `list_children(parent_id, abort)` and
+`list_descendants`.
 
 Theory of operation. The corpus is `list_sessions()` (a live header wins). Candidates are the
 records with `origin == "subagent"` naming the parent, in (`created_at`, id) order; a damaged one
@@ -214,9 +215,10 @@ class ListingService:
         self._shape = _Shape()
 
     async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
-        """The rows of `parent_id`'s direct subagent children (SPEC 5.4), in (`created_at`, id)
-        order, with those only the parent's catalog names. Raises `SubagentError` (a missing
-        service, `CANCELLED`) or `SessionQueryError` (an unreadable root)."""
+        """The rows of `parent_id`'s direct subagent children (README, "Listings"), in
+        (`created_at`, id) order, with those only the parent's catalog names. Raises
+        `SubagentError` (a missing service, `CANCELLED`) or `SessionQueryError` (an unreadable
+        root)."""
         corpus = await self._corpus(abort)
         shape = self._shape.of(corpus)
         candidates = shape.children_of(parent_id)
@@ -340,7 +342,8 @@ class ListingService:
         if self.log_store is None or not ids:
             return out
         try:
-            # Through the index's one worker slot (SPEC 3.3), shared with the session query.
+            # Through the index's one worker slot (docs/design.md, "The index"), shared with the
+            # session query.
             limiter = self.query.index_limiter if self.query is not None else None
             rows = await trio.to_thread.run_sync(
                 self.log_store.read_checkpoint_rows, ids, _ROW_KEYS, _EMPTY_CATALOG, limiter=limiter

@@ -1,18 +1,18 @@
 """The projection units of subagent sessions: `subagent` (identity), `subagent_timing` and the
 parent's `subagent_catalog`.
 
-All are pure folds over a session's events (SPEC 3.5): state is plain JSON, never mutated in
-place (every change is a new dict), and `apply` returns the very same state object for events
-the unit does not look at. None raises on bad data.
+All are pure folds over a session's events (docs/design.md, "Projections and checkpoints"):
+state is plain JSON, never mutated in place (every change is a new dict), and `apply` returns
+the very same state object for events the unit does not look at. None raises on bad data.
 
-`subagent` (SPEC 3.6, reference-notes 4.4). State `{identity?: {mode, label?, seq}}`. Every
-`subagent/descriptor` event replaces the state — last wins: a valid payload gives an identity
-stamped with the event's seq; a malformed, unsupported or undecodable one gives `{}`. The view
-is the identity or `None`, a sentinel that survives a JSON round trip (an absent key would not
-clear a client's stale value). `seq` lets a reader tell the child's own descriptor from one a
-fork seed replayed: see `is_own_identity`.
+`subagent` (docs/format.md, "The subagent descriptor"). State `{identity?: {mode, label?,
+seq}}`. Every `subagent/descriptor` event replaces the state — last wins: a valid payload gives
+an identity stamped with the event's seq; a malformed, unsupported or undecodable one gives
+`{}`. The view is the identity or `None`, a sentinel that survives a JSON round trip (an absent
+key would not clear a client's stale value). `seq` lets a reader tell the child's own descriptor
+from one a fork seed replayed: see `is_own_identity`.
 
-`subagent_timing` (reference-notes 4.5). State
+`subagent_timing` (how long a child has worked since its descriptor). State
 `{settled_ms, active?: {since, through}, pending_turn_start?, descriptor_seen}`:
 
     turn/start           descriptor seen → active = {since: t, through: t}
@@ -28,7 +28,8 @@ so `settled_ms` counts completed turns after the (last) descriptor, and a turn t
 open when the descriptor was written counts from its own start. The view is
 `{settled_ms, active?}`.
 
-`subagent_catalog` (a parent's view of the children it made; SPEC 3.2). State
+`subagent_catalog` (a parent's view of the children it made from its
+`subagent/catalog` events: docs/format.md, "The vocabulary"). State
 `{own_from: K, children: {child_id: {created_at, mode, label?}}}`: every valid
 `subagent/catalog` event of the session's own suffix (`seq >= K`, the inherited cut: a fork's
 seed replays its parent's catalog, which names the parent's children, not the fork's) adds or

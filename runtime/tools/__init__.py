@@ -1,1 +1,1 @@
-"""Model-facing tools that act on the subagent service (SPEC 5.5)."""
+"""Model-facing tools that act on the subagent service (README, "Model-facing tools")."""

@@ -1,7 +1,8 @@
-"""`subagent`, `subagent_fork`, `list_agents`, `send_message`, `interrupt_agent` (SPEC 5.5).
+"""`subagent`, `subagent_fork`, `list_agents`, `send_message`, `interrupt_agent` (README,
+"Model-facing tools").
 
-Names, parameters and renders are exact; the descriptions keep the phrases the reference pins
-(reference-notes §6), because they steer model behaviour. A refused call raises a
+Names, parameters and renders are exact; the descriptions keep the phrases of the agent harness
+this runtime reimplements, because they steer model behaviour. A refused call raises a
 `ToolFailure` named `SubagentError` with the service's code, so the durable `tool/result`
 carries `error: {name: "SubagentError", code}`.
 """
