@@ -37,7 +37,9 @@ Json = dict[str, Any]
 
 EXCERPT = 200  # characters of provider text quoted in an error
 FinishReason = Literal["stop", "tool-calls", "max-tokens"]
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "tool_calls": "tool-calls", "function_call": "tool-calls", "length": "max-tokens"}
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop", "tool_calls": "tool-calls", "function_call": "tool-calls", "length": "max-tokens",
+}
 
 
 class StreamFault(Exception):
