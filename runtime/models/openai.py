@@ -2,14 +2,14 @@
 with `stream: true`, read back as Server-Sent Events.
 
 Theory of operation. `stream(request)` converts the logged messages and tool specs to the chat
-format, then *connects*: it sends the request and waits for the response head. A 429, a 5xx, a
-connect error or a timeout before the head is retried with exponential backoff and jitter, slept
-on the request's clock (never `trio.sleep`, so scenario clocks make backoff free), honouring
-`Retry-After`/`retry-after-ms` up to `retry_after_max`. Once a 2xx event stream is accepted nothing
-is retried: the body is fed to a sans-IO parser (`_StreamParser`, over `sse.SSEDecoder`) that
-turns `data:` events into chunks — text deltas, tool-call deltas by index, then at `[DONE]` the
-last usage seen and exactly one `Finish`. Closing or cancelling the generator closes the response
-(shielded, bounded by `CLOSE_GRACE`), and the client too when the model made it.
+format (`openai_wire`), then *connects*: it sends the request and waits for the response head. A
+429, a 5xx, a connect error or a timeout before the head is retried with exponential backoff and
+jitter, slept on the request's clock (never `trio.sleep`, so scenario clocks make backoff free),
+honouring `Retry-After`/`retry-after-ms` up to `retry_after_max`. Once a 2xx event stream is
+accepted nothing is retried: the body is fed to the sans-IO `openai_wire.StreamParser`, whose
+chunks are yielded as they come and whose faults become `ModelError`s with the same code. Closing
+or cancelling the generator closes the response (shielded, bounded by `CLOSE_GRACE`), and the
+client too when the model made it.
 
 Errors, all `ModelError` with a one-line message naming the model and URL:
 
@@ -28,12 +28,7 @@ Errors, all `ModelError` with a one-line message naming the model and URL:
                                cleanly before both `[DONE]` and a `finish_reason`
     MODEL_CONTENT_FILTERED     `finish_reason: content_filter`
 
-Finish reasons: `stop` → stop (tool-calls if the stream carried tool calls, for providers that
-say `stop` there), `tool_calls`/`function_call` → tool-calls, `length` → max-tokens; an unknown
-reason is read as tool-calls if tool calls were streamed, else stop. A body that ends cleanly
-after a `finish_reason` but without `[DONE]` is accepted (some compatible servers omit it). Only
-the first choice is read; delta fields other than `content` and `tool_calls` (DeepSeek's
-`reasoning_content`, `refusal`) are ignored; when usage arrives more than once the last wins.
+How finish reasons, usage and delta fields are read: see `openai_wire`.
 
 The API key is only ever put in the `Authorization` header: it is not kept in the repr, and
 every message this module raises or logs is scrubbed of it (`redact_secret`: the key and every
@@ -49,27 +44,25 @@ import email.utils
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import msgspec
 import trio
 
 from subagents.runtime.clock import Clock
-from subagents.runtime.models.base import (
-    Chunk,
-    Finish,
-    ModelError,
-    ModelRequest,
-    TextDelta,
-    ToolCallDelta,
-    ToolSpec,
-    Usage,
+from subagents.runtime.models.base import Chunk, ModelError, ModelRequest
+from subagents.runtime.models.openai_wire import (
+    StreamFault,
+    StreamParser,
+    error_message,
+    one_line,
+    openai_messages,
+    openai_tools,
 )
-from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent
 
-__all__ = ["CLOSE_GRACE", "DEFAULT_TIMEOUT", "OpenAIChatModel", "openai_messages", "openai_tools", "redact_secret"]
+__all__ = ["CLOSE_GRACE", "DEFAULT_TIMEOUT", "OpenAIChatModel", "redact_secret"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +71,10 @@ Json = dict[str, Any]
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0)
 # Closing a response (or a client the model made) is awaited shielded, for at most this long.
 CLOSE_GRACE = 5.0
-_EXCERPT = 200
 # Runs of at least this many characters of the key are redacted wherever they appear.
 _SECRET_FRAGMENT = 8
 REDACTED = "[redacted]"
 _ERROR_BODY_LIMIT = 64 * 1024
-FinishReason = Literal["stop", "tool-calls", "max-tokens"]
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "tool_calls": "tool-calls", "function_call": "tool-calls", "length": "max-tokens"}
 
 
 class OpenAIChatModel:
@@ -158,7 +148,7 @@ class OpenAIChatModel:
         pieces: AsyncIterator[bytes] | None = None
         try:
             response = await self._connect(client, body, request.clock)
-            parser = _StreamParser(self._redact)
+            parser = StreamParser(self._redact)
             pieces = response.aiter_bytes()
             while not parser.done:
                 # Errors are raised outside the `except` blocks, so they chain no httpx error.
@@ -176,7 +166,7 @@ class OpenAIChatModel:
                     raise failure
                 try:
                     chunks = parser.end() if piece is None else parser.feed(piece)
-                except _StreamFault as fault:
+                except StreamFault as fault:
                     failure = self._error(fault.code, fault.message)
                 if failure is not None:
                     raise failure
@@ -294,10 +284,10 @@ class OpenAIChatModel:
                 await response.aclose()
         text = bytes(raw[:_ERROR_BODY_LIMIT]).decode("utf-8", "replace")
         try:
-            text = _error_message(msgspec.json.decode(text)) or text
+            text = error_message(msgspec.json.decode(text)) or text
         except msgspec.DecodeError:
             pass  # not a JSON error body: its text is the message
-        return _one_line(self._redact(text)) or "(empty body)"
+        return one_line(self._redact(text)) or "(empty body)"
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -311,221 +301,6 @@ class OpenAIChatModel:
         message = self._redact(f"model {self.model!r} at {self.url}: {detail}")
         logger.debug("%s: %s", code, message)
         return ModelError(message, code=code, status=status)
-
-
-# -- the stream parser (sans-IO) ---------------------------------------------------------------
-
-
-class _StreamFault(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _bad(message: str) -> _StreamFault:
-    return _StreamFault("MODEL_BAD_STREAM", message)
-
-
-class _StreamParser:
-    """Body bytes in, chunks out: `feed(bytes)`, then `end()` at a clean end of body. Provider
-    text quoted in a fault is passed through `redact` before it is cut to an excerpt."""
-
-    def __init__(self, redact: Callable[[str], str] = str) -> None:
-        self._redact = redact
-        self._sse = SSEDecoder(redact=redact)
-        self.events = 0
-        self.done = False
-        self._finish: str | None = None
-        self._usage: Usage | None = None
-        self._saw_tool_calls = False
-
-    def feed(self, data: bytes) -> list[Chunk]:
-        if self.done:
-            return []
-        try:
-            events = self._sse.feed(data)
-        except SSEError as exc:
-            raise _StreamFault("MODEL_BAD_RESPONSE", f"the body is not an event stream: {exc}") from None
-        return self._events(events)
-
-    def end(self) -> list[Chunk]:
-        if self.done:
-            return []
-        try:
-            chunks = self._events(self._sse.close())
-        except SSEError as exc:
-            raise _StreamFault("MODEL_BAD_RESPONSE", f"the body is not an event stream: {exc}") from None
-        if self.done:
-            return chunks
-        if self._finish is None:
-            raise _StreamFault(
-                "MODEL_STREAM_INTERRUPTED",
-                f"stream ended after {self.events} events without [DONE] or a finish_reason",
-            )
-        self.done = True
-        return chunks + self._closing()
-
-    def _events(self, events: Iterable[SSEEvent]) -> list[Chunk]:
-        chunks: list[Chunk] = []
-        for event in events:
-            if self.done:
-                break
-            self.events += 1
-            chunks.extend(self._event(event))
-        return chunks
-
-    def _event(self, event: SSEEvent) -> list[Chunk]:
-        if event.event == "error":
-            raise _bad(f"the provider reported an error: {self._quote(event.data)}")
-        if event.data.strip() == "[DONE]":
-            if self._finish is None:
-                raise _bad("[DONE] arrived without a finish_reason")
-            self.done = True
-            return self._closing()
-        try:
-            obj = msgspec.json.decode(event.data)
-        except msgspec.DecodeError:
-            raise _bad(f"event {self.events} is not JSON: {self._quote(event.data)}") from None
-        if not isinstance(obj, dict):
-            raise _bad(f"event {self.events} is not a JSON object: {self._quote(event.data)}")
-        if obj.get("error"):
-            raise _bad(f"the provider reported an error: {self._quote(_error_message(obj) or event.data)}")
-        usage = obj.get("usage")
-        if usage is not None:
-            self._usage = _usage(usage, self.events)
-        choices = obj.get("choices") or []
-        if not isinstance(choices, list):
-            raise _bad(f"event {self.events}: choices is not a list")
-        if not choices:
-            return []
-        return self._choice(choices[0])
-
-    def _choice(self, choice: Any) -> list[Chunk]:
-        n = self.events
-        if not isinstance(choice, dict):
-            raise _bad(f"event {n}: a choice is not an object")
-        delta = choice.get("delta") or {}
-        if not isinstance(delta, dict):
-            raise _bad(f"event {n}: delta is not an object")
-        chunks: list[Chunk] = []
-        content = delta.get("content")
-        if content is not None and not isinstance(content, str):
-            raise _bad(f"event {n}: delta.content is not a string")
-        if content:
-            chunks.append(TextDelta(content))
-        calls = delta.get("tool_calls") or []
-        if not isinstance(calls, list):
-            raise _bad(f"event {n}: delta.tool_calls is not a list")
-        for position, call in enumerate(calls):
-            piece = _tool_call_delta(call, position, n)
-            if piece is not None:
-                self._saw_tool_calls = True
-                chunks.append(piece)
-        reason = choice.get("finish_reason")
-        if reason is not None:
-            if not isinstance(reason, str):
-                raise _bad(f"event {n}: finish_reason is not a string")
-            if reason == "content_filter":
-                raise _StreamFault("MODEL_CONTENT_FILTERED", "the provider's content filter stopped the output")
-            if self._finish is None:
-                self._finish = reason
-        return chunks
-
-    def _quote(self, text: str) -> str:
-        return _one_line(self._redact(text))
-
-    def _closing(self) -> list[Chunk]:
-        known = _FINISH.get(self._finish or "")
-        if known is None:
-            logger.debug("unknown finish_reason %s", self._quote(repr(self._finish)))
-        reason: FinishReason
-        if known is None or known == "stop":
-            reason = "tool-calls" if self._saw_tool_calls else "stop"
-        else:
-            reason = known
-        chunks: list[Chunk] = [] if self._usage is None else [self._usage]
-        chunks.append(Finish(reason))
-        return chunks
-
-
-def _tool_call_delta(call: Any, position: int, n: int) -> ToolCallDelta | None:
-    if not isinstance(call, dict):
-        raise _bad(f"event {n}: a tool call is not an object")
-    index = call.get("index", position)
-    call_id = call.get("id")
-    function = call.get("function") or {}
-    if not isinstance(function, dict):
-        raise _bad(f"event {n}: tool_calls[].function is not an object")
-    name = function.get("name")
-    arguments = function.get("arguments") or ""
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        raise _bad(f"event {n}: tool_calls[].index is not a non-negative integer")
-    if not isinstance(call_id, str | None) or not isinstance(name, str | None) or not isinstance(arguments, str):
-        raise _bad(f"event {n}: tool_calls[] id, name and arguments must be strings")
-    if not call_id and not name and not arguments:
-        return None
-    return ToolCallDelta(index=index, id=call_id or None, name=name or None, arguments=arguments)
-
-
-def _usage(usage: Any, n: int) -> Usage:
-    if not isinstance(usage, dict):
-        raise _bad(f"event {n}: usage is not an object")
-    prompt = usage.get("prompt_tokens") or 0
-    completion = usage.get("completion_tokens") or 0
-    if not isinstance(prompt, int) or not isinstance(completion, int):
-        raise _bad(f"event {n}: usage token counts are not integers")
-    return Usage(input_tokens=prompt, output_tokens=completion)
-
-
-# -- conversion to the chat format (pure) ------------------------------------------------------
-
-
-def openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[Json]:
-    """Logged messages (`{id, role, content: [blocks], source}`) → chat-completions messages.
-
-    System and user text become `{role, content}` (text blocks joined with newlines); an assistant
-    message carries its text (or `null`) and its tool-call blocks as `tool_calls`; each tool-result
-    block becomes its own `{role: "tool", tool_call_id, content}` message, placed before any text
-    of the same message.
-    """
-    out: list[Json] = []
-    for msg in messages:
-        role = msg["role"]
-        blocks: Sequence[Mapping[str, Any]] = msg.get("content", ())
-        text = _text(blocks)
-        if role == "assistant":
-            calls = [
-                {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": b["arguments"]}}
-                for b in blocks
-                if b.get("type") == "tool-call"
-            ]
-            entry: Json = {"role": "assistant", "content": text if text or not calls else None}
-            if calls:
-                entry["tool_calls"] = calls
-            out.append(entry)
-            continue
-        results = [b for b in blocks if b.get("type") == "tool-result"]
-        for result in results:
-            out.append({"role": "tool", "tool_call_id": result["call_id"], "content": _text(result.get("content", ()))})
-        if not results or any(b.get("type") == "text" for b in blocks):
-            out.append({"role": role, "content": text})
-    return out
-
-
-def openai_tools(tools: Iterable[ToolSpec]) -> list[Json]:
-    """Tool specs → chat-completions `tools` entries (`type: function`)."""
-    return [
-        {
-            "type": "function",
-            "function": {"name": t.name, "description": t.description, "parameters": dict(t.parameters)},
-        }
-        for t in tools
-    ]
-
-
-def _text(blocks: Iterable[Mapping[str, Any]]) -> str:
-    return "\n".join(b["text"] for b in blocks if b.get("type") == "text")
 
 
 async def _abandon(pieces: AsyncIterator[bytes], redact: Callable[[str], str]) -> None:
@@ -576,26 +351,8 @@ def _retry_after(headers: httpx.Headers, now_ms: int) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
-def _error_message(obj: Any) -> str | None:
-    """The human part of a provider's JSON error body, if it has a recognizable one."""
-    if not isinstance(obj, dict):
-        return None
-    error = obj.get("error")
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return str(error["message"])
-    for value in (error, obj.get("message"), obj.get("detail")):
-        if isinstance(value, str):
-            return value
-    return None
-
-
-def _one_line(text: str, limit: int = _EXCERPT) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _describe(exc: BaseException, redact: Callable[[str], str]) -> str:
-    detail = _one_line(redact(str(exc)))
+    detail = one_line(redact(str(exc)))
     return f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
 
 

@@ -17,7 +17,9 @@ A script is one JSON object:
 The loader is strict because a script is untrusted input written by hand: unknown keys, missing
 keys, wrong JSON types (no `true` or `1.0` where an integer belongs), duplicate object keys and
 `NaN`/`Infinity` are refused with a `ScriptError` naming the JSON path of the problem
-(`$.agents[1].responses[0].tool_calls[0].name`). Decisions the SPEC leaves open:
+(`$.agents[1].responses[0].tool_calls[0].name`). The shape is declared once, as msgspec Structs
+that forbid unknown fields (msgspec's validation errors give the path); the rules a type cannot
+say are checked on the converted values. Decisions the SPEC leaves open:
 
 - `agents` is required and non-empty; an entry names a `session` or a `label`, never both (it
   would be unclear which one binds), and two entries may not name the same `session` (the second
@@ -42,9 +44,11 @@ import json
 import os
 import re
 from collections.abc import Callable
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import attrs
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from subagents.runtime.models.base import Usage
 
@@ -248,27 +252,106 @@ def _dump(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+# --- the shape (msgspec) ----------------------------------------------------------------------
+#
+# The document's shape is checked by msgspec against these Structs (`strict`: no `true` or `1.0`
+# where an integer belongs; unknown keys refused). Optional keys default to UNSET, not to a value,
+# because whether a key is *present* matters (`hang` and `error` exclude other keys). What the
+# Structs cannot say — bounds, non-empty strings, exclusions, templates, duplicates — is checked
+# after, in `_script`, on the converted values.
+
+
+class _ToolCallShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    id: str | UnsetType = UNSET
+    name: str
+    arguments: dict[str, Any] | str
+
+
+class _ErrorShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    status: int
+    message: str
+
+
+class _UsageShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+
+
+class _WaitForShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    steered: bool | UnsetType = UNSET
+    settled: str | UnsetType = UNSET
+    waiting: str | UnsetType = UNSET
+    count: int | UnsetType = UNSET
+
+
+class _ResponseShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    text: str | UnsetType = UNSET
+    tool_calls: list[_ToolCallShape] | UnsetType = UNSET
+    delay_ms: int | UnsetType = UNSET
+    hang: bool | UnsetType = UNSET
+    error: _ErrorShape | UnsetType = UNSET
+    # Any: checked by hand, so every wrong value hears the two choices (msgspec's Literal
+    # message names none, and its type message none either).
+    finish: Any = UNSET
+    usage: _UsageShape | UnsetType = UNSET
+    wait_for: _WaitForShape | UnsetType = UNSET
+
+
+class _EntryShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    session: str | UnsetType = UNSET
+    label: str | UnsetType = UNSET
+    responses: list[_ResponseShape]
+
+
+class _ScriptShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    agents: list[_EntryShape]
+    summaries: list[str] | UnsetType = UNSET
+
+
+# Where each Struct sits, by its path with the indices left out (to name the allowed keys).
+_SHAPES: dict[str, type[msgspec.Struct]] = {
+    "$": _ScriptShape,
+    "$.agents": _EntryShape,
+    "$.agents.responses": _ResponseShape,
+    "$.agents.responses.tool_calls": _ToolCallShape,
+    "$.agents.responses.error": _ErrorShape,
+    "$.agents.responses.usage": _UsageShape,
+    "$.agents.responses.wait_for": _WaitForShape,
+}
+# msgspec's type names, in the loader's words (the same as JSON's).
+_EXPECTED = {"int": "an integer", "str": "a string", "bool": "a boolean", "array": "an array",
+             "object": "an object", "str | object": "an object or a string"}
+_GOT = {"int": "integer", "str": "string", "bool": "boolean", "float": "number", "null": "null",
+        "array": "array", "object": "object"}
+_TYPE_ERROR = re.compile(r"Expected `([^`]+)`, got `([^`]+)`\Z")
+_FIELD_ERROR = re.compile(r"Object (contains unknown|missing required) field `([^`]*)`\Z")
+_AT = re.compile(r"(.*) - at `(\$[^`]*)`\Z", re.DOTALL)
+
+
+def _shape_error(exc: msgspec.ValidationError) -> ScriptError:
+    """A msgspec validation error as a `ScriptError` at its JSON path, in the loader's words."""
+    text = str(exc)
+    found = _AT.match(text)
+    message, path = (found.group(1), found.group(2)) if found else (text, "$")
+    typed = _TYPE_ERROR.match(message)
+    if typed and typed.group(1) in _EXPECTED and typed.group(2) in _GOT:
+        return ScriptError(path, f"must be {_EXPECTED[typed.group(1)]}, got {_GOT[typed.group(2)]}")
+    field = _FIELD_ERROR.match(message)
+    if field is None:
+        return ScriptError(path, message)
+    key_path = _key(path, field.group(2))
+    if field.group(1) == "missing required":
+        return ScriptError(key_path, "missing required key")
+    shape = _SHAPES.get(re.sub(r"\[\d+\]", "", path))
+    allowed = f" (allowed: {', '.join(shape.__struct_fields__)})" if shape is not None else ""
+    return ScriptError(key_path, f"unknown key{allowed}")
+
+
 # --- parsing ----------------------------------------------------------------------------------
 
 
 def _fail(path: str, problem: str) -> NoReturn:
     raise ScriptError(path, problem)
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def _key(path: str, key: str) -> str:
@@ -301,14 +384,17 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def _decode(data: bytes | str) -> object:
+def _decode(data: bytes | str) -> _ScriptShape:
+    # The text is read by the standard library first: msgspec keeps the last of duplicate keys
+    # and would take a number too large for a float as infinity, and a hand-written script
+    # deserves to hear about both.
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             _fail("$", f"not UTF-8 text ({exc.reason} at byte {exc.start})")
     try:
-        return json.loads(
+        document = json.loads(
             data,
             parse_constant=_reject_constant,
             parse_float=_finite_float,
@@ -318,54 +404,29 @@ def _decode(data: bytes | str) -> object:
         _fail("$", f"not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
     except ValueError as exc:
         _fail("$", f"not JSON: {exc}")
+    try:
+        return msgspec.convert(document, _ScriptShape, strict=True)
+    except msgspec.ValidationError as exc:
+        raise _shape_error(exc) from None
 
 
-def _object(
-    value: object, path: str, *, allowed: tuple[str, ...], required: tuple[str, ...] = ()
-) -> dict[str, object]:
-    if type(value) is not dict:
-        _fail(path, f"must be an object, got {_kind(value)}")
-    for key in value:
-        if key not in allowed:
-            _fail(_key(path, key), f"unknown key (allowed: {', '.join(allowed)})")
-    for key in required:
-        if key not in value:
-            _fail(_key(path, key), "missing required key")
-    return value
-
-
-def _list(value: object, path: str) -> list[object]:
-    if type(value) is not list:
-        _fail(path, f"must be an array, got {_kind(value)}")
-    return value
-
-
-def _str(value: object, path: str, *, nonempty: bool = False) -> str:
-    if type(value) is not str:
-        _fail(path, f"must be a string, got {_kind(value)}")
-    if nonempty and not value:
+def _nonempty(value: str, path: str) -> str:
+    if not value:
         _fail(path, "must be a non-empty string")
     return value
 
 
-def _int(value: object, path: str, *, minimum: int | None = None) -> int:
-    if type(value) is not int:
-        _fail(path, f"must be an integer, got {_kind(value)}")
-    if minimum is not None and value < minimum:
+def _minimum(value: int, path: str, minimum: int) -> int:
+    if value < minimum:
         _fail(path, f"must be >= {minimum}, got {value}")
     return value
 
 
-def _bool(value: object, path: str) -> bool:
-    if type(value) is not bool:
-        _fail(path, f"must be a boolean, got {_kind(value)}")
+def _templated(value: str, path: str, *, nonempty: bool = False) -> str:
+    if nonempty:
+        _nonempty(value, path)
+    _check_templates(value, path)
     return value
-
-
-def _templated(value: object, path: str, *, nonempty: bool = False) -> str:
-    text = _str(value, path, nonempty=nonempty)
-    _check_templates(text, path)
-    return text
 
 
 def _check_templates(text: str, path: str) -> None:
@@ -391,15 +452,13 @@ def _check_json_templates(value: object, path: str) -> None:
             _check_json_templates(item, _key(path, key))
 
 
-def _script(data: object) -> Script:
-    obj = _object(data, "$", allowed=("agents", "summaries"), required=("agents",))
+def _script(shape: _ScriptShape) -> Script:
     agents_path = "$.agents"
-    agents = _list(obj["agents"], agents_path)
-    if not agents:
+    if not shape.agents:
         _fail(agents_path, "must hold at least one entry")
     entries = []
     sessions: dict[str, int] = {}
-    for i, value in enumerate(agents):
+    for i, value in enumerate(shape.agents):
         entry = _entry(value, _index(agents_path, i))
         if entry.session is not None:
             if entry.session in sessions:
@@ -409,26 +468,20 @@ def _script(data: object) -> Script:
                 )
             sessions[entry.session] = i
         entries.append(entry)
-    summaries: tuple[str, ...] = ()
-    if "summaries" in obj:
-        items = _list(obj["summaries"], "$.summaries")
-        summaries = tuple(_str(item, _index("$.summaries", i)) for i, item in enumerate(items))
+    summaries = () if shape.summaries is UNSET else tuple(shape.summaries)
     return Script(agents=tuple(entries), summaries=summaries)
 
 
-def _entry(value: object, path: str) -> ScriptEntry:
-    obj = _object(value, path, allowed=("session", "label", "responses"), required=("responses",))
-    if "session" in obj and "label" in obj:
+def _entry(shape: _EntryShape, path: str) -> ScriptEntry:
+    if shape.session is not UNSET and shape.label is not UNSET:
         _fail(_key(path, "label"), "an entry names a session or a label, not both")
-    session = _str(obj["session"], _key(path, "session"), nonempty=True) if "session" in obj else None
-    label = _str(obj["label"], _key(path, "label"), nonempty=True) if "label" in obj else None
+    session = None if shape.session is UNSET else _nonempty(shape.session, _key(path, "session"))
+    label = None if shape.label is UNSET else _nonempty(shape.label, _key(path, "label"))
     responses_path = _key(path, "responses")
-    items = _list(obj["responses"], responses_path)
-    responses = tuple(_response(item, _index(responses_path, i)) for i, item in enumerate(items))
+    responses = tuple(_response(item, _index(responses_path, i)) for i, item in enumerate(shape.responses))
     return ScriptEntry(session=session, label=label, responses=responses)
 
 
-_RESPONSE_KEYS = ("text", "tool_calls", "delay_ms", "hang", "error", "finish", "usage", "wait_for")
 # key that excludes others → the keys it excludes
 _EXCLUSIVE = (
     ("hang", ("text", "tool_calls", "error", "finish", "usage")),
@@ -436,94 +489,80 @@ _EXCLUSIVE = (
 )
 
 
-def _response(value: object, path: str) -> ScriptedResponse:
-    obj = _object(value, path, allowed=_RESPONSE_KEYS)
-    hang = _bool(obj["hang"], _key(path, "hang")) if "hang" in obj else False
+def _response(shape: _ResponseShape, path: str) -> ScriptedResponse:
+    hang = shape.hang is True
     for key, excluded in _EXCLUSIVE:
-        if key in obj and (key != "hang" or hang):
+        if getattr(shape, key) is not UNSET and (key != "hang" or hang):
             for other in excluded:
-                if other in obj:
+                if getattr(shape, other) is not UNSET:
                     what = "hang: true" if key == "hang" else key
                     _fail(_key(path, other), f"cannot be combined with {what}")
-    text = _templated(obj["text"], _key(path, "text")) if "text" in obj else ""
+    text = "" if shape.text is UNSET else _templated(shape.text, _key(path, "text"))
     tool_calls: tuple[ScriptedToolCall, ...] = ()
-    if "tool_calls" in obj:
+    if shape.tool_calls is not UNSET:
         calls_path = _key(path, "tool_calls")
-        items = _list(obj["tool_calls"], calls_path)
-        tool_calls = tuple(_tool_call(item, _index(calls_path, i)) for i, item in enumerate(items))
+        tool_calls = tuple(_tool_call(item, _index(calls_path, i)) for i, item in enumerate(shape.tool_calls))
         seen: set[str] = set()
         for i, call in enumerate(tool_calls):
             if call.id is not None:
                 if call.id in seen:
                     _fail(_key(_index(calls_path, i), "id"), f'duplicate tool-call id "{call.id}"')
                 seen.add(call.id)
-    delay_ms = _int(obj["delay_ms"], _key(path, "delay_ms"), minimum=0) if "delay_ms" in obj else 0
+    delay_ms = 0 if shape.delay_ms is UNSET else _minimum(shape.delay_ms, _key(path, "delay_ms"), 0)
     finish: ScriptedFinish | None = None
-    if "finish" in obj:
-        raw = obj["finish"]
-        if type(raw) is not str or raw not in _FINISHES:
-            _fail(_key(path, "finish"), f'must be "stop" or "max-tokens", got {json.dumps(raw)}')
-        finish = raw  # type: ignore[assignment]  # checked against _FINISHES
+    if shape.finish is not UNSET:
+        if type(shape.finish) is not str or shape.finish not in _FINISHES:
+            _fail(_key(path, "finish"), f'must be "stop" or "max-tokens", got {json.dumps(shape.finish)}')
+        finish = shape.finish  # type: ignore[assignment]  # checked against _FINISHES
     return ScriptedResponse(
         text=text,
         tool_calls=tool_calls,
         delay_ms=delay_ms,
         hang=hang,
-        error=_error(obj["error"], _key(path, "error")) if "error" in obj else None,
+        error=None if shape.error is UNSET else _error(shape.error, _key(path, "error")),
         finish=finish,
-        usage=_usage(obj["usage"], _key(path, "usage")) if "usage" in obj else None,
-        wait_for=_wait_for(obj["wait_for"], _key(path, "wait_for")) if "wait_for" in obj else None,
+        usage=None if shape.usage is UNSET else _usage(shape.usage, _key(path, "usage")),
+        wait_for=None if shape.wait_for is UNSET else _wait_for(shape.wait_for, _key(path, "wait_for")),
     )
 
 
-def _tool_call(value: object, path: str) -> ScriptedToolCall:
-    obj = _object(value, path, allowed=("id", "name", "arguments"), required=("name", "arguments"))
-    name = _templated(obj["name"], _key(path, "name"), nonempty=True)
-    call_id = _templated(obj["id"], _key(path, "id"), nonempty=True) if "id" in obj else None
-    raw = obj["arguments"]
+def _tool_call(shape: _ToolCallShape, path: str) -> ScriptedToolCall:
+    name = _templated(shape.name, _key(path, "name"), nonempty=True)
+    call_id = None if shape.id is UNSET else _templated(shape.id, _key(path, "id"), nonempty=True)
     arguments_path = _key(path, "arguments")
     arguments: Arguments
-    if type(raw) is str:
-        _check_templates(raw, arguments_path)
-        arguments = raw
-    elif type(raw) is dict:
-        _check_json_templates(raw, arguments_path)
-        arguments = ObjectArguments(json=_dump(raw))
+    if isinstance(shape.arguments, str):
+        _check_templates(shape.arguments, arguments_path)
+        arguments = shape.arguments
     else:
-        _fail(arguments_path, f"must be an object or a string, got {_kind(raw)}")
+        _check_json_templates(shape.arguments, arguments_path)
+        arguments = ObjectArguments(json=_dump(shape.arguments))
     return ScriptedToolCall(id=call_id, name=name, arguments=arguments)
 
 
-def _error(value: object, path: str) -> ScriptedError:
-    obj = _object(value, path, allowed=("status", "message"), required=("status", "message"))
-    return ScriptedError(
-        status=_int(obj["status"], _key(path, "status")),
-        message=_templated(obj["message"], _key(path, "message"), nonempty=True),
-    )
+def _error(shape: _ErrorShape, path: str) -> ScriptedError:
+    return ScriptedError(status=shape.status, message=_templated(shape.message, _key(path, "message"), nonempty=True))
 
 
-def _usage(value: object, path: str) -> Usage:
-    keys = ("input_tokens", "output_tokens")
-    obj = _object(value, path, allowed=keys, required=keys)
+def _usage(shape: _UsageShape, path: str) -> Usage:
     return Usage(
-        input_tokens=_int(obj["input_tokens"], _key(path, "input_tokens"), minimum=0),
-        output_tokens=_int(obj["output_tokens"], _key(path, "output_tokens"), minimum=0),
+        input_tokens=_minimum(shape.input_tokens, _key(path, "input_tokens"), 0),
+        output_tokens=_minimum(shape.output_tokens, _key(path, "output_tokens"), 0),
     )
 
 
-def _wait_for(value: object, path: str) -> WaitFor:
-    obj = _object(value, path, allowed=("steered", "settled", "waiting", "count"))
-    forms = [key for key in ("steered", "settled", "waiting") if key in obj]
+def _wait_for(shape: _WaitForShape, path: str) -> WaitFor:
+    forms = [key for key in ("steered", "settled", "waiting") if getattr(shape, key) is not UNSET]
     if len(forms) != 1:
         _fail(path, 'must hold exactly one of "steered", "settled" or "waiting"')
-    if "count" in obj and forms != ["settled"]:
+    if shape.count is not UNSET and forms != ["settled"]:
         _fail(_key(path, "count"), 'only goes with "settled"')
-    if "waiting" in obj:
-        return WaitForWaiting(session=_templated(obj["waiting"], _key(path, "waiting"), nonempty=True))
-    if "steered" in obj:
-        steered_path = _key(path, "steered")
-        if _bool(obj["steered"], steered_path) is not True:
-            _fail(steered_path, "must be true")
+    if shape.waiting is not UNSET:
+        return WaitForWaiting(session=_templated(shape.waiting, _key(path, "waiting"), nonempty=True))
+    if shape.steered is not UNSET:
+        if shape.steered is not True:
+            _fail(_key(path, "steered"), "must be true")
         return WaitForSteered()
-    count = _int(obj["count"], _key(path, "count"), minimum=1) if "count" in obj else 1
-    return WaitForSettled(child=_templated(obj["settled"], _key(path, "settled"), nonempty=True), count=count)
+    assert shape.settled is not UNSET  # the one form left
+    count = 1 if shape.count is UNSET else _minimum(shape.count, _key(path, "count"), 1)
+    return WaitForSettled(child=_templated(shape.settled, _key(path, "settled"), nonempty=True), count=count)

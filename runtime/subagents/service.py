@@ -1,14 +1,12 @@
-"""The subagent service: start, settle, notify, message, resume and interrupt children (SPEC 5.3).
+"""The subagent service: start, message, resume and interrupt children (SPEC 5.3).
 
 Theory of operation. A child is a session with `origin: "subagent"` whose first append carries
 its descriptor (and, for a fork, the parent's prefix and the seed marker), so no crash leaves a
 child without identity. A continuable child runs under an Activation of the continuation
 manager; its body waits until the child's agent is idle with an empty inbox and no resident
-children of its own — *settled*. Settlement appends `subagent/settled` to the parent, durably,
-then delivers the notice (steered into a running parent, starting a turn in an idle one), then
-the Activation is disposed (the agent stops, the session is released). While the runtime
-drains, the notice is not delivered: the durable record waits for the parent's next resume,
-where every own-suffix `subagent/settled` no notice references is delivered again, first.
+children of its own — *settled* — and then hands over to `Settlement` (settlement.py), which
+records `subagent/settled` in the parent, delivers the notice, and redelivers it on resume;
+then the Activation is disposed (the agent stops, the session is released).
 
 A message to a child that is not resident cold-resumes it from its log: one observation gives
 the header (direct-parent check) and the identity (the own-suffix descriptor, last wins); no
@@ -54,8 +52,10 @@ from ..query import SessionQuery, SessionQueryError
 from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
 from .listing import ListingService, SubagentError
 from .options import ChildModel, ChildOptions, filtered_tools
+from .settlement import Settlement, notice_blocks
 from .units import IDENTITY_UNIT
 
+# `notice_blocks` lives in settlement.py; it stays importable from here for existing callers.
 __all__ = ["DELEGATION_TOOLS", "Reservation", "SubagentService", "notice_blocks", "return_guidance"]
 
 log = logging.getLogger(__name__)
@@ -66,27 +66,11 @@ InterruptOutcome = Literal["requested", "not-running"]
 
 DELEGATION_TOOLS = frozenset({"subagent", "subagent_fork"})
 
-_SUMMARIES = {
-    "completed": "finished and will do no further work unless you send it more.",
-    "aborted": "was stopped before it finished.",
-    "max-tokens": "ran out of room before it finished.",
-    "error": "failed before it finished.",
-}
 _HEADLINES = {
     "aborted": "subagent run was cancelled",
     "error": "subagent run failed",
     "max-tokens": "subagent run hit its token limit before finishing",
 }
-
-
-def notice_blocks(child_id: str, reason_kind: str, closing_text: str | None) -> list[Json]:
-    tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
-    blocks = [{"type": "text", "text": f"Background subagent {child_id} {tail}"}]
-    if closing_text is None:
-        blocks.append({"type": "text", "text": "It left no closing message."})
-    else:
-        blocks += [{"type": "text", "text": "Its closing message:"}, {"type": "text", "text": closing_text}]
-    return blocks
 
 
 def return_guidance(parent_id: str) -> str:
@@ -126,18 +110,21 @@ def _unavailable(child_id: str) -> SubagentError:
 
 @attrs.define(eq=False)
 class SubagentService:
+    """Starts, messages, resumes and interrupts the subagents of a runtime; settlement itself is
+    `settlement` (a `Settlement`)."""
+
     agents: AgentRegistry
     manager: ContinuationManager
     query: SessionQuery
     listing: ListingService
     max_depth: int = 1
     child_model: ChildModel | None = None  # builds the model a child's options select
-    _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
-    _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
-    _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
-    _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
+    settlement: Settlement = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.settlement = Settlement(self.agents, self.manager)
 
     # --- starting ---------------------------------------------------------------------------
 
@@ -360,7 +347,7 @@ class SubagentService:
                 if any(self.manager.get(o) is not None for o in activation.owned):
                     await self.manager.wait_changed()
                     continue
-                if await self._wait_parent_quiet(activation):
+                if await self.settlement.wait_parent_quiet(activation):
                     continue  # the parent moved on meanwhile: look again before settling
                 return
 
@@ -375,62 +362,9 @@ class SubagentService:
 
         self.manager.start(activation, body, ready, settle, dispose)
 
-    async def _wait_parent_quiet(self, activation: Activation) -> bool:
-        """Hold a settlement until its live parent is quiet (waiting on its model, or between
-        turns), so `subagent/settled` never lands amid the parent's own step writes: where it
-        lands — and which step claims its notice — then follows the parent's order, not the
-        child's speed. Not while the family is being stopped (drain or disposal cancel the
-        wait). True when it waited."""
-        parent = self.agents.get(activation.parent_id)
-        if (parent is None or parent.quiet or activation.cause is not None or self.manager.draining
-                or activation.parent_id in self._disposing):
-            return False
-        with trio.CancelScope() as gate:
-            self._gates[activation.child_id] = gate
-            try:
-                await parent.wait_quiet()
-            finally:
-                del self._gates[activation.child_id]
-        return True
-
     async def _settle(self, activation: Activation, child: Agent) -> None:
-        if activation.cause is not None and child.status == "running":
-            child.cancel(activation.cause)  # type: ignore[arg-type]  # one of the three causes
-            with trio.move_on_after(self.manager.stop_grace):
-                await child.wait_turn_closed()
-        result = child.last_result
-        if child.failure is not None:
-            kind = "error"  # the agent stopped: its log could not be written
-        else:
-            kind = str(result.reason["kind"]) if result is not None else "aborted"
-        closing = result.closing_text if result is not None and child.failure is None else None
-        parent = self.agents.get(activation.parent_id)
-        parent_ref = parent.session if parent is not None else self.agents.sessions.get(activation.parent_id)
-        if parent_ref is None:
-            log.warning("subagent %s settled but its parent %s is not live: the notice is lost",
-                        activation.child_id, activation.parent_id)
-            return
-        data: Json = {"child_id": activation.child_id, "reason_kind": kind}
-        if closing is not None:
-            data["closing_text"] = closing
-        try:
-            appended = await parent_ref.append([EventDraft(type="subagent/settled", data=data,
-                                                           time=self.agents.clock.now_ms())])
-        except Exception as exc:  # the child still lists as ready; only the notice is lost
-            log.warning("could not record the settlement of %s: %s", activation.child_id, exc)
-            return
-        self._settled.setdefault(activation.parent_id, []).append((activation.child_id, child.label))
-        self._settled_changed.unpark_all()
-        parent_activation = self.manager.get(activation.parent_id)
-        if (parent is None or self.manager.draining or activation.parent_id in self._disposing
-                or (parent_activation is not None and parent_activation.closing)):
-            return  # the durable record is delivered at the parent's next resume
-        parent.inbox.put_nowait(
-            Delivery(content=notice_blocks(activation.child_id, kind, closing),
-                     source={"kind": "subagent-settled", "sender_session_id": activation.child_id},
-                     source_event_seqs=[appended.first_seq], trigger="notice"),
-            "steer", force=True,
-        )
+        # One seam for the Activation's settle step (the crash driver of the tests holds it).
+        await self.settlement.settle(activation, child)
 
     async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
         """On the resume of a session whose last turn was interrupted: close the one-shot
@@ -463,46 +397,14 @@ class SubagentService:
                 log.warning("could not close the interrupted turn of one-shot subagent %s: %s", child_id, exc)
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
-        """On resume: every own-suffix `subagent/settled` that no own-suffix notice references
-        is delivered again, in one first turn (`trigger: resume`). Every settlement the log
-        holds also counts as settled for `wait_settled` (it may have happened in another
-        process)."""
-        self._remember_settled(agent.session_id, events[agent.session.inherited_event_count:])
-        pending = [events[seq] for seq in settled_pending(events, agent.session.inherited_event_count)]
-        for i, event in enumerate(pending):
-            data = decode_payload(event, session_id=agent.session_id)
-            closing = data.closing_text if isinstance(data.closing_text, str) else None
-            delivery = Delivery(content=notice_blocks(data.child_id, data.reason_kind, closing),
-                                source={"kind": "subagent-settled", "sender_session_id": data.child_id},
-                                source_event_seqs=[event.seq], trigger="resume")
-            agent.inbox.put_nowait(delivery, "follow-up" if i == len(pending) - 1 else "inject", force=True)
-
-    def _remember_settled(self, parent_id: str, own: Sequence[Event]) -> None:
-        # The log was read and checked already: its known payloads decode (typed) or it is corrupt.
-        labels: dict[str, str | None] = {}
-        settled: list[str] = []
-        for event in own:
-            if event.type == "subagent/catalog":
-                catalog = decode_payload(event, session_id=parent_id)
-                labels[catalog.child_id] = catalog.label if isinstance(catalog.label, str) else None
-            elif event.type == "subagent/settled":
-                settled.append(decode_payload(event, session_id=parent_id).child_id)
-        if not settled:
-            return
-        # Every settlement this process saw is in the log too: top each child up to the log's count
-        # (a child settles once per run, so repeats are real and count for `wait_for` counts).
-        known = self._settled.setdefault(parent_id, [])
-        for child_id in dict.fromkeys(settled):
-            entry = (child_id, labels.get(child_id))
-            seen = sum(1 for cid, _ in known if cid == child_id)
-            known.extend([entry] * (settled.count(child_id) - seen))
-        self._settled_changed.unpark_all()
+        """On resume: the settlement notices the parent's log holds undelivered, again
+        (`Settlement.redeliver_notices`)."""
+        self.settlement.redeliver_notices(agent, events)
 
     async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
-        """For scripted `wait_for: settled`: until `count` settlements of a child (label or id)
-        of `parent_id` are durable (counting those its log held when it was resumed)."""
-        while sum(child in (cid, label) for cid, label in self._settled.get(parent_id, ())) < count:
-            await self._settled_changed.park()
+        """Until `count` settlements of a child (label or id) of `parent_id` are durable
+        (`Settlement.wait_settled`)."""
+        await self.settlement.wait_settled(parent_id, child, count)
 
     async def wait_tree_idle(self, agent: Agent) -> TurnResult | None:
         """Until the agent is idle and no Activation of its family is resident."""
@@ -651,30 +553,13 @@ class SubagentService:
     async def release_children_of(self, session_id: str) -> None:
         """Before a session is released: stop its resident children (child-first). Their
         settlements are recorded in its log; the notices wait for its next resume."""
-        self._disposing.add(session_id)
-        try:
+        with self.settlement.disposing(session_id):
             for activation in [a for a in self.manager.resident.values() if a.parent_id == session_id]:
                 await self.manager.stop(activation.child_id, "disposed", self._interrupt_disposed)
-        finally:
-            self._disposing.discard(session_id)
 
     def _interrupt_disposed(self, activation: Activation) -> None:
-        gate = self._gates.get(activation.child_id)
-        if gate is not None:
-            gate.cancel()  # a settlement waiting for its parent goes on: the family is stopping
+        self.settlement.open_gate(activation.child_id)  # the family is stopping: settle now
         child = self.agents.get(activation.child_id)
         if child is not None:
             child.cancel("disposed")
-
-
-def settled_pending(events: Sequence[Event], inherited_event_count: int) -> list[int]:
-    """Seqs of own-suffix `subagent/settled` records no own-suffix notice references."""
-    referenced: set[int] = set()
-    settled: list[int] = []
-    for event in events[inherited_event_count:]:
-        if event.type == "subagent/settled":
-            settled.append(event.seq)
-        elif event.type == "user/message" and isinstance(event.source_event_seqs, list):
-            referenced.update(event.source_event_seqs)
-    return [s for s in settled if s not in referenced]
 

@@ -36,7 +36,8 @@ from subagents.runtime.models.base import (
     ToolSpec,
     Usage,
 )
-from subagents.runtime.models.openai import OpenAIChatModel, openai_messages
+from subagents.runtime.models.openai import OpenAIChatModel
+from subagents.runtime.models.openai_wire import openai_messages
 from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent
 
 # A body generator left suspended for the garbage collector (a response not closed properly)

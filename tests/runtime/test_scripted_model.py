@@ -176,6 +176,28 @@ def test_loader_rejects_bytes_that_are_not_utf8() -> None:
     assert "not UTF-8" in info.value.problem
 
 
+UNKNOWN_KEYS = [
+    ({"agents": [{"responses": []}], "x": 1}, "$.x", "agents, summaries"),
+    ({"agents": [{"responses": [], "x": 1}]}, "$.agents[0].x", "session, label, responses"),
+    (one({"x": 1}), "$.agents[0].responses[0].x",
+     "text, tool_calls, delay_ms, hang, error, finish, usage, wait_for"),
+    (one({"tool_calls": [{"name": "n", "arguments": {}, "a b": 1}]}),
+     '$.agents[0].responses[0].tool_calls[0]["a b"]', "id, name, arguments"),
+    (one({"error": {"status": 1, "message": "m", "x": 1}}), "$.agents[0].responses[0].error.x", "status, message"),
+    (one({"usage": {"input_tokens": 1, "output_tokens": 1, "x": 1}}), "$.agents[0].responses[0].usage.x",
+     "input_tokens, output_tokens"),
+    (one({"wait_for": {"settled": "a", "x": 1}}), "$.agents[0].responses[0].wait_for.x",
+     "steered, settled, waiting, count"),
+]
+
+
+@pytest.mark.parametrize(("document", "path", "allowed"), UNKNOWN_KEYS, ids=[u[1] for u in UNKNOWN_KEYS])
+def test_an_unknown_key_names_the_keys_allowed_there(document: Any, path: str, allowed: str) -> None:
+    with pytest.raises(ScriptError) as info:
+        Script.from_json(json.dumps(document))
+    assert (info.value.path, info.value.problem) == (path, f"unknown key (allowed: {allowed})")
+
+
 FULL = {
     "agents": [
         {

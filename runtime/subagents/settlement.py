@@ -1,0 +1,197 @@
+"""Settlement of continuable children: the durable `subagent/settled` record, its notice, and the
+notices redelivered on resume (SPEC 5.3).
+
+A child is settled when its agent is idle with an empty inbox and no resident children of its
+own (the service's Activation body decides that). Settlement then appends `subagent/settled` to
+the parent, durably, and only after that delivers the notice: steered into a running parent,
+starting a turn in an idle one. While the family is stopping (a drain, or the parent being
+released) the notice is not delivered: the durable record waits for the parent's next resume,
+where every own-suffix `subagent/settled` no notice references is delivered again, first.
+
+The settled counts (`wait_settled`, for scripted `wait_for: settled`) are kept here too: they
+grow with every record this process appends and are topped up from the log on every resume, as a
+settlement may have happened in another process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from subagents.actors import EventDraft
+from subagents.actors.continuation import Activation, ContinuationManager
+from subagents.storage import Event, decode_payload
+
+from ..agent.inbox import Delivery
+from ..agent.loop import Agent
+from ..agent.registry import AgentRegistry
+
+__all__ = ["Settlement", "notice_blocks", "settled_pending"]
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+_SUMMARIES = {
+    "completed": "finished and will do no further work unless you send it more.",
+    "aborted": "was stopped before it finished.",
+    "max-tokens": "ran out of room before it finished.",
+    "error": "failed before it finished.",
+}
+
+
+def notice_blocks(child_id: str, reason_kind: str, closing_text: str | None) -> list[Json]:
+    """The content blocks of the notice a parent is given when `child_id` settles (SPEC 5.3)."""
+    tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
+    blocks = [{"type": "text", "text": f"Background subagent {child_id} {tail}"}]
+    if closing_text is None:
+        blocks.append({"type": "text", "text": "It left no closing message."})
+    else:
+        blocks += [{"type": "text", "text": "Its closing message:"}, {"type": "text", "text": closing_text}]
+    return blocks
+
+
+def settled_pending(events: Sequence[Event], inherited_event_count: int) -> list[int]:
+    """Seqs of own-suffix `subagent/settled` records no own-suffix notice references."""
+    referenced: set[int] = set()
+    settled: list[int] = []
+    for event in events[inherited_event_count:]:
+        if event.type == "subagent/settled":
+            settled.append(event.seq)
+        elif event.type == "user/message" and isinstance(event.source_event_seqs, list):
+            referenced.update(event.source_event_seqs)
+    return [s for s in settled if s not in referenced]
+
+
+@attrs.define(eq=False)
+class Settlement:
+    """Records settlements in the parent's log, delivers their notices, and counts them."""
+
+    agents: AgentRegistry
+    manager: ContinuationManager
+    _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
+    _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
+    _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
+
+    @contextmanager
+    def disposing(self, session_id: str) -> Iterator[None]:
+        """While a session is being released: settlements of its children are recorded, not
+        delivered (and none waits for it to be quiet)."""
+        self._disposing.add(session_id)
+        try:
+            yield
+        finally:
+            self._disposing.discard(session_id)
+
+    def open_gate(self, child_id: str) -> None:
+        """Let a settlement that waits for its parent to be quiet go on: its family is stopping."""
+        gate = self._gates.get(child_id)
+        if gate is not None:
+            gate.cancel()
+
+    async def wait_parent_quiet(self, activation: Activation) -> bool:
+        """Hold a settlement until its live parent is quiet (waiting on its model, or between
+        turns), so `subagent/settled` never lands amid the parent's own step writes: where it
+        lands — and which step claims its notice — then follows the parent's order, not the
+        child's speed. Not while the family is being stopped (drain or disposal cancel the
+        wait). True when it waited."""
+        parent = self.agents.get(activation.parent_id)
+        if (parent is None or parent.quiet or activation.cause is not None or self.manager.draining
+                or activation.parent_id in self._disposing):
+            return False
+        with trio.CancelScope() as gate:
+            self._gates[activation.child_id] = gate
+            try:
+                await parent.wait_quiet()
+            finally:
+                del self._gates[activation.child_id]
+        return True
+
+    async def settle(self, activation: Activation, child: Agent) -> None:
+        """Record the settlement of `child` in its parent's log, then deliver its notice (not
+        while the family is stopping: the record is redelivered at the parent's next resume)."""
+        if activation.cause is not None and child.status == "running":
+            child.cancel(activation.cause)  # type: ignore[arg-type]  # one of the three causes
+            with trio.move_on_after(self.manager.stop_grace):
+                await child.wait_turn_closed()
+        result = child.last_result
+        if child.failure is not None:
+            kind = "error"  # the agent stopped: its log could not be written
+        else:
+            kind = str(result.reason["kind"]) if result is not None else "aborted"
+        closing = result.closing_text if result is not None and child.failure is None else None
+        parent = self.agents.get(activation.parent_id)
+        parent_ref = parent.session if parent is not None else self.agents.sessions.get(activation.parent_id)
+        if parent_ref is None:
+            log.warning("subagent %s settled but its parent %s is not live: the notice is lost",
+                        activation.child_id, activation.parent_id)
+            return
+        data: Json = {"child_id": activation.child_id, "reason_kind": kind}
+        if closing is not None:
+            data["closing_text"] = closing
+        try:
+            appended = await parent_ref.append([EventDraft(type="subagent/settled", data=data,
+                                                           time=self.agents.clock.now_ms())])
+        except Exception as exc:  # the child still lists as ready; only the notice is lost
+            log.warning("could not record the settlement of %s: %s", activation.child_id, exc)
+            return
+        self._settled.setdefault(activation.parent_id, []).append((activation.child_id, child.label))
+        self._settled_changed.unpark_all()
+        parent_activation = self.manager.get(activation.parent_id)
+        if (parent is None or self.manager.draining or activation.parent_id in self._disposing
+                or (parent_activation is not None and parent_activation.closing)):
+            return  # the durable record is delivered at the parent's next resume
+        parent.inbox.put_nowait(
+            Delivery(content=notice_blocks(activation.child_id, kind, closing),
+                     source={"kind": "subagent-settled", "sender_session_id": activation.child_id},
+                     source_event_seqs=[appended.first_seq], trigger="notice"),
+            "steer", force=True,
+        )
+
+    def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
+        """On resume: every own-suffix `subagent/settled` that no own-suffix notice references
+        is delivered again, in one first turn (`trigger: resume`). Every settlement the log
+        holds also counts as settled for `wait_settled` (it may have happened in another
+        process)."""
+        self._remember_settled(agent.session_id, events[agent.session.inherited_event_count:])
+        pending = [events[seq] for seq in settled_pending(events, agent.session.inherited_event_count)]
+        for i, event in enumerate(pending):
+            data = decode_payload(event, session_id=agent.session_id)
+            closing = data.closing_text if isinstance(data.closing_text, str) else None
+            delivery = Delivery(content=notice_blocks(data.child_id, data.reason_kind, closing),
+                                source={"kind": "subagent-settled", "sender_session_id": data.child_id},
+                                source_event_seqs=[event.seq], trigger="resume")
+            agent.inbox.put_nowait(delivery, "follow-up" if i == len(pending) - 1 else "inject", force=True)
+
+    def _remember_settled(self, parent_id: str, own: Sequence[Event]) -> None:
+        # The log was read and checked already: its known payloads decode (typed) or it is corrupt.
+        labels: dict[str, str | None] = {}
+        settled: list[str] = []
+        for event in own:
+            if event.type == "subagent/catalog":
+                catalog = decode_payload(event, session_id=parent_id)
+                labels[catalog.child_id] = catalog.label if isinstance(catalog.label, str) else None
+            elif event.type == "subagent/settled":
+                settled.append(decode_payload(event, session_id=parent_id).child_id)
+        if not settled:
+            return
+        # Every settlement this process saw is in the log too: top each child up to the log's count
+        # (a child settles once per run, so repeats are real and count for `wait_for` counts).
+        known = self._settled.setdefault(parent_id, [])
+        for child_id in dict.fromkeys(settled):
+            entry = (child_id, labels.get(child_id))
+            seen = sum(1 for cid, _ in known if cid == child_id)
+            known.extend([entry] * (settled.count(child_id) - seen))
+        self._settled_changed.unpark_all()
+
+    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
+        """For scripted `wait_for: settled`: until `count` settlements of a child (label or id)
+        of `parent_id` are durable (counting those its log held when it was resumed)."""
+        while sum(child in (cid, label) for cid, label in self._settled.get(parent_id, ())) < count:
+            await self._settled_changed.park()
