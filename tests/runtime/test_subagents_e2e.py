@@ -676,7 +676,10 @@ async def test_interrupt_and_message_authority(tmp_path: Path) -> None:
             stranger = await rt.agents.create(session_id="stranger")
             await parent.send("start")
             await parent.wait_idle()  # child-1 settled and noticed; child-2 still running
-            assert rt.subagents.manager.get("child-1") is None
+            # Its Activation is disposed after the settlement is durable, with IO of its own
+            # (stop, release), which may still be under way when the parent's notice turn ends.
+            while rt.subagents.manager.get("child-1") is not None:
+                await rt.subagents.manager.wait_changed()
             assert rt.agents.status("child-2") == "running"
             settled_len = len(events_of(root, "child-1"))
             await stranger.send("poke")
