@@ -10,7 +10,6 @@ every healthy sibling lists as it is.
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -21,18 +20,14 @@ import trio
 import zstandard
 from hypothesis import HealthCheck, given, settings
 
+from clocks import T, ticking_ms
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.storage import Offset, SessionHeader
 from subagents.storage.records import HeaderRecord, encode_header_line
 
-T = 1_789_000_000_000
-clock = itertools.count(T + 10_000)
-
-
-def now_ms() -> int:
-    return next(clock)
+now_ms = ticking_ms(T + 10_000)
 
 
 def _line(seq: int, type_: str, data: Any, **extra: Any) -> bytes:

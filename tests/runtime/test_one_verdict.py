@@ -10,7 +10,6 @@ case is a table row; a healthy control proves the table can tell the two outcome
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -18,24 +17,16 @@ from typing import Any
 import pytest
 import zstandard
 
+from clocks import T, ticking_ms
+from descriptors import descriptor
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.transcript import transcript
 from subagents.storage import CorruptLog, InvalidPayload, Offset, SessionHeader, StorageError
 from subagents.storage.index import _COLUMNS, _crc  # noqa: PLC2701 - forging an older build's row
 from subagents.storage.records import HeaderRecord, encode_header_line
 
-clock = itertools.count(1_789_000_000_000)
-T = 1_789_000_000_000
-
-
-def now_ms() -> int:
-    return next(clock)
-
-
-def _descriptor(label: str) -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=label))
+now_ms = ticking_ms()
 
 
 def _text(mid: str, role: str, text: str, source: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +64,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], int | None]] = {
 
 def _lines(events: list[dict[str, Any]]) -> list[bytes]:
     out = []
-    head = [{"type": "subagent/descriptor", "data": _descriptor("kid")}, {"type": "turn/start", "data": {"turn": 1}}]
+    head = [{"type": "subagent/descriptor", "data": descriptor("kid")}, {"type": "turn/start", "data": {"turn": 1}}]
     for seq, event in enumerate(head + events):
         out.append(json.dumps({"seq": seq, "time": T + seq, **event}, separators=(",", ":")).encode() + b"\n")
     return out
