@@ -17,13 +17,14 @@ import sqlite3
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import hypothesis.strategies as st
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 
+from clocks import T
+from log_lines import header_line, read_all
 from subagents.storage import (
     Batch,
     CorruptLog,
@@ -35,14 +36,8 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage.projection import CheckpointRow
-from subagents.storage.records import HeaderRecord, encode_header_line
 
-T = 1_789_000_000_000
 INDEX = "index.sqlite3"
-
-
-def header_line(sid: str) -> bytes:
-    return encode_header_line(HeaderRecord(header=SessionHeader(id=sid, created_at=T), inherited_event_count=Offset(0)))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
 
 
 def line(data: bytes, *, seq: int = 0, type_: str = "turn/start", extra: bytes = b"") -> bytes:
@@ -87,14 +82,6 @@ def healthy(store: FileLogStore, sid: str, n: int = 3) -> None:
     handle = store.create(SessionHeader(id=sid, created_at=T + 1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
     store.append(handle, [Batch(Offset(0), [make_event(i, "turn/start", T, {"turn": i}) for i in range(n)])])
     store.close(handle)
-
-
-def read_all(store: FileLogStore, sid: str) -> Any:
-    handle = store.open_read(sid)
-    try:
-        return store.read(handle)
-    finally:
-        store.close(handle)
 
 
 def open_and_close(store: FileLogStore, sid: str) -> None:

@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 import zstandard
 
+from log_lines import header_line
 from subagents.storage import (
     LOG_NAMES,
     Batch,
     CrashFs,
     FileLogStore,
-    HeaderRecord,
     LogInfo,
     MemoryLogStore,
     Offset,
@@ -41,7 +41,6 @@ from subagents.storage import (
     SessionHeader,
     SessionId,
     encode_event,
-    encode_header_line,
     encode_session_id,
     make_event,
 )
@@ -112,11 +111,6 @@ class CountingCrashFs(Counting, CrashFs):
 
 def header(sid: str, created_at: int = CREATED_AT, **changes: Any) -> SessionHeader:
     return SessionHeader(id=SessionId(sid), created_at=created_at, **changes)
-
-
-def header_line(sid: str, created_at: int = CREATED_AT, k: int = 0) -> bytes:
-    h = header(sid, created_at, is_seeded=k > 0)
-    return encode_header_line(HeaderRecord(header=h, inherited_event_count=Offset(k)))
 
 
 def event(seq: int, turn: int = 1, pad: str = "") -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from log_lines import read_all
 from subagents.storage import (
     AlreadyOwned,
     Batch,
@@ -89,14 +90,6 @@ def publish(store: LogStore, sid: str = "s1", count: int = 1) -> None:
     handle = store.create(header(sid))
     store.append(handle, [batch(0, count)])
     store.close(handle)
-
-
-def read_all(store: LogStore, sid: str) -> list[Event]:
-    handle = store.open_read(sid)
-    try:
-        return store.read(handle)
-    finally:
-        store.close(handle)
 
 
 # --- creation and publication -------------------------------------------------------------------

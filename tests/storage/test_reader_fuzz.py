@@ -41,30 +41,10 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage.framing import CHUNK_BYTES
+from vocabulary import SURFACE, VOCABULARY
 
 # --- an independent model of format 1 -----------------------------------------------------------
 
-VOCABULARY = frozenset(
-    {
-        "system/message",
-        "user/message",
-        "assistant/message",
-        "tool/result",
-        "turn/start",
-        "turn/end",
-        "step/start",
-        "step/end",
-        "tool/call",
-        "session/end-seed",
-        "subagent/descriptor",
-        "subagent/catalog",
-        "subagent/settled",
-        "compaction/start",
-        "compaction/summary",
-        "compaction/end",
-    }
-)
-SURFACE = frozenset({"system/message", "user/message", "assistant/message", "tool/result"})
 SOURCE_SEQS_ALLOWED = frozenset({"user/message", "tool/result"})
 ENVELOPE_KEYS = frozenset({"seq", "type", "time", "data", "ignorable", "surface_op", "source_event_seqs"})
 ENVELOPE_REQUIRED = frozenset({"seq", "type", "time", "data"})

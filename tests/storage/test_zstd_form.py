@@ -33,19 +33,18 @@ from typing import Any
 import pytest
 import zstandard
 
+from log_lines import header_line, read_all
 from subagents.storage import (
     Batch,
     CorruptLog,
     CrashFs,
     Event,
     FileLogStore,
-    HeaderRecord,
     Offset,
     PersistenceFailed,
     SessionHeader,
     SessionId,
     encode_event,
-    encode_header_line,
     encode_session_id,
     make_event,
 )
@@ -67,10 +66,6 @@ SMALL_CALLS: list[list[int]] = [[3], [1, 2], [4], [2, 1]]
 
 def header_of(sid: str, *, k: int = 0) -> SessionHeader:
     return SessionHeader(id=SessionId(sid), created_at=1_789_000_000_000, is_seeded=k > 0)
-
-
-def header_line(sid: str, *, k: int = 0) -> bytes:
-    return encode_header_line(HeaderRecord(header=header_of(sid, k=k), inherited_event_count=Offset(k)))
 
 
 def folder_of(sid: str) -> str:
@@ -258,14 +253,6 @@ def report(failures: dict[str, list[str]], total: int) -> str:
         lines.append(f"- {len(cases)} like [{key}], e.g.")
         lines += [f"    {c}" for c in cases[:3]]
     return "\n".join(lines)
-
-
-def read_all(store: FileLogStore, sid: str) -> list[Event]:
-    handle = store.open_read(sid)
-    try:
-        return store.read(handle)
-    finally:
-        store.close(handle)
 
 
 # --- one cut log, looked at every way -----------------------------------------------------------
