@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -26,26 +25,16 @@ import pytest
 import trio
 import zstandard
 
+from cli_process import CLI, clean_env, session_folder, write_script
 from http_request import Seen, read_request
 
-from subagents.storage import FileLogStore, encode_session_id
+from subagents.storage import FileLogStore
 
 SENTINEL_KEY = "sk-CLI-SENTINEL-5e1d7a2b9c4f3086"
 TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
 
-_SCRIPT = Path(sys.executable).parent / "subagents"
-CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
-
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any provider settings, plus `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY")}
-    env.update(extra)
-    return env
 
 
 def run_cli(args: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -55,17 +44,8 @@ def run_cli(args: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None
     )
 
 
-def write_script(path: Path, script: Any) -> str:
-    path.write_text(json.dumps(script))
-    return f"scripted:{path}"
-
-
 def text_script(*texts: str) -> dict[str, Any]:
     return {"agents": [{"responses": [{"text": t} for t in texts]}]}
-
-
-def session_folder(root: Path, session_id: str) -> Path:
-    return root / "sessions" / encode_session_id(session_id)
 
 
 def log_bytes(path: Path) -> bytes:
