@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zstandard
 
 from clocks import T, ticking_ms
 from descriptors import descriptor
+from log_lines import encode_header, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
 from subagents.runtime.transcript import transcript
-from subagents.storage import CorruptLog, InvalidPayload, Offset, SessionHeader, StorageError
+from subagents.storage import CorruptLog, InvalidPayload, SessionHeader, StorageError
 from subagents.storage.index import _COLUMNS, _crc  # noqa: PLC2701 - forging an older build's row
-from subagents.storage.records import HeaderRecord, encode_header_line
 
 now_ms = ticking_ms()
 
@@ -72,15 +71,13 @@ def _lines(events: list[dict[str, Any]]) -> list[bytes]:
 
 def write_child(root: Path, sid: str, events: list[dict[str, Any]], compression: str) -> None:
     header = SessionHeader(id=sid, created_at=T, origin="subagent", parent_session="p", delegation_depth=1)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-    head = encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
-    folder = root / "sessions" / sid
-    folder.mkdir(parents=True)
+    head = encode_header(header)
+    log = new_log_file(root, sid, compression)
     lines = _lines(events)
     if compression == "none":
-        (folder / "session.jsonl").write_bytes(head + b"".join(lines))
+        log.write_bytes(head + b"".join(lines))
     else:
-        frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
-        (folder / "session.jsonl.zst").write_bytes(frame(head) + frame(b"".join(lines[:2])) + frame(b"".join(lines[2:])))
+        log.write_bytes(zstd_frame(head) + zstd_frame(b"".join(lines[:2])) + zstd_frame(b"".join(lines[2:])))
 
 
 async def verdicts(root: Path, sid: str) -> tuple[str, str, str, list[Exception]]:
