@@ -410,8 +410,8 @@ _MACHINE_SETTINGS = settings(
 )
 CrashMachine.TestCase.settings = _MACHINE_SETTINGS
 ZstdCrashMachine.TestCase.settings = _MACHINE_SETTINGS
-test_random_crashes_lose_no_acknowledged_event_plain = CrashMachine.TestCase
-test_random_crashes_lose_no_acknowledged_event_zstd = ZstdCrashMachine.TestCase
+test_random_crashes_lose_no_acknowledged_event_plain = pytest.mark.slow(CrashMachine.TestCase)
+test_random_crashes_lose_no_acknowledged_event_zstd = pytest.mark.slow(ZstdCrashMachine.TestCase)
 
 
 # --- the checker notices a missing fsync ----------------------------------------------------------

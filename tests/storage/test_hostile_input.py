@@ -277,6 +277,7 @@ def test_an_index_that_fails_every_time_warns_once(tmp_path: Path, caplog: pytes
 HOSTILE = st.sampled_from([body for body, _ in HOSTILE_LINES.values()])
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     garbles=st.lists(st.tuples(st.integers(0, 1 << 20), st.binary(min_size=1, max_size=8)), min_size=1, max_size=6),

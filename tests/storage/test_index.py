@@ -1116,6 +1116,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", FORMS)
 def test_processes_do_not_corrupt_the_index(
     tmp_path: Path, compression: Compression, closing: Callable[..., FileLogStore],

@@ -682,6 +682,7 @@ def report(failures: dict[str, list[str]], total: int) -> str:
 # --- truncation at every byte -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded-k2"])
 def test_truncation_at_every_byte(tmp_path: Path, seeded: bool) -> None:
     k = 2 if seeded else 0
@@ -790,6 +791,7 @@ def test_bit_flips_in_an_event_line(tmp_path: Path, line_index: int) -> None:
     assert not failures, report(failures, total)
 
 
+@pytest.mark.slow
 def test_bit_flips_in_the_header_line(tmp_path: Path) -> None:
     header = header_dict(cwd="/work/p", parent_session="parent-1", origin="subagent", agent_preset="coder")
     base = log_bytes(header, EVENTS[:3])

@@ -202,6 +202,7 @@ TAIL_KINDS = ["none", "incomplete record", "nul padding", "incomplete record, th
 ZSTD_TAIL_KINDS = [*TAIL_KINDS, "torn frame holding a complete line"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", FORMS)
 def test_sigkill_rounds_lose_no_acknowledged_event(
     compression: Compression, tmp_path: Path, script: Path, api: ChildApi
@@ -249,6 +250,7 @@ def test_sigkill_rounds_lose_no_acknowledged_event(
     assert count > rounds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", FORMS)
 def test_a_session_killed_while_being_published_is_absent_or_whole(
     compression: Compression, tmp_path: Path, script: Path, api: ChildApi

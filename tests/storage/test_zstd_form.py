@@ -393,6 +393,7 @@ def test_the_big_frame_spans_several_blocks(big_log: tuple[bytes, list[Event]]) 
 # --- truncation -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_truncation_at_every_byte(small_log: tuple[bytes, list[Event]], sibling: bytes) -> None:
     data, events = small_log
     spans, _ = frame_spans(data)
@@ -426,6 +427,7 @@ def _block_cuts(frame: bytes) -> list[int]:
     return sorted(c for c in cuts if 0 <= c <= layout.size)
 
 
+@pytest.mark.slow
 def test_truncation_inside_a_multi_block_frame(big_log: tuple[bytes, list[Event]], sibling: bytes) -> None:
     data, events = big_log
     spans, _ = frame_spans(data)
@@ -454,6 +456,7 @@ def test_truncation_inside_a_multi_block_frame(big_log: tuple[bytes, list[Event]
 # --- bit flips --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bit_flips_in_every_frame(small_log: tuple[bytes, list[Event]], sibling: bytes) -> None:
     """Every byte of every frame with one bit flipped (every bit of the bytes that say where a
     frame ends): CorruptLog at the start of the damaged frame, or — for a flip that changes
@@ -633,6 +636,7 @@ def test_junk_after_the_last_frame_is_corruption(
 # --- a frame split across a crash -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_frame_split_across_a_crash() -> None:
     """An append whose fsync fails, then a crash that keeps any prefix of its multi-block frame
     (planted durably): acknowledged events survive, the lines of the frame's whole blocks are
