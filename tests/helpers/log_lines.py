@@ -18,9 +18,14 @@ from subagents.storage import HeaderRecord, encode_header_line
 _FILE_NAMES = {"none": "session.jsonl", "zstd": "session.jsonl.zst"}
 
 
+def header(sid: str = "s1", created_at: int = T, **changes: Any) -> SessionHeader:
+    """A session header (a root session unless `changes` say otherwise)."""
+    return SessionHeader(id=SessionId(sid), created_at=created_at, **changes)
+
+
 def header_line(sid: str, created_at: int = T, k: int = 0) -> bytes:
     """The header line of a session `sid` that inherits `k` events (seeded when k > 0)."""
-    return encode_header(SessionHeader(id=SessionId(sid), created_at=created_at, is_seeded=k > 0), k)
+    return encode_header(header(sid, created_at, is_seeded=k > 0), k)
 
 
 def encode_header(header: SessionHeader, k: int = 0) -> bytes:
@@ -44,6 +49,12 @@ def new_log_file(root: Path, sid: str, compression: str) -> Path:
 def zstd_frame(data: bytes) -> bytes:
     """One zstd frame as the store writes them: checksummed, its content size recorded."""
     return zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(data)
+
+
+def plain_records(root: Path, sid: str) -> list[dict[str, Any]]:
+    """The header record, then the events, of a plain (uncompressed) log, straight from its file."""
+    path = root / "sessions" / encode_session_id(sid) / _FILE_NAMES["none"]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def zstd_frames(data: bytes) -> list[bytes]:

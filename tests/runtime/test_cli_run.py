@@ -286,6 +286,7 @@ BAD_INPUT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_bad_input_is_exit_2_and_changes_nothing(case: str, existing_root: Path, tmp_path: Path) -> None:
     script, extra, env, words = BAD_INPUT[case]
@@ -323,6 +324,7 @@ def _bad_roots(base: Path) -> dict[str, tuple[Path, list[str]]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "demo"])
 def test_run_and_demo_refuse_a_root_that_cannot_hold_a_store(command: str, tmp_path: Path) -> None:
     model = write_script(tmp_path / "ok.json", text_script("ok"))
@@ -335,6 +337,7 @@ def test_run_and_demo_refuse_a_root_that_cannot_hold_a_store(command: str, tmp_p
         assert tree_state(tmp_path) == before, name
 
 
+@pytest.mark.slow
 def test_a_session_that_cannot_be_taken_is_exit_2_in_one_line(existing_root: Path, tmp_path: Path) -> None:
     """Found only once the runtime is open: a corrupt log, a log another process writes."""
     root = tmp_path / "root"

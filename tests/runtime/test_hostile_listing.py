@@ -120,6 +120,7 @@ async def test_a_hostile_child_lists_as_corrupt_and_its_siblings_as_they_are(
     await check_entry_points(tmp_path, healthy, bad)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     hostile=st.lists(st.tuples(st.sampled_from(sorted(HOSTILE)), st.sampled_from(["none", "zstd"])), min_size=1, max_size=3),

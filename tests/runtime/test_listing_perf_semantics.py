@@ -71,6 +71,7 @@ def plain(unit: Any, state: Any, events: list[Event]) -> Any:
     return state
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(logs, st.lists(st.integers(0, 40), max_size=3).map(sorted), st.integers(0, 3))
 def test_unit_fast_folds_equal_the_plain_fold(events: list[Event], cuts: list[int], k: int) -> None:

@@ -31,12 +31,12 @@ from typing import Any
 import pytest
 import trio
 
+from log_lines import plain_records
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script import load_script
 from subagents.runtime.models.scripted import ScriptedModel
-from subagents.storage import encode_session_id
 
 DRIVER = Path(__file__).with_name("subagent_driver.py")
 GUARD = 15.0  # seconds: a hang fails the test instead of blocking the suite
@@ -50,11 +50,9 @@ Json = dict[str, Any]
 
 
 def read_log(root: Path, session_id: str) -> tuple[Json, list[Json]]:
-    path = root / "sessions" / encode_session_id(session_id) / "session.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines()
-    events = [json.loads(line) for line in lines[1:]]
+    header, *events = plain_records(root, session_id)
     assert [e["seq"] for e in events] == list(range(len(events))), f"{session_id}: seqs not contiguous"
-    return json.loads(lines[0]), events
+    return header, events
 
 
 def events_of(root: Path, session_id: str) -> list[Json]:

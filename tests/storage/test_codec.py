@@ -696,6 +696,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @given(
     seq=st.integers(0, INT_MAX),
     time=st.integers(0, INT_MAX),

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import zstandard
 
-from log_lines import header_line
+from log_lines import header, header_line
 from subagents.storage import (
     LOG_NAMES,
     Batch,
@@ -38,8 +38,6 @@ from subagents.storage import (
     MemoryLogStore,
     Offset,
     OsFs,
-    SessionHeader,
-    SessionId,
     encode_event,
     encode_session_id,
     make_event,
@@ -107,10 +105,6 @@ class CountingCrashFs(Counting, CrashFs):
 
 
 # --- hand-written bytes -----------------------------------------------------------------------------
-
-
-def header(sid: str, created_at: int = CREATED_AT, **changes: Any) -> SessionHeader:
-    return SessionHeader(id=SessionId(sid), created_at=created_at, **changes)
 
 
 def event(seq: int, turn: int = 1, pad: str = "") -> Any:
@@ -946,6 +940,7 @@ def test_an_index_that_cannot_be_used_is_a_cache_miss(
     assert (tmp_path / broken / "keep").read_bytes() == b"x"
 
 
+@pytest.mark.slow
 def test_a_locked_index_is_a_cache_miss_and_is_not_deleted(
     tmp_path: Path, closing: Callable[..., FileLogStore]
 ) -> None:

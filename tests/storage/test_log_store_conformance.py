@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from log_lines import read_all
+from log_lines import header, read_all
 from subagents.storage import (
     AlreadyOwned,
     Batch,
@@ -63,10 +63,6 @@ def raises(kind: type[StorageError], session_id: str | None = None) -> Iterator[
     assert err.code == CODES[kind]
     if session_id is not None:
         assert repr(session_id) in str(err)
-
-
-def header(sid: str = "s1", **changes: Any) -> SessionHeader:
-    return SessionHeader(id=SessionId(sid), created_at=CREATED_AT, **changes)
 
 
 def turn(seq: int, n: int = 1) -> Event:

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import zstandard
 
+from fuzz_report import report
 from log_lines import header_line, read_all
 from subagents.storage import (
     Batch,
@@ -240,19 +241,6 @@ def run(op: str, problems: list[str], fn: Callable[[], Any]) -> tuple[Any, BaseE
     except Exception as exc:  # noqa: BLE001 - any other type is exactly what we look for
         problems.append(f"{op}: raised {type(exc).__name__}: {exc}")
         return None, exc
-
-
-def report(failures: dict[str, list[str]], total: int) -> str:
-    """Group failures by their first problem's shape so one bug does not bury another."""
-    groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
-    for case, problems in failures.items():
-        key = problems[0].split(":")[0] + ": " + problems[0].split(":", 1)[1][:70]
-        groups.setdefault(key, []).append(f"{case}: " + " | ".join(problems)[:500])
-    lines = [f"{len(failures)} of {total} cases disagree with the model, in {len(groups)} groups:"]
-    for key, cases in groups.items():
-        lines.append(f"- {len(cases)} like [{key}], e.g.")
-        lines += [f"    {c}" for c in cases[:3]]
-    return "\n".join(lines)
 
 
 # --- one cut log, looked at every way -----------------------------------------------------------
