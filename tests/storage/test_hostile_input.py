@@ -24,7 +24,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 
 from clocks import T
-from log_lines import header_line, read_all
+from log_lines import header_line, read_all, zstd_frame
 from subagents.storage import (
     Batch,
     CorruptLog,
@@ -74,8 +74,7 @@ def write_log(root: Path, sid: str, body: bytes, compression: str) -> None:
     if compression == "none":
         (folder / "session.jsonl").write_bytes(header_line(sid) + body)
     else:
-        frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
-        (folder / "session.jsonl.zst").write_bytes(frame(header_line(sid)) + frame(body))
+        (folder / "session.jsonl.zst").write_bytes(zstd_frame(header_line(sid)) + zstd_frame(body))
 
 
 def healthy(store: FileLogStore, sid: str, n: int = 3) -> None:
@@ -112,7 +111,7 @@ def test_a_hostile_line_is_located_damage_in_every_reader(tmp_path: Path, case: 
 
 def hostile_frame(claimed: int) -> bytes:
     """A checksummed frame whose header claims `claimed` bytes of content (it holds 8)."""
-    real = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(GOOD[:8])
+    real = zstd_frame(GOOD[:8])
     assert real[4] == 0x24  # single segment, checksum, one byte of content size
     return real[:4] + bytes([0xE4]) + struct.pack("<Q", claimed) + real[6:]
 
@@ -123,9 +122,8 @@ def test_a_zstd_frame_that_claims_a_hostile_size_is_corruption_not_a_memory_erro
     healthy(store, "sibling")
     folder = tmp_path / "sessions" / "bad"
     folder.mkdir()
-    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
-    head = frame(header_line("bad"))
-    (folder / "session.jsonl.zst").write_bytes(head + hostile_frame(claimed) + frame(GOOD))
+    head = zstd_frame(header_line("bad"))
+    (folder / "session.jsonl.zst").write_bytes(head + hostile_frame(claimed) + zstd_frame(GOOD))
     for op in (read_all, open_and_close):
         with pytest.raises(CorruptLog) as info:
             op(store, "bad")
