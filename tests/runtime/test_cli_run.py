@@ -136,6 +136,7 @@ def test_json_output_and_compression_none(tmp_path: Path) -> None:
     assert (header["type"], header["id"], header["format"]) == ("session", out["session_id"], 1)
 
 
+@pytest.mark.slow
 def test_session_is_created_when_missing_then_resumed(tmp_path: Path) -> None:
     # The reply names what the first prompt said: on the second run it can only come from the
     # history of turn 1 (a new process starts the script entry afresh).
@@ -211,6 +212,7 @@ def _surface(root: Path, session_id: str) -> list[tuple[str, str]]:
     return shape
 
 
+@pytest.mark.slow
 def test_run_waits_for_a_background_child_and_its_notice(tmp_path: Path) -> None:
     # The parent's second response waits until the child's settlement is durable (SPEC 5.6:
     # agents are ordered with wait_for) and calls a tool, so the notice is always answered by
@@ -231,6 +233,7 @@ def test_run_waits_for_a_background_child_and_its_notice(tmp_path: Path) -> None
     assert [e["data"]["reason"]["kind"] for e in events(root, parent, "turn/end")] == ["completed"]
 
 
+@pytest.mark.slow
 def test_run_prints_the_last_answer_whenever_the_notice_lands(tmp_path: Path) -> None:
     # The issue's script, unordered: the child may settle before the parent's second step claims
     # its input (the notice is steered into it and "STARTED" is the last answer), or after (the
@@ -484,6 +487,7 @@ class HangingServer:
             await stream.aclose()
 
 
+@pytest.mark.slow
 async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path) -> None:
     """SIGINT while the model streams: the runtime drains (the turn is closed as aborted by
     `disposed`, the partial text kept as an interrupted message) and the exit status is 130."""
