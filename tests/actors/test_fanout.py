@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import attrs
 
+from clocks import ticking_ms
 from subagents.actors import ActorStopped, EventDraft, open_session_store, snapshot_all
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import MemoryLogStore, SessionHeader
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
-clock = itertools.count(1_789_000_000_000)
-
-
-def now_ms() -> int:
-    return next(clock)
+now_ms = ticking_ms()
 
 
 @attrs.define

@@ -5,7 +5,6 @@ Real files (the index is `<root>/index.sqlite3`), so the real clock; nothing sle
 
 from __future__ import annotations
 
-import itertools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import attrs
 import trio
 import trio.testing
 
+from clocks import ticking_ms
 from subagents.actors import EventDraft, open_session_store
 from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
 from subagents.storage.projection import ProjectionRegistry
@@ -47,11 +47,7 @@ class Turns:
         return state + 1 if event.type == "turn/end" else state
 
 
-clock = itertools.count(1_789_000_000_000)
-
-
-def now_ms() -> int:
-    return next(clock)
+now_ms = ticking_ms()
 
 
 def turn(n: int, steps: int) -> list[EventDraft]:

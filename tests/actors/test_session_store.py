@@ -19,6 +19,7 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
+from log_lines import header
 from subagents.actors import ActorStopped, EventDraft, SessionRef, open_session_store
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import SUBAGENT_UNITS, is_own_identity
@@ -46,10 +47,6 @@ BOUND = 10  # seconds; a safety net only
 
 def now_ms() -> int:
     return NOW
-
-
-def header(sid: str, **kw: Any) -> SessionHeader:
-    return SessionHeader(id=sid, created_at=NOW, **kw)
 
 
 def note(time: int | None = None, **data: Any) -> EventDraft:

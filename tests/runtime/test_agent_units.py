@@ -961,6 +961,7 @@ def _runs(kinds: tuple[str, ...], end: int) -> list[tuple[int, int]]:
     return runs
 
 
+@pytest.mark.slow
 def test_plan_compaction_invariants_over_every_small_surface() -> None:
     """Exhaustive over surfaces of up to 7 nodes: the planner's promises hold for each one."""
     checked = 0

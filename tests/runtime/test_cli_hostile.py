@@ -11,15 +11,13 @@ from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
-import zstandard
 from hypothesis import HealthCheck, Phase, given, settings
 
+from clocks import T
+from descriptors import descriptor
+from log_lines import encode_header, json_line, new_log_file, zstd_frame
 from subagents.runtime.cli import main
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.storage import Offset, SessionHeader
-from subagents.storage.records import HeaderRecord, encode_header_line
-
-T = 1_789_000_000_000
+from subagents.storage import SessionHeader
 
 HOSTILE = [
     b'{"seq":2,"type":"turn/end","time":1,"data":{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}}\n",
@@ -33,32 +31,25 @@ HOSTILE = [
 ]
 
 
-def _line(seq: int, type_: str, data: object) -> bytes:
-    return json.dumps({"seq": seq, "type": type_, "time": T, "data": data}, separators=(",", ":")).encode() + b"\n"
-
-
 def _write(root: Path, sid: str, body: bytes, *, parent: str | None, compression: str, created_at: int) -> None:
     header = SessionHeader(id=sid, created_at=created_at, parent_session=parent, origin="subagent" if parent else None,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
                            delegation_depth=1 if parent else 0)
-    head = encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
-    folder = root / "sessions" / sid
-    folder.mkdir(parents=True)
+    head = encode_header(header)
+    log = new_log_file(root, sid, compression)
     if compression == "none":
-        (folder / "session.jsonl").write_bytes(head + body)
+        log.write_bytes(head + body)
     else:
-        frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
         cut = body.rfind(b"\n") + 1
-        tail = frame(body[cut:])[:-6] if cut < len(body) else b""  # a torn last frame
-        (folder / "session.jsonl.zst").write_bytes(frame(head) + frame(body[:cut]) + tail)
+        tail = zstd_frame(body[cut:])[:-6] if cut < len(body) else b""  # a torn last frame
+        log.write_bytes(zstd_frame(head) + zstd_frame(body[:cut]) + tail)
 
 
 def build(root: Path, hostile: list[tuple[int, str]]) -> list[str]:
-    _write(root, "p", _line(0, "turn/start", {"turn": 1}), parent=None, compression="none", created_at=T)
+    _write(root, "p", json_line(0, "turn/start", {"turn": 1}), parent=None, compression="none", created_at=T)
     ids = ["p"]
     for i, (which, compression) in enumerate([(None, "none"), (None, "zstd"), *hostile]):
         sid = f"c{i}"
-        descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=sid))
-        body = _line(0, "subagent/descriptor", descriptor) + _line(1, "turn/start", {"turn": 1})
+        body = json_line(0, "subagent/descriptor", descriptor(sid)) + json_line(1, "turn/start", {"turn": 1})
         if which is not None:
             body += HOSTILE[which]
         _write(root, sid, body, parent="p", compression=compression, created_at=T + 1 + i)
@@ -105,6 +96,7 @@ def test_read_only_commands_over_a_hostile_child(tmp_path: Path, capsys: pytest.
     assert out[("show", "c0")][0] == 0
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(
     hostile=st.lists(st.tuples(st.integers(0, len(HOSTILE) - 1), st.sampled_from(["none", "zstd"])), max_size=3),

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import zstandard
 
+from cli_process import CLI, clean_env, session_folder, write_script
 from subagents.runtime.cli import main
-from subagents.storage import encode_session_id
 from subagents.storage.locks import held_flocks
 
 TIMEOUT = 60.0  # real seconds: only reached if the subprocess never gets ready
@@ -37,23 +37,6 @@ SCRIPT = {"agents": [
     ]},
     {"label": "Busy", "responses": [{"hang": True}]},
 ]}
-
-
-_SCRIPT = Path(sys.executable).parent / "subagents"
-CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY")}
-
-
-def write_script(path: Path, script: Any) -> str:
-    path.write_text(json.dumps(script))
-    return f"scripted:{path}"
-
-
-def session_folder(root: Path, session_id: str) -> Path:
-    return root / "sessions" / encode_session_id(session_id)
 
 
 def log_records(root: Path, session_id: str) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -26,26 +25,16 @@ import pytest
 import trio
 import zstandard
 
+from cli_process import CLI, clean_env, session_folder, write_script
 from http_request import Seen, read_request
 
-from subagents.storage import FileLogStore, encode_session_id
+from subagents.storage import FileLogStore
 
 SENTINEL_KEY = "sk-CLI-SENTINEL-5e1d7a2b9c4f3086"
 TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
 
-_SCRIPT = Path(sys.executable).parent / "subagents"
-CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
-
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any provider settings, plus `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY")}
-    env.update(extra)
-    return env
 
 
 def run_cli(args: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -55,17 +44,8 @@ def run_cli(args: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None
     )
 
 
-def write_script(path: Path, script: Any) -> str:
-    path.write_text(json.dumps(script))
-    return f"scripted:{path}"
-
-
 def text_script(*texts: str) -> dict[str, Any]:
     return {"agents": [{"responses": [{"text": t} for t in texts]}]}
-
-
-def session_folder(root: Path, session_id: str) -> Path:
-    return root / "sessions" / encode_session_id(session_id)
 
 
 def log_bytes(path: Path) -> bytes:
@@ -156,6 +136,7 @@ def test_json_output_and_compression_none(tmp_path: Path) -> None:
     assert (header["type"], header["id"], header["format"]) == ("session", out["session_id"], 1)
 
 
+@pytest.mark.slow
 def test_session_is_created_when_missing_then_resumed(tmp_path: Path) -> None:
     # The reply names what the first prompt said: on the second run it can only come from the
     # history of turn 1 (a new process starts the script entry afresh).
@@ -231,6 +212,7 @@ def _surface(root: Path, session_id: str) -> list[tuple[str, str]]:
     return shape
 
 
+@pytest.mark.slow
 def test_run_waits_for_a_background_child_and_its_notice(tmp_path: Path) -> None:
     # The parent's second response waits until the child's settlement is durable (SPEC 5.6:
     # agents are ordered with wait_for) and calls a tool, so the notice is always answered by
@@ -251,6 +233,7 @@ def test_run_waits_for_a_background_child_and_its_notice(tmp_path: Path) -> None
     assert [e["data"]["reason"]["kind"] for e in events(root, parent, "turn/end")] == ["completed"]
 
 
+@pytest.mark.slow
 def test_run_prints_the_last_answer_whenever_the_notice_lands(tmp_path: Path) -> None:
     # The issue's script, unordered: the child may settle before the parent's second step claims
     # its input (the notice is steered into it and "STARTED" is the last answer), or after (the
@@ -306,6 +289,7 @@ BAD_INPUT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_bad_input_is_exit_2_and_changes_nothing(case: str, existing_root: Path, tmp_path: Path) -> None:
     script, extra, env, words = BAD_INPUT[case]
@@ -343,6 +327,7 @@ def _bad_roots(base: Path) -> dict[str, tuple[Path, list[str]]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["run", "demo"])
 def test_run_and_demo_refuse_a_root_that_cannot_hold_a_store(command: str, tmp_path: Path) -> None:
     model = write_script(tmp_path / "ok.json", text_script("ok"))
@@ -355,6 +340,7 @@ def test_run_and_demo_refuse_a_root_that_cannot_hold_a_store(command: str, tmp_p
         assert tree_state(tmp_path) == before, name
 
 
+@pytest.mark.slow
 def test_a_session_that_cannot_be_taken_is_exit_2_in_one_line(existing_root: Path, tmp_path: Path) -> None:
     """Found only once the runtime is open: a corrupt log, a log another process writes."""
     root = tmp_path / "root"
@@ -501,6 +487,7 @@ class HangingServer:
             await stream.aclose()
 
 
+@pytest.mark.slow
 async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path) -> None:
     """SIGINT while the model streams: the runtime drains (the turn is closed as aborted by
     `disposed`, the partial text kept as an interrupted message) and the exit status is 130."""

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from log_lines import read_all
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import RealClock, ScenarioClock
 from subagents.runtime.ids import CountingIds
@@ -46,12 +47,7 @@ def _model(*texts: str) -> ScriptedModel:
 
 
 def _times(root: Path, sid: str) -> list[int]:
-    store = FileLogStore(str(root), compression="none", use_index=False)
-    handle = store.open_read(sid)
-    try:
-        return [e.time for e in store.read(handle)]
-    finally:
-        store.close(handle)
+    return [e.time for e in read_all(FileLogStore(str(root), compression="none", use_index=False), sid)]
 
 
 async def test_a_restart_with_a_fresh_scenario_clock_writes_nothing_older(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
 
 
@@ -16,6 +18,7 @@ def _subagents(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_demo_ends_with_the_four_lines_and_leaves_an_inspectable_store(tmp_path: Path) -> None:
     done = _subagents("demo", cwd=tmp_path)  # the default root ./.subagents, no TTY: the plain log
     assert done.returncode == 0, done.stderr
@@ -39,6 +42,7 @@ def test_demo_ends_with_the_four_lines_and_leaves_an_inspectable_store(tmp_path:
     assert shown.count("── turn") == 2  # the first task, then the cold-resumed question
 
 
+@pytest.mark.slow
 def test_a_second_demo_on_the_same_root_uses_fresh_ids(tmp_path: Path) -> None:
     assert _subagents("demo", "--root", "store", cwd=tmp_path).returncode == 0
     again = _subagents("demo", "--root", "store", cwd=tmp_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import trio
 
 from subagents.runtime.app import open_runtime
@@ -19,6 +20,7 @@ from subagents.runtime.subagents.service import Reservation
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "parallel-children-interrupt"
 
 
+@pytest.mark.slow
 async def test_three_children_of_one_step_then_an_interrupt_match_their_goldens_20_of_20() -> None:
     failures = [problems for _ in range(20) if (problems := await check_scenario(SCENARIO))]
     assert failures == []

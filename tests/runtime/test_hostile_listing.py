@@ -10,38 +10,25 @@ every healthy sibling lists as it is.
 
 from __future__ import annotations
 
-import itertools
-import json
 from pathlib import Path
-from typing import Any
 
 import hypothesis.strategies as st
 import pytest
 import trio
-import zstandard
 from hypothesis import HealthCheck, given, settings
 
+from clocks import T, ticking_ms
+from descriptors import descriptor
+from log_lines import encode_header, json_line, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.storage import Offset, SessionHeader
-from subagents.storage.records import HeaderRecord, encode_header_line
+from subagents.storage import SessionHeader
 
-T = 1_789_000_000_000
-clock = itertools.count(T + 10_000)
-
-
-def now_ms() -> int:
-    return next(clock)
-
-
-def _line(seq: int, type_: str, data: Any, **extra: Any) -> bytes:
-    return json.dumps({"seq": seq, "type": type_, "time": T, "data": data, **extra}, separators=(",", ":")).encode() + b"\n"
+now_ms = ticking_ms(T + 10_000)
 
 
 def _own(label: str) -> bytes:
-    descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=label))
-    return _line(0, "subagent/descriptor", descriptor) + _line(1, "turn/start", {"turn": 1})
+    return json_line(0, "subagent/descriptor", descriptor(label)) + json_line(1, "turn/start", {"turn": 1})
 
 
 def _deep(depth: int) -> bytes:
@@ -57,36 +44,31 @@ HOSTILE: dict[str, bytes] = {
     "huge-time": b'{"seq":2,"type":"turn/start","time":1' + b"0" * 400 + b',"data":{"turn":1}}\n',
     "invalid-utf8": b'{"seq":2,"type":"turn/start","time":1,"data":{"turn":2,"\xc3\x28":1}}\n',
     "nul": b'{"seq":2,"type":"turn/start","time":1,"data":{"turn":2}}\x00\x00\n',
-    "user-message-without-id": _line(2, "user/message", {"turn": 1, "step": 1, "message": {
+    "user-message-without-id": json_line(2, "user/message", {"turn": 1, "step": 1, "message": {
         "role": "user", "content": [], "source": {"kind": "user"}}}, surface_op="append"),
-    "turn-is-a-str": _line(2, "turn/start", {"turn": "2"}),
+    "turn-is-a-str": json_line(2, "turn/start", {"turn": "2"}),
 }
 
 
 def write_child(root: Path, sid: str, body: bytes, compression: str, created_at: int, *, torn: bool = False) -> None:
     header = SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session="p", delegation_depth=1)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-    head = encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
-    folder = root / "sessions" / sid
-    folder.mkdir(parents=True)
+    head = encode_header(header)
+    log = new_log_file(root, sid, compression)
     if compression == "none":
-        (folder / "session.jsonl").write_bytes(head + body)
+        log.write_bytes(head + body)
         return
-    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
-    data = frame(head) + frame(body)
+    data = zstd_frame(head) + zstd_frame(body)
     if torn:  # a damaged frame after it: a bad checksum in a complete frame is corruption
-        bad = bytearray(frame(b'{"seq":99}\n'))
+        bad = bytearray(zstd_frame(b'{"seq":99}\n'))
         bad[-1] ^= 0xFF
-        data += bytes(bad) + frame(b"\n")
-    (folder / "session.jsonl.zst").write_bytes(data)
+        data += bytes(bad) + zstd_frame(b"\n")
+    log.write_bytes(data)
 
 
 def build(root: Path, hostile: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
     """The parent `p`, three healthy children and the hostile ones: (healthy ids, hostile ids)."""
     header = SessionHeader(id="p", created_at=T)  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
-    folder = root / "sessions" / "p"
-    folder.mkdir(parents=True)
-    (folder / "session.jsonl").write_bytes(encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
-                                          + _line(0, "turn/start", {"turn": 1}))
+    new_log_file(root, "p", "none").write_bytes(encode_header(header) + json_line(0, "turn/start", {"turn": 1}))
     healthy = []
     for i, compression in enumerate(("none", "zstd", "none")):
         sid = f"ok-{i}"
@@ -138,6 +120,7 @@ async def test_a_hostile_child_lists_as_corrupt_and_its_siblings_as_they_are(
     await check_entry_points(tmp_path, healthy, bad)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     hostile=st.lists(st.tuples(st.sampled_from(sorted(HOSTILE)), st.sampled_from(["none", "zstd"])), min_size=1, max_size=3),

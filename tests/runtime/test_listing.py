@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from clocks import ticking_ms
+from descriptors import descriptor
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.listing import ListingService, SubagentError, walk_descendants
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import Batch, FaultyLogStore, FileLogStore, PersistenceFailed, SessionHeader, make_event
 from subagents.storage.projection import ProjectionRegistry
 
-clock = itertools.count(1_789_000_000_000)
-
-
-def now_ms() -> int:
-    return next(clock)
-
-
-def descriptor(label: str | None, mode: str = "continuable") -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider="spawn", label=label))  # type: ignore[arg-type]  # mode is a str from the test table
+now_ms = ticking_ms()
 
 
 def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *, data: dict[str, Any] | None = None,

@@ -24,7 +24,6 @@ threads: real clock.
 from __future__ import annotations
 
 import errno
-import itertools
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -37,10 +36,11 @@ import pytest
 import trio
 import trio.testing
 
+from clocks import ticking_ms
+from descriptors import descriptor
 from subagents.actors import Abort, EventDraft, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
 from subagents.runtime.subagents import listing as listing_module
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.listing import ListingService, SubagentError
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
@@ -55,15 +55,7 @@ from subagents.storage import (
 )
 from subagents.storage.projection import ProjectionRegistry
 
-clock = itertools.count(1_789_000_000_000)
-
-
-def now_ms() -> int:
-    return next(clock)
-
-
-def descriptor(label: str | None, mode: str = "continuable") -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider="spawn", label=label))  # type: ignore[arg-type]  # mode is a str from the test table
+now_ms = ticking_ms()
 
 
 def child(store: LogStore, sid: str, created_at: int, parent: str = "p", *, label: str) -> None:

@@ -9,7 +9,6 @@ read, the cold reader's bound of four reads in flight, read-only listing, and ca
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import sqlite3
@@ -21,21 +20,14 @@ import pytest
 import trio
 import trio.testing
 
+from clocks import ticking_ms
+from descriptors import descriptor
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import Runtime, open_runtime
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.listing import SubagentError
 from subagents.storage import Batch, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
 
-clock = itertools.count(1_789_000_000_000)
-
-
-def now_ms() -> int:
-    return next(clock)
-
-
-def descriptor(label: str | None, mode: str = "continuable", provider: str = "spawn") -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode=mode, provider=provider, label=label))  # type: ignore[arg-type]  # mode is a str from the test table
+now_ms = ticking_ms()
 
 
 MALFORMED = {"version": 2, "mode": "continuable", "provider": "spawn"}  # a continuable child needs a label

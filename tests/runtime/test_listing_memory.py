@@ -134,6 +134,7 @@ async def measure(store: MemoryLogStore, call: Call, *, expected: int) -> Measur
         return Measured(corpus_peak=corpus_peak, corpus=corpus_kept, rows=rows_kept, peak=peak)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("tracing")
 @pytest.mark.parametrize("call", CALLS)
 async def test_listing_memory_does_not_grow_with_the_children(stores: dict[int, MemoryLogStore], call: Call) -> None:

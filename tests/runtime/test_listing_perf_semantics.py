@@ -12,7 +12,6 @@ Real worker threads: real clock, no sleeping.
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 from pathlib import Path
@@ -24,6 +23,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clocks import T, ticking_ms
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.actors import cold_reader
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
@@ -33,13 +33,8 @@ from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIM
 from subagents.storage import Batch, Event, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
-T = 1_789_000_000_000
 HEADER = SessionHeader(id="child", created_at=T, origin="subagent", parent_session="p")  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-clock = itertools.count(T)
-
-
-def now_ms() -> int:
-    return next(clock)
+now_ms = ticking_ms()
 
 
 def descriptor_data(kind: str) -> dict[str, Any]:
@@ -76,6 +71,7 @@ def plain(unit: Any, state: Any, events: list[Event]) -> Any:
     return state
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(logs, st.lists(st.integers(0, 40), max_size=3).map(sorted), st.integers(0, 3))
 def test_unit_fast_folds_equal_the_plain_fold(events: list[Event], cuts: list[int], k: int) -> None:

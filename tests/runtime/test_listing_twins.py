@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from log_lines import plain_records
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
@@ -47,8 +48,7 @@ async def _twin(root: Path, compacting: bool) -> None:
 
 
 def _types(root: Path, sid: str) -> list[str]:
-    lines = (root / "sessions" / sid / "session.jsonl").read_text().splitlines()[1:]
-    return [json.loads(line)["type"] for line in lines]
+    return [record["type"] for record in plain_records(root, sid)[1:]]
 
 
 async def _rows(root: Path, *, checkpoints: bool) -> list[dict[str, Any]]:

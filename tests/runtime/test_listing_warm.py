@@ -4,31 +4,23 @@ a fresh service over the same sessions (which reuses nothing)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
 from open_fds import inotify_fds
 
+from clocks import ticking_ms
+from descriptors import descriptor
 from subagents.actors import EventDraft, SessionStore, open_session_store
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents import listing as listing_module
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.listing import ListingService
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import FileLogStore, SessionHeader
 from subagents.storage.projection import ProjectionRegistry
 
-clock = itertools.count(1_789_000_000_000)
-
-
-def now_ms() -> int:
-    return next(clock)
-
-
-def descriptor(label: str | None) -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=label))
+now_ms = ticking_ms()
 
 
 class Listings:

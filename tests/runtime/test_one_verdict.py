@@ -10,32 +10,22 @@ case is a table row; a healthy control proves the table can tell the two outcome
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zstandard
 
+from clocks import T, ticking_ms
+from descriptors import descriptor
+from log_lines import encode_header, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.transcript import transcript
-from subagents.storage import CorruptLog, InvalidPayload, Offset, SessionHeader, StorageError
+from subagents.storage import CorruptLog, InvalidPayload, SessionHeader, StorageError
 from subagents.storage.index import _COLUMNS, _crc  # noqa: PLC2701 - forging an older build's row
-from subagents.storage.records import HeaderRecord, encode_header_line
 
-clock = itertools.count(1_789_000_000_000)
-T = 1_789_000_000_000
-
-
-def now_ms() -> int:
-    return next(clock)
-
-
-def _descriptor(label: str) -> dict[str, Any]:
-    return snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=label))
+now_ms = ticking_ms()
 
 
 def _text(mid: str, role: str, text: str, source: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +63,7 @@ CASES: dict[str, tuple[list[dict[str, Any]], int | None]] = {
 
 def _lines(events: list[dict[str, Any]]) -> list[bytes]:
     out = []
-    head = [{"type": "subagent/descriptor", "data": _descriptor("kid")}, {"type": "turn/start", "data": {"turn": 1}}]
+    head = [{"type": "subagent/descriptor", "data": descriptor("kid")}, {"type": "turn/start", "data": {"turn": 1}}]
     for seq, event in enumerate(head + events):
         out.append(json.dumps({"seq": seq, "time": T + seq, **event}, separators=(",", ":")).encode() + b"\n")
     return out
@@ -81,15 +71,13 @@ def _lines(events: list[dict[str, Any]]) -> list[bytes]:
 
 def write_child(root: Path, sid: str, events: list[dict[str, Any]], compression: str) -> None:
     header = SessionHeader(id=sid, created_at=T, origin="subagent", parent_session="p", delegation_depth=1)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-    head = encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
-    folder = root / "sessions" / sid
-    folder.mkdir(parents=True)
+    head = encode_header(header)
+    log = new_log_file(root, sid, compression)
     lines = _lines(events)
     if compression == "none":
-        (folder / "session.jsonl").write_bytes(head + b"".join(lines))
+        log.write_bytes(head + b"".join(lines))
     else:
-        frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
-        (folder / "session.jsonl.zst").write_bytes(frame(head) + frame(b"".join(lines[:2])) + frame(b"".join(lines[2:])))
+        log.write_bytes(zstd_frame(head) + zstd_frame(b"".join(lines[:2])) + zstd_frame(b"".join(lines[2:])))
 
 
 async def verdicts(root: Path, sid: str) -> tuple[str, str, str, list[Exception]]:

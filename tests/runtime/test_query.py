@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 
+from clocks import ticking_ms
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
@@ -23,11 +23,7 @@ from subagents.storage import (
 )
 from subagents.storage.projection import ProjectionRegistry
 
-clock = itertools.count(1_789_000_000_000)
-
-
-def now_ms() -> int:
-    return next(clock)
+now_ms = ticking_ms()
 
 
 def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool = False, label: str | None = None) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 
+from log_lines import plain_records
 from subagents.actors import Abort, open_session_store
 from subagents.runtime import cli
 from subagents.runtime.agent.loop import AgentConfig, AgentStopped
@@ -39,8 +40,7 @@ def _model(*agents: Json) -> ScriptedModel:
 
 
 def _log(root: Path, session_id: str) -> list[Json]:
-    lines = (root / "sessions" / session_id / "session.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines[1:]]
+    return plain_records(root, session_id)[1:]
 
 
 def _text(text: str) -> Json:

@@ -31,12 +31,12 @@ from typing import Any
 import pytest
 import trio
 
+from log_lines import plain_records
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script import load_script
 from subagents.runtime.models.scripted import ScriptedModel
-from subagents.storage import encode_session_id
 
 DRIVER = Path(__file__).with_name("subagent_driver.py")
 GUARD = 15.0  # seconds: a hang fails the test instead of blocking the suite
@@ -50,11 +50,9 @@ Json = dict[str, Any]
 
 
 def read_log(root: Path, session_id: str) -> tuple[Json, list[Json]]:
-    path = root / "sessions" / encode_session_id(session_id) / "session.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines()
-    events = [json.loads(line) for line in lines[1:]]
+    header, *events = plain_records(root, session_id)
     assert [e["seq"] for e in events] == list(range(len(events))), f"{session_id}: seqs not contiguous"
-    return json.loads(lines[0]), events
+    return header, events
 
 
 def events_of(root: Path, session_id: str) -> list[Json]:
@@ -232,6 +230,7 @@ class Driver:
 # === restart in fresh processes: settle → notice → restart → ready → cold resume → notice =========
 
 
+@pytest.mark.slow
 def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) -> None:
     d = Driver(tmp_path)
     label = "Reply with CHILD_OK"
@@ -304,6 +303,7 @@ def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) 
 # === crashes (SIGKILL) ==========================================================================
 
 
+@pytest.mark.slow
 def test_sigkill_after_settlement_before_the_notice_is_consumed(tmp_path: Path) -> None:
     d = Driver(tmp_path)
     # The parent's second model call hangs; the child may answer only once that call has started,
@@ -350,6 +350,7 @@ def test_sigkill_after_settlement_before_the_notice_is_consumed(tmp_path: Path) 
     assert_ok(results_named(parent, "list_agents")[0], "child-1 [ready] — quick")
 
 
+@pytest.mark.slow
 def test_sigkill_between_the_childs_turn_end_and_its_settlement_record(tmp_path: Path) -> None:
     """Only the notice is lost: no record, no notice after restart, the child lists as ready and
     answers a message."""
@@ -382,6 +383,7 @@ def test_sigkill_between_the_childs_turn_end_and_its_settlement_record(tmp_path:
     assert assistant_texts(events_of(d.root, "child-1")) == ["ANSWER_1", "ANSWER_2"]
 
 
+@pytest.mark.slow
 def test_sigkill_while_the_child_is_mid_turn(tmp_path: Path) -> None:
     d = Driver(tmp_path)
     d.run_and_kill({
@@ -964,6 +966,7 @@ async def test_a_cold_resumed_child_gets_its_pending_notices_first_in_their_own_
     assert starts[message["data"]["turn"]] == {"kind": "message"}
 
 
+@pytest.mark.slow
 def test_a_one_shot_child_killed_mid_turn_is_closed_when_its_parent_resumes(tmp_path: Path) -> None:
     """Issue 13 item 2d: nobody resumes a one-shot child, so its parent's resume closes it —
     durably, in the child's own log, exactly once however often the parent resumes."""
@@ -1022,6 +1025,7 @@ async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(
     assert turn_end(events_of(d.root, "parent"), 1) == {"kind": "interrupted"}
 
 
+@pytest.mark.slow
 def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path) -> None:
     d = Driver(tmp_path)
     d.run_and_kill({

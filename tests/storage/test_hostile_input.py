@@ -17,13 +17,14 @@ import sqlite3
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import hypothesis.strategies as st
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 
+from clocks import T
+from log_lines import header_line, read_all, zstd_frame
 from subagents.storage import (
     Batch,
     CorruptLog,
@@ -35,14 +36,8 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage.projection import CheckpointRow
-from subagents.storage.records import HeaderRecord, encode_header_line
 
-T = 1_789_000_000_000
 INDEX = "index.sqlite3"
-
-
-def header_line(sid: str) -> bytes:
-    return encode_header_line(HeaderRecord(header=SessionHeader(id=sid, created_at=T), inherited_event_count=Offset(0)))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
 
 
 def line(data: bytes, *, seq: int = 0, type_: str = "turn/start", extra: bytes = b"") -> bytes:
@@ -79,22 +74,13 @@ def write_log(root: Path, sid: str, body: bytes, compression: str) -> None:
     if compression == "none":
         (folder / "session.jsonl").write_bytes(header_line(sid) + body)
     else:
-        frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
-        (folder / "session.jsonl.zst").write_bytes(frame(header_line(sid)) + frame(body))
+        (folder / "session.jsonl.zst").write_bytes(zstd_frame(header_line(sid)) + zstd_frame(body))
 
 
 def healthy(store: FileLogStore, sid: str, n: int = 3) -> None:
     handle = store.create(SessionHeader(id=sid, created_at=T + 1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
     store.append(handle, [Batch(Offset(0), [make_event(i, "turn/start", T, {"turn": i}) for i in range(n)])])
     store.close(handle)
-
-
-def read_all(store: FileLogStore, sid: str) -> Any:
-    handle = store.open_read(sid)
-    try:
-        return store.read(handle)
-    finally:
-        store.close(handle)
 
 
 def open_and_close(store: FileLogStore, sid: str) -> None:
@@ -125,7 +111,7 @@ def test_a_hostile_line_is_located_damage_in_every_reader(tmp_path: Path, case: 
 
 def hostile_frame(claimed: int) -> bytes:
     """A checksummed frame whose header claims `claimed` bytes of content (it holds 8)."""
-    real = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(GOOD[:8])
+    real = zstd_frame(GOOD[:8])
     assert real[4] == 0x24  # single segment, checksum, one byte of content size
     return real[:4] + bytes([0xE4]) + struct.pack("<Q", claimed) + real[6:]
 
@@ -136,9 +122,8 @@ def test_a_zstd_frame_that_claims_a_hostile_size_is_corruption_not_a_memory_erro
     healthy(store, "sibling")
     folder = tmp_path / "sessions" / "bad"
     folder.mkdir()
-    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress
-    head = frame(header_line("bad"))
-    (folder / "session.jsonl.zst").write_bytes(head + hostile_frame(claimed) + frame(GOOD))
+    head = zstd_frame(header_line("bad"))
+    (folder / "session.jsonl.zst").write_bytes(head + hostile_frame(claimed) + zstd_frame(GOOD))
     for op in (read_all, open_and_close):
         with pytest.raises(CorruptLog) as info:
             op(store, "bad")
@@ -290,6 +275,7 @@ def test_an_index_that_fails_every_time_warns_once(tmp_path: Path, caplog: pytes
 HOSTILE = st.sampled_from([body for body, _ in HOSTILE_LINES.values()])
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     garbles=st.lists(st.tuples(st.integers(0, 1 << 20), st.binary(min_size=1, max_size=8)), min_size=1, max_size=6),

@@ -28,20 +28,17 @@ from typing import Any
 import pytest
 import zstandard
 
+from log_lines import header, header_line
 from subagents.storage import (
     LOG_NAMES,
     Batch,
     CrashFs,
     FileLogStore,
-    HeaderRecord,
     LogInfo,
     MemoryLogStore,
     Offset,
     OsFs,
-    SessionHeader,
-    SessionId,
     encode_event,
-    encode_header_line,
     encode_session_id,
     make_event,
 )
@@ -108,15 +105,6 @@ class CountingCrashFs(Counting, CrashFs):
 
 
 # --- hand-written bytes -----------------------------------------------------------------------------
-
-
-def header(sid: str, created_at: int = CREATED_AT, **changes: Any) -> SessionHeader:
-    return SessionHeader(id=SessionId(sid), created_at=created_at, **changes)
-
-
-def header_line(sid: str, created_at: int = CREATED_AT, k: int = 0) -> bytes:
-    h = header(sid, created_at, is_seeded=k > 0)
-    return encode_header_line(HeaderRecord(header=h, inherited_event_count=Offset(k)))
 
 
 def event(seq: int, turn: int = 1, pad: str = "") -> Any:
@@ -952,6 +940,7 @@ def test_an_index_that_cannot_be_used_is_a_cache_miss(
     assert (tmp_path / broken / "keep").read_bytes() == b"x"
 
 
+@pytest.mark.slow
 def test_a_locked_index_is_a_cache_miss_and_is_not_deleted(
     tmp_path: Path, closing: Callable[..., FileLogStore]
 ) -> None:
@@ -1122,6 +1111,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", FORMS)
 def test_processes_do_not_corrupt_the_index(
     tmp_path: Path, compression: Compression, closing: Callable[..., FileLogStore],

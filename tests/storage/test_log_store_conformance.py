@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from log_lines import header, read_all
 from subagents.storage import (
     AlreadyOwned,
     Batch,
@@ -64,10 +65,6 @@ def raises(kind: type[StorageError], session_id: str | None = None) -> Iterator[
         assert repr(session_id) in str(err)
 
 
-def header(sid: str = "s1", **changes: Any) -> SessionHeader:
-    return SessionHeader(id=SessionId(sid), created_at=CREATED_AT, **changes)
-
-
 def turn(seq: int, n: int = 1) -> Event:
     return make_event(seq, "turn/start", T0 + seq, {"turn": n})
 
@@ -89,14 +86,6 @@ def publish(store: LogStore, sid: str = "s1", count: int = 1) -> None:
     handle = store.create(header(sid))
     store.append(handle, [batch(0, count)])
     store.close(handle)
-
-
-def read_all(store: LogStore, sid: str) -> list[Event]:
-    handle = store.open_read(sid)
-    try:
-        return store.read(handle)
-    finally:
-        store.close(handle)
 
 
 # --- creation and publication -------------------------------------------------------------------

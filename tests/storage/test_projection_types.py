@@ -145,6 +145,7 @@ runs = st.lists(st.sampled_from(TYPES), max_size=40).flatmap(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(runs, st.integers(0, 40), st.booleans())
 def test_types_and_batch_folds_equal_the_plain_fold(run: tuple[list[Event], list[int]], at: int, batch: bool) -> None:
@@ -262,6 +263,7 @@ def normalized(result: list[Any] | str) -> list[Any] | str:
     return [{k: bytes(v) if isinstance(v, msgspec.Raw) else v for k, v in d.items()} for d in result]
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.lists(envelopes, min_size=1, max_size=4))
 def test_decoders_accept_and_refuse_as_the_former_post_init(items: list[dict[str, Any]]) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from fuzz_report import report
 from subagents.storage import (
     Batch,
     CorruptLog,
@@ -41,30 +42,10 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage.framing import CHUNK_BYTES
+from vocabulary import SURFACE, VOCABULARY
 
 # --- an independent model of format 1 -----------------------------------------------------------
 
-VOCABULARY = frozenset(
-    {
-        "system/message",
-        "user/message",
-        "assistant/message",
-        "tool/result",
-        "turn/start",
-        "turn/end",
-        "step/start",
-        "step/end",
-        "tool/call",
-        "session/end-seed",
-        "subagent/descriptor",
-        "subagent/catalog",
-        "subagent/settled",
-        "compaction/start",
-        "compaction/summary",
-        "compaction/end",
-    }
-)
-SURFACE = frozenset({"system/message", "user/message", "assistant/message", "tool/result"})
 SOURCE_SEQS_ALLOWED = frozenset({"user/message", "tool/result"})
 ENVELOPE_KEYS = frozenset({"seq", "type", "time", "data", "ignorable", "surface_op", "source_event_seqs"})
 ENVELOPE_REQUIRED = frozenset({"seq", "type", "time", "data"})
@@ -686,22 +667,10 @@ def check_case(root: Path, data: bytes, sid: str = SID, folder: str = FOLDER) ->
     return p
 
 
-def report(failures: dict[str, list[str]], total: int) -> str:
-    """Group failures by their first problem's shape so one bug does not bury another."""
-    groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
-    for case, problems in failures.items():
-        key = problems[0].split(":")[0] + ": " + problems[0].split(":", 1)[1][:60]
-        groups.setdefault(key, []).append(f"{case}: " + " | ".join(problems)[:600])
-    lines = [f"{len(failures)} of {total} cases disagree with the model, in {len(groups)} groups:"]
-    for key, cases in groups.items():
-        lines.append(f"- {len(cases)} like [{key}], e.g.")
-        lines += [f"    {c}" for c in cases[:3]]
-    return "\n".join(lines)
-
-
 # --- truncation at every byte -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded-k2"])
 def test_truncation_at_every_byte(tmp_path: Path, seeded: bool) -> None:
     k = 2 if seeded else 0
@@ -785,6 +754,7 @@ def test_truncation_at_every_byte(tmp_path: Path, seeded: bool) -> None:
 FLIP_LINES = [0, 3, 5, 6]  # turn/start, assistant tool call, tool result with sources, last line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line_index", FLIP_LINES, ids=[EVENTS[i]["type"] + f"@{i}" for i in FLIP_LINES])
 def test_bit_flips_in_an_event_line(tmp_path: Path, line_index: int) -> None:
     """Every byte of the line, newline included, with one bit flipped; the bit rotates with the
@@ -810,6 +780,7 @@ def test_bit_flips_in_an_event_line(tmp_path: Path, line_index: int) -> None:
     assert not failures, report(failures, total)
 
 
+@pytest.mark.slow
 def test_bit_flips_in_the_header_line(tmp_path: Path) -> None:
     header = header_dict(cwd="/work/p", parent_session="parent-1", origin="subagent", agent_preset="coder")
     base = log_bytes(header, EVENTS[:3])

@@ -29,18 +29,16 @@ import attrs
 import pytest
 import zstandard
 
+from log_lines import header_line, zstd_frames
 from subagents.storage import (
     LOG_NAMES,
     AlreadyOwned,
     Batch,
     Event,
     FileLogStore,
-    HeaderRecord,
-    Offset,
     SessionHeader,
     SessionId,
     encode_event,
-    encode_header_line,
     encode_session_id,
 )
 from subagents.storage.forms import Compression
@@ -166,11 +164,6 @@ def api(script: Path) -> ChildApi:
     return ChildApi(event=namespace["event"], batches=namespace["batches"])
 
 
-def header_line(sid: str) -> bytes:
-    header = SessionHeader(id=SessionId(sid), created_at=CREATED_AT)
-    return encode_header_line(HeaderRecord(header=header, inherited_event_count=Offset(0)))
-
-
 def log_file(root: Path, sid: str, compression: Compression) -> Path:
     return root / "sessions" / encode_session_id(sid) / LOG_NAMES[compression]
 
@@ -180,14 +173,7 @@ def plain_form(data: bytes, compression: Compression) -> bytes:
     and checksum-verified, so a torn last frame fails."""
     if compression == "none":
         return data
-    frames = []
-    while data:
-        decompressor = zstandard.ZstdDecompressor().decompressobj()
-        frames.append(decompressor.decompress(data))
-        assert decompressor.eof, "the log ends inside a zstd frame"
-        data = decompressor.unused_data
-    assert all(frame.endswith(b"\n") for frame in frames), "a frame ends inside a line"
-    return b"".join(frames)
+    return b"".join(zstd_frames(data))
 
 
 def assert_log_holds(root: Path, sid: str, compression: Compression, count: int, api: ChildApi) -> None:
@@ -216,6 +202,7 @@ TAIL_KINDS = ["none", "incomplete record", "nul padding", "incomplete record, th
 ZSTD_TAIL_KINDS = [*TAIL_KINDS, "torn frame holding a complete line"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", FORMS)
 def test_sigkill_rounds_lose_no_acknowledged_event(
     compression: Compression, tmp_path: Path, script: Path, api: ChildApi
@@ -263,6 +250,7 @@ def test_sigkill_rounds_lose_no_acknowledged_event(
     assert count > rounds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", FORMS)
 def test_a_session_killed_while_being_published_is_absent_or_whole(
     compression: Compression, tmp_path: Path, script: Path, api: ChildApi

@@ -248,6 +248,7 @@ steps = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=steps)
 def test_a_watched_listing_equals_a_stat_pass_after_any_changes(tmp_path: Path, steps: list[tuple[int, str, int]]) -> None:

@@ -33,19 +33,19 @@ from typing import Any
 import pytest
 import zstandard
 
+from fuzz_report import report
+from log_lines import header_line, read_all
 from subagents.storage import (
     Batch,
     CorruptLog,
     CrashFs,
     Event,
     FileLogStore,
-    HeaderRecord,
     Offset,
     PersistenceFailed,
     SessionHeader,
     SessionId,
     encode_event,
-    encode_header_line,
     encode_session_id,
     make_event,
 )
@@ -67,10 +67,6 @@ SMALL_CALLS: list[list[int]] = [[3], [1, 2], [4], [2, 1]]
 
 def header_of(sid: str, *, k: int = 0) -> SessionHeader:
     return SessionHeader(id=SessionId(sid), created_at=1_789_000_000_000, is_seeded=k > 0)
-
-
-def header_line(sid: str, *, k: int = 0) -> bytes:
-    return encode_header_line(HeaderRecord(header=header_of(sid, k=k), inherited_event_count=Offset(k)))
 
 
 def folder_of(sid: str) -> str:
@@ -247,27 +243,6 @@ def run(op: str, problems: list[str], fn: Callable[[], Any]) -> tuple[Any, BaseE
         return None, exc
 
 
-def report(failures: dict[str, list[str]], total: int) -> str:
-    """Group failures by their first problem's shape so one bug does not bury another."""
-    groups: collections.OrderedDict[str, list[str]] = collections.OrderedDict()
-    for case, problems in failures.items():
-        key = problems[0].split(":")[0] + ": " + problems[0].split(":", 1)[1][:70]
-        groups.setdefault(key, []).append(f"{case}: " + " | ".join(problems)[:500])
-    lines = [f"{len(failures)} of {total} cases disagree with the model, in {len(groups)} groups:"]
-    for key, cases in groups.items():
-        lines.append(f"- {len(cases)} like [{key}], e.g.")
-        lines += [f"    {c}" for c in cases[:3]]
-    return "\n".join(lines)
-
-
-def read_all(store: FileLogStore, sid: str) -> list[Event]:
-    handle = store.open_read(sid)
-    try:
-        return store.read(handle)
-    finally:
-        store.close(handle)
-
-
 # --- one cut log, looked at every way -----------------------------------------------------------
 
 
@@ -406,6 +381,7 @@ def test_the_big_frame_spans_several_blocks(big_log: tuple[bytes, list[Event]]) 
 # --- truncation -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_truncation_at_every_byte(small_log: tuple[bytes, list[Event]], sibling: bytes) -> None:
     data, events = small_log
     spans, _ = frame_spans(data)
@@ -439,6 +415,7 @@ def _block_cuts(frame: bytes) -> list[int]:
     return sorted(c for c in cuts if 0 <= c <= layout.size)
 
 
+@pytest.mark.slow
 def test_truncation_inside_a_multi_block_frame(big_log: tuple[bytes, list[Event]], sibling: bytes) -> None:
     data, events = big_log
     spans, _ = frame_spans(data)
@@ -467,6 +444,7 @@ def test_truncation_inside_a_multi_block_frame(big_log: tuple[bytes, list[Event]
 # --- bit flips --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bit_flips_in_every_frame(small_log: tuple[bytes, list[Event]], sibling: bytes) -> None:
     """Every byte of every frame with one bit flipped (every bit of the bytes that say where a
     frame ends): CorruptLog at the start of the damaged frame, or — for a flip that changes
@@ -646,6 +624,7 @@ def test_junk_after_the_last_frame_is_corruption(
 # --- a frame split across a crash -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_frame_split_across_a_crash() -> None:
     """An append whose fsync fails, then a crash that keeps any prefix of its multi-block frame
     (planted durably): acknowledged events survive, the lines of the frame's whole blocks are

@@ -1,0 +1,34 @@
+"""Running the `subagents` command in a subprocess: the command line, a clean environment, script
+files for `--model scripted:PATH`, and where a session's files are."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from subagents.storage import encode_session_id
+
+_SCRIPT = Path(sys.executable).parent / "subagents"
+CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
+_PROVIDER_SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any provider settings, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in _PROVIDER_SETTINGS}
+    env.update(extra)
+    return env
+
+
+def write_script(path: Path, script: Any) -> str:
+    """Write a model script to `path`; the `--model` value that names it."""
+    path.write_text(json.dumps(script))
+    return f"scripted:{path}"
+
+
+def session_folder(root: Path, session_id: str) -> Path:
+    """The folder of a session's files under `root`."""
+    return root / "sessions" / encode_session_id(session_id)
