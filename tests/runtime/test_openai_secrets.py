@@ -238,6 +238,7 @@ FULL_STACK = [(status, name, offset) for status in (401, 403, 429, 500)
               for name in ("whole", "prefix20") for offset in (CUT - len(PIECES[name]) + 1, CUT - 8, CUT - 1, 10)]
 
 
+@pytest.mark.slow  # the whole stack into a store, then `show` twice
 def test_the_key_never_reaches_the_log_the_index_or_show(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     caplog.set_level(logging.DEBUG)
@@ -294,6 +295,7 @@ async def echoing_server(stream: trio.SocketStream, *, status: int, body: bytes)
         await stream.aclose()
 
 
+@pytest.mark.slow  # a real `subagents run` process per status
 @pytest.mark.parametrize("status", [401, 403])
 async def test_cli_run_never_prints_or_stores_the_key(nursery: trio.Nursery, tmp_path: Path, status: int) -> None:
     body = json.dumps({"error": {"message": placed(KEY, CUT - 20)}}).encode()  # across the cut

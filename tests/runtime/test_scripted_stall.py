@@ -356,6 +356,7 @@ def test_cli_run_stalls_with_one_line_and_exit_1(tmp_path: Path) -> None:
     assert [ln for ln in done.stderr.splitlines() if "stall" in ln] == [line]
 
 
+@pytest.mark.slow  # 8 subprocesses
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "nan"])
 @pytest.mark.parametrize("command", ["run", "scenario"])
 def test_cli_refuses_a_bad_stall_timeout(tmp_path: Path, command: str, value: str) -> None:
