@@ -91,9 +91,10 @@ def diag(sid: str, reason: str) -> dict[str, Any]:
     return {"kind": "diagnostic", "id": sid, "reason": reason}
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> None:
+async def wait_for(predicate: Callable[[], bool], timeout: float = 60) -> None:
     """Wait, without sleeping, until every task is blocked and `predicate` holds (worker threads
-    make progress meanwhile)."""
+    make progress meanwhile). `timeout` only guards against a hang: with two whole suites
+    sharing two cores it took more than 10 s once."""
     with trio.fail_after(timeout):
         while True:
             await trio.testing.wait_all_tasks_blocked()
