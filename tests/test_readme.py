@@ -72,3 +72,10 @@ def test_embedding_example_is_deterministic_and_rerunnable(tmp_path, monkeypatch
         if first is None:
             first = logs
         assert logs == first, f"run {run + 1} wrote other logs than run 1"
+
+
+def test_embedding_example_imports_only_the_runtime_face() -> None:
+    """The embedder's imports come from `subagents.runtime` itself, never from its modules."""
+    imports = [line for line in _embedding_example().splitlines() if line.startswith(("import ", "from "))]
+    ours = [line for line in imports if "subagents" in line]
+    assert ours == ["from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime"]
