@@ -23,6 +23,7 @@ from contextlib import aclosing
 from typing import Any, TextIO
 
 import trio
+from trio_util import RepeatedEvent
 
 from .app import Runtime, open_runtime
 from .clock import ScenarioClock
@@ -90,7 +91,7 @@ class _TakingTurns:
         self.parent_id: str | None = None
         self._calls: dict[str, int] = {}
         self._parent_calls = 0
-        self._changed = trio.lowlevel.ParkingLot()
+        self._changed = RepeatedEvent()
 
     def register_session(self, *args: Any, **kwargs: Any) -> None:
         self.inner.register_session(*args, **kwargs)
@@ -101,7 +102,7 @@ class _TakingTurns:
         n = self._calls[request.session_id] = self._calls.get(request.session_id, 0) + 1
         if request.session_id == self.parent_id:
             self._parent_calls = n
-            self._changed.unpark_all()
+            self._changed.set()
         turn = _TURNS.get((request.label or "", n)) if request.session_id != self.parent_id else None
         return self._held(turn, request)
 
@@ -109,7 +110,7 @@ class _TakingTurns:
         if turn is not None:
             after, pause_ms = turn
             while self._parent_calls < after:
-                await self._changed.park()
+                await self._changed.wait()
             await trio.sleep(pause_ms * self.delay_scale / 1000)
         async with aclosing(self.inner.stream(request)) as stream:
             async for chunk in stream:

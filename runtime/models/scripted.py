@@ -55,6 +55,7 @@ from functools import partial
 
 import attrs
 import trio
+from trio_util import RepeatedEvent
 
 from subagents.runtime.models.base import (
     Chunk,
@@ -160,7 +161,7 @@ class ScriptedModel:
         self._known: dict[str, dict[str, int]] = {}  # label → session id → created_at
         self._labels: dict[str, str] = {}  # session id → its identity label
         self._holding: dict[str, int] = {}  # session id → calls held on a wait_for now
-        self._hold_changed = trio.lowlevel.ParkingLot()
+        self._hold_changed = RepeatedEvent()
 
     @property
     def script(self) -> Script:
@@ -210,7 +211,7 @@ class ScriptedModel:
     async def _wait_until_holding(self, name: str) -> None:
         """Until a session named `name` (its id, or its label) is held on a `wait_for`."""
         while not any(n and (sid == name or self._labels.get(sid) == name) for sid, n in self._holding.items()):
-            await self._hold_changed.park()
+            await self._hold_changed.wait()
 
     def register_session(self, session_id: str, *, label: str | None, created_at: int) -> None:
         """Make a session known for label binding before it calls (idempotent, synchronous)."""
@@ -254,7 +255,7 @@ class ScriptedModel:
             await self._watched(partial(self._wait_until_holding, target), request, n, _dump({"waiting": target}))
         elif wait is not None:
             self._holding[request.session_id] = self._holding.get(request.session_id, 0) + 1
-            self._hold_changed.unpark_all()
+            self._hold_changed.set()
             try:
                 await self._watched(
                     partial(_wait, wait, rendered.settled, request), request, n, _describe_wait(wait, rendered.settled)

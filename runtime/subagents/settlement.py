@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 import trio
+from trio_util import RepeatedEvent
 
 from subagents.actors import EventDraft
 from subagents.actors.continuation import Activation, ContinuationManager
@@ -75,7 +76,7 @@ class Settlement:
     agents: AgentRegistry
     manager: ContinuationManager
     _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
-    _settled_changed: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+    _settled_changed: RepeatedEvent = attrs.field(factory=RepeatedEvent)
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
     _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
 
@@ -142,7 +143,7 @@ class Settlement:
             log.warning("could not record the settlement of %s: %s", activation.child_id, exc)
             return
         self._settled.setdefault(activation.parent_id, []).append((activation.child_id, child.label))
-        self._settled_changed.unpark_all()
+        self._settled_changed.set()
         parent_activation = self.manager.get(activation.parent_id)
         if (parent is None or self.manager.draining or activation.parent_id in self._disposing
                 or (parent_activation is not None and parent_activation.closing)):
@@ -188,10 +189,10 @@ class Settlement:
             entry = (child_id, labels.get(child_id))
             seen = sum(1 for cid, _ in known if cid == child_id)
             known.extend([entry] * (settled.count(child_id) - seen))
-        self._settled_changed.unpark_all()
+        self._settled_changed.set()
 
     async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
         """For scripted `wait_for: settled`: until `count` settlements of a child (label or id)
         of `parent_id` are durable (counting those its log held when it was resumed)."""
         while sum(child in (cid, label) for cid, label in self._settled.get(parent_id, ())) < count:
-            await self._settled_changed.park()
+            await self._settled_changed.wait()
