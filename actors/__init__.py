@@ -1,6 +1,6 @@
 """Actors: live concurrency on Trio — session actors with group commit, the session store.
 
-It may import `subagents.storage`, trio and trio-util (SPEC 2).
+It may import `subagents.storage`, trio and trio-util (README, "Layout").
 """
 
 from .abort import Abort as Abort

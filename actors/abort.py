@@ -1,4 +1,5 @@
-"""`Abort`: a small cancellation token for listing, observation and delivery (SPEC 4).
+"""`Abort`: a small cancellation token for listing, observation and delivery
+(docs/design.md, "Cancellation").
 
 A value wrapping a `trio.Event`, handed down explicitly: whoever holds it can `set()` it, and
 work that takes it checks `is_set()` at its checkpoints or `wait()`s on it in a watcher task.

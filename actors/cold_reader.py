@@ -1,4 +1,5 @@
-"""The cold reader: reads persisted sessions for listings, bounded and cancellable (SPEC 4).
+"""The cold reader: reads persisted sessions for listings, bounded and cancellable
+(docs/design.md, "Listing").
 
 Theory of operation. `read_many(ids, abort)` reads each id in a worker thread holding one of at
 most `max_in_flight` (4) slots of a `CapacityLimiter`; the thread polls

@@ -1,4 +1,5 @@
-"""The continuation manager: residency of continuable children as Activations (SPEC 4).
+"""The continuation manager: residency of continuable children as Activations
+(docs/design.md, "Subagents: activations and settlement").
 
 It knows nothing of agents. The runtime admits an Activation for a child (on start, or on a
 message to a non-resident child), hands the manager a *body* — an async callable that runs

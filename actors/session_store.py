@@ -1,4 +1,5 @@
-"""The session store: the registry of live session actors of one runtime (SPEC 4).
+"""The session store: the registry of live session actors of one runtime (docs/design.md,
+"Session actors and group commit").
 
 It owns the nursery the actors run in (`open_session_store`), so no actor outlives it, and it
 is the only place that turns a log into a live session: `create` (a new session, or a seeded
@@ -45,8 +46,8 @@ class SessionStore:
     now_ms: Callable[[], int]
     _nursery: trio.Nursery
     mailbox_capacity: int = 16
-    # SPEC 4: a checkpoint every `checkpoint_every` events, and after `checkpoint_interval`
-    # seconds idle while dirty (None: never on a timer).
+    # docs/design.md, "Projections and checkpoints": a checkpoint every `checkpoint_every` events,
+    # and after `checkpoint_interval` seconds idle while dirty (None: never on a timer).
     checkpoint_every: int = 256
     checkpoint_interval: float | None = 30.0
     _actors: dict[str, SessionActor] = attrs.field(factory=dict)
