@@ -1,1 +1,2 @@
-"""The agent loop and the tool framework below it (SPEC 5.2)."""
+"""The agent loop and the tool framework below it
+(docs/design.md, "The agent loop and models")."""

@@ -1,4 +1,5 @@
-"""Basic compaction (SPEC 5.2): which older part of the surface to summarize.
+"""Basic compaction (docs/design.md, "The agent loop and models"): which older part of the
+surface to summarize.
 
 Pure. The range lies between system messages (the system messages themselves stay), leaves the
 `keep_recent` newest nodes alone, and never splits a tool call from its result: the first node

@@ -1,5 +1,5 @@
-"""The agent inbox (SPEC 5.2): follow-ups for the next turn, steering and injections for the
-next step.
+"""The agent inbox (docs/design.md, "The agent loop and models"): follow-ups for the next turn,
+steering and injections for the next step.
 
 - *follow-up*: queued for a later turn (one per turn, FIFO); wakes an idle agent.
 - *steer*: joins the next step of the running turn, or starts a turn when idle; wakes.

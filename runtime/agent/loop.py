@@ -1,4 +1,5 @@
-"""The agent loop: turns and steps over one session actor (SPEC 5.2).
+"""The agent loop: turns and steps over one session actor
+(docs/design.md, "The agent loop and models").
 
 Theory of operation. One `Agent` drives one session. Its task waits for input that wakes it,
 claims the next-step input plus one follow-up, and runs a turn: `turn/start`, then steps —

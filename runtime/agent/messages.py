@@ -1,4 +1,6 @@
-"""Message values and the surface: what the model sees of a session (SPEC 3.2, 5.2).
+"""Message values and the surface: what the model sees of a session
+(docs/format.md, "The vocabulary (complete for format 1)"; docs/design.md, "The agent loop and
+models").
 
 Messages are plain JSON values, exactly as logged: `{id, role, content: [blocks], source}`.
 The *surface* is the sequence of surface events after applying their `surface_op`s — `append`

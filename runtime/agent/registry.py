@@ -1,11 +1,12 @@
-"""The agent registry: creates and resumes agents and owns the nursery they run in (SPEC 5.2).
+"""The agent registry: creates and resumes agents and owns the nursery they run in
+(docs/design.md, "The agent loop and models").
 
 One agent per session id. `create` draws a fresh id (skipping any that is live or on disk, so a
 deterministic id factory restarted in a new process never collides), builds the header from the
 runtime clock and publishes it with the first append; `resume` opens a persisted session,
-appends the interrupted closers durably first (SPEC 3.4), and rebuilds the surface from the
-log. `status(id)` answers `running` / `idle` for resident agents; `close` stops every agent
-(`disposed`), waits a bounded time, and releases their sessions.
+appends the interrupted closers durably first (docs/format.md, "Interrupted turns"), and rebuilds
+the surface from the log. `status(id)` answers `running` / `idle` for resident agents; `close`
+stops every agent (`disposed`), waits a bounded time, and releases their sessions.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class AgentRegistry:
     # The tools a session is offered, from its header (e.g. no delegation at the depth limit).
     offer: Callable[[SessionHeader, ToolSet], ToolSet] | None = None
     drain_grace: float = 5.0
-    index_limiter: trio.CapacityLimiter | None = None  # the index's one worker slot (SPEC 3.3)
+    index_limiter: trio.CapacityLimiter | None = None  # one index worker slot (docs/format.md, "The index")
     _agents: dict[str, Agent] = attrs.field(factory=dict)
 
     def get(self, session_id: str) -> Agent | None:
@@ -171,11 +172,11 @@ class AgentRegistry:
         return agent
 
     async def close_interrupted(self, session_id: str, *, child_of: str) -> bool:
-        """Append the interrupted closers (SPEC 3.4) to a session that is not live, durably,
-        without starting an agent: open it through the session store, append, release. True
-        when it had an open turn. Only a subagent whose header names `child_of` as its parent
-        is touched (a catalog is data: a tampered one, or a fork's inherited one, must not
-        close somebody else's session). `AlreadyOwned` (held by another process) and storage
+        """Append the interrupted closers (docs/format.md, "Interrupted turns") to a session that
+        is not live, durably, without starting an agent: open it through the session store, append,
+        release. True when it had an open turn. Only a subagent whose header names `child_of` as
+        its parent is touched (a catalog is data: a tampered one, or a fork's inherited one, must
+        not close somebody else's session). `AlreadyOwned` (held by another process) and storage
         errors are the caller's to judge."""
         if self.sessions.get(session_id) is not None:
             return False  # live here: its own agent (or a resume) closes its turns

@@ -1,4 +1,5 @@
-"""The tool framework below the agent loop (SPEC 5.2, 5.5).
+"""The tool framework below the agent loop (docs/design.md, "The agent loop and
+models"; README, "Model-facing tools").
 
 A tool has a name, a description, JSON-schema parameters and an async `run(args, ctx)` that
 returns text (or text blocks). The framework parses the model's raw argument string, validates
@@ -53,7 +54,7 @@ class ToolContext:
     call_id: str
     turn: int
     step: int
-    abort: Abort  # the turn's: set when the turn is cancelled (phase one of SPEC 5.2)
+    abort: Abort  # the turn's: set when the turn is cancelled (phase one: docs/design.md, "Cancellation")
     agent: Any = None  # the calling agent, for tools that act on the runtime
     prepared: Any = None  # what the tool's `prepare` returned (drawn in model order)
 
