@@ -1,4 +1,5 @@
-"""Clocks: where event times, `created_at` and every runtime delay come from (SPEC 5.2).
+"""Clocks: where event times, `created_at` and every runtime delay come from
+(docs/design.md, "Determinism for tests and demos").
 
 A clock gives `now_ms()` (epoch milliseconds) and `async sleep(seconds)`. `RealClock` reads the
 wall clock and sleeps with Trio; `ScenarioClock` is virtual and deterministic — its k-th reading

@@ -1,4 +1,5 @@
-"""Session id factories (SPEC 5.2): random for real runs, flat `<prefix>-<n>` for scenarios.
+"""Session id factories (docs/design.md, "Determinism for tests and demos"): random for real
+runs, flat `<prefix>-<n>` for scenarios.
 
 A factory only proposes ids; whoever creates a session skips a proposal that already names a
 live or persisted session, so a deterministic factory restarted in a new process never reuses an

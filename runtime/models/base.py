@@ -1,4 +1,5 @@
-"""The model seam (SPEC 5.2): one method, `stream(request)`, yielding chunks.
+"""The model seam (docs/design.md, "The agent loop and models"): one method,
+`stream(request)`, yielding chunks.
 
 A transport turns a `ModelRequest` (the session's surface messages and its tool specs) into an
 async iterator of chunks: text deltas, tool-call deltas (reassembled by index), usage and one
@@ -6,8 +7,9 @@ final `Finish`. Failures are raised as `ModelError` with a stable code; the agen
 them (`turn/end {kind: "error"}`), it never retries — retrying is the transport's business.
 The loop consumes a stream inside `contextlib.aclosing` and may cancel it at any chunk.
 
-Messages are the logged message values of SPEC 3.2 (`{id, role, content: [blocks], source}`),
-so a transport sees exactly what the log holds, in surface order.
+Messages are the logged message values of docs/format.md, "The vocabulary (complete for format
+1)" (`{id, role, content: [blocks], source}`), so a transport sees exactly what the log holds, in
+surface order.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible chat-completions transport (SPEC 5.2): `POST <base_url>/chat/completions`
-with `stream: true`, read back as Server-Sent Events.
+"""The OpenAI-compatible chat-completions transport (docs/design.md, "The agent loop and models"):
+`POST <base_url>/chat/completions` with `stream: true`, read back as Server-Sent Events.
 
 Theory of operation. `stream(request)` converts the logged messages and tool specs to the chat
 format (`openai_wire`), then *connects*: it sends the request and waits for the response head. A

@@ -1,4 +1,4 @@
-"""The scripted model's script (SPEC 5.6): the file format, its loader and its frozen values.
+"""The scripted model's script (docs/scripts.md): the file format, its loader and its frozen values.
 
 A script is one JSON object:
 
@@ -19,7 +19,7 @@ keys, wrong JSON types (no `true` or `1.0` where an integer belongs), duplicate 
 `NaN`/`Infinity` are refused with a `ScriptError` naming the JSON path of the problem
 (`$.agents[1].responses[0].tool_calls[0].name`). The shape is declared once, as msgspec Structs
 that forbid unknown fields (msgspec's validation errors give the path); the rules a type cannot
-say are checked on the converted values. Decisions the SPEC leaves open:
+say are checked on the converted values. Decisions docs/scripts.md leaves open:
 
 - `agents` is required and non-empty; an entry names a `session` or a `label`, never both (it
   would be unclear which one binds), and two entries may not name the same `session` (the second

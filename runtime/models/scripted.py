@@ -1,4 +1,4 @@
-"""The keyless scripted model (SPEC 5.6): a `Model` that answers from a `Script`.
+"""The keyless scripted model (docs/scripts.md): a `Model` that answers from a `Script`.
 
 Theory of operation. `stream(request)` registers the calling session (id, label, `created_at`)
 and returns an async generator; on its first step the generator yields to the scheduler once

@@ -1,4 +1,4 @@
-"""Model specs of the CLI (SPEC 5.7): `scripted:PATH`, `deepseek:MODEL`, `openai:MODEL`.
+"""Model specs of the CLI (README, "The CLI"): `scripted:PATH`, `deepseek:MODEL`, `openai:MODEL`.
 
 Parsing is separate from building so the CLI can validate every argument — scheme, script
 file, API key — before it opens the runtime. Only the caller reads the environment; keys are

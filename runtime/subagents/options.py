@@ -1,4 +1,5 @@
-"""What a caller may choose for one child beyond its prompt: the descriptor's extras (SPEC 3.6).
+"""What a caller may choose for one child beyond its prompt: the descriptor's extras
+(docs/format.md, "The subagent descriptor").
 
 A continuable child records them in its descriptor and gets them back on every cold resume: the
 model route (`agent_provider`, `agent_model`, `agent_reasoning_effort`, built by the runtime's

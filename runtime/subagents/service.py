@@ -1,4 +1,5 @@
-"""The subagent service: start, message, resume and interrupt children (SPEC 5.3).
+"""The subagent service: start, message, resume and interrupt children
+(docs/design.md, "Subagents: activations and settlement").
 
 Theory of operation. A child is a session with `origin: "subagent"` whose first append carries
 its descriptor (and, for a fork, the parent's prefix and the seed marker), so no crash leaves a
@@ -368,8 +369,9 @@ class SubagentService:
 
     async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
         """On the resume of a session whose last turn was interrupted: close the one-shot
-        children that turn catalogued (SPEC 3.4 closers, durably, in their own logs). Nobody
-        resumes a one-shot child, so without this its open turn would stay open forever.
+        children that turn catalogued (the closers of docs/format.md, "Interrupted turns", durably,
+        in their own logs). Nobody resumes a one-shot child, so without this its open turn would
+        stay open forever.
 
         Only that turn's catalog is read (the events after its last `turn/start`): a one-shot
         child runs inside one tool call of its parent's turn, in the parent's process, so a

@@ -1,5 +1,5 @@
 """Settlement of continuable children: the durable `subagent/settled` record, its notice, and the
-notices redelivered on resume (SPEC 5.3).
+notices redelivered on resume (docs/design.md, "Subagents: activations and settlement").
 
 A child is settled when its agent is idle with an empty inbox and no resident children of its
 own (the service's Activation body decides that). Settlement then appends `subagent/settled` to
@@ -47,7 +47,9 @@ _SUMMARIES = {
 
 
 def notice_blocks(child_id: str, reason_kind: str, closing_text: str | None) -> list[Json]:
-    """The content blocks of the notice a parent is given when `child_id` settles (SPEC 5.3)."""
+    """The content blocks of the notice a parent is given when `child_id` settles.
+
+    The notice is described in docs/design.md, "Subagents: activations and settlement"."""
     tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
     blocks = [{"type": "text", "text": f"Background subagent {child_id} {tail}"}]
     if closing_text is None:
