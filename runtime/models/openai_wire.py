@@ -1,5 +1,5 @@
-"""The OpenAI chat-completions wire format, sans-IO (SPEC 5.2): messages and tools to the request
-body's shape, and a streamed body's bytes to chunks.
+"""The OpenAI chat-completions wire format, sans-IO (docs/design.md, "The agent loop and models"):
+messages and tools to the request body's shape, and a streamed body's bytes to chunks.
 
 Theory of operation. `StreamParser` is fed the body of a 2xx event stream piece by piece (over
 `sse.SSEDecoder`) and turns `data:` events into chunks — text deltas, tool-call deltas by index,
