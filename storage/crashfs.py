@@ -364,7 +364,7 @@ class CrashFs:
             try:
                 node = self._lookup(path)
             except OSError:
-                continue
+                continue  # no such file: nobody can hold its lock
             if isinstance(node, _FileNode) and node.ino in self._locks:
                 held.add(path)
         return held

@@ -543,7 +543,7 @@ class FileLogStore:
                 try:
                     sid = check_session_id(session_id)
                 except StorageError:
-                    continue
+                    continue  # an invalid id names no folder, so nothing can hold its lock
                 path = known[sid] = f"{self._folder(sid)}/{LOCK_NAME}"
             paths[path] = session_id
         if not paths:

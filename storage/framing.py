@@ -119,7 +119,7 @@ def decode_event_lines(
             # anything else is located line by line. (decode_events checks UTF-8 itself.)
             decoded = decode_events(chunk)
         except DECODE_ERRORS:
-            decoded = None
+            decoded = None  # not raised: the per-line pass below locates the damage and raises it
         if (
             decoded is None
             or raw[pos] != 0x7B
@@ -207,4 +207,4 @@ def is_seed_marker(event: Event) -> bool:
     try:
         return msgspec.json.decode(event.data) == {"inherited": True}
     except DECODE_ERRORS:
-        return False
+        return False  # undecodable data is not the marker; the seed check then reports the seq

@@ -325,7 +325,7 @@ class SessionIndex:
             try:
                 os.unlink(self.path + suffix)
             except FileNotFoundError:
-                pass
+                pass  # already gone (the -wal/-shm files exist only while SQLite needs them)
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:

@@ -48,7 +48,7 @@ def parse_flocks(table: str, *, exclude_pid: int | None = None) -> set[LockKey]:
             major, minor, inode = fields[5].split(":")
             held.add((int(major, 16), int(minor, 16), int(inode)))
         except ValueError:
-            continue
+            continue  # a line of another shape (a lock kind this table may add): not a held flock
     return held
 
 
@@ -59,7 +59,7 @@ def held_flocks(path: str = PROC_LOCKS, *, exclude_pid: int | None = None) -> se
         with open(path, encoding="ascii", errors="replace") as table:
             return parse_flocks(table.read(), exclude_pid=exclude_pid)
     except OSError:
-        return None
+        return None  # no /proc/locks (not Linux, or hidden): the caller reports nothing as held
 
 
 def held_paths(
@@ -77,7 +77,7 @@ def held_paths(
     try:
         dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return set()
+        return set()  # an unreadable root: nothing in it can be seen as held
     try:
         device = os.fstat(dfd).st_dev
         on_root = {ino for major, minor, ino in held if (major, minor) == (os.major(device), os.minor(device))}
@@ -93,7 +93,7 @@ def held_paths(
                 st = os.stat(path, dir_fd=dfd, follow_symlinks=False)
             except OSError:
                 known.pop(path, None)
-                continue
+                continue  # no lock file (never published, or gone): not held
             if st.st_dev != device or not stat_mod.S_ISREG(st.st_mode):
                 known.pop(path, None)
                 continue

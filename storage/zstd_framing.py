@@ -209,7 +209,7 @@ def _complete_frame_after(view: memoryview, start: int, stop: int, tries: int = 
                 _decompress(zstandard.ZstdDecompressor(), view[pos:end])
                 return True
         except (FrameDamage, zstandard.ZstdError, MemoryError):
-            pass
+            pass  # not a frame here (magic bytes inside data): try the next occurrence
         pos += 1
     return False
 

@@ -31,7 +31,7 @@ def _run(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, str,
     try:
         code = main(args)
     except SystemExit as exc:  # argparse's own exits
-        code = exc.code  # type: ignore[assignment]
+        code = exc.code  # type: ignore[assignment]  # argparse exits with an int code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

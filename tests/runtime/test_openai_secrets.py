@@ -290,7 +290,7 @@ async def echoing_server(stream: trio.SocketStream, *, status: int, body: bytes)
                 f"Content-Length: {len(body)}\r\n\r\n")
         await stream.send_all(head.encode() + body)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+        pass  # the client hung up first (it had what it needed): the test judges its output
     finally:
         await stream.aclose()
 

@@ -204,7 +204,7 @@ _I64, _U64 = -(2**63), 2**64 - 1  # what a typed int field takes (msgspec: int64
 
 
 def _int(v: object) -> bool:
-    return is_int(v) and _I64 <= v <= _U64  # type: ignore[operator]
+    return is_int(v) and _I64 <= v <= _U64  # type: ignore[operator]  # is_int narrows to int at run time only
 
 
 def _str(v: object) -> bool:
@@ -260,7 +260,7 @@ _TURN_STEP = {"turn": _int, "step": _int}
 def _tool_result(v: object) -> bool:
     if not _obj(_TURN_STEP | {"message": _MESSAGE}, {"error": _obj({"name": _str, "code": _str})})(v):
         return False
-    m = v["message"]  # type: ignore[index]
+    m = v["message"]  # type: ignore[index]  # the _obj check above proved v a dict
     content, source = m["content"], m["source"]
     return (
         m["role"] == "user" and source["kind"] == "tool" and len(content) == 1
