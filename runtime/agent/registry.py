@@ -203,11 +203,7 @@ class AgentRegistry:
             self.log_store.close(handle)
 
     def _read_all(self, session_id: str) -> tuple[list[Event], Surface, int | None]:
-        handle = self.log_store.open_read(session_id)
-        try:
-            events = list(self.log_store.read(handle))
-        finally:
-            self.log_store.close(handle)
+        events = self._read_events(session_id)
         newest = max((e.time for e in events), default=None)
         return events, Surface.from_events(events, session_id=session_id), newest
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
 from subagents.storage.locks import PROC_LOCKS, held_flocks, held_paths, parse_flocks
