@@ -7,11 +7,12 @@ from typing import Any
 import attrs
 
 from clocks import ticking_ms
-from subagents.actors import ActorStopped, EventDraft, open_session_store, snapshot_all
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import MemoryLogStore, SessionHeader
-from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
+from drafts import descriptor_draft, turn_start
+from log_lines import header
+from registries import subagent_registry
+from subagents.actors import ActorStopped, open_session_store, snapshot_all
+from subagents.storage import MemoryLogStore
+from subagents.storage.projection import ProjectionBroken
 
 now_ms = ticking_ms()
 
@@ -34,15 +35,12 @@ class Fragile:
 
 
 async def test_results_are_aligned_and_failures_are_values() -> None:
-    registry = ProjectionRegistry([*SUBAGENT_UNITS, Fragile()])
+    registry = subagent_registry(Fragile())
     async with open_session_store(MemoryLogStore(), registry, now_ms=now_ms, mailbox_capacity=2) as store:
         refs = []
         for i in range(40):  # more sessions than any mailbox holds
-            ref = await store.create(SessionHeader(id=f"c{i:02d}", created_at=i + 1))
-            label = f"child {i}"
-            data = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=label))
-            await ref.append([EventDraft(type="subagent/descriptor", data=data),
-                              EventDraft(type="turn/start", data={"turn": i})])
+            ref = await store.create(header(f"c{i:02d}", i + 1))
+            await ref.append([descriptor_draft(f"child {i}"), turn_start(i)])
             refs.append(ref)
         await store.release("c05")
 

@@ -14,6 +14,8 @@ import trio
 import trio.testing
 
 from clocks import ticking_ms
+from drafts import turn_start
+from log_lines import header
 from subagents.actors import EventDraft, open_session_store
 from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
 from subagents.storage.projection import ProjectionRegistry
@@ -51,7 +53,7 @@ now_ms = ticking_ms()
 
 
 def turn(n: int, steps: int) -> list[EventDraft]:
-    drafts = [EventDraft(type="turn/start", data={"turn": n})]
+    drafts = [turn_start(n)]
     for s in range(steps):
         drafts += [EventDraft(type="step/start", data={"turn": n, "step": s}),
                    EventDraft(type="step/end", data={"turn": n, "step": s})]
@@ -73,7 +75,7 @@ async def test_open_folds_only_the_events_after_the_checkpoint(tmp_path: Path) -
     units = [Counter(), Turns()]
     log_store = FileLogStore(str(tmp_path))
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
+        ref = await store.create(header("s", 1))
         await ref.append(turn(1, 2))  # 6 events, ends a turn: checkpointed
         await store.release("s")  # writes the final checkpoint (seq 5) and frees the lock
     append_behind_the_actors(tmp_path, "s", 7)
@@ -88,7 +90,7 @@ async def test_open_folds_only_the_events_after_the_checkpoint(tmp_path: Path) -
 async def test_a_bumped_state_version_discards_its_rows(tmp_path: Path) -> None:
     log_store = FileLogStore(str(tmp_path))
     async with open_session_store(log_store, ProjectionRegistry([Counter(), Turns()]), now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
+        ref = await store.create(header("s", 1))
         await ref.append(turn(1, 1))  # 4 events
         await ref.append(turn(2, 1))  # 8
     append_behind_the_actors(tmp_path, "s", 2)
@@ -106,15 +108,15 @@ async def test_a_recreated_id_never_uses_the_old_rows(tmp_path: Path) -> None:
     units = [Counter(), Turns()]
     log_store = FileLogStore(str(tmp_path))
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
+        ref = await store.create(header("s", 1))
         await ref.append(turn(1, 3))  # 8 events, checkpointed
     shutil.rmtree(tmp_path / "sessions" / "s")
     # The same id again, another lifecycle, written by a writer that never checkpoints.
     raw = FileLogStore(str(tmp_path))
-    handle = raw.create(SessionHeader(id="s", created_at=2))
+    handle = raw.create(header("s", 2))
     raw.append(handle, [Batch(0, [make_event(i, "turn/start", 1, {"turn": i}) for i in range(3)])])
     raw.close(handle)
-    stale = raw.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+    stale = raw.read_checkpoint("s", header("s", 1), 0)
     assert stale is not None and stale[0]["count"].val == 8  # the old rows are still there
 
     log_store = FileLogStore(str(tmp_path))
@@ -129,19 +131,19 @@ async def test_release_checkpoints_and_frees_the_lock(tmp_path: Path) -> None:
     log_store = FileLogStore(str(tmp_path))
     other = FileLogStore(str(tmp_path))
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
-        await ref.append([EventDraft(type="turn/start", data={"turn": 1})] * 1)  # no turn end
+        ref = await store.create(header("s", 1))
+        await ref.append([turn_start(1)] * 1)  # no turn end
         try:
             other.open_write("s")
         except AlreadyOwned:
             pass
         else:
             raise AssertionError("a second writer opened a live session")
-        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])
+        await ref.append([turn_start(2)])
         await store.release("s")
         handle = other.open_write("s")  # the lock is free
         other.close(handle)
-    found = other.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+    found = other.read_checkpoint("s", header("s", 1), 0)
     assert found is not None
     rows, offset = found
     assert {key: (row.seq, row.val) for key, row in rows.items()} == {"count": (1, 2), "turns": (1, 0)}
@@ -154,9 +156,9 @@ async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clo
 
     log_store = MemoryLogStore()
     async with open_session_store(log_store, ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
-        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])  # published: checkpointed
-        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])  # dirty, no turn end
+        ref = await store.create(header("s", 1))
+        await ref.append([turn_start(1)])  # published: checkpointed
+        await ref.append([turn_start(2)])  # dirty, no turn end
         await ref.flush()
         actor = store._actors["s"]
         assert actor.checkpoints == 1
@@ -166,7 +168,7 @@ async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clo
         await trio.sleep(2)
         await ref.flush()
         assert actor.checkpoints == 2
-        found = log_store.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+        found = log_store.read_checkpoint("s", header("s", 1), 0)
         assert found is not None and found[0]["count"].val == 2
         await trio.sleep(actor.checkpoint_interval * 3)  # clean: nothing more to write
         await ref.flush()
@@ -199,7 +201,7 @@ async def test_a_released_session_reopens_without_reading_its_log(tmp_path: Path
 
     units = [Counter(), Turns()]
     async with open_session_store(FileLogStore(str(tmp_path)), ProjectionRegistry(units), now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
+        ref = await store.create(header("s", 1))
         for n in range(1, 30):
             await ref.append(turn(n, 3))
         await store.release("s")  # its checkpoint also records the index row: no listing ran
@@ -238,7 +240,7 @@ async def test_after_release_another_process_can_open_the_session_for_writing(tm
         return done.stdout.strip()
 
     async with open_session_store(FileLogStore(str(tmp_path)), ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
+        ref = await store.create(header("s", 1))
         await ref.append(turn(1, 1))
         assert await trio.to_thread.run_sync(other_process) == "owned"
         await store.release("s")
@@ -256,14 +258,14 @@ async def test_leaving_the_store_gives_up_on_a_hung_storage_call(autojump_clock:
     try:
         async with trio.open_nursery() as outer:
             async with open_session_store(faulty, ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
-                ref = await store.create(SessionHeader(id="s", created_at=1))
-                await ref.append([EventDraft(type="turn/start", data={"turn": 1})])
+                ref = await store.create(header("s", 1))
+                await ref.append([turn_start(1)])
                 await ref.flush()
                 faulty.hang("append")
 
                 async def hung_append() -> None:
                     try:
-                        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])
+                        await ref.append([turn_start(2)])
                     except ActorStopped as exc:
                         outcome.append(exc)
 
@@ -279,10 +281,10 @@ async def test_checkpoints_come_every_n_events_and_at_each_turn_end_alone(tmp_pa
     on its own (no release, no timer)."""
     async with open_session_store(FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]),
                                   now_ms=now_ms, checkpoint_every=5, checkpoint_interval=None) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
+        ref = await store.create(header("s", 1))
         actor = store._actors["s"]
         # Checkpoints follow the acks; a flush is served after the checkpoint an append led to.
-        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])  # publication
+        await ref.append([turn_start(1)])  # publication
         await ref.flush()
         assert actor.checkpoints == 1
         written = []
@@ -294,11 +296,11 @@ async def test_checkpoints_come_every_n_events_and_at_each_turn_end_alone(tmp_pa
         await ref.append([EventDraft(type="turn/end", data={"turn": 1, "reason": {"kind": "completed"}})])
         await ref.flush()
         assert actor.checkpoints == 4  # a turn end, 3 events after the last one
-        await ref.append([EventDraft(type="turn/start", data={"turn": 2})])
+        await ref.append([turn_start(2)])
         await ref.flush()
         assert actor.checkpoints == 4
         store_index = FileLogStore(str(tmp_path), compression="none")
-        found = store_index.read_checkpoint("s", SessionHeader(id="s", created_at=1), 0)
+        found = store_index.read_checkpoint("s", header("s", 1), 0)
         store_index.close_store()
         assert found is not None and found[0]["count"].seq == 13  # the turn end's checkpoint
 
@@ -310,10 +312,10 @@ async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_tr
 
     async with open_session_store(FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]),
                                   now_ms=now_ms) as store:
-        ref = await store.create(SessionHeader(id="s", created_at=1))
+        ref = await store.create(header("s", 1))
         for n in range(1, 4):
             await ref.append(turn(n, 2))
-        await ref.append([EventDraft(type="turn/start", data={"turn": 4})])
+        await ref.append([turn_start(4)])
         await store.release("s")
     with sqlite3.connect(tmp_path / "index.sqlite3") as con:
         (good,) = {offset for (offset,) in con.execute("select log_offset from checkpoints")}

@@ -24,6 +24,10 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
+from clocks import T, fixed_ms
+from drafts import descriptor_draft, note, turn_start
+from log_lines import header, wire
+from registries import subagent_registry as registry
 from subagents.actors import (
     ActorStopped,
     AppendResult,
@@ -32,8 +36,6 @@ from subagents.actors import (
     SessionRef,
     open_session_store,
 )
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
     CrashFs,
     Event,
@@ -46,38 +48,12 @@ from subagents.storage import (
     PersistenceFailed,
     SequenceConflict,
     SessionHeader,
-    encode_event,
 )
+from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
-NOW = 1_789_000_000_000
 BOUND = 10  # seconds; a safety net only, never the mechanism of a test
-
-
-def now_ms() -> int:
-    return NOW
-
-
-def header(sid: str, **kw: Any) -> SessionHeader:
-    return SessionHeader(id=sid, created_at=NOW, **kw)
-
-
-def note(**data: Any) -> EventDraft:
-    """An ignorable event of a type outside the vocabulary: any object data is fine."""
-    return EventDraft(type="test/note", data=data, ignorable=True)
-
-
-def turn_start(turn: int) -> EventDraft:
-    return EventDraft(type="turn/start", data={"turn": turn})
-
-
-def descriptor(label: str) -> EventDraft:
-    payload = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="scripted", label=label))
-    return EventDraft(type="subagent/descriptor", data=payload)
-
-
-def registry(*extra: Any) -> ProjectionRegistry:
-    return ProjectionRegistry([*SUBAGENT_UNITS, *extra])
+now_ms = fixed_ms()
 
 
 def reopen(fs: CrashFs, sid: str) -> list[Event]:
@@ -88,10 +64,6 @@ def reopen(fs: CrashFs, sid: str) -> list[Event]:
         return other.read(handle)
     finally:
         other.close(handle)
-
-
-def wire(events: Sequence[Event]) -> list[bytes]:
-    return [encode_event(e) for e in events]
 
 
 @contextmanager
@@ -471,7 +443,7 @@ async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
         with trio.fail_after(BOUND):
             assert await ref.snapshot(["subagent"]) == {"subagent": None}
             await ref.append([turn_start(1)])
-            appended = await ref.append([descriptor("worker"), note(i=1)])
+            appended = await ref.append([descriptor_draft("worker"), note(i=1)])
             assert appended.first_seq == 1
 
             before = Counter(fs.counts)
@@ -483,7 +455,7 @@ async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
             # The hostile view breaks only a read that names it.
             assert await ref.snapshot(["subagent", "subagent_timing"]) == {
                 "subagent": {"mode": "continuable", "label": "worker", "seq": 1},
-                "subagent_timing": {"settled_ms": 0, "active": {"since": NOW, "through": NOW}},
+                "subagent_timing": {"settled_ms": 0, "active": {"since": T, "through": T}},
             }
             with pytest.raises(ProjectionBroken) as broken:
                 await ref.snapshot(["hostile_view"])
@@ -495,7 +467,7 @@ async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
             assert (await ref.append([note(i=2)])).first_seq == 3
 
             # Last descriptor wins; a snapshot shows every event acknowledged before it.
-            await ref.append([descriptor("renamed")])
+            await ref.append([descriptor_draft("renamed")])
             assert await ref.snapshot(["subagent"]) == {
                 "subagent": {"mode": "continuable", "label": "renamed", "seq": 4}
             }
@@ -508,7 +480,7 @@ async def test_a_unit_whose_apply_raises_breaks_only_its_own_key() -> None:
         with trio.fail_after(BOUND):
             await ref.append([note(i=0)])
             assert await ref.snapshot(["buggy_apply"]) == {"buggy_apply": 1}
-            await ref.append([turn_start(1), descriptor("w")])  # breaks buggy_apply
+            await ref.append([turn_start(1), descriptor_draft("w")])  # breaks buggy_apply
             assert not ref.stopped
 
             with pytest.raises(ProjectionBroken) as broken:
@@ -517,7 +489,7 @@ async def test_a_unit_whose_apply_raises_breaks_only_its_own_key() -> None:
             assert isinstance(broken.value.cause, ZeroDivisionError)
             # Other keys are still folded and served; appends still work.
             assert await ref.snapshot(["subagent"]) == {"subagent": {"mode": "continuable", "label": "w", "seq": 2}}
-            result = await ref.append([note(i=1), descriptor("w2")])
+            result = await ref.append([note(i=1), descriptor_draft("w2")])
             assert result.first_seq == 3
             assert await ref.snapshot(["subagent"]) == {"subagent": {"mode": "continuable", "label": "w2", "seq": 4}}
             with pytest.raises(ProjectionBroken):
@@ -540,7 +512,7 @@ async def test_snapshot_waits_for_appends_queued_before_it() -> None:
                 faulty,
                 ref,
                 [
-                    ("describe", lambda: ref.append([descriptor("late")])),
+                    ("describe", lambda: ref.append([descriptor_draft("late")])),
                     ("snap", lambda: ref.snapshot(["subagent"])),
                     ("flush", ref.flush),
                 ],

@@ -11,7 +11,7 @@ the real clock and wait on results and `wait_all_tasks_blocked`, never on sleeps
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,10 +19,12 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
-from log_lines import header
-from subagents.actors import ActorStopped, EventDraft, SessionRef, open_session_store
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS, is_own_identity
+from clocks import T, fixed_ms
+from drafts import descriptor_draft, note, turn_start
+from log_lines import header, wire
+from registries import subagent_registry as registry
+from subagents.actors import ActorStopped, SessionRef, open_session_store
+from subagents.runtime.subagents.units import is_own_identity
 from subagents.storage import (
     LOG_NAMES,
     AlreadyOwned,
@@ -35,39 +37,12 @@ from subagents.storage import (
     SessionAlreadyExists,
     SessionHeader,
     SessionNotFound,
-    encode_event,
     encode_session_id,
     make_event,
 )
-from subagents.storage.projection import ProjectionRegistry
 
-NOW = 1_789_000_000_000
 BOUND = 10  # seconds; a safety net only
-
-
-def now_ms() -> int:
-    return NOW
-
-
-def note(time: int | None = None, **data: Any) -> EventDraft:
-    return EventDraft(type="test/note", data=data, ignorable=True, time=time)
-
-
-def turn_start(turn: int, time: int | None = None) -> EventDraft:
-    return EventDraft(type="turn/start", data={"turn": turn}, time=time)
-
-
-def descriptor(label: str, time: int | None = None) -> EventDraft:
-    payload = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="scripted", label=label))
-    return EventDraft(type="subagent/descriptor", data=payload, time=time)
-
-
-def registry() -> ProjectionRegistry:
-    return ProjectionRegistry(SUBAGENT_UNITS)
-
-
-def wire(events: Sequence[Event]) -> list[bytes]:
-    return [encode_event(e) for e in events]
+now_ms = fixed_ms()
 
 
 def read_log(fs: CrashFs, sid: str) -> tuple[SessionHeader, Offset, list[Event]]:
@@ -221,8 +196,8 @@ async def test_open_of_a_persisted_session_folds_its_events() -> None:
     fs = CrashFs()
     async with open_session_store(MemoryLogStore(fs=fs), registry(), now_ms=now_ms) as store:
         ref = await store.create(header("child", origin="subagent"))
-        await ref.append([turn_start(1, time=NOW), descriptor("worker", time=NOW + 10)])
-        await ref.append([note(i=1, time=NOW + 30)])
+        await ref.append([turn_start(1, time=T), descriptor_draft("worker", time=T + 10)])
+        await ref.append([note(i=1, time=T + 30)])
 
     # A new process: a new store over the same files.
     async with open_session_store(MemoryLogStore(fs=fs), registry(), now_ms=now_ms) as store:
@@ -237,7 +212,7 @@ async def test_open_of_a_persisted_session_folds_its_events() -> None:
             assert fs.counts == before  # the cells were folded at open: no log read now
             assert snap == {
                 "subagent": {"mode": "continuable", "label": "worker", "seq": 1},
-                "subagent_timing": {"settled_ms": 0, "active": {"since": NOW, "through": NOW + 30}},
+                "subagent_timing": {"settled_ms": 0, "active": {"since": T, "through": T + 30}},
             }
             assert ref.is_own_seq(2) and not ref.is_own_seq(3)
             assert (await ref.append([note(i=2)])).first_seq == 3
@@ -318,11 +293,11 @@ async def _parent(store: Any) -> tuple[SessionRef, list[Event]]:
     parent = await store.create(header("p", origin="subagent"))
     result = await parent.append(
         [
-            descriptor("parent", time=NOW + 1),
-            turn_start(1, time=NOW + 2),
-            note(i=2, time=NOW + 3),
-            note(i=3, time=NOW + 4),
-            note(i=4, time=NOW + 5),
+            descriptor_draft("parent", time=T + 1),
+            turn_start(1, time=T + 2),
+            note(i=2, time=T + 3),
+            note(i=3, time=T + 4),
+            note(i=4, time=T + 5),
         ]
     )
     return parent, list(result.events)
@@ -345,14 +320,14 @@ async def test_fork_copies_the_prefix_then_the_marker_then_its_own_events() -> N
             assert mem.stat("c") is None
             assert not child.is_own_seq(3)
 
-            first = await child.append([turn_start(1, time=NOW + 100)])
+            first = await child.append([turn_start(1, time=T + 100)])
             assert first.first_seq == 4
             # The identity is the inherited one: not the child's own.
             identity = (await child.snapshot(["subagent"]))["subagent"]
             assert identity == {"mode": "continuable", "label": "parent", "seq": 0}
             assert not is_own_identity(identity, child.inherited_event_count)
 
-            own = await child.append([descriptor("child", time=NOW + 101)])
+            own = await child.append([descriptor_draft("child", time=T + 101)])
             assert own.first_seq == 5
             identity = (await child.snapshot(["subagent"]))["subagent"]
             assert identity == {"mode": "continuable", "label": "child", "seq": 5}
@@ -371,7 +346,7 @@ async def test_fork_copies_the_prefix_then_the_marker_then_its_own_events() -> N
     assert [e.seq for e in events] == list(range(6))
     assert wire(events[:3]) == wire(parent_events[:3])
     marker = events[3]
-    assert (marker.type, bytes(marker.data), marker.time) == ("session/end-seed", b'{"inherited":true}', NOW + 3)
+    assert (marker.type, bytes(marker.data), marker.time) == ("session/end-seed", b'{"inherited":true}', T + 3)
     assert wire(events[4:]) == wire([*first.events, *own.events])
 
 
@@ -407,8 +382,8 @@ async def test_seeded_create_publishes_its_seed_with_the_first_append_even_after
     faulty = FaultyLogStore(mem)
     fs = mem.crash_fs
     inherited = [
-        make_event(0, "turn/start", NOW + 1, {"turn": 1}),
-        make_event(1, "test/note", NOW + 7, {"x": 1}, ignorable=True),
+        make_event(0, "turn/start", T + 1, {"turn": 1}),
+        make_event(1, "test/note", T + 7, {"x": 1}, ignorable=True),
     ]
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
@@ -429,7 +404,7 @@ async def test_seeded_create_publishes_its_seed_with_the_first_append_even_after
     _, k, events = read_log(fs, "seeded")
     assert k == 2
     assert wire(events[:2]) == wire(inherited)
-    assert (events[2].type, bytes(events[2].data), events[2].time) == ("session/end-seed", b'{"inherited":true}', NOW + 7)
+    assert (events[2].type, bytes(events[2].data), events[2].time) == ("session/end-seed", b'{"inherited":true}', T + 7)
     assert [bytes(e.data) for e in events[3:]] == [b'{"i":1}']
 
 

@@ -1,4 +1,4 @@
-"""Test clocks: one fixed epoch and millisecond clocks that tick once a call."""
+"""Test clocks: one fixed epoch, and millisecond clocks that stand still or tick once a call."""
 
 from __future__ import annotations
 
@@ -11,3 +11,8 @@ T = 1_789_000_000_000  # a fixed epoch (ms): 2026-09-09, far from any real clock
 def ticking_ms(start: int = T) -> Callable[[], int]:
     """A `now_ms` that returns `start`, `start + 1`, ... one tick per call (distinct, growing)."""
     return itertools.count(start).__next__
+
+
+def fixed_ms(at: int = T) -> Callable[[], int]:
+    """A `now_ms` that always returns `at`."""
+    return lambda: at

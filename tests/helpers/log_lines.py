@@ -12,7 +12,7 @@ import zstandard
 from clocks import T
 
 from subagents.storage import Batch, Event, LogStore, Offset, SessionHeader, SessionId, encode_session_id
-from subagents.storage import HeaderRecord, encode_header_line
+from subagents.storage import HeaderRecord, encode_event, encode_header_line
 
 
 _FILE_NAMES = {"none": "session.jsonl", "zstd": "session.jsonl.zst"}
@@ -68,6 +68,11 @@ def zstd_frames(data: bytes) -> list[bytes]:
         data = decompressor.unused_data
     assert all(frame.endswith(b"\n") for frame in frames), "a frame ends inside a line"
     return frames
+
+
+def wire(events: Sequence[Event]) -> list[bytes]:
+    """The lines of `events` as the store writes them."""
+    return [encode_event(event) for event in events]
 
 
 def events_of(batches: Sequence[Batch]) -> list[Event]:
