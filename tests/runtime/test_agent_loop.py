@@ -19,6 +19,7 @@ import msgspec
 import trio
 import trio.testing
 
+from log_lines import header_line, json_line, new_log_file, read_all
 from subagents.actors import EventDraft
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import Agent, AgentConfig
@@ -38,7 +39,6 @@ from subagents.storage import (
     FileLogStore,
     ReplaceOp,
     SessionNotFound,
-    encode_session_id,
 )
 
 Json = dict[str, Any]
@@ -116,12 +116,7 @@ async def runtime(
 
 def read_log(root: Any, session_id: str) -> list[Event]:
     """The session's events, read from disk by a store of our own."""
-    store = FileLogStore(str(root), compression="none", use_index=False)
-    handle = store.open_read(session_id)
-    try:
-        return list(store.read(handle))
-    finally:
-        store.close(handle)
+    return read_all(FileLogStore(str(root), compression="none", use_index=False), session_id)
 
 
 def data(event: Event) -> Json:
@@ -757,16 +752,15 @@ async def test_running_out_of_responses_fails_the_turn_naming_session_and_call(t
 
 # --- resume -----------------------------------------------------------------------------------
 
-HEADER = {"type": "session", "format": 1, "id": "s-1", "created_at": 1_700_000_000_000,
-          "is_seeded": False, "inherited_event_count": 0, "delegation_depth": 0}
+HEADER = header_line("s-1", created_at=1_700_000_000_000)
 T0 = 1_700_000_000_001
 
 
-def _line(seq: int, type: str, payload: Json, **envelope: Any) -> Json:
-    return {"seq": seq, "type": type, "time": T0 + seq, "data": payload, **envelope}
+def _line(seq: int, type: str, payload: Json, **envelope: Any) -> bytes:
+    return json_line(seq, type, payload, time=T0 + seq, **envelope)
 
 
-def cut_log(*, recorded: bool) -> list[Json]:
+def cut_log(*, recorded: bool) -> list[bytes]:
     """Turn 1: the model asked for `write`; cut after its `tool/call` (recorded) or before it."""
     call = {"type": "tool-call", "id": "call_1_1", "name": "write", "arguments": '{"path":"x"}'}
     lines = [
@@ -785,15 +779,8 @@ def cut_log(*, recorded: bool) -> list[Json]:
     return lines
 
 
-def write_plain_log(root: Any, header: Json, lines: Sequence[Json]) -> None:
-    folder = root / "sessions" / encode_session_id(header["id"])
-    folder.mkdir(parents=True)
-    dump = lambda value: json.dumps(value, separators=(",", ":"))  # noqa: E731
-    (folder / "session.jsonl").write_text("".join(dump(v) + "\n" for v in [header, *lines]))
-
-
 async def _resume_cut_log(tmp_path, *, recorded: bool) -> list[Event]:
-    write_plain_log(tmp_path, HEADER, cut_log(recorded=recorded))
+    new_log_file(tmp_path, "s-1", "none").write_bytes(HEADER + b"".join(cut_log(recorded=recorded)))
     model = Recording(scripted(
         {"tool_calls": [{"name": "write", "arguments": {"path": "x"}}]},
         {"text": "written"},

@@ -18,6 +18,7 @@ import pytest
 import trio
 from trio.testing import wait_all_tasks_blocked
 
+from clocks import T
 from subagents.actors import Abort
 from subagents.runtime.agent.compaction import CompactionPlan, CompactionPolicy, plan_compaction
 from subagents.runtime.agent.inbox import Delivery, DeliveryCancelled, Inbox
@@ -709,9 +710,6 @@ async def test_wait_wake(mode: Any, wakes: bool, autojump_clock: Any) -> None:
 # =============================================================================================
 # messages and the surface
 # =============================================================================================
-
-T = 1_789_000_000_000
-
 
 def msg(seq: int, role: str = "user", *blocks: Json, source: Json | None = None) -> Json:
     default = {"system": {"kind": "user"}, "user": {"kind": "user"}, "assistant": {"kind": "model"}}[role]

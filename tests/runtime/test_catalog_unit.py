@@ -9,12 +9,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from clocks import T
 from subagents.runtime.subagents.lineage import catalog_entries
 from subagents.runtime.subagents.units import CATALOG_UNIT, SUBAGENT_UNITS
 from subagents.storage import Event, SessionHeader, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
-T = 1_789_000_000_000
 HEADER = SessionHeader(id="p", created_at=T)
 
 

@@ -39,7 +39,7 @@ def test_unknown_option_is_exit_2_without_traceback(capsys) -> None:
 
 
 def _root_with_children(tmp_path: Path) -> Path:
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+    from descriptors import descriptor
     from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
 
     store = FileLogStore(str(tmp_path))
@@ -49,7 +49,7 @@ def _root_with_children(tmp_path: Path) -> Path:
         events = [make_event(0, "turn/start", 1, {"turn": 1})]
         if parent is not None:
             mode = "continuable" if label else "one-shot"
-            data = snapshot_descriptor(SubagentDescriptor(mode=mode, provider="spawn", label=label))
+            data = descriptor(label, mode)
             events.insert(0, make_event(0, "subagent/descriptor", 1, data))
             events[1] = make_event(1, "turn/start", 1, {"turn": 1})
         store.append(handle, [Batch(0, events)])

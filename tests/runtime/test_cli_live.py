@@ -25,6 +25,8 @@ import pytest
 import zstandard
 
 from cli_process import CLI, clean_env, session_folder, write_script
+from descriptors import descriptor
+from drafts import descriptor_draft, turn_start
 from subagents.runtime.cli import main
 from subagents.storage.locks import held_flocks
 
@@ -150,15 +152,14 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
 def _parent_and_child(store: Any) -> Any:
     """A parent and a continuable child, published; the child's write handle is returned open,
     as another process running it would hold it (its turn 1 still open)."""
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
     from subagents.storage import Batch, SessionHeader, make_event
 
     parent = store.create(SessionHeader(id="p", created_at=1))
     store.append(parent, [Batch(0, [make_event(0, "turn/start", 1, {"turn": 1})])])
     store.close(parent)
     child = store.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
-    descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label="Busy"))
-    store.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, descriptor),
+    busy = descriptor("Busy")
+    store.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, busy),
                                    make_event(1, "turn/start", 2, {"turn": 1})])])
     return child
 
@@ -227,14 +228,13 @@ async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: P
     from subagents.runtime.clock import ScenarioClock
     from subagents.runtime.models.script import load_script
     from subagents.runtime.models.scripted import ScriptedModel
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
     from subagents.storage import Batch, MemoryLogStore, SessionHeader, make_event
 
     writer = MemoryLogStore()
     reader = MemoryLogStore(fs=writer.crash_fs)
     child = writer.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
-    descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label="Busy"))
-    writer.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, descriptor)])])
+    busy = descriptor("Busy")
+    writer.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, busy)])])
     script = {"agents": [{"session": "p", "responses": [
         {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"},
         {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
@@ -261,7 +261,6 @@ async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhe
 
     from subagents.actors import EventDraft, open_session_store
     from subagents.runtime.app import open_runtime
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
     from subagents.runtime.subagents.units import SUBAGENT_UNITS
     from subagents.storage import FaultyLogStore, MemoryLogStore, SessionHeader
     from subagents.storage.projection import ProjectionRegistry
@@ -271,9 +270,8 @@ async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhe
     async with open_session_store(memory, ProjectionRegistry(SUBAGENT_UNITS), now_ms=lambda: next(clock)) as sessions:
         await sessions.create(SessionHeader(id="p", created_at=1))
         ref = await sessions.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
-        descriptor = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label="Busy"))
-        await ref.append([EventDraft(type="subagent/descriptor", data=descriptor)])
-        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])
+        await ref.append([descriptor_draft("Busy")])
+        await ref.append([turn_start(1)])
         await sessions.release("c")  # checkpoint rows written
         await sessions.release("p")
     handle = memory.open_write("c")  # the writer elsewhere

@@ -9,7 +9,8 @@ import pytest
 
 from clocks import ticking_ms
 from descriptors import descriptor
-from subagents.actors import Abort, EventDraft, open_session_store
+from drafts import descriptor_draft, turn_start
+from subagents.actors import Abort, open_session_store
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.listing import ListingService, SubagentError, walk_descendants
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
@@ -46,8 +47,8 @@ async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         live = await sessions.create(SessionHeader(id="c-live", created_at=40, origin="subagent", parent_session="p"))
         window = await sessions.create(SessionHeader(id="c-window", created_at=41, origin="subagent", parent_session="p"))
-        await live.append([EventDraft(type="subagent/descriptor", data=descriptor("live one"))])
-        await window.append([EventDraft(type="turn/start", data={"turn": 1})])  # no descriptor yet
+        await live.append([descriptor_draft("live one")])
+        await window.append([turn_start(1)])  # no descriptor yet
         query = SessionQuery(base, sessions, registry)
         service = ListingService(registry=registry, sessions=sessions, query=query, log_store=base)
         result = rows(await service.list_children("p"))
@@ -90,7 +91,7 @@ async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_pa
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         for i in range(6):
             ref = await sessions.create(SessionHeader(id=f"c{i}", created_at=i + 1, origin="subagent", parent_session="p"))
-            await ref.append([EventDraft(type="subagent/descriptor", data=descriptor(f"child {i}"))])
+            await ref.append([descriptor_draft(f"child {i}")])
         for i in range(6):
             await sessions.release(f"c{i}")  # persisted, with checkpoint rows
     faulty = FaultyLogStore(FileLogStore(str(tmp_path)))
@@ -153,7 +154,7 @@ async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(tm
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         ref = await sessions.create(SessionHeader(id="c0", created_at=1, origin="subagent", parent_session="p"))
-        await ref.append([EventDraft(type="subagent/descriptor", data=descriptor("child"))])
+        await ref.append([descriptor_draft("child")])
         await sessions.release("c0")  # persisted, with checkpoint rows
         query = SessionQuery(base, sessions, registry)
         service = ListingService(registry=registry, sessions=sessions, query=query, log_store=base)

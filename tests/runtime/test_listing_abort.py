@@ -38,7 +38,8 @@ import trio.testing
 
 from clocks import ticking_ms
 from descriptors import descriptor
-from subagents.actors import Abort, EventDraft, SessionStore, open_session_store
+from drafts import descriptor_draft, turn_start
+from subagents.actors import Abort, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
 from subagents.runtime.subagents import listing as listing_module
 from subagents.runtime.subagents.listing import ListingService, SubagentError
@@ -496,7 +497,7 @@ async def test_cancellation_while_live_children_are_asked(
         live = []
         for i in range(2):
             ref = await sessions.create(SessionHeader(id=f"live{i}", created_at=30 + i, origin="subagent", parent_session="p"))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-            await ref.append([EventDraft(type="subagent/descriptor", data=descriptor(f"live {i}"))])
+            await ref.append([descriptor_draft(f"live {i}")])
             live.append(ref)
         seq = trio.testing.Sequencer()
         abort = Abort()
@@ -513,7 +514,7 @@ async def test_cancellation_while_live_children_are_asked(
         mailbox = live[0]._actor.mailbox  # noqa: SLF001 - to see the ask waiting behind the append
 
         async with trio.open_nursery() as helpers:
-            helpers.start_soon(live[0].append, [EventDraft(type="turn/start", data={"turn": 1})])
+            helpers.start_soon(live[0].append, [turn_start(1)])
 
             async def drive(outcome: Outcome) -> None:
                 async with seq(2):

@@ -16,9 +16,9 @@ from typing import Any
 import attrs
 import pytest
 
+from descriptors import descriptor
 from subagents.actors import open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.listing import ListingService
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import Batch, MemoryLogStore, Offset, SessionHeader, make_event
@@ -43,7 +43,7 @@ def family(n: int) -> MemoryLogStore:
     for i in range(n):
         sid = f"c{i:05d}"
         handle = store.create(SessionHeader(id=sid, created_at=1_000 + i, origin="subagent", parent_session="p"))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-        data = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=f"child {i}"))
+        data = descriptor(f"child {i}")
         events = [make_event(0, "subagent/descriptor", 1, data), make_event(1, "turn/start", 2, {"turn": 1})]
         store.append(handle, [Batch(Offset(0), events)])
         store.close(handle)

@@ -24,11 +24,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clocks import T, ticking_ms
+from descriptors import descriptor
+from drafts import turn_start
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.actors import cold_reader
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
 from subagents.storage import Batch, Event, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
@@ -42,7 +43,7 @@ def descriptor_data(kind: str) -> dict[str, Any]:
         return {"version": 2, "mode": "continuable", "provider": "spawn"}  # no label
     if kind == "future":
         return {"version": 3, "mode": "one-shot", "provider": "spawn"}
-    return snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=kind))
+    return descriptor(kind)
 
 
 def build(kinds: list[tuple[str, int]]) -> list[Event]:
@@ -344,7 +345,7 @@ async def test_the_corpus_reuses_records_only_while_nothing_changed(tmp_path: Pa
         assert again == first and all(a is b for a, b in zip(again, first, strict=True)) and again is not first
         live = await sessions.create(SessionHeader(id="s001-live", created_at=10))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
         await check()  # live only: not persisted yet
-        await live.append([EventDraft(type="turn/start", data={"turn": 1})])
+        await live.append([turn_start(1)])
         grown = await check()  # published: live and persisted
         assert [r.id for r in grown][0] == "s001-live" and grown[0].live and grown[0].persisted
         ref = await sessions.open("s000")  # a persisted one goes live

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drafts import descriptor_draft, turn_start
 from open_fds import inotify_fds
 
 from clocks import ticking_ms
-from descriptors import descriptor
-from subagents.actors import EventDraft, SessionStore, open_session_store
+from subagents.actors import SessionStore, open_session_store
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents import listing as listing_module
 from subagents.runtime.subagents.listing import ListingService
@@ -45,7 +45,7 @@ class Listings:
         ref = await self.sessions.create(
             SessionHeader(id=sid, created_at=now_ms(), origin="subagent", parent_session=parent)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
         )
-        await ref.append([EventDraft(type="subagent/descriptor", data=descriptor(label if label is not None else sid))])
+        await ref.append([descriptor_draft(label if label is not None else sid)])
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ async def test_each_change_shows_in_the_next_warm_listing(listings: Listings) ->
 
     ref = listings.sessions.get("c2")
     assert ref is not None
-    await ref.append([EventDraft(type="subagent/descriptor", data=descriptor("renamed"))])  # the last descriptor wins
+    await ref.append([descriptor_draft("renamed")])  # the last descriptor wins
     assert {r["id"]: r["label"] for r in await listings.children()}["c2"] == "renamed"
 
     await listings.sessions.release("c0")  # no longer live: read from its log (or checkpoint)
@@ -136,7 +136,7 @@ async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_p
     before = inotify_fds()
     async with open_runtime(tmp_path / "own") as rt:
         ref = await rt.sessions.create(SessionHeader(id="s", created_at=1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
-        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])
+        await ref.append([turn_start(1)])
         await rt.query.list_sessions()
         await rt.query.list_sessions()  # the store's second listing sets the watches up
         assert inotify_fds() == before + 1
@@ -145,7 +145,7 @@ async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_p
     mine = FileLogStore(str(tmp_path / "mine"))
     async with open_runtime(tmp_path / "mine", log_store=mine) as rt:
         ref = await rt.sessions.create(SessionHeader(id="s", created_at=1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
-        await ref.append([EventDraft(type="turn/start", data={"turn": 1})])
+        await ref.append([turn_start(1)])
         await rt.query.list_sessions()
         await rt.query.list_sessions()
     assert mine.watching and [i.id for i in mine.list()] == ["s"]  # still the caller's, still open

@@ -9,9 +9,10 @@ import attrs
 import pytest
 
 from clocks import ticking_ms
+from descriptors import descriptor
+from drafts import turn_start
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery, SessionQueryError
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
@@ -30,7 +31,7 @@ def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool =
     handle = store.create(SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session="p"))
     events = []
     if label is not None:
-        data = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label=label))
+        data = descriptor(label)
         events.append(make_event(0, "subagent/descriptor", 1, data))
     n = len(events)
     events.append(make_event(n, "turn/start", 2, {"turn": 1}))
@@ -64,7 +65,7 @@ async def test_the_corpus_is_live_preferred_and_newest_first(tmp_path: Path) -> 
     (tmp_path / "sessions" / "broken" / "session.jsonl").write_bytes(b'{"type":"session","format":1,"id":"broken"}\n')
     async with open_session_store(base, ProjectionRegistry(SUBAGENT_UNITS), now_ms=now_ms) as sessions:
         live = await sessions.create(SessionHeader(id="live", created_at=30))
-        await live.append([EventDraft(type="turn/start", data={"turn": 1})])
+        await live.append([turn_start(1)])
         query = SessionQuery(base, sessions, ProjectionRegistry(SUBAGENT_UNITS))
         records = await query.list_sessions()
         assert [r.id for r in records] == ["live", "a-tie", "b-tie", "old", "broken"]
@@ -119,7 +120,7 @@ async def test_observations_live_and_prepared(tmp_path: Path) -> None:
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(faulty, registry, now_ms=now_ms) as sessions:
         live = await sessions.create(SessionHeader(id="live", created_at=20))
-        data = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="spawn", label="live child"))
+        data = descriptor("live child")
         await live.append([EventDraft(type="subagent/descriptor", data=data)])
         query = SessionQuery(faulty, sessions, registry)
 

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from clocks import T
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, ToolFilter, snapshot_descriptor
 from subagents.runtime.subagents.units import (
     IDENTITY_UNIT,
@@ -24,7 +25,6 @@ from subagents.runtime.subagents.units import (
 from subagents.storage import Event, SessionHeader, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionBroken, ProjectionRegistry
 
-T = 1789000000000
 HEADER = SessionHeader(id="child-1", created_at=T, origin="subagent", delegation_depth=1)
 SEEDED = SessionHeader(
     id="child-2", created_at=T, is_seeded=True, parent_session="parent", origin="subagent", delegation_depth=1
