@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import re
 import tempfile
 from pathlib import Path
 
-import zstandard
+from log_lines import plain_logs
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -43,17 +42,6 @@ def _embedding_example() -> str:
     return code.group(1)
 
 
-def _logs(root: Path) -> dict[str, bytes]:
-    """Every log under `root`, decompressed: the plain form is what determinism is about."""
-    out = {}
-    for log in sorted((root / "sessions").glob("*/session.jsonl*")):
-        data = log.read_bytes()
-        if log.suffix == ".zst":
-            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
-        out[log.parent.name] = data
-    return out
-
-
 def test_embedding_example_is_deterministic_and_rerunnable(tmp_path, monkeypatch, capsys) -> None:
     """50 runs in a row in one folder: each makes its own store, prints the same two lines and
     writes byte-identical logs (the child answers only once the parent is held, so the notice
@@ -67,7 +55,7 @@ def test_embedding_example_is_deterministic_and_rerunnable(tmp_path, monkeypatch
         assert capsys.readouterr().out == "the child said: HI\n['child-1']\n", f"run {run + 1}"
         roots = sorted(tmp_path.glob("subagents-*"), key=lambda p: p.stat().st_mtime_ns)
         assert len(roots) == run + 1
-        logs = _logs(roots[-1])
+        logs = plain_logs(roots[-1])
         assert set(logs) == {"parent", "child-1"}
         if first is None:
             first = logs

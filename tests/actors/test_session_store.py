@@ -21,12 +21,11 @@ from trio.testing import wait_all_tasks_blocked
 
 from clocks import T, fixed_ms
 from drafts import descriptor_draft, note, turn_start
-from log_lines import header, wire
+from log_lines import header, rel_log, wire
 from registries import subagent_registry as registry
 from subagents.actors import ActorStopped, SessionRef, open_session_store
 from subagents.runtime.subagents.units import is_own_identity
 from subagents.storage import (
-    LOG_NAMES,
     AlreadyOwned,
     CrashFs,
     Event,
@@ -37,7 +36,6 @@ from subagents.storage import (
     SessionAlreadyExists,
     SessionHeader,
     SessionNotFound,
-    encode_session_id,
     make_event,
 )
 
@@ -228,7 +226,7 @@ async def test_open_cuts_a_torn_tail_before_appending() -> None:
     async with open_session_store(mem, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("t"))
         await ref.append([turn_start(1), note(i=1)])
-    path = f"sessions/{encode_session_id('t')}/{LOG_NAMES['none']}"
+    path = rel_log("t")
     fs.write_bytes(path, fs.read_bytes(path) + b'{"seq":2,"type":"test/no')
 
     async with open_session_store(mem, registry(), now_ms=now_ms) as store:

@@ -1,5 +1,5 @@
-"""Running the `subagents` command in a subprocess: the command line, a clean environment, script
-files for `--model scripted:PATH`, and where a session's files are."""
+"""Running the `subagents` command in a subprocess: the command line, a clean environment and
+script files for `--model scripted:PATH`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
-
-from subagents.storage import encode_session_id
 
 _SCRIPT = Path(sys.executable).parent / "subagents"
 CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
@@ -27,8 +25,3 @@ def write_script(path: Path, script: Any) -> str:
     """Write a model script to `path`; the `--model` value that names it."""
     path.write_text(json.dumps(script))
     return f"scripted:{path}"
-
-
-def session_folder(root: Path, session_id: str) -> Path:
-    """The folder of a session's files under `root`."""
-    return root / "sessions" / encode_session_id(session_id)

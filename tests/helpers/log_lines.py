@@ -3,6 +3,7 @@ read independently of it, and reading a whole log back through a store."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,26 @@ from subagents.storage import HeaderRecord, encode_event, encode_header_line
 
 
 _FILE_NAMES = {"none": "session.jsonl", "zstd": "session.jsonl.zst"}
+
+
+def rel_folder(sid: str) -> str:
+    """A session's folder relative to the store root (a `CrashFs` path)."""
+    return f"sessions/{encode_session_id(sid)}"
+
+
+def rel_log(sid: str, compression: str = "none") -> str:
+    """A session's log file relative to the store root (a `CrashFs` path)."""
+    return f"{rel_folder(sid)}/{_FILE_NAMES[compression]}"
+
+
+def session_folder(root: Path, sid: str) -> Path:
+    """The folder of a session's files under `root`."""
+    return root / rel_folder(sid)
+
+
+def log_file(root: Path, sid: str, compression: str = "none") -> Path:
+    """The log file of a session under `root`."""
+    return root / rel_log(sid, compression)
 
 
 def header(sid: str = "s1", created_at: int = T, **changes: Any) -> SessionHeader:
@@ -41,9 +62,8 @@ def json_line(seq: int, type_: str, data: Any, time: int = T, **extra: Any) -> b
 
 def new_log_file(root: Path, sid: str, compression: str) -> Path:
     """The log file of a new session folder under `root` (the folder is made, the file is not)."""
-    folder = root / "sessions" / encode_session_id(sid)
-    folder.mkdir(parents=True)
-    return folder / _FILE_NAMES[compression]
+    session_folder(root, sid).mkdir(parents=True)
+    return log_file(root, sid, compression)
 
 
 def zstd_frame(data: bytes) -> bytes:
@@ -51,10 +71,24 @@ def zstd_frame(data: bytes) -> bytes:
     return zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(data)
 
 
+def plain_bytes(path: Path) -> bytes:
+    """A log file's plain form: a `.zst` log's frames decoded one after another (a frame that is
+    not whole raises `zstandard.ZstdError`)."""
+    data = path.read_bytes()
+    if path.name.endswith(".zst"):
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
+            return reader.read()
+    return data
+
+
+def plain_logs(root: Path) -> dict[str, bytes]:
+    """Every log under `root` in its plain form, by folder name."""
+    return {path.parent.name: plain_bytes(path) for path in sorted((root / "sessions").glob("*/session.jsonl*"))}
+
+
 def plain_records(root: Path, sid: str) -> list[dict[str, Any]]:
     """The header record, then the events, of a plain (uncompressed) log, straight from its file."""
-    path = root / "sessions" / encode_session_id(sid) / _FILE_NAMES["none"]
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line) for line in log_file(root, sid).read_text(encoding="utf-8").splitlines()]
 
 
 def zstd_frames(data: bytes) -> list[bytes]:

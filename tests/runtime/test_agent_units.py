@@ -19,6 +19,7 @@ import trio
 from trio.testing import wait_all_tasks_blocked
 
 from clocks import T
+from events import turn_end_event
 from subagents.actors import Abort
 from subagents.runtime.agent.compaction import CompactionPlan, CompactionPolicy, plan_compaction
 from subagents.runtime.agent.inbox import Delivery, DeliveryCancelled, Inbox
@@ -775,7 +776,7 @@ def test_from_events_keeps_surface_events_only_with_their_messages() -> None:
         make_event(5, "tool/call", T, {"turn": 1, "step": 1, "call_id": "c1", "name": "ls", "arguments": "{}"}),
         result_ev(6, "c1"),
         make_event(7, "step/end", T, {"turn": 1, "step": 1}),
-        make_event(8, "turn/end", T, {"turn": 1, "reason": {"kind": "completed"}}),
+        turn_end_event(8, T, 1),
     ]
     surface = Surface.from_events(events)
     assert [(n.seq, n.type) for n in surface.nodes] == [

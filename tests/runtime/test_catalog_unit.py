@@ -10,12 +10,14 @@ import msgspec
 import pytest
 
 from clocks import T
+from events import seed_marker, turn_end_event
+from log_lines import header
 from subagents.runtime.subagents.lineage import catalog_entries
 from subagents.runtime.subagents.units import CATALOG_UNIT, SUBAGENT_UNITS
-from subagents.storage import Event, SessionHeader, make_event
+from subagents.storage import Event, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
-HEADER = SessionHeader(id="p", created_at=T)
+HEADER = header("p", T)
 
 
 def catalog(seq: int, child_id: str, created_at: int, mode: str = "continuable", label: str | None = "x") -> Event:
@@ -76,8 +78,8 @@ def test_a_bad_entry_is_skipped_and_never_hides_its_siblings(raw: bytes) -> None
 
 def test_a_forks_inherited_catalog_names_none_of_its_own_children() -> None:
     # seq 0..1 inherited (the parent's catalog), 2 the end-seed marker, then its own.
-    events = [catalog(0, "parents-child", 1), make_event(1, "turn/end", T, {"turn": 1, "reason": {"kind": "completed"}}),
-              make_event(2, "session/end-seed", T, {"inherited": True}), catalog(3, "mine", 5)]
+    events = [catalog(0, "parents-child", 1), turn_end_event(1, T, 1),
+              seed_marker(2, T), catalog(3, "mine", 5)]
     assert list(CATALOG_UNIT.view(fold(events, k=2))) == ["mine"]
 
 

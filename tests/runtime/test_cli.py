@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from log_lines import header
 from subagents.runtime.cli import main
 
 
@@ -44,8 +45,8 @@ def _root_with_children(tmp_path: Path) -> Path:
 
     store = FileLogStore(str(tmp_path))
     for sid, created, parent, label in (("p", 1, None, None), ("c1", 2, "p", "first"), ("c2", 3, "p", None), ("g", 4, "c1", "deep")):
-        header = SessionHeader(id=sid, created_at=created, parent_session=parent, origin="subagent" if parent else None)
-        handle = store.create(header)
+        session_header = header(sid, created, parent_session=parent, origin="subagent" if parent else None)
+        handle = store.create(session_header)
         events = [make_event(0, "turn/start", 1, {"turn": 1})]
         if parent is not None:
             mode = "continuable" if label else "one-shot"

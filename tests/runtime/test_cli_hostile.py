@@ -15,9 +15,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from clocks import T
 from descriptors import descriptor
-from log_lines import encode_header, json_line, new_log_file, zstd_frame
+from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
 from subagents.runtime.cli import main
-from subagents.storage import SessionHeader
 
 HOSTILE = [
     b'{"seq":2,"type":"turn/end","time":1,"data":{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}}\n",
@@ -32,9 +31,8 @@ HOSTILE = [
 
 
 def _write(root: Path, sid: str, body: bytes, *, parent: str | None, compression: str, created_at: int) -> None:
-    header = SessionHeader(id=sid, created_at=created_at, parent_session=parent, origin="subagent" if parent else None,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-                           delegation_depth=1 if parent else 0)
-    head = encode_header(header)
+    session_header = header(sid, created_at, parent_session=parent, origin="subagent" if parent else None, delegation_depth=1 if parent else 0)
+    head = encode_header(session_header)
     log = new_log_file(root, sid, compression)
     if compression == "none":
         log.write_bytes(head + body)

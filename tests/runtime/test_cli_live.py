@@ -11,7 +11,6 @@ against the same root, must say so: `show` prints no synthetic closers and marks
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import os
 import signal
@@ -24,9 +23,10 @@ from typing import Any
 import pytest
 import zstandard
 
-from cli_process import CLI, clean_env, session_folder, write_script
+from cli_process import CLI, clean_env, write_script
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
+from log_lines import header, plain_bytes, session_folder
 from subagents.runtime.cli import main
 from subagents.storage.locks import held_flocks
 
@@ -44,13 +44,10 @@ SCRIPT = {"agents": [
 def log_records(root: Path, session_id: str) -> list[dict[str, Any]]:
     """The complete lines of a session's log, straight from its file (a torn tail is skipped)."""
     [log] = [p for p in session_folder(root, session_id).iterdir() if p.name.startswith("session.jsonl")]
-    data = log.read_bytes()
-    if log.name.endswith(".zst"):
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
-            try:
-                data = reader.read()
-            except zstandard.ZstdError:
-                return []  # a frame being written: look again
+    try:
+        data = plain_bytes(log)
+    except zstandard.ZstdError:
+        return []  # a frame being written: look again
     return [json.loads(line) for line in data.split(b"\n")[:-1]]
 
 
@@ -154,10 +151,10 @@ def _parent_and_child(store: Any) -> Any:
     as another process running it would hold it (its turn 1 still open)."""
     from subagents.storage import Batch, SessionHeader, make_event
 
-    parent = store.create(SessionHeader(id="p", created_at=1))
+    parent = store.create(header("p", 1))
     store.append(parent, [Batch(0, [make_event(0, "turn/start", 1, {"turn": 1})])])
     store.close(parent)
-    child = store.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
+    child = store.create(header("c", 2, parent_session="p", origin="subagent"))
     busy = descriptor("Busy")
     store.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, busy),
                                    make_event(1, "turn/start", 2, {"turn": 1})])])
@@ -232,7 +229,7 @@ async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: P
 
     writer = MemoryLogStore()
     reader = MemoryLogStore(fs=writer.crash_fs)
-    child = writer.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
+    child = writer.create(header("c", 2, parent_session="p", origin="subagent"))
     busy = descriptor("Busy")
     writer.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, busy)])])
     script = {"agents": [{"session": "p", "responses": [
@@ -268,8 +265,8 @@ async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhe
     memory = MemoryLogStore()  # one store: its in-memory lock table has no processes, any holder counts
     clock = itertools.count(1)
     async with open_session_store(memory, ProjectionRegistry(SUBAGENT_UNITS), now_ms=lambda: next(clock)) as sessions:
-        await sessions.create(SessionHeader(id="p", created_at=1))
-        ref = await sessions.create(SessionHeader(id="c", created_at=2, parent_session="p", origin="subagent"))
+        await sessions.create(header("p", 1))
+        ref = await sessions.create(header("c", 2, parent_session="p", origin="subagent"))
         await ref.append([descriptor_draft("Busy")])
         await ref.append([turn_start(1)])
         await sessions.release("c")  # checkpoint rows written

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from events import seed_marker, turn_end_event
+from log_lines import header
 from subagents.runtime import cli
 from subagents.runtime.cli import build_parser, iso_time, main
-from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
+from subagents.storage import Batch, FileLogStore, make_event
 
 HEADER = '{"type":"session","format":1,"id":"%s","created_at":1796131041123,"is_seeded":false,"inherited_event_count":0,"delegation_depth":0}'
 
@@ -96,14 +98,14 @@ def test_unknown_session_stays_exit_2(tmp_path: Path, capsys) -> None:
 
 def test_show_marks_a_forks_inherited_prefix(tmp_path: Path, capsys) -> None:
     store = FileLogStore(str(tmp_path))
-    header = SessionHeader(id="fork", created_at=5, is_seeded=True, parent_session="origin", origin="subagent")
-    handle = store.create(header, inherited_event_count=2)
+    fork_header = header("fork", 5, is_seeded=True, parent_session="origin", origin="subagent")
+    handle = store.create(fork_header, inherited_event_count=2)
     store.append(handle, [Batch(0, [
         make_event(0, "turn/start", 1, {"turn": 1}),
-        make_event(1, "turn/end", 2, {"turn": 1, "reason": {"kind": "completed"}}),
-        make_event(2, "session/end-seed", 3, {"inherited": True}),
+        turn_end_event(1, 2, 1),
+        seed_marker(2, 3),
         make_event(3, "turn/start", 4, {"turn": 2}),
-        make_event(4, "turn/end", 5, {"turn": 2, "reason": {"kind": "completed"}}),
+        turn_end_event(4, 5, 2),
     ])])
     store.close(handle)
     store.close_store()

@@ -11,7 +11,6 @@ missing.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -23,11 +22,11 @@ from typing import Any
 
 import pytest
 import trio
-import zstandard
 
-from cli_process import CLI, clean_env, session_folder, write_script
+from cli_process import CLI, clean_env, write_script
 from http_request import Seen, read_request
 
+from log_lines import plain_bytes, session_folder
 from subagents.storage import FileLogStore
 
 SENTINEL_KEY = "sk-CLI-SENTINEL-5e1d7a2b9c4f3086"
@@ -48,20 +47,11 @@ def text_script(*texts: str) -> dict[str, Any]:
     return {"agents": [{"responses": [{"text": t} for t in texts]}]}
 
 
-def log_bytes(path: Path) -> bytes:
-    """A log file's plain form (a `.zst` log is a sequence of independent frames)."""
-    data = path.read_bytes()
-    if path.name.endswith(".zst"):
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
-            return reader.read()
-    return data
-
-
 def log_records(root: Path, session_id: str) -> list[dict[str, Any]]:
     """The header record and the events of a session, read straight from its file."""
     folder = session_folder(root, session_id)
     [log] = [p for p in folder.iterdir() if p.name.startswith("session.jsonl")]
-    return [json.loads(line) for line in log_bytes(log).decode().splitlines()]
+    return [json.loads(line) for line in plain_bytes(log).decode().splitlines()]
 
 
 def events(root: Path, session_id: str, kind: str) -> list[dict[str, Any]]:
@@ -69,7 +59,7 @@ def events(root: Path, session_id: str, kind: str) -> list[dict[str, Any]]:
 
 
 def session_ids(root: Path) -> list[str]:
-    return sorted(json.loads(log_bytes(log).split(b"\n", 1)[0])["id"]
+    return sorted(json.loads(plain_bytes(log).split(b"\n", 1)[0])["id"]
                   for log in (root / "sessions").glob("*/session.jsonl*"))
 
 
@@ -412,7 +402,7 @@ def all_bytes_under(root: Path) -> list[tuple[Path, bytes]]:
         if path.is_file():
             found.append((path, path.read_bytes()))
             if path.name.endswith(".zst"):
-                found.append((path, log_bytes(path)))
+                found.append((path, plain_bytes(path)))
     return found
 
 

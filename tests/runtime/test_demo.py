@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from log_lines import plain_logs
+
 EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
 
 
@@ -50,19 +52,6 @@ def test_a_second_demo_on_the_same_root_uses_fresh_ids(tmp_path: Path) -> None:
     assert again.stdout.splitlines()[-2:] == ["demo: demo-6 resumed", "demo: ok"]
 
 
-def _logs(root: Path) -> dict[str, bytes]:
-    """Every session log under `root`, decompressed when it is zstd."""
-    import zstandard
-
-    logs = {}
-    for path in sorted((root / "sessions").glob("*/session.jsonl*")):
-        data = path.read_bytes()
-        if path.suffix == ".zst":
-            data = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
-        logs[path.parent.name] = data
-    return logs
-
-
 async def test_the_demo_writes_the_same_logs_every_run(tmp_path: Path) -> None:
     """Issue 13 item 3: two runs into two fresh roots write every log byte for byte alike."""
     import io
@@ -74,7 +63,7 @@ async def test_the_demo_writes_the_same_logs_every_run(tmp_path: Path) -> None:
         out = io.StringIO()
         assert await run_demo(str(tmp_path / name), out=out, live=False, delay_scale=0) == 0
         assert out.getvalue().splitlines()[-4:] == EXPECTED_END
-        runs.append(_logs(tmp_path / name))
+        runs.append(plain_logs(tmp_path / name))
     first, second = runs
     assert sorted(first) == ["demo-1", "demo-2", "demo-3", "demo-4"]
     assert first.keys() == second.keys()

@@ -19,10 +19,9 @@ from hypothesis import HealthCheck, given, settings
 
 from clocks import T, ticking_ms
 from descriptors import descriptor
-from log_lines import encode_header, json_line, new_log_file, zstd_frame
+from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
-from subagents.storage import SessionHeader
 
 now_ms = ticking_ms(T + 10_000)
 
@@ -51,8 +50,8 @@ HOSTILE: dict[str, bytes] = {
 
 
 def write_child(root: Path, sid: str, body: bytes, compression: str, created_at: int, *, torn: bool = False) -> None:
-    header = SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session="p", delegation_depth=1)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-    head = encode_header(header)
+    session_header = header(sid, created_at, origin="subagent", parent_session="p", delegation_depth=1)
+    head = encode_header(session_header)
     log = new_log_file(root, sid, compression)
     if compression == "none":
         log.write_bytes(head + body)
@@ -67,8 +66,8 @@ def write_child(root: Path, sid: str, body: bytes, compression: str, created_at:
 
 def build(root: Path, hostile: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
     """The parent `p`, three healthy children and the hostile ones: (healthy ids, hostile ids)."""
-    header = SessionHeader(id="p", created_at=T)  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
-    new_log_file(root, "p", "none").write_bytes(encode_header(header) + json_line(0, "turn/start", {"turn": 1}))
+    session_header = header("p", T)
+    new_log_file(root, "p", "none").write_bytes(encode_header(session_header) + json_line(0, "turn/start", {"turn": 1}))
     healthy = []
     for i, compression in enumerate(("none", "zstd", "none")):
         sid = f"ok-{i}"

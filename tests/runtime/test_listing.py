@@ -10,11 +10,13 @@ import pytest
 from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
+from listing_rows import rows
+from log_lines import header
 from subagents.actors import Abort, open_session_store
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.listing import ListingService, SubagentError, walk_descendants
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, PersistenceFailed, SessionHeader, make_event
+from subagents.storage import Batch, FaultyLogStore, FileLogStore, PersistenceFailed, make_event
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -22,15 +24,11 @@ now_ms = ticking_ms()
 
 def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *, data: dict[str, Any] | None = None,
           origin: str | None = "subagent") -> None:
-    handle = store.create(SessionHeader(id=sid, created_at=created_at, origin=origin, parent_session=parent))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+    handle = store.create(header(sid, created_at, origin=origin, parent_session=parent))
     events = [make_event(0, "subagent/descriptor", 1, data)] if data is not None else []
     events.append(make_event(len(events), "turn/start", 2, {"turn": 1}))
     store.append(handle, [Batch(0, events)])
     store.close(handle)
-
-
-def rows(result: list[Any]) -> list[dict[str, Any]]:
-    return [r.to_json() for r in result]
 
 
 async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:
@@ -45,8 +43,8 @@ async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:
     child(base, "grandchild", 29, parent="c-a", data=descriptor("g"))
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
-        live = await sessions.create(SessionHeader(id="c-live", created_at=40, origin="subagent", parent_session="p"))
-        window = await sessions.create(SessionHeader(id="c-window", created_at=41, origin="subagent", parent_session="p"))
+        live = await sessions.create(header("c-live", 40, origin="subagent", parent_session="p"))
+        window = await sessions.create(header("c-window", 41, origin="subagent", parent_session="p"))
         await live.append([descriptor_draft("live one")])
         await window.append([turn_start(1)])  # no descriptor yet
         query = SessionQuery(base, sessions, registry)
@@ -90,7 +88,7 @@ async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_pa
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         for i in range(6):
-            ref = await sessions.create(SessionHeader(id=f"c{i}", created_at=i + 1, origin="subagent", parent_session="p"))
+            ref = await sessions.create(header(f"c{i}", i + 1, origin="subagent", parent_session="p"))
             await ref.append([descriptor_draft(f"child {i}")])
         for i in range(6):
             await sessions.release(f"c{i}")  # persisted, with checkpoint rows
@@ -135,7 +133,7 @@ def test_the_walk_is_iterative_and_never_loops() -> None:
     from subagents.runtime.query import SessionRecord
 
     def rec(sid: str, parent: str | None, created: int) -> SessionRecord:
-        return SessionRecord(id=sid, header=SessionHeader(id=sid, created_at=created, origin="subagent", parent_session=parent),
+        return SessionRecord(id=sid, header=header(sid, created, origin="subagent", parent_session=parent),
                              live=False, persisted=True, damage=None, inherited_event_count=0, revision=None, event_count=1)
 
     chain = [rec("n0", "n9999", 0)] + [rec(f"n{i}", f"n{i - 1}", i) for i in range(1, 10_000)]  # the root names its own descendant
@@ -153,7 +151,7 @@ async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(tm
     base = FileLogStore(str(tmp_path))
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
-        ref = await sessions.create(SessionHeader(id="c0", created_at=1, origin="subagent", parent_session="p"))
+        ref = await sessions.create(header("c0", 1, origin="subagent", parent_session="p"))
         await ref.append([descriptor_draft("child")])
         await sessions.release("c0")  # persisted, with checkpoint rows
         query = SessionQuery(base, sessions, registry)

@@ -39,6 +39,8 @@ import trio.testing
 from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
+from events import seed_marker, turn_end_event
+from log_lines import header
 from subagents.actors import Abort, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
 from subagents.runtime.subagents import listing as listing_module
@@ -51,7 +53,6 @@ from subagents.storage import (
     LogStore,
     Offset,
     PersistenceFailed,
-    SessionHeader,
     make_event,
 )
 from subagents.storage.projection import ProjectionRegistry
@@ -61,7 +62,7 @@ now_ms = ticking_ms()
 
 def child(store: LogStore, sid: str, created_at: int, parent: str = "p", *, label: str) -> None:
     """A persisted child: its descriptor, then a turn that is left open."""
-    handle = store.create(SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session=parent))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+    handle = store.create(header(sid, created_at, origin="subagent", parent_session=parent))
     events = [make_event(0, "subagent/descriptor", 1, descriptor(label)), make_event(1, "turn/start", 2, {"turn": 1})]
     store.append(handle, [Batch(Offset(0), events)])
     store.close(handle)
@@ -73,16 +74,16 @@ def seeded_child(store: LogStore, sid: str, created_at: int, parent: str = "p", 
     seed = [
         make_event(0, "subagent/descriptor", 1, descriptor("the parent's")),
         make_event(1, "turn/start", 2, {"turn": 1}),
-        make_event(2, "turn/end", 3, {"turn": 1, "reason": {"kind": "completed"}}),
+        turn_end_event(2, 3, 1),
     ]
     events = [
         *seed,
-        make_event(3, "session/end-seed", 4, {"inherited": True}),
+        seed_marker(3, 4),
         make_event(4, "subagent/descriptor", 5, descriptor(label)),
         make_event(5, "turn/start", 6, {"turn": 2}),
     ]
-    header = SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session=parent, is_seeded=True)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-    handle = store.create(header, inherited_event_count=Offset(len(seed)))
+    session_header = header(sid, created_at, origin="subagent", parent_session=parent, is_seeded=True)
+    handle = store.create(session_header, inherited_event_count=Offset(len(seed)))
     store.append(handle, [Batch(Offset(0), events)])
     store.close(handle)
 
@@ -496,7 +497,7 @@ async def test_cancellation_while_live_children_are_asked(
         store, query, sessions = env.store, env.query, env.sessions
         live = []
         for i in range(2):
-            ref = await sessions.create(SessionHeader(id=f"live{i}", created_at=30 + i, origin="subagent", parent_session="p"))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+            ref = await sessions.create(header(f"live{i}", 30 + i, origin="subagent", parent_session="p"))
             await ref.append([descriptor_draft(f"live {i}")])
             live.append(ref)
         seq = trio.testing.Sequencer()

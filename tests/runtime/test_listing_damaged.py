@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import trio
 
+from listing_rows import rows
 from subagents.runtime.app import open_runtime
 from subagents.runtime.cli import main
 from subagents.runtime.clock import ScenarioClock
@@ -168,10 +169,6 @@ def expected(ids: dict[str, str], reason: str | None, extra: str | None) -> list
         if label == "victim" and extra is not None:
             out.append(diag(extra, "corrupt"))  # the copy: same created_at, its own folder id
     return out
-
-
-def rows(result: list[Any]) -> list[dict[str, Any]]:
-    return [row.to_json() for row in result]
 
 
 def descendants(ids: dict[str, str], children: list[dict[str, Any]], grand: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,10 +22,13 @@ import trio.testing
 
 from clocks import ticking_ms
 from descriptors import descriptor
+from events import seed_marker
+from listing_rows import rows
+from log_lines import header
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.subagents.listing import SubagentError
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Batch, FaultyLogStore, FileLogStore, Offset, make_event
 
 now_ms = ticking_ms()
 
@@ -37,7 +40,7 @@ VERSION_3 = {"version": 3, "mode": "continuable", "provider": "spawn", "label": 
 def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *,
           descriptors: list[dict[str, Any]] = (), cwd: str | None = None, open_turn: bool = True) -> None:  # type: ignore[assignment]  # an empty tuple as the default list
     """A persisted child: its descriptors (in order), then a turn that is left open."""
-    handle = store.create(SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session=parent, cwd=cwd))
+    handle = store.create(header(sid, created_at, origin="subagent", parent_session=parent, cwd=cwd))
     events = [make_event(i, "subagent/descriptor", i + 1, data) for i, data in enumerate(descriptors)]
     if open_turn:
         events.append(make_event(len(events), "turn/start", len(events) + 1, {"turn": 1}))
@@ -53,11 +56,11 @@ def seeded_child(store: FileLogStore, sid: str, created_at: int, *, inherited: l
     seed.append(make_event(len(seed), "turn/start", 50, {"turn": 1}))
     seed.append(make_event(len(seed), "turn/end", 51, {"turn": 1, "reason": {"kind": "completed"}}))
     k = len(seed)
-    events = [*seed, make_event(k, "session/end-seed", 60, {"inherited": True})]
+    events = [*seed, seed_marker(k, 60)]
     events += [make_event(len(events), "subagent/descriptor", 61, data) for data in own]
     events.append(make_event(len(events), "turn/start", 70, {"turn": 2}))
     handle = store.create(
-        SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session=parent, is_seeded=True),
+        header(sid, created_at, origin="subagent", parent_session=parent, is_seeded=True),
         inherited_event_count=Offset(k),
     )
     store.append(handle, [Batch(Offset(0), events)])
@@ -73,10 +76,6 @@ def rewrite(path: Path, edit: Callable[[bytes], bytes]) -> None:
     tmp = path.with_name("edited.tmp")
     tmp.write_bytes(edit(path.read_bytes()))
     os.replace(tmp, path)
-
-
-def rows(result: list[Any]) -> list[dict[str, Any]]:
-    return [r.to_json() for r in result]
 
 
 def row(sid: str, label: str | None, mode: str = "continuable", *, has_children: bool = False,
@@ -138,7 +137,7 @@ LIVE_CASES = [
 @pytest.mark.parametrize(("descriptors", "expected"), LIVE_CASES)
 async def test_live_descriptor_table(tmp_path: Path, descriptors: list[dict[str, Any]], expected: dict[str, Any] | None) -> None:
     async with open_runtime(tmp_path, now_ms=now_ms) as runtime:
-        ref = await runtime.sessions.create(SessionHeader(id="c", created_at=1, origin="subagent", parent_session="p"))
+        ref = await runtime.sessions.create(header("c", 1, origin="subagent", parent_session="p"))
         await ref.append([EventDraft(type="subagent/descriptor", data=data) for data in descriptors])
         assert rows(await runtime.listing.list_children("p")) == ([] if expected is None else [expected])
 

@@ -17,11 +17,12 @@ import attrs
 import pytest
 
 from descriptors import descriptor
+from log_lines import header
 from subagents.actors import open_session_store
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.listing import ListingService
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, MemoryLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Batch, MemoryLogStore, Offset, make_event
 from subagents.storage.projection import ProjectionRegistry
 
 SIZES = (1_000, 2_000)
@@ -42,7 +43,7 @@ def family(n: int) -> MemoryLogStore:
     store = MemoryLogStore(compression="none")
     for i in range(n):
         sid = f"c{i:05d}"
-        handle = store.create(SessionHeader(id=sid, created_at=1_000 + i, origin="subagent", parent_session="p"))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+        handle = store.create(header(sid, 1_000 + i, origin="subagent", parent_session="p"))
         data = descriptor(f"child {i}")
         events = [make_event(0, "subagent/descriptor", 1, data), make_event(1, "turn/start", 2, {"turn": 1})]
         store.append(handle, [Batch(Offset(0), events)])

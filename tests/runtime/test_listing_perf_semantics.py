@@ -26,15 +26,16 @@ from hypothesis import strategies as st
 from clocks import T, ticking_ms
 from descriptors import descriptor
 from drafts import turn_start
+from log_lines import header
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.actors import cold_reader
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
-from subagents.storage import Batch, Event, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Batch, Event, FaultyLogStore, FileLogStore, Offset, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
-HEADER = SessionHeader(id="child", created_at=T, origin="subagent", parent_session="p")  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+HEADER = header("child", T, origin="subagent", parent_session="p")
 now_ms = ticking_ms()
 
 
@@ -130,7 +131,7 @@ def test_identity_declares_the_only_type_it_reads() -> None:
 def persist(store: FileLogStore, n: int) -> list[str]:
     ids = [f"s{i:03d}" for i in range(n)]
     for i, sid in enumerate(ids):
-        handle = store.create(SessionHeader(id=sid, created_at=i + 1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
+        handle = store.create(header(sid, i + 1))
         events = [make_event(0, "turn/start", 1, {"turn": 1}), make_event(1, "step/start", 2, {"turn": 1, "step": 1})]
         store.append(handle, [Batch(Offset(0), events)])
         store.close(handle)
@@ -343,7 +344,7 @@ async def test_the_corpus_reuses_records_only_while_nothing_changed(tmp_path: Pa
         first = await check()
         again = await check()
         assert again == first and all(a is b for a, b in zip(again, first, strict=True)) and again is not first
-        live = await sessions.create(SessionHeader(id="s001-live", created_at=10))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
+        live = await sessions.create(header("s001-live", 10))
         await check()  # live only: not persisted yet
         await live.append([turn_start(1)])
         grown = await check()  # published: live and persisted

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from drafts import descriptor_draft, turn_start
+from log_lines import header
 from open_fds import inotify_fds
 
 from clocks import ticking_ms
@@ -17,7 +18,7 @@ from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents import listing as listing_module
 from subagents.runtime.subagents.listing import ListingService
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import FileLogStore, SessionHeader
+from subagents.storage import FileLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -43,7 +44,7 @@ class Listings:
 
     async def create(self, sid: str, parent: str = "p", label: str | None = None) -> None:
         ref = await self.sessions.create(
-            SessionHeader(id=sid, created_at=now_ms(), origin="subagent", parent_session=parent)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+            header(sid, now_ms(), origin="subagent", parent_session=parent)
         )
         await ref.append([descriptor_draft(label if label is not None else sid)])
 
@@ -135,7 +136,7 @@ async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_p
 
     before = inotify_fds()
     async with open_runtime(tmp_path / "own") as rt:
-        ref = await rt.sessions.create(SessionHeader(id="s", created_at=1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
+        ref = await rt.sessions.create(header("s", 1))
         await ref.append([turn_start(1)])
         await rt.query.list_sessions()
         await rt.query.list_sessions()  # the store's second listing sets the watches up
@@ -144,7 +145,7 @@ async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_p
 
     mine = FileLogStore(str(tmp_path / "mine"))
     async with open_runtime(tmp_path / "mine", log_store=mine) as rt:
-        ref = await rt.sessions.create(SessionHeader(id="s", created_at=1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
+        ref = await rt.sessions.create(header("s", 1))
         await ref.append([turn_start(1)])
         await rt.query.list_sessions()
         await rt.query.list_sessions()

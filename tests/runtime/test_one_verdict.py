@@ -18,11 +18,11 @@ import pytest
 
 from clocks import T, ticking_ms
 from descriptors import descriptor
-from log_lines import encode_header, new_log_file, zstd_frame
+from log_lines import encode_header, header, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
 from subagents.runtime.transcript import transcript
-from subagents.storage import CorruptLog, InvalidPayload, SessionHeader, StorageError
+from subagents.storage import CorruptLog, InvalidPayload, StorageError
 from subagents.storage.index import _COLUMNS, _crc  # noqa: PLC2701 - forging an older build's row
 
 now_ms = ticking_ms()
@@ -70,8 +70,8 @@ def _lines(events: list[dict[str, Any]]) -> list[bytes]:
 
 
 def write_child(root: Path, sid: str, events: list[dict[str, Any]], compression: str) -> None:
-    header = SessionHeader(id=sid, created_at=T, origin="subagent", parent_session="p", delegation_depth=1)  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-    head = encode_header(header)
+    session_header = header(sid, T, origin="subagent", parent_session="p", delegation_depth=1)
+    head = encode_header(session_header)
     log = new_log_file(root, sid, compression)
     lines = _lines(events)
     if compression == "none":

@@ -11,6 +11,8 @@ import pytest
 from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import turn_start
+from events import turn_end_event
+from log_lines import header
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
@@ -28,7 +30,7 @@ now_ms = ticking_ms()
 
 
 def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool = False, label: str | None = None) -> None:
-    handle = store.create(SessionHeader(id=sid, created_at=created_at, origin="subagent", parent_session="p"))
+    handle = store.create(header(sid, created_at, origin="subagent", parent_session="p"))
     events = []
     if label is not None:
         data = descriptor(label)
@@ -36,7 +38,7 @@ def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool =
     n = len(events)
     events.append(make_event(n, "turn/start", 2, {"turn": 1}))
     if not open_turn:
-        events.append(make_event(n + 1, "turn/end", 3, {"turn": 1, "reason": {"kind": "completed"}}))
+        events.append(turn_end_event(n + 1, 3, 1))
     store.append(handle, [Batch(0, events)])
     store.close(handle)
 
@@ -64,7 +66,7 @@ async def test_the_corpus_is_live_preferred_and_newest_first(tmp_path: Path) -> 
     (tmp_path / "sessions" / "broken").mkdir()
     (tmp_path / "sessions" / "broken" / "session.jsonl").write_bytes(b'{"type":"session","format":1,"id":"broken"}\n')
     async with open_session_store(base, ProjectionRegistry(SUBAGENT_UNITS), now_ms=now_ms) as sessions:
-        live = await sessions.create(SessionHeader(id="live", created_at=30))
+        live = await sessions.create(header("live", 30))
         await live.append([turn_start(1)])
         query = SessionQuery(base, sessions, ProjectionRegistry(SUBAGENT_UNITS))
         records = await query.list_sessions()
@@ -82,7 +84,7 @@ async def test_a_differing_live_header_is_a_conflict_not_a_failure(tmp_path: Pat
     @attrs.define
     class FakeRef:
         session_id: str = "s"
-        header: SessionHeader = SessionHeader(id="s", created_at=11)
+        header: SessionHeader = header("s", 11)
         inherited_event_count: int = 0
 
     class FakeSessions:
@@ -119,7 +121,7 @@ async def test_observations_live_and_prepared(tmp_path: Path) -> None:
     faulty = FaultyLogStore(base)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(faulty, registry, now_ms=now_ms) as sessions:
-        live = await sessions.create(SessionHeader(id="live", created_at=20))
+        live = await sessions.create(header("live", 20))
         data = descriptor("live child")
         await live.append([EventDraft(type="subagent/descriptor", data=data)])
         query = SessionQuery(faulty, sessions, registry)
@@ -149,11 +151,11 @@ async def test_a_live_observation_holds_the_durable_events_only(tmp_path: Path) 
     base = FileLogStore(str(tmp_path))
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
-        fresh = await sessions.create(SessionHeader(id="fresh", created_at=20))
+        fresh = await sessions.create(header("fresh", 20))
         query = SessionQuery(base, sessions, registry)
         async with query.observe_session("fresh") as seen:
             assert (seen.source, seen.events, seen.header) == ("live", (), fresh.header)
-        running = await sessions.create(SessionHeader(id="running", created_at=30))
+        running = await sessions.create(header("running", 30))
         await running.append([EventDraft(type="turn/start", data={"turn": 1}),
                               EventDraft(type="step/start", data={"turn": 1, "step": 1})])
         async with query.observe_session("running") as seen:
@@ -215,7 +217,7 @@ async def test_the_observation_cache_is_bounded_by_memory_not_bytes_on_disk(tmp_
     prepared observation holds (raw data plus a per-event overhead), so a bound cannot be
     overrun by a factor of the compression ratio."""
     base = FileLogStore(str(tmp_path))
-    handle = base.create(SessionHeader(id="big", created_at=1))
+    handle = base.create(header("big", 1))
     events = [make_event(i, "turn/start", 2, {"turn": i}) for i in range(2000)]
     base.append(handle, [Batch(0, events)])
     base.close(handle)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import trio
 
-from log_lines import plain_records
+from log_lines import header, plain_records
 from subagents.actors import Abort, open_session_store
 from subagents.runtime import cli
 from subagents.runtime.agent.loop import AgentConfig, AgentStopped
@@ -28,7 +28,7 @@ from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.runtime.subagents.listing import SubagentError
 from subagents.runtime.subagents.service import notice_blocks
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, SessionHeader, make_event
+from subagents.storage import Batch, FaultyLogStore, FileLogStore, make_event
 from subagents.storage.projection import ProjectionRegistry
 
 Json = dict[str, Any]
@@ -81,8 +81,7 @@ async def test_a_child_cannot_message_a_parent_that_is_not_live(tmp_path: Path) 
 
 async def test_an_index_header_that_differs_from_the_log_is_a_source_conflict(tmp_path: Path) -> None:
     store = FileLogStore(str(tmp_path), compression="none")
-    handle = store.create(SessionHeader(id="s", created_at=10, origin="subagent", parent_session="pa",
-                                        delegation_depth=1))
+    handle = store.create(header("s", 10, origin="subagent", parent_session="pa", delegation_depth=1))
     store.append(handle, [Batch(0, [make_event(0, "turn/start", 2, {"turn": 1})])])
     store.close(handle)
     info = store.stat("s")  # the index now holds the header with parent "pa"

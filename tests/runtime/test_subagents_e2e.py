@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import trio
 
-from log_lines import plain_records
+from log_lines import header, plain_records
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
@@ -1052,11 +1052,10 @@ async def test_a_catalog_naming_a_session_that_is_not_its_child_closes_nothing(t
 
     store = FileLogStore(str(tmp_path), compression="none")
     t = 1789000000000
-    other = store.create(SessionHeader(id="other", created_at=t, origin="subagent", parent_session="elsewhere",
-                                       delegation_depth=1))
+    other = store.create(header("other", t, origin="subagent", parent_session="elsewhere", delegation_depth=1))
     store.append(other, [Batch(0, [make_event(0, "turn/start", t + 1, {"turn": 1})])])
     store.close(other)
-    parent = store.create(SessionHeader(id="parent", created_at=t))
+    parent = store.create(header("parent", t))
     store.append(parent, [Batch(0, [
         make_event(0, "turn/start", t + 2, {"turn": 1}),
         make_event(1, "subagent/catalog", t + 3, {"version": 1, "child_id": "other",

@@ -15,6 +15,8 @@ import msgspec
 import pytest
 
 from clocks import T
+from events import seed_marker, turn_end_event, turn_start_event
+from log_lines import header
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, ToolFilter, snapshot_descriptor
 from subagents.runtime.subagents.units import (
     IDENTITY_UNIT,
@@ -25,10 +27,8 @@ from subagents.runtime.subagents.units import (
 from subagents.storage import Event, SessionHeader, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionBroken, ProjectionRegistry
 
-HEADER = SessionHeader(id="child-1", created_at=T, origin="subagent", delegation_depth=1)
-SEEDED = SessionHeader(
-    id="child-2", created_at=T, is_seeded=True, parent_session="parent", origin="subagent", delegation_depth=1
-)
+HEADER = header("child-1", T, origin="subagent", delegation_depth=1)
+SEEDED = header("child-2", T, is_seeded=True, parent_session="parent", origin="subagent", delegation_depth=1)
 
 ONE_SHOT = {"version": 2, "mode": "one-shot", "provider": "spawn"}
 ONE_SHOT_LABELLED = {**ONE_SHOT, "label": "count files"}
@@ -59,14 +59,6 @@ def raw_descriptor(seq: int, raw: bytes) -> Event:
     return event
 
 
-def turn_start(seq: int, time: int, turn: int = 1) -> Event:
-    return make_event(seq, "turn/start", time, {"turn": turn})
-
-
-def turn_end(seq: int, time: int, turn: int = 1) -> Event:
-    return make_event(seq, "turn/end", time, {"turn": turn, "reason": {"kind": "completed"}})
-
-
 def step(seq: int, time: int, kind: str = "step/start") -> Event:
     return make_event(seq, kind, time, {"turn": 1, "step": 0})
 
@@ -76,15 +68,11 @@ def user(seq: int, time: int) -> Event:
     return make_event(seq, "user/message", time, {"turn": 1, "step": 0, "message": message}, surface_op="append")
 
 
-def end_seed(seq: int) -> Event:
-    return make_event(seq, "session/end-seed", T + seq, {"inherited": True})
-
-
 def other_events(start: int) -> list[Event]:
     """One event of every non-descriptor kind the identity unit must ignore."""
     message = {"id": "a", "role": "assistant", "content": [{"type": "text", "text": "ok"}], "source": {"kind": "model"}}
     return [
-        turn_start(start, T),
+        turn_start_event(start, T),
         step(start + 1, T),
         user(start + 2, T),
         make_event(
@@ -96,7 +84,7 @@ def other_events(start: int) -> list[Event]:
         ),
         make_event(start + 4, "tool/call", T, {"turn": 1, "step": 0, "call_id": "c", "name": "ls", "arguments": "{}"}),
         step(start + 5, T, "step/end"),
-        turn_end(start + 6, T),
+        turn_end_event(start + 6, T),
         make_event(
             start + 7,
             "subagent/catalog",
@@ -106,7 +94,7 @@ def other_events(start: int) -> list[Event]:
         make_event(start + 8, "subagent/settled", T, {"child_id": "x", "reason_kind": "completed"}),
         make_event(start + 9, "compaction/summary", T, {"text": "s"}),
         make_event(start + 10, "future/thing", T, {"version": 2, "mode": "one-shot"}, ignorable=True),
-        end_seed(start + 11),
+        seed_marker(start + 11, T + start + 11),
     ]
 
 
@@ -251,7 +239,7 @@ def test_a_replayed_ancestor_descriptor_is_not_own() -> None:
     cut = len(inherited)
     state = fold(IDENTITY_UNIT, inherited, cut)
     assert not is_own_identity(IDENTITY_UNIT.view(state), cut)
-    state = IDENTITY_UNIT.apply(IDENTITY_UNIT.apply(state, end_seed(cut)), descriptor(cut + 1, ONE_SHOT))
+    state = IDENTITY_UNIT.apply(IDENTITY_UNIT.apply(state, seed_marker(cut, T + cut)), descriptor(cut + 1, ONE_SHOT))
     assert is_own_identity(IDENTITY_UNIT.view(state), cut)
 
 
@@ -263,43 +251,43 @@ TIMING: list[tuple[str, list[Event], dict[str, Any], dict[str, Any]]] = [
     ("nothing", [], INITIAL_TIMING, {"settled_ms": 0}),
     (
         "turn open before the descriptor is pending",
-        [turn_start(0, 100)],
+        [turn_start_event(0, 100)],
         {"settled_ms": 0, "pending_turn_start": 100, "descriptor_seen": False},
         {"settled_ms": 0},
     ),
     (
         "a turn before the descriptor counts for nothing",
-        [turn_start(0, 100), user(1, 120), turn_end(2, 150)],
+        [turn_start_event(0, 100), user(1, 120), turn_end_event(2, 150)],
         INITIAL_TIMING,
         {"settled_ms": 0},
     ),
     (
         "descriptor after a completed turn: nothing active",
-        [turn_start(0, 100), turn_end(1, 150), descriptor(2, ONE_SHOT, 160)],
+        [turn_start_event(0, 100), turn_end_event(1, 150), descriptor(2, ONE_SHOT, 160)],
         {"settled_ms": 0, "descriptor_seen": True},
         {"settled_ms": 0},
     ),
     (
         "descriptor mid-turn: active since the turn's start",
-        [turn_start(0, 100), user(1, 110), descriptor(2, ONE_SHOT, 120)],
+        [turn_start_event(0, 100), user(1, 110), descriptor(2, ONE_SHOT, 120)],
         {"settled_ms": 0, "active": {"since": 100, "through": 120}, "descriptor_seen": True},
         {"settled_ms": 0, "active": {"since": 100, "through": 120}},
     ),
     (
         "active through follows every event",
-        [turn_start(0, 100), descriptor(1, ONE_SHOT, 120), step(2, 130), user(3, 145)],
+        [turn_start_event(0, 100), descriptor(1, ONE_SHOT, 120), step(2, 130), user(3, 145)],
         {"settled_ms": 0, "active": {"since": 100, "through": 145}, "descriptor_seen": True},
         {"settled_ms": 0, "active": {"since": 100, "through": 145}},
     ),
     (
         "descriptor mid-turn, turn ends: settled from the turn's start",
-        [turn_start(0, 100), descriptor(1, ONE_SHOT, 120), step(2, 130), turn_end(3, 200)],
+        [turn_start_event(0, 100), descriptor(1, ONE_SHOT, 120), step(2, 130), turn_end_event(3, 200)],
         {"settled_ms": 100, "descriptor_seen": True},
         {"settled_ms": 100},
     ),
     (
         "descriptor first, then a turn",
-        [descriptor(0, ONE_SHOT, 50), turn_start(1, 100), step(2, 130)],
+        [descriptor(0, ONE_SHOT, 50), turn_start_event(1, 100), step(2, 130)],
         {"settled_ms": 0, "active": {"since": 100, "through": 130}, "descriptor_seen": True},
         {"settled_ms": 0, "active": {"since": 100, "through": 130}},
     ),
@@ -307,21 +295,21 @@ TIMING: list[tuple[str, list[Event], dict[str, Any], dict[str, Any]]] = [
         "settled accumulates over turns",
         [
             descriptor(0, ONE_SHOT, 50),
-            turn_start(1, 100),
-            turn_end(2, 160),
+            turn_start_event(1, 100),
+            turn_end_event(2, 160),
             step(3, 170),  # between turns: nothing active, nothing counted
-            turn_start(4, 200, 2),
+            turn_start_event(4, 200, 2),
             user(5, 230),
-            turn_end(6, 260, 2),
-            turn_start(7, 1000, 3),
-            turn_end(8, 1005, 3),
+            turn_end_event(6, 260, 2),
+            turn_start_event(7, 1000, 3),
+            turn_end_event(8, 1005, 3),
         ],
         {"settled_ms": 125, "descriptor_seen": True},
         {"settled_ms": 125},
     ),
     (
         "settled accumulates with a turn open",
-        [descriptor(0, ONE_SHOT, 50), turn_start(1, 100), turn_end(2, 160), turn_start(3, 300, 2), step(4, 310)],
+        [descriptor(0, ONE_SHOT, 50), turn_start_event(1, 100), turn_end_event(2, 160), turn_start_event(3, 300, 2), step(4, 310)],
         {"settled_ms": 60, "active": {"since": 300, "through": 310}, "descriptor_seen": True},
         {"settled_ms": 60, "active": {"since": 300, "through": 310}},
     ),
@@ -329,9 +317,9 @@ TIMING: list[tuple[str, list[Event], dict[str, Any], dict[str, Any]]] = [
         "a later descriptor resets settled and keeps the open turn's start",
         [
             descriptor(0, ONE_SHOT, 50),
-            turn_start(1, 100),
-            turn_end(2, 160),
-            turn_start(3, 200, 2),
+            turn_start_event(1, 100),
+            turn_end_event(2, 160),
+            turn_start_event(3, 200, 2),
             descriptor(4, CONTINUABLE, 250),
         ],
         {"settled_ms": 0, "active": {"since": 200, "through": 250}, "descriptor_seen": True},
@@ -339,31 +327,31 @@ TIMING: list[tuple[str, list[Event], dict[str, Any], dict[str, Any]]] = [
     ),
     (
         "a malformed descriptor resets timing too",
-        [descriptor(0, ONE_SHOT, 50), turn_start(1, 100), turn_end(2, 160), descriptor(3, MALFORMED, 170)],
+        [descriptor(0, ONE_SHOT, 50), turn_start_event(1, 100), turn_end_event(2, 160), descriptor(3, MALFORMED, 170)],
         {"settled_ms": 0, "descriptor_seen": True},
         {"settled_ms": 0},
     ),
     (
         "an undecodable descriptor still counts as seen",
-        [turn_start(0, 100), raw_descriptor(1, b"{nope")],
+        [turn_start_event(0, 100), raw_descriptor(1, b"{nope")],
         {"settled_ms": 0, "active": {"since": 100, "through": T + 1}, "descriptor_seen": True},
         {"settled_ms": 0, "active": {"since": 100, "through": T + 1}},
     ),
     (
         "a turn start while active restarts the open turn",
-        [descriptor(0, ONE_SHOT, 50), turn_start(1, 100), turn_start(2, 400, 2)],
+        [descriptor(0, ONE_SHOT, 50), turn_start_event(1, 100), turn_start_event(2, 400, 2)],
         {"settled_ms": 0, "active": {"since": 400, "through": 400}, "descriptor_seen": True},
         {"settled_ms": 0, "active": {"since": 400, "through": 400}},
     ),
     (
         "negative duration clamps to 0",
-        [descriptor(0, ONE_SHOT, 50), turn_start(1, 100), turn_end(2, 160), turn_start(3, 900, 2), turn_end(4, 800, 2)],
+        [descriptor(0, ONE_SHOT, 50), turn_start_event(1, 100), turn_end_event(2, 160), turn_start_event(3, 900, 2), turn_end_event(4, 800, 2)],
         {"settled_ms": 60, "descriptor_seen": True},
         {"settled_ms": 60},
     ),
     (
         "descriptor later than its turn's end clamps to 0",
-        [turn_start(0, 500), descriptor(1, ONE_SHOT, 600), turn_end(2, 450)],
+        [turn_start_event(0, 500), descriptor(1, ONE_SHOT, 600), turn_end_event(2, 450)],
         {"settled_ms": 0, "descriptor_seen": True},
         {"settled_ms": 0},
     ),
@@ -388,11 +376,11 @@ def test_timing_key_and_version() -> None:
 
 
 IGNORED: list[tuple[str, list[Event], Event]] = [
-    ("turn end before a descriptor with nothing pending", [], turn_end(0, 10)),
+    ("turn end before a descriptor with nothing pending", [], turn_end_event(0, 10)),
     ("another event before a descriptor", [], step(0, 10)),
-    ("another event while a turn is pending", [turn_start(0, 10)], user(1, 20)),
-    ("turn end after a descriptor with nothing active", [descriptor(0, ONE_SHOT)], turn_end(1, 10)),
-    ("another event between turns", [descriptor(0, ONE_SHOT), turn_start(1, 5), turn_end(2, 9)], step(3, 10)),
+    ("another event while a turn is pending", [turn_start_event(0, 10)], user(1, 20)),
+    ("turn end after a descriptor with nothing active", [descriptor(0, ONE_SHOT)], turn_end_event(1, 10)),
+    ("another event between turns", [descriptor(0, ONE_SHOT), turn_start_event(1, 5), turn_end_event(2, 9)], step(3, 10)),
 ]
 
 
@@ -403,7 +391,7 @@ def test_timing_returns_the_same_state_when_nothing_changes(prefix: list[Event],
 
 
 def test_timing_never_mutates_state_in_place() -> None:
-    events = [turn_start(0, 100), descriptor(1, ONE_SHOT, 120), step(2, 130), turn_end(3, 200), turn_start(4, 300)]
+    events = [turn_start_event(0, 100), descriptor(1, ONE_SHOT, 120), step(2, 130), turn_end_event(3, 200), turn_start_event(4, 300)]
     state = TIMING_UNIT.initial(HEADER, 0)
     for event in events:
         before = copy.deepcopy(state)
@@ -424,24 +412,24 @@ def child_log() -> tuple[list[Event], int]:
     followed by a good one."""
     inherited = [
         descriptor(0, CONTINUABLE, T),
-        turn_start(1, T + 10),
+        turn_start_event(1, T + 10),
         user(2, T + 20),
-        turn_end(3, T + 50),
+        turn_end_event(3, T + 50),
     ]
     cut = len(inherited)
     own = [
-        end_seed(cut),
-        turn_start(cut + 1, T + 100),
+        seed_marker(cut, T + cut),
+        turn_start_event(cut + 1, T + 100),
         user(cut + 2, T + 110),
         descriptor(cut + 3, ONE_SHOT_LABELLED, T + 120),
         step(cut + 4, T + 130),
-        turn_end(cut + 5, T + 200),
-        turn_start(cut + 6, T + 300, 2),
+        turn_end_event(cut + 5, T + 200),
+        turn_start_event(cut + 6, T + 300, 2),
         descriptor(cut + 7, MALFORMED, T + 310),
         step(cut + 8, T + 320),
-        turn_end(cut + 9, T + 400, 2),
+        turn_end_event(cut + 9, T + 400, 2),
         descriptor(cut + 10, CONTINUABLE, T + 410),
-        turn_start(cut + 11, T + 500, 3),
+        turn_start_event(cut + 11, T + 500, 3),
         step(cut + 12, T + 530),
     ]
     return inherited + own, cut

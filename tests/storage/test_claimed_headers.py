@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from subagents.storage import Batch, FileLogStore, HeaderClaim, MemoryLogStore, SessionHeader, make_event
+from log_lines import header
+from subagents.storage import Batch, FileLogStore, HeaderClaim, MemoryLogStore, make_event
 
 
 def publish(store: FileLogStore, sid: str, parent: str = "p") -> None:
-    handle = store.create(SessionHeader(id=sid, created_at=42, origin="subagent", parent_session=parent))
+    handle = store.create(header(sid, 42, origin="subagent", parent_session=parent))
     store.append(handle, [Batch(0, [make_event(0, "turn/start", 43, {"turn": 1})])])
     store.close(handle)
 
@@ -78,10 +79,10 @@ def test_checkpoint_rows_can_be_read_for_some_units_and_skip_a_usual_value() -> 
 
     index = SessionIndex(None)
     for sid, catalog in (("a", {"children": {}}), ("b", {"children": {"x": {"created_at": 1, "mode": "one-shot"}}})):
-        header = SessionHeader(id=sid, created_at=1)
+        session_header = header(sid, 1)
         rows = {"subagent": CheckpointRow(ver=2, seq=0, val={}), "subagent_timing": CheckpointRow(ver=2, seq=0, val={}),
                 "subagent_catalog": CheckpointRow(ver=1, seq=0, val=catalog)}
-        assert index.save_checkpoint(header.id, Lifecycle.of(header, 0), rows, 10)
+        assert index.save_checkpoint(session_header.id, Lifecycle.of(session_header, 0), rows, 10)
     every = index.load_checkpoints(["a", "b"])
     assert every is not None and sorted(s.key for s in every["a"]) == ["subagent", "subagent_catalog", "subagent_timing"]
     some = index.load_checkpoints(["a", "b", "nobody"], ["subagent", "subagent_catalog"],

@@ -14,12 +14,13 @@ from typing import Any
 import msgspec
 import pytest
 
+from clocks import T
+from log_lines import header
 from subagents.storage import (
     Batch,
     Event,
     FileLogStore,
     InvalidPayload,
-    SessionHeader,
     decode_event,
     decode_payload,
     encode_event,
@@ -36,8 +37,6 @@ OUTCOME_UNKNOWN_TEXT = (
 NOT_STARTED_TEXT = (
     "The tool call was interrupted before the Harness recorded it as started. Retry it if it is still needed."
 )
-
-T = 1789000000000
 
 
 # --- a tiny log builder: seqs are positions, times strictly increase -----------------------------
@@ -384,7 +383,7 @@ def test_a_malformed_payload_is_invalid_payload(bad: dict[str, Any]) -> None:
 def test_closers_appended_through_a_write_handle_read_back_identically(tmp_path: Path) -> None:
     log, expected = case_three_calls_answered_started_and_not_started()
     store = FileLogStore(str(tmp_path), compression="none")
-    handle = store.create(SessionHeader(id="crashed", created_at=T))
+    handle = store.create(header("crashed", T))
     try:
         store.append(handle, [Batch(0, log.events)])
     finally:

@@ -36,9 +36,9 @@ from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from log_lines import events_of, header_line, zstd_frames
+from clocks import T
+from log_lines import events_of, header, header_line, rel_folder, rel_log, wire, zstd_frames
 from subagents.storage import (
-    LOG_NAMES,
     AlreadyOwned,
     Batch,
     CrashFs,
@@ -54,7 +54,6 @@ from subagents.storage import (
     StorageError,
     WriteHandle,
     encode_event,
-    encode_session_id,
     make_event,
 )
 from subagents.storage.forms import Compression
@@ -148,22 +147,10 @@ def durability_violations(store: FileLogStore, models: Mapping[str, SessionModel
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def header_of(sid: str) -> SessionHeader:
-    return SessionHeader(id=SessionId(sid), created_at=1_789_000_000_000)
-
-
-def folder_of(sid: str) -> str:
-    return f"sessions/{encode_session_id(sid)}"
-
-
-def log_path(sid: str, compression: Compression) -> str:
-    return f"{folder_of(sid)}/{LOG_NAMES[compression]}"
-
-
 def make_test_event(sid: str, seq: int, attempt: int, size: int) -> Event:
     """An event whose bytes differ for every (session, seq, attempt): a substitution shows."""
     text = f"{sid} seq {seq} attempt {attempt} " + "abcdefgh"[seq % 8] * size
-    return make_event(seq, "compaction/summary", 1_789_000_000_000 + attempt, {"text": text})
+    return make_event(seq, "compaction/summary", T + attempt, {"text": text})
 
 
 def batches_at(sid: str, first: int, attempt: int, sizes: Sequence[Sequence[int]]) -> list[Batch]:
@@ -176,10 +163,6 @@ def batches_at(sid: str, first: int, attempt: int, sizes: Sequence[Sequence[int]
     return batches
 
 
-def encoded(events: Sequence[Event]) -> list[bytes]:
-    return [encode_event(e) for e in events]
-
-
 def file_bytes(fs: CrashFs, path: str) -> bytes | None:
     return fs.read_bytes(path) if fs.kind(path) == "file" else None
 
@@ -187,7 +170,7 @@ def file_bytes(fs: CrashFs, path: str) -> bytes | None:
 def plain_form(fs: CrashFs, sid: str, compression: Compression) -> bytes:
     """The log as plain lines; for zstd, decoded independently of the store, every frame whole
     and checksum-verified (a torn frame fails), the first frame exactly the header line."""
-    data = fs.read_bytes(log_path(sid, compression))
+    data = fs.read_bytes(rel_log(sid, compression))
     if compression == "none":
         return data
     frames = zstd_frames(data)
@@ -230,15 +213,15 @@ class CrashMachine(RuleBasedStateMachine):
     def create(self, sid: str) -> None:
         if sid in self.handles:
             with pytest.raises(AlreadyOwned):
-                self.store.create(header_of(sid))
+                self.store.create(header(sid))
             return
         if self.store.stat(sid) is not None:
             with pytest.raises(SessionAlreadyExists):
-                self.store.create(header_of(sid))
+                self.store.create(header(sid))
             return
-        self.handles[sid] = self.store.create(header_of(sid))
+        self.handles[sid] = self.store.create(header(sid))
         self.views[sid] = []
-        self.models.setdefault(sid, SessionModel(header_of(sid)))
+        self.models.setdefault(sid, SessionModel(header(sid)))
 
     @rule(sid=st.sampled_from(SIDS))
     def reopen(self, sid: str) -> None:
@@ -254,7 +237,7 @@ class CrashMachine(RuleBasedStateMachine):
                 self.store.open_write(sid)
             return
         handle = self.store.open_write(sid)
-        view = encoded(self.store.read(handle))
+        view = wire(self.store.read(handle))
         assert handle.next_seq == len(view)
         self.assert_log_is(sid, view)  # a torn tail was cut (and a torn frame's lines re-framed)
         assert view[: len(self.models[sid].acked)] == self.models[sid].acked
@@ -303,13 +286,13 @@ class CrashMachine(RuleBasedStateMachine):
         publishing = not handle.published
         injected = OSError(errno.EIO, f"injected {kind} failure #{self.attempts}")
         if kind == "write":
-            size = sum(len(e) for e in encoded(events)) + (len(header_line(sid)) if publishing else 0)
+            size = sum(len(e) for e in wire(events)) + (len(header_line(sid)) if publishing else 0)
             partial = data.draw(st.integers(0, size), label="bytes written before the failure")
             self.fs.inject("write", error=injected, partial=partial)
         elif kind == "fsync":
             self.fs.inject("fsync", error=injected)
         elif kind == "fsync_dir folder":
-            self.fs.inject("fsync_dir", path_suffix=folder_of(sid), error=injected)
+            self.fs.inject("fsync_dir", path_suffix=rel_folder(sid), error=injected)
         elif kind == "fsync_dir sessions":
             self.fs.inject("fsync_dir", path_suffix="sessions", error=injected)
         elif kind == "link":
@@ -325,10 +308,10 @@ class CrashMachine(RuleBasedStateMachine):
             assert handle.next_seq == len(view)
             if kind.startswith("fsync"):
                 assert handle.dead is not None, "a failed fsync must kill the handle"
-                before = file_bytes(self.fs, log_path(sid, self.compression))
+                before = file_bytes(self.fs, rel_log(sid, self.compression))
                 with pytest.raises(HandleDead):
                     self.store.append(handle, batches_at(sid, handle.next_seq, self.attempts, [[1]]))
-                assert file_bytes(self.fs, log_path(sid, self.compression)) == before
+                assert file_bytes(self.fs, rel_log(sid, self.compression)) == before
                 if reopen:  # no retry on a dead handle: close, reopen, validate what reached the log
                     self.store.close(self.handles.pop(sid))
                     del self.views[sid]
@@ -339,10 +322,10 @@ class CrashMachine(RuleBasedStateMachine):
                 self.assert_log_is(sid, view)  # rolled back to exactly the acknowledged bytes
             else:
                 assert self.store.stat(sid) is None
-                assert self.fs.kind(f"{folder_of(sid)}/{PUBLISH_TEMP}") is None
+                assert self.fs.kind(f"{rel_folder(sid)}/{PUBLISH_TEMP}") is None
             return
         assert kind == "none", f"the injected {kind} fault did not fail the append"
-        view.extend(encoded(events))
+        view.extend(wire(events))
         assert nxt == handle.next_seq == len(view)
         model.acknowledge(view)
 
@@ -353,12 +336,12 @@ class CrashMachine(RuleBasedStateMachine):
         """Power loss: what no fsync covered is gone, except that a log may keep a torn tail —
         part of the bytes it lost (written back before the crash), NUL padding, or the start of a
         record nobody wrote (a crash inside a write) — as real disks can."""
-        before = {sid: file_bytes(self.fs, log_path(sid, self.compression)) for sid in self.models}
+        before = {sid: file_bytes(self.fs, rel_log(sid, self.compression)) for sid in self.models}
         self.fs.crash()
         self.handles.clear()
         self.views.clear()
         for sid in sorted(self.models):
-            path = log_path(sid, self.compression)
+            path = rel_log(sid, self.compression)
             after, was = file_bytes(self.fs, path), before[sid]
             if after is None:
                 continue  # the log's folder entry was not durable
@@ -478,29 +461,29 @@ def run_acknowledged_scenario(fs: CrashFs, compression: Compression) -> list[str
         attempt += 1
         batches = batches_at(handle.session_id, handle.next_seq, attempt, sizes)
         store.append(handle, batches)
-        view.extend(encoded(events_of(batches)))
+        view.extend(wire(events_of(batches)))
         models[handle.session_id].acknowledge(view)
 
     for sid in ("s0", "s1"):
-        models[sid] = SessionModel(header_of(sid))
-        handle = store.create(header_of(sid))
+        models[sid] = SessionModel(header(sid))
+        handle = store.create(header(sid))
         view: list[bytes] = []
         append(store, handle, view, [[10, 200], [3]])
         append(store, handle, view, [[50]])
         store.close(handle)
     # s0: more through a reopened handle, still open at the crash; s1: more through another store.
     handle = store.open_write("s0")
-    view = encoded(store.read(handle))
+    view = wire(store.read(handle))
     append(store, handle, view, [[7], [8, 9]])
     append(store, handle, view, [[120]])
     other = FileLogStore(fs=fs, compression=compression)
     handle = other.open_write("s1")
-    view = encoded(other.read(handle))
+    view = wire(other.read(handle))
     append(other, handle, view, [[1, 2, 3]])
     other.close(handle)
     # s2: published by its only append, open at the crash.
-    models["s2"] = SessionModel(header_of("s2"))
-    append(store, store.create(header_of("s2")), [], [[60], [2]])
+    models["s2"] = SessionModel(header("s2"))
+    append(store, store.create(header("s2")), [], [[60], [2]])
     fs.crash()
     return durability_violations(FileLogStore(fs=fs, compression=compression), models)
 
@@ -528,11 +511,11 @@ def test_the_checker_notices_each_dropped_fsync_of_the_store(role: str, compress
 
 
 def _published(store: FileLogStore, sid: str) -> tuple[WriteHandle, SessionModel, list[bytes]]:
-    model = SessionModel(header_of(sid))
-    handle = store.create(header_of(sid))
+    model = SessionModel(header(sid))
+    handle = store.create(header(sid))
     batches = batches_at(sid, 0, 0, [[5, 6], [7]])
     store.append(handle, batches)
-    view = encoded(events_of(batches))
+    view = wire(events_of(batches))
     model.acknowledge(view)
     return handle, model, view
 
@@ -545,18 +528,18 @@ def test_a_failed_write_rolls_back_to_the_acknowledged_prefix_and_the_handle_liv
     fs = CrashFs()
     store = FileLogStore(fs=fs, compression=compression)
     handle, model, view = _published(store, "s0")
-    size_before = len(fs.read_bytes(log_path("s0", compression)))
+    size_before = len(fs.read_bytes(rel_log("s0", compression)))
     batches = batches_at("s0", 3, 1, [[30], [4, 4]])
     fs.inject("write", partial=10**6 if partial is None else partial)  # -4: all but the last 4 bytes
     with pytest.raises(PersistenceFailed):
         store.append(handle, batches)
     model.attempt(events_of(batches))
     assert handle.dead is None and handle.next_seq == 3
-    assert len(fs.read_bytes(log_path("s0", compression))) == size_before
+    assert len(fs.read_bytes(rel_log("s0", compression))) == size_before
     assert plain_form(fs, "s0", compression) == header_line("s0") + b"".join(view)
     retry = batches_at("s0", 3, 2, [[9]])
     assert store.append(handle, retry) == 4
-    view.extend(encoded(events_of(retry)))
+    view.extend(wire(events_of(retry)))
     model.acknowledge(view)
     fs.crash()
     assert durability_violations(FileLogStore(fs=fs, compression=compression), {"s0": model}) == []
@@ -572,7 +555,7 @@ def test_a_failed_fsync_kills_the_handle_and_a_reopen_carries_on(
     if published:
         handle, model, view = _published(store, "s0")
     else:
-        handle, model, view = store.create(header_of("s0")), SessionModel(header_of("s0")), []
+        handle, model, view = store.create(header("s0")), SessionModel(header("s0")), []
     batches = batches_at("s0", len(view), 1, [[11, 12]])
     fs.inject("fsync")
     with pytest.raises(PersistenceFailed):
@@ -585,14 +568,14 @@ def test_a_failed_fsync_kills_the_handle_and_a_reopen_carries_on(
     assert durability_violations(store, {"s0": model}) == []
     if published:
         handle = store.open_write("s0")
-        view = encoded(store.read(handle))
+        view = wire(store.read(handle))
     else:
         assert store.list() == []  # the new log was never linked: nothing is visible
-        handle = store.create(header_of("s0"))
+        handle = store.create(header("s0"))
         view = []
     more = batches_at("s0", handle.next_seq, 2, [[13]])
     store.append(handle, more)
-    view.extend(encoded(events_of(more)))
+    view.extend(wire(events_of(more)))
     model.acknowledge(view)
     fs.crash()
     assert durability_violations(FileLogStore(fs=fs, compression=compression), {"s0": model}) == []
@@ -601,7 +584,7 @@ def test_a_failed_fsync_kills_the_handle_and_a_reopen_carries_on(
 def test_a_created_but_unpublished_session_is_invisible_and_reusable_after_a_crash() -> None:
     fs = CrashFs()
     store = FileLogStore(fs=fs)
-    store.create(header_of("s0"))
+    store.create(header("s0"))
     _handle, model1, _view = _published(store, "s1")
     assert [info.id for info in store.list()] == ["s1"]
     fs.crash()
@@ -625,20 +608,20 @@ def test_an_append_acknowledged_after_reopening_a_half_published_log_survives_a_
     crash, so a reopened log's directory entries must be durable before an append is acknowledged."""
     fs = CrashFs()
     store = FileLogStore(fs=fs, compression=compression)
-    model = SessionModel(header_of("s0"))
-    handle = store.create(header_of("s0"))
+    model = SessionModel(header("s0"))
+    handle = store.create(header("s0"))
     batches = batches_at("s0", 0, 1, [[20]])
-    fs.inject("fsync_dir", path_suffix=folder_of("s0") if failing == "session folder" else "sessions")
+    fs.inject("fsync_dir", path_suffix=rel_folder("s0") if failing == "session folder" else "sessions")
     with pytest.raises(PersistenceFailed):
         store.append(handle, batches)
     model.attempt(events_of(batches))
     assert handle.dead is not None
     store.close(handle)
     handle = store.open_write("s0")
-    view = encoded(store.read(handle))
+    view = wire(store.read(handle))
     more = batches_at("s0", handle.next_seq, 2, [[30]])
     store.append(handle, more)
-    view.extend(encoded(events_of(more)))
+    view.extend(wire(events_of(more)))
     model.acknowledge(view)
     store.close(handle)
     fs.crash()
@@ -654,7 +637,7 @@ def test_a_torn_last_record_padded_with_nuls_is_a_torn_tail(compression: Compres
     store = FileLogStore(fs=fs, compression=compression)
     handle, model, view = _published(store, "s0")
     store.close(handle)
-    path = log_path("s0", compression)
+    path = rel_log("s0", compression)
     durable = fs.read_bytes(path)
     handle = store.open_write("s0")
     lost_batches = batches_at("s0", 3, 1, [[40, 3], [90]])
@@ -674,7 +657,7 @@ def test_a_torn_last_record_padded_with_nuls_is_a_torn_tail(compression: Compres
             failures.append((cut, violations[0]))
             continue
         handle = store.open_write("s0")
-        events = encoded(store.read(handle))
+        events = wire(store.read(handle))
         assert plain_form(fs, "s0", compression) == header_line("s0") + b"".join(events)
         store.close(handle)
     cuts = [cut for cut, _violation in failures]

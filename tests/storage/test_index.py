@@ -28,7 +28,9 @@ from typing import Any
 import pytest
 import zstandard
 
-from log_lines import header, header_line
+from clocks import T
+from events import seed_marker
+from log_lines import header, header_line, rel_log
 from subagents.storage import (
     LOG_NAMES,
     Batch,
@@ -39,15 +41,13 @@ from subagents.storage import (
     Offset,
     OsFs,
     encode_event,
-    encode_session_id,
     make_event,
 )
 from subagents.storage.forms import Compression
 from subagents.storage.index import SCHEMA_VERSION
 
 FORMS: tuple[Compression, ...] = ("none", "zstd")
-CREATED_AT = 1_789_000_000_000
-T0 = CREATED_AT + 1
+T0 = T + 1
 INDEX = "index.sqlite3"
 LOG_SUFFIXES = tuple(LOG_NAMES.values())
 
@@ -195,10 +195,6 @@ def garbage_record(compression: Compression) -> bytes:
 # --- stores and roots -------------------------------------------------------------------------------
 
 
-def rel_log(sid: str, compression: Compression) -> str:
-    return f"sessions/{encode_session_id(sid)}/{LOG_NAMES[compression]}"
-
-
 class Disk:
     """Back-door access to one root's bytes (a real folder or a `CrashFs`), inode kept."""
 
@@ -253,7 +249,7 @@ def closing() -> Iterator[Callable[[FileLogStore], FileLogStore]]:
         store.close_store()
 
 
-def publish(store: FileLogStore, sid: str, count: int, created_at: int = CREATED_AT) -> None:
+def publish(store: FileLogStore, sid: str, count: int, created_at: int = T) -> None:
     handle = store.create(header(sid, created_at))
     store.append(handle, [Batch(Offset(0), [event(seq) for seq in range(count)])])
     store.close(handle)
@@ -325,7 +321,7 @@ Expected = tuple[int, str | None, int, int] | None  # (event_count, damage, crea
 
 
 def healthy(count: int) -> Expected:
-    return (count, None, CREATED_AT, 1)
+    return (count, None, T, 1)
 
 
 def expect(infos: dict[str, LogInfo | None], table: dict[str, Expected]) -> None:
@@ -405,7 +401,7 @@ def test_changes_are_noticed_through_warm_and_cold_index(
     assert d_old.startswith(d_head)
     d_new_head = framed(compression, header_line("d").replace(b'"format":1', b'"format":2', 1))
     disk.put(d_log, d_new_head + d_old[len(d_head) :])
-    a_damaged, d_damaged = (5, "corrupt", CREATED_AT, 1), (0, "unsupported", CREATED_AT, 2)
+    a_damaged, d_damaged = (5, "corrupt", T, 1), (0, "unsupported", T, 2)
     check({"a": a_damaged, "b": None, "c": healthy(1), "d": d_damaged})
 
     # Healthy again: the damage is cut away, then the log grows; d is restored.
@@ -459,7 +455,7 @@ def test_a_log_replaced_by_another_file_is_rescanned_whole_and_forgets_checkpoin
     # published beside the old one and renamed over it: a new inode, guaranteed.
     path = tmp_path / rel_log("s", compression)
     old_inode = path.stat().st_ino
-    new_created = CREATED_AT + 1
+    new_created = T + 1
     replacement = log_bytes(compression, header_line("s", new_created), lines(0, 3), lines(3, 6, turn=2))
     assert same_head_size(compression, new_created)
     temp = path.parent / "replacement.tmp"
@@ -498,7 +494,7 @@ def test_a_log_rewritten_in_place_is_listed_from_its_own_bytes(
     assert [(i.id, i.event_count) for i in store.list()] == [("s", 3)]
     path = tmp_path / rel_log("s", compression)
     inode = path.stat().st_ino
-    new_created = CREATED_AT + 1
+    new_created = T + 1
     assert same_head_size(compression, new_created)
     rewritten = log_bytes(compression, header_line("s", new_created), lines(0, 3), lines(3, 6))
     Disk(tmp_path).put(rel_log("s", compression), rewritten)
@@ -747,7 +743,7 @@ def test_a_seeded_log_whose_listed_marker_is_replaced_is_reported_corrupt(
     log = tmp_path / rel_log("s", "zstd")
     log.parent.mkdir(parents=True)
     head = frame(header_line("s", k=k))
-    marker = encode_event(make_event(k, "session/end-seed", T0 + k, {"inherited": True}))
+    marker = encode_event(seed_marker(k, T0 + k))
     content = b"".join(line(seq, pad=noise(200, str(seq))) for seq in range(k)) + marker
     content += b"".join(line(seq, pad=noise(200, str(seq))) for seq in range(k + 1, k + 3000))
     whole = frame(content)
@@ -1245,7 +1241,7 @@ def test_a_read_reuses_the_header_open_read_parsed_only_while_its_bytes_are_the_
     assert [e.seq for e in store.read(handle)] == [0, 1, 2]
     store.close(handle)
     handle = store.open_read("s")
-    path.write_bytes(log_bytes(compression, header_line("s", created_at=CREATED_AT + 5), lines(0, 3)))
+    path.write_bytes(log_bytes(compression, header_line("s", created_at=T + 5), lines(0, 3)))
     with pytest.raises(CorruptLog, match="header changed"):
         store.read(handle)
     store.close(handle)

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from log_lines import header, read_all
+from clocks import T
+from events import seed_marker
+from log_lines import header, read_all, rel_folder
 from subagents.storage import (
     AlreadyOwned,
     Batch,
@@ -28,7 +30,6 @@ from subagents.storage import (
     Offset,
     SequenceConflict,
     SessionAlreadyExists,
-    SessionHeader,
     SessionId,
     SessionNotFound,
     StorageError,
@@ -38,8 +39,7 @@ from subagents.storage import (
 
 StoreFactory = Callable[[], LogStore]
 
-CREATED_AT = 1789000000000
-T0 = 1789000000001
+T0 = T + 1
 
 CODES: dict[type[StorageError], str] = {
     AlreadyOwned: "STORAGE_ALREADY_OWNED",
@@ -75,10 +75,6 @@ def events(start: int, stop: int) -> list[Event]:
 
 def batch(start: int, stop: int) -> Batch:
     return Batch(Offset(start), events(start, stop))
-
-
-def seed_marker(seq: int) -> Event:
-    return make_event(seq, "session/end-seed", T0 + seq, {"inherited": True})
 
 
 def publish(store: LogStore, sid: str = "s1", count: int = 1) -> None:
@@ -531,7 +527,7 @@ def test_reopen_from_another_store_instance(store_factory: StoreFactory) -> None
 
 def seeded(k: int, own: int = 0) -> list[Event]:
     """Inherited events 0..k-1, the marker at k, then `own` own events."""
-    return events(0, k) + [seed_marker(k)] + [turn(k + 1 + i) for i in range(own)]
+    return events(0, k) + [seed_marker(k, T0 + k)] + [turn(k + 1 + i) for i in range(own)]
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -575,9 +571,9 @@ def test_seeded_first_append_may_span_several_batches(store: LogStore) -> None:
         pytest.param(events(0, 1), id="part-of-seed"),
         pytest.param(events(0, 3), id="other-event-at-k"),
         pytest.param(events(0, 2) + [make_event(2, "session/end-seed", T0, {})], id="untagged-marker"),
-        pytest.param([seed_marker(0), turn(1), turn(2)], id="marker-too-early"),
-        pytest.param(events(0, 1) + [seed_marker(1), turn(2)], id="marker-before-k"),
-        pytest.param(events(0, 3) + [seed_marker(3)], id="marker-after-k"),
+        pytest.param([seed_marker(0, T0), turn(1), turn(2)], id="marker-too-early"),
+        pytest.param(events(0, 1) + [seed_marker(1, T0 + 1), turn(2)], id="marker-before-k"),
+        pytest.param(events(0, 3) + [seed_marker(3, T0 + 3)], id="marker-after-k"),
     ],
 )
 def test_seeded_first_append_must_end_the_seed_with_the_tagged_marker(store: LogStore, first_append: list[Event]) -> None:
@@ -607,7 +603,7 @@ def test_create_requires_is_seeded_exactly_with_an_inherited_cut(store: LogStore
 
 def test_unseeded_log_may_hold_a_marker_anywhere(store: LogStore) -> None:
     writer = store.create(header())
-    log = [turn(0), seed_marker(1), make_event(2, "session/end-seed", T0, {})]
+    log = [turn(0), seed_marker(1, T0 + 1), make_event(2, "session/end-seed", T0, {})]
     assert store.append(writer, [Batch(Offset(0), log)]) == 3
     store.close(writer)
     info = store.stat("s1")
@@ -713,7 +709,7 @@ def test_invalid_ids_are_refused_before_touching_the_store(store: LogStore, bad:
     with raises(InvalidSessionId):
         store.stat(bad)
     with raises(InvalidSessionId):
-        SessionHeader(id=SessionId(bad), created_at=CREATED_AT)
+        header(bad)
     assert store.list() == []
 
 
@@ -759,7 +755,7 @@ def test_awkward_ids_stay_inside_their_folder_on_disk(tmp_path: Path, sid: str, 
     root.mkdir()
     store = FileLogStore(str(root), compression=compression)
     handle = store.create(header(sid))
-    folder = f"sessions/{encode_session_id(sid)}"
+    folder = rel_folder(sid)
     store.append(handle, [batch(0, 1)])
     store.close(handle)
     assert _walk(tmp_path) == ["root"] + [f"root/{p}" for p in _walk(root)]

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from clocks import T
 from fuzz_report import report
 from subagents.storage import (
     Batch,
@@ -397,7 +398,6 @@ def _present(value: object) -> bool:
 
 SID = "fuzz.session-1"
 FOLDER = "fuzz.session-1"  # kept as is by the id encoding
-T0 = 1789000000000
 
 
 def header_dict(sid: str = SID, **changes: Any) -> dict[str, Any]:
@@ -405,7 +405,7 @@ def header_dict(sid: str = SID, **changes: Any) -> dict[str, Any]:
         "type": "session",
         "format": 1,
         "id": sid,
-        "created_at": T0,
+        "created_at": T,
         "is_seeded": False,
         "inherited_event_count": 0,
         "delegation_depth": 0,
@@ -418,7 +418,7 @@ _DROP = object()
 
 
 def header_value(sid: str = SID, **changes: Any) -> SessionHeader:
-    return SessionHeader(id=sid, created_at=T0, **changes)
+    return SessionHeader(id=sid, created_at=T, **changes)
 
 
 def text_message(mid: str, role: str, text: str, source: dict[str, Any]) -> dict[str, Any]:
@@ -428,19 +428,19 @@ def text_message(mid: str, role: str, text: str, source: dict[str, Any]) -> dict
 # A small turn that exercises every envelope feature. No "J" or "*" anywhere: one flipped bit
 # turns them into a newline, which would split a line instead of damaging it.
 EVENTS: list[dict[str, Any]] = [
-    {"seq": 0, "type": "turn/start", "time": T0 + 1, "data": {"turn": 1, "trigger": {"kind": "message"}}},
-    {"seq": 1, "type": "step/start", "time": T0 + 2, "data": {"turn": 1, "step": 1}},
+    {"seq": 0, "type": "turn/start", "time": T + 1, "data": {"turn": 1, "trigger": {"kind": "message"}}},
+    {"seq": 1, "type": "step/start", "time": T + 2, "data": {"turn": 1, "step": 1}},
     {
         "seq": 2,
         "type": "user/message",
-        "time": T0 + 3,
+        "time": T + 3,
         "data": {"turn": 1, "step": 1, "message": text_message("u-1", "user", "read it", {"kind": "user"})},
         "surface_op": "append",
     },
     {
         "seq": 3,
         "type": "assistant/message",
-        "time": T0 + 4,
+        "time": T + 4,
         "data": {
             "turn": 1,
             "step": 1,
@@ -461,13 +461,13 @@ EVENTS: list[dict[str, Any]] = [
     {
         "seq": 4,
         "type": "tool/call",
-        "time": T0 + 5,
+        "time": T + 5,
         "data": {"turn": 1, "step": 1, "call_id": "call-7", "name": "read", "arguments": '{"path":"/tmp/x"}'},
     },
     {
         "seq": 5,
         "type": "tool/result",
-        "time": T0 + 6,
+        "time": T + 6,
         "data": {
             "turn": 1,
             "step": 1,
@@ -491,14 +491,14 @@ EVENTS: list[dict[str, Any]] = [
     {
         "seq": 6,
         "type": "user/message",
-        "time": T0 + 7,
+        "time": T + 7,
         "data": {"turn": 1, "step": 1, "message": text_message("c-1", "user", "summary", {"kind": "compaction"})},
         "surface_op": {"op": "replace", "start_seq": 2, "end_seq": 3},
         "source_event_seqs": [2, 3],
     },
 ]
 
-NEXT_EVENT = {"seq": None, "type": "compaction/summary", "time": T0 + 99, "data": {"text": "after the cut"}}
+NEXT_EVENT = {"seq": None, "type": "compaction/summary", "time": T + 99, "data": {"text": "after the cut"}}
 
 
 def log_bytes(header: dict[str, Any] | bytes, events: list[dict[str, Any] | bytes]) -> bytes:
@@ -507,19 +507,19 @@ def log_bytes(header: dict[str, Any] | bytes, events: list[dict[str, Any] | byte
 
 
 def _event(seq: int, type_: str, data: dict[str, Any]) -> dict[str, Any]:
-    return {"seq": seq, "type": type_, "time": T0, "data": data}
+    return {"seq": seq, "type": type_, "time": T, "data": data}
 
 
 def seeded_events(k: int) -> list[dict[str, Any]]:
     """K inherited events, the tagged marker at seq K, then two own events."""
     inherited = [
-        {"seq": i, "type": "compaction/summary", "time": T0 + i, "data": {"text": f"inherited {i}"}}
+        {"seq": i, "type": "compaction/summary", "time": T + i, "data": {"text": f"inherited {i}"}}
         for i in range(k)
     ]
-    marker = {"seq": k, "type": "session/end-seed", "time": T0 + k, "data": {"inherited": True}}
+    marker = {"seq": k, "type": "session/end-seed", "time": T + k, "data": {"inherited": True}}
     own = [
-        {"seq": k + 1, "type": "turn/start", "time": T0 + k + 1, "data": {"turn": 1}},
-        {"seq": k + 2, "type": "turn/end", "time": T0 + k + 2, "data": {"turn": 1, "reason": {"kind": "completed"}}},
+        {"seq": k + 1, "type": "turn/start", "time": T + k + 1, "data": {"turn": 1}},
+        {"seq": k + 2, "type": "turn/end", "time": T + k + 2, "data": {"turn": 1, "reason": {"kind": "completed"}}},
     ]
     return inherited + [marker] + own
 
@@ -955,7 +955,7 @@ def test_seq_damage(tmp_path: Path, name: str, lines: list[bytes], seq: int, lin
 
 
 def test_unknown_type_without_ignorable_is_unsupported(tmp_path: Path) -> None:
-    unknown = {"seq": 3, "type": "team/task", "time": T0, "data": {"x": 1}}
+    unknown = {"seq": 3, "type": "team/task", "time": T, "data": {"x": 1}}
     data = log_bytes(header_dict(), [*VALID[:3], jline(unknown)])
     write_log(tmp_path, data)
     store = FileLogStore(str(tmp_path))
@@ -977,7 +977,7 @@ def test_unknown_type_without_ignorable_is_unsupported(tmp_path: Path) -> None:
 def test_a_later_format_type_is_judged_by_ignorable_alone(tmp_path: Path, extra: dict[str, Any], ignorable: bool) -> None:
     """SPEC 3.2: an unknown type without `ignorable` is unsupported — also when it carries
     fields this format gives only its own types; with `ignorable` it reads fine."""
-    unknown = {"seq": 3, "type": "future/message", "time": T0, "data": {}, **extra}
+    unknown = {"seq": 3, "type": "future/message", "time": T, "data": {}, **extra}
     if ignorable:
         unknown["ignorable"] = True
     data = log_bytes(header_dict(), [*VALID[:3], jline(unknown)])
@@ -993,7 +993,7 @@ def test_a_later_format_type_is_judged_by_ignorable_alone(tmp_path: Path, extra:
 
 
 def test_unknown_type_with_ignorable_reads_fine(tmp_path: Path) -> None:
-    unknown = {"seq": 3, "type": "team/task", "time": T0, "data": {"x": [1, {"y": None}]}, "ignorable": True}
+    unknown = {"seq": 3, "type": "team/task", "time": T, "data": {"x": [1, {"y": None}]}, "ignorable": True}
     data = log_bytes(header_dict(), [*VALID[:3], jline(unknown), jline(_with(4, seq=4))])
     write_log(tmp_path, data)
     store = FileLogStore(str(tmp_path))
@@ -1037,11 +1037,11 @@ def test_nul_padding_after_the_last_record_is_a_torn_tail(tmp_path: Path, count:
     try:
         assert handle.next_seq == len(EVENTS)
         assert log_path(tmp_path).read_bytes() == clean
-        nxt = make_event(len(EVENTS), "compaction/summary", T0, {"text": "on"})
+        nxt = make_event(len(EVENTS), "compaction/summary", T, {"text": "on"})
         store.append(handle, [Batch(len(EVENTS), [nxt])])
     finally:
         store.close(handle)
-    assert log_path(tmp_path).read_bytes() == clean + jline(dict(NEXT_EVENT, seq=7, time=T0, data={"text": "on"}))
+    assert log_path(tmp_path).read_bytes() == clean + jline(dict(NEXT_EVENT, seq=7, time=T, data={"text": "on"}))
 
 
 @pytest.mark.parametrize("count", [1, 100, 4096])
@@ -1072,7 +1072,7 @@ def test_nul_padding_inside_the_header_line_is_corruption(tmp_path: Path) -> Non
 HEADER_CORRUPT = {
     "extra-key": header_dict(extra=1),
     "retired-key": header_dict(sandbox_mode="x"),
-    "camel-case-key": header_dict(createdAt=T0),
+    "camel-case-key": header_dict(createdAt=T),
     "missing-type": header_dict(type=_DROP),
     "missing-format": header_dict(format=_DROP),
     "missing-id": header_dict(id=_DROP),
@@ -1271,9 +1271,9 @@ def test_both_log_forms_in_one_folder_are_corruption(tmp_path: Path) -> None:
 
 
 def _publish(store: FileLogStore, sid: str, *texts: str) -> None:
-    handle = store.create(SessionHeader(id=sid, created_at=T0))
+    handle = store.create(SessionHeader(id=sid, created_at=T))
     try:
-        events = [make_event(i, "compaction/summary", T0, {"text": t}) for i, t in enumerate(texts)]
+        events = [make_event(i, "compaction/summary", T, {"text": t}) for i, t in enumerate(texts)]
         store.append(handle, [Batch(0, events)])
     finally:
         store.close(handle)
@@ -1318,7 +1318,7 @@ def test_list_reports_damage_per_session_and_keeps_healthy_siblings(tmp_path: Pa
         "log-is-a-folder": ("corrupt", 0),
     }
     by_id = {r.id: r for r in rows}
-    assert by_id["healthy-a"].header == SessionHeader(id="healthy-a", created_at=T0)
+    assert by_id["healthy-a"].header == SessionHeader(id="healthy-a", created_at=T)
     assert by_id["bad-json"].header == header_value("bad-json")
     assert by_id["format-two"].header == header_value("format-two", format=2)
     assert by_id["torn-header"].header is None and by_id["empty-file"].header is None
@@ -1341,11 +1341,11 @@ def test_an_unpublished_folder_is_invisible_and_create_reuses_it(tmp_path: Path,
         store.open_read(SID)
     handle = store.create(header_value())
     try:
-        store.append(handle, [Batch(0, [make_event(0, "turn/start", T0, {"turn": 1})])])
+        store.append(handle, [Batch(0, [make_event(0, "turn/start", T, {"turn": 1})])])
     finally:
         store.close(handle)
     assert log_path(tmp_path).read_bytes() == jline(header_dict()) + jline(
-        {"seq": 0, "type": "turn/start", "time": T0, "data": {"turn": 1}}
+        {"seq": 0, "type": "turn/start", "time": T, "data": {"turn": 1}}
     )
     assert not (folder / "publish.tmp").exists()
     (row,) = store.list()
@@ -1485,7 +1485,7 @@ BIG_TEXT = "y" * 1000
 
 
 def _big_lines(n: int) -> list[bytes]:
-    return [jline({"seq": i, "type": "compaction/summary", "time": T0, "data": {"text": BIG_TEXT}}) for i in range(n)]
+    return [jline({"seq": i, "type": "compaction/summary", "time": T, "data": {"text": BIG_TEXT}}) for i in range(n)]
 
 
 def _chunk_starts(lines: list[bytes]) -> list[int]:
@@ -1544,7 +1544,7 @@ def test_an_exception_from_the_checkpoint_propagates_unchanged(tmp_path: Path) -
 
 
 def test_a_line_longer_than_a_chunk_reads_whole(tmp_path: Path) -> None:
-    huge = {"seq": 1, "type": "compaction/summary", "time": T0, "data": {"text": "z" * (CHUNK_BYTES + 10)}}
+    huge = {"seq": 1, "type": "compaction/summary", "time": T, "data": {"text": "z" * (CHUNK_BYTES + 10)}}
     lines = [_big_lines(1)[0], jline(huge), *_big_lines(3)[2:]]
     write_log(tmp_path, log_bytes(header_dict(), lines))
     store = FileLogStore(str(tmp_path))

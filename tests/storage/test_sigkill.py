@@ -29,22 +29,17 @@ import attrs
 import pytest
 import zstandard
 
-from log_lines import header_line, zstd_frames
+from log_lines import header, header_line, log_file, zstd_frames
 from subagents.storage import (
-    LOG_NAMES,
     AlreadyOwned,
     Batch,
     Event,
     FileLogStore,
-    SessionHeader,
-    SessionId,
     encode_event,
-    encode_session_id,
 )
 from subagents.storage.forms import Compression
 
 FORMS: tuple[Compression, ...] = ("none", "zstd")
-CREATED_AT = 1_789_000_000_000
 MAX_APPENDS_PER_CHILD = 200  # then the child waits to be killed: the log stays small
 SILENCE_LIMIT = 60.0  # seconds a child may stay silent before the test gives up on it
 
@@ -164,10 +159,6 @@ def api(script: Path) -> ChildApi:
     return ChildApi(event=namespace["event"], batches=namespace["batches"])
 
 
-def log_file(root: Path, sid: str, compression: Compression) -> Path:
-    return root / "sessions" / encode_session_id(sid) / LOG_NAMES[compression]
-
-
 def plain_form(data: bytes, compression: Compression) -> bytes:
     """The log as plain lines; for zstd decoded independently of the store, every frame whole
     and checksum-verified, so a torn last frame fails."""
@@ -269,7 +260,7 @@ def test_a_session_killed_while_being_published_is_absent_or_whole(
         if store.stat(sid) is None:
             assert not acks, f"acknowledged up to {acks[-1]}, but {sid!r} is not published"
             assert [info.id for info in store.list()] == [f"published-{r}" for r in range(round_no)]
-            handle = store.create(SessionHeader(id=SessionId(sid), created_at=CREATED_AT))
+            handle = store.create(header(sid))
         else:
             handle = store.open_write(sid)
         try:
@@ -291,7 +282,7 @@ def test_a_second_process_is_refused_while_the_first_holds_the_session(
     root.mkdir()
     sid = "held"
     store = FileLogStore(str(root), compression=compression)
-    handle = store.create(SessionHeader(id=SessionId(sid), created_at=CREATED_AT))
+    handle = store.create(header(sid))
     count = store.append(handle, api.batches(0, 1))
     store.close(handle)
 
@@ -300,7 +291,7 @@ def test_a_second_process_is_refused_while_the_first_holds_the_session(
     with pytest.raises(AlreadyOwned):
         store.open_write(sid)
     with pytest.raises(AlreadyOwned):
-        store.create(SessionHeader(id=SessionId(sid), created_at=CREATED_AT))
+        store.create(header(sid))
     assert child.kill() == []
 
     handle = store.open_write(sid)

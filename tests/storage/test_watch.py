@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from clocks import T
+from log_lines import rel_log, session_folder
 from open_fds import inotify_fds
 
 from subagents.storage import (
@@ -41,25 +43,20 @@ from subagents.storage import (
 from subagents.storage.fs import FolderScan
 from subagents.storage.watch import IN_Q_OVERFLOW, LOCAL_FILE_SYSTEMS, Watch
 
-CREATED_AT = 1_789_000_000_000
 IDS = [f"s{i}" for i in range(6)]
 
 
 def header(sid: str) -> SessionHeader:
-    return SessionHeader(id=SessionId(sid), created_at=CREATED_AT + int(sid[1:]))
+    return SessionHeader(id=SessionId(sid), created_at=T + int(sid[1:]))
 
 
 def events(first: int, count: int) -> list[Any]:
-    return [make_event(seq, "turn/start", CREATED_AT + seq, {"turn": seq + 1}) for seq in range(first, first + count)]
-
-
-def folder(root: Path, sid: str) -> Path:
-    return root / "sessions" / encode_session_id(sid)
+    return [make_event(seq, "turn/start", T + seq, {"turn": seq + 1}) for seq in range(first, first + count)]
 
 
 def log_file(root: Path, sid: str) -> Path | None:
     for name in LOG_NAMES.values():
-        path = folder(root, sid) / name
+        path = session_folder(root, sid) / name
         if path.is_file() and not path.is_symlink():
             return path
     return None
@@ -127,7 +124,7 @@ def warm_store(root: Path, fs: OsFs | None = None) -> FileLogStore:
 
 
 def m_publish(root: Path, sid: str, arg: int) -> None:
-    if not folder(root, sid).exists():
+    if not session_folder(root, sid).exists():
         publish(root, sid, "zstd" if arg % 2 else "none", count=1 + arg % 3)
 
 
@@ -170,20 +167,20 @@ def m_plant_other_form(root: Path, sid: str, arg: int) -> None:
 
 def m_remove_a_form(root: Path, sid: str, arg: int) -> None:
     names = sorted(LOG_NAMES.values())
-    path = folder(root, sid) / names[arg % 2]
+    path = session_folder(root, sid) / names[arg % 2]
     if path.exists() or path.is_symlink():
         path.unlink()
 
 
 def m_remove_folder(root: Path, sid: str, arg: int) -> None:
-    if folder(root, sid).exists():
-        shutil.rmtree(folder(root, sid))
+    if session_folder(root, sid).exists():
+        shutil.rmtree(session_folder(root, sid))
 
 
 def m_rename_folder(root: Path, sid: str, arg: int) -> None:
     """To another session's name (if free) or to a name that is no session id."""
-    source = folder(root, sid)
-    target = folder(root, IDS[arg % len(IDS)]) if arg % 3 else root / "sessions" / ".not-an-id"
+    source = session_folder(root, sid)
+    target = session_folder(root, IDS[arg % len(IDS)]) if arg % 3 else root / "sessions" / ".not-an-id"
     if source.exists() and not target.exists():
         os.rename(source, target)
 
@@ -550,7 +547,7 @@ def test_a_log_skipped_after_an_io_error_is_retried_by_the_next_warm_listing(tmp
     store = warm_store(root, FlakyFs(str(root)))
     try:
         grow(root, "s1")  # s1 must be read again by the next listing, which fails once
-        failing.add(f"sessions/{encode_session_id('s1')}/{LOG_NAMES['zstd']}")
+        failing.add(rel_log("s1", "zstd"))
         assert [i.id for i in store.list()] == ["s0"]  # skipped (and logged)
         assert rows(store.list()) == reference(root)  # no change since, and yet retried
     finally:
@@ -620,9 +617,9 @@ def test_watches_do_not_pile_up_when_roots_and_folders_come_and_go(tmp_path: Pat
             assert rows(store.list()) == reference(root)
         aside = tmp_path / "aside"
         aside.mkdir()
-        moved = [sid for sid in IDS if folder(root, sid).exists()][:3]
+        moved = [sid for sid in IDS if session_folder(root, sid).exists()][:3]
         for sid in moved:  # folders moved out of the root (kept alive elsewhere)
-            os.rename(folder(root, sid), aside / sid)
+            os.rename(session_folder(root, sid), aside / sid)
         assert rows(store.list()) == reference(root) and 0 < len(reference(root)) < 5
         assert kernel_watches(watch) == 1 + 2 * len(reference(root))
         assert len(watch._folders) == 2 * len(reference(root))

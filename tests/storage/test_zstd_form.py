@@ -33,8 +33,10 @@ from typing import Any
 import pytest
 import zstandard
 
+from clocks import T
+from events import seed_marker
 from fuzz_report import report
-from log_lines import header_line, read_all
+from log_lines import header, header_line, read_all, rel_folder, wire
 from subagents.storage import (
     Batch,
     CorruptLog,
@@ -43,10 +45,8 @@ from subagents.storage import (
     FileLogStore,
     Offset,
     PersistenceFailed,
-    SessionHeader,
     SessionId,
     encode_event,
-    encode_session_id,
     make_event,
 )
 from subagents.storage import zstd_framing
@@ -65,28 +65,20 @@ SMALL_CALLS: list[list[int]] = [[3], [1, 2], [4], [2, 1]]
 # --- values -------------------------------------------------------------------------------------
 
 
-def header_of(sid: str, *, k: int = 0) -> SessionHeader:
-    return SessionHeader(id=SessionId(sid), created_at=1_789_000_000_000, is_seeded=k > 0)
-
-
-def folder_of(sid: str) -> str:
-    return f"sessions/{encode_session_id(sid)}"
-
-
 def log_path(sid: str, name: str = ZST) -> str:
-    return f"{folder_of(sid)}/{name}"
+    return f"{rel_folder(sid)}/{name}"
 
 
 def text_event(seq: int, attempt: int, size: int) -> Event:
     """An event whose bytes differ for every (seq, attempt): a substitution shows."""
     text = f"seq {seq} attempt {attempt} " + "abcdefgh"[seq % 8] * size
-    return make_event(seq, "compaction/summary", 1_789_000_000_000 + seq, {"text": text})
+    return make_event(seq, "compaction/summary", T + seq, {"text": text})
 
 
 def noise_event(seq: int, rng: random.Random, size: int = 1500) -> Event:
     """An event of incompressible text (base64 of random bytes: ~6 bits a character)."""
     text = base64.b64encode(rng.randbytes(size)).decode("ascii")
-    return make_event(seq, "compaction/summary", 1_789_000_000_000 + seq, {"text": text})
+    return make_event(seq, "compaction/summary", T + seq, {"text": text})
 
 
 def batches_for(first: int, attempt: int, calls: Sequence[Sequence[int]]) -> list[list[Batch]]:
@@ -101,10 +93,6 @@ def batches_for(first: int, attempt: int, calls: Sequence[Sequence[int]]) -> lis
             seq += count
         out.append(batches)
     return out
-
-
-def lines_of(events: Sequence[Event]) -> list[bytes]:
-    return [encode_event(e) for e in events]
 
 
 def split_lines(content: bytes) -> list[bytes]:
@@ -214,7 +202,7 @@ def build_log(sid: str, calls: Sequence[Sequence[Batch]]) -> bytes:
     """The bytes `FileLogStore(compression="zstd")` writes for these append calls."""
     fs = CrashFs()
     store = FileLogStore(fs=fs, compression="zstd")
-    handle = store.create(header_of(sid))
+    handle = store.create(header(sid))
     for batches in calls:
         store.append(handle, batches)
     store.close(handle)
@@ -222,7 +210,7 @@ def build_log(sid: str, calls: Sequence[Sequence[Batch]]) -> bytes:
 
 
 def plant(fs: CrashFs, sid: str, data: bytes, name: str = ZST) -> None:
-    for folder in ("sessions", folder_of(sid)):
+    for folder in ("sessions", rel_folder(sid)):
         if fs.kind(folder) is None:
             fs.mkdir(folder)
     fs.write_bytes(log_path(sid, name), data)
@@ -275,7 +263,7 @@ def check_cut(original: bytes, planted: bytes, sibling: bytes) -> list[str]:
     if exc is not None:
         p.append(f"read: expected {len(exp.lines)} events, got {exc!r}")
         return p
-    got_lines = lines_of(got)
+    got_lines = wire(got)
     if got_lines != exp.lines:
         recovered = len(split_lines(exp.recovered))
         p.append(f"read: {len(got_lines)} events, expected {len(exp.lines)} ({recovered} recovered)")
@@ -296,11 +284,11 @@ def check_cut(original: bytes, planted: bytes, sibling: bytes) -> list[str]:
         if exc is not None:
             p.append(f"append: {exc!r}")
             return p
-        back = lines_of(store.read(handle))
+        back = wire(store.read(handle))
     finally:
         store.close(handle)
-    want = exp.lines + lines_of(new)
-    if back != want or lines_of(read_all(FileLogStore(fs=fs, compression="zstd"), SID)) != want:
+    want = exp.lines + wire(new)
+    if back != want or wire(read_all(FileLogStore(fs=fs, compression="zstd"), SID)) != want:
         p.append("append: the log does not read back as the repaired events plus the new ones")
     spans, contents = frame_spans(fs.read_bytes(log_path(SID)))
     if b"".join(contents) != header_line(SID) + b"".join(want):
@@ -363,7 +351,7 @@ def test_the_store_writes_one_checksummed_frame_per_append_call(small_log: tuple
     assert len(spans) == 1 + len(SMALL_CALLS)
     seq = 0
     for content, call in zip(contents[1:], SMALL_CALLS):
-        assert content == b"".join(lines_of(events[seq : seq + sum(call)]))
+        assert content == b"".join(wire(events[seq : seq + sum(call)]))
         seq += sum(call)
     for start, end in spans:
         layout = frame_structure(data[start:end])
@@ -391,7 +379,7 @@ def test_truncation_at_every_byte(small_log: tuple[bytes, list[Event]], sibling:
         planted = data[:cut]
         exp = model_zstd(data, planted)
         # The model itself against the brief: a prefix of the events, all of every complete frame.
-        assert lines_of(events)[: len(exp.lines)] == exp.lines
+        assert wire(events)[: len(exp.lines)] == exp.lines
         frames_before = sum(1 for _, end in spans[1:] if end <= cut)
         assert len(exp.lines) >= sum(sum(c) for c in SMALL_CALLS[:frames_before])
         header_cuts += exp.corrupt
@@ -435,7 +423,7 @@ def test_truncation_inside_a_multi_block_frame(big_log: tuple[bytes, list[Event]
         fs = CrashFs()
         plant(fs, SID, data[: start + block_end + 1])  # one byte into the next block's header
         got = read_all(FileLogStore(fs=fs, compression="zstd"), SID)
-        assert lines_of(got) == lines_of(events[: len(got)])
+        assert wire(got) == wire(events[: len(got)])
         store_counts.append(len(got))
     assert store_counts[0] > 5  # the two small frames, and lines of the first block
     assert store_counts == sorted(set(store_counts)), store_counts
@@ -453,7 +441,7 @@ def test_bit_flips_in_every_frame(small_log: tuple[bytes, list[Event]], sibling:
     only there, the events of the earlier frames (plus recovered lines) are a valid answer."""
     data, events = small_log
     spans, _ = frame_spans(data)
-    original = lines_of(events)
+    original = wire(events)
     before_last = sum(sum(c) for c in SMALL_CALLS[:-1])
     fs = CrashFs()
     plant(fs, SIBLING, sibling)
@@ -514,7 +502,7 @@ def _check_flip(
         return p
     if exc is not None:
         return p  # `run` recorded the foreign exception type
-    got_lines = lines_of(got)
+    got_lines = wire(got)
     if got_lines == original:
         outcomes["harmless"] += 1
         if row is None or row.damage is not None or row.event_count != len(original):
@@ -546,7 +534,7 @@ def test_nul_padding_after_the_last_frame_is_a_torn_tail(
     data, events = small_log
     planted = data + b"\0" * count
     exp = model_zstd(data, planted)
-    assert exp.lines == lines_of(events) and not exp.recovered and exp.complete_end == len(data)
+    assert exp.lines == wire(events) and not exp.recovered and exp.complete_end == len(data)
     assert check_cut(data, planted, sibling) == []
     fs = CrashFs()
     plant(fs, SID, planted)
@@ -632,11 +620,11 @@ def test_a_frame_split_across_a_crash() -> None:
     after them — no seq is ever reused."""
     fs = CrashFs()
     store = FileLogStore(fs=fs, compression="zstd")
-    handle = store.create(header_of(SID))
+    handle = store.create(header(SID))
     calls = batches_for(0, 1, [[2], [1, 3], [2]])
     for batches in calls:
         store.append(handle, batches)
-    acked = lines_of(events_of(calls))
+    acked = wire(events_of(calls))
     durable = fs.read_bytes(log_path(SID))
     rng = random.Random(11)
     big = [noise_event(len(acked) + i, rng) for i in range(280)]
@@ -648,7 +636,7 @@ def test_a_frame_split_across_a_crash() -> None:
     written = fs.read_bytes(log_path(SID))
     assert written.startswith(durable)
     frame = written[len(durable) :]
-    assert frame_spans(frame)[1] == [b"".join(lines_of(big))]
+    assert frame_spans(frame)[1] == [b"".join(wire(big))]
     layout = frame_structure(frame)
     assert len(layout.blocks) >= 4
     fs.crash()
@@ -676,7 +664,7 @@ def _check_crash_case(
     store = FileLogStore(fs=fs, compression="zstd")  # the next process
     if exp.lines[: len(acked)] != acked:
         raise AssertionError("the model lost acknowledged events")
-    got = lines_of(read_all(store, SID))
+    got = wire(read_all(store, SID))
     if got != exp.lines:
         p.append(f"read: {len(got)} events, expected {len(exp.lines)} ({len(acked)} acknowledged)")
     handle = store.open_write(SID)
@@ -696,7 +684,7 @@ def _check_crash_case(
     store.append(handle, [Batch(Offset(first), new)])
     fs.crash()  # acknowledged: survives
     back = read_all(FileLogStore(fs=fs, compression="zstd"), SID)
-    if lines_of(back) != exp.lines + lines_of(new):
+    if wire(back) != exp.lines + wire(new):
         p.append(f"after append and crash: {len(back)} events, expected {len(exp.lines) + 2}")
     if [e.seq for e in back] != list(range(len(back))):
         p.append("after append and crash: seqs are not 0..n-1")
@@ -713,7 +701,7 @@ def _write_both(root: Path, sid: str, calls: list[list[Batch]], k: int = 0) -> d
     read_back = {}
     for compression in ("none", "zstd"):
         store = FileLogStore(str(root / compression), compression=compression)
-        handle = store.create(header_of(sid, k=k), inherited_event_count=Offset(k))
+        handle = store.create(header(sid, is_seeded=k > 0), inherited_event_count=Offset(k))
         for batches in calls:
             store.append(handle, batches)
         store.close(handle)
@@ -722,7 +710,7 @@ def _write_both(root: Path, sid: str, calls: list[list[Batch]], k: int = 0) -> d
 
 
 def _file(root: Path, compression: str, sid: str) -> bytes:
-    return (root / compression / folder_of(sid) / (ZST if compression == "zstd" else PLAIN)).read_bytes()
+    return (root / compression / rel_folder(sid) / (ZST if compression == "zstd" else PLAIN)).read_bytes()
 
 
 def test_plain_and_zstd_round_trip(tmp_path: Path) -> None:
@@ -743,7 +731,7 @@ def test_plain_and_zstd_round_trip(tmp_path: Path) -> None:
 
 def test_plain_and_zstd_round_trip_of_a_seeded_log(tmp_path: Path) -> None:
     seed = [text_event(i, 6, 5) for i in range(3)]
-    marker = make_event(3, "session/end-seed", 1_789_000_000_100, {"inherited": True})
+    marker = seed_marker(3, 1_789_000_000_100)
     calls = [[Batch(Offset(0), seed), Batch(Offset(3), [marker])], *batches_for(4, 6, [[2], [1]])]
     read_back = _write_both(tmp_path, SID, calls, k=3)
     assert b"".join(frame_spans(_file(tmp_path, "zstd", SID))[1]) == _file(tmp_path, "none", SID)
@@ -787,7 +775,7 @@ def _read_hand(data: bytes, name: str) -> tuple[list[Event], Any]:
 )
 def test_a_hand_built_zstd_log_reads_like_the_plain_one(name: str) -> None:
     plain_events, (plain_header, plain_row) = _read_hand(HAND_HEADER + b"".join(HAND_EVENTS), PLAIN)
-    assert [encode_event(e) for e in plain_events] == HAND_EVENTS
+    assert wire(plain_events) == HAND_EVENTS
     groups = HAND_GROUPS
     compressors = None
     if name.startswith("level"):
@@ -820,7 +808,7 @@ def test_a_frame_without_a_checksum_is_read_or_refused_at_its_offset() -> None:
     except CorruptLog as exc:
         assert type(exc) is CorruptLog and exc.session_id == "hand" and exc.offset == spans[2][0], exc
     else:
-        assert [encode_event(e) for e in events] == HAND_EVENTS
+        assert wire(events) == HAND_EVENTS
 
 
 _ALL_EVENTS = b"".join(HAND_EVENTS)
@@ -865,7 +853,7 @@ def test_both_forms_in_one_folder_are_corruption(
     small_log: tuple[bytes, list[Event]], sibling: bytes, compression: str
 ) -> None:
     data, events = small_log
-    plain = header_line(SID) + b"".join(lines_of(events))
+    plain = header_line(SID) + b"".join(wire(events))
     fs = CrashFs()
     plant(fs, SID, data, ZST)
     plant(fs, SID, plain, PLAIN)
@@ -889,7 +877,7 @@ def test_both_forms_in_one_folder_are_corruption(
 def test_a_published_zstd_session_refuses_a_plain_log_planted_beside_it() -> None:
     fs = CrashFs()
     store = FileLogStore(fs=fs, compression="zstd")
-    handle = store.create(header_of(SID))
+    handle = store.create(header(SID))
     store.append(handle, batches_for(0, 7, [[2]])[0])
     fs.write_bytes(log_path(SID, PLAIN), header_line(SID))
     with pytest.raises(CorruptLog):

@@ -1,0 +1,21 @@
+"""Events for logs that tests build, append or fold: turn starts and ends and the seed marker,
+made by the store's own `make_event`."""
+
+from __future__ import annotations
+
+from subagents.storage import Event, make_event
+
+
+def turn_start_event(seq: int, time: int, turn: int = 1) -> Event:
+    """A `turn/start` of turn `turn`."""
+    return make_event(seq, "turn/start", time, {"turn": turn})
+
+
+def turn_end_event(seq: int, time: int, turn: int = 1) -> Event:
+    """A `turn/end` of turn `turn` that completed."""
+    return make_event(seq, "turn/end", time, {"turn": turn, "reason": {"kind": "completed"}})
+
+
+def seed_marker(seq: int, time: int) -> Event:
+    """The `session/end-seed` marker a fork writes after the inherited events."""
+    return make_event(seq, "session/end-seed", time, {"inherited": True})
