@@ -27,7 +27,7 @@ from trio.testing import wait_all_tasks_blocked
 from clocks import T, fixed_ms
 from drafts import descriptor_draft, note, turn_start
 from log_lines import header, wire
-from registries import subagent_registry as registry
+from registries import HostileView, subagent_registry as registry
 from subagents.actors import (
     ActorStopped,
     AppendResult,
@@ -387,22 +387,6 @@ async def test_empty_append_writes_nothing_and_reports_the_next_seq() -> None:
 # --- live projections ---------------------------------------------------------------------------
 
 
-class ViewRaises:
-    """A hostile unit: folds fine, but its view always raises."""
-
-    key = "hostile_view"
-    state_version = 1
-
-    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> Any:
-        return {}
-
-    def apply(self, state: Any, event: Event) -> Any:
-        return state
-
-    def view(self, state: Any) -> Any:
-        raise RuntimeError("hostile view")
-
-
 class ApplyRaises:
     """A buggy unit: its apply raises on the first turn/start (units must not, but may)."""
 
@@ -438,7 +422,7 @@ class InitialRaises:
 async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
     mem = MemoryLogStore()
     fs = mem.crash_fs
-    async with open_session_store(mem, registry(ViewRaises()), now_ms=now_ms) as store:
+    async with open_session_store(mem, registry(HostileView()), now_ms=now_ms) as store:
         ref = await store.create(header("s", origin="subagent"))
         with trio.fail_after(BOUND):
             assert await ref.snapshot(["subagent"]) == {"subagent": None}

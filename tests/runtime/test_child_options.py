@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from log_lines import read_all
 from subagents.runtime.agent.loop import AgentConfig
 from subagents.runtime.agent.registry import AgentError
 from subagents.runtime.agent.tools import FunctionTool, ToolSet
@@ -80,11 +81,7 @@ def _system_texts(request: ModelRequest) -> list[str]:
 def _descriptor(root: Path, child_id: str) -> Any:
     store = FileLogStore(str(root), compression="none")
     try:
-        handle = store.open_read(child_id)
-        try:
-            events = list(store.read(handle))
-        finally:
-            store.close(handle)
+        events = read_all(store, child_id)
     finally:
         store.close_store()
     (event,) = [e for e in events if e.type == "subagent/descriptor"]

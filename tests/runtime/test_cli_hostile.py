@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from clocks import T
 from descriptors import descriptor
+from garble import garble
 from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
 from subagents.runtime.cli import main
 
@@ -108,11 +109,7 @@ def test_fuzz_read_only_commands_over_a_garbled_index(
     ids = build(root, hostile)
     before = run_all(root, ids, capsys)  # builds the index
     index = root / "index.sqlite3"
-    data = bytearray(index.read_bytes())
-    for offset, junk in garbles:
-        at = offset % max(1, len(data))
-        data[at : at + len(junk)] = junk
-    index.write_bytes(bytes(data))
+    garble(index, garbles)
     with caplog.at_level(logging.WARNING):
         after = run_all(root, ids, capsys, caplog)
     # The index is a cache: the same answers (exit codes and tables) with it garbled.

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from log_lines import read_all
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
@@ -86,10 +87,7 @@ async def test_a_settlement_waiting_for_a_busy_parent_does_not_hold_up_the_drain
             await child.wait_idle()
             await trio.testing.wait_all_tasks_blocked()
             assert rt.subagents.manager.get("child-1") is not None  # held: its parent is busy
-    store = FileLogStore(str(tmp_path), use_index=False)
-    handle = store.open_read("p")
-    events = list(store.read(handle))
-    store.close(handle)
+    events = read_all(FileLogStore(str(tmp_path), use_index=False), "p")
     (settled,) = [e for e in events if e.type == "subagent/settled"]
     assert msgspec.json.decode(settled.data)["closing_text"] == "QUICK"
     assert events[-1].type == "turn/end"

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 
 from clocks import T, ticking_ms
 from descriptors import descriptor
+from garble import garble
 from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
@@ -100,14 +101,6 @@ async def check_entry_points(root: Path, healthy: list[str], bad: list[str]) -> 
                     async with runtime.query.observe_session(sid):
                         pass
                 assert info.value.code == "SESSION_QUERY_CORRUPT_SESSION"
-
-
-def garble(path: Path, garbles: list[tuple[int, bytes]]) -> None:
-    data = bytearray(path.read_bytes())
-    for offset, junk in garbles:
-        at = offset % max(1, len(data))
-        data[at : at + len(junk)] = junk
-    path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])

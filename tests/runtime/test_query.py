@@ -13,6 +13,7 @@ from descriptors import descriptor
 from drafts import turn_start
 from events import turn_end_event
 from log_lines import header
+from registries import HostileView
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
@@ -41,21 +42,6 @@ def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool =
         events.append(turn_end_event(n + 1, 3, 1))
     store.append(handle, [Batch(0, events)])
     store.close(handle)
-
-
-@attrs.define
-class HostileView:
-    key: str = "hostile"
-    state_version: int = 1
-
-    def initial(self, header: Any, k: int) -> int:
-        return 0
-
-    def apply(self, state: int, event: Any) -> int:
-        return state
-
-    def view(self, state: int) -> int:
-        raise RuntimeError("a broken view")
 
 
 async def test_the_corpus_is_live_preferred_and_newest_first(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import trio
 
+from log_lines import read_all
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
@@ -44,12 +45,7 @@ def _call(name: str, **arguments: Any) -> Json:
 
 
 def _results(root: Path, session_id: str) -> list[Json]:
-    store = FileLogStore(str(root), use_index=False)
-    handle = store.open_read(session_id)
-    try:
-        events = list(store.read(handle))
-    finally:
-        store.close(handle)
+    events = read_all(FileLogStore(str(root), use_index=False), session_id)
     out = []
     for event in events:
         if event.type == "tool/result":

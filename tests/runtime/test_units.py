@@ -17,6 +17,7 @@ import pytest
 from clocks import T
 from events import seed_marker, turn_end_event, turn_start_event
 from log_lines import header
+from registries import HostileView
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, ToolFilter, snapshot_descriptor
 from subagents.runtime.subagents.units import (
     IDENTITY_UNIT,
@@ -435,22 +436,6 @@ def child_log() -> tuple[list[Event], int]:
     return inherited + own, cut
 
 
-class Hostile:
-    """A unit with a view that always raises (a bug in someone else's unit)."""
-
-    key = "hostile_view"
-    state_version = 1
-
-    def initial(self, header: SessionHeader, inherited_event_count: int) -> Any:
-        return 0
-
-    def apply(self, state: Any, event: Event) -> Any:
-        return state + 1
-
-    def view(self, state: Any) -> Any:
-        raise RuntimeError("view bug")
-
-
 class Exploding:
     """A unit whose `apply` raises at one seq (a bug): only its own cell may break."""
 
@@ -581,7 +566,7 @@ def test_rows_of_another_version_are_ignored() -> None:
 
 def test_a_broken_view_of_another_unit_does_not_break_a_keyed_snapshot() -> None:
     events, cut = child_log()
-    cells = ProjectionRegistry([*SUBAGENT_UNITS, Hostile()]).cells(SEEDED, cut)
+    cells = ProjectionRegistry([*SUBAGENT_UNITS, HostileView()]).cells(SEEDED, cut)
     cells.fold(events)
     assert cells.snapshot(["subagent"]) == {"subagent": EXPECTED_END_VIEWS["subagent"]}
     assert cells.snapshot(["subagent", "subagent_timing", "subagent_catalog"]) == EXPECTED_END_VIEWS

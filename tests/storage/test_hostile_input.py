@@ -24,6 +24,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 
 from clocks import T
+from garble import garble
 from log_lines import header_line, read_all, zstd_frame
 from subagents.storage import (
     Batch,
@@ -292,11 +293,7 @@ def test_fuzz_a_garbled_index_and_hostile_logs(
     store.list()  # the index learns the hostile logs too
     store.close_store()
     path = root / INDEX
-    data = bytearray(path.read_bytes())
-    for offset, junk in garbles:
-        at = offset % max(1, len(data))
-        data[at : at + len(junk)] = junk
-    path.write_bytes(bytes(data))
+    garble(path, garbles)
     want = reference(root)
     assert {i.id: i.damage for i in want} == {"a": None, "b": None, "c": None, "bad": "corrupt"} | {
         f"hostile-{i}": "corrupt" for i in range(len(hostile))
