@@ -114,6 +114,14 @@ def events_of(batches: Sequence[Batch]) -> list[Event]:
     return [event for batch in batches for event in batch.events]
 
 
+def persist_log(store: LogStore, header: SessionHeader, events: Sequence[Event], k: int = 0) -> None:
+    """Publish a log in one go: create it (inheriting `k` events), append `events` as one batch,
+    close it."""
+    handle = store.create(header, inherited_event_count=Offset(k))
+    store.append(handle, [Batch(Offset(0), list(events))])
+    store.close(handle)
+
+
 def read_all(store: LogStore, sid: str) -> list[Event]:
     """Every event of `sid`, read through one handle that is closed again."""
     handle = store.open_read(sid)

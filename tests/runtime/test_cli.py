@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from log_lines import header
+from log_lines import header, persist_log
 from subagents.runtime.cli import main
 
 
@@ -41,20 +41,18 @@ def test_unknown_option_is_exit_2_without_traceback(capsys) -> None:
 
 def _root_with_children(tmp_path: Path) -> Path:
     from descriptors import descriptor
-    from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
+    from subagents.storage import FileLogStore, make_event
 
     store = FileLogStore(str(tmp_path))
     for sid, created, parent, label in (("p", 1, None, None), ("c1", 2, "p", "first"), ("c2", 3, "p", None), ("g", 4, "c1", "deep")):
         session_header = header(sid, created, parent_session=parent, origin="subagent" if parent else None)
-        handle = store.create(session_header)
         events = [make_event(0, "turn/start", 1, {"turn": 1})]
         if parent is not None:
             mode = "continuable" if label else "one-shot"
             data = descriptor(label, mode)
             events.insert(0, make_event(0, "subagent/descriptor", 1, data))
             events[1] = make_event(1, "turn/start", 1, {"turn": 1})
-        store.append(handle, [Batch(0, events)])
-        store.close(handle)
+        persist_log(store, session_header, events)
     return tmp_path
 
 

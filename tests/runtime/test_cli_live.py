@@ -149,7 +149,7 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
 def _parent_and_child(store: Any) -> Any:
     """A parent and a continuable child, published; the child's write handle is returned open,
     as another process running it would hold it (its turn 1 still open)."""
-    from subagents.storage import Batch, SessionHeader, make_event
+    from subagents.storage import Batch, make_event
 
     parent = store.create(header("p", 1))
     store.append(parent, [Batch(0, [make_event(0, "turn/start", 1, {"turn": 1})])])
@@ -225,7 +225,7 @@ async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: P
     from subagents.runtime.clock import ScenarioClock
     from subagents.runtime.models.script import load_script
     from subagents.runtime.models.scripted import ScriptedModel
-    from subagents.storage import Batch, MemoryLogStore, SessionHeader, make_event
+    from subagents.storage import Batch, MemoryLogStore, make_event
 
     writer = MemoryLogStore()
     reader = MemoryLogStore(fs=writer.crash_fs)
@@ -256,10 +256,10 @@ async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhe
     rows whose lock a writer elsewhere holds lists as running, without being observed."""
     import itertools
 
-    from subagents.actors import EventDraft, open_session_store
+    from subagents.actors import open_session_store
     from subagents.runtime.app import open_runtime
     from subagents.runtime.subagents.units import SUBAGENT_UNITS
-    from subagents.storage import FaultyLogStore, MemoryLogStore, SessionHeader
+    from subagents.storage import FaultyLogStore, MemoryLogStore
     from subagents.storage.projection import ProjectionRegistry
 
     memory = MemoryLogStore()  # one store: its in-memory lock table has no processes, any holder counts

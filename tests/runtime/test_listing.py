@@ -11,12 +11,12 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from listing_rows import rows
-from log_lines import header
+from log_lines import header, persist_log
 from subagents.actors import Abort, open_session_store
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.listing import ListingService, SubagentError, walk_descendants
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, PersistenceFailed, make_event
+from subagents.storage import FaultyLogStore, FileLogStore, PersistenceFailed, make_event
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -24,11 +24,9 @@ now_ms = ticking_ms()
 
 def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *, data: dict[str, Any] | None = None,
           origin: str | None = "subagent") -> None:
-    handle = store.create(header(sid, created_at, origin=origin, parent_session=parent))
     events = [make_event(0, "subagent/descriptor", 1, data)] if data is not None else []
     events.append(make_event(len(events), "turn/start", 2, {"turn": 1}))
-    store.append(handle, [Batch(0, events)])
-    store.close(handle)
+    persist_log(store, header(sid, created_at, origin=origin, parent_session=parent), events)
 
 
 async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:

@@ -40,18 +40,16 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from events import seed_marker, turn_end_event
-from log_lines import header
+from log_lines import header, persist_log
 from subagents.actors import Abort, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
 from subagents.runtime.subagents import listing as listing_module
 from subagents.runtime.subagents.listing import ListingService, SubagentError
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
-    Batch,
     FaultyLogStore,
     FileLogStore,
     LogStore,
-    Offset,
     PersistenceFailed,
     make_event,
 )
@@ -62,10 +60,8 @@ now_ms = ticking_ms()
 
 def child(store: LogStore, sid: str, created_at: int, parent: str = "p", *, label: str) -> None:
     """A persisted child: its descriptor, then a turn that is left open."""
-    handle = store.create(header(sid, created_at, origin="subagent", parent_session=parent))
     events = [make_event(0, "subagent/descriptor", 1, descriptor(label)), make_event(1, "turn/start", 2, {"turn": 1})]
-    store.append(handle, [Batch(Offset(0), events)])
-    store.close(handle)
+    persist_log(store, header(sid, created_at, origin="subagent", parent_session=parent), events)
 
 
 def seeded_child(store: LogStore, sid: str, created_at: int, parent: str = "p", *, label: str) -> None:
@@ -83,9 +79,7 @@ def seeded_child(store: LogStore, sid: str, created_at: int, parent: str = "p", 
         make_event(5, "turn/start", 6, {"turn": 2}),
     ]
     session_header = header(sid, created_at, origin="subagent", parent_session=parent, is_seeded=True)
-    handle = store.create(session_header, inherited_event_count=Offset(len(seed)))
-    store.append(handle, [Batch(Offset(0), events)])
-    store.close(handle)
+    persist_log(store, session_header, events, len(seed))
 
 
 CHILDREN = [f"c{i}" for i in range(8)]

@@ -24,11 +24,11 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from events import seed_marker
 from listing_rows import rows
-from log_lines import header
+from log_lines import header, persist_log
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.subagents.listing import SubagentError
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, Offset, make_event
+from subagents.storage import FaultyLogStore, FileLogStore, make_event
 
 now_ms = ticking_ms()
 
@@ -40,12 +40,10 @@ VERSION_3 = {"version": 3, "mode": "continuable", "provider": "spawn", "label": 
 def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *,
           descriptors: list[dict[str, Any]] = (), cwd: str | None = None, open_turn: bool = True) -> None:  # type: ignore[assignment]  # an empty tuple as the default list
     """A persisted child: its descriptors (in order), then a turn that is left open."""
-    handle = store.create(header(sid, created_at, origin="subagent", parent_session=parent, cwd=cwd))
     events = [make_event(i, "subagent/descriptor", i + 1, data) for i, data in enumerate(descriptors)]
     if open_turn:
         events.append(make_event(len(events), "turn/start", len(events) + 1, {"turn": 1}))
-    store.append(handle, [Batch(Offset(0), events)])
-    store.close(handle)
+    persist_log(store, header(sid, created_at, origin="subagent", parent_session=parent, cwd=cwd), events)
 
 
 def seeded_child(store: FileLogStore, sid: str, created_at: int, *, inherited: list[dict[str, Any]],
@@ -59,12 +57,7 @@ def seeded_child(store: FileLogStore, sid: str, created_at: int, *, inherited: l
     events = [*seed, seed_marker(k, 60)]
     events += [make_event(len(events), "subagent/descriptor", 61, data) for data in own]
     events.append(make_event(len(events), "turn/start", 70, {"turn": 2}))
-    handle = store.create(
-        header(sid, created_at, origin="subagent", parent_session=parent, is_seeded=True),
-        inherited_event_count=Offset(k),
-    )
-    store.append(handle, [Batch(Offset(0), events)])
-    store.close(handle)
+    persist_log(store, header(sid, created_at, origin="subagent", parent_session=parent, is_seeded=True), events, k)
 
 
 def log_path(root: Path, sid: str) -> Path:

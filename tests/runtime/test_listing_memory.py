@@ -17,12 +17,12 @@ import attrs
 import pytest
 
 from descriptors import descriptor
-from log_lines import header
+from log_lines import header, persist_log
 from subagents.actors import open_session_store
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.listing import ListingService
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, MemoryLogStore, Offset, make_event
+from subagents.storage import MemoryLogStore, make_event
 from subagents.storage.projection import ProjectionRegistry
 
 SIZES = (1_000, 2_000)
@@ -43,11 +43,9 @@ def family(n: int) -> MemoryLogStore:
     store = MemoryLogStore(compression="none")
     for i in range(n):
         sid = f"c{i:05d}"
-        handle = store.create(header(sid, 1_000 + i, origin="subagent", parent_session="p"))
         data = descriptor(f"child {i}")
         events = [make_event(0, "subagent/descriptor", 1, data), make_event(1, "turn/start", 2, {"turn": 1})]
-        store.append(handle, [Batch(Offset(0), events)])
-        store.close(handle)
+        persist_log(store, header(sid, 1_000 + i, origin="subagent", parent_session="p"), events)
     return store
 
 

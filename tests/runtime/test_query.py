@@ -12,13 +12,12 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import turn_start
 from events import turn_end_event
-from log_lines import header
+from log_lines import header, persist_log
 from registries import HostileView
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
-    Batch,
     FaultyLogStore,
     FileLogStore,
     PersistenceFailed,
@@ -31,7 +30,6 @@ now_ms = ticking_ms()
 
 
 def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool = False, label: str | None = None) -> None:
-    handle = store.create(header(sid, created_at, origin="subagent", parent_session="p"))
     events = []
     if label is not None:
         data = descriptor(label)
@@ -40,8 +38,7 @@ def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool =
     events.append(make_event(n, "turn/start", 2, {"turn": 1}))
     if not open_turn:
         events.append(turn_end_event(n + 1, 3, 1))
-    store.append(handle, [Batch(0, events)])
-    store.close(handle)
+    persist_log(store, header(sid, created_at, origin="subagent", parent_session="p"), events)
 
 
 async def test_the_corpus_is_live_preferred_and_newest_first(tmp_path: Path) -> None:
@@ -203,10 +200,8 @@ async def test_the_observation_cache_is_bounded_by_memory_not_bytes_on_disk(tmp_
     prepared observation holds (raw data plus a per-event overhead), so a bound cannot be
     overrun by a factor of the compression ratio."""
     base = FileLogStore(str(tmp_path))
-    handle = base.create(header("big", 1))
     events = [make_event(i, "turn/start", 2, {"turn": i}) for i in range(2000)]
-    base.append(handle, [Batch(0, events)])
-    base.close(handle)
+    persist_log(base, header("big", 1), events)
     on_disk = (tmp_path / "sessions" / "big" / "session.jsonl.zst").stat().st_size
     raw = sum(len(e.data) for e in events)
     registry = ProjectionRegistry(SUBAGENT_UNITS)

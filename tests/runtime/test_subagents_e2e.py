@@ -1048,7 +1048,7 @@ def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path)
 async def test_a_catalog_naming_a_session_that_is_not_its_child_closes_nothing(tmp_path: Path) -> None:
     """A catalog is data: an interrupted turn whose `subagent/catalog` names a session of another
     parent (tampered, or a fork's inherited record) must not make the resume write closers there."""
-    from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
+    from subagents.storage import Batch, FileLogStore, make_event
 
     store = FileLogStore(str(tmp_path), compression="none")
     t = 1789000000000

@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from log_lines import header
-from subagents.storage import Batch, FileLogStore, HeaderClaim, MemoryLogStore, make_event
+from log_lines import header, persist_log
+from subagents.storage import FileLogStore, HeaderClaim, MemoryLogStore, make_event
 
 
 def publish(store: FileLogStore, sid: str, parent: str = "p") -> None:
-    handle = store.create(header(sid, 42, origin="subagent", parent_session=parent))
-    store.append(handle, [Batch(0, [make_event(0, "turn/start", 43, {"turn": 1})])])
-    store.close(handle)
+    persist_log(store, header(sid, 42, origin="subagent", parent_session=parent), [make_event(0, "turn/start", 43, {"turn": 1})])
 
 
 def replace_line1(path: Path, line: bytes) -> None:

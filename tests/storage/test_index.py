@@ -30,7 +30,7 @@ import zstandard
 
 from clocks import T
 from events import seed_marker
-from log_lines import header, header_line, rel_log
+from log_lines import header, header_line, persist_log, rel_log
 from subagents.storage import (
     LOG_NAMES,
     Batch,
@@ -250,9 +250,7 @@ def closing() -> Iterator[Callable[[FileLogStore], FileLogStore]]:
 
 
 def publish(store: FileLogStore, sid: str, count: int, created_at: int = T) -> None:
-    handle = store.create(header(sid, created_at))
-    store.append(handle, [Batch(Offset(0), [event(seq) for seq in range(count)])])
-    store.close(handle)
+    persist_log(store, header(sid, created_at), [event(seq) for seq in range(count)])
 
 
 def append(store: FileLogStore, sid: str, count: int) -> int:

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from clocks import T
-from log_lines import rel_log, session_folder
+from log_lines import persist_log, rel_log, session_folder
 from open_fds import inotify_fds
 
 from subagents.storage import (
@@ -32,7 +32,6 @@ from subagents.storage import (
     Batch,
     FileLogStore,
     LogInfo,
-    Offset,
     OsFs,
     SessionHeader,
     SessionId,
@@ -65,9 +64,7 @@ def log_file(root: Path, sid: str) -> Path | None:
 def publish(root: Path, sid: str, compression: Any = "zstd", count: int = 2) -> None:
     store = FileLogStore(str(root), compression=compression, watch=False, use_index=False)
     try:
-        handle = store.create(header(sid))
-        store.append(handle, [Batch(Offset(0), events(0, count))])
-        store.close(handle)
+        persist_log(store, header(sid), events(0, count))
     finally:
         store.close_store()
 
