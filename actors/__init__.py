@@ -17,3 +17,4 @@ from .session_actor import SessionRef as SessionRef
 from .session_actor import snapshot_all as snapshot_all
 from .session_store import SessionStore as SessionStore
 from .session_store import open_session_store as open_session_store
+from .store_reader import StoreReader as StoreReader

@@ -168,7 +168,7 @@ def drop_observation_cache(rt: Any) -> None:
 
 
 def variant(cls: type[ListingService], rt: Any) -> ListingService:
-    return cls(registry=rt.registry, sessions=rt.sessions, query=rt.query, log_store=rt.log_store)
+    return cls(registry=rt.registry, sessions=rt.sessions, query=rt.query)
 
 
 # --- corpus --------------------------------------------------------------------------------------

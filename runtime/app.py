@@ -17,7 +17,7 @@ from typing import Literal
 import attrs
 import trio
 
-from subagents.actors import ColdReader, SessionStore, open_session_store
+from subagents.actors import SessionStore, StoreReader, open_session_store
 from subagents.actors.continuation import ContinuationManager
 from subagents.storage import FileLogStore, LogStore
 from subagents.storage.projection import ProjectionRegistry
@@ -83,27 +83,29 @@ async def open_runtime(
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     try:
         async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
-            query = SessionQuery(store, sessions, registry, cold_reader=ColdReader(store))
-            listing = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
+            query = SessionQuery(store, sessions, registry, reader=StoreReader(store))
+            listing = ListingService(registry=registry, sessions=sessions, query=query)
             # The body's own error is re-raised after the nursery closes, unchanged rather than
             # wrapped in an ExceptionGroup (agents never raise out of their tasks).
             body_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
-                agents = AgentRegistry(
-                    sessions=sessions, log_store=store, clock=clock, id_factory=id_factory or RandomIds(),
-                    model=model, config=agent_config or AgentConfig(), tools=ToolSet, nursery=nursery,
-                    index_limiter=query.index_limiter,
-                )
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
-                service = SubagentService(agents=agents, manager=manager, query=query, listing=listing,
-                                          max_depth=max_depth, child_model=child_model)
-                agents.tools = lambda: ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
-                agents.wait_settled = service.wait_settled
-                agents.on_resume = service.redeliver_notices
-                agents.resume_setup = service.resume_setup
-                agents.offer = service.offered_tools
-                agents.on_interrupted = service.close_interrupted_one_shots
-                agents.before_release = service.release_children_of
+
+                def toolset(service: SubagentService) -> ToolSet:
+                    return ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
+
+                def subagent_service(agents: AgentRegistry) -> SubagentService:
+                    # The registry's hooks: made by the registry's constructor, from itself.
+                    return SubagentService(agents=agents, manager=manager, query=query, listing=listing,
+                                           max_depth=max_depth, child_model=child_model, toolset=toolset)
+
+                agents = AgentRegistry(
+                    sessions=sessions, log_store=store, reader=query.reader, clock=clock,
+                    id_factory=id_factory or RandomIds(), model=model, config=agent_config or AgentConfig(),
+                    nursery=nursery, hooks=subagent_service,
+                )
+                service = agents.hooks
+                assert isinstance(service, SubagentService)
                 try:
                     yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
                                   listing=listing, agents=agents, subagents=service, clock=clock)

@@ -25,7 +25,8 @@ their reads share thread hops in the cold reader (a listing's observations share
 from __future__ import annotations
 
 import operator
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -33,7 +34,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore
+from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore, StoreReader
 from subagents.storage import (
     CorruptLog,
     HeaderClaim,
@@ -49,6 +50,7 @@ from subagents.storage import (
     UnsupportedLog,
     check_session_id,
 )
+from subagents.storage.index import StoredCheckpoint
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
 __all__ = ["Observation", "SessionQuery", "SessionQueryError", "SessionRecord"]
@@ -111,19 +113,6 @@ class _Prepared:
     closers: int = 0  # how many of `events` are in-memory closers
 
 
-_STAT_BATCH = 256  # stats in one index hop at most (about 16 µs each)
-_NO_ANSWER = object()
-_HANDED_BACK = object()
-
-
-@attrs.define(eq=False)
-class _StatJob:
-    session_id: SessionId
-    result: LogInfo | None | Exception | object = _NO_ANSWER
-    held: bool = False  # another writer holds its lock (asked in the same hop as the stat)
-    done: trio.Event = attrs.Factory(trio.Event)
-
-
 _WITNESSED = ("format", "id", "created_at", "cwd", "parent_session", "is_seeded", "delegation_depth", "origin", "agent_preset")
 
 
@@ -139,27 +128,53 @@ class SessionQuery:
         sessions: SessionStore,
         registry: ProjectionRegistry,
         *,
+        reader: StoreReader | None = None,
         cold_reader: ColdReader | None = None,
         cache_bytes: int = 64 << 20,
         index_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
-        self.log_store = log_store
+        """`reader`: the one read side of `log_store` (made here from `cold_reader` and
+        `index_limiter` when not given)."""
         self.sessions = sessions
         self.registry = registry
-        self.cold_reader = cold_reader or ColdReader(log_store)
+        self.reader = reader if reader is not None else StoreReader(
+            log_store, cold=cold_reader, index_limiter=index_limiter
+        )
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Prepared] = OrderedDict()
         self._cached = 0
-        self._stats: deque[_StatJob] = deque()  # stats waiting for an index hop
-        self._pumping = False  # a task is running index hops for `_stats`
         # The last corpus: for each id, the store info and live ref its record was made from.
         self._records: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
         self._order: list[SessionRecord] | None = None
         self._last_infos: list[LogInfo] = []  # what the last corpus was made from
         self._last_refs: list[SessionRef] = []
-        # The index is used from Trio through one worker thread at a time (docs/design.md, "The
-        # index").
-        self.index_limiter = index_limiter or trio.CapacityLimiter(1)
+
+    @property
+    def cold_reader(self) -> ColdReader:
+        """The reader's cold reader (full log reads)."""
+        return self.reader.cold
+
+    @property
+    def index_limiter(self) -> trio.CapacityLimiter:
+        """The index's one worker slot (docs/format.md, "The index"), the reader's."""
+        return self.reader.index_limiter
+
+    # --- what listings ask of the store, through the reader ---
+
+    async def checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str], skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]]:
+        """The stored checkpoint rows of `session_ids` (`StoreReader.checkpoint_rows`): every
+        id asked is a key; any failure is a miss."""
+        return await self.reader.checkpoint_rows(session_ids, keys, skip)
+
+    async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids another process holds the lock of (advice, never an error)."""
+        return await self.reader.held_elsewhere(session_ids)
+
+    async def stat_many(self, session_ids: Sequence[str]) -> list[LogInfo | None | Exception]:
+        """The store's stat of each id afresh, in one index hop; failures are values."""
+        return await self.reader.stat_many(session_ids)
 
     # --- the corpus ---
 
@@ -167,14 +182,8 @@ class SessionQuery:
         """The corpus, newest first. `probe_locks`: also mark the records another process
         holds the lock of (`held`), asked in the same thread hop as the listing."""
         _check(abort)
-        store = self.log_store
-
-        def listed() -> tuple[list[LogInfo], set[str]]:
-            infos = store.list()
-            return infos, store.held_elsewhere([info.id for info in infos]) if probe_locks else set()
-
         try:
-            infos, held = await trio.to_thread.run_sync(listed, limiter=self.index_limiter)
+            infos, held = await self.reader.list(probe_locks=probe_locks)
         except StorageError as exc:
             raise SessionQueryError(f"session persistence listing failed: {exc}", PERSISTENCE) from exc
         _check(abort)
@@ -276,65 +285,10 @@ class SessionQuery:
             raise
         return read.events[: len(read.events) - read.closers] if read.closers else read.events
 
-    async def _stat(self, sid: SessionId) -> tuple[LogInfo | None, bool]:
-        """`log_store.stat(sid)` through the index's one worker thread. Stats asked for at
-        the same time share hops: the first asker pumps (one hop per `_STAT_BATCH` waiting
-        stats, until none waits), the others just wait for their answer. A pump that is
-        cancelled hands the stats it had not reached back to their askers, who pump again."""
-        job = _StatJob(sid)
-        while True:
-            self._stats.append(job)
-            if self._pumping:
-                await job.done.wait()
-            else:
-                await self._pump_stats()
-            if job.result is not _HANDED_BACK:
-                break
-            job.result, job.done = _NO_ANSWER, trio.Event()
-        result = job.result
-        if result is _NO_ANSWER:  # the hop that took it failed before reaching it
-            raise SessionQueryError(f"failed to observe session {sid!r}: the index did not answer", PERSISTENCE)
-        if isinstance(result, Exception):
-            raise result
-        return result, job.held  # type: ignore[return-value]  # LogInfo | None once answered
-
-    async def _pump_stats(self) -> None:
-        waiting = self._stats
-        self._pumping = True
-        try:
-            while waiting:
-                async with self.index_limiter:
-                    batch = [waiting.popleft() for _ in range(min(len(waiting), _STAT_BATCH))]
-                    try:
-                        await trio.to_thread.run_sync(self._stat_batch, batch)
-                    finally:
-                        for job in batch:
-                            job.done.set()
-        finally:
-            self._pumping = False
-            while waiting:  # cancelled: nobody pumps these now
-                job = waiting.popleft()
-                job.result = _HANDED_BACK
-                job.done.set()
-
-    def _stat_batch(self, batch: list[_StatJob]) -> None:
-        stat = self.log_store.stat
-        for job in batch:
-            try:
-                job.result = stat(job.session_id)
-            except Exception as exc:  # the asker raises it
-                job.result = exc
-        try:
-            held = self.log_store.held_elsewhere([job.session_id for job in batch if isinstance(job.result, LogInfo)])
-        except Exception:  # advice for display only: an unanswered probe is "not held"
-            held = set()
-        for job in batch:
-            job.held = job.session_id in held
-
     async def _prepare(self, sid: SessionId, abort: Abort | None) -> tuple[_Prepared, bool]:
         """The prepared observation, and whether another writer holds the session's lock."""
         try:
-            info, held = await self._stat(sid)
+            info, held = await self.reader.stat(sid)
         except StorageError as exc:
             raise _mapped(sid, exc) from exc
         if info is None:

@@ -12,14 +12,14 @@ stops every agent (`disposed`), waits a bounded time, and releases their session
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import attrs
 import msgspec
 import trio
 
-from subagents.actors import EventDraft, SessionStore
+from subagents.actors import EventDraft, SessionStore, StoreReader
 from subagents.storage import (
     Event,
     UNSET,
@@ -37,7 +37,7 @@ from .loop import Agent, AgentConfig
 from .messages import Surface
 from .tools import ToolSet
 
-__all__ = ["AgentError", "AgentRegistry"]
+__all__ = ["AgentError", "AgentHooks", "AgentRegistry"]
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +49,68 @@ class AgentError(Exception):
         self.code = code
 
 
+class AgentHooks(Protocol):
+    """What the registry asks of the layer that runs subagents on top of it (the subagent
+    service implements it); handed to the registry at construction (`AgentRegistry(hooks=...)`)."""
+
+    def tools(self) -> ToolSet:
+        """The tools every agent is offered by default."""
+        ...
+
+    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
+        """Until `count` settlements of a child of `parent_id` are durable (agents' waits)."""
+        ...
+
+    def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
+        """On resume, with the session's events: e.g. redeliver settlement notices."""
+        ...
+
+    def resume_setup(
+        self, session_id: str, events: Sequence[Event], inherited_event_count: int
+    ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
+        """(model, config, tools) a resumed session's own log asks for, or None for the
+        defaults; raises AgentError when they cannot be given (e.g. a child's model route)."""
+        ...
+
+    def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
+        """The tools a session is offered, from its header (e.g. no delegation at the depth limit)."""
+        ...
+
+    async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
+        """Called on resume with a session's events when its last turn was interrupted, before
+        the closers are appended (so a crash in between leaves the turn open and the call is
+        retried): e.g. close the one-shot children that turn left open."""
+        ...
+
+    async def release_children_of(self, session_id: str) -> None:
+        """Before a session is released: e.g. drain its running children."""
+        ...
+
+
 @attrs.define(eq=False)
 class AgentRegistry:
+    """`hooks` builds, from the registry, what it asks of the layer above (`AgentHooks`): it is
+    called once, at construction, so nothing is assigned to the registry afterwards."""
+
     sessions: SessionStore
     log_store: LogStore
+    reader: StoreReader  # its stats go through the one index slot
     clock: Clock
     id_factory: IdFactory
     model: Model | None
     config: AgentConfig
-    tools: Callable[[], ToolSet]
     _nursery: trio.Nursery
-    wait_settled: Callable[[str, str, int], Any] | None = None
-    on_resume: Callable[[Agent, list[Event]], None] | None = None  # e.g. redeliver settlement notices
-    before_release: Callable[[str], Awaitable[None]] | None = None  # e.g. drain its running children
-    # (model, config, tools) a resumed session's own log asks for, or None for the defaults;
-    # raises AgentError when they cannot be given (e.g. a child's model route).
-    resume_setup: Callable[[str, list[Event], int], tuple[Model | None, AgentConfig, ToolSet] | None] | None = None
-    # Called on resume with a session's events when its last turn was interrupted, before the
-    # closers are appended (so a crash in between leaves the turn open and the call is retried):
-    # e.g. close the one-shot children that turn left open.
-    on_interrupted: Callable[[str, list[Event]], Awaitable[None]] | None = None
-    # The tools a session is offered, from its header (e.g. no delegation at the depth limit).
-    offer: Callable[[SessionHeader, ToolSet], ToolSet] | None = None
+    _make_hooks: Callable[[AgentRegistry], AgentHooks] = attrs.field(alias="hooks")
     drain_grace: float = 5.0
-    index_limiter: trio.CapacityLimiter | None = None  # one index worker slot (docs/format.md, "The index")
+    hooks: AgentHooks = attrs.field(init=False)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.hooks = self._make_hooks(self)
+
+    def tools(self) -> ToolSet:
+        """The tools every agent is offered by default (the hooks')."""
+        return self.hooks.tools()
 
     def get(self, session_id: str) -> Agent | None:
         agent = self._agents.get(session_id)
@@ -94,12 +131,11 @@ class AgentRegistry:
         raise AgentError("the id factory keeps proposing ids that already exist", "ID_EXHAUSTED")
 
     async def _exists(self, session_id: str) -> bool:
-        try:
-            info = await trio.to_thread.run_sync(self.log_store.stat, session_id, limiter=self.index_limiter)
-        except SessionNotFound:
-            return False
-        except PersistenceFailed:
+        (info,) = await self.reader.stat_many([session_id])
+        if isinstance(info, (SessionNotFound, PersistenceFailed)):
             return False  # no root yet (create makes it), or unreadable: create then says why
+        if isinstance(info, Exception):
+            raise info
         return info is not None
 
     async def create(
@@ -148,13 +184,13 @@ class AgentRegistry:
             observe = getattr(self.clock, "observe", None)  # a clock of the caller's may lack it
             if observe is not None and newest is not None:
                 observe(newest)  # what it writes next is not older
-            if self.resume_setup is not None and model is None and config is None and tools is None:
-                setup = self.resume_setup(session_id, events, ref.inherited_event_count)
+            if model is None and config is None and tools is None:
+                setup = self.hooks.resume_setup(session_id, events, ref.inherited_event_count)
                 if setup is not None:
                     model, config, tools = setup
             closers = interrupted_closers(events, session_id=session_id)
-            if closers and self.on_interrupted is not None:
-                await self.on_interrupted(session_id, events)
+            if closers:
+                await self.hooks.close_interrupted_one_shots(session_id, events)
             if closers:
                 result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
                 events.extend(result.events)
@@ -167,8 +203,7 @@ class AgentRegistry:
             with trio.CancelScope(shield=True):
                 await self.sessions.release(session_id)  # not resumed: its lock goes too
             raise
-        if self.on_resume is not None:
-            self.on_resume(agent, events)
+        self.hooks.redeliver_notices(agent, events)
         return agent
 
     async def close_interrupted(self, session_id: str, *, child_of: str) -> bool:
@@ -186,8 +221,8 @@ class AgentRegistry:
                 return False
             events = await trio.to_thread.run_sync(self._read_events, session_id)
             closers = interrupted_closers(events, session_id=session_id)
-            if closers and self.on_interrupted is not None:
-                await self.on_interrupted(session_id, events)  # its own one-shot children first
+            if closers:
+                await self.hooks.close_interrupted_one_shots(session_id, events)  # its own one-shot children first
             if closers:
                 await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
             return bool(closers)
@@ -212,11 +247,9 @@ class AgentRegistry:
         chosen = model if model is not None else self.model
         if chosen is None:
             raise AgentError("no model is configured: pass open_runtime(model=...)", "NO_MODEL")
-        offered = tools if tools is not None else self.tools()
-        if self.offer is not None:
-            offered = self.offer(ref.header, offered)
+        offered = self.hooks.offered_tools(ref.header, tools if tools is not None else self.tools())
         agent = Agent(ref, model=chosen, tools=offered, clock=self.clock,
-                      config=config or self.config, events=events, label=label, wait_settled=self.wait_settled,
+                      config=config or self.config, events=events, label=label, wait_settled=self.hooks.wait_settled,
                       surface=surface)
         await self._nursery.start(agent.run)
         self._agents[ref.session_id] = agent
@@ -224,9 +257,8 @@ class AgentRegistry:
 
     async def stop(self, session_id: str, *, cause: str = "disposed") -> None:
         """Cancel the agent's turn with `cause`, wait (bounded) for it to close, release the
-        session — after the session's own running children (`before_release`)."""
-        if self.before_release is not None:
-            await self.before_release(session_id)
+        session — after the session's own running children (`hooks.release_children_of`)."""
+        await self.hooks.release_children_of(session_id)
         agent = self._agents.pop(session_id, None)
         if agent is not None:
             agent.cancel(cause)  # type: ignore[arg-type]  # one of the three causes

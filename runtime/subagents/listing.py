@@ -31,7 +31,7 @@ import trio
 
 from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, raise_bare_cancelled, snapshot_all
 from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
-from subagents.storage import LogInfo, LogStore
+from subagents.storage import LogInfo
 from subagents.storage.index import StoredCheckpoint
 from subagents.storage.projection import ProjectionRegistry
 
@@ -204,12 +204,10 @@ class ListingService:
         registry: ProjectionRegistry | None,
         sessions: SessionStore | None,
         query: SessionQuery | None,
-        log_store: LogStore | None = None,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
-        self.query = query
-        self.log_store = log_store
+        self.query = query  # all it reads of the store, it reads through the query
         self.observers = OBSERVERS
         self._rows_made = _Rows()
         self._shape = _Shape()
@@ -336,32 +334,17 @@ class ListingService:
         return entries, stored
 
     async def _stored_rows(self, ids: list[str]) -> dict[str, list[StoredCheckpoint]]:
-        """The checkpoint rows of `ids` in one query and one thread hop; every id asked is a key
+        """The checkpoint rows of `ids` in one query and one index hop; every id asked is a key
         of the answer (no rows: the index is a cache, any failure is a miss)."""
-        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in ids}
-        if self.log_store is None or not ids:
-            return out
-        try:
-            # Through the index's one worker slot (docs/design.md, "The index"), shared with the
-            # session query.
-            limiter = self.query.index_limiter if self.query is not None else None
-            rows = await trio.to_thread.run_sync(
-                self.log_store.read_checkpoint_rows, ids, _ROW_KEYS, _EMPTY_CATALOG, limiter=limiter
-            )
-        except Exception:  # the index is a cache: any failure is a miss
-            return out
-        if rows:
-            out.update((sid, found) for sid, found in rows.items() if sid in out)
-        return out
+        if self.query is None or not ids:
+            return {sid: [] for sid in ids}
+        return await self.query.checkpoint_rows(ids, _ROW_KEYS, _EMPTY_CATALOG)
 
     async def _held_elsewhere(self, ids: list[str]) -> set[str]:
         """The ids another process holds the lock of (one thread hop; advice, never an error)."""
-        if self.log_store is None or not ids:
+        if self.query is None or not ids:
             return set()
-        try:
-            return await trio.to_thread.run_sync(self.log_store.held_elsewhere, ids)
-        except Exception:  # advice for display only: unanswered is "not held"
-            return set()
+        return await self.query.held_elsewhere(ids)
 
     async def _absent_rows(self, absent: list[Absent], abort: Abort | None) -> list[Row | None]:
         """The rows of catalogued children the corpus does not list, aligned to `absent`; those
@@ -383,24 +366,9 @@ class ListingService:
         return out
 
     async def _stat_all(self, ids: list[str]) -> list[LogInfo | None | Exception]:
-        store = self.log_store
-        if store is None:
+        if self.query is None:
             return [None] * len(ids)
-
-        def stat_all() -> list[LogInfo | None | Exception]:
-            out: list[LogInfo | None | Exception] = []
-            for sid in ids:
-                try:
-                    out.append(store.stat(sid))
-                except Exception as exc:  # it cannot be opened: unavailable
-                    out.append(exc)
-            return out
-
-        limiter = self.query.index_limiter if self.query is not None else None
-        try:
-            return await trio.to_thread.run_sync(stat_all, limiter=limiter)
-        except Exception as exc:
-            return [exc] * len(ids)
+        return await self.query.stat_many(ids)
 
     async def _rows(
         self,
@@ -579,7 +547,7 @@ class ListingService:
     ) -> dict[str, dict[str, Any]]:
         """Identities the index's checkpoint rows prove, for all cold candidates: the rows read
         with the catalogs, and the rest (those that stopped meanwhile) in one more query."""
-        if self.log_store is None or not records:
+        if self.query is None or not records:
             return {}
         rows = stored or {}
         unread = [r.id for r in records if r.id not in rows]

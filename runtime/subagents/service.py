@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
 import attrs
@@ -120,6 +120,8 @@ class SubagentService:
     listing: ListingService
     max_depth: int = 1
     child_model: ChildModel | None = None  # builds the model a child's options select
+    # The tools every agent is offered (the runtime's and the subagent tools of this service).
+    toolset: Callable[[SubagentService], ToolSet] = attrs.field(default=lambda service: ToolSet())
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
     settlement: Settlement = attrs.field(init=False)
@@ -240,6 +242,10 @@ class SubagentService:
         if depth > self.max_depth:
             raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
         return depth
+
+    def tools(self) -> ToolSet:
+        """The tools every agent is offered by default (for the registry: `AgentHooks`)."""
+        return self.toolset(self)
 
     def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
         """`tools` as a session with `header` is offered them: an agent at the depth limit does
@@ -545,11 +551,11 @@ class SubagentService:
         """Whether any session — live, or a log on disk, damaged or not — has this id."""
         if self.agents.sessions.get(session_id) is not None:
             return True
-        store = self.agents.log_store
-        try:
-            info = await trio.to_thread.run_sync(store.stat, session_id, limiter=self.agents.index_limiter)
-        except (SessionNotFound, PersistenceFailed):
+        (info,) = await self.query.stat_many([session_id])
+        if isinstance(info, (SessionNotFound, PersistenceFailed)):
             return False  # no such log, or none that can be found: unavailable either way
+        if isinstance(info, Exception):
+            raise info
         return info is not None
 
     async def release_children_of(self, session_id: str) -> None:

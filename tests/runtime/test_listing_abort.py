@@ -236,7 +236,7 @@ async def listing_env(root: Path) -> AsyncIterator[Env]:
     try:
         async with open_session_store(store, registry, now_ms=now_ms) as sessions:
             query = CountingQuery(store, sessions, registry)
-            service = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
+            service = ListingService(registry=registry, sessions=sessions, query=query)
             yield Env(store, sessions, query, service)
     finally:
         store.release()  # no hang outlives the test, whatever happened

@@ -109,7 +109,7 @@ async def measure(store: MemoryLogStore, call: Call, *, expected: int) -> Measur
         # No LRU of prepared observations: it is a separate structure with its own byte bound
         # (SPEC 5.1); what is left is the listing's own memory.
         query = SessionQuery(store, sessions, registry, cache_bytes=0)
-        service = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
+        service = ListingService(registry=registry, sessions=sessions, query=query)
         await query.list_sessions()  # the store's index is built, outside the measurement
 
         base = _traced()

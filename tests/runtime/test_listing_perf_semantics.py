@@ -27,6 +27,7 @@ from clocks import T, ticking_ms
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.actors import cold_reader
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
+from subagents.actors.store_reader import StoreReader
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
@@ -285,7 +286,7 @@ async def test_an_abort_ends_reads_waiting_behind_a_hop(tmp_path: Path) -> None:
 # --- the session query ------------------------------------------------------------------------------
 
 
-class CountingQuery(SessionQuery):
+class StatCountingReader(StoreReader):
     batches = 0
 
     def _stat_batch(self, batch: Any) -> None:
@@ -299,7 +300,8 @@ async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_o
     (tmp_path / "sessions" / ids[3] / "session.jsonl").write_bytes(b"junk\n")  # corrupt
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
-        query = CountingQuery(base, sessions, registry, cache_bytes=0)
+        reader = StatCountingReader(base)
+        query = SessionQuery(base, sessions, registry, cache_bytes=0, reader=reader)
         abort = Abort()
         together: dict[str, Any] = {}
 
@@ -313,7 +315,7 @@ async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_o
         async with trio.open_nursery() as nursery:
             for sid in [*ids, "missing"]:
                 nursery.start_soon(observe, sid)
-        assert query.batches < len(ids)
+        assert reader.batches < len(ids)
         alone = SessionQuery(base, sessions, registry, cache_bytes=0)
         for sid in [*ids, "missing"]:
             try:

@@ -32,7 +32,7 @@ class Listings:
 
     def _service(self) -> ListingService:
         query = SessionQuery(self.base, self.sessions, self.registry)
-        return ListingService(registry=self.registry, sessions=self.sessions, query=query, log_store=self.base)
+        return ListingService(registry=self.registry, sessions=self.sessions, query=query)
 
     async def children(self, parent: str = "p") -> list[dict[str, Any]]:
         got = [row.to_json() for row in await self.warm.list_children(parent)]
