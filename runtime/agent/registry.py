@@ -176,11 +176,12 @@ class AgentRegistry:
         live = self.get(session_id)
         if live is not None:
             return live
-        ref = await self.sessions.open(session_id)
+        # The events the session store read to open it (one read of the log, not two).
+        ref, events = await self.sessions.open_with_events(session_id)
         try:
-            # Read the log and rebuild the surface in a worker thread: payloads are decoded
-            # there, so a long log does not hold up the event loop.
-            events, surface, newest = await trio.to_thread.run_sync(self._read_all, session_id)
+            # Rebuild the surface in a worker thread: payloads are decoded there, so a long log
+            # does not hold up the event loop.
+            surface, newest = await trio.to_thread.run_sync(self._surface_of, session_id, events)
             observe = getattr(self.clock, "observe", None)  # a clock of the caller's may lack it
             if observe is not None and newest is not None:
                 observe(newest)  # what it writes next is not older
@@ -215,11 +216,10 @@ class AgentRegistry:
         errors are the caller's to judge."""
         if self.sessions.get(session_id) is not None:
             return False  # live here: its own agent (or a resume) closes its turns
-        ref = await self.sessions.open(session_id)
+        ref, events = await self.sessions.open_with_events(session_id)
         try:
             if ref.header.origin != "subagent" or ref.header.parent_session != child_of:
                 return False
-            events = await trio.to_thread.run_sync(self._read_events, session_id)
             closers = interrupted_closers(events, session_id=session_id)
             if closers:
                 await self.hooks.close_interrupted_one_shots(session_id, events)  # its own one-shot children first
@@ -230,17 +230,10 @@ class AgentRegistry:
             with trio.CancelScope(shield=True):
                 await self.sessions.release(session_id)
 
-    def _read_events(self, session_id: str) -> list[Event]:
-        handle = self.log_store.open_read(session_id)
-        try:
-            return list(self.log_store.read(handle))
-        finally:
-            self.log_store.close(handle)
-
-    def _read_all(self, session_id: str) -> tuple[list[Event], Surface, int | None]:
-        events = self._read_events(session_id)
+    @staticmethod
+    def _surface_of(session_id: str, events: list[Event]) -> tuple[Surface, int | None]:
         newest = max((e.time for e in events), default=None)
-        return events, Surface.from_events(events, session_id=session_id), newest
+        return Surface.from_events(events, session_id=session_id), newest
 
     async def _start(self, ref: Any, events: list[Event], *, label: str | None, model: Model | None,
                      config: AgentConfig | None, tools: ToolSet | None, surface: Surface | None = None) -> Agent:
