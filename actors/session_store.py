@@ -151,10 +151,17 @@ class SessionStore:
 
     async def fork(self, source: SessionRef, prefix: Offset, header: SessionHeader) -> SessionRef:
         """A new session seeded with the source's events `[0, prefix)` (lazy, like `create`)."""
+        ref, _ = await self.fork_with_events(source, prefix, header)
+        return ref
+
+    async def fork_with_events(
+        self, source: SessionRef, prefix: Offset, header: SessionHeader
+    ) -> tuple[SessionRef, list[Event]]:
+        """`fork`, and the inherited events it read (the new session's first events)."""
         if type(prefix) is not int or prefix < 0:
             raise InvalidRange(f"fork prefix must be a non-negative int, got {prefix!r}")
         if prefix == 0:
-            return await self.create(header)
+            return await self.create(header), []
 
         def read() -> list[Event]:
             handle = self.log_store.open_read(source.session_id)
@@ -166,7 +173,7 @@ class SessionStore:
         events = await trio.to_thread.run_sync(read)
         if len(events) != prefix:
             raise InvalidRange(f"session {source.session_id!r} has {len(events)} durable events, not {prefix}")
-        return await self.create(header, inherited=events)
+        return await self.create(header, inherited=events), events
 
     def get(self, session_id: str) -> SessionRef | None:
         actor = self._actors.get(session_id)

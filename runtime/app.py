@@ -100,7 +100,7 @@ async def open_runtime(
                                            max_depth=max_depth, child_model=child_model, toolset=toolset)
 
                 agents = AgentRegistry(
-                    sessions=sessions, log_store=store, reader=query.reader, clock=clock,
+                    sessions=sessions, reader=query.reader, clock=clock,
                     id_factory=id_factory or RandomIds(), model=model, config=agent_config or AgentConfig(),
                     nursery=nursery, hooks=subagent_service,
                 )

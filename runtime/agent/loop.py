@@ -140,6 +140,8 @@ class Agent:
         self.inbox = Inbox(config.inbox_capacity)
         self.surface = surface if surface is not None else Surface.from_events(events, session_id=self.session_id)
         self.turn = _last_turn(events, self.session_id)
+        # How many of its events end with its last closed turn (what a fork of it inherits).
+        self.closed_prefix = next((e.seq + 1 for e in reversed(events) if e.type == "turn/end"), 0)
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
         self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique
         self.last_result: TurnResult | None = None
@@ -319,6 +321,8 @@ class Agent:
         for event in result.events:
             if event.type in _SURFACE:
                 self.surface.apply(event, session_id=self.session_id)
+            elif event.type == "turn/end":
+                self.closed_prefix = event.seq + 1
         return list(result.events)
 
     def _next_message_id(self) -> str:

@@ -19,11 +19,11 @@ import attrs
 import msgspec
 import trio
 
-from subagents.actors import EventDraft, SessionStore, StoreReader
+from subagents.actors import EventDraft, SessionRef, SessionStore, StoreReader
 from subagents.storage import (
     Event,
     UNSET,
-    LogStore,
+    Offset,
     PersistenceFailed,
     SessionHeader,
     SessionNotFound,
@@ -93,7 +93,6 @@ class AgentRegistry:
     called once, at construction, so nothing is assigned to the registry afterwards."""
 
     sessions: SessionStore
-    log_store: LogStore
     reader: StoreReader  # its stats go through the one index slot
     clock: Clock
     id_factory: IdFactory
@@ -148,6 +147,7 @@ class AgentRegistry:
         delegation_depth: int = 0,
         agent_preset: str | None = None,
         inherited: Sequence[Event] = (),
+        fork: tuple[SessionRef, int] | None = None,
         first: Sequence[EventDraft] = (),
         label: str | None = None,
         model: Model | None = None,
@@ -155,14 +155,21 @@ class AgentRegistry:
         tools: ToolSet | None = None,
         created_at: int | None = None,
     ) -> Agent:
-        """A new session and its agent. `first` events are published with the session."""
+        """A new session and its agent. `first` events are published with the session. It is
+        seeded with `inherited`, or with `fork`'s (source, prefix): the source's first `prefix`
+        events, read by `SessionStore.fork`."""
         sid = session_id if session_id is not None else await self.new_id()
+        seeded = bool(inherited) or (fork is not None and fork[1] > 0)
         header = SessionHeader(
-            id=sid, created_at=created_at if created_at is not None else self.clock.now_ms(), is_seeded=bool(inherited), delegation_depth=delegation_depth,
+            id=sid, created_at=created_at if created_at is not None else self.clock.now_ms(), is_seeded=seeded, delegation_depth=delegation_depth,
             cwd=cwd, parent_session=parent_session, origin=origin, agent_preset=agent_preset,  # type: ignore[arg-type]  # validated by SessionHeader
         )
-        ref = await self.sessions.create(header, inherited=inherited)
-        events: list[Event] = list(inherited)
+        if fork is not None:
+            source, prefix = fork
+            ref, seed = await self.sessions.fork_with_events(source, Offset(prefix), header)
+        else:
+            ref, seed = await self.sessions.create(header, inherited=inherited), list(inherited)
+        events: list[Event] = seed
         if first:
             result = await ref.append(list(first))
             events.extend(result.events)

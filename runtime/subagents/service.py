@@ -287,32 +287,21 @@ class SubagentService:
     async def _create_child(self, parent: Agent, reserved: Reservation, provider: Provider, depth: int,
                             descriptor: SubagentDescriptor, setup: _Setup) -> Agent:
         child_id = reserved.child_id
-        inherited: list[Event] = []
-        if provider == "fork":
-            inherited = await trio.to_thread.run_sync(self._fork_prefix, parent.session_id)
-        elif provider != "spawn":
+        # A fork inherits the parent's events up to its last `turn/end` (captured once, at
+        # creation), read by `SessionStore.fork`.
+        fork = (parent.session, parent.closed_prefix) if provider == "fork" else None
+        if provider not in ("fork", "spawn"):
             raise SubagentError(f'no subagent provider registered for "{provider}"', "NO_PROVIDER")
         draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
         register = getattr(setup.model, "register_session", None)  # scripted: bind labels in order
         agent = await self.agents.create(
             session_id=child_id, parent_session=parent.session_id, origin="subagent", delegation_depth=depth,
-            cwd=parent.session.header.cwd, inherited=inherited, first=[draft], label=descriptor.label,
+            cwd=parent.session.header.cwd, fork=fork, first=[draft], label=descriptor.label,
             created_at=reserved.created_at, model=setup.model, config=setup.config, tools=setup.tools,
         )
         if register is not None and descriptor.label is not None:
             register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)
         return agent
-
-    def _fork_prefix(self, parent_id: str) -> list[Event]:
-        """The parent's events up to its last `turn/end` (captured once, at creation)."""
-        store = self.agents.log_store
-        handle = store.open_read(parent_id)
-        try:
-            events = list(store.read(handle))
-        finally:
-            store.close(handle)
-        cut = next((i + 1 for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/end"), 0)
-        return events[:cut]
 
     async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None,
                        reserved: Reservation) -> None:
