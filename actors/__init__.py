@@ -4,9 +4,11 @@ It may import `subagents.storage`, trio and trio-util (README, "Layout").
 """
 
 from .abort import Abort as Abort
+from .abort import cancelled_when as cancelled_when
 from .cold_reader import ColdRead as ColdRead
 from .cold_reader import ColdReader as ColdReader
 from .cold_reader import ReadAborted as ReadAborted
+from .cold_reader import ReadGroup as ReadGroup
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped
 from .groups import raise_bare_cancelled as raise_bare_cancelled

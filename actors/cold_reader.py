@@ -15,8 +15,9 @@ returns nothing partial; a `trio.Cancelled` from an enclosing scope passes throu
 
 Few large thread hops, and one CPU-bound hop at a time (a hop costs about 0.1 ms, a 100 KB log
 about 0.4 ms to read; msgspec holds the GIL, so two decoding threads on a 2-core machine only
-slow each other down). Every read waits in a queue shared by the calls made under the same
-`Abort` (a listing makes one call per child, all under its abort): its group. A read that finds
+slow each other down). Every read waits in a queue shared by the calls made in the same
+`ReadGroup` (a listing makes one call per child, all in one group) or, without one, under the
+same `Abort`: its group. A read that finds
 no hop of its group at work takes a slot, claims itself and *pumps*: its worker thread, once
 that read is done, claims queued reads of the group until `HOP_SECONDS` of work is done or the
 queue is empty, and the task then starts another hop while the queue holds reads nobody has
@@ -26,8 +27,8 @@ for a stall — no read started for `STALL_SECONDS`: a slow or hung read — and
 others, which start hops of their own, up to `max_in_flight`. So there are never more than
 `max_in_flight` reads in flight, a read never starts twice and never without a slot, and a hung
 read holds up only itself. A hop cancelled in the middle of another call's read hands it back
-unread, queued again; a read whose call has ended is never started. Calls without an `Abort`
-share nothing.
+unread, queued again; a read whose call has ended is never started. Calls with neither a group
+nor an `Abort` share nothing.
 
 Given a projection registry, each read also folds fresh cells over its events in the same
 worker thread (the units are pure): the event loop then never runs a fold of a cold log.
@@ -53,7 +54,7 @@ from .abort import Abort
 from .errors import ActorError
 from .groups import raise_bare_cancelled
 
-__all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadAborted"]
+__all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadAborted", "ReadGroup"]
 
 HOP_SECONDS = 0.005  # a hop claims more queued reads until it has worked this long
 STALL_SECONDS = 0.02  # a hop that has not started a read for this long may be stuck
@@ -64,6 +65,13 @@ class ReadAborted(ActorError):
 
     def __init__(self) -> None:
         super().__init__("the cold read was aborted")
+
+
+class ReadGroup:
+    """A token for reads made together (e.g. a listing's observations): calls given the same
+    group queue their reads together, so they share thread hops."""
+
+    __slots__ = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -84,7 +92,7 @@ _PENDING, _CLAIMED, _DONE = 0, 1, 2
 
 @attrs.define(eq=False)
 class _Group:
-    """The reads queued under one abort, and the hops working on them."""
+    """The reads queued in one group (a `ReadGroup`, or an abort), and the hops working on them."""
 
     queue: deque[_Job] = attrs.Factory(deque)  # claimed entries are dropped as hops meet them
     calls: int = 0  # calls still running
@@ -114,13 +122,19 @@ class ColdReader:
         self._groups: dict[object, _Group] = {}  # by abort (see the docstring)
 
     async def read_many(
-        self, ids: Sequence[str], abort: Abort | None = None, *, registry: ProjectionRegistry | None = None
+        self,
+        ids: Sequence[str],
+        abort: Abort | None = None,
+        *,
+        registry: ProjectionRegistry | None = None,
+        group: ReadGroup | None = None,
     ) -> list[ColdRead | StorageError]:
         """Read every id (at most `max_in_flight` at a time), aligned with `ids`; with a
-        `registry`, each result carries its cells folded over its events (closers included)."""
+        `registry`, each result carries its cells folded over its events (closers included).
+        Reads share hops with the other calls of their `group` (without one: of their abort)."""
         if abort is not None and abort.is_set():
             raise ReadAborted
-        key: object = abort if abort is not None else object()
+        key: object = group if group is not None else abort if abort is not None else object()
         with self._lock:
             group = self._groups.get(key)
             if group is None:

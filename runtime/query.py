@@ -34,7 +34,17 @@ from typing import Any, Literal
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore, StoreReader
+from subagents.actors import (
+    Abort,
+    ActorStopped,
+    ColdRead,
+    ColdReader,
+    ReadAborted,
+    ReadGroup,
+    SessionRef,
+    SessionStore,
+    StoreReader,
+)
 from subagents.storage import (
     CorruptLog,
     HeaderClaim,
@@ -239,14 +249,18 @@ class SessionQuery:
     # --- one session ---
 
     @asynccontextmanager
-    async def observe_session(self, session_id: str, abort: Abort | None = None) -> AsyncIterator[Observation]:
-        observation = await self._observe(session_id, abort)
+    async def observe_session(
+        self, session_id: str, abort: Abort | None = None, *, group: ReadGroup | None = None
+    ) -> AsyncIterator[Observation]:
+        """The session observed (see the module docstring). Observations made in the same
+        `group` share the cold reader's thread hops."""
+        observation = await self._observe(session_id, abort, group)
         try:
             yield observation
         finally:
             observation.released = True
 
-    async def _observe(self, session_id: str, abort: Abort | None) -> Observation:
+    async def _observe(self, session_id: str, abort: Abort | None, group: ReadGroup | None) -> Observation:
         _check(abort)
         try:
             sid = check_session_id(session_id)
@@ -261,9 +275,9 @@ class SessionQuery:
             except (ProjectionBroken, KeyError) as exc:
                 raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
             else:
-                events = await self._read_live(sid, abort)
+                events = await self._read_live(sid, abort, group)
                 return Observation("live", ref.header, ref.inherited_event_count, events, projections)
-        prepared, held = await self._prepare(sid, abort)
+        prepared, held = await self._prepare(sid, abort, group)
         _check(abort)
         events = prepared.events
         if held and prepared.closers:
@@ -274,18 +288,18 @@ class SessionQuery:
             held=held,
         )
 
-    async def _read_live(self, sid: SessionId, abort: Abort | None) -> tuple[Event, ...]:
+    async def _read_live(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[Event, ...]:
         """The durable events of a live session: none while it is not published yet, and no
         in-memory closers (its turn is not interrupted: its writer is alive)."""
         try:
-            read = await self._cold(sid, abort)
+            read = await self._cold(sid, abort, group)
         except SessionQueryError as exc:
             if exc.code == NOT_FOUND and self.sessions.get(sid) is not None:
                 return ()
             raise
         return read.events[: len(read.events) - read.closers] if read.closers else read.events
 
-    async def _prepare(self, sid: SessionId, abort: Abort | None) -> tuple[_Prepared, bool]:
+    async def _prepare(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[_Prepared, bool]:
         """The prepared observation, and whether another writer holds the session's lock."""
         try:
             info, held = await self.reader.stat(sid)
@@ -297,13 +311,13 @@ class SessionQuery:
             code = UNSUPPORTED if info.damage == "unsupported" else CORRUPT
             # The index knows only that it is damaged; a read finds where (the seq or byte
             # offset) and raises that. Listings never get here (a damaged record is a diagnostic).
-            await self._cold(sid, abort)
+            await self._cold(sid, abort, group)
             raise SessionQueryError(f"stored session {sid!r} is {info.damage}", code)
         cached = self._cache.get(sid)
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
             return cached, held
-        read = await self._cold(sid, abort, self.registry)
+        read = await self._cold(sid, abort, group, self.registry)
         if info.header is not None and headers_differ(info.header, read.header):
             raise SessionQueryError(f"session source headers conflict for session {sid!r}", CONFLICT)
         cells = read.cells
@@ -322,10 +336,10 @@ class SessionQuery:
         return prepared, held
 
     async def _cold(
-        self, sid: SessionId, abort: Abort | None, registry: ProjectionRegistry | None = None
+        self, sid: SessionId, abort: Abort | None, group: ReadGroup | None, registry: ProjectionRegistry | None = None
     ) -> ColdRead:
         try:
-            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry)
+            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry, group=group)
         except ReadAborted:
             raise SessionQueryError("session observation was aborted", ABORTED) from None
         if isinstance(result, StorageError):

@@ -192,9 +192,9 @@ class CountingQuery(SessionQuery):
         self.on_enter: Callable[[], Awaitable[None]] | None = None
 
     @asynccontextmanager
-    async def observe_session(self, session_id: str, abort: Abort | None = None) -> AsyncIterator[Observation]:
+    async def observe_session(self, session_id: str, abort: Abort | None = None, **kwargs: Any) -> AsyncIterator[Observation]:
         self.attempts += 1
-        async with super().observe_session(session_id, abort) as seen:
+        async with super().observe_session(session_id, abort, **kwargs) as seen:
             self.entered.append(seen)
             try:
                 if self.on_enter is not None:

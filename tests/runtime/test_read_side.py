@@ -21,6 +21,7 @@ from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.models.script import load_script
 from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents import listing as listing_module
 from subagents.runtime.subagents.listing import ListingService
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
@@ -100,3 +101,43 @@ async def test_a_resume_reads_the_log_once(tmp_path: Path) -> None:
 async def test_a_resume_from_a_checkpoint_reads_the_log_once(tmp_path: Path) -> None:
     faulty = await resume_counting(tmp_path, use_index=True)
     assert faulty.calls["read"] == 1 and faulty.calls["read_checkpoint"] >= 1
+
+
+async def test_a_listing_without_an_abort_makes_none_to_group_its_reads(tmp_path: Path, monkeypatch: Any) -> None:
+    """Its observations read in one `ReadGroup`; no never-set `Abort` stands in for one."""
+    from descriptors import descriptor
+
+    from subagents.actors import abort as abort_module
+    from subagents.actors import cold_reader as cold_reader_module
+
+    base = FileLogStore(str(tmp_path), use_index=False)  # no checkpoint rows: every child is observed
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    try:
+        async with open_session_store(base, registry, now_ms=lambda: 1) as sessions:
+            for i in range(3):
+                ref = await sessions.create(SessionHeader(id=f"c{i}", created_at=i, origin="subagent", parent_session="p"))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+                await ref.append([EventDraft(type="subagent/descriptor", data=descriptor(f"child {i}"))])
+                await sessions.release(f"c{i}")
+            made: list[object] = []
+            init = abort_module.Abort.__init__
+
+            def counting(self: Any) -> None:
+                made.append(self)
+                init(self)
+
+            monkeypatch.setattr(abort_module.Abort, "__init__", counting)
+            groups: list[object] = []
+            read_many = cold_reader_module.ColdReader.read_many
+
+            async def spy(self: Any, ids: Any, abort: Any = None, **kwargs: Any) -> Any:
+                groups.append(kwargs.get("group"))
+                return await read_many(self, ids, abort, **kwargs)
+
+            monkeypatch.setattr(cold_reader_module.ColdReader, "read_many", spy)
+            query = SessionQuery(base, sessions, registry)
+            rows = await ListingService(registry=registry, sessions=sessions, query=query).list_children("p")
+        assert [row.id for row in rows] == ["c0", "c1", "c2"]
+        assert made == []
+        assert len(groups) == 3 and groups[0] is not None and all(g is groups[0] for g in groups)
+    finally:
+        base.close_store()
