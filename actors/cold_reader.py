@@ -3,11 +3,12 @@
 
 Theory of operation. `read_many(ids, abort)` reads each id in a worker thread holding one of at
 most `max_in_flight` (4) slots of a `CapacityLimiter`; the thread polls
-`trio.from_thread.check_cancelled` and the abort between decode chunks, so cancelling the
-caller's scope or setting the abort ends reads promptly, and a read whose abort was set before
-it got a slot never starts. (A call of several reads runs one task per read in a nursery it
-owns, with a watcher that cancels them when the abort is set; a call of one read — an
-observation — runs in its caller's task, under its caller's scope.) Results are aligned with
+`trio.from_thread.check_cancelled` between decode chunks, so cancelling the caller's scope ends
+reads promptly. An abort becomes cancellation once, at the top of the call (`cancelled_when`):
+setting it cancels the call's reads the same way, and a read whose abort was set before it got
+a slot never starts. (A call of several reads runs one task per read in a nursery it owns; a
+call of one read — an observation — runs in its caller's task, under its caller's scope; a
+caller that made its abort a cancel scope already passes none.) Results are aligned with
 `ids`, never with completion order. A typed storage failure of one read is that entry's value;
 anything else (a bug) fails the whole call, re-raised bare — never inside an ExceptionGroup.
 When `abort` is set (before, during or after the reads) the call raises `ReadAborted` and
@@ -40,17 +41,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from contextlib import nullcontext
 from functools import partial
 
 import attrs
 import trio
-from trio_util import move_on_when
 
 from subagents.storage import Event, LogStore, SessionHeader, StorageError, interrupted_closers
 from subagents.storage.projection import ProjectionCells, ProjectionRegistry
 
-from .abort import Abort
+from .abort import Abort, cancelled_when
 from .errors import ActorError
 from .groups import raise_bare_cancelled
 
@@ -107,7 +106,6 @@ class _Job:
     session_id: str
     registry: ProjectionRegistry | None
     group: _Group
-    abort: Abort | None
     state: int = _PENDING  # changed only under the reader's lock
     wanted: bool = True  # False once its call has ended: never started after that
     result: ColdRead | BaseException | None = None
@@ -140,16 +138,17 @@ class ColdReader:
             if group is None:
                 group = self._groups[key] = _Group()
             group.calls += 1
-            jobs = [_Job(session_id, registry, group, abort) for session_id in ids]
+            jobs = [_Job(session_id, registry, group) for session_id in ids]
             group.queue.extend(jobs)
         try:
-            if len(jobs) == 1:
-                # One read (an observation): no task of its own and no watcher — its thread
-                # polls the abort, and whoever awaits it owns the cancel scope.
-                await self._run(jobs[0], alone=True)
-            else:
-                # A set abort cancels the reads (their threads poll it too).
-                async with move_on_when(abort.wait) if abort is not None else nullcontext():
+            # The abort becomes cancellation here, once: below, reads are cancelled the Trio
+            # way (their threads poll `check_cancelled` between decode chunks).
+            async with cancelled_when(abort):
+                if len(jobs) == 1:
+                    # One read (an observation): no task of its own — whoever awaits it owns
+                    # the cancel scope.
+                    await self._run(jobs[0], alone=True)
+                else:
                     async with trio.open_nursery() as reads:
                         for job in jobs:
                             reads.start_soon(partial(self._run, job, alone=False))
@@ -182,8 +181,6 @@ class ColdReader:
         that has it or will claim it. `alone`: the only read of its call (an observation)."""
         group = job.group
         while True:
-            if job.abort is not None and job.abort.is_set():
-                return  # aborted: never started, or its hop stops at its next checkpoint
             state = job.state
             if state == _DONE:
                 return
@@ -194,8 +191,6 @@ class ColdReader:
                 continue
             async with self.limiter:
                 while True:
-                    if job.abort is not None and job.abort.is_set():
-                        return
                     with self._lock:
                         state = job.state
                         mine = state == _PENDING and not self._busy(group)
@@ -261,7 +256,7 @@ class ColdReader:
         (the tasks of those reads wait without a slot meanwhile)."""
         group = job.group
         await self._hop(job)
-        while job.abort is None or not job.abort.is_set():
+        while True:  # a cancelled pump stops as its next hop starts (or inside it)
             with self._lock:
                 nxt = self._next_pending(group)
                 if nxt is None:
@@ -294,10 +289,7 @@ class ColdReader:
         self._finish(first, self._attempt(first))
         started = time.perf_counter()
         while time.perf_counter() - started < HOP_SECONDS:
-            try:
-                _checkpoint(first.abort)
-            except _Stopped:
-                return
+            trio.from_thread.check_cancelled()
             job = self._claim_next(group)
             if job is None:
                 return
@@ -330,19 +322,19 @@ class ColdReader:
 
     def _attempt(self, job: _Job) -> ColdRead | BaseException:
         try:
-            return self._read(job.session_id, job.registry, job.abort)
+            return self._read(job.session_id, job.registry)
         except StorageError as exc:
             return exc
-        except Exception as exc:  # a bug, or _Stopped (the call raises ReadAborted then)
+        except Exception as exc:  # a bug: fails its call
             return exc
 
-    def _read(
-        self, session_id: str, registry: ProjectionRegistry | None = None, abort: Abort | None = None
-    ) -> ColdRead:
+    def _read(self, session_id: str, registry: ProjectionRegistry | None = None) -> ColdRead:
         store = self.store
         handle = store.open_read(session_id)
         try:
-            events = store.read(handle, checkpoint=partial(_checkpoint, abort))
+            # Between decode chunks: a cancelled scope (an abort, or an enclosing cancellation)
+            # raises `trio.Cancelled` in this thread.
+            events = store.read(handle, checkpoint=trio.from_thread.check_cancelled)
         finally:
             store.close(handle)
         closers = interrupted_closers(events, session_id=handle.session_id)
@@ -359,16 +351,3 @@ class ColdReader:
             closers=len(closers),
             cells=cells,
         )
-
-
-class _Stopped(Exception):
-    """Raised in a worker thread whose read's abort is set (never leaves the reader)."""
-
-
-def _checkpoint(abort: Abort | None) -> None:
-    """Between decode chunks and between reads, in the worker thread: a cancelled scope raises
-    `trio.Cancelled`, a set abort `_Stopped`. (Reading the flag of a trio.Event from another
-    thread is one attribute read.)"""
-    trio.from_thread.check_cancelled()
-    if abort is not None and abort.is_set():
-        raise _Stopped
