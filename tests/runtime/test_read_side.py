@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import trio
 
 from subagents.actors import EventDraft, StoreReader, open_session_store
 from subagents.runtime.agent.registry import AgentRegistry
