@@ -1,10 +1,11 @@
 """`open_runtime`: the one composition root (README, "open_runtime").
 
 It builds everything and passes it explicitly — the log store (and its index), the projection
-registry with the subagent units, the session store (which owns the actors' nursery), the cold
-reader, the session query and the listing service — and tears it down in reverse. Nothing below
+registry with the subagent units, the session store (which owns the actors' nursery), the store
+reader (the one read side), the session query and the listing service — and tears it down in reverse. Nothing below
 it reads the environment or a global registry. The agents run in a nursery inside the session store's, so they stop (and close their
-turns) before their session actors do.
+turns) before their session actors do. The agent registry gets its hooks at construction: it
+builds the subagent service (its `AgentHooks`) from itself, so nothing is assigned to it after.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ async def open_runtime(
                     nursery=nursery, hooks=subagent_service,
                 )
                 service = agents.hooks
-                assert isinstance(service, SubagentService)
+                assert isinstance(service, SubagentService)  # what `subagent_service` made
                 try:
                     yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
                                   listing=listing, agents=agents, subagents=service, clock=clock)
