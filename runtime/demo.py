@@ -27,6 +27,7 @@ from trio_util import RepeatedEvent
 
 from .app import Runtime, open_runtime
 from .clock import ScenarioClock
+from .errors import CommandFailed
 from .ids import CountingIds
 from .models.base import ModelRequest
 from .subagents.listing import ChildRow
@@ -198,7 +199,7 @@ async def _phase(runtime: Runtime, parent_id: str, prompt: str, reporter: _Repor
                 live.stop()
     reporter.poll(runtime, parent_id)
     if result is None or result.reason["kind"] != "completed":
-        raise RuntimeError(f"the demo parent's turn ended {result.reason if result else 'without a turn'}")
+        raise CommandFailed(f"the demo parent's turn ended {result.reason if result else 'without a turn'}")
     reporter.line(f"parent says: {(result.text or '').strip().replace(chr(10), '; ')}")
     return result
 
@@ -225,7 +226,7 @@ async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = 
         reporter.poll(runtime, parent_id)
     settled = [cid for cid, status in reporter.seen.items() if status == "settled"]
     if len(rows) != len(DEMO_CHILDREN) or len(settled) != len(DEMO_CHILDREN):
-        raise RuntimeError(f"expected {len(DEMO_CHILDREN)} settled children, listed {len(rows)}")
+        raise CommandFailed(f"expected {len(DEMO_CHILDREN)} settled children, listed {len(rows)}")
     reporter.final(f"{len(settled)} children settled")
     reporter.final("restart")
     reporter.quiet = not live
@@ -233,7 +234,7 @@ async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = 
     async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids) as runtime:
         result = await _phase(runtime, parent_id, "Ask the storage surveyor one more question.", reporter, create=False)
     if "recovered" not in (result.text or ""):
-        raise RuntimeError(f"the resumed child did not answer: {result.text!r}")
+        raise CommandFailed(f"the resumed child did not answer: {result.text!r}")
     reporter.final(f"{first} resumed")
     reporter.final("ok")
     return 0

@@ -34,7 +34,8 @@ from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
 
 from ..clock import Clock
-from ..models.base import Finish, Model, ModelError, ModelRequest, ModelWaits, TextDelta, ToolCallDelta, Usage
+from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
+from ..models.base import Finish, Model, ModelRequest, ModelWaits, TextDelta, ToolCallDelta, Usage
 from .compaction import CompactionPolicy, plan_compaction
 from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message
@@ -52,10 +53,6 @@ Phase = Literal["idle", "writing", "model", "stopped"]
 
 CANCELLED_TEXT = "tool call was cancelled"
 NOT_DISPATCHED_TEXT = "tool call aborted before dispatch"
-
-
-class AgentStopped(Exception):
-    """The agent cannot go on: its session actor stopped or its log could not be written."""
 
 
 @attrs.frozen(kw_only=True)
@@ -112,7 +109,7 @@ class _Waits:
 
     async def settled(self, child: str, count: int = 1) -> None:
         if self._settled is None:
-            raise ModelError("wait_for settled needs the subagent service", code="MODEL_SCRIPT_WAIT")
+            raise ScriptWaitUnavailable("wait_for settled needs the subagent service")
         await self._settled(self._agent.session_id, child, count)
 
 

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from subagents.runtime.clock import Clock
+from subagents.runtime.errors import ModelError  # the seam's error (runtime/errors.py)
 
 __all__ = [
     "Chunk",
@@ -65,16 +66,6 @@ class Finish:
 
 
 Chunk = TextDelta | ToolCallDelta | Usage | Finish
-
-
-class ModelError(Exception):
-    """A model call failed. `code` is stable (`MODEL_*`); the text never holds an API key."""
-
-    def __init__(self, message: str, *, code: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
 
 
 @attrs.frozen

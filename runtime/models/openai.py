@@ -52,7 +52,16 @@ import msgspec
 import trio
 
 from subagents.runtime.clock import Clock
-from subagents.runtime.models.base import Chunk, ModelError, ModelRequest
+from subagents.runtime.errors import (
+    ModelAuthFailed,
+    ModelBadResponse,
+    ModelError,
+    ModelHttpError,
+    ModelNotFound,
+    ModelStreamInterrupted,
+    ModelUnavailable,
+)
+from subagents.runtime.models.base import Chunk, ModelRequest
 from subagents.runtime.models.openai_wire import (
     StreamFault,
     StreamParser,
@@ -156,10 +165,9 @@ class OpenAIChatModel:
                 try:
                     piece = await anext(pieces, None)
                 except httpx.DecodingError as exc:
-                    failure = self._error("MODEL_BAD_RESPONSE", f"cannot decode the body: {self._describe(exc)}")
+                    failure = self._error(ModelBadResponse, f"cannot decode the body: {self._describe(exc)}")
                 except httpx.TransportError as exc:
-                    failure = self._error(
-                        "MODEL_STREAM_INTERRUPTED",
+                    failure = self._error(ModelStreamInterrupted,
                         f"stream interrupted after {parser.events} events: {self._describe(exc)}",
                     )
                 if failure is not None:
@@ -167,7 +175,7 @@ class OpenAIChatModel:
                 try:
                     chunks = parser.end() if piece is None else parser.feed(piece)
                 except StreamFault as fault:
-                    failure = self._error(fault.code, fault.message)
+                    failure = self._error(fault.error, fault.message)
                 if failure is not None:
                     raise failure
                 for chunk in chunks:
@@ -219,7 +227,7 @@ class OpenAIChatModel:
                 last = self._describe(exc)
                 logger.debug("POST %s failed: %s", self.url, last)
             except httpx.HTTPError as exc:
-                refused = self._error("MODEL_HTTP_ERROR", f"request failed: {self._describe(exc)}")
+                refused = self._error(ModelHttpError, f"request failed: {self._describe(exc)}")
             else:
                 status = response.status_code
                 logger.debug("POST %s answered %d, attempt %d of %d", self.url, status, attempt, attempts)
@@ -228,25 +236,22 @@ class OpenAIChatModel:
                     if content_type.split(";")[0].strip().lower() == "text/event-stream":
                         return response
                     excerpt = await self._excerpt(response)
-                    raise self._error(
-                        "MODEL_BAD_RESPONSE",
+                    raise self._error(ModelBadResponse,
                         f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
                         f" with status {status}: {excerpt}",
                         status,
                     )
                 excerpt = await self._excerpt(response)
                 if status in (401, 403):
-                    raise self._error(
-                        "MODEL_AUTH", f"authentication failed ({status}): check the API key: {excerpt}", status
+                    raise self._error(ModelAuthFailed, f"authentication failed ({status}): check the API key: {excerpt}", status
                     )
                 if status == 404:
-                    raise self._error(
-                        "MODEL_NOT_FOUND",
+                    raise self._error(ModelNotFound,
                         f"not found (404): check the base URL and the model name: {excerpt}",
                         status,
                     )
                 if status != 429 and status < 500:
-                    raise self._error("MODEL_HTTP_ERROR", f"HTTP {status}: {excerpt}", status)
+                    raise self._error(ModelHttpError, f"HTTP {status}: {excerpt}", status)
                 last = f"HTTP {status}: {excerpt}"
                 retry_after = _retry_after(response.headers, clock.now_ms())
             if refused is not None:
@@ -256,8 +261,7 @@ class OpenAIChatModel:
             delay = self._delay(attempt, retry_after)
             logger.debug("retrying POST %s in %.3f s (attempt %d of %d)", self.url, delay, attempt + 1, attempts)
             await clock.sleep(delay)
-        raise self._error(
-            "MODEL_UNAVAILABLE",
+        raise self._error(ModelUnavailable,
             f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
         )
 
@@ -297,10 +301,10 @@ class OpenAIChatModel:
     def _describe(self, exc: BaseException) -> str:
         return _describe(exc, self._redact)
 
-    def _error(self, code: str, detail: str, status: int | None = None) -> ModelError:
+    def _error(self, error: type[ModelError], detail: str, status: int | None = None) -> ModelError:
         message = self._redact(f"model {self.model!r} at {self.url}: {detail}")
-        logger.debug("%s: %s", code, message)
-        return ModelError(message, code=code, status=status)
+        logger.debug("%s: %s", error.code, message)
+        return error(message, status=status)
 
 
 async def _abandon(pieces: AsyncIterator[bytes], redact: Callable[[str], str]) -> None:

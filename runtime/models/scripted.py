@@ -57,10 +57,17 @@ import attrs
 import trio
 from trio_util import RepeatedEvent
 
+from subagents.runtime.errors import (
+    ScriptedFailure,
+    ScriptExhausted,
+    ScriptNoAgent,
+    ScriptNoMatch,
+    ScriptNoWaits,
+    ScriptStalled,
+)
 from subagents.runtime.models.base import (
     Chunk,
     Finish,
-    ModelError,
     ModelRequest,
     TextDelta,
     ToolCallDelta,
@@ -201,10 +208,9 @@ class ScriptedModel:
             self._watches.discard(scope)
         if scope.cancelled_caught:
             label = f' (label "{request.label}")' if request.label is not None else ""
-            raise ModelError(
+            raise ScriptStalled(
                 f'scripted wait stalled: session "{request.session_id}"{label} response {n} waits for'
-                f" {wait} with no progress for {self._stall_timeout:g} s",
-                code="MODEL_SCRIPT_STALLED",
+                f" {wait} with no progress for {self._stall_timeout:g} s"
             )
         self.note_progress()
 
@@ -275,8 +281,8 @@ class ScriptedModel:
         if response.error is not None:
             assert rendered.error_message is not None
             self.note_progress()
-            raise ModelError(
-                rendered.error_message, code="MODEL_SCRIPTED_ERROR", status=response.error.status
+            raise ScriptedFailure(
+                rendered.error_message, status=response.error.status
             )
         for piece in split_text(rendered.text):
             await trio.lowlevel.checkpoint()
@@ -301,10 +307,9 @@ class ScriptedModel:
         self._summaries_used += 1
         n = self._summaries_used
         if n > len(summaries):
-            raise ModelError(
+            raise ScriptExhausted(
                 f'script summaries exhausted: compaction call {n} for session "{request.session_id}"'
-                f" but the script has {len(summaries)} summaries",
-                code="MODEL_SCRIPT_EXHAUSTED",
+                f" but the script has {len(summaries)} summaries"
             )
         return summaries[n - 1]
 
@@ -316,10 +321,9 @@ class ScriptedModel:
         n = self._calls[k]
         responses = self._script.agents[k].responses
         if n > len(responses):
-            raise ModelError(
+            raise ScriptExhausted(
                 f'script exhausted for session "{request.session_id}": call {n} but its entry'
-                f" $.agents[{k}] has {len(responses)} responses",
-                code="MODEL_SCRIPT_EXHAUSTED",
+                f" $.agents[{k}] has {len(responses)} responses"
             )
         return responses[n - 1], n
 
@@ -334,10 +338,9 @@ class ScriptedModel:
             k = self._unnamed.pop(0)
         if k is None:
             label = f' (label "{request.label}")' if request.label is not None else ""
-            raise ModelError(
+            raise ScriptNoAgent(
                 f'script has no entry for session "{session}"{label}: no entry names it and no'
-                " unnamed entry is left",
-                code="MODEL_SCRIPT_NO_AGENT",
+                " unnamed entry is left"
             )
         self._bound[session] = k
         self._owner[k] = session
@@ -412,10 +415,9 @@ def _resolver(request: ModelRequest) -> Callable[[str], str]:
         for last in re.finditer(source, text):
             pass
         if last is None or last.group(1) is None:
-            raise ModelError(
+            raise ScriptNoMatch(
                 f"{{{{from_request:{source}}}}} found no match in the request messages of"
-                f' session "{request.session_id}"',
-                code="MODEL_SCRIPT_NO_MATCH",
+                f' session "{request.session_id}"'
             )
         return last.group(1)
 
@@ -448,10 +450,9 @@ def _render(response: ScriptedResponse, request: ModelRequest) -> _Rendered:
 async def _wait(wait_for: WaitFor, settled: str | None, request: ModelRequest) -> None:
     waits = request.waits
     if waits is None:
-        raise ModelError(
+        raise ScriptNoWaits(
             f'a scripted response of session "{request.session_id}" has wait_for but the request'
-            " carries no waits to hold on",
-            code="MODEL_SCRIPT_NO_WAITS",
+            " carries no waits to hold on"
         )
     if isinstance(wait_for, WaitForSettled):
         assert settled is not None

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from ..errors import ModelSpecError
 from .base import Model
 from .openai import OpenAIChatModel
 from .script import ScriptError, load_script
@@ -25,10 +26,6 @@ _PROVIDERS = {
     "deepseek": ("DEEPSEEK_API_KEY", None, "https://api.deepseek.com"),
     "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
 }
-
-
-class ModelSpecError(ValueError):
-    """A model spec that cannot be used; the message is one clear line."""
 
 
 @attrs.frozen(kw_only=True)

@@ -139,7 +139,7 @@ async def test_options_that_select_a_model_need_a_factory(tmp_path: Path) -> Non
         ):
             with pytest.raises(SubagentError) as exc:
                 await start()
-            assert exc.value.code == "UNSUPPORTED_CAPABILITY"
+            assert exc.value.code == "SUBAGENT_UNSUPPORTED_CAPABILITY"
         assert sorted(p.name for p in (tmp_path / "sessions").iterdir()) == ["parent"]  # no child was made
         # Persona and tool filter alone need no factory.
         child_id = await rt.subagents.start_continuable(
@@ -158,7 +158,7 @@ async def test_a_child_whose_model_cannot_be_rebuilt_is_not_resumable(tmp_path: 
         parent = await rt.agents.resume("parent")
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(parent, child_id, "again")
-        assert (exc.value.code, exc.value.message) == ("NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
+        assert (exc.value.code, exc.value.message) == ("SUBAGENT_NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
         assert rt.subagents.manager.get(child_id) is None
 
 
@@ -216,5 +216,5 @@ async def test_every_resume_path_gets_the_options_back(tmp_path: Path) -> None:
     async with open_runtime(tmp_path, model=Models("x").default, clock=ScenarioClock(), compression="none") as rt:
         with pytest.raises(AgentError) as exc:
             await rt.agents.resume(child_id)
-        assert exc.value.code == "NOT_RESUMABLE"
+        assert exc.value.code == "SUBAGENT_OPTIONS_NOT_REAPPLIED" and exc.value.record()["code"] == "NOT_RESUMABLE"
         assert rt.sessions.get(child_id) is None  # released again, lock and all

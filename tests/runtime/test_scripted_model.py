@@ -165,7 +165,7 @@ def test_loader_rejects_with_json_path(case: str, document: Any, path: str, prob
     assert error.path == path
     assert problem in error.problem
     assert str(error) == f"invalid script at {path}: {error.problem}"
-    assert error.code == "MODEL_SCRIPT_INVALID"
+    assert error.code == "SCRIPT_INVALID"
     assert isinstance(error, ValueError)
 
 
@@ -286,7 +286,7 @@ def test_load_script_names_the_file_in_errors(tmp_path) -> None:
 
     with pytest.raises(ScriptError) as info:
         load_script(tmp_path / "missing.json")
-    assert info.value.code == "MODEL_SCRIPT_UNREADABLE"
+    assert info.value.code == "SCRIPT_UNREADABLE"
     assert info.value.path == "$"
     assert "missing.json" in str(info.value)
 
