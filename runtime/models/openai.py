@@ -4,7 +4,7 @@
 Theory of operation. `stream(request)` converts the logged messages and tool specs to the chat
 format (`openai_wire`), then *connects*: it sends the request and waits for the response head. A
 429, a 5xx, a connect error or a timeout before the head is retried with exponential backoff and
-jitter, slept on the request's clock (never `trio.sleep`, so scenario clocks make backoff free),
+jitter, slept on the model's clock (never `trio.sleep`, so scenario clocks make backoff free),
 honouring `Retry-After`/`retry-after-ms` up to `retry_after_max`. Once a 2xx event stream is
 accepted nothing is retried: the body is fed to the sans-IO `openai_wire.StreamParser`, whose
 chunks are yielded as they come and whose faults become `ModelError`s with the same code. Closing
@@ -51,7 +51,7 @@ import httpx
 import msgspec
 import trio
 
-from subagents.runtime.clock import Clock
+from subagents.runtime.clock import Clock, RealClock
 from subagents.runtime.models.base import Chunk, ModelError, ModelRequest
 from subagents.runtime.models.openai_wire import (
     StreamFault,
@@ -92,6 +92,8 @@ class OpenAIChatModel:
         client: an `httpx.AsyncClient` to reuse (pooled connections; the caller closes it).
             Without one, each `stream` call makes a client and closes it.
         rng: the jitter source (seed it for reproducible backoff).
+        clock: what backoff sleeps on and `Retry-After` dates are read against (default a
+            `RealClock`; `open_runtime` gives a model it builds from a spec the runtime's clock).
 
     Raises `ValueError` for an empty model, a non-http(s) base URL, a key that is not printable
     ASCII, or negative retry settings.
@@ -110,6 +112,7 @@ class OpenAIChatModel:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         client: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if not model:
             raise ValueError("model name must not be empty")
@@ -131,6 +134,7 @@ class OpenAIChatModel:
         self._client = client
         self._rng = rng if rng is not None else random.Random()
         self._ssl_context: Any = None
+        self.clock: Clock = clock if clock is not None else RealClock()
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "none"
@@ -147,7 +151,7 @@ class OpenAIChatModel:
         response: httpx.Response | None = None
         pieces: AsyncIterator[bytes] | None = None
         try:
-            response = await self._connect(client, body, request.clock)
+            response = await self._connect(client, body, self.clock)
             parser = StreamParser(self._redact)
             pieces = response.aiter_bytes()
             while not parser.done:
