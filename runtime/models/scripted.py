@@ -473,8 +473,8 @@ async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding)
     waits = session.waits
     if waits is None:
         raise ModelError(
-            f'a scripted response of session "{session.session_id}" has wait_for but the request'
-            " carries no waits to hold on",
+            f'a scripted response of session "{session.session_id}" has wait_for but the session'
+            " binding carries no waits to hold on",
             code="MODEL_SCRIPT_NO_WAITS",
         )
     if isinstance(wait_for, WaitForSettled):
