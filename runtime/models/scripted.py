@@ -1,18 +1,19 @@
-"""The keyless scripted model (docs/scripts.md): a `Model` that answers from a `Script`.
+"""The keyless scripted model (docs/scripts.md): a `SessionModel` that answers from a `Script`.
 
-Theory of operation. The model is a `SessionModel`: the runtime binds it to each session
-(`bind(SessionBinding)`: id, label, `created_at`, the runtime clock, the waits, the session's
-assistant-message count) and streams from the bound model. Its `stream(request)` registers the
-session (id, label, `created_at`) and returns an async generator; on its first step the generator yields to the scheduler once
-(shielded, so it cannot be cancelled there), then binds the session to a script entry and
-*consumes* that entry's next response — from then on the response is used up even if the call is
-cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}` templates
-against the request's text, hold on `wait_for` (through the binding's `waits`), sleep `delay_ms`
-on the binding's `clock`, `hang` until cancelled, raise the scripted `error`, or stream — text as a few
-`TextDelta`s split at word boundaries, each tool call as one `ToolCallDelta` with id and name
-then its arguments in fragments, `Usage` if scripted, and one `Finish`. A checkpoint precedes
-every chunk, so a consumer can be cancelled between any two chunks and keep partial text.
-Compaction requests (`purpose == "compaction"`) take the next of the script's `summaries`.
+Theory of operation. The runtime binds the model to each session (`bind(SessionBinding)`: id,
+label, `created_at`, the runtime clock, the waits, the session's assistant-message count) and
+streams from the bound model. Its `stream(request)` registers the session (id, label,
+`created_at`) and returns an async generator; on its first step the generator yields to the
+scheduler once (shielded, so it cannot be cancelled there), then binds the session to a script
+entry and *consumes* that entry's next response — from then on the response is used up even if
+the call is cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}`
+templates against the request's text, hold on `wait_for` (through the binding's `waits`), sleep
+`delay_ms` on the binding's `clock`, `hang` until cancelled, raise the scripted `error`, or
+stream — text as a few `TextDelta`s split at word boundaries, each tool call as one
+`ToolCallDelta` with id and name then its arguments in fragments, `Usage` if scripted, and one
+`Finish`. A checkpoint precedes every chunk, so a consumer can be cancelled between any two
+chunks and keep partial text. Compaction requests (`purpose == "compaction"`) take the next of
+the script's `summaries`.
 
 Stalls. A `wait_for` that nothing will ever satisfy must not hang a run: each hold is watched
 on Trio's clock (never the runtime clock, whose sleeps may be virtual) and fails with
@@ -446,7 +447,9 @@ def _resolver(session: SessionBinding, request: ModelRequest) -> Callable[[str],
     return resolve
 
 
-def _render(response: ScriptedResponse, session: SessionBinding, request: ModelRequest, assistant_count: int) -> _Rendered:
+def _render(
+    response: ScriptedResponse, session: SessionBinding, request: ModelRequest, assistant_count: int
+) -> _Rendered:
     resolve = _resolver(session, request)
     n = assistant_count + 1
     calls = tuple(
