@@ -27,6 +27,17 @@ from .errors import ToolFailure as ToolFailure
 from .clock import ScenarioClock as ScenarioClock
 from .ids import CountingIds as CountingIds
 from .ids import RandomIds as RandomIds
+from .models.base import Chunk as Chunk
+from .models.base import Finish as Finish
+from .models.base import Model as Model
+from .models.base import ModelRequest as ModelRequest
+from .models.base import ModelWaits as ModelWaits
+from .models.base import SessionBinding as SessionBinding
+from .models.base import SessionModel as SessionModel
+from .models.base import TextDelta as TextDelta
+from .models.base import ToolCallDelta as ToolCallDelta
+from .models.base import ToolSpec as ToolSpec
+from .models.base import Usage as Usage
 from .models.openai import OpenAIChatModel as OpenAIChatModel
 from .models.script import load_script as load_script
 from .models.scripted import ScriptedModel as ScriptedModel

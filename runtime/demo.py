@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any, TextIO
 
+import attrs
 import trio
 from trio_util import RepeatedEvent
 
@@ -29,7 +30,7 @@ from .app import Runtime, open_runtime
 from .clock import ScenarioClock
 from .errors import CommandFailed
 from .ids import CountingIds
-from .models.base import ModelRequest
+from .models.base import Model, ModelRequest, SessionBinding
 from .subagents.listing import ChildRow
 from .models.script import load_script
 from .models.scripted import ScriptedModel
@@ -97,25 +98,41 @@ class _TakingTurns:
     def register_session(self, *args: Any, **kwargs: Any) -> None:
         self.inner.register_session(*args, **kwargs)
 
-    def stream(self, request: ModelRequest) -> Any:
+    def bind(self, session: SessionBinding) -> Model:
+        return _TurnTaker(self, session, self.inner.bind(session))
+
+    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> Any:
         if request.purpose != "turn":
-            return self.inner.stream(request)
-        n = self._calls[request.session_id] = self._calls.get(request.session_id, 0) + 1
-        if request.session_id == self.parent_id:
+            return inner.stream(request)
+        sid = session.session_id
+        n = self._calls[sid] = self._calls.get(sid, 0) + 1
+        if sid == self.parent_id:
             self._parent_calls = n
             self._changed.set()
-        turn = _TURNS.get((request.label or "", n)) if request.session_id != self.parent_id else None
-        return self._held(turn, request)
+        turn = _TURNS.get((session.label or "", n)) if sid != self.parent_id else None
+        return self._held(turn, inner, request)
 
-    async def _held(self, turn: tuple[int, int] | None, request: ModelRequest) -> Any:
+    async def _held(self, turn: tuple[int, int] | None, inner: Model, request: ModelRequest) -> Any:
         if turn is not None:
             after, pause_ms = turn
             while self._parent_calls < after:
                 await self._changed.wait()
             await trio.sleep(pause_ms * self.delay_scale / 1000)
-        async with aclosing(self.inner.stream(request)) as stream:
+        async with aclosing(inner.stream(request)) as stream:
             async for chunk in stream:
                 yield chunk
+
+
+@attrs.frozen
+class _TurnTaker:
+    """`_TakingTurns` bound to one session."""
+
+    turns: _TakingTurns
+    session: SessionBinding
+    inner: Model
+
+    def stream(self, request: ModelRequest) -> Any:
+        return self.turns.answer(self.session, self.inner, request)
 
 
 class _Reporter:

@@ -35,7 +35,17 @@ from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
 
 from ..clock import Clock
 from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
-from ..models.base import Finish, Model, ModelRequest, ModelWaits, TextDelta, ToolCallDelta, Usage
+from ..models.base import (
+    Finish,
+    Model,
+    ModelRequest,
+    SessionBinding,
+    SessionModel,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    bind_model,
+)
 from .compaction import CompactionPolicy, plan_compaction
 from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message
@@ -97,7 +107,7 @@ class _ModelReply:
 
 
 class _Waits:
-    """`wait_for` hooks of the scripted model, bound to one agent."""
+    """`wait_for` hooks of the scripted model (`ModelWaits`), bound to one agent."""
 
     def __init__(self, agent: Agent, settled: Callable[[str, str, int], Any] | None) -> None:
         self._agent = agent
@@ -118,7 +128,7 @@ class Agent:
         self,
         session: SessionRef,
         *,
-        model: Model,
+        model: Model | SessionModel,
         tools: ToolSet,
         clock: Clock,
         config: AgentConfig = AgentConfig(),
@@ -147,6 +157,12 @@ class Agent:
         self._model_scope: trio.CancelScope | None = None
         self._staged: list[EventDraft] = []
         self._waits = _Waits(self, wait_settled)
+        # The model this session streams from; `self.model` stays what was given (a child may
+        # be given its parent's).
+        self._stream_model = bind_model(model, SessionBinding(
+            session_id=self.session_id, label=label, created_at=session.header.created_at, clock=clock,
+            waits=self._waits, assistant_count=lambda: self.assistant_count,
+        ))
         self._closing_text: str | None = None
         self._scope = trio.CancelScope()
 
@@ -337,14 +353,8 @@ class Agent:
 
     def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
         return ModelRequest(
-            session_id=self.session_id,
             messages=list(messages),
             tools=self.tools.specs() if purpose == "turn" else (),
-            label=self.label,
-            created_at=self.session.header.created_at,
-            assistant_count=self.assistant_count,
-            clock=self.clock,
-            waits=self._waits,
             purpose=purpose,
         )
 
@@ -358,7 +368,7 @@ class Agent:
                 scope.cancel()
             self._phase.value = "model"
             try:
-                async with aclosing(self.model.stream(self._request("turn", self.surface.messages()))) as stream:
+                async with aclosing(self._stream_model.stream(self._request("turn", self.surface.messages()))) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)
@@ -515,7 +525,7 @@ class Agent:
         with trio.CancelScope() as scope:
             self._model_scope = scope
             try:
-                async with aclosing(self.model.stream(self._request("compaction", messages))) as stream:
+                async with aclosing(self._stream_model.stream(self._request("compaction", messages))) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)

@@ -4,7 +4,7 @@
 Theory of operation. `stream(request)` converts the logged messages and tool specs to the chat
 format (`openai_wire`), then *connects*: it sends the request and waits for the response head. A
 429, a 5xx, a connect error or a timeout before the head is retried with exponential backoff and
-jitter, slept on the request's clock (never `trio.sleep`, so scenario clocks make backoff free),
+jitter, slept on the model's clock (never `trio.sleep`, so scenario clocks make backoff free),
 honouring `Retry-After`/`retry-after-ms` up to `retry_after_max`. Once a 2xx event stream is
 accepted nothing is retried: the body is fed to the sans-IO `openai_wire.StreamParser`, whose
 chunks are yielded as they come and whose faults become `ModelError`s with the same code. Closing
@@ -51,7 +51,7 @@ import httpx
 import msgspec
 import trio
 
-from subagents.runtime.clock import Clock
+from subagents.runtime.clock import Clock, RealClock
 from subagents.runtime.errors import (
     ModelAuthFailed,
     ModelBadResponse,
@@ -101,6 +101,8 @@ class OpenAIChatModel:
         client: an `httpx.AsyncClient` to reuse (pooled connections; the caller closes it).
             Without one, each `stream` call makes a client and closes it.
         rng: the jitter source (seed it for reproducible backoff).
+        clock: what backoff sleeps on and `Retry-After` dates are read against (default a
+            `RealClock`; `open_runtime` gives a model it builds from a spec the runtime's clock).
 
     Raises `ValueError` for an empty model, a non-http(s) base URL, a key that is not printable
     ASCII, or negative retry settings.
@@ -119,6 +121,7 @@ class OpenAIChatModel:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         client: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if not model:
             raise ValueError("model name must not be empty")
@@ -140,6 +143,7 @@ class OpenAIChatModel:
         self._client = client
         self._rng = rng if rng is not None else random.Random()
         self._ssl_context: Any = None
+        self.clock: Clock = clock if clock is not None else RealClock()
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "none"
@@ -156,7 +160,7 @@ class OpenAIChatModel:
         response: httpx.Response | None = None
         pieces: AsyncIterator[bytes] | None = None
         try:
-            response = await self._connect(client, body, request.clock)
+            response = await self._connect(client, body, self.clock)
             parser = StreamParser(self._redact)
             pieces = response.aiter_bytes()
             while not parser.done:
@@ -167,8 +171,7 @@ class OpenAIChatModel:
                 except httpx.DecodingError as exc:
                     failure = self._error(ModelBadResponse, f"cannot decode the body: {self._describe(exc)}")
                 except httpx.TransportError as exc:
-                    failure = self._error(ModelStreamInterrupted,
-                        f"stream interrupted after {parser.events} events: {self._describe(exc)}",
+                    failure = self._error(ModelStreamInterrupted, f"stream interrupted after {parser.events} events: {self._describe(exc)}",
                     )
                 if failure is not None:
                     raise failure
@@ -236,8 +239,7 @@ class OpenAIChatModel:
                     if content_type.split(";")[0].strip().lower() == "text/event-stream":
                         return response
                     excerpt = await self._excerpt(response)
-                    raise self._error(ModelBadResponse,
-                        f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
+                    raise self._error(ModelBadResponse, f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
                         f" with status {status}: {excerpt}",
                         status,
                     )
@@ -246,8 +248,7 @@ class OpenAIChatModel:
                     raise self._error(ModelAuthFailed, f"authentication failed ({status}): check the API key: {excerpt}", status
                     )
                 if status == 404:
-                    raise self._error(ModelNotFound,
-                        f"not found (404): check the base URL and the model name: {excerpt}",
+                    raise self._error(ModelNotFound, f"not found (404): check the base URL and the model name: {excerpt}",
                         status,
                     )
                 if status != 429 and status < 500:
@@ -261,8 +262,7 @@ class OpenAIChatModel:
             delay = self._delay(attempt, retry_after)
             logger.debug("retrying POST %s in %.3f s (attempt %d of %d)", self.url, delay, attempt + 1, attempts)
             await clock.sleep(delay)
-        raise self._error(ModelUnavailable,
-            f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
+        raise self._error(ModelUnavailable, f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
         )
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
