@@ -7,10 +7,14 @@ from .abort import Abort as Abort
 from .abort import cancelled_when as cancelled_when
 from .cold_reader import ColdRead as ColdRead
 from .cold_reader import ColdReader as ColdReader
-from .cold_reader import ReadAborted as ReadAborted
 from .cold_reader import ReadGroup as ReadGroup
+from .errors import ActivationLimitReached as ActivationLimitReached
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped
+from .errors import AlreadyResident as AlreadyResident
+from .errors import Draining as Draining
+from .errors import ParentClosing as ParentClosing
+from .errors import ReadAborted as ReadAborted
 from .groups import raise_bare_cancelled as raise_bare_cancelled
 from .session_actor import AppendResult as AppendResult
 from .session_actor import EventDraft as EventDraft

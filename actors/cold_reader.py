@@ -50,20 +50,13 @@ from subagents.storage import Event, LogStore, SessionHeader, StorageError, inte
 from subagents.storage.projection import ProjectionCells, ProjectionRegistry
 
 from .abort import Abort, cancelled_when
-from .errors import ActorError
+from .errors import ReadAborted
 from .groups import raise_bare_cancelled
 
 __all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadAborted", "ReadGroup"]
 
 HOP_SECONDS = 0.005  # a hop claims more queued reads until it has worked this long
 STALL_SECONDS = 0.02  # a hop that has not started a read for this long may be stuck
-
-
-class ReadAborted(ActorError):
-    code = "COLD_READ_ABORTED"
-
-    def __init__(self) -> None:
-        super().__init__("the cold read was aborted")
 
 
 class ReadGroup:

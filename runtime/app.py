@@ -77,9 +77,9 @@ async def open_runtime(
     the clock's readings (tests of the storage-facing layers use it). `child_model` builds the
     model of a child whose `ChildOptions` select one (without it, such a child is refused)."""
     root = os.fspath(root)
-    if isinstance(model, str):
-        model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key))
     clock = clock if clock is not None else RealClock()
+    if isinstance(model, str):
+        model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key), clock=clock)
     store = log_store if log_store is not None else FileLogStore(root, compression=compression)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     try:

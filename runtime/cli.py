@@ -27,29 +27,30 @@ import trio
 
 from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
 
-from .agent.loop import Agent, AgentStopped
-from .agent.registry import AgentError
+from .agent.loop import Agent
 from .app import Runtime, open_runtime
 from .demo import run_demo
-from .scenario import ScenarioError, check_scenario, run_scenario, scenario_dirs, update_scenario
+from .errors import (
+    AgentError,
+    AgentStopped,
+    CommandFailed,
+    ModelSpecError,
+    QuerySessionNotFound,
+    ScenarioError,
+    SessionQueryError,
+    SubagentError,
+    SubagentsError,
+    UsageError,
+)
+from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .models.base import Model
 from .models.scripted import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
-from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
-from .query import NOT_FOUND, SessionQueryError
-from .subagents.listing import ChildRow, SubagentError
+from .models.specs import DEFAULT_MODEL, build_model, parse_model_spec
+from .subagents.listing import ChildRow
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
 
 __all__ = ["main"]
-
-
-class UsageError(Exception):
-    """Bad input: printed as one line, exit status 2."""
-
-
-class CommandFailed(Exception):
-    """The input was fine but the command could not do its work (a damaged log): one line,
-    exit status 1."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -310,7 +311,7 @@ async def _scenario(action: str, dirs: list[Any], stall_timeout: float) -> int:
 async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
     try:
         return await run_demo(args.root, live=False if args.plain else None)
-    except (StorageError, RuntimeError) as exc:  # the root was checked before: the run failed
+    except SubagentsError as exc:  # the root was checked before: the run failed
         print(f"subagents: demo failed: {exc}", file=sys.stderr)
         return 1
 
@@ -386,9 +387,9 @@ async def _show(args: argparse.Namespace) -> int:
                     inherited_from=observation.header.parent_session,
                     held=observation.held,
                 )
+        except QuerySessionNotFound:
+            raise UsageError(f'session "{args.session_id}" not found') from None
         except SessionQueryError as exc:
-            if exc.code == NOT_FOUND:
-                raise UsageError(f'session "{args.session_id}" not found') from None
             raise CommandFailed(exc.message) from None  # damaged, unsupported, unreadable
         except StorageError as exc:  # a payload the transcript could not decode
             seq = getattr(exc, "seq", None)

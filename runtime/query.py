@@ -9,25 +9,19 @@ a live session's projections come from its actor (no log read), a persisted sess
 the cold reader, its interrupted turn closed in memory, and every projection unit folded and
 viewed (folded in the cold reader's worker thread). Prepared observations are kept in a small
 LRU keyed by the log's revision and bounded in bytes; failures are never cached. Errors are
-`SessionQueryError` with the codes below.
+a `SessionQueryError`, one class per case (runtime/errors.py).
 
 Cheap at scale: records are reused while the store info and live ref they were made from are
 the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
 few lookups per session; observations under way at once share index hops for their stats, and
 their reads share thread hops in the cold reader (a listing's observations share one abort).
-
-    SessionQueryError
-      SESSION_QUERY_SESSION_NOT_FOUND | SESSION_QUERY_CORRUPT_SESSION |
-      SESSION_QUERY_UNSUPPORTED_SESSION | SESSION_QUERY_SOURCE_CONFLICT |
-      SESSION_QUERY_PERSISTENCE_FAILED | SESSION_QUERY_ABORTED
 """
 
 from __future__ import annotations
 
 import operator
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -63,22 +57,17 @@ from subagents.storage import (
 from subagents.storage.index import StoredCheckpoint
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
+from .errors import (
+    QueryAborted,
+    QueryCorruptSession,
+    QueryPersistenceFailed,
+    QuerySessionNotFound,
+    QuerySourceConflict,
+    QueryUnsupportedSession,
+    SessionQueryError,
+)
+
 __all__ = ["Observation", "SessionQuery", "SessionQueryError", "SessionRecord"]
-
-NOT_FOUND = "SESSION_QUERY_SESSION_NOT_FOUND"
-CORRUPT = "SESSION_QUERY_CORRUPT_SESSION"
-UNSUPPORTED = "SESSION_QUERY_UNSUPPORTED_SESSION"
-CONFLICT = "SESSION_QUERY_SOURCE_CONFLICT"
-PERSISTENCE = "SESSION_QUERY_PERSISTENCE_FAILED"
-ABORTED = "SESSION_QUERY_ABORTED"
-
-
-class SessionQueryError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
 
 @attrs.frozen(kw_only=True)
 class SessionRecord:
@@ -195,7 +184,7 @@ class SessionQuery:
         try:
             infos, held = await self.reader.list(probe_locks=probe_locks)
         except StorageError as exc:
-            raise SessionQueryError(f"session persistence listing failed: {exc}", PERSISTENCE) from exc
+            raise QueryPersistenceFailed(f"session persistence listing failed: {exc}") from exc
         _check(abort)
         records = self._corpus(infos)
         if not held:
@@ -265,7 +254,7 @@ class SessionQuery:
         try:
             sid = check_session_id(session_id)
         except InvalidSessionId:
-            raise SessionQueryError(f"session {session_id!r} not found", NOT_FOUND) from None
+            raise QuerySessionNotFound(f"session {session_id!r} not found") from None
         ref = self.sessions.get(sid)
         if ref is not None:
             try:
@@ -273,7 +262,7 @@ class SessionQuery:
             except ActorStopped:
                 pass  # it stopped meanwhile: observe what it left on disk
             except (ProjectionBroken, KeyError) as exc:
-                raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
+                raise QueryCorruptSession(f"failed to project session {sid!r}: {exc}") from exc
             else:
                 events = await self._read_live(sid, abort, group)
                 return Observation("live", ref.header, ref.inherited_event_count, events, projections)
@@ -293,8 +282,8 @@ class SessionQuery:
         in-memory closers (its turn is not interrupted: its writer is alive)."""
         try:
             read = await self._cold(sid, abort, group)
-        except SessionQueryError as exc:
-            if exc.code == NOT_FOUND and self.sessions.get(sid) is not None:
+        except QuerySessionNotFound:
+            if self.sessions.get(sid) is not None:
                 return ()
             raise
         return read.events[: len(read.events) - read.closers] if read.closers else read.events
@@ -306,20 +295,20 @@ class SessionQuery:
         except StorageError as exc:
             raise _mapped(sid, exc) from exc
         if info is None:
-            raise SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
+            raise QuerySessionNotFound(f"session {sid!r} not found")
         if info.damage is not None:
-            code = UNSUPPORTED if info.damage == "unsupported" else CORRUPT
+            damaged = QueryUnsupportedSession if info.damage == "unsupported" else QueryCorruptSession
             # The index knows only that it is damaged; a read finds where (the seq or byte
             # offset) and raises that. Listings never get here (a damaged record is a diagnostic).
             await self._cold(sid, abort, group)
-            raise SessionQueryError(f"stored session {sid!r} is {info.damage}", code)
+            raise damaged(f"stored session {sid!r} is {info.damage}")
         cached = self._cache.get(sid)
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
             return cached, held
         read = await self._cold(sid, abort, group, self.registry)
         if info.header is not None and headers_differ(info.header, read.header):
-            raise SessionQueryError(f"session source headers conflict for session {sid!r}", CONFLICT)
+            raise QuerySourceConflict(f"session source headers conflict for session {sid!r}")
         cells = read.cells
         if cells is None:  # a reader that does not fold: fold here
             cells = self.registry.cells(read.header, read.inherited_event_count)
@@ -327,7 +316,7 @@ class SessionQuery:
         try:
             projections = cells.snapshot()
         except (ProjectionBroken, KeyError) as exc:
-            raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
+            raise QueryCorruptSession(f"failed to project session {sid!r}: {exc}") from exc
         prepared = _Prepared(
             info.revision, read.header, read.inherited_event_count, read.events, projections,
             _footprint(read.events) if self.cache_bytes > 0 else 0, read.closers,
@@ -341,10 +330,10 @@ class SessionQuery:
         try:
             (result,) = await self.cold_reader.read_many([sid], abort, registry=registry, group=group)
         except ReadAborted:
-            raise SessionQueryError("session observation was aborted", ABORTED) from None
+            raise QueryAborted("session observation was aborted") from None
         if isinstance(result, StorageError):
             if abort is not None and abort.is_set():
-                raise SessionQueryError("session observation was aborted", ABORTED) from result
+                raise QueryAborted("session observation was aborted") from result
             raise _mapped(sid, result) from result
         return result
 
@@ -373,18 +362,18 @@ def _footprint(events: tuple[Event, ...]) -> int:
 
 def _check(abort: Abort | None) -> None:
     if abort is not None and abort.is_set():
-        raise SessionQueryError("session observation was aborted", ABORTED)
+        raise QueryAborted("session observation was aborted")
 
 
 def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
     if isinstance(exc, (SessionNotFound, InvalidSessionId)):
-        return SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
+        return QuerySessionNotFound(f"session {sid!r} not found")
     if isinstance(exc, CorruptLog):
         at = _at(exc.seq, exc.offset)
-        return SessionQueryError(f"stored session {sid!r} is corrupt{at}: {exc.reason}", CORRUPT)
+        return QueryCorruptSession(f"stored session {sid!r} is corrupt{at}: {exc.reason}")
     if isinstance(exc, UnsupportedLog):
-        return SessionQueryError(f"stored session {sid!r} is unsupported{_at(exc.seq, None)}: {exc.reason}", UNSUPPORTED)
-    return SessionQueryError(f"failed to observe session {sid!r}: {exc}", PERSISTENCE)
+        return QueryUnsupportedSession(f"stored session {sid!r} is unsupported{_at(exc.seq, None)}: {exc.reason}")
+    return QueryPersistenceFailed(f"failed to observe session {sid!r}: {exc}")
 
 
 def _at(seq: int | None, offset: int | None) -> str:

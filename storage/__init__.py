@@ -27,11 +27,15 @@ from .errors import InvalidRange as InvalidRange
 from .errors import InvalidSessionId as InvalidSessionId
 from .errors import NonLosslessData as NonLosslessData
 from .errors import PersistenceFailed as PersistenceFailed
+from .errors import ProjectionBroken as ProjectionBroken
 from .errors import SequenceConflict as SequenceConflict
 from .errors import SessionAlreadyExists as SessionAlreadyExists
 from .errors import SessionNotFound as SessionNotFound
 from .errors import StorageError as StorageError
+from .errors import SubagentsError as SubagentsError
+from .errors import UnknownProjection as UnknownProjection
 from .errors import UnsafePath as UnsafePath
+from .errors import UnsupportedEvent as UnsupportedEvent
 from .errors import UnsupportedLog as UnsupportedLog
 from .events import KNOWN_TYPES as KNOWN_TYPES
 from .events import SURFACE_TYPES as SURFACE_TYPES

@@ -27,7 +27,7 @@ import attrs
 import msgspec
 
 from .codec import DECODE_ERRORS, PAYLOAD_DECODERS, Event, check_payload, decode_event, decode_events
-from .errors import CorruptLog, UnsupportedLog
+from .errors import CorruptLog, UnsupportedEvent
 from .records import HeaderError, HeaderRecord, decode_header_line
 from .values import Checkpoint
 
@@ -178,10 +178,9 @@ def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: i
 
 
 def _refuse_unknown(session_id: str, event: Event) -> NoReturn:
-    raise UnsupportedLog(
+    raise UnsupportedEvent(
         session_id,
         f"event type {event.type!r} at seq {event.seq} is unknown and not ignorable",
-        code="STORAGE_UNSUPPORTED_EVENT",
         seq=event.seq,
     )
 

@@ -31,6 +31,7 @@ from subagents.storage import (
 )
 
 from ..clock import Clock
+from ..errors import AgentError, IdsExhausted, NoModel
 from ..ids import IdFactory
 from ..models.base import Model
 from .loop import Agent, AgentConfig
@@ -40,13 +41,6 @@ from .tools import ToolSet
 __all__ = ["AgentError", "AgentHooks", "AgentRegistry"]
 
 log = logging.getLogger(__name__)
-
-
-class AgentError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 class AgentHooks(Protocol):
@@ -127,7 +121,7 @@ class AgentRegistry:
             candidate = self.id_factory()
             if self.sessions.get(candidate) is None and not await self._exists(candidate):
                 return candidate
-        raise AgentError("the id factory keeps proposing ids that already exist", "ID_EXHAUSTED")
+        raise IdsExhausted("the id factory keeps proposing ids that already exist")
 
     async def _exists(self, session_id: str) -> bool:
         (info,) = await self.reader.stat_many([session_id])
@@ -246,7 +240,7 @@ class AgentRegistry:
                      config: AgentConfig | None, tools: ToolSet | None, surface: Surface | None = None) -> Agent:
         chosen = model if model is not None else self.model
         if chosen is None:
-            raise AgentError("no model is configured: pass open_runtime(model=...)", "NO_MODEL")
+            raise NoModel("no model is configured: pass open_runtime(model=...)")
         offered = self.hooks.offered_tools(ref.header, tools if tools is not None else self.tools())
         agent = Agent(ref, model=chosen, tools=offered, clock=self.clock,
                       config=config or self.config, events=events, label=label, wait_settled=self.hooks.wait_settled,

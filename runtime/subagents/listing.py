@@ -31,7 +31,15 @@ import attrs
 import trio
 
 from subagents.actors import Abort, ActorStopped, ReadGroup, SessionRef, SessionStore, cancelled_when, raise_bare_cancelled, snapshot_all
-from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
+from subagents.runtime.errors import (
+    ProjectionsUnavailable,
+    QueryUnavailable,
+    SessionQueryError,
+    SessionStoreUnavailable,
+    SubagentCancelled,
+    SubagentError,
+)
+from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
 from subagents.storage import LogInfo
 from subagents.storage.index import StoredCheckpoint
 from subagents.storage.projection import ProjectionRegistry
@@ -58,13 +66,6 @@ from .units import CATALOG_UNIT, IDENTITY_UNIT
 __all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError", "walk_descendants"]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
-
-
-class SubagentError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 @attrs.frozen(kw_only=True)
@@ -109,15 +110,6 @@ _ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key)  # the checkpoint rows a listi
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
-_QUERY_REASONS: dict[str, Reason | None] = {
-    "SESSION_QUERY_CORRUPT_SESSION": "corrupt",
-    "SESSION_QUERY_SOURCE_CONFLICT": "corrupt",
-    "SESSION_QUERY_UNSUPPORTED_SESSION": "unsupported",
-    "SESSION_QUERY_SESSION_NOT_FOUND": "unavailable",
-    "SESSION_QUERY_PERSISTENCE_FAILED": "unavailable",
-}
-
-
 def _own(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
     if isinstance(identity, dict) and type(identity.get("seq")) is int and identity["seq"] >= inherited_event_count:
         return identity
@@ -310,11 +302,11 @@ class ListingService:
 
     async def _corpus(self) -> list[SessionRecord]:
         if self.registry is None:
-            raise SubagentError("projection registry is unavailable", "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE")
+            raise ProjectionsUnavailable("projection registry is unavailable")
         if self.sessions is None:
-            raise SubagentError("session store is unavailable", "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE")
+            raise SessionStoreUnavailable("session store is unavailable")
         if self.query is None:
-            raise SubagentError("session query is unavailable", "SUBAGENT_CONTROL_QUERY_UNAVAILABLE")
+            raise QueryUnavailable("session query is unavailable")
         return await self.query.list_sessions()
 
     async def _catalogs(
@@ -498,11 +490,10 @@ class ListingService:
                     catalog = seen.projections.get(CATALOG_UNIT.key)
                     elsewhere = seen.held
             except SessionQueryError as exc:
-                reason = _QUERY_REASONS.get(exc.code)
-                if reason is None:
+                if exc.diagnostic is None:
                     failures.append(exc)
                     return
-                results[i] = DiagnosticRow(id=record.id, reason=reason)
+                results[i] = DiagnosticRow(id=record.id, reason=exc.diagnostic)
                 return
             except Exception as exc:  # a bug must not hide as a row: it fails the listing
                 failures.append(exc)
@@ -561,4 +552,4 @@ class ListingService:
 
 def _check(abort: Abort | None) -> None:
     if abort is not None and abort.is_set():
-        raise SubagentError(_CANCELLED, "CANCELLED")
+        raise SubagentCancelled(_CANCELLED)

@@ -24,17 +24,12 @@ from typing import Any, Literal, NamedTuple
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, EventDraft
-from subagents.actors.continuation import (
-    Activation,
-    ActivationLimitReached,
-    ContinuationManager,
-    Draining,
-    ParentClosing,
-)
+from subagents.actors import ActivationLimitReached, Abort, ActorStopped, Draining, EventDraft, ParentClosing
+from subagents.actors.continuation import Activation, ContinuationManager
 from subagents.storage import (
     AlreadyOwned,
     Event,
+    InvalidSessionId,
     PersistenceFailed,
     SessionHeader,
     SessionNotFound,
@@ -42,16 +37,32 @@ from subagents.storage import (
     check_session_id,
     decode_payload,
 )
-from subagents.storage.errors import InvalidSessionId
 
 from ..agent.inbox import Delivery, DeliveryCancelled
+from ..errors import (
+    ActivationLimit,
+    AgentError,
+    DepthExceeded,
+    FamilyDraining,
+    NoProvider,
+    NotResumable,
+    OptionsNotReapplied,
+    ParentUnavailable,
+    QueryAborted,
+    RunNotCompleted,
+    SessionQueryError,
+    SubagentCancelled,
+    SubagentError,
+    Unauthorized,
+    UnsupportedCapability,
+)
 from ..agent.loop import Agent, AgentConfig, AgentStopped, TurnResult
 from ..agent.tools import ToolSet
 from ..models.base import Model
-from ..agent.registry import AgentError, AgentRegistry
-from ..query import SessionQuery, SessionQueryError
+from ..agent.registry import AgentRegistry
+from ..query import SessionQuery
 from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
-from .listing import ListingService, SubagentError
+from .listing import ListingService
 from .options import ChildModel, ChildOptions, filtered_tools
 from .settlement import Settlement, notice_blocks
 from .units import IDENTITY_UNIT
@@ -106,7 +117,7 @@ class Reservation:
 
 
 def _unavailable(child_id: str) -> SubagentError:
-    return SubagentError(f'subagent "{child_id}" is unavailable', "NOT_RESUMABLE")
+    return NotResumable(f'subagent "{child_id}" is unavailable')
 
 
 @attrs.define(eq=False)
@@ -152,7 +163,7 @@ class SubagentService:
         """A background child; returns its id once its first prompt is accepted. `options` are
         recorded in its descriptor and re-applied on every cold resume."""
         if self.manager.draining:
-            raise SubagentError(str(Draining()), "DRAINING")
+            raise FamilyDraining(str(Draining()))
         depth = self._child_depth(parent)
         options = options or ChildOptions()
         descriptor = SubagentDescriptor(
@@ -162,7 +173,7 @@ class SubagentService:
         )
         setup = self._setup(options)  # refusals before anything exists
         if abort is not None and abort.is_set():
-            raise SubagentError("message delivery was cancelled", "CANCELLED")
+            raise SubagentCancelled("message delivery was cancelled")
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         activation = self._admit(child_id, parent.session_id)
@@ -180,7 +191,7 @@ class SubagentService:
             await self._catalog(parent, child, "continuable", label, reserved)
         except DeliveryCancelled:
             await self._dispose_unannounced(activation)
-            raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+            raise SubagentCancelled("message delivery was cancelled") from None
         except BaseException:
             await self._dispose_unannounced(activation)
             raise
@@ -226,21 +237,21 @@ class SubagentService:
                 headline += f"\nDiagnostic: {detail}"
             if result is not None and result.text:
                 headline += f"\nPartial output before the run ended:\n{result.text}"
-            raise SubagentError(headline, "RUN_NOT_COMPLETED")
+            raise RunNotCompleted(headline)
         return result
 
     def _admit(self, child_id: str, parent_id: str) -> Activation:
         try:
             return self.manager.admit(child_id, parent_id)
         except ActivationLimitReached as exc:
-            raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
+            raise ActivationLimit(str(exc)) from None
         except (Draining, ParentClosing) as exc:
-            raise SubagentError(str(exc), "DRAINING") from None  # its family is shutting down
+            raise FamilyDraining(str(exc)) from None  # its family is shutting down
 
     def _child_depth(self, parent: Agent) -> int:
         depth = parent.session.header.delegation_depth + 1
         if depth > self.max_depth:
-            raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
+            raise DepthExceeded(f"subagent depth {depth} exceeds max_depth {self.max_depth}")
         return depth
 
     def tools(self) -> ToolSet:
@@ -270,8 +281,7 @@ class SubagentService:
         try:
             return self._setup(ChildOptions.of(descriptor))
         except SubagentError as exc:
-            raise AgentError(f"subagent {session_id!r}: its options cannot be applied again: {exc.message}",
-                             "NOT_RESUMABLE") from None
+            raise OptionsNotReapplied(f"subagent {session_id!r}: its options cannot be applied again: {exc.message}") from None
 
     def _setup(self, options: ChildOptions) -> _Setup:
         """The model, config and tools of a child with `options` (SubagentError if the runtime
@@ -279,8 +289,8 @@ class SubagentService:
         model = self.agents.model
         if options.selects_model:
             if self.child_model is None:
-                raise SubagentError("this runtime cannot select a model per subagent: pass "
-                                    "open_runtime(child_model=...)", "UNSUPPORTED_CAPABILITY")
+                raise UnsupportedCapability("this runtime cannot select a model per subagent: pass "
+                                    "open_runtime(child_model=...)")
             model = self.child_model(options)
         return _Setup(model, options.config(self.agents.config), filtered_tools(self.agents.tools(), options.tool_filter))
 
@@ -291,7 +301,7 @@ class SubagentService:
         # creation), read by `SessionStore.fork`.
         fork = (parent.session, parent.closed_prefix) if provider == "fork" else None
         if provider not in ("fork", "spawn"):
-            raise SubagentError(f'no subagent provider registered for "{provider}"', "NO_PROVIDER")
+            raise NoProvider(f'no subagent provider registered for "{provider}"')
         draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
         register = getattr(setup.model, "register_session", None)  # scripted: bind labels in order
         agent = await self.agents.create(
@@ -420,9 +430,9 @@ class SubagentService:
 
     async def send_message(self, sender: Agent, target_id: str, text: str, abort: Abort | None = None) -> None:
         if self.agents.get(sender.session_id) is not sender:
-            raise SubagentError("message delivery requires the exact live sender agent", "UNAUTHORIZED")
+            raise Unauthorized("message delivery requires the exact live sender agent")
         if self.manager.draining:
-            raise SubagentError(str(Draining()), "DRAINING")
+            raise FamilyDraining(str(Draining()))
         try:
             check_session_id(target_id)
         except InvalidSessionId:
@@ -433,11 +443,11 @@ class SubagentService:
         own = self.manager.get(sender.session_id)
         if sender.session.header.parent_session == target_id:
             if own is None:
-                raise SubagentError(f'agent "{sender.session_id}" is not a resident continuable child and '
-                                    f'cannot send to parent "{target_id}"', "UNAUTHORIZED")
+                raise Unauthorized(f'agent "{sender.session_id}" is not a resident continuable child and '
+                                    f'cannot send to parent "{target_id}"')
             parent = self.agents.get(target_id)
             if parent is None:
-                raise SubagentError("direct parent is not live; the message was not delivered", "PARENT_UNAVAILABLE")
+                raise ParentUnavailable("direct parent is not live; the message was not delivered")
             await self._deliver(parent, content, source, abort)
             return
         while True:
@@ -451,7 +461,7 @@ class SubagentService:
                     pass  # wait for its disposal below, then cold-resume it
                 else:
                     if activation.parent_id != sender.session_id:
-                        raise SubagentError(f'subagent "{target_id}" belongs to another parent session', "UNAUTHORIZED")
+                        raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
                     child = self.agents.get(target_id)
                     if child is None:
                         raise _unavailable(target_id)
@@ -464,7 +474,7 @@ class SubagentService:
         try:
             await agent.inbox.put(Delivery(content=content, source=source, trigger="message"), mode, abort)
         except DeliveryCancelled:
-            raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+            raise SubagentCancelled("message delivery was cancelled") from None
 
     async def _cold_resume(self, sender: Agent, target_id: str, content: list[Json], source: Json,
                            abort: Abort | None) -> bool:
@@ -475,15 +485,15 @@ class SubagentService:
                 header = observation.header
                 identity = observation.projections.get(IDENTITY_UNIT.key)
                 k = observation.inherited_event_count
-        except SessionQueryError as exc:
-            if exc.code == "SESSION_QUERY_ABORTED":
-                raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+        except QueryAborted:
+            raise SubagentCancelled("message delivery was cancelled") from None
+        except SessionQueryError:
             raise _unavailable(target_id) from None
         if header.parent_session != sender.session_id:
-            raise SubagentError(f'subagent "{target_id}" belongs to another parent session', "UNAUTHORIZED")
+            raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
         if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":
-            raise SubagentError(f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
-                                "choose a different target", "NOT_RESUMABLE")
+            raise NotResumable(f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
+                                "choose a different target")
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
         activation = self._admit(target_id, sender.session_id)
@@ -509,7 +519,7 @@ class SubagentService:
         resident is an accepted no-op, never a cold resume (`not-running`); an id no session
         has — or an invalid one — is `NOT_RESUMABLE` (unavailable)."""
         if target_id == by.session_id:
-            raise SubagentError(f'agent "{target_id}" cannot interrupt itself', "UNAUTHORIZED")
+            raise Unauthorized(f'agent "{target_id}" cannot interrupt itself')
         try:
             check_session_id(target_id)
         except InvalidSessionId:
@@ -522,14 +532,12 @@ class SubagentService:
                 return "requested"
             if live is not None:
                 # live, but not a child running under the caller: not the caller's to stop
-                raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
-                                    "UNAUTHORIZED")
+                raise Unauthorized(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"')
             if activation is None and not await self._exists(target_id):
                 raise _unavailable(target_id)
             return "not-running"
         if by.session_id not in self.manager.ancestors(target_id):
-            raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
-                                "UNAUTHORIZED")
+            raise Unauthorized(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"')
         child = self.agents.get(target_id)
         if child is not None:
             child.inbox.park()

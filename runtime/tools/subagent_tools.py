@@ -2,9 +2,9 @@
 "Model-facing tools").
 
 Names, parameters and renders are exact; the descriptions keep the phrases of the agent harness
-this runtime reimplements, because they steer model behaviour. A refused call raises a
-`ToolFailure` named `SubagentError` with the service's code, so the durable `tool/result`
-carries `error: {name: "SubagentError", code}`.
+this runtime reimplements, because they steer model behaviour. A refused call raises the
+service's `SubagentError`, whose pinned record makes the durable `tool/result` carry
+`error: {name: "SubagentError", code}` (runtime/errors.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 
 import attrs
 
-from ..agent.tools import ToolContext, ToolFailure
-from ..subagents.listing import ChildRow, SubagentError
+from ..agent.tools import ToolContext
+from ..errors import NoCallingAgent
+from ..subagents.listing import ChildRow
 from ..subagents.service import Reservation, SubagentService
 
 __all__ = ["agent_status", "render_agents", "subagent_tools"]
@@ -71,13 +72,9 @@ INTERRUPT_DESCRIPTION = (
 )
 
 
-def _failure(exc: SubagentError) -> ToolFailure:
-    return ToolFailure(exc.message, code=exc.code, name="SubagentError")
-
-
 def _caller(ctx: ToolContext, tool: str) -> Any:
     if ctx.agent is None:
-        raise ToolFailure(f"{tool} requires a calling agent (exec.agent was undefined)", code="NO_AGENT")
+        raise NoCallingAgent(f"{tool} requires a calling agent (exec.agent was undefined)")
     return ctx.agent
 
 
@@ -109,15 +106,12 @@ class _Delegate:
 
     async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
-        try:
-            if args.get("run_in_background", True):
-                child_id = await self.service.start_continuable(parent, self.provider, args["description"],  # type: ignore[arg-type]  # spawn or fork
-                                                                args["prompt"], ctx.abort, reserved=ctx.prepared)
-                return f"started subagent {child_id}"
-            result = await self.service.start(parent, self.provider, args["prompt"],  # type: ignore[arg-type]  # spawn or fork
-                                              label=args["description"], abort=ctx.abort, reserved=ctx.prepared)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        if args.get("run_in_background", True):
+            child_id = await self.service.start_continuable(parent, self.provider, args["description"],  # type: ignore[arg-type]  # spawn or fork
+                                                            args["prompt"], ctx.abort, reserved=ctx.prepared)
+            return f"started subagent {child_id}"
+        result = await self.service.start(parent, self.provider, args["prompt"],  # type: ignore[arg-type]  # spawn or fork
+                                          label=args["description"], abort=ctx.abort, reserved=ctx.prepared)
         return result.text or ""
 
 
@@ -158,13 +152,10 @@ class _ListAgents:
         caller = _caller(ctx, self.name)
         descendants = args.get("scope", "children") == "descendants"
         listing = self.service.listing
-        try:
-            if descendants:
-                rows = await listing.list_descendants(caller.session_id, ctx.abort)
-            else:
-                rows = await listing.list_children(caller.session_id, ctx.abort)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        if descendants:
+            rows = await listing.list_descendants(caller.session_id, ctx.abort)
+        else:
+            rows = await listing.list_children(caller.session_id, ctx.abort)
         # A child not resident here that the listing found `running` is held by another process.
         elsewhere = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
         agents = self.service.agents
@@ -190,10 +181,7 @@ class _SendMessage:
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         sender = _caller(ctx, self.name)
-        try:
-            await self.service.send_message(sender, args["agent_id"], args["message"], ctx.abort)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        await self.service.send_message(sender, args["agent_id"], args["message"], ctx.abort)
         return f"message delivered to agent {args['agent_id']}"
 
 
@@ -212,10 +200,7 @@ class _InterruptAgent:
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
-        try:
-            outcome = await self.service.interrupt(args["agent_id"], caller)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        outcome = await self.service.interrupt(args["agent_id"], caller)
         tail = " (it is not running)" if outcome == "not-running" else ""
         return f"interrupt requested for agent {args['agent_id']}{tail}"
 

@@ -90,7 +90,7 @@ async def test_an_abort_set_before_reads_nothing(faulty: FaultyLogStore) -> None
     abort.set()
     with pytest.raises(ReadAborted) as info:
         await ColdReader(faulty).read_many(["s0"], abort)
-    assert info.value.code == "COLD_READ_ABORTED"
+    assert info.value.code == "ACTOR_READ_ABORTED"
     assert faulty.calls["open_read"] == 0
 
 

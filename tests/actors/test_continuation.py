@@ -287,7 +287,7 @@ async def test_a_child_admitted_while_its_parent_closes_is_not_left_behind() -> 
 def test_refusals_carry_their_codes() -> None:
     from subagents.actors.continuation import Draining, ParentClosing
 
-    assert ActivationLimitReached(3).code == "ACTIVATION_LIMIT_REACHED"
-    assert Draining().code == "DRAINING"
+    assert ActivationLimitReached(3).code == "ACTOR_ACTIVATION_LIMIT_REACHED"
+    assert Draining().code == "ACTOR_DRAINING"
     closing = ParentClosing("a")
-    assert (closing.code, str(closing)) == ("PARENT_CLOSING", "agent 'a' is closing; it takes no new subagents")
+    assert (closing.code, str(closing)) == ("ACTOR_PARENT_CLOSING", "agent 'a' is closing; it takes no new subagents")

@@ -127,7 +127,7 @@ async def test_an_abort_ends_in_cancelled_with_no_rows(tmp_path: Path) -> None:
         abort.set()
         with pytest.raises(SubagentError) as info:
             await service.list_children("p", abort)
-        assert (info.value.code, info.value.message) == ("CANCELLED", "subagent listing was cancelled")
+        assert (info.value.code, info.value.message) == ("SUBAGENT_CANCELLED", "subagent listing was cancelled")
 
 
 def test_the_walk_is_iterative_and_never_loops() -> None:

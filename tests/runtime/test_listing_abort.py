@@ -41,6 +41,7 @@ from descriptors import descriptor
 from subagents.actors import Abort, EventDraft, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
 from subagents.runtime.subagents import listing as listing_module
+from subagents.runtime.errors import SubagentCancelled
 from subagents.runtime.subagents.listing import ListingService, SubagentError
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
@@ -299,8 +300,8 @@ def assert_ended(outcome: Outcome, how: str, scope: trio.CancelScope, query: Cou
     assert outcome.rows is None  # never a partial result, never a diagnostic row
     if how == "abort":
         error = outcome.error
-        assert type(error) is SubagentError, repr(error)
-        assert (error.code, error.message) == ("CANCELLED", "subagent listing was cancelled")
+        assert type(error) is SubagentCancelled, repr(error)
+        assert (error.code, error.message) == ("SUBAGENT_CANCELLED", "subagent listing was cancelled")
         assert not scope.cancelled_caught
     else:
         assert type(outcome.error) is trio.Cancelled, repr(outcome.error)  # bare: no group, no SubagentError

@@ -24,7 +24,7 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import Runtime, open_runtime
-from subagents.runtime.subagents.listing import SubagentError
+from subagents.runtime.errors import SubagentCancelled, SubagentError
 from subagents.storage import Batch, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
 
 now_ms = ticking_ms()
@@ -423,8 +423,8 @@ async def test_an_abort_during_hung_reads_ends_in_cancelled(
             faulty.release()
         assert len(outcome) == 1
         error = outcome[0]
-        assert type(error) is SubagentError, error
-        assert (error.code, error.message) == ("CANCELLED", "subagent listing was cancelled")
+        assert type(error) is SubagentCancelled, error
+        assert (error.code, error.message) == ("SUBAGENT_CANCELLED", "subagent listing was cancelled")
         assert limiter.borrowed_tokens == 0
         assert faulty.calls["read"] == 4  # the waiting reads never started
 

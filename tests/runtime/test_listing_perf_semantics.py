@@ -324,8 +324,8 @@ async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_o
             except Exception as exc:  # noqa: BLE001
                 want = (type(exc).__name__, getattr(exc, "code", None))
             assert together[sid] == want
-        assert together[ids[3]] == ("SessionQueryError", "SESSION_QUERY_CORRUPT_SESSION")
-        assert together["missing"] == ("SessionQueryError", "SESSION_QUERY_SESSION_NOT_FOUND")
+        assert together[ids[3]] == ("QueryCorruptSession", "QUERY_CORRUPT_SESSION")
+        assert together["missing"] == ("QuerySessionNotFound", "QUERY_SESSION_NOT_FOUND")
 
 
 async def test_the_corpus_reuses_records_only_while_nothing_changed(tmp_path: Path) -> None:

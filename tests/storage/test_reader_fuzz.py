@@ -36,6 +36,7 @@ from subagents.storage import (
     SessionHeader,
     SessionNotFound,
     StorageError,
+    UnsupportedEvent,
     UnsupportedLog,
     decode_payload,
     interrupted_closers,
@@ -546,7 +547,7 @@ def error_problems(exc: BaseException, exp: Expect, sid: str, op: str) -> list[s
     if not isinstance(exc, StorageError):
         return [f"{op}: {type(exc).__module__}.{type(exc).__qualname__} escaped: {exc}"]
     p: list[str] = []
-    want = {"corrupt": CorruptLog, "unsupported-format": UnsupportedLog, "unsupported-event": UnsupportedLog}[
+    want = {"corrupt": CorruptLog, "unsupported-format": UnsupportedLog, "unsupported-event": UnsupportedEvent}[
         exp.kind
     ]
     if exp.payload:
@@ -1567,7 +1568,7 @@ def test_damage_in_a_later_chunk_is_located(tmp_path: Path, damage: str) -> None
         del lines[at]
     elif damage == "unknown-type":
         lines[at] = lines[at].replace(b"compaction/summary", b"compaction/unknown")
-        kind = UnsupportedLog
+        kind = UnsupportedEvent
     elif damage == "empty-line":
         lines.insert(at, b"\n")
     else:
