@@ -7,6 +7,12 @@ from .abort import Abort as Abort
 from .cold_reader import ColdRead as ColdRead
 from .cold_reader import ColdReader as ColdReader
 from .cold_reader import ReadAborted as ReadAborted
+from .continuation import Activation as Activation
+from .continuation import ActivationLimitReached as ActivationLimitReached
+from .continuation import ContinuationManager as ContinuationManager
+from .continuation import Draining as Draining
+from .continuation import ParentClosing as ParentClosing
+from .continuation import open_continuation_manager as open_continuation_manager
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped
 from .groups import raise_bare_cancelled as raise_bare_cancelled

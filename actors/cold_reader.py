@@ -47,7 +47,7 @@ import trio
 from trio_util import move_on_when
 
 from subagents.storage import Event, LogStore, SessionHeader, StorageError, interrupted_closers
-from subagents.storage.projection import ProjectionCells, ProjectionRegistry
+from subagents.storage import ProjectionCells, ProjectionRegistry
 
 from .abort import Abort
 from .errors import ActorError

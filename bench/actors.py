@@ -67,7 +67,7 @@ from subagents.storage import (
 )
 from subagents.storage.codec import encode_events
 from subagents.storage.index import INDEX_NAME, SessionIndex
-from subagents.storage.projection import Lifecycle, ProjectionCells, ProjectionRegistry
+from subagents.storage import Lifecycle, ProjectionCells, ProjectionRegistry
 
 FANOUT_TARGET = 1.5  # fan-out time at most this many times the sequential bare asks
 RESUME_TARGET = 5.0  # open from the checkpoint at least this many times faster than a full fold

@@ -32,8 +32,8 @@ import trio
 from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, raise_bare_cancelled, snapshot_all
 from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
 from subagents.storage import LogInfo, LogStore
-from subagents.storage.index import StoredCheckpoint
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import StoredCheckpoint
+from subagents.storage import ProjectionRegistry
 
 from .lineage import (
     Absent,

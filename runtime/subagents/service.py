@@ -25,7 +25,7 @@ import attrs
 import trio
 
 from subagents.actors import Abort, ActorStopped, EventDraft
-from subagents.actors.continuation import (
+from subagents.actors import (
     Activation,
     ActivationLimitReached,
     ContinuationManager,
@@ -42,7 +42,7 @@ from subagents.storage import (
     check_session_id,
     decode_payload,
 )
-from subagents.storage.errors import InvalidSessionId
+from subagents.storage import InvalidSessionId
 
 from ..agent.inbox import Delivery, DeliveryCancelled
 from ..agent.loop import Agent, AgentConfig, AgentStopped, TurnResult
