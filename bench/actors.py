@@ -59,12 +59,12 @@ from subagents.storage import (
     LOG_NAMES,
     Batch,
     FileLogStore,
-    MemoryLogStore,
     Offset,
     SessionHeader,
     WriteHandle,
     make_event,
 )
+from subagents.storage.testing import MemoryLogStore
 from subagents.storage.codec import encode_events
 from subagents.storage.index import INDEX_NAME, SessionIndex
 from subagents.storage import Lifecycle, ProjectionCells, ProjectionRegistry

@@ -15,7 +15,6 @@ from .codec import decode_event as decode_event
 from .codec import decode_payload as decode_payload
 from .codec import encode_event as encode_event
 from .codec import make_event as make_event
-from .crashfs import CrashFs as CrashFs
 from .errors import AlreadyOwned as AlreadyOwned
 from .errors import CorruptLog as CorruptLog
 from .errors import HandleClosed as HandleClosed
@@ -36,7 +35,6 @@ from .errors import UnsupportedLog as UnsupportedLog
 from .events import KNOWN_TYPES as KNOWN_TYPES
 from .events import SURFACE_TYPES as SURFACE_TYPES
 from .events import SubagentCatalogData as SubagentCatalogData
-from .faulty_store import FaultyLogStore as FaultyLogStore
 from .file_store import LOG_NAMES as LOG_NAMES
 from .file_store import FileLogStore as FileLogStore
 from .forms import Compression as Compression
@@ -47,7 +45,6 @@ from .log_store import Batch as Batch
 from .log_store import LogStore as LogStore
 from .log_store import ReadHandle as ReadHandle
 from .log_store import WriteHandle as WriteHandle
-from .memory_store import MemoryLogStore as MemoryLogStore
 from .projection import CheckpointRow as CheckpointRow
 from .projection import Lifecycle as Lifecycle
 from .projection import ProjectionBroken as ProjectionBroken

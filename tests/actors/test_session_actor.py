@@ -35,12 +35,9 @@ from subagents.actors import (
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
-    CrashFs,
     Event,
-    FaultyLogStore,
     InvalidEvent,
     LogStore,
-    MemoryLogStore,
     NonLosslessData,
     Offset,
     PersistenceFailed,
@@ -48,6 +45,7 @@ from subagents.storage import (
     SessionHeader,
     encode_event,
 )
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
 NOW = 1_789_000_000_000

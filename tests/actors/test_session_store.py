@@ -26,10 +26,7 @@ from subagents.runtime.subagents.units import SUBAGENT_UNITS, is_own_identity
 from subagents.storage import (
     LOG_NAMES,
     AlreadyOwned,
-    CrashFs,
     Event,
-    FaultyLogStore,
-    MemoryLogStore,
     Offset,
     PersistenceFailed,
     SessionAlreadyExists,
@@ -39,6 +36,7 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 NOW = 1_789_000_000_000

@@ -45,7 +45,6 @@ from subagents.runtime.subagents.listing import ListingService, SubagentError
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
-    FaultyLogStore,
     FileLogStore,
     LogStore,
     Offset,
@@ -53,6 +52,7 @@ from subagents.storage import (
     SessionHeader,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()

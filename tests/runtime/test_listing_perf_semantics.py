@@ -30,7 +30,8 @@ from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
-from subagents.storage import Batch, Event, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
 HEADER = SessionHeader(id="child", created_at=T, origin="subagent", parent_session="p")  # type: ignore[arg-type]  # plain strs where the header takes SessionIds

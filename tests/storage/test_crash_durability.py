@@ -41,7 +41,6 @@ from subagents.storage import (
     LOG_NAMES,
     AlreadyOwned,
     Batch,
-    CrashFs,
     Event,
     FileLogStore,
     HandleDead,
@@ -57,6 +56,7 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage.testing import CrashFs
 from subagents.storage.forms import Compression
 from subagents.storage.fs import File, OpenMode
 

@@ -32,16 +32,15 @@ from log_lines import header, header_line
 from subagents.storage import (
     LOG_NAMES,
     Batch,
-    CrashFs,
     FileLogStore,
     LogInfo,
-    MemoryLogStore,
     Offset,
     OsFs,
     encode_event,
     encode_session_id,
     make_event,
 )
+from subagents.storage.testing import CrashFs, MemoryLogStore
 from subagents.storage.forms import Compression
 from subagents.storage.index import SCHEMA_VERSION
 

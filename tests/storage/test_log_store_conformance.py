@@ -414,7 +414,7 @@ def test_held_elsewhere_takes_no_lock_and_names_only_held_sessions(store_factory
     instance is elsewhere for the memory store (it has no processes) and not for the file
     stores (the same process: tests/storage/test_locks.py holds one from another process);
     a closed handle, an unknown id or an invalid one is never held."""
-    from subagents.storage import MemoryLogStore
+    from subagents.storage.testing import MemoryLogStore
 
     a, b = store_factory(), store_factory()
     elsewhere = isinstance(a, MemoryLogStore)

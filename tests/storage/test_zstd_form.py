@@ -38,7 +38,6 @@ from log_lines import header_line, read_all
 from subagents.storage import (
     Batch,
     CorruptLog,
-    CrashFs,
     Event,
     FileLogStore,
     Offset,
@@ -49,6 +48,7 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage.testing import CrashFs
 from subagents.storage import zstd_framing
 
 SID = "zlog"

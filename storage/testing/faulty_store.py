@@ -14,12 +14,12 @@ from typing import Literal
 
 import attrs
 
-from .codec import Event
-from .errors import PersistenceFailed
-from .log_store import Batch, LogStore, ReadHandle, WriteHandle
-from .index import StoredCheckpoint
-from .projection import CheckpointRow
-from .values import Checkpoint, LogInfo, Offset, SessionHeader
+from ..codec import Event
+from ..errors import PersistenceFailed
+from ..log_store import Batch, LogStore, ReadHandle, WriteHandle
+from ..index import StoredCheckpoint
+from ..projection import CheckpointRow
+from ..values import Checkpoint, LogInfo, Offset, SessionHeader
 
 __all__ = ["FaultyLogStore", "Operation"]
 
