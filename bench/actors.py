@@ -56,7 +56,6 @@ from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_
 from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
-    LOG_NAMES,
     Batch,
     FileLogStore,
     Offset,
@@ -64,8 +63,9 @@ from subagents.storage import (
     WriteHandle,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage.testing import MemoryLogStore
-from subagents.storage.codec import encode_events
+from subagents.storage._codec import encode_events
 from subagents.storage.index import INDEX_NAME, SessionIndex
 from subagents.storage import Lifecycle, ProjectionCells, ProjectionRegistry
 
@@ -575,7 +575,7 @@ async def build_resume_log(workdir: str, sizes: Sizes, storage_bench: ModuleType
         if not index.save_checkpoint(sid, lifecycle, rows, offset):
             raise bug("restoring the checkpoint failed")
 
-    log_file = os.path.join(root, "sessions", sid, LOG_NAMES["zstd"])
+    log_file = os.path.join(root, "sessions", sid, _LOG_NAMES["zstd"])
     return ResumeLog(
         root=root,
         sid=sid,

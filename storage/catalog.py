@@ -26,7 +26,7 @@ from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
 from .forms import FORMS, LogForm
 from .fs import File, Fs, FolderScan, NotRegularFile
 from .index import IndexRow, SessionIndex
-from .records import HeaderError, HeaderRecord
+from ._records import HeaderError, HeaderRecord
 from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
 from .watch import Watch
 

@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import attrs
 
-from .codec import Event, encode_events
+from ._codec import Event, encode_events
 from .events import KNOWN_TYPES
 from .errors import (
     AlreadyOwned,
@@ -48,7 +48,7 @@ from .fs import File, Fs, NotRegularFile, OsFs
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
-from .records import HeaderError, HeaderRecord, encode_header_line
+from ._records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
     FORMAT_VERSION,
     Checkpoint,
@@ -61,11 +61,11 @@ from .values import (
     encode_session_id,
 )
 
-__all__ = ["FileLogStore", "LOG_NAMES"]
+__all__ = ["FileLogStore"]
 
 log = logging.getLogger(__name__)
 
-LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
+_LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
 LOCK_NAME = "lock"
 PUBLISH_TEMP = "publish.tmp"
 

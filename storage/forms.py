@@ -13,10 +13,10 @@ from typing import Literal, Protocol
 
 import attrs
 
-from .codec import Event
+from ._codec import Event
 from .errors import CorruptLog
 from .framing import check_seed_marker, decode_event_lines, parse_header_line, plain_layout, read_header
-from .records import HeaderError, HeaderRecord
+from ._records import HeaderError, HeaderRecord
 from .values import Checkpoint, SessionId
 from .zstd_framing import (
     FrameDamage,

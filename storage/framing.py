@@ -26,9 +26,9 @@ from typing import NoReturn
 import attrs
 import msgspec
 
-from .codec import DECODE_ERRORS, PAYLOAD_DECODERS, Event, check_payload, decode_event, decode_events
+from ._codec import DECODE_ERRORS, PAYLOAD_DECODERS, Event, check_payload, decode_event, decode_events
 from .errors import CorruptLog, UnsupportedLog
-from .records import HeaderError, HeaderRecord, decode_header_line
+from ._records import HeaderError, HeaderRecord, decode_header_line
 from .values import Checkpoint
 
 __all__ = [

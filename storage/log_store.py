@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from .codec import Event
+from ._codec import Event
 from .projection import CheckpointRow
 
 if TYPE_CHECKING:

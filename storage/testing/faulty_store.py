@@ -14,7 +14,7 @@ from typing import Literal
 
 import attrs
 
-from ..codec import Event
+from .._codec import Event
 from ..errors import PersistenceFailed
 from ..log_store import Batch, LogStore, ReadHandle, WriteHandle
 from ..index import StoredCheckpoint

@@ -43,8 +43,8 @@ from subagents.storage import (
     PersistenceFailed,
     SequenceConflict,
     SessionHeader,
-    encode_event,
 )
+from subagents.storage._codec import encode_event
 from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 

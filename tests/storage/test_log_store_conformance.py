@@ -23,7 +23,6 @@ from subagents.storage import (
     HandleClosed,
     InvalidEvent,
     InvalidSessionId,
-    LOG_NAMES,
     LogStore,
     Offset,
     SequenceConflict,
@@ -35,6 +34,7 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
 
 StoreFactory = Callable[[], LogStore]
 
@@ -752,7 +752,7 @@ def test_invalid_ids_leave_the_file_system_untouched(tmp_path: Path, bad: str) -
     assert _walk(tmp_path) == []
 
 
-@pytest.mark.parametrize("compression", sorted(LOG_NAMES))
+@pytest.mark.parametrize("compression", sorted(_LOG_NAMES))
 @pytest.mark.parametrize("sid", AWKWARD_VALID_IDS)
 def test_awkward_ids_stay_inside_their_folder_on_disk(tmp_path: Path, sid: str, compression: Any) -> None:
     root = tmp_path / "root"
@@ -764,7 +764,7 @@ def test_awkward_ids_stay_inside_their_folder_on_disk(tmp_path: Path, sid: str, 
     store.close(handle)
     assert _walk(tmp_path) == ["root"] + [f"root/{p}" for p in _walk(root)]
     found = _walk(root)
-    assert found == sorted(["sessions", folder, f"{folder}/lock", f"{folder}/{LOG_NAMES[compression]}"])
+    assert found == sorted(["sessions", folder, f"{folder}/lock", f"{folder}/{_LOG_NAMES[compression]}"])
     assert os.listdir(root / "sessions") == [encode_session_id(sid)]
 
 
@@ -785,7 +785,7 @@ def test_folder_names_on_disk_are_the_documented_encoding(tmp_path: Path, sid: s
     store = FileLogStore(str(tmp_path))
     publish(store, sid)
     assert os.listdir(tmp_path / "sessions") == [folder]
-    assert (tmp_path / "sessions" / folder / LOG_NAMES[store.compression]).is_file()
+    assert (tmp_path / "sessions" / folder / _LOG_NAMES[store.compression]).is_file()
 
 
 def test_open_write_of_an_unknown_id_creates_no_folder(tmp_path: Path) -> None:

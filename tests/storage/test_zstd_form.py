@@ -44,10 +44,10 @@ from subagents.storage import (
     PersistenceFailed,
     SessionHeader,
     SessionId,
-    encode_event,
     encode_session_id,
     make_event,
 )
+from subagents.storage._codec import encode_event
 from subagents.storage.testing import CrashFs
 from subagents.storage import zstd_framing
 
