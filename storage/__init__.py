@@ -51,7 +51,7 @@ from .projection import ProjectionUnit as ProjectionUnit
 from .projection import UnknownProjection as UnknownProjection
 from .values import FORMAT_VERSION as FORMAT_VERSION
 from .values import HeaderClaim as HeaderClaim
-from .values import Checkpoint as Checkpoint
+from .values import AbortPoll as AbortPoll
 from .values import LogInfo as LogInfo
 from .values import Offset as Offset
 from .values import Revision as Revision

@@ -332,7 +332,7 @@ def still_holds(file: File, row: IndexRow) -> bool:
 
 def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -> IndexRow:
     try:
-        parsed = form.parse(sid, data, checkpoint=None)
+        parsed = form.parse(sid, data, poll=None)
     except (CorruptLog, UnsupportedLog) as exc:
         damage: Literal["corrupt", "unsupported"] = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
         info = _damaged(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)

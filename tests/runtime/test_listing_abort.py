@@ -130,7 +130,7 @@ class SequencedStore(FaultyLogStore):
         with self._hook_lock:
             self._hooks.append(_HookRule(op, session_id, hook, times))
 
-    def _enter(self, op: Any, session_id: str | None, checkpoint: Any = None) -> None:
+    def _enter(self, op: Any, session_id: str | None, poll: Any = None) -> None:
         with self._hook_lock:
             rule = next((r for r in self._hooks if r.op == op and r.session_id in (None, session_id)), None)
             if rule is not None and rule.times is not None:
@@ -139,7 +139,7 @@ class SequencedStore(FaultyLogStore):
                     self._hooks.remove(rule)
         if rule is not None:
             trio.from_thread.run(rule.hook, session_id)
-        super()._enter(op, session_id, checkpoint)
+        super()._enter(op, session_id, poll)
 
     @contextmanager
     def _running(self, op: str) -> Iterator[None]:

@@ -205,14 +205,14 @@ class GatedStore(FaultyLogStore):
         self.entered = {sid: threading.Event() for sid in gated}
         self.reads = 0
 
-    def read(self, handle: Any, *args: Any, checkpoint: Any = None, **kwargs: Any) -> Any:
+    def read(self, handle: Any, *args: Any, poll: Any = None, **kwargs: Any) -> Any:
         self.reads += 1
         sid = handle.session_id
         if sid in self.gates:
             self.entered[sid].set()
             while not self.gates[sid].wait(0.002):
-                checkpoint()
-        return super().read(handle, *args, checkpoint=checkpoint, **kwargs)
+                poll()
+        return super().read(handle, *args, poll=poll, **kwargs)
 
 
 async def test_a_hop_cancelled_in_another_calls_read_hands_it_back(

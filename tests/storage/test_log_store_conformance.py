@@ -272,11 +272,11 @@ def test_read_ranges(store: LogStore, start: int, stop: int | None, expected: ra
     store.close(writer)
 
 
-def test_read_accepts_a_checkpoint(store: LogStore) -> None:
+def test_read_accepts_an_abort_poll(store: LogStore) -> None:
     publish(store, "s1", 3)
     reader = store.open_read("s1")
-    assert store.read(reader, checkpoint=lambda: None) == events(0, 3)
-    assert store.read(reader, Offset(1), Offset(2), checkpoint=lambda: None) == events(1, 2)
+    assert store.read(reader, poll=lambda: None) == events(0, 3)
+    assert store.read(reader, Offset(1), Offset(2), poll=lambda: None) == events(1, 2)
     store.close(reader)
 
 
