@@ -49,7 +49,6 @@ import msgspec
 import zstandard
 
 from subagents.storage import (
-    KNOWN_TYPES,
     Batch,
     Event,
     FileLogStore,
@@ -61,6 +60,7 @@ from subagents.storage import (
     decode_session_id,
     make_event,
 )
+from subagents.storage.events import KNOWN_TYPES
 from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage._records import HeaderRecord, decode_header_line, encode_header_line
 from subagents.storage import file_store

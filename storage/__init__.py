@@ -30,7 +30,6 @@ from .errors import SessionNotFound as SessionNotFound
 from .errors import StorageError as StorageError
 from .errors import UnsafePath as UnsafePath
 from .errors import UnsupportedLog as UnsupportedLog
-from .events import KNOWN_TYPES as KNOWN_TYPES
 from .events import SURFACE_TYPES as SURFACE_TYPES
 from .events import SubagentCatalogData as SubagentCatalogData
 from .file_store import FileLogStore as FileLogStore
@@ -49,7 +48,6 @@ from .projection import ProjectionCells as ProjectionCells
 from .projection import ProjectionRegistry as ProjectionRegistry
 from .projection import ProjectionUnit as ProjectionUnit
 from .projection import UnknownProjection as UnknownProjection
-from .values import FORMAT_VERSION as FORMAT_VERSION
 from .values import HeaderClaim as HeaderClaim
 from .values import AbortPoll as AbortPoll
 from .values import LogInfo as LogInfo

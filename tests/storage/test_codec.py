@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from subagents.storage import (
     UNSET,
-    KNOWN_TYPES,
     SURFACE_TYPES,
     Event,
     InvalidEvent,
@@ -28,6 +27,7 @@ from subagents.storage import (
     decode_payload,
     make_event,
 )
+from subagents.storage.events import KNOWN_TYPES
 from subagents.storage._records import HeaderRecord, decode_header_line, encode_header_line
 from subagents.storage._codec import decode_event, encode_event
 from subagents.storage.events import PAYLOAD_TYPES
