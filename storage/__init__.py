@@ -1,6 +1,10 @@
 """Storage: values, the event codec, log format 1 and the synchronous log stores.
 
 The bottom layer: imports only the stdlib, attrs, cattrs, msgspec and zstandard, never trio.
+This module is its face: the upper layers and embedders import only from here (tests/test_layers.py
+checks it). The test doubles (`CrashFs`, `MemoryLogStore`, `FaultyLogStore`) are in
+`subagents.storage.testing`; the format's line codecs (`_codec`, `_records`) and file names
+(`file_store._LOG_NAMES`) are private to storage and its tests.
 """
 
 from .closers import TOOL_NOT_STARTED_TEXT as TOOL_NOT_STARTED_TEXT
