@@ -6,6 +6,9 @@ It may import `subagents.storage`, trio and trio-util (README, "Layout").
 from .abort import Abort as Abort
 from .cold_reader import ColdRead as ColdRead
 from .cold_reader import ColdReader as ColdReader
+from .continuation import Activation as Activation
+from .continuation import ContinuationManager as ContinuationManager
+from .continuation import open_continuation_manager as open_continuation_manager
 from .errors import ActivationLimitReached as ActivationLimitReached
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped

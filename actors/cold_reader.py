@@ -47,7 +47,7 @@ import trio
 from trio_util import move_on_when
 
 from subagents.storage import Event, LogStore, SessionHeader, StorageError, interrupted_closers
-from subagents.storage.projection import ProjectionCells, ProjectionRegistry
+from subagents.storage import ProjectionCells, ProjectionRegistry
 
 from .abort import Abort
 from .errors import ReadAborted
@@ -162,7 +162,7 @@ class ColdReader:
         group = job.group
         while True:
             if job.abort is not None and job.abort.is_set():
-                return  # aborted: never started, or its hop stops at its next checkpoint
+                return  # aborted: never started, or its hop stops at its next poll
             state = job.state
             if state == _DONE:
                 return
@@ -274,7 +274,7 @@ class ColdReader:
         started = time.perf_counter()
         while time.perf_counter() - started < HOP_SECONDS:
             try:
-                _checkpoint(first.abort)
+                _poll(first.abort)
             except _Stopped:
                 return
             job = self._claim_next(group)
@@ -321,7 +321,7 @@ class ColdReader:
         store = self.store
         handle = store.open_read(session_id)
         try:
-            events = store.read(handle, checkpoint=partial(_checkpoint, abort))
+            events = store.read(handle, poll=partial(_poll, abort))
         finally:
             store.close(handle)
         closers = interrupted_closers(events, session_id=handle.session_id)
@@ -344,7 +344,7 @@ class _Stopped(Exception):
     """Raised in a worker thread whose read's abort is set (never leaves the reader)."""
 
 
-def _checkpoint(abort: Abort | None) -> None:
+def _poll(abort: Abort | None) -> None:
     """Between decode chunks and between reads, in the worker thread: a cancelled scope raises
     `trio.Cancelled`, a set abort `_Stopped`. (Reading the flag of a trio.Event from another
     thread is one attribute read.)"""

@@ -18,9 +18,9 @@ import attrs
 import trio
 
 from subagents.actors import ColdReader, SessionStore, open_session_store
-from subagents.actors.continuation import ContinuationManager
+from subagents.actors import ContinuationManager
 from subagents.storage import FileLogStore, LogStore
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry

@@ -44,7 +44,7 @@ from subagents.storage import (
     UnsupportedLog,
     check_session_id,
 )
-from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
+from subagents.storage import ProjectionBroken, ProjectionRegistry
 
 from .errors import (
     QueryAborted,

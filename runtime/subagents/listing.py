@@ -41,8 +41,8 @@ from subagents.runtime.errors import (
 )
 from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
 from subagents.storage import LogInfo, LogStore
-from subagents.storage.index import StoredCheckpoint
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import StoredCheckpoint
+from subagents.storage import ProjectionRegistry
 
 from .lineage import (
     Absent,

@@ -24,8 +24,16 @@ from typing import Any, Literal, NamedTuple
 import attrs
 import trio
 
-from subagents.actors import ActivationLimitReached, Abort, ActorStopped, Draining, EventDraft, ParentClosing
-from subagents.actors.continuation import Activation, ContinuationManager
+from subagents.actors import (
+    Abort,
+    Activation,
+    ActivationLimitReached,
+    ActorStopped,
+    ContinuationManager,
+    Draining,
+    EventDraft,
+    ParentClosing,
+)
 from subagents.storage import (
     AlreadyOwned,
     Event,

@@ -27,7 +27,8 @@ from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script import load_script
 from subagents.runtime.models.scripted import ScriptedModel
-from subagents.storage import FaultyLogStore, FileLogStore
+from subagents.storage import FileLogStore
+from subagents.storage.testing import FaultyLogStore
 
 PARENT = "parent"
 LABELS = ("alpha", "beta", "victim", "gamma")  # started in this order: c-1 .. (alpha's grandchild in between)

@@ -15,12 +15,12 @@ from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
-    FaultyLogStore,
     FileLogStore,
     PersistenceFailed,
     SessionHeader,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()

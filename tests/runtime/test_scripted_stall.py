@@ -29,7 +29,7 @@ from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Finish, ModelError, TextDelta
 from subagents.runtime.models.script import Script, ScriptError, WaitForSettled, load_script
 from subagents.runtime.models.scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
-from subagents.storage import MemoryLogStore
+from subagents.storage.testing import MemoryLogStore
 
 Json = dict[str, Any]
 

@@ -28,7 +28,8 @@ from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.runtime.subagents.listing import SubagentError
 from subagents.runtime.subagents.service import notice_blocks
 from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, SessionHeader, make_event
+from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 Json = dict[str, Any]

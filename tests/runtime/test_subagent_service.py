@@ -98,7 +98,7 @@ async def test_depth_is_checked_before_anything_is_created(tmp_path: Path) -> No
 
 
 async def test_a_child_whose_log_fails_settles_as_failed_and_the_runtime_carries_on(tmp_path: Path) -> None:
-    from subagents.storage import FaultyLogStore
+    from subagents.storage.testing import FaultyLogStore
 
     faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
     model = ScriptedModel(load_script(json.dumps({"agents": [

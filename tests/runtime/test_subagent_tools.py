@@ -80,7 +80,8 @@ async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: 
     from subagents.runtime.clock import ScenarioClock
     from subagents.runtime.models.script import load_script
     from subagents.runtime.models.scripted import ScriptedModel
-    from subagents.storage import FaultyLogStore, FileLogStore, PersistenceFailed
+    from subagents.storage import FileLogStore, PersistenceFailed
+    from subagents.storage.testing import FaultyLogStore
 
     script = {"agents": [{"session": "p", "responses": [
         {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
