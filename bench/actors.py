@@ -53,8 +53,8 @@ from bench_common import BareRequest, bare_actor, bare_ask, bug, load, per_rep, 
 import zstandard
 
 from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_store, snapshot_all
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
     FileLogStore,

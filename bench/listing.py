@@ -63,8 +63,8 @@ import zstandard
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionRecord
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.listing import ChildRow, ListingService
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.listing import ChildRow, ListingService
 from subagents.storage import Event, SessionHeader
 from subagents.storage.file_store import _LOG_NAMES
 

@@ -32,8 +32,8 @@ from subagents.actors import (
     SessionRef,
     open_session_store,
 )
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
     Event,
     InvalidEvent,

@@ -21,8 +21,8 @@ from trio.testing import wait_all_tasks_blocked
 
 from log_lines import header
 from subagents.actors import ActorStopped, EventDraft, SessionRef, open_session_store
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS, is_own_identity
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS, is_own_identity
 from subagents.storage import (
     AlreadyOwned,
     Event,

@@ -40,10 +40,10 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from subagents.actors import Abort, EventDraft, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
-from subagents.runtime.subagents import listing as listing_module
+from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.errors import SubagentCancelled
-from subagents.runtime.subagents.listing import ListingService, SubagentError
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.listing import ListingService, SubagentError
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
     FileLogStore,

@@ -28,8 +28,8 @@ from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.actors import cold_reader
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
 from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
 from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry

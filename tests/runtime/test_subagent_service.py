@@ -13,9 +13,9 @@ from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.runtime.subagents.listing import SubagentError
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.delegation.listing import SubagentError
 from subagents.storage import FileLogStore
 
 
