@@ -8,6 +8,9 @@ from .abort import cancelled_when as cancelled_when
 from .cold_reader import ColdRead as ColdRead
 from .cold_reader import ColdReader as ColdReader
 from .cold_reader import ReadGroup as ReadGroup
+from .continuation import Activation as Activation
+from .continuation import ContinuationManager as ContinuationManager
+from .continuation import open_continuation_manager as open_continuation_manager
 from .errors import ActivationLimitReached as ActivationLimitReached
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped

@@ -47,7 +47,7 @@ import attrs
 import trio
 
 from subagents.storage import Event, LogStore, SessionHeader, StorageError, interrupted_closers
-from subagents.storage.projection import ProjectionCells, ProjectionRegistry
+from subagents.storage import ProjectionCells, ProjectionRegistry
 
 from .abort import Abort, cancelled_when
 from .errors import ReadAborted
@@ -327,7 +327,7 @@ class ColdReader:
         try:
             # Between decode chunks: a cancelled scope (an abort, or an enclosing cancellation)
             # raises `trio.Cancelled` in this thread.
-            events = store.read(handle, checkpoint=trio.from_thread.check_cancelled)
+            events = store.read(handle, poll=trio.from_thread.check_cancelled)
         finally:
             store.close(handle)
         closers = interrupted_closers(events, session_id=handle.session_id)

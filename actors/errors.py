@@ -8,6 +8,9 @@
     ├── AlreadyResident           ACTOR_ALREADY_RESIDENT   (a child registered twice: a caller's bug)
     └── ReadAborted               ACTOR_READ_ABORTED       (a cold read's abort was set)
 
+Messages here are for people and logs; what a model is told (the runtime's tool results) is
+worded by the runtime.
+
 Storage errors raised while serving a request (`SequenceConflict`, `InvalidEvent`,
 `PersistenceFailed`, ...) reach the requester unchanged: they are already in the tree.
 """
@@ -44,10 +47,7 @@ class ActivationLimitReached(ActorError):
     code = "ACTOR_ACTIVATION_LIMIT_REACHED"
 
     def __init__(self, limit: int) -> None:
-        super().__init__(
-            f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
-            "or complete this work with the current agents"
-        )
+        super().__init__(f"the family is at its limit of {limit} active children")
         self.limit = limit
 
 
@@ -55,14 +55,14 @@ class Draining(ActorError):
     code = "ACTOR_DRAINING"
 
     def __init__(self) -> None:
-        super().__init__("continuable subagents are draining; the operation was not admitted")
+        super().__init__("the continuation manager is draining: nothing new is admitted")
 
 
 class ParentClosing(ActorError):
     code = "ACTOR_PARENT_CLOSING"
 
     def __init__(self, parent_id: str) -> None:
-        super().__init__(f"agent {parent_id!r} is closing; it takes no new subagents")
+        super().__init__(f"parent {parent_id!r} is closing: no child is admitted under it")
         self.parent_id = parent_id
 
 

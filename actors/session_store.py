@@ -31,7 +31,7 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage import WriteHandle
-from subagents.storage.projection import ProjectionCells, ProjectionRegistry
+from subagents.storage import ProjectionCells, ProjectionRegistry
 
 from .errors import ActorStopped
 from .session_actor import SessionActor, SessionRef

@@ -22,8 +22,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 import trio
 
-from subagents.storage import LogInfo, LogStore, PersistenceFailed
-from subagents.storage.index import StoredCheckpoint
+from subagents.storage import LogInfo, LogStore, PersistenceFailed, StoredCheckpoint
 
 from .cold_reader import ColdReader
 

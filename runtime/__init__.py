@@ -39,9 +39,9 @@ from .models.base import ToolCallDelta as ToolCallDelta
 from .models.base import ToolSpec as ToolSpec
 from .models.base import Usage as Usage
 from .models.openai import OpenAIChatModel as OpenAIChatModel
-from .models.script import load_script as load_script
-from .models.scripted import ScriptedModel as ScriptedModel
-from .subagents.descriptor import ToolFilter as ToolFilter
-from .subagents.listing import ChildRow as ChildRow
-from .subagents.listing import DiagnosticRow as DiagnosticRow
-from .subagents.options import ChildOptions as ChildOptions
+from .models.script_format import load_script as load_script
+from .models.scripted_model import ScriptedModel as ScriptedModel
+from .delegation.descriptor import ToolFilter as ToolFilter
+from .delegation.listing import ChildRow as ChildRow
+from .delegation.listing import DiagnosticRow as DiagnosticRow
+from .delegation.options import ChildOptions as ChildOptions

@@ -18,10 +18,9 @@ from typing import Literal
 import attrs
 import trio
 
-from subagents.actors import SessionStore, StoreReader, open_session_store
-from subagents.actors.continuation import ContinuationManager
+from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
 from subagents.storage import FileLogStore, LogStore
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
@@ -31,11 +30,11 @@ from .ids import IdFactory, RandomIds
 from .models.base import Model
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
-from .subagents.options import ChildModel
-from .subagents.service import SubagentService
+from .delegation.options import ChildModel
+from .delegation.service import SubagentService
 from .tools.subagent_tools import subagent_tools
-from .subagents.listing import ListingService
-from .subagents.units import SUBAGENT_UNITS
+from .delegation.listing import ListingService
+from .delegation.units import SUBAGENT_UNITS
 
 __all__ = ["Runtime", "open_runtime"]
 

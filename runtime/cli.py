@@ -44,9 +44,9 @@ from .errors import (
 )
 from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .models.base import Model
-from .models.scripted import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
+from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL, build_model, parse_model_spec
-from .subagents.listing import ChildRow
+from .delegation.listing import ChildRow
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
 

@@ -31,9 +31,9 @@ from .clock import ScenarioClock
 from .errors import CommandFailed
 from .ids import CountingIds
 from .models.base import Model, ModelRequest, SessionBinding
-from .subagents.listing import ChildRow
-from .models.script import load_script
-from .models.scripted import ScriptedModel
+from .delegation.listing import ChildRow
+from .models.script_format import load_script
+from .models.scripted_model import ScriptedModel
 
 __all__ = ["DEMO_CHILDREN", "demo_script", "run_demo"]
 

@@ -54,8 +54,7 @@ from subagents.storage import (
     UnsupportedLog,
     check_session_id,
 )
-from subagents.storage.index import StoredCheckpoint
-from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
+from subagents.storage import ProjectionBroken, ProjectionRegistry, StoredCheckpoint
 
 from .errors import (
     QueryAborted,

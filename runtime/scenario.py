@@ -41,8 +41,8 @@ from .app import Runtime, open_runtime
 from .clock import ScenarioClock
 from .errors import ScenarioError, ScriptError
 from .ids import CountingIds
-from .models.script import load_script
-from .models.scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel
+from .models.script_format import load_script
+from .models.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel
 from .tools.subagent_tools import agent_status, render_agents
 
 __all__ = ["ScenarioError", "check_scenario", "normalize_log", "run_scenario", "scenario_dirs", "update_scenario"]

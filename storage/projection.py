@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from .codec import Event
+from ._codec import Event
 from .errors import ProjectionBroken, UnknownProjection
 from .values import Offset, SessionHeader
 

@@ -15,8 +15,8 @@ from ..clock import Clock
 from ..errors import ModelSpecError, ScriptError
 from .base import Model, SessionModel
 from .openai import OpenAIChatModel
-from .script import load_script
-from .scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel
+from .script_format import load_script
+from .scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel
 
 __all__ = ["ModelSpec", "ModelSpecError", "build_model", "parse_model_spec"]
 

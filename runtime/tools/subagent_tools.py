@@ -16,8 +16,8 @@ import attrs
 
 from ..agent.tools import ToolContext
 from ..errors import NoCallingAgent
-from ..subagents.listing import ChildRow
-from ..subagents.service import Reservation, SubagentService
+from ..delegation.listing import ChildRow
+from ..delegation.service import Reservation, SubagentService
 
 __all__ = ["agent_status", "render_agents", "subagent_tools"]
 

@@ -15,12 +15,12 @@ from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.storage import (
     Batch,
     CorruptLog,
-    FaultyLogStore,
     FileLogStore,
     SessionHeader,
     SessionNotFound,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 
 
 def publish(store: FileLogStore, sid: str, *, open_turn: bool = False) -> None:

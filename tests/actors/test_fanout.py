@@ -8,9 +8,10 @@ import attrs
 
 from clocks import ticking_ms
 from subagents.actors import ActorStopped, EventDraft, open_session_store, snapshot_all
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import MemoryLogStore, SessionHeader
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import SessionHeader
+from subagents.storage.testing import MemoryLogStore
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
 now_ms = ticking_ms()

@@ -32,22 +32,20 @@ from subagents.actors import (
     SessionRef,
     open_session_store,
 )
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
-    CrashFs,
     Event,
-    FaultyLogStore,
     InvalidEvent,
     LogStore,
-    MemoryLogStore,
     NonLosslessData,
     Offset,
     PersistenceFailed,
     SequenceConflict,
     SessionHeader,
-    encode_event,
 )
+from subagents.storage._codec import encode_event
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
 NOW = 1_789_000_000_000

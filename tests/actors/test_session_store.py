@@ -21,24 +21,22 @@ from trio.testing import wait_all_tasks_blocked
 
 from log_lines import header
 from subagents.actors import ActorStopped, EventDraft, SessionRef, open_session_store
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS, is_own_identity
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS, is_own_identity
 from subagents.storage import (
-    LOG_NAMES,
     AlreadyOwned,
-    CrashFs,
     Event,
-    FaultyLogStore,
-    MemoryLogStore,
     Offset,
     PersistenceFailed,
     SessionAlreadyExists,
     SessionHeader,
     SessionNotFound,
-    encode_event,
     encode_session_id,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage._codec import encode_event
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 NOW = 1_789_000_000_000
@@ -253,7 +251,7 @@ async def test_open_cuts_a_torn_tail_before_appending() -> None:
     async with open_session_store(mem, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("t"))
         await ref.append([turn_start(1), note(i=1)])
-    path = f"sessions/{encode_session_id('t')}/{LOG_NAMES['none']}"
+    path = f"sessions/{encode_session_id('t')}/{_LOG_NAMES['none']}"
     fs.write_bytes(path, fs.read_bytes(path) + b'{"seq":2,"type":"test/no')
 
     async with open_session_store(mem, registry(), now_ms=now_ms) as store:

@@ -12,7 +12,7 @@ import zstandard
 from clocks import T
 
 from subagents.storage import Batch, Event, LogStore, Offset, SessionHeader, SessionId, encode_session_id
-from subagents.storage import HeaderRecord, encode_header_line
+from subagents.storage._records import HeaderRecord, encode_header_line
 
 
 _FILE_NAMES = {"none": "session.jsonl", "zstd": "session.jsonl.zst"}

@@ -12,7 +12,7 @@ import pytest
 
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.models.base import Chunk, ModelError, ModelRequest, SessionBinding, TextDelta
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.scripted_model import ScriptedModel
 
 
 @attrs.frozen

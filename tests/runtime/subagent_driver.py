@@ -35,9 +35,9 @@ import trio
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.runtime.subagents.service import SubagentService
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.delegation.service import SubagentService
 
 
 def _say(line: str) -> None:

@@ -30,8 +30,8 @@ from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Finish, Model, ModelRequest, SessionBinding, TextDelta
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import (
     TOOL_NOT_STARTED_TEXT,
     TOOL_OUTCOME_UNKNOWN_TEXT,

@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from subagents.runtime.subagents.lineage import catalog_entries
-from subagents.runtime.subagents.units import CATALOG_UNIT, SUBAGENT_UNITS
+from subagents.runtime.delegation.lineage import catalog_entries
+from subagents.runtime.delegation.units import CATALOG_UNIT, SUBAGENT_UNITS
 from subagents.storage import Event, SessionHeader, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 

@@ -20,11 +20,11 @@ from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Model, ModelRequest, SessionBinding
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.runtime.subagents.descriptor import ToolFilter, parse_descriptor
-from subagents.runtime.subagents.listing import SubagentError
-from subagents.runtime.subagents.options import ChildOptions, filtered_tools
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.delegation.descriptor import ToolFilter, parse_descriptor
+from subagents.runtime.delegation.listing import SubagentError
+from subagents.runtime.delegation.options import ChildOptions, filtered_tools
 from subagents.storage import FileLogStore, decode_payload
 
 PERSONA = "You are a careful reviewer."

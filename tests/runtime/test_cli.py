@@ -39,7 +39,7 @@ def test_unknown_option_is_exit_2_without_traceback(capsys) -> None:
 
 
 def _root_with_children(tmp_path: Path) -> Path:
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
     from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
 
     store = FileLogStore(str(tmp_path))

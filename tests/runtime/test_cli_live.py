@@ -150,7 +150,7 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
 def _parent_and_child(store: Any) -> Any:
     """A parent and a continuable child, published; the child's write handle is returned open,
     as another process running it would hold it (its turn 1 still open)."""
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
     from subagents.storage import Batch, SessionHeader, make_event
 
     parent = store.create(SessionHeader(id="p", created_at=1))
@@ -189,7 +189,8 @@ class _OtherProcess:
 @pytest.mark.parametrize("kind", ["memory", "file"])
 async def test_listing_and_observation_see_a_writer_elsewhere(kind: str, tmp_path: Path) -> None:
     from subagents.runtime.app import open_runtime
-    from subagents.storage import FileLogStore, MemoryLogStore
+    from subagents.storage import FileLogStore
+    from subagents.storage.testing import MemoryLogStore
 
     writer: Any
     if kind == "memory":  # another store on the same in-memory data: it has no processes
@@ -225,10 +226,11 @@ async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: P
 
     from subagents.runtime.app import open_runtime
     from subagents.runtime.clock import ScenarioClock
-    from subagents.runtime.models.script import load_script
-    from subagents.runtime.models.scripted import ScriptedModel
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-    from subagents.storage import Batch, MemoryLogStore, SessionHeader, make_event
+    from subagents.runtime.models.script_format import load_script
+    from subagents.runtime.models.scripted_model import ScriptedModel
+    from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.storage import Batch, SessionHeader, make_event
+    from subagents.storage.testing import MemoryLogStore
 
     writer = MemoryLogStore()
     reader = MemoryLogStore(fs=writer.crash_fs)
@@ -261,9 +263,10 @@ async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhe
 
     from subagents.actors import EventDraft, open_session_store
     from subagents.runtime.app import open_runtime
-    from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-    from subagents.runtime.subagents.units import SUBAGENT_UNITS
-    from subagents.storage import FaultyLogStore, MemoryLogStore, SessionHeader
+    from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+    from subagents.runtime.delegation.units import SUBAGENT_UNITS
+    from subagents.storage import SessionHeader
+    from subagents.storage.testing import FaultyLogStore, MemoryLogStore
     from subagents.storage.projection import ProjectionRegistry
 
     memory = MemoryLogStore()  # one store: its in-memory lock table has no processes, any holder counts

@@ -11,9 +11,10 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.listing import ListingService, SubagentError, walk_descendants
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, PersistenceFailed, SessionHeader, make_event
+from subagents.runtime.delegation.listing import ListingService, SubagentError, walk_descendants
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import Batch, FileLogStore, PersistenceFailed, SessionHeader, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()

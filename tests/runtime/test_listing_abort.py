@@ -40,13 +40,12 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from subagents.actors import Abort, EventDraft, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
-from subagents.runtime.subagents import listing as listing_module
+from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.errors import SubagentCancelled
-from subagents.runtime.subagents.listing import ListingService, SubagentError
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.listing import ListingService, SubagentError
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
-    FaultyLogStore,
     FileLogStore,
     LogStore,
     Offset,
@@ -54,6 +53,7 @@ from subagents.storage import (
     SessionHeader,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -131,7 +131,7 @@ class SequencedStore(FaultyLogStore):
         with self._hook_lock:
             self._hooks.append(_HookRule(op, session_id, hook, times))
 
-    def _enter(self, op: Any, session_id: str | None, checkpoint: Any = None) -> None:
+    def _enter(self, op: Any, session_id: str | None, poll: Any = None) -> None:
         with self._hook_lock:
             rule = next((r for r in self._hooks if r.op == op and r.session_id in (None, session_id)), None)
             if rule is not None and rule.times is not None:
@@ -140,7 +140,7 @@ class SequencedStore(FaultyLogStore):
                     self._hooks.remove(rule)
         if rule is not None:
             trio.from_thread.run(rule.hook, session_id)
-        super()._enter(op, session_id, checkpoint)
+        super()._enter(op, session_id, poll)
 
     @contextmanager
     def _running(self, op: str) -> Iterator[None]:

@@ -25,7 +25,8 @@ from descriptors import descriptor
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.errors import SubagentCancelled, SubagentError
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Batch, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage.testing import FaultyLogStore
 
 now_ms = ticking_ms()
 

@@ -18,10 +18,11 @@ import pytest
 
 from subagents.actors import open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.listing import ListingService
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, MemoryLogStore, Offset, SessionHeader, make_event
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.listing import ListingService
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import Batch, Offset, SessionHeader, make_event
+from subagents.storage.testing import MemoryLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 SIZES = (1_000, 2_000)

@@ -29,9 +29,10 @@ from subagents.actors import cold_reader
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.actors.store_reader import StoreReader
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
-from subagents.storage import Batch, Event, FaultyLogStore, FileLogStore, Offset, SessionHeader, make_event
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
+from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
 HEADER = SessionHeader(id="child", created_at=T, origin="subagent", parent_session="p")  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
@@ -205,14 +206,14 @@ class GatedStore(FaultyLogStore):
         self.entered = {sid: threading.Event() for sid in gated}
         self.reads = 0
 
-    def read(self, handle: Any, *args: Any, checkpoint: Any = None, **kwargs: Any) -> Any:
+    def read(self, handle: Any, *args: Any, poll: Any = None, **kwargs: Any) -> Any:
         self.reads += 1
         sid = handle.session_id
         if sid in self.gates:
             self.entered[sid].set()
             while not self.gates[sid].wait(0.002):
-                checkpoint()
-        return super().read(handle, *args, checkpoint=checkpoint, **kwargs)
+                poll()
+        return super().read(handle, *args, poll=poll, **kwargs)
 
 
 async def test_a_hop_cancelled_in_another_calls_read_hands_it_back(

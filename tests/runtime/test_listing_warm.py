@@ -14,9 +14,9 @@ from clocks import ticking_ms
 from descriptors import descriptor
 from subagents.actors import EventDraft, SessionStore, open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents import listing as listing_module
-from subagents.runtime.subagents.listing import ListingService
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation import listing as listing_module
+from subagents.runtime.delegation.listing import ListingService
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import FileLogStore, SessionHeader
 from subagents.storage.projection import ProjectionRegistry
 

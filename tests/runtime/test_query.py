@@ -11,16 +11,16 @@ import pytest
 from clocks import ticking_ms
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery, SessionQueryError
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
-    FaultyLogStore,
     FileLogStore,
     PersistenceFailed,
     SessionHeader,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()

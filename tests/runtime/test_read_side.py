@@ -18,14 +18,15 @@ from subagents.runtime.agent.registry import AgentRegistry
 from subagents.runtime import app as app_module
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents import listing as listing_module
-from subagents.runtime.subagents.listing import ListingService
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import FaultyLogStore, FileLogStore, SessionHeader
-from subagents.storage.projection import ProjectionRegistry
+from subagents.runtime.delegation import listing as listing_module
+from subagents.runtime.delegation.listing import ListingService
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import FileLogStore, SessionHeader
+from subagents.storage.testing import FaultyLogStore
+from subagents.storage import ProjectionRegistry
 
 
 def idle_model() -> ScriptedModel:

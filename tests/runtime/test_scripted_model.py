@@ -23,7 +23,7 @@ from subagents.runtime.models.base import (
     ToolCallDelta,
     Usage,
 )
-from subagents.runtime.models.script import (
+from subagents.runtime.models.script_format import (
     ObjectArguments,
     Script,
     ScriptEntry,
@@ -35,7 +35,7 @@ from subagents.runtime.models.script import (
     WaitForSteered,
     load_script,
 )
-from subagents.runtime.models.scripted import ScriptedModel, request_text, split_text
+from subagents.runtime.models.scripted_model import ScriptedModel, request_text, split_text
 
 # --- helpers ----------------------------------------------------------------------------------
 

@@ -27,9 +27,9 @@ from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import RealClock, ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Finish, ModelError, TextDelta
-from subagents.runtime.models.script import Script, ScriptError, WaitForSettled, load_script
-from subagents.runtime.models.scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
-from subagents.storage import MemoryLogStore
+from subagents.runtime.models.script_format import Script, ScriptError, WaitForSettled, load_script
+from subagents.runtime.models.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
+from subagents.storage.testing import MemoryLogStore
 
 Json = dict[str, Any]
 

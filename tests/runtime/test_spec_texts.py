@@ -22,13 +22,14 @@ from subagents.runtime.agent.tools import FunctionTool, ToolContext
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.query import SessionQuery, SessionQueryError
-from subagents.runtime.subagents.listing import SubagentError
-from subagents.runtime.subagents.service import notice_blocks
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, SessionHeader, make_event
+from subagents.runtime.delegation.listing import SubagentError
+from subagents.runtime.delegation.service import notice_blocks
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 Json = dict[str, Any]

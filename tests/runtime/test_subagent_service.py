@@ -13,9 +13,9 @@ from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.runtime.subagents.listing import SubagentError
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.delegation.listing import SubagentError
 from subagents.storage import FileLogStore
 
 
@@ -98,7 +98,7 @@ async def test_depth_is_checked_before_anything_is_created(tmp_path: Path) -> No
 
 
 async def test_a_child_whose_log_fails_settles_as_failed_and_the_runtime_carries_on(tmp_path: Path) -> None:
-    from subagents.storage import FaultyLogStore
+    from subagents.storage.testing import FaultyLogStore
 
     faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
     model = ScriptedModel(load_script(json.dumps({"agents": [

@@ -18,8 +18,8 @@ from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 
 Json = dict[str, Any]

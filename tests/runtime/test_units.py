@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, ToolFilter, snapshot_descriptor
-from subagents.runtime.subagents.units import (
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, ToolFilter, snapshot_descriptor
+from subagents.runtime.delegation.units import (
     IDENTITY_UNIT,
     SUBAGENT_UNITS,
     TIMING_UNIT,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from subagents.storage import Batch, FileLogStore, HeaderClaim, MemoryLogStore, SessionHeader, make_event
+from subagents.storage import Batch, FileLogStore, HeaderClaim, SessionHeader, make_event
+from subagents.storage.testing import MemoryLogStore
 
 
 def publish(store: FileLogStore, sid: str, parent: str = "p") -> None:

@@ -38,10 +38,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from log_lines import events_of, header_line, zstd_frames
 from subagents.storage import (
-    LOG_NAMES,
     AlreadyOwned,
     Batch,
-    CrashFs,
     Event,
     FileLogStore,
     HandleDead,
@@ -53,10 +51,12 @@ from subagents.storage import (
     SessionNotFound,
     StorageError,
     WriteHandle,
-    encode_event,
     encode_session_id,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage._codec import encode_event
+from subagents.storage.testing import CrashFs
 from subagents.storage.forms import Compression
 from subagents.storage.fs import File, OpenMode
 
@@ -157,7 +157,7 @@ def folder_of(sid: str) -> str:
 
 
 def log_path(sid: str, compression: Compression) -> str:
-    return f"{folder_of(sid)}/{LOG_NAMES[compression]}"
+    return f"{folder_of(sid)}/{_LOG_NAMES[compression]}"
 
 
 def make_test_event(sid: str, seq: int, attempt: int, size: int) -> Event:

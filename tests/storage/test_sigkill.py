@@ -31,16 +31,16 @@ import zstandard
 
 from log_lines import header_line, zstd_frames
 from subagents.storage import (
-    LOG_NAMES,
     AlreadyOwned,
     Batch,
     Event,
     FileLogStore,
     SessionHeader,
     SessionId,
-    encode_event,
     encode_session_id,
 )
+from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage._codec import encode_event
 from subagents.storage.forms import Compression
 
 FORMS: tuple[Compression, ...] = ("none", "zstd")
@@ -165,7 +165,7 @@ def api(script: Path) -> ChildApi:
 
 
 def log_file(root: Path, sid: str, compression: Compression) -> Path:
-    return root / "sessions" / encode_session_id(sid) / LOG_NAMES[compression]
+    return root / "sessions" / encode_session_id(sid) / _LOG_NAMES[compression]
 
 
 def plain_form(data: bytes, compression: Compression) -> bytes:

@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from open_fds import inotify_fds
 
 from subagents.storage import (
-    LOG_NAMES,
     Batch,
     FileLogStore,
     LogInfo,
@@ -38,6 +37,7 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage.fs import FolderScan
 from subagents.storage.watch import IN_Q_OVERFLOW, LOCAL_FILE_SYSTEMS, Watch
 
@@ -58,7 +58,7 @@ def folder(root: Path, sid: str) -> Path:
 
 
 def log_file(root: Path, sid: str) -> Path | None:
-    for name in LOG_NAMES.values():
+    for name in _LOG_NAMES.values():
         path = folder(root, sid) / name
         if path.is_file() and not path.is_symlink():
             return path
@@ -164,12 +164,12 @@ def m_replace(root: Path, sid: str, arg: int) -> None:
 def m_plant_other_form(root: Path, sid: str, arg: int) -> None:
     path = log_file(root, sid)
     if path is not None:
-        other = [name for name in LOG_NAMES.values() if name != path.name][0]
+        other = [name for name in _LOG_NAMES.values() if name != path.name][0]
         shutil.copyfile(path, path.with_name(other))
 
 
 def m_remove_a_form(root: Path, sid: str, arg: int) -> None:
-    names = sorted(LOG_NAMES.values())
+    names = sorted(_LOG_NAMES.values())
     path = folder(root, sid) / names[arg % 2]
     if path.exists() or path.is_symlink():
         path.unlink()
@@ -550,7 +550,7 @@ def test_a_log_skipped_after_an_io_error_is_retried_by_the_next_warm_listing(tmp
     store = warm_store(root, FlakyFs(str(root)))
     try:
         grow(root, "s1")  # s1 must be read again by the next listing, which fails once
-        failing.add(f"sessions/{encode_session_id('s1')}/{LOG_NAMES['zstd']}")
+        failing.add(f"sessions/{encode_session_id('s1')}/{_LOG_NAMES['zstd']}")
         assert [i.id for i in store.list()] == ["s0"]  # skipped (and logged)
         assert rows(store.list()) == reference(root)  # no change since, and yet retried
     finally:

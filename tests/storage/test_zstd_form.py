@@ -38,17 +38,17 @@ from log_lines import header_line, read_all
 from subagents.storage import (
     Batch,
     CorruptLog,
-    CrashFs,
     Event,
     FileLogStore,
     Offset,
     PersistenceFailed,
     SessionHeader,
     SessionId,
-    encode_event,
     encode_session_id,
     make_event,
 )
+from subagents.storage._codec import encode_event
+from subagents.storage.testing import CrashFs
 from subagents.storage import zstd_framing
 
 SID = "zlog"

@@ -77,7 +77,7 @@ from subagents.runtime.models.base import (
     TextDelta,
     ToolCallDelta,
 )
-from subagents.runtime.models.script import (
+from subagents.runtime.models.script_format import (
     Script,
     ScriptedResponse,
     WaitFor,

@@ -24,8 +24,16 @@ from typing import Any, Literal, NamedTuple
 import attrs
 import trio
 
-from subagents.actors import ActivationLimitReached, Abort, ActorStopped, Draining, EventDraft, ParentClosing
-from subagents.actors.continuation import Activation, ContinuationManager
+from subagents.actors import (
+    Abort,
+    Activation,
+    ActivationLimitReached,
+    ActorStopped,
+    ContinuationManager,
+    Draining,
+    EventDraft,
+    ParentClosing,
+)
 from subagents.storage import (
     AlreadyOwned,
     Event,
@@ -116,6 +124,16 @@ class Reservation:
     announced: trio.Event = attrs.field(factory=trio.Event, eq=False)  # see `ToolSet.prepare`
 
 
+# What the model is told when its family takes no new work (the agent vocabulary, worded here
+# and not in the actors, which only count and refuse).
+DRAINING_TEXT = "continuable subagents are draining; the operation was not admitted"
+
+
+def limit_text(limit: int) -> str:
+    return (f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
+            "or complete this work with the current agents")
+
+
 def _unavailable(child_id: str) -> SubagentError:
     return NotResumable(f'subagent "{child_id}" is unavailable')
 
@@ -163,7 +181,7 @@ class SubagentService:
         """A background child; returns its id once its first prompt is accepted. `options` are
         recorded in its descriptor and re-applied on every cold resume."""
         if self.manager.draining:
-            raise FamilyDraining(str(Draining()))
+            raise FamilyDraining(DRAINING_TEXT)
         depth = self._child_depth(parent)
         options = options or ChildOptions()
         descriptor = SubagentDescriptor(
@@ -244,9 +262,11 @@ class SubagentService:
         try:
             return self.manager.admit(child_id, parent_id)
         except ActivationLimitReached as exc:
-            raise ActivationLimit(str(exc)) from None
-        except (Draining, ParentClosing) as exc:
-            raise FamilyDraining(str(exc)) from None  # its family is shutting down
+            raise ActivationLimit(limit_text(exc.limit)) from None
+        except Draining:
+            raise FamilyDraining(DRAINING_TEXT) from None
+        except ParentClosing as exc:  # its family is shutting down
+            raise FamilyDraining(f"agent {exc.parent_id!r} is closing; it takes no new subagents") from None
 
     def _child_depth(self, parent: Agent) -> int:
         depth = parent.session.header.delegation_depth + 1
@@ -432,7 +452,7 @@ class SubagentService:
         if self.agents.get(sender.session_id) is not sender:
             raise Unauthorized("message delivery requires the exact live sender agent")
         if self.manager.draining:
-            raise FamilyDraining(str(Draining()))
+            raise FamilyDraining(DRAINING_TEXT)
         try:
             check_session_id(target_id)
         except InvalidSessionId:

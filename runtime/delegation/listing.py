@@ -40,9 +40,7 @@ from subagents.runtime.errors import (
     SubagentError,
 )
 from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
-from subagents.storage import LogInfo
-from subagents.storage.index import StoredCheckpoint
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import LogInfo, ProjectionRegistry, StoredCheckpoint
 
 from .lineage import (
     Absent,
