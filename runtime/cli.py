@@ -97,17 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     root = _Parser(add_help=False)
     root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (each takes --help)")
-    children = commands.add_parser(
-        "children", parents=[root], help="list a session's subagent children (read-only)"
-    )
-    children.add_argument("parent_id", metavar="PARENT_ID", help="the session whose children to list")
-    children.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
-    children.add_argument("--json", action="store_true", help="the rows as JSON")
-    agents = commands.add_parser(
-        "agents", parents=[root], help="a session's continuable children as list_agents shows them (read-only)"
-    )
-    agents.add_argument("parent_id", metavar="PARENT_ID", help="the session whose continuable children to list")
-    agents.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
+    for name, what, shown in (("children", "children", "list a session's subagent children"),
+                              ("agents", "continuable children", "a session's continuable children as list_agents shows them")):
+        listing = commands.add_parser(name, parents=[root], help=f"{shown} (read-only)")
+        listing.add_argument("parent_id", metavar="PARENT_ID", help=f"the session whose {what} to list")
+        listing.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
+        if name == "children":
+            listing.add_argument("--json", action="store_true", help="the rows as JSON")
     demo = commands.add_parser("demo", parents=[root], help="a keyless story: background children, a restart, a cold resume")
     demo.add_argument("--plain", action="store_true", help="print the plain log even on a terminal")
     scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")

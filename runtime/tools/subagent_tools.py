@@ -10,7 +10,7 @@ service's `SubagentError`, whose pinned record makes the durable `tool/result` c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -23,16 +23,25 @@ __all__ = ["agent_status", "render_agents", "subagent_tools"]
 
 Json = dict[str, Any]
 
-_DELEGATE_PARAMS: Json = {
-    "type": "object",
-    "properties": {
-        "description": {"type": "string", "description": "A short (3-5 word) description of the delegated task, for display."},
-        "prompt": {"type": "string", "description": "The task for the subagent: everything it needs to know."},
-        "run_in_background": {"type": "boolean", "description": "true (default): start a continuable background child and return its id; false: wait for its answer."},
-    },
-    "required": ["description", "prompt"],
-    "additionalProperties": False,
-}
+def _schema(required: Sequence[str] = (), **properties: Json) -> Json:
+    """An object schema that takes exactly `properties` (in order), `required` among them."""
+    schema: Json = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    schema["additionalProperties"] = False
+    return schema
+
+
+def _text(kind: str, description: str) -> Json:
+    return {"type": kind, "description": description}
+
+
+_DELEGATE_PARAMS = _schema(
+    ("description", "prompt"),
+    description=_text("string", "A short (3-5 word) description of the delegated task, for display."),
+    prompt=_text("string", "The task for the subagent: everything it needs to know."),
+    run_in_background=_text("boolean", "true (default): start a continuable background child and return its id; false: wait for its answer."),
+)
 
 _BACKGROUND = (
     " This tool runs in the background by default, immediately returns a durable subagent id, and keeps the "
@@ -79,12 +88,19 @@ def _caller(ctx: ToolContext, tool: str) -> Any:
 
 
 @attrs.frozen
-class _Delegate:
+class _ServiceTool:
+    """A model-facing tool that acts through the subagent service; every one is parallel-safe
+    (the service orders what must be ordered)."""
+
     service: SubagentService
+    parallel_safe: ClassVar[bool] = True
+
+
+@attrs.frozen
+class _Delegate(_ServiceTool):
     name: str
     provider: str
-    parallel_safe: bool = True
-    parameters: Json = _DELEGATE_PARAMS
+    parameters: ClassVar[Json] = _DELEGATE_PARAMS
 
     @property
     def description(self) -> str:
@@ -135,18 +151,13 @@ def render_agents(rows: Sequence[Any], descendants: bool, status: Any) -> str:
     return "\n".join(lines) if lines else "(no subagents)"
 
 
-@attrs.frozen
-class _ListAgents:
-    service: SubagentService
-    name: str = "list_agents"
-    description: str = LIST_AGENTS_DESCRIPTION
-    parallel_safe: bool = True
-    parameters: Json = attrs.field(factory=lambda: {
-        "type": "object",
-        "properties": {"scope": {"type": "string", "enum": ["children", "descendants"],
-                                 "description": "children (default) lists direct children only; descendants walks the complete tree below you."}},
-        "additionalProperties": False,
-    })
+class _ListAgents(_ServiceTool):
+    name: ClassVar[str] = "list_agents"
+    description: ClassVar[str] = LIST_AGENTS_DESCRIPTION
+    parameters: ClassVar[Json] = _schema(
+        scope={"type": "string", "enum": ["children", "descendants"],
+               "description": "children (default) lists direct children only; descendants walks the complete tree below you."},
+    )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
@@ -163,21 +174,14 @@ class _ListAgents:
             "running" if child_id in elsewhere and agents.get(child_id) is None else agent_status(agents, child_id)))
 
 
-@attrs.frozen
-class _SendMessage:
-    service: SubagentService
-    name: str = "send_message"
-    description: str = SEND_MESSAGE_DESCRIPTION
-    parallel_safe: bool = True
-    parameters: Json = attrs.field(factory=lambda: {
-        "type": "object",
-        "properties": {
-            "agent_id": {"type": "string", "description": "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child."},
-            "message": {"type": "string", "description": "The message to deliver to the agent."},
-        },
-        "required": ["agent_id", "message"],
-        "additionalProperties": False,
-    })
+class _SendMessage(_ServiceTool):
+    name: ClassVar[str] = "send_message"
+    description: ClassVar[str] = SEND_MESSAGE_DESCRIPTION
+    parameters: ClassVar[Json] = _schema(
+        ("agent_id", "message"),
+        agent_id=_text("string", "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child."),
+        message=_text("string", "The message to deliver to the agent."),
+    )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         sender = _caller(ctx, self.name)
@@ -185,18 +189,12 @@ class _SendMessage:
         return f"message delivered to agent {args['agent_id']}"
 
 
-@attrs.frozen
-class _InterruptAgent:
-    service: SubagentService
-    name: str = "interrupt_agent"
-    description: str = INTERRUPT_DESCRIPTION
-    parallel_safe: bool = True
-    parameters: Json = attrs.field(factory=lambda: {
-        "type": "object",
-        "properties": {"agent_id": {"type": "string", "description": "The agent id of the running agent to interrupt."}},
-        "required": ["agent_id"],
-        "additionalProperties": False,
-    })
+class _InterruptAgent(_ServiceTool):
+    name: ClassVar[str] = "interrupt_agent"
+    description: ClassVar[str] = INTERRUPT_DESCRIPTION
+    parameters: ClassVar[Json] = _schema(
+        ("agent_id",), agent_id=_text("string", "The agent id of the running agent to interrupt.")
+    )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
