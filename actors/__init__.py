@@ -4,11 +4,20 @@ It may import `subagents.storage`, trio and trio-util (README, "Layout").
 """
 
 from .abort import Abort as Abort
+from .abort import cancelled_when as cancelled_when
 from .cold_reader import ColdRead as ColdRead
 from .cold_reader import ColdReader as ColdReader
-from .cold_reader import ReadAborted as ReadAborted
+from .cold_reader import ReadGroup as ReadGroup
+from .continuation import Activation as Activation
+from .continuation import ContinuationManager as ContinuationManager
+from .continuation import open_continuation_manager as open_continuation_manager
+from .errors import ActivationLimitReached as ActivationLimitReached
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped
+from .errors import AlreadyResident as AlreadyResident
+from .errors import Draining as Draining
+from .errors import ParentClosing as ParentClosing
+from .errors import ReadAborted as ReadAborted
 from .groups import raise_bare_cancelled as raise_bare_cancelled
 from .session_actor import AppendResult as AppendResult
 from .session_actor import EventDraft as EventDraft
@@ -17,3 +26,4 @@ from .session_actor import SessionRef as SessionRef
 from .session_actor import snapshot_all as snapshot_all
 from .session_store import SessionStore as SessionStore
 from .session_store import open_session_store as open_session_store
+from .store_reader import StoreReader as StoreReader

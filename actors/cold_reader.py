@@ -3,11 +3,12 @@
 
 Theory of operation. `read_many(ids, abort)` reads each id in a worker thread holding one of at
 most `max_in_flight` (4) slots of a `CapacityLimiter`; the thread polls
-`trio.from_thread.check_cancelled` and the abort between decode chunks, so cancelling the
-caller's scope or setting the abort ends reads promptly, and a read whose abort was set before
-it got a slot never starts. (A call of several reads runs one task per read in a nursery it
-owns, with a watcher that cancels them when the abort is set; a call of one read — an
-observation — runs in its caller's task, under its caller's scope.) Results are aligned with
+`trio.from_thread.check_cancelled` between decode chunks, so cancelling the caller's scope ends
+reads promptly. An abort becomes cancellation once, at the top of the call (`cancelled_when`):
+setting it cancels the call's reads the same way, and a read whose abort was set before it got
+a slot never starts. (A call of several reads runs one task per read in a nursery it owns; a
+call of one read — an observation — runs in its caller's task, under its caller's scope; a
+caller that made its abort a cancel scope already passes none.) Results are aligned with
 `ids`, never with completion order. A typed storage failure of one read is that entry's value;
 anything else (a bug) fails the whole call, re-raised bare — never inside an ExceptionGroup.
 When `abort` is set (before, during or after the reads) the call raises `ReadAborted` and
@@ -15,8 +16,9 @@ returns nothing partial; a `trio.Cancelled` from an enclosing scope passes throu
 
 Few large thread hops, and one CPU-bound hop at a time (a hop costs about 0.1 ms, a 100 KB log
 about 0.4 ms to read; msgspec holds the GIL, so two decoding threads on a 2-core machine only
-slow each other down). Every read waits in a queue shared by the calls made under the same
-`Abort` (a listing makes one call per child, all under its abort): its group. A read that finds
+slow each other down). Every read waits in a queue shared by the calls made in the same
+`ReadGroup` (a listing makes one call per child, all in one group) or, without one, under the
+same `Abort`: its group. A read that finds
 no hop of its group at work takes a slot, claims itself and *pumps*: its worker thread, once
 that read is done, claims queued reads of the group until `HOP_SECONDS` of work is done or the
 queue is empty, and the task then starts another hop while the queue holds reads nobody has
@@ -26,8 +28,8 @@ for a stall — no read started for `STALL_SECONDS`: a slow or hung read — and
 others, which start hops of their own, up to `max_in_flight`. So there are never more than
 `max_in_flight` reads in flight, a read never starts twice and never without a slot, and a hung
 read holds up only itself. A hop cancelled in the middle of another call's read hands it back
-unread, queued again; a read whose call has ended is never started. Calls without an `Abort`
-share nothing.
+unread, queued again; a read whose call has ended is never started. Calls with neither a group
+nor an `Abort` share nothing.
 
 Given a projection registry, each read also folds fresh cells over its events in the same
 worker thread (the units are pure): the event loop then never runs a fold of a cold log.
@@ -39,31 +41,29 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from contextlib import nullcontext
 from functools import partial
 
 import attrs
 import trio
-from trio_util import move_on_when
 
 from subagents.storage import Event, LogStore, SessionHeader, StorageError, interrupted_closers
-from subagents.storage.projection import ProjectionCells, ProjectionRegistry
+from subagents.storage import ProjectionCells, ProjectionRegistry
 
-from .abort import Abort
-from .errors import ActorError
+from .abort import Abort, cancelled_when
+from .errors import ReadAborted
 from .groups import raise_bare_cancelled
 
-__all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadAborted"]
+__all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadAborted", "ReadGroup"]
 
 HOP_SECONDS = 0.005  # a hop claims more queued reads until it has worked this long
 STALL_SECONDS = 0.02  # a hop that has not started a read for this long may be stuck
 
 
-class ReadAborted(ActorError):
-    code = "COLD_READ_ABORTED"
+class ReadGroup:
+    """A token for reads made together (e.g. a listing's observations): calls given the same
+    group queue their reads together, so they share thread hops."""
 
-    def __init__(self) -> None:
-        super().__init__("the cold read was aborted")
+    __slots__ = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -84,7 +84,7 @@ _PENDING, _CLAIMED, _DONE = 0, 1, 2
 
 @attrs.define(eq=False)
 class _Group:
-    """The reads queued under one abort, and the hops working on them."""
+    """The reads queued in one group (a `ReadGroup`, or an abort), and the hops working on them."""
 
     queue: deque[_Job] = attrs.Factory(deque)  # claimed entries are dropped as hops meet them
     calls: int = 0  # calls still running
@@ -99,7 +99,6 @@ class _Job:
     session_id: str
     registry: ProjectionRegistry | None
     group: _Group
-    abort: Abort | None
     state: int = _PENDING  # changed only under the reader's lock
     wanted: bool = True  # False once its call has ended: never started after that
     result: ColdRead | BaseException | None = None
@@ -114,28 +113,35 @@ class ColdReader:
         self._groups: dict[object, _Group] = {}  # by abort (see the docstring)
 
     async def read_many(
-        self, ids: Sequence[str], abort: Abort | None = None, *, registry: ProjectionRegistry | None = None
+        self,
+        ids: Sequence[str],
+        abort: Abort | None = None,
+        *,
+        registry: ProjectionRegistry | None = None,
+        group: ReadGroup | None = None,
     ) -> list[ColdRead | StorageError]:
         """Read every id (at most `max_in_flight` at a time), aligned with `ids`; with a
-        `registry`, each result carries its cells folded over its events (closers included)."""
+        `registry`, each result carries its cells folded over its events (closers included).
+        Reads share hops with the other calls of their `group` (without one: of their abort)."""
         if abort is not None and abort.is_set():
             raise ReadAborted
-        key: object = abort if abort is not None else object()
+        key: object = group if group is not None else abort if abort is not None else object()
         with self._lock:
             group = self._groups.get(key)
             if group is None:
                 group = self._groups[key] = _Group()
             group.calls += 1
-            jobs = [_Job(session_id, registry, group, abort) for session_id in ids]
+            jobs = [_Job(session_id, registry, group) for session_id in ids]
             group.queue.extend(jobs)
         try:
-            if len(jobs) == 1:
-                # One read (an observation): no task of its own and no watcher — its thread
-                # polls the abort, and whoever awaits it owns the cancel scope.
-                await self._run(jobs[0], alone=True)
-            else:
-                # A set abort cancels the reads (their threads poll it too).
-                async with move_on_when(abort.wait) if abort is not None else nullcontext():
+            # The abort becomes cancellation here, once: below, reads are cancelled the Trio
+            # way (their threads poll `check_cancelled` between decode chunks).
+            async with cancelled_when(abort):
+                if len(jobs) == 1:
+                    # One read (an observation): no task of its own — whoever awaits it owns
+                    # the cancel scope.
+                    await self._run(jobs[0], alone=True)
+                else:
                     async with trio.open_nursery() as reads:
                         for job in jobs:
                             reads.start_soon(partial(self._run, job, alone=False))
@@ -168,8 +174,6 @@ class ColdReader:
         that has it or will claim it. `alone`: the only read of its call (an observation)."""
         group = job.group
         while True:
-            if job.abort is not None and job.abort.is_set():
-                return  # aborted: never started, or its hop stops at its next checkpoint
             state = job.state
             if state == _DONE:
                 return
@@ -180,8 +184,6 @@ class ColdReader:
                 continue
             async with self.limiter:
                 while True:
-                    if job.abort is not None and job.abort.is_set():
-                        return
                     with self._lock:
                         state = job.state
                         mine = state == _PENDING and not self._busy(group)
@@ -247,7 +249,7 @@ class ColdReader:
         (the tasks of those reads wait without a slot meanwhile)."""
         group = job.group
         await self._hop(job)
-        while job.abort is None or not job.abort.is_set():
+        while True:  # a cancelled pump stops as its next hop starts (or inside it)
             with self._lock:
                 nxt = self._next_pending(group)
                 if nxt is None:
@@ -280,10 +282,7 @@ class ColdReader:
         self._finish(first, self._attempt(first))
         started = time.perf_counter()
         while time.perf_counter() - started < HOP_SECONDS:
-            try:
-                _checkpoint(first.abort)
-            except _Stopped:
-                return
+            trio.from_thread.check_cancelled()
             job = self._claim_next(group)
             if job is None:
                 return
@@ -316,19 +315,19 @@ class ColdReader:
 
     def _attempt(self, job: _Job) -> ColdRead | BaseException:
         try:
-            return self._read(job.session_id, job.registry, job.abort)
+            return self._read(job.session_id, job.registry)
         except StorageError as exc:
             return exc
-        except Exception as exc:  # a bug, or _Stopped (the call raises ReadAborted then)
+        except Exception as exc:  # a bug: fails its call
             return exc
 
-    def _read(
-        self, session_id: str, registry: ProjectionRegistry | None = None, abort: Abort | None = None
-    ) -> ColdRead:
+    def _read(self, session_id: str, registry: ProjectionRegistry | None = None) -> ColdRead:
         store = self.store
         handle = store.open_read(session_id)
         try:
-            events = store.read(handle, checkpoint=partial(_checkpoint, abort))
+            # Between decode chunks: a cancelled scope (an abort, or an enclosing cancellation)
+            # raises `trio.Cancelled` in this thread.
+            events = store.read(handle, poll=trio.from_thread.check_cancelled)
         finally:
             store.close(handle)
         closers = interrupted_closers(events, session_id=handle.session_id)
@@ -345,16 +344,3 @@ class ColdReader:
             closers=len(closers),
             cells=cells,
         )
-
-
-class _Stopped(Exception):
-    """Raised in a worker thread whose read's abort is set (never leaves the reader)."""
-
-
-def _checkpoint(abort: Abort | None) -> None:
-    """Between decode chunks and between reads, in the worker thread: a cancelled scope raises
-    `trio.Cancelled`, a set abort `_Stopped`. (Reading the flag of a trio.Event from another
-    thread is one attribute read.)"""
-    trio.from_thread.check_cancelled()
-    if abort is not None and abort.is_set():
-        raise _Stopped

@@ -30,7 +30,7 @@ import attrs
 import trio
 from trio_util import RepeatedEvent
 
-from .errors import ActorError
+from .errors import ActivationLimitReached, AlreadyResident, Draining, ParentClosing
 
 __all__ = [
     "Activation",
@@ -42,32 +42,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class ActivationLimitReached(ActorError):
-    code = "ACTIVATION_LIMIT_REACHED"
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
-            "or complete this work with the current agents"
-        )
-        self.limit = limit
-
-
-class Draining(ActorError):
-    code = "DRAINING"
-
-    def __init__(self) -> None:
-        super().__init__("continuable subagents are draining; the operation was not admitted")
-
-
-class ParentClosing(ActorError):
-    code = "PARENT_CLOSING"
-
-    def __init__(self, parent_id: str) -> None:
-        super().__init__(f"agent {parent_id!r} is closing; it takes no new subagents")
-        self.parent_id = parent_id
 
 
 @attrs.define(eq=False)
@@ -123,7 +97,7 @@ class ContinuationManager:
         if self.draining:
             raise Draining()
         if child_id in self.resident:
-            raise ActorError(f"subagent {child_id!r} is already resident")
+            raise AlreadyResident(child_id)
         parent = self.resident.get(parent_id)
         if parent is not None and parent.closing:
             raise ParentClosing(parent_id)  # its children are being stopped: none may join

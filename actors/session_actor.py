@@ -36,7 +36,7 @@ from subagents.storage import (
     WriteHandle,
     make_event,
 )
-from subagents.storage.projection import ProjectionCells
+from subagents.storage import ProjectionCells
 
 from .errors import ActorStopped
 from .mailbox import Mailbox, Request

@@ -31,7 +31,7 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage import WriteHandle
-from subagents.storage.projection import ProjectionCells, ProjectionRegistry
+from subagents.storage import ProjectionCells, ProjectionRegistry
 
 from .errors import ActorStopped
 from .session_actor import SessionActor, SessionRef
@@ -83,26 +83,53 @@ class SessionStore:
 
     async def open(self, session_id: str) -> SessionRef:
         """A persisted session made live (or the live one, if it already is)."""
+        ref, _ = await self._open(session_id, keep=False)
+        return ref
+
+    async def open_with_events(self, session_id: str) -> tuple[SessionRef, list[Event]]:
+        """`open`, and the session's durable events as the open read them: one full read of the
+        log serves both the projections and the caller (a resume, which rebuilds its surface
+        from them). For a session already live, its durable events are read."""
+        ref, events = await self._open(session_id, keep=True)
+        if events is None:
+            events = await trio.to_thread.run_sync(self._read_durable, session_id)
+        return ref, events
+
+    async def _open(self, session_id: str, *, keep: bool) -> tuple[SessionRef, list[Event] | None]:
         async with self._claim(session_id):
             live = self._actors.get(session_id)
             if live is not None and not live.mailbox.stopped:
-                return live.ref
+                return live.ref, None
 
-            handle, cells, folded = await trio.to_thread.run_sync(self._load, session_id)
+            handle, cells, folded, events = await trio.to_thread.run_sync(self._load, session_id, keep)
             self.last_open_folds = folded
-            return await self._start(SessionActor(
+            ref = await self._start(SessionActor(
                 self.log_store, handle, cells, now_ms=self.now_ms, capacity=self.mailbox_capacity,
                 checkpoint_every=self.checkpoint_every, checkpoint_interval=self.checkpoint_interval,
             ))
+            return ref, events
 
-    def _load(self, session_id: str) -> tuple[WriteHandle, ProjectionCells, int]:
+    def _read_durable(self, session_id: str) -> list[Event]:
+        """In a worker thread: the session's durable events, through a read handle."""
+        handle = self.log_store.open_read(session_id)
+        try:
+            return list(self.log_store.read(handle))
+        finally:
+            self.log_store.close(handle)
+
+    def _load(
+        self, session_id: str, keep: bool = False
+    ) -> tuple[WriteHandle, ProjectionCells, int, list[Event] | None]:
         """Claim the log and bring the projection cells to its end: from the stored checkpoint
         when it covers every unit and the log still holds the next seq where it says, else by
-        folding the whole log. Runs in a worker thread (the units are pure)."""
+        folding the whole log. Runs in a worker thread (the units are pure). `keep`: also
+        return every event of the log, read once (else None; only the tail after a usable
+        checkpoint is read)."""
         store = self.log_store
         handle = store.open_write(session_id)
         try:
             k = handle.inherited_event_count
+            every = list(store.read(handle)) if keep else None
             found = store.read_checkpoint(session_id, handle.header, k)
             if found is not None:
                 rows, offset = found
@@ -112,22 +139,29 @@ class SessionStore:
                     # The log still holds seq+1 where the rows say: they are this log's.
                     cells = self.registry.cells(handle.header, k, rows)
                     if cells.floor == seq:
-                        return handle, cells, cells.fold(events)
+                        return handle, cells, cells.fold(events), every
                     # A unit without a usable row (another state_version) folds from the start;
                     # the others skip what their rows cover.
-                    return handle, cells, cells.fold(store.read(handle))
+                    return handle, cells, cells.fold(every if every is not None else store.read(handle)), every
             cells = self.registry.cells(handle.header, k)
-            return handle, cells, cells.fold(store.read(handle))
+            return handle, cells, cells.fold(every if every is not None else store.read(handle)), every
         except BaseException:
             store.close(handle)
             raise
 
     async def fork(self, source: SessionRef, prefix: Offset, header: SessionHeader) -> SessionRef:
         """A new session seeded with the source's events `[0, prefix)` (lazy, like `create`)."""
+        ref, _ = await self.fork_with_events(source, prefix, header)
+        return ref
+
+    async def fork_with_events(
+        self, source: SessionRef, prefix: Offset, header: SessionHeader
+    ) -> tuple[SessionRef, list[Event]]:
+        """`fork`, and the inherited events it read (the new session's first events)."""
         if type(prefix) is not int or prefix < 0:
             raise InvalidRange(f"fork prefix must be a non-negative int, got {prefix!r}")
         if prefix == 0:
-            return await self.create(header)
+            return await self.create(header), []
 
         def read() -> list[Event]:
             handle = self.log_store.open_read(source.session_id)
@@ -139,7 +173,7 @@ class SessionStore:
         events = await trio.to_thread.run_sync(read)
         if len(events) != prefix:
             raise InvalidRange(f"session {source.session_id!r} has {len(events)} durable events, not {prefix}")
-        return await self.create(header, inherited=events)
+        return await self.create(header, inherited=events), events
 
     def get(self, session_id: str) -> SessionRef | None:
         actor = self._actors.get(session_id)

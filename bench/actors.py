@@ -53,21 +53,21 @@ from bench_common import BareRequest, bare_actor, bare_ask, bug, load, per_rep, 
 import zstandard
 
 from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_store, snapshot_all
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
-    LOG_NAMES,
     Batch,
     FileLogStore,
-    MemoryLogStore,
     Offset,
     SessionHeader,
     WriteHandle,
     make_event,
 )
-from subagents.storage.codec import encode_events
+from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage.testing import MemoryLogStore
+from subagents.storage._codec import encode_events
 from subagents.storage.index import INDEX_NAME, SessionIndex
-from subagents.storage.projection import Lifecycle, ProjectionCells, ProjectionRegistry
+from subagents.storage import Lifecycle, ProjectionCells, ProjectionRegistry
 
 FANOUT_TARGET = 1.5  # fan-out time at most this many times the sequential bare asks
 RESUME_TARGET = 5.0  # open from the checkpoint at least this many times faster than a full fold
@@ -575,7 +575,7 @@ async def build_resume_log(workdir: str, sizes: Sizes, storage_bench: ModuleType
         if not index.save_checkpoint(sid, lifecycle, rows, offset):
             raise bug("restoring the checkpoint failed")
 
-    log_file = os.path.join(root, "sessions", sid, LOG_NAMES["zstd"])
+    log_file = os.path.join(root, "sessions", sid, _LOG_NAMES["zstd"])
     return ResumeLog(
         root=root,
         sid=sid,

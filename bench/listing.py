@@ -63,9 +63,10 @@ import zstandard
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionRecord
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.runtime.subagents.listing import ChildRow, ListingService
-from subagents.storage import LOG_NAMES, Event, SessionHeader
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.listing import ChildRow, ListingService
+from subagents.storage import Event, SessionHeader
+from subagents.storage.file_store import _LOG_NAMES
 
 CHECKPOINT_TARGET = 20.0  # warm checkpoints at least this many times faster than the original ladder
 COLD_TARGET = 0.7  # observing every child: at least this fraction of untyped decode_lines' throughput
@@ -168,7 +169,7 @@ def drop_observation_cache(rt: Any) -> None:
 
 
 def variant(cls: type[ListingService], rt: Any) -> ListingService:
-    return cls(registry=rt.registry, sessions=rt.sessions, query=rt.query, log_store=rt.log_store)
+    return cls(registry=rt.registry, sessions=rt.sessions, query=rt.query)
 
 
 # --- corpus --------------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ def corpus_bytes(root: str) -> tuple[int, int]:
     files = 0
     total = 0
     for folder in os.scandir(os.path.join(root, "sessions")):
-        for name in LOG_NAMES.values():
+        for name in _LOG_NAMES.values():
             path = os.path.join(folder.path, name)
             if os.path.exists(path):
                 files += 1
@@ -337,7 +338,7 @@ class PlainResult:
 def decode_all(root: str) -> int:
     """Read every plain log and decode it with msgspec's untyped decoder, in this thread."""
     decoder = msgspec.json.Decoder()
-    name = LOG_NAMES["none"]
+    name = _LOG_NAMES["none"]
     items = 0
     for folder in os.scandir(os.path.join(root, "sessions")):
         with open(os.path.join(folder.path, name), "rb") as f:

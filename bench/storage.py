@@ -49,24 +49,22 @@ import msgspec
 import zstandard
 
 from subagents.storage import (
-    KNOWN_TYPES,
-    LOG_NAMES,
     Batch,
     Event,
     FileLogStore,
-    HeaderRecord,
     Offset,
     ReplaceOp,
     SessionHeader,
     SessionId,
     WriteHandle,
-    decode_header_line,
     decode_session_id,
-    encode_header_line,
     make_event,
 )
+from subagents.storage.events import KNOWN_TYPES
+from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage._records import HeaderRecord, decode_header_line, encode_header_line
 from subagents.storage import file_store
-from subagents.storage.codec import decode_events, encode_events
+from subagents.storage._codec import decode_events, encode_events
 from subagents.storage.framing import decode_event_lines
 from subagents.storage.zstd_framing import walk_frames
 
@@ -322,7 +320,7 @@ def write_all(fd: int, data: bytes) -> None:
 
 
 def log_path(root: str, sid: str, compression: Compression = "none") -> str:
-    return os.path.join(root, "sessions", sid, LOG_NAMES[compression])
+    return os.path.join(root, "sessions", sid, _LOG_NAMES[compression])
 
 
 def read_whole(path: str) -> bytes:
@@ -492,7 +490,7 @@ def store_read(store: FileLogStore, sid: str) -> int:
 
 def file_read(store: FileLogStore, log: ReadLog) -> int:
     """What the store does for IO alone: open the log and pread it whole."""
-    file = store.fs.open(f"sessions/{log.sid}/{LOG_NAMES[log.compression]}", "read")
+    file = store.fs.open(f"sessions/{log.sid}/{_LOG_NAMES[log.compression]}", "read")
     try:
         return len(file.pread(0, file.size()))
     finally:
@@ -778,7 +776,7 @@ def bench_list(sessions: Sessions, sizes: Sizes) -> tuple[FileLogStore, ListResu
         return elapsed
 
     runs: dict[str, Callable[[int], float]] = {
-        "scan": lambda _rep: timed_count(lambda: scandir_stat(sessions.folder, LOG_NAMES["zstd"]), n),
+        "scan": lambda _rep: timed_count(lambda: scandir_stat(sessions.folder, _LOG_NAMES["zstd"]), n),
         "headers": lambda _rep: timed_count(lambda: parse_headers(sessions.header_lines), n),
         "warm": lambda _rep: timed_count(lambda: len(warm.list()), n),
         "stat pass": lambda _rep: timed_count(lambda: len(stat_pass.list()), n),
@@ -797,11 +795,11 @@ def bench_list(sessions: Sessions, sizes: Sizes) -> tuple[FileLogStore, ListResu
 def list_breakdown(warm: FileLogStore, sessions: Sessions, reps: int) -> list[tuple[str, float]]:
     """Seconds of the parts of a warm list, each alone (best of `reps`)."""
     n = sessions.count
-    log_names = tuple(LOG_NAMES.values())
+    log_names = tuple(_LOG_NAMES.values())
     watch = warm._catalog._watch  # the bench looks inside: the part the kernel answers
     if watch is None:
         raise SystemExit("bench bug: the warm store has no watch")
-    scan = best(reps, lambda: timed_count(lambda: scandir_stat(sessions.folder, LOG_NAMES["zstd"]), n))
+    scan = best(reps, lambda: timed_count(lambda: scandir_stat(sessions.folder, _LOG_NAMES["zstd"]), n))
     fs_scan = best(reps, lambda: timed_count(lambda: len(warm.fs.scan("sessions", log_names)), n))  # type: ignore[attr-defined]  # the store's Fs is an OsFs here, which has scan()
     changes = best(reps, lambda: timed_count(lambda: n if watch.changes() == set() else 0, n))
     total = best(reps, lambda: timed_count(lambda: len(warm.list()), n))

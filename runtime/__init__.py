@@ -2,30 +2,46 @@
 
 What an embedder needs is re-exported here, so one import block serves (`from subagents.runtime
 import open_runtime, ScriptedModel, load_script, ...`). It may import `subagents.actors`,
-`subagents.storage`, httpx and rich.
+`subagents.storage`, httpx and rich. The whole error tree is in `subagents.runtime.errors`
+(its root, `SubagentsError`, and the branch bases are here too).
 """
 
 from .agent.compaction import CompactionPolicy as CompactionPolicy
 from .agent.loop import Agent as Agent
 from .agent.loop import AgentConfig as AgentConfig
 from .agent.loop import TurnResult as TurnResult
-from .agent.registry import AgentError as AgentError
 from .agent.tools import FunctionTool as FunctionTool
 from .agent.tools import Tool as Tool
 from .agent.tools import ToolContext as ToolContext
 from .app import Runtime as Runtime
 from .app import open_runtime as open_runtime
 from .clock import RealClock as RealClock
+from .errors import AgentError as AgentError
+from .errors import AgentStopped as AgentStopped
+from .errors import ModelError as ModelError
+from .errors import ScriptError as ScriptError
+from .errors import SessionQueryError as SessionQueryError
+from .errors import SubagentError as SubagentError
+from .errors import SubagentsError as SubagentsError
+from .errors import ToolFailure as ToolFailure
 from .clock import ScenarioClock as ScenarioClock
 from .ids import CountingIds as CountingIds
 from .ids import RandomIds as RandomIds
-from .models.base import ModelError as ModelError
+from .models.base import Chunk as Chunk
+from .models.base import Finish as Finish
+from .models.base import Model as Model
+from .models.base import ModelRequest as ModelRequest
+from .models.base import ModelWaits as ModelWaits
+from .models.base import SessionBinding as SessionBinding
+from .models.base import SessionModel as SessionModel
+from .models.base import TextDelta as TextDelta
+from .models.base import ToolCallDelta as ToolCallDelta
+from .models.base import ToolSpec as ToolSpec
+from .models.base import Usage as Usage
 from .models.openai import OpenAIChatModel as OpenAIChatModel
-from .models.script import ScriptError as ScriptError
-from .models.script import load_script as load_script
-from .models.scripted import ScriptedModel as ScriptedModel
-from .subagents.descriptor import ToolFilter as ToolFilter
-from .subagents.listing import ChildRow as ChildRow
-from .subagents.listing import DiagnosticRow as DiagnosticRow
-from .subagents.listing import SubagentError as SubagentError
-from .subagents.options import ChildOptions as ChildOptions
+from .models.script_format import load_script as load_script
+from .models.scripted_model import ScriptedModel as ScriptedModel
+from .delegation.descriptor import ToolFilter as ToolFilter
+from .delegation.listing import ChildRow as ChildRow
+from .delegation.listing import DiagnosticRow as DiagnosticRow
+from .delegation.options import ChildOptions as ChildOptions

@@ -1,10 +1,11 @@
 """`open_runtime`: the one composition root (README, "open_runtime").
 
 It builds everything and passes it explicitly — the log store (and its index), the projection
-registry with the subagent units, the session store (which owns the actors' nursery), the cold
-reader, the session query and the listing service — and tears it down in reverse. Nothing below
+registry with the subagent units, the session store (which owns the actors' nursery), the store
+reader (the one read side), the session query and the listing service — and tears it down in reverse. Nothing below
 it reads the environment or a global registry. The agents run in a nursery inside the session store's, so they stop (and close their
-turns) before their session actors do.
+turns) before their session actors do. The agent registry gets its hooks at construction: it
+builds the subagent service (its `AgentHooks`) from itself, so nothing is assigned to it after.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from typing import Literal
 import attrs
 import trio
 
-from subagents.actors import ColdReader, SessionStore, open_session_store
-from subagents.actors.continuation import ContinuationManager
+from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
 from subagents.storage import FileLogStore, LogStore
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
@@ -30,11 +30,11 @@ from .ids import IdFactory, RandomIds
 from .models.base import Model
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
-from .subagents.options import ChildModel
-from .subagents.service import SubagentService
+from .delegation.options import ChildModel
+from .delegation.service import SubagentService
 from .tools.subagent_tools import subagent_tools
-from .subagents.listing import ListingService
-from .subagents.units import SUBAGENT_UNITS
+from .delegation.listing import ListingService
+from .delegation.units import SUBAGENT_UNITS
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -76,34 +76,36 @@ async def open_runtime(
     the clock's readings (tests of the storage-facing layers use it). `child_model` builds the
     model of a child whose `ChildOptions` select one (without it, such a child is refused)."""
     root = os.fspath(root)
-    if isinstance(model, str):
-        model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key))
     clock = clock if clock is not None else RealClock()
+    if isinstance(model, str):
+        model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key), clock=clock)
     store = log_store if log_store is not None else FileLogStore(root, compression=compression)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     try:
         async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
-            query = SessionQuery(store, sessions, registry, cold_reader=ColdReader(store))
-            listing = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
+            query = SessionQuery(store, sessions, registry, reader=StoreReader(store))
+            listing = ListingService(registry=registry, sessions=sessions, query=query)
             # The body's own error is re-raised after the nursery closes, unchanged rather than
             # wrapped in an ExceptionGroup (agents never raise out of their tasks).
             body_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
-                agents = AgentRegistry(
-                    sessions=sessions, log_store=store, clock=clock, id_factory=id_factory or RandomIds(),
-                    model=model, config=agent_config or AgentConfig(), tools=ToolSet, nursery=nursery,
-                    index_limiter=query.index_limiter,
-                )
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
-                service = SubagentService(agents=agents, manager=manager, query=query, listing=listing,
-                                          max_depth=max_depth, child_model=child_model)
-                agents.tools = lambda: ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
-                agents.wait_settled = service.wait_settled
-                agents.on_resume = service.redeliver_notices
-                agents.resume_setup = service.resume_setup
-                agents.offer = service.offered_tools
-                agents.on_interrupted = service.close_interrupted_one_shots
-                agents.before_release = service.release_children_of
+
+                def toolset(service: SubagentService) -> ToolSet:
+                    return ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
+
+                def subagent_service(agents: AgentRegistry) -> SubagentService:
+                    # The registry's hooks: made by the registry's constructor, from itself.
+                    return SubagentService(agents=agents, manager=manager, query=query, listing=listing,
+                                           max_depth=max_depth, child_model=child_model, toolset=toolset)
+
+                agents = AgentRegistry(
+                    sessions=sessions, reader=query.reader, clock=clock,
+                    id_factory=id_factory or RandomIds(), model=model, config=agent_config or AgentConfig(),
+                    nursery=nursery, hooks=subagent_service,
+                )
+                service = agents.hooks
+                assert isinstance(service, SubagentService)  # what `subagent_service` made
                 try:
                     yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
                                   listing=listing, agents=agents, subagents=service, clock=clock)

@@ -27,29 +27,30 @@ import trio
 
 from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
 
-from .agent.loop import Agent, AgentStopped
-from .agent.registry import AgentError
+from .agent.loop import Agent
 from .app import Runtime, open_runtime
 from .demo import run_demo
-from .scenario import ScenarioError, check_scenario, run_scenario, scenario_dirs, update_scenario
+from .errors import (
+    AgentError,
+    AgentStopped,
+    CommandFailed,
+    ModelSpecError,
+    QuerySessionNotFound,
+    ScenarioError,
+    SessionQueryError,
+    SubagentError,
+    SubagentsError,
+    UsageError,
+)
+from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .models.base import Model
-from .models.scripted import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
-from .models.specs import DEFAULT_MODEL, ModelSpecError, build_model, parse_model_spec
-from .query import NOT_FOUND, SessionQueryError
-from .subagents.listing import ChildRow, SubagentError
+from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
+from .models.specs import DEFAULT_MODEL, build_model, parse_model_spec
+from .delegation.listing import ChildRow
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
 
 __all__ = ["main"]
-
-
-class UsageError(Exception):
-    """Bad input: printed as one line, exit status 2."""
-
-
-class CommandFailed(Exception):
-    """The input was fine but the command could not do its work (a damaged log): one line,
-    exit status 1."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -96,17 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     root = _Parser(add_help=False)
     root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (each takes --help)")
-    children = commands.add_parser(
-        "children", parents=[root], help="list a session's subagent children (read-only)"
-    )
-    children.add_argument("parent_id", metavar="PARENT_ID", help="the session whose children to list")
-    children.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
-    children.add_argument("--json", action="store_true", help="the rows as JSON")
-    agents = commands.add_parser(
-        "agents", parents=[root], help="a session's continuable children as list_agents shows them (read-only)"
-    )
-    agents.add_argument("parent_id", metavar="PARENT_ID", help="the session whose continuable children to list")
-    agents.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
+    for name, what, shown in (("children", "children", "list a session's subagent children"),
+                              ("agents", "continuable children", "a session's continuable children as list_agents shows them")):
+        listing = commands.add_parser(name, parents=[root], help=f"{shown} (read-only)")
+        listing.add_argument("parent_id", metavar="PARENT_ID", help=f"the session whose {what} to list")
+        listing.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
+        if name == "children":
+            listing.add_argument("--json", action="store_true", help="the rows as JSON")
     demo = commands.add_parser("demo", parents=[root], help="a keyless story: background children, a restart, a cold resume")
     demo.add_argument("--plain", action="store_true", help="print the plain log even on a terminal")
     scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")
@@ -310,7 +307,7 @@ async def _scenario(action: str, dirs: list[Any], stall_timeout: float) -> int:
 async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
     try:
         return await run_demo(args.root, live=False if args.plain else None)
-    except (StorageError, RuntimeError) as exc:  # the root was checked before: the run failed
+    except SubagentsError as exc:  # the root was checked before: the run failed
         print(f"subagents: demo failed: {exc}", file=sys.stderr)
         return 1
 
@@ -386,9 +383,9 @@ async def _show(args: argparse.Namespace) -> int:
                     inherited_from=observation.header.parent_session,
                     held=observation.held,
                 )
+        except QuerySessionNotFound:
+            raise UsageError(f'session "{args.session_id}" not found') from None
         except SessionQueryError as exc:
-            if exc.code == NOT_FOUND:
-                raise UsageError(f'session "{args.session_id}" not found') from None
             raise CommandFailed(exc.message) from None  # damaged, unsupported, unreadable
         except StorageError as exc:  # a payload the transcript could not decode
             seq = getattr(exc, "seq", None)

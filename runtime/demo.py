@@ -22,16 +22,18 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any, TextIO
 
+import attrs
 import trio
 from trio_util import RepeatedEvent
 
 from .app import Runtime, open_runtime
 from .clock import ScenarioClock
+from .errors import CommandFailed
 from .ids import CountingIds
-from .models.base import ModelRequest
-from .subagents.listing import ChildRow
-from .models.script import load_script
-from .models.scripted import ScriptedModel
+from .models.base import Model, ModelRequest, SessionBinding
+from .delegation.listing import ChildRow
+from .models.script_format import load_script
+from .models.scripted_model import ScriptedModel
 
 __all__ = ["DEMO_CHILDREN", "demo_script", "run_demo"]
 
@@ -96,25 +98,41 @@ class _TakingTurns:
     def register_session(self, *args: Any, **kwargs: Any) -> None:
         self.inner.register_session(*args, **kwargs)
 
-    def stream(self, request: ModelRequest) -> Any:
+    def bind(self, session: SessionBinding) -> Model:
+        return _TurnTaker(self, session, self.inner.bind(session))
+
+    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> Any:
         if request.purpose != "turn":
-            return self.inner.stream(request)
-        n = self._calls[request.session_id] = self._calls.get(request.session_id, 0) + 1
-        if request.session_id == self.parent_id:
+            return inner.stream(request)
+        sid = session.session_id
+        n = self._calls[sid] = self._calls.get(sid, 0) + 1
+        if sid == self.parent_id:
             self._parent_calls = n
             self._changed.set()
-        turn = _TURNS.get((request.label or "", n)) if request.session_id != self.parent_id else None
-        return self._held(turn, request)
+        turn = _TURNS.get((session.label or "", n)) if sid != self.parent_id else None
+        return self._held(turn, inner, request)
 
-    async def _held(self, turn: tuple[int, int] | None, request: ModelRequest) -> Any:
+    async def _held(self, turn: tuple[int, int] | None, inner: Model, request: ModelRequest) -> Any:
         if turn is not None:
             after, pause_ms = turn
             while self._parent_calls < after:
                 await self._changed.wait()
             await trio.sleep(pause_ms * self.delay_scale / 1000)
-        async with aclosing(self.inner.stream(request)) as stream:
+        async with aclosing(inner.stream(request)) as stream:
             async for chunk in stream:
                 yield chunk
+
+
+@attrs.frozen
+class _TurnTaker:
+    """`_TakingTurns` bound to one session."""
+
+    turns: _TakingTurns
+    session: SessionBinding
+    inner: Model
+
+    def stream(self, request: ModelRequest) -> Any:
+        return self.turns.answer(self.session, self.inner, request)
 
 
 class _Reporter:
@@ -198,7 +216,7 @@ async def _phase(runtime: Runtime, parent_id: str, prompt: str, reporter: _Repor
                 live.stop()
     reporter.poll(runtime, parent_id)
     if result is None or result.reason["kind"] != "completed":
-        raise RuntimeError(f"the demo parent's turn ended {result.reason if result else 'without a turn'}")
+        raise CommandFailed(f"the demo parent's turn ended {result.reason if result else 'without a turn'}")
     reporter.line(f"parent says: {(result.text or '').strip().replace(chr(10), '; ')}")
     return result
 
@@ -225,7 +243,7 @@ async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = 
         reporter.poll(runtime, parent_id)
     settled = [cid for cid, status in reporter.seen.items() if status == "settled"]
     if len(rows) != len(DEMO_CHILDREN) or len(settled) != len(DEMO_CHILDREN):
-        raise RuntimeError(f"expected {len(DEMO_CHILDREN)} settled children, listed {len(rows)}")
+        raise CommandFailed(f"expected {len(DEMO_CHILDREN)} settled children, listed {len(rows)}")
     reporter.final(f"{len(settled)} children settled")
     reporter.final("restart")
     reporter.quiet = not live
@@ -233,7 +251,7 @@ async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = 
     async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids) as runtime:
         result = await _phase(runtime, parent_id, "Ask the storage surveyor one more question.", reporter, create=False)
     if "recovered" not in (result.text or ""):
-        raise RuntimeError(f"the resumed child did not answer: {result.text!r}")
+        raise CommandFailed(f"the resumed child did not answer: {result.text!r}")
     reporter.final(f"{first} resumed")
     reporter.final("ok")
     return 0

@@ -9,31 +9,36 @@ a live session's projections come from its actor (no log read), a persisted sess
 the cold reader, its interrupted turn closed in memory, and every projection unit folded and
 viewed (folded in the cold reader's worker thread). Prepared observations are kept in a small
 LRU keyed by the log's revision and bounded in bytes; failures are never cached. Errors are
-`SessionQueryError` with the codes below.
+a `SessionQueryError`, one class per case (runtime/errors.py).
 
 Cheap at scale: records are reused while the store info and live ref they were made from are
 the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
 few lookups per session; observations under way at once share index hops for their stats, and
 their reads share thread hops in the cold reader (a listing's observations share one abort).
-
-    SessionQueryError
-      SESSION_QUERY_SESSION_NOT_FOUND | SESSION_QUERY_CORRUPT_SESSION |
-      SESSION_QUERY_UNSUPPORTED_SESSION | SESSION_QUERY_SOURCE_CONFLICT |
-      SESSION_QUERY_PERSISTENCE_FAILED | SESSION_QUERY_ABORTED
 """
 
 from __future__ import annotations
 
 import operator
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, ColdRead, ColdReader, ReadAborted, SessionRef, SessionStore
+from subagents.actors import (
+    Abort,
+    ActorStopped,
+    ColdRead,
+    ColdReader,
+    ReadAborted,
+    ReadGroup,
+    SessionRef,
+    SessionStore,
+    StoreReader,
+)
 from subagents.storage import (
     CorruptLog,
     HeaderClaim,
@@ -49,24 +54,19 @@ from subagents.storage import (
     UnsupportedLog,
     check_session_id,
 )
-from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
+from subagents.storage import ProjectionBroken, ProjectionRegistry, StoredCheckpoint
+
+from .errors import (
+    QueryAborted,
+    QueryCorruptSession,
+    QueryPersistenceFailed,
+    QuerySessionNotFound,
+    QuerySourceConflict,
+    QueryUnsupportedSession,
+    SessionQueryError,
+)
 
 __all__ = ["Observation", "SessionQuery", "SessionQueryError", "SessionRecord"]
-
-NOT_FOUND = "SESSION_QUERY_SESSION_NOT_FOUND"
-CORRUPT = "SESSION_QUERY_CORRUPT_SESSION"
-UNSUPPORTED = "SESSION_QUERY_UNSUPPORTED_SESSION"
-CONFLICT = "SESSION_QUERY_SOURCE_CONFLICT"
-PERSISTENCE = "SESSION_QUERY_PERSISTENCE_FAILED"
-ABORTED = "SESSION_QUERY_ABORTED"
-
-
-class SessionQueryError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
 
 @attrs.frozen(kw_only=True)
 class SessionRecord:
@@ -111,19 +111,6 @@ class _Prepared:
     closers: int = 0  # how many of `events` are in-memory closers
 
 
-_STAT_BATCH = 256  # stats in one index hop at most (about 16 µs each)
-_NO_ANSWER = object()
-_HANDED_BACK = object()
-
-
-@attrs.define(eq=False)
-class _StatJob:
-    session_id: SessionId
-    result: LogInfo | None | Exception | object = _NO_ANSWER
-    held: bool = False  # another writer holds its lock (asked in the same hop as the stat)
-    done: trio.Event = attrs.Factory(trio.Event)
-
-
 _WITNESSED = ("format", "id", "created_at", "cwd", "parent_session", "is_seeded", "delegation_depth", "origin", "agent_preset")
 
 
@@ -139,27 +126,53 @@ class SessionQuery:
         sessions: SessionStore,
         registry: ProjectionRegistry,
         *,
+        reader: StoreReader | None = None,
         cold_reader: ColdReader | None = None,
         cache_bytes: int = 64 << 20,
         index_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
-        self.log_store = log_store
+        """`reader`: the one read side of `log_store` (made here from `cold_reader` and
+        `index_limiter` when not given)."""
         self.sessions = sessions
         self.registry = registry
-        self.cold_reader = cold_reader or ColdReader(log_store)
+        self.reader = reader if reader is not None else StoreReader(
+            log_store, cold=cold_reader, index_limiter=index_limiter
+        )
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Prepared] = OrderedDict()
         self._cached = 0
-        self._stats: deque[_StatJob] = deque()  # stats waiting for an index hop
-        self._pumping = False  # a task is running index hops for `_stats`
         # The last corpus: for each id, the store info and live ref its record was made from.
         self._records: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
         self._order: list[SessionRecord] | None = None
         self._last_infos: list[LogInfo] = []  # what the last corpus was made from
         self._last_refs: list[SessionRef] = []
-        # The index is used from Trio through one worker thread at a time (docs/design.md, "The
-        # index").
-        self.index_limiter = index_limiter or trio.CapacityLimiter(1)
+
+    @property
+    def cold_reader(self) -> ColdReader:
+        """The reader's cold reader (full log reads)."""
+        return self.reader.cold
+
+    @property
+    def index_limiter(self) -> trio.CapacityLimiter:
+        """The index's one worker slot (docs/format.md, "The index"), the reader's."""
+        return self.reader.index_limiter
+
+    # --- what listings ask of the store, through the reader ---
+
+    async def checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str], skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]]:
+        """The stored checkpoint rows of `session_ids` (`StoreReader.checkpoint_rows`): every
+        id asked is a key; any failure is a miss."""
+        return await self.reader.checkpoint_rows(session_ids, keys, skip)
+
+    async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids another process holds the lock of (advice, never an error)."""
+        return await self.reader.held_elsewhere(session_ids)
+
+    async def stat_many(self, session_ids: Sequence[str]) -> list[LogInfo | None | Exception]:
+        """The store's stat of each id afresh, in one index hop; failures are values."""
+        return await self.reader.stat_many(session_ids)
 
     # --- the corpus ---
 
@@ -167,16 +180,10 @@ class SessionQuery:
         """The corpus, newest first. `probe_locks`: also mark the records another process
         holds the lock of (`held`), asked in the same thread hop as the listing."""
         _check(abort)
-        store = self.log_store
-
-        def listed() -> tuple[list[LogInfo], set[str]]:
-            infos = store.list()
-            return infos, store.held_elsewhere([info.id for info in infos]) if probe_locks else set()
-
         try:
-            infos, held = await trio.to_thread.run_sync(listed, limiter=self.index_limiter)
+            infos, held = await self.reader.list(probe_locks=probe_locks)
         except StorageError as exc:
-            raise SessionQueryError(f"session persistence listing failed: {exc}", PERSISTENCE) from exc
+            raise QueryPersistenceFailed(f"session persistence listing failed: {exc}") from exc
         _check(abort)
         records = self._corpus(infos)
         if not held:
@@ -230,19 +237,23 @@ class SessionQuery:
     # --- one session ---
 
     @asynccontextmanager
-    async def observe_session(self, session_id: str, abort: Abort | None = None) -> AsyncIterator[Observation]:
-        observation = await self._observe(session_id, abort)
+    async def observe_session(
+        self, session_id: str, abort: Abort | None = None, *, group: ReadGroup | None = None
+    ) -> AsyncIterator[Observation]:
+        """The session observed (see the module docstring). Observations made in the same
+        `group` share the cold reader's thread hops."""
+        observation = await self._observe(session_id, abort, group)
         try:
             yield observation
         finally:
             observation.released = True
 
-    async def _observe(self, session_id: str, abort: Abort | None) -> Observation:
+    async def _observe(self, session_id: str, abort: Abort | None, group: ReadGroup | None) -> Observation:
         _check(abort)
         try:
             sid = check_session_id(session_id)
         except InvalidSessionId:
-            raise SessionQueryError(f"session {session_id!r} not found", NOT_FOUND) from None
+            raise QuerySessionNotFound(f"session {session_id!r} not found") from None
         ref = self.sessions.get(sid)
         if ref is not None:
             try:
@@ -250,11 +261,11 @@ class SessionQuery:
             except ActorStopped:
                 pass  # it stopped meanwhile: observe what it left on disk
             except (ProjectionBroken, KeyError) as exc:
-                raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
+                raise QueryCorruptSession(f"failed to project session {sid!r}: {exc}") from exc
             else:
-                events = await self._read_live(sid, abort)
+                events = await self._read_live(sid, abort, group)
                 return Observation("live", ref.header, ref.inherited_event_count, events, projections)
-        prepared, held = await self._prepare(sid, abort)
+        prepared, held = await self._prepare(sid, abort, group)
         _check(abort)
         events = prepared.events
         if held and prepared.closers:
@@ -265,93 +276,38 @@ class SessionQuery:
             held=held,
         )
 
-    async def _read_live(self, sid: SessionId, abort: Abort | None) -> tuple[Event, ...]:
+    async def _read_live(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[Event, ...]:
         """The durable events of a live session: none while it is not published yet, and no
         in-memory closers (its turn is not interrupted: its writer is alive)."""
         try:
-            read = await self._cold(sid, abort)
-        except SessionQueryError as exc:
-            if exc.code == NOT_FOUND and self.sessions.get(sid) is not None:
+            read = await self._cold(sid, abort, group)
+        except QuerySessionNotFound:
+            if self.sessions.get(sid) is not None:
                 return ()
             raise
         return read.events[: len(read.events) - read.closers] if read.closers else read.events
 
-    async def _stat(self, sid: SessionId) -> tuple[LogInfo | None, bool]:
-        """`log_store.stat(sid)` through the index's one worker thread. Stats asked for at
-        the same time share hops: the first asker pumps (one hop per `_STAT_BATCH` waiting
-        stats, until none waits), the others just wait for their answer. A pump that is
-        cancelled hands the stats it had not reached back to their askers, who pump again."""
-        job = _StatJob(sid)
-        while True:
-            self._stats.append(job)
-            if self._pumping:
-                await job.done.wait()
-            else:
-                await self._pump_stats()
-            if job.result is not _HANDED_BACK:
-                break
-            job.result, job.done = _NO_ANSWER, trio.Event()
-        result = job.result
-        if result is _NO_ANSWER:  # the hop that took it failed before reaching it
-            raise SessionQueryError(f"failed to observe session {sid!r}: the index did not answer", PERSISTENCE)
-        if isinstance(result, Exception):
-            raise result
-        return result, job.held  # type: ignore[return-value]  # LogInfo | None once answered
-
-    async def _pump_stats(self) -> None:
-        waiting = self._stats
-        self._pumping = True
-        try:
-            while waiting:
-                async with self.index_limiter:
-                    batch = [waiting.popleft() for _ in range(min(len(waiting), _STAT_BATCH))]
-                    try:
-                        await trio.to_thread.run_sync(self._stat_batch, batch)
-                    finally:
-                        for job in batch:
-                            job.done.set()
-        finally:
-            self._pumping = False
-            while waiting:  # cancelled: nobody pumps these now
-                job = waiting.popleft()
-                job.result = _HANDED_BACK
-                job.done.set()
-
-    def _stat_batch(self, batch: list[_StatJob]) -> None:
-        stat = self.log_store.stat
-        for job in batch:
-            try:
-                job.result = stat(job.session_id)
-            except Exception as exc:  # the asker raises it
-                job.result = exc
-        try:
-            held = self.log_store.held_elsewhere([job.session_id for job in batch if isinstance(job.result, LogInfo)])
-        except Exception:  # advice for display only: an unanswered probe is "not held"
-            held = set()
-        for job in batch:
-            job.held = job.session_id in held
-
-    async def _prepare(self, sid: SessionId, abort: Abort | None) -> tuple[_Prepared, bool]:
+    async def _prepare(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[_Prepared, bool]:
         """The prepared observation, and whether another writer holds the session's lock."""
         try:
-            info, held = await self._stat(sid)
+            info, held = await self.reader.stat(sid)
         except StorageError as exc:
             raise _mapped(sid, exc) from exc
         if info is None:
-            raise SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
+            raise QuerySessionNotFound(f"session {sid!r} not found")
         if info.damage is not None:
-            code = UNSUPPORTED if info.damage == "unsupported" else CORRUPT
+            damaged = QueryUnsupportedSession if info.damage == "unsupported" else QueryCorruptSession
             # The index knows only that it is damaged; a read finds where (the seq or byte
             # offset) and raises that. Listings never get here (a damaged record is a diagnostic).
-            await self._cold(sid, abort)
-            raise SessionQueryError(f"stored session {sid!r} is {info.damage}", code)
+            await self._cold(sid, abort, group)
+            raise damaged(f"stored session {sid!r} is {info.damage}")
         cached = self._cache.get(sid)
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
             return cached, held
-        read = await self._cold(sid, abort, self.registry)
+        read = await self._cold(sid, abort, group, self.registry)
         if info.header is not None and headers_differ(info.header, read.header):
-            raise SessionQueryError(f"session source headers conflict for session {sid!r}", CONFLICT)
+            raise QuerySourceConflict(f"session source headers conflict for session {sid!r}")
         cells = read.cells
         if cells is None:  # a reader that does not fold: fold here
             cells = self.registry.cells(read.header, read.inherited_event_count)
@@ -359,7 +315,7 @@ class SessionQuery:
         try:
             projections = cells.snapshot()
         except (ProjectionBroken, KeyError) as exc:
-            raise SessionQueryError(f"failed to project session {sid!r}: {exc}", CORRUPT) from exc
+            raise QueryCorruptSession(f"failed to project session {sid!r}: {exc}") from exc
         prepared = _Prepared(
             info.revision, read.header, read.inherited_event_count, read.events, projections,
             _footprint(read.events) if self.cache_bytes > 0 else 0, read.closers,
@@ -368,15 +324,15 @@ class SessionQuery:
         return prepared, held
 
     async def _cold(
-        self, sid: SessionId, abort: Abort | None, registry: ProjectionRegistry | None = None
+        self, sid: SessionId, abort: Abort | None, group: ReadGroup | None, registry: ProjectionRegistry | None = None
     ) -> ColdRead:
         try:
-            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry)
+            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry, group=group)
         except ReadAborted:
-            raise SessionQueryError("session observation was aborted", ABORTED) from None
+            raise QueryAborted("session observation was aborted") from None
         if isinstance(result, StorageError):
             if abort is not None and abort.is_set():
-                raise SessionQueryError("session observation was aborted", ABORTED) from result
+                raise QueryAborted("session observation was aborted") from result
             raise _mapped(sid, result) from result
         return result
 
@@ -405,18 +361,18 @@ def _footprint(events: tuple[Event, ...]) -> int:
 
 def _check(abort: Abort | None) -> None:
     if abort is not None and abort.is_set():
-        raise SessionQueryError("session observation was aborted", ABORTED)
+        raise QueryAborted("session observation was aborted")
 
 
 def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
     if isinstance(exc, (SessionNotFound, InvalidSessionId)):
-        return SessionQueryError(f"session {sid!r} not found", NOT_FOUND)
+        return QuerySessionNotFound(f"session {sid!r} not found")
     if isinstance(exc, CorruptLog):
         at = _at(exc.seq, exc.offset)
-        return SessionQueryError(f"stored session {sid!r} is corrupt{at}: {exc.reason}", CORRUPT)
+        return QueryCorruptSession(f"stored session {sid!r} is corrupt{at}: {exc.reason}")
     if isinstance(exc, UnsupportedLog):
-        return SessionQueryError(f"stored session {sid!r} is unsupported{_at(exc.seq, None)}: {exc.reason}", UNSUPPORTED)
-    return SessionQueryError(f"failed to observe session {sid!r}: {exc}", PERSISTENCE)
+        return QueryUnsupportedSession(f"stored session {sid!r} is unsupported{_at(exc.seq, None)}: {exc.reason}")
+    return QueryPersistenceFailed(f"failed to observe session {sid!r}: {exc}")
 
 
 def _at(seq: int | None, offset: int | None) -> str:

@@ -39,9 +39,10 @@ from subagents.storage import FileLogStore, encode_session_id
 from .agent.loop import AgentConfig
 from .app import Runtime, open_runtime
 from .clock import ScenarioClock
+from .errors import ScenarioError, ScriptError
 from .ids import CountingIds
-from .models.script import ScriptError, load_script
-from .models.scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel
+from .models.script_format import load_script
+from .models.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel
 from .tools.subagent_tools import agent_status, render_agents
 
 __all__ = ["ScenarioError", "check_scenario", "normalize_log", "run_scenario", "scenario_dirs", "update_scenario"]
@@ -55,10 +56,6 @@ _STEP_KEYS = {
     "children": ({"op", "session"}, {"descendants"}),
     "agents": ({"op", "session"}, {"descendants"}),
 }
-
-
-class ScenarioError(Exception):
-    """A scenario that cannot run (bad files) or does not match its goldens."""
 
 
 @attrs.frozen

@@ -1,21 +1,22 @@
 """Storage: values, the event codec, log format 1 and the synchronous log stores.
 
 The bottom layer: imports only the stdlib, attrs, cattrs, msgspec and zstandard, never trio.
+This module is its face: the upper layers and embedders import only from here (tests/test_layers.py
+checks it). The test doubles (`CrashFs`, `MemoryLogStore`, `FaultyLogStore`) are in
+`subagents.storage.testing`; the format's line codecs (`_codec`, `_records`) and file names
+(`file_store._LOG_NAMES`) are private to storage and its tests.
 """
 
 from .closers import TOOL_NOT_STARTED_TEXT as TOOL_NOT_STARTED_TEXT
 from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
 from .closers import interrupted_closers as interrupted_closers
-from .codec import UNSET as UNSET
-from .codec import Event as Event
-from .codec import ReplaceOp as ReplaceOp
-from .codec import SurfaceOp as SurfaceOp
-from .codec import check_lossless as check_lossless
-from .codec import decode_event as decode_event
-from .codec import decode_payload as decode_payload
-from .codec import encode_event as encode_event
-from .codec import make_event as make_event
-from .crashfs import CrashFs as CrashFs
+from ._codec import UNSET as UNSET
+from ._codec import Event as Event
+from ._codec import ReplaceOp as ReplaceOp
+from ._codec import SurfaceOp as SurfaceOp
+from ._codec import check_lossless as check_lossless
+from ._codec import decode_payload as decode_payload
+from ._codec import make_event as make_event
 from .errors import AlreadyOwned as AlreadyOwned
 from .errors import CorruptLog as CorruptLog
 from .errors import HandleClosed as HandleClosed
@@ -27,30 +28,34 @@ from .errors import InvalidRange as InvalidRange
 from .errors import InvalidSessionId as InvalidSessionId
 from .errors import NonLosslessData as NonLosslessData
 from .errors import PersistenceFailed as PersistenceFailed
+from .errors import ProjectionBroken as ProjectionBroken
 from .errors import SequenceConflict as SequenceConflict
 from .errors import SessionAlreadyExists as SessionAlreadyExists
 from .errors import SessionNotFound as SessionNotFound
 from .errors import StorageError as StorageError
+from .errors import SubagentsError as SubagentsError
+from .errors import UnknownProjection as UnknownProjection
 from .errors import UnsafePath as UnsafePath
+from .errors import UnsupportedEvent as UnsupportedEvent
 from .errors import UnsupportedLog as UnsupportedLog
-from .events import KNOWN_TYPES as KNOWN_TYPES
 from .events import SURFACE_TYPES as SURFACE_TYPES
-from .faulty_store import FaultyLogStore as FaultyLogStore
-from .file_store import LOG_NAMES as LOG_NAMES
+from .events import SubagentCatalogData as SubagentCatalogData
 from .file_store import FileLogStore as FileLogStore
+from .forms import Compression as Compression
 from .fs import Fs as Fs
 from .fs import OsFs as OsFs
+from .index import StoredCheckpoint as StoredCheckpoint
 from .log_store import Batch as Batch
 from .log_store import LogStore as LogStore
 from .log_store import ReadHandle as ReadHandle
 from .log_store import WriteHandle as WriteHandle
-from .memory_store import MemoryLogStore as MemoryLogStore
-from .records import HeaderRecord as HeaderRecord
-from .records import decode_header_line as decode_header_line
-from .records import encode_header_line as encode_header_line
-from .values import FORMAT_VERSION as FORMAT_VERSION
+from .projection import CheckpointRow as CheckpointRow
+from .projection import Lifecycle as Lifecycle
+from .projection import ProjectionCells as ProjectionCells
+from .projection import ProjectionRegistry as ProjectionRegistry
+from .projection import ProjectionUnit as ProjectionUnit
 from .values import HeaderClaim as HeaderClaim
-from .values import Checkpoint as Checkpoint
+from .values import AbortPoll as AbortPoll
 from .values import LogInfo as LogInfo
 from .values import Offset as Offset
 from .values import Revision as Revision

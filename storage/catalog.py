@@ -26,7 +26,7 @@ from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
 from .forms import FORMS, LogForm
 from .fs import File, Fs, FolderScan, NotRegularFile
 from .index import IndexRow, SessionIndex
-from .records import HeaderError, HeaderRecord
+from ._records import HeaderError, HeaderRecord
 from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
 from .watch import Watch
 
@@ -332,7 +332,7 @@ def still_holds(file: File, row: IndexRow) -> bool:
 
 def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -> IndexRow:
     try:
-        parsed = form.parse(sid, data, checkpoint=None)
+        parsed = form.parse(sid, data, poll=None)
     except (CorruptLog, UnsupportedLog) as exc:
         damage: Literal["corrupt", "unsupported"] = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
         info = _damaged(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)

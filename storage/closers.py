@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .codec import Event, decode_payload, make_event
+from ._codec import Event, decode_payload, make_event
 from .events import (
     AssistantMessageData,
     ToolCallBlock,

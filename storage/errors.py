@@ -1,10 +1,24 @@
-"""The storage error tree.
+"""The error tree's root and its storage branch.
 
-Every error the storage layer raises on purpose is a `StorageError` with a stable `code`.
-Foreign exceptions (OSError, msgspec and JSON errors) are mapped into this tree once, where
-storage meets them; nothing else leaks out of the public API.
+Every error this project raises on purpose is a `SubagentsError`: a `message` and a fixed,
+prefixed `code` per class (never passed in, never matched as a string: catch the class). Each
+layer writes its branch out at the top of its own `errors.py`:
 
-    StorageError
+    SubagentsError                SUBAGENTS_ERROR
+    ├── StorageError              STORAGE_*     storage/errors.py (below)
+    ├── ActorError                ACTOR_*       actors/errors.py
+    └── the runtime's branches    QUERY_*, SUBAGENT_*, MODEL_*, SCRIPT_*, CLI_*
+                                                runtime/errors.py
+
+A tool result that failed carries an error record `{name, code}` (docs/format.md, "tool/result")
+whose names and codes are pinned by the vocabulary, older than this tree: `record()` gives it.
+By default it is the class name and code; a branch whose pinned record differs (the subagent
+service's `SubagentError` / `UNAUTHORIZED`, ...) sets `record_name` and `record_code`.
+
+The storage branch. Foreign exceptions (OSError, msgspec and JSON errors) are mapped into it
+once, where storage meets them; nothing else leaks out of the public API.
+
+    StorageError                  STORAGE_ERROR
     ├── InvalidSessionId          STORAGE_INVALID_SESSION_ID
     ├── InvalidHeader             STORAGE_INVALID_HEADER         (refused at create)
     ├── InvalidEvent              STORAGE_INVALID_EVENT          (refused at append)
@@ -20,10 +34,19 @@ storage meets them; nothing else leaks out of the public API.
     ├── PersistenceFailed         STORAGE_PERSISTENCE_FAILED     (an OSError)
     ├── CorruptLog                STORAGE_CORRUPT_LOG            (names session and seq or offset)
     │   └── InvalidPayload        STORAGE_INVALID_PAYLOAD        (a known type's data is malformed)
-    └── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT | STORAGE_UNSUPPORTED_EVENT
+    ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format)
+    │   └── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
+    ├── UnknownProjection         STORAGE_UNKNOWN_PROJECTION     (also a KeyError)
+    └── ProjectionBroken          STORAGE_PROJECTION_BROKEN      (a unit's apply or view raised)
+
+Signals that never leave storage are not part of the tree: `records.HeaderError` (line 1 is no
+format-1 header; always turned into `CorruptLog`/`UnsupportedLog`), `zstd_framing.FrameDamage`
+(a frame to cut or refuse) and `fs.NotRegularFile` (an `OSError`, mapped like one).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 __all__ = [
     "AlreadyOwned",
@@ -39,19 +62,35 @@ __all__ = [
     "PersistenceFailed",
     "SequenceConflict",
     "SessionAlreadyExists",
+    "ProjectionBroken",
     "SessionNotFound",
     "StorageError",
+    "SubagentsError",
+    "UnknownProjection",
     "UnsafePath",
+    "UnsupportedEvent",
     "UnsupportedLog",
 ]
 
 
-class StorageError(Exception):
-    code: str = "STORAGE_ERROR"
+class SubagentsError(Exception):
+    """The root of every error this project raises on purpose."""
+
+    code: ClassVar[str] = "SUBAGENTS_ERROR"
+    record_name: ClassVar[str | None] = None  # None: the class name
+    record_code: ClassVar[str | None] = None  # None: `code`
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    def record(self) -> dict[str, str]:
+        """The `{name, code}` a failed tool result records for this error."""
+        return {"name": self.record_name or type(self).__name__, "code": self.record_code or self.code}
+
+
+class StorageError(SubagentsError):
+    code = "STORAGE_ERROR"
 
 
 class InvalidSessionId(StorageError, ValueError):
@@ -168,20 +207,38 @@ class InvalidPayload(CorruptLog):
 
 
 class UnsupportedLog(StorageError):
-    """An intact log this build cannot interpret (another format, an unknown event type)."""
+    """An intact log this build cannot interpret: another format."""
 
     code = "STORAGE_UNSUPPORTED_FORMAT"
 
-    def __init__(
-        self,
-        session_id: str,
-        reason: str,
-        *,
-        code: str = "STORAGE_UNSUPPORTED_FORMAT",
-        seq: int | None = None,
-    ) -> None:
+    def __init__(self, session_id: str, reason: str, *, seq: int | None = None) -> None:
         super().__init__(f"session {session_id!r} is unsupported: {reason}")
-        self.code = code
         self.session_id = session_id
         self.reason = reason
         self.seq = seq
+
+
+class UnsupportedEvent(UnsupportedLog):
+    """An intact log holding an event type this build does not know (at `seq`)."""
+
+    code = "STORAGE_UNSUPPORTED_EVENT"
+
+
+class UnknownProjection(StorageError, KeyError):
+    """A snapshot named a key no unit has, or a host-only unit (which has no view)."""
+
+    code = "STORAGE_UNKNOWN_PROJECTION"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
+
+
+class ProjectionBroken(StorageError):
+    """A unit's `apply` or `view` raised: its key cannot be served for this session."""
+
+    code = "STORAGE_PROJECTION_BROKEN"
+
+    def __init__(self, key: str, cause: BaseException) -> None:
+        super().__init__(f"projection {key!r} is broken: {type(cause).__name__}: {cause}")
+        self.key = key
+        self.cause = cause

@@ -4,7 +4,7 @@ Payloads are strict msgspec Structs decoded from the envelope's raw `data` when 
 (`decode_payload`). A payload that fails validation makes its session corrupt (docs/format.md,
 "Payloads"), for every reader alike: a read of a log checks each known type's payload against
 these Structs in the pass that checks its seqs (`framing.decode_event_lines`, through
-`codec.PAYLOAD_DECODERS`), once per revision of the log (a read the index vouches for skips it),
+`_codec.PAYLOAD_DECODERS`), once per revision of the log (a read the index vouches for skips it),
 and writers refuse what readers would refuse (`make_event`, `Event(...)`). So listing, `show`
 and resume give one verdict.
 

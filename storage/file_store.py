@@ -23,7 +23,7 @@ from typing import NoReturn
 
 import attrs
 
-from .codec import Event, encode_events
+from ._codec import Event, encode_events
 from .events import KNOWN_TYPES
 from .errors import (
     AlreadyOwned,
@@ -48,10 +48,10 @@ from .fs import File, Fs, NotRegularFile, OsFs
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
-from .records import HeaderError, HeaderRecord, encode_header_line
+from ._records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
     FORMAT_VERSION,
-    Checkpoint,
+    AbortPoll,
     LogInfo,
     Offset,
     Revision,
@@ -61,11 +61,11 @@ from .values import (
     encode_session_id,
 )
 
-__all__ = ["FileLogStore", "LOG_NAMES"]
+__all__ = ["FileLogStore"]
 
 log = logging.getLogger(__name__)
 
-LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
+_LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
 LOCK_NAME = "lock"
 PUBLISH_TEMP = "publish.tmp"
 
@@ -200,7 +200,7 @@ class FileLogStore:
                     header, k = row.info.header, row.info.inherited_event_count
                     count, end, head_len = row.info.event_count, row.scan_end, len(row.head)
                 else:
-                    parsed = form.parse(sid, file.pread(0, file.size()), checkpoint=None)
+                    parsed = form.parse(sid, file.pread(0, file.size()), poll=None)
                     end = _repair_tail(file, form, parsed)
                     header, k = parsed.record.header, parsed.record.inherited_event_count
                     count, head_len = Offset(len(parsed.events)), parsed.header_end
@@ -447,7 +447,7 @@ class FileLogStore:
         log_offset: int,
         first_seq: int,
         *,
-        checkpoint: Checkpoint | None = None,
+        poll: AbortPoll | None = None,
     ) -> list[Event] | None:
         """The events after a checkpoint: from the record boundary `log_offset`, which must hold
         seq `first_seq` (or be the end). None when it does not — then fold from the start."""
@@ -477,7 +477,7 @@ class FileLogStore:
                     file.close()
         form = state.form
         try:
-            scan = form.scan_tail(sid, data, first_seq=first_seq, checkpoint=checkpoint)
+            scan = form.scan_tail(sid, data, first_seq=first_seq, poll=poll)
         except (CorruptLog, UnsupportedLog):
             return None
         return scan.events
@@ -488,7 +488,7 @@ class FileLogStore:
         start: Offset = Offset(0),
         stop: Offset | None = None,
         *,
-        checkpoint: Checkpoint | None = None,
+        poll: AbortPoll | None = None,
     ) -> list[Event]:
         sid = handle.session_id
         if handle.closed:
@@ -516,7 +516,7 @@ class FileLogStore:
                 finally:
                     file.close()
         known = state.known if isinstance(state, _ReadState) else None
-        parsed = state.form.parse(sid, data, checkpoint=checkpoint, known=known, payloads=payloads)
+        parsed = state.form.parse(sid, data, poll=poll, known=known, payloads=payloads)
         if parsed.record.header != handle.header:
             raise CorruptLog(sid, "the log's header changed since the handle was opened", offset=0)
         return parsed.events[start:stop]

@@ -13,11 +13,11 @@ from typing import Literal, Protocol
 
 import attrs
 
-from .codec import Event
+from ._codec import Event
 from .errors import CorruptLog
 from .framing import check_seed_marker, decode_event_lines, parse_header_line, plain_layout, read_header
-from .records import HeaderError, HeaderRecord
-from .values import Checkpoint, SessionId
+from ._records import HeaderError, HeaderRecord
+from .values import AbortPoll, SessionId
 from .zstd_framing import (
     FrameDamage,
     ZstdLayout,
@@ -67,7 +67,7 @@ class LogForm(Protocol):
         sid: SessionId,
         data: bytes,
         *,
-        checkpoint: Checkpoint | None,
+        poll: AbortPoll | None,
         known: KnownHead | None = None,
         payloads: bool = True,
     ) -> ParsedLog:
@@ -87,7 +87,7 @@ class LogForm(Protocol):
     def append_bytes(self, payload: bytes) -> bytes: ...
 
     def scan_tail(
-        self, sid: SessionId, data: bytes, *, first_seq: int, checkpoint: Checkpoint | None = None
+        self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None
     ) -> TailScan:
         """The events after a boundary a previous scan stopped at (offsets relative to `data`)."""
         ...
@@ -113,7 +113,7 @@ class PlainForm:
         sid: SessionId,
         data: bytes,
         *,
-        checkpoint: Checkpoint | None,
+        poll: AbortPoll | None,
         known: KnownHead | None = None,
         payloads: bool = True,
     ) -> ParsedLog:
@@ -123,7 +123,7 @@ class PlainForm:
         else:
             record = read_header(sid, data, layout)
         events = decode_event_lines(
-            sid, data, layout.header_end, layout.complete_end, checkpoint=checkpoint, payloads=payloads
+            sid, data, layout.header_end, layout.complete_end, poll=poll, payloads=payloads
         )
         check_seed_marker(sid, events, record.inherited_event_count)
         return ParsedLog(
@@ -135,10 +135,10 @@ class PlainForm:
         )
 
     def scan_tail(
-        self, sid: SessionId, data: bytes, *, first_seq: int, checkpoint: Checkpoint | None = None
+        self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None
     ) -> TailScan:
         end = data.rfind(b"\n") + 1
-        events = decode_event_lines(sid, data, 0, end, first_seq=first_seq, checkpoint=checkpoint)
+        events = decode_event_lines(sid, data, 0, end, first_seq=first_seq, poll=poll)
         return TailScan(events=events, complete_end=end)
 
     def header_span(self, data: bytes) -> int:
@@ -164,7 +164,7 @@ class ZstdForm:
         sid: SessionId,
         data: bytes,
         *,
-        checkpoint: Checkpoint | None,
+        poll: AbortPoll | None,
         known: KnownHead | None = None,
         payloads: bool = True,
     ) -> ParsedLog:
@@ -184,7 +184,7 @@ class ZstdForm:
                 record = parse_header_line(memoryview(head)[:-1], sid)
             except HeaderError as exc:
                 raise exc.to_storage_error(sid) from None
-        events = _decode_frames(sid, layout, 1, first_seq=0, checkpoint=checkpoint, payloads=payloads)
+        events = _decode_frames(sid, layout, 1, first_seq=0, poll=poll, payloads=payloads)
         check_seed_marker(sid, events, record.inherited_event_count)
         return ParsedLog(
             record=record,
@@ -196,13 +196,13 @@ class ZstdForm:
         )
 
     def scan_tail(
-        self, sid: SessionId, data: bytes, *, first_seq: int, checkpoint: Checkpoint | None = None
+        self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None
     ) -> TailScan:
         try:
             layout = walk_frames(data)
         except FrameDamage as exc:
             raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
-        events = _decode_frames(sid, layout, 0, first_seq=first_seq, checkpoint=checkpoint)
+        events = _decode_frames(sid, layout, 0, first_seq=first_seq, poll=poll)
         return TailScan(
             events=events,
             complete_end=layout.complete_end,
@@ -235,7 +235,7 @@ def _decode_frames(
     first: int,
     *,
     first_seq: int,
-    checkpoint: Checkpoint | None,
+    poll: AbortPoll | None,
     payloads: bool = True,
 ) -> list[Event]:
     """The events of frames `first..` and of the recovered lines, numbered from `first_seq`."""
@@ -247,7 +247,7 @@ def _decode_frames(
     body = b"".join(layout.contents[first:]) + layout.recovered
     try:
         return decode_event_lines(
-            sid, body, 0, len(body), first_seq=first_seq, checkpoint=checkpoint, payloads=payloads
+            sid, body, 0, len(body), first_seq=first_seq, poll=poll, payloads=payloads
         )
     except CorruptLog as exc:
         # Offsets inside decompressed content mean nothing to a reader of the file: name the

@@ -7,7 +7,7 @@ without a complete header line is corrupt: publication is atomic, so a torn head
 from a crash.
 
 `decode_event_lines` decodes complete lines in chunks of at most `CHUNK_BYTES`, calling the
-caller's `checkpoint` between chunks (the actors pass `trio.from_thread.check_cancelled`), and
+caller's `poll` between chunks (the actors pass `trio.from_thread.check_cancelled`), and
 checks what the envelope codec cannot see line by line: seq continuity, known types, the payload
 of every known type (docs/format.md, "Payloads": a payload that fails validation makes its
 session corrupt — for every reader alike, so listing, `show` and resume give one verdict) and
@@ -26,10 +26,10 @@ from typing import NoReturn
 import attrs
 import msgspec
 
-from .codec import DECODE_ERRORS, PAYLOAD_DECODERS, Event, check_payload, decode_event, decode_events
-from .errors import CorruptLog, UnsupportedLog
-from .records import HeaderError, HeaderRecord, decode_header_line
-from .values import Checkpoint
+from ._codec import DECODE_ERRORS, PAYLOAD_DECODERS, Event, check_payload, decode_event, decode_events
+from .errors import CorruptLog, UnsupportedEvent
+from ._records import HeaderError, HeaderRecord, decode_header_line
+from .values import AbortPoll
 
 __all__ = [
     "CHUNK_BYTES",
@@ -93,7 +93,7 @@ def decode_event_lines(
     end: int,
     *,
     first_seq: int = 0,
-    checkpoint: Checkpoint | None = None,
+    poll: AbortPoll | None = None,
     out: list[Event] | None = None,
     payloads: bool = True,
 ) -> list[Event]:
@@ -106,8 +106,8 @@ def decode_event_lines(
     pos = start
     expected = first_seq
     while pos < end:
-        if checkpoint is not None and pos > start:
-            checkpoint()
+        if poll is not None and pos > start:
+            poll()
         stop = end if end - pos <= CHUNK_BYTES else raw.rfind(b"\n", pos, pos + CHUNK_BYTES) + 1
         if stop <= pos:  # one line longer than a chunk: take it whole
             stop = raw.find(b"\n", pos + CHUNK_BYTES, end) + 1
@@ -178,10 +178,9 @@ def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: i
 
 
 def _refuse_unknown(session_id: str, event: Event) -> NoReturn:
-    raise UnsupportedLog(
+    raise UnsupportedEvent(
         session_id,
         f"event type {event.type!r} at seq {event.seq} is unknown and not ignorable",
-        code="STORAGE_UNSUPPORTED_EVENT",
         seq=event.seq,
     )
 

@@ -3,8 +3,8 @@
 Paths are relative to the store's root, `/`-separated, and never contain `.` or `..`
 components (the log store builds them from encoded ids). `OsFs` walks every component below
 the root with `O_NOFOLLOW`, so a planted symlink anywhere inside the root is refused with
-`ELOOP`/`ENOTDIR` instead of being followed. `CrashFs` (in `crashfs`) is the in-memory twin
-that can simulate a crash.
+`ELOOP`/`ENOTDIR` instead of being followed. `CrashFs` (in `subagents.storage.testing`) is the
+in-memory twin that can simulate a crash.
 
 Implementations raise plain `OSError`; the log store maps them into the storage error tree.
 """

@@ -5,7 +5,7 @@ and `open_write` return a `WriteHandle` that holds the session's single-writer l
 `close`; `open_read` returns a `ReadHandle` that takes no lock. `append(handle, batches)` writes
 every batch and makes them durable with one fsync before it returns; each batch states the seq
 it expects first, and a mismatch refuses the whole call with `SequenceConflict` before anything
-is written. Long reads take a `checkpoint` called between chunks.
+is written. Long reads take a `poll` (an `AbortPoll`) called between chunks.
 
 Kept as a protocol so that a store that is not made of files (PostgreSQL, planned: README, "What
 is not done yet") fits.
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
-from .codec import Event
+from ._codec import Event
 from .projection import CheckpointRow
 
 if TYPE_CHECKING:
     from .index import StoredCheckpoint
-from .values import Checkpoint, LogInfo, Offset, SessionHeader, SessionId
+from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId
 
 __all__ = ["Batch", "LogStore", "ReadHandle", "WriteHandle"]
 
@@ -79,7 +79,7 @@ class LogStore(Protocol):
         start: Offset = Offset(0),
         stop: Offset | None = None,
         *,
-        checkpoint: Checkpoint | None = None,
+        poll: AbortPoll | None = None,
     ) -> list[Event]:
         """Events `[start, stop)` of the complete prefix (never a torn tail)."""
         ...
@@ -124,7 +124,7 @@ class LogStore(Protocol):
         log_offset: int,
         first_seq: int,
         *,
-        checkpoint: Checkpoint | None = None,
+        poll: AbortPoll | None = None,
     ) -> list[Event] | None:
         """Events from a record boundary that must hold `first_seq`; None when it does not."""
         ...

@@ -29,7 +29,8 @@ from typing import Any, Protocol
 
 import attrs
 
-from .codec import Event
+from ._codec import Event
+from .errors import ProjectionBroken, UnknownProjection
 from .values import Offset, SessionHeader
 
 __all__ = [
@@ -60,23 +61,6 @@ class ProjectionUnit(Protocol):
 
 
 BatchFold = Callable[[JsonValue, Sequence[Event]], JsonValue]
-
-
-class UnknownProjection(KeyError):
-    """A snapshot named a key no unit has, or a host-only unit (which has no view)."""
-
-    code = "PROJECTION_UNKNOWN_KEY"
-
-
-class ProjectionBroken(Exception):
-    """A unit's `apply` or `view` raised: its key cannot be served for this session."""
-
-    code = "PROJECTION_BROKEN"
-
-    def __init__(self, key: str, cause: BaseException) -> None:
-        super().__init__(f"projection {key!r} is broken: {type(cause).__name__}: {cause}")
-        self.key = key
-        self.cause = cause
 
 
 @attrs.frozen(kw_only=True)

@@ -16,7 +16,7 @@ from .errors import InvalidSessionId
 
 __all__ = [
     "FORMAT_VERSION",
-    "Checkpoint",
+    "AbortPoll",
     "MAX_ID_BYTES",
     "Damage",
     "HeaderClaim",
@@ -40,8 +40,9 @@ Offset = NewType("Offset", int)
 
 Damage = Literal["corrupt", "unsupported"]
 
-# Called between chunks of a long read; raising from it abandons the read.
-Checkpoint = Callable[[], None]
+# A read's abort poll (not a projection checkpoint): called between chunks of a long read;
+# raising from it abandons the read.
+AbortPoll = Callable[[], None]
 
 
 def check_session_id(value: object) -> SessionId:

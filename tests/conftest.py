@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from subagents.storage import FaultyLogStore, FileLogStore, LogStore, MemoryLogStore
+from subagents.storage import FileLogStore, LogStore
+from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 
 StoreFactory = Callable[[], LogStore]
 

@@ -1,6 +1,8 @@
 """The layering rules of SPEC 2, checked on the source: imports point downward only, each layer
-imports only the third-party packages its row allows, nothing imports a layer unprefixed, and
-no two modules import each other (directly or through a cycle)."""
+imports only the third-party packages its row allows, a layer imports a lower one only through
+its face (`subagents.storage`, `subagents.actors`; never a module past it, nor the test doubles
+of `subagents.storage.testing`), nothing imports a layer unprefixed, and no two modules import
+each other (directly or through a cycle)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path) -> list[tuple[str, int]]:
-    """Absolute names of everything `path` imports, with line numbers."""
+    """Absolute names of everything `path` imports, with line numbers (`from a import b` names
+    `a.b` when that is a module of the layers, else `a`)."""
     tree = ast.parse(path.read_text(), str(path))
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
@@ -54,7 +57,11 @@ def _imports(name: str, path: Path) -> list[tuple[str, int]]:
                 else:
                     out.append((target, node.lineno))
             else:
-                out.append((node.module or "", node.lineno))
+                module = node.module or ""
+                submodules = [f"{module}.{alias.name}" for alias in node.names]
+                out.extend((sub, node.lineno) for sub in submodules if sub in MODULES)
+                if len(submodules) > len([sub for sub in submodules if sub in MODULES]):
+                    out.append((module, node.lineno))
     return out
 
 
@@ -66,6 +73,23 @@ def _layer_of(module: str) -> str | None:
 
 
 MODULES = _modules()
+FACES = {"storage": "subagents.storage", "actors": "subagents.actors"}  # what a higher layer may import
+TEST_DOUBLES = "subagents.storage.testing"
+
+
+def _face_problems(module: str, path: Path) -> list[str]:
+    """Imports of `module` (at `path`) that reach into another layer past its face."""
+    layer = _layer_of(module)
+    problems = []
+    for target, line in _imports(module, path):
+        target_layer = _layer_of(target)
+        if target_layer is None or target_layer == layer:
+            continue
+        if target == TEST_DOUBLES or target.startswith(f"{TEST_DOUBLES}."):
+            problems.append(f"line {line}: {layer} imports the test doubles {target!r}")
+        elif target != FACES.get(target_layer):
+            problems.append(f"line {line}: {layer} imports {target!r} past the face {FACES.get(target_layer)!r}")
+    return problems
 
 
 def test_every_layer_has_modules() -> None:
@@ -91,6 +115,42 @@ def test_imports_point_downward_only(module: str) -> None:
         elif top not in STDLIB and top not in ALLOWED_THIRD_PARTY[layer]:
             problems.append(f"line {line}: {layer} may not import {top!r}")
     assert problems == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_other_layers_are_imported_through_their_faces(module: str) -> None:
+    assert _face_problems(module, MODULES[module]) == []
+
+
+def test_the_face_check_refuses_deep_imports_and_the_test_doubles(tmp_path: Path) -> None:
+    fake = tmp_path / "fake.py"
+    fake.write_text(
+        "from subagents.storage.file_store import FileLogStore\n"
+        "import subagents.storage.projection\n"
+        "from subagents.storage import testing\n"
+        "from subagents.storage.testing import MemoryLogStore\n"
+        "from subagents.storage import FileLogStore, SessionHeader\n"
+    )
+    assert _face_problems("subagents.actors.fake", fake) == [
+        "line 1: actors imports 'subagents.storage.file_store' past the face 'subagents.storage'",
+        "line 2: actors imports 'subagents.storage.projection' past the face 'subagents.storage'",
+        "line 3: actors imports the test doubles 'subagents.storage.testing'",
+        "line 4: actors imports the test doubles 'subagents.storage.testing'",
+    ]
+    fake.write_text(
+        "from subagents.actors.cold_reader import ColdReader\n"
+        "from subagents.actors import SessionStore\n"
+        "from subagents.storage import FileLogStore\n"
+        "from subagents.storage.testing.memory_store import MemoryLogStore\n"
+        "from .query import SessionQuery\n"
+    )
+    assert _face_problems("subagents.runtime.fake", fake) == [
+        "line 1: runtime imports 'subagents.actors.cold_reader' past the face 'subagents.actors'",
+        "line 4: runtime imports the test doubles 'subagents.storage.testing.memory_store'",
+    ]
+    # Inside its own layer a module imports whatever it needs.
+    fake.write_text("from subagents.storage.file_store import FileLogStore\nfrom .testing import CrashFs\n")
+    assert _face_problems("subagents.storage.fake", fake) == []
 
 
 def test_no_import_cycles() -> None:

@@ -34,7 +34,18 @@ from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
 
 from ..clock import Clock
-from ..models.base import Finish, Model, ModelError, ModelRequest, ModelWaits, TextDelta, ToolCallDelta, Usage
+from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
+from ..models.base import (
+    Finish,
+    Model,
+    ModelRequest,
+    SessionBinding,
+    SessionModel,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    bind_model,
+)
 from .compaction import CompactionPolicy, plan_compaction
 from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message
@@ -52,10 +63,6 @@ Phase = Literal["idle", "writing", "model", "stopped"]
 
 CANCELLED_TEXT = "tool call was cancelled"
 NOT_DISPATCHED_TEXT = "tool call aborted before dispatch"
-
-
-class AgentStopped(Exception):
-    """The agent cannot go on: its session actor stopped or its log could not be written."""
 
 
 @attrs.frozen(kw_only=True)
@@ -100,7 +107,7 @@ class _ModelReply:
 
 
 class _Waits:
-    """`wait_for` hooks of the scripted model, bound to one agent."""
+    """`wait_for` hooks of the scripted model (`ModelWaits`), bound to one agent."""
 
     def __init__(self, agent: Agent, settled: Callable[[str, str, int], Any] | None) -> None:
         self._agent = agent
@@ -112,7 +119,7 @@ class _Waits:
 
     async def settled(self, child: str, count: int = 1) -> None:
         if self._settled is None:
-            raise ModelError("wait_for settled needs the subagent service", code="MODEL_SCRIPT_WAIT")
+            raise ScriptWaitUnavailable("wait_for settled needs the subagent service")
         await self._settled(self._agent.session_id, child, count)
 
 
@@ -121,7 +128,7 @@ class Agent:
         self,
         session: SessionRef,
         *,
-        model: Model,
+        model: Model | SessionModel,
         tools: ToolSet,
         clock: Clock,
         config: AgentConfig = AgentConfig(),
@@ -140,6 +147,8 @@ class Agent:
         self.inbox = Inbox(config.inbox_capacity)
         self.surface = surface if surface is not None else Surface.from_events(events, session_id=self.session_id)
         self.turn = _last_turn(events, self.session_id)
+        # How many of its events end with its last closed turn (what a fork of it inherits).
+        self.closed_prefix = next((e.seq + 1 for e in reversed(events) if e.type == "turn/end"), 0)
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
         self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique
         self.last_result: TurnResult | None = None
@@ -150,6 +159,12 @@ class Agent:
         self._model_scope: trio.CancelScope | None = None
         self._staged: list[EventDraft] = []
         self._waits = _Waits(self, wait_settled)
+        # The model this session streams from; `self.model` stays what was given (a child may
+        # be given its parent's).
+        self._stream_model = bind_model(model, SessionBinding(
+            session_id=self.session_id, label=label, created_at=session.header.created_at, clock=clock,
+            waits=self._waits, assistant_count=lambda: self.assistant_count,
+        ))
         self._closing_text: str | None = None
         self._scope = trio.CancelScope()
 
@@ -319,6 +334,8 @@ class Agent:
         for event in result.events:
             if event.type in _SURFACE:
                 self.surface.apply(event, session_id=self.session_id)
+            elif event.type == "turn/end":
+                self.closed_prefix = event.seq + 1
         return list(result.events)
 
     def _next_message_id(self) -> str:
@@ -340,14 +357,8 @@ class Agent:
 
     def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
         return ModelRequest(
-            session_id=self.session_id,
             messages=list(messages),
             tools=self.tools.specs() if purpose == "turn" else (),
-            label=self.label,
-            created_at=self.session.header.created_at,
-            assistant_count=self.assistant_count,
-            clock=self.clock,
-            waits=self._waits,
             purpose=purpose,
         )
 
@@ -361,7 +372,7 @@ class Agent:
                 scope.cancel()
             self._phase.value = "model"
             try:
-                async with aclosing(self.model.stream(self._request("turn", self.surface.messages()))) as stream:
+                async with aclosing(self._stream_model.stream(self._request("turn", self.surface.messages()))) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)
@@ -518,7 +529,7 @@ class Agent:
         with trio.CancelScope() as scope:
             self._model_scope = scope
             try:
-                async with aclosing(self.model.stream(self._request("compaction", messages))) as stream:
+                async with aclosing(self._stream_model.stream(self._request("compaction", messages))) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)

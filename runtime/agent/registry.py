@@ -12,18 +12,18 @@ stops every agent (`disposed`), waits a bounded time, and releases their session
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import attrs
 import msgspec
 import trio
 
-from subagents.actors import EventDraft, SessionStore
+from subagents.actors import EventDraft, SessionRef, SessionStore, StoreReader
 from subagents.storage import (
     Event,
     UNSET,
-    LogStore,
+    Offset,
     PersistenceFailed,
     SessionHeader,
     SessionNotFound,
@@ -31,49 +31,79 @@ from subagents.storage import (
 )
 
 from ..clock import Clock
+from ..errors import AgentError, IdsExhausted, NoModel
 from ..ids import IdFactory
 from ..models.base import Model
 from .loop import Agent, AgentConfig
 from .messages import Surface
 from .tools import ToolSet
 
-__all__ = ["AgentError", "AgentRegistry"]
+__all__ = ["AgentError", "AgentHooks", "AgentRegistry"]
 
 log = logging.getLogger(__name__)
 
 
-class AgentError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+class AgentHooks(Protocol):
+    """What the registry asks of the layer that runs subagents on top of it (the subagent
+    service implements it); handed to the registry at construction (`AgentRegistry(hooks=...)`)."""
+
+    def tools(self) -> ToolSet:
+        """The tools every agent is offered by default."""
+        ...
+
+    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
+        """Until `count` settlements of a child of `parent_id` are durable (agents' waits)."""
+        ...
+
+    def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
+        """On resume, with the session's events: e.g. redeliver settlement notices."""
+        ...
+
+    def resume_setup(
+        self, session_id: str, events: Sequence[Event], inherited_event_count: int
+    ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
+        """(model, config, tools) a resumed session's own log asks for, or None for the
+        defaults; raises AgentError when they cannot be given (e.g. a child's model route)."""
+        ...
+
+    def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
+        """The tools a session is offered, from its header (e.g. no delegation at the depth limit)."""
+        ...
+
+    async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
+        """Called on resume with a session's events when its last turn was interrupted, before
+        the closers are appended (so a crash in between leaves the turn open and the call is
+        retried): e.g. close the one-shot children that turn left open."""
+        ...
+
+    async def release_children_of(self, session_id: str) -> None:
+        """Before a session is released: e.g. drain its running children."""
+        ...
 
 
 @attrs.define(eq=False)
 class AgentRegistry:
+    """`hooks` builds, from the registry, what it asks of the layer above (`AgentHooks`): it is
+    called once, at construction, so nothing is assigned to the registry afterwards."""
+
     sessions: SessionStore
-    log_store: LogStore
+    reader: StoreReader  # its stats go through the one index slot
     clock: Clock
     id_factory: IdFactory
     model: Model | None
     config: AgentConfig
-    tools: Callable[[], ToolSet]
     _nursery: trio.Nursery
-    wait_settled: Callable[[str, str, int], Any] | None = None
-    on_resume: Callable[[Agent, list[Event]], None] | None = None  # e.g. redeliver settlement notices
-    before_release: Callable[[str], Awaitable[None]] | None = None  # e.g. drain its running children
-    # (model, config, tools) a resumed session's own log asks for, or None for the defaults;
-    # raises AgentError when they cannot be given (e.g. a child's model route).
-    resume_setup: Callable[[str, list[Event], int], tuple[Model | None, AgentConfig, ToolSet] | None] | None = None
-    # Called on resume with a session's events when its last turn was interrupted, before the
-    # closers are appended (so a crash in between leaves the turn open and the call is retried):
-    # e.g. close the one-shot children that turn left open.
-    on_interrupted: Callable[[str, list[Event]], Awaitable[None]] | None = None
-    # The tools a session is offered, from its header (e.g. no delegation at the depth limit).
-    offer: Callable[[SessionHeader, ToolSet], ToolSet] | None = None
+    _make_hooks: Callable[[AgentRegistry], AgentHooks] = attrs.field(alias="hooks")
     drain_grace: float = 5.0
-    index_limiter: trio.CapacityLimiter | None = None  # one index worker slot (docs/format.md, "The index")
+    hooks: AgentHooks = attrs.field(init=False)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.hooks = self._make_hooks(self)
+
+    def tools(self) -> ToolSet:
+        """The tools every agent is offered by default (the hooks')."""
+        return self.hooks.tools()
 
     def get(self, session_id: str) -> Agent | None:
         agent = self._agents.get(session_id)
@@ -91,15 +121,14 @@ class AgentRegistry:
             candidate = self.id_factory()
             if self.sessions.get(candidate) is None and not await self._exists(candidate):
                 return candidate
-        raise AgentError("the id factory keeps proposing ids that already exist", "ID_EXHAUSTED")
+        raise IdsExhausted("the id factory keeps proposing ids that already exist")
 
     async def _exists(self, session_id: str) -> bool:
-        try:
-            info = await trio.to_thread.run_sync(self.log_store.stat, session_id, limiter=self.index_limiter)
-        except SessionNotFound:
-            return False
-        except PersistenceFailed:
+        (info,) = await self.reader.stat_many([session_id])
+        if isinstance(info, (SessionNotFound, PersistenceFailed)):
             return False  # no root yet (create makes it), or unreadable: create then says why
+        if isinstance(info, Exception):
+            raise info
         return info is not None
 
     async def create(
@@ -112,6 +141,7 @@ class AgentRegistry:
         delegation_depth: int = 0,
         agent_preset: str | None = None,
         inherited: Sequence[Event] = (),
+        fork: tuple[SessionRef, int] | None = None,
         first: Sequence[EventDraft] = (),
         label: str | None = None,
         model: Model | None = None,
@@ -119,14 +149,21 @@ class AgentRegistry:
         tools: ToolSet | None = None,
         created_at: int | None = None,
     ) -> Agent:
-        """A new session and its agent. `first` events are published with the session."""
+        """A new session and its agent. `first` events are published with the session. It is
+        seeded with `inherited`, or with `fork`'s (source, prefix): the source's first `prefix`
+        events, read by `SessionStore.fork`."""
         sid = session_id if session_id is not None else await self.new_id()
+        seeded = bool(inherited) or (fork is not None and fork[1] > 0)
         header = SessionHeader(
-            id=sid, created_at=created_at if created_at is not None else self.clock.now_ms(), is_seeded=bool(inherited), delegation_depth=delegation_depth,
+            id=sid, created_at=created_at if created_at is not None else self.clock.now_ms(), is_seeded=seeded, delegation_depth=delegation_depth,
             cwd=cwd, parent_session=parent_session, origin=origin, agent_preset=agent_preset,  # type: ignore[arg-type]  # validated by SessionHeader
         )
-        ref = await self.sessions.create(header, inherited=inherited)
-        events: list[Event] = list(inherited)
+        if fork is not None:
+            source, prefix = fork
+            ref, seed = await self.sessions.fork_with_events(source, Offset(prefix), header)
+        else:
+            ref, seed = await self.sessions.create(header, inherited=inherited), list(inherited)
+        events: list[Event] = seed
         if first:
             result = await ref.append(list(first))
             events.extend(result.events)
@@ -140,21 +177,22 @@ class AgentRegistry:
         live = self.get(session_id)
         if live is not None:
             return live
-        ref = await self.sessions.open(session_id)
+        # The events the session store read to open it (one read of the log, not two).
+        ref, events = await self.sessions.open_with_events(session_id)
         try:
-            # Read the log and rebuild the surface in a worker thread: payloads are decoded
-            # there, so a long log does not hold up the event loop.
-            events, surface, newest = await trio.to_thread.run_sync(self._read_all, session_id)
+            # Rebuild the surface in a worker thread: payloads are decoded there, so a long log
+            # does not hold up the event loop.
+            surface, newest = await trio.to_thread.run_sync(self._surface_of, session_id, events)
             observe = getattr(self.clock, "observe", None)  # a clock of the caller's may lack it
             if observe is not None and newest is not None:
                 observe(newest)  # what it writes next is not older
-            if self.resume_setup is not None and model is None and config is None and tools is None:
-                setup = self.resume_setup(session_id, events, ref.inherited_event_count)
+            if model is None and config is None and tools is None:
+                setup = self.hooks.resume_setup(session_id, events, ref.inherited_event_count)
                 if setup is not None:
                     model, config, tools = setup
             closers = interrupted_closers(events, session_id=session_id)
-            if closers and self.on_interrupted is not None:
-                await self.on_interrupted(session_id, events)
+            if closers:
+                await self.hooks.close_interrupted_one_shots(session_id, events)
             if closers:
                 result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
                 events.extend(result.events)
@@ -167,8 +205,7 @@ class AgentRegistry:
             with trio.CancelScope(shield=True):
                 await self.sessions.release(session_id)  # not resumed: its lock goes too
             raise
-        if self.on_resume is not None:
-            self.on_resume(agent, events)
+        self.hooks.redeliver_notices(agent, events)
         return agent
 
     async def close_interrupted(self, session_id: str, *, child_of: str) -> bool:
@@ -180,14 +217,13 @@ class AgentRegistry:
         errors are the caller's to judge."""
         if self.sessions.get(session_id) is not None:
             return False  # live here: its own agent (or a resume) closes its turns
-        ref = await self.sessions.open(session_id)
+        ref, events = await self.sessions.open_with_events(session_id)
         try:
             if ref.header.origin != "subagent" or ref.header.parent_session != child_of:
                 return False
-            events = await trio.to_thread.run_sync(self._read_events, session_id)
             closers = interrupted_closers(events, session_id=session_id)
-            if closers and self.on_interrupted is not None:
-                await self.on_interrupted(session_id, events)  # its own one-shot children first
+            if closers:
+                await self.hooks.close_interrupted_one_shots(session_id, events)  # its own one-shot children first
             if closers:
                 await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
             return bool(closers)
@@ -195,28 +231,19 @@ class AgentRegistry:
             with trio.CancelScope(shield=True):
                 await self.sessions.release(session_id)
 
-    def _read_events(self, session_id: str) -> list[Event]:
-        handle = self.log_store.open_read(session_id)
-        try:
-            return list(self.log_store.read(handle))
-        finally:
-            self.log_store.close(handle)
-
-    def _read_all(self, session_id: str) -> tuple[list[Event], Surface, int | None]:
-        events = self._read_events(session_id)
+    @staticmethod
+    def _surface_of(session_id: str, events: list[Event]) -> tuple[Surface, int | None]:
         newest = max((e.time for e in events), default=None)
-        return events, Surface.from_events(events, session_id=session_id), newest
+        return Surface.from_events(events, session_id=session_id), newest
 
     async def _start(self, ref: Any, events: list[Event], *, label: str | None, model: Model | None,
                      config: AgentConfig | None, tools: ToolSet | None, surface: Surface | None = None) -> Agent:
         chosen = model if model is not None else self.model
         if chosen is None:
-            raise AgentError("no model is configured: pass open_runtime(model=...)", "NO_MODEL")
-        offered = tools if tools is not None else self.tools()
-        if self.offer is not None:
-            offered = self.offer(ref.header, offered)
+            raise NoModel("no model is configured: pass open_runtime(model=...)")
+        offered = self.hooks.offered_tools(ref.header, tools if tools is not None else self.tools())
         agent = Agent(ref, model=chosen, tools=offered, clock=self.clock,
-                      config=config or self.config, events=events, label=label, wait_settled=self.wait_settled,
+                      config=config or self.config, events=events, label=label, wait_settled=self.hooks.wait_settled,
                       surface=surface)
         await self._nursery.start(agent.run)
         self._agents[ref.session_id] = agent
@@ -224,9 +251,8 @@ class AgentRegistry:
 
     async def stop(self, session_id: str, *, cause: str = "disposed") -> None:
         """Cancel the agent's turn with `cause`, wait (bounded) for it to close, release the
-        session — after the session's own running children (`before_release`)."""
-        if self.before_release is not None:
-            await self.before_release(session_id)
+        session — after the session's own running children (`hooks.release_children_of`)."""
+        await self.hooks.release_children_of(session_id)
         agent = self._agents.pop(session_id, None)
         if agent is not None:
             agent.cancel(cause)  # type: ignore[arg-type]  # one of the three causes

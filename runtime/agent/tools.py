@@ -20,6 +20,9 @@ import attrs
 
 from subagents.actors import Abort
 
+from subagents.storage import SubagentsError
+
+from ..errors import ToolFailure
 from ..models.base import ToolSpec
 from .messages import text_blocks
 
@@ -36,16 +39,6 @@ __all__ = [
 
 Json = dict[str, Any]
 ToolOutput = str | Sequence[Mapping[str, Any]]
-
-
-class ToolFailure(Exception):
-    """Raised by a tool to fail its call with a readable message and a stable code."""
-
-    def __init__(self, message: str, *, code: str, name: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.error_name = name or type(self).__name__
 
 
 @attrs.frozen(kw_only=True)
@@ -185,19 +178,13 @@ class ToolSet:
 
 
 def _failed(exc: Exception) -> ToolOutcome:
-    if isinstance(exc, ToolFailure):
-        return ToolOutcome.failure(exc.message, name=exc.error_name, code=exc.code)
-    # A typed error of the runtime (a session query, storage, the agent registry, a model)
-    # keeps its stable code; anything else is a tool's own bug or IO error. Either way the
-    # model hears about it and the turn goes on.
-    ours = type(exc).__module__.startswith("subagents.")  # a typed error of this runtime
-    code = getattr(exc, "code", None) if ours else None
-    message = getattr(exc, "message", None) if ours else None
-    return ToolOutcome.failure(
-        message if isinstance(message, str) and message else str(exc) or type(exc).__name__,
-        name=type(exc).__name__,
-        code=code if isinstance(code, str) and code else "TOOL_FAILED",
-    )
+    # An error of this runtime's tree (a tool's `ToolFailure`, the subagent service, a session
+    # query, storage, a model) records its pinned `{name, code}`; anything else is a tool's own
+    # bug or IO error. Either way the model hears about it and the turn goes on.
+    if isinstance(exc, SubagentsError):
+        record = exc.record()
+        return ToolOutcome.failure(exc.message or type(exc).__name__, name=record["name"], code=record["code"])
+    return ToolOutcome.failure(str(exc) or type(exc).__name__, name=type(exc).__name__, code="TOOL_FAILED")
 
 
 def _render(name: str, output: ToolOutput) -> list[Json]:

@@ -1,11 +1,18 @@
 """The model seam (docs/design.md, "The agent loop and models"): one method,
 `stream(request)`, yielding chunks.
 
-A transport turns a `ModelRequest` (the session's surface messages and its tool specs) into an
-async iterator of chunks: text deltas, tool-call deltas (reassembled by index), usage and one
-final `Finish`. Failures are raised as `ModelError` with a stable code; the agent loop records
-them (`turn/end {kind: "error"}`), it never retries — retrying is the transport's business.
-The loop consumes a stream inside `contextlib.aclosing` and may cancel it at any chunk.
+A transport turns a `ModelRequest` (the session's surface messages, its tool specs and what the
+call is for) into an async iterator of chunks: text deltas, tool-call deltas (reassembled by
+index), usage and one final `Finish`. Failures are raised as `ModelError` with a stable code; the
+agent loop records them (`turn/end {kind: "error"}`), it never retries — retrying is the
+transport's business. The loop consumes a stream inside `contextlib.aclosing` and may cancel it
+at any chunk.
+
+The request holds nothing about the calling session. A model that answers per session (the
+scripted model binds script entries to sessions, numbers call ids, sleeps on the runtime clock
+and holds on `ModelWaits`) is a `SessionModel`: the agent calls its `bind(session)` once, when
+it starts, with a `SessionBinding`, and streams from the `Model` that returns. A transport that
+needs none of this (the OpenAI-compatible one) simply has no `bind`.
 
 Messages are the logged message values of docs/format.md, "The vocabulary (complete for format
 1)" (`{id, role, content: [blocks], source}`), so a transport sees exactly what the log holds, in
@@ -14,12 +21,13 @@ surface order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
 from subagents.runtime.clock import Clock
+from subagents.runtime.errors import ModelError  # the seam's error (runtime/errors.py)
 
 __all__ = [
     "Chunk",
@@ -28,10 +36,13 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "ModelWaits",
+    "SessionBinding",
+    "SessionModel",
     "TextDelta",
     "ToolCallDelta",
     "ToolSpec",
     "Usage",
+    "bind_model",
 ]
 
 Message = Mapping[str, Any]
@@ -67,16 +78,6 @@ class Finish:
 Chunk = TextDelta | ToolCallDelta | Usage | Finish
 
 
-class ModelError(Exception):
-    """A model call failed. `code` is stable (`MODEL_*`); the text never holds an API key."""
-
-    def __init__(self, message: str, *, code: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.status = status
-
-
 @attrs.frozen
 class ToolSpec:
     """What the model is told about one tool: its name, description and JSON-schema parameters."""
@@ -101,19 +102,56 @@ class ModelWaits(Protocol):
 
 @attrs.frozen(kw_only=True)
 class ModelRequest:
-    session_id: str
+    """One model call: what a transport needs and nothing about who calls.
+
+    `messages` are the session's surface messages in order; `tools` the specs offered (none for
+    a compaction call); `purpose` is `"turn"` (answer the conversation) or `"compaction"`
+    (summarize `messages`; the scripted model answers from its `summaries`)."""
+
     messages: Sequence[Message]
     tools: Sequence[ToolSpec] = ()
-    # Identity of the calling session, used by the scripted model to bind script entries.
-    label: str | None = None
-    created_at: int = 0
-    # Number of `assistant/message` events already in the session's log (call-id numbering).
-    assistant_count: int = 0
-    clock: Clock
-    waits: ModelWaits | None = None
-    # "compaction": summarize `messages` (the scripted model answers from its `summaries`).
     purpose: Literal["turn", "compaction"] = "turn"
 
 
+def _no_assistant_messages() -> int:
+    return 0
+
+
+@attrs.frozen(kw_only=True)
+class SessionBinding:
+    """What the runtime tells a `SessionModel` about the one session it answers.
+
+    `session_id`, `label` and `created_at` identify the session (the scripted model binds its
+    entries by them); `clock` is the runtime's clock (scripted delays sleep on it); `waits` are
+    the hooks a scripted `wait_for` holds on (`None`: the runtime offers none);
+    `assistant_count()` is the number of `assistant/message` events in the session's log when it
+    is called — read at each `stream` call, it numbers default call ids (`call_<n>_<i>`)."""
+
+    session_id: str
+    label: str | None = None
+    created_at: int = 0
+    clock: Clock
+    waits: ModelWaits | None = None
+    assistant_count: Callable[[], int] = _no_assistant_messages
+
+
 class Model(Protocol):
+    """A transport: streams the chunks answering one request."""
+
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]: ...
+
+
+@runtime_checkable
+class SessionModel(Protocol):
+    """A model that answers per session: `bind` returns the `Model` one session streams from.
+    The runtime accepts one wherever it accepts a `Model`, and binds it once per agent."""
+
+    def bind(self, session: SessionBinding) -> Model: ...
+
+
+def bind_model(model: Model | SessionModel, session: SessionBinding) -> Model:
+    """The `Model` the session streams from: `model.bind(session)` for a `SessionModel`, else
+    `model` itself (a transport never sees the binding)."""
+    if isinstance(model, SessionModel):
+        return model.bind(session)
+    return model

@@ -4,7 +4,7 @@
 Theory of operation. `stream(request)` converts the logged messages and tool specs to the chat
 format (`openai_wire`), then *connects*: it sends the request and waits for the response head. A
 429, a 5xx, a connect error or a timeout before the head is retried with exponential backoff and
-jitter, slept on the request's clock (never `trio.sleep`, so scenario clocks make backoff free),
+jitter, slept on the model's clock (never `trio.sleep`, so scenario clocks make backoff free),
 honouring `Retry-After`/`retry-after-ms` up to `retry_after_max`. Once a 2xx event stream is
 accepted nothing is retried: the body is fed to the sans-IO `openai_wire.StreamParser`, whose
 chunks are yielded as they come and whose faults become `ModelError`s with the same code. Closing
@@ -51,8 +51,17 @@ import httpx
 import msgspec
 import trio
 
-from subagents.runtime.clock import Clock
-from subagents.runtime.models.base import Chunk, ModelError, ModelRequest
+from subagents.runtime.clock import Clock, RealClock
+from subagents.runtime.errors import (
+    ModelAuthFailed,
+    ModelBadResponse,
+    ModelError,
+    ModelHttpError,
+    ModelNotFound,
+    ModelStreamInterrupted,
+    ModelUnavailable,
+)
+from subagents.runtime.models.base import Chunk, ModelRequest
 from subagents.runtime.models.openai_wire import (
     StreamFault,
     StreamParser,
@@ -92,6 +101,8 @@ class OpenAIChatModel:
         client: an `httpx.AsyncClient` to reuse (pooled connections; the caller closes it).
             Without one, each `stream` call makes a client and closes it.
         rng: the jitter source (seed it for reproducible backoff).
+        clock: what backoff sleeps on and `Retry-After` dates are read against (default a
+            `RealClock`; `open_runtime` gives a model it builds from a spec the runtime's clock).
 
     Raises `ValueError` for an empty model, a non-http(s) base URL, a key that is not printable
     ASCII, or negative retry settings.
@@ -110,6 +121,7 @@ class OpenAIChatModel:
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         client: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if not model:
             raise ValueError("model name must not be empty")
@@ -131,6 +143,7 @@ class OpenAIChatModel:
         self._client = client
         self._rng = rng if rng is not None else random.Random()
         self._ssl_context: Any = None
+        self.clock: Clock = clock if clock is not None else RealClock()
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "none"
@@ -147,7 +160,7 @@ class OpenAIChatModel:
         response: httpx.Response | None = None
         pieces: AsyncIterator[bytes] | None = None
         try:
-            response = await self._connect(client, body, request.clock)
+            response = await self._connect(client, body, self.clock)
             parser = StreamParser(self._redact)
             pieces = response.aiter_bytes()
             while not parser.done:
@@ -156,18 +169,16 @@ class OpenAIChatModel:
                 try:
                     piece = await anext(pieces, None)
                 except httpx.DecodingError as exc:
-                    failure = self._error("MODEL_BAD_RESPONSE", f"cannot decode the body: {self._describe(exc)}")
+                    failure = self._error(ModelBadResponse, f"cannot decode the body: {self._describe(exc)}")
                 except httpx.TransportError as exc:
-                    failure = self._error(
-                        "MODEL_STREAM_INTERRUPTED",
-                        f"stream interrupted after {parser.events} events: {self._describe(exc)}",
+                    failure = self._error(ModelStreamInterrupted, f"stream interrupted after {parser.events} events: {self._describe(exc)}",
                     )
                 if failure is not None:
                     raise failure
                 try:
                     chunks = parser.end() if piece is None else parser.feed(piece)
                 except StreamFault as fault:
-                    failure = self._error(fault.code, fault.message)
+                    failure = self._error(fault.error, fault.message)
                 if failure is not None:
                     raise failure
                 for chunk in chunks:
@@ -219,7 +230,7 @@ class OpenAIChatModel:
                 last = self._describe(exc)
                 logger.debug("POST %s failed: %s", self.url, last)
             except httpx.HTTPError as exc:
-                refused = self._error("MODEL_HTTP_ERROR", f"request failed: {self._describe(exc)}")
+                refused = self._error(ModelHttpError, f"request failed: {self._describe(exc)}")
             else:
                 status = response.status_code
                 logger.debug("POST %s answered %d, attempt %d of %d", self.url, status, attempt, attempts)
@@ -228,25 +239,20 @@ class OpenAIChatModel:
                     if content_type.split(";")[0].strip().lower() == "text/event-stream":
                         return response
                     excerpt = await self._excerpt(response)
-                    raise self._error(
-                        "MODEL_BAD_RESPONSE",
-                        f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
+                    raise self._error(ModelBadResponse, f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
                         f" with status {status}: {excerpt}",
                         status,
                     )
                 excerpt = await self._excerpt(response)
                 if status in (401, 403):
-                    raise self._error(
-                        "MODEL_AUTH", f"authentication failed ({status}): check the API key: {excerpt}", status
+                    raise self._error(ModelAuthFailed, f"authentication failed ({status}): check the API key: {excerpt}", status
                     )
                 if status == 404:
-                    raise self._error(
-                        "MODEL_NOT_FOUND",
-                        f"not found (404): check the base URL and the model name: {excerpt}",
+                    raise self._error(ModelNotFound, f"not found (404): check the base URL and the model name: {excerpt}",
                         status,
                     )
                 if status != 429 and status < 500:
-                    raise self._error("MODEL_HTTP_ERROR", f"HTTP {status}: {excerpt}", status)
+                    raise self._error(ModelHttpError, f"HTTP {status}: {excerpt}", status)
                 last = f"HTTP {status}: {excerpt}"
                 retry_after = _retry_after(response.headers, clock.now_ms())
             if refused is not None:
@@ -256,9 +262,7 @@ class OpenAIChatModel:
             delay = self._delay(attempt, retry_after)
             logger.debug("retrying POST %s in %.3f s (attempt %d of %d)", self.url, delay, attempt + 1, attempts)
             await clock.sleep(delay)
-        raise self._error(
-            "MODEL_UNAVAILABLE",
-            f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
+        raise self._error(ModelUnavailable, f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
         )
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
@@ -297,10 +301,10 @@ class OpenAIChatModel:
     def _describe(self, exc: BaseException) -> str:
         return _describe(exc, self._redact)
 
-    def _error(self, code: str, detail: str, status: int | None = None) -> ModelError:
+    def _error(self, error: type[ModelError], detail: str, status: int | None = None) -> ModelError:
         message = self._redact(f"model {self.model!r} at {self.url}: {detail}")
-        logger.debug("%s: %s", code, message)
-        return ModelError(message, code=code, status=status)
+        logger.debug("%s: %s", error.code, message)
+        return error(message, status=status)
 
 
 async def _abandon(pieces: AsyncIterator[bytes], redact: Callable[[str], str]) -> None:

@@ -4,8 +4,8 @@ messages and tools to the request body's shape, and a streamed body's bytes to c
 Theory of operation. `StreamParser` is fed the body of a 2xx event stream piece by piece (over
 `sse.SSEDecoder`) and turns `data:` events into chunks — text deltas, tool-call deltas by index,
 then at `[DONE]` the last usage seen and exactly one `Finish`. It reads no socket, keeps no clock
-and raises `StreamFault(code, message)`; the transport (`openai.py`) adds the model and URL and
-raises a `ModelError` with that code. Tool-call deltas are passed on by index, not joined: the
+and raises `StreamFault(error, message)`; the transport (`openai.py`) adds the model and URL and
+raises that `ModelError`. Tool-call deltas are passed on by index, not joined: the
 agent loop assembles calls from any model's chunks.
 
 Finish reasons: `stop` → stop (tool-calls if the stream carried tool calls, for providers that
@@ -25,6 +25,13 @@ from typing import Any, Literal
 
 import msgspec
 
+from subagents.runtime.errors import (
+    ModelBadResponse,
+    ModelBadStream,
+    ModelContentFiltered,
+    ModelError,
+    ModelStreamInterrupted,
+)
 from subagents.runtime.models.base import Chunk, Finish, TextDelta, ToolCallDelta, ToolSpec, Usage
 from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent
 
@@ -43,17 +50,17 @@ _FINISH: dict[str, FinishReason] = {
 
 
 class StreamFault(Exception):
-    """The stream cannot be read as chat-completion chunks; `code` is the `MODEL_*` code the
+    """The stream cannot be read as chat-completion chunks; `error` is the `ModelError` the
     transport raises it as (the transport adds the model and URL to `message`)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, error: type[ModelError], message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.error = error
         self.message = message
 
 
 def _bad(message: str) -> StreamFault:
-    return StreamFault("MODEL_BAD_STREAM", message)
+    return StreamFault(ModelBadStream, message)
 
 
 class StreamParser:
@@ -78,7 +85,7 @@ class StreamParser:
         try:
             events = self._sse.feed(data)
         except SSEError as exc:
-            raise StreamFault("MODEL_BAD_RESPONSE", f"the body is not an event stream: {exc}") from None
+            raise StreamFault(ModelBadResponse, f"the body is not an event stream: {exc}") from None
         return self._events(events)
 
     def end(self) -> list[Chunk]:
@@ -88,12 +95,12 @@ class StreamParser:
         try:
             chunks = self._events(self._sse.close())
         except SSEError as exc:
-            raise StreamFault("MODEL_BAD_RESPONSE", f"the body is not an event stream: {exc}") from None
+            raise StreamFault(ModelBadResponse, f"the body is not an event stream: {exc}") from None
         if self.done:
             return chunks
         if self._finish is None:
             raise StreamFault(
-                "MODEL_STREAM_INTERRUPTED",
+                ModelStreamInterrupted,
                 f"stream ended after {self.events} events without [DONE] or a finish_reason",
             )
         self.done = True
@@ -160,7 +167,7 @@ class StreamParser:
             if not isinstance(reason, str):
                 raise _bad(f"event {n}: finish_reason is not a string")
             if reason == "content_filter":
-                raise StreamFault("MODEL_CONTENT_FILTERED", "the provider's content filter stopped the output")
+                raise StreamFault(ModelContentFiltered, "the provider's content filter stopped the output")
             if self._finish is None:
                 self._finish = reason
         return chunks

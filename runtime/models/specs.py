@@ -11,10 +11,12 @@ from collections.abc import Mapping
 
 import attrs
 
-from .base import Model
+from ..clock import Clock
+from ..errors import ModelSpecError, ScriptError
+from .base import Model, SessionModel
 from .openai import OpenAIChatModel
-from .script import ScriptError, load_script
-from .scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel
+from .script_format import load_script
+from .scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel
 
 __all__ = ["ModelSpec", "ModelSpecError", "build_model", "parse_model_spec"]
 
@@ -25,10 +27,6 @@ _PROVIDERS = {
     "deepseek": ("DEEPSEEK_API_KEY", None, "https://api.deepseek.com"),
     "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
 }
-
-
-class ModelSpecError(ValueError):
-    """A model spec that cannot be used; the message is one clear line."""
 
 
 @attrs.frozen(kw_only=True)
@@ -59,9 +57,12 @@ def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str
     return ModelSpec(scheme=scheme, name=name, base_url=url, api_key=key)
 
 
-def build_model(spec: ModelSpec, *, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> Model:
+def build_model(
+    spec: ModelSpec, *, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT, clock: Clock | None = None
+) -> Model | SessionModel:
     """Build the model (loading and validating a script now, so a bad one fails up front).
-    `stall_timeout` only applies to a scripted model (see `ScriptedModel`)."""
+    `stall_timeout` only applies to a scripted model (see `ScriptedModel`); `clock` only to a
+    transport (its retry backoff; a scripted model sleeps on the clock of the runtime it joins)."""
     if spec.scheme == "scripted":
         try:
             return ScriptedModel(load_script(spec.name), stall_timeout=stall_timeout)
@@ -69,6 +70,6 @@ def build_model(spec: ModelSpec, *, stall_timeout: float | None = DEFAULT_STALL_
             raise ModelSpecError(str(exc).replace("invalid script", "bad script", 1)) from None
     assert spec.base_url is not None
     try:
-        return OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key)
+        return OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key, clock=clock)
     except ValueError as exc:
         raise ModelSpecError(str(exc)) from None

@@ -2,36 +2,46 @@
 "Model-facing tools").
 
 Names, parameters and renders are exact; the descriptions keep the phrases of the agent harness
-this runtime reimplements, because they steer model behaviour. A refused call raises a
-`ToolFailure` named `SubagentError` with the service's code, so the durable `tool/result`
-carries `error: {name: "SubagentError", code}`.
+this runtime reimplements, because they steer model behaviour. A refused call raises the
+service's `SubagentError`, whose pinned record makes the durable `tool/result` carry
+`error: {name: "SubagentError", code}` (runtime/errors.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
-from ..agent.tools import ToolContext, ToolFailure
-from ..subagents.listing import ChildRow, SubagentError
-from ..subagents.service import Reservation, SubagentService
+from ..agent.tools import ToolContext
+from ..errors import NoCallingAgent
+from ..delegation.listing import ChildRow
+from ..delegation.service import Reservation, SubagentService
 
 __all__ = ["agent_status", "render_agents", "subagent_tools"]
 
 Json = dict[str, Any]
 
-_DELEGATE_PARAMS: Json = {
-    "type": "object",
-    "properties": {
-        "description": {"type": "string", "description": "A short (3-5 word) description of the delegated task, for display."},
-        "prompt": {"type": "string", "description": "The task for the subagent: everything it needs to know."},
-        "run_in_background": {"type": "boolean", "description": "true (default): start a continuable background child and return its id; false: wait for its answer."},
-    },
-    "required": ["description", "prompt"],
-    "additionalProperties": False,
-}
+def _schema(required: Sequence[str] = (), **properties: Json) -> Json:
+    """An object schema that takes exactly `properties` (in order), `required` among them."""
+    schema: Json = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    schema["additionalProperties"] = False
+    return schema
+
+
+def _text(kind: str, description: str) -> Json:
+    return {"type": kind, "description": description}
+
+
+_DELEGATE_PARAMS = _schema(
+    ("description", "prompt"),
+    description=_text("string", "A short (3-5 word) description of the delegated task, for display."),
+    prompt=_text("string", "The task for the subagent: everything it needs to know."),
+    run_in_background=_text("boolean", "true (default): start a continuable background child and return its id; false: wait for its answer."),
+)
 
 _BACKGROUND = (
     " This tool runs in the background by default, immediately returns a durable subagent id, and keeps the "
@@ -71,23 +81,26 @@ INTERRUPT_DESCRIPTION = (
 )
 
 
-def _failure(exc: SubagentError) -> ToolFailure:
-    return ToolFailure(exc.message, code=exc.code, name="SubagentError")
-
-
 def _caller(ctx: ToolContext, tool: str) -> Any:
     if ctx.agent is None:
-        raise ToolFailure(f"{tool} requires a calling agent (exec.agent was undefined)", code="NO_AGENT")
+        raise NoCallingAgent(f"{tool} requires a calling agent (exec.agent was undefined)")
     return ctx.agent
 
 
 @attrs.frozen
-class _Delegate:
+class _ServiceTool:
+    """A model-facing tool that acts through the subagent service; every one is parallel-safe
+    (the service orders what must be ordered)."""
+
     service: SubagentService
+    parallel_safe: ClassVar[bool] = True
+
+
+@attrs.frozen
+class _Delegate(_ServiceTool):
     name: str
     provider: str
-    parallel_safe: bool = True
-    parameters: Json = _DELEGATE_PARAMS
+    parameters: ClassVar[Json] = _DELEGATE_PARAMS
 
     @property
     def description(self) -> str:
@@ -109,15 +122,12 @@ class _Delegate:
 
     async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
-        try:
-            if args.get("run_in_background", True):
-                child_id = await self.service.start_continuable(parent, self.provider, args["description"],  # type: ignore[arg-type]  # spawn or fork
-                                                                args["prompt"], ctx.abort, reserved=ctx.prepared)
-                return f"started subagent {child_id}"
-            result = await self.service.start(parent, self.provider, args["prompt"],  # type: ignore[arg-type]  # spawn or fork
-                                              label=args["description"], abort=ctx.abort, reserved=ctx.prepared)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        if args.get("run_in_background", True):
+            child_id = await self.service.start_continuable(parent, self.provider, args["description"],  # type: ignore[arg-type]  # spawn or fork
+                                                            args["prompt"], ctx.abort, reserved=ctx.prepared)
+            return f"started subagent {child_id}"
+        result = await self.service.start(parent, self.provider, args["prompt"],  # type: ignore[arg-type]  # spawn or fork
+                                          label=args["description"], abort=ctx.abort, reserved=ctx.prepared)
         return result.text or ""
 
 
@@ -141,30 +151,22 @@ def render_agents(rows: Sequence[Any], descendants: bool, status: Any) -> str:
     return "\n".join(lines) if lines else "(no subagents)"
 
 
-@attrs.frozen
-class _ListAgents:
-    service: SubagentService
-    name: str = "list_agents"
-    description: str = LIST_AGENTS_DESCRIPTION
-    parallel_safe: bool = True
-    parameters: Json = attrs.field(factory=lambda: {
-        "type": "object",
-        "properties": {"scope": {"type": "string", "enum": ["children", "descendants"],
-                                 "description": "children (default) lists direct children only; descendants walks the complete tree below you."}},
-        "additionalProperties": False,
-    })
+class _ListAgents(_ServiceTool):
+    name: ClassVar[str] = "list_agents"
+    description: ClassVar[str] = LIST_AGENTS_DESCRIPTION
+    parameters: ClassVar[Json] = _schema(
+        scope={"type": "string", "enum": ["children", "descendants"],
+               "description": "children (default) lists direct children only; descendants walks the complete tree below you."},
+    )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
         descendants = args.get("scope", "children") == "descendants"
         listing = self.service.listing
-        try:
-            if descendants:
-                rows = await listing.list_descendants(caller.session_id, ctx.abort)
-            else:
-                rows = await listing.list_children(caller.session_id, ctx.abort)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        if descendants:
+            rows = await listing.list_descendants(caller.session_id, ctx.abort)
+        else:
+            rows = await listing.list_children(caller.session_id, ctx.abort)
         # A child not resident here that the listing found `running` is held by another process.
         elsewhere = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
         agents = self.service.agents
@@ -172,50 +174,31 @@ class _ListAgents:
             "running" if child_id in elsewhere and agents.get(child_id) is None else agent_status(agents, child_id)))
 
 
-@attrs.frozen
-class _SendMessage:
-    service: SubagentService
-    name: str = "send_message"
-    description: str = SEND_MESSAGE_DESCRIPTION
-    parallel_safe: bool = True
-    parameters: Json = attrs.field(factory=lambda: {
-        "type": "object",
-        "properties": {
-            "agent_id": {"type": "string", "description": "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child."},
-            "message": {"type": "string", "description": "The message to deliver to the agent."},
-        },
-        "required": ["agent_id", "message"],
-        "additionalProperties": False,
-    })
+class _SendMessage(_ServiceTool):
+    name: ClassVar[str] = "send_message"
+    description: ClassVar[str] = SEND_MESSAGE_DESCRIPTION
+    parameters: ClassVar[Json] = _schema(
+        ("agent_id", "message"),
+        agent_id=_text("string", "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child."),
+        message=_text("string", "The message to deliver to the agent."),
+    )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         sender = _caller(ctx, self.name)
-        try:
-            await self.service.send_message(sender, args["agent_id"], args["message"], ctx.abort)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        await self.service.send_message(sender, args["agent_id"], args["message"], ctx.abort)
         return f"message delivered to agent {args['agent_id']}"
 
 
-@attrs.frozen
-class _InterruptAgent:
-    service: SubagentService
-    name: str = "interrupt_agent"
-    description: str = INTERRUPT_DESCRIPTION
-    parallel_safe: bool = True
-    parameters: Json = attrs.field(factory=lambda: {
-        "type": "object",
-        "properties": {"agent_id": {"type": "string", "description": "The agent id of the running agent to interrupt."}},
-        "required": ["agent_id"],
-        "additionalProperties": False,
-    })
+class _InterruptAgent(_ServiceTool):
+    name: ClassVar[str] = "interrupt_agent"
+    description: ClassVar[str] = INTERRUPT_DESCRIPTION
+    parameters: ClassVar[Json] = _schema(
+        ("agent_id",), agent_id=_text("string", "The agent id of the running agent to interrupt.")
+    )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
-        try:
-            outcome = await self.service.interrupt(args["agent_id"], caller)
-        except SubagentError as exc:
-            raise _failure(exc) from None
+        outcome = await self.service.interrupt(args["agent_id"], caller)
         tail = " (it is not running)" if outcome == "not-running" else ""
         return f"interrupt requested for agent {args['agent_id']}{tail}"
 

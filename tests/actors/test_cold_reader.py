@@ -15,12 +15,12 @@ from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.storage import (
     Batch,
     CorruptLog,
-    FaultyLogStore,
     FileLogStore,
     SessionHeader,
     SessionNotFound,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 
 
 def publish(store: FileLogStore, sid: str, *, open_turn: bool = False) -> None:
@@ -90,7 +90,7 @@ async def test_an_abort_set_before_reads_nothing(faulty: FaultyLogStore) -> None
     abort.set()
     with pytest.raises(ReadAborted) as info:
         await ColdReader(faulty).read_many(["s0"], abort)
-    assert info.value.code == "COLD_READ_ABORTED"
+    assert info.value.code == "ACTOR_READ_ABORTED"
     assert faulty.calls["open_read"] == 0
 
 

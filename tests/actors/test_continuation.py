@@ -105,9 +105,7 @@ async def test_the_limit_is_per_family_and_counts_reservations() -> None:
         with pytest.raises(ActivationLimitReached):
             manager.admit("c", "b")
         assert isinstance(refused.value, ActorError) and refused.value.limit == 2
-        assert str(refused.value) == (
-            "subagent limit reached (active child limit: 2); wait for an existing child to finish "
-            "or complete this work with the current agents")
+        assert str(refused.value) == "the family is at its limit of 2 active children"
         others = [manager.admit("x", "top2"), manager.admit("y", "top2")]  # not a global limit
         with pytest.raises(ActorError, match="already resident"):
             manager.admit("x", "top2")
@@ -253,7 +251,7 @@ async def test_drain_stops_everything_child_first_and_refuses_admission() -> Non
             assert manager.draining and hooks.calls[-1] == ("settle", "b")
             with pytest.raises(Draining) as refused:
                 manager.admit("d", "top3")  # refused while draining
-            assert str(refused.value) == "continuable subagents are draining; the operation was not admitted"
+            assert str(refused.value) == "the continuation manager is draining: nothing new is admitted"
             hooks.settle_gate["b"].set()
         with pytest.raises(Draining):
             manager.admit("d", "top3")  # and after
@@ -287,7 +285,7 @@ async def test_a_child_admitted_while_its_parent_closes_is_not_left_behind() -> 
 def test_refusals_carry_their_codes() -> None:
     from subagents.actors.continuation import Draining, ParentClosing
 
-    assert ActivationLimitReached(3).code == "ACTIVATION_LIMIT_REACHED"
-    assert Draining().code == "DRAINING"
+    assert ActivationLimitReached(3).code == "ACTOR_ACTIVATION_LIMIT_REACHED"
+    assert Draining().code == "ACTOR_DRAINING"
     closing = ParentClosing("a")
-    assert (closing.code, str(closing)) == ("PARENT_CLOSING", "agent 'a' is closing; it takes no new subagents")
+    assert (closing.code, str(closing)) == ("ACTOR_PARENT_CLOSING", "parent 'a' is closing: no child is admitted under it")

@@ -11,7 +11,7 @@ from drafts import descriptor_draft, turn_start
 from log_lines import header
 from registries import subagent_registry
 from subagents.actors import ActorStopped, open_session_store, snapshot_all
-from subagents.storage import MemoryLogStore
+from subagents.storage.testing import MemoryLogStore
 from subagents.storage.projection import ProjectionBroken
 
 now_ms = ticking_ms()

@@ -152,7 +152,7 @@ async def test_release_checkpoints_and_frees_the_lock(tmp_path: Path) -> None:
 
 async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clock: Any) -> None:
     # In memory (MemoryLogStore, in-memory index), so virtual time is safe here.
-    from subagents.storage import MemoryLogStore
+    from subagents.storage.testing import MemoryLogStore
 
     log_store = MemoryLogStore()
     async with open_session_store(log_store, ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
@@ -251,7 +251,7 @@ async def test_leaving_the_store_gives_up_on_a_hung_storage_call(autojump_clock:
     # Stop = cancel after a bounded wait: a hung append is abandoned (its request fails, never
     # acknowledged) and the block still ends. Virtual time makes the bound pass at once.
     from subagents.actors import ActorStopped
-    from subagents.storage import FaultyLogStore, MemoryLogStore
+    from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 
     faulty = FaultyLogStore(MemoryLogStore())
     outcome: list[BaseException] = []
@@ -332,7 +332,7 @@ async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_tr
 
 
 async def test_the_checkpoint_cadence_is_checked() -> None:
-    from subagents.storage import MemoryLogStore
+    from subagents.storage.testing import MemoryLogStore
 
     import pytest
 

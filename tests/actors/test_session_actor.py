@@ -37,19 +37,17 @@ from subagents.actors import (
     open_session_store,
 )
 from subagents.storage import (
-    CrashFs,
     Event,
-    FaultyLogStore,
     InvalidEvent,
     LogStore,
-    MemoryLogStore,
     NonLosslessData,
     Offset,
     PersistenceFailed,
     SequenceConflict,
     SessionHeader,
 )
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
 
 BOUND = 10  # seconds; a safety net only, never the mechanism of a test

@@ -24,13 +24,10 @@ from drafts import descriptor_draft, note, turn_start
 from log_lines import header, rel_log, wire
 from registries import subagent_registry as registry
 from subagents.actors import ActorStopped, SessionRef, open_session_store
-from subagents.runtime.subagents.units import is_own_identity
+from subagents.runtime.delegation.units import is_own_identity
 from subagents.storage import (
     AlreadyOwned,
-    CrashFs,
     Event,
-    FaultyLogStore,
-    MemoryLogStore,
     Offset,
     PersistenceFailed,
     SessionAlreadyExists,
@@ -38,6 +35,7 @@ from subagents.storage import (
     SessionNotFound,
     make_event,
 )
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 
 BOUND = 10  # seconds; a safety net only
 now_ms = fixed_ms()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, snapshot_descriptor
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
 
 
 def descriptor(label: str | None, mode: str = "continuable", provider: str = "spawn") -> dict[str, Any]:

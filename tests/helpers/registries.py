@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage.projection import ProjectionRegistry
 
 

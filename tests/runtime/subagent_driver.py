@@ -35,9 +35,9 @@ import trio
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.runtime.subagents.service import SubagentService
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.delegation.service import SubagentService
 
 
 def _say(line: str) -> None:
@@ -61,14 +61,17 @@ class HookedModel:
     def register_session(self, *args: Any, **kwargs: Any) -> None:
         self.inner.register_session(*args, **kwargs)
 
-    def stream(self, request: Any) -> Any:
+    def bind(self, session: Any) -> Any:
+        return _HookedSession(self, session.session_id, self.inner.bind(session))
+
+    def answer(self, session_id: str, bound: Any, request: Any) -> Any:
         if request.purpose != "turn":
-            return self.inner.stream(request)
-        self.calls[request.session_id] += 1
-        n = self.calls[request.session_id]
-        self.event(request.session_id, n).set()
-        gate = self._gates.get((request.session_id, n))
-        inner = self.inner.stream(request)
+            return bound.stream(request)
+        self.calls[session_id] += 1
+        n = self.calls[session_id]
+        self.event(session_id, n).set()
+        gate = self._gates.get((session_id, n))
+        inner = bound.stream(request)
         if gate is None:
             return inner
         return self._gated(self.event(*gate), inner)
@@ -78,6 +81,18 @@ class HookedModel:
         async with aclosing(inner) as stream:
             async for chunk in stream:
                 yield chunk
+
+
+class _HookedSession:
+    """`HookedModel` bound to one session."""
+
+    def __init__(self, hooked: HookedModel, session_id: str, bound: Any) -> None:
+        self.hooked = hooked
+        self.session_id = session_id
+        self.bound = bound
+
+    def stream(self, request: Any) -> Any:
+        return self.hooked.answer(self.session_id, self.bound, request)
 
 
 async def _wait_mark(rt: Any, model: HookedModel, conditions: list[dict[str, Any]]) -> None:

@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from log_lines import header_line, json_line, new_log_file, read_all
+from wrapped_models import WrappedModel
 from subagents.actors import EventDraft
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import Agent, AgentConfig
@@ -28,9 +29,9 @@ from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolFailure
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.base import Chunk, Finish, Model, ModelRequest, SessionBinding, TextDelta
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import (
     TOOL_NOT_STARTED_TEXT,
     TOOL_OUTCOME_UNKNOWN_TEXT,
@@ -54,7 +55,7 @@ def scripted(*responses: Json, summaries: Sequence[str] | None = None) -> Script
     return ScriptedModel(load_script(json.dumps(document)))
 
 
-class Recording:
+class Recording(WrappedModel):
     """A `Model` wrapper that keeps every request and lets a test wait for the n-th call."""
 
     def __init__(self, inner: Any) -> None:
@@ -62,10 +63,10 @@ class Recording:
         self.requests: list[ModelRequest] = []
         self._lot = trio.lowlevel.ParkingLot()
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
         self.requests.append(request)
         self._lot.unpark_all()
-        return self.inner.stream(request)
+        return inner.stream(request)
 
     async def wait_calls(self, n: int) -> None:
         while len(self.requests) < n:

@@ -1046,7 +1046,7 @@ def test_the_surface_skips_an_ignorable_event_of_a_later_format() -> None:
     """A later format's ignorable event may carry a surface_op; readers skip it (the log reads
     fine, so resuming it must too)."""
     from subagents.runtime.agent.messages import Surface
-    from subagents.storage import decode_event
+    from subagents.storage._codec import decode_event
 
     user = make_event(0, "user/message", 1, {"turn": 1, "step": 1, "message": {
         "id": "m0", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}},

@@ -12,8 +12,8 @@ import pytest
 from clocks import T
 from events import seed_marker, turn_end_event
 from log_lines import header
-from subagents.runtime.subagents.lineage import catalog_entries
-from subagents.runtime.subagents.units import CATALOG_UNIT, SUBAGENT_UNITS
+from subagents.runtime.delegation.lineage import catalog_entries
+from subagents.runtime.delegation.units import CATALOG_UNIT, SUBAGENT_UNITS
 from subagents.storage import Event, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 

@@ -12,18 +12,19 @@ from typing import Any
 import pytest
 
 from log_lines import read_all
+from wrapped_models import WrappedModel
 from subagents.runtime.agent.loop import AgentConfig
 from subagents.runtime.agent.registry import AgentError
 from subagents.runtime.agent.tools import FunctionTool, ToolSet
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.base import Chunk, ModelRequest
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.runtime.subagents.descriptor import ToolFilter, parse_descriptor
-from subagents.runtime.subagents.listing import SubagentError
-from subagents.runtime.subagents.options import ChildOptions, filtered_tools
+from subagents.runtime.models.base import Chunk, Model, ModelRequest, SessionBinding
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.delegation.descriptor import ToolFilter, parse_descriptor
+from subagents.runtime.delegation.listing import SubagentError
+from subagents.runtime.delegation.options import ChildOptions, filtered_tools
 from subagents.storage import FileLogStore, decode_payload
 
 PERSONA = "You are a careful reviewer."
@@ -31,23 +32,23 @@ OPTIONS = ChildOptions(agent_provider="scripted", agent_model="reviewer", person
                        tool_filter=ToolFilter(deny=["subagent", "subagent_fork"]))
 
 
-class Recording:
+class Recording(WrappedModel):
     """A model that answers from a script and remembers every request, per session."""
 
     def __init__(self, script: ScriptedModel, name: str) -> None:
-        self.script = script
+        self.inner = self.script = script
         self.name = name
-        self.requests: list[ModelRequest] = []
+        self.requests: list[tuple[str, ModelRequest]] = []
 
     def register_session(self, session_id: str, *, label: str | None, created_at: int) -> None:
         self.script.register_session(session_id, label=label, created_at=created_at)
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
-        self.requests.append(request)
-        return self.script.stream(request)
+    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
+        self.requests.append((session.session_id, request))
+        return inner.stream(request)
 
     def of(self, session_id: str) -> list[ModelRequest]:
-        return [r for r in self.requests if r.session_id == session_id]
+        return [r for sid, r in self.requests if sid == session_id]
 
 
 def _script(*child_texts: str) -> ScriptedModel:
@@ -136,7 +137,7 @@ async def test_options_that_select_a_model_need_a_factory(tmp_path: Path) -> Non
         ):
             with pytest.raises(SubagentError) as exc:
                 await start()
-            assert exc.value.code == "UNSUPPORTED_CAPABILITY"
+            assert exc.value.code == "SUBAGENT_UNSUPPORTED_CAPABILITY"
         assert sorted(p.name for p in (tmp_path / "sessions").iterdir()) == ["parent"]  # no child was made
         # Persona and tool filter alone need no factory.
         child_id = await rt.subagents.start_continuable(
@@ -155,7 +156,7 @@ async def test_a_child_whose_model_cannot_be_rebuilt_is_not_resumable(tmp_path: 
         parent = await rt.agents.resume("parent")
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(parent, child_id, "again")
-        assert (exc.value.code, exc.value.message) == ("NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
+        assert (exc.value.code, exc.value.message) == ("SUBAGENT_NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
         assert rt.subagents.manager.get(child_id) is None
 
 
@@ -165,7 +166,7 @@ async def test_a_one_shot_child_uses_its_options_without_recording_them(tmp_path
         parent = await rt.agents.create(session_id="parent")
         result = await rt.subagents.start(parent, "spawn", "go", label="reviewer-child", options=OPTIONS)
         assert result.text == "the result"
-    (child_id,) = {r.session_id for r in models.child.requests}
+    (child_id,) = {sid for sid, _ in models.child.requests}
     assert _system_texts(models.child.of(child_id)[0]) == [PERSONA]
     assert "subagent" not in _tool_names(models.child.of(child_id)[0])
     assert _descriptor(tmp_path, child_id) == {"version": 2, "mode": "one-shot", "provider": "spawn",
@@ -213,5 +214,5 @@ async def test_every_resume_path_gets_the_options_back(tmp_path: Path) -> None:
     async with open_runtime(tmp_path, model=Models("x").default, clock=ScenarioClock(), compression="none") as rt:
         with pytest.raises(AgentError) as exc:
             await rt.agents.resume(child_id)
-        assert exc.value.code == "NOT_RESUMABLE"
+        assert exc.value.code == "SUBAGENT_OPTIONS_NOT_REAPPLIED" and exc.value.record()["code"] == "NOT_RESUMABLE"
         assert rt.sessions.get(child_id) is None  # released again, lock and all

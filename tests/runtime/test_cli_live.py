@@ -187,7 +187,8 @@ class _OtherProcess:
 @pytest.mark.parametrize("kind", ["memory", "file"])
 async def test_listing_and_observation_see_a_writer_elsewhere(kind: str, tmp_path: Path) -> None:
     from subagents.runtime.app import open_runtime
-    from subagents.storage import FileLogStore, MemoryLogStore
+    from subagents.storage import FileLogStore
+    from subagents.storage.testing import MemoryLogStore
 
     writer: Any
     if kind == "memory":  # another store on the same in-memory data: it has no processes
@@ -223,9 +224,10 @@ async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: P
 
     from subagents.runtime.app import open_runtime
     from subagents.runtime.clock import ScenarioClock
-    from subagents.runtime.models.script import load_script
-    from subagents.runtime.models.scripted import ScriptedModel
-    from subagents.storage import Batch, MemoryLogStore, make_event
+    from subagents.runtime.models.script_format import load_script
+    from subagents.runtime.models.scripted_model import ScriptedModel
+    from subagents.storage import Batch, make_event
+    from subagents.storage.testing import MemoryLogStore
 
     writer = MemoryLogStore()
     reader = MemoryLogStore(fs=writer.crash_fs)
@@ -258,8 +260,8 @@ async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhe
 
     from subagents.actors import open_session_store
     from subagents.runtime.app import open_runtime
-    from subagents.runtime.subagents.units import SUBAGENT_UNITS
-    from subagents.storage import FaultyLogStore, MemoryLogStore
+    from subagents.runtime.delegation.units import SUBAGENT_UNITS
+    from subagents.storage.testing import FaultyLogStore, MemoryLogStore
     from subagents.storage.projection import ProjectionRegistry
 
     memory = MemoryLogStore()  # one store: its in-memory lock table has no processes, any holder counts

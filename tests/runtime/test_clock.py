@@ -11,8 +11,8 @@ from log_lines import read_all
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import RealClock, ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from subagents.runtime.subagents.descriptor import (
+from subagents.runtime.delegation.descriptor import (
     DESCRIPTOR_VERSION,
     MalformedDescriptor,
     SubagentDescriptor,

@@ -13,10 +13,10 @@ from log_lines import read_all
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.scenario import check_scenario, run_scenario
-from subagents.runtime.subagents.service import Reservation
+from subagents.runtime.delegation.service import Reservation
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "parallel-children-interrupt"
 
@@ -58,8 +58,8 @@ async def test_a_settlement_waiting_for_a_busy_parent_does_not_hold_up_the_drain
     from subagents.runtime.app import open_runtime
     from subagents.runtime.clock import ScenarioClock
     from subagents.runtime.ids import CountingIds
-    from subagents.runtime.models.script import load_script
-    from subagents.runtime.models.scripted import ScriptedModel
+    from subagents.runtime.models.script_format import load_script
+    from subagents.runtime.models.scripted_model import ScriptedModel
     from subagents.storage import FileLogStore
 
     entered = trio.Event()

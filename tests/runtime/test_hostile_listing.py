@@ -100,7 +100,7 @@ async def check_entry_points(root: Path, healthy: list[str], bad: list[str]) -> 
                 with pytest.raises(SessionQueryError) as info:
                     async with runtime.query.observe_session(sid):
                         pass
-                assert info.value.code == "SESSION_QUERY_CORRUPT_SESSION"
+                assert info.value.code == "QUERY_CORRUPT_SESSION"
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])

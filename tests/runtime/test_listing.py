@@ -14,9 +14,10 @@ from listing_rows import rows
 from log_lines import header, persist_log
 from subagents.actors import Abort, open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.listing import ListingService, SubagentError, walk_descendants
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import FaultyLogStore, FileLogStore, PersistenceFailed, make_event
+from subagents.runtime.delegation.listing import ListingService, SubagentError, walk_descendants
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import FileLogStore, PersistenceFailed, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -46,7 +47,7 @@ async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:
         await live.append([descriptor_draft("live one")])
         await window.append([turn_start(1)])  # no descriptor yet
         query = SessionQuery(base, sessions, registry)
-        service = ListingService(registry=registry, sessions=sessions, query=query, log_store=base)
+        service = ListingService(registry=registry, sessions=sessions, query=query)
         result = rows(await service.list_children("p"))
         assert result == [
             {"kind": "child", "id": "c-a", "activity": "inactive", "has_children": True, "mode": "continuable", "label": "a"},
@@ -68,7 +69,7 @@ async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(tmp_path
     faulty = FaultyLogStore(base)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(faulty, registry, now_ms=now_ms) as sessions:
-        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry), log_store=faulty)
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry))
         faulty.fail("read", PersistenceFailed("an I/O error"), session_id="c1")
         assert rows(await service.list_children("p")) == [
             {"kind": "diagnostic", "id": "c1", "reason": "unavailable"},
@@ -76,7 +77,7 @@ async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(tmp_path
         ]
         assert [r["id"] for r in rows(await service.list_children("p"))] == ["c1", "c2"]  # retried: listed
         faulty.fail("read", TypeError("a bug"), session_id="c2")
-        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry), log_store=faulty)
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry))
         with pytest.raises(TypeError):
             await service.list_children("p")
 
@@ -92,7 +93,7 @@ async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_pa
             await sessions.release(f"c{i}")  # persisted, with checkpoint rows
     faulty = FaultyLogStore(FileLogStore(str(tmp_path)))
     async with open_session_store(faulty, registry, now_ms=now_ms) as sessions:
-        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry), log_store=faulty)
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry))
         result = rows(await service.list_children("p"))
         assert [r["label"] for r in result] == [f"child {i}" for i in range(6)]
         assert faulty.calls["read"] == 0 and faulty.calls["open_read"] == 0
@@ -119,12 +120,12 @@ async def test_an_abort_ends_in_cancelled_with_no_rows(tmp_path: Path) -> None:
     child(base, "c1", 1, data=descriptor("one"))
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
-        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(base, sessions, registry), log_store=base)
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(base, sessions, registry))
         abort = Abort()
         abort.set()
         with pytest.raises(SubagentError) as info:
             await service.list_children("p", abort)
-        assert (info.value.code, info.value.message) == ("CANCELLED", "subagent listing was cancelled")
+        assert (info.value.code, info.value.message) == ("SUBAGENT_CANCELLED", "subagent listing was cancelled")
 
 
 def test_the_walk_is_iterative_and_never_loops() -> None:
@@ -153,7 +154,7 @@ async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(tm
         await ref.append([descriptor_draft("child")])
         await sessions.release("c0")  # persisted, with checkpoint rows
         query = SessionQuery(base, sessions, registry)
-        service = ListingService(registry=registry, sessions=sessions, query=query, log_store=base)
+        service = ListingService(registry=registry, sessions=sessions, query=query)
         (record,) = [r for r in await query.list_sessions() if r.id == "c0"]
         found: list[Any] = []
 

@@ -43,16 +43,17 @@ from events import seed_marker, turn_end_event
 from log_lines import header, persist_log
 from subagents.actors import Abort, SessionStore, open_session_store
 from subagents.runtime.query import Observation, SessionQuery
-from subagents.runtime.subagents import listing as listing_module
-from subagents.runtime.subagents.listing import ListingService, SubagentError
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation import listing as listing_module
+from subagents.runtime.errors import SubagentCancelled
+from subagents.runtime.delegation.listing import ListingService, SubagentError
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
-    FaultyLogStore,
     FileLogStore,
     LogStore,
     PersistenceFailed,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -126,7 +127,7 @@ class SequencedStore(FaultyLogStore):
         with self._hook_lock:
             self._hooks.append(_HookRule(op, session_id, hook, times))
 
-    def _enter(self, op: Any, session_id: str | None, checkpoint: Any = None) -> None:
+    def _enter(self, op: Any, session_id: str | None, poll: Any = None) -> None:
         with self._hook_lock:
             rule = next((r for r in self._hooks if r.op == op and r.session_id in (None, session_id)), None)
             if rule is not None and rule.times is not None:
@@ -135,7 +136,7 @@ class SequencedStore(FaultyLogStore):
                     self._hooks.remove(rule)
         if rule is not None:
             trio.from_thread.run(rule.hook, session_id)
-        super()._enter(op, session_id, checkpoint)
+        super()._enter(op, session_id, poll)
 
     @contextmanager
     def _running(self, op: str) -> Iterator[None]:
@@ -188,9 +189,9 @@ class CountingQuery(SessionQuery):
         self.on_enter: Callable[[], Awaitable[None]] | None = None
 
     @asynccontextmanager
-    async def observe_session(self, session_id: str, abort: Abort | None = None) -> AsyncIterator[Observation]:
+    async def observe_session(self, session_id: str, abort: Abort | None = None, **kwargs: Any) -> AsyncIterator[Observation]:
         self.attempts += 1
-        async with super().observe_session(session_id, abort) as seen:
+        async with super().observe_session(session_id, abort, **kwargs) as seen:
             self.entered.append(seen)
             try:
                 if self.on_enter is not None:
@@ -232,7 +233,7 @@ async def listing_env(root: Path) -> AsyncIterator[Env]:
     try:
         async with open_session_store(store, registry, now_ms=now_ms) as sessions:
             query = CountingQuery(store, sessions, registry)
-            service = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
+            service = ListingService(registry=registry, sessions=sessions, query=query)
             yield Env(store, sessions, query, service)
     finally:
         store.release()  # no hang outlives the test, whatever happened
@@ -295,8 +296,8 @@ def assert_ended(outcome: Outcome, how: str, scope: trio.CancelScope, query: Cou
     assert outcome.rows is None  # never a partial result, never a diagnostic row
     if how == "abort":
         error = outcome.error
-        assert type(error) is SubagentError, repr(error)
-        assert (error.code, error.message) == ("CANCELLED", "subagent listing was cancelled")
+        assert type(error) is SubagentCancelled, repr(error)
+        assert (error.code, error.message) == ("SUBAGENT_CANCELLED", "subagent listing was cancelled")
         assert not scope.cancelled_caught
     else:
         assert type(outcome.error) is trio.Cancelled, repr(outcome.error)  # bare: no group, no SubagentError

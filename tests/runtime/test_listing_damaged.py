@@ -26,9 +26,10 @@ from subagents.runtime.app import open_runtime
 from subagents.runtime.cli import main
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.storage import FaultyLogStore, FileLogStore
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.storage import FileLogStore
+from subagents.storage.testing import FaultyLogStore
 
 PARENT = "parent"
 LABELS = ("alpha", "beta", "victim", "gamma")  # started in this order: c-1 .. (alpha's grandchild in between)

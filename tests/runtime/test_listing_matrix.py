@@ -27,8 +27,9 @@ from listing_rows import rows
 from log_lines import header, persist_log
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import Runtime, open_runtime
-from subagents.runtime.subagents.listing import SubagentError
-from subagents.storage import FaultyLogStore, FileLogStore, make_event
+from subagents.runtime.errors import SubagentCancelled, SubagentError
+from subagents.storage import FileLogStore, make_event
+from subagents.storage.testing import FaultyLogStore
 
 now_ms = ticking_ms()
 
@@ -415,8 +416,8 @@ async def test_an_abort_during_hung_reads_ends_in_cancelled(
             faulty.release()
         assert len(outcome) == 1
         error = outcome[0]
-        assert type(error) is SubagentError, error
-        assert (error.code, error.message) == ("CANCELLED", "subagent listing was cancelled")
+        assert type(error) is SubagentCancelled, error
+        assert (error.code, error.message) == ("SUBAGENT_CANCELLED", "subagent listing was cancelled")
         assert limiter.borrowed_tokens == 0
         assert faulty.calls["read"] == 4  # the waiting reads never started
 

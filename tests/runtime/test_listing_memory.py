@@ -20,9 +20,10 @@ from descriptors import descriptor
 from log_lines import header, persist_log
 from subagents.actors import open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.listing import ListingService
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import MemoryLogStore, make_event
+from subagents.runtime.delegation.listing import ListingService
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import make_event
+from subagents.storage.testing import MemoryLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 SIZES = (1_000, 2_000)
@@ -108,7 +109,7 @@ async def measure(store: MemoryLogStore, call: Call, *, expected: int) -> Measur
         # No LRU of prepared observations: it is a separate structure with its own byte bound
         # (SPEC 5.1); what is left is the listing's own memory.
         query = SessionQuery(store, sessions, registry, cache_bytes=0)
-        service = ListingService(registry=registry, sessions=sessions, query=query, log_store=store)
+        service = ListingService(registry=registry, sessions=sessions, query=query)
         await query.list_sessions()  # the store's index is built, outside the measurement
 
         base = _traced()

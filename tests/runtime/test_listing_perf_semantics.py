@@ -30,9 +30,11 @@ from log_lines import header
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.actors import cold_reader
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
+from subagents.actors.store_reader import StoreReader
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
-from subagents.storage import Batch, Event, FaultyLogStore, FileLogStore, Offset, make_event
+from subagents.runtime.delegation.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
+from subagents.storage import Batch, Event, FileLogStore, Offset, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
 HEADER = header("child", T, origin="subagent", parent_session="p")
@@ -206,14 +208,14 @@ class GatedStore(FaultyLogStore):
         self.entered = {sid: threading.Event() for sid in gated}
         self.reads = 0
 
-    def read(self, handle: Any, *args: Any, checkpoint: Any = None, **kwargs: Any) -> Any:
+    def read(self, handle: Any, *args: Any, poll: Any = None, **kwargs: Any) -> Any:
         self.reads += 1
         sid = handle.session_id
         if sid in self.gates:
             self.entered[sid].set()
             while not self.gates[sid].wait(0.002):
-                checkpoint()
-        return super().read(handle, *args, checkpoint=checkpoint, **kwargs)
+                poll()
+        return super().read(handle, *args, poll=poll, **kwargs)
 
 
 async def test_a_hop_cancelled_in_another_calls_read_hands_it_back(
@@ -287,7 +289,7 @@ async def test_an_abort_ends_reads_waiting_behind_a_hop(tmp_path: Path) -> None:
 # --- the session query ------------------------------------------------------------------------------
 
 
-class CountingQuery(SessionQuery):
+class StatCountingReader(StoreReader):
     batches = 0
 
     def _stat_batch(self, batch: Any) -> None:
@@ -301,7 +303,8 @@ async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_o
     (tmp_path / "sessions" / ids[3] / "session.jsonl").write_bytes(b"junk\n")  # corrupt
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
-        query = CountingQuery(base, sessions, registry, cache_bytes=0)
+        reader = StatCountingReader(base)
+        query = SessionQuery(base, sessions, registry, cache_bytes=0, reader=reader)
         abort = Abort()
         together: dict[str, Any] = {}
 
@@ -315,7 +318,7 @@ async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_o
         async with trio.open_nursery() as nursery:
             for sid in [*ids, "missing"]:
                 nursery.start_soon(observe, sid)
-        assert query.batches < len(ids)
+        assert reader.batches < len(ids)
         alone = SessionQuery(base, sessions, registry, cache_bytes=0)
         for sid in [*ids, "missing"]:
             try:
@@ -324,8 +327,8 @@ async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_o
             except Exception as exc:  # noqa: BLE001
                 want = (type(exc).__name__, getattr(exc, "code", None))
             assert together[sid] == want
-        assert together[ids[3]] == ("SessionQueryError", "SESSION_QUERY_CORRUPT_SESSION")
-        assert together["missing"] == ("SessionQueryError", "SESSION_QUERY_SESSION_NOT_FOUND")
+        assert together[ids[3]] == ("QueryCorruptSession", "QUERY_CORRUPT_SESSION")
+        assert together["missing"] == ("QuerySessionNotFound", "QUERY_SESSION_NOT_FOUND")
 
 
 async def test_the_corpus_reuses_records_only_while_nothing_changed(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import AgentConfig
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 
 LONG = "x" * 300

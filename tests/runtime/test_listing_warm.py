@@ -15,9 +15,9 @@ from open_fds import inotify_fds
 from clocks import ticking_ms
 from subagents.actors import SessionStore, open_session_store
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.subagents import listing as listing_module
-from subagents.runtime.subagents.listing import ListingService
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation import listing as listing_module
+from subagents.runtime.delegation.listing import ListingService
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import FileLogStore
 from subagents.storage.projection import ProjectionRegistry
 
@@ -33,7 +33,7 @@ class Listings:
 
     def _service(self) -> ListingService:
         query = SessionQuery(self.base, self.sessions, self.registry)
-        return ListingService(registry=self.registry, sessions=self.sessions, query=query, log_store=self.base)
+        return ListingService(registry=self.registry, sessions=self.sessions, query=query)
 
     async def children(self, parent: str = "p") -> list[dict[str, Any]]:
         got = [row.to_json() for row in await self.warm.list_children(parent)]

@@ -94,7 +94,7 @@ async def verdicts(root: Path, sid: str) -> tuple[str, str, str, list[Exception]
             show = "ok"
         except SessionQueryError as exc:
             errors.append(exc)
-            show = "corrupt" if exc.code == "SESSION_QUERY_CORRUPT_SESSION" else exc.code
+            show = "corrupt" if exc.code == "QUERY_CORRUPT_SESSION" else exc.code
         except InvalidPayload as exc:  # transcript's own decode (the old, late verdict)
             errors.append(exc)
             show = "corrupt (late)"

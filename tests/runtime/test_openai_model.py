@@ -174,15 +174,14 @@ def model_for(server: ScriptedServer | int, **kw: Any) -> OpenAIChatModel:
     port = server if isinstance(server, int) else server.port
     kw.setdefault("api_key", KEY)
     kw.setdefault("rng", random.Random(7))
+    kw.setdefault("clock", ScenarioClock())  # backoff never sleeps for real
     return OpenAIChatModel(MODEL, base_url=f"http://127.0.0.1:{port}/v1/", **kw)
 
 
-def make_request(
-    messages: Sequence[dict[str, Any]] | None = None, tools: Sequence[ToolSpec] = (), clock: ScenarioClock | None = None
-) -> ModelRequest:
+def make_request(messages: Sequence[dict[str, Any]] | None = None, tools: Sequence[ToolSpec] = ()) -> ModelRequest:
     if messages is None:
         messages = [msg("u1", "user", [text("hi")])]
-    return ModelRequest(session_id="s-1", messages=messages, tools=tools, clock=clock or ScenarioClock())
+    return ModelRequest(messages=messages, tools=tools)
 
 
 def msg(id: str, role: str, content: list[dict[str, Any]], kind: str = "prompt") -> dict[str, Any]:
@@ -372,7 +371,7 @@ async def test_429_then_success_honours_retry_after(serve: Serve, header: str, v
     )
     server = await serve(busy, Reply(parts=TEXT_STREAM))
     clock = ScenarioClock()
-    assert await collect(model_for(server, retry_after_max=10.0), make_request(clock=clock)) == TEXT_CHUNKS
+    assert await collect(model_for(server, retry_after_max=10.0, clock=clock), make_request()) == TEXT_CHUNKS
     assert len(server.requests) == 2
     assert server.requests[0].body == server.requests[1].body
     assert clock.slept_ms == slept_ms
@@ -381,7 +380,7 @@ async def test_429_then_success_honours_retry_after(serve: Serve, header: str, v
 async def test_a_5xx_storm_gives_up_naming_the_attempts(serve: Serve) -> None:
     server = await serve(Reply(503, [("Content-Type", "text/plain")], [b"upstream   overloaded\n"]))
     clock = ScenarioClock()
-    error = await failure(model_for(server, max_retries=3), make_request(clock=clock))
+    error = await failure(model_for(server, max_retries=3, clock=clock), make_request())
     assert error.code == "MODEL_UNAVAILABLE"
     assert len(server.requests) == 4
     assert "after 4 attempts" in error.message
@@ -396,8 +395,8 @@ async def test_backoff_is_capped_and_jittered(serve: Serve) -> None:
     clocks = []
     for seed in (1, 2):
         clock = ScenarioClock()
-        model = model_for(server, max_retries=6, backoff_base=1.0, backoff_max=2.0, rng=random.Random(seed))
-        assert (await failure(model, make_request(clock=clock))).code == "MODEL_UNAVAILABLE"
+        model = model_for(server, max_retries=6, backoff_base=1.0, backoff_max=2.0, rng=random.Random(seed), clock=clock)
+        assert (await failure(model, make_request())).code == "MODEL_UNAVAILABLE"
         clocks.append(clock.slept_ms)
     # Waits of b = 1, 2, 2, 2, 2, 2 seconds, each jittered to [b/2, b].
     assert all(5500 <= ms <= 11_000 for ms in clocks)
@@ -406,7 +405,7 @@ async def test_backoff_is_capped_and_jittered(serve: Serve) -> None:
 
 async def test_connection_refused_is_retried_then_unavailable() -> None:
     clock = ScenarioClock()
-    error = await failure(model_for(closed_port(), max_retries=2), make_request(clock=clock))
+    error = await failure(model_for(closed_port(), max_retries=2, clock=clock), make_request())
     assert error.code == "MODEL_UNAVAILABLE"
     assert "after 3 attempts" in error.message and "ConnectError" in error.message
     assert clock.slept_ms > 0
@@ -424,7 +423,7 @@ async def test_a_cut_stream_is_interrupted_and_not_retried(serve: Serve, reply: 
     server = await serve(reply, Reply(parts=TEXT_STREAM))
     clock = ScenarioClock()
     got: list[Chunk] = []
-    error = await failure(model_for(server), make_request(clock=clock), got)
+    error = await failure(model_for(server, clock=clock), make_request(), got)
     assert error.code == "MODEL_STREAM_INTERRUPTED"
     assert got == [TextDelta("Hel")]
     assert len(server.requests) == 1
@@ -574,7 +573,7 @@ async def test_cancellation_during_backoff_propagates(serve: Serve) -> None:
 
     clock = CancellingClock()
     with scope:
-        await collect(model_for(server), make_request(clock=clock))
+        await collect(model_for(server, clock=clock), make_request())
     assert scope.cancelled_caught
     assert len(server.requests) == 1
     assert clock.slept_ms > 0

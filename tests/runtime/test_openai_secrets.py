@@ -12,8 +12,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 from functools import partial
@@ -25,6 +23,7 @@ import pytest
 import trio
 import zstandard
 
+from cli_process import CLI, clean_env
 from http_request import read_request
 
 from subagents.runtime import cli
@@ -41,10 +40,6 @@ SSE_CUT = 120  # the excerpt length of a line that is not an event stream
 # Whole, a prefix, a long prefix, the tail, a middle run: what a provider may echo.
 PIECES = {"whole": KEY, "prefix8": KEY[:8], "prefix20": KEY[:20], "tail8": KEY[-8:], "middle": KEY[5:25]}
 GUARD = 60.0  # real seconds: only reached if a subprocess hangs
-
-_SCRIPT = Path(sys.executable).parent / "subagents"
-CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
-
 
 def leaks(text: str | bytes) -> list[str]:
     """The 8-character runs of the key found in `text` (empty: clean)."""
@@ -107,9 +102,8 @@ def test_redacting_then_cutting_leaves_no_run_at_any_offset(name: str) -> None:
 
 
 def request() -> ModelRequest:
-    return ModelRequest(session_id="s-1", clock=ScenarioClock(),
-                        messages=[{"id": "u1", "role": "user", "content": [{"type": "text", "text": "hi"}],
-                                   "source": {"kind": "prompt"}}])
+    return ModelRequest(messages=[{"id": "u1", "role": "user", "content": [{"type": "text", "text": "hi"}],
+                        "source": {"kind": "prompt"}}])
 
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -117,6 +111,7 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 def model_with(handler: Handler, **options: Any) -> OpenAIChatModel:
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    options.setdefault("clock", ScenarioClock())  # backoff never sleeps for real
     return OpenAIChatModel("m", base_url="http://provider.test/v1", api_key=KEY, client=client,
                            max_retries=options.pop("max_retries", 1), **options)
 
@@ -303,8 +298,7 @@ async def test_cli_run_never_prints_or_stores_the_key(nursery: trio.Nursery, tmp
                                             host="127.0.0.1"))
     port = listeners[0].socket.getsockname()[1]
     root = tmp_path / "root"
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env["OPENAI_API_KEY"] = KEY
+    env = clean_env(OPENAI_API_KEY=KEY)
     with trio.fail_after(GUARD):
         done = await trio.run_process(
             [*CLI, "run", "--root", str(root), "--session", "s1", "--model", "openai:m",

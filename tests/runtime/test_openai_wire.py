@@ -83,7 +83,7 @@ FAULTS = [
 def test_faults_carry_their_code(pieces: list[bytes], code: str, words: str) -> None:
     with pytest.raises(StreamFault) as caught:
         parse(pieces)
-    assert caught.value.code == code
+    assert caught.value.error.code == code
     assert words in caught.value.message
 
 

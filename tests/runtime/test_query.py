@@ -16,14 +16,14 @@ from log_lines import header, persist_log
 from registries import HostileView
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.query import SessionQuery, SessionQueryError
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
-    FaultyLogStore,
     FileLogStore,
     PersistenceFailed,
     SessionHeader,
     make_event,
 )
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -89,12 +89,12 @@ async def test_an_unreadable_root_and_an_abort_fail_the_listing(tmp_path: Path) 
         query = SessionQuery(faulty, sessions, ProjectionRegistry([]))
         with pytest.raises(SessionQueryError) as info:
             await query.list_sessions()
-        assert info.value.code == "SESSION_QUERY_PERSISTENCE_FAILED"
+        assert info.value.code == "QUERY_PERSISTENCE_FAILED"
         abort = Abort()
         abort.set()
         with pytest.raises(SessionQueryError) as info:
             await query.list_sessions(abort)
-        assert info.value.code == "SESSION_QUERY_ABORTED"
+        assert info.value.code == "QUERY_ABORTED"
 
 
 async def test_observations_live_and_prepared(tmp_path: Path) -> None:
@@ -153,13 +153,13 @@ async def test_a_live_observation_holds_the_durable_events_only(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("case", "code"),
     [
-        ("missing", "SESSION_QUERY_SESSION_NOT_FOUND"),
-        ("bad\x00id", "SESSION_QUERY_SESSION_NOT_FOUND"),
-        ("corrupt", "SESSION_QUERY_CORRUPT_SESSION"),
-        ("unsupported", "SESSION_QUERY_UNSUPPORTED_SESSION"),
-        ("read-fails", "SESSION_QUERY_PERSISTENCE_FAILED"),
-        ("hostile-view", "SESSION_QUERY_CORRUPT_SESSION"),
-        ("aborted", "SESSION_QUERY_ABORTED"),
+        ("missing", "QUERY_SESSION_NOT_FOUND"),
+        ("bad\x00id", "QUERY_SESSION_NOT_FOUND"),
+        ("corrupt", "QUERY_CORRUPT_SESSION"),
+        ("unsupported", "QUERY_UNSUPPORTED_SESSION"),
+        ("read-fails", "QUERY_PERSISTENCE_FAILED"),
+        ("hostile-view", "QUERY_CORRUPT_SESSION"),
+        ("aborted", "QUERY_ABORTED"),
     ],
 )
 async def test_observation_errors_carry_their_codes(tmp_path: Path, case: str, code: str) -> None:

@@ -13,16 +13,17 @@ import trio
 import trio.testing
 
 from subagents.runtime.clock import ScenarioClock
+from scripted_calls import collect, failure, req, stream, text_of
+
 from subagents.runtime.models.base import (
     Chunk,
     Finish,
     ModelError,
-    ModelRequest,
     TextDelta,
     ToolCallDelta,
     Usage,
 )
-from subagents.runtime.models.script import (
+from subagents.runtime.models.script_format import (
     ObjectArguments,
     Script,
     ScriptEntry,
@@ -34,7 +35,7 @@ from subagents.runtime.models.script import (
     WaitForSteered,
     load_script,
 )
-from subagents.runtime.models.scripted import ScriptedModel, request_text, split_text
+from subagents.runtime.models.scripted_model import ScriptedModel, request_text, split_text
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -50,44 +51,6 @@ def model_of(document: dict[str, Any]) -> ScriptedModel:
 
 def text_message(text: str, role: str = "user") -> dict[str, Any]:
     return {"id": f"m-{text[:8]}", "role": role, "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}
-
-
-def req(
-    session: str = "root",
-    *,
-    messages: tuple[dict[str, Any], ...] = (),
-    label: str | None = None,
-    created_at: int = 0,
-    assistant_count: int = 0,
-    waits: Any = None,
-    purpose: Any = "turn",
-    clock: ScenarioClock | None = None,
-) -> ModelRequest:
-    return ModelRequest(
-        session_id=session,
-        messages=messages,
-        label=label,
-        created_at=created_at,
-        assistant_count=assistant_count,
-        clock=clock or ScenarioClock(),
-        waits=waits,
-        purpose=purpose,
-    )
-
-
-async def collect(model: ScriptedModel, request: ModelRequest) -> list[Chunk]:
-    async with aclosing(model.stream(request)) as stream:
-        return [chunk async for chunk in stream]
-
-
-async def text_of(model: ScriptedModel, request: ModelRequest) -> str:
-    return "".join(c.text for c in await collect(model, request) if isinstance(c, TextDelta))
-
-
-async def failure(model: ScriptedModel, request: ModelRequest) -> ModelError:
-    with pytest.raises(ModelError) as info:
-        await collect(model, request)
-    return info.value
 
 
 # --- loader: rejections -----------------------------------------------------------------------
@@ -165,7 +128,7 @@ def test_loader_rejects_with_json_path(case: str, document: Any, path: str, prob
     assert error.path == path
     assert problem in error.problem
     assert str(error) == f"invalid script at {path}: {error.problem}"
-    assert error.code == "MODEL_SCRIPT_INVALID"
+    assert error.code == "SCRIPT_INVALID"
     assert isinstance(error, ValueError)
 
 
@@ -286,7 +249,7 @@ def test_load_script_names_the_file_in_errors(tmp_path) -> None:
 
     with pytest.raises(ScriptError) as info:
         load_script(tmp_path / "missing.json")
-    assert info.value.code == "MODEL_SCRIPT_UNREADABLE"
+    assert info.value.code == "SCRIPT_UNREADABLE"
     assert info.value.path == "$"
     assert "missing.json" in str(info.value)
 
@@ -393,8 +356,8 @@ async def test_error_response_raises_before_any_chunk() -> None:
     model = model_of(one({"error": {"status": 503, "message": "overloaded"}}))
     seen: list[Chunk] = []
     with pytest.raises(ModelError) as info:
-        async with aclosing(model.stream(req())) as stream:
-            async for chunk in stream:
+        async with aclosing(stream(model, req())) as chunks:
+            async for chunk in chunks:
                 seen.append(chunk)
     assert seen == []
     assert (info.value.code, info.value.status, info.value.message) == ("MODEL_SCRIPTED_ERROR", 503, "overloaded")
@@ -413,8 +376,8 @@ async def test_partial_text_survives_cancellation_between_chunks() -> None:
     model = model_of(one({"text": "one two three"}))
     seen: list[Chunk] = []
     with trio.CancelScope() as scope:
-        async with aclosing(model.stream(req())) as stream:
-            async for chunk in stream:
+        async with aclosing(stream(model, req())) as chunks:
+            async for chunk in chunks:
                 seen.append(chunk)
                 scope.cancel()
     assert scope.cancelled_caught
@@ -644,8 +607,8 @@ async def test_compaction_answers_from_summaries_in_order() -> None:
 async def test_delay_sleeps_on_the_request_clock_before_the_first_chunk() -> None:
     clock = ScenarioClock()
     model = model_of(one({"delay_ms": 1500, "text": "late"}))
-    async with aclosing(model.stream(req(clock=clock))) as stream:
-        first = await stream.__anext__()
+    async with aclosing(stream(model, req(clock=clock))) as chunks:
+        first = await chunks.__anext__()
         assert clock.slept_ms == 1500
         assert first == TextDelta("late")
 
@@ -654,8 +617,8 @@ async def test_hang_holds_until_cancelled_and_still_consumes(autojump_clock: tri
     model = model_of(one({"hang": True, "delay_ms": 5}, {"text": "after"}))
     seen: list[Chunk] = []
     with trio.move_on_after(3600) as scope:
-        async with aclosing(model.stream(req())) as stream:
-            async for chunk in stream:
+        async with aclosing(stream(model, req())) as chunks:
+            async for chunk in chunks:
                 seen.append(chunk)
     assert scope.cancelled_caught
     assert seen == []

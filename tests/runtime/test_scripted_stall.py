@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +20,19 @@ import pytest
 import trio
 import trio.testing
 
+from cli_process import CLI
+from scripted_calls import collect, failure, req
+
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import RealClock, ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.base import Chunk, Finish, ModelError, ModelRequest, TextDelta
-from subagents.runtime.models.script import Script, ScriptError, WaitForSettled, load_script
-from subagents.runtime.models.scripted import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
-from subagents.storage import MemoryLogStore
+from subagents.runtime.models.base import Chunk, Finish, ModelError, TextDelta
+from subagents.runtime.models.script_format import Script, ScriptError, WaitForSettled, load_script
+from subagents.runtime.models.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
+from subagents.storage.testing import MemoryLogStore
 
 Json = dict[str, Any]
 
-_SCRIPT = Path(sys.executable).parent / "subagents"
-CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
 GUARD = 30.0  # real seconds: only reached if something hangs
 
 
@@ -42,21 +41,6 @@ GUARD = 30.0  # real seconds: only reached if something hangs
 
 def model_of(document: Json, **options: Any) -> ScriptedModel:
     return ScriptedModel(Script.from_json(json.dumps(document)), **options)
-
-
-def req(session: str, *, waits: Any = None, label: str | None = None, clock: Any = None) -> ModelRequest:
-    return ModelRequest(session_id=session, messages=(), label=label, clock=clock or ScenarioClock(), waits=waits)
-
-
-async def collect(model: ScriptedModel, request: ModelRequest) -> list[Chunk]:
-    async with aclosing(model.stream(request)) as stream:
-        return [chunk async for chunk in stream]
-
-
-async def failure(model: ScriptedModel, request: ModelRequest) -> ModelError:
-    with pytest.raises(ModelError) as info:
-        await collect(model, request)
-    return info.value
 
 
 class Waits:
@@ -104,9 +88,9 @@ async def test_an_unsatisfiable_wait_fails_with_one_line(wait: Json, shown: str,
 async def test_the_stall_line_names_the_label_and_the_expanded_template(autojump_clock: Any) -> None:
     model = model_of({"agents": [{"label": "Alpha", "responses": [
         {"wait_for": {"settled": "{{from_request:(nobody)}}"}}]}]}, stall_timeout=2.5)
-    request = ModelRequest(session_id="child-1", label="Alpha", clock=ScenarioClock(), waits=Waits(),
-                           messages=({"role": "user", "content": [{"type": "text", "text": "ask nobody"}]},))
-    error = await failure(model, request)
+    call = req("child-1", label="Alpha", waits=Waits(),
+               messages=({"role": "user", "content": [{"type": "text", "text": "ask nobody"}]},))
+    error = await failure(model, call)
     assert error.message == ('scripted wait stalled: session "child-1" (label "Alpha") response 1 waits for'
                              ' {"settled": "nobody"} with no progress for 2.5 s')
 

@@ -22,13 +22,14 @@ from subagents.runtime.agent.tools import FunctionTool, ToolContext
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.query import SessionQuery, SessionQueryError
-from subagents.runtime.subagents.listing import SubagentError
-from subagents.runtime.subagents.service import notice_blocks
-from subagents.runtime.subagents.units import SUBAGENT_UNITS
-from subagents.storage import Batch, FaultyLogStore, FileLogStore, make_event
+from subagents.runtime.delegation.listing import SubagentError
+from subagents.runtime.delegation.service import notice_blocks
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.storage import Batch, FileLogStore, make_event
+from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
 
 Json = dict[str, Any]
@@ -71,7 +72,7 @@ async def test_a_child_cannot_message_a_parent_that_is_not_live(tmp_path: Path) 
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(child, "parent", "my result")
         assert (exc.value.code, exc.value.message) == (
-            "PARENT_UNAVAILABLE", "direct parent is not live; the message was not delivered")
+            "SUBAGENT_PARENT_UNAVAILABLE", "direct parent is not live; the message was not delivered")
         assert not any(e["type"] == "user/message" and e["data"]["message"]["source"]["kind"] == "agent-message"
                        for e in _log(tmp_path, "parent"))
 
@@ -108,7 +109,7 @@ async def test_an_index_header_that_differs_from_the_log_is_a_source_conflict(tm
                 async with query.observe_session("s"):
                     raise AssertionError("observed")
             assert (exc.value.code, exc.value.message) == (
-                "SESSION_QUERY_SOURCE_CONFLICT", "session source headers conflict for session 's'")
+                "QUERY_SOURCE_CONFLICT", "session source headers conflict for session 's'")
 
 
 # --- 3. one-shot foreground failure headlines ---------------------------------------------------
@@ -156,7 +157,7 @@ async def test_a_foreground_run_that_did_not_complete_raises_its_headline(
         parent = await rt.agents.create(session_id="parent")
         with pytest.raises(SubagentError) as exc, trio.fail_after(GUARD):
             await rt.subagents.start(parent, "spawn", "do it", label="fg", abort=abort)
-        assert (exc.value.code, exc.value.message) == ("RUN_NOT_COMPLETED", expected)
+        assert (exc.value.code, exc.value.message) == ("SUBAGENT_RUN_NOT_COMPLETED", expected)
         [child_id] = [e["data"]["child_id"] for e in _log(tmp_path, "parent") if e["type"] == "subagent/catalog"]
         assert rt.agents.get(child_id) is None  # the one-shot child is always disposed
     [end] = [e["data"]["reason"] for e in _log(tmp_path, child_id) if e["type"] == "turn/end"]
@@ -184,7 +185,7 @@ async def test_a_foreground_child_whose_log_fails_raises_the_failed_headline(
             parent = await rt.agents.create(session_id="parent")
             with pytest.raises(SubagentError) as exc:
                 await rt.subagents.start(parent, "spawn", "do it", label="fg")
-            assert exc.value.code == "RUN_NOT_COMPLETED"
+            assert exc.value.code == "SUBAGENT_RUN_NOT_COMPLETED"
             assert exc.value.message.split("\n")[0] == "subagent run failed"
             assert "Diagnostic: agent 'c-1' stopped" in exc.value.message
     loop_records = [r for r in caplog.records if r.name.endswith("agent.loop")]

@@ -13,9 +13,9 @@ from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
-from subagents.runtime.subagents.listing import SubagentError
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.delegation.listing import SubagentError
 from subagents.storage import FileLogStore
 
 
@@ -43,7 +43,7 @@ async def test_a_child_locked_by_another_writer_is_not_resumable(tmp_path: Path)
             parent = await rt.agents.resume("parent")
             with pytest.raises(SubagentError) as exc:
                 await rt.subagents.send_message(parent, child_id, "again")
-            assert (exc.value.code, exc.value.message) == ("NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
+            assert (exc.value.code, exc.value.message) == ("SUBAGENT_NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
             assert rt.subagents.manager.get(child_id) is None  # no Activation was left behind
     finally:
         other.close(handle)
@@ -56,7 +56,7 @@ async def test_a_live_session_that_is_not_an_activation_is_refused(tmp_path: Pat
         await rt.sessions.open(child_id)  # live in this runtime, but nobody's Activation
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(parent, child_id, "again")
-        assert exc.value.code == "NOT_RESUMABLE"
+        assert exc.value.code == "SUBAGENT_NOT_RESUMABLE"
         assert rt.agents.get(child_id) is None  # refused, not adopted
 
 
@@ -69,10 +69,10 @@ async def test_an_abort_set_before_delivery_delivers_nothing(tmp_path: Path) -> 
         abort.set()
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(parent, child_id, "again", abort)
-        assert (exc.value.code, exc.value.message) == ("CANCELLED", "message delivery was cancelled")
+        assert (exc.value.code, exc.value.message) == ("SUBAGENT_CANCELLED", "message delivery was cancelled")
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.start_continuable(parent, "spawn", "worker", "work", abort)
-        assert exc.value.code == "CANCELLED"
+        assert exc.value.code == "SUBAGENT_CANCELLED"
     assert (tmp_path / "sessions" / child_id / "session.jsonl").read_text() == before
 
 
@@ -82,10 +82,10 @@ async def test_a_draining_runtime_admits_nothing(tmp_path: Path) -> None:
         await rt.subagents.drain()
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
-        assert exc.value.code == "DRAINING"
+        assert exc.value.code == "SUBAGENT_DRAINING"
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(parent, "anyone", "hello")
-        assert exc.value.code == "DRAINING"
+        assert exc.value.code == "SUBAGENT_DRAINING"
 
 
 async def test_depth_is_checked_before_anything_is_created(tmp_path: Path) -> None:
@@ -93,12 +93,12 @@ async def test_depth_is_checked_before_anything_is_created(tmp_path: Path) -> No
         parent = await rt.agents.create(session_id="parent")
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
-        assert (exc.value.code, exc.value.message) == ("DEPTH_EXCEEDED", "subagent depth 1 exceeds max_depth 0")
+        assert (exc.value.code, exc.value.message) == ("SUBAGENT_DEPTH_EXCEEDED", "subagent depth 1 exceeds max_depth 0")
         assert [r.id for r in await rt.query.list_sessions()] == ["parent"]
 
 
 async def test_a_child_whose_log_fails_settles_as_failed_and_the_runtime_carries_on(tmp_path: Path) -> None:
-    from subagents.storage import FaultyLogStore
+    from subagents.storage.testing import FaultyLogStore
 
     faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
     model = ScriptedModel(load_script(json.dumps({"agents": [

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from subagents.runtime.subagents.listing import ChildRow, DiagnosticRow
+from subagents.runtime.delegation.listing import ChildRow, DiagnosticRow
 from subagents.runtime.tools.subagent_tools import render_agents, subagent_tools
 
 
@@ -78,9 +78,10 @@ async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: 
 
     from subagents.runtime.app import open_runtime
     from subagents.runtime.clock import ScenarioClock
-    from subagents.runtime.models.script import load_script
-    from subagents.runtime.models.scripted import ScriptedModel
-    from subagents.storage import FaultyLogStore, FileLogStore, PersistenceFailed
+    from subagents.runtime.models.script_format import load_script
+    from subagents.runtime.models.scripted_model import ScriptedModel
+    from subagents.storage import FileLogStore, PersistenceFailed
+    from subagents.storage.testing import FaultyLogStore
 
     script = {"agents": [{"session": "p", "responses": [
         {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}

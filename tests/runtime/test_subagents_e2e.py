@@ -32,11 +32,12 @@ import pytest
 import trio
 
 from log_lines import header, plain_records
+from subagents.actors import SessionStore
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 
 DRIVER = Path(__file__).with_name("subagent_driver.py")
 GUARD = 15.0  # seconds: a hang fails the test instead of blocking the suite
@@ -512,8 +513,17 @@ async def test_foreground_one_shot_returns_text_and_a_failure_is_an_error(tmp_pa
     assert turn_end(events_of(root, "child-2"), 1)["kind"] == "error"
 
 
-async def test_fork_children_inherit_the_prefix_up_to_the_last_turn_end(tmp_path: Path) -> None:
+async def test_fork_children_inherit_the_prefix_up_to_the_last_turn_end(tmp_path: Path, monkeypatch: Any) -> None:
     root = tmp_path / "root"
+    # The fork provider seeds the child through `SessionStore.fork` (no read of its own).
+    forks: list[tuple[str, int, str]] = []
+    fork_with_events = SessionStore.fork_with_events
+
+    async def spy(self: SessionStore, source: Any, prefix: int, header: Any) -> Any:
+        forks.append((source.session_id, prefix, header.id))
+        return await fork_with_events(self, source, prefix, header)
+
+    monkeypatch.setattr(SessionStore, "fork_with_events", spy)
     script = {"agents": [
         {"session": "parent", "responses": [
             delegate("fork-empty", tool="subagent_fork"),  # first turn: no turn/end yet
@@ -547,6 +557,7 @@ async def test_fork_children_inherit_the_prefix_up_to_the_last_turn_end(tmp_path
     turn1_end = next(e for e in parent_events if e["type"] == "turn/end" and e["data"]["turn"] == 1)
     k = turn1_end["seq"] + 1
     assert header["is_seeded"] is True and header["inherited_event_count"] == k
+    assert forks == [("parent", 0, "child-1"), ("parent", k, "child-2")]
     assert seeded[:k] == parent_events[:k]  # the parent's events up to its last turn/end
     assert seeded[k]["type"] == "session/end-seed" and seeded[k]["data"] == {"inherited": True}
     assert seeded[k + 1]["type"] == "subagent/descriptor"

@@ -13,18 +13,19 @@ import msgspec
 import trio
 
 from log_lines import read_all
+from wrapped_models import WrappedModel
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.base import ModelRequest
-from subagents.runtime.models.script import load_script
-from subagents.runtime.models.scripted import ScriptedModel
+from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 
 Json = dict[str, Any]
 
 
-class _Recording:
+class _Recording(WrappedModel):
     """The scripted model, remembering the tool names each session's requests offered."""
 
     def __init__(self, script: Json) -> None:
@@ -34,10 +35,10 @@ class _Recording:
     def register_session(self, *args: Any, **kwargs: Any) -> None:
         self.inner.register_session(*args, **kwargs)
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Any]:
         if request.purpose == "turn":
-            self.offered.setdefault(request.session_id, []).append([t.name for t in request.tools])
-        return self.inner.stream(request)
+            self.offered.setdefault(session.session_id, []).append([t.name for t in request.tools])
+        return inner.stream(request)
 
 
 def _call(name: str, **arguments: Any) -> Json:

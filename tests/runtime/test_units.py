@@ -18,8 +18,8 @@ from clocks import T
 from events import seed_marker, turn_end_event, turn_start_event
 from log_lines import header
 from registries import HostileView
-from subagents.runtime.subagents.descriptor import SubagentDescriptor, ToolFilter, snapshot_descriptor
-from subagents.runtime.subagents.units import (
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, ToolFilter, snapshot_descriptor
+from subagents.runtime.delegation.units import (
     IDENTITY_UNIT,
     SUBAGENT_UNITS,
     TIMING_UNIT,

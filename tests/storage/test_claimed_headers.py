@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from log_lines import header, persist_log
-from subagents.storage import FileLogStore, HeaderClaim, MemoryLogStore, make_event
+from subagents.storage import FileLogStore, HeaderClaim, make_event
+from subagents.storage.testing import MemoryLogStore
 
 
 def publish(store: FileLogStore, sid: str, parent: str = "p") -> None:

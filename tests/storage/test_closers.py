@@ -21,12 +21,11 @@ from subagents.storage import (
     Event,
     FileLogStore,
     InvalidPayload,
-    decode_event,
     decode_payload,
-    encode_event,
     interrupted_closers,
     make_event,
 )
+from subagents.storage._codec import decode_event, encode_event
 
 OUTCOME_UNKNOWN_TEXT = (
     "The tool call was interrupted after it was recorded, but no result was durably recorded. Its "

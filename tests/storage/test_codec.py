@@ -13,10 +13,8 @@ from hypothesis import strategies as st
 
 from subagents.storage import (
     UNSET,
-    KNOWN_TYPES,
     SURFACE_TYPES,
     Event,
-    HeaderRecord,
     InvalidEvent,
     InvalidPayload,
     NonLosslessData,
@@ -26,15 +24,14 @@ from subagents.storage import (
     SessionId,
     UnsupportedLog,
     check_lossless,
-    decode_event,
-    decode_header_line,
     decode_payload,
-    encode_event,
-    encode_header_line,
     make_event,
 )
+from subagents.storage.events import KNOWN_TYPES
+from subagents.storage._records import HeaderRecord, decode_header_line, encode_header_line
+from subagents.storage._codec import decode_event, encode_event
 from subagents.storage.events import PAYLOAD_TYPES
-from subagents.storage.records import HeaderError
+from subagents.storage._records import HeaderError
 from vocabulary import SURFACE, VOCABULARY
 
 SEQ = 7

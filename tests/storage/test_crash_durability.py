@@ -41,7 +41,6 @@ from log_lines import events_of, header, header_line, rel_folder, rel_log, wire,
 from subagents.storage import (
     AlreadyOwned,
     Batch,
-    CrashFs,
     Event,
     FileLogStore,
     HandleDead,
@@ -53,9 +52,10 @@ from subagents.storage import (
     SessionNotFound,
     StorageError,
     WriteHandle,
-    encode_event,
     make_event,
 )
+from subagents.storage._codec import encode_event
+from subagents.storage.testing import CrashFs
 from subagents.storage.forms import Compression
 from subagents.storage.fs import File, OpenMode
 

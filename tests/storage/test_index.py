@@ -32,24 +32,23 @@ from clocks import T
 from events import seed_marker
 from log_lines import header, header_line, persist_log, rel_log
 from subagents.storage import (
-    LOG_NAMES,
     Batch,
-    CrashFs,
     FileLogStore,
     LogInfo,
-    MemoryLogStore,
     Offset,
     OsFs,
-    encode_event,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage._codec import encode_event
+from subagents.storage.testing import CrashFs, MemoryLogStore
 from subagents.storage.forms import Compression
 from subagents.storage.index import SCHEMA_VERSION
 
 FORMS: tuple[Compression, ...] = ("none", "zstd")
 T0 = T + 1
 INDEX = "index.sqlite3"
-LOG_SUFFIXES = tuple(LOG_NAMES.values())
+LOG_SUFFIXES = tuple(_LOG_NAMES.values())
 
 
 # --- counting file systems ------------------------------------------------------------------------
@@ -1211,7 +1210,7 @@ def test_a_seeded_log_of_another_format_lists_its_seed_cut(tmp_path: Path, compr
         folder = sessions / sid
         folder.mkdir(parents=True)
         head = header_line(sid, k=2).replace(b'"format":1', f'"format":{fmt}'.encode(), 1)
-        name = LOG_NAMES[compression]
+        name = _LOG_NAMES[compression]
         (folder / name).write_bytes(log_bytes(compression, head, line(0) + tail))
     for store in (FileLogStore(str(tmp_path)), FileLogStore(str(tmp_path), use_index=False)):
         rows = {info.id: info for info in store.list()}
@@ -1232,7 +1231,7 @@ def test_a_read_reuses_the_header_open_read_parsed_only_while_its_bytes_are_the_
 
     folder = tmp_path / "sessions" / "s"
     folder.mkdir(parents=True)
-    path = folder / LOG_NAMES[compression]
+    path = folder / _LOG_NAMES[compression]
     path.write_bytes(log_bytes(compression, header_line("s"), lines(0, 3)))
     store = FileLogStore(str(tmp_path), use_index=False)
     handle = store.open_read("s")

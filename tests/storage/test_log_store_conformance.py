@@ -25,7 +25,6 @@ from subagents.storage import (
     HandleClosed,
     InvalidEvent,
     InvalidSessionId,
-    LOG_NAMES,
     LogStore,
     Offset,
     SequenceConflict,
@@ -36,6 +35,7 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
 
 StoreFactory = Callable[[], LogStore]
 
@@ -268,11 +268,11 @@ def test_read_ranges(store: LogStore, start: int, stop: int | None, expected: ra
     store.close(writer)
 
 
-def test_read_accepts_a_checkpoint(store: LogStore) -> None:
+def test_read_accepts_an_abort_poll(store: LogStore) -> None:
     publish(store, "s1", 3)
     reader = store.open_read("s1")
-    assert store.read(reader, checkpoint=lambda: None) == events(0, 3)
-    assert store.read(reader, Offset(1), Offset(2), checkpoint=lambda: None) == events(1, 2)
+    assert store.read(reader, poll=lambda: None) == events(0, 3)
+    assert store.read(reader, Offset(1), Offset(2), poll=lambda: None) == events(1, 2)
     store.close(reader)
 
 
@@ -410,7 +410,7 @@ def test_held_elsewhere_takes_no_lock_and_names_only_held_sessions(store_factory
     instance is elsewhere for the memory store (it has no processes) and not for the file
     stores (the same process: tests/storage/test_locks.py holds one from another process);
     a closed handle, an unknown id or an invalid one is never held."""
-    from subagents.storage import MemoryLogStore
+    from subagents.storage.testing import MemoryLogStore
 
     a, b = store_factory(), store_factory()
     elsewhere = isinstance(a, MemoryLogStore)
@@ -748,7 +748,7 @@ def test_invalid_ids_leave_the_file_system_untouched(tmp_path: Path, bad: str) -
     assert _walk(tmp_path) == []
 
 
-@pytest.mark.parametrize("compression", sorted(LOG_NAMES))
+@pytest.mark.parametrize("compression", sorted(_LOG_NAMES))
 @pytest.mark.parametrize("sid", AWKWARD_VALID_IDS)
 def test_awkward_ids_stay_inside_their_folder_on_disk(tmp_path: Path, sid: str, compression: Any) -> None:
     root = tmp_path / "root"
@@ -760,7 +760,7 @@ def test_awkward_ids_stay_inside_their_folder_on_disk(tmp_path: Path, sid: str, 
     store.close(handle)
     assert _walk(tmp_path) == ["root"] + [f"root/{p}" for p in _walk(root)]
     found = _walk(root)
-    assert found == sorted(["sessions", folder, f"{folder}/lock", f"{folder}/{LOG_NAMES[compression]}"])
+    assert found == sorted(["sessions", folder, f"{folder}/lock", f"{folder}/{_LOG_NAMES[compression]}"])
     assert os.listdir(root / "sessions") == [encode_session_id(sid)]
 
 
@@ -781,7 +781,7 @@ def test_folder_names_on_disk_are_the_documented_encoding(tmp_path: Path, sid: s
     store = FileLogStore(str(tmp_path))
     publish(store, sid)
     assert os.listdir(tmp_path / "sessions") == [folder]
-    assert (tmp_path / "sessions" / folder / LOG_NAMES[store.compression]).is_file()
+    assert (tmp_path / "sessions" / folder / _LOG_NAMES[store.compression]).is_file()
 
 
 def test_open_write_of_an_unknown_id_creates_no_folder(tmp_path: Path) -> None:

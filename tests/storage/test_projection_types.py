@@ -23,8 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET, UnsetType
 
-from subagents.storage import Event, ReplaceOp, SessionHeader, decode_event, make_event
-from subagents.storage.codec import decode_events
+from subagents.storage import Event, ReplaceOp, SessionHeader, make_event
+from subagents.storage._codec import decode_event
+from subagents.storage._codec import decode_events
 from subagents.storage.events import KNOWN_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
 from subagents.storage.index import _crc  # noqa: PLC2701 - planting a row as a writer would
 from subagents.storage.index import UNREADABLE, SessionIndex

@@ -37,6 +37,7 @@ from subagents.storage import (
     SessionHeader,
     SessionNotFound,
     StorageError,
+    UnsupportedEvent,
     UnsupportedLog,
     decode_payload,
     interrupted_closers,
@@ -546,7 +547,7 @@ def error_problems(exc: BaseException, exp: Expect, sid: str, op: str) -> list[s
     if not isinstance(exc, StorageError):
         return [f"{op}: {type(exc).__module__}.{type(exc).__qualname__} escaped: {exc}"]
     p: list[str] = []
-    want = {"corrupt": CorruptLog, "unsupported-format": UnsupportedLog, "unsupported-event": UnsupportedLog}[
+    want = {"corrupt": CorruptLog, "unsupported-format": UnsupportedLog, "unsupported-event": UnsupportedEvent}[
         exp.kind
     ]
     if exp.payload:
@@ -1506,19 +1507,19 @@ def _chunk_starts(lines: list[bytes]) -> list[int]:
 N_BIG = 2600  # ~2.6 MiB: three chunks
 
 
-def test_a_large_log_reads_in_chunks_calling_the_checkpoint_between_them(tmp_path: Path) -> None:
+def test_a_large_log_reads_in_chunks_calling_the_poll_between_them(tmp_path: Path) -> None:
     lines = _big_lines(N_BIG)
     assert sum(map(len, lines)) > 2 * CHUNK_BYTES
     write_log(tmp_path, jline(header_dict()) + b"".join(lines))
     store = FileLogStore(str(tmp_path))
     handle = store.open_read(SID)
     calls = []
-    events = store.read(handle, checkpoint=lambda: calls.append(1))
+    events = store.read(handle, poll=lambda: calls.append(1))
     assert len(events) == N_BIG and [e.seq for e in events] == list(range(N_BIG))
     assert len(calls) == len(_chunk_starts(lines)) - 1 >= 2
 
 
-def test_an_exception_from_the_checkpoint_propagates_unchanged(tmp_path: Path) -> None:
+def test_an_exception_from_the_poll_propagates_unchanged(tmp_path: Path) -> None:
     lines = _big_lines(N_BIG)
     assert len(_chunk_starts(lines)) >= 3
     write_log(tmp_path, jline(header_dict()) + b"".join(lines))
@@ -1531,13 +1532,13 @@ def test_an_exception_from_the_checkpoint_propagates_unchanged(tmp_path: Path) -
     boom = Cancelled("cancelled by the caller")
     calls = []
 
-    def checkpoint() -> None:
+    def poll() -> None:
         calls.append(1)
         if len(calls) == 2:
             raise boom
 
     with pytest.raises(Cancelled) as info:
-        store.read(handle, checkpoint=checkpoint)
+        store.read(handle, poll=poll)
     assert info.value is boom and len(calls) == 2
     # The handle is still usable: the abandoned read left nothing behind.
     assert len(store.read(handle)) == N_BIG
@@ -1549,7 +1550,7 @@ def test_a_line_longer_than_a_chunk_reads_whole(tmp_path: Path) -> None:
     write_log(tmp_path, log_bytes(header_dict(), lines))
     store = FileLogStore(str(tmp_path))
     calls = []
-    events = store.read(store.open_read(SID), checkpoint=lambda: calls.append(1))
+    events = store.read(store.open_read(SID), poll=lambda: calls.append(1))
     assert [e.seq for e in events] == [0, 1, 2]
     assert json.loads(bytes(events[1].data)) == huge["data"]
     assert len(calls) == len(_chunk_starts(lines)) - 1 == 2
@@ -1567,7 +1568,7 @@ def test_damage_in_a_later_chunk_is_located(tmp_path: Path, damage: str) -> None
         del lines[at]
     elif damage == "unknown-type":
         lines[at] = lines[at].replace(b"compaction/summary", b"compaction/unknown")
-        kind = UnsupportedLog
+        kind = UnsupportedEvent
     elif damage == "empty-line":
         lines.insert(at, b"\n")
     else:
@@ -1579,11 +1580,11 @@ def test_damage_in_a_later_chunk_is_located(tmp_path: Path, damage: str) -> None
     store = FileLogStore(str(tmp_path))
     calls = []
     with pytest.raises(kind) as info:
-        store.read(store.open_read(SID), checkpoint=lambda: calls.append(1))
+        store.read(store.open_read(SID), poll=lambda: calls.append(1))
     assert type(info.value) is kind and info.value.seq == bad
     if kind is CorruptLog:
         assert info.value.offset == offset and f"byte offset {offset}" in str(info.value)
-    # Found while decoding the chunk holding line `at`, after a checkpoint before each earlier one.
+    # Found while decoding the chunk holding line `at`, after a poll before each earlier one.
     damaged_chunk = max(i for i, start in enumerate(_chunk_starts(lines)) if start <= at)
     assert len(calls) == damaged_chunk >= 2
     (row,) = store.list()

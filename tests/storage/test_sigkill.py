@@ -35,8 +35,8 @@ from subagents.storage import (
     Batch,
     Event,
     FileLogStore,
-    encode_event,
 )
+from subagents.storage._codec import encode_event
 from subagents.storage.forms import Compression
 
 FORMS: tuple[Compression, ...] = ("none", "zstd")

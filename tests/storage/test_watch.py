@@ -28,7 +28,6 @@ from log_lines import persist_log, rel_log, session_folder
 from open_fds import inotify_fds
 
 from subagents.storage import (
-    LOG_NAMES,
     Batch,
     FileLogStore,
     LogInfo,
@@ -39,6 +38,7 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage.fs import FolderScan
 from subagents.storage.watch import IN_Q_OVERFLOW, LOCAL_FILE_SYSTEMS, Watch
 
@@ -54,7 +54,7 @@ def events(first: int, count: int) -> list[Any]:
 
 
 def log_file(root: Path, sid: str) -> Path | None:
-    for name in LOG_NAMES.values():
+    for name in _LOG_NAMES.values():
         path = session_folder(root, sid) / name
         if path.is_file() and not path.is_symlink():
             return path
@@ -158,12 +158,12 @@ def m_replace(root: Path, sid: str, arg: int) -> None:
 def m_plant_other_form(root: Path, sid: str, arg: int) -> None:
     path = log_file(root, sid)
     if path is not None:
-        other = [name for name in LOG_NAMES.values() if name != path.name][0]
+        other = [name for name in _LOG_NAMES.values() if name != path.name][0]
         shutil.copyfile(path, path.with_name(other))
 
 
 def m_remove_a_form(root: Path, sid: str, arg: int) -> None:
-    names = sorted(LOG_NAMES.values())
+    names = sorted(_LOG_NAMES.values())
     path = session_folder(root, sid) / names[arg % 2]
     if path.exists() or path.is_symlink():
         path.unlink()

@@ -40,15 +40,15 @@ from log_lines import header, header_line, read_all, rel_folder, wire
 from subagents.storage import (
     Batch,
     CorruptLog,
-    CrashFs,
     Event,
     FileLogStore,
     Offset,
     PersistenceFailed,
     SessionId,
-    encode_event,
     make_event,
 )
+from subagents.storage._codec import encode_event
+from subagents.storage.testing import CrashFs
 from subagents.storage import zstd_framing
 
 SID = "zlog"

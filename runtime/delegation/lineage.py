@@ -24,8 +24,8 @@ import attrs
 
 from subagents.runtime.query import SessionRecord
 from subagents.storage import LogInfo, SessionHeader
-from subagents.storage.index import StoredCheckpoint
-from subagents.storage.projection import Lifecycle
+from subagents.storage import StoredCheckpoint
+from subagents.storage import Lifecycle
 
 from .units import CATALOG_UNIT, catalog_children
 

@@ -1,19 +1,22 @@
-"""The keyless scripted model (docs/scripts.md): a `Model` that answers from a `Script`.
+"""The keyless scripted model (docs/scripts.md): a `SessionModel` that answers from a `Script`.
 
-Theory of operation. `stream(request)` registers the calling session (id, label, `created_at`)
-and returns an async generator; on its first step the generator yields to the scheduler once
-(shielded, so it cannot be cancelled there), then binds the session to a script entry and
-*consumes* that entry's next response — from then on the response is used up even if the call is
-cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}` templates
-against the request's text, hold on `wait_for` (through `request.waits`), sleep `delay_ms` on
-`request.clock`, `hang` until cancelled, raise the scripted `error`, or stream — text as a few
-`TextDelta`s split at word boundaries, each tool call as one `ToolCallDelta` with id and name
-then its arguments in fragments, `Usage` if scripted, and one `Finish`. A checkpoint precedes
-every chunk, so a consumer can be cancelled between any two chunks and keep partial text.
-Compaction requests (`purpose == "compaction"`) take the next of the script's `summaries`.
+Theory of operation. The runtime binds the model to each session (`bind(SessionBinding)`: id,
+label, `created_at`, the runtime clock, the waits, the session's assistant-message count) and
+streams from the bound model. Its `stream(request)` registers the session (id, label,
+`created_at`) and returns an async generator; on its first step the generator yields to the
+scheduler once (shielded, so it cannot be cancelled there), then binds the session to a script
+entry and *consumes* that entry's next response — from then on the response is used up even if
+the call is cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}`
+templates against the request's text, hold on `wait_for` (through the binding's `waits`), sleep
+`delay_ms` on the binding's `clock`, `hang` until cancelled, raise the scripted `error`, or
+stream — text as a few `TextDelta`s split at word boundaries, each tool call as one
+`ToolCallDelta` with id and name then its arguments in fragments, `Usage` if scripted, and one
+`Finish`. A checkpoint precedes every chunk, so a consumer can be cancelled between any two
+chunks and keep partial text. Compaction requests (`purpose == "compaction"`) take the next of
+the script's `summaries`.
 
 Stalls. A `wait_for` that nothing will ever satisfy must not hang a run: each hold is watched
-on Trio's clock (never the request's clock, whose sleeps may be virtual) and fails with
+on Trio's clock (never the runtime clock, whose sleeps may be virtual) and fails with
 `MODEL_SCRIPT_STALLED` — one line naming the session, the response and the wait — once
 `stall_timeout` seconds pass with no progress. Progress is anything the model sees move: a call
 starting, a response finishing or failing, a hold released, a session registered, a scripted
@@ -40,7 +43,7 @@ where it stopped; a new instance starts every entry at its first response.
 Error codes (`ModelError.code`): `MODEL_SCRIPTED_ERROR` (a scripted `error`, with its status),
 `MODEL_SCRIPT_NO_AGENT`, `MODEL_SCRIPT_EXHAUSTED` (responses or summaries ran out),
 `MODEL_SCRIPT_NO_MATCH` (a `{{from_request:...}}` regex found nothing),
-`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the request carries no `waits`),
+`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the session's binding carries no `waits`),
 `MODEL_SCRIPT_STALLED` (a `wait_for` with no progress for `stall_timeout` seconds).
 """
 
@@ -57,15 +60,24 @@ import attrs
 import trio
 from trio_util import RepeatedEvent
 
+from subagents.runtime.errors import (
+    ScriptedFailure,
+    ScriptExhausted,
+    ScriptNoAgent,
+    ScriptNoMatch,
+    ScriptNoWaits,
+    ScriptStalled,
+)
 from subagents.runtime.models.base import (
     Chunk,
     Finish,
-    ModelError,
+    Model,
     ModelRequest,
+    SessionBinding,
     TextDelta,
     ToolCallDelta,
 )
-from subagents.runtime.models.script import (
+from subagents.runtime.models.script_format import (
     Script,
     ScriptedResponse,
     WaitFor,
@@ -122,7 +134,8 @@ class _Rendered:
 
 
 class ScriptedModel:
-    """A `Model` answering each session from its entry of `script` (see the module docstring).
+    """A `SessionModel` answering each session from its entry of `script` (see the module
+    docstring): the runtime streams from `bind(session)`.
 
     Args:
         script: the loaded script.
@@ -190,7 +203,7 @@ class ScriptedModel:
         except RuntimeError:  # not in Trio: nothing can be held then either
             return math.inf
 
-    async def _watched(self, hold: Callable[[], Awaitable[None]], request: ModelRequest, n: int, wait: str) -> None:
+    async def _watched(self, hold: Callable[[], Awaitable[None]], session: SessionBinding, n: int, wait: str) -> None:
         """Run `hold()` under the stall watch; raise `MODEL_SCRIPT_STALLED` when it fires."""
         scope = trio.CancelScope(deadline=self._deadline())
         self._watches.add(scope)
@@ -200,11 +213,10 @@ class ScriptedModel:
         finally:
             self._watches.discard(scope)
         if scope.cancelled_caught:
-            label = f' (label "{request.label}")' if request.label is not None else ""
-            raise ModelError(
-                f'scripted wait stalled: session "{request.session_id}"{label} response {n} waits for'
+            label = f' (label "{session.label}")' if session.label is not None else ""
+            raise ScriptStalled(
+                f'scripted wait stalled: session "{session.session_id}"{label} response {n} waits for'
                 f" {wait} with no progress for {self._stall_timeout:g} s",
-                code="MODEL_SCRIPT_STALLED",
             )
         self.note_progress()
 
@@ -230,43 +242,48 @@ class ScriptedModel:
             summaries_used=self._summaries_used,
         )
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
-        """Answer `request` from the script; failures are raised as `ModelError` while iterating."""
-        self.register_session(request.session_id, label=request.label, created_at=request.created_at)
-        return self._play(request)
+    def bind(self, session: SessionBinding) -> Model:
+        """The model `session` streams from (see the module docstring); binding registers
+        nothing: the session becomes known when it calls or is registered."""
+        return _ScriptedSession(self, session)
 
-    async def _play(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+    def _stream(self, session: SessionBinding, request: ModelRequest) -> AsyncIterator[Chunk]:
+        self.register_session(session.session_id, label=session.label, created_at=session.created_at)
+        # Read now, as the call starts: the count is the session's at the time of this request.
+        return self._play(session, request, session.assistant_count())
+
+    async def _play(self, session: SessionBinding, request: ModelRequest, assistant_count: int) -> AsyncIterator[Chunk]:
         # Let calls started in the same tick register before binding; shielded so that the
         # response is consumed even if the call is cancelled already.
         await trio.lowlevel.cancel_shielded_checkpoint()
         if request.purpose == "compaction":
-            summary = self._next_summary(request)
+            summary = self._next_summary(session)
             for piece in split_text(summary):
                 await trio.lowlevel.checkpoint()
                 yield TextDelta(piece)
             await trio.lowlevel.checkpoint()
             yield Finish("stop")
             return
-        response, n = self._next_response(request)
-        rendered = _render(response, request)
+        response, n = self._next_response(session)
+        rendered = _render(response, session, request, assistant_count)
         wait = response.wait_for
         if isinstance(wait, WaitForWaiting):
             target = rendered.settled or wait.session
-            await self._watched(partial(self._wait_until_holding, target), request, n, _dump({"waiting": target}))
+            await self._watched(partial(self._wait_until_holding, target), session, n, _dump({"waiting": target}))
         elif wait is not None:
-            self._holding[request.session_id] = self._holding.get(request.session_id, 0) + 1
+            self._holding[session.session_id] = self._holding.get(session.session_id, 0) + 1
             self._hold_changed.set()
             try:
                 await self._watched(
-                    partial(_wait, wait, rendered.settled, request), request, n, _describe_wait(wait, rendered.settled)
+                    partial(_wait, wait, rendered.settled, session), session, n, _describe_wait(wait, rendered.settled)
                 )
             finally:
-                self._holding[request.session_id] -= 1
+                self._holding[session.session_id] -= 1
         if response.delay_ms:
             self._delaying += 1
             self.note_progress()  # suspends the watches: the delay's end is certain progress
             try:
-                await request.clock.sleep(response.delay_ms / 1000)
+                await session.clock.sleep(response.delay_ms / 1000)
             finally:
                 self._delaying -= 1
                 self.note_progress()
@@ -275,8 +292,8 @@ class ScriptedModel:
         if response.error is not None:
             assert rendered.error_message is not None
             self.note_progress()
-            raise ModelError(
-                rendered.error_message, code="MODEL_SCRIPTED_ERROR", status=response.error.status
+            raise ScriptedFailure(
+                rendered.error_message, status=response.error.status
             )
         for piece in split_text(rendered.text):
             await trio.lowlevel.checkpoint()
@@ -296,48 +313,46 @@ class ScriptedModel:
 
     # --- script positions ---------------------------------------------------------------------
 
-    def _next_summary(self, request: ModelRequest) -> str:
+    def _next_summary(self, session: SessionBinding) -> str:
         summaries = self._script.summaries
         self._summaries_used += 1
         n = self._summaries_used
         if n > len(summaries):
-            raise ModelError(
-                f'script summaries exhausted: compaction call {n} for session "{request.session_id}"'
+            raise ScriptExhausted(
+                f'script summaries exhausted: compaction call {n} for session "{session.session_id}"'
                 f" but the script has {len(summaries)} summaries",
-                code="MODEL_SCRIPT_EXHAUSTED",
             )
         return summaries[n - 1]
 
-    def _next_response(self, request: ModelRequest) -> tuple[ScriptedResponse, int]:
+    def _next_response(self, session: SessionBinding) -> tuple[ScriptedResponse, int]:
         """The response the call consumes and its number in its entry (1-based)."""
-        k = self._bind(request)
+        k = self._entry(session)
         self.note_progress()
         self._calls[k] += 1
         n = self._calls[k]
         responses = self._script.agents[k].responses
         if n > len(responses):
-            raise ModelError(
-                f'script exhausted for session "{request.session_id}": call {n} but its entry'
+            raise ScriptExhausted(
+                f'script exhausted for session "{session.session_id}": call {n} but its entry'
                 f" $.agents[{k}] has {len(responses)} responses",
-                code="MODEL_SCRIPT_EXHAUSTED",
             )
         return responses[n - 1], n
 
-    def _bind(self, request: ModelRequest) -> int:
-        session = request.session_id
+    def _entry(self, binding: SessionBinding) -> int:
+        """The index of the entry answering the session, binding one on its first call."""
+        session = binding.session_id
         k = self._bound.get(session)
         if k is None:
             k = self._session_entries.get(session)
-        if k is None and request.label is not None:
-            k = self._label_entry(session, request.label)
+        if k is None and binding.label is not None:
+            k = self._label_entry(session, binding.label)
         if k is None and self._unnamed:
             k = self._unnamed.pop(0)
         if k is None:
-            label = f' (label "{request.label}")' if request.label is not None else ""
-            raise ModelError(
+            label = f' (label "{binding.label}")' if binding.label is not None else ""
+            raise ScriptNoAgent(
                 f'script has no entry for session "{session}"{label}: no entry names it and no'
                 " unnamed entry is left",
-                code="MODEL_SCRIPT_NO_AGENT",
             )
         self._bound[session] = k
         self._owner[k] = session
@@ -354,6 +369,19 @@ class ScriptedModel:
             if sid == session:
                 return k
         return None
+
+
+@attrs.frozen
+class _ScriptedSession:
+    """A `ScriptedModel` bound to one session: the `Model` that session streams from."""
+
+    _model: ScriptedModel
+    _session: SessionBinding
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """Answer `request` from the session's script entry; failures are raised as `ModelError`
+        while iterating."""
+        return self._model._stream(self._session, request)
 
 
 # --- pure helpers -----------------------------------------------------------------------------
@@ -401,7 +429,7 @@ def _collect_text(content: object, out: list[str]) -> None:
             _collect_text(block.get("content"), out)
 
 
-def _resolver(request: ModelRequest) -> Callable[[str], str]:
+def _resolver(session: SessionBinding, request: ModelRequest) -> Callable[[str], str]:
     text: str | None = None
 
     def resolve(source: str) -> str:
@@ -412,19 +440,20 @@ def _resolver(request: ModelRequest) -> Callable[[str], str]:
         for last in re.finditer(source, text):
             pass
         if last is None or last.group(1) is None:
-            raise ModelError(
+            raise ScriptNoMatch(
                 f"{{{{from_request:{source}}}}} found no match in the request messages of"
-                f' session "{request.session_id}"',
-                code="MODEL_SCRIPT_NO_MATCH",
+                f' session "{session.session_id}"',
             )
         return last.group(1)
 
     return resolve
 
 
-def _render(response: ScriptedResponse, request: ModelRequest) -> _Rendered:
-    resolve = _resolver(request)
-    n = request.assistant_count + 1
+def _render(
+    response: ScriptedResponse, session: SessionBinding, request: ModelRequest, assistant_count: int
+) -> _Rendered:
+    resolve = _resolver(session, request)
+    n = assistant_count + 1
     calls = tuple(
         (
             expand_templates(call.id, resolve) if call.id is not None else f"call_{n}_{i}",
@@ -445,13 +474,12 @@ def _render(response: ScriptedResponse, request: ModelRequest) -> _Rendered:
     )
 
 
-async def _wait(wait_for: WaitFor, settled: str | None, request: ModelRequest) -> None:
-    waits = request.waits
+async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding) -> None:
+    waits = session.waits
     if waits is None:
-        raise ModelError(
-            f'a scripted response of session "{request.session_id}" has wait_for but the request'
-            " carries no waits to hold on",
-            code="MODEL_SCRIPT_NO_WAITS",
+        raise ScriptNoWaits(
+            f'a scripted response of session "{session.session_id}" has wait_for but the session'
+            " binding carries no waits to hold on",
         )
     if isinstance(wait_for, WaitForSettled):
         assert settled is not None

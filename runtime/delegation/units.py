@@ -47,7 +47,7 @@ from typing import Any, Final
 import msgspec
 
 from subagents.storage import Event, InvalidSessionId, Offset, SessionHeader, check_session_id
-from subagents.storage.events import SubagentCatalogData
+from subagents.storage import SubagentCatalogData
 
 from .descriptor import MalformedDescriptor, parse_descriptor
 

@@ -24,9 +24,9 @@ from typing import Any, TypeVar, cast
 
 import attrs
 
-from .fs import FolderScan, OpenMode, PathKind
-from .values import Revision
-from .watch import Watch
+from ..fs import FolderScan, OpenMode, PathKind
+from ..values import Revision
+from ..watch import Watch
 
 __all__ = ["CrashFs"]
 

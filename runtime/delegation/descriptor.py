@@ -24,6 +24,8 @@ import attrs
 
 from subagents.storage import NonLosslessData, check_lossless
 
+from ..errors import MalformedDescriptor
+
 __all__ = [
     "DESCRIPTOR_VERSION",
     "DescriptorMode",
@@ -49,16 +51,6 @@ _ALLOWED_KEYS: dict[str, frozenset[str]] = {
 _FILTER_KEYS = ("allow", "deny")
 
 _PAYLOAD = "persisted subagent descriptor payload"
-
-
-class MalformedDescriptor(ValueError):
-    """A `subagent/descriptor` payload that is not a valid descriptor of a known shape.
-
-    Another integer version is *not* malformed (it is unsupported: `parse_descriptor` returns
-    `None`); everything else that is wrong raises this, with a message naming the field.
-    """
-
-    code = "SUBAGENT_DESCRIPTOR_MALFORMED"
 
 
 # --- the value --------------------------------------------------------------------------------

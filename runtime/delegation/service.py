@@ -18,23 +18,26 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, EventDraft
-from subagents.actors.continuation import (
+from subagents.actors import (
+    Abort,
     Activation,
     ActivationLimitReached,
+    ActorStopped,
     ContinuationManager,
     Draining,
+    EventDraft,
     ParentClosing,
 )
 from subagents.storage import (
     AlreadyOwned,
     Event,
+    InvalidSessionId,
     PersistenceFailed,
     SessionHeader,
     SessionNotFound,
@@ -42,16 +45,32 @@ from subagents.storage import (
     check_session_id,
     decode_payload,
 )
-from subagents.storage.errors import InvalidSessionId
 
 from ..agent.inbox import Delivery, DeliveryCancelled
+from ..errors import (
+    ActivationLimit,
+    AgentError,
+    DepthExceeded,
+    FamilyDraining,
+    NoProvider,
+    NotResumable,
+    OptionsNotReapplied,
+    ParentUnavailable,
+    QueryAborted,
+    RunNotCompleted,
+    SessionQueryError,
+    SubagentCancelled,
+    SubagentError,
+    Unauthorized,
+    UnsupportedCapability,
+)
 from ..agent.loop import Agent, AgentConfig, AgentStopped, TurnResult
 from ..agent.tools import ToolSet
 from ..models.base import Model
-from ..agent.registry import AgentError, AgentRegistry
-from ..query import SessionQuery, SessionQueryError
+from ..agent.registry import AgentRegistry
+from ..query import SessionQuery
 from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
-from .listing import ListingService, SubagentError
+from .listing import ListingService
 from .options import ChildModel, ChildOptions, filtered_tools
 from .settlement import Settlement, notice_blocks
 from .units import IDENTITY_UNIT
@@ -105,8 +124,18 @@ class Reservation:
     announced: trio.Event = attrs.field(factory=trio.Event, eq=False)  # see `ToolSet.prepare`
 
 
+# What the model is told when its family takes no new work (the agent vocabulary, worded here
+# and not in the actors, which only count and refuse).
+DRAINING_TEXT = "continuable subagents are draining; the operation was not admitted"
+
+
+def limit_text(limit: int) -> str:
+    return (f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
+            "or complete this work with the current agents")
+
+
 def _unavailable(child_id: str) -> SubagentError:
-    return SubagentError(f'subagent "{child_id}" is unavailable', "NOT_RESUMABLE")
+    return NotResumable(f'subagent "{child_id}" is unavailable')
 
 
 @attrs.define(eq=False)
@@ -120,6 +149,8 @@ class SubagentService:
     listing: ListingService
     max_depth: int = 1
     child_model: ChildModel | None = None  # builds the model a child's options select
+    # The tools every agent is offered (the runtime's and the subagent tools of this service).
+    toolset: Callable[[SubagentService], ToolSet] = attrs.field(default=lambda service: ToolSet())
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
     settlement: Settlement = attrs.field(init=False)
@@ -150,7 +181,7 @@ class SubagentService:
         """A background child; returns its id once its first prompt is accepted. `options` are
         recorded in its descriptor and re-applied on every cold resume."""
         if self.manager.draining:
-            raise SubagentError(str(Draining()), "DRAINING")
+            raise FamilyDraining(DRAINING_TEXT)
         depth = self._child_depth(parent)
         options = options or ChildOptions()
         descriptor = SubagentDescriptor(
@@ -160,7 +191,7 @@ class SubagentService:
         )
         setup = self._setup(options)  # refusals before anything exists
         if abort is not None and abort.is_set():
-            raise SubagentError("message delivery was cancelled", "CANCELLED")
+            raise SubagentCancelled("message delivery was cancelled")
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         activation = self._admit(child_id, parent.session_id)
@@ -178,7 +209,7 @@ class SubagentService:
             await self._catalog(parent, child, "continuable", label, reserved)
         except DeliveryCancelled:
             await self._dispose_unannounced(activation)
-            raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+            raise SubagentCancelled("message delivery was cancelled") from None
         except BaseException:
             await self._dispose_unannounced(activation)
             raise
@@ -224,22 +255,28 @@ class SubagentService:
                 headline += f"\nDiagnostic: {detail}"
             if result is not None and result.text:
                 headline += f"\nPartial output before the run ended:\n{result.text}"
-            raise SubagentError(headline, "RUN_NOT_COMPLETED")
+            raise RunNotCompleted(headline)
         return result
 
     def _admit(self, child_id: str, parent_id: str) -> Activation:
         try:
             return self.manager.admit(child_id, parent_id)
         except ActivationLimitReached as exc:
-            raise SubagentError(str(exc), "ACTIVATION_LIMIT_REACHED") from None
-        except (Draining, ParentClosing) as exc:
-            raise SubagentError(str(exc), "DRAINING") from None  # its family is shutting down
+            raise ActivationLimit(limit_text(exc.limit)) from None
+        except Draining:
+            raise FamilyDraining(DRAINING_TEXT) from None
+        except ParentClosing as exc:  # its family is shutting down
+            raise FamilyDraining(f"agent {exc.parent_id!r} is closing; it takes no new subagents") from None
 
     def _child_depth(self, parent: Agent) -> int:
         depth = parent.session.header.delegation_depth + 1
         if depth > self.max_depth:
-            raise SubagentError(f"subagent depth {depth} exceeds max_depth {self.max_depth}", "DEPTH_EXCEEDED")
+            raise DepthExceeded(f"subagent depth {depth} exceeds max_depth {self.max_depth}")
         return depth
+
+    def tools(self) -> ToolSet:
+        """The tools every agent is offered by default (for the registry: `AgentHooks`)."""
+        return self.toolset(self)
 
     def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
         """`tools` as a session with `header` is offered them: an agent at the depth limit does
@@ -264,8 +301,7 @@ class SubagentService:
         try:
             return self._setup(ChildOptions.of(descriptor))
         except SubagentError as exc:
-            raise AgentError(f"subagent {session_id!r}: its options cannot be applied again: {exc.message}",
-                             "NOT_RESUMABLE") from None
+            raise OptionsNotReapplied(f"subagent {session_id!r}: its options cannot be applied again: {exc.message}") from None
 
     def _setup(self, options: ChildOptions) -> _Setup:
         """The model, config and tools of a child with `options` (SubagentError if the runtime
@@ -273,40 +309,29 @@ class SubagentService:
         model = self.agents.model
         if options.selects_model:
             if self.child_model is None:
-                raise SubagentError("this runtime cannot select a model per subagent: pass "
-                                    "open_runtime(child_model=...)", "UNSUPPORTED_CAPABILITY")
+                raise UnsupportedCapability("this runtime cannot select a model per subagent: pass "
+                                    "open_runtime(child_model=...)")
             model = self.child_model(options)
         return _Setup(model, options.config(self.agents.config), filtered_tools(self.agents.tools(), options.tool_filter))
 
     async def _create_child(self, parent: Agent, reserved: Reservation, provider: Provider, depth: int,
                             descriptor: SubagentDescriptor, setup: _Setup) -> Agent:
         child_id = reserved.child_id
-        inherited: list[Event] = []
-        if provider == "fork":
-            inherited = await trio.to_thread.run_sync(self._fork_prefix, parent.session_id)
-        elif provider != "spawn":
-            raise SubagentError(f'no subagent provider registered for "{provider}"', "NO_PROVIDER")
+        # A fork inherits the parent's events up to its last `turn/end` (captured once, at
+        # creation), read by `SessionStore.fork`.
+        fork = (parent.session, parent.closed_prefix) if provider == "fork" else None
+        if provider not in ("fork", "spawn"):
+            raise NoProvider(f'no subagent provider registered for "{provider}"')
         draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
         register = getattr(setup.model, "register_session", None)  # scripted: bind labels in order
         agent = await self.agents.create(
             session_id=child_id, parent_session=parent.session_id, origin="subagent", delegation_depth=depth,
-            cwd=parent.session.header.cwd, inherited=inherited, first=[draft], label=descriptor.label,
+            cwd=parent.session.header.cwd, fork=fork, first=[draft], label=descriptor.label,
             created_at=reserved.created_at, model=setup.model, config=setup.config, tools=setup.tools,
         )
         if register is not None and descriptor.label is not None:
             register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)
         return agent
-
-    def _fork_prefix(self, parent_id: str) -> list[Event]:
-        """The parent's events up to its last `turn/end` (captured once, at creation)."""
-        store = self.agents.log_store
-        handle = store.open_read(parent_id)
-        try:
-            events = list(store.read(handle))
-        finally:
-            store.close(handle)
-        cut = next((i + 1 for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/end"), 0)
-        return events[:cut]
 
     async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None,
                        reserved: Reservation) -> None:
@@ -425,9 +450,9 @@ class SubagentService:
 
     async def send_message(self, sender: Agent, target_id: str, text: str, abort: Abort | None = None) -> None:
         if self.agents.get(sender.session_id) is not sender:
-            raise SubagentError("message delivery requires the exact live sender agent", "UNAUTHORIZED")
+            raise Unauthorized("message delivery requires the exact live sender agent")
         if self.manager.draining:
-            raise SubagentError(str(Draining()), "DRAINING")
+            raise FamilyDraining(DRAINING_TEXT)
         try:
             check_session_id(target_id)
         except InvalidSessionId:
@@ -438,11 +463,11 @@ class SubagentService:
         own = self.manager.get(sender.session_id)
         if sender.session.header.parent_session == target_id:
             if own is None:
-                raise SubagentError(f'agent "{sender.session_id}" is not a resident continuable child and '
-                                    f'cannot send to parent "{target_id}"', "UNAUTHORIZED")
+                raise Unauthorized(f'agent "{sender.session_id}" is not a resident continuable child and '
+                                    f'cannot send to parent "{target_id}"')
             parent = self.agents.get(target_id)
             if parent is None:
-                raise SubagentError("direct parent is not live; the message was not delivered", "PARENT_UNAVAILABLE")
+                raise ParentUnavailable("direct parent is not live; the message was not delivered")
             await self._deliver(parent, content, source, abort)
             return
         while True:
@@ -456,7 +481,7 @@ class SubagentService:
                     pass  # wait for its disposal below, then cold-resume it
                 else:
                     if activation.parent_id != sender.session_id:
-                        raise SubagentError(f'subagent "{target_id}" belongs to another parent session', "UNAUTHORIZED")
+                        raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
                     child = self.agents.get(target_id)
                     if child is None:
                         raise _unavailable(target_id)
@@ -469,7 +494,7 @@ class SubagentService:
         try:
             await agent.inbox.put(Delivery(content=content, source=source, trigger="message"), mode, abort)
         except DeliveryCancelled:
-            raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+            raise SubagentCancelled("message delivery was cancelled") from None
 
     async def _cold_resume(self, sender: Agent, target_id: str, content: list[Json], source: Json,
                            abort: Abort | None) -> bool:
@@ -480,15 +505,15 @@ class SubagentService:
                 header = observation.header
                 identity = observation.projections.get(IDENTITY_UNIT.key)
                 k = observation.inherited_event_count
-        except SessionQueryError as exc:
-            if exc.code == "SESSION_QUERY_ABORTED":
-                raise SubagentError("message delivery was cancelled", "CANCELLED") from None
+        except QueryAborted:
+            raise SubagentCancelled("message delivery was cancelled") from None
+        except SessionQueryError:
             raise _unavailable(target_id) from None
         if header.parent_session != sender.session_id:
-            raise SubagentError(f'subagent "{target_id}" belongs to another parent session', "UNAUTHORIZED")
+            raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
         if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":
-            raise SubagentError(f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
-                                "choose a different target", "NOT_RESUMABLE")
+            raise NotResumable(f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
+                                "choose a different target")
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
         activation = self._admit(target_id, sender.session_id)
@@ -514,7 +539,7 @@ class SubagentService:
         resident is an accepted no-op, never a cold resume (`not-running`); an id no session
         has — or an invalid one — is `NOT_RESUMABLE` (unavailable)."""
         if target_id == by.session_id:
-            raise SubagentError(f'agent "{target_id}" cannot interrupt itself', "UNAUTHORIZED")
+            raise Unauthorized(f'agent "{target_id}" cannot interrupt itself')
         try:
             check_session_id(target_id)
         except InvalidSessionId:
@@ -527,14 +552,12 @@ class SubagentService:
                 return "requested"
             if live is not None:
                 # live, but not a child running under the caller: not the caller's to stop
-                raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
-                                    "UNAUTHORIZED")
+                raise Unauthorized(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"')
             if activation is None and not await self._exists(target_id):
                 raise _unavailable(target_id)
             return "not-running"
         if by.session_id not in self.manager.ancestors(target_id):
-            raise SubagentError(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"',
-                                "UNAUTHORIZED")
+            raise Unauthorized(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"')
         child = self.agents.get(target_id)
         if child is not None:
             child.inbox.park()
@@ -545,11 +568,11 @@ class SubagentService:
         """Whether any session — live, or a log on disk, damaged or not — has this id."""
         if self.agents.sessions.get(session_id) is not None:
             return True
-        store = self.agents.log_store
-        try:
-            info = await trio.to_thread.run_sync(store.stat, session_id, limiter=self.agents.index_limiter)
-        except (SessionNotFound, PersistenceFailed):
+        (info,) = await self.query.stat_many([session_id])
+        if isinstance(info, (SessionNotFound, PersistenceFailed)):
             return False  # no such log, or none that can be found: unavailable either way
+        if isinstance(info, Exception):
+            raise info
         return info is not None
 
     async def release_children_of(self, session_id: str) -> None:

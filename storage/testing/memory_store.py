@@ -9,7 +9,7 @@ cut.
 from __future__ import annotations
 
 from .crashfs import CrashFs
-from .file_store import Compression, FileLogStore
+from ..file_store import Compression, FileLogStore
 
 __all__ = ["MemoryLogStore"]
 

@@ -11,29 +11,36 @@ or its checkpoint row, never its log — and become diagnostics in (`child_creat
 ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
 stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
 query for all), and only then one observation each through the cold reader (at most four reads
-in flight), `OBSERVERS` observations under way at a time, all under one abort so that their
-reads share thread hops, with one watcher that cancels them all when the abort is set. An
+in flight), `OBSERVERS` observations under way at a time, all in one read group so that their
+reads share thread hops. The caller's abort becomes cancellation once, at the edge of the call
+(`cancelled_when`): one watcher cancels everything under way when it is set. An
 identity counts only from the child's own suffix (`seq >= inherited_event_count`). Rows come
 in four states: a child row, an omitted live child without an identity yet, and
 diagnostics `corrupt` / `unsupported` / `unavailable`. Typed query errors become rows; anything
-else fails the listing. An abort at any check point ends it with `CANCELLED` and no rows.
+else fails the listing. An abort at any point ends it with `CANCELLED` and no rows.
 Listing never writes a log, a checkpoint or an actor.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import attrs
 import trio
 
-from subagents.actors import Abort, ActorStopped, SessionRef, SessionStore, raise_bare_cancelled, snapshot_all
-from subagents.runtime.query import SessionQuery, SessionQueryError, SessionRecord, headers_differ
-from subagents.storage import LogInfo, LogStore
-from subagents.storage.index import StoredCheckpoint
-from subagents.storage.projection import ProjectionRegistry
+from subagents.actors import Abort, ActorStopped, ReadGroup, SessionRef, SessionStore, cancelled_when, raise_bare_cancelled, snapshot_all
+from subagents.runtime.errors import (
+    ProjectionsUnavailable,
+    QueryUnavailable,
+    SessionQueryError,
+    SessionStoreUnavailable,
+    SubagentCancelled,
+    SubagentError,
+)
+from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
+from subagents.storage import LogInfo, ProjectionRegistry, StoredCheckpoint
 
 from .lineage import (
     Absent,
@@ -57,13 +64,6 @@ from .units import CATALOG_UNIT, IDENTITY_UNIT
 __all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError", "walk_descendants"]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
-
-
-class SubagentError(Exception):
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 @attrs.frozen(kw_only=True)
@@ -108,15 +108,6 @@ _ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key)  # the checkpoint rows a listi
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
-_QUERY_REASONS: dict[str, Reason | None] = {
-    "SESSION_QUERY_CORRUPT_SESSION": "corrupt",
-    "SESSION_QUERY_SOURCE_CONFLICT": "corrupt",
-    "SESSION_QUERY_UNSUPPORTED_SESSION": "unsupported",
-    "SESSION_QUERY_SESSION_NOT_FOUND": "unavailable",
-    "SESSION_QUERY_PERSISTENCE_FAILED": "unavailable",
-}
-
-
 def _own(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
     if isinstance(identity, dict) and type(identity.get("seq")) is int and identity["seq"] >= inherited_event_count:
         return identity
@@ -204,12 +195,10 @@ class ListingService:
         registry: ProjectionRegistry | None,
         sessions: SessionStore | None,
         query: SessionQuery | None,
-        log_store: LogStore | None = None,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
-        self.query = query
-        self.log_store = log_store
+        self.query = query  # all it reads of the store, it reads through the query
         self.observers = OBSERVERS
         self._rows_made = _Rows()
         self._shape = _Shape()
@@ -219,17 +208,43 @@ class ListingService:
         (`created_at`, id) order, with those only the parent's catalog names. Raises
         `SubagentError` (a missing service, `CANCELLED`) or `SessionQueryError` (an unreadable
         root)."""
-        corpus = await self._corpus(abort)
+        return await self._edge(abort, self._children, parent_id)
+
+    async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
+        """The rows of every subagent below `root_id` in pre-order, each with `parent_id` and
+        `depth`; raises as `list_children`."""
+        return await self._edge(abort, self._descendants, root_id)
+
+    async def _edge(self, abort: Abort | None, listing: Callable[[str], Awaitable[list[Row]]], node: str) -> list[Row]:
+        """Where the caller's abort becomes cancellation, once (`cancelled_when`): below it
+        the listing is cancelled the Trio way. An abort set at any point — before the call,
+        while it runs, or as it ends — ends it with `CANCELLED` and no rows, whatever was under
+        way (a read failing as it was cancelled included); an enclosing cancellation passes
+        as the bare `trio.Cancelled` its scope expects."""
+        _check(abort)
+        rows: list[Row] | None = None
+        try:
+            async with cancelled_when(abort):
+                rows = await listing(node)
+        except Exception:
+            _check(abort)
+            raise
+        _check(abort)
+        assert rows is not None  # only an abort cancels the body quietly
+        return rows
+
+    async def _children(self, parent_id: str) -> list[Row]:
+        corpus = await self._corpus()
         shape = self._shape.of(corpus)
         candidates = shape.children_of(parent_id)
         parent = shape.records.get(parent_id)
-        catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates, abort)
+        catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates)
         entries = catalogs.get(parent_id)
         absent = absent_children(parent_id, entries, shape.records) if entries else []
-        rows = await self._rows(shape, candidates, abort, stored)
+        rows = await self._rows(shape, candidates, stored)
         if not absent:
             return [row for row in rows if row is not None]
-        extra = await self._absent_rows(absent, abort)
+        extra = await self._absent_rows(absent)
         placed = sorted(
             [(order_key(node), row) for node, row in zip(candidates, rows, strict=True)]
             + [(order_key(node), row) for node, row in zip(absent, extra, strict=True)],
@@ -237,10 +252,8 @@ class ListingService:
         )
         return [row for _, row in placed if row is not None]
 
-    async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
-        """The rows of every subagent below `root_id` in pre-order, each with `parent_id` and
-        `depth`; raises as `list_children`."""
-        corpus = await self._corpus(abort)
+    async def _descendants(self, root_id: str) -> list[Row]:
+        corpus = await self._corpus()
         shape = self._shape.of(corpus)
         records = shape.records
         # Catalogs can add children the corpus cannot place (and those may have children of their
@@ -259,7 +272,7 @@ class ListingService:
                 break
             asked.update(owner.id for owner in owners)
             wanted = [n for n, _, _ in placed if isinstance(n, SessionRecord) and is_subagent(n) and n.id not in stored]
-            catalogs, more = await self._catalogs(owners, wanted, abort)
+            catalogs, more = await self._catalogs(owners, wanted)
             stored.update(more)
             grew = False
             for owner_id, entries in catalogs.items():
@@ -271,9 +284,9 @@ class ListingService:
                 break
         nodes = [node for node, _, _ in placed if isinstance(node, Absent) or is_subagent(node)]
         candidates = [node for node in nodes if isinstance(node, SessionRecord)]
-        rows = iter(await self._rows(shape, candidates, abort, stored))
+        rows = iter(await self._rows(shape, candidates, stored))
         lost = [node for node in nodes if isinstance(node, Absent)]
-        extra = iter(await self._absent_rows(lost, abort) if lost else [])
+        extra = iter(await self._absent_rows(lost) if lost else [])
         where = {node.id: (parent, depth) for node, parent, depth in placed}
         out = []
         for node in nodes:
@@ -285,25 +298,17 @@ class ListingService:
 
     # --- the steps ---
 
-    async def _corpus(self, abort: Abort | None) -> list[SessionRecord]:
+    async def _corpus(self) -> list[SessionRecord]:
         if self.registry is None:
-            raise SubagentError("projection registry is unavailable", "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE")
+            raise ProjectionsUnavailable("projection registry is unavailable")
         if self.sessions is None:
-            raise SubagentError("session store is unavailable", "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE")
-        _check(abort)
+            raise SessionStoreUnavailable("session store is unavailable")
         if self.query is None:
-            raise SubagentError("session query is unavailable", "SUBAGENT_CONTROL_QUERY_UNAVAILABLE")
-        try:
-            corpus = await self.query.list_sessions(abort)
-        except SessionQueryError as exc:
-            if exc.code == "SESSION_QUERY_ABORTED":
-                raise SubagentError(_CANCELLED, "CANCELLED") from None
-            raise
-        _check(abort)
-        return corpus
+            raise QueryUnavailable("session query is unavailable")
+        return await self.query.list_sessions()
 
     async def _catalogs(
-        self, owners: list[SessionRecord], candidates: list[SessionRecord], abort: Abort | None
+        self, owners: list[SessionRecord], candidates: list[SessionRecord]
     ) -> tuple[dict[str, list[CatalogEntry]], dict[str, list[StoredCheckpoint]]]:
         """The catalog entries of `owners` — a live owner's cell (no log read), else its
         checkpoint row — and, from the same index hop, the stored checkpoint rows of the
@@ -322,7 +327,7 @@ class ListingService:
                 cold.append(owner)
         entries: dict[str, list[CatalogEntry]] = {}
         if refs:
-            for owner, answer in zip(live, await self._live_answers(refs, abort, _CATALOG), strict=True):
+            for owner, answer in zip(live, await self._live_answers(refs, _CATALOG), strict=True):
                 if isinstance(answer, ActorStopped):
                     cold.append(owner)  # it stopped meanwhile: its checkpoint row
                 elif not isinstance(answer, Exception):
@@ -336,34 +341,19 @@ class ListingService:
         return entries, stored
 
     async def _stored_rows(self, ids: list[str]) -> dict[str, list[StoredCheckpoint]]:
-        """The checkpoint rows of `ids` in one query and one thread hop; every id asked is a key
+        """The checkpoint rows of `ids` in one query and one index hop; every id asked is a key
         of the answer (no rows: the index is a cache, any failure is a miss)."""
-        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in ids}
-        if self.log_store is None or not ids:
-            return out
-        try:
-            # Through the index's one worker slot (docs/design.md, "The index"), shared with the
-            # session query.
-            limiter = self.query.index_limiter if self.query is not None else None
-            rows = await trio.to_thread.run_sync(
-                self.log_store.read_checkpoint_rows, ids, _ROW_KEYS, _EMPTY_CATALOG, limiter=limiter
-            )
-        except Exception:  # the index is a cache: any failure is a miss
-            return out
-        if rows:
-            out.update((sid, found) for sid, found in rows.items() if sid in out)
-        return out
+        if self.query is None or not ids:
+            return {sid: [] for sid in ids}
+        return await self.query.checkpoint_rows(ids, _ROW_KEYS, _EMPTY_CATALOG)
 
     async def _held_elsewhere(self, ids: list[str]) -> set[str]:
         """The ids another process holds the lock of (one thread hop; advice, never an error)."""
-        if self.log_store is None or not ids:
+        if self.query is None or not ids:
             return set()
-        try:
-            return await trio.to_thread.run_sync(self.log_store.held_elsewhere, ids)
-        except Exception:  # advice for display only: unanswered is "not held"
-            return set()
+        return await self.query.held_elsewhere(ids)
 
-    async def _absent_rows(self, absent: list[Absent], abort: Abort | None) -> list[Row | None]:
+    async def _absent_rows(self, absent: list[Absent]) -> list[Row | None]:
         """The rows of catalogued children the corpus does not list, aligned to `absent`; those
         with no record at all are stat'ed afresh, in one thread hop."""
         out: list[Row | None] = [None] * len(absent)
@@ -379,34 +369,17 @@ class ListingService:
                 reason = absent_reason(info)
                 if reason is not None:
                     out[i] = DiagnosticRow(id=absent[i].id, reason=reason)
-        _check(abort)
         return out
 
     async def _stat_all(self, ids: list[str]) -> list[LogInfo | None | Exception]:
-        store = self.log_store
-        if store is None:
+        if self.query is None:
             return [None] * len(ids)
-
-        def stat_all() -> list[LogInfo | None | Exception]:
-            out: list[LogInfo | None | Exception] = []
-            for sid in ids:
-                try:
-                    out.append(store.stat(sid))
-                except Exception as exc:  # it cannot be opened: unavailable
-                    out.append(exc)
-            return out
-
-        limiter = self.query.index_limiter if self.query is not None else None
-        try:
-            return await trio.to_thread.run_sync(stat_all, limiter=limiter)
-        except Exception as exc:
-            return [exc] * len(ids)
+        return await self.query.stat_many(ids)
 
     async def _rows(
         self,
         shape: _Shape,
         candidates: list[SessionRecord],
-        abort: Abort | None,
         stored: dict[str, list[StoredCheckpoint]],
     ) -> list[Row | None]:
         """Rows aligned to `candidates` (None: omitted); `stored`: checkpoint rows already read.
@@ -425,7 +398,7 @@ class ListingService:
                 refs.append(ref)
             else:
                 cold.append(i)
-        answers = await self._live_answers(refs, abort, _BOTH)
+        answers = await self._live_answers(refs, _BOTH)
         child = self._rows_made.child
         again: list[int] = []
         for i, answer in zip(live_at, answers, strict=True):
@@ -442,7 +415,7 @@ class ListingService:
                 # else: omitted — a live child in its creation window
         if again:
             ref_at = dict(zip(live_at, refs, strict=True))
-            retried = await self._live_answers([ref_at[i] for i in again], abort, _IDENTITY)
+            retried = await self._live_answers([ref_at[i] for i in again], _IDENTITY)
             for i, answer in zip(again, retried, strict=True):
                 record = candidates[i]
                 if isinstance(answer, ActorStopped):
@@ -454,29 +427,15 @@ class ListingService:
                     if identity is not None:
                         results[i] = child(record, identity, record.id in parents, live=True)
         cold.sort()
-        await self._cold_rows(candidates, cold, shape, results, abort, stored)
-        _check(abort)
+        await self._cold_rows(candidates, cold, shape, results, stored)
         return results
 
-    async def _live_answers(self, refs: list[SessionRef], abort: Abort | None, keys: list[str]) -> list[Any]:
-        """All live asks for `keys` at once; an abort ends the wait (an actor stuck in storage
-        must not hold a cancelled listing)."""
+    async def _live_answers(self, refs: list[SessionRef], keys: list[str]) -> list[Any]:
+        """All live asks for `keys` at once (a cancelled listing stops waiting: an actor stuck
+        in storage must not hold it)."""
         if not refs:
             return []
-        if abort is None:
-            return await snapshot_all(refs, keys)
-        answers: list[Any] | None = None
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on, abort, nursery.cancel_scope)
-                answers = await snapshot_all(refs, keys)
-                nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:  # only an enclosing cancel gets here: pass it on bare
-            raise_bare_cancelled(group)
-        if answers is None or abort.is_set():
-            _check(abort)
-        assert answers is not None
-        return answers
+        return await snapshot_all(refs, keys)
 
     async def _cold_rows(
         self,
@@ -484,7 +443,6 @@ class ListingService:
         cold: list[int],
         shape: _Shape,
         results: list[Row | None],
-        abort: Abort | None,
         stored: dict[str, list[StoredCheckpoint]],
     ) -> None:
         parents, records = shape.parents, shape.records
@@ -516,14 +474,13 @@ class ListingService:
         assert self.query is not None
         query = self.query
         failures: list[BaseException] = []
-        # One Abort for every observation of this listing (a private one, never set, when the
-        # caller gave none): the cold reader lets reads under the same Abort share thread hops.
-        shared = abort if abort is not None else Abort()
+        # Every observation of this listing reads in one group: their reads share thread hops.
+        group = ReadGroup()
 
         async def observe_one(i: int) -> None:
             record = candidates[i]
             try:
-                async with query.observe_session(record.id, shared) as seen:
+                async with query.observe_session(record.id, group=group) as seen:
                     if record.header is not None and headers_differ(record.header, seen.header):
                         results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # lifecycle witness
                         return
@@ -531,13 +488,10 @@ class ListingService:
                     catalog = seen.projections.get(CATALOG_UNIT.key)
                     elsewhere = seen.held
             except SessionQueryError as exc:
-                reason = _QUERY_REASONS.get(exc.code)
-                if exc.code == "SESSION_QUERY_ABORTED" or (abort is not None and abort.is_set()):
-                    return  # the listing raises CANCELLED once everything has stopped
-                if reason is None:
+                if exc.diagnostic is None:
                     failures.append(exc)
                     return
-                results[i] = DiagnosticRow(id=record.id, reason=reason)
+                results[i] = DiagnosticRow(id=record.id, reason=exc.diagnostic)
                 return
             except Exception as exc:  # a bug must not hide as a row: it fails the listing
                 failures.append(exc)
@@ -548,29 +502,21 @@ class ListingService:
                 has = record.id in parents or names_absent(record.id, catalog, records)
                 results[i] = self._rows_made.child(record, identity, has, live=elsewhere)
 
-        _check(abort)
         try:
-            async with trio.open_nursery() as nursery:
-                if abort is not None:
-                    # One watcher for every observation: an abort cancels them all at once
-                    # (each also sees it at its own checks), and the listing raises CANCELLED.
-                    nursery.start_soon(_cancel_on, abort, nursery.cancel_scope)
-                # A bounded number of observers take the candidates in turn: the listing's
-                # memory is bounded by the observations under way, not by the children, and
-                # enough stay under way for the cold reader to fill its thread hops.
-                queue = iter(observe)
+            # A bounded number of observers take the candidates in turn: the listing's memory is
+            # bounded by the observations under way, not by the children, and enough stay under
+            # way for the cold reader to fill its thread hops.
+            queue = iter(observe)
 
-                async def observer() -> None:
-                    for i in queue:
-                        await observe_one(i)
+            async def observer() -> None:
+                for i in queue:
+                    await observe_one(i)
 
-                async with trio.open_nursery() as observations:
-                    for _ in range(min(len(observe), self.observers)):
-                        observations.start_soon(observer)
-                nursery.cancel_scope.cancel()  # every observation is done: stop the watcher
-        except BaseExceptionGroup as group:
-            raise_bare_cancelled(group)  # everything else is kept as a value by observe_one
-        _check(abort)
+            async with trio.open_nursery() as observations:
+                for _ in range(min(len(observe), self.observers)):
+                    observations.start_soon(observer)
+        except BaseExceptionGroup as group_error:
+            raise_bare_cancelled(group_error)  # everything else is kept as a value by observe_one
         if failures:
             raise failures[0]
 
@@ -579,7 +525,7 @@ class ListingService:
     ) -> dict[str, dict[str, Any]]:
         """Identities the index's checkpoint rows prove, for all cold candidates: the rows read
         with the catalogs, and the rest (those that stopped meanwhile) in one more query."""
-        if self.log_store is None or not records:
+        if self.query is None or not records:
             return {}
         rows = stored or {}
         unread = [r.id for r in records if r.id not in rows]
@@ -604,9 +550,4 @@ class ListingService:
 
 def _check(abort: Abort | None) -> None:
     if abort is not None and abort.is_set():
-        raise SubagentError(_CANCELLED, "CANCELLED")
-
-
-async def _cancel_on(abort: Abort, scope: trio.CancelScope) -> None:
-    await abort.wait()
-    scope.cancel()
+        raise SubagentCancelled(_CANCELLED)

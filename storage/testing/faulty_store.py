@@ -1,7 +1,7 @@
 """`FaultyLogStore`: wraps any `LogStore` and injects failures, delays and hangs per operation.
 
 Storage never imports trio: a delay or hang waits on a `threading.Event` in short slices and
-calls the operation's `checkpoint` hook between them (the actors pass
+calls the operation's `poll` between them (the actors pass
 `trio.from_thread.check_cancelled`), so a cancelled caller ends it. `release()` ends every hang.
 """
 
@@ -14,12 +14,12 @@ from typing import Literal
 
 import attrs
 
-from .codec import Event
-from .errors import PersistenceFailed
-from .log_store import Batch, LogStore, ReadHandle, WriteHandle
-from .index import StoredCheckpoint
-from .projection import CheckpointRow
-from .values import Checkpoint, LogInfo, Offset, SessionHeader
+from .._codec import Event
+from ..errors import PersistenceFailed
+from ..log_store import Batch, LogStore, ReadHandle, WriteHandle
+from ..index import StoredCheckpoint
+from ..projection import CheckpointRow
+from ..values import AbortPoll, LogInfo, Offset, SessionHeader
 
 __all__ = ["FaultyLogStore", "Operation"]
 
@@ -77,7 +77,7 @@ class FaultyLogStore:
             self._rules.append(rule)
             self._released.clear()
 
-    def _enter(self, op: Operation, session_id: str | None, checkpoint: Checkpoint | None = None) -> None:
+    def _enter(self, op: Operation, session_id: str | None, poll: AbortPoll | None = None) -> None:
         with self._lock:
             self.calls[op] += 1
             rule = next(
@@ -91,16 +91,16 @@ class FaultyLogStore:
                     self._rules.remove(rule)
         if rule.error is not None:
             raise rule.error
-        self._wait(rule.delay, checkpoint)
+        self._wait(rule.delay, poll)
 
-    def _wait(self, seconds: float | None, checkpoint: Checkpoint | None) -> None:
+    def _wait(self, seconds: float | None, poll: AbortPoll | None) -> None:
         remaining = seconds
         while remaining is None or remaining > 0:
             step = _SLICE if remaining is None else min(_SLICE, remaining)
             if self._released.wait(step):
                 return
-            if checkpoint is not None:
-                checkpoint()
+            if poll is not None:
+                poll()
             if remaining is not None:
                 remaining -= step
 
@@ -128,10 +128,10 @@ class FaultyLogStore:
         start: Offset = Offset(0),
         stop: Offset | None = None,
         *,
-        checkpoint: Checkpoint | None = None,
+        poll: AbortPoll | None = None,
     ) -> list[Event]:
-        self._enter("read", handle.session_id, checkpoint)
-        return self.inner.read(handle, start, stop, checkpoint=checkpoint)
+        self._enter("read", handle.session_id, poll)
+        return self.inner.read(handle, start, stop, poll=poll)
 
     def stat(self, session_id: str) -> LogInfo | None:
         self._enter("stat", session_id)
@@ -170,9 +170,9 @@ class FaultyLogStore:
         log_offset: int,
         first_seq: int,
         *,
-        checkpoint: Checkpoint | None = None,
+        poll: AbortPoll | None = None,
     ) -> list[Event] | None:
-        self._enter("read_after", handle.session_id, checkpoint)
-        return self.inner.read_after(handle, log_offset, first_seq, checkpoint=checkpoint)
+        self._enter("read_after", handle.session_id, poll)
+        return self.inner.read_after(handle, log_offset, first_seq, poll=poll)
 
 

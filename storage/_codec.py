@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from .errors import InvalidEvent, InvalidPayload, NonLosslessData, UnsupportedLog
+from .errors import InvalidEvent, InvalidPayload, NonLosslessData, UnsupportedEvent
 from .events import KNOWN_TYPES, PAYLOAD_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
 
 __all__ = [
@@ -355,14 +355,13 @@ def decode_payload(event: Event, *, session_id: str) -> Any:
     for every reader alike); events that come from elsewhere are checked here.
 
     A malformed payload raises `InvalidPayload` (the session is corrupt); an unknown type raises
-    `UnsupportedLog`.
+    `UnsupportedEvent`.
     """
     decoder = _payload_decoders.get(event.type)
     if decoder is None:
-        raise UnsupportedLog(
+        raise UnsupportedEvent(
             session_id,
             f"event type {event.type!r} is unknown",
-            code="STORAGE_UNSUPPORTED_EVENT",
             seq=event.seq,
         )
     try:

@@ -25,7 +25,7 @@ import trio
 from trio_util import RepeatedEvent
 
 from subagents.actors import EventDraft
-from subagents.actors.continuation import Activation, ContinuationManager
+from subagents.actors import Activation, ContinuationManager
 from subagents.storage import Event, decode_payload
 
 from ..agent.inbox import Delivery

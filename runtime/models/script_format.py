@@ -50,6 +50,7 @@ import attrs
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from subagents.runtime.errors import ScriptError, ScriptUnreadable
 from subagents.runtime.models.base import Usage
 
 __all__ = [
@@ -77,27 +78,6 @@ _FINISHES: tuple[ScriptedFinish, ...] = ("stop", "max-tokens")
 _TEMPLATE = re.compile(r"\{\{from_request:(.*?)\}\}", re.DOTALL)
 _TEMPLATE_PREFIX = "{{from_request:"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class ScriptError(ValueError):
-    """A script that cannot be loaded. `path` is the JSON path of the problem (`$` for the whole
-    document), `problem` says what is wrong there, `source` names the file when there is one.
-    `code` is `MODEL_SCRIPT_INVALID`, or `MODEL_SCRIPT_UNREADABLE` when the file cannot be read."""
-
-    def __init__(
-        self,
-        path: str,
-        problem: str,
-        *,
-        source: str | None = None,
-        code: str = "MODEL_SCRIPT_INVALID",
-    ) -> None:
-        where = f"invalid script {source}" if source else "invalid script"
-        super().__init__(f"{where} at {path}: {problem}")
-        self.path = path
-        self.problem = problem
-        self.source = source
-        self.code = code
 
 
 # --- values -----------------------------------------------------------------------------------
@@ -191,15 +171,15 @@ class Script:
         except ScriptError as exc:
             if source is None:
                 raise
-            raise ScriptError(exc.path, exc.problem, source=source, code=exc.code) from None
+            raise type(exc)(exc.path, exc.problem, source=source) from None
 
 
 def load_script(source: str | os.PathLike[str] | bytes) -> Script:
     """Load a script from a file path, or from JSON text given directly.
 
     `bytes` and a `str` whose first non-blank character is `{` are JSON text; any other `str`
-    and any `os.PathLike` name a file. Raises `ScriptError` (`MODEL_SCRIPT_UNREADABLE` when the
-    file cannot be read).
+    and any `os.PathLike` name a file. Raises `ScriptError` (`ScriptUnreadable` when the file
+    cannot be read).
     """
     if isinstance(source, bytes):
         return Script.from_json(source)
@@ -210,9 +190,7 @@ def load_script(source: str | os.PathLike[str] | bytes) -> Script:
         with open(name, "rb") as file:
             data = file.read()
     except OSError as exc:
-        raise ScriptError(
-            "$", f"cannot read the file: {exc.strerror or exc}", source=name, code="MODEL_SCRIPT_UNREADABLE"
-        ) from None
+        raise ScriptUnreadable("$", f"cannot read the file: {exc.strerror or exc}", source=name) from None
     return Script.from_json(data, source=name)
 
 
