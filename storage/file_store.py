@@ -394,13 +394,8 @@ class FileLogStore:
             anchor = state.file.pread(max(0, state.end - ANCHOR), min(ANCHOR, state.end))
         except OSError:
             return
-        info = LogInfo(
-            id=handle.session_id,
-            header=handle.header,
-            damage=None,
-            inherited_event_count=handle.inherited_event_count,
-            revision=revision,
-            event_count=handle.next_seq,
+        info = LogInfo.healthy(
+            handle.session_id, handle.header, handle.inherited_event_count, revision, handle.next_seq
         )
         self._catalog.record(
             IndexRow(
