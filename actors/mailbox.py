@@ -45,20 +45,18 @@ class Reply(Generic[T]):
 
     @enable_ki_protection  # like trio.Event: a Ctrl-C must not strand a waiter
     def set(self, value: T) -> None:
-        if not self._done:
-            self._value = value
-            self._done = True
-            self._wake()
+        self._settle(value, None)
 
     @enable_ki_protection
     def fail(self, error: BaseException) -> None:
-        if not self._done:
-            self._error = error
-            self._done = True
-            self._wake()
+        self._settle(None, error)
 
     @enable_ki_protection
-    def _wake(self) -> None:
+    def _settle(self, value: T | None, error: BaseException | None) -> None:
+        """The first answer wins; it wakes every waiter."""
+        if self._done:
+            return
+        self._value, self._error, self._done = value, error, True
         waiting, self._waiting = self._waiting, None
         if isinstance(waiting, list):
             for task in waiting:

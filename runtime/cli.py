@@ -467,22 +467,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _command(args)
 
 
+def _session_id_arg(session_id: str) -> None:
+    try:
+        check_session_id(session_id)
+    except InvalidSessionId as exc:
+        raise UsageError(exc.message) from None
+
+
 def _command(args: argparse.Namespace) -> int:
     try:
         if args.command in ("children", "agents"):
-            try:
-                check_session_id(args.parent_id)
-            except InvalidSessionId as exc:
-                raise UsageError(exc.message) from None
+            _session_id_arg(args.parent_id)
             _read_only_root(args.root)
             _raise_open_file_limit()
             return trio.run(_children, args)
         if args.command in ("sessions", "show"):
             if args.command == "show":
-                try:
-                    check_session_id(args.session_id)
-                except InvalidSessionId as exc:
-                    raise UsageError(exc.message) from None
+                _session_id_arg(args.session_id)
             _read_only_root(args.root)
             _raise_open_file_limit()
             return trio.run(_sessions if args.command == "sessions" else _show, args)
@@ -500,10 +501,7 @@ def _command(args: argparse.Namespace) -> int:
         if args.command == "run":
             _writable_root(args.root)
             if args.session is not None:
-                try:
-                    check_session_id(args.session)
-                except InvalidSessionId as exc:
-                    raise UsageError(exc.message) from None
+                _session_id_arg(args.session)
             try:
                 model = build_model(parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
                                     stall_timeout=_stall_timeout(args))

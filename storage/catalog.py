@@ -22,6 +22,8 @@ import threading
 from collections.abc import Collection
 from typing import Literal
 
+import attrs
+
 from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
 from .forms import FORMS, LogForm
 from .fs import File, Fs, FolderScan, NotRegularFile
@@ -338,14 +340,8 @@ def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) 
         info = _damaged(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
         return IndexRow(info=info, form=form.compression, scan_end=0, scan_events=0)
     recovered = parsed.recovered.count(b"\n")
-    info = LogInfo(
-        id=sid,
-        header=parsed.record.header,
-        damage=None,
-        inherited_event_count=parsed.record.inherited_event_count,
-        revision=revision,
-        event_count=Offset(len(parsed.events)),
-    )
+    record = parsed.record
+    info = LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, len(parsed.events))
     end = parsed.complete_end
     return IndexRow(
         info=info,
@@ -366,20 +362,12 @@ def _scan_growth(
     except (CorruptLog, UnsupportedLog):
         return None  # the tail may not start where the row thinks: let a full scan decide
     count = row.scan_events + len(scan.events)
-    info = LogInfo(
-        id=sid,
-        header=row.info.header,
-        damage=None,
-        inherited_event_count=row.info.inherited_event_count,
-        revision=revision,
-        event_count=Offset(count),
-    )
-    return IndexRow(
+    info = LogInfo.healthy(sid, row.info.header, row.info.inherited_event_count, revision, count)
+    return attrs.evolve(  # the same log further on: its form and head stay
+        row,
         info=info,
-        form=row.form,
         scan_end=row.scan_end + scan.complete_end,
         scan_events=count - scan.recovered_events,
-        head=row.head,
         anchor=(row.anchor + tail[: scan.complete_end])[-ANCHOR:],
     )
 

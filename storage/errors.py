@@ -113,28 +113,30 @@ class InvalidRange(StorageError, ValueError):
     code = "STORAGE_INVALID_RANGE"
 
 
-class SessionNotFound(StorageError):
+class _AboutSession:
+    """Mixed into the errors about one session that need nothing else to say it: the message is
+    `session <id> <says>`, and `session_id` is kept."""
+
+    says: ClassVar[str]
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} {self.says}")
+        self.session_id = session_id
+
+
+class SessionNotFound(_AboutSession, StorageError):
     code = "STORAGE_SESSION_NOT_FOUND"
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} not found")
-        self.session_id = session_id
+    says = "not found"
 
 
-class SessionAlreadyExists(StorageError):
+class SessionAlreadyExists(_AboutSession, StorageError):
     code = "STORAGE_SESSION_ALREADY_EXISTS"
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} already exists")
-        self.session_id = session_id
+    says = "already exists"
 
 
-class AlreadyOwned(StorageError):
+class AlreadyOwned(_AboutSession, StorageError):
     code = "STORAGE_ALREADY_OWNED"
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} is already owned by an active write handle")
-        self.session_id = session_id
+    says = "is already owned by an active write handle"
 
 
 class SequenceConflict(StorageError):

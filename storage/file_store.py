@@ -46,7 +46,7 @@ from .forms import FORMS, Compression, LogForm, ParsedLog
 from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
-from .log_store import Batch, ReadHandle, WriteHandle
+from .log_store import Batch, Handle, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
 from ._records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
@@ -239,7 +239,7 @@ class FileLogStore:
             impl=_ReadState(path, form, (head, record)),
         )
 
-    def close(self, handle: ReadHandle | WriteHandle) -> None:
+    def close(self, handle: Handle) -> None:
         if handle.closed:
             return
         handle.closed = True
@@ -394,13 +394,8 @@ class FileLogStore:
             anchor = state.file.pread(max(0, state.end - ANCHOR), min(ANCHOR, state.end))
         except OSError:
             return
-        info = LogInfo(
-            id=handle.session_id,
-            header=handle.header,
-            damage=None,
-            inherited_event_count=handle.inherited_event_count,
-            revision=revision,
-            event_count=handle.next_seq,
+        info = LogInfo.healthy(
+            handle.session_id, handle.header, handle.inherited_event_count, revision, handle.next_seq
         )
         self._catalog.record(
             IndexRow(
@@ -442,12 +437,7 @@ class FileLogStore:
         return None if index is None else index.load_checkpoints(list(session_ids), keys, skip)
 
     def read_after(
-        self,
-        handle: ReadHandle | WriteHandle,
-        log_offset: int,
-        first_seq: int,
-        *,
-        poll: AbortPoll | None = None,
+        self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None
     ) -> list[Event] | None:
         """The events after a checkpoint: from the record boundary `log_offset`, which must hold
         seq `first_seq` (or be the end). None when it does not — then fold from the start."""
@@ -483,12 +473,7 @@ class FileLogStore:
         return scan.events
 
     def read(
-        self,
-        handle: ReadHandle | WriteHandle,
-        start: Offset = Offset(0),
-        stop: Offset | None = None,
-        *,
-        poll: AbortPoll | None = None,
+        self, handle: Handle, start: Offset = Offset(0), stop: Offset | None = None, *, poll: AbortPoll | None = None
     ) -> list[Event]:
         sid = handle.session_id
         if handle.closed:

@@ -9,13 +9,13 @@ the recovered lines a writer must re-frame before it appends.
 from __future__ import annotations
 
 import bisect
-from typing import Literal, Protocol
+from typing import Literal
 
 import attrs
 
 from ._codec import Event
 from .errors import CorruptLog
-from .framing import check_seed_marker, decode_event_lines, parse_header_line, plain_layout, read_header
+from .framing import PlainLayout, check_seed_marker, decode_event_lines, parse_header_line, plain_layout, read_header
 from ._records import HeaderError, HeaderRecord
 from .values import AbortPoll, SessionId
 from .zstd_framing import (
@@ -56,9 +56,13 @@ class ParsedLog:
 
 
 KnownHead = tuple[bytes, HeaderRecord]  # a header record's raw bytes and the record parsed from them
+Layout = PlainLayout | ZstdLayout  # where a whole log's parts lie, as each form finds them
 
 
-class LogForm(Protocol):
+class LogForm:
+    """A file form of format 1. Both forms parse a whole log alike (`parse`); each says how its
+    bytes split into a layout, how it reads line 1 and how it decodes the events."""
+
     compression: Compression
     file_name: str
 
@@ -74,27 +78,55 @@ class LogForm(Protocol):
         """The whole log. `known`: the raw bytes of its header record as a reader already
         parsed them, and that record; when `data` starts with them, line 1 is not parsed again.
         `payloads=False`: the payloads were validated before (see `decode_event_lines`)."""
-        ...
+        layout = self._layout(sid, data)
+        if known is not None and data.startswith(known[0]) and layout.header_end == len(known[0]):
+            record = known[1]  # the very bytes a reader parsed a moment ago
+        else:
+            record = self._read_header(sid, data, layout)
+        events = self._events(sid, data, layout, poll=poll, payloads=payloads)
+        check_seed_marker(sid, events, record.inherited_event_count)
+        return ParsedLog(
+            record=record,
+            events=events,
+            complete_end=layout.complete_end,
+            size=layout.size,
+            header_end=layout.header_end,
+            recovered=layout.recovered,
+        )
+
+    def scan_tail(self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None) -> TailScan:
+        """The events after a boundary a previous scan stopped at (offsets relative to `data`)."""
+        raise NotImplementedError
 
     def header_span(self, data: bytes) -> int:
         """How many raw bytes of `data` hold the header record (0 if it is not whole)."""
-        ...
+        raise NotImplementedError
 
     def head_bytes(self, header_line: bytes) -> bytes:
         """The header record as stored: the line (plain) or its frame (zstd)."""
-        ...
+        raise NotImplementedError
 
-    def append_bytes(self, payload: bytes) -> bytes: ...
-
-    def scan_tail(
-        self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None
-    ) -> TailScan:
-        """The events after a boundary a previous scan stopped at (offsets relative to `data`)."""
-        ...
+    def append_bytes(self, payload: bytes) -> bytes:
+        """A durable append's lines as stored: the lines (plain) or one frame of them (zstd)."""
+        raise NotImplementedError
 
     def header_of(self, sid: SessionId, data: bytes) -> HeaderRecord | HeaderError | None:
         """Line 1 parsed on its own (for listing damaged logs), its error, or None."""
-        ...
+        raise NotImplementedError
+
+    # What `parse` asks of a form: where a whole log's parts lie (`CorruptLog` when the header
+    # record is not whole), line 1 parsed, and the events after it.
+
+    def _layout(self, sid: SessionId, data: bytes) -> Layout:
+        raise NotImplementedError
+
+    def _read_header(self, sid: SessionId, data: bytes, layout: Layout) -> HeaderRecord:
+        raise NotImplementedError
+
+    def _events(
+        self, sid: SessionId, data: bytes, layout: Layout, *, poll: AbortPoll | None, payloads: bool
+    ) -> list[Event]:
+        raise NotImplementedError
 
 
 def _header(sid: SessionId, line: bytes | memoryview) -> HeaderRecord | HeaderError:
@@ -104,39 +136,22 @@ def _header(sid: SessionId, line: bytes | memoryview) -> HeaderRecord | HeaderEr
         return exc
 
 
-class PlainForm:
+class PlainForm(LogForm):
     compression: Compression = "none"
     file_name = "session.jsonl"
 
-    def parse(
-        self,
-        sid: SessionId,
-        data: bytes,
-        *,
-        poll: AbortPoll | None,
-        known: KnownHead | None = None,
-        payloads: bool = True,
-    ) -> ParsedLog:
-        layout = plain_layout(sid, data)
-        if known is not None and data.startswith(known[0]):
-            record = known[1]  # the very bytes a reader parsed a moment ago
-        else:
-            record = read_header(sid, data, layout)
-        events = decode_event_lines(
-            sid, data, layout.header_end, layout.complete_end, poll=poll, payloads=payloads
-        )
-        check_seed_marker(sid, events, record.inherited_event_count)
-        return ParsedLog(
-            record=record,
-            events=events,
-            complete_end=layout.complete_end,
-            size=layout.size,
-            header_end=layout.header_end,
-        )
+    def _layout(self, sid: SessionId, data: bytes) -> PlainLayout:
+        return plain_layout(sid, data)
 
-    def scan_tail(
-        self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None
-    ) -> TailScan:
+    def _read_header(self, sid: SessionId, data: bytes, layout: PlainLayout) -> HeaderRecord:
+        return read_header(sid, data, layout)
+
+    def _events(
+        self, sid: SessionId, data: bytes, layout: PlainLayout, *, poll: AbortPoll | None, payloads: bool
+    ) -> list[Event]:
+        return decode_event_lines(sid, data, layout.header_end, layout.complete_end, poll=poll, payloads=payloads)
+
+    def scan_tail(self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None) -> TailScan:
         end = data.rfind(b"\n") + 1
         events = decode_event_lines(sid, data, 0, end, first_seq=first_seq, poll=poll)
         return TailScan(events=events, complete_end=end)
@@ -155,53 +170,32 @@ class PlainForm:
         return None if nl < 0 else _header(sid, memoryview(data)[:nl])
 
 
-class ZstdForm:
+class ZstdForm(LogForm):
     compression: Compression = "zstd"
     file_name = "session.jsonl.zst"
 
-    def parse(
-        self,
-        sid: SessionId,
-        data: bytes,
-        *,
-        poll: AbortPoll | None,
-        known: KnownHead | None = None,
-        payloads: bool = True,
-    ) -> ParsedLog:
-        try:
-            layout = walk_frames(data)
-        except FrameDamage as exc:
-            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
+    def _layout(self, sid: SessionId, data: bytes) -> ZstdLayout:
+        layout = _walk(sid, data)
         if not layout.frames:
             raise CorruptLog(sid, "the header frame is incomplete", offset=0)
-        if known is not None and data.startswith(known[0]) and layout.frames[0][1] == len(known[0]):
-            record = known[1]  # the very frame a reader parsed a moment ago
-        else:
-            head = layout.contents[0]
-            if head.find(b"\n") != len(head) - 1:
-                raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
-            try:
-                record = parse_header_line(memoryview(head)[:-1], sid)
-            except HeaderError as exc:
-                raise exc.to_storage_error(sid) from None
-        events = _decode_frames(sid, layout, 1, first_seq=0, poll=poll, payloads=payloads)
-        check_seed_marker(sid, events, record.inherited_event_count)
-        return ParsedLog(
-            record=record,
-            events=events,
-            complete_end=layout.complete_end,
-            size=layout.size,
-            header_end=layout.frames[0][1],
-            recovered=layout.recovered,
-        )
+        return layout
 
-    def scan_tail(
-        self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None
-    ) -> TailScan:
+    def _read_header(self, sid: SessionId, data: bytes, layout: ZstdLayout) -> HeaderRecord:
+        head = layout.contents[0]
+        if head.find(b"\n") != len(head) - 1:
+            raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
         try:
-            layout = walk_frames(data)
-        except FrameDamage as exc:
-            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
+            return parse_header_line(memoryview(head)[:-1], sid)
+        except HeaderError as exc:
+            raise exc.to_storage_error(sid) from None
+
+    def _events(
+        self, sid: SessionId, data: bytes, layout: ZstdLayout, *, poll: AbortPoll | None, payloads: bool
+    ) -> list[Event]:
+        return _decode_frames(sid, layout, 1, first_seq=0, poll=poll, payloads=payloads)
+
+    def scan_tail(self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None) -> TailScan:
+        layout = _walk(sid, data)
         events = _decode_frames(sid, layout, 0, first_seq=first_seq, poll=poll)
         return TailScan(
             events=events,
@@ -227,6 +221,13 @@ class ZstdForm:
         if not layout.frames or not layout.contents[0].endswith(b"\n"):
             return None
         return _header(sid, memoryview(layout.contents[0])[:-1])
+
+
+def _walk(sid: SessionId, data: bytes) -> ZstdLayout:
+    try:
+        return walk_frames(data)
+    except FrameDamage as exc:
+        raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
 
 
 def _decode_frames(

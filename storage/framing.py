@@ -21,7 +21,7 @@ exception.
 from __future__ import annotations
 
 import re
-from typing import NoReturn
+from typing import ClassVar, NoReturn
 
 import attrs
 import msgspec
@@ -54,6 +54,7 @@ class PlainLayout:
     header_end: int  # just after line 1's newline
     complete_end: int  # just after the last newline; bytes beyond it are a torn tail
     size: int
+    recovered: ClassVar[bytes] = b""  # only a torn zstd frame has lines to recover
 
     @property
     def torn(self) -> bool:

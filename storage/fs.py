@@ -93,7 +93,8 @@ _FLAGS: dict[str, int] = {
 }
 # O_NONBLOCK: opening a planted FIFO must not wait for a writer (regular files ignore it).
 _COMMON = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # the root, which may be a link, or its parent
+_DIR = _FOLDER | os.O_NOFOLLOW
 
 
 def _revision(st: os.stat_result) -> Revision:
@@ -145,6 +146,22 @@ class OsFile:
             os.close(fd)
 
 
+class _Parent:
+    """A folder's fd and a name in it; leaving the context closes the fd (a class, not a
+    generator: it is on the path of every open and stat)."""
+
+    __slots__ = ("fd", "name")
+
+    def __init__(self, fd: int, name: str) -> None:
+        self.fd, self.name = fd, name
+
+    def __enter__(self) -> tuple[int, str]:
+        return self.fd, self.name
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
 class OsFs:
     """The real file system below `root`; the root itself may be a symlink (the user chose it)."""
 
@@ -155,7 +172,7 @@ class OsFs:
     def _parent(self, path: str) -> tuple[int, str]:
         """An fd of `path`'s folder, reached without following links, and the last component."""
         parts = path.split("/")
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(self.root, _FOLDER)
         try:
             for part in parts[:-1]:
                 nxt = os.open(part, _DIR, dir_fd=fd)
@@ -166,6 +183,17 @@ class OsFs:
             raise
         return fd, parts[-1]
 
+    def _at(self, path: str) -> _Parent:
+        """`_parent(path)` as a context: its fd closed on leaving."""
+        return _Parent(*self._parent(path))
+
+    def _open_dir(self, path: str) -> int:
+        """An fd of the folder `path` (the root for ""), reached without following links."""
+        if not path:
+            return os.open(self.root, _FOLDER)
+        with self._at(path) as (fd, name):
+            return os.open(name, _DIR, dir_fd=fd)
+
     def root_exists(self) -> bool:
         return os.path.isdir(self.root)
 
@@ -174,32 +202,21 @@ class OsFs:
         if os.path.isdir(self.root):
             return
         os.makedirs(self.root, exist_ok=True)
-        parent = os.path.dirname(os.path.abspath(self.root))
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir_fd(os.open(os.path.dirname(os.path.abspath(self.root)), _FOLDER))
 
     def mkdir(self, path: str) -> None:
-        fd, name = self._parent(path)
-        try:
-            os.mkdir(name, 0o755, dir_fd=fd)
-        except FileExistsError:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if not stat_mod.S_ISDIR(st.st_mode):
-                raise OSError(errno.ENOTDIR, "exists and is not a directory", path) from None
-        finally:
-            os.close(fd)
+        with self._at(path) as (fd, name):
+            try:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            except FileExistsError:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if not stat_mod.S_ISDIR(st.st_mode):
+                    raise OSError(errno.ENOTDIR, "exists and is not a directory", path) from None
 
     def listdir(self, path: str) -> list[str]:
         if not path:
             return os.listdir(self.root)
-        fd, name = self._parent(path)
-        try:
-            dfd = os.open(name, _DIR, dir_fd=fd)
-        finally:
-            os.close(fd)
+        dfd = self._open_dir(path)
         try:
             return os.listdir(dfd)
         finally:
@@ -217,11 +234,8 @@ class OsFs:
         return "other"
 
     def _lstat(self, path: str) -> os.stat_result:
-        fd, name = self._parent(path)
-        try:
+        with self._at(path) as (fd, name):
             return os.stat(name, dir_fd=fd, follow_symlinks=False)
-        finally:
-            os.close(fd)
 
     def revision(self, path: str) -> Revision | None:
         try:
@@ -231,42 +245,25 @@ class OsFs:
         return _revision(st)
 
     def open(self, path: str, mode: OpenMode) -> OsFile:
-        fd, name = self._parent(path)
-        try:
+        with self._at(path) as (fd, name):
             file_fd = os.open(name, _FLAGS[mode] | _COMMON, 0o644, dir_fd=fd)
-        finally:
-            os.close(fd)
         if not stat_mod.S_ISREG(os.fstat(file_fd).st_mode):
             os.close(file_fd)
             raise NotRegularFile(errno.EINVAL, "not a regular file", path)
         return OsFile(file_fd)
 
     def link(self, src: str, dst: str) -> None:
-        sfd, sname = self._parent(src)
-        try:
-            dfd, dname = self._parent(dst)
-            try:
-                os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
-            finally:
-                os.close(dfd)
-        finally:
-            os.close(sfd)
+        with self._at(src) as (sfd, sname), self._at(dst) as (dfd, dname):
+            os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
 
     def unlink(self, path: str) -> None:
-        fd, name = self._parent(path)
-        try:
+        with self._at(path) as (fd, name):
             os.unlink(name, dir_fd=fd)
-        finally:
-            os.close(fd)
 
     def scan(
         self, path: str, names: Sequence[str], only: Collection[str] | None = None, watch: Watch | None = None
     ) -> list[FolderScan]:
-        fd, name = self._parent(path)
-        try:
-            dfd = os.open(name, _DIR, dir_fd=fd)
-        finally:
-            os.close(fd)
+        dfd = self._open_dir(path)
         try:
             if watch is not None:
                 st = os.fstat(dfd)
@@ -297,18 +294,15 @@ class OsFs:
         return Watch.open(os.path.join(os.path.abspath(self.root), path))
 
     def fsync_dir(self, path: str) -> None:
-        if not path:
-            dfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        else:
-            fd, name = self._parent(path)
-            try:
-                dfd = os.open(name, _DIR, dir_fd=fd)
-            finally:
-                os.close(fd)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir_fd(self._open_dir(path))
+
+
+def _fsync_dir_fd(fd: int) -> None:
+    """fsync a folder's fd, then close it."""
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _scan_folders(dfd: int, folders: list[str], names: Sequence[str], watch: Watch | None) -> list[FolderScan]:

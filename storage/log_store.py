@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .index import StoredCheckpoint
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId
 
-__all__ = ["Batch", "LogStore", "ReadHandle", "WriteHandle"]
+__all__ = ["Batch", "Handle", "LogStore", "ReadHandle", "WriteHandle"]
 
 
 @attrs.frozen
@@ -58,6 +58,9 @@ class WriteHandle:
     impl: object = None
 
 
+Handle = ReadHandle | WriteHandle  # what reads and `close` take
+
+
 class LogStore(Protocol):
     def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
         """Claim a new session; nothing is written until the first append publishes it."""
@@ -74,12 +77,7 @@ class LogStore(Protocol):
         ...
 
     def read(
-        self,
-        handle: ReadHandle | WriteHandle,
-        start: Offset = Offset(0),
-        stop: Offset | None = None,
-        *,
-        poll: AbortPoll | None = None,
+        self, handle: Handle, start: Offset = Offset(0), stop: Offset | None = None, *, poll: AbortPoll | None = None
     ) -> list[Event]:
         """Events `[start, stop)` of the complete prefix (never a torn tail)."""
         ...
@@ -90,7 +88,7 @@ class LogStore(Protocol):
         """Every published session, damage reported per session; fails only for an unreadable root."""
         ...
 
-    def close(self, handle: ReadHandle | WriteHandle) -> None:
+    def close(self, handle: Handle) -> None:
         """Idempotent; releases a write handle's lock."""
         ...
 
@@ -119,12 +117,7 @@ class LogStore(Protocol):
         ...
 
     def read_after(
-        self,
-        handle: ReadHandle | WriteHandle,
-        log_offset: int,
-        first_seq: int,
-        *,
-        poll: AbortPoll | None = None,
+        self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None
     ) -> list[Event] | None:
         """Events from a record boundary that must hold `first_seq`; None when it does not."""
         ...

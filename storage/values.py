@@ -214,3 +214,11 @@ class LogInfo:
     revision: Revision
     event_count: Offset
     claimed: HeaderClaim | None = None
+
+    @classmethod
+    def healthy(
+        cls, id: SessionId, header: SessionHeader, k: int, revision: Revision, event_count: int
+    ) -> LogInfo:
+        """A log read whole without damage: its header, `k` inherited events and `event_count`."""
+        k, count = Offset(k), Offset(event_count)
+        return cls(id=id, header=header, damage=None, inherited_event_count=k, revision=revision, event_count=count)

@@ -57,6 +57,11 @@ class ZstdLayout:
     def torn(self) -> bool:
         return self.complete_end < self.size
 
+    @property
+    def header_end(self) -> int:
+        """Just after the header frame (the first)."""
+        return self.frames[0][1]
+
 
 def compress_frame(data: bytes, compressor: zstandard.ZstdCompressor | None = None) -> bytes:
     """One checksummed frame holding `data` (its content size in the header)."""

@@ -35,17 +35,7 @@ from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
 
 from ..clock import Clock
 from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
-from ..models.base import (
-    Finish,
-    Model,
-    ModelRequest,
-    SessionBinding,
-    SessionModel,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-    bind_model,
-)
+from ..models.base import Finish, Model, ModelRequest, SessionBinding, SessionModel, TextDelta, ToolCallDelta, Usage, bind_model
 from .compaction import CompactionPolicy, plan_compaction
 from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message

@@ -16,7 +16,7 @@ import attrs
 
 from .._codec import Event
 from ..errors import PersistenceFailed
-from ..log_store import Batch, LogStore, ReadHandle, WriteHandle
+from ..log_store import Batch, Handle, LogStore, ReadHandle, WriteHandle
 from ..index import StoredCheckpoint
 from ..projection import CheckpointRow
 from ..values import AbortPoll, LogInfo, Offset, SessionHeader
@@ -123,12 +123,7 @@ class FaultyLogStore:
         return self.inner.append(handle, batches)
 
     def read(
-        self,
-        handle: ReadHandle | WriteHandle,
-        start: Offset = Offset(0),
-        stop: Offset | None = None,
-        *,
-        poll: AbortPoll | None = None,
+        self, handle: Handle, start: Offset = Offset(0), stop: Offset | None = None, *, poll: AbortPoll | None = None
     ) -> list[Event]:
         self._enter("read", handle.session_id, poll)
         return self.inner.read(handle, start, stop, poll=poll)
@@ -141,7 +136,7 @@ class FaultyLogStore:
         self._enter("list", None)
         return self.inner.list()
 
-    def close(self, handle: ReadHandle | WriteHandle) -> None:
+    def close(self, handle: Handle) -> None:
         self._enter("close", handle.session_id)
         self.inner.close(handle)
 
@@ -165,12 +160,7 @@ class FaultyLogStore:
         return self.inner.read_checkpoint_rows(session_ids, keys, skip)
 
     def read_after(
-        self,
-        handle: ReadHandle | WriteHandle,
-        log_offset: int,
-        first_seq: int,
-        *,
-        poll: AbortPoll | None = None,
+        self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None
     ) -> list[Event] | None:
         self._enter("read_after", handle.session_id, poll)
         return self.inner.read_after(handle, log_offset, first_seq, poll=poll)
