@@ -13,6 +13,10 @@ from typing import Any
 
 import attrs
 
+from clocks import fixed_ms
+from drafts import descriptor_draft
+from log_lines import header
+from registries import subagent_registry
 from subagents.actors import EventDraft, StoreReader, open_session_store
 from subagents.runtime.agent.registry import AgentRegistry
 from subagents.runtime import app as app_module
@@ -23,10 +27,8 @@ from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.delegation.listing import ListingService
-from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.storage import FileLogStore, SessionHeader
+from subagents.storage import FileLogStore
 from subagents.storage.testing import FaultyLogStore
-from subagents.storage import ProjectionRegistry
 
 
 def idle_model() -> ScriptedModel:
@@ -62,8 +64,8 @@ async def test_the_registry_gets_its_hooks_at_construction(tmp_path: Path) -> No
 
 async def persisted(root: Path, store: Any) -> None:
     """A session `s` with one closed turn and an open one (closed in memory on resume)."""
-    async with open_session_store(store, ProjectionRegistry(SUBAGENT_UNITS), now_ms=lambda: 1) as sessions:
-        ref = await sessions.create(SessionHeader(id="s", created_at=1))  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
+    async with open_session_store(store, subagent_registry(), now_ms=fixed_ms(1)) as sessions:
+        ref = await sessions.create(header("s", created_at=1))
         await ref.append([
             EventDraft(type="turn/start", data={"turn": 1, "trigger": {"kind": "message"}}),
             EventDraft(type="turn/end", data={"turn": 1, "reason": {"kind": "completed"}}),
@@ -105,18 +107,16 @@ async def test_a_resume_from_a_checkpoint_reads_the_log_once(tmp_path: Path) -> 
 
 async def test_a_listing_without_an_abort_makes_none_to_group_its_reads(tmp_path: Path, monkeypatch: Any) -> None:
     """Its observations read in one `ReadGroup`; no never-set `Abort` stands in for one."""
-    from descriptors import descriptor
-
     from subagents.actors import abort as abort_module
     from subagents.actors import cold_reader as cold_reader_module
 
     base = FileLogStore(str(tmp_path), use_index=False)  # no checkpoint rows: every child is observed
-    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    registry = subagent_registry()
     try:
-        async with open_session_store(base, registry, now_ms=lambda: 1) as sessions:
+        async with open_session_store(base, registry, now_ms=fixed_ms(1)) as sessions:
             for i in range(3):
-                ref = await sessions.create(SessionHeader(id=f"c{i}", created_at=i, origin="subagent", parent_session="p"))  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-                await ref.append([EventDraft(type="subagent/descriptor", data=descriptor(f"child {i}"))])
+                ref = await sessions.create(header(f"c{i}", i, origin="subagent", parent_session="p"))
+                await ref.append([descriptor_draft(f"child {i}")])
                 await sessions.release(f"c{i}")
             made: list[object] = []
             init = abort_module.Abort.__init__
