@@ -46,6 +46,7 @@ class FaultyLogStore:
         self._rules: list[_Rule] = []
         self._released = threading.Event()
         self._lock = threading.Lock()
+        self._entered = threading.Condition(self._lock)  # notified on every call
 
     # --- test controls ---
 
@@ -72,6 +73,14 @@ class FaultyLogStore:
             self._rules.clear()
         self._released.set()
 
+    def wait_calls(self, op: Operation, count: int, timeout: float = 60.0) -> None:
+        """Block the calling thread until `op` has been called `count` times (from a Trio test:
+        `await trio.to_thread.run_sync(store.wait_calls, "read", n)`), so a test waits on the
+        calls themselves rather than sleeping; `timeout` is a hang guard (TimeoutError)."""
+        with self._entered:
+            if not self._entered.wait_for(lambda: self.calls[op] >= count, timeout):
+                raise TimeoutError(f"{op} was called {self.calls[op]} times, not {count}")
+
     def _add(self, rule: _Rule) -> None:
         with self._lock:
             self._rules.append(rule)
@@ -80,6 +89,7 @@ class FaultyLogStore:
     def _enter(self, op: Operation, session_id: str | None, poll: AbortPoll | None = None) -> None:
         with self._lock:
             self.calls[op] += 1
+            self._entered.notify_all()
             rule = next(
                 (r for r in self._rules if r.op == op and r.session_id in (None, session_id)), None
             )

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio_util import AsyncValue
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -148,9 +149,12 @@ class CountingReader(ColdReader):
         await super()._hop(first)
 
 
-async def read_each(reader: ColdReader, ids: list[str], abort: Abort | None, out: dict[str, Any]) -> None:
+async def read_each(reader: ColdReader, ids: list[str], abort: Abort | None, out: dict[str, Any],
+                    done: AsyncValue[int] | None = None) -> None:
     async def one(sid: str) -> None:
         (out[sid],) = await reader.read_many([sid], abort, registry=ProjectionRegistry(SUBAGENT_UNITS))
+        if done is not None:
+            done.value += 1
 
     async with trio.open_nursery() as nursery:
         for sid in ids:
@@ -187,10 +191,11 @@ async def test_a_hung_read_holds_up_no_other_read(tmp_path: Path) -> None:
     out: dict[str, Any] = {}
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(read_each, reader, ids, Abort(), out)
-            with trio.fail_after(20):  # a safety net only: the others are read while ids[0] hangs
-                while len(out) < len(ids) - 2 or faulty.calls["read"] < len(ids):
-                    await trio.sleep(0.005)
+            done: AsyncValue[int] = AsyncValue(0)
+            nursery.start_soon(read_each, reader, ids, Abort(), out, done)
+            with trio.fail_after(60):  # a hang guard only: the others are read while ids[0] hangs
+                await done.wait_value(lambda n: n >= len(ids) - 2)
+                await trio.to_thread.run_sync(faulty.wait_calls, "read", len(ids))
             assert ids[0] not in out and faulty.calls["read"] == len(ids)
             faulty.release()
     finally:
@@ -276,8 +281,7 @@ async def test_an_abort_ends_reads_waiting_behind_a_hop(tmp_path: Path) -> None:
             async with trio.open_nursery() as nursery:
                 for sid in ids:
                     nursery.start_soon(one, sid)
-                while faulty.calls["read"] < 1:
-                    await trio.sleep(0.005)
+                await trio.to_thread.run_sync(faulty.wait_calls, "read", 1)
                 abort.set()
     finally:
         faulty.release()
