@@ -45,9 +45,15 @@ from functools import partial
 
 import attrs
 import trio
-
-from subagents.storage import Event, LogStore, SessionHeader, StorageError, interrupted_closers
-from subagents.storage import ProjectionCells, ProjectionRegistry
+from subagents.storage import (
+    Event,
+    LogStore,
+    ProjectionCells,
+    ProjectionRegistry,
+    SessionHeader,
+    StorageError,
+    interrupted_closers,
+)
 
 from .abort import Abort, cancelled_when
 from .errors import ReadAborted

@@ -121,15 +121,17 @@ class ContinuationManager:
         activation.disposed.set()
         self._changed.set()
 
-    def start(self, activation: Activation, body: Body, ready: Callable[[Activation], bool],
-              settle: Hook, dispose: Hook) -> None:
+    def start(
+        self, activation: Activation, body: Body, ready: Callable[[Activation], bool], settle: Hook, dispose: Hook
+    ) -> None:
         """Run `body` until it returns; then, under the Activation's lock, settle and dispose —
         unless `ready` says work arrived meanwhile (a message delivered just as the body
         returned), in which case the body runs again. A stopped Activation always settles."""
         self._nursery.start_soon(self._run, activation, body, ready, settle, dispose)
 
-    async def _run(self, activation: Activation, body: Body, ready: Callable[[Activation], bool],
-                   settle: Hook, dispose: Hook) -> None:
+    async def _run(
+        self, activation: Activation, body: Body, ready: Callable[[Activation], bool], settle: Hook, dispose: Hook
+    ) -> None:
         name = activation.child_id
         try:
             while True:
@@ -209,7 +211,9 @@ def _ready(ready: Callable[[Activation], bool], activation: Activation) -> bool:
 
 
 @asynccontextmanager
-async def open_continuation_manager(*, max_active: int = 8, stop_grace: float = 5.0) -> AsyncIterator[ContinuationManager]:
+async def open_continuation_manager(
+    *, max_active: int = 8, stop_grace: float = 5.0
+) -> AsyncIterator[ContinuationManager]:
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         manager = ContinuationManager(nursery, max_active=max_active, stop_grace=stop_grace)

@@ -22,7 +22,6 @@ from typing import Any
 
 import attrs
 import trio
-
 from subagents.storage import (
     Batch,
     Event,
@@ -30,13 +29,13 @@ from subagents.storage import (
     InvalidEvent,
     LogStore,
     Offset,
+    ProjectionCells,
     SequenceConflict,
     StorageError,
     SurfaceOp,
     WriteHandle,
     make_event,
 )
-from subagents.storage import ProjectionCells
 
 from .errors import ActorStopped
 from .mailbox import Mailbox, Request
@@ -365,7 +364,9 @@ class SessionActor:
             request.reply.set(AppendResult(first, Offset(first + len(events)), tuple(events)))
         # Checkpoints cover only what is durable, so they are written after the acks: right
         # after publication, at every turn end, and every `checkpoint_every` events.
-        if batches and (seed or batches[0].expected_seq == 0 or ends_turn or self._since_checkpoint >= self.checkpoint_every):
+        if batches and (
+            seed or batches[0].expected_seq == 0 or ends_turn or self._since_checkpoint >= self.checkpoint_every
+        ):
             await self._write_checkpoint()
 
     async def _write_checkpoint(self) -> bool:

@@ -13,25 +13,24 @@ keeps a module-level registry.
 from __future__ import annotations
 
 import math
-
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
 import trio
-
 from subagents.storage import (
     Event,
     InvalidEvent,
     InvalidRange,
     LogStore,
     Offset,
+    ProjectionCells,
+    ProjectionRegistry,
     SessionAlreadyExists,
     SessionHeader,
+    WriteHandle,
     make_event,
 )
-from subagents.storage import WriteHandle
-from subagents.storage import ProjectionCells, ProjectionRegistry
 
 from .errors import ActorStopped
 from .session_actor import SessionActor, SessionRef
@@ -76,10 +75,18 @@ class SessionStore:
                 lambda: self.log_store.create(header, inherited_event_count=Offset(k))
             )
             cells = self.registry.cells(header, Offset(k))
-            return await self._start(SessionActor(
-                self.log_store, handle, cells, now_ms=self.now_ms, seed=seed, capacity=self.mailbox_capacity,
-                checkpoint_every=self.checkpoint_every, checkpoint_interval=self.checkpoint_interval,
-            ))
+            return await self._start(
+                SessionActor(
+                    self.log_store,
+                    handle,
+                    cells,
+                    now_ms=self.now_ms,
+                    seed=seed,
+                    capacity=self.mailbox_capacity,
+                    checkpoint_every=self.checkpoint_every,
+                    checkpoint_interval=self.checkpoint_interval,
+                )
+            )
 
     async def open(self, session_id: str) -> SessionRef:
         """A persisted session made live (or the live one, if it already is)."""
@@ -103,10 +110,17 @@ class SessionStore:
 
             handle, cells, folded, events = await trio.to_thread.run_sync(self._load, session_id, keep)
             self.last_open_folds = folded
-            ref = await self._start(SessionActor(
-                self.log_store, handle, cells, now_ms=self.now_ms, capacity=self.mailbox_capacity,
-                checkpoint_every=self.checkpoint_every, checkpoint_interval=self.checkpoint_interval,
-            ))
+            ref = await self._start(
+                SessionActor(
+                    self.log_store,
+                    handle,
+                    cells,
+                    now_ms=self.now_ms,
+                    capacity=self.mailbox_capacity,
+                    checkpoint_every=self.checkpoint_every,
+                    checkpoint_interval=self.checkpoint_interval,
+                )
+            )
             return ref, events
 
     def _read_durable(self, session_id: str) -> list[Event]:
@@ -246,8 +260,9 @@ async def open_session_store(
         raise ValueError("checkpoint_every must be an int >= 1 and checkpoint_interval a finite number > 0 (or None)")
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        store = SessionStore(log_store, registry, now_ms, nursery, mailbox_capacity,
-                             checkpoint_every, checkpoint_interval)
+        store = SessionStore(
+            log_store, registry, now_ms, nursery, mailbox_capacity, checkpoint_every, checkpoint_interval
+        )
         try:
             yield store
         except BaseException as exc:  # re-raised bare once the nursery has closed

@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 import trio
-
 from subagents.storage import LogInfo, LogStore, PersistenceFailed, StoredCheckpoint
 
 from .cold_reader import ColdReader

@@ -49,25 +49,26 @@ from typing import Any
 
 import msgspec
 import trio
-from bench_common import BareRequest, bare_actor, bare_ask, bug, load, per_rep, spread
 import zstandard
-
+from bench_common import BareRequest, bare_actor, bare_ask, bug, load, per_rep, spread
 from subagents.actors import EventDraft, SessionRef, SessionStore, open_session_store, snapshot_all
 from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
     Batch,
     FileLogStore,
+    Lifecycle,
     Offset,
+    ProjectionCells,
+    ProjectionRegistry,
     SessionHeader,
     WriteHandle,
     make_event,
 )
-from subagents.storage.file_store import _LOG_NAMES
-from subagents.storage.testing import MemoryLogStore
 from subagents.storage._codec import encode_events
+from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage.index import INDEX_NAME, SessionIndex
-from subagents.storage import Lifecycle, ProjectionCells, ProjectionRegistry
+from subagents.storage.testing import MemoryLogStore
 
 FANOUT_TARGET = 1.5  # fan-out time at most this many times the sequential bare asks
 RESUME_TARGET = 5.0  # open from the checkpoint at least this many times faster than a full fold
@@ -93,10 +94,26 @@ class Sizes:
     resume_reps: int
 
 
-FULL = Sizes(sessions=1000, fanout_reps=21, commit_sessions=100, appenders=100, commit_reps=5,
-             log_bytes=10 * MB, tail_events=100, resume_reps=9)
-QUICK = Sizes(sessions=100, fanout_reps=5, commit_sessions=10, appenders=10, commit_reps=2,
-              log_bytes=1 * MB, tail_events=100, resume_reps=3)
+FULL = Sizes(
+    sessions=1000,
+    fanout_reps=21,
+    commit_sessions=100,
+    appenders=100,
+    commit_reps=5,
+    log_bytes=10 * MB,
+    tail_events=100,
+    resume_reps=9,
+)
+QUICK = Sizes(
+    sessions=100,
+    fanout_reps=5,
+    commit_sessions=10,
+    appenders=10,
+    commit_reps=2,
+    log_bytes=1 * MB,
+    tail_events=100,
+    resume_reps=3,
+)
 
 
 # --- shared helpers -----------------------------------------------------------------------------
@@ -275,14 +292,17 @@ async def bench_fanout(sizes: Sizes, profiling: bool) -> FanoutResult:
             same = [expected[0]] * n
             await sequential_bare()  # warm-up: every code path once, untimed
             await fan_out()
-            runs = await interleaved(sizes.fanout_reps, {
-                "baseline": checked(sequential_bare, same),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
-                "subject": checked(session_snapshot_all, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
-                "task per ask": checked(fan_out, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
-                "bare fan-out": checked(bare_fan_out, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
-                "session sequential": checked(sequential_session, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
-                "bare posted": checked(bare_posted, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
-            })
+            runs = await interleaved(
+                sizes.fanout_reps,
+                {
+                    "baseline": checked(sequential_bare, same),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
+                    "subject": checked(session_snapshot_all, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
+                    "task per ask": checked(fan_out, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
+                    "bare fan-out": checked(bare_fan_out, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
+                    "session sequential": checked(sequential_session, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
+                    "bare posted": checked(bare_posted, expected),  # type: ignore[arg-type]  # a per-rep runner where the table types a plain one
+                },
+            )
             if profiling:
                 prof = cProfile.Profile()
                 prof.enable()
@@ -298,19 +318,25 @@ async def bench_fanout(sizes: Sizes, profiling: bool) -> FanoutResult:
 
 def print_fanout(result: FanoutResult, sizes: Sizes) -> None:
     n = sizes.sessions
-    print(f"\n1. snapshot fan-out: {n} live session actors, snapshot({list(SNAPSHOT_KEYS)}); "
-          f"ms per {n} asks, medians of {sizes.fanout_reps} interleaved runs")
+    print(
+        f"\n1. snapshot fan-out: {n} live session actors, snapshot({list(SNAPSHOT_KEYS)}); "
+        f"ms per {n} asks, medians of {sizes.fanout_reps} interleaved runs"
+    )
     print(f"{'':<54} {'ms':>8} {'µs/ask':>7} {'x baseline':>10} {'range':>11}")
     for name, label in FANOUT_ROWS.items():
         if name not in result.runs:
             continue
         med = result.median(name)
         factors = result.factor(name)
-        print(f"{label:<54} {med * 1e3:>8.2f} {med / n * 1e6:>7.1f} "
-              f"{statistics.median(factors):>10.2f} {spread(factors):>11}")
+        print(
+            f"{label:<54} {med * 1e3:>8.2f} {med / n * 1e6:>7.1f} "
+            f"{statistics.median(factors):>10.2f} {spread(factors):>11}"
+        )
     bare = result.factor("subject", "bare posted")
-    print(f"{'snapshot_all / bare asks posted the same way':<54} {'':>8} {'':>7} "
-          f"{statistics.median(bare):>10.2f} {spread(bare):>11}")
+    print(
+        f"{'snapshot_all / bare asks posted the same way':<54} {'':>8} {'':>7} "
+        f"{statistics.median(bare):>10.2f} {spread(bare):>11}"
+    )
 
 
 # --- 2. group commit ----------------------------------------------------------------------------
@@ -342,8 +368,10 @@ def sync_appends(root: str, sizes: Sizes) -> float:
         for i in range(sizes.commit_sessions):
             handle = store.create(header(f"sync-{i:04d}"))
             handles.append(handle)
-            store.append(handle, [Batch(Offset(0), [make_event(0, "subagent/descriptor", CREATED_AT,
-                                                               descriptor_data(f"child-{i}"))])])
+            store.append(
+                handle,
+                [Batch(Offset(0), [make_event(0, "subagent/descriptor", CREATED_AT, descriptor_data(f"child-{i}"))])],
+            )
 
         def loop() -> None:
             for handle in handles:
@@ -429,9 +457,14 @@ async def bench_commit(workdir: str, sizes: Sizes) -> CommitResult:
 
         return run
 
-    runs = await interleaved(sizes.commit_reps, {
-        "baseline": sync_run, "subject": actor_run(False), "gc off": actor_run(True),
-    })
+    runs = await interleaved(
+        sizes.commit_reps,
+        {
+            "baseline": sync_run,
+            "subject": actor_run(False),
+            "gc off": actor_run(True),
+        },
+    )
     return CommitResult(
         events=sizes.commit_sessions * sizes.appenders,
         sync_seconds=runs["baseline"],
@@ -447,19 +480,29 @@ def print_commit(result: CommitResult, sizes: Sizes) -> None:
     sync_rate = n / statistics.median(result.sync_seconds)
     actor_rate = n / statistics.median(result.actor_seconds)
     fsyncs = statistics.median(result.actor_fsyncs)
-    print(f"\n2. group commit: {sizes.commit_sessions} sessions x {sizes.appenders} appenders, one "
-          f"'{SMALL_EVENT}' event each ({n} events, zstd form); medians of {sizes.commit_reps} interleaved runs")
+    print(
+        f"\n2. group commit: {sizes.commit_sessions} sessions x {sizes.appenders} appenders, one "
+        f"'{SMALL_EVENT}' event each ({n} events, zstd form); medians of {sizes.commit_reps} interleaved runs"
+    )
     print(f"{'':<54} {'events/s':>9} {'fsyncs':>7} {'events/fsync':>12} {'ms/event':>8}")
-    print(f"{'FileLogStore.append, 1 event per call (baseline)':<54} {sync_rate:>9.0f} {n:>7} {1.0:>12.1f} "
-          f"{1e3 / sync_rate:>8.3f}")
-    print(f"{'session actors, all appenders at once':<54} {actor_rate:>9.0f} {fsyncs:>7.0f} {n / fsyncs:>12.1f} "
-          f"{1e3 / actor_rate:>8.3f}")
+    print(
+        f"{'FileLogStore.append, 1 event per call (baseline)':<54} {sync_rate:>9.0f} {n:>7} {1.0:>12.1f} "
+        f"{1e3 / sync_rate:>8.3f}"
+    )
+    print(
+        f"{'session actors, all appenders at once':<54} {actor_rate:>9.0f} {fsyncs:>7.0f} {n / fsyncs:>12.1f} "
+        f"{1e3 / actor_rate:>8.3f}"
+    )
     gc_off_rate = n / statistics.median(result.actor_gc_off_seconds)
-    print(f"{'session actors, GC paused during the run (context)':<54} {gc_off_rate:>9.0f} {fsyncs:>7.0f} "
-          f"{n / fsyncs:>12.1f} {1e3 / gc_off_rate:>8.3f}")
-    print(f"{'actors / baseline (events/s)':<54} {statistics.median(result.ratios):>9.2f}   "
-          f"range {spread(result.ratios)}; fsyncs per run {result.actor_fsyncs}, "
-          f"checkpoints in the timed part {result.actor_checkpoints}")
+    print(
+        f"{'session actors, GC paused during the run (context)':<54} {gc_off_rate:>9.0f} {fsyncs:>7.0f} "
+        f"{n / fsyncs:>12.1f} {1e3 / gc_off_rate:>8.3f}"
+    )
+    print(
+        f"{'actors / baseline (events/s)':<54} {statistics.median(result.ratios):>9.2f}   "
+        f"range {spread(result.ratios)}; fsyncs per run {result.actor_fsyncs}, "
+        f"checkpoints in the timed part {result.actor_checkpoints}"
+    )
 
 
 # --- 3. resume from a checkpoint ----------------------------------------------------------------
@@ -511,7 +554,10 @@ async def build_resume_log(workdir: str, sizes: Sizes, storage_bench: ModuleType
     turns, tail = resume_items(storage_bench, sizes.log_bytes, sizes.tail_events)
     counter = itertools.count(1)
     drafts = [
-        [EventDraft(type=t, data=d, time=item_time(next(counter)), surface_op="append" if s else None) for t, d, s in items]
+        [
+            EventDraft(type=t, data=d, time=item_time(next(counter)), surface_op="append" if s else None)
+            for t, d, s in items
+        ]
         for items in turns
     ]
     # The actors write the head: a descriptor, then whole turns, several in flight, so group
@@ -546,8 +592,10 @@ async def build_resume_log(workdir: str, sizes: Sizes, storage_bench: ModuleType
     try:
         first = handle.next_seq
         index0 = next(counter)
-        events = [make_event(first + i, t, item_time(index0 + i), d, surface_op="append" if s else None)
-                  for i, (t, d, s) in enumerate(tail)]
+        events = [
+            make_event(first + i, t, item_time(index0 + i), d, surface_op="append" if s else None)
+            for i, (t, d, s) in enumerate(tail)
+        ]
         for i in range(0, len(events), TAIL_BATCH):
             plain.append(handle, [Batch(Offset(first + i), events[i : i + TAIL_BATCH])])
         every = plain.read(handle)
@@ -675,11 +723,14 @@ async def bench_resume(log: ResumeLog, sizes: Sizes, profiling: bool) -> tuple[R
 
     await baseline(-1)  # warm-up (page cache, imports), untimed
     await opener(True)(-1)
-    runs = await interleaved(sizes.resume_reps, {
-        "baseline": baseline,
-        "subject": opener(True),
-        "no row": opener(False),
-    })
+    runs = await interleaved(
+        sizes.resume_reps,
+        {
+            "baseline": baseline,
+            "subject": opener(True),
+            "no row": opener(False),
+        },
+    )
     if views["subject"] != views["baseline"]:
         raise bug(f"resumed views differ from the full fold's: {views['subject']} != {views['baseline']}")
     if profiling:
@@ -748,15 +799,18 @@ def resume_breakdown(log: ResumeLog, reps: int) -> list[tuple[str, float]]:
 
 
 def print_resume(log: ResumeLog, result: ResumeResult, view: Any, sizes: Sizes) -> None:
-    print(f"\n3. resume: {log.plain_bytes / MB:.1f} MB uncompressed ({log.file_bytes / MB:.2f} MB zstd file), "
-          f"{log.events} events; the actors wrote {log.head} ({log.actor_fsyncs} appends, "
-          f"{log.actor_checkpoints} checkpoints, the last at seq {log.checkpoint_seq}); a plain handle "
-          f"wrote the last {log.events - log.head}; ms, medians of {sizes.resume_reps} interleaved runs")
+    print(
+        f"\n3. resume: {log.plain_bytes / MB:.1f} MB uncompressed ({log.file_bytes / MB:.2f} MB zstd file), "
+        f"{log.events} events; the actors wrote {log.head} ({log.actor_fsyncs} appends, "
+        f"{log.actor_checkpoints} checkpoints, the last at seq {log.checkpoint_seq}); a plain handle "
+        f"wrote the last {log.events - log.head}; ms, medians of {sizes.resume_reps} interleaved runs"
+    )
     print(f"{'':<54} {'ms':>8} {'speedup':>8} {'range':>11}")
     for name, label in RESUME_ROWS.items():
         speedups = result.speedup(name)
-        print(f"{label:<54} {result.median(name) * 1e3:>8.2f} {statistics.median(speedups):>8.2f} "
-              f"{spread(speedups):>11}")
+        print(
+            f"{label:<54} {result.median(name) * 1e3:>8.2f} {statistics.median(speedups):>8.2f} {spread(speedups):>11}"
+        )
     print(f"   both ways: {view}; open folded {sizes.tail_events} events x {len(SUBAGENT_UNITS)} units")
 
 
@@ -790,9 +844,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = dataclasses.replace(sizes, fanout_reps=args.reps, commit_reps=args.reps, resume_reps=args.reps)
     only = {part.strip() for part in args.only.split(",")}
     workdir = tempfile.mkdtemp(prefix="subagents-actors-bench-", dir=args.dir)
-    print(f"actors bench ({'quick' if args.quick else 'full'}): {sizes}, python {sys.version.split()[0]}, "
-          f"trio {trio.__version__}, msgspec {msgspec.__version__}, zstandard {zstandard.__version__}, "
-          f"{os.cpu_count()} cpus, {load()}, logs in {workdir}")
+    print(
+        f"actors bench ({'quick' if args.quick else 'full'}): {sizes}, python {sys.version.split()[0]}, "
+        f"trio {trio.__version__}, msgspec {msgspec.__version__}, zstandard {zstandard.__version__}, "
+        f"{os.cpu_count()} cpus, {load()}, logs in {workdir}"
+    )
     verdicts: list[str] = []
     started = time.perf_counter()
     try:
@@ -800,17 +856,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             fanout = trio.run(bench_fanout, sizes, args.profile)
             print_fanout(fanout, sizes)
             factor = statistics.median(fanout.factor("subject"))
-            verdicts.append(f"snapshot fan-out target <= {FANOUT_TARGET}x sequential bare asks: "
-                            f"{'PASS' if factor <= FANOUT_TARGET else 'BELOW'} ({factor:.2f}x)")
+            verdicts.append(
+                f"snapshot fan-out target <= {FANOUT_TARGET}x sequential bare asks: "
+                f"{'PASS' if factor <= FANOUT_TARGET else 'BELOW'} ({factor:.2f}x)"
+            )
         if "2" in only:
             commit = trio.run(bench_commit, workdir, sizes)
             if args.profile:
                 root = tempfile.mkdtemp(prefix="commit-profile-", dir=workdir)
                 trio.run(actor_appends, root, sizes, [], True)
             print_commit(commit, sizes)
-            verdicts.append(f"group commit (no target): actors {statistics.median(commit.ratios):.2f}x the "
-                            f"events/s of one append per event, with {statistics.median(commit.actor_fsyncs):.0f} "
-                            f"fsyncs instead of {commit.events}")
+            verdicts.append(
+                f"group commit (no target): actors {statistics.median(commit.ratios):.2f}x the "
+                f"events/s of one append per event, with {statistics.median(commit.actor_fsyncs):.0f} "
+                f"fsyncs instead of {commit.events}"
+            )
         if "3" in only:
             storage_bench = load_storage_bench()
             log = trio.run(build_resume_log, workdir, sizes, storage_bench)
@@ -822,10 +882,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print_resume_breakdown(log, resume_breakdown(log, sizes.resume_reps))
             finally:
                 log.close()
-            verdicts.append(f"resume target >= {RESUME_TARGET:.0f}x faster than open_write + read + full fold: "
-                            f"{'PASS' if speedup >= RESUME_TARGET else 'BELOW'} ({speedup:.2f}x)")
-        print(f"\nafter the run ({time.perf_counter() - started:.0f} s): {load()} "
-              f"(a load above the cpu count makes every figure noisier)\n")
+            verdicts.append(
+                f"resume target >= {RESUME_TARGET:.0f}x faster than open_write + read + full fold: "
+                f"{'PASS' if speedup >= RESUME_TARGET else 'BELOW'} ({speedup:.2f}x)"
+            )
+        print(
+            f"\nafter the run ({time.perf_counter() - started:.0f} s): {load()} "
+            f"(a load above the cpu count makes every figure noisier)\n"
+        )
         print("\n".join(verdicts))
     finally:
         shutil.rmtree(workdir)

@@ -57,14 +57,13 @@ from typing import Any
 
 import msgspec
 import trio
-from bench_common import BareRequest, bare_actor, bug, load, per_rep, spread
 import zstandard
-
+from bench_common import BareRequest, bare_actor, bug, load, per_rep, spread
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import open_runtime
-from subagents.runtime.query import SessionRecord
 from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.delegation.listing import ChildRow, ListingService
+from subagents.runtime.query import SessionRecord
 from subagents.storage import Event, SessionHeader
 from subagents.storage.file_store import _LOG_NAMES
 
@@ -106,9 +105,15 @@ def load_storage_bench() -> ModuleType:
 
 
 def child_header(i: int, seeded: bool) -> SessionHeader:
-    return SessionHeader(id=f"child-{i:05d}", created_at=CREATED_AT + i, is_seeded=seeded,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-                         delegation_depth=1, cwd="/work/bench", parent_session=PARENT,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-                         origin="subagent")
+    return SessionHeader(
+        id=f"child-{i:05d}",
+        created_at=CREATED_AT + i,
+        is_seeded=seeded,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+        delegation_depth=1,
+        cwd="/work/bench",
+        parent_session=PARENT,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+        origin="subagent",
+    )
 
 
 def descriptor_draft(i: int) -> EventDraft:
@@ -117,8 +122,16 @@ def descriptor_draft(i: int) -> EventDraft:
 
 
 def expected_rows(n: int, activity: str) -> list[ChildRow]:
-    return [ChildRow(id=f"child-{i:05d}", activity=activity, has_children=False,  # type: ignore[arg-type]  # a str activity checked by the rows it is compared with
-                     mode="continuable", label=f"child-{i}") for i in range(n)]
+    return [
+        ChildRow(
+            id=f"child-{i:05d}",
+            activity=activity,
+            has_children=False,  # type: ignore[arg-type]  # a str activity checked by the rows it is compared with
+            mode="continuable",
+            label=f"child-{i}",
+        )
+        for i in range(n)
+    ]
 
 
 async def atimed(fn: Callable[[], Awaitable[object]]) -> float:
@@ -199,8 +212,11 @@ def material(sizes: Sizes) -> Material:
     size = 0
     for turn in itertools.count(1):
         for type_, data, surface in sb.turn_events(rng, turn):
-            drafts.append(EventDraft(type=type_, data=data, time=CREATED_AT + len(drafts),
-                                     surface_op="append" if surface else None))
+            drafts.append(
+                EventDraft(
+                    type=type_, data=data, time=CREATED_AT + len(drafts), surface_op="append" if surface else None
+                )
+            )
             size += len(msgspec.json.encode(data)) + 60
         if size >= sizes.log_bytes:
             break
@@ -290,8 +306,14 @@ async def bench_zstd(workdir: str, sizes: Sizes, stuff: Material, only: set[str]
         if "1a" in only:
             for service in (rt.listing, original):  # warm-up, untimed
                 await checked(service)()
-            runs = await interleaved(sizes.reps, {"baseline": checked(original), "subject": checked(rt.listing),
-                                                  "cached": checked(original, cache=True)})
+            runs = await interleaved(
+                sizes.reps,
+                {
+                    "baseline": checked(original),
+                    "subject": checked(rt.listing),
+                    "cached": checked(original, cache=True),
+                },
+            )
 
         latencies: list[float] = []
         cold_s: list[float] = []
@@ -389,8 +411,9 @@ async def bench_plain(workdir: str, sizes: Sizes, stuff: Material, breakdown: bo
 
         await subject()
         await baseline()
-        runs = await interleaved(sizes.reps, {"baseline": baseline, "subject": subject,
-                                              "baseline, GC paused": baseline_gc_paused})
+        runs = await interleaved(
+            sizes.reps, {"baseline": baseline, "subject": subject, "baseline, GC paused": baseline_gc_paused}
+        )
 
         stages: list[tuple[str, float]] = []
         if breakdown:
@@ -445,8 +468,12 @@ async def bench_plain(workdir: str, sizes: Sizes, stuff: Material, breakdown: bo
                     for _ in range(cold.observers):
                         nursery.start_soon(observer)
 
-            stages.append((f"observe_session of every child, as the listing ({cold.observers} under way)",
-                           min([await atimed(observe_all) for _ in range(3)])))
+            stages.append(
+                (
+                    f"observe_session of every child, as the listing ({cold.observers} under way)",
+                    min([await atimed(observe_all) for _ in range(3)]),
+                )
+            )
     return PlainResult(runs, files, file_bytes, build_s, stages)
 
 
@@ -488,8 +515,9 @@ async def bench_live(workdir: str, sizes: Sizes) -> dict[str, list[float]]:
             await baseline()
             await subject()
             runs = await interleaved(sizes.live_reps, {"baseline": baseline, "subject": subject})
-            runs["list_sessions (context)"] = [await atimed(lambda: rt.query.list_sessions())
-                                               for _ in range(sizes.live_reps)]
+            runs["list_sessions (context)"] = [
+                await atimed(lambda: rt.query.list_sessions()) for _ in range(sizes.live_reps)
+            ]
             send.close()
     return runs
 
@@ -500,8 +528,11 @@ async def bench_live(workdir: str, sizes: Sizes) -> dict[str, list[float]]:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run of a few seconds")
-    parser.add_argument("--full", action="store_true",
-                        help="the issue's size: 1,000 children with ~1 MB logs (about 1 GB per corpus; minutes)")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the issue's size: 1,000 children with ~1 MB logs (about 1 GB per corpus; minutes)",
+    )
     parser.add_argument("--dir", default=None, help="where to put temporary logs (default: the system temp dir)")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of each measurement")
     parser.add_argument("--only", default="1,2,3", help="which measurements to run, e.g. 1,3 or 1b (1 is 1a and 1b)")
@@ -517,9 +548,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = dataclasses.replace(sizes, reps=args.reps, live_reps=args.reps)
     only = {part.strip() for part in args.only.split(",")}
     workdir = tempfile.mkdtemp(prefix="subagents-listing-bench-", dir=args.dir)
-    print(f"listing bench ({mode}): {sizes}, python {sys.version.split()[0]}, "
-          f"trio {trio.__version__}, msgspec {msgspec.__version__}, zstandard {zstandard.__version__}, "
-          f"{os.cpu_count()} cpus, {load()}, logs in {workdir}")
+    print(
+        f"listing bench ({mode}): {sizes}, python {sys.version.split()[0]}, "
+        f"trio {trio.__version__}, msgspec {msgspec.__version__}, zstandard {zstandard.__version__}, "
+        f"{os.cpu_count()} cpus, {load()}, logs in {workdir}"
+    )
     verdicts: list[str] = []
     started = time.perf_counter()
     n = sizes.children
@@ -530,69 +563,103 @@ def main(argv: Sequence[str] | None = None) -> int:
         if only & {"1a", "3"}:
             assert stuff is not None
             z = trio.run(bench_zstd, workdir, sizes, stuff, only)
-            print(f"\n1. {n} persisted children of one parent, half seeded ({len(stuff.inherited)} inherited + "
-                  f"marker + descriptor + {len(stuff.own_half)} own events; unseeded: descriptor + "
-                  f"{len(stuff.own_full)}), ~{sizes.log_bytes // KB} KB of events each; built through the "
-                  f"actors and released in {z.build_s:.1f} s")
-            print(f"(a) zstd corpus: {z.files} logs, {z.file_bytes / 1e6:.1f} MB on disk; "
-                  f"ms, medians of {sizes.reps} interleaved runs")
+            print(
+                f"\n1. {n} persisted children of one parent, half seeded ({len(stuff.inherited)} inherited + "
+                f"marker + descriptor + {len(stuff.own_half)} own events; unseeded: descriptor + "
+                f"{len(stuff.own_full)}), ~{sizes.log_bytes // KB} KB of events each; built through the "
+                f"actors and released in {z.build_s:.1f} s"
+            )
+            print(
+                f"(a) zstd corpus: {z.files} logs, {z.file_bytes / 1e6:.1f} MB on disk; "
+                f"ms, medians of {sizes.reps} interleaved runs"
+            )
             if z.runs:
                 speed = per_rep(z.runs["baseline"], z.runs["subject"])
-                print(f"   {'original ladder: seeded children observed (baseline)':<58} "
-                      f"{statistics.median(z.runs['baseline']) * 1e3:>9.2f}")
-                print(f"   {'  context: the same, observation cache warm (LRU, 64 MB)':<58} "
-                      f"{statistics.median(z.runs['cached']) * 1e3:>9.2f}")
-                print(f"   {'list_children, warm checkpoints':<58} {statistics.median(z.runs['subject']) * 1e3:>9.2f}"
-                      f"   speedup {statistics.median(speed):.1f}x ({spread(speed)})")
+                print(
+                    f"   {'original ladder: seeded children observed (baseline)':<58} "
+                    f"{statistics.median(z.runs['baseline']) * 1e3:>9.2f}"
+                )
+                print(
+                    f"   {'  context: the same, observation cache warm (LRU, 64 MB)':<58} "
+                    f"{statistics.median(z.runs['cached']) * 1e3:>9.2f}"
+                )
+                print(
+                    f"   {'list_children, warm checkpoints':<58} {statistics.median(z.runs['subject']) * 1e3:>9.2f}"
+                    f"   speedup {statistics.median(speed):.1f}x ({spread(speed)})"
+                )
                 factor = statistics.median(speed)
-                verdicts.append(f"1a warm checkpoints target >= {CHECKPOINT_TARGET:.0f}x faster than the original "
-                                f"ladder: {'PASS' if factor >= CHECKPOINT_TARGET else 'BELOW'} ({factor:.1f}x)")
+                verdicts.append(
+                    f"1a warm checkpoints target >= {CHECKPOINT_TARGET:.0f}x faster than the original "
+                    f"ladder: {'PASS' if factor >= CHECKPOINT_TARGET else 'BELOW'} ({factor:.1f}x)"
+                )
         if "1b" in only:
             assert stuff is not None
             p = trio.run(bench_plain, workdir, sizes, stuff, True)  # the breakdown: printed if asked or BELOW
             ratios = per_rep(p.runs["baseline"], p.runs["subject"])  # throughput ratio
             ratio = statistics.median(ratios)
             mb = p.file_bytes / 1e6
-            print(f"(b) plain corpus: {p.files} logs, {mb:.1f} MB (built in {p.build_s:.1f} s); checkpoint rung "
-                  f"disabled, every child observed; medians of {sizes.reps} interleaved runs")
-            for name, label in (("baseline", "untyped decode_lines of every log, file read, one thread"),
-                                ("baseline, GC paused", "  context: the same, cyclic GC paused"),
-                                ("subject", "list_children, every child observed")):
+            print(
+                f"(b) plain corpus: {p.files} logs, {mb:.1f} MB (built in {p.build_s:.1f} s); checkpoint rung "
+                f"disabled, every child observed; medians of {sizes.reps} interleaved runs"
+            )
+            for name, label in (
+                ("baseline", "untyped decode_lines of every log, file read, one thread"),
+                ("baseline, GC paused", "  context: the same, cyclic GC paused"),
+                ("subject", "list_children, every child observed"),
+            ):
                 med = statistics.median(p.runs[name])
                 print(f"   {label:<58} {med * 1e3:>9.2f} ms {mb / med:>8.1f} MB/s")
             paused = statistics.median(per_rep(p.runs["baseline, GC paused"], p.runs["subject"]))
-            print(f"   throughput / baseline's: {ratio:.2f} ({spread(ratios)}); "
-                  f"against the GC-paused baseline (context): {paused:.2f}")
+            print(
+                f"   throughput / baseline's: {ratio:.2f} ({spread(ratios)}); "
+                f"against the GC-paused baseline (context): {paused:.2f}"
+            )
             if args.breakdown or ratio < COLD_TARGET:
                 print("   where the time goes (best of 3):")
                 for name, seconds in p.stages:
                     print(f"   {name:<58} {seconds * 1e3:>9.2f} ms")
-            verdicts.append(f"1b every child observed target >= {COLD_TARGET}x untyped decode_lines throughput: "
-                            f"{'PASS' if ratio >= COLD_TARGET else 'BELOW'} ({ratio:.2f}x)")
+            verdicts.append(
+                f"1b every child observed target >= {COLD_TARGET}x untyped decode_lines throughput: "
+                f"{'PASS' if ratio >= COLD_TARGET else 'BELOW'} ({ratio:.2f}x)"
+            )
         if "2" in only:
             runs = trio.run(bench_live, workdir, sizes)
             factors = per_rep(runs["subject"], runs["baseline"])
             factor = statistics.median(factors)
-            print(f"\n2. {n} live children (actors alive, descriptor appended); ms, medians of "
-                  f"{sizes.live_reps} interleaved runs")
+            print(
+                f"\n2. {n} live children (actors alive, descriptor appended); ms, medians of "
+                f"{sizes.live_reps} interleaved runs"
+            )
             print(f"   {'sequential bare asks (baseline)':<58} {statistics.median(runs['baseline']) * 1e3:>9.2f}")
-            print(f"   {'list_children':<58} {statistics.median(runs['subject']) * 1e3:>9.2f}"
-                  f"   {factor:.2f}x ({spread(factors)})")
-            print(f"   {'  of which list_sessions (context, separate runs)':<58} "
-                  f"{statistics.median(runs['list_sessions (context)']) * 1e3:>9.2f}")
-            verdicts.append(f"2 live listing target <= {LIVE_TARGET}x sequential bare asks: "
-                            f"{'PASS' if factor <= LIVE_TARGET else 'BELOW'} ({factor:.2f}x)")
+            print(
+                f"   {'list_children':<58} {statistics.median(runs['subject']) * 1e3:>9.2f}"
+                f"   {factor:.2f}x ({spread(factors)})"
+            )
+            print(
+                f"   {'  of which list_sessions (context, separate runs)':<58} "
+                f"{statistics.median(runs['list_sessions (context)']) * 1e3:>9.2f}"
+            )
+            verdicts.append(
+                f"2 live listing target <= {LIVE_TARGET}x sequential bare asks: "
+                f"{'PASS' if factor <= LIVE_TARGET else 'BELOW'} ({factor:.2f}x)"
+            )
         if "3" in only:
             lat = z.latencies_ms
             p99 = pct(lat, 0.99)
-            print(f"\n3. live ask (snapshot of one live session) during a cold listing of {n} children "
-                  f"(zstd corpus, every child observed; listing {statistics.median(z.cold_listing_s) * 1e3:.0f} ms "
-                  f"median): {len(lat)} asks over {sizes.reps} listings (~{z.asks_per_listing:.0f} per listing)")
+            print(
+                f"\n3. live ask (snapshot of one live session) during a cold listing of {n} children "
+                f"(zstd corpus, every child observed; listing {statistics.median(z.cold_listing_s) * 1e3:.0f} ms "
+                f"median): {len(lat)} asks over {sizes.reps} listings (~{z.asks_per_listing:.0f} per listing)"
+            )
             print(f"   ms: p50 {pct(lat, 0.5):.3f}  p90 {pct(lat, 0.9):.3f}  p99 {p99:.3f}  max {max(lat):.3f}")
-            verdicts.append(f"3 live ask p99 during a cold listing target <= {P99_TARGET_MS:.0f} ms: "
-                            f"{'PASS' if p99 <= P99_TARGET_MS else 'BELOW'} ({p99:.2f} ms)")
-        print(f"\nafter the run ({time.perf_counter() - started:.0f} s): {load()} "
-              f"(a load above the cpu count makes every figure noisier)\n")
+            verdicts.append(
+                f"3 live ask p99 during a cold listing target <= {P99_TARGET_MS:.0f} ms: "
+                f"{'PASS' if p99 <= P99_TARGET_MS else 'BELOW'} ({p99:.2f} ms)"
+            )
+        print(
+            f"\nafter the run ({time.perf_counter() - started:.0f} s): {load()} "
+            f"(a load above the cpu count makes every figure noisier)\n"
+        )
         print("\n".join(verdicts))
     finally:
         shutil.rmtree(workdir)

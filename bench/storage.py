@@ -47,7 +47,6 @@ from typing import Any, Literal
 
 import msgspec
 import zstandard
-
 from subagents.storage import (
     Batch,
     Event,
@@ -57,14 +56,13 @@ from subagents.storage import (
     SessionHeader,
     SessionId,
     WriteHandle,
-    decode_session_id,
+    file_store,
     make_event,
 )
+from subagents.storage._codec import decode_events, encode_events
+from subagents.storage._records import HeaderRecord, decode_header_line, encode_header_line
 from subagents.storage.events import KNOWN_TYPES
 from subagents.storage.file_store import _LOG_NAMES
-from subagents.storage._records import HeaderRecord, decode_header_line, encode_header_line
-from subagents.storage import file_store
-from subagents.storage._codec import decode_events, encode_events
 from subagents.storage.framing import decode_event_lines
 from subagents.storage.zstd_framing import walk_frames
 
@@ -96,10 +94,10 @@ class Sizes:
     list_reps: int
 
 
-FULL = Sizes(appends=300, append_reps=9, log_bytes=100 * MB, read_reps=5, ratio_events=4096,
-             sessions=1000, list_reps=21)
-QUICK = Sizes(appends=30, append_reps=3, log_bytes=4 * MB, read_reps=3, ratio_events=256,
-              sessions=100, list_reps=5)
+FULL = Sizes(
+    appends=300, append_reps=9, log_bytes=100 * MB, read_reps=5, ratio_events=4096, sessions=1000, list_reps=21
+)
+QUICK = Sizes(appends=30, append_reps=3, log_bytes=4 * MB, read_reps=3, ratio_events=256, sessions=100, list_reps=5)
 
 
 # --- a realistic event stream -------------------------------------------------------------------
@@ -137,25 +135,71 @@ def turn_events(rng: random.Random, turn: int) -> Iterator[tuple[str, dict[str, 
     arguments = msgspec.json.encode({"path": f"src/mod_{rng.randint(0, 99)}.py", "limit": 200}).decode()
     yield "turn/start", {"turn": turn, "trigger": {"kind": "message"}}, False
     yield "step/start", {"turn": turn, "step": 1}, False
-    yield "user/message", {"turn": turn, "step": 1, "message": message(
-        f"u{turn}", "user", [{"type": "text", "text": text(rng, 200, 500)}], {"kind": "user"})}, True
-    yield "assistant/message", {"turn": turn, "step": 1, "finish": "tool-calls",
-                                "usage": {"input_tokens": 1200 + turn, "output_tokens": 85},
-                                "message": message(f"a{turn}.1", "assistant", [
-                                    {"type": "text", "text": text(rng, 100, 300)},
-                                    {"type": "tool-call", "id": call_id, "name": name, "arguments": arguments},
-                                ], {"kind": "model"})}, True
+    yield (
+        "user/message",
+        {
+            "turn": turn,
+            "step": 1,
+            "message": message(f"u{turn}", "user", [{"type": "text", "text": text(rng, 200, 500)}], {"kind": "user"}),
+        },
+        True,
+    )
+    yield (
+        "assistant/message",
+        {
+            "turn": turn,
+            "step": 1,
+            "finish": "tool-calls",
+            "usage": {"input_tokens": 1200 + turn, "output_tokens": 85},
+            "message": message(
+                f"a{turn}.1",
+                "assistant",
+                [
+                    {"type": "text", "text": text(rng, 100, 300)},
+                    {"type": "tool-call", "id": call_id, "name": name, "arguments": arguments},
+                ],
+                {"kind": "model"},
+            ),
+        },
+        True,
+    )
     yield "tool/call", {"turn": turn, "step": 1, "call_id": call_id, "name": name, "arguments": arguments}, False
-    yield "tool/result", {"turn": turn, "step": 1, "message": message(f"r{turn}", "user", [
-        {"type": "tool-result", "call_id": call_id, "is_error": False,
-         "content": [{"type": "text", "text": text(rng, 200, 500)}]},
-    ], {"kind": "tool", "call_id": call_id})}, True
+    yield (
+        "tool/result",
+        {
+            "turn": turn,
+            "step": 1,
+            "message": message(
+                f"r{turn}",
+                "user",
+                [
+                    {
+                        "type": "tool-result",
+                        "call_id": call_id,
+                        "is_error": False,
+                        "content": [{"type": "text", "text": text(rng, 200, 500)}],
+                    },
+                ],
+                {"kind": "tool", "call_id": call_id},
+            ),
+        },
+        True,
+    )
     yield "step/end", {"turn": turn, "step": 1}, False
     yield "step/start", {"turn": turn, "step": 2}, False
-    yield "assistant/message", {"turn": turn, "step": 2, "finish": "stop",
-                                "usage": {"input_tokens": 1800 + turn, "output_tokens": 140},
-                                "message": message(f"a{turn}.2", "assistant", [
-                                    {"type": "text", "text": text(rng, 200, 500)}], {"kind": "model"})}, True
+    yield (
+        "assistant/message",
+        {
+            "turn": turn,
+            "step": 2,
+            "finish": "stop",
+            "usage": {"input_tokens": 1800 + turn, "output_tokens": 140},
+            "message": message(
+                f"a{turn}.2", "assistant", [{"type": "text", "text": text(rng, 200, 500)}], {"kind": "model"}
+            ),
+        },
+        True,
+    )
     yield "step/end", {"turn": turn, "step": 2}, False
     yield "turn/end", {"turn": turn, "reason": {"kind": "completed"}}, False
 
@@ -377,9 +421,9 @@ def check_stages(case: AppendCase) -> list[float]:
         events.extend(batch.events)
         first = batch.expected_seq
         nxt = first + len(batch.events)
-        if not all(
-            type(e) is Event and (e.type in KNOWN_TYPES or e.ignorable is True) for e in events
-        ) or [e.seq for e in events] != list(range(first, nxt)):
+        if not all(type(e) is Event and (e.type in KNOWN_TYPES or e.ignorable is True) for e in events) or [
+            e.seq for e in events
+        ] != list(range(first, nxt)):
             raise SystemExit("bench bug: a batch fails the append checks")
         t1 = clock()
         encode_events(events)
@@ -395,8 +439,9 @@ def store_check_batches(case: AppendCase) -> float | None:
     if check is None:
         return None
     sid = SessionId("bench-check")
-    handle = WriteHandle(session_id=sid, header=header(sid), inherited_event_count=Offset(0),
-                         next_seq=Offset(0), published=True)
+    handle = WriteHandle(
+        session_id=sid, header=header(sid), inherited_event_count=Offset(0), next_seq=Offset(0), published=True
+    )
 
     def run() -> None:
         for batch in case.batches:
@@ -522,8 +567,11 @@ def read_breakdown(log: ReadLog, reps: int) -> list[tuple[str, float]]:
         ("file read (open + pread, page cache)", lambda: file_read(store, log), len(log.data)),
         ("typed decode_lines, no __post_init__", lambda: len(bare.decode_lines(view)), n),
         ("typed decode_lines (codec.decode_events)", lambda: len(decode_events(view)), n),
-        ("framing.decode_event_lines (chunks+checks)",
-         lambda: len(decode_event_lines(log.sid, log.data, start, len(log.data))), n),
+        (
+            "framing.decode_event_lines (chunks+checks)",
+            lambda: len(decode_event_lines(log.sid, log.data, start, len(log.data))),
+            n,
+        ),
         ("FileLogStore open_read + read (total)", lambda: store_read(store, log.sid), n),
     ]
     return [(name, best(reps, lambda: timed_count(fn, expected))) for name, fn, expected in stages]
@@ -533,10 +581,12 @@ def read_breakdown(log: ReadLog, reps: int) -> list[tuple[str, float]]:
 # `ZstdDecompressor().decompress(data)` is not among them: it returns the first frame only.
 DECOMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
     "decompressobj(read_across_frames=True).decompress(data)": decompress_all,
-    "stream_reader(data, read_across_frames=True).read()":
-        lambda data: zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read(),
-    "stream_reader(io.BytesIO(data), read_across_frames=True).read()":
-        lambda data: zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read(),
+    "stream_reader(data, read_across_frames=True).read()": lambda data: (
+        zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read()
+    ),
+    "stream_reader(io.BytesIO(data), read_across_frames=True).read()": lambda data: (
+        zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
+    ),
 }
 
 
@@ -561,7 +611,9 @@ def bench_zstd_read(log: ReadLog, sizes: Sizes, decompress: Callable[[bytes], by
     return paired(
         sizes.read_reps,
         len(log.plain) / MB,
-        lambda _rep: timed_count(lambda: len(untyped.decode_lines(decompress(log.data))), log.events + 1, gc_off=gc_off),
+        lambda _rep: timed_count(
+            lambda: len(untyped.decode_lines(decompress(log.data))), log.events + 1, gc_off=gc_off
+        ),
         lambda _rep: timed_count(lambda: store_read(store, log.sid), log.events, gc_off=gc_off),
     )
 
@@ -574,11 +626,17 @@ def zstd_read_breakdown(log: ReadLog, reps: int) -> list[tuple[str, float]]:
     body = b"".join(layout.contents[1:])
     stages: list[tuple[str, Callable[[], int], int]] = [
         ("file read (open + pread, page cache)", lambda: file_read(store, log), len(log.data)),
-        ("walk_frames (header walk + decompress per frame)",
-         lambda: len(walk_frames(log.data).contents), log.appends + 1),
+        (
+            "walk_frames (header walk + decompress per frame)",
+            lambda: len(walk_frames(log.data).contents),
+            log.appends + 1,
+        ),
         ("join of the frames' contents", lambda: len(b"".join(layout.contents[1:])), len(log.lines)),
-        ("framing.decode_event_lines on the joined lines",
-         lambda: len(decode_event_lines(log.sid, body, 0, len(body))), log.events),
+        (
+            "framing.decode_event_lines on the joined lines",
+            lambda: len(decode_event_lines(log.sid, body, 0, len(body))),
+            log.events,
+        ),
         ("FileLogStore open_read + read (total)", lambda: store_read(store, log.sid), log.events),
     ]
     return [(name, best(reps, lambda: timed_count(fn, expected))) for name, fn, expected in stages]
@@ -748,7 +806,9 @@ def grow_one(writer: FileLogStore, sid: str) -> None:
     """One event appended to `sid` by another store (as another process would)."""
     handle = writer.open_write(sid)
     try:
-        writer.append(handle, [Batch(handle.next_seq, [make_event(handle.next_seq, "turn/start", CREATED_AT, {"turn": 2})])])
+        writer.append(
+            handle, [Batch(handle.next_seq, [make_event(handle.next_seq, "turn/start", CREATED_AT, {"turn": 2})])]
+        )
     finally:
         writer.close(handle)
 
@@ -859,12 +919,15 @@ def spread(ratios: list[float]) -> str:
 
 def print_append(rows: list[AppendRow]) -> None:
     print("\n1. append: FileLogStore.append (1 batch per call) vs os.write + os.fsync, same bytes")
-    print(f"{'events/append':>13} {'KB/append':>9} {'raw ops/s':>10} {'store ops/s':>11} "
-          f"{'store/raw':>9} {'range':>10}")
+    print(
+        f"{'events/append':>13} {'KB/append':>9} {'raw ops/s':>10} {'store ops/s':>11} {'store/raw':>9} {'range':>10}"
+    )
     for size, case, result in rows:
         kb = case.bytes / len(case.batches) / 1000
-        print(f"{size:>13} {kb:>9.1f} {statistics.median(result.baseline):>10.0f} "
-              f"{statistics.median(result.subject):>11.0f} {result.ratio:>9.2f} {spread(result.ratios):>10}")
+        print(
+            f"{size:>13} {kb:>9.1f} {statistics.median(result.baseline):>10.0f} "
+            f"{statistics.median(result.subject):>11.0f} {result.ratio:>9.2f} {spread(result.ratios):>10}"
+        )
 
 
 def print_append_breakdown(size: int, stages: list[tuple[str, float | None]]) -> None:
@@ -875,9 +938,11 @@ def print_append_breakdown(size: int, stages: list[tuple[str, float | None]]) ->
 
 
 def print_read(title: str, log: ReadLog, baseline: str, gc_on: Paired, gc_off: Paired) -> None:
-    print(f"\n{title}: {len(log.plain) / MB:.1f} MB uncompressed, {len(log.data) / MB:.1f} MB file, "
-          f"{log.events} events ({len(log.plain) / log.events:.0f} B/event), {log.batch} events/append; "
-          "uncompressed MB/s, medians")
+    print(
+        f"\n{title}: {len(log.plain) / MB:.1f} MB uncompressed, {len(log.data) / MB:.1f} MB file, "
+        f"{log.events} events ({len(log.plain) / log.events:.0f} B/event), {log.batch} events/append; "
+        "uncompressed MB/s, medians"
+    )
     print(f"{'':<52} {'GC on':>8} {'GC off':>8}")
     rows = [
         (baseline, statistics.median(gc_on.baseline), statistics.median(gc_off.baseline)),
@@ -885,8 +950,10 @@ def print_read(title: str, log: ReadLog, baseline: str, gc_on: Paired, gc_off: P
     ]
     for name, on, off in rows:
         print(f"{name:<52} {on:>8.0f} {off:>8.0f}")
-    print(f"{'store/baseline':<52} {gc_on.ratio:>8.2f} {gc_off.ratio:>8.2f}   "
-          f"ranges {spread(gc_on.ratios)}, {spread(gc_off.ratios)}")
+    print(
+        f"{'store/baseline':<52} {gc_on.ratio:>8.2f} {gc_off.ratio:>8.2f}   "
+        f"ranges {spread(gc_on.ratios)}, {spread(gc_off.ratios)}"
+    )
 
 
 def print_decompressors(chosen: str, rates: dict[str, float]) -> None:
@@ -897,29 +964,32 @@ def print_decompressors(chosen: str, rates: dict[str, float]) -> None:
 
 def print_read_breakdown(log: ReadLog, stages: list[tuple[str, float]]) -> None:
     total = stages[-1][1]
-    print("\n   where a store read's time goes (each stage alone, GC on, best of the runs; "
-          "MB/s of the uncompressed log):")
+    print(
+        "\n   where a store read's time goes (each stage alone, GC on, best of the runs; MB/s of the uncompressed log):"
+    )
     print(f"   {'stage':<50} {'ms':>8} {'MB/s':>8} {'of total':>8}")
     for name, seconds in stages:
-        print(f"   {name:<50} {seconds * 1e3:>8.1f} {len(log.plain) / MB / seconds:>8.0f} "
-              f"{seconds / total:>8.0%}")
+        print(f"   {name:<50} {seconds * 1e3:>8.1f} {len(log.plain) / MB / seconds:>8.0f} {seconds / total:>8.0%}")
 
 
 def print_ratios(rows: list[RatioRow]) -> None:
     print("\n4. compression: zstd log (one frame per append, level 3) vs its plain form")
-    print(f"{'events/frame':>12} {'events':>7} {'plain KB':>9} {'file KB':>8} {'B/event':>8} "
-          f"{'ratio':>6} {'SPEC':>5}")
+    print(f"{'events/frame':>12} {'events':>7} {'plain KB':>9} {'file KB':>8} {'B/event':>8} {'ratio':>6} {'SPEC':>5}")
     for row in sorted(rows, key=lambda r: r.events_per_frame):
         spec = SPEC_RATIOS.get(row.events_per_frame)
-        print(f"{row.events_per_frame:>12} {row.events:>7} {row.plain_bytes / 1000:>9.0f} "
-              f"{row.file_bytes / 1000:>8.0f} {row.file_bytes / row.events:>8.0f} {row.ratio:>5.2f}x "
-              f"{'' if spec is None else f'{spec:.1f}x':>5}")
+        print(
+            f"{row.events_per_frame:>12} {row.events:>7} {row.plain_bytes / 1000:>9.0f} "
+            f"{row.file_bytes / 1000:>8.0f} {row.file_bytes / row.events:>8.0f} {row.ratio:>5.2f}x "
+            f"{'' if spec is None else f'{spec:.1f}x':>5}"
+        )
 
 
 def print_list(result: ListResult) -> None:
     n = result.sessions
-    print(f"\n5. list: {n} zstd sessions of {TURN_EVENTS} events; ms per call, medians "
-          f"({len(result.seconds['warm'])} interleaved runs; no index: {len(result.no_index)} runs)")
+    print(
+        f"\n5. list: {n} zstd sessions of {TURN_EVENTS} events; ms per call, medians "
+        f"({len(result.seconds['warm'])} interleaved runs; no index: {len(result.no_index)} runs)"
+    )
     rows = [
         ("os.scandir + os.stat of each log (baseline)", result.seconds["scan"]),
         (f"parse {n} header lines in memory (baseline)", result.seconds["headers"]),
@@ -933,13 +1003,18 @@ def print_list(result: ListResult) -> None:
     for name, seconds in rows:
         med = statistics.median(seconds)
         print(f"{name:<56} {med * 1e3:>8.2f} ms {med / n * 1e6:>6.1f} µs/session")
-    print(f"{'header parse / warm list (speedup)':<56} {result.speedup:>8.2f}x  "
-          f"range {spread(result.per_rep('headers', 'warm'))}")
-    print(f"{'warm list / scandir+stat':<56} {result.scan_factor:>8.2f}x  "
-          f"range {spread(result.per_rep('warm', 'scan'))}")
-    print(f"{'ceiling of the speedup: header parse / scandir+stat':<56} "
-          f"{statistics.median(result.per_rep('headers', 'scan')):>8.2f}x  "
-          f"range {spread(result.per_rep('headers', 'scan'))}")
+    print(
+        f"{'header parse / warm list (speedup)':<56} {result.speedup:>8.2f}x  "
+        f"range {spread(result.per_rep('headers', 'warm'))}"
+    )
+    print(
+        f"{'warm list / scandir+stat':<56} {result.scan_factor:>8.2f}x  range {spread(result.per_rep('warm', 'scan'))}"
+    )
+    print(
+        f"{'ceiling of the speedup: header parse / scandir+stat':<56} "
+        f"{statistics.median(result.per_rep('headers', 'scan')):>8.2f}x  "
+        f"range {spread(result.per_rep('headers', 'scan'))}"
+    )
 
 
 def print_list_breakdown(n: int, stages: list[tuple[str, float]]) -> None:
@@ -961,20 +1036,34 @@ class Verdicts:
 def print_verdicts(v: Verdicts) -> None:
     print()
     worst = min(v.append_rows, key=lambda row: row[2].ratio)
-    print(f"append target store/raw >= {APPEND_TARGET}: {verdict(worst[2].ratio, APPEND_TARGET)} "
-          f"(worst {worst[2].ratio:.2f} at {worst[0]} events/append; "
-          + ", ".join(f"{size}: {res.ratio:.2f}" for size, _, res in v.append_rows) + ")")
-    print(f"read target store/untyped >= {READ_TARGET}: {verdict(v.read_ratio, READ_TARGET)} "
-          f"({v.read_ratio:.2f}, the lower of GC on/off)")
-    print(f"zstd read target store/(decompress + untyped) >= {ZSTD_READ_TARGET}: "
-          f"{verdict(v.zstd_ratio, ZSTD_READ_TARGET)} ({v.zstd_ratio:.2f}, the lower of GC on/off)")
-    print("compression (no target; SPEC 3.3: about 1.8x at 1 event/frame, 3.7x at 256): "
-          + ", ".join(f"{r.events_per_frame}: {r.ratio:.2f}x"
-                      for r in sorted(v.ratio_rows, key=lambda r: r.events_per_frame)))
-    print(f"list target warm list >= {LIST_SPEEDUP_TARGET:.0f}x faster than parsing the headers: "
-          f"{verdict(v.listing.speedup, LIST_SPEEDUP_TARGET)} ({v.listing.speedup:.2f}x)")
-    print(f"list target warm list <= {LIST_SCAN_TARGET:.0f}x os.scandir + os.stat: "
-          f"{verdict_at_most(v.listing.scan_factor, LIST_SCAN_TARGET)} ({v.listing.scan_factor:.2f}x)")
+    print(
+        f"append target store/raw >= {APPEND_TARGET}: {verdict(worst[2].ratio, APPEND_TARGET)} "
+        f"(worst {worst[2].ratio:.2f} at {worst[0]} events/append; "
+        + ", ".join(f"{size}: {res.ratio:.2f}" for size, _, res in v.append_rows)
+        + ")"
+    )
+    print(
+        f"read target store/untyped >= {READ_TARGET}: {verdict(v.read_ratio, READ_TARGET)} "
+        f"({v.read_ratio:.2f}, the lower of GC on/off)"
+    )
+    print(
+        f"zstd read target store/(decompress + untyped) >= {ZSTD_READ_TARGET}: "
+        f"{verdict(v.zstd_ratio, ZSTD_READ_TARGET)} ({v.zstd_ratio:.2f}, the lower of GC on/off)"
+    )
+    print(
+        "compression (no target; SPEC 3.3: about 1.8x at 1 event/frame, 3.7x at 256): "
+        + ", ".join(
+            f"{r.events_per_frame}: {r.ratio:.2f}x" for r in sorted(v.ratio_rows, key=lambda r: r.events_per_frame)
+        )
+    )
+    print(
+        f"list target warm list >= {LIST_SPEEDUP_TARGET:.0f}x faster than parsing the headers: "
+        f"{verdict(v.listing.speedup, LIST_SPEEDUP_TARGET)} ({v.listing.speedup:.2f}x)"
+    )
+    print(
+        f"list target warm list <= {LIST_SCAN_TARGET:.0f}x os.scandir + os.stat: "
+        f"{verdict_at_most(v.listing.scan_factor, LIST_SCAN_TARGET)} ({v.listing.scan_factor:.2f}x)"
+    )
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -1060,9 +1149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reps:
         sizes = dataclasses.replace(sizes, append_reps=args.reps, read_reps=args.reps, list_reps=args.reps)
     workdir = tempfile.mkdtemp(prefix="subagents-bench-", dir=args.dir)
-    print(f"storage bench ({'quick' if args.quick else 'full'}): {sizes}, python {sys.version.split()[0]}, "
-          f"msgspec {msgspec.__version__}, zstandard {zstandard.__version__}, {os.cpu_count()} cpus, "
-          f"{load()}, logs in {workdir}")
+    print(
+        f"storage bench ({'quick' if args.quick else 'full'}): {sizes}, python {sys.version.split()[0]}, "
+        f"msgspec {msgspec.__version__}, zstandard {zstandard.__version__}, {os.cpu_count()} cpus, "
+        f"{load()}, logs in {workdir}"
+    )
     more = args.breakdown or args.profile
     try:
         append_rows = run_append(workdir, sizes, more, args.profile)

@@ -16,6 +16,11 @@ from .agent.tools import ToolContext as ToolContext
 from .app import Runtime as Runtime
 from .app import open_runtime as open_runtime
 from .clock import RealClock as RealClock
+from .clock import ScenarioClock as ScenarioClock
+from .delegation.descriptor import ToolFilter as ToolFilter
+from .delegation.listing import ChildRow as ChildRow
+from .delegation.listing import DiagnosticRow as DiagnosticRow
+from .delegation.options import ChildOptions as ChildOptions
 from .errors import AgentError as AgentError
 from .errors import AgentStopped as AgentStopped
 from .errors import ModelError as ModelError
@@ -24,7 +29,6 @@ from .errors import SessionQueryError as SessionQueryError
 from .errors import SubagentError as SubagentError
 from .errors import SubagentsError as SubagentsError
 from .errors import ToolFailure as ToolFailure
-from .clock import ScenarioClock as ScenarioClock
 from .ids import CountingIds as CountingIds
 from .ids import RandomIds as RandomIds
 from .models.base import Chunk as Chunk
@@ -41,7 +45,3 @@ from .models.base import Usage as Usage
 from .models.openai import OpenAIChatModel as OpenAIChatModel
 from .models.script_format import load_script as load_script
 from .models.scripted_model import ScriptedModel as ScriptedModel
-from .delegation.descriptor import ToolFilter as ToolFilter
-from .delegation.listing import ChildRow as ChildRow
-from .delegation.listing import DiagnosticRow as DiagnosticRow
-from .delegation.options import ChildOptions as ChildOptions

@@ -17,24 +17,22 @@ from typing import Literal
 
 import attrs
 import trio
-
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import FileLogStore, LogStore
-from subagents.storage import ProjectionRegistry
+from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
 from .agent.tools import Tool, ToolSet
 from .clock import Clock, RealClock
+from .delegation.listing import ListingService
+from .delegation.options import ChildModel
+from .delegation.service import SubagentService
+from .delegation.units import SUBAGENT_UNITS
 from .ids import IdFactory, RandomIds
 from .models.base import Model
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
-from .delegation.options import ChildModel
-from .delegation.service import SubagentService
 from .tools.subagent_tools import subagent_tools
-from .delegation.listing import ListingService
-from .delegation.units import SUBAGENT_UNITS
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -96,19 +94,40 @@ async def open_runtime(
 
                 def subagent_service(agents: AgentRegistry) -> SubagentService:
                     # The registry's hooks: made by the registry's constructor, from itself.
-                    return SubagentService(agents=agents, manager=manager, query=query, listing=listing,
-                                           max_depth=max_depth, child_model=child_model, toolset=toolset)
+                    return SubagentService(
+                        agents=agents,
+                        manager=manager,
+                        query=query,
+                        listing=listing,
+                        max_depth=max_depth,
+                        child_model=child_model,
+                        toolset=toolset,
+                    )
 
                 agents = AgentRegistry(
-                    sessions=sessions, reader=query.reader, clock=clock,
-                    id_factory=id_factory or RandomIds(), model=model, config=agent_config or AgentConfig(),
-                    nursery=nursery, hooks=subagent_service,
+                    sessions=sessions,
+                    reader=query.reader,
+                    clock=clock,
+                    id_factory=id_factory or RandomIds(),
+                    model=model,
+                    config=agent_config or AgentConfig(),
+                    nursery=nursery,
+                    hooks=subagent_service,
                 )
                 service = agents.hooks
                 assert isinstance(service, SubagentService)  # what `subagent_service` made
                 try:
-                    yield Runtime(root=root, log_store=store, registry=registry, sessions=sessions, query=query,
-                                  listing=listing, agents=agents, subagents=service, clock=clock)
+                    yield Runtime(
+                        root=root,
+                        log_store=store,
+                        registry=registry,
+                        sessions=sessions,
+                        query=query,
+                        listing=listing,
+                        agents=agents,
+                        subagents=service,
+                        clock=clock,
+                    )
                 except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc
                 finally:

@@ -19,16 +19,16 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
 import trio
-
 from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
 
 from .agent.loop import Agent
 from .app import Runtime, open_runtime
+from .delegation.listing import ChildRow
 from .demo import run_demo
 from .errors import (
     AgentError,
@@ -42,11 +42,10 @@ from .errors import (
     SubagentsError,
     UsageError,
 )
-from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .models.base import Model
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL, build_model, parse_model_spec
-from .delegation.listing import ChildRow
+from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
 
@@ -72,8 +71,7 @@ def _version() -> str:
         return "unknown"
 
 
-_STALL_HELP = (f"fail a scripted wait_for after this many seconds without progress "
-               f"(default: {DEFAULT_STALL_TIMEOUT:g})")
+_STALL_HELP = f"fail a scripted wait_for after this many seconds without progress (default: {DEFAULT_STALL_TIMEOUT:g})"
 
 
 def _stall_timeout(args: argparse.Namespace) -> float:
@@ -97,18 +95,26 @@ def build_parser() -> argparse.ArgumentParser:
     root = _Parser(add_help=False)
     root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (each takes --help)")
-    for name, what, shown in (("children", "children", "list a session's subagent children"),
-                              ("agents", "continuable children", "a session's continuable children as list_agents shows them")):
+    for name, what, shown in (
+        ("children", "children", "list a session's subagent children"),
+        ("agents", "continuable children", "a session's continuable children as list_agents shows them"),
+    ):
         listing = commands.add_parser(name, parents=[root], help=f"{shown} (read-only)")
         listing.add_argument("parent_id", metavar="PARENT_ID", help=f"the session whose {what} to list")
         listing.add_argument("--descendants", action="store_true", help="the whole tree below PARENT_ID")
         if name == "children":
             listing.add_argument("--json", action="store_true", help="the rows as JSON")
-    demo = commands.add_parser("demo", parents=[root], help="a keyless story: background children, a restart, a cold resume")
+    demo = commands.add_parser(
+        "demo", parents=[root], help="a keyless story: background children, a restart, a cold resume"
+    )
     demo.add_argument("--plain", action="store_true", help="print the plain log even on a terminal")
     scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")
-    scenario.add_argument("action", choices=("run", "check", "update"), metavar="ACTION",
-                          help="run: print the outputs; check: compare with the goldens; update: rewrite them")
+    scenario.add_argument(
+        "action",
+        choices=("run", "check", "update"),
+        metavar="ACTION",
+        help="run: print the outputs; check: compare with the goldens; update: rewrite them",
+    )
     scenario.add_argument("path", metavar="PATH", help="a scenario folder, or a folder of them")
     scenario.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
     sessions = commands.add_parser("sessions", parents=[root], help="every session in the store (read-only)")
@@ -121,8 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("prompt", metavar="PROMPT", help="the user message to send")
     run.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
-    run.add_argument("--model", default=DEFAULT_MODEL,
-                     help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})")
+    run.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})",
+    )
     run.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
     run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
     run.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
@@ -328,8 +337,18 @@ async def _sessions(args: argparse.Namespace) -> int:
     cells = []
     for row in rows:
         state = "live (another process)" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
-        cells.append([row["id"], iso_time(row["created"]), row["origin"] or "-", row["parent"] or "-",
-                      _text(row["depth"]), _text(row["events"]), state, row["damage"] or "-"])
+        cells.append(
+            [
+                row["id"],
+                iso_time(row["created"]),
+                row["origin"] or "-",
+                row["parent"] or "-",
+                _text(row["depth"]),
+                _text(row["events"]),
+                state,
+                row["damage"] or "-",
+            ]
+        )
     print("\n".join(_table(["ID", "CREATED", "ORIGIN", "PARENT", "DEPTH", "EVENTS", "STATE", "DAMAGE"], cells)))
     return 0
 
@@ -339,7 +358,7 @@ def iso_time(ms: int | None) -> str:
     if ms is None:
         return "-"
     try:
-        second = datetime.fromtimestamp(ms // 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+        second = datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
     except (OverflowError, OSError, ValueError):  # outside what a calendar date can say
         return str(ms)
     return f"{second}.{ms % 1000:03d}Z"
@@ -352,8 +371,10 @@ def _text(value: object) -> str:
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """Columns padded to their widest cell, two spaces apart, a header line first."""
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            for row in (header, *rows)]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    ]
 
 
 def _session_row(record: Any) -> dict[str, Any]:
@@ -503,8 +524,10 @@ def _command(args: argparse.Namespace) -> int:
             if args.session is not None:
                 _session_id_arg(args.session)
             try:
-                model = build_model(parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
-                                    stall_timeout=_stall_timeout(args))
+                model = build_model(
+                    parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
+                    stall_timeout=_stall_timeout(args),
+                )
             except ModelSpecError as exc:
                 raise UsageError(str(exc)) from None
             _raise_open_file_limit()

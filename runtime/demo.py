@@ -28,10 +28,10 @@ from trio_util import RepeatedEvent
 
 from .app import Runtime, open_runtime
 from .clock import ScenarioClock
+from .delegation.listing import ChildRow
 from .errors import CommandFailed
 from .ids import CountingIds
 from .models.base import Model, ModelRequest, SessionBinding
-from .delegation.listing import ChildRow
 from .models.script_format import load_script
 from .models.scripted_model import ScriptedModel
 
@@ -40,27 +40,51 @@ __all__ = ["DEMO_CHILDREN", "demo_script", "run_demo"]
 DEMO_START_MS = 1_789_000_000_000
 
 DEMO_CHILDREN = (
-    ("Survey the storage layer", "Read the storage layer and summarize its guarantees.", 300,
-     "Appends are fsynced before they are acknowledged; torn tails are cut, never guessed."),
-    ("Check the listing rules", "Check how children are listed after a restart.", 600,
-     "Cold children list as ready from their checkpoints; damaged ones become diagnostics."),
-    ("Draft release notes", "Draft two lines of release notes.", 900,
-     "trio-subagents: durable background subagents that survive restarts."),
+    (
+        "Survey the storage layer",
+        "Read the storage layer and summarize its guarantees.",
+        300,
+        "Appends are fsynced before they are acknowledged; torn tails are cut, never guessed.",
+    ),
+    (
+        "Check the listing rules",
+        "Check how children are listed after a restart.",
+        600,
+        "Cold children list as ready from their checkpoints; damaged ones become diagnostics.",
+    ),
+    (
+        "Draft release notes",
+        "Draft two lines of release notes.",
+        900,
+        "trio-subagents: durable background subagents that survive restarts.",
+    ),
 )
 _FIRST = DEMO_CHILDREN[0][0]
 
 
 def demo_script() -> dict[str, Any]:
     parent = [
-        {"tool_calls": [{"name": "subagent", "arguments": {"description": d, "prompt": p}} for d, p, _, _ in DEMO_CHILDREN]},
+        {
+            "tool_calls": [
+                {"name": "subagent", "arguments": {"description": d, "prompt": p}} for d, p, _, _ in DEMO_CHILDREN
+            ]
+        },
         {"wait_for": {"settled": DEMO_CHILDREN[0][0]}, "text": "Three subagents are working; I will wait for them."},
         {"wait_for": {"settled": DEMO_CHILDREN[1][0]}, "text": "One is done."},
         {"wait_for": {"settled": DEMO_CHILDREN[2][0]}, "tool_calls": [{"name": "list_agents", "arguments": {}}]},
         {"text": "All three subagents finished: {{from_request:((?:\\S+ \\[\\w+\\] — .*\\n?){3})}}"},
         # After the restart:
-        {"tool_calls": [{"name": "send_message", "arguments": {
-            "agent_id": "{{from_request:(\\S+) \\[ready\\] — " + _FIRST + "}}",
-            "message": "One more detail: what happens to a torn zstd frame?"}}]},
+        {
+            "tool_calls": [
+                {
+                    "name": "send_message",
+                    "arguments": {
+                        "agent_id": "{{from_request:(\\S+) \\[ready\\] — " + _FIRST + "}}",
+                        "message": "One more detail: what happens to a torn zstd frame?",
+                    },
+                }
+            ]
+        },
         {"wait_for": {"settled": _FIRST}, "text": "Asked the storage surveyor again."},
         {"text": "The surveyor answered: {{from_request:Its closing message:\\n(.*)}}"},
     ]
@@ -227,8 +251,7 @@ def _frozen() -> ScenarioClock:
     return ScenarioClock(start=DEMO_START_MS, step_ms=0)
 
 
-async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = None,
-                   delay_scale: float = 1.0) -> int:
+async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = None, delay_scale: float = 1.0) -> int:
     out = out or sys.stdout
     live = out.isatty() if live is None else live
     # One instance: script positions carry on across the restart.

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import attrs
 import trio
-
 from subagents.actors import (
     Abort,
     ActorStopped,
@@ -41,20 +40,22 @@ from subagents.actors import (
 )
 from subagents.storage import (
     CorruptLog,
-    HeaderClaim,
     Event,
+    HeaderClaim,
     InvalidSessionId,
     LogInfo,
     LogStore,
+    ProjectionBroken,
+    ProjectionRegistry,
     Revision,
     SessionHeader,
     SessionId,
     SessionNotFound,
     StorageError,
+    StoredCheckpoint,
     UnsupportedLog,
     check_session_id,
 )
-from subagents.storage import ProjectionBroken, ProjectionRegistry, StoredCheckpoint
 
 from .errors import (
     QueryAborted,
@@ -67,6 +68,7 @@ from .errors import (
 )
 
 __all__ = ["Observation", "SessionQuery", "SessionQueryError", "SessionRecord"]
+
 
 @attrs.frozen(kw_only=True)
 class SessionRecord:
@@ -111,7 +113,17 @@ class _Prepared:
     closers: int = 0  # how many of `events` are in-memory closers
 
 
-_WITNESSED = ("format", "id", "created_at", "cwd", "parent_session", "is_seeded", "delegation_depth", "origin", "agent_preset")
+_WITNESSED = (
+    "format",
+    "id",
+    "created_at",
+    "cwd",
+    "parent_session",
+    "is_seeded",
+    "delegation_depth",
+    "origin",
+    "agent_preset",
+)
 
 
 def headers_differ(a: SessionHeader, b: SessionHeader) -> bool:
@@ -135,8 +147,8 @@ class SessionQuery:
         `index_limiter` when not given)."""
         self.sessions = sessions
         self.registry = registry
-        self.reader = reader if reader is not None else StoreReader(
-            log_store, cold=cold_reader, index_limiter=index_limiter
+        self.reader = (
+            reader if reader is not None else StoreReader(log_store, cold=cold_reader, index_limiter=index_limiter)
         )
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Prepared] = OrderedDict()
@@ -272,7 +284,11 @@ class SessionQuery:
             # Its writer is alive in another process: the open turn is not interrupted.
             events = events[: len(events) - prepared.closers]
         return Observation(
-            "prepared", prepared.header, prepared.inherited_event_count, events, dict(prepared.projections),
+            "prepared",
+            prepared.header,
+            prepared.inherited_event_count,
+            events,
+            dict(prepared.projections),
             held=held,
         )
 
@@ -317,8 +333,13 @@ class SessionQuery:
         except (ProjectionBroken, KeyError) as exc:
             raise QueryCorruptSession(f"failed to project session {sid!r}: {exc}") from exc
         prepared = _Prepared(
-            info.revision, read.header, read.inherited_event_count, read.events, projections,
-            _footprint(read.events) if self.cache_bytes > 0 else 0, read.closers,
+            info.revision,
+            read.header,
+            read.inherited_event_count,
+            read.events,
+            projections,
+            _footprint(read.events) if self.cache_bytes > 0 else 0,
+            read.closers,
         )
         self._remember(sid, prepared)
         return prepared, held

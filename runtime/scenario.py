@@ -33,7 +33,6 @@ from typing import Any
 import attrs
 import trio
 import zstandard
-
 from subagents.storage import FileLogStore, encode_session_id
 
 from .agent.loop import AgentConfig
@@ -115,7 +114,7 @@ def _validate(spec: Any, directory: Path) -> None:
         if "descendants" in step and not isinstance(step["descendants"], bool):
             raise ScenarioError(f"{where}: {path}.descendants must be true or false")
     if spec.get("compression", "none") not in ("none", "zstd"):
-        raise ScenarioError(f"{where}: $.compression must be \"none\" or \"zstd\"")
+        raise ScenarioError(f'{where}: $.compression must be "none" or "zstd"')
     for key in ("max_depth", "max_active_subagents"):
         value = spec.get(key, 1)
         if type(value) is not int or value < 0:
@@ -168,8 +167,12 @@ async def _prompt(runtime: Runtime, step: Json) -> Json:
         agent.tools.replace(_CancelOn(tool))
     await agent.send(step["text"])
     result = await runtime.subagents.wait_tree_idle(agent)
-    return {"op": "prompt", "session": sid, "output": result.text if result else None,
-            "reason": result.reason if result else None}
+    return {
+        "op": "prompt",
+        "session": sid,
+        "output": result.text if result else None,
+        "reason": result.reason if result else None,
+    }
 
 
 async def _listing(runtime: Runtime, step: Json) -> Json:
@@ -197,8 +200,12 @@ async def run_scenario(
     clock = ScenarioClock()
     ids = CountingIds(spec.get("id_prefix", "session"))
     options: Json = dict(
-        model=model, clock=clock, id_factory=ids, compression=spec.get("compression", "none"),
-        max_depth=spec.get("max_depth", 1), max_active_subagents=spec.get("max_active_subagents", 8),
+        model=model,
+        clock=clock,
+        id_factory=ids,
+        compression=spec.get("compression", "none"),
+        max_depth=spec.get("max_depth", 1),
+        max_active_subagents=spec.get("max_active_subagents", 8),
         agent_config=AgentConfig(system_prompt=spec.get("system_prompt")),
     )
     outputs: list[Json] = []
@@ -217,7 +224,9 @@ async def run_scenario(
 
 
 def _normalized_logs(root: Path) -> dict[str, str]:
-    return {info.id: normalize_log(_plain_text(root, info.id)) for info in FileLogStore(str(root), use_index=False).list()}
+    return {
+        info.id: normalize_log(_plain_text(root, info.id)) for info in FileLogStore(str(root), use_index=False).list()
+    }
 
 
 def _plain_text(root: Path, session_id: str) -> str:
@@ -306,6 +315,7 @@ async def check_scenario(
 
 def _compare(problems: list[str], name: str, golden: str, actual: str) -> None:
     if golden != actual:
-        diff = difflib.unified_diff(golden.splitlines(), actual.splitlines(), f"{name} (golden)", f"{name} (this run)", lineterm="", n=2)
+        diff = difflib.unified_diff(
+            golden.splitlines(), actual.splitlines(), f"{name} (golden)", f"{name} (this run)", lineterm="", n=2
+        )
         problems.append("\n".join(diff))
-

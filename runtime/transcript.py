@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
-
 from subagents.storage import Event, decode_payload
 
 __all__ = ["render", "transcript"]
@@ -82,10 +81,22 @@ def transcript(
     return out
 
 
-_SHOWN = frozenset({
-    "turn/start", "turn/end", "system/message", "user/message", "assistant/message", "tool/call", "tool/result",
-    "subagent/descriptor", "subagent/catalog", "subagent/settled", "compaction/summary", "compaction/end",
-})
+_SHOWN = frozenset(
+    {
+        "turn/start",
+        "turn/end",
+        "system/message",
+        "user/message",
+        "assistant/message",
+        "tool/call",
+        "tool/result",
+        "subagent/descriptor",
+        "subagent/catalog",
+        "subagent/settled",
+        "compaction/summary",
+        "compaction/end",
+    }
+)
 
 
 def render(entries: Sequence[Json]) -> list[str]:
@@ -129,7 +140,9 @@ def render(entries: Sequence[Json]) -> list[str]:
             d = e["data"]
             label = f" — {d['label']}" if isinstance(d, dict) and "label" in d else ""
             mode = d.get("mode", "?") if isinstance(d, dict) else "?"
-            lines.append(f"  ⋯ {mode} subagent of provider {d.get('provider', '?') if isinstance(d, dict) else '?'}{label}")
+            lines.append(
+                f"  ⋯ {mode} subagent of provider {d.get('provider', '?') if isinstance(d, dict) else '?'}{label}"
+            )
         elif kind == "compaction/summary":
             lines.append(f"  ⋯ compacted: {_indent(e['data']['text'])}")
     return lines

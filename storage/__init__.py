@@ -7,9 +7,6 @@ checks it). The test doubles (`CrashFs`, `MemoryLogStore`, `FaultyLogStore`) are
 (`file_store._LOG_NAMES`) are private to storage and its tests.
 """
 
-from .closers import TOOL_NOT_STARTED_TEXT as TOOL_NOT_STARTED_TEXT
-from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
-from .closers import interrupted_closers as interrupted_closers
 from ._codec import UNSET as UNSET
 from ._codec import Event as Event
 from ._codec import ReplaceOp as ReplaceOp
@@ -17,6 +14,9 @@ from ._codec import SurfaceOp as SurfaceOp
 from ._codec import check_lossless as check_lossless
 from ._codec import decode_payload as decode_payload
 from ._codec import make_event as make_event
+from .closers import TOOL_NOT_STARTED_TEXT as TOOL_NOT_STARTED_TEXT
+from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
+from .closers import interrupted_closers as interrupted_closers
 from .errors import AlreadyOwned as AlreadyOwned
 from .errors import CorruptLog as CorruptLog
 from .errors import HandleClosed as HandleClosed
@@ -54,8 +54,8 @@ from .projection import Lifecycle as Lifecycle
 from .projection import ProjectionCells as ProjectionCells
 from .projection import ProjectionRegistry as ProjectionRegistry
 from .projection import ProjectionUnit as ProjectionUnit
-from .values import HeaderClaim as HeaderClaim
 from .values import AbortPoll as AbortPoll
+from .values import HeaderClaim as HeaderClaim
 from .values import LogInfo as LogInfo
 from .values import Offset as Offset
 from .values import Revision as Revision

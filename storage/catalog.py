@@ -24,11 +24,11 @@ from typing import Literal
 
 import attrs
 
+from ._records import HeaderError, HeaderRecord
 from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
 from .forms import FORMS, LogForm
-from .fs import File, Fs, FolderScan, NotRegularFile
+from .fs import File, FolderScan, Fs, NotRegularFile
 from .index import IndexRow, SessionIndex
-from ._records import HeaderError, HeaderRecord
 from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
 from .watch import Watch
 
@@ -242,9 +242,7 @@ class Catalog:
         forget = []
         for row in changed:
             old = rows.get(row.id)
-            if old is not None and (
-                old.revision.inode != row.revision.inode or old.info.header != row.info.header
-            ):
+            if old is not None and (old.revision.inode != row.revision.inode or old.info.header != row.info.header):
                 forget.append(row.id)  # another lifecycle: its checkpoints are not ours
             rows[row.id] = row
         for sid in gone:
@@ -353,9 +351,7 @@ def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) 
     )
 
 
-def _scan_growth(
-    sid: SessionId, form: LogForm, row: IndexRow, revision: Revision, tail: bytes
-) -> IndexRow | None:
+def _scan_growth(sid: SessionId, form: LogForm, row: IndexRow, revision: Revision, tail: bytes) -> IndexRow | None:
     """The row after scanning only what was appended since `row`, or None to rescan whole."""
     try:
         scan = form.scan_tail(sid, tail, first_seq=row.scan_events)

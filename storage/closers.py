@@ -40,8 +40,7 @@ TOOL_OUTCOME_UNKNOWN_TEXT = (
     "state or ask the user. Do not retry blindly."
 )
 TOOL_NOT_STARTED_TEXT = (
-    "The tool call was interrupted before the Harness recorded it as started. "
-    "Retry it if it is still needed."
+    "The tool call was interrupted before the Harness recorded it as started. Retry it if it is still needed."
 )
 
 
@@ -139,7 +138,5 @@ def interrupted_closers(events: Sequence[Event], *, session_id: str = "") -> lis
     if open_step is not None:
         closers.append(make_event(seq, "step/end", time, {"turn": open_turn, "step": open_step}))
         seq += 1
-    closers.append(
-        make_event(seq, "turn/end", time, {"turn": open_turn, "reason": {"kind": "interrupted"}})
-    )
+    closers.append(make_event(seq, "turn/end", time, {"turn": open_turn, "reason": {"kind": "interrupted"}}))
     return closers

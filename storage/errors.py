@@ -143,9 +143,7 @@ class SequenceConflict(StorageError):
     code = "STORAGE_SEQUENCE_CONFLICT"
 
     def __init__(self, session_id: str, *, expected: int, actual: int) -> None:
-        super().__init__(
-            f"session {session_id!r}: append expected next seq {expected}, but the log is at {actual}"
-        )
+        super().__init__(f"session {session_id!r}: append expected next seq {expected}, but the log is at {actual}")
         self.session_id = session_id
         self.expected = expected
         self.actual = actual

@@ -14,7 +14,7 @@ listing-level fact (the identity unit resets to null), not a damaged log.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -79,7 +79,7 @@ class ToolResultBlock(_Strict, tag_field="type", tag="tool-result"):
     is_error: bool
 
 
-Block = Union[TextBlock, ToolCallBlock, ToolResultBlock]
+Block = TextBlock | ToolCallBlock | ToolResultBlock
 
 # --- message sources --------------------------------------------------------------------------
 
@@ -108,9 +108,7 @@ class CompactionSource(_Strict, tag_field="kind", tag="compaction"):
     pass
 
 
-Source = Union[
-    UserSource, ModelSource, ToolSource, SubagentSettledSource, AgentMessageSource, CompactionSource
-]
+Source = UserSource | ModelSource | ToolSource | SubagentSettledSource | AgentMessageSource | CompactionSource
 
 
 class Message(_Strict):

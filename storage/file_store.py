@@ -24,7 +24,8 @@ from typing import NoReturn
 import attrs
 
 from ._codec import Event, encode_events
-from .events import KNOWN_TYPES
+from ._records import HeaderError, HeaderRecord, encode_header_line
+from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
 from .errors import (
     AlreadyOwned,
     CorruptLog,
@@ -41,14 +42,13 @@ from .errors import (
     UnsafePath,
     UnsupportedLog,
 )
-from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
+from .events import KNOWN_TYPES
 from .forms import FORMS, Compression, LogForm, ParsedLog
 from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
-from ._records import HeaderError, HeaderRecord, encode_header_line
 from .values import (
     FORMAT_VERSION,
     AbortPoll,
@@ -143,17 +143,12 @@ class FileLogStore:
         sid = check_session_id(header.id)
         if type(inherited_event_count) is not int or inherited_event_count < 0:
             raise InvalidHeader(
-                f"session {sid!r}: inherited_event_count must be a non-negative int, "
-                f"got {inherited_event_count!r}"
+                f"session {sid!r}: inherited_event_count must be a non-negative int, got {inherited_event_count!r}"
             )
         if header.format != FORMAT_VERSION or type(header.format) is not int:
-            raise InvalidHeader(
-                f"session {sid!r}: this build writes format {FORMAT_VERSION}, not {header.format!r}"
-            )
+            raise InvalidHeader(f"session {sid!r}: this build writes format {FORMAT_VERSION}, not {header.format!r}")
         if header.is_seeded != (inherited_event_count > 0):
-            raise InvalidHeader(
-                f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0"
-            )
+            raise InvalidHeader(f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0")
         folder = self._folder(sid)
         with _mapped(sid, "create"):
             self.fs.make_root()
@@ -312,9 +307,7 @@ class FileLogStore:
         folder = self._folder(sid)
         temp = f"{folder}/{PUBLISH_TEMP}"
         head = state.form.head_bytes(
-            encode_header_line(
-                HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
-            )
+            encode_header_line(HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count))
         )
         data = head + state.form.append_bytes(payload)
         state.head_len = len(head)
@@ -607,8 +600,7 @@ def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[
     if k:
         if not handle.published and nxt <= k:
             raise InvalidEvent(
-                f"session {sid!r}: a seeded log is published with its whole seed and the "
-                f"end-seed marker at seq {k}"
+                f"session {sid!r}: a seeded log is published with its whole seed and the end-seed marker at seq {k}"
             )
         if first <= k < nxt and not is_seed_marker(events[k - first]):
             raise InvalidEvent(f"session {sid!r}: seq {k} must be the tagged session/end-seed marker")
@@ -622,13 +614,9 @@ def _refuse_events(sid: SessionId, first: int, events: Sequence[Event]) -> NoRet
         if type(event) is not Event:
             raise InvalidEvent(f"session {sid!r}: batches hold Event values, got {type(event).__name__}")
         if event.type not in KNOWN_TYPES and event.ignorable is not True:
-            raise InvalidEvent(
-                f"session {sid!r}: event type {event.type!r} is not in the vocabulary and not ignorable"
-            )
+            raise InvalidEvent(f"session {sid!r}: event type {event.type!r} is not in the vocabulary and not ignorable")
         if event.seq != first + i:
-            raise InvalidEvent(
-                f"session {sid!r}: a batch holds seq {event.seq} where seq {first + i} belongs"
-            )
+            raise InvalidEvent(f"session {sid!r}: a batch holds seq {event.seq} where seq {first + i} belongs")
     raise AssertionError("no event to refuse")
 
 
@@ -656,4 +644,3 @@ def _mapped(sid: SessionId, op: str) -> Iterator[None]:
         raise SessionNotFound(sid) from None
     except OSError as exc:
         raise _persistence(sid, op, exc) from exc
-

@@ -14,9 +14,9 @@ from typing import Literal
 import attrs
 
 from ._codec import Event
+from ._records import HeaderError, HeaderRecord
 from .errors import CorruptLog
 from .framing import PlainLayout, check_seed_marker, decode_event_lines, parse_header_line, plain_layout, read_header
-from ._records import HeaderError, HeaderRecord
 from .values import AbortPoll, SessionId
 from .zstd_framing import (
     FrameDamage,
@@ -247,9 +247,7 @@ def _decode_frames(
         starts.append(starts[-1] + len(layout.contents[index]))
     body = b"".join(layout.contents[first:]) + layout.recovered
     try:
-        return decode_event_lines(
-            sid, body, 0, len(body), first_seq=first_seq, poll=poll, payloads=payloads
-        )
+        return decode_event_lines(sid, body, 0, len(body), first_seq=first_seq, poll=poll, payloads=payloads)
     except CorruptLog as exc:
         # Offsets inside decompressed content mean nothing to a reader of the file: name the
         # frame that holds the damaged line instead (keeping the error's type: InvalidPayload).

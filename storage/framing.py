@@ -27,8 +27,8 @@ import attrs
 import msgspec
 
 from ._codec import DECODE_ERRORS, PAYLOAD_DECODERS, Event, check_payload, decode_event, decode_events
-from .errors import CorruptLog, UnsupportedEvent
 from ._records import HeaderError, HeaderRecord, decode_header_line
+from .errors import CorruptLog, UnsupportedEvent
 from .values import AbortPoll
 
 __all__ = [
@@ -160,13 +160,9 @@ def _locate_damage(session_id: str, raw: bytes, pos: int, stop: int, expected: i
             event = decode_event(line)
         except DECODE_ERRORS as exc:
             what = "an empty line" if not line.strip() else f"an invalid record ({str(exc) or type(exc).__name__})"
-            raise CorruptLog(
-                session_id, f"expected seq {expected}, found {what}", seq=expected, offset=pos
-            ) from None
+            raise CorruptLog(session_id, f"expected seq {expected}, found {what}", seq=expected, offset=pos) from None
         if event.seq != expected:
-            raise CorruptLog(
-                session_id, f"expected seq {expected}, found seq {event.seq}", seq=expected, offset=pos
-            )
+            raise CorruptLog(session_id, f"expected seq {expected}, found seq {event.seq}", seq=expected, offset=pos)
         if event.type not in PAYLOAD_DECODERS and event.ignorable is not True:
             _refuse_unknown(session_id, event)
         if payloads:
@@ -193,9 +189,7 @@ def check_seed_marker(session_id: str, events: list[Event], inherited_event_coun
     if k == 0:
         return
     if len(events) <= k:
-        raise CorruptLog(
-            session_id, f"seeded log ends before its end-seed marker at seq {k}", seq=min(k, len(events))
-        )
+        raise CorruptLog(session_id, f"seeded log ends before its end-seed marker at seq {k}", seq=min(k, len(events)))
     if not is_seed_marker(events[k]):
         raise CorruptLog(session_id, f"seq {k} must be the tagged session/end-seed marker", seq=k)
 

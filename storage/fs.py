@@ -38,6 +38,7 @@ class FolderScan(NamedTuple):
 class NotRegularFile(OSError):
     """A path that should be a regular file is a FIFO, a device, a socket or a folder."""
 
+
 OpenMode = Literal["read", "append", "create", "lock"]
 PathKind = Literal["file", "dir", "other"]
 

@@ -29,7 +29,6 @@ import stat as stat_mod
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-
 from typing import Any
 
 import attrs
@@ -210,7 +209,11 @@ def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
         raise ValueError(f"unknown damage {damage!r}")
     if type(row[0]) is not str or row[1] not in ("none", "zstd") or row[5] not in (0, 1):
         raise ValueError("not a row this build wrote")
-    if any(type(row[i]) is not int or row[i] < 0 for i in _COUNTS) or type(row[19]) is not bytes or type(row[20]) is not bytes:
+    if (
+        any(type(row[i]) is not int or row[i] < 0 for i in _COUNTS)
+        or type(row[19]) is not bytes
+        or type(row[20]) is not bytes
+    ):
         raise ValueError("not a row this build wrote")
     if row[5]:
         if any(type(row[i]) is not int or row[i] < 0 for i in (6, 7, 9)) or row[8] not in (0, 1):
@@ -362,9 +365,7 @@ class SessionIndex:
         try:
             # Re-read under the write lock: another process may have just rebuilt it.
             if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                for (name,) in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type='table'"
-                ).fetchall():
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
                     conn.execute(f'DROP TABLE "{name}"')
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
@@ -404,6 +405,7 @@ class SessionIndex:
         forget = set(forget_checkpoints) | set(deleted)
         if not changed and not deleted and not forget:
             return
+
         def write(conn: sqlite3.Connection) -> None:
             conn.executemany(
                 f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 23)})",
@@ -458,6 +460,7 @@ class SessionIndex:
         except (TypeError, ValueError, OverflowError) as exc:
             self._warn("session %r: checkpoint not JSON (%s); not written", session_id, exc)
             return False
+
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
             conn.executemany(
@@ -510,9 +513,15 @@ class SessionIndex:
             try:
                 if (
                     crc != _crc((sid, key, ver, seq, val, offset, life))
-                    or sid not in out or type(key) is not str or type(ver) is not int or type(seq) is not int
-                    or type(offset) is not int or seq < 0 or offset < 0
-                    or type(val) not in (bytes, str) or type(life) not in (bytes, str)
+                    or sid not in out
+                    or type(key) is not str
+                    or type(ver) is not int
+                    or type(seq) is not int
+                    or type(offset) is not int
+                    or seq < 0
+                    or offset < 0
+                    or type(val) not in (bytes, str)
+                    or type(life) not in (bytes, str)
                 ):
                     continue  # garbled, or not a row this build wrote: ignored
                 # A session's rows share one lifecycle, and it does not change between
@@ -535,7 +544,11 @@ class SessionIndex:
 
 
 _LIFECYCLE_TYPES = {
-    "format": (int,), "created_at": (int,), "cwd": (str, type(None)), "is_seeded": (bool,), "inherited_event_count": (int,),
+    "format": (int,),
+    "created_at": (int,),
+    "cwd": (str, type(None)),
+    "is_seeded": (bool,),
+    "inherited_event_count": (int,),
 }
 
 

@@ -56,9 +56,7 @@ def check_session_id(value: object) -> SessionId:
     except UnicodeEncodeError:
         raise InvalidSessionId(f"session id {value!r} is not valid UTF-8 (lone surrogate)") from None
     if size > MAX_ID_BYTES:
-        raise InvalidSessionId(
-            f"session id {value[:20]!r}… is {size} UTF-8 bytes; at most {MAX_ID_BYTES} are allowed"
-        )
+        raise InvalidSessionId(f"session id {value[:20]!r}… is {size} UTF-8 bytes; at most {MAX_ID_BYTES} are allowed")
     for ch in value:
         if unicodedata.category(ch) == "Cc":
             raise InvalidSessionId(f"session id {value!r} contains control character {ch!r}")
@@ -216,9 +214,7 @@ class LogInfo:
     claimed: HeaderClaim | None = None
 
     @classmethod
-    def healthy(
-        cls, id: SessionId, header: SessionHeader, k: int, revision: Revision, event_count: int
-    ) -> LogInfo:
+    def healthy(cls, id: SessionId, header: SessionHeader, k: int, revision: Revision, event_count: int) -> LogInfo:
         """A log read whole without damage: its header, `k` inherited events and `event_count`."""
         k, count = Offset(k), Offset(event_count)
         return cls(id=id, header=header, damage=None, inherited_event_count=k, revision=revision, event_count=count)

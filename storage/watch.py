@@ -60,17 +60,19 @@ _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; t
 _READ_SIZE = 1 << 16
 
 # statfs f_type values of local file systems, where every change made on this host is reported.
-LOCAL_FILE_SYSTEMS = frozenset({
-    0xEF53,  # ext2/3/4
-    0x58465342,  # xfs
-    0x9123683E,  # btrfs
-    0x01021994,  # tmpfs
-    0x858458F6,  # ramfs
-    0x794C7630,  # overlayfs
-    0xF2F52010,  # f2fs
-    0x2FC12FC1,  # zfs
-    0xCA451A4E,  # bcachefs
-})
+LOCAL_FILE_SYSTEMS = frozenset(
+    {
+        0xEF53,  # ext2/3/4
+        0x58465342,  # xfs
+        0x9123683E,  # btrfs
+        0x01021994,  # tmpfs
+        0x858458F6,  # ramfs
+        0x794C7630,  # overlayfs
+        0xF2F52010,  # f2fs
+        0x2FC12FC1,  # zfs
+        0xCA451A4E,  # bcachefs
+    }
+)
 
 AddWatch = Callable[[int, bytes, int], int]  # inotify_add_watch: a wd, or -1 with errno set
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-
 from subagents.storage import FileLogStore, LogStore
 from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 

@@ -12,15 +12,14 @@ import re
 from pathlib import Path
 
 import pytest
-
 import subagents.actors
 import subagents.runtime
 import subagents.storage
 from subagents.actors import errors as actor_errors
 from subagents.runtime import errors as runtime_errors
-from subagents.runtime.agent.tools import ToolContext, ToolSet, FunctionTool
-from subagents.storage import errors as storage_errors
+from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolSet
 from subagents.storage import SubagentsError
+from subagents.storage import errors as storage_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("storage", "actors", "runtime")
@@ -73,8 +72,11 @@ def test_every_class_has_its_own_fixed_prefixed_code_and_lives_in_an_errors_modu
 @pytest.mark.parametrize("module", [storage_errors, actor_errors, runtime_errors], ids=lambda m: m.__name__)
 def test_each_errors_module_writes_its_branch_out_once(module: object) -> None:
     written = dict(re.findall(r"^\s*(?:[│├└─ ]*)\b([A-Z]\w+)\s+([A-Z][A-Z_]+[A-Z])\b", module.__doc__ or "", re.M))
-    classes = {name: cls for name, cls in vars(module).items()
-               if isinstance(cls, type) and issubclass(cls, SubagentsError) and cls.__module__ == module.__name__}
+    classes = {
+        name: cls
+        for name, cls in vars(module).items()
+        if isinstance(cls, type) and issubclass(cls, SubagentsError) and cls.__module__ == module.__name__
+    }
     assert classes
     for name, cls in classes.items():
         assert written.get(name) == cls.code, f"{name} ({cls.code}) is not in the tree of {module.__name__}"
@@ -86,7 +88,9 @@ def _violations(source: str) -> list[str]:
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(isinstance(s, ast.Attribute) and s.attr == "code" for s in sides) and any(
-                isinstance(s, ast.Constant) and isinstance(s.value, str) or isinstance(s, (ast.Name, ast.Tuple, ast.Set))
+                isinstance(s, ast.Constant)
+                and isinstance(s.value, str)
+                or isinstance(s, (ast.Name, ast.Tuple, ast.Set))
                 for s in sides
             ):
                 found.append(f"line {node.lineno}: a code compared")
@@ -107,12 +111,15 @@ def test_no_layer_matches_a_code_or_sniffs_a_module() -> None:
     assert problems == []
 
 
-@pytest.mark.parametrize("snippet", [
-    'if exc.code == "SESSION_QUERY_ABORTED":\n    pass\n',
-    "if exc.code != NOT_FOUND:\n    pass\n",
-    "ours = type(exc).__module__.startswith('subagents.')\n",
-    "reason = REASONS.get(exc.code)\n",
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        'if exc.code == "SESSION_QUERY_ABORTED":\n    pass\n',
+        "if exc.code != NOT_FOUND:\n    pass\n",
+        "ours = type(exc).__module__.startswith('subagents.')\n",
+        "reason = REASONS.get(exc.code)\n",
+    ],
+)
 def test_the_scan_finds_each_kind_of_match(snippet: str) -> None:
     assert _violations(snippet)
 
@@ -129,17 +136,20 @@ class _Raises:
         raise self.exc
 
 
-@pytest.mark.parametrize(("exc", "record"), [
-    (runtime_errors.NotResumable('subagent "x" is unavailable'), ("SubagentError", "NOT_RESUMABLE")),
-    (runtime_errors.SubagentCancelled("cancelled"), ("SubagentError", "CANCELLED")),
-    (runtime_errors.QueryPersistenceFailed("disk gone"), ("SessionQueryError", "SESSION_QUERY_PERSISTENCE_FAILED")),
-    (runtime_errors.NoModel("no model"), ("AgentError", "NO_MODEL")),
-    (runtime_errors.OptionsNotReapplied("no route"), ("AgentError", "NOT_RESUMABLE")),
-    (storage_errors.CorruptLog("s", "torn", seq=3), ("CorruptLog", "STORAGE_CORRUPT_LOG")),
-    (runtime_errors.ToolFailure("nope", code="MY_CODE", name="MyError"), ("MyError", "MY_CODE")),
-    (runtime_errors.ToolFailure("nope", code="MY_CODE"), ("ToolFailure", "MY_CODE")),
-    (OSError("a tool's own IO error"), ("OSError", "TOOL_FAILED")),
-])
+@pytest.mark.parametrize(
+    ("exc", "record"),
+    [
+        (runtime_errors.NotResumable('subagent "x" is unavailable'), ("SubagentError", "NOT_RESUMABLE")),
+        (runtime_errors.SubagentCancelled("cancelled"), ("SubagentError", "CANCELLED")),
+        (runtime_errors.QueryPersistenceFailed("disk gone"), ("SessionQueryError", "SESSION_QUERY_PERSISTENCE_FAILED")),
+        (runtime_errors.NoModel("no model"), ("AgentError", "NO_MODEL")),
+        (runtime_errors.OptionsNotReapplied("no route"), ("AgentError", "NOT_RESUMABLE")),
+        (storage_errors.CorruptLog("s", "torn", seq=3), ("CorruptLog", "STORAGE_CORRUPT_LOG")),
+        (runtime_errors.ToolFailure("nope", code="MY_CODE", name="MyError"), ("MyError", "MY_CODE")),
+        (runtime_errors.ToolFailure("nope", code="MY_CODE"), ("ToolFailure", "MY_CODE")),
+        (OSError("a tool's own IO error"), ("OSError", "TOOL_FAILED")),
+    ],
+)
 async def test_a_failed_tool_records_the_pinned_name_and_code(exc: Exception, record: tuple[str, str]) -> None:
     from subagents.actors import Abort
 
@@ -152,8 +162,16 @@ async def test_a_failed_tool_records_the_pinned_name_and_code(exc: Exception, re
 
 
 def test_the_runtime_face_offers_the_branch_bases() -> None:
-    for name in ("SubagentsError", "SubagentError", "AgentError", "AgentStopped", "SessionQueryError",
-                 "ModelError", "ScriptError", "ToolFailure"):
+    for name in (
+        "SubagentsError",
+        "SubagentError",
+        "AgentError",
+        "AgentStopped",
+        "SessionQueryError",
+        "ModelError",
+        "ScriptError",
+        "ToolFailure",
+    ):
         assert getattr(subagents.runtime, name) is getattr(runtime_errors, name)
     assert subagents.storage.SubagentsError is SubagentsError
     assert issubclass(runtime_errors.AgentError, runtime_errors.SubagentError)  # one hierarchy

@@ -66,7 +66,9 @@ def test_embedding_example_imports_only_the_runtime_face() -> None:
     """The embedder's imports come from `subagents.runtime` itself, never from its modules."""
     imports = [line for line in _embedding_example().splitlines() if line.startswith(("import ", "from "))]
     ours = [line for line in imports if "subagents" in line]
-    assert ours == ["from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime"]
+    assert ours == [
+        "from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime"
+    ]
 
 
 def test_modules_are_named_for_what_they_hold() -> None:
@@ -76,6 +78,9 @@ def test_modules_are_named_for_what_they_hold() -> None:
 
     for gone in ("subagents.runtime.subagents", "subagents.runtime.models.script", "subagents.runtime.models.scripted"):
         assert importlib.util.find_spec(gone) is None, gone
-    for name in ("subagents.runtime.delegation.service", "subagents.runtime.models.script_format",
-                 "subagents.runtime.models.scripted_model"):
+    for name in (
+        "subagents.runtime.delegation.service",
+        "subagents.runtime.models.script_format",
+        "subagents.runtime.models.scripted_model",
+    ):
         assert importlib.util.find_spec(name) is not None, name

@@ -17,9 +17,8 @@ from typing import Any, Literal
 
 import attrs
 import trio
-from trio_util import RepeatedEvent, wait_any
-
 from subagents.actors import Abort
+from trio_util import RepeatedEvent, wait_any
 
 __all__ = ["Delivery", "DeliveryCancelled", "Inbox", "Mode", "Trigger"]
 

@@ -28,14 +28,23 @@ from typing import Any, Literal
 
 import attrs
 import trio
-from trio_util import AsyncValue, move_on_when
-
 from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
+from trio_util import AsyncValue, move_on_when
 
 from ..clock import Clock
 from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
-from ..models.base import Finish, Model, ModelRequest, SessionBinding, SessionModel, TextDelta, ToolCallDelta, Usage, bind_model
+from ..models.base import (
+    Finish,
+    Model,
+    ModelRequest,
+    SessionBinding,
+    SessionModel,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    bind_model,
+)
 from .compaction import CompactionPolicy, plan_compaction
 from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message
@@ -151,10 +160,17 @@ class Agent:
         self._waits = _Waits(self, wait_settled)
         # The model this session streams from; `self.model` stays what was given (a child may
         # be given its parent's).
-        self._stream_model = bind_model(model, SessionBinding(
-            session_id=self.session_id, label=label, created_at=session.header.created_at, clock=clock,
-            waits=self._waits, assistant_count=lambda: self.assistant_count,
-        ))
+        self._stream_model = bind_model(
+            model,
+            SessionBinding(
+                session_id=self.session_id,
+                label=label,
+                created_at=session.header.created_at,
+                clock=clock,
+                waits=self._waits,
+                assistant_count=lambda: self.assistant_count,
+            ),
+        )
         self._closing_text: str | None = None
         self._scope = trio.CancelScope()
 
@@ -165,8 +181,14 @@ class Agent:
         phase = self._phase.value
         return "running" if phase in ("writing", "model") else phase
 
-    async def send(self, content: str | Sequence[Mapping[str, Any]], mode: Mode = "follow-up", *,
-                   abort: Abort | None = None, **fields: Any) -> None:
+    async def send(
+        self,
+        content: str | Sequence[Mapping[str, Any]],
+        mode: Mode = "follow-up",
+        *,
+        abort: Abort | None = None,
+        **fields: Any,
+    ) -> None:
         if self._phase.value == "stopped":
             raise AgentStopped(f"agent {self.session_id!r} has stopped")
         blocks = text_blocks(content) if isinstance(content, str) else [dict(b) for b in content]
@@ -340,8 +362,12 @@ class Agent:
         for d in deliveries:
             msg = message(self._next_message_id(), "user", d.content, d.source)
             seqs = list(d.source_event_seqs) if d.source_event_seqs else None
-            self._stage("user/message", {"turn": turn, "step": step, "message": msg},
-                        surface_op="append", source_event_seqs=seqs)
+            self._stage(
+                "user/message",
+                {"turn": turn, "step": step, "message": msg},
+                surface_op="append",
+                source_event_seqs=seqs,
+            )
 
     # --- the model ------------------------------------------------------------------------
 
@@ -362,7 +388,9 @@ class Agent:
                 scope.cancel()
             self._phase.value = "model"
             try:
-                async with aclosing(self._stream_model.stream(self._request("turn", self.surface.messages()))) as stream:
+                async with aclosing(
+                    self._stream_model.stream(self._request("turn", self.surface.messages()))
+                ) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)
@@ -403,11 +431,16 @@ class Agent:
             reply.calls = []
             finish = "aborted" if reply.interrupted else "error"
         else:
-            content += [{"type": "tool-call", "id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.calls]
+            content += [
+                {"type": "tool-call", "id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.calls
+            ]
             finish = "tool-calls" if reply.calls else (reply.finish or "stop")
-        data: Json = {"turn": turn, "step": step,
-                      "message": message(self._next_message_id(), "assistant", content, {"kind": "model"}),
-                      "finish": finish}
+        data: Json = {
+            "turn": turn,
+            "step": step,
+            "message": message(self._next_message_id(), "assistant", content, {"kind": "model"}),
+            "finish": finish,
+        }
         if reply.usage is not None:
             data["usage"] = reply.usage
         if reply.interrupted:
@@ -429,13 +462,23 @@ class Agent:
                 if abort.is_set():
                     break
                 for call in group:
-                    self._stage("tool/call", {"turn": turn, "step": step, "call_id": call.id,
-                                              "name": call.name, "arguments": call.arguments})
+                    self._stage(
+                        "tool/call",
+                        {
+                            "turn": turn,
+                            "step": step,
+                            "call_id": call.id,
+                            "name": call.name,
+                            "arguments": call.arguments,
+                        },
+                    )
                     call.dispatched = True
                 with trio.CancelScope(shield=True):
                     await self._flush()
                 for call in group:  # in model order: ids and times drawn here follow it
-                    call.prepared = await self.tools.prepare(call.name, call.arguments, self._ctx(turn, step, call, abort))
+                    call.prepared = await self.tools.prepare(
+                        call.name, call.arguments, self._ctx(turn, step, call, abort)
+                    )
                 async with trio.open_nursery() as pool:
                     for call in group:
                         # Slots are taken in model order, so a call that waits on an
@@ -456,10 +499,13 @@ class Agent:
             elif call.dispatched:
                 call.outcome = ToolOutcome.failure(CANCELLED_TEXT, name="ToolCancelledError", code="CANCELLED")
             else:
-                self._stage("tool/call", {"turn": turn, "step": step, "call_id": call.id,
-                                          "name": call.name, "arguments": call.arguments})
-                call.outcome = ToolOutcome.failure(NOT_DISPATCHED_TEXT, name="ToolAbortedError",
-                                                   code="ABORTED_BEFORE_DISPATCH")
+                self._stage(
+                    "tool/call",
+                    {"turn": turn, "step": step, "call_id": call.id, "name": call.name, "arguments": call.arguments},
+                )
+                call.outcome = ToolOutcome.failure(
+                    NOT_DISPATCHED_TEXT, name="ToolAbortedError", code="ABORTED_BEFORE_DISPATCH"
+                )
             await self._record_result(turn, step, call)
 
     async def _grace(self, abort: Abort) -> None:
@@ -481,9 +527,13 @@ class Agent:
     async def _record_result(self, turn: int, step: int, call: _Call) -> None:
         outcome = call.outcome
         assert outcome is not None
-        data: Json = {"turn": turn, "step": step,
-                      "message": tool_result_message(self._next_message_id(), call.id, outcome.content,
-                                                     is_error=outcome.is_error)}
+        data: Json = {
+            "turn": turn,
+            "step": step,
+            "message": tool_result_message(
+                self._next_message_id(), call.id, outcome.content, is_error=outcome.is_error
+            ),
+        }
         if outcome.error is not None:
             data["error"] = outcome.error
         self._stage("tool/result", data, surface_op="append")
@@ -506,12 +556,18 @@ class Agent:
             self._staged.pop()  # no summary, no compaction: the log shows none of it
             return
         self._stage("compaction/summary", {"text": summary})
-        replacement = message(self._next_message_id(), "user",
-                              text_blocks(f"<compacted-summary>{summary}</compacted-summary>"),
-                              {"kind": "compaction"})
-        self._stage("user/message", {"turn": turn, "step": step, "message": replacement},
-                    surface_op=ReplaceOp(op="replace", start_seq=plan.start_seq, end_seq=plan.end_seq),
-                    source_event_seqs=sorted(n.seq for n in plan.nodes))
+        replacement = message(
+            self._next_message_id(),
+            "user",
+            text_blocks(f"<compacted-summary>{summary}</compacted-summary>"),
+            {"kind": "compaction"},
+        )
+        self._stage(
+            "user/message",
+            {"turn": turn, "step": step, "message": replacement},
+            surface_op=ReplaceOp(op="replace", start_seq=plan.start_seq, end_seq=plan.end_seq),
+            source_event_seqs=sorted(n.seq for n in plan.nodes),
+        )
         self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
 
     async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:

@@ -16,7 +16,6 @@ from typing import Any
 
 import attrs
 import msgspec
-
 from subagents.storage import SURFACE_TYPES, UNSET, Event, ReplaceOp, decode_payload
 
 __all__ = [
@@ -102,7 +101,7 @@ class Surface:
         hi = next((i for i, n in enumerate(nodes) if n.seq == op.end_seq), None)
         if hi is None:
             hi = max((i for i, n in enumerate(nodes) if n.first_seq <= op.end_seq), default=lo - 1)
-        self.nodes = [*nodes[:lo], SurfaceNode(seq, type, msg, op.start_seq), *nodes[max(hi, lo - 1) + 1:]]
+        self.nodes = [*nodes[:lo], SurfaceNode(seq, type, msg, op.start_seq), *nodes[max(hi, lo - 1) + 1 :]]
 
     def messages(self) -> list[Json]:
         return [n.message for n in self.nodes]

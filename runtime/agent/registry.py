@@ -18,11 +18,10 @@ from typing import Any, Protocol
 import attrs
 import msgspec
 import trio
-
 from subagents.actors import EventDraft, SessionRef, SessionStore, StoreReader
 from subagents.storage import (
-    Event,
     UNSET,
+    Event,
     Offset,
     PersistenceFailed,
     SessionHeader,
@@ -155,8 +154,14 @@ class AgentRegistry:
         sid = session_id if session_id is not None else await self.new_id()
         seeded = bool(inherited) or (fork is not None and fork[1] > 0)
         header = SessionHeader(
-            id=sid, created_at=created_at if created_at is not None else self.clock.now_ms(), is_seeded=seeded, delegation_depth=delegation_depth,
-            cwd=cwd, parent_session=parent_session, origin=origin, agent_preset=agent_preset,  # type: ignore[arg-type]  # validated by SessionHeader
+            id=sid,
+            created_at=created_at if created_at is not None else self.clock.now_ms(),
+            is_seeded=seeded,
+            delegation_depth=delegation_depth,
+            cwd=cwd,
+            parent_session=parent_session,
+            origin=origin,
+            agent_preset=agent_preset,  # type: ignore[arg-type]  # validated by SessionHeader
         )
         if fork is not None:
             source, prefix = fork
@@ -169,8 +174,15 @@ class AgentRegistry:
             events.extend(result.events)
         return await self._start(ref, events, label=label, model=model, config=config, tools=tools)
 
-    async def resume(self, session_id: str, *, label: str | None = None, model: Model | None = None,
-                     config: AgentConfig | None = None, tools: ToolSet | None = None) -> Agent:
+    async def resume(
+        self,
+        session_id: str,
+        *,
+        label: str | None = None,
+        model: Model | None = None,
+        config: AgentConfig | None = None,
+        tools: ToolSet | None = None,
+    ) -> Agent:
         """The live agent, or the session resumed from its log. Without an explicit `model`,
         `config` or `tools`, `resume_setup` (the subagent service's) gives what the log's own
         record asks for (a child's options), so every path that resumes a session agrees."""
@@ -199,8 +211,9 @@ class AgentRegistry:
                 for event in result.events:
                     if event.surface_op is not UNSET:
                         surface.apply(event, session_id=session_id)
-            agent = await self._start(ref, events, label=label, model=model, config=config, tools=tools,
-                                      surface=surface)
+            agent = await self._start(
+                ref, events, label=label, model=model, config=config, tools=tools, surface=surface
+            )
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.sessions.release(session_id)  # not resumed: its lock goes too
@@ -236,15 +249,32 @@ class AgentRegistry:
         newest = max((e.time for e in events), default=None)
         return Surface.from_events(events, session_id=session_id), newest
 
-    async def _start(self, ref: Any, events: list[Event], *, label: str | None, model: Model | None,
-                     config: AgentConfig | None, tools: ToolSet | None, surface: Surface | None = None) -> Agent:
+    async def _start(
+        self,
+        ref: Any,
+        events: list[Event],
+        *,
+        label: str | None,
+        model: Model | None,
+        config: AgentConfig | None,
+        tools: ToolSet | None,
+        surface: Surface | None = None,
+    ) -> Agent:
         chosen = model if model is not None else self.model
         if chosen is None:
             raise NoModel("no model is configured: pass open_runtime(model=...)")
         offered = self.hooks.offered_tools(ref.header, tools if tools is not None else self.tools())
-        agent = Agent(ref, model=chosen, tools=offered, clock=self.clock,
-                      config=config or self.config, events=events, label=label, wait_settled=self.hooks.wait_settled,
-                      surface=surface)
+        agent = Agent(
+            ref,
+            model=chosen,
+            tools=offered,
+            clock=self.clock,
+            config=config or self.config,
+            events=events,
+            label=label,
+            wait_settled=self.hooks.wait_settled,
+            surface=surface,
+        )
         await self._nursery.start(agent.run)
         self._agents[ref.session_id] = agent
         return agent

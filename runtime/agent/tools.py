@@ -17,9 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Se
 from typing import Any, Protocol
 
 import attrs
-
 from subagents.actors import Abort
-
 from subagents.storage import SubagentsError
 
 from ..errors import ToolFailure
@@ -150,14 +148,22 @@ class ToolSet:
     async def prepare(self, name: str, raw_arguments: str, ctx: ToolContext) -> PreparedCall:
         tool = self._tools.get(name)
         if tool is None:
-            return PreparedCall(None, {}, outcome=ToolOutcome.failure(
-                f'unknown tool "{name}"', name="ToolNotFoundError", code="UNKNOWN_TOOL"))
+            return PreparedCall(
+                None,
+                {},
+                outcome=ToolOutcome.failure(f'unknown tool "{name}"', name="ToolNotFoundError", code="UNKNOWN_TOOL"),
+            )
         try:
             args = _parse(raw_arguments)
             validate_arguments(args, tool.parameters)
         except _ArgumentsError as exc:
-            return PreparedCall(tool, {}, outcome=ToolOutcome.failure(
-                f'invalid arguments for tool "{name}": {exc}', name="ToolArgumentsError", code="INVALID_ARGUMENTS"))
+            return PreparedCall(
+                tool,
+                {},
+                outcome=ToolOutcome.failure(
+                    f'invalid arguments for tool "{name}": {exc}', name="ToolArgumentsError", code="INVALID_ARGUMENTS"
+                ),
+            )
         prepare = getattr(tool, "prepare", None)
         if prepare is None:
             return PreparedCall(tool, args)
@@ -229,10 +235,25 @@ def _finite_float(text: str) -> float:
 
 # --- a small JSON-schema subset: enough for tool parameters, strict where it matters ---------
 
-_KEYWORDS = frozenset({
-    "type", "properties", "required", "additionalProperties", "enum", "items", "description",
-    "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "default", "title",
-})
+_KEYWORDS = frozenset(
+    {
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "enum",
+        "items",
+        "description",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "default",
+        "title",
+    }
+)
 _TYPES = frozenset({"object", "string", "integer", "number", "boolean", "array", "null"})
 
 
@@ -352,4 +373,6 @@ def _kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    return {dict: "object", list: "array", str: "string", int: "integer", float: "number"}.get(type(value), type(value).__name__)
+    return {dict: "object", list: "array", str: "string", int: "integer", float: "number"}.get(
+        type(value), type(value).__name__
+    )

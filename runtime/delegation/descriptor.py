@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Literal
 
 import attrs
-
 from subagents.storage import NonLosslessData, check_lossless
 
 from ..errors import MalformedDescriptor
@@ -159,16 +158,12 @@ def snapshot_descriptor(descriptor: SubagentDescriptor) -> dict[str, object]:
     tool_filter = descriptor.tool_filter
     if tool_filter is not None:
         payload["tool_filter"] = {
-            name: list(getattr(tool_filter, name))
-            for name in _FILTER_KEYS
-            if getattr(tool_filter, name) is not None
+            name: list(getattr(tool_filter, name)) for name in _FILTER_KEYS if getattr(tool_filter, name) is not None
         }
     try:
         check_lossless(payload)
     except NonLosslessData as exc:
-        raise NonLosslessData(
-            f"subagent descriptor is not losslessly JSON-serializable: {exc.message}"
-        ) from None
+        raise NonLosslessData(f"subagent descriptor is not losslessly JSON-serializable: {exc.message}") from None
     return payload
 
 
@@ -189,9 +184,7 @@ def _str_field(value: object, key: str) -> str:
 
 def _parse_filter(value: object) -> ToolFilter:
     if type(value) is not dict:
-        raise MalformedDescriptor(
-            f'{_PAYLOAD} field "tool_filter" must be an object, got {_type_name(value)}'
-        )
+        raise MalformedDescriptor(f'{_PAYLOAD} field "tool_filter" must be an object, got {_type_name(value)}')
     for key in value:
         if key not in _FILTER_KEYS:
             raise MalformedDescriptor(f'{_PAYLOAD} field "tool_filter" has unknown field "{key}"')
@@ -226,18 +219,14 @@ def parse_descriptor(data: object) -> SubagentDescriptor | None:
         raise MalformedDescriptor(f'{_PAYLOAD} is missing required field "version"')
     version = data["version"]
     if type(version) is not int:
-        raise MalformedDescriptor(
-            f'{_PAYLOAD} field "version" must be an int, got {_type_name(version)}'
-        )
+        raise MalformedDescriptor(f'{_PAYLOAD} field "version" must be an int, got {_type_name(version)}')
     if version != DESCRIPTOR_VERSION:
         return None
     if "mode" not in data:
         raise MalformedDescriptor(f'{_PAYLOAD} is missing required field "mode"')
     mode = data["mode"]
     if type(mode) is not str or mode not in _MODES:
-        raise MalformedDescriptor(
-            f'{_PAYLOAD} field "mode" must be "one-shot" or "continuable", got {mode!r}'
-        )
+        raise MalformedDescriptor(f'{_PAYLOAD} field "mode" must be "one-shot" or "continuable", got {mode!r}')
     allowed = _ALLOWED_KEYS[mode]
     for key in data:
         if key not in allowed:

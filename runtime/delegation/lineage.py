@@ -21,11 +21,8 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
 import attrs
-
 from subagents.runtime.query import SessionRecord
-from subagents.storage import LogInfo, SessionHeader
-from subagents.storage import StoredCheckpoint
-from subagents.storage import Lifecycle
+from subagents.storage import Lifecycle, LogInfo, SessionHeader, StoredCheckpoint
 
 from .units import CATALOG_UNIT, catalog_children
 
@@ -116,9 +113,7 @@ def order_key(node: SessionRecord | Absent) -> tuple[int, str]:
     return (created, node.id)
 
 
-def absent_children(
-    owner_id: str, entries: list[CatalogEntry], records: Mapping[str, SessionRecord]
-) -> list[Absent]:
+def absent_children(owner_id: str, entries: list[CatalogEntry], records: Mapping[str, SessionRecord]) -> list[Absent]:
     """The catalogued children of `owner_id` that no record lists as a subagent child: a record
     naming a subagent origin lists under the parent it names (here, or elsewhere), never twice."""
     out = []

@@ -29,8 +29,16 @@ from typing import Any, Literal
 
 import attrs
 import trio
-
-from subagents.actors import Abort, ActorStopped, ReadGroup, SessionRef, SessionStore, cancelled_when, raise_bare_cancelled, snapshot_all
+from subagents.actors import (
+    Abort,
+    ActorStopped,
+    ReadGroup,
+    SessionRef,
+    SessionStore,
+    cancelled_when,
+    raise_bare_cancelled,
+    snapshot_all,
+)
 from subagents.runtime.errors import (
     ProjectionsUnavailable,
     QueryUnavailable,
@@ -43,12 +51,12 @@ from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
 from subagents.storage import LogInfo, ProjectionRegistry, StoredCheckpoint
 
 from .lineage import (
+    NO_CHILDREN,
     Absent,
     CatalogEntry,
     absent_children,
     absent_reason,
     catalog_entries,
-    NO_CHILDREN,
     catalog_owners,
     children_of,
     is_subagent,
@@ -77,8 +85,13 @@ class ChildRow:
     depth: int | None = None  # descendants only
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": "child", "id": self.id, "activity": self.activity,
-                               "has_children": self.has_children, "mode": self.mode}
+        out: dict[str, Any] = {
+            "kind": "child",
+            "id": self.id,
+            "activity": self.activity,
+            "has_children": self.has_children,
+            "mode": self.mode,
+        }
         if self.label is not None:
             out["label"] = self.label
         if self.parent_id is not None:
@@ -108,6 +121,8 @@ _ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key)  # the checkpoint rows a listi
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
+
+
 def _own(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
     if isinstance(identity, dict) and type(identity.get("seq")) is int and identity["seq"] >= inherited_event_count:
         return identity
@@ -129,8 +144,13 @@ class _Rows:
         mode, label = identity["mode"], identity.get("label")
         if type(mode) is not str or (label is not None and type(label) is not str):
             # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
-            return ChildRow(id=record.id, activity="running" if live else "inactive",
-                            has_children=has_children, mode=mode, label=label)
+            return ChildRow(
+                id=record.id,
+                activity="running" if live else "inactive",
+                has_children=has_children,
+                mode=mode,
+                label=label,
+            )
         key = (record.id, live, has_children, mode, label)
         row = self._made.get(key)
         if row is None:
@@ -463,9 +483,9 @@ class ListingService:
             identity = checkpoints.get(candidates[i].id)
             if identity is not None:
                 record = candidates[i]
-                has = record.id in parents or (record.id in naming and names_absent(
-                    record.id, stored_catalog(record, stored[record.id]), records
-                ))
+                has = record.id in parents or (
+                    record.id in naming and names_absent(record.id, stored_catalog(record, stored[record.id]), records)
+                )
                 results[i] = self._rows_made.child(record, identity, has, live=record.id in held)
             else:
                 observe.append(i)

@@ -23,7 +23,6 @@ from typing import Any, Literal, NamedTuple
 
 import attrs
 import trio
-
 from subagents.actors import (
     Abort,
     Activation,
@@ -47,6 +46,9 @@ from subagents.storage import (
 )
 
 from ..agent.inbox import Delivery, DeliveryCancelled
+from ..agent.loop import Agent, AgentConfig, AgentStopped, TurnResult
+from ..agent.registry import AgentRegistry
+from ..agent.tools import ToolSet
 from ..errors import (
     ActivationLimit,
     AgentError,
@@ -64,10 +66,7 @@ from ..errors import (
     Unauthorized,
     UnsupportedCapability,
 )
-from ..agent.loop import Agent, AgentConfig, AgentStopped, TurnResult
-from ..agent.tools import ToolSet
 from ..models.base import Model
-from ..agent.registry import AgentRegistry
 from ..query import SessionQuery
 from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
 from .listing import ListingService
@@ -130,8 +129,10 @@ DRAINING_TEXT = "continuable subagents are draining; the operation was not admit
 
 
 def limit_text(limit: int) -> str:
-    return (f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
-            "or complete this work with the current agents")
+    return (
+        f"subagent limit reached (active child limit: {limit}); wait for an existing child to finish "
+        "or complete this work with the current agents"
+    )
 
 
 def _unavailable(child_id: str) -> SubagentError:
@@ -175,9 +176,17 @@ class SubagentService:
             self._chains[parent_id] = (step, reserved)
         return reserved
 
-    async def start_continuable(self, parent: Agent, provider: Provider, label: str, prompt: str,
-                                abort: Abort | None = None, *, reserved: Reservation | None = None,
-                                options: ChildOptions | None = None) -> str:
+    async def start_continuable(
+        self,
+        parent: Agent,
+        provider: Provider,
+        label: str,
+        prompt: str,
+        abort: Abort | None = None,
+        *,
+        reserved: Reservation | None = None,
+        options: ChildOptions | None = None,
+    ) -> str:
         """A background child; returns its id once its first prompt is accepted. `options` are
         recorded in its descriptor and re-applied on every cold resume."""
         if self.manager.draining:
@@ -185,9 +194,14 @@ class SubagentService:
         depth = self._child_depth(parent)
         options = options or ChildOptions()
         descriptor = SubagentDescriptor(
-            mode="continuable", provider=provider, label=label, agent_provider=options.agent_provider,
-            agent_model=options.agent_model, agent_reasoning_effort=options.agent_reasoning_effort,
-            persona=options.persona, tool_filter=options.tool_filter,
+            mode="continuable",
+            provider=provider,
+            label=label,
+            agent_provider=options.agent_provider,
+            agent_model=options.agent_model,
+            agent_reasoning_effort=options.agent_reasoning_effort,
+            persona=options.persona,
+            tool_filter=options.tool_filter,
         )
         setup = self._setup(options)  # refusals before anything exists
         if abort is not None and abort.is_set():
@@ -216,22 +230,37 @@ class SubagentService:
         self._run_activation(activation, child)
         return child_id
 
-    async def start(self, parent: Agent, provider: Provider, prompt: str, *, label: str | None = None,
-                    abort: Abort | None = None, reserved: Reservation | None = None,
-                    options: ChildOptions | None = None) -> TurnResult:
+    async def start(
+        self,
+        parent: Agent,
+        provider: Provider,
+        prompt: str,
+        *,
+        label: str | None = None,
+        abort: Abort | None = None,
+        reserved: Reservation | None = None,
+        options: ChildOptions | None = None,
+    ) -> TurnResult:
         """A one-shot foreground child: run it to the end of its turn and return the result.
         `options` apply to this run only (a one-shot descriptor records none)."""
         depth = self._child_depth(parent)
         setup = self._setup(options or ChildOptions())
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
-        child = await self._create_child(parent, reserved, provider, depth,
-                                         SubagentDescriptor(mode="one-shot", provider=provider, label=label), setup)
+        child = await self._create_child(
+            parent,
+            reserved,
+            provider,
+            depth,
+            SubagentDescriptor(mode="one-shot", provider=provider, label=label),
+            setup,
+        )
         try:
             await self._catalog(parent, child, "one-shot", label, reserved)
             await child.send(prompt)
             async with trio.open_nursery() as nursery:
                 if abort is not None:
+
                     async def stop_on_abort() -> None:
                         await abort.wait()
                         child.cancel("parent")
@@ -285,8 +314,9 @@ class SubagentService:
             return tools
         return ToolSet(tool for tool in tools if tool.name not in DELEGATION_TOOLS)
 
-    def resume_setup(self, session_id: str, events: Sequence[Event], inherited_event_count: int
-                     ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
+    def resume_setup(
+        self, session_id: str, events: Sequence[Event], inherited_event_count: int
+    ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
         """For the registry, on every resume: what a continuable child's descriptor (the last
         one in its own suffix, as its identity) asks for; None for any other session."""
         descriptor: SubagentDescriptor | None = None
@@ -301,7 +331,9 @@ class SubagentService:
         try:
             return self._setup(ChildOptions.of(descriptor))
         except SubagentError as exc:
-            raise OptionsNotReapplied(f"subagent {session_id!r}: its options cannot be applied again: {exc.message}") from None
+            raise OptionsNotReapplied(
+                f"subagent {session_id!r}: its options cannot be applied again: {exc.message}"
+            ) from None
 
     def _setup(self, options: ChildOptions) -> _Setup:
         """The model, config and tools of a child with `options` (SubagentError if the runtime
@@ -309,13 +341,23 @@ class SubagentService:
         model = self.agents.model
         if options.selects_model:
             if self.child_model is None:
-                raise UnsupportedCapability("this runtime cannot select a model per subagent: pass "
-                                    "open_runtime(child_model=...)")
+                raise UnsupportedCapability(
+                    "this runtime cannot select a model per subagent: pass open_runtime(child_model=...)"
+                )
             model = self.child_model(options)
-        return _Setup(model, options.config(self.agents.config), filtered_tools(self.agents.tools(), options.tool_filter))
+        return _Setup(
+            model, options.config(self.agents.config), filtered_tools(self.agents.tools(), options.tool_filter)
+        )
 
-    async def _create_child(self, parent: Agent, reserved: Reservation, provider: Provider, depth: int,
-                            descriptor: SubagentDescriptor, setup: _Setup) -> Agent:
+    async def _create_child(
+        self,
+        parent: Agent,
+        reserved: Reservation,
+        provider: Provider,
+        depth: int,
+        descriptor: SubagentDescriptor,
+        setup: _Setup,
+    ) -> Agent:
         child_id = reserved.child_id
         # A fork inherits the parent's events up to its last `turn/end` (captured once, at
         # creation), read by `SessionStore.fork`.
@@ -325,25 +367,38 @@ class SubagentService:
         draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
         register = getattr(setup.model, "register_session", None)  # scripted: bind labels in order
         agent = await self.agents.create(
-            session_id=child_id, parent_session=parent.session_id, origin="subagent", delegation_depth=depth,
-            cwd=parent.session.header.cwd, fork=fork, first=[draft], label=descriptor.label,
-            created_at=reserved.created_at, model=setup.model, config=setup.config, tools=setup.tools,
+            session_id=child_id,
+            parent_session=parent.session_id,
+            origin="subagent",
+            delegation_depth=depth,
+            cwd=parent.session.header.cwd,
+            fork=fork,
+            first=[draft],
+            label=descriptor.label,
+            created_at=reserved.created_at,
+            model=setup.model,
+            config=setup.config,
+            tools=setup.tools,
         )
         if register is not None and descriptor.label is not None:
             register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)
         return agent
 
-    async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None,
-                       reserved: Reservation) -> None:
-        data: Json = {"version": 1, "child_id": child.session_id,
-                      "child_created_at": child.session.header.created_at, "mode": mode}
+    async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None, reserved: Reservation) -> None:
+        data: Json = {
+            "version": 1,
+            "child_id": child.session_id,
+            "child_created_at": child.session.header.created_at,
+            "mode": mode,
+        }
         if label is not None:
             data["label"] = label
         try:
             if reserved.after is not None:
                 await reserved.after.wait()  # the child drawn before it in this step goes first
-            await parent.session.append([EventDraft(type="subagent/catalog", data=data,
-                                                    time=self.agents.clock.now_ms())])
+            await parent.session.append(
+                [EventDraft(type="subagent/catalog", data=data, time=self.agents.clock.now_ms())]
+            )
         finally:
             reserved.announced.set()
             tail = self._chains.get(parent.session_id)
@@ -457,14 +512,18 @@ class SubagentService:
             check_session_id(target_id)
         except InvalidSessionId:
             raise _unavailable(target_id) from None
-        content = [{"type": "text", "text": f"Agent {sender.session_id} sent a message: "},
-                   {"type": "text", "text": text}]
+        content = [
+            {"type": "text", "text": f"Agent {sender.session_id} sent a message: "},
+            {"type": "text", "text": text},
+        ]
         source = {"kind": "agent-message", "sender_session_id": sender.session_id}
         own = self.manager.get(sender.session_id)
         if sender.session.header.parent_session == target_id:
             if own is None:
-                raise Unauthorized(f'agent "{sender.session_id}" is not a resident continuable child and '
-                                    f'cannot send to parent "{target_id}"')
+                raise Unauthorized(
+                    f'agent "{sender.session_id}" is not a resident continuable child and '
+                    f'cannot send to parent "{target_id}"'
+                )
             parent = self.agents.get(target_id)
             if parent is None:
                 raise ParentUnavailable("direct parent is not live; the message was not delivered")
@@ -489,15 +548,22 @@ class SubagentService:
                     return
             await activation.disposed.wait()
 
-    async def _deliver(self, agent: Agent, content: list[Json], source: Json, abort: Abort | None,
-                       mode: Literal["steer", "follow-up"] = "steer") -> None:
+    async def _deliver(
+        self,
+        agent: Agent,
+        content: list[Json],
+        source: Json,
+        abort: Abort | None,
+        mode: Literal["steer", "follow-up"] = "steer",
+    ) -> None:
         try:
             await agent.inbox.put(Delivery(content=content, source=source, trigger="message"), mode, abort)
         except DeliveryCancelled:
             raise SubagentCancelled("message delivery was cancelled") from None
 
-    async def _cold_resume(self, sender: Agent, target_id: str, content: list[Json], source: Json,
-                           abort: Abort | None) -> bool:
+    async def _cold_resume(
+        self, sender: Agent, target_id: str, content: list[Json], source: Json, abort: Abort | None
+    ) -> bool:
         if self.agents.get(target_id) is not None or self.agents.sessions.get(target_id) is not None:
             raise _unavailable(target_id)  # live but not an Activation: refused, not adopted
         try:
@@ -512,8 +578,10 @@ class SubagentService:
         if header.parent_session != sender.session_id:
             raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
         if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":
-            raise NotResumable(f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
-                                "choose a different target")
+            raise NotResumable(
+                f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
+                "choose a different target"
+            )
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
         activation = self._admit(target_id, sender.session_id)
@@ -587,4 +655,3 @@ class SubagentService:
         child = self.agents.get(activation.child_id)
         if child is not None:
             child.cancel("disposed")
-

@@ -22,11 +22,9 @@ from typing import Any
 
 import attrs
 import trio
-from trio_util import RepeatedEvent
-
-from subagents.actors import EventDraft
-from subagents.actors import Activation, ContinuationManager
+from subagents.actors import Activation, ContinuationManager, EventDraft
 from subagents.storage import Event, decode_payload
+from trio_util import RepeatedEvent
 
 from ..agent.inbox import Delivery
 from ..agent.loop import Agent
@@ -105,8 +103,13 @@ class Settlement:
         child's speed. Not while the family is being stopped (drain or disposal cancel the
         wait). True when it waited."""
         parent = self.agents.get(activation.parent_id)
-        if (parent is None or parent.quiet or activation.cause is not None or self.manager.draining
-                or activation.parent_id in self._disposing):
+        if (
+            parent is None
+            or parent.quiet
+            or activation.cause is not None
+            or self.manager.draining
+            or activation.parent_id in self._disposing
+        ):
             return False
         with trio.CancelScope() as gate:
             self._gates[activation.child_id] = gate
@@ -132,29 +135,41 @@ class Settlement:
         parent = self.agents.get(activation.parent_id)
         parent_ref = parent.session if parent is not None else self.agents.sessions.get(activation.parent_id)
         if parent_ref is None:
-            log.warning("subagent %s settled but its parent %s is not live: the notice is lost",
-                        activation.child_id, activation.parent_id)
+            log.warning(
+                "subagent %s settled but its parent %s is not live: the notice is lost",
+                activation.child_id,
+                activation.parent_id,
+            )
             return
         data: Json = {"child_id": activation.child_id, "reason_kind": kind}
         if closing is not None:
             data["closing_text"] = closing
         try:
-            appended = await parent_ref.append([EventDraft(type="subagent/settled", data=data,
-                                                           time=self.agents.clock.now_ms())])
+            appended = await parent_ref.append(
+                [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
+            )
         except Exception as exc:  # the child still lists as ready; only the notice is lost
             log.warning("could not record the settlement of %s: %s", activation.child_id, exc)
             return
         self._settled.setdefault(activation.parent_id, []).append((activation.child_id, child.label))
         self._settled_changed.set()
         parent_activation = self.manager.get(activation.parent_id)
-        if (parent is None or self.manager.draining or activation.parent_id in self._disposing
-                or (parent_activation is not None and parent_activation.closing)):
+        if (
+            parent is None
+            or self.manager.draining
+            or activation.parent_id in self._disposing
+            or (parent_activation is not None and parent_activation.closing)
+        ):
             return  # the durable record is delivered at the parent's next resume
         parent.inbox.put_nowait(
-            Delivery(content=notice_blocks(activation.child_id, kind, closing),
-                     source={"kind": "subagent-settled", "sender_session_id": activation.child_id},
-                     source_event_seqs=[appended.first_seq], trigger="notice"),
-            "steer", force=True,
+            Delivery(
+                content=notice_blocks(activation.child_id, kind, closing),
+                source={"kind": "subagent-settled", "sender_session_id": activation.child_id},
+                source_event_seqs=[appended.first_seq],
+                trigger="notice",
+            ),
+            "steer",
+            force=True,
         )
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
@@ -162,14 +177,17 @@ class Settlement:
         is delivered again, in one first turn (`trigger: resume`). Every settlement the log
         holds also counts as settled for `wait_settled` (it may have happened in another
         process)."""
-        self._remember_settled(agent.session_id, events[agent.session.inherited_event_count:])
+        self._remember_settled(agent.session_id, events[agent.session.inherited_event_count :])
         pending = [events[seq] for seq in settled_pending(events, agent.session.inherited_event_count)]
         for i, event in enumerate(pending):
             data = decode_payload(event, session_id=agent.session_id)
             closing = data.closing_text if isinstance(data.closing_text, str) else None
-            delivery = Delivery(content=notice_blocks(data.child_id, data.reason_kind, closing),
-                                source={"kind": "subagent-settled", "sender_session_id": data.child_id},
-                                source_event_seqs=[event.seq], trigger="resume")
+            delivery = Delivery(
+                content=notice_blocks(data.child_id, data.reason_kind, closing),
+                source={"kind": "subagent-settled", "sender_session_id": data.child_id},
+                source_event_seqs=[event.seq],
+                trigger="resume",
+            )
             agent.inbox.put_nowait(delivery, "follow-up" if i == len(pending) - 1 else "inject", force=True)
 
     def _remember_settled(self, parent_id: str, own: Sequence[Event]) -> None:

@@ -45,9 +45,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
-
-from subagents.storage import Event, InvalidSessionId, Offset, SessionHeader, check_session_id
-from subagents.storage import SubagentCatalogData
+from subagents.storage import Event, InvalidSessionId, Offset, SessionHeader, SubagentCatalogData, check_session_id
 
 from .descriptor import MalformedDescriptor, parse_descriptor
 

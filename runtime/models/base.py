@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
-
 from subagents.runtime.clock import Clock
 from subagents.runtime.errors import ModelError  # the seam's error (runtime/errors.py)
 

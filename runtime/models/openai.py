@@ -50,7 +50,6 @@ from typing import Any
 import httpx
 import msgspec
 import trio
-
 from subagents.runtime.clock import Clock, RealClock
 from subagents.runtime.errors import (
     ModelAuthFailed,
@@ -171,7 +170,9 @@ class OpenAIChatModel:
                 except httpx.DecodingError as exc:
                     failure = self._error(ModelBadResponse, f"cannot decode the body: {self._describe(exc)}")
                 except httpx.TransportError as exc:
-                    failure = self._error(ModelStreamInterrupted, f"stream interrupted after {parser.events} events: {self._describe(exc)}",
+                    failure = self._error(
+                        ModelStreamInterrupted,
+                        f"stream interrupted after {parser.events} events: {self._describe(exc)}",
                     )
                 if failure is not None:
                     raise failure
@@ -239,16 +240,21 @@ class OpenAIChatModel:
                     if content_type.split(";")[0].strip().lower() == "text/event-stream":
                         return response
                     excerpt = await self._excerpt(response)
-                    raise self._error(ModelBadResponse, f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
+                    raise self._error(
+                        ModelBadResponse,
+                        f"expected an event stream (text/event-stream), got {content_type or 'no content-type'!r}"
                         f" with status {status}: {excerpt}",
                         status,
                     )
                 excerpt = await self._excerpt(response)
                 if status in (401, 403):
-                    raise self._error(ModelAuthFailed, f"authentication failed ({status}): check the API key: {excerpt}", status
+                    raise self._error(
+                        ModelAuthFailed, f"authentication failed ({status}): check the API key: {excerpt}", status
                     )
                 if status == 404:
-                    raise self._error(ModelNotFound, f"not found (404): check the base URL and the model name: {excerpt}",
+                    raise self._error(
+                        ModelNotFound,
+                        f"not found (404): check the base URL and the model name: {excerpt}",
                         status,
                     )
                 if status != 429 and status < 500:
@@ -262,7 +268,9 @@ class OpenAIChatModel:
             delay = self._delay(attempt, retry_after)
             logger.debug("retrying POST %s in %.3f s (attempt %d of %d)", self.url, delay, attempt + 1, attempts)
             await clock.sleep(delay)
-        raise self._error(ModelUnavailable, f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
+        raise self._error(
+            ModelUnavailable,
+            f"unavailable after {attempts} attempt{'s' if attempts != 1 else ''}; last error: {last}",
         )
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
-
 from subagents.runtime.errors import (
     ModelBadResponse,
     ModelBadStream,
@@ -45,7 +44,10 @@ Json = dict[str, Any]
 EXCERPT = 200  # characters of provider text quoted in an error
 FinishReason = Literal["stop", "tool-calls", "max-tokens"]
 _FINISH: dict[str, FinishReason] = {
-    "stop": "stop", "tool_calls": "tool-calls", "function_call": "tool-calls", "length": "max-tokens",
+    "stop": "stop",
+    "tool_calls": "tool-calls",
+    "function_call": "tool-calls",
+    "length": "max-tokens",
 }
 
 
@@ -268,8 +270,8 @@ def _text(blocks: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(b["text"] for b in blocks if b.get("type") == "text")
 
 
-
 # -- provider text -------------------------------------------------------------------------------
+
 
 def error_message(obj: Any) -> str | None:
     """The human part of a provider's JSON error body, if it has a recognizable one."""

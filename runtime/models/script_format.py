@@ -49,7 +49,6 @@ from typing import Any, Literal, NoReturn
 import attrs
 import msgspec
 from msgspec import UNSET, UnsetType
-
 from subagents.runtime.errors import ScriptError, ScriptUnreadable
 from subagents.runtime.models.base import Usage
 
@@ -220,9 +219,7 @@ def _expand_json(value: object, resolve: Callable[[str], str]) -> object:
     if isinstance(value, list):
         return [_expand_json(item, resolve) for item in value]
     if isinstance(value, dict):
-        return {
-            expand_templates(key, resolve): _expand_json(item, resolve) for key, item in value.items()
-        }
+        return {expand_templates(key, resolve): _expand_json(item, resolve) for key, item in value.items()}
     return value
 
 
@@ -297,10 +294,23 @@ _SHAPES: dict[str, type[msgspec.Struct]] = {
     "$.agents.responses.wait_for": _WaitForShape,
 }
 # msgspec's type names, in the loader's words (the same as JSON's).
-_EXPECTED = {"int": "an integer", "str": "a string", "bool": "a boolean", "array": "an array",
-             "object": "an object", "str | object": "an object or a string"}
-_GOT = {"int": "integer", "str": "string", "bool": "boolean", "float": "number", "null": "null",
-        "array": "array", "object": "object"}
+_EXPECTED = {
+    "int": "an integer",
+    "str": "a string",
+    "bool": "a boolean",
+    "array": "an array",
+    "object": "an object",
+    "str | object": "an object or a string",
+}
+_GOT = {
+    "int": "integer",
+    "str": "string",
+    "bool": "boolean",
+    "float": "number",
+    "null": "null",
+    "array": "array",
+    "object": "object",
+}
 _TYPE_ERROR = re.compile(r"Expected `([^`]+)`, got `([^`]+)`\Z")
 _FIELD_ERROR = re.compile(r"Object (contains unknown|missing required) field `([^`]*)`\Z")
 _AT = re.compile(r"(.*) - at `(\$[^`]*)`\Z", re.DOTALL)

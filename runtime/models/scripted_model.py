@@ -53,13 +53,10 @@ import json
 import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-
 from functools import partial
 
 import attrs
 import trio
-from trio_util import RepeatedEvent
-
 from subagents.runtime.errors import (
     ScriptedFailure,
     ScriptExhausted,
@@ -86,6 +83,7 @@ from subagents.runtime.models.script_format import (
     expand_templates,
     render_arguments,
 )
+from trio_util import RepeatedEvent
 
 __all__ = [
     "DEFAULT_STALL_TIMEOUT",
@@ -292,9 +290,7 @@ class ScriptedModel:
         if response.error is not None:
             assert rendered.error_message is not None
             self.note_progress()
-            raise ScriptedFailure(
-                rendered.error_message, status=response.error.status
-            )
+            raise ScriptedFailure(rendered.error_message, status=response.error.status)
         for piece in split_text(rendered.text):
             await trio.lowlevel.checkpoint()
             yield TextDelta(piece)
@@ -351,8 +347,7 @@ class ScriptedModel:
         if k is None:
             label = f' (label "{binding.label}")' if binding.label is not None else ""
             raise ScriptNoAgent(
-                f'script has no entry for session "{session}"{label}: no entry names it and no'
-                " unnamed entry is left",
+                f'script has no entry for session "{session}"{label}: no entry names it and no unnamed entry is left',
             )
         self._bound[session] = k
         self._owner[k] = session
@@ -362,9 +357,7 @@ class ScriptedModel:
         entries = self._label_entries.get(label, [])
         free_entries = [k for k in entries if k not in self._owner]
         known = self._known.get(label, {})
-        free_sessions = sorted(
-            (created_at, sid) for sid, created_at in known.items() if sid not in self._bound
-        )
+        free_sessions = sorted((created_at, sid) for sid, created_at in known.items() if sid not in self._bound)
         for k, (_, sid) in zip(free_entries, free_sessions):
             if sid == session:
                 return k
@@ -436,9 +429,8 @@ def _resolver(session: SessionBinding, request: ModelRequest) -> Callable[[str],
         nonlocal text
         if text is None:
             text = request_text(request.messages)
-        last = None
-        for last in re.finditer(source, text):
-            pass
+        matches = list(re.finditer(source, text))
+        last = matches[-1] if matches else None
         if last is None or last.group(1) is None:
             raise ScriptNoMatch(
                 f"{{{{from_request:{source}}}}} found no match in the request messages of"
@@ -466,11 +458,14 @@ def _render(
     return _Rendered(
         text=expand_templates(response.text, resolve),
         calls=calls,
-        error_message=(
-            expand_templates(response.error.message, resolve) if response.error is not None else None
+        error_message=(expand_templates(response.error.message, resolve) if response.error is not None else None),
+        settled=(
+            expand_templates(wait.child, resolve)
+            if isinstance(wait, WaitForSettled)
+            else expand_templates(wait.session, resolve)
+            if isinstance(wait, WaitForWaiting)
+            else None
         ),
-        settled=(expand_templates(wait.child, resolve) if isinstance(wait, WaitForSettled)
-                 else expand_templates(wait.session, resolve) if isinstance(wait, WaitForWaiting) else None),
     )
 
 

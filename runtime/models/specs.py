@@ -37,8 +37,9 @@ class ModelSpec:
     api_key: str | None = attrs.field(default=None, repr=False)
 
 
-def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str, str] = {},
-                     api_key: str | None = None) -> ModelSpec:
+def parse_model_spec(
+    spec: str, *, base_url: str | None = None, env: Mapping[str, str] = {}, api_key: str | None = None
+) -> ModelSpec:
     """`api_key` wins over `env` (the library passes keys explicitly; only the CLI hands in
     `os.environ`)."""
     scheme, sep, name = spec.partition(":")
@@ -51,8 +52,11 @@ def parse_model_spec(spec: str, *, base_url: str | None = None, env: Mapping[str
     key_var, url_var, default_url = _PROVIDERS[scheme]
     key = api_key or env.get(key_var)
     if not key:
-        raise ModelSpecError(f"{key_var} is not set (needed for --model {scheme}:...)" if env
-                             else f"model {scheme}:{name} needs an api_key")
+        raise ModelSpecError(
+            f"{key_var} is not set (needed for --model {scheme}:...)"
+            if env
+            else f"model {scheme}:{name} needs an api_key"
+        )
     url = base_url or (env.get(url_var) if url_var else None) or default_url
     return ModelSpec(scheme=scheme, name=name, base_url=url, api_key=key)
 

@@ -15,13 +15,14 @@ from typing import Any, ClassVar
 import attrs
 
 from ..agent.tools import ToolContext
-from ..errors import NoCallingAgent
 from ..delegation.listing import ChildRow
 from ..delegation.service import Reservation, SubagentService
+from ..errors import NoCallingAgent
 
 __all__ = ["agent_status", "render_agents", "subagent_tools"]
 
 Json = dict[str, Any]
+
 
 def _schema(required: Sequence[str] = (), **properties: Json) -> Json:
     """An object schema that takes exactly `properties` (in order), `required` among them."""
@@ -40,7 +41,9 @@ _DELEGATE_PARAMS = _schema(
     ("description", "prompt"),
     description=_text("string", "A short (3-5 word) description of the delegated task, for display."),
     prompt=_text("string", "The task for the subagent: everything it needs to know."),
-    run_in_background=_text("boolean", "true (default): start a continuable background child and return its id; false: wait for its answer."),
+    run_in_background=_text(
+        "boolean", "true (default): start a continuable background child and return its id; false: wait for its answer."
+    ),
 )
 
 _BACKGROUND = (
@@ -123,11 +126,23 @@ class _Delegate(_ServiceTool):
     async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
         if args.get("run_in_background", True):
-            child_id = await self.service.start_continuable(parent, self.provider, args["description"],  # type: ignore[arg-type]  # spawn or fork
-                                                            args["prompt"], ctx.abort, reserved=ctx.prepared)
+            child_id = await self.service.start_continuable(
+                parent,
+                self.provider,
+                args["description"],  # type: ignore[arg-type]  # spawn or fork
+                args["prompt"],
+                ctx.abort,
+                reserved=ctx.prepared,
+            )
             return f"started subagent {child_id}"
-        result = await self.service.start(parent, self.provider, args["prompt"],  # type: ignore[arg-type]  # spawn or fork
-                                          label=args["description"], abort=ctx.abort, reserved=ctx.prepared)
+        result = await self.service.start(
+            parent,
+            self.provider,
+            args["prompt"],  # type: ignore[arg-type]  # spawn or fork
+            label=args["description"],
+            abort=ctx.abort,
+            reserved=ctx.prepared,
+        )
         return result.text or ""
 
 
@@ -155,8 +170,11 @@ class _ListAgents(_ServiceTool):
     name: ClassVar[str] = "list_agents"
     description: ClassVar[str] = LIST_AGENTS_DESCRIPTION
     parameters: ClassVar[Json] = _schema(
-        scope={"type": "string", "enum": ["children", "descendants"],
-               "description": "children (default) lists direct children only; descendants walks the complete tree below you."},
+        scope={
+            "type": "string",
+            "enum": ["children", "descendants"],
+            "description": "children (default) lists direct children only; descendants walks the complete tree below you.",
+        },
     )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
@@ -170,8 +188,13 @@ class _ListAgents(_ServiceTool):
         # A child not resident here that the listing found `running` is held by another process.
         elsewhere = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
         agents = self.service.agents
-        return render_agents(rows, descendants, lambda child_id: (
-            "running" if child_id in elsewhere and agents.get(child_id) is None else agent_status(agents, child_id)))
+        return render_agents(
+            rows,
+            descendants,
+            lambda child_id: (
+                "running" if child_id in elsewhere and agents.get(child_id) is None else agent_status(agents, child_id)
+            ),
+        )
 
 
 class _SendMessage(_ServiceTool):
@@ -179,7 +202,10 @@ class _SendMessage(_ServiceTool):
     description: ClassVar[str] = SEND_MESSAGE_DESCRIPTION
     parameters: ClassVar[Json] = _schema(
         ("agent_id", "message"),
-        agent_id=_text("string", "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child."),
+        agent_id=_text(
+            "string",
+            "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child.",
+        ),
         message=_text("string", "The message to deliver to the agent."),
     )
 

@@ -15,10 +15,10 @@ for tests that assert how much IO something did.
 from __future__ import annotations
 
 import errno
-import itertools
-from collections import Counter
 import functools
+import itertools
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, TypeVar, cast
 

@@ -16,16 +16,25 @@ import attrs
 
 from .._codec import Event
 from ..errors import PersistenceFailed
-from ..log_store import Batch, Handle, LogStore, ReadHandle, WriteHandle
 from ..index import StoredCheckpoint
+from ..log_store import Batch, Handle, LogStore, ReadHandle, WriteHandle
 from ..projection import CheckpointRow
 from ..values import AbortPoll, LogInfo, Offset, SessionHeader
 
 __all__ = ["FaultyLogStore", "Operation"]
 
 Operation = Literal[
-    "create", "open_read", "open_write", "append", "read", "stat", "list", "close",
-    "write_checkpoint", "read_checkpoint", "read_after",
+    "create",
+    "open_read",
+    "open_write",
+    "append",
+    "read",
+    "stat",
+    "list",
+    "close",
+    "write_checkpoint",
+    "read_checkpoint",
+    "read_after",
 ]
 _SLICE = 0.01
 
@@ -90,9 +99,7 @@ class FaultyLogStore:
         with self._lock:
             self.calls[op] += 1
             self._entered.notify_all()
-            rule = next(
-                (r for r in self._rules if r.op == op and r.session_id in (None, session_id)), None
-            )
+            rule = next((r for r in self._rules if r.op == op and r.session_id in (None, session_id)), None)
             if rule is None:
                 return
             if rule.times is not None:
@@ -174,5 +181,3 @@ class FaultyLogStore:
     ) -> list[Event] | None:
         self._enter("read_after", handle.session_id, poll)
         return self.inner.read_after(handle, log_offset, first_seq, poll=poll)
-
-

@@ -8,8 +8,8 @@ cut.
 
 from __future__ import annotations
 
-from .crashfs import CrashFs
 from ..file_store import Compression, FileLogStore
+from .crashfs import CrashFs
 
 __all__ = ["MemoryLogStore"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-
 from subagents.actors import Abort, cancelled_when
 
 

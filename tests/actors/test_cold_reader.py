@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-
 from subagents.actors import Abort
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.storage import (
@@ -27,8 +26,10 @@ def publish(store: FileLogStore, sid: str, *, open_turn: bool = False) -> None:
     handle = store.create(SessionHeader(id=sid, created_at=1))
     events = [make_event(0, "turn/start", 5, {"turn": 1}), make_event(1, "step/start", 6, {"turn": 1, "step": 1})]
     if not open_turn:
-        events += [make_event(2, "step/end", 7, {"turn": 1, "step": 1}),
-                   make_event(3, "turn/end", 8, {"turn": 1, "reason": {"kind": "completed"}})]
+        events += [
+            make_event(2, "step/end", 7, {"turn": 1, "step": 1}),
+            make_event(3, "turn/end", 8, {"turn": 1, "reason": {"kind": "completed"}}),
+        ]
     store.append(handle, [Batch(0, events)])
     store.close(handle)
 
@@ -100,6 +101,7 @@ async def test_an_abort_during_hung_reads_ends_them(faulty: FaultyLogStore) -> N
     reader = ColdReader(faulty)
     with trio.fail_after(30):  # a safety net only: the abort is what ends the reads
         async with trio.open_nursery() as nursery:
+
             async def abort_when_blocked() -> None:
                 await trio.testing.wait_all_tasks_blocked()
                 abort.set()
@@ -117,6 +119,7 @@ async def test_an_enclosing_cancel_passes_through_bare(faulty: FaultyLogStore) -
     seen: list[BaseException] = []
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
+
             async def cancel_when_blocked() -> None:
                 await trio.testing.wait_all_tasks_blocked()
                 scope.cancel()

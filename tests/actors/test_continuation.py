@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-
 from subagents.actors import ActorError
 from subagents.actors.continuation import (
     Activation,
@@ -157,8 +156,14 @@ async def test_work_arriving_as_the_body_returns_runs_the_body_again() -> None:
         a = hooks.start(manager, "a", "top")
         hooks.finish["a"].set()
         await a.disposed.wait()
-    assert hooks.calls == [("body", "a"), ("ready", "a"), ("body", "a"), ("ready", "a"),
-                           ("settle", "a"), ("dispose", "a")]
+    assert hooks.calls == [
+        ("body", "a"),
+        ("ready", "a"),
+        ("body", "a"),
+        ("ready", "a"),
+        ("settle", "a"),
+        ("dispose", "a"),
+    ]
 
 
 async def test_dispose_waits_until_settle_has_returned() -> None:
@@ -203,9 +208,15 @@ async def test_stop_stops_resident_children_first() -> None:
         await trio.testing.wait_all_tasks_blocked()
         await manager.stop("a", "parent", hooks.interrupt)
         assert hooks.only("interrupt", "settle", "dispose") == [
-            ("interrupt", "c"), ("settle", "c"), ("dispose", "c"),
-            ("interrupt", "b"), ("settle", "b"), ("dispose", "b"),
-            ("interrupt", "a"), ("settle", "a"), ("dispose", "a"),
+            ("interrupt", "c"),
+            ("settle", "c"),
+            ("dispose", "c"),
+            ("interrupt", "b"),
+            ("settle", "b"),
+            ("dispose", "b"),
+            ("interrupt", "a"),
+            ("settle", "a"),
+            ("dispose", "a"),
         ]
         assert (a.cause, b.cause, c.cause) == ("parent", "parent", "parent")
         assert list(manager.resident) == ["other"] and not other.closing  # a's sibling is untouched
@@ -222,7 +233,12 @@ async def test_a_parent_that_settles_stops_its_children_before_its_own_settlemen
         hooks.finish["a"].set()  # a's body returns while b still runs
         await a.disposed.wait()
     assert hooks.only("cancelled", "settle", "dispose") == [
-        ("cancelled", "b"), ("settle", "b"), ("dispose", "b"), ("settle", "a"), ("dispose", "a")]
+        ("cancelled", "b"),
+        ("settle", "b"),
+        ("dispose", "b"),
+        ("settle", "a"),
+        ("dispose", "a"),
+    ]
     assert b.cause == "disposed" and ("ready", "b") not in hooks.calls  # forced: no re-check
 
 
@@ -235,16 +251,14 @@ async def test_stop_cancels_a_body_that_ignores_the_interrupt_after_the_grace(au
         await manager.stop("a", "user", lambda act: hooks.calls.append(("interrupt", act.child_id)))
         assert trio.current_time() - began == pytest.approx(5.0)
         assert a.stop_requested and a.cause == "user"
-    assert hooks.calls == [("body", "a"), ("interrupt", "a"), ("cancelled", "a"),
-                           ("settle", "a"), ("dispose", "a")]
+    assert hooks.calls == [("body", "a"), ("interrupt", "a"), ("cancelled", "a"), ("settle", "a"), ("dispose", "a")]
 
 
 async def test_drain_stops_everything_child_first_and_refuses_admission() -> None:
     hooks = Hooks()
     hooks.settle_gate["b"] = trio.Event()
     async with manager_scenario(hooks) as manager:
-        started = [hooks.start(manager, child, parent)
-                   for child, parent in [("a", "top1"), ("b", "a"), ("c", "top2")]]
+        started = [hooks.start(manager, child, parent) for child, parent in [("a", "top1"), ("b", "a"), ("c", "top2")]]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(manager.drain, hooks.interrupt)
             await trio.testing.wait_all_tasks_blocked()
@@ -256,9 +270,15 @@ async def test_drain_stops_everything_child_first_and_refuses_admission() -> Non
         with pytest.raises(Draining):
             manager.admit("d", "top3")  # and after
         assert hooks.only("interrupt", "settle", "dispose") == [  # each top-most stopped child-first
-            ("interrupt", "b"), ("settle", "b"), ("dispose", "b"),
-            ("interrupt", "a"), ("settle", "a"), ("dispose", "a"),
-            ("interrupt", "c"), ("settle", "c"), ("dispose", "c"),
+            ("interrupt", "b"),
+            ("settle", "b"),
+            ("dispose", "b"),
+            ("interrupt", "a"),
+            ("settle", "a"),
+            ("dispose", "a"),
+            ("interrupt", "c"),
+            ("settle", "c"),
+            ("dispose", "c"),
         ]
         assert [a.cause for a in started] == ["disposed"] * 3
 
@@ -288,4 +308,7 @@ def test_refusals_carry_their_codes() -> None:
     assert ActivationLimitReached(3).code == "ACTOR_ACTIVATION_LIMIT_REACHED"
     assert Draining().code == "ACTOR_DRAINING"
     closing = ParentClosing("a")
-    assert (closing.code, str(closing)) == ("ACTOR_PARENT_CLOSING", "parent 'a' is closing: no child is admitted under it")
+    assert (closing.code, str(closing)) == (
+        "ACTOR_PARENT_CLOSING",
+        "parent 'a' is closing: no child is admitted under it",
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-
 from subagents.actors import ActorStopped
 from subagents.actors.mailbox import Mailbox, Reply, Request
 

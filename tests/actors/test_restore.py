@@ -12,7 +12,6 @@ from typing import Any
 import attrs
 import trio
 import trio.testing
-
 from clocks import ticking_ms
 from drafts import turn_start
 from log_lines import header
@@ -55,8 +54,10 @@ now_ms = ticking_ms()
 def turn(n: int, steps: int) -> list[EventDraft]:
     drafts = [turn_start(n)]
     for s in range(steps):
-        drafts += [EventDraft(type="step/start", data={"turn": n, "step": s}),
-                   EventDraft(type="step/end", data={"turn": n, "step": s})]
+        drafts += [
+            EventDraft(type="step/start", data={"turn": n, "step": s}),
+            EventDraft(type="step/end", data={"turn": n, "step": s}),
+        ]
     return drafts + [EventDraft(type="turn/end", data={"turn": n, "reason": {"kind": "completed"}})]
 
 
@@ -279,8 +280,13 @@ async def test_leaving_the_store_gives_up_on_a_hung_storage_call(autojump_clock:
 async def test_checkpoints_come_every_n_events_and_at_each_turn_end_alone(tmp_path: Path) -> None:
     """SPEC 4: after publication, every `checkpoint_every` events, and at every turn end — each
     on its own (no release, no timer)."""
-    async with open_session_store(FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]),
-                                  now_ms=now_ms, checkpoint_every=5, checkpoint_interval=None) as store:
+    async with open_session_store(
+        FileLogStore(str(tmp_path), compression="none"),
+        ProjectionRegistry([Counter()]),
+        now_ms=now_ms,
+        checkpoint_every=5,
+        checkpoint_interval=None,
+    ) as store:
         ref = await store.create(header("s", 1))
         actor = store._actors["s"]
         # Checkpoints follow the acks; a flush is served after the checkpoint an append led to.
@@ -310,8 +316,9 @@ async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_tr
     end); anything else folds the log from the start — with the same result."""
     import sqlite3
 
-    async with open_session_store(FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]),
-                                  now_ms=now_ms) as store:
+    async with open_session_store(
+        FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]), now_ms=now_ms
+    ) as store:
         ref = await store.create(header("s", 1))
         for n in range(1, 4):
             await ref.append(turn(n, 2))
@@ -322,24 +329,31 @@ async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_tr
     for offset, folds_from_start in ((good, False), (5, True), (good - 7, True), (good + 3, True)):
         with sqlite3.connect(tmp_path / "index.sqlite3") as con:
             con.execute("update checkpoints set log_offset=?", (offset,))
-        async with open_session_store(FileLogStore(str(tmp_path), compression="none"),
-                                      ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
+        async with open_session_store(
+            FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]), now_ms=now_ms
+        ) as store:
             ref = await store.open("s")
-            total = (await ref.flush())
+            total = await ref.flush()
             assert await ref.snapshot() == {"count": total}, offset
             assert (store.last_open_folds == total) is folds_from_start, (offset, store.last_open_folds)
             await store.release("s")
 
 
 async def test_the_checkpoint_cadence_is_checked() -> None:
+    import pytest
     from subagents.storage.testing import MemoryLogStore
 
-    import pytest
-
-    for bad in ({"checkpoint_every": 0}, {"checkpoint_interval": 0}, {"checkpoint_interval": -1.0},
-                {"checkpoint_every": "3"}, {"checkpoint_every": 2.0}, {"checkpoint_every": True},
-                {"checkpoint_interval": float("nan")}, {"checkpoint_interval": float("inf")},
-                {"checkpoint_interval": "30"}):
+    for bad in (
+        {"checkpoint_every": 0},
+        {"checkpoint_interval": 0},
+        {"checkpoint_interval": -1.0},
+        {"checkpoint_every": "3"},
+        {"checkpoint_every": 2.0},
+        {"checkpoint_every": True},
+        {"checkpoint_interval": float("nan")},
+        {"checkpoint_interval": float("inf")},
+        {"checkpoint_interval": "30"},
+    ):
         with pytest.raises(ValueError, match="checkpoint_every must be an int >= 1"):
             async with open_session_store(MemoryLogStore(), ProjectionRegistry([Counter()]), now_ms=now_ms, **bad):
                 raise AssertionError("accepted")

@@ -22,12 +22,11 @@ from typing import Any
 
 import pytest
 import trio
-from trio.testing import wait_all_tasks_blocked
-
 from clocks import T, fixed_ms
 from drafts import descriptor_draft, note, turn_start
 from log_lines import header, wire
-from registries import HostileView, subagent_registry as registry
+from registries import HostileView
+from registries import subagent_registry as registry
 from subagents.actors import (
     ActorStopped,
     AppendResult,
@@ -36,6 +35,7 @@ from subagents.actors import (
     SessionRef,
     open_session_store,
 )
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import (
     Event,
     InvalidEvent,
@@ -46,9 +46,9 @@ from subagents.storage import (
     SequenceConflict,
     SessionHeader,
 )
-from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
+from trio.testing import wait_all_tasks_blocked
 
 BOUND = 10  # seconds; a safety net only, never the mechanism of a test
 now_ms = fixed_ms()
@@ -319,7 +319,10 @@ async def test_stale_expected_seq_fails_only_its_own_request() -> None:
 
         mem.crash()
         assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")[2:]] == [
-            b'{"i":1}', b'{"i":2}', b'{"i":5}', b'{"i":6}'
+            b'{"i":1}',
+            b'{"i":2}',
+            b'{"i":5}',
+            b'{"i":6}',
         ]
 
 

@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 import trio
-from trio.testing import wait_all_tasks_blocked
-
 from clocks import T, fixed_ms
 from drafts import descriptor_draft, note, turn_start
 from log_lines import header, rel_log, wire
@@ -36,6 +34,7 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
+from trio.testing import wait_all_tasks_blocked
 
 BOUND = 10  # seconds; a safety net only
 now_ms = fixed_ms()

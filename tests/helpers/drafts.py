@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from descriptors import descriptor
-
 from subagents.actors import EventDraft
 
 

@@ -11,11 +11,9 @@ from typing import Any
 
 import zstandard
 from clocks import T
-
 from subagents.storage import Batch, Event, LogStore, Offset, SessionHeader, SessionId, encode_session_id
 from subagents.storage._codec import encode_event
 from subagents.storage._records import HeaderRecord, encode_header_line
-
 
 _FILE_NAMES = {"none": "session.jsonl", "zstd": "session.jsonl.zst"}
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import attrs
 import pytest
-
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.models.base import Chunk, ModelError, ModelRequest, SessionBinding, TextDelta
 from subagents.runtime.models.scripted_model import ScriptedModel
@@ -36,8 +35,12 @@ def req(
 ) -> Call:
     """A call of session `session` (a fresh `ScenarioClock` unless `clock` is given)."""
     binding = SessionBinding(
-        session_id=session, label=label, created_at=created_at, clock=clock if clock is not None else ScenarioClock(),
-        waits=waits, assistant_count=lambda: assistant_count,
+        session_id=session,
+        label=label,
+        created_at=created_at,
+        clock=clock if clock is not None else ScenarioClock(),
+        waits=waits,
+        assistant_count=lambda: assistant_count,
     )
     return Call(binding, ModelRequest(messages=messages, purpose=purpose))
 

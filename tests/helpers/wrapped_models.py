@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
-
 from subagents.runtime.models.base import Chunk, Model, ModelRequest, SessionBinding, bind_model
 
 

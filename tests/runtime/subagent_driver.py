@@ -31,13 +31,12 @@ from contextlib import aclosing
 from typing import Any
 
 import trio
-
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.delegation.service import SubagentService
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.runtime.delegation.service import SubagentService
 
 
 def _say(line: str) -> None:
@@ -113,6 +112,7 @@ async def _wait_mark(rt: Any, model: HookedModel, conditions: list[dict[str, Any
 
 async def main(spec: dict[str, Any]) -> None:
     if spec.get("hold_settlement"):
+
         async def held(self: Any, activation: Any, child: Any) -> None:
             _say("MARK")
             await trio.sleep_forever()
@@ -120,9 +120,13 @@ async def main(spec: dict[str, Any]) -> None:
         SubagentService._settle = held  # type: ignore[method-assign]  # the crash driver holds settlement at a marked point
     model = HookedModel(ScriptedModel(load_script(json.dumps(spec["script"]))), spec.get("gates", []))
     async with open_runtime(
-        spec["root"], model=model, clock=ScenarioClock(start=spec.get("clock_start", 1_789_000_000_000)),
-        id_factory=CountingIds("child"), compression="none",
-        max_depth=spec.get("max_depth", 1), max_active_subagents=spec.get("max_active_subagents", 8),
+        spec["root"],
+        model=model,
+        clock=ScenarioClock(start=spec.get("clock_start", 1_789_000_000_000)),
+        id_factory=CountingIds("child"),
+        compression="none",
+        max_depth=spec.get("max_depth", 1),
+        max_active_subagents=spec.get("max_active_subagents", 8),
     ) as rt:
         if spec["create"]:
             agent = await rt.agents.create(session_id=spec["session"])
@@ -137,8 +141,10 @@ async def main(spec: dict[str, Any]) -> None:
         if spec.get("hold_settlement"):
             await trio.sleep_forever()
         result = await rt.subagents.wait_tree_idle(agent)
-        _say("RESULT " + json.dumps({"reason": result.reason if result else None,
-                                     "text": result.text if result else None}))
+        _say(
+            "RESULT "
+            + json.dumps({"reason": result.reason if result else None, "text": result.text if result else None})
+        )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,7 @@ from typing import Any
 import msgspec
 import trio
 import trio.testing
-
 from log_lines import header_line, json_line, new_log_file, read_all
-from wrapped_models import WrappedModel
 from subagents.actors import EventDraft
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import Agent, AgentConfig
@@ -41,6 +39,7 @@ from subagents.storage import (
     ReplaceOp,
     SessionNotFound,
 )
+from wrapped_models import WrappedModel
 
 Json = dict[str, Any]
 
@@ -207,11 +206,13 @@ async def run_turns(rt: Runtime, *messages: str) -> tuple[Agent, Any]:
 
 
 async def test_multi_step_tool_use_writes_each_step_and_feeds_results_back(tmp_path) -> None:
-    model = Recording(scripted(
-        {"text": "Let me look.", "tool_calls": [{"name": "echo", "arguments": {"path": "a.txt"}}]},
-        {"tool_calls": [{"name": "echo", "arguments": {"path": "b.txt"}}]},
-        {"text": "Both files read."},
-    ))
+    model = Recording(
+        scripted(
+            {"text": "Let me look.", "tool_calls": [{"name": "echo", "arguments": {"path": "a.txt"}}]},
+            {"tool_calls": [{"name": "echo", "arguments": {"path": "b.txt"}}]},
+            {"text": "Both files read."},
+        )
+    )
     async with runtime(tmp_path, model, tools=[ECHO]) as rt:
         agent, result = await run_turns(rt, "read a and b")
     events = read_log(tmp_path, agent.session_id)
@@ -299,13 +300,15 @@ async def test_tool_failures_become_error_results_and_the_turn_goes_on(tmp_path)
         raise RuntimeError("boom")
 
     model = scripted(
-        {"tool_calls": [
-            {"name": "fail", "arguments": {}},
-            {"name": "echo", "arguments": '{"path": '},
-            {"name": "nope", "arguments": {}},
-            {"name": "echo", "arguments": "[1, 2]"},
-            {"name": "crash", "arguments": {}},
-        ]},
+        {
+            "tool_calls": [
+                {"name": "fail", "arguments": {}},
+                {"name": "echo", "arguments": '{"path": '},
+                {"name": "nope", "arguments": {}},
+                {"name": "echo", "arguments": "[1, 2]"},
+                {"name": "crash", "arguments": {}},
+            ]
+        },
         {"text": "I see the errors."},
     )
     async with runtime(tmp_path, model, tools=[ECHO, tool("fail", fail), tool("crash", crash)]) as rt:
@@ -336,10 +339,12 @@ async def test_tool_failures_become_error_results_and_the_turn_goes_on(tmp_path)
 
 
 async def test_steer_mid_turn_joins_the_next_step_of_the_same_turn(tmp_path) -> None:
-    model = Recording(scripted(
-        {"wait_for": {"steered": True}, "text": "Working on it."},
-        {"text": "Switched to tests."},
-    ))
+    model = Recording(
+        scripted(
+            {"wait_for": {"steered": True}, "text": "Working on it."},
+            {"text": "Switched to tests."},
+        )
+    )
     async with runtime(tmp_path, model) as rt:
         agent = await rt.agents.create()
         await agent.send("write the code")
@@ -447,12 +452,14 @@ async def test_inject_does_not_wake_an_idle_agent_but_joins_the_next_step(tmp_pa
 
 
 async def test_inject_mid_turn_joins_the_next_step_and_does_not_extend_a_finished_turn(tmp_path) -> None:
-    model = Recording(scripted(
-        {"wait_for": {"steered": True}, "tool_calls": [{"name": "echo", "arguments": {}}]},
-        {"text": "step two"},
-        {"wait_for": {"steered": True}, "text": "turn two"},
-        {"text": "turn three"},
-    ))
+    model = Recording(
+        scripted(
+            {"wait_for": {"steered": True}, "tool_calls": [{"name": "echo", "arguments": {}}]},
+            {"text": "step two"},
+            {"wait_for": {"steered": True}, "text": "turn two"},
+            {"text": "turn three"},
+        )
+    )
     async with runtime(tmp_path, model, tools=[ECHO]) as rt:
         agent = await rt.agents.create()
         await agent.send("go")
@@ -466,8 +473,11 @@ async def test_inject_mid_turn_joins_the_next_step_and_does_not_extend_a_finishe
         assert first.turn == 2
         await agent.send("third")
         result = await agent.wait_idle()
-    rows = [r for r in brief(read_log(tmp_path, agent.session_id))
-            if r[0] in ("turn/start", "step/start", "user/message", "turn/end")]
+    rows = [
+        r
+        for r in brief(read_log(tmp_path, agent.session_id))
+        if r[0] in ("turn/start", "step/start", "user/message", "turn/end")
+    ]
     assert rows == [
         ("turn/start", 1),
         ("step/start", 1, 1),
@@ -631,8 +641,14 @@ async def test_cancel_during_a_tool_that_ignores_abort_cancels_it_after_the_grac
     assert brief(events)[3:] == [
         ("assistant/message", 1, 1, "Running it.", "tool-calls", ["call_1_1"]),
         ("tool/call", 1, 1, "call_1_1", "stubborn"),
-        ("tool/result", 1, 1, "call_1_1", "Error: tool call was cancelled",
-         {"name": "ToolCancelledError", "code": "CANCELLED"}),
+        (
+            "tool/result",
+            1,
+            1,
+            "call_1_1",
+            "Error: tool call was cancelled",
+            {"name": "ToolCancelledError", "code": "CANCELLED"},
+        ),
         ("step/end", 1, 1),
         ("turn/end", 1, {"kind": "aborted", "cause": "user"}),
     ]
@@ -655,11 +671,15 @@ async def test_cancel_records_a_polite_tool_and_closes_undispatched_calls_behind
         return "ran"
 
     tools = [tool("polite", polite), tool("exclusive", exclusive, parallel_safe=False), ECHO]
-    model = scripted({"tool_calls": [
-        {"name": "polite", "arguments": {}},
-        {"name": "exclusive", "arguments": {}},
-        {"name": "echo", "arguments": {}},
-    ]})
+    model = scripted(
+        {
+            "tool_calls": [
+                {"name": "polite", "arguments": {}},
+                {"name": "exclusive", "arguments": {}},
+                {"name": "echo", "arguments": {}},
+            ]
+        }
+    )
     async with runtime(tmp_path, model, tools=tools) as rt:
         agent = await rt.agents.create()
         await agent.send("go")
@@ -713,8 +733,14 @@ async def test_cancel_records_a_polite_tool_result_even_when_it_waits_behind_a_s
     events = read_log(tmp_path, agent.session_id)
     assert result.reason == {"kind": "aborted", "cause": "user"}
     assert [r for r in brief(events) if r[0] == "tool/result"] == [
-        ("tool/result", 1, 1, "call_1_1", "Error: tool call was cancelled",
-         {"name": "ToolCancelledError", "code": "CANCELLED"}),
+        (
+            "tool/result",
+            1,
+            1,
+            "call_1_1",
+            "Error: tool call was cancelled",
+            {"name": "ToolCancelledError", "code": "CANCELLED"},
+        ),
         ("tool/result", 1, 1, "call_1_2", "stopped cleanly", None),
     ]
     assert_every_call_answered(events)
@@ -767,25 +793,52 @@ def cut_log(*, recorded: bool) -> list[bytes]:
     lines = [
         _line(0, "turn/start", {"turn": 1, "trigger": {"kind": "message"}}),
         _line(1, "step/start", {"turn": 1, "step": 1}),
-        _line(2, "user/message", {"turn": 1, "step": 1, "message": {
-            "id": "msg-1", "role": "user", "content": [{"type": "text", "text": "write x"}],
-            "source": {"kind": "user"}}}, surface_op="append"),
-        _line(3, "assistant/message", {"turn": 1, "step": 1, "finish": "tool-calls", "message": {
-            "id": "msg-2", "role": "assistant", "content": [call], "source": {"kind": "model"}}},
-            surface_op="append"),
+        _line(
+            2,
+            "user/message",
+            {
+                "turn": 1,
+                "step": 1,
+                "message": {
+                    "id": "msg-1",
+                    "role": "user",
+                    "content": [{"type": "text", "text": "write x"}],
+                    "source": {"kind": "user"},
+                },
+            },
+            surface_op="append",
+        ),
+        _line(
+            3,
+            "assistant/message",
+            {
+                "turn": 1,
+                "step": 1,
+                "finish": "tool-calls",
+                "message": {"id": "msg-2", "role": "assistant", "content": [call], "source": {"kind": "model"}},
+            },
+            surface_op="append",
+        ),
     ]
     if recorded:
-        lines.append(_line(4, "tool/call", {"turn": 1, "step": 1, "call_id": "call_1_1", "name": "write",
-                                            "arguments": '{"path":"x"}'}))
+        lines.append(
+            _line(
+                4,
+                "tool/call",
+                {"turn": 1, "step": 1, "call_id": "call_1_1", "name": "write", "arguments": '{"path":"x"}'},
+            )
+        )
     return lines
 
 
 async def _resume_cut_log(tmp_path, *, recorded: bool) -> list[Event]:
     new_log_file(tmp_path, "s-1", "none").write_bytes(HEADER + b"".join(cut_log(recorded=recorded)))
-    model = Recording(scripted(
-        {"tool_calls": [{"name": "write", "arguments": {"path": "x"}}]},
-        {"text": "written"},
-    ))
+    model = Recording(
+        scripted(
+            {"tool_calls": [{"name": "write", "arguments": {"path": "x"}}]},
+            {"text": "written"},
+        )
+    )
 
     async def write(args: Json, ctx: ToolContext) -> str:
         return f"wrote {args['path']}"
@@ -808,18 +861,37 @@ async def _resume_cut_log(tmp_path, *, recorded: bool) -> list[Event]:
 
 async def test_resume_after_a_cut_following_tool_call_appends_outcome_unknown_closers(tmp_path) -> None:
     closed = await _resume_cut_log(tmp_path, recorded=True)
-    assert types(closed) == ["turn/start", "step/start", "user/message", "assistant/message", "tool/call",
-                             "tool/result", "step/end", "turn/end"]
+    assert types(closed) == [
+        "turn/start",
+        "step/start",
+        "user/message",
+        "assistant/message",
+        "tool/call",
+        "tool/result",
+        "step/end",
+        "turn/end",
+    ]
     result, step_end, turn_end = closed[5:]
     assert [e.seq for e in closed[5:]] == [5, 6, 7]
     assert {e.time for e in closed[5:]} == {T0 + 4}  # the last event's time
-    assert data(result) == {"turn": 1, "step": 1, "error": {"name": "ToolOutcomeUnknownError",
-                                                            "code": "TOOL_OUTCOME_UNKNOWN"},
-                            "message": {"id": "interrupted-tool-result-call_1_1-5", "role": "user",
-                                        "source": {"kind": "tool", "call_id": "call_1_1"},
-                                        "content": [{"type": "tool-result", "call_id": "call_1_1",
-                                                     "content": [{"type": "text", "text": TOOL_OUTCOME_UNKNOWN_TEXT}],
-                                                     "is_error": True}]}}
+    assert data(result) == {
+        "turn": 1,
+        "step": 1,
+        "error": {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"},
+        "message": {
+            "id": "interrupted-tool-result-call_1_1-5",
+            "role": "user",
+            "source": {"kind": "tool", "call_id": "call_1_1"},
+            "content": [
+                {
+                    "type": "tool-result",
+                    "call_id": "call_1_1",
+                    "content": [{"type": "text", "text": TOOL_OUTCOME_UNKNOWN_TEXT}],
+                    "is_error": True,
+                }
+            ],
+        },
+    }
     assert result.surface_op == "append" and result.source_event_seqs == [4]
     assert data(step_end) == {"turn": 1, "step": 1}
     assert data(turn_end) == {"turn": 1, "reason": {"kind": "interrupted"}}
@@ -827,16 +899,29 @@ async def test_resume_after_a_cut_following_tool_call_appends_outcome_unknown_cl
 
 async def test_resume_after_a_cut_following_the_assistant_message_appends_not_started_closers(tmp_path) -> None:
     closed = await _resume_cut_log(tmp_path, recorded=False)
-    assert types(closed) == ["turn/start", "step/start", "user/message", "assistant/message",
-                             "tool/result", "step/end", "turn/end"]
+    assert types(closed) == [
+        "turn/start",
+        "step/start",
+        "user/message",
+        "assistant/message",
+        "tool/result",
+        "step/end",
+        "turn/end",
+    ]
     result, step_end, turn_end = closed[4:]
     assert [e.seq for e in closed[4:]] == [4, 5, 6]
     assert {e.time for e in closed[4:]} == {T0 + 3}
     payload = data(result)
     assert payload["error"] == {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"}
     assert payload["message"]["id"] == "interrupted-tool-result-call_1_1-4"
-    assert payload["message"]["content"] == [{"type": "tool-result", "call_id": "call_1_1", "is_error": True,
-                                              "content": [{"type": "text", "text": TOOL_NOT_STARTED_TEXT}]}]
+    assert payload["message"]["content"] == [
+        {
+            "type": "tool-result",
+            "call_id": "call_1_1",
+            "is_error": True,
+            "content": [{"type": "text", "text": TOOL_NOT_STARTED_TEXT}],
+        }
+    ]
     assert result.source_event_seqs is UNSET
     assert data(step_end) == {"turn": 1, "step": 1}
     assert data(turn_end) == {"turn": 1, "reason": {"kind": "interrupted"}}
@@ -888,8 +973,9 @@ async def test_system_prompt_is_written_once_and_again_only_when_it_changes(tmp_
     assert all(r.messages[0]["role"] == "system" for r in model.turn_requests())
 
     # The same prompt after a restart: nothing new.
-    async with runtime(tmp_path, scripted({"text": "three"}), config=AgentConfig(system_prompt="You are terse."),
-                       tools=tools) as rt:
+    async with runtime(
+        tmp_path, scripted({"text": "three"}), config=AgentConfig(system_prompt="You are terse."), tools=tools
+    ) as rt:
         agent = await rt.agents.resume(sid)
         await agent.send("three")
         await agent.wait_idle()
@@ -917,12 +1003,14 @@ DESCRIPTOR = {"version": 2, "mode": "continuable", "provider": "fork", "label": 
 async def test_compaction_replaces_an_older_range_keeps_the_descriptor_and_the_next_request_sees_the_summary(
     tmp_path,
 ) -> None:
-    model = Recording(scripted(
-        {"text": "Step one.", "tool_calls": [{"name": "echo", "arguments": {"q": "alpha"}}]},
-        {"text": "Step two.", "tool_calls": [{"name": "echo", "arguments": {"q": "beta"}}]},
-        {"text": "All done."},
-        summaries=["They searched alpha."],
-    ))
+    model = Recording(
+        scripted(
+            {"text": "Step one.", "tool_calls": [{"name": "echo", "arguments": {"q": "alpha"}}]},
+            {"text": "Step two.", "tool_calls": [{"name": "echo", "arguments": {"q": "beta"}}]},
+            {"text": "All done."},
+            summaries=["They searched alpha."],
+        )
+    )
     config = AgentConfig(compaction=CompactionPolicy(max_chars=10, keep_recent=2))
     async with runtime(tmp_path, model, config=config, tools=[ECHO]) as rt:
         agent = await rt.agents.create(first=[EventDraft(type="subagent/descriptor", data=DESCRIPTOR)])
@@ -935,9 +1023,13 @@ async def test_compaction_replaces_an_older_range_keeps_the_descriptor_and_the_n
     assert sum(1 for e in events if e.type == "subagent/descriptor") == 1
 
     i = types(events).index("compaction/start")
-    start, summary, replacement, end = events[i:i + 4]
+    start, summary, replacement, end = events[i : i + 4]
     assert types([start, summary, replacement, end]) == [
-        "compaction/start", "compaction/summary", "user/message", "compaction/end"]
+        "compaction/start",
+        "compaction/summary",
+        "user/message",
+        "compaction/end",
+    ]
     assert data(start) == {"turn": 1}
     assert data(summary) == {"text": "They searched alpha."}
     # The range: the first user message, the first assistant message and its tool result.
@@ -947,7 +1039,10 @@ async def test_compaction_replaces_an_older_range_keeps_the_descriptor_and_the_n
     first_assistant = next(e for e in events if e.type == "assistant/message")
     assert replacement.source_event_seqs == [first_user.seq, first_assistant.seq, first_result.seq]
     assert [by_seq[s].type for s in replacement.source_event_seqs] == [
-        "user/message", "assistant/message", "tool/result"]
+        "user/message",
+        "assistant/message",
+        "tool/result",
+    ]
     msg = data(replacement)["message"]
     assert msg["role"] == "user" and msg["source"] == {"kind": "compaction"}
     assert text(msg) == "<compacted-summary>They searched alpha.</compacted-summary>"
@@ -959,18 +1054,23 @@ async def test_compaction_replaces_an_older_range_keeps_the_descriptor_and_the_n
     compaction = [r for r in model.requests if r.purpose == "compaction"]
     assert len(compaction) == 1
     assert [text(m) for m in compaction[0].messages] == [
-        "research the greek letters", "Step one.", 'echo {"q": "alpha"}']
+        "research the greek letters",
+        "Step one.",
+        'echo {"q": "alpha"}',
+    ]
     after = model.turn_requests()[2].messages
     assert [text(m) for m in after] == [
-        "<compacted-summary>They searched alpha.</compacted-summary>", "Step two.", 'echo {"q": "beta"}']
+        "<compacted-summary>They searched alpha.</compacted-summary>",
+        "Step two.",
+        'echo {"q": "beta"}',
+    ]
     assert_every_call_answered(events)
 
 
 async def test_compaction_goes_on_past_a_system_prompt_that_changed(tmp_path) -> None:
     """History under an old prompt, then a new prompt: once the old run is down to its summary,
     the history after the new system message is what gets compacted."""
-    model = scripted(*[{"text": f"Answer {i}."} for i in range(5)],
-                     summaries=[f"Summary {i}." for i in range(5)])
+    model = scripted(*[{"text": f"Answer {i}."} for i in range(5)], summaries=[f"Summary {i}." for i in range(5)])
     compact = CompactionPolicy(max_chars=10, keep_recent=2)
     async with runtime(tmp_path, model, config=AgentConfig(system_prompt="Prompt A.", compaction=compact)) as rt:
         agent = await rt.agents.create(session_id="a")

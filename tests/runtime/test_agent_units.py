@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 import trio
-from trio.testing import wait_all_tasks_blocked
-
 from clocks import T
 from events import turn_end_event
 from subagents.actors import Abort
@@ -34,6 +32,7 @@ from subagents.runtime.agent.tools import (
 )
 from subagents.runtime.models.base import ToolSpec
 from subagents.storage import Event, ReplaceOp, make_event
+from trio.testing import wait_all_tasks_blocked
 
 Json = dict[str, Any]
 
@@ -172,8 +171,10 @@ def test_a_schema_the_validator_would_not_honour_is_refused(case: str, schema: A
 MISREAD_SCHEMAS: list[tuple[str, Any]] = [
     ("required as a string (validated char by char)", {"type": "object", "required": "query"}),
     ("enum as a string (substring match)", {"type": "object", "properties": {"m": {"enum": "fast"}}}),
-    ("additionalProperties as a schema (ignored)",
-     {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}}),
+    (
+        "additionalProperties as a schema (ignored)",
+        {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}},
+    ),
     ("properties as a list", {"type": "object", "properties": ["q"]}),
     ("nested type not a string", {"type": "object", "properties": {"n": {"type": 5}}}),
     ("minimum not a number", {"type": "object", "properties": {"n": {"type": "integer", "minimum": "1"}}}),
@@ -192,8 +193,13 @@ def test_a_keyword_with_a_value_of_the_wrong_shape_is_refused(case: str, schema:
         {"type": "object"},
         {"type": "object", "properties": {}},
         SCHEMA,
-        {"type": "object", "title": "T", "description": "d", "default": {},
-         "properties": {"n": {"type": ["integer", "null"], "default": None, "title": "N"}}},
+        {
+            "type": "object",
+            "title": "T",
+            "description": "d",
+            "default": {},
+            "properties": {"n": {"type": ["integer", "null"], "default": None, "title": "N"}},
+        },
     ],
 )
 def test_supported_schemas_are_accepted(schema: Json) -> None:
@@ -358,8 +364,11 @@ OUTPUTS: list[tuple[str, Any, list[Json]]] = [
     ("string", "hello", [{"type": "text", "text": "hello"}]),
     ("empty string", "", [{"type": "text", "text": ""}]),
     ("one block", [{"type": "text", "text": "a"}], [{"type": "text", "text": "a"}]),
-    ("blocks", [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-     [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]),
+    (
+        "blocks",
+        [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+        [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+    ),
     ("tuple of blocks", ({"type": "text", "text": "a"},), [{"type": "text", "text": "a"}]),
     ("no blocks", [], []),
 ]
@@ -401,15 +410,31 @@ class CustomError(Exception):
 
 
 FAILURES: list[tuple[str, Exception, str, Json]] = [
-    ("ToolFailure", ToolFailure("quota exceeded", code="QUOTA"), "Error: quota exceeded",
-     {"name": "ToolFailure", "code": "QUOTA"}),
-    ("ToolFailure with a name", ToolFailure('session "x" not found', code="NOT_FOUND", name="SessionNotFound"),
-     'Error: session "x" not found', {"name": "SessionNotFound", "code": "NOT_FOUND"}),
-    ("ToolFailure subclass", QuotaExceeded("slow down", code="QUOTA"), "Error: slow down",
-     {"name": "QuotaExceeded", "code": "QUOTA"}),
+    (
+        "ToolFailure",
+        ToolFailure("quota exceeded", code="QUOTA"),
+        "Error: quota exceeded",
+        {"name": "ToolFailure", "code": "QUOTA"},
+    ),
+    (
+        "ToolFailure with a name",
+        ToolFailure('session "x" not found', code="NOT_FOUND", name="SessionNotFound"),
+        'Error: session "x" not found',
+        {"name": "SessionNotFound", "code": "NOT_FOUND"},
+    ),
+    (
+        "ToolFailure subclass",
+        QuotaExceeded("slow down", code="QUOTA"),
+        "Error: slow down",
+        {"name": "QuotaExceeded", "code": "QUOTA"},
+    ),
     ("ValueError", ValueError("bad path"), "Error: bad path", {"name": "ValueError", "code": "TOOL_FAILED"}),
-    ("OSError", FileNotFoundError(2, "No such file or directory"), "Error: [Errno 2] No such file or directory",
-     {"name": "FileNotFoundError", "code": "TOOL_FAILED"}),
+    (
+        "OSError",
+        FileNotFoundError(2, "No such file or directory"),
+        "Error: [Errno 2] No such file or directory",
+        {"name": "FileNotFoundError", "code": "TOOL_FAILED"},
+    ),
     ("custom", CustomError("boom"), "Error: boom", {"name": "CustomError", "code": "TOOL_FAILED"}),
     ("no message", RuntimeError(), "Error: RuntimeError", {"name": "RuntimeError", "code": "TOOL_FAILED"}),
 ]
@@ -495,7 +520,7 @@ def test_one_delivery_per_mode(mode: Any, wakes: bool, steered: bool, by_step: l
     assert (inbox.wakes(), inbox.steered(), len(inbox), inbox.received) == (wakes, steered, 1, 1)
     assert texts(inbox.claim_step()) == by_step
     assert len(inbox) == 1 - len(by_step)
-    assert texts(inbox.claim_turn()) == ["x"][len(by_step):]
+    assert texts(inbox.claim_turn()) == ["x"][len(by_step) :]
     assert (inbox.wakes(), inbox.steered(), len(inbox), inbox.claim_turn()) == (False, False, 0, [])
 
 
@@ -552,8 +577,9 @@ def test_unknown_mode_and_bad_capacity_are_refused() -> None:
             Inbox(capacity)
 
 
-@pytest.mark.parametrize(("queued_mode", "claim"), [("steer", "claim_step"), ("inject", "claim_step"),
-                                                     ("follow-up", "claim_turn")])
+@pytest.mark.parametrize(
+    ("queued_mode", "claim"), [("steer", "claim_step"), ("inject", "claim_step"), ("follow-up", "claim_turn")]
+)
 async def test_put_waits_when_full_and_proceeds_when_a_claim_frees_room(
     queued_mode: Any, claim: str, autojump_clock: Any
 ) -> None:
@@ -712,6 +738,7 @@ async def test_wait_wake(mode: Any, wakes: bool, autojump_clock: Any) -> None:
 # messages and the surface
 # =============================================================================================
 
+
 def msg(seq: int, role: str = "user", *blocks: Json, source: Json | None = None) -> Json:
     default = {"system": {"kind": "user"}, "user": {"kind": "user"}, "assistant": {"kind": "model"}}[role]
     content = list(blocks) or [{"type": "text", "text": f"{role} {seq}"}]
@@ -731,8 +758,12 @@ def user_ev(seq: int, text: str | None = None) -> Event:
 def assistant_ev(seq: int, *call_ids: str) -> Event:
     blocks = [{"type": "text", "text": f"assistant {seq}"}]
     blocks += [{"type": "tool-call", "id": c, "name": "ls", "arguments": "{}"} for c in call_ids]
-    data = {"turn": 1, "step": 1, "message": msg(seq, "assistant", *blocks),
-            "finish": "tool-calls" if call_ids else "stop"}
+    data = {
+        "turn": 1,
+        "step": 1,
+        "message": msg(seq, "assistant", *blocks),
+        "finish": "tool-calls" if call_ids else "stop",
+    }
     return make_event(seq, "assistant/message", T + seq, data, surface_op="append")
 
 
@@ -744,8 +775,12 @@ def result_ev(seq: int, call_id: str) -> Event:
 def summary_ev(seq: int, start: int, end: int, replaced: Sequence[int], text: str = "summary") -> Event:
     message_ = message(f"m{seq}", "user", [{"type": "text", "text": text}], {"kind": "compaction"})
     return make_event(
-        seq, "user/message", T + seq, {"turn": 1, "step": 1, "message": message_},
-        surface_op=ReplaceOp(op="replace", start_seq=start, end_seq=end), source_event_seqs=sorted(replaced),
+        seq,
+        "user/message",
+        T + seq,
+        {"turn": 1, "step": 1, "message": message_},
+        surface_op=ReplaceOp(op="replace", start_seq=start, end_seq=end),
+        source_event_seqs=sorted(replaced),
     )
 
 
@@ -780,14 +815,21 @@ def test_from_events_keeps_surface_events_only_with_their_messages() -> None:
     ]
     surface = Surface.from_events(events)
     assert [(n.seq, n.type) for n in surface.nodes] == [
-        (2, "system/message"), (3, "user/message"), (4, "assistant/message"), (6, "tool/result"),
+        (2, "system/message"),
+        (3, "user/message"),
+        (4, "assistant/message"),
+        (6, "tool/result"),
     ]
     # exactly the messages that were written, as plain JSON
     assert surface.messages() == [
         msg(2, "system", {"type": "text", "text": "be brief"}),
         msg(3, "user", {"type": "text", "text": "hi"}),
-        msg(4, "assistant", {"type": "text", "text": "assistant 4"},
-            {"type": "tool-call", "id": "c1", "name": "ls", "arguments": "{}"}),
+        msg(
+            4,
+            "assistant",
+            {"type": "text", "text": "assistant 4"},
+            {"type": "tool-call", "id": "c1", "name": "ls", "arguments": "{}"},
+        ),
         tool_result_message("m6", "c1", [{"type": "text", "text": "result 6"}], is_error=False),
     ]
     assert surface.last_system_text() == "be brief"
@@ -1048,11 +1090,25 @@ def test_the_surface_skips_an_ignorable_event_of_a_later_format() -> None:
     from subagents.runtime.agent.messages import Surface
     from subagents.storage._codec import decode_event
 
-    user = make_event(0, "user/message", 1, {"turn": 1, "step": 1, "message": {
-        "id": "m0", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}},
-        surface_op="append")
-    future = decode_event(b'{"seq":1,"type":"future/note","time":1,"data":{"x":1},"ignorable":true,'
-                          b'"surface_op":"append"}')
+    user = make_event(
+        0,
+        "user/message",
+        1,
+        {
+            "turn": 1,
+            "step": 1,
+            "message": {
+                "id": "m0",
+                "role": "user",
+                "content": [{"type": "text", "text": "hi"}],
+                "source": {"kind": "user"},
+            },
+        },
+        surface_op="append",
+    )
+    future = decode_event(
+        b'{"seq":1,"type":"future/note","time":1,"data":{"x":1},"ignorable":true,"surface_op":"append"}'
+    )
     surface = Surface.from_events([user, future], session_id="s")
     assert [node.seq for node in surface.nodes] == [0]
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import msgspec
 import pytest
-
 from clocks import T
 from events import seed_marker, turn_end_event
 from log_lines import header
@@ -46,10 +45,14 @@ def test_it_is_registered_with_the_subagent_units() -> None:
 
 
 def test_every_catalogued_child_is_named_with_its_creation_time_mode_and_label() -> None:
-    state = fold([catalog(0, "b", 20), catalog(1, "a", 10, "one-shot", None), make_event(2, "turn/start", T, {"turn": 1})])
+    state = fold(
+        [catalog(0, "b", 20), catalog(1, "a", 10, "one-shot", None), make_event(2, "turn/start", T, {"turn": 1})]
+    )
     view = CATALOG_UNIT.view(state)
-    assert view == {"b": {"created_at": 20, "mode": "continuable", "label": "x"},
-                    "a": {"created_at": 10, "mode": "one-shot"}}
+    assert view == {
+        "b": {"created_at": 20, "mode": "continuable", "label": "x"},
+        "a": {"created_at": 10, "mode": "one-shot"},
+    }
     assert json.loads(json.dumps(view)) == view and json.loads(json.dumps(state)) == state
     assert [e.id for e in catalog_entries(view)] == ["a", "b"]  # (created_at, id) order
 
@@ -78,8 +81,7 @@ def test_a_bad_entry_is_skipped_and_never_hides_its_siblings(raw: bytes) -> None
 
 def test_a_forks_inherited_catalog_names_none_of_its_own_children() -> None:
     # seq 0..1 inherited (the parent's catalog), 2 the end-seed marker, then its own.
-    events = [catalog(0, "parents-child", 1), turn_end_event(1, T, 1),
-              seed_marker(2, T), catalog(3, "mine", 5)]
+    events = [catalog(0, "parents-child", 1), turn_end_event(1, T, 1), seed_marker(2, T), catalog(3, "mine", 5)]
     assert list(CATALOG_UNIT.view(fold(events, k=2))) == ["mine"]
 
 

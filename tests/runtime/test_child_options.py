@@ -10,26 +10,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from log_lines import read_all
-from wrapped_models import WrappedModel
 from subagents.runtime.agent.loop import AgentConfig
 from subagents.runtime.agent.registry import AgentError
 from subagents.runtime.agent.tools import FunctionTool, ToolSet
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.delegation.descriptor import ToolFilter, parse_descriptor
+from subagents.runtime.delegation.listing import SubagentError
+from subagents.runtime.delegation.options import ChildOptions, filtered_tools
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Model, ModelRequest, SessionBinding
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.runtime.delegation.descriptor import ToolFilter, parse_descriptor
-from subagents.runtime.delegation.listing import SubagentError
-from subagents.runtime.delegation.options import ChildOptions, filtered_tools
 from subagents.storage import FileLogStore, decode_payload
+from wrapped_models import WrappedModel
 
 PERSONA = "You are a careful reviewer."
-OPTIONS = ChildOptions(agent_provider="scripted", agent_model="reviewer", persona=PERSONA,
-                       tool_filter=ToolFilter(deny=["subagent", "subagent_fork"]))
+OPTIONS = ChildOptions(
+    agent_provider="scripted",
+    agent_model="reviewer",
+    persona=PERSONA,
+    tool_filter=ToolFilter(deny=["subagent", "subagent_fork"]),
+)
 
 
 class Recording(WrappedModel):
@@ -52,9 +55,17 @@ class Recording(WrappedModel):
 
 
 def _script(*child_texts: str) -> ScriptedModel:
-    return ScriptedModel(load_script(json.dumps({"agents": [
-        {"label": "reviewer-child", "responses": [{"text": t} for t in child_texts]},
-    ]})))
+    return ScriptedModel(
+        load_script(
+            json.dumps(
+                {
+                    "agents": [
+                        {"label": "reviewer-child", "responses": [{"text": t} for t in child_texts]},
+                    ]
+                }
+            )
+        )
+    )
 
 
 class Models:
@@ -90,8 +101,15 @@ def _descriptor(root: Path, child_id: str) -> Any:
 
 
 def _runtime(root: Path, models: Models, **kwargs: Any) -> Any:
-    return open_runtime(root, model=models.default, child_model=models.child_model, clock=ScenarioClock(),
-                        id_factory=CountingIds("c"), compression="none", **kwargs)
+    return open_runtime(
+        root,
+        model=models.default,
+        child_model=models.child_model,
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        **kwargs,
+    )
 
 
 async def test_a_continuable_child_records_its_options_and_gets_them_back_on_cold_resume(tmp_path: Path) -> None:
@@ -104,9 +122,16 @@ async def test_a_continuable_child_records_its_options_and_gets_them_back_on_col
         parent_tools = [spec.name for spec in rt.agents.tools().specs()]  # what every agent gets
     assert models.asked == [OPTIONS]
     payload = _descriptor(tmp_path, child_id)
-    assert payload == {"version": 2, "mode": "continuable", "provider": "spawn", "label": "reviewer-child",
-                       "agent_provider": "scripted", "agent_model": "reviewer", "persona": PERSONA,
-                       "tool_filter": {"deny": ["subagent", "subagent_fork"]}}
+    assert payload == {
+        "version": 2,
+        "mode": "continuable",
+        "provider": "spawn",
+        "label": "reviewer-child",
+        "agent_provider": "scripted",
+        "agent_model": "reviewer",
+        "persona": PERSONA,
+        "tool_filter": {"deny": ["subagent", "subagent_fork"]},
+    }
     assert parse_descriptor(payload) is not None
     (first,) = models.child.of(child_id)
     assert models.default.of(child_id) == []  # the child used the model its options selected
@@ -128,8 +153,9 @@ async def test_a_continuable_child_records_its_options_and_gets_them_back_on_col
 
 async def test_options_that_select_a_model_need_a_factory(tmp_path: Path) -> None:
     models = Models("first answer")
-    async with open_runtime(tmp_path, model=models.default, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            compression="none") as rt:
+    async with open_runtime(
+        tmp_path, model=models.default, clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none"
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         for start in (
             lambda: rt.subagents.start_continuable(parent, "spawn", "reviewer-child", "go", options=OPTIONS),
@@ -141,7 +167,8 @@ async def test_options_that_select_a_model_need_a_factory(tmp_path: Path) -> Non
         assert sorted(p.name for p in (tmp_path / "sessions").iterdir()) == ["parent"]  # no child was made
         # Persona and tool filter alone need no factory.
         child_id = await rt.subagents.start_continuable(
-            parent, "spawn", "reviewer-child", "go", options=ChildOptions(persona=PERSONA))
+            parent, "spawn", "reviewer-child", "go", options=ChildOptions(persona=PERSONA)
+        )
         await rt.subagents.wait_tree_idle(parent)
         assert _system_texts(models.default.of(child_id)[0]) == [PERSONA]
 
@@ -156,7 +183,10 @@ async def test_a_child_whose_model_cannot_be_rebuilt_is_not_resumable(tmp_path: 
         parent = await rt.agents.resume("parent")
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(parent, child_id, "again")
-        assert (exc.value.code, exc.value.message) == ("SUBAGENT_NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
+        assert (exc.value.code, exc.value.message) == (
+            "SUBAGENT_NOT_RESUMABLE",
+            f'subagent "{child_id}" is unavailable',
+        )
         assert rt.subagents.manager.get(child_id) is None
 
 
@@ -169,8 +199,12 @@ async def test_a_one_shot_child_uses_its_options_without_recording_them(tmp_path
     (child_id,) = {sid for sid, _ in models.child.requests}
     assert _system_texts(models.child.of(child_id)[0]) == [PERSONA]
     assert "subagent" not in _tool_names(models.child.of(child_id)[0])
-    assert _descriptor(tmp_path, child_id) == {"version": 2, "mode": "one-shot", "provider": "spawn",
-                                               "label": "reviewer-child"}
+    assert _descriptor(tmp_path, child_id) == {
+        "version": 2,
+        "mode": "one-shot",
+        "provider": "spawn",
+        "label": "reviewer-child",
+    }
 
 
 def test_tool_filters_allow_then_deny_in_registration_order() -> None:

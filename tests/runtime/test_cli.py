@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from log_lines import header, persist_log
 from subagents.runtime.cli import main
 
@@ -44,7 +43,12 @@ def _root_with_children(tmp_path: Path) -> Path:
     from subagents.storage import FileLogStore, make_event
 
     store = FileLogStore(str(tmp_path))
-    for sid, created, parent, label in (("p", 1, None, None), ("c1", 2, "p", "first"), ("c2", 3, "p", None), ("g", 4, "c1", "deep")):
+    for sid, created, parent, label in (
+        ("p", 1, None, None),
+        ("c1", 2, "p", "first"),
+        ("c2", 3, "p", None),
+        ("g", 4, "c1", "deep"),
+    ):
         session_header = header(sid, created, parent_session=parent, origin="subagent" if parent else None)
         events = [make_event(0, "turn/start", 1, {"turn": 1})]
         if parent is not None:
@@ -62,7 +66,14 @@ def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
     import json
 
     assert json.loads(capsys.readouterr().out) == [
-        {"kind": "child", "id": "c1", "activity": "inactive", "has_children": True, "mode": "continuable", "label": "first"},
+        {
+            "kind": "child",
+            "id": "c1",
+            "activity": "inactive",
+            "has_children": True,
+            "mode": "continuable",
+            "label": "first",
+        },
         {"kind": "child", "id": "c2", "activity": "inactive", "has_children": False, "mode": "one-shot"},
     ]
     assert main(["children", "p", "--descendants", "--root", str(root)]) == 0
@@ -112,10 +123,13 @@ def test_agents_renders_like_list_agents(tmp_path: Path, capsys) -> None:
     assert capsys.readouterr().out == "(no subagents)\n"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["agents", "nobody"], 'session "nobody" not found'),
-    (["agents", "x" * 81], "80"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["agents", "nobody"], 'session "nobody" not found'),
+        (["agents", "x" * 81], "80"),
+    ],
+)
 def test_agents_bad_input_is_exit_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
     root = _root_with_children(tmp_path)
     assert main([*args, "--root", str(root)]) == 2
@@ -128,8 +142,18 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
     assert main(["sessions", "--json", "--root", str(root)]) == 0
     rows = __import__("json").loads(capsys.readouterr().out)
     assert [r["id"] for r in rows] == ["g", "c2", "c1", "p"]  # newest first
-    assert rows[0] == {"id": "g", "created": 4, "origin": "subagent", "parent": "c1", "depth": 0,
-                       "events": 2, "live": False, "live_elsewhere": False, "persisted": True, "damage": None}
+    assert rows[0] == {
+        "id": "g",
+        "created": 4,
+        "origin": "subagent",
+        "parent": "c1",
+        "depth": 0,
+        "events": 2,
+        "live": False,
+        "live_elsewhere": False,
+        "persisted": True,
+        "damage": None,
+    }
     assert main(["sessions", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "ID  CREATED                   ORIGIN    PARENT  DEPTH  EVENTS  STATE      DAMAGE"
@@ -158,10 +182,13 @@ def test_show_prints_a_transcript(tmp_path: Path, capsys) -> None:
     assert [e["type"] for e in entries] == ["subagent/descriptor", "turn/start", "turn/end"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["show", "nobody"], 'session "nobody" not found'),
-    (["show", "x" * 81], "80"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["show", "nobody"], 'session "nobody" not found'),
+        (["show", "x" * 81], "80"),
+    ],
+)
 def test_show_bad_input_is_exit_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
     root = _root_with_children(tmp_path)
     assert main([*args, "--root", str(root)]) == 2

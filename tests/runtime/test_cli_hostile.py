@@ -11,11 +11,10 @@ from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
-
 from clocks import T
 from descriptors import descriptor
 from garble import garble
+from hypothesis import HealthCheck, Phase, given, settings
 from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
 from subagents.runtime.cli import main
 
@@ -32,7 +31,13 @@ HOSTILE = [
 
 
 def _write(root: Path, sid: str, body: bytes, *, parent: str | None, compression: str, created_at: int) -> None:
-    session_header = header(sid, created_at, parent_session=parent, origin="subagent" if parent else None, delegation_depth=1 if parent else 0)
+    session_header = header(
+        sid,
+        created_at,
+        parent_session=parent,
+        origin="subagent" if parent else None,
+        delegation_depth=1 if parent else 0,
+    )
     head = encode_header(session_header)
     log = new_log_file(root, sid, compression)
     if compression == "none":
@@ -56,12 +61,19 @@ def build(root: Path, hostile: list[tuple[int, str]]) -> list[str]:
     return ids
 
 
-COMMANDS = [["sessions"], ["sessions", "--json"], ["children", "p"], ["children", "p", "--json"],
-            ["children", "p", "--descendants"], ["agents", "p"]]
+COMMANDS = [
+    ["sessions"],
+    ["sessions", "--json"],
+    ["children", "p"],
+    ["children", "p", "--json"],
+    ["children", "p", "--descendants"],
+    ["agents", "p"],
+]
 
 
-def run_all(root: Path, ids: list[str], capsys: pytest.CaptureFixture[str],
-            caplog: pytest.LogCaptureFixture | None = None) -> dict[tuple[str, ...], tuple[int, str, str]]:
+def run_all(
+    root: Path, ids: list[str], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture | None = None
+) -> dict[tuple[str, ...], tuple[int, str, str]]:
     out = {}
     for args in [*COMMANDS, *(["show", sid] for sid in ids)]:
         if caplog is not None:
@@ -79,8 +91,9 @@ def run_all(root: Path, ids: list[str], capsys: pytest.CaptureFixture[str],
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 @pytest.mark.parametrize("which", range(len(HOSTILE)))
-def test_read_only_commands_over_a_hostile_child(tmp_path: Path, capsys: pytest.CaptureFixture[str], which: int,
-                                                 compression: str) -> None:
+def test_read_only_commands_over_a_hostile_child(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: int, compression: str
+) -> None:
     ids = build(tmp_path, [(which, compression)])
     out = run_all(tmp_path, ids, capsys)
     code, text, _ = out[("children", "p", "--json")]
@@ -96,14 +109,22 @@ def test_read_only_commands_over_a_hostile_child(tmp_path: Path, capsys: pytest.
 
 
 @pytest.mark.slow
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 @given(
     hostile=st.lists(st.tuples(st.integers(0, len(HOSTILE) - 1), st.sampled_from(["none", "zstd"])), max_size=3),
     garbles=st.lists(st.tuples(st.integers(0, 1 << 16), st.binary(min_size=1, max_size=16)), min_size=1, max_size=8),
 )
 def test_fuzz_read_only_commands_over_a_garbled_index(
-    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
-    hostile: list[tuple[int, str]], garbles: list[tuple[int, bytes]]
+    tmp_path_factory: pytest.TempPathFactory,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    hostile: list[tuple[int, str]],
+    garbles: list[tuple[int, bytes]],
 ) -> None:
     root = tmp_path_factory.mktemp("root")
     ids = build(root, hostile)

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import zstandard
-
 from cli_process import CLI, clean_env, write_script
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
@@ -32,13 +31,18 @@ from subagents.storage.locks import held_flocks
 
 TIMEOUT = 60.0  # real seconds: only reached if the subprocess never gets ready
 
-SCRIPT = {"agents": [
-    {"session": "parent", "responses": [
-        {"tool_calls": [{"name": "subagent", "arguments": {"description": "Busy", "prompt": "work"}}]},
-        {"text": "started"},
-    ]},
-    {"label": "Busy", "responses": [{"hang": True}]},
-]}
+SCRIPT = {
+    "agents": [
+        {
+            "session": "parent",
+            "responses": [
+                {"tool_calls": [{"name": "subagent", "arguments": {"description": "Busy", "prompt": "work"}}]},
+                {"text": "started"},
+            ],
+        },
+        {"label": "Busy", "responses": [{"hang": True}]},
+    ]
+}
 
 
 def log_records(root: Path, session_id: str) -> list[dict[str, Any]]:
@@ -101,7 +105,11 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
     model = write_script(tmp_path / "script.json", SCRIPT)
     process = subprocess.Popen(
         [*CLI, "run", "--root", str(root), "--session", "parent", "--model", model, "delegate"],
-        cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         child = _wait_until_running(root, process)
@@ -119,7 +127,9 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
 
         rows = {row["id"]: row for row in json.loads(_cli(capsys, "sessions", "--json", "--root", r))}
         assert {sid: (row["live"], row["live_elsewhere"]) for sid, row in rows.items()} == {
-            "parent": (True, True), child: (True, True)}
+            "parent": (True, True),
+            child: (True, True),
+        }
         table = _cli(capsys, "sessions", "--root", r).splitlines()
         assert all("live (another process)" in line for line in table[1:]) and len(table) == 3
 
@@ -137,7 +147,9 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
     assert shown.splitlines()[-1] == "── end of turn 1: interrupted"  # closed in memory, as after a crash
     rows: dict[str, Any] = {row["id"]: row for row in json.loads(_cli(capsys, "sessions", "--json", "--root", r))}
     assert {sid: (row["live"], row["live_elsewhere"]) for sid, row in rows.items()} == {
-        "parent": (False, False), child: (False, False)}
+        "parent": (False, False),
+        child: (False, False),
+    }
     [row] = json.loads(_cli(capsys, "children", "parent", "--json", "--root", r))
     assert row["activity"] == "inactive"
     assert _cli(capsys, "agents", "parent", "--root", r) == f"{child} [ready] — Busy\n"
@@ -156,8 +168,9 @@ def _parent_and_child(store: Any) -> Any:
     store.close(parent)
     child = store.create(header("c", 2, parent_session="p", origin="subagent"))
     busy = descriptor("Busy")
-    store.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, busy),
-                                   make_event(1, "turn/start", 2, {"turn": 1})])])
+    store.append(
+        child, [Batch(0, [make_event(0, "subagent/descriptor", 2, busy), make_event(1, "turn/start", 2, {"turn": 1})])]
+    )
     return child
 
 
@@ -174,8 +187,9 @@ class _OtherProcess:
     """A writer holding session `c` of a file store from another process, until `close`."""
 
     def __init__(self, root: Path) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), "c"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(root), "c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.process.stdout is not None and self.process.stdout.readline() == "held\n"
 
     def close(self, _handle: object = None) -> None:
@@ -221,7 +235,6 @@ async def test_listing_and_observation_see_a_writer_elsewhere(kind: str, tmp_pat
 
 async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: Path) -> None:
     import msgspec
-
     from subagents.runtime.app import open_runtime
     from subagents.runtime.clock import ScenarioClock
     from subagents.runtime.models.script_format import load_script
@@ -234,11 +247,22 @@ async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: P
     child = writer.create(header("c", 2, parent_session="p", origin="subagent"))
     busy = descriptor("Busy")
     writer.append(child, [Batch(0, [make_event(0, "subagent/descriptor", 2, busy)])])
-    script = {"agents": [{"session": "p", "responses": [
-        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"},
-        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
-    async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(),
-                            log_store=reader) as rt:
+    script = {
+        "agents": [
+            {
+                "session": "p",
+                "responses": [
+                    {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
+                    {"text": "done"},
+                    {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
+                    {"text": "done"},
+                ],
+            }
+        ]
+    }
+    async with open_runtime(
+        tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(), log_store=reader
+    ) as rt:
         parent = await rt.agents.create(session_id="p")
         await parent.send("list them")
         await parent.wait_idle()
@@ -261,8 +285,8 @@ async def test_a_child_the_checkpoint_rung_answers_is_running_while_held_elsewhe
     from subagents.actors import open_session_store
     from subagents.runtime.app import open_runtime
     from subagents.runtime.delegation.units import SUBAGENT_UNITS
-    from subagents.storage.testing import FaultyLogStore, MemoryLogStore
     from subagents.storage.projection import ProjectionRegistry
+    from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 
     memory = MemoryLogStore()  # one store: its in-memory lock table has no processes, any holder counts
     clock = itertools.count(1)

@@ -11,7 +11,6 @@ import logging
 from pathlib import Path
 
 import pytest
-
 from events import seed_marker, turn_end_event
 from log_lines import header
 from subagents.runtime import cli
@@ -60,7 +59,8 @@ def test_sessions_table_shows_iso_times(tmp_path: Path, capsys) -> None:
 
 def test_show_of_a_damaged_log_names_where_and_exits_1(tmp_path: Path, capsys) -> None:
     _plain_log(
-        tmp_path, "torn-inside",
+        tmp_path,
+        "torn-inside",
         '{"seq":0,"type":"turn/start","time":1,"data":{"turn":1}}',
         '{"seq":1,"type":"turn/start","time":1,"data":{"tu',  # a complete line that is not JSON
         '{"seq":2,"type":"turn/start","time":1,"data":{"turn":2}}',
@@ -77,9 +77,10 @@ def test_show_of_a_malformed_payload_names_its_seq_and_exits_1(tmp_path: Path, c
     # A user/message whose message has no id: the envelope is fine, the payload is not.
     message = '{"role":"user","content":[{"type":"text","text":"hi"}],"source":{"kind":"user"}}'
     _plain_log(
-        tmp_path, "bad-payload",
+        tmp_path,
+        "bad-payload",
         '{"seq":0,"type":"turn/start","time":1,"data":{"turn":1}}',
-        '{"seq":1,"type":"user/message","time":1,"data":{"message":%s}}' % message,
+        '{"seq":1,"type":"user/message","time":1,"data":{"message":' + message + "}}",
     )
     code, out, err = _run(capsys, ["show", "bad-payload", "--root", str(tmp_path)])
     assert (code, out) == (1, "")
@@ -100,13 +101,21 @@ def test_show_marks_a_forks_inherited_prefix(tmp_path: Path, capsys) -> None:
     store = FileLogStore(str(tmp_path))
     fork_header = header("fork", 5, is_seeded=True, parent_session="origin", origin="subagent")
     handle = store.create(fork_header, inherited_event_count=2)
-    store.append(handle, [Batch(0, [
-        make_event(0, "turn/start", 1, {"turn": 1}),
-        turn_end_event(1, 2, 1),
-        seed_marker(2, 3),
-        make_event(3, "turn/start", 4, {"turn": 2}),
-        turn_end_event(4, 5, 2),
-    ])])
+    store.append(
+        handle,
+        [
+            Batch(
+                0,
+                [
+                    make_event(0, "turn/start", 1, {"turn": 1}),
+                    turn_end_event(1, 2, 1),
+                    seed_marker(2, 3),
+                    make_event(3, "turn/start", 4, {"turn": 2}),
+                    turn_end_event(4, 5, 2),
+                ],
+            )
+        ],
+    )
     store.close(handle)
     store.close_store()
     code, out, err = _run(capsys, ["show", "fork", "--root", str(tmp_path)])

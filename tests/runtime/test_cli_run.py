@@ -22,10 +22,8 @@ from typing import Any
 
 import pytest
 import trio
-
 from cli_process import CLI, clean_env, write_script
 from http_request import Seen, read_request
-
 from log_lines import plain_bytes, session_folder
 from subagents.storage import FileLogStore
 
@@ -38,8 +36,12 @@ TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
 
 def run_cli(args: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*CLI, *args], cwd=cwd, env=env if env is not None else clean_env(),
-        capture_output=True, text=True, timeout=TIMEOUT,
+        [*CLI, *args],
+        cwd=cwd,
+        env=env if env is not None else clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
     )
 
 
@@ -59,8 +61,9 @@ def events(root: Path, session_id: str, kind: str) -> list[dict[str, Any]]:
 
 
 def session_ids(root: Path) -> list[str]:
-    return sorted(json.loads(plain_bytes(log).split(b"\n", 1)[0])["id"]
-                  for log in (root / "sessions").glob("*/session.jsonl*"))
+    return sorted(
+        json.loads(plain_bytes(log).split(b"\n", 1)[0])["id"] for log in (root / "sessions").glob("*/session.jsonl*")
+    )
 
 
 def tree_state(root: Path) -> dict[str, Any]:
@@ -169,7 +172,11 @@ def _child_script(step_2: dict[str, Any]) -> dict[str, Any]:
         "agents": [
             {
                 "responses": [
-                    {"tool_calls": [{"name": "subagent", "arguments": {"description": "helper", "prompt": "do the thing"}}]},
+                    {
+                        "tool_calls": [
+                            {"name": "subagent", "arguments": {"description": "helper", "prompt": "do the thing"}}
+                        ]
+                    },
                     step_2,
                     {"text": "NOTED"},
                 ]
@@ -207,7 +214,11 @@ def test_run_waits_for_a_background_child_and_its_notice(tmp_path: Path) -> None
     # The parent's second response waits until the child's settlement is durable (SPEC 5.6:
     # agents are ordered with wait_for) and calls a tool, so the notice is always answered by
     # the third response, "NOTED", whichever step it was steered into.
-    step_2 = {"wait_for": {"settled": "helper"}, "text": "STARTED", "tool_calls": [{"name": "list_agents", "arguments": {}}]}
+    step_2 = {
+        "wait_for": {"settled": "helper"},
+        "text": "STARTED",
+        "tool_calls": [{"name": "list_agents", "arguments": {}}],
+    }
     model = write_script(tmp_path / "s.json", _child_script(step_2))
     root = tmp_path / "root"
     done = run_cli(["run", "--root", str(root), "--model", model, "--json", "go"], cwd=tmp_path)
@@ -261,20 +272,38 @@ def existing_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 BAD_INPUT = {
     # name: (script to write or None, args after the root, extra env, words of the error line)
     "malformed-script": (
-        {"agents": [{"responses": [{"txt": "typo"}]}]}, ["--model", "scripted:{script}"], {},
+        {"agents": [{"responses": [{"txt": "typo"}]}]},
+        ["--model", "scripted:{script}"],
+        {},
         ["bad script", "$.agents[0].responses[0].txt"],
     ),
     "script-not-json": ("{not json", ["--model", "scripted:{script}"], {}, ["bad script", "not JSON"]),
-    "missing-script": (None, ["--model", "scripted:{dir}/no-such-script.json"], {}, ["bad script", "no-such-script.json"]),
+    "missing-script": (
+        None,
+        ["--model", "scripted:{dir}/no-such-script.json"],
+        {},
+        ["bad script", "no-such-script.json"],
+    ),
     "unknown-scheme": (None, ["--model", "anthropic:claude"], {}, ["unknown model scheme", "anthropic"]),
     "no-scheme": (None, ["--model", "gpt-4o"], {}, ["gpt-4o"]),
-    "missing-openai-key": (None, ["--model", "openai:m", "--base-url", "http://127.0.0.1:9/v1"], {}, ["OPENAI_API_KEY"]),
+    "missing-openai-key": (
+        None,
+        ["--model", "openai:m", "--base-url", "http://127.0.0.1:9/v1"],
+        {},
+        ["OPENAI_API_KEY"],
+    ),
     "missing-deepseek-key": (None, [], {"OPENAI_API_KEY": SENTINEL_KEY}, ["DEEPSEEK_API_KEY"]),
     "session-id-81-bytes": (
-        text_script("never"), ["--model", "scripted:{script}", "--session", "s" * 81], {}, ["81", "80"],
+        text_script("never"),
+        ["--model", "scripted:{script}", "--session", "s" * 81],
+        {},
+        ["81", "80"],
     ),
     "session-id-control-char": (
-        text_script("never"), ["--model", "scripted:{script}", "--session", "bad\x07id"], {}, ["session id"],
+        text_script("never"),
+        ["--model", "scripted:{script}", "--session", "bad\x07id"],
+        {},
+        ["session id"],
     ),
 }
 
@@ -323,7 +352,11 @@ def test_run_and_demo_refuse_a_root_that_cannot_hold_a_store(command: str, tmp_p
     model = write_script(tmp_path / "ok.json", text_script("ok"))
     for name, (root, words) in _bad_roots(tmp_path).items():
         before = tree_state(tmp_path)
-        args = ["run", "--root", str(root), "--model", model, "hi"] if command == "run" else ["demo", "--root", str(root), "--plain"]
+        args = (
+            ["run", "--root", str(root), "--model", model, "hi"]
+            if command == "run"
+            else ["demo", "--root", str(root), "--plain"]
+        )
         done = run_cli(args, cwd=tmp_path)
         assert done.returncode == 2, (name, done.stdout, done.stderr)
         one_error_line(done, *words)
@@ -351,15 +384,14 @@ def test_a_session_that_cannot_be_taken_is_exit_2_in_one_line(existing_root: Pat
         assert done.returncode == 2, done.stderr
         one_error_line(done, "kept", "already owned")
         assert {k: v for k, v in tree_state(root).items() if "kept" in k} == {
-            k: v for k, v in before.items() if "kept" in k}
+            k: v for k, v in before.items() if "kept" in k
+        }
     finally:
         store.close(handle)
         store.close_store()
 
 
 # -- the OpenAI transport against a real server -----------------------------------------------
-
-
 
 
 class StreamingServer:
@@ -393,8 +425,6 @@ class StreamingServer:
             await stream.aclose()
 
 
-
-
 def all_bytes_under(root: Path) -> list[tuple[Path, bytes]]:
     """Every file under `root`, and the plain form of every zstd log too."""
     found = []
@@ -413,10 +443,23 @@ async def test_openai_run_against_a_local_server_never_leaks_the_key(nursery: tr
     root = tmp_path / "root"
     with trio.fail_after(TIMEOUT):
         done = await trio.run_process(
-            [*CLI, "run", "--root", str(root), "--model", "openai:my-model",
-             "--base-url", f"http://127.0.0.1:{server.port}/v1", "--json", "the prompt text"],
-            cwd=tmp_path, env=clean_env(OPENAI_API_KEY=SENTINEL_KEY),
-            capture_stdout=True, capture_stderr=True, check=False,
+            [
+                *CLI,
+                "run",
+                "--root",
+                str(root),
+                "--model",
+                "openai:my-model",
+                "--base-url",
+                f"http://127.0.0.1:{server.port}/v1",
+                "--json",
+                "the prompt text",
+            ],
+            cwd=tmp_path,
+            env=clean_env(OPENAI_API_KEY=SENTINEL_KEY),
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
         )
     stdout, stderr = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, stderr
@@ -467,7 +510,11 @@ class HangingServer:
             if await read_request(stream) is None:
                 return
             head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            part = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": "thinking about "}}]}).encode() + b"\n\n"
+            part = (
+                b"data: "
+                + json.dumps({"choices": [{"index": 0, "delta": {"content": "thinking about "}}]}).encode()
+                + b"\n\n"
+            )
             await stream.send_all(head.encode() + b"%x\r\n%s\r\n" % (len(part), part))
             self.streaming.set()
             await stream.receive_some(1)  # until the client goes away
@@ -488,15 +535,33 @@ async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path
     server.port = listeners[0].socket.getsockname()[1]
     root = tmp_path / "root"
     with trio.fail_after(TIMEOUT):
-        process = await nursery.start(partial(
-            trio.run_process,
-            [*CLI, "run", "--root", str(root), "--compression", "none", "--session", "s1", "--model", "openai:m",
-             "--base-url", f"http://127.0.0.1:{server.port}/v1", "hi"],
-            cwd=tmp_path, env=clean_env(OPENAI_API_KEY="sk-test"), check=False,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            # A child of a non-interactive shell may inherit SIGINT ignored: give it the default.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        ))
+        process = await nursery.start(
+            partial(
+                trio.run_process,
+                [
+                    *CLI,
+                    "run",
+                    "--root",
+                    str(root),
+                    "--compression",
+                    "none",
+                    "--session",
+                    "s1",
+                    "--model",
+                    "openai:m",
+                    "--base-url",
+                    f"http://127.0.0.1:{server.port}/v1",
+                    "hi",
+                ],
+                cwd=tmp_path,
+                env=clean_env(OPENAI_API_KEY="sk-test"),
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                # A child of a non-interactive shell may inherit SIGINT ignored: give it the default.
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
+        )
         await server.streaming.wait()
         process.send_signal(signal.SIGINT)
         code = await process.wait()

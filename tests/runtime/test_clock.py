@@ -40,10 +40,18 @@ def test_real_clock_observe_and_monotony() -> None:
 
 
 def _model(*texts: str) -> ScriptedModel:
-    return ScriptedModel(load_script(json.dumps({"agents": [
-        {"session": "parent", "responses": [{"text": t} for t in texts]},
-        {"label": "worker", "responses": [{"text": "child one"}, {"text": "child two"}]},
-    ]})))
+    return ScriptedModel(
+        load_script(
+            json.dumps(
+                {
+                    "agents": [
+                        {"session": "parent", "responses": [{"text": t} for t in texts]},
+                        {"label": "worker", "responses": [{"text": "child one"}, {"text": "child two"}]},
+                    ]
+                }
+            )
+        )
+    )
 
 
 def _times(root: Path, sid: str) -> list[int]:
@@ -51,14 +59,24 @@ def _times(root: Path, sid: str) -> list[int]:
 
 
 async def test_a_restart_with_a_fresh_scenario_clock_writes_nothing_older(tmp_path: Path) -> None:
-    async with open_runtime(tmp_path, model=_model("p1", "p2", "p3", "p4"), clock=ScenarioClock(),
-                            id_factory=CountingIds("c"), compression="none") as rt:
+    async with open_runtime(
+        tmp_path,
+        model=_model("p1", "p2", "p3", "p4"),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         first = await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
         await rt.subagents.wait_tree_idle(parent)
     before = {sid: _times(tmp_path, sid) for sid in ("parent", first)}
-    async with open_runtime(tmp_path, model=_model("q1", "q2", "q3", "q4"), clock=ScenarioClock(),
-                            id_factory=CountingIds("d"), compression="none") as rt:
+    async with open_runtime(
+        tmp_path,
+        model=_model("q1", "q2", "q3", "q4"),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("d"),
+        compression="none",
+    ) as rt:
         parent = await rt.agents.resume("parent")
         second = await rt.subagents.start_continuable(parent, "spawn", "worker", "more work")
         await rt.subagents.send_message(parent, first, "again")
@@ -68,7 +86,7 @@ async def test_a_restart_with_a_fresh_scenario_clock_writes_nothing_older(tmp_pa
     for sid in ("parent", first):
         after = _times(tmp_path, sid)
         assert after[: len(before[sid])] == before[sid]
-        assert all(t > newest for t in after[len(before[sid]):])  # what the second process wrote
+        assert all(t > newest for t in after[len(before[sid]) :])  # what the second process wrote
         assert after == sorted(after)
     assert min(_times(tmp_path, second)) > newest
     assert [row.id for row in rows] == [first, second]  # created_at order: the new child is newer

@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from log_lines import plain_logs
 
 EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
 
 
 def _subagents(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "subagents.runtime.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "subagents.runtime.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.slow

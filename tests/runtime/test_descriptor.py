@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 import pytest
-
 from subagents.runtime.delegation.descriptor import (
     DESCRIPTOR_VERSION,
     MalformedDescriptor,
@@ -130,9 +129,7 @@ def test_snapshot_refuses_lossy_strings() -> None:
         snapshot_descriptor(SubagentDescriptor(mode="one-shot", provider="spawn", label="bad \ud800"))
     with pytest.raises(NonLosslessData, match="not losslessly JSON-serializable"):
         snapshot_descriptor(
-            SubagentDescriptor(
-                mode="continuable", provider="fork", label="l", tool_filter=ToolFilter(deny=["\udfff"])
-            )
+            SubagentDescriptor(mode="continuable", provider="fork", label="l", tool_filter=ToolFilter(deny=["\udfff"]))
         )
 
 

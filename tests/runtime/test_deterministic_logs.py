@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 import trio
-
 from log_lines import read_all
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.delegation.service import Reservation
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.scenario import check_scenario, run_scenario
-from subagents.runtime.delegation.service import Reservation
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "parallel-children-interrupt"
 
@@ -32,10 +31,13 @@ async def test_catalogs_and_results_follow_the_model_order(tmp_path: Path) -> No
     lines = result.logs["par-parent"].splitlines()
     kinds = [line.split('"type": "')[1].split('"')[0] for line in lines[1:]]
     first = kinds.index("subagent/catalog")
-    assert kinds[first:first + 6] == ["subagent/catalog"] * 3 + ["tool/result"] * 3
+    assert kinds[first : first + 6] == ["subagent/catalog"] * 3 + ["tool/result"] * 3
     catalogued = [line for line in lines if '"subagent/catalog"' in line]
-    assert ['"child_id": "par-1"' in catalogued[0], '"child_id": "par-2"' in catalogued[1],
-            '"child_id": "par-3"' in catalogued[2]] == [True, True, True]
+    assert [
+        '"child_id": "par-1"' in catalogued[0],
+        '"child_id": "par-2"' in catalogued[1],
+        '"child_id": "par-3"' in catalogued[2],
+    ] == [True, True, True]
     # Each settlement lands while the parent waits on its model call, right after the step's
     # input, and its notice opens the next step.
     settled = [i for i, k in enumerate(kinds) if k == "subagent/settled"]
@@ -53,7 +55,6 @@ async def test_a_settlement_waiting_for_a_busy_parent_does_not_hold_up_the_drain
     import msgspec
     import trio
     import trio.testing
-
     from subagents.runtime.agent.tools import FunctionTool
     from subagents.runtime.app import open_runtime
     from subagents.runtime.clock import ScenarioClock
@@ -69,15 +70,28 @@ async def test_a_settlement_waiting_for_a_busy_parent_does_not_hold_up_the_drain
         await trio.sleep_forever()
         return "never"
 
-    script = {"agents": [
-        {"session": "p", "responses": [
-            {"tool_calls": [{"name": "subagent", "arguments": {"description": "quick", "prompt": "go"}}]},
-            {"tool_calls": [{"name": "block", "arguments": {}}]}]},
-        {"label": "quick", "responses": [{"wait_for": {"steered": True}, "text": "FIRST"}, {"text": "QUICK"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "p",
+                "responses": [
+                    {"tool_calls": [{"name": "subagent", "arguments": {"description": "quick", "prompt": "go"}}]},
+                    {"tool_calls": [{"name": "block", "arguments": {}}]},
+                ],
+            },
+            {"label": "quick", "responses": [{"wait_for": {"steered": True}, "text": "FIRST"}, {"text": "QUICK"}]},
+        ]
+    }
     tools = lambda: [FunctionTool(name="block", description="blocks", fn=block)]  # noqa: E731
     with trio.fail_after(20):
-        async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(),
-                                id_factory=CountingIds("child"), compression="none", tools=tools) as rt:
+        async with open_runtime(
+            tmp_path,
+            model=ScriptedModel(load_script(json.dumps(script))),
+            clock=ScenarioClock(),
+            id_factory=CountingIds("child"),
+            compression="none",
+            tools=tools,
+        ) as rt:
             parent = await rt.agents.create(session_id="p")
             await parent.send("go")
             await entered.wait()
@@ -108,12 +122,14 @@ async def test_a_start_cancelled_while_its_catalog_waits_leaves_no_activation(tm
 
     script = load_script(json.dumps({"agents": [{"label": "B", "responses": [{"text": "ok"}]}]}))
     with trio.fail_after(60):  # a hang guard only: the drain must not wait forever
-        async with open_runtime(tmp_path, model=ScriptedModel(script), clock=ScenarioClock(),
-                                id_factory=CountingIds("c")) as rt:
+        async with open_runtime(
+            tmp_path, model=ScriptedModel(script), clock=ScenarioClock(), id_factory=CountingIds("c")
+        ) as rt:
             parent = await rt.agents.create(session_id="p")
             first = Waited()  # the first call of the step never writes its catalog
             reserved = Reservation("c-1", 1789000000000, after=first)  # type: ignore[arg-type]  # a stand-in Event
             async with trio.open_nursery() as nursery:
+
                 async def start() -> None:
                     await rt.subagents.start_continuable(parent, "spawn", "B", "hi", reserved=reserved)
 

@@ -15,11 +15,10 @@ from pathlib import Path
 import hypothesis.strategies as st
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
-
 from clocks import T, ticking_ms
 from descriptors import descriptor
 from garble import garble
+from hypothesis import HealthCheck, given, settings
 from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
 from subagents.runtime.query import SessionQueryError
@@ -44,8 +43,12 @@ HOSTILE: dict[str, bytes] = {
     "huge-time": b'{"seq":2,"type":"turn/start","time":1' + b"0" * 400 + b',"data":{"turn":1}}\n',
     "invalid-utf8": b'{"seq":2,"type":"turn/start","time":1,"data":{"turn":2,"\xc3\x28":1}}\n',
     "nul": b'{"seq":2,"type":"turn/start","time":1,"data":{"turn":2}}\x00\x00\n',
-    "user-message-without-id": json_line(2, "user/message", {"turn": 1, "step": 1, "message": {
-        "role": "user", "content": [], "source": {"kind": "user"}}}, surface_op="append"),
+    "user-message-without-id": json_line(
+        2,
+        "user/message",
+        {"turn": 1, "step": 1, "message": {"role": "user", "content": [], "source": {"kind": "user"}}},
+        surface_op="append",
+    ),
     "turn-is-a-str": json_line(2, "turn/start", {"turn": "2"}),
 }
 
@@ -92,7 +95,9 @@ async def check_entry_points(root: Path, healthy: list[str], bad: list[str]) -> 
                 assert rows[sid] == {"kind": "diagnostic", "id": sid, "reason": "corrupt"}
             records = {r.id: r for r in await runtime.query.list_sessions()}
             assert {sid: records[sid].damage for sid in healthy + bad} == {
-                **{sid: None for sid in healthy}, **{sid: "corrupt" for sid in bad}}
+                **{sid: None for sid in healthy},
+                **{sid: "corrupt" for sid in bad},
+            }
             for sid in healthy:
                 async with runtime.query.observe_session(sid) as observation:
                     assert observation.events
@@ -115,7 +120,9 @@ async def test_a_hostile_child_lists_as_corrupt_and_its_siblings_as_they_are(
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    hostile=st.lists(st.tuples(st.sampled_from(sorted(HOSTILE)), st.sampled_from(["none", "zstd"])), min_size=1, max_size=3),
+    hostile=st.lists(
+        st.tuples(st.sampled_from(sorted(HOSTILE)), st.sampled_from(["none", "zstd"])), min_size=1, max_size=3
+    ),
     garbles=st.lists(st.tuples(st.integers(0, 1 << 16), st.binary(min_size=1, max_size=16)), min_size=1, max_size=8),
 )
 def test_fuzz_listing_over_a_garbled_index_and_hostile_children(

@@ -6,25 +6,31 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from listing_rows import rows
 from log_lines import header, persist_log
 from subagents.actors import Abort, open_session_store
-from subagents.runtime.query import SessionQuery
 from subagents.runtime.delegation.listing import ListingService, SubagentError, walk_descendants
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.runtime.query import SessionQuery
 from subagents.storage import FileLogStore, PersistenceFailed, make_event
-from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
+from subagents.storage.testing import FaultyLogStore
 
 now_ms = ticking_ms()
 
 
-def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *, data: dict[str, Any] | None = None,
-          origin: str | None = "subagent") -> None:
+def child(
+    store: FileLogStore,
+    sid: str,
+    created_at: int,
+    parent: str = "p",
+    *,
+    data: dict[str, Any] | None = None,
+    origin: str | None = "subagent",
+) -> None:
     events = [make_event(0, "subagent/descriptor", 1, data)] if data is not None else []
     events.append(make_event(len(events), "turn/start", 2, {"turn": 1}))
     persist_log(store, header(sid, created_at, origin=origin, parent_session=parent), events)
@@ -50,16 +56,47 @@ async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:
         service = ListingService(registry=registry, sessions=sessions, query=query)
         result = rows(await service.list_children("p"))
         assert result == [
-            {"kind": "child", "id": "c-a", "activity": "inactive", "has_children": True, "mode": "continuable", "label": "a"},
-            {"kind": "child", "id": "c-b", "activity": "inactive", "has_children": False, "mode": "continuable", "label": "b"},
+            {
+                "kind": "child",
+                "id": "c-a",
+                "activity": "inactive",
+                "has_children": True,
+                "mode": "continuable",
+                "label": "a",
+            },
+            {
+                "kind": "child",
+                "id": "c-b",
+                "activity": "inactive",
+                "has_children": False,
+                "mode": "continuable",
+                "label": "b",
+            },
             {"kind": "child", "id": "one-shot", "activity": "inactive", "has_children": False, "mode": "one-shot"},
             {"kind": "diagnostic", "id": "no-descriptor", "reason": "corrupt"},
-            {"kind": "child", "id": "c-late", "activity": "inactive", "has_children": False, "mode": "continuable", "label": "late"},
-            {"kind": "child", "id": "c-live", "activity": "running", "has_children": False, "mode": "continuable", "label": "live one"},
+            {
+                "kind": "child",
+                "id": "c-late",
+                "activity": "inactive",
+                "has_children": False,
+                "mode": "continuable",
+                "label": "late",
+            },
+            {
+                "kind": "child",
+                "id": "c-live",
+                "activity": "running",
+                "has_children": False,
+                "mode": "continuable",
+                "label": "live one",
+            },
         ]  # c-window (live, no identity yet) is omitted; forks and strangers are not candidates
         assert await service.list_children("unknown-parent") == []
         descendants = rows(await service.list_descendants("p"))
-        assert [(r["id"], r["parent_id"], r["depth"]) for r in descendants][:2] == [("c-a", "p", 1), ("grandchild", "c-a", 2)]
+        assert [(r["id"], r["parent_id"], r["depth"]) for r in descendants][:2] == [
+            ("c-a", "p", 1),
+            ("grandchild", "c-a", 2),
+        ]
 
 
 async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(tmp_path: Path) -> None:
@@ -73,7 +110,14 @@ async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(tmp_path
         faulty.fail("read", PersistenceFailed("an I/O error"), session_id="c1")
         assert rows(await service.list_children("p")) == [
             {"kind": "diagnostic", "id": "c1", "reason": "unavailable"},
-            {"kind": "child", "id": "c2", "activity": "inactive", "has_children": False, "mode": "continuable", "label": "two"},
+            {
+                "kind": "child",
+                "id": "c2",
+                "activity": "inactive",
+                "has_children": False,
+                "mode": "continuable",
+                "label": "two",
+            },
         ]
         assert [r["id"] for r in rows(await service.list_children("p"))] == ["c1", "c2"]  # retried: listed
         faulty.fail("read", TypeError("a bug"), session_id="c2")
@@ -101,14 +145,21 @@ async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_pa
 
 @pytest.mark.parametrize(
     ("missing", "code"),
-    [("registry", "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE"), ("sessions", "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE"),
-     ("query", "SUBAGENT_CONTROL_QUERY_UNAVAILABLE")],
+    [
+        ("registry", "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE"),
+        ("sessions", "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE"),
+        ("query", "SUBAGENT_CONTROL_QUERY_UNAVAILABLE"),
+    ],
 )
 async def test_service_checks(tmp_path: Path, missing: str, code: str) -> None:
     base = FileLogStore(str(tmp_path))
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
-        parts: dict[str, Any] = {"registry": registry, "sessions": sessions, "query": SessionQuery(base, sessions, registry)}
+        parts: dict[str, Any] = {
+            "registry": registry,
+            "sessions": sessions,
+            "query": SessionQuery(base, sessions, registry),
+        }
         parts[missing] = None
         with pytest.raises(SubagentError) as info:
             await ListingService(**parts).list_children("p")
@@ -132,10 +183,20 @@ def test_the_walk_is_iterative_and_never_loops() -> None:
     from subagents.runtime.query import SessionRecord
 
     def rec(sid: str, parent: str | None, created: int) -> SessionRecord:
-        return SessionRecord(id=sid, header=header(sid, created, origin="subagent", parent_session=parent),
-                             live=False, persisted=True, damage=None, inherited_event_count=0, revision=None, event_count=1)
+        return SessionRecord(
+            id=sid,
+            header=header(sid, created, origin="subagent", parent_session=parent),
+            live=False,
+            persisted=True,
+            damage=None,
+            inherited_event_count=0,
+            revision=None,
+            event_count=1,
+        )
 
-    chain = [rec("n0", "n9999", 0)] + [rec(f"n{i}", f"n{i - 1}", i) for i in range(1, 10_000)]  # the root names its own descendant
+    chain = [rec("n0", "n9999", 0)] + [
+        rec(f"n{i}", f"n{i - 1}", i) for i in range(1, 10_000)
+    ]  # the root names its own descendant
     placed = walk_descendants(chain, "n0")
     assert len(placed) == 9_999
     assert placed[-1][1:] == ("n9998", 9_999)
@@ -173,7 +234,6 @@ async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(tm
 async def test_the_registry_checks_fresh_ids_through_the_same_index_slot(tmp_path: Path) -> None:
     import trio
     import trio.testing
-
     from subagents.runtime.app import open_runtime
 
     async with open_runtime(tmp_path, model=None) as rt:

@@ -35,26 +35,25 @@ import attrs
 import pytest
 import trio
 import trio.testing
-
 from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from events import seed_marker, turn_end_event
 from log_lines import header, persist_log
 from subagents.actors import Abort, SessionStore, open_session_store
-from subagents.runtime.query import Observation, SessionQuery
 from subagents.runtime.delegation import listing as listing_module
-from subagents.runtime.errors import SubagentCancelled
-from subagents.runtime.delegation.listing import ListingService, SubagentError
+from subagents.runtime.delegation.listing import ListingService
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.runtime.errors import SubagentCancelled
+from subagents.runtime.query import Observation, SessionQuery
 from subagents.storage import (
     FileLogStore,
     LogStore,
     PersistenceFailed,
     make_event,
 )
-from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
+from subagents.storage.testing import FaultyLogStore
 
 now_ms = ticking_ms()
 
@@ -189,7 +188,9 @@ class CountingQuery(SessionQuery):
         self.on_enter: Callable[[], Awaitable[None]] | None = None
 
     @asynccontextmanager
-    async def observe_session(self, session_id: str, abort: Abort | None = None, **kwargs: Any) -> AsyncIterator[Observation]:
+    async def observe_session(
+        self, session_id: str, abort: Abort | None = None, **kwargs: Any
+    ) -> AsyncIterator[Observation]:
         self.attempts += 1
         async with super().observe_session(session_id, abort, **kwargs) as seen:
             self.entered.append(seen)
@@ -256,8 +257,9 @@ CALLS: list[Any] = [
 ]
 
 
-async def run_listing(env: Env, call: Call, abort: Abort, scope: trio.CancelScope,
-                      drive: Callable[[Outcome], Awaitable[None]]) -> Outcome:
+async def run_listing(
+    env: Env, call: Call, abort: Abort, scope: trio.CancelScope, drive: Callable[[Outcome], Awaitable[None]]
+) -> Outcome:
     """Run the listing in its own task inside `scope` while the test task runs `drive`. At the
     moment the call ends, record which tasks it left behind, the storage calls still running
     and the limiter tokens still held."""
@@ -275,8 +277,10 @@ async def run_listing(env: Env, call: Call, abort: Abort, scope: trio.CancelScop
                 finally:
                     outcome.leftover = all_tasks() - baseline - {trio.lowlevel.current_task()}
                     outcome.running = +env.store.running
-                    outcome.borrowed = (env.query.cold_reader.limiter.borrowed_tokens,
-                                        env.query.index_limiter.borrowed_tokens)
+                    outcome.borrowed = (
+                        env.query.cold_reader.limiter.borrowed_tokens,
+                        env.query.index_limiter.borrowed_tokens,
+                    )
         finally:
             outcome.done.set()
 
@@ -330,8 +334,16 @@ def nth(n: int, then: Hook, every: Hook | None = None) -> Hook:
 
 # --- (a)–(e): one stage each ---------------------------------------------------------------------
 
-STAGES = ["a-before-call", "b-during-list-sessions", "c-inside-reads", "d-read-returned",
-          "d-observation-entered", "d-interrupted-inside-observation", "e-reads-fail-after-abort-persistence", "e-reads-fail-after-abort-oserror"]
+STAGES = [
+    "a-before-call",
+    "b-during-list-sessions",
+    "c-inside-reads",
+    "d-read-returned",
+    "d-observation-entered",
+    "d-interrupted-inside-observation",
+    "e-reads-fail-after-abort-persistence",
+    "e-reads-fail-after-abort-oserror",
+]
 
 
 @pytest.mark.parametrize("how", ["abort", "scope"])
@@ -395,6 +407,7 @@ async def test_cancellation_at_each_stage(tmp_path: Path, call: Call, stage: str
                     trigger()
 
         elif stage == "d-observation-entered":
+
             async def at_enter() -> None:  # the trigger lands while the listing holds it
                 await reached(seq, 0)
                 await shielded(2)
@@ -421,8 +434,11 @@ async def test_cancellation_at_each_stage(tmp_path: Path, call: Call, stage: str
                 gate.set()  # (only needed if the trigger did not interrupt the observation)
 
         else:  # (e): the four reads in flight are held past the trigger, then fail
-            error: Exception = (PersistenceFailed("injected: input/output error") if stage.endswith("persistence")
-                                else OSError(errno.EIO, "injected: input/output error"))
+            error: Exception = (
+                PersistenceFailed("injected: input/output error")
+                if stage.endswith("persistence")
+                else OSError(errno.EIO, "injected: input/output error")
+            )
             gate = trio.Event()
 
             async def held(_: str | None) -> None:
@@ -462,11 +478,19 @@ async def test_without_a_trigger_every_child_is_observed(tmp_path: Path) -> None
     """The control for the stages above: the same family lists in full, through observations."""
     family(tmp_path)
     async with listing_env(tmp_path) as env:
-        outcome = await run_listing(env, lambda service, abort: service.list_descendants("p", abort), Abort(),
-                                    trio.CancelScope(), lambda _: trio.lowlevel.checkpoint())
+        outcome = await run_listing(
+            env,
+            lambda service, abort: service.list_descendants("p", abort),
+            Abort(),
+            trio.CancelScope(),
+            _just_yield,
+        )
         assert outcome.error is None and outcome.rows is not None
         assert [(r.id, r.to_json()["kind"], r.depth) for r in outcome.rows] == [
-            ("c0", "child", 1), ("c1", "child", 1), ("g0", "child", 2), ("g1", "child", 3),
+            ("c0", "child", 1),
+            ("c1", "child", 1),
+            ("g0", "child", 2),
+            ("g1", "child", 3),
             *[(sid, "child", 1) for sid in CHILDREN[2:]],
         ]
         assert {r.id: r.label for r in outcome.rows}["c2"] == "child 2"  # a seeded child's own identity
@@ -527,3 +551,7 @@ async def test_cancellation_while_live_children_are_asked(
             outcome = await run_listing(env, call, abort, scope, drive)
         assert_ended(outcome, how, scope, query)
         assert query.attempts == 0 and store.calls["open_read"] == 0  # no cold child was observed after it
+
+
+async def _just_yield(_: object) -> None:
+    await trio.lowlevel.checkpoint()

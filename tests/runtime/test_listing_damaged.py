@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import trio
-
 from listing_rows import rows
 from subagents.runtime.app import open_runtime
 from subagents.runtime.cli import main
@@ -37,12 +36,21 @@ LABELS = ("alpha", "beta", "victim", "gamma")  # started in this order: c-1 .. (
 SCRIPT = {
     "agents": [
         {"session": PARENT, "responses": [{"text": "noted"}] * 12},
-        {"label": "alpha", "responses": [
-            {"tool_calls": [{"name": "subagent", "arguments": {
-                "description": "grand", "prompt": "say hi", "run_in_background": True}}]},
-            {"text": "alpha started grand"},
-            {"text": "alpha noted grand"},
-        ]},
+        {
+            "label": "alpha",
+            "responses": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "subagent",
+                            "arguments": {"description": "grand", "prompt": "say hi", "run_in_background": True},
+                        }
+                    ]
+                },
+                {"text": "alpha started grand"},
+                {"text": "alpha noted grand"},
+            ],
+        },
         {"label": "grand", "responses": [{"text": "hi"}]},
         {"label": "beta", "responses": [{"text": "beta done"}]},
         {"label": "victim", "responses": [{"text": "victim done"}]},
@@ -54,8 +62,14 @@ SCRIPT = {
 async def build(root: Path) -> dict[str, str]:
     """The corpus, made by the runtime: ids by label (and `grand` for alpha's child)."""
     ids: dict[str, str] = {}
-    async with open_runtime(root, model=ScriptedModel(load_script(json.dumps(SCRIPT))), clock=ScenarioClock(),
-                            id_factory=CountingIds("c"), compression="none", max_depth=2) as rt:
+    async with open_runtime(
+        root,
+        model=ScriptedModel(load_script(json.dumps(SCRIPT))),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        max_depth=2,
+    ) as rt:
         parent = await rt.agents.create(session_id=PARENT)
         for label in LABELS:
             ids[label] = await rt.subagents.start_continuable(parent, "spawn", label, f"work as {label}")
@@ -151,8 +165,14 @@ DAMAGE: dict[str, tuple[Callable[[Path, str], str | None], str | None]] = {
 
 
 def child_row(sid: str, label: str, *, has_children: bool = False, activity: str = "inactive") -> dict[str, Any]:
-    return {"kind": "child", "id": sid, "activity": activity, "has_children": has_children,
-            "mode": "continuable", "label": label}
+    return {
+        "kind": "child",
+        "id": sid,
+        "activity": activity,
+        "has_children": has_children,
+        "mode": "continuable",
+        "label": label,
+    }
 
 
 def diag(sid: str, reason: str) -> dict[str, Any]:
@@ -209,9 +229,7 @@ async def test_a_damaged_child_lists_as_a_diagnostic_live_and_cold(
 
 
 @pytest.mark.parametrize("how", ["unknown-header-key", "log-emptied", "log-deleted", "folder-removed"])
-async def test_a_damaged_grandchild_lists_under_its_parent(
-    corpus: tuple[Path, dict[str, str]], how: str
-) -> None:
+async def test_a_damaged_grandchild_lists_under_its_parent(corpus: tuple[Path, dict[str, str]], how: str) -> None:
     root, ids = corpus
     damage, reason = DAMAGE[how]
     assert reason is not None
@@ -229,8 +247,14 @@ async def test_a_damaged_grandchild_lists_under_its_parent(
 
 async def test_damage_while_the_runtime_that_made_the_children_is_open(tmp_path: Path) -> None:
     """The parent is the live agent that started the children; they settled and were released."""
-    async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(SCRIPT))), clock=ScenarioClock(),
-                            id_factory=CountingIds("c"), compression="none", max_depth=2) as rt:
+    async with open_runtime(
+        tmp_path,
+        model=ScriptedModel(load_script(json.dumps(SCRIPT))),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        max_depth=2,
+    ) as rt:
         parent = await rt.agents.create(session_id=PARENT)
         ids = {}
         for label in LABELS:
@@ -291,8 +315,14 @@ def test_cli_children_and_agents_show_the_diagnostics(
 
 async def test_a_forks_inherited_catalog_never_names_the_parents_children(tmp_path: Path) -> None:
     script = {"agents": [*SCRIPT["agents"], {"label": "forky", "responses": [{"text": "forked"}]}]}
-    async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(),
-                            id_factory=CountingIds("c"), compression="none", max_depth=2) as rt:
+    async with open_runtime(
+        tmp_path,
+        model=ScriptedModel(load_script(json.dumps(script))),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        max_depth=2,
+    ) as rt:
         parent = await rt.agents.create(session_id=PARENT)
         beta = await rt.subagents.start_continuable(parent, "spawn", "beta", "work as beta")
         await rt.subagents.wait_tree_idle(parent)
@@ -303,11 +333,15 @@ async def test_a_forks_inherited_catalog_never_names_the_parents_children(tmp_pa
         deleted(tmp_path, beta)
         assert rows(await rt.listing.list_children(fork)) == []
         assert [(r["id"], r.get("reason")) for r in rows(await rt.listing.list_children(PARENT))] == [
-            (beta, "unavailable"), (fork, None)]
+            (beta, "unavailable"),
+            (fork, None),
+        ]
     async with open_runtime(tmp_path) as rt:  # cold: from the checkpoint rows
         assert rows(await rt.listing.list_children(fork)) == []
         assert [(r["id"], r.get("reason")) for r in rows(await rt.listing.list_children(PARENT))] == [
-            (beta, "unavailable"), (fork, None)]
+            (beta, "unavailable"),
+            (fork, None),
+        ]
 
 
 async def test_the_list_agents_tool_shows_the_diagnostics(corpus: tuple[Path, dict[str, str]]) -> None:
@@ -316,8 +350,14 @@ async def test_the_list_agents_tool_shows_the_diagnostics(corpus: tuple[Path, di
     root, ids = corpus
     edit_line1(_add("id", "someone-else"))(root, ids["victim"])
     fifo(root, ids["beta"])
-    script = {"agents": [{"session": PARENT, "responses": [
-        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": PARENT,
+                "responses": [{"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}],
+            }
+        ]
+    }
     async with open_runtime(root, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock()) as rt:
         parent = await rt.agents.resume(PARENT)
         await parent.send("list them")

@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-
 from clocks import ticking_ms
 from descriptors import descriptor
 from events import seed_marker
@@ -38,8 +37,16 @@ MALFORMED = {"version": 2, "mode": "continuable", "provider": "spawn"}  # a cont
 VERSION_3 = {"version": 3, "mode": "continuable", "provider": "spawn", "label": "future"}
 
 
-def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *,
-          descriptors: list[dict[str, Any]] = (), cwd: str | None = None, open_turn: bool = True) -> None:  # type: ignore[assignment]  # an empty tuple as the default list
+def child(
+    store: FileLogStore,
+    sid: str,
+    created_at: int,
+    parent: str = "p",
+    *,
+    descriptors: list[dict[str, Any]] = (),
+    cwd: str | None = None,
+    open_turn: bool = True,
+) -> None:  # type: ignore[assignment]  # an empty tuple as the default list
     """A persisted child: its descriptors (in order), then a turn that is left open."""
     events = [make_event(i, "subagent/descriptor", i + 1, data) for i, data in enumerate(descriptors)]
     if open_turn:
@@ -47,8 +54,15 @@ def child(store: FileLogStore, sid: str, created_at: int, parent: str = "p", *,
     persist_log(store, header(sid, created_at, origin="subagent", parent_session=parent, cwd=cwd), events)
 
 
-def seeded_child(store: FileLogStore, sid: str, created_at: int, *, inherited: list[dict[str, Any]],
-                 own: list[dict[str, Any]], parent: str = "p") -> None:
+def seeded_child(
+    store: FileLogStore,
+    sid: str,
+    created_at: int,
+    *,
+    inherited: list[dict[str, Any]],
+    own: list[dict[str, Any]],
+    parent: str = "p",
+) -> None:
     """A seeded child: inherited events (descriptors then a completed turn), the tagged marker,
     then its own descriptors and an open turn."""
     seed = [make_event(i, "subagent/descriptor", i + 1, data) for i, data in enumerate(inherited)]
@@ -72,8 +86,9 @@ def rewrite(path: Path, edit: Callable[[bytes], bytes]) -> None:
     os.replace(tmp, path)
 
 
-def row(sid: str, label: str | None, mode: str = "continuable", *, has_children: bool = False,
-        activity: str = "inactive") -> dict[str, Any]:
+def row(
+    sid: str, label: str | None, mode: str = "continuable", *, has_children: bool = False, activity: str = "inactive"
+) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": "child", "id": sid, "activity": activity, "has_children": has_children, "mode": mode}
     if label is not None:
         out["label"] = label
@@ -84,11 +99,11 @@ def diag(sid: str, reason: str) -> dict[str, Any]:
     return {"kind": "diagnostic", "id": sid, "reason": reason}
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 60) -> None:
+async def wait_for(predicate: Callable[[], bool]) -> None:
     """Wait, without sleeping, until every task is blocked and `predicate` holds (worker threads
-    make progress meanwhile). `timeout` only guards against a hang: with two whole suites
+    make progress meanwhile). The 60 s only guard against a hang: with two whole suites
     sharing two cores it took more than 10 s once."""
-    with trio.fail_after(timeout):
+    with trio.fail_after(60):
         while True:
             await trio.testing.wait_all_tasks_blocked()
             if predicate():
@@ -103,17 +118,24 @@ DESCRIPTOR_CASES = [
     pytest.param([descriptor("first"), MALFORMED], diag("c", "corrupt"), id="malformed-last-clears"),
     pytest.param([MALFORMED, descriptor("again")], row("c", "again"), id="valid-after-malformed"),
     pytest.param([MALFORMED], diag("c", "corrupt"), id="malformed-cold"),
-    pytest.param([{"version": "2", "mode": "continuable", "provider": "spawn", "label": "x"}], diag("c", "corrupt"),
-                 id="version-not-int"),
+    pytest.param(
+        [{"version": "2", "mode": "continuable", "provider": "spawn", "label": "x"}],
+        diag("c", "corrupt"),
+        id="version-not-int",
+    ),
     pytest.param([VERSION_3], diag("c", "corrupt"), id="unsupported-version-cold"),
     pytest.param([descriptor("first"), VERSION_3], diag("c", "corrupt"), id="unsupported-version-last"),
     pytest.param([descriptor("elsewhere", provider="nope")], row("c", "elsewhere"), id="unregistered-provider"),
-    pytest.param([descriptor(None, "one-shot", provider="nope")], row("c", None, "one-shot"), id="unregistered-provider-one-shot"),
+    pytest.param(
+        [descriptor(None, "one-shot", provider="nope")], row("c", None, "one-shot"), id="unregistered-provider-one-shot"
+    ),
 ]
 
 
 @pytest.mark.parametrize(("descriptors", "expected"), DESCRIPTOR_CASES)
-async def test_cold_descriptor_table(tmp_path: Path, descriptors: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+async def test_cold_descriptor_table(
+    tmp_path: Path, descriptors: list[dict[str, Any]], expected: dict[str, Any]
+) -> None:
     child(FileLogStore(str(tmp_path)), "c", 1, descriptors=descriptors)
     async with open_runtime(tmp_path, now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [expected]
@@ -123,13 +145,17 @@ LIVE_CASES = [
     pytest.param([MALFORMED], None, id="malformed-omitted"),
     pytest.param([VERSION_3], None, id="unsupported-version-omitted"),
     pytest.param([descriptor("first"), MALFORMED], None, id="malformed-last-omitted"),
-    pytest.param([descriptor("first"), descriptor("second")], row("c", "second", activity="running"), id="last-valid-wins"),
+    pytest.param(
+        [descriptor("first"), descriptor("second")], row("c", "second", activity="running"), id="last-valid-wins"
+    ),
     pytest.param([MALFORMED, descriptor("again")], row("c", "again", activity="running"), id="valid-after-malformed"),
 ]
 
 
 @pytest.mark.parametrize(("descriptors", "expected"), LIVE_CASES)
-async def test_live_descriptor_table(tmp_path: Path, descriptors: list[dict[str, Any]], expected: dict[str, Any] | None) -> None:
+async def test_live_descriptor_table(
+    tmp_path: Path, descriptors: list[dict[str, Any]], expected: dict[str, Any] | None
+) -> None:
     async with open_runtime(tmp_path, now_ms=now_ms) as runtime:
         ref = await runtime.sessions.create(header("c", 1, origin="subagent", parent_session="p"))
         await ref.append([EventDraft(type="subagent/descriptor", data=data) for data in descriptors])
@@ -146,8 +172,9 @@ SEEDED_CASES = [
 
 
 @pytest.mark.parametrize(("inherited", "own", "expected"), SEEDED_CASES)
-async def test_seeded_descriptor_table(tmp_path: Path, inherited: list[dict[str, Any]], own: list[dict[str, Any]],
-                                       expected: dict[str, Any]) -> None:
+async def test_seeded_descriptor_table(
+    tmp_path: Path, inherited: list[dict[str, Any]], own: list[dict[str, Any]], expected: dict[str, Any]
+) -> None:
     seeded_child(FileLogStore(str(tmp_path)), "s", 1, inherited=inherited, own=own)
     async with open_runtime(tmp_path, now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [expected]
@@ -170,7 +197,9 @@ def unknown_event(data: bytes) -> bytes:
 
 def ignorable_event(data: bytes) -> bytes:
     seq = data.count(b"\n") - 1
-    line = json.dumps({"seq": seq, "type": "vendor/thing", "time": 99, "data": {}, "ignorable": True}, separators=(",", ":"))
+    line = json.dumps(
+        {"seq": seq, "type": "vendor/thing", "time": 99, "data": {}, "ignorable": True}, separators=(",", ":")
+    )
     return data + line.encode() + b"\n"
 
 
@@ -188,8 +217,9 @@ DAMAGE_CASES = [
 
 @pytest.mark.parametrize(("edit", "expected"), DAMAGE_CASES)
 @pytest.mark.parametrize("listed_before", [False, True], ids=["fresh-index", "indexed-then-edited"])
-async def test_damaged_child_table(tmp_path: Path, edit: Callable[[bytes], bytes], expected: dict[str, Any],
-                                   listed_before: bool) -> None:
+async def test_damaged_child_table(
+    tmp_path: Path, edit: Callable[[bytes], bytes], expected: dict[str, Any], listed_before: bool
+) -> None:
     store = FileLogStore(str(tmp_path), compression="none")
     child(store, "c", 1, descriptors=[descriptor("ok")])
     child(store, "sibling", 2, descriptors=[descriptor("fine")])
@@ -199,7 +229,10 @@ async def test_damaged_child_table(tmp_path: Path, edit: Callable[[bytes], bytes
     async with open_runtime(tmp_path, compression="none", now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [expected, row("sibling", "fine")]
         descendants = rows(await runtime.listing.list_descendants("p"))
-        assert descendants == [expected | {"parent_id": "p", "depth": 1}, row("sibling", "fine") | {"parent_id": "p", "depth": 1}]
+        assert descendants == [
+            expected | {"parent_id": "p", "depth": 1},
+            row("sibling", "fine") | {"parent_id": "p", "depth": 1},
+        ]
 
 
 # --- lifecycle witness ----------------------------------------------------------------------------
@@ -247,7 +280,9 @@ async def test_grandchildren_set_has_children_but_are_never_read(tmp_path: Path)
     faulty = FaultyLogStore(base)
     async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [
-            row("c1", "one", has_children=True), row("c2", "two"), row("c3", "three", has_children=True),
+            row("c1", "one", has_children=True),
+            row("c2", "two"),
+            row("c3", "three", has_children=True),
         ]
         assert faulty.calls["open_read"] == 3  # the three direct children, once each; no grandchild
         assert faulty.calls["read"] == 3
@@ -257,7 +292,12 @@ async def test_grandchildren_set_has_children_but_are_never_read(tmp_path: Path)
     async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:  # a fresh observation cache
         descendants = rows(await runtime.listing.list_descendants("p"))
         assert [(r["id"], r["parent_id"], r["depth"]) for r in descendants] == [
-            ("c1", "p", 1), ("g1", "c1", 2), ("g2", "g1", 3), ("c2", "p", 1), ("c3", "p", 1), ("g3", "c3", 2),
+            ("c1", "p", 1),
+            ("g1", "c1", 2),
+            ("g2", "g1", 3),
+            ("c2", "p", 1),
+            ("c3", "p", 1),
+            ("g3", "c3", 2),
         ]
         assert descendants[1] == row("g1", "grand", has_children=True) | {"parent_id": "c1", "depth": 2}
         assert descendants[-1] == diag("g3", "corrupt") | {"parent_id": "c3", "depth": 2}
@@ -277,7 +317,9 @@ async def test_at_most_four_cold_reads_in_flight(tmp_path: Path) -> None:
     base = FileLogStore(str(tmp_path), use_index=False)
     count = 9
     for i in range(count):
-        child(base, f"c{i}", 100 - i if i % 2 else 10 + i, descriptors=[descriptor(f"child {i}")])  # creation order != id order
+        child(
+            base, f"c{i}", 100 - i if i % 2 else 10 + i, descriptors=[descriptor(f"child {i}")]
+        )  # creation order != id order
     faulty = FaultyLogStore(base)
     async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
         limiter = runtime.query.cold_reader.limiter
@@ -334,8 +376,11 @@ async def test_rows_keep_candidate_order_not_completion_order(tmp_path: Path) ->
 
 
 def digests(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted((root / "sessions").rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted((root / "sessions").rglob("*"))
+        if p.is_file()
+    }
 
 
 def checkpoint_rows(root: Path) -> list[tuple[Any, ...]]:
@@ -359,7 +404,9 @@ async def test_listing_never_modifies_a_log(tmp_path: Path, compression: str) ->
     async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
         for _ in range(2):
             assert rows(await runtime.listing.list_children("p")) == [
-                row("interrupted", "open turn", has_children=True), row("no-turn", "quiet"), row("seeded", "own"),
+                row("interrupted", "open turn", has_children=True),
+                row("no-turn", "quiet"),
+                row("seeded", "own"),
             ]
             await runtime.listing.list_descendants("p")
         assert runtime.sessions.list() == []  # no actor was created

@@ -15,16 +15,15 @@ from typing import Any
 
 import attrs
 import pytest
-
 from descriptors import descriptor
 from log_lines import header, persist_log
 from subagents.actors import open_session_store
-from subagents.runtime.query import SessionQuery
 from subagents.runtime.delegation.listing import ListingService
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.runtime.query import SessionQuery
 from subagents.storage import make_event
-from subagents.storage.testing import MemoryLogStore
 from subagents.storage.projection import ProjectionRegistry
+from subagents.storage.testing import MemoryLogStore
 
 SIZES = (1_000, 2_000)
 WARM_UP = 50
@@ -160,5 +159,7 @@ async def test_listing_memory_does_not_grow_with_the_children(stores: dict[int, 
     await measure(stores[WARM_UP], call, expected=WARM_UP)
     small = await measure(stores[SIZES[0]], call, expected=SIZES[0])
     large = await measure(stores[SIZES[1]], call, expected=SIZES[1])
-    report = {n: attrs.asdict(m) | {"floor": m.floor, "excess": m.excess} for n, m in zip(SIZES, (small, large), strict=True)}
+    report = {
+        n: attrs.asdict(m) | {"floor": m.floor, "excess": m.excess} for n, m in zip(SIZES, (small, large), strict=True)
+    }
     assert large.excess <= RATIO * small.excess + SLACK, report

@@ -19,24 +19,22 @@ from typing import Any
 
 import pytest
 import trio
-from trio_util import AsyncValue
 import trio.testing
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from clocks import T, ticking_ms
 from descriptors import descriptor
 from drafts import turn_start
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from log_lines import header
-from subagents.actors import Abort, EventDraft, open_session_store
-from subagents.actors import cold_reader
+from subagents.actors import Abort, EventDraft, cold_reader, open_session_store
 from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
 from subagents.actors.store_reader import StoreReader
-from subagents.runtime.query import SessionQuery
 from subagents.runtime.delegation.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
+from subagents.runtime.query import SessionQuery
 from subagents.storage import Batch, Event, FileLogStore, Offset, make_event
-from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
+from subagents.storage.testing import FaultyLogStore
+from trio_util import AsyncValue
 
 HEADER = header("child", T, origin="subagent", parent_session="p")
 now_ms = ticking_ms()
@@ -65,8 +63,16 @@ def build(kinds: list[tuple[str, int]]) -> list[Event]:
     return out
 
 
-KINDS = ["turn/start", "turn/end", "step", "step", "descriptor:a", "descriptor:b", "descriptor:malformed",
-         "descriptor:future"]
+KINDS = [
+    "turn/start",
+    "turn/end",
+    "step",
+    "step",
+    "descriptor:a",
+    "descriptor:b",
+    "descriptor:malformed",
+    "descriptor:future",
+]
 logs = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 50)), max_size=40).map(build)
 
 
@@ -89,8 +95,10 @@ def test_unit_fast_folds_equal_the_plain_fold(events: list[Event], cuts: list[in
         cut = min(cut, len(events))
         if start < cut:
             assert cells.fold(events[start:cut]) == len(SUBAGENT_UNITS) * (cut - start)
-        rows = {key: CheckpointRow(ver=row.ver, seq=row.seq, val=json.loads(json.dumps(row.val)))
-                for key, row in cells.checkpoint().items()}
+        rows = {
+            key: CheckpointRow(ver=row.ver, seq=row.seq, val=json.loads(json.dumps(row.val)))
+            for key, row in cells.checkpoint().items()
+        }
         cells = registry.cells(HEADER, k, rows)
         start = max(start, cut)
     assert {key: row.val for key, row in cells.checkpoint().items()} == (expected if events else {})
@@ -149,8 +157,9 @@ class CountingReader(ColdReader):
         await super()._hop(first)
 
 
-async def read_each(reader: ColdReader, ids: list[str], abort: Abort | None, out: dict[str, Any],
-                    done: AsyncValue[int] | None = None) -> None:
+async def read_each(
+    reader: ColdReader, ids: list[str], abort: Abort | None, out: dict[str, Any], done: AsyncValue[int] | None = None
+) -> None:
     async def one(sid: str) -> None:
         (out[sid],) = await reader.read_many([sid], abort, registry=ProjectionRegistry(SUBAGENT_UNITS))
         if done is not None:

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from log_lines import plain_records
+from subagents.runtime.agent.compaction import CompactionPolicy
+from subagents.runtime.agent.loop import AgentConfig
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.agent.compaction import CompactionPolicy
-from subagents.runtime.agent.loop import AgentConfig
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
@@ -25,18 +24,21 @@ LONG = "x" * 300
 
 def _script(n_turns: int) -> str:
     child = [{"text": f"answer {i} {LONG}"} for i in range(n_turns)]
-    return json.dumps({
-        "agents": [{"label": "twin", "responses": child}],
-        "summaries": ["the story so far"] * n_turns,
-    })
+    return json.dumps(
+        {
+            "agents": [{"label": "twin", "responses": child}],
+            "summaries": ["the story so far"] * n_turns,
+        }
+    )
 
 
 async def _twin(root: Path, compacting: bool) -> None:
     """A parent and one continuable child that runs three turns (compacting or not)."""
     config = AgentConfig(compaction=CompactionPolicy(max_chars=400, keep_recent=1) if compacting else None)
     model = ScriptedModel(load_script(_script(3)))
-    async with open_runtime(root, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            compression="none", agent_config=config) as rt:
+    async with open_runtime(
+        root, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none", agent_config=config
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         child_id = await rt.subagents.start_continuable(parent, "spawn", "twin", f"first {LONG}")
         for i in range(2):
@@ -68,16 +70,30 @@ async def test_compacted_and_uncompacted_twins_list_identically(tmp_path: Path, 
     assert "compaction/end" in _types(compacted, "c-1") and "compaction/end" not in _types(plain, "c-1")
     assert _types(compacted, "c-1")[0] == "subagent/descriptor"
     rows = await _rows(plain, checkpoints=checkpoints)
-    assert rows == [{"kind": "child", "id": "c-1", "activity": "inactive", "has_children": False,
-                     "mode": "continuable", "label": "twin"}]
+    assert rows == [
+        {
+            "kind": "child",
+            "id": "c-1",
+            "activity": "inactive",
+            "has_children": False,
+            "mode": "continuable",
+            "label": "twin",
+        }
+    ]
     assert await _rows(compacted, checkpoints=checkpoints) == rows
 
 
 async def test_a_live_compacted_child_lists_like_its_twin(tmp_path: Path) -> None:
     config = AgentConfig(compaction=CompactionPolicy(max_chars=400, keep_recent=1))
     model = ScriptedModel(load_script(_script(3)))
-    async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            compression="none", agent_config=config) as rt:
+    async with open_runtime(
+        tmp_path,
+        model=model,
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        agent_config=config,
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         child_id = await rt.subagents.start_continuable(parent, "spawn", "twin", f"first {LONG}")
         child = rt.agents.get(child_id)

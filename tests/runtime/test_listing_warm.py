@@ -8,16 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clocks import ticking_ms
 from drafts import descriptor_draft, turn_start
 from log_lines import header
 from open_fds import inotify_fds
-
-from clocks import ticking_ms
 from subagents.actors import SessionStore, open_session_store
-from subagents.runtime.query import SessionQuery
 from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.delegation.listing import ListingService
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.runtime.query import SessionQuery
 from subagents.storage import FileLogStore
 from subagents.storage.projection import ProjectionRegistry
 
@@ -43,9 +42,7 @@ class Listings:
         return got
 
     async def create(self, sid: str, parent: str = "p", label: str | None = None) -> None:
-        ref = await self.sessions.create(
-            header(sid, now_ms(), origin="subagent", parent_session=parent)
-        )
+        ref = await self.sessions.create(header(sid, now_ms(), origin="subagent", parent_session=parent))
         await ref.append([descriptor_draft(label if label is not None else sid)])
 
 
@@ -69,7 +66,12 @@ async def test_each_change_shows_in_the_next_warm_listing(listings: Listings) ->
     assert [r["id"] for r in await listings.children()] == ["c0", "c1", "c2", "c3"]
 
     await listings.create("g0", parent="c1")  # a grandchild: c1 has children now
-    assert {r["id"]: r["has_children"] for r in await listings.children()} == {"c0": False, "c1": True, "c2": False, "c3": False}
+    assert {r["id"]: r["has_children"] for r in await listings.children()} == {
+        "c0": False,
+        "c1": True,
+        "c2": False,
+        "c3": False,
+    }
 
     ref = listings.sessions.get("c2")
     assert ref is not None
@@ -158,10 +160,19 @@ def test_an_identity_of_another_shape_gets_a_row_that_is_not_kept() -> None:
     """Only a tampered checkpoint row can hold such an identity; it must not fail the listing."""
     from subagents.runtime.query import SessionRecord
 
-    record = SessionRecord(id="c", header=None, live=False, persisted=True, damage=None,  # type: ignore[arg-type]  # a plain str id
-                           inherited_event_count=0, revision=None, event_count=1)
+    record = SessionRecord(
+        id="c",
+        header=None,
+        live=False,
+        persisted=True,
+        damage=None,  # type: ignore[arg-type]  # a plain str id
+        inherited_event_count=0,
+        revision=None,
+        event_count=1,
+    )
     made = listing_module._Rows()
     row = made.child(record, {"mode": "continuable", "label": ["not", "a", "str"]}, False, False)
     assert row.label == ["not", "a", "str"] and made._made == {}
     assert made.child(record, {"mode": "continuable", "label": "ok"}, False, False) is made.child(
-        record, {"mode": "continuable", "label": "ok"}, False, False)
+        record, {"mode": "continuable", "label": "ok"}, False, False
+    )

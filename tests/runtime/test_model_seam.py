@@ -11,9 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
-
 from scripted_calls import req, text_of
-
 from subagents.runtime import (
     Chunk,
     CountingIds,
@@ -61,8 +59,14 @@ ECHO = FunctionTool(name="echo", description="Echo.", fn=_echo)
 
 
 def _runtime(root: Any, model: Any, clock: ScenarioClock | None = None) -> Any:
-    return open_runtime(root, model=model, clock=clock or ScenarioClock(), id_factory=CountingIds("s"),
-                        compression="none", tools=lambda: [ECHO])
+    return open_runtime(
+        root,
+        model=model,
+        clock=clock or ScenarioClock(),
+        id_factory=CountingIds("s"),
+        compression="none",
+        tools=lambda: [ECHO],
+    )
 
 
 async def test_a_custom_transport_gets_messages_tools_and_purpose(tmp_path) -> None:
@@ -116,17 +120,20 @@ async def test_a_session_model_is_bound_once_per_agent_with_its_session(tmp_path
         await b.wait_idle()
         created = {"a": a.session.header.created_at, "b": b.session.header.created_at}
     assert [(s.session_id, s.label, s.created_at) for s in model.bindings] == [
-        ("a", None, created["a"]), ("b", None, created["b"])
+        ("a", None, created["a"]),
+        ("b", None, created["b"]),
     ]
     assert all(s.clock is clock and s.waits is not None for s in model.bindings)
     # Read at each call: the session's assistant messages so far.
     assert model.counts == [0, 1, 0]
 
 
-SCRIPT = {"agents": [
-    {"responses": [{"text": "a1"}, {"text": "a2"}, {"text": "a3"}]},
-    {"responses": [{"text": "b1"}, {"text": "b2"}]},
-]}
+SCRIPT = {
+    "agents": [
+        {"responses": [{"text": "a1"}, {"text": "a2"}, {"text": "a3"}]},
+        {"responses": [{"text": "b1"}, {"text": "b2"}]},
+    ]
+}
 
 
 def _binding(session_id: str, **fields: Any) -> SessionBinding:

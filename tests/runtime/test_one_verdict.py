@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from clocks import T, ticking_ms
 from descriptors import descriptor
 from log_lines import encode_header, header, new_log_file, zstd_frame
@@ -46,18 +45,33 @@ _ASSISTANT = {"turn": 1, "step": 1, "message": _text("a", "assistant", "done", {
 
 # What follows the descriptor (seq 0) and `turn/start` (seq 1): (events, the seq of the bad one).
 CASES: dict[str, tuple[list[dict[str, Any]], int | None]] = {
-    "healthy": ([_user(_text("u", "user", "hi", {"kind": "user"})), _result([_BLOCK]),
-                 {"type": "assistant/message", "data": _ASSISTANT, "surface_op": "append"}], None),
+    "healthy": (
+        [
+            _user(_text("u", "user", "hi", {"kind": "user"})),
+            _result([_BLOCK]),
+            {"type": "assistant/message", "data": _ASSISTANT, "surface_op": "append"},
+        ],
+        None,
+    ),
     "user-message-without-id": ([_user({"role": "user", "content": [], "source": {"kind": "user"}})], 2),
     "turn-start-turn-is-a-str": ([{"type": "turn/start", "data": {"turn": "2"}}], 2),
     "turn-end-turn-is-a-float": ([{"type": "turn/end", "data": {"turn": 1.0, "reason": {"kind": "completed"}}}], 2),
     "tool-result-with-two-blocks": ([_result([_BLOCK, _BLOCK])], 2),
-    "assistant-message-bad-finish": ([{"type": "assistant/message", "data": {**_ASSISTANT, "finish": "done"},
-                                       "surface_op": "append"}], 2),
+    "assistant-message-bad-finish": (
+        [{"type": "assistant/message", "data": {**_ASSISTANT, "finish": "done"}, "surface_op": "append"}],
+        2,
+    ),
     # `show` never decodes step/start: before the fix it showed this log while resume refused it.
     "step-start-unknown-key": ([{"type": "step/start", "data": {"turn": 1, "step": 1, "extra": 1}}], 2),
-    "catalog-bad-mode": ([{"type": "subagent/catalog", "data": {"version": 1, "child_id": "g", "child_created_at": 1,
-                                                               "mode": "forever"}}], 2),
+    "catalog-bad-mode": (
+        [
+            {
+                "type": "subagent/catalog",
+                "data": {"version": 1, "child_id": "g", "child_created_at": 1, "mode": "forever"},
+            }
+        ],
+        2,
+    ),
 }
 
 

@@ -22,9 +22,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-
 from http_request import Seen, read_request
-
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.models.base import (
     Chunk,
@@ -61,8 +59,6 @@ class Reply:
     framing: Literal["chunked", "length", "close"] = "chunked"
     complete: bool = True  # False: close the connection without finishing the chunked body
     hold: bool = False  # after the parts (body unfinished), keep the connection open until the client leaves
-
-
 
 
 class ScriptedServer:
@@ -107,8 +103,6 @@ class ScriptedServer:
             while await stream.receive_some(65536):
                 pass
             self.disconnected.set()
-
-
 
 
 Serve = Callable[..., Awaitable[ScriptedServer]]
@@ -291,7 +285,12 @@ async def test_a_clean_end_after_finish_without_done_is_accepted(serve: Serve) -
 
 
 async def test_request_body_shape(serve: Serve) -> None:
-    tool_result = {"type": "tool-result", "call_id": "call_a", "content": [text("line 1"), text("line 2")], "is_error": False}
+    tool_result = {
+        "type": "tool-result",
+        "call_id": "call_a",
+        "content": [text("line 1"), text("line 2")],
+        "is_error": False,
+    }
     failed = {"type": "tool-result", "call_id": "call_b", "content": [text("Error: no such agent")], "is_error": True}
     messages = [
         msg("m1", "system", [text("You are terse."), text("Be kind.")], "system"),
@@ -330,7 +329,11 @@ async def test_request_body_shape(serve: Serve) -> None:
                 "role": "assistant",
                 "content": "Reading.",
                 "tool_calls": [
-                    {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}},
+                    {
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'},
+                    },
                     {"id": "call_b", "type": "function", "function": {"name": "list_agents", "arguments": "{}"}},
                 ],
             },
@@ -395,7 +398,9 @@ async def test_backoff_is_capped_and_jittered(serve: Serve) -> None:
     clocks = []
     for seed in (1, 2):
         clock = ScenarioClock()
-        model = model_for(server, max_retries=6, backoff_base=1.0, backoff_max=2.0, rng=random.Random(seed), clock=clock)
+        model = model_for(
+            server, max_retries=6, backoff_base=1.0, backoff_max=2.0, rng=random.Random(seed), clock=clock
+        )
         assert (await failure(model, make_request())).code == "MODEL_UNAVAILABLE"
         clocks.append(clock.slept_ms)
     # Waits of b = 1, 2, 2, 2, 2, 2 seconds, each jittered to [b/2, b].
@@ -414,7 +419,7 @@ async def test_connection_refused_is_retried_then_unavailable() -> None:
 @pytest.mark.parametrize(
     "reply",
     [
-        Reply(parts=[*sse(delta("Hel"), done=False), b"data: {\"choices\": [{\"delta\": {\"con"], complete=False),
+        Reply(parts=[*sse(delta("Hel"), done=False), b'data: {"choices": [{"delta": {"con'], complete=False),
         Reply(parts=sse(delta("Hel"), done=False), framing="close"),
     ],
     ids=["connection-dropped", "clean-eof-before-finish"],
@@ -482,7 +487,7 @@ async def test_a_body_that_is_not_an_event_stream(serve: Serve, reply: Reply) ->
 @pytest.mark.parametrize(
     ("parts", "words"),
     [
-        ([b"data: {\"choices\": [{\"delta\": {\"content\": \"a\"}\n\n"], "not JSON"),
+        ([b'data: {"choices": [{"delta": {"content": "a"}\n\n'], "not JSON"),
         ([b"data: [1, 2]\n\n"], "not a JSON object"),
         (sse(delta("a")), "[DONE] arrived without a finish_reason"),
         (sse({"error": {"message": "overloaded mid-stream"}}), "overloaded mid-stream"),
@@ -582,7 +587,9 @@ async def test_cancellation_during_backoff_propagates(serve: Serve) -> None:
 # -- the key never leaks ---------------------------------------------------------------------
 
 
-async def test_the_api_key_never_appears_in_logs_errors_or_reprs(serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_api_key_never_appears_in_logs_errors_or_reprs(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     for name in ("httpx", "httpcore", "subagents"):
         caplog.set_level(logging.DEBUG, logger=name)

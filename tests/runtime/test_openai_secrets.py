@@ -22,10 +22,8 @@ import httpx
 import pytest
 import trio
 import zstandard
-
 from cli_process import CLI, clean_env
 from http_request import read_request
-
 from subagents.runtime import cli
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
@@ -40,6 +38,7 @@ SSE_CUT = 120  # the excerpt length of a line that is not an event stream
 # Whole, a prefix, a long prefix, the tail, a middle run: what a provider may echo.
 PIECES = {"whole": KEY, "prefix8": KEY[:8], "prefix20": KEY[:20], "tail8": KEY[-8:], "middle": KEY[5:25]}
 GUARD = 60.0  # real seconds: only reached if a subprocess hangs
+
 
 def leaks(text: str | bytes) -> list[str]:
     """The 8-character runs of the key found in `text` (empty: clean)."""
@@ -68,17 +67,20 @@ def cases(cut: int = CUT) -> Iterator[tuple[str, int, str]]:
 # --- redact_secret ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("", ""),
-    ("nothing here", "nothing here"),
-    (f"bad key {KEY}.", "bad key [redacted]."),
-    (f"{KEY}{KEY}", "[redacted]"),
-    (f"{KEY} and {KEY}", "[redacted] and [redacted]"),
-    (f"prefix {KEY[:8]} only", "prefix [redacted] only"),
-    (f"too short {KEY[:7]} kept", f"too short {KEY[:7]} kept"),
-    (f"masked {KEY[:10]}****{KEY[-8:]}", "masked [redacted]****[redacted]"),
-    (f"x{KEY[3:]}", "x[redacted]"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", ""),
+        ("nothing here", "nothing here"),
+        (f"bad key {KEY}.", "bad key [redacted]."),
+        (f"{KEY}{KEY}", "[redacted]"),
+        (f"{KEY} and {KEY}", "[redacted] and [redacted]"),
+        (f"prefix {KEY[:8]} only", "prefix [redacted] only"),
+        (f"too short {KEY[:7]} kept", f"too short {KEY[:7]} kept"),
+        (f"masked {KEY[:10]}****{KEY[-8:]}", "masked [redacted]****[redacted]"),
+        (f"x{KEY[3:]}", "x[redacted]"),
+    ],
+)
 def test_redact_secret(text: str, expected: str) -> None:
     assert redact_secret(text, KEY) == expected
 
@@ -102,8 +104,11 @@ def test_redacting_then_cutting_leaves_no_run_at_any_offset(name: str) -> None:
 
 
 def request() -> ModelRequest:
-    return ModelRequest(messages=[{"id": "u1", "role": "user", "content": [{"type": "text", "text": "hi"}],
-                        "source": {"kind": "prompt"}}])
+    return ModelRequest(
+        messages=[
+            {"id": "u1", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "prompt"}}
+        ]
+    )
 
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -112,8 +117,14 @@ Handler = Callable[[httpx.Request], httpx.Response]
 def model_with(handler: Handler, **options: Any) -> OpenAIChatModel:
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     options.setdefault("clock", ScenarioClock())  # backoff never sleeps for real
-    return OpenAIChatModel("m", base_url="http://provider.test/v1", api_key=KEY, client=client,
-                           max_retries=options.pop("max_retries", 1), **options)
+    return OpenAIChatModel(
+        "m",
+        base_url="http://provider.test/v1",
+        api_key=KEY,
+        client=client,
+        max_retries=options.pop("max_retries", 1),
+        **options,
+    )
 
 
 async def failure(model: OpenAIChatModel) -> ModelError:
@@ -167,7 +178,9 @@ async def test_stream_errors_never_leak_at_any_offset(kind: str, caplog: pytest.
             stream = f"data: {text}\n\n"
         else:
             stream = f"data: {json.dumps([text])}\n\n"
-        model = model_with(lambda r, s=stream: httpx.Response(200, headers={"content-type": "text/event-stream"}, text=s))
+        model = model_with(
+            lambda r, s=stream: httpx.Response(200, headers={"content-type": "text/event-stream"}, text=s)
+        )
         error = await failure(model)
         assert error.code == "MODEL_BAD_STREAM", error
         assert_clean_error(error, (name, offset))
@@ -193,6 +206,7 @@ async def test_bodies_that_are_not_event_streams_never_leak(caplog: pytest.LogCa
 async def test_transport_errors_never_leak(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     for name, offset, text in cases():
+
         def refuse(r: httpx.Request, text: str = text) -> httpx.Response:
             raise httpx.ConnectError(text, request=r)
 
@@ -206,7 +220,11 @@ async def test_transport_errors_never_leak(caplog: pytest.LogCaptureFixture) -> 
         def cut(r: httpx.Request, body: Any = cut_body) -> httpx.Response:
             return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
 
-        for handler, code in ((refuse, "MODEL_UNAVAILABLE"), (broken, "MODEL_HTTP_ERROR"), (cut, "MODEL_STREAM_INTERRUPTED")):
+        for handler, code in (
+            (refuse, "MODEL_UNAVAILABLE"),
+            (broken, "MODEL_HTTP_ERROR"),
+            (cut, "MODEL_STREAM_INTERRUPTED"),
+        ):
             error = await failure(model_with(handler))
             assert error.code == code, error
             assert_clean_error(error, (name, offset, code))
@@ -229,13 +247,18 @@ def plain_files(root: Path) -> list[tuple[Path, bytes]]:
     return found
 
 
-FULL_STACK = [(status, name, offset) for status in (401, 403, 429, 500)
-              for name in ("whole", "prefix20") for offset in (CUT - len(PIECES[name]) + 1, CUT - 8, CUT - 1, 10)]
+FULL_STACK = [
+    (status, name, offset)
+    for status in (401, 403, 429, 500)
+    for name in ("whole", "prefix20")
+    for offset in (CUT - len(PIECES[name]) + 1, CUT - 8, CUT - 1, 10)
+]
 
 
 @pytest.mark.slow  # the whole stack into a store, then `show` twice
-def test_the_key_never_reaches_the_log_the_index_or_show(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_key_never_reaches_the_log_the_index_or_show(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
     caplog.set_level(logging.DEBUG)
     root = tmp_path / "root"
     bodies = {f"s{i}": (status, placed(PIECES[name], offset)) for i, (status, name, offset) in enumerate(FULL_STACK)}
@@ -244,8 +267,9 @@ def test_the_key_never_reaches_the_log_the_index_or_show(tmp_path: Path, caplog:
         reasons = {}
         for sid, (status, text) in bodies.items():
             model = model_with(lambda r, s=status, t=text: httpx.Response(s, json={"error": {"message": t}}))
-            async with open_runtime(root, model=model, clock=ScenarioClock(), id_factory=CountingIds("x"),
-                                    compression="zstd") as rt:
+            async with open_runtime(
+                root, model=model, clock=ScenarioClock(), id_factory=CountingIds("x"), compression="zstd"
+            ) as rt:
                 agent = await rt.agents.create(session_id=sid)
                 await agent.send("hello there")
                 result = await rt.subagents.wait_tree_idle(agent)
@@ -254,7 +278,7 @@ def test_the_key_never_reaches_the_log_the_index_or_show(tmp_path: Path, caplog:
         return reasons
 
     reasons = trio.run(main)
-    for (status, name, offset), (sid, reason) in zip(FULL_STACK, reasons.items()):
+    for (_status, _name, offset), (_sid, reason) in zip(FULL_STACK, reasons.items()):
         assert reason["kind"] == "error", reason
         if offset + len("[redacted]") < CUT:  # positive control: the marker fits in the excerpt
             assert "[redacted]" in reason["message"], reason
@@ -281,8 +305,10 @@ async def echoing_server(stream: trio.SocketStream, *, status: int, body: bytes)
     try:
         if await read_request(stream) is None:
             return
-        head = (f"HTTP/1.1 {status} Oops\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n")
+        head = (
+            f"HTTP/1.1 {status} Oops\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
         await stream.send_all(head.encode() + body)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass  # the client hung up first (it had what it needed): the test judges its output
@@ -294,19 +320,41 @@ async def echoing_server(stream: trio.SocketStream, *, status: int, body: bytes)
 @pytest.mark.parametrize("status", [401, 403])
 async def test_cli_run_never_prints_or_stores_the_key(nursery: trio.Nursery, tmp_path: Path, status: int) -> None:
     body = json.dumps({"error": {"message": placed(KEY, CUT - 20)}}).encode()  # across the cut
-    listeners = await nursery.start(partial(trio.serve_tcp, partial(echoing_server, status=status, body=body), 0,
-                                            host="127.0.0.1"))
+    listeners = await nursery.start(
+        partial(trio.serve_tcp, partial(echoing_server, status=status, body=body), 0, host="127.0.0.1")
+    )
     port = listeners[0].socket.getsockname()[1]
     root = tmp_path / "root"
     env = clean_env(OPENAI_API_KEY=KEY)
     with trio.fail_after(GUARD):
         done = await trio.run_process(
-            [*CLI, "run", "--root", str(root), "--session", "s1", "--model", "openai:m",
-             "--base-url", f"http://127.0.0.1:{port}/v1", "go"],
-            cwd=tmp_path, env=env, capture_stdout=True, capture_stderr=True, check=False,
+            [
+                *CLI,
+                "run",
+                "--root",
+                str(root),
+                "--session",
+                "s1",
+                "--model",
+                "openai:m",
+                "--base-url",
+                f"http://127.0.0.1:{port}/v1",
+                "go",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
         )
-        shown = await trio.run_process([*CLI, "show", "--root", str(root), "s1"], cwd=tmp_path, env=env,
-                                       capture_stdout=True, capture_stderr=True, check=False)
+        shown = await trio.run_process(
+            [*CLI, "show", "--root", str(root), "s1"],
+            cwd=tmp_path,
+            env=env,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
     assert done.returncode == 1, done.stderr
     assert b"authentication failed" in done.stderr and b"[redacted]" in done.stderr
     assert shown.returncode == 0 and b"[redacted]" in shown.stdout

@@ -7,7 +7,6 @@ from typing import Any
 
 import attrs
 import pytest
-
 from clocks import ticking_ms
 from descriptors import descriptor
 from drafts import turn_start
@@ -15,21 +14,23 @@ from events import turn_end_event
 from log_lines import header, persist_log
 from registries import HostileView
 from subagents.actors import Abort, EventDraft, open_session_store
-from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.runtime.query import SessionQuery, SessionQueryError
 from subagents.storage import (
     FileLogStore,
     PersistenceFailed,
     SessionHeader,
     make_event,
 )
-from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
+from subagents.storage.testing import FaultyLogStore
 
 now_ms = ticking_ms()
 
 
-def persist(store: FileLogStore, sid: str, created_at: int, *, open_turn: bool = False, label: str | None = None) -> None:
+def persist(
+    store: FileLogStore, sid: str, created_at: int, *, open_turn: bool = False, label: str | None = None
+) -> None:
     events = []
     if label is not None:
         data = descriptor(label)
@@ -139,8 +140,12 @@ async def test_a_live_observation_holds_the_durable_events_only(tmp_path: Path) 
         async with query.observe_session("fresh") as seen:
             assert (seen.source, seen.events, seen.header) == ("live", (), fresh.header)
         running = await sessions.create(header("running", 30))
-        await running.append([EventDraft(type="turn/start", data={"turn": 1}),
-                              EventDraft(type="step/start", data={"turn": 1, "step": 1})])
+        await running.append(
+            [
+                EventDraft(type="turn/start", data={"turn": 1}),
+                EventDraft(type="step/start", data={"turn": 1, "step": 1}),
+            ]
+        )
         async with query.observe_session("running") as seen:
             assert seen.source == "live"
             assert [e.type for e in seen.events] == ["turn/start", "step/start"]

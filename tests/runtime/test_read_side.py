@@ -12,21 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-
 from clocks import fixed_ms
 from drafts import descriptor_draft
 from log_lines import header
 from registries import subagent_registry
 from subagents.actors import EventDraft, StoreReader, open_session_store
-from subagents.runtime.agent.registry import AgentRegistry
 from subagents.runtime import app as app_module
+from subagents.runtime.agent.registry import AgentRegistry
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.delegation import listing as listing_module
+from subagents.runtime.delegation.listing import ListingService
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.query import SessionQuery
-from subagents.runtime.delegation import listing as listing_module
-from subagents.runtime.delegation.listing import ListingService
 from subagents.storage import FileLogStore
 from subagents.storage.testing import FaultyLogStore
 
@@ -66,11 +65,13 @@ async def persisted(root: Path, store: Any) -> None:
     """A session `s` with one closed turn and an open one (closed in memory on resume)."""
     async with open_session_store(store, subagent_registry(), now_ms=fixed_ms(1)) as sessions:
         ref = await sessions.create(header("s", created_at=1))
-        await ref.append([
-            EventDraft(type="turn/start", data={"turn": 1, "trigger": {"kind": "message"}}),
-            EventDraft(type="turn/end", data={"turn": 1, "reason": {"kind": "completed"}}),
-            EventDraft(type="turn/start", data={"turn": 2, "trigger": {"kind": "message"}}),
-        ])
+        await ref.append(
+            [
+                EventDraft(type="turn/start", data={"turn": 1, "trigger": {"kind": "message"}}),
+                EventDraft(type="turn/end", data={"turn": 1, "reason": {"kind": "completed"}}),
+                EventDraft(type="turn/start", data={"turn": 2, "trigger": {"kind": "message"}}),
+            ]
+        )
 
 
 async def resume_counting(tmp_path: Path, *, use_index: bool) -> FaultyLogStore:

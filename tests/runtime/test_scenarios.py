@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from subagents.runtime.cli import main
 from subagents.runtime.scenario import ScenarioError, check_scenario, run_scenario, scenario_dirs
 
@@ -17,8 +16,12 @@ ALL = scenario_dirs(SCENARIOS)
 
 def test_the_issue_scenarios_exist() -> None:
     assert {d.name for d in ALL} >= {
-        "subagent-list-agents", "subagent-diagnostic", "crash-restart-mid-child",
-        "corrupt-child-among-healthy", "fork-child", "cancel-during-list",
+        "subagent-list-agents",
+        "subagent-diagnostic",
+        "crash-restart-mid-child",
+        "corrupt-child-among-healthy",
+        "fork-child",
+        "cancel-during-list",
     }
 
 
@@ -68,7 +71,9 @@ async def test_a_missing_golden_fails(tmp_path: Path) -> None:
     directory = _copy("subagent-diagnostic", tmp_path)
     (directory / "expected" / "sessions" / "subagent-diagnostic-child.jsonl").unlink()
     problems = await check_scenario(directory)
-    assert problems == ["session 'subagent-diagnostic-child' has no golden (expected/sessions/subagent-diagnostic-child.jsonl)"]
+    assert problems == [
+        "session 'subagent-diagnostic-child' has no golden (expected/sessions/subagent-diagnostic-child.jsonl)"
+    ]
 
 
 def test_cli_check_exit_codes(tmp_path: Path, capsys) -> None:
@@ -83,19 +88,28 @@ def test_cli_check_exit_codes(tmp_path: Path, capsys) -> None:
     assert main(["scenario", "check", str(directory)]) == 0
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("[]", "$ must be an object"),
-    ('{"steps": []}', "$.steps must be a non-empty list"),
-    ('{"steps": [{"op": "dance"}]}', "$.steps[0].op must be one of"),
-    ('{"steps": [{"op": "prompt", "session": "p"}]}', "$.steps[0].text is missing"),
-    ('{"steps": [{"op": "restart", "extra": 1}]}', "$.steps[0].extra is not a known key"),
-    ('{"steps": [{"op": "restart"}], "colour": "red"}', "$.colour is not a known key"),
-    ("{not json", "scenario.json"),
-    ('{"steps": [{"op": "agents", "session": "p", "descendants": "yes"}]}', "$.steps[0].descendants must be true or false"),
-    ('{"steps": [{"op": "restart"}], "max_depth": true}', "$.max_depth must be a non-negative integer"),
-    ('{"steps": [{"op": "restart"}], "max_active_subagents": -1}', "$.max_active_subagents must be a non-negative integer"),
-    ('{"steps": [{"op": "restart"}], "id_prefix": 7}', "$.id_prefix must be a string"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("[]", "$ must be an object"),
+        ('{"steps": []}', "$.steps must be a non-empty list"),
+        ('{"steps": [{"op": "dance"}]}', "$.steps[0].op must be one of"),
+        ('{"steps": [{"op": "prompt", "session": "p"}]}', "$.steps[0].text is missing"),
+        ('{"steps": [{"op": "restart", "extra": 1}]}', "$.steps[0].extra is not a known key"),
+        ('{"steps": [{"op": "restart"}], "colour": "red"}', "$.colour is not a known key"),
+        ("{not json", "scenario.json"),
+        (
+            '{"steps": [{"op": "agents", "session": "p", "descendants": "yes"}]}',
+            "$.steps[0].descendants must be true or false",
+        ),
+        ('{"steps": [{"op": "restart"}], "max_depth": true}', "$.max_depth must be a non-negative integer"),
+        (
+            '{"steps": [{"op": "restart"}], "max_active_subagents": -1}',
+            "$.max_active_subagents must be a non-negative integer",
+        ),
+        ('{"steps": [{"op": "restart"}], "id_prefix": 7}', "$.id_prefix must be a string"),
+    ],
+)
 def test_bad_scenarios_are_exit_2_with_the_json_path(tmp_path: Path, capsys, spec: str, message: str) -> None:
     directory = tmp_path / "bad"
     directory.mkdir()

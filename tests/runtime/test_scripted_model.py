@@ -11,10 +11,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-
-from subagents.runtime.clock import ScenarioClock
 from scripted_calls import collect, failure, req, stream, text_of
-
+from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.models.base import (
     Chunk,
     Finish,
@@ -26,11 +24,11 @@ from subagents.runtime.models.base import (
 from subagents.runtime.models.script_format import (
     ObjectArguments,
     Script,
-    ScriptEntry,
-    ScriptError,
     ScriptedError,
     ScriptedResponse,
     ScriptedToolCall,
+    ScriptEntry,
+    ScriptError,
     WaitForSettled,
     WaitForSteered,
     load_script,
@@ -50,7 +48,12 @@ def model_of(document: dict[str, Any]) -> ScriptedModel:
 
 
 def text_message(text: str, role: str = "user") -> dict[str, Any]:
-    return {"id": f"m-{text[:8]}", "role": role, "content": [{"type": "text", "text": text}], "source": {"kind": "user"}}
+    return {
+        "id": f"m-{text[:8]}",
+        "role": role,
+        "content": [{"type": "text", "text": text}],
+        "source": {"kind": "user"},
+    }
 
 
 # --- loader: rejections -----------------------------------------------------------------------
@@ -61,7 +64,12 @@ REJECTED: list[tuple[str, Any, str, str]] = [
     # (case, document or raw text, JSON path, fragment of the problem)
     ("not json", "{agents", "$", "not JSON"),
     ("nan", '{"agents": [{"responses": [{"tool_calls": [{"name": "x", "arguments": {"a": NaN}}]}]}]}', "$", "NaN"),
-    ("huge float", '{"agents": [{"responses": [{"tool_calls": [{"name": "x", "arguments": {"a": 1e999}}]}]}]}', "$", "out of range"),
+    (
+        "huge float",
+        '{"agents": [{"responses": [{"tool_calls": [{"name": "x", "arguments": {"a": 1e999}}]}]}]}',
+        "$",
+        "out of range",
+    ),
     ("duplicate key", '{"agents": [], "agents": []}', "$", 'duplicate key "agents"'),
     ("top not object", [], "$", "must be an object, got array"),
     ("unknown top key", {"agents": [{"responses": []}], "extra": 1}, "$.extra", "unknown key"),
@@ -71,10 +79,25 @@ REJECTED: list[tuple[str, Any, str, str]] = [
     ("entry not object", {"agents": ["x"]}, "$.agents[0]", "must be an object, got string"),
     ("missing responses", {"agents": [{"label": "a"}]}, "$.agents[0].responses", "missing required key"),
     ("unknown entry key", {"agents": [{"responses": [], "name": "a"}]}, "$.agents[0].name", "unknown key"),
-    ("session and label", {"agents": [{"session": "s", "label": "l", "responses": []}]}, "$.agents[0].label", "not both"),
-    ("session not str", {"agents": [{"session": 1, "responses": []}]}, "$.agents[0].session", "must be a string, got integer"),
+    (
+        "session and label",
+        {"agents": [{"session": "s", "label": "l", "responses": []}]},
+        "$.agents[0].label",
+        "not both",
+    ),
+    (
+        "session not str",
+        {"agents": [{"session": 1, "responses": []}]},
+        "$.agents[0].session",
+        "must be a string, got integer",
+    ),
     ("empty label", {"agents": [{"label": "", "responses": []}]}, "$.agents[0].label", "non-empty"),
-    ("duplicate session", {"agents": [{"session": "s", "responses": []}, {"session": "s", "responses": []}]}, "$.agents[1].session", "already has an entry at $.agents[0]"),
+    (
+        "duplicate session",
+        {"agents": [{"session": "s", "responses": []}, {"session": "s", "responses": []}]},
+        "$.agents[1].session",
+        "already has an entry at $.agents[0]",
+    ),
     ("responses not list", {"agents": [{"responses": {}}]}, "$.agents[0].responses", "must be an array"),
     ("response not object", one("hi"), "$.agents[0].responses[0]", "must be an object, got string"),
     ("unknown response key", one({"colour": "red"}), "$.agents[0].responses[0].colour", "unknown key"),
@@ -83,39 +106,154 @@ REJECTED: list[tuple[str, Any, str, str]] = [
     ("finish not str", one({"finish": True}), "$.agents[0].responses[0].finish", 'must be "stop" or "max-tokens"'),
     ("tool_calls not list", one({"tool_calls": {}}), "$.agents[0].responses[0].tool_calls", "must be an array"),
     ("tool call without name", TWO, "$.agents[1].responses[0].tool_calls[0].name", "missing required key"),
-    ("tool call without arguments", one({"tool_calls": [{"name": "x"}]}), "$.agents[0].responses[0].tool_calls[0].arguments", "missing required key"),
-    ("tool call name not str", one({"tool_calls": [{"name": 1, "arguments": {}}]}), "$.agents[0].responses[0].tool_calls[0].name", "must be a string"),
-    ("tool call unknown key", one({"tool_calls": [{"name": "x", "arguments": {}, "args": 1}]}), "$.agents[0].responses[0].tool_calls[0].args", "unknown key"),
-    ("arguments array", one({"tool_calls": [{"name": "x", "arguments": []}]}), "$.agents[0].responses[0].tool_calls[0].arguments", "must be an object or a string, got array"),
-    ("arguments null", one({"tool_calls": [{"name": "x", "arguments": None}]}), "$.agents[0].responses[0].tool_calls[0].arguments", "got null"),
-    ("duplicate call id", one({"tool_calls": [{"id": "a", "name": "x", "arguments": {}}, {"id": "a", "name": "y", "arguments": {}}]}), "$.agents[0].responses[0].tool_calls[1].id", 'duplicate tool-call id "a"'),
+    (
+        "tool call without arguments",
+        one({"tool_calls": [{"name": "x"}]}),
+        "$.agents[0].responses[0].tool_calls[0].arguments",
+        "missing required key",
+    ),
+    (
+        "tool call name not str",
+        one({"tool_calls": [{"name": 1, "arguments": {}}]}),
+        "$.agents[0].responses[0].tool_calls[0].name",
+        "must be a string",
+    ),
+    (
+        "tool call unknown key",
+        one({"tool_calls": [{"name": "x", "arguments": {}, "args": 1}]}),
+        "$.agents[0].responses[0].tool_calls[0].args",
+        "unknown key",
+    ),
+    (
+        "arguments array",
+        one({"tool_calls": [{"name": "x", "arguments": []}]}),
+        "$.agents[0].responses[0].tool_calls[0].arguments",
+        "must be an object or a string, got array",
+    ),
+    (
+        "arguments null",
+        one({"tool_calls": [{"name": "x", "arguments": None}]}),
+        "$.agents[0].responses[0].tool_calls[0].arguments",
+        "got null",
+    ),
+    (
+        "duplicate call id",
+        one({"tool_calls": [{"id": "a", "name": "x", "arguments": {}}, {"id": "a", "name": "y", "arguments": {}}]}),
+        "$.agents[0].responses[0].tool_calls[1].id",
+        'duplicate tool-call id "a"',
+    ),
     ("negative delay", one({"delay_ms": -1}), "$.agents[0].responses[0].delay_ms", "must be >= 0"),
     ("bool delay", one({"delay_ms": True}), "$.agents[0].responses[0].delay_ms", "must be an integer, got boolean"),
     ("float delay", one({"delay_ms": 1.0}), "$.agents[0].responses[0].delay_ms", "must be an integer, got number"),
     ("hang not bool", one({"hang": 1}), "$.agents[0].responses[0].hang", "must be a boolean, got integer"),
-    ("hang with text", one({"hang": True, "text": "x"}), "$.agents[0].responses[0].text", "cannot be combined with hang: true"),
-    ("error with tool calls", one({"error": {"status": 500, "message": "m"}, "tool_calls": []}), "$.agents[0].responses[0].tool_calls", "cannot be combined with error"),
+    (
+        "hang with text",
+        one({"hang": True, "text": "x"}),
+        "$.agents[0].responses[0].text",
+        "cannot be combined with hang: true",
+    ),
+    (
+        "error with tool calls",
+        one({"error": {"status": 500, "message": "m"}, "tool_calls": []}),
+        "$.agents[0].responses[0].tool_calls",
+        "cannot be combined with error",
+    ),
     ("error not object", one({"error": "boom"}), "$.agents[0].responses[0].error", "must be an object"),
-    ("error without status", one({"error": {"message": "m"}}), "$.agents[0].responses[0].error.status", "missing required key"),
-    ("error status str", one({"error": {"status": "500", "message": "m"}}), "$.agents[0].responses[0].error.status", "must be an integer, got string"),
-    ("error status bool", one({"error": {"status": True, "message": "m"}}), "$.agents[0].responses[0].error.status", "got boolean"),
-    ("error message not str", one({"error": {"status": 500, "message": 1}}), "$.agents[0].responses[0].error.message", "must be a string"),
-    ("usage float", one({"usage": {"input_tokens": 1.5, "output_tokens": 1}}), "$.agents[0].responses[0].usage.input_tokens", "got number"),
-    ("usage missing", one({"usage": {"input_tokens": 1}}), "$.agents[0].responses[0].usage.output_tokens", "missing required key"),
+    (
+        "error without status",
+        one({"error": {"message": "m"}}),
+        "$.agents[0].responses[0].error.status",
+        "missing required key",
+    ),
+    (
+        "error status str",
+        one({"error": {"status": "500", "message": "m"}}),
+        "$.agents[0].responses[0].error.status",
+        "must be an integer, got string",
+    ),
+    (
+        "error status bool",
+        one({"error": {"status": True, "message": "m"}}),
+        "$.agents[0].responses[0].error.status",
+        "got boolean",
+    ),
+    (
+        "error message not str",
+        one({"error": {"status": 500, "message": 1}}),
+        "$.agents[0].responses[0].error.message",
+        "must be a string",
+    ),
+    (
+        "usage float",
+        one({"usage": {"input_tokens": 1.5, "output_tokens": 1}}),
+        "$.agents[0].responses[0].usage.input_tokens",
+        "got number",
+    ),
+    (
+        "usage missing",
+        one({"usage": {"input_tokens": 1}}),
+        "$.agents[0].responses[0].usage.output_tokens",
+        "missing required key",
+    ),
     ("wait_for empty", one({"wait_for": {}}), "$.agents[0].responses[0].wait_for", "exactly one"),
-    ("wait_for both", one({"wait_for": {"steered": True, "settled": "a"}}), "$.agents[0].responses[0].wait_for", "exactly one"),
-    ("wait_for steered false", one({"wait_for": {"steered": False}}), "$.agents[0].responses[0].wait_for.steered", "must be true"),
-    ("wait_for steered int", one({"wait_for": {"steered": 1}}), "$.agents[0].responses[0].wait_for.steered", "must be a boolean"),
-    ("wait_for settled empty", one({"wait_for": {"settled": ""}}), "$.agents[0].responses[0].wait_for.settled", "non-empty"),
+    (
+        "wait_for both",
+        one({"wait_for": {"steered": True, "settled": "a"}}),
+        "$.agents[0].responses[0].wait_for",
+        "exactly one",
+    ),
+    (
+        "wait_for steered false",
+        one({"wait_for": {"steered": False}}),
+        "$.agents[0].responses[0].wait_for.steered",
+        "must be true",
+    ),
+    (
+        "wait_for steered int",
+        one({"wait_for": {"steered": 1}}),
+        "$.agents[0].responses[0].wait_for.steered",
+        "must be a boolean",
+    ),
+    (
+        "wait_for settled empty",
+        one({"wait_for": {"settled": ""}}),
+        "$.agents[0].responses[0].wait_for.settled",
+        "non-empty",
+    ),
     ("wait_for unknown", one({"wait_for": {"steer": True}}), "$.agents[0].responses[0].wait_for.steer", "unknown key"),
     ("summaries not list", {"agents": [{"responses": []}], "summaries": "s"}, "$.summaries", "must be an array"),
     ("summary not str", {"agents": [{"responses": []}], "summaries": ["a", 2]}, "$.summaries[1]", "must be a string"),
     ("bad regex in text", one({"text": "{{from_request:(a}}"}), "$.agents[0].responses[0].text", "invalid regex '(a'"),
-    ("regex without group", one({"text": "id {{from_request:agent-\\d+}}"}), "$.agents[0].responses[0].text", "has no capture group"),
-    ("bad regex in nested key", one({"tool_calls": [{"name": "x", "arguments": {"a": {"{{from_request:[}}": 1}}}]}), "$.agents[0].responses[0].tool_calls[0].arguments.a[\"{{from_request:[}}\"]", "invalid regex"),
-    ("bad regex in nested list", one({"tool_calls": [{"name": "x", "arguments": {"ids": ["ok", "{{from_request:x}}"]}}]}), "$.agents[0].responses[0].tool_calls[0].arguments.ids[1]", "no capture group"),
-    ("bad regex in error", one({"error": {"status": 1, "message": "{{from_request:*}}"}}), "$.agents[0].responses[0].error.message", "invalid regex"),
-    ("bad regex in settled", one({"wait_for": {"settled": "{{from_request:)}}"}}), "$.agents[0].responses[0].wait_for.settled", "invalid regex"),
+    (
+        "regex without group",
+        one({"text": "id {{from_request:agent-\\d+}}"}),
+        "$.agents[0].responses[0].text",
+        "has no capture group",
+    ),
+    (
+        "bad regex in nested key",
+        one({"tool_calls": [{"name": "x", "arguments": {"a": {"{{from_request:[}}": 1}}}]}),
+        '$.agents[0].responses[0].tool_calls[0].arguments.a["{{from_request:[}}"]',
+        "invalid regex",
+    ),
+    (
+        "bad regex in nested list",
+        one({"tool_calls": [{"name": "x", "arguments": {"ids": ["ok", "{{from_request:x}}"]}}]}),
+        "$.agents[0].responses[0].tool_calls[0].arguments.ids[1]",
+        "no capture group",
+    ),
+    (
+        "bad regex in error",
+        one({"error": {"status": 1, "message": "{{from_request:*}}"}}),
+        "$.agents[0].responses[0].error.message",
+        "invalid regex",
+    ),
+    (
+        "bad regex in settled",
+        one({"wait_for": {"settled": "{{from_request:)}}"}}),
+        "$.agents[0].responses[0].wait_for.settled",
+        "invalid regex",
+    ),
 ]
 
 
@@ -142,15 +280,23 @@ def test_loader_rejects_bytes_that_are_not_utf8() -> None:
 UNKNOWN_KEYS = [
     ({"agents": [{"responses": []}], "x": 1}, "$.x", "agents, summaries"),
     ({"agents": [{"responses": [], "x": 1}]}, "$.agents[0].x", "session, label, responses"),
-    (one({"x": 1}), "$.agents[0].responses[0].x",
-     "text, tool_calls, delay_ms, hang, error, finish, usage, wait_for"),
-    (one({"tool_calls": [{"name": "n", "arguments": {}, "a b": 1}]}),
-     '$.agents[0].responses[0].tool_calls[0]["a b"]', "id, name, arguments"),
+    (one({"x": 1}), "$.agents[0].responses[0].x", "text, tool_calls, delay_ms, hang, error, finish, usage, wait_for"),
+    (
+        one({"tool_calls": [{"name": "n", "arguments": {}, "a b": 1}]}),
+        '$.agents[0].responses[0].tool_calls[0]["a b"]',
+        "id, name, arguments",
+    ),
     (one({"error": {"status": 1, "message": "m", "x": 1}}), "$.agents[0].responses[0].error.x", "status, message"),
-    (one({"usage": {"input_tokens": 1, "output_tokens": 1, "x": 1}}), "$.agents[0].responses[0].usage.x",
-     "input_tokens, output_tokens"),
-    (one({"wait_for": {"settled": "a", "x": 1}}), "$.agents[0].responses[0].wait_for.x",
-     "steered, settled, waiting, count"),
+    (
+        one({"usage": {"input_tokens": 1, "output_tokens": 1, "x": 1}}),
+        "$.agents[0].responses[0].usage.x",
+        "input_tokens, output_tokens",
+    ),
+    (
+        one({"wait_for": {"settled": "a", "x": 1}}),
+        "$.agents[0].responses[0].wait_for.x",
+        "steered, settled, waiting, count",
+    ),
 ]
 
 
@@ -169,7 +315,10 @@ FULL = {
                 {
                     "text": "Looking at {{from_request:file (\\S+)}}.",
                     "tool_calls": [
-                        {"name": "read", "arguments": {"path": "a.py", "opts": {"lines": [1, 2.5], "all": True, "x": None}}},
+                        {
+                            "name": "read",
+                            "arguments": {"path": "a.py", "opts": {"lines": [1, 2.5], "all": True, "x": None}},
+                        },
                         {"id": "mine", "name": "grep", "arguments": "{not json"},
                     ],
                     "delay_ms": 250,
@@ -290,7 +439,12 @@ def test_request_text_joins_text_blocks_including_tool_results() -> None:
             "id": "t1",
             "role": "user",
             "content": [
-                {"type": "tool-result", "call_id": "c1", "is_error": False, "content": [{"type": "text", "text": "started subagent s-2"}]}
+                {
+                    "type": "tool-result",
+                    "call_id": "c1",
+                    "is_error": False,
+                    "content": [{"type": "text", "text": "started subagent s-2"}],
+                }
             ],
             "source": {"kind": "tool", "call_id": "c1"},
         },
@@ -392,8 +546,18 @@ HISTORY = (
         "id": "t1",
         "role": "user",
         "content": [
-            {"type": "tool-result", "call_id": "c1", "is_error": False, "content": [{"type": "text", "text": "started subagent kid-1"}]},
-            {"type": "tool-result", "call_id": "c2", "is_error": False, "content": [{"type": "text", "text": "started subagent kid-2"}]},
+            {
+                "type": "tool-result",
+                "call_id": "c1",
+                "is_error": False,
+                "content": [{"type": "text", "text": "started subagent kid-1"}],
+            },
+            {
+                "type": "tool-result",
+                "call_id": "c2",
+                "is_error": False,
+                "content": [{"type": "text", "text": "started subagent kid-2"}],
+            },
         ],
         "source": {"kind": "tool", "call_id": "c1"},
     },
@@ -418,7 +582,7 @@ async def test_from_request_expands_inside_tool_calls_and_errors() -> None:
                         "name": "send_{{from_request:(start)ed}}",
                         "arguments": {
                             "agent_id": "{{from_request:subagent (\\S+)}}",
-                            "nested": [{"{{from_request:(kid)-1}}": "\"quoted\" {{from_request:(please)}}"}],
+                            "nested": [{"{{from_request:(kid)-1}}": '"quoted" {{from_request:(please)}}'}],
                             "n": 3,
                         },
                     },
@@ -535,7 +699,9 @@ async def test_label_binding_limitation_unknown_earlier_sibling() -> None:
 
 
 async def test_unnamed_entries_bind_in_first_call_order() -> None:
-    model = model_of({"agents": [{"responses": [{"text": "u1"}]}, {"responses": [{"text": "u2"}, {"text": "u2 again"}]}]})
+    model = model_of(
+        {"agents": [{"responses": [{"text": "u1"}]}, {"responses": [{"text": "u2"}, {"text": "u2 again"}]}]}
+    )
     assert await text_of(model, req("zeta")) == "u1"
     assert await text_of(model, req("alpha")) == "u2"
     assert await text_of(model, req("alpha")) == "u2 again"
@@ -543,15 +709,15 @@ async def test_unnamed_entries_bind_in_first_call_order() -> None:
 
 
 async def test_labelled_session_without_a_label_entry_left_takes_an_unnamed_one() -> None:
-    model = model_of(
-        {"agents": [{"label": "worker", "responses": [{"text": "w"}]}, {"responses": [{"text": "u"}]}]}
-    )
+    model = model_of({"agents": [{"label": "worker", "responses": [{"text": "w"}]}, {"responses": [{"text": "u"}]}]})
     assert await text_of(model, req("k1", label="worker", created_at=1)) == "w"
     assert await text_of(model, req("k2", label="worker", created_at=2)) == "u"
 
 
 async def test_session_without_an_entry_fails_with_no_agent() -> None:
-    model = model_of({"agents": [{"session": "root", "responses": [{"text": "r"}]}, {"label": "worker", "responses": []}]})
+    model = model_of(
+        {"agents": [{"session": "root", "responses": [{"text": "r"}]}, {"label": "worker", "responses": []}]}
+    )
     error = await failure(model, req("stray", label="reviewer"))
     assert error.code == "MODEL_SCRIPT_NO_AGENT"
     assert 'session "stray"' in error.message
@@ -592,7 +758,12 @@ async def test_a_call_cancelled_before_its_first_chunk_still_consumes_its_respon
 
 async def test_compaction_answers_from_summaries_in_order() -> None:
     model = model_of({"agents": [{"responses": [{"text": "turn"}]}], "summaries": ["sum one here", ""]})
-    assert await collect(model, req(purpose="compaction")) == [TextDelta("sum "), TextDelta("one "), TextDelta("here"), Finish("stop")]
+    assert await collect(model, req(purpose="compaction")) == [
+        TextDelta("sum "),
+        TextDelta("one "),
+        TextDelta("here"),
+        Finish("stop"),
+    ]
     assert await collect(model, req(purpose="compaction")) == [Finish("stop")]
     error = await failure(model, req("root", purpose="compaction"))
     assert error.code == "MODEL_SCRIPT_EXHAUSTED"

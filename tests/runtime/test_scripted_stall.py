@@ -19,10 +19,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-
 from cli_process import CLI
 from scripted_calls import collect, failure, req
-
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import RealClock, ScenarioClock
 from subagents.runtime.ids import CountingIds
@@ -70,8 +68,16 @@ STALLS = [
 
 @pytest.mark.parametrize(("wait", "shown"), STALLS)
 async def test_an_unsatisfiable_wait_fails_with_one_line(wait: Json, shown: str, autojump_clock: Any) -> None:
-    model = model_of({"agents": [{"session": "parent", "responses": [{"text": "one"}, {"text": "two"},
-                                                                      {"wait_for": wait, "text": "never"}]}]})
+    model = model_of(
+        {
+            "agents": [
+                {
+                    "session": "parent",
+                    "responses": [{"text": "one"}, {"text": "two"}, {"wait_for": wait, "text": "never"}],
+                }
+            ]
+        }
+    )
     waits = Waits()
     for _ in range(2):
         await collect(model, req("parent", waits=waits))
@@ -86,20 +92,34 @@ async def test_an_unsatisfiable_wait_fails_with_one_line(wait: Json, shown: str,
 
 
 async def test_the_stall_line_names_the_label_and_the_expanded_template(autojump_clock: Any) -> None:
-    model = model_of({"agents": [{"label": "Alpha", "responses": [
-        {"wait_for": {"settled": "{{from_request:(nobody)}}"}}]}]}, stall_timeout=2.5)
-    call = req("child-1", label="Alpha", waits=Waits(),
-               messages=({"role": "user", "content": [{"type": "text", "text": "ask nobody"}]},))
+    model = model_of(
+        {"agents": [{"label": "Alpha", "responses": [{"wait_for": {"settled": "{{from_request:(nobody)}}"}}]}]},
+        stall_timeout=2.5,
+    )
+    call = req(
+        "child-1",
+        label="Alpha",
+        waits=Waits(),
+        messages=({"role": "user", "content": [{"type": "text", "text": "ask nobody"}]},),
+    )
     error = await failure(model, call)
-    assert error.message == ('scripted wait stalled: session "child-1" (label "Alpha") response 1 waits for'
-                             ' {"settled": "nobody"} with no progress for 2.5 s')
+    assert error.message == (
+        'scripted wait stalled: session "child-1" (label "Alpha") response 1 waits for'
+        ' {"settled": "nobody"} with no progress for 2.5 s'
+    )
 
 
 async def test_progress_restarts_the_timer(autojump_clock: Any) -> None:
     # The parent waits 100 s in all, but some other scripted response is served every 20 s:
     # each gap is below the 30 s timeout, so the wait never trips.
-    model = model_of({"agents": [{"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]},
-                                 {"session": "other", "responses": [{"text": "tick"}] * 4}]})
+    model = model_of(
+        {
+            "agents": [
+                {"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]},
+                {"session": "other", "responses": [{"text": "tick"}] * 4},
+            ]
+        }
+    )
     waits = Waits()
     seen: list[Chunk] = []
 
@@ -118,7 +138,9 @@ async def test_progress_restarts_the_timer(autojump_clock: Any) -> None:
 
 async def test_without_progress_the_same_gaps_trip(autojump_clock: Any) -> None:
     # The control of the test above: nothing moves during the first 30 s, so the wait fails.
-    model = model_of({"agents": [{"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]}]})
+    model = model_of(
+        {"agents": [{"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]}]}
+    )
     waits = Waits()
     outcome: list[BaseException] = []
 
@@ -136,8 +158,10 @@ async def test_without_progress_the_same_gaps_trip(autojump_clock: Any) -> None:
 
 
 async def test_note_progress_from_the_host_restarts_the_timer(autojump_clock: Any) -> None:
-    model = model_of({"agents": [{"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]}]},
-                     stall_timeout=10)
+    model = model_of(
+        {"agents": [{"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]}]},
+        stall_timeout=10,
+    )
     waits = Waits()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(collect, model, req("parent", waits=waits))
@@ -150,8 +174,14 @@ async def test_note_progress_from_the_host_restarts_the_timer(autojump_clock: An
 async def test_a_scripted_delay_suspends_the_timer(autojump_clock: Any) -> None:
     # A real-time delay elsewhere is progress that is certain to come: the parent keeps waiting
     # through a 100 s `delay_ms` of another session and is released after it.
-    model = model_of({"agents": [{"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]},
-                                 {"session": "slow", "responses": [{"delay_ms": 100_000, "text": "late"}]}]})
+    model = model_of(
+        {
+            "agents": [
+                {"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "held"}]},
+                {"session": "slow", "responses": [{"delay_ms": 100_000, "text": "late"}]},
+            ]
+        }
+    )
     waits = Waits()
     seen: list[Chunk] = []
 
@@ -168,8 +198,13 @@ async def test_a_scripted_delay_suspends_the_timer(autojump_clock: Any) -> None:
 
 
 async def test_a_wait_that_is_satisfied_releases_with_its_count(autojump_clock: Any) -> None:
-    model = model_of({"agents": [{"session": "parent", "responses": [
-        {"wait_for": {"settled": "Alpha", "count": 2}, "text": "second"}]}]})
+    model = model_of(
+        {
+            "agents": [
+                {"session": "parent", "responses": [{"wait_for": {"settled": "Alpha", "count": 2}, "text": "second"}]}
+            ]
+        }
+    )
     waits = Waits()
     seen: list[Chunk] = []
 
@@ -214,14 +249,17 @@ def test_the_stall_timeout_flag_accepts_positive_numbers() -> None:
 COUNT_PATH = "$.agents[0].responses[0].wait_for.count"
 
 
-@pytest.mark.parametrize(("count", "problem"), [
-    (0, "must be >= 1, got 0"),
-    (-3, "must be >= 1, got -3"),
-    ("2", "must be an integer, got string"),
-    (True, "must be an integer, got boolean"),
-    (1.5, "must be an integer, got number"),
-    (None, "must be an integer, got null"),
-])
+@pytest.mark.parametrize(
+    ("count", "problem"),
+    [
+        (0, "must be >= 1, got 0"),
+        (-3, "must be >= 1, got -3"),
+        ("2", "must be an integer, got string"),
+        (True, "must be an integer, got boolean"),
+        (1.5, "must be an integer, got number"),
+        (None, "must be an integer, got null"),
+    ],
+)
 def test_the_loader_refuses_a_bad_count(count: Any, problem: str) -> None:
     with pytest.raises(ScriptError) as info:
         load_script(json.dumps({"agents": [{"responses": [{"wait_for": {"settled": "Alpha", "count": count}}]}]}))
@@ -237,10 +275,19 @@ def test_count_only_goes_with_settled(wait: Json) -> None:
 
 
 def test_the_loader_keeps_the_count() -> None:
-    script = load_script(json.dumps({"agents": [{"responses": [
-        {"wait_for": {"settled": "Alpha", "count": 2}}, {"wait_for": {"settled": "Alpha"}}]}]}))
+    script = load_script(
+        json.dumps(
+            {
+                "agents": [
+                    {"responses": [{"wait_for": {"settled": "Alpha", "count": 2}}, {"wait_for": {"settled": "Alpha"}}]}
+                ]
+            }
+        )
+    )
     assert [r.wait_for for r in script.agents[0].responses] == [
-        WaitForSettled(child="Alpha", count=2), WaitForSettled(child="Alpha", count=1)]
+        WaitForSettled(child="Alpha", count=2),
+        WaitForSettled(child="Alpha", count=1),
+    ]
 
 
 # --- the runtime: the turn ends with the line ---------------------------------------------------
@@ -250,8 +297,13 @@ def test_the_loader_keeps_the_count() -> None:
 async def test_a_stalled_turn_ends_with_the_line(wait: Json, shown: str, autojump_clock: Any) -> None:
     script = {"agents": [{"session": "parent", "responses": [{"wait_for": wait, "text": "never"}]}]}
     model = ScriptedModel(load_script(json.dumps(script)), stall_timeout=5)
-    async with open_runtime("/nonexistent-memory-root", model=model, log_store=MemoryLogStore(compression="none"),
-                            clock=ScenarioClock(), id_factory=CountingIds("child")) as rt:
+    async with open_runtime(
+        "/nonexistent-memory-root",
+        model=model,
+        log_store=MemoryLogStore(compression="none"),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("child"),
+    ) as rt:
         agent = await rt.agents.create(session_id="parent")
         await agent.send("go")
         result = await rt.subagents.wait_tree_idle(agent)
@@ -265,41 +317,61 @@ async def test_a_stalled_turn_ends_with_the_line(wait: Json, shown: str, autojum
 def _two_runs_script() -> Json:
     """The parent starts Alpha, waits for its first settlement, sends it a message, then waits
     for its second settlement; Alpha answers each run."""
-    return {"agents": [
-        {"session": "parent", "responses": [
-            {"tool_calls": [{"name": "subagent", "arguments": {"description": "Alpha", "prompt": "run once"}}]},
-            {"wait_for": {"settled": "Alpha"},
-             "tool_calls": [{"name": "send_message", "arguments": {"agent_id": "child-1", "message": "again"}}]},
-            {"wait_for": {"settled": "Alpha", "count": 2}, "text": "TWICE"},
-            *[{"text": "NOTED"}] * 4,
-        ]},
-        {"label": "Alpha", "responses": [{"text": "first run"}, {"text": "second run"}]},
-    ]}
+    return {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [{"name": "subagent", "arguments": {"description": "Alpha", "prompt": "run once"}}]},
+                    {
+                        "wait_for": {"settled": "Alpha"},
+                        "tool_calls": [
+                            {"name": "send_message", "arguments": {"agent_id": "child-1", "message": "again"}}
+                        ],
+                    },
+                    {"wait_for": {"settled": "Alpha", "count": 2}, "text": "TWICE"},
+                    *[{"text": "NOTED"}] * 4,
+                ],
+            },
+            {"label": "Alpha", "responses": [{"text": "first run"}, {"text": "second run"}]},
+        ]
+    }
 
 
 async def test_count_waits_for_the_second_settlement_and_earlier_runs_count(tmp_path: Path) -> None:
     root = tmp_path / "root"
     with trio.fail_after(GUARD):
         model = ScriptedModel(load_script(json.dumps(_two_runs_script())))
-        async with open_runtime(root, model=model, clock=ScenarioClock(), id_factory=CountingIds("child"),
-                                compression="none") as rt:
+        async with open_runtime(
+            root, model=model, clock=ScenarioClock(), id_factory=CountingIds("child"), compression="none"
+        ) as rt:
             agent = await rt.agents.create(session_id="parent")
             await agent.send("go")
             await rt.subagents.wait_tree_idle(agent)
-    records = [json.loads(line) for line in (root / "sessions" / "parent" / "session.jsonl").read_text().splitlines()[1:]]
+    records = [
+        json.loads(line) for line in (root / "sessions" / "parent" / "session.jsonl").read_text().splitlines()[1:]
+    ]
     settled = [r["seq"] for r in records if r["type"] == "subagent/settled"]
-    twice = [r["seq"] for r in records if r["type"] == "assistant/message"
-             and r["data"]["message"]["content"][:1] == [{"type": "text", "text": "TWICE"}]]
+    twice = [
+        r["seq"]
+        for r in records
+        if r["type"] == "assistant/message"
+        and r["data"]["message"]["content"][:1] == [{"type": "text", "text": "TWICE"}]
+    ]
     assert len(settled) == 2 and len(twice) == 1
     assert twice[0] > settled[1]  # held until the second settlement was durable
 
     # A new process (a fresh model): the two settlements the log holds count.
-    resumed = {"agents": [{"session": "parent", "responses": [
-        {"wait_for": {"settled": "Alpha", "count": 2}, "text": "SAW TWO"}]}]}
+    resumed = {
+        "agents": [
+            {"session": "parent", "responses": [{"wait_for": {"settled": "Alpha", "count": 2}, "text": "SAW TWO"}]}
+        ]
+    }
     with trio.fail_after(GUARD):
         model = ScriptedModel(load_script(json.dumps(resumed)), stall_timeout=0.2)
-        async with open_runtime(root, model=model, clock=ScenarioClock(), id_factory=CountingIds("later"),
-                                compression="none") as rt:
+        async with open_runtime(
+            root, model=model, clock=ScenarioClock(), id_factory=CountingIds("later"), compression="none"
+        ) as rt:
             agent = await rt.agents.resume("parent")
             await agent.send("again")
             result = await rt.subagents.wait_tree_idle(agent)
@@ -309,8 +381,9 @@ async def test_count_waits_for_the_second_settlement_and_earlier_runs_count(tmp_
     third = {"agents": [{"session": "parent", "responses": [{"wait_for": {"settled": "Alpha", "count": 3}}]}]}
     with trio.fail_after(GUARD):
         model = ScriptedModel(load_script(json.dumps(third)), stall_timeout=0.2)
-        async with open_runtime(root, model=model, clock=ScenarioClock(), id_factory=CountingIds("later"),
-                                compression="none") as rt:
+        async with open_runtime(
+            root, model=model, clock=ScenarioClock(), id_factory=CountingIds("later"), compression="none"
+        ) as rt:
             agent = await rt.agents.resume("parent")
             await agent.send("once more")
             result = await rt.subagents.wait_tree_idle(agent)
@@ -327,15 +400,33 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cli_run_stalls_with_one_line_and_exit_1(tmp_path: Path) -> None:
     script = tmp_path / "never.json"
-    script.write_text(json.dumps({"agents": [{"session": "parent", "responses": [
-        {"wait_for": {"settled": "Alpha"}, "text": "never"}]}]}))
+    script.write_text(
+        json.dumps(
+            {"agents": [{"session": "parent", "responses": [{"wait_for": {"settled": "Alpha"}, "text": "never"}]}]}
+        )
+    )
     root = tmp_path / "root"
-    done = run_cli(["run", "--root", str(root), "--session", "parent", "--model", f"scripted:{script}",
-                    "--stall-timeout", "0.2", "go"], tmp_path)
+    done = run_cli(
+        [
+            "run",
+            "--root",
+            str(root),
+            "--session",
+            "parent",
+            "--model",
+            f"scripted:{script}",
+            "--stall-timeout",
+            "0.2",
+            "go",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
-    line = ('subagents: the turn ended error: scripted wait stalled: session "parent" response 1 waits for'
-            ' {"settled": "Alpha"} with no progress for 0.2 s')
+    line = (
+        'subagents: the turn ended error: scripted wait stalled: session "parent" response 1 waits for'
+        ' {"settled": "Alpha"} with no progress for 0.2 s'
+    )
     assert line in done.stderr.splitlines()
     assert [ln for ln in done.stderr.splitlines() if "stall" in ln] == [line]
 
@@ -347,8 +438,11 @@ def test_cli_refuses_a_bad_stall_timeout(tmp_path: Path, command: str, value: st
     script = tmp_path / "ok.json"
     script.write_text(json.dumps({"agents": [{"responses": [{"text": "ok"}]}]}))
     root = tmp_path / "root"
-    args = (["run", "--root", str(root), "--model", f"scripted:{script}", "--stall-timeout", value, "go"]
-            if command == "run" else ["scenario", "run", str(tmp_path), "--stall-timeout", value])
+    args = (
+        ["run", "--root", str(root), "--model", f"scripted:{script}", "--stall-timeout", value, "go"]
+        if command == "run"
+        else ["scenario", "run", str(tmp_path), "--stall-timeout", value]
+    )
     done = run_cli(args, tmp_path)
     assert done.returncode == 2, done.stderr
     assert done.stderr == f"subagents: --stall-timeout must be a positive number of seconds, got {value!r}\n"
@@ -358,11 +452,17 @@ def test_cli_refuses_a_bad_stall_timeout(tmp_path: Path, command: str, value: st
 def test_cli_scenario_run_stalls_instead_of_hanging(tmp_path: Path) -> None:
     scenario = tmp_path / "stuck"
     scenario.mkdir()
-    (scenario / "scenario.json").write_text(json.dumps({"steps": [{"op": "prompt", "session": "parent", "text": "go"}]}))
-    (scenario / "script.json").write_text(json.dumps({"agents": [{"session": "parent", "responses": [
-        {"wait_for": {"steered": True}, "text": "never"}]}]}))
+    (scenario / "scenario.json").write_text(
+        json.dumps({"steps": [{"op": "prompt", "session": "parent", "text": "go"}]})
+    )
+    (scenario / "script.json").write_text(
+        json.dumps({"agents": [{"session": "parent", "responses": [{"wait_for": {"steered": True}, "text": "never"}]}]})
+    )
     done = run_cli(["scenario", "run", str(scenario), "--stall-timeout", "0.2"], tmp_path)
     assert done.returncode == 0, done.stderr
     [output] = json.loads(done.stdout)["outputs"]
-    assert output["reason"] == {"kind": "error", "message": 'scripted wait stalled: session "parent" response 1'
-                                ' waits for {"steered": true} with no progress for 0.2 s'}
+    assert output["reason"] == {
+        "kind": "error",
+        "message": 'scripted wait stalled: session "parent" response 1'
+        ' waits for {"steered": true} with no progress for 0.2 s',
+    }

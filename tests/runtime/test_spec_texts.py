@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import trio
-
 from log_lines import header, plain_records
 from subagents.actors import Abort, open_session_store
 from subagents.runtime import cli
@@ -21,16 +20,16 @@ from subagents.runtime.agent.loop import AgentConfig, AgentStopped
 from subagents.runtime.agent.tools import FunctionTool, ToolContext
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.delegation.listing import SubagentError
+from subagents.runtime.delegation.service import notice_blocks
+from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.runtime.query import SessionQuery, SessionQueryError
-from subagents.runtime.delegation.listing import SubagentError
-from subagents.runtime.delegation.service import notice_blocks
-from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.storage import Batch, FileLogStore, make_event
-from subagents.storage.testing import FaultyLogStore
 from subagents.storage.projection import ProjectionRegistry
+from subagents.storage.testing import FaultyLogStore
 
 Json = dict[str, Any]
 GUARD = 10.0  # seconds: a hang fails the test instead of blocking the suite (never a sleep)
@@ -54,8 +53,9 @@ def _text(text: str) -> Json:
 async def test_a_child_cannot_message_a_parent_that_is_not_live(tmp_path: Path) -> None:
     faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
     model = _model({"label": "worker", "responses": [{"wait_for": {"steered": True}, "text": "never sent"}]})
-    async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            log_store=faulty) as rt:
+    async with open_runtime(
+        tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"), log_store=faulty
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         child_id = await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
         # The parent's log can no longer be written: its next turn stops its agent, while the
@@ -72,9 +72,13 @@ async def test_a_child_cannot_message_a_parent_that_is_not_live(tmp_path: Path) 
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.send_message(child, "parent", "my result")
         assert (exc.value.code, exc.value.message) == (
-            "SUBAGENT_PARENT_UNAVAILABLE", "direct parent is not live; the message was not delivered")
-        assert not any(e["type"] == "user/message" and e["data"]["message"]["source"]["kind"] == "agent-message"
-                       for e in _log(tmp_path, "parent"))
+            "SUBAGENT_PARENT_UNAVAILABLE",
+            "direct parent is not live; the message was not delivered",
+        )
+        assert not any(
+            e["type"] == "user/message" and e["data"]["message"]["source"]["kind"] == "agent-message"
+            for e in _log(tmp_path, "parent")
+        )
 
 
 # --- 2. SESSION_QUERY_SOURCE_CONFLICT ----------------------------------------------------------
@@ -109,7 +113,9 @@ async def test_an_index_header_that_differs_from_the_log_is_a_source_conflict(tm
                 async with query.observe_session("s"):
                     raise AssertionError("observed")
             assert (exc.value.code, exc.value.message) == (
-                "QUERY_SOURCE_CONFLICT", "session source headers conflict for session 's'")
+                "QUERY_SOURCE_CONFLICT",
+                "session source headers conflict for session 's'",
+            )
 
 
 # --- 3. one-shot foreground failure headlines ---------------------------------------------------
@@ -120,23 +126,52 @@ UPSTREAM = {"error": {"status": 500, "message": "upstream exploded"}}
 PARTIAL = "\nPartial output before the run ended:\n"
 
 
-@pytest.mark.parametrize(("responses", "max_steps", "kind", "expected"), [
-    pytest.param([{"text": "half an answ", "finish": "max-tokens"}], 64, "max-tokens",
-                 "subagent run hit its token limit before finishing" + PARTIAL + "half an answ", id="max-tokens"),
-    pytest.param([{"finish": "max-tokens"}], 64, "max-tokens",
-                 "subagent run hit its token limit before finishing", id="max-tokens-no-text"),
-    pytest.param([UPSTREAM], 64, "error", "subagent run failed\nDiagnostic: upstream exploded", id="error"),
-    pytest.param([{"text": "step one done", "tool_calls": [NOOP]}, UPSTREAM], 64, "error",
-                 "subagent run failed\nDiagnostic: upstream exploded" + PARTIAL + "step one done",
-                 id="error-after-text"),
-    pytest.param([{"text": "looked around", "tool_calls": [TRIP]}, {"hang": True}], 64, "aborted",
-                 "subagent run was cancelled" + PARTIAL + "looked around", id="aborted"),
-    pytest.param([{"tool_calls": [TRIP]}, {"hang": True}], 64, "aborted", "subagent run was cancelled",
-                 id="aborted-no-text"),
-    pytest.param([{"text": "first step", "tool_calls": [NOOP]}], 1, "blocked",
-                 "subagent run ended abnormally (blocked)\nDiagnostic: the turn reached its step limit (1)"
-                 + PARTIAL + "first step", id="blocked"),
-])
+@pytest.mark.parametrize(
+    ("responses", "max_steps", "kind", "expected"),
+    [
+        pytest.param(
+            [{"text": "half an answ", "finish": "max-tokens"}],
+            64,
+            "max-tokens",
+            "subagent run hit its token limit before finishing" + PARTIAL + "half an answ",
+            id="max-tokens",
+        ),
+        pytest.param(
+            [{"finish": "max-tokens"}],
+            64,
+            "max-tokens",
+            "subagent run hit its token limit before finishing",
+            id="max-tokens-no-text",
+        ),
+        pytest.param([UPSTREAM], 64, "error", "subagent run failed\nDiagnostic: upstream exploded", id="error"),
+        pytest.param(
+            [{"text": "step one done", "tool_calls": [NOOP]}, UPSTREAM],
+            64,
+            "error",
+            "subagent run failed\nDiagnostic: upstream exploded" + PARTIAL + "step one done",
+            id="error-after-text",
+        ),
+        pytest.param(
+            [{"text": "looked around", "tool_calls": [TRIP]}, {"hang": True}],
+            64,
+            "aborted",
+            "subagent run was cancelled" + PARTIAL + "looked around",
+            id="aborted",
+        ),
+        pytest.param(
+            [{"tool_calls": [TRIP]}, {"hang": True}], 64, "aborted", "subagent run was cancelled", id="aborted-no-text"
+        ),
+        pytest.param(
+            [{"text": "first step", "tool_calls": [NOOP]}],
+            1,
+            "blocked",
+            "subagent run ended abnormally (blocked)\nDiagnostic: the turn reached its step limit (1)"
+            + PARTIAL
+            + "first step",
+            id="blocked",
+        ),
+    ],
+)
 async def test_a_foreground_run_that_did_not_complete_raises_its_headline(
     tmp_path: Path, responses: list[Json], max_steps: int, kind: str, expected: str
 ) -> None:
@@ -149,11 +184,19 @@ async def test_a_foreground_run_that_did_not_complete_raises_its_headline(
         abort.set()
         return "tripped"
 
-    tools = [FunctionTool(name="noop", description="does nothing", fn=noop),
-             FunctionTool(name="trip", description="stops the run", fn=trip)]
-    async with open_runtime(tmp_path, model=_model({"label": "fg", "responses": responses}), clock=ScenarioClock(),
-                            id_factory=CountingIds("c"), compression="none", tools=lambda: tools,
-                            agent_config=AgentConfig(max_steps=max_steps)) as rt:
+    tools = [
+        FunctionTool(name="noop", description="does nothing", fn=noop),
+        FunctionTool(name="trip", description="stops the run", fn=trip),
+    ]
+    async with open_runtime(
+        tmp_path,
+        model=_model({"label": "fg", "responses": responses}),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        tools=lambda: tools,
+        agent_config=AgentConfig(max_steps=max_steps),
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         with pytest.raises(SubagentError) as exc, trio.fail_after(GUARD):
             await rt.subagents.start(parent, "spawn", "do it", label="fg", abort=abort)
@@ -177,11 +220,21 @@ async def test_a_foreground_child_whose_log_fails_raises_the_failed_headline(
         return "from now on this log cannot be written"
 
     tools = [FunctionTool(name="break_log", description="breaks the caller's log", fn=break_log)]
-    model = _model({"label": "fg", "responses": [{"text": "x", "tool_calls": [{"name": "break_log", "arguments": {}}]},
-                                                 {"text": "never"}]})
+    model = _model(
+        {
+            "label": "fg",
+            "responses": [{"text": "x", "tool_calls": [{"name": "break_log", "arguments": {}}]}, {"text": "never"}],
+        }
+    )
     with trio.fail_after(GUARD):
-        async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                                log_store=faulty, tools=lambda: tools) as rt:
+        async with open_runtime(
+            tmp_path,
+            model=model,
+            clock=ScenarioClock(),
+            id_factory=CountingIds("c"),
+            log_store=faulty,
+            tools=lambda: tools,
+        ) as rt:
             parent = await rt.agents.create(session_id="parent")
             with pytest.raises(SubagentError) as exc:
                 await rt.subagents.start(parent, "spawn", "do it", label="fg")
@@ -194,8 +247,13 @@ async def test_a_foreground_child_whose_log_fails_raises_the_failed_headline(
 
 
 async def test_a_foreground_run_that_completed_returns_its_result(tmp_path: Path) -> None:
-    async with open_runtime(tmp_path, model=_model({"label": "fg", "responses": [{"text": "all done"}]}),
-                            clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none") as rt:
+    async with open_runtime(
+        tmp_path,
+        model=_model({"label": "fg", "responses": [{"text": "all done"}]}),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         result = await rt.subagents.start(parent, "spawn", "do it", label="fg")
         assert (result.reason, result.text) == ({"kind": "completed"}, "all done")
@@ -204,39 +262,54 @@ async def test_a_foreground_run_that_completed_returns_its_result(tmp_path: Path
 # --- 4. settlement notice summaries --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "summary"), [
-    ("completed", "finished and will do no further work unless you send it more."),
-    ("aborted", "was stopped before it finished."),
-    ("max-tokens", "ran out of room before it finished."),
-    ("error", "failed before it finished."),
-    ("blocked", "ended abnormally (blocked) before it finished."),
-    ("some-future-kind", "ended abnormally (some-future-kind) before it finished."),
-])
+@pytest.mark.parametrize(
+    ("kind", "summary"),
+    [
+        ("completed", "finished and will do no further work unless you send it more."),
+        ("aborted", "was stopped before it finished."),
+        ("max-tokens", "ran out of room before it finished."),
+        ("error", "failed before it finished."),
+        ("blocked", "ended abnormally (blocked) before it finished."),
+        ("some-future-kind", "ended abnormally (some-future-kind) before it finished."),
+    ],
+)
 def test_notice_blocks_name_every_reason(kind: str, summary: str) -> None:
     headline = _text(f"Background subagent c-7 {summary}")
     assert notice_blocks("c-7", kind, None) == [headline, _text("It left no closing message.")]
     assert notice_blocks("c-7", kind, "line one\nline two") == [
-        headline, _text("Its closing message:"), _text("line one\nline two")]
+        headline,
+        _text("Its closing message:"),
+        _text("line one\nline two"),
+    ]
 
 
 async def test_a_child_that_ran_out_of_room_tells_its_parent_so(tmp_path: Path) -> None:
-    model = _model({"session": "parent", "responses": [{"text": "noted"}]},
-                   {"label": "worker", "responses": [{"text": "I got halfway through", "finish": "max-tokens"}]})
-    async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            compression="none") as rt:
+    model = _model(
+        {"session": "parent", "responses": [{"text": "noted"}]},
+        {"label": "worker", "responses": [{"text": "I got halfway through", "finish": "max-tokens"}]},
+    )
+    async with open_runtime(
+        tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none"
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         child_id = await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
         result = await rt.subagents.wait_tree_idle(parent)
         assert result is not None and result.text == "noted"
     events = _log(tmp_path, "parent")
     [settled] = [e for e in events if e["type"] == "subagent/settled"]
-    assert settled["data"] == {"child_id": child_id, "reason_kind": "max-tokens",
-                               "closing_text": "I got halfway through"}
+    assert settled["data"] == {
+        "child_id": child_id,
+        "reason_kind": "max-tokens",
+        "closing_text": "I got halfway through",
+    }
     [notice] = [e for e in events if e["type"] == "user/message" and e.get("source_event_seqs") == [settled["seq"]]]
     message = notice["data"]["message"]
     assert message["source"] == {"kind": "subagent-settled", "sender_session_id": child_id}
-    assert message["content"] == [_text(f"Background subagent {child_id} ran out of room before it finished."),
-                                  _text("Its closing message:"), _text("I got halfway through")]
+    assert message["content"] == [
+        _text(f"Background subagent {child_id} ran out of room before it finished."),
+        _text("Its closing message:"),
+        _text("I got halfway through"),
+    ]
 
 
 # --- 5. the CLI raises the open-file soft limit ----------------------------------------------------

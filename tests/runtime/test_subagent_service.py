@@ -8,26 +8,34 @@ import json
 from pathlib import Path
 
 import pytest
-
 from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.delegation.listing import SubagentError
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.runtime.delegation.listing import SubagentError
 from subagents.storage import FileLogStore
 
 
 def _model(*child_texts: str) -> ScriptedModel:
-    return ScriptedModel(load_script(json.dumps({"agents": [
-        {"label": "worker", "responses": [{"text": t} for t in child_texts]},
-    ]})))
+    return ScriptedModel(
+        load_script(
+            json.dumps(
+                {
+                    "agents": [
+                        {"label": "worker", "responses": [{"text": t} for t in child_texts]},
+                    ]
+                }
+            )
+        )
+    )
 
 
 async def _settled_child(root: Path) -> str:
-    async with open_runtime(root, model=_model("first"), clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            compression="none") as rt:
+    async with open_runtime(
+        root, model=_model("first"), clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none"
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         child_id = await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
         await rt.subagents.wait_tree_idle(parent)
@@ -43,7 +51,10 @@ async def test_a_child_locked_by_another_writer_is_not_resumable(tmp_path: Path)
             parent = await rt.agents.resume("parent")
             with pytest.raises(SubagentError) as exc:
                 await rt.subagents.send_message(parent, child_id, "again")
-            assert (exc.value.code, exc.value.message) == ("SUBAGENT_NOT_RESUMABLE", f'subagent "{child_id}" is unavailable')
+            assert (exc.value.code, exc.value.message) == (
+                "SUBAGENT_NOT_RESUMABLE",
+                f'subagent "{child_id}" is unavailable',
+            )
             assert rt.subagents.manager.get(child_id) is None  # no Activation was left behind
     finally:
         other.close(handle)
@@ -93,7 +104,10 @@ async def test_depth_is_checked_before_anything_is_created(tmp_path: Path) -> No
         parent = await rt.agents.create(session_id="parent")
         with pytest.raises(SubagentError) as exc:
             await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
-        assert (exc.value.code, exc.value.message) == ("SUBAGENT_DEPTH_EXCEEDED", "subagent depth 1 exceeds max_depth 0")
+        assert (exc.value.code, exc.value.message) == (
+            "SUBAGENT_DEPTH_EXCEEDED",
+            "subagent depth 1 exceeds max_depth 0",
+        )
         assert [r.id for r in await rt.query.list_sessions()] == ["parent"]
 
 
@@ -101,12 +115,21 @@ async def test_a_child_whose_log_fails_settles_as_failed_and_the_runtime_carries
     from subagents.storage.testing import FaultyLogStore
 
     faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
-    model = ScriptedModel(load_script(json.dumps({"agents": [
-        {"session": "parent", "responses": [{"text": "noted the failure"}]},
-        {"label": "worker", "responses": [{"wait_for": {"steered": True}, "text": "never written"}]},
-    ]})))
-    async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            log_store=faulty) as rt:
+    model = ScriptedModel(
+        load_script(
+            json.dumps(
+                {
+                    "agents": [
+                        {"session": "parent", "responses": [{"text": "noted the failure"}]},
+                        {"label": "worker", "responses": [{"wait_for": {"steered": True}, "text": "never written"}]},
+                    ]
+                }
+            )
+        )
+    )
+    async with open_runtime(
+        tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"), log_store=faulty
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         child_id = await rt.subagents.start_continuable(parent, "spawn", "worker", "work")
         faulty.fail("append", session_id=child_id, times=None)  # from now on its log cannot be written
@@ -114,11 +137,15 @@ async def test_a_child_whose_log_fails_settles_as_failed_and_the_runtime_carries
         result = await rt.subagents.wait_tree_idle(parent)
         assert result is not None and result.text == "noted the failure"
         assert rt.agents.get(child_id) is None and rt.subagents.manager.get(child_id) is None
-    lines = [json.loads(line) for line in (tmp_path / "sessions" / "parent" / "session.jsonl").read_text().splitlines()[1:]]
+    lines = [
+        json.loads(line) for line in (tmp_path / "sessions" / "parent" / "session.jsonl").read_text().splitlines()[1:]
+    ]
     [settled] = [e for e in lines if e["type"] == "subagent/settled"]
     assert settled["data"] == {"child_id": child_id, "reason_kind": "error"}
     notice = next(e for e in lines if e["type"] == "user/message" and e.get("source_event_seqs") == [settled["seq"]])
-    assert notice["data"]["message"]["content"][0]["text"] == f"Background subagent {child_id} failed before it finished."
+    assert (
+        notice["data"]["message"]["content"][0]["text"] == f"Background subagent {child_id} failed before it finished."
+    )
 
 
 async def test_a_settlement_recorded_by_an_earlier_process_counts_for_wait_for_settled(tmp_path: Path) -> None:
@@ -126,20 +153,49 @@ async def test_a_settlement_recorded_by_an_earlier_process_counts_for_wait_for_s
     durable before a restart (it would wait forever)."""
     import trio
 
-    first = ScriptedModel(load_script(json.dumps({"agents": [
-        {"session": "parent", "responses": [
-            {"tool_calls": [{"name": "subagent", "arguments": {"description": "kid", "prompt": "work"}}]},
-            {"text": "spawned"}, {"text": "noticed"}]},
-        {"label": "kid", "responses": [{"text": "kid done"}]},
-    ]})))
-    async with open_runtime(tmp_path, model=first, clock=ScenarioClock(), id_factory=CountingIds("c"),
-                            compression="none") as rt:
+    first = ScriptedModel(
+        load_script(
+            json.dumps(
+                {
+                    "agents": [
+                        {
+                            "session": "parent",
+                            "responses": [
+                                {
+                                    "tool_calls": [
+                                        {"name": "subagent", "arguments": {"description": "kid", "prompt": "work"}}
+                                    ]
+                                },
+                                {"text": "spawned"},
+                                {"text": "noticed"},
+                            ],
+                        },
+                        {"label": "kid", "responses": [{"text": "kid done"}]},
+                    ]
+                }
+            )
+        )
+    )
+    async with open_runtime(
+        tmp_path, model=first, clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none"
+    ) as rt:
         parent = await rt.agents.create(session_id="parent")
         await parent.send("go")
         await rt.subagents.wait_tree_idle(parent)
-    second = ScriptedModel(load_script(json.dumps({"agents": [
-        {"session": "parent", "responses": [{"wait_for": {"settled": "kid"}, "text": "after the restart"}]},
-    ]})))
+    second = ScriptedModel(
+        load_script(
+            json.dumps(
+                {
+                    "agents": [
+                        {
+                            "session": "parent",
+                            "responses": [{"wait_for": {"settled": "kid"}, "text": "after the restart"}],
+                        },
+                    ]
+                }
+            )
+        )
+    )
     async with open_runtime(tmp_path, model=second, clock=ScenarioClock(), compression="none") as rt:
         parent = await rt.agents.resume("parent")
         await parent.send("next")

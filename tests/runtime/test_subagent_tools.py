@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from subagents.runtime.delegation.listing import ChildRow, DiagnosticRow
 from subagents.runtime.tools.subagent_tools import render_agents, subagent_tools
 
@@ -23,32 +22,54 @@ def test_names_and_parameters_are_exact() -> None:
         assert set(params["properties"]) == {"description", "prompt", "run_in_background"}
         assert params["required"] == ["description", "prompt"]
         assert params["properties"]["run_in_background"]["type"] == "boolean"
-        assert params["properties"]["description"]["description"] == "A short (3-5 word) description of the delegated task, for display."
+        assert (
+            params["properties"]["description"]["description"]
+            == "A short (3-5 word) description of the delegated task, for display."
+        )
     scope = tools["list_agents"].parameters
-    assert scope["properties"] == {"scope": {
-        "type": "string", "enum": ["children", "descendants"],
-        "description": "children (default) lists direct children only; descendants walks the complete tree below you.",
-    }}
+    assert scope["properties"] == {
+        "scope": {
+            "type": "string",
+            "enum": ["children", "descendants"],
+            "description": "children (default) lists direct children only; descendants walks the complete tree below you.",
+        }
+    }
     assert "required" not in scope
     send = tools["send_message"].parameters
     assert send["required"] == ["agent_id", "message"]
     assert send["properties"]["agent_id"]["description"] == (
-        "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child.")
+        "The agent id of your direct continuable child, or your direct parent when you are a resident continuable child."
+    )
     assert send["properties"]["message"]["description"] == "The message to deliver to the agent."
     interrupt = tools["interrupt_agent"].parameters
     assert interrupt["required"] == ["agent_id"] and list(interrupt["properties"]) == ["agent_id"]
     assert interrupt["properties"]["agent_id"]["description"] == "The agent id of the running agent to interrupt."
 
 
-@pytest.mark.parametrize("name, pinned, forbidden", [
-    ("list_agents", ["send_message", "steers a running child at its nearest step boundary", "interrupt_agent",
-                     "you are told when one finishes", "resumable, not terminal"], ["send_message` starts a new turn"]),
-    ("send_message", ["nearest step", "direct continuable child", "If you are a resident continuable child"],
-     ["job_output", "job id"]),
-    ("interrupt_agent", ["current turn", "send_message"], []),
-    ("subagent", ["immediately returns a durable subagent id", "`run_in_background: false`"], []),
-    ("subagent_fork", ["inherits this conversation"], []),
-])
+@pytest.mark.parametrize(
+    "name, pinned, forbidden",
+    [
+        (
+            "list_agents",
+            [
+                "send_message",
+                "steers a running child at its nearest step boundary",
+                "interrupt_agent",
+                "you are told when one finishes",
+                "resumable, not terminal",
+            ],
+            ["send_message` starts a new turn"],
+        ),
+        (
+            "send_message",
+            ["nearest step", "direct continuable child", "If you are a resident continuable child"],
+            ["job_output", "job id"],
+        ),
+        ("interrupt_agent", ["current turn", "send_message"], []),
+        ("subagent", ["immediately returns a durable subagent id", "`run_in_background: false`"], []),
+        ("subagent_fork", ["inherits this conversation"], []),
+    ],
+)
 def test_descriptions_keep_the_pinned_phrases(name: str, pinned: list[str], forbidden: list[str]) -> None:
     description = _tools()[name].description
     for phrase in pinned:
@@ -59,14 +80,17 @@ def test_descriptions_keep_the_pinned_phrases(name: str, pinned: list[str], forb
 
 def test_list_agents_render() -> None:
     rows = [
-        ChildRow(id="a", activity="inactive", has_children=False, mode="continuable", label="first", parent_id="p", depth=1),
+        ChildRow(
+            id="a", activity="inactive", has_children=False, mode="continuable", label="first", parent_id="p", depth=1
+        ),
         ChildRow(id="b", activity="running", has_children=False, mode="one-shot", parent_id="p", depth=1),
         DiagnosticRow(id="c", reason="corrupt", parent_id="a", depth=2),
     ]
     status = {"a": "idle"}.get
     assert render_agents(rows, False, lambda i: status(i) or "ready") == "a [idle] — first\nc [diagnostic: corrupt]"
     assert render_agents(rows, True, lambda i: "ready") == (
-        "a [ready] parent=p depth=1 — first\nc [diagnostic: corrupt] parent=a depth=2")
+        "a [ready] parent=p depth=1 — first\nc [diagnostic: corrupt] parent=a depth=2"
+    )
     assert render_agents([], False, lambda i: "ready") == "(no subagents)"
     assert render_agents(rows[1:2], False, lambda i: "ready") == "(no subagents)"  # one-shot children are hidden
 
@@ -75,7 +99,6 @@ async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: 
     import json
 
     import msgspec
-
     from subagents.runtime.app import open_runtime
     from subagents.runtime.clock import ScenarioClock
     from subagents.runtime.models.script_format import load_script
@@ -83,11 +106,18 @@ async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: 
     from subagents.storage import FileLogStore, PersistenceFailed
     from subagents.storage.testing import FaultyLogStore
 
-    script = {"agents": [{"session": "p", "responses": [
-        {"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "p",
+                "responses": [{"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}],
+            }
+        ]
+    }
     faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
-    async with open_runtime(tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(),
-                            log_store=faulty) as rt:
+    async with open_runtime(
+        tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(), log_store=faulty
+    ) as rt:
         parent = await rt.agents.create(session_id="p")
         faulty.fail("list", PersistenceFailed("disk gone"), times=None)
         await parent.send("list them")

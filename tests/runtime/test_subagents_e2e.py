@@ -30,7 +30,6 @@ from typing import Any
 
 import pytest
 import trio
-
 from log_lines import header, plain_records
 from subagents.actors import SessionStore
 from subagents.runtime.app import Runtime, open_runtime
@@ -77,8 +76,15 @@ def tool_results(events: list[Json]) -> list[Json]:
             continue
         (block,) = e["data"]["message"]["content"]
         call = calls[block["call_id"]]
-        out.append({"name": call["name"], "arguments": json.loads(call["arguments"]),
-                    "text": "".join(texts(block)), "is_error": block["is_error"], "error": e["data"].get("error")})
+        out.append(
+            {
+                "name": call["name"],
+                "arguments": json.loads(call["arguments"]),
+                "text": "".join(texts(block)),
+                "is_error": block["is_error"],
+                "error": e["data"].get("error"),
+            }
+        )
     return out
 
 
@@ -107,8 +113,9 @@ def notices(events: list[Json]) -> list[Json]:
 
 
 def settled_records(events: list[Json], child_id: str | None = None) -> list[Json]:
-    return [e for e in events if e["type"] == "subagent/settled"
-            and (child_id is None or e["data"]["child_id"] == child_id)]
+    return [
+        e for e in events if e["type"] == "subagent/settled" and (child_id is None or e["data"]["child_id"] == child_id)
+    ]
 
 
 def assert_each_settlement_noticed_once(events: list[Json]) -> None:
@@ -160,12 +167,15 @@ HookedModel = _load_driver().HookedModel
 
 
 @asynccontextmanager
-async def runtime(root: Path, script: Json, *, gates: Sequence[Sequence[Any]] = (), **options: Any) -> AsyncIterator[Runtime]:
+async def runtime(
+    root: Path, script: Json, *, gates: Sequence[Sequence[Any]] = (), **options: Any
+) -> AsyncIterator[Runtime]:
     """`gates`: `[session, n, after_session, after_n]` — hold that session's n-th model call until
     the other session's call has started (its step input is durable), as in the driver."""
     model = HookedModel(ScriptedModel(load_script(json.dumps(script))), list(gates))
-    async with open_runtime(root, model=model, clock=ScenarioClock(), id_factory=CountingIds("child"),
-                            compression="none", **options) as rt:
+    async with open_runtime(
+        root, model=model, clock=ScenarioClock(), id_factory=CountingIds("child"), compression="none", **options
+    ) as rt:
         yield rt
 
 
@@ -195,8 +205,13 @@ class Driver:
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
         err_path = self.tmp / f"phase-{self.phase}.stderr"
         with err_path.open("w") as err:
-            proc = subprocess.Popen([sys.executable, str(DRIVER), str(spec_path)], stdout=subprocess.PIPE,
-                                    stderr=err, text=True, cwd=self.tmp)
+            proc = subprocess.Popen(
+                [sys.executable, str(DRIVER), str(spec_path)],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                cwd=self.tmp,
+            )
         return proc, err_path
 
     def run(self, spec: Json) -> Json:
@@ -235,16 +250,27 @@ class Driver:
 def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) -> None:
     d = Driver(tmp_path)
     label = "Reply with CHILD_OK"
-    first = d.run({
-        "session": "parent", "create": True, "prompt": "start a child",
-        "gates": [["child-1", 1, "parent", 2]],
-        "script": {"agents": [
-            {"session": "parent", "responses": [
-                delegate(label, "Reply with exactly CHILD_OK"),
-                {"wait_for": {"settled": label}, "text": "STARTED"},
-                {"text": "SUBAGENT_SETTLED_NOTED"}]},
-            {"label": label, "responses": [{"text": "CHILD_OK"}]}]},
-    })
+    first = d.run(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "start a child",
+            "gates": [["child-1", 1, "parent", 2]],
+            "script": {
+                "agents": [
+                    {
+                        "session": "parent",
+                        "responses": [
+                            delegate(label, "Reply with exactly CHILD_OK"),
+                            {"wait_for": {"settled": label}, "text": "STARTED"},
+                            {"text": "SUBAGENT_SETTLED_NOTED"},
+                        ],
+                    },
+                    {"label": label, "responses": [{"text": "CHILD_OK"}]},
+                ]
+            },
+        }
+    )
     assert first == {"reason": {"kind": "completed"}, "text": "SUBAGENT_SETTLED_NOTED"}
 
     header, child = read_log(d.root, "child-1")
@@ -255,8 +281,13 @@ def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) 
     parent = events_of(d.root, "parent")
     assert_ok(results_named(parent, "subagent")[0], "started subagent child-1")
     (catalog,) = [e for e in parent if e["type"] == "subagent/catalog"]
-    assert catalog["data"] == {"version": 1, "child_id": "child-1", "child_created_at": header["created_at"],
-                               "mode": "continuable", "label": label}
+    assert catalog["data"] == {
+        "version": 1,
+        "child_id": "child-1",
+        "child_created_at": header["created_at"],
+        "mode": "continuable",
+        "label": label,
+    }
     (settled,) = settled_records(parent)
     assert settled["data"] == {"child_id": "child-1", "reason_kind": "completed", "closing_text": "CHILD_OK"}
     (notice,) = notices(parent)
@@ -265,18 +296,36 @@ def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) 
     assert assistant_texts(parent)[-1] == "SUBAGENT_SETTLED_NOTED"
 
     # A new process: the child exists only on disk.
-    second = d.run({
-        "session": "parent", "create": False, "prompt": "list and message",
-        "gates": [["child-1", 1, "parent", 3]],
-        "script": {"agents": [
-            {"session": "parent", "responses": [
-                {"tool_calls": [call("list_agents")]},
-                {"tool_calls": [call("send_message", agent_id="{{from_request:(\\S+) \\[ready\\]}}",
-                                     message="again please")]},
-                {"wait_for": {"settled": label}, "text": "SENT"},
-                {"text": "GOT_SECOND_NOTICE"}]},
-            {"label": label, "responses": [{"text": "CHILD_OK_2"}]}]},
-    })
+    second = d.run(
+        {
+            "session": "parent",
+            "create": False,
+            "prompt": "list and message",
+            "gates": [["child-1", 1, "parent", 3]],
+            "script": {
+                "agents": [
+                    {
+                        "session": "parent",
+                        "responses": [
+                            {"tool_calls": [call("list_agents")]},
+                            {
+                                "tool_calls": [
+                                    call(
+                                        "send_message",
+                                        agent_id="{{from_request:(\\S+) \\[ready\\]}}",
+                                        message="again please",
+                                    )
+                                ]
+                            },
+                            {"wait_for": {"settled": label}, "text": "SENT"},
+                            {"text": "GOT_SECOND_NOTICE"},
+                        ],
+                    },
+                    {"label": label, "responses": [{"text": "CHILD_OK_2"}]},
+                ]
+            },
+        }
+    )
     assert second == {"reason": {"kind": "completed"}, "text": "GOT_SECOND_NOTICE"}
 
     parent = events_of(d.root, "parent")
@@ -309,24 +358,37 @@ def test_sigkill_after_settlement_before_the_notice_is_consumed(tmp_path: Path) 
     d = Driver(tmp_path)
     # The parent's second model call hangs; the child may answer only once that call has started,
     # so the notice can only land in a step that never comes. Killed once `subagent/settled` is durable.
-    d.run_and_kill({
-        "session": "parent", "create": True, "prompt": "start quick",
-        "gates": [["child-1", 1, "parent", 2]],
-        "mark": [{"settled": ["parent", "quick"]}],
-        "script": {"agents": [
-            {"session": "parent", "responses": [delegate("quick"), {"hang": True}]},
-            {"label": "quick", "responses": [{"text": "QUICK_DONE"}]}]},
-    })
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "start quick",
+            "gates": [["child-1", 1, "parent", 2]],
+            "mark": [{"settled": ["parent", "quick"]}],
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("quick"), {"hang": True}]},
+                    {"label": "quick", "responses": [{"text": "QUICK_DONE"}]},
+                ]
+            },
+        }
+    )
     parent = events_of(d.root, "parent")
     (settled,) = settled_records(parent, "child-1")
     assert settled["data"]["closing_text"] == "QUICK_DONE"
     assert notices(parent) == []  # not consumed before the crash
     assert turn_end(events_of(d.root, "child-1"), 1) == {"kind": "completed"}
 
-    result = d.run({
-        "session": "parent", "create": False, "prompt": "after restart",
-        "script": {"agents": [{"session": "parent", "responses": [{"text": "NOTICE_SEEN"}, {"text": "PROMPT_SEEN"}]}]},
-    })
+    result = d.run(
+        {
+            "session": "parent",
+            "create": False,
+            "prompt": "after restart",
+            "script": {
+                "agents": [{"session": "parent", "responses": [{"text": "NOTICE_SEEN"}, {"text": "PROMPT_SEEN"}]}]
+            },
+        }
+    )
     assert result["text"] == "PROMPT_SEEN"
     parent = events_of(d.root, "parent")
     assert turn_end(parent, 1) == {"kind": "interrupted"}  # the hung turn, closed on resume
@@ -340,11 +402,18 @@ def test_sigkill_after_settlement_before_the_notice_is_consumed(tmp_path: Path) 
     assert_each_settlement_noticed_once(parent)
 
     # Another restart delivers nothing again; the child is resumable.
-    d.run({
-        "session": "parent", "create": False, "prompt": "once more",
-        "script": {"agents": [{"session": "parent", "responses": [
-            {"tool_calls": [call("list_agents")]}, {"text": "DONE"}]}]},
-    })
+    d.run(
+        {
+            "session": "parent",
+            "create": False,
+            "prompt": "once more",
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [{"tool_calls": [call("list_agents")]}, {"text": "DONE"}]}
+                ]
+            },
+        }
+    )
     parent = events_of(d.root, "parent")
     assert len(notices(parent)) == 1
     assert_each_settlement_noticed_once(parent)
@@ -356,26 +425,45 @@ def test_sigkill_between_the_childs_turn_end_and_its_settlement_record(tmp_path:
     """Only the notice is lost: no record, no notice after restart, the child lists as ready and
     answers a message."""
     d = Driver(tmp_path)
-    d.run_and_kill({
-        "session": "parent", "create": True, "prompt": "start it", "hold_settlement": True,
-        "script": {"agents": [
-            {"session": "parent", "responses": [delegate("lost notice"), {"text": "STARTED"}]},
-            {"label": "lost notice", "responses": [{"text": "ANSWER_1"}]}]},
-    })
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "start it",
+            "hold_settlement": True,
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("lost notice"), {"text": "STARTED"}]},
+                    {"label": "lost notice", "responses": [{"text": "ANSWER_1"}]},
+                ]
+            },
+        }
+    )
     assert turn_end(events_of(d.root, "child-1"), 1) == {"kind": "completed"}
     assert settled_records(events_of(d.root, "parent")) == []
 
-    d.run({
-        "session": "parent", "create": False, "prompt": "check",
-        "gates": [["child-1", 1, "parent", 3]],
-        "script": {"agents": [
-            {"session": "parent", "responses": [
-                {"tool_calls": [call("list_agents")]},
-                {"tool_calls": [call("send_message", agent_id="child-1", message="again")]},
-                {"wait_for": {"settled": "child-1"}, "text": "SENT"},
-                {"text": "NOTED"}]},
-            {"label": "lost notice", "responses": [{"text": "ANSWER_2"}]}]},
-    })
+    d.run(
+        {
+            "session": "parent",
+            "create": False,
+            "prompt": "check",
+            "gates": [["child-1", 1, "parent", 3]],
+            "script": {
+                "agents": [
+                    {
+                        "session": "parent",
+                        "responses": [
+                            {"tool_calls": [call("list_agents")]},
+                            {"tool_calls": [call("send_message", agent_id="child-1", message="again")]},
+                            {"wait_for": {"settled": "child-1"}, "text": "SENT"},
+                            {"text": "NOTED"},
+                        ],
+                    },
+                    {"label": "lost notice", "responses": [{"text": "ANSWER_2"}]},
+                ]
+            },
+        }
+    )
     parent = events_of(d.root, "parent")
     assert_ok(results_named(parent, "list_agents")[0], "child-1 [ready] — lost notice")
     (settled,) = settled_records(parent)
@@ -387,32 +475,50 @@ def test_sigkill_between_the_childs_turn_end_and_its_settlement_record(tmp_path:
 @pytest.mark.slow
 def test_sigkill_while_the_child_is_mid_turn(tmp_path: Path) -> None:
     d = Driver(tmp_path)
-    d.run_and_kill({
-        "session": "parent", "create": True, "prompt": "start hanger",
-        "mark": [{"model_call": ["child-1", 1]}, {"idle": "parent"}],
-        "script": {"agents": [
-            {"session": "parent", "responses": [delegate("hanger"), {"text": "STARTED"}]},
-            {"label": "hanger", "responses": [{"hang": True}]}]},
-    })
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "start hanger",
+            "mark": [{"model_call": ["child-1", 1]}, {"idle": "parent"}],
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("hanger"), {"text": "STARTED"}]},
+                    {"label": "hanger", "responses": [{"hang": True}]},
+                ]
+            },
+        }
+    )
     _, child = read_log(d.root, "child-1")
     assert child[-1]["type"] == "user/message"  # mid-turn: the step's input is durable, no turn/end
     assert [e for e in child if e["type"] == "turn/end"] == []
     crashed_len = len(child)
 
-    d.run({
-        "session": "parent", "create": False, "prompt": "check on it",
-        "gates": [["child-1", 1, "parent", 3]],
-        "script": {"agents": [
-            {"session": "parent", "responses": [
-                {"tool_calls": [call("list_agents")]},
-                {"tool_calls": [call("send_message", agent_id="child-1", message="are you there?")]},
-                {"wait_for": {"settled": "hanger"}, "text": "SENT"},
-                {"text": "NOTED"}]},
-            {"label": "hanger", "responses": [{"text": "BACK"}]}]},
-    })
+    d.run(
+        {
+            "session": "parent",
+            "create": False,
+            "prompt": "check on it",
+            "gates": [["child-1", 1, "parent", 3]],
+            "script": {
+                "agents": [
+                    {
+                        "session": "parent",
+                        "responses": [
+                            {"tool_calls": [call("list_agents")]},
+                            {"tool_calls": [call("send_message", agent_id="child-1", message="are you there?")]},
+                            {"wait_for": {"settled": "hanger"}, "text": "SENT"},
+                            {"text": "NOTED"},
+                        ],
+                    },
+                    {"label": "hanger", "responses": [{"text": "BACK"}]},
+                ]
+            },
+        }
+    )
     _, child = read_log(d.root, "child-1")
     # The interrupted turn is closed on disk by the closers, before the new turn.
-    closers = child[crashed_len:crashed_len + 2]
+    closers = child[crashed_len : crashed_len + 2]
     assert [e["type"] for e in closers] == ["step/end", "turn/end"]
     assert closers[1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
     assert child[crashed_len + 2]["type"] == "turn/start"
@@ -436,16 +542,32 @@ def test_sigkill_while_the_child_is_mid_turn(tmp_path: Path) -> None:
 
 async def test_steering_a_running_child_lands_in_its_next_step(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("steerable"),
-            {"tool_calls": [call("send_message", agent_id="{{from_request:started subagent (\\S+)}}",
-                                 message="change of plan")]},
-            {"wait_for": {"settled": "steerable"}, "text": "SENT"},
-            {"text": "NOTED"}]},
-        # The child's first model call is held until its inbox receives the parent's message.
-        {"label": "steerable", "responses": [{"wait_for": {"steered": True}, "text": "WORKING"},
-                                             {"text": "STEERED_OK"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("steerable"),
+                    {
+                        "tool_calls": [
+                            call(
+                                "send_message",
+                                agent_id="{{from_request:started subagent (\\S+)}}",
+                                message="change of plan",
+                            )
+                        ]
+                    },
+                    {"wait_for": {"settled": "steerable"}, "text": "SENT"},
+                    {"text": "NOTED"},
+                ],
+            },
+            # The child's first model call is held until its inbox receives the parent's message.
+            {
+                "label": "steerable",
+                "responses": [{"wait_for": {"steered": True}, "text": "WORKING"}, {"text": "STEERED_OK"}],
+            },
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, gates=[["child-1", 2, "parent", 3]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -470,17 +592,28 @@ async def test_steering_a_running_child_lands_in_its_next_step(tmp_path: Path) -
 
 async def test_foreground_one_shot_returns_text_and_a_failure_is_an_error(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("fg ok", "answer now", run_in_background=False),
-            delegate("fg fail", "fail now", run_in_background=False),
-            {"tool_calls": [call("list_agents")]},
-            {"tool_calls": [call("send_message", agent_id="child-1", message="more?")]},
-            {"text": "DONE"}]},
-        {"label": "fg ok", "responses": [
-            {"tool_calls": [call("send_message", agent_id="parent", message="from a one-shot")]},
-            {"text": "FOREGROUND_TEXT"}]},
-        {"label": "fg fail", "responses": [{"error": {"status": 500, "message": "boom"}}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("fg ok", "answer now", run_in_background=False),
+                    delegate("fg fail", "fail now", run_in_background=False),
+                    {"tool_calls": [call("list_agents")]},
+                    {"tool_calls": [call("send_message", agent_id="child-1", message="more?")]},
+                    {"text": "DONE"},
+                ],
+            },
+            {
+                "label": "fg ok",
+                "responses": [
+                    {"tool_calls": [call("send_message", agent_id="parent", message="from a one-shot")]},
+                    {"text": "FOREGROUND_TEXT"},
+                ],
+            },
+            {"label": "fg fail", "responses": [{"error": {"status": 500, "message": "boom"}}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -496,15 +629,23 @@ async def test_foreground_one_shot_returns_text_and_a_failure_is_an_error(tmp_pa
     assert failed["is_error"] is True
     assert failed["error"]["name"] == "SubagentError" and isinstance(failed["error"]["code"], str)
     assert_ok(results_named(events, "list_agents")[0], "(no subagents)")  # one-shot children are not listed
-    assert_refused(results_named(events, "send_message")[0], 'subagent "child-1" has no supported continuation '
-                   "state and cannot be resumed; choose a different target", "NOT_RESUMABLE")
-    assert_refused(results_named(events_of(root, "child-1"), "send_message")[0], 'agent "child-1" is not a '
-                   'resident continuable child and cannot send to parent "parent"', "UNAUTHORIZED")
+    assert_refused(
+        results_named(events, "send_message")[0],
+        'subagent "child-1" has no supported continuation state and cannot be resumed; choose a different target',
+        "NOT_RESUMABLE",
+    )
+    assert_refused(
+        results_named(events_of(root, "child-1"), "send_message")[0],
+        'agent "child-1" is not a resident continuable child and cannot send to parent "parent"',
+        "UNAUTHORIZED",
+    )
     assert user_messages(events, "agent-message") == []
     assert settled_records(events) == [] and notices(events) == []
     catalogs = [e["data"] for e in events if e["type"] == "subagent/catalog"]
     assert [(c["child_id"], c["mode"], c["label"]) for c in catalogs] == [
-        ("child-1", "one-shot", "fg ok"), ("child-2", "one-shot", "fg fail")]
+        ("child-1", "one-shot", "fg ok"),
+        ("child-2", "one-shot", "fg fail"),
+    ]
     for child_id, label in (("child-1", "fg ok"), ("child-2", "fg fail")):
         header, child = read_log(root, child_id)
         assert_child_header(header, child_id, "parent")
@@ -524,16 +665,23 @@ async def test_fork_children_inherit_the_prefix_up_to_the_last_turn_end(tmp_path
         return await fork_with_events(self, source, prefix, header)
 
     monkeypatch.setattr(SessionStore, "fork_with_events", spy)
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("fork-empty", tool="subagent_fork"),  # first turn: no turn/end yet
-            {"wait_for": {"settled": "fork-empty"}, "text": "T1"},
-            {"text": "NOTED1"},
-            delegate("fork-seeded", tool="subagent_fork"),
-            {"wait_for": {"settled": "fork-seeded"}, "text": "T2"},
-            {"text": "NOTED2"}]},
-        {"label": "fork-empty", "responses": [{"text": "EMPTY_DONE"}]},
-        {"label": "fork-seeded", "responses": [{"text": "SEEDED_DONE"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("fork-empty", tool="subagent_fork"),  # first turn: no turn/end yet
+                    {"wait_for": {"settled": "fork-empty"}, "text": "T1"},
+                    {"text": "NOTED1"},
+                    delegate("fork-seeded", tool="subagent_fork"),
+                    {"wait_for": {"settled": "fork-seeded"}, "text": "T2"},
+                    {"text": "NOTED2"},
+                ],
+            },
+            {"label": "fork-empty", "responses": [{"text": "EMPTY_DONE"}]},
+            {"label": "fork-seeded", "responses": [{"text": "SEEDED_DONE"}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, gates=[["child-1", 1, "parent", 2], ["child-2", 1, "parent", 5]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -562,7 +710,7 @@ async def test_fork_children_inherit_the_prefix_up_to_the_last_turn_end(tmp_path
     assert seeded[k]["type"] == "session/end-seed" and seeded[k]["data"] == {"inherited": True}
     assert seeded[k + 1]["type"] == "subagent/descriptor"
     assert seeded[k + 1]["data"] == {"version": 2, "mode": "continuable", "provider": "fork", "label": "fork-seeded"}
-    own = seeded[k + 2:]
+    own = seeded[k + 2 :]
     assert own[0]["type"] == "turn/start"
     assert [e for e in own if e["type"] == "subagent/descriptor"] == []
     assert assistant_texts(own) == ["SEEDED_DONE"]
@@ -572,17 +720,36 @@ async def test_fork_children_inherit_the_prefix_up_to_the_last_turn_end(tmp_path
 
 async def test_depth_limit_and_unavailable_targets_are_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("deep"),
-            {"tool_calls": [call("send_message", agent_id="nobody", message="hi"),
-                            call("send_message", agent_id="bad\u0007id", message="hi")]},
-            {"wait_for": {"settled": "deep"}, "text": "WAITED"},
-            {"text": "NOTED"}]},
-        {"label": "deep", "responses": [
-            {"tool_calls": [call("subagent", description="deeper", prompt="x"),
-                            call("subagent_fork", description="deeper fork", prompt="x")]},
-            {"text": "C_DONE"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("deep"),
+                    {
+                        "tool_calls": [
+                            call("send_message", agent_id="nobody", message="hi"),
+                            call("send_message", agent_id="bad\u0007id", message="hi"),
+                        ]
+                    },
+                    {"wait_for": {"settled": "deep"}, "text": "WAITED"},
+                    {"text": "NOTED"},
+                ],
+            },
+            {
+                "label": "deep",
+                "responses": [
+                    {
+                        "tool_calls": [
+                            call("subagent", description="deeper", prompt="x"),
+                            call("subagent_fork", description="deeper fork", prompt="x"),
+                        ]
+                    },
+                    {"text": "C_DONE"},
+                ],
+            },
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, max_depth=1, gates=[["child-1", 2, "parent", 3]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -593,8 +760,14 @@ async def test_depth_limit_and_unavailable_targets_are_refused(tmp_path: Path) -
     spawn, fork = tool_results(child)
     # At the depth limit the delegation tools are not offered at all (issue 13 item 6): a
     # model that calls them anyway hears they do not exist.
-    assert (spawn["text"], spawn["error"]) == ('Error: unknown tool "subagent"', {"name": "ToolNotFoundError", "code": "UNKNOWN_TOOL"})
-    assert (fork["text"], fork["error"]) == ('Error: unknown tool "subagent_fork"', {"name": "ToolNotFoundError", "code": "UNKNOWN_TOOL"})
+    assert (spawn["text"], spawn["error"]) == (
+        'Error: unknown tool "subagent"',
+        {"name": "ToolNotFoundError", "code": "UNKNOWN_TOOL"},
+    )
+    assert (fork["text"], fork["error"]) == (
+        'Error: unknown tool "subagent_fork"',
+        {"name": "ToolNotFoundError", "code": "UNKNOWN_TOOL"},
+    )
     assert session_ids(root) == {"parent", "child-1"}  # nothing was created
     parent_events = events_of(root, "parent")
     unknown, invalid = results_named(parent_events, "send_message")
@@ -606,26 +779,35 @@ async def test_depth_limit_and_unavailable_targets_are_refused(tmp_path: Path) -
 
 async def test_activation_limit_and_interrupt_by_the_parent(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    limit = ("subagent limit reached (active child limit: 1); wait for an existing child to finish or "
-             "complete this work with the current agents")
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            # turn 1: a child that settles (its slot is freed)
-            delegate("first"),
-            {"wait_for": {"settled": "first"}, "text": "P1"},
-            {"text": "NOTED_1"},
-            # turn 2: a running child holds the family's only slot
-            delegate("second"),
-            delegate("third"),
-            {"tool_calls": [call("send_message", agent_id="child-1", message="wake up")]},  # a cold resume
-            {"text": "P2"},
-            # turn 3: interrupt it (text only from here: the notice may land in any later step)
-            {"tool_calls": [call("interrupt_agent", agent_id="child-2")]},
-            {"text": "P3"},
-            {"text": "NOTED_2"},
-            {"text": "SPARE"}]},
-        {"label": "first", "responses": [{"text": "FIRST_DONE"}]},
-        {"label": "second", "responses": [{"hang": True}]}]}
+    limit = (
+        "subagent limit reached (active child limit: 1); wait for an existing child to finish or "
+        "complete this work with the current agents"
+    )
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    # turn 1: a child that settles (its slot is freed)
+                    delegate("first"),
+                    {"wait_for": {"settled": "first"}, "text": "P1"},
+                    {"text": "NOTED_1"},
+                    # turn 2: a running child holds the family's only slot
+                    delegate("second"),
+                    delegate("third"),
+                    {"tool_calls": [call("send_message", agent_id="child-1", message="wake up")]},  # a cold resume
+                    {"text": "P2"},
+                    # turn 3: interrupt it (text only from here: the notice may land in any later step)
+                    {"tool_calls": [call("interrupt_agent", agent_id="child-2")]},
+                    {"text": "P3"},
+                    {"text": "NOTED_2"},
+                    {"text": "SPARE"},
+                ],
+            },
+            {"label": "first", "responses": [{"text": "FIRST_DONE"}]},
+            {"label": "second", "responses": [{"hang": True}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, max_active_subagents=1, gates=[["child-1", 1, "parent", 2]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -652,7 +834,9 @@ async def test_activation_limit_and_interrupt_by_the_parent(tmp_path: Path) -> N
     assert done["data"] == {"child_id": "child-1", "reason_kind": "completed", "closing_text": "FIRST_DONE"}
     assert stopped["data"] == {"child_id": "child-2", "reason_kind": "aborted"}
     assert [texts(n["data"]["message"]) for n in notices(events)] == [
-        notice_texts("child-1", SUMMARY_DONE, "FIRST_DONE"), notice_texts("child-2", SUMMARY_STOPPED, None)]
+        notice_texts("child-1", SUMMARY_DONE, "FIRST_DONE"),
+        notice_texts("child-2", SUMMARY_STOPPED, None),
+    ]
     assert_each_settlement_noticed_once(events)
 
 
@@ -660,29 +844,56 @@ async def test_interrupt_and_message_authority(tmp_path: Path) -> None:
     """Self, a resident sibling and a resident stranger are refused; a non-resident target is an
     accepted no-op that never resumes it; a stranger cannot message another parent's child."""
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("one"),
-            delegate("two"),
-            {"tool_calls": [call("send_message", agent_id="child-1", message="go")]},
-            {"wait_for": {"settled": "one"}, "text": "P1"},
-            {"text": "NOTED_ONE"},
-            {"tool_calls": [call("interrupt_agent", agent_id="child-1"),  # settled: not resident
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("one"),
+                    delegate("two"),
+                    {"tool_calls": [call("send_message", agent_id="child-1", message="go")]},
+                    {"wait_for": {"settled": "one"}, "text": "P1"},
+                    {"text": "NOTED_ONE"},
+                    {
+                        "tool_calls": [
+                            call("interrupt_agent", agent_id="child-1"),  # settled: not resident
                             call("interrupt_agent", agent_id="ghost"),
-                            call("interrupt_agent", agent_id="child-2")]},
-            {"wait_for": {"settled": "two"}, "text": "P2"},
-            {"text": "NOTED_TWO"}]},
-        {"session": "stranger", "responses": [
-            {"tool_calls": [call("interrupt_agent", agent_id="child-2"),
+                            call("interrupt_agent", agent_id="child-2"),
+                        ]
+                    },
+                    {"wait_for": {"settled": "two"}, "text": "P2"},
+                    {"text": "NOTED_TWO"},
+                ],
+            },
+            {
+                "session": "stranger",
+                "responses": [
+                    {
+                        "tool_calls": [
+                            call("interrupt_agent", agent_id="child-2"),
                             call("send_message", agent_id="child-2", message="hi"),
-                            call("send_message", agent_id="child-1", message="hi")]},
-            {"text": "S_DONE"}]},
-        {"label": "one", "responses": [
-            {"wait_for": {"steered": True},
-             "tool_calls": [call("interrupt_agent", agent_id="child-1"),
-                            call("interrupt_agent", agent_id="child-2")]},
-            {"text": "ONE_DONE"}]},
-        {"label": "two", "responses": [{"hang": True}]}]}
+                            call("send_message", agent_id="child-1", message="hi"),
+                        ]
+                    },
+                    {"text": "S_DONE"},
+                ],
+            },
+            {
+                "label": "one",
+                "responses": [
+                    {
+                        "wait_for": {"steered": True},
+                        "tool_calls": [
+                            call("interrupt_agent", agent_id="child-1"),
+                            call("interrupt_agent", agent_id="child-2"),
+                        ],
+                    },
+                    {"text": "ONE_DONE"},
+                ],
+            },
+            {"label": "two", "responses": [{"hang": True}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, gates=[["child-1", 2, "parent", 4]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -723,27 +934,47 @@ async def test_interrupt_and_message_authority(tmp_path: Path) -> None:
     assert_ok(running_two, "interrupt requested for agent child-2")
     assert turn_end(events_of(root, "child-2"), 1) == {"kind": "aborted", "cause": "parent"}
     assert [texts(n["data"]["message"]) for n in notices(events)] == [
-        notice_texts("child-1", SUMMARY_DONE, "ONE_DONE"), notice_texts("child-2", SUMMARY_STOPPED, None)]
+        notice_texts("child-1", SUMMARY_DONE, "ONE_DONE"),
+        notice_texts("child-2", SUMMARY_STOPPED, None),
+    ]
     assert_each_settlement_noticed_once(events)
     assert not (root / "sessions" / "ghost").exists()
 
 
 async def test_grandparent_interrupts_and_a_child_messages_its_parent(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("mid", "start a leaf and tell me its id"),
-            {"wait_for": {"steered": True}, "text": "P_WAIT"},
-            {"tool_calls": [call("interrupt_agent", agent_id="{{from_request:leaf is (\\S+)}}")]},
-            {"text": "P_AFTER"},
-            {"text": "P_NOTED"}]},
-        {"label": "mid", "responses": [
-            delegate("leaf"),
-            {"tool_calls": [call("send_message", agent_id="{{from_request:Your parent agent id is \"([^\"]+)\"}}",
-                                 message="leaf is {{from_request:started subagent (\\S+)}}")]},
-            {"text": "MID_IDLE"},
-            {"text": "MID_SAW_LEAF"}]},
-        {"label": "leaf", "responses": [{"hang": True}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("mid", "start a leaf and tell me its id"),
+                    {"wait_for": {"steered": True}, "text": "P_WAIT"},
+                    {"tool_calls": [call("interrupt_agent", agent_id="{{from_request:leaf is (\\S+)}}")]},
+                    {"text": "P_AFTER"},
+                    {"text": "P_NOTED"},
+                ],
+            },
+            {
+                "label": "mid",
+                "responses": [
+                    delegate("leaf"),
+                    {
+                        "tool_calls": [
+                            call(
+                                "send_message",
+                                agent_id='{{from_request:Your parent agent id is "([^"]+)"}}',
+                                message="leaf is {{from_request:started subagent (\\S+)}}",
+                            )
+                        ]
+                    },
+                    {"text": "MID_IDLE"},
+                    {"text": "MID_SAW_LEAF"},
+                ],
+            },
+            {"label": "leaf", "responses": [{"hang": True}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, max_depth=2, gates=[["child-1", 2, "parent", 2]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -777,24 +1008,35 @@ async def test_grandparent_interrupts_and_a_child_messages_its_parent(tmp_path: 
 
 async def test_interrupt_stops_only_the_current_turn_and_descendants_keep_running(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("mid", "start a leaf"),
-            {"wait_for": {"steered": True}, "text": "W"},
-            {"tool_calls": [call("list_agents", scope="descendants")]},
-            {"tool_calls": [call("interrupt_agent", agent_id="child-1")]},
-            {"text": "P1"},
-            {"tool_calls": [call("list_agents", scope="descendants")]},
-            {"tool_calls": [call("send_message", agent_id="child-2", message="hi")]},  # not a direct child
-            {"tool_calls": [call("interrupt_agent", agent_id="child-2")]},  # by the grandparent
-            {"wait_for": {"settled": "mid"}, "text": "P2"},
-            {"text": "P_NOTED"}]},
-        {"label": "mid", "responses": [
-            delegate("leaf"),
-            {"tool_calls": [call("send_message", agent_id="parent", message="leaf started")]},
-            {"hang": True},
-            {"text": "MID_NOTED"}]},
-        {"label": "leaf", "responses": [{"hang": True}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("mid", "start a leaf"),
+                    {"wait_for": {"steered": True}, "text": "W"},
+                    {"tool_calls": [call("list_agents", scope="descendants")]},
+                    {"tool_calls": [call("interrupt_agent", agent_id="child-1")]},
+                    {"text": "P1"},
+                    {"tool_calls": [call("list_agents", scope="descendants")]},
+                    {"tool_calls": [call("send_message", agent_id="child-2", message="hi")]},  # not a direct child
+                    {"tool_calls": [call("interrupt_agent", agent_id="child-2")]},  # by the grandparent
+                    {"wait_for": {"settled": "mid"}, "text": "P2"},
+                    {"text": "P_NOTED"},
+                ],
+            },
+            {
+                "label": "mid",
+                "responses": [
+                    delegate("leaf"),
+                    {"tool_calls": [call("send_message", agent_id="parent", message="leaf started")]},
+                    {"hang": True},
+                    {"text": "MID_NOTED"},
+                ],
+            },
+            {"label": "leaf", "responses": [{"hang": True}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, max_depth=2, gates=[["child-1", 2, "parent", 2]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -812,10 +1054,13 @@ async def test_interrupt_stops_only_the_current_turn_and_descendants_keep_runnin
     before, after = results_named(events, "list_agents")
     assert_ok(before, "child-1 [running] parent=parent depth=1 — mid\nchild-2 [running] parent=child-1 depth=2 — leaf")
     assert_ok(after, "child-1 [idle] parent=parent depth=1 — mid\nchild-2 [running] parent=child-1 depth=2 — leaf")
-    assert_refused(results_named(events, "send_message")[0], 'subagent "child-2" belongs to another parent session',
-                   "UNAUTHORIZED")
+    assert_refused(
+        results_named(events, "send_message")[0], 'subagent "child-2" belongs to another parent session', "UNAUTHORIZED"
+    )
     assert [r["text"] for r in results_named(events, "interrupt_agent")] == [
-        "interrupt requested for agent child-1", "interrupt requested for agent child-2"]
+        "interrupt requested for agent child-1",
+        "interrupt requested for agent child-2",
+    ]
 
     mid_events = events_of(root, "child-1")
     assert turn_end(mid_events, 1) == {"kind": "aborted", "cause": "parent"}
@@ -837,16 +1082,24 @@ async def test_interrupt_keeps_queued_messages_parked_until_a_later_send(tmp_pat
     queued for the agent stay parked until a later send_message (which then delivers them)."""
     root = tmp_path / "root"
     spare = [{"text": "SPARE"}] * 3  # so that a wrong behaviour fails an assertion instead of hanging
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("busy"),
-            {"tool_calls": [call("send_message", agent_id="child-1", message="queued")]},
-            {"tool_calls": [call("interrupt_agent", agent_id="child-1")]},
-            {"text": "P1"},
-            {"tool_calls": [call("send_message", agent_id="child-1", message="wake")]},
-            {"wait_for": {"settled": "busy"}, "text": "P2"},
-            {"text": "NOTED"}, *spare]},
-        {"label": "busy", "responses": [{"hang": True}, {"text": "ANSWER"}, *spare]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("busy"),
+                    {"tool_calls": [call("send_message", agent_id="child-1", message="queued")]},
+                    {"tool_calls": [call("interrupt_agent", agent_id="child-1")]},
+                    {"text": "P1"},
+                    {"tool_calls": [call("send_message", agent_id="child-1", message="wake")]},
+                    {"wait_for": {"settled": "busy"}, "text": "P2"},
+                    {"text": "NOTED"},
+                    *spare,
+                ],
+            },
+            {"label": "busy", "responses": [{"hang": True}, {"text": "ANSWER"}, *spare]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -858,8 +1111,10 @@ async def test_interrupt_keeps_queued_messages_parked_until_a_later_send(tmp_pat
     child = events_of(root, "child-1")
     assert turn_end(child, 1) == {"kind": "aborted", "cause": "parent"}
     # Parked through the interrupt, then claimed together with the next send: same turn, same step.
-    where = {texts(m["data"]["message"])[1]: (m["data"]["turn"], m["data"]["step"])
-             for m in user_messages(child, "agent-message")}
+    where = {
+        texts(m["data"]["message"])[1]: (m["data"]["turn"], m["data"]["step"])
+        for m in user_messages(child, "agent-message")
+    }
     assert where == {"queued": (2, 1), "wake": (2, 1)}, where
     assert len(settled_records(events_of(root, "parent"))) == 1
 
@@ -868,9 +1123,12 @@ async def test_releasing_a_parent_drains_its_running_children_first(tmp_path: Pa
     """SPEC 4: `release` of a session that owns running continuable children drains them first,
     so their settlement is recorded in the parent's log (delivered at the parent's next resume)."""
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [delegate("worker"), {"text": "P_DONE"}, {"text": "SAW"}]},
-        {"label": "worker", "responses": [{"hang": True}]}]}
+    script = {
+        "agents": [
+            {"session": "parent", "responses": [delegate("worker"), {"text": "P_DONE"}, {"text": "SAW"}]},
+            {"label": "worker", "responses": [{"hang": True}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -894,9 +1152,12 @@ async def test_releasing_a_parent_drains_its_running_children_first(tmp_path: Pa
 
 async def test_a_draining_runtime_records_settlements_for_the_next_resume(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [delegate("worker"), {"text": "P_DONE"}]},
-        {"label": "worker", "responses": [{"hang": True}]}]}
+    script = {
+        "agents": [
+            {"session": "parent", "responses": [delegate("worker"), {"text": "P_DONE"}]},
+            {"label": "worker", "responses": [{"hang": True}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -929,14 +1190,27 @@ async def test_a_cold_resumed_child_gets_its_pending_notices_first_in_their_own_
     again, first (its own turn, trigger resume); new input follows in its own turn. Here the
     resumed agent is a continuable child, cold-resumed by its parent's message."""
     root = tmp_path / "root"
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            delegate("mid", "start a leaf"), {"wait_for": {"steered": True}, "text": "W"}, {"text": "P1"}]},
-        {"label": "mid", "responses": [
-            delegate("leaf"),
-            {"tool_calls": [call("send_message", agent_id="parent", message="leaf started")]},
-            {"text": "MID_IDLE"}]},
-        {"label": "leaf", "responses": [{"hang": True}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    delegate("mid", "start a leaf"),
+                    {"wait_for": {"steered": True}, "text": "W"},
+                    {"text": "P1"},
+                ],
+            },
+            {
+                "label": "mid",
+                "responses": [
+                    delegate("leaf"),
+                    {"tool_calls": [call("send_message", agent_id="parent", message="leaf started")]},
+                    {"text": "MID_IDLE"},
+                ],
+            },
+            {"label": "leaf", "responses": [{"hang": True}]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, max_depth=2, gates=[["child-1", 2, "parent", 2]]) as rt:
             parent = await rt.agents.create(session_id="parent")
@@ -951,13 +1225,21 @@ async def test_a_cold_resumed_child_gets_its_pending_notices_first_in_their_own_
     assert notices(mid_events) == []
 
     spare = [{"text": "SPARE"}] * 3
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            {"text": "SAW_MID"},
-            {"tool_calls": [call("send_message", agent_id="child-1", message="status?")]},
-            {"wait_for": {"settled": "mid"}, "text": "P2"},
-            {"text": "P3"}, *spare]},
-        {"label": "mid", "responses": [{"text": "M1"}, {"text": "M2"}, *spare]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    {"text": "SAW_MID"},
+                    {"tool_calls": [call("send_message", agent_id="child-1", message="status?")]},
+                    {"wait_for": {"settled": "mid"}, "text": "P2"},
+                    {"text": "P3"},
+                    *spare,
+                ],
+            },
+            {"label": "mid", "responses": [{"text": "M1"}, {"text": "M2"}, *spare]},
+        ]
+    }
     with trio.fail_after(GUARD):
         async with runtime(root, script, max_depth=2) as rt:
             parent = await rt.agents.resume("parent")
@@ -970,8 +1252,9 @@ async def test_a_cold_resumed_child_gets_its_pending_notices_first_in_their_own_
     (message,) = user_messages(mid_events, "agent-message")
     starts = {e["data"]["turn"]: e["data"]["trigger"] for e in mid_events if e["type"] == "turn/start"}
     assert starts[leaf_notice["data"]["turn"]] == {"kind": "resume"}
-    resume_turn = [e for e in mid_events if e["type"] == "user/message"
-                   and e["data"]["turn"] == leaf_notice["data"]["turn"]]
+    resume_turn = [
+        e for e in mid_events if e["type"] == "user/message" and e["data"]["turn"] == leaf_notice["data"]["turn"]
+    ]
     assert resume_turn == [leaf_notice], [texts(m["data"]["message"]) for m in resume_turn]
     assert message["data"]["turn"] == leaf_notice["data"]["turn"] + 1
     assert starts[message["data"]["turn"]] == {"kind": "message"}
@@ -982,22 +1265,33 @@ def test_a_one_shot_child_killed_mid_turn_is_closed_when_its_parent_resumes(tmp_
     """Issue 13 item 2d: nobody resumes a one-shot child, so its parent's resume closes it —
     durably, in the child's own log, exactly once however often the parent resumes."""
     d = Driver(tmp_path)
-    d.run_and_kill({
-        "session": "parent", "create": True, "prompt": "ask a helper",
-        "mark": [{"model_call": ["child-1", 1]}],
-        "script": {"agents": [
-            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
-            {"label": "helper", "responses": [{"hang": True}]}]},
-    })
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "ask a helper",
+            "mark": [{"model_call": ["child-1", 1]}],
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+                    {"label": "helper", "responses": [{"hang": True}]},
+                ]
+            },
+        }
+    )
     child = events_of(d.root, "child-1")
     assert child[-1]["type"] == "user/message"  # killed inside its first model call: the turn is open
 
-    again = {"session": "parent", "create": False, "prompt": "after restart",
-             "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}}
+    again = {
+        "session": "parent",
+        "create": False,
+        "prompt": "after restart",
+        "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
+    }
     assert d.run(again)["text"] == "BACK"
     closed = events_of(d.root, "child-1")  # a fresh reader sees the closers on disk
-    assert closed[:len(child)] == child
-    closers = closed[len(child):]
+    assert closed[: len(child)] == child
+    closers = closed[len(child) :]
     assert [e["type"] for e in closers] == ["step/end", "turn/end"]
     assert closers[-1]["data"] == {"turn": 1, "reason": {"kind": "interrupted"}}
     parent = events_of(d.root, "parent")
@@ -1013,13 +1307,20 @@ async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(
     from subagents.storage import FileLogStore
 
     d = Driver(tmp_path)
-    d.run_and_kill({
-        "session": "parent", "create": True, "prompt": "ask a helper",
-        "mark": [{"model_call": ["child-1", 1]}],
-        "script": {"agents": [
-            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
-            {"label": "helper", "responses": [{"hang": True}]}]},
-    })
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "ask a helper",
+            "mark": [{"model_call": ["child-1", 1]}],
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+                    {"label": "helper", "responses": [{"hang": True}]},
+                ]
+            },
+        }
+    )
     child = events_of(d.root, "child-1")
     holder = FileLogStore(str(d.root), compression="none")  # another owner of the child's lock
     handle = holder.open_write("child-1")
@@ -1039,20 +1340,38 @@ async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(
 @pytest.mark.slow
 def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path) -> None:
     d = Driver(tmp_path)
-    d.run_and_kill({
-        "session": "parent", "create": True, "prompt": "ask a helper", "max_depth": 2,
-        "mark": [{"model_call": ["child-2", 1]}],
-        "script": {"agents": [
-            {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
-            {"label": "helper", "responses": [delegate("inner", run_in_background=False)]},
-            {"label": "inner", "responses": [{"hang": True}]}]},
-    })
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "ask a helper",
+            "max_depth": 2,
+            "mark": [{"model_call": ["child-2", 1]}],
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("helper", run_in_background=False)]},
+                    {"label": "helper", "responses": [delegate("inner", run_in_background=False)]},
+                    {"label": "inner", "responses": [{"hang": True}]},
+                ]
+            },
+        }
+    )
     before = {sid: events_of(d.root, sid) for sid in ("child-1", "child-2")}
-    assert d.run({"session": "parent", "create": False, "prompt": "after restart", "max_depth": 2,
-                  "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}})["text"] == "BACK"
+    assert (
+        d.run(
+            {
+                "session": "parent",
+                "create": False,
+                "prompt": "after restart",
+                "max_depth": 2,
+                "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
+            }
+        )["text"]
+        == "BACK"
+    )
     for sid, old in before.items():
         after = events_of(d.root, sid)
-        assert after[:len(old)] == old
+        assert after[: len(old)] == old
         assert after[-1]["type"] == "turn/end" and after[-1]["data"]["reason"] == {"kind": "interrupted"}, sid
 
 
@@ -1067,11 +1386,23 @@ async def test_a_catalog_naming_a_session_that_is_not_its_child_closes_nothing(t
     store.append(other, [Batch(0, [make_event(0, "turn/start", t + 1, {"turn": 1})])])
     store.close(other)
     parent = store.create(header("parent", t))
-    store.append(parent, [Batch(0, [
-        make_event(0, "turn/start", t + 2, {"turn": 1}),
-        make_event(1, "subagent/catalog", t + 3, {"version": 1, "child_id": "other",
-                                                  "child_created_at": t, "mode": "one-shot"}),
-    ])])
+    store.append(
+        parent,
+        [
+            Batch(
+                0,
+                [
+                    make_event(0, "turn/start", t + 2, {"turn": 1}),
+                    make_event(
+                        1,
+                        "subagent/catalog",
+                        t + 3,
+                        {"version": 1, "child_id": "other", "child_created_at": t, "mode": "one-shot"},
+                    ),
+                ],
+            )
+        ],
+    )
     store.close(parent)
     before = events_of(tmp_path, "other")
     with trio.fail_after(GUARD):

@@ -11,9 +11,7 @@ from typing import Any
 
 import msgspec
 import trio
-
 from log_lines import read_all
-from wrapped_models import WrappedModel
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
@@ -21,6 +19,7 @@ from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
+from wrapped_models import WrappedModel
 
 Json = dict[str, Any]
 
@@ -57,20 +56,32 @@ def _results(root: Path, session_id: str) -> list[Json]:
 
 
 async def test_interrupt_agent_tells_unknown_invalid_and_not_running_targets_apart(tmp_path: Path) -> None:
-    script = {"agents": [
-        {"session": "parent", "responses": [
-            {"tool_calls": [_call("subagent", description="done soon", prompt="answer")]},
-            {"wait_for": {"settled": "done soon"}, "text": "waited"},
-            {"text": "noted"},
-            {"tool_calls": [_call("interrupt_agent", agent_id="child-1"),      # settled: on disk only
-                            _call("interrupt_agent", agent_id="nobody"),       # no session at all
-                            _call("interrupt_agent", agent_id="bad\u0007id")]},  # not a session id
-            {"text": "over"}]},
-        {"label": "done soon", "responses": [{"wait_for": {"waiting": "parent"}, "text": "ANSWER"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [_call("subagent", description="done soon", prompt="answer")]},
+                    {"wait_for": {"settled": "done soon"}, "text": "waited"},
+                    {"text": "noted"},
+                    {
+                        "tool_calls": [
+                            _call("interrupt_agent", agent_id="child-1"),  # settled: on disk only
+                            _call("interrupt_agent", agent_id="nobody"),  # no session at all
+                            _call("interrupt_agent", agent_id="bad\u0007id"),
+                        ]
+                    },  # not a session id
+                    {"text": "over"},
+                ],
+            },
+            {"label": "done soon", "responses": [{"wait_for": {"waiting": "parent"}, "text": "ANSWER"}]},
+        ]
+    }
     model = _Recording(script)
     with trio.fail_after(30):
-        async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("child"),
-                                compression="none") as rt:
+        async with open_runtime(
+            tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("child"), compression="none"
+        ) as rt:
             parent = await rt.agents.create(session_id="parent")
             await parent.send("go")
             await rt.subagents.wait_tree_idle(parent)
@@ -80,23 +91,42 @@ async def test_interrupt_agent_tells_unknown_invalid_and_not_running_targets_apa
     results = _results(tmp_path, "parent")[-3:]
     assert results == [
         {"text": "interrupt requested for agent child-1 (it is not running)", "error": None},
-        {"text": 'Error: subagent "nobody" is unavailable', "error": {"name": "SubagentError", "code": "NOT_RESUMABLE"}},
-        {"text": 'Error: subagent "bad\u0007id" is unavailable', "error": {"name": "SubagentError", "code": "NOT_RESUMABLE"}},
+        {
+            "text": 'Error: subagent "nobody" is unavailable',
+            "error": {"name": "SubagentError", "code": "NOT_RESUMABLE"},
+        },
+        {
+            "text": 'Error: subagent "bad\u0007id" is unavailable',
+            "error": {"name": "SubagentError", "code": "NOT_RESUMABLE"},
+        },
     ]
     assert not (tmp_path / "sessions" / "nobody").exists()
 
 
 async def _offered(tmp_path: Path, max_depth: int) -> dict[str, list[list[str]]]:
-    script = {"agents": [
-        {"session": "top", "responses": [
-            {"tool_calls": [_call("subagent", description="helper", prompt="help")]},
-            {"wait_for": {"settled": "helper"}, "text": "waited"},
-            {"text": "noted"}]},
-        {"label": "helper", "responses": [{"wait_for": {"waiting": "top"}, "text": "HELPED"}]}]}
+    script = {
+        "agents": [
+            {
+                "session": "top",
+                "responses": [
+                    {"tool_calls": [_call("subagent", description="helper", prompt="help")]},
+                    {"wait_for": {"settled": "helper"}, "text": "waited"},
+                    {"text": "noted"},
+                ],
+            },
+            {"label": "helper", "responses": [{"wait_for": {"waiting": "top"}, "text": "HELPED"}]},
+        ]
+    }
     model = _Recording(script)
     with trio.fail_after(30):
-        async with open_runtime(tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("child"),
-                                compression="none", max_depth=max_depth) as rt:
+        async with open_runtime(
+            tmp_path,
+            model=model,
+            clock=ScenarioClock(),
+            id_factory=CountingIds("child"),
+            compression="none",
+            max_depth=max_depth,
+        ) as rt:
             top = await rt.agents.create(session_id="top")
             await top.send("go")
             await rt.subagents.wait_tree_idle(top)

@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 import pytest
-
 from clocks import T
 from events import seed_marker, turn_end_event, turn_start_event
 from log_lines import header
@@ -310,7 +309,13 @@ TIMING: list[tuple[str, list[Event], dict[str, Any], dict[str, Any]]] = [
     ),
     (
         "settled accumulates with a turn open",
-        [descriptor(0, ONE_SHOT, 50), turn_start_event(1, 100), turn_end_event(2, 160), turn_start_event(3, 300, 2), step(4, 310)],
+        [
+            descriptor(0, ONE_SHOT, 50),
+            turn_start_event(1, 100),
+            turn_end_event(2, 160),
+            turn_start_event(3, 300, 2),
+            step(4, 310),
+        ],
         {"settled_ms": 60, "active": {"since": 300, "through": 310}, "descriptor_seen": True},
         {"settled_ms": 60, "active": {"since": 300, "through": 310}},
     ),
@@ -346,7 +351,13 @@ TIMING: list[tuple[str, list[Event], dict[str, Any], dict[str, Any]]] = [
     ),
     (
         "negative duration clamps to 0",
-        [descriptor(0, ONE_SHOT, 50), turn_start_event(1, 100), turn_end_event(2, 160), turn_start_event(3, 900, 2), turn_end_event(4, 800, 2)],
+        [
+            descriptor(0, ONE_SHOT, 50),
+            turn_start_event(1, 100),
+            turn_end_event(2, 160),
+            turn_start_event(3, 900, 2),
+            turn_end_event(4, 800, 2),
+        ],
         {"settled_ms": 60, "descriptor_seen": True},
         {"settled_ms": 60},
     ),
@@ -359,9 +370,7 @@ TIMING: list[tuple[str, list[Event], dict[str, Any], dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("events", "state", "view"), [t[1:] for t in TIMING], ids=[t[0] for t in TIMING]
-)
+@pytest.mark.parametrize(("events", "state", "view"), [t[1:] for t in TIMING], ids=[t[0] for t in TIMING])
 def test_timing_fold(events: list[Event], state: dict[str, Any], view: dict[str, Any]) -> None:
     folded = fold(TIMING_UNIT, events)
     assert folded == state
@@ -381,7 +390,11 @@ IGNORED: list[tuple[str, list[Event], Event]] = [
     ("another event before a descriptor", [], step(0, 10)),
     ("another event while a turn is pending", [turn_start_event(0, 10)], user(1, 20)),
     ("turn end after a descriptor with nothing active", [descriptor(0, ONE_SHOT)], turn_end_event(1, 10)),
-    ("another event between turns", [descriptor(0, ONE_SHOT), turn_start_event(1, 5), turn_end_event(2, 9)], step(3, 10)),
+    (
+        "another event between turns",
+        [descriptor(0, ONE_SHOT), turn_start_event(1, 5), turn_end_event(2, 9)],
+        step(3, 10),
+    ),
 ]
 
 
@@ -392,7 +405,13 @@ def test_timing_returns_the_same_state_when_nothing_changes(prefix: list[Event],
 
 
 def test_timing_never_mutates_state_in_place() -> None:
-    events = [turn_start_event(0, 100), descriptor(1, ONE_SHOT, 120), step(2, 130), turn_end_event(3, 200), turn_start_event(4, 300)]
+    events = [
+        turn_start_event(0, 100),
+        descriptor(1, ONE_SHOT, 120),
+        step(2, 130),
+        turn_end_event(3, 200),
+        turn_start_event(4, 300),
+    ]
     state = TIMING_UNIT.initial(HEADER, 0)
     for event in events:
         before = copy.deepcopy(state)

@@ -8,14 +8,15 @@ import os
 from pathlib import Path
 
 import pytest
-
 from log_lines import header, persist_log
 from subagents.storage import FileLogStore, HeaderClaim, make_event
 from subagents.storage.testing import MemoryLogStore
 
 
 def publish(store: FileLogStore, sid: str, parent: str = "p") -> None:
-    persist_log(store, header(sid, 42, origin="subagent", parent_session=parent), [make_event(0, "turn/start", 43, {"turn": 1})])
+    persist_log(
+        store, header(sid, 42, origin="subagent", parent_session=parent), [make_event(0, "turn/start", 43, {"turn": 1})]
+    )
 
 
 def replace_line1(path: Path, line: bytes) -> None:
@@ -26,8 +27,17 @@ def replace_line1(path: Path, line: bytes) -> None:
 
 
 def header_with(**changes: object) -> bytes:
-    line = {"type": "session", "format": 1, "id": "c", "created_at": 42, "is_seeded": False,
-            "inherited_event_count": 0, "delegation_depth": 1, "parent_session": "p", "origin": "subagent"}
+    line = {
+        "type": "session",
+        "format": 1,
+        "id": "c",
+        "created_at": 42,
+        "is_seeded": False,
+        "inherited_event_count": 0,
+        "delegation_depth": 1,
+        "parent_session": "p",
+        "origin": "subagent",
+    }
     line.update(changes)
     return json.dumps(line).encode()
 
@@ -79,13 +89,24 @@ def test_checkpoint_rows_can_be_read_for_some_units_and_skip_a_usual_value() -> 
     index = SessionIndex(None)
     for sid, catalog in (("a", {"children": {}}), ("b", {"children": {"x": {"created_at": 1, "mode": "one-shot"}}})):
         session_header = header(sid, 1)
-        rows = {"subagent": CheckpointRow(ver=2, seq=0, val={}), "subagent_timing": CheckpointRow(ver=2, seq=0, val={}),
-                "subagent_catalog": CheckpointRow(ver=1, seq=0, val=catalog)}
+        rows = {
+            "subagent": CheckpointRow(ver=2, seq=0, val={}),
+            "subagent_timing": CheckpointRow(ver=2, seq=0, val={}),
+            "subagent_catalog": CheckpointRow(ver=1, seq=0, val=catalog),
+        }
         assert index.save_checkpoint(session_header.id, Lifecycle.of(session_header, 0), rows, 10)
     every = index.load_checkpoints(["a", "b"])
-    assert every is not None and sorted(s.key for s in every["a"]) == ["subagent", "subagent_catalog", "subagent_timing"]
-    some = index.load_checkpoints(["a", "b", "nobody"], ["subagent", "subagent_catalog"],
-                                  {"subagent_catalog": b'"children":{}'})
+    assert every is not None and sorted(s.key for s in every["a"]) == [
+        "subagent",
+        "subagent_catalog",
+        "subagent_timing",
+    ]
+    some = index.load_checkpoints(
+        ["a", "b", "nobody"], ["subagent", "subagent_catalog"], {"subagent_catalog": b'"children":{}'}
+    )
     assert some is not None
     assert {sid: sorted(s.key for s in rows) for sid, rows in some.items()} == {
-        "a": ["subagent"], "b": ["subagent", "subagent_catalog"], "nobody": []}
+        "a": ["subagent"],
+        "b": ["subagent", "subagent_catalog"],
+        "nobody": [],
+    }

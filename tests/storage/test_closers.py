@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 import pytest
-
 from clocks import T
 from log_lines import header
 from subagents.storage import (
@@ -102,9 +101,7 @@ class Log:
             "source": {"kind": "tool", "call_id": call_id},
         }
         extra: dict[str, Any] = {"source_event_seqs": [call_seq]} if call_seq is not None else {}
-        return self._add(
-            "tool/result", {"turn": turn, "step": step, "message": message}, surface_op="append", **extra
-        )
+        return self._add("tool/result", {"turn": turn, "step": step, "message": message}, surface_op="append", **extra)
 
     def other(self, type_: str, data: dict[str, Any], **envelope: Any) -> Log:
         return self._add(type_, data, **envelope)
@@ -121,7 +118,9 @@ class Log:
 # --- expected closers, in their on-disk form ----------------------------------------------------
 
 
-def _closer(seq: int, time: int, turn: int, step: int, call_id: str, text: str, error: dict[str, str]) -> dict[str, Any]:
+def _closer(
+    seq: int, time: int, turn: int, step: int, call_id: str, text: str, error: dict[str, str]
+) -> dict[str, Any]:
     return {
         "seq": seq,
         "type": "tool/result",
@@ -149,13 +148,21 @@ def _closer(seq: int, time: int, turn: int, step: int, call_id: str, text: str, 
 
 
 def not_started(seq: int, time: int, turn: int, step: int, call_id: str) -> dict[str, Any]:
-    return _closer(seq, time, turn, step, call_id, NOT_STARTED_TEXT,
-                   {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"})
+    return _closer(
+        seq, time, turn, step, call_id, NOT_STARTED_TEXT, {"name": "ToolNotStartedError", "code": "TOOL_NOT_STARTED"}
+    )
 
 
 def outcome_unknown(seq: int, time: int, turn: int, step: int, call_id: str, call_seq: int) -> dict[str, Any]:
-    closer = _closer(seq, time, turn, step, call_id, OUTCOME_UNKNOWN_TEXT,
-                     {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"})
+    closer = _closer(
+        seq,
+        time,
+        turn,
+        step,
+        call_id,
+        OUTCOME_UNKNOWN_TEXT,
+        {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"},
+    )
     return {**closer, "source_event_seqs": [call_seq]}
 
 

@@ -10,10 +10,9 @@ import msgspec
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-
 from subagents.storage import (
-    UNSET,
     SURFACE_TYPES,
+    UNSET,
     Event,
     InvalidEvent,
     InvalidPayload,
@@ -27,11 +26,9 @@ from subagents.storage import (
     decode_payload,
     make_event,
 )
-from subagents.storage.events import KNOWN_TYPES
-from subagents.storage._records import HeaderRecord, decode_header_line, encode_header_line
 from subagents.storage._codec import decode_event, encode_event
-from subagents.storage.events import PAYLOAD_TYPES
-from subagents.storage._records import HeaderError
+from subagents.storage._records import HeaderError, HeaderRecord, decode_header_line, encode_header_line
+from subagents.storage.events import KNOWN_TYPES, PAYLOAD_TYPES
 from vocabulary import SURFACE, VOCABULARY
 
 SEQ = 7
@@ -85,7 +82,7 @@ ASSISTANT_MESSAGE = {
     "role": "assistant",
     "content": [
         {"type": "text", "text": "let me look"},
-        {"type": "tool-call", "id": "c1", "name": "read", "arguments": "{\"path\": \"a\"}"},
+        {"type": "tool-call", "id": "c1", "name": "read", "arguments": '{"path": "a"}'},
     ],
     "source": {"kind": "model"},
 }
@@ -109,7 +106,10 @@ VALID_PAYLOADS: list[tuple[str, dict[str, Any]]] = [
             },
         },
     ),
-    ("user/message", {"turn": 3, "step": 0, "message": _message(source={"kind": "subagent-settled", "sender_session_id": "c"})}),
+    (
+        "user/message",
+        {"turn": 3, "step": 0, "message": _message(source={"kind": "subagent-settled", "sender_session_id": "c"})},
+    ),
     ("user/message", {"turn": 3, "step": 0, "message": _message(source={"kind": "compaction"})}),
     ("assistant/message", {"turn": 1, "step": 0, "message": ASSISTANT_MESSAGE, "finish": "tool-calls"}),
     (
@@ -123,9 +123,20 @@ VALID_PAYLOADS: list[tuple[str, dict[str, Any]]] = [
             "interrupted": True,
         },
     ),
-    ("assistant/message", {"turn": 1, "step": 1, "message": _message("assistant", {"kind": "model"}), "finish": "stop"}),
+    (
+        "assistant/message",
+        {"turn": 1, "step": 1, "message": _message("assistant", {"kind": "model"}), "finish": "stop"},
+    ),
     ("tool/result", {"turn": 1, "step": 0, "message": TOOL_RESULT_MESSAGE}),
-    ("tool/result", {"turn": 1, "step": 0, "message": TOOL_RESULT_MESSAGE, "error": {"name": "ToolError", "code": "TOOL_NOT_STARTED"}}),
+    (
+        "tool/result",
+        {
+            "turn": 1,
+            "step": 0,
+            "message": TOOL_RESULT_MESSAGE,
+            "error": {"name": "ToolError", "code": "TOOL_NOT_STARTED"},
+        },
+    ),
     ("turn/start", {"turn": 1}),
     ("turn/start", {"turn": 2, "trigger": {"kind": "notice"}}),
     ("turn/end", {"turn": 1, "reason": {"kind": "completed"}}),
@@ -133,13 +144,16 @@ VALID_PAYLOADS: list[tuple[str, dict[str, Any]]] = [
     ("turn/end", {"turn": 1, "reason": {"kind": "interrupted"}}),
     ("step/start", {"turn": 1, "step": 0}),
     ("step/end", {"turn": 1, "step": 0}),
-    ("tool/call", {"turn": 1, "step": 0, "call_id": "c1", "name": "read", "arguments": "{\"path\": \"a\"}"}),
+    ("tool/call", {"turn": 1, "step": 0, "call_id": "c1", "name": "read", "arguments": '{"path": "a"}'}),
     ("session/end-seed", {}),
     ("session/end-seed", {"inherited": True}),
     ("subagent/descriptor", {"version": 2, "anything": [1, {"x": None}]}),
     ("subagent/descriptor", {}),
     ("subagent/catalog", {"version": 1, "child_id": "c", "child_created_at": 5, "mode": "one-shot"}),
-    ("subagent/catalog", {"version": 1, "child_id": "c", "child_created_at": 5, "mode": "continuable", "label": "helper"}),
+    (
+        "subagent/catalog",
+        {"version": 1, "child_id": "c", "child_created_at": 5, "mode": "continuable", "label": "helper"},
+    ),
     ("subagent/settled", {"child_id": "c", "reason_kind": "completed"}),
     ("subagent/settled", {"child_id": "c", "reason_kind": "error", "closing_text": "bye"}),
     ("compaction/start", {"turn": 4}),
@@ -164,29 +178,51 @@ INVALID_PAYLOADS: list[tuple[str, dict[str, Any]]] = [
     ("user/message", {"turn": 1, "step": 0, "message": _message(extra=1)}),
     ("assistant/message", {"turn": 1, "step": 0, "message": ASSISTANT_MESSAGE}),
     ("assistant/message", {"turn": 1, "step": 0, "message": ASSISTANT_MESSAGE, "finish": "done"}),
-    ("assistant/message", {"turn": 1, "step": 0, "message": ASSISTANT_MESSAGE, "finish": "stop", "usage": {"input_tokens": 1}}),
+    (
+        "assistant/message",
+        {"turn": 1, "step": 0, "message": ASSISTANT_MESSAGE, "finish": "stop", "usage": {"input_tokens": 1}},
+    ),
     ("assistant/message", {"turn": 1, "step": 0, "message": ASSISTANT_MESSAGE, "finish": "stop", "interrupted": False}),
     (
         "assistant/message",
         {
             "turn": 1,
             "step": 0,
-            "message": {**ASSISTANT_MESSAGE, "content": [{"type": "tool-call", "id": "c", "name": "n", "arguments": {}}]},
+            "message": {
+                **ASSISTANT_MESSAGE,
+                "content": [{"type": "tool-call", "id": "c", "name": "n", "arguments": {}}],
+            },
             "finish": "tool-calls",
         },
     ),
     ("tool/result", {"turn": 1, "step": 0, "message": TOOL_RESULT_MESSAGE, "error": {"name": "E"}}),
     (
         "tool/result",
-        {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": [{"type": "tool-result", "call_id": "c1", "content": [], "is_error": "no"}]}},
+        {
+            "turn": 1,
+            "step": 0,
+            "message": {
+                **TOOL_RESULT_MESSAGE,
+                "content": [{"type": "tool-result", "call_id": "c1", "content": [], "is_error": "no"}],
+            },
+        },
     ),
     # SPEC 3.2: role user, source {kind: tool, call_id}, one tool-result block of that call.
     ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "role": "assistant"}}),
     ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "source": {"kind": "model"}}}),
     ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": []}}),
-    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": [{"type": "text", "text": "x"}]}}),
-    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": TOOL_RESULT_MESSAGE["content"] * 2}}),
-    ("tool/result", {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "source": {"kind": "tool", "call_id": "other"}}}),
+    (
+        "tool/result",
+        {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": [{"type": "text", "text": "x"}]}},
+    ),
+    (
+        "tool/result",
+        {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "content": TOOL_RESULT_MESSAGE["content"] * 2}},
+    ),
+    (
+        "tool/result",
+        {"turn": 1, "step": 0, "message": {**TOOL_RESULT_MESSAGE, "source": {"kind": "tool", "call_id": "other"}}},
+    ),
     ("turn/start", {}),
     ("turn/start", {"turn": 1, "trigger": {"kind": "timer"}}),
     ("turn/start", {"turn": 1, "trigger": "message"}),
@@ -331,7 +367,12 @@ def test_known_type_can_be_marked_ignorable_and_is_still_validated() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [pytest.param([], id="list"), pytest.param("x", id="str"), pytest.param(None, id="none"), pytest.param(5, id="int")],
+    [
+        pytest.param([], id="list"),
+        pytest.param("x", id="str"),
+        pytest.param(None, id="none"),
+        pytest.param(5, id="int"),
+    ],
 )
 def test_make_event_refuses_data_that_is_not_an_object(data: Any) -> None:
     with pytest.raises(InvalidEvent):
@@ -406,9 +447,7 @@ def test_replace_range_must_be_ascending_and_before_the_event(start: int, end: i
         decode_event(_line(_envelope("user/message", USER_DATA, surface_op=raw)))
 
 
-@pytest.mark.parametrize(
-    ("type_", "data"), [("user/message", USER_DATA), ("tool/result", TOOL_RESULT_DATA)]
-)
+@pytest.mark.parametrize(("type_", "data"), [("user/message", USER_DATA), ("tool/result", TOOL_RESULT_DATA)])
 @pytest.mark.parametrize("seqs", [[0], [SEQ - 1], [0, 2, 5], list(range(SEQ))])
 def test_source_event_seqs_on_user_message_and_tool_result(type_: str, data: dict[str, Any], seqs: list[int]) -> None:
     event = make_event(SEQ, type_, TIME, data, surface_op="append", source_event_seqs=seqs)
@@ -416,9 +455,7 @@ def test_source_event_seqs_on_user_message_and_tool_result(type_: str, data: dic
     assert decode_event(encode_event(event)) == event
 
 
-@pytest.mark.parametrize(
-    "type_", sorted(KNOWN_TYPES - {"user/message", "tool/result"}) + ["x/custom"]
-)
+@pytest.mark.parametrize("type_", sorted(KNOWN_TYPES - {"user/message", "tool/result"}) + ["x/custom"])
 def test_source_event_seqs_are_forbidden_elsewhere(type_: str) -> None:
     data = dict(NON_SURFACE_EXAMPLES.get(type_) or SURFACE_EXAMPLES.get(type_) or {})
     with pytest.raises(InvalidEvent):
@@ -646,7 +683,7 @@ def test_make_event_refuses_what_json_cannot_carry(value: Any) -> None:
         pytest.param(-0.0, id="negative-zero"),
         pytest.param(1.7976931348623157e308, id="max-float"),
         pytest.param(5e-324, id="min-subnormal"),
-        pytest.param("\u2028\u2029\x00\n\"\\é😀", id="awkward-text"),
+        pytest.param('\u2028\u2029\x00\n"\\é😀', id="awkward-text"),
         pytest.param({"": [None, True, False, [], {}]}, id="nested"),
         pytest.param((1, "x"), id="tuple"),
     ],
@@ -682,13 +719,11 @@ json_scalars = st.one_of(
     st.sampled_from([INT_MIN, INT_MAX, 0, -1]),
     st.floats(allow_nan=False, allow_infinity=False),
     st.text(),
-    st.sampled_from(["\u2028", "\u2029", "a\nb", "\r\n", "\x00", "\"", "\\", "😀", "日本語"]),
+    st.sampled_from(["\u2028", "\u2029", "a\nb", "\r\n", "\x00", '"', "\\", "😀", "日本語"]),
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.one_of(
-        st.lists(children, max_size=5), st.dictionaries(st.text(), children, max_size=5)
-    ),
+    lambda children: st.one_of(st.lists(children, max_size=5), st.dictionaries(st.text(), children, max_size=5)),
     max_leaves=25,
 )
 

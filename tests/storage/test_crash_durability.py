@@ -32,11 +32,10 @@ import attrs
 import hypothesis
 import pytest
 import zstandard
+from clocks import T
 from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
-from clocks import T
 from log_lines import events_of, header, header_line, rel_folder, rel_log, wire, zstd_frames
 from subagents.storage import (
     AlreadyOwned,
@@ -55,9 +54,9 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage._codec import encode_event
-from subagents.storage.testing import CrashFs
 from subagents.storage.forms import Compression
 from subagents.storage.fs import File, OpenMode
+from subagents.storage.testing import CrashFs
 
 SIDS = ("s0", "s1", "s2", "s3", "s4")
 FORMS: tuple[Compression, ...] = ("none", "zstd")
@@ -129,9 +128,7 @@ def durability_violations(store: FileLogStore, models: Mapping[str, SessionModel
         if not events:
             violations.append(f"session {sid!r}: published without a single event")
         if len(events) < len(model.acked):
-            violations.append(
-                f"session {sid!r}: acknowledged seqs {len(events)}..{len(model.acked) - 1} are lost"
-            )
+            violations.append(f"session {sid!r}: acknowledged seqs {len(events)}..{len(model.acked) - 1} are lost")
         for i, event in enumerate(events):
             raw = encode_event(event)
             if event.seq != i:
@@ -273,9 +270,7 @@ class CrashMachine(RuleBasedStateMachine):
         self._append(data, sid, sizes, data.draw(st.sampled_from(kinds), label="fault"), reopen=False)
         self.crash(data)
 
-    def _append(
-        self, data: st.DataObject, sid: str, sizes: list[list[int]], kind: str, *, reopen: bool = True
-    ) -> None:
+    def _append(self, data: st.DataObject, sid: str, sizes: list[list[int]], kind: str, *, reopen: bool = True) -> None:
         """Append with one injected `kind` of fault (or "none") and check what the store did."""
         handle = self.handles[sid]
         model = self.models[sid]
@@ -547,9 +542,7 @@ def test_a_failed_write_rolls_back_to_the_acknowledged_prefix_and_the_handle_liv
 
 @pytest.mark.parametrize("compression", FORMS)
 @pytest.mark.parametrize("published", [False, True], ids=["publishing", "appending"])
-def test_a_failed_fsync_kills_the_handle_and_a_reopen_carries_on(
-    published: bool, compression: Compression
-) -> None:
+def test_a_failed_fsync_kills_the_handle_and_a_reopen_carries_on(published: bool, compression: Compression) -> None:
     fs = CrashFs()
     store = FileLogStore(fs=fs, compression=compression)
     if published:

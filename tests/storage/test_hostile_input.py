@@ -21,10 +21,9 @@ from pathlib import Path
 import hypothesis.strategies as st
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings
-
 from clocks import T
 from garble import garble
+from hypothesis import HealthCheck, given, settings
 from log_lines import header_line, read_all, zstd_frame
 from subagents.storage import (
     Batch,
@@ -55,8 +54,11 @@ HOSTILE_LINES: dict[str, tuple[bytes, int]] = {
     "deep-100k-in-data": (GOOD + line(DEEP_100K, seq=1), 1),
     "deep-100k-unclosed": (line(b'{"turn":1,"x":' + b"[" * 100_000 + b"}"), 0),
     "deep-in-an-ignorable-unknown-type": (line(DEEP_100K, type_="x/later", extra=b',"ignorable":true'), 0),
-    "deep-descriptor": (line(b'{"x":' + b"{\"y\":" * 5_000 + b"1" + b"}" * 5_001, type_="subagent/descriptor"), 0),
-    "deep-in-seq": (b'{"seq":' + b"[" * 100_000 + b"]" * 100_000 + b',"type":"turn/start","time":1,"data":{"turn":1}}\n', 0),
+    "deep-descriptor": (line(b'{"x":' + b'{"y":' * 5_000 + b"1" + b"}" * 5_001, type_="subagent/descriptor"), 0),
+    "deep-in-seq": (
+        b'{"seq":' + b"[" * 100_000 + b"]" * 100_000 + b',"type":"turn/start","time":1,"data":{"turn":1}}\n',
+        0,
+    ),
     "huge-int": (GOOD + line(b'{"turn":1' + b"0" * 100_000 + b"}", seq=1), 1),
     "huge-seq": (b'{"seq":1' + b"0" * 5_000 + b',"type":"turn/start","time":1,"data":{"turn":1}}\n', 0),
     "huge-float": (line(b'{"turn":1e999999}'), 0),
@@ -189,7 +191,7 @@ def exercise(root: Path, want: list[LogInfo]) -> None:
         for stored in (rows or {}).values():
             for row in stored:  # whatever survives is well typed
                 assert type(row.seq) is int and type(row.log_offset) is int and type(row.key) is str
-                row.row  # decodes, or reads as UNREADABLE
+                _ = row.row  # decodes, or reads as UNREADABLE
         with pytest.raises(CorruptLog):
             open_and_close(store, "bad")
         assert store.list() == want
@@ -209,8 +211,8 @@ GARBLED_ROWS: dict[str, str] = {
     "checkpoint-seq-text": "UPDATE checkpoints SET seq = 'two'",
     "checkpoint-ver-float": "UPDATE checkpoints SET ver = 1.5",
     "checkpoint-lifecycle-garbage": "UPDATE checkpoints SET lifecycle = x'ff00ff'",
-    "checkpoint-lifecycle-wrong-types": "UPDATE checkpoints SET lifecycle = '{\"format\":\"1\",\"created_at\":[],"
-                                        "\"cwd\":3,\"is_seeded\":0,\"inherited_event_count\":null}'",
+    "checkpoint-lifecycle-wrong-types": 'UPDATE checkpoints SET lifecycle = \'{"format":"1","created_at":[],'
+    '"cwd":3,"is_seeded":0,"inherited_event_count":null}\'',
     "checkpoint-lifecycle-list": "UPDATE checkpoints SET lifecycle = '[1,2]'",
     "checkpoint-val-deep": "UPDATE checkpoints SET val = '" + "[" * 100_000 + "]" * 100_000 + "'",
     "checkpoint-key-not-utf8": "UPDATE checkpoints SET unit_key = CAST(x'ff' AS TEXT)",
@@ -312,10 +314,14 @@ def test_payloads_are_checked_once_per_revision(tmp_path: Path, monkeypatch: pyt
     from subagents.storage import framing
 
     checked: list[str] = []
-    monkeypatch.setattr(framing, "_PAYLOAD_CHECKS", {
-        t: (lambda data, t=t, check=check: (checked.append(t), check(data))[1])
-        for t, check in framing._PAYLOAD_CHECKS.items()  # noqa: SLF001 - counting the checks
-    })
+    monkeypatch.setattr(
+        framing,
+        "_PAYLOAD_CHECKS",
+        {
+            t: (lambda data, t=t, check=check: (checked.append(t), check(data))[1])
+            for t, check in framing._PAYLOAD_CHECKS.items()  # noqa: SLF001 - counting the checks
+        },
+    )
     write_log(tmp_path, "s", GOOD + line(b'{"turn":2}', seq=1), "none")
     store = FileLogStore(str(tmp_path), compression="none")
     assert read_all(store, "s") and len(checked) == 2  # no row yet: checked

@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 import zstandard
-
 from clocks import T
 from events import seed_marker
 from log_lines import header, header_line, persist_log, rel_log
@@ -39,11 +38,11 @@ from subagents.storage import (
     OsFs,
     make_event,
 )
-from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage._codec import encode_event
-from subagents.storage.testing import CrashFs, MemoryLogStore
+from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage.forms import Compression
 from subagents.storage.index import SCHEMA_VERSION
+from subagents.storage.testing import CrashFs, MemoryLogStore
 
 FORMS: tuple[Compression, ...] = ("none", "zstd")
 T0 = T + 1
@@ -150,6 +149,7 @@ def frame_of_size(seq: int, size: int, count: int = 1, *, unlike: bytes = b"") -
     the turn numbers vary in value and width, then the first event becomes a summary whose text
     grows.
     """
+
     def rest(turn: int) -> bytes:
         return b"".join(line(s, turn=turn) for s in range(seq + 1, seq + count))
 
@@ -1007,7 +1007,9 @@ def _rebuilds(messages: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("compression", FORMS)
 def test_two_stores_in_threads_do_not_corrupt_the_index(
-    tmp_path: Path, compression: Compression, closing: Callable[..., FileLogStore],
+    tmp_path: Path,
+    compression: Compression,
+    closing: Callable[..., FileLogStore],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="subagents.storage")
@@ -1107,7 +1109,9 @@ CHILD = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize("compression", FORMS)
 def test_processes_do_not_corrupt_the_index(
-    tmp_path: Path, compression: Compression, closing: Callable[..., FileLogStore],
+    tmp_path: Path,
+    compression: Compression,
+    closing: Callable[..., FileLogStore],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="subagents.storage")

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
 from subagents.storage.locks import PROC_LOCKS, held_flocks, held_paths, parse_flocks
 
@@ -22,6 +21,7 @@ TABLE = """\
 garbage
 5: FLOCK  ADVISORY  WRITE 9 zz:00:12 0 EOF
 """
+
 
 def test_the_lock_table_is_readable_here() -> None:
     """The tests below read the real /proc/locks: on a system without it they fail, never skip
@@ -94,8 +94,9 @@ def test_a_lock_held_by_another_process_is_seen_without_taking_it(tmp_path: Path
     _publish(tmp_path, "busy")
     _publish(tmp_path, "idle")
     store = FileLogStore(str(tmp_path))
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path), "busy"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(tmp_path), "busy"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
 

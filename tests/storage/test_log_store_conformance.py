@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from clocks import T
 from events import seed_marker
 from log_lines import header, read_all, rel_folder
@@ -576,7 +575,9 @@ def test_seeded_first_append_may_span_several_batches(store: LogStore) -> None:
         pytest.param(events(0, 3) + [seed_marker(3, T0 + 3)], id="marker-after-k"),
     ],
 )
-def test_seeded_first_append_must_end_the_seed_with_the_tagged_marker(store: LogStore, first_append: list[Event]) -> None:
+def test_seeded_first_append_must_end_the_seed_with_the_tagged_marker(
+    store: LogStore, first_append: list[Event]
+) -> None:
     writer = store.create(header("child", is_seeded=True), inherited_event_count=Offset(2))
     with raises(InvalidEvent, "child"):
         store.append(writer, [Batch(Offset(0), first_append)])

@@ -22,13 +22,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET, UnsetType
-
 from subagents.storage import Event, ReplaceOp, SessionHeader, make_event
-from subagents.storage._codec import decode_event
-from subagents.storage._codec import decode_events
+from subagents.storage._codec import decode_event, decode_events
 from subagents.storage.events import KNOWN_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
-from subagents.storage.index import _crc  # noqa: PLC2701 - planting a row as a writer would
-from subagents.storage.index import UNREADABLE, SessionIndex
+from subagents.storage.index import (
+    UNREADABLE,
+    SessionIndex,
+    _crc,  # noqa: PLC2701 - planting a row as a writer would
+)
 from subagents.storage.projection import CheckpointRow, Lifecycle, ProjectionBroken, ProjectionRegistry
 
 HEADER = SessionHeader(id="s", created_at=1)  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
@@ -236,7 +237,9 @@ envelopes = st.fixed_dictionaries(
         "surface_op": st.one_of(
             st.just("append"),
             st.just("prepend"),
-            st.builds(lambda a, b: {"op": "replace", "start_seq": a, "end_seq": b}, st.integers(-1, 13), st.integers(-1, 13)),
+            st.builds(
+                lambda a, b: {"op": "replace", "start_seq": a, "end_seq": b}, st.integers(-1, 13), st.integers(-1, 13)
+            ),
         ),
         "source_event_seqs": st.lists(st.integers(-1, 13), max_size=3),
         "ignorable": st.sampled_from([True, False]),
@@ -317,8 +320,10 @@ def test_building_an_event_by_hand_still_checks_it(fields: dict[str, Any], error
     with pytest.raises(error):
         Event(**(args | fields))
     # (A descriptor's payload is any object: the lossless rules alone decide these.)
-    edge = {"type": "subagent/descriptor",
-            "data": msgspec.Raw(b'{"turn":1,"max":9223372036854775807,"min":-9223372036854775808,"f":1.5e308}')}
+    edge = {
+        "type": "subagent/descriptor",
+        "data": msgspec.Raw(b'{"turn":1,"max":9223372036854775807,"min":-9223372036854775808,"f":1.5e308}'),
+    }
     assert Event(**(args | edge)).data == edge["data"]  # the range's own ends are fine
 
 
@@ -339,12 +344,19 @@ def test_building_an_event_by_hand_checks_its_payload(type_: str, data: bytes) -
 
 
 def test_events_take_no_part_in_the_cyclic_gc() -> None:
-    e = make_event(2, "user/message", 1, {"turn": 1, "step": 1, "message": {
-        "id": "m", "role": "user", "content": [], "source": {"kind": "user"}}},
-        surface_op="append", source_event_seqs=[0, 1])
+    e = make_event(
+        2,
+        "user/message",
+        1,
+        {"turn": 1, "step": 1, "message": {"id": "m", "role": "user", "content": [], "source": {"kind": "user"}}},
+        surface_op="append",
+        source_event_seqs=[0, 1],
+    )
     assert not gc.is_tracked(e)
     before = gc.get_count()[0]
-    decoded = decode_events(b"".join(msgspec.json.encode(make_event(i, "turn/start", 1, {"turn": 1})) + b"\n" for i in range(500)))
+    decoded = decode_events(
+        b"".join(msgspec.json.encode(make_event(i, "turn/start", 1, {"turn": 1})) + b"\n" for i in range(500))
+    )
     assert len(decoded) == 500 and gc.get_count()[0] - before < 100  # no GC header: no gen-0 count
 
 
@@ -366,7 +378,9 @@ def test_an_undecodable_stored_value_is_a_row_no_unit_reads() -> None:
     lifecycle = Lifecycle.of(HEADER, 0)
     assert index.save_checkpoint(HEADER.id, lifecycle, {"u": CheckpointRow(ver=2, seq=4, val={})}, 9)
     conn = index._connect()  # noqa: SLF001 - planting a row this build did not write
-    (fields,) = conn.execute("SELECT session_id, unit_key, ver, seq, val, log_offset, lifecycle FROM checkpoints").fetchall()
+    (fields,) = conn.execute(
+        "SELECT session_id, unit_key, ver, seq, val, log_offset, lifecycle FROM checkpoints"
+    ).fetchall()
     fields = (*fields[:4], b"{not json", *fields[5:])
     # With a checksum that matches (a row whose checksum does not is garbled: never loaded).
     conn.execute("UPDATE checkpoints SET val = ?, crc = ?", (b"{not json", _crc(fields)))

@@ -26,7 +26,6 @@ from typing import Any
 
 import msgspec
 import pytest
-
 from clocks import T
 from fuzz_report import report
 from subagents.storage import (
@@ -244,18 +243,30 @@ def _tagged(tag: str, variants: dict[str, Callable[[object], bool]]) -> Callable
 
 
 def _block(v: object) -> bool:
-    return _tagged("type", {
-        "text": _obj({"text": _str}),
-        "tool-call": _obj({"id": _str, "name": _str, "arguments": _str}),
-        "tool-result": _obj({"call_id": _str, "content": _list_of(_block), "is_error": lambda x: type(x) is bool}),
-    })(v)
+    return _tagged(
+        "type",
+        {
+            "text": _obj({"text": _str}),
+            "tool-call": _obj({"id": _str, "name": _str, "arguments": _str}),
+            "tool-result": _obj({"call_id": _str, "content": _list_of(_block), "is_error": lambda x: type(x) is bool}),
+        },
+    )(v)
 
 
-_SOURCE = _tagged("kind", {
-    "user": _obj({}), "model": _obj({}), "compaction": _obj({}), "tool": _obj({"call_id": _str}),
-    "subagent-settled": _obj({"sender_session_id": _str}), "agent-message": _obj({"sender_session_id": _str}),
-})
-_MESSAGE = _obj({"id": _str, "role": _one_of("system", "user", "assistant"), "content": _list_of(_block), "source": _SOURCE})
+_SOURCE = _tagged(
+    "kind",
+    {
+        "user": _obj({}),
+        "model": _obj({}),
+        "compaction": _obj({}),
+        "tool": _obj({"call_id": _str}),
+        "subagent-settled": _obj({"sender_session_id": _str}),
+        "agent-message": _obj({"sender_session_id": _str}),
+    },
+)
+_MESSAGE = _obj(
+    {"id": _str, "role": _one_of("system", "user", "assistant"), "content": _list_of(_block), "source": _SOURCE}
+)
 _TURN_STEP = {"turn": _int, "step": _int}
 
 
@@ -265,8 +276,11 @@ def _tool_result(v: object) -> bool:
     m = v["message"]  # type: ignore[index]  # the _obj check above proved v a dict
     content, source = m["content"], m["source"]
     return (
-        m["role"] == "user" and source["kind"] == "tool" and len(content) == 1
-        and content[0]["type"] == "tool-result" and content[0]["call_id"] == source["call_id"]
+        m["role"] == "user"
+        and source["kind"] == "tool"
+        and len(content) == 1
+        and content[0]["type"] == "tool-result"
+        and content[0]["call_id"] == source["call_id"]
     )
 
 
@@ -279,10 +293,15 @@ PAYLOADS: dict[str, Callable[[object], bool]] = {
     ),
     "tool/result": _tool_result,
     "turn/start": _obj({"turn": _int}, {"trigger": _obj({"kind": _one_of("message", "notice", "resume")})}),
-    "turn/end": _obj({"turn": _int, "reason": _obj(
-        {"kind": _one_of("completed", "aborted", "blocked", "error", "max-tokens", "interrupted")},
-        {"cause": _one_of("user", "parent", "disposed"), "message": _str},
-    )}),
+    "turn/end": _obj(
+        {
+            "turn": _int,
+            "reason": _obj(
+                {"kind": _one_of("completed", "aborted", "blocked", "error", "max-tokens", "interrupted")},
+                {"cause": _one_of("user", "parent", "disposed"), "message": _str},
+            ),
+        }
+    ),
     "step/start": _obj(_TURN_STEP),
     "step/end": _obj(_TURN_STEP),
     "tool/call": _obj(_TURN_STEP | {"call_id": _str, "name": _str, "arguments": _str}),
@@ -313,7 +332,6 @@ class Expect:
     offset_rule: str = "exact"
     complete_end: int = 0
     payload: bool = False  # corrupt because a known type's payload fails validation
-
 
     @property
     def damaged(self) -> bool:
@@ -380,11 +398,15 @@ def event_dict(event: Any) -> dict[str, Any]:
         out["ignorable"] = event.ignorable
     op = event.surface_op
     if _present(op):
-        out["surface_op"] = op if isinstance(op, str) else {
-            "op": op.op,
-            "start_seq": op.start_seq,
-            "end_seq": op.end_seq,
-        }
+        out["surface_op"] = (
+            op
+            if isinstance(op, str)
+            else {
+                "op": op.op,
+                "start_seq": op.start_seq,
+                "end_seq": op.end_seq,
+            }
+        )
     if _present(event.source_event_seqs):
         out["source_event_seqs"] = list(event.source_event_seqs)
     return out
@@ -514,8 +536,7 @@ def _event(seq: int, type_: str, data: dict[str, Any]) -> dict[str, Any]:
 def seeded_events(k: int) -> list[dict[str, Any]]:
     """K inherited events, the tagged marker at seq K, then two own events."""
     inherited = [
-        {"seq": i, "type": "compaction/summary", "time": T + i, "data": {"text": f"inherited {i}"}}
-        for i in range(k)
+        {"seq": i, "type": "compaction/summary", "time": T + i, "data": {"text": f"inherited {i}"}} for i in range(k)
     ]
     marker = {"seq": k, "type": "session/end-seed", "time": T + k, "data": {"inherited": True}}
     own = [
@@ -969,13 +990,18 @@ def test_unknown_type_without_ignorable_is_unsupported(tmp_path: Path) -> None:
     assert check_case(tmp_path, data) == []
 
 
-@pytest.mark.parametrize("extra", [
-    {"surface_op": "append"},
-    {"surface_op": {"op": "replace", "start_seq": 0, "end_seq": 1}},
-    {"source_event_seqs": [0, 2]},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"surface_op": "append"},
+        {"surface_op": {"op": "replace", "start_seq": 0, "end_seq": 1}},
+        {"source_event_seqs": [0, 2]},
+    ],
+)
 @pytest.mark.parametrize("ignorable", [False, True])
-def test_a_later_format_type_is_judged_by_ignorable_alone(tmp_path: Path, extra: dict[str, Any], ignorable: bool) -> None:
+def test_a_later_format_type_is_judged_by_ignorable_alone(
+    tmp_path: Path, extra: dict[str, Any], ignorable: bool
+) -> None:
     """SPEC 3.2: an unknown type without `ignorable` is unsupported — also when it carries
     fields this format gives only its own types; with `ignorable` it reads fine."""
     unknown = {"seq": 3, "type": "future/message", "time": T, "data": {}, **extra}

@@ -28,7 +28,6 @@ from pathlib import Path
 import attrs
 import pytest
 import zstandard
-
 from log_lines import header, header_line, log_file, zstd_frames
 from subagents.storage import (
     AlreadyOwned,

@@ -6,7 +6,6 @@ import attrs
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-
 from subagents.storage import (
     InvalidSessionId,
     SessionHeader,

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clocks import T
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from clocks import T
 from log_lines import persist_log, rel_log, session_folder
 from open_fds import inotify_fds
-
 from subagents.storage import (
     Batch,
     FileLogStore,
@@ -226,9 +225,22 @@ def m_replace_root(root: Path, sid: str, arg: int) -> None:
 
 
 MUTATIONS: list[Callable[[Path, str, int], None]] = [
-    m_publish, m_publish, m_grow, m_grow, m_append_garbage, m_cut, m_replace, m_plant_other_form,
-    m_remove_a_form, m_remove_folder, m_rename_folder, m_touch, m_write_through_hard_link,
-    m_symlink_log, m_stray_entries, m_replace_root,
+    m_publish,
+    m_publish,
+    m_grow,
+    m_grow,
+    m_append_garbage,
+    m_cut,
+    m_replace,
+    m_plant_other_form,
+    m_remove_a_form,
+    m_remove_folder,
+    m_rename_folder,
+    m_touch,
+    m_write_through_hard_link,
+    m_symlink_log,
+    m_stray_entries,
+    m_replace_root,
 ]
 
 
@@ -245,7 +257,9 @@ steps = st.lists(
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=steps)
-def test_a_watched_listing_equals_a_stat_pass_after_any_changes(tmp_path: Path, steps: list[tuple[int, str, int]]) -> None:
+def test_a_watched_listing_equals_a_stat_pass_after_any_changes(
+    tmp_path: Path, steps: list[tuple[int, str, int]]
+) -> None:
     root = Path(tempfile.mkdtemp(dir=tmp_path)) / "root"
     publish(root, "s0")
     publish(root, "s1", "none")

@@ -32,7 +32,6 @@ from typing import Any
 
 import pytest
 import zstandard
-
 from clocks import T
 from events import seed_marker
 from fuzz_report import report
@@ -46,10 +45,10 @@ from subagents.storage import (
     PersistenceFailed,
     SessionId,
     make_event,
+    zstd_framing,
 )
 from subagents.storage._codec import encode_event
 from subagents.storage.testing import CrashFs
-from subagents.storage import zstd_framing
 
 SID = "zlog"
 SIBLING = "healthy"
@@ -317,7 +316,6 @@ def check_repaired(repaired: bytes, kept: bytes, exp: Expect, sid: str) -> list[
     return p
 
 
-
 @pytest.fixture(scope="module")
 def sibling() -> bytes:
     return build_log(SIBLING, batches_for(0, 0, [[SIBLING_EVENTS]]))
@@ -458,8 +456,15 @@ def test_bit_flips_in_every_frame(small_log: tuple[bytes, list[Event]], sibling:
                 total += 1
                 flipped = bytearray(data)
                 flipped[start + offset] ^= 1 << bit
-                problems = _check_flip(fs, bytes(flipped), start, original, outcomes,
-                                       torn_ok=last and offset in structural, before_last=before_last)
+                problems = _check_flip(
+                    fs,
+                    bytes(flipped),
+                    start,
+                    original,
+                    outcomes,
+                    torn_ok=last and offset in structural,
+                    before_last=before_last,
+                )
                 if problems:
                     failures[f"frame {index} (at {start}) byte {offset} bit {bit}"] = problems
     assert not failures, report(failures, total) + f"\noutcomes: {dict(outcomes)}"
@@ -488,8 +493,10 @@ def _check_flip(
     if isinstance(exc, CorruptLog):
         outcomes["corrupt"] += 1
         if exc.session_id != SID or exc.offset != frame_start:
-            p.append(f"read: CorruptLog at offset {exc.offset} (seq {exc.seq}), expected the frame start "
-                     f"{frame_start}: {exc.reason}")
+            p.append(
+                f"read: CorruptLog at offset {exc.offset} (seq {exc.seq}), expected the frame start "
+                f"{frame_start}: {exc.reason}"
+            )
         if row is None or row.damage != "corrupt":
             p.append(f"list: expected damage 'corrupt', got {row}")
         handle, wexc = run("open_write", p, lambda: store.open_write(SID))
@@ -513,8 +520,10 @@ def _check_flip(
         if row is None or row.damage is not None or row.event_count != len(got_lines):
             p.append(f"list: expected an undamaged row of {len(got_lines)} events, got {row}")
         return p
-    p.append(f"read: silently returned {len(got_lines)} of {len(original)} events "
-             f"({'a prefix' if original[: len(got_lines)] == got_lines else 'changed events'})")
+    p.append(
+        f"read: silently returned {len(got_lines)} of {len(original)} events "
+        f"({'a prefix' if original[: len(got_lines)] == got_lines else 'changed events'})"
+    )
     handle, wexc = run("open_write", p, lambda: store.open_write(SID))
     if wexc is None:
         size = len(fs.read_bytes(log_path(SID)))
@@ -557,9 +566,7 @@ def test_a_torn_last_frame_followed_by_nul_padding(small_log: tuple[bytes, list[
     assert not failures, report(failures, end - start + 1)
 
 
-def test_a_torn_multi_block_frame_followed_by_nul_padding(
-    big_log: tuple[bytes, list[Event]], sibling: bytes
-) -> None:
+def test_a_torn_multi_block_frame_followed_by_nul_padding(big_log: tuple[bytes, list[Event]], sibling: bytes) -> None:
     data, _ = big_log
     spans, _ = frame_spans(data)
     start, end = spans[-1]
@@ -815,7 +822,11 @@ _ALL_EVENTS = b"".join(HAND_EVENTS)
 # name -> (the content of each frame, the frame a reader must name)
 PARTIAL_LINE_CASES: dict[str, tuple[list[bytes], int]] = {
     "a boundary inside an event line": (
-        [HAND_HEADER, b"".join(HAND_EVENTS[:2]) + HAND_EVENTS[2][:9], _ALL_EVENTS[len(b"".join(HAND_EVENTS[:2])) + 9 :]],
+        [
+            HAND_HEADER,
+            b"".join(HAND_EVENTS[:2]) + HAND_EVENTS[2][:9],
+            _ALL_EVENTS[len(b"".join(HAND_EVENTS[:2])) + 9 :],
+        ],
         1,
     ),
     "the last frame ends inside a line": ([HAND_HEADER, b"".join(HAND_EVENTS[:3]), b"".join(HAND_EVENTS[3:])[:-1]], 2),
