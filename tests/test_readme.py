@@ -6,6 +6,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import pytest
 from log_lines import plain_logs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ def _embedding_example() -> str:
     return code.group(1)
 
 
+@pytest.mark.slow  # the example run 50 times
 def test_embedding_example_is_deterministic_and_rerunnable(tmp_path, monkeypatch, capsys) -> None:
     """50 runs in a row in one folder: each makes its own store, prints the same two lines and
     writes byte-identical logs (the child answers only once the parent is held, so the notice

@@ -145,6 +145,7 @@ def assert_clean_error(error: ModelError, where: Any) -> None:
 STATUSES = [401, 403, 404, 429, 500, 400]
 
 
+@pytest.mark.slow  # the key at every offset of every error body: many runs
 @pytest.mark.parametrize("status", STATUSES)
 @pytest.mark.parametrize("form", ["json", "plain"])
 async def test_error_bodies_never_leak_at_any_offset(status: int, form: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -166,6 +167,7 @@ async def test_error_bodies_never_leak_at_any_offset(status: int, form: str, cap
         assert not leaks(record.getMessage()) and not leaks(repr(record.args))
 
 
+@pytest.mark.slow  # the key at every offset of every stream error: many runs
 @pytest.mark.parametrize("kind", ["event-error", "data-error", "not-json", "not-an-object"])
 async def test_stream_errors_never_leak_at_any_offset(kind: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)

@@ -398,6 +398,7 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=GUARD)
 
 
+@pytest.mark.slow  # a real `subagents run` process
 def test_cli_run_stalls_with_one_line_and_exit_1(tmp_path: Path) -> None:
     script = tmp_path / "never.json"
     script.write_text(
@@ -449,6 +450,7 @@ def test_cli_refuses_a_bad_stall_timeout(tmp_path: Path, command: str, value: st
     assert not root.exists()
 
 
+@pytest.mark.slow  # a real `subagents scenario` process
 def test_cli_scenario_run_stalls_instead_of_hanging(tmp_path: Path) -> None:
     scenario = tmp_path / "stuck"
     scenario.mkdir()
