@@ -59,7 +59,7 @@ from .abort import Abort, cancelled_when
 from .errors import ReadAborted
 from .groups import raise_bare_cancelled
 
-__all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadAborted", "ReadGroup"]
+__all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadGroup"]
 
 HOP_SECONDS = 0.005  # a hop claims more queued reads until it has worked this long
 STALL_SECONDS = 0.02  # a hop that has not started a read for this long may be stuck

@@ -32,14 +32,7 @@ from trio_util import RepeatedEvent
 
 from .errors import ActivationLimitReached, AlreadyResident, Draining, ParentClosing
 
-__all__ = [
-    "Activation",
-    "ActivationLimitReached",
-    "ContinuationManager",
-    "Draining",
-    "ParentClosing",
-    "open_continuation_manager",
-]
+__all__ = ["Activation", "ContinuationManager", "open_continuation_manager"]
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ from .errors import (
     SessionQueryError,
 )
 
-__all__ = ["Observation", "SessionQuery", "SessionQueryError", "SessionRecord"]
+__all__ = ["Observation", "SessionQuery", "SessionRecord"]
 
 
 @attrs.frozen(kw_only=True)

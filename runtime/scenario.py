@@ -44,7 +44,7 @@ from .models.script_format import load_script
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel
 from .tools.subagent_tools import agent_status, render_agents
 
-__all__ = ["ScenarioError", "check_scenario", "normalize_log", "run_scenario", "scenario_dirs", "update_scenario"]
+__all__ = ["check_scenario", "normalize_log", "run_scenario", "scenario_dirs", "update_scenario"]
 
 Json = dict[str, Any]
 _MASK = "<time>"

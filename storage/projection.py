@@ -33,15 +33,7 @@ from ._codec import Event
 from .errors import ProjectionBroken, UnknownProjection
 from .values import Offset, SessionHeader
 
-__all__ = [
-    "CheckpointRow",
-    "Lifecycle",
-    "ProjectionBroken",
-    "ProjectionCells",
-    "ProjectionRegistry",
-    "ProjectionUnit",
-    "UnknownProjection",
-]
+__all__ = ["CheckpointRow", "Lifecycle", "ProjectionCells", "ProjectionRegistry", "ProjectionUnit"]
 
 JsonValue = Any  # plain JSON: None, bool, int, float, str, list, dict[str, ...]
 

@@ -177,3 +177,23 @@ def test_the_runtime_face_offers_the_branch_bases() -> None:
     assert issubclass(runtime_errors.AgentError, runtime_errors.SubagentError)  # one hierarchy
     assert issubclass(runtime_errors.SessionQueryError, SubagentsError)
     assert FunctionTool  # the tool framework is importable beside the tree
+
+
+def test_an_error_class_has_one_home() -> None:
+    """Only a layer's `errors.py` (and the package faces) export error classes: no other module
+    lists one in its `__all__`, so there is one import path per error."""
+    _import_everything()
+    tree = set(_tree()) | {SubagentsError}
+    faces = {"subagents.storage", "subagents.actors", "subagents.runtime"}
+    homes = {m.__name__ for m in (storage_errors, actor_errors, runtime_errors)}
+    problems = []
+    for package in (subagents.storage, subagents.actors, subagents.runtime):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            module = importlib.import_module(info.name)
+            if info.name in homes | faces:
+                continue
+            for name in getattr(module, "__all__", ()):
+                value = getattr(module, name, None)
+                if isinstance(value, type) and value in tree:
+                    problems.append(f"{info.name} exports {name}")
+    assert problems == []

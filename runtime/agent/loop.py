@@ -50,7 +50,7 @@ from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message
 from .tools import PreparedCall, ToolContext, ToolOutcome, ToolSet
 
-__all__ = ["Agent", "AgentConfig", "AgentStopped", "TurnResult"]
+__all__ = ["Agent", "AgentConfig", "TurnResult"]
 
 log = logging.getLogger(__name__)
 

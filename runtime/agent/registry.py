@@ -30,14 +30,14 @@ from subagents.storage import (
 )
 
 from ..clock import Clock
-from ..errors import AgentError, IdsExhausted, NoModel
+from ..errors import IdsExhausted, NoModel
 from ..ids import IdFactory
 from ..models.base import Model
 from .loop import Agent, AgentConfig
 from .messages import Surface
 from .tools import ToolSet
 
-__all__ = ["AgentError", "AgentHooks", "AgentRegistry"]
+__all__ = ["AgentHooks", "AgentRegistry"]
 
 log = logging.getLogger(__name__)
 

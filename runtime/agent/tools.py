@@ -20,20 +20,10 @@ import attrs
 from subagents.actors import Abort
 from subagents.storage import SubagentsError
 
-from ..errors import ToolFailure
 from ..models.base import ToolSpec
 from .messages import text_blocks
 
-__all__ = [
-    "FunctionTool",
-    "Tool",
-    "ToolContext",
-    "ToolFailure",
-    "ToolOutcome",
-    "ToolSet",
-    "check_schema",
-    "validate_arguments",
-]
+__all__ = ["FunctionTool", "Tool", "ToolContext", "ToolOutcome", "ToolSet", "check_schema", "validate_arguments"]
 
 Json = dict[str, Any]
 ToolOutput = str | Sequence[Mapping[str, Any]]

@@ -28,7 +28,6 @@ from ..errors import MalformedDescriptor
 __all__ = [
     "DESCRIPTOR_VERSION",
     "DescriptorMode",
-    "MalformedDescriptor",
     "SubagentDescriptor",
     "ToolFilter",
     "parse_descriptor",

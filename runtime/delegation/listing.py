@@ -45,7 +45,6 @@ from subagents.runtime.errors import (
     SessionQueryError,
     SessionStoreUnavailable,
     SubagentCancelled,
-    SubagentError,
 )
 from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
 from subagents.storage import LogInfo, ProjectionRegistry, StoredCheckpoint
@@ -69,7 +68,7 @@ from .lineage import (
 )
 from .units import CATALOG_UNIT, IDENTITY_UNIT
 
-__all__ = ["ChildRow", "DiagnosticRow", "ListingService", "SubagentError", "walk_descendants"]
+__all__ = ["ChildRow", "DiagnosticRow", "ListingService", "walk_descendants"]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
 

@@ -46,12 +46,13 @@ from subagents.storage import (
 )
 
 from ..agent.inbox import Delivery, DeliveryCancelled
-from ..agent.loop import Agent, AgentConfig, AgentStopped, TurnResult
+from ..agent.loop import Agent, AgentConfig, TurnResult
 from ..agent.registry import AgentRegistry
 from ..agent.tools import ToolSet
 from ..errors import (
     ActivationLimit,
     AgentError,
+    AgentStopped,
     DepthExceeded,
     FamilyDraining,
     NoProvider,

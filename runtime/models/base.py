@@ -26,13 +26,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 from subagents.runtime.clock import Clock
-from subagents.runtime.errors import ModelError  # the seam's error (runtime/errors.py)
 
 __all__ = [
     "Chunk",
     "Finish",
     "Model",
-    "ModelError",
     "ModelRequest",
     "ModelWaits",
     "SessionBinding",

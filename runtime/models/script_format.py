@@ -57,7 +57,6 @@ __all__ = [
     "ObjectArguments",
     "Script",
     "ScriptEntry",
-    "ScriptError",
     "ScriptedError",
     "ScriptedResponse",
     "ScriptedToolCall",

@@ -18,7 +18,7 @@ from .openai import OpenAIChatModel
 from .script_format import load_script
 from .scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel
 
-__all__ = ["ModelSpec", "ModelSpecError", "build_model", "parse_model_spec"]
+__all__ = ["ModelSpec", "build_model", "parse_model_spec"]
 
 DEFAULT_MODEL = "deepseek:deepseek-chat"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from subagents.actors import Abort
-from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
+from subagents.actors import Abort, ReadAborted
+from subagents.actors.cold_reader import ColdRead, ColdReader
 from subagents.storage import (
     Batch,
     CorruptLog,

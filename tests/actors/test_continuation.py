@@ -12,14 +12,8 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from subagents.actors import ActorError
-from subagents.actors.continuation import (
-    Activation,
-    ActivationLimitReached,
-    ContinuationManager,
-    Draining,
-    open_continuation_manager,
-)
+from subagents.actors import ActivationLimitReached, ActorError, Draining
+from subagents.actors.continuation import Activation, ContinuationManager, open_continuation_manager
 
 
 class Boom(Exception):
@@ -293,7 +287,7 @@ async def test_a_child_admitted_while_its_parent_closes_is_not_left_behind() -> 
         hooks.finish["a"].set()  # a closes: it stops b first, and b's settlement is slow
         await trio.testing.wait_all_tasks_blocked()
         assert a.closing and hooks.calls[-1] == ("settle", "b")
-        from subagents.actors.continuation import ParentClosing
+        from subagents.actors import ParentClosing
 
         with pytest.raises(ParentClosing):  # e.g. a's still-running turn resumes a child meanwhile
             hooks.start(manager, "c", "a")
@@ -303,7 +297,7 @@ async def test_a_child_admitted_while_its_parent_closes_is_not_left_behind() -> 
 
 
 def test_refusals_carry_their_codes() -> None:
-    from subagents.actors.continuation import Draining, ParentClosing
+    from subagents.actors import Draining, ParentClosing
 
     assert ActivationLimitReached(3).code == "ACTOR_ACTIVATION_LIMIT_REACHED"
     assert Draining().code == "ACTOR_DRAINING"

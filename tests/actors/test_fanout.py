@@ -10,7 +10,7 @@ from drafts import descriptor_draft, turn_start
 from log_lines import header
 from registries import subagent_registry
 from subagents.actors import ActorStopped, open_session_store, snapshot_all
-from subagents.storage.projection import ProjectionBroken
+from subagents.storage import ProjectionBroken
 from subagents.storage.testing import MemoryLogStore
 
 now_ms = ticking_ms()

@@ -43,10 +43,11 @@ from subagents.storage import (
     NonLosslessData,
     Offset,
     PersistenceFailed,
+    ProjectionBroken,
     SequenceConflict,
     SessionHeader,
 )
-from subagents.storage.projection import ProjectionBroken, ProjectionRegistry
+from subagents.storage.projection import ProjectionRegistry
 from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 from trio.testing import wait_all_tasks_blocked
 

@@ -10,7 +10,8 @@ from typing import Any
 import attrs
 import pytest
 from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.models.base import Chunk, ModelError, ModelRequest, SessionBinding, TextDelta
+from subagents.runtime.errors import ModelError
+from subagents.runtime.models.base import Chunk, ModelRequest, SessionBinding, TextDelta
 from subagents.runtime.models.scripted_model import ScriptedModel
 
 

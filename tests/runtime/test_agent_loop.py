@@ -23,9 +23,10 @@ from subagents.actors import EventDraft
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import Agent, AgentConfig
 from subagents.runtime.agent.messages import Surface
-from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolFailure
+from subagents.runtime.agent.tools import FunctionTool, ToolContext
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.errors import ToolFailure
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Finish, Model, ModelRequest, SessionBinding, TextDelta
 from subagents.runtime.models.script_format import load_script

@@ -22,14 +22,8 @@ from subagents.actors import Abort
 from subagents.runtime.agent.compaction import CompactionPlan, CompactionPolicy, plan_compaction
 from subagents.runtime.agent.inbox import Delivery, DeliveryCancelled, Inbox
 from subagents.runtime.agent.messages import Surface, SurfaceNode, message, message_text, tool_result_message
-from subagents.runtime.agent.tools import (
-    FunctionTool,
-    ToolContext,
-    ToolFailure,
-    ToolOutcome,
-    ToolSet,
-    check_schema,
-)
+from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolOutcome, ToolSet, check_schema
+from subagents.runtime.errors import ToolFailure
 from subagents.runtime.models.base import ToolSpec
 from subagents.storage import Event, ReplaceOp, make_event
 from trio.testing import wait_all_tasks_blocked

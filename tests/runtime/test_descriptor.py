@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from subagents.runtime.delegation.descriptor import (
     DESCRIPTOR_VERSION,
-    MalformedDescriptor,
     SubagentDescriptor,
     ToolFilter,
     parse_descriptor,
     snapshot_descriptor,
 )
+from subagents.runtime.errors import MalformedDescriptor
 from subagents.storage import NonLosslessData
 
 ONE_SHOT = {"version": 2, "mode": "one-shot", "provider": "spawn"}

@@ -12,8 +12,9 @@ from drafts import descriptor_draft, turn_start
 from listing_rows import rows
 from log_lines import header, persist_log
 from subagents.actors import Abort, open_session_store
-from subagents.runtime.delegation.listing import ListingService, SubagentError, walk_descendants
+from subagents.runtime.delegation.listing import ListingService, walk_descendants
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.runtime.errors import SubagentError
 from subagents.runtime.query import SessionQuery
 from subagents.storage import FileLogStore, PersistenceFailed, make_event
 from subagents.storage.projection import ProjectionRegistry

@@ -26,8 +26,8 @@ from drafts import turn_start
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from log_lines import header
-from subagents.actors import Abort, EventDraft, cold_reader, open_session_store
-from subagents.actors.cold_reader import ColdRead, ColdReader, ReadAborted
+from subagents.actors import Abort, EventDraft, ReadAborted, cold_reader, open_session_store
+from subagents.actors.cold_reader import ColdRead, ColdReader
 from subagents.actors.store_reader import StoreReader
 from subagents.runtime.delegation.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
 from subagents.runtime.query import SessionQuery

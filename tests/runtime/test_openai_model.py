@@ -24,16 +24,8 @@ import trio
 import trio.testing
 from http_request import Seen, read_request
 from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.models.base import (
-    Chunk,
-    Finish,
-    ModelError,
-    ModelRequest,
-    TextDelta,
-    ToolCallDelta,
-    ToolSpec,
-    Usage,
-)
+from subagents.runtime.errors import ModelError
+from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallDelta, ToolSpec, Usage
 from subagents.runtime.models.openai import OpenAIChatModel
 from subagents.runtime.models.openai_wire import openai_messages
 from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent

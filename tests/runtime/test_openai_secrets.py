@@ -27,8 +27,9 @@ from http_request import read_request
 from subagents.runtime import cli
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.errors import ModelError
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.base import ModelError, ModelRequest
+from subagents.runtime.models.base import ModelRequest
 from subagents.runtime.models.openai import OpenAIChatModel, redact_secret
 
 KEY = "sk-LEAK-Q7f3a9c1e5b2d4f60Zx8W9v"

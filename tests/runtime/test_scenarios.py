@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from subagents.runtime.cli import main
-from subagents.runtime.scenario import ScenarioError, check_scenario, run_scenario, scenario_dirs
+from subagents.runtime.errors import ScenarioError
+from subagents.runtime.scenario import check_scenario, run_scenario, scenario_dirs
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 ALL = scenario_dirs(SCENARIOS)

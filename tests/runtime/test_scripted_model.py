@@ -13,14 +13,8 @@ import trio
 import trio.testing
 from scripted_calls import collect, failure, req, stream, text_of
 from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.models.base import (
-    Chunk,
-    Finish,
-    ModelError,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
+from subagents.runtime.errors import ModelError, ScriptError
+from subagents.runtime.models.base import Chunk, Finish, TextDelta, ToolCallDelta, Usage
 from subagents.runtime.models.script_format import (
     ObjectArguments,
     Script,
@@ -28,7 +22,6 @@ from subagents.runtime.models.script_format import (
     ScriptedResponse,
     ScriptedToolCall,
     ScriptEntry,
-    ScriptError,
     WaitForSettled,
     WaitForSteered,
     load_script,

@@ -23,9 +23,10 @@ from cli_process import CLI
 from scripted_calls import collect, failure, req
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import RealClock, ScenarioClock
+from subagents.runtime.errors import ModelError, ScriptError
 from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.base import Chunk, Finish, ModelError, TextDelta
-from subagents.runtime.models.script_format import Script, ScriptError, WaitForSettled, load_script
+from subagents.runtime.models.base import Chunk, Finish, TextDelta
+from subagents.runtime.models.script_format import Script, WaitForSettled, load_script
 from subagents.runtime.models.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
 from subagents.storage.testing import MemoryLogStore
 

@@ -11,7 +11,7 @@ import pytest
 from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.delegation.listing import SubagentError
+from subagents.runtime.errors import SubagentError
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel

@@ -24,8 +24,8 @@ from subagents.runtime.delegation.units import (
     TIMING_UNIT,
     is_own_identity,
 )
-from subagents.storage import Event, SessionHeader, make_event
-from subagents.storage.projection import CheckpointRow, ProjectionBroken, ProjectionRegistry
+from subagents.storage import Event, ProjectionBroken, SessionHeader, make_event
+from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 
 HEADER = header("child-1", T, origin="subagent", delegation_depth=1)
 SEEDED = header("child-2", T, is_seeded=True, parent_session="parent", origin="subagent", delegation_depth=1)

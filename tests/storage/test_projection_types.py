@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET, UnsetType
-from subagents.storage import Event, ReplaceOp, SessionHeader, make_event
+from subagents.storage import Event, ProjectionBroken, ReplaceOp, SessionHeader, make_event
 from subagents.storage._codec import decode_event, decode_events
 from subagents.storage.events import KNOWN_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
 from subagents.storage.index import (
@@ -30,7 +30,7 @@ from subagents.storage.index import (
     SessionIndex,
     _crc,  # noqa: PLC2701 - planting a row as a writer would
 )
-from subagents.storage.projection import CheckpointRow, Lifecycle, ProjectionBroken, ProjectionRegistry
+from subagents.storage.projection import CheckpointRow, Lifecycle, ProjectionRegistry
 
 HEADER = SessionHeader(id="s", created_at=1)  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
 TYPES = ["turn/start", "turn/end", "step/start", "compaction/start", "session/end-seed"]
@@ -394,7 +394,7 @@ def test_an_undecodable_stored_value_is_a_row_no_unit_reads() -> None:
 def test_a_unit_without_a_view_is_host_only() -> None:
     """SPEC 3.5: `view` is optional — a unit with no `view` at all is host-only, like one
     whose `view` is None: never in a snapshot, refused by name, still checkpointed."""
-    from subagents.storage.projection import UnknownProjection
+    from subagents.storage import UnknownProjection
 
     class NoViewAtAll:
         key = "bare"
