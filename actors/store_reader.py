@@ -146,7 +146,7 @@ class StoreReader:
 
         try:
             return await trio.to_thread.run_sync(stat_all, limiter=self.index_limiter)
-        except Exception as exc:
+        except Exception as exc:  # the thread hop itself failed: every asker judges that error
             return [exc] * len(session_ids)
 
     # --- checkpoint rows and locks ---

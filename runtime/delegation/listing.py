@@ -245,7 +245,7 @@ class ListingService:
         try:
             async with cancelled_when(abort):
                 rows = await listing(node)
-        except Exception:
+        except Exception:  # an abort set meanwhile is the answer (CANCELLED), not the error it caused
             _check(abort)
             raise
         _check(abort)
