@@ -31,6 +31,7 @@ from .errors import SubagentsError as SubagentsError
 from .errors import ToolFailure as ToolFailure
 from .ids import CountingIds as CountingIds
 from .ids import RandomIds as RandomIds
+from .models.base import AnyModel as AnyModel
 from .models.base import Chunk as Chunk
 from .models.base import Finish as Finish
 from .models.base import Model as Model

@@ -29,7 +29,7 @@ from .delegation.options import ChildModel
 from .delegation.service import SubagentService
 from .delegation.units import SUBAGENT_UNITS
 from .ids import IdFactory, RandomIds
-from .models.base import Model
+from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
 from .tools.subagent_tools import subagent_tools
@@ -54,7 +54,7 @@ class Runtime:
 async def open_runtime(
     root: str | os.PathLike[str],
     *,
-    model: Model | str | None = None,
+    model: AnyModel | str | None = None,
     api_key: str | None = None,
     base_url: str | None = None,
     clock: Clock | None = None,

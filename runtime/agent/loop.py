@@ -35,11 +35,10 @@ from trio_util import AsyncValue, move_on_when
 from ..clock import Clock
 from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
 from ..models.base import (
+    AnyModel,
     Finish,
-    Model,
     ModelRequest,
     SessionBinding,
-    SessionModel,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -127,7 +126,7 @@ class Agent:
         self,
         session: SessionRef,
         *,
-        model: Model | SessionModel,
+        model: AnyModel,
         tools: ToolSet,
         clock: Clock,
         config: AgentConfig = AgentConfig(),

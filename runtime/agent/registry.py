@@ -32,7 +32,7 @@ from subagents.storage import (
 from ..clock import Clock
 from ..errors import IdsExhausted, NoModel
 from ..ids import IdFactory
-from ..models.base import Model
+from ..models.base import AnyModel
 from .loop import Agent, AgentConfig
 from .messages import Surface
 from .tools import ToolSet
@@ -60,7 +60,7 @@ class AgentHooks(Protocol):
 
     def resume_setup(
         self, session_id: str, events: Sequence[Event], inherited_event_count: int
-    ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
+    ) -> tuple[AnyModel | None, AgentConfig, ToolSet] | None:
         """(model, config, tools) a resumed session's own log asks for, or None for the
         defaults; raises AgentError when they cannot be given (e.g. a child's model route)."""
         ...
@@ -89,7 +89,7 @@ class AgentRegistry:
     reader: StoreReader  # its stats go through the one index slot
     clock: Clock
     id_factory: IdFactory
-    model: Model | None
+    model: AnyModel | None
     config: AgentConfig
     _nursery: trio.Nursery
     _make_hooks: Callable[[AgentRegistry], AgentHooks] = attrs.field(alias="hooks")
@@ -143,7 +143,7 @@ class AgentRegistry:
         fork: tuple[SessionRef, int] | None = None,
         first: Sequence[EventDraft] = (),
         label: str | None = None,
-        model: Model | None = None,
+        model: AnyModel | None = None,
         config: AgentConfig | None = None,
         tools: ToolSet | None = None,
         created_at: int | None = None,
@@ -179,7 +179,7 @@ class AgentRegistry:
         session_id: str,
         *,
         label: str | None = None,
-        model: Model | None = None,
+        model: AnyModel | None = None,
         config: AgentConfig | None = None,
         tools: ToolSet | None = None,
     ) -> Agent:
@@ -255,7 +255,7 @@ class AgentRegistry:
         events: list[Event],
         *,
         label: str | None,
-        model: Model | None,
+        model: AnyModel | None,
         config: AgentConfig | None,
         tools: ToolSet | None,
         surface: Surface | None = None,

@@ -16,7 +16,7 @@ import attrs
 
 from ..agent.loop import AgentConfig
 from ..agent.tools import ToolSet
-from ..models.base import Model
+from ..models.base import AnyModel
 from .descriptor import SubagentDescriptor, ToolFilter
 from .descriptor import _check_filter as _optional_filter  # the descriptor's own field rules
 from .descriptor import _check_optional_str as _optional_str
@@ -51,7 +51,7 @@ class ChildOptions:
 
 
 # Builds the model a child's options select (called with options whose `selects_model` is true).
-ChildModel = Callable[[ChildOptions], Model]
+ChildModel = Callable[[ChildOptions], AnyModel]
 
 
 def filtered_tools(tools: ToolSet, tool_filter: ToolFilter | None) -> ToolSet:

@@ -67,7 +67,7 @@ from ..errors import (
     Unauthorized,
     UnsupportedCapability,
 )
-from ..models.base import Model
+from ..models.base import AnyModel
 from ..query import SessionQuery
 from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
 from .listing import ListingService
@@ -107,7 +107,7 @@ def return_guidance(parent_id: str) -> str:
 class _Setup(NamedTuple):
     """What a child agent is started with (the registry's resume takes it as it is)."""
 
-    model: Model | None
+    model: AnyModel | None
     config: AgentConfig
     tools: ToolSet
 
@@ -317,7 +317,7 @@ class SubagentService:
 
     def resume_setup(
         self, session_id: str, events: Sequence[Event], inherited_event_count: int
-    ) -> tuple[Model | None, AgentConfig, ToolSet] | None:
+    ) -> tuple[AnyModel | None, AgentConfig, ToolSet] | None:
         """For the registry, on every resume: what a continuable child's descriptor (the last
         one in its own suffix, as its identity) asks for; None for any other session."""
         descriptor: SubagentDescriptor | None = None

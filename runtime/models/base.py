@@ -28,6 +28,7 @@ import attrs
 from subagents.runtime.clock import Clock
 
 __all__ = [
+    "AnyModel",
     "Chunk",
     "Finish",
     "Model",
@@ -146,7 +147,11 @@ class SessionModel(Protocol):
     def bind(self, session: SessionBinding) -> Model: ...
 
 
-def bind_model(model: Model | SessionModel, session: SessionBinding) -> Model:
+# What the runtime accepts wherever it takes a model: a transport, or a model that binds per session.
+AnyModel = Model | SessionModel
+
+
+def bind_model(model: AnyModel, session: SessionBinding) -> Model:
     """The `Model` the session streams from: `model.bind(session)` for a `SessionModel`, else
     `model` itself (a transport never sees the binding)."""
     if isinstance(model, SessionModel):
