@@ -50,4 +50,5 @@ from .usage import Tokens as Tokens
 from .usage import TreeUsage as TreeUsage
 from .usage import session_usage as session_usage
 from .usage import tree_usage as tree_usage
+from .usage import usage_lines as usage_lines
 from .usage import usage_of as usage_of

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from subagents.storage import Event, decode_payload
 
-from .usage import Tokens, usage_of
+from .usage import Tokens, describe, usage_of
 
 __all__ = ["render", "transcript"]
 
@@ -94,13 +94,7 @@ def transcript(
 
 def _usage_line(usage: Json) -> str | None:
     tokens = Tokens.from_json(usage)
-    if tokens is None or tokens.calls == 0:
-        return None
-    calls = f"{tokens.calls} model call{'s' if tokens.calls != 1 else ''}"
-    if tokens.reported == 0:
-        return f"usage: not reported ({calls})"
-    partly = f", {tokens.reported} reporting" if tokens.reported != tokens.calls else ""
-    return f"usage: {tokens.input_tokens} in, {tokens.output_tokens} out tokens ({calls}{partly})"
+    return None if tokens is None or tokens.calls == 0 else f"usage: {describe(tokens)}"
 
 
 _SHOWN = frozenset(

@@ -41,11 +41,13 @@ __all__ = [
     "Tokens",
     "TreeUsage",
     "UsageUnit",
+    "describe",
     "own_totals",
     "tree_json",
     "tree_totals",
     "session_usage",
     "tree_usage",
+    "usage_lines",
     "usage_of",
 ]
 
@@ -125,6 +127,30 @@ class TreeUsage:
             "sessions": self.sessions,
             "skipped": list(self.skipped),
         }
+
+
+def describe(tokens: Tokens) -> str:
+    """One line for people: `120 in, 30 out tokens (2 model calls)`, or `not reported (2 model
+    calls)` when no reply carried usage; a partial report says how many did."""
+    calls = f"{tokens.calls} model call{'s' if tokens.calls != 1 else ''}"
+    if tokens.reported == 0:
+        return f"not reported ({calls})"
+    partly = f", {tokens.reported} reporting" if tokens.reported != tokens.calls else ""
+    return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens ({calls}{partly})"
+
+
+def usage_lines(session: SessionUsage, tree: TreeUsage | None = None) -> list[str]:
+    """What a host shows for `/usage`: a line per turn, the session's total and, given the tree,
+    its total (naming the descendants it skipped)."""
+    lines = [f"turn {turn}: {describe(tokens)}" for turn, tokens in session.turns]
+    lines.append(f"session {session.session_id}: {describe(session.total)}")
+    if tree is not None:
+        others = tree.sessions - 1
+        line = f"with {others} subagent{'s' if others != 1 else ''}: {describe(tree.total)}"
+        if tree.skipped:
+            line += f"; skipped (unreadable): {', '.join(tree.skipped)}"
+        lines.append(line)
+    return lines
 
 
 # --- the pure fold ------------------------------------------------------------------------------

@@ -18,7 +18,16 @@ import pytest
 import trio
 from events import assistant_event, seed_marker, turn_end_event, turn_start_event
 from log_lines import header, persist_log
-from subagents.runtime import SessionUsage, Tokens, TreeUsage, open_runtime, session_usage, tree_usage, usage_of
+from subagents.runtime import (
+    SessionUsage,
+    Tokens,
+    TreeUsage,
+    open_runtime,
+    session_usage,
+    tree_usage,
+    usage_lines,
+    usage_of,
+)
 from subagents.runtime.cli import main
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
@@ -301,3 +310,20 @@ def test_sessions_json_has_own_and_tree_usage(tmp_path: Path, capsys: Any) -> No
     rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["child-1"]["usage"] is None and rows["child-1"]["tree_usage"] is None
     assert rows["parent"]["tree_usage"] == {**(PARENT + FORK).to_json(), "sessions": 2, "skipped": ["child-1"]}
+
+
+def test_usage_lines_for_a_host() -> None:
+    session = SessionUsage(
+        session_id="p",
+        turns=((1, tokens(10, 1, 1)), (2, tokens(0, 0, 2, reported=0))),
+        total=tokens(10, 1, 3, reported=1),
+    )
+    tree = TreeUsage(
+        session_id="p", own=session.total, total=tokens(110, 11, 4, reported=2), sessions=2, skipped=("bad",)
+    )
+    assert usage_lines(session, tree) == [
+        "turn 1: 10 in, 1 out tokens (1 model call)",
+        "turn 2: not reported (2 model calls)",
+        "session p: 10 in, 1 out tokens (3 model calls, 1 reporting)",
+        "with 1 subagent: 110 in, 11 out tokens (4 model calls, 2 reporting); skipped (unreadable): bad",
+    ]
