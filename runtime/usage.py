@@ -225,19 +225,43 @@ class UsageUnit:
     def apply(self, state: dict[str, int], event: Event) -> dict[str, int]:
         if event.type != ASSISTANT:
             return state
+        return self.fold(state, (event,))
+
+    def fold(self, state: dict[str, int], events: Sequence[Event]) -> dict[str, int]:
+        """The left fold of `apply` over contiguous events, counted in locals and built once (a
+        long read costs one decode per reply, not a new state per reply)."""
         own_from = state.get("own_from") if type(state) is dict else None
-        if type(own_from) is not int or event.seq < own_from:
-            return state
-        read = _read(event)
-        if read is None:
-            return state
+        if type(own_from) is not int:
+            return state  # not a state this unit made: left as it is
         counts = Tokens.from_json(state) or Tokens()
-        _, tokens_in, tokens_out = read
-        if tokens_in >= 0:
-            counts = counts + Tokens(input_tokens=tokens_in, output_tokens=tokens_out, calls=1, reported=1)
-        else:
-            counts = counts + Tokens(calls=1)
-        return {"own_from": own_from, **counts.to_json()}
+        tokens_in, tokens_out, calls, reported = (
+            counts.input_tokens,
+            counts.output_tokens,
+            counts.calls,
+            counts.reported,
+        )
+        changed = False
+        for event in events:
+            if event.type != ASSISTANT or event.seq < own_from:
+                continue
+            read = _read(event)
+            if read is None:
+                continue
+            changed = True
+            calls += 1
+            if read[1] >= 0:
+                tokens_in += read[1]
+                tokens_out += read[2]
+                reported += 1
+        if not changed:
+            return state
+        return {
+            "own_from": own_from,
+            "input_tokens": tokens_in,
+            "output_tokens": tokens_out,
+            "calls": calls,
+            "reported": reported,
+        }
 
     def view(self, state: dict[str, int]) -> dict[str, int]:
         return (Tokens.from_json(state) or Tokens()).to_json()

@@ -103,6 +103,11 @@ def test_the_unit_agrees_with_the_fold(k: int) -> None:
     cells.fold(events[:5])
     cells.fold(events[5:])  # in two runs, as an actor folds its batches
     assert Tokens.from_json(cells.snapshot()["usage"]) == usage_of(events, k)[1]
+    one_by_one = USAGE_UNIT.initial(header("s"), k)
+    for event in events:
+        one_by_one = USAGE_UNIT.apply(one_by_one, event)
+    assert one_by_one == USAGE_UNIT.fold(USAGE_UNIT.initial(header("s"), k), events)
+    assert USAGE_UNIT.fold(one_by_one, [turn_end_event(20, 1)]) is one_by_one  # nothing to count: the same state
     # A checkpoint row seeds the next cells: they go on from where it stopped.
     rows = cells.checkpoint()
     more = [assistant_event(len(events), 10, 3, usage=(1, 1))]
