@@ -300,8 +300,15 @@ def test_show_says_when_the_model_reported_no_usage(tmp_path: Path, capsys: Any)
     ]
 
 
-def test_sessions_json_has_own_and_tree_usage(tmp_path: Path, capsys: Any) -> None:
+def test_sessions_json_has_own_and_tree_usage(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
     trio.run(_scripted_tree, tmp_path)
+
+    def no_reads(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a log was read")
+
+    # Each session's last event is a turn/end, where its actor wrote its checkpoint row: the
+    # listing answers from the rows alone.
+    monkeypatch.setattr(SessionQuery, "observe_session", no_reads)
     assert main(["sessions", "--json", "--root", str(tmp_path)]) == 0
     rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["parent"]["usage"] == PARENT.to_json()
