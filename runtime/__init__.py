@@ -46,3 +46,10 @@ from .models.base import Usage as Usage
 from .models.openai import OpenAIChatModel as OpenAIChatModel
 from .models.script_format import load_script as load_script
 from .models.scripted_model import ScriptedModel as ScriptedModel
+from .usage import SessionUsage as SessionUsage
+from .usage import Tokens as Tokens
+from .usage import TreeUsage as TreeUsage
+from .usage import session_usage as session_usage
+from .usage import tree_usage as tree_usage
+from .usage import usage_lines as usage_lines
+from .usage import usage_of as usage_of

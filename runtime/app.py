@@ -1,7 +1,7 @@
 """`open_runtime`: the one composition root (README, "open_runtime").
 
 It builds everything and passes it explicitly — the log store (and its index), the projection
-registry with the subagent units, the session store (which owns the actors' nursery), the store
+registry with the subagent units and the usage unit, the session store (which owns the actors' nursery), the store
 reader (the one read side), the session query and the listing service — and tears it down in reverse. Nothing below
 it reads the environment or a global registry. The agents run in a nursery inside the session store's, so they stop (and close their
 turns) before their session actors do. The agent registry gets its hooks at construction: it
@@ -33,6 +33,7 @@ from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
 from .tools.subagent_tools import subagent_tools
+from .usage import USAGE_UNIT
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -78,7 +79,7 @@ async def open_runtime(
     if isinstance(model, str):
         model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key), clock=clock)
     store = log_store if log_store is not None else FileLogStore(root, compression=compression)
-    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
     try:
         async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
             query = SessionQuery(store, sessions, registry, reader=StoreReader(store))

@@ -48,6 +48,7 @@ from .models.specs import DEFAULT_MODEL, build_model, parse_model_spec
 from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
+from .usage import own_totals, tree_json, tree_totals
 
 __all__ = ["main"]
 
@@ -327,8 +328,16 @@ async def _sessions(args: argparse.Namespace) -> int:
             records = await runtime.query.list_sessions(probe_locks=True)
         except SessionQueryError as exc:
             raise UsageError(exc.message) from None
+        # Usage (JSON only): own totals from cells and checkpoint rows (a log is read only when
+        # neither answers), tree totals summed from those over the corpus's lineage, no more reads.
+        own = await own_totals(runtime.query, records) if args.json else {}
     rows = [_session_row(r) for r in records]
     if args.json:
+        trees = tree_totals(records, own)
+        for row in rows:
+            tokens, tree = own.get(row["id"]), trees.get(row["id"])
+            row["usage"] = None if tokens is None else tokens.to_json()
+            row["tree_usage"] = None if tree is None else tree_json(tree)
         print(json.dumps(rows, ensure_ascii=False))
         return 0
     if not rows:

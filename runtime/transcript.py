@@ -1,5 +1,6 @@
 """A readable transcript of one session (`subagents show`): turns, messages, tool calls and
-results, subagent records and notices.
+results, subagent records and notices, and token usage (per turn at its end, and the session's
+own total as the last entry).
 
 Pure: events in, entries out. Each entry is a small JSON object (`--json` prints them as they
 are); `render` turns them into lines for a terminal. Payloads are decoded as they are used, so a
@@ -13,6 +14,8 @@ from typing import Any
 
 import msgspec
 from subagents.storage import Event, decode_payload
+
+from .usage import Tokens, describe, usage_of
 
 __all__ = ["render", "transcript"]
 
@@ -40,8 +43,11 @@ def transcript(
     """The entries of a session's events. A fork's inherited prefix (seq `0..K-1`, K =
     `inherited_event_count`) is framed by an `inherited` entry (naming `inherited_from`, the
     session it came from, when known) and an `own` entry where its own events start; `held`
-    (another process writes the session now) puts a `live-elsewhere` entry first."""
+    (another process writes the session now) puts a `live-elsewhere` entry first. A `turn/end` of
+    the own suffix whose turn made model calls carries that turn's `usage`; the last entry is
+    `{"type": "usage", "turns": [...], "total": {...}}`, the own suffix's usage (runtime/usage.py)."""
     out: list[Json] = []
+    per_turn, total = usage_of(events, inherited_event_count)
     if held:
         out.append({"type": "live-elsewhere"})
     own_marked = inherited_event_count <= 0
@@ -60,6 +66,9 @@ def transcript(
             entry["turn"] = data["turn"]
             if kind == "turn/end":
                 entry["reason"] = data["reason"]
+                turn_usage = per_turn.get(data["turn"]) if event.seq >= inherited_event_count else None
+                if turn_usage is not None:
+                    entry["usage"] = turn_usage.to_json()
             elif "trigger" in data:
                 entry["trigger"] = data["trigger"]["kind"]
         elif kind == "tool/call":
@@ -70,7 +79,7 @@ def transcript(
             calls = [b for b in message["content"] if b.get("type") == "tool-call"]
             if calls:
                 entry["tool_calls"] = [{"id": b["id"], "name": b["name"]} for b in calls]
-            for key in ("finish", "interrupted", "error"):
+            for key in ("finish", "usage", "interrupted", "error"):
                 if key in data:
                     entry[key] = data[key]
             if message["content"] and message["content"][0].get("type") == "tool-result":
@@ -78,7 +87,14 @@ def transcript(
         else:  # subagent/* and compaction/* records
             entry["data"] = data
         out.append(entry)
+    turns = [{"turn": turn, **tokens.to_json()} for turn, tokens in per_turn.items()]
+    out.append({"type": "usage", "turns": turns, "total": total.to_json()})
     return out
+
+
+def _usage_line(usage: Json) -> str | None:
+    tokens = Tokens.from_json(usage)
+    return None if tokens is None or tokens.calls == 0 else f"usage: {describe(tokens)}"
 
 
 _SHOWN = frozenset(
@@ -117,6 +133,13 @@ def render(entries: Sequence[Json]) -> list[str]:
             reason = e["reason"]
             more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
             lines.append(f"── end of turn {e['turn']}: {reason['kind']}{more}")
+            line = _usage_line(e["usage"]) if "usage" in e else None
+            if line is not None:
+                lines.append(f"   {line}")
+        elif kind == "usage":
+            line = _usage_line(e["total"])
+            if line is not None:
+                lines.append(f"── total {line}")
         elif kind == "tool/call":
             lines.append(f"  → {e['name']}({e['arguments']})  [{e['call_id']}]")
         elif kind == "tool/result":

@@ -19,3 +19,23 @@ def turn_end_event(seq: int, time: int, turn: int = 1) -> Event:
 def seed_marker(seq: int, time: int) -> Event:
     """The `session/end-seed` marker a fork writes after the inherited events."""
     return make_event(seq, "session/end-seed", time, {"inherited": True})
+
+
+def assistant_event(
+    seq: int, time: int, turn: int = 1, text: str = "ok", usage: tuple[int, int] | None = None, step: int = 1
+) -> Event:
+    """An `assistant/message` of turn `turn` saying `text`, with `usage` (input, output) if given."""
+    data: dict[str, object] = {
+        "turn": turn,
+        "step": step,
+        "message": {
+            "id": f"m{seq}",
+            "role": "assistant",
+            "content": [{"type": "text", "text": text}],
+            "source": {"kind": "model"},
+        },
+        "finish": "stop",
+    }
+    if usage is not None:
+        data["usage"] = {"input_tokens": usage[0], "output_tokens": usage[1]}
+    return make_event(seq, "assistant/message", time, data, surface_op="append")

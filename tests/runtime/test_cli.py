@@ -153,6 +153,9 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
         "live_elsewhere": False,
         "persisted": True,
         "damage": None,
+        # Usage (issue 15 item 4): hand-written logs with no model calls count zero.
+        "usage": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0},
+        "tree_usage": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0, "sessions": 1, "skipped": []},
     }
     assert main(["sessions", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -179,7 +182,13 @@ def test_show_prints_a_transcript(tmp_path: Path, capsys) -> None:
     )
     assert main(["show", "c1", "--json", "--root", str(root)]) == 0
     entries = __import__("json").loads(capsys.readouterr().out)
-    assert [e["type"] for e in entries] == ["subagent/descriptor", "turn/start", "turn/end"]
+    # The last entry is the session's usage (issue 15 item 4): none here, no model call was made.
+    assert [e["type"] for e in entries] == ["subagent/descriptor", "turn/start", "turn/end", "usage"]
+    assert entries[-1] == {
+        "type": "usage",
+        "turns": [],
+        "total": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0},
+    }
 
 
 @pytest.mark.parametrize(
