@@ -80,21 +80,26 @@ async def _write_lines(lines: trio.MemoryReceiveChannel[bytes], stream: trio.abc
 
 
 async def _lines(stream: trio.abc.ReceiveStream) -> AsyncIterator[bytes | None]:
-    """The non-blank lines of `stream`; None for a line over MAX_LINE (skipped to its end)."""
+    """The non-blank lines of `stream`; None for a line over MAX_LINE (never buffered whole:
+    the rest of it is skipped up to its newline)."""
     buffer = bytearray()
     skipping = False
     while True:
         chunk = await stream.receive_some(65536)
         if not chunk:
             if buffer.strip() and not skipping:
-                yield bytes(buffer)
+                yield bytes(buffer) if len(buffer) <= MAX_LINE else None
             return
+        scan = len(buffer)  # only the new bytes can hold a newline
         buffer += chunk
-        while (end := buffer.find(b"\n")) >= 0:
+        while (end := buffer.find(b"\n", scan)) >= 0:
             line = bytes(buffer[:end])
             del buffer[: end + 1]
+            scan = 0
             if skipping:
                 skipping = False
+            elif len(line) > MAX_LINE:
+                yield None
             elif line.strip():
                 yield line
         if len(buffer) > MAX_LINE:
