@@ -207,3 +207,51 @@ def test_load_after_a_kill_replays_the_history_and_prompts_again(tmp_path: Path)
     asyncio.run(second())
     users = [e["text"] for e in _log(root, session_id) if e["type"] == "user/message" and e["source"] == "user"]
     assert users == ["hi", "again"]
+
+
+def test_a_background_child_streams_its_tool_call_and_the_settlement_steered_into_the_turn(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Helper", "prompt": "work", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"wait_for": {"settled": "Helper"}, "text": "started"},
+                    {"text": "noted"},
+                ]
+            },
+            {"label": "Helper", "responses": [{"text": "child result"}]},
+        ]
+    }
+    model = write_script(tmp_path / "script.json", script)
+    root = tmp_path / "root"
+
+    async def main() -> str:
+        recorder = Recorder()
+        async with await _connect(recorder, root, model, tmp_path / "stderr") as (conn, _process):
+            await _initialize(conn)
+            new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            response = await asyncio.wait_for(
+                conn.prompt(session_id=new.session_id, prompt=[text_block("go")]), TIMEOUT
+            )
+            assert response.stop_reason == "end_turn"
+            start, progress, chunk = recorder.updates[:3]
+            assert isinstance(start, ToolCallStart) and start.title.startswith("subagent(")
+            assert isinstance(progress, ToolCallProgress) and progress.status == "completed"
+            assert "started" in progress.content[0].content.text  # the tool's own result text
+            assert isinstance(chunk, AgentMessageChunk) and chunk.content.text == "started"
+            # The child settled while the parent's model call waited for it: the notice is steered
+            # into the same turn, whose every update is written before the prompt's response.
+            assert [type(u) for u in recorder.updates[3:]] == [AgentMessageChunk]
+            assert recorder.updates[3].content.text == "noted"
+            return new.session_id
+
+    session_id = asyncio.run(main())
+    turns = [e for e in _log(root, session_id) if e["type"] == "turn/start"]
+    assert [t["trigger"] for t in turns] == ["message"]
