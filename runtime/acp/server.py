@@ -94,6 +94,7 @@ class _Session:
     mcp_servers: list[Json]  # recorded for the tools issue; not connected yet
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     prompt: _Prompt | None = None
+    turn: int | None = None  # the turn the session's events are in, as the forwarder saw them
 
 
 class AcpServer:
@@ -311,17 +312,24 @@ class AcpServer:
                         self._track(session, event)
 
     def _track(self, session: _Session, event: Event) -> None:
-        """Find the prompt's turn among the events: the first turn a message started after the
-        prompt was sent (a notice turn running meanwhile is not it)."""
-        prompt = session.prompt
-        if prompt is None or event.type not in ("turn/start", "turn/end"):
+        """Find the prompt's turn among the events: the turn in which the person's message
+        (a `user/message` from the user) is written after the prompt was sent — whatever
+        started that turn (a notice claimed together with it may have)."""
+        if event.type not in ("turn/start", "turn/end", "user/message"):
             return
         data = msgspec.to_builtins(decode_payload(event, session_id=session.agent.session_id))
-        if event.type == "turn/start" and prompt.turn is None and data.get("trigger", {}).get("kind") == "message":
-            prompt.turn = data["turn"]
-            if prompt.cancelled:
-                session.agent.cancel("user")
-        elif event.type == "turn/end" and data["turn"] == prompt.turn:
+        if event.type == "turn/start":
+            session.turn = data["turn"]
+            return
+        prompt = session.prompt
+        if prompt is None:
+            return
+        if event.type == "user/message":
+            if prompt.turn is None and data["message"]["source"]["kind"] == "user":
+                prompt.turn = session.turn
+                if prompt.cancelled:
+                    session.agent.cancel("user")
+        elif data["turn"] == prompt.turn:
             prompt.reason = data["reason"]
             prompt.done.set()
 
