@@ -255,3 +255,84 @@ def test_a_background_child_streams_its_tool_call_and_the_settlement_steered_int
     session_id = asyncio.run(main())
     turns = [e for e in _log(root, session_id) if e["type"] == "turn/start"]
     assert [t["trigger"] for t in turns] == ["message"]
+
+
+def test_after_a_restart_send_message_cold_resumes_the_background_child(tmp_path: Path) -> None:
+    first_script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Helper", "prompt": "work", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"wait_for": {"settled": "Helper"}, "text": "started"},
+                    {"text": "noted"},
+                ]
+            },
+            {"label": "Helper", "responses": [{"text": "child result"}]},
+        ]
+    }
+    # The second process: a new script instance, so the parent's entry starts again.
+    second_script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "send_message",
+                                "arguments": {
+                                    "agent_id": "{{from_request:started subagent (\\S+)}}",
+                                    "message": "more please",
+                                },
+                            }
+                        ]
+                    },
+                    {"wait_for": {"settled": "Helper", "count": 2}, "text": "sent"},
+                    {"text": "noted again"},
+                ]
+            },
+            {"label": "Helper", "responses": [{"text": "child again"}]},
+        ]
+    }
+    root = tmp_path / "root"
+
+    async def first() -> str:
+        recorder = Recorder()
+        model = write_script(tmp_path / "one.json", first_script)
+        async with await _connect(recorder, root, model, tmp_path / "stderr1") as (conn, process):
+            await _initialize(conn)
+            new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            response = await asyncio.wait_for(
+                conn.prompt(session_id=new.session_id, prompt=[text_block("go")]), TIMEOUT
+            )
+            assert response.stop_reason == "end_turn"
+            process.kill()
+            await process.wait()
+            return new.session_id
+
+    session_id = asyncio.run(first())
+
+    async def second() -> None:
+        recorder = Recorder()
+        model = write_script(tmp_path / "two.json", second_script)
+        async with await _connect(recorder, root, model, tmp_path / "stderr2") as (conn, _process):
+            await _initialize(conn)
+            await asyncio.wait_for(conn.load_session(cwd=str(tmp_path), session_id=session_id, mcp_servers=[]), TIMEOUT)
+            replayed = len(recorder.updates)
+            assert any(isinstance(u, ToolCallStart) and u.title.startswith("subagent(") for u in recorder.updates)
+            response = await asyncio.wait_for(conn.prompt(session_id=session_id, prompt=[text_block("again")]), TIMEOUT)
+            assert response.stop_reason == "end_turn"
+            live = recorder.updates[replayed:]
+            start, progress = live[0], live[1]
+            assert isinstance(start, ToolCallStart) and start.title.startswith("send_message(")
+            assert isinstance(progress, ToolCallProgress) and progress.status == "completed", progress
+            assert [u.content.text for u in live[2:]] == ["sent", "noted again"]
+
+    asyncio.run(second())
+    assert (tmp_path / "stderr2").read_bytes() == b""
