@@ -137,7 +137,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
     run.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
     run.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
+    _add_acp(commands)
     return parser
+
+
+def _add_acp(commands: Any) -> None:
+    acp = commands.add_parser("acp", help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed)")
+    acp.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
+    acp.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})",
+    )
+    acp.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
+    acp.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
+
+
+def _acp(args: argparse.Namespace) -> int:
+    """`subagents acp`: checked like `run`, then served until stdin ends."""
+    from .acp.host import run_acp
+
+    _writable_root(args.root)
+    try:
+        model = build_model(
+            parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
+            stall_timeout=_stall_timeout(args),
+        )
+    except ModelSpecError as exc:
+        raise UsageError(str(exc)) from None
+    _raise_open_file_limit()
+    return trio.run(run_acp, args.root, model, _version())
 
 
 def _writable_root(path: str) -> None:
@@ -541,6 +570,8 @@ def _command(args: argparse.Namespace) -> int:
                 raise UsageError(str(exc)) from None
             _raise_open_file_limit()
             return trio.run(_until_interrupted, _run, args, model)
+        if args.command == "acp":
+            return _acp(args)
     except UsageError as exc:
         print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -55,7 +55,8 @@ for the query and the subagent service are the older unprefixed names (shown in 
     ScenarioError                 SCRIPT_SCENARIO_FAILED            bad scenario files, or goldens differ
     CliError                      CLI_ERROR
     ├── UsageError                CLI_USAGE                         (bad input: exit status 2)
-    └── CommandFailed             CLI_COMMAND_FAILED                (the work could not be done: exit 1)
+    ├── CommandFailed             CLI_COMMAND_FAILED                (the work could not be done: exit 1)
+    └── AcpRequestError           CLI_ACP_REQUEST                   (an ACP request refused, with its JSON-RPC code)
 
 Signals that never leave their module stay out of the tree: the inbox's `DeliveryCancelled`,
 the SSE parser's `SSEError` and the wire's `StreamFault` (both turned into `ModelError`s), the
@@ -69,6 +70,7 @@ from typing import ClassVar
 from subagents.storage import SubagentsError
 
 __all__ = [
+    "AcpRequestError",
     "ActivationLimit",
     "AgentError",
     "AgentStopped",
@@ -426,3 +428,16 @@ class CommandFailed(CliError):
     exit status 1."""
 
     code = "CLI_COMMAND_FAILED"
+
+
+class AcpRequestError(CliError):
+    """An Agent Client Protocol request refused: answered as a JSON-RPC error with `rpc_code`
+    (-32602 bad params, -32002 unknown session, -32603 a turn that ended in error), never
+    logged, never fatal to the `subagents acp` process."""
+
+    code = "CLI_ACP_REQUEST"
+
+    def __init__(self, rpc_code: int, message: str, data: object = None) -> None:
+        super().__init__(message)
+        self.rpc_code = rpc_code
+        self.data = data

@@ -1,0 +1,338 @@
+"""`subagents acp` driven by the official `agent-client-protocol` client (asyncio, in this test
+process; the agent is its own Trio process). Every update and response is parsed into the SDK's
+schema types by the SDK itself, and checked again here with strict `model_validate`.
+
+The tests are synchronous (`asyncio.run` inside), so pytest-trio leaves them alone. Waits are on
+messages, never on time; `TIMEOUT` is only a hang guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from acp import PROTOCOL_VERSION, spawn_agent_process, text_block
+from acp.schema import (
+    AgentMessageChunk,
+    ClientCapabilities,
+    FileSystemCapabilities,
+    SessionNotification,
+    ToolCallProgress,
+    ToolCallStart,
+    UserMessageChunk,
+)
+from cli_process import CLI, clean_env, write_script
+
+TIMEOUT = 60.0  # real seconds: only reached if the agent never answers
+
+pytestmark = pytest.mark.slow
+
+TOOL_THEN_TEXT = {
+    "agents": [
+        {
+            "responses": [
+                {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
+                {"text": "all done"},
+                {"tool_calls": [{"name": "list_agents", "arguments": {}}]},
+                {"hang": True},
+            ]
+        }
+    ]
+}
+
+
+class Recorder:
+    """The client side: every `session/update` kept, re-validated strictly, and announced."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+        self.changed = asyncio.Event()
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        raw = {"sessionId": session_id, "update": update.model_dump(by_alias=True, exclude_none=True)}
+        SessionNotification.model_validate(raw, strict=False)
+        self.updates.append(update)
+        self.changed.set()
+
+    async def wait_for(self, predicate: Any) -> None:
+        while not any(predicate(u) for u in self.updates):
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), TIMEOUT)
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no permission is asked for yet")
+
+
+def _agent(root: Path, model: str) -> tuple[str, ...]:
+    return (*CLI, "acp", "--root", str(root), "--model", model)
+
+
+async def _connect(recorder: Recorder, root: Path, model: str, stderr: Path) -> Any:
+    command = _agent(root, model)
+    return spawn_agent_process(
+        recorder,
+        command[0],
+        *command[1:],
+        env=clean_env(),
+        transport_kwargs={"stderr": stderr.open("wb")},
+        use_unstable_protocol=True,
+    )
+
+
+async def _initialize(conn: Any) -> Any:
+    return await asyncio.wait_for(
+        conn.initialize(
+            protocol_version=PROTOCOL_VERSION,
+            client_capabilities=ClientCapabilities(fs=FileSystemCapabilities(read_text_file=True)),
+        ),
+        TIMEOUT,
+    )
+
+
+def _log(root: Path, session_id: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [*CLI, "show", session_id, "--json", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=clean_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_prompt_streams_its_tool_call_and_text_then_ends_the_turn(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "script.json", TOOL_THEN_TEXT)
+
+    async def main() -> None:
+        recorder = Recorder()
+        async with await _connect(recorder, tmp_path / "root", model, tmp_path / "stderr") as (conn, _process):
+            init = await _initialize(conn)
+            assert init.protocol_version == 1
+            assert init.agent_capabilities.load_session is True
+            assert init.agent_capabilities.session_capabilities.list is not None
+            new = await asyncio.wait_for(conn.new_session(cwd=str(tmp_path), mcp_servers=[]), TIMEOUT)
+            response = await asyncio.wait_for(
+                conn.prompt(session_id=new.session_id, prompt=[text_block("hello")]), TIMEOUT
+            )
+            assert response.stop_reason == "end_turn"
+            kinds = [type(u) for u in recorder.updates]
+            assert kinds == [ToolCallStart, ToolCallProgress, AgentMessageChunk]
+            start, progress, chunk = recorder.updates
+            assert start.title.startswith("list_agents(") and start.status == "in_progress"
+            assert start.kind == "other" and start.raw_input == {}
+            assert progress.tool_call_id == start.tool_call_id and progress.status == "completed"
+            assert progress.content[0].content.text  # the result text
+            assert chunk.content.text == "all done"
+            listed = await asyncio.wait_for(conn.list_sessions(cwd=str(tmp_path)), TIMEOUT)
+            assert [s.session_id for s in listed.sessions] == [new.session_id]
+            await asyncio.wait_for(conn.close_session(session_id=new.session_id), TIMEOUT)
+
+    asyncio.run(main())
+    assert (tmp_path / "stderr").read_bytes() == b""
+
+
+def test_cancel_mid_turn_ends_the_prompt_cancelled_and_the_log_closes_the_turn(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {"responses": [{"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"hang": True}]},
+        ]
+    }
+    model = write_script(tmp_path / "script.json", script)
+    root = tmp_path / "root"
+
+    async def main() -> str:
+        recorder = Recorder()
+        async with await _connect(recorder, root, model, tmp_path / "stderr") as (conn, _process):
+            await _initialize(conn)
+            new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            prompt = asyncio.ensure_future(conn.prompt(session_id=new.session_id, prompt=[text_block("go")]))
+            # The tool ran: the second model call (the hang) is next.
+            await recorder.wait_for(lambda u: isinstance(u, ToolCallProgress) and u.status == "completed")
+            await conn.cancel(session_id=new.session_id)
+            response = await asyncio.wait_for(prompt, TIMEOUT)
+            assert response.stop_reason == "cancelled"
+            return new.session_id
+
+    session_id = asyncio.run(main())
+    entries = _log(root, session_id)
+    ends = [e for e in entries if e["type"] == "turn/end"]
+    assert ends[-1]["reason"] == {"kind": "aborted", "cause": "user"}
+    assert entries[-1]["type"] == "turn/end"
+
+
+def test_load_after_a_kill_replays_the_history_and_prompts_again(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "script.json", TOOL_THEN_TEXT)
+    root = tmp_path / "root"
+
+    async def first() -> str:
+        recorder = Recorder()
+        async with await _connect(recorder, root, model, tmp_path / "stderr1") as (conn, process):
+            await _initialize(conn)
+            new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            response = await asyncio.wait_for(
+                conn.prompt(session_id=new.session_id, prompt=[text_block("hi")]), TIMEOUT
+            )
+            assert response.stop_reason == "end_turn"
+            process.kill()  # no drain, no goodbye
+            await process.wait()
+            return new.session_id
+
+    session_id = asyncio.run(first())
+
+    async def second() -> None:
+        recorder = Recorder()
+        async with await _connect(recorder, root, model, tmp_path / "stderr2") as (conn, _process):
+            await _initialize(conn)
+            await asyncio.wait_for(conn.load_session(cwd=str(tmp_path), session_id=session_id, mcp_servers=[]), TIMEOUT)
+            replay = list(recorder.updates)
+            assert [type(u) for u in replay] == [UserMessageChunk, ToolCallStart, ToolCallProgress, AgentMessageChunk]
+            assert replay[0].content.text == "hi"
+            assert replay[1].tool_call_id == replay[2].tool_call_id
+            assert replay[3].content.text == "all done"
+            # A new process: the script starts over, and the resumed session answers again.
+            response = await asyncio.wait_for(conn.prompt(session_id=session_id, prompt=[text_block("again")]), TIMEOUT)
+            assert response.stop_reason == "end_turn"
+            assert [type(u) for u in recorder.updates[len(replay) :]] == [
+                ToolCallStart,
+                ToolCallProgress,
+                AgentMessageChunk,
+            ]
+            assert recorder.updates[len(replay)].tool_call_id != replay[1].tool_call_id
+
+    asyncio.run(second())
+    users = [e["text"] for e in _log(root, session_id) if e["type"] == "user/message" and e["source"] == "user"]
+    assert users == ["hi", "again"]
+
+
+def test_a_background_child_streams_its_tool_call_and_the_settlement_steered_into_the_turn(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Helper", "prompt": "work", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"wait_for": {"settled": "Helper"}, "text": "started"},
+                    {"text": "noted"},
+                ]
+            },
+            {"label": "Helper", "responses": [{"text": "child result"}]},
+        ]
+    }
+    model = write_script(tmp_path / "script.json", script)
+    root = tmp_path / "root"
+
+    async def main() -> str:
+        recorder = Recorder()
+        async with await _connect(recorder, root, model, tmp_path / "stderr") as (conn, _process):
+            await _initialize(conn)
+            new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            response = await asyncio.wait_for(
+                conn.prompt(session_id=new.session_id, prompt=[text_block("go")]), TIMEOUT
+            )
+            assert response.stop_reason == "end_turn"
+            start, progress, chunk = recorder.updates[:3]
+            assert isinstance(start, ToolCallStart) and start.title.startswith("subagent(")
+            assert isinstance(progress, ToolCallProgress) and progress.status == "completed"
+            assert "started" in progress.content[0].content.text  # the tool's own result text
+            assert isinstance(chunk, AgentMessageChunk) and chunk.content.text == "started"
+            # The child settled while the parent's model call waited for it: the notice is steered
+            # into the same turn, whose every update is written before the prompt's response.
+            assert [type(u) for u in recorder.updates[3:]] == [AgentMessageChunk]
+            assert recorder.updates[3].content.text == "noted"
+            return new.session_id
+
+    session_id = asyncio.run(main())
+    turns = [e for e in _log(root, session_id) if e["type"] == "turn/start"]
+    assert [t["trigger"] for t in turns] == ["message"]
+
+
+def test_after_a_restart_send_message_cold_resumes_the_background_child(tmp_path: Path) -> None:
+    first_script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Helper", "prompt": "work", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"wait_for": {"settled": "Helper"}, "text": "started"},
+                    {"text": "noted"},
+                ]
+            },
+            {"label": "Helper", "responses": [{"text": "child result"}]},
+        ]
+    }
+    # The second process: a new script instance, so the parent's entry starts again.
+    second_script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "send_message",
+                                "arguments": {
+                                    "agent_id": "{{from_request:started subagent (\\S+)}}",
+                                    "message": "more please",
+                                },
+                            }
+                        ]
+                    },
+                    {"wait_for": {"settled": "Helper", "count": 2}, "text": "sent"},
+                    {"text": "noted again"},
+                ]
+            },
+            {"label": "Helper", "responses": [{"text": "child again"}]},
+        ]
+    }
+    root = tmp_path / "root"
+
+    async def first() -> str:
+        recorder = Recorder()
+        model = write_script(tmp_path / "one.json", first_script)
+        async with await _connect(recorder, root, model, tmp_path / "stderr1") as (conn, process):
+            await _initialize(conn)
+            new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            response = await asyncio.wait_for(
+                conn.prompt(session_id=new.session_id, prompt=[text_block("go")]), TIMEOUT
+            )
+            assert response.stop_reason == "end_turn"
+            process.kill()
+            await process.wait()
+            return new.session_id
+
+    session_id = asyncio.run(first())
+
+    async def second() -> None:
+        recorder = Recorder()
+        model = write_script(tmp_path / "two.json", second_script)
+        async with await _connect(recorder, root, model, tmp_path / "stderr2") as (conn, _process):
+            await _initialize(conn)
+            await asyncio.wait_for(conn.load_session(cwd=str(tmp_path), session_id=session_id, mcp_servers=[]), TIMEOUT)
+            replayed = len(recorder.updates)
+            assert any(isinstance(u, ToolCallStart) and u.title.startswith("subagent(") for u in recorder.updates)
+            response = await asyncio.wait_for(conn.prompt(session_id=session_id, prompt=[text_block("again")]), TIMEOUT)
+            assert response.stop_reason == "end_turn"
+            live = recorder.updates[replayed:]
+            start, progress = live[0], live[1]
+            assert isinstance(start, ToolCallStart) and start.title.startswith("send_message(")
+            assert isinstance(progress, ToolCallProgress) and progress.status == "completed", progress
+            assert [u.content.text for u in live[2:]] == ["sent", "noted again"]
+
+    asyncio.run(second())
+    assert (tmp_path / "stderr2").read_bytes() == b""

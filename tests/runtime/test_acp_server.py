@@ -1,0 +1,140 @@
+"""The ACP server in process, over memory streams (`serve_acp`): what needs a hand on the agent
+or exact timing — a turn no prompt started streams as notifications, a cancel that arrives
+before its turn has begun, a second prompt while one runs. Messages are checked against the
+SDK's schema types."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+from acp.schema import NewSessionResponse, PromptResponse, SessionNotification
+from cli_process import write_script
+from subagents.runtime.acp.host import serve_acp
+from subagents.runtime.app import Runtime, open_runtime
+
+
+class Client:
+    """Lines to the server, parsed lines back."""
+
+    def __init__(self, send: trio.abc.SendStream, receive: trio.abc.ReceiveStream) -> None:
+        self._send = send
+        self._receive = receive
+        self._buffer = b""
+        self.notifications: list[dict[str, Any]] = []
+        self._next = 0
+
+    async def request(self, method: str, params: Any) -> int:
+        self._next += 1
+        await self.notify(method, params, msg_id=self._next)
+        return self._next
+
+    async def notify(self, method: str, params: Any, *, msg_id: int | None = None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+        if msg_id is not None:
+            message["id"] = msg_id
+        await self._send.send_all(json.dumps(message).encode() + b"\n")
+
+    async def read(self) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            chunk = await self._receive.receive_some()
+            assert chunk, "the server closed its output"
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        message = json.loads(line)
+        if message.get("method") == "session/update":
+            SessionNotification.model_validate(message["params"])
+            self.notifications.append(message["params"]["update"])
+        return message
+
+    async def reply(self, msg_id: int) -> dict[str, Any]:
+        while True:
+            message = await self.read()
+            if message.get("id") == msg_id and "method" not in message:
+                return message
+
+    async def call(self, method: str, params: Any) -> dict[str, Any]:
+        return await self.reply(await self.request(method, params))
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, script: Any) -> AsyncIterator[tuple[Client, Runtime]]:
+    model = write_script(tmp_path / "script.json", script)
+    to_server, server_in = trio.testing.memory_stream_pair()
+    server_out, from_server = trio.testing.memory_stream_pair()
+    async with open_runtime(tmp_path / "root", model=model) as runtime, trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: serve_acp(runtime, server_in, server_out, version="test"))
+        client = Client(to_server, from_server)
+        yield client, runtime
+        await to_server.aclose()  # end of input: the server stops
+
+
+async def _new(client: Client, tmp_path: Path) -> str:
+    reply = await client.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+    return NewSessionResponse.model_validate(reply["result"]).session_id
+
+
+async def test_a_turn_no_prompt_started_streams_as_notifications(tmp_path: Path) -> None:
+    async with serving(tmp_path, {"agents": [{"responses": [{"text": "noticed"}]}]}) as (client, runtime):
+        sid = await _new(client, tmp_path)
+        agent = runtime.agents.get(sid)
+        assert agent is not None
+        # What the subagent service does when a child settles while its parent is idle.
+        await agent.send("child finished", trigger="notice")
+        while not client.notifications:
+            await client.read()
+        assert client.notifications == [
+            {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": "noticed"},
+                "messageId": "msg-2",
+            }
+        ]
+
+
+async def test_a_cancel_before_the_turn_begins_still_cancels_it(tmp_path: Path) -> None:
+    # A notice turn runs (its tool ran, its second model call hangs); the prompt's message waits
+    # behind it; the cancel stops the notice turn and, when the prompt's turn begins, that too.
+    script = {
+        "agents": [
+            {"responses": [{"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"hang": True}, {"hang": True}]}
+        ]
+    }
+    async with serving(tmp_path, script) as (client, runtime):
+        sid = await _new(client, tmp_path)
+        agent = runtime.agents.get(sid)
+        assert agent is not None
+        await agent.send("child finished", trigger="notice")
+        while not any(u["sessionUpdate"] == "tool_call_update" for u in client.notifications):
+            await client.read()
+        mark = agent.inbox.received
+        prompt = await client.request("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "x"}]})
+        await agent.inbox.wait_received(mark)  # the prompt is registered and its message queued
+        await client.notify("session/cancel", {"sessionId": sid})
+        with trio.fail_after(60):  # a hang guard only
+            reply = await client.reply(prompt)
+        assert PromptResponse.model_validate(reply["result"]).stop_reason == "cancelled"
+        async with runtime.query.observe_session(sid) as observation:
+            ends = [json.loads(bytes(e.data)) for e in observation.events if e.type == "turn/end"]
+            starts = [json.loads(bytes(e.data)) for e in observation.events if e.type == "turn/start"]
+        assert [s["trigger"]["kind"] for s in starts] == ["notice", "message"]
+        assert [e["reason"] for e in ends] == [{"kind": "aborted", "cause": "user"}] * 2
+
+
+async def test_a_second_prompt_while_one_runs_is_refused(tmp_path: Path) -> None:
+    async with serving(tmp_path, {"agents": [{"responses": [{"hang": True}]}]}) as (client, runtime):
+        sid = await _new(client, tmp_path)
+        agent = runtime.agents.get(sid)
+        assert agent is not None
+        mark = agent.inbox.received
+        first = await client.request("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "a"}]})
+        await agent.inbox.wait_received(mark)  # the first prompt is registered
+        second = await client.call("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "b"}]})
+        assert second["error"]["code"] == -32600
+        await client.notify("session/cancel", {"sessionId": sid})
+        assert (await client.reply(first))["result"] == {"stopReason": "cancelled"}
