@@ -42,6 +42,9 @@ class FeedSubscription:
         self._held = 0  # events buffered
         self._lagged: set[str] = set()
         self._changed = trio.Event()
+        # Where each session made live since the subscription started was then (its durable
+        # end): the boundary of "what came after" for a session that was not live before.
+        self.opened: dict[str, int] = {}
 
     def push(self, batch: DurableBatch) -> None:
         """Buffer `batch`, or drop it and mark its session lagged when the buffer is full."""
@@ -74,6 +77,11 @@ class DurableFeed:
 
     def __init__(self) -> None:
         self._subscriptions: list[FeedSubscription] = []
+
+    def opened(self, session_id: str, durable_next: int) -> None:
+        """Called by the session store when a session becomes live (its durable end then)."""
+        for subscription in self._subscriptions:
+            subscription.opened.setdefault(session_id, durable_next)
 
     def publish(self, session_id: str, inherited_event_count: int, events: Sequence[Event]) -> None:
         """Called by an actor once `events` are durable; never blocks."""

@@ -239,6 +239,7 @@ class SessionStore:
                 self.log_store.close(actor.handle)
             raise
         self._actors[actor.handle.session_id] = actor
+        self.feed.opened(ref.session_id, ref.durable_next)
         return ref
 
     async def aclose(self) -> None:

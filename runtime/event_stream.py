@@ -130,14 +130,28 @@ class _Pump:
         subscription: FeedSubscription,
         send: trio.MemorySendChannel[StreamEvent],
         finish: trio.Event,
+        inherited: bool = True,
     ) -> None:
+        self.inherited = inherited
         self.sessions = sessions
         self.log_store = log_store
         self.subscription = subscription
         self.send = send
         self.finish = finish
         self.tracked: dict[str, _Tracked] = {}
+        # The durable end of every session live when the subscription started (taken with no
+        # checkpoint in between, so every later push is at or past it).
+        self.live_ends = {ref.session_id: int(ref.durable_next) for ref in sessions.list()}
         self.unread: list[str] = []  # tracked sessions waiting for their first read
+
+    def boundary(self, session_id: str, read_end: int) -> int:
+        """The first seq made durable after the subscription started: the end a live session
+        had then, or the end it had when it was made live since, or (never live here since:
+        nothing was appended) the end of the log read now."""
+        end = self.live_ends.get(session_id)
+        if end is None:
+            end = self.subscription.opened.get(session_id)
+        return read_end if end is None else min(end, read_end)
 
     def track(self, session_id: str, start: int | None) -> None:
         if session_id not in self.tracked:
@@ -197,8 +211,8 @@ class _Pump:
             tracked.inherited = inherited
             if not tracked.read:
                 tracked.read = True
-                if tracked.start is None:
-                    tracked.start = tracked.cursor + len(events)  # history: deliver what comes next
+                if tracked.start is None:  # history: deliver what came after the subscription
+                    tracked.start = self.boundary(session_id, tracked.cursor + len(events))
         await self.deliver(session_id, tracked, events)
 
     def _read(self, session_id: str, start: int) -> tuple[int, list[Event]]:
@@ -214,7 +228,11 @@ class _Pump:
                 continue  # delivered already (read and pushed both)
             if event.seq > tracked.cursor:
                 return  # a gap: the next push or read fills it from the cursor
-            shown = tracked.start is not None and event.seq >= tracked.start
+            shown = (
+                tracked.start is not None
+                and event.seq >= tracked.start
+                and (self.inherited or event.seq >= tracked.inherited)
+            )
             if event.type == CATALOG_TYPE and event.seq >= tracked.inherited:
                 child = _catalog_child(event)
                 if child is not None:
@@ -244,17 +262,21 @@ async def open_event_stream(
     from_seq: int = 0,
     buffer: int = 256,
     feed_capacity: int = 4096,
+    inherited: bool = True,
 ) -> AsyncIterator[EventStream]:
     """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
     §8). `buffer`: items waiting for the consumer; `feed_capacity`: pushed events waiting for
-    the pump before its sessions are re-read from the log. Leaving the block stops the stream."""
+    the pump before its sessions are re-read from the log. `inherited=False` leaves out a
+    fork's inherited prefix (its seqs below `inherited_event_count`: copies of its parent's
+    events), so a forked session starts at its `session/end-seed` marker. Leaving the block
+    stops the stream."""
     if type(from_seq) is not int or from_seq < 0:
         raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
     send, receive = trio.open_memory_channel[StreamEvent](buffer)
     finish = trio.Event()
     # Subscribed before the first read, so nothing durable after that read can be missed.
     with sessions.feed.subscribe(feed_capacity) as subscription:
-        pump = _Pump(sessions, log_store, subscription, send, finish)
+        pump = _Pump(sessions, log_store, subscription, send, finish, inherited)
         pump.track(root_id, from_seq)
 
         def finish_stream() -> None:

@@ -249,3 +249,46 @@ def test_a_full_feed_buffer_drops_the_push_and_marks_the_session_lagged() -> Non
         assert lagged == {"b"}
         assert sub.take() == ([], set())
     feed.publish("a", 0, events)  # no subscriber: nothing kept
+
+
+async def test_a_fork_child_with_and_without_its_inherited_prefix(tmp_path: Path) -> None:
+    from subagents.actors import EventDraft
+    from subagents.storage import SessionHeader
+
+    def catalog(child: str) -> Any:
+        data = {"version": 1, "child_id": child, "child_created_at": 2, "mode": "continuable", "label": "f"}
+        return EventDraft(type="subagent/catalog", data=data)
+
+    async def collect_all(rt: Any, root: str = "p", **options: Any) -> dict[str, list[int]]:
+        items: list[StreamEvent] = []
+        async with open_event_stream(rt.sessions, rt.log_store, root, **options) as stream:
+            stream.finish()
+            await collect(stream, items)
+        return {sid: [r["seq"] for r in records] for sid, records in by_session(items).items()}
+
+    with trio.fail_after(GUARD):
+        async with open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as rt:
+            parent = await rt.sessions.create(SessionHeader(id="p", created_at=1))
+            # The parent's own catalog of an older child: a fork inherits it, but it is not the
+            # fork's child — the stream must not follow it from the fork.
+            await parent.append([_draft(), catalog("old"), _draft()])
+            old = await rt.sessions.create(
+                SessionHeader(id="old", created_at=2, parent_session="p", origin="subagent", delegation_depth=1)
+            )
+            await old.append([_draft()])
+            fork = await rt.sessions.fork(
+                parent,
+                Offset(3),
+                SessionHeader(
+                    id="f", created_at=2, parent_session="p", origin="subagent", delegation_depth=1, is_seeded=True
+                ),
+            )
+            await fork.append([_draft()])
+            await parent.append([catalog("f")])
+            whole = await collect_all(rt)
+            own = await collect_all(rt, inherited=False)
+            from_fork = await collect_all(rt, "f")
+    assert whole == {"p": [0, 1, 2, 3], "old": [0], "f": [0, 1, 2, 3, 4]}
+    assert own == {"p": [0, 1, 2, 3], "old": [0], "f": [3, 4]}  # from the end-seed marker
+    # The catalog the fork inherited names its parent's child, not its own.
+    assert from_fork == {"f": [0, 1, 2, 3, 4]}
