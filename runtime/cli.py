@@ -255,6 +255,10 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
 
 async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt) -> int:
     async with open_runtime(args.root, model=model, compression=args.compression) as runtime:
+        watched = args.stream or _progress_wanted(args)
+        # The stream starts where the log ended before the resume: its closers and a notice
+        # turn it starts are part of this run.
+        before = await _event_count(runtime, args.session) if watched else None
         try:
             agent = await _session_agent(runtime, args.session)
         except (StorageError, AgentError) as exc:
@@ -263,7 +267,7 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
         print(f"session {agent.session_id}", file=sys.stderr, flush=True)
         result = None
         stopped: AgentStopped | None = None
-        async with _watching(runtime, agent, args) as watch:
+        async with _watching(runtime, agent, args, before) as watch:
             await agent.send(args.prompt)
             with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
                 try:
@@ -292,16 +296,36 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
     return 0
 
 
-def _watching(runtime: Runtime, agent: Agent, args: argparse.Namespace) -> AbstractAsyncContextManager[RunWatch]:
-    """`run`'s event stream: JSON lines with `--stream`; progress when stderr is a terminal
-    (not when `--stream` lines go to the same terminal); nothing extra otherwise."""
+def _progress_wanted(args: argparse.Namespace) -> bool:
+    """Progress goes to stderr when it is a terminal, unless `--stream` lines go to the same
+    terminal."""
+    return sys.stderr.isatty() and not (args.stream and sys.stdout.isatty())
+
+
+async def _event_count(runtime: Runtime, session_id: str | None) -> int | None:
+    """How many events the session's log holds now (0 for a new session; None: unknown)."""
+    if session_id is None:
+        return 0
+    try:
+        info = await trio.to_thread.run_sync(runtime.log_store.stat, session_id)
+    except StorageError:
+        return None  # the resume below says what is wrong with it
+    return 0 if info is None else int(info.event_count) if info.damage is None else None
+
+
+def _watching(
+    runtime: Runtime, agent: Agent, args: argparse.Namespace, before: int | None
+) -> AbstractAsyncContextManager[RunWatch]:
+    """`run`'s event stream (from `before`, else from now): JSON lines with `--stream`,
+    progress on a terminal, nothing extra otherwise."""
     progress = None
-    if sys.stderr.isatty() and not (args.stream and sys.stdout.isatty()):
+    if _progress_wanted(args):
         from rich.console import Console
 
         progress = Console(file=sys.stderr)
     stream_to = stdout_binary() if args.stream else None
-    return watch_run(runtime, agent.session_id, agent.session.durable_next, stream_to=stream_to, progress=progress)
+    start = agent.session.durable_next if before is None else before
+    return watch_run(runtime, agent.session_id, start, stream_to=stream_to, progress=progress)
 
 
 def _write_stdout(data: bytes) -> None:

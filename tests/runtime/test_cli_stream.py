@@ -151,3 +151,21 @@ def test_a_reader_that_goes_away_ends_nothing_but_its_lines(tmp_path: Path) -> N
     # The work was done all the same: the parent's turn completed after its child settled.
     _header, *logged = plain_records(tmp_path / "root", first["session_id"])
     assert logged[-1]["type"] == "turn/end" and logged[-1]["data"]["reason"]["kind"] == "completed"
+
+
+@pytest.mark.slow
+def test_stream_of_a_resumed_crashed_session_starts_with_its_closers(tmp_path: Path) -> None:
+    # A crash left turn 1 open: the resume closes it durably, and that is part of this run.
+    from log_lines import header_line, json_line, log_file
+
+    log = log_file(tmp_path / "root", "s1")
+    log.parent.mkdir(parents=True)
+    log.write_bytes(header_line("s1") + json_line(0, "turn/start", {"turn": 1}))
+    script = {"agents": [{"session": "s1", "responses": [{"text": "AGAIN"}]}]}
+    done = run(tmp_path, script, "--session", "s1", "--stream", "again")
+    assert done.returncode == 0, done.stderr
+    events, result = parse(done.stdout)
+    assert result["output"] == "AGAIN"
+    assert events[0]["seq"] == 1 and events[0]["type"] == "turn/end"
+    assert events[0]["data"]["reason"]["kind"] == "interrupted"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
