@@ -28,7 +28,7 @@ pump task is owned by the nursery `open_event_stream` opens.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,7 +38,7 @@ import trio
 from subagents.actors import DurableBatch, FeedSubscription, SessionStore
 from subagents.storage import Event, LogStore, SessionNotFound, StorageError
 
-__all__ = ["EventStream", "StreamEvent", "add_usage", "open_event_stream", "usage_of"]
+__all__ = ["EventStream", "StreamEvent", "open_event_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,13 @@ _encode = msgspec.json.Encoder().encode
 
 @attrs.frozen
 class StreamEvent:
-    """One durable event of one session: the log record plus its session id."""
+    """One durable event of one session: the log record plus its session id (and, not in the
+    record, the session's inherited cut: `event.seq < inherited_event_count` is a fork's copy
+    of its parent's event)."""
 
     session_id: str
     event: Event
+    inherited_event_count: int = 0
 
     def json_bytes(self) -> bytes:
         """`{"session_id": ..., "seq", "type", "time", "data", ...}` as one JSON object
@@ -62,31 +65,6 @@ class StreamEvent:
         """The record as plain JSON values."""
         value: dict[str, Any] = msgspec.json.decode(self.json_bytes())
         return value
-
-
-def usage_of(events: Iterable[StreamEvent]) -> dict[str, int]:
-    """Token usage: the sum of the `usage` records of the `assistant/message` events given
-    (`run --stream` sums every event it streamed: the tree's usage during that run)."""
-    total = {"input_tokens": 0, "output_tokens": 0}
-    for item in events:
-        add_usage(total, item.event)
-    return total
-
-
-def add_usage(total: dict[str, int], event: Event) -> None:
-    """Add the usage an `assistant/message` event records to `total` (other events: nothing)."""
-    if event.type != "assistant/message":
-        return
-    try:
-        data = msgspec.json.decode(event.data)
-    except msgspec.DecodeError:
-        return
-    usage = data.get("usage") if isinstance(data, dict) else None
-    if isinstance(usage, dict):
-        for key in ("input_tokens", "output_tokens"):
-            value = usage.get(key)
-            if type(value) is int:
-                total[key] = total.get(key, 0) + value
 
 
 @attrs.define(eq=False)
@@ -241,7 +219,7 @@ class _Pump:
                     self.track(child, 0 if shown else None)
             tracked.cursor = event.seq + 1
             if shown:
-                await self.send.send(StreamEvent(session_id, event))
+                await self.send.send(StreamEvent(session_id, event, tracked.inherited))
 
 
 def _catalog_child(event: Event) -> str | None:

@@ -20,8 +20,9 @@ import attrs
 import trio
 
 from .app import Runtime
-from .event_stream import EventStream, StreamEvent, add_usage, open_event_stream
+from .event_stream import EventStream, StreamEvent, open_event_stream
 from .run_progress import RunProgress, render_progress
+from .usage import Tokens, usage_of
 
 __all__ = ["RunWatch", "result_line", "watch_run"]
 
@@ -30,17 +31,26 @@ _TICK = 0.1  # seconds between refreshes of the live display (the spinner moves)
 
 @attrs.define(eq=False)
 class RunWatch:
-    """What the watch saw: the usage the streamed `assistant/message` events record."""
+    """What the watch saw: the token usage of the streamed events (`stream_usage`)."""
 
-    usage: dict[str, int] = attrs.field(factory=lambda: {"input_tokens": 0, "output_tokens": 0})
+    usage: Tokens = attrs.field(factory=Tokens)
     reader_gone: bool = False  # stdout's reader went away: no more lines are written
 
 
-def result_line(session_id: str, output: str, usage: dict[str, int]) -> bytes:
-    """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage"}`."""
+def stream_usage(batch: list[StreamEvent]) -> Tokens:
+    """The usage the `assistant/message` events of `batch` record, own events only (a fork's
+    inherited copies are its parent's, counted there): `runtime.usage`'s arithmetic, applied
+    to what a run streamed — the root's events from the run's start and its descendants'."""
+    own = [item.event for item in batch if item.event.seq >= item.inherited_event_count]
+    return usage_of(own)[1]
+
+
+def result_line(session_id: str, output: str, usage: Tokens) -> bytes:
+    """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage"}`
+    (`usage`: `{input_tokens, output_tokens, calls, reported}`, as `show` and `sessions` give)."""
     import json
 
-    record = {"type": "result", "session_id": session_id, "output": output, "usage": usage}
+    record = {"type": "result", "session_id": session_id, "output": output, "usage": usage.to_json()}
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
@@ -116,8 +126,8 @@ async def _consume(
                         batch.append(stream.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
+                watch.usage = watch.usage + stream_usage(batch)
                 for item in batch:
-                    add_usage(watch.usage, item.event)
                     state.apply(item)
                 if stream_to is not None and not watch.reader_gone:
                     try:

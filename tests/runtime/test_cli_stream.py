@@ -81,7 +81,7 @@ def test_stream_prints_every_durable_event_of_the_tree_then_the_result(tmp_path:
     assert done.stderr == f"session {parent}\n"  # not a terminal: nothing extra
     assert result["output"] == "NOTED"
     # The tree's usage during the run: the parent's three answers and the child's one.
-    assert result["usage"] == {"input_tokens": 65, "output_tokens": 10}
+    assert result["usage"] == {"input_tokens": 65, "output_tokens": 10, "calls": 4, "reported": 4}
     sessions = events_by_session(events)
     [child] = [sid for sid in sessions if sid != parent]
     for sid, streamed in sessions.items():

@@ -18,11 +18,12 @@ import trio
 import trio.testing
 from log_lines import plain_records
 from subagents.actors import DurableFeed
-from subagents.runtime import StreamEvent, open_event_stream, open_runtime, usage_of
+from subagents.runtime import StreamEvent, open_event_stream, open_runtime
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.run_output import stream_usage
 from subagents.storage import Batch, Event, FileLogStore, Offset, WriteHandle, make_event
 
 GUARD = 20.0
@@ -100,7 +101,8 @@ async def test_a_live_run_streams_every_durable_event_of_the_tree_in_order(tmp_p
     # The child started while the stream ran: its catalog comes before its first streamed event.
     order = [(i.session_id, i.event.type) for i in items]
     assert order.index(("parent", "subagent/catalog")) < order.index(("child-1", "turn/start"))
-    assert usage_of(items) == {"input_tokens": 65, "output_tokens": 10}
+    usage = stream_usage(items)
+    assert (usage.input_tokens, usage.output_tokens, usage.calls, usage.reported) == (65, 10, 4, 4)
     # The JSON record is the log line plus the session id, first.
     first = items[0].json_bytes()
     assert first.startswith(b'{"session_id":"parent","seq":0,')
@@ -292,3 +294,19 @@ async def test_a_fork_child_with_and_without_its_inherited_prefix(tmp_path: Path
     assert own == {"p": [0, 1, 2, 3], "old": [0], "f": [3, 4]}  # from the end-seed marker
     # The catalog the fork inherited names its parent's child, not its own.
     assert from_fork == {"f": [0, 1, 2, 3, 4]}
+
+
+def test_stream_usage_counts_own_replies_only() -> None:
+    def reply(seq: int, tokens: int) -> Event:
+        message = {"id": f"m{seq}", "role": "assistant", "content": [], "source": {"kind": "model"}}
+        data = {"turn": 1, "step": 1, "message": message, "finish": "stop"}
+        data["usage"] = {"input_tokens": tokens, "output_tokens": 1}
+        return make_event(seq, "assistant/message", 1, data, surface_op="append")
+
+    items = [
+        StreamEvent("parent", reply(0, 10)),
+        StreamEvent("fork", reply(0, 10), 2),  # the fork's copy of the parent's reply
+        StreamEvent("fork", reply(3, 7), 2),
+    ]
+    usage = stream_usage(items)
+    assert (usage.input_tokens, usage.output_tokens, usage.calls) == (17, 2, 2)
