@@ -102,7 +102,9 @@ def _log(root: Path, session_id: str) -> list[dict[str, Any]]:
         env=clean_env(),
     )
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    entries = json.loads(done.stdout)
+    assert entries[-1]["type"] == "usage"  # `show --json` ends with the session's usage summary
+    return entries[:-1]  # the transcript entries, in log order
 
 
 def test_a_prompt_streams_its_tool_call_and_text_then_ends_the_turn(tmp_path: Path) -> None:
