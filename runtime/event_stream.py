@@ -28,7 +28,7 @@ pump task is owned by the nursery `open_event_stream` opens.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,7 +38,7 @@ import trio
 from subagents.actors import DurableBatch, FeedSubscription, SessionStore
 from subagents.storage import Event, LogStore, SessionNotFound, StorageError
 
-__all__ = ["EventStream", "StreamEvent", "open_event_stream", "usage_of"]
+__all__ = ["EventStream", "StreamEvent", "add_usage", "open_event_stream", "usage_of"]
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +64,29 @@ class StreamEvent:
         return value
 
 
-def usage_of(events: list[StreamEvent]) -> dict[str, int]:
+def usage_of(events: Iterable[StreamEvent]) -> dict[str, int]:
     """Token usage: the sum of the `usage` records of the `assistant/message` events given
-    (the CLI passes every event a `run` streamed: the tree's usage of that run)."""
+    (`run --stream` sums every event it streamed: the tree's usage during that run)."""
     total = {"input_tokens": 0, "output_tokens": 0}
     for item in events:
-        if item.event.type != "assistant/message":
-            continue
-        usage = msgspec.json.decode(item.event.data).get("usage")
-        if isinstance(usage, dict):
-            for key in total:
-                value = usage.get(key)
-                if type(value) is int:
-                    total[key] += value
+        add_usage(total, item.event)
     return total
+
+
+def add_usage(total: dict[str, int], event: Event) -> None:
+    """Add the usage an `assistant/message` event records to `total` (other events: nothing)."""
+    if event.type != "assistant/message":
+        return
+    try:
+        data = msgspec.json.decode(event.data)
+    except msgspec.DecodeError:
+        return
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if isinstance(usage, dict):
+        for key in ("input_tokens", "output_tokens"):
+            value = usage.get(key)
+            if type(value) is int:
+                total[key] = total.get(key, 0) + value
 
 
 @attrs.define(eq=False)
