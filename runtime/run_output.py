@@ -84,13 +84,16 @@ async def _consume(
     done: trio.Event,
 ) -> None:
     live = None
+    spinner = None
     if console is not None:
         from rich.live import Live
+        from rich.spinner import Spinner
 
+        spinner = Spinner("dots")
         # Refreshed from this task only (no refresh thread); stderr writes (log lines) go above
         # the display; stdout is another stream unless it is the same terminal.
         live = Live(
-            render_progress(state),
+            render_progress(state, spinner),
             console=console,
             auto_refresh=False,
             transient=True,
@@ -121,7 +124,7 @@ async def _consume(
                     except OSError:  # `run --stream | head`: the run goes on, unheard
                         watch.reader_gone = True
                 if live is not None:
-                    live.update(render_progress(state), refresh=True)
+                    live.update(render_progress(state, spinner), refresh=True)
             nursery.cancel_scope.cancel()
     finally:
         if live is not None:

@@ -137,19 +137,24 @@ def child_line(child: ChildStatus) -> str:
     return f"{child.id} [{child.state}]{label}"
 
 
-def render_progress(progress: RunProgress) -> Any:
-    """The status line (with a spinner) above the child tree, as one rich renderable."""
+def render_progress(progress: RunProgress, spinner: Any | None = None) -> Any:
+    """The status line (behind a spinner) above the child tree, as one rich renderable. Pass
+    the same rich `Spinner` on every call to keep it turning (a new one starts over)."""
     from rich.console import Group
     from rich.spinner import Spinner
     from rich.text import Text
     from rich.tree import Tree
 
-    status = Spinner("dots", text=Text(progress.status_line()))
+    status = Text(progress.status_line())
+    if spinner is None:
+        spinner = Spinner("dots", text=status)
+    else:
+        spinner.update(text=status)
     if not progress.children:
-        return status
+        return spinner
     tree = Tree(Text(progress.root_id), guide_style="dim")
     nodes = {progress.root_id: tree}
     for child in progress.children.values():
         parent = nodes.get(child.parent, tree)
         nodes[child.id] = parent.add(Text(child_line(child)))
-    return Group(status, tree)
+    return Group(spinner, tree)
