@@ -10,6 +10,7 @@ log reads), never the runtime's event loop.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -123,6 +124,7 @@ async def _consume(
                         await trio.to_thread.run_sync(_write, stream_to, batch)
                     except OSError:  # `run --stream | head`: the run goes on, unheard
                         watch.reader_gone = True
+                        _drop_stdout(stream_to)
                 if live is not None:
                     live.update(render_progress(state, spinner), refresh=True)
             nursery.cancel_scope.cancel()
@@ -141,6 +143,20 @@ async def _tick(live: Any) -> None:
 def _write(out: BinaryIO, batch: list[StreamEvent]) -> None:
     out.write(b"".join(item.json_bytes() + b"\n" for item in batch))
     out.flush()
+
+
+def _drop_stdout(out: BinaryIO) -> None:
+    """Point stdout at /dev/null, so nothing (Python's own flush at exit included) writes to
+    the pipe whose reader went away."""
+    try:
+        fd = out.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):  # not a real file (a test's buffer)
+        return
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def stdout_binary() -> BinaryIO:

@@ -128,3 +128,26 @@ def test_stream_and_json_together_are_refused_in_one_line(tmp_path: Path) -> Non
     [line] = done.stderr.splitlines()
     assert line.startswith("subagents: ") and "not allowed with" in line
     assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.slow
+def test_a_reader_that_goes_away_ends_nothing_but_its_lines(tmp_path: Path) -> None:
+    # `subagents run --stream | head -1`: the run finishes its work quietly, no traceback.
+    model = write_script(tmp_path / "s.json", BACKGROUND_CHILD)
+    proc = subprocess.Popen(
+        [*CLI, "run", "--root", str(tmp_path / "root"), "--model", model, "--compression", "none", "--stream", "go"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["seq"] == 0
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=TIMEOUT) == 0, stderr
+    assert stderr == f"session {first['session_id']}\n"
+    # The work was done all the same: the parent's turn completed after its child settled.
+    _header, *logged = plain_records(tmp_path / "root", first["session_id"])
+    assert logged[-1]["type"] == "turn/end" and logged[-1]["data"]["reason"]["kind"] == "completed"
