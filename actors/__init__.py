@@ -11,6 +11,9 @@ from .cold_reader import ReadGroup as ReadGroup
 from .continuation import Activation as Activation
 from .continuation import ContinuationManager as ContinuationManager
 from .continuation import open_continuation_manager as open_continuation_manager
+from .durable_feed import DurableBatch as DurableBatch
+from .durable_feed import DurableFeed as DurableFeed
+from .durable_feed import FeedSubscription as FeedSubscription
 from .errors import ActivationLimitReached as ActivationLimitReached
 from .errors import ActorError as ActorError
 from .errors import ActorStopped as ActorStopped

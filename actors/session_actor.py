@@ -127,6 +127,11 @@ class SessionRef:
         """Write the projection checkpoint now (after the appends queued before this)."""
         return await self._actor.mailbox.ask(_Checkpoint())
 
+    @property
+    def durable_next(self) -> Offset:
+        """The seq after the last durable event (the handle advances only after its fsync)."""
+        return self._actor.handle.next_seq
+
     def is_own_seq(self, seq: int) -> bool:
         """True only for an existing, durable seq of the session's own suffix."""
         return self.inherited_event_count <= seq < self._actor.handle.next_seq
@@ -192,8 +197,11 @@ class SessionActor:
         batch_limit: int = 64,
         checkpoint_every: int = 256,
         checkpoint_interval: float | None = 30.0,
+        on_durable: Callable[[str, int, Sequence[Event]], None] | None = None,
     ) -> None:
         self.store = store
+        # Told of every group's events once they are durable (the store's `DurableFeed`).
+        self._on_durable = on_durable
         self.handle = handle
         self.cells = cells
         # A seeded session not yet published: its inherited events and end-seed marker go out
@@ -350,9 +358,12 @@ class SessionActor:
                     self.mailbox.close("stopped: its log handle is dead")
                 return
             self.fsyncs += 1
+            durable = list(seed)
             if seed:
                 self.cells.fold(seed)
                 self._seed = []
+        else:
+            durable = []
         ends_turn = False
         if batches and not self._since_checkpoint:
             self._dirty_since = trio.current_time()
@@ -362,6 +373,13 @@ class SessionActor:
             ends_turn = ends_turn or any(e.type == "turn/end" for e in events)
             first = events[0].seq if events else int(nxt)
             request.reply.set(AppendResult(first, Offset(first + len(events)), tuple(events)))
+            durable.extend(events)
+        if durable and self._on_durable is not None:
+            # In the same synchronous stretch as the acks: an answered append has been published.
+            try:
+                self._on_durable(handle.session_id, handle.inherited_event_count, durable)
+            except Exception:  # a subscriber's bug must not take the session down
+                log.exception("session %r: a durable-event subscriber failed", handle.session_id)
         # Checkpoints cover only what is durable, so they are written after the acks: right
         # after publication, at every turn end, and every `checkpoint_every` events.
         if batches and (

@@ -32,6 +32,7 @@ from subagents.storage import (
     make_event,
 )
 
+from .durable_feed import DurableFeed
 from .errors import ActorStopped
 from .session_actor import SessionActor, SessionRef
 
@@ -52,6 +53,8 @@ class SessionStore:
     _actors: dict[str, SessionActor] = attrs.field(factory=dict)
     last_open_folds: int = 0  # (event, unit) folds the last `open` ran: restores are measured by it
     _claims: dict[str, trio.Lock] = attrs.field(factory=dict)  # one per id being created/opened
+    # Every actor publishes its durable events here (the event stream subscribes to it).
+    feed: DurableFeed = attrs.field(factory=DurableFeed)
 
     async def create(
         self,
@@ -85,6 +88,7 @@ class SessionStore:
                     capacity=self.mailbox_capacity,
                     checkpoint_every=self.checkpoint_every,
                     checkpoint_interval=self.checkpoint_interval,
+                    on_durable=self.feed.publish,
                 )
             )
 
@@ -119,6 +123,7 @@ class SessionStore:
                     capacity=self.mailbox_capacity,
                     checkpoint_every=self.checkpoint_every,
                     checkpoint_interval=self.checkpoint_interval,
+                    on_durable=self.feed.publish,
                 )
             )
             return ref, events

@@ -18,7 +18,7 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
@@ -45,6 +45,7 @@ from .errors import (
 from .models.base import Model
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL, build_model, parse_model_spec
+from .run_output import RunWatch, result_line, stdout_binary, watch_run
 from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
@@ -135,7 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
     run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
-    run.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
+    shape = run.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
+    shape.add_argument(
+        "--stream",
+        action="store_true",
+        help="print every durable event of the session and its descendants as a JSON line, then a result line",
+    )
     run.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
     return parser
 
@@ -254,18 +261,25 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
             raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
         # Named before the work starts, so a person can resume it (`run --session ID`).
         print(f"session {agent.session_id}", file=sys.stderr, flush=True)
-        await agent.send(args.prompt)
         result = None
-        with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
-            try:
-                result = await runtime.subagents.wait_tree_idle(agent)
-            except AgentStopped as exc:
-                print(f"subagents: {exc}", file=sys.stderr)
-                return 1
+        stopped: AgentStopped | None = None
+        async with _watching(runtime, agent, args) as watch:
+            await agent.send(args.prompt)
+            with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
+                try:
+                    result = await runtime.subagents.wait_tree_idle(agent)
+                except AgentStopped as exc:
+                    stopped = exc
+        if stopped is not None:
+            print(f"subagents: {stopped}", file=sys.stderr)
+            return 1
     if interrupt.hit:
         return 130
     output = (result.text if result is not None else None) or ""
-    if args.json:
+    if args.stream:
+        if not watch.reader_gone:
+            _write_stdout(result_line(agent.session_id, output, watch.usage))
+    elif args.json:
         print(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
     else:
         print(output)
@@ -276,6 +290,24 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
         print(f"subagents: the turn ended {reason['kind']}{cause}{detail}", file=sys.stderr)
         return 1
     return 0
+
+
+def _watching(runtime: Runtime, agent: Agent, args: argparse.Namespace) -> AbstractAsyncContextManager[RunWatch]:
+    """`run`'s event stream: JSON lines with `--stream`; progress when stderr is a terminal
+    (not when `--stream` lines go to the same terminal); nothing extra otherwise."""
+    progress = None
+    if sys.stderr.isatty() and not (args.stream and sys.stdout.isatty()):
+        from rich.console import Console
+
+        progress = Console(file=sys.stderr)
+    stream_to = stdout_binary() if args.stream else None
+    return watch_run(runtime, agent.session_id, agent.session.durable_next, stream_to=stream_to, progress=progress)
+
+
+def _write_stdout(data: bytes) -> None:
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
 
 
 async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:

@@ -1,0 +1,94 @@
+"""The durable feed: who hears of a session's events once they are durable (SPEC §8, "Event
+stream").
+
+Theory of operation. The session store owns one `DurableFeed`; each of its actors calls
+`publish` right after a group commit's fsync, in the same synchronous stretch as the acks (so
+an ask that has been answered has always been published too). `publish` never blocks and never
+raises: it appends the batch to every subscription's buffer. A buffer is bounded (in events):
+a batch that would overflow it is dropped and its session marked *lagged* — the subscriber then
+reads the log for that session, which holds every durable event. So a slow subscriber never
+slows an actor, its memory stays bounded, and it loses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import attrs
+import trio
+from subagents.storage import Event
+
+__all__ = ["DurableBatch", "DurableFeed", "FeedSubscription"]
+
+
+@attrs.frozen(kw_only=True)
+class DurableBatch:
+    """Consecutive events of one session, durable (fsynced) when published."""
+
+    session_id: str
+    inherited_event_count: int
+    events: tuple[Event, ...]
+
+
+class FeedSubscription:
+    """One subscriber's bounded buffer of durable batches, and the sessions it lost pushes of."""
+
+    def __init__(self, capacity: int) -> None:
+        if type(capacity) is not int or capacity < 1:
+            raise ValueError(f"a feed subscription's capacity must be an int >= 1, got {capacity!r}")
+        self.capacity = capacity
+        self._batches: list[DurableBatch] = []
+        self._held = 0  # events buffered
+        self._lagged: set[str] = set()
+        self._changed = trio.Event()
+
+    def push(self, batch: DurableBatch) -> None:
+        """Buffer `batch`, or drop it and mark its session lagged when the buffer is full."""
+        if self._held + len(batch.events) > self.capacity:
+            self._lagged.add(batch.session_id)
+        else:
+            self._batches.append(batch)
+            self._held += len(batch.events)
+        self._changed.set()
+
+    def take(self) -> tuple[list[DurableBatch], set[str]]:
+        """Everything buffered (in publication order) and the lagged sessions; both emptied."""
+        batches, lagged = self._batches, self._lagged
+        self._batches, self._lagged, self._held = [], set(), 0
+        if self._changed.is_set():
+            self._changed = trio.Event()
+        return batches, lagged
+
+    def wake(self) -> None:
+        """Wake a `wait_pushed` (the subscriber has something else to look at)."""
+        self._changed.set()
+
+    async def wait_pushed(self) -> None:
+        """Until something was pushed (or `wake`) since the last `take`."""
+        await self._changed.wait()
+
+
+class DurableFeed:
+    """The subscriptions of one session store (no module state)."""
+
+    def __init__(self) -> None:
+        self._subscriptions: list[FeedSubscription] = []
+
+    def publish(self, session_id: str, inherited_event_count: int, events: Sequence[Event]) -> None:
+        """Called by an actor once `events` are durable; never blocks."""
+        if not events or not self._subscriptions:
+            return
+        batch = DurableBatch(session_id=session_id, inherited_event_count=inherited_event_count, events=tuple(events))
+        for subscription in self._subscriptions:
+            subscription.push(batch)
+
+    @contextmanager
+    def subscribe(self, capacity: int = 4096) -> Iterator[FeedSubscription]:
+        """A subscription for the length of the block (`capacity`: events it buffers)."""
+        subscription = FeedSubscription(capacity)
+        self._subscriptions.append(subscription)
+        try:
+            yield subscription
+        finally:
+            self._subscriptions.remove(subscription)

@@ -1,0 +1,276 @@
+"""The event stream: every durable event of a session and its descendants (SPEC §8).
+
+Theory of operation. A stream tracks a tree of sessions: the root, and every session an own
+`subagent/catalog` event of a tracked session names (`seq >= inherited_event_count`: a fork's
+inherited catalogs name its parent's children, not its own), children that start while it runs
+included. Per session it keeps a *cursor*, the next seq to deliver, so each event is delivered
+once and in seq order per session, whatever way it arrived. Events arrive two ways:
+
+- pushed by the session store's `DurableFeed` right after their fsync (the fast path);
+- read from the log: a session's first read when it joins the tree (so a child whose first
+  events were written before its catalog loses nothing), a gap before a pushed batch, and a
+  session whose pushes were dropped because this stream's feed buffer was full (*lagged*).
+  A read of a session live in this runtime is cut at its actor's durable end (its handle
+  advances only after the fsync), so no read can show an event that is not yet durable.
+
+`from_seq` says where the root starts: 0 delivers its whole log and every child's from seq 0,
+so a subscriber that asks from 0 misses nothing however late it subscribes. With a later
+`from_seq`, the root's earlier events are read only to find its existing children (their
+catalogs are history), whose deliveries start at their durable end when the stream reads them.
+
+Bounds: the feed subscription buffers at most `feed_capacity` events; delivery to the consumer
+goes through a memory channel of `buffer` items. A slow consumer blocks only this stream's pump
+(backpressure); the pump's feed buffer then overflows into lagged sessions, re-read from the log
+later — the runtime never waits for a stream and the stream never loses a durable event. The
+pump task is owned by the nursery `open_event_stream` opens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import msgspec
+import trio
+from subagents.actors import DurableBatch, FeedSubscription, SessionStore
+from subagents.storage import Event, LogStore, SessionNotFound, StorageError
+
+__all__ = ["EventStream", "StreamEvent", "add_usage", "open_event_stream", "usage_of"]
+
+log = logging.getLogger(__name__)
+
+CATALOG_TYPE = "subagent/catalog"
+_encode = msgspec.json.Encoder().encode
+
+
+@attrs.frozen
+class StreamEvent:
+    """One durable event of one session: the log record plus its session id."""
+
+    session_id: str
+    event: Event
+
+    def json_bytes(self) -> bytes:
+        """`{"session_id": ..., "seq", "type", "time", "data", ...}` as one JSON object
+        (the log record's optional keys, such as `surface_op`, included as stored)."""
+        return b'{"session_id":' + _encode(self.session_id) + b"," + _encode(self.event)[1:]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON values."""
+        value: dict[str, Any] = msgspec.json.decode(self.json_bytes())
+        return value
+
+
+def usage_of(events: Iterable[StreamEvent]) -> dict[str, int]:
+    """Token usage: the sum of the `usage` records of the `assistant/message` events given
+    (`run --stream` sums every event it streamed: the tree's usage during that run)."""
+    total = {"input_tokens": 0, "output_tokens": 0}
+    for item in events:
+        add_usage(total, item.event)
+    return total
+
+
+def add_usage(total: dict[str, int], event: Event) -> None:
+    """Add the usage an `assistant/message` event records to `total` (other events: nothing)."""
+    if event.type != "assistant/message":
+        return
+    try:
+        data = msgspec.json.decode(event.data)
+    except msgspec.DecodeError:
+        return
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if isinstance(usage, dict):
+        for key in ("input_tokens", "output_tokens"):
+            value = usage.get(key)
+            if type(value) is int:
+                total[key] = total.get(key, 0) + value
+
+
+@attrs.define(eq=False)
+class _Tracked:
+    start: int | None  # deliver seqs >= start; None: history, set to its end by the first read
+    cursor: int = 0  # the next seq to look at
+    inherited: int = 0
+    read: bool = False  # its first read from the log is done
+    broken: bool = False  # its log could not be read: no longer followed
+
+
+class EventStream:
+    """An async iterable of `StreamEvent`s; see the module docstring."""
+
+    def __init__(self, receive: trio.MemoryReceiveChannel[StreamEvent], finish: Callable[[], None]) -> None:
+        self._receive = receive
+        self._finish = finish
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self._receive.__aiter__()
+
+    async def receive(self) -> StreamEvent:
+        """The next event; `trio.EndOfChannel` after `finish` once everything is delivered."""
+        return await self._receive.receive()
+
+    def receive_nowait(self) -> StreamEvent:
+        """The next event already delivered; `trio.WouldBlock` if there is none yet."""
+        return self._receive.receive_nowait()
+
+    def finish(self) -> None:
+        """End the stream once every event durable by now has been delivered (iteration then
+        stops); the stream goes on delivering until then."""
+        self._finish()
+
+
+class _Pump:
+    def __init__(
+        self,
+        sessions: SessionStore,
+        log_store: LogStore,
+        subscription: FeedSubscription,
+        send: trio.MemorySendChannel[StreamEvent],
+        finish: trio.Event,
+    ) -> None:
+        self.sessions = sessions
+        self.log_store = log_store
+        self.subscription = subscription
+        self.send = send
+        self.finish = finish
+        self.tracked: dict[str, _Tracked] = {}
+        self.unread: list[str] = []  # tracked sessions waiting for their first read
+
+    def track(self, session_id: str, start: int | None) -> None:
+        if session_id not in self.tracked:
+            self.tracked[session_id] = _Tracked(start)
+            self.unread.append(session_id)
+
+    async def run(self) -> None:
+        async with self.send:
+            while True:
+                await self.read_unread()
+                batches, lagged = self.subscription.take()
+                for batch in batches:
+                    await self.on_batch(batch)
+                for session_id in sorted(lagged):
+                    if session_id in self.tracked:
+                        await self.catch_up(session_id)
+                if batches or lagged or self.unread:
+                    continue
+                if self.finish.is_set():
+                    return  # everything pushed before `finish` has been delivered
+                await self.subscription.wait_pushed()
+
+    async def read_unread(self) -> None:
+        while self.unread:
+            await self.catch_up(self.unread.pop(0))
+
+    async def on_batch(self, batch: DurableBatch) -> None:
+        tracked = self.tracked.get(batch.session_id)
+        if tracked is None or tracked.broken:
+            return  # not in the tree (yet: joining it reads the log)
+        if not tracked.read or batch.events[0].seq > tracked.cursor:
+            await self.catch_up(batch.session_id)  # its first read, or a gap a dropped push left
+        tracked.inherited = batch.inherited_event_count
+        await self.deliver(batch.session_id, tracked, batch.events)
+
+    async def catch_up(self, session_id: str) -> None:
+        """Read the session's durable events from its cursor and deliver them."""
+        tracked = self.tracked[session_id]
+        if tracked.broken:
+            return
+        if session_id in self.unread:
+            self.unread.remove(session_id)
+        try:
+            inherited, events = await trio.to_thread.run_sync(self._read, session_id, tracked.cursor)
+        except SessionNotFound:
+            inherited, events = None, []  # not published yet: its first push brings it
+        except StorageError as exc:
+            log.warning("event stream: session %r cannot be read, no longer followed: %s", session_id, exc)
+            tracked.broken = True
+            return
+        ref = self.sessions.get(session_id)
+        if ref is not None:
+            # Live here: bytes past its durable end may be a write whose fsync is not done.
+            durable_next = ref.durable_next
+            events = [e for e in events if e.seq < durable_next]
+        if inherited is not None:
+            tracked.inherited = inherited
+            if not tracked.read:
+                tracked.read = True
+                if tracked.start is None:
+                    tracked.start = tracked.cursor + len(events)  # history: deliver what comes next
+        await self.deliver(session_id, tracked, events)
+
+    def _read(self, session_id: str, start: int) -> tuple[int, list[Event]]:
+        handle = self.log_store.open_read(session_id)
+        try:
+            return handle.inherited_event_count, self.log_store.read(handle, start)
+        finally:
+            self.log_store.close(handle)
+
+    async def deliver(self, session_id: str, tracked: _Tracked, events: Any) -> None:
+        for event in events:
+            if event.seq < tracked.cursor:
+                continue  # delivered already (read and pushed both)
+            if event.seq > tracked.cursor:
+                return  # a gap: the next push or read fills it from the cursor
+            shown = tracked.start is not None and event.seq >= tracked.start
+            if event.type == CATALOG_TYPE and event.seq >= tracked.inherited:
+                child = _catalog_child(event)
+                if child is not None:
+                    # A catalog delivered now names a new child (all of it is delivered); one in
+                    # the history names an existing child (only what it does next is).
+                    self.track(child, 0 if shown else None)
+            tracked.cursor = event.seq + 1
+            if shown:
+                await self.send.send(StreamEvent(session_id, event))
+
+
+def _catalog_child(event: Event) -> str | None:
+    try:
+        data = msgspec.json.decode(event.data)
+    except msgspec.DecodeError:
+        return None
+    child = data.get("child_id") if isinstance(data, dict) else None
+    return child if isinstance(child, str) and child else None
+
+
+@asynccontextmanager
+async def open_event_stream(
+    sessions: SessionStore,
+    log_store: LogStore,
+    root_id: str,
+    *,
+    from_seq: int = 0,
+    buffer: int = 256,
+    feed_capacity: int = 4096,
+) -> AsyncIterator[EventStream]:
+    """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
+    §8). `buffer`: items waiting for the consumer; `feed_capacity`: pushed events waiting for
+    the pump before its sessions are re-read from the log. Leaving the block stops the stream."""
+    if type(from_seq) is not int or from_seq < 0:
+        raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
+    send, receive = trio.open_memory_channel[StreamEvent](buffer)
+    finish = trio.Event()
+    # Subscribed before the first read, so nothing durable after that read can be missed.
+    with sessions.feed.subscribe(feed_capacity) as subscription:
+        pump = _Pump(sessions, log_store, subscription, send, finish)
+        pump.track(root_id, from_seq)
+
+        def finish_stream() -> None:
+            finish.set()
+            subscription.wake()
+
+        # The body's own error is re-raised after the nursery closes, unchanged rather than
+        # wrapped in an ExceptionGroup.
+        body_error: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.run)
+            try:
+                yield EventStream(receive, finish_stream)
+            except BaseException as exc:
+                body_error = exc
+            finally:
+                nursery.cancel_scope.cancel()
+        if body_error is not None:
+            raise body_error

@@ -1,0 +1,165 @@
+"""What `run` writes while it works: `--stream` JSON lines on stdout, progress on a terminal.
+
+Both read the event stream of the run's session (from the seq its prompt is written at) and its
+descendants. `watch_run` owns one consumer task; when its block ends normally it finishes the
+stream and waits until every event durable by then has been written, so the caller can print
+the result line last. Writes to stdout go through a worker thread, a batch of ready lines per
+hop: a slow reader of the pipe holds only this stream (its bounded buffers then fall back to
+log reads), never the runtime's event loop.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, BinaryIO
+
+import attrs
+import trio
+
+from .app import Runtime
+from .event_stream import EventStream, StreamEvent, add_usage, open_event_stream
+from .run_progress import RunProgress, render_progress
+
+__all__ = ["RunWatch", "result_line", "watch_run"]
+
+_TICK = 0.1  # seconds between refreshes of the live display (the spinner moves)
+
+
+@attrs.define(eq=False)
+class RunWatch:
+    """What the watch saw: the usage the streamed `assistant/message` events record."""
+
+    usage: dict[str, int] = attrs.field(factory=lambda: {"input_tokens": 0, "output_tokens": 0})
+    reader_gone: bool = False  # stdout's reader went away: no more lines are written
+
+
+def result_line(session_id: str, output: str, usage: dict[str, int]) -> bytes:
+    """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage"}`."""
+    import json
+
+    record = {"type": "result", "session_id": session_id, "output": output, "usage": usage}
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+@asynccontextmanager
+async def watch_run(
+    runtime: Runtime,
+    root_id: str,
+    from_seq: int,
+    *,
+    stream_to: BinaryIO | None,
+    progress: Any | None,
+) -> AsyncIterator[RunWatch]:
+    """Stream `root_id`'s tree from `from_seq` while the block runs: JSON lines to `stream_to`
+    (if given) and a live display on `progress` (a rich `Console`, if given)."""
+    watch = RunWatch()
+    if stream_to is None and progress is None:
+        yield watch
+        return
+    async with open_event_stream(runtime.sessions, runtime.log_store, root_id, from_seq=from_seq) as stream:
+        done = trio.Event()
+        body_error: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_consume, stream, watch, stream_to, progress, RunProgress(root_id), done)
+            try:
+                yield watch
+            except BaseException as exc:  # re-raised bare once the nursery has closed
+                body_error = exc
+                nursery.cancel_scope.cancel()
+            else:
+                stream.finish()
+                await done.wait()  # everything durable by now is out
+        if body_error is not None:
+            raise body_error
+
+
+async def _consume(
+    stream: EventStream,
+    watch: RunWatch,
+    stream_to: BinaryIO | None,
+    console: Any | None,
+    state: RunProgress,
+    done: trio.Event,
+) -> None:
+    live = None
+    spinner = None
+    if console is not None:
+        from rich.live import Live
+        from rich.spinner import Spinner
+
+        spinner = Spinner("dots")
+        # Refreshed from this task only (no refresh thread); stderr writes (log lines) go above
+        # the display; stdout is another stream unless it is the same terminal.
+        live = Live(
+            render_progress(state, spinner),
+            console=console,
+            auto_refresh=False,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=True,
+        )
+        live.start()
+    try:
+        async with trio.open_nursery() as nursery:
+            if live is not None:
+                nursery.start_soon(_tick, live)
+            while True:
+                try:
+                    batch = [await stream.receive()]
+                except trio.EndOfChannel:
+                    break
+                while True:  # whatever else is ready goes out with it
+                    try:
+                        batch.append(stream.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                for item in batch:
+                    add_usage(watch.usage, item.event)
+                    state.apply(item)
+                if stream_to is not None and not watch.reader_gone:
+                    try:
+                        await trio.to_thread.run_sync(_write, stream_to, batch)
+                    except OSError:  # `run --stream | head`: the run goes on, unheard
+                        watch.reader_gone = True
+                        _drop_stdout(stream_to)
+                if live is not None:
+                    live.update(render_progress(state, spinner), refresh=True)
+            nursery.cancel_scope.cancel()
+    finally:
+        if live is not None:
+            live.stop()
+    done.set()
+
+
+async def _tick(live: Any) -> None:
+    while True:
+        await trio.sleep(_TICK)
+        live.refresh()
+
+
+def _write(out: BinaryIO, batch: list[StreamEvent]) -> None:
+    out.write(b"".join(item.json_bytes() + b"\n" for item in batch))
+    out.flush()
+
+
+def _drop_stdout(out: BinaryIO) -> None:
+    """Point stdout at /dev/null, so nothing (Python's own flush at exit included) writes to
+    the pipe whose reader went away."""
+    try:
+        fd = out.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):  # not a real file (a test's buffer)
+        return
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def stdout_binary() -> BinaryIO:
+    """Where `--stream` lines go (flushed after every batch)."""
+    sys.stdout.flush()
+    return sys.stdout.buffer

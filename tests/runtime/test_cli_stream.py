@@ -1,0 +1,153 @@
+"""`subagents run --stream` (issue 15 item 2, SPEC §8), in a subprocess: one JSON object per
+line on stdout for every durable event of the session and its descendants, then the result
+line. Parsed line by line and compared with the logs read back from disk.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_process import CLI, clean_env, write_script
+from log_lines import plain_records
+
+TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
+
+BACKGROUND_CHILD = {
+    "agents": [
+        {
+            "responses": [
+                {
+                    "tool_calls": [
+                        {"name": "subagent", "arguments": {"description": "helper", "prompt": "do the thing"}}
+                    ],
+                    "usage": {"input_tokens": 10, "output_tokens": 1},
+                },
+                {
+                    "wait_for": {"settled": "helper"},
+                    "text": "STARTED",
+                    "tool_calls": [{"name": "list_agents", "arguments": {}}],
+                    "usage": {"input_tokens": 20, "output_tokens": 2},
+                },
+                {"text": "NOTED", "usage": {"input_tokens": 30, "output_tokens": 3}},
+            ]
+        },
+        {"label": "helper", "responses": [{"text": "CHILD_OK", "usage": {"input_tokens": 5, "output_tokens": 4}}]},
+    ]
+}
+
+
+def run(tmp_path: Path, script: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    model = write_script(tmp_path / "s.json", script)
+    return subprocess.run(
+        [*CLI, "run", "--root", str(tmp_path / "root"), "--model", model, "--compression", "none", *args],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def parse(stdout: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every line is one JSON object; the last is the result, the others events."""
+    assert stdout.endswith("\n")
+    records = [json.loads(line) for line in stdout.splitlines()]
+    assert all(isinstance(r, dict) for r in records)
+    *events, result = records
+    assert result["type"] == "result" and set(result) == {"type", "session_id", "output", "usage"}
+    for event in events:
+        assert set(event) >= {"session_id", "seq", "type", "time", "data"}
+        assert event["type"] != "result"
+    return events, result
+
+
+def events_by_session(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        out.setdefault(event.pop("session_id"), []).append(event)
+    return out
+
+
+@pytest.mark.slow
+def test_stream_prints_every_durable_event_of_the_tree_then_the_result(tmp_path: Path) -> None:
+    done = run(tmp_path, BACKGROUND_CHILD, "--stream", "go")
+    assert done.returncode == 0, done.stderr
+    events, result = parse(done.stdout)
+    parent = result["session_id"]
+    assert done.stderr == f"session {parent}\n"  # not a terminal: nothing extra
+    assert result["output"] == "NOTED"
+    # The tree's usage during the run: the parent's three answers and the child's one.
+    assert result["usage"] == {"input_tokens": 65, "output_tokens": 10}
+    sessions = events_by_session(events)
+    [child] = [sid for sid in sessions if sid != parent]
+    for sid, streamed in sessions.items():
+        seqs = [e["seq"] for e in streamed]
+        assert seqs == list(range(len(seqs))), sid  # increasing, none missing, none twice
+        _header, *logged = plain_records(tmp_path / "root", sid)
+        assert streamed == logged, sid  # every durable event of it, as the log holds it
+    catalog = next(i for i, e in enumerate(events) if e["type"] == "subagent/catalog")
+    assert events[catalog]["data"]["child_id"] == child
+    first_child = next(i for i, e in enumerate(parse(done.stdout)[0]) if e["session_id"] == child)
+    assert first_child > catalog  # a child is streamed once its parent's catalog names it
+
+
+@pytest.mark.slow
+def test_stream_on_a_resumed_session_prints_only_the_new_run(tmp_path: Path) -> None:
+    script = {"agents": [{"session": "s1", "responses": [{"text": "ONE"}, {"text": "TWO"}]}]}
+    first = run(tmp_path, script, "--session", "s1", "first")
+    assert first.returncode == 0, first.stderr
+    _header, *before = plain_records(tmp_path / "root", "s1")
+    script_2 = {"agents": [{"session": "s1", "responses": [{"text": "TWO"}]}]}
+    done = run(tmp_path, script_2, "--session", "s1", "--stream", "second")
+    assert done.returncode == 0, done.stderr
+    events, result = parse(done.stdout)
+    assert result == {"type": "result", "session_id": "s1", "output": "TWO", "usage": result["usage"]}
+    assert [e["seq"] for e in events] == list(range(len(before), len(before) + len(events)))
+    assert events[0]["type"] == "turn/start" and events[-1]["type"] == "turn/end"
+
+
+@pytest.mark.slow
+def test_stream_after_a_failed_turn_still_ends_with_the_result_and_exits_1(tmp_path: Path) -> None:
+    script = {"agents": [{"responses": [{"error": {"status": 500, "message": "boom"}}]}]}
+    done = run(tmp_path, script, "--stream", "go")
+    assert done.returncode == 1
+    events, result = parse(done.stdout)
+    assert result["output"] == "" and events[-1]["type"] == "turn/end"
+    assert events[-1]["data"]["reason"]["kind"] == "error"
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("subagents: the turn ended error")
+
+
+def test_stream_and_json_together_are_refused_in_one_line(tmp_path: Path) -> None:
+    done = run(tmp_path, BACKGROUND_CHILD, "--stream", "--json", "go")
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("subagents: ") and "not allowed with" in line
+    assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.slow
+def test_a_reader_that_goes_away_ends_nothing_but_its_lines(tmp_path: Path) -> None:
+    # `subagents run --stream | head -1`: the run finishes its work quietly, no traceback.
+    model = write_script(tmp_path / "s.json", BACKGROUND_CHILD)
+    proc = subprocess.Popen(
+        [*CLI, "run", "--root", str(tmp_path / "root"), "--model", model, "--compression", "none", "--stream", "go"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["seq"] == 0
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=TIMEOUT) == 0, stderr
+    assert stderr == f"session {first['session_id']}\n"
+    # The work was done all the same: the parent's turn completed after its child settled.
+    _header, *logged = plain_records(tmp_path / "root", first["session_id"])
+    assert logged[-1]["type"] == "turn/end" and logged[-1]["data"]["reason"]["kind"] == "completed"
