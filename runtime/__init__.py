@@ -32,7 +32,6 @@ from .errors import ToolFailure as ToolFailure
 from .event_stream import EventStream as EventStream
 from .event_stream import StreamEvent as StreamEvent
 from .event_stream import open_event_stream as open_event_stream
-from .event_stream import usage_of as usage_of
 from .ids import CountingIds as CountingIds
 from .ids import RandomIds as RandomIds
 from .models.base import AnyModel as AnyModel
