@@ -1,0 +1,391 @@
+"""`subagents chat`: an interactive session over the runtime (SPEC §8, README "Chat").
+
+Theory of operation. Trio owns the runtime; `chat` is a thin host over `open_runtime`, like
+`run`. Three things run at once under one nursery:
+
+- the *reader* asks for a line: on a terminal through prompt-toolkit (line editing, history)
+  whose prompt runs in a worker thread (`trio.to_thread.run_sync`), otherwise plain lines from
+  stdin, also read in a worker thread (so a pipe can script a session);
+- the *view* renders the event stream (`open_event_stream`: the durable events of the session
+  and its descendants, from the seq the chat starts at) as one line per message, tool call,
+  tool result, child start, turn end and settlement — a notice that starts a turn while the
+  person is idle shows up as it happens;
+- SIGINT is a Trio signal receiver: during a turn it cancels the turn (the agent's two-phase
+  cancel, cause `user`: the log records `turn/end` aborted user); at an idle prompt it leaves.
+  On a terminal prompt-toolkit reads Ctrl-C itself (a key in raw mode): the same rule applies.
+
+A user line is sent to the agent and the reader waits until the agent is idle and the view
+has shown the session's events up to that point, so the answer is printed before the next
+prompt. Leaving (`/quit`, EOF, Ctrl-C at an idle prompt) closes the runtime, which drains the
+session's children; the exit status is 0. The chat holds no state the log does not hold:
+resuming a session (`--session ID`) prints its last turns from the log.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+from subagents.storage import SessionNotFound, StorageError
+
+from .agent.loop import Agent
+from .app import Runtime, open_runtime
+from .delegation.listing import ChildRow
+from .errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
+from .event_stream import StreamEvent, open_event_stream
+from .models.base import AnyModel
+from .tools.subagent_tools import agent_status, render_agents
+from .transcript import render, transcript
+from .usage import session_usage, tree_usage, usage_lines
+
+__all__ = ["HELP", "Lines", "PipedLines", "TerminalLines", "chat", "event_line"]
+
+LAST_TURNS = 3  # turns a resumed session shows before its prompt
+_WIDTH = 160  # a tool call's arguments or result beyond this is cut (the log keeps all of it)
+
+HELP = """\
+commands:
+  /agents [all]      the session's subagents with status and label (all: the whole tree)
+  /send ID TEXT      send TEXT to the subagent ID (as this session)
+  /interrupt ID      stop the subagent ID's current turn
+  /usage             token usage per turn, for the session and its tree
+  /wait              wait until the session and its subagents are idle (Ctrl-C stops waiting)
+  /help              this text
+  /quit              leave (Ctrl-D too; Ctrl-C cancels a running turn, or leaves when idle)"""
+
+CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
+
+
+class Lines(Protocol):
+    """Where the person's lines come from."""
+
+    async def read(self, prompt: str) -> str | object | None:
+        """The next line (without its newline), `CTRL_C`, or None at end of input."""
+        ...
+
+
+class PipedLines:
+    """Plain lines from a file (stdin when it is not a terminal), read in a worker thread."""
+
+    def __init__(self, file: Any = None) -> None:
+        self.file = file if file is not None else sys.stdin
+
+    async def read(self, prompt: str) -> str | object | None:
+        line = await trio.to_thread.run_sync(self.file.readline, abandon_on_cancel=True)
+        return line.rstrip("\r\n") if line else None
+
+
+class TerminalLines:
+    """prompt-toolkit's prompt (line editing, history for this chat), run in a worker thread so
+    Trio keeps the main thread; imported here only, so other commands never load it."""
+
+    def __init__(self) -> None:
+        from prompt_toolkit import PromptSession
+
+        self.session: Any = PromptSession()
+
+    async def read(self, prompt: str) -> str | object | None:
+        def ask() -> str | object | None:
+            try:
+                # The worker thread cannot own signal handlers; Ctrl-C arrives as a key.
+                return self.session.prompt(prompt, handle_sigint=False)
+            except KeyboardInterrupt:
+                return CTRL_C
+            except EOFError:
+                return None
+
+        return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+
+
+def _cut(text: str, width: int = _WIDTH) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+def event_line(item: StreamEvent, root_id: str) -> str | None:
+    """The line the chat shows for one durable event, or None for events it does not show.
+    Raises `StorageError` for a payload that does not decode."""
+    event = item.event
+    own = item.session_id == root_id
+    if not own:
+        # A descendant: when it starts and ends a turn (its detail is in its own log).
+        if event.type not in ("turn/start", "turn/end"):
+            return None
+    entries = [e for e in transcript([event], session_id=item.session_id) if e["type"] != "usage"]
+    if not entries:
+        return None
+    e = entries[0]
+    kind = e["type"]
+    if not own:
+        if kind == "turn/start":
+            return f"  ⋯ {item.session_id} working (turn {e['turn']})"
+        reason = e["reason"]
+        more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
+        return f"  ⋯ {item.session_id} turn {e['turn']} {reason['kind']}{_cut(more, 120)}"
+    if kind == "turn/start":
+        # A turn the person started says nothing more; one a notice started says so.
+        trigger = f" ({e['trigger']})" if e.get("trigger", "message") != "message" else ""
+        return f"── turn {e['turn']}{trigger}"
+    if kind == "turn/end":
+        reason = e["reason"]
+        if reason["kind"] == "completed":
+            return None
+        more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
+        return f"── turn {e['turn']} ended: {reason['kind']}{more}"
+    if kind == "assistant/message":
+        text = e["text"]
+        if e.get("interrupted"):
+            text += " [interrupted]"
+        return f"assistant: {text}" if text else None
+    if kind in ("user/message", "system/message"):
+        if e["source"] in ("user", "model") or kind == "system/message":
+            return None  # the person typed it; the system prompt is not news
+        return f"{e['source']}: {_cut(e['text'])}"
+    if kind == "tool/call":
+        arguments = e["arguments"]
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        return f"  → {e['name']}({_cut(arguments)})"
+    if kind == "tool/result":
+        mark = "✗" if e.get("is_error") else "←"
+        return f"  {mark} {_cut(e['text'])}"
+    if kind in ("subagent/catalog", "subagent/settled", "compaction/summary"):
+        lines = render([e])
+        return lines[0] if lines else None
+    return None
+
+
+class _View:
+    """Prints the event stream; knows how far the root session has been shown."""
+
+    def __init__(self, console: Any, root_id: str, start: int) -> None:
+        self.console = console
+        self.root_id = root_id
+        self.shown = start  # the root's next seq to show
+        self.ended = False
+        self._changed = trio.Event()
+
+    def say(self, text: str, style: str | None = None) -> None:
+        self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+    async def consume(self, stream: Any) -> None:
+        try:
+            async for item in stream:
+                try:
+                    line = event_line(item, self.root_id)
+                except StorageError as exc:
+                    line = f"  ! {item.session_id} seq {item.event.seq}: {exc}"
+                if line is not None:
+                    style = None if line.startswith("assistant:") else "dim"
+                    self.say(line, style)
+                if item.session_id == self.root_id:
+                    self.shown = item.event.seq + 1
+                    self._changed.set()
+                    self._changed = trio.Event()
+        finally:
+            self.ended = True
+            self._changed.set()
+
+    async def caught_up(self, durable_next: int) -> None:
+        """Until the root's events below `durable_next` have been shown."""
+        while self.shown < durable_next and not self.ended:
+            await self._changed.wait()
+
+
+class _Chat:
+    def __init__(self, runtime: Runtime, agent: Agent, lines: Lines, view: _View) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self.lines = lines
+        self.view = view
+        self.in_turn = False  # a line of the person's is being answered
+        self.leaving = False
+        self.read_scope: trio.CancelScope | None = None
+        self.wait_scope: trio.CancelScope | None = None
+
+    async def on_signals(self, signals: Any) -> None:
+        async for _ in signals:
+            self.ctrl_c()
+
+    def ctrl_c(self) -> None:
+        if self.agent.status == "running":
+            if self.agent.cancel("user"):
+                self.view.say("(cancelling the turn)", "dim")
+            return
+        if self.wait_scope is not None:
+            self.wait_scope.cancel()  # stop a /wait (its children go on)
+            return
+        if self.in_turn:
+            return  # the turn is between its end and the prompt: nothing to cancel
+        self.leaving = True
+        if self.read_scope is not None:
+            self.read_scope.cancel()
+
+    async def loop(self) -> int:
+        while not self.leaving:
+            with trio.CancelScope() as self.read_scope:
+                line = await self.lines.read("> ")
+            self.read_scope = None
+            if self.leaving or line is None:
+                return 0
+            if line is CTRL_C:
+                self.ctrl_c()
+                continue
+            assert isinstance(line, str)
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                if await self.command(text):
+                    return 0
+                continue
+            status = await self.turn(line)
+            if status is not None:
+                return status
+        return 0
+
+    async def turn(self, text: str) -> int | None:
+        self.in_turn = True
+        try:
+            await self.agent.send(text)
+            await self.agent.wait_idle()
+        except AgentStopped as exc:
+            self.view.say(f"subagents: {exc}", "red")
+            return 1
+        finally:
+            self.in_turn = False
+        await self.view.caught_up(self.agent.session.durable_next)
+        return None
+
+    async def wait_tree(self) -> None:
+        self.in_turn = True
+        try:
+            with trio.CancelScope() as self.wait_scope:
+                await self.runtime.subagents.wait_tree_idle(self.agent)
+        except AgentStopped as exc:
+            self.view.say(f"subagents: {exc}", "red")
+        finally:
+            self.in_turn = False
+            self.wait_scope = None
+        await self.view.caught_up(self.agent.session.durable_next)
+
+    async def command(self, text: str) -> bool:
+        """Run one `/command`; True when the chat should end."""
+        name, _, rest = text.partition(" ")
+        rest = rest.strip()
+        say = self.view.say
+        try:
+            if name == "/quit":
+                return True
+            if name == "/help":
+                say(HELP)
+            elif name == "/agents":
+                say(await self.agents(rest == "all"))
+            elif name == "/send":
+                target, _, message = rest.partition(" ")
+                if not target or not message.strip():
+                    say("usage: /send ID TEXT")
+                else:
+                    await self.runtime.subagents.send_message(self.agent, target, message.strip())
+                    say(f"sent to {target}", "dim")
+            elif name == "/interrupt":
+                if not rest or " " in rest:
+                    say("usage: /interrupt ID")
+                else:
+                    outcome = await self.runtime.subagents.interrupt(rest, by=self.agent)
+                    say(f"{rest}: {outcome}", "dim")
+            elif name == "/wait":
+                await self.wait_tree()
+            elif name == "/usage":
+                sid = self.agent.session_id
+                own = await session_usage(self.runtime.query, sid)
+                tree = await tree_usage(self.runtime.query, self.runtime.listing, sid)
+                say("\n".join(usage_lines(own, tree)))
+            else:
+                say(f"unknown command {_cut(name, 40)} (try /help)")
+        except SubagentsError as exc:
+            say(f"{name}: {_cut(getattr(exc, 'message', None) or str(exc))}", "red")
+        return False
+
+    async def agents(self, descendants: bool) -> str:
+        sid = self.agent.session_id
+        listing = self.runtime.listing
+        rows = await (listing.list_descendants(sid) if descendants else listing.list_children(sid))
+        elsewhere = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
+        agents = self.runtime.agents
+
+        def status(child_id: str) -> str:
+            if child_id in elsewhere and agents.get(child_id) is None:
+                return "running"  # held by another process
+            return agent_status(agents, child_id)
+
+        return render_agents(rows, descendants, status)
+
+
+async def _take_session(runtime: Runtime, session_id: str | None) -> tuple[Agent, bool]:
+    """The chat's agent, and whether it resumed an existing session."""
+    try:
+        if session_id is None:
+            return await runtime.agents.create(), False
+        try:
+            return await runtime.agents.resume(session_id), True
+        except SessionNotFound:
+            return await runtime.agents.create(session_id=session_id), False
+    except (StorageError, AgentError) as exc:
+        raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
+
+
+async def _last_turns(runtime: Runtime, session_id: str, count: int) -> list[str]:
+    async with runtime.query.observe_session(session_id) as seen:
+        entries = transcript(
+            seen.events,
+            session_id=session_id,
+            inherited_event_count=seen.inherited_event_count,
+            inherited_from=seen.header.parent_session,
+        )
+    starts = [i for i, e in enumerate(entries) if e["type"] == "turn/start"]
+    if len(starts) > count:
+        entries = entries[starts[-count] :]
+    return render([e for e in entries if e["type"] != "usage"])
+
+
+async def chat(
+    root: str,
+    model: AnyModel,
+    *,
+    session_id: str | None = None,
+    compression: Any = "zstd",
+    lines: Lines,
+    console: Any,
+    on_ready: Callable[[], None] | None = None,
+) -> int:
+    """Run a chat on `root` until the person leaves; the exit status (0 after a clean leave, 1
+    when the agent stopped). Raises `UsageError` for a session that cannot be taken."""
+    async with open_runtime(root, model=model, compression=compression) as runtime:
+        agent, resumed = await _take_session(runtime, session_id)
+        view = _View(console, agent.session_id, agent.session.durable_next)
+        if resumed:
+            try:
+                history = await _last_turns(runtime, agent.session_id, LAST_TURNS)
+            except (SessionQueryError, StorageError) as exc:
+                history = [f"(its history cannot be shown: {_cut(str(exc))})"]
+            for line in history:
+                view.say(line, "dim")
+        view.say(f"session {agent.session_id} (/help for commands)", "dim")
+        if on_ready is not None:
+            on_ready()
+        session = _Chat(runtime, agent, lines, view)
+        async with open_event_stream(
+            runtime.sessions, runtime.log_store, agent.session_id, from_seq=agent.session.durable_next
+        ) as stream:
+            with trio.open_signal_receiver(signal.SIGINT) as signals:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(view.consume, stream)
+                    nursery.start_soon(session.on_signals, signals)
+                    status = await session.loop()
+                    nursery.cancel_scope.cancel()
+    return status

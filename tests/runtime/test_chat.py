@@ -1,0 +1,245 @@
+"""`subagents chat` (issue 15 item 1, SPEC §8) in a subprocess with a scripted model: lines piped
+on stdin (the chat's plain mode), its output read as it comes. Each step waits for the line the
+chat prints, never for time; the timeouts only guard against a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_process import CLI, clean_env, write_script
+
+TIMEOUT = 60  # real seconds: only reached if the chat hangs
+
+pytestmark = pytest.mark.slow
+
+BACKGROUND = {
+    "agents": [
+        {
+            "responses": [
+                {"text": "hello person", "usage": {"input_tokens": 10, "output_tokens": 3}},
+                {
+                    "tool_calls": [
+                        {
+                            "name": "subagent",
+                            "arguments": {"description": "Bg", "prompt": "wait", "run_in_background": True},
+                        }
+                    ]
+                },
+                {"text": "started it", "usage": {"input_tokens": 20, "output_tokens": 2}},
+                {"text": "noted the settlement"},
+            ]
+        },
+        {"label": "Bg", "responses": [{"wait_for": {"steered": True}, "text": "heard"}, {"text": "child done"}]},
+    ]
+}
+
+HANG = {
+    "agents": [
+        {
+            "responses": [
+                {"hang": True},
+                {"text": "after the cancel"},
+                {
+                    "tool_calls": [
+                        {
+                            "name": "subagent",
+                            "arguments": {"description": "Hang", "prompt": "hang", "run_in_background": True},
+                        }
+                    ]
+                },
+                {"text": "started"},
+                {"text": "heard it was interrupted"},
+            ]
+        },
+        {"label": "Hang", "responses": [{"hang": True}]},
+    ]
+}
+
+
+class Chat:
+    """A `subagents chat` subprocess: `line` writes one line, `expect` waits for an output line
+    matching a regex (returning the match), reading stdout in a thread."""
+
+    def __init__(self, tmp_path: Path, script: Any, *args: str) -> None:
+        model = write_script(tmp_path / "s.json", script)
+        self.root = str(tmp_path / "root")
+        self.proc = subprocess.Popen(
+            [*CLI, "chat", "--root", self.root, "--model", model, "--compression", "none", *args],
+            cwd=tmp_path,
+            env=clean_env(COLUMNS="200"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        self.seen: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def line(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, pattern: str) -> re.Match[str]:
+        while True:
+            try:
+                line = self._lines.get(timeout=TIMEOUT)
+            except queue.Empty:
+                self.proc.kill()
+                raise AssertionError(f"no line matching {pattern!r}; seen: {self.seen}") from None
+            if line is None:
+                raise AssertionError(f"the chat ended before a line matching {pattern!r}; seen: {self.seen}")
+            self.seen.append(line)
+            match = re.search(pattern, line)
+            if match:
+                return match
+
+    def finish(self) -> tuple[int, str, str]:
+        """Close stdin and wait for the exit: (status, the rest of stdout, stderr)."""
+        assert self.proc.stdin is not None and self.proc.stderr is not None
+        self.proc.stdin.close()
+        status = self.proc.wait(timeout=TIMEOUT)
+        rest = []
+        while (line := self._lines.get(timeout=TIMEOUT)) is not None:
+            rest.append(line)
+        self.seen.extend(rest)
+        return status, "\n".join(rest), self.proc.stderr.read()
+
+
+def show_json(root: str, session_id: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [*CLI, "show", "--root", root, "--json", session_id],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    entries: list[dict[str, Any]] = json.loads(done.stdout)
+    return entries
+
+
+def test_chat_answers_lists_a_background_child_sends_to_it_and_shows_its_notice_turn(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, BACKGROUND)
+    session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
+    chat.line("hi")
+    chat.expect(r"^assistant: hello person$")
+    chat.line("start a child")
+    chat.expect(r"^  → subagent\(")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started it$")
+    # The child is held on its script until it is sent a message: running, with its label.
+    chat.line("/agents")
+    chat.expect(rf"^{re.escape(child)} \[running\] — Bg$")
+    chat.line("/usage")
+    chat.expect(r"^turn 1: 10 in, 3 out tokens \(1 model call\)$")
+    chat.expect(rf"^session {re.escape(session)}: 30 in, 5 out tokens")
+    chat.expect(r"^with 1 subagent: ")
+    chat.line("/bogus now")
+    chat.expect(r"^unknown command /bogus \(try /help\)$")
+    chat.line("/send")
+    chat.expect(r"^usage: /send ID TEXT$")
+    chat.line(f"/send {child} go on")
+    chat.expect(rf"^sent to {re.escape(child)}$")
+    # The child answers and settles; its notice starts a turn of the session, shown as it runs.
+    chat.line("/wait")
+    chat.expect(rf"subagent {re.escape(child)} settled: completed$")
+    chat.expect(r"^── turn 3 \(notice\)$")
+    chat.expect(r"^assistant: noted the settlement$")
+    chat.line("/help")
+    chat.expect(r"^  /quit ")
+    chat.line("/quit")
+    status, rest, stderr = chat.finish()
+    assert status == 0, (rest, stderr)
+    assert stderr == ""
+    assert not any("Traceback" in line for line in chat.seen)
+    # One line per bad command: nothing between it and the next command's answer.
+    bogus = next(i for i, line in enumerate(chat.seen) if line.startswith("unknown command"))
+    assert chat.seen[bogus + 1] == "usage: /send ID TEXT"
+
+
+def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, HANG)
+    session = chat.expect(r"^session (\S+) ").group(1)
+    chat.line("this will hang")
+    chat.expect(r"^── turn 1$")
+    chat.proc.send_signal(signal.SIGINT)  # Ctrl-C mid-turn
+    chat.expect(r"^── turn 1 ended: aborted user$")
+    chat.line("again")
+    chat.expect(r"^assistant: after the cancel$")
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started$")
+    chat.line(f"/interrupt {child}")
+    chat.expect(rf"^{re.escape(child)}: requested$")
+    chat.line("/wait")
+    chat.expect(r"^assistant: heard it was interrupted$")
+    chat.line("/interrupt")
+    chat.expect(r"^usage: /interrupt ID$")
+    chat.line("/interrupt not-a-session")
+    chat.expect(r"^/interrupt: ")
+    status, rest, stderr = chat.finish()  # end of input at an idle prompt: leave
+    assert status == 0, (rest, stderr)
+    assert stderr == ""
+    ends = [e for e in show_json(chat.root, session) if e["type"] == "turn/end"]
+    assert ends[0]["reason"] == {"kind": "aborted", "cause": "user"}
+    assert [e["reason"]["kind"] for e in ends[1:]] == ["completed"] * 3
+
+    # Resuming shows the session's last turns, then answers as before.
+    again = Chat(
+        tmp_path, {"agents": [{"session": session, "responses": [{"text": "back again"}]}]}, "--session", session
+    )
+    again.expect(r"^assistant: heard it was interrupted$")
+    again.expect(rf"^session {re.escape(session)} ")
+    again.line("hello again")
+    again.expect(r"^assistant: back again$")
+    again.line("/quit")
+    status, rest, stderr = again.finish()
+    assert status == 0, (rest, stderr)
+    # Its last three turns (2, 3 and the notice turn 4), not the first.
+    assert "user: again" in again.seen
+    assert not any("this will hang" in line for line in again.seen)
+
+
+def test_chat_ctrl_c_at_an_idle_prompt_leaves_cleanly(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, BACKGROUND)
+    chat.expect(r"^session (\S+) ")
+    chat.line("hi")
+    chat.expect(r"^assistant: hello person$")
+    chat.proc.send_signal(signal.SIGINT)
+    assert chat.proc.wait(timeout=TIMEOUT) == 0
+
+
+def test_chat_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
+    for args, message in (
+        (["--session", "../escape"], "subagents: "),
+        (["--model", "nope:x"], "subagents: "),
+    ):
+        done = subprocess.run(
+            [*CLI, "chat", "--root", str(tmp_path / "root"), *args],
+            input="hi\n",
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert done.returncode == 2
+        assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+        assert not (tmp_path / "root").exists()
