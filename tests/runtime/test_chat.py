@@ -10,6 +10,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,6 @@ from cli_process import CLI, clean_env, write_script
 
 TIMEOUT = 60  # real seconds: only reached if the chat hangs
 
-pytestmark = pytest.mark.slow
 
 BACKGROUND = {
     "agents": [
@@ -136,6 +136,7 @@ def show_json(root: str, session_id: str) -> list[dict[str, Any]]:
     return entries
 
 
+@pytest.mark.slow
 def test_chat_answers_lists_a_background_child_sends_to_it_and_shows_its_notice_turn(tmp_path: Path) -> None:
     chat = Chat(tmp_path, BACKGROUND)
     session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
@@ -175,6 +176,7 @@ def test_chat_answers_lists_a_background_child_sends_to_it_and_shows_its_notice_
     assert chat.seen[bogus + 1] == "usage: /send ID TEXT"
 
 
+@pytest.mark.slow
 def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_path: Path) -> None:
     chat = Chat(tmp_path, HANG)
     session = chat.expect(r"^session (\S+) ").group(1)
@@ -243,3 +245,23 @@ def test_chat_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
         assert done.returncode == 2
         assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
         assert not (tmp_path / "root").exists()
+
+
+def test_only_the_terminal_prompt_imports_prompt_toolkit(tmp_path: Path) -> None:
+    """Read-only commands (and piped chat) never load prompt-toolkit: it is imported inside
+    `TerminalLines` only."""
+    code = (
+        "import sys; from subagents.runtime import cli, chat; "
+        "(tmp := sys.argv[1]); __import__('os').makedirs(tmp + '/sessions'); "
+        "assert cli.main(['sessions', '--root', tmp]) == 0; "
+        "assert 'prompt_toolkit' not in sys.modules; "
+        "chat.TerminalLines(); assert 'prompt_toolkit' in sys.modules"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "r")],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
