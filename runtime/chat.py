@@ -42,7 +42,7 @@ from .tools.subagent_tools import agent_status, render_agents
 from .transcript import render, transcript
 from .usage import session_usage, tree_usage, usage_lines
 
-__all__ = ["HELP", "Lines", "PipedLines", "TerminalLines", "chat", "event_line"]
+__all__ = ["HELP", "Lines", "PipedLines", "TerminalLines", "chat", "event_line", "terminal_output"]
 
 LAST_TURNS = 3  # turns a resumed session shows before its prompt
 _WIDTH = 160  # a tool call's arguments or result beyond this is cut (the log keeps all of it)
@@ -99,6 +99,14 @@ class TerminalLines:
                 return None
 
         return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+
+
+def terminal_output() -> Any:
+    """A context in which writes to stdout (the rendered events) go above prompt-toolkit's
+    prompt instead of through it, from any thread."""
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    return patch_stdout(raw=True)
 
 
 def _cut(text: str, width: int = _WIDTH) -> str:

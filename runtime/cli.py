@@ -18,7 +18,7 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
@@ -566,20 +566,21 @@ def _chat(args: argparse.Namespace) -> int:
     _raise_open_file_limit()
     from rich.console import Console
 
-    from .chat import PipedLines, TerminalLines, chat
+    from .chat import PipedLines, TerminalLines, chat, terminal_output
 
     terminal = sys.stdin.isatty() and sys.stdout.isatty()
     lines = TerminalLines() if terminal else PipedLines()
-    return trio.run(
-        lambda: chat(
-            args.root,
-            model,
-            session_id=args.session,
-            compression=args.compression,
-            lines=lines,
-            console=Console(),
+    with terminal_output() if terminal else nullcontext():
+        return trio.run(
+            lambda: chat(
+                args.root,
+                model,
+                session_id=args.session,
+                compression=args.compression,
+                lines=lines,
+                console=Console(),
+            )
         )
-    )
 
 
 def _command(args: argparse.Namespace) -> int:

@@ -6,12 +6,14 @@ chat prints, never for time; the timeouts only guard against a hang.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +267,113 @@ def test_only_the_terminal_prompt_imports_prompt_toolkit(tmp_path: Path) -> None
         timeout=TIMEOUT,
     )
     assert done.returncode == 0, done.stderr
+
+
+# --- on a terminal: prompt-toolkit's prompt in a pseudo-terminal ----------------------------------
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\r]")
+
+
+class Terminal:
+    """`subagents chat` on a pseudo-terminal (stdlib `pty`): `keys` types, `expect` waits for a
+    regex in the output with the terminal's escape sequences taken out."""
+
+    def __init__(self, tmp_path: Path, script: Any) -> None:
+        import pty
+
+        model = write_script(tmp_path / "s.json", script)
+        self.root = str(tmp_path / "root")
+        argv = [*CLI, "chat", "--root", self.root, "--model", model, "--compression", "none"]
+        # No cursor-position requests: nothing on the other side of this terminal answers them.
+        env = clean_env(TERM="xterm-256color", PROMPT_TOOLKIT_NO_CPR="1", COLUMNS="200", LINES="50")
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: becomes the chat
+            os.chdir(tmp_path)
+            os.execvpe(argv[0], argv, env)
+        self.raw = b""
+        # Where the next expect starts looking. Lines printed while the prompt is up come from
+        # prompt-toolkit's stdout proxy, which may draw the next prompt first: on the screen the
+        # line is above the prompt, in the raw output the prompt may come before it (so the
+        # patterns for printed lines are not anchored at the line start).
+        self.at = 0
+
+    def text(self) -> str:
+        return _ESCAPE.sub("", self.raw.decode("utf-8", "replace"))
+
+    def keys(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def _more(self, until: float) -> bool:
+        import select
+
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, until - time.monotonic()))
+        if not ready:
+            return False
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # the chat closed the terminal
+            return False
+        self.raw += data
+        return bool(data)
+
+    def expect(self, pattern: str) -> re.Match[str]:
+        until = time.monotonic() + TIMEOUT  # a hang guard only
+        while True:
+            match = re.compile(pattern, re.MULTILINE).search(self.text(), self.at)
+            if match:
+                self.at = match.end()
+                return match
+            if not self._more(until):
+                raise AssertionError(f"no {pattern!r} in the terminal: {self.text()[-2000:]!r}")
+
+    def exit_status(self) -> int:
+        until = time.monotonic() + TIMEOUT
+        while time.monotonic() < until:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            self._more(time.monotonic() + 0.05)  # keep reading so the chat never blocks on output
+        os.kill(self.pid, signal.SIGKILL)
+        raise AssertionError("the chat did not exit")
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_answers_cancels_with_ctrl_c_and_leaves(tmp_path: Path) -> None:
+    script = {"agents": [{"responses": [{"text": "hello person"}, {"hang": True}, {"text": "after the cancel"}]}]}
+    term = Terminal(tmp_path, script)
+    session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
+    term.expect(r"^>")
+    term.keys(b"hi\r")
+    term.expect(r"assistant: hello person$")
+    term.expect(r"^>")
+    term.keys(b"this will hang\r")
+    term.expect(r"^── turn 2$")
+    term.keys(b"\x03")  # Ctrl-C mid-turn: the terminal sends SIGINT
+    term.expect(r"turn 2 ended: aborted user$")
+    term.expect(r"^>")
+    term.keys(b"/nope\r")
+    term.expect(r"unknown command /nope \(try /help\)$")
+    term.expect(r"^>")
+    term.keys(b"again\r")
+    term.expect(r"assistant: after the cancel$")
+    term.expect(r"^>")
+    term.keys(b"/quit\r")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.text()
+    ends = [e for e in show_json(term.root, session) if e["type"] == "turn/end"]
+    assert [e["reason"] for e in ends] == [
+        {"kind": "completed"},
+        {"kind": "aborted", "cause": "user"},
+        {"kind": "completed"},
+    ]
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_ctrl_c_at_an_idle_prompt_leaves(tmp_path: Path) -> None:
+    term = Terminal(tmp_path, {"agents": [{"responses": [{"text": "hello person"}]}]})
+    term.expect(r"^>")
+    term.keys(b"hi\r")
+    term.expect(r"assistant: hello person$")
+    term.expect(r"^>")
+    term.keys(b"\x03")  # at the prompt prompt-toolkit reads it as a key
+    assert term.exit_status() == 0
