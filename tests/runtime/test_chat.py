@@ -377,3 +377,45 @@ def test_chat_on_a_terminal_ctrl_c_at_an_idle_prompt_leaves(tmp_path: Path) -> N
     term.expect(r"^>")
     term.keys(b"\x03")  # at the prompt prompt-toolkit reads it as a key
     assert term.exit_status() == 0
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_shows_a_notice_turn_while_the_person_is_idle(tmp_path: Path) -> None:
+    term = Terminal(tmp_path, BACKGROUND)
+    term.expect(r"^>")
+    term.keys(b"hi\r")
+    term.expect(r"assistant: hello person$")
+    term.keys(b"start a child\r")
+    child = term.expect(r"← started subagent (\S+)$").group(1)
+    term.expect(r"assistant: started it$")
+    term.expect(r"^>")
+    term.keys(b"/agents\r")
+    term.expect(rf"{re.escape(child)} \[running\] — Bg$")
+    term.expect(r"^>")
+    term.keys(f"/send {child} go on\r".encode())
+    term.expect(rf"sent to {re.escape(child)}$")
+    # Nothing more is typed: the child settles and its notice turn is shown at the idle prompt.
+    term.expect(rf"subagent {re.escape(child)} settled: completed$")
+    term.expect(r"── turn 3 \(notice\)$")
+    term.expect(r"assistant: noted the settlement$")
+    term.expect(r"^>")
+    term.keys(b"\x04")  # Ctrl-D at an idle prompt: leave
+    assert term.exit_status() == 0
+
+
+def test_chat_refuses_a_session_another_chat_holds(tmp_path: Path) -> None:
+    first = Chat(tmp_path, BACKGROUND)
+    session = first.expect(r"^session (\S+) ").group(1)
+    done = subprocess.run(
+        [*CLI, "chat", "--root", first.root, "--session", session, "--model", f"scripted:{tmp_path / 's.json'}"],
+        input="hi\n",
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("subagents: ") and done.stderr.count("\n") == 1, done.stderr
+    assert done.stdout == ""
+    first.line("/quit")
+    assert first.finish()[0] == 0
