@@ -26,9 +26,12 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any, Protocol
 
+import attrs
+import msgspec
 import trio
 from subagents.storage import SessionNotFound, StorageError
 
@@ -37,12 +40,12 @@ from .app import Runtime, open_runtime
 from .delegation.listing import ChildRow
 from .errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from .event_stream import StreamEvent, open_event_stream
-from .models.base import AnyModel
+from .models.base import AnyModel, Chunk, Model, ModelRequest, SessionBinding, TextDelta, bind_model
 from .tools.subagent_tools import agent_status, render_agents
 from .transcript import render, transcript
 from .usage import session_usage, tree_usage, usage_lines
 
-__all__ = ["HELP", "Lines", "PipedLines", "TerminalLines", "chat", "event_line", "terminal_output"]
+__all__ = ["HELP", "Lines", "PipedLines", "TeeModel", "TerminalLines", "chat", "event_line", "terminal_output"]
 
 LAST_TURNS = 3  # turns a resumed session shows before its prompt
 _WIDTH = 160  # a tool call's arguments or result beyond this is cut (the log keeps all of it)
@@ -167,33 +170,122 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
     return None
 
 
-class _View:
-    """Prints the event stream; knows how far the root session has been shown."""
+# on_text(session_id, call, text): `call` is how many `assistant/message` events the session
+# had when the model call began, so its reply will be the next one.
+OnText = Callable[[str, int, str], None]
 
-    def __init__(self, console: Any, root_id: str, start: int) -> None:
+
+@attrs.frozen
+class _TeedModel:
+    """A session's model whose text deltas are also handed on as they arrive."""
+
+    inner: Model
+    session: SessionBinding
+    on_text: OnText
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        call = self.session.assistant_count()
+        async with aclosing(self.inner.stream(request)) as chunks:  # type: ignore[type-var]
+            async for chunk in chunks:
+                if isinstance(chunk, TextDelta) and request.purpose == "turn":
+                    self.on_text(self.session.session_id, call, chunk.text)
+                yield chunk
+
+
+@attrs.frozen
+class TeeModel:
+    """The chat's model: `inner`, bound per session as the runtime binds it, with every
+    session's answer text handed to `on_text` as it streams (the view shows its own
+    session's). The durable `assistant/message` stays the record."""
+
+    inner: AnyModel
+    on_text: OnText
+
+    def bind(self, session: SessionBinding) -> Model:
+        return _TeedModel(bind_model(self.inner, session), session, self.on_text)
+
+
+class _View:
+    """Prints the event stream, and the root's answer text as it streams; knows how far the
+    root session has been shown.
+
+    A model call's text is shown live only once everything durable when it began answering is
+    shown (its turn's start and input, the session's earlier replies): the stream may deliver
+    those after a fast model has begun, and the text waits for them. The reply's
+    durable `assistant/message` then only ends the line; a reply nothing was streamed for is
+    printed whole from the record."""
+
+    def __init__(self, console: Any, root_id: str, start: int, replies: int, durable_next: Callable[[], int]) -> None:
         self.console = console
         self.root_id = root_id
         self.shown = start  # the root's next seq to show
+        self.replies = replies  # the root's `assistant/message` events shown (or before the chat)
         self.ended = False
+        self.streaming = False  # a line of streamed answer text is open (for call `replies`)
+        self.durable_next = durable_next  # the root's
+        self.gates: dict[int, int] = {}  # by call: the root's durable end when its text began
+        self.waiting: dict[int, list[str]] = {}  # text of calls not shown yet, by call
         self._changed = trio.Event()
 
     def say(self, text: str, style: str | None = None) -> None:
+        self.end_stream()
         self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+    def on_text(self, session_id: str, call: int, text: str) -> None:
+        """Answer text of `session_id`'s model call `call` as it streams (the root's only)."""
+        if session_id != self.root_id or not text:
+            return
+        gate = self.gates.setdefault(call, self.durable_next())
+        if call != self.replies or self.shown < gate:
+            self.waiting.setdefault(call, []).append(text)
+            return
+        if not self.streaming:
+            self.console.print("assistant: ", end="", markup=False, highlight=False, soft_wrap=True)
+            self.streaming = True
+        self.console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+
+    def end_stream(self, suffix: str = "") -> None:
+        if self.streaming:
+            self.streaming = False
+            self.console.print(suffix, markup=False, highlight=False, soft_wrap=True)
+
+    def _release(self) -> None:
+        """Show the text waiting for the call whose reply comes next, if its turn is shown."""
+        for call in [c for c in self.gates if c < self.replies]:
+            self.gates.pop(call)
+            self.waiting.pop(call, None)  # its reply was printed from the record
+        if self.replies in self.waiting and self.shown >= self.gates[self.replies]:
+            self.on_text(self.root_id, self.replies, "".join(self.waiting.pop(self.replies)))
+
+    def _show(self, item: StreamEvent) -> None:
+        root = item.session_id == self.root_id
+        kind = item.event.type
+        if root and kind == "assistant/message":
+            self.replies += 1
+            if self.streaming:
+                # Its text was shown as it streamed: the durable record only ends the line.
+                self.end_stream(" [interrupted]" if _interrupted(item) else "")
+                self._shown(item)
+                return
+        try:
+            line = event_line(item, self.root_id)
+        except StorageError as exc:
+            line = f"  ! {item.session_id} seq {item.event.seq}: {exc}"
+        if line is not None:
+            self.say(line, None if line.startswith("assistant:") else "dim")
+        if root:
+            self._shown(item)
+
+    def _shown(self, item: StreamEvent) -> None:
+        self.shown = item.event.seq + 1
+        self._changed.set()
+        self._changed = trio.Event()
+        self._release()
 
     async def consume(self, stream: Any) -> None:
         try:
             async for item in stream:
-                try:
-                    line = event_line(item, self.root_id)
-                except StorageError as exc:
-                    line = f"  ! {item.session_id} seq {item.event.seq}: {exc}"
-                if line is not None:
-                    style = None if line.startswith("assistant:") else "dim"
-                    self.say(line, style)
-                if item.session_id == self.root_id:
-                    self.shown = item.event.seq + 1
-                    self._changed.set()
-                    self._changed = trio.Event()
+                self._show(item)
         finally:
             self.ended = True
             self._changed.set()
@@ -202,6 +294,14 @@ class _View:
         """Until the root's events below `durable_next` have been shown."""
         while self.shown < durable_next and not self.ended:
             await self._changed.wait()
+
+
+def _interrupted(item: StreamEvent) -> bool:
+    try:
+        data = msgspec.json.decode(item.event.data)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(data, dict) and data.get("interrupted") is True
 
 
 class _Chat:
@@ -373,9 +473,22 @@ async def chat(
 ) -> int:
     """Run a chat on `root` until the person leaves; the exit status (0 after a clean leave, 1
     when the agent stopped). Raises `UsageError` for a session that cannot be taken."""
-    async with open_runtime(root, model=model, compression=compression) as runtime:
+    shown: list[_View] = []  # the view, once the session is known (the model is bound before)
+
+    def on_text(sid: str, call: int, text: str) -> None:
+        if shown:
+            shown[0].on_text(sid, call, text)
+
+    async with open_runtime(root, model=TeeModel(model, on_text), compression=compression) as runtime:
         agent, resumed = await _take_session(runtime, session_id)
-        view = _View(console, agent.session_id, agent.session.durable_next)
+        view = _View(
+            console,
+            agent.session_id,
+            agent.session.durable_next,
+            agent.assistant_count,
+            lambda: agent.session.durable_next,
+        )
+        shown.append(view)
         if resumed:
             try:
                 history = await _last_turns(runtime, agent.session_id, LAST_TURNS)
