@@ -419,3 +419,74 @@ def test_chat_refuses_a_session_another_chat_holds(tmp_path: Path) -> None:
     assert done.stdout == ""
     first.line("/quit")
     assert first.finish()[0] == 0
+
+
+# --- the view, in process: streamed text and the durable record -----------------------------------
+
+
+def _view_events() -> list[Any]:
+    from subagents.runtime import StreamEvent
+    from subagents.storage import make_event
+
+    def message(seq: int, role: str, text: str, source: str, **extra: Any) -> Any:
+        data = {
+            "turn": 1,
+            "step": 1,
+            "message": {
+                "id": f"m{seq}",
+                "role": role,
+                "content": [{"type": "text", "text": text}],
+                "source": {"kind": source, **extra},
+            },
+        }
+        if role == "assistant":
+            data["finish"] = "stop"
+        return StreamEvent("root", make_event(seq, f"{role}/message", 1, data, surface_op="append"))
+
+    return [
+        StreamEvent("root", make_event(0, "turn/start", 1, {"turn": 1, "trigger": {"kind": "notice"}})),
+        message(1, "user", "a child settled", "subagent-settled", sender_session_id="c1"),
+        message(2, "assistant", "hello person", "model"),
+        StreamEvent("root", make_event(3, "turn/end", 1, {"turn": 1, "reason": {"kind": "completed"}})),
+    ]
+
+
+def _view(durable: list[int]) -> tuple[Any, Any]:
+    import io
+
+    from rich.console import Console
+    from subagents.runtime.chat import _View
+
+    out = io.StringIO()
+    view = _View(Console(file=out, width=200), "root", 0, 0, lambda: durable[0])
+    return view, out
+
+
+def test_the_view_streams_text_after_what_came_before_it_and_ends_it_with_the_record() -> None:
+    events = _view_events()
+    durable = [2]  # the turn's start and input are durable when the model begins
+    view, out = _view(durable)
+    view.on_text("root", 0, "hello ")  # before its turn is shown: it waits
+    view.on_text("child", 0, "not mine")  # another session's text is not shown
+    assert out.getvalue() == ""
+    view._show(events[0])
+    assert out.getvalue() == "── turn 1 (notice)\n"
+    view._show(events[1])
+    assert out.getvalue().endswith("subagent-settled: a child settled\nassistant: hello ")
+    view.on_text("root", 0, "person")  # live now
+    assert out.getvalue().endswith("assistant: hello person")
+    view._show(events[2])  # the record ends the line, without repeating the text
+    view._show(events[3])
+    assert out.getvalue() == "── turn 1 (notice)\nsubagent-settled: a child settled\nassistant: hello person\n"
+    assert view.shown == 4 and view.replies == 1
+
+
+def test_the_view_prints_a_reply_from_the_record_when_nothing_streamed() -> None:
+    view, out = _view([0])
+    for item in _view_events():
+        view._show(item)
+    assert "assistant: hello person\n" in out.getvalue()
+    # Text of a call whose reply was already printed from the record is dropped, not shown late.
+    view.on_text("root", 0, "late")
+    view._show(_view_events()[3])
+    assert "late" not in out.getvalue()
