@@ -18,8 +18,9 @@ import trio
 import trio.testing
 from log_lines import plain_records
 from subagents.actors import DurableFeed
-from subagents.runtime import StreamEvent, open_event_stream, open_runtime, usage_of
+from subagents.runtime import StreamEvent, open_event_stream, open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.event_stream import usage_of
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
