@@ -9,7 +9,9 @@ Theory of operation. Trio owns the runtime; `chat` is a thin host over `open_run
 - the *view* renders the event stream (`open_event_stream`: the durable events of the session
   and its descendants, from the seq the chat starts at) as one line per message, tool call,
   tool result, child start, turn end and settlement — a notice that starts a turn while the
-  person is idle shows up as it happens;
+  person is idle shows up as it happens. The session's answer text is shown as the model
+  streams it: the chat's model (`TeeModel`) hands each session's text deltas to the view,
+  which shows its own session's in place and lets the durable `assistant/message` end the line;
 - SIGINT is a Trio signal receiver: during a turn it cancels the turn (the agent's two-phase
   cancel, cause `user`: the log records `turn/end` aborted user); at an idle prompt it leaves.
   On a terminal prompt-toolkit reads Ctrl-C itself (a key in raw mode): the same rule applies.
@@ -75,7 +77,11 @@ class PipedLines:
     """Plain lines from a file (stdin when it is not a terminal), read in a worker thread."""
 
     def __init__(self, file: Any = None) -> None:
-        self.file = file if file is not None else sys.stdin
+        if file is None:
+            file = sys.stdin
+            # Bytes that are not UTF-8 become U+FFFD: bad input is a line like any other.
+            file.reconfigure(errors="replace")
+        self.file = file
 
     async def read(self, prompt: str) -> str | object | None:
         line = await trio.to_thread.run_sync(self.file.readline, abandon_on_cancel=True)

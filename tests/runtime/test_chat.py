@@ -490,3 +490,19 @@ def test_the_view_prints_a_reply_from_the_record_when_nothing_streamed() -> None
     view.on_text("root", 0, "late")
     view._show(_view_events()[3])
     assert "late" not in out.getvalue()
+
+
+def test_chat_takes_bytes_that_are_not_utf8_as_a_line(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", {"agents": [{"responses": [{"text": "hello person"}]}]})
+    done = subprocess.run(
+        [*CLI, "chat", "--root", str(tmp_path / "root"), "--model", model],
+        input=b"hi \xff\xfe\n/x\xff\n",
+        env=clean_env(),
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    lines = done.stdout.decode().splitlines()
+    assert "assistant: hello person" in lines
+    assert "unknown command /x\ufffd (try /help)" in lines
