@@ -506,3 +506,43 @@ def test_chat_takes_bytes_that_are_not_utf8_as_a_line(tmp_path: Path) -> None:
     lines = done.stdout.decode().splitlines()
     assert "assistant: hello person" in lines
     assert "unknown command /x\ufffd (try /help)" in lines
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_ctrl_c_at_the_prompt_cancels_a_running_notice_turn(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Bg", "prompt": "wait", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"text": "started it"},
+                    {"hang": True},  # the notice turn
+                ]
+            },
+            {"label": "Bg", "responses": [{"wait_for": {"steered": True}, "text": "heard"}, {"text": "child done"}]},
+        ]
+    }
+    term = Terminal(tmp_path, script)
+    session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
+    term.expect(r"^>")
+    term.keys(b"start a child\r")
+    child = term.expect(r"← started subagent (\S+)$").group(1)
+    term.expect(r"assistant: started it$")
+    term.expect(r"^>")
+    term.keys(f"/send {child} go on\r".encode())
+    term.expect(r"── turn 2 \(notice\)$")
+    term.expect(r"^>")
+    term.keys(b"\x03")  # at the prompt, while the notice turn runs: cancel it, stay
+    term.expect(r"turn 2 ended: aborted user$")
+    term.expect(r"^>")
+    term.keys(b"/quit\r")
+    assert term.exit_status() == 0
+    ends = [e for e in show_json(term.root, session) if e["type"] == "turn/end"]
+    assert [e["reason"] for e in ends] == [{"kind": "completed"}, {"kind": "aborted", "cause": "user"}]
