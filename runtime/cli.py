@@ -18,7 +18,7 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
     _add_acp(commands)
+    _chat_parser(commands, root)
     return parser
 
 
@@ -174,6 +175,19 @@ def _acp(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     _raise_open_file_limit()
     return trio.run(run_acp, args.root, model, _version())
+
+
+def _chat_parser(commands: Any, root: argparse.ArgumentParser) -> None:
+    chat = commands.add_parser("chat", parents=[root], help="an interactive session (created or resumed)")
+    chat.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
+    chat.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})",
+    )
+    chat.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
+    chat.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
+    chat.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
 
 
 def _writable_root(path: str) -> None:
@@ -589,6 +603,39 @@ def _session_id_arg(session_id: str) -> None:
         raise UsageError(exc.message) from None
 
 
+def _chat(args: argparse.Namespace) -> int:
+    """`chat`: arguments checked as `run` checks them, then the chat (runtime/chat.py) on a
+    terminal (prompt-toolkit) or on piped lines."""
+    _writable_root(args.root)
+    if args.session is not None:
+        _session_id_arg(args.session)
+    try:
+        model = build_model(
+            parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
+            stall_timeout=_stall_timeout(args),
+        )
+    except ModelSpecError as exc:
+        raise UsageError(str(exc)) from None
+    _raise_open_file_limit()
+    from rich.console import Console
+
+    from .chat import PipedLines, TerminalLines, chat, terminal_output
+
+    terminal = sys.stdin.isatty() and sys.stdout.isatty()
+    lines = TerminalLines() if terminal else PipedLines()
+    with terminal_output() if terminal else nullcontext():
+        return trio.run(
+            lambda: chat(
+                args.root,
+                model,
+                session_id=args.session,
+                compression=args.compression,
+                lines=lines,
+                console=Console(),
+            )
+        )
+
+
 def _command(args: argparse.Namespace) -> int:
     try:
         if args.command in ("children", "agents"):
@@ -613,6 +660,8 @@ def _command(args: argparse.Namespace) -> int:
             _writable_root(args.root)
             _raise_open_file_limit()
             return trio.run(_until_interrupted, _demo, args)
+        if args.command == "chat":
+            return _chat(args)
         if args.command == "run":
             _writable_root(args.root)
             if args.session is not None:

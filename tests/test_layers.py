@@ -18,7 +18,8 @@ LAYERS = ("storage", "actors", "runtime")  # bottom to top
 ALLOWED_THIRD_PARTY = {
     "storage": {"attrs", "cattrs", "msgspec", "zstandard"},
     "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
-    "runtime": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util", "httpx", "rich"},
+    # prompt_toolkit: `chat`'s prompt (SPEC §2 lists it), imported lazily by runtime/chat.py only.
+    "runtime": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util", "httpx", "rich", "prompt_toolkit"},
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 

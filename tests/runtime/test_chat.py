@@ -1,0 +1,548 @@
+"""`subagents chat` (issue 15 item 1, SPEC §8) in a subprocess with a scripted model: lines piped
+on stdin (the chat's plain mode), its output read as it comes. Each step waits for the line the
+chat prints, never for time; the timeouts only guard against a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_process import CLI, clean_env, write_script
+
+TIMEOUT = 60  # real seconds: only reached if the chat hangs
+
+
+BACKGROUND = {
+    "agents": [
+        {
+            "responses": [
+                {"text": "hello person", "usage": {"input_tokens": 10, "output_tokens": 3}},
+                {
+                    "tool_calls": [
+                        {
+                            "name": "subagent",
+                            "arguments": {"description": "Bg", "prompt": "wait", "run_in_background": True},
+                        }
+                    ]
+                },
+                {"text": "started it", "usage": {"input_tokens": 20, "output_tokens": 2}},
+                {"text": "noted the settlement"},
+            ]
+        },
+        {"label": "Bg", "responses": [{"wait_for": {"steered": True}, "text": "heard"}, {"text": "child done"}]},
+    ]
+}
+
+HANG = {
+    "agents": [
+        {
+            "responses": [
+                {"hang": True},
+                {"text": "after the cancel"},
+                {
+                    "tool_calls": [
+                        {
+                            "name": "subagent",
+                            "arguments": {"description": "Hang", "prompt": "hang", "run_in_background": True},
+                        }
+                    ]
+                },
+                {"text": "started"},
+                {"text": "heard it was interrupted"},
+            ]
+        },
+        {"label": "Hang", "responses": [{"hang": True}]},
+    ]
+}
+
+
+class Chat:
+    """A `subagents chat` subprocess: `line` writes one line, `expect` waits for an output line
+    matching a regex (returning the match), reading stdout in a thread."""
+
+    def __init__(self, tmp_path: Path, script: Any, *args: str) -> None:
+        model = write_script(tmp_path / "s.json", script)
+        self.root = str(tmp_path / "root")
+        self.proc = subprocess.Popen(
+            [*CLI, "chat", "--root", self.root, "--model", model, "--compression", "none", *args],
+            cwd=tmp_path,
+            env=clean_env(COLUMNS="200"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        self.seen: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def line(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, pattern: str) -> re.Match[str]:
+        while True:
+            try:
+                line = self._lines.get(timeout=TIMEOUT)
+            except queue.Empty:
+                self.proc.kill()
+                raise AssertionError(f"no line matching {pattern!r}; seen: {self.seen}") from None
+            if line is None:
+                raise AssertionError(f"the chat ended before a line matching {pattern!r}; seen: {self.seen}")
+            self.seen.append(line)
+            match = re.search(pattern, line)
+            if match:
+                return match
+
+    def finish(self) -> tuple[int, str, str]:
+        """Close stdin and wait for the exit: (status, the rest of stdout, stderr)."""
+        assert self.proc.stdin is not None and self.proc.stderr is not None
+        self.proc.stdin.close()
+        status = self.proc.wait(timeout=TIMEOUT)
+        rest = []
+        while (line := self._lines.get(timeout=TIMEOUT)) is not None:
+            rest.append(line)
+        self.seen.extend(rest)
+        return status, "\n".join(rest), self.proc.stderr.read()
+
+
+def show_json(root: str, session_id: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [*CLI, "show", "--root", root, "--json", session_id],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    entries: list[dict[str, Any]] = json.loads(done.stdout)
+    return entries
+
+
+@pytest.mark.slow
+def test_chat_answers_lists_a_background_child_sends_to_it_and_shows_its_notice_turn(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, BACKGROUND)
+    session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
+    chat.line("hi")
+    chat.expect(r"^assistant: hello person$")
+    chat.line("start a child")
+    chat.expect(r"^  → subagent\(")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started it$")
+    # The child is held on its script until it is sent a message: running, with its label.
+    chat.line("/agents")
+    chat.expect(rf"^{re.escape(child)} \[running\] — Bg$")
+    chat.line("/usage")
+    chat.expect(r"^turn 1: 10 in, 3 out tokens \(1 model call\)$")
+    chat.expect(rf"^session {re.escape(session)}: 30 in, 5 out tokens")
+    chat.expect(r"^with 1 subagent: ")
+    chat.line("/bogus now")
+    chat.expect(r"^unknown command /bogus \(try /help\)$")
+    chat.line("/send")
+    chat.expect(r"^usage: /send ID TEXT$")
+    chat.line(f"/send {child} go on")
+    chat.expect(rf"^sent to {re.escape(child)}$")
+    # The child answers and settles; its notice starts a turn of the session, shown as it runs.
+    chat.line("/wait")
+    chat.expect(rf"subagent {re.escape(child)} settled: completed$")
+    chat.expect(r"^── turn 3 \(notice\)$")
+    chat.expect(r"^assistant: noted the settlement$")
+    chat.line("/help")
+    chat.expect(r"^  /quit ")
+    chat.line("/quit")
+    status, rest, stderr = chat.finish()
+    assert status == 0, (rest, stderr)
+    assert stderr == ""
+    assert not any("Traceback" in line for line in chat.seen)
+    # One line per bad command: nothing between it and the next command's answer.
+    bogus = next(i for i, line in enumerate(chat.seen) if line.startswith("unknown command"))
+    assert chat.seen[bogus + 1] == "usage: /send ID TEXT"
+
+
+@pytest.mark.slow
+def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, HANG)
+    session = chat.expect(r"^session (\S+) ").group(1)
+    chat.line("this will hang")
+    chat.expect(r"^── turn 1$")
+    chat.proc.send_signal(signal.SIGINT)  # Ctrl-C mid-turn
+    chat.expect(r"^── turn 1 ended: aborted user$")
+    chat.line("again")
+    chat.expect(r"^assistant: after the cancel$")
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started$")
+    chat.line(f"/interrupt {child}")
+    chat.expect(rf"^{re.escape(child)}: requested$")
+    chat.line("/wait")
+    chat.expect(r"^assistant: heard it was interrupted$")
+    chat.line("/interrupt")
+    chat.expect(r"^usage: /interrupt ID$")
+    chat.line("/interrupt not-a-session")
+    chat.expect(r"^/interrupt: ")
+    status, rest, stderr = chat.finish()  # end of input at an idle prompt: leave
+    assert status == 0, (rest, stderr)
+    assert stderr == ""
+    ends = [e for e in show_json(chat.root, session) if e["type"] == "turn/end"]
+    assert ends[0]["reason"] == {"kind": "aborted", "cause": "user"}
+    assert [e["reason"]["kind"] for e in ends[1:]] == ["completed"] * 3
+
+    # Resuming shows the session's last turns, then answers as before.
+    again = Chat(
+        tmp_path, {"agents": [{"session": session, "responses": [{"text": "back again"}]}]}, "--session", session
+    )
+    again.expect(r"^assistant: heard it was interrupted$")
+    again.expect(rf"^session {re.escape(session)} ")
+    again.line("hello again")
+    again.expect(r"^assistant: back again$")
+    again.line("/quit")
+    status, rest, stderr = again.finish()
+    assert status == 0, (rest, stderr)
+    # Its last three turns (2, 3 and the notice turn 4), not the first.
+    assert "user: again" in again.seen
+    assert not any("this will hang" in line for line in again.seen)
+
+
+def test_chat_ctrl_c_at_an_idle_prompt_leaves_cleanly(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, BACKGROUND)
+    chat.expect(r"^session (\S+) ")
+    chat.line("hi")
+    chat.expect(r"^assistant: hello person$")
+    chat.proc.send_signal(signal.SIGINT)
+    assert chat.proc.wait(timeout=TIMEOUT) == 0
+
+
+def test_chat_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
+    for args, message in (
+        (["--session", "../escape"], "subagents: "),
+        (["--model", "nope:x"], "subagents: "),
+    ):
+        done = subprocess.run(
+            [*CLI, "chat", "--root", str(tmp_path / "root"), *args],
+            input="hi\n",
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert done.returncode == 2
+        assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+        assert not (tmp_path / "root").exists()
+
+
+def test_only_the_terminal_prompt_imports_prompt_toolkit(tmp_path: Path) -> None:
+    """Read-only commands (and piped chat) never load prompt-toolkit: it is imported inside
+    `TerminalLines` only."""
+    code = (
+        "import sys; from subagents.runtime import cli, chat; "
+        "(tmp := sys.argv[1]); __import__('os').makedirs(tmp + '/sessions'); "
+        "assert cli.main(['sessions', '--root', tmp]) == 0; "
+        "assert 'prompt_toolkit' not in sys.modules; "
+        "chat.TerminalLines(); assert 'prompt_toolkit' in sys.modules"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "r")],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# --- on a terminal: prompt-toolkit's prompt in a pseudo-terminal ----------------------------------
+
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\r]")
+
+
+class Terminal:
+    """`subagents chat` on a pseudo-terminal (stdlib `pty`): `keys` types, `expect` waits for a
+    regex in the output with the terminal's escape sequences taken out."""
+
+    def __init__(self, tmp_path: Path, script: Any) -> None:
+        import pty
+
+        model = write_script(tmp_path / "s.json", script)
+        self.root = str(tmp_path / "root")
+        argv = [*CLI, "chat", "--root", self.root, "--model", model, "--compression", "none"]
+        # No cursor-position requests: nothing on the other side of this terminal answers them.
+        env = clean_env(TERM="xterm-256color", PROMPT_TOOLKIT_NO_CPR="1", COLUMNS="200", LINES="50")
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: becomes the chat
+            os.chdir(tmp_path)
+            os.execvpe(argv[0], argv, env)
+        self.raw = b""
+        # Where the next expect starts looking. Lines printed while the prompt is up come from
+        # prompt-toolkit's stdout proxy, which may draw the next prompt first: on the screen the
+        # line is above the prompt, in the raw output the prompt may come before it (so the
+        # patterns for printed lines are not anchored at the line start).
+        self.at = 0
+
+    def text(self) -> str:
+        return _ESCAPE.sub("", self.raw.decode("utf-8", "replace"))
+
+    def keys(self, data: bytes) -> None:
+        os.write(self.fd, data)
+
+    def _more(self, until: float) -> bool:
+        import select
+
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, until - time.monotonic()))
+        if not ready:
+            return False
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # the chat closed the terminal
+            return False
+        self.raw += data
+        return bool(data)
+
+    def expect(self, pattern: str) -> re.Match[str]:
+        until = time.monotonic() + TIMEOUT  # a hang guard only
+        while True:
+            match = re.compile(pattern, re.MULTILINE).search(self.text(), self.at)
+            if match:
+                self.at = match.end()
+                return match
+            if not self._more(until):
+                raise AssertionError(f"no {pattern!r} in the terminal: {self.text()[-2000:]!r}")
+
+    def exit_status(self) -> int:
+        until = time.monotonic() + TIMEOUT
+        while time.monotonic() < until:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            self._more(time.monotonic() + 0.05)  # keep reading so the chat never blocks on output
+        os.kill(self.pid, signal.SIGKILL)
+        raise AssertionError("the chat did not exit")
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_answers_cancels_with_ctrl_c_and_leaves(tmp_path: Path) -> None:
+    script = {"agents": [{"responses": [{"text": "hello person"}, {"hang": True}, {"text": "after the cancel"}]}]}
+    term = Terminal(tmp_path, script)
+    session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
+    term.expect(r"^>")
+    term.keys(b"hi\r")
+    term.expect(r"assistant: hello person$")
+    term.expect(r"^>")
+    term.keys(b"this will hang\r")
+    term.expect(r"^── turn 2$")
+    term.keys(b"\x03")  # Ctrl-C mid-turn: the terminal sends SIGINT
+    term.expect(r"turn 2 ended: aborted user$")
+    term.expect(r"^>")
+    term.keys(b"/nope\r")
+    term.expect(r"unknown command /nope \(try /help\)$")
+    term.expect(r"^>")
+    term.keys(b"again\r")
+    term.expect(r"assistant: after the cancel$")
+    term.expect(r"^>")
+    term.keys(b"/quit\r")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.text()
+    ends = [e for e in show_json(term.root, session) if e["type"] == "turn/end"]
+    assert [e["reason"] for e in ends] == [
+        {"kind": "completed"},
+        {"kind": "aborted", "cause": "user"},
+        {"kind": "completed"},
+    ]
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_ctrl_c_at_an_idle_prompt_leaves(tmp_path: Path) -> None:
+    term = Terminal(tmp_path, {"agents": [{"responses": [{"text": "hello person"}]}]})
+    term.expect(r"^>")
+    term.keys(b"hi\r")
+    term.expect(r"assistant: hello person$")
+    term.expect(r"^>")
+    term.keys(b"\x03")  # at the prompt prompt-toolkit reads it as a key
+    assert term.exit_status() == 0
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_shows_a_notice_turn_while_the_person_is_idle(tmp_path: Path) -> None:
+    term = Terminal(tmp_path, BACKGROUND)
+    term.expect(r"^>")
+    term.keys(b"hi\r")
+    term.expect(r"assistant: hello person$")
+    term.keys(b"start a child\r")
+    child = term.expect(r"← started subagent (\S+)$").group(1)
+    term.expect(r"assistant: started it$")
+    term.expect(r"^>")
+    term.keys(b"/agents\r")
+    term.expect(rf"{re.escape(child)} \[running\] — Bg$")
+    term.expect(r"^>")
+    term.keys(f"/send {child} go on\r".encode())
+    term.expect(rf"sent to {re.escape(child)}$")
+    # Nothing more is typed: the child settles and its notice turn is shown at the idle prompt.
+    term.expect(rf"subagent {re.escape(child)} settled: completed$")
+    term.expect(r"── turn 3 \(notice\)$")
+    term.expect(r"assistant: noted the settlement$")
+    term.expect(r"^>")
+    term.keys(b"\x04")  # Ctrl-D at an idle prompt: leave
+    assert term.exit_status() == 0
+
+
+def test_chat_refuses_a_session_another_chat_holds(tmp_path: Path) -> None:
+    first = Chat(tmp_path, BACKGROUND)
+    session = first.expect(r"^session (\S+) ").group(1)
+    done = subprocess.run(
+        [*CLI, "chat", "--root", first.root, "--session", session, "--model", f"scripted:{tmp_path / 's.json'}"],
+        input="hi\n",
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("subagents: ") and done.stderr.count("\n") == 1, done.stderr
+    assert done.stdout == ""
+    first.line("/quit")
+    assert first.finish()[0] == 0
+
+
+# --- the view, in process: streamed text and the durable record -----------------------------------
+
+
+def _view_events() -> list[Any]:
+    from subagents.runtime import StreamEvent
+    from subagents.storage import make_event
+
+    def message(seq: int, role: str, text: str, source: str, **extra: Any) -> Any:
+        data = {
+            "turn": 1,
+            "step": 1,
+            "message": {
+                "id": f"m{seq}",
+                "role": role,
+                "content": [{"type": "text", "text": text}],
+                "source": {"kind": source, **extra},
+            },
+        }
+        if role == "assistant":
+            data["finish"] = "stop"
+        return StreamEvent("root", make_event(seq, f"{role}/message", 1, data, surface_op="append"))
+
+    return [
+        StreamEvent("root", make_event(0, "turn/start", 1, {"turn": 1, "trigger": {"kind": "notice"}})),
+        message(1, "user", "a child settled", "subagent-settled", sender_session_id="c1"),
+        message(2, "assistant", "hello person", "model"),
+        StreamEvent("root", make_event(3, "turn/end", 1, {"turn": 1, "reason": {"kind": "completed"}})),
+    ]
+
+
+def _view(durable: list[int]) -> tuple[Any, Any]:
+    import io
+
+    from rich.console import Console
+    from subagents.runtime.chat import _View
+
+    out = io.StringIO()
+    view = _View(Console(file=out, width=200), "root", 0, 0, lambda: durable[0])
+    return view, out
+
+
+def test_the_view_streams_text_after_what_came_before_it_and_ends_it_with_the_record() -> None:
+    events = _view_events()
+    durable = [2]  # the turn's start and input are durable when the model begins
+    view, out = _view(durable)
+    view.on_text("root", 0, "hello ")  # before its turn is shown: it waits
+    view.on_text("child", 0, "not mine")  # another session's text is not shown
+    assert out.getvalue() == ""
+    view._show(events[0])
+    assert out.getvalue() == "── turn 1 (notice)\n"
+    view._show(events[1])
+    assert out.getvalue().endswith("subagent-settled: a child settled\nassistant: hello ")
+    view.on_text("root", 0, "person")  # live now
+    assert out.getvalue().endswith("assistant: hello person")
+    view._show(events[2])  # the record ends the line, without repeating the text
+    view._show(events[3])
+    assert out.getvalue() == "── turn 1 (notice)\nsubagent-settled: a child settled\nassistant: hello person\n"
+    assert view.shown == 4 and view.replies == 1
+
+
+def test_the_view_prints_a_reply_from_the_record_when_nothing_streamed() -> None:
+    view, out = _view([0])
+    for item in _view_events():
+        view._show(item)
+    assert "assistant: hello person\n" in out.getvalue()
+    # Text of a call whose reply was already printed from the record is dropped, not shown late.
+    view.on_text("root", 0, "late")
+    view._show(_view_events()[3])
+    assert "late" not in out.getvalue()
+
+
+def test_chat_takes_bytes_that_are_not_utf8_as_a_line(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "s.json", {"agents": [{"responses": [{"text": "hello person"}]}]})
+    done = subprocess.run(
+        [*CLI, "chat", "--root", str(tmp_path / "root"), "--model", model],
+        input=b"hi \xff\xfe\n/x\xff\n",
+        env=clean_env(),
+        capture_output=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == b""
+    lines = done.stdout.decode().splitlines()
+    assert "assistant: hello person" in lines
+    assert "unknown command /x\ufffd (try /help)" in lines
+
+
+@pytest.mark.slow
+def test_chat_on_a_terminal_ctrl_c_at_the_prompt_cancels_a_running_notice_turn(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Bg", "prompt": "wait", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"text": "started it"},
+                    {"hang": True},  # the notice turn
+                ]
+            },
+            {"label": "Bg", "responses": [{"wait_for": {"steered": True}, "text": "heard"}, {"text": "child done"}]},
+        ]
+    }
+    term = Terminal(tmp_path, script)
+    session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
+    term.expect(r"^>")
+    term.keys(b"start a child\r")
+    child = term.expect(r"← started subagent (\S+)$").group(1)
+    term.expect(r"assistant: started it$")
+    term.expect(r"^>")
+    term.keys(f"/send {child} go on\r".encode())
+    term.expect(r"── turn 2 \(notice\)$")
+    term.expect(r"^>")
+    term.keys(b"\x03")  # at the prompt, while the notice turn runs: cancel it, stay
+    term.expect(r"turn 2 ended: aborted user$")
+    term.expect(r"^>")
+    term.keys(b"/quit\r")
+    assert term.exit_status() == 0
+    ends = [e for e in show_json(term.root, session) if e["type"] == "turn/end"]
+    assert [e["reason"] for e in ends] == [{"kind": "completed"}, {"kind": "aborted", "cause": "user"}]
