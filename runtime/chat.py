@@ -191,7 +191,7 @@ class _TeedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         call = self.session.assistant_count()
-        async with aclosing(self.inner.stream(request)) as chunks:  # type: ignore[type-var]
+        async with aclosing(self.inner.stream(request)) as chunks:  # type: ignore[type-var]  # the seam types stream() as an AsyncIterator; every transport's is an async generator
             async for chunk in chunks:
                 if isinstance(chunk, TextDelta) and request.purpose == "turn":
                     self.on_text(self.session.session_id, call, chunk.text)

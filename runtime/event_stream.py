@@ -268,7 +268,7 @@ async def open_event_stream(
             nursery.start_soon(pump.run)
             try:
                 yield EventStream(receive, finish_stream)
-            except BaseException as exc:
+            except BaseException as exc:  # re-raised bare once the pump's nursery has closed
                 body_error = exc
             finally:
                 nursery.cancel_scope.cancel()

@@ -186,7 +186,7 @@ class AcpServer:
         except AgentError as exc:  # held by another process, or not resumable
             raise AcpRequestError(INVALID_REQUEST, str(exc)) from None
         send, receive = trio.open_memory_channel[list[Event]](_TAP_CAPACITY)
-        agent.session = _Tap(agent.session, send)  # type: ignore[assignment]
+        agent.session = _Tap(agent.session, send)  # type: ignore[assignment]  # a proxy with the SessionRef surface
         # What the agent wrote before the tap is in the log; what it writes from now on is in
         # the tap too: the forwarder skips what the replay sent.
         try:
@@ -276,7 +276,7 @@ class AcpServer:
 
     def _attach(self, agent: Agent, cwd: str, mcp_servers: list[Json], *, skip_upto: int) -> None:
         send, receive = trio.open_memory_channel[list[Event]](_TAP_CAPACITY)
-        agent.session = _Tap(agent.session, send)  # type: ignore[assignment]
+        agent.session = _Tap(agent.session, send)  # type: ignore[assignment]  # a proxy with the SessionRef surface
         self._start(agent, cwd, mcp_servers, receive, skip_upto)
 
     def _start(

@@ -49,7 +49,7 @@ async def test_a_failing_subscriber_is_logged_and_the_session_carries_on(caplog:
             raise RuntimeError("subscriber bug")
 
         with trio.fail_after(BOUND):
-            store.feed.publish = broken  # type: ignore[method-assign]
+            store.feed.publish = broken  # type: ignore[method-assign]  # a subscriber that raises, on purpose
             a = await store.create(header("a"))
             assert (await a.append([note()])).next_seq == 1
             assert (await a.append([note()])).next_seq == 2

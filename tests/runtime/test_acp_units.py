@@ -30,7 +30,7 @@ def test_parse_line_sorts_requests_notifications_responses_and_garbage() -> None
     assert parse_line(b'{"jsonrpc":"2.0","method":"session/cancel","params":{}}') == Incoming(
         method="session/cancel", params={}, id=None
     )
-    assert parse_line(b'{"jsonrpc":"2.0","id":"x","result":{}}').is_response  # type: ignore[union-attr]
+    assert parse_line(b'{"jsonrpc":"2.0","id":"x","result":{}}').is_response  # type: ignore[union-attr]  # parse_line returns a message here, never an error
     for line, code, msg_id in [
         (b"{not json", -32700, None),
         (b'"a string"', -32600, None),

@@ -118,9 +118,9 @@ def test_the_unit_agrees_with_the_fold(k: int) -> None:
 
 def test_the_unit_never_raises_on_a_tampered_state() -> None:
     for state in (None, [], {"own_from": "x"}, {"own_from": 0, "input_tokens": "many"}):
-        after = USAGE_UNIT.apply(state, assistant_event(3, 1, usage=(1, 2)))  # type: ignore[arg-type]
+        after = USAGE_UNIT.apply(state, assistant_event(3, 1, usage=(1, 2)))  # type: ignore[arg-type]  # a tampered state, on purpose
         assert after is state or Tokens.from_json(after) == tokens(1, 2, 1)
-        assert Tokens.from_json(USAGE_UNIT.view(state)) == Tokens()  # type: ignore[arg-type]
+        assert Tokens.from_json(USAGE_UNIT.view(state)) == Tokens()  # type: ignore[arg-type]  # a tampered state, on purpose
 
 
 def test_tree_totals_sum_the_corpus_lineage() -> None:
