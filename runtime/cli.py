@@ -124,17 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", parents=[root], help="a readable transcript of one session (read-only)")
     show.add_argument("session_id", metavar="ID", help="the session to show")
     show.add_argument("--json", action="store_true", help="the transcript entries as JSON")
+    model_options = _model_options()
     run = commands.add_parser(
-        "run", parents=[root], help="run one prompt in a session (created or resumed) and print the answer"
+        "run",
+        parents=[root, model_options],
+        help="run one prompt in a session (created or resumed) and print the answer",
     )
     run.add_argument("prompt", metavar="PROMPT", help="the user message to send")
     run.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
-    run.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})",
-    )
-    run.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
     run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
     shape = run.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
@@ -143,22 +140,29 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every durable event of the session and its descendants as a JSON line, then a result line",
     )
-    run.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
-    _add_acp(commands)
-    _chat_parser(commands, root)
+    _add_acp(commands, model_options)
+    _chat_parser(commands, root, model_options)
     return parser
 
 
-def _add_acp(commands: Any) -> None:
-    acp = commands.add_parser("acp", help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed)")
-    acp.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
-    acp.add_argument(
+def _model_options() -> argparse.ArgumentParser:
+    """The model options every host command (`run`, `chat`, `acp`) takes."""
+    options = _Parser(add_help=False)
+    options.add_argument(
         "--model",
         default=DEFAULT_MODEL,
         help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})",
     )
-    acp.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
-    acp.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
+    options.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
+    options.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
+    return options
+
+
+def _add_acp(commands: Any, model_options: argparse.ArgumentParser) -> None:
+    acp = commands.add_parser(
+        "acp", parents=[model_options], help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed)"
+    )
+    acp.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
 
 
 def _acp(args: argparse.Namespace) -> int:
@@ -166,28 +170,17 @@ def _acp(args: argparse.Namespace) -> int:
     from .acp.host import run_acp
 
     _writable_root(args.root)
-    try:
-        model = build_model(
-            parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
-            stall_timeout=_stall_timeout(args),
-        )
-    except ModelSpecError as exc:
-        raise UsageError(str(exc)) from None
+    model = _host_model(args)
     _raise_open_file_limit()
     return trio.run(run_acp, args.root, model, _version())
 
 
-def _chat_parser(commands: Any, root: argparse.ArgumentParser) -> None:
-    chat = commands.add_parser("chat", parents=[root], help="an interactive session (created or resumed)")
-    chat.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
-    chat.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})",
+def _chat_parser(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
+    chat = commands.add_parser(
+        "chat", parents=[root, model_options], help="an interactive session (created or resumed)"
     )
-    chat.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
+    chat.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
     chat.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
-    chat.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
 
 
 def _writable_root(path: str) -> None:
@@ -603,19 +596,24 @@ def _session_id_arg(session_id: str) -> None:
         raise UsageError(exc.message) from None
 
 
+def _host_model(args: argparse.Namespace) -> Model:
+    """The model a host command (`run`, `chat`, `acp`) asks for; a bad spec is a usage error."""
+    try:
+        return build_model(
+            parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
+            stall_timeout=_stall_timeout(args),
+        )
+    except ModelSpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _chat(args: argparse.Namespace) -> int:
     """`chat`: arguments checked as `run` checks them, then the chat (runtime/chat.py) on a
     terminal (prompt-toolkit) or on piped lines."""
     _writable_root(args.root)
     if args.session is not None:
         _session_id_arg(args.session)
-    try:
-        model = build_model(
-            parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
-            stall_timeout=_stall_timeout(args),
-        )
-    except ModelSpecError as exc:
-        raise UsageError(str(exc)) from None
+    model = _host_model(args)
     _raise_open_file_limit()
     from rich.console import Console
 
@@ -666,13 +664,7 @@ def _command(args: argparse.Namespace) -> int:
             _writable_root(args.root)
             if args.session is not None:
                 _session_id_arg(args.session)
-            try:
-                model = build_model(
-                    parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
-                    stall_timeout=_stall_timeout(args),
-                )
-            except ModelSpecError as exc:
-                raise UsageError(str(exc)) from None
+            model = _host_model(args)
             _raise_open_file_limit()
             return trio.run(_until_interrupted, _run, args, model)
         if args.command == "acp":
