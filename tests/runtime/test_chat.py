@@ -222,6 +222,7 @@ def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_pa
     assert not any("this will hang" in line for line in again.seen)
 
 
+@pytest.mark.slow  # a real subagents process
 def test_chat_ctrl_c_at_an_idle_prompt_leaves_cleanly(tmp_path: Path) -> None:
     chat = Chat(tmp_path, BACKGROUND)
     chat.expect(r"^session (\S+) ")
@@ -231,6 +232,7 @@ def test_chat_ctrl_c_at_an_idle_prompt_leaves_cleanly(tmp_path: Path) -> None:
     assert chat.proc.wait(timeout=TIMEOUT) == 0
 
 
+@pytest.mark.slow  # a real subagents process
 def test_chat_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
     for args, message in (
         (["--session", "../escape"], "subagents: "),
@@ -249,6 +251,7 @@ def test_chat_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
         assert not (tmp_path / "root").exists()
 
 
+@pytest.mark.slow  # a real subagents process
 def test_only_the_terminal_prompt_imports_prompt_toolkit(tmp_path: Path) -> None:
     """Read-only commands (and piped chat) never load prompt-toolkit: it is imported inside
     `TerminalLines` only."""
@@ -403,6 +406,7 @@ def test_chat_on_a_terminal_shows_a_notice_turn_while_the_person_is_idle(tmp_pat
     assert term.exit_status() == 0
 
 
+@pytest.mark.slow  # a real subagents process
 def test_chat_refuses_a_session_another_chat_holds(tmp_path: Path) -> None:
     first = Chat(tmp_path, BACKGROUND)
     session = first.expect(r"^session (\S+) ").group(1)
@@ -492,6 +496,7 @@ def test_the_view_prints_a_reply_from_the_record_when_nothing_streamed() -> None
     assert "late" not in out.getvalue()
 
 
+@pytest.mark.slow  # a real subagents process
 def test_chat_takes_bytes_that_are_not_utf8_as_a_line(tmp_path: Path) -> None:
     model = write_script(tmp_path / "s.json", {"agents": [{"responses": [{"text": "hello person"}]}]})
     done = subprocess.run(

@@ -122,6 +122,7 @@ def test_stream_after_a_failed_turn_still_ends_with_the_result_and_exits_1(tmp_p
     assert len(lines) == 2 and lines[1].startswith("subagents: the turn ended error")
 
 
+@pytest.mark.slow  # a real subagents process
 def test_stream_and_json_together_are_refused_in_one_line(tmp_path: Path) -> None:
     done = run(tmp_path, BACKGROUND_CHILD, "--stream", "--json", "go")
     assert done.returncode == 2 and done.stdout == ""
