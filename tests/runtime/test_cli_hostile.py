@@ -89,6 +89,7 @@ def run_all(
     return out
 
 
+@pytest.mark.slow  # every read-only command as a process, per hostile child
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 @pytest.mark.parametrize("which", range(len(HOSTILE)))
 def test_read_only_commands_over_a_hostile_child(

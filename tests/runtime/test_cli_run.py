@@ -96,6 +96,7 @@ def one_error_line(done: subprocess.CompletedProcess[str] | trio.CompletedProces
 # -- scripted runs -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a real `subagents run` process
 def test_scripted_run_prints_the_answer_and_writes_zstd_by_default(tmp_path: Path) -> None:
     model = write_script(tmp_path / "s.json", text_script("Hello from the script"))
     root = tmp_path / "root"
@@ -113,6 +114,7 @@ def test_scripted_run_prints_the_answer_and_writes_zstd_by_default(tmp_path: Pat
     assert prompt["data"]["message"]["content"] == [{"type": "text", "text": "say hi"}]
 
 
+@pytest.mark.slow  # a real `subagents run` process
 def test_json_output_and_compression_none(tmp_path: Path) -> None:
     model = write_script(tmp_path / "s.json", text_script("Ünïcode ✓ answer"))
     root = tmp_path / "root"
@@ -151,6 +153,7 @@ def test_session_is_created_when_missing_then_resumed(tmp_path: Path) -> None:
     assert prompts == ["first=alpha", "now something else"]
 
 
+@pytest.mark.slow  # a real `subagents run` process
 def test_a_turn_that_did_not_complete_exits_1_with_the_reason(tmp_path: Path) -> None:
     script = {"agents": [{"responses": [{"error": {"status": 500, "message": "scripted upstream boom"}}]}]}
     model = write_script(tmp_path / "s.json", script)
@@ -436,6 +439,7 @@ def all_bytes_under(root: Path) -> list[tuple[Path, bytes]]:
     return found
 
 
+@pytest.mark.slow  # a real `subagents run` process
 async def test_openai_run_against_a_local_server_never_leaks_the_key(nursery: trio.Nursery, tmp_path: Path) -> None:
     server = StreamingServer()
     listeners = await nursery.start(partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1"))

@@ -92,6 +92,7 @@ def test_redact_secret_without_a_key_or_with_a_short_one() -> None:
     assert redact_secret("k3y and k3 and k3y", "k3y") == "[redacted] and k3 and [redacted]"
 
 
+@pytest.mark.slow  # the key at every offset: many runs
 @pytest.mark.parametrize("name", sorted(PIECES))
 def test_redacting_then_cutting_leaves_no_run_at_any_offset(name: str) -> None:
     piece = PIECES[name]
