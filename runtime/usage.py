@@ -21,7 +21,7 @@ non-negative ints, is not counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -184,17 +184,21 @@ def _read(event: Event) -> tuple[int, int, int] | None:
     return (reply.turn, usage.input_tokens, usage.output_tokens)
 
 
+def _own_replies(events: Iterable[Event], own_from: int) -> Iterator[tuple[int, int, int]]:
+    """(turn, input tokens, output tokens) of each readable `assistant/message` at or after seq
+    `own_from`; tokens are -1 when the reply carries no usage record."""
+    for event in events:
+        if event.type == ASSISTANT and event.seq >= own_from:
+            read = _read(event)
+            if read is not None:
+                yield read
+
+
 def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[dict[int, Tokens], Tokens]:
     """Usage per turn and in total over the own suffix of a session's `events` (seq >=
     `inherited_event_count`). Pure; never raises on bad payloads (they are not counted)."""
     per_turn: dict[int, list[int]] = {}
-    for event in events:
-        if event.type != ASSISTANT or event.seq < inherited_event_count:
-            continue
-        read = _read(event)
-        if read is None:
-            continue
-        turn, tokens_in, tokens_out = read
+    for turn, tokens_in, tokens_out in _own_replies(events, inherited_event_count):
         counts = per_turn.setdefault(turn, [0, 0, 0, 0])
         counts[2] += 1
         if tokens_in >= 0:
@@ -241,17 +245,12 @@ class UsageUnit:
             counts.reported,
         )
         changed = False
-        for event in events:
-            if event.type != ASSISTANT or event.seq < own_from:
-                continue
-            read = _read(event)
-            if read is None:
-                continue
+        for _turn, reply_in, reply_out in _own_replies(events, own_from):
             changed = True
             calls += 1
-            if read[1] >= 0:
-                tokens_in += read[1]
-                tokens_out += read[2]
+            if reply_in >= 0:
+                tokens_in += reply_in
+                tokens_out += reply_out
                 reported += 1
         if not changed:
             return state
