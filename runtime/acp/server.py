@@ -1,9 +1,10 @@
 """The ACP method dispatcher: one `AcpServer` per connection, over an open runtime.
 
 An ACP session is a runtime session (`sessionId` = session id). Each session this connection
-opened has its agent's appends tapped (`_Tap`) into a bounded channel that one forwarder task
-turns into `session/update` notifications (`updates_for`) and watches for the prompt's own
-`turn/end`, so every update of a turn is written before the prompt's response. A turn started
+opened has one forwarder task that follows the runtime's event stream of the session (its
+durable events, runtime/event_stream.py), turns them into `session/update` notifications
+(`updates_for`) and watches for the prompt's own `turn/end`, so every update of a turn is
+written before the prompt's response. A turn started
 by a settlement notice while no prompt runs streams the same way. The server holds nothing the
 log does not: `session/load` replays the log.
 """
@@ -23,6 +24,7 @@ from subagents.storage import Event, InvalidSessionId, SessionNotFound, Subagent
 from ..agent.loop import Agent
 from ..app import Runtime
 from ..errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
+from ..event_stream import open_event_stream
 from .params import (
     CancelParams,
     CloseParams,
@@ -52,31 +54,7 @@ __all__ = ["PROTOCOL_VERSION", "AcpServer"]
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
-_TAP_CAPACITY = 64  # appends in flight between an agent and its forwarder (the agent waits beyond)
-
 Json = dict[str, Any]
-
-
-class _Tap:
-    """A session ref seen through: each append's durable events also go to the forwarder.
-    The hand-over is shielded so the agent's own bookkeeping after an append is never cut
-    short; a forwarder that has gone (the session closed) is simply not told."""
-
-    def __init__(self, inner: Any, send: trio.MemorySendChannel[list[Event]]) -> None:
-        self._inner = inner
-        self._send = send
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def append(self, drafts: Any, *, expected_seq: int | None = None) -> Any:
-        result = await self._inner.append(drafts, expected_seq=expected_seq)
-        with trio.CancelScope(shield=True):
-            try:
-                await self._send.send(list(result.events))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-        return result
 
 
 @attrs.define
@@ -170,7 +148,7 @@ class AcpServer:
         p = convert_params(params, NewParams)
         _absolute(p.cwd)
         agent = await self.runtime.agents.create(cwd=p.cwd)
-        self._attach(agent, p.cwd, p.mcp_servers, skip_upto=-1)
+        self._start(agent, p.cwd, p.mcp_servers, from_seq=0)
         return {"sessionId": agent.session_id}
 
     async def load_session(self, params: Any) -> Json:
@@ -185,19 +163,12 @@ class AcpServer:
             raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {sid!r} not found", {"uri": sid}) from None
         except AgentError as exc:  # held by another process, or not resumable
             raise AcpRequestError(INVALID_REQUEST, str(exc)) from None
-        send, receive = trio.open_memory_channel[list[Event]](_TAP_CAPACITY)
-        agent.session = _Tap(agent.session, send)  # type: ignore[assignment]  # a proxy with the SessionRef surface
-        # What the agent wrote before the tap is in the log; what it writes from now on is in
-        # the tap too: the forwarder skips what the replay sent.
-        try:
-            events = await self._history(sid)
-            for update in updates_for(events, session_id=sid, replay=True):
-                await self._notify(sid, update)
-        except BaseException:
-            receive.close()  # the tap hands nothing to a forwarder that will never run
-            raise
-        skip_upto = events[-1].seq if events else -1
-        self._start(agent, p.cwd, p.mcp_servers, receive, skip_upto)
+        # The replay sends what the log holds now; the stream follows from the next seq (what the
+        # agent writes meanwhile is in the log, so the stream reads it: nothing lost, nothing twice).
+        events = await self._history(sid)
+        for update in updates_for(events, session_id=sid, replay=True):
+            await self._notify(sid, update)
+        self._start(agent, p.cwd, p.mcp_servers, from_seq=events[-1].seq + 1 if events else 0)
         return {}
 
     async def list_sessions(self, params: Any) -> Json:
@@ -274,22 +245,10 @@ class AcpServer:
             raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {session_id!r} is not open", {"uri": session_id})
         return session
 
-    def _attach(self, agent: Agent, cwd: str, mcp_servers: list[Json], *, skip_upto: int) -> None:
-        send, receive = trio.open_memory_channel[list[Event]](_TAP_CAPACITY)
-        agent.session = _Tap(agent.session, send)  # type: ignore[assignment]  # a proxy with the SessionRef surface
-        self._start(agent, cwd, mcp_servers, receive, skip_upto)
-
-    def _start(
-        self,
-        agent: Agent,
-        cwd: str,
-        mcp_servers: list[Json],
-        receive: trio.MemoryReceiveChannel[list[Event]],
-        skip_upto: int,
-    ) -> None:
+    def _start(self, agent: Agent, cwd: str, mcp_servers: list[Json], *, from_seq: int) -> None:
         session = _Session(agent=agent, cwd=cwd, mcp_servers=mcp_servers)
         self._sessions[agent.session_id] = session
-        self._nursery.start_soon(self._forward, session, receive, skip_upto)
+        self._nursery.start_soon(self._forward, session, from_seq)
 
     async def _history(self, session_id: str) -> list[Event]:
         try:
@@ -298,18 +257,17 @@ class AcpServer:
         except SessionQueryError as exc:
             raise AcpRequestError(INTERNAL_ERROR, exc.message) from None
 
-    async def _forward(
-        self, session: _Session, receive: trio.MemoryReceiveChannel[list[Event]], skip_upto: int
-    ) -> None:
+    async def _forward(self, session: _Session, from_seq: int) -> None:
         sid = session.agent.session_id
+        runtime = self.runtime
         with session.scope:
-            async with receive:
-                async for events in receive:
-                    fresh = [e for e in events if e.seq > skip_upto]
-                    for update in updates_for(fresh, session_id=sid):
+            async with open_event_stream(runtime.sessions, runtime.log_store, sid, from_seq=from_seq) as stream:
+                async for item in stream:
+                    if item.session_id != sid:
+                        continue  # a subagent's own events are its session's, not this one's
+                    for update in updates_for([item.event], session_id=sid):
                         await self._notify(sid, update)
-                    for event in fresh:
-                        self._track(session, event)
+                    self._track(session, item.event)
 
     def _track(self, session: _Session, event: Event) -> None:
         """Find the prompt's turn among the events: the turn in which the person's message
