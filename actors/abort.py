@@ -58,7 +58,7 @@ async def cancelled_when(abort: Abort | None) -> AsyncIterator[None]:
                 nursery.start_soon(_cancel_when_set, abort, nursery.cancel_scope)
             yield
             nursery.cancel_scope.cancel()  # the body is done: stop the watcher
-    except BaseExceptionGroup as group:
+    except BaseExceptionGroup as group:  # unwrapped: a cancellation passes bare, the body's error as itself
         _, rest = group.split(trio.Cancelled)
         if rest is None:
             raise_bare_cancelled(group)  # an enclosing cancellation (the watcher's too)

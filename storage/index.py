@@ -338,7 +338,7 @@ class SessionIndex:
         conn = _open(self.path)
         try:
             self._prepare(conn)
-        except BaseException as exc:
+        except BaseException as exc:  # the connection is closed on any exit; only damage is handled, the rest re-raised
             conn.close()
             if self.path is None or not isinstance(exc, Exception) or not _damaged(exc):
                 raise  # busy, locked, I/O: a cache miss now, another try next time

@@ -534,7 +534,7 @@ class ListingService:
             async with trio.open_nursery() as observations:
                 for _ in range(min(len(observe), self.observers)):
                     observations.start_soon(observer)
-        except BaseExceptionGroup as group_error:
+        except BaseExceptionGroup as group_error:  # only Cancelled can arrive grouped here: passed on bare
             raise_bare_cancelled(group_error)  # everything else is kept as a value by observe_one
         if failures:
             raise failures[0]

@@ -48,7 +48,7 @@ async def test_an_enclosing_cancellation_passes_bare() -> None:
             async with cancelled_when(Abort()):
                 scope.cancel()
                 await trio.sleep_forever()
-        except BaseException as exc:
+        except BaseException as exc:  # caught only to assert its type, then re-raised
             assert type(exc) is trio.Cancelled  # never a group
             raise
     assert scope.cancelled_caught
