@@ -109,8 +109,10 @@ class _Pump:
         send: trio.MemorySendChannel[StreamEvent],
         finish: trio.Event,
         inherited: bool = True,
+        descendants: bool = True,
     ) -> None:
         self.inherited = inherited
+        self.descendants = descendants
         self.sessions = sessions
         self.log_store = log_store
         self.subscription = subscription
@@ -211,7 +213,7 @@ class _Pump:
                 and event.seq >= tracked.start
                 and (self.inherited or event.seq >= tracked.inherited)
             )
-            if event.type == CATALOG_TYPE and event.seq >= tracked.inherited:
+            if self.descendants and event.type == CATALOG_TYPE and event.seq >= tracked.inherited:
                 child = _catalog_child(event)
                 if child is not None:
                     # A catalog delivered now names a new child (all of it is delivered); one in
@@ -241,20 +243,22 @@ async def open_event_stream(
     buffer: int = 256,
     feed_capacity: int = 4096,
     inherited: bool = True,
+    descendants: bool = True,
 ) -> AsyncIterator[EventStream]:
     """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
     §8). `buffer`: items waiting for the consumer; `feed_capacity`: pushed events waiting for
     the pump before its sessions are re-read from the log. `inherited=False` leaves out a
     fork's inherited prefix (its seqs below `inherited_event_count`: copies of its parent's
-    events), so a forked session starts at its `session/end-seed` marker. Leaving the block
-    stops the stream."""
+    events), so a forked session starts at its `session/end-seed` marker. `descendants=False`
+    follows the root alone (its children's logs are never read). Leaving the block stops the
+    stream."""
     if type(from_seq) is not int or from_seq < 0:
         raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
     send, receive = trio.open_memory_channel[StreamEvent](buffer)
     finish = trio.Event()
     # Subscribed before the first read, so nothing durable after that read can be missed.
     with sessions.feed.subscribe(feed_capacity) as subscription:
-        pump = _Pump(sessions, log_store, subscription, send, finish, inherited)
+        pump = _Pump(sessions, log_store, subscription, send, finish, inherited, descendants)
         pump.track(root_id, from_seq)
 
         def finish_stream() -> None:

@@ -261,10 +261,12 @@ class AcpServer:
         sid = session.agent.session_id
         runtime = self.runtime
         with session.scope:
-            async with open_event_stream(runtime.sessions, runtime.log_store, sid, from_seq=from_seq) as stream:
+            # The session's own events only: a subagent's are its session's, not this one's.
+            stream_cm = open_event_stream(
+                runtime.sessions, runtime.log_store, sid, from_seq=from_seq, descendants=False
+            )
+            async with stream_cm as stream:
                 async for item in stream:
-                    if item.session_id != sid:
-                        continue  # a subagent's own events are its session's, not this one's
                     for update in updates_for([item.event], session_id=sid):
                         await self._notify(sid, update)
                     self._track(session, item.event)

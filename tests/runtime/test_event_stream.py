@@ -124,6 +124,31 @@ async def test_a_late_subscriber_from_seq_0_misses_nothing(tmp_path: Path) -> No
     assert_whole_tree(tmp_path, items, "parent")
 
 
+async def test_without_descendants_the_root_alone_and_no_child_log_is_read(tmp_path: Path) -> None:
+    items: list[StreamEvent] = []
+    with trio.fail_after(GUARD):
+        async with open_runtime(
+            tmp_path, model=model(), clock=ScenarioClock(), id_factory=CountingIds("child"), compression="none"
+        ) as rt:
+            agent = await rt.agents.create(session_id="parent")
+            await agent.send("go")
+            await rt.subagents.wait_tree_idle(agent)
+            reads: list[str] = []
+            real_read = rt.log_store.open_read
+
+            def counting_open_read(session_id: str) -> Any:
+                reads.append(session_id)
+                return real_read(session_id)
+
+            rt.log_store.open_read = counting_open_read  # type: ignore[method-assign]  # counts the stream's log reads
+            async with open_event_stream(rt.sessions, rt.log_store, "parent", descendants=False) as stream:
+                stream.finish()
+                await collect(stream, items)
+    assert {item.session_id for item in items} == {"parent"}
+    assert by_session(items)["parent"] == disk_records(tmp_path, "parent")
+    assert "child-1" not in reads
+
+
 async def test_a_slow_consumer_with_tiny_buffers_still_gets_everything_once(tmp_path: Path) -> None:
     # A feed buffer of one event overflows at once: the pump re-reads lagged sessions from the
     # log; the consumer reads nothing until the run is over (the runtime never waits for it).
