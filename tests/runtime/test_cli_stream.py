@@ -13,31 +13,9 @@ from typing import Any
 import pytest
 from cli_process import CLI, clean_env, write_script
 from log_lines import plain_records
+from scripts import BACKGROUND_CHILD
 
 TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
-
-BACKGROUND_CHILD = {
-    "agents": [
-        {
-            "responses": [
-                {
-                    "tool_calls": [
-                        {"name": "subagent", "arguments": {"description": "helper", "prompt": "do the thing"}}
-                    ],
-                    "usage": {"input_tokens": 10, "output_tokens": 1},
-                },
-                {
-                    "wait_for": {"settled": "helper"},
-                    "text": "STARTED",
-                    "tool_calls": [{"name": "list_agents", "arguments": {}}],
-                    "usage": {"input_tokens": 20, "output_tokens": 2},
-                },
-                {"text": "NOTED", "usage": {"input_tokens": 30, "output_tokens": 3}},
-            ]
-        },
-        {"label": "helper", "responses": [{"text": "CHILD_OK", "usage": {"input_tokens": 5, "output_tokens": 4}}]},
-    ]
-}
 
 
 def run(tmp_path: Path, script: Any, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ from typing import Any
 import trio
 import trio.testing
 from log_lines import plain_records
+from scripts import BACKGROUND_CHILD
 from subagents.actors import DurableFeed
 from subagents.runtime import StreamEvent, open_event_stream, open_runtime
 from subagents.runtime.clock import ScenarioClock
@@ -28,28 +29,7 @@ from subagents.storage import Batch, Event, FileLogStore, Offset, WriteHandle, m
 
 GUARD = 20.0
 
-SCRIPT = {
-    "agents": [
-        {
-            "responses": [
-                {
-                    "tool_calls": [
-                        {"name": "subagent", "arguments": {"description": "helper", "prompt": "do the thing"}}
-                    ],
-                    "usage": {"input_tokens": 10, "output_tokens": 1},
-                },
-                {
-                    "wait_for": {"settled": "helper"},
-                    "text": "STARTED",
-                    "tool_calls": [{"name": "list_agents", "arguments": {}}],
-                    "usage": {"input_tokens": 20, "output_tokens": 2},
-                },
-                {"text": "NOTED", "usage": {"input_tokens": 30, "output_tokens": 3}},
-            ]
-        },
-        {"label": "helper", "responses": [{"text": "CHILD_OK", "usage": {"input_tokens": 5, "output_tokens": 4}}]},
-    ]
-}
+SCRIPT = BACKGROUND_CHILD
 
 
 def model() -> ScriptedModel:
