@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from cli_process import CLI, clean_env, write_script
 from rich.console import Console
+from scripts import BACKGROUND_CHILD
 from subagents.runtime import StreamEvent
 from subagents.runtime.run_progress import RunProgress, render_progress
 from subagents.storage import make_event
@@ -127,22 +128,7 @@ def test_the_render_shows_the_status_line_and_the_child_tree() -> None:
     assert lines[3].endswith("grand [starting] — deep") and lines[3].index("grand") > lines[2].index("kid")
 
 
-SCRIPT = {
-    "agents": [
-        {
-            "responses": [
-                {"tool_calls": [{"name": "subagent", "arguments": {"description": "helper", "prompt": "go on"}}]},
-                {
-                    "wait_for": {"settled": "helper"},
-                    "text": "STARTED",
-                    "tool_calls": [{"name": "list_agents", "arguments": {}}],
-                },
-                {"text": "NOTED"},
-            ]
-        },
-        {"label": "helper", "responses": [{"text": "CHILD_OK"}]},
-    ]
-}
+SCRIPT = BACKGROUND_CHILD
 
 
 def run_on_a_terminal(tmp_path: Path, script: Any, *args: str) -> tuple[int, str, str]:
