@@ -343,7 +343,7 @@ async def _event_count(runtime: Runtime, session_id: str | None) -> int | None:
     if session_id is None:
         return 0
     try:
-        info = await trio.to_thread.run_sync(runtime.log_store.stat, session_id)
+        info, _held = await runtime.query.reader.stat(session_id)  # the index's one worker slot
     except StorageError:
         return None  # the resume below says what is wrong with it
     return 0 if info is None else int(info.event_count) if info.damage is None else None

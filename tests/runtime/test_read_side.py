@@ -41,6 +41,19 @@ def test_listing_is_built_from_the_query_alone() -> None:
     assert "to_thread" not in source and "index_limiter" not in source and "log_store" not in source
 
 
+def test_no_runtime_module_stats_the_store_behind_the_readers_back() -> None:
+    """An index call outside the store reader would run beside its one worker slot: `stat`
+    (and `list`) go through `StoreReader`, never straight to the log store."""
+    root = Path(inspect.getfile(app_module)).parent
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for path in sorted(root.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"log_store\.(stat|list)\b", line)
+    ]
+    assert found == []
+
+
 async def test_the_runtime_has_one_reader_and_one_index_slot(tmp_path: Path) -> None:
     async with open_runtime(tmp_path, model=None) as rt:
         reader = rt.query.reader
