@@ -43,6 +43,7 @@ __all__ = ["EventStream", "StreamEvent", "open_event_stream"]
 log = logging.getLogger(__name__)
 
 CATALOG_TYPE = "subagent/catalog"
+_READS_AT_ONCE = 4  # log reads of one stream under way at once (as the cold reader's)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -119,6 +120,8 @@ class _Pump:
         self.send = send
         self.finish = finish
         self.tracked: dict[str, _Tracked] = {}
+        # Log reads (joins, gaps, lag) are whole-log reads: a few at a time, not one thread each.
+        self.read_limiter = trio.CapacityLimiter(_READS_AT_ONCE)
         # The durable end of every session live when the subscription started (taken with no
         # checkpoint in between, so every later push is at or past it).
         self.live_ends = {ref.session_id: int(ref.durable_next) for ref in sessions.list()}
@@ -175,7 +178,9 @@ class _Pump:
         if session_id in self.unread:
             self.unread.remove(session_id)
         try:
-            inherited, events = await trio.to_thread.run_sync(self._read, session_id, tracked.cursor)
+            inherited, events = await trio.to_thread.run_sync(
+                self._read, session_id, tracked.cursor, limiter=self.read_limiter
+            )
         except SessionNotFound:
             inherited, events = None, []  # not published yet: its first push brings it
         except StorageError as exc:
