@@ -39,6 +39,7 @@ from subagents.storage import SessionNotFound, StorageError
 
 from .agent.loop import Agent
 from .app import Runtime, open_runtime
+from .chat_terminal import CTRL_C
 from .delegation.listing import ChildRow
 from .errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from .event_stream import StreamEvent, open_event_stream
@@ -47,7 +48,7 @@ from .tools.subagent_tools import agent_status, render_agents
 from .transcript import render, transcript
 from .usage import session_usage, tree_usage, usage_lines
 
-__all__ = ["HELP", "Lines", "PipedLines", "TeeModel", "TerminalLines", "chat", "event_line", "terminal_output"]
+__all__ = ["HELP", "Lines", "PipedLines", "TeeModel", "chat", "event_line"]
 
 LAST_TURNS = 3  # turns a resumed session shows before its prompt
 _WIDTH = 160  # a tool call's arguments or result beyond this is cut (the log keeps all of it)
@@ -61,8 +62,6 @@ commands:
   /wait              wait until the session and its subagents are idle (Ctrl-C stops waiting)
   /help              this text
   /quit              leave (Ctrl-D too; Ctrl-C cancels a running turn, or leaves when idle)"""
-
-CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
 
 
 class Lines(Protocol):
@@ -86,36 +85,6 @@ class PipedLines:
     async def read(self, prompt: str) -> str | object | None:
         line = await trio.to_thread.run_sync(self.file.readline, abandon_on_cancel=True)
         return line.rstrip("\r\n") if line else None
-
-
-class TerminalLines:
-    """prompt-toolkit's prompt (line editing, history for this chat), run in a worker thread so
-    Trio keeps the main thread; imported here only, so other commands never load it."""
-
-    def __init__(self) -> None:
-        from prompt_toolkit import PromptSession
-
-        self.session: Any = PromptSession()
-
-    async def read(self, prompt: str) -> str | object | None:
-        def ask() -> str | object | None:
-            try:
-                # The worker thread cannot own signal handlers; Ctrl-C arrives as a key.
-                return self.session.prompt(prompt, handle_sigint=False)
-            except KeyboardInterrupt:
-                return CTRL_C
-            except EOFError:
-                return None
-
-        return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
-
-
-def terminal_output() -> Any:
-    """A context in which writes to stdout (the rendered events) go above prompt-toolkit's
-    prompt instead of through it, from any thread."""
-    from prompt_toolkit.patch_stdout import patch_stdout
-
-    return patch_stdout(raw=True)
 
 
 def _cut(text: str, width: int = _WIDTH) -> str:

@@ -18,7 +18,7 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
@@ -617,21 +617,24 @@ def _chat(args: argparse.Namespace) -> int:
     _raise_open_file_limit()
     from rich.console import Console
 
-    from .chat import PipedLines, TerminalLines, chat, terminal_output
+    from .chat import PipedLines, chat
+    from .chat_terminal import TerminalLines, TerminalOutput
 
-    terminal = sys.stdin.isatty() and sys.stdout.isatty()
-    lines = TerminalLines() if terminal else PipedLines()
-    with terminal_output() if terminal else nullcontext():
-        return trio.run(
-            lambda: chat(
-                args.root,
-                model,
-                session_id=args.session,
-                compression=args.compression,
-                lines=lines,
-                console=Console(),
-            )
+    lines: Any = PipedLines()
+    console = Console()
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        output = TerminalOutput()
+        lines, console = TerminalLines(output), Console(file=output)
+    return trio.run(
+        lambda: chat(
+            args.root,
+            model,
+            session_id=args.session,
+            compression=args.compression,
+            lines=lines,
+            console=console,
         )
+    )
 
 
 def _command(args: argparse.Namespace) -> int:

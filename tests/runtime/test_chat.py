@@ -256,11 +256,12 @@ def test_only_the_terminal_prompt_imports_prompt_toolkit(tmp_path: Path) -> None
     """Read-only commands (and piped chat) never load prompt-toolkit: it is imported inside
     `TerminalLines` only."""
     code = (
-        "import sys; from subagents.runtime import cli, chat; "
+        "import sys; from subagents.runtime import cli, chat, chat_terminal as t; "
         "(tmp := sys.argv[1]); __import__('os').makedirs(tmp + '/sessions'); "
         "assert cli.main(['sessions', '--root', tmp]) == 0; "
         "assert 'prompt_toolkit' not in sys.modules; "
-        "chat.TerminalLines(); assert 'prompt_toolkit' in sys.modules"
+        "assert 'prompt_toolkit' not in sys.modules; "
+        "t.TerminalLines(t.TerminalOutput()); assert 'prompt_toolkit' in sys.modules"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "r")],
@@ -347,12 +348,13 @@ def test_chat_on_a_terminal_answers_cancels_with_ctrl_c_and_leaves(tmp_path: Pat
     session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
     term.expect(r"^>")
     term.keys(b"hi\r")
-    term.expect(r"assistant: hello person$")
+    term.expect(r"^assistant: hello person$")
     term.expect(r"^>")
     term.keys(b"this will hang\r")
     term.expect(r"^── turn 2$")
     term.keys(b"\x03")  # Ctrl-C mid-turn: the terminal sends SIGINT
-    term.expect(r"turn 2 ended: aborted user$")
+    # Printed before the prompt comes back, so at a line start (not `>── turn 2 ended`).
+    term.expect(r"^── turn 2 ended: aborted user$")
     term.expect(r"^>")
     term.keys(b"/nope\r")
     term.expect(r"unknown command /nope \(try /help\)$")

@@ -1,0 +1,155 @@
+"""The chat on a terminal: prompt-toolkit's prompt in a worker thread, and the one way the chat's
+output reaches the screen (README "Chat").
+
+Why not prompt-toolkit's `patch_stdout`: its proxy writes from a thread of its own, so a line
+printed just before a prompt could reach the terminal after the prompt was drawn, without the
+prompt being redrawn below it (the screen showed `>── turn 2 ended`). Here the output knows
+where the prompt is, under one lock:
+
+- no prompt thread: a write goes straight to the terminal, before `read` can start a prompt;
+- a prompt thread starting: whole lines wait, and the prompt writes them before its first draw
+  (`pre_run`, in the prompt's own event loop);
+- the prompt up: whole lines go to the prompt's loop, which takes the prompt off the screen,
+  writes them and draws it again (`run_in_terminal`); a partial line (streamed answer text)
+  waits for its newline, as the prompt would draw over it;
+- the prompt thread ending: whatever its loop did not write (it closed first) is written in the
+  order it came, before the thread lets go.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import trio
+
+__all__ = ["CTRL_C", "TerminalLines", "TerminalOutput"]
+
+CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
+
+
+class TerminalOutput:
+    """A text file for the chat's console (rich) that never writes through a drawn prompt."""
+
+    def __init__(
+        self, stream: TextIO | None = None, in_terminal: Callable[[Callable[[], None]], Any] | None = None
+    ) -> None:
+        """`in_terminal(write)`: in the prompt's loop, take the prompt off the screen, call
+        `write`, draw it again (prompt-toolkit's `run_in_terminal` unless a test passes one)."""
+        self._stream = stream if stream is not None else sys.__stdout__
+        self._in_terminal = in_terminal
+        self._lock = threading.Lock()
+        self._prompting = False  # a prompt thread runs
+        self._app: Any = None  # its application once it runs (set in its loop before the first draw)
+        self._partial = ""  # text after the last newline, while a prompt thread runs
+        self._queued: list[str] = []  # whole lines not written yet, in order
+
+    # The file protocol rich uses.
+    def write(self, text: str) -> int:
+        with self._lock:
+            if not self._prompting:
+                self._put(text)
+                return len(text)
+            whole, newline, rest = (self._partial + text).rpartition("\n")
+            self._partial = rest
+            if newline:
+                self._queued.append(whole + newline)
+                if self._app is not None:
+                    self._hand_to_prompt()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._prompting:
+                self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return self._stream.encoding
+
+    # The prompt's side.
+    def prompt_starting(self) -> None:
+        with self._lock:
+            self._prompting = True
+
+    def prompt_running(self, app: Any) -> None:
+        """In the prompt's loop, before its first draw."""
+        with self._lock:
+            self._app = app
+            self._write_queued()
+
+    def prompt_ended(self) -> None:
+        """In the prompt thread, once its loop is closed."""
+        with self._lock:
+            self._write_queued()
+            if self._partial:
+                self._put(self._partial)
+                self._partial = ""
+            self._app = None
+            self._prompting = False
+
+    def _hand_to_prompt(self) -> None:
+        in_terminal = self._in_terminal
+        if in_terminal is None:
+            from prompt_toolkit.application import run_in_terminal
+
+            def in_terminal(write: Callable[[], None]) -> Any:
+                return run_in_terminal(write, in_executor=False)
+
+        def in_loop() -> None:
+            in_terminal(self._write_queued_locked)
+
+        try:
+            self._app.loop.call_soon_threadsafe(in_loop)
+        except (RuntimeError, AttributeError):
+            pass  # its loop is closed or gone: `prompt_ended` writes the queued lines
+
+    def _write_queued_locked(self) -> None:
+        with self._lock:
+            self._write_queued()
+
+    def _write_queued(self) -> None:
+        if self._queued:
+            text = "".join(self._queued)
+            self._queued.clear()
+            self._put(text)
+
+    def _put(self, text: str) -> None:
+        self._stream.write(text)
+        self._stream.flush()
+
+
+class TerminalLines:
+    """prompt-toolkit's prompt (line editing, history for this chat), run in a worker thread so
+    Trio keeps the main thread; imported here only, so other commands never load it."""
+
+    def __init__(self, output: TerminalOutput) -> None:
+        from prompt_toolkit import PromptSession
+
+        self.session: Any = PromptSession()
+        self.output = output
+
+    async def read(self, prompt: str) -> str | object | None:
+        def ask() -> str | object | None:
+            try:
+                # The worker thread cannot own signal handlers; Ctrl-C arrives as a key.
+                return self.session.prompt(
+                    prompt, handle_sigint=False, pre_run=lambda: self.output.prompt_running(self.session.app)
+                )
+            except KeyboardInterrupt:
+                return CTRL_C
+            except EOFError:
+                return None
+            finally:
+                self.output.prompt_ended()
+
+        self.output.prompt_starting()
+        return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
