@@ -44,6 +44,7 @@ from .delegation.listing import ChildRow
 from .errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from .event_stream import StreamEvent, open_event_stream
 from .models.base import AnyModel, Chunk, Model, ModelRequest, SessionBinding, TextDelta, bind_model
+from .run_progress import ChildStatus, RunProgress
 from .tools.subagent_tools import agent_status, render_agents
 from .transcript import render, transcript
 from .usage import session_usage, tree_usage, usage_lines
@@ -71,6 +72,10 @@ class Lines(Protocol):
         """The next line (without its newline), `CTRL_C`, or None at end of input."""
         ...
 
+    def progress(self, progress: RunProgress) -> None:
+        """The session's activity and child tree changed (a terminal shows it under the prompt)."""
+        ...
+
 
 class PipedLines:
     """Plain lines from a file (stdin when it is not a terminal), read in a worker thread."""
@@ -85,6 +90,9 @@ class PipedLines:
     async def read(self, prompt: str) -> str | object | None:
         line = await trio.to_thread.run_sync(self.file.readline, abandon_on_cancel=True)
         return line.rstrip("\r\n") if line else None
+
+    def progress(self, progress: RunProgress) -> None:
+        pass  # piped: the tree's changes are the printed lines
 
 
 def _cut(text: str, width: int = _WIDTH) -> str:
@@ -198,6 +206,8 @@ class _View:
         self.ended = False
         self.streaming = False  # a line of streamed answer text is open (for call `replies`)
         self.durable_next = durable_next  # the root's
+        self.progress = RunProgress(root_id, activity="idle")  # the root's activity and its tree
+        self.on_progress: Callable[[RunProgress], None] = lambda progress: None
         self.gates: dict[int, int] = {}  # by call: the root's durable end when its text began
         self.waiting: dict[int, list[str]] = {}  # text of calls not shown yet, by call
         self._changed = trio.Event()
@@ -233,6 +243,8 @@ class _View:
             self.on_text(self.root_id, self.replies, "".join(self.waiting.pop(self.replies)))
 
     def _show(self, item: StreamEvent) -> None:
+        self.progress.apply(item)
+        self.on_progress(self.progress)
         root = item.session_id == self.root_id
         kind = item.event.type
         if root and kind == "assistant/message":
@@ -422,6 +434,24 @@ async def _take_session(runtime: Runtime, session_id: str | None) -> tuple[Agent
         raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
 
 
+async def _known_tree(runtime: Runtime, session_id: str, progress: RunProgress) -> None:
+    """Seed a resumed chat's tree with the descendants the listing knows (the stream shows
+    only what happens from now on)."""
+    try:
+        rows = await runtime.listing.list_descendants(session_id)
+    except SubagentsError:
+        return  # no tree yet; it fills in as children change
+    for row in rows:
+        if isinstance(row, ChildRow):
+            progress.children[row.id] = ChildStatus(
+                id=row.id,
+                parent=row.parent_id or session_id,
+                label=row.label,
+                mode=row.mode,
+                state="running" if row.activity == "running" else "inactive",
+            )
+
+
 async def _last_turns(runtime: Runtime, session_id: str, count: int) -> list[str]:
     async with runtime.query.observe_session(session_id) as seen:
         entries = transcript(
@@ -472,6 +502,10 @@ async def chat(
             for line in history:
                 view.say(line, "dim")
         view.say(f"session {agent.session_id} (/help for commands)", "dim")
+        if resumed:
+            await _known_tree(runtime, agent.session_id, view.progress)
+        view.on_progress = lines.progress
+        lines.progress(view.progress)
         if on_ready is not None:
             on_ready()
         session = _Chat(runtime, agent, lines, view)

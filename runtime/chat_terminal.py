@@ -1,5 +1,6 @@
-"""The chat on a terminal: prompt-toolkit's prompt in a worker thread, and the one way the chat's
-output reaches the screen (README "Chat").
+"""The chat on a terminal: prompt-toolkit's prompt in a worker thread (history across chats, the
+session's status and live child tree as its bottom toolbar), and the one way the chat's output
+reaches the screen (README "Chat").
 
 Why not prompt-toolkit's `patch_stdout`: its proxy writes from a thread of its own, so a line
 printed just before a prompt could reach the terminal after the prompt was drawn, without the
@@ -18,6 +19,9 @@ where the prompt is, under one lock:
 
 from __future__ import annotations
 
+import io
+import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable
@@ -25,9 +29,10 @@ from typing import Any, TextIO
 
 import trio
 
-__all__ = ["CTRL_C", "TerminalLines", "TerminalOutput"]
+__all__ = ["CTRL_C", "TerminalLines", "TerminalOutput", "history_path", "toolbar_text"]
 
 CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
+TREE_LINES = 8  # children the toolbar shows at most (the working ones first)
 
 
 class TerminalOutput:
@@ -128,21 +133,45 @@ class TerminalOutput:
 
 
 class TerminalLines:
-    """prompt-toolkit's prompt (line editing, history for this chat), run in a worker thread so
-    Trio keeps the main thread; imported here only, so other commands never load it."""
+    """prompt-toolkit's prompt (line editing, history kept across chats in `history_file`, the
+    session's status and child tree as a bottom toolbar kept live while the prompt is up), run
+    in a worker thread so Trio keeps the main thread; imported here only, so other commands
+    never load it."""
 
-    def __init__(self, output: TerminalOutput) -> None:
+    def __init__(self, output: TerminalOutput, history_file: str | None = None) -> None:
         from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
 
-        self.session: Any = PromptSession()
+        history: Any = InMemoryHistory()
+        if history_file is not None:
+            try:
+                os.makedirs(os.path.dirname(history_file), exist_ok=True)
+                with open(history_file, "a"):
+                    pass  # can be written: keep it
+                history = FileHistory(history_file)
+            except OSError:
+                pass  # no place for it (read-only home): this chat's lines only
+        self.session: Any = PromptSession(history=history)
         self.output = output
+        self._toolbar: Any = ""  # the rendered tree (ANSI), swapped whole: the prompt thread reads it
+
+    def progress(self, progress: Any) -> None:
+        from prompt_toolkit.formatted_text import ANSI
+
+        self._toolbar = ANSI(toolbar_text(progress, shutil.get_terminal_size().columns))
+        app = self.session.app
+        if app.is_running:
+            app.invalidate()  # thread-safe: the prompt's loop redraws
 
     async def read(self, prompt: str) -> str | object | None:
         def ask() -> str | object | None:
             try:
                 # The worker thread cannot own signal handlers; Ctrl-C arrives as a key.
                 return self.session.prompt(
-                    prompt, handle_sigint=False, pre_run=lambda: self.output.prompt_running(self.session.app)
+                    prompt,
+                    handle_sigint=False,
+                    bottom_toolbar=lambda: self._toolbar,
+                    pre_run=lambda: self.output.prompt_running(self.session.app),
                 )
             except KeyboardInterrupt:
                 return CTRL_C
@@ -153,3 +182,45 @@ class TerminalLines:
 
         self.output.prompt_starting()
         return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+
+
+def toolbar_text(progress: Any, width: int, most: int = TREE_LINES) -> str:
+    """The session's status line and its child tree (at most `most` children, the working ones
+    first), rendered by rich as ANSI text `width` columns wide."""
+    from rich.console import Console, Group
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from .run_progress import child_line
+
+    status = Text(progress.status_line())
+    children = list(progress.children.values())
+    if not children:
+        return _ansi(Console, status, width)
+    working = [c for c in children if c.state in ("starting", "running")]
+    shown = {c.id for c in (working + [c for c in children if c not in working])[:most]}
+    tree = Tree(Text("subagents", style="dim"), guide_style="dim")
+    nodes = {progress.root_id: tree}
+    for child in children:  # in the order they started, under their parents
+        if child.id in shown:
+            nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child)))
+    parts: list[Any] = [status, tree]
+    if len(children) > most:
+        parts.append(Text(f"… and {len(children) - most} more (/agents all)"))
+    return _ansi(Console, Group(*parts), width)
+
+
+def _ansi(console_type: Any, renderable: Any, width: int) -> str:
+    buffer = io.StringIO()
+    console_type(file=buffer, width=max(20, width), force_terminal=True, color_system="standard").print(
+        renderable, end=""
+    )
+    return buffer.getvalue()
+
+
+def history_path(env: Any = None) -> str:
+    """Where the chat keeps the lines a person typed: `$XDG_STATE_HOME/subagents/chat_history`
+    (`~/.local/state/...` when unset)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "subagents", "chat_history")

@@ -618,13 +618,13 @@ def _chat(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .chat import PipedLines, chat
-    from .chat_terminal import TerminalLines, TerminalOutput
+    from .chat_terminal import TerminalLines, TerminalOutput, history_path
 
     lines: Any = PipedLines()
     console = Console()
     if sys.stdin.isatty() and sys.stdout.isatty():
         output = TerminalOutput()
-        lines, console = TerminalLines(output), Console(file=output)
+        lines, console = TerminalLines(output, history_path()), Console(file=output)
     return trio.run(
         lambda: chat(
             args.root,

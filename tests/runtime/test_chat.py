@@ -278,6 +278,9 @@ def test_only_the_terminal_prompt_imports_prompt_toolkit(tmp_path: Path) -> None
 _ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\r]")
 
 
+_CURSOR_QUESTION = b"\x1b[6n"
+
+
 class Terminal:
     """`subagents chat` on a pseudo-terminal (stdlib `pty`): `keys` types, `expect` waits for a
     regex in the output with the terminal's escape sequences taken out."""
@@ -288,13 +291,20 @@ class Terminal:
         model = write_script(tmp_path / "s.json", script)
         self.root = str(tmp_path / "root")
         argv = [*CLI, "chat", "--root", self.root, "--model", model, "--compression", "none"]
-        # No cursor-position requests: nothing on the other side of this terminal answers them.
-        env = clean_env(TERM="xterm-256color", PROMPT_TOOLKIT_NO_CPR="1", COLUMNS="200", LINES="50")
+        # prompt-toolkit asks where the cursor is (it draws the bottom toolbar only once it
+        # knows the rows below): `_more` answers each request as a terminal would.
+        env = clean_env(
+            TERM="xterm-256color",
+            COLUMNS="200",
+            LINES="50",
+            XDG_STATE_HOME=str(tmp_path / "state"),  # the chat's line history
+        )
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: becomes the chat
             os.chdir(tmp_path)
             os.execvpe(argv[0], argv, env)
         self.raw = b""
+        self.answered = 0  # cursor-position requests answered
         # Where the next expect starts looking. Lines printed while the prompt is up come from
         # prompt-toolkit's stdout proxy, which may draw the next prompt first: on the screen the
         # line is above the prompt, in the raw output the prompt may come before it (so the
@@ -318,6 +328,10 @@ class Terminal:
         except OSError:  # the chat closed the terminal
             return False
         self.raw += data
+        asked = self.raw.count(_CURSOR_QUESTION)
+        for _ in range(asked - self.answered):
+            os.write(self.fd, b"\x1b[1;1R")  # the cursor at the top: the whole height below it
+        self.answered = asked
         return bool(data)
 
     def expect(self, pattern: str) -> re.Match[str]:
@@ -394,6 +408,9 @@ def test_chat_on_a_terminal_shows_a_notice_turn_while_the_person_is_idle(tmp_pat
     child = term.expect(r"← started subagent (\S+)$").group(1)
     term.expect(r"assistant: started it$")
     term.expect(r"^>")
+    # The bottom toolbar: the session's status and its live tree.
+    term.expect(r"· turn 2 · done · 1 child working")
+    term.expect(rf"└── {re.escape(child)} \[running\] — Bg")
     term.keys(b"/agents\r")
     term.expect(rf"{re.escape(child)} \[running\] — Bg$")
     term.expect(r"^>")
@@ -404,6 +421,7 @@ def test_chat_on_a_terminal_shows_a_notice_turn_while_the_person_is_idle(tmp_pat
     term.expect(r"── turn 3 \(notice\)$")
     term.expect(r"assistant: noted the settlement$")
     term.expect(r"^>")
+    term.expect(rf"└── {re.escape(child)} \[settled: completed\] — Bg")
     term.keys(b"\x04")  # Ctrl-D at an idle prompt: leave
     assert term.exit_status() == 0
 

@@ -1,13 +1,21 @@
-"""`TerminalOutput`: the chat's output never goes through a drawn prompt and never loses a line,
-whatever the prompt thread is doing (the pty tests in test_chat.py drive the real prompt)."""
+"""The chat's terminal parts without a terminal: `TerminalOutput` never writes through a drawn
+prompt and never loses a line whatever the prompt thread is doing; the toolbar's tree; the tree
+the chat hands to its terminal (the pty tests in test_chat.py drive the real prompt)."""
 
 from __future__ import annotations
 
 import io
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from subagents.runtime.chat_terminal import TerminalOutput
+from rich.console import Console
+from subagents.runtime import ScriptedModel, load_script
+from subagents.runtime.chat import chat
+from subagents.runtime.chat_terminal import TerminalOutput, toolbar_text
+from subagents.runtime.run_progress import ChildStatus, RunProgress
 
 
 class FakeLoop:
@@ -100,3 +108,98 @@ def test_it_looks_like_the_terminal_to_rich() -> None:
     assert console.is_terminal
     console.print("[bold]x[/bold]")
     assert "x" in out._stream.getvalue()
+
+
+def progress_with(children: int, running: set[int]) -> RunProgress:
+    progress = RunProgress("root-1", turn=2, activity="done")
+    for i in range(children):
+        progress.children[f"c{i}"] = ChildStatus(
+            id=f"c{i}",
+            parent="root-1",
+            label=f"job {i}",
+            mode="continuable",
+            state="running" if i in running else "idle",
+        )
+    return progress
+
+
+def plain(ansi: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", ansi)
+
+
+def test_the_toolbar_is_the_status_line_alone_without_children() -> None:
+    assert plain(toolbar_text(RunProgress("root-1", activity="idle"), 80)) == "root-1 · idle"
+
+
+def test_the_toolbar_shows_the_tree_under_the_status_line_with_state_and_label() -> None:
+    progress = progress_with(2, running={1})
+    progress.children["g"] = ChildStatus(id="g", parent="c1", label="grandchild", mode="one-shot", state="running")
+    lines = plain(toolbar_text(progress, 80)).splitlines()
+    assert lines[0] == "root-1 · turn 2 · done · 2 children working"
+    assert [line.rstrip() for line in lines[1:]] == [
+        "subagents",
+        "├── c0 [idle] — job 0",
+        "└── c1 [running] — job 1",
+        "    └── g [running] — grandchild",
+    ]
+
+
+def test_a_long_tree_shows_the_working_children_first_then_how_many_more() -> None:
+    text = plain(toolbar_text(progress_with(12, running={10, 11}), 80, most=4))
+    shown = re.findall(r"(c\d+) \[", text)
+    assert shown == ["c0", "c1", "c10", "c11"]  # the two working ones kept, in their start order
+    assert text.rstrip().endswith("… and 8 more (/agents all)")
+
+
+class RecordedLines:
+    """A person who types `typed` and then leaves; keeps every tree the chat handed over."""
+
+    def __init__(self, typed: list[str]) -> None:
+        self.typed = list(typed)
+        self.trees: list[dict[str, str]] = []
+
+    async def read(self, prompt: str) -> str | None:
+        return self.typed.pop(0) if self.typed else None
+
+    def progress(self, progress: RunProgress) -> None:
+        self.trees.append({c.id: c.state for c in progress.children.values()})
+
+
+ONE_CHILD = {
+    "agents": [
+        {
+            "responses": [
+                {
+                    "tool_calls": [
+                        {
+                            "name": "subagent",
+                            "arguments": {"description": "Bg", "prompt": "go", "run_in_background": True},
+                        }
+                    ]
+                },
+                {"text": "started it"},
+                {"text": "noted"},
+            ]
+        },
+        {"label": "Bg", "responses": [{"text": "child done"}]},
+    ]
+}
+
+
+async def test_the_chat_hands_its_tree_to_the_terminal_and_a_resumed_chat_starts_from_the_listing(
+    tmp_path: Path,
+) -> None:
+    root = str(tmp_path / "root")
+    first = RecordedLines(["start a child", "/wait"])
+    model = ScriptedModel(load_script(json.dumps(ONE_CHILD)))
+    assert await chat(root, model, lines=first, console=Console(file=io.StringIO()), compression="none") == 0
+    assert first.trees[0] == {}  # handed over before anything happened
+    (child,) = first.trees[-1]
+    assert "running" in [tree.get(child) for tree in first.trees]
+    assert first.trees[-1] == {child: "settled: completed"}
+
+    session = next(p.name for p in (tmp_path / "root" / "sessions").iterdir() if p.name != child)
+    again = RecordedLines([])
+    model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": []}]})))
+    await chat(root, model, session_id=session, lines=again, console=Console(file=io.StringIO()))
+    assert again.trees == [{child: "inactive"}]  # known from the listing, before any event
