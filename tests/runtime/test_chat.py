@@ -571,3 +571,26 @@ def test_chat_on_a_terminal_ctrl_c_at_the_prompt_cancels_a_running_notice_turn(t
     assert term.exit_status() == 0
     ends = [e for e in show_json(term.root, session) if e["type"] == "turn/end"]
     assert [e["reason"] for e in ends] == [{"kind": "completed"}, {"kind": "aborted", "cause": "user"}]
+
+
+@pytest.mark.slow  # two real chats on a pseudo-terminal
+def test_the_line_history_outlives_the_chat(tmp_path: Path) -> None:
+    first = Terminal(tmp_path, {"agents": [{"responses": [{"text": "one"}]}]})
+    first.expect(r"^>")
+    first.keys(b"remember this line\r")
+    first.expect(r"assistant: one$")
+    first.expect(r"^>")
+    first.keys(b"\x04")
+    assert first.exit_status() == 0
+    assert "remember this line" in (tmp_path / "state" / "subagents" / "chat_history").read_text()
+
+    second = Terminal(tmp_path, {"agents": [{"responses": [{"text": "two"}]}]})
+    session = second.expect(r"session (\S+) \(/help for commands\)").group(1)
+    second.expect(r"^>")
+    second.keys(b"\x1b[A\r")  # up arrow: the last line of the last chat
+    second.expect(r"assistant: two$")
+    second.expect(r"^>")
+    second.keys(b"\x04")
+    assert second.exit_status() == 0
+    users = [e for e in show_json(second.root, session) if e["type"] == "user/message"]
+    assert [e["text"] for e in users] == ["remember this line"]
