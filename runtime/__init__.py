@@ -49,6 +49,13 @@ from .models.base import Usage as Usage
 from .models.openai import OpenAIChatModel as OpenAIChatModel
 from .models.script_format import load_script as load_script
 from .models.scripted_model import ScriptedModel as ScriptedModel
+from .tools.permissions import DEFAULT_PERMISSIONS as DEFAULT_PERMISSIONS
+from .tools.permissions import Approver as Approver
+from .tools.permissions import PermissionAnswer as PermissionAnswer
+from .tools.permissions import PermissionRequest as PermissionRequest
+from .tools.permissions import Permissions as Permissions
+from .tools.workspace_tools import WorkspaceLimits as WorkspaceLimits
+from .tools.workspace_tools import workspace_tools as workspace_tools
 from .usage import SessionUsage as SessionUsage
 from .usage import Tokens as Tokens
 from .usage import TreeUsage as TreeUsage

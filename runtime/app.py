@@ -32,7 +32,9 @@ from .ids import IdFactory, RandomIds
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
+from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.subagent_tools import subagent_tools
+from .tools.workspace_tools import workspace_tools
 from .usage import USAGE_UNIT
 
 __all__ = ["Runtime", "open_runtime"]
@@ -68,12 +70,18 @@ async def open_runtime(
     child_model: ChildModel | None = None,
     log_store: LogStore | None = None,
     now_ms: Callable[[], int] | None = None,
+    workspace: str | os.PathLike[str] | None = None,
+    permissions: Permissions | None = None,
+    approver: Approver | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
     never read here. `clock` and `id_factory` make runs deterministic; `now_ms` overrides only
     the clock's readings (tests of the storage-facing layers use it). `child_model` builds the
-    model of a child whose `ChildOptions` select one (without it, such a child is refused)."""
+    model of a child whose `ChildOptions` select one (without it, such a child is refused).
+    `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
+    (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
+    `ask` answered by `approver` (none: denied)."""
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
@@ -90,8 +98,13 @@ async def open_runtime(
             async with trio.open_nursery() as nursery:
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
 
+                shared = workspace_tools(os.fspath(workspace)) if workspace is not None else []
+                policy = permissions if permissions is not None else (DEFAULT_PERMISSIONS if shared else None)
+                remembered = Remembered()
+
                 def toolset(service: SubagentService) -> ToolSet:
-                    return ToolSet([*(tools() if tools is not None else ()), *subagent_tools(service)])
+                    every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service)]
+                    return ToolSet(every if policy is None else guard_tools(every, policy, approver, remembered))
 
                 def subagent_service(agents: AgentRegistry) -> SubagentService:
                     # The registry's hooks: made by the registry's constructor, from itself.
