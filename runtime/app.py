@@ -11,7 +11,7 @@ builds the subagent service (its `AgentHooks`) from itself, so nothing is assign
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -23,6 +23,7 @@ from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
 from .agent.tools import Tool, ToolSet
+from .agent_types import AgentType
 from .clock import Clock, RealClock
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
@@ -73,6 +74,7 @@ async def open_runtime(
     workspace: str | os.PathLike[str] | None = None,
     permissions: Permissions | None = None,
     approver: Approver | None = None,
+    agent_types: Mapping[str, AgentType] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -81,7 +83,8 @@ async def open_runtime(
     model of a child whose `ChildOptions` select one (without it, such a child is refused).
     `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
     (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
-    `ask` answered by `approver` (none: denied)."""
+    `ask` answered by `approver` (none: denied). `agent_types` are offered by the `subagent`
+    tool's `agent_type` parameter."""
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
@@ -103,7 +106,7 @@ async def open_runtime(
                 remembered = Remembered()
 
                 def toolset(service: SubagentService) -> ToolSet:
-                    every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service)]
+                    every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service, agent_types)]
                     return ToolSet(every if policy is None else guard_tools(every, policy, approver, remembered))
 
                 def subagent_service(agents: AgentRegistry) -> SubagentService:

@@ -18,8 +18,20 @@ LAYERS = ("storage", "actors", "runtime")  # bottom to top
 ALLOWED_THIRD_PARTY = {
     "storage": {"attrs", "cattrs", "msgspec", "zstandard"},
     "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
-    # prompt_toolkit: `chat`'s prompt (SPEC §2 lists it), imported lazily by runtime/chat.py only.
-    "runtime": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util", "httpx", "rich", "prompt_toolkit"},
+    # prompt_toolkit: `chat`'s prompt, imported lazily by runtime/chat_terminal.py only;
+    # platformdirs: the user's config folder (runtime/config.py). SPEC §2 lists both.
+    "runtime": {
+        "attrs",
+        "cattrs",
+        "msgspec",
+        "zstandard",
+        "trio",
+        "trio_util",
+        "httpx",
+        "rich",
+        "prompt_toolkit",
+        "platformdirs",
+    },
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 

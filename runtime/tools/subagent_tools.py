@@ -9,12 +9,13 @@ service's `SubagentError`, whose pinned record makes the durable `tool/result` c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
 
 from ..agent.tools import ToolContext
+from ..agent_types import AgentType, describe_types
 from ..delegation.listing import ChildRow
 from ..delegation.service import Reservation, SubagentService
 from ..errors import NoCallingAgent
@@ -103,7 +104,14 @@ class _ServiceTool:
 class _Delegate(_ServiceTool):
     name: str
     provider: str
-    parameters: ClassVar[Json] = _DELEGATE_PARAMS
+    agent_types: Mapping[str, AgentType] = attrs.field(factory=dict)  # choosable by `agent_type` (spawn only)
+
+    @property
+    def parameters(self) -> Json:
+        if not self.agent_types:
+            return _DELEGATE_PARAMS  # exactly SPEC 5.5's
+        choice = {"type": "string", "enum": sorted(self.agent_types), "description": describe_types(self.agent_types)}
+        return {**_DELEGATE_PARAMS, "properties": {**_DELEGATE_PARAMS["properties"], "agent_type": choice}}
 
     @property
     def description(self) -> str:
@@ -125,6 +133,8 @@ class _Delegate(_ServiceTool):
 
     async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
+        # The schema's enum admits only known types; the options go into the child's descriptor.
+        options = self.agent_types[args["agent_type"]].options() if "agent_type" in args else None
         if args.get("run_in_background", True):
             child_id = await self.service.start_continuable(
                 parent,
@@ -133,6 +143,7 @@ class _Delegate(_ServiceTool):
                 args["prompt"],
                 ctx.abort,
                 reserved=ctx.prepared,
+                options=options,
             )
             return f"started subagent {child_id}"
         result = await self.service.start(
@@ -142,6 +153,7 @@ class _Delegate(_ServiceTool):
             label=args["description"],
             abort=ctx.abort,
             reserved=ctx.prepared,
+            options=options,
         )
         return result.text or ""
 
@@ -229,9 +241,10 @@ class _InterruptAgent(_ServiceTool):
         return f"interrupt requested for agent {args['agent_id']}{tail}"
 
 
-def subagent_tools(service: SubagentService) -> list[Any]:
+def subagent_tools(service: SubagentService, agent_types: Mapping[str, AgentType] | None = None) -> list[Any]:
+    """The five subagent tools; `subagent` offers `agent_type` when `agent_types` holds any."""
     return [
-        _Delegate(service, "subagent", "spawn"),
+        _Delegate(service, "subagent", "spawn", dict(agent_types or {})),
         _Delegate(service, "subagent_fork", "fork"),
         _ListAgents(service),
         _SendMessage(service),
