@@ -11,7 +11,7 @@ builds the subagent service (its `AgentHooks`) from itself, so nothing is assign
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -75,6 +75,7 @@ async def open_runtime(
     permissions: Permissions | None = None,
     approver: Approver | None = None,
     agent_types: Mapping[str, AgentType] | None = None,
+    disabled_tools: Collection[str] = (),
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -84,7 +85,7 @@ async def open_runtime(
     `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
     (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
     `ask` answered by `approver` (none: denied). `agent_types` are offered by the `subagent`
-    tool's `agent_type` parameter."""
+    tool's `agent_type` parameter; `disabled_tools` are left out of every agent's tools."""
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
@@ -107,6 +108,7 @@ async def open_runtime(
 
                 def toolset(service: SubagentService) -> ToolSet:
                     every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service, agent_types)]
+                    every = [tool for tool in every if tool.name not in disabled_tools]
                     return ToolSet(every if policy is None else guard_tools(every, policy, approver, remembered))
 
                 def subagent_service(agents: AgentRegistry) -> SubagentService:

@@ -69,10 +69,12 @@ class Config:
         out: list[tuple[str, Any, str]] = []
         for key in _SCALARS:
             out.append((key, getattr(self, _FIELD.get(key, key)), self.sources.get(key, "default")))
-        for name, decision in sorted(self.permissions.items()):
-            out.append((f"permissions.{name}", decision, self.sources[f"permissions.{name}"]))
-        if self.default_permission is not None:
-            out.append(("permissions.default", self.default_permission, self.sources["permissions.default"]))
+        from .tools.permissions import DEFAULT_PERMISSIONS
+
+        for name, decision in sorted({**DEFAULT_PERMISSIONS.rules, **self.permissions}.items()):
+            out.append((f"permissions.{name}", decision, self.sources.get(f"permissions.{name}", "default")))
+        default = self.default_permission or DEFAULT_PERMISSIONS.default
+        out.append(("permissions.default", default, self.sources.get("permissions.default", "default")))
         for key, value in sorted(self.budget.items()):
             out.append((f"budget.{key}", value, self.sources[f"budget.{key}"]))
         for name, server in sorted(self.mcp_servers.items()):
@@ -168,7 +170,8 @@ def load_config(
     project's file over the user's over the defaults. Raises `ConfigInvalid`."""
     layers: list[tuple[str, dict[str, Any]]] = []
     files = []
-    for path in (os.path.join(user_config_dir(env), PROJECT_FILE), os.path.join(project_dir, PROJECT_FILE)):
+    project_file = os.path.join(os.path.abspath(project_dir), PROJECT_FILE)
+    for path in (os.path.join(user_config_dir(env), PROJECT_FILE), project_file):
         document = _read(path)
         if document is not None:
             layers.append((path, document))
