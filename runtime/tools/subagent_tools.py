@@ -15,7 +15,9 @@ from typing import Any, ClassVar
 import attrs
 
 from ..agent.tools import ToolContext
+from ..budgets import Budget
 from ..delegation.listing import ChildRow
+from ..delegation.options import ChildOptions
 from ..delegation.service import Reservation, SubagentService
 from ..errors import NoCallingAgent
 
@@ -44,6 +46,22 @@ _DELEGATE_PARAMS = _schema(
     run_in_background=_text(
         "boolean", "true (default): start a continuable background child and return its id; false: wait for its answer."
     ),
+    # Optional budget limits (runtime/budgets.py): they can only lower what the child inherits.
+    max_turns={
+        "type": "integer",
+        "minimum": 1,
+        "description": "Optional: at most this many turns for the child (never more than you have left).",
+    },
+    max_tokens={
+        "type": "integer",
+        "minimum": 1,
+        "description": "Optional: at most this many model tokens (input + output) for the child (never more than you have left).",
+    },
+    deadline_seconds={
+        "type": "number",
+        "minimum": 1,
+        "description": "Optional: the child stops this many seconds from now (never later than your own deadline).",
+    },
 )
 
 _BACKGROUND = (
@@ -125,6 +143,7 @@ class _Delegate(_ServiceTool):
 
     async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
+        options = _budget_options(args)
         if args.get("run_in_background", True):
             child_id = await self.service.start_continuable(
                 parent,
@@ -133,6 +152,7 @@ class _Delegate(_ServiceTool):
                 args["prompt"],
                 ctx.abort,
                 reserved=ctx.prepared,
+                options=options,
             )
             return f"started subagent {child_id}"
         result = await self.service.start(
@@ -142,8 +162,23 @@ class _Delegate(_ServiceTool):
             label=args["description"],
             abort=ctx.abort,
             reserved=ctx.prepared,
+            options=options,
         )
         return result.text or ""
+
+
+def _budget_options(args: Json) -> ChildOptions | None:
+    """The budget a call asks for (validated by the schema: integers and a number >= 1)."""
+    turns, tokens, seconds = args.get("max_turns"), args.get("max_tokens"), args.get("deadline_seconds")
+    if turns is None and tokens is None and seconds is None:
+        return None
+    return ChildOptions(
+        budget=Budget(
+            max_turns=None if turns is None else int(turns),
+            max_tokens=None if tokens is None else int(tokens),
+            seconds=None if seconds is None else float(seconds),
+        )
+    )
 
 
 def agent_status(agents: Any, child_id: str) -> str:
