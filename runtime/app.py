@@ -23,6 +23,7 @@ from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
 from .agent.tools import Tool, ToolSet
+from .budgets import Budget
 from .clock import Clock, RealClock
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
@@ -53,6 +54,10 @@ class Runtime:
     clock: Clock
 
 
+def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
+    return config if budget is None else attrs.evolve(config, budget=budget)
+
+
 @asynccontextmanager
 async def open_runtime(
     root: str | os.PathLike[str],
@@ -73,6 +78,7 @@ async def open_runtime(
     workspace: str | os.PathLike[str] | None = None,
     permissions: Permissions | None = None,
     approver: Approver | None = None,
+    budget: Budget | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -81,7 +87,9 @@ async def open_runtime(
     model of a child whose `ChildOptions` select one (without it, such a child is refused).
     `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
     (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
-    `ask` answered by `approver` (none: denied)."""
+    `ask` answered by `approver` (none: denied). `budget` limits every session this runtime
+    starts or resumes that is not a subagent (its `seconds` count from each agent's start);
+    subagents get their parent's remainder (runtime/budgets.py)."""
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
@@ -124,7 +132,7 @@ async def open_runtime(
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,
-                    config=agent_config or AgentConfig(),
+                    config=_with_budget(agent_config or AgentConfig(), budget),
                     nursery=nursery,
                     hooks=subagent_service,
                 )

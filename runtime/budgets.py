@@ -142,7 +142,7 @@ def exhausted(budget: Budget, spent: Spent, *, first_call: bool, now_ms: int | N
     if first_call and budget.max_turns is not None and spent.turns > budget.max_turns:
         return f"max_turns {budget.max_turns} reached"
     if budget.max_tokens is not None and spent.tokens >= budget.max_tokens:
-        return f"max_tokens {budget.max_tokens} reached ({spent.tokens} used)"
+        return f"max_tokens {budget.max_tokens} reached: {spent.tokens} used"
     if budget.deadline is not None and now_ms is not None and now_ms >= budget.deadline:
         return DEADLINE_TEXT
     return None
