@@ -369,6 +369,41 @@ async def test_a_child_of_a_parent_out_of_tokens_gets_none(tmp_path: Path) -> No
     assert _reasons(parent_events)[0] == {"kind": "budget", "message": "max_tokens 100 reached: 100 used"}
 
 
+async def test_a_fork_counts_only_its_own_tokens_not_its_inherited_prefix(tmp_path: Path) -> None:
+    model = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [
+                    {"text": "hello", "usage": {"input_tokens": 100, "output_tokens": 10}},
+                    {"tool_calls": [_call("subagent_fork", description="twin", prompt="go", max_tokens=300)]},
+                    {"text": "started"},
+                    {"text": "noted"},
+                ],
+            },
+            {
+                "label": "twin",
+                "responses": [
+                    {"tool_calls": [_call("list_agents")], "usage": {"input_tokens": 200, "output_tokens": 50}},
+                    {"text": "twin done"},
+                ],
+            },
+        ]
+    )
+    async with _runtime(tmp_path, model, budget=Budget(max_tokens=1000)) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("first")
+        await parent.wait_idle()
+        await parent.send("fork now")
+        await rt.subagents.wait_tree_idle(parent)
+    events = _events(tmp_path, "c-1")
+    assert any(t == "session/end-seed" for t, _ in events)  # it inherited the first turn (110 tokens)
+    assert _budget_of(tmp_path, "c-1") == {"max_tokens": 300}
+    # 250 of its own: a second call; with the inherited 110 counted it would have been refused.
+    assert _reasons(events)[-1] == {"kind": "completed"}
+    assert _texts(_of(events, "assistant/message")[-1]) == ["twin done"]
+
+
 # --- cold resume -------------------------------------------------------------------------------
 
 
