@@ -24,6 +24,7 @@ from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
 from .agent.tools import Tool, ToolSet
 from .agent_types import AgentType
+from .budgets import Budget
 from .clock import Clock, RealClock
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
@@ -54,6 +55,10 @@ class Runtime:
     clock: Clock
 
 
+def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
+    return config if budget is None else attrs.evolve(config, budget=budget)
+
+
 @asynccontextmanager
 async def open_runtime(
     root: str | os.PathLike[str],
@@ -76,6 +81,7 @@ async def open_runtime(
     approver: Approver | None = None,
     agent_types: Mapping[str, AgentType] | None = None,
     disabled_tools: Collection[str] = (),
+    budget: Budget | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -85,7 +91,10 @@ async def open_runtime(
     `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
     (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
     `ask` answered by `approver` (none: denied). `agent_types` are offered by the `subagent`
-    tool's `agent_type` parameter; `disabled_tools` are left out of every agent's tools."""
+    tool's `agent_type` parameter; `disabled_tools` are left out of every agent's tools.
+    `budget` limits every session this runtime starts or resumes that is not a subagent (its
+    `seconds` count from each agent's start); subagents get their parent's remainder
+    (runtime/budgets.py)."""
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
@@ -129,7 +138,7 @@ async def open_runtime(
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,
-                    config=agent_config or AgentConfig(),
+                    config=_with_budget(agent_config or AgentConfig(), budget),
                     nursery=nursery,
                     hooks=subagent_service,
                 )

@@ -16,6 +16,7 @@ import attrs
 from .agent.compaction import CompactionPolicy
 from .agent.loop import AgentConfig
 from .agent_types import AgentType, AgentTypeProblem, agent_type_dirs, load_agent_types
+from .budgets import Budget
 from .config import Config, user_config_dir
 from .delegation.options import ChildOptions
 from .errors import ConfigInvalid, ModelSpecError
@@ -59,6 +60,7 @@ class HostSetup:
             "agent_types": self.agent_types,
             "child_model": self.child_model,
             "disabled_tools": config.disabled_tools,
+            "budget": _budget(config.budget),
         }
 
 
@@ -94,6 +96,18 @@ def host_setup(flags: Mapping[str, Any], *, project_dir: str = ".", env: Mapping
         permissions=permissions,
         env=env,
         model=model,
+    )
+
+
+def _budget(table: Mapping[str, float]) -> Budget | None:
+    """`[budget]` as the root's `Budget` (none when the table is empty)."""
+    if not table:
+        return None
+    turns, tokens, seconds = table.get("max_turns"), table.get("max_tokens"), table.get("deadline_seconds")
+    return Budget(
+        max_turns=None if turns is None else int(turns),
+        max_tokens=None if tokens is None else int(tokens),
+        seconds=seconds,
     )
 
 

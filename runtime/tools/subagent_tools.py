@@ -16,7 +16,9 @@ import attrs
 
 from ..agent.tools import ToolContext
 from ..agent_types import AgentType, describe_types
+from ..budgets import Budget
 from ..delegation.listing import ChildRow
+from ..delegation.options import ChildOptions
 from ..delegation.service import Reservation, SubagentService
 from ..errors import NoCallingAgent
 
@@ -45,6 +47,22 @@ _DELEGATE_PARAMS = _schema(
     run_in_background=_text(
         "boolean", "true (default): start a continuable background child and return its id; false: wait for its answer."
     ),
+    # Optional budget limits (runtime/budgets.py): they can only lower what the child inherits.
+    max_turns={
+        "type": "integer",
+        "minimum": 1,
+        "description": "Optional: at most this many turns for the child (never more than you have left).",
+    },
+    max_tokens={
+        "type": "integer",
+        "minimum": 1,
+        "description": "Optional: at most this many model tokens (input + output) for the child (never more than you have left).",
+    },
+    deadline_seconds={
+        "type": "number",
+        "minimum": 1,
+        "description": "Optional: the child stops this many seconds from now (never later than your own deadline).",
+    },
 )
 
 _BACKGROUND = (
@@ -133,8 +151,7 @@ class _Delegate(_ServiceTool):
 
     async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
-        # The schema's enum admits only known types; the options go into the child's descriptor.
-        options = self.agent_types[args["agent_type"]].options() if "agent_type" in args else None
+        options = _child_options(args, self.agent_types)
         if args.get("run_in_background", True):
             child_id = await self.service.start_continuable(
                 parent,
@@ -156,6 +173,21 @@ class _Delegate(_ServiceTool):
             options=options,
         )
         return result.text or ""
+
+
+def _child_options(args: Json, agent_types: Mapping[str, AgentType]) -> ChildOptions | None:
+    """The options a call asks for: its agent type's (the schema's enum admits only known types)
+    and its budget (integers and a number >= 1, by the schema); they go into the descriptor."""
+    options = agent_types[args["agent_type"]].options() if "agent_type" in args else None
+    turns, tokens, seconds = args.get("max_turns"), args.get("max_tokens"), args.get("deadline_seconds")
+    if turns is None and tokens is None and seconds is None:
+        return options
+    budget = Budget(
+        max_turns=None if turns is None else int(turns),
+        max_tokens=None if tokens is None else int(tokens),
+        seconds=None if seconds is None else float(seconds),
+    )
+    return attrs.evolve(options or ChildOptions(), budget=budget)
 
 
 def agent_status(agents: Any, child_id: str) -> str:
