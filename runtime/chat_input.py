@@ -82,7 +82,11 @@ class Asker:
         elif not self._turn_to_read.locked():
             async with self._turn_to_read:
                 await self._answer_questions()
-        await question.done.wait()
+        try:
+            await question.done.wait()
+        finally:
+            if not question.done.is_set() and question in self._questions:
+                self._questions.remove(question)  # its call was cancelled: nobody wants the answer
         assert question.answer is not None
         return question.answer
 
@@ -93,7 +97,8 @@ class Asker:
             line = await self.lines.read(QUESTION)
             if line is INTERRUPTED:
                 continue  # a stale interrupt: ask again
-            self._questions.popleft()
+            if self._questions and self._questions[0] is question:
+                self._questions.popleft()  # (a cancelled call's question is gone already)
             self._settle(question, line)
 
     def _settle(self, question: _Question, line: str | object | None) -> None:
