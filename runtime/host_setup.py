@@ -23,9 +23,18 @@ from .errors import ConfigInvalid, ModelSpecError
 from .models.base import AnyModel
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT
 from .models.specs import build_model, parse_model_spec
-from .tools.permissions import DEFAULT_PERMISSIONS, Decision, Permissions
+from .tools.permissions import DEFAULT_PERMISSIONS, Decision, PermissionAnswer, PermissionRequest, Permissions
 
-__all__ = ["HostSetup", "host_setup"]
+__all__ = ["HostSetup", "headless_approver", "host_setup"]
+
+
+async def headless_approver(request: PermissionRequest) -> PermissionAnswer:
+    """`run`'s answer to `ask`: nobody can be asked, and the result says how to allow it."""
+    return PermissionAnswer(
+        "deny",
+        f"{request.tool} needs permission and `subagents run` cannot ask (it is headless): denied. "
+        f'To let it run unattended, set `{request.tool} = "allow"` under [permissions] in subagents.toml.',
+    )
 
 
 @attrs.frozen(kw_only=True)
