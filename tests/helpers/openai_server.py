@@ -1,0 +1,312 @@
+"""A local OpenAI-compatible chat-completions server for tests that run the hosts (`run`, `chat`,
+`acp`) as subprocesses with `--model openai:...` or `deepseek:...` and `--base-url`.
+
+Theory of operation. `OpenAIServer` is a real socket server (stdlib `ThreadingHTTPServer` on
+127.0.0.1, a thread per connection), so it serves a subprocess whatever the test runs on: plain
+sync code, Trio or asyncio. It is scripted per request: each `POST .../chat/completions` takes the
+first queued `Reply` whose `when` matches the request (in the order they were added) and answers
+with it; a request nothing matches is answered 400 (which the client does not retry) and recorded
+in `unmatched`. Every request is recorded (`requests`: method, path, headers, body) so a test can
+assert the messages and tools the runtime sent.
+
+A `Reply` is written the way OpenAI streams: `text/event-stream` over chunked transfer encoding,
+each `data:` event its own chunk on the wire (`chat.completion.chunk` objects: the first delta
+carries `role`, text comes in `delta.content` pieces, a tool call as `delta.tool_calls` with its
+index, id and name first and its arguments in fragments), a `finish_reason`, then — only when the
+request asked for `stream_options.include_usage` — a final chunk with empty `choices` and the
+`usage`, then `data: [DONE]`. Fault modes: an HTTP error status with an OpenAI-style JSON error
+body (`Reply.error`), a connection cut after some events (`cut_after`), a chunk that is not JSON
+(`malformed_after`), and a stream held open after some events until the client goes away
+(`hold_after`; `holding` is set once it holds).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import attrs
+from http_request import Seen
+
+__all__ = ["OpenAIServer", "Reply", "last_message", "tool_messages"]
+
+Json = dict[str, Any]
+Match = Callable[[Json], bool]
+
+
+def last_message(body: Json) -> Json:
+    """The last chat message of a request body."""
+    messages: list[Json] = body["messages"]
+    return messages[-1]
+
+
+def tool_messages(body: Json) -> list[Json]:
+    """The `role: tool` messages of a request body (tool results going back to the model)."""
+    return [m for m in body["messages"] if m["role"] == "tool"]
+
+
+def _content_has(text: str) -> Match:
+    def match(body: Json) -> bool:
+        content = last_message(body).get("content")
+        return isinstance(content, str) and text in content
+
+    return match
+
+
+@attrs.frozen(kw_only=True)
+class Reply:
+    """One scripted answer: `deltas` (each a `delta` object, sent as its own event), then a
+    `finish_reason`, then the usage chunk (if asked for) and `[DONE]`; or an error status.
+
+    `when` picks the requests it may answer: a predicate over the request body, or a string the
+    last message's content must contain (None: any request)."""
+
+    deltas: tuple[Json, ...] = ()
+    finish: str | None = "stop"
+    usage: tuple[int, int] | None = None  # (prompt_tokens, completion_tokens)
+    status: int = 200
+    error_body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+    when: Match | str | None = None
+    cut_after: int | None = None  # send this many events, then drop the connection
+    malformed_after: int | None = None  # send this many events, then one whose data is not JSON
+    hold_after: int | None = None  # send this many events, then hold until the client leaves
+
+    @classmethod
+    def text(cls, *pieces: str, usage: tuple[int, int] | None = None, **options: Any) -> Reply:
+        """An answer whose text arrives in `pieces`, one event each."""
+        return cls(deltas=tuple({"content": p} for p in pieces), usage=usage, **options)
+
+    @classmethod
+    def tool_call(
+        cls,
+        name: str,
+        arguments: Json,
+        *,
+        call_id: str = "call_0",
+        fragments: int = 3,
+        usage: tuple[int, int] | None = None,
+        **options: Any,
+    ) -> Reply:
+        """One tool call: its index, id and name in a first event, then its JSON arguments cut
+        into `fragments` events, then `finish_reason: tool_calls`."""
+        raw = json.dumps(arguments)
+        size = -(-len(raw) // fragments)
+        first = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        rest = [{"index": 0, "function": {"arguments": raw[i : i + size]}} for i in range(0, len(raw), size)]
+        deltas = tuple({"tool_calls": [call]} for call in [first, *rest])
+        return cls(deltas=deltas, finish="tool_calls", usage=usage, **options)
+
+    @classmethod
+    def error(
+        cls,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        retry_after_ms: int | None = None,
+        **options: Any,
+    ) -> Reply:
+        """An HTTP error with OpenAI's JSON error body (`retry_after_ms` sets `retry-after-ms`,
+        so a client's retry need not wait)."""
+        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
+        headers = () if retry_after_ms is None else (("retry-after-ms", str(retry_after_ms)),)
+        return cls(status=status, error_body=body, headers=headers, **options)
+
+    def matches(self, body: Json) -> bool:
+        if self.when is None:
+            return True
+        match = _content_has(self.when) if isinstance(self.when, str) else self.when
+        return match(body)
+
+    def events(self, model: str, include_usage: bool) -> list[bytes]:
+        """The `data:` events of this reply, as OpenAI frames them."""
+
+        def chunk(choices: list[Json], usage: Json | None = None) -> bytes:
+            obj: Json = {
+                "id": "chatcmpl-test",
+                "object": "chat.completion.chunk",
+                "created": 1789000000,
+                "model": model,
+                "system_fingerprint": "fp_test",
+                "choices": choices,
+            }
+            if include_usage:
+                obj["usage"] = usage  # null on every chunk but the last, as OpenAI sends it
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        def choice(delta: Json, finish: str | None = None) -> list[Json]:
+            return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+        deltas = list(self.deltas) or [{"content": ""}]
+        events = [chunk(choice({"role": "assistant", **delta} if i == 0 else delta)) for i, delta in enumerate(deltas)]
+        events.append(chunk(choice({}, self.finish)))
+        if include_usage and self.usage is not None:
+            prompt, completion = self.usage
+            usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+            events.append(chunk([], usage))
+        events.append(b"data: [DONE]\n\n")
+        return events
+
+
+class OpenAIServer:
+    """The server; use as a context manager (`with OpenAIServer([...]) as server:`), then point
+    the client at `server.base_url`. `add` queues more replies at any time; `requests` and
+    `unmatched` are safe to read once the client is done."""
+
+    def __init__(self, replies: Iterable[Reply] = ()) -> None:
+        self._lock = threading.Lock()
+        self._replies: list[Reply] = list(replies)
+        self.requests: list[Seen] = []
+        self.unmatched: list[Seen] = []
+        self.holding = threading.Event()
+        self._held: set[socket.socket] = set()
+        self.failures: list[str] = []  # the server's own errors (a client hanging up is none)
+        self._httpd = _HTTPServer(("127.0.0.1", 0), _handler(self))
+        self._httpd.failures = self.failures
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="openai-server", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def pending(self) -> list[Reply]:
+        """Replies not used yet."""
+        with self._lock:
+            return list(self._replies)
+
+    def add(self, *replies: Reply) -> None:
+        with self._lock:
+            self._replies.extend(replies)
+
+    def bodies(self) -> list[Json]:
+        """The JSON bodies of the chat-completions requests, in arrival order."""
+        with self._lock:
+            return [seen.json() for seen in self.requests]
+
+    def __enter__(self) -> OpenAIServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        with self._lock:
+            held = list(self._held)
+        for sock in held:  # a held stream's thread is waiting on the client: end it
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._httpd.server_close()
+        self._thread.join()
+
+    # -- called from the handler threads -------------------------------------------------------
+
+    def _take(self, seen: Seen, body: Json | None) -> Reply | None:
+        with self._lock:
+            self.requests.append(seen)
+            for i, reply in enumerate(self._replies):
+                if body is not None and reply.matches(body):
+                    return self._replies.pop(i)
+            self.unmatched.append(seen)
+            return None
+
+    def _hold(self, sock: socket.socket, on: bool) -> None:
+        with self._lock:
+            (self._held.add if on else self._held.discard)(sock)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    failures: list[str]
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, ConnectionError):  # a client that hung up is the client's business
+            self.failures.append(repr(error))
+
+
+def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # the test reads `requests`; stderr stays quiet
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("content-length", "0")))
+            seen = Seen("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, raw)
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+            if not self.path.endswith("/chat/completions"):
+                self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                return
+            reply = server._take(seen, body if isinstance(body, dict) else None)
+            if reply is None:
+                self._json(400, {"error": {"message": "the test server has no reply for this request"}})
+                return
+            if reply.status != 200:
+                self._send_head(
+                    reply.status, "application/json", [*reply.headers, ("Content-Length", str(len(reply.error_body)))]
+                )
+                self.wfile.write(reply.error_body)
+                return
+            assert body is not None
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self._stream(reply, reply.events(str(body.get("model")), include_usage))
+
+        def _json(self, status: int, obj: Json) -> None:
+            data = json.dumps(obj).encode()
+            self._send_head(status, "application/json", [("Content-Length", str(len(data)))])
+            self.wfile.write(data)
+
+        def _send_head(self, status: int, content_type: str, headers: Sequence[tuple[str, str]]) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.end_headers()
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+        def _stream(self, reply: Reply, events: list[bytes]) -> None:
+            self._send_head(200, "text/event-stream; charset=utf-8", [("Transfer-Encoding", "chunked")])
+            for n, event in enumerate(events):
+                if n == reply.cut_after:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)  # mid-body: no terminating chunk
+                    return
+                if n == reply.malformed_after:
+                    self._chunk(b'data: {"choices": [{"index": 0, "delta": {"content": "x"\n\n')
+                if n == reply.hold_after:
+                    self._wait_for_the_client_to_leave()
+                    return
+                self._chunk(event)
+            self._chunk(b"")  # the terminating zero-length chunk
+
+        def _wait_for_the_client_to_leave(self) -> None:
+            self.close_connection = True
+            server._hold(self.connection, True)
+            server.holding.set()
+            try:
+                while self.connection.recv(1):
+                    pass
+            except OSError:
+                pass
+            finally:
+                server._hold(self.connection, False)
+
+    return Handler

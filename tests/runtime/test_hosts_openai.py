@@ -1,0 +1,401 @@
+"""The hosts with `openai:` and `deepseek:` models (issue 15: "must also work with `deepseek:` and
+`openai:` models"), against a local OpenAI-compatible server (tests/helpers/openai_server.py)
+speaking the chat-completions streaming format: `subagents run --stream` with a subagent whose
+model calls hit the same server, `deepseek:` through `--base-url`, and the faults a provider
+can produce (401, 429/5xx, a connection cut mid-stream, a malformed chunk). `chat` and `acp` are
+in test_hosts_openai_chat_acp.py.
+
+The first tests check the fake server itself with the real client in-process: what it sends is
+what `OpenAIChatModel` reads. The subprocess tests wait for the process to end; their timeouts are
+only hang guards. Retries in fault tests are told `retry-after-ms: 0`, so nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from collections import defaultdict
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+from cli_process import CLI, clean_env
+from log_lines import log_file
+from openai_server import OpenAIServer, Reply, last_message, tool_messages
+from subagents.runtime.errors import (
+    ModelAuthFailed,
+    ModelBadStream,
+    ModelError,
+    ModelStreamInterrupted,
+    ModelUnavailable,
+)
+from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallDelta, ToolSpec, Usage
+from subagents.runtime.models.openai import OpenAIChatModel
+
+KEY = "sk-fake-HOSTS-4b9e1d7c2a6f0e83"
+GRAMS = {KEY[i : i + 8] for i in range(len(KEY) - 7)}  # any 8-character run of the key is a leak
+TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
+MODEL = "test-model"
+
+
+def leaks(data: str | bytes) -> list[str]:
+    raw = data.encode() if isinstance(data, str) else data
+    return [g for g in GRAMS if g.encode() in raw]
+
+
+def plain_files(root: Path) -> list[tuple[Path, bytes]]:
+    """Every file under `root`, and the plain form of every zstd log too."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            found.append((path, data))
+            if path.name.endswith(".zst"):
+                with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
+                    found.append((path, reader.read()))
+    return found
+
+
+def assert_no_leak(root: Path, *outputs: str) -> None:
+    for output in outputs:
+        assert not leaks(output), output
+    files = plain_files(root)
+    assert files  # positive control: the scan reads the store
+    for path, data in files:
+        assert not leaks(data), path
+
+
+def run(
+    root: Path, server: OpenAIServer, *args: str, model: str = f"openai:{MODEL}", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "run", "--root", str(root), "--model", model, "--base-url", server.base_url, *args],
+        cwd=root.parent,
+        env=env if env is not None else clean_env(OPENAI_API_KEY=KEY),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def stream_lines(stdout: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`run --stream` output: every line one JSON object, events then the result line."""
+    lines = [json.loads(line) for line in stdout.splitlines()]
+    *events, result = lines
+    assert result["type"] == "result"
+    assert all("seq" in e and e["type"] != "result" for e in events)
+    return events, result
+
+
+def by_session(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        grouped[event["session_id"]].append(event)
+    return grouped
+
+
+def tool_names(body: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in body.get("tools", [])]
+
+
+def is_tool_result(body: dict[str, Any]) -> bool:
+    return last_message(body)["role"] == "tool"
+
+
+# -- the server speaks what the client reads -----------------------------------------------------
+
+
+async def collect(model: OpenAIChatModel, request: ModelRequest) -> list[Chunk]:
+    async with aclosing(model.stream(request)) as chunks:  # type: ignore[type-var]
+        return [chunk async for chunk in chunks]
+
+
+REQUEST = ModelRequest(
+    messages=[{"id": "m1", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}],
+    tools=[ToolSpec(name="echo", description="Echo.", parameters={"type": "object"})],
+)
+
+
+async def test_the_fake_server_streams_text_a_split_tool_call_and_usage_as_the_client_reads_them() -> None:
+    with OpenAIServer(
+        [
+            Reply.text("Hel", "lo", usage=(5, 2)),
+            Reply.tool_call("echo", {"text": "a longer argument"}, call_id="call_x", fragments=4, usage=(7, 3)),
+        ]
+    ) as server:
+        model = OpenAIChatModel(MODEL, base_url=server.base_url, api_key=KEY)
+        text = await collect(model, REQUEST)
+        call = await collect(model, REQUEST)
+    assert text == [TextDelta("Hel"), TextDelta("lo"), Usage(5, 2), Finish("stop")]
+    assert isinstance(call[0], ToolCallDelta) and (call[0].id, call[0].name) == ("call_x", "echo")
+    pieces = [c for c in call if isinstance(c, ToolCallDelta)]
+    assert len(pieces) == 5  # the name first, then the arguments in four fragments
+    assert json.loads("".join(p.arguments for p in pieces)) == {"text": "a longer argument"}
+    assert call[-2:] == [Usage(7, 3), Finish("tool-calls")]
+    first = server.requests[0]
+    assert (first.method, first.target) == ("POST", "/v1/chat/completions")
+    assert first.headers["authorization"] == f"Bearer {KEY}"
+    assert first.json()["stream_options"] == {"include_usage": True}
+    assert tool_names(first.json()) == ["echo"]
+    assert server.unmatched == [] and server.failures == []
+
+
+@pytest.mark.parametrize(
+    ("replies", "error", "words", "requests"),
+    [
+        ([Reply.error(401, "Incorrect API key provided")], ModelAuthFailed, "authentication failed (401)", 1),
+        ([Reply.error(429, "slow down", retry_after_ms=0)] * 5, ModelUnavailable, "after 5 attempts", 5),
+        ([Reply.error(500, "boom", retry_after_ms=0)] * 5, ModelUnavailable, "HTTP 500: boom", 5),
+        ([Reply.text("Hel", "lo", "!", cut_after=2)], ModelStreamInterrupted, "stream interrupted after 2 events", 1),
+        ([Reply.text("Hel", "lo", malformed_after=1)], ModelBadStream, "event 2 is not JSON", 1),
+    ],
+    ids=["401", "429", "500", "cut", "malformed"],
+)
+async def test_the_fake_servers_faults_are_the_clients_model_errors(
+    replies: list[Reply], error: type[ModelError], words: str, requests: int
+) -> None:
+    with OpenAIServer(replies) as server:
+        model = OpenAIChatModel(MODEL, base_url=server.base_url, api_key=KEY)
+        with pytest.raises(error) as caught:
+            await collect(model, REQUEST)
+    assert words in str(caught.value)
+    assert len(server.requests) == requests and server.pending == []
+
+
+async def test_a_retried_429_then_an_answer_succeeds() -> None:
+    with OpenAIServer([Reply.error(429, "slow down", retry_after_ms=0), Reply.text("ok", usage=(1, 1))]) as server:
+        model = OpenAIChatModel(MODEL, base_url=server.base_url, api_key=KEY)
+        assert await collect(model, REQUEST) == [TextDelta("ok"), Usage(1, 1), Finish("stop")]
+    assert len(server.requests) == 2
+
+
+# -- `run --stream` with a subagent ---------------------------------------------------------------
+
+CHILD_PROMPT = "Reply HI, in capitals"
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_run_stream_with_a_one_shot_child_on_the_same_server(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    arguments = {"description": "Say hi", "prompt": CHILD_PROMPT, "run_in_background": False}
+    replies = [
+        Reply.tool_call("subagent", arguments, call_id="call_parent", usage=(100, 20), when="Delegate a greeting"),
+        Reply.text("H", "I", usage=(30, 2), when=CHILD_PROMPT),
+        Reply.text("the child ", "said ", "HI", usage=(150, 5), when=is_tool_result),
+    ]
+    with OpenAIServer(replies) as server:
+        done = run(root, server, "--stream", "Delegate a greeting.")
+    assert done.returncode == 0, done.stderr
+    events, result = stream_lines(done.stdout)
+    parent = result["session_id"]
+    assert done.stderr == f"session {parent}\n"
+    assert result["output"] == "the child said HI"
+    # The tree's usage is what the server reported, summed over its three replies.
+    assert result["usage"] == {"input_tokens": 280, "output_tokens": 27, "calls": 3, "reported": 3}
+    sessions = by_session(events)
+    [child] = [sid for sid in sessions if sid != parent]
+    for lines in sessions.values():
+        assert [e["seq"] for e in lines] == list(range(lines[0]["seq"], lines[0]["seq"] + len(lines)))
+    assert sessions[parent][0]["seq"] == 0 and sessions[child][0]["seq"] == 0
+    catalog = next(i for i, e in enumerate(events) if e["type"] == "subagent/catalog")
+    assert events[catalog]["data"]["child_id"] == child
+    assert events.index(sessions[child][0]) > catalog  # the child's first line after the catalog
+    [call] = [e for e in sessions[parent] if e["type"] == "tool/call"]
+    assert (call["data"]["call_id"], json.loads(call["data"]["arguments"])) == ("call_parent", arguments)
+    [answer] = [e for e in sessions[child] if e["type"] == "assistant/message"]
+    assert answer["data"]["message"]["content"] == [{"type": "text", "text": "HI"}]
+    assert answer["data"]["usage"] == {"input_tokens": 30, "output_tokens": 2}
+    assert [e["data"]["reason"] for e in events if e["type"] == "turn/end"] == [{"kind": "completed"}] * 2
+
+    # What the runtime sent: the subagent tool's schema to the parent (not to the child, which is
+    # at the depth limit), the child's prompt as its first message, the tool result going back.
+    assert server.unmatched == [] and server.pending == [] and server.failures == []
+    first, to_child, back = server.bodies()
+    assert all(b["model"] == MODEL and b["stream"] is True for b in (first, to_child, back))
+    assert all(b["stream_options"] == {"include_usage": True} for b in (first, to_child, back))
+    assert first["messages"] == [{"role": "user", "content": "Delegate a greeting."}]
+    [subagent] = [t["function"] for t in first["tools"] if t["function"]["name"] == "subagent"]
+    assert subagent["parameters"]["required"] == ["description", "prompt"]
+    assert set(subagent["parameters"]["properties"]) == {"description", "prompt", "run_in_background"}
+    assert set(tool_names(first)) == {"subagent", "subagent_fork", "list_agents", "send_message", "interrupt_agent"}
+    assert to_child["messages"] == [{"role": "user", "content": CHILD_PROMPT}]
+    assert "subagent" not in tool_names(to_child) and "list_agents" in tool_names(to_child)
+    assert back["messages"][:2] == [
+        first["messages"][0],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_parent",
+                    "type": "function",
+                    "function": {"name": "subagent", "arguments": json.dumps(arguments)},
+                }
+            ],
+        },
+    ]
+    assert tool_messages(back) == [{"role": "tool", "tool_call_id": "call_parent", "content": "HI"}]
+    assert [seen.headers["authorization"] for seen in server.requests] == [f"Bearer {KEY}"] * 3
+    assert_no_leak(root, done.stdout, done.stderr)
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_run_waits_for_a_background_child_whose_requests_overlap_the_parents(tmp_path: Path) -> None:
+    """A background child and its parent call the server at the same time; the child's settlement
+    notice starts the parent's next turn, and `run` ends with that turn's answer."""
+    root = tmp_path / "root"
+    arguments = {"description": "Count", "prompt": "Count to three", "run_in_background": True}
+    replies = [
+        Reply.tool_call("subagent", arguments, usage=(10, 5), when="Start a counter"),
+        Reply.text("1, 2, ", "3", usage=(8, 4), when="Count to three"),
+        Reply.text("started ", "it", usage=(12, 2), when=is_tool_result),
+        Reply.text("the counter ", "finished", usage=(20, 3), when="Background subagent"),
+    ]
+    with OpenAIServer(replies) as server:
+        done = run(root, server, "--stream", "Start a counter.")
+    assert done.returncode == 0, done.stderr
+    events, result = stream_lines(done.stdout)
+    assert result["output"] == "the counter finished"
+    assert result["usage"] == {"input_tokens": 50, "output_tokens": 14, "calls": 4, "reported": 4}
+    assert server.unmatched == [] and server.pending == [] and server.failures == []
+    [notice] = [b for b in server.bodies() if "Background subagent" in str(last_message(b)["content"])]
+    assert "1, 2, 3" in last_message(notice)["content"]  # the child's closing message reached the parent
+    parent = result["session_id"]
+    ends = [e for e in events if e["type"] == "turn/end" and e["session_id"] == parent]
+    assert [e["data"]["reason"]["kind"] for e in ends] == ["completed", "completed"]
+    assert_no_leak(root, done.stdout, done.stderr)
+
+
+# -- deepseek: ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_deepseek_through_its_base_url_override(tmp_path: Path) -> None:
+    """`deepseek:` takes `--base-url` (its default has no `/v1`); DeepSeek's `reasoning_content`
+    deltas are not part of the answer, and its key comes from DEEPSEEK_API_KEY."""
+    root = tmp_path / "root"
+    reply = Reply(
+        deltas=(
+            {"reasoning_content": "The user greets; "},
+            {"reasoning_content": "answer."},
+            {"content": "Hel"},
+            {"content": "lo"},
+        ),
+        usage=(11, 7),
+    )
+    with OpenAIServer([reply]) as server:
+        base = server.base_url.removesuffix("/v1")
+        done = subprocess.run(
+            [
+                *CLI,
+                "run",
+                "--root",
+                str(root),
+                "--model",
+                "deepseek:deepseek-chat",
+                "--base-url",
+                base,
+                "--stream",
+                "hi",
+            ],
+            cwd=tmp_path,
+            env=clean_env(DEEPSEEK_API_KEY=KEY, OPENAI_API_KEY="sk-not-this-one"),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    assert done.returncode == 0, done.stderr
+    _events, result = stream_lines(done.stdout)
+    assert result["output"] == "Hello"
+    assert result["usage"] == {"input_tokens": 11, "output_tokens": 7, "calls": 1, "reported": 1}
+    [seen] = server.requests
+    assert seen.target == "/chat/completions"
+    assert seen.headers["authorization"] == f"Bearer {KEY}"
+    assert seen.json()["model"] == "deepseek-chat"
+    assert_no_leak(root, done.stdout, done.stderr)
+
+
+# -- faults ------------------------------------------------------------------------------------------
+
+
+def error_run(
+    tmp_path: Path, replies: list[Reply], *words: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """A `run --stream` that must fail: exit 1, `session <id>` then one line on stderr holding
+    `words`, no traceback, a result line, the key nowhere; the log's last turn ended with the
+    error. Returns the process and the log's `turn/end` entry."""
+    root = tmp_path / "root"
+    with OpenAIServer(replies) as server:
+        done = run(root, server, "--compression", "none", "--stream", "hi")
+    assert done.returncode == 1, done.stderr
+    session, line = done.stderr.splitlines()
+    assert session.startswith("session ")
+    assert line.startswith("subagents: ") and all(w in line for w in words), line
+    assert "Traceback" not in done.stdout + done.stderr
+    _events, result = stream_lines(done.stdout)
+    records = [json.loads(line) for line in log_file(root, result["session_id"]).read_text().splitlines()[1:]]
+    end = records[-1]
+    assert end["type"] == "turn/end" and end["data"]["reason"]["kind"] == "error", end
+    assert all(w in end["data"]["reason"]["message"] for w in words)
+    # What streamed before the fault is kept as a reply that finished in error (and is the output).
+    partial = [r["data"] for r in records if r["type"] == "assistant/message"]
+    assert all(p["finish"] == "error" for p in partial)
+    assert result["output"] == "".join(b["text"] for p in partial for b in p["message"]["content"])
+    assert server.pending == [] and server.failures == []
+    assert_no_leak(root, done.stdout, done.stderr)
+    return done, end
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_a_401_is_one_line_exit_1_and_the_turns_error_in_the_log(tmp_path: Path) -> None:
+    # The provider echoes the key, as OpenAI does for a wrong one: it is redacted everywhere.
+    _done, end = error_run(
+        tmp_path, [Reply.error(401, f"Incorrect API key provided: {KEY}.")], "authentication failed (401)", "[redacted]"
+    )
+    assert MODEL in end["data"]["reason"]["message"]
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_a_connection_cut_mid_stream_is_one_line_exit_1_and_the_turns_error_in_the_log(tmp_path: Path) -> None:
+    done, _end = error_run(
+        tmp_path, [Reply.text("Hel", "lo ", "wor", "ld", cut_after=3)], "stream interrupted after 3 events"
+    )
+    assert stream_lines(done.stdout)[1]["output"] == "Hello wor"
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_a_malformed_chunk_is_one_line_exit_1(tmp_path: Path) -> None:
+    error_run(tmp_path, [Reply.text("Hel", "lo", malformed_after=2)], "event 3 is not JSON")
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_5xx_until_the_retries_run_out_is_one_line_exit_1(tmp_path: Path) -> None:
+    error_run(
+        tmp_path, [Reply.error(503, "overloaded", retry_after_ms=0)] * 5, "unavailable after 5 attempts", "overloaded"
+    )
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_a_child_whose_stream_is_cut_fails_its_tool_call_and_the_parent_goes_on(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    arguments = {"description": "Flaky", "prompt": "Be flaky", "run_in_background": False}
+    replies = [
+        Reply.tool_call("subagent", arguments, usage=(10, 5), when="Try a child"),
+        Reply.text("half an ans", "wer", cut_after=2, when="Be flaky"),
+        Reply.text("the child failed", usage=(20, 3), when=is_tool_result),
+    ]
+    with OpenAIServer(replies) as server:
+        done = run(root, server, "--stream", "Try a child.")
+    assert done.returncode == 0, done.stderr
+    events, result = stream_lines(done.stdout)
+    assert result["output"] == "the child failed"
+    [body] = [b for b in server.bodies() if is_tool_result(b)]
+    [message] = tool_messages(body)
+    assert message["content"].startswith("Error: ") and "stream interrupted" in message["content"]
+    [failed] = [e for e in events if e["type"] == "tool/result"]
+    assert failed["data"]["message"]["content"][0]["is_error"] is True
+    assert server.pending == [] and server.failures == []
+    assert_no_leak(root, done.stdout, done.stderr)
