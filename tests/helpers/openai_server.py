@@ -169,7 +169,10 @@ class OpenAIServer:
         self.failures: list[str] = []  # the server's own errors (a client hanging up is none)
         self._httpd = _HTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.failures = self.failures
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="openai-server", daemon=True)
+        # `shutdown` waits for the serving loop to notice, which polls at this interval.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="openai-server", daemon=True
+        )
 
     @property
     def port(self) -> int:
