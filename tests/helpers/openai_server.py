@@ -83,24 +83,25 @@ class Reply:
         return cls(deltas=tuple({"content": p} for p in pieces), usage=usage, **options)
 
     @classmethod
-    def tool_call(
-        cls,
-        name: str,
-        arguments: Json,
-        *,
-        call_id: str = "call_0",
-        fragments: int = 3,
-        usage: tuple[int, int] | None = None,
-        **options: Any,
+    def tool_call(cls, name: str, arguments: Json, *, call_id: str = "call_0", **options: Any) -> Reply:
+        """One tool call (see `tool_calls`)."""
+        return cls.tool_calls((name, arguments, call_id), **options)
+
+    @classmethod
+    def tool_calls(
+        cls, *calls: tuple[str, Json, str], fragments: int = 3, usage: tuple[int, int] | None = None, **options: Any
     ) -> Reply:
-        """One tool call: its index, id and name in a first event, then its JSON arguments cut
-        into `fragments` events, then `finish_reason: tool_calls`."""
-        raw = json.dumps(arguments)
-        size = -(-len(raw) // fragments)
-        first = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
-        rest = [{"index": 0, "function": {"arguments": raw[i : i + size]}} for i in range(0, len(raw), size)]
-        deltas = tuple({"tool_calls": [call]} for call in [first, *rest])
-        return cls(deltas=deltas, finish="tool_calls", usage=usage, **options)
+        """Tool calls `(name, arguments, call_id)`, one after another as OpenAI streams parallel
+        calls: each call's index, id and name in a first event, then its JSON arguments cut into
+        `fragments` events; then `finish_reason: tool_calls`."""
+        deltas: list[Json] = []
+        for index, (name, arguments, call_id) in enumerate(calls):
+            raw = json.dumps(arguments)
+            size = -(-len(raw) // fragments)
+            head = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+            rest = [{"index": index, "function": {"arguments": raw[i : i + size]}} for i in range(0, len(raw), size)]
+            deltas += [{"tool_calls": [call]} for call in [head, *rest]]
+        return cls(deltas=tuple(deltas), finish="tool_calls", usage=usage, **options)
 
     @classmethod
     def error(

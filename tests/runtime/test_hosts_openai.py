@@ -20,6 +20,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import zstandard
 from cli_process import CLI, clean_env
@@ -172,6 +173,35 @@ async def test_a_retried_429_then_an_answer_succeeds() -> None:
     assert len(server.requests) == 2
 
 
+def test_the_usage_chunk_comes_only_when_asked_for_and_other_paths_are_404() -> None:
+    """The server's own protocol, raw: without `stream_options.include_usage` no chunk carries
+    `usage`; with it every chunk has `usage: null` but the last, whose `choices` are empty."""
+    with OpenAIServer([Reply.text("a", usage=(1, 2)), Reply.text("b", usage=(1, 2))]) as server:
+        url = f"{server.base_url}/chat/completions"
+        plain = httpx.post(url, json={"model": "m", "messages": [], "stream": True})
+        asked = httpx.post(
+            url, json={"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+        )
+        missing = httpx.post(f"{server.base_url}/completions", json={})
+    for response in (plain, asked):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["transfer-encoding"] == "chunked"
+    data = [[line[6:] for line in r.text.splitlines() if line.startswith("data: ")] for r in (plain, asked)]
+    assert data[0][-1] == data[1][-1] == "[DONE]"
+    plain_chunks = [json.loads(d) for d in data[0][:-1]]
+    asked_chunks = [json.loads(d) for d in data[1][:-1]]
+    assert all("usage" not in c for c in plain_chunks)
+    assert [c["usage"] for c in asked_chunks] == [
+        None,
+        None,
+        {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+    ]
+    assert asked_chunks[-1]["choices"] == []
+    assert plain_chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
+    assert plain_chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert missing.status_code == 404 and len(server.requests) == 2
+
+
 # -- `run --stream` with a subagent ---------------------------------------------------------------
 
 CHILD_PROMPT = "Reply HI, in capitals"
@@ -268,6 +298,44 @@ def test_run_waits_for_a_background_child_whose_requests_overlap_the_parents(tmp
     ends = [e for e in events if e["type"] == "turn/end" and e["session_id"] == parent]
     assert [e["data"]["reason"]["kind"] for e in ends] in (["completed"], ["completed", "completed"])
     assert [e["type"] for e in events if e["session_id"] == parent][-1] == "turn/end"
+    assert_no_leak(root, done.stdout, done.stderr)
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_parallel_tool_calls_start_two_children_at_once_with_the_base_url_from_the_environment(tmp_path: Path) -> None:
+    """Two `subagent` calls in one reply (streamed one after the other, by index) run two
+    one-shot children whose requests overlap; OPENAI_BASE_URL stands in for `--base-url`."""
+    root = tmp_path / "root"
+    one = {"description": "One", "prompt": "child one", "run_in_background": False}
+    two = {"description": "Two", "prompt": "child two", "run_in_background": False}
+    replies = [
+        Reply.tool_calls(("subagent", one, "call_a"), ("subagent", two, "call_b"), usage=(10, 10), when="go"),
+        Reply.text("ON", "E", usage=(1, 1), when="child one"),
+        Reply.text("TW", "O", usage=(2, 1), when="child two"),
+        Reply.text("both ", "done", usage=(5, 5), when=is_tool_result),
+    ]
+    with OpenAIServer(replies) as server:
+        done = subprocess.run(
+            [*CLI, "run", "--root", str(root), "--model", f"openai:{MODEL}", "--stream", "go"],
+            cwd=tmp_path,
+            env=clean_env(OPENAI_API_KEY=KEY, OPENAI_BASE_URL=server.base_url),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    assert done.returncode == 0, done.stderr
+    events, result = stream_lines(done.stdout)
+    assert result["output"] == "both done"
+    assert result["usage"] == {"input_tokens": 18, "output_tokens": 17, "calls": 4, "reported": 4}
+    assert len(by_session(events)) == 3
+    assert server.pending == [] and server.unmatched == [] and server.failures == []
+    [back] = [b for b in server.bodies() if is_tool_result(b)]
+    assert [c["id"] for c in back["messages"][1]["tool_calls"]] == ["call_a", "call_b"]
+    assert [json.loads(c["function"]["arguments"]) for c in back["messages"][1]["tool_calls"]] == [one, two]
+    assert tool_messages(back) == [
+        {"role": "tool", "tool_call_id": "call_a", "content": "ONE"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "TWO"},
+    ]
     assert_no_leak(root, done.stdout, done.stderr)
 
 
