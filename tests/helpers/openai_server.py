@@ -23,6 +23,7 @@ body (`Reply.error`), a connection cut after some events (`cut_after`), a chunk 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import threading
@@ -33,7 +34,7 @@ from typing import Any
 import attrs
 from http_request import Seen
 
-__all__ = ["OpenAIServer", "Reply", "last_message", "tool_messages"]
+__all__ = ["OpenAIServer", "Reply", "last_message", "request_problem", "tool_messages"]
 
 Json = dict[str, Any]
 Match = Callable[[Json], bool]
@@ -58,6 +59,78 @@ def _content_has(text: str) -> Match:
     return match
 
 
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}\Z")
+
+
+def request_problem(body: Json) -> str | None:
+    """What OpenAI would refuse in a chat-completions request body (its 400 message), or None.
+
+    The checks are the structural ones OpenAI enforces: a known role per message, content where
+    it is required, well-formed `tool_calls`, every `tool` message answering a call of the
+    assistant message before it, and every such call answered before anything else comes."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty array"
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        return "you must provide a model parameter"
+    open_calls: list[str] = []  # calls of the last assistant message not answered yet
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in _ROLES:
+            return f"Invalid value for 'messages[{i}].role'"
+        content = message.get("content")
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in open_calls:
+                return (
+                    f"Invalid parameter: messages with role 'tool' must be a response to a preceeding message"
+                    f" with 'tool_calls' (messages[{i}], tool_call_id {call_id!r})"
+                )
+            open_calls.remove(call_id)
+            if not isinstance(content, str):
+                return f"Invalid type for 'messages[{i}].content'"
+            continue
+        if open_calls:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each"
+                f" 'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(open_calls)}"
+            )
+        calls = message.get("tool_calls")
+        if role == "assistant":
+            if content is None and not calls:
+                return f"Invalid value for 'messages[{i}].content': expected a string, got null"
+            for j, call in enumerate(calls or []):
+                function = call.get("function") if isinstance(call, dict) else None
+                if (
+                    not isinstance(call.get("id"), str)
+                    or call.get("type") != "function"
+                    or not isinstance(function, dict)
+                    or not isinstance(function.get("name"), str)
+                    or not isinstance(function.get("arguments"), str)
+                ):
+                    return f"Invalid value for 'messages[{i}].tool_calls[{j}]'"
+                open_calls.append(call["id"])
+        elif calls is not None:
+            return f"Unrecognized parameter 'messages[{i}].tool_calls'"
+        elif not isinstance(content, str):
+            return f"Invalid type for 'messages[{i}].content': expected a string"
+    if open_calls:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each"
+            f" 'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(open_calls)}"
+        )
+    for k, tool in enumerate(body.get("tools") or []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type") != "function" or not isinstance(function, dict):
+            return f"Invalid value for 'tools[{k}]'"
+        if not _TOOL_NAME.match(str(function.get("name"))):
+            return f"Invalid 'tools[{k}].function.name': string does not match pattern"
+        if not isinstance(function.get("parameters", {}), dict):
+            return f"Invalid type for 'tools[{k}].function.parameters'"
+    return None
+
+
 @attrs.frozen(kw_only=True)
 class Reply:
     """One scripted answer: `deltas` (each a `delta` object, sent as its own event), then a
@@ -76,6 +149,7 @@ class Reply:
     cut_after: int | None = None  # send this many events, then drop the connection
     malformed_after: int | None = None  # send this many events, then one whose data is not JSON
     hold_after: int | None = None  # send this many events, then hold until the client leaves
+    usage_with_finish: bool = False  # DeepSeek's way: usage on the finish chunk, no usage chunk
 
     @classmethod
     def text(cls, *pieces: str, usage: tuple[int, int] | None = None, **options: Any) -> Reply:
@@ -146,11 +220,18 @@ class Reply:
 
         deltas = list(self.deltas) or [{"content": ""}]
         events = [chunk(choice({"role": "assistant", **delta} if i == 0 else delta)) for i, delta in enumerate(deltas)]
-        events.append(chunk(choice({}, self.finish)))
+        usage: Json | None = None
         if include_usage and self.usage is not None:
             prompt, completion = self.usage
             usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-            events.append(chunk([], usage))
+        if self.usage_with_finish:
+            if usage is not None:  # DeepSeek adds its cache counts
+                usage |= {"prompt_cache_hit_tokens": 0, "prompt_cache_miss_tokens": usage["prompt_tokens"]}
+            events.append(chunk(choice({"content": ""}, self.finish), usage))
+        else:
+            events.append(chunk(choice({}, self.finish)))
+            if usage is not None:
+                events.append(chunk([], usage))
         events.append(b"data: [DONE]\n\n")
         return events
 
@@ -165,6 +246,7 @@ class OpenAIServer:
         self._replies: list[Reply] = list(replies)
         self.requests: list[Seen] = []
         self.unmatched: list[Seen] = []
+        self.refused: list[tuple[Seen, str]] = []  # requests OpenAI would refuse, with the reason
         self.holding = threading.Event()
         self._held: set[socket.socket] = set()
         self.failures: list[str] = []  # the server's own errors (a client hanging up is none)
@@ -193,6 +275,18 @@ class OpenAIServer:
         with self._lock:
             self._replies.extend(replies)
 
+    def leftovers(self) -> dict[str, list[Any]]:
+        """What a test that scripted every request expects to be empty, by kind: replies not
+        used, requests no reply matched, requests OpenAI would refuse, the server's own errors."""
+        with self._lock:
+            found = {
+                "pending": list(self._replies),
+                "unmatched": [seen.json() for seen in self.unmatched],
+                "refused": [problem for _seen, problem in self.refused],
+                "failures": list(self.failures),
+            }
+        return {kind: items for kind, items in found.items() if items}
+
     def bodies(self) -> list[Json]:
         """The JSON bodies of the chat-completions requests, in arrival order."""
         with self._lock:
@@ -215,6 +309,14 @@ class OpenAIServer:
         self._thread.join()
 
     # -- called from the handler threads -------------------------------------------------------
+
+    def _refuse(self, seen: Seen, body: Json | None) -> str | None:
+        problem = request_problem(body) if body is not None else "We could not parse the JSON body of your request."
+        if problem is not None:
+            with self._lock:
+                self.requests.append(seen)
+                self.refused.append((seen, problem))
+        return problem
 
     def _take(self, seen: Seen, body: Json | None) -> Reply | None:
         with self._lock:
@@ -257,7 +359,14 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             if not self.path.endswith("/chat/completions"):
                 self._json(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
                 return
-            reply = server._take(seen, body if isinstance(body, dict) else None)
+            body = body if isinstance(body, dict) else None
+            problem = server._refuse(seen, body)
+            if problem is not None:  # as OpenAI answers a request it will not take
+                self._json(
+                    400, {"error": {"message": problem, "type": "invalid_request_error", "param": None, "code": None}}
+                )
+                return
+            reply = server._take(seen, body)
             if reply is None:
                 self._json(400, {"error": {"message": "the test server has no reply for this request"}})
                 return

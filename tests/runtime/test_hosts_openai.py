@@ -25,7 +25,7 @@ import pytest
 import zstandard
 from cli_process import CLI, clean_env
 from log_lines import log_file
-from openai_server import OpenAIServer, Reply, last_message, tool_messages
+from openai_server import OpenAIServer, Reply, last_message, request_problem, tool_messages
 from subagents.runtime.errors import (
     ModelAuthFailed,
     ModelBadStream,
@@ -141,7 +141,7 @@ async def test_the_fake_server_streams_text_a_split_tool_call_and_usage_as_the_c
     assert first.headers["authorization"] == f"Bearer {KEY}"
     assert first.json()["stream_options"] == {"include_usage": True}
     assert tool_names(first.json()) == ["echo"]
-    assert server.unmatched == [] and server.failures == []
+    assert server.leftovers() == {}
 
 
 @pytest.mark.parametrize(
@@ -163,14 +163,17 @@ async def test_the_fake_servers_faults_are_the_clients_model_errors(
         with pytest.raises(error) as caught:
             await collect(model, REQUEST)
     assert words in str(caught.value)
-    assert len(server.requests) == requests and server.pending == []
+    assert len(server.requests) == requests and server.leftovers() == {}
 
 
 async def test_a_retried_429_then_an_answer_succeeds() -> None:
     with OpenAIServer([Reply.error(429, "slow down", retry_after_ms=0), Reply.text("ok", usage=(1, 1))]) as server:
         model = OpenAIChatModel(MODEL, base_url=server.base_url, api_key=KEY)
         assert await collect(model, REQUEST) == [TextDelta("ok"), Usage(1, 1), Finish("stop")]
-    assert len(server.requests) == 2
+    assert len(server.requests) == 2 and server.leftovers() == {}
+
+
+HELLO = [{"role": "user", "content": "hello"}]
 
 
 def test_the_usage_chunk_comes_only_when_asked_for_and_other_paths_are_404() -> None:
@@ -178,9 +181,9 @@ def test_the_usage_chunk_comes_only_when_asked_for_and_other_paths_are_404() -> 
     `usage`; with it every chunk has `usage: null` but the last, whose `choices` are empty."""
     with OpenAIServer([Reply.text("a", usage=(1, 2)), Reply.text("b", usage=(1, 2))]) as server:
         url = f"{server.base_url}/chat/completions"
-        plain = httpx.post(url, json={"model": "m", "messages": [], "stream": True})
+        plain = httpx.post(url, json={"model": "m", "messages": HELLO, "stream": True})
         asked = httpx.post(
-            url, json={"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+            url, json={"model": "m", "messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}
         )
         missing = httpx.post(f"{server.base_url}/completions", json={})
     for response in (plain, asked):
@@ -199,7 +202,56 @@ def test_the_usage_chunk_comes_only_when_asked_for_and_other_paths_are_404() -> 
     assert asked_chunks[-1]["choices"] == []
     assert plain_chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
     assert plain_chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    assert missing.status_code == 404 and len(server.requests) == 2
+    assert missing.status_code == 404 and len(server.requests) == 2 and server.leftovers() == {}
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}}
+USER = {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "problem"),
+    [
+        ([USER], None),
+        (
+            [
+                USER,
+                {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+                USER,
+            ],
+            None,
+        ),
+        ([], "non-empty"),
+        ([{"role": "robot", "content": "x"}], "role"),
+        ([{"role": "user", "content": None}], "content"),
+        ([{"role": "assistant", "content": None}], "got null"),
+        ([USER, {"role": "tool", "tool_call_id": "c1", "content": "ok"}], "preceeding message with 'tool_calls'"),
+        (
+            [USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}, USER],
+            "did not have response messages: c1",
+        ),
+        ([USER, {"role": "assistant", "content": None, "tool_calls": [CALL]}], "did not have response messages: c1"),
+        (
+            [USER, {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "t"}}]}],
+            "tool_calls[0]",
+        ),
+    ],
+)
+def test_the_fake_server_refuses_what_openai_refuses(messages: list[dict[str, Any]], problem: str | None) -> None:
+    found = request_problem({"model": "m", "messages": messages})
+    assert found is None if problem is None else problem in str(found), found
+
+
+def test_a_refused_request_is_a_400_with_openais_error_body() -> None:
+    with OpenAIServer([Reply.text("never")]) as server:
+        answer = httpx.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": "m", "messages": [USER, {"role": "tool", "tool_call_id": "x", "content": ""}]},
+        )
+        assert answer.status_code == 400
+        assert "preceeding message" in answer.json()["error"]["message"]
+        assert list(server.leftovers()) == ["pending", "refused"]
 
 
 # -- `run --stream` with a subagent ---------------------------------------------------------------
@@ -242,7 +294,7 @@ def test_run_stream_with_a_one_shot_child_on_the_same_server(tmp_path: Path) -> 
 
     # What the runtime sent: the subagent tool's schema to the parent (not to the child, which is
     # at the depth limit), the child's prompt as its first message, the tool result going back.
-    assert server.unmatched == [] and server.pending == [] and server.failures == []
+    assert server.leftovers() == {}
     first, to_child, back = server.bodies()
     assert all(b["model"] == MODEL and b["stream"] is True for b in (first, to_child, back))
     assert all(b["stream_options"] == {"include_usage": True} for b in (first, to_child, back))
@@ -290,7 +342,7 @@ def test_run_waits_for_a_background_child_whose_requests_overlap_the_parents(tmp
     events, result = stream_lines(done.stdout)
     assert result["output"] == "the counter finished"
     assert result["usage"] == {"input_tokens": 50, "output_tokens": 14, "calls": 4, "reported": 4}
-    assert server.unmatched == [] and server.pending == [] and server.failures == []
+    assert server.leftovers() == {}
     [notice] = [b for b in server.bodies() if "Background subagent" in str(last_message(b)["content"])]
     assert "1, 2, 3" in last_message(notice)["content"]  # the child's closing message reached the parent
     parent = result["session_id"]
@@ -328,7 +380,7 @@ def test_parallel_tool_calls_start_two_children_at_once_with_the_base_url_from_t
     assert result["output"] == "both done"
     assert result["usage"] == {"input_tokens": 18, "output_tokens": 17, "calls": 4, "reported": 4}
     assert len(by_session(events)) == 3
-    assert server.pending == [] and server.unmatched == [] and server.failures == []
+    assert server.leftovers() == {}
     [back] = [b for b in server.bodies() if is_tool_result(b)]
     assert [c["id"] for c in back["messages"][1]["tool_calls"]] == ["call_a", "call_b"]
     assert [json.loads(c["function"]["arguments"]) for c in back["messages"][1]["tool_calls"]] == [one, two]
@@ -339,22 +391,62 @@ def test_parallel_tool_calls_start_two_children_at_once_with_the_base_url_from_t
     assert_no_leak(root, done.stdout, done.stderr)
 
 
+@pytest.mark.slow  # two `subagents run` processes, one killed
+def test_a_run_killed_while_a_childs_model_streams_resumes_with_a_request_openai_accepts(tmp_path: Path) -> None:
+    """SIGKILL while the parent waits on a one-shot child mid-stream; `run --session` then closes
+    the interrupted turn (a synthetic tool result answers the open call) and the resumed request
+    passes the server's OpenAI checks (every tool call answered before the next user message)."""
+    root = tmp_path / "root"
+    arguments = {"description": "Slow", "prompt": "take your time", "run_in_background": False}
+    replies = [
+        Reply.tool_call("subagent", arguments, usage=(10, 5), when="delegate"),
+        Reply.text("still ", "thinking", "...", hold_after=2, when="take your time"),
+        Reply.text("resumed ", "fine", usage=(3, 2), when="again"),
+    ]
+    command = [*CLI, "run", "--root", str(root), "--session", "s1", "--model", f"openai:{MODEL}"]
+    with OpenAIServer(replies) as server:
+        first = subprocess.Popen(
+            [*command, "--base-url", server.base_url, "delegate it"],
+            cwd=tmp_path,
+            env=clean_env(OPENAI_API_KEY=KEY),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert server.holding.wait(TIMEOUT)
+        finally:
+            first.kill()
+            first.wait(TIMEOUT)
+        done = run(root, server, "--session", "s1", "--stream", "again")
+    assert done.returncode == 0, done.stderr
+    events, result = stream_lines(done.stdout)
+    assert result["output"] == "resumed fine"
+    assert [e["data"]["reason"]["kind"] for e in events if e["type"] == "turn/end"] == ["interrupted", "completed"]
+    assert server.leftovers() == {}
+    last = server.bodies()[-1]["messages"]
+    assert [m["role"] for m in last] == ["user", "assistant", "tool", "user"]
+    assert last[2]["tool_call_id"] == last[1]["tool_calls"][0]["id"] and "interrupted" in last[2]["content"]
+    assert_no_leak(root, done.stdout, done.stderr)
+
+
 # -- deepseek: ------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow  # a real `subagents run` process
 def test_deepseek_through_its_base_url_override(tmp_path: Path) -> None:
-    """`deepseek:` takes `--base-url` (its default has no `/v1`); DeepSeek's `reasoning_content`
-    deltas are not part of the answer, and its key comes from DEEPSEEK_API_KEY."""
+    """`deepseek:` takes `--base-url` (its default has no `/v1`; DEEPSEEK_BASE_URL is not read);
+    DeepSeek's `reasoning_content` deltas are not part of the answer, its usage comes on the finish
+    chunk, and its key comes from DEEPSEEK_API_KEY."""
     root = tmp_path / "root"
     reply = Reply(
         deltas=(
-            {"reasoning_content": "The user greets; "},
-            {"reasoning_content": "answer."},
-            {"content": "Hel"},
-            {"content": "lo"},
+            {"content": None, "reasoning_content": "The user greets; "},
+            {"content": None, "reasoning_content": "answer."},
+            {"content": "Hel", "reasoning_content": None},
+            {"content": "lo", "reasoning_content": None},
         ),
         usage=(11, 7),
+        usage_with_finish=True,
     )
     with OpenAIServer([reply]) as server:
         base = server.base_url.removesuffix("/v1")
@@ -381,6 +473,7 @@ def test_deepseek_through_its_base_url_override(tmp_path: Path) -> None:
     _events, result = stream_lines(done.stdout)
     assert result["output"] == "Hello"
     assert result["usage"] == {"input_tokens": 11, "output_tokens": 7, "calls": 1, "reported": 1}
+    assert server.leftovers() == {}
     [seen] = server.requests
     assert seen.target == "/chat/completions"
     assert seen.headers["authorization"] == f"Bearer {KEY}"
@@ -414,7 +507,7 @@ def error_run(
     partial = [r["data"] for r in records if r["type"] == "assistant/message"]
     assert all(p["finish"] == "error" for p in partial)
     assert result["output"] == "".join(b["text"] for p in partial for b in p["message"]["content"])
-    assert server.pending == [] and server.failures == []
+    assert server.leftovers() == {}
     assert_no_leak(root, done.stdout, done.stderr)
     return done, end
 
@@ -467,5 +560,5 @@ def test_a_child_whose_stream_is_cut_fails_its_tool_call_and_the_parent_goes_on(
     assert message["content"].startswith("Error: ") and "stream interrupted" in message["content"]
     [failed] = [e for e in events if e["type"] == "tool/result"]
     assert failed["data"]["message"]["content"][0]["is_error"] is True
-    assert server.pending == [] and server.failures == []
+    assert server.leftovers() == {}
     assert_no_leak(root, done.stdout, done.stderr)

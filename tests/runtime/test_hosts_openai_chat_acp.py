@@ -153,7 +153,7 @@ def test_piped_chat_streams_answers_shows_a_split_tool_call_and_usage(tmp_path: 
     assert stderr == ""
     assert re.search(r"^turn 1: 5 in, 2 out tokens \(1 model call\)$", chat.out, re.MULTILINE)
     assert "Traceback" not in chat.out
-    assert server.pending == [] and server.unmatched == [] and server.failures == []
+    assert server.leftovers() == {}
     first, second, back = server.bodies()
     assert first["messages"] == [{"role": "user", "content": "first line"}]
     assert second["messages"] == [
@@ -190,6 +190,7 @@ def test_chat_shows_text_as_it_streams_ctrl_c_cancels_and_a_401_ends_only_its_tu
     assert status == 0, (chat.out, stderr)
     assert stderr == "" and "Traceback" not in chat.out
     assert not leaks(chat.out)
+    assert server.leftovers() == {}
     log = records(chat.root, session)
     ends = [r["data"]["reason"] for r in log if r["type"] == "turn/end"]
     assert [e["kind"] for e in ends] == ["aborted", "error", "completed"]
@@ -281,7 +282,7 @@ def test_acp_prompt_with_a_subagent_and_deltas_then_a_provider_error_then_a_canc
     with OpenAIServer(replies) as server:
         session_id = asyncio.run(main())
     assert (tmp_path / "stderr").read_bytes() == b""  # a provider error is the client's to show
-    assert server.pending == [] and server.unmatched == [] and server.failures == []
+    assert server.leftovers() == {}
     bodies = server.bodies()
     assert "subagent" in [t["function"]["name"] for t in bodies[0]["tools"]]
     assert tool_messages(bodies[2]) == [{"role": "tool", "tool_call_id": "call_p", "content": "HI"}]
@@ -326,7 +327,7 @@ def test_acp_cancel_while_a_one_shot_childs_model_streams(tmp_path: Path) -> Non
     with OpenAIServer(replies) as server:
         session_id = asyncio.run(main())
     assert (tmp_path / "stderr").read_bytes() == b""
-    assert server.pending == [] and server.unmatched == [] and server.failures == []
+    assert server.leftovers() == {}
     log = records(root, session_id, "zstd")
     ends = [r["data"]["reason"] for r in log if r["type"] == "turn/end"]
     assert ends == [{"kind": "aborted", "cause": "user"}, {"kind": "completed"}]
