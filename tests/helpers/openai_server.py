@@ -397,7 +397,7 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
 
         def _stream(self, reply: Reply, events: list[bytes]) -> None:
             self._send_head(200, "text/event-stream; charset=utf-8", [("Transfer-Encoding", "chunked")])
-            for n, event in enumerate(events):
+            for n in range(len(events) + 1):  # a fault may come after the last event too
                 if n == reply.cut_after:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)  # mid-body: no terminating chunk
@@ -407,7 +407,8 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
                 if n == reply.hold_after:
                     self._wait_for_the_client_to_leave()
                     return
-                self._chunk(event)
+                if n < len(events):
+                    self._chunk(events[n])
             self._chunk(b"")  # the terminating zero-length chunk
 
         def _wait_for_the_client_to_leave(self) -> None:

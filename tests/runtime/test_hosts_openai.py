@@ -20,8 +20,10 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
+import trio
 import zstandard
 from cli_process import CLI, clean_env
 from log_lines import log_file
@@ -164,6 +166,16 @@ async def test_the_fake_servers_faults_are_the_clients_model_errors(
             await collect(model, REQUEST)
     assert words in str(caught.value)
     assert len(server.requests) == requests and server.leftovers() == {}
+
+
+async def test_a_stream_held_open_after_done_still_ends_the_reply() -> None:
+    """Some servers keep the body open after `[DONE]`: the reply is complete at `[DONE]`."""
+    reply = Reply.text("a", "b", usage=(1, 1))
+    with OpenAIServer([attrs.evolve(reply, hold_after=len(reply.events(MODEL, True)))]) as server:
+        model = OpenAIChatModel(MODEL, base_url=server.base_url, api_key=KEY)
+        with trio.fail_after(TIMEOUT):  # a hang guard: the stream never ends by itself
+            assert await collect(model, REQUEST) == [TextDelta("a"), TextDelta("b"), Usage(1, 1), Finish("stop")]
+        assert server.holding.is_set()
 
 
 async def test_a_retried_429_then_an_answer_succeeds() -> None:
