@@ -441,6 +441,78 @@ def test_a_run_killed_while_a_childs_model_streams_resumes_with_a_request_openai
     assert_no_leak(root, done.stdout, done.stderr)
 
 
+def answers(call_id: str) -> Any:
+    """A `when` for the request that carries the result of tool call `call_id` last."""
+    return lambda body: is_tool_result(body) and last_message(body)["tool_call_id"] == call_id
+
+
+@pytest.mark.slow  # two `subagents run` processes
+def test_a_fork_in_a_second_turn_sends_the_inherited_history_then_its_prompt(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    fork = {"description": "Fork", "prompt": "fork task", "run_in_background": True}
+    replies = [
+        Reply.tool_call("list_agents", {}, call_id="c_list", when="first"),
+        Reply.text("nothing ", "yet", usage=(1, 1), when=answers("c_list")),
+        Reply.tool_call("subagent_fork", fork, call_id="c_fork", when="second"),
+        Reply.text("fork ", "did it", usage=(2, 2), when="fork task"),
+        Reply.text("forked", usage=(3, 3), when=answers("c_fork")),
+        Reply.text("noted", usage=(4, 4), when="Background subagent"),
+    ]
+    with OpenAIServer(replies) as server:
+        first = run(root, server, "--session", "s1", "first")
+        second = run(root, server, "--session", "s1", "--stream", "second")
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert first.stdout == "nothing yet\n"
+    events, result = stream_lines(second.stdout)
+    assert result["output"] == "noted"
+    # The fork's inherited events are its parent's: its own usage is its one reply.
+    assert result["usage"] == {"input_tokens": 9, "output_tokens": 9, "calls": 4, "reported": 3}
+    assert server.leftovers() == {}
+    [to_fork] = [b for b in server.bodies() if "fork task" in str(last_message(b)["content"])]
+    turn_one = [
+        {"role": "user", "content": "first"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c_list", "type": "function", "function": {"name": "list_agents", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c_list", "content": "(no subagents)"},
+        {"role": "assistant", "content": "nothing yet"},
+    ]
+    assert to_fork["messages"][:4] == turn_one  # the parent's history up to its last turn end
+    assert [m["role"] for m in to_fork["messages"][4:]] == ["user"]  # then only the fork's prompt
+    assert_no_leak(root, first.stdout, first.stderr, second.stdout, second.stderr)
+
+
+@pytest.mark.slow  # a real `subagents run` process
+def test_a_background_child_refused_with_401_settles_failed_and_the_parent_is_told(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    replies = [
+        Reply.tool_call("subagent", {"description": "Bad", "prompt": "bad child"}, when="go"),
+        Reply.error(401, f"Incorrect API key provided: {KEY}", when="bad child"),
+        Reply.text("started", usage=(3, 3), when=is_tool_result),
+        Reply.text("the child failed", usage=(4, 4), when="Background subagent"),
+    ]
+    with OpenAIServer(replies) as server:
+        done = run(root, server, "--stream", "go")
+    assert done.returncode == 0, done.stderr  # the parent's own turns completed
+    events, result = stream_lines(done.stdout)
+    assert result["output"] == "the child failed"
+    parent = result["session_id"]
+    [child] = [sid for sid in by_session(events) if sid != parent]
+    [child_end] = [e for e in events if e["session_id"] == child and e["type"] == "turn/end"]
+    assert child_end["data"]["reason"]["kind"] == "error"
+    assert "authentication failed (401)" in child_end["data"]["reason"]["message"]
+    [settled] = [e for e in events if e["type"] == "subagent/settled"]
+    assert settled["session_id"] == parent
+    assert server.leftovers() == {}
+    [notice] = [b for b in server.bodies() if "Background subagent" in str(last_message(b)["content"])]
+    assert f"Background subagent {child} failed before it finished." in last_message(notice)["content"]
+    assert_no_leak(root, done.stdout, done.stderr)
+
+
 # -- deepseek: ------------------------------------------------------------------------------------
 
 
