@@ -7,7 +7,11 @@ sync code, Trio or asyncio. It is scripted per request: each `POST .../chat/comp
 first queued `Reply` whose `when` matches the request (in the order they were added) and answers
 with it; a request nothing matches is answered 400 (which the client does not retry) and recorded
 in `unmatched`. Every request is recorded (`requests`: method, path, headers, body) so a test can
-assert the messages and tools the runtime sent.
+assert the messages and tools the runtime sent. A request OpenAI would refuse (`request_problem`:
+unknown roles, missing content, malformed `tool_calls`, a `tool` message answering no call, a
+call left unanswered) is answered 400 with OpenAI's message and recorded in `refused`, so a
+runtime that sends a broken history fails the test. `leftovers()` gathers what a test expects
+to be empty: unused replies, unmatched and refused requests, the server's own errors.
 
 A `Reply` is written the way OpenAI streams: `text/event-stream` over chunked transfer encoding,
 each `data:` event its own chunk on the wire (`chat.completion.chunk` objects: the first delta
