@@ -70,7 +70,7 @@ class Chat:
     """`subagents chat` with stdin piped; stdout read in a thread, in pieces (an answer that is
     still streaming has no newline yet)."""
 
-    def __init__(self, tmp_path: Path, server: OpenAIServer) -> None:
+    def __init__(self, tmp_path: Path, server: OpenAIServer, *args: str) -> None:
         self.root = tmp_path / "root"
         self.proc = subprocess.Popen(
             [
@@ -84,6 +84,7 @@ class Chat:
                 f"openai:{MODEL}",
                 "--base-url",
                 server.base_url,
+                *args,
             ],
             cwd=tmp_path,
             env=clean_env(OPENAI_API_KEY=KEY, COLUMNS="200"),
@@ -199,6 +200,31 @@ def test_chat_shows_text_as_it_streams_ctrl_c_cancels_and_a_401_ends_only_its_tu
     [cut] = [r["data"] for r in log if r["type"] == "assistant/message" and r["data"].get("interrupted")]
     assert cut["message"]["content"] == [{"type": "text", "text": "Thinking about "}]
     assert_store_clean(chat.root)
+
+
+def test_chat_resumed_with_session_shows_its_last_turns_and_sends_its_history(tmp_path: Path) -> None:
+    replies = [
+        Reply.tool_call("list_agents", {}, call_id="c_list", when="look around"),
+        Reply.text("nobody ", "here", usage=(4, 2), when=is_tool_result),
+        Reply.text("welcome ", "back", usage=(9, 3), when="hello again"),
+    ]
+    with OpenAIServer(replies) as server:
+        chat = Chat(tmp_path, server)
+        session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
+        chat.line("look around")
+        chat.expect(r"^assistant: nobody here$")
+        chat.line("/quit")
+        assert chat.finish()[0] == 0
+        again = Chat(tmp_path, server, "--session", session)
+        again.expect(r"^user: look around$")  # its last turns first
+        again.expect(rf"^session {re.escape(session)} \(/help for commands\)$")
+        again.line("hello again")
+        again.expect(r"^assistant: welcome back$")
+        again.line("/quit")
+        status, stderr = again.finish()
+    assert status == 0 and stderr == "", (again.out, stderr)
+    assert server.leftovers() == {}
+    assert [m["role"] for m in server.bodies()[-1]["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
 
 
 # -- acp -------------------------------------------------------------------------------------------
@@ -336,3 +362,47 @@ def test_acp_cancel_while_a_one_shot_childs_model_streams(tmp_path: Path) -> Non
     assert [r["data"]["reason"]["kind"] for r in child if r["type"] == "turn/end"] == ["aborted"]
     [cut] = [r["data"] for r in child if r["type"] == "assistant/message"]
     assert cut["interrupted"] is True and cut["message"]["content"] == [{"type": "text", "text": "still thinking"}]
+
+
+def test_acp_load_after_a_kill_sends_the_replayed_history_to_the_model(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    replies = [
+        Reply.tool_call("list_agents", {}, call_id="c_list", when="look around"),
+        Reply.text("nobody ", "here", usage=(4, 2), when=is_tool_result),
+        Reply.text("welcome ", "back", usage=(9, 3), when="hello again"),
+    ]
+
+    async def first() -> str:
+        async with _acp(Recorder(), root, server, tmp_path / "stderr1") as (conn, process):
+            await asyncio.wait_for(
+                conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities()), TIMEOUT
+            )
+            sid = (await asyncio.wait_for(conn.new_session(cwd=str(tmp_path), mcp_servers=[]), TIMEOUT)).session_id
+            response = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("look around")]), TIMEOUT)
+            assert response.stop_reason == "end_turn"
+            process.kill()  # no drain
+            await process.wait()
+            return str(sid)
+
+    async def second(sid: str) -> None:
+        recorder = Recorder()
+        async with _acp(recorder, root, server, tmp_path / "stderr2") as (conn, _process):
+            await asyncio.wait_for(
+                conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities()), TIMEOUT
+            )
+            await asyncio.wait_for(conn.load_session(cwd=str(tmp_path), session_id=sid, mcp_servers=[]), TIMEOUT)
+            replayed = len(recorder.updates)
+            assert replayed > 0
+            response = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("hello again")]), TIMEOUT)
+            assert response.stop_reason == "end_turn"
+            chunks = [u for u in recorder.updates[replayed:] if isinstance(u, AgentMessageChunk)]
+            assert "".join(c.content.text for c in chunks) == "welcome back"
+
+    with OpenAIServer(replies) as server:
+        session_id = asyncio.run(first())
+        asyncio.run(second(session_id))
+    assert (tmp_path / "stderr2").read_bytes() == b""
+    assert server.leftovers() == {}
+    history = server.bodies()[-1]["messages"]
+    assert [m["role"] for m in history] == ["user", "assistant", "tool", "assistant", "user"]
+    assert history[-1] == {"role": "user", "content": "hello again"}
