@@ -21,7 +21,8 @@ request asked for `stream_options.include_usage` — a final chunk with empty `c
 `usage`, then `data: [DONE]`. Fault modes: an HTTP error status with an OpenAI-style JSON error
 body (`Reply.error`), a connection cut after some events (`cut_after`), a chunk that is not JSON
 (`malformed_after`), and a stream held open after some events until the client goes away
-(`hold_after`; `holding` is set once it holds).
+(`hold_after`; `holding` is set once it holds). A reply can wait for another to be taken
+(`gate`, `taken`), to order concurrent agents' requests without sleeping.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = ["OpenAIServer", "Reply", "last_message", "request_problem", "tool_mes
 
 Json = dict[str, Any]
 Match = Callable[[Json], bool]
+GATE_GUARD = 60.0  # real seconds: only reached if the request a gate waits for never comes
 
 
 def last_message(body: Json) -> Json:
@@ -154,6 +156,10 @@ class Reply:
     malformed_after: int | None = None  # send this many events, then one whose data is not JSON
     hold_after: int | None = None  # send this many events, then hold until the client leaves
     usage_with_finish: bool = False  # DeepSeek's way: usage on the finish chunk, no usage chunk
+    # Ordering across concurrent agents: `taken` is set when this reply is picked for a request;
+    # a reply with a `gate` answers only once the gate is set (e.g. another reply's `taken`).
+    taken: threading.Event | None = None
+    gate: threading.Event | None = None
 
     @classmethod
     def text(cls, *pieces: str, usage: tuple[int, int] | None = None, **options: Any) -> Reply:
@@ -327,6 +333,8 @@ class OpenAIServer:
             self.requests.append(seen)
             for i, reply in enumerate(self._replies):
                 if body is not None and reply.matches(body):
+                    if reply.taken is not None:
+                        reply.taken.set()
                     return self._replies.pop(i)
             self.unmatched.append(seen)
             return None
@@ -374,6 +382,8 @@ def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
             if reply is None:
                 self._json(400, {"error": {"message": "the test server has no reply for this request"}})
                 return
+            if reply.gate is not None and not reply.gate.wait(GATE_GUARD):
+                server.failures.append(f"a gated reply waited {GATE_GUARD} s for its gate: {reply!r}")
             if reply.status != 200:
                 self._send_head(
                     reply.status, "application/json", [*reply.headers, ("Content-Length", str(len(reply.error_body)))]

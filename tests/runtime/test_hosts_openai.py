@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import threading
 from collections import defaultdict
 from contextlib import aclosing
 from pathlib import Path
@@ -175,7 +176,8 @@ async def test_a_stream_held_open_after_done_still_ends_the_reply() -> None:
         model = OpenAIChatModel(MODEL, base_url=server.base_url, api_key=KEY)
         with trio.fail_after(TIMEOUT):  # a hang guard: the stream never ends by itself
             assert await collect(model, REQUEST) == [TextDelta("a"), TextDelta("b"), Usage(1, 1), Finish("stop")]
-        assert server.holding.is_set()
+        # The server held the body open (it sets `holding` just after sending `[DONE]`).
+        assert await trio.to_thread.run_sync(server.holding.wait, TIMEOUT)
 
 
 async def test_a_retried_429_then_an_answer_succeeds() -> None:
@@ -342,10 +344,11 @@ def test_run_waits_for_a_background_child_whose_requests_overlap_the_parents(tmp
     notice starts the parent's next turn, and `run` ends with that turn's answer."""
     root = tmp_path / "root"
     arguments = {"description": "Count", "prompt": "Count to three", "run_in_background": True}
+    answered = threading.Event()  # the child answers once the parent's next step has asked
     replies = [
         Reply.tool_call("subagent", arguments, usage=(10, 5), when="Start a counter"),
-        Reply.text("1, 2, ", "3", usage=(8, 4), when="Count to three"),
-        Reply.text("started ", "it", usage=(12, 2), when=is_tool_result),
+        Reply.text("1, 2, ", "3", usage=(8, 4), when="Count to three", gate=answered),
+        Reply.text("started ", "it", usage=(12, 2), when=is_tool_result, taken=answered),
         Reply.text("the counter ", "finished", usage=(20, 3), when="Background subagent"),
     ]
     with OpenAIServer(replies) as server:
@@ -450,12 +453,13 @@ def answers(call_id: str) -> Any:
 def test_a_fork_in_a_second_turn_sends_the_inherited_history_then_its_prompt(tmp_path: Path) -> None:
     root = tmp_path / "root"
     fork = {"description": "Fork", "prompt": "fork task", "run_in_background": True}
+    answered = threading.Event()  # the fork answers once its parent's next step has asked
     replies = [
         Reply.tool_call("list_agents", {}, call_id="c_list", when="first"),
         Reply.text("nothing ", "yet", usage=(1, 1), when=answers("c_list")),
         Reply.tool_call("subagent_fork", fork, call_id="c_fork", when="second"),
-        Reply.text("fork ", "did it", usage=(2, 2), when="fork task"),
-        Reply.text("forked", usage=(3, 3), when=answers("c_fork")),
+        Reply.text("fork ", "did it", usage=(2, 2), when="fork task", gate=answered),
+        Reply.text("forked", usage=(3, 3), when=answers("c_fork"), taken=answered),
         Reply.text("noted", usage=(4, 4), when="Background subagent"),
     ]
     with OpenAIServer(replies) as server:
@@ -489,10 +493,11 @@ def test_a_fork_in_a_second_turn_sends_the_inherited_history_then_its_prompt(tmp
 @pytest.mark.slow  # a real `subagents run` process
 def test_a_background_child_refused_with_401_settles_failed_and_the_parent_is_told(tmp_path: Path) -> None:
     root = tmp_path / "root"
+    answered = threading.Event()  # the child is refused once the parent's next step has asked
     replies = [
         Reply.tool_call("subagent", {"description": "Bad", "prompt": "bad child"}, when="go"),
-        Reply.error(401, f"Incorrect API key provided: {KEY}", when="bad child"),
-        Reply.text("started", usage=(3, 3), when=is_tool_result),
+        Reply.error(401, f"Incorrect API key provided: {KEY}", when="bad child", gate=answered),
+        Reply.text("started", usage=(3, 3), when=is_tool_result, taken=answered),
         Reply.text("the child failed", usage=(4, 4), when="Background subagent"),
     ]
     with OpenAIServer(replies) as server:

@@ -179,7 +179,7 @@ def test_chat_shows_text_as_it_streams_ctrl_c_cancels_and_a_401_ends_only_its_tu
         chat.line("a long one")
         # The reply's first two deltas are shown while the model is still streaming.
         chat.expect(r"^assistant: Thinking about $")
-        assert server.holding.is_set()
+        assert server.holding.wait(TIMEOUT)  # it holds (set just after it sent what came before)
         chat.proc.send_signal(signal.SIGINT)
         chat.expect(r"^assistant: Thinking about  \[interrupted\]$")
         chat.line("after the cancel")
@@ -298,7 +298,7 @@ def test_acp_prompt_with_a_subagent_and_deltas_then_a_provider_error_then_a_canc
 
             # A cancel while the model streams: stop reason `cancelled`.
             prompt = asyncio.ensure_future(conn.prompt(session_id=sid, prompt=[text_block("third prompt")]))
-            await asyncio.wait_for(asyncio.to_thread(server.holding.wait), TIMEOUT)
+            assert await asyncio.to_thread(server.holding.wait, TIMEOUT)
             await conn.cancel(session_id=sid)
             response = await asyncio.wait_for(prompt, TIMEOUT)
             assert response.stop_reason == "cancelled"
@@ -341,7 +341,7 @@ def test_acp_cancel_while_a_one_shot_childs_model_streams(tmp_path: Path) -> Non
             )
             sid = (await asyncio.wait_for(conn.new_session(cwd=str(tmp_path), mcp_servers=[]), TIMEOUT)).session_id
             prompt = asyncio.ensure_future(conn.prompt(session_id=sid, prompt=[text_block("delegate it")]))
-            await asyncio.wait_for(asyncio.to_thread(server.holding.wait), TIMEOUT)
+            assert await asyncio.to_thread(server.holding.wait, TIMEOUT)
             await conn.cancel(session_id=sid)
             assert (await asyncio.wait_for(prompt, TIMEOUT)).stop_reason == "cancelled"
             response = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("next")]), TIMEOUT)
