@@ -315,7 +315,14 @@ def test_run_stream_with_a_one_shot_child_on_the_same_server(tmp_path: Path) -> 
     assert first["messages"] == [{"role": "user", "content": "Delegate a greeting."}]
     [subagent] = [t["function"] for t in first["tools"] if t["function"]["name"] == "subagent"]
     assert subagent["parameters"]["required"] == ["description", "prompt"]
-    assert set(subagent["parameters"]["properties"]) == {"description", "prompt", "run_in_background"}
+    assert set(subagent["parameters"]["properties"]) == {
+        "description",
+        "prompt",
+        "run_in_background",
+        "max_turns",
+        "max_tokens",
+        "deadline_seconds",
+    }
     assert set(tool_names(first)) == {"subagent", "subagent_fork", "list_agents", "send_message", "interrupt_agent"}
     assert to_child["messages"] == [{"role": "user", "content": CHILD_PROMPT}]
     assert "subagent" not in tool_names(to_child) and "list_agents" in tool_names(to_child)
