@@ -32,6 +32,8 @@ from .ids import IdFactory, RandomIds
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
+from .tools.mcp_servers import McpServers
+from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.subagent_tools import subagent_tools
 from .tools.workspace_tools import workspace_tools
@@ -51,6 +53,7 @@ class Runtime:
     agents: AgentRegistry
     subagents: SubagentService
     clock: Clock
+    mcp: McpServers | None = None  # the MCP servers' status, for the host to show
 
 
 @asynccontextmanager
@@ -73,6 +76,7 @@ async def open_runtime(
     workspace: str | os.PathLike[str] | None = None,
     permissions: Permissions | None = None,
     approver: Approver | None = None,
+    mcp_servers: Sequence[McpServerSpec] = (),
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -81,7 +85,10 @@ async def open_runtime(
     model of a child whose `ChildOptions` select one (without it, such a child is refused).
     `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
     (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
-    `ask` answered by `approver` (none: denied)."""
+    `ask` answered by `approver` (none: denied). `mcp_servers` are started before the runtime is
+    yielded (each ready or failed); their tools `mcp__<server>__<tool>` join the workspace tools,
+    under the same policy (default `DEFAULT_PERMISSIONS`)."""
+    McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
@@ -99,6 +106,8 @@ async def open_runtime(
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
 
                 shared = workspace_tools(os.fspath(workspace)) if workspace is not None else []
+                mcp = await McpServers.start(nursery, mcp_servers) if mcp_servers else None
+                shared = [*shared, *(mcp.tools() if mcp is not None else ())]
                 policy = permissions if permissions is not None else (DEFAULT_PERMISSIONS if shared else None)
                 remembered = Remembered()
 
@@ -141,6 +150,7 @@ async def open_runtime(
                         agents=agents,
                         subagents=service,
                         clock=clock,
+                        mcp=mcp,
                     )
                 except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc
@@ -148,6 +158,8 @@ async def open_runtime(
                     with trio.CancelScope(shield=True):
                         await service.drain()  # children first, while their parents can still record them
                         await agents.aclose()
+                        if mcp is not None:
+                            await mcp.aclose()  # after the agents: no call is left in flight
                     nursery.cancel_scope.cancel()
             if body_error is not None:
                 raise body_error

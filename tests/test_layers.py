@@ -19,7 +19,20 @@ ALLOWED_THIRD_PARTY = {
     "storage": {"attrs", "cattrs", "msgspec", "zstandard"},
     "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
     # prompt_toolkit: `chat`'s prompt (SPEC §2 lists it), imported lazily by runtime/chat.py only.
-    "runtime": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util", "httpx", "rich", "prompt_toolkit"},
+    # mcp (and anyio, which it runs on): the optional extra, imported lazily by runtime/tools/mcp_servers.py only.
+    "runtime": {
+        "attrs",
+        "cattrs",
+        "msgspec",
+        "zstandard",
+        "trio",
+        "trio_util",
+        "httpx",
+        "rich",
+        "prompt_toolkit",
+        "mcp",
+        "anyio",
+    },
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
