@@ -186,29 +186,35 @@ class _Server:
         finished.set()
 
     async def _relay_in(self, source: Any, sink: Any) -> None:
-        """Server to session; the end of the stream means the server is gone."""
+        """Server to session. The end of the server's stream means the server is gone; a session
+        that no longer reads is our own side closing."""
         import anyio
 
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            async with sink:
-                async for item in source:
+        async with sink:
+            async for item in source:
+                try:
                     await sink.send(item)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
         self._went_down("its process ended" if self.spec.command is not None else "it closed the connection")
 
     async def _relay_out(self, source: Any, sink: Any) -> None:
-        """Session to server, noting the id of each of our tool calls (to cancel it)."""
+        """Session to server, noting the id of each of our tool calls (to cancel it). A server
+        that no longer reads is gone; the end of the session's stream is our own side closing."""
         import anyio
 
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            async with source:
-                async for item in source:
-                    root = getattr(item.message, "root", None)
-                    params = getattr(root, "params", None)
-                    meta = params.get("_meta") if isinstance(params, dict) else None
-                    if isinstance(meta, dict) and meta.get(_META_KEY) in self._requests:
-                        self._requests[meta[_META_KEY]] = root.id
+        async with source:
+            async for item in source:
+                root = getattr(item.message, "root", None)
+                params = getattr(root, "params", None)
+                meta = params.get("_meta") if isinstance(params, dict) else None
+                if isinstance(meta, dict) and meta.get(_META_KEY) in self._requests:
+                    self._requests[meta[_META_KEY]] = root.id
+                try:
                     await sink.send(item)
-        self._went_down("its connection broke")
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    self._went_down("its connection broke")
+                    return
 
     def _ready(self, session: Any, listed: list[Any]) -> None:
         tools: dict[str, McpTool] = {}

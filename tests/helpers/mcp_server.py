@@ -61,8 +61,11 @@ def _event() -> anyio.Event:
 
 
 @server.tool()
-async def sleep() -> str:
-    """Wait until cancelled."""
+async def sleep(fifo: str = "") -> str:
+    """Wait until cancelled; first write a line to the named pipe `fifo`, if given (the test
+    waits on it to know the call has arrived)."""
+    if fifo:
+        await anyio.to_thread.run_sync(_tell, fifo)
     try:
         await anyio.sleep_forever()
     except anyio.get_cancelled_exc_class():
@@ -70,6 +73,11 @@ async def sleep() -> str:
         _event().set()
         raise
     return "unreachable"
+
+
+def _tell(fifo: str) -> None:
+    with open(fifo, "w") as pipe:
+        pipe.write("sleeping\n")
 
 
 @server.tool()
