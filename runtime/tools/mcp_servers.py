@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
+import httpx
 import trio
 from subagents.actors import Abort
 
@@ -113,6 +114,8 @@ class _Server:
     async def _initialize(self, session: Any) -> list[Any] | None:
         """Initialize and list the tools, within the startup timeout; None if the server went
         down meanwhile (its reason is recorded)."""
+        from mcp import McpError
+
         listed: list[Any] | None = None
         async with trio.open_nursery() as nursery:
 
@@ -122,8 +125,11 @@ class _Server:
 
             nursery.start_soon(watching)
             with trio.move_on_after(self.spec.startup_timeout) as waited:
-                await session.initialize()
-                listed = await _list_tools(session)
+                try:
+                    await session.initialize()
+                    listed = await _list_tools(session)
+                except McpError as exc:  # an error answer (over HTTP, a 404 reads "Session terminated")
+                    raise _StartFailed(f"it refused to initialize: {exc}") from exc
             if waited.cancelled_caught:
                 raise _StartFailed(f"it did not start within {self.spec.startup_timeout:g}s")
             nursery.cancel_scope.cancel()
@@ -147,7 +153,6 @@ class _Server:
     async def _transport(self) -> AsyncIterator[Any]:
         spec = self.spec
         if spec.url is not None:
-            import httpx
             from mcp.client.streamable_http import streamable_http_client
 
             timeout = httpx.Timeout(spec.startup_timeout, read=spec.call_timeout)
@@ -369,6 +374,10 @@ def _describe(exc: BaseException) -> str:
     """One line for a failure, from the first leaf of a group (the SDK's task groups wrap)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"it answered HTTP {exc.response.status_code} at {exc.request.url}"
+    if isinstance(exc, httpx.HTTPError):
+        return f"its connection failed ({exc or type(exc).__name__})"
     if isinstance(exc, FileNotFoundError):
         return f"its command was not found ({exc.filename or exc})"
     if isinstance(exc, OSError):

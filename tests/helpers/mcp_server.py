@@ -89,10 +89,10 @@ async def cancellations() -> int:
 
 
 @server.tool()
-def header(name: str, ctx: Context) -> str:
-    """The value of the HTTP request header `name` (empty over stdio)."""
+def header(key: str, ctx: Context) -> str:
+    """The value of the HTTP request header `key` (empty over stdio)."""
     request = ctx.request_context.request
-    return "" if request is None else str(request.headers.get(name, ""))
+    return "" if request is None else str(request.headers.get(key, ""))
 
 
 @server.tool()
