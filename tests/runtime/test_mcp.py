@@ -15,6 +15,7 @@ import trio
 from mcp_runs import Offering, call, one_turn, results, stdio_spec, turn_ends
 from subagents.runtime import (
     DEFAULT_PERMISSIONS,
+    CountingIds,
     McpServerSpec,
     PermissionAnswer,
     PermissionRequest,
@@ -261,3 +262,37 @@ async def test_without_a_policy_mcp_servers_get_the_default_one_and_headless_ask
             "error": {"name": "PermissionDenied", "code": "PERMISSION_DENIED"},
         }
     ]
+
+
+@pytest.mark.slow  # a real MCP server subprocess
+async def test_a_subagent_gets_the_mcp_tools_too(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [call("subagent", description="helper", prompt="use the server")]},
+                    {"wait_for": {"settled": "helper"}, "text": "waited"},
+                    {"text": "noted"},
+                ],
+            },
+            {
+                "label": "helper",
+                "responses": [{"tool_calls": [call("mcp__t__add", a=20, b=22)]}, {"text": "42 it is"}],
+            },
+        ]
+    }
+    with trio.fail_after(60):
+        async with open_runtime(
+            tmp_path / "root",
+            model=Offering(script),
+            clock=ScenarioClock(),
+            id_factory=CountingIds("child"),
+            compression="none",
+            mcp_servers=[stdio_spec()],
+            permissions=ALLOW,
+        ) as rt:
+            parent = await rt.agents.create(session_id="parent")
+            await parent.send("go")
+            await rt.subagents.wait_tree_idle(parent)
+    assert results(tmp_path / "root", "child-1") == [{"tool": "mcp__t__add", "text": "42", "error": None}]
