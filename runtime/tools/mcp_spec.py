@@ -12,8 +12,6 @@ import attrs
 
 __all__ = ["McpServerSpec", "mcp_tool_name"]
 
-_KEYS = ("command", "args", "env", "cwd", "url", "headers", "startup_timeout", "call_timeout", "output_chars")
-
 # Tool names the model APIs accept (OpenAI: ^[a-zA-Z0-9_-]{1,64}$); a server name is part of one.
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -77,28 +75,3 @@ class McpServerSpec:
     @property
     def transport(self) -> str:
         return "stdio" if self.command is not None else "http"
-
-    @classmethod
-    def from_table(cls, name: str, table: Mapping[str, object]) -> McpServerSpec:
-        """The spec of `[mcp_servers.<name>]` (a parsed TOML table); a `ValueError` whose message
-        starts with the key (`mcp_servers.<name>.<key>: ...`) for an unknown key or a bad value."""
-        where = f"mcp_servers.{name}" if isinstance(name, str) and _NAME.fullmatch(name) else f"mcp_servers.{name!r}"
-        if not isinstance(table, Mapping):
-            raise ValueError(f"{where}: must be a table")
-        unknown = sorted(set(table) - set(_KEYS))
-        if unknown:
-            raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(_KEYS)})")
-        for key in ("args",):
-            if key in table and not (isinstance(table[key], list) and all(isinstance(a, str) for a in table[key])):
-                raise ValueError(f"{where}.{key}: must be a list of strings")
-        for key in ("env", "headers"):
-            value = table.get(key, {})
-            if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
-                raise ValueError(f"{where}.{key}: must be a table of strings")
-        for key in ("command", "cwd", "url"):
-            if key in table and not isinstance(table[key], str):
-                raise ValueError(f"{where}.{key}: must be a string")
-        try:
-            return cls(name=name, **table)  # type: ignore[arg-type]  # checked above and in __attrs_post_init__
-        except ValueError as exc:
-            raise ValueError(f"{where}: {str(exc).removeprefix(f'MCP server {name!r}: ')}") from None

@@ -106,26 +106,3 @@ def test_read_only_commands_never_import_mcp(tmp_path: Path) -> None:
         [sys.executable, "-c", code, str(tmp_path / "r")], env=clean_env(), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-
-
-def test_a_config_table_becomes_a_spec_and_a_bad_one_names_its_key() -> None:
-    table = {"command": "uvx", "args": ["mcp-server-git"], "env": {"TOKEN": "t"}, "call_timeout": 60}
-    assert McpServerSpec.from_table("git", table) == McpServerSpec(
-        name="git", command="uvx", args=["mcp-server-git"], env={"TOKEN": "t"}, call_timeout=60
-    )
-    assert McpServerSpec.from_table("docs", {"url": "http://127.0.0.1:9/mcp"}).transport == "http"
-    bad = [
-        ({"comand": "x"}, "mcp_servers.s.comand: unknown key (known: command, args, env, cwd, url, headers, "),
-        ({"command": "x", "args": "a b"}, "mcp_servers.s.args: must be a list of strings"),
-        ({"command": "x", "env": {"A": 1}}, "mcp_servers.s.env: must be a table of strings"),
-        ({"url": "http://h", "headers": []}, "mcp_servers.s.headers: must be a table of strings"),
-        ({"command": 3}, "mcp_servers.s.command: must be a string"),
-        ({}, "mcp_servers.s: give exactly one of command (stdio) or url (streamable HTTP)"),
-        ({"command": "x", "call_timeout": -1}, "mcp_servers.s: call_timeout must be a positive number of seconds"),
-    ]
-    for table, message in bad:
-        with pytest.raises(ValueError) as raised:
-            McpServerSpec.from_table("s", table)
-        assert str(raised.value).startswith(message), (table, str(raised.value))
-    with pytest.raises(ValueError, match=r"^mcp_servers\.'a\.b': MCP server name 'a\.b' must be letters"):
-        McpServerSpec.from_table("a.b", {"command": "x"})
