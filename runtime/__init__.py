@@ -15,6 +15,7 @@ from .agent.tools import Tool as Tool
 from .agent.tools import ToolContext as ToolContext
 from .app import Runtime as Runtime
 from .app import open_runtime as open_runtime
+from .budgets import Budget as Budget
 from .clock import RealClock as RealClock
 from .clock import ScenarioClock as ScenarioClock
 from .delegation.descriptor import ToolFilter as ToolFilter

@@ -11,7 +11,7 @@ builds the subagent service (its `AgentHooks`) from itself, so nothing is assign
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -23,6 +23,8 @@ from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
 from .agent.tools import Tool, ToolSet
+from .agent_types import AgentType
+from .budgets import Budget
 from .clock import Clock, RealClock
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
@@ -56,6 +58,10 @@ class Runtime:
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
 
 
+def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
+    return config if budget is None else attrs.evolve(config, budget=budget)
+
+
 @asynccontextmanager
 async def open_runtime(
     root: str | os.PathLike[str],
@@ -76,6 +82,9 @@ async def open_runtime(
     workspace: str | os.PathLike[str] | None = None,
     permissions: Permissions | None = None,
     approver: Approver | None = None,
+    agent_types: Mapping[str, AgentType] | None = None,
+    disabled_tools: Collection[str] = (),
+    budget: Budget | None = None,
     mcp_servers: Sequence[McpServerSpec] = (),
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
@@ -85,9 +94,13 @@ async def open_runtime(
     model of a child whose `ChildOptions` select one (without it, such a child is refused).
     `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
     (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
-    `ask` answered by `approver` (none: denied). `mcp_servers` are started before the runtime is
-    yielded (each ready or failed); their tools `mcp__<server>__<tool>` join the workspace tools,
-    under the same policy (default `DEFAULT_PERMISSIONS`)."""
+    `ask` answered by `approver` (none: denied). `agent_types` are offered by the `subagent`
+    tool's `agent_type` parameter; `disabled_tools` are left out of every agent's tools.
+    `budget` limits every session this runtime starts or resumes that is not a subagent (its
+    `seconds` count from each agent's start); subagents get their parent's remainder
+    (runtime/budgets.py). `mcp_servers` are started before the runtime is yielded (each ready or
+    failed); their tools `mcp__<server>__<tool>` join the workspace tools, under the same policy
+    (default `DEFAULT_PERMISSIONS`)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -112,7 +125,8 @@ async def open_runtime(
                 remembered = Remembered()
 
                 def toolset(service: SubagentService) -> ToolSet:
-                    every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service)]
+                    every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service, agent_types)]
+                    every = [tool for tool in every if tool.name not in disabled_tools]
                     return ToolSet(every if policy is None else guard_tools(every, policy, approver, remembered))
 
                 def subagent_service(agents: AgentRegistry) -> SubagentService:
@@ -133,7 +147,7 @@ async def open_runtime(
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,
-                    config=agent_config or AgentConfig(),
+                    config=_with_budget(agent_config or AgentConfig(), budget),
                     nursery=nursery,
                     hooks=subagent_service,
                 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -39,12 +39,14 @@ from subagents.storage import SessionNotFound, StorageError
 
 from .agent.loop import Agent
 from .app import Runtime, open_runtime
+from .chat_input import Asker
 from .chat_terminal import CTRL_C
 from .delegation.listing import ChildRow
 from .errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from .event_stream import StreamEvent, open_event_stream
 from .models.base import AnyModel, Chunk, Model, ModelRequest, SessionBinding, TextDelta, bind_model
 from .run_progress import ChildStatus, RunProgress
+from .tools.permissions import PermissionAnswer, PermissionRequest
 from .tools.subagent_tools import agent_status, render_agents
 from .transcript import render, transcript
 from .usage import session_usage, tree_usage, usage_lines
@@ -76,6 +78,10 @@ class Lines(Protocol):
         """The session's activity and child tree changed (a terminal shows it under the prompt)."""
         ...
 
+    def interrupt(self) -> None:
+        """Take away the prompt of the read in progress, if the reader can (thread-safe)."""
+        ...
+
 
 class PipedLines:
     """Plain lines from a file (stdin when it is not a terminal), read in a worker thread."""
@@ -93,6 +99,9 @@ class PipedLines:
 
     def progress(self, progress: RunProgress) -> None:
         pass  # piped: the tree's changes are the printed lines
+
+    def interrupt(self) -> None:
+        pass  # a pipe's read cannot be taken back: its next line answers the question
 
 
 def _cut(text: str, width: int = _WIDTH) -> str:
@@ -301,6 +310,7 @@ class _Chat:
         self.leaving = False
         self.read_scope: trio.CancelScope | None = None
         self.wait_scope: trio.CancelScope | None = None
+        self.asker = Asker(lines, lambda text: view.say(text, "yellow"))
 
     async def on_signals(self, signals: Any) -> None:
         async for _ in signals:
@@ -323,7 +333,7 @@ class _Chat:
     async def loop(self) -> int:
         while not self.leaving:
             with trio.CancelScope() as self.read_scope:
-                line = await self.lines.read("> ")
+                line = await self.asker.prompt("> ")
             self.read_scope = None
             if self.leaving or line is None:
                 return 0
@@ -475,16 +485,27 @@ async def chat(
     lines: Lines,
     console: Any,
     on_ready: Callable[[], None] | None = None,
+    runtime_options: Mapping[str, Any] | None = None,
 ) -> int:
     """Run a chat on `root` until the person leaves; the exit status (0 after a clean leave, 1
-    when the agent stopped). Raises `UsageError` for a session that cannot be taken."""
+    when the agent stopped). Raises `UsageError` for a session that cannot be taken.
+    `runtime_options` go to `open_runtime` (workspace, permissions, limits: the host's
+    configuration); the chat answers the permission questions itself."""
     shown: list[_View] = []  # the view, once the session is known (the model is bound before)
+    asking: list[_Chat] = []  # the chat, once it runs (it answers permission questions)
 
     def on_text(sid: str, call: int, text: str) -> None:
         if shown:
             shown[0].on_text(sid, call, text)
 
-    async with open_runtime(root, model=TeeModel(model, on_text), compression=compression) as runtime:
+    async def approve(request: PermissionRequest) -> PermissionAnswer:
+        if not asking:
+            return PermissionAnswer("deny", "the chat is not ready to ask")
+        return await asking[0].asker.approve(request)
+
+    options = dict(runtime_options or {})
+    options["approver"] = approve
+    async with open_runtime(root, model=TeeModel(model, on_text), compression=compression, **options) as runtime:
         agent, resumed = await _take_session(runtime, session_id)
         view = _View(
             console,
@@ -509,6 +530,7 @@ async def chat(
         if on_ready is not None:
             on_ready()
         session = _Chat(runtime, agent, lines, view)
+        asking.append(session)
         async with open_event_stream(
             runtime.sessions, runtime.log_store, agent.session_id, from_seq=agent.session.durable_next
         ) as stream:

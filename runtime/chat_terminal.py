@@ -29,9 +29,10 @@ from typing import Any, TextIO
 
 import trio
 
-__all__ = ["CTRL_C", "TerminalLines", "TerminalOutput", "history_path", "toolbar_text"]
+__all__ = ["CTRL_C", "INTERRUPTED", "TerminalLines", "TerminalOutput", "history_path", "toolbar_text"]
 
 CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
+INTERRUPTED = object()  # what it returns when `interrupt` took its prompt away (a question came)
 TREE_LINES = 8  # children the toolbar shows at most (the working ones first)
 
 
@@ -154,6 +155,9 @@ class TerminalLines:
         self.session: Any = PromptSession(history=history)
         self.output = output
         self._toolbar: Any = ""  # the rendered tree (ANSI), swapped whole: the prompt thread reads it
+        self._interrupt = threading.Event()  # `interrupt` asked; cleared when a prompt returns for it
+        self._idle = threading.Event()  # no prompt thread runs
+        self._idle.set()
 
     def progress(self, progress: Any) -> None:
         from prompt_toolkit.formatted_text import ANSI
@@ -163,15 +167,34 @@ class TerminalLines:
         if app.is_running:
             app.invalidate()  # thread-safe: the prompt's loop redraws
 
+    def interrupt(self) -> None:
+        """Take the prompt away: the read in progress (or the next, if it is just starting)
+        returns `INTERRUPTED` at once. Thread-safe."""
+        self._interrupt.set()
+        app = self.session.app
+        loop = app.loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._exit_if_asked, app)
+            except RuntimeError:
+                pass  # its loop closed: the prompt is over anyway
+
+    def _exit_if_asked(self, app: Any) -> None:
+        """In the prompt's loop: end the prompt if an interrupt is pending and it still runs."""
+        if self._interrupt.is_set() and app.is_running and app.future is not None and not app.future.done():
+            app.exit(result=INTERRUPTED)
+
     async def read(self, prompt: str) -> str | object | None:
+        def started() -> None:
+            app = self.session.app
+            self.output.prompt_running(app)
+            self._exit_if_asked(app)  # an interrupt that came while it started
+
         def ask() -> str | object | None:
             try:
                 # The worker thread cannot own signal handlers; Ctrl-C arrives as a key.
-                return self.session.prompt(
-                    prompt,
-                    handle_sigint=False,
-                    bottom_toolbar=lambda: self._toolbar,
-                    pre_run=lambda: self.output.prompt_running(self.session.app),
+                line = self.session.prompt(
+                    prompt, handle_sigint=False, bottom_toolbar=lambda: self._toolbar, pre_run=started
                 )
             except KeyboardInterrupt:
                 return CTRL_C
@@ -179,9 +202,20 @@ class TerminalLines:
                 return None
             finally:
                 self.output.prompt_ended()
+                self._idle.set()
+            if line is INTERRUPTED:
+                self._interrupt.clear()
+            return line
 
+        # One prompt at a time: one abandoned by a cancel is still leaving.
+        await trio.to_thread.run_sync(self._idle.wait)
+        self._idle.clear()
         self.output.prompt_starting()
-        return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+        try:
+            return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+        except trio.Cancelled:
+            self.interrupt()  # the abandoned prompt leaves the screen at once
+            raise
 
 
 def toolbar_text(progress: Any, width: int, most: int = TREE_LINES) -> str:

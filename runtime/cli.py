@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
@@ -34,7 +34,6 @@ from .errors import (
     AgentError,
     AgentStopped,
     CommandFailed,
-    ModelSpecError,
     QuerySessionNotFound,
     ScenarioError,
     SessionQueryError,
@@ -42,14 +41,17 @@ from .errors import (
     SubagentsError,
     UsageError,
 )
-from .models.base import Model
+from .models.base import AnyModel, Model
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
-from .models.specs import DEFAULT_MODEL, build_model, parse_model_spec
+from .models.specs import DEFAULT_MODEL
 from .run_output import RunWatch, result_line, stdout_binary, watch_run
 from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
 from .usage import own_totals, tree_json, tree_totals
+
+if TYPE_CHECKING:
+    from .host_setup import HostSetup
 
 __all__ = ["main"]
 
@@ -124,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", parents=[root], help="a readable transcript of one session (read-only)")
     show.add_argument("session_id", metavar="ID", help="the session to show")
     show.add_argument("--json", action="store_true", help="the transcript entries as JSON")
+    config = commands.add_parser(
+        "config",
+        help="the effective configuration (subagents.toml, user file, defaults) and where each value came from",
+    )
+    config.add_argument("--json", action="store_true", help="the rows as JSON")
     model_options = _model_options()
     run = commands.add_parser(
         "run",
@@ -150,8 +157,14 @@ def _model_options() -> argparse.ArgumentParser:
     options = _Parser(add_help=False)
     options.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
-        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: {DEFAULT_MODEL})",
+        default=None,
+        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: subagents.toml's, else {DEFAULT_MODEL})",
+    )
+    options.add_argument(
+        "--workspace",
+        metavar="DIR",
+        default=None,
+        help="the folder the workspace tools act in (default: subagents.toml's, else the current folder)",
     )
     options.add_argument("--base-url", metavar="URL", help="the API base URL (requests go to URL/chat/completions)")
     options.add_argument("--stall-timeout", metavar="SECONDS", default=None, help=_STALL_HELP)
@@ -596,15 +609,54 @@ def _session_id_arg(session_id: str) -> None:
         raise UsageError(exc.message) from None
 
 
-def _host_model(args: argparse.Namespace) -> Model:
-    """The model a host command (`run`, `chat`, `acp`) asks for; a bad spec is a usage error."""
-    try:
-        return build_model(
-            parse_model_spec(args.model, base_url=args.base_url, env=os.environ),
-            stall_timeout=_stall_timeout(args),
-        )
-    except ModelSpecError as exc:
-        raise UsageError(str(exc)) from None
+def _host_setup(args: argparse.Namespace) -> HostSetup:
+    """The configuration a host command (`run`, `chat`, `acp`) runs with: subagents.toml under
+    its flags; a bad file, flag or model spec is a usage error. Agent type files that cannot be
+    used are named on stderr once."""
+    from .host_setup import host_setup
+
+    flags = {
+        "model": args.model,
+        "base_url": args.base_url,
+        "stall_timeout": None if args.stall_timeout is None else _stall_timeout(args),
+        "workspace": args.workspace,
+    }
+    setup = host_setup(flags)
+    for problem in setup.problems:
+        print(f"subagents: agent type {problem.path} left out: {_one_line(problem.reason)}", file=sys.stderr)
+    return setup
+
+
+def _config(args: argparse.Namespace) -> int:
+    """`config`: every key with its value and source, then the agent types found."""
+    from .agent_types import agent_type_dirs, load_agent_types
+    from .config import load_config, user_config_dir
+
+    config = load_config(".")
+    types, problems = load_agent_types(agent_type_dirs(".", user_config_dir()))
+    if args.json:
+        document = {
+            "values": [{"key": k, "value": v, "source": src} for k, v, src in config.rows()],
+            "files": list(config.files),
+            "agent_types": [{"name": t.name, "path": t.path} for t in types.values()],
+            "agent_type_problems": [{"path": p.path, "reason": p.reason} for p in problems],
+        }
+        print(json.dumps(document, ensure_ascii=False, default=list))
+        return 0
+    rows = [(key, json.dumps(value, ensure_ascii=False, default=list), source) for key, value, source in config.rows()]
+    width = max(len(key) + len(value) for key, value, _ in rows) + 3
+    for key, value, source in rows:
+        print(f"{f'{key} = {value}':<{width}}  # {source}")
+    for kind in sorted(types.values(), key=lambda t: t.name):
+        print(f"agent type {kind.name}  # {kind.path}")
+    for problem in problems:
+        print(f"agent type left out: {problem.path}: {_one_line(problem.reason)}")
+    return 0
+
+
+def _host_model(args: argparse.Namespace) -> AnyModel:
+    """The root model a host command asks for (flag, then subagents.toml, then the default)."""
+    return _host_setup(args).model
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -613,7 +665,7 @@ def _chat(args: argparse.Namespace) -> int:
     _writable_root(args.root)
     if args.session is not None:
         _session_id_arg(args.session)
-    model = _host_model(args)
+    setup = _host_setup(args)
     _raise_open_file_limit()
     from rich.console import Console
 
@@ -628,11 +680,12 @@ def _chat(args: argparse.Namespace) -> int:
     return trio.run(
         lambda: chat(
             args.root,
-            model,
+            setup.model,
             session_id=args.session,
             compression=args.compression,
             lines=lines,
             console=console,
+            runtime_options=setup.runtime_options(),
         )
     )
 
@@ -661,6 +714,8 @@ def _command(args: argparse.Namespace) -> int:
             _writable_root(args.root)
             _raise_open_file_limit()
             return trio.run(_until_interrupted, _demo, args)
+        if args.command == "config":
+            return _config(args)
         if args.command == "chat":
             return _chat(args)
         if args.command == "run":

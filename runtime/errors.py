@@ -55,6 +55,7 @@ for the query and the subagent service are the older unprefixed names (shown in 
     ScenarioError                 SCRIPT_SCENARIO_FAILED            bad scenario files, or goldens differ
     CliError                      CLI_ERROR
     ├── UsageError                CLI_USAGE                         (bad input: exit status 2)
+    │   └── ConfigInvalid         CLI_CONFIG_INVALID                (a subagents.toml that cannot be used)
     ├── CommandFailed             CLI_COMMAND_FAILED                (the work could not be done: exit 1)
     └── AcpRequestError           CLI_ACP_REQUEST                   (an ACP request refused, with its JSON-RPC code)
 
@@ -76,6 +77,7 @@ __all__ = [
     "AgentStopped",
     "CliError",
     "CommandFailed",
+    "ConfigInvalid",
     "DepthExceeded",
     "FamilyDraining",
     "IdsExhausted",
@@ -421,6 +423,12 @@ class UsageError(CliError):
     """Bad input: printed as one line, exit status 2."""
 
     code = "CLI_USAGE"
+
+
+class ConfigInvalid(UsageError):
+    """A configuration file that cannot be used: the message names the file and the key."""
+
+    code = "CLI_CONFIG_INVALID"
 
 
 class CommandFailed(CliError):

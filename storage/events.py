@@ -179,7 +179,10 @@ class TurnStartData(_Strict):
 
 
 class TurnEndReason(_Strict):
-    kind: Literal["completed", "aborted", "blocked", "error", "max-tokens", "interrupted"]
+    # "completed" | "aborted" | "blocked" | "error" | "max-tokens" | "interrupted" | "budget";
+    # any other string is read too and treated as "error" by what interprets it (docs/format.md):
+    # format 1 may grow reason kinds without making older logs' readers call them corrupt.
+    kind: str
     cause: Literal["user", "parent", "disposed"] | UnsetType = UNSET
     message: str | UnsetType = UNSET
 
@@ -218,6 +221,7 @@ class SubagentSettledData(_Strict):
     child_id: str
     reason_kind: str
     closing_text: str | UnsetType = UNSET
+    reason_message: str | UnsetType = UNSET  # the child's turn/end reason message (written for "budget")
 
 
 class CompactionStartData(_Strict):

@@ -18,7 +18,8 @@ LAYERS = ("storage", "actors", "runtime")  # bottom to top
 ALLOWED_THIRD_PARTY = {
     "storage": {"attrs", "cattrs", "msgspec", "zstandard"},
     "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
-    # prompt_toolkit: `chat`'s prompt (SPEC §2 lists it), imported lazily by runtime/chat.py only.
+    # prompt_toolkit: `chat`'s prompt, imported lazily by runtime/chat_terminal.py only;
+    # platformdirs: the user's config folder (runtime/config.py). SPEC §2 lists both.
     # mcp (and anyio, which it runs on): the optional extra, imported lazily by runtime/tools/mcp_servers.py only.
     "runtime": {
         "attrs",
@@ -30,6 +31,7 @@ ALLOWED_THIRD_PARTY = {
         "httpx",
         "rich",
         "prompt_toolkit",
+        "platformdirs",
         "mcp",
         "anyio",
     },

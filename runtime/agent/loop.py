@@ -22,6 +22,7 @@ that close a turn run shielded, so the log and the in-memory surface never disag
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
 from trio_util import AsyncValue, move_on_when
 
+from ..budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
 from ..clock import Clock
 from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
 from ..models.base import (
@@ -71,6 +73,9 @@ class AgentConfig:
     tool_abort_grace: float = 2.0
     inbox_capacity: int = 64
     compaction: CompactionPolicy | None = None
+    # Limits on the session's own work (runtime/budgets.py): the root's from the embedder, a
+    # child's from its descriptor.
+    budget: Budget | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -172,6 +177,13 @@ class Agent:
         )
         self._closing_text: str | None = None
         self._scope = trio.CancelScope()
+        budget = config.budget
+        if budget is not None and budget.seconds is not None:
+            budget = budget.resolved(clock.now_ms())
+        self.budget: Budget | None = None if budget is None or budget.unlimited else budget
+        self.spent = spent_of(events, session.inherited_event_count) if self.budget is not None else Spent()
+        self._budget_stop: str | None = None  # the budget that ran out mid-turn (its message)
+        self._turn_deadline = math.inf  # the budget's deadline on Trio's clock, for this turn
 
     # --- the public face ------------------------------------------------------------------
 
@@ -279,11 +291,18 @@ class Agent:
                 self._abort = None
                 self._phase.value = "idle"
 
+    def budget_remaining(self) -> Budget | None:
+        """What is left of this agent's budget for a child it starts now (None: unlimited)."""
+        return remainder(self.budget, self.spent, in_turn=self.status == "running")
+
     async def _turn(self, claimed: list[Delivery]) -> TurnResult:
         self.turn += 1
         turn = self.turn
         abort = self._abort = Abort()
         self._cause = "user"
+        self._budget_stop = None
+        self.spent = attrs.evolve(self.spent, turns=self.spent.turns + 1)
+        self._turn_deadline = self._trio_deadline()
         self._waits.mark = self.inbox.received
         trigger = claimed[-1].trigger if claimed else "message"
         self._stage("turn/start", {"turn": turn, "trigger": {"kind": trigger}})
@@ -300,6 +319,15 @@ class Agent:
                 reason = {"kind": "blocked", "message": f"the turn reached its step limit ({self.config.max_steps})"}
                 break
             step += 1
+            out = self._budget_out(step)
+            if out is not None:
+                # The input that came for this step is kept; no model call is made for it.
+                if pending:
+                    self._stage("step/start", {"turn": turn, "step": step})
+                    self._stage_input(turn, step, pending)
+                    self._stage("step/end", {"turn": turn, "step": step})
+                reason = {"kind": "budget", "message": out}
+                break
             await self._maybe_compact(turn, step, abort)
             self._stage("step/start", {"turn": turn, "step": step})
             self._stage_input(turn, step, pending)
@@ -330,7 +358,36 @@ class Agent:
         return TurnResult(turn=turn, reason=reason, text=text, closing_text=self._closing_text)
 
     def _aborted(self) -> Json:
+        if self._budget_stop is not None:
+            return {"kind": "budget", "message": self._budget_stop}
         return {"kind": "aborted", "cause": self._cause}
+
+    # --- budgets --------------------------------------------------------------------------
+
+    def _budget_out(self, step: int) -> str | None:
+        """Before a model call: the message of the budget that has run out, or None."""
+        budget = self.budget
+        if budget is None:
+            return None
+        now = self.clock.now_ms() if budget.deadline is not None else None
+        return exhausted(budget, self.spent, first_call=step == 1, now_ms=now)
+
+    def _trio_deadline(self) -> float:
+        """The budget's deadline (runtime clock) as a Trio deadline for this turn's waits."""
+        budget = self.budget
+        if budget is None or budget.deadline is None:
+            return math.inf
+        return trio.current_time() + max(0, budget.deadline - self.clock.now_ms()) / 1000
+
+    def _expire(self, abort: Abort) -> None:
+        """The deadline passed mid-turn: stop the turn as a cancel does (two-phase), with the
+        budget as its reason."""
+        if abort.is_set():
+            return  # stopped already, for another reason
+        self._budget_stop = DEADLINE_TEXT
+        abort.set()
+        if self._model_scope is not None:
+            self._model_scope.cancel()
 
     # --- writing --------------------------------------------------------------------------
 
@@ -381,7 +438,7 @@ class Agent:
         reply = _ModelReply()
         parts: list[str] = []
         calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
-        with trio.CancelScope() as scope:
+        with trio.CancelScope(deadline=self._turn_deadline) as scope:
             self._model_scope = scope
             if abort.is_set():
                 scope.cancel()
@@ -411,6 +468,8 @@ class Agent:
                 self._phase.value = "writing"
         self._model_scope = None
         reply.text = "".join(parts)
+        if scope.cancelled_caught and not abort.is_set():
+            self._expire(abort)  # only the budget's deadline cancels it without an abort
         if scope.cancelled_caught or abort.is_set():
             reply.interrupted = True
             return reply
@@ -442,6 +501,9 @@ class Agent:
         }
         if reply.usage is not None:
             data["usage"] = reply.usage
+            self.spent = attrs.evolve(
+                self.spent, tokens=self.spent.tokens + reply.usage["input_tokens"] + reply.usage["output_tokens"]
+            )
         if reply.interrupted:
             data["interrupted"] = True
         self._stage("assistant/message", data, surface_op="append")
@@ -509,7 +571,9 @@ class Agent:
 
     async def _grace(self, abort: Abort) -> None:
         """Returns (and so cancels the running tools) `tool_abort_grace` after the abort."""
-        await abort.wait()
+        with trio.move_on_at(self._turn_deadline):
+            await abort.wait()
+        self._expire(abort)  # no-op when the abort came first
         await self.clock.sleep(self.config.tool_abort_grace)
 
     def _ctx(self, turn: int, step: int, call: _Call, abort: Abort) -> ToolContext:
@@ -571,7 +635,7 @@ class Agent:
 
     async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
         parts: list[str] = []
-        with trio.CancelScope() as scope:
+        with trio.CancelScope(deadline=self._turn_deadline) as scope:
             self._model_scope = scope
             try:
                 async with aclosing(self._stream_model.stream(self._request("compaction", messages))) as stream:
@@ -582,6 +646,8 @@ class Agent:
                 log.warning("compaction of session %s failed: %s", self.session_id, exc.message)
                 return None
         self._model_scope = None
+        if scope.cancelled_caught and not abort.is_set():
+            self._expire(abort)
         if scope.cancelled_caught or abort.is_set() or not parts:
             return None
         return "".join(parts)

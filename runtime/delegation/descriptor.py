@@ -6,7 +6,8 @@ suffix. The payload is versioned (`DESCRIPTOR_VERSION`, 2) and snake_case:
 
     {version: 2, mode: "one-shot" | "continuable", provider: str, label?: str,
      agent_provider?: str, agent_model?: str, agent_reasoning_effort?: str, persona?: str,
-     tool_filter?: {allow?: [str], deny?: [str]}}
+     tool_filter?: {allow?: [str], deny?: [str]},
+     budget?: {max_turns?: int, max_tokens?: int, deadline?: int}}
 
 `label` is required for a continuable child and optional for a one-shot one; the fields after
 it exist only for continuable children. `parse_descriptor` sorts a payload into three outcomes:
@@ -23,6 +24,7 @@ from typing import Literal
 import attrs
 from subagents.storage import NonLosslessData, check_lossless
 
+from ..budgets import Budget, budget_json, parse_budget
 from ..errors import MalformedDescriptor
 
 __all__ = [
@@ -44,7 +46,7 @@ _CONTINUABLE_STRINGS = ("agent_provider", "agent_model", "agent_reasoning_effort
 _COMMON_KEYS = frozenset({"version", "mode", "provider", "label"})
 _ALLOWED_KEYS: dict[str, frozenset[str]] = {
     "one-shot": _COMMON_KEYS,
-    "continuable": _COMMON_KEYS | {*_CONTINUABLE_STRINGS, "tool_filter"},
+    "continuable": _COMMON_KEYS | {*_CONTINUABLE_STRINGS, "tool_filter", "budget"},
 }
 _FILTER_KEYS = ("allow", "deny")
 
@@ -106,6 +108,16 @@ def _check_filter(_inst: object, _attribute: attrs.Attribute[object], value: obj
         raise TypeError(f"tool_filter must be a ToolFilter, got {_type_name(value)}")
 
 
+def _check_budget(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
+    # A recorded budget is absolute (resolved) and limits something.
+    if value is None:
+        return
+    if type(value) is not Budget:
+        raise TypeError(f"budget must be a Budget, got {_type_name(value)}")
+    if value.seconds is not None or value.unlimited:
+        raise ValueError("a recorded budget is resolved (no seconds) and sets at least one limit")
+
+
 @attrs.frozen(kw_only=True)
 class SubagentDescriptor:
     """How a child session was created: the durable facts a listing and a cold resume need.
@@ -123,13 +135,14 @@ class SubagentDescriptor:
     agent_reasoning_effort: str | None = attrs.field(default=None, validator=_check_optional_str)
     persona: str | None = attrs.field(default=None, validator=_check_optional_str)
     tool_filter: ToolFilter | None = attrs.field(default=None, validator=_check_filter)
+    budget: Budget | None = attrs.field(default=None, validator=_check_budget)
 
     def __attrs_post_init__(self) -> None:
         if self.mode == "continuable":
             if self.label is None:
                 raise ValueError("a continuable subagent descriptor requires a label")
             return
-        for name in (*_CONTINUABLE_STRINGS, "tool_filter"):
+        for name in (*_CONTINUABLE_STRINGS, "tool_filter", "budget"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} is only allowed on a continuable subagent descriptor")
 
@@ -159,6 +172,8 @@ def snapshot_descriptor(descriptor: SubagentDescriptor) -> dict[str, object]:
         payload["tool_filter"] = {
             name: list(getattr(tool_filter, name)) for name in _FILTER_KEYS if getattr(tool_filter, name) is not None
         }
+    if descriptor.budget is not None:
+        payload["budget"] = budget_json(descriptor.budget)
     try:
         check_lossless(payload)
     except NonLosslessData as exc:
@@ -237,10 +252,17 @@ def parse_descriptor(data: object) -> SubagentDescriptor | None:
         label = _str_field(data["label"], "label") if "label" in data else None
     strings = {key: _str_field(data[key], key) for key in _CONTINUABLE_STRINGS if key in data}
     tool_filter = _parse_filter(data["tool_filter"]) if "tool_filter" in data else None
+    budget: Budget | None = None
+    if "budget" in data:
+        parsed = parse_budget(data["budget"])
+        if isinstance(parsed, str):
+            raise MalformedDescriptor(f'{_PAYLOAD} field "budget" {parsed}')
+        budget = parsed
     return SubagentDescriptor(
         mode=mode,  # type: ignore[arg-type]  # checked against _MODES above
         provider=provider,
         label=label,
         tool_filter=tool_filter,
+        budget=budget,
         **strings,
     )

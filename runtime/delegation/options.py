@@ -4,8 +4,11 @@
 A continuable child records them in its descriptor and gets them back on every cold resume: the
 model route (`agent_provider`, `agent_model`, `agent_reasoning_effort`, built by the runtime's
 `child_model` factory), a `persona` that shadows the deployment's system prompt, and a
-`tool_filter` over the tools every agent gets. A one-shot child may use them too; they are not
-recorded (a one-shot child is never resumed).
+`tool_filter` over the tools every agent gets, and a `budget` (runtime/budgets.py). A one-shot
+child may use them too; they are not recorded (a one-shot child is never resumed).
+
+`budget` is what the caller asks for; the service lowers it to the parent's remainder before the
+child is made (`with_budget`), and that effective, absolute budget is what is recorded and applied.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import attrs
 
 from ..agent.loop import AgentConfig
 from ..agent.tools import ToolSet
+from ..budgets import Budget
 from ..models.base import AnyModel
 from .descriptor import SubagentDescriptor, ToolFilter
 from .descriptor import _check_filter as _optional_filter  # the descriptor's own field rules
@@ -31,6 +35,9 @@ class ChildOptions:
     agent_reasoning_effort: str | None = attrs.field(default=None, validator=_optional_str)
     persona: str | None = attrs.field(default=None, validator=_optional_str)
     tool_filter: ToolFilter | None = attrs.field(default=None, validator=_optional_filter)
+    budget: Budget | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Budget))
+    )
 
     @property
     def selects_model(self) -> bool:
@@ -44,10 +51,19 @@ class ChildOptions:
             agent_reasoning_effort=descriptor.agent_reasoning_effort,
             persona=descriptor.persona,
             tool_filter=descriptor.tool_filter,
+            budget=descriptor.budget,
         )
 
+    def with_budget(self, budget: Budget | None) -> ChildOptions:
+        return attrs.evolve(self, budget=budget)
+
     def config(self, base: AgentConfig) -> AgentConfig:
-        return base if self.persona is None else attrs.evolve(base, system_prompt=self.persona)
+        """The child's config: `base` with its persona, and its own budget — never the base's
+        (the root's budget reaches a child only through its parent's remainder)."""
+        changes: dict[str, object] = {"budget": self.budget}
+        if self.persona is not None:
+            changes["system_prompt"] = self.persona
+        return attrs.evolve(base, **changes)
 
 
 # Builds the model a child's options select (called with options whose `selects_model` is true).

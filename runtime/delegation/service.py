@@ -90,6 +90,7 @@ _HEADLINES = {
     "aborted": "subagent run was cancelled",
     "error": "subagent run failed",
     "max-tokens": "subagent run hit its token limit before finishing",
+    "budget": "subagent run ran out of its budget before finishing",
 }
 
 
@@ -193,7 +194,7 @@ class SubagentService:
         if self.manager.draining:
             raise FamilyDraining(DRAINING_TEXT)
         depth = self._child_depth(parent)
-        options = options or ChildOptions()
+        options = self._budgeted(parent, options or ChildOptions())
         descriptor = SubagentDescriptor(
             mode="continuable",
             provider=provider,
@@ -203,6 +204,7 @@ class SubagentService:
             agent_reasoning_effort=options.agent_reasoning_effort,
             persona=options.persona,
             tool_filter=options.tool_filter,
+            budget=options.budget,
         )
         setup = self._setup(options)  # refusals before anything exists
         if abort is not None and abort.is_set():
@@ -245,7 +247,7 @@ class SubagentService:
         """A one-shot foreground child: run it to the end of its turn and return the result.
         `options` apply to this run only (a one-shot descriptor records none)."""
         depth = self._child_depth(parent)
-        setup = self._setup(options or ChildOptions())
+        setup = self._setup(self._budgeted(parent, options or ChildOptions()))
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         child = await self._create_child(
@@ -297,6 +299,17 @@ class SubagentService:
             raise FamilyDraining(DRAINING_TEXT) from None
         except ParentClosing as exc:  # its family is shutting down
             raise FamilyDraining(f"agent {exc.parent_id!r} is closing; it takes no new subagents") from None
+
+    def _budgeted(self, parent: Agent, options: ChildOptions) -> ChildOptions:
+        """`options` with the child's effective budget: what was asked (its `seconds` counted
+        from now), lowered to the parent's remainder — a child never outlives or outspends its
+        parent. None when neither limits anything."""
+        asked = options.budget
+        if asked is not None and asked.seconds is not None:
+            asked = asked.resolved(self.agents.clock.now_ms())
+        ceiling = parent.budget_remaining()
+        budget = asked.clamped(ceiling) if asked is not None else ceiling
+        return options.with_budget(None if budget is None or budget.unlimited else budget)
 
     def _child_depth(self, parent: Agent) -> int:
         depth = parent.session.header.delegation_depth + 1

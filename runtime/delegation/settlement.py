@@ -44,11 +44,17 @@ _SUMMARIES = {
 }
 
 
-def notice_blocks(child_id: str, reason_kind: str, closing_text: str | None) -> list[Json]:
-    """The content blocks of the notice a parent is given when `child_id` settles.
+def notice_blocks(
+    child_id: str, reason_kind: str, closing_text: str | None, reason_message: str | None = None
+) -> list[Json]:
+    """The content blocks of the notice a parent is given when `child_id` settles; a budget stop
+    names the budget that ran out (`reason_message`, the child's `turn/end` reason message).
 
     The notice is described in docs/design.md, "Subagents: activations and settlement"."""
-    tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
+    if reason_kind == "budget":
+        tail = "ran out of its budget before it finished" + (f" ({reason_message})." if reason_message else ".")
+    else:
+        tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
     blocks = [{"type": "text", "text": f"Background subagent {child_id} {tail}"}]
     if closing_text is None:
         blocks.append({"type": "text", "text": "It left no closing message."})
@@ -132,6 +138,7 @@ class Settlement:
         else:
             kind = str(result.reason["kind"]) if result is not None else "aborted"
         closing = result.closing_text if result is not None and child.failure is None else None
+        message = result.reason.get("message") if result is not None and kind == "budget" else None
         parent = self.agents.get(activation.parent_id)
         parent_ref = parent.session if parent is not None else self.agents.sessions.get(activation.parent_id)
         if parent_ref is None:
@@ -144,6 +151,8 @@ class Settlement:
         data: Json = {"child_id": activation.child_id, "reason_kind": kind}
         if closing is not None:
             data["closing_text"] = closing
+        if isinstance(message, str):
+            data["reason_message"] = message  # which budget ran out, for the notice (and its redelivery)
         try:
             appended = await parent_ref.append(
                 [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
@@ -163,7 +172,7 @@ class Settlement:
             return  # the durable record is delivered at the parent's next resume
         parent.inbox.put_nowait(
             Delivery(
-                content=notice_blocks(activation.child_id, kind, closing),
+                content=notice_blocks(activation.child_id, kind, closing, data.get("reason_message")),
                 source={"kind": "subagent-settled", "sender_session_id": activation.child_id},
                 source_event_seqs=[appended.first_seq],
                 trigger="notice",
@@ -182,8 +191,9 @@ class Settlement:
         for i, event in enumerate(pending):
             data = decode_payload(event, session_id=agent.session_id)
             closing = data.closing_text if isinstance(data.closing_text, str) else None
+            message = data.reason_message if isinstance(data.reason_message, str) else None
             delivery = Delivery(
-                content=notice_blocks(data.child_id, data.reason_kind, closing),
+                content=notice_blocks(data.child_id, data.reason_kind, closing, message),
                 source={"kind": "subagent-settled", "sender_session_id": data.child_id},
                 source_event_seqs=[event.seq],
                 trigger="resume",

@@ -24,6 +24,7 @@ from ..errors import ToolFailure
 __all__ = [
     "DEFAULT_PERMISSIONS",
     "Approver",
+    "Decision",
     "PermissionAnswer",
     "PermissionRequest",
     "Permissions",

@@ -9,13 +9,16 @@ service's `SubagentError`, whose pinned record makes the durable `tool/result` c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
 
 from ..agent.tools import ToolContext
+from ..agent_types import AgentType, describe_types
+from ..budgets import Budget
 from ..delegation.listing import ChildRow
+from ..delegation.options import ChildOptions
 from ..delegation.service import Reservation, SubagentService
 from ..errors import NoCallingAgent
 
@@ -44,6 +47,22 @@ _DELEGATE_PARAMS = _schema(
     run_in_background=_text(
         "boolean", "true (default): start a continuable background child and return its id; false: wait for its answer."
     ),
+    # Optional budget limits (runtime/budgets.py): they can only lower what the child inherits.
+    max_turns={
+        "type": "integer",
+        "minimum": 1,
+        "description": "Optional: at most this many turns for the child (never more than you have left).",
+    },
+    max_tokens={
+        "type": "integer",
+        "minimum": 1,
+        "description": "Optional: at most this many model tokens (input + output) for the child (never more than you have left).",
+    },
+    deadline_seconds={
+        "type": "number",
+        "minimum": 1,
+        "description": "Optional: the child stops this many seconds from now (never later than your own deadline).",
+    },
 )
 
 _BACKGROUND = (
@@ -103,7 +122,14 @@ class _ServiceTool:
 class _Delegate(_ServiceTool):
     name: str
     provider: str
-    parameters: ClassVar[Json] = _DELEGATE_PARAMS
+    agent_types: Mapping[str, AgentType] = attrs.field(factory=dict)  # choosable by `agent_type` (spawn only)
+
+    @property
+    def parameters(self) -> Json:
+        if not self.agent_types:
+            return _DELEGATE_PARAMS  # exactly SPEC 5.5's
+        choice = {"type": "string", "enum": sorted(self.agent_types), "description": describe_types(self.agent_types)}
+        return {**_DELEGATE_PARAMS, "properties": {**_DELEGATE_PARAMS["properties"], "agent_type": choice}}
 
     @property
     def description(self) -> str:
@@ -125,6 +151,7 @@ class _Delegate(_ServiceTool):
 
     async def _run(self, args: Json, ctx: ToolContext) -> str:
         parent = _caller(ctx, self.name)
+        options = _child_options(args, self.agent_types)
         if args.get("run_in_background", True):
             child_id = await self.service.start_continuable(
                 parent,
@@ -133,6 +160,7 @@ class _Delegate(_ServiceTool):
                 args["prompt"],
                 ctx.abort,
                 reserved=ctx.prepared,
+                options=options,
             )
             return f"started subagent {child_id}"
         result = await self.service.start(
@@ -142,8 +170,24 @@ class _Delegate(_ServiceTool):
             label=args["description"],
             abort=ctx.abort,
             reserved=ctx.prepared,
+            options=options,
         )
         return result.text or ""
+
+
+def _child_options(args: Json, agent_types: Mapping[str, AgentType]) -> ChildOptions | None:
+    """The options a call asks for: its agent type's (the schema's enum admits only known types)
+    and its budget (integers and a number >= 1, by the schema); they go into the descriptor."""
+    options = agent_types[args["agent_type"]].options() if "agent_type" in args else None
+    turns, tokens, seconds = args.get("max_turns"), args.get("max_tokens"), args.get("deadline_seconds")
+    if turns is None and tokens is None and seconds is None:
+        return options
+    budget = Budget(
+        max_turns=None if turns is None else int(turns),
+        max_tokens=None if tokens is None else int(tokens),
+        seconds=None if seconds is None else float(seconds),
+    )
+    return attrs.evolve(options or ChildOptions(), budget=budget)
 
 
 def agent_status(agents: Any, child_id: str) -> str:
@@ -229,9 +273,10 @@ class _InterruptAgent(_ServiceTool):
         return f"interrupt requested for agent {args['agent_id']}{tail}"
 
 
-def subagent_tools(service: SubagentService) -> list[Any]:
+def subagent_tools(service: SubagentService, agent_types: Mapping[str, AgentType] | None = None) -> list[Any]:
+    """The five subagent tools; `subagent` offers `agent_type` when `agent_types` holds any."""
     return [
-        _Delegate(service, "subagent", "spawn"),
+        _Delegate(service, "subagent", "spawn", dict(agent_types or {})),
         _Delegate(service, "subagent_fork", "fork"),
         _ListAgents(service),
         _SendMessage(service),

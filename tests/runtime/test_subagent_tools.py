@@ -19,8 +19,21 @@ def test_names_and_parameters_are_exact() -> None:
     assert list(tools) == ["subagent", "subagent_fork", "list_agents", "send_message", "interrupt_agent"]
     for name in ("subagent", "subagent_fork"):
         params = tools[name].parameters
-        assert set(params["properties"]) == {"description", "prompt", "run_in_background"}
+        assert set(params["properties"]) == {
+            "description",
+            "prompt",
+            "run_in_background",
+            # optional budget limits (issue 16): they only lower what the child inherits
+            "max_turns",
+            "max_tokens",
+            "deadline_seconds",
+        }
         assert params["required"] == ["description", "prompt"]
+        assert [params["properties"][k]["type"] for k in ("max_turns", "max_tokens", "deadline_seconds")] == [
+            "integer",
+            "integer",
+            "number",
+        ]
         assert params["properties"]["run_in_background"]["type"] == "boolean"
         assert (
             params["properties"]["description"]["description"]

@@ -297,7 +297,7 @@ PAYLOADS: dict[str, Callable[[object], bool]] = {
         {
             "turn": _int,
             "reason": _obj(
-                {"kind": _one_of("completed", "aborted", "blocked", "error", "max-tokens", "interrupted")},
+                {"kind": _str},  # SPEC §8: any kind is read; one a reader does not know means "error"
                 {"cause": _one_of("user", "parent", "disposed"), "message": _str},
             ),
         }
@@ -311,7 +311,7 @@ PAYLOADS: dict[str, Callable[[object], bool]] = {
         {"version": _one_of(1), "child_id": _str, "child_created_at": _int, "mode": _one_of("one-shot", "continuable")},
         {"label": _str},
     ),
-    "subagent/settled": _obj({"child_id": _str, "reason_kind": _str}, {"closing_text": _str}),
+    "subagent/settled": _obj({"child_id": _str, "reason_kind": _str}, {"closing_text": _str, "reason_message": _str}),
     "compaction/start": _obj({"turn": _int}),
     "compaction/summary": _obj({"text": _str}),
     "compaction/end": _obj({"start_seq": _int, "end_seq": _int}),

@@ -1,0 +1,185 @@
+"""Budgets (SPEC §8, docs/format.md "Budgets"): how much an agent may still do.
+
+A `Budget` bounds a session's own work: `max_turns` (turns started, the current one included),
+`max_tokens` (input + output of the usage records of its `assistant/message` events) and
+`deadline` (epoch ms on the runtime clock). `seconds` is a deadline relative to the moment the
+budget is applied (`resolved`): the root's budget is resolved when the runtime opens, a
+`subagent` call's when the child is made. What is spent is never stored: it is recounted from the
+session's own log (`spent_of`), so a cold resume carries on where the last process stopped.
+
+A child's budget is its parent's remainder, lowered by what its caller asked for (`clamped`),
+and recorded in its descriptor: a child can never outlive or outspend its parent. The agent loop
+checks it before each model call (`exhausted`) and ends the turn with
+`turn/end {reason: {kind: "budget", message}}`; the message names the budget that ran out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import attrs
+import msgspec
+from subagents.storage import Event
+
+__all__ = [
+    "DEADLINE_TEXT",
+    "Budget",
+    "Spent",
+    "budget_json",
+    "exhausted",
+    "parse_budget",
+    "remainder",
+    "reply_tokens",
+    "spent_of",
+]
+
+DEADLINE_TEXT = "deadline reached"
+
+
+def _check_count(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+    if value is None:
+        return
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _check_seconds(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
+    if value is None:
+        return
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]
+        raise ValueError(f"seconds must be a finite number > 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Budget:
+    """Limits on one session's own work; `None` is unlimited. Raises `ValueError` for a negative
+    or non-int count, or a `seconds` that is not a finite number > 0."""
+
+    max_turns: int | None = attrs.field(default=None, validator=_check_count)
+    max_tokens: int | None = attrs.field(default=None, validator=_check_count)
+    deadline: int | None = attrs.field(default=None, validator=_check_count)  # epoch ms, runtime clock
+    seconds: float | None = attrs.field(default=None, validator=_check_seconds)  # relative, until resolved
+
+    @property
+    def unlimited(self) -> bool:
+        return self.max_turns is None and self.max_tokens is None and self.deadline is None and self.seconds is None
+
+    def resolved(self, now_ms: int) -> Budget:
+        """`seconds` turned into an absolute `deadline` (the earlier of the two)."""
+        if self.seconds is None:
+            return self
+        relative = now_ms + math.ceil(self.seconds * 1000)
+        return attrs.evolve(self, deadline=_lower(self.deadline, relative), seconds=None)
+
+    def clamped(self, ceiling: Budget | None) -> Budget:
+        """Each limit the lower of this one and `ceiling`'s (both resolved)."""
+        if ceiling is None:
+            return self
+        return Budget(
+            max_turns=_lower(self.max_turns, ceiling.max_turns),
+            max_tokens=_lower(self.max_tokens, ceiling.max_tokens),
+            deadline=_lower(self.deadline, ceiling.deadline),
+        )
+
+
+def _lower(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+@attrs.frozen
+class Spent:
+    """What a session has used of its budget: turns started and tokens (input + output)."""
+
+    turns: int = 0
+    tokens: int = 0
+
+
+class _Counts(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int
+
+
+class _Reply(msgspec.Struct):
+    usage: _Counts | None = None
+
+
+_reply = msgspec.json.Decoder(_Reply)
+
+
+def reply_tokens(event: Event) -> int:
+    """Input + output tokens of an `assistant/message`'s usage record (0 when it has none or it
+    does not decode: bad data is not counted, as in runtime/usage.py)."""
+    try:
+        usage = _reply.decode(event.data).usage
+    except (msgspec.DecodeError, RecursionError):
+        return 0
+    if usage is None or usage.input_tokens < 0 or usage.output_tokens < 0:
+        return 0
+    return usage.input_tokens + usage.output_tokens
+
+
+def spent_of(events: Iterable[Event], inherited_event_count: int) -> Spent:
+    """Turns started and tokens used over a session's own suffix (seq >= the inherited count):
+    a fork's inherited prefix was its parent's spending."""
+    turns = tokens = 0
+    for event in events:
+        if event.seq < inherited_event_count:
+            continue
+        if event.type == "turn/start":
+            turns += 1
+        elif event.type == "assistant/message":
+            tokens += reply_tokens(event)
+    return Spent(turns, tokens)
+
+
+def exhausted(budget: Budget, spent: Spent, *, first_call: bool, now_ms: int | None) -> str | None:
+    """The message of the budget that has run out before a model call, or None. Turns count only
+    before a turn's first call (the turn in progress is `spent.turns`); `now_ms` is read only when
+    the budget has a deadline (a scenario clock's readings stay as they were without one)."""
+    if first_call and budget.max_turns is not None and spent.turns > budget.max_turns:
+        return f"max_turns {budget.max_turns} reached"
+    if budget.max_tokens is not None and spent.tokens >= budget.max_tokens:
+        return f"max_tokens {budget.max_tokens} reached: {spent.tokens} used"
+    if budget.deadline is not None and now_ms is not None and now_ms >= budget.deadline:
+        return DEADLINE_TEXT
+    return None
+
+
+def remainder(budget: Budget | None, spent: Spent, *, in_turn: bool) -> Budget | None:
+    """What is left of `budget` for a child: the turns not yet started (the current one counts as
+    left, so a parent in its last turn can still delegate it), the tokens not yet used, the same
+    deadline. None when unlimited."""
+    if budget is None:
+        return None
+    turns = None
+    if budget.max_turns is not None:
+        turns = max(0, budget.max_turns - spent.turns + (1 if in_turn else 0))
+    tokens = None if budget.max_tokens is None else max(0, budget.max_tokens - spent.tokens)
+    return Budget(max_turns=turns, max_tokens=tokens, deadline=budget.deadline)
+
+
+# --- the descriptor's `budget` extra ----------------------------------------------------------
+
+_KEYS = ("max_turns", "max_tokens", "deadline")
+
+
+def budget_json(budget: Budget) -> dict[str, int]:
+    """The descriptor's `budget` object: the limits that are set (a resolved budget)."""
+    return {key: getattr(budget, key) for key in _KEYS if getattr(budget, key) is not None}
+
+
+def parse_budget(value: object) -> Budget | str:
+    """A descriptor's `budget` object read back, or the reason it is malformed."""
+    if type(value) is not dict:
+        return "must be an object"
+    if not value:
+        return "needs at least one of max_turns, max_tokens, deadline"
+    for key, item in value.items():
+        if key not in _KEYS:
+            return f'has unknown field "{key}"'
+        if type(item) is not int or item < 0:
+            return f'field "{key}" must be an int >= 0'
+    return Budget(**value)

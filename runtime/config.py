@@ -1,0 +1,303 @@
+"""Configuration: `subagents.toml` (README "Configuration"; SPEC §8).
+
+Two files, read with `tomllib`: the project's (`./subagents.toml`) and the user's
+(`<user config dir>/subagents.toml`, platformdirs: `~/.config/subagents/` on Linux, or
+`$SUBAGENTS_CONFIG_DIR`). Precedence: a CLI flag > the project file > the user file > the
+default; tables (`permissions`, `budget`, `mcp_servers`) merge entry by entry under the same
+rule. Every key is checked here, once, with a message naming the file and the key (a typo is an
+error, not a silent default); `Config.sources` says where each value came from, for
+`subagents config`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from .errors import ConfigInvalid
+from .models.specs import DEFAULT_MODEL
+
+__all__ = ["PROJECT_FILE", "Config", "McpServer", "load_config", "user_config_dir"]
+
+PROJECT_FILE = "subagents.toml"
+_DECISIONS = ("allow", "ask", "deny")
+
+
+@attrs.frozen(kw_only=True)
+class McpServer:
+    """One `[mcp_servers.NAME]` entry: a stdio command or a streamable-HTTP url."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    timeout: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """The effective configuration and, per dotted key, where its value came from."""
+
+    model: str = DEFAULT_MODEL
+    base_url: str | None = None
+    stall_timeout: float | None = None
+    system_prompt: str | None = None
+    max_depth: int = 1
+    max_active_subagents: int = 8
+    max_steps: int = 64
+    compaction_threshold: int | None = None
+    workspace: str = "."
+    workspace_tools: bool = True
+    disabled_tools: tuple[str, ...] = ()
+    permissions: Mapping[str, str] = attrs.field(factory=dict)
+    default_permission: str | None = None
+    budget: Mapping[str, float] = attrs.field(factory=dict)  # max_turns, max_tokens, deadline_seconds
+    mcp_servers: Mapping[str, McpServer] = attrs.field(factory=dict)
+    sources: Mapping[str, str] = attrs.field(factory=dict)
+    files: tuple[str, ...] = ()  # the files read, lowest precedence first
+
+    def rows(self) -> list[tuple[str, Any, str]]:
+        """(key, value, source) for every key, in a stable order, for `subagents config`."""
+        out: list[tuple[str, Any, str]] = []
+        for key in _SCALARS:
+            out.append((key, getattr(self, _FIELD.get(key, key)), self.sources.get(key, "default")))
+        from .tools.permissions import DEFAULT_PERMISSIONS
+
+        for name, decision in sorted({**DEFAULT_PERMISSIONS.rules, **self.permissions}.items()):
+            out.append((f"permissions.{name}", decision, self.sources.get(f"permissions.{name}", "default")))
+        default = self.default_permission or DEFAULT_PERMISSIONS.default
+        out.append(("permissions.default", default, self.sources.get("permissions.default", "default")))
+        for key, value in sorted(self.budget.items()):
+            out.append((f"budget.{key}", value, self.sources[f"budget.{key}"]))
+        for name, server in sorted(self.mcp_servers.items()):
+            shown = server.url if server.url is not None else " ".join([server.command or "", *server.args])
+            out.append((f"mcp_servers.{name}", shown, self.sources[f"mcp_servers.{name}"]))
+        return out
+
+
+# ---- the keys -----------------------------------------------------------------------------------
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {_shown(value)}")
+    return value
+
+
+def _integer(low: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"must be an integer >= {low}, got {_shown(value)}")
+        return value
+
+    return check
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a number of seconds > 0, got {_shown(value)}")
+    return float(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {_shown(value)}")
+    return value
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"must be a list of tool names, got {_shown(value)}")
+    return tuple(value)
+
+
+# Top-level key (or `tools.KEY`) → its check; a field of `Config` of the same name unless _FIELD says.
+_SCALARS: dict[str, Callable[[Any], Any]] = {
+    "model": _string,
+    "base_url": _string,
+    "stall_timeout": _seconds,
+    "system_prompt": _string,
+    "max_depth": _integer(0),
+    "max_active_subagents": _integer(1),
+    "max_steps": _integer(1),
+    "compaction_threshold": _integer(1),
+    "workspace": _string,
+    "tools.workspace": _boolean,
+    "tools.disabled": _names,
+}
+_FIELD = {"tools.workspace": "workspace_tools", "tools.disabled": "disabled_tools"}
+_BUDGET: dict[str, Callable[[Any], Any]] = {
+    "max_turns": _integer(1),
+    "max_tokens": _integer(1),
+    "deadline_seconds": _seconds,
+}
+_TABLES = ("tools", "permissions", "budget", "mcp_servers")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+
+def user_config_dir(env: Mapping[str, str] | None = None) -> str:
+    """The user's config folder: `$SUBAGENTS_CONFIG_DIR`, else platformdirs' (imported here only)."""
+    env = os.environ if env is None else env
+    if env.get("SUBAGENTS_CONFIG_DIR"):
+        return env["SUBAGENTS_CONFIG_DIR"]
+    import platformdirs
+
+    return platformdirs.user_config_dir("subagents", appauthor=False)
+
+
+def load_config(
+    project_dir: str = ".", *, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> Config:
+    """The effective configuration: `flags` (dotted keys, None meaning not given) over the
+    project's file over the user's over the defaults. Raises `ConfigInvalid`."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    files = []
+    project_file = os.path.join(os.path.abspath(project_dir), PROJECT_FILE)
+    for path in (os.path.join(user_config_dir(env), PROJECT_FILE), project_file):
+        document = _read(path)
+        if document is not None:
+            layers.append((path, document))
+            files.append(path)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    permissions: dict[str, str] = {}
+    budget: dict[str, Any] = {}
+    servers: dict[str, McpServer] = {}
+    for path, document in layers:
+        where = f"{path}"
+        for key, value in _flatten(document, where).items():
+            section, _, rest = key.partition(".")
+            if section == "permissions":
+                decision = _checked(where, key, value, _decision)
+                if rest == "default":
+                    values["default_permission"] = decision
+                else:
+                    permissions[rest] = decision
+                sources[key] = where
+            elif section == "budget":
+                if rest not in _BUDGET:
+                    raise ConfigInvalid(
+                        f"{where}: unknown key {key} (known: {', '.join(f'budget.{k}' for k in _BUDGET)})"
+                    )
+                budget[rest] = _checked(where, key, value, _BUDGET[rest])
+                sources[key] = where
+            elif section == "mcp_servers":
+                servers[rest] = _server(where, rest, value)
+                sources[key] = where
+            elif key in _SCALARS:
+                values[_FIELD.get(key, key)] = _checked(where, key, value, _SCALARS[key])
+                sources[key] = where
+            else:
+                raise ConfigInvalid(f"{where}: unknown key {key}")
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key not in _SCALARS:
+            raise ValueError(f"no flag sets {key}")  # a programming error, not input
+        values[_FIELD.get(key, key)] = _checked(f"--{key.replace('_', '-')}", key, value, _SCALARS[key])
+        sources[key] = f"flag --{key.replace('_', '-')}"
+    return Config(
+        **values,
+        permissions=permissions,
+        budget=budget,
+        mcp_servers=servers,
+        sources=sources,
+        files=tuple(files),
+    )
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:
+        raise ConfigInvalid(f"{path}: is a folder, not a file") from None
+    except OSError as exc:
+        raise ConfigInvalid(f"{path}: cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigInvalid(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigInvalid(f"{path}: not UTF-8 text") from None
+
+
+def _flatten(document: dict[str, Any], where: str) -> dict[str, Any]:
+    """`tools.workspace`, `permissions.NAME`, `budget.KEY`, `mcp_servers.NAME` → value."""
+    flat: dict[str, Any] = {}
+    for key, value in document.items():
+        if key in _TABLES:
+            if not isinstance(value, dict):
+                raise ConfigInvalid(f"{where}: {key} must be a table ([{key}]), got {_shown(value)}")
+            for sub, item in value.items():
+                flat[f"{key}.{sub}"] = item
+        else:
+            flat[key] = value
+    return flat
+
+
+def _checked(where: str, key: str, value: Any, check: Callable[[Any], Any]) -> Any:
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise ConfigInvalid(f"{where}: {key} {exc}") from None
+
+
+def _decision(value: Any) -> str:
+    if value not in _DECISIONS:
+        raise ValueError(f"must be allow, ask or deny, got {_shown(value)}")
+    return str(value)
+
+
+_SERVER_KEYS = frozenset({"command", "args", "env", "cwd", "url", "headers", "timeout"})
+
+
+def _server(where: str, name: str, value: Any) -> McpServer:
+    key = f"mcp_servers.{name}"
+    if not isinstance(value, dict):
+        raise ConfigInvalid(f"{where}: {key} must be a table, got {_shown(value)}")
+    unknown = sorted(set(value) - _SERVER_KEYS)
+    if unknown:
+        raise ConfigInvalid(f"{where}: unknown key {key}.{unknown[0]}")
+    if ("command" in value) == ("url" in value):
+        raise ConfigInvalid(f"{where}: {key} needs either command (stdio) or url (streamable HTTP)")
+    if not name or "__" in name:
+        raise ConfigInvalid(f"{where}: {key}: a server name must be non-empty and hold no '__'")
+
+    def text_table(sub: str) -> dict[str, str]:
+        table = value.get(sub, {})
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+            raise ConfigInvalid(f"{where}: {key}.{sub} must be a table of strings")
+        return dict(table)
+
+    args = value.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigInvalid(f"{where}: {key}.args must be a list of strings")
+    return McpServer(
+        name=name,
+        command=_checked(where, f"{key}.command", value["command"], _string) if "command" in value else None,
+        args=tuple(args),
+        env=text_table("env"),
+        cwd=_checked(where, f"{key}.cwd", value["cwd"], _string) if "cwd" in value else None,
+        url=_checked(where, f"{key}.url", value["url"], _string) if "url" in value else None,
+        headers=text_table("headers"),
+        timeout=_checked(where, f"{key}.timeout", value["timeout"], _seconds) if "timeout" in value else None,
+    )
