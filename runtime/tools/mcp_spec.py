@@ -48,8 +48,9 @@ class McpServerSpec:
 
     def __attrs_post_init__(self) -> None:
         where = f"MCP server {self.name!r}"
-        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
-            raise ValueError(f"MCP server name {self.name!r} must be letters, digits, '_' or '-'")
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name) or "__" in self.name:
+            # It is part of every tool name (`mcp__<server>__<tool>`), which model APIs restrict.
+            raise ValueError(f"MCP server name {self.name!r} must be letters, digits, '_' or '-', without '__'")
         if (self.command is None) == (self.url is None):
             raise ValueError(f"{where}: give exactly one of command (stdio) or url (streamable HTTP)")
         if self.command is not None and (not isinstance(self.command, str) or not self.command):

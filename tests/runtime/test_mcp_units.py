@@ -30,7 +30,9 @@ def test_a_spec_is_a_stdio_command_or_an_http_url() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"name": "a b", "command": "x"}, "MCP server name 'a b' must be letters, digits, '_' or '-'"),
+        ({"name": "a b", "command": "x"}, "MCP server name 'a b' must be letters, digits, '_' or '-', without '__'"),
+        ({"name": "a__b", "command": "x"}, "MCP server name 'a__b' must be letters"),
+        ({"name": "a.b", "command": "x"}, "MCP server name 'a.b' must be letters"),
         ({"name": "", "command": "x"}, "must be letters, digits"),
         ({"name": "s"}, "give exactly one of command (stdio) or url (streamable HTTP)"),
         ({"name": "s", "command": "x", "url": "http://h/mcp"}, "give exactly one of command"),
