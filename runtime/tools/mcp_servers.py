@@ -18,6 +18,7 @@ cannot loop. `mcp` (and anyio) are imported only here and only when a server is 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -395,6 +396,12 @@ class McpServers:
     async def start(cls, nursery: trio.Nursery, specs: Sequence[McpServerSpec]) -> McpServers:
         """Start every server in `nursery` and wait until each is ready or has failed."""
         cls.check(specs)
+        # The SDK logs a server's protocol noise (a stray line on its stdout) with a traceback;
+        # with no handler anywhere, Python's last resort would print it over the host's terminal.
+        # A NullHandler stops only that: a host that configures logging still gets the records.
+        sdk_log = logging.getLogger("mcp")
+        if not any(isinstance(h, logging.NullHandler) for h in sdk_log.handlers):
+            sdk_log.addHandler(logging.NullHandler())
         servers = [_Server(spec) for spec in specs]
         for server in servers:
             nursery.start_soon(server.run)

@@ -108,3 +108,20 @@ def test_read_only_commands_never_import_mcp(tmp_path: Path) -> None:
         [sys.executable, "-c", code, str(tmp_path / "r")], env=clean_env(), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow  # a real subprocess running a runtime with a misbehaving server
+def test_a_servers_stray_output_does_not_reach_the_hosts_terminal(tmp_path: Path) -> None:
+    # The server writes junk on its stdout (the protocol channel) and never answers.
+    code = (
+        "import trio; from subagents.runtime import McpServerSpec, open_runtime\n"
+        "async def main():\n"
+        "    spec = McpServerSpec(name='j', command='sh', args=['-c', 'echo junk; cat >/dev/null'], startup_timeout=0.5)\n"
+        "    async with open_runtime(__import__('sys').argv[1], mcp_servers=[spec]) as rt:\n"
+        "        print(rt.mcp.status()[0].error)\n"
+        "trio.run(main)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "r")], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "it did not start within 0.5s\n", "")
