@@ -6,6 +6,7 @@ cancelling its call at the server; a call timeout; and permissions on MCP tools.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,13 @@ async def run_turns(
 
 
 @pytest.mark.slow  # a real MCP server subprocess
-async def test_a_stdio_servers_tools_are_offered_called_and_their_results_durable(tmp_path: Path) -> None:
+async def test_a_stdio_servers_tools_are_offered_called_and_their_results_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_asyncio(*_args: Any) -> None:
+        raise AssertionError("an asyncio event loop was made: the runtime process runs Trio only")
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "__init__", no_asyncio)
     calls = [
         call("mcp__t__echo", text="héllo"),
         call("mcp__t__add", a=2, b=40),
