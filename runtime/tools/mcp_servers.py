@@ -10,7 +10,7 @@ reason (`status()`, for the host to show); one that dies later (its process exit
 breaks) is marked down, and every call of its tools — one in flight included — answers at once
 with `MCP_SERVER_UNAVAILABLE` and the reason (with the last lines the server wrote to stderr). A
 call that outlasts `call_timeout` fails `MCP_TIMEOUT`; a cancelled turn cancels its calls at once,
-and the server is told (`notifications/cancelled`). Restart policy: none — a server that died
+and the server is told (`notifications/cancelled`, best effort). Restart policy: none — a server that died
 stays down for the rest of the runtime (a new runtime starts it again), so a crashing server
 cannot loop. `mcp` (and anyio) are imported only here and only when a server is configured.
 """
@@ -156,7 +156,9 @@ class _Server:
         if spec.url is not None:
             from mcp.client.streamable_http import streamable_http_client
 
-            timeout = httpx.Timeout(spec.startup_timeout, read=spec.call_timeout)
+            # No read timeout: the startup and call timeouts bound every answer waited for, and
+            # the server's own event stream (GET) may rightly stay quiet for long.
+            timeout = httpx.Timeout(spec.startup_timeout, read=None)
             async with (
                 httpx.AsyncClient(headers=spec.headers, timeout=timeout) as client,
                 streamable_http_client(spec.url, http_client=client) as streams,
@@ -287,12 +289,14 @@ class _Server:
 
         async def calling() -> None:
             from mcp import McpError
+            from mcp.types import CONNECTION_CLOSED
 
             with trio.move_on_after(self.spec.call_timeout) as waited:
                 try:
                     outcome["result"] = await session.call_tool(remote, args, meta={_META_KEY: token})
                 except McpError as exc:
-                    outcome["error"] = exc
+                    # The SDK answers a call whose connection closed with an error of its own.
+                    outcome["broken" if exc.error.code == CONNECTION_CLOSED else "error"] = exc
                 except Exception as exc:  # the transport failed under this call: the server is unavailable
                     outcome["broken"] = exc
             outcome["timeout"] = waited.cancelled_caught
@@ -312,6 +316,8 @@ class _Server:
             request_id = self._requests.pop(token, None)
             if "result" not in outcome and "error" not in outcome:
                 await self._tell_cancelled(session, request_id)
+        if "broken" in outcome:
+            self._went_down(_describe(outcome["broken"]))
         if self._down.is_set() and "result" not in outcome and "error" not in outcome:
             await self._down_reason()
         return self._answer(name, outcome)
@@ -326,13 +332,11 @@ class _Server:
         if "error" in outcome:
             raise _fail(f"the MCP server {self.spec.name!r} refused the call: {outcome['error']}", "MCP_TOOL_ERROR")
         if outcome.get("aborted"):
-            raise _fail(f"{name} was cancelled with its turn (the server was told)", "MCP_CALL_CANCELLED")
+            raise _fail(f"{name} was cancelled with its turn", "MCP_CALL_CANCELLED")
         if outcome.get("timeout"):
             raise _fail(
                 f"{name} did not answer within {self.spec.call_timeout:g}s (the call was cancelled)", "MCP_TIMEOUT"
             )
-        if "broken" in outcome:
-            self._went_down(_describe(outcome["broken"]))
         raise self._unavailable()
 
     async def _down_reason(self) -> None:

@@ -220,7 +220,7 @@ async def test_a_cancelled_turn_cancels_its_call_at_the_server(tmp_path: Path) -
     assert results(tmp_path / "root", "s") == [
         {
             "tool": "mcp__t__sleep",
-            "text": "Error: mcp__t__sleep was cancelled with its turn (the server was told)",
+            "text": "Error: mcp__t__sleep was cancelled with its turn",
             "error": {"name": "McpError", "code": "MCP_CALL_CANCELLED"},
         },
         {"tool": "mcp__t__cancellations", "text": "1", "error": None},
