@@ -26,6 +26,8 @@ _META_KEY = "subagents/call"  # marks our tools/call request so its JSON-RPC id 
 _STDERR_TAIL = 2000  # characters of a server's stderr kept to explain its failure
 _CANCEL_NOTICE = 1.0  # seconds spent telling a server a call was cancelled
 _STDERR_WAIT = 1.0  # seconds to read the rest of a server's stderr once it has exited
+_PING_EVERY = 2.0  # seconds between pings of an HTTP server while calls are in flight
+_PING_TIMEOUT = 10.0  # seconds a ping may take before the server counts as gone
 
 
 def _fail(message: str, code: str) -> ToolFailure:
@@ -60,13 +62,32 @@ class McpConnection:
                     listed = await self._initialize(session)
                     if listed is not None:
                         self._ready(session, listed)
-                        await self._wake.wait()
+                        async with trio.open_nursery() as nursery:
+                            if self.spec.url is not None:
+                                nursery.start_soon(self._keep_watch, session)
+                            await self._wake.wait()
+                            nursery.cancel_scope.cancel()
         except Exception as exc:  # any failure of the server or its transport: the server is unavailable
             self._went_down(_describe(exc))
         finally:
             self._went_down("the runtime closed it")
             self.settled.set()  # after the transport closed: the stderr tail is read by now
             self.done.set()
+
+    async def _keep_watch(self, session: Any) -> None:
+        """Over HTTP, while calls are in flight, ping the server every few seconds: the SDK lets
+        a response stream that broke off end quietly, leaving its call to wait for its timeout,
+        so a server that died mid-call is found by its ping instead (a failed ping breaks the
+        transport, which marks the server down; one unanswered in time marks it here)."""
+        while True:
+            await trio.sleep(_PING_EVERY)
+            if not self._requests:
+                continue
+            with trio.move_on_after(_PING_TIMEOUT) as waited:
+                with contextlib.suppress(Exception):  # a broken transport reports itself (`run`)
+                    await session.send_ping()
+            if waited.cancelled_caught:
+                self._went_down(f"it did not answer a ping within {_PING_TIMEOUT:g}s")
 
     async def _initialize(self, session: Any) -> list[Any] | None:
         """Initialize and list the tools, within the startup timeout; None if the server went

@@ -144,3 +144,29 @@ async def test_http_servers_that_cannot_be_reached_or_answer_an_error_status_are
         # The SDK reads a 404 as an ended session, whatever the path.
         ("wrong", "failed", (), "it refused to initialize: Session terminated"),
     ]
+
+
+@pytest.mark.slow  # a real MCP server subprocess over HTTP that dies mid-call
+async def test_an_http_server_dying_mid_call_fails_that_call_and_the_next(tmp_path: Path) -> None:
+    calls = [call("mcp__web__exit", code=5), call("mcp__web__echo", text="anyone?")]
+    async with http_server() as (url, _process):
+        spec = McpServerSpec(name="web", url=url, call_timeout=20)
+        with trio.fail_after(60):
+            async with open_runtime(
+                tmp_path / "root",
+                model=Offering(one_turn(calls)),
+                clock=ScenarioClock(),
+                compression="none",
+                mcp_servers=[spec],
+                permissions=ALLOW,
+            ) as rt:
+                agent = await rt.agents.create(session_id="s")
+                await agent.send("go")
+                await agent.wait_idle()
+    out = results(tmp_path / "root", "s")
+    assert [(r["tool"], r["error"]) for r in out] == [
+        ("mcp__web__exit", {"name": "McpError", "code": "MCP_SERVER_UNAVAILABLE"}),
+        ("mcp__web__echo", {"name": "McpError", "code": "MCP_SERVER_UNAVAILABLE"}),
+    ]
+    assert out[0]["text"].startswith("Error: the MCP server 'web' is unavailable: its connection failed (")
+    assert turn_ends(tmp_path / "root", "s") == [{"kind": "completed"}]
