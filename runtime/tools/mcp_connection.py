@@ -347,36 +347,8 @@ def _describe(exc: BaseException) -> str:
         return f"it answered HTTP {exc.response.status_code} at {exc.request.url}"
     if isinstance(exc, httpx.HTTPError):
         return f"its connection failed ({exc or type(exc).__name__})"
-    if isinstance(exc, FileNotFoundError):
-        return f"its command was not found ({exc.filename or exc})"
-    if isinstance(exc, OSError):
-        return f"it could not be started or reached ({exc.strerror or exc})"
-    return str(exc) or type(exc).__name__
-
-
-async def _list_tools(session: Any) -> list[Any]:
-    tools: list[Any] = []
-    cursor = None
-    while True:
-        page = await session.list_tools(cursor)
-        tools.extend(page.tools)
-        cursor = page.nextCursor
-        if not cursor:
-            return tools
-
-
-class _StartFailed(Exception):
-    """A server that did not initialize in time (stays inside this module)."""
-
-
-def _describe(exc: BaseException) -> str:
-    """One line for a failure, from the first leaf of a group (the SDK's task groups wrap)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, httpx.HTTPStatusError):
-        return f"it answered HTTP {exc.response.status_code} at {exc.request.url}"
-    if isinstance(exc, httpx.HTTPError):
-        return f"its connection failed ({exc or type(exc).__name__})"
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in ("mcp", "anyio"):
+        return "the MCP SDK is not installed (install the `mcp` extra: pip install 'trio-subagents[mcp]')"
     if isinstance(exc, FileNotFoundError):
         return f"its command was not found ({exc.filename or exc})"
     if isinstance(exc, OSError):

@@ -125,3 +125,15 @@ def test_a_servers_stray_output_does_not_reach_the_hosts_terminal(tmp_path: Path
         [sys.executable, "-c", code, str(tmp_path / "r")], env=clean_env(), capture_output=True, text=True, timeout=60
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "it did not start within 0.5s\n", "")
+
+
+async def test_without_the_sdk_a_configured_server_fails_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` fails as if it were not installed
+    spec = McpServerSpec(name="s", command="never-run")
+    async with open_runtime(tmp_path / "root", mcp_servers=[spec]) as rt:
+        assert rt.mcp is not None
+        assert [(s.state, s.error) for s in rt.mcp.status()] == [
+            ("failed", "the MCP SDK is not installed (install the `mcp` extra: pip install 'trio-subagents[mcp]')")
+        ]
