@@ -50,6 +50,9 @@ from .models.base import Usage as Usage
 from .models.openai import OpenAIChatModel as OpenAIChatModel
 from .models.script_format import load_script as load_script
 from .models.scripted_model import ScriptedModel as ScriptedModel
+from .tools.mcp_servers import McpServers as McpServers
+from .tools.mcp_servers import McpServerStatus as McpServerStatus
+from .tools.mcp_spec import McpServerSpec as McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS as DEFAULT_PERMISSIONS
 from .tools.permissions import Approver as Approver
 from .tools.permissions import PermissionAnswer as PermissionAnswer

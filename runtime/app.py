@@ -34,6 +34,8 @@ from .ids import IdFactory, RandomIds
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
+from .tools.mcp_servers import McpServers
+from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.subagent_tools import subagent_tools
 from .tools.workspace_tools import workspace_tools
@@ -53,6 +55,7 @@ class Runtime:
     agents: AgentRegistry
     subagents: SubagentService
     clock: Clock
+    mcp: McpServers | None = None  # the MCP servers' status, for the host to show
 
 
 def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
@@ -82,6 +85,7 @@ async def open_runtime(
     agent_types: Mapping[str, AgentType] | None = None,
     disabled_tools: Collection[str] = (),
     budget: Budget | None = None,
+    mcp_servers: Sequence[McpServerSpec] = (),
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -94,7 +98,10 @@ async def open_runtime(
     tool's `agent_type` parameter; `disabled_tools` are left out of every agent's tools.
     `budget` limits every session this runtime starts or resumes that is not a subagent (its
     `seconds` count from each agent's start); subagents get their parent's remainder
-    (runtime/budgets.py)."""
+    (runtime/budgets.py). `mcp_servers` are started before the runtime is yielded (each ready or
+    failed); their tools `mcp__<server>__<tool>` join the workspace tools, under the same policy
+    (default `DEFAULT_PERMISSIONS`)."""
+    McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
@@ -112,6 +119,8 @@ async def open_runtime(
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
 
                 shared = workspace_tools(os.fspath(workspace)) if workspace is not None else []
+                mcp = await McpServers.start(nursery, mcp_servers) if mcp_servers else None
+                shared = [*shared, *(mcp.tools() if mcp is not None else ())]
                 policy = permissions if permissions is not None else (DEFAULT_PERMISSIONS if shared else None)
                 remembered = Remembered()
 
@@ -155,6 +164,7 @@ async def open_runtime(
                         agents=agents,
                         subagents=service,
                         clock=clock,
+                        mcp=mcp,
                     )
                 except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc
@@ -162,6 +172,8 @@ async def open_runtime(
                     with trio.CancelScope(shield=True):
                         await service.drain()  # children first, while their parents can still record them
                         await agents.aclose()
+                        if mcp is not None:
+                            await mcp.aclose()  # after the agents: no call is left in flight
                     nursery.cancel_scope.cancel()
             if body_error is not None:
                 raise body_error

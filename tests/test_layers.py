@@ -20,6 +20,7 @@ ALLOWED_THIRD_PARTY = {
     "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
     # prompt_toolkit: `chat`'s prompt, imported lazily by runtime/chat_terminal.py only;
     # platformdirs: the user's config folder (runtime/config.py). SPEC §2 lists both.
+    # mcp (and anyio, which it runs on): the optional extra, imported lazily by runtime/tools/mcp_connection.py only.
     "runtime": {
         "attrs",
         "cattrs",
@@ -31,6 +32,8 @@ ALLOWED_THIRD_PARTY = {
         "rich",
         "prompt_toolkit",
         "platformdirs",
+        "mcp",
+        "anyio",
     },
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}

@@ -62,6 +62,8 @@ class Tool(Protocol):
     description: str
     parameters: Mapping[str, Any]
     parallel_safe: bool
+    # Optional `server_validated = True`: the arguments are checked by the tool's server, not
+    # against `parameters` here (MCP tools), so any JSON object schema is accepted.
 
     async def run(self, args: Json, ctx: ToolContext) -> ToolOutput: ...
 
@@ -104,7 +106,11 @@ class ToolSet:
             raise ValueError(f"a tool needs a non-empty name, got {tool.name!r}")
         if tool.name in self._tools:
             raise ValueError(f"tool {tool.name!r} is registered twice")
-        check_schema(tool.parameters, f"tool {tool.name!r} parameters")
+        if _server_validated(tool):
+            if not isinstance(tool.parameters, Mapping) or tool.parameters.get("type") != "object":
+                raise ValueError(f"tool {tool.name!r} parameters: the schema must be an object schema")
+        else:
+            check_schema(tool.parameters, f"tool {tool.name!r} parameters")
         self._tools[tool.name] = tool
 
     def replace(self, tool: Tool) -> None:
@@ -145,7 +151,8 @@ class ToolSet:
             )
         try:
             args = _parse(raw_arguments)
-            validate_arguments(args, tool.parameters)
+            if not _server_validated(tool):
+                validate_arguments(args, tool.parameters)
         except _ArgumentsError as exc:
             return PreparedCall(
                 tool,
@@ -171,6 +178,12 @@ class ToolSet:
             return ToolOutcome(_render(call.tool.name, await call.tool.run(call.args, ctx)))
         except Exception as exc:  # a tool's failure is an `Error:` result (Cancelled is not caught)
             return _failed(exc)
+
+
+def _server_validated(tool: Tool) -> bool:
+    """A tool whose arguments another program validates (an MCP server's: its schemas use far
+    more of JSON schema than the subset here) gets its schema passed to the model unchecked."""
+    return getattr(tool, "server_validated", False) is True
 
 
 def _failed(exc: Exception) -> ToolOutcome:
