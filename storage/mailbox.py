@@ -208,11 +208,12 @@ class FileMailbox:
             if self.fs.kind(folder) is None:
                 return DrainResult(envelopes, rejected)  # nothing was ever delivered
             names = sorted(self.fs.listdir(folder))
+            cleaned = False
             for name in names:
                 if name == REJECTED:
                     continue
                 if _TEMP.fullmatch(name):
-                    self._clean_if_stale(sid, f"{folder}/{name}")
+                    cleaned = self._clean_if_stale(sid, f"{folder}/{name}") or cleaned
                     continue
                 if not _NAME.fullmatch(name):
                     rejected.append(self._reject(sid, folder, name, "the name is not <ULID>.json"))
@@ -230,15 +231,23 @@ class FileMailbox:
                     rejected.append(self._reject(sid, folder, name, "not a regular file"))
                     continue
                 envelopes.append(envelope)
+            if cleaned:
+                try:
+                    self.fs.fsync_dir(folder)  # or the removed temp files come back at a crash
+                except OSError:
+                    log.debug("session %r: fsync of %s failed", sid, folder, exc_info=True)
         return DrainResult(envelopes, rejected)
 
-    def _clean_if_stale(self, sid: SessionId, path: str) -> None:
+    def _clean_if_stale(self, sid: SessionId, path: str) -> bool:
+        """Remove a temp file older than `stale_after`; True if it was removed."""
         try:
             revision = self.fs.revision(path)
             if revision is not None and revision.mtime_ns < self._now_ns() - self._stale_after_ns:
                 self.fs.unlink(path)
+                return True
         except OSError:
             log.debug("session %r: removing the stale %s failed", sid, path, exc_info=True)
+        return False
 
     def _reject(self, sid: SessionId, folder: str, name: str, reason: str) -> RejectedEnvelope:
         """Move `name` to `rejected/` (under a free name) with a `.reason` file beside it, durably
