@@ -16,7 +16,6 @@ holds an envelope its owner would refuse.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Callable
 from typing import Any, Literal
@@ -25,6 +24,7 @@ import msgspec
 
 from ._codec import check_lossless
 from .errors import InvalidDeliveryId, InvalidEnvelope, NonLosslessData
+from .events import DELIVERY_ID_PATTERN
 
 __all__ = [
     "ENVELOPE_KINDS",
@@ -45,8 +45,8 @@ MAX_ENVELOPE_BYTES = 16 << 20  # an envelope file larger than this is refused un
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _DIGIT = {ch: value for value, ch in enumerate(_CROCKFORD)}
 # 26 characters hold 130 bits, so a 128-bit ULID starts with 0-7. Only the canonical upper-case
-# spelling is accepted: one id, one file name.
-ULID_PATTERN = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+# spelling is accepted: one id, one file name (and the same rule for the id a user/message records).
+ULID_PATTERN = DELIVERY_ID_PATTERN
 _MAX_MS = (1 << 48) - 1
 _INT64_MAX = (1 << 63) - 1
 
