@@ -147,7 +147,13 @@ class FileMailbox:
         temp = f"{folder}/.{envelope.delivery_id}.{self._random(8).hex()}.tmp"
         with _mapped(sid, "deliver"):
             self._make_folder(sid, folder)
-            file = self.fs.open(temp, "create")
+            try:
+                file = self.fs.open(temp, "create")
+            except FileNotFoundError:
+                # The folder this instance made is gone (removed by hand): make it again.
+                self._durable.discard(sid)
+                self._make_folder(sid, folder)
+                file = self.fs.open(temp, "create")
             try:
                 try:
                     _write_all(file, data)

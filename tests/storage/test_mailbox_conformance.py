@@ -28,6 +28,7 @@ from subagents.storage import (
     InvalidDeliveryId,
     InvalidEnvelope,
     InvalidSessionId,
+    UnsafePath,
     check_delivery_id,
     new_delivery_id,
 )
@@ -404,3 +405,33 @@ def test_a_delivery_reaches_the_disk_whole(harness: MailboxHarness) -> None:
     assert harness.names(SID) == [f"{env.delivery_id}.json"]
     assert harness.read(SID, f"{env.delivery_id}.json") == encode_envelope(env)
     assert os.fsdecode(rel_mailbox(SID)).endswith("/mailbox")
+
+
+def test_a_mailbox_folder_removed_by_hand_is_made_again(harness: MailboxHarness) -> None:
+    mailbox = harness.new()
+    first = envelope(mailbox.ids, 1)
+    mailbox.deliver(SID, first)
+    mailbox.ack(SID, first.delivery_id)
+    if harness.kind == "file":
+        (harness.root / rel_mailbox(SID)).rmdir()
+    else:
+        harness.crash_fs.unlink(rel_mailbox(SID))  # CrashFs unlinks folders too
+    second = envelope(mailbox.ids, 2)
+    mailbox.deliver(SID, second)
+    assert harness.new().drain(SID) == [second]
+
+
+def test_a_planted_symlink_in_place_of_the_mailbox_folder_is_refused_unfollowed(tmp_path: Path) -> None:
+    harness = MailboxHarness("file", tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / rel_mailbox(SID)).parent.mkdir(parents=True)
+    os.symlink(elsewhere, tmp_path / rel_mailbox(SID))
+    mailbox = harness.new()
+    with pytest.raises(UnsafePath):
+        mailbox.deliver(SID, envelope(mailbox.ids))
+    with pytest.raises(UnsafePath):
+        mailbox.drain(SID)
+    with pytest.raises(UnsafePath):
+        mailbox.ack(SID, GOOD_ID)
+    assert list(elsewhere.iterdir()) == []
