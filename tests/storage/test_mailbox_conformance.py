@@ -435,3 +435,15 @@ def test_a_planted_symlink_in_place_of_the_mailbox_folder_is_refused_unfollowed(
     with pytest.raises(UnsafePath):
         mailbox.ack(SID, GOOD_ID)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_the_documented_envelope_is_read_as_documented(harness: MailboxHarness) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "format.md").read_text()
+    (line,) = [line for line in doc.splitlines() if line.startswith('{"delivery_id":')]
+    env = Envelope(
+        delivery_id="01M24BB8G0041061050R3GG28A", kind="message", sender="parent-1", body={"text": "hi"}, created_at=T
+    )
+    assert delivery_id_ms(env.delivery_id) == env.created_at
+    assert encode_envelope(env) == line.encode() + b"\n"  # what a writer writes, byte for byte
+    harness.plant(SID, f"{env.delivery_id}.json", line.encode())  # and a hand-written file is read
+    assert harness.new().drain_report(SID) == ([env], [])
