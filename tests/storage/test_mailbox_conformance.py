@@ -28,6 +28,7 @@ from subagents.storage import (
     InvalidDeliveryId,
     InvalidEnvelope,
     InvalidSessionId,
+    MailboxWatch,
     UnsafePath,
     check_delivery_id,
     new_delivery_id,
@@ -447,3 +448,33 @@ def test_the_documented_envelope_is_read_as_documented(harness: MailboxHarness) 
     assert encode_envelope(env) == line.encode() + b"\n"  # what a writer writes, byte for byte
     harness.plant(SID, f"{env.delivery_id}.json", line.encode())  # and a hand-written file is read
     assert harness.new().drain_report(SID) == ([env], [])
+
+
+def test_trio_waits_on_the_watch_without_a_thread_and_wakes_on_a_delivery(harness: MailboxHarness) -> None:
+    import trio
+    import trio.testing
+
+    owner = harness.new()
+    sender = harness.new()
+    env = envelope(sender.ids)
+    woke: list[list[Envelope]] = []
+
+    async def owner_loop(watch: MailboxWatch) -> None:
+        while True:  # the documented loop: clear, drain, wait
+            watch.clear()
+            pending = owner.drain(SID)
+            if pending:
+                woke.append(pending)
+                return
+            await trio.lowlevel.wait_readable(watch.fileno())
+
+    async def main() -> None:
+        with owner.watch(SID) as watch:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(owner_loop, watch)
+                await trio.testing.wait_all_tasks_blocked()
+                assert woke == []  # parked on the fd, nothing delivered yet
+                await trio.to_thread.run_sync(sender.deliver, SID, env)
+
+    trio.run(main)
+    assert woke == [[env]]
