@@ -1,8 +1,8 @@
-"""Storage: values, the event codec, log format 1 and the synchronous log stores.
+"""Storage: values, the event codec, log format 1, the synchronous log stores and the mailbox.
 
 The bottom layer: imports only the stdlib, attrs, cattrs, msgspec and zstandard, never trio.
 This module is its face: the upper layers and embedders import only from here (tests/test_layers.py
-checks it). The test doubles (`CrashFs`, `MemoryLogStore`, `FaultyLogStore`) are in
+checks it). The test doubles (`CrashFs`, `MemoryLogStore`, `MemoryMailbox`, `FaultyLogStore`) are in
 `subagents.storage.testing`; the format's line codecs (`_codec`, `_records`) and file names
 (`file_store._LOG_NAMES`) are private to storage and its tests.
 """
@@ -17,10 +17,19 @@ from ._codec import make_event as make_event
 from .closers import TOOL_NOT_STARTED_TEXT as TOOL_NOT_STARTED_TEXT
 from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
 from .closers import interrupted_closers as interrupted_closers
+from .envelope import ENVELOPE_KINDS as ENVELOPE_KINDS
+from .envelope import DeliveryIds as DeliveryIds
+from .envelope import Envelope as Envelope
+from .envelope import EnvelopeKind as EnvelopeKind
+from .envelope import check_delivery_id as check_delivery_id
+from .envelope import new_delivery_id as new_delivery_id
 from .errors import AlreadyOwned as AlreadyOwned
 from .errors import CorruptLog as CorruptLog
+from .errors import DeliveryConflict as DeliveryConflict
 from .errors import HandleClosed as HandleClosed
 from .errors import HandleDead as HandleDead
+from .errors import InvalidDeliveryId as InvalidDeliveryId
+from .errors import InvalidEnvelope as InvalidEnvelope
 from .errors import InvalidEvent as InvalidEvent
 from .errors import InvalidHeader as InvalidHeader
 from .errors import InvalidPayload as InvalidPayload
@@ -49,6 +58,12 @@ from .log_store import Batch as Batch
 from .log_store import LogStore as LogStore
 from .log_store import ReadHandle as ReadHandle
 from .log_store import WriteHandle as WriteHandle
+from .mailbox import DrainResult as DrainResult
+from .mailbox import FileMailbox as FileMailbox
+from .mailbox import Mailbox as Mailbox
+from .mailbox import RejectedEnvelope as RejectedEnvelope
+from .mailbox_watch import LocalWakeups as LocalWakeups
+from .mailbox_watch import MailboxWatch as MailboxWatch
 from .projection import CheckpointRow as CheckpointRow
 from .projection import Lifecycle as Lifecycle
 from .projection import ProjectionCells as ProjectionCells

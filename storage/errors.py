@@ -37,7 +37,10 @@ once, where storage meets them; nothing else leaks out of the public API.
     ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format)
     │   └── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
     ├── UnknownProjection         STORAGE_UNKNOWN_PROJECTION     (also a KeyError)
-    └── ProjectionBroken          STORAGE_PROJECTION_BROKEN      (a unit's apply or view raised)
+    ├── ProjectionBroken          STORAGE_PROJECTION_BROKEN      (a unit's apply or view raised)
+    ├── InvalidEnvelope           STORAGE_INVALID_ENVELOPE       (a mailbox envelope refused)
+    ├── InvalidDeliveryId         STORAGE_INVALID_DELIVERY_ID    (not a canonical ULID)
+    └── DeliveryConflict          STORAGE_DELIVERY_CONFLICT      (one delivery id, two envelopes)
 
 Signals that never leave storage are not part of the tree: `records.HeaderError` (line 1 is no
 format-1 header; always turned into `CorruptLog`/`UnsupportedLog`), `zstd_framing.FrameDamage`
@@ -51,8 +54,11 @@ from typing import ClassVar
 __all__ = [
     "AlreadyOwned",
     "CorruptLog",
+    "DeliveryConflict",
     "HandleClosed",
     "HandleDead",
+    "InvalidDeliveryId",
+    "InvalidEnvelope",
     "InvalidEvent",
     "InvalidHeader",
     "InvalidPayload",
@@ -242,3 +248,26 @@ class ProjectionBroken(StorageError):
         super().__init__(f"projection {key!r} is broken: {type(cause).__name__}: {cause}")
         self.key = key
         self.cause = cause
+
+
+class InvalidEnvelope(StorageError, ValueError):
+    """A mailbox envelope that cannot be delivered (or, read back, must be moved aside)."""
+
+    code = "STORAGE_INVALID_ENVELOPE"
+
+
+class InvalidDeliveryId(StorageError, ValueError):
+    code = "STORAGE_INVALID_DELIVERY_ID"
+
+
+class DeliveryConflict(StorageError):
+    """A delivery id already delivered to the session with another envelope."""
+
+    code = "STORAGE_DELIVERY_CONFLICT"
+
+    def __init__(self, session_id: str, delivery_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r}: delivery {delivery_id} is already in its mailbox with another envelope"
+        )
+        self.session_id = session_id
+        self.delivery_id = delivery_id

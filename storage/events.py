@@ -14,6 +14,7 @@ listing-level fact (the identity unit resets to null), not a damaged log.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -24,6 +25,7 @@ __all__ = [
     "PAYLOAD_TYPES",
     "SOURCE_SEQ_TYPES",
     "SURFACE_TYPES",
+    "DELIVERY_ID_PATTERN",
     "AgentMessageSource",
     "AssistantMessageData",
     "Block",
@@ -52,6 +54,7 @@ __all__ = [
     "TurnStartData",
     "TurnTrigger",
     "Usage",
+    "UserMessageData",
     "UserSource",
 ]
 
@@ -127,6 +130,21 @@ class MessageData(_Strict):
     turn: int
     step: int
     message: Message
+
+
+# A delivery id (storage/envelope.py): a ULID in its canonical upper-case spelling.
+DELIVERY_ID_PATTERN = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+
+
+class UserMessageData(MessageData):
+    """`user/message`: a message that came through the mailbox records its `delivery_id`, so a
+    redelivered envelope is recognised and dropped (SPEC §9: at least once, recorded once)."""
+
+    delivery_id: str | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.delivery_id is not UNSET and not DELIVERY_ID_PATTERN.fullmatch(self.delivery_id):
+            raise ValueError(f"delivery_id must be an upper-case ULID, got {self.delivery_id!r}")
 
 
 class Usage(_Strict):
@@ -243,7 +261,7 @@ SOURCE_SEQ_TYPES = frozenset({"user/message", "tool/result"})
 # `dict` means "any JSON object": the type's own domain validates it.
 PAYLOAD_TYPES: dict[str, type] = {
     "system/message": MessageData,
-    "user/message": MessageData,
+    "user/message": UserMessageData,
     "assistant/message": AssistantMessageData,
     "tool/result": ToolResultData,
     "turn/start": TurnStartData,

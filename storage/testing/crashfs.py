@@ -316,6 +316,8 @@ class CrashFs:
         self.counts["link"] += 1
         self._raise_fault("link", dst)
         node = self._lookup(src)
+        if isinstance(node, _DirNode):
+            raise PermissionError(errno.EPERM, "hard links to folders are not allowed", src)  # as on Linux
         parent, name = self._parent(dst)
         if name in parent.entries:
             raise FileExistsError(errno.EEXIST, "file exists", dst)
