@@ -21,25 +21,12 @@ import attrs
 
 from .errors import ConfigInvalid
 from .models.specs import DEFAULT_MODEL
+from .tools.mcp_spec import McpServerSpec
 
-__all__ = ["PROJECT_FILE", "Config", "McpServer", "load_config", "user_config_dir"]
+__all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir"]
 
 PROJECT_FILE = "subagents.toml"
 _DECISIONS = ("allow", "ask", "deny")
-
-
-@attrs.frozen(kw_only=True)
-class McpServer:
-    """One `[mcp_servers.NAME]` entry: a stdio command or a streamable-HTTP url."""
-
-    name: str
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = attrs.field(factory=dict)
-    cwd: str | None = None
-    url: str | None = None
-    headers: Mapping[str, str] = attrs.field(factory=dict)
-    timeout: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -60,7 +47,7 @@ class Config:
     permissions: Mapping[str, str] = attrs.field(factory=dict)
     default_permission: str | None = None
     budget: Mapping[str, float] = attrs.field(factory=dict)  # max_turns, max_tokens, deadline_seconds
-    mcp_servers: Mapping[str, McpServer] = attrs.field(factory=dict)
+    mcp_servers: Mapping[str, McpServerSpec] = attrs.field(factory=dict)
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
 
@@ -180,7 +167,7 @@ def load_config(
     sources: dict[str, str] = {}
     permissions: dict[str, str] = {}
     budget: dict[str, Any] = {}
-    servers: dict[str, McpServer] = {}
+    servers: dict[str, McpServerSpec] = {}
     for path, document in layers:
         where = f"{path}"
         for key, value in _flatten(document, where).items():
@@ -200,7 +187,7 @@ def load_config(
                 budget[rest] = _checked(where, key, value, _BUDGET[rest])
                 sources[key] = where
             elif section == "mcp_servers":
-                servers[rest] = _server(where, rest, value)
+                servers[rest] = _server(where, rest, value, os.path.dirname(path))
                 sources[key] = where
             elif key in _SCALARS:
                 values[_FIELD.get(key, key)] = _checked(where, key, value, _SCALARS[key])
@@ -267,10 +254,12 @@ def _decision(value: Any) -> str:
     return str(value)
 
 
-_SERVER_KEYS = frozenset({"command", "args", "env", "cwd", "url", "headers", "timeout"})
+_SERVER_KEYS = frozenset({"command", "args", "env", "cwd", "url", "headers", "startup_timeout", "call_timeout"})
 
 
-def _server(where: str, name: str, value: Any) -> McpServer:
+def _server(where: str, name: str, value: Any, folder: str) -> McpServerSpec:
+    """One `[mcp_servers.NAME]` table as the spec the runtime starts; a relative `cwd` is taken
+    from the folder of the file that names it."""
     key = f"mcp_servers.{name}"
     if not isinstance(value, dict):
         raise ConfigInvalid(f"{where}: {key} must be a table, got {_shown(value)}")
@@ -279,25 +268,25 @@ def _server(where: str, name: str, value: Any) -> McpServer:
         raise ConfigInvalid(f"{where}: unknown key {key}.{unknown[0]}")
     if ("command" in value) == ("url" in value):
         raise ConfigInvalid(f"{where}: {key} needs either command (stdio) or url (streamable HTTP)")
-    if not name or "__" in name:
-        raise ConfigInvalid(f"{where}: {key}: a server name must be non-empty and hold no '__'")
-
-    def text_table(sub: str) -> dict[str, str]:
+    for sub in ("env", "headers"):
         table = value.get(sub, {})
         if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
             raise ConfigInvalid(f"{where}: {key}.{sub} must be a table of strings")
-        return dict(table)
-
     args = value.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ConfigInvalid(f"{where}: {key}.args must be a list of strings")
-    return McpServer(
-        name=name,
-        command=_checked(where, f"{key}.command", value["command"], _string) if "command" in value else None,
-        args=tuple(args),
-        env=text_table("env"),
-        cwd=_checked(where, f"{key}.cwd", value["cwd"], _string) if "cwd" in value else None,
-        url=_checked(where, f"{key}.url", value["url"], _string) if "url" in value else None,
-        headers=text_table("headers"),
-        timeout=_checked(where, f"{key}.timeout", value["timeout"], _seconds) if "timeout" in value else None,
-    )
+    fields: dict[str, Any] = {"name": name, "args": tuple(args), "headers": dict(value.get("headers", {}))}
+    if value.get("env"):
+        fields["env"] = dict(value["env"])
+    for sub in ("command", "url", "cwd"):
+        if sub in value:
+            fields[sub] = _checked(where, f"{key}.{sub}", value[sub], _string)
+    if "cwd" in fields:
+        fields["cwd"] = os.path.join(folder, fields["cwd"])
+    for sub in ("startup_timeout", "call_timeout"):
+        if sub in value:
+            fields[sub] = _checked(where, f"{key}.{sub}", value[sub], _seconds)
+    try:
+        return McpServerSpec(**fields)
+    except ValueError as exc:
+        raise ConfigInvalid(f"{where}: {key}: {exc}") from None

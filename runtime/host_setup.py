@@ -70,6 +70,7 @@ class HostSetup:
             "child_model": self.child_model,
             "disabled_tools": config.disabled_tools,
             "budget": _budget(config.budget),
+            "mcp_servers": list(self.config.mcp_servers.values()),
         }
 
 

@@ -75,7 +75,7 @@ deadline_seconds = 90
 [mcp_servers.web]
 url = "http://127.0.0.1:9/mcp"
 headers = {Authorization = "Bearer x"}
-timeout = 5
+call_timeout = 5
 """
     config = load(tmp_path, user, project, max_depth=3)
     u, p = str(tmp_path / "user" / "subagents.toml"), str(tmp_path / "project" / "subagents.toml")
@@ -84,7 +84,10 @@ timeout = 5
     assert config.budget == {"max_turns": 10, "deadline_seconds": 90.0}
     assert sorted(config.mcp_servers) == ["docs", "web"]
     assert config.mcp_servers["docs"].args == ("--stdio",)
-    assert config.mcp_servers["web"].headers == {"Authorization": "Bearer x"} and config.mcp_servers["web"].timeout == 5
+    assert (
+        config.mcp_servers["web"].headers == {"Authorization": "Bearer x"}
+        and config.mcp_servers["web"].call_timeout == 5
+    )
     assert config.disabled_tools == ("run_command",) and config.workspace == "src"
     rows = {key: (value, source) for key, value, source in config.rows()}
     assert rows["max_depth"] == (3, "flag --max-depth")
@@ -120,7 +123,11 @@ timeout = 5
         ("[mcp_servers.x]\ncommand = 'a'\nurl = 'b'", "mcp_servers.x needs either command (stdio) or url"),
         ("[mcp_servers.x]\ncommand = 'a'\nargs = 'b'", "mcp_servers.x.args must be a list of strings"),
         ("[mcp_servers.x]\ncommand = 'a'\nport = 1", "unknown key mcp_servers.x.port"),
-        ("[mcp_servers.a__b]\ncommand = 'a'", "a server name must be non-empty and hold no '__'"),
+        ("[mcp_servers.a__b]\ncommand = 'a'", "must be letters, digits, '_' or '-', without '__'"),
+        (
+            "[mcp_servers.x]\ncommand = 'a'\ncall_timeout = 0",
+            "mcp_servers.x.call_timeout must be a number of seconds > 0",
+        ),
         ("mcp_servers = {x = 1}", "mcp_servers.x must be a table, got 1"),
         ("max_depth = ", "not valid TOML"),
     ],
