@@ -51,7 +51,7 @@ from .tools.subagent_tools import agent_status, render_agents
 from .transcript import render, transcript
 from .usage import session_usage, tree_usage, usage_lines
 
-__all__ = ["HELP", "Lines", "PipedLines", "TeeModel", "chat", "event_line"]
+__all__ = ["HELP", "Lines", "PipedLines", "TeeModel", "chat", "event_line", "mcp_failures"]
 
 LAST_TURNS = 3  # turns a resumed session shows before its prompt
 _WIDTH = 160  # a tool call's arguments or result beyond this is cut (the log keeps all of it)
@@ -444,6 +444,17 @@ async def _take_session(runtime: Runtime, session_id: str | None) -> tuple[Agent
         raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
 
 
+def mcp_failures(runtime: Runtime) -> list[str]:
+    """A line per configured MCP server that did not start (its tools are not offered)."""
+    if runtime.mcp is None:
+        return []
+    return [
+        f"MCP server {status.name!r} is unavailable: {status.error}"
+        for status in runtime.mcp.status()
+        if status.state != "ready"
+    ]
+
+
 async def _known_tree(runtime: Runtime, session_id: str, progress: RunProgress) -> None:
     """Seed a resumed chat's tree with the descendants the listing knows (the stream shows
     only what happens from now on)."""
@@ -522,6 +533,8 @@ async def chat(
                 history = [f"(its history cannot be shown: {_cut(str(exc))})"]
             for line in history:
                 view.say(line, "dim")
+        for line in mcp_failures(runtime):
+            view.say(line, "yellow")
         view.say(f"session {agent.session_id} (/help for commands)", "dim")
         if resumed:
             await _known_tree(runtime, agent.session_id, view.progress)
