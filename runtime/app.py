@@ -18,7 +18,7 @@ from typing import Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
+from subagents.storage import FileLogStore, FileMailbox, LogStore, Mailbox, ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry
@@ -31,6 +31,7 @@ from .delegation.options import ChildModel
 from .delegation.service import SubagentService
 from .delegation.units import SUBAGENT_UNITS
 from .ids import IdFactory, RandomIds
+from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
@@ -56,6 +57,7 @@ class Runtime:
     subagents: SubagentService
     clock: Clock
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
+    mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/mailbox_owner.py)
 
 
 def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
@@ -86,6 +88,7 @@ async def open_runtime(
     disabled_tools: Collection[str] = (),
     budget: Budget | None = None,
     mcp_servers: Sequence[McpServerSpec] = (),
+    mailbox: Mailbox | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -100,7 +103,10 @@ async def open_runtime(
     `seconds` count from each agent's start); subagents get their parent's remainder
     (runtime/budgets.py). `mcp_servers` are started before the runtime is yielded (each ready or
     failed); their tools `mcp__<server>__<tool>` join the workspace tools, under the same policy
-    (default `DEFAULT_PERMISSIONS`)."""
+    (default `DEFAULT_PERMISSIONS`). `mailbox` (default: a `FileMailbox` on `root` when the
+    runtime makes its own log store; none with a `log_store` passed in) is drained by an owner
+    task of every resident session and carries messages, interrupts and settlements to sessions
+    another process holds (runtime/mailbox_owner.py)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -108,6 +114,8 @@ async def open_runtime(
         model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key), clock=clock)
     store = log_store if log_store is not None else FileLogStore(root, compression=compression)
     registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
+    if mailbox is None and log_store is None:
+        mailbox = FileMailbox(root)
     try:
         async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
             query = SessionQuery(store, sessions, registry, reader=StoreReader(store))
@@ -124,6 +132,8 @@ async def open_runtime(
                 policy = permissions if permissions is not None else (DEFAULT_PERMISSIONS if shared else None)
                 remembered = Remembered()
 
+                owners = MailboxOwners(mailbox, nursery, actions=lambda: service) if mailbox is not None else None
+
                 def toolset(service: SubagentService) -> ToolSet:
                     every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service, agent_types)]
                     every = [tool for tool in every if tool.name not in disabled_tools]
@@ -139,6 +149,7 @@ async def open_runtime(
                         max_depth=max_depth,
                         child_model=child_model,
                         toolset=toolset,
+                        mailbox=mailbox,
                     )
 
                 agents = AgentRegistry(
@@ -150,6 +161,7 @@ async def open_runtime(
                     config=_with_budget(agent_config or AgentConfig(), budget),
                     nursery=nursery,
                     hooks=subagent_service,
+                    owners=owners,
                 )
                 service = agents.hooks
                 assert isinstance(service, SubagentService)  # what `subagent_service` made
@@ -165,6 +177,7 @@ async def open_runtime(
                         subagents=service,
                         clock=clock,
                         mcp=mcp,
+                        mailbox=mailbox,
                     )
                 except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc

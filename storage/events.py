@@ -240,6 +240,13 @@ class SubagentSettledData(_Strict):
     reason_kind: str
     closing_text: str | UnsetType = UNSET
     reason_message: str | UnsetType = UNSET  # the child's turn/end reason message (written for "budget")
+    # Set when the settlement came through the parent's mailbox (a child hosted by another
+    # process): its envelope's id, so a redelivery is recorded once (SPEC §9).
+    delivery_id: str | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.delivery_id is not UNSET and not DELIVERY_ID_PATTERN.fullmatch(self.delivery_id):
+            raise ValueError(f"delivery_id must be an upper-case ULID, got {self.delivery_id!r}")
 
 
 class CompactionStartData(_Strict):

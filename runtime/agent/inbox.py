@@ -41,6 +41,9 @@ class Delivery:
     source: Mapping[str, Any] = attrs.field(factory=lambda: {"kind": "user"})
     source_event_seqs: Sequence[int] | None = None
     trigger: Trigger = "message"
+    # A mailbox delivery's id: its `user/message` records it, so the owner acks it once durable
+    # and drops a redelivery (SPEC §9).
+    delivery_id: str | None = None
 
 
 class Inbox:

@@ -28,10 +28,11 @@ from contextlib import aclosing
 from typing import Any, Literal
 
 import attrs
+import msgspec
 import trio
 from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
-from trio_util import AsyncValue, move_on_when
+from trio_util import AsyncValue, RepeatedEvent, move_on_when
 
 from ..budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
 from ..clock import Clock
@@ -51,7 +52,7 @@ from .inbox import Delivery, Inbox, Mode
 from .messages import Surface, message, text_blocks, tool_result_message
 from .tools import PreparedCall, ToolContext, ToolOutcome, ToolSet
 
-__all__ = ["Agent", "AgentConfig", "TurnResult"]
+__all__ = ["Agent", "AgentConfig", "TurnResult", "recorded_delivery_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,10 @@ class Agent:
         self.spent = spent_of(events, session.inherited_event_count) if self.budget is not None else Spent()
         self._budget_stop: str | None = None  # the budget that ran out mid-turn (its message)
         self._turn_deadline = math.inf  # the budget's deadline on Trio's clock, for this turn
+        # The mailbox deliveries its log records (durably): the owner acks them and drops a
+        # redelivered id (SPEC §9, "recorded once").
+        self.recorded_deliveries: set[str] = recorded_delivery_ids(events)
+        self.deliveries_recorded = RepeatedEvent()
 
     # --- the public face ------------------------------------------------------------------
 
@@ -216,6 +221,11 @@ class Agent:
             self._model_scope.cancel()
         return True
 
+    def note_recorded(self, *delivery_ids: str) -> None:
+        """Mailbox deliveries whose recording event is durable now (the owner acks them)."""
+        self.recorded_deliveries.update(delivery_ids)
+        self.deliveries_recorded.set()
+
     @property
     def quiet(self) -> bool:
         """True while the agent writes nothing of its own: no turn runs, or the turn waits on
@@ -230,6 +240,10 @@ class Agent:
     async def wait_turn_closed(self) -> None:
         """Wait until no turn is running (input may be waiting)."""
         await self._until(lambda phase: phase in ("idle", "stopped"))
+
+    async def wait_stopped(self) -> None:
+        """Until the driver has ended for good."""
+        await self._until(lambda phase: phase == "stopped")
 
     async def stop(self) -> None:
         """Stop the driver now (a turn still open is closed by the next resume's closers)."""
@@ -399,6 +413,9 @@ class Agent:
             return []
         drafts, self._staged = self._staged, []
         result = await self.session.append(drafts)
+        recorded = [d.data["delivery_id"] for d in drafts if d.type == "user/message" and "delivery_id" in d.data]
+        if recorded:
+            self.note_recorded(*recorded)
         for event in result.events:
             if event.type in _SURFACE:
                 self.surface.apply(event, session_id=self.session_id)
@@ -418,9 +435,12 @@ class Agent:
         for d in deliveries:
             msg = message(self._next_message_id(), "user", d.content, d.source)
             seqs = list(d.source_event_seqs) if d.source_event_seqs else None
+            data: Json = {"turn": turn, "step": step, "message": msg}
+            if d.delivery_id is not None:
+                data["delivery_id"] = d.delivery_id
             self._stage(
                 "user/message",
-                {"turn": turn, "step": step, "message": msg},
+                data,
                 surface_op="append",
                 source_event_seqs=seqs,
             )
@@ -654,6 +674,29 @@ class Agent:
 
 
 _SURFACE = frozenset({"system/message", "user/message", "assistant/message", "tool/result"})
+_RECORDING = frozenset({"user/message", "subagent/settled"})  # the events that carry a delivery_id
+
+
+def recorded_delivery_ids(events: Sequence[Event]) -> set[str]:
+    """The mailbox delivery ids the events record (`user/message` and `subagent/settled` data's
+    `delivery_id`): the projection that makes a redelivery recorded once."""
+    ids: set[str] = set()
+    for event in events:
+        if event.type in _RECORDING:
+            try:
+                value = _DELIVERY_ID.decode(event.data).delivery_id
+            except msgspec.DecodeError:
+                continue  # the log was checked when read: no such payload reaches here
+            if value is not None:
+                ids.add(value)
+    return ids
+
+
+class _DeliveryIdOnly(msgspec.Struct):
+    delivery_id: str | None = None
+
+
+_DELIVERY_ID = msgspec.json.Decoder(_DeliveryIdOnly)
 
 
 def _last_turn(events: Sequence[Event], session_id: str) -> int:

@@ -37,9 +37,17 @@ from .loop import Agent, AgentConfig
 from .messages import Surface
 from .tools import ToolSet
 
-__all__ = ["AgentHooks", "AgentRegistry"]
+__all__ = ["AgentHooks", "AgentOwners", "AgentRegistry"]
 
 log = logging.getLogger(__name__)
+
+
+class AgentOwners(Protocol):
+    """Tasks that live as long as a resident agent (the mailbox owners, runtime/mailbox_owner.py)."""
+
+    def start(self, agent: Agent) -> None: ...
+
+    def stop(self, session_id: str) -> None: ...
 
 
 class AgentHooks(Protocol):
@@ -94,6 +102,7 @@ class AgentRegistry:
     _nursery: trio.Nursery
     _make_hooks: Callable[[AgentRegistry], AgentHooks] = attrs.field(alias="hooks")
     drain_grace: float = 5.0
+    owners: AgentOwners | None = None  # started with each agent, stopped before it
     hooks: AgentHooks = attrs.field(init=False)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
 
@@ -277,12 +286,16 @@ class AgentRegistry:
         )
         await self._nursery.start(agent.run)
         self._agents[ref.session_id] = agent
+        if self.owners is not None:
+            self.owners.start(agent)
         return agent
 
     async def stop(self, session_id: str, *, cause: str = "disposed") -> None:
         """Cancel the agent's turn with `cause`, wait (bounded) for it to close, release the
         session — after the session's own running children (`hooks.release_children_of`)."""
         await self.hooks.release_children_of(session_id)
+        if self.owners is not None:
+            self.owners.stop(session_id)  # what it has not acked stays in the mailbox
         agent = self._agents.pop(session_id, None)
         if agent is not None:
             agent.cancel(cause)  # type: ignore[arg-type]  # one of the three causes

@@ -35,8 +35,11 @@ from subagents.actors import (
 )
 from subagents.storage import (
     AlreadyOwned,
+    EnvelopeKind,
     Event,
     InvalidSessionId,
+    LogInfo,
+    Mailbox,
     PersistenceFailed,
     SessionHeader,
     SessionNotFound,
@@ -67,6 +70,7 @@ from ..errors import (
     Unauthorized,
     UnsupportedCapability,
 )
+from ..mailbox_owner import new_envelope
 from ..models.base import AnyModel
 from ..query import SessionQuery
 from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
@@ -154,12 +158,14 @@ class SubagentService:
     child_model: ChildModel | None = None  # builds the model a child's options select
     # The tools every agent is offered (the runtime's and the subagent tools of this service).
     toolset: Callable[[SubagentService], ToolSet] = attrs.field(default=lambda service: ToolSet())
+    # Deliveries to sessions another process holds (runtime/mailbox_owner.py); None: none.
+    mailbox: Mailbox | None = None
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
     settlement: Settlement = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.settlement = Settlement(self.agents, self.manager)
+        self.settlement = Settlement(self.agents, self.manager, self.mailbox)
 
     # --- starting ---------------------------------------------------------------------------
 
@@ -540,12 +546,21 @@ class SubagentService:
                 )
             parent = self.agents.get(target_id)
             if parent is None:
+                if await self._held_elsewhere(target_id) is not None:
+                    await self._post(target_id, "message", {"text": text}, sender.session_id)
+                    return
                 raise ParentUnavailable("direct parent is not live; the message was not delivered")
             await self._deliver(parent, content, source, abort)
             return
         while True:
             activation = self.manager.get(target_id)
             if activation is None:
+                elsewhere = await self._held_elsewhere(target_id)
+                if elsewhere is not None:
+                    if elsewhere.header is None or elsewhere.header.parent_session != sender.session_id:
+                        raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
+                    await self._post(target_id, "message", {"text": text}, sender.session_id)
+                    return
                 if await self._cold_resume(sender, target_id, content, source, abort):
                     return
                 continue
@@ -635,6 +650,12 @@ class SubagentService:
             if live is not None:
                 # live, but not a child running under the caller: not the caller's to stop
                 raise Unauthorized(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"')
+            elsewhere = await self._held_elsewhere(target_id) if activation is None else None
+            if elsewhere is not None:
+                if elsewhere.header is None or elsewhere.header.parent_session != by.session_id:
+                    raise Unauthorized(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"')
+                await self._post(target_id, "interrupt", {}, by.session_id)
+                return "requested"
             if activation is None and not await self._exists(target_id):
                 raise _unavailable(target_id)
             return "not-running"
@@ -645,6 +666,47 @@ class SubagentService:
             child.inbox.park()
             child.cancel("parent")
         return "requested"
+
+    # --- another process's sessions (the mailbox) --------------------------------------------
+
+    async def _held_elsewhere(self, session_id: str) -> LogInfo | None:
+        """The session's stat when another process holds it (its owner drains its mailbox);
+        None when this runtime has no mailbox, the session is not held elsewhere, or it cannot
+        be told."""
+        if self.mailbox is None or self.agents.sessions.get(session_id) is not None:
+            return None
+        try:
+            info, held = await self.query.reader.stat(session_id)
+        except StorageError:
+            return None
+        return info if held and info is not None else None
+
+    async def _post(self, target_id: str, kind: EnvelopeKind, body: Json, sender: str | None) -> None:
+        """Deliver to the target's mailbox, durably; its owner records it."""
+        assert self.mailbox is not None
+        envelope = new_envelope(self.mailbox, kind, body, sender=sender)
+        try:
+            await trio.to_thread.run_sync(self.mailbox.deliver, target_id, envelope)
+        except StorageError as exc:
+            raise NotResumable(f'subagent "{target_id}" is unavailable: its mailbox failed: {exc}') from None
+
+    async def stop_resident(self, session_id: str, cause: str) -> None:
+        """A `stop` delivery (runtime/mailbox_owner.py): settle and dispose the session if it is
+        a resident continuable child; its turn was ended already."""
+        if self.manager.get(session_id) is None:
+            return
+
+        def interrupt(activation: Activation) -> None:
+            self.settlement.open_gate(activation.child_id)
+            child = self.agents.get(activation.child_id)
+            if child is not None:
+                child.cancel(cause)  # type: ignore[arg-type]  # one of the three causes
+
+        await self.manager.stop(session_id, cause, interrupt)
+
+    async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
+        """A `settled` delivery (runtime/mailbox_owner.py): `Settlement.record_delivered`."""
+        await self.settlement.record_delivered(parent, body, delivery_id)
 
     async def _exists(self, session_id: str) -> bool:
         """Whether any session — live, or a log on disk, damaged or not — has this id."""

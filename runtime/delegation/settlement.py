@@ -23,12 +23,13 @@ from typing import Any
 import attrs
 import trio
 from subagents.actors import Activation, ContinuationManager, EventDraft
-from subagents.storage import Event, decode_payload
+from subagents.storage import Event, Mailbox, StorageError, decode_payload
 from trio_util import RepeatedEvent
 
 from ..agent.inbox import Delivery
 from ..agent.loop import Agent
 from ..agent.registry import AgentRegistry
+from ..mailbox_owner import new_envelope
 
 __all__ = ["Settlement", "notice_blocks", "settled_pending"]
 
@@ -81,6 +82,9 @@ class Settlement:
 
     agents: AgentRegistry
     manager: ContinuationManager
+    # Where a settlement goes when its parent is not live here (hosted by another process, or
+    # by none): the parent's mailbox, drained by its owner (runtime/mailbox_owner.py).
+    mailbox: Mailbox | None = None
     _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
     _settled_changed: RepeatedEvent = attrs.field(factory=RepeatedEvent)
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
@@ -141,18 +145,14 @@ class Settlement:
         message = result.reason.get("message") if result is not None and kind == "budget" else None
         parent = self.agents.get(activation.parent_id)
         parent_ref = parent.session if parent is not None else self.agents.sessions.get(activation.parent_id)
-        if parent_ref is None:
-            log.warning(
-                "subagent %s settled but its parent %s is not live: the notice is lost",
-                activation.child_id,
-                activation.parent_id,
-            )
-            return
         data: Json = {"child_id": activation.child_id, "reason_kind": kind}
         if closing is not None:
             data["closing_text"] = closing
         if isinstance(message, str):
             data["reason_message"] = message  # which budget ran out, for the notice (and its redelivery)
+        if parent_ref is None:
+            await self._post(activation, data)
+            return
         try:
             appended = await parent_ref.append(
                 [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
@@ -174,6 +174,55 @@ class Settlement:
             Delivery(
                 content=notice_blocks(activation.child_id, kind, closing, data.get("reason_message")),
                 source={"kind": "subagent-settled", "sender_session_id": activation.child_id},
+                source_event_seqs=[appended.first_seq],
+                trigger="notice",
+            ),
+            "steer",
+            force=True,
+        )
+
+    async def _post(self, activation: Activation, data: Json) -> None:
+        """The parent is not live here: leave the settlement in its mailbox, where its owner —
+        in another process, or whichever host resumes it next — records it."""
+        if self.mailbox is None:
+            log.warning(
+                "subagent %s settled but its parent %s is not live: the notice is lost",
+                activation.child_id,
+                activation.parent_id,
+            )
+            return
+        envelope = new_envelope(self.mailbox, "settled", data, sender=activation.child_id)
+        try:
+            await trio.to_thread.run_sync(self.mailbox.deliver, activation.parent_id, envelope)
+        except StorageError as exc:
+            log.warning("could not post the settlement of %s to its parent's mailbox: %s", activation.child_id, exc)
+            return
+        self._settled.setdefault(activation.parent_id, []).append((activation.child_id, None))
+        self._settled_changed.set()
+
+    async def record_delivered(self, parent: Agent, body: Json, delivery_id: str) -> None:
+        """A `settled` delivery from the parent's mailbox: append `subagent/settled` with its
+        `delivery_id` (durably), then deliver the notice as `settle` does. `ValueError` for a
+        body that is not a settlement."""
+        child_id, kind = body.get("child_id"), body.get("reason_kind")
+        if not isinstance(child_id, str) or not isinstance(kind, str):
+            raise ValueError('a settled body needs string "child_id" and "reason_kind"')
+        data: Json = {"child_id": child_id, "reason_kind": kind, "delivery_id": delivery_id}
+        for key in ("closing_text", "reason_message"):
+            if isinstance(body.get(key), str):
+                data[key] = body[key]
+        appended = await parent.session.append(
+            [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
+        )
+        parent.note_recorded(delivery_id)
+        self._settled.setdefault(parent.session_id, []).append((child_id, None))
+        self._settled_changed.set()
+        if self.manager.draining or parent.session_id in self._disposing:
+            return  # the durable record is delivered at the parent's next resume
+        parent.inbox.put_nowait(
+            Delivery(
+                content=notice_blocks(child_id, kind, data.get("closing_text"), data.get("reason_message")),
+                source={"kind": "subagent-settled", "sender_session_id": child_id},
                 source_event_seqs=[appended.first_seq],
                 trigger="notice",
             ),

@@ -1,0 +1,239 @@
+"""The owner's side of the durable mailbox: every resident session drains its own (SPEC §9;
+docs/format.md, "The mailbox"; docs/design.md, "The mailbox: owners and routing").
+
+Theory of operation. Each agent resident in a runtime (a root session, or a child) gets one
+owner task, started with the agent and cancelled when it stops, in the registry's nursery. The
+task watches the session's mailbox (the watch's fd, plus its poll interval where the kernel
+cannot vouch for other processes' deliveries), drains it in delivery order and records each
+delivery in the session's log, acknowledging it only once that record is durable:
+
+- `message` becomes a steered input (`Delivery.delivery_id`), recorded by the `user/message`
+  that carries its `delivery_id`; the agent reports that write after its fsync
+  (`Agent.note_recorded`), and the owner acks then. Until then it is *pending*: a drain that sees
+  it again does not hand it over twice.
+- `interrupt` cancels the running turn (the agent's two-phase cancel) and is recorded by the
+  `turn/end {aborted}` it causes: the owner acks once the turn is closed (that write is durable
+  before the agent is idle again). With no turn running it is a no-op and acked at once.
+- `stop` does the same, then (a resident continuable child) settles the child as the service's
+  stop does (`subagent/settled` in its parent).
+- `settled` appends the `subagent/settled` (with the envelope's `delivery_id`) to this session
+  — a parent whose child another process hosted — and delivers its notice (`Settlement`).
+
+Recorded once: the agent keeps the ids its log records (`Agent.recorded_deliveries`, folded from
+its events when it starts and updated after each durable write); a redelivered id is acked and
+dropped. An interrupt or stop records no id of its own; instead one whose `created_at` is older
+than this owner is stale and is acked without effect: the turn it was meant for ran under an
+earlier owner (a crash between the cancel and the ack, or a sender that saw the old host's lock),
+and that turn was closed then or by the resume's closers. So a redelivered interrupt never
+aborts a later turn. The comparison uses wall clocks (the sender's `created_at` is its wall
+clock), which the file form shares on one host.
+
+A bad envelope never stops the owner: what the drain moved aside is a log line, a body this
+runtime cannot use is a log line and an ack, and a storage error is a log line and a retry at
+the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+from subagents.storage import Envelope, EnvelopeKind, Mailbox, MailboxWatch, StorageError
+from trio_util import wait_any
+
+from .agent.inbox import Delivery
+from .agent.loop import Agent
+from .agent.messages import text_blocks
+
+__all__ = ["MailboxOwners", "OwnerActions", "message_content", "new_envelope", "wall_ms"]
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+RETRY_AFTER = 1.0  # seconds before an owner looks again after its mailbox could not be read
+
+
+def wall_ms() -> int:
+    """The wall clock in epoch ms: what envelopes' `created_at` and stale checks use."""
+    return time.time_ns() // 1_000_000
+
+
+def new_envelope(mailbox: Mailbox, kind: EnvelopeKind, body: Json, *, sender: str | None = None) -> Envelope:
+    """An envelope of `kind` with the mailbox's next delivery id, created now (wall clock)."""
+    ids = mailbox.ids  # the file forms' `DeliveryIds`
+    return Envelope.new(ids, wall_ms(), kind, body, sender=sender)
+
+
+def message_content(sender: str | None, text: str) -> tuple[list[Json], Json]:
+    """The content blocks and `source` of a message: an operator's as a user's own words, an
+    agent's prefixed as `send_message` does."""
+    if sender is None:
+        return text_blocks(text), {"kind": "user"}
+    content = [
+        {"type": "text", "text": f"Agent {sender} sent a message: "},
+        {"type": "text", "text": text},
+    ]
+    return content, {"kind": "agent-message", "sender_session_id": sender}
+
+
+class OwnerActions(Protocol):
+    """What an owner asks of the subagent service (it implements this)."""
+
+    async def stop_resident(self, session_id: str, cause: str) -> None:
+        """Settle and dispose the session if it is a resident continuable child (else nothing)."""
+        ...
+
+    async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
+        """Record a `settled` delivery in `parent`'s log (with `delivery_id`) and deliver its
+        notice; durable when it returns. Raises `ValueError` for a body it cannot use."""
+        ...
+
+
+@attrs.define(eq=False)
+class MailboxOwners:
+    """Starts and stops the owner task of each resident agent (the registry calls `start` and
+    `stop`). `actions` gives the subagent service (built after the registry, hence a callable)."""
+
+    mailbox: Mailbox
+    nursery: trio.Nursery
+    actions: Callable[[], OwnerActions]
+    now_ms: Callable[[], int] = wall_ms
+    _scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)
+
+    def start(self, agent: Agent) -> None:
+        """Start `agent`'s owner task (one per session)."""
+        self.stop(agent.session_id)
+        scope = trio.CancelScope()
+        self._scopes[agent.session_id] = scope
+        self.nursery.start_soon(self._own, agent, scope)
+
+    def stop(self, session_id: str) -> None:
+        """Cancel the session's owner task (what it has not acked is redelivered later)."""
+        scope = self._scopes.pop(session_id, None)
+        if scope is not None:
+            scope.cancel()
+
+    async def _own(self, agent: Agent, scope: trio.CancelScope) -> None:
+        with scope:
+            await _Owner(self, agent, started=self.now_ms()).run()
+        if self._scopes.get(agent.session_id) is scope:
+            del self._scopes[agent.session_id]
+
+
+@attrs.define(eq=False)
+class _Owner:
+    owners: MailboxOwners
+    agent: Agent
+    started: int  # wall ms: interrupts and stops created before it are stale
+    _pending: dict[str, Envelope] = attrs.field(factory=dict)  # handed to the agent, not yet recorded
+    _stuck: set[str] = attrs.field(factory=set)  # bad files that could not be moved aside (logged)
+
+    @property
+    def sid(self) -> str:
+        return self.agent.session_id
+
+    async def run(self) -> None:
+        mailbox = self.owners.mailbox
+        while True:
+            try:
+                watch = await trio.to_thread.run_sync(mailbox.watch, self.sid)
+                break
+            except StorageError as exc:
+                log.warning("session %s: its mailbox cannot be watched (retrying): %s", self.sid, exc)
+                if await self._agent_stopped_within(RETRY_AFTER):
+                    return
+        try:
+            while self.agent.status != "stopped":
+                watch.clear()
+                try:
+                    await self._drain_once()
+                except StorageError as exc:
+                    log.warning("session %s: mailbox drain failed (retrying): %s", self.sid, exc)
+                    if await self._agent_stopped_within(RETRY_AFTER):
+                        return
+                    continue
+                await self._wait(watch)
+        finally:
+            watch.close()
+
+    async def _agent_stopped_within(self, seconds: float) -> bool:
+        with trio.move_on_after(seconds):
+            await self.agent.wait_stopped()
+        return self.agent.status == "stopped"
+
+    async def _wait(self, watch: MailboxWatch) -> None:
+        """Until a delivery may be waiting, a handed-over message was recorded, or the agent
+        stopped."""
+        seen = self.agent.deliveries_recorded
+
+        async def readable() -> None:
+            poll = watch.poll_interval
+            with trio.move_on_after(poll if poll is not None else float("inf")):
+                await trio.lowlevel.wait_readable(watch.fileno())
+
+        waits = [readable, self.agent.wait_stopped]
+        if self._pending:
+            waits.append(seen.wait)
+        await wait_any(*waits)
+
+    async def _drain_once(self) -> None:
+        mailbox = self.owners.mailbox
+        report = await trio.to_thread.run_sync(mailbox.drain_report, self.sid)
+        for bad in report.rejected:
+            if bad.moved_to is None:
+                if bad.name in self._stuck:
+                    continue  # reported by every drain while it stays: said once
+                self._stuck.add(bad.name)
+            where = f"moved to rejected/{bad.moved_to}" if bad.moved_to else "left in place"
+            log.warning("session %s: mailbox file %r is not a delivery (%s): %s", self.sid, bad.name, where, bad.reason)
+        for envelope in report.envelopes:
+            if envelope.delivery_id in self._pending:
+                continue
+            if envelope.delivery_id in self.agent.recorded_deliveries:
+                await self._ack(envelope)  # recorded before: a redelivery (e.g. a crash before its ack)
+                continue
+            await self._apply(envelope)
+        for delivery_id in [d for d in self._pending if d in self.agent.recorded_deliveries]:
+            await self._ack(self._pending.pop(delivery_id))
+
+    async def _ack(self, envelope: Envelope) -> None:
+        await trio.to_thread.run_sync(self.owners.mailbox.ack, self.sid, envelope.delivery_id)
+
+    async def _apply(self, envelope: Envelope) -> None:
+        kind = envelope.kind
+        if kind == "message":
+            text = envelope.body.get("text")
+            if not isinstance(text, str):
+                return await self._drop(envelope, 'a message body needs a string "text"')
+            content, source = message_content(envelope.sender, text)
+            delivery = Delivery(content=content, source=source, trigger="message", delivery_id=envelope.delivery_id)
+            self._pending[envelope.delivery_id] = envelope
+            # Bounded: waits for room in the agent's inbox (what is behind it waits too).
+            await self.agent.inbox.put(delivery, "steer")
+        elif kind in ("interrupt", "stop"):
+            if envelope.created_at < self.started:
+                log.info(
+                    "session %s: %s %s predates this host: acked without effect", self.sid, kind, envelope.delivery_id
+                )
+            elif self.agent.status == "running":
+                self.agent.inbox.park()  # as interrupt_agent does: queued input waits for new input
+                self.agent.cancel("user" if envelope.sender is None else "parent")
+                await self.agent.wait_turn_closed()  # its turn/end {aborted} is durable now
+            await self._ack(envelope)
+            if kind == "stop" and envelope.created_at >= self.started:
+                # After the ack: the stop disposes this session, and with it this task.
+                self.owners.nursery.start_soon(self.owners.actions().stop_resident, self.sid, "user")
+        elif kind == "settled":
+            try:
+                await self.owners.actions().record_settled(self.agent, envelope.body, envelope.delivery_id)
+            except ValueError as exc:
+                return await self._drop(envelope, str(exc))
+            await self._ack(envelope)
+
+    async def _drop(self, envelope: Envelope, why: str) -> None:
+        log.warning("session %s: %s delivery %s dropped: %s", self.sid, envelope.kind, envelope.delivery_id, why)
+        await self._ack(envelope)

@@ -1,0 +1,250 @@
+"""The owner's loop of the durable mailbox (issue 17 item 2; SPEC §9; runtime/mailbox_owner.py):
+every resident session drains its mailbox in order, records each delivery (a message as a
+`user/message` with its `delivery_id`, an interrupt as the `turn/end {aborted}` it causes, a
+settlement as `subagent/settled` with its `delivery_id`), acks it only once that record is
+durable, drops a redelivered id, and never stops for a bad file.
+
+In memory (`MemoryLogStore`, `MemoryMailbox` on one `CrashFs`) under `autojump_clock`: the
+owner's poll interval passes in virtual time, and the tests wait on conditions, not on time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+from log_lines import read_all
+from mailboxes import rel_mailbox
+from subagents.runtime import ScenarioClock, open_runtime
+from subagents.runtime.agent.tools import FunctionTool
+from subagents.runtime.ids import CountingIds
+from subagents.runtime.mailbox_owner import new_envelope
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.storage import Envelope
+from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox
+
+Json = dict[str, Any]
+
+
+def _model(*agents: Json) -> ScriptedModel:
+    return ScriptedModel(load_script(json.dumps({"agents": list(agents)})))
+
+
+@asynccontextmanager
+async def _runtime(
+    tmp_path: Path, model: ScriptedModel, fs: CrashFs, mailbox: MemoryMailbox, **kwargs: Any
+) -> AsyncIterator[Any]:
+    store = MemoryLogStore(fs=fs, compression="none")
+    async with open_runtime(
+        tmp_path,
+        model=model,
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        log_store=store,
+        mailbox=mailbox,
+        **kwargs,
+    ) as rt:
+        yield rt
+
+
+async def _until(holds: Callable[[], bool]) -> None:
+    """Until `holds()`: looked at again every virtual 50 ms (autojump_clock; what changes is in
+    the fake file system, which signals nothing a test could wait on)."""
+    with trio.fail_after(600):
+        while not holds():
+            with trio.move_on_after(0.05):
+                await trio.sleep_forever()
+
+
+def _events(fs: CrashFs, sid: str) -> list[tuple[str, Json]]:
+    return [(e.type, msgspec.json.decode(e.data)) for e in read_all(MemoryLogStore(fs=fs, compression="none"), sid)]
+
+
+def _pending(fs: CrashFs, sid: str) -> list[str]:
+    try:
+        return sorted(n for n in fs.listdir(rel_mailbox(sid)) if n.endswith(".json"))
+    except FileNotFoundError:
+        return []
+
+
+def _recorded(events: list[tuple[str, Json]], delivery_id: str) -> list[Json]:
+    return [d for t, d in events if d.get("delivery_id") == delivery_id]
+
+
+async def test_a_message_is_recorded_with_its_delivery_id_then_acked(tmp_path: Path, autojump_clock: Any) -> None:
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    async with _runtime(tmp_path, _model({"responses": [{"text": "HELLO BACK"}]}), fs, mailbox) as rt:
+        agent = await rt.agents.create(session_id="root")
+        env = new_envelope(mailbox, "message", {"text": "hello from elsewhere"})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)
+        await _until(lambda: env.delivery_id in agent.recorded_deliveries and not _pending(fs, "root"))
+        await agent.wait_idle()
+    events = _events(fs, "root")
+    (user,) = [d for t, d in events if t == "user/message"]
+    assert user["delivery_id"] == env.delivery_id
+    assert user["message"]["content"] == [{"type": "text", "text": "hello from elsewhere"}]
+    assert user["message"]["source"] == {"kind": "user"}
+    assert [d["reason"]["kind"] for t, d in events if t == "turn/end"] == ["completed"]
+
+
+async def test_a_redelivered_message_is_dropped_and_acked(tmp_path: Path, autojump_clock: Any) -> None:
+    """At least once, recorded once: the same envelope again (a crash between the record and the
+    ack) is acked without a second record, in the same host and after a restart."""
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    model = _model({"responses": [{"text": "ONE"}, {"text": "NEVER"}]})
+    async with _runtime(tmp_path, model, fs, mailbox) as rt:
+        agent = await rt.agents.create(session_id="root")
+        env = new_envelope(mailbox, "message", {"text": "once"}, sender="peer")
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)
+        await _until(lambda: not _pending(fs, "root") and env.delivery_id in agent.recorded_deliveries)
+        await agent.wait_idle()
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)  # redelivered
+        await _until(lambda: not _pending(fs, "root"))
+        await agent.wait_idle()
+    # ... and to the next host, which folds the recorded ids from the log.
+    mailbox.deliver("root", env)
+    async with _runtime(tmp_path, model, fs, mailbox.sibling()) as rt:
+        agent = await rt.agents.resume("root")
+        await _until(lambda: not _pending(fs, "root"))
+        await agent.wait_idle()
+    events = _events(fs, "root")
+    (user,) = _recorded(events, env.delivery_id)
+    assert user["message"]["source"] == {"kind": "agent-message", "sender_session_id": "peer"}
+    assert sum(t == "turn/start" for t, _ in events) == 1
+
+
+async def test_a_message_is_acked_only_once_its_record_is_durable(tmp_path: Path, autojump_clock: Any) -> None:
+    """Handed to a busy agent, a message waits in its inbox unacked (a crash now redelivers it);
+    it is acked after the step that claims it writes its `user/message`."""
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    release, entered = trio.Event(), trio.Event()
+
+    async def gate(_args: Json, _ctx: Any) -> str:
+        entered.set()
+        await release.wait()
+        return "opened"
+
+    tools = [FunctionTool(name="gate", description="waits", fn=gate)]
+    model = _model({"responses": [{"tool_calls": [{"name": "gate", "arguments": {}}]}, {"text": "DONE"}]})
+    async with _runtime(tmp_path, model, fs, mailbox, tools=lambda: tools) as rt:
+        agent = await rt.agents.create(session_id="root")
+        await agent.send("start")
+        await entered.wait()
+        env = new_envelope(mailbox, "message", {"text": "steer me"})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)
+        await _until(lambda: len(agent.inbox) == 1)  # handed over...
+        with trio.move_on_after(5):  # virtual: the owner polls its mailbox meanwhile
+            await trio.sleep_forever()
+        assert _pending(fs, "root") == [f"{env.delivery_id}.json"]  # ...but not acked
+        assert env.delivery_id not in agent.recorded_deliveries
+        release.set()
+        await _until(lambda: not _pending(fs, "root"))
+        await agent.wait_idle()
+    (user,) = _recorded(_events(fs, "root"), env.delivery_id)
+    assert user["step"] == 2  # steered into the running turn's next step
+
+
+async def test_an_interrupt_aborts_the_running_turn_and_a_stale_one_does_not(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """An interrupt is recorded by the `turn/end {aborted}` it causes, acked after it. One made
+    before this host's owner started (a redelivery after a crash) is acked without effect, so it
+    never aborts a later turn."""
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+
+    entered = trio.Event()
+
+    async def forever(_args: Json, _ctx: Any) -> str:
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    tools = [FunctionTool(name="slow", description="waits", fn=forever)]
+    hang = {"tool_calls": [{"name": "slow", "arguments": {}}]}
+    model = _model({"responses": [hang, hang]})
+    async with _runtime(tmp_path, model, fs, mailbox, tools=lambda: tools) as rt:
+        agent = await rt.agents.create(session_id="root")
+        await agent.send("go")
+        await entered.wait()
+        stale = Envelope.new(mailbox.ids, 1, "interrupt", {})  # created long before this owner
+        await trio.to_thread.run_sync(mailbox.deliver, "root", stale)
+        await _until(lambda: not _pending(fs, "root"))
+        assert agent.status == "running"  # untouched
+        env = new_envelope(mailbox, "interrupt", {})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)
+        await _until(lambda: not _pending(fs, "root"))
+        assert agent.status == "idle"
+    ends = [d["reason"] for t, d in _events(fs, "root") if t == "turn/end"]
+    assert ends == [{"kind": "aborted", "cause": "user"}]
+
+
+async def test_junk_in_the_mailbox_never_stops_the_owner(
+    tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    async with _runtime(tmp_path, _model({"responses": [{"text": "OK"}]}), fs, mailbox) as rt:
+        folder = rel_mailbox("root")
+        for i in range(1, 4):
+            fs.mkdir("/".join(folder.split("/")[:i]))  # planted before the session starts
+        fs.write_bytes(f"{folder}/junk.txt", b"not an envelope")
+        fs.write_bytes(f"{folder}/01M24BB8G0041061050R3GG28A.json", b'{"torn":')
+        fs.mkdir(f"{folder}/01M24BB8G0041061050R3GG28B.json")  # a folder where a file belongs
+        agent = await rt.agents.create(session_id="root")
+        body = new_envelope(mailbox, "message", {"no": "text"})  # valid envelope, unusable body
+        await trio.to_thread.run_sync(mailbox.deliver, "root", body)
+        env = new_envelope(mailbox, "message", {"text": "still here"})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)
+        stuck = ["01M24BB8G0041061050R3GG28B.json"]  # a folder cannot be moved aside: it stays
+        await _until(lambda: env.delivery_id in agent.recorded_deliveries and _pending(fs, "root") == stuck)
+        await agent.wait_idle()
+        assert agent.status == "idle"
+    assert sorted(fs.listdir(f"{folder}/rejected")) == [
+        "01M24BB8G0041061050R3GG28A.json",
+        "01M24BB8G0041061050R3GG28A.json.reason",
+        "junk.txt",
+        "junk.txt.reason",
+    ]
+    text = caplog.text
+    assert "junk.txt" in text and "is not a delivery" in text
+    assert text.count("R3GG28B.json' is not a delivery (left in place)") == 1  # said once, not every poll
+    assert f"delivery {body.delivery_id} dropped" in text
+    (user,) = [d for t, d in _events(fs, "root") if t == "user/message"]
+    assert user["delivery_id"] == env.delivery_id
+
+
+async def test_a_settlement_from_another_host_is_recorded_once_with_its_notice(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    model = _model({"responses": [{"text": "NOTED"}, {"text": "NEVER"}]})
+    async with _runtime(tmp_path, model, fs, mailbox) as rt:
+        agent = await rt.agents.create(session_id="root")
+        body = {"child_id": "kid", "reason_kind": "completed", "closing_text": "all done"}
+        env = new_envelope(mailbox, "settled", body, sender="kid")
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)
+        await _until(lambda: not _pending(fs, "root"))
+        await agent.wait_idle()
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)  # redelivered
+        await _until(lambda: not _pending(fs, "root"))
+        await agent.wait_idle()
+    events = _events(fs, "root")
+    (settled,) = [d for t, d in events if t == "subagent/settled"]
+    assert settled == {**body, "delivery_id": env.delivery_id}
+    (notice,) = [d for t, d in events if t == "user/message"]
+    assert (
+        notice["message"]["content"][0]["text"]
+        == "Background subagent kid finished and will do no further work unless you send it more."
+    )
+    assert notice["message"]["source"] == {"kind": "subagent-settled", "sender_session_id": "kid"}
