@@ -28,6 +28,7 @@ from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, c
 
 from .agent.loop import Agent
 from .app import Runtime, open_runtime
+from .cli_operator import OPERATOR_COMMANDS, add_operator_commands, operator_command, tail_command
 from .delegation.listing import ChildRow
 from .demo import run_demo
 from .errors import (
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_acp(commands, model_options)
     _chat_parser(commands, root, model_options)
+    add_operator_commands(commands, root)
     return parser
 
 
@@ -588,7 +590,7 @@ def _logging(level: int) -> Iterator[None]:
         logger.handlers = saved[2]
 
 
-_READ_ONLY = ("sessions", "show", "children", "agents")
+_READ_ONLY = ("sessions", "show", "children", "agents", "tail")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -690,6 +692,19 @@ def _chat(args: argparse.Namespace) -> int:
     )
 
 
+def _operator(args: argparse.Namespace) -> int:
+    """`send`, `interrupt`, `stop`, `tail` (runtime/cli_operator.py)."""
+    _session_id_arg(args.session_id)
+    _read_only_root(args.root)
+    if args.command == "tail":
+        return trio.run(_until_interrupted, _tail, args)
+    return trio.run(operator_command, args)
+
+
+async def _tail(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
+    return await tail_command(args, write=_write_stdout)
+
+
 def _command(args: argparse.Namespace) -> int:
     try:
         if args.command in ("children", "agents"):
@@ -727,6 +742,8 @@ def _command(args: argparse.Namespace) -> int:
             return trio.run(_until_interrupted, _run, args, model)
         if args.command == "acp":
             return _acp(args)
+        if args.command in (*OPERATOR_COMMANDS, "tail"):
+            return _operator(args)
     except UsageError as exc:
         print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -1,0 +1,133 @@
+"""The operator commands: `send`, `interrupt`, `stop` and `tail` (SPEC §9; README, "The CLI").
+
+They reach a session wherever it is. One live in another process (its log's lock is held) is
+reached through its mailbox: the command returns once the envelope is durable, and the host's
+owner task records it (runtime/mailbox_owner.py). A session nobody runs:
+
+- `send` queues the message in its mailbox all the same: no model runs here. It is recorded,
+  and answered, by the next host that resumes the session (`run --session ID`, `chat --session
+  ID`, or a parent's `send_message` to a child), before that host's own input.
+- `interrupt` and `stop` have nothing to stop: they say so and exit 0 (like `interrupt_agent`'s
+  `not-running`), leaving nothing behind that could stop a later turn.
+
+`tail` prints a session's durable events as JSON lines (the `run --stream` form); with
+`--follow` it keeps printing events as they are written, by any process, looking at the log
+again every `FOLLOW_POLL` seconds, until Ctrl-C. Exit status: 0 done, 1 the store failed or the
+log is damaged, 2 bad input (an invalid id, not a root, no such session).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import trio
+from subagents.storage import (
+    EnvelopeKind,
+    FileLogStore,
+    FileMailbox,
+    LogInfo,
+    SessionNotFound,
+    StorageError,
+)
+
+from .errors import CommandFailed, UsageError
+from .event_stream import StreamEvent
+from .mailbox_owner import new_envelope
+
+__all__ = ["FOLLOW_POLL", "OPERATOR_COMMANDS", "add_operator_commands", "operator_command", "tail_command"]
+
+FOLLOW_POLL = 0.2  # seconds between looks at a followed log
+OPERATOR_COMMANDS = ("send", "interrupt", "stop")
+
+
+def add_operator_commands(commands: Any, root: argparse.ArgumentParser) -> None:
+    """The parsers of `send`, `interrupt`, `stop` and `tail`."""
+    send = commands.add_parser(
+        "send",
+        parents=[root],
+        help="send a message to a session: live in another process, through its mailbox; not running, "
+        "queued for the next host that resumes it",
+    )
+    send.add_argument("session_id", metavar="ID", help="the session to message")
+    send.add_argument("text", metavar="TEXT", help="the message")
+    for name, what in (
+        ("interrupt", "stop the current turn of a session live in another process (it ends aborted)"),
+        ("stop", "end a session's current turn (aborted) and settle it if it is a background child"),
+    ):
+        command = commands.add_parser(name, parents=[root], help=what)
+        command.add_argument("session_id", metavar="ID", help="the session")
+    tail = commands.add_parser(
+        "tail", parents=[root], help="print a session's durable events as JSON lines (read-only)"
+    )
+    tail.add_argument("session_id", metavar="ID", help="the session")
+    tail.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing events as any process writes them (until Ctrl-C)"
+    )
+
+
+def _stat(store: FileLogStore, session_id: str) -> tuple[LogInfo, bool]:
+    """The session's stat and whether another process holds it; `UsageError` if none."""
+    try:
+        info = store.stat(session_id)
+    except SessionNotFound:
+        info = None
+    if info is None:
+        raise UsageError(f'session "{session_id}" not found')
+    return info, session_id in store.held_elsewhere([session_id])
+
+
+async def operator_command(args: argparse.Namespace) -> int:
+    """`send`, `interrupt` or `stop`: through the mailbox of a session live elsewhere (see the
+    module docstring for one nobody runs)."""
+    kind: EnvelopeKind = "message" if args.command == "send" else args.command
+    sid = args.session_id
+    store = FileLogStore(args.root)
+    try:
+        info, held = await trio.to_thread.run_sync(_stat, store, sid)
+        if info.damage is not None:
+            raise CommandFailed(f'session "{sid}" is damaged ({info.damage}): nothing delivered')
+        if not held and kind != "message":
+            print(f"session {sid} is not running: nothing to {args.command}")
+            return 0
+        mailbox = FileMailbox(args.root)
+        envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
+        await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
+    except StorageError as exc:
+        raise CommandFailed(str(exc)) from None
+    finally:
+        store.close_store()
+    where = (
+        "live in another process, which records it" if held else "not running: the next host that resumes it records it"
+    )
+    print(f"{args.command} {envelope.delivery_id} delivered to session {sid} ({where})")
+    return 0
+
+
+async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
+    """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
+    sid = args.session_id
+    store = FileLogStore(args.root)
+    try:
+        await trio.to_thread.run_sync(_stat, store, sid)
+        cursor = 0
+        while True:
+            events, k = await trio.to_thread.run_sync(_read_from, store, sid, cursor)
+            if events:
+                write(b"".join(StreamEvent(sid, e, k).json_bytes() + b"\n" for e in events))
+                cursor = events[-1].seq + 1
+            if not args.follow:
+                return 0
+            await trio.sleep(FOLLOW_POLL)  # another process's appends raise nothing here to wait on
+    except StorageError as exc:
+        raise CommandFailed(str(exc)) from None
+    finally:
+        store.close_store()
+
+
+def _read_from(store: FileLogStore, session_id: str, start: int) -> tuple[list[Any], int]:
+    handle = store.open_read(session_id)
+    try:
+        return store.read(handle, start), handle.inherited_event_count  # type: ignore[arg-type]
+    finally:
+        store.close(handle)
