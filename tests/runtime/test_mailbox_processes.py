@@ -1,0 +1,235 @@
+"""The mailbox across processes (issue 17, "Show"): a `chat` hosts a parent with a background
+child; `subagents send` / `interrupt` / `stop` / `tail -f` run in other processes; the child
+reacts and its log records each delivery once. A host SIGKILLed after a delivery and before its
+ack records it exactly once after the restart.
+
+Every wait is on another process's output (a line of the chat, of `tail -f`, of `run --stream`),
+bounded by `TIMEOUT` real seconds that only a hang reaches."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_driver import TIMEOUT, Chat
+from cli_process import CLI, clean_env, write_script
+from mailboxes import rel_mailbox
+
+Json = dict[str, Any]
+
+
+def _script(child: list[Json]) -> Json:
+    background = {"description": "Bg", "prompt": "wait", "run_in_background": True}
+    return {
+        "agents": [
+            {
+                "responses": [
+                    {"tool_calls": [{"name": "subagent", "arguments": background}]},
+                    {"text": "started it"},
+                    {"text": "noted the settlement"},
+                ]
+            },
+            {"label": "Bg", "responses": child},
+        ]
+    }
+
+
+def _cli(root: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args[:1], "--root", root, *args[1:]],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+class _Lines:
+    """A subprocess whose stdout lines are read in a thread; `expect` waits for one matching."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.seen: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def expect(self, pattern: str) -> re.Match[str]:
+        while True:
+            try:
+                line = self._lines.get(timeout=TIMEOUT)
+            except queue.Empty:
+                self.proc.kill()
+                raise AssertionError(f"no line matching {pattern!r}; seen: {self.seen}") from None
+            if line is None:
+                raise AssertionError(f"ended before a line matching {pattern!r}; seen: {self.seen}")
+            self.seen.append(line)
+            match = re.search(pattern, line)
+            if match:
+                return match
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=TIMEOUT)
+
+
+def _log(root: str, sid: str) -> list[Json]:
+    done = _cli(root, "tail", sid)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _pending(root: str, sid: str) -> list[str]:
+    folder = Path(root) / rel_mailbox(sid)
+    return sorted(p.name for p in folder.glob("*.json")) if folder.is_dir() else []
+
+
+def _wait_for_files(holds: Callable[[], bool], process: subprocess.Popen[str]) -> None:
+    """Until `holds()`: a bounded poll of files another process changes (an ack removes a file;
+    there is no event to wait on across processes)."""
+    deadline = time.monotonic() + TIMEOUT
+    while not holds():
+        assert process.poll() is None, "the host ended first"
+        assert time.monotonic() < deadline, "the host never acknowledged"
+        time.sleep(0.02)
+
+
+def _delivered(out: str, kind: str, sid: str) -> str:
+    match = re.fullmatch(rf"{kind} ([0-9A-Z]{{26}}) delivered to session {re.escape(sid)} \((.*)\)\n", out)
+    assert match is not None, out
+    assert match.group(2) == "live in another process, which records it"
+    return match.group(1)
+
+
+@pytest.mark.slow  # three processes: a chat host, tail -f, and the operator commands
+def test_send_and_interrupt_reach_a_child_another_process_hosts(tmp_path: Path) -> None:
+    child_script = [{"wait_for": {"steered": True}, "text": "heard"}, {"hang": True}]
+    chat = Chat(tmp_path, _script(child_script))
+    session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started it$")
+    tail = _Lines([*CLI, "tail", "--root", chat.root, "-f", child], tmp_path)
+    try:
+        tail.expect(r'"type":"turn/start"')  # what was written before it started is printed too
+
+        sent = _cli(chat.root, "send", child, "hello from outside")
+        assert sent.returncode == 0 and sent.stderr == "", sent
+        delivery = _delivered(sent.stdout, "send", child)
+        # The child's owner steers it in: its scripted wait ends, and the next step records it.
+        tail.expect(rf'"type":"user/message".*"delivery_id":"{delivery}"')
+
+        stopped = _cli(chat.root, "interrupt", child)
+        assert stopped.returncode == 0 and stopped.stderr == "", stopped
+        interrupt = _delivered(stopped.stdout, "interrupt", child)
+        tail.expect(r'"type":"turn/end".*"reason":\{"kind":"aborted","cause":"user"\}')
+        # Interrupted and with nothing queued, the child settles; its notice reaches the parent.
+        chat.expect(r"^assistant: noted the settlement$")
+    finally:
+        tail.stop()
+    status, rest, stderr = chat.finish()
+    assert status == 0, (rest, stderr)
+    assert "Traceback" not in stderr
+
+    events = _log(chat.root, child)
+    assert [e["data"].get("delivery_id") for e in events if e["type"] == "user/message"] == [None, delivery]
+    assert [e["data"]["reason"] for e in events if e["type"] == "turn/end"] == [{"kind": "aborted", "cause": "user"}]
+    assert interrupt not in json.dumps(events)  # an interrupt is recorded by the turn/end it caused
+    assert _pending(chat.root, child) == []  # both acked
+    settled = [e["data"] for e in _log(chat.root, session) if e["type"] == "subagent/settled"]
+    assert settled == [{"child_id": child, "reason_kind": "aborted", "closing_text": "heard"}]
+
+
+@pytest.mark.slow  # two processes: a chat host and the operator's stop
+def test_stop_ends_the_childs_turn_aborted_and_settles_it(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, _script([{"hang": True}]))
+    session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started it$")
+    done = _cli(chat.root, "stop", child)
+    assert done.returncode == 0 and done.stderr == "", done
+    _delivered(done.stdout, "stop", child)
+    chat.expect(r"^assistant: noted the settlement$")
+    status, rest, stderr = chat.finish()
+    assert status == 0, (rest, stderr)
+    events = _log(chat.root, child)
+    assert [e["data"]["reason"] for e in events if e["type"] == "turn/end"] == [{"kind": "aborted", "cause": "user"}]
+    settled = [e["data"] for e in _log(chat.root, session) if e["type"] == "subagent/settled"]
+    assert settled == [{"child_id": child, "reason_kind": "aborted"}]
+    assert _pending(chat.root, child) == []
+    # Now nobody runs it: interrupt and stop say so, and leave nothing behind.
+    for command in ("interrupt", "stop"):
+        cold = _cli(chat.root, command, child)
+        assert (cold.returncode, cold.stdout, cold.stderr) == (
+            0,
+            f"session {child} is not running: nothing to {command}\n",
+            "",
+        )
+    assert _pending(chat.root, child) == []
+
+
+@pytest.mark.slow  # a host SIGKILLed mid-turn, then restarted twice
+def test_a_delivery_survives_a_sigkilled_host_and_is_recorded_exactly_once(tmp_path: Path) -> None:
+    root = str(tmp_path / "root")
+
+    def run(script: Json, *prompt: str) -> _Lines:
+        model = write_script(tmp_path / "s.json", script)
+        argv = [*CLI, "run", "--root", root, "--session", "main", "--model", model, "--stream", *prompt]
+        return _Lines(argv, tmp_path)
+
+    host = run({"agents": [{"responses": [{"hang": True}]}]}, "hang here")
+    host.expect(r'"type":"user/message"')  # its turn is in its (hung) model call
+    sent = _cli(root, "send", "main", "are you there")
+    assert sent.returncode == 0, sent
+    delivery = _delivered(sent.stdout, "send", "main")
+    envelope = (Path(root) / rel_mailbox("main") / f"{delivery}.json").read_bytes()
+    host.stop(signal.SIGKILL)  # after the delivery, before any record or ack: its step never ends
+
+    # The restarted host (a chat, which stays) records it in a turn of its own, then acks it.
+    again = Chat(tmp_path, {"agents": [{"responses": [{"text": "ONE"}]}]}, "--session", "main")
+    again.expect(r"^assistant: ONE$")
+    _wait_for_files(lambda: _pending(root, "main") == [], again.proc)
+    status, rest, stderr = again.finish()
+    assert status == 0, (rest, stderr)
+
+    # The state a crash between the record and its ack leaves: the envelope is back. Junk
+    # beside it never stops the session: moved aside, with a reason.
+    folder = Path(root) / rel_mailbox("main")
+    (folder / f"{delivery}.json").write_bytes(envelope)
+    (folder / "notes.txt").write_text("not an envelope")
+    (folder / "01M24BB8G0041061050R3GG28A.json").write_bytes(b'{"delivery_id": "01M24BB8G00')  # torn
+    third = Chat(tmp_path, {"agents": [{"responses": []}]}, "--session", "main")
+    third.expect(r"^session main ")
+    _wait_for_files(lambda: _pending(root, "main") == [], third.proc)
+    status, rest, stderr = third.finish()
+    assert status == 0, (rest, stderr)
+
+    events = _log(root, "main")
+    recorded = [e for e in events if e["type"] == "user/message" and e["data"].get("delivery_id") == delivery]
+    assert len(recorded) == 1
+    assert recorded[0]["data"]["message"]["content"] == [{"type": "text", "text": "are you there"}]
+    ends = [e["data"]["reason"]["kind"] for e in events if e["type"] == "turn/end"]
+    assert ends == ["interrupted", "completed"]  # the killed turn closed on resume; the message's
+    assert sorted(p.name for p in (folder / "rejected").iterdir()) == [
+        "01M24BB8G0041061050R3GG28A.json",
+        "01M24BB8G0041061050R3GG28A.json.reason",
+        "notes.txt",
+        "notes.txt.reason",
+    ]
