@@ -1,0 +1,115 @@
+"""Routing through the mailbox (issue 17 item 2; runtime/delegation/service.py, settlement.py):
+`send_message` and `interrupt_agent` to a child another host holds go to its mailbox, and that
+host's owner records them; a settlement whose parent another host holds goes to the parent's
+mailbox and is recorded there once, with its notice.
+
+Two runtimes ("hosts") on one in-memory disk (`MemoryLogStore`s and `MemoryMailbox`es on one
+`CrashFs`, whose lock table counts every holder), under `autojump_clock`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+from drafts import descriptor_draft
+from log_lines import read_all
+from mailboxes import rel_mailbox
+from subagents.actors import Activation
+from subagents.runtime import ScenarioClock, open_runtime
+from subagents.runtime.errors import Unauthorized
+from subagents.runtime.ids import CountingIds
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox
+
+Json = dict[str, Any]
+
+
+@asynccontextmanager
+async def _host(tmp_path: Path, fs: CrashFs, mailbox: MemoryMailbox, *responses: Json) -> AsyncIterator[Any]:
+    model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": list(responses)}]})))
+    async with open_runtime(
+        tmp_path,
+        model=model,
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        log_store=MemoryLogStore(fs=fs, compression="none"),
+        mailbox=mailbox,
+    ) as rt:
+        yield rt
+
+
+async def _until(holds: Callable[[], bool]) -> None:
+    """Until `holds()`, looked at every virtual 50 ms (autojump_clock)."""
+    with trio.fail_after(600):
+        while not holds():
+            with trio.move_on_after(0.05):
+                await trio.sleep_forever()
+
+
+def _events(fs: CrashFs, sid: str) -> list[tuple[str, Json]]:
+    return [(e.type, msgspec.json.decode(e.data)) for e in read_all(MemoryLogStore(fs=fs, compression="none"), sid)]
+
+
+def _pending(fs: CrashFs, sid: str) -> list[str]:
+    try:
+        return [n for n in fs.listdir(rel_mailbox(sid)) if n.endswith(".json")]
+    except FileNotFoundError:
+        return []
+
+
+async def test_messages_interrupts_and_settlements_cross_hosts_through_mailboxes(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    theirs = mine.sibling()
+    kid_script = [{"wait_for": {"steered": True}, "text": "heard"}, {"hang": True}]
+    async with (
+        _host(tmp_path, fs, mine, {"text": "NOTED"}) as here,
+        _host(tmp_path, fs, theirs, *kid_script) as there,
+    ):
+        boss = await here.agents.create(session_id="boss")
+        stranger = await here.agents.create(session_id="stranger")
+        # The other host runs the child "kid" of "boss" (as if it had resumed it).
+        kid = await there.agents.create(
+            session_id="kid",
+            parent_session="boss",
+            origin="subagent",
+            delegation_depth=1,
+            first=[descriptor_draft("kid")],
+        )
+        await kid.send("work")
+
+        await here.subagents.send_message(boss, "kid", "hello from the other host")
+        await _until(lambda: bool(kid.recorded_deliveries) and not _pending(fs, "kid"))
+        with pytest.raises(Unauthorized):
+            await here.subagents.send_message(stranger, "kid", "not yours")
+
+        assert await here.subagents.interrupt("kid", by=boss) == "requested"
+        await _until(lambda: kid.status == "idle" and not _pending(fs, "kid"))
+
+        # It settles over there; the parent is live here: the notice crosses by mailbox.
+        await there.subagents.settlement.settle(Activation("kid", "boss", "boss"), kid)
+        await _until(lambda: not _pending(fs, "boss") and bool(boss.recorded_deliveries))
+        await boss.wait_idle()
+
+    kid_events = _events(fs, "kid")
+    (message,) = [d for t, d in kid_events if t == "user/message" and "delivery_id" in d]
+    assert message["message"]["content"][1] == {"type": "text", "text": "hello from the other host"}
+    assert message["message"]["source"] == {"kind": "agent-message", "sender_session_id": "boss"}
+    assert [d["reason"] for t, d in kid_events if t == "turn/end"] == [{"kind": "aborted", "cause": "parent"}]
+
+    boss_events = _events(fs, "boss")
+    (settled,) = [d for t, d in boss_events if t == "subagent/settled"]
+    assert settled["child_id"] == "kid" and settled["reason_kind"] == "aborted"
+    assert settled["delivery_id"] in boss.recorded_deliveries
+    (notice,) = [d for t, d in boss_events if t == "user/message"]
+    assert notice["message"]["source"] == {"kind": "subagent-settled", "sender_session_id": "kid"}
+    assert [d["reason"]["kind"] for t, d in boss_events if t == "turn/end"] == ["completed"]
