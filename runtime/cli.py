@@ -702,7 +702,11 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 async def _tail(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
-    return await tail_command(args, write=_write_stdout)
+    try:
+        return await tail_command(args, write=_write_stdout)
+    except CommandFailed as exc:  # a damaged log: one line, exit 1 (inside the interrupt's nursery)
+        print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)
+        return 1
 
 
 def _command(args: argparse.Namespace) -> int:

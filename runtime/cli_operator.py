@@ -6,7 +6,8 @@ owner task records it (runtime/mailbox_owner.py). A session nobody runs:
 
 - `send` queues the message in its mailbox all the same: no model runs here. It is recorded,
   and answered, by the next host that resumes the session (`run --session ID`, `chat --session
-  ID`, or a parent's `send_message` to a child), before that host's own input.
+  ID`, or a parent's `send_message` to a child): it is steered into that host's running turn, or
+  starts one. (A `run` that ends before its owner drained it leaves it queued.)
 - `interrupt` and `stop` have nothing to stop: they say so and exit 0 (like `interrupt_agent`'s
   `not-running`), leaving nothing behind that could stop a later turn.
 
