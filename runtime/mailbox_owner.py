@@ -138,12 +138,19 @@ class _Owner:
 
     async def run(self) -> None:
         mailbox = self.owners.mailbox
+        failing = False  # a streak of failures is logged once, as a warning
         while True:
             try:
                 watch = await trio.to_thread.run_sync(mailbox.watch, self.sid)
                 break
             except StorageError as exc:
-                log.warning("session %s: its mailbox cannot be watched (retrying): %s", self.sid, exc)
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "session %s: its mailbox cannot be watched (retrying): %s",
+                    self.sid,
+                    exc,
+                )
+                failing = True
                 if await self._agent_stopped_within(RETRY_AFTER):
                     return
         try:
@@ -152,10 +159,17 @@ class _Owner:
                 try:
                     await self._drain_once()
                 except StorageError as exc:
-                    log.warning("session %s: mailbox drain failed (retrying): %s", self.sid, exc)
+                    log.log(
+                        logging.DEBUG if failing else logging.WARNING,
+                        "session %s: mailbox drain failed (retrying): %s",
+                        self.sid,
+                        exc,
+                    )
+                    failing = True
                     if await self._agent_stopped_within(RETRY_AFTER):
                         return
                     continue
+                failing = False
                 await self._wait(watch)
         finally:
             watch.close()

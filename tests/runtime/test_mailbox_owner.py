@@ -26,7 +26,7 @@ from subagents.runtime.ids import CountingIds
 from subagents.runtime.mailbox_owner import new_envelope
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.storage import Envelope
+from subagents.storage import DrainResult, Envelope, PersistenceFailed
 from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox
 
 Json = dict[str, Any]
@@ -248,3 +248,33 @@ async def test_a_settlement_from_another_host_is_recorded_once_with_its_notice(
         == "Background subagent kid finished and will do no further work unless you send it more."
     )
     assert notice["message"]["source"] == {"kind": "subagent-settled", "sender_session_id": "kid"}
+
+
+class _FlakyMailbox(MemoryMailbox):
+    """Its first `failures` drains fail as a disk would (`PersistenceFailed`)."""
+
+    def __init__(self, failures: int, **options: Any) -> None:
+        super().__init__(**options)
+        self.failures = failures
+
+    def drain_report(self, session_id: str) -> DrainResult:
+        if self.failures:
+            self.failures -= 1
+            raise PersistenceFailed("the disk said no")
+        return super().drain_report(session_id)
+
+
+async def test_a_failing_drain_is_retried_and_logged_once(
+    tmp_path: Path, autojump_clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fs = CrashFs()
+    mailbox = _FlakyMailbox(3, fs=fs)
+    async with _runtime(tmp_path, _model({"responses": [{"text": "OK"}]}), fs, mailbox) as rt:
+        agent = await rt.agents.create(session_id="root")
+        env = new_envelope(mailbox, "message", {"text": "after the failures"})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", env)
+        await _until(lambda: env.delivery_id in agent.recorded_deliveries and not _pending(fs, "root"))
+        await agent.wait_idle()
+    assert mailbox.failures == 0
+    warnings = [r for r in caplog.records if "mailbox drain failed" in r.getMessage()]
+    assert [r.levelname for r in warnings] == ["WARNING"]  # the streak is said once
