@@ -60,3 +60,18 @@ def test_a_bad_delivery_id_is_refused_on_write_and_corrupt_on_read(
     store = FileLogStore(str(tmp_path), compression="none")
     with pytest.raises(InvalidPayload):
         store.read(store.open_read("s1"))
+
+
+SETTLED = {"child_id": "kid", "reason_kind": "completed"}
+
+
+def test_a_settlement_records_its_delivery_id_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    """`subagent/settled` that came through the parent's mailbox carries its `delivery_id` too."""
+    delivery_id = DeliveryIds().next(T)
+    store = FileLogStore(str(tmp_path), compression="none")
+    persist_log(store, header("s1"), [make_event(0, "subagent/settled", T, {**SETTLED, "delivery_id": delivery_id})])
+    (back,) = store.read(store.open_read("s1"))
+    assert decode_payload(back, session_id="s1").delivery_id == delivery_id
+    for bad in ("not-a-ulid", "01arz3ndektsv4rrffq69g5fav", 5):
+        with pytest.raises(InvalidEvent):
+            make_event(0, "subagent/settled", T, {**SETTLED, "delivery_id": bad})
