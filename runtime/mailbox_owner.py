@@ -109,7 +109,9 @@ class MailboxOwners:
         self.stop(agent.session_id)
         scope = trio.CancelScope()
         self._scopes[agent.session_id] = scope
-        self.nursery.start_soon(self._own, agent, scope)
+        # Read now, not when the task first runs: an interrupt sent once the agent exists is
+        # never taken for a stale one.
+        self.nursery.start_soon(self._own, agent, scope, self.now_ms())
 
     def stop(self, session_id: str) -> None:
         """Cancel the session's owner task (what it has not acked is redelivered later)."""
@@ -117,9 +119,9 @@ class MailboxOwners:
         if scope is not None:
             scope.cancel()
 
-    async def _own(self, agent: Agent, scope: trio.CancelScope) -> None:
+    async def _own(self, agent: Agent, scope: trio.CancelScope, started: int) -> None:
         with scope:
-            await _Owner(self, agent, started=self.now_ms()).run()
+            await _Owner(self, agent, started=started).run()
         if self._scopes.get(agent.session_id) is scope:
             del self._scopes[agent.session_id]
 
