@@ -58,6 +58,23 @@ class Recorder:
         self.updates.append(update)
         self.changed.set()
 
+    def merged(self) -> list[Any]:
+        """The updates with each reply's streamed `agent_message_chunk`s (consecutive, one
+        `messageId`) joined into one: how many chunks a reply streams in depends on timing."""
+        out: list[Any] = []
+        for update in self.updates:
+            last = out[-1] if out else None
+            if (
+                isinstance(update, AgentMessageChunk)
+                and isinstance(last, AgentMessageChunk)
+                and last.message_id == update.message_id
+            ):
+                text = last.content.text + update.content.text
+                out[-1] = last.model_copy(update={"content": last.content.model_copy(update={"text": text})})
+            else:
+                out.append(update)
+        return out
+
     async def wait_for(self, predicate: Any) -> None:
         while not any(predicate(u) for u in self.updates):
             self.changed.clear()
@@ -122,9 +139,9 @@ def test_a_prompt_streams_its_tool_call_and_text_then_ends_the_turn(tmp_path: Pa
                 conn.prompt(session_id=new.session_id, prompt=[text_block("hello")]), TIMEOUT
             )
             assert response.stop_reason == "end_turn"
-            kinds = [type(u) for u in recorder.updates]
+            kinds = [type(u) for u in recorder.merged()]
             assert kinds == [ToolCallStart, ToolCallProgress, AgentMessageChunk]
-            start, progress, chunk = recorder.updates
+            start, progress, chunk = recorder.merged()
             assert start.title.startswith("list_agents(") and start.status == "in_progress"
             assert start.kind == "other" and start.raw_input == {}
             assert progress.tool_call_id == start.tool_call_id and progress.status == "completed"
@@ -191,7 +208,7 @@ def test_load_after_a_kill_replays_the_history_and_prompts_again(tmp_path: Path)
         async with await _connect(recorder, root, model, tmp_path / "stderr2") as (conn, _process):
             await _initialize(conn)
             await asyncio.wait_for(conn.load_session(cwd=str(tmp_path), session_id=session_id, mcp_servers=[]), TIMEOUT)
-            replay = list(recorder.updates)
+            replay = recorder.merged()
             assert [type(u) for u in replay] == [UserMessageChunk, ToolCallStart, ToolCallProgress, AgentMessageChunk]
             assert replay[0].content.text == "hi"
             assert replay[1].tool_call_id == replay[2].tool_call_id
@@ -199,12 +216,12 @@ def test_load_after_a_kill_replays_the_history_and_prompts_again(tmp_path: Path)
             # A new process: the script starts over, and the resumed session answers again.
             response = await asyncio.wait_for(conn.prompt(session_id=session_id, prompt=[text_block("again")]), TIMEOUT)
             assert response.stop_reason == "end_turn"
-            assert [type(u) for u in recorder.updates[len(replay) :]] == [
+            assert [type(u) for u in recorder.merged()[len(replay) :]] == [
                 ToolCallStart,
                 ToolCallProgress,
                 AgentMessageChunk,
             ]
-            assert recorder.updates[len(replay)].tool_call_id != replay[1].tool_call_id
+            assert recorder.merged()[len(replay)].tool_call_id != replay[1].tool_call_id
 
     asyncio.run(second())
     users = [e["text"] for e in _log(root, session_id) if e["type"] == "user/message" and e["source"] == "user"]
@@ -243,15 +260,16 @@ def test_a_background_child_streams_its_tool_call_and_the_settlement_steered_int
                 conn.prompt(session_id=new.session_id, prompt=[text_block("go")]), TIMEOUT
             )
             assert response.stop_reason == "end_turn"
-            start, progress, chunk = recorder.updates[:3]
+            updates = recorder.merged()
+            start, progress, chunk = updates[:3]
             assert isinstance(start, ToolCallStart) and start.title.startswith("subagent(")
             assert isinstance(progress, ToolCallProgress) and progress.status == "completed"
             assert "started" in progress.content[0].content.text  # the tool's own result text
             assert isinstance(chunk, AgentMessageChunk) and chunk.content.text == "started"
             # The child settled while the parent's model call waited for it: the notice is steered
             # into the same turn, whose every update is written before the prompt's response.
-            assert [type(u) for u in recorder.updates[3:]] == [AgentMessageChunk]
-            assert recorder.updates[3].content.text == "noted"
+            assert [type(u) for u in updates[3:]] == [AgentMessageChunk]
+            assert updates[3].content.text == "noted"
             return new.session_id
 
     session_id = asyncio.run(main())
@@ -326,11 +344,11 @@ def test_after_a_restart_send_message_cold_resumes_the_background_child(tmp_path
         async with await _connect(recorder, root, model, tmp_path / "stderr2") as (conn, _process):
             await _initialize(conn)
             await asyncio.wait_for(conn.load_session(cwd=str(tmp_path), session_id=session_id, mcp_servers=[]), TIMEOUT)
-            replayed = len(recorder.updates)
+            replayed = len(recorder.merged())
             assert any(isinstance(u, ToolCallStart) and u.title.startswith("subagent(") for u in recorder.updates)
             response = await asyncio.wait_for(conn.prompt(session_id=session_id, prompt=[text_block("again")]), TIMEOUT)
             assert response.stop_reason == "end_turn"
-            live = recorder.updates[replayed:]
+            live = recorder.merged()[replayed:]
             start, progress = live[0], live[1]
             assert isinstance(start, ToolCallStart) and start.title.startswith("send_message(")
             assert isinstance(progress, ToolCallProgress) and progress.status == "completed", progress
