@@ -148,6 +148,12 @@ class AcpServer:
             session.scope.cancel()
         self._live.clear()
 
+    def client_record(self, session_id: str) -> tuple[ClientRecord, ClientRecord | None]:
+        """What the client said of an open session: the record in force, and the one a
+        `session/load` restored from the log (None after `session/new`)."""
+        session = self._session(session_id)
+        return session.record, session.restored
+
     def on_text(self, session_id: str, call: int, text: str) -> None:
         """Answer text of `session_id`'s model call `call` as the model streams it (the host's
         `TeeModel` calls this; sessions not open here are not streamed)."""

@@ -16,6 +16,9 @@ import trio.testing
 from acp.schema import NewSessionResponse, PromptResponse, SessionNotification
 from cli_process import write_script
 from subagents.runtime.acp.host import TextRelay, serve_acp
+from subagents.runtime.acp.record import RECORD_TYPE
+from subagents.runtime.acp.rpc import Incoming
+from subagents.runtime.acp.server import AcpServer
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallDelta
 from subagents.runtime.models.specs import build_model, parse_model_spec
@@ -222,3 +225,63 @@ async def test_a_notice_turn_while_no_prompt_runs_streams_its_text_as_it_is_writ
                 await client.read()
         await agent.wait_idle()
         assert await _replies(runtime, sid) == 1
+
+
+async def _handle(server: AcpServer, replies: trio.MemoryReceiveChannel[bytes], method: str, params: Any) -> Any:
+    await server.handle(Incoming(method=method, params=params, id=1))
+    while True:
+        message = json.loads(replies.receive_nowait())
+        if message.get("id") == 1:
+            assert "error" not in message, message
+            return message["result"]
+
+
+async def _records(runtime: Runtime, sid: str) -> list[dict[str, Any]]:
+    async with runtime.query.observe_session(sid) as observation:
+        return [json.loads(bytes(e.data)) for e in observation.events if e.type == RECORD_TYPE]
+
+
+async def test_the_clients_cwd_servers_and_capabilities_survive_a_restart(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "script.json", {"agents": [{"responses": [{"text": "ok"}]}]})
+    root = tmp_path / "root"
+    server_env = {"name": "TOKEN", "value": "s3cret"}
+    servers = [{"name": "files", "command": "/bin/mcp-files", "args": ["--ro"], "env": [server_env]}]
+    capabilities = {"fs": {"readTextFile": True, "writeTextFile": False}, "terminal": True}
+
+    async with open_runtime(root, model=model) as runtime, trio.open_nursery() as nursery:
+        send, replies = trio.open_memory_channel[bytes](64)
+        server = AcpServer(runtime, nursery, send, version="test")
+        await _handle(server, replies, "initialize", {"protocolVersion": 1, "clientCapabilities": capabilities})
+        new = await _handle(server, replies, "session/new", {"cwd": str(tmp_path), "mcpServers": servers})
+        sid = new["sessionId"]
+        made, restored = server.client_record(sid)
+        assert restored is None and made.mcp_servers[0]["env"] == [{"name": "TOKEN"}]
+        assert made.client_capabilities == capabilities and made.cwd == str(tmp_path)
+        await server.aclose()
+        nursery.cancel_scope.cancel()
+
+    # A new process: another client, other capabilities, no MCP servers this time.
+    async with open_runtime(root, model=model) as runtime, trio.open_nursery() as nursery:
+        send, replies = trio.open_memory_channel[bytes](64)
+        server = AcpServer(runtime, nursery, send, version="test")
+        await _handle(server, replies, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        await _handle(server, replies, "session/load", {"sessionId": sid, "cwd": str(tmp_path), "mcpServers": []})
+        now, restored = server.client_record(sid)
+        assert restored == made  # read back from the log
+        assert now.mcp_servers == () and now.client_capabilities == {"fs": {}, "terminal": False}
+        records = await _records(runtime, sid)
+        assert len(records) == 2 and records[-1]["mcp_servers"] == []  # the load's own, recorded
+        assert "s3cret" not in json.dumps(records)  # a secret value is never written
+        await server.aclose()
+        nursery.cancel_scope.cancel()
+
+    # Loading again with what is already recorded writes nothing more.
+    async with open_runtime(root, model=model) as runtime, trio.open_nursery() as nursery:
+        send, replies = trio.open_memory_channel[bytes](64)
+        server = AcpServer(runtime, nursery, send, version="test")
+        await _handle(server, replies, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        await _handle(server, replies, "session/load", {"sessionId": sid, "cwd": str(tmp_path), "mcpServers": []})
+        assert server.client_record(sid)[1] == now
+        assert len(await _records(runtime, sid)) == 2
+        await server.aclose()
+        nursery.cancel_scope.cancel()
