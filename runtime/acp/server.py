@@ -61,6 +61,7 @@ __all__ = ["PROTOCOL_VERSION", "AcpServer"]
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
+_LIST_READERS = 4  # `session/list` reads this many of its page's logs at once (one read group)
 Json = dict[str, Any]
 
 
@@ -254,7 +255,16 @@ class AcpServer:
         # Only the page's logs are read (one read group): the title is the first user text,
         # the last activity the last event's time. The listing alone gives order and cwd.
         group = ReadGroup()
-        sessions = [await self._info(row, group) for row in chosen]
+        limiter = trio.CapacityLimiter(_LIST_READERS)
+        sessions: list[Json] = [{} for _ in chosen]
+
+        async def describe(i: int, row: Row) -> None:
+            async with limiter:
+                sessions[i] = await self._info(row, group)
+
+        async with trio.open_nursery() as nursery:
+            for i, row in enumerate(chosen):
+                nursery.start_soon(describe, i, row)
         result: Json = {"sessions": sessions}
         if next_cursor is not None:
             result["nextCursor"] = next_cursor
