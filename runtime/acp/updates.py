@@ -21,9 +21,9 @@ Json = dict[str, Any]
 
 _TITLE_WIDTH = 80
 
-# The ACP tool kind of every tool the runtime offers or will offer (SPEC §8): the one place a
-# tool name becomes a kind. The workspace tools are listed ahead of the tools issue that adds
-# them; the five subagent tools act on agents, not on the workspace. Unknown tools are "other".
+# The ACP tool kind of every tool the runtime offers (SPEC §8): the one place a tool name becomes
+# a kind. The five subagent tools act on agents, not on the workspace; MCP tools (`mcp__*`) and
+# anything unknown are "other".
 TOOL_KINDS: Mapping[str, str] = {
     "read_file": "read",
     "list_dir": "read",

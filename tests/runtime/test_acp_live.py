@@ -134,11 +134,14 @@ def test_tool_kinds_follow_the_spec(name: str, kind: str) -> None:
     assert isinstance(parsed, ToolCallStart) and parsed.kind == kind
 
 
-def test_every_subagent_tool_has_a_kind() -> None:
+def test_every_tool_the_runtime_offers_has_its_kind() -> None:
     from subagents.runtime.delegation.service import DELEGATION_TOOLS
+    from subagents.runtime.tools.workspace_tools import READ_TOOLS, WORKSPACE_TOOL_NAMES
 
     for name in [*DELEGATION_TOOLS, "list_agents", "send_message", "interrupt_agent"]:
-        assert name in TOOL_KINDS
+        assert TOOL_KINDS[name] == "other"
+    for name in WORKSPACE_TOOL_NAMES:
+        assert TOOL_KINDS[name] == ("read" if name in READ_TOOLS else "execute" if name == "run_command" else "edit")
 
 
 # --- session/list -------------------------------------------------------------------------
