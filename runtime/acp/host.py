@@ -8,35 +8,56 @@ when stdin does; the runtime around it then drains like any other host's.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
 from ..app import Runtime, open_runtime
-from ..models.base import Model
+from ..models.base import AnyModel
+from ..models.tee import TeeModel
 from .rpc import PARSE_ERROR, Incoming, error_line, parse_line
 from .server import AcpServer
 
-__all__ = ["run_acp", "serve_acp"]
+__all__ = ["TextRelay", "run_acp", "serve_acp"]
 
 MAX_LINE = 16 * 1024 * 1024  # a longer line is refused (-32700) and skipped, not buffered
 MAX_REQUESTS = 32  # requests handled at once; the reader waits beyond
 _OUT_CAPACITY = 64
 
 
-async def run_acp(root: str, model: Model, version: str) -> int:
+class TextRelay:
+    """The `on_text` of a runtime's `TeeModel`: answer text goes to the ACP server once one
+    serves (the model is bound before the server exists)."""
+
+    def __init__(self) -> None:
+        self.target: Callable[[str, int, str], None] | None = None
+
+    def __call__(self, session_id: str, call: int, text: str) -> None:
+        if self.target is not None:
+            self.target(session_id, call, text)
+
+
+async def run_acp(root: str, model: AnyModel, version: str) -> int:
     """Serve ACP on this process's stdin and stdout over a runtime on `root`."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(os.dup(1))
-    async with stdin, stdout, open_runtime(root, model=model) as runtime:
-        await serve_acp(runtime, stdin, stdout, version=version)
+    relay = TextRelay()
+    async with stdin, stdout, open_runtime(root, model=TeeModel(model, relay)) as runtime:
+        await serve_acp(runtime, stdin, stdout, version=version, relay=relay)
     return 0
 
 
 async def serve_acp(
-    runtime: Runtime, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream, *, version: str
+    runtime: Runtime,
+    receive: trio.abc.ReceiveStream,
+    send: trio.abc.SendStream,
+    *,
+    version: str,
+    relay: TextRelay | None = None,
 ) -> None:
-    """Serve one ACP connection until `receive` ends."""
+    """Serve one ACP connection until `receive` ends. With `relay` (the `on_text` of the
+    runtime's `TeeModel`), answer text streams as the model writes it; without, each reply's
+    text is sent when it is durable."""
     out_send, out_receive = trio.open_memory_channel[bytes](_OUT_CAPACITY)
     async with trio.open_nursery() as outer:
         outer.start_soon(_write_lines, out_receive, send)
@@ -44,6 +65,8 @@ async def serve_acp(
             limiter = trio.Semaphore(MAX_REQUESTS)  # released by the request's own task
             async with trio.open_nursery() as work:
                 server = AcpServer(runtime, work, out_send, version=version)
+                if relay is not None:
+                    relay.target = server.on_text
                 async for line in _lines(receive):
                     message = (
                         parse_line(line)
@@ -55,6 +78,8 @@ async def serve_acp(
                     elif not message.is_response:  # no request of ours awaits a response yet
                         await limiter.acquire()
                         work.start_soon(_handle, server, message, limiter)
+                if relay is not None:
+                    relay.target = None
                 await server.aclose()
                 work.cancel_scope.cancel()  # prompts still waiting: the client has gone
 
