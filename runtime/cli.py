@@ -183,9 +183,9 @@ def _acp(args: argparse.Namespace) -> int:
     from .acp.host import run_acp
 
     _writable_root(args.root)
-    model = _host_model(args)
+    setup = _host_setup(args)
     _raise_open_file_limit()
-    return trio.run(run_acp, args.root, model, _version())
+    return trio.run(run_acp, args.root, setup.model, _version(), setup.runtime_options())
 
 
 def _chat_parser(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:

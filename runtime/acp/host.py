@@ -8,13 +8,15 @@ when stdin does; the runtime around it then drains like any other host's.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import trio
 
 from ..app import Runtime, open_runtime
 from ..models.base import AnyModel
 from ..models.tee import TeeModel
+from ..tools.permissions import PermissionAnswer, PermissionRequest
 from .rpc import PARSE_ERROR, Incoming, error_line, parse_line
 from .server import AcpServer
 
@@ -26,23 +28,31 @@ _OUT_CAPACITY = 64
 
 
 class TextRelay:
-    """The `on_text` of a runtime's `TeeModel`: answer text goes to the ACP server once one
-    serves (the model is bound before the server exists)."""
+    """The `on_text` of a runtime's `TeeModel`, and its approver: answer text and permission
+    questions go to the ACP server once one serves (the runtime opens before it exists)."""
 
     def __init__(self) -> None:
         self.target: Callable[[str, int, str], None] | None = None
+        self.server: AcpServer | None = None
 
     def __call__(self, session_id: str, call: int, text: str) -> None:
         if self.target is not None:
             self.target(session_id, call, text)
 
+    async def approve(self, request: PermissionRequest) -> PermissionAnswer:
+        if self.server is None:
+            return PermissionAnswer("deny", "no client is connected to ask")
+        return await self.server.approve(request)
 
-async def run_acp(root: str, model: AnyModel, version: str) -> int:
-    """Serve ACP on this process's stdin and stdout over a runtime on `root`."""
+
+async def run_acp(root: str, model: AnyModel, version: str, runtime_options: Mapping[str, Any] | None = None) -> int:
+    """Serve ACP on this process's stdin and stdout over a runtime on `root` opened with
+    `runtime_options` (the host's configuration); permission questions go to the client."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(os.dup(1))
     relay = TextRelay()
-    async with stdin, stdout, open_runtime(root, model=TeeModel(model, relay)) as runtime:
+    options = {**(runtime_options or {}), "approver": relay.approve}
+    async with stdin, stdout, open_runtime(root, model=TeeModel(model, relay), **options) as runtime:
         await serve_acp(runtime, stdin, stdout, version=version, relay=relay)
     return 0
 
@@ -67,6 +77,7 @@ async def serve_acp(
                 server = AcpServer(runtime, work, out_send, version=version)
                 if relay is not None:
                     relay.target = server.on_text
+                    relay.server = server
                 async for line in _lines(receive):
                     message = (
                         parse_line(line)
@@ -75,11 +86,13 @@ async def serve_acp(
                     )
                     if isinstance(message, bytes):
                         await out_send.send(message)
-                    elif not message.is_response:  # no request of ours awaits a response yet
+                    elif message.is_response:  # to a request of ours (a permission question)
+                        server.on_response(message)
+                    else:
                         await limiter.acquire()
                         work.start_soon(_handle, server, message, limiter)
                 if relay is not None:
-                    relay.target = None
+                    relay.target = relay.server = None
                 await server.aclose()
                 work.cancel_scope.cancel()  # prompts still waiting: the client has gone
 

@@ -29,6 +29,7 @@ from ..agent.loop import Agent
 from ..app import Runtime
 from ..errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
 from ..event_stream import open_event_stream
+from ..tools.permissions import PermissionAnswer, PermissionRequest
 from .listing import Row, iso_time, page, title_of
 from .live import LiveText
 from .params import (
@@ -52,11 +53,38 @@ from .rpc import (
     Incoming,
     error_line,
     notification_line,
+    request_line,
     result_line,
 )
-from .updates import stop_reason, updates_for
+from .updates import stop_reason, tool_kind, updates_for
 
 __all__ = ["PROTOCOL_VERSION", "AcpServer"]
+
+_PERMISSION_OPTIONS = [
+    {"optionId": "allow_once", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "allow_always", "name": "Always allow", "kind": "allow_always"},
+    {"optionId": "reject_once", "name": "Reject", "kind": "reject_once"},
+]
+
+
+def _answer(asked: _Asked) -> PermissionAnswer:
+    """The client's response as the approver's answer: a chosen allow option allows, anything
+    else (a reject, a cancelled request, an error, a malformed result) denies and says why."""
+    if asked.error is not None:
+        message = asked.error.get("message") if isinstance(asked.error, dict) else None
+        return PermissionAnswer("deny", f"the client could not ask: {message or asked.error}")
+    outcome = asked.result.get("outcome") if isinstance(asked.result, dict) else None
+    if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
+        chosen = outcome.get("optionId")
+        if chosen == "allow_once":
+            return PermissionAnswer("allow")
+        if chosen == "allow_always":
+            return PermissionAnswer("always")
+        return PermissionAnswer("deny", "the person declined the permission request")
+    if isinstance(outcome, dict) and outcome.get("outcome") == "cancelled":
+        return PermissionAnswer("deny", "the permission request was cancelled")
+    return PermissionAnswer("deny", "the client's answer to the permission request was not understood")
+
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +99,15 @@ class _Prompt:
     turn: int | None = None  # the turn that answers it, once it started
     reason: Json | None = None  # its `turn/end` reason
     cancelled: bool = False
+
+
+@attrs.define
+class _Asked:
+    """A request of ours waiting for the client's response."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Any = None
+    error: Any = None
 
 
 @attrs.define
@@ -112,6 +149,8 @@ class AcpServer:
         self._sessions: dict[str, _Session] = {}
         self._live: dict[str, _Live] = {}  # by session id: the sessions whose text streams here
         self.client_capabilities: Json = {}  # fs and terminal, as the client said (for the tools issue)
+        self._asked: dict[str, _Asked] = {}  # our `session/request_permission` requests, by id
+        self._next_request = 0
         self._methods: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "initialize": self.initialize,
             "authenticate": self.authenticate,
@@ -164,6 +203,54 @@ class AcpServer:
         agent = self.runtime.agents.get(session_id)
         live.text.text(call, text, agent.session.durable_next if agent is not None else 0)
         live.wake()
+
+    # --- permission questions (the runtime's approver) -----------------------------------------
+
+    async def approve(self, request: PermissionRequest) -> PermissionAnswer:
+        """Ask the client about one tool call of a session of this connection (or of one of its
+        subagents: asked under the session the client opened) with `session/request_permission`."""
+        sid = self._client_session_of(request.session_id)
+        if sid is None:
+            return PermissionAnswer("deny", "no client session holds this agent: there is no one to ask")
+        self._next_request += 1
+        msg_id = f"permission-{self._next_request}"
+        asked = self._asked[msg_id] = _Asked()
+        call: Json = {
+            "toolCallId": request.call_id,
+            "title": request.title,
+            "kind": tool_kind(request.tool),
+            "status": "pending",
+            "rawInput": dict(request.arguments),
+        }
+        if request.session_id != sid:
+            call["title"] = f"{request.title} (subagent {request.session_id})"
+        params = {"sessionId": sid, "toolCall": call, "options": _PERMISSION_OPTIONS}
+        try:
+            await self._out.send(request_line(msg_id, "session/request_permission", params))
+            await asked.done.wait()
+        finally:
+            self._asked.pop(msg_id, None)
+        return _answer(asked)
+
+    def on_response(self, message: Incoming) -> None:
+        """The client's response to a request of ours (one we did not send is ignored)."""
+        asked = self._asked.get(str(message.id))
+        if asked is None or asked.done.is_set():
+            return
+        asked.result, asked.error = message.result, message.error
+        asked.done.set()
+
+    def _client_session_of(self, session_id: str) -> str | None:
+        """The session this connection opened that is `session_id` or its ancestor."""
+        sid: str | None = session_id
+        for _ in range(64):  # deeper than any tree max_depth allows
+            if sid is None:
+                return None
+            if sid in self._sessions:
+                return sid
+            agent = self.runtime.agents.get(sid)
+            sid = agent.session.header.parent_session if agent is not None else None
+        return None
 
     # --- methods ----------------------------------------------------------------------------
 

@@ -21,8 +21,11 @@ import pytest
 from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
 from acp.schema import (
     AgentMessageChunk,
+    AllowedOutcome,
     ClientCapabilities,
+    DeniedOutcome,
     FileSystemCapabilities,
+    RequestPermissionResponse,
     SessionNotification,
     ToolCallProgress,
     ToolCallStart,
@@ -52,9 +55,11 @@ TOOL_THEN_TEXT = {
 class Recorder:
     """The client side: every `session/update` kept, re-validated strictly, and announced."""
 
-    def __init__(self) -> None:
+    def __init__(self, permission_answers: list[str] | None = None) -> None:
         self.updates: list[Any] = []
         self.changed = asyncio.Event()
+        self.permission_answers = list(permission_answers or [])
+        self.asked: list[tuple[str, Any, list[str]]] = []
 
     async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
         raw = {"sessionId": session_id, "update": update.model_dump(by_alias=True, exclude_none=True)}
@@ -89,8 +94,18 @@ class Recorder:
             self.changed.clear()
             await asyncio.wait_for(self.changed.wait(), TIMEOUT)
 
-    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("no permission is asked for yet")
+    # The client's answers to `session/request_permission`, in order (a test that expects no
+    # question leaves it empty: a question then fails the test).
+    permission_answers: list[str]
+
+    async def request_permission(self, session_id: str, tool_call: Any, options: list[Any], **kwargs: Any) -> Any:
+        self.asked.append((session_id, tool_call, [o.option_id for o in options]))
+        if not self.permission_answers:
+            raise AssertionError(f"an unexpected permission question: {tool_call}")
+        answer = self.permission_answers.pop(0)
+        if answer == "cancelled":
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        return RequestPermissionResponse(outcome=AllowedOutcome(option_id=answer, outcome="selected"))
 
 
 def _agent(root: Path, model: str) -> tuple[str, ...]:
@@ -508,4 +523,50 @@ def test_session_list_pages_with_titles_and_last_activity(tmp_path: Path) -> Non
             assert bad.value.code == -32602
 
     asyncio.run(main())
+    assert (tmp_path / "stderr").read_bytes() == b""
+
+
+def test_a_tool_whose_permission_is_ask_asks_the_client_and_its_answer_decides(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    calls = [
+        {"name": "write_file", "arguments": {"path": "a.txt", "content": "one"}},
+        {"name": "write_file", "arguments": {"path": "b.txt", "content": "two"}},
+        {"name": "run_command", "arguments": {"command": "touch c.txt"}},
+        {"name": "run_command", "arguments": {"command": "touch d.txt"}},
+        {"name": "run_command", "arguments": {"command": "touch e.txt"}},
+    ]
+    script = {"agents": [{"responses": [*({"tool_calls": [c]} for c in calls), {"text": "done"}]}]}
+    model = write_script(tmp_path / "script.json", script)
+    root = tmp_path / "root"
+    command = (*_agent(root, model), "--workspace", str(ws))
+
+    async def main() -> tuple[str, Recorder]:
+        # write a: allowed once; write b: rejected; run c: always; run d: remembered (not asked);
+        # a second question for run e never comes.
+        recorder = Recorder(["allow_once", "reject_once", "allow_always"])
+        async with await _connect(recorder, root, model, tmp_path / "stderr", command) as (conn, _process):
+            await _initialize(conn)
+            new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            response = await asyncio.wait_for(
+                conn.prompt(session_id=new.session_id, prompt=[text_block("go")]), TIMEOUT
+            )
+            assert response.stop_reason == "end_turn"
+            return new.session_id, recorder
+
+    session_id, recorder = asyncio.run(main())
+    assert [(sid, call.kind, call.raw_input, options) for sid, call, options in recorder.asked] == [
+        (session_id, "edit", {"path": "a.txt", "content": "one"}, ["allow_once", "allow_always", "reject_once"]),
+        (session_id, "edit", {"path": "b.txt", "content": "two"}, ["allow_once", "allow_always", "reject_once"]),
+        (session_id, "execute", {"command": "touch c.txt"}, ["allow_once", "allow_always", "reject_once"]),
+    ]
+    results = [e["text"] for e in _log(root, session_id) if e["type"] == "tool/result"]
+    assert results == [
+        "created a.txt (3 bytes)",
+        "Error: the person declined the permission request",
+        "exit code: 0",
+        "exit code: 0",
+        "exit code: 0",
+    ]
+    assert sorted(p.name for p in ws.iterdir()) == ["a.txt", "c.txt", "d.txt", "e.txt"]
     assert (tmp_path / "stderr").read_bytes() == b""
