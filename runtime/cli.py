@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import trio
 from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
 
-from .agent.loop import Agent
+from .agent.loop import Agent, TurnResult
 from .app import Runtime, open_runtime
 from .delegation.listing import ChildRow
 from .demo import run_demo
@@ -44,7 +44,7 @@ from .errors import (
 from .models.base import AnyModel, Model
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL
-from .run_output import RunWatch, result_line, stdout_binary, watch_run
+from .run_output import RunWatch, drop_stdout, result_line, stdout_binary, watch_run
 from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
@@ -318,31 +318,52 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
         stopped: AgentStopped | None = None
         async with _watching(runtime, agent, args, before) as watch:
             await agent.send(args.prompt)
-            with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
+            with interrupt.cancels():  # Ctrl-C stops the waiting
                 try:
                     result = await runtime.subagents.wait_tree_idle(agent)
                 except AgentStopped as exc:
                     stopped = exc
+            if interrupt.hit and stopped is None:
+                # Inside the watch, so the stream and the progress follow the drain to its end
+                # (a second Ctrl-C cancels everything: the runtime's own close then drains).
+                result = await _drain_on_ctrl_c(runtime, agent)
         if stopped is not None:
             print(f"subagents: {stopped}", file=sys.stderr)
             return 1
-    if interrupt.hit:
-        return 130
     output = (result.text if result is not None else None) or ""
+    if result is not None:
+        reason = result.reason
+    elif interrupt.hit:
+        reason = {"kind": "aborted", "cause": "user"}  # Ctrl-C came before a turn of the run ended
+    else:
+        reason = {"kind": "error", "message": "no turn ran"}
     if args.stream:
         if not watch.reader_gone:
-            _write_stdout(result_line(agent.session_id, output, watch.usage))
-    elif args.json:
-        print(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
-    else:
-        print(output)
-    reason = result.reason if result is not None else {"kind": "error", "message": "no turn ran"}
+            _write_stdout(result_line(agent.session_id, output, watch.usage, reason))
+    elif not interrupt.hit:
+        if args.json:
+            _print_stdout(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
+        else:
+            _print_stdout(output)
     if reason["kind"] != "completed":
         detail = f": {reason['message']}" if reason.get("message") else ""
         cause = f" ({reason['cause']})" if reason.get("cause") else ""
         print(f"subagents: the turn ended {reason['kind']}{cause}{detail}", file=sys.stderr)
-        return 1
-    return 0
+    if interrupt.hit:
+        return 130
+    return 0 if reason["kind"] == "completed" else 1
+
+
+async def _drain_on_ctrl_c(runtime: Runtime, agent: Agent) -> TurnResult | None:
+    """Ctrl-C: the root's turn is cancelled at once (two-phase, cause `user`), then the run
+    drains as the runtime's close would — every resident descendant stopped (cause
+    `disposed`; its settlement recorded in its parent's log, no notice turn started) — and the
+    root is released once its turn has closed (bounded by the registry's drain grace). Every
+    closer is durable when this returns; the root's last turn result, if one ended here."""
+    agent.cancel("user")
+    await runtime.subagents.drain()
+    await runtime.agents.stop(agent.session_id, cause="user")
+    return agent.last_result
 
 
 def _progress_wanted(args: argparse.Namespace) -> bool:
@@ -378,9 +399,22 @@ def _watching(
 
 
 def _write_stdout(data: bytes) -> None:
-    sys.stdout.flush()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    """Write `data` to stdout; a reader that went away (`run | head`) is not an error of the
+    run's: stdout is pointed at /dev/null and the run's own exit status stands."""
+    try:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        drop_stdout(sys.stdout.buffer)
+
+
+def _print_stdout(text: str) -> None:
+    """`print(text)` to stdout, flushed; a reader that went away is handled as above."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        drop_stdout(sys.stdout.buffer)
 
 
 async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:

@@ -24,7 +24,7 @@ from .event_stream import EventStream, StreamEvent, open_event_stream
 from .run_progress import RunProgress, render_progress
 from .usage import Tokens, usage_of
 
-__all__ = ["RunWatch", "result_line", "watch_run"]
+__all__ = ["RunWatch", "drop_stdout", "result_line", "watch_run"]
 
 _TICK = 0.1  # seconds between refreshes of the live display (the spinner moves)
 
@@ -45,12 +45,19 @@ def stream_usage(batch: list[StreamEvent]) -> Tokens:
     return usage_of(own)[1]
 
 
-def result_line(session_id: str, output: str, usage: Tokens) -> bytes:
-    """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage"}`
-    (`usage`: `{input_tokens, output_tokens, calls, reported}`, as `show` and `sessions` give)."""
+def result_line(session_id: str, output: str, usage: Tokens, reason: dict[str, Any]) -> bytes:
+    """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage",
+    "reason"}` (`usage`: `{input_tokens, output_tokens, calls, reported}`, as `show` and
+    `sessions` give; `reason`: how the run ended, the root's last `turn/end` reason)."""
     import json
 
-    record = {"type": "result", "session_id": session_id, "output": output, "usage": usage.to_json()}
+    record = {
+        "type": "result",
+        "session_id": session_id,
+        "output": output,
+        "usage": usage.to_json(),
+        "reason": reason,
+    }
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
@@ -134,7 +141,7 @@ async def _consume(
                         await trio.to_thread.run_sync(_write, stream_to, batch)
                     except OSError:  # `run --stream | head`: the run goes on, unheard
                         watch.reader_gone = True
-                        _drop_stdout(stream_to)
+                        drop_stdout(stream_to)
                 if live is not None:
                     live.update(render_progress(state, spinner), refresh=True)
             nursery.cancel_scope.cancel()
@@ -155,7 +162,7 @@ def _write(out: BinaryIO, batch: list[StreamEvent]) -> None:
     out.flush()
 
 
-def _drop_stdout(out: BinaryIO) -> None:
+def drop_stdout(out: BinaryIO) -> None:
     """Point stdout at /dev/null, so nothing (Python's own flush at exit included) writes to
     the pipe whose reader went away."""
     try:

@@ -530,8 +530,9 @@ class HangingServer:
 
 @pytest.mark.slow
 async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path) -> None:
-    """SIGINT while the model streams: the runtime drains (the turn is closed as aborted by
-    `disposed`, the partial text kept as an interrupted message) and the exit status is 130."""
+    """SIGINT while the model streams: the turn is cancelled as the person's (aborted, cause
+    `user`, the partial text kept as an interrupted message), the runtime drains, the reason is
+    one line on stderr, nothing is printed on stdout and the exit status is 130."""
     import signal
 
     server = HangingServer()
@@ -569,10 +570,12 @@ async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path
         await server.streaming.wait()
         process.send_signal(signal.SIGINT)
         code = await process.wait()
-        assert code == 130, (await process.stderr.receive_some(65536)).decode()
+        stderr = (await process.stderr.receive_some(65536)).decode()
+        assert code == 130, stderr
+    assert stderr == "session s1\nsubagents: the turn ended aborted (user)\n"
     records = log_records(root, "s1")[1:]
     assert [r["type"] for r in records][-2:] == ["step/end", "turn/end"]
-    assert records[-1]["data"]["reason"] == {"kind": "aborted", "cause": "disposed"}
+    assert records[-1]["data"]["reason"] == {"kind": "aborted", "cause": "user"}
     [message] = [r for r in records if r["type"] == "assistant/message"]
     assert message["data"]["interrupted"] is True and message["data"]["finish"] == "aborted"
     assert message["data"]["message"]["content"] == [{"type": "text", "text": "thinking about "}]

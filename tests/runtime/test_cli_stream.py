@@ -36,7 +36,7 @@ def parse(stdout: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     records = [json.loads(line) for line in stdout.splitlines()]
     assert all(isinstance(r, dict) for r in records)
     *events, result = records
-    assert result["type"] == "result" and set(result) == {"type", "session_id", "output", "usage"}
+    assert result["type"] == "result" and set(result) == {"type", "session_id", "output", "usage", "reason"}
     for event in events:
         assert set(event) >= {"session_id", "seq", "type", "time", "data"}
         assert event["type"] != "result"
@@ -57,7 +57,7 @@ def test_stream_prints_every_durable_event_of_the_tree_then_the_result(tmp_path:
     events, result = parse(done.stdout)
     parent = result["session_id"]
     assert done.stderr == f"session {parent}\n"  # not a terminal: nothing extra
-    assert result["output"] == "NOTED"
+    assert result["output"] == "NOTED" and result["reason"] == {"kind": "completed"}
     # The tree's usage during the run: the parent's three answers and the child's one.
     assert result["usage"] == {"input_tokens": 65, "output_tokens": 10, "calls": 4, "reported": 4}
     sessions = events_by_session(events)
@@ -83,7 +83,13 @@ def test_stream_on_a_resumed_session_prints_only_the_new_run(tmp_path: Path) -> 
     done = run(tmp_path, script_2, "--session", "s1", "--stream", "second")
     assert done.returncode == 0, done.stderr
     events, result = parse(done.stdout)
-    assert result == {"type": "result", "session_id": "s1", "output": "TWO", "usage": result["usage"]}
+    assert result == {
+        "type": "result",
+        "session_id": "s1",
+        "output": "TWO",
+        "usage": result["usage"],
+        "reason": {"kind": "completed"},
+    }
     assert [e["seq"] for e in events] == list(range(len(before), len(before) + len(events)))
     assert events[0]["type"] == "turn/start" and events[-1]["type"] == "turn/end"
 
@@ -96,6 +102,7 @@ def test_stream_after_a_failed_turn_still_ends_with_the_result_and_exits_1(tmp_p
     events, result = parse(done.stdout)
     assert result["output"] == "" and events[-1]["type"] == "turn/end"
     assert events[-1]["data"]["reason"]["kind"] == "error"
+    assert result["reason"] == events[-1]["data"]["reason"]  # how the run ended: the last turn/end's
     lines = done.stderr.splitlines()
     assert len(lines) == 2 and lines[1].startswith("subagents: the turn ended error")
 
