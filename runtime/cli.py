@@ -245,10 +245,11 @@ async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
 class _Interrupt:
     """Ctrl-C for a command: it cancels the scopes the command marked as interruptible (so the
     runtime around them closes normally and drains), or the whole command if it marked none;
-    a second Ctrl-C stops everything at once."""
+    a second Ctrl-C stops everything at once (the runtime's own close still drains, bounded)."""
 
     def __init__(self, everything: trio.CancelScope) -> None:
         self.hit = False
+        self.again = False  # a second Ctrl-C came: everything was cancelled
         self._everything = everything
         self._scopes: list[trio.CancelScope] = []
 
@@ -266,6 +267,7 @@ class _Interrupt:
     def fire(self) -> None:
         if self.hit or not self._scopes:
             self._everything.cancel()
+        self.again = self.hit
         self.hit = True
         for scope in self._scopes:
             scope.cancel()
@@ -277,6 +279,7 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         status = 130
         refused: UsageError | None = None
+        finished = False
         async with trio.open_nursery() as nursery:
             interrupt = _Interrupt(nursery.cancel_scope)
 
@@ -285,7 +288,7 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
                     interrupt.fire()
 
             async def body() -> None:
-                nonlocal status, refused
+                nonlocal status, refused, finished
                 try:
                     status = await fn(*args, interrupt=interrupt)
                 except UsageError as exc:
@@ -293,12 +296,15 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
                 except StorageError as exc:
                     print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)  # the store failed under the run
                     status = 1
+                finished = True
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(on_interrupt)
             nursery.start_soon(body)
         if refused is not None:
             raise refused
+        if interrupt.again and not finished:
+            print("subagents: interrupted again: stopped without waiting for the rest", file=sys.stderr)
         return 130 if interrupt.hit else status
 
 
@@ -324,9 +330,11 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
                 except AgentStopped as exc:
                     stopped = exc
             if interrupt.hit and stopped is None:
-                # Inside the watch, so the stream and the progress follow the drain to its end
-                # (a second Ctrl-C cancels everything: the runtime's own close then drains).
-                result = await _drain_on_ctrl_c(runtime, agent)
+                # Inside the watch, so the stream and the progress follow the drain to its end.
+                # Shielded, as the runtime's own close is (and bounded by the same graces): a
+                # second Ctrl-C stops the waiting for stdout's reader, not a write to a log.
+                with trio.CancelScope(shield=True):
+                    result = await _drain_on_ctrl_c(runtime, agent)
         if stopped is not None:
             print(f"subagents: {stopped}", file=sys.stderr)
             return 1

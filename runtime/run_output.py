@@ -5,7 +5,8 @@ descendants. `watch_run` owns one consumer task; when its block ends normally it
 stream and waits until every event durable by then has been written, so the caller can print
 the result line last. Writes to stdout go through a worker thread, a batch of ready lines per
 hop: a slow reader of the pipe holds only this stream (its bounded buffers then fall back to
-log reads), never the runtime's event loop.
+log reads), never the runtime's event loop; a cancelled watch (a second Ctrl-C) abandons a
+write its reader is not taking.
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ async def _consume(
                     state.apply(item)
                 if stream_to is not None and not watch.reader_gone:
                     try:
-                        await trio.to_thread.run_sync(_write, stream_to, batch)
+                        # Abandoned on cancel (a second Ctrl-C): a reader that stopped reading
+                        # must not hold the exit; the thread's write goes with the process.
+                        await trio.to_thread.run_sync(_write, stream_to, batch, abandon_on_cancel=True)
                     except OSError:  # `run --stream | head`: the run goes on, unheard
                         watch.reader_gone = True
                         drop_stdout(stream_to)
@@ -158,8 +161,17 @@ async def _tick(live: Any) -> None:
 
 
 def _write(out: BinaryIO, batch: list[StreamEvent]) -> None:
-    out.write(b"".join(item.json_bytes() + b"\n" for item in batch))
-    out.flush()
+    data = memoryview(b"".join(item.json_bytes() + b"\n" for item in batch))
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # not a real file (a test's buffer)
+        out.write(data)
+        out.flush()
+        return
+    # Straight to the descriptor, not through `out`'s buffer: an abandoned write must not hold
+    # the buffer's lock when Python flushes stdout at exit.
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def drop_stdout(out: BinaryIO) -> None:
