@@ -243,34 +243,42 @@ async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
 
 
 class _Interrupt:
-    """Ctrl-C for a command: it cancels the scopes the command marked as interruptible (so the
-    runtime around them closes normally and drains), or the whole command if it marked none;
-    a second Ctrl-C stops everything at once (the runtime's own close still drains, bounded)."""
+    """Ctrl-C for a command. The command marks scopes with the Ctrl-C that cancels them
+    (`cancels(on=1)`: the first; `on=2`: the second); the Nth Ctrl-C cancels every open scope
+    marked N or lower, and a scope entered after it is cancelled at once. A Ctrl-C no open
+    scope waits for (a command that marked none, or a third one in `run`) cancels the whole
+    command at once. Scopes, not the whole command: the runtime around them then closes
+    normally and drains."""
 
     def __init__(self, everything: trio.CancelScope) -> None:
-        self.hit = False
-        self.again = False  # a second Ctrl-C came: everything was cancelled
+        self.hits = 0
         self._everything = everything
-        self._scopes: list[trio.CancelScope] = []
+        self._scopes: list[tuple[int, trio.CancelScope]] = []
+
+    @property
+    def hit(self) -> bool:
+        """Ctrl-C came at least once."""
+        return self.hits > 0
 
     @contextmanager
-    def cancels(self) -> Iterator[trio.CancelScope]:
+    def cancels(self, on: int = 1) -> Iterator[trio.CancelScope]:
         with trio.CancelScope() as scope:
-            self._scopes.append(scope)
-            if self.hit:
+            entry = (on, scope)
+            self._scopes.append(entry)
+            if self.hits >= on:
                 scope.cancel()
             try:
                 yield scope
             finally:
-                self._scopes.remove(scope)
+                self._scopes.remove(entry)
 
     def fire(self) -> None:
-        if self.hit or not self._scopes:
+        self.hits += 1
+        if not any(on >= self.hits for on, _ in self._scopes):
             self._everything.cancel()
-        self.again = self.hit
-        self.hit = True
-        for scope in self._scopes:
-            scope.cancel()
+        for on, scope in self._scopes:
+            if on <= self.hits:
+                scope.cancel()
 
 
 async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
@@ -279,7 +287,6 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
     with trio.open_signal_receiver(signal.SIGINT) as signals:
         status = 130
         refused: UsageError | None = None
-        finished = False
         async with trio.open_nursery() as nursery:
             interrupt = _Interrupt(nursery.cancel_scope)
 
@@ -288,7 +295,7 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
                     interrupt.fire()
 
             async def body() -> None:
-                nonlocal status, refused, finished
+                nonlocal status, refused
                 try:
                     status = await fn(*args, interrupt=interrupt)
                 except UsageError as exc:
@@ -296,48 +303,27 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
                 except StorageError as exc:
                     print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)  # the store failed under the run
                     status = 1
-                finished = True
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(on_interrupt)
             nursery.start_soon(body)
         if refused is not None:
             raise refused
-        if interrupt.again and not finished:
-            print("subagents: interrupted again: stopped without waiting for the rest", file=sys.stderr)
         return 130 if interrupt.hit else status
 
 
 async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt) -> int:
     async with open_runtime(args.root, model=model, compression=args.compression) as runtime:
-        watched = args.stream or _progress_wanted(args)
-        # The stream starts where the log ended before the resume: its closers and a notice
-        # turn it starts are part of this run.
-        before = await _event_count(runtime, args.session) if watched else None
-        try:
-            agent = await _session_agent(runtime, args.session)
-        except (StorageError, AgentError) as exc:
-            raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
-        # Named before the work starts, so a person can resume it (`run --session ID`).
-        print(f"session {agent.session_id}", file=sys.stderr, flush=True)
-        result = None
-        stopped: AgentStopped | None = None
-        async with _watching(runtime, agent, args, before) as watch:
-            await agent.send(args.prompt)
-            with interrupt.cancels():  # Ctrl-C stops the waiting
-                try:
-                    result = await runtime.subagents.wait_tree_idle(agent)
-                except AgentStopped as exc:
-                    stopped = exc
-            if interrupt.hit and stopped is None:
-                # Inside the watch, so the stream and the progress follow the drain to its end.
-                # Shielded, as the runtime's own close is (and bounded by the same graces): a
-                # second Ctrl-C stops the waiting for stdout's reader, not a write to a log.
-                with trio.CancelScope(shield=True):
-                    result = await _drain_on_ctrl_c(runtime, agent)
-        if stopped is not None:
-            print(f"subagents: {stopped}", file=sys.stderr)
-            return 1
+        # Ctrl-C: the first stops the work and drains (below), the second stops the waiting for
+        # stdout's reader; either way the runtime then closes normally. (A third stops it all.)
+        with interrupt.cancels(on=2) as again:
+            ran = await _run_in(runtime, args, interrupt)
+        if again.cancelled_caught:
+            print("subagents: interrupted again: stopped without waiting for the rest", file=sys.stderr)
+            return 130
+    if isinstance(ran, int):
+        return ran
+    agent, result, watch = ran
     output = (result.text if result is not None else None) or ""
     if result is not None:
         reason = result.reason
@@ -362,13 +348,51 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
     return 0 if reason["kind"] == "completed" else 1
 
 
+async def _run_in(
+    runtime: Runtime, args: argparse.Namespace, interrupt: _Interrupt
+) -> int | tuple[Agent, TurnResult | None, RunWatch]:
+    """`run`'s work in an open runtime: the status when it ended early, else the agent, its
+    last turn's result and what the watch saw."""
+    watched = args.stream or _progress_wanted(args)
+    # The stream starts where the log ended before the resume: its closers and a notice
+    # turn it starts are part of this run.
+    before = await _event_count(runtime, args.session) if watched else None
+    try:
+        agent = await _session_agent(runtime, args.session)
+    except (StorageError, AgentError) as exc:
+        raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
+    # Named before the work starts, so a person can resume it (`run --session ID`).
+    print(f"session {agent.session_id}", file=sys.stderr, flush=True)
+    result = None
+    stopped: AgentStopped | None = None
+    async with _watching(runtime, agent, args, before) as watch:
+        with interrupt.cancels():  # the first Ctrl-C stops the work
+            await agent.send(args.prompt)
+            try:
+                result = await runtime.subagents.wait_tree_idle(agent)
+            except AgentStopped as exc:
+                stopped = exc
+        if interrupt.hit and stopped is None:
+            # Inside the watch, so the stream and the progress follow the drain to its end.
+            # Shielded, as the runtime's own close is (and bounded by the same graces): the
+            # second Ctrl-C stops the waiting for stdout's reader, not a write to a log.
+            with trio.CancelScope(shield=True):
+                result = await _drain_on_ctrl_c(runtime, agent)
+    if stopped is not None:
+        print(f"subagents: {stopped}", file=sys.stderr)
+        return 1
+    return agent, result, watch
+
+
 async def _drain_on_ctrl_c(runtime: Runtime, agent: Agent) -> TurnResult | None:
-    """Ctrl-C: the root's turn is cancelled at once (two-phase, cause `user`), then the run
-    drains as the runtime's close would — every resident descendant stopped (cause
+    """Ctrl-C: the root's turn is cancelled at once (two-phase, cause `user`) and closes; then
+    the run drains as the runtime's close would — every resident descendant stopped (cause
     `disposed`; its settlement recorded in its parent's log, no notice turn started) — and the
-    root is released once its turn has closed (bounded by the registry's drain grace). Every
-    closer is durable when this returns; the root's last turn result, if one ended here."""
+    root is released. Each wait is bounded by the registry's drain grace. Every closer is
+    durable when this returns; the root's last turn result, if one ended in this run."""
     agent.cancel("user")
+    with trio.move_on_after(runtime.agents.drain_grace):
+        await agent.wait_turn_closed()  # so its children's settlements land after its turn/end
     await runtime.subagents.drain()
     await runtime.agents.stop(agent.session_id, cause="user")
     return agent.last_result
