@@ -95,7 +95,7 @@ STEPS = [
     ),
     (
         [ev("root", 3, "turn/end", {"turn": 2, "reason": {"kind": "aborted", "cause": "user"}})],
-        "root · turn 2 · ended aborted",
+        "root · turn 2 · ended aborted (user)",
         {},
     ),
     (  # a grandchild hangs below its parent; events of unknown sessions change nothing
@@ -264,7 +264,7 @@ def test_ctrl_c_on_a_terminal_follows_the_drain_then_leaves_a_clean_screen(tmp_p
     assert stdout == ""
     assert "Traceback" not in terminal
     # The display followed the drain: the root's turn ended aborted and the child settled.
-    assert "ended aborted" in terminal
+    assert "turn 1 · ended aborted (user)" in terminal
     assert "[settled: aborted] — helper" in terminal
     # Then it was taken down: no status line or tree is left half-drawn, the cursor is back.
     assert screen(terminal) == (["session p1", "subagents: the turn ended aborted (user)"], True)
