@@ -325,12 +325,12 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
         return ran
     agent, result, watch = ran
     output = (result.text if result is not None else None) or ""
-    if result is not None:
-        reason = result.reason
-    elif interrupt.hit:
-        reason = {"kind": "aborted", "cause": "user"}  # Ctrl-C came before a turn of the run ended
-    else:
-        reason = {"kind": "error", "message": "no turn ran"}
+    reason = result.reason if result is not None else {"kind": "error", "message": "no turn ran"}
+    between_turns = interrupt.hit and (result is None or reason["kind"] == "completed")
+    if between_turns:
+        # Ctrl-C while no turn of the root ran (before its first, or while only its children
+        # worked): the run still ended as the person's abort.
+        reason = {"kind": "aborted", "cause": "user"}
     if args.stream:
         if not watch.reader_gone:
             _write_stdout(result_line(agent.session_id, output, watch.usage, reason))
@@ -339,7 +339,9 @@ async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt)
             _print_stdout(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
         else:
             _print_stdout(output)
-    if reason["kind"] != "completed":
+    if between_turns:
+        print("subagents: interrupted while no turn ran (running subagents were stopped)", file=sys.stderr)
+    elif reason["kind"] != "completed":
         detail = f": {reason['message']}" if reason.get("message") else ""
         cause = f" ({reason['cause']})" if reason.get("cause") else ""
         print(f"subagents: the turn ended {reason['kind']}{cause}{detail}", file=sys.stderr)

@@ -286,6 +286,44 @@ def test_ctrl_c_with_a_background_child_disposes_it_and_streams_both_to_the_end(
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_only_a_background_child_works_stops_it_and_says_so(tmp_path: Path) -> None:
+    # The parent's turn has completed; `run` waits for its child. Ctrl-C stops the child
+    # (disposed); its settlement is recorded and starts no notice turn. The parent's last
+    # turn/end is `completed`, but the run ended as the person's abort: the result says so.
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {"tool_calls": [{"name": "subagent", "arguments": {"description": "helper", "prompt": "do it"}}]},
+                    {"text": "STARTED"},
+                ]
+            },
+            {"label": "helper", "responses": [{"hang": True}]},
+        ]
+    }
+    running = Running(tmp_path, script, "--session", "p1", "go")
+    seen: set[tuple[bool, str]] = set()
+
+    def both_seen(record: dict[str, Any]) -> bool:  # the parent's turn ended, the child's runs
+        seen.add((record["session_id"] == "p1", record["type"]))
+        return {(True, "turn/end"), (False, "user/message")} <= seen
+
+    running.read_until(both_seen)
+    running.interrupt()
+    code, stdout, stderr = running.finish()
+    assert code == 130, stderr
+    events, result = parse(stdout)
+    assert stderr == "session p1\nsubagents: interrupted while no turn ran (running subagents were stopped)\n"
+    sessions = assert_streamed_as_logged(tmp_path / "root", events)
+    [child_id] = [sid for sid in sessions if sid != "p1"]
+    assert sessions[child_id][-1]["data"]["reason"] == {"kind": "aborted", "cause": "disposed"}
+    parent = sessions["p1"]
+    assert [e["type"] for e in parent[-2:]] == ["turn/end", "subagent/settled"]  # no notice turn
+    assert parent[-2]["data"]["reason"] == {"kind": "completed"}
+    assert result["output"] == "STARTED" and result["reason"] == ABORTED_USER
+
+
+@pytest.mark.slow
 def test_ctrl_c_after_the_reader_went_away_still_drains_quietly(tmp_path: Path) -> None:
     running = Running(tmp_path, HANGS, "--session", "s1", "go")
     running.read_until(starts("s1", "turn/start"))
