@@ -390,13 +390,15 @@ async def _drain_on_ctrl_c(runtime: Runtime, agent: Agent) -> TurnResult | None:
     """Ctrl-C: the root's turn is cancelled at once (two-phase, cause `user`) and closes; then
     the run drains as the runtime's close would — every resident descendant stopped (cause
     `disposed`; its settlement recorded in its parent's log, no notice turn started) — and the
-    root is released. Each wait is bounded by the registry's drain grace. Every closer is
-    durable when this returns; the root's last turn result, if one ended in this run."""
+    root is released, then any other agent. Each wait is bounded by the registry's drain
+    grace. Every closer is durable when this returns, so the watch streams it; the root's last
+    turn result, if one ended in this run."""
     agent.cancel("user")
     with trio.move_on_after(runtime.agents.drain_grace):
         await agent.wait_turn_closed()  # so its children's settlements land after its turn/end
     await runtime.subagents.drain()
     await runtime.agents.stop(agent.session_id, cause="user")
+    await runtime.agents.aclose()  # any other agent, as the close would (none in a plain run)
     return agent.last_result
 
 
