@@ -249,7 +249,9 @@ def test_ctrl_c_streams_the_closers_and_the_turn_end_then_the_result(tmp_path: P
     assert stderr == "session s1\nsubagents: the turn ended aborted (user)\n"
     sessions = assert_streamed_as_logged(tmp_path / "root", events)
     assert list(sessions) == ["s1"]
-    assert events[-1]["type"] == "turn/end" and events[-1]["data"]["reason"] == ABORTED_USER
+    # The closers (SPEC 3.4): the open step's end, then the turn's, aborted by the person.
+    assert [e["type"] for e in events][-2:] == ["step/end", "turn/end"]
+    assert events[-1]["data"]["reason"] == ABORTED_USER
     assert result == {
         "type": "result",
         "session_id": "s1",
