@@ -41,7 +41,6 @@ from .errors import (
     SubagentsError,
     UsageError,
 )
-from .models.base import AnyModel, Model
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL
 from .run_output import RunWatch, drop_stdout, result_line, stdout_binary, watch_run
@@ -312,8 +311,11 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
         return 130 if interrupt.hit else status
 
 
-async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt) -> int:
-    async with open_runtime(args.root, model=model, compression=args.compression) as runtime:
+async def _run(args: argparse.Namespace, setup: HostSetup, *, interrupt: _Interrupt) -> int:
+    from .host_setup import headless_approver
+
+    options = {**setup.runtime_options(), "approver": headless_approver}
+    async with open_runtime(args.root, model=setup.model, compression=args.compression, **options) as runtime:
         # Ctrl-C: the first stops the work and drains (below), the second stops the waiting for
         # stdout's reader; either way the runtime then closes normally. (A third stops it all.)
         with interrupt.cancels(on=2) as again:
@@ -724,11 +726,6 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _host_model(args: argparse.Namespace) -> AnyModel:
-    """The root model a host command asks for (flag, then subagents.toml, then the default)."""
-    return _host_setup(args).model
-
-
 def _chat(args: argparse.Namespace) -> int:
     """`chat`: arguments checked as `run` checks them, then the chat (runtime/chat.py) on a
     terminal (prompt-toolkit) or on piped lines."""
@@ -792,9 +789,9 @@ def _command(args: argparse.Namespace) -> int:
             _writable_root(args.root)
             if args.session is not None:
                 _session_id_arg(args.session)
-            model = _host_model(args)
+            setup = _host_setup(args)
             _raise_open_file_limit()
-            return trio.run(_until_interrupted, _run, args, model)
+            return trio.run(_until_interrupted, _run, args, setup)
         if args.command == "acp":
             return _acp(args)
     except UsageError as exc:
