@@ -109,3 +109,49 @@ def test_headless_run_denies_ask_and_says_how_to_allow_it(tmp_path: Path) -> Non
     (tmp_path / "subagents.toml").write_text('[permissions]\nrun_command = "allow"\n')
     assert cli(tmp_path, "run", "--model", model, "--root", str(tmp_path / "root"), "go").returncode == 0
     assert (tmp_path / "x").exists()
+
+
+@pytest.mark.slow  # real subagents processes, one killed mid-command
+def test_a_run_killed_mid_command_resumes_with_the_closers(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    fifo = tmp_path / "started"
+    os.mkfifo(fifo)
+    (tmp_path / "subagents.toml").write_text('[permissions]\nrun_command = "allow"\n')
+    command = f"echo $$ > {fifo}; exec sleep 1000"
+    script = {
+        "agents": [
+            {
+                "session": "s",
+                "responses": [
+                    {"tool_calls": [{"name": "run_command", "arguments": {"command": command}}]},
+                    {"text": "after the restart"},
+                ],
+            }
+        ]
+    }
+    model = write_script(tmp_path / "s.json", script)
+    root = str(tmp_path / "root")
+    env = clean_env()
+    run = subprocess.Popen(
+        [*CLI, "run", "--model", model, "--root", root, "--session", "s", "go"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    sleeper = int(fifo.read_text())  # the command runs: kill the host under it
+    run.kill()
+    run.wait(timeout=60)
+    os.kill(sleeper, signal.SIGKILL)  # its own process group outlived the host
+    # A script runs per process: the restarted host's session answers from its own.
+    after = write_script(tmp_path / "after.json", {"agents": [{"session": "s", "responses": [{"text": "resumed"}]}]})
+    done = cli(tmp_path, "run", "--model", after, "--root", root, "--session", "s", "again")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "resumed\n"
+    shown = json.loads(cli(tmp_path, "show", "--root", root, "--json", "s").stdout)
+    (result,) = [e for e in shown if e["type"] == "tool/result"]
+    assert result["is_error"] and result["text"].startswith("The tool call was interrupted after it was recorded")
+    ends = [e["reason"]["kind"] for e in shown if e["type"] == "turn/end"]
+    assert ends == ["interrupted", "completed"]
