@@ -28,11 +28,9 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import aclosing
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import attrs
 import msgspec
 import trio
 from subagents.storage import SessionNotFound, StorageError
@@ -44,7 +42,8 @@ from .chat_terminal import CTRL_C
 from .delegation.listing import ChildRow
 from .errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from .event_stream import StreamEvent, open_event_stream
-from .models.base import AnyModel, Chunk, Model, ModelRequest, SessionBinding, TextDelta, bind_model
+from .models.base import AnyModel
+from .models.tee import TeeModel
 from .run_progress import ChildStatus, RunProgress
 from .tools.permissions import PermissionAnswer, PermissionRequest
 from .tools.subagent_tools import agent_status, render_agents
@@ -160,41 +159,6 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
         lines = render([e])
         return lines[0] if lines else None
     return None
-
-
-# on_text(session_id, call, text): `call` is how many `assistant/message` events the session
-# had when the model call began, so its reply will be the next one.
-OnText = Callable[[str, int, str], None]
-
-
-@attrs.frozen
-class _TeedModel:
-    """A session's model whose text deltas are also handed on as they arrive."""
-
-    inner: Model
-    session: SessionBinding
-    on_text: OnText
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
-        call = self.session.assistant_count()
-        async with aclosing(self.inner.stream(request)) as chunks:  # type: ignore[type-var]  # the seam types stream() as an AsyncIterator; every transport's is an async generator
-            async for chunk in chunks:
-                if isinstance(chunk, TextDelta) and request.purpose == "turn":
-                    self.on_text(self.session.session_id, call, chunk.text)
-                yield chunk
-
-
-@attrs.frozen
-class TeeModel:
-    """The chat's model: `inner`, bound per session as the runtime binds it, with every
-    session's answer text handed to `on_text` as it streams (the view shows its own
-    session's). The durable `assistant/message` stays the record."""
-
-    inner: AnyModel
-    on_text: OnText
-
-    def bind(self, session: SessionBinding) -> Model:
-        return _TeedModel(bind_model(self.inner, session), session, self.on_text)
 
 
 class _View:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import trio
 from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
 
-from .agent.loop import Agent
+from .agent.loop import Agent, TurnResult
 from .app import Runtime, open_runtime
 from .cli_operator import OPERATOR_COMMANDS, add_operator_commands, operator_command, tail_command
 from .delegation.listing import ChildRow
@@ -42,10 +42,9 @@ from .errors import (
     SubagentsError,
     UsageError,
 )
-from .models.base import AnyModel, Model
 from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from .models.specs import DEFAULT_MODEL
-from .run_output import RunWatch, result_line, stdout_binary, watch_run
+from .run_output import RunWatch, drop_stdout, result_line, stdout_binary, watch_run
 from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
 from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
@@ -185,9 +184,9 @@ def _acp(args: argparse.Namespace) -> int:
     from .acp.host import run_acp
 
     _writable_root(args.root)
-    model = _host_model(args)
+    setup = _host_setup(args)
     _raise_open_file_limit()
-    return trio.run(run_acp, args.root, model, _version())
+    return trio.run(run_acp, args.root, setup.model, _version(), setup.runtime_options())
 
 
 def _chat_parser(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
@@ -245,32 +244,42 @@ async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
 
 
 class _Interrupt:
-    """Ctrl-C for a command: it cancels the scopes the command marked as interruptible (so the
-    runtime around them closes normally and drains), or the whole command if it marked none;
-    a second Ctrl-C stops everything at once."""
+    """Ctrl-C for a command. The command marks scopes with the Ctrl-C that cancels them
+    (`cancels(on=1)`: the first; `on=2`: the second); the Nth Ctrl-C cancels every open scope
+    marked N or lower, and a scope entered after it is cancelled at once. A Ctrl-C no open
+    scope waits for (a command that marked none, or a third one in `run`) cancels the whole
+    command at once. Scopes, not the whole command: the runtime around them then closes
+    normally and drains."""
 
     def __init__(self, everything: trio.CancelScope) -> None:
-        self.hit = False
+        self.hits = 0
         self._everything = everything
-        self._scopes: list[trio.CancelScope] = []
+        self._scopes: list[tuple[int, trio.CancelScope]] = []
+
+    @property
+    def hit(self) -> bool:
+        """Ctrl-C came at least once."""
+        return self.hits > 0
 
     @contextmanager
-    def cancels(self) -> Iterator[trio.CancelScope]:
+    def cancels(self, on: int = 1) -> Iterator[trio.CancelScope]:
         with trio.CancelScope() as scope:
-            self._scopes.append(scope)
-            if self.hit:
+            entry = (on, scope)
+            self._scopes.append(entry)
+            if self.hits >= on:
                 scope.cancel()
             try:
                 yield scope
             finally:
-                self._scopes.remove(scope)
+                self._scopes.remove(entry)
 
     def fire(self) -> None:
-        if self.hit or not self._scopes:
+        self.hits += 1
+        if not any(on >= self.hits for on, _ in self._scopes):
             self._everything.cancel()
-        self.hit = True
-        for scope in self._scopes:
-            scope.cancel()
+        for on, scope in self._scopes:
+            if on <= self.hits:
+                scope.cancel()
 
 
 async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
@@ -304,47 +313,97 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
         return 130 if interrupt.hit else status
 
 
-async def _run(args: argparse.Namespace, model: Model, *, interrupt: _Interrupt) -> int:
-    async with open_runtime(args.root, model=model, compression=args.compression) as runtime:
-        watched = args.stream or _progress_wanted(args)
-        # The stream starts where the log ended before the resume: its closers and a notice
-        # turn it starts are part of this run.
-        before = await _event_count(runtime, args.session) if watched else None
-        try:
-            agent = await _session_agent(runtime, args.session)
-        except (StorageError, AgentError) as exc:
-            raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
-        # Named before the work starts, so a person can resume it (`run --session ID`).
-        print(f"session {agent.session_id}", file=sys.stderr, flush=True)
-        result = None
-        stopped: AgentStopped | None = None
-        async with _watching(runtime, agent, args, before) as watch:
-            await agent.send(args.prompt)
-            with interrupt.cancels():  # Ctrl-C stops the waiting; closing the runtime drains
-                try:
-                    result = await runtime.subagents.wait_tree_idle(agent)
-                except AgentStopped as exc:
-                    stopped = exc
-        if stopped is not None:
-            print(f"subagents: {stopped}", file=sys.stderr)
-            return 1
-    if interrupt.hit:
-        return 130
+async def _run(args: argparse.Namespace, setup: HostSetup, *, interrupt: _Interrupt) -> int:
+    from .host_setup import headless_approver
+
+    options = {**setup.runtime_options(), "approver": headless_approver}
+    async with open_runtime(args.root, model=setup.model, compression=args.compression, **options) as runtime:
+        # Ctrl-C: the first stops the work and drains (below), the second stops the waiting for
+        # stdout's reader; either way the runtime then closes normally. (A third stops it all.)
+        with interrupt.cancels(on=2) as again:
+            ran = await _run_in(runtime, args, interrupt)
+        if again.cancelled_caught:
+            print("subagents: interrupted again: stopped without waiting for the rest", file=sys.stderr)
+            return 130
+    if isinstance(ran, int):
+        return ran
+    agent, result, watch = ran
     output = (result.text if result is not None else None) or ""
+    reason = result.reason if result is not None else {"kind": "error", "message": "no turn ran"}
+    between_turns = interrupt.hit and (result is None or reason["kind"] == "completed")
+    if between_turns:
+        # Ctrl-C while no turn of the root ran (before its first, or while only its children
+        # worked): the run still ended as the person's abort.
+        reason = {"kind": "aborted", "cause": "user"}
     if args.stream:
         if not watch.reader_gone:
-            _write_stdout(result_line(agent.session_id, output, watch.usage))
-    elif args.json:
-        print(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
-    else:
-        print(output)
-    reason = result.reason if result is not None else {"kind": "error", "message": "no turn ran"}
-    if reason["kind"] != "completed":
+            _write_stdout(result_line(agent.session_id, output, watch.usage, reason))
+    elif not interrupt.hit:
+        if args.json:
+            _print_stdout(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
+        else:
+            _print_stdout(output)
+    if between_turns:
+        print("subagents: interrupted while no turn ran (running subagents were stopped)", file=sys.stderr)
+    elif reason["kind"] != "completed":
         detail = f": {reason['message']}" if reason.get("message") else ""
         cause = f" ({reason['cause']})" if reason.get("cause") else ""
         print(f"subagents: the turn ended {reason['kind']}{cause}{detail}", file=sys.stderr)
+    if interrupt.hit:
+        return 130
+    return 0 if reason["kind"] == "completed" else 1
+
+
+async def _run_in(
+    runtime: Runtime, args: argparse.Namespace, interrupt: _Interrupt
+) -> int | tuple[Agent, TurnResult | None, RunWatch]:
+    """`run`'s work in an open runtime: the status when it ended early, else the agent, its
+    last turn's result and what the watch saw."""
+    watched = args.stream or _progress_wanted(args)
+    # The stream starts where the log ended before the resume: its closers and a notice
+    # turn it starts are part of this run.
+    before = await _event_count(runtime, args.session) if watched else None
+    try:
+        agent = await _session_agent(runtime, args.session)
+    except (StorageError, AgentError) as exc:
+        raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
+    # Named before the work starts, so a person can resume it (`run --session ID`).
+    print(f"session {agent.session_id}", file=sys.stderr, flush=True)
+    result = None
+    stopped: AgentStopped | None = None
+    async with _watching(runtime, agent, args, before) as watch:
+        with interrupt.cancels():  # the first Ctrl-C stops the work
+            await agent.send(args.prompt)
+            try:
+                result = await runtime.subagents.wait_tree_idle(agent)
+            except AgentStopped as exc:
+                stopped = exc
+        if interrupt.hit and stopped is None:
+            # Inside the watch, so the stream and the progress follow the drain to its end.
+            # Shielded, as the runtime's own close is (and bounded by the same graces): the
+            # second Ctrl-C stops the waiting for stdout's reader, not a write to a log.
+            with trio.CancelScope(shield=True):
+                result = await _drain_on_ctrl_c(runtime, agent)
+    if stopped is not None:
+        print(f"subagents: {stopped}", file=sys.stderr)
         return 1
-    return 0
+    return agent, result, watch
+
+
+async def _drain_on_ctrl_c(runtime: Runtime, agent: Agent) -> TurnResult | None:
+    """Ctrl-C: the root's turn is cancelled at once (two-phase, cause `user`) and closes; then
+    the run drains as the runtime's close would — every resident descendant stopped (cause
+    `disposed`; its settlement recorded in its parent's log, no notice turn started) — and the
+    root is released, then any other agent. Each wait is bounded by the registry's drain
+    grace. Every closer is durable when this returns, so the watch streams it; the root's last
+    turn result, if one ended in this run."""
+    agent.cancel("user")
+    with trio.move_on_after(runtime.agents.drain_grace):
+        await agent.wait_turn_closed()  # so its children's settlements land after its turn/end
+    await runtime.subagents.drain()
+    await runtime.agents.stop(agent.session_id, cause="user")
+    await runtime.agents.aclose()  # any other agent, as the close would (none in a plain run)
+    return agent.last_result
 
 
 def _progress_wanted(args: argparse.Namespace) -> bool:
@@ -380,9 +439,22 @@ def _watching(
 
 
 def _write_stdout(data: bytes) -> None:
-    sys.stdout.flush()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    """Write `data` to stdout; a reader that went away (`run | head`) is not an error of the
+    run's: stdout is pointed at /dev/null and the run's own exit status stands."""
+    try:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        drop_stdout(sys.stdout.buffer)
+
+
+def _print_stdout(text: str) -> None:
+    """`print(text)` to stdout, flushed; a reader that went away is handled as above."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        drop_stdout(sys.stdout.buffer)
 
 
 async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
@@ -656,11 +728,6 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _host_model(args: argparse.Namespace) -> AnyModel:
-    """The root model a host command asks for (flag, then subagents.toml, then the default)."""
-    return _host_setup(args).model
-
-
 def _chat(args: argparse.Namespace) -> int:
     """`chat`: arguments checked as `run` checks them, then the chat (runtime/chat.py) on a
     terminal (prompt-toolkit) or on piped lines."""
@@ -741,9 +808,9 @@ def _command(args: argparse.Namespace) -> int:
             _writable_root(args.root)
             if args.session is not None:
                 _session_id_arg(args.session)
-            model = _host_model(args)
+            setup = _host_setup(args)
             _raise_open_file_limit()
-            return trio.run(_until_interrupted, _run, args, model)
+            return trio.run(_until_interrupted, _run, args, setup)
         if args.command == "acp":
             return _acp(args)
         if args.command in (*OPERATOR_COMMANDS, "tail"):

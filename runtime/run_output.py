@@ -5,7 +5,8 @@ descendants. `watch_run` owns one consumer task; when its block ends normally it
 stream and waits until every event durable by then has been written, so the caller can print
 the result line last. Writes to stdout go through a worker thread, a batch of ready lines per
 hop: a slow reader of the pipe holds only this stream (its bounded buffers then fall back to
-log reads), never the runtime's event loop.
+log reads), never the runtime's event loop; a cancelled watch (a second Ctrl-C) abandons a
+write its reader is not taking.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .event_stream import EventStream, StreamEvent, open_event_stream
 from .run_progress import RunProgress, render_progress
 from .usage import Tokens, usage_of
 
-__all__ = ["RunWatch", "result_line", "watch_run"]
+__all__ = ["RunWatch", "drop_stdout", "result_line", "watch_run"]
 
 _TICK = 0.1  # seconds between refreshes of the live display (the spinner moves)
 
@@ -45,12 +46,19 @@ def stream_usage(batch: list[StreamEvent]) -> Tokens:
     return usage_of(own)[1]
 
 
-def result_line(session_id: str, output: str, usage: Tokens) -> bytes:
-    """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage"}`
-    (`usage`: `{input_tokens, output_tokens, calls, reported}`, as `show` and `sessions` give)."""
+def result_line(session_id: str, output: str, usage: Tokens, reason: dict[str, Any]) -> bytes:
+    """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage",
+    "reason"}` (`usage`: `{input_tokens, output_tokens, calls, reported}`, as `show` and
+    `sessions` give; `reason`: how the run ended, the root's last `turn/end` reason)."""
     import json
 
-    record = {"type": "result", "session_id": session_id, "output": output, "usage": usage.to_json()}
+    record = {
+        "type": "result",
+        "session_id": session_id,
+        "output": output,
+        "usage": usage.to_json(),
+        "reason": reason,
+    }
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
@@ -131,10 +139,12 @@ async def _consume(
                     state.apply(item)
                 if stream_to is not None and not watch.reader_gone:
                     try:
-                        await trio.to_thread.run_sync(_write, stream_to, batch)
+                        # Abandoned on cancel (a second Ctrl-C): a reader that stopped reading
+                        # must not hold the exit; the thread's write goes with the process.
+                        await trio.to_thread.run_sync(_write, stream_to, batch, abandon_on_cancel=True)
                     except OSError:  # `run --stream | head`: the run goes on, unheard
                         watch.reader_gone = True
-                        _drop_stdout(stream_to)
+                        drop_stdout(stream_to)
                 if live is not None:
                     live.update(render_progress(state, spinner), refresh=True)
             nursery.cancel_scope.cancel()
@@ -151,11 +161,20 @@ async def _tick(live: Any) -> None:
 
 
 def _write(out: BinaryIO, batch: list[StreamEvent]) -> None:
-    out.write(b"".join(item.json_bytes() + b"\n" for item in batch))
-    out.flush()
+    data = memoryview(b"".join(item.json_bytes() + b"\n" for item in batch))
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError):  # not a real file (a test's buffer)
+        out.write(data)
+        out.flush()
+        return
+    # Straight to the descriptor, not through `out`'s buffer: an abandoned write must not hold
+    # the buffer's lock when Python flushes stdout at exit.
+    while data:
+        data = data[os.write(fd, data) :]
 
 
-def _drop_stdout(out: BinaryIO) -> None:
+def drop_stdout(out: BinaryIO) -> None:
     """Point stdout at /dev/null, so nothing (Python's own flush at exit included) writes to
     the pipe whose reader went away."""
     try:

@@ -87,7 +87,9 @@ class RunProgress:
             self.activity = "compacting"
         elif kind == "turn/end":
             reason = _reason_kind(data)
-            self.activity = "done" if reason == "completed" else f"ended {reason}"
+            cause = data["reason"].get("cause") if isinstance(data.get("reason"), dict) else None
+            said = f" ({cause})" if isinstance(cause, str) else ""  # who aborted it: user, parent…
+            self.activity = "done" if reason == "completed" else f"ended {reason}{said}"
 
     def running_children(self) -> int:
         return sum(1 for c in self.children.values() if c.state in ("starting", "running"))

@@ -8,35 +8,66 @@ when stdin does; the runtime around it then drains like any other host's.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import trio
 
 from ..app import Runtime, open_runtime
-from ..models.base import Model
+from ..models.base import AnyModel
+from ..models.tee import TeeModel
+from ..tools.permissions import PermissionAnswer, PermissionRequest
 from .rpc import PARSE_ERROR, Incoming, error_line, parse_line
 from .server import AcpServer
 
-__all__ = ["run_acp", "serve_acp"]
+__all__ = ["TextRelay", "run_acp", "serve_acp"]
 
 MAX_LINE = 16 * 1024 * 1024  # a longer line is refused (-32700) and skipped, not buffered
 MAX_REQUESTS = 32  # requests handled at once; the reader waits beyond
 _OUT_CAPACITY = 64
 
 
-async def run_acp(root: str, model: Model, version: str) -> int:
-    """Serve ACP on this process's stdin and stdout over a runtime on `root`."""
+class TextRelay:
+    """The `on_text` of a runtime's `TeeModel`, and its approver: answer text and permission
+    questions go to the ACP server once one serves (the runtime opens before it exists)."""
+
+    def __init__(self) -> None:
+        self.target: Callable[[str, int, str], None] | None = None
+        self.server: AcpServer | None = None
+
+    def __call__(self, session_id: str, call: int, text: str) -> None:
+        if self.target is not None:
+            self.target(session_id, call, text)
+
+    async def approve(self, request: PermissionRequest) -> PermissionAnswer:
+        if self.server is None:
+            return PermissionAnswer("deny", "no client is connected to ask")
+        return await self.server.approve(request)
+
+
+async def run_acp(root: str, model: AnyModel, version: str, runtime_options: Mapping[str, Any] | None = None) -> int:
+    """Serve ACP on this process's stdin and stdout over a runtime on `root` opened with
+    `runtime_options` (the host's configuration); permission questions go to the client."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
     stdout = trio.lowlevel.FdStream(os.dup(1))
-    async with stdin, stdout, open_runtime(root, model=model) as runtime:
-        await serve_acp(runtime, stdin, stdout, version=version)
+    relay = TextRelay()
+    options = {**(runtime_options or {}), "approver": relay.approve}
+    async with stdin, stdout, open_runtime(root, model=TeeModel(model, relay), **options) as runtime:
+        await serve_acp(runtime, stdin, stdout, version=version, relay=relay)
     return 0
 
 
 async def serve_acp(
-    runtime: Runtime, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream, *, version: str
+    runtime: Runtime,
+    receive: trio.abc.ReceiveStream,
+    send: trio.abc.SendStream,
+    *,
+    version: str,
+    relay: TextRelay | None = None,
 ) -> None:
-    """Serve one ACP connection until `receive` ends."""
+    """Serve one ACP connection until `receive` ends. With `relay` (the `on_text` of the
+    runtime's `TeeModel`), answer text streams as the model writes it; without, each reply's
+    text is sent when it is durable."""
     out_send, out_receive = trio.open_memory_channel[bytes](_OUT_CAPACITY)
     async with trio.open_nursery() as outer:
         outer.start_soon(_write_lines, out_receive, send)
@@ -44,6 +75,9 @@ async def serve_acp(
             limiter = trio.Semaphore(MAX_REQUESTS)  # released by the request's own task
             async with trio.open_nursery() as work:
                 server = AcpServer(runtime, work, out_send, version=version)
+                if relay is not None:
+                    relay.target = server.on_text
+                    relay.server = server
                 async for line in _lines(receive):
                     message = (
                         parse_line(line)
@@ -52,9 +86,13 @@ async def serve_acp(
                     )
                     if isinstance(message, bytes):
                         await out_send.send(message)
-                    elif not message.is_response:  # no request of ours awaits a response yet
+                    elif message.is_response:  # to a request of ours (a permission question)
+                        server.on_response(message)
+                    else:
                         await limiter.acquire()
                         work.start_soon(_handle, server, message, limiter)
+                if relay is not None:
+                    relay.target = relay.server = None
                 await server.aclose()
                 work.cancel_scope.cancel()  # prompts still waiting: the client has gone
 

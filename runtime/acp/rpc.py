@@ -43,6 +43,8 @@ class Incoming:
     params: Any
     id: Id | None
     is_response: bool = False
+    result: Any = None  # a response's
+    error: Any = None  # a response's error object
 
 
 _encoder = msgspec.json.Encoder()
@@ -65,7 +67,9 @@ def parse_line(line: bytes) -> Incoming | bytes:
         return error_line(msg_id, INVALID_REQUEST, "Invalid Request: jsonrpc must be 2.0 with an int or string id")
     method = value.get("method")
     if method is None and "id" in value and ("result" in value or "error" in value):
-        return Incoming(method=None, params=None, id=msg_id, is_response=True)
+        return Incoming(
+            method=None, params=None, id=msg_id, is_response=True, result=value.get("result"), error=value.get("error")
+        )
     if not isinstance(method, str):
         return error_line(msg_id, INVALID_REQUEST, "Invalid Request: method must be a string")
     params = value.get("params")
@@ -83,6 +87,10 @@ def error_line(msg_id: Id | None, code: int, message: str, data: Any = None) -> 
     if data is not None:
         error["data"] = data
     return _encoder.encode({"jsonrpc": "2.0", "id": msg_id, "error": error}) + b"\n"
+
+
+def request_line(msg_id: Id, method: str, params: Any) -> bytes:
+    return _encoder.encode({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}) + b"\n"
 
 
 def notification_line(method: str, params: Any) -> bytes:

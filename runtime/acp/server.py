@@ -3,10 +3,13 @@
 An ACP session is a runtime session (`sessionId` = session id). Each session this connection
 opened has one forwarder task that follows the runtime's event stream of the session (its
 durable events, runtime/event_stream.py), turns them into `session/update` notifications
-(`updates_for`) and watches for the prompt's own `turn/end`, so every update of a turn is
-written before the prompt's response. A turn started
-by a settlement notice while no prompt runs streams the same way. The server holds nothing the
-log does not: `session/load` replays the log.
+(`LiveText.event`) and watches for the prompt's own `turn/end`, so every update of a turn is
+written before the prompt's response. Beside it a text task sends the answer text the model
+streams (the host's `TeeModel` hands it to `on_text`) as soon as the events durable before it
+are sent (acp/live.py); the two take turns under the session's lock, so lines keep that order.
+A turn started by a settlement notice while no prompt runs streams the same way. The server
+holds nothing the log does not: `session/load` replays the log, and what the client said of a
+session (cwd, MCP servers, its capabilities) is recorded in it (acp/record.py).
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ from typing import Any
 import attrs
 import msgspec
 import trio
+from subagents.actors import ReadGroup
 from subagents.storage import Event, InvalidSessionId, SessionNotFound, SubagentsError, check_session_id, decode_payload
 
 from ..agent.loop import Agent
 from ..app import Runtime
 from ..errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
 from ..event_stream import open_event_stream
+from ..tools.permissions import PermissionAnswer, PermissionRequest
+from .listing import Row, iso_time, page, title_of
+from .live import LiveText
 from .params import (
     CancelParams,
     CloseParams,
@@ -36,6 +43,7 @@ from .params import (
     convert_params,
     prompt_text,
 )
+from .record import ClientRecord, last_record
 from .rpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -45,15 +53,43 @@ from .rpc import (
     Incoming,
     error_line,
     notification_line,
+    request_line,
     result_line,
 )
-from .updates import stop_reason, updates_for
+from .updates import stop_reason, tool_kind, updates_for
 
 __all__ = ["PROTOCOL_VERSION", "AcpServer"]
+
+_PERMISSION_OPTIONS = [
+    {"optionId": "allow_once", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "allow_always", "name": "Always allow", "kind": "allow_always"},
+    {"optionId": "reject_once", "name": "Reject", "kind": "reject_once"},
+]
+
+
+def _answer(asked: _Asked) -> PermissionAnswer:
+    """The client's response as the approver's answer: a chosen allow option allows, anything
+    else (a reject, a cancelled request, an error, a malformed result) denies and says why."""
+    if asked.error is not None:
+        message = asked.error.get("message") if isinstance(asked.error, dict) else None
+        return PermissionAnswer("deny", f"the client could not ask: {message or asked.error}")
+    outcome = asked.result.get("outcome") if isinstance(asked.result, dict) else None
+    if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
+        chosen = outcome.get("optionId")
+        if chosen == "allow_once":
+            return PermissionAnswer("allow")
+        if chosen == "allow_always":
+            return PermissionAnswer("always")
+        return PermissionAnswer("deny", "the person declined the permission request")
+    if isinstance(outcome, dict) and outcome.get("outcome") == "cancelled":
+        return PermissionAnswer("deny", "the permission request was cancelled")
+    return PermissionAnswer("deny", "the client's answer to the permission request was not understood")
+
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
+_LIST_READERS = 4  # `session/list` reads this many of its page's logs at once (one read group)
 Json = dict[str, Any]
 
 
@@ -66,10 +102,36 @@ class _Prompt:
 
 
 @attrs.define
+class _Asked:
+    """A request of ours waiting for the client's response."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Any = None
+    error: Any = None
+
+
+@attrs.define
+class _Live:
+    """A session's streamed text, from before its forwarder starts (a load's resume may start
+    a turn at once)."""
+
+    text: LiveText
+    lock: trio.Lock = attrs.field(factory=trio.Lock)  # the forwarder and the text task take turns
+    ready: trio.Event = attrs.field(factory=trio.Event)  # text arrived
+
+    def wake(self) -> None:
+        self.ready.set()
+
+
+@attrs.define
 class _Session:
     agent: Agent
-    cwd: str
-    mcp_servers: list[Json]  # recorded for the tools issue; not connected yet
+    live: _Live
+    # What the client said of the session (recorded in its log; the MCP servers' secret values
+    # only here, in `mcp_servers`). Not connected to anything yet: the tools issue's.
+    record: ClientRecord
+    mcp_servers: list[Json]
+    restored: ClientRecord | None = None  # the record a `session/load` found in the log
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     prompt: _Prompt | None = None
     turn: int | None = None  # the turn the session's events are in, as the forwarder saw them
@@ -85,7 +147,10 @@ class AcpServer:
         self._out = out
         self._version = version
         self._sessions: dict[str, _Session] = {}
+        self._live: dict[str, _Live] = {}  # by session id: the sessions whose text streams here
         self.client_capabilities: Json = {}  # fs and terminal, as the client said (for the tools issue)
+        self._asked: dict[str, _Asked] = {}  # our `session/request_permission` requests, by id
+        self._next_request = 0
         self._methods: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "initialize": self.initialize,
             "authenticate": self.authenticate,
@@ -121,6 +186,71 @@ class AcpServer:
         """Stop streaming (the runtime's own close drains the agents)."""
         for session in self._sessions.values():
             session.scope.cancel()
+        self._live.clear()
+
+    def client_record(self, session_id: str) -> tuple[ClientRecord, ClientRecord | None]:
+        """What the client said of an open session: the record in force, and the one a
+        `session/load` restored from the log (None after `session/new`)."""
+        session = self._session(session_id)
+        return session.record, session.restored
+
+    def on_text(self, session_id: str, call: int, text: str) -> None:
+        """Answer text of `session_id`'s model call `call` as the model streams it (the host's
+        `TeeModel` calls this; sessions not open here are not streamed)."""
+        live = self._live.get(session_id)
+        if live is None:
+            return
+        agent = self.runtime.agents.get(session_id)
+        live.text.text(call, text, agent.session.durable_next if agent is not None else 0)
+        live.wake()
+
+    # --- permission questions (the runtime's approver) -----------------------------------------
+
+    async def approve(self, request: PermissionRequest) -> PermissionAnswer:
+        """Ask the client about one tool call of a session of this connection (or of one of its
+        subagents: asked under the session the client opened) with `session/request_permission`."""
+        sid = self._client_session_of(request.session_id)
+        if sid is None:
+            return PermissionAnswer("deny", "no client session holds this agent: there is no one to ask")
+        self._next_request += 1
+        msg_id = f"permission-{self._next_request}"
+        asked = self._asked[msg_id] = _Asked()
+        call: Json = {
+            "toolCallId": request.call_id,
+            "title": request.title,
+            "kind": tool_kind(request.tool),
+            "status": "pending",
+            "rawInput": dict(request.arguments),
+        }
+        if request.session_id != sid:
+            call["title"] = f"{request.title} (subagent {request.session_id})"
+        params = {"sessionId": sid, "toolCall": call, "options": _PERMISSION_OPTIONS}
+        try:
+            await self._out.send(request_line(msg_id, "session/request_permission", params))
+            await asked.done.wait()
+        finally:
+            self._asked.pop(msg_id, None)
+        return _answer(asked)
+
+    def on_response(self, message: Incoming) -> None:
+        """The client's response to a request of ours (one we did not send is ignored)."""
+        asked = self._asked.get(str(message.id))
+        if asked is None or asked.done.is_set():
+            return
+        asked.result, asked.error = message.result, message.error
+        asked.done.set()
+
+    def _client_session_of(self, session_id: str) -> str | None:
+        """The session this connection opened that is `session_id` or its ancestor."""
+        sid: str | None = session_id
+        for _ in range(64):  # deeper than any tree max_depth allows
+            if sid is None:
+                return None
+            if sid in self._sessions:
+                return sid
+            agent = self.runtime.agents.get(sid)
+            sid = agent.session.header.parent_session if agent is not None else None
+        return None
 
     # --- methods ----------------------------------------------------------------------------
 
@@ -147,28 +277,50 @@ class AcpServer:
     async def new_session(self, params: Any) -> Json:
         p = convert_params(params, NewParams)
         _absolute(p.cwd)
-        agent = await self.runtime.agents.create(cwd=p.cwd)
-        self._start(agent, p.cwd, p.mcp_servers, from_seq=0)
+        record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
+        # The record is published with the session: no crash leaves a session without it.
+        agent = await self.runtime.agents.create(cwd=p.cwd, first=[record.draft()])
+        live = self._live[agent.session_id] = _Live(LiveText(agent.session_id))
+        self._start(_Session(agent, live, record, p.mcp_servers), from_seq=agent.session.durable_next, replies=0)
         return {"sessionId": agent.session_id}
 
     async def load_session(self, params: Any) -> Json:
         p = convert_params(params, LoadParams)
         _absolute(p.cwd)
         sid = _session_id(p.session_id)
-        if sid in self._sessions:
+        if sid in self._sessions or sid in self._live:
             raise AcpRequestError(INVALID_REQUEST, f"session {sid!r} is already open on this connection")
+        # Registered before the resume, which may start a turn at once: its text is kept until
+        # the replay is sent (a reply the replay holds whole is then forgotten).
+        live = self._live[sid] = _Live(LiveText(sid))
         try:
             agent = await self.runtime.agents.resume(sid)
         except SessionNotFound:
+            self._live.pop(sid, None)
             raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {sid!r} not found", {"uri": sid}) from None
         except AgentError as exc:  # held by another process, or not resumable
+            self._live.pop(sid, None)
             raise AcpRequestError(INVALID_REQUEST, str(exc)) from None
-        # The replay sends what the log holds now; the stream follows from the next seq (what the
-        # agent writes meanwhile is in the log, so the stream reads it: nothing lost, nothing twice).
-        events = await self._history(sid)
-        for update in updates_for(events, session_id=sid, replay=True):
-            await self._notify(sid, update)
-        self._start(agent, p.cwd, p.mcp_servers, from_seq=events[-1].seq + 1 if events else 0)
+        except BaseException:
+            self._live.pop(sid, None)
+            raise
+        try:
+            # The replay sends what the log holds now; the stream follows from the next seq (what
+            # the agent writes meanwhile is in the log, so the stream reads it: nothing lost,
+            # nothing twice).
+            events, inherited = await self._history(sid)
+            for update in updates_for(events, session_id=sid, replay=True):
+                await self._notify(sid, update)
+            restored = last_record(events, inherited)
+            record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
+            if record != restored:
+                await agent.session.append([record.draft()])
+        except BaseException:
+            self._live.pop(sid, None)
+            raise
+        session = _Session(agent, live, record, p.mcp_servers, restored=restored)
+        replies = sum(1 for e in events if e.type == "assistant/message")
+        self._start(session, from_seq=events[-1].seq + 1 if events else 0, replies=replies)
         return {}
 
     async def list_sessions(self, params: Any) -> Json:
@@ -185,9 +337,39 @@ class AcpServer:
             cwd = header.cwd if header.cwd else os.getcwd()
             if p.cwd is not None and cwd != p.cwd:
                 continue
-            rows.append((header.created_at, {"sessionId": record.id, "cwd": cwd}))
-        rows.sort(key=lambda row: row[0], reverse=True)
-        return {"sessions": [row for _, row in rows]}
+            rows.append(Row(header.created_at, record.id, cwd))
+        chosen, next_cursor = page(rows, p.cursor)
+        # Only the page's logs are read (one read group): the title is the first user text,
+        # the last activity the last event's time. The listing alone gives order and cwd.
+        group = ReadGroup()
+        limiter = trio.CapacityLimiter(_LIST_READERS)
+        sessions: list[Json] = [{} for _ in chosen]
+
+        async def describe(i: int, row: Row) -> None:
+            async with limiter:
+                sessions[i] = await self._info(row, group)
+
+        async with trio.open_nursery() as nursery:
+            for i, row in enumerate(chosen):
+                nursery.start_soon(describe, i, row)
+        result: Json = {"sessions": sessions}
+        if next_cursor is not None:
+            result["nextCursor"] = next_cursor
+        return result
+
+    async def _info(self, row: Row, group: ReadGroup) -> Json:
+        info: Json = {"sessionId": row.session_id, "cwd": row.cwd, "updatedAt": iso_time(row.created_at)}
+        try:
+            async with self.runtime.query.observe_session(row.session_id, group=group) as observation:
+                events = observation.events
+                title = title_of(events, row.session_id)
+        except (SessionQueryError, SubagentsError):
+            return info  # a damaged log: listed, without what it cannot tell
+        if events:
+            info["updatedAt"] = iso_time(events[-1].time)
+        if title is not None:
+            info["title"] = title
+        return info
 
     async def prompt(self, params: Any) -> Json:
         p = convert_params(params, PromptParams)
@@ -235,6 +417,7 @@ class AcpServer:
         await self.runtime.agents.stop(session.agent.session_id, cause="user")
         session.scope.cancel()
         self._sessions.pop(session.agent.session_id, None)
+        self._live.pop(session.agent.session_id, None)
         return {}
 
     # --- sessions ---------------------------------------------------------------------------
@@ -245,31 +428,46 @@ class AcpServer:
             raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {session_id!r} is not open", {"uri": session_id})
         return session
 
-    def _start(self, agent: Agent, cwd: str, mcp_servers: list[Json], *, from_seq: int) -> None:
-        session = _Session(agent=agent, cwd=cwd, mcp_servers=mcp_servers)
-        self._sessions[agent.session_id] = session
+    def _start(self, session: _Session, *, from_seq: int, replies: int) -> None:
+        """Stream `session` from seq `from_seq`, `replies` of the events before it replies."""
+        self._sessions[session.agent.session_id] = session
+        session.live.text.start(from_seq, replies)
+        session.live.wake()  # text kept before the start may go now
         self._nursery.start_soon(self._forward, session, from_seq)
 
-    async def _history(self, session_id: str) -> list[Event]:
+    async def _history(self, session_id: str) -> tuple[list[Event], int]:
         try:
             async with self.runtime.query.observe_session(session_id) as observation:
-                return list(observation.events)
+                return list(observation.events), observation.inherited_event_count
         except SessionQueryError as exc:
             raise AcpRequestError(INTERNAL_ERROR, exc.message) from None
 
     async def _forward(self, session: _Session, from_seq: int) -> None:
         sid = session.agent.session_id
         runtime = self.runtime
+        live = session.live
         with session.scope:
             # The session's own events only: a subagent's are its session's, not this one's.
             stream_cm = open_event_stream(
                 runtime.sessions, runtime.log_store, sid, from_seq=from_seq, descendants=False
             )
-            async with stream_cm as stream:
+            async with stream_cm as stream, trio.open_nursery() as nursery:
+                nursery.start_soon(self._stream_text, sid, live)
                 async for item in stream:
-                    for update in updates_for([item.event], session_id=sid):
-                        await self._notify(sid, update)
+                    async with live.lock:
+                        for update in live.text.event(item.event):
+                            await self._notify(sid, update)
                     self._track(session, item.event)
+                nursery.cancel_scope.cancel()
+
+    async def _stream_text(self, sid: str, live: _Live) -> None:
+        """Send the session's streamed text as it may go (see acp/live.py)."""
+        while True:
+            await live.ready.wait()
+            live.ready = trio.Event()
+            async with live.lock:
+                for update in live.text.release():
+                    await self._notify(sid, update)
 
     def _track(self, session: _Session, event: Event) -> None:
         """Find the prompt's turn among the events: the turn in which the person's message

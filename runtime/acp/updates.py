@@ -15,14 +15,39 @@ from typing import Any
 import msgspec
 from subagents.storage import Event, decode_payload
 
-__all__ = ["stop_reason", "updates_for"]
+__all__ = ["TOOL_KINDS", "agent_text", "message_text", "stop_reason", "tool_kind", "updates_for"]
 
 Json = dict[str, Any]
 
 _TITLE_WIDTH = 80
-# ACP tool kinds (read/edit/execute/other) of the tools the runtime offers; the subagent tools
-# and anything unknown are "other".
-_KINDS: Mapping[str, str] = {}
+
+# The ACP tool kind of every tool the runtime offers (SPEC §8): the one place a tool name becomes
+# a kind. The five subagent tools act on agents, not on the workspace; MCP tools (`mcp__*`) and
+# anything unknown are "other".
+TOOL_KINDS: Mapping[str, str] = {
+    "read_file": "read",
+    "list_dir": "read",
+    "glob": "read",
+    "grep": "read",
+    "write_file": "edit",
+    "edit_file": "edit",
+    "run_command": "execute",
+    "subagent": "other",
+    "subagent_fork": "other",
+    "list_agents": "other",
+    "send_message": "other",
+    "interrupt_agent": "other",
+}
+
+
+def tool_kind(name: str) -> str:
+    """The ACP `kind` of a call to tool `name` (read/edit/execute/other)."""
+    return TOOL_KINDS.get(name, "other")
+
+
+def agent_text(text: str, message_id: str) -> Json:
+    """An `agent_message_chunk` of answer text (streamed as it arrives, or a reply's rest)."""
+    return {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}, "messageId": message_id}
 
 
 def updates_for(events: Iterable[Event], *, session_id: str = "", replay: bool = False) -> list[Json]:
@@ -53,10 +78,15 @@ _MAPPED = frozenset({"user/message", "assistant/message", "tool/call", "tool/res
 
 
 def _chunks(update: str, message: Mapping[str, Any]) -> list[Json]:
-    text = "".join(b["text"] for b in message["content"] if b.get("type") == "text")
+    text = message_text(message)
     if not text:
         return []
     return [{"sessionUpdate": update, "content": {"type": "text", "text": text}, "messageId": message["id"]}]
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """The text of a durable message (its text blocks, joined)."""
+    return "".join(b["text"] for b in message["content"] if b.get("type") == "text")
 
 
 def _tool_call(data: Mapping[str, Any]) -> Json:
@@ -65,7 +95,7 @@ def _tool_call(data: Mapping[str, Any]) -> Json:
         "sessionUpdate": "tool_call",
         "toolCallId": data["call_id"],
         "title": _title(name, arguments),
-        "kind": _KINDS.get(name, "other"),
+        "kind": tool_kind(name),
         "status": "in_progress",
     }
     try:

@@ -114,11 +114,11 @@ def test_bad_input_gets_json_rpc_errors_and_the_session_stays_intact(tmp_path: P
         assert pipe.reply(13)["error"]["code"] == -32002  # an id the store encodes; no such session
 
         # Nothing of that reached the session's log, and the session still answers.
-        # (a new session is published with its first event: none yet, and no other session)
-        assert _events(root) in ({}, {session_id: 0})
+        # (a new session is published with one event, the client's record: no other session)
+        assert _events(root) == {session_id: 1}
         pipe.send(_request(14, "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "hi"}]}))
         assert PromptResponse.model_validate(pipe.reply(14)["result"]).stop_reason == "end_turn"
-        assert _events(root)[session_id] > 0
+        assert _events(root)[session_id] > 1
         assert pipe.close() == 0
     finally:
         if pipe.process.poll() is None:

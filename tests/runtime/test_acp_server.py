@@ -15,8 +15,14 @@ import trio
 import trio.testing
 from acp.schema import NewSessionResponse, PromptResponse, SessionNotification
 from cli_process import write_script
-from subagents.runtime.acp.host import serve_acp
+from subagents.runtime.acp.host import TextRelay, serve_acp
+from subagents.runtime.acp.record import RECORD_TYPE
+from subagents.runtime.acp.rpc import Incoming
+from subagents.runtime.acp.server import AcpServer
 from subagents.runtime.app import Runtime, open_runtime
+from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallDelta
+from subagents.runtime.models.specs import build_model, parse_model_spec
+from subagents.runtime.models.tee import TeeModel
 
 
 class Client:
@@ -63,15 +69,56 @@ class Client:
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path, script: Any) -> AsyncIterator[tuple[Client, Runtime]]:
-    model = write_script(tmp_path / "script.json", script)
+async def serving(tmp_path: Path, script: Any, *, model: Any = None) -> AsyncIterator[tuple[Client, Runtime]]:
+    """A server over a runtime on `script` (or `model`), its text streamed as `acp` streams it."""
+    relay = TextRelay()
+    inner = (
+        model if model is not None else build_model(parse_model_spec(write_script(tmp_path / "script.json", script)))
+    )
     to_server, server_in = trio.testing.memory_stream_pair()
     server_out, from_server = trio.testing.memory_stream_pair()
-    async with open_runtime(tmp_path / "root", model=model) as runtime, trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: serve_acp(runtime, server_in, server_out, version="test"))
+    async with (
+        open_runtime(tmp_path / "root", model=TeeModel(inner, relay)) as runtime,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(lambda: serve_acp(runtime, server_in, server_out, version="test", relay=relay))
         client = Client(to_server, from_server)
         yield client, runtime
         await to_server.aclose()  # end of input: the server stops
+
+
+class GatedModel:
+    """Answers each call from `plan` in turn: "tool" calls `list_agents`; "text" streams "Hel",
+    waits for `go` (a fresh event per call), then streams "lo" and stops."""
+
+    def __init__(self, plan: list[str]) -> None:
+        self.plan = list(plan)
+        self.go = trio.Event()
+        self.waiting = trio.Event()  # set while a "text" call waits for `go`
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        step = self.plan.pop(0)
+        if step == "tool":
+            yield ToolCallDelta(0, id=f"call-{len(self.plan)}", name="list_agents", arguments="{}")
+            yield Finish("tool-calls")
+            return
+        yield TextDelta("Hel")
+        self.waiting.set()
+        await self.go.wait()
+        self.go, self.waiting = trio.Event(), trio.Event()
+        yield TextDelta("lo")
+        yield Finish("stop")
+
+
+async def _until_update(client: Client, kind: str) -> dict[str, Any]:
+    while not client.notifications or client.notifications[-1]["sessionUpdate"] != kind:
+        await client.read()
+    return client.notifications[-1]
+
+
+async def _replies(runtime: Runtime, sid: str) -> int:
+    async with runtime.query.observe_session(sid) as observation:
+        return sum(1 for e in observation.events if e.type == "assistant/message")
 
 
 async def _new(client: Client, tmp_path: Path) -> str:
@@ -86,15 +133,11 @@ async def test_a_turn_no_prompt_started_streams_as_notifications(tmp_path: Path)
         assert agent is not None
         # What the subagent service does when a child settles while its parent is idle.
         await agent.send("child finished", trigger="notice")
-        while not client.notifications:
+        # Streamed or sent from the record (timing decides): one message, the reply's text.
+        while "".join(u.get("content", {}).get("text", "") for u in client.notifications) != "noticed":
             await client.read()
-        assert client.notifications == [
-            {
-                "sessionUpdate": "agent_message_chunk",
-                "content": {"type": "text", "text": "noticed"},
-                "messageId": "msg-2",
-            }
-        ]
+        assert {u["sessionUpdate"] for u in client.notifications} == {"agent_message_chunk"}
+        assert len({u["messageId"] for u in client.notifications}) == 1
 
 
 async def test_a_cancel_before_the_turn_begins_still_cancels_it(tmp_path: Path) -> None:
@@ -138,3 +181,107 @@ async def test_a_second_prompt_while_one_runs_is_refused(tmp_path: Path) -> None
         assert second["error"]["code"] == -32600
         await client.notify("session/cancel", {"sessionId": sid})
         assert (await client.reply(first))["result"] == {"stopReason": "cancelled"}
+
+
+async def test_prompt_text_streams_while_the_model_writes_after_the_tool_updates_before_it(tmp_path: Path) -> None:
+    model = GatedModel(["tool", "text"])
+    async with serving(tmp_path, None, model=model) as (client, runtime):
+        sid = await _new(client, tmp_path)
+        prompt = await client.request("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]})
+        with trio.fail_after(60):  # a hang guard only
+            first = await _until_update(client, "agent_message_chunk")
+        # The model is still held after "Hel": the chunk went out before its reply was durable.
+        assert model.waiting.is_set() and await _replies(runtime, sid) == 1  # the tool step's reply only
+        assert first["content"]["text"] == "Hel"
+        assert [u["sessionUpdate"] for u in client.notifications] == [
+            "tool_call",
+            "tool_call_update",
+            "agent_message_chunk",
+        ]
+        model.go.set()
+        reply = await client.reply(prompt)
+        assert PromptResponse.model_validate(reply["result"]).stop_reason == "end_turn"
+        chunks = [u for u in client.notifications if u["sessionUpdate"] == "agent_message_chunk"]
+        # The durable reply sent only what had not streamed, as the same message.
+        assert "".join(c["content"]["text"] for c in chunks) == "Hello"
+        assert len({c["messageId"] for c in chunks}) == 1
+        assert await _replies(runtime, sid) == 2
+
+
+async def test_a_notice_turn_while_no_prompt_runs_streams_its_text_as_it_is_written(tmp_path: Path) -> None:
+    model = GatedModel(["text"])
+    async with serving(tmp_path, None, model=model) as (client, runtime):
+        sid = await _new(client, tmp_path)
+        agent = runtime.agents.get(sid)
+        assert agent is not None
+        await agent.send("child finished", trigger="notice")  # as the subagent service does
+        with trio.fail_after(60):  # a hang guard only
+            first = await _until_update(client, "agent_message_chunk")
+        assert first["content"]["text"] == "Hel" and model.waiting.is_set()
+        assert await _replies(runtime, sid) == 0
+        model.go.set()
+        with trio.fail_after(60):
+            while "".join(u["content"]["text"] for u in client.notifications) != "Hello":
+                await client.read()
+        await agent.wait_idle()
+        assert await _replies(runtime, sid) == 1
+
+
+async def _handle(server: AcpServer, replies: trio.MemoryReceiveChannel[bytes], method: str, params: Any) -> Any:
+    await server.handle(Incoming(method=method, params=params, id=1))
+    while True:
+        message = json.loads(replies.receive_nowait())
+        if message.get("id") == 1:
+            assert "error" not in message, message
+            return message["result"]
+
+
+async def _records(runtime: Runtime, sid: str) -> list[dict[str, Any]]:
+    async with runtime.query.observe_session(sid) as observation:
+        return [json.loads(bytes(e.data)) for e in observation.events if e.type == RECORD_TYPE]
+
+
+async def test_the_clients_cwd_servers_and_capabilities_survive_a_restart(tmp_path: Path) -> None:
+    model = write_script(tmp_path / "script.json", {"agents": [{"responses": [{"text": "ok"}]}]})
+    root = tmp_path / "root"
+    server_env = {"name": "TOKEN", "value": "s3cret"}
+    servers = [{"name": "files", "command": "/bin/mcp-files", "args": ["--ro"], "env": [server_env]}]
+    capabilities = {"fs": {"readTextFile": True, "writeTextFile": False}, "terminal": True}
+
+    async with open_runtime(root, model=model) as runtime, trio.open_nursery() as nursery:
+        send, replies = trio.open_memory_channel[bytes](64)
+        server = AcpServer(runtime, nursery, send, version="test")
+        await _handle(server, replies, "initialize", {"protocolVersion": 1, "clientCapabilities": capabilities})
+        new = await _handle(server, replies, "session/new", {"cwd": str(tmp_path), "mcpServers": servers})
+        sid = new["sessionId"]
+        made, restored = server.client_record(sid)
+        assert restored is None and made.mcp_servers[0]["env"] == [{"name": "TOKEN"}]
+        assert made.client_capabilities == capabilities and made.cwd == str(tmp_path)
+        await server.aclose()
+        nursery.cancel_scope.cancel()
+
+    # A new process: another client, other capabilities, no MCP servers this time.
+    async with open_runtime(root, model=model) as runtime, trio.open_nursery() as nursery:
+        send, replies = trio.open_memory_channel[bytes](64)
+        server = AcpServer(runtime, nursery, send, version="test")
+        await _handle(server, replies, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        await _handle(server, replies, "session/load", {"sessionId": sid, "cwd": str(tmp_path), "mcpServers": []})
+        now, restored = server.client_record(sid)
+        assert restored == made  # read back from the log
+        assert now.mcp_servers == () and now.client_capabilities == {"fs": {}, "terminal": False}
+        records = await _records(runtime, sid)
+        assert len(records) == 2 and records[-1]["mcp_servers"] == []  # the load's own, recorded
+        assert "s3cret" not in json.dumps(records)  # a secret value is never written
+        await server.aclose()
+        nursery.cancel_scope.cancel()
+
+    # Loading again with what is already recorded writes nothing more.
+    async with open_runtime(root, model=model) as runtime, trio.open_nursery() as nursery:
+        send, replies = trio.open_memory_channel[bytes](64)
+        server = AcpServer(runtime, nursery, send, version="test")
+        await _handle(server, replies, "initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        await _handle(server, replies, "session/load", {"sessionId": sid, "cwd": str(tmp_path), "mcpServers": []})
+        assert server.client_record(sid)[1] == now
+        assert len(await _records(runtime, sid)) == 2
+        await server.aclose()
+        nursery.cancel_scope.cancel()

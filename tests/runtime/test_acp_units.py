@@ -129,3 +129,26 @@ async def test_updates_for_a_turn_with_tool_calls_validate_against_the_sdk(tmp_p
     assert results[second.tool_call_id].status == "failed"
     assert results[second.tool_call_id].content[0].content.text.startswith("Error")
     assert parsed[6].content.text == "done"
+
+
+def test_a_permission_response_becomes_the_approvers_answer() -> None:
+    from subagents.runtime.acp.server import _answer, _Asked
+    from subagents.runtime.tools.permissions import PermissionAnswer
+
+    def answer(result: object = None, error: object = None) -> PermissionAnswer:
+        return _answer(_Asked(result=result, error=error))
+
+    def selected(option: str) -> dict[str, object]:
+        return {"outcome": {"outcome": "selected", "optionId": option}}
+
+    assert answer(selected("allow_once")) == PermissionAnswer("allow")
+    assert answer(selected("allow_always")) == PermissionAnswer("always")
+    assert answer(selected("reject_once")).outcome == "deny"
+    assert answer(selected("something_else")).outcome == "deny"
+    assert answer({"outcome": {"outcome": "cancelled"}}) == PermissionAnswer(
+        "deny", "the permission request was cancelled"
+    )
+    assert answer(error={"code": -32603, "message": "no UI"}) == PermissionAnswer(
+        "deny", "the client could not ask: no UI"
+    )
+    assert answer("junk").reason == "the client's answer to the permission request was not understood"

@@ -437,3 +437,49 @@ def test_the_line_history_outlives_the_chat(tmp_path: Path) -> None:
     assert second.exit_status() == 0
     users = [e for e in show_json(second.root, session) if e["type"] == "user/message"]
     assert [e["text"] for e in users] == ["remember this line"]
+
+
+@pytest.mark.slow  # a chat on a pseudo-terminal
+def test_chat_on_a_terminal_interrupts_a_child_and_shows_its_notice_turn(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Hang", "prompt": "hang", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"text": "started"},
+                    {"text": "heard it was interrupted"},
+                ]
+            },
+            {"label": "Hang", "responses": [{"hang": True}]},
+        ]
+    }
+    term = Terminal(tmp_path, script)
+    session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
+    term.expect(r"^>")
+    term.keys(b"start a child\r")
+    child = term.expect(r"← started subagent (\S+)$").group(1)
+    term.expect(r"^assistant: started$")
+    term.expect(r"^>")
+    term.keys(f"/interrupt {child}\r".encode())
+    term.expect(rf"{re.escape(child)}: requested")
+    # The child's turn ends aborted; its settlement starts a notice turn at the idle prompt.
+    term.expect(rf"subagent {re.escape(child)} settled: aborted")
+    term.expect(r"assistant: heard it was interrupted")
+    term.expect(r"^>")
+    term.keys(b"/quit\r")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.text()
+    child_ends = [e["reason"] for e in show_json(term.root, child) if e["type"] == "turn/end"]
+    assert child_ends == [{"kind": "aborted", "cause": "parent"}]  # interrupted by its parent's session
+    entries = show_json(term.root, session)
+    notice = next(e for e in entries if e["type"] == "user/message" and e["source"] == "subagent-settled")
+    assert notice["text"] == f"Background subagent {child} was stopped before it finished.\nIt left no closing message."
+    starts = [e["trigger"] for e in entries if e["type"] == "turn/start"]
+    assert starts == ["message", "notice"]

@@ -154,6 +154,32 @@ def test_session_is_created_when_missing_then_resumed(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # a real `subagents run` process
+@pytest.mark.parametrize("shape", [[], ["--json"], ["--stream"]], ids=["text", "json", "stream"])
+def test_a_reader_gone_before_the_output_is_no_error_of_the_run(shape: list[str], tmp_path: Path) -> None:
+    # `subagents run ... | head -0`: stdout's reader is gone before anything is written. The run
+    # does its work, its output goes nowhere, its exit status is its own, and no traceback.
+    model = write_script(tmp_path / "s.json", text_script("ANSWER " * 1000))
+    root = tmp_path / "root"
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [*CLI, "run", "--root", str(root), "--model", model, "--session", "s1", *shape, "go"],
+            cwd=tmp_path,
+            env=clean_env(),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "session s1\n"
+    assert [e["data"]["reason"] for e in events(root, "s1", "turn/end")] == [{"kind": "completed"}]
+
+
+@pytest.mark.slow  # a real `subagents run` process
 def test_a_turn_that_did_not_complete_exits_1_with_the_reason(tmp_path: Path) -> None:
     script = {"agents": [{"responses": [{"error": {"status": 500, "message": "scripted upstream boom"}}]}]}
     model = write_script(tmp_path / "s.json", script)
@@ -530,8 +556,9 @@ class HangingServer:
 
 @pytest.mark.slow
 async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path) -> None:
-    """SIGINT while the model streams: the runtime drains (the turn is closed as aborted by
-    `disposed`, the partial text kept as an interrupted message) and the exit status is 130."""
+    """SIGINT while the model streams: the turn is cancelled as the person's (aborted, cause
+    `user`, the partial text kept as an interrupted message), the runtime drains, the reason is
+    one line on stderr, nothing is printed on stdout and the exit status is 130."""
     import signal
 
     server = HangingServer()
@@ -569,10 +596,12 @@ async def test_ctrl_c_drains_and_exits_130(nursery: trio.Nursery, tmp_path: Path
         await server.streaming.wait()
         process.send_signal(signal.SIGINT)
         code = await process.wait()
-        assert code == 130, (await process.stderr.receive_some(65536)).decode()
+        stderr = (await process.stderr.receive_some(65536)).decode()
+        assert code == 130, stderr
+    assert stderr == "session s1\nsubagents: the turn ended aborted (user)\n"
     records = log_records(root, "s1")[1:]
     assert [r["type"] for r in records][-2:] == ["step/end", "turn/end"]
-    assert records[-1]["data"]["reason"] == {"kind": "aborted", "cause": "disposed"}
+    assert records[-1]["data"]["reason"] == {"kind": "aborted", "cause": "user"}
     [message] = [r for r in records if r["type"] == "assistant/message"]
     assert message["data"]["interrupted"] is True and message["data"]["finish"] == "aborted"
     assert message["data"]["message"]["content"] == [{"type": "text", "text": "thinking about "}]

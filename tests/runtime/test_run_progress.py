@@ -1,6 +1,7 @@
 """`run`'s progress on a terminal (issue 15 item 2): the pure fold over the event stream and its
 rich rendering through a fake console, then the real command through a pseudo-terminal (stdlib
-`pty`): progress on the terminal while it works, stdout unchanged.
+`pty`): progress on the terminal while it works, stdout unchanged, and after Ctrl-C a screen
+with no status line or tree left on it (a small screen model replays what the terminal got).
 """
 
 from __future__ import annotations
@@ -8,14 +9,18 @@ from __future__ import annotations
 import io
 import os
 import pty
+import re
 import select
+import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_process import CLI, clean_env, write_script
+from log_lines import log_file
 from rich.console import Console
 from scripts import BACKGROUND_CHILD
 from subagents.runtime import StreamEvent
@@ -90,7 +95,7 @@ STEPS = [
     ),
     (
         [ev("root", 3, "turn/end", {"turn": 2, "reason": {"kind": "aborted", "cause": "user"}})],
-        "root · turn 2 · ended aborted",
+        "root · turn 2 · ended aborted (user)",
         {},
     ),
     (  # a grandchild hangs below its parent; events of unknown sessions change nothing
@@ -131,9 +136,17 @@ def test_the_render_shows_the_status_line_and_the_child_tree() -> None:
 SCRIPT = BACKGROUND_CHILD
 
 
-def run_on_a_terminal(tmp_path: Path, script: Any, *args: str) -> tuple[int, str, str]:
-    """`subagents run` with stderr on a pseudo-terminal and stdout on a pipe: (status, stdout,
-    everything the terminal received)."""
+def run_on_a_terminal(
+    tmp_path: Path,
+    script: Any,
+    *args: str,
+    interrupt_at: str | None = None,
+    again_when: Callable[[], bool] | None = None,
+) -> tuple[int, str, str]:
+    """`subagents run` with stderr on a pseudo-terminal and stdout on a pipe (read only once
+    the run has ended): (status, stdout, everything the terminal received). `interrupt_at`:
+    send SIGINT as soon as the terminal has shown this text; `again_when`: after that, send a
+    second SIGINT once it returns True (checked as the terminal is read)."""
     model = write_script(tmp_path / "s.json", script)
     master, slave = pty.openpty()
     proc = subprocess.Popen(
@@ -143,13 +156,18 @@ def run_on_a_terminal(tmp_path: Path, script: Any, *args: str) -> tuple[int, str
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=slave,
+        # A child of a non-interactive shell may inherit SIGINT ignored: give it the default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     os.close(slave)
     seen = bytearray()
     deadline = time.monotonic() + TIMEOUT  # a hang guard only
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 1.0)
+            if interrupt_at is None and again_when is not None and again_when():
+                proc.send_signal(signal.SIGINT)
+                again_when = None
+            ready, _, _ = select.select([master], [], [], 1.0 if again_when is None else 0.01)
             if not ready:
                 if proc.poll() is not None:
                     break
@@ -161,6 +179,9 @@ def run_on_a_terminal(tmp_path: Path, script: Any, *args: str) -> tuple[int, str
             if not chunk:
                 break
             seen += chunk
+            if interrupt_at is not None and interrupt_at.encode() in seen:
+                proc.send_signal(signal.SIGINT)
+                interrupt_at = None
         stdout = proc.communicate(timeout=TIMEOUT)[0].decode()
     finally:
         os.close(master)
@@ -180,3 +201,92 @@ def test_run_on_a_terminal_shows_progress_on_stderr_and_keeps_stdout(tmp_path: P
     assert "— helper" in terminal
     assert "[settled: completed] — helper" in terminal  # every batch of events is drawn
     assert "Traceback" not in terminal
+
+
+_CONTROL = re.compile(rb"\x1b\[([?0-9;]*)([A-Za-z])|([\r\n])|([^\x1b\r\n]+)")
+
+
+def screen(received: str) -> tuple[list[str], bool]:
+    """What a terminal shows after `received`: its non-empty lines, and whether the cursor is
+    visible. Models the controls rich's live display writes: carriage return, line feed,
+    cursor up (`CSI n A`), erase line (`CSI 2K`), cursor shown/hidden (`CSI ?25h/l`); colours
+    and any other control are ignored."""
+    lines: list[str] = [""]
+    row, col, visible = 0, 0, True
+    for match in _CONTROL.finditer(received.encode()):
+        params, final, newline, text = match.groups()
+        if text is not None:
+            chars = text.decode(errors="replace")
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + chars + line[col + len(chars) :]
+            col += len(chars)
+        elif newline == b"\r":
+            col = 0
+        elif newline == b"\n":
+            row += 1
+            if row == len(lines):
+                lines.append("")
+        elif final == b"A":
+            row = max(0, row - int(params or b"1"))
+        elif final == b"K" and params == b"2":
+            lines[row] = ""
+        elif params == b"?25" and final in (b"h", b"l"):
+            visible = final == b"h"
+    return [line.rstrip() for line in lines if line.strip()], visible
+
+
+def test_the_screen_model() -> None:
+    assert screen("a\r\nbc\r\x1b[2Kd\r\n") == (["a", "d"], True)
+    assert screen("x\r\n\x1b[?25ls1\r\ns2\r\n\x1b[?25h\r\x1b[1A\x1b[2K\x1b[1A\x1b[2Kdone\r\n") == (["x", "done"], True)
+    assert screen("\x1b[?25l\x1b[2mtree\x1b[0m") == (["tree"], False)
+
+
+# A parent that starts a background child and then waits on its model; the child's model hangs.
+CHILD_HANGS = {
+    "agents": [
+        {
+            "responses": [
+                {"tool_calls": [{"name": "subagent", "arguments": {"description": "helper", "prompt": "do it"}}]},
+                {"hang": True},
+            ]
+        },
+        {"label": "helper", "responses": [{"hang": True}]},
+    ]
+}
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_terminal_follows_the_drain_then_leaves_a_clean_screen(tmp_path: Path) -> None:
+    status, stdout, terminal = run_on_a_terminal(
+        tmp_path, CHILD_HANGS, "--session", "p1", "go", interrupt_at="[running] — helper"
+    )
+    assert status == 130, terminal
+    assert stdout == ""
+    assert "Traceback" not in terminal
+    # The display followed the drain: the root's turn ended aborted and the child settled.
+    assert "turn 1 · ended aborted (user)" in terminal
+    assert "[settled: aborted] — helper" in terminal
+    # Then it was taken down: no status line or tree is left half-drawn, the cursor is back.
+    assert screen(terminal) == (["session p1", "subagents: the turn ended aborted (user)"], True)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_on_a_terminal_also_leaves_a_clean_screen(tmp_path: Path) -> None:
+    # `run --stream` into a pipe nobody reads yet (the prompt's line is larger than a pipe
+    # holds), progress on the terminal: after the first Ctrl-C has drained, the run waits for
+    # stdout's reader; the second leaves at once, and the display is taken down all the same.
+    log = log_file(tmp_path / "root", "s1")
+    status, stdout, terminal = run_on_a_terminal(
+        tmp_path,
+        {"agents": [{"responses": [{"hang": True}]}]},
+        *("--session", "s1", "--compression", "none", "--stream", "x" * 120_000),
+        interrupt_at="thinking",
+        again_when=lambda: b'"reason":{"kind":"aborted","cause":"user"}' in log.read_bytes(),
+    )
+    assert status == 130, terminal
+    assert "Traceback" not in terminal
+    assert screen(terminal) == (
+        ["session s1", "subagents: interrupted again: stopped without waiting for the rest"],
+        True,
+    )
+    assert '"type":"result"' not in stdout
