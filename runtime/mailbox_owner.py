@@ -228,8 +228,13 @@ class _Owner:
             content, source = message_content(envelope.sender, text)
             delivery = Delivery(content=content, source=source, trigger="message", delivery_id=envelope.delivery_id)
             self._pending[envelope.delivery_id] = envelope
-            # Bounded: waits for room in the agent's inbox (what is behind it waits too).
-            await self.agent.inbox.put(delivery, "steer")
+
+            async def hand_over() -> None:
+                await self.agent.inbox.put(delivery, "steer")
+
+            # Bounded: waits for room in the agent's inbox (what is behind it waits too), or
+            # until the agent stops (the envelope stays for the next host).
+            await wait_any(hand_over, self.agent.wait_stopped)
         elif kind in ("interrupt", "stop"):
             if envelope.created_at < self.started:
                 log.info(

@@ -21,6 +21,7 @@ import trio
 from log_lines import read_all
 from mailboxes import rel_mailbox
 from subagents.runtime import ScenarioClock, open_runtime
+from subagents.runtime.agent.loop import AgentConfig
 from subagents.runtime.agent.tools import FunctionTool
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.mailbox_owner import new_envelope
@@ -278,3 +279,33 @@ async def test_a_failing_drain_is_retried_and_logged_once(
     assert mailbox.failures == 0
     warnings = [r for r in caplog.records if "mailbox drain failed" in r.getMessage()]
     assert [r.levelname for r in warnings] == ["WARNING"]  # the streak is said once
+
+
+async def test_an_owner_waiting_for_room_ends_when_its_agent_stops(tmp_path: Path, autojump_clock: Any) -> None:
+    """The inbox is bounded: the owner waits for room, but not for an agent that has stopped
+    (what it could not hand over stays in the mailbox for the next host)."""
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    entered = trio.Event()
+
+    async def forever(_args: Json, _ctx: Any) -> str:
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    tools = [FunctionTool(name="slow", description="waits", fn=forever)]
+    model = _model({"responses": [{"tool_calls": [{"name": "slow", "arguments": {}}]}]})
+    config = AgentConfig(inbox_capacity=1)
+    async with _runtime(tmp_path, model, fs, mailbox, tools=lambda: tools, agent_config=config) as rt:
+        agent = await rt.agents.create(session_id="root")
+        await agent.send("go")
+        await entered.wait()
+        first, second = (new_envelope(mailbox, "message", {"text": t}) for t in ("one", "two"))
+        await trio.to_thread.run_sync(mailbox.deliver, "root", first)
+        await trio.to_thread.run_sync(mailbox.deliver, "root", second)
+        await _until(lambda: len(agent.inbox) == 1)  # the first fills it; the owner waits with the second
+        owners = rt.agents.owners
+        assert "root" in owners._scopes
+        await agent.stop()
+        await _until(lambda: "root" not in owners._scopes)  # its owner ended too
+        assert sorted(_pending(fs, "root")) == sorted(f"{e.delivery_id}.json" for e in (first, second))
