@@ -35,7 +35,10 @@ once, where storage meets them; nothing else leaks out of the public API.
     ├── CorruptLog                STORAGE_CORRUPT_LOG            (names session and seq or offset)
     │   └── InvalidPayload        STORAGE_INVALID_PAYLOAD        (a known type's data is malformed)
     ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format)
-    │   └── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
+    │   ├── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
+    │   └── UnsupportedSchema     STORAGE_UNSUPPORTED_SCHEMA     (a PostgreSQL store of a newer schema)
+    ├── InvalidStoreUrl           STORAGE_INVALID_STORE_URL      (not a PostgreSQL URL psycopg accepts)
+    ├── StoreUnreachable          STORAGE_STORE_UNREACHABLE      (no connection: refused, auth, no database)
     ├── UnknownProjection         STORAGE_UNKNOWN_PROJECTION     (also a KeyError)
     ├── ProjectionBroken          STORAGE_PROJECTION_BROKEN      (a unit's apply or view raised)
     ├── InvalidEnvelope           STORAGE_INVALID_ENVELOPE       (a mailbox envelope refused)
@@ -64,6 +67,7 @@ __all__ = [
     "InvalidPayload",
     "InvalidRange",
     "InvalidSessionId",
+    "InvalidStoreUrl",
     "NonLosslessData",
     "PersistenceFailed",
     "SequenceConflict",
@@ -71,11 +75,13 @@ __all__ = [
     "ProjectionBroken",
     "SessionNotFound",
     "StorageError",
+    "StoreUnreachable",
     "SubagentsError",
     "UnknownProjection",
     "UnsafePath",
     "UnsupportedEvent",
     "UnsupportedLog",
+    "UnsupportedSchema",
 ]
 
 
@@ -228,6 +234,36 @@ class UnsupportedEvent(UnsupportedLog):
     """An intact log holding an event type this build does not know (at `seq`)."""
 
     code = "STORAGE_UNSUPPORTED_EVENT"
+
+
+class UnsupportedSchema(UnsupportedLog):
+    """A PostgreSQL store whose schema version is newer than this build knows: it is left
+    untouched (never migrated down). Not about one session: `session_id` is None."""
+
+    code = "STORAGE_UNSUPPORTED_SCHEMA"
+
+    def __init__(self, found: int, known: int) -> None:
+        StorageError.__init__(
+            self, f"the PostgreSQL store has schema version {found}; this build knows versions up to {known}"
+        )
+        self.session_id = None  # type: ignore[assignment]  # a store-wide refusal
+        self.reason = self.message
+        self.seq = None
+        self.found = found
+        self.known = known
+
+
+class InvalidStoreUrl(StorageError, ValueError):
+    """A store URL that is not a PostgreSQL connection URL (its password never in the message)."""
+
+    code = "STORAGE_INVALID_STORE_URL"
+
+
+class StoreUnreachable(StorageError):
+    """No connection to the PostgreSQL store: refused, unknown host, failed authentication or no
+    such database. One line, the URL without its password."""
+
+    code = "STORAGE_STORE_UNREACHABLE"
 
 
 class UnknownProjection(StorageError, KeyError):

@@ -1,0 +1,651 @@
+"""`PostgresLogStore`: session logs as rows of a PostgreSQL database (SPEC §9; schema: pg_schema).
+
+Theory of operation. The store speaks the `LogStore` contract of the file store, synchronously,
+from worker threads, over a small pool of autocommit connections (pg_connect). `create` and
+`open_write` take a session-level advisory lock on the store's owner connection (the flock of the
+file store: released by the server when the connection ends) — a second writer, in this store or
+any other, gets `AlreadyOwned`. The first append publishes: one statement inserts the `sessions`
+row (line 1 exactly) and the batch row together, refused as "already exists" when the row is there.
+Every later append is one statement too: it advances `sessions.event_count` only where it still
+equals the expected seq and inserts the batch row (primary key `(session_id, first_seq)`) in the
+same transaction — a stale seq updates nothing and writes nothing (`SequenceConflict`). A commit
+is durable when PostgreSQL acknowledges it (its own WAL fsync).
+
+A connection lost mid-append leaves the outcome unknown to the client, never half-done: the
+statement is one transaction. The append then asks, on a fresh connection, what the session's
+row says: the batch is there with exactly these bytes → it committed (acknowledged); the count
+still stands at the expected seq → it did not, and it is sent once more. If even that fails, the
+handle is dead (reopen to see what committed), as after a failed fsync in the file store.
+
+Reads fetch the batch rows they need in one query and decode them with the file form's own line
+decoder (envelopes, seq continuity, known types, payloads), so damage planted in a row is
+reported, located by seq, like damage in a file. `list()`, `stat()`, headers and checkpoint rows
+are single queries; a listing judges a session by its header row (rows are written only by
+appends that validated every event), and a read judges the rest.
+
+Seams left for later (SPEC §9): the lease epoch of fencing (`batches.epoch` is written NULL; the
+append statement is where the lease check joins), the mailbox, hosts and placements.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import msgspec
+
+from ._codec import Event
+from ._records import HeaderError, HeaderRecord, encode_header_line
+from .errors import (
+    AlreadyOwned,
+    CorruptLog,
+    HandleClosed,
+    HandleDead,
+    InvalidHeader,
+    InvalidRange,
+    PersistenceFailed,
+    SequenceConflict,
+    SessionAlreadyExists,
+    SessionNotFound,
+    StorageError,
+    UnsupportedLog,
+)
+from .file_store import _check_batches
+from .framing import decode_event_lines, is_seed_marker, parse_header_line
+from .index import StoredCheckpoint, _lifecycle
+from .log_store import Batch, Handle, ReadHandle, WriteHandle
+from .pg_connect import Owner, Pool, check_url, lock_key, redact
+from .pg_schema import ensure_schema
+from .projection import CheckpointRow, Lifecycle
+from .values import FORMAT_VERSION, AbortPoll, LogInfo, Offset, Revision, SessionHeader, SessionId, check_session_id
+from .zstd_framing import FrameDamage, compress_frame, walk_frames
+
+__all__ = ["COMPRESS_ABOVE", "PostgresLogStore"]
+
+log = logging.getLogger(__name__)
+
+# A batch's lines are stored as one zstd frame above this many bytes: below it a frame gains
+# little (SPEC §3.3: about 1.8x for one event) and costs a compression per append.
+COMPRESS_ABOVE = 1024
+
+_SESSION_COLUMNS = "id, header, event_count, byte_size, generation"
+
+
+@attrs.define(eq=False)
+class _WriteState:
+    incarnation: int  # of the owner connection that took this handle's lock
+
+
+class PostgresLogStore:
+    """The `LogStore` contract on PostgreSQL (`url`: `postgresql://...`); `pool_size` connections
+    at most, plus one that holds the write handles' locks."""
+
+    def __init__(self, url: str, *, pool_size: int = 4, compress_above: int = COMPRESS_ABOVE) -> None:
+        self.url = check_url(url)
+        self.compress_above = compress_above
+        self._pool = Pool(url, size=pool_size)
+        self._owner = Owner(url, self._pool.app)
+        self._lifecycles: dict[bytes, Lifecycle] = {}
+        self._lifecycles_lock = threading.Lock()
+        with self._pool.connection() as conn:
+            try:
+                ensure_schema(conn)
+            except StorageError:
+                raise
+            except Exception as exc:  # psycopg.Error: a server that refuses the DDL
+                raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {exc}") from None
+
+    # --- claiming ---
+
+    def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
+        sid = check_session_id(header.id)
+        if type(inherited_event_count) is not int or inherited_event_count < 0:
+            raise InvalidHeader(
+                f"session {sid!r}: inherited_event_count must be a non-negative int, got {inherited_event_count!r}"
+            )
+        if header.format != FORMAT_VERSION or type(header.format) is not int:
+            raise InvalidHeader(f"session {sid!r}: this build writes format {FORMAT_VERSION}, not {header.format!r}")
+        if header.is_seeded != (inherited_event_count > 0):
+            raise InvalidHeader(f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0")
+        incarnation = self._claim(sid)
+        try:
+            if self._query_one(sid, "create", "SELECT 1 FROM sessions WHERE id = %s", (sid,)) is not None:
+                raise SessionAlreadyExists(sid)
+        except BaseException:
+            self._owner.unlock(sid, incarnation)
+            raise
+        return WriteHandle(
+            session_id=sid,
+            header=header,
+            inherited_event_count=inherited_event_count,
+            next_seq=Offset(0),
+            published=False,
+            impl=_WriteState(incarnation),
+        )
+
+    def _claim(self, sid: SessionId) -> int:
+        try:
+            incarnation = self._owner.try_lock(sid)
+        except StorageError:
+            raise
+        except Exception as exc:  # psycopg.Error on the owner connection
+            raise PersistenceFailed(f"session {sid!r}: taking the write lock failed: {_line(exc)}") from None
+        if incarnation is None:
+            raise AlreadyOwned(sid)
+        return incarnation
+
+    def open_write(self, session_id: str) -> WriteHandle:
+        sid = check_session_id(session_id)
+        incarnation = self._claim(sid)
+        try:
+            row = self._query_one(
+                sid,
+                "open for writing",
+                f"SELECT {_SESSION_COLUMNS}, "
+                "(SELECT coalesce(sum(count), 0) FROM batches WHERE session_id = %s) FROM sessions WHERE id = %s",
+                (sid, sid),
+            )
+            if row is None:
+                raise SessionNotFound(sid)
+            record = _record(sid, row[1])
+            if row[5] != row[2]:
+                raise CorruptLog(sid, f"its batches hold {row[5]} events but the session row counts {row[2]}")
+        except BaseException:
+            self._owner.unlock(sid, incarnation)
+            raise
+        return WriteHandle(
+            session_id=sid,
+            header=record.header,
+            inherited_event_count=record.inherited_event_count,
+            next_seq=Offset(row[2]),
+            published=True,
+            end_offset=row[2],
+            impl=_WriteState(incarnation),
+        )
+
+    def open_read(self, session_id: str) -> ReadHandle:
+        sid = check_session_id(session_id)
+        row = self._query_one(sid, "open for reading", "SELECT header FROM sessions WHERE id = %s", (sid,))
+        if row is None:
+            raise SessionNotFound(sid)
+        record = _record(sid, row[0])
+        return ReadHandle(session_id=sid, header=record.header, inherited_event_count=record.inherited_event_count)
+
+    def close(self, handle: Handle) -> None:
+        if handle.closed:
+            return
+        handle.closed = True
+        state = handle.impl
+        if isinstance(state, _WriteState):
+            self._owner.unlock(handle.session_id, state.incarnation)
+
+    # --- appending ---
+
+    def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
+        sid = handle.session_id
+        if handle.closed:
+            raise HandleClosed(sid, "append")
+        if handle.dead is not None:
+            raise HandleDead(sid, handle.dead)
+        if not any(batch.events for batch in batches):
+            for batch in batches:
+                if batch.expected_seq != handle.next_seq:
+                    raise SequenceConflict(sid, expected=batch.expected_seq, actual=handle.next_seq)
+            return handle.next_seq
+        events, payload = _check_batches(handle, batches)
+        first = handle.next_seq
+        compressed = len(payload) > self.compress_above
+        data = compress_frame(payload) if compressed else payload
+        args = {
+            "id": sid,
+            "first": first,
+            "n": len(events),
+            "data": data,
+            "z": compressed,
+            "size": len(payload),
+            "time": events[-1].time,
+        }
+        if handle.published:
+            statement = _APPEND
+        else:
+            head = encode_header_line(
+                HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
+            )
+            h = handle.header
+            args |= {
+                "header": head,
+                "created_at": h.created_at,
+                "parent": h.parent_session,
+                "origin": h.origin,
+                "seeded": h.is_seeded,
+                "k": handle.inherited_event_count,
+                "depth": h.delegation_depth,
+                "size": len(head) + len(payload),
+            }
+            statement = _PUBLISH
+        self._write_once(handle, statement, args)
+        handle.published = True
+        handle.next_seq = Offset(first + len(events))
+        handle.end_offset = handle.next_seq
+        return handle.next_seq
+
+    def _write_once(self, handle: WriteHandle, statement: str, args: dict[str, Any]) -> None:
+        """Run the append statement; after a lost connection, find out whether it committed and
+        send it again only if it did not (at most once)."""
+        import psycopg
+
+        sid = handle.session_id
+        try:
+            self._write(handle, statement, args)
+            return
+        except _Lost as lost:
+            first = lost.cause
+        except psycopg.Error as exc:  # the statement failed whole (a full disk, say): nothing written
+            raise PersistenceFailed(f"session {sid!r}: append failed: {_line(exc)}") from None
+        outcome = self._resolve(handle, args)
+        if outcome == "committed":
+            return
+        if outcome == "absent":
+            try:
+                self._write(handle, statement, args)
+                return
+            except _Lost as lost:
+                handle.dead = f"the connection was lost twice mid-append ({_line(lost.cause)})"
+                raise PersistenceFailed(f"session {sid!r}: append failed: {_line(lost.cause)}") from None
+            except psycopg.Error as exc:
+                raise PersistenceFailed(f"session {sid!r}: append failed: {_line(exc)}") from None
+        handle.dead = f"the connection was lost mid-append ({_line(first)}) and what committed cannot be told"
+        raise PersistenceFailed(f"session {sid!r}: append failed: {_line(first)}")
+
+    def _write(self, handle: WriteHandle, statement: str, args: dict[str, Any]) -> None:
+        """One attempt: written, or a verdict (`SequenceConflict`, ...), or `_Lost`."""
+        import psycopg
+
+        with self._pool.connection() as conn:
+            try:
+                written = conn.execute(statement, args).rowcount
+            except psycopg.errors.UniqueViolation:
+                written = 0  # another writer's batch at this seq: a conflict like any other
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise _Lost(exc) from None
+                raise
+            if written != 1:
+                self._refuse(conn, handle, args)
+
+    def _refuse(self, conn: Any, handle: WriteHandle, args: dict[str, Any]) -> None:
+        """Nothing was written: say why (the session exists already, or its count moved)."""
+        sid = handle.session_id
+        row = conn.execute("SELECT event_count FROM sessions WHERE id = %s", (sid,)).fetchone()
+        if not handle.published:
+            raise SessionAlreadyExists(sid)
+        actual = row[0] if row is not None else 0
+        raise SequenceConflict(sid, expected=args["first"], actual=actual)
+
+    def _resolve(self, handle: WriteHandle, args: dict[str, Any]) -> str:
+        """After a lost connection: "committed" (the very batch is there), "absent" (the count
+        stands at the expected seq) or "unknown"."""
+        import psycopg
+
+        sid = handle.session_id
+        try:
+            with self._pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT s.event_count, b.data FROM sessions s "
+                    "LEFT JOIN batches b ON b.session_id = s.id AND b.first_seq = %s WHERE s.id = %s",
+                    (args["first"], sid),
+                ).fetchone()
+        except (psycopg.Error, StorageError):
+            return "unknown"
+        if row is None:
+            return "absent" if not handle.published else "unknown"
+        count, data = row
+        if data is not None and bytes(data) == args["data"] and count >= args["first"] + args["n"]:
+            return "committed"
+        if count == args["first"] and data is None:
+            return "absent"
+        return "unknown"
+
+    # --- reading ---
+
+    def read(
+        self, handle: Handle, start: Offset = Offset(0), stop: Offset | None = None, *, poll: AbortPoll | None = None
+    ) -> list[Event]:
+        sid = handle.session_id
+        if handle.closed:
+            raise HandleClosed(sid, "read")
+        if type(start) is not int or start < 0 or (stop is not None and (type(stop) is not int or stop < start)):
+            raise InvalidRange(f"session {sid!r}: read range [{start!r}, {stop!r}) is not a range of offsets")
+        if isinstance(handle, WriteHandle) and not handle.published:
+            return []
+        if stop is not None and stop == start:
+            return []
+        return self._events(handle, start, stop, poll)
+
+    def _events(self, handle: Handle, start: int, stop: int | None, poll: AbortPoll | None) -> list[Event]:
+        sid = handle.session_id
+        rows = self._query_all(
+            sid,
+            "read",
+            "SELECT first_seq, count, data, compressed FROM batches WHERE session_id = %(id)s "
+            "AND first_seq >= coalesce((SELECT max(first_seq) FROM batches "
+            "WHERE session_id = %(id)s AND first_seq <= %(start)s), 0) "
+            "AND (%(stop)s::bigint IS NULL OR first_seq < %(stop)s) ORDER BY first_seq",
+            {"id": sid, "start": start, "stop": stop},
+        )
+        if not rows:
+            return []
+        base = rows[0][0]
+        events: list[Event] = []
+        expected = base
+        for first_seq, count, data, compressed in rows:
+            if poll is not None and events:
+                poll()
+            if first_seq != expected:
+                raise CorruptLog(sid, f"the batch holding seq {expected} is missing", seq=expected)
+            lines = _lines(sid, first_seq, bytes(data), compressed)
+            got = decode_event_lines(sid, lines, 0, len(lines), first_seq=first_seq, poll=poll, out=events)
+            if len(got) != expected - base + count:
+                raise CorruptLog(sid, f"the batch at seq {first_seq} holds other than {count} events", seq=first_seq)
+            expected = first_seq + count
+        k = handle.inherited_event_count
+        if k and base <= k < expected and not is_seed_marker(events[k - base]):
+            raise CorruptLog(sid, f"seq {k} must be the tagged session/end-seed marker", seq=k)
+        return events[start - base : None if stop is None else stop - base]
+
+    def read_after(
+        self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None
+    ) -> list[Event] | None:
+        """The events from `first_seq` on. Here a checkpoint's `log_offset` is the event count
+        it covers, so it must equal `first_seq`; None when it does not, or past the end."""
+        sid = handle.session_id
+        if handle.closed:
+            raise HandleClosed(sid, "read")
+        if type(log_offset) is not int or log_offset < 0 or type(first_seq) is not int or first_seq < 0:
+            raise InvalidRange(
+                f"session {sid!r}: log_offset and first_seq must be non-negative ints, "
+                f"got {log_offset!r}, {first_seq!r}"
+            )
+        if log_offset != first_seq:
+            return None
+        if isinstance(handle, WriteHandle) and first_seq > handle.next_seq:
+            return None
+        try:
+            return self._events(handle, first_seq, None, poll)
+        except (CorruptLog, UnsupportedLog):
+            return None
+
+    # --- listing ---
+
+    def stat(self, session_id: str) -> LogInfo | None:
+        sid = check_session_id(session_id)
+        row = self._query_one(sid, "stat", f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = %s", (sid,))
+        return None if row is None else _info(row)
+
+    def list(self) -> list[LogInfo]:
+        rows = self._query_all(None, "list", f'SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY id COLLATE "C"', ())
+        out = []
+        for row in rows:
+            try:
+                out.append(_info(row))
+            except StorageError:
+                continue  # an id no valid session has (planted by hand): not a session
+        return out
+
+    def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
+        """The ids whose write lock a client of another process holds now (by its application
+        name), read from `pg_locks` without taking any lock; empty when that cannot be read."""
+        import psycopg
+
+        keys: dict[int, str] = {}
+        for session_id in session_ids:
+            try:
+                keys[lock_key(check_session_id(session_id))] = session_id
+            except StorageError:
+                continue
+        if not keys:
+            return set()
+        try:
+            with self._pool.connection() as conn:
+                rows = conn.execute(
+                    "SELECT l.classid::bigint, l.objid::bigint FROM pg_locks l "
+                    "JOIN pg_stat_activity a ON a.pid = l.pid "
+                    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    "AND a.application_name IS DISTINCT FROM %s",
+                    (self._pool.app,),
+                ).fetchall()
+        except (psycopg.Error, StorageError):
+            return set()
+        held = set()
+        for high, low in rows:
+            key = int.from_bytes(((high << 32) | low).to_bytes(8, "big"), "big", signed=True)
+            if key in keys:
+                held.add(keys[key])
+        return held
+
+    # --- checkpoints ---
+
+    def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
+        """Store the rows that cover exactly the durable log (seq = the last durable seq),
+        replacing the session's earlier ones. Fail-soft: False when not stored."""
+        import psycopg
+
+        if not handle.published or handle.dead is not None or handle.closed:
+            return False
+        last = handle.next_seq - 1
+        current = {key: row for key, row in rows.items() if row.seq == last}
+        if not current:
+            return True
+        sid = handle.session_id
+        try:
+            life = msgspec.json.encode(attrs.asdict(Lifecycle.of(handle.header, handle.inherited_event_count)))
+            values = [
+                (sid, key, row.ver, life, row.seq, handle.next_seq, msgspec.json.encode(row.val))
+                for key, row in current.items()
+            ]
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            log.warning("session %r: checkpoint not JSON (%s); not written", sid, exc)
+            return False
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                row = conn.execute("SELECT event_count FROM sessions WHERE id = %s FOR SHARE", (sid,)).fetchone()
+                if row is None or row[0] != handle.next_seq:
+                    return False  # the log is not what this handle wrote: never lead it
+                conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (sid,))
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO checkpoints (session_id, unit, ver, lifecycle, seq, log_offset, value) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                        values,
+                    )
+        except (psycopg.Error, StorageError) as exc:
+            log.warning("session %r: checkpoint not written: %s", sid, _line(exc))
+            return False
+        return True
+
+    def read_checkpoint(
+        self, session_id: str, header: SessionHeader, inherited_event_count: int
+    ) -> tuple[dict[str, CheckpointRow], int] | None:
+        loaded = self.read_checkpoint_rows([session_id])
+        if not loaded:
+            return None
+        lifecycle = Lifecycle.of(header, inherited_event_count)
+        stored = [s for s in loaded.get(session_id, []) if s.lifecycle == lifecycle]
+        if not stored:
+            return None
+        offset, seq = stored[0].log_offset, stored[0].row.seq
+        return {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}, offset
+
+    def read_checkpoint_rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions (of the units `keys` only, if given; a
+        row of unit `k` whose JSON contains `skip[k]` left out), in one query; None on a failure."""
+        import psycopg
+
+        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
+        if not session_ids:
+            return out
+        where, params = "", [list(session_ids)]
+        if keys is not None:
+            where += " AND unit = ANY(%s)"
+            params.append(list(keys))
+        for key, part in (skip or {}).items():
+            where += " AND NOT (unit = %s AND position(%s::bytea IN value) > 0)"
+            params += [key, bytes(part)]
+        try:
+            with self._pool.connection() as conn:
+                rows = conn.execute(
+                    "SELECT session_id, unit, ver, seq, value, log_offset, lifecycle FROM checkpoints "
+                    f"WHERE session_id = ANY(%s){where}",
+                    params,
+                ).fetchall()
+        except (psycopg.Error, StorageError) as exc:
+            log.warning("checkpoint read failed (a cache miss): %s", _line(exc))
+            return None
+        for sid, key, ver, seq, value, offset, life in rows:
+            try:
+                lifecycle = self._lifecycle(bytes(life))
+            except Exception:  # a garbled lifecycle record: the row is ignored
+                continue
+            if sid in out and seq >= 0 and offset >= 0:
+                out[sid].append(
+                    StoredCheckpoint(
+                        key=key, ver=ver, seq=seq, val_json=bytes(value), log_offset=offset, lifecycle=lifecycle
+                    )
+                )
+        return out
+
+    def _lifecycle(self, raw: bytes) -> Lifecycle:
+        with self._lifecycles_lock:
+            found = self._lifecycles.get(raw)
+            if found is None:
+                if len(self._lifecycles) > 4096:
+                    self._lifecycles.clear()
+                found = self._lifecycles[raw] = _lifecycle(msgspec.json.decode(raw))
+        return found
+
+    # --- plumbing ---
+
+    def _query_one(self, sid: str | None, op: str, sql: str, params: Any) -> Any:
+        return self._query(sid, op, sql, params, one=True)
+
+    def _query_all(self, sid: str | None, op: str, sql: str, params: Any) -> list[Any]:
+        return self._query(sid, op, sql, params, one=False)
+
+    def _query(self, sid: str | None, op: str, sql: str, params: Any, *, one: bool) -> Any:
+        import psycopg
+
+        try:
+            with self._pool.connection() as conn:
+                cur = conn.execute(sql, params)
+                return cur.fetchone() if one else cur.fetchall()
+        except StorageError:
+            raise
+        except psycopg.Error as exc:
+            who = f"session {sid!r}: " if sid is not None else ""
+            raise PersistenceFailed(f"{who}{op} failed: {_line(exc)}") from None
+
+    @property
+    def owner_backend_pid(self) -> int | None:
+        """The server process holding this store's write locks (tests terminate it)."""
+        return self._owner.backend_pid
+
+    def close_store(self) -> None:
+        """Close every connection; the write locks go with the owner connection."""
+        self._owner.close()
+        self._pool.close()
+
+
+_PUBLISH = (
+    "WITH s AS (INSERT INTO sessions (id, header, created_at, parent_session, origin, is_seeded, "
+    "inherited_event_count, delegation_depth, event_count, last_time, byte_size) VALUES (%(id)s, %(header)s, "
+    "%(created_at)s, %(parent)s, %(origin)s, %(seeded)s, %(k)s, %(depth)s, %(n)s, %(time)s, %(size)s) "
+    "ON CONFLICT (id) DO NOTHING RETURNING id) "
+    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
+    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, NULL FROM s"
+)
+
+# The fencing of SPEC §9 joins here: a CTE updating `leases` where owner and epoch still match,
+# and the batch inserted only from it.
+_APPEND = (
+    "WITH s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
+    "last_time = %(time)s WHERE id = %(id)s AND event_count = %(first)s RETURNING id) "
+    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
+    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, NULL FROM s"
+)
+
+
+def _record(sid: SessionId, header: bytes | memoryview) -> HeaderRecord:
+    line = bytes(header)
+    if not line.endswith(b"\n"):
+        raise CorruptLog(sid, "invalid header: the stored header line has no newline", offset=0)
+    try:
+        return parse_header_line(memoryview(line)[:-1], sid)
+    except HeaderError as exc:
+        raise exc.to_storage_error(sid) from None
+
+
+def _info(row: tuple[Any, ...]) -> LogInfo:
+    sid = check_session_id(row[0])
+    header_line, count, size, generation = bytes(row[1]), row[2], row[3], row[4]
+    revision = Revision(size=size, mtime_ns=0, inode=generation)
+    try:
+        record = _record(sid, header_line)
+    except (CorruptLog, UnsupportedLog):
+        found: HeaderRecord | HeaderError | None
+        try:
+            found = parse_header_line(header_line.rstrip(b"\n"), sid)
+        except HeaderError as exc:
+            found = exc
+        if isinstance(found, HeaderError):
+            return LogInfo(
+                id=sid,
+                header=found.header,
+                damage="unsupported" if found.unsupported else "corrupt",
+                inherited_event_count=Offset(found.inherited_event_count),
+                revision=revision,
+                event_count=Offset(count),
+                claimed=found.claimed,
+            )
+        return LogInfo(
+            id=sid,
+            header=found.header,
+            damage="corrupt",
+            inherited_event_count=found.inherited_event_count,
+            revision=revision,
+            event_count=Offset(count),
+        )
+    return LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, count)
+
+
+def _lines(sid: SessionId, first_seq: int, data: bytes, compressed: bool) -> bytes:
+    """A batch row's JSON lines (its zstd frame decompressed and verified)."""
+    if compressed:
+        try:
+            layout = walk_frames(data)
+        except FrameDamage as exc:
+            raise CorruptLog(sid, f"the batch at seq {first_seq}: {exc.reason}", seq=first_seq) from None
+        if len(layout.contents) != 1 or layout.torn:
+            raise CorruptLog(sid, f"the batch at seq {first_seq} is not one whole zstd frame", seq=first_seq)
+        data = layout.contents[0]
+    if not data.endswith(b"\n"):
+        raise CorruptLog(sid, f"the batch at seq {first_seq} ends inside a line", seq=first_seq)
+    return data
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class _Lost(Exception):
+    """The connection went away during a statement: whether it committed is unknown."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
