@@ -30,15 +30,13 @@ append statement is where the lease check joins), the mailbox, hosts and placeme
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import msgspec
 
 from ._codec import Event
-from ._records import HeaderError, HeaderRecord, encode_header_line
+from ._records import HeaderRecord, encode_header_line
 from .errors import (
     AlreadyOwned,
     CorruptLog,
@@ -54,14 +52,16 @@ from .errors import (
     UnsupportedLog,
 )
 from .file_store import _check_batches
-from .framing import decode_event_lines, is_seed_marker, parse_header_line
-from .index import StoredCheckpoint, _lifecycle
+from .framing import decode_event_lines, is_seed_marker
+from .index import StoredCheckpoint
 from .log_store import Batch, Handle, ReadHandle, WriteHandle
+from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Owner, Pool, check_url, lock_key, redact
+from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
 from .pg_schema import ensure_schema
-from .projection import CheckpointRow, Lifecycle
-from .values import FORMAT_VERSION, AbortPoll, LogInfo, Offset, Revision, SessionHeader, SessionId, check_session_id
-from .zstd_framing import FrameDamage, compress_frame, walk_frames
+from .projection import CheckpointRow
+from .values import FORMAT_VERSION, AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
+from .zstd_framing import compress_frame
 
 __all__ = ["COMPRESS_ABOVE", "PostgresLogStore"]
 
@@ -70,8 +70,6 @@ log = logging.getLogger(__name__)
 # A batch's lines are stored as one zstd frame above this many bytes: below it a frame gains
 # little (SPEC §3.3: about 1.8x for one event) and costs a compression per append.
 COMPRESS_ABOVE = 1024
-
-_SESSION_COLUMNS = "id, header, event_count, byte_size, generation"
 
 
 @attrs.define(eq=False)
@@ -88,8 +86,7 @@ class PostgresLogStore:
         self.compress_above = compress_above
         self._pool = Pool(url, size=pool_size)
         self._owner = Owner(url, self._pool.app)
-        self._lifecycles: dict[bytes, Lifecycle] = {}
-        self._lifecycles_lock = threading.Lock()
+        self._checkpoints = PgCheckpoints(self._pool)
         with self._pool.connection() as conn:
             try:
                 ensure_schema(conn)
@@ -144,13 +141,13 @@ class PostgresLogStore:
             row = self._query_one(
                 sid,
                 "open for writing",
-                f"SELECT {_SESSION_COLUMNS}, "
+                f"SELECT {SESSION_COLUMNS}, "
                 "(SELECT coalesce(sum(count), 0) FROM batches WHERE session_id = %s) FROM sessions WHERE id = %s",
                 (sid, sid),
             )
             if row is None:
                 raise SessionNotFound(sid)
-            record = _record(sid, row[1])
+            record = header_record(sid, row[1])
             if row[5] != row[2]:
                 raise CorruptLog(sid, f"its batches hold {row[5]} events but the session row counts {row[2]}")
         except BaseException:
@@ -171,7 +168,7 @@ class PostgresLogStore:
         row = self._query_one(sid, "open for reading", "SELECT header FROM sessions WHERE id = %s", (sid,))
         if row is None:
             raise SessionNotFound(sid)
-        record = _record(sid, row[0])
+        record = header_record(sid, row[0])
         return ReadHandle(session_id=sid, header=record.header, inherited_event_count=record.inherited_event_count)
 
     def close(self, handle: Handle) -> None:
@@ -346,7 +343,7 @@ class PostgresLogStore:
                 poll()
             if first_seq != expected:
                 raise CorruptLog(sid, f"the batch holding seq {expected} is missing", seq=expected)
-            lines = _lines(sid, first_seq, bytes(data), compressed)
+            lines = batch_lines(sid, first_seq, bytes(data), compressed)
             got = decode_event_lines(sid, lines, 0, len(lines), first_seq=first_seq, poll=poll, out=events)
             if len(got) != expected - base + count:
                 raise CorruptLog(sid, f"the batch at seq {first_seq} holds other than {count} events", seq=first_seq)
@@ -382,15 +379,15 @@ class PostgresLogStore:
 
     def stat(self, session_id: str) -> LogInfo | None:
         sid = check_session_id(session_id)
-        row = self._query_one(sid, "stat", f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = %s", (sid,))
-        return None if row is None else _info(row)
+        row = self._query_one(sid, "stat", f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (sid,))
+        return None if row is None else log_info(row)
 
     def list(self) -> list[LogInfo]:
-        rows = self._query_all(None, "list", f'SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY id COLLATE "C"', ())
+        rows = self._query_all(None, "list", f'SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id COLLATE "C"', ())
         out = []
         for row in rows:
             try:
-                out.append(_info(row))
+                out.append(log_info(row))
             except StorageError:
                 continue  # an id no valid session has (planted by hand): not a session
         return out
@@ -427,107 +424,25 @@ class PostgresLogStore:
                 held.add(keys[key])
         return held
 
-    # --- checkpoints ---
+    # --- checkpoints (pg_checkpoints) ---
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         """Store the rows that cover exactly the durable log (seq = the last durable seq),
         replacing the session's earlier ones. Fail-soft: False when not stored."""
-        import psycopg
-
-        if not handle.published or handle.dead is not None or handle.closed:
-            return False
-        last = handle.next_seq - 1
-        current = {key: row for key, row in rows.items() if row.seq == last}
-        if not current:
-            return True
-        sid = handle.session_id
-        try:
-            life = msgspec.json.encode(attrs.asdict(Lifecycle.of(handle.header, handle.inherited_event_count)))
-            values = [
-                (sid, key, row.ver, life, row.seq, handle.next_seq, msgspec.json.encode(row.val))
-                for key, row in current.items()
-            ]
-        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
-            log.warning("session %r: checkpoint not JSON (%s); not written", sid, exc)
-            return False
-        try:
-            with self._pool.connection() as conn, conn.transaction():
-                row = conn.execute("SELECT event_count FROM sessions WHERE id = %s FOR SHARE", (sid,)).fetchone()
-                if row is None or row[0] != handle.next_seq:
-                    return False  # the log is not what this handle wrote: never lead it
-                conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (sid,))
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO checkpoints (session_id, unit, ver, lifecycle, seq, log_offset, value) "
-                        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                        values,
-                    )
-        except (psycopg.Error, StorageError) as exc:
-            log.warning("session %r: checkpoint not written: %s", sid, _line(exc))
-            return False
-        return True
+        return self._checkpoints.write(handle, rows)
 
     def read_checkpoint(
         self, session_id: str, header: SessionHeader, inherited_event_count: int
     ) -> tuple[dict[str, CheckpointRow], int] | None:
-        loaded = self.read_checkpoint_rows([session_id])
-        if not loaded:
-            return None
-        lifecycle = Lifecycle.of(header, inherited_event_count)
-        stored = [s for s in loaded.get(session_id, []) if s.lifecycle == lifecycle]
-        if not stored:
-            return None
-        offset, seq = stored[0].log_offset, stored[0].row.seq
-        return {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}, offset
+        """The stored rows of this lifecycle of the session and the event count they cover."""
+        return self._checkpoints.read(session_id, header, inherited_event_count)
 
     def read_checkpoint_rows(
         self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
     ) -> dict[str, list[StoredCheckpoint]] | None:
         """Every stored checkpoint row of these sessions (of the units `keys` only, if given; a
         row of unit `k` whose JSON contains `skip[k]` left out), in one query; None on a failure."""
-        import psycopg
-
-        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
-        if not session_ids:
-            return out
-        where, params = "", [list(session_ids)]
-        if keys is not None:
-            where += " AND unit = ANY(%s)"
-            params.append(list(keys))
-        for key, part in (skip or {}).items():
-            where += " AND NOT (unit = %s AND position(%s::bytea IN value) > 0)"
-            params += [key, bytes(part)]
-        try:
-            with self._pool.connection() as conn:
-                rows = conn.execute(
-                    "SELECT session_id, unit, ver, seq, value, log_offset, lifecycle FROM checkpoints "
-                    f"WHERE session_id = ANY(%s){where}",
-                    params,
-                ).fetchall()
-        except (psycopg.Error, StorageError) as exc:
-            log.warning("checkpoint read failed (a cache miss): %s", _line(exc))
-            return None
-        for sid, key, ver, seq, value, offset, life in rows:
-            try:
-                lifecycle = self._lifecycle(bytes(life))
-            except Exception:  # a garbled lifecycle record: the row is ignored
-                continue
-            if sid in out and seq >= 0 and offset >= 0:
-                out[sid].append(
-                    StoredCheckpoint(
-                        key=key, ver=ver, seq=seq, val_json=bytes(value), log_offset=offset, lifecycle=lifecycle
-                    )
-                )
-        return out
-
-    def _lifecycle(self, raw: bytes) -> Lifecycle:
-        with self._lifecycles_lock:
-            found = self._lifecycles.get(raw)
-            if found is None:
-                if len(self._lifecycles) > 4096:
-                    self._lifecycles.clear()
-                found = self._lifecycles[raw] = _lifecycle(msgspec.json.decode(raw))
-        return found
+        return self._checkpoints.rows(session_ids, keys, skip)
 
     # --- plumbing ---
 
@@ -538,17 +453,26 @@ class PostgresLogStore:
         return self._query(sid, op, sql, params, one=False)
 
     def _query(self, sid: str | None, op: str, sql: str, params: Any, *, one: bool) -> Any:
+        """A read-only query; a connection found dead (an idle one after a server restart, say)
+        is replaced once: reading again is harmless."""
         import psycopg
 
-        try:
-            with self._pool.connection() as conn:
-                cur = conn.execute(sql, params)
-                return cur.fetchone() if one else cur.fetchall()
-        except StorageError:
-            raise
-        except psycopg.Error as exc:
-            who = f"session {sid!r}: " if sid is not None else ""
-            raise PersistenceFailed(f"{who}{op} failed: {_line(exc)}") from None
+        for attempt in (1, 2):
+            try:
+                with self._pool.connection() as conn:
+                    try:
+                        cur = conn.execute(sql, params)
+                        return cur.fetchone() if one else cur.fetchall()
+                    except psycopg.Error:
+                        if attempt == 1 and (conn.broken or conn.closed):
+                            continue
+                        raise
+            except StorageError:
+                raise
+            except psycopg.Error as exc:
+                who = f"session {sid!r}: " if sid is not None else ""
+                raise PersistenceFailed(f"{who}{op} failed: {_line(exc)}") from None
+        raise AssertionError("unreachable")
 
     @property
     def owner_backend_pid(self) -> int | None:
@@ -578,64 +502,6 @@ _APPEND = (
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, NULL FROM s"
 )
-
-
-def _record(sid: SessionId, header: bytes | memoryview) -> HeaderRecord:
-    line = bytes(header)
-    if not line.endswith(b"\n"):
-        raise CorruptLog(sid, "invalid header: the stored header line has no newline", offset=0)
-    try:
-        return parse_header_line(memoryview(line)[:-1], sid)
-    except HeaderError as exc:
-        raise exc.to_storage_error(sid) from None
-
-
-def _info(row: tuple[Any, ...]) -> LogInfo:
-    sid = check_session_id(row[0])
-    header_line, count, size, generation = bytes(row[1]), row[2], row[3], row[4]
-    revision = Revision(size=size, mtime_ns=0, inode=generation)
-    try:
-        record = _record(sid, header_line)
-    except (CorruptLog, UnsupportedLog):
-        found: HeaderRecord | HeaderError | None
-        try:
-            found = parse_header_line(header_line.rstrip(b"\n"), sid)
-        except HeaderError as exc:
-            found = exc
-        if isinstance(found, HeaderError):
-            return LogInfo(
-                id=sid,
-                header=found.header,
-                damage="unsupported" if found.unsupported else "corrupt",
-                inherited_event_count=Offset(found.inherited_event_count),
-                revision=revision,
-                event_count=Offset(count),
-                claimed=found.claimed,
-            )
-        return LogInfo(
-            id=sid,
-            header=found.header,
-            damage="corrupt",
-            inherited_event_count=found.inherited_event_count,
-            revision=revision,
-            event_count=Offset(count),
-        )
-    return LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, count)
-
-
-def _lines(sid: SessionId, first_seq: int, data: bytes, compressed: bool) -> bytes:
-    """A batch row's JSON lines (its zstd frame decompressed and verified)."""
-    if compressed:
-        try:
-            layout = walk_frames(data)
-        except FrameDamage as exc:
-            raise CorruptLog(sid, f"the batch at seq {first_seq}: {exc.reason}", seq=first_seq) from None
-        if len(layout.contents) != 1 or layout.torn:
-            raise CorruptLog(sid, f"the batch at seq {first_seq} is not one whole zstd frame", seq=first_seq)
-        data = layout.contents[0]
-    if not data.endswith(b"\n"):
-        raise CorruptLog(sid, f"the batch at seq {first_seq} ends inside a line", seq=first_seq)
-    return data
 
 
 def _line(exc: BaseException) -> str:

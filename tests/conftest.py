@@ -4,6 +4,7 @@ the real PostgreSQL server the PostgreSQL store's tests run against (tests/helpe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from pg_server import EmbeddedServer, drop_database, fresh_database, module_database_name, reset_tables
@@ -39,8 +40,8 @@ def pg_store_factory(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     reset_tables(url)
     stores: list[PostgresLogStore] = []
 
-    def make() -> LogStore:
-        store = PostgresLogStore(url)
+    def make(**options: Any) -> LogStore:
+        store = PostgresLogStore(url, **options)
         stores.append(store)
         return store
 

