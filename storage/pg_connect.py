@@ -162,8 +162,16 @@ class Owner:
             if session_id in self._held:
                 return None
             key = lock_key(session_id)
-            conn = self._connection()
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+            import psycopg
+
+            try:
+                row = self._connection().execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+            except psycopg.OperationalError:
+                if self._conn is None or not (self._conn.broken or self._conn.closed):
+                    raise
+                # The connection was gone (a restart, a terminated backend) and its locks with
+                # it: take this one on a new connection.
+                row = self._connection().execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
             if not (row and row[0]):
                 return None
             self._held[session_id] = key

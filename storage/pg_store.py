@@ -87,13 +87,17 @@ class PostgresLogStore:
         self._pool = Pool(url, size=pool_size)
         self._owner = Owner(url, self._pool.app)
         self._checkpoints = PgCheckpoints(self._pool)
-        with self._pool.connection() as conn:
-            try:
+        import psycopg
+
+        try:
+            with self._pool.connection() as conn:
                 ensure_schema(conn)
-            except StorageError:
-                raise
-            except Exception as exc:  # psycopg.Error: a server that refuses the DDL
-                raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {exc}") from None
+        except psycopg.Error as exc:  # a server that refuses the DDL (no privilege, say)
+            self._pool.close()
+            raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {_line(exc)}") from None
+        except BaseException:
+            self._pool.close()
+            raise
 
     # --- claiming ---
 

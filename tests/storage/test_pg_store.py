@@ -17,6 +17,7 @@ from clocks import T
 from events import assistant_event, turn_start_event
 from log_lines import header, log_file, read_all
 from subagents.storage import (
+    AlreadyOwned,
     Batch,
     CheckpointRow,
     CorruptLog,
@@ -343,8 +344,12 @@ def test_a_lost_lock_connection_cannot_make_two_writers_interleave(make: Factory
         a.append(old, [batch(1, 3)])
     assert info.value.code == "STORAGE_SEQUENCE_CONFLICT"
     assert read_all(b, "s1") == turns(0, 2)
+    fresh = a.create(header("s2"))  # the store takes locks again, on a new connection
+    with pytest.raises(AlreadyOwned):
+        a.open_write("s1")  # ... and B's lock is real
     b.close(new)
     a.close(old)
-    again = a.open_write("s1")  # the store takes locks again on a new connection
+    again = a.open_write("s1")
     assert again.next_seq == 2
     a.close(again)
+    a.close(fresh)
