@@ -47,13 +47,19 @@ def redact(url: str) -> str:
 
 
 def check_url(url: object) -> str:
-    """The URL if it is a PostgreSQL connection URL psycopg accepts, else `InvalidStoreUrl`."""
+    """The URL if it is a PostgreSQL connection URL psycopg accepts, else `InvalidStoreUrl`
+    (`StoreUnreachable` when psycopg itself is missing)."""
     if type(url) is not str:
         raise InvalidStoreUrl(f"a PostgreSQL store URL is a str, got {type(url).__name__}")
     scheme = url.partition("://")[0]
     if scheme not in SCHEMES or "://" not in url:
         raise InvalidStoreUrl(f"not a PostgreSQL URL (postgresql://...): {redact(url)!r}")
-    import psycopg
+    try:
+        import psycopg
+    except ImportError:
+        raise StoreUnreachable(
+            "the PostgreSQL store needs psycopg 3, which is not installed: pip install 'trio-subagents[postgres]'"
+        ) from None
     from psycopg import conninfo
 
     try:
@@ -114,10 +120,17 @@ class Pool:
                 yield conn
             finally:
                 with self._lock:
-                    if self._closed or conn.broken or conn.closed:
-                        _close_quietly(conn)
+                    if conn.broken or conn.closed:
+                        # The server went away (a restart, a failover) or cut this backend: the
+                        # idle ones are most likely gone too, so none is handed out again.
+                        stale, self._idle = [conn, *self._idle], []
+                    elif self._closed:
+                        stale = [conn]
                     else:
+                        stale = []
                         self._idle.append(conn)
+                for old in stale:
+                    _close_quietly(old)
         finally:
             self._slots.release()
 

@@ -6,6 +6,7 @@ not (and sent once more) — never half, never twice."""
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -89,6 +90,13 @@ def test_a_refused_connection_is_one_clear_line() -> None:
     one_line(info.value.message)
     assert info.value.message.startswith("cannot connect to PostgreSQL at postgresql://someone:***@127.0.0.1:")
     assert "refused" in info.value.message and "hunter2" not in info.value.message
+
+
+def test_a_store_without_psycopg_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if it were not installed
+    with pytest.raises(StoreUnreachable, match=r"needs psycopg 3, which is not installed: pip install") as info:
+        PostgresLogStore("postgresql://localhost/db")
+    one_line(info.value.message)
 
 
 def test_a_missing_database_is_unreachable(pg_server: EmbeddedServer) -> None:
@@ -234,6 +242,8 @@ def test_a_server_restart_mid_run_loses_nothing_acknowledged(
     store = pg_store_factory()
     handle = store.create(header("s1"))
     store.append(handle, [batch(0, 2)])
+    with store._pool.connection(), store._pool.connection(), store._pool.connection():
+        pass  # the pool keeps these three idle: each of them dies with the server
     db.close()
     pg_server.restart()
     # The pooled connections died with the server: the next append finds out, asks on a fresh
@@ -241,6 +251,8 @@ def test_a_server_restart_mid_run_loses_nothing_acknowledged(
     assert store.append(handle, [batch(2, 3)]) == 3
     assert [r.event_count for r in store.list()] == [3]
     store.close(handle)
+    pg_server.restart()
+    assert [r.event_count for r in store.list()] == [3]  # a read finds its connections dead too
     # The write locks went with the owner connection; the store takes new ones.
     again = store.open_write("s1")
     assert again.next_seq == 3
