@@ -50,7 +50,6 @@ from .errors import UnknownProjection as UnknownProjection
 from .errors import UnsafePath as UnsafePath
 from .errors import UnsupportedEvent as UnsupportedEvent
 from .errors import UnsupportedLog as UnsupportedLog
-from .errors import UnsupportedSchema as UnsupportedSchema
 from .events import SURFACE_TYPES as SURFACE_TYPES
 from .events import SubagentCatalogData as SubagentCatalogData
 from .file_store import FileLogStore as FileLogStore

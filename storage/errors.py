@@ -34,9 +34,8 @@ once, where storage meets them; nothing else leaks out of the public API.
     ├── PersistenceFailed         STORAGE_PERSISTENCE_FAILED     (an OSError)
     ├── CorruptLog                STORAGE_CORRUPT_LOG            (names session and seq or offset)
     │   └── InvalidPayload        STORAGE_INVALID_PAYLOAD        (a known type's data is malformed)
-    ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format)
-    │   ├── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
-    │   └── UnsupportedSchema     STORAGE_UNSUPPORTED_SCHEMA     (a PostgreSQL store of a newer schema)
+    ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format; a PostgreSQL store's newer schema)
+    │   └── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
     ├── InvalidStoreUrl           STORAGE_INVALID_STORE_URL      (not a PostgreSQL URL psycopg accepts)
     ├── StoreUnreachable          STORAGE_STORE_UNREACHABLE      (no connection: refused, auth, no database)
     ├── UnknownProjection         STORAGE_UNKNOWN_PROJECTION     (also a KeyError)
@@ -81,7 +80,6 @@ __all__ = [
     "UnsafePath",
     "UnsupportedEvent",
     "UnsupportedLog",
-    "UnsupportedSchema",
 ]
 
 
@@ -219,12 +217,13 @@ class InvalidPayload(CorruptLog):
 
 
 class UnsupportedLog(StorageError):
-    """An intact log this build cannot interpret: another format."""
+    """An intact log this build cannot interpret: another format. With `session_id` None, a
+    whole store this build cannot interpret (a PostgreSQL store of a newer schema version)."""
 
     code = "STORAGE_UNSUPPORTED_FORMAT"
 
-    def __init__(self, session_id: str, reason: str, *, seq: int | None = None) -> None:
-        super().__init__(f"session {session_id!r} is unsupported: {reason}")
+    def __init__(self, session_id: str | None, reason: str, *, seq: int | None = None) -> None:
+        super().__init__(reason if session_id is None else f"session {session_id!r} is unsupported: {reason}")
         self.session_id = session_id
         self.reason = reason
         self.seq = seq
@@ -234,23 +233,6 @@ class UnsupportedEvent(UnsupportedLog):
     """An intact log holding an event type this build does not know (at `seq`)."""
 
     code = "STORAGE_UNSUPPORTED_EVENT"
-
-
-class UnsupportedSchema(UnsupportedLog):
-    """A PostgreSQL store whose schema version is newer than this build knows: it is left
-    untouched (never migrated down). Not about one session: `session_id` is None."""
-
-    code = "STORAGE_UNSUPPORTED_SCHEMA"
-
-    def __init__(self, found: int, known: int) -> None:
-        StorageError.__init__(
-            self, f"the PostgreSQL store has schema version {found}; this build knows versions up to {known}"
-        )
-        self.session_id = None  # type: ignore[assignment]  # a store-wide refusal
-        self.reason = self.message
-        self.seq = None
-        self.found = found
-        self.known = known
 
 
 class InvalidStoreUrl(StorageError, ValueError):

@@ -1,8 +1,8 @@
 """The PostgreSQL store's schema (SPEC §9) and its migration by version.
 
 One row in `schema_version` says which version the tables are. `ensure_schema` creates version 1
-in an empty database, leaves a current one alone and refuses a newer one (`UnsupportedSchema`,
-nothing touched); it runs under a transaction-scoped advisory lock, so stores starting at once
+in an empty database, leaves a current one alone and refuses a newer one (`UnsupportedLog`,
+STORAGE_UNSUPPORTED_FORMAT; nothing touched); it runs under a transaction-scoped advisory lock, so stores starting at once
 cannot race. A later version adds a step to `MIGRATIONS`.
 
 Tables (version 1):
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UnsupportedSchema
+from .errors import UnsupportedLog
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema"]
 
@@ -81,7 +81,10 @@ def ensure_schema(conn: Any) -> int:
             row = conn.execute("SELECT version FROM schema_version").fetchone()
             found = row[0] if row else 0
         if found > SCHEMA_VERSION:
-            raise UnsupportedSchema(found, SCHEMA_VERSION)
+            raise UnsupportedLog(
+                None,
+                f"the PostgreSQL store has schema version {found}; this build knows versions up to {SCHEMA_VERSION}",
+            )
         for version in range(found + 1, SCHEMA_VERSION + 1):
             for statement in MIGRATIONS[version]:
                 conn.execute(statement)

@@ -27,7 +27,6 @@ from subagents.storage import (
     Offset,
     PostgresLogStore,
     UnsupportedLog,
-    UnsupportedSchema,
     pg_connect,
 )
 
@@ -79,11 +78,10 @@ def test_a_newer_schema_is_refused_and_left_untouched(make: Factory, db: psycopg
     publish(make(), "s1", [batch(0, 2)])
     db.execute("UPDATE schema_version SET version = 2")
     try:
-        with pytest.raises(UnsupportedSchema) as info:
+        with pytest.raises(UnsupportedLog) as info:
             make()
-        assert isinstance(info.value, UnsupportedLog)
-        assert info.value.code == "STORAGE_UNSUPPORTED_SCHEMA"
-        assert "schema version 2" in info.value.message and "up to 1" in info.value.message
+        assert info.value.code == "STORAGE_UNSUPPORTED_FORMAT" and info.value.session_id is None
+        assert info.value.message == "the PostgreSQL store has schema version 2; this build knows versions up to 1"
         assert db.execute("SELECT version FROM schema_version").fetchone() == (2,)
         assert db.execute("SELECT event_count FROM sessions").fetchall() == [(2,)]
     finally:
