@@ -147,9 +147,10 @@ class Owner:
 
     Advisory locks are re-entrant within one connection, so the ids this store holds are also
     kept here: a second claim by the same store is refused like one from elsewhere. If the
-    connection is lost its locks are gone with it; `incarnation` counts connections, so a
-    handle can tell that the lock it took no longer exists (fencing proper — lease epochs
-    checked by every append — is SPEC §9's, not built yet)."""
+    connection is lost its locks are gone with it, unnoticed by the handles until fencing
+    (lease epochs checked by every append, SPEC §9) is built; meanwhile every append's seq
+    check keeps two writers from interleaving silently. `incarnation` counts connections, so
+    closing a handle never unlocks a key on a connection that did not take it."""
 
     def __init__(self, url: str, app: str) -> None:
         self.url = url
@@ -189,12 +190,6 @@ class Owner:
                 return None
             self._held[session_id] = key
             return self.incarnation
-
-    def alive(self, incarnation: int) -> bool:
-        """Whether the connection that took a lock in `incarnation` is still this one, as far
-        as this process has seen (a loss shows once an operation on it failed)."""
-        conn = self._conn
-        return incarnation == self.incarnation and conn is not None and not conn.closed and not conn.broken
 
     def unlock(self, session_id: str, incarnation: int) -> None:
         with self._lock:

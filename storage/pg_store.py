@@ -253,6 +253,12 @@ class PostgresLogStore:
             try:
                 self._write(handle, statement, args)
                 return
+            except SequenceConflict:
+                # The lost statement may still have been running on the server and committed
+                # after the look: then the batch there is this very one.
+                if self._resolve(handle, args) == "committed":
+                    return
+                raise
             except _Lost as lost:
                 handle.dead = f"the connection was lost twice mid-append ({_line(lost.cause)})"
                 raise PersistenceFailed(f"session {sid!r}: append failed: {_line(lost.cause)}") from None

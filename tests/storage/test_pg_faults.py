@@ -207,6 +207,32 @@ def test_an_append_cut_after_it_committed_is_acknowledged_once(
     store.close(handle)
 
 
+def test_a_lost_append_that_commits_after_the_look_is_still_acknowledged(
+    pg_store_factory: Factory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cut connection's statement may still be running on the server: the first look finds
+    nothing (here: it is told so), the statement commits, and the second send then meets a
+    moved count. Asked again, the batch there is this very one: acknowledged, once."""
+    store = pg_store_factory()
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 1)])
+    real = store._resolve
+    looks: list[str] = []
+
+    def late_commit(*args: Any) -> str:
+        looks.append(real(*args))
+        return "absent" if len(looks) == 1 else looks[-1]
+
+    monkeypatch.setattr(store, "_resolve", late_commit)
+    with _cut_after_commit(store, db):
+        assert store.append(handle, [batch(1, 3)]) == 3
+    assert looks == ["committed", "committed"]
+    assert handle.dead is None
+    assert read_all(store, "s1") == turns(0, 3)
+    assert db.execute("SELECT count(*) FROM batches").fetchone() == (2,)
+    store.close(handle)
+
+
 def test_an_append_whose_outcome_cannot_be_told_kills_the_handle(
     pg_store_factory: Factory, db: psycopg.Connection[Any]
 ) -> None:
