@@ -404,7 +404,8 @@ class PostgresLogStore:
 
     def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids whose write lock a client of another process holds now (by its application
-        name), read from `pg_locks` without taking any lock; empty when that cannot be read."""
+        name; a client of another role, whose name PostgreSQL hides, counts as another process),
+        read from `pg_locks` without taking any lock; empty when that cannot be read."""
         import psycopg
 
         keys: dict[int, str] = {}

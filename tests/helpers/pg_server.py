@@ -128,8 +128,9 @@ def reset_tables(url: str) -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
+            # DELETE, not TRUNCATE: a test leaves a few rows, and TRUNCATE's new files cost ~10 ms.
             "DO $$ BEGIN IF to_regclass('sessions') IS NOT NULL THEN "
-            "TRUNCATE sessions, batches, checkpoints; END IF; END $$"
+            "DELETE FROM checkpoints; DELETE FROM batches; DELETE FROM sessions; END IF; END $$"
         )
 
 
