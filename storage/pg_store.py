@@ -326,9 +326,13 @@ class PostgresLogStore:
             raise HandleClosed(sid, "read")
         if type(start) is not int or start < 0 or (stop is not None and (type(stop) is not int or stop < start)):
             raise InvalidRange(f"session {sid!r}: read range [{start!r}, {stop!r}) is not a range of offsets")
-        if isinstance(handle, WriteHandle) and not handle.published:
-            return []
-        if stop is not None and stop == start:
+        if isinstance(handle, WriteHandle):
+            if not handle.published:
+                return []
+            # A writer reads what it wrote: rows past it could only be another writer's, after
+            # this handle's lock was lost (the file store's writer reads up to its own end too).
+            stop = handle.next_seq if stop is None else Offset(min(stop, handle.next_seq))
+        if stop is not None and stop <= start:
             return []
         return self._events(handle, start, stop, poll)
 
@@ -378,10 +382,15 @@ class PostgresLogStore:
             )
         if log_offset != first_seq:
             return None
-        if isinstance(handle, WriteHandle) and first_seq > handle.next_seq:
-            return None
+        stop = None
+        if isinstance(handle, WriteHandle):
+            if first_seq > handle.next_seq:
+                return None
+            if first_seq == handle.next_seq:
+                return []
+            stop = handle.next_seq
         try:
-            return self._events(handle, first_seq, None, poll)
+            return self._events(handle, first_seq, stop, poll)
         except (CorruptLog, UnsupportedLog):
             return None
 

@@ -26,6 +26,7 @@ from subagents.storage import (
     Lifecycle,
     Offset,
     PostgresLogStore,
+    SequenceConflict,
     UnsupportedLog,
     pg_connect,
 )
@@ -338,10 +339,10 @@ def test_a_lost_lock_connection_cannot_make_two_writers_interleave(make: Factory
     db.execute("SELECT pg_terminate_backend(%s)", (a.owner_backend_pid,))
     new = b.open_write("s1")
     b.append(new, [batch(1, 2)])
-    with pytest.raises(Exception) as info:
+    with pytest.raises(SequenceConflict):
         a.append(old, [batch(1, 3)])
-    assert info.value.code == "STORAGE_SEQUENCE_CONFLICT"
     assert read_all(b, "s1") == turns(0, 2)
+    assert a.read(old) == turns(0, 1) and a.read_after(old, 1, 1) == []  # the old writer's view: its own
     fresh = a.create(header("s2"))  # the store takes locks again, on a new connection
     with pytest.raises(AlreadyOwned):
         a.open_write("s1")  # ... and B's lock is real
