@@ -87,6 +87,8 @@ class PostgresLogStore:
         self._pool = Pool(url, size=pool_size)
         self._owner = Owner(url, self._pool.app)
         self._checkpoints = PgCheckpoints(self._pool)
+        # id -> (what its row said, the listing row made from it); replaced whole by `list()`
+        self._infos: dict[str, tuple[tuple[Any, ...], LogInfo]] = {}
         import psycopg
 
         try:
@@ -399,17 +401,35 @@ class PostgresLogStore:
     def stat(self, session_id: str) -> LogInfo | None:
         sid = check_session_id(session_id)
         row = self._query_one(sid, "stat", f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (sid,))
-        return None if row is None else log_info(row)
+        if row is None:
+            return None
+        infos = self._infos
+        info = self._info(row, infos)
+        infos[sid] = (_row_key(row), info)
+        return info
 
     def list(self) -> list[LogInfo]:
+        """One query. A row unchanged since the last listing (same generation, count, size and
+        header bytes) gives the very same `LogInfo` again: line 1 is parsed once per lifecycle."""
         rows = self._query_all(None, "list", f'SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id COLLATE "C"', ())
+        known, infos = self._infos, {}
         out = []
         for row in rows:
             try:
-                out.append(log_info(row))
+                info = self._info(row, known)
             except StorageError:
                 continue  # an id no valid session has (planted by hand): not a session
+            infos[info.id] = (_row_key(row), info)
+            out.append(info)
+        self._infos = infos  # only the sessions that still exist stay cached
         return out
+
+    @staticmethod
+    def _info(row: tuple[Any, ...], known: dict[str, tuple[tuple[Any, ...], LogInfo]]) -> LogInfo:
+        cached = known.get(row[0])
+        if cached is not None and cached[0] == _row_key(row):
+            return cached[1]
+        return log_info(row)
 
     def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids whose write lock a client of another process holds now (by its application
@@ -527,6 +547,11 @@ _APPEND = (
 def _line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _row_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What makes a listing row: header bytes, event count, size, generation."""
+    return (bytes(row[1]), row[2], row[3], row[4])
 
 
 class _Lost(Exception):

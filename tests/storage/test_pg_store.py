@@ -168,6 +168,24 @@ def _count_checkouts(store: PostgresLogStore, monkeypatch: pytest.MonkeyPatch) -
     return seen
 
 
+def test_an_unchanged_row_is_listed_as_the_same_object_and_a_changed_one_anew(
+    make: Factory, db: psycopg.Connection[Any]
+) -> None:
+    store = make()
+    publish(store, "a", [batch(0, 1)])
+    publish(store, "b", [batch(0, 1)])
+    first = store.list()
+    again = store.list()
+    assert [x is y for x, y in zip(first, again)] == [True, True]
+    handle = store.open_write("a")
+    store.append(handle, [batch(1, 2)])
+    store.close(handle)
+    db.execute("UPDATE sessions SET header = %s WHERE id = 'b'", (b"not json\n",))  # same counts, other line 1
+    a, b = store.list()
+    assert a is not first[0] and a.event_count == 2 and a.damage is None
+    assert b is not first[1] and b.damage == "corrupt" and b.header is None
+
+
 def test_revision_grows_with_appends_and_tells_lifecycles_apart(make: Factory, db: psycopg.Connection[Any]) -> None:
     store = make()
     publish(store, "a", [batch(0, 1)])
