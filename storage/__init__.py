@@ -1,6 +1,7 @@
 """Storage: values, the event codec, log format 1, the synchronous log stores and the mailbox.
 
-The bottom layer: imports only the stdlib, attrs, cattrs, msgspec and zstandard, never trio.
+The bottom layer: imports only the stdlib, attrs, cattrs, msgspec and zstandard, never trio;
+psycopg only when a `PostgresLogStore` is opened.
 This module is its face: the upper layers and embedders import only from here (tests/test_layers.py
 checks it). The test doubles (`CrashFs`, `MemoryLogStore`, `MemoryMailbox`, `FaultyLogStore`) are in
 `subagents.storage.testing`; the format's line codecs (`_codec`, `_records`) and file names
@@ -35,6 +36,7 @@ from .errors import InvalidHeader as InvalidHeader
 from .errors import InvalidPayload as InvalidPayload
 from .errors import InvalidRange as InvalidRange
 from .errors import InvalidSessionId as InvalidSessionId
+from .errors import InvalidStoreUrl as InvalidStoreUrl
 from .errors import NonLosslessData as NonLosslessData
 from .errors import PersistenceFailed as PersistenceFailed
 from .errors import ProjectionBroken as ProjectionBroken
@@ -42,6 +44,7 @@ from .errors import SequenceConflict as SequenceConflict
 from .errors import SessionAlreadyExists as SessionAlreadyExists
 from .errors import SessionNotFound as SessionNotFound
 from .errors import StorageError as StorageError
+from .errors import StoreUnreachable as StoreUnreachable
 from .errors import SubagentsError as SubagentsError
 from .errors import UnknownProjection as UnknownProjection
 from .errors import UnsafePath as UnsafePath
@@ -64,6 +67,7 @@ from .mailbox import Mailbox as Mailbox
 from .mailbox import RejectedEnvelope as RejectedEnvelope
 from .mailbox_watch import LocalWakeups as LocalWakeups
 from .mailbox_watch import MailboxWatch as MailboxWatch
+from .pg_store import PostgresLogStore as PostgresLogStore
 from .projection import CheckpointRow as CheckpointRow
 from .projection import Lifecycle as Lifecycle
 from .projection import ProjectionCells as ProjectionCells

@@ -34,8 +34,10 @@ once, where storage meets them; nothing else leaks out of the public API.
     ├── PersistenceFailed         STORAGE_PERSISTENCE_FAILED     (an OSError)
     ├── CorruptLog                STORAGE_CORRUPT_LOG            (names session and seq or offset)
     │   └── InvalidPayload        STORAGE_INVALID_PAYLOAD        (a known type's data is malformed)
-    ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format)
+    ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format; a PostgreSQL store's newer schema)
     │   └── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
+    ├── InvalidStoreUrl           STORAGE_INVALID_STORE_URL      (not a PostgreSQL URL psycopg accepts)
+    ├── StoreUnreachable          STORAGE_STORE_UNREACHABLE      (no connection: refused, auth, no database)
     ├── UnknownProjection         STORAGE_UNKNOWN_PROJECTION     (also a KeyError)
     ├── ProjectionBroken          STORAGE_PROJECTION_BROKEN      (a unit's apply or view raised)
     ├── InvalidEnvelope           STORAGE_INVALID_ENVELOPE       (a mailbox envelope refused)
@@ -64,6 +66,7 @@ __all__ = [
     "InvalidPayload",
     "InvalidRange",
     "InvalidSessionId",
+    "InvalidStoreUrl",
     "NonLosslessData",
     "PersistenceFailed",
     "SequenceConflict",
@@ -71,6 +74,7 @@ __all__ = [
     "ProjectionBroken",
     "SessionNotFound",
     "StorageError",
+    "StoreUnreachable",
     "SubagentsError",
     "UnknownProjection",
     "UnsafePath",
@@ -213,12 +217,13 @@ class InvalidPayload(CorruptLog):
 
 
 class UnsupportedLog(StorageError):
-    """An intact log this build cannot interpret: another format."""
+    """An intact log this build cannot interpret: another format. With `session_id` None, a
+    whole store this build cannot interpret (a PostgreSQL store of a newer schema version)."""
 
     code = "STORAGE_UNSUPPORTED_FORMAT"
 
-    def __init__(self, session_id: str, reason: str, *, seq: int | None = None) -> None:
-        super().__init__(f"session {session_id!r} is unsupported: {reason}")
+    def __init__(self, session_id: str | None, reason: str, *, seq: int | None = None) -> None:
+        super().__init__(reason if session_id is None else f"session {session_id!r} is unsupported: {reason}")
         self.session_id = session_id
         self.reason = reason
         self.seq = seq
@@ -228,6 +233,19 @@ class UnsupportedEvent(UnsupportedLog):
     """An intact log holding an event type this build does not know (at `seq`)."""
 
     code = "STORAGE_UNSUPPORTED_EVENT"
+
+
+class InvalidStoreUrl(StorageError, ValueError):
+    """A store URL that is not a PostgreSQL connection URL (its password never in the message)."""
+
+    code = "STORAGE_INVALID_STORE_URL"
+
+
+class StoreUnreachable(StorageError):
+    """No connection to the PostgreSQL store: refused, unknown host, failed authentication or no
+    such database. One line, the URL without its password."""
+
+    code = "STORAGE_STORE_UNREACHABLE"
 
 
 class UnknownProjection(StorageError, KeyError):

@@ -16,7 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 LAYERS = ("storage", "actors", "runtime")  # bottom to top
 ALLOWED_THIRD_PARTY = {
-    "storage": {"attrs", "cattrs", "msgspec", "zstandard"},
+    # psycopg: the PostgreSQL store only (storage/pg_*.py), imported lazily (SPEC §2).
+    "storage": {"attrs", "cattrs", "msgspec", "zstandard", "psycopg"},
     "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
     # prompt_toolkit: `chat`'s prompt, imported lazily by runtime/chat_terminal.py only;
     # platformdirs: the user's config folder (runtime/config.py). SPEC §2 lists both.

@@ -1,0 +1,142 @@
+"""Projection checkpoints in the PostgreSQL store (SPEC §3.5; table `checkpoints`, pg_schema).
+
+The rows of one session replace each other whole, in one transaction that also checks that the
+session's event count is still the one the writing handle knows: a checkpoint may lag the log,
+never lead it. `log_offset` here is the event count the rows cover (seq + 1), the place
+`read_after` continues from. Reads are single queries; any failure is a cache miss (None or
+False, logged), never an error a caller sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+
+import attrs
+import msgspec
+
+from .errors import StorageError
+from .index import StoredCheckpoint, _lifecycle
+from .log_store import WriteHandle
+from .pg_connect import Pool
+from .projection import CheckpointRow, Lifecycle
+from .values import SessionHeader
+
+__all__ = ["PgCheckpoints"]
+
+log = logging.getLogger(__name__)
+
+_LIFECYCLES = 4096  # distinct lifecycle records kept decoded
+
+
+class PgCheckpoints:
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._lifecycles: dict[bytes, Lifecycle] = {}
+        self._lock = threading.Lock()
+
+    def write(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
+        """Store the rows that cover exactly the durable log (seq = the last durable seq),
+        replacing the session's earlier ones. Fail-soft: False when not stored."""
+        import psycopg
+
+        if not handle.published or handle.dead is not None or handle.closed:
+            return False
+        last = handle.next_seq - 1
+        current = {key: row for key, row in rows.items() if row.seq == last}
+        if not current:
+            return True
+        sid = handle.session_id
+        try:
+            life = msgspec.json.encode(attrs.asdict(Lifecycle.of(handle.header, handle.inherited_event_count)))
+            values = [
+                (sid, key, row.ver, life, row.seq, handle.next_seq, msgspec.json.encode(row.val))
+                for key, row in current.items()
+            ]
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            log.warning("session %r: checkpoint not JSON (%s); not written", sid, exc)
+            return False
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                row = conn.execute("SELECT event_count FROM sessions WHERE id = %s FOR SHARE", (sid,)).fetchone()
+                if row is None or row[0] != handle.next_seq:
+                    return False  # the log is not what this handle wrote: never lead it
+                conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (sid,))
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO checkpoints (session_id, unit, ver, lifecycle, seq, log_offset, value) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                        values,
+                    )
+        except (psycopg.Error, StorageError) as exc:
+            log.warning("session %r: checkpoint not written: %s", sid, _first_line(exc))
+            return False
+        return True
+
+    def read(
+        self, session_id: str, header: SessionHeader, inherited_event_count: int
+    ) -> tuple[dict[str, CheckpointRow], int] | None:
+        loaded = self.rows([session_id])
+        if not loaded:
+            return None
+        lifecycle = Lifecycle.of(header, inherited_event_count)
+        stored = [s for s in loaded.get(session_id, []) if s.lifecycle == lifecycle]
+        if not stored:
+            return None
+        offset, seq = stored[0].log_offset, stored[0].row.seq
+        return {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}, offset
+
+    def rows(
+        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+    ) -> dict[str, list[StoredCheckpoint]] | None:
+        """Every stored checkpoint row of these sessions (of the units `keys` only, if given; a
+        row of unit `k` whose JSON contains `skip[k]` left out), in one query; None on a failure."""
+        import psycopg
+
+        out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
+        if not session_ids:
+            return out
+        where, params = "", [list(session_ids)]
+        if keys is not None:
+            where += " AND unit = ANY(%s)"
+            params.append(list(keys))
+        for key, part in (skip or {}).items():
+            where += " AND NOT (unit = %s AND position(%s::bytea IN value) > 0)"
+            params += [key, bytes(part)]
+        try:
+            with self._pool.connection() as conn:
+                rows = conn.execute(
+                    "SELECT session_id, unit, ver, seq, value, log_offset, lifecycle FROM checkpoints "
+                    f"WHERE session_id = ANY(%s){where}",
+                    params,
+                ).fetchall()
+        except (psycopg.Error, StorageError) as exc:
+            log.warning("checkpoint read failed (a cache miss): %s", _first_line(exc))
+            return None
+        for sid, key, ver, seq, value, offset, life in rows:
+            try:
+                lifecycle = self._lifecycle(bytes(life))
+            except Exception:  # a garbled lifecycle record: the row is ignored
+                continue
+            if sid in out and seq >= 0 and offset >= 0:
+                out[sid].append(
+                    StoredCheckpoint(
+                        key=key, ver=ver, seq=seq, val_json=bytes(value), log_offset=offset, lifecycle=lifecycle
+                    )
+                )
+        return out
+
+    def _lifecycle(self, raw: bytes) -> Lifecycle:
+        with self._lock:
+            found = self._lifecycles.get(raw)
+            if found is None:
+                if len(self._lifecycles) > _LIFECYCLES:
+                    self._lifecycles.clear()
+                found = self._lifecycles[raw] = _lifecycle(msgspec.json.decode(raw))
+        return found
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,97 @@
+"""The PostgreSQL store's schema (SPEC §9) and its migration by version.
+
+One row in `schema_version` says which version the tables are. `ensure_schema` creates version 1
+in an empty database, leaves a current one alone and refuses a newer one (`UnsupportedLog`,
+STORAGE_UNSUPPORTED_FORMAT; nothing touched); it runs under a transaction-scoped advisory lock, so stores starting at once
+cannot race. A later version adds a step to `MIGRATIONS`.
+
+Tables (version 1):
+- `sessions`: one row per published session: line 1 exactly as format 1 writes it (`header`,
+  newline included) and, beside it, the fields listings filter on, the event count (the next
+  seq: appends check it), the plain form's byte size and a `generation` that tells a session id's
+  lifecycles apart (a listing's revision).
+- `batches`: one row per durable append: its exact JSON lines (`data`; a zstd frame when
+  `compressed`), so an export to format 1 is byte-identical. Stored EXTERNAL: PostgreSQL must not
+  compress what is already compressed (or too small to gain).
+- `checkpoints`: projection checkpoint rows (SPEC §3.5), one per session and unit.
+Leases, the mailbox, hosts and placements (SPEC §9) come with the issues that use them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import UnsupportedLog
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema"]
+
+SCHEMA_VERSION = 1
+_MIGRATION_LOCK = 0x5355_4241_4745_4E54  # "SUBAGENT": one key for every store's migration
+
+_V1 = [
+    "CREATE TABLE schema_version (only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row), version integer NOT NULL)",
+    """CREATE TABLE sessions (
+        id text PRIMARY KEY,
+        header bytea NOT NULL,
+        created_at bigint NOT NULL,
+        parent_session text,
+        origin text,
+        is_seeded boolean NOT NULL,
+        inherited_event_count bigint NOT NULL,
+        delegation_depth bigint NOT NULL,
+        event_count bigint NOT NULL,
+        last_time bigint,
+        byte_size bigint NOT NULL,
+        generation bigserial NOT NULL
+    )""",
+    "CREATE INDEX sessions_parent ON sessions (parent_session)",
+    """CREATE TABLE batches (
+        session_id text NOT NULL REFERENCES sessions (id),
+        first_seq bigint NOT NULL,
+        count integer NOT NULL CHECK (count > 0),
+        data bytea NOT NULL,
+        compressed boolean NOT NULL,
+        epoch bigint,
+        PRIMARY KEY (session_id, first_seq)
+    )""",
+    "ALTER TABLE batches ALTER COLUMN data SET STORAGE EXTERNAL",
+    """CREATE TABLE checkpoints (
+        session_id text NOT NULL REFERENCES sessions (id),
+        unit text NOT NULL,
+        ver bigint NOT NULL,
+        lifecycle bytea NOT NULL,
+        seq bigint NOT NULL,
+        log_offset bigint NOT NULL,
+        value bytea NOT NULL,
+        PRIMARY KEY (session_id, unit)
+    )""",
+]
+
+# version -> the statements that bring the version before it to this one (0: an empty database)
+MIGRATIONS: dict[int, list[str]] = {1: _V1}
+
+
+def ensure_schema(conn: Any) -> int:
+    """Create or migrate the schema on `conn` (a psycopg connection); returns the version."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()[0]
+        found = 0
+        if exists:
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            found = row[0] if row else 0
+        if found > SCHEMA_VERSION:
+            raise UnsupportedLog(
+                None,
+                f"the PostgreSQL store has schema version {found}; this build knows versions up to {SCHEMA_VERSION}",
+            )
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[version]:
+                conn.execute(statement)
+        if found < SCHEMA_VERSION:
+            conn.execute(
+                "INSERT INTO schema_version (version) VALUES (%s) "
+                "ON CONFLICT (only_row) DO UPDATE SET version = excluded.version",
+                (SCHEMA_VERSION,),
+            )
+    return SCHEMA_VERSION
