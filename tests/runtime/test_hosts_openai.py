@@ -323,7 +323,9 @@ def test_run_stream_with_a_one_shot_child_on_the_same_server(tmp_path: Path) -> 
         "max_tokens",
         "deadline_seconds",
     }
-    assert set(tool_names(first)) == {"subagent", "subagent_fork", "list_agents", "send_message", "interrupt_agent"}
+    workspace = {"read_file", "write_file", "edit_file", "list_dir", "glob", "grep", "run_command"}
+    delegation = {"subagent", "subagent_fork", "list_agents", "send_message", "interrupt_agent"}
+    assert set(tool_names(first)) == delegation | workspace  # run's workspace tools (README "Workspace tools")
     assert to_child["messages"] == [{"role": "user", "content": CHILD_PROMPT}]
     assert "subagent" not in tool_names(to_child) and "list_agents" in tool_names(to_child)
     assert back["messages"][:2] == [
