@@ -33,7 +33,10 @@ Json = dict[str, Any]
 
 @asynccontextmanager
 async def _host(tmp_path: Path, fs: CrashFs, mailbox: MemoryMailbox, *responses: Json) -> AsyncIterator[Any]:
-    model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": list(responses)}]})))
+    # No stall timeout: the mailboxes work in worker threads, and while a thread works every Trio
+    # task is blocked, so the autojump clock may leap past any deadline (the holds here are
+    # released by deliveries; `_until` is the hang guard).
+    model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": list(responses)}]})), stall_timeout=None)
     async with open_runtime(
         tmp_path,
         model=model,
