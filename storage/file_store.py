@@ -19,32 +19,27 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import NoReturn
 
 import attrs
 
-from ._codec import Event, encode_events
+from ._codec import Event
 from ._records import HeaderError, HeaderRecord, encode_header_line
+from .append_check import check_append
 from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
 from .errors import (
     AlreadyOwned,
     CorruptLog,
     HandleClosed,
-    HandleDead,
-    InvalidEvent,
     InvalidHeader,
     InvalidRange,
     PersistenceFailed,
-    SequenceConflict,
     SessionAlreadyExists,
     SessionNotFound,
     StorageError,
     UnsafePath,
     UnsupportedLog,
 )
-from .events import KNOWN_TYPES
 from .forms import FORMS, Compression, LogForm, ParsedLog
-from .framing import is_seed_marker
 from .fs import File, Fs, NotRegularFile, OsFs
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ReadHandle, WriteHandle
@@ -250,17 +245,10 @@ class FileLogStore:
     # --- appending ---
 
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
-        sid = handle.session_id
-        if handle.closed:
-            raise HandleClosed(sid, "append")
-        if handle.dead is not None:
-            raise HandleDead(sid, handle.dead)
-        if not any(batch.events for batch in batches):
-            for batch in batches:
-                if batch.expected_seq != handle.next_seq:
-                    raise SequenceConflict(sid, expected=batch.expected_seq, actual=handle.next_seq)
+        checked = check_append(handle, batches)
+        if checked is None:
             return handle.next_seq
-        events, payload = _check_batches(handle, batches)
+        events, payload = checked
         state = handle.impl
         assert isinstance(state, _WriteState)
         if handle.published:
@@ -576,48 +564,6 @@ def _repair_tail(file: File, form: LogForm, parsed: ParsedLog) -> int:
         end += len(framed)
     file.fsync()
     return end
-
-
-def _check_batches(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[Event], bytes]:
-    """The events of `batches`, checked and encoded, or a refusal before anything is written."""
-    sid = handle.session_id
-    events: list[Event] = []
-    nxt = handle.next_seq
-    for batch in batches:
-        if batch.expected_seq != nxt:
-            raise SequenceConflict(sid, expected=batch.expected_seq, actual=nxt)
-        events.extend(batch.events)
-        nxt = Offset(nxt + len(batch.events))
-    # One pass of cheap comparisons for the common case; the slow loop only names the culprit.
-    # (An Event is valid by construction; a decoded one may carry an unknown type, which a log
-    # must not gain by an append.)
-    first = handle.next_seq
-    if not all(type(e) is Event for e in events) or [e.seq for e in events] != list(range(first, nxt)):
-        _refuse_events(sid, first, events)
-    if not KNOWN_TYPES.issuperset(e.type for e in events if e.ignorable is not True):
-        _refuse_events(sid, first, events)
-    k = handle.inherited_event_count
-    if k:
-        if not handle.published and nxt <= k:
-            raise InvalidEvent(
-                f"session {sid!r}: a seeded log is published with its whole seed and the end-seed marker at seq {k}"
-            )
-        if first <= k < nxt and not is_seed_marker(events[k - first]):
-            raise InvalidEvent(f"session {sid!r}: seq {k} must be the tagged session/end-seed marker")
-    # Every Event is valid by construction (raw data built by hand is checked in
-    # Event.__post_init__), so the encoded lines are exactly what readers accept.
-    return events, encode_events(events)
-
-
-def _refuse_events(sid: SessionId, first: int, events: Sequence[Event]) -> NoReturn:
-    for i, event in enumerate(events):
-        if type(event) is not Event:
-            raise InvalidEvent(f"session {sid!r}: batches hold Event values, got {type(event).__name__}")
-        if event.type not in KNOWN_TYPES and event.ignorable is not True:
-            raise InvalidEvent(f"session {sid!r}: event type {event.type!r} is not in the vocabulary and not ignorable")
-        if event.seq != first + i:
-            raise InvalidEvent(f"session {sid!r}: a batch holds seq {event.seq} where seq {first + i} belongs")
-    raise AssertionError("no event to refuse")
 
 
 def _write_all(file: File, data: bytes) -> None:

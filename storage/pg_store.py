@@ -37,11 +37,11 @@ import attrs
 
 from ._codec import Event
 from ._records import HeaderRecord, encode_header_line
+from .append_check import check_append
 from .errors import (
     AlreadyOwned,
     CorruptLog,
     HandleClosed,
-    HandleDead,
     InvalidHeader,
     InvalidRange,
     PersistenceFailed,
@@ -51,7 +51,6 @@ from .errors import (
     StorageError,
     UnsupportedLog,
 )
-from .file_store import _check_batches
 from .framing import decode_event_lines, is_seed_marker
 from .index import StoredCheckpoint
 from .log_store import Batch, Handle, ReadHandle, WriteHandle
@@ -189,16 +188,10 @@ class PostgresLogStore:
 
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
         sid = handle.session_id
-        if handle.closed:
-            raise HandleClosed(sid, "append")
-        if handle.dead is not None:
-            raise HandleDead(sid, handle.dead)
-        if not any(batch.events for batch in batches):
-            for batch in batches:
-                if batch.expected_seq != handle.next_seq:
-                    raise SequenceConflict(sid, expected=batch.expected_seq, actual=handle.next_seq)
+        checked = check_append(handle, batches)
+        if checked is None:
             return handle.next_seq
-        events, payload = _check_batches(handle, batches)
+        events, payload = checked
         first = handle.next_seq
         compressed = len(payload) > self.compress_above
         data = compress_frame(payload) if compressed else payload
