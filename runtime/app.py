@@ -21,7 +21,7 @@ from subagents.actors import ContinuationManager, SessionStore, StoreReader, ope
 from subagents.storage import FileLogStore, FileMailbox, LogStore, Mailbox, ProjectionRegistry
 
 from .agent.loop import AgentConfig
-from .agent.registry import AgentRegistry
+from .agent.registry import AgentRegistry, SessionTools
 from .agent.tools import Tool, ToolSet
 from .agent_types import AgentType
 from .budgets import Budget
@@ -134,10 +134,16 @@ async def open_runtime(
 
                 owners = MailboxOwners(mailbox, nursery, actions=lambda: service) if mailbox is not None else None
 
-                def toolset(service: SubagentService) -> ToolSet:
-                    every = [*(tools() if tools is not None else ()), *shared, *subagent_tools(service, agent_types)]
+                def toolset(service: SubagentService, extra: SessionTools | None = None) -> ToolSet:
+                    # A session's own tools (an ACP client's MCP servers) replace the shared ones
+                    # they hide, and are guarded like them (by default: the default policy).
+                    own = extra.tools if extra is not None else ()
+                    kept = [t for t in shared if extra is None or t.name not in extra.hides]
+                    user = tools() if tools is not None else ()
+                    every = [*user, *kept, *own, *subagent_tools(service, agent_types)]
                     every = [tool for tool in every if tool.name not in disabled_tools]
-                    return ToolSet(every if policy is None else guard_tools(every, policy, approver, remembered))
+                    guard = policy if policy is not None or not own else DEFAULT_PERMISSIONS
+                    return ToolSet(every if guard is None else guard_tools(every, guard, approver, remembered))
 
                 def subagent_service(agents: AgentRegistry) -> SubagentService:
                     # The registry's hooks: made by the registry's constructor, from itself.

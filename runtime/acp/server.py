@@ -9,7 +9,10 @@ streams (the host's `TeeModel` hands it to `on_text`) as soon as the events dura
 are sent (acp/live.py); the two take turns under the session's lock, so lines keep that order.
 A turn started by a settlement notice while no prompt runs streams the same way. The server
 holds nothing the log does not: `session/load` replays the log, and what the client said of a
-session (cwd, MCP servers, its capabilities) is recorded in it (acp/record.py).
+session (cwd, MCP servers, its capabilities) is recorded in it (acp/record.py). The MCP servers
+the client names are started for the session (acp/client_servers.py) before its agent starts, so
+their tools are the session's and its descendants'; they stop when the session closes or the
+connection ends.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ..app import Runtime
 from ..errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
 from ..event_stream import open_event_stream
 from ..tools.permissions import PermissionAnswer, PermissionRequest
+from .client_servers import ClientServers
 from .listing import Row, iso_time, page, title_of
 from .live import LiveText
 from .params import (
@@ -128,9 +132,10 @@ class _Session:
     agent: Agent
     live: _Live
     # What the client said of the session (recorded in its log; the MCP servers' secret values
-    # only here, in `mcp_servers`). Not connected to anything yet: the tools issue's.
+    # only here, in `mcp_servers`, and in the running `servers`).
     record: ClientRecord
     mcp_servers: list[Json]
+    servers: ClientServers
     restored: ClientRecord | None = None  # the record a `session/load` found in the log
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     prompt: _Prompt | None = None
@@ -183,10 +188,15 @@ class AcpServer:
             await self._out.send(reply)
 
     async def aclose(self) -> None:
-        """Stop streaming (the runtime's own close drains the agents)."""
-        for session in self._sessions.values():
+        """Stop streaming and the sessions' MCP servers (the runtime's own close drains the
+        agents; a call of theirs still in flight answers that its server is unavailable)."""
+        sessions = list(self._sessions.values())
+        for session in sessions:
             session.scope.cancel()
         self._live.clear()
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(self._close_servers, session.agent.session_id, session.servers)
 
     def client_record(self, session_id: str) -> tuple[ClientRecord, ClientRecord | None]:
         """What the client said of an open session: the record in force, and the one a
@@ -266,6 +276,7 @@ class AcpServer:
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
                 "sessionCapabilities": {"list": {}, "close": {}},
+                "mcpCapabilities": {"http": True, "sse": False},
             },
             "authMethods": [],
             "agentInfo": {"name": "trio-subagents", "title": "trio-subagents", "version": self._version},
@@ -278,10 +289,19 @@ class AcpServer:
         p = convert_params(params, NewParams)
         _absolute(p.cwd)
         record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
-        # The record is published with the session: no crash leaves a session without it.
-        agent = await self.runtime.agents.create(cwd=p.cwd, first=[record.draft()])
+        # The id first: the client's servers are the session's before its agent starts.
+        sid = await self.runtime.agents.new_id()
+        servers = await self._open_servers(sid, p.mcp_servers, p.cwd)
+        try:
+            # The record is published with the session: no crash leaves a session without it.
+            agent = await self.runtime.agents.create(session_id=sid, cwd=p.cwd, first=[record.draft()])
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._close_servers(sid, servers)
+            raise
         live = self._live[agent.session_id] = _Live(LiveText(agent.session_id))
-        self._start(_Session(agent, live, record, p.mcp_servers), from_seq=agent.session.durable_next, replies=0)
+        session = _Session(agent, live, record, p.mcp_servers, servers)
+        self._start(session, from_seq=agent.session.durable_next, replies=0)
         return {"sessionId": agent.session_id}
 
     async def load_session(self, params: Any) -> Json:
@@ -293,16 +313,21 @@ class AcpServer:
         # Registered before the resume, which may start a turn at once: its text is kept until
         # the replay is sent (a reply the replay holds whole is then forgotten).
         live = self._live[sid] = _Live(LiveText(sid))
+        servers: ClientServers | None = None
         try:
+            # Started before the resume, so the agent starts with their tools. (An agent this
+            # runtime already runs keeps the tools it has.)
+            servers = await self._open_servers(sid, p.mcp_servers, p.cwd)
             agent = await self.runtime.agents.resume(sid)
-        except SessionNotFound:
+        except BaseException as exc:
             self._live.pop(sid, None)
-            raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {sid!r} not found", {"uri": sid}) from None
-        except AgentError as exc:  # held by another process, or not resumable
-            self._live.pop(sid, None)
-            raise AcpRequestError(INVALID_REQUEST, str(exc)) from None
-        except BaseException:
-            self._live.pop(sid, None)
+            if servers is not None:
+                with trio.CancelScope(shield=True):
+                    await self._close_servers(sid, servers)
+            if isinstance(exc, SessionNotFound):
+                raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {sid!r} not found", {"uri": sid}) from None
+            if isinstance(exc, AgentError):  # held by another process, or not resumable
+                raise AcpRequestError(INVALID_REQUEST, str(exc)) from None
             raise
         try:
             # The replay sends what the log holds now; the stream follows from the next seq (what
@@ -317,8 +342,10 @@ class AcpServer:
                 await agent.session.append([record.draft()])
         except BaseException:
             self._live.pop(sid, None)
+            with trio.CancelScope(shield=True):
+                await self._close_servers(sid, servers)
             raise
-        session = _Session(agent, live, record, p.mcp_servers, restored=restored)
+        session = _Session(agent, live, record, p.mcp_servers, servers, restored=restored)
         replies = sum(1 for e in events if e.type == "assistant/message")
         self._start(session, from_seq=events[-1].seq + 1 if events else 0, replies=replies)
         return {}
@@ -414,10 +441,12 @@ class AcpServer:
         session = self._session(p.session_id)
         if session.prompt is not None:
             session.prompt.cancelled = True
-        await self.runtime.agents.stop(session.agent.session_id, cause="user")
+        sid = session.agent.session_id
+        await self.runtime.agents.stop(sid, cause="user")  # its children too: then its servers
         session.scope.cancel()
-        self._sessions.pop(session.agent.session_id, None)
-        self._live.pop(session.agent.session_id, None)
+        self._sessions.pop(sid, None)
+        self._live.pop(sid, None)
+        await self._close_servers(sid, session.servers)
         return {}
 
     # --- sessions ---------------------------------------------------------------------------
@@ -427,6 +456,18 @@ class AcpServer:
         if session is None:
             raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {session_id!r} is not open", {"uri": session_id})
         return session
+
+    async def _open_servers(self, sid: str, servers: list[Json], cwd: str) -> ClientServers:
+        """Start the MCP servers the client named for `sid` and offer their tools to it and its
+        descendants (a server that fails is logged and left out)."""
+        started = await ClientServers.start(self._nursery, servers, cwd, sid)
+        configured = self.runtime.mcp.tools() if self.runtime.mcp is not None else ()
+        self.runtime.agents.add_session_tools(sid, started.session_tools(configured))
+        return started
+
+    async def _close_servers(self, sid: str, servers: ClientServers) -> None:
+        self.runtime.agents.drop_session_tools(sid)
+        await servers.aclose()
 
     def _start(self, session: _Session, *, from_seq: int, replies: int) -> None:
         """Stream `session` from seq `from_seq`, `replies` of the events before it replies."""

@@ -7,6 +7,11 @@ runtime clock and publishes it with the first append; `resume` opens a persisted
 appends the interrupted closers durably first (docs/format.md, "Interrupted turns"), and rebuilds
 the surface from the log. `status(id)` answers `running` / `idle` for resident agents; `close`
 stops every agent (`disposed`), waits a bounded time, and releases their sessions.
+
+Tools beyond every agent's (`SessionTools`: an ACP client's MCP servers) may be added for one
+session (`add_session_tools`) before it starts; they are offered to it and to every descendant
+started while its entry stands (`tools(session_id)` finds the nearest open ancestor that has an
+entry), and to no other session.
 """
 
 from __future__ import annotations
@@ -35,9 +40,9 @@ from ..ids import IdFactory
 from ..models.base import AnyModel
 from .loop import Agent, AgentConfig
 from .messages import Surface
-from .tools import ToolSet
+from .tools import Tool, ToolSet
 
-__all__ = ["AgentHooks", "AgentOwners", "AgentRegistry"]
+__all__ = ["AgentHooks", "AgentOwners", "AgentRegistry", "SessionTools"]
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +55,21 @@ class AgentOwners(Protocol):
     def stop(self, session_id: str) -> None: ...
 
 
+@attrs.frozen
+class SessionTools:
+    """Tools one session and its descendants get beyond every agent's: `tools` are added, and
+    the default tools named in `hides` are left out (the ones they replace)."""
+
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=tuple)
+    hides: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+
+
 class AgentHooks(Protocol):
     """What the registry asks of the layer that runs subagents on top of it (the subagent
     service implements it); handed to the registry at construction (`AgentRegistry(hooks=...)`)."""
 
-    def tools(self) -> ToolSet:
-        """The tools every agent is offered by default."""
+    def tools(self, extra: SessionTools | None = None) -> ToolSet:
+        """The tools every agent is offered by default, with `extra` (a session's own)."""
         ...
 
     async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
@@ -105,13 +119,37 @@ class AgentRegistry:
     owners: AgentOwners | None = None  # started with each agent, stopped before it
     hooks: AgentHooks = attrs.field(init=False)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
+    _session_tools: dict[str, SessionTools] = attrs.field(factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self.hooks = self._make_hooks(self)
 
-    def tools(self) -> ToolSet:
-        """The tools every agent is offered by default (the hooks')."""
-        return self.hooks.tools()
+    def tools(self, session_id: str | None = None) -> ToolSet:
+        """The tools an agent is offered by default (the hooks'): for `session_id`, with the
+        session tools of it or of its nearest open ancestor that has some."""
+        return self.hooks.tools(self._session_tools_of(session_id))
+
+    def add_session_tools(self, session_id: str, tools: SessionTools) -> None:
+        """Offer `tools` to `session_id` and its descendants, from their next start (an agent
+        already running keeps the tools it started with)."""
+        self._session_tools[session_id] = tools
+
+    def drop_session_tools(self, session_id: str) -> None:
+        self._session_tools.pop(session_id, None)
+
+    def _session_tools_of(self, session_id: str | None) -> SessionTools | None:
+        # Up the parents through the open sessions (a session being started or resumed is
+        # open before its tools are chosen); a closed ancestor ends the walk: none.
+        sid = session_id
+        for _ in range(64):  # deeper than any tree max_depth allows
+            if sid is None:
+                return None
+            found = self._session_tools.get(sid)
+            if found is not None:
+                return found
+            ref = self.sessions.get(sid)
+            sid = ref.header.parent_session if ref is not None else None
+        return None
 
     def get(self, session_id: str) -> Agent | None:
         agent = self._agents.get(session_id)
@@ -272,7 +310,7 @@ class AgentRegistry:
         chosen = model if model is not None else self.model
         if chosen is None:
             raise NoModel("no model is configured: pass open_runtime(model=...)")
-        offered = self.hooks.offered_tools(ref.header, tools if tools is not None else self.tools())
+        offered = self.hooks.offered_tools(ref.header, tools if tools is not None else self.tools(ref.session_id))
         agent = Agent(
             ref,
             model=chosen,

@@ -50,7 +50,7 @@ from subagents.storage import (
 
 from ..agent.inbox import Delivery, DeliveryCancelled
 from ..agent.loop import Agent, AgentConfig, TurnResult
-from ..agent.registry import AgentRegistry
+from ..agent.registry import AgentRegistry, SessionTools
 from ..agent.tools import ToolSet
 from ..errors import (
     ActivationLimit,
@@ -156,8 +156,11 @@ class SubagentService:
     listing: ListingService
     max_depth: int = 1
     child_model: ChildModel | None = None  # builds the model a child's options select
-    # The tools every agent is offered (the runtime's and the subagent tools of this service).
-    toolset: Callable[[SubagentService], ToolSet] = attrs.field(default=lambda service: ToolSet())
+    # The tools every agent is offered (the runtime's and the subagent tools of this service),
+    # with a session's own (`SessionTools`, or None).
+    toolset: Callable[[SubagentService, SessionTools | None], ToolSet] = attrs.field(
+        default=lambda service, extra: ToolSet()
+    )
     # Deliveries to sessions another process holds (runtime/mailbox_owner.py); None: none.
     mailbox: Mailbox | None = None
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
@@ -212,7 +215,7 @@ class SubagentService:
             tool_filter=options.tool_filter,
             budget=options.budget,
         )
-        setup = self._setup(options)  # refusals before anything exists
+        setup = self._setup(options, parent.session_id)  # refusals before anything exists
         if abort is not None and abort.is_set():
             raise SubagentCancelled("message delivery was cancelled")
         reserved = reserved or await self.reserve()
@@ -253,7 +256,7 @@ class SubagentService:
         """A one-shot foreground child: run it to the end of its turn and return the result.
         `options` apply to this run only (a one-shot descriptor records none)."""
         depth = self._child_depth(parent)
-        setup = self._setup(self._budgeted(parent, options or ChildOptions()))
+        setup = self._setup(self._budgeted(parent, options or ChildOptions()), parent.session_id)
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         child = await self._create_child(
@@ -323,9 +326,10 @@ class SubagentService:
             raise DepthExceeded(f"subagent depth {depth} exceeds max_depth {self.max_depth}")
         return depth
 
-    def tools(self) -> ToolSet:
-        """The tools every agent is offered by default (for the registry: `AgentHooks`)."""
-        return self.toolset(self)
+    def tools(self, extra: SessionTools | None = None) -> ToolSet:
+        """The tools every agent is offered by default, with a session's own `extra` (for the
+        registry: `AgentHooks`)."""
+        return self.toolset(self, extra)
 
     def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
         """`tools` as a session with `header` is offered them: an agent at the depth limit does
@@ -349,15 +353,16 @@ class SubagentService:
         if descriptor is None or descriptor.mode != "continuable":
             return None
         try:
-            return self._setup(ChildOptions.of(descriptor))
+            return self._setup(ChildOptions.of(descriptor), session_id)
         except SubagentError as exc:
             raise OptionsNotReapplied(
                 f"subagent {session_id!r}: its options cannot be applied again: {exc.message}"
             ) from None
 
-    def _setup(self, options: ChildOptions) -> _Setup:
+    def _setup(self, options: ChildOptions, near: str) -> _Setup:
         """The model, config and tools of a child with `options` (SubagentError if the runtime
-        cannot give it the model it selects)."""
+        cannot give it the model it selects). Its tools include the session tools of `near` (its
+        parent, or itself once open) or of their nearest open ancestor with some."""
         model = self.agents.model
         if options.selects_model:
             if self.child_model is None:
@@ -366,7 +371,7 @@ class SubagentService:
                 )
             model = self.child_model(options)
         return _Setup(
-            model, options.config(self.agents.config), filtered_tools(self.agents.tools(), options.tool_filter)
+            model, options.config(self.agents.config), filtered_tools(self.agents.tools(near), options.tool_filter)
         )
 
     async def _create_child(
