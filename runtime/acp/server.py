@@ -465,9 +465,10 @@ class AcpServer:
         self.runtime.agents.add_session_tools(sid, started.session_tools(configured))
         return started
 
-    async def _close_servers(self, sid: str, servers: ClientServers) -> None:
+    async def _close_servers(self, sid: str, servers: ClientServers | None) -> None:
         self.runtime.agents.drop_session_tools(sid)
-        await servers.aclose()
+        if servers is not None:
+            await servers.aclose()
 
     def _start(self, session: _Session, *, from_seq: int, replies: int) -> None:
         """Stream `session` from seq `from_seq`, `replies` of the events before it replies."""

@@ -7,6 +7,7 @@ FastMCP test server (tests/helpers/mcp_server.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -14,11 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from acp import text_block
 from acp.schema import EnvVariable, HttpHeader, HttpMcpServer, McpServerStdio, SseMcpServer
 from acp_client import TIMEOUT, Asking, initialize, show, spawn_acp
 from cli_process import write_script
 from mcp_runs import SERVER
+from subagents.runtime.acp.host import serve_acp
+from subagents.runtime.app import open_runtime
 
 pytestmark = pytest.mark.slow  # the agent, and the MCP servers, are real processes
 
@@ -218,3 +223,38 @@ def test_a_client_server_named_like_a_configured_one_replaces_it_in_that_session
     ((tool, text),) = results(root, plain)
     assert tool == "mcp__t__header" and text != "client" and not text.startswith("Error")
     assert (tmp_path / "stderr").read_bytes() == b""
+
+
+async def test_the_end_of_the_connection_stops_the_sessions_servers_before_the_runtime_closes(
+    tmp_path: Path,
+) -> None:
+    marker = f"marker-{tmp_path.name}"
+    model = write_script(tmp_path / "script.json", {"agents": [{"responses": [{"text": "x"}]}]})
+    to_server, server_in = trio.testing.memory_stream_pair()
+    server_out, from_server = trio.testing.memory_stream_pair()
+    server = {"name": "t", "command": sys.executable, "args": [SERVER, "stdio", marker], "env": []}
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}},
+        {"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": [server]}},
+    ]
+    with trio.fail_after(TIMEOUT):
+        async with open_runtime(tmp_path / "root", model=model) as runtime, trio.open_nursery() as nursery:
+            served = trio.Event()
+
+            async def serve() -> None:
+                await serve_acp(runtime, server_in, server_out, version="test")
+                served.set()
+
+            nursery.start_soon(serve)
+            for line in lines:
+                await to_server.send_all(json.dumps(line).encode() + b"\n")
+            received = b""
+            while received.count(b"\n") < 2:  # both replies
+                received += await from_server.receive_some()
+            reply = json.loads(received.splitlines()[1])
+            assert "sessionId" in reply["result"], reply
+            assert len(running(marker)) == 1
+            await to_server.aclose()  # the client has gone
+            await served.wait()
+            assert running(marker) == []  # stopped with the connection, the runtime still open
+            assert runtime.agents.get(reply["result"]["sessionId"]) is not None
