@@ -313,17 +313,19 @@ class AcpServer:
         # Registered before the resume, which may start a turn at once: its text is kept until
         # the replay is sent (a reply the replay holds whole is then forgotten).
         live = self._live[sid] = _Live(LiveText(sid))
-        servers: ClientServers | None = None
         try:
             # Started before the resume, so the agent starts with their tools. (An agent this
-            # runtime already runs keeps the tools it has.)
+            # runtime runs already keeps the tools it has.)
             servers = await self._open_servers(sid, p.mcp_servers, p.cwd)
+        except BaseException:
+            self._live.pop(sid, None)
+            raise
+        try:
             agent = await self.runtime.agents.resume(sid)
         except BaseException as exc:
             self._live.pop(sid, None)
-            if servers is not None:
-                with trio.CancelScope(shield=True):
-                    await self._close_servers(sid, servers)
+            with trio.CancelScope(shield=True):
+                await self._close_servers(sid, servers)
             if isinstance(exc, SessionNotFound):
                 raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {sid!r} not found", {"uri": sid}) from None
             if isinstance(exc, AgentError):  # held by another process, or not resumable
@@ -465,10 +467,9 @@ class AcpServer:
         self.runtime.agents.add_session_tools(sid, started.session_tools(configured))
         return started
 
-    async def _close_servers(self, sid: str, servers: ClientServers | None) -> None:
+    async def _close_servers(self, sid: str, servers: ClientServers) -> None:
         self.runtime.agents.drop_session_tools(sid)
-        if servers is not None:
-            await servers.aclose()
+        await servers.aclose()
 
     def _start(self, session: _Session, *, from_seq: int, replies: int) -> None:
         """Stream `session` from seq `from_seq`, `replies` of the events before it replies."""

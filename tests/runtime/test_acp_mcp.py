@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from acp import text_block
+from acp import RequestError, text_block
 from acp.schema import EnvVariable, HttpHeader, HttpMcpServer, McpServerStdio, SseMcpServer
 from acp_client import TIMEOUT, Asking, initialize, show, spawn_acp
 from cli_process import write_script
@@ -132,6 +132,7 @@ def test_servers_that_fail_to_start_or_are_not_supported_are_logged_and_the_sess
     }
     model = write_script(tmp_path / "script.json", script)
     root = tmp_path / "root"
+    marker = f"marker-{tmp_path.name}"
 
     async def main() -> str:
         recorder = Asking(["allow_once"])
@@ -146,6 +147,15 @@ def test_servers_that_fail_to_start_or_are_not_supported_are_logged_and_the_sess
             new = await asyncio.wait_for(conn.new_session(cwd=str(tmp_path), mcp_servers=servers), TIMEOUT)
             done = await asyncio.wait_for(conn.prompt(session_id=new.session_id, prompt=[text_block("go")]), TIMEOUT)
             assert done.stop_reason == "end_turn"
+            # A load that fails stops the servers it started for it.
+            missing = "00000000-0000-4000-8000-000000000000"
+            with pytest.raises(RequestError) as refused:
+                await asyncio.wait_for(
+                    conn.load_session(cwd=str(tmp_path), session_id=missing, mcp_servers=[stdio("t", "stdio", marker)]),
+                    TIMEOUT,
+                )
+            assert refused.value.code == -32002
+            assert running(marker) == []
             return new.session_id
 
     sid = asyncio.run(main())
