@@ -20,6 +20,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -186,7 +187,11 @@ def _acp(args: argparse.Namespace) -> int:
     _writable_root(args.root)
     setup = _host_setup(args)
     _raise_open_file_limit()
-    return trio.run(run_acp, args.root, setup.model, _version(), setup.runtime_options())
+    # Unless a workspace was chosen (subagents.toml or --workspace), each session's workspace
+    # tools act in the cwd its client gives (the editor's project).
+    options = setup.runtime_options()
+    per_session = options["workspace"] is not None and "workspace" not in setup.config.sources
+    return trio.run(partial(run_acp, session_workspace=per_session), args.root, setup.model, _version(), options)
 
 
 def _chat_parser(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:

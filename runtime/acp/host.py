@@ -45,7 +45,14 @@ class TextRelay:
         return await self.server.approve(request)
 
 
-async def run_acp(root: str, model: AnyModel, version: str, runtime_options: Mapping[str, Any] | None = None) -> int:
+async def run_acp(
+    root: str,
+    model: AnyModel,
+    version: str,
+    runtime_options: Mapping[str, Any] | None = None,
+    *,
+    session_workspace: bool = False,
+) -> int:
     """Serve ACP on this process's stdin and stdout over a runtime on `root` opened with
     `runtime_options` (the host's configuration); permission questions go to the client."""
     stdin = trio.lowlevel.FdStream(os.dup(0))
@@ -53,7 +60,7 @@ async def run_acp(root: str, model: AnyModel, version: str, runtime_options: Map
     relay = TextRelay()
     options = {**(runtime_options or {}), "approver": relay.approve}
     async with stdin, stdout, open_runtime(root, model=TeeModel(model, relay), **options) as runtime:
-        await serve_acp(runtime, stdin, stdout, version=version, relay=relay)
+        await serve_acp(runtime, stdin, stdout, version=version, relay=relay, session_workspace=session_workspace)
     return 0
 
 
@@ -64,6 +71,7 @@ async def serve_acp(
     *,
     version: str,
     relay: TextRelay | None = None,
+    session_workspace: bool = False,
 ) -> None:
     """Serve one ACP connection until `receive` ends. With `relay` (the `on_text` of the
     runtime's `TeeModel`), answer text streams as the model writes it; without, each reply's
@@ -74,7 +82,7 @@ async def serve_acp(
         async with out_send:
             limiter = trio.Semaphore(MAX_REQUESTS)  # released by the request's own task
             async with trio.open_nursery() as work:
-                server = AcpServer(runtime, work, out_send, version=version)
+                server = AcpServer(runtime, work, out_send, version=version, session_workspace=session_workspace)
                 if relay is not None:
                     relay.target = server.on_text
                     relay.server = server

@@ -29,10 +29,12 @@ from subagents.actors import ReadGroup
 from subagents.storage import Event, InvalidSessionId, SessionNotFound, SubagentsError, check_session_id, decode_payload
 
 from ..agent.loop import Agent
+from ..agent.registry import SessionTools
 from ..app import Runtime
 from ..errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
 from ..event_stream import open_event_stream
 from ..tools.permissions import PermissionAnswer, PermissionRequest
+from ..tools.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_tools
 from .client_servers import ClientServers
 from .listing import Row, iso_time, page, title_of
 from .live import LiveText
@@ -146,7 +148,17 @@ class AcpServer:
     """The methods of ACP protocol version 1 this agent serves, over `runtime`. Replies and
     notifications go to `out` as encoded lines; forwarders run in `nursery`."""
 
-    def __init__(self, runtime: Runtime, nursery: trio.Nursery, out: trio.MemorySendChannel[bytes], *, version: str):
+    def __init__(
+        self,
+        runtime: Runtime,
+        nursery: trio.Nursery,
+        out: trio.MemorySendChannel[bytes],
+        *,
+        version: str,
+        session_workspace: bool = False,
+    ):
+        """`session_workspace`: each session's workspace tools act in the `cwd` the client gave
+        it (the editor's project), instead of the runtime's workspace."""
         self.runtime = runtime
         self._nursery = nursery
         self._out = out
@@ -155,6 +167,7 @@ class AcpServer:
         self._live: dict[str, _Live] = {}  # by session id: the sessions whose text streams here
         self.client_capabilities: Json = {}  # fs and terminal, as the client said (for the tools issue)
         self._asked: dict[str, _Asked] = {}  # our `session/request_permission` requests, by id
+        self._session_workspace = session_workspace
         self._next_request = 0
         self._methods: dict[str, Callable[[Any], Awaitable[Any]]] = {
             "initialize": self.initialize,
@@ -464,7 +477,11 @@ class AcpServer:
         descendants (a server that fails is logged and left out)."""
         started = await ClientServers.start(self._nursery, servers, cwd, sid)
         configured = self.runtime.mcp.tools() if self.runtime.mcp is not None else ()
-        self.runtime.agents.add_session_tools(sid, started.session_tools(configured))
+        own = started.session_tools(configured)
+        if self._session_workspace:
+            # The editor's project is the session's workspace: its tools replace the runtime's.
+            own = SessionTools([*own.tools, *workspace_tools(cwd)], own.hides | set(WORKSPACE_TOOL_NAMES))
+        self.runtime.agents.add_session_tools(sid, own)
         return started
 
     async def _close_servers(self, sid: str, servers: ClientServers) -> None:

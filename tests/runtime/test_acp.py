@@ -570,3 +570,45 @@ def test_a_tool_whose_permission_is_ask_asks_the_client_and_its_answer_decides(t
     ]
     assert sorted(p.name for p in ws.iterdir()) == ["a.txt", "c.txt", "d.txt", "e.txt"]
     assert (tmp_path / "stderr").read_bytes() == b""
+
+
+def test_the_workspace_tools_act_in_the_cwd_the_client_gives_each_session(tmp_path: Path) -> None:
+    projects = [tmp_path / "one", tmp_path / "two"]
+    for i, project in enumerate(projects):
+        project.mkdir()
+        (project / "note.txt").write_text(f"project {i}\n")
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
+                    {"text": "read"},
+                ]
+            },
+            {
+                "responses": [
+                    {"tool_calls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
+                    {"text": "read"},
+                ]
+            },
+        ]
+    }
+    model = write_script(tmp_path / "script.json", script)
+    root = tmp_path / "root"
+
+    async def main() -> list[str]:
+        recorder = Recorder()
+        async with await _connect(recorder, root, model, tmp_path / "stderr") as (conn, _process):
+            await _initialize(conn)
+            sessions = []
+            for project in projects:
+                new = await conn.new_session(cwd=str(project), mcp_servers=[])
+                await asyncio.wait_for(conn.prompt(session_id=new.session_id, prompt=[text_block("read")]), TIMEOUT)
+                sessions.append(new.session_id)
+            return sessions
+
+    sessions = asyncio.run(main())
+    for i, session_id in enumerate(sessions):
+        results = [e["text"] for e in _log(root, session_id) if e["type"] == "tool/result"]
+        assert results == [f"     1\tproject {i}"]
+    assert (tmp_path / "stderr").read_bytes() == b""
