@@ -47,7 +47,7 @@ def _check_count(_inst: object, attribute: attrs.Attribute[object], value: objec
 def _check_seconds(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
     if value is None:
         return
-    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]
+    if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]  # `value` is an int or float once the type test passed
         raise ValueError(f"seconds must be a finite number > 0, got {value!r}")
 
 

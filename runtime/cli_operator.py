@@ -129,6 +129,6 @@ async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
 def _read_from(store: FileLogStore, session_id: str, start: int) -> tuple[list[Any], int]:
     handle = store.open_read(session_id)
     try:
-        return store.read(handle, start), handle.inherited_event_count  # type: ignore[arg-type]
+        return store.read(handle, start), handle.inherited_event_count  # type: ignore[arg-type]  # `start` is an Offset (an int) by the caller
     finally:
         store.close(handle)

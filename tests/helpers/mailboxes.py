@@ -19,7 +19,7 @@ def rel_mailbox(sid: str) -> str:
 
 def envelope(ids: DeliveryIds, n: int = 0, *, kind: str = "message", at: int = T, **body: Any) -> Envelope:
     """The n-th test envelope: body `{"n": n, ...}`."""
-    return Envelope.new(ids, at, kind, {"n": n, **body}, sender="parent")  # type: ignore[arg-type]
+    return Envelope.new(ids, at, kind, {"n": n, **body}, sender="parent")  # type: ignore[arg-type]  # tests pass kinds as plain strings
 
 
 class MailboxHarness:

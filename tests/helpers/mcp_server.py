@@ -57,7 +57,7 @@ def picture() -> list[object]:
 def _event() -> anyio.Event:
     if cancelled["event"] is None:
         cancelled["event"] = anyio.Event()
-    return cancelled["event"]  # type: ignore[return-value]
+    return cancelled["event"]  # type: ignore[return-value]  # set before the tool returns
 
 
 @server.tool()

@@ -188,7 +188,7 @@ async def test_the_subagent_tool_offers_agent_type_only_when_there_are_types(tmp
     (tmp_path / "a" / "reviewer.md").write_text(REVIEWER)
     types, _ = load_agent_types([str(tmp_path / "a")])
     plain = subagent_tools(None)[0]  # type: ignore[arg-type]  # only the schema is read
-    typed = subagent_tools(None, types)[0]  # type: ignore[arg-type]
+    typed = subagent_tools(None, types)[0]  # type: ignore[arg-type]  # only the schema is read
     assert "agent_type" not in plain.parameters["properties"]
     choice = typed.parameters["properties"]["agent_type"]
     assert choice["enum"] == ["reviewer"]

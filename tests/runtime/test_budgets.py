@@ -230,7 +230,7 @@ async def test_a_child_past_its_deadline_on_the_runtime_clock_stops(tmp_path: Pa
 def _child_created_at(root: Path, sid: str) -> int:
     store = FileLogStore(str(root), compression="none")
     try:
-        return store.stat(sid).header.created_at  # type: ignore[union-attr]
+        return store.stat(sid).header.created_at  # type: ignore[union-attr]  # a published log has a header
     finally:
         store.close_store()
 

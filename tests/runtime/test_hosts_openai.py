@@ -113,7 +113,7 @@ def is_tool_result(body: dict[str, Any]) -> bool:
 
 
 async def collect(model: OpenAIChatModel, request: ModelRequest) -> list[Chunk]:
-    async with aclosing(model.stream(request)) as chunks:  # type: ignore[type-var]
+    async with aclosing(model.stream(request)) as chunks:  # type: ignore[type-var]  # the seam types stream() as an AsyncIterator; it is a generator
         return [chunk async for chunk in chunks]
 
 

@@ -20,7 +20,7 @@ def _run(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, str,
     try:
         code = main(args)
     except SystemExit as exc:  # argparse's own exits
-        code = exc.code  # type: ignore[assignment]
+        code = exc.code  # type: ignore[assignment]  # SystemExit.code is an int here
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

@@ -100,7 +100,7 @@ GOOD_ID = "01ARZ3NDEKTSV4RRFFQ69G5FAV"
 def test_an_envelope_is_checked_when_built(changes: dict[str, object]) -> None:
     fields: dict[str, object] = {"delivery_id": GOOD_ID, "kind": "message", "sender": None, "body": {}, "created_at": T}
     with pytest.raises(InvalidEnvelope):
-        Envelope(**{**fields, **changes})  # type: ignore[arg-type]
+        Envelope(**{**fields, **changes})  # type: ignore[arg-type]  # wrong values under test
 
 
 def test_the_file_holds_exactly_the_documented_keys_in_order() -> None:
@@ -192,7 +192,7 @@ def test_bad_arguments_are_typed_errors_before_the_disk_is_touched(harness: Mail
     with pytest.raises(InvalidSessionId):
         mailbox.drain("a\x00b")
     with pytest.raises(InvalidEnvelope):
-        mailbox.deliver(SID, {"delivery_id": env.delivery_id})  # type: ignore[arg-type]
+        mailbox.deliver(SID, {"delivery_id": env.delivery_id})  # type: ignore[arg-type]  # not an Envelope: under test
     with pytest.raises(InvalidDeliveryId):
         mailbox.ack(SID, "not-an-id")
     assert harness.names(SID) == []

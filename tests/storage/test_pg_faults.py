@@ -168,7 +168,7 @@ def _cut_after_commit(store: PostgresLogStore, db: psycopg.Connection[Any]) -> I
     try:
         yield cut
     finally:
-        store._pool.connection = real  # type: ignore[method-assign]
+        store._pool.connection = real  # type: ignore[method-assign]  # the fault under test, undone
 
 
 class _CutAfterCommit:
