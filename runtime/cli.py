@@ -29,7 +29,7 @@ from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, c
 
 from .agent.loop import Agent, TurnResult
 from .app import Runtime, open_runtime
-from .cli_operator import OPERATOR_COMMANDS, add_operator_commands, operator_command, tail_command
+from .cli_operator import OPERATOR_COMMANDS, add_operator_commands, operator_command, runs_elsewhere, tail_command
 from .delegation.listing import ChildRow
 from .demo import run_demo
 from .errors import (
@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_acp(commands, model_options)
     _chat_parser(commands, root, model_options)
-    add_operator_commands(commands, root)
+    add_operator_commands(commands, root, model_options)
     return parser
 
 
@@ -770,6 +770,15 @@ def _operator(args: argparse.Namespace) -> int:
     _read_only_root(args.root)
     if args.command == "tail":
         return trio.run(_until_interrupted, _tail, args)
+    if args.command == "send" and not args.queue and not runs_elsewhere(args.root, args.session_id):
+        # Nobody runs it: this process resumes it and runs the turn, as `run --session ID TEXT`
+        # (a message to a cold target is answered by the sender's process, as inside a runtime).
+        setup = _host_setup(args)
+        _raise_open_file_limit()
+        run_args = argparse.Namespace(
+            **vars(args), session=args.session_id, prompt=args.text, compression="zstd", json=False, stream=False
+        )
+        return trio.run(_until_interrupted, _run, run_args, setup)
     return trio.run(operator_command, args)
 
 

@@ -36,22 +36,34 @@ from .errors import CommandFailed, UsageError
 from .event_stream import StreamEvent
 from .mailbox_owner import new_envelope
 
-__all__ = ["FOLLOW_POLL", "OPERATOR_COMMANDS", "add_operator_commands", "operator_command", "tail_command"]
+__all__ = [
+    "FOLLOW_POLL",
+    "OPERATOR_COMMANDS",
+    "add_operator_commands",
+    "operator_command",
+    "runs_elsewhere",
+    "tail_command",
+]
 
 FOLLOW_POLL = 0.2  # seconds between looks at a followed log
 OPERATOR_COMMANDS = ("send", "interrupt", "stop")
 
 
-def add_operator_commands(commands: Any, root: argparse.ArgumentParser) -> None:
+def add_operator_commands(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
     """The parsers of `send`, `interrupt`, `stop` and `tail`."""
     send = commands.add_parser(
         "send",
-        parents=[root],
+        parents=[root, model_options],
         help="send a message to a session: live in another process, through its mailbox; not running, "
-        "queued for the next host that resumes it",
+        "resumed here and answered (as `run --session`), or only queued with --queue",
     )
     send.add_argument("session_id", metavar="ID", help="the session to message")
     send.add_argument("text", metavar="TEXT", help="the message")
+    send.add_argument(
+        "--queue",
+        action="store_true",
+        help="a session nobody runs: only queue the message for the next host that resumes it (no model runs here)",
+    )
     for name, what in (
         ("interrupt", "stop the current turn of a session live in another process (it ends aborted)"),
         ("stop", "end a session's current turn (aborted) and settle it if it is a background child"),
@@ -65,6 +77,17 @@ def add_operator_commands(commands: Any, root: argparse.ArgumentParser) -> None:
     tail.add_argument(
         "-f", "--follow", action="store_true", help="keep printing events as any process writes them (until Ctrl-C)"
     )
+
+
+def runs_elsewhere(root: str, session_id: str) -> bool:
+    """Whether another process holds the session (`UsageError` if there is none)."""
+    store = FileLogStore(root)
+    try:
+        return _stat(store, session_id)[1]
+    except StorageError as exc:
+        raise CommandFailed(str(exc)) from None
+    finally:
+        store.close_store()
 
 
 def _stat(store: FileLogStore, session_id: str) -> tuple[LogInfo, bool]:

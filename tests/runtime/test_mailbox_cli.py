@@ -41,8 +41,8 @@ def _mailbox(root: Path, sid: str) -> list[Path]:
     return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
-def test_a_cold_send_is_queued_for_the_next_host(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, ["send", "--root", str(root), "main", "hello there"])
+def test_a_cold_send_with_queue_is_queued_for_the_next_host(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, ["send", "--root", str(root), "--queue", "main", "hello there"])
     assert (code, err) == (0, "")
     match = re.fullmatch(r"send ([0-9A-Z]{26}) delivered to session main \((.*)\)\n", out)
     assert match is not None and match.group(2) == "not running: the next host that resumes it records it"
@@ -54,6 +54,37 @@ def test_a_cold_send_is_queued_for_the_next_host(root: Path, capsys: pytest.Capt
         None,
         {"text": "hello there"},
     )
+
+
+def test_a_cold_send_is_answered_here_as_run_session_would(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"agents": [{"session": "main", "responses": [{"text": "answered here"}]}]}))
+    args = ["send", "--root", str(root), "--model", f"scripted:{script}", "main", "hello there"]
+    code, out, err = _run(capsys, args)
+    assert (code, out, err) == (0, "answered here\n", "session main\n")  # as `run` prints them
+    assert _mailbox(root, "main") == []  # resumed here: nothing queued
+    code, out, err = _run(capsys, ["tail", "--root", str(root), "main"])
+    texts = [
+        block["text"]
+        for line in out.splitlines()
+        if (event := json.loads(line))["type"] in ("user/message", "assistant/message")
+        for block in event["data"]["message"]["content"]
+    ]
+    assert texts == ["hello there", "answered here"]
+
+
+def test_a_cold_send_to_a_damaged_session_is_one_line(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps({"agents": [{"responses": [{"text": "never"}]}]}))
+    log_file(root, "main").write_bytes(b"not a log\n")
+    code, out, err = _run(capsys, ["send", "--root", str(root), "--model", f"scripted:{script}", "main", "hi"])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("subagents: session 'main' is corrupt")
+    assert _mailbox(root, "main") == []
 
 
 @pytest.mark.parametrize("command", ["interrupt", "stop"])
@@ -83,7 +114,7 @@ BAD_INPUT = {
     "send-bad-root": (["send", "--root", "{root}/absent", "main", "hi"], 2, "not a subagents root"),
     "send-missing-text": (["send", "--root", "{root}", "main"], 2, "TEXT"),
     "stop-missing-id": (["stop", "--root", "{root}"], 2, "ID"),
-    "send-damaged": (["send", "--root", "{root}", "main", "hi"], 1, "damaged"),
+    "send-damaged": (["send", "--root", "{root}", "--queue", "main", "hi"], 1, "damaged"),
     "tail-damaged": (["tail", "--root", "{root}", "main"], 1, "main"),
 }
 
