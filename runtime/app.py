@@ -18,7 +18,7 @@ from typing import Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import FileLogStore, FileMailbox, LogStore, Mailbox, ProjectionRegistry
+from subagents.storage import FileMailbox, LogStore, Mailbox, ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry, SessionTools
@@ -35,6 +35,7 @@ from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
+from .store_select import open_log_store
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
@@ -89,6 +90,7 @@ async def open_runtime(
     budget: Budget | None = None,
     mcp_servers: Sequence[McpServerSpec] = (),
     mailbox: Mailbox | None = None,
+    store: str | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -106,19 +108,24 @@ async def open_runtime(
     (default `DEFAULT_PERMISSIONS`). `mailbox` (default: a `FileMailbox` on `root` when the
     runtime makes its own log store; none with a `log_store` passed in) is drained by an owner
     task of every resident session and carries messages, interrupts and settlements to sessions
-    another process holds (runtime/mailbox_owner.py)."""
+    another process holds (runtime/mailbox_owner.py). `store` (instead of `log_store`) names
+    the log store the runtime opens and closes: a `postgresql://` URL or a folder
+    (runtime/store_select.py); the mailbox stays files under `root` either way."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
     if isinstance(model, str):
         model = build_model(parse_model_spec(model, base_url=base_url, api_key=api_key), clock=clock)
-    store = log_store if log_store is not None else FileLogStore(root, compression=compression)
+    if log_store is not None and store is not None:
+        raise TypeError("open_runtime takes log_store or store, not both")
+    owned = log_store is None
+    logs = log_store if log_store is not None else open_log_store(store or root, compression=compression)
     registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
-    if mailbox is None and log_store is None:
+    if mailbox is None and owned:
         mailbox = FileMailbox(root)
     try:
-        async with open_session_store(store, registry, now_ms=now_ms or clock.now_ms) as sessions:
-            query = SessionQuery(store, sessions, registry, reader=StoreReader(store))
+        async with open_session_store(logs, registry, now_ms=now_ms or clock.now_ms) as sessions:
+            query = SessionQuery(logs, sessions, registry, reader=StoreReader(logs))
             listing = ListingService(registry=registry, sessions=sessions, query=query)
             # The body's own error is re-raised after the nursery closes, unchanged rather than
             # wrapped in an ExceptionGroup (agents never raise out of their tasks).
@@ -174,7 +181,7 @@ async def open_runtime(
                 try:
                     yield Runtime(
                         root=root,
-                        log_store=store,
+                        log_store=logs,
                         registry=registry,
                         sessions=sessions,
                         query=query,
@@ -197,7 +204,7 @@ async def open_runtime(
             if body_error is not None:
                 raise body_error
     finally:
-        if log_store is None:
+        if owned:
             # The store this call made: its index connection and change notification go with
             # it (a store passed in belongs to the caller).
-            store.close_store()
+            logs.close_store()

@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     root = _Parser(add_help=False)
     root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
+    root.add_argument("--store", metavar="URL", default=None, help=_STORE_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", help="what to do (each takes --help)")
     for name, what, shown in (
         ("children", "children", "list a session's subagent children"),
@@ -151,7 +152,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_acp(commands, model_options)
     _chat_parser(commands, root, model_options)
     add_operator_commands(commands, root, model_options)
+    _add_transfer_commands(commands)
     return parser
+
+
+_STORE_HELP = (
+    "the log store: postgresql://... for PostgreSQL (the mailbox stays under --root), "
+    "or a folder (the same as --root FOLDER)"
+)
+
+
+def _add_transfer_commands(commands: Any) -> None:
+    """`store init`, `export` and `import` (runtime/transfer.py)."""
+    store = commands.add_parser("store", help="manage a PostgreSQL store")
+    store.add_argument("action", choices=("init",), metavar="ACTION", help="init: create or migrate the schema")
+    store.add_argument("url", metavar="URL", help="postgresql://...")
+    export = commands.add_parser("export", help="copy every session of a PostgreSQL store into format-1 files")
+    export.add_argument("--store", metavar="URL", required=True, help="the PostgreSQL store to read")
+    export.add_argument("--to", metavar="DIR", required=True, help="the folder to write (a file store root)")
+    export.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of the files")
+    export.add_argument("--into-existing", action="store_true", help="write into a non-empty folder too")
+    imp = commands.add_parser("import", help="copy every session of a file store into a PostgreSQL store")
+    imp.add_argument("source", metavar="DIR", help="the file store root to read")
+    imp.add_argument("--store", metavar="URL", required=True, help="the PostgreSQL store to write")
 
 
 def _model_options() -> argparse.ArgumentParser:
@@ -178,6 +201,7 @@ def _add_acp(commands: Any, model_options: argparse.ArgumentParser) -> None:
         "acp", parents=[model_options], help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed)"
     )
     acp.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
+    acp.add_argument("--store", metavar="URL", default=None, help=_STORE_HELP)
 
 
 def _acp(args: argparse.Namespace) -> int:
@@ -189,7 +213,7 @@ def _acp(args: argparse.Namespace) -> int:
     _raise_open_file_limit()
     # Unless a workspace was chosen (subagents.toml or --workspace), each session's workspace
     # tools act in the cwd its client gives (the editor's project).
-    options = setup.runtime_options()
+    options = {**setup.runtime_options(), "store": args.store}
     per_session = options["workspace"] is not None and "workspace" not in setup.config.sources
     return trio.run(partial(run_acp, session_workspace=per_session), args.root, setup.model, _version(), options)
 
@@ -210,6 +234,83 @@ def _writable_root(path: str) -> None:
     sessions = os.path.join(path, "sessions")
     if os.path.lexists(sessions) and (os.path.islink(sessions) or not os.path.isdir(sessions)):
         raise UsageError(f"not a subagents root (its sessions is not a folder): {path}")
+
+
+def _select_store(args: argparse.Namespace) -> None:
+    """`--store`, checked before anything runs: a folder stands for `--root` (and `args.store`
+    becomes None); a PostgreSQL URL is connected to once (its schema created or checked), so a
+    malformed URL, a refused connection or a newer schema is a usage error before any work."""
+    spec = getattr(args, "store", None)
+    if spec is None or args.command in ("store", "export", "import"):
+        return
+    if not _is_pg(spec):
+        args.root, args.store = spec, None
+        return
+    _open_pg(spec).close_store()
+
+
+def _is_pg(spec: str) -> bool:
+    from .store_select import is_pg_url
+
+    try:
+        return is_pg_url(spec)
+    except StorageError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _open_pg(url: str) -> Any:
+    """The PostgreSQL store at `url`, or `UsageError` in one line (exit status 2)."""
+    from .store_select import open_log_store
+
+    if not _is_pg(url):
+        raise UsageError(f"not a PostgreSQL URL (postgresql://...): {url}")
+    try:
+        return open_log_store(url)
+    except StorageError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _read_only_store(args: argparse.Namespace) -> None:
+    """A read-only command's store exists: a PostgreSQL store was checked by `_select_store`;
+    a folder must be a root."""
+    if args.store is None:
+        _read_only_root(args.root)
+
+
+def _transfer_command(args: argparse.Namespace) -> int:
+    """`store init`, `export`, `import`: one line per session copied, then a summary."""
+    from subagents.storage import FileLogStore
+
+    from .store_select import store_label
+    from .transfer import copy_sessions, empty_folder
+
+    if args.command == "export" and not empty_folder(args.to) and not args.into_existing:
+        raise UsageError(f"the target folder is not empty (--into-existing to write into it): {args.to}")
+    if args.command == "import":
+        _read_only_root(args.source)
+    pg = _open_pg(args.url if args.command == "store" else args.store)
+    try:
+        if args.command == "store":
+            count = len(pg.list())
+            print(f"store init: {store_label(pg)}: schema ready ({count} sessions)")
+            return 0
+        if args.command == "export":
+            os.makedirs(args.to, exist_ok=True)
+        files = FileLogStore(
+            args.to if args.command == "export" else args.source, compression=getattr(args, "compression", "zstd")
+        )
+        try:
+            source, target = (pg, files) if args.command == "export" else (files, pg)
+            copied = copy_sessions(source, target)
+        finally:
+            files.close_store()
+    finally:
+        pg.close_store()
+    for one in copied:
+        print(f"{args.command}: {one.session_id} ({one.events} events)")
+    where = f"to {args.to}" if args.command == "export" else f"into {store_label(pg)}"
+    print(f"{args.command}: {len(copied)} sessions, {sum(c.events for c in copied)} events {where}")
+    return 0
 
 
 def _read_only_root(path: str) -> str:
@@ -233,7 +334,7 @@ async def _children(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
-    async with open_runtime(args.root) as runtime:
+    async with open_runtime(args.root, store=args.store) as runtime:
         try:
             corpus = await runtime.query.list_sessions()
             if not any(record.id == args.parent_id for record in corpus):
@@ -322,7 +423,9 @@ async def _run(args: argparse.Namespace, setup: HostSetup, *, interrupt: _Interr
     from .host_setup import headless_approver
 
     options = {**setup.runtime_options(), "approver": headless_approver}
-    async with open_runtime(args.root, model=setup.model, compression=args.compression, **options) as runtime:
+    async with open_runtime(
+        args.root, model=setup.model, compression=args.compression, store=args.store, **options
+    ) as runtime:
         # Ctrl-C: the first stops the work and drains (below), the second stops the waiting for
         # stdout's reader; either way the runtime then closes normally. (A third stops it all.)
         with interrupt.cancels(on=2) as again:
@@ -500,14 +603,14 @@ async def _scenario(action: str, dirs: list[Any], stall_timeout: float) -> int:
 
 async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
     try:
-        return await run_demo(args.root, live=False if args.plain else None)
+        return await run_demo(args.root, live=False if args.plain else None, store=args.store)
     except SubagentsError as exc:  # the root was checked before: the run failed
         print(f"subagents: demo failed: {exc}", file=sys.stderr)
         return 1
 
 
 async def _sessions(args: argparse.Namespace) -> int:
-    async with open_runtime(args.root) as runtime:
+    async with open_runtime(args.root, store=args.store) as runtime:
         try:
             records = await runtime.query.list_sessions(probe_locks=True)
         except SessionQueryError as exc:
@@ -587,7 +690,7 @@ def _session_row(record: Any) -> dict[str, Any]:
 
 
 async def _show(args: argparse.Namespace) -> int:
-    async with open_runtime(args.root) as runtime:
+    async with open_runtime(args.root, store=args.store) as runtime:
         try:
             async with runtime.query.observe_session(args.session_id) as observation:
                 entries = transcript(
@@ -759,7 +862,7 @@ def _chat(args: argparse.Namespace) -> int:
             compression=args.compression,
             lines=lines,
             console=console,
-            runtime_options=setup.runtime_options(),
+            runtime_options={**setup.runtime_options(), "store": args.store},
         )
     )
 
@@ -767,10 +870,10 @@ def _chat(args: argparse.Namespace) -> int:
 def _operator(args: argparse.Namespace) -> int:
     """`send`, `interrupt`, `stop`, `tail` (runtime/cli_operator.py)."""
     _session_id_arg(args.session_id)
-    _read_only_root(args.root)
+    _read_only_store(args)
     if args.command == "tail":
         return trio.run(_until_interrupted, _tail, args)
-    if args.command == "send" and not args.queue and not runs_elsewhere(args.root, args.session_id):
+    if args.command == "send" and not args.queue and not runs_elsewhere(args.store or args.root, args.session_id):
         # Nobody runs it: this process resumes it and runs the turn, as `run --session ID TEXT`
         # (a message to a cold target is answered by the sender's process, as inside a runtime).
         setup = _host_setup(args)
@@ -792,15 +895,18 @@ async def _tail(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
 
 def _command(args: argparse.Namespace) -> int:
     try:
+        _select_store(args)
+        if args.command in ("store", "export", "import"):
+            return _transfer_command(args)
         if args.command in ("children", "agents"):
             _session_id_arg(args.parent_id)
-            _read_only_root(args.root)
+            _read_only_store(args)
             _raise_open_file_limit()
             return trio.run(_children, args)
         if args.command in ("sessions", "show"):
             if args.command == "show":
                 _session_id_arg(args.session_id)
-            _read_only_root(args.root)
+            _read_only_store(args)
             _raise_open_file_limit()
             return trio.run(_sessions if args.command == "sessions" else _show, args)
         if args.command == "scenario":

@@ -25,9 +25,9 @@ from typing import Any
 import trio
 from subagents.storage import (
     EnvelopeKind,
-    FileLogStore,
     FileMailbox,
     LogInfo,
+    LogStore,
     SessionNotFound,
     StorageError,
 )
@@ -35,6 +35,7 @@ from subagents.storage import (
 from .errors import CommandFailed, UsageError
 from .event_stream import StreamEvent
 from .mailbox_owner import new_envelope
+from .store_select import open_log_store
 
 __all__ = [
     "FOLLOW_POLL",
@@ -79,9 +80,10 @@ def add_operator_commands(commands: Any, root: argparse.ArgumentParser, model_op
     )
 
 
-def runs_elsewhere(root: str, session_id: str) -> bool:
-    """Whether another process holds the session (`UsageError` if there is none)."""
-    store = FileLogStore(root)
+def runs_elsewhere(store_spec: str, session_id: str) -> bool:
+    """Whether another process holds the session (`UsageError` if there is none); `store_spec`
+    is a root folder or a store URL (runtime/store_select.py)."""
+    store = open_log_store(store_spec)
     try:
         return _stat(store, session_id)[1]
     except StorageError as exc:
@@ -90,7 +92,7 @@ def runs_elsewhere(root: str, session_id: str) -> bool:
         store.close_store()
 
 
-def _stat(store: FileLogStore, session_id: str) -> tuple[LogInfo, bool]:
+def _stat(store: LogStore, session_id: str) -> tuple[LogInfo, bool]:
     """The session's stat and whether another process holds it; `UsageError` if none."""
     try:
         info = store.stat(session_id)
@@ -106,7 +108,7 @@ async def operator_command(args: argparse.Namespace) -> int:
     module docstring for one nobody runs)."""
     kind: EnvelopeKind = "message" if args.command == "send" else args.command
     sid = args.session_id
-    store = FileLogStore(args.root)
+    store = open_log_store(getattr(args, "store", None) or args.root)
     try:
         info, held = await trio.to_thread.run_sync(_stat, store, sid)
         if info.damage is not None:
@@ -131,7 +133,7 @@ async def operator_command(args: argparse.Namespace) -> int:
 async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
     """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
     sid = args.session_id
-    store = FileLogStore(args.root)
+    store = open_log_store(getattr(args, "store", None) or args.root)
     try:
         await trio.to_thread.run_sync(_stat, store, sid)
         cursor = 0
@@ -149,7 +151,7 @@ async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
         store.close_store()
 
 
-def _read_from(store: FileLogStore, session_id: str, start: int) -> tuple[list[Any], int]:
+def _read_from(store: LogStore, session_id: str, start: int) -> tuple[list[Any], int]:
     handle = store.open_read(session_id)
     try:
         return store.read(handle, start), handle.inherited_event_count  # type: ignore[arg-type]  # `start` is an Offset (an int) by the caller

@@ -251,14 +251,22 @@ def _frozen() -> ScenarioClock:
     return ScenarioClock(start=DEMO_START_MS, step_ms=0)
 
 
-async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = None, delay_scale: float = 1.0) -> int:
+async def run_demo(
+    root: str,
+    *,
+    out: TextIO | None = None,
+    live: bool | None = None,
+    delay_scale: float = 1.0,
+    store: str | None = None,
+) -> int:
+    """The demo on `root` (`store`: a log store URL instead, runtime/store_select.py)."""
     out = out or sys.stdout
     live = out.isatty() if live is None else live
     # One instance: script positions carry on across the restart.
     model = _TakingTurns(ScriptedModel(load_script(json.dumps(demo_script()))), delay_scale)
     ids = CountingIds("demo")
     reporter = _Reporter(out, live)
-    async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids) as runtime:
+    async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids, store=store) as runtime:
         parent_id = model.parent_id = await runtime.agents.new_id()
         await _phase(runtime, parent_id, "Delegate three tasks and report back.", reporter, create=True)
         rows = await runtime.listing.list_children(parent_id)
@@ -271,7 +279,7 @@ async def run_demo(root: str, *, out: TextIO | None = None, live: bool | None = 
     reporter.final("restart")
     reporter.quiet = not live
     first = next(cid for cid, label in reporter.labels.items() if label == _FIRST)
-    async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids) as runtime:
+    async with open_runtime(root, model=model, clock=_frozen(), id_factory=ids, store=store) as runtime:
         result = await _phase(runtime, parent_id, "Ask the storage surveyor one more question.", reporter, create=False)
     if "recovered" not in (result.text or ""):
         raise CommandFailed(f"the resumed child did not answer: {result.text!r}")

@@ -1,0 +1,55 @@
+"""Which log store a runtime or a command uses (SPEC §9; README, "PostgreSQL").
+
+A store is named by one string: a `postgresql://` (or `postgres://`) URL selects the PostgreSQL
+store, anything else is a folder for the file store. Another `scheme://` is refused rather than
+taken for a folder named like a URL. psycopg is imported only when a URL selects PostgreSQL (by
+the store itself), so the file store's commands start as fast as before.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from subagents.storage import FileLogStore, InvalidStoreUrl, LogStore, PostgresLogStore
+
+__all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "store_label"]
+
+PG_SCHEMES = ("postgresql", "postgres")
+
+
+def is_pg_url(spec: str) -> bool:
+    """`spec` names a PostgreSQL store; `InvalidStoreUrl` for a URL of any other scheme."""
+    scheme, sep, _ = spec.partition("://")
+    if not sep:
+        return False
+    if scheme.lower() in PG_SCHEMES:
+        return True
+    if scheme.replace("+", "").replace("-", "").replace(".", "").isalnum():
+        raise InvalidStoreUrl(f"unsupported store URL scheme {scheme!r} (postgresql://... or a folder)")
+    return False
+
+
+def open_log_store(spec: str, *, compression: Literal["zstd", "none"] = "zstd") -> LogStore:
+    """The log store `spec` names, opened (the caller closes it with `close_store()`). A
+    PostgreSQL URL connects and creates or checks the schema here: a malformed URL raises
+    `InvalidStoreUrl`, a refused connection `StoreUnreachable`, a newer schema `UnsupportedLog`."""
+    if is_pg_url(spec):
+        return PostgresLogStore(spec)
+    return FileLogStore(spec, compression=compression)
+
+
+def store_label(store: LogStore) -> str:
+    """How a message names a store: its folder, or its URL without the password."""
+    if isinstance(store, PostgresLogStore):
+        return _redacted(store.url)
+    return str(getattr(store, "root", store))
+
+
+def _redacted(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
