@@ -1,0 +1,137 @@
+"""Issue 18 item 2: `--store URL` picks the log store — a PostgreSQL URL the PostgreSQL store, a
+folder the file store; a bad URL or a refused connection is one line, exit status 2, nothing
+written; `subagents demo --store postgresql://...` ends `demo: ok`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from cli_process import CLI, clean_env
+from subagents.runtime.app import open_runtime
+from subagents.runtime.cli import main
+from subagents.storage import FileLogStore, PostgresLogStore
+
+EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when this returns: connections are refused
+
+
+@pytest.mark.parametrize(
+    ("store", "said"),
+    [
+        ("postgresql://localhost:notaport/db", "not a valid PostgreSQL URL"),
+        ("mysql://localhost/db", "unsupported store URL scheme 'mysql'"),
+        (
+            "postgresql://127.0.0.1:{port}/db?connect_timeout=2",
+            "cannot connect to PostgreSQL at postgresql://127.0.0.1",
+        ),
+    ],
+    ids=["malformed", "other-scheme", "refused"],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sessions"],
+        ["show", "s1"],
+        ["children", "s1"],
+        ["tail", "s1"],
+        ["send", "s1", "hello"],
+        ["run", "hi", "--model", "scripted:/nonexistent.json"],
+        ["demo"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_bad_store_is_one_line_exit_2_and_nothing_written(
+    tmp_path: Path, store: str, said: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "root"
+    url = store.format(port=_closed_port())
+    assert main([*command, "--root", str(root), "--store", url]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("subagents: ")
+    assert said in captured.err and "Traceback" not in captured.err
+    assert not root.exists()
+
+
+def test_a_store_password_is_never_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"postgresql://me:sekrit@127.0.0.1:{_closed_port()}/db?connect_timeout=2"
+    assert main(["sessions", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "sekrit" not in err and "***" in err
+
+
+def test_a_folder_store_is_the_file_store_at_that_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from subagents.runtime.demo import run_demo
+
+    async def make() -> None:
+        async with open_runtime(tmp_path / "mail", store=str(tmp_path / "logs")) as rt:
+            assert isinstance(rt.log_store, FileLogStore)
+        await run_demo(str(tmp_path / "mail"), store=str(tmp_path / "logs"), out=io.StringIO(), delay_scale=0.0)
+
+    trio.run(make)
+    assert list((tmp_path / "logs").rglob("session.jsonl*")) and not list((tmp_path / "mail").rglob("session.jsonl*"))
+    assert main(["sessions", "--store", str(tmp_path / "missing")]) == 2
+    assert "not a subagents root" in capsys.readouterr().err
+
+
+def test_read_only_commands_do_not_import_psycopg(tmp_path: Path) -> None:
+    code = (
+        "import sys; from subagents.runtime.cli import main; "
+        f"main(['sessions', '--root', {str(tmp_path)!r}]); "
+        "print('psycopg' in sys.modules)"
+    )
+    (tmp_path / "sessions").mkdir()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[-1] == "False", done.stderr
+
+
+@pytest.mark.pg
+def test_open_runtime_with_a_postgresql_url_runs_on_postgresql(tmp_path: Path, pg_url: str) -> None:
+    async def body() -> list[str]:
+        async with open_runtime(tmp_path / "mail", store=pg_url) as rt:
+            assert isinstance(rt.log_store, PostgresLogStore)
+            return [r.id for r in await rt.query.list_sessions()]
+
+    assert trio.run(body) == []
+    with pytest.raises(TypeError):
+        trio.run(lambda: open_runtime(tmp_path, store=pg_url, log_store=FileLogStore(str(tmp_path))).__aenter__())
+
+
+@pytest.mark.pg
+@pytest.mark.slow  # subprocesses: the demo's two runtimes and the read-only commands
+def test_demo_on_postgresql_ends_ok_and_its_export_lists_the_same(tmp_path: Path, pg_url: str) -> None:
+    from pg_server import reset_tables
+
+    reset_tables(pg_url)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=180)
+
+    done = cli("demo", "--store", pg_url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-4:] == EXPECTED_END
+    assert not list(tmp_path.rglob("session.jsonl*"))  # the logs are in PostgreSQL (the mailbox: files)
+    sessions = json.loads(cli("sessions", "--json", "--store", pg_url).stdout)
+    assert sorted(s["id"] for s in sessions) == ["demo-1", "demo-2", "demo-3", "demo-4"]
+    on_pg = cli("children", "demo-1", "--store", pg_url)
+    assert on_pg.returncode == 0, on_pg.stderr
+    exported = cli("export", "--store", pg_url, "--to", "files")
+    assert exported.returncode == 0, exported.stderr
+    on_files = cli("children", "demo-1", "--root", "files")
+    assert on_files.returncode == 0 and on_files.stdout == on_pg.stdout
+    assert len(on_files.stdout.splitlines()) == 4  # a header and the three children
+    shown = cli("show", "demo-2", "--store", pg_url).stdout
+    assert shown == cli("show", "demo-2", "--root", "files").stdout and shown.count("── turn") == 2
