@@ -135,3 +135,25 @@ def test_demo_on_postgresql_ends_ok_and_its_export_lists_the_same(tmp_path: Path
     assert len(on_files.stdout.splitlines()) == 4  # a header and the three children
     shown = cli("show", "demo-2", "--store", pg_url).stdout
     assert shown == cli("show", "demo-2", "--root", "files").stdout and shown.count("── turn") == 2
+
+
+@pytest.mark.pg
+def test_run_send_and_tail_reach_a_session_on_postgresql(
+    tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_process import write_script
+    from pg_server import reset_tables
+
+    reset_tables(pg_url)
+    model = write_script(tmp_path / "s.json", {"agents": [{"responses": [{"text": "Hello from PostgreSQL"}]}]})
+    where = ["--store", pg_url, "--root", str(tmp_path / "mail")]
+    assert main(["run", *where, "--model", model, "--session", "s1", "say hi"]) == 0
+    assert capsys.readouterr().out == "Hello from PostgreSQL\n"
+    assert not list(tmp_path.rglob("session.jsonl*"))
+    assert main(["tail", "s1", *where]) == 0
+    types = [json.loads(line)["type"] for line in capsys.readouterr().out.splitlines()]
+    assert types[0] == "turn/start" and types[-1] == "turn/end" and "assistant/message" in types
+    assert main(["send", "s1", "later", *where]) == 0
+    assert "delivered to session s1 (not running" in capsys.readouterr().out
+    assert main(["sessions", "--json", *where]) == 0
+    assert [row["id"] for row in json.loads(capsys.readouterr().out)] == ["s1"]
