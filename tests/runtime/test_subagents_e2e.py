@@ -49,8 +49,81 @@ Json = dict[str, Any]
 # --- reading logs back from disk ----------------------------------------------------------------
 
 
+# --- the store: files, or PostgreSQL as a parameter (issue 18) ------------------------------------
+#
+# The in-process tests (async, on `runtime(...)`, reading logs with `read_log`/`events_of`) run on
+# both stores: for `pg`, `runtime` opens the runtime with `store=<the module's database>` (the
+# mailbox stays files under the root) and `read_log` reads the same records back through the
+# PostgreSQL store. The tests that drive fresh processes or write files themselves stay on files.
+_FILES_ONLY = {
+    "test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error",
+    "test_a_catalog_naming_a_session_that_is_not_its_child_closes_nothing",
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    import inspect
+
+    if inspect.iscoroutinefunction(metafunc.function) and metafunc.function.__name__ not in _FILES_ONLY:
+        metafunc.parametrize("e2e_store", ["file", pytest.param("pg", marks=pytest.mark.pg)], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def e2e_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which store this test runs on (see above); `pg` swaps `runtime` and `read_log`."""
+    kind = getattr(request, "param", "file")
+    if kind == "pg":
+        from pg_server import reset_tables
+
+        url = request.getfixturevalue("pg_url")
+        reset_tables(url)
+        on_files = runtime
+
+        def on_pg(root: Path, script: Json, **options: Any) -> Any:
+            return on_files(root, script, store=url, **options)
+
+        monkeypatch.setattr(sys.modules[__name__], "runtime", on_pg)
+        monkeypatch.setattr(sys.modules[__name__], "_records", lambda root, sid: _pg_records(url, sid))
+        monkeypatch.setattr(sys.modules[__name__], "_ids", lambda root: _pg_ids(url))
+    return kind
+
+
+def _pg_records(url: str, session_id: str) -> list[Json]:
+    """The header record and the events of a session in the PostgreSQL store, as `plain_records`
+    gives them from a file."""
+    from subagents.storage import PostgresLogStore
+    from subagents.storage._codec import encode_event
+    from subagents.storage._records import HeaderRecord, encode_header_line
+
+    store = PostgresLogStore(url, pool_size=1)
+    try:
+        handle = store.open_read(session_id)
+        try:
+            events = store.read(handle)
+            record = HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()
+    return [json.loads(encode_header_line(record)), *(json.loads(encode_event(e)) for e in events)]
+
+
+def _pg_ids(url: str) -> set[str]:
+    from subagents.storage import PostgresLogStore
+
+    store = PostgresLogStore(url, pool_size=1)
+    try:
+        return {info.id for info in store.list()}
+    finally:
+        store.close_store()
+
+
+def _records(root: Path, session_id: str) -> list[Json]:
+    return plain_records(root, session_id)
+
+
 def read_log(root: Path, session_id: str) -> tuple[Json, list[Json]]:
-    header, *events = plain_records(root, session_id)
+    header, *events = _records(root, session_id)
     assert [e["seq"] for e in events] == list(range(len(events))), f"{session_id}: seqs not contiguous"
     return header, events
 
@@ -60,6 +133,10 @@ def events_of(root: Path, session_id: str) -> list[Json]:
 
 
 def session_ids(root: Path) -> set[str]:
+    return _ids(root)
+
+
+def _ids(root: Path) -> set[str]:
     return {p.name for p in (root / "sessions").iterdir() if any(p.glob("session.jsonl*"))}
 
 
