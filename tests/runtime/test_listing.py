@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,26 @@ from subagents.runtime.delegation.listing import ListingService, walk_descendant
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.runtime.errors import SubagentError
 from subagents.runtime.query import SessionQuery
-from subagents.storage import FileLogStore, PersistenceFailed, make_event
+from subagents.storage import FileLogStore, LogStore, PersistenceFailed, make_event
 from subagents.storage.projection import ProjectionRegistry
 from subagents.storage.testing import FaultyLogStore
 
 now_ms = ticking_ms()
 
 
+@pytest.fixture(params=["file", pytest.param("pg", marks=pytest.mark.pg)])
+def base_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """The listing's log store: files, or PostgreSQL as a parameter (issue 18)."""
+    if request.param == "pg":
+        yield request.getfixturevalue("pg_store_factory")()
+        return
+    store = FileLogStore(str(tmp_path))
+    yield store
+    store.close_store()
+
+
 def child(
-    store: FileLogStore,
+    store: LogStore,
     sid: str,
     created_at: int,
     parent: str = "p",
@@ -37,8 +49,8 @@ def child(
     persist_log(store, header(sid, created_at, origin=origin, parent_session=parent), events)
 
 
-async def test_children_rows_in_order_with_their_states(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path))
+async def test_children_rows_in_order_with_their_states(base_store: Any) -> None:
+    base = base_store
     child(base, "c-late", 30, data=descriptor("late"))
     child(base, "c-b", 20, data=descriptor("b"))
     child(base, "c-a", 20, data=descriptor("a"))
@@ -152,8 +164,8 @@ async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_pa
         ("query", "SUBAGENT_CONTROL_QUERY_UNAVAILABLE"),
     ],
 )
-async def test_service_checks(tmp_path: Path, missing: str, code: str) -> None:
-    base = FileLogStore(str(tmp_path))
+async def test_service_checks(base_store: Any, missing: str, code: str) -> None:
+    base = base_store
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         parts: dict[str, Any] = {
@@ -167,8 +179,8 @@ async def test_service_checks(tmp_path: Path, missing: str, code: str) -> None:
         assert info.value.code == code
 
 
-async def test_an_abort_ends_in_cancelled_with_no_rows(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path))
+async def test_an_abort_ends_in_cancelled_with_no_rows(base_store: Any) -> None:
+    base = base_store
     child(base, "c1", 1, data=descriptor("one"))
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
