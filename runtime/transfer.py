@@ -2,9 +2,9 @@
 (SPEC §9; README, "PostgreSQL").
 
 A session is copied as its header (line 1, with its inherited-event count) and its events, read
-through the source's `LogStore` contract and appended to a fresh session of the target in
-batches. The events are the stored values themselves (`data` kept as raw JSON), so the target
-writes byte-identical event lines; each one is checked to carry the next seq before it is
+through the source's `LogStore` contract and appended to a fresh session of the target in one
+append (one durable write). The events are the stored values themselves (`data` kept as raw
+JSON), so the target writes byte-identical event lines; each one is checked to carry the next seq before it is
 written, and the copy is read back and compared event by event before it counts.
 
 Refusals come before anything is written: a session the target already has (all of them named),
@@ -24,7 +24,7 @@ from .errors import CommandFailed, UsageError
 
 __all__ = ["CHUNK", "Copied", "copy_sessions", "empty_folder"]
 
-CHUNK = 1000  # events per appended batch: bounded memory per append, few round trips
+CHUNK = 1000  # events per `Batch` of the one append
 
 
 @attrs.frozen
@@ -48,7 +48,7 @@ def copy_sessions(source: LogStore, target: LogStore) -> list[Copied]:
     """Copy every session of `source` into `target`, checked (module docstring). `UsageError`
     when a session exists in both or one of the source's is damaged (nothing written then);
     `CommandFailed` when a read or a write fails part-way (the sessions copied before it stay,
-    whole: each is published by its first append and complete after its last)."""
+    whole: each is published by its one append)."""
     infos = sorted(source.list(), key=lambda info: info.id)
     damaged = [info.id for info in infos if info.damage is not None]
     if damaged:
@@ -77,8 +77,8 @@ def _copy_one(source: LogStore, target: LogStore, session_id: str) -> Copied:
         raise CommandFailed(f"session {session_id!r} has no events: nothing to publish")
     writer = target.create(header, inherited_event_count=inherited)
     try:
-        for first, chunk in _chunks(events):
-            target.append(writer, [Batch(expected_seq=Offset(first), events=chunk)])
+        # One append: the session is published whole or not at all.
+        target.append(writer, [Batch(expected_seq=Offset(first), events=chunk) for first, chunk in _chunks(events)])
     finally:
         target.close(writer)
     _verify(target, session_id, events)

@@ -45,8 +45,11 @@ def _event_lines(logs: dict[str, bytes]) -> dict[str, list[bytes]]:
 
 @pytest.mark.parametrize("form", ["zstd", "none"])
 def test_import_then_export_gives_every_line_back_byte_identical(
-    tmp_path: Path, pg_url: str, form: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, pg_url: str, form: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from subagents.runtime import transfer
+
+    monkeypatch.setattr(transfer, "CHUNK", 3)  # every session goes as several batches of its one append
     reset_tables(pg_url)
     original = _demo_root(tmp_path)
     if form == "none":
