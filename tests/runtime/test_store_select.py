@@ -153,7 +153,14 @@ def test_run_send_and_tail_reach_a_session_on_postgresql(
     assert main(["tail", "s1", *where]) == 0
     types = [json.loads(line)["type"] for line in capsys.readouterr().out.splitlines()]
     assert types[0] == "turn/start" and types[-1] == "turn/end" and "assistant/message" in types
-    assert main(["send", "s1", "later", *where]) == 0
+    assert main(["send", "s1", "later", "--queue", *where]) == 0
     assert "delivered to session s1 (not running" in capsys.readouterr().out
+    answers = [{"text": "Answered on PostgreSQL"}, {"text": "Answered on PostgreSQL"}]  # the queued one too
+    again = write_script(tmp_path / "t.json", {"agents": [{"responses": answers}]})
+    assert main(["send", "s1", "now", "--model", again, *where]) == 0  # nobody runs it: resumed here
+    assert "Answered on PostgreSQL" in capsys.readouterr().out
+    assert main(["tail", "s1", *where]) == 0
+    ends = [line for line in capsys.readouterr().out.splitlines() if '"type":"turn/end"' in line]
+    assert len(ends) >= 2  # the first run's, then the resumed one's (the queued message's too)
     assert main(["sessions", "--json", *where]) == 0
     assert [row["id"] for row in json.loads(capsys.readouterr().out)] == ["s1"]
