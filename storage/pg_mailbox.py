@@ -143,7 +143,7 @@ class PostgresMailbox:
     def drain_report(self, session_id: str) -> DrainResult:
         """`drain`, plus the rows it moved to `mailbox_rejected` (or could not)."""
         sid = check_session_id(session_id)
-        rows = self._run(sid, "drain", _DRAIN, (MAX_ENVELOPE_BYTES + 1, sid), retry_lost=True, fetch="all")
+        rows = self._run(sid, "drain", _DRAIN, (MAX_ENVELOPE_BYTES, sid), retry_lost=True, fetch="all")
         envelopes: list[Envelope] = []
         rejected: list[RejectedEnvelope] = []
         for delivery_id, data, size in rows:
