@@ -492,7 +492,8 @@ def test_trio_waits_on_the_watch_without_a_thread_and_wakes_on_a_delivery(harnes
             await trio.lowlevel.wait_readable(watch.fileno())
 
     async def main() -> None:
-        with owner.watch(SID) as watch:
+        # A bound on failure only (a wake-up that never comes fails here instead of hanging).
+        with trio.fail_after(60), owner.watch(SID) as watch:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(owner_loop, watch)
                 await trio.testing.wait_all_tasks_blocked()

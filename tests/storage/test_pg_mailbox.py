@@ -269,7 +269,8 @@ def test_a_delivery_committed_by_any_connection_wakes_a_trio_watcher(
             await trio.lowlevel.wait_readable(watch.fileno())
 
     async def main() -> None:
-        with owner.watch(SID) as watch:
+        # A bound on failure only (a wake-up that never comes fails here instead of hanging).
+        with trio.fail_after(60), owner.watch(SID) as watch:
             assert isinstance(watch, PgMailboxWatch) and watch.listening
             watch_fd.append(watch.fileno())
             async with trio.open_nursery() as nursery:
