@@ -49,6 +49,7 @@ class MailboxHarness:
         self._closers: list[Any] = []
         if kind == "pg":
             assert pg_url is not None
+            PostgresMailbox(pg_url).close()  # the schema, for rows planted before any mailbox opens
             reset_mailbox_tables(pg_url)
 
     def new(self, **options: Any) -> Any:
