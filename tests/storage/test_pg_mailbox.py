@@ -22,6 +22,7 @@ import trio.testing
 from clocks import T
 from log_lines import header
 from mailboxes import MailboxHarness, envelope
+from pg_server import EmbeddedServer
 from subagents.storage import (
     Batch,
     DeliveryIds,
@@ -481,3 +482,26 @@ def test_concurrent_deliveries_of_one_id_make_one_row_and_conflicts_are_told(
         + [(False, "DeliveryConflict" if winner else "NoneType")] * 3
     )
     assert db.execute("SELECT count(*) FROM mailbox").fetchone() == (1,)
+
+
+def test_a_server_restart_mid_run_loses_no_delivery_and_the_watch_polls(
+    harness: MailboxHarness, pg_server: EmbeddedServer, pg_url: str
+) -> None:
+    owner, sender = harness.new(), harness.new()
+    first, second = envelope(sender.ids, 1), envelope(sender.ids, 2)
+    sender.deliver(SID, first)
+    assert owner.drain(SID) == [first]  # both pools now hold a connection that dies with the server
+    with owner.watch(SID) as watch:
+        pg_server.restart()
+        assert woken(watch.fileno())  # the listening connection ended with the server
+        while not watch.clear():  # the server's goodbye may come before the end of the stream
+            assert woken(watch.fileno())
+        assert not watch.listening and watch.poll_interval is not None
+        sender.deliver(SID, second)  # a dead pooled connection is replaced, once
+        assert owner.drain(SID) == [first, second]
+        owner.ack(SID, first.delivery_id)
+    with owner.watch(SID) as again:  # a new watch listens again
+        assert isinstance(again, PgMailboxWatch) and again.listening
+        sender.deliver(SID, envelope(sender.ids, 3))
+        assert woken(again.fileno()) and again.clear()
+    assert [e.body["n"] for e in harness.new().drain(SID)] == [2, 3]
