@@ -67,9 +67,13 @@ class PgMailboxWatch:
         with self._lock:
             if self._closed:
                 raise ValueError("the mailbox watch is closed")
-            if self._fallback is not None:
-                return self._fallback.fileno()
-            return int(self._conn.pgconn.socket)
+            if self._fallback is None:
+                try:
+                    return int(self._conn.pgconn.socket)
+                except Exception as exc:  # psycopg.OperationalError: no socket any more
+                    self._break(exc)
+            assert self._fallback is not None
+            return self._fallback.fileno()
 
     def clear(self) -> bool:
         """Consume every notification that arrived (never blocks); True if one named this
