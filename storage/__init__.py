@@ -1,7 +1,7 @@
 """Storage: values, the event codec, log format 1, the synchronous log stores and the mailbox.
 
 The bottom layer: imports only the stdlib, attrs, cattrs, msgspec and zstandard, never trio;
-psycopg only when a `PostgresLogStore` is opened.
+psycopg only when a `PostgresLogStore` or `PostgresMailbox` is opened.
 This module is its face: the upper layers and embedders import only from here (tests/test_layers.py
 checks it). The test doubles (`CrashFs`, `MemoryLogStore`, `MemoryMailbox`, `FaultyLogStore`) are in
 `subagents.storage.testing`; the format's line codecs (`_codec`, `_records`) and file names
@@ -67,6 +67,8 @@ from .mailbox import Mailbox as Mailbox
 from .mailbox import RejectedEnvelope as RejectedEnvelope
 from .mailbox_watch import LocalWakeups as LocalWakeups
 from .mailbox_watch import MailboxWatch as MailboxWatch
+from .pg_mailbox import PostgresMailbox as PostgresMailbox
+from .pg_mailbox_watch import PgMailboxWatch as PgMailboxWatch
 from .pg_store import PostgresLogStore as PostgresLogStore
 from .projection import CheckpointRow as CheckpointRow
 from .projection import Lifecycle as Lifecycle

@@ -1,7 +1,8 @@
 """The PostgreSQL store's schema (SPEC §9) and its migration by version.
 
-One row in `schema_version` says which version the tables are. `ensure_schema` creates version 1
-in an empty database, leaves a current one alone and refuses a newer one (`UnsupportedLog`,
+One row in `schema_version` says which version the tables are. `ensure_schema` creates the current
+version in an empty database, migrates an older one step by step (each step in the same
+transaction as the version row: a crash leaves the old version whole), leaves a current one alone and refuses a newer one (`UnsupportedLog`,
 STORAGE_UNSUPPORTED_FORMAT; nothing touched); it runs under a transaction-scoped advisory lock, so stores starting at once
 cannot race. A later version adds a step to `MIGRATIONS`.
 
@@ -14,7 +15,17 @@ Tables (version 1):
   `compressed`), so an export to format 1 is byte-identical. Stored EXTERNAL: PostgreSQL must not
   compress what is already compressed (or too small to gain).
 - `checkpoints`: projection checkpoint rows (SPEC §3.5), one per session and unit.
-Leases, the mailbox, hosts and placements (SPEC §9) come with the issues that use them.
+
+Version 2 adds the mailbox (pg_mailbox):
+- `mailbox`: one row per pending delivery, the envelope's exact bytes (what the file form's
+  `<delivery_id>.json` holds) and its `created_at`; key `(session_id, delivery_id)` like the file
+  form's one folder per session, so a delivery id is unique within its session. `delivery_id` is
+  collated "C": byte order, which is ULID order, so `ORDER BY delivery_id` is delivery order
+  whatever the database's locale. No reference to `sessions`: a delivery may come first.
+- `mailbox_rejected`: rows a drain found holding no valid envelope, moved here whole with the
+  reason, under a name free in the session (`<delivery_id>`, else `~1`, `~2`, …, as `rejected/`).
+
+Leases, hosts and placements (SPEC §9) come with the issues that use them.
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from .errors import UnsupportedLog
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _MIGRATION_LOCK = 0x5355_4241_4745_4E54  # "SUBAGENT": one key for every store's migration
 
 _V1 = [
@@ -67,8 +78,26 @@ _V1 = [
     )""",
 ]
 
+_V2 = [
+    """CREATE TABLE mailbox (
+        session_id text NOT NULL,
+        delivery_id text COLLATE "C" NOT NULL,
+        envelope bytea NOT NULL,
+        created_at bigint NOT NULL,
+        PRIMARY KEY (session_id, delivery_id)
+    )""",
+    """CREATE TABLE mailbox_rejected (
+        session_id text NOT NULL,
+        name text COLLATE "C" NOT NULL,
+        envelope bytea NOT NULL,
+        reason text NOT NULL,
+        rejected_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (session_id, name)
+    )""",
+]
+
 # version -> the statements that bring the version before it to this one (0: an empty database)
-MIGRATIONS: dict[int, list[str]] = {1: _V1}
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2}
 
 
 def ensure_schema(conn: Any) -> int:

@@ -508,6 +508,11 @@ class PostgresLogStore:
         raise AssertionError("unreachable")
 
     @property
+    def pool(self) -> Pool:
+        """The store's connection pool (a `PostgresMailbox` may share it)."""
+        return self._pool
+
+    @property
     def owner_backend_pid(self) -> int | None:
         """The server process holding this store's write locks (tests terminate it)."""
         return self._owner.backend_pid

@@ -1,8 +1,11 @@
-"""The mailbox contract (SPEC §9; docs/format.md, "The mailbox"), for the file form and the memory
-form alike: delivery order, acks, redelivery after a restart, concurrent senders, bad files moved
-aside without stopping a drain, temp files of interrupted deliveries, and wake-ups.
+"""The mailbox contract (SPEC §9; docs/format.md, "The mailbox"), for the file form, the memory
+form and the PostgreSQL form alike: delivery order, acks, redelivery after a restart, concurrent
+senders, and wake-ups; for the file forms (`file_harness`) also bad files moved aside without
+stopping a drain and temp files of interrupted deliveries (the PostgreSQL form's bad rows and
+cut connections: test_pg_mailbox.py).
 
-A "restart" is a new mailbox instance on the same disk (same root, or same `CrashFs`).
+A "restart" is a new mailbox instance on the same disk (same root, or same `CrashFs`; the same
+database).
 Crashes at every file-system step are in test_mailbox_crash.py; real processes in
 test_mailbox_processes.py.
 """
@@ -38,8 +41,17 @@ from subagents.storage.envelope import delivery_id_ms, encode_envelope
 SID = "child-1"
 
 
-@pytest.fixture(params=["file", "memory"])
+@pytest.fixture(params=["file", "memory", pytest.param("pg", marks=pytest.mark.pg)])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MailboxHarness]:
+    url = request.getfixturevalue("pg_url") if request.param == "pg" else None
+    made = MailboxHarness(request.param, tmp_path, url)
+    yield made
+    made.close()
+
+
+@pytest.fixture(params=["file", "memory"])
+def file_harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MailboxHarness]:
+    """The forms that keep deliveries in files (temp files, folders, `rejected/`)."""
     yield MailboxHarness(request.param, tmp_path)
 
 
@@ -244,38 +256,42 @@ BAD_FILES = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
-def test_a_bad_file_is_moved_aside_with_its_reason_and_never_stops_a_drain(harness: MailboxHarness, case: str) -> None:
+def test_a_bad_file_is_moved_aside_with_its_reason_and_never_stops_a_drain(
+    file_harness: MailboxHarness, case: str
+) -> None:
     name, data = BAD_FILES[case]
-    mailbox = harness.new()
+    mailbox = file_harness.new()
     before, after = envelope(mailbox.ids, 1, at=T - 1), envelope(mailbox.ids, 2, at=T + 1)
     mailbox.deliver(SID, before)
-    harness.plant(SID, name, data)
+    file_harness.plant(SID, name, data)
     mailbox.deliver(SID, after)
     report = mailbox.drain_report(SID)
     assert report.envelopes == [before, after]
     assert [(r.name, r.moved_to) for r in report.rejected] == [(name, name)]
     assert report.rejected[0].reason
-    assert harness.names(SID, "rejected") == sorted([name, f"{name}.reason"])
-    assert harness.read(SID, f"rejected/{name}") == data  # the evidence is kept byte for byte
-    assert harness.read(SID, f"rejected/{name}.reason") == report.rejected[0].reason.encode() + b"\n"
-    again = harness.new().drain_report(SID)
+    assert file_harness.names(SID, "rejected") == sorted([name, f"{name}.reason"])
+    assert file_harness.read(SID, f"rejected/{name}") == data  # the evidence is kept byte for byte
+    assert file_harness.read(SID, f"rejected/{name}.reason") == report.rejected[0].reason.encode() + b"\n"
+    again = file_harness.new().drain_report(SID)
     assert again.envelopes == [before, after] and again.rejected == []
 
 
-def test_a_name_rejected_twice_is_kept_twice(harness: MailboxHarness) -> None:
-    mailbox = harness.new()
-    harness.plant(SID, "junk", b"1")
+def test_a_name_rejected_twice_is_kept_twice(file_harness: MailboxHarness) -> None:
+    mailbox = file_harness.new()
+    file_harness.plant(SID, "junk", b"1")
     mailbox.drain(SID)
-    harness.plant(SID, "junk", b"2")
+    file_harness.plant(SID, "junk", b"2")
     assert [r.moved_to for r in mailbox.drain_report(SID).rejected] == ["junk~1"]
-    assert harness.read(SID, "rejected/junk") == b"1" and harness.read(SID, "rejected/junk~1") == b"2"
+    assert file_harness.read(SID, "rejected/junk") == b"1" and file_harness.read(SID, "rejected/junk~1") == b"2"
 
 
-def test_a_folder_under_an_envelope_name_is_reported_by_every_drain_and_stops_none(harness: MailboxHarness) -> None:
-    mailbox = harness.new()
+def test_a_folder_under_an_envelope_name_is_reported_by_every_drain_and_stops_none(
+    file_harness: MailboxHarness,
+) -> None:
+    mailbox = file_harness.new()
     env = envelope(mailbox.ids)
     mailbox.deliver(SID, env)
-    harness.plant_dir(SID, f"{BAD_ID}.json")
+    file_harness.plant_dir(SID, f"{BAD_ID}.json")
     for _ in range(2):
         report = mailbox.drain_report(SID)
         assert report.envelopes == [env]
@@ -300,18 +316,18 @@ def test_a_symlink_under_an_envelope_name_is_moved_aside_unfollowed(tmp_path: Pa
 # --- temp files -----------------------------------------------------------------------------------
 
 
-def test_temp_files_of_interrupted_deliveries_are_ignored_and_removed_once_stale(harness: MailboxHarness) -> None:
-    mailbox = harness.new()
+def test_temp_files_of_interrupted_deliveries_are_ignored_and_removed_once_stale(file_harness: MailboxHarness) -> None:
+    mailbox = file_harness.new()
     env = envelope(mailbox.ids)
     mailbox.deliver(SID, env)
     temp = f".{GOOD_ID}.{'0' * 16}.tmp"
-    harness.plant(SID, temp, encode_envelope(env)[:10])  # a delivery that died before its link
-    fresh = harness.new(now_ns=lambda: 0)  # nothing is old yet
+    file_harness.plant(SID, temp, encode_envelope(env)[:10])  # a delivery that died before its link
+    fresh = file_harness.new(now_ns=lambda: 0)  # nothing is old yet
     assert fresh.drain_report(SID) == ([env], [])
-    assert temp in harness.names(SID)
-    late = harness.new(now_ns=lambda: 2**62, stale_after=600.0)  # long after: the delivery is dead
+    assert temp in file_harness.names(SID)
+    late = file_harness.new(now_ns=lambda: 2**62, stale_after=600.0)  # long after: the delivery is dead
     assert late.drain_report(SID) == ([env], [])
-    assert harness.names(SID) == [f"{env.delivery_id}.json"]
+    assert file_harness.names(SID) == [f"{env.delivery_id}.json"]
 
 
 # --- concurrency ----------------------------------------------------------------------------------
@@ -350,12 +366,14 @@ def test_a_watch_wakes_on_a_delivery_from_another_mailbox_and_clear_forgets_it(h
         fd = watch.fileno()
         assert not readable(fd)
         harness.new().deliver(SID, envelope(owner.ids))  # another instance: another "process"
-        assert readable(fd)
+        assert harness.woken(fd)
         assert watch.clear()
         assert not readable(fd)
         assert not watch.clear()
         if harness.kind == "file":
             assert watch.inotify and watch.poll_interval is None  # the kernel vouches: no polling
+        elif harness.kind == "pg":
+            assert watch.listening and watch.poll_interval is None  # the server vouches: no polling
         else:
             assert not watch.inotify and watch.poll_interval is not None
 
@@ -365,7 +383,7 @@ def test_a_watch_made_before_the_first_delivery_sees_it(harness: MailboxHarness)
     watch = owner.watch("fresh")  # the mailbox folder does not exist yet
     try:
         harness.new().deliver("fresh", envelope(owner.ids))
-        assert readable(watch.fileno())
+        assert harness.woken(watch.fileno())
     finally:
         watch.close()
     with pytest.raises(ValueError):
@@ -379,6 +397,11 @@ def test_a_watch_ignores_other_sessions_and_acks(harness: MailboxHarness) -> Non
     with owner.watch(SID) as watch:
         owner.deliver("someone-else", envelope(owner.ids))
         owner.ack(SID, env.delivery_id)
+        if harness.kind == "pg":
+            # One channel serves every session: the fd wakes early (allowed: clear, drain, wait),
+            # but clear says nothing came for this session and consumes the wake-up.
+            assert harness.woken(watch.fileno())
+            assert not watch.clear()
         assert not readable(watch.fileno())
 
 
@@ -408,18 +431,18 @@ def test_a_delivery_reaches_the_disk_whole(harness: MailboxHarness) -> None:
     assert os.fsdecode(rel_mailbox(SID)).endswith("/mailbox")
 
 
-def test_a_mailbox_folder_removed_by_hand_is_made_again(harness: MailboxHarness) -> None:
-    mailbox = harness.new()
+def test_a_mailbox_folder_removed_by_hand_is_made_again(file_harness: MailboxHarness) -> None:
+    mailbox = file_harness.new()
     first = envelope(mailbox.ids, 1)
     mailbox.deliver(SID, first)
     mailbox.ack(SID, first.delivery_id)
-    if harness.kind == "file":
-        (harness.root / rel_mailbox(SID)).rmdir()
+    if file_harness.kind == "file":
+        (file_harness.root / rel_mailbox(SID)).rmdir()
     else:
-        harness.crash_fs.unlink(rel_mailbox(SID))  # CrashFs unlinks folders too
+        file_harness.crash_fs.unlink(rel_mailbox(SID))  # CrashFs unlinks folders too
     second = envelope(mailbox.ids, 2)
     mailbox.deliver(SID, second)
-    assert harness.new().drain(SID) == [second]
+    assert file_harness.new().drain(SID) == [second]
 
 
 def test_a_planted_symlink_in_place_of_the_mailbox_folder_is_refused_unfollowed(tmp_path: Path) -> None:
@@ -469,7 +492,8 @@ def test_trio_waits_on_the_watch_without_a_thread_and_wakes_on_a_delivery(harnes
             await trio.lowlevel.wait_readable(watch.fileno())
 
     async def main() -> None:
-        with owner.watch(SID) as watch:
+        # A bound on failure only (a wake-up that never comes fails here instead of hanging).
+        with trio.fail_after(60), owner.watch(SID) as watch:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(owner_loop, watch)
                 await trio.testing.wait_all_tasks_blocked()

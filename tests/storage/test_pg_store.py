@@ -30,6 +30,7 @@ from subagents.storage import (
     UnsupportedLog,
     pg_connect,
 )
+from subagents.storage.pg_schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.pg
 
@@ -66,31 +67,34 @@ def publish(store: PostgresLogStore, sid: str, *calls: list[Batch]) -> None:
 # --- the schema ---------------------------------------------------------------------------------
 
 
-def test_the_store_creates_schema_version_1(make: Factory, db: psycopg.Connection[Any]) -> None:
+def test_the_store_creates_the_current_schema(make: Factory, db: psycopg.Connection[Any]) -> None:
     make()
-    assert db.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
     tables = {row[0] for row in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
-    assert {"schema_version", "sessions", "batches", "checkpoints"} <= tables
+    assert {"schema_version", "sessions", "batches", "checkpoints", "mailbox", "mailbox_rejected"} <= tables
     make()  # a second store on a current schema changes nothing
-    assert db.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
 def test_a_newer_schema_is_refused_and_left_untouched(make: Factory, db: psycopg.Connection[Any]) -> None:
     publish(make(), "s1", [batch(0, 2)])
-    db.execute("UPDATE schema_version SET version = 2")
+    newer = SCHEMA_VERSION + 1
+    db.execute("UPDATE schema_version SET version = %s", (newer,))
     try:
         with pytest.raises(UnsupportedLog) as info:
             make()
         assert info.value.code == "STORAGE_UNSUPPORTED_FORMAT" and info.value.session_id is None
-        assert info.value.message == "the PostgreSQL store has schema version 2; this build knows versions up to 1"
-        assert db.execute("SELECT version FROM schema_version").fetchone() == (2,)
+        assert info.value.message == (
+            f"the PostgreSQL store has schema version {newer}; this build knows versions up to {SCHEMA_VERSION}"
+        )
+        assert db.execute("SELECT version FROM schema_version").fetchone() == (newer,)
         assert db.execute("SELECT event_count FROM sessions").fetchall() == [(2,)]
     finally:
-        db.execute("UPDATE schema_version SET version = 1")
+        db.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))
 
 
 def test_stores_starting_at_once_create_one_schema(make: Factory, db: psycopg.Connection[Any]) -> None:
-    db.execute("DROP TABLE IF EXISTS checkpoints, batches, sessions, schema_version")
+    db.execute("DROP TABLE IF EXISTS checkpoints, batches, sessions, schema_version, mailbox, mailbox_rejected")
     db.execute("DROP SEQUENCE IF EXISTS sessions_generation_seq")
     failures: list[BaseException] = []
     barrier = threading.Barrier(4)
@@ -108,7 +112,7 @@ def test_stores_starting_at_once_create_one_schema(make: Factory, db: psycopg.Co
     for thread in threads:
         thread.join()
     assert failures == []
-    assert db.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
 # --- batch rows ---------------------------------------------------------------------------------

@@ -1,0 +1,281 @@
+"""`PostgresMailbox`: the mailbox contract (storage/mailbox.py) as rows of the PostgreSQL store
+(SPEC §9; tables `mailbox` and `mailbox_rejected`, schema version 2 in pg_schema).
+
+Theory of operation. Each operation is one statement, so one transaction, on an autocommit
+connection of a small pool (pg_connect; the log store's pool may be shared):
+- `deliver` inserts the envelope's exact bytes (`encode_envelope`, as the file form writes them)
+  unless a row has its `(session_id, delivery_id)` already, and in the same statement sends
+  `NOTIFY subagents_mailbox, '<session id>'` for a row it inserted: the delivery is durable
+  when the commit is acknowledged (PostgreSQL's WAL fsync) and the notification leaves with the
+  commit, never before it. The statement also returns the bytes already there: equal bytes are
+  the same delivery (idempotent), other bytes `DeliveryConflict`. A connection lost mid-deliver
+  leaves the outcome unknown, never half: the statement is sent once more on a fresh connection,
+  which finds the row (the first one committed: the same bytes, done) or inserts it.
+- `drain_report` is one SELECT of the session's rows in `delivery_id` order (collated "C": ULID
+  order, delivery order). A row whose id is not a canonical ULID, whose bytes are over 16 MiB or
+  no valid envelope, or whose envelope names another id, is moved to `mailbox_rejected` with the
+  reason — one statement deleting it and inserting it there — and reported; a drain never raises
+  for a row. What cannot be moved stays and is reported by every drain.
+- `ack` is one DELETE (idempotent).
+- `watch` listens on a connection of its own (pg_mailbox_watch).
+
+Synchronous like the log store: the actors layer calls it from worker threads. psycopg is
+imported when a mailbox opens, never by the file form.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from .envelope import MAX_ENVELOPE_BYTES, ULID_PATTERN, DeliveryIds, Envelope, check_delivery_id, encode_envelope
+from .errors import DeliveryConflict, PersistenceFailed, StorageError
+from .mailbox import DrainResult, RejectedEnvelope
+from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
+from .pg_connect import Pool, check_url, connect, redact
+from .pg_mailbox_watch import CHANNEL, PgMailboxWatch
+from .pg_schema import ensure_schema
+from .values import SessionId, check_session_id
+
+__all__ = ["PostgresMailbox"]
+
+log = logging.getLogger(__name__)
+
+_DECODER = msgspec.json.Decoder(Envelope)
+
+# One statement: insert unless there, notify for an inserted row, and say what was there before.
+_DELIVER = (
+    "WITH ins AS (INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) "
+    "VALUES (%(s)s, %(d)s, %(e)s, %(c)s) ON CONFLICT (session_id, delivery_id) DO NOTHING RETURNING 1), "
+    f"woke AS (SELECT pg_notify('{CHANNEL}', %(s)s) FROM ins) "
+    "SELECT EXISTS (SELECT 1 FROM woke), "
+    "(SELECT envelope FROM mailbox WHERE session_id = %(s)s AND delivery_id = %(d)s)"
+)
+_EXISTING = "SELECT envelope FROM mailbox WHERE session_id = %s AND delivery_id = %s"
+_DRAIN = (
+    "SELECT delivery_id, CASE WHEN octet_length(envelope) <= %s THEN envelope END, octet_length(envelope) "
+    "FROM mailbox WHERE session_id = %s ORDER BY delivery_id"
+)
+_REJECT = (
+    "WITH moved AS (DELETE FROM mailbox WHERE session_id = %(s)s AND delivery_id = %(d)s RETURNING envelope) "
+    "INSERT INTO mailbox_rejected (session_id, name, envelope, reason) "
+    "SELECT %(s)s, %(name)s, envelope, %(why)s FROM moved RETURNING name"
+)
+_TAKEN = "SELECT name FROM mailbox_rejected WHERE session_id = %s AND (name = %s OR starts_with(name, %s))"
+_ACK = "DELETE FROM mailbox WHERE session_id = %s AND delivery_id = %s"
+
+
+class PostgresMailbox:
+    """Mailboxes as rows of the PostgreSQL store at `url`, or on a shared `pool` (the log
+    store's: `PostgresLogStore.pool`; then closing this mailbox leaves the pool open).
+
+    `poll_interval` is what a watch asks for once its LISTEN connection broke; `random` makes
+    delivery ids (`ids`, as the file form's). Creates or migrates the schema (pg_schema).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        pool: Pool | None = None,
+        pool_size: int = 2,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        random: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        if (url is None) == (pool is None):
+            raise TypeError("PostgresMailbox needs a url or a pool (one of them)")
+        if pool is None:
+            assert url is not None
+            pool = Pool(check_url(url), size=pool_size)
+            self._owns_pool = True
+        else:
+            self._owns_pool = False
+        self._pool = pool
+        self.ids = DeliveryIds(random)
+        self._poll_interval = poll_interval
+        import psycopg
+
+        try:
+            with self._pool.connection() as conn:
+                ensure_schema(conn)
+        except psycopg.Error as exc:
+            self.close()
+            raise PersistenceFailed(
+                f"preparing the PostgreSQL mailbox at {redact(pool.url)} failed: {_line(exc)}"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+
+    # --- delivering ---
+
+    def deliver(self, session_id: str, envelope: Envelope) -> None:
+        """Enqueue `envelope` for the session, durably (committed) before returning."""
+        sid = check_session_id(session_id)
+        data = encode_envelope(envelope)
+        args = {"s": sid, "d": envelope.delivery_id, "e": data, "c": envelope.created_at}
+        for _ in range(3):
+            inserted, existing = self._run(sid, "deliver", _DELIVER, args, retry_lost=True)
+            if inserted:
+                return
+            if existing is None:
+                # A concurrent delivery of this id committed after this statement's snapshot:
+                # look again, outside it.
+                row = self._run(sid, "deliver", _EXISTING, (sid, envelope.delivery_id), retry_lost=True)
+                existing = None if row is None else row[0]
+            if existing is None:
+                continue  # it was removed meanwhile (acknowledged): deliver it again
+            if bytes(existing) != data:
+                raise DeliveryConflict(sid, envelope.delivery_id)
+            return  # the same bytes: the same delivery, made before (a retry)
+        raise PersistenceFailed(f"session {sid!r}: deliver: delivery {envelope.delivery_id} kept changing under it")
+
+    # --- the owner's side ---
+
+    def drain(self, session_id: str) -> list[Envelope]:
+        """Every delivered, unacknowledged envelope in delivery order (bad rows moved aside)."""
+        return self.drain_report(session_id).envelopes
+
+    def drain_report(self, session_id: str) -> DrainResult:
+        """`drain`, plus the rows it moved to `mailbox_rejected` (or could not)."""
+        sid = check_session_id(session_id)
+        rows = self._run(sid, "drain", _DRAIN, (MAX_ENVELOPE_BYTES, sid), retry_lost=True, fetch="all")
+        envelopes: list[Envelope] = []
+        rejected: list[RejectedEnvelope] = []
+        for delivery_id, data, size in rows:
+            reason = _judge(delivery_id, data, size)
+            if isinstance(reason, Envelope):
+                envelopes.append(reason)
+                continue
+            bad = self._reject(sid, delivery_id, reason)
+            if bad is not None:
+                rejected.append(bad)
+        return DrainResult(envelopes, rejected)
+
+    def _reject(self, sid: SessionId, delivery_id: str, reason: str) -> RejectedEnvelope | None:
+        """Move the row to `mailbox_rejected` under a free name; never raises. None when another
+        drain moved it first."""
+        import psycopg
+
+        try:
+            for _ in range(5):
+                taken = {
+                    row[0]
+                    for row in self._run(sid, "reject", _TAKEN, (sid, delivery_id, f"{delivery_id}~"), fetch="all")
+                }
+                name = next((n for n in _names(delivery_id) if n not in taken), None)
+                if name is None:
+                    break
+                args = {"s": sid, "d": delivery_id, "name": name, "why": reason}
+                try:
+                    row = self._run(sid, "reject", _REJECT, args, raw=True)
+                except psycopg.errors.UniqueViolation:
+                    continue  # another drain took that name meanwhile
+                if row is None:
+                    return None  # moved (or acknowledged) by someone else meanwhile
+                log.warning("session %r: mailbox row %r rejected: %s", sid, delivery_id, reason)
+                return RejectedEnvelope(delivery_id, reason, name)
+        except (StorageError, psycopg.Error) as exc:
+            log.warning("session %r: moving the bad mailbox row %r aside failed: %s", sid, delivery_id, exc)
+        log.warning("session %r: mailbox row %r rejected (left in place): %s", sid, delivery_id, reason)
+        return RejectedEnvelope(delivery_id, reason, None)
+
+    def ack(self, session_id: str, delivery_id: str) -> None:
+        """Remove a delivery for good (idempotent)."""
+        sid = check_session_id(session_id)
+        check_delivery_id(delivery_id)
+        self._run(sid, "ack", _ACK, (sid, delivery_id), retry_lost=True, fetch="none")
+
+    # --- wake-ups ---
+
+    def watch(self, session_id: str) -> PgMailboxWatch | MailboxWatch:
+        """A wake-up for deliveries to the session from any host: a LISTEN connection of its
+        own (pg_mailbox_watch); a polling watch, with a warning, when none can be opened."""
+        sid = check_session_id(session_id)
+        import psycopg
+
+        try:
+            conn = connect(self._pool.url, self._pool.app)
+        except StorageError as exc:
+            log.warning("session %r: no LISTEN connection for its mailbox (%s): polling", sid, exc.message)
+            return MailboxWatch.pipe(self._poll_interval)
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+        except psycopg.Error as exc:
+            conn.close()
+            log.warning("session %r: LISTEN failed (%s): polling", sid, _line(exc))
+            return MailboxWatch.pipe(self._poll_interval)
+        return PgMailboxWatch(conn, sid, poll_interval=self._poll_interval)
+
+    # --- plumbing ---
+
+    def _run(
+        self,
+        sid: str,
+        op: str,
+        sql: str,
+        params: Any,
+        *,
+        retry_lost: bool = False,
+        fetch: str = "one",
+        raw: bool = False,
+    ) -> Any:
+        """One statement on a pooled connection; with `retry_lost`, sent once more on a fresh
+        connection when the first one was lost (every such statement here is safe to repeat).
+        psycopg errors become `PersistenceFailed` unless `raw`."""
+        import psycopg
+
+        for attempt in (1, 2):
+            try:
+                with self._pool.connection() as conn:
+                    try:
+                        cur = conn.execute(sql, params)
+                        if fetch == "none":
+                            return None
+                        return cur.fetchone() if fetch == "one" else cur.fetchall()
+                    except psycopg.Error:
+                        if retry_lost and attempt == 1 and (conn.broken or conn.closed):
+                            continue
+                        raise
+            except StorageError:
+                raise
+            except psycopg.Error as exc:
+                if raw:
+                    raise
+                raise PersistenceFailed(f"session {sid!r}: mailbox {op} failed: {_line(exc)}") from None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the connections of a pool this mailbox made (a shared pool stays open)."""
+        if self._owns_pool:
+            self._pool.close()
+
+
+def _judge(delivery_id: str, data: bytes | None, size: int) -> Envelope | str:
+    """The row's envelope, or why it holds none."""
+    if not ULID_PATTERN.fullmatch(delivery_id):
+        return "the delivery id is not a 26-character upper-case ULID"
+    if data is None:
+        return f"the envelope is {size} bytes; an envelope is at most {MAX_ENVELOPE_BYTES}"
+    try:
+        envelope = _DECODER.decode(bytes(data))
+    except (msgspec.DecodeError, RecursionError) as exc:
+        return f"not a valid envelope: {exc}"
+    except StorageError as exc:  # InvalidEnvelope from the checks made when an envelope is built
+        return exc.message
+    if envelope.delivery_id != delivery_id:
+        return f"holds delivery_id {envelope.delivery_id!r}, which does not match its row"
+    return envelope
+
+
+def _names(delivery_id: str) -> list[str]:
+    return [delivery_id, *(f"{delivery_id}~{n}" for n in range(1, 100))]
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
