@@ -37,10 +37,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench_common import bug, load, per_rep, spread  # noqa: E402  # bench/ is on sys.path as a script
 from pg_server import EmbeddedServer, fresh_database  # noqa: E402  # the tests' embedded server
-from subagents.actors import EventDraft  # noqa: E402
-from subagents.runtime import open_runtime  # noqa: E402
-from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor  # noqa: E402
-from subagents.storage import (  # noqa: E402
+from subagents.actors import EventDraft  # noqa: E402  # after the sys.path line above (tests/helpers)
+from subagents.runtime import open_runtime  # noqa: E402  # after the sys.path line above (tests/helpers)
+from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor  # noqa: E402  # after the sys.path line above (tests/helpers)
+from subagents.storage import (  # noqa: E402  # after the sys.path line above (tests/helpers)
     Batch,
     FileLogStore,
     PostgresLogStore,
@@ -59,7 +59,7 @@ def header(sid: str, parent: str | None = None) -> SessionHeader:
         is_seeded=False,
         delegation_depth=1 if parent else 0,
         cwd="/work/bench",
-        parent_session=parent,  # type: ignore[arg-type]
+        parent_session=parent,  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
         origin="subagent" if parent else None,
     )
 

@@ -184,7 +184,7 @@ def open_inotify_watch(root: str, parts: list[str]) -> MailboxWatch | None:
                 nxt = os.open(part, _FOLDER, dir_fd=folder)
                 os.close(folder)
                 folder = nxt
-        except BaseException:
+        except BaseException:  # the folder fd closed (re-raised)
             os.close(folder)
             raise
     except OSError:

@@ -107,7 +107,7 @@ class PostgresMailbox:
             raise PersistenceFailed(
                 f"preparing the PostgreSQL mailbox at {redact(pool.url)} failed: {_line(exc)}"
             ) from None
-        except BaseException:
+        except BaseException:  # a half-made mailbox closes its connections (re-raised)
             self.close()
             raise
 

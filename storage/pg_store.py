@@ -96,7 +96,7 @@ class PostgresLogStore:
         except psycopg.Error as exc:  # a server that refuses the DDL (no privilege, say)
             self._pool.close()
             raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {_line(exc)}") from None
-        except BaseException:
+        except BaseException:  # a store whose schema failed closes its pool (re-raised)
             self._pool.close()
             raise
 
@@ -116,7 +116,7 @@ class PostgresLogStore:
         try:
             if self._query_one(sid, "create", "SELECT 1 FROM sessions WHERE id = %s", (sid,)) is not None:
                 raise SessionAlreadyExists(sid)
-        except BaseException:
+        except BaseException:  # the lock released if the claim fails (re-raised)
             self._owner.unlock(sid, incarnation)
             raise
         return WriteHandle(
@@ -155,7 +155,7 @@ class PostgresLogStore:
             record = header_record(sid, row[1])
             if row[5] != row[2]:
                 raise CorruptLog(sid, f"its batches hold {row[5]} events but the session row counts {row[2]}")
-        except BaseException:
+        except BaseException:  # the lock released if the claim fails (re-raised)
             self._owner.unlock(sid, incarnation)
             raise
         return WriteHandle(

@@ -308,7 +308,7 @@ class AcpServer:
         try:
             # The record is published with the session: no crash leaves a session without it.
             agent = await self.runtime.agents.create(session_id=sid, cwd=p.cwd, first=[record.draft()])
-        except BaseException:
+        except BaseException:  # the servers stop whatever ended the create (re-raised)
             with trio.CancelScope(shield=True):
                 await self._close_servers(sid, servers)
             raise
@@ -330,12 +330,12 @@ class AcpServer:
             # Started before the resume, so the agent starts with their tools. (An agent this
             # runtime runs already keeps the tools it has.)
             servers = await self._open_servers(sid, p.mcp_servers, p.cwd)
-        except BaseException:
+        except BaseException:  # cleanup, then re-raised: nothing is swallowed
             self._live.pop(sid, None)
             raise
         try:
             agent = await self.runtime.agents.resume(sid)
-        except BaseException as exc:
+        except BaseException as exc:  # cleanup; two refusals become ACP errors, the rest re-raised
             self._live.pop(sid, None)
             with trio.CancelScope(shield=True):
                 await self._close_servers(sid, servers)
@@ -355,7 +355,7 @@ class AcpServer:
             record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
             if record != restored:
                 await agent.session.append([record.draft()])
-        except BaseException:
+        except BaseException:  # cleanup, then re-raised: nothing is swallowed
             self._live.pop(sid, None)
             with trio.CancelScope(shield=True):
                 await self._close_servers(sid, servers)

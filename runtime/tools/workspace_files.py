@@ -147,7 +147,7 @@ def _replace(loc: Location, data: bytes) -> bool:
         finally:
             os.close(fd)
         os.rename(temp, loc.name, src_dir_fd=loc.dir_fd, dst_dir_fd=loc.dir_fd)
-    except BaseException:
+    except BaseException:  # no temp file left behind (re-raised)
         try:
             os.unlink(temp, dir_fd=loc.dir_fd)
         except FileNotFoundError:

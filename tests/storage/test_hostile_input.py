@@ -319,7 +319,7 @@ def test_payloads_are_checked_once_per_revision(tmp_path: Path, monkeypatch: pyt
         "_PAYLOAD_CHECKS",
         {
             t: (lambda data, t=t, check=check: (checked.append(t), check(data))[1])
-            for t, check in framing._PAYLOAD_CHECKS.items()  # noqa: SLF001 - counting the checks
+            for t, check in framing._PAYLOAD_CHECKS.items()  # noqa: SLF001  # counting the checks
         },
     )
     write_log(tmp_path, "s", GOOD + line(b'{"turn":2}', seq=1), "none")

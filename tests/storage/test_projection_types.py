@@ -28,7 +28,7 @@ from subagents.storage.events import KNOWN_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPE
 from subagents.storage.index import (
     UNREADABLE,
     SessionIndex,
-    _crc,  # noqa: PLC2701 - planting a row as a writer would
+    _crc,  # noqa: PLC2701  # planting a row as a writer would
 )
 from subagents.storage.projection import CheckpointRow, Lifecycle, ProjectionRegistry
 
