@@ -1,4 +1,4 @@
-"""What every log store checks before an append writes anything (the `LogStore` contract,
+"""What every log store checks before `create` claims a session or an append writes anything (the `LogStore` contract,
 storage/log_store.py): the handle is open and alive, each batch continues the seq, the events are
 `Event`s of the vocabulary (or ignorable) in order, a seeded log keeps its end-seed marker; then
 the exact lines to write. A refusal here leaves the log untouched in every store.
@@ -10,13 +10,28 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ._codec import Event, encode_events
-from .errors import HandleClosed, HandleDead, InvalidEvent, SequenceConflict
+from .errors import HandleClosed, HandleDead, InvalidEvent, InvalidHeader, SequenceConflict
 from .events import KNOWN_TYPES
 from .framing import is_seed_marker
 from .log_store import Batch, WriteHandle
-from .values import Offset, SessionId
+from .values import FORMAT_VERSION, Offset, SessionHeader, SessionId, check_session_id
 
-__all__ = ["check_append"]
+__all__ = ["check_append", "check_new_session"]
+
+
+def check_new_session(header: SessionHeader, inherited_event_count: int) -> SessionId:
+    """The id of a session `create` may make from `header`, or the refusal (before anything is
+    claimed or written)."""
+    sid = check_session_id(header.id)
+    if type(inherited_event_count) is not int or inherited_event_count < 0:
+        raise InvalidHeader(
+            f"session {sid!r}: inherited_event_count must be a non-negative int, got {inherited_event_count!r}"
+        )
+    if header.format != FORMAT_VERSION or type(header.format) is not int:
+        raise InvalidHeader(f"session {sid!r}: this build writes format {FORMAT_VERSION}, not {header.format!r}")
+    if header.is_seeded != (inherited_event_count > 0):
+        raise InvalidHeader(f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0")
+    return sid
 
 
 def check_append(handle: WriteHandle, batches: Sequence[Batch]) -> tuple[list[Event], bytes] | None:

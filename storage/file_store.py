@@ -24,13 +24,12 @@ import attrs
 
 from ._codec import Event
 from ._records import HeaderError, HeaderRecord, encode_header_line
-from .append_check import check_append
+from .append_check import check_append, check_new_session
 from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
 from .errors import (
     AlreadyOwned,
     CorruptLog,
     HandleClosed,
-    InvalidHeader,
     InvalidRange,
     PersistenceFailed,
     SessionAlreadyExists,
@@ -45,7 +44,6 @@ from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
 from .values import (
-    FORMAT_VERSION,
     AbortPoll,
     LogInfo,
     Offset,
@@ -135,15 +133,7 @@ class FileLogStore:
     # --- claiming ---
 
     def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
-        sid = check_session_id(header.id)
-        if type(inherited_event_count) is not int or inherited_event_count < 0:
-            raise InvalidHeader(
-                f"session {sid!r}: inherited_event_count must be a non-negative int, got {inherited_event_count!r}"
-            )
-        if header.format != FORMAT_VERSION or type(header.format) is not int:
-            raise InvalidHeader(f"session {sid!r}: this build writes format {FORMAT_VERSION}, not {header.format!r}")
-        if header.is_seeded != (inherited_event_count > 0):
-            raise InvalidHeader(f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0")
+        sid = check_new_session(header, inherited_event_count)
         folder = self._folder(sid)
         with _mapped(sid, "create"):
             self.fs.make_root()

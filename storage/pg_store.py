@@ -37,12 +37,11 @@ import attrs
 
 from ._codec import Event
 from ._records import HeaderRecord, encode_header_line
-from .append_check import check_append
+from .append_check import check_append, check_new_session
 from .errors import (
     AlreadyOwned,
     CorruptLog,
     HandleClosed,
-    InvalidHeader,
     InvalidRange,
     PersistenceFailed,
     SequenceConflict,
@@ -59,7 +58,7 @@ from .pg_connect import Owner, Pool, check_url, lock_key, redact
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
 from .pg_schema import ensure_schema
 from .projection import CheckpointRow
-from .values import FORMAT_VERSION, AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
+from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
 from .zstd_framing import compress_frame
 
 __all__ = ["COMPRESS_ABOVE", "PostgresLogStore"]
@@ -103,15 +102,7 @@ class PostgresLogStore:
     # --- claiming ---
 
     def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
-        sid = check_session_id(header.id)
-        if type(inherited_event_count) is not int or inherited_event_count < 0:
-            raise InvalidHeader(
-                f"session {sid!r}: inherited_event_count must be a non-negative int, got {inherited_event_count!r}"
-            )
-        if header.format != FORMAT_VERSION or type(header.format) is not int:
-            raise InvalidHeader(f"session {sid!r}: this build writes format {FORMAT_VERSION}, not {header.format!r}")
-        if header.is_seeded != (inherited_event_count > 0):
-            raise InvalidHeader(f"session {sid!r}: is_seeded must be true exactly when inherited_event_count > 0")
+        sid = check_new_session(header, inherited_event_count)
         incarnation = self._claim(sid)
         try:
             if self._query_one(sid, "create", "SELECT 1 FROM sessions WHERE id = %s", (sid,)) is not None:
