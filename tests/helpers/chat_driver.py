@@ -16,23 +16,21 @@ from typing import Any
 
 from cli_process import CLI, clean_env, write_script
 
-__all__ = ["TIMEOUT", "Chat", "Terminal", "show_json"]
+__all__ = ["TIMEOUT", "Chat", "LineProcess", "Terminal", "show_json"]
 
 TIMEOUT = 60  # real seconds: only reached if the chat hangs
 
 
-class Chat:
-    """A `subagents chat` subprocess: `line` writes one line, `expect` waits for an output line
-    matching a regex (returning the match), reading stdout in a thread."""
+class LineProcess:
+    """A subprocess whose stdout lines are read in a thread: `expect` waits for an output line
+    matching a regex (returning the match); `seen` holds every line read so far."""
 
-    def __init__(self, tmp_path: Path, script: Any, *args: str) -> None:
-        model = write_script(tmp_path / "s.json", script)
-        self.root = str(tmp_path / "root")
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], *, stdin: Any = None) -> None:
         self.proc = subprocess.Popen(
-            [*CLI, "chat", "--root", self.root, "--model", model, "--compression", "none", *args],
-            cwd=tmp_path,
-            env=clean_env(COLUMNS="200"),
-            stdin=subprocess.PIPE,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -48,11 +46,6 @@ class Chat:
             self._lines.put(line.rstrip("\n"))
         self._lines.put(None)
 
-    def line(self, text: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text + "\n")
-        self.proc.stdin.flush()
-
     def expect(self, pattern: str) -> re.Match[str]:
         while True:
             try:
@@ -61,11 +54,26 @@ class Chat:
                 self.proc.kill()
                 raise AssertionError(f"no line matching {pattern!r}; seen: {self.seen}") from None
             if line is None:
-                raise AssertionError(f"the chat ended before a line matching {pattern!r}; seen: {self.seen}")
+                raise AssertionError(f"the process ended before a line matching {pattern!r}; seen: {self.seen}")
             self.seen.append(line)
             match = re.search(pattern, line)
             if match:
                 return match
+
+
+class Chat(LineProcess):
+    """A `subagents chat` subprocess on pipes: `line` writes one line."""
+
+    def __init__(self, tmp_path: Path, script: Any, *args: str) -> None:
+        model = write_script(tmp_path / "s.json", script)
+        self.root = str(tmp_path / "root")
+        argv = [*CLI, "chat", "--root", self.root, "--model", model, "--compression", "none", *args]
+        super().__init__(argv, tmp_path, clean_env(COLUMNS="200"), stdin=subprocess.PIPE)
+
+    def line(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
 
     def finish(self) -> tuple[int, str, str]:
         """Close stdin and wait for the exit: (status, the rest of stdout, stderr)."""

@@ -9,18 +9,16 @@ bounded by `TIMEOUT` real seconds that only a hang reaches."""
 from __future__ import annotations
 
 import json
-import queue
 import re
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_driver import TIMEOUT, Chat
+from chat_driver import TIMEOUT, Chat, LineProcess
 from cli_process import CLI, clean_env, write_script
 from mailboxes import rel_mailbox
 
@@ -53,36 +51,11 @@ def _cli(root: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-class _Lines:
-    """A subprocess whose stdout lines are read in a thread; `expect` waits for one matching."""
+class _Lines(LineProcess):
+    """A subprocess whose stdout lines are read in a thread (`expect`), stopped by a signal."""
 
     def __init__(self, argv: list[str], cwd: Path) -> None:
-        self.proc = subprocess.Popen(
-            argv, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.seen: list[str] = []
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line.rstrip("\n"))
-        self._lines.put(None)
-
-    def expect(self, pattern: str) -> re.Match[str]:
-        while True:
-            try:
-                line = self._lines.get(timeout=TIMEOUT)
-            except queue.Empty:
-                self.proc.kill()
-                raise AssertionError(f"no line matching {pattern!r}; seen: {self.seen}") from None
-            if line is None:
-                raise AssertionError(f"ended before a line matching {pattern!r}; seen: {self.seen}")
-            self.seen.append(line)
-            match = re.search(pattern, line)
-            if match:
-                return match
+        super().__init__(argv, cwd, clean_env())
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
