@@ -18,7 +18,7 @@ from typing import Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import FileMailbox, LogStore, Mailbox, ProjectionRegistry
+from subagents.storage import FileMailbox, LogStore, Mailbox, Placements, ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry, SessionTools
@@ -91,6 +91,7 @@ async def open_runtime(
     mcp_servers: Sequence[McpServerSpec] = (),
     mailbox: Mailbox | None = None,
     store: str | None = None,
+    placements: Placements | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -110,7 +111,9 @@ async def open_runtime(
     task of every resident session and carries messages, interrupts and settlements to sessions
     another process holds (runtime/mailbox_owner.py). `store` (instead of `log_store`) names
     the log store the runtime opens and closes: a `postgresql://` URL or a folder
-    (runtime/store_select.py); the mailbox stays files under `root` either way."""
+    (runtime/store_select.py); the mailbox stays files under `root` either way. `placements` (a
+    placement queue, SPEC §9) leaves background children to serving hosts while any serve
+    (runtime/serve.py); it needs the mailbox, which carries their prompts and settlements."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -163,6 +166,7 @@ async def open_runtime(
                         child_model=child_model,
                         toolset=toolset,
                         mailbox=mailbox,
+                        placements=placements,
                     )
 
                 agents = AgentRegistry(

@@ -103,15 +103,25 @@ class MailboxOwners:
     actions: Callable[[], OwnerActions]
     now_ms: Callable[[], int] = wall_ms
     _scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)
+    _drained: dict[str, trio.Event] = attrs.field(factory=dict)  # set after each owner's first drain
 
     def start(self, agent: Agent) -> None:
         """Start `agent`'s owner task (one per session)."""
         self.stop(agent.session_id)
         scope = trio.CancelScope()
         self._scopes[agent.session_id] = scope
+        drained = self._drained[agent.session_id] = trio.Event()
         # Read now, not when the task first runs: an interrupt sent once the agent exists is
         # never taken for a stale one.
-        self.nursery.start_soon(self._own, agent, scope, self.now_ms())
+        self.nursery.start_soon(self._own, agent, scope, self.now_ms(), drained)
+
+    async def first_drain(self, session_id: str) -> None:
+        """Until the session's owner has handed its agent what the mailbox held when it started
+        (or stopped trying): a placed child's first prompt is in its inbox before anyone asks
+        whether it has work."""
+        drained = self._drained.get(session_id)
+        if drained is not None:
+            await drained.wait()
 
     def stop(self, session_id: str) -> None:
         """Cancel the session's owner task (what it has not acked is redelivered later)."""
@@ -119,11 +129,16 @@ class MailboxOwners:
         if scope is not None:
             scope.cancel()
 
-    async def _own(self, agent: Agent, scope: trio.CancelScope, started: int) -> None:
-        with scope:
-            await _Owner(self, agent, started=started).run()
-        if self._scopes.get(agent.session_id) is scope:
-            del self._scopes[agent.session_id]
+    async def _own(self, agent: Agent, scope: trio.CancelScope, started: int, drained: trio.Event) -> None:
+        try:
+            with scope:
+                await _Owner(self, agent, started=started, drained=drained).run()
+        finally:
+            drained.set()  # nobody waits for a drain that will not come
+            if self._scopes.get(agent.session_id) is scope:
+                del self._scopes[agent.session_id]
+            if self._drained.get(agent.session_id) is drained:
+                del self._drained[agent.session_id]
 
 
 @attrs.define(eq=False)
@@ -131,6 +146,7 @@ class _Owner:
     owners: MailboxOwners
     agent: Agent
     started: int  # wall ms: interrupts and stops created before it are stale
+    drained: trio.Event  # set once the first drain has handed over what it found
     _pending: dict[str, Envelope] = attrs.field(factory=dict)  # handed to the agent, not yet recorded
     _stuck: set[str] = attrs.field(factory=set)  # bad files that could not be moved aside (logged)
 
@@ -172,6 +188,7 @@ class _Owner:
                         return
                     continue
                 failing = False
+                self.drained.set()
                 await self._wait(watch)
         finally:
             watch.close()
@@ -226,6 +243,12 @@ class _Owner:
             if not isinstance(text, str):
                 return await self._drop(envelope, 'a message body needs a string "text"')
             content, source = message_content(envelope.sender, text)
+            if envelope.body.get("first") is True:
+                # A placed child's first prompt (runtime/delegation/service.py): the words its
+                # parent gave it, as a child started in place receives them.
+                guidance = envelope.body.get("guidance")
+                content = [*text_blocks(text), *(text_blocks(guidance) if isinstance(guidance, str) else [])]
+                source = {"kind": "user"}
             delivery = Delivery(content=content, source=source, trigger="message", delivery_id=envelope.delivery_id)
             self._pending[envelope.delivery_id] = envelope
 

@@ -54,6 +54,11 @@ class AgentOwners(Protocol):
 
     def stop(self, session_id: str) -> None: ...
 
+    async def first_drain(self, session_id: str) -> None:
+        """Until the session's owner has handed its agent what the mailbox held when it started
+        (at once if it has no owner)."""
+        ...
+
 
 @attrs.frozen
 class SessionTools:

@@ -41,6 +41,7 @@ from subagents.storage import (
     LogInfo,
     Mailbox,
     PersistenceFailed,
+    Placements,
     SessionHeader,
     SessionNotFound,
     StorageError,
@@ -163,6 +164,11 @@ class SubagentService:
     )
     # Deliveries to sessions another process holds (runtime/mailbox_owner.py); None: none.
     mailbox: Mailbox | None = None
+    # The placement queue (SPEC §9): with serving hosts up, background children are left to
+    # them (`_start_placed`); None: every child runs here.
+    placements: Placements | None = None
+    # placed child id -> set when its settlement reaches this host (ends its stand-in Activation)
+    _placed: dict[str, trio.Event] = attrs.field(factory=dict)
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
     settlement: Settlement = attrs.field(init=False)
@@ -218,6 +224,7 @@ class SubagentService:
         setup = self._setup(options, parent.session_id)  # refusals before anything exists
         if abort is not None and abort.is_set():
             raise SubagentCancelled("message delivery was cancelled")
+        placed = await self._serving_hosts_up()
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         activation = self._admit(child_id, parent.session_id)
@@ -226,6 +233,9 @@ class SubagentService:
         except BaseException:
             self.manager.forget(activation)
             raise
+        if placed:
+            await self._start_placed(parent, child, activation, prompt, label, reserved)
+            return child_id
         try:
             first = [{"type": "text", "text": prompt}, {"type": "text", "text": return_guidance(parent.session_id)}]
             await child.send(first, "follow-up", abort=abort)
@@ -298,6 +308,77 @@ class SubagentService:
                 headline += f"\nPartial output before the run ended:\n{result.text}"
             raise RunNotCompleted(headline)
         return result
+
+    # --- placement on serving hosts (SPEC §9) -----------------------------------------------
+
+    async def _serving_hosts_up(self) -> bool:
+        """Whether a started background child is left to the serving hosts: only with a
+        placement queue, a mailbox to carry its prompt and settlement, and a host serving."""
+        if self.placements is None or self.mailbox is None:
+            return False
+        try:
+            return await trio.to_thread.run_sync(self.placements.serving_hosts) > 0
+        except StorageError as exc:
+            log.warning("the placement queue cannot be read (the child runs here): %s", exc)
+            return False
+
+    async def _start_placed(
+        self, parent: Agent, child: Agent, activation: Activation, prompt: str, label: str, reserved: Reservation
+    ) -> None:
+        """Leave a created child to a serving host: release it here (no turn ran), put its first
+        prompt in its mailbox and enqueue it; a stand-in Activation keeps its place in the family
+        (the activation limit, `wait_tree_idle`, messages and interrupts) until its settlement
+        arrives through the parent's mailbox."""
+        assert self.placements is not None
+        child_id = child.session_id
+        try:
+            await self.agents.stop(child_id, cause="parent")  # its mailbox owner must not take the prompt
+            body = {"text": prompt, "first": True, "guidance": return_guidance(parent.session_id)}
+            await self._post(child_id, "message", body, parent.session_id)
+            await self._catalog(parent, child, "continuable", label, reserved)
+            await trio.to_thread.run_sync(self.placements.enqueue, child_id)
+        except BaseException:
+            await self._dispose_unannounced(activation)
+            raise
+        settled = self._placed[child_id] = trio.Event()
+
+        async def body(_a: Activation) -> None:
+            await settled.wait()
+
+        async def nothing(_a: Activation) -> None:
+            self._placed.pop(child_id, None)  # its settlement is the serving host's to record
+
+        self.manager.start(activation, body, lambda _a: True, nothing, nothing)
+
+    def _end_placed(self, child_id: str) -> bool:
+        """End a placed child's stand-in here (settled, or this host lets go); False if the
+        child is not placed from here."""
+        settled = self._placed.pop(child_id, None)
+        if settled is None:
+            return False
+        settled.set()
+        return True
+
+    async def adopt(self, child_id: str) -> Activation:
+        """Serve a placed child here (`subagents serve`): resume it, let its mailbox owner hand
+        it its first prompt, and run it as a resident Activation until it settles; its
+        settlement goes to its parent's mailbox. Raises `SubagentError` if it cannot be served."""
+        header, identity = await self._observe_child(child_id, None)
+        if header.parent_session is None:
+            raise NotResumable(f"session {child_id!r} is not a subagent")
+        activation = self._admit(child_id, header.parent_session)
+        try:
+            child = await self.agents.resume(child_id, label=identity.get("label"))
+        except (AlreadyOwned, StorageError, AgentError) as exc:
+            self.manager.forget(activation)
+            raise _unavailable(child_id) from exc
+        except BaseException:
+            self.manager.forget(activation)
+            raise
+        if self.agents.owners is not None:
+            await self.agents.owners.first_drain(child_id)
+        self._run_activation(activation, child)
+        return activation
 
     def _admit(self, child_id: str, parent_id: str) -> Activation:
         try:
@@ -575,6 +656,9 @@ class SubagentService:
                 else:
                     if activation.parent_id != sender.session_id:
                         raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
+                    if target_id in self._placed:  # served by another host: its mailbox
+                        await self._post(target_id, "message", {"text": text}, sender.session_id)
+                        return
                     child = self.agents.get(target_id)
                     if child is None:
                         raise _unavailable(target_id)
@@ -598,24 +682,7 @@ class SubagentService:
     async def _cold_resume(
         self, sender: Agent, target_id: str, content: list[Json], source: Json, abort: Abort | None
     ) -> bool:
-        if self.agents.get(target_id) is not None or self.agents.sessions.get(target_id) is not None:
-            raise _unavailable(target_id)  # live but not an Activation: refused, not adopted
-        try:
-            async with self.query.observe_session(target_id, abort) as observation:
-                header = observation.header
-                identity = observation.projections.get(IDENTITY_UNIT.key)
-                k = observation.inherited_event_count
-        except QueryAborted:
-            raise SubagentCancelled("message delivery was cancelled") from None
-        except SessionQueryError:
-            raise _unavailable(target_id) from None
-        if header.parent_session != sender.session_id:
-            raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
-        if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":
-            raise NotResumable(
-                f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
-                "choose a different target"
-            )
+        _header, identity = await self._observe_child(target_id, abort, parent_id=sender.session_id)
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
         activation = self._admit(target_id, sender.session_id)
@@ -635,6 +702,31 @@ class SubagentService:
         finally:
             self._run_activation(activation, child)
         return True
+
+    async def _observe_child(
+        self, target_id: str, abort: Abort | None, *, parent_id: str | None = None
+    ) -> tuple[SessionHeader, Json]:
+        """The header and identity of a continuable child that is not live here (of `parent_id`,
+        when given), from one observation of its log."""
+        if self.agents.get(target_id) is not None or self.agents.sessions.get(target_id) is not None:
+            raise _unavailable(target_id)  # live but not an Activation: refused, not adopted
+        try:
+            async with self.query.observe_session(target_id, abort) as observation:
+                header = observation.header
+                identity = observation.projections.get(IDENTITY_UNIT.key)
+                k = observation.inherited_event_count
+        except QueryAborted:
+            raise SubagentCancelled("message delivery was cancelled") from None
+        except SessionQueryError:
+            raise _unavailable(target_id) from None
+        if parent_id is not None and header.parent_session != parent_id:
+            raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
+        if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":
+            raise NotResumable(
+                f'subagent "{target_id}" has no supported continuation state and cannot be resumed; '
+                "choose a different target"
+            )
+        return header, identity
 
     async def interrupt(self, target_id: str, by: Agent) -> InterruptOutcome:
         """Stop a live descendant's current turn (`requested`). A target that exists but is not
@@ -666,6 +758,9 @@ class SubagentService:
             return "not-running"
         if by.session_id not in self.manager.ancestors(target_id):
             raise Unauthorized(f'subagent "{target_id}" is not a live descendant of agent "{by.session_id}"')
+        if target_id in self._placed:  # served by another host: its owner there interrupts it
+            await self._post(target_id, "interrupt", {}, by.session_id)
+            return "requested"
         child = self.agents.get(target_id)
         if child is not None:
             child.inbox.park()
@@ -712,6 +807,9 @@ class SubagentService:
     async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
         """A `settled` delivery (runtime/mailbox_owner.py): `Settlement.record_delivered`."""
         await self.settlement.record_delivered(parent, body, delivery_id)
+        child_id = body.get("child_id")
+        if isinstance(child_id, str):
+            self._end_placed(child_id)  # a child served elsewhere has settled
 
     async def _exists(self, session_id: str) -> bool:
         """Whether any session — live, or a log on disk, damaged or not — has this id."""
@@ -732,6 +830,8 @@ class SubagentService:
                 await self.manager.stop(activation.child_id, "disposed", self._interrupt_disposed)
 
     def _interrupt_disposed(self, activation: Activation) -> None:
+        if self._end_placed(activation.child_id):
+            return  # served elsewhere: it goes on there, its settlement reaches the parent's mailbox
         self.settlement.open_gate(activation.child_id)  # the family is stopping: settle now
         child = self.agents.get(activation.child_id)
         if child is not None:

@@ -1,0 +1,136 @@
+"""`subagents serve`: a host that runs the background children other hosts leave to the
+placement queue (SPEC §9, "Placement and failover").
+
+Theory of operation. The host announces itself with its capacity, then loops: it claims as many
+placements as it has free slots (each claim goes to exactly one host), adopts each claimed child
+(`SubagentService.adopt`: resumed from its log, its first prompt handed over by its mailbox
+owner, run as a resident Activation) and, when a child's Activation is disposed — it settled,
+and its settlement went to its parent's mailbox — finishes the placement, which frees the slot.
+It wakes on the queue's notifications (and every `poll_interval` anyway, for what a lost
+notification hid) and, every `sweep_interval`, makes the claims of hosts that are gone claimable
+again (their children resume here or elsewhere, the interrupted turn closed by the resume's
+closers).
+
+A child that cannot be adopted (its log is damaged, it is not a continuable child, another host
+still holds it) is logged; a placement whose session cannot be served at all is finished (it
+would be claimed forever), one whose session is held elsewhere is given back for later.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+import trio
+from subagents.actors import Activation
+from subagents.storage import AlreadyOwned, Placements, StorageError
+from trio_util import RepeatedEvent, wait_any
+
+from .delegation.service import SubagentService
+from .errors import SubagentError
+
+__all__ = ["ServeStats", "serve_placements"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_SWEEP_INTERVAL = 5.0
+
+
+@attrs.define
+class ServeStats:
+    """What a serving host has done so far (for its status line and the tests)."""
+
+    adopted: int = 0
+    finished: int = 0
+    refused: int = 0
+    reclaimed: int = 0
+    running: set[str] = attrs.field(factory=set)
+
+
+async def serve_placements(
+    service: SubagentService,
+    placements: Placements,
+    capacity: int,
+    *,
+    stats: ServeStats | None = None,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+    task_status: trio.TaskStatus[ServeStats] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve placements with at most `capacity` children at once, until cancelled. Started
+    (`task_status`) once the host is announced."""
+    if capacity < 1:
+        raise ValueError("a serving host needs a capacity of at least 1")
+    stats = stats if stats is not None else ServeStats()
+    changed = RepeatedEvent()
+    await trio.to_thread.run_sync(placements.serve, capacity)
+    watch = await trio.to_thread.run_sync(placements.watch)
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started(stats)
+            next_sweep = trio.current_time()
+            while True:
+                watch.clear()
+                if trio.current_time() >= next_sweep:
+                    next_sweep = trio.current_time() + sweep_interval
+                    stats.reclaimed += len(await _call(placements.reclaim_orphans) or ())
+                free = capacity - len(stats.running)
+                claimed = await _call(placements.claim, free) if free > 0 else None
+                for child_id in claimed or ():
+                    await _adopt(service, placements, child_id, stats, nursery, changed)
+                if claimed and len(claimed) == free:
+                    continue  # the queue may hold more: look again once a slot frees
+
+                async def readable() -> None:
+                    await trio.lowlevel.wait_readable(watch.fileno())
+
+                with trio.move_on_after(min(poll_interval, max(next_sweep - trio.current_time(), 0))):
+                    await wait_any(readable, changed.wait)
+    finally:
+        watch.close()
+
+
+async def _adopt(
+    service: SubagentService,
+    placements: Placements,
+    child_id: str,
+    stats: ServeStats,
+    nursery: trio.Nursery,
+    changed: RepeatedEvent,
+) -> None:
+    try:
+        activation = await service.adopt(child_id)
+    except SubagentError as exc:
+        stats.refused += 1
+        held = isinstance(exc.__cause__, AlreadyOwned)
+        log.warning("placed child %s cannot be served here (%s): %s", child_id, "later" if held else "dropped", exc)
+        await _call(placements.unclaim if held else placements.finish, child_id)
+        return
+    stats.adopted += 1
+    stats.running.add(child_id)
+    nursery.start_soon(_finish_when_disposed, placements, activation, stats, changed)
+
+
+async def _finish_when_disposed(
+    placements: Placements, activation: Activation, stats: ServeStats, changed: RepeatedEvent
+) -> None:
+    await activation.disposed.wait()
+    await _call(placements.finish, activation.child_id)
+    stats.finished += 1
+    stats.running.discard(activation.child_id)
+    changed.set()
+
+
+async def _call(fn: Callable[..., T], *args: Any) -> T | None:
+    """A placement-queue call in a worker thread; a storage error is logged (the loop retries
+    at its next look)."""
+    try:
+        return await trio.to_thread.run_sync(fn, *args)
+    except StorageError as exc:
+        log.warning("the placement queue failed (retrying): %s", exc)
+        return None

@@ -1,0 +1,87 @@
+"""Placements: background children waiting for a serving host, and the hosts that serve them
+(SPEC §9, "Placement and failover").
+
+A host that starts a background child while serving hosts are up may leave the child to them: it
+creates the child's session (descriptor and first prompt durable), releases it and enqueues a
+placement. A serving host with free capacity claims placements — each claim goes to exactly one
+host (PostgreSQL: `FOR UPDATE SKIP LOCKED`) — resumes the child, runs it until it settles (its
+settlement reaches the parent through the parent's mailbox) and finishes the placement. A claim
+whose host died is claimable again (`reclaim_orphans`): the child resumes elsewhere, its
+interrupted turn closed by the resume's closers (SPEC 3.4).
+
+`PgPlacements` (pg_placements.py) is the real form; `MemoryPlacements` (storage/testing) is the
+in-process one the runtime's unit tests use.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+
+from .mailbox_watch import MailboxWatch
+from .values import SessionId
+
+__all__ = ["HostRow", "Placements"]
+
+
+@attrs.frozen
+class HostRow:
+    """One host as `subagents hosts` shows it (times in epoch ms, from the database clock)."""
+
+    host_id: str
+    started_at: int
+    capacity: int
+    sessions_held: int
+    renewed_at: int | None
+    pid: int | None = None
+    hostname: str | None = None
+    alive: bool = True
+
+
+class Placements(Protocol):
+    """The placement queue and the host registry, as seen by one host (`host_id`)."""
+
+    host_id: str
+
+    def enqueue(self, session_id: str) -> None:
+        """Leave the session to the serving hosts, durably (idempotent: an enqueued session
+        stays enqueued once)."""
+        ...
+
+    def claim(self, limit: int) -> list[SessionId]:
+        """Up to `limit` unclaimed placements, oldest first, now claimed by this host; no two
+        hosts ever get the same one."""
+        ...
+
+    def finish(self, session_id: str) -> None:
+        """The session settled here: its placement is done (only a claim of this host's)."""
+        ...
+
+    def unclaim(self, session_id: str) -> None:
+        """Give a claimed placement back for another host (this host stops before it settled)."""
+        ...
+
+    def reclaim_orphans(self) -> list[SessionId]:
+        """Placements claimed by hosts that are gone, made claimable again; returns them."""
+        ...
+
+    def serve(self, capacity: int) -> None:
+        """Announce this host as serving with `capacity` children at once (0: not serving)."""
+        ...
+
+    def serving_hosts(self) -> int:
+        """How many live hosts serve (capacity above 0), this one included."""
+        ...
+
+    def hosts(self) -> list[HostRow]:
+        """Every registered host, oldest first."""
+        ...
+
+    def watch(self) -> MailboxWatch:
+        """A wake-up for new placements (its fd becomes readable; `clear()` then)."""
+        ...
+
+    def close(self) -> None:
+        """Withdraw this host (its unfinished claims become orphans) and free what it holds."""
+        ...
