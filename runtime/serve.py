@@ -48,6 +48,7 @@ class ServeStats:
     adopted: int = 0
     finished: int = 0
     refused: int = 0
+    idle: int = 0  # claimed, but the child had nothing to do
     reclaimed: int = 0
     running: set[str] = attrs.field(factory=set)
 
@@ -111,18 +112,28 @@ async def _adopt(
         log.warning("placed child %s cannot be served here (%s): %s", child_id, "later" if held else "dropped", exc)
         await _call(placements.unclaim if held else placements.finish, child_id)
         return
+    if activation is None:
+        stats.idle += 1  # it had nothing to do: its placement is done
+        await _call(placements.finish, child_id)
+        return
     stats.adopted += 1
     stats.running.add(child_id)
-    nursery.start_soon(_finish_when_disposed, placements, activation, stats, changed)
+    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed)
 
 
 async def _finish_when_disposed(
-    placements: Placements, activation: Activation, stats: ServeStats, changed: RepeatedEvent
+    service: SubagentService, placements: Placements, activation: Activation, stats: ServeStats, changed: RepeatedEvent
 ) -> None:
     await activation.disposed.wait()
-    await _call(placements.finish, activation.child_id)
+    child_id = activation.child_id
+    await _call(placements.finish, child_id)
+    # A delivery that came after its owner stopped would wait for nobody: placed again. (A
+    # sender enqueues after delivering too; one of the two sees the other's work.)
+    mailbox = service.mailbox
+    if mailbox is not None and await _call(mailbox.drain, child_id):
+        await _call(placements.enqueue, child_id)
     stats.finished += 1
-    stats.running.discard(activation.child_id)
+    stats.running.discard(child_id)
     changed.set()
 
 

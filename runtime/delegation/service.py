@@ -340,13 +340,20 @@ class SubagentService:
         except BaseException:
             await self._dispose_unannounced(activation)
             raise
+        self._stand_in(activation)
+
+    def _stand_in(self, activation: Activation) -> None:
+        """Run the stand-in Activation of a child a serving host runs: resident here until its
+        settlement arrives (`record_settled`) or this host lets go (`_interrupt_disposed`)."""
+        child_id = activation.child_id
         settled = self._placed[child_id] = trio.Event()
 
         async def body(_a: Activation) -> None:
             await settled.wait()
 
         async def nothing(_a: Activation) -> None:
-            self._placed.pop(child_id, None)  # its settlement is the serving host's to record
+            if self._placed.get(child_id) is settled:
+                del self._placed[child_id]  # its settlement is the serving host's to record
 
         self.manager.start(activation, body, lambda _a: True, nothing, nothing)
 
@@ -359,10 +366,11 @@ class SubagentService:
         settled.set()
         return True
 
-    async def adopt(self, child_id: str) -> Activation:
+    async def adopt(self, child_id: str) -> Activation | None:
         """Serve a placed child here (`subagents serve`): resume it, let its mailbox owner hand
-        it its first prompt, and run it as a resident Activation until it settles; its
-        settlement goes to its parent's mailbox. Raises `SubagentError` if it cannot be served."""
+        it what waits there (its first prompt, messages), and run it as a resident Activation
+        until it settles; its settlement goes to its parent's mailbox. None when it has nothing
+        to do. Raises `SubagentError` if it cannot be served."""
         header, identity = await self._observe_child(child_id, None)
         if header.parent_session is None:
             raise NotResumable(f"session {child_id!r} is not a subagent")
@@ -377,6 +385,13 @@ class SubagentService:
             raise
         if self.agents.owners is not None:
             await self.agents.owners.first_drain(child_id)
+        if child.status != "running" and not len(child.inbox):
+            # Nothing to do (a placement made for a message this child took before it settled):
+            # let go without a settlement — it settled already.
+            with trio.CancelScope(shield=True):
+                await self.agents.stop(child_id, cause="disposed")
+            self.manager.forget(activation)
+            return None
         self._run_activation(activation, child)
         return activation
 
@@ -647,7 +662,7 @@ class SubagentService:
                         raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
                     await self._post(target_id, "message", {"text": text}, sender.session_id)
                     return
-                if await self._cold_resume(sender, target_id, content, source, abort):
+                if await self._cold_resume(sender, target_id, text, content, source, abort):
                     return
                 continue
             async with activation.lock:
@@ -658,6 +673,8 @@ class SubagentService:
                         raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
                     if target_id in self._placed:  # served by another host: its mailbox
                         await self._post(target_id, "message", {"text": text}, sender.session_id)
+                        # Placed again if its host let go meanwhile (idempotent while it holds it).
+                        await trio.to_thread.run_sync(self.placements.enqueue, target_id)  # type: ignore[union-attr]  # a stand-in exists only with placements
                         return
                     child = self.agents.get(target_id)
                     if child is None:
@@ -680,12 +697,22 @@ class SubagentService:
             raise SubagentCancelled("message delivery was cancelled") from None
 
     async def _cold_resume(
-        self, sender: Agent, target_id: str, content: list[Json], source: Json, abort: Abort | None
+        self, sender: Agent, target_id: str, text: str, content: list[Json], source: Json, abort: Abort | None
     ) -> bool:
         _header, identity = await self._observe_child(target_id, abort, parent_id=sender.session_id)
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
         activation = self._admit(target_id, sender.session_id)
+        if await self._serving_hosts_up():
+            # Not pinned here either: the message waits in its mailbox for a serving host.
+            try:
+                await self._post(target_id, "message", {"text": text}, sender.session_id)
+                await trio.to_thread.run_sync(self.placements.enqueue, target_id)  # type: ignore[union-attr]  # checked by _serving_hosts_up
+            except BaseException:
+                self.manager.forget(activation)
+                raise
+            self._stand_in(activation)
+            return True
         try:
             # Its options come back from its descriptor (`resume_setup`, as on every resume).
             child = await self.agents.resume(target_id, label=identity.get("label"))

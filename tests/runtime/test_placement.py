@@ -123,3 +123,136 @@ async def test_with_no_host_serving_children_run_where_they_are_started(tmp_path
     (child,) = [d["child_id"] for t, d in _events(fs, "boss") if t == "subagent/catalog"]
     assert any(t == "assistant/message" for t, _ in _events(fs, child))
     assert queue.claim(10) == []  # nothing was ever enqueued
+
+
+def _catalogued(fs: CrashFs, parent: str) -> list[str]:
+    try:
+        return [d["child_id"] for t, d in _events(fs, parent) if t == "subagent/catalog"]
+    except Exception:  # the parent's log is not published yet: nothing catalogued
+        return []
+
+
+async def test_messages_and_interrupts_reach_a_placed_child_on_its_serving_host(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    parent_script = {
+        "session": "boss",
+        "responses": [{"tool_calls": [_start("kid-1", "wait for word")]}, {"text": "started"}, {"text": "noted"}],
+    }
+    kid = {
+        "label": "kid-1",
+        "responses": [{"wait_for": {"steered": True}, "text": "waiting"}, {"text": "got the word"}, {"hang": True}],
+    }
+    async with (
+        _host(tmp_path, fs, mine, queue, parent_script, ids="p") as here,
+        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), kid, ids="s") as there,
+        trio.open_nursery() as nursery,
+    ):
+        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
+        boss = await here.agents.create(session_id="boss")
+        await boss.send("go")
+        await _until(lambda: bool(stats.running))
+        (child_id,) = _catalogued(fs, "boss")
+        await here.subagents.send_message(boss, child_id, "the word")
+        await _until(lambda: any(t == "turn/end" for t, _ in _events(fs, child_id)))
+        await here.subagents.send_message(boss, child_id, "and now hang")
+        await _until(lambda: sum(t == "turn/start" for t, _ in _events(fs, child_id)) == 2)
+        assert await here.subagents.interrupt(child_id, by=boss) == "requested"
+        # settled after each of its two runs (the second message found it settled, or settling)
+        await _until(lambda: sum(t == "subagent/settled" for t, _ in _events(fs, "boss")) == 2)
+        await here.subagents.wait_tree_idle(boss)
+        nursery.cancel_scope.cancel()
+
+    kid_events = _events(fs, child_id)
+    steered = [
+        d for t, d in kid_events if t == "user/message" and d["message"]["source"].get("kind") == "agent-message"
+    ]
+    assert [d["message"]["content"][1]["text"] for d in steered] == ["the word", "and now hang"]
+    assert [d["reason"]["kind"] for t, d in kid_events if t == "turn/end"] == ["completed", "aborted"]
+    settled = [d for t, d in _events(fs, "boss") if t == "subagent/settled"]
+    assert [(d["child_id"], d["reason_kind"]) for d in settled] == [(child_id, "completed"), (child_id, "aborted")]
+
+
+async def test_placed_children_count_against_the_family_limit(tmp_path: Path, autojump_clock: Any) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    parent_script = {
+        "session": "boss",
+        "responses": [{"tool_calls": [_start("kid-1", "a"), _start("kid-2", "b")]}, {"text": "ok"}, {"text": "ok"}],
+    }
+    kid = {"label": "kid-1", "responses": [{"text": "done"}]}
+    model = ScriptedModel(load_script(json.dumps({"agents": [parent_script]})), stall_timeout=None)
+    async with (
+        open_runtime(
+            tmp_path,
+            model=model,
+            clock=ScenarioClock(),
+            id_factory=CountingIds("p"),
+            log_store=MemoryLogStore(fs=fs, compression="none"),
+            mailbox=mine,
+            placements=queue,
+            max_active_subagents=1,
+        ) as here,
+        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), kid, ids="s") as there,
+        trio.open_nursery() as nursery,
+    ):
+        await nursery.start(serve_placements, there.subagents, there.subagents.placements, 4)
+        boss = await here.agents.create(session_id="boss")
+        await boss.send("go")
+        await here.subagents.wait_tree_idle(boss)
+        nursery.cancel_scope.cancel()
+    results = [d for t, d in _events(fs, "boss") if t == "tool/result"]
+    texts = [json.dumps(d["message"]) for d in results]
+    assert len(_catalogued(fs, "boss")) == 1
+    assert sum("subagent limit reached (active child limit: 1)" in text for text in texts) == 1, texts
+
+
+async def test_a_placement_that_cannot_be_served_is_dropped_and_the_host_serves_on(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    async with (
+        _host(tmp_path, fs, mine, queue, {"session": "plain", "responses": []}, ids="p") as here,
+        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), {"responses": []}, ids="s") as there,
+        trio.open_nursery() as nursery,
+    ):
+        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
+        plain = await here.agents.create(session_id="plain")  # a root session, no subagent
+        await here.agents.stop(plain.session_id)
+        queue.enqueue("plain")
+        queue.enqueue("no-such-session")
+        await _until(lambda: stats.refused == 2)
+        assert stats.adopted == 0 and queue.claim(10) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_claims_of_a_host_that_is_gone_are_served_by_another(tmp_path: Path, autojump_clock: Any) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    parent_script = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "go")]}, {"text": "ok"}]}
+    kid = {"label": "kid-1", "responses": [{"text": "done"}]}
+    dead = queue.sibling("dead-host")
+    dead.serve(1)
+    async with (
+        _host(tmp_path, fs, mine, queue, parent_script, ids="p") as here,
+        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), kid, ids="s") as there,
+        trio.open_nursery() as nursery,
+    ):
+        boss = await here.agents.create(session_id="boss")
+        await boss.send("go")
+        await _until(lambda: len(_catalogued(fs, "boss")) == 1)
+        await _until(lambda: dead.claim(1) != [])  # the dead host claimed it, then died
+        dead.close()
+        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
+        await here.subagents.wait_tree_idle(boss)
+        assert stats.reclaimed == 1 and stats.adopted == 1
+        nursery.cancel_scope.cancel()
+    (settled,) = [d for t, d in _events(fs, "boss") if t == "subagent/settled"]
+    assert settled["reason_kind"] == "completed"
