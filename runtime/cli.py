@@ -30,6 +30,7 @@ from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, c
 from .agent.loop import Agent, TurnResult
 from .app import Runtime, open_runtime
 from .cli_operator import OPERATOR_COMMANDS, add_operator_commands, operator_command, runs_elsewhere, tail_command
+from .cli_serve import add_serve_commands, hosts_command, serve_command
 from .delegation.listing import ChildRow
 from .demo import run_demo
 from .errors import (
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_acp(commands, model_options)
     _chat_parser(commands, root, model_options)
     add_operator_commands(commands, root, model_options)
+    add_serve_commands(commands, root, model_options)
     _add_transfer_commands(commands)
     return parser
 
@@ -935,6 +937,12 @@ def _command(args: argparse.Namespace) -> int:
             return _acp(args)
         if args.command in (*OPERATOR_COMMANDS, "tail"):
             return _operator(args)
+        if args.command == "serve":
+            setup = _host_setup(args)
+            _raise_open_file_limit()
+            return trio.run(_until_interrupted, serve_command, args, setup)
+        if args.command == "hosts":
+            return hosts_command(args)
     except UsageError as exc:
         print(f"subagents: {_one_line(str(exc))}", file=sys.stderr)
         return 2

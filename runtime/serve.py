@@ -51,6 +51,11 @@ class ServeStats:
     idle: int = 0  # claimed, but the child had nothing to do
     reclaimed: int = 0
     running: set[str] = attrs.field(factory=set)
+    on_event: Callable[[str, str], None] | None = None
+
+    def note(self, what: str, child_id: str) -> None:
+        if self.on_event is not None:
+            self.on_event(what, child_id)
 
 
 async def serve_placements(
@@ -61,13 +66,17 @@ async def serve_placements(
     stats: ServeStats | None = None,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+    on_event: Callable[[str, str], None] | None = None,
     task_status: trio.TaskStatus[ServeStats] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve placements with at most `capacity` children at once, until cancelled. Started
-    (`task_status`) once the host is announced."""
+    (`task_status`) once the host is announced. `on_event(what, child_id)` hears of each child
+    taken (`claimed`) and let go (`finished`)."""
     if capacity < 1:
         raise ValueError("a serving host needs a capacity of at least 1")
     stats = stats if stats is not None else ServeStats()
+    if on_event is not None:
+        stats.on_event = on_event
     changed = RepeatedEvent()
     await trio.to_thread.run_sync(placements.serve, capacity)
     watch = await trio.to_thread.run_sync(placements.watch)
@@ -118,6 +127,7 @@ async def _adopt(
         return
     stats.adopted += 1
     stats.running.add(child_id)
+    stats.note("claimed", child_id)
     nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed)
 
 
@@ -134,6 +144,7 @@ async def _finish_when_disposed(
         await _call(placements.enqueue, child_id)
     stats.finished += 1
     stats.running.discard(child_id)
+    stats.note("finished", child_id)
     changed.set()
 
 

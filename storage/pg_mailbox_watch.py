@@ -36,12 +36,17 @@ CHANNEL = "subagents_mailbox"
 
 class PgMailboxWatch:
     """A `MailboxWatch`-compatible wake-up for one session of the PostgreSQL mailbox (see the
-    module docstring). `conn` is a psycopg connection already listening on `CHANNEL`; the watch
-    owns it."""
+    module docstring). `conn` is a psycopg connection already listening on `channel` (default
+    `CHANNEL`); the watch owns it. With `session_id` None any notification there counts (the
+    placement queue's watch, pg_placements)."""
 
-    def __init__(self, conn: Any, session_id: str, *, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+    def __init__(
+        self, conn: Any, session_id: str | None, *, channel: str = CHANNEL, poll_interval: float = DEFAULT_POLL_INTERVAL
+    ) -> None:
         self._conn: Any = conn
-        self._session = session_id.encode("utf-8")
+        # None: every notification on the channel counts (the placement queue's watch)
+        self._session = None if session_id is None else session_id.encode("utf-8")
+        self._channel = channel.encode("utf-8")
         self._fallback_interval = poll_interval
         self._fallback: MailboxWatch | None = None  # the polling form, once the connection broke
         self._closed = False
@@ -97,7 +102,7 @@ class PgMailboxWatch:
             note = pgconn.notifies()
             if note is None:
                 break
-            if note.relname == CHANNEL.encode() and note.extra == self._session:
+            if note.relname == self._channel and (self._session is None or note.extra == self._session):
                 ours = True
         from psycopg import pq
 
