@@ -2,9 +2,9 @@
 sharing a PostgreSQL store (SPEC §9; runtime/serve.py).
 
 - `serve --store URL [--capacity N]` opens a runtime on the store, announces this process as a
-  serving host and runs placed background children — at most N at once — until Ctrl-C. It says
-  `serving: host <id> (capacity N) on <store>` on stderr once it serves, and one line on stdout
-  per child it takes (`claimed <id>`) and lets go (`finished <id>`).
+  serving host and runs placed background children — at most N at once — until Ctrl-C. Its
+  stdout says `serving host <id> (capacity N) on <store>` once it serves, then one line per child
+  it takes (`claimed <id>`) and lets go (`finished <id>`).
 - `hosts --store URL [--json]` lists the hosts the store knows: id, started, capacity, sessions
   held (unexpired leases), last renewal, and whether it is alive. Read-only.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -83,8 +82,7 @@ async def serve_command(args: argparse.Namespace, setup: Any, *, interrupt: Any)
             async with trio.open_nursery() as nursery:
                 await nursery.start(serving)
                 label = store_label(runtime.log_store)
-                print(f"serving: host {placements.host_id} (capacity {args.capacity}) on {label}", file=sys.stderr)
-                sys.stderr.flush()
+                print(f"serving host {placements.host_id} (capacity {args.capacity}) on {label}", flush=True)
     return 130
 
 

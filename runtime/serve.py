@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 from subagents.actors import Activation
-from subagents.storage import AlreadyOwned, Placements, StorageError
+from subagents.storage import AlreadyOwned, Claim, Placements, StorageError
 from trio_util import RepeatedEvent, wait_any
 
 from .delegation.service import SubagentService
@@ -91,8 +91,8 @@ async def serve_placements(
                     stats.reclaimed += len(await _call(placements.reclaim_orphans) or ())
                 free = capacity - len(stats.running)
                 claimed = await _call(placements.claim, free) if free > 0 else None
-                for child_id in claimed or ():
-                    await _adopt(service, placements, child_id, stats, nursery, changed)
+                for claim in claimed or ():
+                    await _adopt(service, placements, claim, stats, nursery, changed)
                 if claimed and len(claimed) == free:
                     continue  # the queue may hold more: look again once a slot frees
 
@@ -108,13 +108,14 @@ async def serve_placements(
 async def _adopt(
     service: SubagentService,
     placements: Placements,
-    child_id: str,
+    claim: Claim,
     stats: ServeStats,
     nursery: trio.Nursery,
     changed: RepeatedEvent,
 ) -> None:
+    child_id = claim.session_id
     try:
-        activation = await service.adopt(child_id)
+        activation = await service.adopt(child_id, settle_idle=claim.attempt > 1)
     except SubagentError as exc:
         stats.refused += 1
         held = isinstance(exc.__cause__, AlreadyOwned)

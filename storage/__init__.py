@@ -70,6 +70,7 @@ from .mailbox_watch import MailboxWatch as MailboxWatch
 from .pg_mailbox import PostgresMailbox as PostgresMailbox
 from .pg_mailbox_watch import PgMailboxWatch as PgMailboxWatch
 from .pg_store import PostgresLogStore as PostgresLogStore
+from .placements import Claim as Claim
 from .placements import HostRow as HostRow
 from .placements import Placements as Placements
 from .projection import CheckpointRow as CheckpointRow

@@ -22,7 +22,17 @@ import attrs
 from .mailbox_watch import MailboxWatch
 from .values import SessionId
 
-__all__ = ["HostRow", "Placements"]
+__all__ = ["Claim", "HostRow", "Placements"]
+
+
+@attrs.frozen
+class Claim:
+    """A placement this host claimed. `attempt` counts the claims of this placement: above 1 the
+    child was claimed before — by a host that died, or gave it back — and may have finished its
+    work there without settling, so it settles here even with nothing left to do."""
+
+    session_id: SessionId
+    attempt: int = 1
 
 
 @attrs.frozen
@@ -49,7 +59,7 @@ class Placements(Protocol):
         stays enqueued once)."""
         ...
 
-    def claim(self, limit: int) -> list[SessionId]:
+    def claim(self, limit: int) -> list[Claim]:
         """Up to `limit` unclaimed placements, oldest first, now claimed by this host; no two
         hosts ever get the same one."""
         ...

@@ -366,11 +366,13 @@ class SubagentService:
         settled.set()
         return True
 
-    async def adopt(self, child_id: str) -> Activation | None:
+    async def adopt(self, child_id: str, *, settle_idle: bool = False) -> Activation | None:
         """Serve a placed child here (`subagents serve`): resume it, let its mailbox owner hand
         it what waits there (its first prompt, messages), and run it as a resident Activation
         until it settles; its settlement goes to its parent's mailbox. None when it has nothing
-        to do. Raises `SubagentError` if it cannot be served."""
+        to do — unless `settle_idle` (a placement claimed before, by a host that may have died
+        between the child's last turn and its settlement): then it settles all the same. Raises
+        `SubagentError` if it cannot be served."""
         header, identity = await self._observe_child(child_id, None)
         if header.parent_session is None:
             raise NotResumable(f"session {child_id!r} is not a subagent")
@@ -385,7 +387,7 @@ class SubagentService:
             raise
         if self.agents.owners is not None:
             await self.agents.owners.first_drain(child_id)
-        if child.status != "running" and not len(child.inbox):
+        if not settle_idle and child.status != "running" and not len(child.inbox):
             # Nothing to do (a placement made for a message this child took before it settled):
             # let go without a settlement — it settled already.
             with trio.CancelScope(shield=True):

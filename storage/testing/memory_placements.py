@@ -9,7 +9,7 @@ import threading
 import attrs
 
 from ..mailbox_watch import MailboxWatch
-from ..placements import HostRow
+from ..placements import Claim, HostRow
 from ..values import SessionId, check_session_id
 
 __all__ = ["MemoryPlacements"]
@@ -20,6 +20,7 @@ class _Shared:
     lock: threading.Lock = attrs.field(factory=threading.Lock)
     order: itertools.count[int] = attrs.field(factory=itertools.count)
     queue: dict[str, tuple[int, str | None]] = attrs.field(factory=dict)  # id -> (order, claimed_by)
+    attempts: dict[str, int] = attrs.field(factory=dict)  # id -> claims so far
     hosts: dict[str, HostRow] = attrs.field(factory=dict)
     watches: list[MailboxWatch] = attrs.field(factory=list)
 
@@ -45,12 +46,14 @@ class MemoryPlacements:
         for watch in watches:
             watch.signal()
 
-    def claim(self, limit: int) -> list[SessionId]:
+    def claim(self, limit: int) -> list[Claim]:
         with self._shared.lock:
             free = sorted((order, sid) for sid, (order, by) in self._shared.queue.items() if by is None)
-            taken = [SessionId(sid) for _, sid in free[: max(limit, 0)]]
-            for sid in taken:
+            taken = []
+            for _, sid in free[: max(limit, 0)]:
                 self._shared.queue[sid] = (self._shared.queue[sid][0], self.host_id)
+                attempt = self._shared.attempts[sid] = self._shared.attempts.get(sid, 0) + 1
+                taken.append(Claim(SessionId(sid), attempt))
             return taken
 
     def finish(self, session_id: str) -> None:
@@ -58,6 +61,7 @@ class MemoryPlacements:
             entry = self._shared.queue.get(session_id)
             if entry is not None and entry[1] == self.host_id:
                 del self._shared.queue[session_id]
+                self._shared.attempts.pop(session_id, None)
 
     def unclaim(self, session_id: str) -> None:
         with self._shared.lock:
