@@ -363,7 +363,8 @@ def test_a_lost_owner_connection_lets_another_host_take_over_and_fences_the_old_
     a, b = make(), make()
     old = a.create(header("s1"))
     a.append(old, [batch(0, 1)])
-    db.execute("SELECT pg_terminate_backend(%s)", (a.owner_backend_pid,))
+    # Terminated, waiting (at most 10 s) until its server process has exited: its lock is gone.
+    assert db.execute("SELECT pg_terminate_backend(%s, 10000)", (a.owner_backend_pid,)).fetchone() == (True,)
     new = b.open_write("s1")
     assert new.impl.epoch == old.impl.epoch + 1
     b.append(new, [batch(1, 2)])
