@@ -8,7 +8,8 @@ storage `append` (one fsync) in one thread hop, and only then is every request i
 acknowledged and every event folded into the projection cells — so a live snapshot costs no log
 read and never shows an event that is not durable. A request that fails its own checks (a stale
 expected seq, an invalid event) fails alone; a failed write fails its whole group, and a dead
-handle stops the actor. Any other request waits for the appends queued before it.
+handle stops the actor — as does `OwnershipLost` (another host took the session's lease: never
+retried, the new owner writes now). Any other request waits for the appends queued before it.
 
 The thread hop is never abandoned: a cancelled actor still waits for its fsync before it stops,
 then fails everything pending with `ActorStopped`.
@@ -29,6 +30,7 @@ from subagents.storage import (
     InvalidEvent,
     LogStore,
     Offset,
+    OwnershipLost,
     ProjectionCells,
     SequenceConflict,
     StorageError,
@@ -209,6 +211,7 @@ class SessionActor:
         self._seed = list(seed)
         self.finished = trio.Event()
         self._died = False
+        self._dead_reason = "stopped: its log handle is dead"  # said once the handle is dead
         self._in_storage = False  # a worker thread is using the handle
         self.now_ms = now_ms
         self.batch_limit = batch_limit
@@ -257,7 +260,7 @@ class SessionActor:
             log.exception("session %r: its actor died", self.handle.session_id)
             self._died = True
         finally:
-            reason = "stopped" if self.handle.dead is None else "stopped: its log handle is dead"
+            reason = "stopped" if self.handle.dead is None else self._dead_reason
             if self._died:
                 reason = "stopped: its actor died (see the log)"
             if self._in_storage:
@@ -314,7 +317,7 @@ class SessionActor:
 
     def _refuse(self, requests: Iterable[Request[Any]]) -> None:
         for request in requests:
-            request.reply.fail(ActorStopped(self.mailbox.name, "stopped: its log handle is dead"))
+            request.reply.fail(ActorStopped(self.mailbox.name, self._dead_reason))
 
     async def _commit(self, group: list[_Append]) -> None:
         if not group:
@@ -354,8 +357,11 @@ class SessionActor:
             except StorageError as exc:
                 for request, _ in accepted:
                     request.reply.fail(_own_copy(exc))  # one error object per waiting task
-                if isinstance(exc, HandleDead) or handle.dead is not None:
-                    self.mailbox.close("stopped: its log handle is dead")
+                if isinstance(exc, OwnershipLost):
+                    self._dead_reason = f"stopped: ownership lost (epoch {exc.epoch})"
+                    self.mailbox.close(self._dead_reason)
+                elif isinstance(exc, HandleDead) or handle.dead is not None:
+                    self.mailbox.close(self._dead_reason)
                 return
             self.fsyncs += 1
             durable = list(seed)

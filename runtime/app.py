@@ -31,6 +31,7 @@ from .delegation.options import ChildModel
 from .delegation.service import SubagentService
 from .delegation.units import SUBAGENT_UNITS
 from .ids import IdFactory, RandomIds
+from .lease_renewal import renew_leases
 from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
@@ -134,6 +135,7 @@ async def open_runtime(
             # wrapped in an ExceptionGroup (agents never raise out of their tasks).
             body_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(renew_leases, logs)  # a PostgreSQL store's leases (none: returns)
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
 
                 shared = workspace_tools(os.fspath(workspace)) if workspace is not None else []

@@ -38,6 +38,7 @@ from .errors import InvalidRange as InvalidRange
 from .errors import InvalidSessionId as InvalidSessionId
 from .errors import InvalidStoreUrl as InvalidStoreUrl
 from .errors import NonLosslessData as NonLosslessData
+from .errors import OwnershipLost as OwnershipLost
 from .errors import PersistenceFailed as PersistenceFailed
 from .errors import ProjectionBroken as ProjectionBroken
 from .errors import SequenceConflict as SequenceConflict

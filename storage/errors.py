@@ -30,6 +30,7 @@ once, where storage meets them; nothing else leaks out of the public API.
     ├── SequenceConflict          STORAGE_SEQUENCE_CONFLICT
     ├── HandleClosed              STORAGE_HANDLE_CLOSED
     ├── HandleDead                STORAGE_HANDLE_DEAD
+    ├── OwnershipLost             STORAGE_OWNERSHIP_LOST         (a stale writer's lease epoch: nothing written)
     ├── UnsafePath                STORAGE_UNSAFE_PATH            (a planted symlink, a non-folder)
     ├── PersistenceFailed         STORAGE_PERSISTENCE_FAILED     (an OSError)
     ├── CorruptLog                STORAGE_CORRUPT_LOG            (names session and seq or offset)
@@ -68,6 +69,7 @@ __all__ = [
     "InvalidSessionId",
     "InvalidStoreUrl",
     "NonLosslessData",
+    "OwnershipLost",
     "PersistenceFailed",
     "SequenceConflict",
     "SessionAlreadyExists",
@@ -176,6 +178,21 @@ class HandleDead(StorageError):
             "reopen the session to validate what reached the disk"
         )
         self.session_id = session_id
+
+
+class OwnershipLost(StorageError):
+    """The writer's lease on the session (PostgreSQL store, SPEC §9) is no longer its own: another
+    host took it over, with a higher epoch. Nothing was written; the handle never writes again."""
+
+    code = "STORAGE_OWNERSHIP_LOST"
+
+    def __init__(self, session_id: str, epoch: int) -> None:
+        super().__init__(
+            f"session {session_id!r}: ownership lost: its lease (epoch {epoch}) was taken over by another "
+            "writer; nothing was written"
+        )
+        self.session_id = session_id
+        self.epoch = epoch
 
 
 class UnsafePath(StorageError):

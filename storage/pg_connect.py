@@ -1,19 +1,17 @@
-"""Connections to the PostgreSQL store: URL checks, a small bounded pool, the owner connection.
+"""Connections to the PostgreSQL store: URL checks, a small bounded pool.
 
 psycopg 3 (synchronous) is imported here, lazily, the first time a store opens: a runtime on the
 file store never loads it. Every connection is in autocommit mode, so one statement is one
 transaction unless a caller opens a block (`conn.transaction()`), and carries the application
-name `subagents <pid>@<host>`: `held_elsewhere` tells this process's locks from another's by it.
+name `subagents <pid>@<host>` (what `pg_stat_activity` shows an operator).
 
 `Pool` hands out at most `size` connections, reusing idle ones; a connection a failure left
-broken is discarded, never handed out again. `Owner` is one dedicated connection per store that
-holds the session-level advisory locks standing for write handles (PostgreSQL releases them when
-the connection ends, as the kernel releases a flock when a process dies).
+broken is discarded, never handed out again. Each store also keeps one dedicated connection of
+its own, the owner connection that holds its host's liveness lock (pg_leases).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import threading
@@ -27,7 +25,7 @@ from .errors import InvalidStoreUrl, StoreUnreachable
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Owner", "Pool", "application_name", "check_url", "lock_key", "redact"]
+__all__ = ["Pool", "application_name", "check_url", "close_quietly", "connect", "redact"]
 
 SCHEMES = ("postgresql", "postgres")
 
@@ -74,12 +72,6 @@ def check_url(url: object) -> str:
 def application_name() -> str:
     """This process among the store's clients (at most 63 bytes, PostgreSQL's limit)."""
     return f"subagents {os.getpid()}@{socket.gethostname()}"[:63]
-
-
-def lock_key(session_id: str) -> int:
-    """The advisory lock key (a signed 64-bit int) standing for a session's write handle."""
-    digest = hashlib.blake2b(session_id.encode("utf-8"), digest_size=8, person=b"subagents-own").digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -130,7 +122,7 @@ class Pool:
                         stale = []
                         self._idle.append(conn)
                 for old in stale:
-                    _close_quietly(old)
+                    close_quietly(old)
         finally:
             self._slots.release()
 
@@ -139,85 +131,11 @@ class Pool:
             self._closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
-            _close_quietly(conn)
+            close_quietly(conn)
 
 
-class Owner:
-    """The connection holding this store's advisory locks, one per write handle's session.
-
-    Advisory locks are re-entrant within one connection, so the ids this store holds are also
-    kept here: a second claim by the same store is refused like one from elsewhere. If the
-    connection is lost its locks are gone with it, unnoticed by the handles until fencing
-    (lease epochs checked by every append, SPEC §9) is built; meanwhile every append's seq
-    check keeps two writers from interleaving silently. `incarnation` counts connections, so
-    closing a handle never unlocks a key on a connection that did not take it."""
-
-    def __init__(self, url: str, app: str) -> None:
-        self.url = url
-        self.app = app
-        self._conn: psycopg.Connection[Any] | None = None
-        self._lock = threading.Lock()
-        self._held: dict[str, int] = {}  # session id -> lock key
-        self.incarnation = 0
-
-    def _connection(self) -> psycopg.Connection[Any]:
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            if conn is not None:
-                _close_quietly(conn)
-                self._held.clear()  # the server released them with the connection
-            conn = self._conn = connect(self.url, self.app)
-            self.incarnation += 1
-        return conn
-
-    def try_lock(self, session_id: str) -> int | None:
-        """The incarnation holding the new lock, or None when it is held (here or elsewhere)."""
-        with self._lock:
-            if session_id in self._held:
-                return None
-            key = lock_key(session_id)
-            import psycopg
-
-            try:
-                row = self._connection().execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-            except psycopg.OperationalError:
-                if self._conn is None or not (self._conn.broken or self._conn.closed):
-                    raise
-                # The connection was gone (a restart, a terminated backend) and its locks with
-                # it: take this one on a new connection.
-                row = self._connection().execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-            if not (row and row[0]):
-                return None
-            self._held[session_id] = key
-            return self.incarnation
-
-    def unlock(self, session_id: str, incarnation: int) -> None:
-        with self._lock:
-            key = self._held.pop(session_id, None)
-            conn = self._conn
-            if key is None or incarnation != self.incarnation or conn is None or conn.closed:
-                return
-            import psycopg
-
-            try:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-            except psycopg.Error:
-                pass  # a lost connection released every lock it held
-
-    @property
-    def backend_pid(self) -> int | None:
-        conn = self._conn
-        return None if conn is None or conn.closed else conn.info.backend_pid
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                _close_quietly(self._conn)
-                self._conn = None
-            self._held.clear()
-
-
-def _close_quietly(conn: psycopg.Connection[Any]) -> None:
+def close_quietly(conn: psycopg.Connection[Any]) -> None:
+    """Close `conn`, ignoring a failure (it failed already)."""
     try:
         conn.close()
     except Exception:  # closing a connection that already failed: nothing more to learn

@@ -25,7 +25,13 @@ Version 2 adds the mailbox (pg_mailbox):
 - `mailbox_rejected`: rows a drain found holding no valid envelope, moved here whole with the
   reason, under a name free in the session (`<delivery_id>`, else `~1`, `~2`, …, as `rejected/`).
 
-Leases, hosts and placements (SPEC §9) come with the issues that use them.
+Version 3 adds leases with fencing (pg_leases), hosts and placements (SPEC §9):
+- `leases`: one row per session ever claimed: its writer (`owner`, a host id), the writer's
+  `epoch` (grows by one at every takeover, never goes back: releasing only expires the row) and
+  `expires_at` (the database clock). Every append checks owner and epoch in its transaction.
+- `hosts`: one row per store that has claimed a session (or registered as a serving host): when
+  it started, its capacity, its last lease renewal, its process id and machine.
+- `placements`: background children waiting for a serving host to claim them (issue 19).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from .errors import UnsupportedLog
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _MIGRATION_LOCK = 0x5355_4241_4745_4E54  # "SUBAGENT": one key for every store's migration
 
 _V1 = [
@@ -96,8 +102,32 @@ _V2 = [
     )""",
 ]
 
+_V3 = [
+    """CREATE TABLE leases (
+        session_id text PRIMARY KEY,
+        owner text NOT NULL,
+        epoch bigint NOT NULL,
+        expires_at timestamptz NOT NULL
+    )""",
+    "CREATE INDEX leases_owner ON leases (owner)",
+    """CREATE TABLE hosts (
+        id text PRIMARY KEY,
+        started_at timestamptz,
+        capacity integer,
+        renewed_at timestamptz,
+        pid integer,
+        hostname text
+    )""",
+    """CREATE TABLE placements (
+        session_id text PRIMARY KEY,
+        claimed_by text,
+        claimed_at timestamptz,
+        enqueued_at timestamptz NOT NULL DEFAULT now()
+    )""",
+]
+
 # version -> the statements that bring the version before it to this one (0: an empty database)
-MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2}
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}
 
 
 def ensure_schema(conn: Any) -> int:

@@ -1,21 +1,28 @@
 """`PostgresLogStore`: session logs as rows of a PostgreSQL database (SPEC §9; schema: pg_schema).
 
 Theory of operation. The store speaks the `LogStore` contract of the file store, synchronously,
-from worker threads, over a small pool of autocommit connections (pg_connect). `create` and
-`open_write` take a session-level advisory lock on the store's owner connection (the flock of the
-file store: released by the server when the connection ends) — a second writer, in this store or
-any other, gets `AlreadyOwned`. The first append publishes: one statement inserts the `sessions`
-row (line 1 exactly) and the batch row together, refused as "already exists" when the row is there.
-Every later append is one statement too: it advances `sessions.event_count` only where it still
-equals the expected seq and inserts the batch row (primary key `(session_id, first_seq)`) in the
-same transaction — a stale seq updates nothing and writes nothing (`SequenceConflict`). A commit
-is durable when PostgreSQL acknowledges it (its own WAL fsync).
+from worker threads, over a small pool of autocommit connections (pg_connect). Each store is a
+host with a lease on every session it writes (pg_leases: the flock of the file store, with
+fencing): `create` and `open_write` take the lease at a new epoch — a second writer, in this store
+or any other, gets `AlreadyOwned` while the holder is alive and its lease unexpired. The first
+append publishes: one statement inserts the `sessions` row (line 1 exactly) and the batch row
+together, refused as "already exists" when the row is there. Every later append is one statement
+too: it advances `sessions.event_count` only where it still equals the expected seq and inserts the
+batch row (primary key `(session_id, first_seq)`) in the same transaction — a stale seq updates
+nothing and writes nothing (`SequenceConflict`). Both are fenced: they first renew the lease where
+owner and epoch are still the handle's, and write only from that update, the batch row recording
+the epoch (`batches.epoch`); a writer whose lease another host took writes nothing, gets
+`OwnershipLost`, and its handle never writes again. A lease that expired but was not taken over
+still lets its holder append (and the append renews it): safety comes from the epoch. A commit is
+durable when PostgreSQL acknowledges it (its own WAL fsync).
 
 A connection lost mid-append leaves the outcome unknown to the client, never half-done: the
 statement is one transaction. The append then asks, on a fresh connection, what the session's
 row says: the batch is there with exactly these bytes → it committed (acknowledged); the count
 still stands at the expected seq → it did not, and it is sent once more. If even that fails, the
-handle is dead (reopen to see what committed), as after a failed fsync in the file store.
+handle is dead (reopen to see what committed), as after a failed fsync in the file store. The
+batch found must carry this handle's epoch to count as committed; a resent statement is fenced
+like the first.
 
 Reads fetch the batch rows they need in one query and decode them with the file form's own line
 decoder (envelopes, seq continuity, known types, payloads), so damage planted in a row is
@@ -23,8 +30,10 @@ reported, located by seq, like damage in a file. `list()`, `stat()`, headers and
 are single queries; a listing judges a session by its header row (rows are written only by
 appends that validated every event), and a read judges the rest.
 
-Seams left for later (SPEC §9): the lease epoch of fencing (`batches.epoch` is written NULL; the
-append statement is where the lease check joins), the mailbox, hosts and placements.
+`renew_leases` (run by the runtime every `lease_renew_interval`) extends every lease in one
+statement and marks the handles whose lease was lost: their next append raises `OwnershipLost`
+without a query. `held_elsewhere` (listing's `running`) names the sessions another live host holds
+an unexpired lease on.
 """
 
 from __future__ import annotations
@@ -33,16 +42,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import attrs
-
 from ._codec import Event
 from ._records import HeaderRecord, encode_header_line
 from .append_check import check_append, check_new_session
 from .errors import (
-    AlreadyOwned,
     CorruptLog,
     HandleClosed,
     InvalidRange,
+    OwnershipLost,
     PersistenceFailed,
     SequenceConflict,
     SessionAlreadyExists,
@@ -54,7 +61,8 @@ from .framing import decode_event_lines, is_seed_marker
 from .index import StoredCheckpoint
 from .log_store import Batch, Handle, ReadHandle, WriteHandle
 from .pg_checkpoints import PgCheckpoints
-from .pg_connect import Owner, Pool, check_url, lock_key, redact
+from .pg_connect import Pool, check_url, redact
+from .pg_leases import Leases, LeaseState, new_host_id
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
 from .pg_schema import ensure_schema
 from .projection import CheckpointRow
@@ -70,20 +78,28 @@ log = logging.getLogger(__name__)
 COMPRESS_ABOVE = 1024
 
 
-@attrs.define(eq=False)
-class _WriteState:
-    incarnation: int  # of the owner connection that took this handle's lock
-
-
 class PostgresLogStore:
     """The `LogStore` contract on PostgreSQL (`url`: `postgresql://...`); `pool_size` connections
-    at most, plus one that holds the write handles' locks."""
+    at most, plus the owner connection that holds the host's liveness lock. `host_id` names this
+    store among the hosts sharing the database (default: a fresh ULID); its leases last
+    `lease_ttl` seconds past each renewal, due every `lease_renew_interval` (default ttl / 3)."""
 
-    def __init__(self, url: str, *, pool_size: int = 4, compress_above: int = COMPRESS_ABOVE) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 4,
+        compress_above: int = COMPRESS_ABOVE,
+        host_id: str | None = None,
+        lease_ttl: float = 15.0,
+        lease_renew_interval: float | None = None,
+    ) -> None:
         self.url = check_url(url)
         self.compress_above = compress_above
+        host_id, lease_ttl, lease_renew_interval = _lease_options(host_id, lease_ttl, lease_renew_interval)
+        self.lease_renew_interval = lease_renew_interval
         self._pool = Pool(url, size=pool_size)
-        self._owner = Owner(url, self._pool.app)
+        self._leases = Leases(url, self._pool.app, host_id=host_id, ttl=lease_ttl)
         self._checkpoints = PgCheckpoints(self._pool)
         # id -> (what its row said, the listing row made from it); replaced whole by `list()`
         self._infos: dict[str, tuple[tuple[Any, ...], LogInfo]] = {}
@@ -103,12 +119,12 @@ class PostgresLogStore:
 
     def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
         sid = check_new_session(header, inherited_event_count)
-        incarnation = self._claim(sid)
+        lease = self._leases.acquire(sid)
         try:
             if self._query_one(sid, "create", "SELECT 1 FROM sessions WHERE id = %s", (sid,)) is not None:
                 raise SessionAlreadyExists(sid)
-        except BaseException:  # the lock released if the claim fails (re-raised)
-            self._owner.unlock(sid, incarnation)
+        except BaseException:  # the lease released if the claim fails (re-raised)
+            self._leases.release(lease)
             raise
         return WriteHandle(
             session_id=sid,
@@ -116,23 +132,12 @@ class PostgresLogStore:
             inherited_event_count=inherited_event_count,
             next_seq=Offset(0),
             published=False,
-            impl=_WriteState(incarnation),
+            impl=lease,
         )
-
-    def _claim(self, sid: SessionId) -> int:
-        try:
-            incarnation = self._owner.try_lock(sid)
-        except StorageError:
-            raise
-        except Exception as exc:  # psycopg.Error on the owner connection
-            raise PersistenceFailed(f"session {sid!r}: taking the write lock failed: {_line(exc)}") from None
-        if incarnation is None:
-            raise AlreadyOwned(sid)
-        return incarnation
 
     def open_write(self, session_id: str) -> WriteHandle:
         sid = check_session_id(session_id)
-        incarnation = self._claim(sid)
+        lease = self._leases.acquire(sid)
         try:
             row = self._query_one(
                 sid,
@@ -146,8 +151,8 @@ class PostgresLogStore:
             record = header_record(sid, row[1])
             if row[5] != row[2]:
                 raise CorruptLog(sid, f"its batches hold {row[5]} events but the session row counts {row[2]}")
-        except BaseException:  # the lock released if the claim fails (re-raised)
-            self._owner.unlock(sid, incarnation)
+        except BaseException:  # the lease released if the claim fails (re-raised)
+            self._leases.release(lease)
             raise
         return WriteHandle(
             session_id=sid,
@@ -156,7 +161,7 @@ class PostgresLogStore:
             next_seq=Offset(row[2]),
             published=True,
             end_offset=row[2],
-            impl=_WriteState(incarnation),
+            impl=lease,
         )
 
     def open_read(self, session_id: str) -> ReadHandle:
@@ -171,14 +176,44 @@ class PostgresLogStore:
         if handle.closed:
             return
         handle.closed = True
-        state = handle.impl
-        if isinstance(state, _WriteState):
-            self._owner.unlock(handle.session_id, state.incarnation)
+        lease = handle.impl
+        if isinstance(lease, LeaseState):
+            self._leases.release(lease)  # expired, kept (epochs only grow), notified
+
+    # --- leases (pg_leases) ---
+
+    @property
+    def host_id(self) -> str:
+        """This store's name among the hosts sharing the database (`leases.owner`)."""
+        return self._leases.host_id
+
+    def register_host(self, capacity: int | None = None) -> None:
+        """Write this host's `hosts` row (with `capacity`) and take its liveness lock now; a
+        store does so by itself when it first claims a session."""
+        self._leases.register(capacity)
+
+    def renew_leases(self) -> frozenset[SessionId]:
+        """Extend every lease this store holds, in one statement (and the host's `renewed_at`);
+        returns the sessions found lost, whose handles' next append raises `OwnershipLost`.
+        `PersistenceFailed` or `StoreUnreachable` when the database cannot be reached."""
+        return self._leases.renew()
+
+    def _lost(self, handle: WriteHandle, lease: LeaseState) -> OwnershipLost:
+        lease.lost = True
+        handle.dead = f"ownership lost (epoch {lease.epoch})"
+        return OwnershipLost(handle.session_id, lease.epoch)
 
     # --- appending ---
 
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
         sid = handle.session_id
+        lease = handle.impl
+        assert isinstance(lease, LeaseState), "a write handle of this store"
+        if not handle.closed:
+            if lease.lost:
+                raise self._lost(handle, lease)
+            if self._leases.closed:
+                raise PersistenceFailed(f"session {sid!r}: append failed: the store is closed")
         checked = check_append(handle, batches)
         if checked is None:
             return handle.next_seq
@@ -194,6 +229,9 @@ class PostgresLogStore:
             "z": compressed,
             "size": len(payload),
             "time": events[-1].time,
+            "me": self._leases.host_id,
+            "epoch": lease.epoch,
+            "ttl": self._leases.ttl,
         }
         if handle.published:
             statement = _APPEND
@@ -270,13 +308,21 @@ class PostgresLogStore:
                 self._refuse(conn, handle, args)
 
     def _refuse(self, conn: Any, handle: WriteHandle, args: dict[str, Any]) -> None:
-        """Nothing was written: say why (the session exists already, or its count moved)."""
+        """Nothing was written: say why (the lease is another's, the session exists already,
+        or its count moved)."""
         sid = handle.session_id
-        row = conn.execute("SELECT event_count FROM sessions WHERE id = %s", (sid,)).fetchone()
+        row = conn.execute(
+            "SELECT (SELECT event_count FROM sessions WHERE id = %(id)s), "
+            "EXISTS (SELECT 1 FROM leases WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s)",
+            args,
+        ).fetchone()
+        count, ours = row
+        if not ours:
+            assert isinstance(handle.impl, LeaseState)
+            raise self._lost(handle, handle.impl)
         if not handle.published:
             raise SessionAlreadyExists(sid)
-        actual = row[0] if row is not None else 0
-        raise SequenceConflict(sid, expected=args["first"], actual=actual)
+        raise SequenceConflict(sid, expected=args["first"], actual=count or 0)
 
     def _resolve(self, handle: WriteHandle, args: dict[str, Any]) -> str:
         """After a lost connection: "committed" (the very batch is there), "absent" (the count
@@ -287,7 +333,7 @@ class PostgresLogStore:
         try:
             with self._pool.connection() as conn:
                 row = conn.execute(
-                    "SELECT s.event_count, b.data FROM sessions s "
+                    "SELECT s.event_count, b.data, b.epoch FROM sessions s "
                     "LEFT JOIN batches b ON b.session_id = s.id AND b.first_seq = %s WHERE s.id = %s",
                     (args["first"], sid),
                 ).fetchone()
@@ -295,8 +341,13 @@ class PostgresLogStore:
             return "unknown"
         if row is None:
             return "absent" if not handle.published else "unknown"
-        count, data = row
-        if data is not None and bytes(data) == args["data"] and count >= args["first"] + args["n"]:
+        count, data, epoch = row
+        if (
+            data is not None
+            and bytes(data) == args["data"]
+            and epoch == args["epoch"]
+            and count >= args["first"] + args["n"]
+        ):
             return "committed"
         if count == args["first"] and data is None:
             return "absent"
@@ -416,43 +467,34 @@ class PostgresLogStore:
         return log_info(row)
 
     def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
-        """The ids whose write lock a client of another process holds now (by its application
-        name; a client of another role, whose name PostgreSQL hides, counts as another process),
-        read from `pg_locks` without taking any lock; empty when that cannot be read."""
+        """The ids another live host (another store, in this process or any other) holds an
+        unexpired lease on — SPEC §9 "Activity across hosts": running there. One query, taking
+        no lock; empty when it cannot be read."""
         import psycopg
 
-        keys: dict[int, str] = {}
+        ids = []
         for session_id in session_ids:
             try:
-                keys[lock_key(check_session_id(session_id))] = session_id
+                ids.append(check_session_id(session_id))
             except StorageError:
                 continue
-        if not keys:
+        if not ids:
             return set()
         try:
             with self._pool.connection() as conn:
-                rows = conn.execute(
-                    "SELECT l.classid::bigint, l.objid::bigint FROM pg_locks l "
-                    "JOIN pg_stat_activity a ON a.pid = l.pid "
-                    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
-                    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                    "AND a.application_name IS DISTINCT FROM %s",
-                    (self._pool.app,),
-                ).fetchall()
+                return self._leases.held_elsewhere(conn, ids)
         except (psycopg.Error, StorageError):
             return set()
-        held = set()
-        for high, low in rows:
-            key = int.from_bytes(((high << 32) | low).to_bytes(8, "big"), "big", signed=True)
-            if key in keys:
-                held.add(keys[key])
-        return held
 
     # --- checkpoints (pg_checkpoints) ---
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         """Store the rows that cover exactly the durable log (seq = the last durable seq),
-        replacing the session's earlier ones. Fail-soft: False when not stored."""
+        replacing the session's earlier ones. Fail-soft: False when not stored (also by a
+        writer whose lease was found lost)."""
+        lease = handle.impl
+        if isinstance(lease, LeaseState) and lease.lost:
+            return False
         return self._checkpoints.write(handle, rows)
 
     def read_checkpoint(
@@ -505,32 +547,53 @@ class PostgresLogStore:
 
     @property
     def owner_backend_pid(self) -> int | None:
-        """The server process holding this store's write locks (tests terminate it)."""
-        return self._owner.backend_pid
+        """The server process holding this host's liveness lock (tests terminate it)."""
+        return self._leases.backend_pid
 
     def close_store(self) -> None:
-        """Close every connection; the write locks go with the owner connection."""
-        self._owner.close()
+        """Release every lease this store holds and its `hosts` row, then close every
+        connection (the liveness lock goes with the owner connection). A handle left open
+        appends no more."""
+        self._leases.close()
         self._pool.close()
 
 
-_PUBLISH = (
-    "WITH s AS (INSERT INTO sessions (id, header, created_at, parent_session, origin, is_seeded, "
-    "inherited_event_count, delegation_depth, event_count, last_time, byte_size) VALUES (%(id)s, %(header)s, "
-    "%(created_at)s, %(parent)s, %(origin)s, %(seeded)s, %(k)s, %(depth)s, %(n)s, %(time)s, %(size)s) "
-    "ON CONFLICT (id) DO NOTHING RETURNING id) "
-    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
-    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, NULL FROM s"
+# Fencing (SPEC §9): `l` renews the lease only where owner and epoch are still the handle's, and
+# everything else is written only from its row — a stale writer changes nothing.
+_FENCE = (
+    "WITH l AS (UPDATE leases SET expires_at = now() + make_interval(secs => %(ttl)s) "
+    "WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s RETURNING session_id), "
 )
 
-# The fencing of SPEC §9 joins here: a CTE updating `leases` where owner and epoch still match,
-# and the batch inserted only from it.
-_APPEND = (
-    "WITH s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
-    "last_time = %(time)s WHERE id = %(id)s AND event_count = %(first)s RETURNING id) "
+_PUBLISH = (
+    _FENCE + "s AS (INSERT INTO sessions (id, header, created_at, parent_session, origin, is_seeded, "
+    "inherited_event_count, delegation_depth, event_count, last_time, byte_size) SELECT session_id, %(header)s, "
+    "%(created_at)s, %(parent)s, %(origin)s, %(seeded)s, %(k)s, %(depth)s, %(n)s, %(time)s, %(size)s FROM l "
+    "ON CONFLICT (id) DO NOTHING RETURNING id) "
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
-    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, NULL FROM s"
+    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
+
+_APPEND = (
+    _FENCE + "s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
+    "last_time = %(time)s WHERE id = (SELECT session_id FROM l) AND event_count = %(first)s RETURNING id) "
+    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
+    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
+)
+
+
+def _lease_options(host_id: object, ttl: object, interval: object) -> tuple[str, float, float]:
+    """The checked lease options (`ValueError` for a caller's mistake)."""
+    if host_id is None:
+        host_id = new_host_id()
+    if type(host_id) is not str or not host_id or len(host_id) > 200 or not host_id.isprintable():
+        raise ValueError(f"host_id must be a non-empty printable str of at most 200 characters, got {host_id!r}")
+    seconds = []
+    for name, value in (("lease_ttl", ttl), ("lease_renew_interval", ttl if interval is None else interval)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e7:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        seconds.append(float(value))
+    return host_id, seconds[0], seconds[1] if interval is not None else seconds[0] / 3
 
 
 def _line(exc: BaseException) -> str:

@@ -145,6 +145,7 @@ class _Raises:
         (runtime_errors.NoModel("no model"), ("AgentError", "NO_MODEL")),
         (runtime_errors.OptionsNotReapplied("no route"), ("AgentError", "NOT_RESUMABLE")),
         (storage_errors.CorruptLog("s", "torn", seq=3), ("CorruptLog", "STORAGE_CORRUPT_LOG")),
+        (storage_errors.OwnershipLost("s", 3), ("OwnershipLost", "STORAGE_OWNERSHIP_LOST")),
         (runtime_errors.ToolFailure("nope", code="MY_CODE", name="MyError"), ("MyError", "MY_CODE")),
         (runtime_errors.ToolFailure("nope", code="MY_CODE"), ("ToolFailure", "MY_CODE")),
         (OSError("a tool's own IO error"), ("OSError", "TOOL_FAILED")),

@@ -406,13 +406,15 @@ def test_ownership_spans_store_instances_on_one_root(store_factory: StoreFactory
 
 def test_held_elsewhere_takes_no_lock_and_names_only_held_sessions(store_factory: StoreFactory) -> None:
     """`held_elsewhere` reads who holds a lock without taking it. A writer of another store
-    instance is elsewhere for the memory store (it has no processes) and not for the file
-    stores (the same process: tests/storage/test_locks.py holds one from another process);
-    a closed handle, an unknown id or an invalid one is never held."""
+    instance is elsewhere for the memory store (it has no processes) and the PostgreSQL store
+    (each store is a host with leases of its own), and not for the file stores (the same
+    process: tests/storage/test_locks.py holds one from another process); a closed handle, an
+    unknown id or an invalid one is never held."""
+    from subagents.storage import PostgresLogStore
     from subagents.storage.testing import MemoryLogStore
 
     a, b = store_factory(), store_factory()
-    elsewhere = isinstance(a, MemoryLogStore)
+    elsewhere = isinstance(a, (MemoryLogStore, PostgresLogStore))
     first = a.create(header("s1"))
     assert b.held_elsewhere(["s1", "s2", "nobody", "bad\x01id"]) == ({"s1"} if elsewhere else set())
     a.append(first, [batch(0, 1)])

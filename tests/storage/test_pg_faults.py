@@ -114,7 +114,7 @@ def _wait_for_lock_waiter(db: psycopg.Connection[Any]) -> int:
     while time.monotonic() < deadline:
         row = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE 'WITH s AS (UPDATE sessions%%'"
+            "AND wait_event_type = 'Lock' AND query LIKE 'WITH l AS (UPDATE leases%%'"
         ).fetchone()
         if row is not None:
             return row[0]
@@ -177,7 +177,7 @@ class _CutAfterCommit:
 
     def execute(self, sql: str, params: Any = None) -> Any:
         result = self._conn.execute(sql, params)
-        if sql.startswith("WITH s AS") and not self._cut:
+        if sql.startswith("WITH l AS (UPDATE leases") and not self._cut:
             pid = self._conn.info.backend_pid
             self._cut.append(pid)
             self._db.execute("SELECT pg_terminate_backend(%s)", (pid,))

@@ -25,8 +25,8 @@ from subagents.storage import (
     FileLogStore,
     Lifecycle,
     Offset,
+    OwnershipLost,
     PostgresLogStore,
-    SequenceConflict,
     UnsupportedLog,
     pg_connect,
 )
@@ -94,7 +94,10 @@ def test_a_newer_schema_is_refused_and_left_untouched(make: Factory, db: psycopg
 
 
 def test_stores_starting_at_once_create_one_schema(make: Factory, db: psycopg.Connection[Any]) -> None:
-    db.execute("DROP TABLE IF EXISTS checkpoints, batches, sessions, schema_version, mailbox, mailbox_rejected")
+    db.execute(
+        "DROP TABLE IF EXISTS checkpoints, batches, sessions, schema_version, mailbox, mailbox_rejected, "
+        "leases, hosts, placements"
+    )
     db.execute("DROP SEQUENCE IF EXISTS sessions_generation_seq")
     failures: list[BaseException] = []
     barrier = threading.Barrier(4)
@@ -351,26 +354,38 @@ def test_held_elsewhere_names_the_sessions_another_process_writes(
     assert mine.held_elsewhere(["theirs", "mine"]) == set()
 
 
-def test_a_lost_lock_connection_cannot_make_two_writers_interleave(make: Factory, db: psycopg.Connection[Any]) -> None:
-    """The owner connection holds the write locks; when it is cut (here: terminated) another
-    writer may claim the session, and the old handle's next append is refused by the seq check
-    — nothing of it is written (fencing by lease epochs is the SPEC §9 seam, not built yet)."""
+def test_a_lost_owner_connection_lets_another_host_take_over_and_fences_the_old_writer(
+    make: Factory, db: psycopg.Connection[Any]
+) -> None:
+    """The owner connection holds the host's liveness lock; when it is cut (here: terminated)
+    another host may take the session over at once (epoch + 1), and the old handle's next append
+    is refused by its lease epoch — `OwnershipLost`, nothing of it written, and never again."""
     a, b = make(), make()
     old = a.create(header("s1"))
     a.append(old, [batch(0, 1)])
-    db.execute("SELECT pg_terminate_backend(%s)", (a.owner_backend_pid,))
+    # Terminated, waiting (at most 10 s) until its server process has exited: its lock is gone.
+    assert db.execute("SELECT pg_terminate_backend(%s, 10000)", (a.owner_backend_pid,)).fetchone() == (True,)
     new = b.open_write("s1")
+    assert new.impl.epoch == old.impl.epoch + 1
     b.append(new, [batch(1, 2)])
-    with pytest.raises(SequenceConflict):
+    with pytest.raises(OwnershipLost) as info:
         a.append(old, [batch(1, 3)])
+    assert info.value.session_id == "s1" and info.value.epoch == old.impl.epoch
+    assert f"epoch {old.impl.epoch}" in info.value.message
+    with pytest.raises(OwnershipLost):
+        a.append(old, [batch(1, 3)])  # the handle never writes again
     assert read_all(b, "s1") == turns(0, 2)
+    assert db.execute("SELECT first_seq, epoch FROM batches ORDER BY first_seq").fetchall() == [
+        (0, old.impl.epoch),
+        (1, new.impl.epoch),
+    ]
     assert a.read(old) == turns(0, 1) and a.read_after(old, 1, 1) == []  # the old writer's view: its own
-    fresh = a.create(header("s2"))  # the store takes locks again, on a new connection
+    fresh = a.create(header("s2"))  # the store takes its liveness lock again, on a new connection
     with pytest.raises(AlreadyOwned):
-        a.open_write("s1")  # ... and B's lock is real
+        a.open_write("s1")  # ... and B's lease is real
     b.close(new)
-    a.close(old)
+    a.close(old)  # releases nothing: the lease is B's
     again = a.open_write("s1")
-    assert again.next_seq == 2
+    assert again.next_seq == 2 and again.impl.epoch == new.impl.epoch + 1
     a.close(again)
     a.close(fresh)

@@ -1,0 +1,41 @@
+"""Lease renewal: the task that keeps a PostgreSQL store's leases alive (SPEC §9, storage/pg_leases.py).
+
+`open_runtime` starts `renew_leases` in its nursery when its log store has `renew_leases` (the
+file store has none: its flocks need no renewal). Every `lease_renew_interval` seconds it renews
+all the store's leases in one statement, in a worker thread. Sessions found lost (another host
+took them over: this host was paused or cut off past its ttl) are logged; their actors stop at
+their next append (`OwnershipLost`). A failed renewal is logged and tried again at the next
+interval: the leases last a ttl, three intervals by default.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+from subagents.storage import StorageError
+
+__all__ = ["renew_leases"]
+
+log = logging.getLogger(__name__)
+
+
+async def renew_leases(store: Any) -> None:
+    """Renew `store`'s leases every `store.lease_renew_interval` seconds until cancelled; returns
+    at once for a store without leases."""
+    renew = getattr(store, "renew_leases", None)
+    if renew is None:
+        return
+    interval = float(store.lease_renew_interval)  # any store with leases has it
+    while True:
+        await trio.sleep(interval)
+        try:
+            # Abandoned if the runtime closes meanwhile: a renewal stuck on the network must not
+            # hold the shutdown (the store closes its leases itself, under the same lock).
+            lost = await trio.to_thread.run_sync(renew, abandon_on_cancel=True)
+        except StorageError as exc:
+            log.warning("renewing the store's leases failed (tried again in %.1f s): %s", interval, exc)
+            continue
+        for session_id in sorted(lost):
+            log.warning("session %r: its lease was taken over by another host; it stops at its next append", session_id)

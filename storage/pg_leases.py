@@ -1,0 +1,286 @@
+"""Leases with fencing on the PostgreSQL store (SPEC §9): which host writes a session, in which epoch.
+
+Theory of operation. Every `PostgresLogStore` is a *host*, named by its host id (a fresh ULID
+unless given; host ids must be unique among the stores sharing a database). A write handle stands
+for a row of `leases`: `(session_id, owner = a host id, epoch, expires_at)`, timestamps from the
+database clock. Taking a session (`acquire`, one statement) inserts its lease at epoch 1, or takes
+the row over — owner = this host, epoch + 1, a fresh expiry — only when the row has expired, or its
+owner is not alive, or its owner is this very host (which holds no open handle on it: the store
+checks that first, without a query). Otherwise: `AlreadyOwned`.
+
+Host liveness is one session-level advisory lock per host, keyed by its id
+(`hashtextextended(id, _SEED)`), held by the store's *owner connection* for the store's
+lifetime: PostgreSQL frees it when that connection ends, so a killed process's sessions can be
+taken at once, while a paused one keeps them until its leases expire. Every lease statement runs
+on the owner connection, one at a time (a lock): a lost owner connection is found by the next
+statement and replaced (the liveness lock and the `hosts` row taken again) before it is retried
+once.
+
+Fencing is in the append statements of pg_store: they update the lease only where owner and epoch
+are still this handle's (renewing it), and write the batch only from that update — a stale writer
+writes nothing and learns `OwnershipLost`. Deliberately, a lease that expired but that no other
+host took over (same owner, same epoch) still lets its holder append, and the append renews it:
+safety comes from the epoch, not from the clock, so a slow renewal never stops a session nobody
+else wanted. Releasing (closing a handle) expires the row but keeps it, so epochs only grow, and
+notifies channel `subagents_lease` with the session id. `renew` extends every held lease in one
+statement and reports the ones found lost; `held_elsewhere` (listing's `running`) is an unexpired
+lease of another live host: exactly the leases `acquire` would refuse to take.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+
+from .envelope import new_delivery_id
+from .errors import AlreadyOwned, PersistenceFailed, StorageError
+from .pg_connect import close_quietly, connect
+from .values import SessionId
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "new_host_id"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LEASE_CHANNEL = "subagents_lease"  # NOTIFY'd with the session id when a lease is released
+_SEED = 0x5355_4241  # "SUBA": the seed of the liveness lock keys (hashtextextended)
+
+# The liveness keys held now (advisory locks of this database, bigint form), computed once per
+# statement: `hashtextextended(owner, seed) IN (SELECT key FROM live)` tells a live host.
+_LIVE = (
+    "live AS MATERIALIZED (SELECT (k.classid::bigint << 32) | k.objid::bigint AS key FROM pg_locks k "
+    "WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1 "
+    "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+)
+_EXPIRY = "now() + make_interval(secs => %(ttl)s)"
+
+_ACQUIRE = (
+    f"WITH {_LIVE} INSERT INTO leases AS l (session_id, owner, epoch, expires_at) "
+    f"VALUES (%(id)s, %(me)s, 1, {_EXPIRY}) "
+    "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1, "
+    "expires_at = excluded.expires_at "
+    "WHERE l.expires_at <= now() OR l.owner = %(me)s "
+    f"OR hashtextextended(l.owner, {_SEED}) NOT IN (SELECT key FROM live) "
+    "RETURNING epoch"
+)
+_RELEASE = (
+    "WITH r AS (UPDATE leases l SET expires_at = least(l.expires_at, now()) "
+    "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS h (sid, epoch) "
+    "WHERE l.session_id = h.sid AND l.owner = %(me)s AND l.epoch = h.epoch RETURNING l.session_id) "
+    f"SELECT pg_notify('{LEASE_CHANNEL}', session_id) FROM r"
+)
+_RENEW = (
+    "WITH h AS (UPDATE hosts SET renewed_at = now() WHERE id = %(me)s) "
+    f"UPDATE leases l SET expires_at = {_EXPIRY} "
+    "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held (sid, epoch) "
+    "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
+)
+_REGISTER = (
+    "INSERT INTO hosts (id, started_at, capacity, renewed_at, pid, hostname) "
+    "VALUES (%(me)s, now(), %(capacity)s, now(), %(pid)s, %(hostname)s) "
+    "ON CONFLICT (id) DO UPDATE SET capacity = excluded.capacity, renewed_at = now(), pid = excluded.pid, "
+    "hostname = excluded.hostname"
+)
+_HELD_ELSEWHERE = (
+    f"WITH {_LIVE} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
+    f"AND expires_at > now() AND hashtextextended(owner, {_SEED}) IN (SELECT key FROM live)"
+)
+
+
+def new_host_id() -> str:
+    """A fresh host id: a ULID (sorts by start time)."""
+    return new_delivery_id(int(time.time() * 1000))
+
+
+@attrs.define(eq=False)
+class LeaseState:
+    """One write handle's lease: its epoch, and whether it was found lost (it never writes again)."""
+
+    session_id: SessionId
+    epoch: int
+    lost: bool = False
+
+
+class Leases:
+    """This host's leases and the owner connection holding its liveness lock. Thread-safe."""
+
+    def __init__(self, url: str, app: str, *, host_id: str, ttl: float) -> None:
+        self.url = url
+        self.app = app
+        self.host_id = host_id
+        self.ttl = ttl
+        self.capacity: int | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+        self._held: dict[str, LeaseState | None] = {}  # None: being acquired
+        self._closed = False
+
+    # --- the owner connection ---
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The owner connection; a new one takes the liveness lock and registers the host."""
+        conn = self._conn
+        if conn is not None and not (conn.closed or conn.broken):
+            return conn
+        if conn is not None:
+            close_quietly(conn)
+            self._conn = None
+        conn = connect(self.url, self.app)
+        try:
+            got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, _SEED))
+            if not got.fetchone()[0]:
+                # Another connection holds it: a lost owner connection whose backend has not
+                # ended yet (it still speaks for this host), or a second store given this id.
+                log.warning("host %s: its liveness lock is held by another connection", self.host_id)
+            conn.execute(_REGISTER, self._register_args())
+        except BaseException:  # a half-made owner connection is not kept (re-raised)
+            close_quietly(conn)
+            raise
+        self._conn = conn
+        return conn
+
+    def _run(self, op: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """`fn` on the owner connection (the caller holds `_lock`); a connection found lost is
+        replaced once — every lease statement is safe to send again."""
+        import psycopg
+
+        try:
+            for attempt in (1, 2):
+                conn = self._connection()
+                try:
+                    return fn(conn)
+                except psycopg.OperationalError:
+                    if attempt == 1 and (conn.closed or conn.broken):
+                        continue
+                    raise
+        except StorageError:
+            raise
+        except psycopg.Error as exc:
+            raise PersistenceFailed(f"host {self.host_id}: {op} failed: {_line(exc)}") from None
+        raise AssertionError("unreachable")
+
+    def register(self, capacity: int | None = None) -> None:
+        """Take the liveness lock and write (or update) this host's `hosts` row now (a store
+        does it by itself when it first takes a lease: read-only commands register nothing)."""
+        with self._lock:
+            self.capacity = capacity
+            self._run("registering the host", lambda c: c.execute(_REGISTER, self._register_args()))
+
+    def _register_args(self) -> dict[str, Any]:
+        return {"me": self.host_id, "capacity": self.capacity, "pid": os.getpid(), "hostname": socket.gethostname()}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process holding the liveness lock (tests terminate it)."""
+        conn = self._conn
+        return None if conn is None or conn.closed else conn.info.backend_pid
+
+    # --- leases ---
+
+    def acquire(self, sid: SessionId) -> LeaseState:
+        """This host's lease on `sid` at a new epoch, or `AlreadyOwned`."""
+        with self._lock:
+            if self._closed:
+                raise PersistenceFailed(f"session {sid!r}: the store is closed")
+            if sid in self._held:
+                raise AlreadyOwned(sid)
+            self._held[sid] = None
+            try:
+                row = self._run(
+                    "taking a lease",
+                    lambda c: c.execute(_ACQUIRE, {"id": sid, "me": self.host_id, "ttl": self.ttl}).fetchone(),
+                )
+            except BaseException:  # nothing taken (re-raised)
+                del self._held[sid]
+                raise
+            if row is None:
+                del self._held[sid]
+                raise AlreadyOwned(sid)
+            state = self._held[sid] = LeaseState(sid, row[0])
+            return state
+
+    def release(self, state: LeaseState) -> None:
+        """Expire the lease (if still this host's) and notify; never raises."""
+        with self._lock:
+            if self._held.get(state.session_id) is state:
+                del self._held[state.session_id]
+            if state.lost or self._closed:
+                return
+            try:
+                self._run("releasing a lease", lambda c: self._release(c, [state]))
+            except StorageError as exc:  # it expires by itself; a dead connection freed the liveness lock
+                log.warning("session %r: lease not released: %s", state.session_id, exc)
+
+    def _release(self, conn: psycopg.Connection[Any], states: Sequence[LeaseState]) -> None:
+        conn.execute(
+            _RELEASE,
+            {"ids": [s.session_id for s in states], "epochs": [s.epoch for s in states], "me": self.host_id},
+        )
+
+    def renew(self) -> frozenset[SessionId]:
+        """Extend every held lease (and this host's `renewed_at`) in one statement; the sessions
+        found no longer this host's are marked lost and returned."""
+        with self._lock:
+            if self._closed or self._conn is None:
+                return frozenset()  # never registered: nothing held
+            states = [s for s in self._held.values() if s is not None and not s.lost]
+            args = {
+                "ids": [s.session_id for s in states],
+                "epochs": [s.epoch for s in states],
+                "me": self.host_id,
+                "ttl": self.ttl,
+            }
+            rows = self._run("renewing leases", lambda c: c.execute(_RENEW, args).fetchall())
+            kept = {row[0] for row in rows}
+            lost = [s for s in states if s.session_id not in kept]
+            for state in lost:
+                state.lost = True
+            return frozenset(s.session_id for s in lost)
+
+    def held_elsewhere(self, conn: psycopg.Connection[Any], ids: Iterable[str]) -> set[str]:
+        """The ids among `ids` another live host holds an unexpired lease on (on `conn`)."""
+        rows = conn.execute(_HELD_ELSEWHERE, {"ids": list(ids), "me": self.host_id}).fetchall()
+        return {row[0] for row in rows}
+
+    def close(self) -> None:
+        """Release every held lease, drop this host's row and end the owner connection (and with
+        it the liveness lock). Never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            states = [s for s in self._held.values() if s is not None and not s.lost]
+            self._held.clear()
+            conn, self._conn = self._conn, None
+            if conn is None or conn.closed:
+                return
+            try:
+                with conn.transaction():
+                    self._release(conn, states)
+                    conn.execute("DELETE FROM hosts WHERE id = %s", (self.host_id,))
+            except (
+                Exception
+            ) as exc:  # psycopg.Error: the leases expire by themselves, the lock goes with the connection
+                log.warning("host %s: leases not released at close: %s", self.host_id, _line(exc))
+            finally:
+                close_quietly(conn)
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
