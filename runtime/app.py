@@ -127,6 +127,11 @@ async def open_runtime(
     registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
     if mailbox is None and owned:
         mailbox = FileMailbox(root)
+    if placements is None and owned:
+        # A store shared by hosts (PostgreSQL) has a placement queue: children may be left to
+        # serving hosts while any serve.
+        make_placements = getattr(logs, "placements", None)
+        placements = make_placements() if make_placements is not None else None
     try:
         async with open_session_store(logs, registry, now_ms=now_ms or clock.now_ms) as sessions:
             query = SessionQuery(logs, sessions, registry, reader=StoreReader(logs))

@@ -31,7 +31,8 @@ Version 3 adds leases with fencing (pg_leases), hosts and placements (SPEC §9):
   `expires_at` (the database clock). Every append checks owner and epoch in its transaction.
 - `hosts`: one row per store that has claimed a session (or registered as a serving host): when
   it started, its capacity, its last lease renewal, its process id and machine.
-- `placements`: background children waiting for a serving host to claim them (issue 19).
+- `placements`: background children waiting for a serving host to claim them, who claimed each
+  and how many times it was claimed (pg_placements).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ _V3 = [
         session_id text PRIMARY KEY,
         claimed_by text,
         claimed_at timestamptz,
+        attempts integer NOT NULL DEFAULT 0,
         enqueued_at timestamptz NOT NULL DEFAULT now()
     )""",
 ]

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._codec import Event
 from ._records import HeaderRecord, encode_header_line
@@ -68,6 +68,9 @@ from .pg_schema import ensure_schema
 from .projection import CheckpointRow
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
 from .zstd_framing import compress_frame
+
+if TYPE_CHECKING:
+    from .pg_placements import PgPlacements
 
 __all__ = ["COMPRESS_ABOVE", "PostgresLogStore"]
 
@@ -100,6 +103,7 @@ class PostgresLogStore:
         self.lease_renew_interval = lease_renew_interval
         self._pool = Pool(url, size=pool_size)
         self._leases = Leases(url, self._pool.app, host_id=host_id, ttl=lease_ttl)
+        self._placements: PgPlacements | None = None
         self._checkpoints = PgCheckpoints(self._pool)
         # id -> (what its row said, the listing row made from it); replaced whole by `list()`
         self._infos: dict[str, tuple[tuple[Any, ...], LogInfo]] = {}
@@ -191,6 +195,15 @@ class PostgresLogStore:
         """Write this host's `hosts` row (with `capacity`) and take its liveness lock now; a
         store does so by itself when it first claims a session."""
         self._leases.register(capacity)
+
+    def placements(self) -> PgPlacements:
+        """The placement queue and host registry of this database, as this host (pg_placements;
+        one per store, sharing its pool and host identity)."""
+        if self._placements is None:
+            from .pg_placements import PgPlacements
+
+            self._placements = PgPlacements(self.url, self._pool, self._leases)
+        return self._placements
 
     def renew_leases(self) -> frozenset[SessionId]:
         """Extend every lease this store holds, in one statement (and the host's `renewed_at`);

@@ -1,0 +1,156 @@
+"""The placement queue and the host registry on PostgreSQL (SPEC §9; the protocol: placements.py).
+
+`placements(session_id pk, claimed_by, claimed_at, enqueued_at)` holds the background children
+waiting for a serving host. `enqueue` inserts a row (nothing if one is there) and notifies
+channel `subagents_placement`; `claim` takes the oldest unclaimed rows with `FOR UPDATE SKIP
+LOCKED` — two hosts claiming at once get different rows, never the same — and marks them with
+this host's id; `finish` deletes a row this host claimed; `unclaim` gives one back.
+
+A claim is an *orphan* when its host is gone: its liveness lock (pg_leases) is free — the
+process died, or its connection did — or its `hosts` row has not been renewed for a lease ttl (a
+paused or partitioned host, whose leases expire in the same time). `reclaim_orphans` makes them
+claimable again in one statement; the child's lease decides who may write it (a paused host that
+comes back finds its epoch taken and stops, pg_store's fencing).
+
+A host serves when its `hosts.capacity` is above 0 (`serve`); `serving_hosts` counts the live
+ones, which is what a host starting a child asks before it leaves the child to them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import PersistenceFailed
+from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
+from .pg_connect import Pool, connect, redact
+from .pg_leases import _LIVE, _SEED, Leases
+from .pg_mailbox_watch import PgMailboxWatch
+from .placements import Claim, HostRow
+from .values import SessionId, check_session_id
+
+__all__ = ["PLACEMENT_CHANNEL", "PgPlacements"]
+
+PLACEMENT_CHANNEL = "subagents_placement"
+
+_ALIVE = f"hashtextextended(%(host)s, {_SEED}) IN (SELECT key FROM live)"
+_ENQUEUE = (
+    "WITH i AS (INSERT INTO placements (session_id) VALUES (%(id)s) ON CONFLICT (session_id) DO NOTHING "
+    f"RETURNING session_id) SELECT pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM i"
+)
+_CLAIM = (
+    "UPDATE placements p SET claimed_by = %(me)s, claimed_at = now(), attempts = p.attempts + 1 FROM ("
+    "SELECT session_id FROM placements WHERE claimed_by IS NULL ORDER BY enqueued_at, session_id "
+    "LIMIT %(n)s FOR UPDATE SKIP LOCKED) c WHERE p.session_id = c.session_id "
+    "RETURNING p.session_id, p.enqueued_at, p.attempts"
+)
+_FINISH = "DELETE FROM placements WHERE session_id = %(id)s AND claimed_by = %(me)s"
+_UNCLAIM = (
+    "WITH u AS (UPDATE placements SET claimed_by = NULL, claimed_at = NULL "
+    "WHERE session_id = %(id)s AND claimed_by = %(me)s RETURNING session_id) "
+    f"SELECT pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
+)
+_RECLAIM = (
+    f"WITH {_LIVE}, u AS (UPDATE placements p SET claimed_by = NULL, claimed_at = NULL "
+    "WHERE p.claimed_by IS NOT NULL AND p.claimed_by <> %(me)s AND ("
+    f"hashtextextended(p.claimed_by, {_SEED}) NOT IN (SELECT key FROM live) "
+    "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
+    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) "
+    "RETURNING p.session_id) "
+    f"SELECT session_id, pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
+)
+_SERVING = (
+    f"WITH {_LIVE} SELECT count(*) FROM hosts h WHERE h.capacity > 0 "
+    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s) "
+    f"AND hashtextextended(h.id, {_SEED}) IN (SELECT key FROM live)"
+)
+_HOSTS = (
+    f"WITH {_LIVE} SELECT h.id, (extract(epoch FROM h.started_at) * 1000)::bigint, coalesce(h.capacity, 0), "
+    "(SELECT count(*) FROM leases l WHERE l.owner = h.id AND l.expires_at > now()), "
+    "(extract(epoch FROM h.renewed_at) * 1000)::bigint, h.pid, h.hostname, "
+    f"hashtextextended(h.id, {_SEED}) IN (SELECT key FROM live) "
+    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s) "
+    "FROM hosts h ORDER BY h.started_at, h.id"
+)
+
+
+class PgPlacements:
+    """One host's view of the placement queue of a PostgreSQL store (made by
+    `PostgresLogStore.placements()`; it shares the store's pool and host identity)."""
+
+    def __init__(self, url: str, pool: Pool, leases: Leases, *, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        self.url = url
+        self._pool = pool
+        self._leases = leases
+        self.poll_interval = poll_interval
+
+    @property
+    def host_id(self) -> str:
+        return self._leases.host_id
+
+    def _args(self, **more: Any) -> dict[str, Any]:
+        return {"me": self.host_id, "ttl": self._leases.ttl, **more}
+
+    def _execute(self, op: str, sql: str, args: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """One statement (one transaction); its rows. A failure is `PersistenceFailed`, never
+        retried here: the serving loop looks again at its next turn."""
+        import psycopg
+
+        try:
+            with self._pool.connection() as conn:
+                cursor = conn.execute(sql, args)
+                return cursor.fetchall() if cursor.description is not None else []
+        except psycopg.Error as exc:
+            text = str(exc).strip()
+            line = text.splitlines()[0] if text else type(exc).__name__
+            raise PersistenceFailed(f"the placement queue at {redact(self.url)}: {op} failed: {line}") from None
+
+    def enqueue(self, session_id: str) -> None:
+        sid = check_session_id(session_id)
+        self._execute(f"enqueueing {sid!r}", _ENQUEUE, self._args(id=sid))
+
+    def claim(self, limit: int) -> list[Claim]:
+        if limit < 1:
+            return []
+        rows = self._execute("claiming placements", _CLAIM, self._args(n=limit))
+        return [Claim(SessionId(sid), attempt) for sid, _, attempt in sorted(rows, key=lambda row: (row[1], row[0]))]
+
+    def finish(self, session_id: str) -> None:
+        self._execute(f"finishing {session_id!r}", _FINISH, self._args(id=session_id))
+
+    def unclaim(self, session_id: str) -> None:
+        self._execute(f"giving back {session_id!r}", _UNCLAIM, self._args(id=session_id))
+
+    def reclaim_orphans(self) -> list[SessionId]:
+        rows = self._execute("reclaiming orphaned placements", _RECLAIM, self._args())
+        return [SessionId(row[0]) for row in rows]
+
+    def serve(self, capacity: int) -> None:
+        self._leases.register(capacity)
+
+    def serving_hosts(self) -> int:
+        (row,) = self._execute("counting serving hosts", _SERVING, self._args())
+        return int(row[0])
+
+    def hosts(self) -> list[HostRow]:
+        rows = self._execute("listing hosts", _HOSTS, self._args())
+        return [
+            HostRow(
+                host_id=r[0],
+                started_at=r[1] or 0,
+                capacity=r[2],
+                sessions_held=r[3],
+                renewed_at=r[4],
+                pid=r[5],
+                hostname=r[6],
+                alive=bool(r[7]),
+            )
+            for r in rows
+        ]
+
+    def watch(self) -> MailboxWatch:
+        conn = connect(self.url, self._pool.app)
+        conn.execute(f"LISTEN {PLACEMENT_CHANNEL}")
+        return PgMailboxWatch(conn, None, channel=PLACEMENT_CHANNEL, poll_interval=self.poll_interval)  # type: ignore[return-value]  # the same interface
+
+    def close(self) -> None:
+        self._leases.register(0)

@@ -1,0 +1,127 @@
+"""The placement queue and host registry on PostgreSQL (storage/pg_placements.py, SPEC §9): two
+stores on one database are two hosts. A placement goes to exactly one claimer; a claim whose
+host is gone (its liveness lock freed, or its `hosts` row not renewed for a ttl) is claimable
+again; only live hosts with capacity count as serving.
+
+Time never passes for real here: a host "stops renewing" by moving its `renewed_at` into the
+past with an UPDATE (the database clock decides, as it does for the stores)."""
+
+from __future__ import annotations
+
+import select
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from subagents.storage import Claim, PostgresLogStore
+
+pytestmark = pytest.mark.pg
+
+Factory = Callable[..., Any]
+
+
+@pytest.fixture
+def db(pg_url: str, pg_store_factory: Factory) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "DO $$ BEGIN IF to_regclass('placements') IS NOT NULL THEN "
+            "DELETE FROM placements; DELETE FROM leases; DELETE FROM hosts; END IF; END $$"
+        )
+        yield conn
+
+
+@pytest.fixture
+def host(pg_store_factory: Factory, db: psycopg.Connection[Any]) -> Factory:
+    def make(name: str) -> PostgresLogStore:
+        return pg_store_factory(host_id=name)
+
+    return make
+
+
+def test_a_placement_is_claimed_once_oldest_first_and_finished_by_its_claimer(host: Factory) -> None:
+    a, b = host("host-a").placements(), host("host-b").placements()
+    for sid in ("s1", "s2", "s3"):
+        a.enqueue(sid)
+    a.enqueue("s1")  # again: still one placement
+    assert b.claim(2) == [Claim("s1", 1), Claim("s2", 1)]
+    assert a.claim(5) == [Claim("s3", 1)]
+    assert a.claim(5) == b.claim(5) == []
+    a.finish("s1")  # not a's claim: nothing happens
+    b.unclaim("s2")
+    assert a.claim(5) == [Claim("s2", 2)]  # claimed before: its second attempt
+    b.finish("s1")
+    a.finish("s2")
+    a.finish("s3")
+    a.enqueue("s1")  # a new placement of a finished one starts counting again
+    assert b.claim(5) == [Claim("s1", 1)]
+
+
+def test_hosts_claiming_at_once_never_get_the_same_placement(host: Factory) -> None:
+    queues = [host(f"host-{i}").placements() for i in range(4)]
+    for i in range(40):
+        queues[0].enqueue(f"s{i:02}")
+    got: list[list[Claim]] = [[] for _ in queues]
+    start = threading.Barrier(len(queues))
+
+    def claim(i: int) -> None:
+        start.wait()
+        while batch := queues[i].claim(3):
+            got[i].extend(batch)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(queues))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    claimed = [c.session_id for batch in got for c in batch]
+    assert sorted(claimed) == [f"s{i:02}" for i in range(40)]  # each exactly once
+
+
+def test_claims_of_a_host_that_is_gone_or_stopped_renewing_are_reclaimed(
+    host: Factory, db: psycopg.Connection[Any]
+) -> None:
+    gone_store, paused_store, me_store = host("gone"), host("paused"), host("me")
+    gone, paused, me = gone_store.placements(), paused_store.placements(), me_store.placements()
+    for sid in ("s1", "s2", "s3"):
+        me.enqueue(sid)
+    gone.serve(1)
+    paused.serve(1)
+    me.serve(1)
+    assert gone.claim(1) == [Claim("s1", 1)] and paused.claim(1) == [Claim("s2", 1)] and me.claim(1) == [Claim("s3", 1)]
+    assert me.reclaim_orphans() == []  # every claimer is alive and renewing
+    gone_store.close_store()  # its liveness lock is freed with its connection
+    assert me.reclaim_orphans() == ["s1"]
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '1 hour' WHERE id = 'paused'")
+    assert me.reclaim_orphans() == ["s2"]  # alive, but silent past its ttl
+    assert me.claim(5) == [Claim("s1", 2), Claim("s2", 2)]
+    assert me.reclaim_orphans() == []  # its own claims are never orphans to itself
+
+
+def test_only_live_hosts_with_capacity_serve_and_hosts_lists_them(host: Factory, db: psycopg.Connection[Any]) -> None:
+    a_store, b_store = host("host-a"), host("host-b")
+    a, b = a_store.placements(), b_store.placements()
+    assert a.serving_hosts() == 0
+    a.serve(3)
+    b_store.register_host(None)  # a host that runs sessions but serves no placements
+    assert a.serving_hosts() == b.serving_hosts() == 1
+    rows = {row.host_id: row for row in b.hosts()}
+    assert set(rows) == {"host-a", "host-b"}
+    assert rows["host-a"].capacity == 3 and rows["host-a"].alive and rows["host-a"].renewed_at is not None
+    assert rows["host-b"].capacity == 0 and rows["host-a"].sessions_held == 0
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '1 hour' WHERE id = 'host-a'")
+    assert b.serving_hosts() == 0
+    assert not {row.host_id: row for row in b.hosts()}["host-a"].alive
+    a.close()  # withdraws: capacity 0
+    a_store.renew_leases()
+    assert b.serving_hosts() == 0
+
+
+def test_a_watch_wakes_on_an_enqueue_from_another_host(host: Factory) -> None:
+    a, b = host("host-a").placements(), host("host-b").placements()
+    with a.watch() as watch:
+        assert not watch.clear()
+        b.enqueue("s1")
+        readable, _, _ = select.select([watch.fileno()], [], [], 30)  # the notification, not a timer
+        assert readable and watch.clear()
