@@ -113,6 +113,12 @@ class SessionRef:
     def stopped(self) -> bool:
         return self._actor.mailbox.stopped
 
+    @property
+    def ownership_lost(self) -> OwnershipLost | None:
+        """Why the actor stopped, when another host took the session over (its new owner
+        writes now: nothing here may act for the session any more); else None."""
+        return self._actor.ownership_lost
+
     async def append(self, drafts: Sequence[EventDraft], *, expected_seq: int | None = None) -> AppendResult:
         """Durably append `drafts` as consecutive events; returns their seqs once fsynced."""
         return await self._actor.mailbox.ask(_Append(list(drafts), expected_seq))
@@ -212,6 +218,7 @@ class SessionActor:
         self.finished = trio.Event()
         self._died = False
         self._dead_reason = "stopped: its log handle is dead"  # said once the handle is dead
+        self.ownership_lost: OwnershipLost | None = None  # another host took the session over
         self._in_storage = False  # a worker thread is using the handle
         self.now_ms = now_ms
         self.batch_limit = batch_limit
@@ -358,6 +365,7 @@ class SessionActor:
                 for request, _ in accepted:
                     request.reply.fail(_own_copy(exc))  # one error object per waiting task
                 if isinstance(exc, OwnershipLost):
+                    self.ownership_lost = exc
                     self._dead_reason = f"stopped: ownership lost (epoch {exc.epoch})"
                     self.mailbox.close(self._dead_reason)
                 elif isinstance(exc, HandleDead) or handle.dead is not None:

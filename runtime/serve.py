@@ -7,9 +7,14 @@ placements as it has free slots (each claim goes to exactly one host), adopts ea
 owner, run as a resident Activation) and, when a child's Activation is disposed — it settled,
 and its settlement went to its parent's mailbox — finishes the placement, which frees the slot.
 It wakes on the queue's notifications (and every `poll_interval` anyway, for what a lost
-notification hid) and, every `sweep_interval`, makes the claims of hosts that are gone claimable
-again (their children resume here or elsewhere, the interrupted turn closed by the resume's
-closers).
+notification hid) and, every `sweep_interval`, sweeps: the claims of hosts that are gone become
+claimable again (their children resume here or elsewhere, the interrupted turn closed by the
+resume's closers), and sessions dropped with work — their writer went away without releasing
+them, or mail waits for them and nobody holds them (`Placements.dropped`) — are resumed here
+(`SubagentService.take_over`): a continuable child runs until it settles (it settles even with
+nothing left to do: its dead host may have finished its turn without settling it), any other
+session is held until its tree is idle, then let go. Taking the lease decides which sweeper gets a
+session; one this host cannot resume is not tried again by it.
 
 A child that cannot be adopted (its log is damaged, it is not a continuable child, another host
 still holds it) is logged; a placement whose session cannot be served at all is finished (it
@@ -28,8 +33,9 @@ from subagents.actors import Activation
 from subagents.storage import AlreadyOwned, Claim, Placements, StorageError
 from trio_util import RepeatedEvent, wait_any
 
+from .agent.loop import Agent
 from .delegation.service import SubagentService
-from .errors import SubagentError
+from .errors import AgentError, AgentStopped, SubagentError
 
 __all__ = ["ServeStats", "serve_placements"]
 
@@ -50,6 +56,7 @@ class ServeStats:
     refused: int = 0
     idle: int = 0  # claimed, but the child had nothing to do
     reclaimed: int = 0
+    taken_over: int = 0  # dropped sessions resumed by the sweep
     running: set[str] = attrs.field(factory=set)
     on_event: Callable[[str, str], None] | None = None
 
@@ -78,6 +85,7 @@ async def serve_placements(
     if on_event is not None:
         stats.on_event = on_event
     changed = RepeatedEvent()
+    refused: set[str] = set()  # dropped sessions this host could not resume: not tried again
     await trio.to_thread.run_sync(placements.serve, capacity)
     watch = await trio.to_thread.run_sync(placements.watch)
     try:
@@ -89,6 +97,12 @@ async def serve_placements(
                 if trio.current_time() >= next_sweep:
                     next_sweep = trio.current_time() + sweep_interval
                     stats.reclaimed += len(await _call(placements.reclaim_orphans) or ())
+                    free = capacity - len(stats.running)
+                    for session_id in await _call(placements.dropped, free + len(refused)) or ():
+                        if len(stats.running) >= capacity:
+                            break
+                        if session_id not in stats.running and session_id not in refused:
+                            await _take_over(service, session_id, stats, refused, nursery, changed)
                 free = capacity - len(stats.running)
                 claimed = await _call(placements.claim, free) if free > 0 else None
                 for claim in claimed or ():
@@ -132,17 +146,63 @@ async def _adopt(
     nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed)
 
 
+async def _take_over(
+    service: SubagentService,
+    session_id: str,
+    stats: ServeStats,
+    refused: set[str],
+    nursery: trio.Nursery,
+    changed: RepeatedEvent,
+) -> None:
+    try:
+        taken = await service.take_over(session_id)
+    except AlreadyOwned:
+        return  # another host's sweep was first
+    except (SubagentError, AgentError, StorageError) as exc:
+        refused.add(session_id)
+        log.warning("dropped session %s cannot be resumed here: %s", session_id, exc)
+        return
+    if taken is None:
+        return
+    stats.taken_over += 1
+    stats.running.add(session_id)
+    stats.note("resumed", session_id)
+    if isinstance(taken, Activation):
+        nursery.start_soon(_finish_when_disposed, service, service.placements, taken, stats, changed)
+    else:
+        nursery.start_soon(_release_when_idle, service, taken, stats, changed)
+
+
+async def _release_when_idle(service: SubagentService, agent: Agent, stats: ServeStats, changed: RepeatedEvent) -> None:
+    """Hold a resumed root session until it and its resident children are idle, then let go
+    (what comes later waits in its mailbox for the next sweep)."""
+    try:
+        await service.wait_tree_idle(agent)
+    except AgentStopped:
+        pass  # its log cannot be written here any more (taken over): let go all the same
+    with trio.CancelScope(shield=True):
+        await service.agents.stop(agent.session_id, cause="disposed")
+    stats.running.discard(agent.session_id)
+    stats.note("finished", agent.session_id)
+    changed.set()
+
+
 async def _finish_when_disposed(
-    service: SubagentService, placements: Placements, activation: Activation, stats: ServeStats, changed: RepeatedEvent
+    service: SubagentService,
+    placements: Placements | None,
+    activation: Activation,
+    stats: ServeStats,
+    changed: RepeatedEvent,
 ) -> None:
     await activation.disposed.wait()
     child_id = activation.child_id
-    await _call(placements.finish, child_id)
-    # A delivery that came after its owner stopped would wait for nobody: placed again. (A
-    # sender enqueues after delivering too; one of the two sees the other's work.)
-    mailbox = service.mailbox
-    if mailbox is not None and await _call(mailbox.drain, child_id):
-        await _call(placements.enqueue, child_id)
+    if placements is not None:
+        await _call(placements.finish, child_id)
+        # A delivery that came after its owner stopped would wait for nobody: placed again. (A
+        # sender enqueues after delivering too; one of the two sees the other's work.)
+        mailbox = service.mailbox
+        if mailbox is not None and await _call(mailbox.drain, child_id):
+            await _call(placements.enqueue, child_id)
     stats.finished += 1
     stats.running.discard(child_id)
     stats.note("finished", child_id)

@@ -69,13 +69,13 @@ _ACQUIRE = (
     f"WITH {_LIVE} INSERT INTO leases AS l (session_id, owner, epoch, expires_at) "
     f"VALUES (%(id)s, %(me)s, 1, {_EXPIRY}) "
     "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1, "
-    "expires_at = excluded.expires_at "
+    "expires_at = excluded.expires_at, released = false "
     "WHERE l.expires_at <= now() OR l.owner = %(me)s "
     f"OR hashtextextended(l.owner, {_SEED}) NOT IN (SELECT key FROM live) "
     "RETURNING epoch"
 )
 _RELEASE = (
-    "WITH r AS (UPDATE leases l SET expires_at = least(l.expires_at, now()) "
+    "WITH r AS (UPDATE leases l SET expires_at = least(l.expires_at, now()), released = true "
     "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS h (sid, epoch) "
     "WHERE l.session_id = h.sid AND l.owner = %(me)s AND l.epoch = h.epoch RETURNING l.session_id) "
     f"SELECT pg_notify('{LEASE_CHANNEL}', session_id) FROM r"

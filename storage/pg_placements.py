@@ -12,6 +12,12 @@ paused or partitioned host, whose leases expire in the same time). `reclaim_orph
 claimable again in one statement; the child's lease decides who may write it (a paused host that
 comes back finds its epoch taken and stops, pg_store's fencing).
 
+A session is *dropped* when its lease was not released cleanly and its host is gone or silent
+past the lease (expired, or its liveness lock free) — it may have had an open turn, undelivered
+mail or unsettled children — or when mail waits for it and no live host holds it. `dropped`
+names such sessions that no placement covers; a serving host's sweep resumes them (the lease
+decides which sweeper gets one).
+
 A host serves when its `hosts.capacity` is above 0 (`serve`); `serving_hosts` counts the live
 ones, which is what a host starting a child asks before it leaves the child to them.
 """
@@ -57,6 +63,15 @@ _RECLAIM = (
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) "
     "RETURNING p.session_id) "
     f"SELECT session_id, pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
+)
+_DROPPED = (
+    f"WITH {_LIVE} SELECT session_id FROM ("
+    "SELECT l.session_id FROM leases l WHERE NOT l.released AND l.owner <> %(me)s "
+    f"AND (l.expires_at <= now() OR hashtextextended(l.owner, {_SEED}) NOT IN (SELECT key FROM live)) "
+    "UNION SELECT m.session_id FROM mailbox m WHERE NOT EXISTS (SELECT 1 FROM leases l "
+    "WHERE l.session_id = m.session_id AND l.expires_at > now() "
+    f"AND hashtextextended(l.owner, {_SEED}) IN (SELECT key FROM live))"
+    ") d WHERE session_id NOT IN (SELECT session_id FROM placements) ORDER BY session_id LIMIT %(n)s"
 )
 _SERVING = (
     f"WITH {_LIVE} SELECT count(*) FROM hosts h WHERE h.capacity > 0 "
@@ -122,6 +137,12 @@ class PgPlacements:
 
     def reclaim_orphans(self) -> list[SessionId]:
         rows = self._execute("reclaiming orphaned placements", _RECLAIM, self._args())
+        return [SessionId(row[0]) for row in rows]
+
+    def dropped(self, limit: int) -> list[SessionId]:
+        if limit < 1:
+            return []
+        rows = self._execute("finding dropped sessions", _DROPPED, self._args(n=limit))
         return [SessionId(row[0]) for row in rows]
 
     def serve(self, capacity: int) -> None:

@@ -29,6 +29,8 @@ Version 3 adds leases with fencing (pg_leases), hosts and placements (SPEC §9):
 - `leases`: one row per session ever claimed: its writer (`owner`, a host id), the writer's
   `epoch` (grows by one at every takeover, never goes back: releasing only expires the row) and
   `expires_at` (the database clock). Every append checks owner and epoch in its transaction.
+  `released` says its writer let go cleanly (closed its handle); a lease that expired, or whose
+  host died, without it was dropped with work perhaps unfinished (the failover sweep's rows).
 - `hosts`: one row per store that has claimed a session (or registered as a serving host): when
   it started, its capacity, its last lease renewal, its process id and machine.
 - `placements`: background children waiting for a serving host to claim them, who claimed each
@@ -108,7 +110,8 @@ _V3 = [
         session_id text PRIMARY KEY,
         owner text NOT NULL,
         epoch bigint NOT NULL,
-        expires_at timestamptz NOT NULL
+        expires_at timestamptz NOT NULL,
+        released boolean NOT NULL DEFAULT false
     )""",
     "CREATE INDEX leases_owner ON leases (owner)",
     """CREATE TABLE hosts (

@@ -76,6 +76,12 @@ class Placements(Protocol):
         """Placements claimed by hosts that are gone, made claimable again; returns them."""
         ...
 
+    def dropped(self, limit: int) -> list[SessionId]:
+        """Up to `limit` sessions no placement covers that were dropped with work: their
+        writer went away without releasing them, or mail waits for them and no live host holds
+        them. The sweep of a serving host resumes them (taking the lease decides who does)."""
+        ...
+
     def serve(self, capacity: int) -> None:
         """Announce this host as serving with `capacity` children at once (0: not serving)."""
         ...

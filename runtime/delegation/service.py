@@ -397,6 +397,31 @@ class SubagentService:
         self._run_activation(activation, child)
         return activation
 
+    async def take_over(self, session_id: str) -> Activation | Agent | None:
+        """Resume a session another host dropped with work (`subagents serve`'s sweep): a
+        continuable child is adopted (`adopt`; it settles even with nothing left to do — the
+        dead host may have finished its turn without settling it); any other session is resumed
+        as a root — its interrupted turn closed, its notices and mail taken in — and returned
+        for the caller to hold until its tree is idle. None: nothing to do. `AlreadyOwned` when
+        another host took it first; `SubagentError` when it cannot be resumed."""
+        try:
+            info, _held = await self.query.reader.stat(session_id)
+        except StorageError as exc:
+            raise _unavailable(session_id) from exc
+        if info is None or info.header is None:
+            raise _unavailable(session_id)
+        if info.header.parent_session is not None:
+            try:
+                return await self.adopt(session_id, settle_idle=True)
+            except SubagentError as exc:
+                if isinstance(exc.__cause__, AlreadyOwned):
+                    raise exc.__cause__ from None
+                raise
+        agent = await self.agents.resume(session_id)
+        if self.agents.owners is not None:
+            await self.agents.owners.first_drain(session_id)
+        return agent
+
     def _admit(self, child_id: str, parent_id: str) -> Activation:
         try:
             return self.manager.admit(child_id, parent_id)

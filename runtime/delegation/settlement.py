@@ -136,6 +136,12 @@ class Settlement:
             child.cancel(activation.cause)  # type: ignore[arg-type]  # one of the three causes
             with trio.move_on_after(self.manager.stop_grace):
                 await child.wait_turn_closed()
+        lost = child.session.ownership_lost
+        if lost is not None:
+            # Another host took the child over (this one was paused or cut off past its lease):
+            # the settlement is the new owner's to make, never two of them.
+            log.warning("subagent %s is not settled here: %s", activation.child_id, lost)
+            return
         result = child.last_result
         if child.failure is not None:
             kind = "error"  # the agent stopped: its log could not be written

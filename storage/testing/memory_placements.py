@@ -80,6 +80,9 @@ class MemoryPlacements:
                 self._shared.queue[sid] = (self._shared.queue[sid][0], None)
             return orphans
 
+    def dropped(self, limit: int) -> list[SessionId]:
+        return []  # no leases in memory: sessions are dropped only on PostgreSQL
+
     def serve(self, capacity: int) -> None:
         with self._shared.lock:
             self._shared.hosts[self.host_id] = attrs.evolve(self._shared.hosts[self.host_id], capacity=capacity)

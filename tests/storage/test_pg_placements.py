@@ -15,7 +15,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from subagents.storage import Claim, PostgresLogStore
+from clocks import T
+from events import turn_start_event
+from log_lines import header
+from subagents.storage import Batch, Claim, Offset, PostgresLogStore
 
 pytestmark = pytest.mark.pg
 
@@ -125,3 +128,29 @@ def test_a_watch_wakes_on_an_enqueue_from_another_host(host: Factory) -> None:
         b.enqueue("s1")
         readable, _, _ = select.select([watch.fileno()], [], [], 30)  # the notification, not a timer
         assert readable and watch.clear()
+
+
+def test_sessions_dropped_with_work_are_found_and_released_ones_are_not(
+    host: Factory, db: psycopg.Connection[Any]
+) -> None:
+    crashed, paused, clean, me = host("crashed"), host("paused"), host("clean"), host("me")
+    for store, sid in ((crashed, "s-crashed"), (paused, "s-paused"), (clean, "s-clean"), (me, "s-mine")):
+        handle = store.create(header(sid))
+        store.append(handle, [Batch(Offset(0), [turn_start_event(0, T)])])
+        if store is clean:
+            store.close(handle)  # let go cleanly: no work left behind
+    sweeper = me.placements()
+    assert sweeper.dropped(10) == []  # every holder is alive and within its lease
+    assert db.execute("SELECT pg_terminate_backend(%s, 10000)", (crashed.owner_backend_pid,)).fetchone() == (True,)
+    db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 's-paused'")
+    assert sweeper.dropped(10) == ["s-crashed", "s-paused"]
+    assert sweeper.dropped(1) == ["s-crashed"]
+    # mail waiting for a session nobody holds is work too; for a held one it is its owner's
+    for sid in ("s-clean", "s-mine", "s-nobody"):
+        db.execute(
+            "INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) VALUES (%s, %s, '\\x7b7d', 0)",
+            (sid, "01J00000000000000000000000"),
+        )
+    assert sweeper.dropped(10) == ["s-clean", "s-crashed", "s-nobody", "s-paused"]
+    sweeper.enqueue("s-crashed")  # a placement covers it: the claims serve it, not the sweep
+    assert sweeper.dropped(10) == ["s-clean", "s-nobody", "s-paused"]
