@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -93,6 +93,7 @@ async def open_runtime(
     mailbox: Mailbox | None = None,
     store: str | None = None,
     placements: Placements | None = None,
+    store_options: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -114,7 +115,8 @@ async def open_runtime(
     the log store the runtime opens and closes: a `postgresql://` URL or a folder
     (runtime/store_select.py); the mailbox stays files under `root` either way. `placements` (a
     placement queue, SPEC §9) leaves background children to serving hosts while any serve
-    (runtime/serve.py); it needs the mailbox, which carries their prompts and settlements."""
+    (runtime/serve.py); it needs the mailbox, which carries their prompts and settlements.
+    `store_options` go to the PostgreSQL store `store` opens (`lease_ttl`, `lease_renew_interval`)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -123,7 +125,11 @@ async def open_runtime(
     if log_store is not None and store is not None:
         raise TypeError("open_runtime takes log_store or store, not both")
     owned = log_store is None
-    logs = log_store if log_store is not None else open_log_store(store or root, compression=compression)
+    logs = (
+        log_store
+        if log_store is not None
+        else open_log_store(store or root, compression=compression, **(store_options or {}))
+    )
     registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
     if mailbox is None and owned:
         mailbox = FileMailbox(root)

@@ -48,6 +48,8 @@ class Config:
     default_permission: str | None = None
     budget: Mapping[str, float] = attrs.field(factory=dict)  # max_turns, max_tokens, deadline_seconds
     mcp_servers: Mapping[str, McpServerSpec] = attrs.field(factory=dict)
+    lease_ttl: float = 15.0  # a PostgreSQL store's leases (SPEC §9)
+    lease_renew_interval: float | None = None  # None: a third of the ttl
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
 
@@ -119,14 +121,21 @@ _SCALARS: dict[str, Callable[[Any], Any]] = {
     "workspace": _string,
     "tools.workspace": _boolean,
     "tools.disabled": _names,
+    "store.lease_ttl": _seconds,
+    "store.lease_renew_interval": _seconds,
 }
-_FIELD = {"tools.workspace": "workspace_tools", "tools.disabled": "disabled_tools"}
+_FIELD = {
+    "tools.workspace": "workspace_tools",
+    "tools.disabled": "disabled_tools",
+    "store.lease_ttl": "lease_ttl",
+    "store.lease_renew_interval": "lease_renew_interval",
+}
 _BUDGET: dict[str, Callable[[Any], Any]] = {
     "max_turns": _integer(1),
     "max_tokens": _integer(1),
     "deadline_seconds": _seconds,
 }
-_TABLES = ("tools", "permissions", "budget", "mcp_servers")
+_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store")
 
 
 def _shown(value: Any) -> str:

@@ -71,6 +71,7 @@ class HostSetup:
             "disabled_tools": config.disabled_tools,
             "budget": _budget(config.budget),
             "mcp_servers": list(self.config.mcp_servers.values()),
+            "store_options": {"lease_ttl": config.lease_ttl, "lease_renew_interval": config.lease_renew_interval},
         }
 
 

@@ -29,12 +29,22 @@ def is_pg_url(spec: str) -> bool:
     return False
 
 
-def open_log_store(spec: str, *, compression: Literal["zstd", "none"] = "zstd") -> LogStore:
+def open_log_store(
+    spec: str,
+    *,
+    compression: Literal["zstd", "none"] = "zstd",
+    lease_ttl: float | None = None,
+    lease_renew_interval: float | None = None,
+) -> LogStore:
     """The log store `spec` names, opened (the caller closes it with `close_store()`). A
     PostgreSQL URL connects and creates or checks the schema here: a malformed URL raises
-    `InvalidStoreUrl`, a refused connection `StoreUnreachable`, a newer schema `UnsupportedLog`."""
+    `InvalidStoreUrl`, a refused connection `StoreUnreachable`, a newer schema `UnsupportedLog`.
+    The lease options go to a PostgreSQL store (the file store has flocks)."""
     if is_pg_url(spec):
-        return PostgresLogStore(spec)
+        leases: dict[str, float] = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
+        if lease_renew_interval is not None:
+            leases["lease_renew_interval"] = lease_renew_interval
+        return PostgresLogStore(spec, **leases)
     return FileLogStore(spec, compression=compression)
 
 

@@ -130,6 +130,8 @@ call_timeout = 5
         ),
         ("mcp_servers = {x = 1}", "mcp_servers.x must be a table, got 1"),
         ("max_depth = ", "not valid TOML"),
+        ("[store]\nlease_ttl = 0", "store.lease_ttl must be a number of seconds > 0, got 0"),
+        ("[store]\nlease = 1", "unknown key store.lease"),
     ],
 )
 def test_a_bad_file_is_one_clear_error_naming_the_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -155,3 +157,12 @@ def test_unreadable_and_binary_files_are_errors_too(tmp_path: Path) -> None:
     (project_dir / "subagents.toml").mkdir()
     with pytest.raises(ConfigInvalid, match="is a folder, not a file"):
         load_config(str(project_dir), env=env)
+
+
+def test_the_store_table_sets_the_lease_timing(tmp_path: Path) -> None:
+    config = load(tmp_path, project="[store]\nlease_ttl = 2\nlease_renew_interval = 0.5")
+    assert (config.lease_ttl, config.lease_renew_interval) == (2.0, 0.5)
+    assert config.sources["store.lease_ttl"] == str(tmp_path / "project" / "subagents.toml")
+    (tmp_path / "other").mkdir()
+    default = load(tmp_path / "other")
+    assert (default.lease_ttl, default.lease_renew_interval) == (15.0, None)
