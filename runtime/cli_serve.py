@@ -59,7 +59,7 @@ async def serve_command(args: argparse.Namespace, setup: Any, *, interrupt: Any)
 
     from .app import open_runtime
     from .host_setup import headless_approver
-    from .serve import serve_placements
+    from .serve import DEFAULT_SWEEP_INTERVAL, serve_placements
     from .store_select import store_label
 
     url = _pg_store(args)
@@ -72,9 +72,17 @@ async def serve_command(args: argparse.Namespace, setup: Any, *, interrupt: Any)
         def report(what: str, child_id: str) -> None:
             print(f"{what} {child_id}", flush=True)
 
+        # Sweep as often as leases are renewed: a dead host's work is taken within a ttl and a sweep.
+        sweep = getattr(runtime.log_store, "lease_renew_interval", None) or DEFAULT_SWEEP_INTERVAL
+
         async def serving(task_status: trio.TaskStatus[Any]) -> None:
             await serve_placements(
-                runtime.subagents, placements, args.capacity, on_event=report, task_status=task_status
+                runtime.subagents,
+                placements,
+                args.capacity,
+                on_event=report,
+                sweep_interval=sweep,
+                task_status=task_status,
             )
 
         # Until Ctrl-C; the runtime then closes as every host's does (its children drained).
