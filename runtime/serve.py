@@ -35,7 +35,7 @@ from trio_util import RepeatedEvent, wait_any
 
 from .agent.loop import Agent
 from .delegation.service import SubagentService
-from .errors import AgentError, AgentStopped, SubagentError
+from .errors import AgentStopped, SubagentError
 
 __all__ = ["ServeStats", "serve_placements"]
 
@@ -130,9 +130,11 @@ async def _adopt(
     child_id = claim.session_id
     try:
         activation = await service.adopt(child_id, settle_idle=claim.attempt > 1)
-    except SubagentError as exc:
+    except Exception as exc:  # SubagentError; anything else is a bug, but one child's must not stop the host
         stats.refused += 1
         held = isinstance(exc.__cause__, AlreadyOwned)
+        if not isinstance(exc, SubagentError):
+            log.exception("placed child %s: serving it failed", child_id)
         log.warning("placed child %s cannot be served here (%s): %s", child_id, "later" if held else "dropped", exc)
         await _call(placements.unclaim if held else placements.finish, child_id)
         return
@@ -158,8 +160,12 @@ async def _take_over(
         taken = await service.take_over(session_id)
     except AlreadyOwned:
         return  # another host's sweep was first
-    except (SubagentError, AgentError, StorageError) as exc:
+    except (
+        Exception
+    ) as exc:  # SubagentError, StorageError; anything else is a bug, but one session's must not stop the host
         refused.add(session_id)
+        if not isinstance(exc, (SubagentError, StorageError)):
+            log.exception("dropped session %s: resuming it failed", session_id)
         log.warning("dropped session %s cannot be resumed here: %s", session_id, exc)
         return
     if taken is None:

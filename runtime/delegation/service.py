@@ -373,6 +373,11 @@ class SubagentService:
         to do — unless `settle_idle` (a placement claimed before, by a host that may have died
         between the child's last turn and its settlement): then it settles all the same. Raises
         `SubagentError` if it cannot be served."""
+        resident = self.manager.get(child_id)
+        if resident is not None:
+            if not self._end_placed(child_id):
+                return None  # it runs here already: its mailbox owner takes what waits for it
+            await resident.disposed.wait()  # its stand-in here makes way for the child itself
         header, identity = await self._observe_child(child_id, None)
         if header.parent_session is None:
             raise NotResumable(f"session {child_id!r} is not a subagent")

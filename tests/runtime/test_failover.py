@@ -214,3 +214,74 @@ def test_a_paused_host_comes_back_to_find_its_epoch_refused_and_writes_nothing(
     assert status == 130 and "Traceback" not in stderr, stderr
     assert "ownership lost" in stderr or "taken over" in stderr, stderr
     assert survivor.stop()[0] == 130
+
+
+@pytest.mark.slow  # three processes: the parent's run is killed while a serving host runs its children
+def test_a_killed_parent_host_s_session_is_resumed_where_its_children_settle(
+    cwd: Path, pg_url: str, procs: list[_Proc]
+) -> None:
+    boss = "boss-whose-host-died"
+    # The children answer once the parent's host is gone (held until then by a 3 s model call).
+    script = _script(boss, {"delay_ms": 3000, "text": "done anyway"})
+    model = write_script(cwd / "script.json", script)
+    # The serving host's model for the parent goes on where the dead host's stopped: the notices.
+    script["agents"][0]["responses"] = [{"text": "noted"}, {"text": "noted"}]
+    server = _serve(cwd, pg_url, write_script(cwd / "serving.json", script), procs)
+    run = _run(cwd, pg_url, model, procs, boss)
+    for _ in range(2):
+        server.expect(r"^claimed ")
+    children = _children(pg_url, boss)
+    run.proc.kill()  # the parent's host dies with its turn over and both children running
+    run.proc.wait()
+    # The children settle into the parent's mailbox; the parent was dropped with that mail (its
+    # lease never released): the serving host's sweep resumes it, records both settlements and
+    # runs its notice turns, then lets go once its tree is idle.
+    server.expect(rf"^resumed {boss}$")
+    server.expect(rf"^finished {boss}$")
+    assert _settled(pg_url, boss) == sorted((c, "completed") for c in children)
+    events = _events(pg_url, boss)
+    notices = [d for _, t, d in events if t == "user/message" and d["message"]["source"]["kind"] == "subagent-settled"]
+    assert sorted(n["message"]["source"]["sender_session_id"] for n in notices) == sorted(children)
+    assert [t for _, t, _ in events].count("turn/end") >= 2  # its first turn, and the notices'
+    assert _rows(pg_url, "SELECT count(*) FROM mailbox WHERE session_id = %s", boss) == [(0,)]
+    _check_one_writer_at_a_time(pg_url)
+    assert server.stop()[0] == 130
+
+
+@pytest.mark.slow  # two serving processes and the hosts command
+def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone(cwd: Path, pg_url: str, procs: list[_Proc]) -> None:
+    model = write_script(cwd / "script.json", _script("nobody", {"text": "unused"}))
+    first = _serve(cwd, pg_url, model, procs, capacity=3)
+    second = _serve(cwd, pg_url, model, procs, capacity=1)
+    first_id = first.seen[0].split()[2]
+    second_id = second.seen[0].split()[2]
+
+    def hosts() -> dict[str, Json]:
+        done = subprocess.run(
+            [*CLI, "hosts", "--store", pg_url, "--json"],
+            cwd=cwd,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        assert done.returncode == 0 and done.stderr == "", done
+        return {row["host_id"]: row for row in msgspec.json.decode(done.stdout)["hosts"]}
+
+    rows = hosts()
+    assert rows[first_id]["capacity"] == 3 and rows[first_id]["alive"]
+    assert rows[second_id]["capacity"] == 1 and rows[second_id]["alive"]
+    assert rows[first_id]["renewed_at"] is not None and rows[first_id]["sessions_held"] == 0
+    second.proc.kill()
+    second.proc.wait()
+    _until(lambda: not hosts()[second_id]["alive"], "the killed host shown as gone")
+    table = subprocess.run(
+        [*CLI, "hosts", "--store", pg_url], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert table.returncode == 0, table
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["HOST", "STARTED", "CAPACITY", "HELD", "RENEWED", "STATE"]
+    assert any(line.startswith(first_id) and line.endswith("alive") for line in lines)
+    assert any(line.startswith(second_id) and line.endswith("gone") for line in lines)
+    assert first.stop()[0] == 130
+    assert first_id not in hosts()  # a host that stops cleanly withdraws its row

@@ -256,3 +256,28 @@ async def test_claims_of_a_host_that_is_gone_are_served_by_another(tmp_path: Pat
         nursery.cancel_scope.cancel()
     (settled,) = [d for t, d in _events(fs, "boss") if t == "subagent/settled"]
     assert settled["reason_kind"] == "completed"
+
+
+async def test_a_host_that_serves_runs_its_own_placed_children_in_place_of_their_stand_ins(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    queue = MemoryPlacements("only-host")
+    script = [
+        {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "go")]}, {"text": "ok"}, {"text": "ok"}]},
+        {"label": "kid-1", "responses": [{"text": "done here"}]},
+    ]
+    async with (
+        _host(tmp_path, fs, MemoryMailbox(fs=fs), queue, *script, ids="p") as here,
+        trio.open_nursery() as nursery,
+    ):
+        stats: ServeStats = await nursery.start(serve_placements, here.subagents, queue, 1)
+        boss = await here.agents.create(session_id="boss")
+        await boss.send("go")
+        await here.subagents.wait_tree_idle(boss)
+        await _until(lambda: stats.finished == 1)
+        assert stats.adopted == 1
+        nursery.cancel_scope.cancel()
+    (settled,) = [d for t, d in _events(fs, "boss") if t == "subagent/settled"]
+    assert settled["reason_kind"] == "completed" and "delivery_id" not in settled  # recorded in place
+    assert queue.claim(10) == []
