@@ -106,7 +106,10 @@ async def serve_placements(
                 free = capacity - len(stats.running)
                 claimed = await _call(placements.claim, free) if free > 0 else None
                 for claim in claimed or ():
-                    await _adopt(service, placements, claim, stats, nursery, changed)
+                    # Its slot is taken now; the adoptions run side by side (each reads a log and
+                    # opens a mailbox watch: done one after the other they would pace the host).
+                    stats.running.add(claim.session_id)
+                    nursery.start_soon(_adopt, service, placements, claim, stats, nursery, changed)
                 if claimed and len(claimed) == free:
                     continue  # the queue may hold more: look again once a slot frees
 
@@ -130,22 +133,28 @@ async def _adopt(
     child_id = claim.session_id
     try:
         activation = await service.adopt(child_id, settle_idle=claim.attempt > 1)
-    except Exception as exc:  # SubagentError; anything else is a bug, but one child's must not stop the host
+    except Exception as exc:  # a SubagentError; another is a bug, and one child's must not stop the host
         stats.refused += 1
         held = isinstance(exc.__cause__, AlreadyOwned)
         if not isinstance(exc, SubagentError):
             log.exception("placed child %s: serving it failed", child_id)
         log.warning("placed child %s cannot be served here (%s): %s", child_id, "later" if held else "dropped", exc)
         await _call(placements.unclaim if held else placements.finish, child_id)
+        _free(stats, child_id, changed)
         return
     if activation is None:
         stats.idle += 1  # it had nothing to do: its placement is done
         await _call(placements.finish, child_id)
+        _free(stats, child_id, changed)
         return
     stats.adopted += 1
-    stats.running.add(child_id)
     stats.note("claimed", child_id)
     nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed)
+
+
+def _free(stats: ServeStats, session_id: str, changed: RepeatedEvent) -> None:
+    stats.running.discard(session_id)
+    changed.set()
 
 
 async def _take_over(
@@ -160,9 +169,7 @@ async def _take_over(
         taken = await service.take_over(session_id)
     except AlreadyOwned:
         return  # another host's sweep was first
-    except (
-        Exception
-    ) as exc:  # SubagentError, StorageError; anything else is a bug, but one session's must not stop the host
+    except Exception as exc:  # SubagentError, StorageError; another is a bug: it must not stop the host
         refused.add(session_id)
         if not isinstance(exc, (SubagentError, StorageError)):
             log.exception("dropped session %s: resuming it failed", session_id)

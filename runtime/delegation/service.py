@@ -335,8 +335,10 @@ class SubagentService:
             await self.agents.stop(child_id, cause="parent")  # its mailbox owner must not take the prompt
             body = {"text": prompt, "first": True, "guidance": return_guidance(parent.session_id)}
             await self._post(child_id, "message", body, parent.session_id)
-            await self._catalog(parent, child, "continuable", label, reserved)
+            # Enqueued before its catalog: the catalogs of one step go one after the other (the
+            # model's call order), and the child need not wait for its siblings' to start.
             await trio.to_thread.run_sync(self.placements.enqueue, child_id)
+            await self._catalog(parent, child, "continuable", label, reserved)
         except BaseException:
             await self._dispose_unannounced(activation)
             raise
