@@ -93,8 +93,8 @@ async def serve_placements(
             task_status.started(stats)
             next_sweep = trio.current_time()
             while True:
-                watch.clear()
-                if trio.current_time() >= next_sweep:
+                woken = watch.clear()  # a placement, or a lease let go: sweep now, not at the interval
+                if woken or trio.current_time() >= next_sweep:
                     next_sweep = trio.current_time() + sweep_interval
                     stats.reclaimed += len(await _call(placements.reclaim_orphans) or ())
                     free = capacity - len(stats.running)

@@ -36,17 +36,22 @@ CHANNEL = "subagents_mailbox"
 
 class PgMailboxWatch:
     """A `MailboxWatch`-compatible wake-up for one session of the PostgreSQL mailbox (see the
-    module docstring). `conn` is a psycopg connection already listening on `channel` (default
+    module docstring). `conn` is a psycopg connection already listening on `channels` (default
     `CHANNEL`); the watch owns it. With `session_id` None any notification there counts (the
     placement queue's watch, pg_placements)."""
 
     def __init__(
-        self, conn: Any, session_id: str | None, *, channel: str = CHANNEL, poll_interval: float = DEFAULT_POLL_INTERVAL
+        self,
+        conn: Any,
+        session_id: str | None,
+        *,
+        channels: tuple[str, ...] = (CHANNEL,),
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         self._conn: Any = conn
-        # None: every notification on the channel counts (the placement queue's watch)
+        # None: every notification on the channels counts (the placement queue's watch)
         self._session = None if session_id is None else session_id.encode("utf-8")
-        self._channel = channel.encode("utf-8")
+        self._channels = frozenset(channel.encode("utf-8") for channel in channels)
         self._fallback_interval = poll_interval
         self._fallback: MailboxWatch | None = None  # the polling form, once the connection broke
         self._closed = False
@@ -102,7 +107,7 @@ class PgMailboxWatch:
             note = pgconn.notifies()
             if note is None:
                 break
-            if note.relname == self._channel and (self._session is None or note.extra == self._session):
+            if note.relname in self._channels and (self._session is None or note.extra == self._session):
                 ours = True
         from psycopg import pq
 

@@ -28,8 +28,8 @@ from typing import Any
 
 from .errors import PersistenceFailed
 from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
-from .pg_connect import Pool, connect, redact
-from .pg_leases import _LIVE, _SEED, Leases
+from .pg_connect import Pool, close_quietly, connect, redact
+from .pg_leases import _LIVE, _SEED, LEASE_CHANNEL, Leases
 from .pg_mailbox_watch import PgMailboxWatch
 from .placements import Claim, HostRow
 from .values import SessionId, check_session_id
@@ -169,9 +169,17 @@ class PgPlacements:
         ]
 
     def watch(self) -> MailboxWatch:
+        """Readable when a placement is enqueued or given back, or a lease is released."""
         conn = connect(self.url, self._pool.app)
-        conn.execute(f"LISTEN {PLACEMENT_CHANNEL}")
-        return PgMailboxWatch(conn, None, channel=PLACEMENT_CHANNEL, poll_interval=self.poll_interval)  # type: ignore[return-value]  # the same interface
+        try:
+            # New placements, and leases let go (a session with mail may be free to take now).
+            conn.execute(f"LISTEN {PLACEMENT_CHANNEL}")
+            conn.execute(f"LISTEN {LEASE_CHANNEL}")
+        except BaseException:  # a half-made watch closes its connection (re-raised)
+            close_quietly(conn)
+            raise
+        channels = (PLACEMENT_CHANNEL, LEASE_CHANNEL)
+        return PgMailboxWatch(conn, None, channels=channels, poll_interval=self.poll_interval)  # type: ignore[return-value]  # the same interface
 
     def close(self) -> None:
         self._leases.register(0)
