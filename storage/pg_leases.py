@@ -80,17 +80,20 @@ _RELEASE = (
     "WHERE l.session_id = h.sid AND l.owner = %(me)s AND l.epoch = h.epoch RETURNING l.session_id) "
     f"SELECT pg_notify('{LEASE_CHANNEL}', session_id) FROM r"
 )
-_RENEW = (
-    "WITH h AS (UPDATE hosts SET renewed_at = now() WHERE id = %(me)s) "
-    f"UPDATE leases l SET expires_at = {_EXPIRY} "
-    "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held (sid, epoch) "
-    "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
-)
 _REGISTER = (
     "INSERT INTO hosts (id, started_at, capacity, renewed_at, pid, hostname) "
     "VALUES (%(me)s, now(), %(capacity)s, now(), %(pid)s, %(hostname)s) "
     "ON CONFLICT (id) DO UPDATE SET capacity = excluded.capacity, renewed_at = now(), pid = excluded.pid, "
     "hostname = excluded.hostname"
+)
+# The host's row is written again if it went missing (an operator's cleanup, say).
+_RENEW = (
+    "WITH h AS (INSERT INTO hosts (id, started_at, capacity, renewed_at, pid, hostname) "
+    "VALUES (%(me)s, now(), %(capacity)s, now(), %(pid)s, %(hostname)s) "
+    "ON CONFLICT (id) DO UPDATE SET renewed_at = now()) "
+    f"UPDATE leases l SET expires_at = {_EXPIRY} "
+    "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held (sid, epoch) "
+    "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
 )
 _HELD_ELSEWHERE = (
     f"WITH {_LIVE} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
@@ -124,6 +127,7 @@ class Leases:
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
         self._held: dict[str, LeaseState | None] = {}  # None: being acquired
+        self._registered = False  # the host's row written once: renewals keep it fresh
         self._closed = False
 
     # --- the owner connection ---
@@ -144,6 +148,7 @@ class Leases:
                 # ended yet (it still speaks for this host), or a second store given this id.
                 log.warning("host %s: its liveness lock is held by another connection", self.host_id)
             conn.execute(_REGISTER, self._register_args())
+            self._registered = True
         except BaseException:  # a half-made owner connection is not kept (re-raised)
             close_quietly(conn)
             raise
@@ -236,14 +241,14 @@ class Leases:
         """Extend every held lease (and this host's `renewed_at`) in one statement; the sessions
         found no longer this host's are marked lost and returned."""
         with self._lock:
-            if self._closed or self._conn is None:
+            if self._closed or not self._registered:
                 return frozenset()  # never registered: nothing held
             states = [s for s in self._held.values() if s is not None and not s.lost]
             args = {
                 "ids": [s.session_id for s in states],
                 "epochs": [s.epoch for s in states],
-                "me": self.host_id,
                 "ttl": self.ttl,
+                **self._register_args(),
             }
             rows = self._run("renewing leases", lambda c: c.execute(_RENEW, args).fetchall())
             kept = {row[0] for row in rows}

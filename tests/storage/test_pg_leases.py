@@ -312,6 +312,15 @@ def test_a_store_registers_its_host_only_when_it_claims_or_is_asked(host: Factor
     assert row[0] == "serving-host-1" and row[1] == 3 and row[2] > 0 and row[3] and row[4]
 
 
+def test_renewal_writes_a_missing_host_row_again(host: Factory, db: psycopg.Connection[Any]) -> None:
+    a = host()
+    handle = a.create(header("s1"))
+    db.execute("DELETE FROM hosts")
+    assert a.renew_leases() == frozenset()
+    assert db.execute("SELECT id, renewed_at IS NOT NULL FROM hosts").fetchall() == [(a.host_id, True)]
+    a.close(handle)
+
+
 @pytest.mark.parametrize(
     "options",
     [
