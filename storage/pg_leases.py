@@ -9,7 +9,7 @@ owner is not alive, or its owner is this very host (which holds no open handle o
 checks that first, without a query). Otherwise: `AlreadyOwned`.
 
 Host liveness is one session-level advisory lock per host, keyed by its id
-(`hashtextextended(id, _SEED)`), held by the store's *owner connection* for the store's
+(`hashtextextended(id, LIVENESS_SEED)`), held by the store's *owner connection* for the store's
 lifetime: PostgreSQL frees it when that connection ends, so a killed process's sessions can be
 taken at once, while a paused one keeps them until its leases expire. Every lease statement runs
 on the owner connection, one at a time (a lock): a lost owner connection is found by the next
@@ -47,14 +47,14 @@ from .values import SessionId
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "new_host_id"]
+__all__ = ["LEASE_CHANNEL", "LIVENESS_SEED", "LeaseState", "Leases", "new_host_id"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 LEASE_CHANNEL = "subagents_lease"  # NOTIFY'd with the session id when a lease is released
-_SEED = 0x5355_4241  # "SUBA": the seed of the liveness lock keys (hashtextextended)
+LIVENESS_SEED = 0x5355_4241  # "SUBA": the seed of the liveness lock keys (hashtextextended)
 
 # The liveness keys held now (advisory locks of this database, bigint form), computed once per
 # statement: `hashtextextended(owner, seed) IN (SELECT key FROM live)` tells a live host.
@@ -71,7 +71,7 @@ _ACQUIRE = (
     "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1, "
     "expires_at = excluded.expires_at "
     "WHERE l.expires_at <= now() OR l.owner = %(me)s "
-    f"OR hashtextextended(l.owner, {_SEED}) NOT IN (SELECT key FROM live) "
+    f"OR hashtextextended(l.owner, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
     "RETURNING epoch"
 )
 _RELEASE = (
@@ -97,7 +97,7 @@ _RENEW = (
 )
 _HELD_ELSEWHERE = (
     f"WITH {_LIVE} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
-    f"AND expires_at > now() AND hashtextextended(owner, {_SEED}) IN (SELECT key FROM live)"
+    f"AND expires_at > now() AND hashtextextended(owner, {LIVENESS_SEED}) IN (SELECT key FROM live)"
 )
 
 
@@ -128,6 +128,7 @@ class Leases:
         self._lock = threading.Lock()
         self._held: dict[str, LeaseState | None] = {}  # None: being acquired
         self._registered = False  # the host's row written once: renewals keep it fresh
+        self._live = False  # the owner connection holds the liveness lock
         self._closed = False
 
     # --- the owner connection ---
@@ -141,12 +142,9 @@ class Leases:
             close_quietly(conn)
             self._conn = None
         conn = connect(self.url, self.app)
+        self._live = False
         try:
-            got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, _SEED))
-            if not got.fetchone()[0]:
-                # Another connection holds it: a lost owner connection whose backend has not
-                # ended yet (it still speaks for this host), or a second store given this id.
-                log.warning("host %s: its liveness lock is held by another connection", self.host_id)
+            self._take_liveness(conn)
             conn.execute(_REGISTER, self._register_args())
             self._registered = True
         except BaseException:  # a half-made owner connection is not kept (re-raised)
@@ -154,6 +152,16 @@ class Leases:
             raise
         self._conn = conn
         return conn
+
+    def _take_liveness(self, conn: psycopg.Connection[Any]) -> None:
+        """Take the liveness lock on `conn` (once: advisory locks count their takers)."""
+        got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, LIVENESS_SEED))
+        self._live = bool(got.fetchone()[0])
+        if not self._live:
+            # Another connection holds it: most likely a lost owner connection whose server
+            # process has not ended yet (it still speaks for this host; renewals try again), or
+            # a second store given this host id.
+            log.warning("host %s: its liveness lock is held by another connection", self.host_id)
 
     def _run(self, op: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """`fn` on the owner connection (the caller holds `_lock`); a connection found lost is
@@ -250,7 +258,13 @@ class Leases:
                 "ttl": self.ttl,
                 **self._register_args(),
             }
-            rows = self._run("renewing leases", lambda c: c.execute(_RENEW, args).fetchall())
+
+            def renew(conn: psycopg.Connection[Any]) -> list[Any]:
+                if not self._live:
+                    self._take_liveness(conn)
+                return conn.execute(_RENEW, args).fetchall()
+
+            rows = self._run("renewing leases", renew)
             kept = {row[0] for row in rows}
             lost = [s for s in states if s.session_id not in kept]
             for state in lost:
@@ -274,13 +288,13 @@ class Leases:
             conn, self._conn = self._conn, None
             if conn is None or conn.closed:
                 return
+            import psycopg
+
             try:
                 with conn.transaction():
                     self._release(conn, states)
                     conn.execute("DELETE FROM hosts WHERE id = %s", (self.host_id,))
-            except (
-                Exception
-            ) as exc:  # psycopg.Error: the leases expire by themselves, the lock goes with the connection
+            except psycopg.Error as exc:  # they expire by themselves; the lock goes with the connection
                 log.warning("host %s: leases not released at close: %s", self.host_id, _line(exc))
             finally:
                 close_quietly(conn)
