@@ -9,7 +9,7 @@ owner is not alive, or its owner is this very host (which holds no open handle o
 checks that first, without a query). Otherwise: `AlreadyOwned`.
 
 Host liveness is one session-level advisory lock per host, keyed by its id
-(`hashtextextended(id, LIVENESS_SEED)`), held by the store's *owner connection* for the store's
+(`hashtextextended(id, _SEED)`), held by the store's *owner connection* for the store's
 lifetime: PostgreSQL frees it when that connection ends, so a killed process's sessions can be
 taken at once, while a paused one keeps them until its leases expire. Every lease statement runs
 on the owner connection, one at a time (a lock): a lost owner connection is found by the next
@@ -47,14 +47,14 @@ from .values import SessionId
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["LEASE_CHANNEL", "LIVENESS_SEED", "LeaseState", "Leases", "new_host_id"]
+__all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "new_host_id"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 LEASE_CHANNEL = "subagents_lease"  # NOTIFY'd with the session id when a lease is released
-LIVENESS_SEED = 0x5355_4241  # "SUBA": the seed of the liveness lock keys (hashtextextended)
+_SEED = 0x5355_4241  # "SUBA": the seed of the liveness lock keys (hashtextextended)
 
 # The liveness keys held now (advisory locks of this database, bigint form), computed once per
 # statement: `hashtextextended(owner, seed) IN (SELECT key FROM live)` tells a live host.
@@ -71,7 +71,7 @@ _ACQUIRE = (
     "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1, "
     "expires_at = excluded.expires_at "
     "WHERE l.expires_at <= now() OR l.owner = %(me)s "
-    f"OR hashtextextended(l.owner, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
+    f"OR hashtextextended(l.owner, {_SEED}) NOT IN (SELECT key FROM live) "
     "RETURNING epoch"
 )
 _RELEASE = (
@@ -97,7 +97,7 @@ _RENEW = (
 )
 _HELD_ELSEWHERE = (
     f"WITH {_LIVE} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
-    f"AND expires_at > now() AND hashtextextended(owner, {LIVENESS_SEED}) IN (SELECT key FROM live)"
+    f"AND expires_at > now() AND hashtextextended(owner, {_SEED}) IN (SELECT key FROM live)"
 )
 
 
@@ -155,7 +155,7 @@ class Leases:
 
     def _take_liveness(self, conn: psycopg.Connection[Any]) -> None:
         """Take the liveness lock on `conn` (once: advisory locks count their takers)."""
-        got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, LIVENESS_SEED))
+        got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, _SEED))
         self._live = bool(got.fetchone()[0])
         if not self._live:
             # Another connection holds it: most likely a lost owner connection whose server

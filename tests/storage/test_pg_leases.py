@@ -29,7 +29,7 @@ from subagents.storage import (
     SessionAlreadyExists,
     SessionNotFound,
 )
-from subagents.storage.pg_leases import LEASE_CHANNEL, LIVENESS_SEED
+from subagents.storage.pg_leases import _SEED, LEASE_CHANNEL
 from subagents.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION
 
 pytestmark = pytest.mark.pg
@@ -319,10 +319,10 @@ def test_renewal_takes_a_liveness_lock_it_could_not_take_at_connection(
     not yet gone, here: our own connection) when the host connected; once that lets go, the
     next renewal takes it, and the host's sessions are its own again."""
     key = "SELECT %s(hashtextextended('host-x', %s))"
-    db.execute(key % ("pg_advisory_lock", LIVENESS_SEED))
+    db.execute(key % ("pg_advisory_lock", _SEED))
     a, b = host(host_id="host-x", lease_ttl=3600), host()
     handle = a.create(header("s1"))
-    db.execute(key % ("pg_advisory_unlock", LIVENESS_SEED))
+    db.execute(key % ("pg_advisory_unlock", _SEED))
     assert b.held_elsewhere(["s1"]) == set()  # nobody holds host-x's liveness lock now
     assert a.renew_leases() == frozenset()
     assert b.held_elsewhere(["s1"]) == {"s1"}
