@@ -80,17 +80,20 @@ _RELEASE = (
     "WHERE l.session_id = h.sid AND l.owner = %(me)s AND l.epoch = h.epoch RETURNING l.session_id) "
     f"SELECT pg_notify('{LEASE_CHANNEL}', session_id) FROM r"
 )
-_RENEW = (
-    "WITH h AS (UPDATE hosts SET renewed_at = now() WHERE id = %(me)s) "
-    f"UPDATE leases l SET expires_at = {_EXPIRY} "
-    "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held (sid, epoch) "
-    "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
-)
 _REGISTER = (
     "INSERT INTO hosts (id, started_at, capacity, renewed_at, pid, hostname) "
     "VALUES (%(me)s, now(), %(capacity)s, now(), %(pid)s, %(hostname)s) "
     "ON CONFLICT (id) DO UPDATE SET capacity = excluded.capacity, renewed_at = now(), pid = excluded.pid, "
     "hostname = excluded.hostname"
+)
+# The host's row is written again if it went missing (an operator's cleanup, say).
+_RENEW = (
+    "WITH h AS (INSERT INTO hosts (id, started_at, capacity, renewed_at, pid, hostname) "
+    "VALUES (%(me)s, now(), %(capacity)s, now(), %(pid)s, %(hostname)s) "
+    "ON CONFLICT (id) DO UPDATE SET renewed_at = now()) "
+    f"UPDATE leases l SET expires_at = {_EXPIRY} "
+    "FROM unnest(%(ids)s::text[], %(epochs)s::bigint[]) AS held (sid, epoch) "
+    "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
 )
 _HELD_ELSEWHERE = (
     f"WITH {_LIVE} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
@@ -124,6 +127,8 @@ class Leases:
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
         self._held: dict[str, LeaseState | None] = {}  # None: being acquired
+        self._registered = False  # the host's row written once: renewals keep it fresh
+        self._live = False  # the owner connection holds the liveness lock
         self._closed = False
 
     # --- the owner connection ---
@@ -137,18 +142,26 @@ class Leases:
             close_quietly(conn)
             self._conn = None
         conn = connect(self.url, self.app)
+        self._live = False
         try:
-            got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, _SEED))
-            if not got.fetchone()[0]:
-                # Another connection holds it: a lost owner connection whose backend has not
-                # ended yet (it still speaks for this host), or a second store given this id.
-                log.warning("host %s: its liveness lock is held by another connection", self.host_id)
+            self._take_liveness(conn)
             conn.execute(_REGISTER, self._register_args())
+            self._registered = True
         except BaseException:  # a half-made owner connection is not kept (re-raised)
             close_quietly(conn)
             raise
         self._conn = conn
         return conn
+
+    def _take_liveness(self, conn: psycopg.Connection[Any]) -> None:
+        """Take the liveness lock on `conn` (once: advisory locks count their takers)."""
+        got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, _SEED))
+        self._live = bool(got.fetchone()[0])
+        if not self._live:
+            # Another connection holds it: most likely a lost owner connection whose server
+            # process has not ended yet (it still speaks for this host; renewals try again), or
+            # a second store given this host id.
+            log.warning("host %s: its liveness lock is held by another connection", self.host_id)
 
     def _run(self, op: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """`fn` on the owner connection (the caller holds `_lock`); a connection found lost is
@@ -236,16 +249,22 @@ class Leases:
         """Extend every held lease (and this host's `renewed_at`) in one statement; the sessions
         found no longer this host's are marked lost and returned."""
         with self._lock:
-            if self._closed or self._conn is None:
+            if self._closed or not self._registered:
                 return frozenset()  # never registered: nothing held
             states = [s for s in self._held.values() if s is not None and not s.lost]
             args = {
                 "ids": [s.session_id for s in states],
                 "epochs": [s.epoch for s in states],
-                "me": self.host_id,
                 "ttl": self.ttl,
+                **self._register_args(),
             }
-            rows = self._run("renewing leases", lambda c: c.execute(_RENEW, args).fetchall())
+
+            def renew(conn: psycopg.Connection[Any]) -> list[Any]:
+                if not self._live:
+                    self._take_liveness(conn)
+                return conn.execute(_RENEW, args).fetchall()
+
+            rows = self._run("renewing leases", renew)
             kept = {row[0] for row in rows}
             lost = [s for s in states if s.session_id not in kept]
             for state in lost:
@@ -269,13 +288,13 @@ class Leases:
             conn, self._conn = self._conn, None
             if conn is None or conn.closed:
                 return
+            import psycopg
+
             try:
                 with conn.transaction():
                     self._release(conn, states)
                     conn.execute("DELETE FROM hosts WHERE id = %s", (self.host_id,))
-            except (
-                Exception
-            ) as exc:  # psycopg.Error: the leases expire by themselves, the lock goes with the connection
+            except psycopg.Error as exc:  # they expire by themselves; the lock goes with the connection
                 log.warning("host %s: leases not released at close: %s", self.host_id, _line(exc))
             finally:
                 close_quietly(conn)

@@ -25,6 +25,7 @@ from subagents.storage import (
     HandleDead,
     InvalidStoreUrl,
     Offset,
+    OwnershipLost,
     PersistenceFailed,
     PostgresLogStore,
     StoreUnreachable,
@@ -142,6 +143,42 @@ def test_an_append_cut_before_it_committed_is_sent_once_more(
     assert db.execute("SELECT first_seq, count FROM batches ORDER BY first_seq").fetchall() == [(0, 1), (1, 2)]
     assert db.execute("SELECT event_count FROM sessions").fetchone() == (3,)
     store.append(handle, [batch(3, 4)])
+    store.close(handle)
+
+
+def test_an_append_cut_before_it_committed_is_not_sent_again_past_a_takeover(
+    pg_store_factory: Factory, db: psycopg.Connection[Any], pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut statement wrote nothing; before it is sent once more, another host takes the
+    session over (this host was paused past its ttl): the resend is fenced — `OwnershipLost`,
+    nothing of it written."""
+    store, other = pg_store_factory(), pg_store_factory()
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 1)])
+    real = store._resolve
+    taken: list[Any] = []
+
+    def takeover_meanwhile(*args: Any) -> str:
+        outcome = real(*args)
+        db.execute("UPDATE leases SET expires_at = now() - interval '1 second'")
+        taken.append(other.open_write("s1"))
+        return outcome
+
+    monkeypatch.setattr(store, "_resolve", takeover_meanwhile)
+    outcome: list[object] = []
+    with psycopg.connect(pg_url) as blocker:  # holds the session row: the append waits on it
+        blocker.execute("SELECT 1 FROM sessions WHERE id = 's1' FOR UPDATE")
+        worker = threading.Thread(target=lambda: outcome.append(_try(store.append, handle, [batch(1, 3)])))
+        worker.start()
+        victim = _wait_for_lock_waiter(db)
+        db.execute("SELECT pg_terminate_backend(%s)", (victim,))
+        blocker.rollback()
+        worker.join()
+    assert len(taken) == 1 and isinstance(outcome[0], OwnershipLost), outcome
+    assert db.execute("SELECT first_seq, count, epoch FROM batches").fetchall() == [(0, 1, handle.impl.epoch)]
+    assert db.execute("SELECT event_count FROM sessions").fetchone() == (1,)
+    assert other.append(taken[0], [batch(1, 2)]) == 2
+    other.close(taken[0])
     store.close(handle)
 
 

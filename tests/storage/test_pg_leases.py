@@ -29,7 +29,7 @@ from subagents.storage import (
     SessionAlreadyExists,
     SessionNotFound,
 )
-from subagents.storage.pg_leases import LEASE_CHANNEL
+from subagents.storage.pg_leases import _SEED, LEASE_CHANNEL
 from subagents.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION
 
 pytestmark = pytest.mark.pg
@@ -310,6 +310,34 @@ def test_a_store_registers_its_host_only_when_it_claims_or_is_asked(host: Factor
     server.register_host(capacity=3)
     row = db.execute("SELECT id, capacity, pid, hostname IS NOT NULL, started_at <= renewed_at FROM hosts").fetchone()
     assert row[0] == "serving-host-1" and row[1] == 3 and row[2] > 0 and row[3] and row[4]
+
+
+def test_renewal_takes_a_liveness_lock_it_could_not_take_at_connection(
+    host: Factory, db: psycopg.Connection[Any]
+) -> None:
+    """The lock was still held by another connection (a lost owner connection's server process
+    not yet gone, here: our own connection) when the host connected; once that lets go, the
+    next renewal takes it, and the host's sessions are its own again."""
+    key = "SELECT %s(hashtextextended('host-x', %s))"
+    db.execute(key % ("pg_advisory_lock", _SEED))
+    a, b = host(host_id="host-x", lease_ttl=3600), host()
+    handle = a.create(header("s1"))
+    db.execute(key % ("pg_advisory_unlock", _SEED))
+    assert b.held_elsewhere(["s1"]) == set()  # nobody holds host-x's liveness lock now
+    assert a.renew_leases() == frozenset()
+    assert b.held_elsewhere(["s1"]) == {"s1"}
+    with pytest.raises(AlreadyOwned):
+        b.open_write("s1")
+    a.close(handle)
+
+
+def test_renewal_writes_a_missing_host_row_again(host: Factory, db: psycopg.Connection[Any]) -> None:
+    a = host()
+    handle = a.create(header("s1"))
+    db.execute("DELETE FROM hosts")
+    assert a.renew_leases() == frozenset()
+    assert db.execute("SELECT id, renewed_at IS NOT NULL FROM hosts").fetchall() == [(a.host_id, True)]
+    a.close(handle)
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,6 @@ from subagents.storage import (
     OwnershipLost,
     PostgresLogStore,
     UnsupportedLog,
-    pg_connect,
 )
 from subagents.storage.pg_schema import SCHEMA_VERSION
 
@@ -338,13 +337,10 @@ def test_a_row_whose_id_is_no_valid_session_id_is_not_listed(make: Factory, db: 
 # --- who holds a session ------------------------------------------------------------------------
 
 
-def test_held_elsewhere_names_the_sessions_another_process_writes(
-    make: Factory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    mine = make()
-    monkeypatch.setattr(pg_connect, "application_name", lambda: "subagents 1@another-host")
-    theirs = make()
-    monkeypatch.undo()
+def test_held_elsewhere_names_the_sessions_another_host_writes(make: Factory) -> None:
+    """Each store is a host (storage/pg_leases.py): another store's unexpired leases are held
+    elsewhere, in this process or any other (tests/storage/test_pg_lease_processes.py)."""
+    mine, theirs = make(), make()
     held_by_them = theirs.create(header("theirs"))
     held_by_me = mine.create(header("mine"))
     assert mine.held_elsewhere(["theirs", "mine", "nobody", "bad\x01id"]) == {"theirs"}
