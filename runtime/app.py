@@ -18,7 +18,7 @@ from typing import Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import FileMailbox, LogStore, Mailbox, ProjectionRegistry
+from subagents.storage import LogStore, Mailbox, ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry, SessionTools
@@ -35,7 +35,7 @@ from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
-from .store_select import open_log_store
+from .store_select import open_log_store, open_mailbox
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
@@ -110,7 +110,7 @@ async def open_runtime(
     task of every resident session and carries messages, interrupts and settlements to sessions
     another process holds (runtime/mailbox_owner.py). `store` (instead of `log_store`) names
     the log store the runtime opens and closes: a `postgresql://` URL or a folder
-    (runtime/store_select.py); the mailbox stays files under `root` either way."""
+    (runtime/store_select.py)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -121,9 +121,9 @@ async def open_runtime(
     owned = log_store is None
     logs = log_store if log_store is not None else open_log_store(store or root, compression=compression)
     registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
-    if mailbox is None and owned:
-        mailbox = FileMailbox(root)
     try:
+        if mailbox is None and owned:
+            mailbox = open_mailbox(logs, root)
         async with open_session_store(logs, registry, now_ms=now_ms or clock.now_ms) as sessions:
             query = SessionQuery(logs, sessions, registry, reader=StoreReader(logs))
             listing = ListingService(registry=registry, sessions=sessions, query=query)

@@ -157,8 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _STORE_HELP = (
-    "the log store: postgresql://... for PostgreSQL (the mailbox stays under --root), "
-    "or a folder (the same as --root FOLDER)"
+    "the store: postgresql://... for PostgreSQL (the logs and the mailbox), or a folder (the same as --root FOLDER)"
 )
 
 

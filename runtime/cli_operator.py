@@ -1,7 +1,8 @@
 """The operator commands: `send`, `interrupt`, `stop` and `tail` (SPEC §9; README, "The CLI").
 
 They reach a session wherever it is. One live in another process (its log's lock is held) is
-reached through its mailbox: the command returns once the envelope is durable, and the host's
+reached through its mailbox (the store's: rows of the PostgreSQL store, which every host reaches;
+files under `--root` with the file store): the command returns once the envelope is durable, and the host's
 owner task records it (runtime/mailbox_owner.py). A session nobody runs:
 
 - `send` queues the message in its mailbox all the same: no model runs here. It is recorded,
@@ -25,7 +26,6 @@ from typing import Any
 import trio
 from subagents.storage import (
     EnvelopeKind,
-    FileMailbox,
     LogInfo,
     LogStore,
     SessionNotFound,
@@ -35,7 +35,7 @@ from subagents.storage import (
 from .errors import CommandFailed, UsageError
 from .event_stream import StreamEvent
 from .mailbox_owner import new_envelope
-from .store_select import open_log_store
+from .store_select import open_log_store, open_mailbox
 
 __all__ = [
     "FOLLOW_POLL",
@@ -116,7 +116,7 @@ async def operator_command(args: argparse.Namespace) -> int:
         if not held and kind != "message":
             print(f"session {sid} is not running: nothing to {args.command}")
             return 0
-        mailbox = FileMailbox(args.root)
+        mailbox = open_mailbox(store, args.root)
         envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
         await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
     except StorageError as exc:

@@ -4,15 +4,27 @@ A store is named by one string: a `postgresql://` (or `postgres://`) URL selects
 store, anything else is a folder for the file store. Another `scheme://` is refused rather than
 taken for a folder named like a URL. psycopg is imported only when a URL selects PostgreSQL (by
 the store itself), so the file store's commands start as fast as before.
+
+The mailbox follows the log store (`open_mailbox`): rows of the same database on PostgreSQL
+(sharing the log store's connections), files under the root otherwise — so a delivery made by
+any host that reaches the database reaches the session's owner, wherever it runs.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from subagents.storage import FileLogStore, InvalidStoreUrl, LogStore, PostgresLogStore
+from subagents.storage import (
+    FileLogStore,
+    FileMailbox,
+    InvalidStoreUrl,
+    LogStore,
+    Mailbox,
+    PostgresLogStore,
+    PostgresMailbox,
+)
 
-__all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "store_label"]
+__all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
 
 PG_SCHEMES = ("postgresql", "postgres")
 
@@ -36,6 +48,14 @@ def open_log_store(spec: str, *, compression: Literal["zstd", "none"] = "zstd") 
     if is_pg_url(spec):
         return PostgresLogStore(spec)
     return FileLogStore(spec, compression=compression)
+
+
+def open_mailbox(store: LogStore, root: str) -> Mailbox:
+    """The mailbox that goes with `store`: a `PostgresMailbox` on the PostgreSQL store's own
+    connection pool (closing the store closes it), else a `FileMailbox` under `root`."""
+    if isinstance(store, PostgresLogStore):
+        return PostgresMailbox(pool=store.pool)
+    return FileMailbox(root)
 
 
 def store_label(store: LogStore) -> str:

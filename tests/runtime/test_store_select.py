@@ -123,7 +123,7 @@ def test_demo_on_postgresql_ends_ok_and_its_export_lists_the_same(tmp_path: Path
     done = cli("demo", "--store", pg_url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-4:] == EXPECTED_END
-    assert not list(tmp_path.rglob("session.jsonl*"))  # the logs are in PostgreSQL (the mailbox: files)
+    assert not list(tmp_path.rglob("session.jsonl*"))  # the logs and the mailbox are in PostgreSQL
     sessions = json.loads(cli("sessions", "--json", "--store", pg_url).stdout)
     assert sorted(s["id"] for s in sessions) == ["demo-1", "demo-2", "demo-3", "demo-4"]
     on_pg = cli("children", "demo-1", "--store", pg_url)
