@@ -245,7 +245,9 @@ def _select_store(args: argparse.Namespace) -> None:
     if not _is_pg(spec):
         args.root, args.store = spec, None
         return
-    _open_pg(spec).close_store()
+    # Only the commands that may create sessions create (or migrate) the schema; the others
+    # say that the store is not initialized and write nothing.
+    _open_pg(spec, create_schema=args.command in _CREATES_SCHEMA).close_store()
 
 
 def _is_pg(spec: str) -> bool:
@@ -257,14 +259,17 @@ def _is_pg(spec: str) -> bool:
         raise UsageError(str(exc)) from None
 
 
-def _open_pg(url: str) -> Any:
+_CREATES_SCHEMA = ("run", "chat", "acp", "demo")  # and `store init`, `import` (_transfer_command)
+
+
+def _open_pg(url: str, *, create_schema: bool = True) -> Any:
     """The PostgreSQL store at `url`, or `UsageError` in one line (exit status 2)."""
     from .store_select import open_log_store
 
     if not _is_pg(url):
         raise UsageError(f"not a PostgreSQL URL (postgresql://...): {url}")
     try:
-        return open_log_store(url)
+        return open_log_store(url, create_schema=create_schema)
     except StorageError as exc:
         raise UsageError(str(exc)) from None
 
@@ -287,7 +292,7 @@ def _transfer_command(args: argparse.Namespace) -> int:
         raise UsageError(f"the target folder is not empty (--into-existing to write into it): {args.to}")
     if args.command == "import":
         _read_only_root(args.source)
-    pg = _open_pg(args.url if args.command == "store" else args.store)
+    pg = _open_pg(args.url if args.command == "store" else args.store, create_schema=args.command != "export")
     try:
         if args.command == "store":
             count = len(pg.list())

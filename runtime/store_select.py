@@ -41,12 +41,13 @@ def is_pg_url(spec: str) -> bool:
     return False
 
 
-def open_log_store(spec: str, *, compression: Literal["zstd", "none"] = "zstd") -> LogStore:
+def open_log_store(spec: str, *, compression: Literal["zstd", "none"] = "zstd", create_schema: bool = True) -> LogStore:
     """The log store `spec` names, opened (the caller closes it with `close_store()`). A
-    PostgreSQL URL connects and creates or checks the schema here: a malformed URL raises
+    PostgreSQL URL connects and creates or migrates the schema here (only checks it without
+    `create_schema`: `StoreNotInitialized` when missing or older): a malformed URL raises
     `InvalidStoreUrl`, a refused connection `StoreUnreachable`, a newer schema `UnsupportedLog`."""
     if is_pg_url(spec):
-        return PostgresLogStore(spec)
+        return PostgresLogStore(spec, create_schema=create_schema)
     return FileLogStore(spec, compression=compression)
 
 

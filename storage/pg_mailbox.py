@@ -74,7 +74,9 @@ class PostgresMailbox:
     store's: `PostgresLogStore.pool`; then closing this mailbox leaves the pool open).
 
     `poll_interval` is what a watch asks for once its LISTEN connection broke; `random` makes
-    delivery ids (`ids`, as the file form's). Creates or migrates the schema (pg_schema).
+    delivery ids (`ids`, as the file form's). On its own `url` it creates or migrates the schema
+    (pg_schema); on a shared `pool` the log store that made the pool has prepared (or, opened
+    read-only, checked) it, and nothing more is done here.
     """
 
     def __init__(
@@ -97,6 +99,8 @@ class PostgresMailbox:
         self._pool = pool
         self.ids = DeliveryIds(random)
         self._poll_interval = poll_interval
+        if not self._owns_pool:
+            return
         import psycopg
 
         try:

@@ -48,6 +48,7 @@ from .errors import (
     SessionAlreadyExists,
     SessionNotFound,
     StorageError,
+    StoreNotInitialized,
     UnsupportedLog,
 )
 from .framing import decode_event_lines, is_seed_marker
@@ -56,7 +57,7 @@ from .log_store import Batch, Handle, ReadHandle, WriteHandle
 from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Owner, Pool, check_url, lock_key, redact
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
-from .pg_schema import ensure_schema
+from .pg_schema import SCHEMA_VERSION, ensure_schema
 from .projection import CheckpointRow
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
 from .zstd_framing import compress_frame
@@ -77,10 +78,16 @@ class _WriteState:
 
 class PostgresLogStore:
     """The `LogStore` contract on PostgreSQL (`url`: `postgresql://...`); `pool_size` connections
-    at most, plus one that holds the write handles' locks."""
+    at most, plus one that holds the write handles' locks. With `create_schema` (the default)
+    the schema is created or migrated here; without it (read-only commands) it is only checked:
+    a database without it, or with an older one, raises `StoreNotInitialized`, and nothing is
+    written."""
 
-    def __init__(self, url: str, *, pool_size: int = 4, compress_above: int = COMPRESS_ABOVE) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 4, compress_above: int = COMPRESS_ABOVE, create_schema: bool = True
+    ) -> None:
         self.url = check_url(url)
+        self.create_schema = create_schema
         self.compress_above = compress_above
         self._pool = Pool(url, size=pool_size)
         self._owner = Owner(url, self._pool.app)
@@ -91,7 +98,10 @@ class PostgresLogStore:
 
         try:
             with self._pool.connection() as conn:
-                ensure_schema(conn)
+                if create_schema:
+                    ensure_schema(conn)
+                else:
+                    _check_schema(conn, url)
         except psycopg.Error as exc:  # a server that refuses the DDL (no privilege, say)
             self._pool.close()
             raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {_line(exc)}") from None
@@ -531,6 +541,29 @@ _APPEND = (
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, NULL FROM s"
 )
+
+
+def _check_schema(conn: Any, url: str) -> None:
+    """The schema is the one this build writes: `StoreNotInitialized` when it is missing or
+    older (nothing created or migrated), `UnsupportedLog` when it is newer. Reads only."""
+    exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()[0]
+    row = conn.execute("SELECT version FROM schema_version").fetchone() if exists else None
+    found = row[0] if row else 0
+    if found > SCHEMA_VERSION:
+        raise UnsupportedLog(
+            None,
+            f"the PostgreSQL store at {redact(url)} has schema version {found}; "
+            f"this build knows versions up to {SCHEMA_VERSION}",
+        )
+    if found == 0:
+        raise StoreNotInitialized(
+            f"the PostgreSQL store at {redact(url)} is not initialized: run `subagents store init URL`"
+        )
+    if found < SCHEMA_VERSION:
+        raise StoreNotInitialized(
+            f"the PostgreSQL store at {redact(url)} has schema version {found} (this build: {SCHEMA_VERSION}): "
+            "run `subagents store init URL` to migrate it"
+        )
 
 
 def _line(exc: BaseException) -> str:

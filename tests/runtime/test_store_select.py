@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from cli_process import CLI, clean_env
 from subagents.runtime.app import open_runtime
 from subagents.runtime.cli import main
-from subagents.storage import FileLogStore, PostgresLogStore
+from subagents.storage import FileLogStore, PostgresLogStore, StoreNotInitialized
 
 EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
 
@@ -164,3 +165,116 @@ def test_run_send_and_tail_reach_a_session_on_postgresql(
     assert len(ends) >= 2  # the first run's, then the resumed one's (the queued message's too)
     assert main(["sessions", "--json", *where]) == 0
     assert [row["id"] for row in json.loads(capsys.readouterr().out)] == ["s1"]
+
+
+# --- read-only commands on a database without the schema (or with another version) ---
+
+NOT_INITIALIZED = "is not initialized: run `subagents store init URL`"
+
+
+@pytest.fixture(scope="module")
+def empty_url(pg_server: Any) -> Any:
+    """A database of its own, which only the write commands below may give a schema."""
+    from pg_server import drop_database, fresh_database
+
+    yield fresh_database(pg_server.url, "t_store_select_empty")
+    drop_database(pg_server.url, "t_store_select_empty")
+
+
+def _tables(url: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(url) as db:
+        rows = db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1").fetchall()
+    return [r[0] for r in rows]
+
+
+def _version(url: str, version: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute("UPDATE schema_version SET version = %s", (version,))
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sessions"],
+        ["sessions", "--json"],
+        ["show", "s1"],
+        ["children", "s1"],
+        ["agents", "s1"],
+        ["tail", "s1"],
+        ["tail", "-f", "s1"],
+        ["send", "s1", "hello", "--queue"],
+        ["send", "s1", "hello", "--model", "scripted:/nonexistent.json"],
+        ["interrupt", "s1"],
+        ["stop", "s1"],
+    ],
+    ids=lambda c: "-".join(c[:2]),
+)
+def test_a_read_only_command_on_an_empty_database_says_so_and_creates_nothing(
+    tmp_path: Path, empty_url: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--store", empty_url, "--root", str(tmp_path / "r")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert (
+        captured.err.startswith("subagents: the PostgreSQL store at postgresql://") and NOT_INITIALIZED in captured.err
+    )
+    assert _tables(empty_url) == []  # no schema made
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.pg
+def test_export_of_an_empty_database_says_so_and_store_init_then_makes_it_listable(
+    tmp_path: Path, empty_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", "--store", empty_url, "--to", str(tmp_path / "out")]) == 2
+    assert NOT_INITIALIZED in capsys.readouterr().err
+    assert _tables(empty_url) == []
+    try:
+        assert main(["store", "init", empty_url]) == 0
+        assert capsys.readouterr().out.endswith("schema ready (0 sessions)\n")
+        assert main(["sessions", "--store", empty_url]) == 0
+        assert capsys.readouterr().out == "(no sessions)\n"
+        # An older schema: read-only commands ask for a migration; `store init` makes it.
+        _version(empty_url, 1)
+        assert main(["sessions", "--store", empty_url]) == 2
+        err = capsys.readouterr().err
+        assert "has schema version 1 (this build: " in err and "to migrate it" in err and err.count("\n") == 1
+        with pytest.raises(StoreNotInitialized):
+            PostgresLogStore(empty_url, create_schema=False)
+    finally:
+        import psycopg
+
+        with psycopg.connect(empty_url, autocommit=True) as db:  # empty again for the other tests
+            db.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("command", [["sessions"], ["show", "s1"], ["tail", "s1"], ["run", "hi", "--model", "x:y"]])
+def test_a_newer_schema_is_one_line_exit_2_and_left_untouched(
+    pg_url: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from subagents.storage import UnsupportedLog
+
+    PostgresLogStore(pg_url).close_store()
+    _version(pg_url, 99)
+    try:
+        with pytest.raises(UnsupportedLog) as raised:
+            PostgresLogStore(pg_url, create_schema=False)
+        assert raised.value.code == "STORAGE_UNSUPPORTED_FORMAT"
+        assert main([*command, "--store", pg_url]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert "schema version 99" in captured.err and "Traceback" not in captured.err
+        import psycopg
+
+        with psycopg.connect(pg_url) as db:
+            assert db.execute("SELECT version FROM schema_version").fetchone() == (99,)
+    finally:
+        from subagents.storage.pg_schema import SCHEMA_VERSION
+
+        _version(pg_url, SCHEMA_VERSION)
