@@ -25,7 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
-from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
+from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, StoreUnreachable, check_session_id
 
 from .agent.loop import Agent, TurnResult
 from .app import Runtime, open_runtime
@@ -707,6 +707,8 @@ async def _show(args: argparse.Namespace) -> int:
         except QuerySessionNotFound:
             raise UsageError(f'session "{args.session_id}" not found') from None
         except SessionQueryError as exc:
+            if isinstance(exc.__cause__, StoreUnreachable):  # the store did not answer: as a refused connection
+                raise UsageError(exc.message) from None
             raise CommandFailed(exc.message) from None  # damaged, unsupported, unreadable
         except StorageError as exc:  # a payload the transcript could not decode
             seq = getattr(exc, "seq", None)

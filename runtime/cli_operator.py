@@ -15,7 +15,8 @@ owner task records it (runtime/mailbox_owner.py). A session nobody runs:
 `tail` prints a session's durable events as JSON lines (the `run --stream` form); with
 `--follow` it keeps printing events as they are written, by any process, looking at the log
 again every `FOLLOW_POLL` seconds, until Ctrl-C. Exit status: 0 done, 1 the store failed or the
-log is damaged, 2 bad input (an invalid id, not a root, no such session).
+log is damaged, 2 bad input (an invalid id, not a root, no such session) or a store that cannot
+be reached or does not answer in time (its timeouts: storage/pg_timeouts.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from subagents.storage import (
     LogStore,
     SessionNotFound,
     StorageError,
+    StoreUnreachable,
 )
 
 from .errors import CommandFailed, UsageError
@@ -83,9 +85,11 @@ def add_operator_commands(commands: Any, root: argparse.ArgumentParser, model_op
 def runs_elsewhere(store_spec: str, session_id: str) -> bool:
     """Whether another process holds the session (`UsageError` if there is none); `store_spec`
     is a root folder or a store URL (runtime/store_select.py)."""
-    store = open_log_store(store_spec)
+    store = open_log_store(store_spec, create_schema=False)
     try:
         return _stat(store, session_id)[1]
+    except StoreUnreachable as exc:  # no answer in time: as a refused connection
+        raise UsageError(str(exc)) from None
     except StorageError as exc:
         raise CommandFailed(str(exc)) from None
     finally:
@@ -108,7 +112,7 @@ async def operator_command(args: argparse.Namespace) -> int:
     module docstring for one nobody runs)."""
     kind: EnvelopeKind = "message" if args.command == "send" else args.command
     sid = args.session_id
-    store = open_log_store(getattr(args, "store", None) or args.root)
+    store = open_log_store(getattr(args, "store", None) or args.root, create_schema=False)
     try:
         info, held = await trio.to_thread.run_sync(_stat, store, sid)
         if info.damage is not None:
@@ -119,6 +123,8 @@ async def operator_command(args: argparse.Namespace) -> int:
         mailbox = open_mailbox(store, args.root)
         envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
         await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
+    except StoreUnreachable as exc:  # no answer in time: as a refused connection
+        raise UsageError(str(exc)) from None
     except StorageError as exc:
         raise CommandFailed(str(exc)) from None
     finally:
@@ -133,7 +139,7 @@ async def operator_command(args: argparse.Namespace) -> int:
 async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
     """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
     sid = args.session_id
-    store = open_log_store(getattr(args, "store", None) or args.root)
+    store = open_log_store(getattr(args, "store", None) or args.root, create_schema=False)
     try:
         await trio.to_thread.run_sync(_stat, store, sid)
         cursor = 0
@@ -145,6 +151,8 @@ async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
             if not args.follow:
                 return 0
             await trio.sleep(FOLLOW_POLL)  # another process's appends raise nothing here to wait on
+    except StoreUnreachable as exc:  # no answer in time: as a refused connection
+        raise UsageError(str(exc)) from None
     except StorageError as exc:
         raise CommandFailed(str(exc)) from None
     finally:

@@ -39,6 +39,7 @@ from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
 from .pg_connect import Pool, check_url, connect, redact
 from .pg_mailbox_watch import CHANNEL, PgMailboxWatch
 from .pg_schema import ensure_schema
+from .pg_timeouts import is_timeout, timed_out
 from .values import SessionId, check_session_id
 
 __all__ = ["PostgresMailbox"]
@@ -250,6 +251,8 @@ class PostgresMailbox:
             except psycopg.Error as exc:
                 if raw:
                     raise
+                if is_timeout(exc):
+                    raise timed_out(redact(self._pool.url), f"session {sid!r}: mailbox {op}", exc) from None
                 raise PersistenceFailed(f"session {sid!r}: mailbox {op} failed: {_line(exc)}") from None
         raise AssertionError("unreachable")
 

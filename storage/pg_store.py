@@ -58,6 +58,7 @@ from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Owner, Pool, check_url, lock_key, redact
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
 from .pg_schema import SCHEMA_VERSION, ensure_schema
+from .pg_timeouts import is_timeout, timed_out
 from .projection import CheckpointRow
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
 from .zstd_framing import compress_frame
@@ -104,6 +105,8 @@ class PostgresLogStore:
                     _check_schema(conn, url)
         except psycopg.Error as exc:  # a server that refuses the DDL (no privilege, say)
             self._pool.close()
+            if is_timeout(exc):
+                raise timed_out(redact(url), "checking the schema", exc) from None
             raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {_line(exc)}") from None
         except BaseException:  # a store whose schema failed closes its pool (re-raised)
             self._pool.close()
@@ -505,6 +508,8 @@ class PostgresLogStore:
                 raise
             except psycopg.Error as exc:
                 who = f"session {sid!r}: " if sid is not None else ""
+                if is_timeout(exc):
+                    raise timed_out(redact(self.url), f"{who}{op}", exc) from None
                 raise PersistenceFailed(f"{who}{op} failed: {_line(exc)}") from None
         raise AssertionError("unreachable")
 

@@ -278,3 +278,51 @@ def test_a_newer_schema_is_one_line_exit_2_and_left_untouched(
         from subagents.storage.pg_schema import SCHEMA_VERSION
 
         _version(pg_url, SCHEMA_VERSION)
+
+
+# --- timeouts: a server that does not answer is one line, exit 2 ---
+
+
+def _with_statement_timeout(url: str, ms: int) -> str:
+    return f"{url}{'&' if '?' in url else '?'}options=-c%20statement_timeout%3D{ms}"
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize(
+    "command",
+    [["sessions"], ["sessions", "--json"], ["show", "s1"], ["children", "s1"], ["agents", "s1"], ["tail", "s1"]],
+)
+def test_a_server_stuck_behind_a_lock_is_one_line_exit_2(
+    pg_url: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psycopg
+
+    PostgresLogStore(pg_url).close_store()  # the schema
+    url = _with_statement_timeout(pg_url, 100)
+    with psycopg.connect(pg_url) as holder:  # a transaction that holds the lock until it ends
+        holder.execute("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE")
+        code = main([*command, "--store", url])
+        holder.rollback()
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert "did not answer in time (canceling statement due to statement timeout" in captured.err
+
+
+@pytest.mark.pg
+def test_every_connection_has_a_connect_and_a_statement_timeout(pg_url: str) -> None:
+    from subagents.storage.pg_connect import connect
+    from subagents.storage.pg_timeouts import connection_options
+
+    assert connection_options(pg_url) == {"connect_timeout": 10, "options": "-c statement_timeout=30s"}
+    url = _with_statement_timeout(f"{pg_url}&connect_timeout=3", 1500)
+    assert connection_options(url) == {}  # the URL's own settings, as libpq reads them
+    both = f"{pg_url}&options=-c%20search_path%3Dpublic"
+    assert connection_options(both) == {
+        "connect_timeout": 10,
+        "options": "-c search_path=public -c statement_timeout=30s",
+    }
+    for given, want in ((pg_url, "30s"), (url, "1500ms")):
+        with connect(given, "test") as conn:
+            assert conn.execute("SHOW statement_timeout").fetchone() == (want,)
+            assert conn.info.get_parameters()["connect_timeout"] == ("10" if given == pg_url else "3")
