@@ -261,7 +261,7 @@ def _is_pg(spec: str) -> bool:
         raise UsageError(str(exc)) from None
 
 
-_CREATES_SCHEMA = ("run", "chat", "acp", "demo")  # and `store init`, `import` (_transfer_command)
+_CREATES_SCHEMA = ("run", "chat", "acp", "demo", "serve")  # and `store init`, `import` (_transfer_command)
 
 
 def _open_pg(url: str, *, create_schema: bool = True) -> Any:
