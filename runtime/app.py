@@ -18,7 +18,7 @@ from typing import Any, Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import FileMailbox, LogStore, Mailbox, Placements, ProjectionRegistry
+from subagents.storage import LogStore, Mailbox, Placements, ProjectionRegistry
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry, SessionTools
@@ -36,7 +36,7 @@ from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
-from .store_select import open_log_store
+from .store_select import open_log_store, open_mailbox
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
@@ -108,15 +108,16 @@ async def open_runtime(
     `seconds` count from each agent's start); subagents get their parent's remainder
     (runtime/budgets.py). `mcp_servers` are started before the runtime is yielded (each ready or
     failed); their tools `mcp__<server>__<tool>` join the workspace tools, under the same policy
-    (default `DEFAULT_PERMISSIONS`). `mailbox` (default: a `FileMailbox` on `root` when the
-    runtime makes its own log store; none with a `log_store` passed in) is drained by an owner
+    (default `DEFAULT_PERMISSIONS`). `mailbox` (default when the runtime makes its own log
+    store: the store's — a `PostgresMailbox` on a PostgreSQL store's connections, else a
+    `FileMailbox` on `root`; none with a `log_store` passed in) is drained by an owner
     task of every resident session and carries messages, interrupts and settlements to sessions
     another process holds (runtime/mailbox_owner.py). `store` (instead of `log_store`) names
     the log store the runtime opens and closes: a `postgresql://` URL or a folder
-    (runtime/store_select.py); the mailbox stays files under `root` either way. `placements` (a
-    placement queue, SPEC §9) leaves background children to serving hosts while any serve
-    (runtime/serve.py); it needs the mailbox, which carries their prompts and settlements.
-    `store_options` go to the PostgreSQL store `store` opens (`lease_ttl`, `lease_renew_interval`)."""
+    (runtime/store_select.py). `placements` (a placement queue, SPEC §9) leaves background
+    children to serving hosts while any serve (runtime/serve.py); it needs the mailbox, which
+    carries their prompts and settlements. `store_options` go to the PostgreSQL store `store`
+    opens (`lease_ttl`, `lease_renew_interval`)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -131,14 +132,14 @@ async def open_runtime(
         else open_log_store(store or root, compression=compression, **(store_options or {}))
     )
     registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
-    if mailbox is None and owned:
-        mailbox = FileMailbox(root)
     if placements is None and owned:
         # A store shared by hosts (PostgreSQL) has a placement queue: children may be left to
         # serving hosts while any serve.
         make_placements = getattr(logs, "placements", None)
         placements = make_placements() if make_placements is not None else None
     try:
+        if mailbox is None and owned:
+            mailbox = open_mailbox(logs, root)
         async with open_session_store(logs, registry, now_ms=now_ms or clock.now_ms) as sessions:
             query = SessionQuery(logs, sessions, registry, reader=StoreReader(logs))
             listing = ListingService(registry=registry, sessions=sessions, query=query)

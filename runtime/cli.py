@@ -25,7 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
-from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, check_session_id
+from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, StoreUnreachable, check_session_id
 
 from .agent.loop import Agent, TurnResult
 from .app import Runtime, open_runtime
@@ -159,8 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _STORE_HELP = (
-    "the log store: postgresql://... for PostgreSQL (the mailbox stays under --root), "
-    "or a folder (the same as --root FOLDER)"
+    "the store: postgresql://... for PostgreSQL (the logs and the mailbox), or a folder (the same as --root FOLDER)"
 )
 
 
@@ -248,7 +247,9 @@ def _select_store(args: argparse.Namespace) -> None:
     if not _is_pg(spec):
         args.root, args.store = spec, None
         return
-    _open_pg(spec).close_store()
+    # Only the commands that may create sessions create (or migrate) the schema; the others
+    # say that the store is not initialized and write nothing.
+    _open_pg(spec, create_schema=args.command in _CREATES_SCHEMA).close_store()
 
 
 def _is_pg(spec: str) -> bool:
@@ -260,14 +261,17 @@ def _is_pg(spec: str) -> bool:
         raise UsageError(str(exc)) from None
 
 
-def _open_pg(url: str) -> Any:
+_CREATES_SCHEMA = ("run", "chat", "acp", "demo", "serve")  # and `store init`, `import` (_transfer_command)
+
+
+def _open_pg(url: str, *, create_schema: bool = True) -> Any:
     """The PostgreSQL store at `url`, or `UsageError` in one line (exit status 2)."""
     from .store_select import open_log_store
 
     if not _is_pg(url):
         raise UsageError(f"not a PostgreSQL URL (postgresql://...): {url}")
     try:
-        return open_log_store(url)
+        return open_log_store(url, create_schema=create_schema)
     except StorageError as exc:
         raise UsageError(str(exc)) from None
 
@@ -290,7 +294,7 @@ def _transfer_command(args: argparse.Namespace) -> int:
         raise UsageError(f"the target folder is not empty (--into-existing to write into it): {args.to}")
     if args.command == "import":
         _read_only_root(args.source)
-    pg = _open_pg(args.url if args.command == "store" else args.store)
+    pg = _open_pg(args.url if args.command == "store" else args.store, create_schema=args.command != "export")
     try:
         if args.command == "store":
             count = len(pg.list())
@@ -705,6 +709,8 @@ async def _show(args: argparse.Namespace) -> int:
         except QuerySessionNotFound:
             raise UsageError(f'session "{args.session_id}" not found') from None
         except SessionQueryError as exc:
+            if isinstance(exc.__cause__, StoreUnreachable):  # the store did not answer: as a refused connection
+                raise UsageError(exc.message) from None
             raise CommandFailed(exc.message) from None  # damaged, unsupported, unreadable
         except StorageError as exc:  # a payload the transcript could not decode
             seq = getattr(exc, "seq", None)

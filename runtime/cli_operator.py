@@ -1,7 +1,8 @@
 """The operator commands: `send`, `interrupt`, `stop` and `tail` (SPEC §9; README, "The CLI").
 
 They reach a session wherever it is. One live in another process (its log's lock is held) is
-reached through its mailbox: the command returns once the envelope is durable, and the host's
+reached through its mailbox (the store's: rows of the PostgreSQL store, which every host reaches;
+files under `--root` with the file store): the command returns once the envelope is durable, and the host's
 owner task records it (runtime/mailbox_owner.py). A session nobody runs:
 
 - `send` queues the message in its mailbox all the same: no model runs here. It is recorded,
@@ -14,7 +15,8 @@ owner task records it (runtime/mailbox_owner.py). A session nobody runs:
 `tail` prints a session's durable events as JSON lines (the `run --stream` form); with
 `--follow` it keeps printing events as they are written, by any process, looking at the log
 again every `FOLLOW_POLL` seconds, until Ctrl-C. Exit status: 0 done, 1 the store failed or the
-log is damaged, 2 bad input (an invalid id, not a root, no such session).
+log is damaged, 2 bad input (an invalid id, not a root, no such session) or a store that cannot
+be reached or does not answer in time (its timeouts: storage/pg_timeouts.py).
 """
 
 from __future__ import annotations
@@ -25,17 +27,17 @@ from typing import Any
 import trio
 from subagents.storage import (
     EnvelopeKind,
-    FileMailbox,
     LogInfo,
     LogStore,
     SessionNotFound,
     StorageError,
+    StoreUnreachable,
 )
 
 from .errors import CommandFailed, UsageError
 from .event_stream import StreamEvent
 from .mailbox_owner import new_envelope
-from .store_select import open_log_store
+from .store_select import open_log_store, open_mailbox
 
 __all__ = [
     "FOLLOW_POLL",
@@ -83,9 +85,11 @@ def add_operator_commands(commands: Any, root: argparse.ArgumentParser, model_op
 def runs_elsewhere(store_spec: str, session_id: str) -> bool:
     """Whether another process holds the session (`UsageError` if there is none); `store_spec`
     is a root folder or a store URL (runtime/store_select.py)."""
-    store = open_log_store(store_spec)
+    store = open_log_store(store_spec, create_schema=False)
     try:
         return _stat(store, session_id)[1]
+    except StoreUnreachable as exc:  # no answer in time: as a refused connection
+        raise UsageError(str(exc)) from None
     except StorageError as exc:
         raise CommandFailed(str(exc)) from None
     finally:
@@ -108,7 +112,7 @@ async def operator_command(args: argparse.Namespace) -> int:
     module docstring for one nobody runs)."""
     kind: EnvelopeKind = "message" if args.command == "send" else args.command
     sid = args.session_id
-    store = open_log_store(getattr(args, "store", None) or args.root)
+    store = open_log_store(getattr(args, "store", None) or args.root, create_schema=False)
     try:
         info, held = await trio.to_thread.run_sync(_stat, store, sid)
         if info.damage is not None:
@@ -116,9 +120,11 @@ async def operator_command(args: argparse.Namespace) -> int:
         if not held and kind != "message":
             print(f"session {sid} is not running: nothing to {args.command}")
             return 0
-        mailbox = FileMailbox(args.root)
+        mailbox = open_mailbox(store, args.root)
         envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
         await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
+    except StoreUnreachable as exc:  # no answer in time: as a refused connection
+        raise UsageError(str(exc)) from None
     except StorageError as exc:
         raise CommandFailed(str(exc)) from None
     finally:
@@ -133,7 +139,7 @@ async def operator_command(args: argparse.Namespace) -> int:
 async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
     """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
     sid = args.session_id
-    store = open_log_store(getattr(args, "store", None) or args.root)
+    store = open_log_store(getattr(args, "store", None) or args.root, create_schema=False)
     try:
         await trio.to_thread.run_sync(_stat, store, sid)
         cursor = 0
@@ -145,6 +151,8 @@ async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
             if not args.follow:
                 return 0
             await trio.sleep(FOLLOW_POLL)  # another process's appends raise nothing here to wait on
+    except StoreUnreachable as exc:  # no answer in time: as a refused connection
+        raise UsageError(str(exc)) from None
     except StorageError as exc:
         raise CommandFailed(str(exc)) from None
     finally:

@@ -100,7 +100,7 @@ def hosts_command(args: argparse.Namespace) -> int:
 
     url = _pg_store(args)
     try:
-        store = open_log_store(url)
+        store = open_log_store(url, create_schema=False)
         try:
             rows = store.placements().hosts()  # type: ignore[attr-defined]  # a PostgresLogStore (checked above)
         finally:

@@ -26,7 +26,8 @@ than this owner is stale and is acked without effect: the turn it was meant for 
 earlier owner (a crash between the cancel and the ack, or a sender that saw the old host's lock),
 and that turn was closed then or by the resume's closers. So a redelivered interrupt never
 aborts a later turn. The comparison uses wall clocks (the sender's `created_at` is its wall
-clock), which the file form shares on one host.
+clock), which the file form shares on one host; on PostgreSQL the hosts' clocks must agree to
+well under the time between a host's start and an interrupt (a known limit: README).
 
 A bad envelope never stops the owner: what the drain moved aside is a log line, a body this
 runtime cannot use is a log line and an ack, and a storage error is a log line and a retry at
@@ -221,8 +222,10 @@ class _Owner:
                 if bad.name in self._stuck:
                     continue  # reported by every drain while it stays: said once
                 self._stuck.add(bad.name)
-            where = f"moved to rejected/{bad.moved_to}" if bad.moved_to else "left in place"
-            log.warning("session %s: mailbox file %r is not a delivery (%s): %s", self.sid, bad.name, where, bad.reason)
+            where = f"moved aside as {bad.moved_to!r}" if bad.moved_to else "left in place"
+            log.warning(
+                "session %s: mailbox entry %r is not a delivery (%s): %s", self.sid, bad.name, where, bad.reason
+            )
         for envelope in report.envelopes:
             if envelope.delivery_id in self._pending:
                 continue

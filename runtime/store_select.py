@@ -4,15 +4,27 @@ A store is named by one string: a `postgresql://` (or `postgres://`) URL selects
 store, anything else is a folder for the file store. Another `scheme://` is refused rather than
 taken for a folder named like a URL. psycopg is imported only when a URL selects PostgreSQL (by
 the store itself), so the file store's commands start as fast as before.
+
+The mailbox follows the log store (`open_mailbox`): rows of the same database on PostgreSQL
+(sharing the log store's connections), files under the root otherwise — so a delivery made by
+any host that reaches the database reaches the session's owner, wherever it runs.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from subagents.storage import FileLogStore, InvalidStoreUrl, LogStore, PostgresLogStore
+from subagents.storage import (
+    FileLogStore,
+    FileMailbox,
+    InvalidStoreUrl,
+    LogStore,
+    Mailbox,
+    PostgresLogStore,
+    PostgresMailbox,
+)
 
-__all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "store_label"]
+__all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
 
 PG_SCHEMES = ("postgresql", "postgres")
 
@@ -35,17 +47,27 @@ def open_log_store(
     compression: Literal["zstd", "none"] = "zstd",
     lease_ttl: float | None = None,
     lease_renew_interval: float | None = None,
+    create_schema: bool = True,
 ) -> LogStore:
     """The log store `spec` names, opened (the caller closes it with `close_store()`). A
-    PostgreSQL URL connects and creates or checks the schema here: a malformed URL raises
+    PostgreSQL URL connects and creates or migrates the schema here (only checks it without
+    `create_schema`: `StoreNotInitialized` when missing or older): a malformed URL raises
     `InvalidStoreUrl`, a refused connection `StoreUnreachable`, a newer schema `UnsupportedLog`.
     The lease options go to a PostgreSQL store (the file store has flocks)."""
     if is_pg_url(spec):
         leases: dict[str, float] = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
         if lease_renew_interval is not None:
             leases["lease_renew_interval"] = lease_renew_interval
-        return PostgresLogStore(spec, **leases)
+        return PostgresLogStore(spec, create_schema=create_schema, **leases)
     return FileLogStore(spec, compression=compression)
+
+
+def open_mailbox(store: LogStore, root: str) -> Mailbox:
+    """The mailbox that goes with `store`: a `PostgresMailbox` on the PostgreSQL store's own
+    connection pool (closing the store closes it), else a `FileMailbox` under `root`."""
+    if isinstance(store, PostgresLogStore):
+        return PostgresMailbox(pool=store.pool)
+    return FileMailbox(root)
 
 
 def store_label(store: LogStore) -> str:

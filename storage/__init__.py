@@ -45,6 +45,7 @@ from .errors import SequenceConflict as SequenceConflict
 from .errors import SessionAlreadyExists as SessionAlreadyExists
 from .errors import SessionNotFound as SessionNotFound
 from .errors import StorageError as StorageError
+from .errors import StoreNotInitialized as StoreNotInitialized
 from .errors import StoreUnreachable as StoreUnreachable
 from .errors import SubagentsError as SubagentsError
 from .errors import UnknownProjection as UnknownProjection

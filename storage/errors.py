@@ -38,7 +38,8 @@ once, where storage meets them; nothing else leaks out of the public API.
     ├── UnsupportedLog            STORAGE_UNSUPPORTED_FORMAT     (another format; a PostgreSQL store's newer schema)
     │   └── UnsupportedEvent      STORAGE_UNSUPPORTED_EVENT      (an event type this build lacks)
     ├── InvalidStoreUrl           STORAGE_INVALID_STORE_URL      (not a PostgreSQL URL psycopg accepts)
-    ├── StoreUnreachable          STORAGE_STORE_UNREACHABLE      (no connection: refused, auth, no database)
+    ├── StoreUnreachable          STORAGE_STORE_UNREACHABLE      (no connection: refused, auth, no database; no answer in time)
+    ├── StoreNotInitialized       STORAGE_STORE_NOT_INITIALIZED  (a PostgreSQL store without its schema, opened read-only)
     ├── UnknownProjection         STORAGE_UNKNOWN_PROJECTION     (also a KeyError)
     ├── ProjectionBroken          STORAGE_PROJECTION_BROKEN      (a unit's apply or view raised)
     ├── InvalidEnvelope           STORAGE_INVALID_ENVELOPE       (a mailbox envelope refused)
@@ -76,6 +77,7 @@ __all__ = [
     "ProjectionBroken",
     "SessionNotFound",
     "StorageError",
+    "StoreNotInitialized",
     "StoreUnreachable",
     "SubagentsError",
     "UnknownProjection",
@@ -260,9 +262,18 @@ class InvalidStoreUrl(StorageError, ValueError):
 
 class StoreUnreachable(StorageError):
     """No connection to the PostgreSQL store: refused, unknown host, failed authentication or no
-    such database. One line, the URL without its password."""
+    such database; or a read it did not answer within its statement timeout (pg_timeouts). One
+    line, the URL without its password."""
 
     code = "STORAGE_STORE_UNREACHABLE"
+
+
+class StoreNotInitialized(StorageError):
+    """A PostgreSQL store opened without creating its schema (`create_schema=False`, what
+    read-only commands do) holds no schema, or an older one not yet migrated. One line, the URL
+    without its password, naming `subagents store init`."""
+
+    code = "STORAGE_STORE_NOT_INITIALIZED"
 
 
 class UnknownProjection(StorageError, KeyError):

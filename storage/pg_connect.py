@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import InvalidStoreUrl, StoreUnreachable
+from .pg_timeouts import connection_options
 
 if TYPE_CHECKING:
     import psycopg
@@ -84,7 +85,7 @@ def connect(url: str, app: str) -> psycopg.Connection[Any]:
     import psycopg
 
     try:
-        return psycopg.connect(url, autocommit=True, application_name=app, connect_timeout=10)
+        return psycopg.connect(url, autocommit=True, application_name=app, **connection_options(url))
     except psycopg.Error as exc:
         raise StoreUnreachable(f"cannot connect to PostgreSQL at {redact(url)}: {_first_line(exc)}") from None
 

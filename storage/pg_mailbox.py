@@ -39,6 +39,7 @@ from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
 from .pg_connect import Pool, check_url, connect, redact
 from .pg_mailbox_watch import CHANNEL, PgMailboxWatch
 from .pg_schema import ensure_schema
+from .pg_timeouts import is_timeout, timed_out
 from .values import SessionId, check_session_id
 
 __all__ = ["PostgresMailbox"]
@@ -74,7 +75,9 @@ class PostgresMailbox:
     store's: `PostgresLogStore.pool`; then closing this mailbox leaves the pool open).
 
     `poll_interval` is what a watch asks for once its LISTEN connection broke; `random` makes
-    delivery ids (`ids`, as the file form's). Creates or migrates the schema (pg_schema).
+    delivery ids (`ids`, as the file form's). On its own `url` it creates or migrates the schema
+    (pg_schema); on a shared `pool` the log store that made the pool has prepared (or, opened
+    read-only, checked) it, and nothing more is done here.
     """
 
     def __init__(
@@ -97,6 +100,8 @@ class PostgresMailbox:
         self._pool = pool
         self.ids = DeliveryIds(random)
         self._poll_interval = poll_interval
+        if not self._owns_pool:
+            return
         import psycopg
 
         try:
@@ -246,6 +251,8 @@ class PostgresMailbox:
             except psycopg.Error as exc:
                 if raw:
                     raise
+                if is_timeout(exc):
+                    raise timed_out(redact(self._pool.url), f"session {sid!r}: mailbox {op}", exc) from None
                 raise PersistenceFailed(f"session {sid!r}: mailbox {op} failed: {_line(exc)}") from None
         raise AssertionError("unreachable")
 

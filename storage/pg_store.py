@@ -55,6 +55,7 @@ from .errors import (
     SessionAlreadyExists,
     SessionNotFound,
     StorageError,
+    StoreNotInitialized,
     UnsupportedLog,
 )
 from .framing import decode_event_lines, is_seed_marker
@@ -64,7 +65,8 @@ from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Pool, check_url, redact
 from .pg_leases import Leases, LeaseState, new_host_id
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
-from .pg_schema import ensure_schema
+from .pg_schema import SCHEMA_VERSION, ensure_schema
+from .pg_timeouts import is_timeout, timed_out
 from .projection import CheckpointRow
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
 from .zstd_framing import compress_frame
@@ -85,7 +87,10 @@ class PostgresLogStore:
     """The `LogStore` contract on PostgreSQL (`url`: `postgresql://...`); `pool_size` connections
     at most, plus the owner connection that holds the host's liveness lock. `host_id` names this
     store among the hosts sharing the database (default: a fresh ULID); its leases last
-    `lease_ttl` seconds past each renewal, due every `lease_renew_interval` (default ttl / 3)."""
+    `lease_ttl` seconds past each renewal, due every `lease_renew_interval` (default ttl / 3).
+    With `create_schema` (the default) the schema is created or migrated here; without it
+    (read-only commands) it is only checked: a database without it, or with an older one,
+    raises `StoreNotInitialized`, and nothing is written."""
 
     def __init__(
         self,
@@ -96,8 +101,10 @@ class PostgresLogStore:
         host_id: str | None = None,
         lease_ttl: float = 15.0,
         lease_renew_interval: float | None = None,
+        create_schema: bool = True,
     ) -> None:
         self.url = check_url(url)
+        self.create_schema = create_schema
         self.compress_above = compress_above
         host_id, lease_ttl, lease_renew_interval = _lease_options(host_id, lease_ttl, lease_renew_interval)
         self.lease_renew_interval = lease_renew_interval
@@ -111,9 +118,14 @@ class PostgresLogStore:
 
         try:
             with self._pool.connection() as conn:
-                ensure_schema(conn)
+                if create_schema:
+                    ensure_schema(conn)
+                else:
+                    _check_schema(conn, url)
         except psycopg.Error as exc:  # a server that refuses the DDL (no privilege, say)
             self._pool.close()
+            if is_timeout(exc):
+                raise timed_out(redact(url), "checking the schema", exc) from None
             raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {_line(exc)}") from None
         except BaseException:  # a store whose schema failed closes its pool (re-raised)
             self._pool.close()
@@ -550,6 +562,8 @@ class PostgresLogStore:
                 raise
             except psycopg.Error as exc:
                 who = f"session {sid!r}: " if sid is not None else ""
+                if is_timeout(exc):
+                    raise timed_out(redact(self.url), f"{who}{op}", exc) from None
                 raise PersistenceFailed(f"{who}{op} failed: {_line(exc)}") from None
         raise AssertionError("unreachable")
 
@@ -607,6 +621,29 @@ def _lease_options(host_id: object, ttl: object, interval: object) -> tuple[str,
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         seconds.append(float(value))
     return host_id, seconds[0], seconds[1] if interval is not None else seconds[0] / 3
+
+
+def _check_schema(conn: Any, url: str) -> None:
+    """The schema is the one this build writes: `StoreNotInitialized` when it is missing or
+    older (nothing created or migrated), `UnsupportedLog` when it is newer. Reads only."""
+    exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()[0]
+    row = conn.execute("SELECT version FROM schema_version").fetchone() if exists else None
+    found = row[0] if row else 0
+    if found > SCHEMA_VERSION:
+        raise UnsupportedLog(
+            None,
+            f"the PostgreSQL store at {redact(url)} has schema version {found}; "
+            f"this build knows versions up to {SCHEMA_VERSION}",
+        )
+    if found == 0:
+        raise StoreNotInitialized(
+            f"the PostgreSQL store at {redact(url)} is not initialized: run `subagents store init URL`"
+        )
+    if found < SCHEMA_VERSION:
+        raise StoreNotInitialized(
+            f"the PostgreSQL store at {redact(url)} has schema version {found} (this build: {SCHEMA_VERSION}): "
+            "run `subagents store init URL` to migrate it"
+        )
 
 
 def _line(exc: BaseException) -> str:

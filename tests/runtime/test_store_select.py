@@ -9,13 +9,14 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 from cli_process import CLI, clean_env
 from subagents.runtime.app import open_runtime
 from subagents.runtime.cli import main
-from subagents.storage import FileLogStore, PostgresLogStore
+from subagents.storage import FileLogStore, PostgresLogStore, StoreNotInitialized
 
 EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
 
@@ -123,7 +124,7 @@ def test_demo_on_postgresql_ends_ok_and_its_export_lists_the_same(tmp_path: Path
     done = cli("demo", "--store", pg_url)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-4:] == EXPECTED_END
-    assert not list(tmp_path.rglob("session.jsonl*"))  # the logs are in PostgreSQL (the mailbox: files)
+    assert not list(tmp_path.rglob("session.jsonl*"))  # the logs and the mailbox are in PostgreSQL
     sessions = json.loads(cli("sessions", "--json", "--store", pg_url).stdout)
     assert sorted(s["id"] for s in sessions) == ["demo-1", "demo-2", "demo-3", "demo-4"]
     on_pg = cli("children", "demo-1", "--store", pg_url)
@@ -164,3 +165,164 @@ def test_run_send_and_tail_reach_a_session_on_postgresql(
     assert len(ends) >= 2  # the first run's, then the resumed one's (the queued message's too)
     assert main(["sessions", "--json", *where]) == 0
     assert [row["id"] for row in json.loads(capsys.readouterr().out)] == ["s1"]
+
+
+# --- read-only commands on a database without the schema (or with another version) ---
+
+NOT_INITIALIZED = "is not initialized: run `subagents store init URL`"
+
+
+@pytest.fixture(scope="module")
+def empty_url(pg_server: Any) -> Any:
+    """A database of its own, which only the write commands below may give a schema."""
+    from pg_server import drop_database, fresh_database
+
+    yield fresh_database(pg_server.url, "t_store_select_empty")
+    drop_database(pg_server.url, "t_store_select_empty")
+
+
+def _tables(url: str) -> list[str]:
+    import psycopg
+
+    with psycopg.connect(url) as db:
+        rows = db.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1").fetchall()
+    return [r[0] for r in rows]
+
+
+def _version(url: str, version: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute("UPDATE schema_version SET version = %s", (version,))
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sessions"],
+        ["sessions", "--json"],
+        ["show", "s1"],
+        ["children", "s1"],
+        ["agents", "s1"],
+        ["tail", "s1"],
+        ["tail", "-f", "s1"],
+        ["send", "s1", "hello", "--queue"],
+        ["send", "s1", "hello", "--model", "scripted:/nonexistent.json"],
+        ["interrupt", "s1"],
+        ["stop", "s1"],
+    ],
+    ids=lambda c: "-".join(c[:2]),
+)
+def test_a_read_only_command_on_an_empty_database_says_so_and_creates_nothing(
+    tmp_path: Path, empty_url: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--store", empty_url, "--root", str(tmp_path / "r")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert (
+        captured.err.startswith("subagents: the PostgreSQL store at postgresql://") and NOT_INITIALIZED in captured.err
+    )
+    assert _tables(empty_url) == []  # no schema made
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.pg
+def test_export_of_an_empty_database_says_so_and_store_init_then_makes_it_listable(
+    tmp_path: Path, empty_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", "--store", empty_url, "--to", str(tmp_path / "out")]) == 2
+    assert NOT_INITIALIZED in capsys.readouterr().err
+    assert _tables(empty_url) == []
+    try:
+        assert main(["store", "init", empty_url]) == 0
+        assert capsys.readouterr().out.endswith("schema ready (0 sessions)\n")
+        assert main(["sessions", "--store", empty_url]) == 0
+        assert capsys.readouterr().out == "(no sessions)\n"
+        # An older schema: read-only commands ask for a migration; `store init` makes it.
+        _version(empty_url, 1)
+        assert main(["sessions", "--store", empty_url]) == 2
+        err = capsys.readouterr().err
+        assert "has schema version 1 (this build: " in err and "to migrate it" in err and err.count("\n") == 1
+        with pytest.raises(StoreNotInitialized):
+            PostgresLogStore(empty_url, create_schema=False)
+    finally:
+        import psycopg
+
+        with psycopg.connect(empty_url, autocommit=True) as db:  # empty again for the other tests
+            db.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize("command", [["sessions"], ["show", "s1"], ["tail", "s1"], ["run", "hi", "--model", "x:y"]])
+def test_a_newer_schema_is_one_line_exit_2_and_left_untouched(
+    pg_url: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from subagents.storage import UnsupportedLog
+
+    PostgresLogStore(pg_url).close_store()
+    _version(pg_url, 99)
+    try:
+        with pytest.raises(UnsupportedLog) as raised:
+            PostgresLogStore(pg_url, create_schema=False)
+        assert raised.value.code == "STORAGE_UNSUPPORTED_FORMAT"
+        assert main([*command, "--store", pg_url]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert "schema version 99" in captured.err and "Traceback" not in captured.err
+        import psycopg
+
+        with psycopg.connect(pg_url) as db:
+            assert db.execute("SELECT version FROM schema_version").fetchone() == (99,)
+    finally:
+        from subagents.storage.pg_schema import SCHEMA_VERSION
+
+        _version(pg_url, SCHEMA_VERSION)
+
+
+# --- timeouts: a server that does not answer is one line, exit 2 ---
+
+
+def _with_statement_timeout(url: str, ms: int) -> str:
+    return f"{url}{'&' if '?' in url else '?'}options=-c%20statement_timeout%3D{ms}"
+
+
+@pytest.mark.pg
+@pytest.mark.parametrize(
+    "command",
+    [["sessions"], ["sessions", "--json"], ["show", "s1"], ["children", "s1"], ["agents", "s1"], ["tail", "s1"]],
+)
+def test_a_server_stuck_behind_a_lock_is_one_line_exit_2(
+    pg_url: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import psycopg
+
+    PostgresLogStore(pg_url).close_store()  # the schema
+    url = _with_statement_timeout(pg_url, 100)
+    with psycopg.connect(pg_url) as holder:  # a transaction that holds the lock until it ends
+        holder.execute("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE")
+        code = main([*command, "--store", url])
+        holder.rollback()
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert "did not answer in time (canceling statement due to statement timeout" in captured.err
+
+
+@pytest.mark.pg
+def test_every_connection_has_a_connect_and_a_statement_timeout(pg_url: str) -> None:
+    from subagents.storage.pg_connect import connect
+    from subagents.storage.pg_timeouts import connection_options
+
+    assert connection_options(pg_url) == {"connect_timeout": 10, "options": "-c statement_timeout=30s"}
+    url = _with_statement_timeout(f"{pg_url}&connect_timeout=3", 1500)
+    assert connection_options(url) == {}  # the URL's own settings, as libpq reads them
+    both = f"{pg_url}&options=-c%20search_path%3Dpublic"
+    assert connection_options(both) == {
+        "connect_timeout": 10,
+        "options": "-c search_path=public -c statement_timeout=30s",
+    }
+    for given, want in ((pg_url, "30s"), (url, "1500ms")):
+        with connect(given, "test") as conn:
+            assert conn.execute("SHOW statement_timeout").fetchone() == (want,)
+            assert conn.info.get_parameters()["connect_timeout"] == ("10" if given == pg_url else "3")
