@@ -144,12 +144,22 @@ async def _adopt(
         return
     if activation is None:
         stats.idle += 1  # it had nothing to do: its placement is done
-        await _call(placements.finish, child_id)
+        await _finish(service, placements, child_id)
         _free(stats, child_id, changed)
         return
     stats.adopted += 1
     stats.note("claimed", child_id)
     nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed)
+
+
+async def _finish(service: SubagentService, placements: Placements, child_id: str) -> None:
+    """The placement is done; a delivery that came after the child's owner stopped (or before
+    it started, for a claim made early) would wait for nobody: placed again. (A sender enqueues
+    around its delivery too; one of the two sees the other's work.)"""
+    await _call(placements.finish, child_id)
+    mailbox = service.mailbox
+    if mailbox is not None and await _call(mailbox.drain, child_id):
+        await _call(placements.enqueue, child_id)
 
 
 def _free(stats: ServeStats, session_id: str, changed: RepeatedEvent) -> None:
@@ -210,12 +220,7 @@ async def _finish_when_disposed(
     await activation.disposed.wait()
     child_id = activation.child_id
     if placements is not None:
-        await _call(placements.finish, child_id)
-        # A delivery that came after its owner stopped would wait for nobody: placed again. (A
-        # sender enqueues after delivering too; one of the two sees the other's work.)
-        mailbox = service.mailbox
-        if mailbox is not None and await _call(mailbox.drain, child_id):
-            await _call(placements.enqueue, child_id)
+        await _finish(service, placements, child_id)
     stats.finished += 1
     stats.running.discard(child_id)
     stats.note("finished", child_id)

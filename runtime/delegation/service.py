@@ -332,12 +332,18 @@ class SubagentService:
         assert self.placements is not None
         child_id = child.session_id
         try:
-            await self.agents.stop(child_id, cause="parent")  # its mailbox owner must not take the prompt
+            # In this order: its mailbox owner here must not take the prompt; the placement must
+            # exist before the prompt does, or a serving host's sweep would take the child for a
+            # dropped session with mail; and the child is released last, still held here while a
+            # host that claims it early waits (it gives the claim back and claims it again).
+            if self.agents.owners is not None:
+                self.agents.owners.stop(child_id)
+            await trio.to_thread.run_sync(self.placements.enqueue, child_id)
             body = {"text": prompt, "first": True, "guidance": return_guidance(parent.session_id)}
             await self._post(child_id, "message", body, parent.session_id)
-            # Enqueued before its catalog: the catalogs of one step go one after the other (the
-            # model's call order), and the child need not wait for its siblings' to start.
-            await trio.to_thread.run_sync(self.placements.enqueue, child_id)
+            await self.agents.stop(child_id, cause="parent")
+            # Before its catalog: the catalogs of one step go one after the other (the model's
+            # call order), and the child need not wait for its siblings' to start.
             await self._catalog(parent, child, "continuable", label, reserved)
         except BaseException:
             await self._dispose_unannounced(activation)
@@ -738,10 +744,11 @@ class SubagentService:
             return False  # someone resumed it meanwhile: deliver through its Activation
         activation = self._admit(target_id, sender.session_id)
         if await self._serving_hosts_up():
-            # Not pinned here either: the message waits in its mailbox for a serving host.
+            # Not pinned here either: the message waits in its mailbox for a serving host (the
+            # placement first: a sweep would take a session with mail and no placement).
             try:
-                await self._post(target_id, "message", {"text": text}, sender.session_id)
                 await trio.to_thread.run_sync(self.placements.enqueue, target_id)  # type: ignore[union-attr]  # checked by _serving_hosts_up
+                await self._post(target_id, "message", {"text": text}, sender.session_id)
             except BaseException:
                 self.manager.forget(activation)
                 raise

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from chat_driver import TIMEOUT, LineProcess
 from cli_process import CLI, clean_env, write_script
+from pg_server import EmbeddedServer, drop_database, fresh_database
 
 pytestmark = pytest.mark.pg
 
@@ -55,6 +56,15 @@ class _Proc(LineProcess):
             raise
         assert self.proc.stderr is not None
         return self.proc.returncode, self.proc.stderr.read()
+
+
+@pytest.fixture
+def pg_url(pg_server: EmbeddedServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of this test's own: a serving host sweeps every session it finds dropped,
+    so another test's leftovers must not be there."""
+    name = f"t_failover_{abs(hash(request.node.name)) % 10**9}"
+    yield fresh_database(pg_server.url, name)
+    drop_database(pg_server.url, name)
 
 
 @pytest.fixture
@@ -221,8 +231,8 @@ def test_a_killed_parent_host_s_session_is_resumed_where_its_children_settle(
     cwd: Path, pg_url: str, procs: list[_Proc]
 ) -> None:
     boss = "boss-whose-host-died"
-    # The children answer once the parent's host is gone (held until then by a 3 s model call).
-    script = _script(boss, {"delay_ms": 3000, "text": "done anyway"})
+    # The children answer once the parent's host is gone (held until then by a 6 s model call).
+    script = _script(boss, {"delay_ms": 6000, "text": "done anyway"})
     model = write_script(cwd / "script.json", script)
     # The serving host's model for the parent goes on where the dead host's stopped: the notices.
     script["agents"][0]["responses"] = [{"text": "noted"}, {"text": "noted"}]
