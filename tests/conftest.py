@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from backends import Backend, memory_backend, pg_backend
 from pg_server import EmbeddedServer, drop_database, fresh_database, module_database_name, reset_tables
 from subagents.storage import FileLogStore, LogStore
 from subagents.storage.testing import FaultyLogStore, MemoryLogStore
@@ -48,6 +49,24 @@ def pg_store_factory(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     yield make
     for store in stores:
         store.close_store()
+
+
+def run_sql(url: str, sql: str) -> None:
+    """One statement on the database at `url`, on a connection of its own."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+@pytest.fixture(params=["memory", pytest.param("pg", marks=pytest.mark.pg)])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The store an actor test runs on, in memory or on PostgreSQL, with its back doors
+    (tests/helpers/backends.py)."""
+    if request.param == "memory":
+        return memory_backend()
+    url = request.getfixturevalue("pg_url")
+    return pg_backend(request.getfixturevalue("pg_store_factory"), lambda sql: run_sql(url, sql))
 
 
 @pytest.fixture(

@@ -1,5 +1,9 @@
 """The session actor (SPEC 4, 3.5): group commit, expected seqs, live projections, stopping.
 
+The tests whose subject is not a storage fault run on the in-memory file store and on PostgreSQL
+(the `backend` fixture, tests/helpers/backends.py); the ones that inject a failed fsync or a
+partial write through `CrashFs` are about the file form and run on memory only.
+
 Theory of operation. The actor calls storage through `trio.to_thread`, so even over the
 in-memory `MemoryLogStore` these tests involve threads: they run on the real clock and never
 sleep. They wait on results, on `wait_all_tasks_blocked` (a requester parked on its reply, a
@@ -15,13 +19,13 @@ hang on the way out, so a failing test fails instead of hanging on a storage thr
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
 import trio
+from backends import Backend
 from clocks import T, fixed_ms
 from drafts import descriptor_draft, note, turn_start
 from log_lines import header, wire
@@ -128,15 +132,15 @@ async def running_actor(
 # --- group commit -------------------------------------------------------------------------------
 
 
-async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_durable_events() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
+async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_durable_events(
+    backend: Backend,
+) -> None:
     tasks = 100
     drafts = {i: [note(task=i, k=k) for k in range(i % 3 + 1)] for i in range(tasks)}
     results: dict[int, AppendResult] = {}
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
-        fsyncs_before = fs.counts["fsync"]
+        fsyncs_before = backend.durable_writes()
         with trio.fail_after(BOUND):
 
             async def append(i: int) -> None:
@@ -145,9 +149,9 @@ async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_
             async with trio.open_nursery() as nursery:
                 for i in range(tasks):
                     nursery.start_soon(append, i)
-        fsyncs = fs.counts["fsync"] - fsyncs_before
-        # A power cut right after the last acknowledgement, before anything else can run.
-        mem.crash()
+        fsyncs = backend.durable_writes() - fsyncs_before
+        # A power cut (a dead process) right after the last acknowledgement.
+        backend.crash()
 
         # Contiguous and non-overlapping: the ranges tile [0, total) exactly.
         total = sum(len(d) for d in drafts.values())
@@ -159,11 +163,11 @@ async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_
                 ("test/note", b'{"task":%d,"k":%d}' % (i, k)) for k in range(len(drafts[i]))
             ]
 
-        # One storage append (one fsync) per drained group: far fewer than the appends.
+        # One storage append (one fsync, one transaction) per drained group: far fewer than the appends.
         assert 1 <= fsyncs <= tasks // 10, fsyncs
 
         # Every acknowledged event survived the power cut.
-        survived = reopen(fs, "s")
+        survived = backend.reopen("s")
         acked = sorted((e for r in results.values() for e in r.events), key=lambda e: e.seq)
         assert wire(survived) == wire(acked)
 
@@ -287,9 +291,8 @@ async def _one_group(
     return calls
 
 
-async def test_stale_expected_seq_fails_only_its_own_request() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_stale_expected_seq_fails_only_its_own_request(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -318,8 +321,8 @@ async def test_stale_expected_seq_fails_only_its_own_request() -> None:
             assert faulty.calls["append"] - appends_before == 2
             assert await ref.flush() == 6
 
-        mem.crash()
-        assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")[2:]] == [
+        backend.crash()
+        assert [bytes(e.data) for e in backend.reopen("s")[2:]] == [
             b'{"i":1}',
             b'{"i":2}',
             b'{"i":5}',
@@ -346,9 +349,10 @@ INVALID_DRAFTS: list[tuple[str, list[EventDraft], type[Exception]]] = [
 @pytest.mark.parametrize(
     ("drafts", "error"), [(d, e) for _, d, e in INVALID_DRAFTS], ids=[n for n, _, _ in INVALID_DRAFTS]
 )
-async def test_invalid_draft_fails_only_its_own_request(drafts: list[EventDraft], error: type[Exception]) -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_invalid_draft_fails_only_its_own_request(
+    backend: Backend, drafts: list[EventDraft], error: type[Exception]
+) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -368,22 +372,21 @@ async def test_invalid_draft_fails_only_its_own_request(drafts: list[EventDraft]
             assert calls.results["after"].first_seq == 3
             assert await ref.flush() == 5
             assert not ref.stopped
-        mem.crash()
-        survived = reopen(mem.crash_fs, "s")
+        backend.crash()
+        survived = backend.reopen("s")
         assert [e.seq for e in survived] == list(range(5))
         assert [bytes(e.data) for e in survived[2:]] == [b'{"i":1}', b'{"i":2}', b'{"i":3}']
 
 
-async def test_empty_append_writes_nothing_and_reports_the_next_seq() -> None:
-    mem = MemoryLogStore()
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_empty_append_writes_nothing_and_reports_the_next_seq(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
-            fsyncs = mem.crash_fs.counts["fsync"]
+            fsyncs = backend.durable_writes()
             result = await ref.append([])
             assert (result.first_seq, result.next_seq, result.events) == (1, 1, ())
-            assert mem.crash_fs.counts["fsync"] == fsyncs
+            assert backend.durable_writes() == fsyncs
 
 
 # --- live projections ---------------------------------------------------------------------------
@@ -421,10 +424,8 @@ class InitialRaises:
         return state
 
 
-async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(HostileView()), now_ms=now_ms) as store:
+async def test_live_snapshot_reads_no_log_and_shows_the_identity(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(HostileView()), now_ms=now_ms) as store:
         ref = await store.create(header("s", origin="subagent"))
         with trio.fail_after(BOUND):
             assert await ref.snapshot(["subagent"]) == {"subagent": None}
@@ -432,10 +433,10 @@ async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
             appended = await ref.append([descriptor_draft("worker"), note(i=1)])
             assert appended.first_seq == 1
 
-            before = Counter(fs.counts)
+            before = backend.io()
             snap = await ref.snapshot(["subagent"])
-            assert fs.counts["read"] == before["read"]
-            assert fs.counts == before  # no IO at all, not just no reads
+            assert backend.io()["read"] == before["read"]
+            assert backend.io() == before  # no IO at all, not just no reads
             assert snap == {"subagent": {"mode": "continuable", "label": "worker", "seq": 1}}
 
             # The hostile view breaks only a read that names it.
@@ -459,9 +460,8 @@ async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
             }
 
 
-async def test_a_unit_whose_apply_raises_breaks_only_its_own_key() -> None:
-    mem = MemoryLogStore()
-    async with open_session_store(mem, registry(ApplyRaises(), InitialRaises()), now_ms=now_ms) as store:
+async def test_a_unit_whose_apply_raises_breaks_only_its_own_key(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(ApplyRaises(), InitialRaises()), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with trio.fail_after(BOUND):
             await ref.append([note(i=0)])
@@ -487,9 +487,8 @@ async def test_a_unit_whose_apply_raises_breaks_only_its_own_key() -> None:
             assert (await ref.flush()) == 5
 
 
-async def test_snapshot_waits_for_appends_queued_before_it() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_snapshot_waits_for_appends_queued_before_it(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -510,9 +509,8 @@ async def test_snapshot_waits_for_appends_queued_before_it() -> None:
 # --- backpressure, stopping, cancelled requesters -----------------------------------------------
 
 
-async def test_a_full_mailbox_blocks_senders_until_storage_moves() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_a_full_mailbox_blocks_senders_until_storage_moves(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with running_actor(faulty, "s", capacity=1) as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
@@ -533,12 +531,11 @@ async def test_a_full_mailbox_blocks_senders_until_storage_moves() -> None:
             assert [calls.results[n].first_seq for n in names] == [1, 2, 3, 4]
             assert calls.finished[0] == "p"
             assert actor.mailbox.receive.statistics().tasks_waiting_send == 0
-    assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")[1:]] == [b'{"by":"%s"}' % n.encode() for n in names]
+    assert [bytes(e.data) for e in backend.reopen("s")[1:]] == [b'{"by":"%s"}' % n.encode() for n in names]
 
 
-async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with running_actor(faulty, "s", capacity=2) as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
@@ -568,8 +565,8 @@ async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes
             assert calls.results["inflight"].first_seq == 1
             assert ref.stopped
     # The lock is free and the log holds exactly what was acknowledged.
-    mem.crash()
-    assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")] == [b'{"turn":1}', b'{"i":1}']
+    backend.crash()
+    assert [bytes(e.data) for e in backend.reopen("s")] == [b'{"turn":1}', b'{"i":1}']
 
 
 async def test_stopping_while_the_inflight_append_fails() -> None:
@@ -594,9 +591,8 @@ async def test_stopping_while_the_inflight_append_fails() -> None:
     assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")] == [b'{"turn":1}']
 
 
-async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consistent() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consistent(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms, mailbox_capacity=1) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -624,8 +620,8 @@ async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consiste
             assert not ref.stopped
 
         # Whatever was written, the log is contiguous and holds every acknowledged event once.
-        mem.crash()
-        survived = reopen(mem.crash_fs, "s")
+        backend.crash()
+        survived = backend.reopen("s")
         assert [e.seq for e in survived] == list(range(len(survived)))
         writers = [bytes(e.data) for e in survived[1:]]
         assert writers.count(b'{"by":"kept"}') == 1
