@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from backends import Backend, memory_backend, pg_backend
 from pg_server import EmbeddedServer, drop_database, fresh_database, module_database_name, reset_tables
+from places import Place, open_place
 from subagents.storage import FileLogStore, LogStore
 from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 
@@ -67,6 +68,13 @@ def backend(request: pytest.FixtureRequest) -> Backend:
         return memory_backend()
     url = request.getfixturevalue("pg_url")
     return pg_backend(request.getfixturevalue("pg_store_factory"), lambda sql: run_sql(url, sql))
+
+
+@pytest.fixture(params=["file", pytest.param("pg", marks=pytest.mark.pg)])
+def place(request: pytest.FixtureRequest, tmp_path) -> Iterator[Place]:
+    """Where a runtime-level test keeps its sessions: a folder, or the module's PostgreSQL
+    database, emptied for the test (tests/helpers/places.py)."""
+    yield from open_place(request, tmp_path, request.param)
 
 
 @pytest.fixture(
