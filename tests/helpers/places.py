@@ -29,7 +29,7 @@ __all__ = ["Place", "open_place"]
 class Place:
     """See the module docstring. `url` is None for files."""
 
-    def __init__(self, kind: str, root: Path, url: str | None = None, make: Callable[[], LogStore] | None = None):
+    def __init__(self, kind: str, root: Path, url: str | None = None, make: Callable[..., LogStore] | None = None):
         self.kind = kind
         self.root = root
         self.url = url
@@ -41,9 +41,14 @@ class Place:
         return self.url is not None
 
     def store(self, **file_options: Any) -> LogStore:
-        """A log store on this place (closed when the test ends)."""
+        """A log store on this place (closed when the test ends). On PostgreSQL `compression`
+        picks the batch form: "zstd" every batch a zstd frame, "none" none, unset the store's
+        own threshold; the other file options have no PostgreSQL meaning."""
         if self._make is not None:
-            return self._make()
+            compression = file_options.get("compression")
+            if compression is None:
+                return self._make()
+            return self._make(compress_above=0 if compression == "zstd" else 1 << 62)
         store = FileLogStore(str(self.root), **file_options)
         self._opened.append(store)
         return store
