@@ -1,13 +1,13 @@
 """Where a runtime-level test keeps its sessions: a folder (the file store) or a PostgreSQL
 database (issue 18: the same tests, the store a parameter; the `place` fixture in conftest).
 
-`store()` opens a log store on it (the file store's own options, `compression` and `use_index`,
-apply to files only: a PostgreSQL store always has its checkpoint rows and decides compression
-per batch), `open_runtime(...)` opens a runtime on it (`store=<url>` on PostgreSQL, the folder
-holding the runtime's other files either way), `cli()` the arguments naming it on the command
-line. `rewrite`, `delete` and `copy` damage one session the way an editor would: its log's plain
-bytes edited (a file rewritten, or its rows: tests/helpers/pg_damage.py), its log gone, its
-folder (its rows) copied under another id.
+`store()` opens a log store on it (the file store's own options apply to files only, except
+`compression`, which on PostgreSQL picks every batch's form), `open_runtime(...)` opens a runtime
+on it (`store=<url>` on PostgreSQL, the folder holding the runtime's other files either way),
+`cli()` the arguments naming it on the command line. `rewrite`, `overwrite`, `delete` and `copy`
+damage one session the way an editor would: its log's plain bytes edited (a file replaced or
+written in place, or its rows: tests/helpers/pg_damage.py), its log gone, its folder (its rows)
+copied under another id.
 """
 
 from __future__ import annotations
@@ -83,6 +83,15 @@ class Place:
         tmp = path.with_name("edited.tmp")
         tmp.write_bytes(edit(path.read_bytes()))
         os.replace(tmp, path)  # a new inode: the index rescans it
+
+    def overwrite(self, sid: str, edit: Callable[[bytes], bytes]) -> None:
+        """Like `rewrite`, but a file is written in place (the same inode, as a user's editor
+        or a crash might leave it)."""
+        if self.url is not None:
+            pg_damage.rewrite(self.url, sid, edit)
+            return
+        path = self.log_file(sid)
+        path.write_bytes(edit(path.read_bytes()))
 
     def delete(self, sid: str) -> None:
         """The session's log gone (its folder and lock stay; on PostgreSQL every row of it)."""

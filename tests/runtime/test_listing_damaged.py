@@ -107,12 +107,12 @@ def edit_line1(edit: Callable[[dict[str, Any]], None]) -> Callable[[Place, str],
 
 
 def garbage_line1(place: Place, sid: str) -> str | None:
-    place.rewrite(sid, lambda data: b"{not json at all\n" + data.split(b"\n", 1)[1])
+    place.overwrite(sid, lambda data: b"{not json at all\n" + data.split(b"\n", 1)[1])
     return None
 
 
 def emptied(place: Place, sid: str) -> str | None:
-    place.rewrite(sid, lambda data: b"")  # on PostgreSQL: an empty header row, no batch rows
+    place.overwrite(sid, lambda data: b"")  # on PostgreSQL: an empty header row, no batch rows
     return None
 
 

@@ -314,10 +314,7 @@ class StatCountingReader(StoreReader):
 async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_ones_see(place: Place) -> None:
     base = place.store(compression="none")
     ids = persist(base, 40)
-    if place.is_pg:
-        place.rewrite(ids[3], lambda data: b"junk\n")  # corrupt: a header row that is no JSON
-    else:
-        place.log_file(ids[3]).write_bytes(b"junk\n")  # corrupt
+    place.overwrite(ids[3], lambda data: b"junk\n")  # corrupt (on PostgreSQL: a header row that is no JSON)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         reader = StatCountingReader(base)
