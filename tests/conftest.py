@@ -52,22 +52,16 @@ def pg_store_factory(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
         store.close_store()
 
 
-def run_sql(url: str, sql: str) -> None:
-    """One statement on the database at `url`, on a connection of its own."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql)
-
-
 @pytest.fixture(params=["memory", pytest.param("pg", marks=pytest.mark.pg)])
-def backend(request: pytest.FixtureRequest) -> Backend:
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """The store an actor test runs on, in memory or on PostgreSQL, with its back doors
     (tests/helpers/backends.py)."""
     if request.param == "memory":
-        return memory_backend()
-    url = request.getfixturevalue("pg_url")
-    return pg_backend(request.getfixturevalue("pg_store_factory"), lambda sql: run_sql(url, sql))
+        found = memory_backend()
+    else:
+        found = pg_backend(request.getfixturevalue("pg_store_factory"), request.getfixturevalue("pg_url"))
+    yield found
+    found.close()
 
 
 @pytest.fixture(params=["file", pytest.param("pg", marks=pytest.mark.pg)])

@@ -1,8 +1,9 @@
 """The session actor (SPEC 4, 3.5): group commit, expected seqs, live projections, stopping.
 
-The tests whose subject is not a storage fault run on the in-memory file store and on PostgreSQL
-(the `backend` fixture, tests/helpers/backends.py); the ones that inject a failed fsync or a
-partial write through `CrashFs` are about the file form and run on memory only.
+Every test runs on the in-memory file store and on PostgreSQL (the `backend` fixture,
+tests/helpers/backends.py). A failed fsync is, on PostgreSQL, an append whose connection the
+server cut twice in a row (its outcome unknown: the handle is dead); a partial write the store
+cuts back is an append statement that failed whole (tests/helpers/pg_faults.py).
 
 Theory of operation. The actor calls storage through `trio.to_thread`, so even over the
 in-memory `MemoryLogStore` these tests involve threads: they run on the real clock and never
@@ -52,21 +53,11 @@ from subagents.storage import (
     SessionHeader,
 )
 from subagents.storage.projection import ProjectionRegistry
-from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
+from subagents.storage.testing import FaultyLogStore
 from trio.testing import wait_all_tasks_blocked
 
 BOUND = 10  # seconds; a safety net only, never the mechanism of a test
 now_ms = fixed_ms()
-
-
-def reopen(fs: CrashFs, sid: str) -> list[Event]:
-    """What a new process finds: take the write lock (validating the whole log), read, let go."""
-    other = MemoryLogStore(fs=fs)
-    handle = other.open_write(sid)
-    try:
-        return other.read(handle)
-    finally:
-        other.close(handle)
 
 
 @contextmanager
@@ -172,10 +163,8 @@ async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_
         assert wire(survived) == wire(acked)
 
 
-async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    faulty = FaultyLogStore(mem)
+async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -183,7 +172,7 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
             await ref.flush()  # served after the publication checkpoint: the actor is idle now
             await wait_all_tasks_blocked()  # parked on its mailbox
             faulty.hang("append")
-            fsyncs_before = fs.counts["fsync"]
+            fsyncs_before = backend.durable_writes()
             async with trio.open_nursery() as nursery:
                 calls = Calls(nursery)
                 # Started together, they run in one scheduler batch: the first send wakes the
@@ -194,7 +183,7 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
                 # Queued behind the group while it is being written.
                 await calls.start_parked("d", lambda: ref.append([note(by="d")]))
                 await calls.start_parked("e", lambda: ref.snapshot(["subagent"]))
-                fs.inject("fsync")
+                backend.fail_durability()
                 faulty.release()
 
             assert calls.results == {}
@@ -203,7 +192,7 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
             for name in ("d", "e"):
                 assert isinstance(calls.errors[name], ActorStopped), calls.errors[name]
             # The three requests were one group: one storage append, one (failed) fsync.
-            assert fs.counts["fsync"] - fsyncs_before == 1
+            assert backend.durable_writes() - fsyncs_before == 1
             assert faulty.calls["append"] == 2
 
             # The handle is dead, the actor stopped: every later ask fails at once.
@@ -218,16 +207,15 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
                 await ref.flush()
 
         # Its lock is free: a new writer validates the log; the acknowledged prefix is intact.
-        mem.crash()
-        assert wire(reopen(fs, "s")) == wire(first.events)
+        backend.crash()
+        assert wire(backend.reopen("s")) == wire(first.events)
 
 
-async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped() -> None:
+async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped(backend: Backend) -> None:
     """An append drained in the same batch as a failed group, but behind a snapshot (so in a
     later group), is pending when the handle dies: it must fail with `ActorStopped`, and the
     dead handle must not be written to again."""
-    mem = MemoryLogStore()
-    inner = FaultyLogStore(mem)
+    inner = FaultyLogStore(backend.store)
     outer = FaultyLogStore(inner)  # outer holds an append, inner then refuses it unwritten
     async with open_session_store(outer, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
@@ -243,7 +231,7 @@ async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped() ->
                 await calls.start_parked("x", lambda: ref.append([note(by="x")]))
                 await calls.start_parked("snap", lambda: ref.snapshot(["subagent"]))
                 await calls.start_parked("y", lambda: ref.append([note(by="y")]))
-                mem.crash_fs.inject("fsync")
+                backend.fail_durability()
                 outer.release()
             await ref.wait_finished()
             assert isinstance(calls.errors["held"], PersistenceFailed)  # refused, handle alive
@@ -252,21 +240,19 @@ async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped() ->
             assert inner.calls["append"] == 3  # publication, held, x; nothing on the dead handle
 
 
-async def test_failed_write_fails_its_group_and_the_actor_carries_on() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_failed_write_fails_its_group_and_the_actor_carries_on(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with trio.fail_after(BOUND):
             first = await ref.append([turn_start(1)])
-            fs.inject("write", partial=5)
+            backend.fail_write()
             with pytest.raises(PersistenceFailed):
                 await ref.append([note(i=1)])
             assert not ref.stopped
             second = await ref.append([note(i=2)])
             assert second.first_seq == 1  # the failed write was cut back; no seq was used
-        mem.crash()
-        assert wire(reopen(fs, "s")) == wire([*first.events, *second.events])
+        backend.crash()
+        assert wire(backend.reopen("s")) == wire([*first.events, *second.events])
 
 
 # --- per-request failures inside a group --------------------------------------------------------
@@ -569,9 +555,8 @@ async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes
     assert [bytes(e.data) for e in backend.reopen("s")] == [b'{"turn":1}', b'{"i":1}']
 
 
-async def test_stopping_while_the_inflight_append_fails() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_stopping_while_the_inflight_append_fails(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with running_actor(faulty, "s") as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
@@ -582,13 +567,13 @@ async def test_stopping_while_the_inflight_append_fails() -> None:
                 await calls.start_parked("inflight", lambda: ref.append([note(i=1)]))
                 await calls.start_parked("queued", lambda: ref.append([note(i=2)]))
                 actor.stop()
-                mem.crash_fs.inject("fsync")
+                backend.fail_durability()
                 faulty.release()
                 await ref.wait_finished()
             assert isinstance(calls.errors["inflight"], PersistenceFailed)
             assert isinstance(calls.errors["queued"], ActorStopped)
-    mem.crash()
-    assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")] == [b'{"turn":1}']
+    backend.crash()
+    assert [bytes(e.data) for e in backend.reopen("s")] == [b'{"turn":1}']
 
 
 async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consistent(backend: Backend) -> None:

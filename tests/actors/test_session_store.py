@@ -4,8 +4,9 @@ The single-writer lock is observed from outside, as another process would: a sec
 the same data (`backend.another()`: a `MemoryLogStore` over the same `CrashFs`, or a second
 PostgreSQL store on the same database) sees the locks, so its `open_write` (or its `create` of
 an unpublished id) raises `AlreadyOwned` while the store holds a session and succeeds once the
-session is released. Every test runs on both (tests/helpers/backends.py) except the two about
-file faults (a torn tail on disk, a failed fsync), which run on memory only. Storage runs in worker threads, so these tests use
+session is released. Every test runs on both (tests/helpers/backends.py; a failed fsync is, on
+PostgreSQL, an append whose connection the server cut twice) except the torn tail on disk, which
+has no PostgreSQL form (an append is one transaction) and runs on memory only. Storage runs in worker threads, so these tests use
 the real clock and wait on results and `wait_all_tasks_blocked`, never on sleeps;
 `trio.fail_after(BOUND)` is only a safety net.
 """
@@ -227,14 +228,12 @@ async def test_open_refuses_unknown_and_foreign_owned_sessions(backend: Backend)
             assert (await reopened.append([turn_start(2)])).first_seq == 1
 
 
-async def test_open_after_a_dead_handle_revalidates_the_log() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_open_after_a_dead_handle_revalidates_the_log(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             dead = await store.create(header("s"))
             await dead.append([turn_start(1)])
-            fs.inject("fsync")
+            backend.fail_durability()
             with pytest.raises(PersistenceFailed):
                 await dead.append([note(i=1)])
             await dead.wait_finished()
@@ -247,8 +246,8 @@ async def test_open_after_a_dead_handle_revalidates_the_log() -> None:
             next_seq = await ref.flush()
             assert next_seq in (1, 2)
             assert (await ref.append([note(i=2)])).first_seq == next_seq
-    mem.crash()
-    _, _, events = read_log(fs, "s")
+    backend.crash()
+    _, _, events = backend.read_log("s")
     assert [e.seq for e in events] == list(range(next_seq + 1))
     assert bytes(events[-1].data) == b'{"i":2}'
 

@@ -10,6 +10,11 @@ with a dead process; what committed stays). `durable_writes()` counts what makes
 durable (fsyncs; on PostgreSQL the store's append calls, each one transaction), `io()` every
 storage operation (the `CrashFs` counters; on PostgreSQL the store calls, counted by a
 transparent `FaultyLogStore` around each store).
+
+Faults of the next append: `fail_write()` makes it fail with nothing written and the handle
+alive (memory: a partial write the store cuts back; PostgreSQL: the statement fails whole),
+`fail_durability()` leaves what was written unknown and the handle dead (memory: a failed
+fsync; PostgreSQL: the connection cut mid-statement twice in a row, tests/helpers/pg_faults.py).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pg_faults
 import pytest
+from pg_damage import sql
 from subagents.storage import AlreadyOwned, Event, LogInfo, LogStore, Offset, SessionHeader
 from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
 
@@ -29,8 +36,11 @@ __all__ = ["Backend", "memory_backend", "pg_backend"]
 class Backend:
     """See the module docstring."""
 
-    def __init__(self, kind: str, make: Callable[[], LogStore], crash: Callable[[], None]) -> None:
+    def __init__(
+        self, kind: str, make: Callable[[], LogStore], crash: Callable[[], None], url: str | None = None
+    ) -> None:
         self.kind = kind
+        self.url = url
         self._make = make
         self._crash = crash
         self.made: list[LogStore] = []
@@ -50,6 +60,26 @@ class Backend:
         """The memory form's `CrashFs` (None on PostgreSQL): for faults only files have."""
         store = self.store
         return store.crash_fs if isinstance(store, MemoryLogStore) else None
+
+    def fail_write(self) -> None:
+        """The next append fails, nothing written, its handle alive."""
+        if self.url is not None:
+            pg_faults.arm(self.url, 1, "error")
+        else:
+            assert self.crash_fs is not None
+            self.crash_fs.inject("write", partial=5)
+
+    def fail_durability(self) -> None:
+        """The next append fails with its outcome unknown: its handle is dead."""
+        if self.url is not None:
+            pg_faults.arm(self.url, 2, "disconnect")
+        else:
+            assert self.crash_fs is not None
+            self.crash_fs.inject("fsync")
+
+    def close(self) -> None:
+        if self.url is not None:
+            pg_faults.disarm(self.url)
 
     def io(self) -> Counter[str]:
         """Every storage operation so far (a snapshot)."""
@@ -119,8 +149,8 @@ def memory_backend(compression: str = "zstd") -> Backend:
     return Backend("memory", make, crash)
 
 
-def pg_backend(make_store: Callable[..., LogStore], admin: Callable[[str], None]) -> Backend:
-    """`make_store`: the `pg_store_factory` fixture; `admin(sql)` runs a statement on the database."""
+def pg_backend(make_store: Callable[..., LogStore], url: str) -> Backend:
+    """`make_store`: the `pg_store_factory` fixture on the database at `url`."""
     inner: list[Any] = []
 
     def make() -> LogStore:
@@ -133,6 +163,6 @@ def pg_backend(make_store: Callable[..., LogStore], admin: Callable[[str], None]
             pid = store.owner_backend_pid
             if pid is not None:
                 # Waits (up to 5 s) until the backend is gone, and its advisory locks with it.
-                admin(f"SELECT pg_terminate_backend({int(pid)}, 5000)")
+                sql(url, "SELECT pg_terminate_backend(%s, 5000)", (pid,))
 
-    return Backend("pg", make, crash)
+    return Backend("pg", make, crash, url)
