@@ -2,15 +2,13 @@
 
 Real files (the index is `<root>/index.sqlite3`) or a real PostgreSQL (its `checkpoints` table):
 the tests whose subject is the checkpoint contract run on both (the `place` fixture; issue 18),
-so the real clock; nothing sleeps. File-only: a log deleted from under its checkpoint rows (on
-PostgreSQL the rows go with their session: a foreign key) and the index file's own checks; in
-memory only: the two `autojump_clock` tests (virtual time needs in-memory IO).
+so the real clock; nothing sleeps. In memory only: the two `autojump_clock` tests (virtual time
+needs in-memory IO) and the cadence argument checks (no store involved).
 """
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -19,7 +17,7 @@ import trio
 import trio.testing
 from clocks import ticking_ms
 from drafts import turn_start
-from log_lines import header
+from log_lines import encode_header, header, wire
 from places import Place
 from subagents.actors import EventDraft, open_session_store
 from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
@@ -110,22 +108,28 @@ async def test_a_bumped_state_version_discards_its_rows(place: Place) -> None:
         assert await ref.snapshot() == {"count": 10, "turns": 2}
 
 
-async def test_a_recreated_id_never_uses_the_old_rows(tmp_path: Path) -> None:
+async def test_a_recreated_id_never_uses_the_old_rows(place: Place) -> None:
     units = [Counter(), Turns()]
-    log_store = FileLogStore(str(tmp_path))
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append(turn(1, 3))  # 8 events, checkpointed
-    shutil.rmtree(tmp_path / "sessions" / "s")
-    # The same id again, another lifecycle, written by a writer that never checkpoints.
-    raw = FileLogStore(str(tmp_path))
-    handle = raw.create(header("s", 2))
-    raw.append(handle, [Batch(0, [make_event(i, "turn/start", 1, {"turn": i}) for i in range(3)])])
-    raw.close(handle)
-    stale = raw.read_checkpoint("s", header("s", 1), 0)
+    # The same id again, another lifecycle, written by a writer that never checkpoints. On
+    # PostgreSQL a session's rows cannot go while checkpoint rows name it (a foreign key): its
+    # header and batch rows are replaced by hand instead, the checkpoint rows left as they were.
+    again = [make_event(i, "turn/start", 1, {"turn": i}) for i in range(3)]
+    if place.url is not None:
+        pg_damage.rewrite(place.url, "s", lambda _: encode_header(header("s", 2)) + b"".join(wire(again)))
+    else:
+        shutil.rmtree(place.root / "sessions" / "s")
+        raw = place.store()
+        handle = raw.create(header("s", 2))
+        raw.append(handle, [Batch(0, again)])
+        raw.close(handle)
+    stale = place.store().read_checkpoint("s", header("s", 1), 0)
     assert stale is not None and stale[0]["count"].val == 8  # the old rows are still there
 
-    log_store = FileLogStore(str(tmp_path))
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.open("s")
         assert store.last_open_folds == 3 * len(units)  # folded from the start, rows unused
