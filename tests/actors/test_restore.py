@@ -2,8 +2,10 @@
 
 Real files (the index is `<root>/index.sqlite3`) or a real PostgreSQL (its `checkpoints` table):
 the tests whose subject is the checkpoint contract run on both (the `place` fixture; issue 18),
-so the real clock; nothing sleeps. In memory only: the two `autojump_clock` tests (virtual time
-needs in-memory IO) and the cadence argument checks (no store involved).
+so the real clock (or virtual time moved by hand); nothing sleeps. In memory only: the hung
+storage call given up after a bounded wait (`autojump_clock`: virtual time needs in-memory IO;
+its subject is the session store's stop, the store only hangs) and the cadence argument checks
+(no store involved).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import attrs
 import pg_damage
 import trio
 import trio.testing
+from backends import Backend
 from clocks import ticking_ms
 from drafts import turn_start
 from log_lines import encode_header, header, wire
@@ -163,11 +166,15 @@ async def test_release_checkpoints_and_frees_the_lock(place: Place) -> None:
         assert offset == (place.root / "sessions" / "s" / "session.jsonl.zst").stat().st_size
 
 
-async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clock: Any) -> None:
-    # In memory (MemoryLogStore, in-memory index), so virtual time is safe here.
-    from subagents.storage.testing import MemoryLogStore
+async def test_an_idle_dirty_session_checkpoints_after_the_interval(backend: Backend, mock_clock: Any) -> None:
+    # Virtual time moved by hand (never on its own: real IO runs in worker threads), so the
+    # same test runs in memory and on PostgreSQL; it waits on the actor, never on time.
+    log_store = backend.store
 
-    log_store = MemoryLogStore()
+    async def idle_for(seconds: float) -> None:
+        mock_clock.jump(seconds)
+        await trio.testing.wait_all_tasks_blocked()  # the actor saw the time (and is at work or idle)
+
     async with open_session_store(log_store, ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append([turn_start(1)])  # published: checkpointed
@@ -175,15 +182,15 @@ async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clo
         await ref.flush()
         actor = store._actors["s"]
         assert actor.checkpoints == 1
-        await trio.sleep(actor.checkpoint_interval - 1)
+        await idle_for(actor.checkpoint_interval - 1)
         await ref.flush()
         assert actor.checkpoints == 1  # not yet
-        await trio.sleep(2)
+        await idle_for(2)
         await ref.flush()
         assert actor.checkpoints == 2
         found = log_store.read_checkpoint("s", header("s", 1), 0)
         assert found is not None and found[0]["count"].val == 2
-        await trio.sleep(actor.checkpoint_interval * 3)  # clean: nothing more to write
+        await idle_for(actor.checkpoint_interval * 3)  # clean: nothing more to write
         await ref.flush()
         assert actor.checkpoints == 2
 
