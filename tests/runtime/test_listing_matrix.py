@@ -222,9 +222,11 @@ async def test_damaged_child_table(
     child(store, "c", 1, descriptors=[descriptor("ok")])
     child(store, "sibling", 2, descriptors=[descriptor("fine")])
     if listed_before:
-        store.list()  # the index (the store's listing cache) knows the undamaged log
+        store.list()  # the index (on PostgreSQL the store's own listing cache) knows the undamaged log
     place.rewrite("c", edit)  # files: a new inode, so the index rescans it
-    async with place.open_runtime(compression="none", now_ms=now_ms) as runtime:
+    # The index is a file every store reads; PostgreSQL's cache lives in the store that listed.
+    reuse = {"log_store": store} if place.is_pg and listed_before else {}
+    async with place.open_runtime(compression="none", now_ms=now_ms, **reuse) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [expected, row("sibling", "fine")]
         descendants = rows(await runtime.listing.list_descendants("p"))
         assert descendants == [
