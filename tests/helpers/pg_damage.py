@@ -19,6 +19,7 @@ from typing import Any
 import zstandard
 
 __all__ = [
+    "TABLES",
     "batches",
     "checkpoint_rows",
     "copy_session",
@@ -27,7 +28,9 @@ __all__ = [
     "garble_batch",
     "garble_checkpoints",
     "plain_log",
+    "restore_rows",
     "rewrite",
+    "save_rows",
     "set_checkpoint_offsets",
     "sql",
     "tear_header",
@@ -175,3 +178,26 @@ def set_checkpoint_offsets(url: str, offset: int, sid: str | None = None) -> Non
         "UPDATE checkpoints SET log_offset = %(offset)s WHERE %(sid)s::text IS NULL OR session_id = %(sid)s",
         {"offset": offset, "sid": sid},
     )
+
+
+TABLES = ("sessions", "batches", "checkpoints")  # in the order rows may be inserted
+
+
+def save_rows(url: str, name: str) -> None:
+    """Keep a copy of every session, batch and checkpoint row under `name` (tables of their own,
+    which the per-test reset leaves alone)."""
+    for table in TABLES:
+        sql(url, f"DROP TABLE IF EXISTS {name}_{table}")
+        sql(url, f"CREATE TABLE {name}_{table} AS SELECT * FROM {table}")
+
+
+def restore_rows(url: str, name: str) -> None:
+    """Replace every session, batch and checkpoint row by the copy `save_rows` kept: the same
+    bytes, the same generations, in one transaction."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        for table in reversed(TABLES):
+            conn.execute(f"DELETE FROM {table}")
+        for table in TABLES:
+            conn.execute(f"INSERT INTO {table} SELECT * FROM {name}_{table}")

@@ -87,9 +87,27 @@ async def build(place: Place) -> dict[str, str]:
 
 
 @pytest.fixture
-def corpus(place: Place) -> tuple[Place, dict[str, str]]:
-    # Built per test, never copied: a copied log is a new inode, which drops its checkpoint rows.
-    return place, trio.run(build, place)
+def corpus(request: pytest.FixtureRequest, place: Place) -> tuple[Place, dict[str, str]]:
+    # On files built per test, never copied: a copied log is a new inode, which drops its
+    # checkpoint rows. On PostgreSQL built once per module and its rows copied back for each
+    # test: rows copied whole are the same rows (bytes, counts, generations, checkpoints).
+    if place.url is None:
+        return place, trio.run(build, place)
+    ids: dict[str, str] = request.getfixturevalue("pg_corpus")
+    pg_damage.restore_rows(place.url, "corpus")
+    return place, ids
+
+
+@pytest.fixture(scope="module")
+def pg_corpus(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The corpus built once in the module's database, its rows kept (`pg_damage.save_rows`)."""
+    from pg_server import reset_tables
+
+    reset_tables(pg_url)
+    place = Place("pg", tmp_path_factory.mktemp("corpus"), pg_url)
+    ids = trio.run(build, place)
+    pg_damage.save_rows(pg_url, "corpus")
+    return ids
 
 
 def edit_line1(edit: Callable[[dict[str, Any]], None]) -> Callable[[Place, str], str | None]:
