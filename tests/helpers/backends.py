@@ -5,11 +5,11 @@ A test gets `backend.store` to run actors on and asks the backend, never the sto
 what another process would see: `another()` is a second store over the same data (the same
 `CrashFs`, or the same database), `read_log`/`reopen`/`listed`/`claimed` look through it, and
 `crash()` ends this process's hold: on memory a power cut (what was not fsynced is lost, every
-lock goes), on PostgreSQL the store's owner connection is cut (its write locks go with it, as
-with a dead process; what committed stays). `durable_writes()` counts what makes an append
-durable (fsyncs; on PostgreSQL the store's append calls, each one transaction), `io()` every
-storage operation (the `CrashFs` counters; on PostgreSQL the store calls, counted by a
-transparent `FaultyLogStore` around each store).
+lock goes), on PostgreSQL the store's lock connection (`owner_backend_pid`) is terminated by
+the server, as when a process dies: what it held goes with it, what committed stays.
+`durable_writes()` counts what makes an append durable (fsyncs; on PostgreSQL the store's append
+calls, each one transaction), `io()` every storage operation (the `CrashFs` counters; on
+PostgreSQL the store calls, counted by a transparent `FaultyLogStore` around each store).
 
 Faults of the next append: `fail_write()` makes it fail with nothing written and the handle
 alive (memory: a partial write the store cuts back; PostgreSQL: the statement fails whole),
