@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from backends import Backend, memory_backend, pg_backend
 from pg_server import EmbeddedServer, drop_database, fresh_database, module_database_name, reset_tables
+from places import Place, open_place
 from subagents.storage import FileLogStore, LogStore
 from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 
@@ -48,6 +50,25 @@ def pg_store_factory(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     yield make
     for store in stores:
         store.close_store()
+
+
+@pytest.fixture(params=["memory", pytest.param("pg", marks=pytest.mark.pg)])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """The store an actor test runs on, in memory or on PostgreSQL, with its back doors
+    (tests/helpers/backends.py)."""
+    if request.param == "memory":
+        found = memory_backend()
+    else:
+        found = pg_backend(request.getfixturevalue("pg_store_factory"), request.getfixturevalue("pg_url"))
+    yield found
+    found.close()
+
+
+@pytest.fixture(params=["file", pytest.param("pg", marks=pytest.mark.pg)])
+def place(request: pytest.FixtureRequest, tmp_path) -> Iterator[Place]:
+    """Where a runtime-level test keeps its sessions: a folder, or the module's PostgreSQL
+    database, emptied for the test (tests/helpers/places.py)."""
+    yield from open_place(request, tmp_path, request.param)
 
 
 @pytest.fixture(

@@ -1,20 +1,21 @@
 """The session store's durable feed (SPEC §8, the event stream's hook): every group commit's
 events are published after their fsync — a fork's seed with its first append — in the same
 synchronous stretch as the acks; a refused or failed append publishes nothing; a subscriber
-that fails never takes the session down.
+that fails never takes the session down. On the in-memory file store and on PostgreSQL (the
+`backend` fixture; issue 18).
 """
 
 from __future__ import annotations
 
 import pytest
 import trio
+from backends import Backend
 from clocks import fixed_ms
 from drafts import note, turn_start
 from log_lines import header
 from registries import subagent_registry as registry
 from subagents.actors import SessionStore, open_session_store
 from subagents.storage import Offset, SequenceConflict
-from subagents.storage.testing import MemoryLogStore
 
 BOUND = 10  # seconds; a safety net only
 now_ms = fixed_ms()
@@ -24,8 +25,8 @@ def pushed(batches: list) -> list[tuple[str, int, list[int]]]:
     return [(b.session_id, b.inherited_event_count, [e.seq for e in b.events]) for b in batches]
 
 
-async def test_group_commits_are_published_once_durable_seed_included() -> None:
-    async with open_session_store(MemoryLogStore(), registry(), now_ms=now_ms) as store:
+async def test_group_commits_are_published_once_durable_seed_included(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND), store.feed.subscribe() as sub:
             a = await store.create(header("a"))
             first = await a.append([turn_start(1), note()])
@@ -41,8 +42,10 @@ async def test_group_commits_are_published_once_durable_seed_included() -> None:
             assert sub.take() == ([], set())
 
 
-async def test_a_failing_subscriber_is_logged_and_the_session_carries_on(caplog: pytest.LogCaptureFixture) -> None:
-    async with open_session_store(MemoryLogStore(), registry(), now_ms=now_ms) as store:
+async def test_a_failing_subscriber_is_logged_and_the_session_carries_on(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         assert isinstance(store, SessionStore)
 
         def broken(session_id: str, inherited: int, events: object) -> None:

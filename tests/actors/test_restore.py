@@ -1,20 +1,27 @@
 """Projection checkpoints (SPEC 3.5): written over durable prefixes, restored by `open`.
 
-Real files (the index is `<root>/index.sqlite3`), so the real clock; nothing sleeps.
+Real files (the index is `<root>/index.sqlite3`) or a real PostgreSQL (its `checkpoints` table):
+the tests whose subject is the checkpoint contract run on both (the `place` fixture; issue 18),
+so the real clock (or virtual time moved by hand); nothing sleeps. In memory only: the hung
+storage call given up after a bounded wait (`autojump_clock`: virtual time needs in-memory IO;
+its subject is the session store's stop, the store only hangs) and the cadence argument checks
+(no store involved).
 """
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 from typing import Any
 
 import attrs
+import pg_damage
 import trio
 import trio.testing
+from backends import Backend
 from clocks import ticking_ms
 from drafts import turn_start
-from log_lines import header
+from log_lines import encode_header, header, wire
+from places import Place
 from subagents.actors import EventDraft, open_session_store
 from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
 from subagents.storage.projection import ProjectionRegistry
@@ -61,43 +68,42 @@ def turn(n: int, steps: int) -> list[EventDraft]:
     return drafts + [EventDraft(type="turn/end", data={"turn": n, "reason": {"kind": "completed"}})]
 
 
-def append_behind_the_actors(root: Path, sid: str, count: int) -> None:
+def append_behind_the_actors(place: Place, sid: str, count: int) -> None:
     """Events written by another writer that never checkpoints (after a release)."""
-    store = FileLogStore(str(root))
+    store = place.store()
     handle = store.open_write(sid)
     start = handle.next_seq
     events = [make_event(start + i, "turn/start", 1, {"turn": 100 + i}) for i in range(count)]
     store.append(handle, [Batch(start, events)])
     store.close(handle)
-    store.close_store()
 
 
-async def test_open_folds_only_the_events_after_the_checkpoint(tmp_path: Path) -> None:
+async def test_open_folds_only_the_events_after_the_checkpoint(place: Place) -> None:
     units = [Counter(), Turns()]
-    log_store = FileLogStore(str(tmp_path))
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append(turn(1, 2))  # 6 events, ends a turn: checkpointed
         await store.release("s")  # writes the final checkpoint (seq 5) and frees the lock
-    append_behind_the_actors(tmp_path, "s", 7)
+    append_behind_the_actors(place, "s", 7)
 
-    log_store = FileLogStore(str(tmp_path))
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.open("s")
         assert store.last_open_folds == 7 * len(units)  # only the events after the checkpoint
         assert await ref.snapshot() == {"count": 13, "turns": 1}
 
 
-async def test_a_bumped_state_version_discards_its_rows(tmp_path: Path) -> None:
-    log_store = FileLogStore(str(tmp_path))
+async def test_a_bumped_state_version_discards_its_rows(place: Place) -> None:
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry([Counter(), Turns()]), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append(turn(1, 1))  # 4 events
         await ref.append(turn(2, 1))  # 8
-    append_behind_the_actors(tmp_path, "s", 2)
+    append_behind_the_actors(place, "s", 2)
 
     bumped = [Counter(state_version=2), Turns()]
-    log_store = FileLogStore(str(tmp_path))
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry(bumped), now_ms=now_ms) as store:
         ref = await store.open("s")
         # The bumped unit refolds all 10 events; the other keeps its row and folds the last 2.
@@ -105,32 +111,38 @@ async def test_a_bumped_state_version_discards_its_rows(tmp_path: Path) -> None:
         assert await ref.snapshot() == {"count": 10, "turns": 2}
 
 
-async def test_a_recreated_id_never_uses_the_old_rows(tmp_path: Path) -> None:
+async def test_a_recreated_id_never_uses_the_old_rows(place: Place) -> None:
     units = [Counter(), Turns()]
-    log_store = FileLogStore(str(tmp_path))
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append(turn(1, 3))  # 8 events, checkpointed
-    shutil.rmtree(tmp_path / "sessions" / "s")
-    # The same id again, another lifecycle, written by a writer that never checkpoints.
-    raw = FileLogStore(str(tmp_path))
-    handle = raw.create(header("s", 2))
-    raw.append(handle, [Batch(0, [make_event(i, "turn/start", 1, {"turn": i}) for i in range(3)])])
-    raw.close(handle)
-    stale = raw.read_checkpoint("s", header("s", 1), 0)
+    # The same id again, another lifecycle, written by a writer that never checkpoints. On
+    # PostgreSQL a session's rows cannot go while checkpoint rows name it (a foreign key): its
+    # header and batch rows are replaced by hand instead, the checkpoint rows left as they were.
+    again = [make_event(i, "turn/start", 1, {"turn": i}) for i in range(3)]
+    if place.url is not None:
+        pg_damage.rewrite(place.url, "s", lambda _: encode_header(header("s", 2)) + b"".join(wire(again)))
+    else:
+        shutil.rmtree(place.root / "sessions" / "s")
+        raw = place.store()
+        handle = raw.create(header("s", 2))
+        raw.append(handle, [Batch(0, again)])
+        raw.close(handle)
+    stale = place.store().read_checkpoint("s", header("s", 1), 0)
     assert stale is not None and stale[0]["count"].val == 8  # the old rows are still there
 
-    log_store = FileLogStore(str(tmp_path))
+    log_store = place.store()
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.open("s")
         assert store.last_open_folds == 3 * len(units)  # folded from the start, rows unused
         assert await ref.snapshot() == {"count": 3, "turns": 0}
 
 
-async def test_release_checkpoints_and_frees_the_lock(tmp_path: Path) -> None:
+async def test_release_checkpoints_and_frees_the_lock(place: Place) -> None:
     units = [Counter(), Turns()]
-    log_store = FileLogStore(str(tmp_path))
-    other = FileLogStore(str(tmp_path))
+    log_store = place.store()
+    other = place.store()
     async with open_session_store(log_store, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append([turn_start(1)] * 1)  # no turn end
@@ -148,14 +160,21 @@ async def test_release_checkpoints_and_frees_the_lock(tmp_path: Path) -> None:
     assert found is not None
     rows, offset = found
     assert {key: (row.seq, row.val) for key, row in rows.items()} == {"count": (1, 2), "turns": (1, 0)}
-    assert offset == (tmp_path / "sessions" / "s" / "session.jsonl.zst").stat().st_size
+    if place.is_pg:
+        assert offset == 2  # the event count the rows cover: where `read_after` continues
+    else:
+        assert offset == (place.root / "sessions" / "s" / "session.jsonl.zst").stat().st_size
 
 
-async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clock: Any) -> None:
-    # In memory (MemoryLogStore, in-memory index), so virtual time is safe here.
-    from subagents.storage.testing import MemoryLogStore
+async def test_an_idle_dirty_session_checkpoints_after_the_interval(backend: Backend, mock_clock: Any) -> None:
+    # Virtual time moved by hand (never on its own: real IO runs in worker threads), so the
+    # same test runs in memory and on PostgreSQL; it waits on the actor, never on time.
+    log_store = backend.store
 
-    log_store = MemoryLogStore()
+    async def idle_for(seconds: float) -> None:
+        mock_clock.jump(seconds)
+        await trio.testing.wait_all_tasks_blocked()  # the actor saw the time (and is at work or idle)
+
     async with open_session_store(log_store, ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append([turn_start(1)])  # published: checkpointed
@@ -163,21 +182,22 @@ async def test_an_idle_dirty_session_checkpoints_after_the_interval(autojump_clo
         await ref.flush()
         actor = store._actors["s"]
         assert actor.checkpoints == 1
-        await trio.sleep(actor.checkpoint_interval - 1)
+        await idle_for(actor.checkpoint_interval - 1)
         await ref.flush()
         assert actor.checkpoints == 1  # not yet
-        await trio.sleep(2)
+        await idle_for(2)
         await ref.flush()
         assert actor.checkpoints == 2
         found = log_store.read_checkpoint("s", header("s", 1), 0)
         assert found is not None and found[0]["count"].val == 2
-        await trio.sleep(actor.checkpoint_interval * 3)  # clean: nothing more to write
+        await idle_for(actor.checkpoint_interval * 3)  # clean: nothing more to write
         await ref.flush()
         assert actor.checkpoints == 2
 
 
-async def test_a_released_session_reopens_without_reading_its_log(tmp_path: Path) -> None:
+async def test_a_released_session_reopens_without_reading_its_log(place: Place) -> None:
     from subagents.storage import OsFs
+    from subagents.storage.testing import FaultyLogStore
 
     class CountingFs(OsFs):
         def __init__(self, root: str) -> None:
@@ -201,31 +221,37 @@ async def test_a_released_session_reopens_without_reading_its_log(tmp_path: Path
             return Counted()
 
     units = [Counter(), Turns()]
-    async with open_session_store(FileLogStore(str(tmp_path)), ProjectionRegistry(units), now_ms=now_ms) as store:
+    async with open_session_store(place.store(), ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         for n in range(1, 30):
             await ref.append(turn(n, 3))
         await store.release("s")  # its checkpoint also records the index row: no listing ran
 
-    fs = CountingFs(str(tmp_path))
-    async with open_session_store(FileLogStore(fs=fs), ProjectionRegistry(units), now_ms=now_ms) as store:
+    fs = CountingFs(str(place.root))
+    counted = FaultyLogStore(place.store() if place.is_pg else FileLogStore(fs=fs))  # no rules: counts calls
+    async with open_session_store(counted, ProjectionRegistry(units), now_ms=now_ms) as store:
         ref = await store.open("s")
         assert store.last_open_folds == 0
-        # Neither validated again nor folded: the index row and the checkpoint answer; only the
-        # header record and the 32-byte anchor are read to prove the file is the row's log.
-        size = (tmp_path / "sessions" / "s" / "session.jsonl.zst").stat().st_size
-        assert fs.read_bytes <= 256 < size // 10
+        # Neither validated again nor folded: the checkpoint answers (on files with the index
+        # row; only the header record and the 32-byte anchor are read to prove the file is the
+        # row's log); no batch of events is read.
+        assert counted.calls["read"] == 0
+        if not place.is_pg:
+            size = (place.root / "sessions" / "s" / "session.jsonl.zst").stat().st_size
+            assert fs.read_bytes <= 256 < size // 10
         assert await ref.snapshot() == {"count": 29 * 8, "turns": 29}
         assert ref.is_own_seq(29 * 8 - 1) and not ref.is_own_seq(29 * 8)
 
 
-async def test_after_release_another_process_can_open_the_session_for_writing(tmp_path: Path) -> None:
+async def test_after_release_another_process_can_open_the_session_for_writing(place: Place) -> None:
     import subprocess
     import sys
 
     script = (
         "import sys\n"
         "from subagents.storage import FileLogStore, AlreadyOwned\n"
+        "if sys.argv[1].startswith('postgresql:'):\n"
+        "    from subagents.storage.pg_store import PostgresLogStore as FileLogStore\n"
         "store = FileLogStore(sys.argv[1])\n"
         "try:\n"
         "    handle = store.open_write('s')\n"
@@ -236,11 +262,12 @@ async def test_after_release_another_process_can_open_the_session_for_writing(tm
     )
 
     def other_process() -> str:
-        done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+        where = place.url or str(place.root)
+        done = subprocess.run([sys.executable, "-c", script, where], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
-    async with open_session_store(FileLogStore(str(tmp_path)), ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
+    async with open_session_store(place.store(), ProjectionRegistry([Counter()]), now_ms=now_ms) as store:
         ref = await store.create(header("s", 1))
         await ref.append(turn(1, 1))
         assert await trio.to_thread.run_sync(other_process) == "owned"
@@ -277,11 +304,11 @@ async def test_leaving_the_store_gives_up_on_a_hung_storage_call(autojump_clock:
     assert len(outcome) == 1 and "did not answer" in str(outcome[0])
 
 
-async def test_checkpoints_come_every_n_events_and_at_each_turn_end_alone(tmp_path: Path) -> None:
+async def test_checkpoints_come_every_n_events_and_at_each_turn_end_alone(place: Place) -> None:
     """SPEC 4: after publication, every `checkpoint_every` events, and at every turn end — each
     on its own (no release, no timer)."""
     async with open_session_store(
-        FileLogStore(str(tmp_path), compression="none"),
+        place.store(compression="none"),
         ProjectionRegistry([Counter()]),
         now_ms=now_ms,
         checkpoint_every=5,
@@ -305,32 +332,42 @@ async def test_checkpoints_come_every_n_events_and_at_each_turn_end_alone(tmp_pa
         await ref.append([turn_start(2)])
         await ref.flush()
         assert actor.checkpoints == 4
-        store_index = FileLogStore(str(tmp_path), compression="none")
-        found = store_index.read_checkpoint("s", header("s", 1), 0)
-        store_index.close_store()
+        found = place.store(compression="none").read_checkpoint("s", header("s", 1), 0)
         assert found is not None and found[0]["count"].seq == 13  # the turn end's checkpoint
 
 
-async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_trusted(tmp_path: Path) -> None:
+async def test_a_checkpoint_whose_offset_does_not_hold_the_next_record_is_not_trusted(place: Place) -> None:
     """SPEC 3.5: restore checks that the record at `log_offset` has seq `seq + 1` (or is the
-    end); anything else folds the log from the start — with the same result."""
+    end); anything else folds the log from the start — with the same result. (On PostgreSQL
+    `log_offset` is the event count the rows cover; the rows are moved by hand, pg_damage.)"""
     import sqlite3
 
+    def offsets() -> set[int]:
+        if place.url is not None:
+            return {row[4] for row in pg_damage.checkpoint_rows(place.url)}
+        with sqlite3.connect(place.root / "index.sqlite3") as con:
+            return {offset for (offset,) in con.execute("select log_offset from checkpoints")}
+
+    def move(offset: int) -> None:
+        if place.url is not None:
+            pg_damage.set_checkpoint_offsets(place.url, offset)
+            return
+        with sqlite3.connect(place.root / "index.sqlite3") as con:
+            con.execute("update checkpoints set log_offset=?", (offset,))
+
     async with open_session_store(
-        FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]), now_ms=now_ms
+        place.store(compression="none"), ProjectionRegistry([Counter()]), now_ms=now_ms
     ) as store:
         ref = await store.create(header("s", 1))
         for n in range(1, 4):
             await ref.append(turn(n, 2))
         await ref.append([turn_start(4)])
         await store.release("s")
-    with sqlite3.connect(tmp_path / "index.sqlite3") as con:
-        (good,) = {offset for (offset,) in con.execute("select log_offset from checkpoints")}
+    (good,) = offsets()
     for offset, folds_from_start in ((good, False), (5, True), (good - 7, True), (good + 3, True)):
-        with sqlite3.connect(tmp_path / "index.sqlite3") as con:
-            con.execute("update checkpoints set log_offset=?", (offset,))
+        move(offset)
         async with open_session_store(
-            FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry([Counter()]), now_ms=now_ms
+            place.store(compression="none"), ProjectionRegistry([Counter()]), now_ms=now_ms
         ) as store:
             ref = await store.open("s")
             total = await ref.flush()

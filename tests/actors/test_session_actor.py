@@ -1,5 +1,10 @@
 """The session actor (SPEC 4, 3.5): group commit, expected seqs, live projections, stopping.
 
+Every test runs on the in-memory file store and on PostgreSQL (the `backend` fixture,
+tests/helpers/backends.py). A failed fsync is, on PostgreSQL, an append whose connection the
+server cut twice in a row (its outcome unknown: the handle is dead); a partial write the store
+cuts back is an append statement that failed whole (tests/helpers/pg_faults.py).
+
 Theory of operation. The actor calls storage through `trio.to_thread`, so even over the
 in-memory `MemoryLogStore` these tests involve threads: they run on the real clock and never
 sleep. They wait on results, on `wait_all_tasks_blocked` (a requester parked on its reply, a
@@ -15,13 +20,13 @@ hang on the way out, so a failing test fails instead of hanging on a storage thr
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
 import trio
+from backends import Backend
 from clocks import T, fixed_ms
 from drafts import descriptor_draft, note, turn_start
 from log_lines import header, wire
@@ -48,21 +53,11 @@ from subagents.storage import (
     SessionHeader,
 )
 from subagents.storage.projection import ProjectionRegistry
-from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore
+from subagents.storage.testing import FaultyLogStore
 from trio.testing import wait_all_tasks_blocked
 
 BOUND = 10  # seconds; a safety net only, never the mechanism of a test
 now_ms = fixed_ms()
-
-
-def reopen(fs: CrashFs, sid: str) -> list[Event]:
-    """What a new process finds: take the write lock (validating the whole log), read, let go."""
-    other = MemoryLogStore(fs=fs)
-    handle = other.open_write(sid)
-    try:
-        return other.read(handle)
-    finally:
-        other.close(handle)
 
 
 @contextmanager
@@ -128,15 +123,15 @@ async def running_actor(
 # --- group commit -------------------------------------------------------------------------------
 
 
-async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_durable_events() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
+async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_durable_events(
+    backend: Backend,
+) -> None:
     tasks = 100
     drafts = {i: [note(task=i, k=k) for k in range(i % 3 + 1)] for i in range(tasks)}
     results: dict[int, AppendResult] = {}
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
-        fsyncs_before = fs.counts["fsync"]
+        fsyncs_before = backend.durable_writes()
         with trio.fail_after(BOUND):
 
             async def append(i: int) -> None:
@@ -145,9 +140,9 @@ async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_
             async with trio.open_nursery() as nursery:
                 for i in range(tasks):
                     nursery.start_soon(append, i)
-        fsyncs = fs.counts["fsync"] - fsyncs_before
-        # A power cut right after the last acknowledgement, before anything else can run.
-        mem.crash()
+        fsyncs = backend.durable_writes() - fsyncs_before
+        # A power cut (a dead process) right after the last acknowledgement.
+        backend.crash()
 
         # Contiguous and non-overlapping: the ranges tile [0, total) exactly.
         total = sum(len(d) for d in drafts.values())
@@ -159,19 +154,17 @@ async def test_group_commit_gives_contiguous_seqs_with_few_fsyncs_and_acks_only_
                 ("test/note", b'{"task":%d,"k":%d}' % (i, k)) for k in range(len(drafts[i]))
             ]
 
-        # One storage append (one fsync) per drained group: far fewer than the appends.
+        # One storage append (one fsync, one transaction) per drained group: far fewer than the appends.
         assert 1 <= fsyncs <= tasks // 10, fsyncs
 
         # Every acknowledged event survived the power cut.
-        survived = reopen(fs, "s")
+        survived = backend.reopen("s")
         acked = sorted((e for r in results.values() for e in r.events), key=lambda e: e.seq)
         assert wire(survived) == wire(acked)
 
 
-async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    faulty = FaultyLogStore(mem)
+async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -179,7 +172,7 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
             await ref.flush()  # served after the publication checkpoint: the actor is idle now
             await wait_all_tasks_blocked()  # parked on its mailbox
             faulty.hang("append")
-            fsyncs_before = fs.counts["fsync"]
+            fsyncs_before = backend.durable_writes()
             async with trio.open_nursery() as nursery:
                 calls = Calls(nursery)
                 # Started together, they run in one scheduler batch: the first send wakes the
@@ -190,7 +183,7 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
                 # Queued behind the group while it is being written.
                 await calls.start_parked("d", lambda: ref.append([note(by="d")]))
                 await calls.start_parked("e", lambda: ref.snapshot(["subagent"]))
-                fs.inject("fsync")
+                backend.fail_durability()
                 faulty.release()
 
             assert calls.results == {}
@@ -199,7 +192,7 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
             for name in ("d", "e"):
                 assert isinstance(calls.errors[name], ActorStopped), calls.errors[name]
             # The three requests were one group: one storage append, one (failed) fsync.
-            assert fs.counts["fsync"] - fsyncs_before == 1
+            assert backend.durable_writes() - fsyncs_before == 1
             assert faulty.calls["append"] == 2
 
             # The handle is dead, the actor stopped: every later ask fails at once.
@@ -214,16 +207,15 @@ async def test_failed_fsync_fails_its_whole_group_and_stops_the_actor() -> None:
                 await ref.flush()
 
         # Its lock is free: a new writer validates the log; the acknowledged prefix is intact.
-        mem.crash()
-        assert wire(reopen(fs, "s")) == wire(first.events)
+        backend.crash()
+        assert wire(backend.reopen("s")) == wire(first.events)
 
 
-async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped() -> None:
+async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped(backend: Backend) -> None:
     """An append drained in the same batch as a failed group, but behind a snapshot (so in a
     later group), is pending when the handle dies: it must fail with `ActorStopped`, and the
     dead handle must not be written to again."""
-    mem = MemoryLogStore()
-    inner = FaultyLogStore(mem)
+    inner = FaultyLogStore(backend.store)
     outer = FaultyLogStore(inner)  # outer holds an append, inner then refuses it unwritten
     async with open_session_store(outer, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
@@ -239,7 +231,7 @@ async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped() ->
                 await calls.start_parked("x", lambda: ref.append([note(by="x")]))
                 await calls.start_parked("snap", lambda: ref.snapshot(["subagent"]))
                 await calls.start_parked("y", lambda: ref.append([note(by="y")]))
-                mem.crash_fs.inject("fsync")
+                backend.fail_durability()
                 outer.release()
             await ref.wait_finished()
             assert isinstance(calls.errors["held"], PersistenceFailed)  # refused, handle alive
@@ -248,21 +240,19 @@ async def test_appends_pending_behind_a_dead_handle_fail_with_actor_stopped() ->
             assert inner.calls["append"] == 3  # publication, held, x; nothing on the dead handle
 
 
-async def test_failed_write_fails_its_group_and_the_actor_carries_on() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_failed_write_fails_its_group_and_the_actor_carries_on(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with trio.fail_after(BOUND):
             first = await ref.append([turn_start(1)])
-            fs.inject("write", partial=5)
+            backend.fail_write()
             with pytest.raises(PersistenceFailed):
                 await ref.append([note(i=1)])
             assert not ref.stopped
             second = await ref.append([note(i=2)])
             assert second.first_seq == 1  # the failed write was cut back; no seq was used
-        mem.crash()
-        assert wire(reopen(fs, "s")) == wire([*first.events, *second.events])
+        backend.crash()
+        assert wire(backend.reopen("s")) == wire([*first.events, *second.events])
 
 
 # --- per-request failures inside a group --------------------------------------------------------
@@ -287,9 +277,8 @@ async def _one_group(
     return calls
 
 
-async def test_stale_expected_seq_fails_only_its_own_request() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_stale_expected_seq_fails_only_its_own_request(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -318,8 +307,8 @@ async def test_stale_expected_seq_fails_only_its_own_request() -> None:
             assert faulty.calls["append"] - appends_before == 2
             assert await ref.flush() == 6
 
-        mem.crash()
-        assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")[2:]] == [
+        backend.crash()
+        assert [bytes(e.data) for e in backend.reopen("s")[2:]] == [
             b'{"i":1}',
             b'{"i":2}',
             b'{"i":5}',
@@ -346,9 +335,10 @@ INVALID_DRAFTS: list[tuple[str, list[EventDraft], type[Exception]]] = [
 @pytest.mark.parametrize(
     ("drafts", "error"), [(d, e) for _, d, e in INVALID_DRAFTS], ids=[n for n, _, _ in INVALID_DRAFTS]
 )
-async def test_invalid_draft_fails_only_its_own_request(drafts: list[EventDraft], error: type[Exception]) -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_invalid_draft_fails_only_its_own_request(
+    backend: Backend, drafts: list[EventDraft], error: type[Exception]
+) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -368,22 +358,21 @@ async def test_invalid_draft_fails_only_its_own_request(drafts: list[EventDraft]
             assert calls.results["after"].first_seq == 3
             assert await ref.flush() == 5
             assert not ref.stopped
-        mem.crash()
-        survived = reopen(mem.crash_fs, "s")
+        backend.crash()
+        survived = backend.reopen("s")
         assert [e.seq for e in survived] == list(range(5))
         assert [bytes(e.data) for e in survived[2:]] == [b'{"i":1}', b'{"i":2}', b'{"i":3}']
 
 
-async def test_empty_append_writes_nothing_and_reports_the_next_seq() -> None:
-    mem = MemoryLogStore()
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_empty_append_writes_nothing_and_reports_the_next_seq(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
-            fsyncs = mem.crash_fs.counts["fsync"]
+            fsyncs = backend.durable_writes()
             result = await ref.append([])
             assert (result.first_seq, result.next_seq, result.events) == (1, 1, ())
-            assert mem.crash_fs.counts["fsync"] == fsyncs
+            assert backend.durable_writes() == fsyncs
 
 
 # --- live projections ---------------------------------------------------------------------------
@@ -421,10 +410,8 @@ class InitialRaises:
         return state
 
 
-async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(HostileView()), now_ms=now_ms) as store:
+async def test_live_snapshot_reads_no_log_and_shows_the_identity(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(HostileView()), now_ms=now_ms) as store:
         ref = await store.create(header("s", origin="subagent"))
         with trio.fail_after(BOUND):
             assert await ref.snapshot(["subagent"]) == {"subagent": None}
@@ -432,10 +419,10 @@ async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
             appended = await ref.append([descriptor_draft("worker"), note(i=1)])
             assert appended.first_seq == 1
 
-            before = Counter(fs.counts)
+            before = backend.io()
             snap = await ref.snapshot(["subagent"])
-            assert fs.counts["read"] == before["read"]
-            assert fs.counts == before  # no IO at all, not just no reads
+            assert backend.io()["read"] == before["read"]
+            assert backend.io() == before  # no IO at all, not just no reads
             assert snap == {"subagent": {"mode": "continuable", "label": "worker", "seq": 1}}
 
             # The hostile view breaks only a read that names it.
@@ -459,9 +446,8 @@ async def test_live_snapshot_reads_no_log_and_shows_the_identity() -> None:
             }
 
 
-async def test_a_unit_whose_apply_raises_breaks_only_its_own_key() -> None:
-    mem = MemoryLogStore()
-    async with open_session_store(mem, registry(ApplyRaises(), InitialRaises()), now_ms=now_ms) as store:
+async def test_a_unit_whose_apply_raises_breaks_only_its_own_key(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(ApplyRaises(), InitialRaises()), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with trio.fail_after(BOUND):
             await ref.append([note(i=0)])
@@ -487,9 +473,8 @@ async def test_a_unit_whose_apply_raises_breaks_only_its_own_key() -> None:
             assert (await ref.flush()) == 5
 
 
-async def test_snapshot_waits_for_appends_queued_before_it() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_snapshot_waits_for_appends_queued_before_it(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -510,9 +495,8 @@ async def test_snapshot_waits_for_appends_queued_before_it() -> None:
 # --- backpressure, stopping, cancelled requesters -----------------------------------------------
 
 
-async def test_a_full_mailbox_blocks_senders_until_storage_moves() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_a_full_mailbox_blocks_senders_until_storage_moves(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with running_actor(faulty, "s", capacity=1) as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
@@ -533,12 +517,11 @@ async def test_a_full_mailbox_blocks_senders_until_storage_moves() -> None:
             assert [calls.results[n].first_seq for n in names] == [1, 2, 3, 4]
             assert calls.finished[0] == "p"
             assert actor.mailbox.receive.statistics().tasks_waiting_send == 0
-    assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")[1:]] == [b'{"by":"%s"}' % n.encode() for n in names]
+    assert [bytes(e.data) for e in backend.reopen("s")[1:]] == [b'{"by":"%s"}' % n.encode() for n in names]
 
 
-async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with running_actor(faulty, "s", capacity=2) as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
@@ -568,13 +551,12 @@ async def test_stopping_fails_queued_requests_after_the_inflight_append_finishes
             assert calls.results["inflight"].first_seq == 1
             assert ref.stopped
     # The lock is free and the log holds exactly what was acknowledged.
-    mem.crash()
-    assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")] == [b'{"turn":1}', b'{"i":1}']
+    backend.crash()
+    assert [bytes(e.data) for e in backend.reopen("s")] == [b'{"turn":1}', b'{"i":1}']
 
 
-async def test_stopping_while_the_inflight_append_fails() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_stopping_while_the_inflight_append_fails(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with running_actor(faulty, "s") as (actor, ref):
         with _released(faulty), trio.fail_after(BOUND):
             await ref.append([turn_start(1)])
@@ -585,18 +567,17 @@ async def test_stopping_while_the_inflight_append_fails() -> None:
                 await calls.start_parked("inflight", lambda: ref.append([note(i=1)]))
                 await calls.start_parked("queued", lambda: ref.append([note(i=2)]))
                 actor.stop()
-                mem.crash_fs.inject("fsync")
+                backend.fail_durability()
                 faulty.release()
                 await ref.wait_finished()
             assert isinstance(calls.errors["inflight"], PersistenceFailed)
             assert isinstance(calls.errors["queued"], ActorStopped)
-    mem.crash()
-    assert [bytes(e.data) for e in reopen(mem.crash_fs, "s")] == [b'{"turn":1}']
+    backend.crash()
+    assert [bytes(e.data) for e in backend.reopen("s")] == [b'{"turn":1}']
 
 
-async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consistent() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consistent(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms, mailbox_capacity=1) as store:
         ref = await store.create(header("s"))
         with _released(faulty), trio.fail_after(BOUND):
@@ -624,8 +605,8 @@ async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consiste
             assert not ref.stopped
 
         # Whatever was written, the log is contiguous and holds every acknowledged event once.
-        mem.crash()
-        survived = reopen(mem.crash_fs, "s")
+        backend.crash()
+        survived = backend.reopen("s")
         assert [e.seq for e in survived] == list(range(len(survived)))
         writers = [bytes(e.data) for e in survived[1:]]
         assert writers.count(b'{"by":"kept"}') == 1

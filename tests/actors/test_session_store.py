@@ -1,22 +1,23 @@
 """The session store (SPEC 4): create, open, fork, get/list, release, and leaving its block.
 
-The single-writer lock is observed from outside, as another process would: a second
-`MemoryLogStore` over the same `CrashFs` shares the files and the locks, so its `open_write`
-(or its `create` of an unpublished id) raises `AlreadyOwned` while the store holds a session
-and succeeds once the session is released. Storage runs in worker threads, so these tests use
+The single-writer lock is observed from outside, as another process would: a second store over
+the same data (`backend.another()`: a `MemoryLogStore` over the same `CrashFs`, or a second
+PostgreSQL store on the same database) sees the locks, so its `open_write` (or its `create` of
+an unpublished id) raises `AlreadyOwned` while the store holds a session and succeeds once the
+session is released. Every test runs on both (tests/helpers/backends.py; a failed fsync is, on
+PostgreSQL, an append whose connection the server cut twice) except the torn tail on disk, which
+has no PostgreSQL form (an append is one transaction) and runs on memory only. Storage runs in worker threads, so these tests use
 the real clock and wait on results and `wait_all_tasks_blocked`, never on sleeps;
 `trio.fail_after(BOUND)` is only a safety net.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import trio
+from backends import Backend
 from clocks import T, fixed_ms
 from drafts import descriptor_draft, note, turn_start
 from log_lines import header, rel_log, wire
@@ -50,34 +51,11 @@ def read_log(fs: CrashFs, sid: str) -> tuple[SessionHeader, Offset, list[Event]]
         other.close(handle)
 
 
-def listed(fs: CrashFs) -> dict[str, Any]:
-    return {info.id: info for info in MemoryLogStore(fs=fs).list()}
-
-
-@contextmanager
-def claimed(fs: CrashFs, sid: str) -> Iterator[Any]:
-    """Take the session's write lock from another store (raises `AlreadyOwned` if held)."""
-    other = MemoryLogStore(fs=fs)
-    handle = other.open_write(sid)
-    try:
-        yield handle
-    finally:
-        other.close(handle)
-
-
-def assert_owned(fs: CrashFs, sid: str) -> None:
-    with pytest.raises(AlreadyOwned):
-        with claimed(fs, sid):
-            pass
-
-
 # --- create, get, list, release -----------------------------------------------------------------
 
 
-async def test_create_get_list_and_release_frees_the_lock() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_create_get_list_and_release_frees_the_lock(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             a = await store.create(header("a"))
             b = await store.create(header("b"))
@@ -89,9 +67,9 @@ async def test_create_get_list_and_release_frees_the_lock() -> None:
             assert a.inherited_event_count == 0
 
             await a.append([turn_start(1)])
-            assert_owned(fs, "a")
+            backend.assert_owned("a")
             with pytest.raises(AlreadyOwned):  # b is unpublished, but claimed all the same
-                MemoryLogStore(fs=fs).create(header("b"))
+                backend.another().create(header("b"))
 
             await store.release("a")
             assert a.stopped
@@ -99,20 +77,19 @@ async def test_create_get_list_and_release_frees_the_lock() -> None:
             assert store.list() == [b]
             with pytest.raises(ActorStopped):
                 await a.append([turn_start(2)])
-            with claimed(fs, "a") as handle:
+            with backend.claimed("a") as handle:
                 assert handle.next_seq == 1
 
             await store.release("b")
             assert store.list() == []
-            other = MemoryLogStore(fs=fs)
+            other = backend.another()
             other.close(other.create(header("b")))  # an unpublished session is reusable
 
             await store.release("nobody")  # releasing an unknown id is a no-op
 
 
-async def test_release_serves_the_appends_already_queued_then_refuses() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
+async def test_release_serves_the_appends_already_queued_then_refuses(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     async with open_session_store(faulty, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         try:
@@ -136,7 +113,7 @@ async def test_release_serves_the_appends_already_queued_then_refuses() -> None:
                     nursery.start_soon(release)
                     await wait_all_tasks_blocked()
                     assert results == {}  # release waits for the held append
-                    assert_owned(mem.crash_fs, "s")
+                    backend.assert_owned("s")
                     faulty.release()
                 assert results["inflight"].first_seq == 1
                 assert results["queued"].first_seq == 2
@@ -145,16 +122,15 @@ async def test_release_serves_the_appends_already_queued_then_refuses() -> None:
                     await ref.append([note(by="late")])
         finally:
             faulty.release()
-    mem.crash()
-    with claimed(mem.crash_fs, "s"):
+    backend.crash()
+    with backend.claimed("s"):
         pass
-    _, _, events = read_log(mem.crash_fs, "s")
+    _, _, events = backend.read_log("s")
     assert [bytes(e.data) for e in events] == [b'{"turn":1}', b'{"by":"inflight"}', b'{"by":"queued"}']
 
 
-async def test_create_of_a_live_or_persisted_id_raises_session_already_exists() -> None:
-    mem = MemoryLogStore()
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_create_of_a_live_or_persisted_id_raises_session_already_exists(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             live = await store.create(header("live"))
             with pytest.raises(SessionAlreadyExists):
@@ -176,8 +152,8 @@ async def test_create_of_a_live_or_persisted_id_raises_session_already_exists() 
             assert (await again.append([turn_start(1)])).first_seq == 0
 
 
-async def test_is_own_seq_counts_only_durable_own_events() -> None:
-    async with open_session_store(MemoryLogStore(), registry(), now_ms=now_ms) as store:
+async def test_is_own_seq_counts_only_durable_own_events(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         assert not ref.is_own_seq(0)
         await ref.append([turn_start(1), note(i=1)])
@@ -187,24 +163,23 @@ async def test_is_own_seq_counts_only_durable_own_events() -> None:
 # --- open -------------------------------------------------------------------------------------
 
 
-async def test_open_of_a_persisted_session_folds_its_events() -> None:
-    fs = CrashFs()
-    async with open_session_store(MemoryLogStore(fs=fs), registry(), now_ms=now_ms) as store:
+async def test_open_of_a_persisted_session_folds_its_events(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("child", origin="subagent"))
         await ref.append([turn_start(1, time=T), descriptor_draft("worker", time=T + 10)])
         await ref.append([note(i=1, time=T + 30)])
 
-    # A new process: a new store over the same files.
-    async with open_session_store(MemoryLogStore(fs=fs), registry(), now_ms=now_ms) as store:
+    # A new process: a new store over the same data.
+    async with open_session_store(backend.another(), registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             ref = await store.open("child")
             assert store.get("child") is ref
             assert ref.header == header("child", origin="subagent")
-            assert_owned(fs, "child")
+            backend.assert_owned("child")
 
-            before = Counter(fs.counts)
+            before = backend.io()
             snap = await ref.snapshot(["subagent", "subagent_timing"])
-            assert fs.counts == before  # the cells were folded at open: no log read now
+            assert backend.io() == before  # the cells were folded at open: no log read now
             assert snap == {
                 "subagent": {"mode": "continuable", "label": "worker", "seq": 1},
                 "subagent_timing": {"settled_ms": 0, "active": {"since": T, "through": T + 30}},
@@ -236,17 +211,15 @@ async def test_open_cuts_a_torn_tail_before_appending() -> None:
     assert bytes(events[2].data) == b'{"i":2}'
 
 
-async def test_open_refuses_unknown_and_foreign_owned_sessions() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_open_refuses_unknown_and_foreign_owned_sessions(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         ref = await store.create(header("s"))
         await ref.append([turn_start(1)])
         await store.release("s")
         with trio.fail_after(BOUND):
             with pytest.raises(SessionNotFound):
                 await store.open("nobody")
-            with claimed(fs, "s"):
+            with backend.claimed("s"):
                 with pytest.raises(AlreadyOwned):
                     await store.open("s")
                 assert store.get("s") is None
@@ -255,14 +228,12 @@ async def test_open_refuses_unknown_and_foreign_owned_sessions() -> None:
             assert (await reopened.append([turn_start(2)])).first_seq == 1
 
 
-async def test_open_after_a_dead_handle_revalidates_the_log() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_open_after_a_dead_handle_revalidates_the_log(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             dead = await store.create(header("s"))
             await dead.append([turn_start(1)])
-            fs.inject("fsync")
+            backend.fail_durability()
             with pytest.raises(PersistenceFailed):
                 await dead.append([note(i=1)])
             await dead.wait_finished()
@@ -275,8 +246,8 @@ async def test_open_after_a_dead_handle_revalidates_the_log() -> None:
             next_seq = await ref.flush()
             assert next_seq in (1, 2)
             assert (await ref.append([note(i=2)])).first_seq == next_seq
-    mem.crash()
-    _, _, events = read_log(fs, "s")
+    backend.crash()
+    _, _, events = backend.read_log("s")
     assert [e.seq for e in events] == list(range(next_seq + 1))
     assert bytes(events[-1].data) == b'{"i":2}'
 
@@ -298,10 +269,8 @@ async def _parent(store: Any) -> tuple[SessionRef, list[Event]]:
     return parent, list(result.events)
 
 
-async def test_fork_copies_the_prefix_then_the_marker_then_its_own_events() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_fork_copies_the_prefix_then_the_marker_then_its_own_events(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             parent, parent_events = await _parent(store)
             child_header = header("c", is_seeded=True, parent_session="p", origin="subagent")
@@ -311,8 +280,8 @@ async def test_fork_copies_the_prefix_then_the_marker_then_its_own_events() -> N
             assert child.header == child_header
 
             # Lazy like create: not published (nor listed) until its first append.
-            assert "c" not in listed(fs)
-            assert mem.stat("c") is None
+            assert "c" not in backend.listed()
+            assert backend.store.stat("c") is None
             assert not child.is_own_seq(3)
 
             first = await child.append([turn_start(1, time=T + 100)])
@@ -329,14 +298,14 @@ async def test_fork_copies_the_prefix_then_the_marker_then_its_own_events() -> N
             assert is_own_identity(identity, child.inherited_event_count)
             assert [child.is_own_seq(s) for s in (2, 3, 4, 5, 6)] == [False, True, True, True, False]
 
-            info = listed(fs)["c"]
+            info = backend.listed()["c"]
             assert (info.damage, info.inherited_event_count, info.event_count) == (None, 3, 6)
 
             # The parent is untouched and still live.
             assert (await parent.append([note(i=5)])).first_seq == 5
 
-    mem.crash()
-    log_header, k, events = read_log(fs, "c")
+    backend.crash()
+    log_header, k, events = backend.read_log("c")
     assert (log_header, k) == (child_header, 3)
     assert [e.seq for e in events] == list(range(6))
     assert wire(events[:3]) == wire(parent_events[:3])
@@ -345,9 +314,8 @@ async def test_fork_copies_the_prefix_then_the_marker_then_its_own_events() -> N
     assert wire(events[4:]) == wire([*first.events, *own.events])
 
 
-async def test_fork_with_prefix_zero_is_an_unseeded_session() -> None:
-    mem = MemoryLogStore()
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_fork_with_prefix_zero_is_an_unseeded_session(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             parent, _ = await _parent(store)
             child = await store.fork(parent, Offset(0), header("z", parent_session="p"))
@@ -355,14 +323,13 @@ async def test_fork_with_prefix_zero_is_an_unseeded_session() -> None:
             assert not child.header.is_seeded
             assert (await child.append([turn_start(1)])).first_seq == 0
             assert child.is_own_seq(0)
-    log_header, k, events = read_log(mem.crash_fs, "z")
+    log_header, k, events = backend.read_log("z")
     assert (log_header.is_seeded, k) == (False, 0)
     assert [e.type for e in events] == ["turn/start"]
 
 
-async def test_fork_beyond_the_durable_events_is_refused() -> None:
-    mem = MemoryLogStore()
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_fork_beyond_the_durable_events_is_refused(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             parent, _ = await _parent(store)
             with pytest.raises(ValueError):
@@ -372,10 +339,8 @@ async def test_fork_beyond_the_durable_events_is_refused() -> None:
             assert (await child.append([note(i=0)])).first_seq == 6
 
 
-async def test_seeded_create_publishes_its_seed_with_the_first_append_even_after_a_failure() -> None:
-    mem = MemoryLogStore()
-    faulty = FaultyLogStore(mem)
-    fs = mem.crash_fs
+async def test_seeded_create_publishes_its_seed_with_the_first_append_even_after_a_failure(backend: Backend) -> None:
+    faulty = FaultyLogStore(backend.store)
     inherited = [
         make_event(0, "turn/start", T + 1, {"turn": 1}),
         make_event(1, "test/note", T + 7, {"x": 1}, ignorable=True),
@@ -384,19 +349,19 @@ async def test_seeded_create_publishes_its_seed_with_the_first_append_even_after
         with trio.fail_after(BOUND):
             ref = await store.create(header("seeded", is_seeded=True), inherited=inherited)
             assert ref.inherited_event_count == 2
-            assert "seeded" not in listed(fs)
+            assert "seeded" not in backend.listed()
 
             faulty.fail("append")  # refused before anything is written; the handle lives
             with pytest.raises(PersistenceFailed):
                 await ref.append([note(i=0)])
-            assert "seeded" not in listed(fs)
+            assert "seeded" not in backend.listed()
             assert not ref.stopped
 
             result = await ref.append([note(i=1)])
             assert result.first_seq == 3
-            assert listed(fs)["seeded"].inherited_event_count == 2
-    mem.crash()
-    _, k, events = read_log(fs, "seeded")
+            assert backend.listed()["seeded"].inherited_event_count == 2
+    backend.crash()
+    _, k, events = backend.read_log("seeded")
     assert k == 2
     assert wire(events[:2]) == wire(inherited)
     assert (events[2].type, bytes(events[2].data), events[2].time) == ("session/end-seed", b'{"inherited":true}', T + 7)
@@ -406,24 +371,22 @@ async def test_seeded_create_publishes_its_seed_with_the_first_append_even_after
 # --- leaving the block --------------------------------------------------------------------------
 
 
-async def test_leaving_the_block_releases_every_session() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
-    async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+async def test_leaving_the_block_releases_every_session(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
         with trio.fail_after(BOUND):
             refs = [await store.create(header(sid)) for sid in ("a", "b", "unpublished")]
             for ref in refs[:2]:
                 await ref.append([turn_start(1)])
             for sid in ("a", "b"):
-                assert_owned(fs, sid)
+                backend.assert_owned(sid)
     assert all(ref.stopped for ref in refs)
     with pytest.raises(ActorStopped):
         await refs[0].append([turn_start(2)])
-    mem.crash()
+    backend.crash()
     for sid in ("a", "b"):
-        with claimed(fs, sid) as handle:
+        with backend.claimed(sid) as handle:
             assert handle.next_seq == 1
-    other = MemoryLogStore(fs=fs)
+    other = backend.another()
     other.close(other.create(header("unpublished")))
 
 
@@ -431,13 +394,11 @@ class Boom(Exception):
     pass
 
 
-async def test_an_error_in_the_block_releases_every_session_and_propagates_unchanged() -> None:
-    mem = MemoryLogStore()
-    fs = mem.crash_fs
+async def test_an_error_in_the_block_releases_every_session_and_propagates_unchanged(backend: Backend) -> None:
     refs: list[SessionRef] = []
     caught: Exception | None = None
     try:
-        async with open_session_store(mem, registry(), now_ms=now_ms) as store:
+        async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
             for sid in ("a", "b"):
                 ref = await store.create(header(sid))
                 await ref.append([turn_start(1)])
@@ -447,7 +408,7 @@ async def test_an_error_in_the_block_releases_every_session_and_propagates_uncha
         caught = exc
     assert all(ref.stopped for ref in refs)
     for sid in ("a", "b"):
-        with claimed(fs, sid):
+        with backend.claimed(sid):
             pass
     # SPEC 4: public APIs never leak an ExceptionGroup; the body's own error comes out as is.
     assert type(caught) is Boom, repr(caught)

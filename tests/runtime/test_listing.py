@@ -12,6 +12,7 @@ from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from listing_rows import rows
 from log_lines import header, persist_log
+from places import Place
 from subagents.actors import Abort, open_session_store
 from subagents.runtime.delegation.listing import ListingService, walk_descendants
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
@@ -112,8 +113,8 @@ async def test_children_rows_in_order_with_their_states(base_store: Any) -> None
         ]
 
 
-async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path), use_index=False)  # no checkpoint rung: every child observed
+async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(place: Place) -> None:
+    base = place.store(use_index=False)  # no checkpoint rung (none written on PostgreSQL): every child observed
     child(base, "c1", 1, data=descriptor("one"))
     child(base, "c2", 2, data=descriptor("two"))
     faulty = FaultyLogStore(base)
@@ -139,8 +140,8 @@ async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(tmp_path
             await service.list_children("p")
 
 
-async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path))
+async def test_cold_identities_come_from_checkpoints_without_reading_logs(place: Place) -> None:
+    base = place.store()
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         for i in range(6):
@@ -148,7 +149,7 @@ async def test_cold_identities_come_from_checkpoints_without_reading_logs(tmp_pa
             await ref.append([descriptor_draft(f"child {i}")])
         for i in range(6):
             await sessions.release(f"c{i}")  # persisted, with checkpoint rows
-    faulty = FaultyLogStore(FileLogStore(str(tmp_path)))
+    faulty = FaultyLogStore(place.store())
     async with open_session_store(faulty, registry, now_ms=now_ms) as sessions:
         service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(faulty, sessions, registry))
         result = rows(await service.list_children("p"))
@@ -215,13 +216,13 @@ def test_the_walk_is_iterative_and_never_loops() -> None:
     assert placed[-1][1:] == ("n9998", 9_999)
 
 
-async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(tmp_path: Path) -> None:
+async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(place: Place) -> None:
     """SPEC 3.3: the index is used from Trio through one worker slot; the listing's checkpoint
     query shares the session query's, so it waits while another index call holds it."""
     import trio
     import trio.testing
 
-    base = FileLogStore(str(tmp_path))
+    base = place.store()
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         ref = await sessions.create(header("c0", 1, origin="subagent", parent_session="p"))
@@ -244,12 +245,11 @@ async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(tm
         assert found == [{"c0": {"mode": "continuable", "label": "child", "seq": 0}}]
 
 
-async def test_the_registry_checks_fresh_ids_through_the_same_index_slot(tmp_path: Path) -> None:
+async def test_the_registry_checks_fresh_ids_through_the_same_index_slot(place: Place) -> None:
     import trio
     import trio.testing
-    from subagents.runtime.app import open_runtime
 
-    async with open_runtime(tmp_path, model=None) as rt:
+    async with place.open_runtime(model=None) as rt:
         limiter = rt.query.index_limiter
         got: list[str] = []
 

@@ -18,7 +18,8 @@ Every case checks the outcome (`SubagentError` CANCELLED with no rows, or a bare
 that every observation that was entered was released exactly once, and that when the call ended
 no task it started was left, no storage call was running and no limiter token was held. A last
 case sets the abort while the listing waits for its live children's answers. Real IO and worker
-threads: real clock.
+threads: real clock. On files (a store without its index) and on PostgreSQL (children written
+straight through the store: no checkpoint rows either), the `place` fixture (issue 18).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -40,6 +40,7 @@ from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from events import seed_marker, turn_end_event
 from log_lines import header, persist_log
+from places import Place
 from subagents.actors import Abort, SessionStore, open_session_store
 from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.delegation.listing import ListingService
@@ -47,7 +48,6 @@ from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.runtime.errors import SubagentCancelled
 from subagents.runtime.query import Observation, SessionQuery
 from subagents.storage import (
-    FileLogStore,
     LogStore,
     PersistenceFailed,
     make_event,
@@ -86,9 +86,9 @@ CHILDREN = [f"c{i}" for i in range(8)]
 SEEDED = {"c2", "c5"}
 
 
-def family(root: Path) -> None:
+def family(place: Place) -> None:
     """Eight cold children of "p" (two seeded); c1 has a child g0, which has a child g1."""
-    store = FileLogStore(str(root), use_index=False)
+    store = place.store(use_index=False)
     for i, sid in enumerate(CHILDREN):
         (seeded_child if sid in SEEDED else child)(store, sid, i + 1, label=f"child {i}")
     child(store, "g0", 20, parent="c1", label="grand")
@@ -228,8 +228,8 @@ class Env:
 
 
 @asynccontextmanager
-async def listing_env(root: Path) -> AsyncIterator[Env]:
-    store = SequencedStore(FileLogStore(str(root), use_index=False))  # no checkpoint rows: every child is observed
+async def listing_env(place: Place) -> AsyncIterator[Env]:
+    store = SequencedStore(place.store(use_index=False))  # no checkpoint rows: every child is observed
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     try:
         async with open_session_store(store, registry, now_ms=now_ms) as sessions:
@@ -349,9 +349,9 @@ STAGES = [
 @pytest.mark.parametrize("how", ["abort", "scope"])
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("call", CALLS)
-async def test_cancellation_at_each_stage(tmp_path: Path, call: Call, stage: str, how: str) -> None:
-    family(tmp_path)
-    async with listing_env(tmp_path) as env:
+async def test_cancellation_at_each_stage(place: Place, call: Call, stage: str, how: str) -> None:
+    family(place)
+    async with listing_env(place) as env:
         store, query = env.store, env.query
         seq = trio.testing.Sequencer()
         abort = Abort()
@@ -474,10 +474,10 @@ async def test_cancellation_at_each_stage(tmp_path: Path, call: Call, stage: str
             assert query.entered == []
 
 
-async def test_without_a_trigger_every_child_is_observed(tmp_path: Path) -> None:
+async def test_without_a_trigger_every_child_is_observed(place: Place) -> None:
     """The control for the stages above: the same family lists in full, through observations."""
-    family(tmp_path)
-    async with listing_env(tmp_path) as env:
+    family(place)
+    async with listing_env(place) as env:
         outcome = await run_listing(
             env,
             lambda service, abort: service.list_descendants("p", abort),
@@ -506,13 +506,13 @@ async def test_without_a_trigger_every_child_is_observed(tmp_path: Path) -> None
 @pytest.mark.parametrize("how", ["abort", "scope"])
 @pytest.mark.parametrize("call", CALLS)
 async def test_cancellation_while_live_children_are_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: Call, how: str
+    place: Place, monkeypatch: pytest.MonkeyPatch, call: Call, how: str
 ) -> None:
     """Two live children next to the cold ones; the first live child's actor is busy with an
     append held in storage, so the listing's snapshot ask waits in its mailbox when the trigger
     lands. No cold child is observed afterwards."""
-    family(tmp_path)
-    async with listing_env(tmp_path) as env:
+    family(place)
+    async with listing_env(place) as env:
         store, query, sessions = env.store, env.query, env.sessions
         live = []
         for i in range(2):

@@ -7,6 +7,14 @@ projection (its live cell, or its checkpoint row once the runtime has closed) an
 `unavailable` (gone) or `corrupt` (unreadable). Healthy siblings stay, in order, and a copied
 session folder never shadows its original. The corpus is made by the runtime itself: a parent
 starts four continuable children; the first starts a grandchild of its own.
+
+Every test runs on files and on PostgreSQL (the `place` fixture; issue 18), where the same
+damage is planted in rows (tests/helpers/pg_damage.py): line 1 edited or garbled, the log
+emptied (an empty header row), deleted (every row gone) or copied under another id. A log that
+is a directory or a FIFO, or a removed session folder, has no PostgreSQL form: those cases run
+on files only. PostgreSQL adds its own: a torn header row, and a child's batch rows garbled,
+cut by a seq gap or holding a bad zstd frame, whose checkpoint rows are garbled or gone (so
+the listing must read the rows and report them).
 """
 
 from __future__ import annotations
@@ -14,20 +22,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pg_damage
 import pytest
 import trio
 from listing_rows import rows
-from subagents.runtime.app import open_runtime
+from places import Place, open_place
 from subagents.runtime.cli import main
 from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
 from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.storage import FileLogStore
 from subagents.storage.testing import FaultyLogStore
 
 PARENT = "parent"
@@ -59,11 +67,10 @@ SCRIPT = {
 }
 
 
-async def build(root: Path) -> dict[str, str]:
+async def build(place: Place) -> dict[str, str]:
     """The corpus, made by the runtime: ids by label (and `grand` for alpha's child)."""
     ids: dict[str, str] = {}
-    async with open_runtime(
-        root,
+    async with place.open_runtime(
         model=ScriptedModel(load_script(json.dumps(SCRIPT))),
         clock=ScenarioClock(),
         id_factory=CountingIds("c"),
@@ -80,69 +87,86 @@ async def build(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def corpus(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    # Built per test, never copied: a copied log is a new inode, which drops its checkpoint rows.
-    root = tmp_path / "root"
-    return root, trio.run(build, root)
+def corpus(request: pytest.FixtureRequest, place: Place) -> tuple[Place, dict[str, str]]:
+    # On files built per test, never copied: a copied log is a new inode, which drops its
+    # checkpoint rows. On PostgreSQL built once per module and its rows copied back for each
+    # test: rows copied whole are the same rows (bytes, counts, generations, checkpoints).
+    if place.url is None:
+        return place, trio.run(build, place)
+    ids: dict[str, str] = request.getfixturevalue("pg_corpus")
+    pg_damage.restore_rows(place.url, "corpus")
+    return place, ids
 
 
-def log_of(root: Path, sid: str) -> Path:
-    return root / "sessions" / sid / "session.jsonl"  # these ids encode to themselves
+@pytest.fixture(scope="module")
+def pg_corpus(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The corpus built once in the module's database, its rows kept (`pg_damage.save_rows`)."""
+    from pg_server import reset_tables
+
+    reset_tables(pg_url)
+    place = Place("pg", tmp_path_factory.mktemp("corpus"), pg_url)
+    ids = trio.run(build, place)
+    pg_damage.save_rows(pg_url, "corpus")
+    return ids
 
 
-def edit_line1(edit: Callable[[dict[str, Any]], None]) -> Callable[[Path, str], str | None]:
-    def damage(root: Path, sid: str) -> str | None:
-        path = log_of(root, sid)
-        first, rest = path.read_bytes().split(b"\n", 1)
+def edit_line1(edit: Callable[[dict[str, Any]], None]) -> Callable[[Place, str], str | None]:
+    def edited(data: bytes) -> bytes:
+        first, rest = data.split(b"\n", 1)
         header = json.loads(first)
         edit(header)
-        tmp = path.with_name("edited.tmp")
-        tmp.write_bytes(json.dumps(header).encode() + b"\n" + rest)
-        os.replace(tmp, path)
+        return json.dumps(header).encode() + b"\n" + rest
+
+    def damage(place: Place, sid: str) -> str | None:
+        place.rewrite(sid, edited)
         return None
 
     return damage
 
 
-def garbage_line1(root: Path, sid: str) -> str | None:
-    path = log_of(root, sid)
-    rest = path.read_bytes().split(b"\n", 1)[1]
-    path.write_bytes(b"{not json at all\n" + rest)
+def garbage_line1(place: Place, sid: str) -> str | None:
+    place.overwrite(sid, lambda data: b"{not json at all\n" + data.split(b"\n", 1)[1])
     return None
 
 
-def emptied(root: Path, sid: str) -> str | None:
-    log_of(root, sid).write_bytes(b"")
+def emptied(place: Place, sid: str) -> str | None:
+    place.overwrite(sid, lambda data: b"")  # on PostgreSQL: an empty header row, no batch rows
     return None
 
 
-def deleted(root: Path, sid: str) -> str | None:
-    log_of(root, sid).unlink()  # the folder (and its lock) stay
+def deleted(place: Place, sid: str) -> str | None:
+    place.delete(sid)  # files: the folder (and its lock) stay
     return None
 
 
-def folder_removed(root: Path, sid: str) -> str | None:
-    shutil.rmtree(log_of(root, sid).parent)
+def folder_removed(place: Place, sid: str) -> str | None:
+    shutil.rmtree(place.log_file(sid).parent)
     return None
 
 
-def directory(root: Path, sid: str) -> str | None:
-    log_of(root, sid).unlink()
-    log_of(root, sid).mkdir()
+def directory(place: Place, sid: str) -> str | None:
+    place.log_file(sid).unlink()
+    place.log_file(sid).mkdir()
     return None
 
 
-def fifo(root: Path, sid: str) -> str | None:
-    log_of(root, sid).unlink()
-    os.mkfifo(log_of(root, sid))
+def fifo(place: Place, sid: str) -> str | None:
+    place.log_file(sid).unlink()
+    os.mkfifo(place.log_file(sid))
     return None
 
 
-def copied(root: Path, sid: str) -> str | None:
-    """The folder copied under another name: the copy's header names the original's id."""
+def copied(place: Place, sid: str) -> str | None:
+    """The folder (the rows) copied under another name: the copy's header names the original's id."""
     copy = f"{sid}-copy"
-    shutil.copytree(log_of(root, sid).parent, log_of(root, copy).parent)
+    place.copy(sid, copy)
     return copy
+
+
+def torn_header(place: Place, sid: str) -> str | None:
+    assert place.url is not None
+    pg_damage.tear_header(place.url, sid, 25)  # line 1 cut inside its JSON, no newline
+    return None
 
 
 def _add(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -150,7 +174,7 @@ def _add(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 
 # (how, the reason the victim lists with; None: it stays healthy and the copy is the diagnostic)
-DAMAGE: dict[str, tuple[Callable[[Path, str], str | None], str | None]] = {
+DAMAGE: dict[str, tuple[Callable[[Place, str], str | None], str | None]] = {
     "unknown-header-key": (edit_line1(_add("colour", "blue")), "corrupt"),
     "wrong-type": (edit_line1(_add("delegation_depth", "1")), "corrupt"),
     "id-mismatch": (edit_line1(_add("id", "someone-else")), "corrupt"),
@@ -161,7 +185,45 @@ DAMAGE: dict[str, tuple[Callable[[Path, str], str | None], str | None]] = {
     "log-is-a-fifo": (fifo, "corrupt"),
     "log-deleted": (deleted, "unavailable"),
     "folder-removed": (folder_removed, "unavailable"),
+    "header-row-torn": (torn_header, "corrupt"),
 }
+FILES_ONLY = {"log-is-a-directory", "log-is-a-fifo", "folder-removed"}  # no PostgreSQL form
+PG_ONLY = {"header-row-torn"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`place` for every test here (this module's own fixture, below); with `how`, each damage
+    on the stores it has a form on."""
+    if "place" not in metafunc.fixturenames:
+        return
+    names = getattr(metafunc.function, "damage_cases", None)
+    if names is None:
+        pg = pytest.param("pg", marks=pytest.mark.pg)
+        kinds = [pg] if getattr(metafunc.function, "pg_only", False) else ["file", pg]
+        metafunc.parametrize("place", kinds, indirect=True)
+        return
+    pairs = []
+    for kind in ("file", "pg"):
+        for how in names:
+            if how in (PG_ONLY if kind == "file" else FILES_ONLY):
+                continue
+            marks = [pytest.mark.pg] if kind == "pg" else []
+            pairs.append(pytest.param(kind, how, id=f"{kind}-{how}", marks=marks))
+    metafunc.parametrize(("place", "how"), pairs, indirect=["place"])
+
+
+@pytest.fixture
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    """Files or PostgreSQL, as `pytest_generate_tests` says (conftest's `place`, parametrized here)."""
+    yield from open_place(request, tmp_path, request.param)
+
+
+def with_damage(*names: str) -> Callable[[Any], Any]:
+    def mark(fn: Any) -> Any:
+        fn.damage_cases = list(names) or list(DAMAGE)
+        return fn
+
+    return mark
 
 
 def child_row(sid: str, label: str, *, has_children: bool = False, activity: str = "inactive") -> dict[str, Any]:
@@ -201,18 +263,18 @@ def descendants(ids: dict[str, str], children: list[dict[str, Any]], grand: dict
     return out
 
 
-@pytest.mark.parametrize("how", list(DAMAGE))
+@with_damage()
 async def test_a_damaged_child_lists_as_a_diagnostic_live_and_cold(
-    corpus: tuple[Path, dict[str, str]], how: str
+    corpus: tuple[Place, dict[str, str]], how: str
 ) -> None:
-    root, ids = corpus
+    place, ids = corpus
     damage, reason = DAMAGE[how]
-    extra = damage(root, ids["victim"])
+    extra = damage(place, ids["victim"])
     want = expected(ids, reason, extra)
     healthy_grand = child_row(ids["grand"], "grand")
 
     # Live parent: its catalog comes from its actor's cell.
-    async with open_runtime(root) as rt:
+    async with place.open_runtime() as rt:
         await rt.sessions.open(PARENT)
         assert rows(await rt.listing.list_children(PARENT)) == want
         assert rows(await rt.listing.list_descendants(PARENT)) == descendants(ids, want, healthy_grand)
@@ -220,23 +282,23 @@ async def test_a_damaged_child_lists_as_a_diagnostic_live_and_cold(
             assert rows(await rt.listing.list_children(PARENT))[2] == child_row(ids["victim"], "victim")
 
     # Cold parent: its catalog comes from its checkpoint row; no log is read at all.
-    store = FaultyLogStore(FileLogStore(str(root)))
-    async with open_runtime(root, log_store=store) as rt:
+    store = FaultyLogStore(place.store())
+    async with place.open_runtime(log_store=store) as rt:
         assert rt.sessions.get(PARENT) is None
         assert rows(await rt.listing.list_children(PARENT)) == want
         assert rows(await rt.listing.list_descendants(PARENT)) == descendants(ids, want, healthy_grand)
         assert store.calls["read"] == 0 and store.calls["open_read"] == 0
 
 
-@pytest.mark.parametrize("how", ["unknown-header-key", "log-emptied", "log-deleted", "folder-removed"])
-async def test_a_damaged_grandchild_lists_under_its_parent(corpus: tuple[Path, dict[str, str]], how: str) -> None:
-    root, ids = corpus
+@with_damage("unknown-header-key", "log-emptied", "log-deleted", "folder-removed", "header-row-torn")
+async def test_a_damaged_grandchild_lists_under_its_parent(corpus: tuple[Place, dict[str, str]], how: str) -> None:
+    place, ids = corpus
     damage, reason = DAMAGE[how]
     assert reason is not None
-    damage(root, ids["grand"])
+    damage(place, ids["grand"])
     children = expected(ids, None, None)
     want = descendants(ids, children, diag(ids["grand"], reason))
-    async with open_runtime(root) as rt:  # alpha cold: its catalog from its checkpoint row
+    async with place.open_runtime() as rt:  # alpha cold: its catalog from its checkpoint row
         assert rows(await rt.listing.list_descendants(PARENT)) == want
         assert rows(await rt.listing.list_children(ids["alpha"])) == [diag(ids["grand"], reason)]
         await rt.sessions.open(ids["alpha"])  # alpha live: its catalog from its cell
@@ -245,10 +307,9 @@ async def test_a_damaged_grandchild_lists_under_its_parent(corpus: tuple[Path, d
         assert rows(await rt.listing.list_children(ids["alpha"])) == [diag(ids["grand"], reason)]
 
 
-async def test_damage_while_the_runtime_that_made_the_children_is_open(tmp_path: Path) -> None:
+async def test_damage_while_the_runtime_that_made_the_children_is_open(place: Place) -> None:
     """The parent is the live agent that started the children; they settled and were released."""
-    async with open_runtime(
-        tmp_path,
+    async with place.open_runtime(
         model=ScriptedModel(load_script(json.dumps(SCRIPT))),
         clock=ScenarioClock(),
         id_factory=CountingIds("c"),
@@ -261,8 +322,8 @@ async def test_damage_while_the_runtime_that_made_the_children_is_open(tmp_path:
             ids[label] = await rt.subagents.start_continuable(parent, "spawn", label, f"work as {label}")
             await rt.subagents.wait_tree_idle(parent)
         assert rt.sessions.get(ids["victim"]) is None and rt.sessions.get(ids["beta"]) is None
-        edit_line1(_add("delegation_depth", "1"))(tmp_path, ids["victim"])
-        deleted(tmp_path, ids["beta"])
+        edit_line1(_add("delegation_depth", "1"))(place, ids["victim"])
+        deleted(place, ids["beta"])
         got = rows(await rt.listing.list_children(PARENT))
         assert [(r["id"], r["kind"], r.get("reason")) for r in got] == [
             (ids["alpha"], "child", None),
@@ -272,11 +333,11 @@ async def test_damage_while_the_runtime_that_made_the_children_is_open(tmp_path:
         ]
 
 
-async def test_a_copy_never_shadows_its_original_anywhere(corpus: tuple[Path, dict[str, str]]) -> None:
-    root, ids = corpus
-    copy = copied(root, ids["beta"])
+async def test_a_copy_never_shadows_its_original_anywhere(corpus: tuple[Place, dict[str, str]]) -> None:
+    place, ids = corpus
+    copy = copied(place, ids["beta"])
     assert copy is not None
-    async with open_runtime(root) as rt:
+    async with place.open_runtime() as rt:
         by_id = {record.id: record for record in await rt.query.list_sessions()}
         assert by_id[ids["beta"]].header is not None and by_id[ids["beta"]].damage is None
         assert by_id[copy].header is None and by_id[copy].damage == "corrupt"
@@ -286,12 +347,12 @@ async def test_a_copy_never_shadows_its_original_anywhere(corpus: tuple[Path, di
 
 
 def test_cli_children_and_agents_show_the_diagnostics(
-    corpus: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
+    corpus: tuple[Place, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    root, ids = corpus
-    edit_line1(_add("colour", "blue"))(root, ids["victim"])
-    deleted(root, ids["gamma"])
-    assert main(["children", PARENT, "--json", "--root", str(root)]) == 0
+    place, ids = corpus
+    edit_line1(_add("colour", "blue"))(place, ids["victim"])
+    deleted(place, ids["gamma"])
+    assert main(["children", PARENT, "--json", *place.cli()]) == 0
     got = json.loads(capsys.readouterr().out)
     assert [(r["id"], r["kind"], r.get("reason")) for r in got] == [
         (ids["alpha"], "child", None),
@@ -299,24 +360,23 @@ def test_cli_children_and_agents_show_the_diagnostics(
         (ids["victim"], "diagnostic", "corrupt"),
         (ids["gamma"], "diagnostic", "unavailable"),
     ]
-    assert main(["agents", PARENT, "--root", str(root)]) == 0
+    assert main(["agents", PARENT, *place.cli()]) == 0
     assert capsys.readouterr().out == (
         f"{ids['alpha']} [ready] — alpha\n"
         f"{ids['beta']} [ready] — beta\n"
         f"{ids['victim']} [diagnostic: corrupt]\n"
         f"{ids['gamma']} [diagnostic: unavailable]\n"
     )
-    assert main(["agents", PARENT, "--descendants", "--root", str(root)]) == 0
+    assert main(["agents", PARENT, "--descendants", *place.cli()]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"{ids['victim']} [diagnostic: corrupt] parent={PARENT} depth=1" in lines
     assert f"{ids['gamma']} [diagnostic: unavailable] parent={PARENT} depth=1" in lines
     assert len(lines) == 5  # alpha, grand, beta, victim, gamma
 
 
-async def test_a_forks_inherited_catalog_never_names_the_parents_children(tmp_path: Path) -> None:
+async def test_a_forks_inherited_catalog_never_names_the_parents_children(place: Place) -> None:
     script = {"agents": [*SCRIPT["agents"], {"label": "forky", "responses": [{"text": "forked"}]}]}
-    async with open_runtime(
-        tmp_path,
+    async with place.open_runtime(
         model=ScriptedModel(load_script(json.dumps(script))),
         clock=ScenarioClock(),
         id_factory=CountingIds("c"),
@@ -330,13 +390,13 @@ async def test_a_forks_inherited_catalog_never_names_the_parents_children(tmp_pa
         await rt.subagents.wait_tree_idle(parent)
         record = next(r for r in await rt.query.list_sessions() if r.id == fork)
         assert record.inherited_event_count > 0  # its seed holds the parent's catalog of beta
-        deleted(tmp_path, beta)
+        deleted(place, beta)
         assert rows(await rt.listing.list_children(fork)) == []
         assert [(r["id"], r.get("reason")) for r in rows(await rt.listing.list_children(PARENT))] == [
             (beta, "unavailable"),
             (fork, None),
         ]
-    async with open_runtime(tmp_path) as rt:  # cold: from the checkpoint rows
+    async with place.open_runtime() as rt:  # cold: from the checkpoint rows
         assert rows(await rt.listing.list_children(fork)) == []
         assert [(r["id"], r.get("reason")) for r in rows(await rt.listing.list_children(PARENT))] == [
             (beta, "unavailable"),
@@ -344,12 +404,13 @@ async def test_a_forks_inherited_catalog_never_names_the_parents_children(tmp_pa
         ]
 
 
-async def test_the_list_agents_tool_shows_the_diagnostics(corpus: tuple[Path, dict[str, str]]) -> None:
+async def test_the_list_agents_tool_shows_the_diagnostics(corpus: tuple[Place, dict[str, str]]) -> None:
     import msgspec
 
-    root, ids = corpus
-    edit_line1(_add("id", "someone-else"))(root, ids["victim"])
-    fifo(root, ids["beta"])
+    place, ids = corpus
+    edit_line1(_add("id", "someone-else"))(place, ids["victim"])
+    # A log that cannot be read: a FIFO in its place, or on PostgreSQL a header row that is no JSON.
+    (fifo if place.kind == "file" else garbage_line1)(place, ids["beta"])
     script = {
         "agents": [
             {
@@ -358,7 +419,7 @@ async def test_the_list_agents_tool_shows_the_diagnostics(corpus: tuple[Path, di
             }
         ]
     }
-    async with open_runtime(root, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock()) as rt:
+    async with place.open_runtime(model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock()) as rt:
         parent = await rt.agents.resume(PARENT)
         await parent.send("list them")
         await parent.wait_idle()
@@ -372,3 +433,65 @@ async def test_the_list_agents_tool_shows_the_diagnostics(corpus: tuple[Path, di
         f"{ids['victim']} [diagnostic: corrupt]\n"
         f"{ids['gamma']} [ready] — gamma"
     )
+
+
+# --- PostgreSQL rows damaged behind checkpoints that cannot answer -----------------------------------
+
+
+def _last_batch(url: str, sid: str) -> int:
+    return pg_damage.batches(url, sid)[-1][0]
+
+
+BODY_DAMAGE: dict[str, Callable[[str, str], None] | None] = {
+    "healthy": None,
+    "batch-garbled": lambda url, sid: pg_damage.garble_batch(url, sid, _last_batch(url, sid)),
+    "seq-gap": lambda url, sid: pg_damage.drop_batch(url, sid, pg_damage.batches(url, sid)[1][0]),
+    "bad-zstd-frame": lambda url, sid: pg_damage.zstd_batch(url, sid, _last_batch(url, sid)),
+    "count-mismatch": lambda url, sid: pg_damage.sql(
+        url, "UPDATE batches SET count = count + 1 WHERE session_id = %s AND first_seq = 0", (sid,)
+    ),
+}
+CHECKPOINT_DAMAGE: dict[str, Callable[[str, str], None]] = {
+    "value-garbled": lambda url, sid: pg_damage.garble_checkpoints(url, sid, value=b"{not json"),
+    "lifecycle-garbled": lambda url, sid: pg_damage.garble_checkpoints(url, sid, lifecycle=b"\xff garbage"),
+    "rows-deleted": lambda url, sid: pg_damage.sql(url, "DELETE FROM checkpoints WHERE session_id = %s", (sid,)),
+}
+
+
+def pg_only(fn: Any) -> Any:
+    fn.pg_only = True
+    return fn
+
+
+# Each body damage once, behind each kind of unusable checkpoint in turn (not every pair: a corpus
+# costs about a second).
+CASES = [(body, list(CHECKPOINT_DAMAGE)[i % len(CHECKPOINT_DAMAGE)]) for i, body in enumerate(BODY_DAMAGE)]
+
+
+@pg_only
+@pytest.mark.parametrize(("body", "checkpoint"), CASES, ids=[f"{b}-behind-{c}" for b, c in CASES])
+async def test_damaged_rows_behind_checkpoints_that_cannot_answer_list_as_corrupt(
+    corpus: tuple[Place, dict[str, str]], body: str, checkpoint: str
+) -> None:
+    """The victim's checkpoint rows garbled or gone: the listing reads its
+    batch rows, and damage there (a garbled batch, a seq gap, a bad zstd frame, a count that
+    is not the batch's) lists it as `corrupt`; healthy rows list it as it is. Never a crash,
+    never a vanished child; the siblings stay as they are."""
+    place, ids = corpus
+    assert place.url is not None
+    victim = ids["victim"]
+    assert len(pg_damage.batches(place.url, victim)) >= 2 and pg_damage.checkpoint_rows(place.url, victim)
+    plant = BODY_DAMAGE[body]
+    if plant is not None:
+        plant(place.url, victim)
+    CHECKPOINT_DAMAGE[checkpoint](place.url, victim)
+    want = expected(ids, None if plant is None else "corrupt", None)
+    healthy_grand = child_row(ids["grand"], "grand")
+    async with place.open_runtime() as rt:
+        await rt.sessions.open(PARENT)
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert rows(await rt.listing.list_descendants(PARENT)) == descendants(ids, want, healthy_grand)
+    store = FaultyLogStore(place.store())
+    async with place.open_runtime(log_store=store) as rt:
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert store.calls["read"] >= 1  # the victim's rows were read: its checkpoint could not answer

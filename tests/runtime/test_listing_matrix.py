@@ -4,6 +4,11 @@ Descriptors (last wins, malformed, unsupported version, inherited only), damaged
 (another format, an unknown event type), the lifecycle witness, grandchildren that are never
 read, the cold reader's bound of four reads in flight, read-only listing, and cancellation by
 `Abort` or by an enclosing cancel scope. Real clock throughout: reads run in worker threads.
+
+Every test runs on files and on PostgreSQL (the `place` fixture; issue 18): a damaged log is
+its plain bytes edited (a file rewritten, or its rows, tests/helpers/pg_damage.py); "no
+checkpoint rung" is a file store without its index, or children written straight through the
+store (no checkpoint rows); the read-only check compares the files, or every row.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pg_damage
 import pytest
 import trio
 import trio.testing
@@ -24,10 +30,11 @@ from descriptors import descriptor
 from events import seed_marker
 from listing_rows import rows
 from log_lines import header, persist_log
+from places import Place
 from subagents.actors import Abort, EventDraft
-from subagents.runtime.app import Runtime, open_runtime
+from subagents.runtime.app import Runtime
 from subagents.runtime.errors import SubagentCancelled, SubagentError
-from subagents.storage import FileLogStore, make_event
+from subagents.storage import FileLogStore, LogStore, make_event
 from subagents.storage.testing import FaultyLogStore
 
 now_ms = ticking_ms()
@@ -38,7 +45,7 @@ VERSION_3 = {"version": 3, "mode": "continuable", "provider": "spawn", "label": 
 
 
 def child(
-    store: FileLogStore,
+    store: LogStore,
     sid: str,
     created_at: int,
     parent: str = "p",
@@ -55,7 +62,7 @@ def child(
 
 
 def seeded_child(
-    store: FileLogStore,
+    store: LogStore,
     sid: str,
     created_at: int,
     *,
@@ -77,13 +84,6 @@ def seeded_child(
 
 def log_path(root: Path, sid: str) -> Path:
     return root / "sessions" / sid / "session.jsonl"  # plain form; these ids encode to themselves
-
-
-def rewrite(path: Path, edit: Callable[[bytes], bytes]) -> None:
-    """Replace a log by an edited copy (a new inode, so the index rescans it)."""
-    tmp = path.with_name("edited.tmp")
-    tmp.write_bytes(edit(path.read_bytes()))
-    os.replace(tmp, path)
 
 
 def row(
@@ -133,11 +133,9 @@ DESCRIPTOR_CASES = [
 
 
 @pytest.mark.parametrize(("descriptors", "expected"), DESCRIPTOR_CASES)
-async def test_cold_descriptor_table(
-    tmp_path: Path, descriptors: list[dict[str, Any]], expected: dict[str, Any]
-) -> None:
-    child(FileLogStore(str(tmp_path)), "c", 1, descriptors=descriptors)
-    async with open_runtime(tmp_path, now_ms=now_ms) as runtime:
+async def test_cold_descriptor_table(place: Place, descriptors: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    child(place.store(), "c", 1, descriptors=descriptors)
+    async with place.open_runtime(now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [expected]
 
 
@@ -154,9 +152,9 @@ LIVE_CASES = [
 
 @pytest.mark.parametrize(("descriptors", "expected"), LIVE_CASES)
 async def test_live_descriptor_table(
-    tmp_path: Path, descriptors: list[dict[str, Any]], expected: dict[str, Any] | None
+    place: Place, descriptors: list[dict[str, Any]], expected: dict[str, Any] | None
 ) -> None:
-    async with open_runtime(tmp_path, now_ms=now_ms) as runtime:
+    async with place.open_runtime(now_ms=now_ms) as runtime:
         ref = await runtime.sessions.create(header("c", 1, origin="subagent", parent_session="p"))
         await ref.append([EventDraft(type="subagent/descriptor", data=data) for data in descriptors])
         assert rows(await runtime.listing.list_children("p")) == ([] if expected is None else [expected])
@@ -173,10 +171,10 @@ SEEDED_CASES = [
 
 @pytest.mark.parametrize(("inherited", "own", "expected"), SEEDED_CASES)
 async def test_seeded_descriptor_table(
-    tmp_path: Path, inherited: list[dict[str, Any]], own: list[dict[str, Any]], expected: dict[str, Any]
+    place: Place, inherited: list[dict[str, Any]], own: list[dict[str, Any]], expected: dict[str, Any]
 ) -> None:
-    seeded_child(FileLogStore(str(tmp_path)), "s", 1, inherited=inherited, own=own)
-    async with open_runtime(tmp_path, now_ms=now_ms) as runtime:
+    seeded_child(place.store(), "s", 1, inherited=inherited, own=own)
+    async with place.open_runtime(now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [expected]
 
 
@@ -218,15 +216,17 @@ DAMAGE_CASES = [
 @pytest.mark.parametrize(("edit", "expected"), DAMAGE_CASES)
 @pytest.mark.parametrize("listed_before", [False, True], ids=["fresh-index", "indexed-then-edited"])
 async def test_damaged_child_table(
-    tmp_path: Path, edit: Callable[[bytes], bytes], expected: dict[str, Any], listed_before: bool
+    place: Place, edit: Callable[[bytes], bytes], expected: dict[str, Any], listed_before: bool
 ) -> None:
-    store = FileLogStore(str(tmp_path), compression="none")
+    store = place.store(compression="none")
     child(store, "c", 1, descriptors=[descriptor("ok")])
     child(store, "sibling", 2, descriptors=[descriptor("fine")])
     if listed_before:
-        store.list()  # the index knows the undamaged log
-    rewrite(log_path(tmp_path, "c"), edit)
-    async with open_runtime(tmp_path, compression="none", now_ms=now_ms) as runtime:
+        store.list()  # the index (on PostgreSQL the store's own listing cache) knows the undamaged log
+    place.rewrite("c", edit)  # files: a new inode, so the index rescans it
+    # The index is a file every store reads; PostgreSQL's cache lives in the store that listed.
+    reuse = {"log_store": store} if place.is_pg and listed_before else {}
+    async with place.open_runtime(compression="none", now_ms=now_ms, **reuse) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [expected, row("sibling", "fine")]
         descendants = rows(await runtime.listing.list_descendants("p"))
         assert descendants == [
@@ -238,17 +238,24 @@ async def test_damaged_child_table(
 # --- lifecycle witness ----------------------------------------------------------------------------
 
 
-async def test_a_header_that_changes_between_corpus_and_read_is_corrupt(tmp_path: Path) -> None:
+async def test_a_header_that_changes_between_corpus_and_read_is_corrupt(place: Place, tmp_path: Path) -> None:
     """The lifecycle witness: the corpus saw one header, the observation another (the log was
     replaced while the listing waited) → corrupt; the sibling is unaffected."""
-    main = tmp_path / "main"
-    base = FileLogStore(str(main), compression="none", use_index=False)
+    base = place.store(compression="none", use_index=False)
     child(base, "c", 1, descriptors=[descriptor("before")])
     child(base, "sibling", 2, descriptors=[descriptor("fine")])
     alt = FileLogStore(str(tmp_path / "alt"), compression="none", use_index=False)
     child(alt, "c", 1, descriptors=[descriptor("after")], cwd="/elsewhere")  # same id and created_at, another cwd
+    alt.close_store()
+
+    def replace() -> None:
+        if place.url is not None:
+            pg_damage.rewrite(place.url, "c", lambda _: log_path(tmp_path / "alt", "c").read_bytes())
+        else:
+            os.replace(log_path(tmp_path / "alt", "c"), log_path(place.root, "c"))
+
     faulty = FaultyLogStore(base)
-    async with open_runtime(main, log_store=faulty, now_ms=now_ms) as runtime:
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
         result: list[Any] = []
 
         async def listing() -> None:
@@ -259,7 +266,7 @@ async def test_a_header_that_changes_between_corpus_and_read_is_corrupt(tmp_path
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(listing)
                 await wait_for(lambda: faulty.calls["stat"] >= 1 and faulty.calls["list"] == 1)
-                os.replace(log_path(tmp_path / "alt", "c"), log_path(main, "c"))
+                replace()
                 faulty.release()
         finally:
             faulty.release()
@@ -269,8 +276,8 @@ async def test_a_header_that_changes_between_corpus_and_read_is_corrupt(tmp_path
 # --- grandchildren and read counts ------------------------------------------------------------------
 
 
-async def test_grandchildren_set_has_children_but_are_never_read(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path), use_index=False)  # no checkpoint rung: every cold child is observed
+async def test_grandchildren_set_has_children_but_are_never_read(place: Place) -> None:
+    base = place.store(use_index=False)  # no checkpoint rung: every cold child is observed
     child(base, "c1", 1, descriptors=[descriptor("one")])
     child(base, "c2", 2, descriptors=[descriptor("two")])
     child(base, "c3", 3, descriptors=[descriptor("three")])
@@ -278,7 +285,7 @@ async def test_grandchildren_set_has_children_but_are_never_read(tmp_path: Path)
     child(base, "g2", 5, parent="g1", descriptors=[descriptor("great")])
     child(base, "g3", 6, parent="c3", descriptors=[MALFORMED])  # a damaged-identity grandchild still counts
     faulty = FaultyLogStore(base)
-    async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("p")) == [
             row("c1", "one", has_children=True),
             row("c2", "two"),
@@ -288,8 +295,8 @@ async def test_grandchildren_set_has_children_but_are_never_read(tmp_path: Path)
         assert faulty.calls["read"] == 3
         assert faulty.calls["list"] == 1
 
-    faulty = FaultyLogStore(FileLogStore(str(tmp_path), use_index=False))
-    async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:  # a fresh observation cache
+    faulty = FaultyLogStore(place.store(use_index=False))
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:  # a fresh observation cache
         descendants = rows(await runtime.listing.list_descendants("p"))
         assert [(r["id"], r["parent_id"], r["depth"]) for r in descendants] == [
             ("c1", "p", 1),
@@ -304,8 +311,8 @@ async def test_grandchildren_set_has_children_but_are_never_read(tmp_path: Path)
         assert faulty.calls["open_read"] == 6  # every descendant, once each
         assert faulty.calls["read"] == 6
 
-    faulty = FaultyLogStore(FileLogStore(str(tmp_path), use_index=False))
-    async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
+    faulty = FaultyLogStore(place.store(use_index=False))
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
         assert rows(await runtime.listing.list_children("c1")) == [row("g1", "grand", has_children=True)]
         assert faulty.calls["open_read"] == 1  # g2 (a grandchild of c1) is not read
 
@@ -313,15 +320,15 @@ async def test_grandchildren_set_has_children_but_are_never_read(tmp_path: Path)
 # --- the cold reader's bound ---------------------------------------------------------------------
 
 
-async def test_at_most_four_cold_reads_in_flight(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path), use_index=False)
+async def test_at_most_four_cold_reads_in_flight(place: Place) -> None:
+    base = place.store(use_index=False)
     count = 9
     for i in range(count):
         child(
             base, f"c{i}", 100 - i if i % 2 else 10 + i, descriptors=[descriptor(f"child {i}")]
         )  # creation order != id order
     faulty = FaultyLogStore(base)
-    async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
         limiter = runtime.query.cold_reader.limiter
         result: list[Any] = []
 
@@ -346,8 +353,8 @@ async def test_at_most_four_cold_reads_in_flight(tmp_path: Path) -> None:
         assert result == [row(f"c{i}", f"child {i}") for i in expected_order]
 
 
-async def test_rows_keep_candidate_order_not_completion_order(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path), use_index=False)
+async def test_rows_keep_candidate_order_not_completion_order(place: Place) -> None:
+    base = place.store(use_index=False)
     for i in range(8):
         child(base, f"c{i}", i + 1, descriptors=[descriptor(f"child {i}")])
     faulty = FaultyLogStore(base)
@@ -356,7 +363,7 @@ async def test_rows_keep_candidate_order_not_completion_order(tmp_path: Path) ->
     faulty.hang("read", session_id="c0")
     faulty.hang("read", session_id="c1")
     result: list[dict[str, Any]] = []
-    async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
 
         async def listing() -> None:
             result.extend(rows(await runtime.listing.list_children("p")))
@@ -375,7 +382,15 @@ async def test_rows_keep_candidate_order_not_completion_order(tmp_path: Path) ->
 # --- listing is read-only ------------------------------------------------------------------------
 
 
-def digests(root: Path) -> dict[str, str]:
+def digests(place: Place) -> dict[str, str]:
+    """Every file of the sessions, or on PostgreSQL every session and batch row, by digest."""
+    if place.url is not None:
+        found = {}
+        for table, key in (("sessions", "id"), ("batches", "session_id, first_seq")):
+            for row in pg_damage.sql(place.url, f"SELECT {key}, t::text FROM {table} t ORDER BY {key}"):
+                found[f"{table}/{row[:-1]}"] = hashlib.sha256(row[-1].encode()).hexdigest()
+        return found
+    root = place.root
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted((root / "sessions").rglob("*"))
@@ -383,8 +398,10 @@ def digests(root: Path) -> dict[str, str]:
     }
 
 
-def checkpoint_rows(root: Path) -> list[tuple[Any, ...]]:
-    path = root / "index.sqlite3"
+def checkpoint_rows(place: Place) -> list[tuple[Any, ...]]:
+    if place.url is not None:
+        return pg_damage.checkpoint_rows(place.url)
+    path = place.root / "index.sqlite3"
     if not path.exists():
         return []
     with sqlite3.connect(path) as conn:
@@ -392,16 +409,17 @@ def checkpoint_rows(root: Path) -> list[tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-async def test_listing_never_modifies_a_log(tmp_path: Path, compression: str) -> None:
-    base = FileLogStore(str(tmp_path), compression=compression)  # type: ignore[arg-type]  # compression is a str from the test table
+async def test_listing_never_modifies_a_log(place: Place, compression: str) -> None:
+    base = place.store(compression=compression)
     child(base, "interrupted", 1, descriptors=[descriptor("open turn")])  # turn/start without turn/end
     child(base, "no-turn", 2, descriptors=[descriptor("quiet")], open_turn=False)
     seeded_child(base, "seeded", 3, inherited=[descriptor("parent's")], own=[descriptor("own")])
     child(base, "g", 4, parent="interrupted", descriptors=[descriptor("grand")])
     base.list()  # the index exists before the listing
-    before, rows_before = digests(tmp_path), checkpoint_rows(tmp_path)
-    faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression=compression))  # type: ignore[arg-type]  # compression is a str from the test table
-    async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
+    before, rows_before = digests(place), checkpoint_rows(place)
+    assert before
+    faulty = FaultyLogStore(place.store(compression=compression))
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
         for _ in range(2):
             assert rows(await runtime.listing.list_children("p")) == [
                 row("interrupted", "open turn", has_children=True),
@@ -412,18 +430,18 @@ async def test_listing_never_modifies_a_log(tmp_path: Path, compression: str) ->
         assert runtime.sessions.list() == []  # no actor was created
     assert faulty.calls["write_checkpoint"] == 0
     assert faulty.calls["append"] == 0 and faulty.calls["open_write"] == 0 and faulty.calls["create"] == 0
-    assert digests(tmp_path) == before
-    assert checkpoint_rows(tmp_path) == rows_before == []
+    assert digests(place) == before
+    assert checkpoint_rows(place) == rows_before == []
 
 
 # --- cancellation --------------------------------------------------------------------------------
 
 
-async def hung_listing(tmp_path: Path, count: int = 6) -> tuple[FaultyLogStore, Path]:
-    base = FileLogStore(str(tmp_path), use_index=False)
+async def hung_listing(place: Place, count: int = 6) -> FaultyLogStore:
+    base = place.store(use_index=False)
     for i in range(count):
         child(base, f"c{i}", i + 1, descriptors=[descriptor(f"child {i}")])
-    return FaultyLogStore(base), tmp_path
+    return FaultyLogStore(base)
 
 
 LISTINGS: list[Any] = [
@@ -435,10 +453,10 @@ LISTINGS: list[Any] = [
 @pytest.mark.parametrize("call", LISTINGS)
 @pytest.mark.parametrize("fail_after_abort", [False, True], ids=["hang", "read-fails-after-abort"])
 async def test_an_abort_during_hung_reads_ends_in_cancelled(
-    tmp_path: Path, call: Callable[[Runtime, Abort], Awaitable[list[Any]]], fail_after_abort: bool
+    place: Place, call: Callable[[Runtime, Abort], Awaitable[list[Any]]], fail_after_abort: bool
 ) -> None:
-    faulty, root = await hung_listing(tmp_path)
-    async with open_runtime(root, log_store=faulty, now_ms=now_ms) as runtime:
+    faulty = await hung_listing(place)
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
         limiter = runtime.query.cold_reader.limiter
         abort = Abort()
         outcome: list[Any] = []
@@ -471,10 +489,10 @@ async def test_an_abort_during_hung_reads_ends_in_cancelled(
 
 @pytest.mark.parametrize("call", LISTINGS)
 async def test_an_enclosing_cancel_scope_surfaces_as_plain_cancelled(
-    tmp_path: Path, call: Callable[[Runtime, Abort | None], Awaitable[list[Any]]]
+    place: Place, call: Callable[[Runtime, Abort | None], Awaitable[list[Any]]]
 ) -> None:
-    faulty, root = await hung_listing(tmp_path)
-    async with open_runtime(root, log_store=faulty, now_ms=now_ms) as runtime:
+    faulty = await hung_listing(place)
+    async with place.open_runtime(log_store=faulty, now_ms=now_ms) as runtime:
         limiter = runtime.query.cold_reader.limiter
         scope = trio.CancelScope()
         seen: list[BaseException] = []

@@ -7,14 +7,14 @@
 - The session query: stats of concurrent observations share index hops, and the corpus reuses
   its records only while nothing they were made from changed.
 
-Real worker threads: real clock, no sleeping.
+Real worker threads: real clock, no sleeping. The reader and query tests run on files and on
+PostgreSQL (the `place` fixture; issue 18).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,12 +26,13 @@ from drafts import turn_start
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from log_lines import header
+from places import Place
 from subagents.actors import Abort, EventDraft, ReadAborted, cold_reader, open_session_store
 from subagents.actors.cold_reader import ColdRead, ColdReader
 from subagents.actors.store_reader import StoreReader
 from subagents.runtime.delegation.units import IDENTITY_UNIT, SUBAGENT_UNITS, TIMING_UNIT
 from subagents.runtime.query import SessionQuery
-from subagents.storage import Batch, Event, FileLogStore, Offset, make_event
+from subagents.storage import Batch, Event, LogStore, Offset, make_event
 from subagents.storage.projection import CheckpointRow, ProjectionRegistry
 from subagents.storage.testing import FaultyLogStore
 from trio_util import AsyncValue
@@ -139,7 +140,7 @@ def test_identity_declares_the_only_type_it_reads() -> None:
 # --- the cold reader's shared hops -------------------------------------------------------------
 
 
-def persist(store: FileLogStore, n: int) -> list[str]:
+def persist(store: LogStore, n: int) -> list[str]:
     ids = [f"s{i:03d}" for i in range(n)]
     for i, sid in enumerate(ids):
         handle = store.create(header(sid, i + 1))
@@ -170,8 +171,8 @@ async def read_each(
             nursery.start_soon(one, sid)
 
 
-async def test_observations_under_one_abort_share_hops_and_read_each_log_once(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path))
+async def test_observations_under_one_abort_share_hops_and_read_each_log_once(place: Place) -> None:
+    base = place.store()
     ids = persist(base, 60)
     faulty = FaultyLogStore(base)
     reader = CountingReader(faulty)
@@ -189,10 +190,10 @@ async def test_observations_under_one_abort_share_hops_and_read_each_log_once(tm
     assert reader.limiter.borrowed_tokens == 0 and reader._groups == {}  # noqa: SLF001 - nothing left behind
 
 
-async def test_a_hung_read_holds_up_no_other_read(tmp_path: Path) -> None:
+async def test_a_hung_read_holds_up_no_other_read(place: Place) -> None:
     """Every other read is read, and handed over as soon as it is — except to the call whose
     hop holds the hung read (a listing waits for the hung read anyway)."""
-    base = FileLogStore(str(tmp_path))
+    base = place.store()
     ids = persist(base, 12)
     faulty = FaultyLogStore(base)
     faulty.hang("read", session_id=ids[0])
@@ -233,10 +234,10 @@ class GatedStore(FaultyLogStore):
 
 
 async def test_a_hop_cancelled_in_another_calls_read_hands_it_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    place: Place, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cold_reader, "STALL_SECONDS", 600.0)  # no stall: only the hop reads
-    base = FileLogStore(str(tmp_path))
+    base = place.store()
     ids = persist(base, 2)
     store = GatedStore(base, gated=ids)
     reader = ColdReader(store)
@@ -270,8 +271,8 @@ async def test_a_hop_cancelled_in_another_calls_read_hands_it_back(
     assert reader.limiter.borrowed_tokens == 0
 
 
-async def test_an_abort_ends_reads_waiting_behind_a_hop(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path))
+async def test_an_abort_ends_reads_waiting_behind_a_hop(place: Place) -> None:
+    base = place.store()
     ids = persist(base, 6)
     faulty = FaultyLogStore(base)
     faulty.hang("read", times=None)
@@ -310,10 +311,10 @@ class StatCountingReader(StoreReader):
         super()._stat_batch(batch)
 
 
-async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_ones_see(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path), compression="none")
+async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_ones_see(place: Place) -> None:
+    base = place.store(compression="none")
     ids = persist(base, 40)
-    (tmp_path / "sessions" / ids[3] / "session.jsonl").write_bytes(b"junk\n")  # corrupt
+    place.overwrite(ids[3], lambda data: b"junk\n")  # corrupt (on PostgreSQL: a header row that is no JSON)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         reader = StatCountingReader(base)
@@ -344,8 +345,8 @@ async def test_concurrent_observations_share_stat_hops_and_see_what_sequential_o
         assert together["missing"] == ("QuerySessionNotFound", "QUERY_SESSION_NOT_FOUND")
 
 
-async def test_the_corpus_reuses_records_only_while_nothing_changed(tmp_path: Path) -> None:
-    base = FileLogStore(str(tmp_path))
+async def test_the_corpus_reuses_records_only_while_nothing_changed(place: Place) -> None:
+    base = place.store()
     persist(base, 3)
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:

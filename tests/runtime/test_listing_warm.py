@@ -1,6 +1,8 @@
 """A warm listing reuses what has not changed (rows, candidates, the corpus, the store's answer):
 each test changes one thing between listings and checks that the next listing shows it, against
-a fresh service over the same sessions (which reuses nothing)."""
+a fresh service over the same sessions (which reuses nothing). On files and on PostgreSQL (the
+`place` fixture; issue 18); closing the store a runtime made is checked on each store's terms
+(inotify watches, connections)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ from clocks import ticking_ms
 from drafts import descriptor_draft, turn_start
 from log_lines import header
 from open_fds import inotify_fds
+from places import Place
 from subagents.actors import SessionStore, open_session_store
 from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.delegation.listing import ListingService
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.runtime.query import SessionQuery
-from subagents.storage import FileLogStore
+from subagents.storage import FileLogStore, LogStore
 from subagents.storage.projection import ProjectionRegistry
 
 now_ms = ticking_ms()
@@ -26,7 +29,7 @@ now_ms = ticking_ms()
 class Listings:
     """One long-lived service (warm) and a check against a fresh one (cold) every time."""
 
-    def __init__(self, base: FileLogStore, sessions: SessionStore, registry: ProjectionRegistry) -> None:
+    def __init__(self, base: LogStore, sessions: SessionStore, registry: ProjectionRegistry) -> None:
         self.base, self.sessions, self.registry = base, sessions, registry
         self.warm = self._service()
 
@@ -47,12 +50,11 @@ class Listings:
 
 
 @pytest.fixture
-async def listings(tmp_path: Path) -> Any:
-    base = FileLogStore(str(tmp_path))
+async def listings(place: Place) -> Any:
+    base = place.store()  # closed by `place`
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     async with open_session_store(base, registry, now_ms=now_ms) as sessions:
         yield Listings(base, sessions, registry)
-    base.close_store()
 
 
 async def test_each_change_shows_in_the_next_warm_listing(listings: Listings) -> None:
@@ -154,6 +156,28 @@ async def test_open_runtime_closes_the_store_it_made_and_not_one_passed_in(tmp_p
     assert mine.watching and [i.id for i in mine.list()] == ["s"]  # still the caller's, still open
     mine.close_store()
     assert inotify_fds() == before
+
+
+@pytest.mark.pg
+async def test_open_runtime_closes_the_pg_store_it_made_and_not_one_passed_in(
+    tmp_path: Path, pg_url: str, pg_store_factory: Any
+) -> None:
+    from subagents.runtime import open_runtime
+
+    async with open_runtime(tmp_path, store=pg_url) as rt:
+        made = rt.log_store
+        ref = await rt.sessions.create(header("s", 1))
+        await ref.append([turn_start(1)])
+        await rt.query.list_sessions()
+        assert made.owner_backend_pid is not None  # the write lock's connection
+    assert made.owner_backend_pid is None and made.pool._idle == [] and made.pool._closed
+
+    mine = pg_store_factory()
+    async with open_runtime(tmp_path, log_store=mine) as rt:
+        ref = await rt.sessions.create(header("t", 1))
+        await ref.append([turn_start(1)])
+        await rt.query.list_sessions()
+    assert not mine.pool._closed and [i.id for i in mine.list()] == ["s", "t"]  # still the caller's, still open
 
 
 def test_an_identity_of_another_shape_gets_a_row_that_is_not_kept() -> None:

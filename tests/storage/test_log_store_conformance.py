@@ -1,7 +1,9 @@
-"""One conformance suite for every `LogStore`: the file store, the memory store, the faulty wrapper.
+"""One conformance suite for every `LogStore`: the file store, the memory store, the faulty wrapper
+and the PostgreSQL store (issue 18).
 
 Runs through the `store`/`store_factory` fixtures (tests/conftest.py), so each test runs against
-all three; the file-system walks at the end use a `FileLogStore` on a tmp dir directly.
+all of them (projection checkpoints included); the file-system walks at the end use a
+`FileLogStore` on a tmp dir directly.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import pytest
 from clocks import T
 from events import seed_marker
-from log_lines import header, read_all, rel_folder
+from log_lines import header, read_all, rel_folder, wire
 from subagents.storage import (
     AlreadyOwned,
     Batch,
@@ -35,6 +37,8 @@ from subagents.storage import (
     make_event,
 )
 from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage.projection import CheckpointRow, Lifecycle
+from subagents.storage.testing import MemoryLogStore
 
 StoreFactory = Callable[[], LogStore]
 
@@ -670,6 +674,91 @@ def test_list_sees_sessions_of_another_store_instance(store_factory: StoreFactor
     publish(store_factory(), "x", 2)
     rows = store_factory().list()
     assert [(r.id, r.event_count) for r in rows] == [("x", 2)]
+
+
+# --- projection checkpoints (SPEC 3.5) -------------------------------------------------------------
+# A checkpoint's `log_offset` is the store's own (a byte offset in a file, an event count in
+# PostgreSQL): only what `read_checkpoint` returned is handed back to `read_after`.
+
+
+def test_checkpoints_round_trip_and_restore_from_their_offset(store: LogStore) -> None:
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 3)])
+    rows = {"u": CheckpointRow(ver=1, seq=2, val={"n": 3}), "v": CheckpointRow(ver=2, seq=2, val=[1, "x"])}
+    assert store.write_checkpoint(handle, rows) is True
+    store.append(handle, [batch(3, 5)])
+    found = store.read_checkpoint("s1", header("s1"), 0)
+    assert found is not None
+    got, offset = found
+    assert got == rows
+    reader = store.open_read("s1")
+    for h in (reader, handle):
+        after = store.read_after(h, offset, 3)
+        assert after is not None and wire(after) == wire(events(3, 5))
+    assert store.read_after(reader, offset, 4) is None  # the offset does not hold seq 4: fold from the start
+    loaded = store.read_checkpoint_rows(["s1", "other"], keys=["v"])
+    assert loaded is not None and loaded["other"] == []
+    assert [(s.key, s.ver, s.seq, s.log_offset, s.value()) for s in loaded["s1"]] == [("v", 2, 2, offset, [1, "x"])]
+    assert loaded["s1"][0].lifecycle == Lifecycle.of(header("s1"), 0)
+    skipped = store.read_checkpoint_rows(["s1"], skip={"u": b'"n":3'})
+    assert skipped is not None and [s.key for s in skipped["s1"]] == ["v"]
+    store.close(reader)
+    store.close(handle)
+
+
+def test_a_checkpoint_at_the_end_continues_with_nothing(store: LogStore) -> None:
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 2)])
+    assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=1, val=2)})
+    found = store.read_checkpoint("s1", header("s1"), 0)
+    assert found is not None
+    assert store.read_after(handle, found[1], 2) == []
+    store.close(handle)
+
+
+def test_a_later_checkpoint_replaces_the_earlier_rows(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 1)])
+    assert store.write_checkpoint(
+        handle, {"u": CheckpointRow(ver=1, seq=0, val=1), "v": CheckpointRow(ver=1, seq=0, val=1)}
+    )
+    store.append(handle, [batch(1, 3)])
+    assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=2, val=3)})
+    store.close(handle)
+    observers = [store]
+    if not isinstance(store, MemoryLogStore):  # its index lives in the instance, not in the `CrashFs`
+        observers.append(store_factory())  # as another process finds them
+    for observer in observers:
+        found = observer.read_checkpoint("s1", header("s1"), 0)
+        assert found is not None and found[0] == {"u": CheckpointRow(ver=1, seq=2, val=3)}
+        rows = observer.read_checkpoint_rows(["s1"])
+        assert rows is not None and [(s.key, s.seq) for s in rows["s1"]] == [("u", 2)]
+
+
+def test_checkpoints_of_another_lifecycle_are_not_served(store: LogStore) -> None:
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 1)])
+    assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=0, val=1)})
+    assert store.read_checkpoint("s1", header("s1", created_at=T + 1), 0) is None
+    assert store.read_checkpoint("s1", header("s1"), 1) is None
+    found = store.read_checkpoint("s1", header("s1"), 0)
+    assert found is not None and found[0] == {"u": CheckpointRow(ver=1, seq=0, val=1)}
+    assert store.read_checkpoint("nobody", header("nobody"), 0) is None
+    store.close(handle)
+
+
+def test_a_checkpoint_never_leads_the_log(store: LogStore) -> None:
+    handle = store.create(header("s1"))
+    assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=0, val=1)}) is False  # unpublished
+    assert store.read_checkpoint("s1", header("s1"), 0) is None
+    store.append(handle, [batch(0, 2)])
+    # Rows of an older seq than the durable log's last: nothing to keep (not a failure).
+    assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=0, val=1)}) is True
+    assert store.read_checkpoint("s1", header("s1"), 0) is None
+    assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=1, val=object())}) is False  # not JSON
+    assert store.read_checkpoint("s1", header("s1"), 0) is None
+    store.close(handle)
 
 
 # --- session ids --------------------------------------------------------------------------------
