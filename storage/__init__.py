@@ -59,6 +59,7 @@ from .fs import OsFs as OsFs
 from .index import StoredCheckpoint as StoredCheckpoint
 from .log_store import Batch as Batch
 from .log_store import LogStore as LogStore
+from .log_store import ObservedCheckpoint as ObservedCheckpoint
 from .log_store import ReadHandle as ReadHandle
 from .log_store import WriteHandle as WriteHandle
 from .mailbox import DrainResult as DrainResult

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 
 from ._codec import Event
-from .projection import CheckpointRow
+from .projection import CheckpointRow, Lifecycle
 
 if TYPE_CHECKING:
     from .index import StoredCheckpoint
-from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId
+from .values import AbortPoll, LogInfo, Offset, Revision, SessionHeader, SessionId
 
-__all__ = ["Batch", "Handle", "LogStore", "ReadHandle", "WriteHandle"]
+__all__ = ["Batch", "Handle", "LogStore", "ObservedCheckpoint", "ReadHandle", "WriteHandle"]
 
 
 @attrs.frozen
@@ -59,6 +59,19 @@ class WriteHandle:
 
 
 Handle = ReadHandle | WriteHandle  # what reads and `close` take
+
+
+@attrs.frozen(kw_only=True)
+class ObservedCheckpoint:
+    """Checkpoint rows a reader proved by folding a whole log (a listing's observation), all at
+    seq `event_count - 1`, the last event of the log at `revision` as it was read. The values
+    are JSON already: a listing keeps one of these per observed child until its one write."""
+
+    session_id: SessionId
+    lifecycle: Lifecycle
+    revision: Revision
+    event_count: int
+    rows: tuple[tuple[str, int, bytes], ...]  # (unit key, state version, value as JSON)
 
 
 class LogStore(Protocol):
@@ -100,6 +113,13 @@ class LogStore(Protocol):
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         """Store rows covering exactly the durable log; fail-soft (False when not stored)."""
+        ...
+
+    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Store observed rows (the index is a cache: any process may refresh it), all in one
+        write: an entry only while its log is still at the revision and event count observed,
+        and never over stored rows of the same lifecycle at the same or a later seq. Fail-soft
+        and quiet (a store this process may not write is no error): how many were stored."""
         ...
 
     def read_checkpoint(

@@ -52,7 +52,7 @@ from .errors import (
 )
 from .framing import decode_event_lines, is_seed_marker
 from .index import StoredCheckpoint
-from .log_store import Batch, Handle, ReadHandle, WriteHandle
+from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
 from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Owner, Pool, check_url, lock_key, redact
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
@@ -454,6 +454,10 @@ class PostgresLogStore:
         """Store the rows that cover exactly the durable log (seq = the last durable seq),
         replacing the session's earlier ones. Fail-soft: False when not stored."""
         return self._checkpoints.write(handle, rows)
+
+    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Rows a reader proved by folding whole logs (`LogStore`); fail-soft and quiet."""
+        return self._checkpoints.write_observed(observed)
 
     def read_checkpoint(
         self, session_id: str, header: SessionHeader, inherited_event_count: int
