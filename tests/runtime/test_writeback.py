@@ -306,6 +306,9 @@ async def test_a_cancelled_listing_writes_nothing(tmp_path: Path, make_store: Fa
     assert faulty.calls["write_observed"] == 0
     assert identity_rows(store, ["c0", "c1", "c2"]) == {}
 
+    _, calls = await list_once(tmp_path, make_store())  # the same listing, not cancelled
+    assert calls["write_observed"] == 1 and set(identity_rows(store, ["c0", "c1", "c2"])) == {"c0", "c1", "c2"}
+
 
 async def test_an_abort_set_as_the_rows_are_done_writes_nothing(tmp_path: Path, make_store: Factory) -> None:
     """The abort is looked at once more after the rows are built: set then, the listing is
