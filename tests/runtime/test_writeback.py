@@ -19,6 +19,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import trio
@@ -436,3 +437,37 @@ def test_concurrent_listings_in_two_processes_keep_the_index_whole(tmp_path: Pat
         assert found == expected and calls["read"] == 0
 
     trio.run(third)
+
+
+@pytest.mark.pg
+async def test_a_database_role_without_write_rights_still_lists(
+    tmp_path: Path, pg_store_factory: Factory, pg_url: str
+) -> None:
+    import psycopg
+    from subagents.storage import PostgresLogStore
+
+    store = pg_store_factory()
+    for i in range(3):
+        child(store, f"c{i}", 10 + i, label=f"child {i}")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'wb_reader') THEN "
+            "CREATE ROLE wb_reader LOGIN; END IF; END $$"
+        )
+        conn.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO wb_reader")
+        conn.execute("REVOKE INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public FROM wb_reader")
+    parts = urlsplit(pg_url)
+    reader_url = urlunsplit(parts._replace(netloc="wb_reader@" + parts.netloc.rpartition("@")[2]))
+    with psycopg.connect(reader_url) as conn:  # the role is what the store connects as, and may not write
+        assert conn.execute("SELECT current_user").fetchone() == ("wb_reader",)
+        assert conn.execute("SELECT has_table_privilege('checkpoints', 'INSERT')").fetchone() == (False,)
+    reader = PostgresLogStore(reader_url)
+    try:
+        expected = [row(f"c{i}", f"child {i}") for i in range(3)]
+        for _ in range(2):
+            found, calls = await list_once(tmp_path, reader)
+            assert found == expected
+            assert calls["write_observed"] == 1  # tried, and skipped
+    finally:
+        reader.close_store()
+    assert identity_rows(store, ["c0", "c1", "c2"]) == {}
