@@ -59,7 +59,6 @@ from .fs import OsFs as OsFs
 from .index import StoredCheckpoint as StoredCheckpoint
 from .log_store import Batch as Batch
 from .log_store import LogStore as LogStore
-from .log_store import ObservedCheckpoint as ObservedCheckpoint
 from .log_store import ReadHandle as ReadHandle
 from .log_store import WriteHandle as WriteHandle
 from .mailbox import DrainResult as DrainResult
@@ -73,6 +72,7 @@ from .pg_mailbox_watch import PgMailboxWatch as PgMailboxWatch
 from .pg_store import PostgresLogStore as PostgresLogStore
 from .projection import CheckpointRow as CheckpointRow
 from .projection import Lifecycle as Lifecycle
+from .projection import ObservedCheckpoint as ObservedCheckpoint
 from .projection import ProjectionCells as ProjectionCells
 from .projection import ProjectionRegistry as ProjectionRegistry
 from .projection import ProjectionUnit as ProjectionUnit

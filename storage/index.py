@@ -34,8 +34,7 @@ from typing import Any
 import attrs
 import msgspec
 
-from .log_store import ObservedCheckpoint
-from .projection import CheckpointRow, Lifecycle
+from .projection import CheckpointRow, Lifecycle, ObservedCheckpoint
 from .values import HeaderClaim, LogInfo, Offset, Revision, SessionHeader, SessionId
 
 __all__ = ["INDEX_NAME", "SCHEMA_VERSION", "UNREADABLE", "IndexRow", "SessionIndex", "StoredCheckpoint"]

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 
 from ._codec import Event
-from .projection import CheckpointRow, Lifecycle
+from .projection import CheckpointRow, ObservedCheckpoint
 
 if TYPE_CHECKING:
     from .index import StoredCheckpoint
-from .values import AbortPoll, LogInfo, Offset, Revision, SessionHeader, SessionId
+from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId
 
 __all__ = ["Batch", "Handle", "LogStore", "ObservedCheckpoint", "ReadHandle", "WriteHandle"]
 
@@ -59,19 +59,6 @@ class WriteHandle:
 
 
 Handle = ReadHandle | WriteHandle  # what reads and `close` take
-
-
-@attrs.frozen(kw_only=True)
-class ObservedCheckpoint:
-    """Checkpoint rows a reader proved by folding a whole log (a listing's observation), all at
-    seq `event_count - 1`, the last event of the log at `revision` as it was read. The values
-    are JSON already: a listing keeps one of these per observed child until its one write."""
-
-    session_id: SessionId
-    lifecycle: Lifecycle
-    revision: Revision
-    event_count: int
-    rows: tuple[tuple[str, int, bytes], ...]  # (unit key, state version, value as JSON)
 
 
 class LogStore(Protocol):
