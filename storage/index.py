@@ -490,12 +490,13 @@ class SessionIndex:
                 sid, seq = one.session_id, one.event_count - 1
                 if not one.rows or seq < 0:
                     continue
-                stored = conn.execute(
-                    "SELECT lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?", (sid, seq)
-                ).fetchall()
-                if any(_same_lifecycle(life, one.lifecycle) for (life,) in stored):
-                    continue
                 life = _json.encode(attrs.asdict(one.lifecycle))
+                stored = conn.execute(
+                    "SELECT DISTINCT lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?", (sid, seq)
+                ).fetchall()
+                # (The bytes this build writes are equal for equal lifecycles: decoded only if not.)
+                if any(found == life or _same_lifecycle(found, one.lifecycle) for (found,) in stored):
+                    continue
                 conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
                 conn.executemany(
                     f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
