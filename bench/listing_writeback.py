@@ -55,7 +55,7 @@ from subagents.runtime.delegation.listing import ChildRow
 from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
 
 TARGET = 20.0
-PAIRS = 2  # second and childless runs per repetition
+PAIRS = 3  # second and childless runs per repetition
 KB = 1_000
 LONELY = "bench-lonely"  # the childless parent
 _INDEX = ("index.sqlite3", "index.sqlite3-wal", "index.sqlite3-shm")
