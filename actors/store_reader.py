@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 import trio
-from subagents.storage import LogInfo, LogStore, PersistenceFailed, StoredCheckpoint
+from subagents.storage import LogInfo, LogStore, ObservedCheckpoint, PersistenceFailed, StoredCheckpoint
 
 from .cold_reader import ColdReader
 
@@ -169,6 +169,19 @@ class StoreReader:
         if rows:
             out.update((sid, found) for sid, found in rows.items() if sid in out)
         return out
+
+    async def write_observed(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Write rows observations proved (`LogStore.write_observed_checkpoints`) in one index
+        hop; how many sessions were written. Never an error: the index is a cache, and a store
+        this process may not write is still listed."""
+        if not observed:
+            return 0
+        try:
+            return await trio.to_thread.run_sync(
+                self.store.write_observed_checkpoints, list(observed), limiter=self.index_limiter
+            )
+        except Exception:  # the index is a cache: a refresh that fails is skipped
+            return 0
 
     async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids another process holds the lock of (one thread hop; advice, never an error)."""

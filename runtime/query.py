@@ -26,6 +26,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import attrs
+import msgspec
 import trio
 from subagents.actors import (
     Abort,
@@ -43,9 +44,12 @@ from subagents.storage import (
     Event,
     HeaderClaim,
     InvalidSessionId,
+    Lifecycle,
     LogInfo,
     LogStore,
+    ObservedCheckpoint,
     ProjectionBroken,
+    ProjectionCells,
     ProjectionRegistry,
     Revision,
     SessionHeader,
@@ -68,6 +72,8 @@ from .errors import (
 )
 
 __all__ = ["Observation", "SessionQuery", "SessionRecord"]
+
+_encode = msgspec.json.encode
 
 
 @attrs.frozen(kw_only=True)
@@ -100,6 +106,10 @@ class Observation:
     # Another process holds the session's lock (its turn may still be running): `events` are
     # as written, with no in-memory closers.
     held: bool = False
+    # The checkpoint rows this read of the whole log proved, at its last durable event (None:
+    # live, held elsewhere, or read past the revision it was stat'ed at): a listing writes
+    # them back (docs/design.md, "Listing": observations feed the checkpoint rung).
+    observed: ObservedCheckpoint | None = None
 
 
 @attrs.frozen
@@ -111,6 +121,7 @@ class _Prepared:
     projections: dict[str, Any]
     size: int
     closers: int = 0  # how many of `events` are in-memory closers
+    observed: ObservedCheckpoint | None = None
 
 
 _WITNESSED = (
@@ -290,6 +301,7 @@ class SessionQuery:
             events,
             dict(prepared.projections),
             held=held,
+            observed=None if held else prepared.observed,
         )
 
     async def _read_live(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[Event, ...]:
@@ -340,9 +352,42 @@ class SessionQuery:
             projections,
             _footprint(read.events) if self.cache_bytes > 0 else 0,
             read.closers,
+            self._observed(sid, info, read, cells),
         )
         self._remember(sid, prepared)
         return prepared, held
+
+    def _observed(
+        self, sid: SessionId, info: LogInfo, read: ColdRead, cells: ProjectionCells
+    ) -> ObservedCheckpoint | None:
+        """The rows the read proved for the log at `info.revision`: every cell at the last
+        durable event (in-memory closers are not the log's), or None when the read saw another
+        number of events than the stat (the log changed between them)."""
+        durable = len(read.events) - read.closers
+        if durable <= 0 or read.events[durable - 1].seq + 1 != info.event_count:
+            return None
+        if read.closers:  # rare (an interrupted turn): the cells before the closers, folded again
+            cells = self.registry.cells(read.header, read.inherited_event_count)
+            cells.fold(read.events[:durable])
+        rows = []
+        for key, row in cells.checkpoint().items():
+            if row.seq != info.event_count - 1:
+                continue  # (every healthy cell is folded to the end; a row is never ahead of the log)
+            try:
+                rows.append((key, row.ver, _encode(row.val)))
+            except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+                continue  # a state that is not JSON (a unit bug): that unit's row is not written
+        return ObservedCheckpoint(
+            session_id=sid,
+            lifecycle=Lifecycle.of(read.header, read.inherited_event_count),
+            revision=info.revision,
+            event_count=info.event_count,
+            rows=tuple(rows),
+        )
+
+    async def write_observed(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Write back rows observations proved, in one index hop (`StoreReader.write_observed`)."""
+        return await self.reader.write_observed(observed)
 
     async def _cold(
         self, sid: SessionId, abort: Abort | None, group: ReadGroup | None, registry: ProjectionRegistry | None = None

@@ -77,6 +77,7 @@ from .placements import HostRow as HostRow
 from .placements import Placements as Placements
 from .projection import CheckpointRow as CheckpointRow
 from .projection import Lifecycle as Lifecycle
+from .projection import ObservedCheckpoint as ObservedCheckpoint
 from .projection import ProjectionCells as ProjectionCells
 from .projection import ProjectionRegistry as ProjectionRegistry
 from .projection import ProjectionUnit as ProjectionUnit

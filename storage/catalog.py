@@ -161,6 +161,22 @@ class Catalog:
             and row.scan_end == revision.size == size
         )
 
+    def observed_end(self, sid: SessionId, revision: Revision, event_count: int) -> int | None:
+        """The record boundary after the last event of a log a reader found healthy at exactly
+        `revision` with `event_count` events (where rows observed there start over), or None
+        when the index row says otherwise (the log changed since, or a scan left a doubt)."""
+        with self._lock:
+            row = self._rows.get(sid) if self._rows is not None else None
+        if (
+            row is None
+            or row.revision != revision
+            or row.info.damage is not None
+            or row.info.event_count != event_count
+            or row.scan_events != event_count  # recovered lines of a torn frame: re-framed later
+        ):
+            return None
+        return row.scan_end
+
     def record(self, row: IndexRow) -> None:
         """A row a writer vouches for (it wrote every byte of the log since a validated state)."""
         with self._lock:

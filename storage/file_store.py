@@ -41,7 +41,7 @@ from .errors import (
 from .forms import FORMS, Compression, LogForm, ParsedLog
 from .fs import File, Fs, NotRegularFile, OsFs
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
-from .log_store import Batch, Handle, ReadHandle, WriteHandle
+from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
 from .values import (
     AbortPoll,
@@ -350,6 +350,21 @@ class FileLogStore:
             return True  # nothing to checkpoint (no units, or none healthy): not a failure
         lifecycle = Lifecycle.of(handle.header, handle.inherited_event_count)
         return self._catalog.index.save_checkpoint(handle.session_id, lifecycle, current, handle.end_offset)
+
+    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Store rows a reader proved by folding whole logs (docs/format.md, "The index"), in
+        one index transaction: each at the end offset of its log's index row, only while that
+        row is still at the revision and event count observed. Fail-soft, quiet (a read-only
+        folder is no error): how many sessions were written."""
+        index = self._catalog.index
+        if index is None:
+            return 0
+        entries = []
+        for one in observed:
+            end = self._catalog.observed_end(one.session_id, one.revision, one.event_count)
+            if end is not None:
+                entries.append((one, end))
+        return index.save_observed(entries) if entries else 0
 
     def _record_row(self, handle: WriteHandle) -> None:
         """The writer knows its log whole (every event it appended was valid): record the index

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import msgspec
 
-from .projection import CheckpointRow, Lifecycle
+from .projection import CheckpointRow, Lifecycle, ObservedCheckpoint
 from .values import HeaderClaim, LogInfo, Offset, Revision, SessionHeader, SessionId
 
 __all__ = ["INDEX_NAME", "SCHEMA_VERSION", "UNREADABLE", "IndexRow", "SessionIndex", "StoredCheckpoint"]
@@ -309,9 +309,10 @@ class SessionIndex:
             self.warned = True
             log.warning(message, *args)
 
-    def _miss(self, what: str, exc: Exception) -> None:
+    def _miss(self, what: str, exc: Exception, *, quiet: bool = False) -> None:
         """A failure of the index: a cache miss. Damage found now (not only when connecting)
-        drops the file, so that the next use rebuilds it instead of missing forever."""
+        drops the file, so that the next use rebuilds it instead of missing forever. `quiet`:
+        an optional refresh failed (e.g. a folder this process may not write): debug level."""
         self._reset()
         if self.path is not None and _damaged(exc):
             self._warn("index %s is damaged (%s: %s); rebuilding it", self.path, what, exc)
@@ -319,6 +320,8 @@ class SessionIndex:
                 self._drop_files()
             except OSError:
                 pass  # still a miss; the next connection tries again
+        elif quiet:
+            log.debug("index %s: %s failed (%s: %s); not refreshed", self.path, what, type(exc).__name__, exc)
         else:
             self._warn("index %s: %s failed (%s: %s); working without it", self.path, what, type(exc).__name__, exc)
 
@@ -416,7 +419,7 @@ class SessionIndex:
 
         self._write("rows", write)
 
-    def _write(self, what: str, body: Callable[[sqlite3.Connection], None]) -> bool:
+    def _write(self, what: str, body: Callable[[sqlite3.Connection], None], *, quiet: bool = False) -> bool:
         """Run `body` in one write transaction; a failure is logged and leaves a cache miss."""
         with self._lock:
             try:
@@ -429,7 +432,7 @@ class SessionIndex:
                     _roll_back(conn)
                     raise
             except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
-                self._miss(f"{what} write", exc)
+                self._miss(f"{what} write", exc, quiet=quiet)
                 return False
         return True
 
@@ -469,6 +472,42 @@ class SessionIndex:
             )
 
         return self._write("checkpoint", write)
+
+    def save_observed(self, entries: Sequence[tuple[ObservedCheckpoint, int]]) -> int:
+        """Checkpoint rows a reader proved, each with the log offset they start over from, in
+        one transaction: a session's rows are replaced only when none of the same lifecycle is
+        stored at that seq or later (a writer's fresher rows, or a listing of the same revision
+        in another process, win). How many sessions were written; 0, logged at debug level
+        only, when the index cannot be written (it is a cache: a read-only folder lists too)."""
+        if not entries:
+            return 0
+        written = 0
+
+        def write(conn: sqlite3.Connection) -> None:
+            nonlocal written
+            written = 0
+            for one, log_offset in entries:
+                sid, seq = one.session_id, one.event_count - 1
+                if not one.rows or seq < 0:
+                    continue
+                life = _json.encode(attrs.asdict(one.lifecycle))
+                stored = conn.execute(
+                    "SELECT DISTINCT lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?", (sid, seq)
+                ).fetchall()
+                # (The bytes this build writes are equal for equal lifecycles: decoded only if not.)
+                if any(found == life or _same_lifecycle(found, one.lifecycle) for (found,) in stored):
+                    continue
+                conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
+                conn.executemany(
+                    f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (*fields, _crc(fields))
+                        for fields in ((sid, key, ver, seq, val, log_offset, life) for key, ver, val in one.rows)
+                    ],
+                )
+                written += 1
+
+        return written if self._write("observed checkpoint", write, quiet=True) else 0
 
     def load_checkpoints(
         self,
@@ -564,6 +603,14 @@ def _damaged(exc: Exception) -> bool:
         # connection, a misuse) is not.
         return str(exc).startswith("Could not decode")
     return True  # a foreign exception from the file's contents (UnicodeDecodeError, ValueError, ...)
+
+
+def _same_lifecycle(stored: Any, lifecycle: Lifecycle) -> bool:
+    """Whether a stored lifecycle record (bytes or str, as SQLite returns it) is `lifecycle`."""
+    try:
+        return _lifecycle(_json.decode(stored)) == lifecycle
+    except Exception:  # a garbled record (or not a text at all): not this lifecycle
+        return False
 
 
 def _lifecycle(value: object) -> Lifecycle:

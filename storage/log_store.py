@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Protocol
 import attrs
 
 from ._codec import Event
-from .projection import CheckpointRow
+from .projection import CheckpointRow, ObservedCheckpoint
 
 if TYPE_CHECKING:
     from .index import StoredCheckpoint
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId
 
-__all__ = ["Batch", "Handle", "LogStore", "ReadHandle", "WriteHandle"]
+__all__ = ["Batch", "Handle", "LogStore", "ObservedCheckpoint", "ReadHandle", "WriteHandle"]
 
 
 @attrs.frozen
@@ -100,6 +100,13 @@ class LogStore(Protocol):
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         """Store rows covering exactly the durable log; fail-soft (False when not stored)."""
+        ...
+
+    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Store observed rows (the index is a cache: any process may refresh it), all in one
+        write: an entry only while its log is still at the revision and event count observed,
+        and never over stored rows of the same lifecycle at the same or a later seq. Fail-soft
+        and quiet (a store this process may not write is no error): how many were stored."""
         ...
 
     def read_checkpoint(

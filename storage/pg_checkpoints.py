@@ -18,7 +18,7 @@ import msgspec
 
 from .errors import StorageError
 from .index import StoredCheckpoint, _lifecycle
-from .log_store import WriteHandle
+from .log_store import ObservedCheckpoint, WriteHandle
 from .pg_connect import Pool
 from .projection import CheckpointRow, Lifecycle
 from .values import SessionHeader
@@ -73,6 +73,54 @@ class PgCheckpoints:
             log.warning("session %r: checkpoint not written: %s", sid, _first_line(exc))
             return False
         return True
+
+    def write_observed(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Store rows a reader proved by folding whole logs, in one transaction: each only
+        while its session still has the event count and generation observed, and never over
+        rows of the same lifecycle at that seq or later. Fail-soft and quiet (a role without
+        write rights is no error): how many sessions were written."""
+        import psycopg
+
+        entries = [one for one in observed if one.rows and one.event_count > 0]
+        if not entries:
+            return 0
+        written = 0
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                for one in entries:
+                    last = one.event_count - 1
+                    found = conn.execute(
+                        "SELECT event_count, generation FROM sessions WHERE id = %s FOR SHARE", (one.session_id,)
+                    ).fetchone()
+                    if found is None or (found[0], found[1]) != (one.event_count, one.revision.inode):
+                        continue  # the log changed since it was read
+                    stored = conn.execute(
+                        "SELECT lifecycle FROM checkpoints WHERE session_id = %s AND seq >= %s", (one.session_id, last)
+                    ).fetchall()
+                    if any(self._is(bytes(life), one.lifecycle) for (life,) in stored):
+                        continue  # rows of this revision or a later one are there already
+                    life = msgspec.json.encode(attrs.asdict(one.lifecycle))
+                    conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (one.session_id,))
+                    with conn.cursor() as cur:
+                        cur.executemany(
+                            "INSERT INTO checkpoints (session_id, unit, ver, lifecycle, seq, log_offset, value) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                            [
+                                (one.session_id, key, ver, life, last, one.event_count, val)
+                                for key, ver, val in one.rows
+                            ],
+                        )
+                    written += 1
+        except (psycopg.Error, StorageError) as exc:
+            log.debug("observed checkpoints not written: %s", _first_line(exc))
+            return 0
+        return written
+
+    def _is(self, raw: bytes, lifecycle: Lifecycle) -> bool:
+        try:
+            return self._lifecycle(raw) == lifecycle
+        except Exception:  # a garbled lifecycle record: not this lifecycle
+            return False
 
     def read(
         self, session_id: str, header: SessionHeader, inherited_event_count: int

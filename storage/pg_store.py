@@ -60,7 +60,7 @@ from .errors import (
 )
 from .framing import decode_event_lines, is_seed_marker
 from .index import StoredCheckpoint
-from .log_store import Batch, Handle, ReadHandle, WriteHandle
+from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
 from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Pool, check_url, redact
 from .pg_leases import Leases, LeaseState, new_host_id
@@ -521,6 +521,10 @@ class PostgresLogStore:
         if isinstance(lease, LeaseState) and lease.lost:
             return False
         return self._checkpoints.write(handle, rows)
+
+    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Rows a reader proved by folding whole logs (`LogStore`); fail-soft and quiet."""
+        return self._checkpoints.write_observed(observed)
 
     def read_checkpoint(
         self, session_id: str, header: SessionHeader, inherited_event_count: int

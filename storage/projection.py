@@ -31,9 +31,16 @@ import attrs
 
 from ._codec import Event
 from .errors import ProjectionBroken, UnknownProjection
-from .values import Offset, SessionHeader
+from .values import Offset, Revision, SessionHeader, SessionId
 
-__all__ = ["CheckpointRow", "Lifecycle", "ProjectionCells", "ProjectionRegistry", "ProjectionUnit"]
+__all__ = [
+    "CheckpointRow",
+    "Lifecycle",
+    "ObservedCheckpoint",
+    "ProjectionCells",
+    "ProjectionRegistry",
+    "ProjectionUnit",
+]
 
 JsonValue = Any  # plain JSON: None, bool, int, float, str, list, dict[str, ...]
 
@@ -81,6 +88,19 @@ class CheckpointRow:
     ver: int
     seq: int  # the last folded seq (>= 0 for stored rows)
     val: JsonValue
+
+
+@attrs.frozen(kw_only=True)
+class ObservedCheckpoint:
+    """Checkpoint rows a reader proved by folding a whole log (a listing's observation), all at
+    seq `event_count - 1`, the last event of the log at `revision` as it was read. The values
+    are JSON already: a listing keeps one of these per observed child until its one write."""
+
+    session_id: SessionId
+    lifecycle: Lifecycle
+    revision: Revision
+    event_count: int
+    rows: tuple[tuple[str, int, bytes], ...]  # (unit key, state version, value as JSON)
 
 
 @attrs.define(eq=False)

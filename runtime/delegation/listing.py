@@ -10,15 +10,21 @@ or its checkpoint row, never its log — and become diagnostics in (`child_creat
 (see `lineage`). Each candidate's identity climbs a
 ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
 stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
-query for all), and only then one observation each through the cold reader (at most four reads
-in flight), `OBSERVERS` observations under way at a time, all in one read group so that their
-reads share thread hops. The caller's abort becomes cancellation once, at the edge of the call
+query for all; rows answer for the log revision they cover whole, or — lagging — for a log
+another process writes now), and only then one observation each through the cold reader (at
+most four reads in flight), `OBSERVERS` observations under way at a time, all in one read group
+so that their reads share thread hops. The caller's abort becomes cancellation once, at the edge of the call
 (`cancelled_when`): one watcher cancels everything under way when it is set. An
 identity counts only from the child's own suffix (`seq >= inherited_event_count`). Rows come
 in four states: a child row, an omitted live child without an identity yet, and
 diagnostics `corrupt` / `unsupported` / `unavailable`. Typed query errors become rows; anything
 else fails the listing. An abort at any point ends it with `CANCELLED` and no rows.
-Listing never writes a log, a checkpoint or an actor.
+Observations feed the checkpoint rung: a listing that ends with its rows writes the checkpoint
+rows its observations proved (children that became child rows only: never a diagnostic, never
+a log another process writes) in one index write after the rows are built, outside its abort;
+the next listing answers those children from the rung. The index is a cache, so a read-only
+command may write it; a store this process may not write is still listed (the write is
+skipped, quietly). Listing never writes a log or an actor.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from subagents.runtime.errors import (
     SubagentCancelled,
 )
 from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
-from subagents.storage import LogInfo, ProjectionRegistry, StoredCheckpoint
+from subagents.storage import LogInfo, ObservedCheckpoint, ProjectionRegistry, StoredCheckpoint
 
 from .lineage import (
     NO_CHILDREN,
@@ -234,25 +240,34 @@ class ListingService:
         `depth`; raises as `list_children`."""
         return await self._edge(abort, self._descendants, root_id)
 
-    async def _edge(self, abort: Abort | None, listing: Callable[[str], Awaitable[list[Row]]], node: str) -> list[Row]:
+    async def _edge(
+        self,
+        abort: Abort | None,
+        listing: Callable[[str, list[ObservedCheckpoint]], Awaitable[list[Row]]],
+        node: str,
+    ) -> list[Row]:
         """Where the caller's abort becomes cancellation, once (`cancelled_when`): below it
         the listing is cancelled the Trio way. An abort set at any point — before the call,
         while it runs, or as it ends — ends it with `CANCELLED` and no rows, whatever was under
         way (a read failing as it was cancelled included); an enclosing cancellation passes
-        as the bare `trio.Cancelled` its scope expects."""
+        as the bare `trio.Cancelled` its scope expects. Only a listing that ended with its
+        rows writes back what its observations proved, in one write, outside the abort."""
         _check(abort)
         rows: list[Row] | None = None
+        proved: list[ObservedCheckpoint] = []
         try:
             async with cancelled_when(abort):
-                rows = await listing(node)
+                rows = await listing(node, proved)
         except Exception:  # an abort set meanwhile is the answer (CANCELLED), not the error it caused
             _check(abort)
             raise
         _check(abort)
         assert rows is not None  # only an abort cancels the body quietly
+        if proved and self.query is not None:
+            await self.query.write_observed(proved)  # the index is a cache: never an error
         return rows
 
-    async def _children(self, parent_id: str) -> list[Row]:
+    async def _children(self, parent_id: str, proved: list[ObservedCheckpoint]) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         candidates = shape.children_of(parent_id)
@@ -260,7 +275,7 @@ class ListingService:
         catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates)
         entries = catalogs.get(parent_id)
         absent = absent_children(parent_id, entries, shape.records) if entries else []
-        rows = await self._rows(shape, candidates, stored)
+        rows = await self._rows(shape, candidates, stored, proved)
         if not absent:
             return [row for row in rows if row is not None]
         extra = await self._absent_rows(absent)
@@ -271,7 +286,7 @@ class ListingService:
         )
         return [row for _, row in placed if row is not None]
 
-    async def _descendants(self, root_id: str) -> list[Row]:
+    async def _descendants(self, root_id: str, proved: list[ObservedCheckpoint]) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         records = shape.records
@@ -303,7 +318,7 @@ class ListingService:
                 break
         nodes = [node for node, _, _ in placed if isinstance(node, Absent) or is_subagent(node)]
         candidates = [node for node in nodes if isinstance(node, SessionRecord)]
-        rows = iter(await self._rows(shape, candidates, stored))
+        rows = iter(await self._rows(shape, candidates, stored, proved))
         lost = [node for node in nodes if isinstance(node, Absent)]
         extra = iter(await self._absent_rows(lost) if lost else [])
         where = {node.id: (parent, depth) for node, parent, depth in placed}
@@ -400,8 +415,10 @@ class ListingService:
         shape: _Shape,
         candidates: list[SessionRecord],
         stored: dict[str, list[StoredCheckpoint]],
+        proved: list[ObservedCheckpoint],
     ) -> list[Row | None]:
-        """Rows aligned to `candidates` (None: omitted); `stored`: checkpoint rows already read.
+        """Rows aligned to `candidates` (None: omitted); `stored`: checkpoint rows already read;
+        `proved` collects the rows observations proved, to be written back.
         A child has children when a subagent record names it as its parent, or its own catalog
         names a child that only the catalog places."""
         parents, records = shape.parents, shape.records
@@ -446,7 +463,7 @@ class ListingService:
                     if identity is not None:
                         results[i] = child(record, identity, record.id in parents, live=True)
         cold.sort()
-        await self._cold_rows(candidates, cold, shape, results, stored)
+        await self._cold_rows(candidates, cold, shape, results, stored, proved)
         return results
 
     async def _live_answers(self, refs: list[SessionRef], keys: list[str]) -> list[Any]:
@@ -463,6 +480,7 @@ class ListingService:
         shape: _Shape,
         results: list[Row | None],
         stored: dict[str, list[StoredCheckpoint]],
+        proved: list[ObservedCheckpoint],
     ) -> None:
         parents, records = shape.parents, shape.records
         pending = []
@@ -479,8 +497,10 @@ class ListingService:
         held = await self._held_elsewhere([candidates[i].id for i in pending if candidates[i].id in checkpoints])
         observe = []
         for i in pending:
-            identity = checkpoints.get(candidates[i].id)
-            if identity is not None:
+            identity, whole = checkpoints.get(candidates[i].id, (None, False))
+            # Rows answer for the log revision they cover whole; rows that lag it answer only
+            # for a log another process writes now (its writer checkpoints it as it goes).
+            if identity is not None and (whole or candidates[i].id in held):
                 record = candidates[i]
                 has = record.id in parents or (
                     record.id in naming and names_absent(record.id, stored_catalog(record, stored[record.id]), records)
@@ -506,6 +526,7 @@ class ListingService:
                     identity = _own(seen.projections.get(IDENTITY_UNIT.key), seen.inherited_event_count)
                     catalog = seen.projections.get(CATALOG_UNIT.key)
                     elsewhere = seen.held
+                    observed = seen.observed
             except SessionQueryError as exc:
                 if exc.diagnostic is None:
                     failures.append(exc)
@@ -520,6 +541,8 @@ class ListingService:
             else:
                 has = record.id in parents or names_absent(record.id, catalog, records)
                 results[i] = self._rows_made.child(record, identity, has, live=elsewhere)
+                if observed is not None and not elsewhere:
+                    proved.append(observed)  # a child row: what its observation proved is kept
 
         try:
             # A bounded number of observers take the candidates in turn: the listing's memory is
@@ -541,9 +564,10 @@ class ListingService:
 
     async def _checkpoint_identities(
         self, records: Sequence[SessionRecord], stored: dict[str, list[StoredCheckpoint]] | None = None
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, tuple[dict[str, Any], bool]]:
         """Identities the index's checkpoint rows prove, for all cold candidates: the rows read
-        with the catalogs, and the rest (those that stopped meanwhile) in one more query."""
+        with the catalogs, and the rest (those that stopped meanwhile) in one more query. With
+        each, whether its row covers the log whole (`seq` is its last event's)."""
         if self.query is None or not records:
             return {}
         rows = stored or {}
@@ -563,7 +587,7 @@ class ListingService:
                     val = row.value()  # decoded only now (UNREADABLE, an object: no identity)
                     identity = _own(val.get("identity") if type(val) is dict else None, record.inherited_event_count)
                     if identity is not None:
-                        out[record.id] = identity
+                        out[record.id] = (identity, row.seq == record.event_count - 1)
         return out
 
 

@@ -17,7 +17,7 @@ import attrs
 from .._codec import Event
 from ..errors import PersistenceFailed
 from ..index import StoredCheckpoint
-from ..log_store import Batch, Handle, LogStore, ReadHandle, WriteHandle
+from ..log_store import Batch, Handle, LogStore, ObservedCheckpoint, ReadHandle, WriteHandle
 from ..projection import CheckpointRow
 from ..values import AbortPoll, LogInfo, Offset, SessionHeader
 
@@ -33,6 +33,7 @@ Operation = Literal[
     "list",
     "close",
     "write_checkpoint",
+    "write_observed",
     "read_checkpoint",
     "read_after",
 ]
@@ -163,6 +164,10 @@ class FaultyLogStore:
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         self._enter("write_checkpoint", handle.session_id)
         return self.inner.write_checkpoint(handle, rows)
+
+    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        self._enter("write_observed", None)
+        return self.inner.write_observed_checkpoints(observed)
 
     def read_checkpoint(
         self, session_id: str, header: SessionHeader, inherited_event_count: int

@@ -242,7 +242,8 @@ async def test_the_checkpoint_query_takes_the_index_slot_of_the_session_query(pl
             await trio.testing.wait_all_tasks_blocked()
             assert query.index_limiter.statistics().tasks_waiting == 1 and found == []  # for the slot
             query.index_limiter.release_on_behalf_of("test")
-        assert found == [{"c0": {"mode": "continuable", "label": "child", "seq": 0}}]
+    # (the identity, and whether its row covers the log whole)
+    assert found == [{"c0": ({"mode": "continuable", "label": "child", "seq": 0}, True)}]
 
 
 async def test_the_registry_checks_fresh_ids_through_the_same_index_slot(place: Place) -> None:

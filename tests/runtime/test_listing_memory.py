@@ -1,5 +1,6 @@
 """Listing memory (SPEC 4 cold reader, 5.4): a listing's memory is bounded by the reads in flight,
-not by the number of children — apart from what is O(n) by nature, the corpus and the rows.
+not by the number of children — apart from what is O(n) by nature, the corpus, the rows and
+the checkpoint rows its observations proved, kept for its one write-back at the end (issue 20).
 
 The target: the tracemalloc peak of listing 2,000 persisted children is at most 1.2× that of
 listing 1,000, once the O(n) part is taken out of both. Real worker threads, no sleeping.
@@ -72,12 +73,13 @@ class Measured:
     corpus: int  # the corpus, as kept
     rows: int  # the returned rows, as kept
     peak: int  # peak of the whole listing
+    proved: int = 0  # the write-back batch (the proved checkpoint rows), as kept
 
     @property
     def floor(self) -> int:
-        """The O(n) part every listing reaches: building its corpus, and at its end the corpus
-        and the rows side by side."""
-        return max(self.corpus_peak, self.corpus + self.rows)
+        """The O(n) part every listing reaches: building its corpus, and at its end the corpus,
+        the rows and the write-back batch side by side."""
+        return max(self.corpus_peak, self.corpus + self.rows + self.proved)
 
     @property
     def excess(self) -> int:
@@ -104,6 +106,15 @@ CALLS: list[Any] = [
 
 async def measure(store: MemoryLogStore, call: Call, *, expected: int) -> Measured:
     registry = ProjectionRegistry(SUBAGENT_UNITS)
+    # The write-back batch is kept for its size, and not written: the store stays without
+    # checkpoint rows, so every measured listing observes every child.
+    batches: list[Any] = []
+
+    def keep(observed: Any) -> int:
+        batches.append(observed)
+        return 0
+
+    store.write_observed_checkpoints = keep  # type: ignore[method-assign]  # a test seam on this instance only
     async with open_session_store(store, registry, now_ms=lambda: 1) as sessions:
         # No LRU of prepared observations: it is a separate structure with its own byte bound
         # (SPEC 5.1); what is left is the listing's own memory.
@@ -130,7 +141,14 @@ async def measure(store: MemoryLogStore, call: Call, *, expected: int) -> Measur
         copy = pickle.loads(pickled)
         rows_kept, _ = _since(base)
         del copy
-        return Measured(corpus_peak=corpus_peak, corpus=corpus_kept, rows=rows_kept, peak=peak)
+        # The batch the same way (an independent copy: an upper bound).
+        assert len(batches) == 1 and len(batches[0]) == expected
+        pickled = pickle.dumps(batches.pop())
+        base = _traced()
+        copy = pickle.loads(pickled)
+        proved, _ = _since(base)
+        del copy
+        return Measured(corpus_peak=corpus_peak, corpus=corpus_kept, rows=rows_kept, peak=peak, proved=proved)
 
 
 @pytest.mark.slow
