@@ -47,8 +47,12 @@ class Place:
         if self._make is not None:
             compression = file_options.get("compression")
             if compression is None:
-                return self._make()
-            return self._make(compress_above=0 if compression == "zstd" else 1 << 62)
+                store = self._make()
+            else:
+                store = self._make(compress_above=0 if compression == "zstd" else 1 << 62)
+            if file_options.get("use_index") is False:
+                return _WithoutCheckpointRung(store)  # type: ignore[return-value]  # the LogStore it wraps
+            return store
         store = FileLogStore(str(self.root), **file_options)
         self._opened.append(store)
         return store
@@ -123,3 +127,24 @@ def open_place(request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> Ite
         found = Place("pg", root, request.getfixturevalue("pg_url"), request.getfixturevalue("pg_store_factory"))
     yield found
     found.close()
+
+
+class _WithoutCheckpointRung:
+    """A PostgreSQL store as a file store without its index (`use_index=False`) is: no checkpoint
+    rows are read, and none are written back by listings — every cold child is observed. The
+    rest is the store's own."""
+
+    def __init__(self, store: LogStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def read_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def read_checkpoint_rows(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def write_observed_checkpoints(self, observed: Any) -> int:
+        return 0

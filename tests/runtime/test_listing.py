@@ -114,7 +114,7 @@ async def test_children_rows_in_order_with_their_states(base_store: Any) -> None
 
 
 async def test_a_failed_read_is_unavailable_and_a_bug_fails_the_listing(place: Place) -> None:
-    base = place.store(use_index=False)  # no checkpoint rung (none written on PostgreSQL): every child observed
+    base = place.store(use_index=False)  # no checkpoint rung: every child observed
     child(base, "c1", 1, data=descriptor("one"))
     child(base, "c2", 2, data=descriptor("two"))
     faulty = FaultyLogStore(base)
