@@ -161,6 +161,19 @@ class Catalog:
             and row.scan_end == revision.size == size
         )
 
+    def known_head(self, sid: SessionId, compression: str) -> tuple[bytes, HeaderRecord] | None:
+        """The raw head bytes of a healthy row in memory and the header record they were parsed
+        into when the row was made (a reader whose log starts with the same bytes need not parse
+        them again). Never loads the index for the asking."""
+        with self._lock:
+            row = self._rows.get(sid) if self._rows is not None else None
+        if row is None or row.form != compression or row.info.damage is not None or not row.head:
+            return None
+        header = row.info.header
+        if header is None:
+            return None
+        return row.head, HeaderRecord(header=header, inherited_event_count=row.info.inherited_event_count)
+
     def record(self, row: IndexRow) -> None:
         """A row a writer vouches for (it wrote every byte of the log since a validated state)."""
         with self._lock:
