@@ -274,6 +274,13 @@ class FileLogStore:
         else:
             self._publish(handle, state, payload)
         handle.next_seq = Offset(handle.next_seq + len(events))
+        if self._catalog.remembers(handle.session_id):
+            # The listing's row follows the log this handle writes (in memory: the index is
+            # saved at checkpoints), so the next listing finds it at its new revision and
+            # neither opens nor scans it; any other change to the file shows as another revision.
+            row = self._written_row(handle)
+            if row is not None:
+                self._catalog.remember(row)
         return handle.next_seq
 
     def _append_durably(self, handle: WriteHandle, state: _WriteState, payload: bytes) -> None:
@@ -382,29 +389,34 @@ class FileLogStore:
     def _record_row(self, handle: WriteHandle) -> None:
         """The writer knows its log whole (every event it appended was valid): record the index
         row, so the next open or listing need not scan the log. Fail-soft."""
+        row = self._written_row(handle)
+        if row is not None:
+            self._catalog.record(row)
+
+    def _written_row(self, handle: WriteHandle) -> IndexRow | None:
+        """The index row of the log exactly as this handle wrote it (None when it cannot tell:
+        bytes past its end, or the file cannot be read)."""
         state = handle.impl
         if not isinstance(state, _WriteState) or state.file is None or not state.head_len:
-            return
+            return None
         try:
             revision = state.file.revision()
             if revision.size != state.end:
-                return  # bytes past what this handle wrote: let a scan decide
+                return None  # bytes past what this handle wrote: let a scan decide
             head = state.file.pread(0, state.head_len)
             anchor = state.file.pread(max(0, state.end - ANCHOR), min(ANCHOR, state.end))
         except OSError:
-            return
+            return None
         info = LogInfo.healthy(
             handle.session_id, handle.header, handle.inherited_event_count, revision, handle.next_seq
         )
-        self._catalog.record(
-            IndexRow(
-                info=info,
-                form=state.form.compression,
-                scan_end=state.end,
-                scan_events=handle.next_seq,
-                head=head,
-                anchor=anchor,
-            )
+        return IndexRow(
+            info=info,
+            form=state.form.compression,
+            scan_end=state.end,
+            scan_events=handle.next_seq,
+            head=head,
+            anchor=anchor,
         )
 
     def read_checkpoint(
