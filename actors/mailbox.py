@@ -8,6 +8,10 @@ actor fails the ones it had taken: nothing ever waits on a dead actor.
 
 A requester cancelled while waiting gives up its answer, not its request: an append it sent may
 still be written (and acknowledged to nobody).
+
+`idle()` tells whether the actor waits for a request with nothing queued, handed over or being
+served (its actor marks `parked`; sends and takes are counted), so a snapshot can be answered from
+its state without asking (`snapshot_all`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ scan stopped; any doubt about that tail (it does not start at a record, the seqs
 continue) falls back to a full rescan, which is always authoritative. Everything else is
 rescanned whole. A changed inode also forgets the session's checkpoint rows; a vanished log
 loses its row. Rows are mirrored in memory after the first load, and written back in one
-transaction per listing. The index is a cache: when it cannot be read or written the listing
+transaction per listing. A writer of this store keeps its log's row in step with its appends
+(`remember`, in memory; saved with the next index write or at close), so a listing finds that
+log at the revision its writer left it and neither opens nor scans it. The index is a cache: when it cannot be read or written the listing
 is computed from the logs alone.
 
 Listing never fails because of one session: damage becomes the row's `damage`, and a log that
