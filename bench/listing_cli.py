@@ -11,19 +11,22 @@ their own), each has a continuable `subagent/descriptor` as its first own event 
 LOG_BYTES of events (bench/storage.py's realistic turns) in all.
 
 Measured, interleaved (the order reverses every repetition), page cache warm:
-- subject: `subagents --root R children bench-parent --json` in a new process (wall time);
-- childless: `subagents --root R children bench-lonely --json` (the same command with nothing to
+- subject: `subagents children --root R bench-parent --json` in a new process (wall time);
+- childless: `subagents children --root R bench-lonely --json` (the same command with nothing to
   observe: process start, imports, the corpus scan, the index write);
-- baseline: in this process, every log file read and decoded with msgspec's untyped
+- baseline: in this process, every child's log file read and decoded with msgspec's untyped
   `Decoder().decode_lines` (for the zstd form, after one `stream_reader(...,
   read_across_frames=True)` decompression), every line including line 1, cyclic GC on (and,
   as context, paused).
-The listing cost is subject - childless (medians over the repetitions, and per repetition).
+The listing cost is subject - childless (the median of the per-repetition differences; the
+ratio is the median of the per-repetition ratios). The same figures in CPU time (user + system
+of the command's process, all threads; the baseline's process time) are printed as context: on
+a loaded machine they move far less than wall times.
 Target: listing cost <= 1.43x the baseline (>= 0.7x its throughput, the SPEC's codec target,
 through the product). The bench checks the rows (every child, in order, `inactive`,
 continuable, its label) and that the childless command printed `[]`.
 
-Run: `.venv/bin/python bench/listing_cli.py` (about a minute); `--quick` (a smoke run);
+Run: `.venv/bin/python bench/listing_cli.py` (2-3 minutes); `--quick` (a smoke run);
 `--plain` for the plain form (`compression="none"`; the baseline then has no decompression);
 `--reps N`; `--profile` also runs one subject command under cProfile and prints its top
 functions. See bench/README.md for the recorded figures.
