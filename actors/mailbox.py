@@ -8,6 +8,10 @@ actor fails the ones it had taken: nothing ever waits on a dead actor.
 
 A requester cancelled while waiting gives up its answer, not its request: an append it sent may
 still be written (and acknowledged to nobody).
+
+`idle()` tells whether the actor waits for a request with nothing queued, handed over or being
+served (its actor marks `parked`; sends and takes are counted), so a snapshot can be answered from
+its state without asking (`snapshot_all`).
 """
 
 from __future__ import annotations
@@ -114,6 +118,18 @@ class Mailbox:
         self.name = name
         self._send, self.receive = trio.open_memory_channel[Request[Any]](capacity)
         self._stopped: str | None = None
+        # Idle bookkeeping (`idle`): requests sent (counted before they are handed over, so a
+        # request handed to the parked actor, which has not run yet, counts) and taken by the
+        # actor, and whether the actor waits in `receive` with everything taken served.
+        self.sent = 0
+        self.taken = 0
+        self.parked = False
+
+    def idle(self) -> bool:
+        """True when the actor waits for a request with nothing queued, nothing handed to it and
+        nothing it took still being served: a request sent now would be served next, from the
+        state the actor holds now (what `snapshot_all` answers from without asking)."""
+        return self.parked and self.sent == self.taken and self._stopped is None
 
     @property
     def stopped(self) -> bool:
@@ -122,10 +138,14 @@ class Mailbox:
     async def ask(self, request: Request[T]) -> T:
         if self._stopped is not None:
             raise ActorStopped(self.name, self._stopped)
+        self.sent += 1
         try:
             await self._send.send(request)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise ActorStopped(self.name, self._stopped or "stopped") from None
+        except BaseException as exc:  # not sent (closed, or cancelled before it was queued): uncounted
+            self.sent -= 1
+            if isinstance(exc, (trio.ClosedResourceError, trio.BrokenResourceError)):
+                raise ActorStopped(self.name, self._stopped or "stopped") from None
+            raise
         return await request.reply.wait()
 
     def try_post(self, request: Request[T]) -> bool:
@@ -139,6 +159,7 @@ class Mailbox:
             return False
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ActorStopped(self.name, self._stopped or "stopped") from None
+        self.sent += 1  # in the same synchronous stretch as the hand-over: the actor has not run
         return True
 
     async def post(self, request: Request[T]) -> None:
@@ -146,14 +167,19 @@ class Mailbox:
         only when the mailbox is full. Raises `ActorStopped` for a stopped actor."""
         if self._stopped is not None:
             raise ActorStopped(self.name, self._stopped)
+        self.sent += 1
         try:
             self._send.send_nowait(request)
         except trio.WouldBlock:
             try:
                 await self._send.send(request)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                raise ActorStopped(self.name, self._stopped or "stopped") from None
+            except BaseException as exc:  # not sent (closed, or cancelled while full): uncounted
+                self.sent -= 1
+                if isinstance(exc, (trio.ClosedResourceError, trio.BrokenResourceError)):
+                    raise ActorStopped(self.name, self._stopped or "stopped") from None
+                raise
         except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.sent -= 1
             raise ActorStopped(self.name, self._stopped or "stopped") from None
 
     def close(self, reason: str = "stopped") -> None:

@@ -165,30 +165,45 @@ async def snapshot_all(
     """Ask every session for a snapshot at once, from one task: post every request first, then
     collect the replies in order. Results are aligned with `refs`; a failure (`ActorStopped`, a
     broken unit) is returned as that entry's value, never raised. Starting a task per ask costs
-    about as much as the ask itself; this is how a listing fans out to live children."""
+    about as much as the ask itself; this is how a listing fans out to live children.
+
+    An idle actor (`Mailbox.idle`: parked, nothing queued or being served) is not asked: its
+    cells are read here, which is exactly what it would answer (nothing can change them before
+    it would run). A busy one is asked, so its answer follows the appends queued before it."""
     wanted = None if keys is None else list(keys)  # one list for all: the actors only read it
-    requests: list[_Snapshot | Exception] = []
+    results: list[Any] = []  # a dict or an Exception per ref once done
+    asked: list[tuple[int, _Snapshot]] = []
     for ref in refs:
+        actor = ref._actor  # noqa: SLF001 - same module
+        mailbox = actor.mailbox
+        if mailbox.idle():
+            # Parked with nothing queued, handed over or being served: asked, it would answer
+            # next, from these very cells, which nothing changes before it would run. So it is
+            # answered here, in this task: no request, no wake-up of its task (the actor's
+            # `_snapshot`, errors kept as values the same way).
+            try:
+                results.append(actor.cells.snapshot(wanted))
+            except Exception as exc:  # a broken unit or an unknown key: that entry's value
+                results.append(exc)
+            continue
         request = _Snapshot.sharing(wanted)
-        mailbox = ref._actor.mailbox  # noqa: SLF001 - same module
         try:
             if not mailbox.try_post(request):
                 await mailbox.post(request)
         except ActorStopped as exc:
-            requests.append(exc)
+            results.append(exc)
             continue
-        requests.append(request)
-    results: list[dict[str, JsonValue] | Exception] = []
-    for request in requests:
-        if isinstance(request, Exception):
-            results.append(request)
-            continue
+        asked.append((len(results), request))
+        results.append(None)  # its reply, collected below
+    if not asked:
+        await trio.lowlevel.checkpoint()  # an async call is always a checkpoint
+    for at, request in asked:
         reply = request.reply
         try:
             # Most replies are in by the time the first one is: no coroutine for those.
-            results.append(reply.result() if reply.done else await reply.wait())
+            results[at] = reply.result() if reply.done else await reply.wait()
         except Exception as exc:  # returned as a value: one bad session never hides the rest
-            results.append(exc)
+            results[at] = exc
     return results
 
 
@@ -234,29 +249,36 @@ class SessionActor:
     async def run(self, *, task_status: trio.TaskStatus[SessionRef] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started(self.ref)
         taken: list[Request[Any]] = []
+        mailbox = self.mailbox
         try:
-            receive = self.mailbox.receive.receive
+            receive = mailbox.receive.receive
             while True:
+                # Parked: everything taken so far is served, so the cells are what a snapshot
+                # sent now would be answered from (`Mailbox.idle`, `snapshot_all`).
+                mailbox.parked = True
                 if not self._since_checkpoint or self.checkpoint_interval is None:
                     request = await receive()  # clean: no checkpoint deadline to wait with
                 else:
                     request = await self._next_request()
+                mailbox.parked = False
                 if request is None:
                     await self._write_checkpoint()  # idle for checkpoint_interval while dirty
                     continue
+                mailbox.taken += 1
                 if type(request) is _Snapshot:
-                    self._snapshot(request)  # the listing's fan-out: served inline, no batch
+                    self._snapshot(request)  # a snapshot sent while busy: served inline, no batch
                     continue
                 taken = [request]
                 if type(request) is _Append:
                     # Group commit: the appends queued behind this one share its fsync. (Other
                     # requests are served one by one: probing costs a WouldBlock each.)
-                    receive_nowait = self.mailbox.receive.receive_nowait
+                    receive_nowait = mailbox.receive.receive_nowait
                     while len(taken) < self.batch_limit:
                         try:
                             taken.append(receive_nowait())
                         except trio.WouldBlock:
                             break
+                        mailbox.taken += 1
                 await self._serve(taken)
                 taken = []
         except (trio.EndOfChannel, trio.ClosedResourceError):

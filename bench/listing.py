@@ -512,9 +512,23 @@ async def bench_live(workdir: str, sizes: Sizes) -> dict[str, list[float]]:
                     raise bug(f"the live listing listed wrongly: {got[:2]}")
                 return elapsed
 
+            refs = [rt.sessions.get(f"child-{i:05d}") for i in range(sizes.children)]
+            step = itertools.count(1)
+
+            async def after_appends() -> float:
+                """Context: every child appended one event (untimed) since the last listing, so
+                every log has a new revision (what a listing meets while its children work)."""
+                n = next(step)
+                async with trio.open_nursery() as nursery:
+                    for ref in refs:
+                        nursery.start_soon(ref.append, [EventDraft(type="test/note", data={"n": n}, ignorable=True)])
+                return await subject()
+
             await baseline()
             await subject()
-            runs = await interleaved(sizes.live_reps, {"baseline": baseline, "subject": subject})
+            runs = await interleaved(
+                sizes.live_reps, {"baseline": baseline, "subject": subject, "after appends": after_appends}
+            )
             runs["list_sessions (context)"] = [
                 await atimed(lambda: rt.query.list_sessions()) for _ in range(sizes.live_reps)
             ]
@@ -638,6 +652,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"   {'  of which list_sessions (context, separate runs)':<58} "
                 f"{statistics.median(runs['list_sessions (context)']) * 1e3:>9.2f}"
+            )
+            appended = per_rep(runs["after appends"], runs["baseline"])
+            print(
+                f"   {'  context: every child appended one event since':<58} "
+                f"{statistics.median(runs['after appends']) * 1e3:>9.2f}   {statistics.median(appended):.2f}x "
+                f"({spread(appended)})"
             )
             verdicts.append(
                 f"2 live listing target <= {LIVE_TARGET}x sequential bare asks: "

@@ -7,7 +7,9 @@ scan stopped; any doubt about that tail (it does not start at a record, the seqs
 continue) falls back to a full rescan, which is always authoritative. Everything else is
 rescanned whole. A changed inode also forgets the session's checkpoint rows; a vanished log
 loses its row. Rows are mirrored in memory after the first load, and written back in one
-transaction per listing. The index is a cache: when it cannot be read or written the listing
+transaction per listing. A writer of this store keeps its log's row in step with its appends
+(`remember`, in memory; saved with the next index write or at close), so a listing finds that
+log at the revision its writer left it and neither opens nor scans it. The index is a cache: when it cannot be read or written the listing
 is computed from the logs alone.
 
 Listing never fails because of one session: damage becomes the row's `damage`, and a log that
@@ -60,6 +62,7 @@ class Catalog:
         # same generation: every change to a log goes with an event that starts a new one.
         self._generation = 0
         self._answer: tuple[int, list[LogInfo]] | None = None
+        self._unsaved: dict[SessionId, IndexRow] = {}  # rows writers kept in memory only (`remember`)
 
     @property
     def watching(self) -> bool:
@@ -177,6 +180,45 @@ class Catalog:
             return None
         return row.scan_end
 
+    def known_head(self, sid: SessionId, compression: str) -> tuple[bytes, HeaderRecord] | None:
+        """The raw head bytes of a healthy row in memory and the header record they were parsed
+        into when the row was made (a reader whose log starts with the same bytes need not parse
+        them again). Never loads the index for the asking."""
+        with self._lock:
+            row = self._rows.get(sid) if self._rows is not None else None
+        if row is None or row.form != compression or row.info.damage is not None or not row.head:
+            return None
+        header = row.info.header
+        if header is None:
+            return None
+        return row.head, HeaderRecord(header=header, inherited_event_count=row.info.inherited_event_count)
+
+    def remembers(self, sid: SessionId) -> bool:
+        """Whether the rows are in memory (a store that has listed or stat'ed): only then does a
+        writer's `remember` keep anything (it never loads the index for that)."""
+        return self._rows is not None
+
+    def remember(self, row: IndexRow) -> None:
+        """A row a writer vouches for, kept in memory only (the index on disk catches up at the
+        writer's next `record`): a listing then finds the log at the revision its writer left
+        it and neither opens nor scans it. The revision is compared with a fresh stat as every
+        row's is, so a change by anyone else still shows."""
+        # Never waits for a listing under way (an append must not): skipped then, the next
+        # listing scans the log's tail as it would have.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            rows = self._rows
+            if rows is None:
+                return
+            old = rows.get(row.id)
+            if old is not None and (old.revision.inode != row.revision.inode or old.info.header != row.info.header):
+                return  # another lifecycle: its checkpoints must go with the old row (a scan does that)
+            rows[row.id] = row
+            self._unsaved[row.id] = row
+        finally:
+            self._lock.release()
+
     def record(self, row: IndexRow) -> None:
         """A row a writer vouches for (it wrote every byte of the log since a validated state)."""
         with self._lock:
@@ -190,6 +232,12 @@ class Catalog:
                 self._watch.close()
                 self._watch = None
         if self.index is not None:
+            with self._lock:
+                rows = self._rows or {}
+                kept = [row for sid, row in self._unsaved.items() if rows.get(sid) is row]
+                self._unsaved.clear()
+            if kept:
+                self.index.save(kept, [])  # what writers kept in memory, for the next process
             self.index.close()
 
     # --- internals ---
@@ -263,7 +311,12 @@ class Catalog:
             rows[row.id] = row
         for sid in gone:
             rows.pop(sid, None)
-        if self.index is not None:
+        if self.index is not None and (changed or gone):
+            # Rows writers kept in memory go with any write the index gets anyway (and at close).
+            kept = [row for sid, row in self._unsaved.items() if rows.get(sid) is row]
+            self._unsaved.clear()
+            self.index.save([*kept, *changed], gone, forget)
+        elif self.index is not None:
             self.index.save(changed, gone, forget)
 
     def _info(

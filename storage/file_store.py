@@ -39,7 +39,7 @@ from .errors import (
     UnsupportedLog,
 )
 from .forms import FORMS, Compression, LogForm, ParsedLog
-from .fs import File, Fs, NotRegularFile, OsFs
+from .fs import File, Folder, Fs, NotRegularFile, OsFs, open_folder
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 _LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
 LOCK_NAME = "lock"
 PUBLISH_TEMP = "publish.tmp"
+_FOLDERS_KEPT = 1 << 16  # folder names kept at most (a few MB)
 
 
 @attrs.define(eq=False)
@@ -106,12 +107,17 @@ class FileLogStore:
             index = SessionIndex(None)  # an in-memory Fs gets an in-memory index
         self._catalog = Catalog(fs, index, watch=watch)
         self._lock_paths: dict[str, str] = {}  # id -> its lock's path, for `held_elsewhere`
+        self._folders: dict[str, str] = {}  # id -> its folder (encoding is not free)
 
     # --- paths ---
 
-    @staticmethod
-    def _folder(session_id: str) -> str:
-        return f"{SESSIONS}/{encode_session_id(session_id)}"
+    def _folder(self, session_id: str) -> str:
+        folder = self._folders.get(session_id)
+        if folder is None:
+            if len(self._folders) >= _FOLDERS_KEPT:
+                self._folders.clear()
+            folder = self._folders[session_id] = f"{SESSIONS}/{encode_session_id(session_id)}"
+        return folder
 
     def _log_forms(self, folder: str) -> list[tuple[str, LogForm, Revision]]:
         found = []
@@ -206,18 +212,40 @@ class FileLogStore:
         sid = check_session_id(session_id)
         folder = self._folder(sid)
         with _mapped(sid, "open for reading"):
-            path, form = self._single_form(sid, folder)
-            file = self.fs.open(path, "read")
+            # One walk to the folder for the form check and the open (not one per step).
+            with open_folder(self.fs, folder) as held:
+                name, form = self._form_in(sid, held)
+                file = held.open(name, "read")
             try:
-                record, head = _read_header_only(sid, file, form)
+                record, head = self._header_of(sid, file, form)
             finally:
-                file.close()
+                file.close()  # each read opens the log afresh, at its path
         return ReadHandle(
             session_id=sid,
             header=record.header,
             inherited_event_count=record.inherited_event_count,
-            impl=_ReadState(path, form, (head, record)),
+            impl=_ReadState(f"{folder}/{name}", form, (head, record)),
         )
+
+    @staticmethod
+    def _form_in(sid: SessionId, folder: Folder) -> tuple[str, LogForm]:
+        """`_single_form` in a folder already held."""
+        found = [form for form in FORMS.values() if folder.revision(form.file_name) is not None]
+        if not found:
+            raise SessionNotFound(sid)
+        if len(found) > 1:
+            raise CorruptLog(sid, "the folder holds both a plain and a zstd log")
+        return found[0].file_name, found[0]
+
+    def _header_of(self, sid: SessionId, file: File, form: LogForm) -> tuple[HeaderRecord, bytes]:
+        """Line 1 (`_read_header_only`), or the record a healthy index row holds for the very
+        bytes the log starts with (parsed when the row was made: no second parse)."""
+        known = self._catalog.known_head(sid, form.compression)
+        if known is not None:
+            head = file.pread(0, len(known[0]))
+            if head == known[0]:
+                return known[1], head
+        return _read_header_only(sid, file, form)
 
     def close(self, handle: Handle) -> None:
         if handle.closed:
@@ -246,6 +274,13 @@ class FileLogStore:
         else:
             self._publish(handle, state, payload)
         handle.next_seq = Offset(handle.next_seq + len(events))
+        if self._catalog.remembers(handle.session_id):
+            # The listing's row follows the log this handle writes (in memory: the index is
+            # saved at checkpoints), so the next listing finds it at its new revision and
+            # neither opens nor scans it; any other change to the file shows as another revision.
+            row = self._written_row(handle)
+            if row is not None:
+                self._catalog.remember(row)
         return handle.next_seq
 
     def _append_durably(self, handle: WriteHandle, state: _WriteState, payload: bytes) -> None:
@@ -369,29 +404,34 @@ class FileLogStore:
     def _record_row(self, handle: WriteHandle) -> None:
         """The writer knows its log whole (every event it appended was valid): record the index
         row, so the next open or listing need not scan the log. Fail-soft."""
+        row = self._written_row(handle)
+        if row is not None:
+            self._catalog.record(row)
+
+    def _written_row(self, handle: WriteHandle) -> IndexRow | None:
+        """The index row of the log exactly as this handle wrote it (None when it cannot tell:
+        bytes past its end, or the file cannot be read)."""
         state = handle.impl
         if not isinstance(state, _WriteState) or state.file is None or not state.head_len:
-            return
+            return None
         try:
             revision = state.file.revision()
             if revision.size != state.end:
-                return  # bytes past what this handle wrote: let a scan decide
+                return None  # bytes past what this handle wrote: let a scan decide
             head = state.file.pread(0, state.head_len)
             anchor = state.file.pread(max(0, state.end - ANCHOR), min(ANCHOR, state.end))
         except OSError:
-            return
+            return None
         info = LogInfo.healthy(
             handle.session_id, handle.header, handle.inherited_event_count, revision, handle.next_seq
         )
-        self._catalog.record(
-            IndexRow(
-                info=info,
-                form=state.form.compression,
-                scan_end=state.end,
-                scan_events=handle.next_seq,
-                head=head,
-                anchor=anchor,
-            )
+        return IndexRow(
+            info=info,
+            form=state.form.compression,
+            scan_end=state.end,
+            scan_events=handle.next_seq,
+            head=head,
+            anchor=anchor,
         )
 
     def read_checkpoint(

@@ -22,7 +22,7 @@ from .locks import held_paths
 from .values import Revision
 from .watch import Watch
 
-__all__ = ["File", "FolderScan", "Fs", "NotRegularFile", "OpenMode", "OsFs", "PathKind"]
+__all__ = ["File", "Folder", "FolderScan", "Fs", "NotRegularFile", "OpenMode", "OsFs", "PathKind", "open_folder"]
 
 
 class FolderScan(NamedTuple):
@@ -253,6 +253,11 @@ class OsFs:
             raise NotRegularFile(errno.EINVAL, "not a regular file", path)
         return OsFile(file_fd)
 
+    def folder(self, path: str) -> _OsFolder:
+        """The folder `path`, reached once without following links: names in it are stat'ed and
+        opened relative to its fd (a read's several steps then walk the path once, not once each)."""
+        return _OsFolder(self._open_dir(path), path)
+
     def link(self, src: str, dst: str) -> None:
         with self._at(src) as (sfd, sname), self._at(dst) as (dfd, dname):
             os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
@@ -296,6 +301,84 @@ class OsFs:
 
     def fsync_dir(self, path: str) -> None:
         _fsync_dir_fd(self._open_dir(path))
+
+
+class Folder(Protocol):
+    """A folder held open for a few steps (`open_folder`): `revision` and `open` of a name in it,
+    with the rules of `Fs.revision` and `Fs.open`; `close` (or leaving the context) lets it go."""
+
+    def revision(self, name: str) -> Revision | None: ...
+    def open(self, name: str, mode: OpenMode) -> File: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> Folder: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class _OsFolder:
+    __slots__ = ("_fd", "path")
+
+    def __init__(self, fd: int, path: str) -> None:
+        self._fd, self.path = fd, path
+
+    def revision(self, name: str) -> Revision | None:
+        try:
+            st = os.stat(name, dir_fd=self._fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return _revision(st)
+
+    def open(self, name: str, mode: OpenMode) -> OsFile:
+        file_fd = os.open(name, _FLAGS[mode] | _COMMON, 0o644, dir_fd=self._fd)
+        if not stat_mod.S_ISREG(os.fstat(file_fd).st_mode):
+            os.close(file_fd)
+            raise NotRegularFile(errno.EINVAL, "not a regular file", f"{self.path}/{name}")
+        return OsFile(file_fd)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> _OsFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _PathFolder:
+    """`Folder` over any `Fs`, by paths (what an in-memory Fs, or an `OsFs` subclass that
+    intercepts `open` or `revision`, is asked exactly as before)."""
+
+    __slots__ = ("fs", "path")
+
+    def __init__(self, fs: Fs, path: str) -> None:
+        self.fs, self.path = fs, path
+
+    def revision(self, name: str) -> Revision | None:
+        return self.fs.revision(f"{self.path}/{name}")
+
+    def open(self, name: str, mode: OpenMode) -> File:
+        return self.fs.open(f"{self.path}/{name}", mode)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _PathFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def open_folder(fs: Fs, path: str) -> Folder:
+    """`path` held as a `Folder`: by its fd on a plain `OsFs` (one walk for every step), else by
+    paths through `fs`. Raises the `OSError` of reaching it (missing: `FileNotFoundError`; a link
+    or a file on the way: `ELOOP`/`ENOTDIR`), which a path step would have raised too."""
+    kind = type(fs)
+    if isinstance(fs, OsFs) and kind.open is OsFs.open and kind.revision is OsFs.revision:
+        return fs.folder(path)
+    return _PathFolder(fs, path)
 
 
 def _fsync_dir_fd(fd: int) -> None:

@@ -57,9 +57,12 @@ def check_session_id(value: object) -> SessionId:
         raise InvalidSessionId(f"session id {value!r} is not valid UTF-8 (lone surrogate)") from None
     if size > MAX_ID_BYTES:
         raise InvalidSessionId(f"session id {value[:20]!r}… is {size} UTF-8 bytes; at most {MAX_ID_BYTES} are allowed")
-    for ch in value:
-        if unicodedata.category(ch) == "Cc":
-            raise InvalidSessionId(f"session id {value!r} contains control character {ch!r}")
+    # ASCII ids (the usual case) hold a control character only if they are not printable: no
+    # per-character lookup for them.
+    if not (value.isascii() and value.isprintable()):
+        for ch in value:
+            if unicodedata.category(ch) == "Cc":
+                raise InvalidSessionId(f"session id {value!r} contains control character {ch!r}")
     return SessionId(value)
 
 
