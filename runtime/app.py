@@ -29,19 +29,18 @@ from .clock import Clock, RealClock
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
 from .delegation.service import SubagentService
-from .delegation.units import SUBAGENT_UNITS
 from .ids import IdFactory, RandomIds
 from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
+from .read_side import runtime_registry
 from .store_select import open_log_store
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.subagent_tools import subagent_tools
 from .tools.workspace_tools import workspace_tools
-from .usage import USAGE_UNIT
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -120,7 +119,7 @@ async def open_runtime(
         raise TypeError("open_runtime takes log_store or store, not both")
     owned = log_store is None
     logs = log_store if log_store is not None else open_log_store(store or root, compression=compression)
-    registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
+    registry = runtime_registry()
     if mailbox is None and owned:
         mailbox = FileMailbox(root)
     try:
