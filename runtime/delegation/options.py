@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ..budgets import Budget
-from ..models.base import AnyModel
 from .descriptor import SubagentDescriptor, ToolFilter
 from .descriptor import _check_filter as _optional_filter  # the descriptor's own field rules
 from .descriptor import _check_optional_str as _optional_str
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     # agent loop; `filtered_tools` imports the tool set when an agent is built.
     from ..agent.loop import AgentConfig
     from ..agent.tools import ToolSet
+    from ..models.base import AnyModel
 
 __all__ = ["ChildModel", "ChildOptions", "filtered_tools"]
 
@@ -72,7 +72,7 @@ class ChildOptions:
 
 
 # Builds the model a child's options select (called with options whose `selects_model` is true).
-ChildModel = Callable[[ChildOptions], AnyModel]
+ChildModel = Callable[[ChildOptions], "AnyModel"]
 
 
 def filtered_tools(tools: ToolSet, tool_filter: ToolFilter | None) -> ToolSet:
