@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "NoSyncFs",
     "Run",
     "build_store",
+    "bytecode_env",
     "child_events",
     "cli_command",
     "drop_index",
@@ -179,11 +180,22 @@ class Run:
     stdout: bytes
 
 
-def run_process(argv: Sequence[str], *, cwd: str | None = None) -> Run:
+def bytecode_env(cache: str) -> dict[str, str]:
+    """The environment a benchmarked process runs in: this one, with Python's bytecode cache on
+    and kept under `cache` (`PYTHONPYCACHEPREFIX`), as an installed package has it (pip writes
+    the .pyc files at install). With `PYTHONDONTWRITEBYTECODE=1` and no .pyc next to the
+    sources (an editable install in a checkout), every start compiles every module of the
+    project again. Run each command once before timing it: that run writes the cache."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = cache
+    return env
+
+
+def run_process(argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> Run:
     """Run `argv` to its end and measure it (`os.wait4`: this process's own resources, peak RSS
     included); `SystemExit` (a bench bug) when it fails."""
     start = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env)
     assert process.stdout is not None and process.stderr is not None
     errors: list[bytes] = []
     reader = threading.Thread(target=lambda: errors.append(process.stderr.read()))  # type: ignore[union-attr]

@@ -7,6 +7,13 @@ with the storage layer: bench/corpus.py), against the floor of what such a comma
 ratios of wall-clock time (CPU time, user + system, as context: it moves less on a loaded
 machine). Target: <= 2.5x.
 
+Every process runs with Python's bytecode cache on, kept in the bench's temporary folder
+(`PYTHONPYCACHEPREFIX`; bench/corpus.py `bytecode_env`), as an installed package runs (pip
+writes the .pyc files at install); one untimed run of each writes it. As context, the command also
+runs as an editable checkout runs when its environment sets `PYTHONDONTWRITEBYTECODE=1` (this
+machine's does): the third-party packages load from the .pyc files pip wrote, but the project's
+own modules are compiled from source at every start.
+
 Context, in the same interleaving: `python -c "import subagents.runtime.cli"` (the command's
 imports alone). With `--profile`, the command's own import times (`-X importtime`, the slowest
 modules) and a cProfile of `main()` in this process are printed after the figures.
@@ -30,7 +37,7 @@ import tempfile
 from collections.abc import Sequence
 
 from bench_common import bug, load, per_rep, spread
-from corpus import Run, build_store, cli_command, run_process
+from corpus import Run, build_store, bytecode_env, cli_command, run_process
 
 TARGET = 2.5
 FLOOR = [sys.executable, "-c", "import trio, msgspec, zstandard, sqlite3"]
@@ -47,20 +54,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def interleaved(reps: int, runs: dict[str, list[str]]) -> dict[str, list[Run]]:
+def interleaved(reps: int, runs: dict[str, tuple[list[str], dict[str, str]]]) -> dict[str, list[Run]]:
     out: dict[str, list[Run]] = {name: [] for name in runs}
     names = list(runs)
     for rep in range(reps):
         for name in names if rep % 2 == 0 else names[::-1]:
-            out[name].append(run_process(runs[name]))
+            argv, env = runs[name]
+            out[name].append(run_process(argv, env=env))
     return out
 
 
-def import_times(command: list[str], top: int = 15) -> str:
+def import_times(command: list[str], env: dict[str, str], top: int = 15) -> str:
     """The slowest modules (cumulative µs) of the command's imports, from `-X importtime`."""
     python = [sys.executable, "-X", "importtime"]
     argv = python + command[1:] if command[0] == sys.executable else python + [command[0], *command[1:]]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     rows = []
     for line in done.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -96,37 +104,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = os.path.join(workdir, "root")
         written = build_store(root, roots=["lonely"], others=sessions - 1)
         command = [*cli_command(), "children", "--root", root, "lonely"]
+        env = bytecode_env(os.path.join(workdir, "pycache"))
+        # Context: as a checkout whose environment sets PYTHONDONTWRITEBYTECODE=1 runs (this
+        # machine's): the third-party packages from the .pyc files pip wrote, the project's own
+        # modules compiled at every start (unless a .pyc lies next to them).
+        uncached = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+        uncached["PYTHONDONTWRITEBYTECODE"] = "1"
         print(
             f"start-up bench: {' '.join(command[-4:])} in a store of {written} sessions, {reps} interleaved runs "
             f"of each process, python {sys.version.split()[0]}, {os.cpu_count()} cpus, {load()}"
         )
-        first = run_process(command)  # untimed: builds the index (a cache) as any first listing does
+        # Untimed: writes the bytecode cache, and the first listing builds the index (a cache).
+        first = run_process(command, env=env)
         if first.stdout != b"(no subagents)\n":
             raise bug(f"children of a childless parent printed {first.stdout[:200]!r}")
-        run_process(FLOOR)
-        runs = interleaved(reps, {"floor": FLOOR, "command": command, "imports": IMPORTS})
-        if any(run.stdout != first.stdout for run in runs["command"]):
+        run_process(FLOOR, env=env)
+        run_process(IMPORTS, env=env)
+        runs = interleaved(
+            reps,
+            {
+                "floor": (FLOOR, env),
+                "command": (command, env),
+                "imports": (IMPORTS, env),
+                "uncached": (command, uncached),
+            },
+        )
+        if any(run.stdout != first.stdout for run in runs["command"] + runs["uncached"]):
             raise bug("the command's output changed between runs")
-        print(f"   {'process':<58} {'wall ms':>8} {'cpu ms':>8}")
+        print(f"   {'process (medians)':<74} {'wall ms':>8} {'cpu ms':>8}")
         for name, what in (
             ("floor", 'python -c "import trio, msgspec, zstandard, sqlite3" (floor)'),
             ("imports", 'python -c "import subagents.runtime.cli" (context)'),
             ("command", f"subagents children lonely ({written} sessions)"),
+            ("uncached", "context: the command, PYTHONDONTWRITEBYTECODE=1 (own modules compiled)"),
         ):
             wall = statistics.median(r.wall for r in runs[name]) * 1e3
             cpu = statistics.median(r.cpu for r in runs[name]) * 1e3
-            print(f"   {what:<58} {wall:>8.1f} {cpu:>8.1f}")
-        walls = per_rep([r.wall for r in runs["command"]], [r.wall for r in runs["floor"]])
-        cpus = per_rep([r.cpu for r in runs["command"]], [r.cpu for r in runs["floor"]])
-        imports = per_rep([r.wall for r in runs["imports"]], [r.wall for r in runs["floor"]])
+            print(f"   {what:<74} {wall:>8.1f} {cpu:>8.1f}")
+
+        def ratios(over: str, under: str, field: str) -> list[float]:
+            return per_rep([getattr(r, field) for r in runs[over]], [getattr(r, field) for r in runs[under]])
+
+        walls = ratios("command", "floor", "wall")
+        cpus = ratios("command", "floor", "cpu")
         ratio = statistics.median(walls)
         print(
-            f"   command / floor, wall: {ratio:.2f}x ({spread(walls)}); cpu: {statistics.median(cpus):.2f}x "
-            f"({spread(cpus)}); imports alone / floor, wall: {statistics.median(imports):.2f}x"
+            f"   command / floor: wall {ratio:.2f}x ({spread(walls)}), cpu {statistics.median(cpus):.2f}x "
+            f"({spread(cpus)}); imports alone / floor, wall: {statistics.median(ratios('imports', 'floor', 'wall')):.2f}x; "
+            f"PYTHONDONTWRITEBYTECODE=1, command / floor, wall: {statistics.median(ratios('uncached', 'floor', 'wall')):.2f}x"
         )
         if args.profile:
             print("\nimport times of the command (-X importtime, slowest cumulative):")
-            print(import_times(command))
+            print(import_times(command, env))
             print("\ncProfile of main() in this process (its imports already done):")
             print(profile_main(command[-4:]))
         print(f"\n{load()}")
