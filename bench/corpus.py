@@ -120,11 +120,13 @@ def build_store(
     roots: Iterable[str] = (),
     children: Sequence[tuple[str, int]] = (),
     others: int = 0,
+    first_other: int = 0,
     compression: str = "zstd",
 ) -> int:
     """Write a store at `root`: the sessions `roots` (one turn each), `count` children of each
     `(parent, count)` in `children` (a descriptor and one turn each; the parent must be among
-    `roots`), and `others` more root sessions (`s-00000`, ...). Returns the sessions written.
+    `roots`), and `others` more root sessions (`s-00000`, ... numbered from `first_other`, so a
+    later call can add more to the same store). Returns the sessions written.
     Every child of one parent shares one event list (their logs differ only in the header), so
     only the writes cost."""
     store = FileLogStore(fs=NoSyncFs(root), compression=compression)  # type: ignore[arg-type]  # a str checked by the store
@@ -147,7 +149,7 @@ def build_store(
             for i in range(count):
                 one(f"{parent}-c{i:05d}", 1_000 + i, parent, events)
                 written += 1
-        for i in range(others):
+        for i in range(first_other, first_other + others):
             one(f"s-{i:05d}", 100_000 + i, None, shared_root)
             written += 1
     finally:
