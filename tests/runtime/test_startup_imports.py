@@ -17,9 +17,11 @@ import pytest
 from cli_process import clean_env
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
-from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+from subagents.runtime.cli import main
+from subagents.storage import Batch, Event, FileLogStore, Offset, OsFs, SessionHeader, make_event
 
-pytestmark = pytest.mark.slow  # every test starts Python processes
+# Every test but the last starts Python processes.
+slow = pytest.mark.slow
 
 _WRAPPER = """
 import json, sys
@@ -126,6 +128,7 @@ def _run(args: list[str], tmp_path: Path, cwd: Path) -> tuple[subprocess.Complet
     return done, json.loads(modules_file.read_text())
 
 
+@slow  # a new interpreter per command
 def test_children_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["children", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
@@ -144,6 +147,7 @@ def test_children_loads_no_host_module(root: Path, tmp_path: Path) -> None:
         assert needed in modules
 
 
+@slow  # a new interpreter per command
 def test_children_json_and_descendants_load_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["children", "--root", str(root), "boss", "--json", "--descendants"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
@@ -151,6 +155,7 @@ def test_children_json_and_descendants_load_no_host_module(root: Path, tmp_path:
     assert _heavy(modules) == []
 
 
+@slow  # a new interpreter per command
 def test_agents_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["agents", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
@@ -158,6 +163,7 @@ def test_agents_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     assert _heavy(modules) == []
 
 
+@slow  # a new interpreter per command
 @pytest.mark.parametrize("as_json", [False, True])
 def test_sessions_loads_no_host_module(root: Path, tmp_path: Path, as_json: bool) -> None:
     done, modules = _run(["sessions", "--root", str(root), *(["--json"] if as_json else [])], tmp_path, tmp_path)
@@ -174,6 +180,7 @@ def test_sessions_loads_no_host_module(root: Path, tmp_path: Path, as_json: bool
     assert _heavy(modules) == []
 
 
+@slow  # a new interpreter per command
 def test_show_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["show", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
@@ -181,6 +188,7 @@ def test_show_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     assert _heavy(modules) == []
 
 
+@slow  # a new interpreter per command
 def test_tail_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["tail", "--root", str(root), "helper"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
@@ -192,6 +200,7 @@ def test_tail_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     assert _heavy(modules) == []
 
 
+@slow  # a new interpreter per command
 def test_config_loads_no_host_module(tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
@@ -202,6 +211,7 @@ def test_config_loads_no_host_module(tmp_path: Path) -> None:
     assert _heavy(modules, CONFIG_ALLOWED) == []
 
 
+@slow  # a new interpreter per command
 def test_a_host_command_still_loads_what_it_runs(tmp_path: Path) -> None:
     # The check above can fail: `run` (a host) loads the agent loop and the models.
     script = tmp_path / "s.json"
@@ -214,6 +224,7 @@ def test_a_host_command_still_loads_what_it_runs(tmp_path: Path) -> None:
     assert "subagents.runtime.models.scripted_model" in _heavy(modules)
 
 
+@slow  # a new interpreter per command
 def test_the_wrapper_sees_what_the_console_script_sees(root: Path, tmp_path: Path) -> None:
     # The wrapper runs the same `main` as the `subagents` script (pyproject's console entry).
     script = Path(sys.executable).parent / "subagents"
@@ -223,3 +234,32 @@ def test_the_wrapper_sees_what_the_console_script_sees(root: Path, tmp_path: Pat
     )
     wrapped, _ = _run(["children", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (wrapped.returncode, wrapped.stdout, wrapped.stderr)
+
+
+def test_children_lists_the_store_once_and_sets_no_watch(
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A one-shot command reads one state of the store: the parent is checked against the very
+    # corpus the listing uses (one `list()`), and no inotify watch is set up (a store's second
+    # listing would set one per session folder, as costly as the listing at 10,000 sessions).
+    lists: list[int] = []
+    watches: list[str] = []
+    listed, watched = FileLogStore.list, OsFs.watch
+
+    def counting_list(self: FileLogStore) -> list[object]:
+        lists.append(1)
+        return listed(self)
+
+    def counting_watch(self: OsFs, path: str) -> object:
+        watches.append(path)
+        return watched(self, path)
+
+    monkeypatch.setattr(FileLogStore, "list", counting_list)
+    monkeypatch.setattr(OsFs, "watch", counting_watch)
+    for args in (["boss"], ["boss", "--descendants"], ["helper"]):
+        lists.clear()
+        assert main(["children", "--root", str(root), *args]) == 0
+        assert (len(lists), watches) == (1, [])
+    assert "the helper" in capsys.readouterr().out
+    assert main(["children", "--root", str(root), "nobody"]) == 2  # still checked against the corpus
+    assert 'session "nobody" not found' in capsys.readouterr().err
