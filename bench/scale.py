@@ -73,7 +73,7 @@ class Sizes:
     log_mb: int
     log_reps: int
     appenders: tuple[int, ...]
-    commit_events: int  # events per group-commit run (at least one per appender)
+    commit_events: int  # events per group-commit run (at least five per appender)
     commit_reps: int
     fixed_reps: int  # runs of each command in the one-session store
 
@@ -403,7 +403,7 @@ def bench_commit(workdir: str, sizes: Sizes) -> dict[int, list[tuple[float, int,
         for appenders in order:
             root = tempfile.mkdtemp(prefix=f"commit-{appenders}-", dir=workdir)
             try:
-                out[appenders].append(trio.run(group_commit, root, appenders, max(sizes.commit_events, appenders)))
+                out[appenders].append(trio.run(group_commit, root, appenders, max(sizes.commit_events, 5 * appenders)))
             finally:
                 shutil.rmtree(root)
     return out
