@@ -18,7 +18,7 @@ from cli_process import clean_env
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
 from subagents.runtime.cli import main
-from subagents.storage import Batch, Event, FileLogStore, Offset, OsFs, SessionHeader, make_event
+from subagents.storage import Batch, Event, FileLogStore, LogStore, Offset, OsFs, SessionHeader, make_event
 
 # Every test but the last starts Python processes.
 slow = pytest.mark.slow
@@ -77,7 +77,7 @@ def _heavy(modules: list[str], allowed: tuple[str, ...] = ()) -> list[str]:
     return found
 
 
-def _write(store: FileLogStore, header: SessionHeader, events: list[Event]) -> None:
+def _write(store: LogStore, header: SessionHeader, events: list[Event]) -> None:
     handle = store.create(header)
     try:
         store.append(handle, [Batch(Offset(0), events)])
@@ -85,11 +85,8 @@ def _write(store: FileLogStore, header: SessionHeader, events: list[Event]) -> N
         store.close(handle)
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A store written by hand: a root session `boss` with one continuable child `helper`."""
-    path = tmp_path_factory.mktemp("store")
-    store = FileLogStore(str(path))
+def _write_boss_and_helper(store: LogStore) -> None:
+    """A root session `boss` with one continuable child `helper`, written by hand."""
     try:
         boss = SessionHeader(id="boss", created_at=1796131041000, delegation_depth=0, cwd="/w")  # type: ignore[arg-type]  # a plain str id
         _write(
@@ -112,6 +109,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
     finally:
         store.close_store()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("store")
+    _write_boss_and_helper(FileLogStore(str(path)))
     return path
 
 
@@ -234,6 +237,21 @@ def test_the_wrapper_sees_what_the_console_script_sees(root: Path, tmp_path: Pat
     )
     wrapped, _ = _run(["children", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (wrapped.returncode, wrapped.stdout, wrapped.stderr)
+
+
+@slow  # a new interpreter per command
+@pytest.mark.pg
+def test_children_of_a_postgresql_store_loads_psycopg_and_no_host_module(pg_url: str, tmp_path: Path) -> None:
+    from pg_server import reset_tables
+    from subagents.storage import PostgresLogStore
+
+    reset_tables(pg_url)
+    _write_boss_and_helper(PostgresLogStore(pg_url))
+    done, modules = _run(["children", "--store", pg_url, "boss"], tmp_path, tmp_path)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert [line.split()[0] for line in done.stdout.splitlines()] == ["ID", "helper"]
+    assert "psycopg" in modules  # the store is PostgreSQL: its driver is what it needs
+    assert [name for name in _heavy(modules) if name.split(".")[0] != "psycopg"] == []
 
 
 def test_children_lists_the_store_once_and_sets_no_watch(
