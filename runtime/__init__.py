@@ -4,66 +4,157 @@ What an embedder needs is re-exported here, so one import block serves (`from su
 import open_runtime, ScriptedModel, load_script, ...`). It may import `subagents.actors`,
 `subagents.storage`, httpx and rich. The whole error tree is in `subagents.runtime.errors`
 (its root, `SubagentsError`, and the branch bases are here too).
+
+The names load on first use (module `__getattr__`): a read-only command that imports one
+submodule (the CLI, the query, the listing) does not pay for the agent loop, the model
+transports and the tools it never runs (issue 20, start-up).
 """
 
-from .agent.compaction import CompactionPolicy as CompactionPolicy
-from .agent.loop import Agent as Agent
-from .agent.loop import AgentConfig as AgentConfig
-from .agent.loop import TurnResult as TurnResult
-from .agent.tools import FunctionTool as FunctionTool
-from .agent.tools import Tool as Tool
-from .agent.tools import ToolContext as ToolContext
-from .app import Runtime as Runtime
-from .app import open_runtime as open_runtime
-from .budgets import Budget as Budget
-from .clock import RealClock as RealClock
-from .clock import ScenarioClock as ScenarioClock
-from .delegation.descriptor import ToolFilter as ToolFilter
-from .delegation.listing import ChildRow as ChildRow
-from .delegation.listing import DiagnosticRow as DiagnosticRow
-from .delegation.options import ChildOptions as ChildOptions
-from .errors import AgentError as AgentError
-from .errors import AgentStopped as AgentStopped
-from .errors import ModelError as ModelError
-from .errors import ScriptError as ScriptError
-from .errors import SessionQueryError as SessionQueryError
-from .errors import SubagentError as SubagentError
-from .errors import SubagentsError as SubagentsError
-from .errors import ToolFailure as ToolFailure
-from .event_stream import EventStream as EventStream
-from .event_stream import StreamEvent as StreamEvent
-from .event_stream import open_event_stream as open_event_stream
-from .ids import CountingIds as CountingIds
-from .ids import RandomIds as RandomIds
-from .models.base import AnyModel as AnyModel
-from .models.base import Chunk as Chunk
-from .models.base import Finish as Finish
-from .models.base import Model as Model
-from .models.base import ModelRequest as ModelRequest
-from .models.base import ModelWaits as ModelWaits
-from .models.base import SessionBinding as SessionBinding
-from .models.base import SessionModel as SessionModel
-from .models.base import TextDelta as TextDelta
-from .models.base import ToolCallDelta as ToolCallDelta
-from .models.base import ToolSpec as ToolSpec
-from .models.base import Usage as Usage
-from .models.openai import OpenAIChatModel as OpenAIChatModel
-from .models.script_format import load_script as load_script
-from .models.scripted_model import ScriptedModel as ScriptedModel
-from .tools.mcp_servers import McpServers as McpServers
-from .tools.mcp_servers import McpServerStatus as McpServerStatus
-from .tools.mcp_spec import McpServerSpec as McpServerSpec
-from .tools.permissions import DEFAULT_PERMISSIONS as DEFAULT_PERMISSIONS
-from .tools.permissions import Approver as Approver
-from .tools.permissions import PermissionAnswer as PermissionAnswer
-from .tools.permissions import PermissionRequest as PermissionRequest
-from .tools.permissions import Permissions as Permissions
-from .tools.workspace_tools import WorkspaceLimits as WorkspaceLimits
-from .tools.workspace_tools import workspace_tools as workspace_tools
-from .usage import SessionUsage as SessionUsage
-from .usage import Tokens as Tokens
-from .usage import TreeUsage as TreeUsage
-from .usage import session_usage as session_usage
-from .usage import tree_usage as tree_usage
-from .usage import usage_lines as usage_lines
-from .usage import usage_of as usage_of
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .agent.compaction import CompactionPolicy as CompactionPolicy
+    from .agent.loop import Agent as Agent
+    from .agent.loop import AgentConfig as AgentConfig
+    from .agent.loop import TurnResult as TurnResult
+    from .agent.tools import FunctionTool as FunctionTool
+    from .agent.tools import Tool as Tool
+    from .agent.tools import ToolContext as ToolContext
+    from .app import Runtime as Runtime
+    from .app import open_runtime as open_runtime
+    from .budgets import Budget as Budget
+    from .clock import RealClock as RealClock
+    from .clock import ScenarioClock as ScenarioClock
+    from .delegation.descriptor import ToolFilter as ToolFilter
+    from .delegation.listing import ChildRow as ChildRow
+    from .delegation.listing import DiagnosticRow as DiagnosticRow
+    from .delegation.options import ChildOptions as ChildOptions
+    from .errors import AgentError as AgentError
+    from .errors import AgentStopped as AgentStopped
+    from .errors import ModelError as ModelError
+    from .errors import ScriptError as ScriptError
+    from .errors import SessionQueryError as SessionQueryError
+    from .errors import SubagentError as SubagentError
+    from .errors import SubagentsError as SubagentsError
+    from .errors import ToolFailure as ToolFailure
+    from .event_stream import EventStream as EventStream
+    from .event_stream import StreamEvent as StreamEvent
+    from .event_stream import open_event_stream as open_event_stream
+    from .ids import CountingIds as CountingIds
+    from .ids import RandomIds as RandomIds
+    from .models.base import AnyModel as AnyModel
+    from .models.base import Chunk as Chunk
+    from .models.base import Finish as Finish
+    from .models.base import Model as Model
+    from .models.base import ModelRequest as ModelRequest
+    from .models.base import ModelWaits as ModelWaits
+    from .models.base import SessionBinding as SessionBinding
+    from .models.base import SessionModel as SessionModel
+    from .models.base import TextDelta as TextDelta
+    from .models.base import ToolCallDelta as ToolCallDelta
+    from .models.base import ToolSpec as ToolSpec
+    from .models.base import Usage as Usage
+    from .models.openai import OpenAIChatModel as OpenAIChatModel
+    from .models.script_format import load_script as load_script
+    from .models.scripted_model import ScriptedModel as ScriptedModel
+    from .tools.mcp_servers import McpServers as McpServers
+    from .tools.mcp_servers import McpServerStatus as McpServerStatus
+    from .tools.mcp_spec import McpServerSpec as McpServerSpec
+    from .tools.permissions import DEFAULT_PERMISSIONS as DEFAULT_PERMISSIONS
+    from .tools.permissions import Approver as Approver
+    from .tools.permissions import PermissionAnswer as PermissionAnswer
+    from .tools.permissions import PermissionRequest as PermissionRequest
+    from .tools.permissions import Permissions as Permissions
+    from .tools.workspace_tools import WorkspaceLimits as WorkspaceLimits
+    from .tools.workspace_tools import workspace_tools as workspace_tools
+    from .usage import SessionUsage as SessionUsage
+    from .usage import Tokens as Tokens
+    from .usage import TreeUsage as TreeUsage
+    from .usage import session_usage as session_usage
+    from .usage import tree_usage as tree_usage
+    from .usage import usage_lines as usage_lines
+    from .usage import usage_of as usage_of
+
+# Each public name and the submodule that defines it.
+_WHERE: dict[str, str] = {
+    "CompactionPolicy": ".agent.compaction",
+    "Agent": ".agent.loop",
+    "AgentConfig": ".agent.loop",
+    "TurnResult": ".agent.loop",
+    "FunctionTool": ".agent.tools",
+    "Tool": ".agent.tools",
+    "ToolContext": ".agent.tools",
+    "Runtime": ".app",
+    "open_runtime": ".app",
+    "Budget": ".budgets",
+    "RealClock": ".clock",
+    "ScenarioClock": ".clock",
+    "ToolFilter": ".delegation.descriptor",
+    "ChildRow": ".delegation.listing",
+    "DiagnosticRow": ".delegation.listing",
+    "ChildOptions": ".delegation.options",
+    "AgentError": ".errors",
+    "AgentStopped": ".errors",
+    "ModelError": ".errors",
+    "ScriptError": ".errors",
+    "SessionQueryError": ".errors",
+    "SubagentError": ".errors",
+    "SubagentsError": ".errors",
+    "ToolFailure": ".errors",
+    "EventStream": ".event_stream",
+    "StreamEvent": ".event_stream",
+    "open_event_stream": ".event_stream",
+    "CountingIds": ".ids",
+    "RandomIds": ".ids",
+    "AnyModel": ".models.base",
+    "Chunk": ".models.base",
+    "Finish": ".models.base",
+    "Model": ".models.base",
+    "ModelRequest": ".models.base",
+    "ModelWaits": ".models.base",
+    "SessionBinding": ".models.base",
+    "SessionModel": ".models.base",
+    "TextDelta": ".models.base",
+    "ToolCallDelta": ".models.base",
+    "ToolSpec": ".models.base",
+    "Usage": ".models.base",
+    "OpenAIChatModel": ".models.openai",
+    "load_script": ".models.script_format",
+    "ScriptedModel": ".models.scripted_model",
+    "McpServers": ".tools.mcp_servers",
+    "McpServerStatus": ".tools.mcp_servers",
+    "McpServerSpec": ".tools.mcp_spec",
+    "DEFAULT_PERMISSIONS": ".tools.permissions",
+    "Approver": ".tools.permissions",
+    "PermissionAnswer": ".tools.permissions",
+    "PermissionRequest": ".tools.permissions",
+    "Permissions": ".tools.permissions",
+    "WorkspaceLimits": ".tools.workspace_tools",
+    "workspace_tools": ".tools.workspace_tools",
+    "SessionUsage": ".usage",
+    "Tokens": ".usage",
+    "TreeUsage": ".usage",
+    "session_usage": ".usage",
+    "tree_usage": ".usage",
+    "usage_lines": ".usage",
+    "usage_of": ".usage",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    """Load a re-exported name from its submodule on first use, then keep it here."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

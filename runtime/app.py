@@ -29,20 +29,19 @@ from .clock import Clock, RealClock
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
 from .delegation.service import SubagentService
-from .delegation.units import SUBAGENT_UNITS
 from .ids import IdFactory, RandomIds
 from .lease_renewal import renew_leases
 from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
+from .read_side import runtime_registry
 from .store_select import open_log_store, open_mailbox
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.subagent_tools import subagent_tools
 from .tools.workspace_tools import workspace_tools
-from .usage import USAGE_UNIT
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -131,7 +130,7 @@ async def open_runtime(
         if log_store is not None
         else open_log_store(store or root, compression=compression, **(store_options or {}))
     )
-    registry = ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
+    registry = runtime_registry()
     if placements is None and owned:
         # A store shared by hosts (PostgreSQL) has a placement queue: children may be left to
         # serving hosts while any serve.

@@ -21,18 +21,19 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import UTC, datetime
 from functools import partial
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 from subagents.storage import InvalidSessionId, SessionNotFound, StorageError, StoreUnreachable, check_session_id
 
-from .agent.loop import Agent, TurnResult
-from .app import Runtime, open_runtime
+# Only what every command needs, and what the read-only commands (`children`, `agents`,
+# `sessions`, `show`, `tail`, `config`) need, is imported here: the agent loop, the models, the
+# tools, the demo and the scenarios load inside the commands that run them (issue 20, start-up;
+# tests/runtime/test_startup_imports.py).
 from .cli_operator import OPERATOR_COMMANDS, add_operator_commands, operator_command, runs_elsewhere, tail_command
 from .cli_serve import add_serve_commands, hosts_command, serve_command
+from .delegation.agents_text import render_agents
 from .delegation.listing import ChildRow
-from .demo import run_demo
 from .errors import (
     AgentError,
     AgentStopped,
@@ -44,15 +45,15 @@ from .errors import (
     SubagentsError,
     UsageError,
 )
-from .models.scripted_model import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
-from .models.specs import DEFAULT_MODEL
+from .models.defaults import DEFAULT_MODEL, DEFAULT_STALL_TIMEOUT, parse_stall_timeout
+from .read_side import open_read_side
 from .run_output import RunWatch, drop_stdout, result_line, stdout_binary, watch_run
-from .scenario import check_scenario, run_scenario, scenario_dirs, update_scenario
-from .tools.subagent_tools import render_agents
 from .transcript import render, transcript
 from .usage import own_totals, tree_json, tree_totals
 
 if TYPE_CHECKING:
+    from .agent.loop import Agent, TurnResult
+    from .app import Runtime
     from .host_setup import HostSetup
 
 __all__ = ["main"]
@@ -71,10 +72,24 @@ def _one_line(text: str) -> str:
 
 
 def _version() -> str:
+    # Imported here: importlib.metadata loads email, zipfile and csv, which no other command needs.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("trio-subagents")
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: the installed version, looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        print(f"{parser.prog} {_version()}")  # on stdout, as argparse's own version action
+        parser.exit(0)
 
 
 _STALL_HELP = f"fail a scripted wait_for after this many seconds without progress (default: {DEFAULT_STALL_TIMEOUT:g})"
@@ -97,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Every session is an append-only log under --root; children survive restarts."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction, help="show the version and exit")
     root = _Parser(add_help=False)
     root.add_argument("--root", default="./.subagents", help="the store root (default: ./.subagents)")
     root.add_argument("--store", metavar="URL", default=None, help=_STORE_HELP)
@@ -340,7 +355,7 @@ async def _children(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
-    async with open_runtime(args.root, store=args.store) as runtime:
+    async with open_read_side(args.root, store=args.store) as runtime:
         try:
             corpus = await runtime.query.list_sessions()
             if not any(record.id == args.parent_id for record in corpus):
@@ -426,6 +441,7 @@ async def _until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> i
 
 
 async def _run(args: argparse.Namespace, setup: HostSetup, *, interrupt: _Interrupt) -> int:
+    from .app import open_runtime
     from .host_setup import headless_approver
 
     options = {**setup.runtime_options(), "approver": headless_approver}
@@ -581,6 +597,8 @@ async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
 
 
 async def _scenario(action: str, dirs: list[Any], stall_timeout: float) -> int:
+    from .scenario import check_scenario, run_scenario, update_scenario
+
     failed = 0
     for directory in dirs:
         try:
@@ -608,6 +626,8 @@ async def _scenario(action: str, dirs: list[Any], stall_timeout: float) -> int:
 
 
 async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
+    from .demo import run_demo
+
     try:
         return await run_demo(args.root, live=False if args.plain else None, store=args.store)
     except SubagentsError as exc:  # the root was checked before: the run failed
@@ -616,7 +636,7 @@ async def _demo(args: argparse.Namespace, *, interrupt: _Interrupt) -> int:
 
 
 async def _sessions(args: argparse.Namespace) -> int:
-    async with open_runtime(args.root, store=args.store) as runtime:
+    async with open_read_side(args.root, store=args.store) as runtime:
         try:
             records = await runtime.query.list_sessions(probe_locks=True)
         except SessionQueryError as exc:
@@ -696,7 +716,7 @@ def _session_row(record: Any) -> dict[str, Any]:
 
 
 async def _show(args: argparse.Namespace) -> int:
-    async with open_runtime(args.root, store=args.store) as runtime:
+    async with open_read_side(args.root, store=args.store) as runtime:
         try:
             async with runtime.query.observe_session(args.session_id) as observation:
                 entries = transcript(
@@ -918,6 +938,8 @@ def _command(args: argparse.Namespace) -> int:
             _raise_open_file_limit()
             return trio.run(_sessions if args.command == "sessions" else _show, args)
         if args.command == "scenario":
+            from .scenario import scenario_dirs
+
             stall_timeout = _stall_timeout(args)
             try:
                 dirs = scenario_dirs(args.path)

@@ -36,7 +36,6 @@ from subagents.storage import (
 
 from .errors import CommandFailed, UsageError
 from .event_stream import StreamEvent
-from .mailbox_owner import new_envelope
 from .store_select import open_log_store, open_mailbox
 
 __all__ = [
@@ -110,6 +109,10 @@ def _stat(store: LogStore, session_id: str) -> tuple[LogInfo, bool]:
 async def operator_command(args: argparse.Namespace) -> int:
     """`send`, `interrupt` or `stop`: through the mailbox of a session live elsewhere (see the
     module docstring for one nobody runs)."""
+    # Here, not at the top: the mailbox owner's module loads the agent loop, which `tail` (a
+    # read-only command parsed by the same CLI) must not pay for at start-up.
+    from .mailbox_owner import new_envelope
+
     kind: EnvelopeKind = "message" if args.command == "send" else args.command
     sid = args.session_id
     store = open_log_store(getattr(args, "store", None) or args.root, create_schema=False)

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from .errors import ConfigInvalid
-from .models.specs import DEFAULT_MODEL
+from .models.defaults import DEFAULT_MODEL
 from .tools.mcp_spec import McpServerSpec
 
 __all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir"]

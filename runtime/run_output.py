@@ -15,15 +15,17 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import attrs
 import trio
 
-from .app import Runtime
 from .event_stream import EventStream, StreamEvent, open_event_stream
 from .run_progress import RunProgress, render_progress
 from .usage import Tokens, usage_of
+
+if TYPE_CHECKING:
+    from .app import Runtime  # an annotation: `tail` writes through this module without the runtime
 
 __all__ = ["RunWatch", "drop_stdout", "result_line", "watch_run"]
 

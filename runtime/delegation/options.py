@@ -14,16 +14,21 @@ child is made (`with_budget`), and that effective, absolute budget is what is re
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
-from ..agent.loop import AgentConfig
-from ..agent.tools import ToolSet
 from ..budgets import Budget
-from ..models.base import AnyModel
 from .descriptor import SubagentDescriptor, ToolFilter
 from .descriptor import _check_filter as _optional_filter  # the descriptor's own field rules
 from .descriptor import _check_optional_str as _optional_str
+
+if TYPE_CHECKING:
+    # Annotations only: reading a child's options (an agent type, `subagents config`) loads no
+    # agent loop; `filtered_tools` imports the tool set when an agent is built.
+    from ..agent.loop import AgentConfig
+    from ..agent.tools import ToolSet
+    from ..models.base import AnyModel
 
 __all__ = ["ChildModel", "ChildOptions", "filtered_tools"]
 
@@ -67,13 +72,15 @@ class ChildOptions:
 
 
 # Builds the model a child's options select (called with options whose `selects_model` is true).
-ChildModel = Callable[[ChildOptions], AnyModel]
+ChildModel = Callable[[ChildOptions], "AnyModel"]
 
 
 def filtered_tools(tools: ToolSet, tool_filter: ToolFilter | None) -> ToolSet:
     """`tools` narrowed to `allow` (when given), without `deny`, in their order."""
     if tool_filter is None:
         return tools
+    from ..agent.tools import ToolSet
+
     allow = None if tool_filter.allow is None else set(tool_filter.allow)
     deny = set(tool_filter.deny or ())
     return ToolSet(tool for tool in tools if (allow is None or tool.name in allow) and tool.name not in deny)

@@ -74,6 +74,7 @@ from subagents.runtime.models.base import (
     TextDelta,
     ToolCallDelta,
 )
+from subagents.runtime.models.defaults import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
 from subagents.runtime.models.script_format import (
     Script,
     ScriptedResponse,
@@ -93,20 +94,6 @@ __all__ = [
     "request_text",
     "split_text",
 ]
-
-DEFAULT_STALL_TIMEOUT = 30.0
-
-
-def parse_stall_timeout(text: str) -> float:
-    """A `--stall-timeout SECONDS` argument: a positive finite number, else `ValueError` with a
-    one-line message."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"--stall-timeout must be a positive number of seconds, got {text!r}")
-    return value
 
 
 _WORD_START = re.compile(r"(?<=\s)(?=\S)")

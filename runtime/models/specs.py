@@ -14,13 +14,13 @@ import attrs
 from ..clock import Clock
 from ..errors import ModelSpecError, ScriptError
 from .base import Model, SessionModel
+from .defaults import DEFAULT_MODEL as DEFAULT_MODEL  # where it was before (re-exported)
+from .defaults import DEFAULT_STALL_TIMEOUT
 from .openai import OpenAIChatModel
 from .script_format import load_script
-from .scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel
+from .scripted_model import ScriptedModel
 
 __all__ = ["ModelSpec", "build_model", "parse_model_spec"]
-
-DEFAULT_MODEL = "deepseek:deepseek-chat"
 
 _PROVIDERS = {
     # scheme: (API-key variable, base-URL variable or None, default base URL)

@@ -14,12 +14,15 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ..agent.tools import Tool, ToolContext, ToolOutput
 from ..errors import ToolFailure
+
+if TYPE_CHECKING:
+    # Annotations only: `subagents config` shows the default rules without loading the tools.
+    from ..agent.tools import Tool, ToolContext, ToolOutput
 
 __all__ = [
     "DEFAULT_PERMISSIONS",

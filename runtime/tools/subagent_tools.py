@@ -17,6 +17,7 @@ import attrs
 from ..agent.tools import ToolContext
 from ..agent_types import AgentType, describe_types
 from ..budgets import Budget
+from ..delegation.agents_text import render_agents
 from ..delegation.listing import ChildRow
 from ..delegation.options import ChildOptions
 from ..delegation.service import Reservation, SubagentService
@@ -194,20 +195,6 @@ def agent_status(agents: Any, child_id: str) -> str:
     """`list_agents` status from the agent registry: running, idle (resident), or ready (disk)."""
     agent = agents.get(child_id)
     return "ready" if agent is None else ("running" if agent.status == "running" else "idle")
-
-
-def render_agents(rows: Sequence[Any], descendants: bool, status: Any) -> str:
-    """The `list_agents` text: one line per continuable child or diagnostic."""
-    lines = []
-    for row in rows:
-        at = f" parent={row.parent_id} depth={row.depth}" if descendants else ""
-        if isinstance(row, ChildRow):
-            if row.mode != "continuable":
-                continue
-            lines.append(f"{row.id} [{status(row.id)}]{at} — {row.label}")
-        else:
-            lines.append(f"{row.id} [diagnostic: {row.reason}]{at}")
-    return "\n".join(lines) if lines else "(no subagents)"
 
 
 class _ListAgents(_ServiceTool):
