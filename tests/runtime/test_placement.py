@@ -154,7 +154,7 @@ async def test_messages_and_interrupts_reach_a_placed_child_on_its_serving_host(
         stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
-        await _until(lambda: bool(stats.running))
+        await _until(lambda: bool(stats.running) and len(_catalogued(fs, "boss")) == 1)  # enqueued before its catalog
         (child_id,) = _catalogued(fs, "boss")
         await here.subagents.send_message(boss, child_id, "the word")
         await _until(lambda: any(t == "turn/end" for t, _ in _events(fs, child_id)))
