@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 RETRY_AFTER = 1.0  # seconds before an owner looks again after its mailbox could not be read
+CLOSE_GRACE = 5.0  # seconds a stopping session's owner may spend acking what was recorded
 
 
 def wall_ms() -> int:
@@ -105,6 +106,7 @@ class MailboxOwners:
     now_ms: Callable[[], int] = wall_ms
     _scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)
     _drained: dict[str, trio.Event] = attrs.field(factory=dict)  # set after each owner's first drain
+    _owners: dict[str, _Owner] = attrs.field(factory=dict)
 
     def start(self, agent: Agent) -> None:
         """Start `agent`'s owner task (one per session)."""
@@ -130,11 +132,24 @@ class MailboxOwners:
         if scope is not None:
             scope.cancel()
 
+    async def close(self, session_id: str) -> None:
+        """Ack the deliveries the session's log has recorded, then stop its owner: a session
+        let go right after recording a delivery does not leave it to be redelivered (and its
+        next host to drop it). Bounded: a mailbox that cannot be written leaves them."""
+        owner = self._owners.get(session_id)
+        if owner is not None:
+            with trio.move_on_after(CLOSE_GRACE):
+                await owner.ack_recorded()
+        self.stop(session_id)
+
     async def _own(self, agent: Agent, scope: trio.CancelScope, started: int, drained: trio.Event) -> None:
+        owner = self._owners[agent.session_id] = _Owner(self, agent, started=started, drained=drained)
         try:
             with scope:
-                await _Owner(self, agent, started=started, drained=drained).run()
+                await owner.run()
         finally:
+            if self._owners.get(agent.session_id) is owner:
+                del self._owners[agent.session_id]
             drained.set()  # nobody waits for a drain that will not come
             if self._scopes.get(agent.session_id) is scope:
                 del self._scopes[agent.session_id]
@@ -235,6 +250,14 @@ class _Owner:
             await self._apply(envelope)
         for delivery_id in [d for d in self._pending if d in self.agent.recorded_deliveries]:
             await self._ack(self._pending.pop(delivery_id))
+
+    async def ack_recorded(self) -> None:
+        """Ack every handed-over delivery whose recording event is durable now."""
+        try:
+            for delivery_id in [d for d in self._pending if d in self.agent.recorded_deliveries]:
+                await self._ack(self._pending.pop(delivery_id))
+        except StorageError as exc:
+            log.warning("session %s: acking its recorded deliveries failed (redelivered later): %s", self.sid, exc)
 
     async def _ack(self, envelope: Envelope) -> None:
         await trio.to_thread.run_sync(self.owners.mailbox.ack, self.sid, envelope.delivery_id)

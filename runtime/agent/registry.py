@@ -54,6 +54,10 @@ class AgentOwners(Protocol):
 
     def stop(self, session_id: str) -> None: ...
 
+    async def close(self, session_id: str) -> None:
+        """Ack what the session's log recorded, then `stop`."""
+        ...
+
     async def first_drain(self, session_id: str) -> None:
         """Until the session's owner has handed its agent what the mailbox held when it started
         (at once if it has no owner)."""
@@ -338,7 +342,7 @@ class AgentRegistry:
         session — after the session's own running children (`hooks.release_children_of`)."""
         await self.hooks.release_children_of(session_id)
         if self.owners is not None:
-            self.owners.stop(session_id)  # what it has not acked stays in the mailbox
+            await self.owners.close(session_id)  # acks what was recorded; the rest stays in the mailbox
         agent = self._agents.pop(session_id, None)
         if agent is not None:
             agent.cancel(cause)  # type: ignore[arg-type]  # one of the three causes

@@ -338,6 +338,8 @@ class SubagentService:
             # host that claims it early waits (it gives the claim back and claims it again).
             if self.agents.owners is not None:
                 self.agents.owners.stop(child_id)
+            # Placed from now on: a message sent before its stand-in runs goes to its mailbox.
+            settled = self._placed[child_id] = trio.Event()
             await trio.to_thread.run_sync(self.placements.enqueue, child_id)
             body = {"text": prompt, "first": True, "guidance": return_guidance(parent.session_id)}
             await self._post(child_id, "message", body, parent.session_id)
@@ -346,15 +348,18 @@ class SubagentService:
             # call order), and the child need not wait for its siblings' to start.
             await self._catalog(parent, child, "continuable", label, reserved)
         except BaseException:
+            self._placed.pop(child_id, None)
             await self._dispose_unannounced(activation)
             raise
-        self._stand_in(activation)
+        self._stand_in(activation, settled)
 
-    def _stand_in(self, activation: Activation) -> None:
+    def _stand_in(self, activation: Activation, settled: trio.Event | None = None) -> None:
         """Run the stand-in Activation of a child a serving host runs: resident here until its
         settlement arrives (`record_settled`) or this host lets go (`_interrupt_disposed`)."""
         child_id = activation.child_id
-        settled = self._placed[child_id] = trio.Event()
+        if settled is None:
+            settled = self._placed[child_id] = trio.Event()
+        # (set already when its settlement came first: the stand-in ends at once)
 
         async def body(_a: Activation) -> None:
             await settled.wait()
