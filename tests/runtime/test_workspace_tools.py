@@ -258,10 +258,10 @@ def test_run_command_timeout_kills_the_whole_group(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call)
             sleeper = int(await trio.to_thread.run_sync(fifo.read_text))  # the shell has started it
-            # The tool may still be on its way into its timeout scope (the shell starts first):
-            # jump only once it waits on the command's output, or the deadline would move with it.
-            await trio.testing.wait_all_tasks_blocked()
-            clock.jump(5)
+            # From now on time jumps to the next deadline whenever every task waits: the tool's
+            # timeout, once it is in its timeout scope (before that there is no deadline to jump
+            # to; a fixed jump could come before the scope and move its deadline with it).
+            clock.autojump_threshold = 0
         return outcome[0], sleeper
 
     outcome, sleeper = trio.run(main, clock=clock)
