@@ -60,6 +60,18 @@ class LineProcess:
             if match:
                 return match
 
+    def interrupt(self) -> tuple[int, str]:
+        """Ctrl-C (SIGINT) unless it ended already, then its exit status and stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        assert self.proc.stderr is not None
+        return self.proc.returncode, self.proc.stderr.read()
+
 
 class Chat(LineProcess):
     """A `subagents chat` subprocess on pipes: `line` writes one line."""

@@ -16,3 +16,15 @@ def ticking_ms(start: int = T) -> Callable[[], int]:
 def fixed_ms(at: int = T) -> Callable[[], int]:
     """A `now_ms` that always returns `at`."""
     return lambda: at
+
+
+async def until_virtual(holds: Callable[[], bool]) -> None:
+    """Until `holds()`: looked at again every virtual 50 ms (under `autojump_clock`, for what
+    changes in a fake file system or in worker threads and signals nothing a test could wait on;
+    the virtual 600 s limit is the hang guard)."""
+    import trio
+
+    with trio.fail_after(600):
+        while not holds():
+            with trio.move_on_after(0.05):
+                await trio.sleep_forever()

@@ -3,7 +3,7 @@ made by the store's own `make_event`."""
 
 from __future__ import annotations
 
-from subagents.storage import Event, make_event
+from subagents.storage import Batch, Event, Offset, make_event
 
 
 def turn_start_event(seq: int, time: int, turn: int = 1) -> Event:
@@ -39,3 +39,15 @@ def assistant_event(
     if usage is not None:
         data["usage"] = {"input_tokens": usage[0], "output_tokens": usage[1]}
     return make_event(seq, "assistant/message", time, data, surface_op="append")
+
+
+def turn_starts(start: int, stop: int) -> list[Event]:
+    """`turn/start` events for seqs `start` .. `stop - 1`, each at the fixed epoch plus its seq."""
+    from clocks import T
+
+    return [turn_start_event(seq, T + seq) for seq in range(start, stop)]
+
+
+def turn_batch(start: int, stop: int) -> Batch:
+    """`turn_starts(start, stop)` as one batch."""
+    return Batch(Offset(start), turn_starts(start, stop))

@@ -128,3 +128,11 @@ def read_all(store: LogStore, sid: str) -> list[Event]:
         return store.read(handle)
     finally:
         store.close(handle)
+
+
+def memory_events(fs: Any, sid: str) -> list[tuple[str, Any]]:
+    """Every event of `sid` in a `CrashFs` (plain form), as (type, decoded data) pairs."""
+    import msgspec
+    from subagents.storage.testing import MemoryLogStore
+
+    return [(e.type, msgspec.json.decode(e.data)) for e in read_all(MemoryLogStore(fs=fs, compression="none"), sid)]

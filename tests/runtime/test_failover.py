@@ -45,19 +45,6 @@ def _script(boss: str, kid: Json) -> Json:
     return {"agents": [parent, *({"label": f"kid-{i}", "responses": [kid]} for i in (1, 2))]}
 
 
-class _Proc(LineProcess):
-    def stop(self) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        assert self.proc.stderr is not None
-        return self.proc.returncode, self.proc.stderr.read()
-
-
 @pytest.fixture
 def pg_url(pg_server: EmbeddedServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """A database of this test's own: a serving host sweeps every session it finds dropped,
@@ -74,8 +61,8 @@ def cwd(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def procs() -> Iterator[list[_Proc]]:
-    started: list[_Proc] = []
+def procs() -> Iterator[list[LineProcess]]:
+    started: list[LineProcess] = []
     yield started
     for proc in started:
         if proc.proc.poll() is None:
@@ -84,15 +71,15 @@ def procs() -> Iterator[list[_Proc]]:
             proc.proc.wait()
 
 
-def _serve(cwd: Path, url: str, model: str, procs: list[_Proc], capacity: int = 2) -> _Proc:
-    host = _Proc([*CLI, "serve", "--store", url, "--model", model, "--capacity", str(capacity)], cwd, clean_env())
+def _serve(cwd: Path, url: str, model: str, procs: list[LineProcess], capacity: int = 2) -> LineProcess:
+    host = LineProcess([*CLI, "serve", "--store", url, "--model", model, "--capacity", str(capacity)], cwd, clean_env())
     procs.append(host)
     host.expect(r"^serving host \S+ ")
     return host
 
 
-def _run(cwd: Path, url: str, model: str, procs: list[_Proc], boss: str) -> _Proc:
-    run = _Proc([*CLI, "run", "--store", url, "--model", model, "--session", boss, "split it"], cwd, clean_env())
+def _run(cwd: Path, url: str, model: str, procs: list[LineProcess], boss: str) -> LineProcess:
+    run = LineProcess([*CLI, "run", "--store", url, "--model", model, "--session", boss, "split it"], cwd, clean_env())
     procs.append(run)
     return run
 
@@ -156,7 +143,9 @@ def _settled(url: str, boss: str) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow  # three processes and a SIGKILL
-def test_a_killed_hosts_children_are_taken_over_and_settle_once(cwd: Path, pg_url: str, procs: list[_Proc]) -> None:
+def test_a_killed_hosts_children_are_taken_over_and_settle_once(
+    cwd: Path, pg_url: str, procs: list[LineProcess]
+) -> None:
     boss = "boss-of-the-killed"
     model = write_script(cwd / "script.json", _script(boss, {"hang": True}))
     victim = _serve(cwd, pg_url, model, procs)
@@ -184,12 +173,12 @@ def test_a_killed_hosts_children_are_taken_over_and_settle_once(cwd: Path, pg_ur
         epochs = {e for (e,) in _rows(pg_url, "SELECT DISTINCT epoch FROM batches WHERE session_id = %s", child)}
         assert epochs == {1, 2, 3}  # the parent's host created it, the victim ran it, the survivor closed it
     _check_one_writer_at_a_time(pg_url)
-    assert survivor.stop()[0] == 130
+    assert survivor.interrupt()[0] == 130
 
 
 @pytest.mark.slow  # three processes; one paused past its lease, then let go on
 def test_a_paused_host_comes_back_to_find_its_epoch_refused_and_writes_nothing(
-    cwd: Path, pg_url: str, procs: list[_Proc]
+    cwd: Path, pg_url: str, procs: list[LineProcess]
 ) -> None:
     # The child's model answers 5 s after it is asked: long enough to pause the host mid-call.
     boss = "boss-of-the-paused"
@@ -220,15 +209,15 @@ def test_a_paused_host_comes_back_to_find_its_epoch_refused_and_writes_nothing(
         assert events == after_takeover[child]  # the paused host wrote nothing after it
         assert not any("late answer" in msgspec.json.encode(d).decode() for _, _, d in events)
     _check_one_writer_at_a_time(pg_url)
-    status, stderr = paused.stop()
+    status, stderr = paused.interrupt()
     assert status == 130 and "Traceback" not in stderr, stderr
     assert "ownership lost" in stderr or "taken over" in stderr, stderr
-    assert survivor.stop()[0] == 130
+    assert survivor.interrupt()[0] == 130
 
 
 @pytest.mark.slow  # three processes: the parent's run is killed while a serving host runs its children
 def test_a_killed_parent_host_s_session_is_resumed_where_its_children_settle(
-    cwd: Path, pg_url: str, procs: list[_Proc]
+    cwd: Path, pg_url: str, procs: list[LineProcess]
 ) -> None:
     boss = "boss-whose-host-died"
     # The children answer once the parent's host is gone (held until then by a 6 s model call).
@@ -255,11 +244,11 @@ def test_a_killed_parent_host_s_session_is_resumed_where_its_children_settle(
     assert [t for _, t, _ in events].count("turn/end") >= 2  # its first turn, and the notices'
     assert _rows(pg_url, "SELECT count(*) FROM mailbox WHERE session_id = %s", boss) == [(0,)]
     _check_one_writer_at_a_time(pg_url)
-    assert server.stop()[0] == 130
+    assert server.interrupt()[0] == 130
 
 
 @pytest.mark.slow  # two serving processes and the hosts command
-def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone(cwd: Path, pg_url: str, procs: list[_Proc]) -> None:
+def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone(cwd: Path, pg_url: str, procs: list[LineProcess]) -> None:
     model = write_script(cwd / "script.json", _script("nobody", {"text": "unused"}))
     first = _serve(cwd, pg_url, model, procs, capacity=3)
     second = _serve(cwd, pg_url, model, procs, capacity=1)
@@ -293,5 +282,5 @@ def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone(cwd: Path, pg_url:
     assert lines[0].split() == ["HOST", "STARTED", "CAPACITY", "HELD", "RENEWED", "STATE"]
     assert any(line.startswith(first_id) and line.endswith("alive") for line in lines)
     assert any(line.startswith(second_id) and line.endswith("gone") for line in lines)
-    assert first.stop()[0] == 130
+    assert first.interrupt()[0] == 130
     assert first_id not in hosts()  # a host that stops cleanly withdraws its row

@@ -10,15 +10,15 @@ owner's poll interval passes in virtual time, and the tests wait on conditions, 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import trio
-from log_lines import read_all
+from clocks import until_virtual
+from log_lines import memory_events
 from mailboxes import rel_mailbox
 from subagents.runtime import ScenarioClock, open_runtime
 from subagents.runtime.agent.loop import AgentConfig
@@ -54,19 +54,6 @@ async def _runtime(
         yield rt
 
 
-async def _until(holds: Callable[[], bool]) -> None:
-    """Until `holds()`: looked at again every virtual 50 ms (autojump_clock; what changes is in
-    the fake file system, which signals nothing a test could wait on)."""
-    with trio.fail_after(600):
-        while not holds():
-            with trio.move_on_after(0.05):
-                await trio.sleep_forever()
-
-
-def _events(fs: CrashFs, sid: str) -> list[tuple[str, Json]]:
-    return [(e.type, msgspec.json.decode(e.data)) for e in read_all(MemoryLogStore(fs=fs, compression="none"), sid)]
-
-
 def _pending(fs: CrashFs, sid: str) -> list[str]:
     try:
         return sorted(n for n in fs.listdir(rel_mailbox(sid)) if n.endswith(".json"))
@@ -85,9 +72,9 @@ async def test_a_message_is_recorded_with_its_delivery_id_then_acked(tmp_path: P
         agent = await rt.agents.create(session_id="root")
         env = new_envelope(mailbox, "message", {"text": "hello from elsewhere"})
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)
-        await _until(lambda: env.delivery_id in agent.recorded_deliveries and not _pending(fs, "root"))
+        await until_virtual(lambda: env.delivery_id in agent.recorded_deliveries and not _pending(fs, "root"))
         await agent.wait_idle()
-    events = _events(fs, "root")
+    events = memory_events(fs, "root")
     (user,) = [d for t, d in events if t == "user/message"]
     assert user["delivery_id"] == env.delivery_id
     assert user["message"]["content"] == [{"type": "text", "text": "hello from elsewhere"}]
@@ -105,18 +92,18 @@ async def test_a_redelivered_message_is_dropped_and_acked(tmp_path: Path, autoju
         agent = await rt.agents.create(session_id="root")
         env = new_envelope(mailbox, "message", {"text": "once"}, sender="peer")
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)
-        await _until(lambda: not _pending(fs, "root") and env.delivery_id in agent.recorded_deliveries)
+        await until_virtual(lambda: not _pending(fs, "root") and env.delivery_id in agent.recorded_deliveries)
         await agent.wait_idle()
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)  # redelivered
-        await _until(lambda: not _pending(fs, "root"))
+        await until_virtual(lambda: not _pending(fs, "root"))
         await agent.wait_idle()
     # ... and to the next host, which folds the recorded ids from the log.
     mailbox.deliver("root", env)
     async with _runtime(tmp_path, model, fs, mailbox.sibling()) as rt:
         agent = await rt.agents.resume("root")
-        await _until(lambda: not _pending(fs, "root"))
+        await until_virtual(lambda: not _pending(fs, "root"))
         await agent.wait_idle()
-    events = _events(fs, "root")
+    events = memory_events(fs, "root")
     (user,) = _recorded(events, env.delivery_id)
     assert user["message"]["source"] == {"kind": "agent-message", "sender_session_id": "peer"}
     assert sum(t == "turn/start" for t, _ in events) == 1
@@ -142,15 +129,15 @@ async def test_a_message_is_acked_only_once_its_record_is_durable(tmp_path: Path
         await entered.wait()
         env = new_envelope(mailbox, "message", {"text": "steer me"})
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)
-        await _until(lambda: len(agent.inbox) == 1)  # handed over...
+        await until_virtual(lambda: len(agent.inbox) == 1)  # handed over...
         with trio.move_on_after(5):  # virtual: the owner polls its mailbox meanwhile
             await trio.sleep_forever()
         assert _pending(fs, "root") == [f"{env.delivery_id}.json"]  # ...but not acked
         assert env.delivery_id not in agent.recorded_deliveries
         release.set()
-        await _until(lambda: not _pending(fs, "root"))
+        await until_virtual(lambda: not _pending(fs, "root"))
         await agent.wait_idle()
-    (user,) = _recorded(_events(fs, "root"), env.delivery_id)
+    (user,) = _recorded(memory_events(fs, "root"), env.delivery_id)
     assert user["step"] == 2  # steered into the running turn's next step
 
 
@@ -179,13 +166,13 @@ async def test_an_interrupt_aborts_the_running_turn_and_a_stale_one_does_not(
         await entered.wait()
         stale = Envelope.new(mailbox.ids, 1, "interrupt", {})  # created long before this owner
         await trio.to_thread.run_sync(mailbox.deliver, "root", stale)
-        await _until(lambda: not _pending(fs, "root"))
+        await until_virtual(lambda: not _pending(fs, "root"))
         assert agent.status == "running"  # untouched
         env = new_envelope(mailbox, "interrupt", {})
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)
-        await _until(lambda: not _pending(fs, "root"))
+        await until_virtual(lambda: not _pending(fs, "root"))
         assert agent.status == "idle"
-    ends = [d["reason"] for t, d in _events(fs, "root") if t == "turn/end"]
+    ends = [d["reason"] for t, d in memory_events(fs, "root") if t == "turn/end"]
     assert ends == [{"kind": "aborted", "cause": "user"}]
 
 
@@ -207,7 +194,7 @@ async def test_junk_in_the_mailbox_never_stops_the_owner(
         env = new_envelope(mailbox, "message", {"text": "still here"})
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)
         stuck = ["01M24BB8G0041061050R3GG28B.json"]  # a folder cannot be moved aside: it stays
-        await _until(lambda: env.delivery_id in agent.recorded_deliveries and _pending(fs, "root") == stuck)
+        await until_virtual(lambda: env.delivery_id in agent.recorded_deliveries and _pending(fs, "root") == stuck)
         await agent.wait_idle()
         assert agent.status == "idle"
     assert sorted(fs.listdir(f"{folder}/rejected")) == [
@@ -220,7 +207,7 @@ async def test_junk_in_the_mailbox_never_stops_the_owner(
     assert "junk.txt" in text and "is not a delivery" in text
     assert text.count("R3GG28B.json' is not a delivery (left in place)") == 1  # said once, not every poll
     assert f"delivery {body.delivery_id} dropped" in text
-    (user,) = [d for t, d in _events(fs, "root") if t == "user/message"]
+    (user,) = [d for t, d in memory_events(fs, "root") if t == "user/message"]
     assert user["delivery_id"] == env.delivery_id
 
 
@@ -235,12 +222,12 @@ async def test_a_settlement_from_another_host_is_recorded_once_with_its_notice(
         body = {"child_id": "kid", "reason_kind": "completed", "closing_text": "all done"}
         env = new_envelope(mailbox, "settled", body, sender="kid")
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)
-        await _until(lambda: not _pending(fs, "root"))
+        await until_virtual(lambda: not _pending(fs, "root"))
         await agent.wait_idle()
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)  # redelivered
-        await _until(lambda: not _pending(fs, "root"))
+        await until_virtual(lambda: not _pending(fs, "root"))
         await agent.wait_idle()
-    events = _events(fs, "root")
+    events = memory_events(fs, "root")
     (settled,) = [d for t, d in events if t == "subagent/settled"]
     assert settled == {**body, "delivery_id": env.delivery_id}
     (notice,) = [d for t, d in events if t == "user/message"]
@@ -274,7 +261,7 @@ async def test_a_failing_drain_is_retried_and_logged_once(
         agent = await rt.agents.create(session_id="root")
         env = new_envelope(mailbox, "message", {"text": "after the failures"})
         await trio.to_thread.run_sync(mailbox.deliver, "root", env)
-        await _until(lambda: env.delivery_id in agent.recorded_deliveries and not _pending(fs, "root"))
+        await until_virtual(lambda: env.delivery_id in agent.recorded_deliveries and not _pending(fs, "root"))
         await agent.wait_idle()
     assert mailbox.failures == 0
     warnings = [r for r in caplog.records if "mailbox drain failed" in r.getMessage()]
@@ -303,9 +290,9 @@ async def test_an_owner_waiting_for_room_ends_when_its_agent_stops(tmp_path: Pat
         first, second = (new_envelope(mailbox, "message", {"text": t}) for t in ("one", "two"))
         await trio.to_thread.run_sync(mailbox.deliver, "root", first)
         await trio.to_thread.run_sync(mailbox.deliver, "root", second)
-        await _until(lambda: len(agent.inbox) == 1)  # the first fills it; the owner waits with the second
+        await until_virtual(lambda: len(agent.inbox) == 1)  # the first fills it; the owner waits with the second
         owners = rt.agents.owners
         assert "root" in owners._scopes
         await agent.stop()
-        await _until(lambda: "root" not in owners._scopes)  # its owner ended too
+        await until_virtual(lambda: "root" not in owners._scopes)  # its owner ended too
         assert sorted(_pending(fs, "root")) == sorted(f"{e.delivery_id}.json" for e in (first, second))

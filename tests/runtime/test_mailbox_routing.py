@@ -9,16 +9,15 @@ Two runtimes ("hosts") on one in-memory disk (`MemoryLogStore`s and `MemoryMailb
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
-import trio
+from clocks import until_virtual
 from drafts import descriptor_draft
-from log_lines import read_all
+from log_lines import memory_events
 from mailboxes import rel_mailbox
 from subagents.actors import Activation
 from subagents.runtime import ScenarioClock, open_runtime
@@ -35,7 +34,7 @@ Json = dict[str, Any]
 async def _host(tmp_path: Path, fs: CrashFs, mailbox: MemoryMailbox, *responses: Json) -> AsyncIterator[Any]:
     # No stall timeout: the mailboxes work in worker threads, and while a thread works every Trio
     # task is blocked, so the autojump clock may leap past any deadline (the holds here are
-    # released by deliveries; `_until` is the hang guard).
+    # released by deliveries; `until_virtual` is the hang guard).
     model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": list(responses)}]})), stall_timeout=None)
     async with open_runtime(
         tmp_path,
@@ -46,18 +45,6 @@ async def _host(tmp_path: Path, fs: CrashFs, mailbox: MemoryMailbox, *responses:
         mailbox=mailbox,
     ) as rt:
         yield rt
-
-
-async def _until(holds: Callable[[], bool]) -> None:
-    """Until `holds()`, looked at every virtual 50 ms (autojump_clock)."""
-    with trio.fail_after(600):
-        while not holds():
-            with trio.move_on_after(0.05):
-                await trio.sleep_forever()
-
-
-def _events(fs: CrashFs, sid: str) -> list[tuple[str, Json]]:
-    return [(e.type, msgspec.json.decode(e.data)) for e in read_all(MemoryLogStore(fs=fs, compression="none"), sid)]
 
 
 def _pending(fs: CrashFs, sid: str) -> list[str]:
@@ -91,25 +78,25 @@ async def test_messages_interrupts_and_settlements_cross_hosts_through_mailboxes
         await kid.send("work")
 
         await here.subagents.send_message(boss, "kid", "hello from the other host")
-        await _until(lambda: bool(kid.recorded_deliveries) and not _pending(fs, "kid"))
+        await until_virtual(lambda: bool(kid.recorded_deliveries) and not _pending(fs, "kid"))
         with pytest.raises(Unauthorized):
             await here.subagents.send_message(stranger, "kid", "not yours")
 
         assert await here.subagents.interrupt("kid", by=boss) == "requested"
-        await _until(lambda: kid.status == "idle" and not _pending(fs, "kid"))
+        await until_virtual(lambda: kid.status == "idle" and not _pending(fs, "kid"))
 
         # It settles over there; the parent is live here: the notice crosses by mailbox.
         await there.subagents.settlement.settle(Activation("kid", "boss", "boss"), kid)
-        await _until(lambda: not _pending(fs, "boss") and bool(boss.recorded_deliveries))
+        await until_virtual(lambda: not _pending(fs, "boss") and bool(boss.recorded_deliveries))
         await boss.wait_idle()
 
-    kid_events = _events(fs, "kid")
+    kid_events = memory_events(fs, "kid")
     (message,) = [d for t, d in kid_events if t == "user/message" and "delivery_id" in d]
     assert message["message"]["content"][1] == {"type": "text", "text": "hello from the other host"}
     assert message["message"]["source"] == {"kind": "agent-message", "sender_session_id": "boss"}
     assert [d["reason"] for t, d in kid_events if t == "turn/end"] == [{"kind": "aborted", "cause": "parent"}]
 
-    boss_events = _events(fs, "boss")
+    boss_events = memory_events(fs, "boss")
     (settled,) = [d for t, d in boss_events if t == "subagent/settled"]
     assert settled["child_id"] == "kid" and settled["reason_kind"] == "aborted"
     assert settled["delivery_id"] in boss.recorded_deliveries

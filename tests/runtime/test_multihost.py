@@ -46,18 +46,6 @@ def _script(child_delay_ms: int) -> Json:
 
 
 class _Host(LineProcess):
-    def stop(self) -> tuple[int, str]:
-        """Ctrl-C, then the exit status and stderr."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(2)
-        try:
-            self.proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-        assert self.proc.stderr is not None
-        return self.proc.returncode, self.proc.stderr.read()
-
     def claimed(self) -> list[str]:
         # every line read so far, plus what is queued (the reader thread may be ahead of `seen`)
         while not self._lines.empty():
@@ -117,7 +105,7 @@ def test_three_serving_hosts_share_ten_children_and_the_parent_hears_each_once(
     assert "Traceback" not in run.stderr
 
     claimed = [host.claimed() for host in hosts]
-    statuses = [host.stop() for host in hosts]
+    statuses = [host.interrupt() for host in hosts]
     assert all(status == 130 and "Traceback" not in err for status, err in statuses), statuses
     # ten children at once, four per host: every host ran some
     assert all(claimed), claimed

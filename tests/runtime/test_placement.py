@@ -9,14 +9,14 @@ Two runtimes ("hosts") on one in-memory disk (`MemoryLogStore`s and `MemoryMailb
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import trio
-from log_lines import read_all
+from clocks import until_virtual
+from log_lines import memory_events
 from subagents.runtime import ScenarioClock, open_runtime
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
@@ -37,7 +37,7 @@ async def _host(
     tmp_path: Path, fs: CrashFs, mailbox: MemoryMailbox, placements: MemoryPlacements, *agents: Json, ids: str
 ) -> AsyncIterator[Any]:
     # No stall timeout: the stores work in worker threads, and while a thread works every Trio
-    # task is blocked, so the autojump clock may leap past any deadline (`_until` guards hangs).
+    # task is blocked, so the autojump clock may leap past any deadline (`until_virtual` guards hangs).
     model = ScriptedModel(load_script(json.dumps({"agents": list(agents)})), stall_timeout=None)
     async with open_runtime(
         tmp_path,
@@ -49,18 +49,6 @@ async def _host(
         placements=placements,
     ) as rt:
         yield rt
-
-
-async def _until(holds: Callable[[], bool]) -> None:
-    """Until `holds()`, looked at every virtual 50 ms (autojump_clock)."""
-    with trio.fail_after(600):
-        while not holds():
-            with trio.move_on_after(0.05):
-                await trio.sleep_forever()
-
-
-def _events(fs: CrashFs, sid: str) -> list[tuple[str, Json]]:
-    return [(e.type, msgspec.json.decode(e.data)) for e in read_all(MemoryLogStore(fs=fs, compression="none"), sid)]
 
 
 async def test_a_serving_host_runs_placed_children_and_their_settlements_reach_the_parent(
@@ -88,17 +76,17 @@ async def test_a_serving_host_runs_placed_children_and_their_settlements_reach_t
         boss = await here.agents.create(session_id="boss")
         await boss.send("split the work")
         await here.subagents.wait_tree_idle(boss)
-        await _until(lambda: stats.finished == 2)  # a placement is finished after its settlement
+        await until_virtual(lambda: stats.finished == 2)  # a placement is finished after its settlement
         assert stats.adopted == 2 and not stats.running
         nursery.cancel_scope.cancel()
 
-    boss_events = _events(fs, "boss")
+    boss_events = memory_events(fs, "boss")
     catalog = [d["child_id"] for t, d in boss_events if t == "subagent/catalog"]
     settled = [d for t, d in boss_events if t == "subagent/settled"]
     assert sorted(d["child_id"] for d in settled) == sorted(catalog) and len(catalog) == 2
     assert all("delivery_id" in d and d["reason_kind"] == "completed" for d in settled)
     for child_id, n in zip(catalog, (1, 2), strict=True):
-        kid = _events(fs, child_id)
+        kid = memory_events(fs, child_id)
         (first,) = [d for t, d in kid if t == "user/message"]
         # the same words a child started in place receives: its prompt, then the return guidance
         content = first["message"]["content"]
@@ -121,14 +109,14 @@ async def test_with_no_host_serving_children_run_where_they_are_started(tmp_path
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
         await here.subagents.wait_tree_idle(boss)
-    (child,) = [d["child_id"] for t, d in _events(fs, "boss") if t == "subagent/catalog"]
-    assert any(t == "assistant/message" for t, _ in _events(fs, child))
+    (child,) = [d["child_id"] for t, d in memory_events(fs, "boss") if t == "subagent/catalog"]
+    assert any(t == "assistant/message" for t, _ in memory_events(fs, child))
     assert queue.claim(10) == []  # nothing was ever enqueued
 
 
 def _catalogued(fs: CrashFs, parent: str) -> list[str]:
     try:
-        return [d["child_id"] for t, d in _events(fs, parent) if t == "subagent/catalog"]
+        return [d["child_id"] for t, d in memory_events(fs, parent) if t == "subagent/catalog"]
     except Exception:  # the parent's log is not published yet: nothing catalogued
         return []
 
@@ -155,25 +143,27 @@ async def test_messages_and_interrupts_reach_a_placed_child_on_its_serving_host(
         stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
-        await _until(lambda: bool(stats.running) and len(_catalogued(fs, "boss")) == 1)  # enqueued before its catalog
+        await until_virtual(
+            lambda: bool(stats.running) and len(_catalogued(fs, "boss")) == 1
+        )  # enqueued before its catalog
         (child_id,) = _catalogued(fs, "boss")
         await here.subagents.send_message(boss, child_id, "the word")
-        await _until(lambda: any(t == "turn/end" for t, _ in _events(fs, child_id)))
+        await until_virtual(lambda: any(t == "turn/end" for t, _ in memory_events(fs, child_id)))
         await here.subagents.send_message(boss, child_id, "and now hang")
-        await _until(lambda: sum(t == "turn/start" for t, _ in _events(fs, child_id)) == 2)
+        await until_virtual(lambda: sum(t == "turn/start" for t, _ in memory_events(fs, child_id)) == 2)
         assert await here.subagents.interrupt(child_id, by=boss) == "requested"
         # settled after each of its two runs (the second message found it settled, or settling)
-        await _until(lambda: sum(t == "subagent/settled" for t, _ in _events(fs, "boss")) == 2)
+        await until_virtual(lambda: sum(t == "subagent/settled" for t, _ in memory_events(fs, "boss")) == 2)
         await here.subagents.wait_tree_idle(boss)
         nursery.cancel_scope.cancel()
 
-    kid_events = _events(fs, child_id)
+    kid_events = memory_events(fs, child_id)
     steered = [
         d for t, d in kid_events if t == "user/message" and d["message"]["source"].get("kind") == "agent-message"
     ]
     assert [d["message"]["content"][1]["text"] for d in steered] == ["the word", "and now hang"]
     assert [d["reason"]["kind"] for t, d in kid_events if t == "turn/end"] == ["completed", "aborted"]
-    settled = [d for t, d in _events(fs, "boss") if t == "subagent/settled"]
+    settled = [d for t, d in memory_events(fs, "boss") if t == "subagent/settled"]
     assert [(d["child_id"], d["reason_kind"]) for d in settled] == [(child_id, "completed"), (child_id, "aborted")]
 
 
@@ -206,7 +196,7 @@ async def test_placed_children_count_against_the_family_limit(tmp_path: Path, au
         await boss.send("go")
         await here.subagents.wait_tree_idle(boss)
         nursery.cancel_scope.cancel()
-    results = [d for t, d in _events(fs, "boss") if t == "tool/result"]
+    results = [d for t, d in memory_events(fs, "boss") if t == "tool/result"]
     texts = [json.dumps(d["message"]) for d in results]
     assert len(_catalogued(fs, "boss")) == 1
     assert sum("subagent limit reached (active child limit: 1)" in text for text in texts) == 1, texts
@@ -228,7 +218,7 @@ async def test_a_placement_that_cannot_be_served_is_dropped_and_the_host_serves_
         await here.agents.stop(plain.session_id)
         queue.enqueue("plain")
         queue.enqueue("no-such-session")
-        await _until(lambda: stats.refused == 2)
+        await until_virtual(lambda: stats.refused == 2)
         assert stats.adopted == 0 and queue.claim(10) == []
         nursery.cancel_scope.cancel()
 
@@ -248,14 +238,14 @@ async def test_claims_of_a_host_that_is_gone_are_served_by_another(tmp_path: Pat
     ):
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
-        await _until(lambda: len(_catalogued(fs, "boss")) == 1)
-        await _until(lambda: dead.claim(1) != [])  # the dead host claimed it, then died
+        await until_virtual(lambda: len(_catalogued(fs, "boss")) == 1)
+        await until_virtual(lambda: dead.claim(1) != [])  # the dead host claimed it, then died
         dead.close()
         stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
         await here.subagents.wait_tree_idle(boss)
         assert stats.reclaimed == 1 and stats.adopted == 1
         nursery.cancel_scope.cancel()
-    (settled,) = [d for t, d in _events(fs, "boss") if t == "subagent/settled"]
+    (settled,) = [d for t, d in memory_events(fs, "boss") if t == "subagent/settled"]
     assert settled["reason_kind"] == "completed"
 
 
@@ -276,12 +266,12 @@ async def test_a_host_that_serves_runs_its_own_placed_children_in_place_of_their
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
         await here.subagents.wait_tree_idle(boss)
-        await _until(lambda: stats.finished == 1)
+        await until_virtual(lambda: stats.finished == 1)
         assert stats.adopted == 1
         nursery.cancel_scope.cancel()
-    (settled,) = [d for t, d in _events(fs, "boss") if t == "subagent/settled"]
+    (settled,) = [d for t, d in memory_events(fs, "boss") if t == "subagent/settled"]
     assert settled["reason_kind"] == "completed" and "delivery_id" not in settled  # recorded in place
     left = queue.claim(10)
     if left:
-        print("LEFT", left, stats, [(t, d) for t, d in _events(fs, left[0].session_id)])
+        print("LEFT", left, stats, [(t, d) for t, d in memory_events(fs, left[0].session_id)])
     assert left == []

@@ -15,16 +15,13 @@ from typing import Any
 
 import psycopg
 import pytest
-from clocks import T
-from events import turn_start_event
+from events import turn_batch as batch
+from events import turn_starts as turns
 from log_lines import header, read_all
 from pg_server import EmbeddedServer, database_url
 from subagents.storage import (
-    Batch,
-    Event,
     HandleDead,
     InvalidStoreUrl,
-    Offset,
     OwnershipLost,
     PersistenceFailed,
     PostgresLogStore,
@@ -34,14 +31,6 @@ from subagents.storage import (
 pytestmark = pytest.mark.pg
 
 Factory = Callable[..., Any]
-
-
-def turns(start: int, stop: int) -> list[Event]:
-    return [turn_start_event(seq, T + seq) for seq in range(start, stop)]
-
-
-def batch(start: int, stop: int) -> Batch:
-    return Batch(Offset(start), turns(start, stop))
 
 
 @pytest.fixture

@@ -14,15 +14,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from clocks import T
-from events import turn_start_event
+from events import turn_batch as batch
+from events import turn_starts as turns
 from log_lines import header, read_all
 from subagents.storage import (
     AlreadyOwned,
-    Batch,
-    Event,
     HandleClosed,
-    Offset,
     OwnershipLost,
     PersistenceFailed,
     PostgresLogStore,
@@ -35,14 +32,6 @@ from subagents.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION
 pytestmark = pytest.mark.pg
 
 Factory = Callable[..., Any]
-
-
-def turns(start: int, stop: int) -> list[Event]:
-    return [turn_start_event(seq, T + seq) for seq in range(start, stop)]
-
-
-def batch(start: int, stop: int) -> Batch:
-    return Batch(Offset(start), turns(start, stop))
 
 
 @pytest.fixture

@@ -15,13 +15,14 @@ import pytest
 import zstandard
 from clocks import T
 from events import assistant_event, turn_start_event
+from events import turn_batch as batch
+from events import turn_starts as turns
 from log_lines import header, log_file, read_all
 from subagents.storage import (
     AlreadyOwned,
     Batch,
     CheckpointRow,
     CorruptLog,
-    Event,
     FileLogStore,
     Lifecycle,
     Offset,
@@ -34,14 +35,6 @@ from subagents.storage.pg_schema import SCHEMA_VERSION
 pytestmark = pytest.mark.pg
 
 Factory = Callable[..., Any]
-
-
-def turns(start: int, stop: int) -> list[Event]:
-    return [turn_start_event(seq, T + seq) for seq in range(start, stop)]
-
-
-def batch(start: int, stop: int) -> Batch:
-    return Batch(Offset(start), turns(start, stop))
 
 
 @pytest.fixture
