@@ -109,7 +109,7 @@ def _header(sid: str, i: int, parent: str | None) -> SessionHeader:
         created_at=CREATED_AT + i,
         delegation_depth=0 if parent is None else 1,
         cwd="/work/bench",
-        parent_session=parent,  # type: ignore[arg-type]
+        parent_session=parent,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
         origin=None if parent is None else "subagent",
     )
 
@@ -200,7 +200,7 @@ def run_process(argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env)
     assert process.stdout is not None and process.stderr is not None
     errors: list[bytes] = []
-    reader = threading.Thread(target=lambda: errors.append(process.stderr.read()))  # type: ignore[union-attr]
+    reader = threading.Thread(target=lambda: errors.append(process.stderr.read()))  # type: ignore[union-attr]  # stderr is a pipe (Popen above)
     reader.start()
     out = process.stdout.read()
     reader.join()

@@ -347,7 +347,7 @@ class SubagentService:
             # Before its catalog: the catalogs of one step go one after the other (the model's
             # call order), and the child need not wait for its siblings' to start.
             await self._catalog(parent, child, "continuable", label, reserved)
-        except BaseException:
+        except BaseException:  # a start that failed (or was cancelled) leaves no stand-in (re-raised)
             self._placed.pop(child_id, None)
             await self._dispose_unannounced(activation)
             raise
@@ -400,7 +400,7 @@ class SubagentService:
         except (AlreadyOwned, StorageError, AgentError) as exc:
             self.manager.forget(activation)
             raise _unavailable(child_id) from exc
-        except BaseException:
+        except BaseException:  # a resume that failed frees its slot (re-raised)
             self.manager.forget(activation)
             raise
         if self.agents.owners is not None:
@@ -754,7 +754,7 @@ class SubagentService:
             try:
                 await trio.to_thread.run_sync(self.placements.enqueue, target_id)  # type: ignore[union-attr]  # checked by _serving_hosts_up
                 await self._post(target_id, "message", {"text": text}, sender.session_id)
-            except BaseException:
+            except BaseException:  # a placement that failed frees its slot (re-raised)
                 self.manager.forget(activation)
                 raise
             self._stand_in(activation)

@@ -99,7 +99,7 @@ def _write_boss_and_helper(store: LogStore) -> None:
             created_at=1796131042000,
             delegation_depth=1,
             cwd="/w",
-            parent_session="boss",  # type: ignore[arg-type]
+            parent_session="boss",  # type: ignore[arg-type]  # a plain str where the header takes a SessionId
             origin="subagent",
         )
         _write(
