@@ -248,14 +248,19 @@ class _Owner:
                 await self._ack(envelope)  # recorded before: a redelivery (e.g. a crash before its ack)
                 continue
             await self._apply(envelope)
+        await self._ack_recorded_pending()
+
+    async def _ack_recorded_pending(self) -> None:
         for delivery_id in [d for d in self._pending if d in self.agent.recorded_deliveries]:
-            await self._ack(self._pending.pop(delivery_id))
+            # `close` may ack them while the owner's loop does (each waits on its own acks).
+            envelope = self._pending.pop(delivery_id, None)
+            if envelope is not None:
+                await self._ack(envelope)
 
     async def ack_recorded(self) -> None:
         """Ack every handed-over delivery whose recording event is durable now."""
         try:
-            for delivery_id in [d for d in self._pending if d in self.agent.recorded_deliveries]:
-                await self._ack(self._pending.pop(delivery_id))
+            await self._ack_recorded_pending()
         except StorageError as exc:
             log.warning("session %s: acking its recorded deliveries failed (redelivered later): %s", self.sid, exc)
 

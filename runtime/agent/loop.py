@@ -156,6 +156,8 @@ class Agent:
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
         self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique
         self.last_result: TurnResult | None = None
+        # Resumed with a turn its last host left open (closed by the closers): its work was cut.
+        self.resumed_interrupted = False
         self.failure: BaseException | None = None
         self._phase: AsyncValue[Phase] = AsyncValue("idle")  # announces its own changes
         self._abort: Abort | None = None

@@ -274,6 +274,7 @@ class AgentRegistry:
             with trio.CancelScope(shield=True):
                 await self.sessions.release(session_id)  # not resumed: its lock goes too
             raise
+        agent.resumed_interrupted = bool(closers)
         self.hooks.redeliver_notices(agent, events)
         return agent
 

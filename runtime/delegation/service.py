@@ -405,9 +405,10 @@ class SubagentService:
             raise
         if self.agents.owners is not None:
             await self.agents.owners.first_drain(child_id)
-        if not settle_idle and child.status != "running" and not len(child.inbox):
+        if not settle_idle and not child.resumed_interrupted and child.status != "running" and not len(child.inbox):
             # Nothing to do (a placement made for a message this child took before it settled):
-            # let go without a settlement — it settled already.
+            # let go without a settlement — it settled already. A turn its last host left open
+            # (closed by the resume) is work cut short: that settles.
             with trio.CancelScope(shield=True):
                 await self.agents.stop(child_id, cause="disposed")
             self.manager.forget(activation)
