@@ -437,10 +437,10 @@ async def _known_tree(runtime: Runtime, session_id: str, progress: RunProgress) 
             )
 
 
-async def _last_turns(runtime: Runtime, session_id: str, count: int) -> list[str]:
+async def _last_turns(runtime: Runtime, session_id: str, count: int, *, upto: int) -> list[str]:
     async with runtime.query.observe_session(session_id) as seen:
         entries = transcript(
-            seen.events,
+            seen.events[:upto],
             session_id=session_id,
             inherited_event_count=seen.inherited_event_count,
             inherited_from=seen.header.parent_session,
@@ -482,17 +482,20 @@ async def chat(
     options["approver"] = approve
     async with open_runtime(root, model=TeeModel(model, on_text), compression=compression, **options) as runtime:
         agent, resumed = await _take_session(runtime, session_id)
+        # One boundary for the history and the live stream: what its owner records while the
+        # history is read (a queued message's turn) is streamed, not lost between the two.
+        start = agent.session.durable_next
         view = _View(
             console,
             agent.session_id,
-            agent.session.durable_next,
+            start,
             agent.assistant_count,
             lambda: agent.session.durable_next,
         )
         shown.append(view)
         if resumed:
             try:
-                history = await _last_turns(runtime, agent.session_id, LAST_TURNS)
+                history = await _last_turns(runtime, agent.session_id, LAST_TURNS, upto=start)
             except (SessionQueryError, StorageError) as exc:
                 history = [f"(its history cannot be shown: {_cut(str(exc))})"]
             for line in history:
@@ -508,9 +511,7 @@ async def chat(
             on_ready()
         session = _Chat(runtime, agent, lines, view)
         asking.append(session)
-        async with open_event_stream(
-            runtime.sessions, runtime.log_store, agent.session_id, from_seq=agent.session.durable_next
-        ) as stream:
+        async with open_event_stream(runtime.sessions, runtime.log_store, agent.session_id, from_seq=start) as stream:
             with trio.open_signal_receiver(signal.SIGINT) as signals:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(view.consume, stream)
