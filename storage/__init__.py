@@ -69,6 +69,7 @@ from .mailbox import Mailbox as Mailbox
 from .mailbox import RejectedEnvelope as RejectedEnvelope
 from .mailbox_watch import LocalWakeups as LocalWakeups
 from .mailbox_watch import MailboxWatch as MailboxWatch
+from .pg_listener import PgSessionWatch as PgSessionWatch
 from .pg_mailbox import PostgresMailbox as PostgresMailbox
 from .pg_mailbox_watch import PgMailboxWatch as PgMailboxWatch
 from .pg_store import PostgresLogStore as PostgresLogStore

@@ -100,7 +100,14 @@ class MailboxWatch:
                 pass  # the pipe is full, so already readable (or closed under us)
 
     def clear(self) -> bool:
-        """Forget what was signalled so far (call it right before `drain`); True if anything was."""
+        """Forget what was signalled so far (call it right before `drain`); True if anything was.
+        A closed watch says False (its fd number may belong to another file by now)."""
+        with self._lock:
+            if not self._finalize.alive:
+                return False
+            return self._clear()
+
+    def _clear(self) -> bool:
         any_event = False
         while True:
             try:

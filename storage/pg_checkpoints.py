@@ -19,7 +19,7 @@ import msgspec
 from .errors import StorageError
 from .index import StoredCheckpoint, _lifecycle
 from .log_store import ObservedCheckpoint, WriteHandle
-from .pg_connect import Pool
+from .pg_connect import Pool, first_line
 from .projection import CheckpointRow, Lifecycle
 from .values import SessionHeader
 
@@ -70,7 +70,7 @@ class PgCheckpoints:
                         values,
                     )
         except (psycopg.Error, StorageError) as exc:
-            log.warning("session %r: checkpoint not written: %s", sid, _first_line(exc))
+            log.warning("session %r: checkpoint not written: %s", sid, first_line(exc))
             return False
         return True
 
@@ -112,7 +112,7 @@ class PgCheckpoints:
                         )
                     written += 1
         except (psycopg.Error, StorageError) as exc:
-            log.debug("observed checkpoints not written: %s", _first_line(exc))
+            log.debug("observed checkpoints not written: %s", first_line(exc))
             return 0
         return written
 
@@ -160,7 +160,7 @@ class PgCheckpoints:
                     params,
                 ).fetchall()
         except (psycopg.Error, StorageError) as exc:
-            log.warning("checkpoint read failed (a cache miss): %s", _first_line(exc))
+            log.warning("checkpoint read failed (a cache miss): %s", first_line(exc))
             return None
         for sid, key, ver, seq, value, offset, life in rows:
             try:
@@ -183,8 +183,3 @@ class PgCheckpoints:
                     self._lifecycles.clear()
                 found = self._lifecycles[raw] = _lifecycle(msgspec.json.decode(raw))
         return found
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

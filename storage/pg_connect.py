@@ -26,7 +26,7 @@ from .pg_timeouts import connection_options
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Pool", "application_name", "check_url", "close_quietly", "connect", "redact"]
+__all__ = ["Pool", "application_name", "check_url", "close_quietly", "connect", "first_line", "redact"]
 
 SCHEMES = ("postgresql", "postgres")
 
@@ -75,7 +75,8 @@ def application_name() -> str:
     return f"subagents {os.getpid()}@{socket.gethostname()}"[:63]
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (psycopg's run to several), or its class name."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -87,7 +88,7 @@ def connect(url: str, app: str) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(url, autocommit=True, application_name=app, **connection_options(url))
     except psycopg.Error as exc:
-        raise StoreUnreachable(f"cannot connect to PostgreSQL at {redact(url)}: {_first_line(exc)}") from None
+        raise StoreUnreachable(f"cannot connect to PostgreSQL at {redact(url)}: {first_line(exc)}") from None
 
 
 class Pool:

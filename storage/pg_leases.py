@@ -41,7 +41,7 @@ import attrs
 
 from .envelope import new_delivery_id
 from .errors import AlreadyOwned, PersistenceFailed, StorageError
-from .pg_connect import close_quietly, connect
+from .pg_connect import close_quietly, connect, first_line
 from .values import SessionId
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ class Leases:
         except StorageError:
             raise
         except psycopg.Error as exc:
-            raise PersistenceFailed(f"host {self.host_id}: {op} failed: {_line(exc)}") from None
+            raise PersistenceFailed(f"host {self.host_id}: {op} failed: {first_line(exc)}") from None
         raise AssertionError("unreachable")
 
     def register(self, capacity: int | None = None) -> None:
@@ -295,11 +295,6 @@ class Leases:
                     self._release(conn, states)
                     conn.execute("DELETE FROM hosts WHERE id = %s", (self.host_id,))
             except psycopg.Error as exc:  # they expire by themselves; the lock goes with the connection
-                log.warning("host %s: leases not released at close: %s", self.host_id, _line(exc))
+                log.warning("host %s: leases not released at close: %s", self.host_id, first_line(exc))
             finally:
                 close_quietly(conn)
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -17,7 +17,8 @@ connection of a small pool (pg_connect; the log store's pool may be shared):
   reason — one statement deleting it and inserting it there — and reported; a drain never raises
   for a row. What cannot be moved stays and is reported by every drain.
 - `ack` is one DELETE (idempotent).
-- `watch` listens on a connection of its own (pg_mailbox_watch).
+- `watch` hands out a wake-up from the one LISTEN connection every watch of this mailbox shares
+  (pg_listener): a host holds one listening connection, not one per resident session.
 
 Synchronous like the log store: the actors layer calls it from worker threads. psycopg is
 imported when a mailbox opens, never by the file form.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +38,9 @@ from .envelope import MAX_ENVELOPE_BYTES, ULID_PATTERN, DeliveryIds, Envelope, c
 from .errors import DeliveryConflict, PersistenceFailed, StorageError
 from .mailbox import DrainResult, RejectedEnvelope
 from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
-from .pg_connect import Pool, check_url, connect, redact
-from .pg_mailbox_watch import CHANNEL, PgMailboxWatch
+from .pg_connect import Pool, check_url, connect, first_line, redact
+from .pg_listener import PgListener, PgSessionWatch
+from .pg_mailbox_watch import CHANNEL
 from .pg_schema import ensure_schema
 from .pg_timeouts import is_timeout, timed_out
 from .values import SessionId, check_session_id
@@ -100,6 +103,8 @@ class PostgresMailbox:
         self._pool = pool
         self.ids = DeliveryIds(random)
         self._poll_interval = poll_interval
+        self._listen_lock = threading.Lock()
+        self._listener: PgListener | None = None
         if not self._owns_pool:
             return
         import psycopg
@@ -110,7 +115,7 @@ class PostgresMailbox:
         except psycopg.Error as exc:
             self.close()
             raise PersistenceFailed(
-                f"preparing the PostgreSQL mailbox at {redact(pool.url)} failed: {_line(exc)}"
+                f"preparing the PostgreSQL mailbox at {redact(pool.url)} failed: {first_line(exc)}"
             ) from None
         except BaseException:  # a half-made mailbox closes its connections (re-raised)
             self.close()
@@ -197,24 +202,51 @@ class PostgresMailbox:
 
     # --- wake-ups ---
 
-    def watch(self, session_id: str) -> PgMailboxWatch | MailboxWatch:
-        """A wake-up for deliveries to the session from any host: a LISTEN connection of its
-        own (pg_mailbox_watch); a polling watch, with a warning, when none can be opened."""
+    def watch(self, session_id: str) -> PgSessionWatch | MailboxWatch:
+        """A wake-up for deliveries to the session from any host, from the LISTEN connection
+        this mailbox shares among its watches (opened by the first, closed after the last:
+        pg_listener); a polling watch, with a warning, when none can be opened."""
         sid = check_session_id(session_id)
+        while True:
+            with self._listen_lock:
+                listener = self._listener
+            if listener is None or listener.done:
+                listener = self._listen(sid)
+                if listener is None:
+                    return MailboxWatch.pipe(self._poll_interval)
+            watch = listener.add(sid)
+            if watch is not None:
+                return watch
+            # It stopped or broke between the look and the add: the next round opens a new one.
+
+    def _listen(self, sid: str) -> PgListener | None:
+        """The mailbox's listener: a new one, or one another thread installed meanwhile."""
         import psycopg
 
         try:
             conn = connect(self._pool.url, self._pool.app)
         except StorageError as exc:
             log.warning("session %r: no LISTEN connection for its mailbox (%s): polling", sid, exc.message)
-            return MailboxWatch.pipe(self._poll_interval)
+            return None
         try:
             conn.execute(f"LISTEN {CHANNEL}")
         except psycopg.Error as exc:
             conn.close()
-            log.warning("session %r: LISTEN failed (%s): polling", sid, _line(exc))
-            return MailboxWatch.pipe(self._poll_interval)
-        return PgMailboxWatch(conn, sid, poll_interval=self._poll_interval)
+            log.warning("session %r: LISTEN failed (%s): polling", sid, first_line(exc))
+            return None
+        listener = PgListener(conn, CHANNEL, poll_interval=self._poll_interval, on_done=self._listener_done)
+        with self._listen_lock:
+            current = self._listener
+            if current is None or current.done:
+                self._listener = listener
+                return listener
+        listener.stop()  # another thread's is there: ours was not needed
+        return current
+
+    def _listener_done(self, listener: PgListener) -> None:
+        with self._listen_lock:
+            if self._listener is listener:
+                self._listener = None
 
     # --- plumbing ---
 
@@ -253,11 +285,17 @@ class PostgresMailbox:
                     raise
                 if is_timeout(exc):
                     raise timed_out(redact(self._pool.url), f"session {sid!r}: mailbox {op}", exc) from None
-                raise PersistenceFailed(f"session {sid!r}: mailbox {op} failed: {_line(exc)}") from None
+                raise PersistenceFailed(f"session {sid!r}: mailbox {op} failed: {first_line(exc)}") from None
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        """Close the connections of a pool this mailbox made (a shared pool stays open)."""
+        """Stop listening (open watches poll from now on) and close the connections of a pool
+        this mailbox made (a shared pool stays open)."""
+        with self._listen_lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+            listener.join(timeout=10)  # it closes its connection; never blocks for long
         if self._owns_pool:
             self._pool.close()
 
@@ -281,8 +319,3 @@ def _judge(delivery_id: str, data: bytes | None, size: int) -> Envelope | str:
 
 def _names(delivery_id: str) -> list[str]:
     return [delivery_id, *(f"{delivery_id}~{n}" for n in range(1, 100))]
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -26,6 +26,7 @@ import threading
 from typing import Any
 
 from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
+from .pg_connect import close_quietly
 
 __all__ = ["CHANNEL", "PgMailboxWatch"]
 
@@ -121,7 +122,7 @@ class PgMailboxWatch:
             str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
             self._fallback_interval,
         )
-        _close_quietly(self._conn)
+        close_quietly(self._conn)
         self._fallback = MailboxWatch.pipe(self._fallback_interval)
 
     def close(self) -> None:
@@ -130,7 +131,7 @@ class PgMailboxWatch:
             if self._closed:
                 return
             self._closed = True
-            _close_quietly(self._conn)
+            close_quietly(self._conn)
             if self._fallback is not None:
                 self._fallback.close()
 
@@ -139,10 +140,3 @@ class PgMailboxWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _close_quietly(conn: Any) -> None:
-    try:
-        conn.close()
-    except Exception:  # closing a connection that already failed: nothing more to learn
-        pass

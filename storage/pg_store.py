@@ -62,7 +62,7 @@ from .framing import decode_event_lines, is_seed_marker
 from .index import StoredCheckpoint
 from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
 from .pg_checkpoints import PgCheckpoints
-from .pg_connect import Pool, check_url, redact
+from .pg_connect import Pool, check_url, first_line, redact
 from .pg_leases import Leases, LeaseState, new_host_id
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
 from .pg_schema import SCHEMA_VERSION, ensure_schema
@@ -126,7 +126,9 @@ class PostgresLogStore:
             self._pool.close()
             if is_timeout(exc):
                 raise timed_out(redact(url), "checking the schema", exc) from None
-            raise PersistenceFailed(f"preparing the PostgreSQL store at {redact(url)} failed: {_line(exc)}") from None
+            raise PersistenceFailed(
+                f"preparing the PostgreSQL store at {redact(url)} failed: {first_line(exc)}"
+            ) from None
         except BaseException:  # a store whose schema failed closes its pool (re-raised)
             self._pool.close()
             raise
@@ -294,7 +296,7 @@ class PostgresLogStore:
         except _Lost as lost:
             first = lost.cause
         except psycopg.Error as exc:  # the statement failed whole (a full disk, say): nothing written
-            raise PersistenceFailed(f"session {sid!r}: append failed: {_line(exc)}") from None
+            raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(exc)}") from None
         outcome = self._resolve(handle, args)
         if outcome == "committed":
             return
@@ -309,12 +311,12 @@ class PostgresLogStore:
                     return
                 raise
             except _Lost as lost:
-                handle.dead = f"the connection was lost twice mid-append ({_line(lost.cause)})"
-                raise PersistenceFailed(f"session {sid!r}: append failed: {_line(lost.cause)}") from None
+                handle.dead = f"the connection was lost twice mid-append ({first_line(lost.cause)})"
+                raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(lost.cause)}") from None
             except psycopg.Error as exc:
-                raise PersistenceFailed(f"session {sid!r}: append failed: {_line(exc)}") from None
-        handle.dead = f"the connection was lost mid-append ({_line(first)}) and what committed cannot be told"
-        raise PersistenceFailed(f"session {sid!r}: append failed: {_line(first)}")
+                raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(exc)}") from None
+        handle.dead = f"the connection was lost mid-append ({first_line(first)}) and what committed cannot be told"
+        raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(first)}")
 
     def _write(self, handle: WriteHandle, statement: str, args: dict[str, Any]) -> None:
         """One attempt: written, or a verdict (`SequenceConflict`, ...), or `_Lost`."""
@@ -568,7 +570,7 @@ class PostgresLogStore:
                 who = f"session {sid!r}: " if sid is not None else ""
                 if is_timeout(exc):
                     raise timed_out(redact(self.url), f"{who}{op}", exc) from None
-                raise PersistenceFailed(f"{who}{op} failed: {_line(exc)}") from None
+                raise PersistenceFailed(f"{who}{op} failed: {first_line(exc)}") from None
         raise AssertionError("unreachable")
 
     @property
@@ -648,11 +650,6 @@ def _check_schema(conn: Any, url: str) -> None:
             f"the PostgreSQL store at {redact(url)} has schema version {found} (this build: {SCHEMA_VERSION}): "
             "run `subagents store init URL` to migrate it"
         )
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _row_key(row: tuple[Any, ...]) -> tuple[Any, ...]:

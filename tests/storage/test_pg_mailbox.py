@@ -31,7 +31,7 @@ from subagents.storage import (
     MailboxWatch,
     Offset,
     PersistenceFailed,
-    PgMailboxWatch,
+    PgSessionWatch,
     PostgresLogStore,
     PostgresMailbox,
     StoreUnreachable,
@@ -264,7 +264,7 @@ def test_a_delivery_committed_by_any_connection_wakes_a_trio_watcher(
 
     watch_fd: list[int] = []
 
-    async def owner_loop(watch: PgMailboxWatch) -> None:
+    async def owner_loop(watch: PgSessionWatch) -> None:
         while True:  # the documented loop: clear, drain, wait
             watch.clear()
             pending = await trio.to_thread.run_sync(owner.drain, SID)
@@ -276,7 +276,7 @@ def test_a_delivery_committed_by_any_connection_wakes_a_trio_watcher(
     async def main() -> None:
         # A bound on failure only (a wake-up that never comes fails here instead of hanging).
         with trio.fail_after(60), owner.watch(SID) as watch:
-            assert isinstance(watch, PgMailboxWatch) and watch.listening
+            assert isinstance(watch, PgSessionWatch) and watch.listening
             watch_fd.append(watch.fileno())
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(owner_loop, watch)
@@ -505,7 +505,7 @@ def test_a_server_restart_mid_run_loses_no_delivery_and_the_watch_polls(
         assert owner.drain(SID) == [first, second]
         owner.ack(SID, first.delivery_id)
     with owner.watch(SID) as again:  # a new watch listens again
-        assert isinstance(again, PgMailboxWatch) and again.listening
+        assert isinstance(again, PgSessionWatch) and again.listening
         sender.deliver(SID, envelope(sender.ids, 3))
         assert woken(again.fileno()) and again.clear()
     assert [e.body["n"] for e in harness.new().drain(SID)] == [2, 3]
