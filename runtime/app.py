@@ -10,6 +10,7 @@ builds the subagent service (its `AgentHooks`) from itself, so nothing is assign
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ from typing import Any, Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import LogStore, Mailbox, Placements, ProjectionRegistry
+from subagents.storage import LogStore, Mailbox, Placements, ProjectionRegistry, StorageError
 
 from .agent.loop import AgentConfig
 from .agent.registry import AgentRegistry, SessionTools
@@ -44,6 +45,8 @@ from .tools.subagent_tools import subagent_tools
 from .tools.workspace_tools import workspace_tools
 
 __all__ = ["Runtime", "open_runtime"]
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -139,6 +142,8 @@ async def open_runtime(
     try:
         if mailbox is None and owned:
             mailbox = open_mailbox(logs, root)
+        if mailbox is not None:
+            await _sync_clock(mailbox)
         async with open_session_store(logs, registry, now_ms=now_ms or clock.now_ms) as sessions:
             query = SessionQuery(logs, sessions, registry, reader=StoreReader(logs))
             listing = ListingService(registry=registry, sessions=sessions, query=query)
@@ -225,3 +230,12 @@ async def open_runtime(
             # The store this call made: its index connection and change notification go with
             # it (a store passed in belongs to the caller).
             logs.close_store()
+
+
+async def _sync_clock(mailbox: Mailbox) -> None:
+    """Measure the mailbox's clock before any envelope is stamped or owner started on it; one
+    that cannot be read now is measured again by the next deliver or drain."""
+    try:
+        await trio.to_thread.run_sync(mailbox.sync_clock)
+    except StorageError as exc:
+        log.warning("the mailbox's clock could not be read (%s): this host's wall clock until it can", exc)

@@ -124,6 +124,7 @@ async def operator_command(args: argparse.Namespace) -> int:
             print(f"session {sid} is not running: nothing to {args.command}")
             return 0
         mailbox = open_mailbox(store, args.root)
+        await trio.to_thread.run_sync(mailbox.sync_clock)  # the clock the envelope is stamped on
         envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
         await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
     except StoreUnreachable as exc:  # no answer in time: as a refused connection

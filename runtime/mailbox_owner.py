@@ -25,9 +25,9 @@ dropped. An interrupt or stop records no id of its own; instead one whose `creat
 than this owner is stale and is acked without effect: the turn it was meant for ran under an
 earlier owner (a crash between the cancel and the ack, or a sender that saw the old host's lock),
 and that turn was closed then or by the resume's closers. So a redelivered interrupt never
-aborts a later turn. The comparison uses wall clocks (the sender's `created_at` is its wall
-clock), which the file form shares on one host; on PostgreSQL the hosts' clocks must agree to
-well under the time between a host's start and an interrupt (a known limit: README).
+aborts a later turn. Sender and owner read one clock, the mailbox's (`Mailbox.now_ms`): the
+wall clock the file form's processes share on one host, and on PostgreSQL the database's (each
+host's wall clock plus its measured offset), so hosts whose clocks disagree judge alike.
 
 A bad envelope never stops the owner: what the drain moved aside is a log line, a body this
 runtime cannot use is a log line and an ack, and a storage error is a log line and a retry at
@@ -37,7 +37,6 @@ the next poll.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -50,7 +49,7 @@ from .agent.inbox import Delivery
 from .agent.loop import Agent
 from .agent.messages import text_blocks
 
-__all__ = ["MailboxOwners", "OwnerActions", "message_content", "new_envelope", "wall_ms"]
+__all__ = ["MailboxOwners", "OwnerActions", "message_content", "new_envelope"]
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +58,11 @@ RETRY_AFTER = 1.0  # seconds before an owner looks again after its mailbox could
 CLOSE_GRACE = 5.0  # seconds a stopping session's owner may spend acking what was recorded
 
 
-def wall_ms() -> int:
-    """The wall clock in epoch ms: what envelopes' `created_at` and stale checks use."""
-    return time.time_ns() // 1_000_000
-
-
 def new_envelope(mailbox: Mailbox, kind: EnvelopeKind, body: Json, *, sender: str | None = None) -> Envelope:
-    """An envelope of `kind` with the mailbox's next delivery id, created now (wall clock)."""
+    """An envelope of `kind` with the mailbox's next delivery id, created now on the mailbox's
+    clock (`Mailbox.now_ms`: the wall clock, or PostgreSQL's for every host alike)."""
     ids = mailbox.ids  # the file forms' `DeliveryIds`
-    return Envelope.new(ids, wall_ms(), kind, body, sender=sender)
+    return Envelope.new(ids, mailbox.now_ms(), kind, body, sender=sender)
 
 
 def message_content(sender: str | None, text: str) -> tuple[list[Json], Json]:
@@ -103,7 +98,7 @@ class MailboxOwners:
     mailbox: Mailbox
     nursery: trio.Nursery
     actions: Callable[[], OwnerActions]
-    now_ms: Callable[[], int] = wall_ms
+    now_ms: Callable[[], int] | None = None  # None: the mailbox's clock (`Mailbox.now_ms`)
     _scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)
     _drained: dict[str, trio.Event] = attrs.field(factory=dict)  # set after each owner's first drain
     _owners: dict[str, _Owner] = attrs.field(factory=dict)
@@ -116,7 +111,8 @@ class MailboxOwners:
         drained = self._drained[agent.session_id] = trio.Event()
         # Read now, not when the task first runs: an interrupt sent once the agent exists is
         # never taken for a stale one.
-        self.nursery.start_soon(self._own, agent, scope, self.now_ms(), drained)
+        now_ms = self.now_ms if self.now_ms is not None else self.mailbox.now_ms
+        self.nursery.start_soon(self._own, agent, scope, now_ms(), drained)
 
     async def first_drain(self, session_id: str) -> None:
         """Until the session's owner has handed its agent what the mailbox held when it started

@@ -99,6 +99,17 @@ class Mailbox(Protocol):
         """A wake-up for the session's deliveries (`mailbox_watch`)."""
         ...
 
+    def now_ms(self) -> int:
+        """Epoch ms on the clock every sender and owner of this mailbox share: what an envelope's
+        `created_at` is stamped with and an owner's start is compared on (stale interrupts). The
+        file form's is the host's wall clock (one host); PostgreSQL's the database's."""
+        ...
+
+    def sync_clock(self) -> None:
+        """Measure that clock now (blocking: call it from a thread before the first `now_ms`);
+        nothing to do for the file form. Raises `StorageError` when it cannot be read."""
+        ...
+
 
 class FileMailbox:
     """Mailboxes under `<root>/sessions/<encoded-id>/mailbox/`.
@@ -297,6 +308,15 @@ class FileMailbox:
             except FileNotFoundError:
                 pass  # acknowledged before; its removal is made durable below all the same
             self.fs.fsync_dir(folder)
+
+    # --- the clock ---
+
+    def now_ms(self) -> int:
+        """The wall clock (every process of a host shares it; `now_ns` dates temp files only)."""
+        return time.time_ns() // 1_000_000
+
+    def sync_clock(self) -> None:
+        """Nothing to measure: the wall clock is the shared one."""
 
     # --- wake-ups ---
 

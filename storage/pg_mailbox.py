@@ -17,6 +17,10 @@ connection of a small pool (pg_connect; the log store's pool may be shared):
   reason — one statement deleting it and inserting it there — and reported; a drain never raises
   for a row. What cannot be moved stays and is reported by every drain.
 - `ack` is one DELETE (idempotent).
+- `now_ms` is the database's clock, read on this host as its wall clock plus an offset measured
+  by `sync_clock` (one query, the round trip halved) and again by a deliver or drain once a
+  minute: every host stamps interrupts and compares its owners' start on one clock, so hosts
+  whose clocks disagree judge stale interrupts alike (runtime/mailbox_owner.py).
 - `watch` hands out a wake-up from the one LISTEN connection every watch of this mailbox shares
   (pg_listener): a host holds one listening connection, not one per resident session.
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +76,8 @@ _REJECT = (
 )
 _TAKEN = "SELECT name FROM mailbox_rejected WHERE session_id = %s AND (name = %s OR starts_with(name, %s))"
 _ACK = "DELETE FROM mailbox WHERE session_id = %s AND delivery_id = %s"
+_CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+CLOCK_RESYNC = 60.0  # seconds between measures of the database's clock
 
 
 class PostgresMailbox:
@@ -78,7 +85,8 @@ class PostgresMailbox:
     store's: `PostgresLogStore.pool`; then closing this mailbox leaves the pool open).
 
     `poll_interval` is what a watch asks for once its LISTEN connection broke; `random` makes
-    delivery ids (`ids`, as the file form's). On its own `url` it creates or migrates the schema
+    delivery ids (`ids`, as the file form's); `wall_ns` is this host's wall clock, against which
+    `now_ms` keeps the database's, measured again every `clock_resync` seconds. On its own `url` it creates or migrates the schema
     (pg_schema); on a shared `pool` the log store that made the pool has prepared (or, opened
     read-only, checked) it, and nothing more is done here.
     """
@@ -91,6 +99,8 @@ class PostgresMailbox:
         pool_size: int = 2,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         random: Callable[[int], bytes] = os.urandom,
+        wall_ns: Callable[[], int] = time.time_ns,
+        clock_resync: float = CLOCK_RESYNC,
     ) -> None:
         if (url is None) == (pool is None):
             raise TypeError("PostgresMailbox needs a url or a pool (one of them)")
@@ -105,6 +115,10 @@ class PostgresMailbox:
         self._poll_interval = poll_interval
         self._listen_lock = threading.Lock()
         self._listener: PgListener | None = None
+        self._wall_ns = wall_ns
+        self._offset_ms = 0  # the database's clock minus this host's wall clock
+        self._synced_at: float | None = None  # time.monotonic() of the last measure
+        self._clock_resync = clock_resync
         if not self._owns_pool:
             return
         import psycopg
@@ -121,11 +135,38 @@ class PostgresMailbox:
             self.close()
             raise
 
+    # --- the clock ---
+
+    def now_ms(self) -> int:
+        """The database's clock in epoch ms, as last measured against this host's wall clock
+        (the wall clock alone until `sync_clock` first ran)."""
+        return self._wall_ns() // 1_000_000 + self._offset_ms
+
+    def sync_clock(self) -> None:
+        """Measure the database's clock against this host's wall clock (one query)."""
+        sid = "(clock)"
+        before = self._wall_ns()
+        (server_ms,) = self._run(sid, "clock", _CLOCK, None, retry_lost=True)
+        after = self._wall_ns()
+        self._offset_ms = int(server_ms) - (before + after) // 2_000_000
+        self._synced_at = time.monotonic()
+
+    def _resync(self) -> None:
+        """Measure again when the last measure is over a minute old (from a worker thread)."""
+        at = self._synced_at
+        if at is not None and time.monotonic() - at < self._clock_resync:
+            return
+        try:
+            self.sync_clock()
+        except StorageError as exc:  # the operation that called this will say so itself
+            log.debug("the database's clock could not be read: %s", exc)
+
     # --- delivering ---
 
     def deliver(self, session_id: str, envelope: Envelope) -> None:
         """Enqueue `envelope` for the session, durably (committed) before returning."""
         sid = check_session_id(session_id)
+        self._resync()
         data = encode_envelope(envelope)
         args = {"s": sid, "d": envelope.delivery_id, "e": data, "c": envelope.created_at}
         for _ in range(3):
@@ -153,6 +194,7 @@ class PostgresMailbox:
     def drain_report(self, session_id: str) -> DrainResult:
         """`drain`, plus the rows it moved to `mailbox_rejected` (or could not)."""
         sid = check_session_id(session_id)
+        self._resync()
         rows = self._run(sid, "drain", _DRAIN, (MAX_ENVELOPE_BYTES, sid), retry_lost=True, fetch="all")
         envelopes: list[Envelope] = []
         rejected: list[RejectedEnvelope] = []
