@@ -17,11 +17,9 @@ from typing import Any
 
 import psycopg
 import pytest
-import trio
-import trio.testing
 from clocks import T
 from log_lines import header
-from mailboxes import MailboxHarness, envelope
+from mailboxes import MailboxHarness, envelope, trio_owner_wakes
 from pg_server import EmbeddedServer
 from subagents.storage import (
     Batch,
@@ -247,45 +245,21 @@ def test_a_delivery_committed_by_any_connection_wakes_a_trio_watcher(
 ) -> None:
     """Another host's writer is any client that inserts the row and notifies in one transaction:
     the fd wakes at its commit, not before."""
-    owner = harness.new()
     env = Envelope(delivery_id=GOOD_ID, kind="message", sender=None, body={"text": "hi"}, created_at=T)
-    woke: list[list[Envelope]] = []
 
-    def foreign_delivery(committed: threading.Event) -> None:
+    def foreign_delivery(watch: MailboxWatch | PgMailboxWatch) -> None:
+        assert isinstance(watch, PgMailboxWatch) and watch.listening
         with psycopg.connect(pg_url) as other:  # not autocommit: one transaction
             other.execute(
                 "INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) VALUES (%s, %s, %s, %s)",
                 (SID, env.delivery_id, encode_envelope(env), env.created_at),
             )
             other.execute("SELECT pg_notify('subagents_mailbox', %s)", (SID,))
-            assert not readable(watch_fd[0])  # an uncommitted NOTIFY sends nothing
+            assert not readable(watch.fileno())  # an uncommitted NOTIFY sends nothing
             other.commit()
-        committed.set()
 
-    watch_fd: list[int] = []
-
-    async def owner_loop(watch: PgMailboxWatch) -> None:
-        while True:  # the documented loop: clear, drain, wait
-            watch.clear()
-            pending = await trio.to_thread.run_sync(owner.drain, SID)
-            if pending:
-                woke.append(pending)
-                return
-            await trio.lowlevel.wait_readable(watch.fileno())
-
-    async def main() -> None:
-        # A bound on failure only (a wake-up that never comes fails here instead of hanging).
-        with trio.fail_after(60), owner.watch(SID) as watch:
-            assert isinstance(watch, PgMailboxWatch) and watch.listening
-            watch_fd.append(watch.fileno())
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(owner_loop, watch)
-                await trio.testing.wait_all_tasks_blocked()
-                assert woke == []  # parked on the fd, nothing delivered yet
-                await trio.to_thread.run_sync(foreign_delivery, threading.Event())
-
-    trio.run(main)
-    assert woke == [[env]]
+    # The conformance suite's owner loop (test_mailbox_conformance.py), woken by another client.
+    assert trio_owner_wakes(harness.new(), SID, foreign_delivery) == [[env]]
 
 
 def _listener_pid(db: psycopg.Connection[Any]) -> int:
