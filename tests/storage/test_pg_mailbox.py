@@ -10,7 +10,7 @@ import json
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import pytest
 from clocks import T
 from log_lines import header
 from mailboxes import MailboxHarness, envelope, trio_owner_wakes
+from pg_faults import lock_waiter, outcome_of
 from pg_server import EmbeddedServer
 from subagents.storage import (
     Batch,
@@ -317,23 +318,8 @@ def test_a_watch_closed_stops_listening(harness: MailboxHarness, db: psycopg.Con
 
 
 def _wait_for_lock_waiter(db: psycopg.Connection[Any]) -> int:
-    """The backend of the delivery blocked on the row (polled: it is another process)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        row = db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE 'WITH ins AS (INSERT INTO mailbox%%'"
-        ).fetchone()
-        if row is not None:
-            return int(row[0])
-    raise AssertionError("the delivery never blocked on the row")
-
-
-def _try(fn: Callable[..., Any], *args: Any) -> object:
-    try:
-        return fn(*args)
-    except Exception as exc:  # the outcome under test
-        return exc
+    """The backend of the delivery blocked on the row."""
+    return lock_waiter(db, "WITH ins AS (INSERT INTO mailbox", "the delivery")
 
 
 @pytest.mark.parametrize("blocker_ends", ["rollback", "commit"])
@@ -351,7 +337,7 @@ def test_a_delivery_cut_before_it_committed_is_there_once(
             "INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) VALUES (%s, %s, %s, %s)",
             (SID, env.delivery_id, encode_envelope(env), env.created_at),
         )
-        worker = threading.Thread(target=lambda: outcome.append(_try(mailbox.deliver, SID, env)))
+        worker = threading.Thread(target=lambda: outcome.append(outcome_of(mailbox.deliver, SID, env)))
         worker.start()
         victim = _wait_for_lock_waiter(db)
         db.execute("SELECT pg_terminate_backend(%s)", (victim,))
@@ -444,7 +430,7 @@ def test_concurrent_deliveries_of_one_id_make_one_row_and_conflicts_are_told(
     def send(value: Envelope) -> None:
         mailbox = harness.new()
         barrier.wait()
-        result = _try(mailbox.deliver, SID, value)
+        result = outcome_of(mailbox.deliver, SID, value)
         with lock:
             outcomes.append((value is env, type(result).__name__))
 
