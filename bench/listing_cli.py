@@ -186,17 +186,19 @@ def command(root: str, parent: str, want: list[dict[str, object]], profile: str 
     return elapsed
 
 
+def plain_bytes(path: str, compression: Compression) -> bytes:
+    """A log file's lines: read, and for the zstd form decompressed across its frames."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if compression == "zstd":
+        data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
+    return data
+
+
 def decode_all(paths: list[str], compression: Compression) -> int:
     """Every line of every log, untyped, in this thread (file read and decompression included)."""
     decoder = msgspec.json.Decoder()
-    items = 0
-    for path in paths:
-        with open(path, "rb") as f:
-            data = f.read()
-        if compression == "zstd":
-            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
-        items += len(decoder.decode_lines(data))
-    return items
+    return sum(len(decoder.decode_lines(plain_bytes(path, compression))) for path in paths)
 
 
 def baseline(paths: list[str], compression: Compression, items: int, gc_off: bool) -> float:
@@ -266,16 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         items = decode_all(paths, compression)
         on_disk = sum(os.path.getsize(p) for p in paths)
         child_paths = [p for p in paths if "child-" in p]
-        events_bytes = sum(
-            len(
-                zstandard.ZstdDecompressor()
-                .stream_reader(io.BytesIO(open(p, "rb").read()), read_across_frames=True)
-                .read()
-                if compression == "zstd"
-                else open(p, "rb").read()
-            )
-            for p in child_paths
-        )
+        events_bytes = sum(len(plain_bytes(p, compression)) for p in child_paths)
         print(
             f"corpus: {len(paths)} logs ({sizes.children} children + 2 root sessions), {items} lines, "
             f"{on_disk / 1e6:.1f} MB on disk, children {events_bytes / 1e6:.1f} MB of lines; "
