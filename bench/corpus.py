@@ -1,5 +1,6 @@
-"""Stores for the process benchmarks (bench/startup.py, bench/scale.py), written with the storage
-layer directly: `FileLogStore.create` + `append`, with every fsync skipped (`NoSyncFs`).
+"""Stores for the process benchmarks (bench/startup.py, bench/scale.py, bench/listing_cli.py),
+written with the storage layer directly: `FileLogStore.create` + `append` (`write_log`), with
+every fsync skipped (`NoSyncFs`, `build_store`).
 
 The files are exactly what the store writes (the same code path, the same bytes); only their
 durability is given up, which a benchmark that reads them from the page cache does not need.
@@ -32,10 +33,14 @@ __all__ = [
     "bytecode_env",
     "child_events",
     "cli_command",
+    "descriptor_data",
     "drop_index",
+    "events_of",
+    "header",
     "root_events",
     "run_process",
     "storage_bench",
+    "write_log",
 ]
 
 CREATED_AT = 1_764_547_200_000  # 2025-12-01T00:00:00Z
@@ -77,13 +82,22 @@ def storage_bench() -> ModuleType:
     return sys.modules[name]
 
 
-def _turn(turn: int, first_seq: int) -> list[Event]:
-    """One realistic turn (bench/storage.py's: a prompt, a tool round trip, an answer; ~3 KB)."""
-    rng = random.Random(turn)
+def events_of(first_seq: int, items: Iterable[tuple[str, Any, bool]]) -> list[Event]:
+    """`items` (bench/storage.py's `(type, data, surface)` triples) as events from `first_seq`."""
     return [
         make_event(first_seq + i, type_, CREATED_AT + first_seq + i, data, surface_op="append" if surface else None)
-        for i, (type_, data, surface) in enumerate(storage_bench().turn_events(rng, turn))
+        for i, (type_, data, surface) in enumerate(items)
     ]
+
+
+def _turn(turn: int, first_seq: int) -> list[Event]:
+    """One realistic turn (bench/storage.py's: a prompt, a tool round trip, an answer; ~3 KB)."""
+    return events_of(first_seq, storage_bench().turn_events(random.Random(turn), turn))
+
+
+def descriptor_data(label: str) -> dict[str, Any]:
+    """A continuable child's `subagent/descriptor` data."""
+    return snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="scripted", label=label))
 
 
 def root_events(turns: int = 1) -> list[Event]:
@@ -96,17 +110,18 @@ def root_events(turns: int = 1) -> list[Event]:
 
 def child_events(label: str, turns: int = 1) -> list[Event]:
     """A continuable child's log: its descriptor, then `turns` small turns."""
-    data = snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="scripted", label=label))
-    events = [make_event(0, "subagent/descriptor", CREATED_AT, data)]
+    events = [make_event(0, "subagent/descriptor", CREATED_AT, descriptor_data(label))]
     for turn in range(1, turns + 1):
         events += _turn(turn, len(events))
     return events
 
 
-def _header(sid: str, i: int, parent: str | None) -> SessionHeader:
+def header(sid: str, i: int, parent: str | None, *, seeded: bool = False) -> SessionHeader:
+    """A session's header: created `i` ms after CREATED_AT; a child of `parent` (a subagent), if given."""
     return SessionHeader(
         id=sid,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
         created_at=CREATED_AT + i,
+        is_seeded=seeded,
         delegation_depth=0 if parent is None else 1,
         cwd="/work/bench",
         parent_session=parent,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
@@ -135,11 +150,7 @@ def build_store(
     try:
 
         def one(sid: str, i: int, parent: str | None, events: list[Event]) -> None:
-            handle = store.create(_header(sid, i, parent))
-            try:
-                store.append(handle, [Batch(Offset(0), events)])
-            finally:
-                store.close(handle)
+            write_log(store, header(sid, i, parent), events)
 
         for i, sid in enumerate(roots):
             one(sid, i, None, shared_root)
@@ -155,6 +166,24 @@ def build_store(
     finally:
         store.close_store()
     return written
+
+
+def write_log(
+    store: FileLogStore, head: SessionHeader, events: list[Event], *, inherited: int = 0, batch: int | None = None
+) -> None:
+    """Create the session and append `events`: in one batch, or in batches of `batch` events (one
+    zstd frame each, as group commit writes). A seeded log (`inherited` events, then the
+    `session/end-seed` marker, first in `events`) is published with its whole seed at once."""
+    handle = store.create(head, inherited_event_count=Offset(inherited))
+    try:
+        first = inherited + 1 if inherited else 0
+        if first:
+            store.append(handle, [Batch(Offset(0), events[:first])])
+        step = batch or max(len(events), 1)
+        for start in range(first, len(events), step):
+            store.append(handle, [Batch(Offset(start), events[start : start + step])])
+    finally:
+        store.close(handle)
 
 
 def drop_index(root: str) -> None:

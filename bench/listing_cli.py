@@ -2,10 +2,11 @@
 CHILDREN children no index knows, first run, against a plain msgspec decode of the same files.
 
 Corpus. One root session `bench-parent` with CHILDREN subagent children, and a childless root
-session `bench-lonely`, written with the storage layer directly (`FileLogStore.create` +
-`append`, batches of 64 events, one zstd frame per append in the default form): no runtime, no
-actor, so no checkpoint rows; `index.sqlite3` is removed after writing and again before every
-command, so every command is a first run (the corpus is scanned, every child observed in full).
+session `bench-lonely`, written with the storage layer directly (bench/corpus.py's `write_log`:
+`FileLogStore.create` + `append`, fsynced, batches of 64 events, one zstd frame per append in the
+default form): no runtime, no actor, so no checkpoint rows; `index.sqlite3` is removed after
+writing and again before every command, so every command is a first run (the corpus is scanned,
+every child observed in full).
 Half the children are seeded (inherited events, the tagged `session/end-seed` marker, then
 their own), each has a continuable `subagent/descriptor` as its first own event and about
 LOG_BYTES of events (bench/storage.py's realistic turns) in all.
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import io
 import itertools
 import json
@@ -51,20 +51,18 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 
 import msgspec
 import zstandard
 from bench_common import bug, load, per_rep, spread
-from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
-from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+from corpus import cli_command, descriptor_data, drop_index, events_of, header, storage_bench, write_log
+from subagents.storage import FileLogStore, make_event
 from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage.forms import Compression
 
 TARGET = 1.43  # listing cost at most this many times the plain decode (>= 0.7x its throughput)
 PARENT = "bench-parent"
 LONELY = "bench-lonely"
-CREATED_AT = 1_789_000_000_000
 SEED = 20261201
 KB = 1_000
 BATCH = 64  # events per append: one zstd frame each, as group commit writes
@@ -81,37 +79,7 @@ STANDARD = Sizes(children=200, log_bytes=256 * KB, reps=9)
 QUICK = Sizes(children=40, log_bytes=64 * KB, reps=3)
 
 
-def load_storage_bench() -> ModuleType:
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "storage.py")
-    spec = importlib.util.spec_from_file_location("bench_storage", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 # --- corpus -------------------------------------------------------------------------------------
-
-
-def child_header(i: int, seeded: bool) -> SessionHeader:
-    return SessionHeader(
-        id=f"child-{i:05d}",  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-        created_at=CREATED_AT + i,
-        is_seeded=seeded,
-        delegation_depth=1,
-        cwd="/work/bench",
-        parent_session=PARENT,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
-        origin="subagent",
-    )
-
-
-def root_header(sid: str) -> SessionHeader:
-    return SessionHeader(id=sid, created_at=CREATED_AT - 1, cwd="/work/bench")  # type: ignore[arg-type]  # a plain str id
-
-
-def descriptor_data(i: int) -> dict[str, object]:
-    return snapshot_descriptor(SubagentDescriptor(mode="continuable", provider="scripted", label=f"child-{i}"))
 
 
 @dataclass
@@ -122,7 +90,7 @@ class Material:
 
 
 def material(log_bytes: int) -> Material:
-    sb = load_storage_bench()
+    sb = storage_bench()
     rng = random.Random(SEED)
     turns: list[tuple[str, dict[str, object], bool]] = []
     size = 0
@@ -135,57 +103,31 @@ def material(log_bytes: int) -> Material:
     raise AssertionError("unreachable")
 
 
-def events_of(stuff: Material, first_seq: int, items: Sequence[tuple[str, dict[str, object], bool]]) -> list[Event]:
-    return [
-        make_event(first_seq + n, type_, CREATED_AT + first_seq + n, data, surface_op="append" if surface else None)
-        for n, (type_, data, surface) in enumerate(items)
-    ]
-
-
-def write_log(store: FileLogStore, header: SessionHeader, k: int, events: list[Event]) -> None:
-    handle = store.create(header, inherited_event_count=Offset(k))
-    try:
-        # A seeded log is published with its whole seed and the end-seed marker.
-        first = k + 1 if k else 0
-        if first:
-            store.append(handle, [Batch(Offset(0), events[:first])])
-        for start in range(first, len(events), BATCH):
-            store.append(handle, [Batch(Offset(start), events[start : start + BATCH])])
-    finally:
-        store.close(handle)
-
-
 def build(root: str, sizes: Sizes, compression: Compression) -> None:
     stuff = material(sizes.log_bytes)
     store = FileLogStore(root, compression=compression)
     try:
-        for sid in (PARENT, LONELY):
-            write_log(store, root_header(sid), 0, events_of(stuff, 0, stuff.turns[:11]))
+        for n, sid in enumerate((PARENT, LONELY)):
+            write_log(store, header(sid, n, None), events_of(0, stuff.turns[:11]), batch=BATCH)
         half = len(stuff.turns) // 2
         while stuff.turns[half - 1][0] != "turn/end":  # halves are whole turns
             half += 1
         for i in range(sizes.children):
             seeded = i % 2 == 1
+            descriptor = ("subagent/descriptor", descriptor_data(f"child-{i}"), False)
             if seeded:
-                inherited = events_of(stuff, 0, stuff.turns[:half])
+                inherited = events_of(0, stuff.turns[:half])
                 k = len(inherited)
                 marker = make_event(k, "session/end-seed", inherited[-1].time, {"inherited": True})
-                own = [("subagent/descriptor", descriptor_data(i), False), *stuff.turns[half:]]
-                events = [*inherited, marker, *events_of(stuff, k + 1, own)]
+                events = [*inherited, marker, *events_of(k + 1, [descriptor, *stuff.turns[half:]])]
             else:
                 k = 0
-                events = events_of(stuff, 0, [("subagent/descriptor", descriptor_data(i), False), *stuff.turns])
-            write_log(store, child_header(i, seeded), k, events)
+                events = events_of(0, [descriptor, *stuff.turns])
+            sid_header = header(f"child-{i:05d}", 1_000 + i, PARENT, seeded=seeded)
+            write_log(store, sid_header, events, inherited=k, batch=BATCH)
     finally:
         store.close_store()
     drop_index(root)
-
-
-def drop_index(root: str) -> None:
-    """No index: no rows, no checkpoint rows (every command below is a first run)."""
-    for name in os.listdir(root):
-        if name.startswith("index.sqlite3"):
-            os.remove(os.path.join(root, name))
 
 
 def log_files(root: str) -> list[str]:
@@ -215,18 +157,20 @@ def expected_rows(n: int) -> list[dict[str, object]]:
 # --- the three measurements ------------------------------------------------------------------------
 
 
-def cli() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "subagents")
-    return (
-        [script] if os.path.exists(script) else [sys.executable, "-c", "from subagents.runtime.cli import main; main()"]
-    )
-
-
 def command(root: str, parent: str, want: list[dict[str, object]], profile: str | None = None) -> float:
-    drop_index(root)
-    argv = [*cli(), "children", "--root", root, parent, "--json"]
+    drop_index(root)  # no index: no rows, no checkpoint rows (every command is a first run)
+    argv = [*cli_command(), "children", "--root", root, parent, "--json"]
     if profile is not None:
-        argv = [sys.executable, "-m", "cProfile", "-o", profile, "-m", "subagents.runtime.cli", *argv[len(cli()) :]]
+        argv = [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            profile,
+            "-m",
+            "subagents.runtime.cli",
+            *argv[len(cli_command()) :],
+        ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -242,17 +186,19 @@ def command(root: str, parent: str, want: list[dict[str, object]], profile: str 
     return elapsed
 
 
+def plain_bytes(path: str, compression: Compression) -> bytes:
+    """A log file's lines: read, and for the zstd form decompressed across its frames."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if compression == "zstd":
+        data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
+    return data
+
+
 def decode_all(paths: list[str], compression: Compression) -> int:
     """Every line of every log, untyped, in this thread (file read and decompression included)."""
     decoder = msgspec.json.Decoder()
-    items = 0
-    for path in paths:
-        with open(path, "rb") as f:
-            data = f.read()
-        if compression == "zstd":
-            data = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
-        items += len(decoder.decode_lines(data))
-    return items
+    return sum(len(decoder.decode_lines(plain_bytes(path, compression))) for path in paths)
 
 
 def baseline(paths: list[str], compression: Compression, items: int, gc_off: bool) -> float:
@@ -322,16 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         items = decode_all(paths, compression)
         on_disk = sum(os.path.getsize(p) for p in paths)
         child_paths = [p for p in paths if "child-" in p]
-        events_bytes = sum(
-            len(
-                zstandard.ZstdDecompressor()
-                .stream_reader(io.BytesIO(open(p, "rb").read()), read_across_frames=True)
-                .read()
-                if compression == "zstd"
-                else open(p, "rb").read()
-            )
-            for p in child_paths
-        )
+        events_bytes = sum(len(plain_bytes(p, compression)) for p in child_paths)
         print(
             f"corpus: {len(paths)} logs ({sizes.children} children + 2 root sessions), {items} lines, "
             f"{on_disk / 1e6:.1f} MB on disk, children {events_bytes / 1e6:.1f} MB of lines; "

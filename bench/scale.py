@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import trio
@@ -236,6 +236,40 @@ def sessions_check(n: int) -> Callable[[bytes], bool]:
 
 
 @dataclass
+class ColdWarm:
+    """One command's cold and warm runs over a growing store: the median wall and CPU ms at each
+    size, and a note per size."""
+
+    cold_wall: list[float] = field(default_factory=list)
+    cold_cpu: list[float] = field(default_factory=list)
+    warm_wall: list[float] = field(default_factory=list)
+    warm_cpu: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, cold: list[Run], warm: list[Run], note: str) -> None:
+        self.cold_wall.append(median_ms(cold))
+        self.warm_wall.append(median_ms(warm))
+        self.cold_cpu.append(cpu_ms(cold))
+        self.warm_cpu.append(cpu_ms(warm))
+        self.notes.append(note)
+
+    def report(self, heading: str, name: str, sizes: list[int], fixed: list[Run], quick: bool) -> tuple[Curve, Curve]:
+        """The cold and the warm curve (over `fixed`, the command in a one-session store), printed."""
+        fixed_ms, fixed_cpu = median_ms(fixed), cpu_ms(fixed)
+        cold = Curve(f"{name}, cold", sizes, self.cold_wall, self.cold_cpu, fixed_ms, fixed_cpu, quick)
+        warm = Curve(f"{name}, warm", sizes, self.warm_wall, self.warm_cpu, fixed_ms, fixed_cpu, quick)
+        print(
+            f"\n{heading}, new processes; medians; fixed cost (one-session store) "
+            f"{fixed_ms:.0f} ms wall, {fixed_cpu:.0f} ms cpu"
+        )
+        print_points("cold (index removed before each run)", cold, self.notes)
+        print_points("warm (the next run)", warm, [""] * len(self.notes))
+        print(f"   {cold.summary()}")
+        print(f"   {warm.summary()}")
+        return cold, warm
+
+
+@dataclass
 class CommandCurves:
     children_cold: Curve | None = None
     children_warm: Curve | None = None
@@ -261,7 +295,7 @@ def bench_commands(workdir: str, sizes: Sizes, env: dict[str, str], only: set[st
         fixed["sessions"].append(run_process(sessions_fixed, env=env))
     biggest = os.path.join(workdir, f"children-{sizes.children[-1]}")
     if "1" in only or "2" in only or "3" in only:
-        cold_w, warm_w, cold_c, warm_c, notes = [], [], [], [], []
+        children = ColdWarm()
         for n, reps in zip(sizes.children, sizes.children_reps, strict=True):
             root = os.path.join(workdir, f"children-{n}")
             started = time.perf_counter()
@@ -270,33 +304,18 @@ def bench_commands(workdir: str, sizes: Sizes, env: dict[str, str], only: set[st
             argv = [*cli, "children", "--root", root, "p", "--json"]
             if "1" in only:
                 cold, warm = cold_and_warm(argv, root, env, reps, children_check(n))
-                cold_w.append(median_ms(cold))
-                warm_w.append(median_ms(warm))
-                cold_c.append(cpu_ms(cold))
-                warm_c.append(cpu_ms(warm))
-                notes.append(f"built in {built:.1f} s; cold {'/'.join(f'{r.wall:.2f}' for r in cold)} s")
+                children.add(cold, warm, f"built in {built:.1f} s; cold {'/'.join(f'{r.wall:.2f}' for r in cold)} s")
             if "3" in only and n == sizes.children[-1]:
                 drop_index(root)
                 out.rss_cold_10k = peak_rss(argv, env)
                 out.rss_floor = peak_rss(children_fixed, env)
         if "1" in only:
-            fixed_ms, fixed_cpu = median_ms(fixed["children"]), cpu_ms(fixed["children"])
-            out.children_cold = Curve(
-                "children, cold", list(sizes.children), cold_w, cold_c, fixed_ms, fixed_cpu, quick
+            out.children_cold, out.children_warm = children.report(
+                "1. children P --json", "children", list(sizes.children), fixed["children"], quick
             )
-            out.children_warm = Curve(
-                "children, warm", list(sizes.children), warm_w, warm_c, fixed_ms, fixed_cpu, quick
-            )
-            print(
-                f"\n1. children P --json, new processes; medians; fixed cost (one-session store) "
-                f"{fixed_ms:.0f} ms wall, {fixed_cpu:.0f} ms cpu"
-            )
-            print_points("cold (index removed before each run)", out.children_cold, notes)
-            print_points("warm (the next run)", out.children_warm, [""] * len(notes))
-            print(f"   {out.children_cold.summary()}")
-            print(f"   {out.children_warm.summary()}")
     if "2" in only:
-        counts, cold_w, warm_w, cold_c, warm_c, notes = [], [], [], [], [], []
+        counts: list[int] = []
+        sessions = ColdWarm()
         if not os.path.isdir(biggest):
             build_store(biggest, roots=["p"], children=[("p", sizes.children[-1])])
         have = 1 + sizes.children[-1]
@@ -309,24 +328,11 @@ def bench_commands(workdir: str, sizes: Sizes, env: dict[str, str], only: set[st
             else:
                 notes_built = f"the {sizes.children[-1]:,}-children store"
             argv = [*cli, "sessions", "--root", biggest]
-            cold, warm = cold_and_warm(argv, biggest, env, sizes.sessions_reps, sessions_check(have))
             counts.append(have)
-            cold_w.append(median_ms(cold))
-            warm_w.append(median_ms(warm))
-            cold_c.append(cpu_ms(cold))
-            warm_c.append(cpu_ms(warm))
-            notes.append(notes_built)
-        fixed_ms, fixed_cpu = median_ms(fixed["sessions"]), cpu_ms(fixed["sessions"])
-        out.sessions_cold = Curve("sessions, cold", counts, cold_w, cold_c, fixed_ms, fixed_cpu, quick)
-        out.sessions_warm = Curve("sessions, warm", counts, warm_w, warm_c, fixed_ms, fixed_cpu, quick)
-        print(
-            f"\n2. sessions, new processes; medians; fixed cost (one-session store) "
-            f"{fixed_ms:.0f} ms wall, {fixed_cpu:.0f} ms cpu"
+            sessions.add(*cold_and_warm(argv, biggest, env, sizes.sessions_reps, sessions_check(have)), notes_built)
+        out.sessions_cold, out.sessions_warm = sessions.report(
+            "2. sessions", "sessions", counts, fixed["sessions"], quick
         )
-        print_points("cold (index removed before each run)", out.sessions_cold, notes)
-        print_points("warm (the next run)", out.sessions_warm, [""] * len(notes))
-        print(f"   {out.sessions_cold.summary()}")
-        print(f"   {out.sessions_warm.summary()}")
     return out
 
 

@@ -22,6 +22,8 @@ be reached or does not answer in time (its timeouts: storage/pg_timeouts.py).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -84,9 +86,17 @@ def add_operator_commands(commands: Any, root: argparse.ArgumentParser, model_op
 def runs_elsewhere(store_spec: str, session_id: str) -> bool:
     """Whether another process holds the session (`UsageError` if there is none); `store_spec`
     is a root folder or a store URL (runtime/store_select.py)."""
+    with _open_store(store_spec) as store:
+        return _stat(store, session_id)[1]
+
+
+@contextmanager
+def _open_store(store_spec: str) -> Iterator[LogStore]:
+    """The store at `store_spec`, closed on leaving; a store error inside becomes the CLI's:
+    `UsageError` (exit 2) for one that does not answer in time, `CommandFailed` (exit 1) else."""
     store = open_log_store(store_spec, create_schema=False)
     try:
-        return _stat(store, session_id)[1]
+        yield store
     except StoreUnreachable as exc:  # no answer in time: as a refused connection
         raise UsageError(str(exc)) from None
     except StorageError as exc:
@@ -115,8 +125,7 @@ async def operator_command(args: argparse.Namespace) -> int:
 
     kind: EnvelopeKind = "message" if args.command == "send" else args.command
     sid = args.session_id
-    store = open_log_store(getattr(args, "store", None) or args.root, create_schema=False)
-    try:
+    with _open_store(_store_spec(args)) as store:
         info, held = await trio.to_thread.run_sync(_stat, store, sid)
         if info.damage is not None:
             raise CommandFailed(f'session "{sid}" is damaged ({info.damage}): nothing delivered')
@@ -127,12 +136,6 @@ async def operator_command(args: argparse.Namespace) -> int:
         await trio.to_thread.run_sync(mailbox.sync_clock)  # the clock the envelope is stamped on
         envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
         await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
-    except StoreUnreachable as exc:  # no answer in time: as a refused connection
-        raise UsageError(str(exc)) from None
-    except StorageError as exc:
-        raise CommandFailed(str(exc)) from None
-    finally:
-        store.close_store()
     where = (
         "live in another process, which records it" if held else "not running: the next host that resumes it records it"
     )
@@ -143,8 +146,7 @@ async def operator_command(args: argparse.Namespace) -> int:
 async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
     """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
     sid = args.session_id
-    store = open_log_store(getattr(args, "store", None) or args.root, create_schema=False)
-    try:
+    with _open_store(_store_spec(args)) as store:
         await trio.to_thread.run_sync(_stat, store, sid)
         cursor = 0
         while True:
@@ -155,12 +157,11 @@ async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
             if not args.follow:
                 return 0
             await trio.sleep(FOLLOW_POLL)  # another process's appends raise nothing here to wait on
-    except StoreUnreachable as exc:  # no answer in time: as a refused connection
-        raise UsageError(str(exc)) from None
-    except StorageError as exc:
-        raise CommandFailed(str(exc)) from None
-    finally:
-        store.close_store()
+
+
+def _store_spec(args: argparse.Namespace) -> str:
+    """The store the command names: `--store` (a URL) if given, else `--root`."""
+    return getattr(args, "store", None) or args.root
 
 
 def _read_from(store: LogStore, session_id: str, start: int) -> tuple[list[Any], int]:

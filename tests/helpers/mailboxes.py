@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import select
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import trio
+import trio.testing
 from clocks import T
 from subagents.storage import (
     DeliveryIds,
@@ -19,6 +22,8 @@ from subagents.storage import (
     FileLogStore,
     FileMailbox,
     LogStore,
+    MailboxWatch,
+    PgMailboxWatch,
     PostgresLogStore,
     PostgresMailbox,
     encode_session_id,
@@ -35,6 +40,37 @@ def rel_mailbox(sid: str) -> str:
 def envelope(ids: DeliveryIds, n: int = 0, *, kind: str = "message", at: int = T, **body: Any) -> Envelope:
     """The n-th test envelope: body `{"n": n, ...}`."""
     return Envelope.new(ids, at, kind, {"n": n, **body}, sender="parent")  # type: ignore[arg-type]  # tests pass kinds as plain strings
+
+
+Watch = MailboxWatch | PgMailboxWatch
+
+
+def trio_owner_wakes(owner: Any, sid: str, deliver: Callable[[Watch], None]) -> list[list[Envelope]]:
+    """The documented owner loop under Trio (clear, drain, wait on the watch's fd; no thread
+    waits) on `owner.watch(sid)`: once it is parked on the fd with nothing drained, `deliver`
+    runs in a thread with the watch. Returns what the loop drained when it woke."""
+    woke: list[list[Envelope]] = []
+
+    async def owner_loop(watch: Watch) -> None:
+        while True:
+            watch.clear()
+            pending = owner.drain(sid)  # here, not in a thread: a task in a thread counts as blocked
+            if pending:
+                woke.append(pending)
+                return
+            await trio.lowlevel.wait_readable(watch.fileno())
+
+    async def main() -> None:
+        # A bound on failure only (a wake-up that never comes fails here instead of hanging).
+        with trio.fail_after(60), owner.watch(sid) as watch:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(owner_loop, watch)
+                await trio.testing.wait_all_tasks_blocked()
+                assert woke == []  # parked on the fd, nothing delivered yet
+                await trio.to_thread.run_sync(deliver, watch)
+
+    trio.run(main)
+    return woke
 
 
 class MailboxHarness:

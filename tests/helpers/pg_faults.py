@@ -10,13 +10,21 @@ written either, but the client cannot tell: it asks on a fresh connection and se
 once more; two in a row leave the outcome unknown and the handle dead, like a failed fsync). The
 count survives the rollback of the spoiled statement (a sequence is not transactional).
 `disarm(url)` drops the trigger.
+
+For a connection cut mid-statement: `lock_waiter(db, query_start, what)` is the backend of a
+statement (another process) blocked on a row lock, to terminate there; `outcome_of(fn, *args)` what
+a call returned or raised.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
 from pg_damage import sql
 
-__all__ = ["arm", "disarm"]
+__all__ = ["arm", "disarm", "lock_waiter", "outcome_of"]
 
 _FUNCTION = """
 CREATE OR REPLACE FUNCTION test_fault_batches() RETURNS trigger AS $$
@@ -59,3 +67,26 @@ def disarm(url: str) -> None:
         url,
         "DO $$ BEGIN IF to_regclass('batches') IS NOT NULL THEN DROP TRIGGER IF EXISTS test_fault ON batches; END IF; END $$",
     )
+
+
+def lock_waiter(db: Any, query_start: str, what: str) -> int:
+    """The pid of the backend whose statement, starting with `query_start`, waits on a lock
+    (polled: it is another process; AssertionError naming `what` after 30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s",
+            (query_start + "%",),
+        ).fetchone()
+        if row is not None:
+            return int(row[0])
+    raise AssertionError(f"{what} never blocked on the row")
+
+
+def outcome_of(fn: Callable[..., Any], *args: Any) -> object:
+    """What `fn(*args)` returned, or the exception it raised."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # the outcome under test
+        return exc

@@ -8,9 +8,6 @@ Two runtimes ("hosts") on one in-memory disk (`MemoryLogStore`s and `MemoryMailb
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +16,12 @@ from clocks import until_virtual
 from drafts import descriptor_draft
 from log_lines import memory_events
 from mailboxes import rel_mailbox
+from memory_hosts import memory_host
 from subagents.actors import Activation
-from subagents.runtime import ScenarioClock, open_runtime
 from subagents.runtime.errors import Unauthorized
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox
+from subagents.storage.testing import CrashFs, MemoryMailbox
 
 Json = dict[str, Any]
-
-
-@asynccontextmanager
-async def _host(tmp_path: Path, fs: CrashFs, mailbox: MemoryMailbox, *responses: Json) -> AsyncIterator[Any]:
-    # No stall timeout: the mailboxes work in worker threads, and while a thread works every Trio
-    # task is blocked, so the autojump clock may leap past any deadline (the holds here are
-    # released by deliveries; `until_virtual` is the hang guard).
-    model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": list(responses)}]})), stall_timeout=None)
-    async with open_runtime(
-        tmp_path,
-        model=model,
-        clock=ScenarioClock(),
-        id_factory=CountingIds("c"),
-        log_store=MemoryLogStore(fs=fs, compression="none"),
-        mailbox=mailbox,
-    ) as rt:
-        yield rt
 
 
 def _pending(fs: CrashFs, sid: str) -> list[str]:
@@ -62,8 +39,9 @@ async def test_messages_interrupts_and_settlements_cross_hosts_through_mailboxes
     theirs = mine.sibling()
     kid_script = [{"wait_for": {"steered": True}, "text": "heard"}, {"hang": True}]
     async with (
-        _host(tmp_path, fs, mine, {"text": "NOTED"}) as here,
-        _host(tmp_path, fs, theirs, *kid_script) as there,
+        # (the holds here are released by deliveries; `until_virtual` is the hang guard)
+        memory_host(tmp_path, fs, mine, {"responses": [{"text": "NOTED"}]}, ids="c") as here,
+        memory_host(tmp_path, fs, theirs, {"responses": kid_script}, ids="c") as there,
     ):
         boss = await here.agents.create(session_id="boss")
         stranger = await here.agents.create(session_id="stranger")

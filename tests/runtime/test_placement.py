@@ -4,25 +4,20 @@ by the serving host, and its settlement reaches the parent's host through the pa
 recorded once, with its notice. With no host serving, children run where they are started.
 
 Two runtimes ("hosts") on one in-memory disk (`MemoryLogStore`s and `MemoryMailbox`es on one
-`CrashFs`) and one `MemoryPlacements` queue, under `autojump_clock`."""
+`CrashFs`) and one `MemoryPlacements` queue, under `autojump_clock` (tests/helpers/memory_hosts.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 from clocks import until_virtual
 from log_lines import memory_events
-from subagents.runtime import ScenarioClock, open_runtime
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from memory_hosts import memory_host, two_hosts
 from subagents.runtime.serve import ServeStats, serve_placements
-from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox, MemoryPlacements
+from subagents.storage.testing import CrashFs, MemoryMailbox, MemoryPlacements
 
 Json = dict[str, Any]
 
@@ -32,31 +27,9 @@ def _start(label: str, prompt: str) -> Json:
     return {"name": "subagent", "arguments": arguments}
 
 
-@asynccontextmanager
-async def _host(
-    tmp_path: Path, fs: CrashFs, mailbox: MemoryMailbox, placements: MemoryPlacements, *agents: Json, ids: str
-) -> AsyncIterator[Any]:
-    # No stall timeout: the stores work in worker threads, and while a thread works every Trio
-    # task is blocked, so the autojump clock may leap past any deadline (`until_virtual` guards hangs).
-    model = ScriptedModel(load_script(json.dumps({"agents": list(agents)})), stall_timeout=None)
-    async with open_runtime(
-        tmp_path,
-        model=model,
-        clock=ScenarioClock(),
-        id_factory=CountingIds(ids),
-        log_store=MemoryLogStore(fs=fs, compression="none"),
-        mailbox=mailbox,
-        placements=placements,
-    ) as rt:
-        yield rt
-
-
 async def test_a_serving_host_runs_placed_children_and_their_settlements_reach_the_parent(
     tmp_path: Path, autojump_clock: Any
 ) -> None:
-    fs = CrashFs()
-    mine = MemoryMailbox(fs=fs)
-    queue = MemoryPlacements("parent-host")
     parent_script = {
         "session": "boss",
         "responses": [
@@ -67,18 +40,15 @@ async def test_a_serving_host_runs_placed_children_and_their_settlements_reach_t
         ],
     }
     kids = [{"label": f"kid-{i}", "responses": [{"text": f"{i} counted"}]} for i in (1, 2)]
-    async with (
-        _host(tmp_path, fs, mine, queue, parent_script, ids="p") as here,
-        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), *kids, ids="s") as there,
-        trio.open_nursery() as nursery,
-    ):
-        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 2)
+    async with two_hosts(tmp_path, [parent_script], kids) as hosts:
+        stats = await hosts.serve(2)
+        here = hosts.here
         boss = await here.agents.create(session_id="boss")
         await boss.send("split the work")
         await here.subagents.wait_tree_idle(boss)
         await until_virtual(lambda: stats.finished == 2)  # a placement is finished after its settlement
         assert stats.adopted == 2 and not stats.running
-        nursery.cancel_scope.cancel()
+    fs, queue = hosts.fs, hosts.queue
 
     boss_events = memory_events(fs, "boss")
     catalog = [d["child_id"] for t, d in boss_events if t == "subagent/catalog"]
@@ -105,7 +75,7 @@ async def test_with_no_host_serving_children_run_where_they_are_started(tmp_path
         {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "go")]}, {"text": "ok"}, {"text": "ok"}]},
         {"label": "kid-1", "responses": [{"text": "done here"}]},
     ]
-    async with _host(tmp_path, fs, MemoryMailbox(fs=fs), queue, *script, ids="p") as here:
+    async with memory_host(tmp_path, fs, MemoryMailbox(fs=fs), *script, ids="p", placements=queue) as here:
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
         await here.subagents.wait_tree_idle(boss)
@@ -124,9 +94,6 @@ def _catalogued(fs: CrashFs, parent: str) -> list[str]:
 async def test_messages_and_interrupts_reach_a_placed_child_on_its_serving_host(
     tmp_path: Path, autojump_clock: Any
 ) -> None:
-    fs = CrashFs()
-    mine = MemoryMailbox(fs=fs)
-    queue = MemoryPlacements("parent-host")
     parent_script = {
         "session": "boss",
         "responses": [{"tool_calls": [_start("kid-1", "wait for word")]}, {"text": "started"}, {"text": "noted"}],
@@ -135,12 +102,9 @@ async def test_messages_and_interrupts_reach_a_placed_child_on_its_serving_host(
         "label": "kid-1",
         "responses": [{"wait_for": {"steered": True}, "text": "waiting"}, {"text": "got the word"}, {"hang": True}],
     }
-    async with (
-        _host(tmp_path, fs, mine, queue, parent_script, ids="p") as here,
-        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), kid, ids="s") as there,
-        trio.open_nursery() as nursery,
-    ):
-        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
+    async with two_hosts(tmp_path, [parent_script], [kid]) as hosts:
+        stats = await hosts.serve(1)
+        fs, here = hosts.fs, hosts.here
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
         await until_virtual(
@@ -159,7 +123,6 @@ async def test_messages_and_interrupts_reach_a_placed_child_on_its_serving_host(
         # settled after each of its two runs
         await until_virtual(lambda: sum(t == "subagent/settled" for t, _ in memory_events(fs, "boss")) == 2)
         await here.subagents.wait_tree_idle(boss)
-        nursery.cancel_scope.cancel()
 
     kid_events = memory_events(fs, child_id)
     steered = [
@@ -172,34 +135,17 @@ async def test_messages_and_interrupts_reach_a_placed_child_on_its_serving_host(
 
 
 async def test_placed_children_count_against_the_family_limit(tmp_path: Path, autojump_clock: Any) -> None:
-    fs = CrashFs()
-    mine = MemoryMailbox(fs=fs)
-    queue = MemoryPlacements("parent-host")
     parent_script = {
         "session": "boss",
         "responses": [{"tool_calls": [_start("kid-1", "a"), _start("kid-2", "b")]}, {"text": "ok"}, {"text": "ok"}],
     }
     kid = {"label": "kid-1", "responses": [{"text": "done"}]}
-    model = ScriptedModel(load_script(json.dumps({"agents": [parent_script]})), stall_timeout=None)
-    async with (
-        open_runtime(
-            tmp_path,
-            model=model,
-            clock=ScenarioClock(),
-            id_factory=CountingIds("p"),
-            log_store=MemoryLogStore(fs=fs, compression="none"),
-            mailbox=mine,
-            placements=queue,
-            max_active_subagents=1,
-        ) as here,
-        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), kid, ids="s") as there,
-        trio.open_nursery() as nursery,
-    ):
-        await nursery.start(serve_placements, there.subagents, there.subagents.placements, 4)
-        boss = await here.agents.create(session_id="boss")
+    async with two_hosts(tmp_path, [parent_script], [kid], max_active_subagents=1) as hosts:
+        await hosts.serve(4)
+        boss = await hosts.here.agents.create(session_id="boss")
         await boss.send("go")
-        await here.subagents.wait_tree_idle(boss)
-        nursery.cancel_scope.cancel()
+        await hosts.here.subagents.wait_tree_idle(boss)
+    fs = hosts.fs
     results = [d for t, d in memory_events(fs, "boss") if t == "tool/result"]
     texts = [json.dumps(d["message"]) for d in results]
     assert len(_catalogued(fs, "boss")) == 1
@@ -209,46 +155,31 @@ async def test_placed_children_count_against_the_family_limit(tmp_path: Path, au
 async def test_a_placement_that_cannot_be_served_is_dropped_and_the_host_serves_on(
     tmp_path: Path, autojump_clock: Any
 ) -> None:
-    fs = CrashFs()
-    mine = MemoryMailbox(fs=fs)
-    queue = MemoryPlacements("parent-host")
-    async with (
-        _host(tmp_path, fs, mine, queue, {"session": "plain", "responses": []}, ids="p") as here,
-        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), {"responses": []}, ids="s") as there,
-        trio.open_nursery() as nursery,
-    ):
-        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
-        plain = await here.agents.create(session_id="plain")  # a root session, no subagent
-        await here.agents.stop(plain.session_id)
-        queue.enqueue("plain")
-        queue.enqueue("no-such-session")
+    async with two_hosts(tmp_path, [{"session": "plain", "responses": []}], [{"responses": []}]) as hosts:
+        stats = await hosts.serve(1)
+        plain = await hosts.here.agents.create(session_id="plain")  # a root session, no subagent
+        await hosts.here.agents.stop(plain.session_id)
+        hosts.queue.enqueue("plain")
+        hosts.queue.enqueue("no-such-session")
         await until_virtual(lambda: stats.refused == 2)
-        assert stats.adopted == 0 and queue.claim(10) == []
-        nursery.cancel_scope.cancel()
+        assert stats.adopted == 0 and hosts.queue.claim(10) == []
 
 
 async def test_claims_of_a_host_that_is_gone_are_served_by_another(tmp_path: Path, autojump_clock: Any) -> None:
-    fs = CrashFs()
-    mine = MemoryMailbox(fs=fs)
-    queue = MemoryPlacements("parent-host")
     parent_script = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "go")]}, {"text": "ok"}]}
     kid = {"label": "kid-1", "responses": [{"text": "done"}]}
-    dead = queue.sibling("dead-host")
-    dead.serve(1)
-    async with (
-        _host(tmp_path, fs, mine, queue, parent_script, ids="p") as here,
-        _host(tmp_path, fs, mine.sibling(), queue.sibling("serve-host"), kid, ids="s") as there,
-        trio.open_nursery() as nursery,
-    ):
+    async with two_hosts(tmp_path, [parent_script], [kid]) as hosts:
+        fs, here = hosts.fs, hosts.here
+        dead = hosts.queue.sibling("dead-host")
+        dead.serve(1)
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
         await until_virtual(lambda: len(_catalogued(fs, "boss")) == 1)
         await until_virtual(lambda: dead.claim(1) != [])  # the dead host claimed it, then died
         dead.close()
-        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
+        stats = await hosts.serve(1)
         await here.subagents.wait_tree_idle(boss)
         assert stats.reclaimed == 1 and stats.adopted == 1
-        nursery.cancel_scope.cancel()
     (settled,) = [d for t, d in memory_events(fs, "boss") if t == "subagent/settled"]
     assert settled["reason_kind"] == "completed"
 
@@ -263,7 +194,7 @@ async def test_a_host_that_serves_runs_its_own_placed_children_in_place_of_their
         {"label": "kid-1", "responses": [{"text": "done here"}]},
     ]
     async with (
-        _host(tmp_path, fs, MemoryMailbox(fs=fs), queue, *script, ids="p") as here,
+        memory_host(tmp_path, fs, MemoryMailbox(fs=fs), *script, ids="p", placements=queue) as here,
         trio.open_nursery() as nursery,
     ):
         stats: ServeStats = await nursery.start(serve_placements, here.subagents, queue, 1)

@@ -196,16 +196,15 @@ def _version(url: str, version: int) -> None:
         db.execute("UPDATE schema_version SET version = %s", (version,))
 
 
+# The read-only commands that name no model.
+READS = [["sessions"], ["sessions", "--json"], ["show", "s1"], ["children", "s1"], ["agents", "s1"], ["tail", "s1"]]
+
+
 @pytest.mark.pg
 @pytest.mark.parametrize(
     "command",
     [
-        ["sessions"],
-        ["sessions", "--json"],
-        ["show", "s1"],
-        ["children", "s1"],
-        ["agents", "s1"],
-        ["tail", "s1"],
+        *READS,
         ["tail", "-f", "s1"],
         ["send", "s1", "hello", "--queue"],
         ["send", "s1", "hello", "--model", "scripted:/nonexistent.json"],
@@ -290,7 +289,7 @@ def _with_statement_timeout(url: str, ms: int) -> str:
 @pytest.mark.pg
 @pytest.mark.parametrize(
     "command",
-    [["sessions"], ["sessions", "--json"], ["show", "s1"], ["children", "s1"], ["agents", "s1"], ["tail", "s1"]],
+    [*READS, ["send", "s1", "hello", "--queue"], ["interrupt", "s1"]],
 )
 def test_a_server_stuck_behind_a_lock_is_one_line_exit_2(
     pg_url: str, command: list[str], capsys: pytest.CaptureFixture[str]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from clocks import T
-from mailboxes import MailboxHarness, envelope, rel_mailbox
+from mailboxes import MailboxHarness, envelope, rel_mailbox, trio_owner_wakes
 from subagents.storage import (
     DeliveryConflict,
     DeliveryIds,
@@ -31,7 +31,6 @@ from subagents.storage import (
     InvalidDeliveryId,
     InvalidEnvelope,
     InvalidSessionId,
-    MailboxWatch,
     UnsafePath,
     check_delivery_id,
     new_delivery_id,
@@ -474,31 +473,7 @@ def test_the_documented_envelope_is_read_as_documented(harness: MailboxHarness) 
 
 
 def test_trio_waits_on_the_watch_without_a_thread_and_wakes_on_a_delivery(harness: MailboxHarness) -> None:
-    import trio
-    import trio.testing
-
     owner = harness.new()
     sender = harness.new()
     env = envelope(sender.ids)
-    woke: list[list[Envelope]] = []
-
-    async def owner_loop(watch: MailboxWatch) -> None:
-        while True:  # the documented loop: clear, drain, wait
-            watch.clear()
-            pending = owner.drain(SID)
-            if pending:
-                woke.append(pending)
-                return
-            await trio.lowlevel.wait_readable(watch.fileno())
-
-    async def main() -> None:
-        # A bound on failure only (a wake-up that never comes fails here instead of hanging).
-        with trio.fail_after(60), owner.watch(SID) as watch:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(owner_loop, watch)
-                await trio.testing.wait_all_tasks_blocked()
-                assert woke == []  # parked on the fd, nothing delivered yet
-                await trio.to_thread.run_sync(sender.deliver, SID, env)
-
-    trio.run(main)
-    assert woke == [[env]]
+    assert trio_owner_wakes(owner, SID, lambda watch: sender.deliver(SID, env)) == [[env]]

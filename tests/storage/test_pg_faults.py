@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from events import turn_batch as batch
 from events import turn_starts as turns
 from log_lines import header, read_all
+from pg_faults import lock_waiter, outcome_of
 from pg_server import EmbeddedServer, database_url
 from subagents.storage import (
     HandleDead,
@@ -99,16 +99,8 @@ def test_a_missing_database_is_unreachable(pg_server: EmbeddedServer) -> None:
 
 
 def _wait_for_lock_waiter(db: psycopg.Connection[Any]) -> int:
-    """The backend of the append blocked on the session row (polled: it is another process)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        row = db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE 'WITH l AS (UPDATE leases%%'"
-        ).fetchone()
-        if row is not None:
-            return row[0]
-    raise AssertionError("the append never blocked on the session row")
+    """The backend of the append blocked on the session row."""
+    return lock_waiter(db, "WITH l AS (UPDATE leases", "the append")
 
 
 def test_an_append_cut_before_it_committed_is_sent_once_more(
@@ -120,7 +112,7 @@ def test_an_append_cut_before_it_committed_is_sent_once_more(
     outcome: list[object] = []
     with psycopg.connect(pg_url) as blocker:  # holds the session row: the append waits on it
         blocker.execute("SELECT 1 FROM sessions WHERE id = 's1' FOR UPDATE")
-        worker = threading.Thread(target=lambda: outcome.append(_try(store.append, handle, [batch(1, 3)])))
+        worker = threading.Thread(target=lambda: outcome.append(outcome_of(store.append, handle, [batch(1, 3)])))
         worker.start()
         victim = _wait_for_lock_waiter(db)
         db.execute("SELECT pg_terminate_backend(%s)", (victim,))
@@ -157,7 +149,7 @@ def test_an_append_cut_before_it_committed_is_not_sent_again_past_a_takeover(
     outcome: list[object] = []
     with psycopg.connect(pg_url) as blocker:  # holds the session row: the append waits on it
         blocker.execute("SELECT 1 FROM sessions WHERE id = 's1' FOR UPDATE")
-        worker = threading.Thread(target=lambda: outcome.append(_try(store.append, handle, [batch(1, 3)])))
+        worker = threading.Thread(target=lambda: outcome.append(outcome_of(store.append, handle, [batch(1, 3)])))
         worker.start()
         victim = _wait_for_lock_waiter(db)
         db.execute("SELECT pg_terminate_backend(%s)", (victim,))
@@ -169,13 +161,6 @@ def test_an_append_cut_before_it_committed_is_not_sent_again_past_a_takeover(
     assert other.append(taken[0], [batch(1, 2)]) == 2
     other.close(taken[0])
     store.close(handle)
-
-
-def _try(fn: Callable[..., Any], *args: Any) -> object:
-    try:
-        return fn(*args)
-    except Exception as exc:  # the outcome under test
-        return exc
 
 
 @contextmanager

@@ -10,18 +10,17 @@ import json
 import select
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import trio
-import trio.testing
 from clocks import T
 from log_lines import header
-from mailboxes import MailboxHarness, envelope
+from mailboxes import MailboxHarness, envelope, trio_owner_wakes
+from pg_faults import lock_waiter, outcome_of
 from pg_server import EmbeddedServer
 from subagents.storage import (
     Batch,
@@ -247,45 +246,21 @@ def test_a_delivery_committed_by_any_connection_wakes_a_trio_watcher(
 ) -> None:
     """Another host's writer is any client that inserts the row and notifies in one transaction:
     the fd wakes at its commit, not before."""
-    owner = harness.new()
     env = Envelope(delivery_id=GOOD_ID, kind="message", sender=None, body={"text": "hi"}, created_at=T)
-    woke: list[list[Envelope]] = []
 
-    def foreign_delivery(committed: threading.Event) -> None:
+    def foreign_delivery(watch: MailboxWatch | PgSessionWatch) -> None:
+        assert isinstance(watch, PgSessionWatch) and watch.listening
         with psycopg.connect(pg_url) as other:  # not autocommit: one transaction
             other.execute(
                 "INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) VALUES (%s, %s, %s, %s)",
                 (SID, env.delivery_id, encode_envelope(env), env.created_at),
             )
             other.execute("SELECT pg_notify('subagents_mailbox', %s)", (SID,))
-            assert not readable(watch_fd[0])  # an uncommitted NOTIFY sends nothing
+            assert not readable(watch.fileno())  # an uncommitted NOTIFY sends nothing
             other.commit()
-        committed.set()
 
-    watch_fd: list[int] = []
-
-    async def owner_loop(watch: PgSessionWatch) -> None:
-        while True:  # the documented loop: clear, drain, wait
-            watch.clear()
-            pending = await trio.to_thread.run_sync(owner.drain, SID)
-            if pending:
-                woke.append(pending)
-                return
-            await trio.lowlevel.wait_readable(watch.fileno())
-
-    async def main() -> None:
-        # A bound on failure only (a wake-up that never comes fails here instead of hanging).
-        with trio.fail_after(60), owner.watch(SID) as watch:
-            assert isinstance(watch, PgSessionWatch) and watch.listening
-            watch_fd.append(watch.fileno())
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(owner_loop, watch)
-                await trio.testing.wait_all_tasks_blocked()
-                assert woke == []  # parked on the fd, nothing delivered yet
-                await trio.to_thread.run_sync(foreign_delivery, threading.Event())
-
-    trio.run(main)
-    assert woke == [[env]]
+    # The conformance suite's owner loop (test_mailbox_conformance.py), woken by another client.
+    assert trio_owner_wakes(harness.new(), SID, foreign_delivery) == [[env]]
 
 
 def _listener_pid(db: psycopg.Connection[Any]) -> int:
@@ -343,23 +318,8 @@ def test_a_watch_closed_stops_listening(harness: MailboxHarness, db: psycopg.Con
 
 
 def _wait_for_lock_waiter(db: psycopg.Connection[Any]) -> int:
-    """The backend of the delivery blocked on the row (polled: it is another process)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        row = db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE 'WITH ins AS (INSERT INTO mailbox%%'"
-        ).fetchone()
-        if row is not None:
-            return int(row[0])
-    raise AssertionError("the delivery never blocked on the row")
-
-
-def _try(fn: Callable[..., Any], *args: Any) -> object:
-    try:
-        return fn(*args)
-    except Exception as exc:  # the outcome under test
-        return exc
+    """The backend of the delivery blocked on the row."""
+    return lock_waiter(db, "WITH ins AS (INSERT INTO mailbox", "the delivery")
 
 
 @pytest.mark.parametrize("blocker_ends", ["rollback", "commit"])
@@ -377,7 +337,7 @@ def test_a_delivery_cut_before_it_committed_is_there_once(
             "INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) VALUES (%s, %s, %s, %s)",
             (SID, env.delivery_id, encode_envelope(env), env.created_at),
         )
-        worker = threading.Thread(target=lambda: outcome.append(_try(mailbox.deliver, SID, env)))
+        worker = threading.Thread(target=lambda: outcome.append(outcome_of(mailbox.deliver, SID, env)))
         worker.start()
         victim = _wait_for_lock_waiter(db)
         db.execute("SELECT pg_terminate_backend(%s)", (victim,))
@@ -470,7 +430,7 @@ def test_concurrent_deliveries_of_one_id_make_one_row_and_conflicts_are_told(
     def send(value: Envelope) -> None:
         mailbox = harness.new()
         barrier.wait()
-        result = _try(mailbox.deliver, SID, value)
+        result = outcome_of(mailbox.deliver, SID, value)
         with lock:
             outcomes.append((value is env, type(result).__name__))
 
