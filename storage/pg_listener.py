@@ -8,7 +8,7 @@ mailbox and one thread reads it: a notification wakes the watches of the session
 other.
 
 A watch is the self-pipe form of `MailboxWatch` (`poll_interval` None while the server vouches for
-it): the thread waits in `select` on the connection's socket and on a stop pipe, consumes what
+it): the thread waits in `poll` on the connection's socket and on a stop pipe, consumes what
 arrived (`consume_input`, then `notifies` until none is left) and signals the watches of each
 session named. The first watch opens the connection and is handed out only once `LISTEN` ran, so
 a delivery committed after `watch()` returns always wakes it; the last watch closed stops the
@@ -119,9 +119,12 @@ class PgListener:
         broke: BaseException | None = None
         try:
             sock = int(self._conn.pgconn.socket)
+            poller = select.poll()  # not select(): a busy host's fds run past FD_SETSIZE
+            poller.register(sock, select.POLLIN)
+            poller.register(self._stop_read, select.POLLIN)
             while True:
-                readable, _, _ = select.select([sock, self._stop_read], [], [])
-                if self._stop_read in readable:
+                ready = {fd for fd, _ in poller.poll()}
+                if self._stop_read in ready:
                     break
                 self._wake(self._consume())
         except Exception as exc:  # psycopg.OperationalError or OSError: the connection is gone

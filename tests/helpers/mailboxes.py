@@ -112,7 +112,9 @@ class MailboxHarness:
         """Whether `fd` is readable: right now for the file forms (the kernel or the sender
         signals before `deliver` returns); for PostgreSQL, once the notification that left with
         the commit arrives (waited for on the fd, at most 10 s so a failure cannot hang)."""
-        return bool(select.select([fd], [], [], 10.0 if self.kind == "pg" else 0)[0])
+        poller = select.poll()  # not select(): a test may hold fds past FD_SETSIZE
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(10_000 if self.kind == "pg" else 0))
 
     def close(self) -> None:
         for closer in self._closers:

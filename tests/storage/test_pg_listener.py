@@ -141,3 +141,28 @@ def test_a_closed_mailbox_stops_its_listener(harness: MailboxHarness, db: psycop
     assert not watch.listening and watch.poll_interval == 0.5
     watch.close()
     assert not watch.clear()  # a closed watch says nothing
+
+
+def test_a_listener_whose_socket_is_past_fd_setsize_still_wakes(
+    harness: MailboxHarness, db: psycopg.Connection[Any]
+) -> None:
+    """A host with many resident sessions holds many fds (two per watch, inotify instances,
+    sockets): the listening socket's number may run past select()'s FD_SETSIZE (1024)."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))  # raises if the hard limit is lower
+    fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        owner = harness.new()
+        with owner.watch("child-1") as watch:
+            assert watch.fileno() > 1024
+            harness.new().deliver("child-1", envelope(owner.ids))
+            assert readable(harness, watch) and watch.clear()
+            assert watch.listening  # the listener did not break on its fd's number
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
