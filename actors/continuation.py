@@ -104,6 +104,22 @@ class ContinuationManager:
         self._changed.set()
         return activation
 
+    def making_room(self, parent_id: str) -> bool:
+        """Whether an admission under `parent_id` should wait for `wait_changed` rather than be
+        refused: its family is full, but an Activation of it is on its way out (closing: settling,
+        or being stopped), which frees its slot by itself once disposed. A parent is given a
+        child's settlement notice before that child is disposed; the child it starts on reading
+        the notice must not be refused for the slot the settled one still holds. False while
+        draining or when the parent is closing (`admit` refuses those at once)."""
+        if self.draining:
+            return False
+        parent = self.resident.get(parent_id)
+        if parent is not None and parent.closing:
+            return False
+        root = self.root_of(parent_id)
+        family = [a for a in self.resident.values() if a.root_id == root]
+        return len(family) >= self.max_active and any(a.closing for a in family)
+
     def forget(self, activation: Activation) -> None:
         """Drop a reservation whose child never started (creation failed)."""
         if self.resident.get(activation.child_id) is activation:

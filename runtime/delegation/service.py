@@ -32,6 +32,7 @@ from subagents.actors import (
     Draining,
     EventDraft,
     ParentClosing,
+    cancelled_when,
 )
 from subagents.storage import (
     AlreadyOwned,
@@ -227,6 +228,7 @@ class SubagentService:
         placed = await self._serving_hosts_up()
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
+        await self._wait_room(parent.session_id, abort)
         activation = self._admit(child_id, parent.session_id)
         try:
             child = await self._create_child(parent, reserved, provider, depth, descriptor, setup)
@@ -394,6 +396,7 @@ class SubagentService:
         header, identity = await self._observe_child(child_id, None)
         if header.parent_session is None:
             raise NotResumable(f"session {child_id!r} is not a subagent")
+        await self._wait_room(header.parent_session)
         activation = self._admit(child_id, header.parent_session)
         try:
             child = await self.agents.resume(child_id, label=identity.get("label"))
@@ -440,6 +443,17 @@ class SubagentService:
         if self.agents.owners is not None:
             await self.agents.owners.first_drain(session_id)
         return agent
+
+    async def _wait_room(self, parent_id: str, abort: Abort | None = None) -> None:
+        """Until an admission under `parent_id` is not refused for a slot that is being freed.
+        A settled child holds its slot until it is disposed, which ends after its parent was
+        given the notice: a start (or resume) the notice invites waits for that slot rather than
+        being refused for it. Callers `_admit` with no checkpoint after it."""
+        while self.manager.making_room(parent_id):
+            async with cancelled_when(abort):
+                await self.manager.wait_changed()
+            if abort is not None and abort.is_set():
+                raise SubagentCancelled("message delivery was cancelled")
 
     def _admit(self, child_id: str, parent_id: str) -> Activation:
         try:
@@ -746,6 +760,7 @@ class SubagentService:
         self, sender: Agent, target_id: str, text: str, content: list[Json], source: Json, abort: Abort | None
     ) -> bool:
         _header, identity = await self._observe_child(target_id, abort, parent_id=sender.session_id)
+        await self._wait_room(sender.session_id, abort)
         if self.manager.get(target_id) is not None:
             return False  # someone resumed it meanwhile: deliver through its Activation
         activation = self._admit(target_id, sender.session_id)

@@ -177,6 +177,28 @@ async def test_dispose_waits_until_settle_has_returned() -> None:
     assert hooks.only("settle", "dispose") == [("settle", "a"), ("dispose", "a")]
 
 
+async def test_a_full_family_makes_room_only_while_a_member_is_closing() -> None:
+    # `making_room`: an admission waits (for `wait_changed`) rather than being refused only when
+    # a member of the full family is on its way out and will free its slot by itself.
+    hooks = Hooks()
+    hooks.settle_gate["a"] = trio.Event()
+    async with manager_scenario(hooks, max_active=1) as manager:
+        a = hooks.start(manager, "a", "top")
+        assert not manager.making_room("top")  # full, and nothing is leaving: refused at once
+        hooks.finish["a"].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert a.closing and manager.making_room("top")  # settling: its slot is being freed
+        assert not manager.making_room("a")  # a closing parent admits nothing (`admit` says why)
+        assert not manager.making_room("elsewhere")  # another family has room
+        manager.draining = True
+        assert not manager.making_room("top")  # draining: refused at once
+        manager.draining = False
+        hooks.settle_gate["a"].set()
+        await a.disposed.wait()
+        assert not manager.making_room("top")
+        manager.forget(manager.admit("b", "top"))
+
+
 @pytest.mark.parametrize("failing", ["body", "settle"])
 async def test_a_failing_hook_still_disposes_and_frees_the_slot(failing: str) -> None:
     hooks = Hooks(fail=failing)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
 from subagents.runtime.clock import ScenarioClock
+from subagents.runtime.delegation.service import SubagentService
 from subagents.runtime.errors import SubagentError
 from subagents.runtime.ids import CountingIds
 from subagents.runtime.models.script_format import load_script
@@ -202,3 +204,130 @@ async def test_a_settlement_recorded_by_an_earlier_process_counts_for_wait_for_s
         with trio.fail_after(30):  # a guard only: without the fix this waits forever
             result = await rt.subagents.wait_tree_idle(parent)
     assert result is not None and result.text == "after the restart"
+
+
+# --- a settled child's slot, held until it is disposed ------------------------------------------
+#
+# A settled child keeps its family's slot until its disposal (stop, release) ends, and its parent
+# is given the settlement notice before that. A start or cold resume made on reading the notice
+# must wait for that slot, not be refused: on a loaded machine a slow disposal refused the parent's
+# next child (`test_subagents_e2e.py::test_activation_limit_and_interrupt_by_the_parent[pg]`).
+# `_HeldDisposal` holds one child's disposal open so the window is there on every run.
+
+
+class _HeldDisposal:
+    """Holds the first disposal of `child_id` (`AgentRegistry.stop`, cause "disposed") until
+    `release` is set; `entered` is set when it is held (the child is settled, not disposed)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, child_id: str) -> None:
+        import trio
+        from subagents.runtime.agent.registry import AgentRegistry
+
+        self.entered = trio.Event()
+        self.release = trio.Event()
+        original = AgentRegistry.stop
+
+        async def stop(registry: AgentRegistry, session_id: str, *, cause: str = "disposed") -> None:
+            if session_id == child_id and cause == "disposed" and not self.entered.is_set():
+                self.entered.set()
+                await self.release.wait()
+            await original(registry, session_id, cause=cause)
+
+        monkeypatch.setattr(AgentRegistry, "stop", stop)
+
+
+def _family_model() -> ScriptedModel:
+    parent = {"session": "parent", "responses": [{"text": "NOTED"}] * 3}
+    return ScriptedModel(
+        load_script(json.dumps({"agents": [parent, {"label": "worker", "responses": [{"text": "done"}] * 3}]}))
+    )
+
+
+async def test_a_start_made_while_a_settled_child_is_disposed_waits_for_its_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trio
+    import trio.testing
+
+    held = _HeldDisposal(monkeypatch, "c-1")
+    async with open_runtime(
+        tmp_path,
+        model=_family_model(),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        max_active_subagents=1,
+    ) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        assert await rt.subagents.start_continuable(parent, "spawn", "worker", "one") == "c-1"
+        await held.entered.wait()
+        assert rt.subagents.manager.get("c-1").closing  # settled (the notice is the parent's), not disposed
+        reserved = await rt.subagents.reserve()  # no IO left before the admission
+        started: list[str] = []
+
+        async def start_second() -> None:
+            started.append(await rt.subagents.start_continuable(parent, "spawn", "worker", "two", reserved=reserved))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(start_second)
+                await trio.testing.wait_all_tasks_blocked()
+                assert started == []  # waiting for the slot (before the fix: refused, ACTIVATION_LIMIT_REACHED)
+                held.release.set()
+        finally:
+            held.release.set()  # (also when it failed: the runtime's drain would wait for it)
+        assert started == ["c-2"]
+        await rt.subagents.wait_tree_idle(parent)
+        assert rt.subagents.manager.resident == {}
+
+
+async def test_a_cold_resume_made_while_a_settled_child_is_disposed_waits_for_its_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trio
+    import trio.testing
+
+    held = _HeldDisposal(monkeypatch, "c-2")
+    async with open_runtime(
+        tmp_path,
+        model=_family_model(),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        max_active_subagents=1,
+    ) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await rt.subagents.start_continuable(parent, "spawn", "worker", "one")
+        await rt.subagents.wait_tree_idle(parent)  # c-1 settled and disposed
+        await rt.subagents.start_continuable(parent, "spawn", "worker", "two")
+        await held.entered.wait()  # c-2 settled, its slot still held
+        sent: list[bool] = []
+        observed = trio.Event()
+        observe = SubagentService._observe_child
+
+        async def observed_child(service: SubagentService, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await observe(service, *args, **kwargs)
+            finally:
+                observed.set()  # its IO is done: the admission follows with no checkpoint before it
+
+        monkeypatch.setattr(SubagentService, "_observe_child", observed_child)
+
+        async def wake_first() -> None:
+            await rt.subagents.send_message(parent, "c-1", "again")
+            sent.append(True)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wake_first)
+                await observed.wait()
+                assert sent == []  # waiting for the slot (before the fix: refused, ACTIVATION_LIMIT_REACHED)
+                held.release.set()
+        finally:
+            held.release.set()  # (also when it failed: the runtime's drain would wait for it)
+        assert sent == [True]
+        await rt.subagents.wait_tree_idle(parent)
+        assert rt.subagents.manager.resident == {}
+    lines = [json.loads(line) for line in (tmp_path / "sessions" / "c-1" / "session.jsonl").read_text().splitlines()]
+    last = [e["data"]["message"]["content"] for e in lines[1:] if e["type"] == "user/message"][-1]
+    assert last[-1]["text"] == "again"  # the message reached it: resumed, not refused
