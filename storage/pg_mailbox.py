@@ -249,17 +249,20 @@ class PostgresMailbox:
         this mailbox shares among its watches (opened by the first, closed after the last:
         pg_listener); a polling watch, with a warning, when none can be opened."""
         sid = check_session_id(session_id)
-        while True:
-            with self._listen_lock:
-                listener = self._listener
-            if listener is None or listener.done:
-                listener = self._listen(sid)
-                if listener is None:
-                    return MailboxWatch.pipe(self._poll_interval)
+        with self._listen_lock:
+            listener = self._listener
+        if listener is not None and not listener.done:
             watch = listener.add(sid)
             if watch is not None:
                 return watch
-            # It stopped or broke between the look and the add: the next round opens a new one.
+            # It stopped or broke between the look and the add: a new one is opened, once.
+        listener = self._listen(sid)
+        watch = listener.add(sid) if listener is not None else None
+        if watch is None:
+            if listener is not None:  # broke as soon as it listened: no reconnecting in a loop
+                log.warning("session %r: its mailbox's LISTEN connection broke at once: polling", sid)
+            return MailboxWatch.pipe(self._poll_interval)
+        return watch
 
     def _listen(self, sid: str) -> PgListener | None:
         """The mailbox's listener: a new one, or one another thread installed meanwhile."""

@@ -166,3 +166,30 @@ def test_a_listener_whose_socket_is_past_fd_setsize_still_wakes(
         for fd in fillers:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_listener_that_breaks_at_once_gives_a_polling_watch_not_a_reconnect_loop(
+    harness: MailboxHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from subagents.storage import pg_listener, pg_mailbox
+
+    connects = []
+    real_connect = pg_mailbox.connect
+
+    def counting(url: str, app: str) -> Any:
+        connects.append(url)
+        return real_connect(url, app)
+
+    class Broken(pg_listener.PgListener):
+        def add(self, session_id: str) -> Any:
+            assert len(connects) <= 3, "reconnecting in a loop"  # fails the test instead of hanging it
+            self.stop()  # as if the connection broke before the first watch joined
+            self.join(10)
+            return super().add(session_id)
+
+    monkeypatch.setattr(pg_mailbox, "connect", counting)
+    monkeypatch.setattr(pg_mailbox, "PgListener", Broken)
+    owner = harness.new(poll_interval=0.5)
+    with owner.watch("child-1") as watch:
+        assert not isinstance(watch, PgSessionWatch) and watch.poll_interval == 0.5
+    assert len(connects) == 1
