@@ -317,6 +317,17 @@ class SessionActor:
         """Refuse new requests and fail queued ones; the run loop ends at its next receive."""
         self.mailbox.close()
 
+    def lose(self) -> None:
+        """Another host took the session over (found by its store's lease renewal): stop as an
+        append refused with `OwnershipLost` would, without waiting for one — an idle session's
+        owners here must not act for it any more."""
+        if self.mailbox.stopped:
+            return
+        epoch = getattr(self.handle.impl, "epoch", 0)  # the lease a PostgreSQL handle holds
+        self.ownership_lost = OwnershipLost(self.handle.session_id, epoch)
+        self._dead_reason = f"stopped: ownership lost (epoch {epoch})"
+        self.mailbox.close(self._dead_reason)
+
     async def _serve(self, requests: list[Request[Any]]) -> None:
         group: list[_Append] = []
         for index, request in enumerate(requests):

@@ -206,6 +206,13 @@ class SessionStore:
     def list(self) -> list[SessionRef]:
         return [a.ref for a in self._actors.values() if not a.mailbox.stopped]
 
+    def mark_lost(self, session_id: str) -> None:
+        """Another host took the session over: its actor stops now (`SessionRef.ownership_lost`),
+        its queued requests fail and nothing more is written for it here."""
+        actor = self._actors.get(session_id)
+        if actor is not None:
+            actor.lose()
+
     async def release(self, session_id: str) -> None:
         """Stop the session's actor after the appends already queued, and free its lock."""
         async with self._claim(session_id):  # not while the same id is being created or opened

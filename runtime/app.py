@@ -151,7 +151,6 @@ async def open_runtime(
             # wrapped in an ExceptionGroup (agents never raise out of their tasks).
             body_error: BaseException | None = None
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(renew_leases, logs)  # a PostgreSQL store's leases (none: returns)
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
 
                 shared = workspace_tools(os.fspath(workspace)) if workspace is not None else []
@@ -161,6 +160,14 @@ async def open_runtime(
                 remembered = Remembered()
 
                 owners = MailboxOwners(mailbox, nursery, actions=lambda: service) if mailbox is not None else None
+
+                def lost(session_id: str) -> None:
+                    # Another host took the session over: nothing here acts for it any more.
+                    if owners is not None:
+                        owners.stop(session_id)
+                    sessions.mark_lost(session_id)
+
+                nursery.start_soon(renew_leases, logs, lost)  # a PostgreSQL store's leases (none: returns)
 
                 def toolset(service: SubagentService, extra: SessionTools | None = None) -> ToolSet:
                     # A session's own tools (an ACP client's MCP servers) replace the shared ones

@@ -3,14 +3,16 @@
 `open_runtime` starts `renew_leases` in its nursery when its log store has `renew_leases` (the
 file store has none: its flocks need no renewal). Every `lease_renew_interval` seconds it renews
 all the store's leases in one statement, in a worker thread. Sessions found lost (another host
-took them over: this host was paused or cut off past its ttl) are logged; their actors stop at
-their next append (`OwnershipLost`). A failed renewal is logged and tried again at the next
+took them over: this host was paused or cut off past its ttl) are logged and handed to `on_lost`
+(the runtime stops their actors and mailbox owners at once: an idle session's owner must not
+act for it; a running one's next append is refused with `OwnershipLost` anyway). A failed renewal is logged and tried again at the next
 interval: the leases last a ttl, three intervals by default.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -21,9 +23,9 @@ __all__ = ["renew_leases"]
 log = logging.getLogger(__name__)
 
 
-async def renew_leases(store: Any) -> None:
+async def renew_leases(store: Any, on_lost: Callable[[str], None] | None = None) -> None:
     """Renew `store`'s leases every `store.lease_renew_interval` seconds until cancelled; returns
-    at once for a store without leases."""
+    at once for a store without leases. `on_lost(session_id)` for each session found lost."""
     renew = getattr(store, "renew_leases", None)
     if renew is None:
         return
@@ -38,4 +40,6 @@ async def renew_leases(store: Any) -> None:
             log.warning("renewing the store's leases failed (tried again in %.1f s): %s", interval, exc)
             continue
         for session_id in sorted(lost):
-            log.warning("session %r: its lease was taken over by another host; it stops at its next append", session_id)
+            log.warning("session %r: its lease was taken over by another host; it stops here", session_id)
+            if on_lost is not None:
+                on_lost(session_id)

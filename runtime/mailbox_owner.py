@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 import attrs
 import trio
+from subagents.actors import ActorStopped
 from subagents.storage import Envelope, EnvelopeKind, Mailbox, MailboxWatch, StorageError
 from trio_util import wait_any
 
@@ -185,10 +186,14 @@ class _Owner:
                     return
         try:
             while self.agent.status != "stopped":
+                if self._lost():
+                    return
                 watch.clear()
                 try:
                     await self._drain_once()
-                except StorageError as exc:
+                except (StorageError, ActorStopped) as exc:
+                    if self._lost():
+                        return
                     log.log(
                         logging.DEBUG if failing else logging.WARNING,
                         "session %s: mailbox drain failed (retrying): %s",
@@ -204,6 +209,18 @@ class _Owner:
                 await self._wait(watch)
         finally:
             watch.close()
+
+    def _lost(self) -> bool:
+        """The session's actor stopped under its agent (another host took it over): nothing here
+        may act for it — not even ack an interrupt without effect, which is its new owner's."""
+        if not self.agent.session.stopped:
+            return False
+        log.info("session %s: its session stopped here (%s): its mailbox owner stops", self.sid, self._why())
+        return True
+
+    def _why(self) -> str:
+        lost = self.agent.session.ownership_lost
+        return "taken over by another host" if lost is not None else "released"
 
     async def _agent_stopped_within(self, seconds: float) -> bool:
         with trio.move_on_after(seconds):
@@ -238,6 +255,8 @@ class _Owner:
                 "session %s: mailbox entry %r is not a delivery (%s): %s", self.sid, bad.name, where, bad.reason
             )
         for envelope in report.envelopes:
+            if self.agent.session.stopped:
+                return  # not this host's to record or ack any more (`_lost`)
             if envelope.delivery_id in self._pending:
                 continue
             if envelope.delivery_id in self.agent.recorded_deliveries:

@@ -1,0 +1,115 @@
+"""A session another host took over stops here (runtime/mailbox_owner.py, runtime/lease_renewal.py,
+SessionStore.mark_lost): its mailbox owner neither crashes the host nor acts for it (an interrupt
+it would ack without effect belongs to the new owner), whether the loss shows at an append
+(`OwnershipLost`) or at the store's lease renewal.
+
+In memory (`MemoryLogStore` behind `FaultyLogStore`, `MemoryMailbox`) under `autojump_clock`:
+owner retries and renewal intervals pass in virtual time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+from clocks import until_virtual
+from subagents.runtime import ScenarioClock, open_runtime
+from subagents.runtime.ids import CountingIds
+from subagents.runtime.mailbox_owner import new_envelope
+from subagents.runtime.models.script_format import load_script
+from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.storage import OwnershipLost
+from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore, MemoryMailbox
+
+
+def _model() -> ScriptedModel:
+    return ScriptedModel(load_script(json.dumps({"agents": [{"session": "boss", "responses": [{"text": "hi"}]}]})))
+
+
+async def test_a_settlement_for_a_parent_whose_lease_was_lost_does_not_crash_the_host(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    store = FaultyLogStore(MemoryLogStore(fs=fs, compression="none"))
+    model = _model()
+    crashed: BaseException | None = None
+    try:
+        async with open_runtime(
+            tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
+        ) as rt:
+            boss = await rt.agents.create(session_id="boss")
+            await boss.send("hello")
+            await boss.wait_idle()
+            # Another host took "boss" over meanwhile: its next append here is refused.
+            store.fail("append", OwnershipLost("boss", 1), session_id="boss", times=1)
+            other = mailbox.sibling()
+            envelope = new_envelope(other, "settled", {"child_id": "kid", "reason_kind": "completed"}, sender="kid")
+            await trio.to_thread.run_sync(other.deliver, "boss", envelope)
+            await until_virtual(lambda: boss.session.stopped)  # the owner's record was refused
+            await trio.sleep(10)  # what a few owner retries would take
+    except BaseException as exc:  # what escaped the runtime
+        crashed = exc
+    assert crashed is None, repr(crashed)
+
+
+async def test_a_host_that_lost_a_session_does_not_swallow_its_interrupts(tmp_path: Path, autojump_clock: Any) -> None:
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    store = FaultyLogStore(MemoryLogStore(fs=fs, compression="none"))
+    model = _model()
+    other = mailbox.sibling()  # the new owner's host
+    async with open_runtime(
+        tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
+    ) as rt:
+        boss = await rt.agents.create(session_id="boss")
+        await boss.send("hello")
+        await boss.wait_idle()
+        store.fail("append", OwnershipLost("boss", 1), session_id="boss", times=1)
+        settled = new_envelope(other, "settled", {"child_id": "kid", "reason_kind": "completed"}, sender="kid")
+        await trio.to_thread.run_sync(other.deliver, "boss", settled)
+        await until_virtual(lambda: boss.session.stopped)  # this host's owner tried it: OwnershipLost
+        await trio.to_thread.run_sync(other.ack, "boss", settled.delivery_id)  # the new owner recorded it
+        interrupt = new_envelope(other, "interrupt", {}, sender=None)
+        await trio.to_thread.run_sync(other.deliver, "boss", interrupt)
+        await trio.sleep(5)
+        left = [e.delivery_id for e in await trio.to_thread.run_sync(other.drain, "boss")]
+    assert interrupt.delivery_id in left, "the interrupt was acked by a host that no longer owns the session"
+
+
+class _RenewingStore(FaultyLogStore):
+    """A store with leases, as PostgreSQL's: every renewal finds the sessions in `lost` lost."""
+
+    lease_renew_interval = 5.0
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.lost: set[str] = set()
+
+    def renew_leases(self) -> frozenset[str]:
+        lost, self.lost = frozenset(self.lost), set()
+        return lost
+
+
+async def test_a_lease_found_lost_by_renewal_stops_the_idle_session_and_its_owner(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    store = _RenewingStore(MemoryLogStore(fs=fs, compression="none"))
+    other = mailbox.sibling()  # the new owner's host
+    async with open_runtime(
+        tmp_path, model=_model(), clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
+    ) as rt:
+        boss = await rt.agents.create(session_id="boss")
+        await boss.send("hello")
+        await boss.wait_idle()
+        store.lost.add("boss")  # another host took it over while it was idle
+        await until_virtual(lambda: boss.session.stopped)  # a renewal ran (in a worker thread)
+        assert boss.session.ownership_lost is not None
+        interrupt = new_envelope(other, "interrupt", {}, sender=None)
+        await trio.to_thread.run_sync(other.deliver, "boss", interrupt)
+        await trio.sleep(5)
+        left = [e.delivery_id for e in await trio.to_thread.run_sync(other.drain, "boss")]
+    assert left == [interrupt.delivery_id]  # the new owner's to act on
