@@ -49,6 +49,7 @@ from subagents.storage import (
     check_session_id,
     decode_payload,
 )
+from trio_util import wait_any
 
 from ..agent.inbox import Delivery, DeliveryCancelled
 from ..agent.loop import Agent, AgentConfig, TurnResult
@@ -670,14 +671,25 @@ class SubagentService:
         await self.settlement.wait_settled(parent_id, child, count)
 
     async def wait_tree_idle(self, agent: Agent) -> TurnResult | None:
-        """Until the agent is idle and no Activation of its family is resident."""
+        """Until the agent is idle and no Activation of its family is resident. `AgentStopped`
+        when another host took the agent's session over meanwhile: its family's settlements
+        reach that host now, so this one would wait for ever."""
         while True:
             result = await agent.wait_idle()
+            lost = agent.session.ownership_lost
+            if lost is not None:
+                raise AgentStopped(
+                    f"session {agent.session_id!r} was taken over by another host (its lease, epoch {lost.epoch}): "
+                    "it runs there now"
+                )
             if not any(a.root_id == agent.session_id for a in self.manager.resident.values()):
                 if agent.status != "running" and not agent.inbox.wakes():
                     return result
                 continue
-            await self.manager.wait_changed()
+            if agent.session.stopped:
+                await self.manager.wait_changed()
+            else:
+                await wait_any(self.manager.wait_changed, agent.session.wait_finished)
 
     async def drain(self) -> None:
         await self.manager.drain(self._interrupt_disposed)

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
+import trio.testing
 from clocks import until_virtual
 from subagents.runtime import ScenarioClock, open_runtime
 from subagents.runtime.ids import CountingIds
@@ -113,3 +115,45 @@ async def test_a_lease_found_lost_by_renewal_stops_the_idle_session_and_its_owne
         await trio.sleep(5)
         left = [e.delivery_id for e in await trio.to_thread.run_sync(other.drain, "boss")]
     assert left == [interrupt.delivery_id]  # the new owner's to act on
+
+
+async def test_waiting_for_a_tree_whose_root_was_taken_over_ends_with_agent_stopped(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """`run` waits for its root's tree: once another host took the root over, the children's
+    settlements reach that host, so the wait ends here with `AgentStopped` (run: one line, exit 1)."""
+    from subagents.runtime.agent.tools import FunctionTool
+    from subagents.runtime.errors import AgentStopped
+
+    async def forever(_args: Any, _ctx: Any) -> str:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    fs = CrashFs()
+    store = _RenewingStore(MemoryLogStore(fs=fs, compression="none"))
+    hang = {"tool_calls": [{"name": "slow", "arguments": {}}]}
+    script = {"agents": [{"session": "boss", "responses": [{"text": "hi"}]}, {"label": "worker", "responses": [hang]}]}
+    model = ScriptedModel(load_script(json.dumps(script)))
+    tools = [FunctionTool(name="slow", description="waits", fn=forever)]
+    async with open_runtime(
+        tmp_path,
+        model=model,
+        clock=ScenarioClock(),
+        id_factory=CountingIds("p"),
+        log_store=store,
+        mailbox=MemoryMailbox(fs=fs),
+        tools=lambda: tools,
+    ) as rt:
+        boss = await rt.agents.create(session_id="boss")
+        await boss.send("hello")
+        await boss.wait_idle()
+        await rt.subagents.start_continuable(boss, "spawn", "worker", "work")  # runs for ever
+
+        async def lose_the_root() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            store.lost.add("boss")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lose_the_root)
+            with trio.fail_after(600), pytest.raises(AgentStopped, match="taken over by another host"):
+                await rt.subagents.wait_tree_idle(boss)  # (virtual seconds: the hang guard)
