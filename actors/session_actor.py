@@ -148,6 +148,20 @@ class SessionRef:
         await self._actor.finished.wait()
 
 
+CLOSE_GRACE = 10.0  # seconds a handle's close may take before its worker thread is left to it
+
+
+async def close_handle(store: LogStore, handle: WriteHandle) -> None:
+    """Close `handle` in a worker thread, even while cancelled (shielded), for at most
+    `CLOSE_GRACE`: the file store's close is an unlock, the PostgreSQL store's a statement on the
+    network that must not stall the event loop (a lease it cannot release expires by itself)."""
+    with trio.move_on_after(CLOSE_GRACE) as scope:
+        scope.shield = True
+        await trio.to_thread.run_sync(store.close, handle, abandon_on_cancel=True)
+    if scope.cancelled_caught:
+        log.warning("session %r: closing its handle took over %ss: left to its thread", handle.session_id, CLOSE_GRACE)
+
+
 def _own_copy(exc: StorageError) -> StorageError:
     """The same error (class, message, fields) as a fresh object: each task that raises it gets
     its own traceback, with the original as the cause."""
@@ -302,7 +316,7 @@ class SessionActor:
                 # lock stays held until the process ends) rather than closed under its feet.
                 log.warning("session %r: storage did not answer; its handle was abandoned", self.handle.session_id)
             else:
-                self.store.close(self.handle)  # frees the single-writer lock
+                await close_handle(self.store, self.handle)  # frees the single-writer lock
             self.finished.set()
 
     async def _next_request(self) -> Request[Any] | None:

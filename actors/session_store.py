@@ -34,7 +34,7 @@ from subagents.storage import (
 
 from .durable_feed import DurableFeed
 from .errors import ActorStopped
-from .session_actor import SessionActor, SessionRef
+from .session_actor import SessionActor, SessionRef, close_handle
 
 __all__ = ["SessionStore", "open_session_store"]
 
@@ -248,7 +248,7 @@ class SessionStore:
         except BaseException:
             # Cancelled before the actor ran: nobody else will close its handle (and lock).
             if not actor.finished.is_set():
-                self.log_store.close(actor.handle)
+                await close_handle(self.log_store, actor.handle)
             raise
         self._actors[actor.handle.session_id] = actor
         self.feed.opened(ref.session_id, ref.durable_next)
