@@ -5,13 +5,13 @@ its log files. A log whose revision equals its index row is answered from the ro
 opened. A log that only grew (same form, same inode, larger) is scanned from where the row's
 scan stopped; any doubt about that tail (it does not start at a record, the seqs do not
 continue) falls back to a full rescan, which is always authoritative. Everything else is
-rescanned whole. Checkpoint rows answer for the revision they were written at: a log rescanned
-whole (edited in place, replaced, re-created) forgets its session's checkpoint rows in the
-transaction that saves its new row, unless the stored row is already at that revision
-(`SessionIndex.save`); a changed inode or header forgets them whatever the scan; a vanished log
-loses its row. When that write fails, this process ignores those sessions' stored rows
-(`suspect`) until a later write forgets them. Rows are mirrored in memory after the first load, and written back in one
-transaction per listing. A writer of this store keeps its log's row in step with its appends
+rescanned whole. Checkpoint rows answer for the revision they were written at (or a pure append
+of it): a log rescanned whole (edited in place, replaced, re-created) forgets its session's
+checkpoint rows in the transaction that saves its new row, unless the stored row is already at
+that revision (`SessionIndex.save`); a changed inode or header forgets them whatever the scan;
+a vanished log loses its row. When that write fails, this process ignores those sessions'
+stored rows (`suspect`) until a later write forgets them. Rows are mirrored in memory after the
+first load, and written back in one transaction per listing. A writer of this store keeps its log's row in step with its appends
 (`remember`, in memory; saved with the next index write or at close), so a listing finds that
 log at the revision its writer left it and neither opens nor scans it. The index is a cache: when it cannot be read or written the listing
 is computed from the logs alone.

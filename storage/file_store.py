@@ -389,7 +389,8 @@ class FileLogStore:
     def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
         """Store rows a reader proved by folding whole logs (docs/format.md, "The index"), in
         one index transaction: each at the end offset of its log's index row, only while that
-        row is still at the revision and event count observed. Fail-soft, quiet (a read-only
+        row, in memory and as stored, is still at the revision and event count observed (a log
+        edited and rescanned since by another process is not). Fail-soft, quiet (a read-only
         folder is no error): how many sessions were written."""
         return self._catalog.save_observed(observed)
 
