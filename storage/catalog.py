@@ -5,9 +5,13 @@ its log files. A log whose revision equals its index row is answered from the ro
 opened. A log that only grew (same form, same inode, larger) is scanned from where the row's
 scan stopped; any doubt about that tail (it does not start at a record, the seqs do not
 continue) falls back to a full rescan, which is always authoritative. Everything else is
-rescanned whole. A changed inode also forgets the session's checkpoint rows; a vanished log
-loses its row. Rows are mirrored in memory after the first load, and written back in one
-transaction per listing. A writer of this store keeps its log's row in step with its appends
+rescanned whole. Checkpoint rows answer for the revision they were written at (or a pure append
+of it): a log rescanned whole (edited in place, replaced, re-created) forgets its session's
+checkpoint rows in the transaction that saves its new row, unless the stored row is already at
+that revision (`SessionIndex.save`); a changed inode or header forgets them whatever the scan;
+a vanished log loses its row. When that write fails, this process ignores those sessions'
+stored rows (`suspect`) until a later write forgets them. Rows are mirrored in memory after the
+first load, and written back in one transaction per listing. A writer of this store keeps its log's row in step with its appends
 (`remember`, in memory; saved with the next index write or at close), so a listing finds that
 log at the revision its writer left it and neither opens nor scans it. The index is a cache: when it cannot be read or written the listing
 is computed from the logs alone.
@@ -21,7 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Literal
 
 import attrs
@@ -31,6 +35,7 @@ from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
 from .forms import FORMS, LogForm
 from .fs import File, FolderScan, Fs, NotRegularFile
 from .index import IndexRow, SessionIndex
+from .projection import ObservedCheckpoint
 from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
 from .watch import Watch
 
@@ -63,6 +68,10 @@ class Catalog:
         self._generation = 0
         self._answer: tuple[int, list[LogInfo]] | None = None
         self._unsaved: dict[SessionId, IndexRow] = {}  # rows writers kept in memory only (`remember`)
+        # Rows of whole rescans whose checkpoint rows could not be forgotten (the index write
+        # failed): their stored checkpoints are ignored here, and forgetting them is retried
+        # with the next write.
+        self._suspect: dict[SessionId, IndexRow] = {}
 
     @property
     def watching(self) -> bool:
@@ -81,6 +90,7 @@ class Catalog:
             infos: list[LogInfo] = []
             complete = True
             changed: list[IndexRow] = []
+            whole: list[IndexRow] = []
             seen: set[SessionId] = set()
             known, ids = self._ids, {}
             forms = _FORM_BY_FILE
@@ -102,14 +112,14 @@ class Catalog:
                     ):
                         infos.append(row.info)
                         continue
-                info = self._info(sid, folder, rows, changed)
+                info = self._info(sid, folder, rows, changed, whole)
                 if info is not None:
                     infos.append(info)
                 else:
                     complete = False  # skipped after an I/O error: retried by the next listing
             self._ids = ids
             gone = [sid for sid in rows if sid not in seen]
-            self._commit(rows, changed, gone)
+            self._commit(rows, changed, gone, whole)
             if generation is not None and complete:
                 self._answer = (generation, infos)
                 return list(infos)
@@ -122,9 +132,10 @@ class Catalog:
         with self._lock:
             rows = self._load()
             changed: list[IndexRow] = []
-            info = self._info(sid, folders[0], rows, changed) if folders else None
+            whole: list[IndexRow] = []
+            info = self._info(sid, folders[0], rows, changed, whole) if folders else None
             gone = [sid] if info is None and sid in rows else []
-            self._commit(rows, changed, gone)
+            self._commit(rows, changed, gone, whole)
         return info
 
     def validated(self, sid: SessionId, name: str, compression: str, revision: Revision) -> IndexRow | None:
@@ -192,6 +203,37 @@ class Catalog:
         if header is None:
             return None
         return row.head, HeaderRecord(header=header, inherited_event_count=row.info.inherited_event_count)
+
+    def suspect(self, sids: Collection[str]) -> set[str]:
+        """Those of `sids` whose stored checkpoint rows this process must not use: their log
+        was rescanned whole and the index write that forgets such rows failed."""
+        if not self._suspect:  # the usual case, without the lock
+            return set()
+        with self._lock:
+            return {sid for sid in sids if sid in self._suspect}
+
+    def save_observed(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Store rows a reader proved (`SessionIndex.save_observed`), each at the end offset of
+        its log's row, only while that row is still at the revision and event count observed
+        and is the stored row too (rows writers kept in memory only are saved first). How many
+        sessions were written."""
+        index = self.index
+        if index is None:
+            return 0
+        entries = []
+        for one in observed:
+            end = self.observed_end(one.session_id, one.revision, one.event_count)
+            if end is not None:
+                entries.append((one, end))
+        if not entries:
+            return 0
+        with self._lock:
+            rows = self._rows
+            if rows is not None and (self._suspect or self._unsaved):
+                # The stored rows must be these (`SessionIndex.save_observed` compares): what
+                # writers kept in memory is saved first, and forgetting that failed is retried.
+                self._save(rows, [], [], [], ())
+        return index.save_observed(entries)
 
     def remembers(self, sid: SessionId) -> bool:
         """Whether the rows are in memory (a store that has listed or stat'ed): only then does a
@@ -302,7 +344,13 @@ class Catalog:
             self._rows = loaded if loaded is not None else {}
         return self._rows
 
-    def _commit(self, rows: dict[SessionId, IndexRow], changed: list[IndexRow], gone: list[SessionId]) -> None:
+    def _commit(
+        self,
+        rows: dict[SessionId, IndexRow],
+        changed: list[IndexRow],
+        gone: list[SessionId],
+        whole: Sequence[IndexRow] = (),
+    ) -> None:
         forget = []
         for row in changed:
             old = rows.get(row.id)
@@ -311,13 +359,43 @@ class Catalog:
             rows[row.id] = row
         for sid in gone:
             rows.pop(sid, None)
-        if self.index is not None and (changed or gone):
-            # Rows writers kept in memory go with any write the index gets anyway (and at close).
-            kept = [row for sid, row in self._unsaved.items() if rows.get(sid) is row]
-            self._unsaved.clear()
-            self.index.save([*kept, *changed], gone, forget)
-        elif self.index is not None:
-            self.index.save(changed, gone, forget)
+        if self.index is None:
+            return
+        for sid in gone:
+            self._suspect.pop(sid, None)  # its checkpoint rows go with its row
+        if changed or gone:
+            self._save(rows, changed, gone, forget, whole)
+
+    def _save(
+        self,
+        rows: dict[SessionId, IndexRow],
+        changed: list[IndexRow],
+        gone: list[SessionId],
+        forget: list[SessionId],
+        whole: Sequence[IndexRow],
+    ) -> bool:
+        """One index write (under the lock): the rows, with those writers kept in memory, and
+        the checkpoint rows to forget; what could not be forgotten becomes `suspect`."""
+        assert self.index is not None
+        suspect = self._suspect
+        # Rows writers kept in memory go with any write the index gets anyway (and at close).
+        kept = [row for sid, row in self._unsaved.items() if rows.get(sid) is row]
+        self._unsaved.clear()
+        # Forgetting that failed before is retried (with the row it failed with): against the
+        # stored row while the rescan's row still stands, else (changed again) unconditionally.
+        retried = [row for sid, row in suspect.items() if rows.get(sid) is row]
+        forget = [*forget, *(sid for sid, row in suspect.items() if rows.get(sid) is not row)]
+        rescanned = [*whole, *retried]
+        if self.index.save([*kept, *retried, *changed], gone, forget, rescanned):
+            suspect.clear()
+            return True
+        for row in rescanned:
+            suspect[row.id] = row
+        for sid in forget:
+            row = rows.get(sid)
+            if row is not None:
+                suspect[sid] = row
+        return False
 
     def _info(
         self,
@@ -325,6 +403,7 @@ class Catalog:
         folder: FolderScan,
         rows: dict[SessionId, IndexRow],
         changed: list[IndexRow],
+        whole: list[IndexRow],
     ) -> LogInfo | None:
         files = folder.files
         if not files:
@@ -340,13 +419,15 @@ class Catalog:
         if row is not None and row.form == form.compression and row.revision == revision:
             return row.info
         try:
-            new = self._rescan(sid, f"{path}/{file_name}", form, row)
+            new, rescanned = self._rescan(sid, f"{path}/{file_name}", form, row)
         except OSError as exc:
             if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
                 return _damaged(sid, None, "corrupt", _NO_REVISION, 0)
             log.warning("session %r: skipped by the listing: %s", sid, exc)
             return None
         changed.append(new)
+        if rescanned:
+            whole.append(new)
         return new.info
 
     def _plain_header(self, sid: SessionId, path: str) -> HeaderRecord | HeaderError | None:
@@ -360,7 +441,8 @@ class Catalog:
             return None
         return FORMS["none"].header_of(sid, head)
 
-    def _rescan(self, sid: SessionId, path: str, form: LogForm, row: IndexRow | None) -> IndexRow:
+    def _rescan(self, sid: SessionId, path: str, form: LogForm, row: IndexRow | None) -> tuple[IndexRow, bool]:
+        """The log's new row, and whether it was scanned whole (else only what it grew by)."""
         file = self.fs.open(path, "read")
         try:
             revision = file.revision()
@@ -368,11 +450,11 @@ class Catalog:
                 tail = file.pread(row.scan_end, revision.size - row.scan_end)
                 grown = _scan_growth(sid, form, row, revision, tail)
                 if grown is not None:
-                    return grown
+                    return grown, False
             data = file.pread(0, revision.size)
         finally:
             file.close()
-        return _scan_whole(sid, form, revision, data)
+        return _scan_whole(sid, form, revision, data), True
 
 
 ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log

@@ -389,17 +389,10 @@ class FileLogStore:
     def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
         """Store rows a reader proved by folding whole logs (docs/format.md, "The index"), in
         one index transaction: each at the end offset of its log's index row, only while that
-        row is still at the revision and event count observed. Fail-soft, quiet (a read-only
+        row, in memory and as stored, is still at the revision and event count observed (a log
+        edited and rescanned since by another process is not). Fail-soft, quiet (a read-only
         folder is no error): how many sessions were written."""
-        index = self._catalog.index
-        if index is None:
-            return 0
-        entries = []
-        for one in observed:
-            end = self._catalog.observed_end(one.session_id, one.revision, one.event_count)
-            if end is not None:
-                entries.append((one, end))
-        return index.save_observed(entries) if entries else 0
+        return self._catalog.save_observed(observed)
 
     def _record_row(self, handle: WriteHandle) -> None:
         """The writer knows its log whole (every event it appended was valid): record the index
@@ -442,7 +435,7 @@ class FileLogStore:
         if index is None:
             return None
         loaded = index.load_checkpoints([session_id])
-        if not loaded:
+        if not loaded or self._catalog.suspect([session_id]):
             return None
         lifecycle = Lifecycle.of(header, inherited_event_count)
         stored = [s for s in loaded.get(session_id, []) if s.lifecycle == lifecycle]
@@ -458,9 +451,16 @@ class FileLogStore:
     ) -> dict[str, list[StoredCheckpoint]] | None:
         """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; see
         `SessionIndex.load_checkpoints` for `skip`), in one query (None on a cache miss); the
-        caller checks versions and lifecycles."""
+        caller checks versions and lifecycles. None stored for a session whose rows may answer
+        for a revision that is gone (`Catalog.suspect`)."""
         index = self._catalog.index
-        return None if index is None else index.load_checkpoints(list(session_ids), keys, skip)
+        if index is None:
+            return None
+        found = index.load_checkpoints(list(session_ids), keys, skip)
+        if found:
+            for sid in self._catalog.suspect(found):
+                found[sid] = []
+        return found
 
     def read_after(
         self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None

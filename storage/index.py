@@ -401,15 +401,28 @@ class SessionIndex:
         changed: Iterable[IndexRow],
         deleted: Iterable[SessionId],
         forget_checkpoints: Iterable[SessionId] = (),
-    ) -> None:
-        """Write changed rows, delete rows of vanished logs; failures only logged."""
+        rescanned: Iterable[IndexRow] = (),
+    ) -> bool:
+        """Write changed rows, delete rows of vanished logs and the checkpoint rows of
+        `forget_checkpoints`; False (only logged) when not written. `rescanned`: rows a scan
+        of the whole log made (its revision is not a pure append of a row the scan knew):
+        their sessions' checkpoint rows go too, unless the stored row is already at that very
+        revision (then whoever stored it answered for them). Decided here, against the stored
+        row in the same transaction, not against a process's copy of it: a process that loaded
+        the index before the log had a row cannot tell an edit from a new log."""
         changed = list(changed)
         deleted = list(deleted)
+        rescanned = list(rescanned)
         forget = set(forget_checkpoints) | set(deleted)
-        if not changed and not deleted and not forget:
-            return
+        if not changed and not deleted and not forget and not rescanned:
+            return True
 
         def write(conn: sqlite3.Connection) -> None:
+            conn.executemany(  # before the rows are replaced: compared with the stored ones
+                "DELETE FROM checkpoints WHERE session_id = ? AND NOT EXISTS (SELECT 1 FROM sessions "
+                "WHERE id = ? AND form = ? AND size = ? AND mtime_ns = ? AND inode = ?)",
+                [(row.id, row.id, row.form, *row.revision) for row in rescanned],
+            )
             conn.executemany(
                 f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 23)})",
                 [_row_to_sql(row) for row in changed],
@@ -417,7 +430,7 @@ class SessionIndex:
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
             conn.executemany("DELETE FROM checkpoints WHERE session_id = ?", [(sid,) for sid in forget])
 
-        self._write("rows", write)
+        return self._write("rows", write)
 
     def _write(self, what: str, body: Callable[[sqlite3.Connection], None], *, quiet: bool = False) -> bool:
         """Run `body` in one write transaction; a failure is logged and leaves a cache miss."""
@@ -475,8 +488,9 @@ class SessionIndex:
 
     def save_observed(self, entries: Sequence[tuple[ObservedCheckpoint, int]]) -> int:
         """Checkpoint rows a reader proved, each with the log offset they start over from, in
-        one transaction: a session's rows are replaced only when none of the same lifecycle is
-        stored at that seq or later (a writer's fresher rows, or a listing of the same revision
+        one transaction: only while the stored row of its log is at the revision observed (the
+        log may have been edited and rescanned since, by another process), and a session's rows
+        are replaced only when none of the same lifecycle is stored at that seq or later (a writer's fresher rows, or a listing of the same revision
         in another process, win). How many sessions were written; 0, logged at debug level
         only, when the index cannot be written (it is a cache: a read-only folder lists too)."""
         if not entries:
@@ -490,6 +504,9 @@ class SessionIndex:
                 sid, seq = one.session_id, one.event_count - 1
                 if not one.rows or seq < 0:
                     continue
+                at = conn.execute("SELECT size, mtime_ns, inode FROM sessions WHERE id = ?", (sid,)).fetchone()
+                if at is None or tuple(at) != tuple(one.revision):
+                    continue  # the stored row is another revision's (a rescan forgot rows for it)
                 life = _json.encode(attrs.asdict(one.lifecycle))
                 stored = conn.execute(
                     "SELECT DISTINCT lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?", (sid, seq)

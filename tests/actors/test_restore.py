@@ -10,10 +10,13 @@ its subject is the session store's stop, the store only hangs) and the cadence a
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 from typing import Any
 
 import attrs
+import msgspec
 import pg_damage
 import trio
 import trio.testing
@@ -137,6 +140,53 @@ async def test_a_recreated_id_never_uses_the_old_rows(place: Place) -> None:
         ref = await store.open("s")
         assert store.last_open_folds == 3 * len(units)  # folded from the start, rows unused
         assert await ref.snapshot() == {"count": 3, "turns": 0}
+
+
+@attrs.define
+class LastTurn:
+    """The number of the last turn started (what an edit of a `turn/start` line changes)."""
+
+    key: str = "last_turn"
+    state_version: int = 1
+    view: Any = staticmethod(lambda state: state)
+
+    def initial(self, header: SessionHeader, inherited_event_count: int) -> int:
+        return 0
+
+    def apply(self, state: int, event: Any) -> int:
+        return msgspec.json.decode(event.data)["turn"] if event.type == "turn/start" else state
+
+
+async def test_a_log_edited_in_place_never_restores_the_old_rows(tmp_path: Path) -> None:
+    """A log edited in place after its last checkpoint (the same inode, size and event count,
+    as an editor that writes in place leaves it): `open` folds it from the start. Its rows
+    cover its old content "whole", and `read_after` at their offset (the end) finds nothing
+    to contradict them: only the revision tells (the index forgets them when it rescans)."""
+    units = [LastTurn(), Counter()]
+    async with open_session_store(
+        FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry(units), now_ms=now_ms
+    ) as store:
+        ref = await store.create(header("s", 1))
+        await ref.append(turn(1, 2))  # 6 events, ends a turn: checkpointed
+        await store.release("s")
+    log = tmp_path / "sessions" / "s" / "session.jsonl"
+    lines = log.read_bytes().split(b"\n")
+    (start,) = [i for i, line in enumerate(lines) if b'"turn/start"' in line]
+    assert lines[start].count(b'"turn":1') == 1
+    lines[start] = lines[start].replace(b'"turn":1', b'"turn":7')
+    before = log.stat()
+    log.write_bytes(b"\n".join(lines))  # in place: the same inode and size
+    after = log.stat()
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    # (A later mtime, as any edit after the clock's next tick has: the revision changed.)
+    os.utime(log, ns=(after.st_atime_ns, max(after.st_mtime_ns, before.st_mtime_ns + 1_000_000)))
+
+    async with open_session_store(
+        FileLogStore(str(tmp_path), compression="none"), ProjectionRegistry(units), now_ms=now_ms
+    ) as store:
+        ref = await store.open("s")
+        assert await ref.snapshot() == {"last_turn": 7, "count": 6}
+        assert store.last_open_folds == 6 * len(units)  # folded from the start, rows unused
 
 
 async def test_release_checkpoints_and_frees_the_lock(place: Place) -> None:

@@ -215,6 +215,123 @@ async def test_rows_a_writer_left_behind_an_append_do_not_answer(tmp_path: Path,
     assert identity_rows(store, ["c0"])["c0"][0] == 3
 
 
+def edit_in_place(log: Path, old: bytes, new: bytes) -> None:
+    """Replace `old` by `new` (as long) in a log written in place: the same inode, size and
+    event count, as an editor that writes in place (or `Place.overwrite`) leaves it. Its mtime
+    is moved on too: an edit within the clock tick of the write before it is a revision no
+    stat can tell apart (the index's premise), not what these tests are about."""
+    assert len(old) == len(new)
+    text = log.read_bytes()
+    assert text.count(old) == 1
+    before = log.stat()
+    log.write_bytes(text.replace(old, new))
+    after = log.stat()
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    os.utime(log, ns=(after.st_atime_ns, max(after.st_mtime_ns, before.st_mtime_ns + 1_000_000)))
+
+
+async def test_a_log_edited_in_place_is_listed_with_its_new_identity(tmp_path: Path) -> None:
+    """A log edited in place (same inode, header and event count) keeps no checkpoint rows a
+    listing's observation wrote for its old content: the next listing observes it again (review
+    of issue 20 item 1: its rows once answered with the identity of a revision that is gone)."""
+    store = FileLogStore(str(tmp_path), compression="none")
+    child(store, "c0", 10, label="one")
+    first, calls = await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
+    assert first == [row("c0", "one")] and calls["write_observed"] == 1
+
+    edit_in_place(tmp_path / "sessions" / "c0" / "session.jsonl", b'"one"', b'"two"')
+    second, calls = await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
+    assert second == [row("c0", "two")], (second, dict(calls))
+    assert calls["read"] == 1 and calls["write_observed"] == 1  # observed, and its new rows written
+    third, calls = await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
+    assert third == second and calls["read"] == 0  # the new revision's rows answer
+    store.close_store()
+
+
+async def test_an_edit_seen_first_by_a_store_that_never_knew_the_log(tmp_path: Path) -> None:
+    """A long-lived store that loaded the index before the log had a row (it finds the log new,
+    so it has no row of its own to compare): its rescan still forgets rows written for another
+    revision, so a later store that trusts the row it saves never answers from them."""
+    early = FileLogStore(str(tmp_path), compression="none")
+    parent(early)
+    assert [info.id for info in early.list()] == ["p"]  # the index loaded, no c0 yet
+    writer = FileLogStore(str(tmp_path), compression="none")
+    child(writer, "c0", 10, label="one")  # by another store: `early` keeps no row of it
+    writer.close_store()
+    first, _ = await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
+    assert first == [row("c0", "one")] and identity_rows(early, ["c0"])
+
+    edit_in_place(tmp_path / "sessions" / "c0" / "session.jsonl", b'"one"', b'"two"')
+    assert sorted(info.id for info in early.list()) == ["c0", "p"]  # saves c0's row at the new revision
+    assert identity_rows(early, ["c0"]) == {}
+    second, _ = await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
+    assert second == [row("c0", "two")]
+    early.close_store()
+
+
+async def test_rows_an_index_write_could_not_forget_never_answer(tmp_path: Path) -> None:
+    """The rescan of an edited log could not write the index (busy, read-only): the stale rows
+    are still stored, and this process ignores them (the log is observed) until a later write
+    forgets them; then its new rows are written back."""
+    store = FileLogStore(str(tmp_path), compression="none")
+    child(store, "c0", 10, label="one")
+    await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
+    edit_in_place(tmp_path / "sessions" / "c0" / "session.jsonl", b'"one"', b'"two"')
+
+    lister = FileLogStore(str(tmp_path), compression="none")
+    index = lister._catalog.index
+    assert index is not None
+    save, failing = index.save, [True]
+
+    def flaky_save(*args: Any, **kwargs: Any) -> bool:
+        return False if failing else save(*args, **kwargs)
+
+    index.save = flaky_save  # type: ignore[method-assign]  # a seam on this instance only
+    second, calls = await list_once(tmp_path, lister)
+    assert second == [row("c0", "two")] and calls["read"] == 1
+    stale = identity_rows(FileLogStore(str(tmp_path), compression="none"), ["c0"])
+    assert stale["c0"][1]["identity"]["label"] == "one"  # still stored...
+    assert identity_rows(lister, ["c0"]) == {}  # ...and never read here
+
+    failing.clear()
+    third, calls = await list_once(tmp_path, lister)
+    assert third == [row("c0", "two")] and calls["read"] == 1 and calls["write_observed"] == 1
+    fresh = identity_rows(FileLogStore(str(tmp_path), compression="none"), ["c0"])
+    assert fresh["c0"][1]["identity"]["label"] == "two"  # forgotten, then the new rows written
+    fourth, calls = await list_once(tmp_path, lister)
+    assert fourth == third and calls["read"] == 0
+    store.close_store()
+
+
+async def test_no_write_back_for_a_log_edited_between_its_observation_and_the_write(tmp_path: Path) -> None:
+    """A listing observed a log; before its write-back the log is edited in place and another
+    process's listing rescans it (and saves its row at the new revision). The write-back is
+    dropped: its rows would answer for a revision that is gone."""
+    store = FileLogStore(str(tmp_path), compression="none")
+    child(store, "c0", 10, label="one")
+    faulty = FaultyLogStore(FileLogStore(str(tmp_path), compression="none"))
+    async with open_runtime(tmp_path, log_store=faulty, now_ms=now_ms) as runtime:
+        service = runtime.listing
+        inner = service._children
+
+        async def then_edit(parent_id: str, proved: list[Any]) -> list[Any]:
+            found = await inner(parent_id, proved)
+            assert len(proved) == 1  # proved, not yet written
+            edit_in_place(tmp_path / "sessions" / "c0" / "session.jsonl", b'"one"', b'"two"')
+            other = FileLogStore(str(tmp_path), compression="none")
+            assert [info.id for info in other.list()] == ["c0"]  # rescanned: its row saved
+            other.close_store()
+            return found
+
+        service._children = then_edit  # type: ignore[method-assign]  # a seam on this instance only
+        first = rows(await service.list_children("p"))
+    assert first == [row("c0", "one")]  # what it read
+    assert faulty.calls["write_observed"] == 1 and identity_rows(store, ["c0"]) == {}  # not written
+    second, _ = await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
+    assert second == [row("c0", "two")]
+    store.close_store()
+
+
 # --- never for a damaged child ------------------------------------------------------------------
 
 
