@@ -24,6 +24,7 @@ ones, which is what a host starting a child asks before it leaves the child to t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from .errors import PersistenceFailed
@@ -45,7 +46,8 @@ _ENQUEUE = (
 )
 _CLAIM = (
     "UPDATE placements p SET claimed_by = %(me)s, claimed_at = now(), attempts = p.attempts + 1 FROM ("
-    "SELECT session_id FROM placements WHERE claimed_by IS NULL ORDER BY enqueued_at, session_id "
+    "SELECT session_id FROM placements WHERE claimed_by IS NULL AND NOT (session_id = ANY(%(skip)s::text[])) "
+    "ORDER BY enqueued_at, session_id "
     "LIMIT %(n)s FOR UPDATE SKIP LOCKED) c WHERE p.session_id = c.session_id "
     "RETURNING p.session_id, p.enqueued_at, p.attempts"
 )
@@ -123,10 +125,10 @@ class PgPlacements:
         sid = check_session_id(session_id)
         self._execute(f"enqueueing {sid!r}", _ENQUEUE, self._args(id=sid))
 
-    def claim(self, limit: int) -> list[Claim]:
+    def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:
         if limit < 1:
             return []
-        rows = self._execute("claiming placements", _CLAIM, self._args(n=limit))
+        rows = self._execute("claiming placements", _CLAIM, self._args(n=limit, skip=list(skip)))
         return [Claim(SessionId(sid), attempt) for sid, _, attempt in sorted(rows, key=lambda row: (row[1], row[0]))]
 
     def finish(self, session_id: str) -> None:

@@ -15,6 +15,7 @@ in-process one the runtime's unit tests use.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 import attrs
@@ -59,9 +60,10 @@ class Placements(Protocol):
         stays enqueued once)."""
         ...
 
-    def claim(self, limit: int) -> list[Claim]:
+    def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:
         """Up to `limit` unclaimed placements, oldest first, now claimed by this host; no two
-        hosts ever get the same one."""
+        hosts ever get the same one. Those in `skip` (children this host gave back: it cannot
+        serve them, or not now) are left to the others."""
         ...
 
     def finish(self, session_id: str) -> None:

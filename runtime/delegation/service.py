@@ -419,6 +419,23 @@ class SubagentService:
         self._run_activation(activation, child)
         return activation
 
+    async def fail_placed(self, child_id: str, reason: str) -> bool:
+        """A placed child no host can serve (its log is damaged, it is not a continuable child,
+        no serving host can give it its model): its parent is told it failed — a `settled`
+        (`reason_kind: "error"`, `reason_message: reason`) in the parent's mailbox, which ends
+        the parent's stand-in. True once told, or when no parent can be named (nobody waits);
+        False when it could not be told now (the caller tries again later)."""
+        try:
+            info, _held = await self.query.reader.stat(child_id)
+        except PersistenceFailed:
+            return False
+        except StorageError:
+            return True  # a log that cannot even name its parent: nobody to tell
+        if info is None or info.header is None or info.header.parent_session is None:
+            return True
+        data: Json = {"child_id": child_id, "reason_kind": "error", "reason_message": reason}
+        return await self.settlement.post(info.header.parent_session, child_id, data)
+
     async def take_over(self, session_id: str) -> Activation | Agent | None:
         """Resume a session another host dropped with work (`subagents serve`'s sweep): a
         continuable child is adopted (`adopt`; it settles even with nothing left to do — the
@@ -806,8 +823,8 @@ class SubagentService:
                 k = observation.inherited_event_count
         except QueryAborted:
             raise SubagentCancelled("message delivery was cancelled") from None
-        except SessionQueryError:
-            raise _unavailable(target_id) from None
+        except SessionQueryError as exc:
+            raise _unavailable(target_id) from exc  # the cause tells a damaged log from a failed read
         if parent_id is not None and header.parent_session != parent_id:
             raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
         if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":

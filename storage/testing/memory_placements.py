@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Collection
 
 import attrs
 
@@ -46,9 +47,10 @@ class MemoryPlacements:
         for watch in watches:
             watch.signal()
 
-    def claim(self, limit: int) -> list[Claim]:
+    def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:
         with self._shared.lock:
-            free = sorted((order, sid) for sid, (order, by) in self._shared.queue.items() if by is None)
+            queue = self._shared.queue.items()
+            free = sorted((order, sid) for sid, (order, by) in queue if by is None and sid not in skip)
             taken = []
             for _, sid in free[: max(limit, 0)]:
                 self._shared.queue[sid] = (self._shared.queue[sid][0], self.host_id)

@@ -61,6 +61,15 @@ def test_a_placement_is_claimed_once_oldest_first_and_finished_by_its_claimer(ho
     assert b.claim(5) == [Claim("s1", 1)]
 
 
+def test_a_claim_leaves_the_placements_its_host_skips_to_the_others(host: Factory) -> None:
+    a, b = host("host-a").placements(), host("host-b").placements()
+    for sid in ("s1", "s2", "s3"):
+        a.enqueue(sid)
+    assert a.claim(5, skip={"s1", "s3"}) == [Claim("s2", 1)]  # given back here before: not taken again
+    assert a.claim(5, skip=["s1", "s3"]) == []
+    assert b.claim(5, skip=()) == [Claim("s1", 1), Claim("s3", 1)]
+
+
 def test_hosts_claiming_at_once_never_get_the_same_placement(host: Factory) -> None:
     queues = [host(f"host-{i}").placements() for i in range(4)]
     for i in range(40):

@@ -1,0 +1,149 @@
+"""Placements that go wrong (issue 19 review, items 2, 3, 5 and 8; runtime/serve.py): a child a
+serving host cannot serve never leaves its parent waiting forever — a host-specific refusal (its
+family limit, a model it cannot give the child) is given back for another host or for later, a
+permanent one (a damaged log, not a continuable child) ends the placement and tells the parent
+with an `error` settlement; a serving host stopped cleanly hands its running children back
+without settling them, so they settle once, elsewhere.
+
+Hosts on one in-memory disk under `autojump_clock` (tests/helpers/memory_hosts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from clocks import until_virtual
+from log_lines import memory_events
+from memory_hosts import memory_host
+from subagents.runtime.agent_types import AgentType
+from subagents.runtime.serve import ServeStats, serve_placements
+from subagents.storage import PersistenceFailed
+from subagents.storage.testing import CrashFs, MemoryMailbox, MemoryPlacements
+
+Json = dict[str, Any]
+
+
+def _start(label: str, prompt: str = "go", **more: str) -> Json:
+    return {"name": "subagent", "arguments": {"description": label, "prompt": prompt, **more}}
+
+
+async def until_tree_idle(host: Any, agent: Any, nursery: trio.Nursery) -> None:
+    """Until `wait_tree_idle` returns (the hang guard of `until_virtual`: a worker thread's work
+    lets the autojump clock leap, so a plain timeout around the wait could fire at once)."""
+    idle = trio.Event()
+
+    async def wait() -> None:
+        await host.subagents.wait_tree_idle(agent)
+        idle.set()
+
+    nursery.start_soon(wait)
+    await until_virtual(idle.is_set)
+
+
+def _settled(fs: CrashFs, parent: str = "boss") -> list[Json]:
+    return [d for t, d in memory_events(fs, parent) if t == "subagent/settled"]
+
+
+async def test_a_child_whose_model_no_serving_host_has_settles_as_failed_and_the_parent_goes_on(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    boss = {
+        "session": "boss",
+        "responses": [{"tool_calls": [_start("kid-1", "review", agent_type="reviewer")]}, {"text": "started"}]
+        + [{"text": "noted"}] * 3,
+    }
+    kid = {"label": "kid-1", "responses": [{"text": "reviewed"}]}
+    types = {"reviewer": AgentType(name="reviewer", description="reviews", prompt="You review.", model="scripted:x")}
+    async with (
+        memory_host(tmp_path, fs, mine, boss, ids="p", placements=queue, agent_types=types, child_model=None) as here,
+        # a serving host configured without child models: it cannot give the child its model
+        memory_host(
+            tmp_path, fs, mine.sibling(), kid, ids="s", placements=queue.sibling("serve-host"), agent_types=types
+        ) as there,
+        trio.open_nursery() as nursery,
+    ):
+        here.subagents.child_model = lambda options: here.agents.model
+        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
+        parent = await here.agents.create(session_id="boss")
+        await parent.send("go")
+        await until_tree_idle(here, parent, nursery)  # before the fix: the stand-in waited forever
+        nursery.cancel_scope.cancel()
+    assert stats.refused == 1 and stats.adopted == 0
+    (settled,) = _settled(fs)
+    assert settled["reason_kind"] == "error" and "model" in settled["reason_message"], settled
+
+
+async def test_a_claim_past_the_serving_hosts_family_limit_waits_for_a_slot(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    boss = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1"), _start("kid-2")]}] + [{"text": "ok"}] * 4}
+    kids = [{"label": f"kid-{i}", "responses": [{"text": f"{i} done"}]} for i in (1, 2)]
+    async with (
+        memory_host(tmp_path, fs, mine, boss, ids="p", placements=queue, max_active_subagents=8) as here,
+        # the serving host's own limit is lower: one child of a family at once
+        memory_host(
+            tmp_path, fs, mine.sibling(), *kids, ids="s", placements=queue.sibling("serve-host"), max_active_subagents=1
+        ) as there,
+        trio.open_nursery() as nursery,
+    ):
+        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 4)
+        parent = await here.agents.create(session_id="boss")
+        await parent.send("go")
+        await until_tree_idle(here, parent, nursery)  # before the fix: the refused child's stand-in waited forever
+        nursery.cancel_scope.cancel()
+    settled = _settled(fs)
+    assert sorted(d["reason_kind"] for d in settled) == ["completed", "completed"], settled
+    assert stats.adopted == 2
+
+
+class _FlakyMailbox(MemoryMailbox):
+    """A mailbox whose first `failures` deliveries of a `settled` envelope fail (a database
+    blip on the serving host)."""
+
+    def __init__(self, fs: CrashFs, wakeups: Any, failures: int) -> None:
+        super().__init__(fs=fs, wakeups=wakeups)
+        self.failures = failures
+
+    def deliver(self, session_id: str, envelope: Any) -> None:
+        if envelope.kind == "settled" and self.failures > 0:
+            self.failures -= 1
+            raise PersistenceFailed("the mailbox is down for a moment")
+        super().deliver(session_id, envelope)
+
+
+@pytest.mark.parametrize("failures", [2, 6])  # 6: past the retries, the placement is given back and settled again
+async def test_a_settlement_whose_delivery_fails_for_a_while_still_reaches_the_parent_once(
+    tmp_path: Path, autojump_clock: Any, failures: int
+) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    boss = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1")]}] + [{"text": "ok"}] * 3}
+    kid = {"label": "kid-1", "responses": [{"text": "1 done"}]}
+    flaky = _FlakyMailbox(fs, mine.wakeups, failures)
+    async with (
+        memory_host(tmp_path, fs, mine, boss, ids="p", placements=queue) as here,
+        memory_host(tmp_path, fs, flaky, kid, ids="s", placements=queue.sibling("serve-host")) as there,
+        trio.open_nursery() as nursery,
+    ):
+        stats: ServeStats = await nursery.start(serve_placements, there.subagents, there.subagents.placements, 1)
+        parent = await here.agents.create(session_id="boss")
+        await parent.send("go")
+        await until_tree_idle(here, parent, nursery)  # before the fix: the one settlement was lost
+        await until_virtual(lambda: not stats.running)
+        nursery.cancel_scope.cancel()
+    assert flaky.failures == 0 and stats.adopted == (1 if failures < 5 else 2)
+    (settled,) = _settled(fs)  # once
+    if failures < 5:
+        assert settled["reason_kind"] == "completed" and settled["closing_text"] == "1 done"
+    else:  # made again by the next claim, from the log: its last result is not kept (README: "aborted")
+        assert settled["reason_kind"] == "aborted"
+    assert queue.claim(10) == []  # its placement finished once the settlement went through
