@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -106,6 +107,7 @@ async def serve_placements(
     # `deferred` not now (its family's limit here, a failed read): tried again once a child
     # here is let go, or at the next sweep.
     given_back = _GivenBack()
+    adopted: dict[str, Activation] = {}  # claimed children running here (handed back on a clean stop)
     await trio.to_thread.run_sync(placements.serve, capacity)
     watch = await trio.to_thread.run_sync(placements.watch)
     try:
@@ -134,7 +136,7 @@ async def serve_placements(
                     # Its slot is taken now; the adoptions run side by side (each reads a log and
                     # opens a mailbox watch: done one after the other they would pace the host).
                     stats.running.add(claim.session_id)
-                    nursery.start_soon(_adopt, service, placements, claim, stats, nursery, changed, given_back)
+                    nursery.start_soon(_adopt, service, placements, claim, stats, nursery, changed, given_back, adopted)
                 if claimed and len(claimed) == free:
                     continue  # the queue may hold more: look again once a slot frees
 
@@ -145,6 +147,8 @@ async def serve_placements(
                     await wait_any(readable, changed.wait)
     finally:
         watch.close()
+        with trio.CancelScope(shield=True):
+            await _hand_back(service, placements, adopted)
 
 
 @attrs.define
@@ -182,6 +186,7 @@ async def _adopt(
     nursery: trio.Nursery,
     changed: RepeatedEvent,
     given_back: _GivenBack,
+    adopted: dict[str, Activation],
 ) -> None:
     child_id = claim.session_id
     try:
@@ -210,8 +215,28 @@ async def _adopt(
         _free(stats, child_id, changed)
         return
     stats.adopted += 1
+    adopted[child_id] = activation
     stats.note("claimed", child_id)
-    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed)
+    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed, adopted)
+
+
+async def _hand_back(service: SubagentService, placements: Placements, adopted: dict[str, Activation]) -> None:
+    """The host stops (its serve loop cancelled, before its runtime drains): its running
+    children are let go unsettled and their placements given back, so each is taken over by
+    another host — or this one, restarted — and settled there once, not settled here by the drain
+    and again by the host that reclaims the placement. One settling already settles, and its
+    placement is finished."""
+    for child_id, activation in list(adopted.items()):
+        if await service.hand_back(child_id):
+            log.info("placed child %s is given back (this host stops)", child_id)
+            await _retry(placements.unclaim, child_id)
+        else:
+            await activation.disposed.wait()
+            if service.settlement.take_undelivered(child_id):
+                await _retry(placements.unclaim, child_id)
+            else:
+                await _finish(service, placements, child_id)
+        adopted.pop(child_id, None)
 
 
 async def _finish(service: SubagentService, placements: Placements, child_id: str) -> None:
@@ -278,6 +303,7 @@ async def _finish_when_disposed(
     activation: Activation,
     stats: ServeStats,
     changed: RepeatedEvent,
+    adopted: dict[str, Activation] | None = None,
 ) -> None:
     await activation.disposed.wait()
     child_id = activation.child_id
@@ -286,10 +312,12 @@ async def _finish_when_disposed(
         # this one) claims it again and, a claim made before, settles it again.
         log.warning("placed child %s: its settlement was not delivered; its placement is given back", child_id)
         if placements is not None:
-            await _retry(placements.enqueue, child_id)  # a child taken over had no placement
+            await _retry(partial(placements.enqueue, claimed_before=True), child_id)  # a child taken over had none
             await _retry(placements.unclaim, child_id)
     elif placements is not None:
         await _finish(service, placements, child_id)
+    if adopted is not None and adopted.get(child_id) is activation:
+        del adopted[child_id]  # its placement is settled with: nothing to hand back
     stats.finished += 1
     stats.running.discard(child_id)
     stats.note("finished", child_id)

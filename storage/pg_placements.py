@@ -41,7 +41,8 @@ PLACEMENT_CHANNEL = "subagents_placement"
 
 _ALIVE = f"hashtextextended(%(host)s, {_SEED}) IN (SELECT key FROM live)"
 _ENQUEUE = (
-    "WITH i AS (INSERT INTO placements (session_id) VALUES (%(id)s) ON CONFLICT (session_id) DO NOTHING "
+    "WITH i AS (INSERT INTO placements (session_id, attempts) VALUES (%(id)s, %(attempts)s) "
+    "ON CONFLICT (session_id) DO NOTHING "
     f"RETURNING session_id) SELECT pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM i"
 )
 _CLAIM = (
@@ -121,9 +122,9 @@ class PgPlacements:
             line = text.splitlines()[0] if text else type(exc).__name__
             raise PersistenceFailed(f"the placement queue at {redact(self.url)}: {op} failed: {line}") from None
 
-    def enqueue(self, session_id: str) -> None:
+    def enqueue(self, session_id: str, *, claimed_before: bool = False) -> None:
         sid = check_session_id(session_id)
-        self._execute(f"enqueueing {sid!r}", _ENQUEUE, self._args(id=sid))
+        self._execute(f"enqueueing {sid!r}", _ENQUEUE, self._args(id=sid, attempts=int(claimed_before)))
 
     def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:
         if limit < 1:

@@ -55,9 +55,10 @@ class Placements(Protocol):
 
     host_id: str
 
-    def enqueue(self, session_id: str) -> None:
+    def enqueue(self, session_id: str, *, claimed_before: bool = False) -> None:
         """Leave the session to the serving hosts, durably (idempotent: an enqueued session
-        stays enqueued once)."""
+        stays enqueued once). `claimed_before`: count it as claimed once already, so its next
+        claim settles it even with nothing left to do (a settlement made and lost)."""
         ...
 
     def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:

@@ -170,6 +170,8 @@ class SubagentService:
     placements: Placements | None = None
     # placed child id -> set when its settlement reaches this host (ends its stand-in Activation)
     _placed: dict[str, trio.Event] = attrs.field(factory=dict)
+    # adopted children being handed back (`hand_back`): disposed without a settlement
+    _handing_back: set[str] = attrs.field(factory=set)
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
     settlement: Settlement = attrs.field(init=False)
@@ -419,6 +421,22 @@ class SubagentService:
         self._run_activation(activation, child)
         return activation
 
+    async def hand_back(self, child_id: str) -> bool:
+        """Let go of an adopted child without settling it (a serving host stopping cleanly):
+        its turn is ended, it is disposed and its session released, so that another host (its
+        placement given back by the caller) takes it over and settles it — once. False when it
+        is not resident here or is settling already (its settlement goes on; the caller waits
+        for its disposal and finishes the placement as usual)."""
+        activation = self.manager.get(child_id)
+        if activation is None or activation.closing or child_id in self._placed:
+            return False
+        self._handing_back.add(child_id)
+        try:
+            await self.manager.stop(child_id, "disposed", self._interrupt_disposed)
+        finally:
+            self._handing_back.discard(child_id)
+        return True
+
     async def fail_placed(self, child_id: str, reason: str) -> bool:
         """A placed child no host can serve (its log is damaged, it is not a continuable child,
         no serving host can give it its model): its parent is told it failed — a `settled`
@@ -643,6 +661,8 @@ class SubagentService:
 
     async def _settle(self, activation: Activation, child: Agent) -> None:
         # One seam for the Activation's settle step (the crash driver of the tests holds it).
+        if activation.child_id in self._handing_back:
+            return  # handed back to the placement queue: the host that takes it over settles it
         await self.settlement.settle(activation, child)
 
     async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:

@@ -39,9 +39,11 @@ class MemoryPlacements:
         """Another host on the same queue."""
         return MemoryPlacements(host_id, shared=self._shared)
 
-    def enqueue(self, session_id: str) -> None:
+    def enqueue(self, session_id: str, *, claimed_before: bool = False) -> None:
         sid = check_session_id(session_id)
         with self._shared.lock:
+            if sid not in self._shared.queue and claimed_before:
+                self._shared.attempts[sid] = 1
             self._shared.queue.setdefault(sid, (next(self._shared.order), None))
             watches = list(self._shared.watches)
         for watch in watches:

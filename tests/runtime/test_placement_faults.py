@@ -147,3 +147,41 @@ async def test_a_settlement_whose_delivery_fails_for_a_while_still_reaches_the_p
     else:  # made again by the next claim, from the log: its last result is not kept (README: "aborted")
         assert settled["reason_kind"] == "aborted"
     assert queue.claim(10) == []  # its placement finished once the settlement went through
+
+
+async def test_a_serving_host_stopped_cleanly_hands_its_children_back_and_each_settles_once(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    boss = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "work long")]}] + [{"text": "ok"}] * 4}
+    kid = {"label": "kid-1", "responses": [{"hang": True}]}
+    there_queue = queue.sibling("serve-1")
+    async with memory_host(tmp_path, fs, mine, boss, ids="p", placements=queue) as here:
+        parent = await here.agents.create(session_id="boss")
+        async with memory_host(tmp_path, fs, mine.sibling(), kid, ids="s", placements=there_queue) as there:
+            async with trio.open_nursery() as nursery:
+                stats: ServeStats = await nursery.start(serve_placements, there.subagents, there_queue, 1)
+                await parent.send("go")
+                await until_virtual(lambda: stats.adopted == 1)
+                (child_id,) = stats.running
+                await until_virtual(lambda: any(t == "turn/start" for t, _ in memory_events(fs, child_id)))
+                nursery.cancel_scope.cancel()  # Ctrl-C: `serve_command`'s interrupt scope
+            # the runtime closes now: its drain stops what is still resident
+        there_queue.close()  # what closing a PostgreSQL store does: its hosts row and liveness go
+        # Handed back, not settled: before the fix the drain settled it here ("aborted") and the
+        # next host, reclaiming the placement, settled it a second time.
+        assert _settled(fs) == []
+        assert [t for t, _ in memory_events(fs, child_id)][-1] == "turn/end"  # its turn was ended, durably
+        async with (
+            memory_host(tmp_path, fs, mine.sibling(), kid, ids="t", placements=queue.sibling("serve-2")) as again,
+            trio.open_nursery() as nursery,
+        ):
+            stats2: ServeStats = await nursery.start(serve_placements, again.subagents, again.subagents.placements, 1)
+            await until_tree_idle(here, parent, nursery)
+            await until_virtual(lambda: stats2.finished == 1)
+            nursery.cancel_scope.cancel()
+        assert stats2.adopted == 1 and queue.claim(10) == []
+    (settled,) = _settled(fs)  # one child, one run: settled once
+    assert settled["child_id"] == child_id and settled["reason_kind"] == "aborted"

@@ -68,6 +68,8 @@ def test_a_claim_leaves_the_placements_its_host_skips_to_the_others(host: Factor
     assert a.claim(5, skip={"s1", "s3"}) == [Claim("s2", 1)]  # given back here before: not taken again
     assert a.claim(5, skip=["s1", "s3"]) == []
     assert b.claim(5, skip=()) == [Claim("s1", 1), Claim("s3", 1)]
+    a.enqueue("s4", claimed_before=True)  # a settlement made and lost: its next claim settles again
+    assert b.claim(5) == [Claim("s4", 2)]
 
 
 def test_hosts_claiming_at_once_never_get_the_same_placement(host: Factory) -> None:
