@@ -108,6 +108,7 @@ async def serve_placements(
     # here is let go, or at the next sweep.
     given_back = _GivenBack()
     adopted: dict[str, Activation] = {}  # claimed children running here (handed back on a clean stop)
+    watching: set[str] = set()  # children whose disposal a `_finish_when_disposed` waits for
     await trio.to_thread.run_sync(placements.serve, capacity)
     watch = await trio.to_thread.run_sync(placements.watch)
     try:
@@ -128,7 +129,7 @@ async def serve_placements(
                         if len(stats.running) >= capacity:
                             break
                         if session_id not in stats.running and session_id not in refused:
-                            await _take_over(service, session_id, stats, refused, nursery, changed)
+                            await _take_over(service, session_id, stats, refused, nursery, changed, watching)
                 free = capacity - len(stats.running)
                 skip = given_back.unfit | given_back.deferred
                 claimed = await _call(placements.claim, free, skip) if free > 0 else None
@@ -136,7 +137,9 @@ async def serve_placements(
                     # Its slot is taken now; the adoptions run side by side (each reads a log and
                     # opens a mailbox watch: done one after the other they would pace the host).
                     stats.running.add(claim.session_id)
-                    nursery.start_soon(_adopt, service, placements, claim, stats, nursery, changed, given_back, adopted)
+                    nursery.start_soon(
+                        _adopt, service, placements, claim, stats, nursery, changed, given_back, adopted, watching
+                    )
                 if claimed and len(claimed) == free:
                     continue  # the queue may hold more: look again once a slot frees
 
@@ -187,6 +190,7 @@ async def _adopt(
     changed: RepeatedEvent,
     given_back: _GivenBack,
     adopted: dict[str, Activation],
+    watching: set[str],
 ) -> None:
     child_id = claim.session_id
     try:
@@ -214,10 +218,16 @@ async def _adopt(
         await _finish(service, placements, child_id)
         _free(stats, child_id, changed)
         return
+    if child_id in watching:
+        # It runs here already (taken over by the sweep, or adopted): its slot is counted, and
+        # its placement is finished when it is disposed — not now, which would place it again
+        # for the message it has yet to take, claim it again, and so on while it runs.
+        return
     stats.adopted += 1
     adopted[child_id] = activation
     stats.note("claimed", child_id)
-    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed, adopted)
+    watching.add(child_id)
+    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed, adopted, watching)
 
 
 async def _hand_back(service: SubagentService, placements: Placements, adopted: dict[str, Activation]) -> None:
@@ -261,6 +271,7 @@ async def _take_over(
     refused: set[str],
     nursery: trio.Nursery,
     changed: RepeatedEvent,
+    watching: set[str],
 ) -> None:
     try:
         taken = await service.take_over(session_id)
@@ -278,7 +289,8 @@ async def _take_over(
     stats.running.add(session_id)
     stats.note("resumed", session_id)
     if isinstance(taken, Activation):
-        nursery.start_soon(_finish_when_disposed, service, service.placements, taken, stats, changed)
+        watching.add(session_id)
+        nursery.start_soon(_finish_when_disposed, service, service.placements, taken, stats, changed, None, watching)
     else:
         nursery.start_soon(_release_when_idle, service, taken, stats, changed)
 
@@ -304,6 +316,7 @@ async def _finish_when_disposed(
     stats: ServeStats,
     changed: RepeatedEvent,
     adopted: dict[str, Activation] | None = None,
+    watching: set[str] | None = None,
 ) -> None:
     await activation.disposed.wait()
     child_id = activation.child_id
@@ -318,6 +331,8 @@ async def _finish_when_disposed(
         await _finish(service, placements, child_id)
     if adopted is not None and adopted.get(child_id) is activation:
         del adopted[child_id]  # its placement is settled with: nothing to hand back
+    if watching is not None:
+        watching.discard(child_id)
     stats.finished += 1
     stats.running.discard(child_id)
     stats.note("finished", child_id)

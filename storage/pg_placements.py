@@ -4,12 +4,15 @@
 waiting for a serving host. `enqueue` inserts a row (nothing if one is there) and notifies
 channel `subagents_placement`; `claim` takes the oldest unclaimed rows with `FOR UPDATE SKIP
 LOCKED` — two hosts claiming at once get different rows, never the same — and marks them with
-this host's id; `finish` deletes a row this host claimed; `unclaim` gives one back.
+this host's id; `finish` deletes a row this host claimed — or whose child's lease this host
+holds or held last (the child settled here, even if its row was reclaimed meanwhile); `unclaim`
+gives one back.
 
 A claim is an *orphan* when its host is gone: its liveness lock (pg_leases) is free — the
 process died, or its connection did — or its `hosts` row has not been renewed for a lease ttl (a
-paused or partitioned host, whose leases expire in the same time). `reclaim_orphans` makes them
-claimable again in one statement; the child's lease decides who may write it (a paused host that
+paused or partitioned host, whose leases expire in the same time) — and its child's lease is not
+held, unexpired, by a live host (a child still running is never reclaimed: its host may renew
+late, or the hosts use different ttls). `reclaim_orphans` makes them claimable again in one statement; the child's lease decides who may write it (a paused host that
 comes back finds its epoch taken and stops, pg_store's fencing).
 
 A session is *dropped* when its lease was not released cleanly and its host is gone or silent
@@ -52,7 +55,10 @@ _CLAIM = (
     "LIMIT %(n)s FOR UPDATE SKIP LOCKED) c WHERE p.session_id = c.session_id "
     "RETURNING p.session_id, p.enqueued_at, p.attempts"
 )
-_FINISH = "DELETE FROM placements WHERE session_id = %(id)s AND claimed_by = %(me)s"
+_FINISH = (
+    "DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by = %(me)s "
+    "OR EXISTS (SELECT 1 FROM leases l WHERE l.session_id = p.session_id AND l.owner = %(me)s))"
+)
 _UNCLAIM = (
     "WITH u AS (UPDATE placements SET claimed_by = NULL, claimed_at = NULL "
     "WHERE session_id = %(id)s AND claimed_by = %(me)s RETURNING session_id) "
@@ -64,6 +70,8 @@ _RECLAIM = (
     f"hashtextextended(p.claimed_by, {_SEED}) NOT IN (SELECT key FROM live) "
     "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) "
+    "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = p.session_id AND NOT l.released "
+    f"AND l.expires_at > now() AND hashtextextended(l.owner, {_SEED}) IN (SELECT key FROM live)) "
     "RETURNING p.session_id) "
     f"SELECT session_id, pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
 )

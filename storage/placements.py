@@ -68,7 +68,8 @@ class Placements(Protocol):
         ...
 
     def finish(self, session_id: str) -> None:
-        """The session settled here: its placement is done (only a claim of this host's)."""
+        """The session settled here: its placement is done (a claim of this host's, or one
+        whose session this host holds or held last)."""
         ...
 
     def unclaim(self, session_id: str) -> None:
@@ -76,7 +77,8 @@ class Placements(Protocol):
         ...
 
     def reclaim_orphans(self) -> list[SessionId]:
-        """Placements claimed by hosts that are gone, made claimable again; returns them."""
+        """Placements claimed by hosts that are gone, made claimable again — not while a live
+        host holds the session's lease unexpired; returns them."""
         ...
 
     def dropped(self, limit: int) -> list[SessionId]:

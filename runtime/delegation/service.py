@@ -386,14 +386,17 @@ class SubagentService:
     async def adopt(self, child_id: str, *, settle_idle: bool = False) -> Activation | None:
         """Serve a placed child here (`subagents serve`): resume it, let its mailbox owner hand
         it what waits there (its first prompt, messages), and run it as a resident Activation
-        until it settles; its settlement goes to its parent's mailbox. None when it has nothing
+        until it settles; its settlement goes to its parent's mailbox. A child resident here
+        already is not resumed again: its Activation is returned. None when it has nothing
         to do — unless `settle_idle` (a placement claimed before, by a host that may have died
         between the child's last turn and its settlement): then it settles all the same. Raises
         `SubagentError` if it cannot be served."""
         resident = self.manager.get(child_id)
         if resident is not None:
             if not self._end_placed(child_id):
-                return None  # it runs here already: its mailbox owner takes what waits for it
+                # It runs here already (taken over, or started here): its mailbox owner takes
+                # what waits for it, and its placement is done when it is disposed.
+                return resident
             await resident.disposed.wait()  # its stand-in here makes way for the child itself
         header, identity = await self._observe_child(child_id, None)
         if header.parent_session is None:

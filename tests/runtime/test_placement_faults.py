@@ -185,3 +185,36 @@ async def test_a_serving_host_stopped_cleanly_hands_its_children_back_and_each_s
         assert stats2.adopted == 1 and queue.claim(10) == []
     (settled,) = _settled(fs)  # one child, one run: settled once
     assert settled["child_id"] == child_id and settled["reason_kind"] == "aborted"
+
+
+async def test_a_claim_of_a_child_running_here_already_waits_for_its_disposal(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    fs = CrashFs()
+    queue = MemoryPlacements("only-host")
+    boss = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1")]}] + [{"text": "ok"}] * 4}
+    kid = {"label": "kid-1", "responses": [{"hang": True}]}
+    async with (
+        memory_host(tmp_path, fs, MemoryMailbox(fs=fs), boss, kid, ids="p", placements=queue) as here,
+        trio.open_nursery() as nursery,
+    ):
+        parent = await here.agents.create(session_id="boss")
+        await parent.send("go")  # no host serves yet: the child runs here, in place
+        await until_virtual(lambda: len(here.subagents.manager.resident) == 1)
+        (child_id,) = here.subagents.manager.resident
+        stats: ServeStats = await nursery.start(serve_placements, here.subagents, queue, 2)
+        # A placement for it after all (a sender that saw no resident child, or a take-over by the
+        # sweep): it is claimed here, where the child runs.
+        queue.enqueue(child_id)
+        await until_virtual(lambda: queue._shared.queue.get(child_id, (0, None))[1] == "only-host")
+        for _ in range(20):  # long enough for the spin the fix removes to go round many times
+            await until_virtual(lambda: True)
+            await trio.sleep(0.1)
+        # Before the fix the claim was finished at once (nothing to adopt: "idle"), the child left
+        # `running` while it ran, and a message waiting for it placed it again: claimed, finished, ...
+        assert stats.idle == 0 and child_id in stats.running
+        assert queue._shared.queue[child_id][1] == "only-host"  # claimed until the child is disposed
+        await here.subagents.stop_resident(child_id, "parent")
+        await until_virtual(lambda: stats.finished == 1)
+        assert child_id not in stats.running and queue.claim(10) == []
+        nursery.cancel_scope.cancel()

@@ -113,6 +113,37 @@ def test_claims_of_a_host_that_is_gone_or_stopped_renewing_are_reclaimed(
     assert me.reclaim_orphans() == []  # its own claims are never orphans to itself
 
 
+def test_a_claim_whose_child_is_still_held_by_a_live_host_is_not_reclaimed(
+    host: Factory, db: psycopg.Connection[Any]
+) -> None:
+    paused_store, me_store, other_store = host("paused"), host("me"), host("other")
+    paused, me, other = paused_store.placements(), me_store.placements(), other_store.placements()
+    for queue in (paused, me, other):
+        queue.serve(1)
+    me.enqueue("s1")
+    assert paused.claim(1) == [Claim("s1", 1)]
+    # Its host renews late (or the hosts' ttls differ), but it still holds the child's lease.
+    db.execute(
+        "INSERT INTO leases (session_id, owner, epoch, expires_at) VALUES ('s1', 'paused', 1, now() + interval '1 hour')"
+    )
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '1 hour' WHERE id = 'paused'")
+    assert me.reclaim_orphans() == []  # before: reclaimed, and other hosts fought over the running child
+    db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 's1'")
+    assert me.reclaim_orphans() == ["s1"]  # its lease expired too: the child is up for failover
+    assert other.claim(1) == [Claim("s1", 2)]
+    # The child settled on "paused" after all (its lease was still its own): its finish ends the
+    # placement though "other" claimed it meanwhile — before, the row stayed and was settled again.
+    paused.finish("s1")
+    assert db.execute("SELECT count(*) FROM placements").fetchone() == (0,)
+    me.enqueue("s2")
+    assert other.claim(1) == [Claim("s2", 1)]
+    db.execute(
+        "INSERT INTO leases (session_id, owner, epoch, expires_at) VALUES ('s2', 'other', 1, now() + interval '1 hour')"
+    )
+    paused.finish("s2")  # neither its claim nor its lease: nothing happens
+    assert db.execute("SELECT session_id FROM placements").fetchall() == [("s2",)]
+
+
 def test_only_live_hosts_with_capacity_serve_and_hosts_lists_them(host: Factory, db: psycopg.Connection[Any]) -> None:
     a_store, b_store = host("host-a"), host("host-b")
     a, b = a_store.placements(), b_store.placements()
