@@ -78,8 +78,12 @@ class ServeStats:
     on_event: Callable[[str, str], None] | None = None
 
     def note(self, what: str, child_id: str) -> None:
-        if self.on_event is not None:
+        if self.on_event is None:
+            return
+        try:
             self.on_event(what, child_id)
+        except Exception:  # the status line (e.g. stdout closed: BrokenPipeError) is not the host's work
+            log.exception("reporting %s %s failed", what, child_id)
 
 
 async def serve_placements(

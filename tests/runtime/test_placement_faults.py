@@ -9,6 +9,7 @@ Hosts on one in-memory disk under `autojump_clock` (tests/helpers/memory_hosts.p
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,29 @@ async def test_a_claim_of_a_child_running_here_already_waits_for_its_disposal(
         await until_virtual(lambda: stats.finished == 1)
         assert child_id not in stats.running and queue.claim(10) == []
         nursery.cancel_scope.cancel()
+
+
+async def test_a_status_line_that_cannot_be_written_does_not_stop_the_host(tmp_path: Path, autojump_clock: Any) -> None:
+    def report(what: str, child_id: str) -> None:
+        raise BrokenPipeError(32, "Broken pipe")  # `serve`'s stdout closed (piped into a `head` that exited)
+
+    boss = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1")]}] + [{"text": "ok"}] * 3}
+    kid = {"label": "kid-1", "responses": [{"text": "1 done"}]}
+    fs = CrashFs()
+    mine = MemoryMailbox(fs=fs)
+    queue = MemoryPlacements("parent-host")
+    async with (
+        memory_host(tmp_path, fs, mine, boss, ids="p", placements=queue) as here,
+        memory_host(tmp_path, fs, mine.sibling(), kid, ids="s", placements=queue.sibling("serve-host")) as there,
+        trio.open_nursery() as nursery,
+    ):
+        stats: ServeStats = await nursery.start(
+            partial(serve_placements, there.subagents, there.subagents.placements, 1, on_event=report)
+        )
+        parent = await here.agents.create(session_id="boss")
+        await parent.send("go")
+        await until_tree_idle(here, parent, nursery)  # before the fix: the error killed the serve loop
+        await until_virtual(lambda: stats.finished == 1)
+        nursery.cancel_scope.cancel()
+    (settled,) = _settled(fs)
+    assert settled["reason_kind"] == "completed"
