@@ -75,6 +75,12 @@ _RECLAIM = (
     "RETURNING p.session_id) "
     f"SELECT session_id, pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
 )
+_TAKE_BACK = (
+    f"WITH {_LIVE} DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by IS NULL "
+    f"OR hashtextextended(p.claimed_by, {_SEED}) NOT IN (SELECT key FROM live) "
+    "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
+    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) RETURNING p.attempts"
+)
 _DROPPED = (
     f"WITH {_LIVE} SELECT session_id FROM ("
     "SELECT l.session_id FROM leases l WHERE NOT l.released AND l.owner <> %(me)s "
@@ -145,6 +151,10 @@ class PgPlacements:
 
     def unclaim(self, session_id: str) -> None:
         self._execute(f"giving back {session_id!r}", _UNCLAIM, self._args(id=session_id))
+
+    def take_back(self, session_id: str) -> int | None:
+        rows = self._execute(f"taking back {session_id!r}", _TAKE_BACK, self._args(id=session_id))
+        return int(rows[0][0]) if rows else None
 
     def reclaim_orphans(self) -> list[SessionId]:
         rows = self._execute("reclaiming orphaned placements", _RECLAIM, self._args())

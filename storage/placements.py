@@ -76,6 +76,12 @@ class Placements(Protocol):
         """Give a claimed placement back for another host (this host stops before it settled)."""
         ...
 
+    def take_back(self, session_id: str) -> int | None:
+        """Remove the placement of a session its parent's host will run itself (no host serves):
+        only when it is unclaimed, or claimed by a host that is gone. Returns how often it was
+        claimed before; None when there is no such placement or a live host holds its claim."""
+        ...
+
     def reclaim_orphans(self) -> list[SessionId]:
         """Placements claimed by hosts that are gone, made claimable again — not while a live
         host holds the session's lease unexpired; returns them."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Literal, NamedTuple
 
 import attrs
@@ -168,6 +169,8 @@ class SubagentService:
     # The placement queue (SPEC §9): with serving hosts up, background children are left to
     # them (`_start_placed`); None: every child runs here.
     placements: Placements | None = None
+    # How often a stand-in looks whether any host still serves (with none, its child runs here).
+    fallback_interval: float = 30.0
     # placed child id -> set when its settlement reaches this host (ends its stand-in Activation)
     _placed: dict[str, trio.Event] = attrs.field(factory=dict)
     # adopted children being handed back (`hand_back`): disposed without a settlement
@@ -359,20 +362,80 @@ class SubagentService:
 
     def _stand_in(self, activation: Activation, settled: trio.Event | None = None) -> None:
         """Run the stand-in Activation of a child a serving host runs: resident here until its
-        settlement arrives (`record_settled`) or this host lets go (`_interrupt_disposed`)."""
+        settlement arrives (`record_settled`) or this host lets go (`_interrupt_disposed`). Every
+        `fallback_interval` it looks whether any host still serves: with none, and its placement
+        still unclaimed (or claimed by a host that is gone), the child is taken back and run
+        here, in the same Activation — a placed child never waits for hosts that are all gone."""
         child_id = activation.child_id
         if settled is None:
             settled = self._placed[child_id] = trio.Event()
         # (set already when its settlement came first: the stand-in ends at once)
+        hooks: list[Any] = []  # the hooks of the child itself, once it runs here
 
-        async def body(_a: Activation) -> None:
-            await settled.wait()
+        async def body(a: Activation) -> None:
+            while not hooks:
+                with trio.move_on_after(self.fallback_interval):
+                    await settled.wait()
+                if settled.is_set():
+                    return
+                with trio.CancelScope(shield=True):  # a child resumed here is never left untracked
+                    child = await self._take_back(child_id, settled)
+                if child is not None:
+                    hooks.extend(self._child_hooks(child))
+            await hooks[0](a)
 
-        async def nothing(_a: Activation) -> None:
-            if self._placed.get(child_id) is settled:
+        def ready(a: Activation) -> bool:
+            return hooks[1](a) if hooks else True
+
+        async def settle(a: Activation) -> None:
+            if hooks:
+                await hooks[2](a)
+            elif self._placed.get(child_id) is settled:
                 del self._placed[child_id]  # its settlement is the serving host's to record
 
-        self.manager.start(activation, body, lambda _a: True, nothing, nothing)
+        async def dispose(a: Activation) -> None:
+            if hooks:
+                await hooks[3](a)
+
+        self.manager.start(activation, body, ready, settle, dispose)
+
+    async def _take_back(self, child_id: str, settled: trio.Event) -> Agent | None:
+        """A placed child whose placement no host serves, resumed here to run in place of its
+        stand-in; None while a host serves, its placement is claimed by a live host, or it cannot
+        be resumed here now (its placement is then left as it was)."""
+        if self.placements is None:
+            return None
+        placements = self.placements
+        try:
+            if await trio.to_thread.run_sync(placements.serving_hosts) > 0:
+                return None
+            claims = await trio.to_thread.run_sync(placements.take_back, child_id)
+        except StorageError as exc:
+            log.warning("placed child %s: the placement queue cannot be read: %s", child_id, exc)
+            return None
+        if claims is None or settled.is_set():
+            if claims is not None:
+                await self._place_again(child_id, claims)
+            return None
+        try:
+            _header, identity = await self._observe_child(child_id, None)
+            child = await self.agents.resume(child_id, label=identity.get("label"))
+        except (AlreadyOwned, StorageError, SubagentError) as exc:
+            log.warning("placed child %s: no host serves it, and it cannot be run here now: %s", child_id, exc)
+            await self._place_again(child_id, claims)
+            return None
+        if self._placed.get(child_id) is settled:
+            del self._placed[child_id]  # runs here from now on: messages and interrupts reach it directly
+        if self.agents.owners is not None:
+            await self.agents.owners.first_drain(child_id)
+        log.info("placed child %s: no host serves it any more; it runs here", child_id)
+        return child
+
+    async def _place_again(self, child_id: str, claims: int) -> None:
+        try:
+            await trio.to_thread.run_sync(partial(self.placements.enqueue, claimed_before=claims > 0), child_id)  # type: ignore[union-attr]  # only called with placements
+        except StorageError as exc:
+            log.warning("placed child %s: could not be placed again: %s", child_id, exc)
 
     def _end_placed(self, child_id: str) -> bool:
         """End a placed child's stand-in here (settled, or this host lets go); False if the
@@ -632,7 +695,19 @@ class SubagentService:
     # --- residency and settlement -----------------------------------------------------------
 
     def _run_activation(self, activation: Activation, child: Agent) -> None:
-        async def body(_a: Activation) -> None:
+        self.manager.start(activation, *self._child_hooks(child))
+
+    def _child_hooks(
+        self, child: Agent
+    ) -> tuple[
+        Callable[[Activation], Awaitable[None]],
+        Callable[[Activation], bool],
+        Callable[[Activation], Awaitable[None]],
+        Callable[[Activation], Awaitable[None]],
+    ]:
+        """The body, ready check, settle and dispose hooks of a resident child's Activation."""
+
+        async def body(activation: Activation) -> None:
             while True:
                 try:
                     await child.wait_idle()
@@ -660,7 +735,7 @@ class SubagentService:
         async def dispose(a: Activation) -> None:
             await self.agents.stop(a.child_id, cause=a.cause or "disposed")
 
-        self.manager.start(activation, body, ready, settle, dispose)
+        return body, ready, settle, dispose
 
     async def _settle(self, activation: Activation, child: Agent) -> None:
         # One seam for the Activation's settle step (the crash driver of the tests holds it).

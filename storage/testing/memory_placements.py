@@ -76,6 +76,17 @@ class MemoryPlacements:
         for watch in watches:
             watch.signal()
 
+    def take_back(self, session_id: str) -> int | None:
+        with self._shared.lock:
+            entry = self._shared.queue.get(session_id)
+            if entry is None:
+                return None
+            by = entry[1]
+            if by is not None and by in self._shared.hosts and self._shared.hosts[by].alive:
+                return None
+            del self._shared.queue[session_id]
+            return self._shared.attempts.pop(session_id, 0)
+
     def reclaim_orphans(self) -> list[SessionId]:
         with self._shared.lock:
             gone = {h for h, row in self._shared.hosts.items() if not row.alive}

@@ -245,3 +245,28 @@ async def test_a_status_line_that_cannot_be_written_does_not_stop_the_host(tmp_p
         nursery.cancel_scope.cancel()
     (settled,) = _settled(fs)
     assert settled["reason_kind"] == "completed"
+
+
+@pytest.mark.parametrize("claimed", [False, True])  # True: the last host claimed it, then went away
+async def test_with_every_serving_host_gone_a_placed_child_runs_where_it_was_started(
+    tmp_path: Path, autojump_clock: Any, claimed: bool
+) -> None:
+    fs = CrashFs()
+    queue = MemoryPlacements("parent-host")
+    boss = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "count")]}] + [{"text": "ok"}] * 3}
+    kid = {"label": "kid-1", "responses": [{"text": "counted here"}]}
+    last = queue.sibling("last-host")
+    last.serve(1)  # a host serves when the child is started ...
+    async with memory_host(tmp_path, fs, MemoryMailbox(fs=fs), boss, kid, ids="p", placements=queue) as here:
+        async with trio.open_nursery() as nursery:
+            parent = await here.agents.create(session_id="boss")
+            await parent.send("go")
+            await until_virtual(lambda: len(queue._shared.queue) == 1)  # placed
+            if claimed:
+                await until_virtual(lambda: last.claim(1) != [])
+            last.close()  # ... and goes away before it runs it
+            await until_tree_idle(here, parent, nursery)  # before the fix: its stand-in waited forever
+        assert queue.claim(10) == []
+    (settled,) = _settled(fs)
+    assert settled["reason_kind"] == "completed" and settled["closing_text"] == "counted here"
+    assert "delivery_id" not in settled  # recorded in place, by the parent's own host

@@ -144,6 +144,21 @@ def test_a_claim_whose_child_is_still_held_by_a_live_host_is_not_reclaimed(
     assert db.execute("SELECT session_id FROM placements").fetchall() == [("s2",)]
 
 
+def test_a_placement_is_taken_back_unless_a_live_host_claimed_it(host: Factory) -> None:
+    parent, server = host("parent"), host("server")
+    mine, theirs = parent.placements(), server.placements()
+    theirs.serve(1)
+    for sid in ("s1", "s2", "s3"):
+        mine.enqueue(sid)
+    assert theirs.claim(1) == [Claim("s1", 1)]
+    assert mine.take_back("s1") is None  # a live host runs it
+    assert mine.take_back("s2") == 0 and mine.take_back("s2") is None  # unclaimed: taken back, once
+    assert mine.take_back("nothing") is None
+    server.close_store()  # the server goes: its claim is taken back too
+    assert mine.take_back("s1") == 1
+    assert mine.claim(5) == [Claim("s3", 1)]
+
+
 def test_only_live_hosts_with_capacity_serve_and_hosts_lists_them(host: Factory, db: psycopg.Connection[Any]) -> None:
     a_store, b_store = host("host-a"), host("host-b")
     a, b = a_store.placements(), b_store.placements()
