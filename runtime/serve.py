@@ -205,9 +205,11 @@ async def _adopt(
             log.exception("placed child %s: serving it failed", child_id)
         why = _refusal(exc)
         reason = str(exc.__cause__ or exc)
-        if why == "unfit" and claim.attempt >= (await _call(placements.serving_hosts) or 1):
-            # As many claims as hosts serve, this one unfit too: likely none of them can run it.
-            why, reason = "fatal", f"no serving host could run it: {reason}"
+        if why == "unfit":
+            serving = await _call(placements.serving_hosts)
+            if serving is not None and claim.attempt >= serving:
+                # As many claims as hosts serve, this one unfit too: likely none of them can run it.
+                why, reason = "fatal", f"no serving host could run it: {reason}"
         log.warning("placed child %s cannot be served here (%s): %s", child_id, why, reason)
         if why == "fatal" and await service.fail_placed(child_id, reason):
             await _retry(placements.finish, child_id)  # its parent was told: the placement is done
@@ -240,7 +242,8 @@ async def _hand_back(service: SubagentService, placements: Placements, adopted: 
     another host — or this one, restarted — and settled there once, not settled here by the drain
     and again by the host that reclaims the placement. One settling already settles, and its
     placement is finished."""
-    for child_id, activation in list(adopted.items()):
+
+    async def one(child_id: str, activation: Activation) -> None:
         if await service.hand_back(child_id):
             log.info("placed child %s is given back (this host stops)", child_id)
             await _retry(placements.unclaim, child_id)
@@ -251,6 +254,10 @@ async def _hand_back(service: SubagentService, placements: Placements, adopted: 
             else:
                 await _finish(service, placements, child_id)
         adopted.pop(child_id, None)
+
+    async with trio.open_nursery() as nursery:  # side by side: each may wait out a stop grace
+        for child_id, activation in list(adopted.items()):
+            nursery.start_soon(one, child_id, activation)
 
 
 async def _finish(service: SubagentService, placements: Placements, child_id: str) -> None:
