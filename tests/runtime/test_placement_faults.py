@@ -77,6 +77,11 @@ async def test_a_child_whose_model_no_serving_host_has_settles_as_failed_and_the
     assert stats.refused == 1 and stats.adopted == 0
     (settled,) = _settled(fs)
     assert settled["reason_kind"] == "error" and "model" in settled["reason_message"], settled
+    # ... and the model is told why
+    texts = [b["text"] for t, d in memory_events(fs, "boss") if t == "user/message" for b in d["message"]["content"]]
+    assert any(
+        t.startswith("Background subagent p-1 failed before it finished (no serving host could run it: ") for t in texts
+    ), texts
 
 
 async def test_a_claim_past_the_serving_hosts_family_limit_waits_for_a_slot(
