@@ -16,26 +16,41 @@ nothing left to do: its dead host may have finished its turn without settling it
 session is held until its tree is idle, then let go. Taking the lease decides which sweeper gets a
 session; one this host cannot resume is not tried again by it.
 
-A child that cannot be adopted (its log is damaged, it is not a continuable child, another host
-still holds it) is logged; a placement whose session cannot be served at all is finished (it
-would be claimed forever), one whose session is held elsewhere is given back for later.
+A claimed child that cannot be adopted never leaves its parent waiting: a refusal of this host's
+— another host still holds the child, its family is at this host's `max_active_subagents`, a
+read failed (tried again once a child here is let go, or at the next sweep), or this host cannot
+give the child what its options ask, e.g. its model (left to the other hosts) — gives the
+placement back and this host skips it; a child no host can serve — its log is damaged, it is not
+a continuable child, or as many hosts as serve were unfit for it — is finished and its parent is
+told through its mailbox (`settled`, `reason_kind: "error"` with the reason), which ends the
+parent's stand-in. A settlement that could not be posted to the parent's mailbox (tried a few
+times) gives the placement back, so the child is claimed and settled again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 import attrs
 import trio
 from subagents.actors import Activation
-from subagents.storage import AlreadyOwned, Claim, Placements, StorageError
+from subagents.storage import AlreadyOwned, Claim, OwnershipLost, PersistenceFailed, Placements, StorageError
 from trio_util import RepeatedEvent, wait_any
 
 from .agent.loop import Agent
 from .delegation.service import SubagentService
-from .errors import AgentStopped, SubagentError
+from .errors import (
+    ActivationLimit,
+    AgentStopped,
+    FamilyDraining,
+    OptionsNotReapplied,
+    QueryPersistenceFailed,
+    SubagentError,
+    UnsupportedCapability,
+)
 
 __all__ = ["ServeStats", "serve_placements"]
 
@@ -45,6 +60,8 @@ T = TypeVar("T")
 
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_SWEEP_INTERVAL = 5.0
+_RETRIES = 5  # a finish or give-back is tried this often, waiting 0.5 s, 1 s, 2 s, … between
+_RETRY_FIRST_DELAY = 0.5
 
 
 @attrs.define
@@ -61,8 +78,12 @@ class ServeStats:
     on_event: Callable[[str, str], None] | None = None
 
     def note(self, what: str, child_id: str) -> None:
-        if self.on_event is not None:
+        if self.on_event is None:
+            return
+        try:
             self.on_event(what, child_id)
+        except Exception:  # the status line (e.g. stdout closed: BrokenPipeError) is not the host's work
+            log.exception("reporting %s %s failed", what, child_id)
 
 
 async def serve_placements(
@@ -86,6 +107,12 @@ async def serve_placements(
         stats.on_event = on_event
     changed = RepeatedEvent()
     refused: set[str] = set()  # dropped sessions this host could not resume: not tried again
+    # Placements this host gave back: `unfit` it cannot serve at all (left to the others),
+    # `deferred` not now (its family's limit here, a failed read): tried again once a child
+    # here is let go, or at the next sweep.
+    given_back = _GivenBack()
+    adopted: dict[str, Activation] = {}  # claimed children running here (handed back on a clean stop)
+    watching: set[str] = set()  # children whose disposal a `_finish_when_disposed` waits for
     await trio.to_thread.run_sync(placements.serve, capacity)
     watch = await trio.to_thread.run_sync(placements.watch)
     try:
@@ -94,22 +121,29 @@ async def serve_placements(
             next_sweep = trio.current_time()
             while True:
                 woken = watch.clear()  # a placement, or a lease let go: sweep now, not at the interval
+                if stats.finished != given_back.finished_seen:
+                    given_back.finished_seen = stats.finished
+                    given_back.deferred.clear()  # a slot here freed: what waited for one may fit now
                 if woken or trio.current_time() >= next_sweep:
                     next_sweep = trio.current_time() + sweep_interval
+                    given_back.deferred.clear()
                     stats.reclaimed += len(await _call(placements.reclaim_orphans) or ())
                     free = capacity - len(stats.running)
                     for session_id in await _call(placements.dropped, free + len(refused)) or ():
                         if len(stats.running) >= capacity:
                             break
                         if session_id not in stats.running and session_id not in refused:
-                            await _take_over(service, session_id, stats, refused, nursery, changed)
+                            await _take_over(service, session_id, stats, refused, nursery, changed, watching)
                 free = capacity - len(stats.running)
-                claimed = await _call(placements.claim, free) if free > 0 else None
+                skip = given_back.unfit | given_back.deferred
+                claimed = await _call(placements.claim, free, skip) if free > 0 else None
                 for claim in claimed or ():
                     # Its slot is taken now; the adoptions run side by side (each reads a log and
                     # opens a mailbox watch: done one after the other they would pace the host).
                     stats.running.add(claim.session_id)
-                    nursery.start_soon(_adopt, service, placements, claim, stats, nursery, changed)
+                    nursery.start_soon(
+                        _adopt, service, placements, claim, stats, nursery, changed, given_back, adopted, watching
+                    )
                 if claimed and len(claimed) == free:
                     continue  # the queue may hold more: look again once a slot frees
 
@@ -120,6 +154,35 @@ async def serve_placements(
                     await wait_any(readable, changed.wait)
     finally:
         watch.close()
+        with trio.CancelScope(shield=True):
+            await _hand_back(service, placements, adopted)
+
+
+@attrs.define
+class _GivenBack:
+    unfit: set[str] = attrs.field(factory=set)
+    deferred: set[str] = attrs.field(factory=set)
+    finished_seen: int = 0
+
+
+Refusal = Literal["held", "busy", "unfit", "fatal"]
+
+
+def _refusal(exc: Exception) -> Refusal:
+    """Why a claimed child cannot be adopted here: `held` (another host holds its lease: later),
+    `busy` (this host has no room for its family now, is draining, or a read failed: later),
+    `unfit` (this host lacks what the child needs, e.g. its model: another host), `fatal` (no
+    host could: its log is damaged, it is not a continuable child, a bug)."""
+    cause = exc.__cause__
+    if isinstance(cause, (AlreadyOwned, OwnershipLost)):
+        return "held"
+    transient = (PersistenceFailed, QueryPersistenceFailed)
+    if isinstance(exc, (ActivationLimit, FamilyDraining, *transient)) or isinstance(cause, transient):
+        return "busy"
+    unfit = (OptionsNotReapplied, UnsupportedCapability)
+    if isinstance(exc, unfit) or isinstance(cause, unfit):
+        return "unfit"
+    return "fatal"
 
 
 async def _adopt(
@@ -129,17 +192,31 @@ async def _adopt(
     stats: ServeStats,
     nursery: trio.Nursery,
     changed: RepeatedEvent,
+    given_back: _GivenBack,
+    adopted: dict[str, Activation],
+    watching: set[str],
 ) -> None:
     child_id = claim.session_id
     try:
         activation = await service.adopt(child_id, settle_idle=claim.attempt > 1)
     except Exception as exc:  # a SubagentError; another is a bug, and one child's must not stop the host
         stats.refused += 1
-        held = isinstance(exc.__cause__, AlreadyOwned)
-        if not isinstance(exc, SubagentError):
+        if not isinstance(exc, (SubagentError, StorageError)):
             log.exception("placed child %s: serving it failed", child_id)
-        log.warning("placed child %s cannot be served here (%s): %s", child_id, "later" if held else "dropped", exc)
-        await _call(placements.unclaim if held else placements.finish, child_id)
+        why = _refusal(exc)
+        reason = str(exc.__cause__ or exc)
+        if why == "unfit":
+            serving = await _call(placements.serving_hosts)
+            if serving is not None and claim.attempt >= serving:
+                # As many claims as hosts serve, this one unfit too: likely none of them can run it.
+                why, reason = "fatal", f"no serving host could run it: {reason}"
+        log.warning("placed child %s cannot be served here (%s): %s", child_id, why, reason)
+        if why == "fatal" and await service.fail_placed(child_id, reason):
+            await _retry(placements.finish, child_id)  # its parent was told: the placement is done
+        else:
+            # Given back: for another host, or for this one once it has room (or at a sweep).
+            (given_back.unfit if why == "unfit" else given_back.deferred).add(child_id)
+            await _retry(placements.unclaim, child_id)
         _free(stats, child_id, changed)
         return
     if activation is None:
@@ -147,16 +224,47 @@ async def _adopt(
         await _finish(service, placements, child_id)
         _free(stats, child_id, changed)
         return
+    if child_id in watching:
+        # It runs here already (taken over by the sweep, or adopted): its slot is counted, and
+        # its placement is finished when it is disposed — not now, which would place it again
+        # for the message it has yet to take, claim it again, and so on while it runs.
+        return
     stats.adopted += 1
+    adopted[child_id] = activation
     stats.note("claimed", child_id)
-    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed)
+    watching.add(child_id)
+    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed, adopted, watching)
+
+
+async def _hand_back(service: SubagentService, placements: Placements, adopted: dict[str, Activation]) -> None:
+    """The host stops (its serve loop cancelled, before its runtime drains): its running
+    children are let go unsettled and their placements given back, so each is taken over by
+    another host — or this one, restarted — and settled there once, not settled here by the drain
+    and again by the host that reclaims the placement. One settling already settles, and its
+    placement is finished."""
+
+    async def one(child_id: str, activation: Activation) -> None:
+        if await service.hand_back(child_id):
+            log.info("placed child %s is given back (this host stops)", child_id)
+            await _retry(placements.unclaim, child_id)
+        else:
+            await activation.disposed.wait()
+            if service.settlement.take_undelivered(child_id):
+                await _retry(placements.unclaim, child_id)
+            else:
+                await _finish(service, placements, child_id)
+        adopted.pop(child_id, None)
+
+    async with trio.open_nursery() as nursery:  # side by side: each may wait out a stop grace
+        for child_id, activation in list(adopted.items()):
+            nursery.start_soon(one, child_id, activation)
 
 
 async def _finish(service: SubagentService, placements: Placements, child_id: str) -> None:
     """The placement is done; a delivery that came after the child's owner stopped (or before
     it started, for a claim made early) would wait for nobody: placed again. (A sender enqueues
     around its delivery too; one of the two sees the other's work.)"""
-    await _call(placements.finish, child_id)
+    await _retry(placements.finish, child_id)
     mailbox = service.mailbox
     if mailbox is not None and await _call(mailbox.drain, child_id):
         await _call(placements.enqueue, child_id)
@@ -174,6 +282,7 @@ async def _take_over(
     refused: set[str],
     nursery: trio.Nursery,
     changed: RepeatedEvent,
+    watching: set[str],
 ) -> None:
     try:
         taken = await service.take_over(session_id)
@@ -191,7 +300,8 @@ async def _take_over(
     stats.running.add(session_id)
     stats.note("resumed", session_id)
     if isinstance(taken, Activation):
-        nursery.start_soon(_finish_when_disposed, service, service.placements, taken, stats, changed)
+        watching.add(session_id)
+        nursery.start_soon(_finish_when_disposed, service, service.placements, taken, stats, changed, None, watching)
     else:
         nursery.start_soon(_release_when_idle, service, taken, stats, changed)
 
@@ -216,15 +326,42 @@ async def _finish_when_disposed(
     activation: Activation,
     stats: ServeStats,
     changed: RepeatedEvent,
+    adopted: dict[str, Activation] | None = None,
+    watching: set[str] | None = None,
 ) -> None:
     await activation.disposed.wait()
     child_id = activation.child_id
-    if placements is not None:
+    if service.settlement.take_undelivered(child_id):
+        # Its settlement never reached its parent's mailbox: given back, so that a host (maybe
+        # this one) claims it again and, a claim made before, settles it again.
+        log.warning("placed child %s: its settlement was not delivered; its placement is given back", child_id)
+        if placements is not None:
+            await _retry(partial(placements.enqueue, claimed_before=True), child_id)  # a child taken over had none
+            await _retry(placements.unclaim, child_id)
+    elif placements is not None:
         await _finish(service, placements, child_id)
+    if adopted is not None and adopted.get(child_id) is activation:
+        del adopted[child_id]  # its placement is settled with: nothing to hand back
+    if watching is not None:
+        watching.discard(child_id)
     stats.finished += 1
     stats.running.discard(child_id)
     stats.note("finished", child_id)
     changed.set()
+
+
+async def _retry(fn: Callable[..., T], *args: Any) -> T | None:
+    """A placement-queue call that must not be lost to one failure (a finish or a give-back:
+    the placement would stay with this host): tried a few times, then logged (`_call`)."""
+    delay = _RETRY_FIRST_DELAY
+    for _ in range(_RETRIES - 1):
+        try:
+            return await trio.to_thread.run_sync(fn, *args)
+        except StorageError as exc:
+            log.warning("the placement queue failed (trying again): %s", exc)
+        await trio.sleep(delay)
+        delay *= 2
+    return await _call(fn, *args)
 
 
 async def _call(fn: Callable[..., T], *args: Any) -> T | None:

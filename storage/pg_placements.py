@@ -4,12 +4,15 @@
 waiting for a serving host. `enqueue` inserts a row (nothing if one is there) and notifies
 channel `subagents_placement`; `claim` takes the oldest unclaimed rows with `FOR UPDATE SKIP
 LOCKED` — two hosts claiming at once get different rows, never the same — and marks them with
-this host's id; `finish` deletes a row this host claimed; `unclaim` gives one back.
+this host's id; `finish` deletes a row this host claimed — or whose child's lease this host
+holds or held last (the child settled here, even if its row was reclaimed meanwhile); `unclaim`
+gives one back.
 
 A claim is an *orphan* when its host is gone: its liveness lock (pg_leases) is free — the
 process died, or its connection did — or its `hosts` row has not been renewed for a lease ttl (a
-paused or partitioned host, whose leases expire in the same time). `reclaim_orphans` makes them
-claimable again in one statement; the child's lease decides who may write it (a paused host that
+paused or partitioned host, whose leases expire in the same time) — and its child's lease is not
+held, unexpired, by a live host (a child still running is never reclaimed: its host may renew
+late, or the hosts use different ttls). `reclaim_orphans` makes them claimable again in one statement; the child's lease decides who may write it (a paused host that
 comes back finds its epoch taken and stops, pg_store's fencing).
 
 A session is *dropped* when its lease was not released cleanly and its host is gone or silent
@@ -24,6 +27,7 @@ ones, which is what a host starting a child asks before it leaves the child to t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from .errors import PersistenceFailed
@@ -40,16 +44,21 @@ PLACEMENT_CHANNEL = "subagents_placement"
 
 _ALIVE = f"hashtextextended(%(host)s, {_SEED}) IN (SELECT key FROM live)"
 _ENQUEUE = (
-    "WITH i AS (INSERT INTO placements (session_id) VALUES (%(id)s) ON CONFLICT (session_id) DO NOTHING "
+    "WITH i AS (INSERT INTO placements (session_id, attempts) VALUES (%(id)s, %(attempts)s) "
+    "ON CONFLICT (session_id) DO NOTHING "
     f"RETURNING session_id) SELECT pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM i"
 )
 _CLAIM = (
     "UPDATE placements p SET claimed_by = %(me)s, claimed_at = now(), attempts = p.attempts + 1 FROM ("
-    "SELECT session_id FROM placements WHERE claimed_by IS NULL ORDER BY enqueued_at, session_id "
+    "SELECT session_id FROM placements WHERE claimed_by IS NULL AND NOT (session_id = ANY(%(skip)s::text[])) "
+    "ORDER BY enqueued_at, session_id "
     "LIMIT %(n)s FOR UPDATE SKIP LOCKED) c WHERE p.session_id = c.session_id "
     "RETURNING p.session_id, p.enqueued_at, p.attempts"
 )
-_FINISH = "DELETE FROM placements WHERE session_id = %(id)s AND claimed_by = %(me)s"
+_FINISH = (
+    "DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by = %(me)s "
+    "OR EXISTS (SELECT 1 FROM leases l WHERE l.session_id = p.session_id AND l.owner = %(me)s))"
+)
 _UNCLAIM = (
     "WITH u AS (UPDATE placements SET claimed_by = NULL, claimed_at = NULL "
     "WHERE session_id = %(id)s AND claimed_by = %(me)s RETURNING session_id) "
@@ -61,8 +70,16 @@ _RECLAIM = (
     f"hashtextextended(p.claimed_by, {_SEED}) NOT IN (SELECT key FROM live) "
     "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) "
+    "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = p.session_id AND NOT l.released "
+    f"AND l.expires_at > now() AND hashtextextended(l.owner, {_SEED}) IN (SELECT key FROM live)) "
     "RETURNING p.session_id) "
     f"SELECT session_id, pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
+)
+_TAKE_BACK = (
+    f"WITH {_LIVE} DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by IS NULL "
+    f"OR hashtextextended(p.claimed_by, {_SEED}) NOT IN (SELECT key FROM live) "
+    "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
+    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) RETURNING p.attempts"
 )
 _DROPPED = (
     f"WITH {_LIVE} SELECT session_id FROM ("
@@ -119,14 +136,14 @@ class PgPlacements:
             line = text.splitlines()[0] if text else type(exc).__name__
             raise PersistenceFailed(f"the placement queue at {redact(self.url)}: {op} failed: {line}") from None
 
-    def enqueue(self, session_id: str) -> None:
+    def enqueue(self, session_id: str, *, claimed_before: bool = False) -> None:
         sid = check_session_id(session_id)
-        self._execute(f"enqueueing {sid!r}", _ENQUEUE, self._args(id=sid))
+        self._execute(f"enqueueing {sid!r}", _ENQUEUE, self._args(id=sid, attempts=int(claimed_before)))
 
-    def claim(self, limit: int) -> list[Claim]:
+    def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:
         if limit < 1:
             return []
-        rows = self._execute("claiming placements", _CLAIM, self._args(n=limit))
+        rows = self._execute("claiming placements", _CLAIM, self._args(n=limit, skip=list(skip)))
         return [Claim(SessionId(sid), attempt) for sid, _, attempt in sorted(rows, key=lambda row: (row[1], row[0]))]
 
     def finish(self, session_id: str) -> None:
@@ -134,6 +151,10 @@ class PgPlacements:
 
     def unclaim(self, session_id: str) -> None:
         self._execute(f"giving back {session_id!r}", _UNCLAIM, self._args(id=session_id))
+
+    def take_back(self, session_id: str) -> int | None:
+        rows = self._execute(f"taking back {session_id!r}", _TAKE_BACK, self._args(id=session_id))
+        return int(rows[0][0]) if rows else None
 
     def reclaim_orphans(self) -> list[SessionId]:
         rows = self._execute("reclaiming orphaned placements", _RECLAIM, self._args())

@@ -15,6 +15,7 @@ in-process one the runtime's unit tests use.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Protocol
 
 import attrs
@@ -54,26 +55,36 @@ class Placements(Protocol):
 
     host_id: str
 
-    def enqueue(self, session_id: str) -> None:
+    def enqueue(self, session_id: str, *, claimed_before: bool = False) -> None:
         """Leave the session to the serving hosts, durably (idempotent: an enqueued session
-        stays enqueued once)."""
+        stays enqueued once). `claimed_before`: count it as claimed once already, so its next
+        claim settles it even with nothing left to do (a settlement made and lost)."""
         ...
 
-    def claim(self, limit: int) -> list[Claim]:
+    def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:
         """Up to `limit` unclaimed placements, oldest first, now claimed by this host; no two
-        hosts ever get the same one."""
+        hosts ever get the same one. Those in `skip` (children this host gave back: it cannot
+        serve them, or not now) are left to the others."""
         ...
 
     def finish(self, session_id: str) -> None:
-        """The session settled here: its placement is done (only a claim of this host's)."""
+        """The session settled here: its placement is done (a claim of this host's, or one
+        whose session this host holds or held last)."""
         ...
 
     def unclaim(self, session_id: str) -> None:
         """Give a claimed placement back for another host (this host stops before it settled)."""
         ...
 
+    def take_back(self, session_id: str) -> int | None:
+        """Remove the placement of a session its parent's host will run itself (no host serves):
+        only when it is unclaimed, or claimed by a host that is gone. Returns how often it was
+        claimed before; None when there is no such placement or a live host holds its claim."""
+        ...
+
     def reclaim_orphans(self) -> list[SessionId]:
-        """Placements claimed by hosts that are gone, made claimable again; returns them."""
+        """Placements claimed by hosts that are gone, made claimable again — not while a live
+        host holds the session's lease unexpired; returns them."""
         ...
 
     def dropped(self, limit: int) -> list[SessionId]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Literal, NamedTuple
 
 import attrs
@@ -169,8 +170,12 @@ class SubagentService:
     # The placement queue (SPEC §9): with serving hosts up, background children are left to
     # them (`_start_placed`); None: every child runs here.
     placements: Placements | None = None
+    # How often a stand-in looks whether any host still serves (with none, its child runs here).
+    fallback_interval: float = 30.0
     # placed child id -> set when its settlement reaches this host (ends its stand-in Activation)
     _placed: dict[str, trio.Event] = attrs.field(factory=dict)
+    # adopted children being handed back (`hand_back`): disposed without a settlement
+    _handing_back: set[str] = attrs.field(factory=set)
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
     settlement: Settlement = attrs.field(init=False)
@@ -358,20 +363,80 @@ class SubagentService:
 
     def _stand_in(self, activation: Activation, settled: trio.Event | None = None) -> None:
         """Run the stand-in Activation of a child a serving host runs: resident here until its
-        settlement arrives (`record_settled`) or this host lets go (`_interrupt_disposed`)."""
+        settlement arrives (`record_settled`) or this host lets go (`_interrupt_disposed`). Every
+        `fallback_interval` it looks whether any host still serves: with none, and its placement
+        still unclaimed (or claimed by a host that is gone), the child is taken back and run
+        here, in the same Activation — a placed child never waits for hosts that are all gone."""
         child_id = activation.child_id
         if settled is None:
             settled = self._placed[child_id] = trio.Event()
         # (set already when its settlement came first: the stand-in ends at once)
+        hooks: list[Any] = []  # the hooks of the child itself, once it runs here
 
-        async def body(_a: Activation) -> None:
-            await settled.wait()
+        async def body(a: Activation) -> None:
+            while not hooks:
+                with trio.move_on_after(self.fallback_interval):
+                    await settled.wait()
+                if settled.is_set():
+                    return
+                with trio.CancelScope(shield=True):  # a child resumed here is never left untracked
+                    child = await self._take_back(child_id, settled)
+                if child is not None:
+                    hooks.extend(self._child_hooks(child))
+            await hooks[0](a)
 
-        async def nothing(_a: Activation) -> None:
-            if self._placed.get(child_id) is settled:
+        def ready(a: Activation) -> bool:
+            return hooks[1](a) if hooks else True
+
+        async def settle(a: Activation) -> None:
+            if hooks:
+                await hooks[2](a)
+            elif self._placed.get(child_id) is settled:
                 del self._placed[child_id]  # its settlement is the serving host's to record
 
-        self.manager.start(activation, body, lambda _a: True, nothing, nothing)
+        async def dispose(a: Activation) -> None:
+            if hooks:
+                await hooks[3](a)
+
+        self.manager.start(activation, body, ready, settle, dispose)
+
+    async def _take_back(self, child_id: str, settled: trio.Event) -> Agent | None:
+        """A placed child whose placement no host serves, resumed here to run in place of its
+        stand-in; None while a host serves, its placement is claimed by a live host, or it cannot
+        be resumed here now (its placement is then left as it was)."""
+        if self.placements is None:
+            return None
+        placements = self.placements
+        try:
+            if await trio.to_thread.run_sync(placements.serving_hosts) > 0:
+                return None
+            claims = await trio.to_thread.run_sync(placements.take_back, child_id)
+        except StorageError as exc:
+            log.warning("placed child %s: the placement queue cannot be read: %s", child_id, exc)
+            return None
+        if claims is None or settled.is_set():
+            if claims is not None:
+                await self._place_again(child_id, claims)
+            return None
+        try:
+            _header, identity = await self._observe_child(child_id, None)
+            child = await self.agents.resume(child_id, label=identity.get("label"))
+        except (AlreadyOwned, StorageError, SubagentError) as exc:
+            log.warning("placed child %s: no host serves it, and it cannot be run here now: %s", child_id, exc)
+            await self._place_again(child_id, claims)
+            return None
+        if self._placed.get(child_id) is settled:
+            del self._placed[child_id]  # runs here from now on: messages and interrupts reach it directly
+        if self.agents.owners is not None:
+            await self.agents.owners.first_drain(child_id)
+        log.info("placed child %s: no host serves it any more; it runs here", child_id)
+        return child
+
+    async def _place_again(self, child_id: str, claims: int) -> None:
+        try:
+            await trio.to_thread.run_sync(partial(self.placements.enqueue, claimed_before=claims > 0), child_id)  # type: ignore[union-attr]  # only called with placements
+        except StorageError as exc:
+            log.warning("placed child %s: could not be placed again: %s", child_id, exc)
 
     def _end_placed(self, child_id: str) -> bool:
         """End a placed child's stand-in here (settled, or this host lets go); False if the
@@ -385,14 +450,17 @@ class SubagentService:
     async def adopt(self, child_id: str, *, settle_idle: bool = False) -> Activation | None:
         """Serve a placed child here (`subagents serve`): resume it, let its mailbox owner hand
         it what waits there (its first prompt, messages), and run it as a resident Activation
-        until it settles; its settlement goes to its parent's mailbox. None when it has nothing
+        until it settles; its settlement goes to its parent's mailbox. A child resident here
+        already is not resumed again: its Activation is returned. None when it has nothing
         to do — unless `settle_idle` (a placement claimed before, by a host that may have died
         between the child's last turn and its settlement): then it settles all the same. Raises
         `SubagentError` if it cannot be served."""
         resident = self.manager.get(child_id)
         if resident is not None:
             if not self._end_placed(child_id):
-                return None  # it runs here already: its mailbox owner takes what waits for it
+                # It runs here already (taken over, or started here): its mailbox owner takes
+                # what waits for it, and its placement is done when it is disposed.
+                return resident
             await resident.disposed.wait()  # its stand-in here makes way for the child itself
         header, identity = await self._observe_child(child_id, None)
         if header.parent_session is None:
@@ -419,6 +487,39 @@ class SubagentService:
             return None
         self._run_activation(activation, child)
         return activation
+
+    async def hand_back(self, child_id: str) -> bool:
+        """Let go of an adopted child without settling it (a serving host stopping cleanly):
+        its turn is ended, it is disposed and its session released, so that another host (its
+        placement given back by the caller) takes it over and settles it — once. False when it
+        is not resident here or is settling already (its settlement goes on; the caller waits
+        for its disposal and finishes the placement as usual)."""
+        activation = self.manager.get(child_id)
+        if activation is None or activation.closing or child_id in self._placed:
+            return False
+        self._handing_back.add(child_id)
+        try:
+            await self.manager.stop(child_id, "disposed", self._interrupt_disposed)
+        finally:
+            self._handing_back.discard(child_id)
+        return True
+
+    async def fail_placed(self, child_id: str, reason: str) -> bool:
+        """A placed child no host can serve (its log is damaged, it is not a continuable child,
+        no serving host can give it its model): its parent is told it failed — a `settled`
+        (`reason_kind: "error"`, `reason_message: reason`) in the parent's mailbox, which ends
+        the parent's stand-in. True once told, or when no parent can be named (nobody waits);
+        False when it could not be told now (the caller tries again later)."""
+        try:
+            info, _held = await self.query.reader.stat(child_id)
+        except PersistenceFailed:
+            return False
+        except StorageError:
+            return True  # a log that cannot even name its parent: nobody to tell
+        if info is None or info.header is None or info.header.parent_session is None:
+            return True
+        data: Json = {"child_id": child_id, "reason_kind": "error", "reason_message": reason}
+        return await self.settlement.post(info.header.parent_session, child_id, data)
 
     async def take_over(self, session_id: str) -> Activation | Agent | None:
         """Resume a session another host dropped with work (`subagents serve`'s sweep): a
@@ -595,7 +696,19 @@ class SubagentService:
     # --- residency and settlement -----------------------------------------------------------
 
     def _run_activation(self, activation: Activation, child: Agent) -> None:
-        async def body(_a: Activation) -> None:
+        self.manager.start(activation, *self._child_hooks(child))
+
+    def _child_hooks(
+        self, child: Agent
+    ) -> tuple[
+        Callable[[Activation], Awaitable[None]],
+        Callable[[Activation], bool],
+        Callable[[Activation], Awaitable[None]],
+        Callable[[Activation], Awaitable[None]],
+    ]:
+        """The body, ready check, settle and dispose hooks of a resident child's Activation."""
+
+        async def body(activation: Activation) -> None:
             while True:
                 try:
                     await child.wait_idle()
@@ -623,10 +736,12 @@ class SubagentService:
         async def dispose(a: Activation) -> None:
             await self.agents.stop(a.child_id, cause=a.cause or "disposed")
 
-        self.manager.start(activation, body, ready, settle, dispose)
+        return body, ready, settle, dispose
 
     async def _settle(self, activation: Activation, child: Agent) -> None:
         # One seam for the Activation's settle step (the crash driver of the tests holds it).
+        if activation.child_id in self._handing_back:
+            return  # handed back to the placement queue: the host that takes it over settles it
         await self.settlement.settle(activation, child)
 
     async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
@@ -818,8 +933,8 @@ class SubagentService:
                 k = observation.inherited_event_count
         except QueryAborted:
             raise SubagentCancelled("message delivery was cancelled") from None
-        except SessionQueryError:
-            raise _unavailable(target_id) from None
+        except SessionQueryError as exc:
+            raise _unavailable(target_id) from exc  # the cause tells a damaged log from a failed read
         if parent_id is not None and header.parent_session != parent_id:
             raise Unauthorized(f'subagent "{target_id}" belongs to another parent session')
         if not isinstance(identity, dict) or identity.get("seq", -1) < k or identity.get("mode") != "continuable":

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 
+# A settlement posted to a parent's mailbox is tried this many times, waiting 0.5 s, 1 s, 2 s, …
+_POST_ATTEMPTS = 5
+_POST_FIRST_DELAY = 0.5
+
 _SUMMARIES = {
     "completed": "finished and will do no further work unless you send it more.",
     "aborted": "was stopped before it finished.",
@@ -49,11 +53,14 @@ def notice_blocks(
     child_id: str, reason_kind: str, closing_text: str | None, reason_message: str | None = None
 ) -> list[Json]:
     """The content blocks of the notice a parent is given when `child_id` settles; a budget stop
-    names the budget that ran out (`reason_message`, the child's `turn/end` reason message).
+    names the budget that ran out (`reason_message`, the child's `turn/end` reason message), a
+    failure its reason when it has one (a placed child no serving host could run).
 
     The notice is described in docs/design.md, "Subagents: activations and settlement"."""
     if reason_kind == "budget":
         tail = "ran out of its budget before it finished" + (f" ({reason_message})." if reason_message else ".")
+    elif reason_kind == "error" and reason_message:
+        tail = f"failed before it finished ({reason_message})."  # e.g. no serving host could run it
     else:
         tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
     blocks = [{"type": "text", "text": f"Background subagent {child_id} {tail}"}]
@@ -89,6 +96,7 @@ class Settlement:
     _settled_changed: RepeatedEvent = attrs.field(factory=RepeatedEvent)
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
     _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
+    _undelivered: set[str] = attrs.field(factory=set)  # children whose settlement `post` could not deliver
 
     @contextmanager
     def disposing(self, session_id: str) -> Iterator[None]:
@@ -157,7 +165,8 @@ class Settlement:
         if isinstance(message, str):
             data["reason_message"] = message  # which budget ran out, for the notice (and its redelivery)
         if parent_ref is None:
-            await self._post(activation, data)
+            if not await self.post(activation.parent_id, activation.child_id, data):
+                self._undelivered.add(activation.child_id)
             return
         try:
             appended = await parent_ref.append(
@@ -187,24 +196,39 @@ class Settlement:
             force=True,
         )
 
-    async def _post(self, activation: Activation, data: Json) -> None:
-        """The parent is not live here: leave the settlement in its mailbox, where its owner —
-        in another process, or whichever host resumes it next — records it."""
+    async def post(self, parent_id: str, child_id: str, data: Json) -> bool:
+        """Leave a settlement in the mailbox of a parent that is not live here, where its owner —
+        in another process, or whichever host resumes it next — records it. A failed delivery is
+        tried again (the same envelope: its delivery id makes a repeat harmless); False when it
+        never went through (the caller must not let the child go as settled)."""
         if self.mailbox is None:
-            log.warning(
-                "subagent %s settled but its parent %s is not live: the notice is lost",
-                activation.child_id,
-                activation.parent_id,
-            )
-            return
-        envelope = new_envelope(self.mailbox, "settled", data, sender=activation.child_id)
-        try:
-            await trio.to_thread.run_sync(self.mailbox.deliver, activation.parent_id, envelope)
-        except StorageError as exc:
-            log.warning("could not post the settlement of %s to its parent's mailbox: %s", activation.child_id, exc)
-            return
-        self._settled.setdefault(activation.parent_id, []).append((activation.child_id, None))
+            log.warning("subagent %s settled but its parent %s is not live: the notice is lost", child_id, parent_id)
+            return True  # nowhere to send it, now or later
+        envelope = new_envelope(self.mailbox, "settled", data, sender=child_id)
+        delay = _POST_FIRST_DELAY
+        for attempt in range(1, _POST_ATTEMPTS + 1):
+            try:
+                await trio.to_thread.run_sync(self.mailbox.deliver, parent_id, envelope)
+                break
+            except StorageError as exc:
+                log.warning(
+                    "could not post the settlement of %s to its parent's mailbox (try %d): %s", child_id, attempt, exc
+                )
+            if attempt == _POST_ATTEMPTS:
+                return False
+            await trio.sleep(delay)
+            delay *= 2
+        self._settled.setdefault(parent_id, []).append((child_id, None))
         self._settled_changed.set()
+        return True
+
+    def take_undelivered(self, child_id: str) -> bool:
+        """Whether the last settlement of `child_id` never reached its parent's mailbox (asked
+        once: the placement of such a child is given back, so it is settled again)."""
+        if child_id in self._undelivered:
+            self._undelivered.discard(child_id)
+            return True
+        return False
 
     async def record_delivered(self, parent: Agent, body: Json, delivery_id: str) -> None:
         """A `settled` delivery from the parent's mailbox: append `subagent/settled` with its

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Collection
 
 import attrs
 
@@ -38,17 +39,20 @@ class MemoryPlacements:
         """Another host on the same queue."""
         return MemoryPlacements(host_id, shared=self._shared)
 
-    def enqueue(self, session_id: str) -> None:
+    def enqueue(self, session_id: str, *, claimed_before: bool = False) -> None:
         sid = check_session_id(session_id)
         with self._shared.lock:
+            if sid not in self._shared.queue and claimed_before:
+                self._shared.attempts[sid] = 1
             self._shared.queue.setdefault(sid, (next(self._shared.order), None))
             watches = list(self._shared.watches)
         for watch in watches:
             watch.signal()
 
-    def claim(self, limit: int) -> list[Claim]:
+    def claim(self, limit: int, skip: Collection[str] = ()) -> list[Claim]:
         with self._shared.lock:
-            free = sorted((order, sid) for sid, (order, by) in self._shared.queue.items() if by is None)
+            queue = self._shared.queue.items()
+            free = sorted((order, sid) for sid, (order, by) in queue if by is None and sid not in skip)
             taken = []
             for _, sid in free[: max(limit, 0)]:
                 self._shared.queue[sid] = (self._shared.queue[sid][0], self.host_id)
@@ -71,6 +75,17 @@ class MemoryPlacements:
             watches = list(self._shared.watches)
         for watch in watches:
             watch.signal()
+
+    def take_back(self, session_id: str) -> int | None:
+        with self._shared.lock:
+            entry = self._shared.queue.get(session_id)
+            if entry is None:
+                return None
+            by = entry[1]
+            if by is not None and by in self._shared.hosts and self._shared.hosts[by].alive:
+                return None
+            del self._shared.queue[session_id]
+            return self._shared.attempts.pop(session_id, 0)
 
     def reclaim_orphans(self) -> list[SessionId]:
         with self._shared.lock:

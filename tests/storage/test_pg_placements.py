@@ -61,6 +61,17 @@ def test_a_placement_is_claimed_once_oldest_first_and_finished_by_its_claimer(ho
     assert b.claim(5) == [Claim("s1", 1)]
 
 
+def test_a_claim_leaves_the_placements_its_host_skips_to_the_others(host: Factory) -> None:
+    a, b = host("host-a").placements(), host("host-b").placements()
+    for sid in ("s1", "s2", "s3"):
+        a.enqueue(sid)
+    assert a.claim(5, skip={"s1", "s3"}) == [Claim("s2", 1)]  # given back here before: not taken again
+    assert a.claim(5, skip=["s1", "s3"]) == []
+    assert b.claim(5, skip=()) == [Claim("s1", 1), Claim("s3", 1)]
+    a.enqueue("s4", claimed_before=True)  # a settlement made and lost: its next claim settles again
+    assert b.claim(5) == [Claim("s4", 2)]
+
+
 def test_hosts_claiming_at_once_never_get_the_same_placement(host: Factory) -> None:
     queues = [host(f"host-{i}").placements() for i in range(4)]
     for i in range(40):
@@ -100,6 +111,52 @@ def test_claims_of_a_host_that_is_gone_or_stopped_renewing_are_reclaimed(
     assert me.reclaim_orphans() == ["s2"]  # alive, but silent past its ttl
     assert me.claim(5) == [Claim("s1", 2), Claim("s2", 2)]
     assert me.reclaim_orphans() == []  # its own claims are never orphans to itself
+
+
+def test_a_claim_whose_child_is_still_held_by_a_live_host_is_not_reclaimed(
+    host: Factory, db: psycopg.Connection[Any]
+) -> None:
+    paused_store, me_store, other_store = host("paused"), host("me"), host("other")
+    paused, me, other = paused_store.placements(), me_store.placements(), other_store.placements()
+    for queue in (paused, me, other):
+        queue.serve(1)
+    me.enqueue("s1")
+    assert paused.claim(1) == [Claim("s1", 1)]
+    # Its host renews late (or the hosts' ttls differ), but it still holds the child's lease.
+    db.execute(
+        "INSERT INTO leases (session_id, owner, epoch, expires_at) VALUES ('s1', 'paused', 1, now() + interval '1 hour')"
+    )
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '1 hour' WHERE id = 'paused'")
+    assert me.reclaim_orphans() == []  # before: reclaimed, and other hosts fought over the running child
+    db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 's1'")
+    assert me.reclaim_orphans() == ["s1"]  # its lease expired too: the child is up for failover
+    assert other.claim(1) == [Claim("s1", 2)]
+    # The child settled on "paused" after all (its lease was still its own): its finish ends the
+    # placement though "other" claimed it meanwhile — before, the row stayed and was settled again.
+    paused.finish("s1")
+    assert db.execute("SELECT count(*) FROM placements").fetchone() == (0,)
+    me.enqueue("s2")
+    assert other.claim(1) == [Claim("s2", 1)]
+    db.execute(
+        "INSERT INTO leases (session_id, owner, epoch, expires_at) VALUES ('s2', 'other', 1, now() + interval '1 hour')"
+    )
+    paused.finish("s2")  # neither its claim nor its lease: nothing happens
+    assert db.execute("SELECT session_id FROM placements").fetchall() == [("s2",)]
+
+
+def test_a_placement_is_taken_back_unless_a_live_host_claimed_it(host: Factory) -> None:
+    parent, server = host("parent"), host("server")
+    mine, theirs = parent.placements(), server.placements()
+    theirs.serve(1)
+    for sid in ("s1", "s2", "s3"):
+        mine.enqueue(sid)
+    assert theirs.claim(1) == [Claim("s1", 1)]
+    assert mine.take_back("s1") is None  # a live host runs it
+    assert mine.take_back("s2") == 0 and mine.take_back("s2") is None  # unclaimed: taken back, once
+    assert mine.take_back("nothing") is None
+    server.close_store()  # the server goes: its claim is taken back too
+    assert mine.take_back("s1") == 1
+    assert mine.claim(5) == [Claim("s3", 1)]
 
 
 def test_only_live_hosts_with_capacity_serve_and_hosts_lists_them(host: Factory, db: psycopg.Connection[Any]) -> None:
