@@ -35,6 +35,12 @@ Version 3 adds leases with fencing (pg_leases), hosts and placements (SPEC §9):
   it started, its capacity, its last lease renewal, its process id and machine.
 - `placements`: background children waiting for a serving host to claim them, who claimed each
   and how many times it was claimed (pg_placements).
+
+Version 4 makes checkpoint rows answer only for the batches they were written from: the store
+only ever INSERTs batches, so an UPDATE or DELETE of one (a hand edit, a repair) forgets its
+session's checkpoint rows in the same transaction (two statement-level triggers), and the next
+listing or open reads the log again — as the file store's index drops the rows of a log edited
+in place.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from .errors import UnsupportedLog
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _MIGRATION_LOCK = 0x5355_4241_4745_4E54  # "SUBAGENT": one key for every store's migration
 
 _V1 = [
@@ -131,8 +137,22 @@ _V3 = [
     )""",
 ]
 
+_V4 = [
+    """CREATE OR REPLACE FUNCTION subagents_forget_checkpoints() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        DELETE FROM checkpoints WHERE session_id IN (SELECT DISTINCT session_id FROM gone);
+        RETURN NULL;
+    END $$""",
+    "DROP TRIGGER IF EXISTS batches_updated ON batches",
+    "DROP TRIGGER IF EXISTS batches_deleted ON batches",
+    "CREATE TRIGGER batches_updated AFTER UPDATE ON batches REFERENCING OLD TABLE AS gone "
+    "FOR EACH STATEMENT EXECUTE FUNCTION subagents_forget_checkpoints()",
+    "CREATE TRIGGER batches_deleted AFTER DELETE ON batches REFERENCING OLD TABLE AS gone "
+    "FOR EACH STATEMENT EXECUTE FUNCTION subagents_forget_checkpoints()",
+]
+
 # version -> the statements that bring the version before it to this one (0: an empty database)
-MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3}
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
 
 
 def ensure_schema(conn: Any) -> int:

@@ -351,7 +351,7 @@ def test_bad_lease_options_are_refused(pg_url: str, options: dict[str, Any]) -> 
 def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Connection[Any]) -> None:
     """A database as a version 2 build left it (a session, batch epochs NULL, no lease tables)
     gains the lease tables in one step; its sessions are claimed at epoch 1."""
-    assert SCHEMA_VERSION == 3 and set(MIGRATIONS) == {1, 2, 3}
+    assert SCHEMA_VERSION == 4 and set(MIGRATIONS) == {1, 2, 3, 4}
     store = PostgresLogStore(pg_url)
     try:
         handle = store.create(header("s1"))
@@ -361,10 +361,11 @@ def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Con
         store.close_store()
     db.execute("UPDATE batches SET epoch = NULL")
     db.execute("DROP TABLE leases, hosts, placements")
+    db.execute("DROP TRIGGER batches_updated ON batches; DROP TRIGGER batches_deleted ON batches")  # version 4's
     db.execute("UPDATE schema_version SET version = 2")
     store = PostgresLogStore(pg_url)
     try:
-        assert db.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         for table in ("leases", "hosts", "placements"):
             assert db.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone() == (True,)
         handle = store.open_write("s1")
