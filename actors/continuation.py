@@ -202,6 +202,11 @@ class ContinuationManager:
         """Until the next admission or release (callers test `resident` again, then wait on)."""
         await self._changed.wait()
 
+    def poke(self) -> None:
+        """Wake every `wait_changed` for a change outside the manager (a session another host took
+        over: its waiters look again)."""
+        self._changed.set()
+
     async def drain(self, interrupt: Callable[[Activation], None]) -> None:
         self.draining = True
         while self.resident:

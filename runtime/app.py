@@ -166,6 +166,7 @@ async def open_runtime(
                     if owners is not None:
                         owners.stop(session_id)
                     sessions.mark_lost(session_id)
+                    manager.poke()  # a tree waited for (`wait_tree_idle`) looks again
 
                 nursery.start_soon(renew_leases, logs, lost)  # a PostgreSQL store's leases (none: returns)
 

@@ -50,7 +50,6 @@ from subagents.storage import (
     check_session_id,
     decode_payload,
 )
-from trio_util import wait_any
 
 from ..agent.inbox import Delivery, DeliveryCancelled
 from ..agent.loop import Agent, AgentConfig, TurnResult
@@ -801,10 +800,9 @@ class SubagentService:
                 if agent.status != "running" and not agent.inbox.wakes():
                     return result
                 continue
-            if agent.session.stopped:
-                await self.manager.wait_changed()
-            else:
-                await wait_any(self.manager.wait_changed, agent.session.wait_finished)
+            # Called right after the look (no checkpoint between): a change made meanwhile is not
+            # missed. A session lost to another host wakes it too (`ContinuationManager.poke`).
+            await self.manager.wait_changed()
 
     async def drain(self) -> None:
         await self.manager.drain(self._interrupt_disposed)
