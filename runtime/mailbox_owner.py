@@ -237,9 +237,14 @@ class _Owner:
             with trio.move_on_after(poll if poll is not None else float("inf")):
                 await trio.lowlevel.wait_readable(watch.fileno())
 
+        async def recorded() -> None:
+            # wait_any starts this a checkpoint later: a delivery recorded meanwhile counts.
+            if not any(d in self.agent.recorded_deliveries for d in self._pending):
+                await seen.wait()
+
         waits = [readable, self.agent.wait_stopped]
         if self._pending:
-            waits.append(seen.wait)
+            waits.append(recorded)
         await wait_any(*waits)
 
     async def _drain_once(self) -> None:

@@ -54,6 +54,7 @@ class Inbox:
         self._next_turn: deque[Delivery] = deque()
         self._next_step: deque[tuple[Delivery, bool]] = deque()  # (delivery, wakes)
         self._changed = RepeatedEvent()  # anything arrived or was claimed
+        self._changes = 0  # counts the sets of `_changed` (a waiter started later sees it moved)
         self.received = 0  # deliveries accepted so far (scripted `wait_for: steered` counts them)
         self.parked = False  # after an interrupt: what is queued waits for a later waking delivery
 
@@ -99,14 +100,14 @@ class Inbox:
         else:
             raise ValueError(f"unknown inbox mode {mode!r}")
         self.received += 1
-        self._changed.set()
+        self._signal()
 
     def claim_step(self) -> list[Delivery]:
         """Everything queued for the next step."""
         claimed = [d for d, _w in self._next_step]
         self._next_step.clear()
         if claimed:
-            self._changed.set()
+            self._signal()
         return claimed
 
     def claim_turn(self) -> list[Delivery]:
@@ -114,7 +115,7 @@ class Inbox:
         claimed = self.claim_step()
         if self._next_turn:
             claimed.append(self._next_turn.popleft())
-            self._changed.set()
+            self._signal()
         return claimed
 
     async def wait_wake(self) -> None:
@@ -126,12 +127,23 @@ class Inbox:
         while self.received <= count:
             await self._changed.wait()
 
+    def _signal(self) -> None:
+        self._changes += 1
+        self._changed.set()
+
     async def _wait_changed(self, abort: Abort | None) -> None:
         if abort is None:
             await self._changed.wait()
             return
         if abort.is_set():
             raise DeliveryCancelled()
-        await wait_any(abort.wait, self._changed.wait)
+        seen = self._changes
+
+        async def changed() -> None:
+            # wait_any starts this a checkpoint later: a change made meanwhile must not be missed.
+            while self._changes == seen:
+                await self._changed.wait()
+
+        await wait_any(abort.wait, changed)
         if abort.is_set():
             raise DeliveryCancelled()

@@ -1121,3 +1121,19 @@ def test_a_tool_failure_keeps_only_this_runtimes_codes() -> None:
 
     ours = _failed(PersistenceFailed("disk gone"))
     assert ours.error == {"name": "PersistenceFailed", "code": "STORAGE_PERSISTENCE_FAILED"}
+
+
+async def test_a_put_waiting_for_room_under_an_abort_sees_a_claim_made_as_it_starts_waiting(
+    autojump_clock: Any,
+) -> None:
+    """`put` waits for room under its abort in a `wait_any`, whose tasks start a checkpoint
+    later: a claim made in between must still wake it (it hung until the next change)."""
+    for n in range(40):  # the scheduler orders each batch at random: the window is hit often
+        inbox = Inbox(capacity=1)
+        inbox.put_nowait(dl("queued"), "follow-up")
+        with trio.fail_after(60):  # virtual seconds: only a missed wake-up reaches it
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(inbox.put, dl(f"waiting {n}"), "follow-up", Abort())
+                await trio.lowlevel.checkpoint()  # the put parks in its wait_any...
+                assert texts(inbox.claim_turn()) == ["queued"]  # ...and the room frees now
+        assert texts(inbox.claim_turn()) == [f"waiting {n}"]
