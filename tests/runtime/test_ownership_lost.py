@@ -9,6 +9,8 @@ owner retries and renewal intervals pass in virtual time."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +31,34 @@ def _model() -> ScriptedModel:
     return ScriptedModel(load_script(json.dumps({"agents": [{"session": "boss", "responses": [{"text": "hi"}]}]})))
 
 
-async def test_a_settlement_for_a_parent_whose_lease_was_lost_does_not_crash_the_host(
-    tmp_path: Path, autojump_clock: Any
-) -> None:
+@asynccontextmanager
+async def _boss_refused(tmp_path: Path) -> AsyncIterator[tuple[Any, MemoryMailbox]]:
+    """A runtime whose idle "boss" another host took over: a `settled` envelope from the new
+    owner's host is in its mailbox and this host's attempt to record it was refused
+    (`OwnershipLost`). Yields boss and the new owner's mailbox."""
     fs = CrashFs()
     mailbox = MemoryMailbox(fs=fs)
     store = FaultyLogStore(MemoryLogStore(fs=fs, compression="none"))
-    model = _model()
+    other = mailbox.sibling()  # the new owner's host
+    async with open_runtime(
+        tmp_path, model=_model(), clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
+    ) as rt:
+        boss = await rt.agents.create(session_id="boss")
+        await boss.send("hello")
+        await boss.wait_idle()
+        store.fail("append", OwnershipLost("boss", 1), session_id="boss", times=1)  # taken over meanwhile
+        settled = new_envelope(other, "settled", {"child_id": "kid", "reason_kind": "completed"}, sender="kid")
+        await trio.to_thread.run_sync(other.deliver, "boss", settled)
+        await until_virtual(lambda: boss.session.stopped)  # this host's owner tried it: refused
+        yield boss, other
+
+
+async def test_a_settlement_for_a_parent_whose_lease_was_lost_does_not_crash_the_host(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
     crashed: BaseException | None = None
     try:
-        async with open_runtime(
-            tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
-        ) as rt:
-            boss = await rt.agents.create(session_id="boss")
-            await boss.send("hello")
-            await boss.wait_idle()
-            # Another host took "boss" over meanwhile: its next append here is refused.
-            store.fail("append", OwnershipLost("boss", 1), session_id="boss", times=1)
-            other = mailbox.sibling()
-            envelope = new_envelope(other, "settled", {"child_id": "kid", "reason_kind": "completed"}, sender="kid")
-            await trio.to_thread.run_sync(other.deliver, "boss", envelope)
-            await until_virtual(lambda: boss.session.stopped)  # the owner's record was refused
+        async with _boss_refused(tmp_path):
             await trio.sleep(10)  # what a few owner retries would take
     except BaseException as exc:  # what escaped the runtime
         crashed = exc
@@ -57,21 +66,8 @@ async def test_a_settlement_for_a_parent_whose_lease_was_lost_does_not_crash_the
 
 
 async def test_a_host_that_lost_a_session_does_not_swallow_its_interrupts(tmp_path: Path, autojump_clock: Any) -> None:
-    fs = CrashFs()
-    mailbox = MemoryMailbox(fs=fs)
-    store = FaultyLogStore(MemoryLogStore(fs=fs, compression="none"))
-    model = _model()
-    other = mailbox.sibling()  # the new owner's host
-    async with open_runtime(
-        tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
-    ) as rt:
-        boss = await rt.agents.create(session_id="boss")
-        await boss.send("hello")
-        await boss.wait_idle()
-        store.fail("append", OwnershipLost("boss", 1), session_id="boss", times=1)
-        settled = new_envelope(other, "settled", {"child_id": "kid", "reason_kind": "completed"}, sender="kid")
-        await trio.to_thread.run_sync(other.deliver, "boss", settled)
-        await until_virtual(lambda: boss.session.stopped)  # this host's owner tried it: OwnershipLost
+    async with _boss_refused(tmp_path) as (_boss, other):
+        (settled,) = await trio.to_thread.run_sync(other.drain, "boss")
         await trio.to_thread.run_sync(other.ack, "boss", settled.delivery_id)  # the new owner recorded it
         interrupt = new_envelope(other, "interrupt", {}, sender=None)
         await trio.to_thread.run_sync(other.deliver, "boss", interrupt)
