@@ -175,9 +175,11 @@ async def test_claims_of_a_host_that_is_gone_are_served_by_another(tmp_path: Pat
         boss = await here.agents.create(session_id="boss")
         await boss.send("go")
         await until_virtual(lambda: len(_catalogued(fs, "boss")) == 1)
-        await until_virtual(lambda: dead.claim(1) != [])  # the dead host claimed it, then died
-        dead.close()
+        await until_virtual(lambda: dead.claim(1) != [])  # the dead host claimed it...
+        # ...another host serves (before the dead one goes: with no host serving, the stand-in
+        # would take its placement back after a while and run the child itself)...
         stats = await hosts.serve(1)
+        dead.close()  # ...and the dead host dies
         await here.subagents.wait_tree_idle(boss)
         assert stats.reclaimed == 1 and stats.adopted == 1
     (settled,) = [d for t, d in memory_events(fs, "boss") if t == "subagent/settled"]
