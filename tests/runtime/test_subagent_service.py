@@ -243,6 +243,18 @@ def _family_model() -> ScriptedModel:
     )
 
 
+def _family_runtime(tmp_path: Path) -> Any:
+    """A runtime whose families hold one resident child at a time."""
+    return open_runtime(
+        tmp_path,
+        model=_family_model(),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        max_active_subagents=1,
+    )
+
+
 async def test_a_start_made_while_a_settled_child_is_disposed_waits_for_its_slot(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,14 +262,7 @@ async def test_a_start_made_while_a_settled_child_is_disposed_waits_for_its_slot
     import trio.testing
 
     held = _HeldDisposal(monkeypatch, "c-1")
-    async with open_runtime(
-        tmp_path,
-        model=_family_model(),
-        clock=ScenarioClock(),
-        id_factory=CountingIds("c"),
-        compression="none",
-        max_active_subagents=1,
-    ) as rt:
+    async with _family_runtime(tmp_path) as rt:
         parent = await rt.agents.create(session_id="parent")
         assert await rt.subagents.start_continuable(parent, "spawn", "worker", "one") == "c-1"
         await held.entered.wait()
@@ -288,14 +293,7 @@ async def test_a_cold_resume_made_while_a_settled_child_is_disposed_waits_for_it
     import trio.testing
 
     held = _HeldDisposal(monkeypatch, "c-2")
-    async with open_runtime(
-        tmp_path,
-        model=_family_model(),
-        clock=ScenarioClock(),
-        id_factory=CountingIds("c"),
-        compression="none",
-        max_active_subagents=1,
-    ) as rt:
+    async with _family_runtime(tmp_path) as rt:
         parent = await rt.agents.create(session_id="parent")
         await rt.subagents.start_continuable(parent, "spawn", "worker", "one")
         await rt.subagents.wait_tree_idle(parent)  # c-1 settled and disposed
