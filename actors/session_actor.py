@@ -148,18 +148,14 @@ class SessionRef:
         await self._actor.finished.wait()
 
 
-CLOSE_GRACE = 10.0  # seconds a handle's close may take before its worker thread is left to it
-
-
 async def close_handle(store: LogStore, handle: WriteHandle) -> None:
-    """Close `handle` in a worker thread, even while cancelled (shielded), for at most
-    `CLOSE_GRACE`: the file store's close is an unlock, the PostgreSQL store's a statement on the
-    network that must not stall the event loop (a lease it cannot release expires by itself)."""
-    with trio.move_on_after(CLOSE_GRACE) as scope:
-        scope.shield = True
-        await trio.to_thread.run_sync(store.close, handle, abandon_on_cancel=True)
-    if scope.cancelled_caught:
-        log.warning("session %r: closing its handle took over %ss: left to its thread", handle.session_id, CLOSE_GRACE)
+    """Close `handle` in a worker thread, even while cancelled (shielded): the file store's close
+    is an unlock, the PostgreSQL store's a statement on the network (bounded by its
+    statement_timeout) that must not stall the event loop. Not bounded by a Trio timer: a close
+    left to its thread would hold the session's lock past the actor's end, where the next open
+    of the session finds it taken."""
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(store.close, handle)
 
 
 def _own_copy(exc: StorageError) -> StorageError:
