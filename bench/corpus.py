@@ -192,7 +192,7 @@ def drop_index(root: str) -> None:
         try:
             os.unlink(os.path.join(root, INDEX_NAME + suffix))
         except FileNotFoundError:
-            pass
+            pass  # that part of the index was never made: nothing to remove
 
 
 def cli_command() -> list[str]:

@@ -32,20 +32,27 @@ def _model() -> ScriptedModel:
 
 
 @asynccontextmanager
-async def _boss_refused(tmp_path: Path) -> AsyncIterator[tuple[Any, MemoryMailbox]]:
-    """A runtime whose idle "boss" another host took over: a `settled` envelope from the new
-    owner's host is in its mailbox and this host's attempt to record it was refused
-    (`OwnershipLost`). Yields boss and the new owner's mailbox."""
-    fs = CrashFs()
+async def _idle_boss(tmp_path: Path, fs: CrashFs, store: Any) -> AsyncIterator[tuple[Any, MemoryMailbox]]:
+    """A runtime on `store` whose root "boss" has answered once and is idle; yields boss and the
+    mailbox of another host on the same disk (the one that takes boss over)."""
     mailbox = MemoryMailbox(fs=fs)
-    store = FaultyLogStore(MemoryLogStore(fs=fs, compression="none"))
-    other = mailbox.sibling()  # the new owner's host
     async with open_runtime(
         tmp_path, model=_model(), clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
     ) as rt:
         boss = await rt.agents.create(session_id="boss")
         await boss.send("hello")
         await boss.wait_idle()
+        yield boss, mailbox.sibling()
+
+
+@asynccontextmanager
+async def _boss_refused(tmp_path: Path) -> AsyncIterator[tuple[Any, MemoryMailbox]]:
+    """A runtime whose idle "boss" another host took over: a `settled` envelope from the new
+    owner's host is in its mailbox and this host's attempt to record it was refused
+    (`OwnershipLost`). Yields boss and the new owner's mailbox."""
+    fs = CrashFs()
+    store = FaultyLogStore(MemoryLogStore(fs=fs, compression="none"))
+    async with _idle_boss(tmp_path, fs, store) as (boss, other):
         store.fail("append", OwnershipLost("boss", 1), session_id="boss", times=1)  # taken over meanwhile
         settled = new_envelope(other, "settled", {"child_id": "kid", "reason_kind": "completed"}, sender="kid")
         await trio.to_thread.run_sync(other.deliver, "boss", settled)
@@ -94,15 +101,8 @@ async def test_a_lease_found_lost_by_renewal_stops_the_idle_session_and_its_owne
     tmp_path: Path, autojump_clock: Any
 ) -> None:
     fs = CrashFs()
-    mailbox = MemoryMailbox(fs=fs)
     store = _RenewingStore(MemoryLogStore(fs=fs, compression="none"))
-    other = mailbox.sibling()  # the new owner's host
-    async with open_runtime(
-        tmp_path, model=_model(), clock=ScenarioClock(), id_factory=CountingIds("p"), log_store=store, mailbox=mailbox
-    ) as rt:
-        boss = await rt.agents.create(session_id="boss")
-        await boss.send("hello")
-        await boss.wait_idle()
+    async with _idle_boss(tmp_path, fs, store) as (boss, other):
         store.lost.add("boss")  # another host took it over while it was idle
         await until_virtual(lambda: boss.session.stopped)  # a renewal ran (in a worker thread)
         assert boss.session.ownership_lost is not None
