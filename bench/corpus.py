@@ -198,7 +198,7 @@ def drop_index(root: str) -> None:
 def cli_command() -> list[str]:
     """How a person runs `subagents`: the console script next to this Python, else `-m`."""
     script = os.path.join(os.path.dirname(sys.executable), "subagents")
-    return [script] if os.path.exists(script) else [sys.executable, "-m", "subagents.runtime.cli"]
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "subagents.runtime.hosts.cli"]
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def command(root: str, parent: str, want: list[dict[str, object]], profile: str 
             "-o",
             profile,
             "-m",
-            "subagents.runtime.cli",
+            "subagents.runtime.hosts.cli",
             *argv[len(cli_command()) :],
         ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -60,7 +60,7 @@ KB = 1_000
 LONELY = "bench-lonely"  # the childless parent
 _INDEX = ("index.sqlite3", "index.sqlite3-wal", "index.sqlite3-shm")
 _SCRIPT = os.path.join(os.path.dirname(sys.executable), "subagents")
-CLI = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-m", "subagents.runtime.cli"]
+CLI = [_SCRIPT] if os.path.exists(_SCRIPT) else [sys.executable, "-m", "subagents.runtime.hosts.cli"]
 
 
 @dataclass(frozen=True)

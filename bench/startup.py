@@ -14,7 +14,7 @@ runs as an editable checkout runs when its environment sets `PYTHONDONTWRITEBYTE
 machine's does): the third-party packages load from the .pyc files pip wrote, but the project's
 own modules are compiled from source at every start.
 
-Context, in the same interleaving: `python -c "import subagents.runtime.cli"` (the command's
+Context, in the same interleaving: `python -c "import subagents.runtime.hosts.cli"` (the command's
 imports alone). With `--profile`, the command's own import times (`-X importtime`, the slowest
 modules) and a cProfile of `main()` in this process are printed after the figures.
 
@@ -41,7 +41,7 @@ from corpus import Run, build_store, bytecode_env, cli_command, run_process
 
 TARGET = 2.5
 FLOOR = [sys.executable, "-c", "import trio, msgspec, zstandard, sqlite3"]
-IMPORTS = [sys.executable, "-c", "import subagents.runtime.cli"]
+IMPORTS = [sys.executable, "-c", "import subagents.runtime.hosts.cli"]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -82,7 +82,7 @@ def import_times(command: list[str], env: dict[str, str], top: int = 15) -> str:
 
 
 def profile_main(argv: list[str]) -> str:
-    from subagents.runtime.cli import main
+    from subagents.runtime.hosts.cli import main
 
     profile = cProfile.Profile()
     stdout = sys.stdout
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"   {'process (medians)':<74} {'wall ms':>8} {'cpu ms':>8}")
         for name, what in (
             ("floor", 'python -c "import trio, msgspec, zstandard, sqlite3" (floor)'),
-            ("imports", 'python -c "import subagents.runtime.cli" (context)'),
+            ("imports", 'python -c "import subagents.runtime.hosts.cli" (context)'),
             ("command", f"subagents children lonely ({written} sessions)"),
             ("uncached", "context: the command, PYTHONDONTWRITEBYTECODE=1 (own modules compiled)"),
         ):

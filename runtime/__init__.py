@@ -2,7 +2,7 @@
 
 What an embedder needs is re-exported here, so one import block serves (`from subagents.runtime
 import open_runtime, ScriptedModel, load_script, ...`). It may import `subagents.actors`,
-`subagents.storage`, httpx and rich. The whole error tree is in `subagents.runtime.errors`
+`subagents.storage`, httpx and rich. The whole error tree is in `subagents.runtime.foundation.errors`
 (its root, `SubagentsError`, and the branch bases are here too).
 
 The names load on first use (module `__getattr__`): a read-only command that imports one
@@ -20,31 +20,28 @@ if TYPE_CHECKING:
     from .agent.loop import Agent as Agent
     from .agent.loop import AgentConfig as AgentConfig
     from .agent.loop import TurnResult as TurnResult
-    from .agent.tools import FunctionTool as FunctionTool
-    from .agent.tools import Tool as Tool
-    from .agent.tools import ToolContext as ToolContext
     from .app import Runtime as Runtime
     from .app import open_runtime as open_runtime
-    from .budgets import Budget as Budget
-    from .clock import RealClock as RealClock
-    from .clock import ScenarioClock as ScenarioClock
     from .delegation.descriptor import ToolFilter as ToolFilter
     from .delegation.listing import ChildRow as ChildRow
     from .delegation.listing import DiagnosticRow as DiagnosticRow
     from .delegation.options import ChildOptions as ChildOptions
-    from .errors import AgentError as AgentError
-    from .errors import AgentStopped as AgentStopped
-    from .errors import ModelError as ModelError
-    from .errors import ScriptError as ScriptError
-    from .errors import SessionQueryError as SessionQueryError
-    from .errors import SubagentError as SubagentError
-    from .errors import SubagentsError as SubagentsError
-    from .errors import ToolFailure as ToolFailure
     from .event_stream import EventStream as EventStream
     from .event_stream import StreamEvent as StreamEvent
     from .event_stream import open_event_stream as open_event_stream
-    from .ids import CountingIds as CountingIds
-    from .ids import RandomIds as RandomIds
+    from .foundation.budgets import Budget as Budget
+    from .foundation.clock import RealClock as RealClock
+    from .foundation.clock import ScenarioClock as ScenarioClock
+    from .foundation.errors import AgentError as AgentError
+    from .foundation.errors import AgentStopped as AgentStopped
+    from .foundation.errors import ModelError as ModelError
+    from .foundation.errors import ScriptError as ScriptError
+    from .foundation.errors import SessionQueryError as SessionQueryError
+    from .foundation.errors import SubagentError as SubagentError
+    from .foundation.errors import SubagentsError as SubagentsError
+    from .foundation.errors import ToolFailure as ToolFailure
+    from .foundation.ids import CountingIds as CountingIds
+    from .foundation.ids import RandomIds as RandomIds
     from .models.base import AnyModel as AnyModel
     from .models.base import Chunk as Chunk
     from .models.base import Finish as Finish
@@ -58,8 +55,11 @@ if TYPE_CHECKING:
     from .models.base import ToolSpec as ToolSpec
     from .models.base import Usage as Usage
     from .models.openai import OpenAIChatModel as OpenAIChatModel
-    from .models.script_format import load_script as load_script
-    from .models.scripted_model import ScriptedModel as ScriptedModel
+    from .testing.script_format import load_script as load_script
+    from .testing.scripted_model import ScriptedModel as ScriptedModel
+    from .tools.base import FunctionTool as FunctionTool
+    from .tools.base import Tool as Tool
+    from .tools.base import ToolContext as ToolContext
     from .tools.mcp_servers import McpServers as McpServers
     from .tools.mcp_servers import McpServerStatus as McpServerStatus
     from .tools.mcp_spec import McpServerSpec as McpServerSpec
@@ -84,31 +84,31 @@ _WHERE: dict[str, str] = {
     "Agent": ".agent.loop",
     "AgentConfig": ".agent.loop",
     "TurnResult": ".agent.loop",
-    "FunctionTool": ".agent.tools",
-    "Tool": ".agent.tools",
-    "ToolContext": ".agent.tools",
+    "FunctionTool": ".tools.base",
+    "Tool": ".tools.base",
+    "ToolContext": ".tools.base",
     "Runtime": ".app",
     "open_runtime": ".app",
-    "Budget": ".budgets",
-    "RealClock": ".clock",
-    "ScenarioClock": ".clock",
+    "Budget": ".foundation.budgets",
+    "RealClock": ".foundation.clock",
+    "ScenarioClock": ".foundation.clock",
     "ToolFilter": ".delegation.descriptor",
     "ChildRow": ".delegation.listing",
     "DiagnosticRow": ".delegation.listing",
     "ChildOptions": ".delegation.options",
-    "AgentError": ".errors",
-    "AgentStopped": ".errors",
-    "ModelError": ".errors",
-    "ScriptError": ".errors",
-    "SessionQueryError": ".errors",
-    "SubagentError": ".errors",
-    "SubagentsError": ".errors",
-    "ToolFailure": ".errors",
+    "AgentError": ".foundation.errors",
+    "AgentStopped": ".foundation.errors",
+    "ModelError": ".foundation.errors",
+    "ScriptError": ".foundation.errors",
+    "SessionQueryError": ".foundation.errors",
+    "SubagentError": ".foundation.errors",
+    "SubagentsError": ".foundation.errors",
+    "ToolFailure": ".foundation.errors",
     "EventStream": ".event_stream",
     "StreamEvent": ".event_stream",
     "open_event_stream": ".event_stream",
-    "CountingIds": ".ids",
-    "RandomIds": ".ids",
+    "CountingIds": ".foundation.ids",
+    "RandomIds": ".foundation.ids",
     "AnyModel": ".models.base",
     "Chunk": ".models.base",
     "Finish": ".models.base",
@@ -122,8 +122,8 @@ _WHERE: dict[str, str] = {
     "ToolSpec": ".models.base",
     "Usage": ".models.base",
     "OpenAIChatModel": ".models.openai",
-    "load_script": ".models.script_format",
-    "ScriptedModel": ".models.scripted_model",
+    "load_script": ".testing.script_format",
+    "ScriptedModel": ".testing.scripted_model",
     "McpServers": ".tools.mcp_servers",
     "McpServerStatus": ".tools.mcp_servers",
     "McpServerSpec": ".tools.mcp_spec",

@@ -22,26 +22,26 @@ from subagents.actors import ContinuationManager, SessionStore, StoreReader, ope
 from subagents.storage import LogStore, Mailbox, Placements, ProjectionRegistry, StorageError
 
 from .agent.loop import AgentConfig
+from .agent.mailbox_owner import MailboxOwners
 from .agent.registry import AgentRegistry, SessionTools
-from .agent.tools import Tool, ToolSet
-from .agent_types import AgentType
-from .budgets import Budget
-from .clock import Clock, RealClock
+from .delegation.agent_types import AgentType
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
 from .delegation.service import SubagentService
-from .ids import IdFactory, RandomIds
+from .delegation.tools import subagent_tools
+from .foundation.budgets import Budget
+from .foundation.clock import Clock, RealClock
+from .foundation.ids import IdFactory, RandomIds
 from .lease_renewal import renew_leases
-from .mailbox_owner import MailboxOwners
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
 from .read_side import runtime_registry
 from .store_select import open_log_store, open_mailbox
+from .tools.base import Tool, ToolSet
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
-from .tools.subagent_tools import subagent_tools
 from .tools.workspace_tools import workspace_tools
 
 __all__ = ["Runtime", "open_runtime"]
@@ -61,7 +61,7 @@ class Runtime:
     subagents: SubagentService
     clock: Clock
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
-    mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/mailbox_owner.py)
+    mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/agent/mailbox_owner.py)
 
 
 def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
@@ -108,16 +108,16 @@ async def open_runtime(
     tool's `agent_type` parameter; `disabled_tools` are left out of every agent's tools.
     `budget` limits every session this runtime starts or resumes that is not a subagent (its
     `seconds` count from each agent's start); subagents get their parent's remainder
-    (runtime/budgets.py). `mcp_servers` are started before the runtime is yielded (each ready or
+    (runtime/foundation/budgets.py). `mcp_servers` are started before the runtime is yielded (each ready or
     failed); their tools `mcp__<server>__<tool>` join the workspace tools, under the same policy
     (default `DEFAULT_PERMISSIONS`). `mailbox` (default when the runtime makes its own log
     store: the store's — a `PostgresMailbox` on a PostgreSQL store's connections, else a
     `FileMailbox` on `root`; none with a `log_store` passed in) is drained by an owner
     task of every resident session and carries messages, interrupts and settlements to sessions
-    another process holds (runtime/mailbox_owner.py). `store` (instead of `log_store`) names
+    another process holds (runtime/agent/mailbox_owner.py). `store` (instead of `log_store`) names
     the log store the runtime opens and closes: a `postgresql://` URL or a folder
     (runtime/store_select.py). `placements` (a placement queue, SPEC §9) leaves background
-    children to serving hosts while any serve (runtime/serve.py); it needs the mailbox, which
+    children to serving hosts while any serve (runtime/hosts/serve.py); it needs the mailbox, which
     carries their prompts and settlements. `store_options` go to the PostgreSQL store `store`
     opens (`lease_ttl`, `lease_renew_interval`)."""
     McpServers.check(mcp_servers)

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigInvalid
+from .foundation.errors import ConfigInvalid
 from .models.defaults import DEFAULT_MODEL
 from .tools.mcp_spec import McpServerSpec
 

@@ -9,7 +9,7 @@ a live session's projections come from its actor (no log read), a persisted sess
 the cold reader, its interrupted turn closed in memory, and every projection unit folded and
 viewed (folded in the cold reader's worker thread). Prepared observations are kept in a small
 LRU keyed by the log's revision and bounded in bytes; failures are never cached. Errors are
-a `SessionQueryError`, one class per case (runtime/errors.py).
+a `SessionQueryError`, one class per case (runtime/foundation/errors.py).
 
 Cheap at scale: records are reused while the store info and live ref they were made from are
 the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
@@ -61,7 +61,7 @@ from subagents.storage import (
     check_session_id,
 )
 
-from .errors import (
+from .foundation.errors import (
     QueryAborted,
     QueryCorruptSession,
     QueryPersistenceFailed,

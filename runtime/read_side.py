@@ -23,9 +23,9 @@ import attrs
 from subagents.actors import Abort, SessionStore, StoreReader, open_session_store
 from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
 
-from .clock import RealClock
 from .delegation.listing import ListingService
 from .delegation.units import SUBAGENT_UNITS
+from .foundation.clock import RealClock
 from .query import SessionQuery, SessionRecord
 from .store_select import is_pg_url, open_log_store
 from .usage import USAGE_UNIT

@@ -32,7 +32,7 @@ from subagents.storage import Event, Offset, SessionHeader
 
 from .delegation.lineage import same_lifecycle
 from .delegation.listing import DiagnosticRow, ListingService
-from .errors import SessionQueryError
+from .foundation.errors import SessionQueryError
 from .query import SessionQuery, SessionRecord
 
 __all__ = [

@@ -8,7 +8,7 @@ layer writes its branch out at the top of its own `errors.py`:
     ├── StorageError              STORAGE_*     storage/errors.py (below)
     ├── ActorError                ACTOR_*       actors/errors.py
     └── the runtime's branches    QUERY_*, SUBAGENT_*, MODEL_*, SCRIPT_*, CLI_*
-                                                runtime/errors.py
+                                                runtime/foundation/errors.py
 
 A tool result that failed carries an error record `{name, code}` (docs/format.md, "tool/result")
 whose names and codes are pinned by the vocabulary, older than this tree: `record()` gives it.

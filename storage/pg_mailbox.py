@@ -20,7 +20,7 @@ connection of a small pool (pg_connect; the log store's pool may be shared):
 - `now_ms` is the database's clock, read on this host as its wall clock plus an offset measured
   by `sync_clock` (one query, the round trip halved) and again by a deliver or drain once a
   minute: every host stamps interrupts and compares its owners' start on one clock, so hosts
-  whose clocks disagree judge stale interrupts alike (runtime/mailbox_owner.py).
+  whose clocks disagree judge stale interrupts alike (runtime/agent/mailbox_owner.py).
 - `watch` hands out a wake-up from the one LISTEN connection every watch of this mailbox shares
   (pg_listener): a host holds one listening connection, not one per resident session.
 

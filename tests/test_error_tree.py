@@ -1,4 +1,4 @@
-"""One error tree (runtime/errors.py, actors/errors.py, storage/errors.py): every class under
+"""One error tree (runtime/foundation/errors.py, actors/errors.py, storage/errors.py): every class under
 the root `SubagentsError` has its own fixed, prefixed code, lives in a layer's `errors.py`, is
 written out in that module's tree, and nothing in the layers matches a code as a string or sniffs
 an exception's module."""
@@ -16,8 +16,8 @@ import subagents.actors
 import subagents.runtime
 import subagents.storage
 from subagents.actors import errors as actor_errors
-from subagents.runtime import errors as runtime_errors
-from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolSet
+from subagents.runtime.foundation import errors as runtime_errors
+from subagents.runtime.tools.base import FunctionTool, ToolContext, ToolSet
 from subagents.storage import SubagentsError
 from subagents.storage import errors as storage_errors
 

@@ -19,7 +19,7 @@ ALLOWED_THIRD_PARTY = {
     # psycopg: the PostgreSQL store only (storage/pg_*.py), imported lazily (SPEC §2).
     "storage": {"attrs", "cattrs", "msgspec", "zstandard", "psycopg"},
     "actors": {"attrs", "cattrs", "msgspec", "zstandard", "trio", "trio_util"},
-    # prompt_toolkit: `chat`'s prompt, imported lazily by runtime/chat_terminal.py only;
+    # prompt_toolkit: `chat`'s prompt, imported lazily by runtime/hosts/chat/terminal.py only;
     # platformdirs: the user's config folder (runtime/config.py). SPEC §2 lists both.
     # mcp (and anyio, which it runs on): the optional extra, imported lazily by runtime/tools/mcp_connection.py only.
     "runtime": {
@@ -168,6 +168,81 @@ def test_the_face_check_refuses_deep_imports_and_the_test_doubles(tmp_path: Path
     # Inside its own layer a module imports whatever it needs.
     fake.write_text("from subagents.storage.file_store import FileLogStore\nfrom .testing import CrashFs\n")
     assert _face_problems("subagents.storage.fake", fake) == []
+
+
+# The runtime's rooms, bottom to top (docs/design.md, "Rooms"). A module's room is the longest
+# prefix below that names it; it may import its own room and the rooms below, never one above.
+# The package faces (`__init__`) re-export lazily and are left out.
+RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
+    ("foundation",),
+    # models, and the model test bed they build from `scripted:PATH`; the read seam's bottom
+    ("models", "testing.scripted_model", "testing.script_format", "query", "store_select", "event_stream"),
+    ("tools",),
+    ("agent",),
+    ("delegation",),
+    # the library a host embeds
+    ("app", "read_side", "usage", "config", "lease_renewal"),
+    # hosts, and the scenario runner that drives the library like one
+    ("hosts", "testing"),
+)
+
+
+def _room_of(module: str) -> int:
+    """The rank of a runtime module's (or sub-package's) room."""
+    rest = module.removeprefix("subagents.runtime.")
+    best: tuple[int, int] | None = None
+    for rank, room in enumerate(RUNTIME_ROOMS):
+        for name in room:
+            if (rest == name or rest.startswith(name + ".")) and (best is None or len(name) > best[1]):
+                best = (rank, len(name))
+    if best is None:
+        raise AssertionError(f"{module} is in no room of RUNTIME_ROOMS")
+    return best[0]
+
+
+def _room_problems(module: str, path: Path) -> list[str]:
+    """Imports of the runtime module `module` (at `path`) that reach a higher room. The package
+    faces re-export lazily and have no room of their own."""
+    if path.name == "__init__.py":
+        return []
+    rank = _room_of(module)
+    problems = []
+    for target, line in _imports(module, path):
+        if target == "subagents.runtime":
+            problems.append(f"line {line}: imports the runtime's face")
+        elif target.startswith("subagents.runtime.") and _room_of(target) > rank:
+            problems.append(f"line {line}: {RUNTIME_ROOMS[rank][0]} imports {target!r} of a higher room")
+    return problems
+
+
+def test_every_runtime_module_has_a_room() -> None:
+    for module, path in MODULES.items():
+        if module.startswith("subagents.runtime.") and path.name != "__init__.py":
+            _room_of(module)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("subagents.runtime.")))
+def test_runtime_rooms_point_downward_only(module: str) -> None:
+    assert _room_problems(module, MODULES[module]) == []
+
+
+def test_the_room_check_refuses_a_host_import_from_the_library(tmp_path: Path) -> None:
+    fake = tmp_path / "fake.py"
+    fake.write_text(
+        "from ..hosts.cli import main\n"
+        "from subagents.runtime.delegation.service import SubagentService\n"
+        "from ..foundation.errors import CliError\n"
+        "from ..models import base\n"
+    )
+    assert _room_problems("subagents.runtime.agent.fake", fake) == [
+        "line 1: agent imports 'subagents.runtime.hosts.cli' of a higher room",
+        "line 2: agent imports 'subagents.runtime.delegation.service' of a higher room",
+    ]
+    fake.write_text("from subagents.runtime.app import open_runtime\nfrom subagents.runtime.testing import scenario\n")
+    assert _room_problems("subagents.runtime.hosts.fake", fake) == []
+    assert _room_problems("subagents.runtime.app", fake) == [
+        "line 2: app imports 'subagents.runtime.testing.scenario' of a higher room"
+    ]
 
 
 def test_no_import_cycles() -> None:

@@ -82,7 +82,7 @@ def test_modules_are_named_for_what_they_hold() -> None:
         assert importlib.util.find_spec(gone) is None, gone
     for name in (
         "subagents.runtime.delegation.service",
-        "subagents.runtime.models.script_format",
-        "subagents.runtime.models.scripted_model",
+        "subagents.runtime.testing.script_format",
+        "subagents.runtime.testing.scripted_model",
     ):
         assert importlib.util.find_spec(name) is not None, name

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .messages import SurfaceNode
+from ..models.messages import SurfaceNode
 
 __all__ = ["CompactionPlan", "CompactionPolicy", "plan_compaction"]
 

@@ -34,9 +34,9 @@ from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
 from trio_util import AsyncValue, RepeatedEvent, move_on_when
 
-from ..budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
-from ..clock import Clock
-from ..errors import AgentStopped, ModelError, ScriptWaitUnavailable
+from ..foundation.budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
+from ..foundation.clock import Clock
+from ..foundation.errors import AgentStopped, ModelError, ScriptWaitUnavailable
 from ..models.base import (
     AnyModel,
     Finish,
@@ -47,10 +47,10 @@ from ..models.base import (
     Usage,
     bind_model,
 )
+from ..models.messages import Surface, message, text_blocks, tool_result_message
+from ..tools.base import PreparedCall, ToolContext, ToolOutcome, ToolSet
 from .compaction import CompactionPolicy, plan_compaction
 from .inbox import Delivery, Inbox, Mode
-from .messages import Surface, message, text_blocks, tool_result_message
-from .tools import PreparedCall, ToolContext, ToolOutcome, ToolSet
 
 __all__ = ["Agent", "AgentConfig", "TurnResult", "recorded_delivery_ids"]
 
@@ -74,7 +74,7 @@ class AgentConfig:
     tool_abort_grace: float = 2.0
     inbox_capacity: int = 64
     compaction: CompactionPolicy | None = None
-    # Limits on the session's own work (runtime/budgets.py): the root's from the embedder, a
+    # Limits on the session's own work (runtime/foundation/budgets.py): the root's from the embedder, a
     # child's from its descriptor.
     budget: Budget | None = None
 

@@ -34,13 +34,13 @@ from subagents.storage import (
     interrupted_closers,
 )
 
-from ..clock import Clock
-from ..errors import IdsExhausted, NoModel
-from ..ids import IdFactory
+from ..foundation.clock import Clock
+from ..foundation.errors import IdsExhausted, NoModel
+from ..foundation.ids import IdFactory
 from ..models.base import AnyModel
+from ..models.messages import Surface
+from ..tools.base import Tool, ToolSet
 from .loop import Agent, AgentConfig
-from .messages import Surface
-from .tools import Tool, ToolSet
 
 __all__ = ["AgentHooks", "AgentOwners", "AgentRegistry", "SessionTools"]
 
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 class AgentOwners(Protocol):
-    """Tasks that live as long as a resident agent (the mailbox owners, runtime/mailbox_owner.py)."""
+    """Tasks that live as long as a resident agent (the mailbox owners, runtime/agent/mailbox_owner.py)."""
 
     def start(self, agent: Agent) -> None: ...
 

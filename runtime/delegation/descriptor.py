@@ -24,8 +24,8 @@ from typing import Literal
 import attrs
 from subagents.storage import NonLosslessData, check_lossless
 
-from ..budgets import Budget, budget_json, parse_budget
-from ..errors import MalformedDescriptor
+from ..foundation.budgets import Budget, budget_json, parse_budget
+from ..foundation.errors import MalformedDescriptor
 
 __all__ = [
     "DESCRIPTOR_VERSION",

@@ -45,7 +45,7 @@ from subagents.actors import (
     raise_bare_cancelled,
     snapshot_all,
 )
-from subagents.runtime.errors import (
+from subagents.runtime.foundation.errors import (
     ProjectionsUnavailable,
     QueryUnavailable,
     SessionQueryError,

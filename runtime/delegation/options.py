@@ -4,7 +4,7 @@
 A continuable child records them in its descriptor and gets them back on every cold resume: the
 model route (`agent_provider`, `agent_model`, `agent_reasoning_effort`, built by the runtime's
 `child_model` factory), a `persona` that shadows the deployment's system prompt, and a
-`tool_filter` over the tools every agent gets, and a `budget` (runtime/budgets.py). A one-shot
+`tool_filter` over the tools every agent gets, and a `budget` (runtime/foundation/budgets.py). A one-shot
 child may use them too; they are not recorded (a one-shot child is never resumed).
 
 `budget` is what the caller asks for; the service lowers it to the parent's remainder before the
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from ..budgets import Budget
+from ..foundation.budgets import Budget
 from .descriptor import SubagentDescriptor, ToolFilter
 from .descriptor import _check_filter as _optional_filter  # the descriptor's own field rules
 from .descriptor import _check_optional_str as _optional_str
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     # Annotations only: reading a child's options (an agent type, `subagents config`) loads no
     # agent loop; `filtered_tools` imports the tool set when an agent is built.
     from ..agent.loop import AgentConfig
-    from ..agent.tools import ToolSet
     from ..models.base import AnyModel
+    from ..tools.base import ToolSet
 
 __all__ = ["ChildModel", "ChildOptions", "filtered_tools"]
 
@@ -79,7 +79,7 @@ def filtered_tools(tools: ToolSet, tool_filter: ToolFilter | None) -> ToolSet:
     """`tools` narrowed to `allow` (when given), without `deny`, in their order."""
     if tool_filter is None:
         return tools
-    from ..agent.tools import ToolSet
+    from ..tools.base import ToolSet
 
     allow = None if tool_filter.allow is None else set(tool_filter.allow)
     deny = set(tool_filter.deny or ())

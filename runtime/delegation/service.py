@@ -53,9 +53,9 @@ from subagents.storage import (
 
 from ..agent.inbox import Delivery, DeliveryCancelled
 from ..agent.loop import Agent, AgentConfig, TurnResult
+from ..agent.mailbox_owner import new_envelope
 from ..agent.registry import AgentRegistry, SessionTools
-from ..agent.tools import ToolSet
-from ..errors import (
+from ..foundation.errors import (
     ActivationLimit,
     AgentError,
     AgentStopped,
@@ -73,9 +73,9 @@ from ..errors import (
     Unauthorized,
     UnsupportedCapability,
 )
-from ..mailbox_owner import new_envelope
 from ..models.base import AnyModel
 from ..query import SessionQuery
+from ..tools.base import ToolSet
 from .descriptor import MalformedDescriptor, SubagentDescriptor, parse_descriptor, snapshot_descriptor
 from .listing import ListingService
 from .options import ChildModel, ChildOptions, filtered_tools
@@ -164,7 +164,7 @@ class SubagentService:
     toolset: Callable[[SubagentService, SessionTools | None], ToolSet] = attrs.field(
         default=lambda service, extra: ToolSet()
     )
-    # Deliveries to sessions another process holds (runtime/mailbox_owner.py); None: none.
+    # Deliveries to sessions another process holds (runtime/agent/mailbox_owner.py); None: none.
     mailbox: Mailbox | None = None
     # The placement queue (SPEC §9): with serving hosts up, background children are left to
     # them (`_start_placed`); None: every child runs here.
@@ -1005,7 +1005,7 @@ class SubagentService:
             raise NotResumable(f'subagent "{target_id}" is unavailable: its mailbox failed: {exc}') from None
 
     async def stop_resident(self, session_id: str, cause: str) -> None:
-        """A `stop` delivery (runtime/mailbox_owner.py): settle and dispose the session if it is
+        """A `stop` delivery (runtime/agent/mailbox_owner.py): settle and dispose the session if it is
         a resident continuable child; its turn was ended already."""
         if self.manager.get(session_id) is None:
             return
@@ -1019,7 +1019,7 @@ class SubagentService:
         await self.manager.stop(session_id, cause, interrupt)
 
     async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
-        """A `settled` delivery (runtime/mailbox_owner.py): `Settlement.record_delivered`."""
+        """A `settled` delivery (runtime/agent/mailbox_owner.py): `Settlement.record_delivered`."""
         await self.settlement.record_delivered(parent, body, delivery_id)
         child_id = body.get("child_id")
         if isinstance(child_id, str):

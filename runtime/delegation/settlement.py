@@ -28,8 +28,8 @@ from trio_util import RepeatedEvent
 
 from ..agent.inbox import Delivery
 from ..agent.loop import Agent
+from ..agent.mailbox_owner import new_envelope
 from ..agent.registry import AgentRegistry
-from ..mailbox_owner import new_envelope
 
 __all__ = ["Settlement", "notice_blocks", "settled_pending"]
 
@@ -90,7 +90,7 @@ class Settlement:
     agents: AgentRegistry
     manager: ContinuationManager
     # Where a settlement goes when its parent is not live here (hosted by another process, or
-    # by none): the parent's mailbox, drained by its owner (runtime/mailbox_owner.py).
+    # by none): the parent's mailbox, drained by its owner (runtime/agent/mailbox_owner.py).
     mailbox: Mailbox | None = None
     _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
     _settled_changed: RepeatedEvent = attrs.field(factory=RepeatedEvent)

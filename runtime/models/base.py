@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
-from subagents.runtime.clock import Clock
+from subagents.runtime.foundation.clock import Clock
 
 __all__ = [
     "AnyModel",

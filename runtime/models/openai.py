@@ -50,8 +50,8 @@ from typing import Any
 import httpx
 import msgspec
 import trio
-from subagents.runtime.clock import Clock, RealClock
-from subagents.runtime.errors import (
+from subagents.runtime.foundation.clock import Clock, RealClock
+from subagents.runtime.foundation.errors import (
     ModelAuthFailed,
     ModelBadResponse,
     ModelError,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
-from subagents.runtime.errors import (
+from subagents.runtime.foundation.errors import (
     ModelBadResponse,
     ModelBadStream,
     ModelContentFiltered,

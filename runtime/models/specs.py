@@ -11,14 +11,14 @@ from collections.abc import Mapping
 
 import attrs
 
-from ..clock import Clock
-from ..errors import ModelSpecError, ScriptError
+from ..foundation.clock import Clock
+from ..foundation.errors import ModelSpecError, ScriptError
+from ..testing.script_format import load_script
+from ..testing.scripted_model import ScriptedModel
 from .base import Model, SessionModel
 from .defaults import DEFAULT_MODEL as DEFAULT_MODEL  # where it was before (re-exported)
 from .defaults import DEFAULT_STALL_TIMEOUT
 from .openai import OpenAIChatModel
-from .script_format import load_script
-from .scripted_model import ScriptedModel
 
 __all__ = ["ModelSpec", "build_model", "parse_model_spec"]
 

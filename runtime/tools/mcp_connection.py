@@ -14,7 +14,7 @@ import httpx
 import trio
 from subagents.actors import Abort
 
-from ..errors import ToolFailure
+from ..foundation.errors import ToolFailure
 from .mcp_render import render_content
 from .mcp_spec import McpServerSpec
 

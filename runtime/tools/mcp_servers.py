@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from ..agent.tools import ToolContext
+from .base import ToolContext
 from .mcp_connection import McpConnection
 from .mcp_spec import McpServerSpec, mcp_tool_name
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ..errors import ToolFailure
+from ..foundation.errors import ToolFailure
 
 if TYPE_CHECKING:
     # Annotations only: `subagents config` shows the default rules without loading the tools.
-    from ..agent.tools import Tool, ToolContext, ToolOutput
+    from .base import Tool, ToolContext, ToolOutput
 
 __all__ = [
     "DEFAULT_PERMISSIONS",

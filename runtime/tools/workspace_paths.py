@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import attrs
 
-from ..errors import ToolFailure
+from ..foundation.errors import ToolFailure
 
 __all__ = ["Location", "Workspace", "refused"]
 

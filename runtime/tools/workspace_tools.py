@@ -18,8 +18,8 @@ from typing import Any, ClassVar, TypeVar
 import attrs
 import trio
 
-from ..agent.tools import ToolContext
-from ..errors import ToolFailure
+from ..foundation.errors import ToolFailure
+from .base import ToolContext
 from .workspace_command import run_command
 from .workspace_files import edit_text, glob_regex, list_folder, read_text, searchable_text, walk_files, write_text
 from .workspace_paths import Workspace, refused

@@ -11,7 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 
 import trio
-from subagents.runtime.acp.host import run_acp
+from subagents.runtime.hosts.acp.host import run_acp
 from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 _SCRIPT = Path(sys.executable).parent / "subagents"
-CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.cli"]
+CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.hosts.cli"]
 _PROVIDER_SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY")
 
 

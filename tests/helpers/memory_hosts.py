@@ -15,10 +15,10 @@ from typing import Any
 
 import trio
 from subagents.runtime import ScenarioClock, open_runtime
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.runtime.serve import ServeStats, serve_placements
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.hosts.serve import ServeStats, serve_placements
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox, MemoryPlacements
 
 __all__ = ["TwoHosts", "memory_host", "two_hosts"]

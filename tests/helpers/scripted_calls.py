@@ -9,10 +9,10 @@ from typing import Any
 
 import attrs
 import pytest
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.errors import ModelError
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import ModelError
 from subagents.runtime.models.base import Chunk, ModelRequest, SessionBinding, TextDelta
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.testing.scripted_model import ScriptedModel
 
 
 @attrs.frozen

@@ -32,11 +32,11 @@ from typing import Any
 
 import trio
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.delegation.service import SubagentService
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 
 
 def _say(line: str) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from acp.schema import AgentMessageChunk, ListSessionsResponse, SessionNotification, ToolCallStart
 from events import assistant_event, turn_end_event, turn_start_event
-from subagents.runtime.acp.listing import Row, iso_time, page, title_of
-from subagents.runtime.acp.live import LiveText
-from subagents.runtime.acp.record import RECORD_TYPE, ClientRecord, last_record
-from subagents.runtime.acp.updates import TOOL_KINDS, tool_kind, updates_for
-from subagents.runtime.errors import AcpRequestError
+from subagents.runtime.foundation.errors import AcpRequestError
+from subagents.runtime.hosts.acp.listing import Row, iso_time, page, title_of
+from subagents.runtime.hosts.acp.live import LiveText
+from subagents.runtime.hosts.acp.record import RECORD_TYPE, ClientRecord, last_record
+from subagents.runtime.hosts.acp.updates import TOOL_KINDS, tool_kind, updates_for
 from subagents.storage import Event, make_event
 
 SID = "s1"

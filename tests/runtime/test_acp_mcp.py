@@ -22,8 +22,8 @@ from acp.schema import EnvVariable, HttpHeader, HttpMcpServer, McpServerStdio, S
 from acp_client import TIMEOUT, Asking, initialize, show, spawn_acp
 from cli_process import write_script
 from mcp_runs import SERVER
-from subagents.runtime.acp.host import serve_acp
 from subagents.runtime.app import open_runtime
+from subagents.runtime.hosts.acp.host import serve_acp
 
 pytestmark = pytest.mark.slow  # the agent, and the MCP servers, are real processes
 

@@ -23,8 +23,8 @@ from subagents.runtime import (
     load_script,
     open_runtime,
 )
-from subagents.runtime.acp.client_servers import ClientServers, client_specs
 from subagents.runtime.agent.registry import SessionTools
+from subagents.runtime.hosts.acp.client_servers import ClientServers, client_specs
 from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
 from subagents.runtime.tools.mcp_spec import McpServerSpec
 from wrapped_models import WrappedModel

@@ -15,11 +15,11 @@ import trio
 import trio.testing
 from acp.schema import NewSessionResponse, PromptResponse, SessionNotification
 from cli_process import write_script
-from subagents.runtime.acp.host import TextRelay, serve_acp
-from subagents.runtime.acp.record import RECORD_TYPE
-from subagents.runtime.acp.rpc import Incoming
-from subagents.runtime.acp.server import AcpServer
 from subagents.runtime.app import Runtime, open_runtime
+from subagents.runtime.hosts.acp.host import TextRelay, serve_acp
+from subagents.runtime.hosts.acp.record import RECORD_TYPE
+from subagents.runtime.hosts.acp.rpc import Incoming
+from subagents.runtime.hosts.acp.server import AcpServer
 from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallDelta
 from subagents.runtime.models.specs import build_model, parse_model_spec
 from subagents.runtime.models.tee import TeeModel

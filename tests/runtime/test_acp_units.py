@@ -17,10 +17,10 @@ from acp.schema import (
     UserMessageChunk,
 )
 from cli_process import write_script
-from subagents.runtime.acp.host import MAX_LINE, _lines
-from subagents.runtime.acp.rpc import Incoming, error_line, notification_line, parse_line, result_line
-from subagents.runtime.acp.updates import stop_reason, updates_for
 from subagents.runtime.app import open_runtime
+from subagents.runtime.hosts.acp.host import MAX_LINE, _lines
+from subagents.runtime.hosts.acp.rpc import Incoming, error_line, notification_line, parse_line, result_line
+from subagents.runtime.hosts.acp.updates import stop_reason, updates_for
 
 
 def test_parse_line_sorts_requests_notifications_responses_and_garbage() -> None:
@@ -132,7 +132,7 @@ async def test_updates_for_a_turn_with_tool_calls_validate_against_the_sdk(tmp_p
 
 
 def test_a_permission_response_becomes_the_approvers_answer() -> None:
-    from subagents.runtime.acp.server import _answer, _Asked
+    from subagents.runtime.hosts.acp.server import _answer, _Asked
     from subagents.runtime.tools.permissions import PermissionAnswer
 
     def answer(result: object = None, error: object = None) -> PermissionAnswer:

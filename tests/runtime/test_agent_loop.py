@@ -22,15 +22,15 @@ from log_lines import header_line, json_line, new_log_file, read_all
 from subagents.actors import EventDraft
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import Agent, AgentConfig
-from subagents.runtime.agent.messages import Surface
-from subagents.runtime.agent.tools import FunctionTool, ToolContext
 from subagents.runtime.app import Runtime, open_runtime
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.errors import ToolFailure
-from subagents.runtime.ids import CountingIds
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import ToolFailure
+from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Finish, Model, ModelRequest, SessionBinding, TextDelta
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.models.messages import Surface
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.tools.base import FunctionTool, ToolContext
 from subagents.storage import (
     TOOL_NOT_STARTED_TEXT,
     TOOL_OUTCOME_UNKNOWN_TEXT,

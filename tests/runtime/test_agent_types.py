@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime
-from subagents.runtime.agent_types import agent_type_dirs, load_agent_types, parse_agent_type
+from subagents.runtime.delegation.agent_types import agent_type_dirs, load_agent_types, parse_agent_type
 from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
 from wrapped_models import WrappedModel
 
@@ -182,7 +182,7 @@ async def test_a_chosen_type_shapes_the_child_and_survives_a_cold_resume_without
 
 
 async def test_the_subagent_tool_offers_agent_type_only_when_there_are_types(tmp_path: Path) -> None:
-    from subagents.runtime.tools.subagent_tools import subagent_tools
+    from subagents.runtime.delegation.tools import subagent_tools
 
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "reviewer.md").write_text(REVIEWER)

@@ -21,10 +21,10 @@ from events import turn_end_event
 from subagents.actors import Abort
 from subagents.runtime.agent.compaction import CompactionPlan, CompactionPolicy, plan_compaction
 from subagents.runtime.agent.inbox import Delivery, DeliveryCancelled, Inbox
-from subagents.runtime.agent.messages import Surface, SurfaceNode, message, message_text, tool_result_message
-from subagents.runtime.agent.tools import FunctionTool, ToolContext, ToolOutcome, ToolSet, check_schema
-from subagents.runtime.errors import ToolFailure
+from subagents.runtime.foundation.errors import ToolFailure
 from subagents.runtime.models.base import ToolSpec
+from subagents.runtime.models.messages import Surface, SurfaceNode, message, message_text, tool_result_message
+from subagents.runtime.tools.base import FunctionTool, ToolContext, ToolOutcome, ToolSet, check_schema
 from subagents.storage import Event, ReplaceOp, make_event
 from trio.testing import wait_all_tasks_blocked
 
@@ -1081,7 +1081,7 @@ def test_a_second_compaction_replaces_exactly_its_planned_nodes(keep_recent: int
 def test_the_surface_skips_an_ignorable_event_of_a_later_format() -> None:
     """A later format's ignorable event may carry a surface_op; readers skip it (the log reads
     fine, so resuming it must too)."""
-    from subagents.runtime.agent.messages import Surface
+    from subagents.runtime.models.messages import Surface
     from subagents.storage._codec import decode_event
 
     user = make_event(
@@ -1108,7 +1108,7 @@ def test_the_surface_skips_an_ignorable_event_of_a_later_format() -> None:
 
 
 def test_a_tool_failure_keeps_only_this_runtimes_codes() -> None:
-    from subagents.runtime.agent.tools import _failed
+    from subagents.runtime.tools.base import _failed
 
     class ThirdParty(Exception):
         code = "rate_limit_exceeded"

@@ -1,4 +1,4 @@
-"""Budgets (issue 16 item 6; SPEC §8, runtime/budgets.py): `max_turns`, `max_tokens` and a
+"""Budgets (issue 16 item 6; SPEC §8, runtime/foundation/budgets.py): `max_turns`, `max_tokens` and a
 deadline per agent; a child inherits its parent's remainder, clamped, lowered by the `subagent`
 call; running out ends the turn with `turn/end {reason: {kind: "budget", message}}`, the child
 settles and the parent's notice names the budget; cold resume recounts what was spent.
@@ -22,17 +22,17 @@ from clocks import T
 from events import turn_start_event
 from log_lines import header, persist_log, read_all
 from subagents.runtime import Agent, Budget, ChildOptions, ScenarioClock, open_runtime
-from subagents.runtime.agent.tools import FunctionTool
-from subagents.runtime.budgets import Spent, parse_budget, remainder
 from subagents.runtime.delegation.descriptor import (
     MalformedDescriptor,
     SubagentDescriptor,
     parse_descriptor,
     snapshot_descriptor,
 )
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.budgets import Spent, parse_budget, remainder
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.tools.base import FunctionTool
 from subagents.storage import Event, FileLogStore, LogStore, make_event
 from subagents.storage.testing import MemoryLogStore
 

@@ -178,7 +178,7 @@ def test_only_the_terminal_prompt_imports_prompt_toolkit(tmp_path: Path) -> None
     """Read-only commands (and piped chat) never load prompt-toolkit: it is imported inside
     `TerminalLines` only."""
     code = (
-        "import sys; from subagents.runtime import cli, chat, chat_terminal as t; "
+        "import sys; from subagents.runtime.hosts.cli import entry as cli; from subagents.runtime.hosts.chat import host as chat, terminal as t; "
         "(tmp := sys.argv[1]); __import__('os').makedirs(tmp + '/sessions'); "
         "assert cli.main(['sessions', '--root', tmp]) == 0; "
         "assert 'prompt_toolkit' not in sys.modules; "
@@ -322,7 +322,7 @@ def _view(durable: list[int]) -> tuple[Any, Any]:
     import io
 
     from rich.console import Console
-    from subagents.runtime.chat import _View
+    from subagents.runtime.hosts.chat.host import _View
 
     out = io.StringIO()
     view = _View(Console(file=out, width=200), "root", 0, 0, lambda: durable[0])

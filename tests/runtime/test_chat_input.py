@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import trio
 import trio.testing
-from subagents.runtime.chat_input import QUESTION, Asker, parse_answer
-from subagents.runtime.chat_terminal import INTERRUPTED
+from subagents.runtime.hosts.chat.input import QUESTION, Asker, parse_answer
+from subagents.runtime.hosts.chat.terminal import INTERRUPTED
 from subagents.runtime.tools.permissions import PermissionAnswer, PermissionRequest
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from rich.console import Console
 from subagents.runtime import ScriptedModel, load_script
-from subagents.runtime.chat import chat
-from subagents.runtime.chat_terminal import TerminalOutput, toolbar_text
-from subagents.runtime.run_progress import ChildStatus, RunProgress
+from subagents.runtime.hosts.chat.host import chat
+from subagents.runtime.hosts.chat.terminal import TerminalOutput, toolbar_text
+from subagents.runtime.hosts.run_progress import ChildStatus, RunProgress
 
 
 class FakeLoop:

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from log_lines import read_all
 from subagents.runtime.agent.loop import AgentConfig
-from subagents.runtime.agent.tools import FunctionTool, ToolSet
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.delegation.descriptor import ToolFilter, parse_descriptor
 from subagents.runtime.delegation.options import ChildOptions, filtered_tools
-from subagents.runtime.errors import AgentError, SubagentError
-from subagents.runtime.ids import CountingIds
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import AgentError, SubagentError
+from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Model, ModelRequest, SessionBinding
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.tools.base import FunctionTool, ToolSet
 from subagents.storage import FileLogStore, decode_payload
 from wrapped_models import WrappedModel
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from log_lines import header, persist_log
-from subagents.runtime.cli import main
+from subagents.runtime.hosts.cli import main
 
 
 def test_help_names_the_product(capsys) -> None:

@@ -1,6 +1,6 @@
 """The read-only commands over hostile data (issue 13 item 2b): a garbled `index.sqlite3` and
 child logs with hostile lines never make `sessions`, `show`, `children` or `agents` print a
-traceback; each exits 0, or 1/2 with its message (`subagents.runtime.cli:main`, in process).
+traceback; each exits 0, or 1/2 with its message (`subagents.runtime.hosts.cli:main`, in process).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from descriptors import descriptor
 from garble import garble
 from hypothesis import HealthCheck, Phase, given, settings
 from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
-from subagents.runtime.cli import main
+from subagents.runtime.hosts.cli import main
 
 HOSTILE = [
     b'{"seq":2,"type":"turn/end","time":1,"data":{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}}\n",

@@ -26,7 +26,7 @@ from cli_process import CLI, clean_env, write_script
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from log_lines import header, plain_bytes, session_folder
-from subagents.runtime.cli import main
+from subagents.runtime.hosts.cli import main
 from subagents.storage.locks import held_flocks
 
 TIMEOUT = 60.0  # real seconds: only reached if the subprocess never gets ready
@@ -236,9 +236,9 @@ async def test_listing_and_observation_see_a_writer_elsewhere(kind: str, tmp_pat
 async def test_list_agents_renders_a_child_held_elsewhere_as_running(tmp_path: Path) -> None:
     import msgspec
     from subagents.runtime.app import open_runtime
-    from subagents.runtime.clock import ScenarioClock
-    from subagents.runtime.models.script_format import load_script
-    from subagents.runtime.models.scripted_model import ScriptedModel
+    from subagents.runtime.foundation.clock import ScenarioClock
+    from subagents.runtime.testing.script_format import load_script
+    from subagents.runtime.testing.scripted_model import ScriptedModel
     from subagents.storage import Batch, make_event
     from subagents.storage.testing import MemoryLogStore
 

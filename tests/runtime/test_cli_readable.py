@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from events import seed_marker, turn_end_event
 from log_lines import header
-from subagents.runtime import cli
-from subagents.runtime.cli import build_parser, iso_time, main
+from subagents.runtime.hosts.cli import build_parser, iso_time, main
+from subagents.runtime.hosts.cli import entry as cli
 from subagents.storage import Batch, FileLogStore, make_event
 
 HEADER = '{"type":"session","format":1,"id":"%s","created_at":1796131041123,"is_seeded":false,"inherited_event_count":0,"delegation_depth":0}'

@@ -1,4 +1,4 @@
-"""Clocks (runtime/clock.py): readings, and `observe` keeping what is written next after what a
+"""Clocks (runtime/foundation/clock.py): readings, and `observe` keeping what is written next after what a
 log already holds — across a restart, when a new process's ScenarioClock starts again."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 from log_lines import read_all
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import RealClock, ScenarioClock
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import RealClock, ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from subagents.runtime.config import Config, load_config
-from subagents.runtime.errors import ConfigInvalid, UsageError
+from subagents.runtime.foundation.errors import ConfigInvalid, UsageError
 
 
 def setup(tmp_path: Path, user: str | None = None, project: str | None = None) -> tuple[Path, dict[str, str]]:

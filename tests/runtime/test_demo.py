@@ -16,7 +16,11 @@ EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resum
 
 def _subagents(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "subagents.runtime.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "subagents.runtime.hosts.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -56,7 +60,7 @@ async def test_the_demo_writes_the_same_logs_every_run(tmp_path: Path) -> None:
     """Issue 13 item 3: two runs into two fresh roots write every log byte for byte alike."""
     import io
 
-    from subagents.runtime.demo import run_demo
+    from subagents.runtime.hosts.demo import run_demo
 
     runs = []
     for name in ("first", "second"):

@@ -17,7 +17,7 @@ from subagents.runtime.delegation.descriptor import (
     parse_descriptor,
     snapshot_descriptor,
 )
-from subagents.runtime.errors import MalformedDescriptor
+from subagents.runtime.foundation.errors import MalformedDescriptor
 from subagents.storage import NonLosslessData
 
 ONE_SHOT = {"version": 2, "mode": "one-shot", "provider": "spawn"}

@@ -10,12 +10,12 @@ import pytest
 import trio
 from log_lines import read_all
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.delegation.service import Reservation
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.runtime.scenario import check_scenario, run_scenario
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.scenario import check_scenario, run_scenario
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "parallel-children-interrupt"
 
@@ -55,12 +55,12 @@ async def test_a_settlement_waiting_for_a_busy_parent_does_not_hold_up_the_drain
     import msgspec
     import trio
     import trio.testing
-    from subagents.runtime.agent.tools import FunctionTool
     from subagents.runtime.app import open_runtime
-    from subagents.runtime.clock import ScenarioClock
-    from subagents.runtime.ids import CountingIds
-    from subagents.runtime.models.script_format import load_script
-    from subagents.runtime.models.scripted_model import ScriptedModel
+    from subagents.runtime.foundation.clock import ScenarioClock
+    from subagents.runtime.foundation.ids import CountingIds
+    from subagents.runtime.testing.script_format import load_script
+    from subagents.runtime.testing.scripted_model import ScriptedModel
+    from subagents.runtime.tools.base import FunctionTool
     from subagents.storage import FileLogStore
 
     entered = trio.Event()

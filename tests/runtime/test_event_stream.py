@@ -20,11 +20,11 @@ from log_lines import plain_records
 from scripts import BACKGROUND_CHILD
 from subagents.actors import DurableFeed
 from subagents.runtime import StreamEvent, open_event_stream, open_runtime
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
-from subagents.runtime.run_output import stream_usage
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.hosts.run_output import stream_usage
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import Batch, Event, FileLogStore, Offset, WriteHandle, make_event
 
 GUARD = 20.0

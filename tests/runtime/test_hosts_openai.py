@@ -29,7 +29,7 @@ import zstandard
 from cli_process import CLI, clean_env
 from log_lines import log_file
 from openai_server import OpenAIServer, Reply, last_message, request_problem, tool_messages
-from subagents.runtime.errors import (
+from subagents.runtime.foundation.errors import (
     ModelAuthFailed,
     ModelBadStream,
     ModelError,

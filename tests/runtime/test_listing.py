@@ -16,7 +16,7 @@ from places import Place
 from subagents.actors import Abort, open_session_store
 from subagents.runtime.delegation.listing import ListingService, walk_descendants
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.runtime.errors import SubagentError
+from subagents.runtime.foundation.errors import SubagentError
 from subagents.runtime.query import SessionQuery
 from subagents.storage import FileLogStore, LogStore, PersistenceFailed, make_event
 from subagents.storage.projection import ProjectionRegistry

@@ -45,7 +45,7 @@ from subagents.actors import Abort, SessionStore, open_session_store
 from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.delegation.listing import ListingService
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.runtime.errors import SubagentCancelled
+from subagents.runtime.foundation.errors import SubagentCancelled
 from subagents.runtime.query import Observation, SessionQuery
 from subagents.storage import (
     LogStore,

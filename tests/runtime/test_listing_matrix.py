@@ -33,7 +33,7 @@ from log_lines import header, persist_log
 from places import Place
 from subagents.actors import Abort, EventDraft
 from subagents.runtime.app import Runtime
-from subagents.runtime.errors import SubagentCancelled, SubagentError
+from subagents.runtime.foundation.errors import SubagentCancelled, SubagentError
 from subagents.storage import FileLogStore, LogStore, make_event
 from subagents.storage.testing import FaultyLogStore
 

@@ -18,10 +18,10 @@ from pg_server import drop_database, fresh_database
 from places import Place
 from subagents.runtime.agent.compaction import CompactionPolicy
 from subagents.runtime.agent.loop import AgentConfig
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import LogStore
 
 LONG = "x" * 300

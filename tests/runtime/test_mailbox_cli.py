@@ -1,4 +1,4 @@
-"""The operator commands in-process (issue 17 item 3; runtime/cli_operator.py): a cold `send`
+"""The operator commands in-process (issue 17 item 3; runtime/hosts/cli/operator.py): a cold `send`
 is queued in the mailbox, a cold `interrupt`/`stop` says "not running" and leaves nothing, `tail`
 prints the durable events as JSON lines; bad input is one line with exit 2, a damaged session
 exit 1. (Sessions live in another process: tests/runtime/test_mailbox_processes.py.)"""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from log_lines import header_line, json_line, log_file, new_log_file
 from mailboxes import rel_mailbox
-from subagents.runtime.cli import main
+from subagents.runtime.hosts.cli import main
 from subagents.storage.envelope import decode_envelope
 
 

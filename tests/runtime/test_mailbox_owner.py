@@ -1,4 +1,4 @@
-"""The owner's loop of the durable mailbox (issue 17 item 2; SPEC §9; runtime/mailbox_owner.py):
+"""The owner's loop of the durable mailbox (issue 17 item 2; SPEC §9; runtime/agent/mailbox_owner.py):
 every resident session drains its mailbox in order, records each delivery (a message as a
 `user/message` with its `delivery_id`, an interrupt as the `turn/end {aborted}` it causes, a
 settlement as `subagent/settled` with its `delivery_id`), acks it only once that record is
@@ -22,11 +22,11 @@ from log_lines import memory_events
 from mailboxes import rel_mailbox
 from subagents.runtime import ScenarioClock, open_runtime
 from subagents.runtime.agent.loop import AgentConfig
-from subagents.runtime.agent.tools import FunctionTool
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.mailbox_owner import new_envelope
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.agent.mailbox_owner import new_envelope
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.tools.base import FunctionTool
 from subagents.storage import DrainResult, Envelope, PersistenceFailed
 from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox
 

@@ -18,7 +18,7 @@ from log_lines import memory_events
 from mailboxes import rel_mailbox
 from memory_hosts import memory_host
 from subagents.actors import Activation
-from subagents.runtime.errors import Unauthorized
+from subagents.runtime.foundation.errors import Unauthorized
 from subagents.storage.testing import CrashFs, MemoryMailbox
 
 Json = dict[str, Any]

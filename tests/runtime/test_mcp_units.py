@@ -97,7 +97,7 @@ def test_results_render_text_as_is_and_summarize_the_rest() -> None:
 @pytest.mark.slow  # a real subagents process
 def test_read_only_commands_never_import_mcp(tmp_path: Path) -> None:
     code = (
-        "import sys; from subagents.runtime import cli; "
+        "import sys; from subagents.runtime.hosts.cli import entry as cli; "
         "(tmp := sys.argv[1]); __import__('os').makedirs(tmp + '/sessions'); "
         "assert cli.main(['sessions', '--root', tmp]) == 0; "
         "assert not [m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')], 'mcp was imported'; "

@@ -19,8 +19,8 @@ from clocks import T, ticking_ms
 from descriptors import descriptor
 from log_lines import encode_header, header, new_log_file, zstd_frame
 from subagents.runtime.app import open_runtime
-from subagents.runtime.errors import SessionQueryError
-from subagents.runtime.transcript import transcript
+from subagents.runtime.foundation.errors import SessionQueryError
+from subagents.runtime.hosts.transcript import transcript
 from subagents.storage import CorruptLog, InvalidPayload, StorageError
 from subagents.storage.index import _COLUMNS, _crc  # noqa: PLC2701 - forging an older build's row
 

@@ -23,8 +23,8 @@ import pytest
 import trio
 import trio.testing
 from http_request import Seen, read_request
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.errors import ModelError
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import ModelError
 from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallDelta, ToolSpec, Usage
 from subagents.runtime.models.openai import OpenAIChatModel
 from subagents.runtime.models.openai_wire import openai_messages

@@ -24,11 +24,11 @@ import trio
 import zstandard
 from cli_process import CLI, clean_env
 from http_request import read_request
-from subagents.runtime import cli
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.errors import ModelError
-from subagents.runtime.ids import CountingIds
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import ModelError
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.hosts.cli import entry as cli
 from subagents.runtime.models.base import ModelRequest
 from subagents.runtime.models.openai import OpenAIChatModel, redact_secret
 

@@ -1,4 +1,4 @@
-"""A session another host took over stops here (runtime/mailbox_owner.py, runtime/lease_renewal.py,
+"""A session another host took over stops here (runtime/agent/mailbox_owner.py, runtime/lease_renewal.py,
 SessionStore.mark_lost): its mailbox owner neither crashes the host nor acts for it (an interrupt
 it would ack without effect belongs to the new owner), whether the loss shows at an append
 (`OwnershipLost`) or at the store's lease renewal.
@@ -19,10 +19,10 @@ import trio
 import trio.testing
 from clocks import until_virtual
 from subagents.runtime import ScenarioClock, open_runtime
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.mailbox_owner import new_envelope
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.agent.mailbox_owner import new_envelope
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import OwnershipLost
 from subagents.storage.testing import CrashFs, FaultyLogStore, MemoryLogStore, MemoryMailbox
 
@@ -118,7 +118,7 @@ async def test_waiting_for_a_tree_whose_root_was_taken_over_ends_with_agent_stop
 ) -> None:
     """`run` waits for its root's tree: once another host took the root over, the children's
     settlements reach that host, so the wait ends here with `AgentStopped` (run: one line, exit 1)."""
-    from subagents.runtime.errors import AgentStopped
+    from subagents.runtime.foundation.errors import AgentStopped
 
     # The clock jumps only once the loop has been idle for 50 ms of real time: a worker
     # thread's storage call (the lease renewal's, the actors') finishes before virtual time

@@ -1,4 +1,4 @@
-"""Stale interrupts judged on one clock across hosts (runtime/mailbox_owner.py, storage/pg_mailbox.py):
+"""Stale interrupts judged on one clock across hosts (runtime/agent/mailbox_owner.py, storage/pg_mailbox.py):
 on PostgreSQL every sender stamps and every owner compares on the database's clock, so a host
 whose wall clock is behind its peer's still interrupts a turn its peer runs, and one sent before
 the owner started is still stale."""
@@ -14,13 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from subagents.runtime.agent.tools import FunctionTool
+from subagents.runtime.agent.mailbox_owner import new_envelope
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.mailbox_owner import new_envelope
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.tools.base import FunctionTool
 from subagents.storage import Envelope, FileMailbox, PostgresMailbox
 
 pytestmark = pytest.mark.pg

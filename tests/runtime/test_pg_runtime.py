@@ -14,10 +14,10 @@ import pytest
 import trio
 from log_lines import read_all
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore, LogStore
 
 pytestmark = pytest.mark.pg
@@ -107,7 +107,7 @@ def test_a_queued_send_is_a_row_and_a_cold_send_resumes_and_records_it(
     tmp_path: Path, pg_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from cli_process import write_script
-    from subagents.runtime.cli import main
+    from subagents.runtime.hosts.cli import main
 
     _reset(pg_url)
     model = write_script(tmp_path / "s.json", {"agents": [{"responses": [{"text": "first"}]}]})

@@ -1,4 +1,4 @@
-"""Placement on serving hosts (issue 19 item 3; runtime/serve.py, runtime/delegation/service.py):
+"""Placement on serving hosts (issue 19 item 3; runtime/hosts/serve.py, runtime/delegation/service.py):
 with a host serving, a started background child is left to the placement queue, claimed and run
 by the serving host, and its settlement reaches the parent's host through the parent's mailbox —
 recorded once, with its notice. With no host serving, children run where they are started.
@@ -16,7 +16,7 @@ import trio
 from clocks import until_virtual
 from log_lines import memory_events
 from memory_hosts import memory_host, two_hosts
-from subagents.runtime.serve import ServeStats, serve_placements
+from subagents.runtime.hosts.serve import ServeStats, serve_placements
 from subagents.storage.testing import CrashFs, MemoryMailbox, MemoryPlacements
 
 Json = dict[str, Any]

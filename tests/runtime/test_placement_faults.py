@@ -1,4 +1,4 @@
-"""Placements that go wrong (issue 19 review, items 2, 3, 5 and 8; runtime/serve.py): a child a
+"""Placements that go wrong (issue 19 review, items 2, 3, 5 and 8; runtime/hosts/serve.py): a child a
 serving host cannot serve never leaves its parent waiting forever — a host-specific refusal (its
 family limit, a model it cannot give the child) is given back for another host or for later, a
 permanent one (a damaged log, not a continuable child) ends the placement and tells the parent
@@ -19,8 +19,8 @@ import trio.testing
 from clocks import until_virtual
 from log_lines import memory_events
 from memory_hosts import memory_host
-from subagents.runtime.agent_types import AgentType
-from subagents.runtime.serve import ServeStats, serve_placements
+from subagents.runtime.delegation.agent_types import AgentType
+from subagents.runtime.hosts.serve import ServeStats, serve_placements
 from subagents.storage import PersistenceFailed
 from subagents.storage.testing import CrashFs, MemoryMailbox, MemoryPlacements
 

@@ -15,7 +15,7 @@ from log_lines import header, persist_log
 from registries import HostileView
 from subagents.actors import Abort, EventDraft, open_session_store
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.runtime.errors import SessionQueryError
+from subagents.runtime.foundation.errors import SessionQueryError
 from subagents.runtime.query import SessionQuery
 from subagents.storage import (
     FileLogStore,

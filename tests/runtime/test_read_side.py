@@ -20,12 +20,12 @@ from subagents.actors import EventDraft, StoreReader, open_session_store
 from subagents.runtime import app as app_module
 from subagents.runtime.agent.registry import AgentRegistry
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.delegation import listing as listing_module
 from subagents.runtime.delegation.listing import ListingService
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
 from subagents.runtime.query import SessionQuery
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 from subagents.storage.testing import FaultyLogStore
 

@@ -24,7 +24,7 @@ from log_lines import log_file
 from rich.console import Console
 from scripts import BACKGROUND_CHILD
 from subagents.runtime import StreamEvent
-from subagents.runtime.run_progress import RunProgress, render_progress
+from subagents.runtime.hosts.run_progress import RunProgress, render_progress
 from subagents.storage import make_event
 
 TIMEOUT = 60  # real seconds: only reached if a subprocess hangs

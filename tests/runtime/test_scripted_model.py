@@ -12,10 +12,10 @@ import pytest
 import trio
 import trio.testing
 from scripted_calls import collect, failure, req, stream, text_of
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.errors import ModelError, ScriptError
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import ModelError, ScriptError
 from subagents.runtime.models.base import Chunk, Finish, TextDelta, ToolCallDelta, Usage
-from subagents.runtime.models.script_format import (
+from subagents.runtime.testing.script_format import (
     ObjectArguments,
     Script,
     ScriptedError,
@@ -26,7 +26,7 @@ from subagents.runtime.models.script_format import (
     WaitForSteered,
     load_script,
 )
-from subagents.runtime.models.scripted_model import ScriptedModel, request_text, split_text
+from subagents.runtime.testing.scripted_model import ScriptedModel, request_text, split_text
 
 # --- helpers ----------------------------------------------------------------------------------
 

@@ -22,12 +22,12 @@ import trio.testing
 from cli_process import CLI
 from scripted_calls import collect, failure, req
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import RealClock, ScenarioClock
-from subagents.runtime.errors import ModelError, ScriptError
-from subagents.runtime.ids import CountingIds
+from subagents.runtime.foundation.clock import RealClock, ScenarioClock
+from subagents.runtime.foundation.errors import ModelError, ScriptError
+from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.models.base import Chunk, Finish, TextDelta
-from subagents.runtime.models.script_format import Script, WaitForSettled, load_script
-from subagents.runtime.models.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
+from subagents.runtime.testing.script_format import Script, WaitForSettled, load_script
+from subagents.runtime.testing.scripted_model import DEFAULT_STALL_TIMEOUT, ScriptedModel, parse_stall_timeout
 from subagents.storage.testing import MemoryLogStore
 
 Json = dict[str, Any]

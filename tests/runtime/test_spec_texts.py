@@ -15,18 +15,18 @@ import pytest
 import trio
 from log_lines import header, plain_records
 from subagents.actors import Abort, open_session_store
-from subagents.runtime import cli
 from subagents.runtime.agent.loop import AgentConfig
-from subagents.runtime.agent.tools import FunctionTool, ToolContext
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.delegation.service import notice_blocks
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.runtime.errors import AgentStopped, SessionQueryError, SubagentError
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import AgentStopped, SessionQueryError, SubagentError
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.hosts.cli import entry as cli
 from subagents.runtime.query import SessionQuery
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.tools.base import FunctionTool, ToolContext
 from subagents.storage import Batch, FileLogStore, make_event
 from subagents.storage.projection import ProjectionRegistry
 from subagents.storage.testing import FaultyLogStore

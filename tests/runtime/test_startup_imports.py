@@ -17,7 +17,7 @@ import pytest
 from cli_process import clean_env
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
-from subagents.runtime.cli import main
+from subagents.runtime.hosts.cli import main
 from subagents.storage import Batch, Event, FileLogStore, LogStore, Offset, OsFs, SessionHeader, make_event
 
 # Every test but the last starts Python processes.
@@ -25,7 +25,7 @@ slow = pytest.mark.slow
 
 _WRAPPER = """
 import json, sys
-from subagents.runtime.cli import main
+from subagents.runtime.hosts.cli import main
 code = 1
 try:
     code = main(sys.argv[2:])
@@ -47,16 +47,16 @@ HOST_MODULES = (
     "subagents.runtime.models.openai_wire",
     "subagents.runtime.models.sse",
     "subagents.runtime.models.specs",
-    "subagents.runtime.models.scripted_model",
-    "subagents.runtime.models.script_format",
-    "subagents.runtime.acp",
+    "subagents.runtime.testing.scripted_model",
+    "subagents.runtime.testing.script_format",
+    "subagents.runtime.hosts.acp",
     "subagents.runtime.app",
-    "subagents.runtime.mailbox_owner",
-    "subagents.runtime.host_setup",
-    "subagents.runtime.demo",
-    "subagents.runtime.scenario",
-    "subagents.runtime.chat",
-    "subagents.runtime.chat_terminal",
+    "subagents.runtime.agent.mailbox_owner",
+    "subagents.runtime.hosts.setup",
+    "subagents.runtime.hosts.demo",
+    "subagents.runtime.testing.scenario",
+    "subagents.runtime.hosts.chat.host",
+    "subagents.runtime.hosts.chat.terminal",
     "subagents.runtime.delegation.service",
     "subagents.runtime.delegation.settlement",
 )
@@ -224,7 +224,7 @@ def test_a_host_command_still_loads_what_it_runs(tmp_path: Path) -> None:
     )
     assert (done.returncode, done.stdout) == (0, "done\n")
     assert "subagents.runtime.agent.loop" in _heavy(modules)
-    assert "subagents.runtime.models.scripted_model" in _heavy(modules)
+    assert "subagents.runtime.testing.scripted_model" in _heavy(modules)
 
 
 @slow  # a new interpreter per command

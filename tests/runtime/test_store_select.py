@@ -15,7 +15,7 @@ import pytest
 import trio
 from cli_process import CLI, clean_env
 from subagents.runtime.app import open_runtime
-from subagents.runtime.cli import main
+from subagents.runtime.hosts.cli import main
 from subagents.storage import FileLogStore, PostgresLogStore, StoreNotInitialized
 
 EXPECTED_END = ["demo: 3 children settled", "demo: restart", "demo: demo-2 resumed", "demo: ok"]
@@ -75,7 +75,7 @@ def test_a_store_password_is_never_printed(tmp_path: Path, capsys: pytest.Captur
 def test_a_folder_store_is_the_file_store_at_that_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
-    from subagents.runtime.demo import run_demo
+    from subagents.runtime.hosts.demo import run_demo
 
     async def make() -> None:
         async with open_runtime(tmp_path / "mail", store=str(tmp_path / "logs")) as rt:
@@ -90,7 +90,7 @@ def test_a_folder_store_is_the_file_store_at_that_folder(tmp_path: Path, capsys:
 
 def test_read_only_commands_do_not_import_psycopg(tmp_path: Path) -> None:
     code = (
-        "import sys; from subagents.runtime.cli import main; "
+        "import sys; from subagents.runtime.hosts.cli import main; "
         f"main(['sessions', '--root', {str(tmp_path)!r}]); "
         "print('psycopg' in sys.modules)"
     )

@@ -12,8 +12,8 @@ import pytest
 import trio
 from log_lines import plain_logs
 from pg_server import reset_tables
-from subagents.runtime.cli import main
-from subagents.runtime.demo import run_demo
+from subagents.runtime.hosts.cli import main
+from subagents.runtime.hosts.demo import run_demo
 from subagents.storage import FileLogStore
 
 pytestmark = pytest.mark.pg
@@ -28,7 +28,7 @@ def _demo_root(tmp_path: Path) -> Path:
 
 def _plain_copy(source: Path, target: Path) -> None:
     """The same sessions as plain files, through the export path's own copier."""
-    from subagents.runtime.transfer import copy_sessions
+    from subagents.runtime.hosts.cli.transfer import copy_sessions
 
     target.mkdir()
     src, dst = FileLogStore(str(source)), FileLogStore(str(target), compression="none")
@@ -47,7 +47,7 @@ def _event_lines(logs: dict[str, bytes]) -> dict[str, list[bytes]]:
 def test_import_then_export_gives_every_line_back_byte_identical(
     tmp_path: Path, pg_url: str, form: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from subagents.runtime import transfer
+    from subagents.runtime.hosts.cli import transfer
 
     monkeypatch.setattr(transfer, "CHUNK", 3)  # every session goes as several batches of its one append
     reset_tables(pg_url)

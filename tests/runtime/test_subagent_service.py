@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
 from subagents.runtime.delegation.service import SubagentService
-from subagents.runtime.errors import SubagentError
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.errors import SubagentError
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 
 

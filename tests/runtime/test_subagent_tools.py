@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from subagents.runtime.delegation.listing import ChildRow, DiagnosticRow
-from subagents.runtime.tools.subagent_tools import render_agents, subagent_tools
+from subagents.runtime.delegation.tools import render_agents, subagent_tools
 
 
 def _tools() -> dict[str, Any]:
@@ -113,9 +113,9 @@ async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: 
 
     import msgspec
     from subagents.runtime.app import open_runtime
-    from subagents.runtime.clock import ScenarioClock
-    from subagents.runtime.models.script_format import load_script
-    from subagents.runtime.models.scripted_model import ScriptedModel
+    from subagents.runtime.foundation.clock import ScenarioClock
+    from subagents.runtime.testing.script_format import load_script
+    from subagents.runtime.testing.scripted_model import ScriptedModel
     from subagents.storage import FileLogStore, PersistenceFailed
     from subagents.storage.testing import FaultyLogStore
 

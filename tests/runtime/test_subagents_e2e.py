@@ -33,10 +33,10 @@ import trio
 from log_lines import header, plain_records
 from subagents.actors import SessionStore
 from subagents.runtime.app import Runtime, open_runtime
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 
 DRIVER = Path(__file__).with_name("subagent_driver.py")
 GUARD = 15.0  # seconds: a hang fails the test instead of blocking the suite

@@ -13,11 +13,11 @@ import msgspec
 import trio
 from log_lines import read_all
 from subagents.runtime.app import open_runtime
-from subagents.runtime.clock import ScenarioClock
-from subagents.runtime.ids import CountingIds
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
 from wrapped_models import WrappedModel
 

@@ -28,11 +28,11 @@ from subagents.runtime import (
     usage_lines,
     usage_of,
 )
-from subagents.runtime.cli import main
-from subagents.runtime.ids import CountingIds
-from subagents.runtime.models.script_format import load_script
-from subagents.runtime.models.scripted_model import ScriptedModel
+from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.hosts.cli import main
 from subagents.runtime.query import SessionQuery
+from subagents.runtime.testing.script_format import load_script
+from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.runtime.usage import USAGE_UNIT, own_totals, tree_totals
 from subagents.storage import Event, FileLogStore, ProjectionRegistry
 from subagents.storage._codec import decode_event  # a reader's decode: payloads unchecked

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 from subagents.actors import Abort
-from subagents.runtime.agent.tools import ToolContext, ToolOutcome, ToolSet
+from subagents.runtime.tools.base import ToolContext, ToolOutcome, ToolSet
 from subagents.runtime.tools.workspace_tools import WorkspaceLimits, workspace_tools
 
 

@@ -32,7 +32,7 @@ from log_lines import header, persist_log
 from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.runtime.errors import SubagentCancelled
+from subagents.runtime.foundation.errors import SubagentCancelled
 from subagents.storage import Batch, FileLogStore, LogStore, Offset, ProjectionRegistry, make_event
 from subagents.storage.index import SessionIndex
 from subagents.storage.testing import FaultyLogStore

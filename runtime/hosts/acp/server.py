@@ -1,0 +1,567 @@
+"""The ACP method dispatcher: one `AcpServer` per connection, over an open runtime.
+
+An ACP session is a runtime session (`sessionId` = session id). Each session this connection
+opened has one forwarder task that follows the runtime's event stream of the session (its
+durable events, runtime/event_stream.py), turns them into `session/update` notifications
+(`LiveText.event`) and watches for the prompt's own `turn/end`, so every update of a turn is
+written before the prompt's response. Beside it a text task sends the answer text the model
+streams (the host's `TeeModel` hands it to `on_text`) as soon as the events durable before it
+are sent (acp/live.py); the two take turns under the session's lock, so lines keep that order.
+A turn started by a settlement notice while no prompt runs streams the same way. The server
+holds nothing the log does not: `session/load` replays the log, and what the client said of a
+session (cwd, MCP servers, its capabilities) is recorded in it (acp/record.py). The MCP servers
+the client names are started for the session (acp/client_servers.py) before its agent starts, so
+their tools are the session's and its descendants'; they stop when the session closes or the
+connection ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import msgspec
+import trio
+from subagents.actors import ReadGroup
+from subagents.storage import Event, InvalidSessionId, SessionNotFound, SubagentsError, check_session_id, decode_payload
+
+from ...agent.loop import Agent
+from ...agent.registry import SessionTools
+from ...app import Runtime
+from ...event_stream import open_event_stream
+from ...foundation.errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
+from ...tools.permissions import PermissionAnswer, PermissionRequest
+from ...tools.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_tools
+from .client_servers import ClientServers
+from .listing import Row, iso_time, page, title_of
+from .live import LiveText
+from .params import (
+    CancelParams,
+    CloseParams,
+    InitializeParams,
+    ListParams,
+    LoadParams,
+    NewParams,
+    PromptParams,
+    convert_params,
+    prompt_text,
+)
+from .record import ClientRecord, last_record
+from .rpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    Incoming,
+    error_line,
+    notification_line,
+    request_line,
+    result_line,
+)
+from .updates import stop_reason, tool_kind, updates_for
+
+__all__ = ["PROTOCOL_VERSION", "AcpServer"]
+
+_PERMISSION_OPTIONS = [
+    {"optionId": "allow_once", "name": "Allow", "kind": "allow_once"},
+    {"optionId": "allow_always", "name": "Always allow", "kind": "allow_always"},
+    {"optionId": "reject_once", "name": "Reject", "kind": "reject_once"},
+]
+
+
+def _answer(asked: _Asked) -> PermissionAnswer:
+    """The client's response as the approver's answer: a chosen allow option allows, anything
+    else (a reject, a cancelled request, an error, a malformed result) denies and says why."""
+    if asked.error is not None:
+        message = asked.error.get("message") if isinstance(asked.error, dict) else None
+        return PermissionAnswer("deny", f"the client could not ask: {message or asked.error}")
+    outcome = asked.result.get("outcome") if isinstance(asked.result, dict) else None
+    if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
+        chosen = outcome.get("optionId")
+        if chosen == "allow_once":
+            return PermissionAnswer("allow")
+        if chosen == "allow_always":
+            return PermissionAnswer("always")
+        return PermissionAnswer("deny", "the person declined the permission request")
+    if isinstance(outcome, dict) and outcome.get("outcome") == "cancelled":
+        return PermissionAnswer("deny", "the permission request was cancelled")
+    return PermissionAnswer("deny", "the client's answer to the permission request was not understood")
+
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+_LIST_READERS = 4  # `session/list` reads this many of its page's logs at once (one read group)
+Json = dict[str, Any]
+
+
+@attrs.define
+class _Prompt:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    turn: int | None = None  # the turn that answers it, once it started
+    reason: Json | None = None  # its `turn/end` reason
+    cancelled: bool = False
+
+
+@attrs.define
+class _Asked:
+    """A request of ours waiting for the client's response."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Any = None
+    error: Any = None
+
+
+@attrs.define
+class _Live:
+    """A session's streamed text, from before its forwarder starts (a load's resume may start
+    a turn at once)."""
+
+    text: LiveText
+    lock: trio.Lock = attrs.field(factory=trio.Lock)  # the forwarder and the text task take turns
+    ready: trio.Event = attrs.field(factory=trio.Event)  # text arrived
+
+    def wake(self) -> None:
+        self.ready.set()
+
+
+@attrs.define
+class _Session:
+    agent: Agent
+    live: _Live
+    # What the client said of the session (recorded in its log; the MCP servers' secret values
+    # only here, in `mcp_servers`, and in the running `servers`).
+    record: ClientRecord
+    mcp_servers: list[Json]
+    servers: ClientServers
+    restored: ClientRecord | None = None  # the record a `session/load` found in the log
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    prompt: _Prompt | None = None
+    turn: int | None = None  # the turn the session's events are in, as the forwarder saw them
+
+
+class AcpServer:
+    """The methods of ACP protocol version 1 this agent serves, over `runtime`. Replies and
+    notifications go to `out` as encoded lines; forwarders run in `nursery`."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        nursery: trio.Nursery,
+        out: trio.MemorySendChannel[bytes],
+        *,
+        version: str,
+        session_workspace: bool = False,
+    ):
+        """`session_workspace`: each session's workspace tools act in the `cwd` the client gave
+        it (the editor's project), instead of the runtime's workspace."""
+        self.runtime = runtime
+        self._nursery = nursery
+        self._out = out
+        self._version = version
+        self._sessions: dict[str, _Session] = {}
+        self._live: dict[str, _Live] = {}  # by session id: the sessions whose text streams here
+        self.client_capabilities: Json = {}  # fs and terminal, as the client said (for the tools issue)
+        self._asked: dict[str, _Asked] = {}  # our `session/request_permission` requests, by id
+        self._session_workspace = session_workspace
+        self._next_request = 0
+        self._methods: dict[str, Callable[[Any], Awaitable[Any]]] = {
+            "initialize": self.initialize,
+            "authenticate": self.authenticate,
+            "session/new": self.new_session,
+            "session/load": self.load_session,
+            "session/list": self.list_sessions,
+            "session/prompt": self.prompt,
+            "session/cancel": self.cancel,
+            "session/close": self.close_session,
+        }
+
+    async def handle(self, message: Incoming) -> None:
+        """Run one request or notification; a request gets exactly one reply. Bad input is a
+        JSON-RPC error, never a log record or an exception out of here."""
+        try:
+            method = self._methods.get(message.method or "")
+            if method is None:
+                raise AcpRequestError(METHOD_NOT_FOUND, f"Method not found: {message.method}")
+            result = await method(message.params)
+        except AcpRequestError as exc:
+            reply = error_line(message.id, exc.rpc_code, exc.message, exc.data)
+        except SubagentsError as exc:  # the runtime refused (a damaged log, a stopped agent)
+            reply = error_line(message.id, INTERNAL_ERROR, str(exc), {"code": exc.code})
+        except Exception as exc:  # a bug: this request fails loudly, the connection carries on
+            log.exception("acp: %s failed", message.method)
+            reply = error_line(message.id, INTERNAL_ERROR, f"internal error: {exc}")
+        else:
+            reply = result_line(message.id, {} if result is None else result) if message.id is not None else b""
+        if message.id is not None:
+            await self._out.send(reply)
+
+    async def aclose(self) -> None:
+        """Stop streaming and the sessions' MCP servers (the runtime's own close drains the
+        agents; a call of theirs still in flight answers that its server is unavailable)."""
+        sessions = list(self._sessions.values())
+        for session in sessions:
+            session.scope.cancel()
+        self._live.clear()
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(self._close_servers, session.agent.session_id, session.servers)
+
+    def client_record(self, session_id: str) -> tuple[ClientRecord, ClientRecord | None]:
+        """What the client said of an open session: the record in force, and the one a
+        `session/load` restored from the log (None after `session/new`)."""
+        session = self._session(session_id)
+        return session.record, session.restored
+
+    def on_text(self, session_id: str, call: int, text: str) -> None:
+        """Answer text of `session_id`'s model call `call` as the model streams it (the host's
+        `TeeModel` calls this; sessions not open here are not streamed)."""
+        live = self._live.get(session_id)
+        if live is None:
+            return
+        agent = self.runtime.agents.get(session_id)
+        live.text.text(call, text, agent.session.durable_next if agent is not None else 0)
+        live.wake()
+
+    # --- permission questions (the runtime's approver) -----------------------------------------
+
+    async def approve(self, request: PermissionRequest) -> PermissionAnswer:
+        """Ask the client about one tool call of a session of this connection (or of one of its
+        subagents: asked under the session the client opened) with `session/request_permission`."""
+        sid = self._client_session_of(request.session_id)
+        if sid is None:
+            return PermissionAnswer("deny", "no client session holds this agent: there is no one to ask")
+        self._next_request += 1
+        msg_id = f"permission-{self._next_request}"
+        asked = self._asked[msg_id] = _Asked()
+        call: Json = {
+            "toolCallId": request.call_id,
+            "title": request.title,
+            "kind": tool_kind(request.tool),
+            "status": "pending",
+            "rawInput": dict(request.arguments),
+        }
+        if request.session_id != sid:
+            call["title"] = f"{request.title} (subagent {request.session_id})"
+        params = {"sessionId": sid, "toolCall": call, "options": _PERMISSION_OPTIONS}
+        try:
+            await self._out.send(request_line(msg_id, "session/request_permission", params))
+            await asked.done.wait()
+        finally:
+            self._asked.pop(msg_id, None)
+        return _answer(asked)
+
+    def on_response(self, message: Incoming) -> None:
+        """The client's response to a request of ours (one we did not send is ignored)."""
+        asked = self._asked.get(str(message.id))
+        if asked is None or asked.done.is_set():
+            return
+        asked.result, asked.error = message.result, message.error
+        asked.done.set()
+
+    def _client_session_of(self, session_id: str) -> str | None:
+        """The session this connection opened that is `session_id` or its ancestor."""
+        sid: str | None = session_id
+        for _ in range(64):  # deeper than any tree max_depth allows
+            if sid is None:
+                return None
+            if sid in self._sessions:
+                return sid
+            agent = self.runtime.agents.get(sid)
+            sid = agent.session.header.parent_session if agent is not None else None
+        return None
+
+    # --- methods ----------------------------------------------------------------------------
+
+    async def initialize(self, params: Any) -> Json:
+        p = convert_params(params, InitializeParams)
+        self.client_capabilities = {
+            "fs": p.client_capabilities.get("fs", {}),
+            "terminal": p.client_capabilities.get("terminal", False),
+        }
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+                "sessionCapabilities": {"list": {}, "close": {}},
+                "mcpCapabilities": {"http": True, "sse": False},
+            },
+            "authMethods": [],
+            "agentInfo": {"name": "trio-subagents", "title": "trio-subagents", "version": self._version},
+        }
+
+    async def authenticate(self, params: Any) -> Json:
+        return {}  # no auth methods are offered: the model's key comes from the environment
+
+    async def new_session(self, params: Any) -> Json:
+        p = convert_params(params, NewParams)
+        _absolute(p.cwd)
+        record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
+        # The id first: the client's servers are the session's before its agent starts.
+        sid = await self.runtime.agents.new_id()
+        servers = await self._open_servers(sid, p.mcp_servers, p.cwd)
+        try:
+            # The record is published with the session: no crash leaves a session without it.
+            agent = await self.runtime.agents.create(session_id=sid, cwd=p.cwd, first=[record.draft()])
+        except BaseException:  # the servers stop whatever ended the create (re-raised)
+            with trio.CancelScope(shield=True):
+                await self._close_servers(sid, servers)
+            raise
+        live = self._live[agent.session_id] = _Live(LiveText(agent.session_id))
+        session = _Session(agent, live, record, p.mcp_servers, servers)
+        self._start(session, from_seq=agent.session.durable_next, replies=0)
+        return {"sessionId": agent.session_id}
+
+    async def load_session(self, params: Any) -> Json:
+        p = convert_params(params, LoadParams)
+        _absolute(p.cwd)
+        sid = _session_id(p.session_id)
+        if sid in self._sessions or sid in self._live:
+            raise AcpRequestError(INVALID_REQUEST, f"session {sid!r} is already open on this connection")
+        # Registered before the resume, which may start a turn at once: its text is kept until
+        # the replay is sent (a reply the replay holds whole is then forgotten).
+        live = self._live[sid] = _Live(LiveText(sid))
+        try:
+            # Started before the resume, so the agent starts with their tools. (An agent this
+            # runtime runs already keeps the tools it has.)
+            servers = await self._open_servers(sid, p.mcp_servers, p.cwd)
+        except BaseException:  # cleanup, then re-raised: nothing is swallowed
+            self._live.pop(sid, None)
+            raise
+        try:
+            agent = await self.runtime.agents.resume(sid)
+        except BaseException as exc:  # cleanup; two refusals become ACP errors, the rest re-raised
+            self._live.pop(sid, None)
+            with trio.CancelScope(shield=True):
+                await self._close_servers(sid, servers)
+            if isinstance(exc, SessionNotFound):
+                raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {sid!r} not found", {"uri": sid}) from None
+            if isinstance(exc, AgentError):  # held by another process, or not resumable
+                raise AcpRequestError(INVALID_REQUEST, str(exc)) from None
+            raise
+        try:
+            # The replay sends what the log holds now; the stream follows from the next seq (what
+            # the agent writes meanwhile is in the log, so the stream reads it: nothing lost,
+            # nothing twice).
+            events, inherited = await self._history(sid)
+            for update in updates_for(events, session_id=sid, replay=True):
+                await self._notify(sid, update)
+            restored = last_record(events, inherited)
+            record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
+            if record != restored:
+                await agent.session.append([record.draft()])
+        except BaseException:  # cleanup, then re-raised: nothing is swallowed
+            self._live.pop(sid, None)
+            with trio.CancelScope(shield=True):
+                await self._close_servers(sid, servers)
+            raise
+        session = _Session(agent, live, record, p.mcp_servers, servers, restored=restored)
+        replies = sum(1 for e in events if e.type == "assistant/message")
+        self._start(session, from_seq=events[-1].seq + 1 if events else 0, replies=replies)
+        return {}
+
+    async def list_sessions(self, params: Any) -> Json:
+        p = convert_params(params, ListParams)
+        try:
+            records = await self.runtime.query.list_sessions()
+        except SessionQueryError as exc:
+            raise AcpRequestError(INTERNAL_ERROR, exc.message) from None
+        rows = []
+        for record in records:
+            header = record.header
+            if header is None or header.parent_session is not None:
+                continue  # a damaged log, or a subagent (reached through its parent)
+            cwd = header.cwd if header.cwd else os.getcwd()
+            if p.cwd is not None and cwd != p.cwd:
+                continue
+            rows.append(Row(header.created_at, record.id, cwd))
+        chosen, next_cursor = page(rows, p.cursor)
+        # Only the page's logs are read (one read group): the title is the first user text,
+        # the last activity the last event's time. The listing alone gives order and cwd.
+        group = ReadGroup()
+        limiter = trio.CapacityLimiter(_LIST_READERS)
+        sessions: list[Json] = [{} for _ in chosen]
+
+        async def describe(i: int, row: Row) -> None:
+            async with limiter:
+                sessions[i] = await self._info(row, group)
+
+        async with trio.open_nursery() as nursery:
+            for i, row in enumerate(chosen):
+                nursery.start_soon(describe, i, row)
+        result: Json = {"sessions": sessions}
+        if next_cursor is not None:
+            result["nextCursor"] = next_cursor
+        return result
+
+    async def _info(self, row: Row, group: ReadGroup) -> Json:
+        info: Json = {"sessionId": row.session_id, "cwd": row.cwd, "updatedAt": iso_time(row.created_at)}
+        try:
+            async with self.runtime.query.observe_session(row.session_id, group=group) as observation:
+                events = observation.events
+                title = title_of(events, row.session_id)
+        except (SessionQueryError, SubagentsError):
+            return info  # a damaged log: listed, without what it cannot tell
+        if events:
+            info["updatedAt"] = iso_time(events[-1].time)
+        if title is not None:
+            info["title"] = title
+        return info
+
+    async def prompt(self, params: Any) -> Json:
+        p = convert_params(params, PromptParams)
+        session = self._session(p.session_id)
+        text = prompt_text(p.prompt)
+        if session.prompt is not None:
+            raise AcpRequestError(INVALID_REQUEST, "a prompt is already running in this session")
+        prompt = session.prompt = _Prompt()
+        try:
+            await session.agent.send(text)
+            async with trio.open_nursery() as nursery:
+
+                async def stopped() -> None:
+                    try:
+                        await session.agent.wait_idle()
+                    except AgentStopped as exc:
+                        prompt.reason = {"kind": "error", "message": str(exc)}
+                        prompt.done.set()
+
+                nursery.start_soon(stopped)
+                await prompt.done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            session.prompt = None
+        reason = prompt.reason or {"kind": "error", "message": "the turn did not end"}
+        mapped = stop_reason(reason)
+        if mapped is None:
+            raise AcpRequestError(
+                INTERNAL_ERROR, reason.get("message") or "the turn ended in error", {"reason": reason}
+            )
+        return {"stopReason": mapped}
+
+    async def cancel(self, params: Any) -> None:
+        p = convert_params(params, CancelParams)
+        session = self._session(p.session_id)
+        if session.prompt is not None:
+            session.prompt.cancelled = True  # its turn is cancelled as it starts, if not yet begun
+        session.agent.cancel("user")
+
+    async def close_session(self, params: Any) -> Json:
+        p = convert_params(params, CloseParams)
+        session = self._session(p.session_id)
+        if session.prompt is not None:
+            session.prompt.cancelled = True
+        sid = session.agent.session_id
+        await self.runtime.agents.stop(sid, cause="user")  # its children too: then its servers
+        session.scope.cancel()
+        self._sessions.pop(sid, None)
+        self._live.pop(sid, None)
+        await self._close_servers(sid, session.servers)
+        return {}
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def _session(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {session_id!r} is not open", {"uri": session_id})
+        return session
+
+    async def _open_servers(self, sid: str, servers: list[Json], cwd: str) -> ClientServers:
+        """Start the MCP servers the client named for `sid` and offer their tools to it and its
+        descendants (a server that fails is logged and left out)."""
+        started = await ClientServers.start(self._nursery, servers, cwd, sid)
+        configured = self.runtime.mcp.tools() if self.runtime.mcp is not None else ()
+        own = started.session_tools(configured)
+        if self._session_workspace:
+            # The editor's project is the session's workspace: its tools replace the runtime's.
+            own = SessionTools([*own.tools, *workspace_tools(cwd)], own.hides | set(WORKSPACE_TOOL_NAMES))
+        self.runtime.agents.add_session_tools(sid, own)
+        return started
+
+    async def _close_servers(self, sid: str, servers: ClientServers) -> None:
+        self.runtime.agents.drop_session_tools(sid)
+        await servers.aclose()
+
+    def _start(self, session: _Session, *, from_seq: int, replies: int) -> None:
+        """Stream `session` from seq `from_seq`, `replies` of the events before it replies."""
+        self._sessions[session.agent.session_id] = session
+        session.live.text.start(from_seq, replies)
+        session.live.wake()  # text kept before the start may go now
+        self._nursery.start_soon(self._forward, session, from_seq)
+
+    async def _history(self, session_id: str) -> tuple[list[Event], int]:
+        try:
+            async with self.runtime.query.observe_session(session_id) as observation:
+                return list(observation.events), observation.inherited_event_count
+        except SessionQueryError as exc:
+            raise AcpRequestError(INTERNAL_ERROR, exc.message) from None
+
+    async def _forward(self, session: _Session, from_seq: int) -> None:
+        sid = session.agent.session_id
+        runtime = self.runtime
+        live = session.live
+        with session.scope:
+            # The session's own events only: a subagent's are its session's, not this one's.
+            stream_cm = open_event_stream(
+                runtime.sessions, runtime.log_store, sid, from_seq=from_seq, descendants=False
+            )
+            async with stream_cm as stream, trio.open_nursery() as nursery:
+                nursery.start_soon(self._stream_text, sid, live)
+                async for item in stream:
+                    async with live.lock:
+                        for update in live.text.event(item.event):
+                            await self._notify(sid, update)
+                    self._track(session, item.event)
+                nursery.cancel_scope.cancel()
+
+    async def _stream_text(self, sid: str, live: _Live) -> None:
+        """Send the session's streamed text as it may go (see acp/live.py)."""
+        while True:
+            await live.ready.wait()
+            live.ready = trio.Event()
+            async with live.lock:
+                for update in live.text.release():
+                    await self._notify(sid, update)
+
+    def _track(self, session: _Session, event: Event) -> None:
+        """Find the prompt's turn among the events: the turn in which the person's message
+        (a `user/message` from the user) is written after the prompt was sent — whatever
+        started that turn (a notice claimed together with it may have)."""
+        if event.type not in ("turn/start", "turn/end", "user/message"):
+            return
+        data = msgspec.to_builtins(decode_payload(event, session_id=session.agent.session_id))
+        if event.type == "turn/start":
+            session.turn = data["turn"]
+            return
+        prompt = session.prompt
+        if prompt is None:
+            return
+        if event.type == "user/message":
+            if prompt.turn is None and data["message"]["source"]["kind"] == "user":
+                prompt.turn = session.turn
+                if prompt.cancelled:
+                    session.agent.cancel("user")
+        elif data["turn"] == prompt.turn:
+            prompt.reason = data["reason"]
+            prompt.done.set()
+
+    async def _notify(self, session_id: str, update: Json) -> None:
+        await self._out.send(notification_line("session/update", {"sessionId": session_id, "update": update}))
+
+
+def _absolute(cwd: str) -> None:
+    if not os.path.isabs(cwd):
+        raise AcpRequestError(INVALID_PARAMS, f"Invalid params: cwd must be an absolute path: {cwd!r}")
+
+
+def _session_id(session_id: str) -> str:
+    try:
+        return check_session_id(session_id)
+    except InvalidSessionId as exc:
+        raise AcpRequestError(INVALID_PARAMS, f"Invalid params: {exc.message}") from None

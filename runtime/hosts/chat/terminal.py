@@ -1,0 +1,260 @@
+"""The chat on a terminal: prompt-toolkit's prompt in a worker thread (history across chats, the
+session's status and live child tree as its bottom toolbar), and the one way the chat's output
+reaches the screen (README "Chat").
+
+Why not prompt-toolkit's `patch_stdout`: its proxy writes from a thread of its own, so a line
+printed just before a prompt could reach the terminal after the prompt was drawn, without the
+prompt being redrawn below it (the screen showed `>── turn 2 ended`). Here the output knows
+where the prompt is, under one lock:
+
+- no prompt thread: a write goes straight to the terminal, before `read` can start a prompt;
+- a prompt thread starting: whole lines wait, and the prompt writes them before its first draw
+  (`pre_run`, in the prompt's own event loop);
+- the prompt up: whole lines go to the prompt's loop, which takes the prompt off the screen,
+  writes them and draws it again (`run_in_terminal`); a partial line (streamed answer text)
+  waits for its newline, as the prompt would draw over it;
+- the prompt thread ending: whatever its loop did not write (it closed first) is written in the
+  order it came, before the thread lets go.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import trio
+
+__all__ = ["CTRL_C", "INTERRUPTED", "TerminalLines", "TerminalOutput", "history_path", "toolbar_text"]
+
+CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
+INTERRUPTED = object()  # what it returns when `interrupt` took its prompt away (a question came)
+TREE_LINES = 8  # children the toolbar shows at most (the working ones first)
+
+
+class TerminalOutput:
+    """A text file for the chat's console (rich) that never writes through a drawn prompt."""
+
+    def __init__(
+        self, stream: TextIO | None = None, in_terminal: Callable[[Callable[[], None]], Any] | None = None
+    ) -> None:
+        """`in_terminal(write)`: in the prompt's loop, take the prompt off the screen, call
+        `write`, draw it again (prompt-toolkit's `run_in_terminal` unless a test passes one)."""
+        self._stream = stream if stream is not None else sys.__stdout__
+        self._in_terminal = in_terminal
+        self._lock = threading.Lock()
+        self._prompting = False  # a prompt thread runs
+        self._app: Any = None  # its application once it runs (set in its loop before the first draw)
+        self._partial = ""  # text after the last newline, while a prompt thread runs
+        self._queued: list[str] = []  # whole lines not written yet, in order
+
+    # The file protocol rich uses.
+    def write(self, text: str) -> int:
+        with self._lock:
+            if not self._prompting:
+                self._put(text)
+                return len(text)
+            whole, newline, rest = (self._partial + text).rpartition("\n")
+            self._partial = rest
+            if newline:
+                self._queued.append(whole + newline)
+                if self._app is not None:
+                    self._hand_to_prompt()
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._prompting:
+                self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return self._stream.encoding
+
+    # The prompt's side.
+    def prompt_starting(self) -> None:
+        with self._lock:
+            self._prompting = True
+
+    def prompt_running(self, app: Any) -> None:
+        """In the prompt's loop, before its first draw."""
+        with self._lock:
+            self._app = app
+            self._write_queued()
+
+    def prompt_ended(self) -> None:
+        """In the prompt thread, once its loop is closed."""
+        with self._lock:
+            self._write_queued()
+            if self._partial:
+                self._put(self._partial)
+                self._partial = ""
+            self._app = None
+            self._prompting = False
+
+    def _hand_to_prompt(self) -> None:
+        in_terminal = self._in_terminal
+        if in_terminal is None:
+            from prompt_toolkit.application import run_in_terminal
+
+            def in_terminal(write: Callable[[], None]) -> Any:
+                return run_in_terminal(write, in_executor=False)
+
+        def in_loop() -> None:
+            in_terminal(self._write_queued_locked)
+
+        try:
+            self._app.loop.call_soon_threadsafe(in_loop)
+        except (RuntimeError, AttributeError):
+            pass  # its loop is closed or gone: `prompt_ended` writes the queued lines
+
+    def _write_queued_locked(self) -> None:
+        with self._lock:
+            self._write_queued()
+
+    def _write_queued(self) -> None:
+        if self._queued:
+            text = "".join(self._queued)
+            self._queued.clear()
+            self._put(text)
+
+    def _put(self, text: str) -> None:
+        self._stream.write(text)
+        self._stream.flush()
+
+
+class TerminalLines:
+    """prompt-toolkit's prompt (line editing, history kept across chats in `history_file`, the
+    session's status and child tree as a bottom toolbar kept live while the prompt is up), run
+    in a worker thread so Trio keeps the main thread; imported here only, so other commands
+    never load it."""
+
+    def __init__(self, output: TerminalOutput, history_file: str | None = None) -> None:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+        history: Any = InMemoryHistory()
+        if history_file is not None:
+            try:
+                os.makedirs(os.path.dirname(history_file), exist_ok=True)
+                with open(history_file, "a"):
+                    pass  # can be written: keep it
+                history = FileHistory(history_file)
+            except OSError:
+                pass  # no place for it (read-only home): this chat's lines only
+        self.session: Any = PromptSession(history=history)
+        self.output = output
+        self._toolbar: Any = ""  # the rendered tree (ANSI), swapped whole: the prompt thread reads it
+        self._interrupt = threading.Event()  # `interrupt` asked; cleared when a prompt returns for it
+        self._idle = threading.Event()  # no prompt thread runs
+        self._idle.set()
+
+    def progress(self, progress: Any) -> None:
+        from prompt_toolkit.formatted_text import ANSI
+
+        self._toolbar = ANSI(toolbar_text(progress, shutil.get_terminal_size().columns))
+        app = self.session.app
+        if app.is_running:
+            app.invalidate()  # thread-safe: the prompt's loop redraws
+
+    def interrupt(self) -> None:
+        """Take the prompt away: the read in progress (or the next, if it is just starting)
+        returns `INTERRUPTED` at once. Thread-safe."""
+        self._interrupt.set()
+        app = self.session.app
+        loop = app.loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._exit_if_asked, app)
+            except RuntimeError:
+                pass  # its loop closed: the prompt is over anyway
+
+    def _exit_if_asked(self, app: Any) -> None:
+        """In the prompt's loop: end the prompt if an interrupt is pending and it still runs."""
+        if self._interrupt.is_set() and app.is_running and app.future is not None and not app.future.done():
+            app.exit(result=INTERRUPTED)
+
+    async def read(self, prompt: str) -> str | object | None:
+        def started() -> None:
+            app = self.session.app
+            self.output.prompt_running(app)
+            self._exit_if_asked(app)  # an interrupt that came while it started
+
+        def ask() -> str | object | None:
+            try:
+                # The worker thread cannot own signal handlers; Ctrl-C arrives as a key.
+                line = self.session.prompt(
+                    prompt, handle_sigint=False, bottom_toolbar=lambda: self._toolbar, pre_run=started
+                )
+            except KeyboardInterrupt:
+                return CTRL_C
+            except EOFError:
+                return None
+            finally:
+                self.output.prompt_ended()
+                self._idle.set()
+            if line is INTERRUPTED:
+                self._interrupt.clear()
+            return line
+
+        # One prompt at a time: one abandoned by a cancel is still leaving.
+        await trio.to_thread.run_sync(self._idle.wait)
+        self._idle.clear()
+        self.output.prompt_starting()
+        try:
+            return await trio.to_thread.run_sync(ask, abandon_on_cancel=True)
+        except trio.Cancelled:
+            self.interrupt()  # the abandoned prompt leaves the screen at once
+            raise
+
+
+def toolbar_text(progress: Any, width: int, most: int = TREE_LINES) -> str:
+    """The session's status line and its child tree (at most `most` children, the working ones
+    first), rendered by rich as ANSI text `width` columns wide."""
+    from rich.console import Console, Group
+    from rich.text import Text
+    from rich.tree import Tree
+
+    from ..run_progress import child_line
+
+    status = Text(progress.status_line())
+    children = list(progress.children.values())
+    if not children:
+        return _ansi(Console, status, width)
+    working = [c for c in children if c.state in ("starting", "running")]
+    shown = {c.id for c in (working + [c for c in children if c not in working])[:most]}
+    tree = Tree(Text("subagents", style="dim"), guide_style="dim")
+    nodes = {progress.root_id: tree}
+    for child in children:  # in the order they started, under their parents
+        if child.id in shown:
+            nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child)))
+    parts: list[Any] = [status, tree]
+    if len(children) > most:
+        parts.append(Text(f"… and {len(children) - most} more (/agents all)"))
+    return _ansi(Console, Group(*parts), width)
+
+
+def _ansi(console_type: Any, renderable: Any, width: int) -> str:
+    buffer = io.StringIO()
+    console_type(file=buffer, width=max(20, width), force_terminal=True, color_system="standard").print(
+        renderable, end=""
+    )
+    return buffer.getvalue()
+
+
+def history_path(env: Any = None) -> str:
+    """Where the chat keeps the lines a person typed: `$XDG_STATE_HOME/subagents/chat_history`
+    (`~/.local/state/...` when unset)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "subagents", "chat_history")

@@ -1,0 +1,136 @@
+"""`subagents serve` and `subagents hosts`: the serving host and the operator's view of the hosts
+sharing a PostgreSQL store (SPEC §9; runtime/hosts/serve.py).
+
+- `serve --store URL [--capacity N]` opens a runtime on the store, announces this process as a
+  serving host and runs placed background children — at most N at once — until Ctrl-C. Its
+  stdout says `serving host <id> (capacity N) on <store>` once it serves, then one line per child
+  it takes (`claimed <id>`) and lets go (`finished <id>`).
+- `hosts --store URL [--json]` lists the hosts the store knows: id, started, capacity, sessions
+  held (unexpired leases), last renewal, and whether it is alive. Read-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from subagents.storage import HostRow, StorageError
+
+from ...foundation.errors import CommandFailed, UsageError
+
+__all__ = ["add_serve_commands", "hosts_command", "serve_command"]
+
+
+def add_serve_commands(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
+    serve = commands.add_parser(
+        "serve",
+        parents=[root, model_options],
+        help="run the background children other hosts leave to the placement queue (PostgreSQL store)",
+    )
+    serve.add_argument("--capacity", type=_capacity, default=4, help="children run at once (default 4)")
+    hosts = commands.add_parser("hosts", parents=[root], help="the hosts sharing a PostgreSQL store (read-only)")
+    hosts.add_argument("--json", action="store_true", help="one JSON document")
+
+
+def _capacity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return value
+
+
+def _pg_store(args: argparse.Namespace) -> str:
+    from ...store_select import is_pg_url
+
+    spec = args.store
+    if spec is None or not is_pg_url(spec):
+        raise UsageError(f"{args.command} needs a PostgreSQL store: --store postgresql://...")
+    return spec
+
+
+async def serve_command(args: argparse.Namespace, setup: Any, *, interrupt: Any) -> int:
+    """`serve`: until Ctrl-C (status 130 after a clean drain)."""
+    import trio
+
+    from ...app import open_runtime
+    from ...store_select import store_label
+    from ..serve import DEFAULT_SWEEP_INTERVAL, serve_placements
+    from ..setup import headless_approver
+
+    url = _pg_store(args)
+    options = {**setup.runtime_options(), "approver": headless_approver}
+    async with open_runtime(args.root, model=setup.model, store=url, **options) as runtime:
+        placements = runtime.subagents.placements
+        if placements is None:
+            raise UsageError("this store has no placement queue")
+
+        def report(what: str, child_id: str) -> None:
+            print(f"{what} {child_id}", flush=True)
+
+        # Sweep as often as leases are renewed: a dead host's work is taken within a ttl and a sweep.
+        sweep = getattr(runtime.log_store, "lease_renew_interval", None) or DEFAULT_SWEEP_INTERVAL
+
+        async def serving(task_status: trio.TaskStatus[Any]) -> None:
+            await serve_placements(
+                runtime.subagents,
+                placements,
+                args.capacity,
+                on_event=report,
+                sweep_interval=sweep,
+                task_status=task_status,
+            )
+
+        # Until Ctrl-C; the runtime then closes as every host's does (its children drained).
+        with interrupt.cancels(on=1):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serving)
+                label = store_label(runtime.log_store)
+                print(f"serving host {placements.host_id} (capacity {args.capacity}) on {label}", flush=True)
+    return 130
+
+
+def hosts_command(args: argparse.Namespace) -> int:
+    """`hosts`: one row per host the store knows (read-only)."""
+    from ...store_select import open_log_store
+
+    url = _pg_store(args)
+    try:
+        store = open_log_store(url, create_schema=False)
+        try:
+            rows = store.placements().hosts()  # type: ignore[attr-defined]  # a PostgresLogStore (checked above)
+        finally:
+            store.close_store()
+    except StorageError as exc:
+        raise CommandFailed(str(exc)) from None
+    if args.json:
+        print(json.dumps({"hosts": [_row_json(row) for row in rows]}, ensure_ascii=False))
+        return 0
+    if not rows:
+        print("no hosts")
+        return 0
+    now = time.time() * 1000
+    print(f"{'HOST':<28} {'STARTED':<20} {'CAPACITY':>8} {'HELD':>5}  {'RENEWED':<12} STATE")
+    for row in rows:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started_at / 1000)) if row.started_at else "-"
+        renewed = f"{(now - row.renewed_at) / 1000:.1f}s ago" if row.renewed_at is not None else "never"
+        state = "alive" if row.alive else "gone"
+        print(f"{row.host_id:<28} {started:<20} {row.capacity:>8} {row.sessions_held:>5}  {renewed:<12} {state}")
+    return 0
+
+
+def _row_json(row: HostRow) -> dict[str, Any]:
+    return {
+        "host_id": row.host_id,
+        "started_at": row.started_at,
+        "capacity": row.capacity,
+        "sessions_held": row.sessions_held,
+        "renewed_at": row.renewed_at,
+        "pid": row.pid,
+        "hostname": row.hostname,
+        "alive": row.alive,
+    }

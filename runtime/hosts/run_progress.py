@@ -1,0 +1,162 @@
+"""What `run` shows on a terminal while it works: a one-line status and the live child tree.
+
+`RunProgress` is a pure fold over the event stream (`apply` one `StreamEvent` at a time; no
+clock, no IO), so its states are tested with tables; `render` turns it into a rich renderable
+(the spinner is the only thing that moves by itself). The live display that drives them is in
+`run_output`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import msgspec
+
+from ..event_stream import StreamEvent
+
+__all__ = ["ChildStatus", "RunProgress", "render_progress"]
+
+
+@attrs.define(kw_only=True)
+class ChildStatus:
+    """One descendant as the tree shows it."""
+
+    id: str
+    parent: str
+    label: str | None
+    mode: str
+    state: str = "starting"  # starting | running | idle | <turn end kind> | settled: <kind>
+
+
+@attrs.define
+class RunProgress:
+    """The status of one `run`: the root's current activity and every descendant's state."""
+
+    root_id: str
+    turn: int | None = None
+    activity: str = "starting"
+    children: dict[str, ChildStatus] = attrs.field(factory=dict)
+
+    def apply(self, item: StreamEvent) -> None:
+        """Fold one durable event (of the root or of a descendant)."""
+        kind = item.event.type
+        if kind not in _FOLDED:
+            return
+        data = _data(item)
+        if data is None:
+            return
+        sid = item.session_id
+        if kind == "subagent/catalog":
+            child = data.get("child_id")
+            if isinstance(child, str) and child not in self.children:
+                label = data.get("label")
+                self.children[child] = ChildStatus(
+                    id=child,
+                    parent=sid,
+                    label=label if isinstance(label, str) else None,
+                    mode=str(data.get("mode", "")),
+                )
+            return
+        if kind == "subagent/settled":
+            child_status = self.children.get(str(data.get("child_id")))
+            if child_status is not None:
+                child_status.state = f"settled: {data.get('reason_kind')}"
+            return
+        if sid == self.root_id:
+            self._root(kind, data)
+            return
+        status = self.children.get(sid)
+        if status is None or status.state.startswith("settled"):
+            return
+        if kind == "turn/start":
+            status.state = "running"
+        elif kind == "turn/end":
+            reason = _reason_kind(data)
+            status.state = "idle" if reason == "completed" else reason
+
+    def _root(self, kind: str, data: dict[str, Any]) -> None:
+        turn = data.get("turn")
+        if type(turn) is int:
+            self.turn = turn
+        if kind in ("turn/start", "tool/result"):
+            self.activity = "thinking"
+        elif kind == "tool/call":
+            self.activity = f"running {data.get('name')}"
+        elif kind == "compaction/start":
+            self.activity = "compacting"
+        elif kind == "turn/end":
+            reason = _reason_kind(data)
+            cause = data["reason"].get("cause") if isinstance(data.get("reason"), dict) else None
+            said = f" ({cause})" if isinstance(cause, str) else ""  # who aborted it: user, parent…
+            self.activity = "done" if reason == "completed" else f"ended {reason}{said}"
+
+    def running_children(self) -> int:
+        return sum(1 for c in self.children.values() if c.state in ("starting", "running"))
+
+    def status_line(self) -> str:
+        """One line: the root's turn and activity, and how many descendants still work."""
+        parts = [self.root_id]
+        if self.turn is not None:
+            parts.append(f"turn {self.turn}")
+        parts.append(self.activity)
+        running = self.running_children()
+        if running:
+            parts.append(f"{running} {'child' if running == 1 else 'children'} working")
+        return " · ".join(parts)
+
+
+_FOLDED = frozenset(
+    {
+        "subagent/catalog",
+        "subagent/settled",
+        "turn/start",
+        "turn/end",
+        "tool/call",
+        "tool/result",
+        "compaction/start",
+    }
+)
+
+
+def _data(item: StreamEvent) -> dict[str, Any] | None:
+    try:
+        data = msgspec.json.decode(item.event.data)
+    except msgspec.DecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _reason_kind(data: dict[str, Any]) -> str:
+    reason = data.get("reason")
+    kind = reason.get("kind") if isinstance(reason, dict) else None
+    return kind if isinstance(kind, str) else "error"
+
+
+def child_line(child: ChildStatus) -> str:
+    """`<id> [<state>] — <label>` (the label omitted when there is none)."""
+    label = f" — {child.label}" if child.label else ""
+    return f"{child.id} [{child.state}]{label}"
+
+
+def render_progress(progress: RunProgress, spinner: Any | None = None) -> Any:
+    """The status line (behind a spinner) above the child tree, as one rich renderable. Pass
+    the same rich `Spinner` on every call to keep it turning (a new one starts over)."""
+    from rich.console import Group
+    from rich.spinner import Spinner
+    from rich.text import Text
+    from rich.tree import Tree
+
+    status = Text(progress.status_line())
+    if spinner is None:
+        spinner = Spinner("dots", text=status)
+    else:
+        spinner.update(text=status)
+    if not progress.children:
+        return spinner
+    tree = Tree(Text(progress.root_id), guide_style="dim")
+    nodes = {progress.root_id: tree}
+    for child in progress.children.values():
+        parent = nodes.get(child.parent, tree)
+        nodes[child.id] = parent.add(Text(child_line(child)))
+    return Group(spinner, tree)

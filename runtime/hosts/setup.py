@@ -1,0 +1,127 @@
+"""What a CLI host (`run`, `chat`, `acp`) opens its runtime with, from the configuration
+(config.py) and the agent types (agent_types.py): the model, limits, the workspace tools and
+their permissions, the types the `subagent` tool offers, and the factory for a child whose type
+names another model. Each host adds its own approver (chat: the person; acp: the client; run:
+nobody, so `ask` is a denial that says so).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+import attrs
+
+from ..agent.compaction import CompactionPolicy
+from ..agent.loop import AgentConfig
+from ..config import Config, user_config_dir
+from ..delegation.agent_types import AgentType, AgentTypeProblem, agent_type_dirs, load_agent_types
+from ..delegation.options import ChildOptions
+from ..foundation.budgets import Budget
+from ..foundation.errors import ConfigInvalid, ModelSpecError
+from ..models.base import AnyModel
+from ..models.specs import build_model, parse_model_spec
+from ..testing.scripted_model import DEFAULT_STALL_TIMEOUT
+from ..tools.permissions import DEFAULT_PERMISSIONS, Decision, PermissionAnswer, PermissionRequest, Permissions
+
+__all__ = ["HostSetup", "headless_approver", "host_setup"]
+
+
+async def headless_approver(request: PermissionRequest) -> PermissionAnswer:
+    """`run`'s answer to `ask`: nobody can be asked, and the result says how to allow it."""
+    return PermissionAnswer(
+        "deny",
+        f"{request.tool} needs permission and `subagents run` cannot ask (it is headless): denied. "
+        f'To let it run unattended, set `{request.tool} = "allow"` under [permissions] in subagents.toml.',
+    )
+
+
+@attrs.frozen(kw_only=True)
+class HostSetup:
+    config: Config
+    agent_types: Mapping[str, AgentType]
+    problems: tuple[AgentTypeProblem, ...]  # type files left out (the host warns once)
+    workspace: str | None  # the workspace tools' root, None when they are off
+    permissions: Permissions
+    env: Mapping[str, str]
+    model: AnyModel  # the root's
+
+    def child_model(self, options: ChildOptions) -> AnyModel:
+        """The model of a child whose type names one: the root's base URL goes only to a model
+        of the same provider."""
+        spec = f"{options.agent_provider}:{options.agent_model or ''}"
+        same = spec.partition(":")[0] == self.config.model.partition(":")[0]
+        return _build(self.config, spec, self.config.base_url if same else None, self.env)
+
+    def runtime_options(self) -> dict[str, Any]:
+        """Keyword arguments for `open_runtime` (without the model and the approver)."""
+        config = self.config
+        compaction = CompactionPolicy(config.compaction_threshold) if config.compaction_threshold else None
+        return {
+            "max_depth": config.max_depth,
+            "max_active_subagents": config.max_active_subagents,
+            "agent_config": AgentConfig(
+                system_prompt=config.system_prompt, max_steps=config.max_steps, compaction=compaction
+            ),
+            "workspace": self.workspace,
+            "permissions": self.permissions,
+            "agent_types": self.agent_types,
+            "child_model": self.child_model,
+            "disabled_tools": config.disabled_tools,
+            "budget": _budget(config.budget),
+            "mcp_servers": list(self.config.mcp_servers.values()),
+            "store_options": {"lease_ttl": config.lease_ttl, "lease_renew_interval": config.lease_renew_interval},
+        }
+
+
+def host_setup(flags: Mapping[str, Any], *, project_dir: str = ".", env: Mapping[str, str] | None = None) -> HostSetup:
+    """Load the configuration (flags on top) and the agent types. Raises `ConfigInvalid` (a usage
+    error) for a bad file, flag or model spec."""
+    from ..config import load_config
+
+    env = os.environ if env is None else env
+    config = load_config(project_dir, flags=flags, env=env)
+    types, problems = load_agent_types(agent_type_dirs(project_dir, user_config_dir(env)))
+    workspace = None
+    if config.workspace_tools:
+        workspace = os.path.abspath(os.path.join(project_dir, config.workspace))
+        if not os.path.isdir(workspace):
+            raise ConfigInvalid(
+                f"workspace {config.workspace!r} is not a folder ({config.sources.get('workspace', 'default')})"
+            )
+    # The decisions were checked when the file was read.
+    permissions = DEFAULT_PERMISSIONS.with_rules(cast("Mapping[str, Decision]", config.permissions))
+    if config.default_permission is not None:
+        permissions = Permissions(permissions.rules, cast("Decision", config.default_permission))
+    try:
+        # A bad spec (or a missing key) is refused before anything opens.
+        model = _build(config, config.model, config.base_url, env)
+    except ModelSpecError as exc:
+        raise ConfigInvalid(str(exc)) from None
+    return HostSetup(
+        config=config,
+        agent_types=types,
+        problems=tuple(problems),
+        workspace=workspace,
+        permissions=permissions,
+        env=env,
+        model=model,
+    )
+
+
+def _budget(table: Mapping[str, float]) -> Budget | None:
+    """`[budget]` as the root's `Budget` (none when the table is empty)."""
+    if not table:
+        return None
+    turns, tokens, seconds = table.get("max_turns"), table.get("max_tokens"), table.get("deadline_seconds")
+    return Budget(
+        max_turns=None if turns is None else int(turns),
+        max_tokens=None if tokens is None else int(tokens),
+        seconds=seconds,
+    )
+
+
+def _build(config: Config, spec: str, base_url: str | None, env: Mapping[str, str]) -> AnyModel:
+    stall = config.stall_timeout if config.stall_timeout is not None else DEFAULT_STALL_TIMEOUT
+    return build_model(parse_model_spec(spec, base_url=base_url, env=env), stall_timeout=stall)

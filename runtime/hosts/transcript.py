@@ -1,0 +1,175 @@
+"""A readable transcript of one session (`subagents show`): turns, messages, tool calls and
+results, subagent records and notices, and token usage (per turn at its end, and the session's
+own total as the last entry).
+
+Pure: events in, entries out. Each entry is a small JSON object (`--json` prints them as they
+are); `render` turns them into lines for a terminal. Payloads are decoded as they are used, so a
+malformed one raises `InvalidPayload` like any other reader of the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+from subagents.storage import Event, decode_payload
+
+from ..usage import Tokens, describe, usage_of
+
+__all__ = ["render", "transcript"]
+
+Json = dict[str, Any]
+
+
+def _text(content: Iterable[Mapping[str, Any]]) -> str:
+    parts = []
+    for block in content:
+        if block.get("type") == "text":
+            parts.append(block["text"])
+        elif block.get("type") == "tool-result":
+            parts.append(_text(block.get("content", ())))
+    return "\n".join(parts)
+
+
+def transcript(
+    events: Sequence[Event],
+    *,
+    session_id: str = "",
+    inherited_event_count: int = 0,
+    inherited_from: str | None = None,
+    held: bool = False,
+) -> list[Json]:
+    """The entries of a session's events. A fork's inherited prefix (seq `0..K-1`, K =
+    `inherited_event_count`) is framed by an `inherited` entry (naming `inherited_from`, the
+    session it came from, when known) and an `own` entry where its own events start; `held`
+    (another process writes the session now) puts a `live-elsewhere` entry first. A `turn/end` of
+    the own suffix whose turn made model calls carries that turn's `usage`; the last entry is
+    `{"type": "usage", "turns": [...], "total": {...}}`, the own suffix's usage (runtime/usage.py)."""
+    out: list[Json] = []
+    per_turn, total = usage_of(events, inherited_event_count)
+    if held:
+        out.append({"type": "live-elsewhere"})
+    own_marked = inherited_event_count <= 0
+    if not own_marked:
+        out.append({"type": "inherited", "from": inherited_from, "first_seq": 0, "last_seq": inherited_event_count - 1})
+    for event in events:
+        if not own_marked and event.seq >= inherited_event_count:
+            out.append({"type": "own", "first_seq": inherited_event_count})
+            own_marked = True
+        kind = event.type
+        if kind not in _SHOWN:
+            continue
+        data = msgspec.to_builtins(decode_payload(event, session_id=session_id))
+        entry: Json = {"seq": event.seq, "type": kind}
+        if kind in ("turn/start", "turn/end"):
+            entry["turn"] = data["turn"]
+            if kind == "turn/end":
+                entry["reason"] = data["reason"]
+                turn_usage = per_turn.get(data["turn"]) if event.seq >= inherited_event_count else None
+                if turn_usage is not None:
+                    entry["usage"] = turn_usage.to_json()
+            elif "trigger" in data:
+                entry["trigger"] = data["trigger"]["kind"]
+        elif kind == "tool/call":
+            entry |= {"call_id": data["call_id"], "name": data["name"], "arguments": data["arguments"]}
+        elif kind in ("system/message", "user/message", "assistant/message", "tool/result"):
+            message = data["message"]
+            entry |= {"role": message["role"], "source": message["source"]["kind"], "text": _text(message["content"])}
+            calls = [b for b in message["content"] if b.get("type") == "tool-call"]
+            if calls:
+                entry["tool_calls"] = [{"id": b["id"], "name": b["name"]} for b in calls]
+            for key in ("finish", "usage", "interrupted", "error"):
+                if key in data:
+                    entry[key] = data[key]
+            if message["content"] and message["content"][0].get("type") == "tool-result":
+                entry["is_error"] = message["content"][0]["is_error"]
+        else:  # subagent/* and compaction/* records
+            entry["data"] = data
+        out.append(entry)
+    turns = [{"turn": turn, **tokens.to_json()} for turn, tokens in per_turn.items()]
+    out.append({"type": "usage", "turns": turns, "total": total.to_json()})
+    return out
+
+
+def _usage_line(usage: Json) -> str | None:
+    tokens = Tokens.from_json(usage)
+    return None if tokens is None or tokens.calls == 0 else f"usage: {describe(tokens)}"
+
+
+_SHOWN = frozenset(
+    {
+        "turn/start",
+        "turn/end",
+        "system/message",
+        "user/message",
+        "assistant/message",
+        "tool/call",
+        "tool/result",
+        "subagent/descriptor",
+        "subagent/catalog",
+        "subagent/settled",
+        "compaction/summary",
+        "compaction/end",
+    }
+)
+
+
+def render(entries: Sequence[Json]) -> list[str]:
+    lines: list[str] = []
+    for e in entries:
+        kind = e["type"]
+        if kind == "live-elsewhere":
+            lines.append("── live in another process (its last turn may still be running)")
+        elif kind == "inherited":
+            source = f" from {e['from']}" if e["from"] is not None else ""
+            lines.append(f"--- inherited{source} (events {e['first_seq']}..{e['last_seq']}) ---")
+        elif kind == "own":
+            lines.append(f"--- own (from event {e['first_seq']}) ---")
+        elif kind == "turn/start":
+            trigger = f" ({e['trigger']})" if "trigger" in e else ""
+            lines.append(f"── turn {e['turn']}{trigger}")
+        elif kind == "turn/end":
+            reason = e["reason"]
+            more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
+            lines.append(f"── end of turn {e['turn']}: {reason['kind']}{more}")
+            line = _usage_line(e["usage"]) if "usage" in e else None
+            if line is not None:
+                lines.append(f"   {line}")
+        elif kind == "usage":
+            line = _usage_line(e["total"])
+            if line is not None:
+                lines.append(f"── total {line}")
+        elif kind == "tool/call":
+            lines.append(f"  → {e['name']}({e['arguments']})  [{e['call_id']}]")
+        elif kind == "tool/result":
+            lines.append(f"  ← {_indent(e['text'])}")
+        elif kind in ("system/message", "user/message", "assistant/message"):
+            who = {"system": "system", "user": "user", "assistant": "assistant"}[e["role"]]
+            if e["source"] not in ("user", "model"):
+                who += f" [{e['source']}]"
+            if e.get("interrupted"):
+                who += " [interrupted]"
+            if e["text"]:
+                lines.append(f"{who}: {_indent(e['text'])}")
+        elif kind == "subagent/catalog":
+            d = e["data"]
+            label = f" — {d['label']}" if "label" in d else ""
+            lines.append(f"  ⋯ started {d['mode']} subagent {d['child_id']}{label}")
+        elif kind == "subagent/settled":
+            d = e["data"]
+            lines.append(f"  ⋯ subagent {d['child_id']} settled: {d['reason_kind']}")
+        elif kind == "subagent/descriptor":
+            d = e["data"]
+            label = f" — {d['label']}" if isinstance(d, dict) and "label" in d else ""
+            mode = d.get("mode", "?") if isinstance(d, dict) else "?"
+            lines.append(
+                f"  ⋯ {mode} subagent of provider {d.get('provider', '?') if isinstance(d, dict) else '?'}{label}"
+            )
+        elif kind == "compaction/summary":
+            lines.append(f"  ⋯ compacted: {_indent(e['data']['text'])}")
+    return lines
+
+
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n    ")
