@@ -30,3 +30,33 @@ from .session_actor import snapshot_all as snapshot_all
 from .session_store import SessionStore as SessionStore
 from .session_store import open_session_store as open_session_store
 from .store_reader import StoreReader as StoreReader
+
+__all__ = [
+    "Abort",
+    "Activation",
+    "ActivationLimitReached",
+    "ActorError",
+    "ActorStopped",
+    "AlreadyResident",
+    "AppendResult",
+    "ColdRead",
+    "ColdReader",
+    "ContinuationManager",
+    "Draining",
+    "DurableBatch",
+    "DurableFeed",
+    "EventDraft",
+    "FeedSubscription",
+    "ParentClosing",
+    "ReadAborted",
+    "ReadGroup",
+    "SessionActor",
+    "SessionRef",
+    "SessionStore",
+    "StoreReader",
+    "cancelled_when",
+    "open_continuation_manager",
+    "open_session_store",
+    "raise_bare_cancelled",
+    "snapshot_all",
+]

@@ -10,3 +10,11 @@ from .faulty_store import FaultyLogStore as FaultyLogStore
 from .memory_mailbox import MemoryMailbox as MemoryMailbox
 from .memory_placements import MemoryPlacements as MemoryPlacements
 from .memory_store import MemoryLogStore as MemoryLogStore
+
+__all__ = [
+    "CrashFs",
+    "FaultyLogStore",
+    "MemoryLogStore",
+    "MemoryMailbox",
+    "MemoryPlacements",
+]
