@@ -10,11 +10,17 @@
    one event per call (so one fsync per call). Reported: events/s of both, their ratio, and the
    fsyncs of both (the actors' `fsyncs` counters against the number of calls). No target.
 3. resume: `SessionStore.open` of a ~10 MB (uncompressed) zstd log whose checkpoint lies 100
-   events before its end (written by the actors at turn ends and at release; the last 100
-   events are appended afterwards by a plain `FileLogStore` handle, which never checkpoints)
-   against the honest cold path over the same files and index: `open_write`, `read` of every
-   event and a fold of every unit from the start. Target: open >= 5x faster. Checked: both give
-   the same snapshot views, and `last_open_folds` is 100 x the number of units.
+   events before its end (written by the actors at turn ends and at release, with the index row
+   of the log as they left it; the last 100 events are appended afterwards by a plain
+   `FileLogStore` handle, which never checkpoints) against the honest cold path over the same
+   files and index: `open_write`, `read` of every event and a fold of every unit from the
+   start. Each run starts from the index as the actors left it: their row and checkpoint rows,
+   which the tail is a pure append of (the store's rule: checkpoint rows answer for the
+   revision they were written at or a pure append of it), so both paths scan the 100-event
+   tail. Target: open >= 5x faster. Checked: both give the same snapshot views, and
+   `last_open_folds` is 100 x the number of units. Context rows: the open with the row the tail
+   writer left (at the log's revision: no scan), and with no index row at all (a whole-log
+   scan, which forgets the checkpoint rows: it folds every event).
 
 As in bench/storage.py, each headline figure is a median of repetitions in which the baseline
 and the subject alternate (their order reverses on every repetition), and each ratio is the
@@ -522,8 +528,19 @@ class ResumeLog:
     actor_fsyncs: int
     actor_checkpoints: int
     checkpoint_seq: int
-    reset: Callable[[bool], None]  # restore the index as the tail append left it (row kept or dropped)
+    reset: Callable[[str], None]  # restore the index to one of INDEX_STATES before a run
     close: Callable[[], None]
+
+
+# The index state a resume run starts from (`ResumeLog.reset`). The checkpoint rows answer only
+# while the stored row is at the revision they were written at or a pure append of it (a log
+# rescanned whole forgets them: docs/format.md, "The index"), so each state is one the store
+# itself leaves, never checkpoint rows without the row that vouches for them.
+INDEX_STATES = {
+    "stale": "the actors' row and checkpoint rows, as release left them: the tail makes the row stale",
+    "current": "the row the tail writer left (at the log's revision) and the actors' checkpoint rows",
+    "none": "no row and no checkpoint rows (as after a rescan of an edited log)",
+}
 
 
 def resume_items(storage_bench: ModuleType, target: int, tail: int) -> tuple[list[list[Item]], list[Item]]:
@@ -578,15 +595,28 @@ async def build_resume_log(workdir: str, sizes: Sizes, storage_bench: ModuleType
                     nursery.start_soon(writer)
             head = int(await ref.flush())
             actor = actor_of(ref)
-            await store.release(sid)  # the final checkpoint, at the last seq
+            await store.release(sid)  # the final checkpoint, at the last seq, with the log's index row
             fsyncs, checkpoints = actor.fsyncs, actor.checkpoints
     finally:
         log_store.close_store()
     if head != 1 + sum(map(len, turns)):
         raise bug("the actors wrote the wrong number of events")
+    log_file = os.path.join(root, "sessions", sid, _LOG_NAMES["zstd"])
+    head_size = os.path.getsize(log_file)
 
-    # Another writer appends the tail and never checkpoints. Its open_write scans the log whole
-    # (nothing had listed it) and leaves an index row at that revision: the tail is not in it.
+    # The index as the actors left it: their row at the log's revision and the checkpoint rows
+    # at its end (a writer records its row whenever it checkpoints).
+    index = SessionIndex(os.path.join(root, INDEX_NAME))
+    loaded = index.load()
+    if not loaded or sid not in loaded:
+        raise bug("the actors left no index row")
+    actors_row = loaded[sid]
+    if actors_row.revision.size != head_size or actors_row.scan_end != head_size:
+        raise bug(f"the actors' index row is not at the log's revision: {actors_row.revision}, {head_size} bytes")
+
+    # Another writer appends the tail and never checkpoints. Its open_write finds the actors'
+    # row at the log's revision (no scan), and it keeps the row in step with its appends (saved
+    # when its store closes): the row it leaves is at the final revision.
     plain = FileLogStore(root)
     handle = plain.open_write(sid)
     try:
@@ -608,22 +638,28 @@ async def build_resume_log(workdir: str, sizes: Sizes, storage_bench: ModuleType
     rows, offset = found
     if set(rows) != {u.key for u in SUBAGENT_UNITS} or {r.seq for r in rows.values()} != {head - 1}:
         raise bug(f"the checkpoint should cover every unit at seq {head - 1}: {rows}")
+    if offset != head_size:
+        raise bug(f"the checkpoint should start over at the end of the actors' log ({head_size}), not {offset}")
 
-    index = SessionIndex(os.path.join(root, INDEX_NAME))
     loaded = index.load()
     if not loaded or sid not in loaded:
-        raise bug("the tail writer's open_write left no index row")
-    row = loaded[sid]
+        raise bug("the tail writer left no index row")
+    tail_row = loaded[sid]
+    if tail_row.revision.size != os.path.getsize(log_file):
+        raise bug(f"the tail writer's index row is not at the log's revision: {tail_row.revision}")
     lifecycle = Lifecycle.of(header(sid), 0)
 
-    def reset(keep_row: bool) -> None:
-        # Every open refreshes the row (and the actor's release rewrites the checkpoint):
-        # put back what the tail writer left, so every repetition starts from the same state.
-        index.save([row] if keep_row else [], [] if keep_row else [sid])  # dropping a row drops its checkpoint
+    def reset(state: str) -> None:
+        # Every open refreshes the row (and the actor's release rewrites the checkpoint): put
+        # back one of INDEX_STATES, so every repetition starts from the same state. The row is
+        # saved before the checkpoint rows (a row saved as a rescan's would forget them).
+        if state == "none":
+            index.save([], [sid])  # dropping a row drops its checkpoint rows
+            return
+        index.save([actors_row if state == "stale" else tail_row], [])
         if not index.save_checkpoint(sid, lifecycle, rows, offset):
             raise bug("restoring the checkpoint failed")
 
-    log_file = os.path.join(root, "sessions", sid, _LOG_NAMES["zstd"])
     return ResumeLog(
         root=root,
         sid=sid,
@@ -664,7 +700,8 @@ class ResumeResult:
 RESUME_ROWS = {
     "baseline": "open_write + read all + fold all units (baseline)",
     "subject": "SessionStore.open: checkpoint + fold of the tail",
-    "no row": "SessionStore.open, no index row (context)",
+    "row current": "SessionStore.open, row at the log's revision (context)",
+    "no row": "SessionStore.open, no index row: folds all (context)",
 }
 
 
@@ -673,7 +710,7 @@ async def bench_resume(log: ResumeLog, sizes: Sizes, profiling: bool) -> tuple[R
     views: dict[str, Any] = {}
 
     async def baseline(rep: int) -> float:
-        log.reset(True)
+        log.reset("stale")
         store = FileLogStore(log.root)
         try:
             gc.collect()
@@ -693,9 +730,12 @@ async def bench_resume(log: ResumeLog, sizes: Sizes, profiling: bool) -> tuple[R
             raise bug("the full fold's views changed between runs")
         return elapsed
 
-    def opener(keep_row: bool, prof: cProfile.Profile | None = None) -> Callable[[int], Awaitable[float]]:
+    def opener(state: str, prof: cProfile.Profile | None = None) -> Callable[[int], Awaitable[float]]:
+        # With no index row the open's whole-log scan forgets the checkpoint rows: it folds all.
+        want = log.events * units if state == "none" else sizes.tail_events * units
+
         async def run(rep: int) -> float:
-            log.reset(keep_row)
+            log.reset(state)
             store = FileLogStore(log.root)
             try:
                 async with open_session_store(store, registry(), now_ms=now_ms) as sessions:
@@ -712,8 +752,10 @@ async def bench_resume(log: ResumeLog, sizes: Sizes, profiling: bool) -> tuple[R
                     # leaving the store releases the session (a checkpoint): untimed, reset next time
             finally:
                 store.close_store()
-            if folds != sizes.tail_events * units:
-                raise bug(f"open folded {folds} (event, unit) pairs, not {sizes.tail_events} x {units}")
+            if folds != want:
+                raise bug(
+                    f"open ({INDEX_STATES[state]}) folded {folds} (event, unit) pairs, not {want // units} x {units}"
+                )
             views.setdefault("subject", view)
             if view != views["subject"]:
                 raise bug("the resumed views changed between runs")
@@ -722,13 +764,14 @@ async def bench_resume(log: ResumeLog, sizes: Sizes, profiling: bool) -> tuple[R
         return run
 
     await baseline(-1)  # warm-up (page cache, imports), untimed
-    await opener(True)(-1)
+    await opener("stale")(-1)
     runs = await interleaved(
         sizes.resume_reps,
         {
             "baseline": baseline,
-            "subject": opener(True),
-            "no row": opener(False),
+            "subject": opener("stale"),
+            "row current": opener("current"),
+            "no row": opener("none"),
         },
     )
     if views["subject"] != views["baseline"]:
@@ -736,7 +779,7 @@ async def bench_resume(log: ResumeLog, sizes: Sizes, profiling: bool) -> tuple[R
     if profiling:
         prof = cProfile.Profile()
         for _ in range(5):
-            await opener(True, prof)(-1)
+            await opener("stale", prof)(-1)
         print_profile("SessionStore.open from the checkpoint x5 (the store's work runs in a thread)", prof)
     return ResumeResult(runs), views["subject"]
 
@@ -749,7 +792,7 @@ def resume_breakdown(log: ResumeLog, reps: int) -> list[tuple[str, float]]:
         "read_checkpoint (index rows)",
         "read_after (the tail: pread + frame scan + decode)",
         "cells from the rows + fold of the tail",
-        "open_write, index row dropped (whole-log scan)",
+        "open_write, no index row (whole-log scan)",
         "read of every event (whole-log parse)",
         "fold of every event, every unit",
     ]
@@ -757,7 +800,7 @@ def resume_breakdown(log: ResumeLog, reps: int) -> list[tuple[str, float]]:
     clock = time.perf_counter
     for _ in range(reps):
         laps: list[float] = []
-        log.reset(True)
+        log.reset("stale")
         store = FileLogStore(log.root)
         try:
             gc.collect()
@@ -779,7 +822,7 @@ def resume_breakdown(log: ResumeLog, reps: int) -> list[tuple[str, float]]:
             store.close(handle)
         finally:
             store.close_store()
-        log.reset(False)
+        log.reset("none")
         store = FileLogStore(log.root)
         try:
             gc.collect()
