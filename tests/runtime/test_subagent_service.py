@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
-from subagents.runtime.delegation.service import SubagentService
+from subagents.runtime.delegation.routing import Routing
 from subagents.runtime.foundation.clock import ScenarioClock
 from subagents.runtime.foundation.errors import SubagentError
 from subagents.runtime.foundation.ids import CountingIds
@@ -301,15 +301,15 @@ async def test_a_cold_resume_made_while_a_settled_child_is_disposed_waits_for_it
         await held.entered.wait()  # c-2 settled, its slot still held
         sent: list[bool] = []
         observed = trio.Event()
-        observe = SubagentService._observe_child
+        observe = Routing.observe_child
 
-        async def observed_child(service: SubagentService, *args: Any, **kwargs: Any) -> Any:
+        async def observed_child(service: Routing, *args: Any, **kwargs: Any) -> Any:
             try:
                 return await observe(service, *args, **kwargs)
             finally:
                 observed.set()  # its IO is done: the admission follows with no checkpoint before it
 
-        monkeypatch.setattr(SubagentService, "_observe_child", observed_child)
+        monkeypatch.setattr(Routing, "observe_child", observed_child)
 
         async def wake_first() -> None:
             await rt.subagents.send_message(parent, "c-1", "again")
