@@ -295,7 +295,7 @@ class _Owner:
                 return await self._drop(envelope, 'a message body needs a string "text"')
             content, source = message_content(envelope.sender, text)
             if envelope.body.get("first") is True:
-                # A placed child's first prompt (runtime/delegation/service.py): the words its
+                # A placed child's first prompt (runtime/delegation/spawning.py): the words its
                 # parent gave it, as a child started in place receives them.
                 guidance = envelope.body.get("guidance")
                 content = [*text_blocks(text), *(text_blocks(guidance) if isinstance(guidance, str) else [])]

@@ -329,3 +329,21 @@ async def test_a_cold_resume_made_while_a_settled_child_is_disposed_waits_for_it
     lines = [json.loads(line) for line in (tmp_path / "sessions" / "c-1" / "session.jsonl").read_text().splitlines()]
     last = [e["data"]["message"]["content"] for e in lines[1:] if e["type"] == "user/message"][-1]
     assert last[-1]["text"] == "again"  # the message reached it: resumed, not refused
+
+
+async def test_the_service_is_bound_to_its_parts_once_and_refuses_use_before(tmp_path: Path) -> None:
+    from subagents.runtime.delegation.service import SubagentService
+
+    unbound = SubagentService()
+    with pytest.raises(RuntimeError, match="before its parts were bound"):
+        unbound.tools()
+    with pytest.raises(RuntimeError, match="before its parts were bound"):
+        await unbound.release_children_of("s")
+    async with open_runtime(tmp_path, model=None) as rt:
+        parts = rt.subagents.parts
+        # Each part is its own object, built with the ones below it.
+        assert parts.spawning.placement is parts.placement and parts.messaging.placement is parts.placement
+        assert parts.placement.residency is parts.residency and parts.residency.settlement is parts.settlement
+        assert parts.spawning.agents is rt.agents and rt.agents.hooks is rt.subagents
+        with pytest.raises(RuntimeError, match="bound already"):
+            rt.subagents.bind(parts, lambda extra: rt.subagents.tools(extra))
