@@ -4,8 +4,9 @@ It builds everything and passes it explicitly — the log store (and its index),
 registry with the subagent units and the usage unit, the session store (which owns the actors' nursery), the store
 reader (the one read side), the session query and the listing service — and tears it down in reverse. Nothing below
 it reads the environment or a global registry. The agents run in a nursery inside the session store's, so they stop (and close their
-turns) before their session actors do. The agent registry gets its hooks at construction: it
-builds the subagent service (its `AgentHooks`) from itself, so nothing is assigned to it after.
+turns) before their session actors do. The agent registry gets its hooks (the subagent service)
+at construction; the service's parts are then built from the registry and bound to the service
+once (runtime/delegation/service.py says why), so nothing is assigned to the registry after.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from .agent.registry import AgentRegistry, SessionTools
 from .delegation.agent_types import AgentType
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
-from .delegation.service import SubagentService
-from .delegation.tools import subagent_tools
+from .delegation.service import SubagentParts, SubagentService
+from .delegation.tools import DelegationParts, subagent_tools
 from .foundation.budgets import Budget
 from .foundation.clock import Clock, RealClock
 from .foundation.ids import IdFactory, RandomIds
@@ -159,7 +160,9 @@ async def open_runtime(
                 policy = permissions if permissions is not None else (DEFAULT_PERMISSIONS if shared else None)
                 remembered = Remembered()
 
-                owners = MailboxOwners(mailbox, nursery, actions=lambda: service) if mailbox is not None else None
+                # The registry's hooks and the owners' actions; its parts are bound below.
+                service = SubagentService()
+                owners = MailboxOwners(mailbox, nursery, actions=service) if mailbox is not None else None
 
                 def lost(session_id: str) -> None:
                     # Another host took the session over: nothing here acts for it any more.
@@ -170,31 +173,6 @@ async def open_runtime(
 
                 nursery.start_soon(renew_leases, logs, lost)  # a PostgreSQL store's leases (none: returns)
 
-                def toolset(service: SubagentService, extra: SessionTools | None = None) -> ToolSet:
-                    # A session's own tools (an ACP client's MCP servers) replace the shared ones
-                    # they hide, and are guarded like them (by default: the default policy).
-                    own = extra.tools if extra is not None else ()
-                    kept = [t for t in shared if extra is None or t.name not in extra.hides]
-                    user = tools() if tools is not None else ()
-                    every = [*user, *kept, *own, *subagent_tools(service, agent_types)]
-                    every = [tool for tool in every if tool.name not in disabled_tools]
-                    guard = policy if policy is not None or not own else DEFAULT_PERMISSIONS
-                    return ToolSet(every if guard is None else guard_tools(every, guard, approver, remembered))
-
-                def subagent_service(agents: AgentRegistry) -> SubagentService:
-                    # The registry's hooks: made by the registry's constructor, from itself.
-                    return SubagentService(
-                        agents=agents,
-                        manager=manager,
-                        query=query,
-                        listing=listing,
-                        max_depth=max_depth,
-                        child_model=child_model,
-                        toolset=toolset,
-                        mailbox=mailbox,
-                        placements=placements,
-                    )
-
                 agents = AgentRegistry(
                     sessions=sessions,
                     reader=query.reader,
@@ -203,11 +181,34 @@ async def open_runtime(
                     model=model,
                     config=_with_budget(agent_config or AgentConfig(), budget),
                     nursery=nursery,
-                    hooks=subagent_service,
+                    hooks=service,
                     owners=owners,
                 )
-                service = agents.hooks
-                assert isinstance(service, SubagentService)  # what `subagent_service` made
+                parts = SubagentParts.build(
+                    agents=agents,
+                    manager=manager,
+                    query=query,
+                    mailbox=mailbox,
+                    placements=placements,
+                    max_depth=max_depth,
+                    child_model=child_model,
+                )
+                delegation = DelegationParts(
+                    spawning=parts.spawning, messaging=parts.messaging, listing=listing, agents=agents
+                )
+
+                def toolset(extra: SessionTools | None = None) -> ToolSet:
+                    # A session's own tools (an ACP client's MCP servers) replace the shared ones
+                    # they hide, and are guarded like them (by default: the default policy).
+                    own = extra.tools if extra is not None else ()
+                    kept = [t for t in shared if extra is None or t.name not in extra.hides]
+                    user = tools() if tools is not None else ()
+                    every = [*user, *kept, *own, *subagent_tools(delegation, agent_types)]
+                    every = [tool for tool in every if tool.name not in disabled_tools]
+                    guard = policy if policy is not None or not own else DEFAULT_PERMISSIONS
+                    return ToolSet(every if guard is None else guard_tools(every, guard, approver, remembered))
+
+                service.bind(parts, toolset)
                 try:
                     yield Runtime(
                         root=root,

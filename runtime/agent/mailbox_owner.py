@@ -94,11 +94,11 @@ class OwnerActions(Protocol):
 @attrs.define(eq=False)
 class MailboxOwners:
     """Starts and stops the owner task of each resident agent (the registry calls `start` and
-    `stop`). `actions` gives the subagent service (built after the registry, hence a callable)."""
+    `stop`); `actions` is what an owner asks of the subagent service."""
 
     mailbox: Mailbox
     nursery: trio.Nursery
-    actions: Callable[[], OwnerActions]
+    actions: OwnerActions
     now_ms: Callable[[], int] | None = None  # None: the mailbox's clock (`Mailbox.now_ms`)
     _scopes: dict[str, trio.CancelScope] = attrs.field(factory=dict)
     _drained: dict[str, trio.Event] = attrs.field(factory=dict)  # set after each owner's first drain
@@ -295,7 +295,7 @@ class _Owner:
                 return await self._drop(envelope, 'a message body needs a string "text"')
             content, source = message_content(envelope.sender, text)
             if envelope.body.get("first") is True:
-                # A placed child's first prompt (runtime/delegation/service.py): the words its
+                # A placed child's first prompt (runtime/delegation/spawning.py): the words its
                 # parent gave it, as a child started in place receives them.
                 guidance = envelope.body.get("guidance")
                 content = [*text_blocks(text), *(text_blocks(guidance) if isinstance(guidance, str) else [])]
@@ -321,10 +321,10 @@ class _Owner:
             await self._ack(envelope)
             if kind == "stop" and envelope.created_at >= self.started:
                 # After the ack: the stop disposes this session, and with it this task.
-                self.owners.nursery.start_soon(self.owners.actions().stop_resident, self.sid, "user")
+                self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user")
         elif kind == "settled":
             try:
-                await self.owners.actions().record_settled(self.agent, envelope.body, envelope.delivery_id)
+                await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
             except ValueError as exc:
                 return await self._drop(envelope, str(exc))
             await self._ack(envelope)

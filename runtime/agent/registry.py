@@ -17,7 +17,7 @@ entry), and to no other session.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -75,7 +75,9 @@ class SessionTools:
 
 class AgentHooks(Protocol):
     """What the registry asks of the layer that runs subagents on top of it (the subagent
-    service implements it); handed to the registry at construction (`AgentRegistry(hooks=...)`)."""
+    service implements it); handed to the registry at construction (`AgentRegistry(hooks=...)`).
+    The registry calls none of it while it is being constructed, so an implementation that
+    needs the registry itself may be completed once, after (runtime/delegation/service.py)."""
 
     def tools(self, extra: SessionTools | None = None) -> ToolSet:
         """The tools every agent is offered by default, with `extra` (a session's own)."""
@@ -113,8 +115,8 @@ class AgentHooks(Protocol):
 
 @attrs.define(eq=False)
 class AgentRegistry:
-    """`hooks` builds, from the registry, what it asks of the layer above (`AgentHooks`): it is
-    called once, at construction, so nothing is assigned to the registry afterwards."""
+    """Creates, resumes and stops agents; `hooks` is what it asks of the layer above
+    (`AgentHooks`), given at construction, so nothing is assigned to the registry afterwards."""
 
     sessions: SessionStore
     reader: StoreReader  # its stats go through the one index slot
@@ -123,15 +125,11 @@ class AgentRegistry:
     model: AnyModel | None
     config: AgentConfig
     _nursery: trio.Nursery
-    _make_hooks: Callable[[AgentRegistry], AgentHooks] = attrs.field(alias="hooks")
+    hooks: AgentHooks
     drain_grace: float = 5.0
     owners: AgentOwners | None = None  # started with each agent, stopped before it
-    hooks: AgentHooks = attrs.field(init=False)
     _agents: dict[str, Agent] = attrs.field(factory=dict)
     _session_tools: dict[str, SessionTools] = attrs.field(factory=dict)
-
-    def __attrs_post_init__(self) -> None:
-        self.hooks = self._make_hooks(self)
 
     def tools(self, session_id: str | None = None) -> ToolSet:
         """The tools an agent is offered by default (the hooks'): for `session_id`, with the

@@ -2,7 +2,7 @@
 notices redelivered on resume (docs/design.md, "Subagents: activations and settlement").
 
 A child is settled when its agent is idle with an empty inbox and no resident children of its
-own (the service's Activation body decides that). Settlement then appends `subagent/settled` to
+own (the Activation body of residency.py decides that). Settlement then appends `subagent/settled` to
 the parent, durably, and only after that delivers the notice: steered into a running parent,
 starting a turn in an idle one. While the family is stopping (a drain, or the parent being
 released) the notice is not delivered: the durable record waits for the parent's next resume,

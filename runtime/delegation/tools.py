@@ -14,16 +14,18 @@ from typing import Any, ClassVar
 
 import attrs
 
+from ..agent.registry import AgentRegistry
 from ..foundation.budgets import Budget
 from ..foundation.errors import NoCallingAgent
 from ..tools.base import ToolContext
 from .agent_types import AgentType, describe_types
 from .agents_text import render_agents
-from .listing import ChildRow
+from .listing import ChildRow, ListingService
+from .messaging import Messaging
 from .options import ChildOptions
-from .service import Reservation, SubagentService
+from .spawning import Reservation, Spawning
 
-__all__ = ["agent_status", "render_agents", "subagent_tools"]
+__all__ = ["DelegationParts", "agent_status", "render_agents", "subagent_tools"]
 
 Json = dict[str, Any]
 
@@ -110,12 +112,22 @@ def _caller(ctx: ToolContext, tool: str) -> Any:
     return ctx.agent
 
 
+@attrs.frozen(kw_only=True)
+class DelegationParts:
+    """The parts of the subagent service the subagent tools act through."""
+
+    spawning: Spawning
+    messaging: Messaging
+    listing: ListingService
+    agents: AgentRegistry
+
+
 @attrs.frozen
 class _ServiceTool:
-    """A model-facing tool that acts through the subagent service; every one is parallel-safe
-    (the service orders what must be ordered)."""
+    """A model-facing tool that acts through the subagent service's parts; every one is
+    parallel-safe (the parts order what must be ordered)."""
 
-    service: SubagentService
+    service: DelegationParts
     parallel_safe: ClassVar[bool] = True
 
 
@@ -141,7 +153,7 @@ class _Delegate(_ServiceTool):
         return head + _BACKGROUND
 
     async def prepare(self, args: Json, ctx: ToolContext) -> Reservation:
-        return await self.service.reserve(ctx.session_id, (ctx.turn, ctx.step))
+        return await self.service.spawning.reserve(ctx.session_id, (ctx.turn, ctx.step))
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         try:
@@ -154,7 +166,7 @@ class _Delegate(_ServiceTool):
         parent = _caller(ctx, self.name)
         options = _child_options(args, self.agent_types)
         if args.get("run_in_background", True):
-            child_id = await self.service.start_continuable(
+            child_id = await self.service.spawning.start_continuable(
                 parent,
                 self.provider,
                 args["description"],  # type: ignore[arg-type]  # spawn or fork
@@ -164,7 +176,7 @@ class _Delegate(_ServiceTool):
                 options=options,
             )
             return f"started subagent {child_id}"
-        result = await self.service.start(
+        result = await self.service.spawning.start(
             parent,
             self.provider,
             args["prompt"],  # type: ignore[arg-type]  # spawn or fork
@@ -242,7 +254,7 @@ class _SendMessage(_ServiceTool):
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         sender = _caller(ctx, self.name)
-        await self.service.send_message(sender, args["agent_id"], args["message"], ctx.abort)
+        await self.service.messaging.send_message(sender, args["agent_id"], args["message"], ctx.abort)
         return f"message delivered to agent {args['agent_id']}"
 
 
@@ -255,13 +267,14 @@ class _InterruptAgent(_ServiceTool):
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
-        outcome = await self.service.interrupt(args["agent_id"], caller)
+        outcome = await self.service.messaging.interrupt(args["agent_id"], caller)
         tail = " (it is not running)" if outcome == "not-running" else ""
         return f"interrupt requested for agent {args['agent_id']}{tail}"
 
 
-def subagent_tools(service: SubagentService, agent_types: Mapping[str, AgentType] | None = None) -> list[Any]:
-    """The five subagent tools; `subagent` offers `agent_type` when `agent_types` holds any."""
+def subagent_tools(service: DelegationParts, agent_types: Mapping[str, AgentType] | None = None) -> list[Any]:
+    """The five subagent tools, acting through `service` (the parts they use); `subagent` offers
+    `agent_type` when `agent_types` holds any."""
     return [
         _Delegate(service, "subagent", "spawn", dict(agent_types or {})),
         _Delegate(service, "subagent_fork", "fork"),

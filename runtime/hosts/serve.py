@@ -3,7 +3,7 @@ placement queue (SPEC §9, "Placement and failover").
 
 Theory of operation. The host announces itself with its capacity, then loops: it claims as many
 placements as it has free slots (each claim goes to exactly one host), adopts each claimed child
-(`SubagentService.adopt`: resumed from its log, its first prompt handed over by its mailbox
+(`Placement.adopt`: resumed from its log, its first prompt handed over by its mailbox
 owner, run as a resident Activation) and, when a child's Activation is disposed — it settled,
 and its settlement went to its parent's mailbox — finishes the placement, which frees the slot.
 It wakes on the queue's notifications (and every `poll_interval` anyway, for what a lost
@@ -11,7 +11,7 @@ notification hid) and, every `sweep_interval`, sweeps: the claims of hosts that 
 claimable again (their children resume here or elsewhere, the interrupted turn closed by the
 resume's closers), and sessions dropped with work — their writer went away without releasing
 them, or mail waits for them and nobody holds them (`Placements.dropped`) — are resumed here
-(`SubagentService.take_over`): a continuable child runs until it settles (it settles even with
+(`Placement.take_over`): a continuable child runs until it settles (it settles even with
 nothing left to do: its dead host may have finished its turn without settling it), any other
 session is held until its tree is idle, then let go. Taking the lease decides which sweeper gets a
 session; one this host cannot resume is not tried again by it.
@@ -41,6 +41,7 @@ from subagents.storage import AlreadyOwned, Claim, OwnershipLost, PersistenceFai
 from trio_util import RepeatedEvent, wait_any
 
 from ..agent.loop import Agent
+from ..delegation.placement import Placement
 from ..delegation.service import SubagentService
 from ..foundation.errors import (
     ActivationLimit,
@@ -102,6 +103,7 @@ async def serve_placements(
     taken (`claimed`) and let go (`finished`)."""
     if capacity < 1:
         raise ValueError("a serving host needs a capacity of at least 1")
+    placement = service.placement  # the part of the service that serves placed children
     stats = stats if stats is not None else ServeStats()
     if on_event is not None:
         stats.on_event = on_event
@@ -133,7 +135,7 @@ async def serve_placements(
                         if len(stats.running) >= capacity:
                             break
                         if session_id not in stats.running and session_id not in refused:
-                            await _take_over(service, session_id, stats, refused, nursery, changed, watching)
+                            await _take_over(placement, session_id, stats, refused, nursery, changed, watching)
                 free = capacity - len(stats.running)
                 skip = given_back.unfit | given_back.deferred
                 claimed = await _call(placements.claim, free, skip) if free > 0 else None
@@ -142,7 +144,7 @@ async def serve_placements(
                     # opens a mailbox watch: done one after the other they would pace the host).
                     stats.running.add(claim.session_id)
                     nursery.start_soon(
-                        _adopt, service, placements, claim, stats, nursery, changed, given_back, adopted, watching
+                        _adopt, placement, placements, claim, stats, nursery, changed, given_back, adopted, watching
                     )
                 if claimed and len(claimed) == free:
                     continue  # the queue may hold more: look again once a slot frees
@@ -155,7 +157,7 @@ async def serve_placements(
     finally:
         watch.close()
         with trio.CancelScope(shield=True):
-            await _hand_back(service, placements, adopted)
+            await _hand_back(placement, placements, adopted)
 
 
 @attrs.define
@@ -186,7 +188,7 @@ def _refusal(exc: Exception) -> Refusal:
 
 
 async def _adopt(
-    service: SubagentService,
+    placement: Placement,
     placements: Placements,
     claim: Claim,
     stats: ServeStats,
@@ -198,7 +200,7 @@ async def _adopt(
 ) -> None:
     child_id = claim.session_id
     try:
-        activation = await service.adopt(child_id, settle_idle=claim.attempt > 1)
+        activation = await placement.adopt(child_id, settle_idle=claim.attempt > 1)
     except Exception as exc:  # a SubagentError; another is a bug, and one child's must not stop the host
         stats.refused += 1
         if not isinstance(exc, (SubagentError, StorageError)):
@@ -211,7 +213,7 @@ async def _adopt(
                 # As many claims as hosts serve, this one unfit too: likely none of them can run it.
                 why, reason = "fatal", f"no serving host could run it: {reason}"
         log.warning("placed child %s cannot be served here (%s): %s", child_id, why, reason)
-        if why == "fatal" and await service.fail_placed(child_id, reason):
+        if why == "fatal" and await placement.fail_placed(child_id, reason):
             await _retry(placements.finish, child_id)  # its parent was told: the placement is done
         else:
             # Given back: for another host, or for this one once it has room (or at a sweep).
@@ -221,7 +223,7 @@ async def _adopt(
         return
     if activation is None:
         stats.idle += 1  # it had nothing to do: its placement is done
-        await _finish(service, placements, child_id)
+        await _finish(placement, placements, child_id)
         _free(stats, child_id, changed)
         return
     if child_id in watching:
@@ -233,10 +235,10 @@ async def _adopt(
     adopted[child_id] = activation
     stats.note("claimed", child_id)
     watching.add(child_id)
-    nursery.start_soon(_finish_when_disposed, service, placements, activation, stats, changed, adopted, watching)
+    nursery.start_soon(_finish_when_disposed, placement, placements, activation, stats, changed, adopted, watching)
 
 
-async def _hand_back(service: SubagentService, placements: Placements, adopted: dict[str, Activation]) -> None:
+async def _hand_back(placement: Placement, placements: Placements, adopted: dict[str, Activation]) -> None:
     """The host stops (its serve loop cancelled, before its runtime drains): its running
     children are let go unsettled and their placements given back, so each is taken over by
     another host — or this one, restarted — and settled there once, not settled here by the drain
@@ -244,15 +246,15 @@ async def _hand_back(service: SubagentService, placements: Placements, adopted: 
     placement is finished."""
 
     async def one(child_id: str, activation: Activation) -> None:
-        if await service.hand_back(child_id):
+        if await placement.hand_back(child_id):
             log.info("placed child %s is given back (this host stops)", child_id)
             await _retry(placements.unclaim, child_id)
         else:
             await activation.disposed.wait()
-            if service.settlement.take_undelivered(child_id):
+            if placement.settlement.take_undelivered(child_id):
                 await _retry(placements.unclaim, child_id)
             else:
-                await _finish(service, placements, child_id)
+                await _finish(placement, placements, child_id)
         adopted.pop(child_id, None)
 
     async with trio.open_nursery() as nursery:  # side by side: each may wait out a stop grace
@@ -260,12 +262,12 @@ async def _hand_back(service: SubagentService, placements: Placements, adopted: 
             nursery.start_soon(one, child_id, activation)
 
 
-async def _finish(service: SubagentService, placements: Placements, child_id: str) -> None:
+async def _finish(placement: Placement, placements: Placements, child_id: str) -> None:
     """The placement is done; a delivery that came after the child's owner stopped (or before
     it started, for a claim made early) would wait for nobody: placed again. (A sender enqueues
     around its delivery too; one of the two sees the other's work.)"""
     await _retry(placements.finish, child_id)
-    mailbox = service.mailbox
+    mailbox = placement.mailbox
     if mailbox is not None and await _call(mailbox.drain, child_id):
         await _call(placements.enqueue, child_id)
 
@@ -276,7 +278,7 @@ def _free(stats: ServeStats, session_id: str, changed: RepeatedEvent) -> None:
 
 
 async def _take_over(
-    service: SubagentService,
+    placement: Placement,
     session_id: str,
     stats: ServeStats,
     refused: set[str],
@@ -285,7 +287,7 @@ async def _take_over(
     watching: set[str],
 ) -> None:
     try:
-        taken = await service.take_over(session_id)
+        taken = await placement.take_over(session_id)
     except AlreadyOwned:
         return  # another host's sweep was first
     except Exception as exc:  # SubagentError, StorageError; another is a bug: it must not stop the host
@@ -301,27 +303,29 @@ async def _take_over(
     stats.note("resumed", session_id)
     if isinstance(taken, Activation):
         watching.add(session_id)
-        nursery.start_soon(_finish_when_disposed, service, service.placements, taken, stats, changed, None, watching)
+        nursery.start_soon(
+            _finish_when_disposed, placement, placement.placements, taken, stats, changed, None, watching
+        )
     else:
-        nursery.start_soon(_release_when_idle, service, taken, stats, changed)
+        nursery.start_soon(_release_when_idle, placement, taken, stats, changed)
 
 
-async def _release_when_idle(service: SubagentService, agent: Agent, stats: ServeStats, changed: RepeatedEvent) -> None:
+async def _release_when_idle(placement: Placement, agent: Agent, stats: ServeStats, changed: RepeatedEvent) -> None:
     """Hold a resumed root session until it and its resident children are idle, then let go
     (what comes later waits in its mailbox for the next sweep)."""
     try:
-        await service.wait_tree_idle(agent)
+        await placement.residency.wait_tree_idle(agent)
     except AgentStopped:
         pass  # its log cannot be written here any more (taken over): let go all the same
     with trio.CancelScope(shield=True):
-        await service.agents.stop(agent.session_id, cause="disposed")
+        await placement.agents.stop(agent.session_id, cause="disposed")
     stats.running.discard(agent.session_id)
     stats.note("finished", agent.session_id)
     changed.set()
 
 
 async def _finish_when_disposed(
-    service: SubagentService,
+    placement: Placement,
     placements: Placements | None,
     activation: Activation,
     stats: ServeStats,
@@ -331,7 +335,7 @@ async def _finish_when_disposed(
 ) -> None:
     await activation.disposed.wait()
     child_id = activation.child_id
-    if service.settlement.take_undelivered(child_id):
+    if placement.settlement.take_undelivered(child_id):
         # Its settlement never reached its parent's mailbox: given back, so that a host (maybe
         # this one) claims it again and, a claim made before, settles it again.
         log.warning("placed child %s: its settlement was not delivered; its placement is given back", child_id)
@@ -339,7 +343,7 @@ async def _finish_when_disposed(
             await _retry(partial(placements.enqueue, claimed_before=True), child_id)  # a child taken over had none
             await _retry(placements.unclaim, child_id)
     elif placements is not None:
-        await _finish(service, placements, child_id)
+        await _finish(placement, placements, child_id)
     if adopted is not None and adopted.get(child_id) is activation:
         del adopted[child_id]  # its placement is settled with: nothing to hand back
     if watching is not None:

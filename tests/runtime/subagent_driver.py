@@ -32,7 +32,7 @@ from typing import Any
 
 import trio
 from subagents.runtime.app import open_runtime
-from subagents.runtime.delegation.service import SubagentService
+from subagents.runtime.delegation.residency import Residency
 from subagents.runtime.foundation.clock import ScenarioClock
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.testing.script_format import load_script
@@ -117,7 +117,7 @@ async def main(spec: dict[str, Any]) -> None:
             _say("MARK")
             await trio.sleep_forever()
 
-        SubagentService._settle = held  # type: ignore[method-assign]  # the crash driver holds settlement at a marked point
+        Residency._settle = held  # type: ignore[method-assign]  # the crash driver holds settlement at a marked point
     model = HookedModel(ScriptedModel(load_script(json.dumps(spec["script"]))), spec.get("gates", []))
     async with open_runtime(
         spec["root"],

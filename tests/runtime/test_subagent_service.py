@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from subagents.actors import Abort
 from subagents.runtime.app import open_runtime
-from subagents.runtime.delegation.service import SubagentService
+from subagents.runtime.delegation.routing import Routing
 from subagents.runtime.foundation.clock import ScenarioClock
 from subagents.runtime.foundation.errors import SubagentError
 from subagents.runtime.foundation.ids import CountingIds
@@ -301,15 +301,15 @@ async def test_a_cold_resume_made_while_a_settled_child_is_disposed_waits_for_it
         await held.entered.wait()  # c-2 settled, its slot still held
         sent: list[bool] = []
         observed = trio.Event()
-        observe = SubagentService._observe_child
+        observe = Routing.observe_child
 
-        async def observed_child(service: SubagentService, *args: Any, **kwargs: Any) -> Any:
+        async def observed_child(service: Routing, *args: Any, **kwargs: Any) -> Any:
             try:
                 return await observe(service, *args, **kwargs)
             finally:
                 observed.set()  # its IO is done: the admission follows with no checkpoint before it
 
-        monkeypatch.setattr(SubagentService, "_observe_child", observed_child)
+        monkeypatch.setattr(Routing, "observe_child", observed_child)
 
         async def wake_first() -> None:
             await rt.subagents.send_message(parent, "c-1", "again")
@@ -329,3 +329,21 @@ async def test_a_cold_resume_made_while_a_settled_child_is_disposed_waits_for_it
     lines = [json.loads(line) for line in (tmp_path / "sessions" / "c-1" / "session.jsonl").read_text().splitlines()]
     last = [e["data"]["message"]["content"] for e in lines[1:] if e["type"] == "user/message"][-1]
     assert last[-1]["text"] == "again"  # the message reached it: resumed, not refused
+
+
+async def test_the_service_is_bound_to_its_parts_once_and_refuses_use_before(tmp_path: Path) -> None:
+    from subagents.runtime.delegation.service import SubagentService
+
+    unbound = SubagentService()
+    with pytest.raises(RuntimeError, match="before its parts were bound"):
+        unbound.tools()
+    with pytest.raises(RuntimeError, match="before its parts were bound"):
+        await unbound.release_children_of("s")
+    async with open_runtime(tmp_path, model=None) as rt:
+        parts = rt.subagents.parts
+        # Each part is its own object, built with the ones below it.
+        assert parts.spawning.placement is parts.placement and parts.messaging.placement is parts.placement
+        assert parts.placement.residency is parts.residency and parts.residency.settlement is parts.settlement
+        assert parts.spawning.agents is rt.agents and rt.agents.hooks is rt.subagents
+        with pytest.raises(RuntimeError, match="bound already"):
+            rt.subagents.bind(parts, lambda extra: rt.subagents.tools(extra))
