@@ -28,7 +28,7 @@ from subagents.storage import (
     Event,
     HandleDead,
     InvalidEvent,
-    LogStore,
+    LogWriter,
     Offset,
     OwnershipLost,
     ProjectionCells,
@@ -148,7 +148,7 @@ class SessionRef:
         await self._actor.finished.wait()
 
 
-async def close_handle(store: LogStore, handle: WriteHandle) -> None:
+async def close_handle(store: LogWriter, handle: WriteHandle) -> None:
     """Close `handle` in a worker thread, even while cancelled (shielded): the file store's close
     is an unlock, the PostgreSQL store's a statement on the network (bounded by its
     statement_timeout) that must not stall the event loop. Not bounded by a Trio timer: a close
@@ -220,7 +220,7 @@ async def snapshot_all(
 class SessionActor:
     def __init__(
         self,
-        store: LogStore,
+        store: LogWriter,
         handle: WriteHandle,
         cells: ProjectionCells,
         *,
@@ -333,7 +333,8 @@ class SessionActor:
         owners here must not act for it any more."""
         if self.mailbox.stopped:
             return
-        epoch = getattr(self.handle.impl, "epoch", 0)  # the lease a PostgreSQL handle holds
+        # A handle without a lease (a test's renewing store over files) is named epoch 0.
+        epoch = 0 if self.handle.epoch is None else self.handle.epoch
         self.ownership_lost = OwnershipLost(self.handle.session_id, epoch)
         self._dead_reason = f"stopped: ownership lost (epoch {epoch})"
         self.mailbox.close(self._dead_reason)

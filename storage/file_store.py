@@ -25,7 +25,7 @@ import attrs
 from ._codec import Event
 from ._records import HeaderError, HeaderRecord, encode_header_line
 from .append_check import check_append, check_new_session
-from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
+from .catalog import SESSIONS, Catalog
 from .errors import (
     AlreadyOwned,
     CorruptLog,
@@ -43,6 +43,7 @@ from .fs import File, Folder, Fs, NotRegularFile, OsFs, open_folder
 from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
 from .projection import CheckpointRow, Lifecycle
+from .scans import ANCHOR, still_holds
 from .values import (
     AbortPoll,
     LogInfo,
@@ -564,6 +565,12 @@ class FileLogStore:
         except OSError:
             return set()  # advice for display only: an unreadable folder holds nothing we can see
         return {paths[path] for path in held}
+
+    @property
+    def leased(self) -> None:
+        """None: the file store's writers hold flocks, which need no renewal, and it has no
+        placement queue (a folder is not shared by hosts)."""
+        return None
 
     @property
     def watching(self) -> bool:

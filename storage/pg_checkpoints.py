@@ -17,7 +17,7 @@ import attrs
 import msgspec
 
 from .errors import StorageError
-from .index import StoredCheckpoint, _lifecycle
+from .index_rows import StoredCheckpoint, _lifecycle
 from .log_store import ObservedCheckpoint, WriteHandle
 from .pg_connect import Pool, first_line
 from .projection import CheckpointRow, Lifecycle
