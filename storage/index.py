@@ -33,18 +33,18 @@ import attrs
 import msgspec
 
 from .index_rows import (
-    _CHECKPOINT_COLUMNS,
-    _COLUMNS,
-    _SCHEMA,
+    CHECKPOINT_COLUMNS,
+    COLUMNS,
+    SCHEMA_SQL,
     SCHEMA_VERSION,
     UNREADABLE,
     IndexRow,
     StoredCheckpoint,
-    _crc,
-    _lifecycle,
-    _row_from_sql,
-    _row_to_sql,
-    _same_lifecycle,
+    row_crc,
+    row_from_sql,
+    row_to_sql,
+    same_lifecycle,
+    stored_lifecycle,
 )
 from .projection import CheckpointRow, Lifecycle, ObservedCheckpoint
 from .values import SessionId
@@ -142,7 +142,7 @@ class SessionIndex:
             if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
                     conn.execute(f'DROP TABLE "{name}"')
-                for statement in _SCHEMA.split(";"):
+                for statement in SCHEMA_SQL.split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -155,14 +155,14 @@ class SessionIndex:
         """Every row, or `None` when the index cannot be read (a cache miss)."""
         with self._lock:
             try:
-                rows = self._connect().execute(f"SELECT {_COLUMNS} FROM sessions").fetchall()
+                rows = self._connect().execute(f"SELECT {COLUMNS} FROM sessions").fetchall()
             except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
                 self._miss("read", exc)
                 return None
         out = {}
         for row in rows:
             try:
-                parsed = _row_from_sql(row)
+                parsed = row_from_sql(row)
             except Exception:  # a garbled row, or one this build did not write: it is rescanned
                 continue
             out[parsed.id] = parsed
@@ -196,8 +196,8 @@ class SessionIndex:
                 [(row.id, row.id, row.form, *row.revision) for row in rescanned],
             )
             conn.executemany(
-                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 23)})",
-                [_row_to_sql(row) for row in changed],
+                f"INSERT OR REPLACE INTO sessions ({COLUMNS}) VALUES ({', '.join('?' * 23)})",
+                [row_to_sql(row) for row in changed],
             )
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
             conn.executemany("DELETE FROM checkpoints WHERE session_id = ?", [(sid,) for sid in forget])
@@ -244,7 +244,7 @@ class SessionIndex:
             values = []
             for key, row in rows.items():
                 fields = (session_id, key, row.ver, row.seq, _json.encode(row.val), log_offset, life)
-                values.append((*fields, _crc(fields)))
+                values.append((*fields, row_crc(fields)))
         except (TypeError, ValueError, OverflowError) as exc:
             self._warn("session %r: checkpoint not JSON (%s); not written", session_id, exc)
             return False
@@ -252,7 +252,7 @@ class SessionIndex:
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
             conn.executemany(
-                f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
 
@@ -284,13 +284,13 @@ class SessionIndex:
                     "SELECT DISTINCT lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?", (sid, seq)
                 ).fetchall()
                 # (The bytes this build writes are equal for equal lifecycles: decoded only if not.)
-                if any(found == life or _same_lifecycle(found, one.lifecycle) for (found,) in stored):
+                if any(found == life or same_lifecycle(found, one.lifecycle) for (found,) in stored):
                     continue
                 conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
                 conn.executemany(
-                    f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [
-                        (*fields, _crc(fields))
+                        (*fields, row_crc(fields))
                         for fields in ((sid, key, ver, seq, val, log_offset, life) for key, ver, val in one.rows)
                     ],
                 )
@@ -326,7 +326,7 @@ class SessionIndex:
                 for start in range(0, len(session_ids), step):
                     chunk = list(session_ids[start : start + step])
                     rows += conn.execute(
-                        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
+                        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints "
                         f"WHERE session_id IN ({', '.join('?' * len(chunk))}){where}",
                         chunk + params,
                     ).fetchall()
@@ -340,7 +340,7 @@ class SessionIndex:
         for sid, key, ver, seq, val, offset, life, crc in rows:
             try:
                 if (
-                    crc != _crc((sid, key, ver, seq, val, offset, life))
+                    crc != row_crc((sid, key, ver, seq, val, offset, life))
                     or sid not in out
                     or type(key) is not str
                     or type(ver) is not int
@@ -356,7 +356,7 @@ class SessionIndex:
                 # listings: each distinct record is decoded once (Lifecycle is a frozen value).
                 lifecycle = lifecycles.get(life)
                 if lifecycle is None:
-                    lifecycle = _lifecycle(decode(life))
+                    lifecycle = stored_lifecycle(decode(life))
                     lifecycles[life] = lifecycle
                 stored = StoredCheckpoint(
                     key=key, ver=ver, seq=seq, val_json=val, log_offset=offset, lifecycle=lifecycle

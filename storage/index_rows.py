@@ -1,10 +1,10 @@
 """The index's tables and rows: the SQL schema, and what SQLite stores for an `IndexRow` or a
 checkpoint row and back (index.py reads and writes them).
 
-Pure: no connection, no file. Every stored row carries a checksum of its values as SQLite returns
-them (`_crc`), and a row read back has every field's type checked (`_row_from_sql`,
-`_lifecycle`): a garbled row, or one this build did not write, raises `ValueError` and is treated
-as a miss (rescanned), never handed on wrongly typed.
+Pure: no connection, no file. Every stored row carries a checksum of its values as SQLite
+returns them (`row_crc`), and a row read back has every field's type checked (`row_from_sql`,
+`stored_lifecycle`): a garbled row, or one this build did not write, raises `ValueError` and is
+treated as a miss (rescanned), never handed on wrongly typed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,20 @@ import msgspec
 from .projection import CheckpointRow, Lifecycle
 from .values import HeaderClaim, LogInfo, Offset, Revision, SessionHeader, SessionId
 
-__all__ = ["SCHEMA_VERSION", "UNREADABLE", "IndexRow", "StoredCheckpoint"]
+__all__ = [
+    "CHECKPOINT_COLUMNS",
+    "COLUMNS",
+    "SCHEMA_SQL",
+    "SCHEMA_VERSION",
+    "UNREADABLE",
+    "IndexRow",
+    "StoredCheckpoint",
+    "row_crc",
+    "row_from_sql",
+    "row_to_sql",
+    "same_lifecycle",
+    "stored_lifecycle",
+]
 
 _json = msgspec.json
 # 3: the `claim` of a damaged header (docs/design.md, "Listing": candidates). 4: rows record
@@ -30,7 +43,7 @@ SCHEMA_VERSION = 4
 _UNREADABLE: Any = object()  # a stored checkpoint value that does not decode
 UNREADABLE = _UNREADABLE
 
-_SCHEMA = """
+SCHEMA_SQL = """
 CREATE TABLE sessions (
     id TEXT PRIMARY KEY,
     form TEXT NOT NULL,
@@ -69,15 +82,15 @@ CREATE TABLE checkpoints (
 );
 """
 
-_COLUMNS = (
+COLUMNS = (
     "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
     "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
     "scan_end, scan_events, head, anchor, claim, crc"
 )
-_CHECKPOINT_COLUMNS = "session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc"
+CHECKPOINT_COLUMNS = "session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc"
 
 
-def _crc(values: tuple[Any, ...]) -> int:
+def row_crc(values: tuple[Any, ...]) -> int:
     """A checksum of a row's values as SQLite stores and returns them: a garbled value that still
     has its column's type (a flipped byte in a text) makes its row a miss, not a wrong answer."""
     parts = []
@@ -149,7 +162,7 @@ class IndexRow:
 
 def _trusted_header(row: tuple[Any, ...]) -> SessionHeader:
     """A header the index wrote from a validated one: rebuilt without re-running validators
-    (a listing of a thousand sessions must not pay for a thousand validations). `_row_from_sql`
+    (a listing of a thousand sessions must not pay for a thousand validations). `row_from_sql`
     has checked every field's type first."""
     header = object.__new__(SessionHeader)
     for name, value in (
@@ -171,10 +184,10 @@ _COUNTS = (2, 3, 4, 15, 16, 17, 18)  # size, mtime_ns, inode, inherited, event_c
 _OPTIONAL_TEXT = (10, 11, 12, 13)  # cwd, parent_session, origin, agent_preset
 
 
-def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
+def row_from_sql(row: tuple[Any, ...]) -> IndexRow:
     """A row as SQLite returns it (untyped columns, so every field's type is checked: a row
     this build did not write, or a garbled one, raises ValueError and is rescanned)."""
-    if len(row) != 23 or _crc(row[:22]) != row[22]:
+    if len(row) != 23 or row_crc(row[:22]) != row[22]:
         raise ValueError("the row's checksum does not match: garbled")
     damage = row[14]
     if damage not in (None, "corrupt", "unsupported"):
@@ -213,9 +226,9 @@ def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
     )
 
 
-def _row_to_sql(row: IndexRow) -> tuple[object, ...]:
+def row_to_sql(row: IndexRow) -> tuple[object, ...]:
     values = _row_values(row)
-    return (*values, _crc(values))
+    return (*values, row_crc(values))
 
 
 def _row_values(row: IndexRow) -> tuple[Any, ...]:
@@ -273,15 +286,15 @@ _LIFECYCLE_TYPES = {
 }
 
 
-def _same_lifecycle(stored: Any, lifecycle: Lifecycle) -> bool:
+def same_lifecycle(stored: Any, lifecycle: Lifecycle) -> bool:
     """Whether a stored lifecycle record (bytes or str, as SQLite returns it) is `lifecycle`."""
     try:
-        return _lifecycle(_json.decode(stored)) == lifecycle
+        return stored_lifecycle(_json.decode(stored)) == lifecycle
     except Exception:  # a garbled record (or not a text at all): not this lifecycle
         return False
 
 
-def _lifecycle(value: object) -> Lifecycle:
+def stored_lifecycle(value: object) -> Lifecycle:
     """A stored lifecycle record, its fields' types checked (a garbled one raises ValueError)."""
     if type(value) is not dict:
         raise ValueError("a lifecycle record is an object")
