@@ -22,11 +22,11 @@ from .errors import Draining as Draining
 from .errors import ParentClosing as ParentClosing
 from .errors import ReadAborted as ReadAborted
 from .groups import raise_bare_cancelled as raise_bare_cancelled
-from .session_actor import AppendResult as AppendResult
-from .session_actor import EventDraft as EventDraft
 from .session_actor import SessionActor as SessionActor
-from .session_actor import SessionRef as SessionRef
-from .session_actor import snapshot_all as snapshot_all
+from .session_ref import AppendResult as AppendResult
+from .session_ref import EventDraft as EventDraft
+from .session_ref import SessionRef as SessionRef
+from .session_ref import snapshot_all as snapshot_all
 from .session_store import SessionStore as SessionStore
 from .session_store import open_session_store as open_session_store
 from .store_reader import StoreReader as StoreReader

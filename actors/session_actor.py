@@ -12,143 +12,50 @@ handle stops the actor — as does `OwnershipLost` (another host took the sessio
 retried, the new owner writes now). Any other request waits for the appends queued before it.
 
 The thread hop is never abandoned: a cancelled actor still waits for its fsync before it stops,
-then fails everything pending with `ActorStopped`.
+then fails everything pending with `ActorStopped`. What callers hold and send (the ref, drafts,
+requests, `snapshot_all`) is session_ref.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import attrs
 import trio
 from subagents.storage import (
     Batch,
     Event,
     HandleDead,
     InvalidEvent,
-    LogStore,
+    LogWriter,
     Offset,
     OwnershipLost,
     ProjectionCells,
     SequenceConflict,
     StorageError,
-    SurfaceOp,
     WriteHandle,
     make_event,
 )
 
 from .errors import ActorStopped
 from .mailbox import Mailbox, Request
+from .session_ref import (
+    AppendRequest,
+    AppendResult,
+    CheckpointRequest,
+    EventDraft,
+    FlushRequest,
+    SessionRef,
+    SnapshotRequest,
+)
 
-__all__ = ["AppendResult", "EventDraft", "SessionActor", "SessionRef", "snapshot_all"]
+__all__ = ["SessionActor", "close_handle"]
 
 log = logging.getLogger(__name__)
 
-JsonValue = Any
 
-
-@attrs.frozen(kw_only=True)
-class EventDraft:
-    """An event without its seq: the actor numbers it when the group is written."""
-
-    type: str
-    data: Mapping[str, Any]
-    time: int | None = None  # None: the actor's clock
-    ignorable: bool = False
-    surface_op: SurfaceOp | None = None
-    source_event_seqs: list[int] | None = None
-
-
-@attrs.frozen
-class AppendResult:
-    first_seq: int
-    next_seq: Offset
-    events: tuple[Event, ...]
-
-
-class _Append(Request[AppendResult]):
-    __slots__ = ("drafts", "expected_seq")
-
-    def __init__(self, drafts: Sequence[EventDraft], expected_seq: int | None) -> None:
-        super().__init__()
-        self.drafts = drafts
-        self.expected_seq = expected_seq
-
-
-class _Snapshot(Request[dict[str, JsonValue]]):
-    __slots__ = ("keys",)
-
-    def __init__(self, keys: Iterable[str] | None) -> None:
-        super().__init__()
-        self.keys = None if keys is None else list(keys)
-
-    @classmethod
-    def sharing(cls, keys: list[str] | None) -> _Snapshot:
-        """A request that uses `keys` as it is (a fan-out shares one list across requests)."""
-        request = cls(None)
-        request.keys = keys
-        return request
-
-
-class _Flush(Request[Offset]):
-    __slots__ = ()
-
-
-class _Checkpoint(Request[bool]):
-    __slots__ = ()
-
-
-class SessionRef:
-    """What callers hold: asks go through the mailbox; the actor object stays private."""
-
-    def __init__(self, actor: SessionActor) -> None:
-        self._actor = actor
-        self.session_id = actor.handle.session_id
-        self.header = actor.handle.header
-        self.inherited_event_count = actor.handle.inherited_event_count
-
-    @property
-    def stopped(self) -> bool:
-        return self._actor.mailbox.stopped
-
-    @property
-    def ownership_lost(self) -> OwnershipLost | None:
-        """Why the actor stopped, when another host took the session over (its new owner
-        writes now: nothing here may act for the session any more); else None."""
-        return self._actor.ownership_lost
-
-    async def append(self, drafts: Sequence[EventDraft], *, expected_seq: int | None = None) -> AppendResult:
-        """Durably append `drafts` as consecutive events; returns their seqs once fsynced."""
-        return await self._actor.mailbox.ask(_Append(list(drafts), expected_seq))
-
-    async def snapshot(self, keys: Iterable[str] | None = None) -> dict[str, JsonValue]:
-        """Views of the selected projection keys after every event acknowledged so far."""
-        return await self._actor.mailbox.ask(_Snapshot(keys))
-
-    async def flush(self) -> Offset:
-        """Wait until every append queued before this is durable; returns the next seq."""
-        return await self._actor.mailbox.ask(_Flush())
-
-    async def checkpoint(self) -> bool:
-        """Write the projection checkpoint now (after the appends queued before this)."""
-        return await self._actor.mailbox.ask(_Checkpoint())
-
-    @property
-    def durable_next(self) -> Offset:
-        """The seq after the last durable event (the handle advances only after its fsync)."""
-        return self._actor.handle.next_seq
-
-    def is_own_seq(self, seq: int) -> bool:
-        """True only for an existing, durable seq of the session's own suffix."""
-        return self.inherited_event_count <= seq < self._actor.handle.next_seq
-
-    async def wait_finished(self) -> None:
-        await self._actor.finished.wait()
-
-
-async def close_handle(store: LogStore, handle: WriteHandle) -> None:
+async def close_handle(store: LogWriter, handle: WriteHandle) -> None:
     """Close `handle` in a worker thread, even while cancelled (shielded): the file store's close
     is an unlock, the PostgreSQL store's a statement on the network (bounded by its
     statement_timeout) that must not stall the event loop. Not bounded by a Trio timer: a close
@@ -169,58 +76,10 @@ def _own_copy(exc: StorageError) -> StorageError:
     return copy
 
 
-async def snapshot_all(
-    refs: Sequence[SessionRef], keys: Iterable[str] | None = None
-) -> list[dict[str, JsonValue] | Exception]:
-    """Ask every session for a snapshot at once, from one task: post every request first, then
-    collect the replies in order. Results are aligned with `refs`; a failure (`ActorStopped`, a
-    broken unit) is returned as that entry's value, never raised. Starting a task per ask costs
-    about as much as the ask itself; this is how a listing fans out to live children.
-
-    An idle actor (`Mailbox.idle`: parked, nothing queued or being served) is not asked: its
-    cells are read here, which is exactly what it would answer (nothing can change them before
-    it would run). A busy one is asked, so its answer follows the appends queued before it."""
-    wanted = None if keys is None else list(keys)  # one list for all: the actors only read it
-    results: list[Any] = []  # a dict or an Exception per ref once done
-    asked: list[tuple[int, _Snapshot]] = []
-    for ref in refs:
-        actor = ref._actor  # noqa: SLF001 - same module
-        mailbox = actor.mailbox
-        if mailbox.idle():
-            # Parked with nothing queued, handed over or being served: asked, it would answer
-            # next, from these very cells, which nothing changes before it would run. So it is
-            # answered here, in this task: no request, no wake-up of its task (the actor's
-            # `_snapshot`, errors kept as values the same way).
-            try:
-                results.append(actor.cells.snapshot(wanted))
-            except Exception as exc:  # a broken unit or an unknown key: that entry's value
-                results.append(exc)
-            continue
-        request = _Snapshot.sharing(wanted)
-        try:
-            if not mailbox.try_post(request):
-                await mailbox.post(request)
-        except ActorStopped as exc:
-            results.append(exc)
-            continue
-        asked.append((len(results), request))
-        results.append(None)  # its reply, collected below
-    if not asked:
-        await trio.lowlevel.checkpoint()  # an async call is always a checkpoint
-    for at, request in asked:
-        reply = request.reply
-        try:
-            # Most replies are in by the time the first one is: no coroutine for those.
-            results[at] = reply.result() if reply.done else await reply.wait()
-        except Exception as exc:  # returned as a value: one bad session never hides the rest
-            results[at] = exc
-    return results
-
-
 class SessionActor:
     def __init__(
         self,
-        store: LogStore,
+        store: LogWriter,
         handle: WriteHandle,
         cells: ProjectionCells,
         *,
@@ -275,11 +134,11 @@ class SessionActor:
                     await self._write_checkpoint()  # idle for checkpoint_interval while dirty
                     continue
                 mailbox.taken += 1
-                if type(request) is _Snapshot:
+                if type(request) is SnapshotRequest:
                     self._snapshot(request)  # a snapshot sent while busy: served inline, no batch
                     continue
                 taken = [request]
-                if type(request) is _Append:
+                if type(request) is AppendRequest:
                     # Group commit: the appends queued behind this one share its fsync. (Other
                     # requests are served one by one: probing costs a WouldBlock each.)
                     receive_nowait = mailbox.receive.receive_nowait
@@ -333,15 +192,16 @@ class SessionActor:
         owners here must not act for it any more."""
         if self.mailbox.stopped:
             return
-        epoch = getattr(self.handle.impl, "epoch", 0)  # the lease a PostgreSQL handle holds
+        # A handle without a lease (a test's renewing store over files) is named epoch 0.
+        epoch = 0 if self.handle.epoch is None else self.handle.epoch
         self.ownership_lost = OwnershipLost(self.handle.session_id, epoch)
         self._dead_reason = f"stopped: ownership lost (epoch {epoch})"
         self.mailbox.close(self._dead_reason)
 
     async def _serve(self, requests: list[Request[Any]]) -> None:
-        group: list[_Append] = []
+        group: list[AppendRequest] = []
         for index, request in enumerate(requests):
-            if isinstance(request, _Append):
+            if isinstance(request, AppendRequest):
                 group.append(request)
                 continue
             if group:
@@ -350,16 +210,16 @@ class SessionActor:
             if self.mailbox.stopped:  # the handle died under the group: nothing more is served
                 self._refuse(requests[index:])
                 return
-            if isinstance(request, _Snapshot):
+            if isinstance(request, SnapshotRequest):
                 self._snapshot(request)
-            elif isinstance(request, _Flush):
+            elif isinstance(request, FlushRequest):
                 request.reply.set(self.handle.next_seq)
-            elif isinstance(request, _Checkpoint):
+            elif isinstance(request, CheckpointRequest):
                 request.reply.set(await self._write_checkpoint())
         if group:
             await self._commit(group)
 
-    def _snapshot(self, request: _Snapshot) -> None:
+    def _snapshot(self, request: SnapshotRequest) -> None:
         try:
             request.reply.set(self.cells.snapshot(request.keys))
         except Exception as exc:  # a broken unit or an unknown key: the asker's problem
@@ -369,7 +229,7 @@ class SessionActor:
         for request in requests:
             request.reply.fail(ActorStopped(self.mailbox.name, self._dead_reason))
 
-    async def _commit(self, group: list[_Append]) -> None:
+    async def _commit(self, group: list[AppendRequest]) -> None:
         if not group:
             return
         if self.mailbox.stopped:
@@ -379,7 +239,7 @@ class SessionActor:
         seed = self._seed
         nxt = Offset(handle.next_seq + len(seed))
         batches: list[Batch] = [Batch(Offset(0), seed)] if seed else []
-        accepted: list[tuple[_Append, list[Event]]] = []
+        accepted: list[tuple[AppendRequest, list[Event]]] = []
         for request in group:
             if request.reply.done:
                 continue

@@ -34,7 +34,8 @@ from subagents.storage import (
 
 from .durable_feed import DurableFeed
 from .errors import ActorStopped
-from .session_actor import SessionActor, SessionRef, close_handle
+from .session_actor import SessionActor, close_handle
+from .session_ref import SessionRef
 
 __all__ = ["SessionStore", "open_session_store"]
 

@@ -65,7 +65,7 @@ from subagents.storage import (  # noqa: E402  # after the sys.path line above (
     SessionHeader,
     make_event,
 )
-from subagents.storage.pg_store import _APPEND as _FENCED  # noqa: E402  # the store's own statement, measured bare
+from subagents.storage.pg_append import _APPEND as _FENCED  # noqa: E402  # the store's own statement, measured bare
 
 PARENT = "bench-parent"
 CREATED_AT = 1_789_000_000_000

@@ -135,11 +135,11 @@ async def open_runtime(
         else open_log_store(store or root, compression=compression, **(store_options or {}))
     )
     registry = runtime_registry()
-    if placements is None and owned:
+    leased = logs.leased
+    if placements is None and owned and leased is not None:
         # A store shared by hosts (PostgreSQL) has a placement queue: children may be left to
         # serving hosts while any serve.
-        make_placements = getattr(logs, "placements", None)
-        placements = make_placements() if make_placements is not None else None
+        placements = leased.placements()
     try:
         if mailbox is None and owned:
             mailbox = open_mailbox(logs, root)

@@ -1,35 +1,37 @@
 """Lease renewal: the task that keeps a PostgreSQL store's leases alive (SPEC §9, storage/pg_leases.py).
 
-`open_runtime` starts `renew_leases` in its nursery when its log store has `renew_leases` (the
-file store has none: its flocks need no renewal). Every `lease_renew_interval` seconds it renews
-all the store's leases in one statement, in a worker thread. Sessions found lost (another host
-took them over: this host was paused or cut off past its ttl) are logged and handed to `on_lost`
-(the runtime stops their actors and mailbox owners at once: an idle session's owner must not
-act for it; a running one's next append is refused with `OwnershipLost` anyway). A failed renewal is logged and tried again at the next
-interval: the leases last a ttl, three intervals by default.
+`open_runtime` starts `renew_leases` in its nursery; it returns at once for a store whose
+`leased` capability is None (the file store: its flocks need no renewal). Every
+`lease_renew_interval` seconds it renews all the store's leases in one statement, in a worker
+thread. Sessions found lost (another host took them over: this host was paused or cut off past its
+ttl) are logged and handed to `on_lost` (the runtime stops their actors and mailbox owners at
+once: an idle session's owner must not act for it; a running one's next append is refused with
+`OwnershipLost` anyway). A failed renewal is logged and tried again at the next interval: the
+leases last a ttl, three intervals by default.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import trio
-from subagents.storage import StorageError
+from subagents.storage import LogStore, StorageError
 
 __all__ = ["renew_leases"]
 
 log = logging.getLogger(__name__)
 
 
-async def renew_leases(store: Any, on_lost: Callable[[str], None] | None = None) -> None:
-    """Renew `store`'s leases every `store.lease_renew_interval` seconds until cancelled; returns
-    at once for a store without leases. `on_lost(session_id)` for each session found lost."""
-    renew = getattr(store, "renew_leases", None)
-    if renew is None:
+async def renew_leases(store: LogStore, on_lost: Callable[[str], None] | None = None) -> None:
+    """Renew `store`'s leases every `lease_renew_interval` seconds until cancelled; returns at
+    once for a store without leases (`store.leased` is None). `on_lost(session_id)` for each
+    session found lost."""
+    leased = store.leased
+    if leased is None:
         return
-    interval = float(store.lease_renew_interval)  # any store with leases has it
+    interval = float(leased.lease_renew_interval)
+    renew = leased.renew_leases
     while True:
         await trio.sleep(interval)
         try:

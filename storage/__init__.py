@@ -58,9 +58,14 @@ from .file_store import FileLogStore as FileLogStore
 from .forms import Compression as Compression
 from .fs import Fs as Fs
 from .fs import OsFs as OsFs
-from .index import StoredCheckpoint as StoredCheckpoint
+from .index_rows import StoredCheckpoint as StoredCheckpoint
 from .log_store import Batch as Batch
+from .log_store import CheckpointedReader as CheckpointedReader
+from .log_store import CheckpointRows as CheckpointRows
+from .log_store import LeasedStore as LeasedStore
+from .log_store import LogReader as LogReader
 from .log_store import LogStore as LogStore
+from .log_store import LogWriter as LogWriter
 from .log_store import ReadHandle as ReadHandle
 from .log_store import WriteHandle as WriteHandle
 from .mailbox import DrainResult as DrainResult

@@ -26,17 +26,15 @@ import errno
 import logging
 import threading
 from collections.abc import Collection, Sequence
-from typing import Literal
-
-import attrs
 
 from ._records import HeaderError, HeaderRecord
-from .errors import CorruptLog, PersistenceFailed, UnsafePath, UnsupportedLog
+from .errors import PersistenceFailed, UnsafePath
 from .forms import FORMS, LogForm
-from .fs import File, FolderScan, Fs, NotRegularFile
+from .fs import FolderScan, Fs, NotRegularFile
 from .index import IndexRow, SessionIndex
 from .projection import ObservedCheckpoint
-from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
+from .scans import damaged_info, may_have_grown, scan_growth, scan_whole, still_holds
+from .values import LogInfo, Revision, SessionId, decode_session_id
 from .watch import Watch
 
 __all__ = ["SESSIONS", "Catalog"]
@@ -410,10 +408,10 @@ class Catalog:
             return None  # unpublished: invisible
         path = f"{SESSIONS}/{folder.name}"
         if len(files) > 1:
-            return _damaged(sid, self._plain_header(sid, path), "corrupt", _NO_REVISION, 0)
+            return damaged_info(sid, self._plain_header(sid, path), "corrupt", _NO_REVISION, 0)
         file_name, revision = next(iter(files.items()))
         if revision is None:
-            return _damaged(sid, None, "corrupt", _NO_REVISION, 0)  # a planted link or FIFO
+            return damaged_info(sid, None, "corrupt", _NO_REVISION, 0)  # a planted link or FIFO
         form = _FORM_BY_FILE[file_name]
         row = rows.get(sid)
         if row is not None and row.form == form.compression and row.revision == revision:
@@ -422,7 +420,7 @@ class Catalog:
             new, rescanned = self._rescan(sid, f"{path}/{file_name}", form, row)
         except OSError as exc:
             if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
-                return _damaged(sid, None, "corrupt", _NO_REVISION, 0)
+                return damaged_info(sid, None, "corrupt", _NO_REVISION, 0)
             log.warning("session %r: skipped by the listing: %s", sid, exc)
             return None
         changed.append(new)
@@ -446,95 +444,12 @@ class Catalog:
         file = self.fs.open(path, "read")
         try:
             revision = file.revision()
-            if row is not None and _may_have_grown(row, form, revision) and still_holds(file, row):
+            if row is not None and may_have_grown(row, form, revision) and still_holds(file, row):
                 tail = file.pread(row.scan_end, revision.size - row.scan_end)
-                grown = _scan_growth(sid, form, row, revision, tail)
+                grown = scan_growth(sid, form, row, revision, tail)
                 if grown is not None:
                     return grown, False
             data = file.pread(0, revision.size)
         finally:
             file.close()
-        return _scan_whole(sid, form, revision, data), True
-
-
-ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
-
-
-def _may_have_grown(row: IndexRow, form: LogForm, revision: Revision) -> bool:
-    return (
-        row.info.damage is None
-        and row.form == form.compression
-        and row.revision.inode == revision.inode
-        and row.revision.size < revision.size
-        # the seed marker must lie in what was scanned: the tail scan does not check it
-        and row.scan_events > row.info.inherited_event_count
-    )
-
-
-def still_holds(file: File, row: IndexRow) -> bool:
-    """Whether the file still starts with the row's head and holds its anchor before scan_end."""
-    if not row.head or not row.anchor:
-        return False
-    return (
-        file.pread(0, len(row.head)) == row.head
-        and file.pread(row.scan_end - len(row.anchor), len(row.anchor)) == row.anchor
-    )
-
-
-def _scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -> IndexRow:
-    try:
-        parsed = form.parse(sid, data, poll=None)
-    except (CorruptLog, UnsupportedLog) as exc:
-        damage: Literal["corrupt", "unsupported"] = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
-        info = _damaged(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
-        return IndexRow(info=info, form=form.compression, scan_end=0, scan_events=0)
-    recovered = parsed.recovered.count(b"\n")
-    record = parsed.record
-    info = LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, len(parsed.events))
-    end = parsed.complete_end
-    return IndexRow(
-        info=info,
-        form=form.compression,
-        scan_end=end,
-        scan_events=len(parsed.events) - recovered,
-        head=data[: parsed.header_end],
-        anchor=data[max(0, end - ANCHOR) : end],
-    )
-
-
-def _scan_growth(sid: SessionId, form: LogForm, row: IndexRow, revision: Revision, tail: bytes) -> IndexRow | None:
-    """The row after scanning only what was appended since `row`, or None to rescan whole."""
-    try:
-        scan = form.scan_tail(sid, tail, first_seq=row.scan_events)
-    except (CorruptLog, UnsupportedLog):
-        return None  # the tail may not start where the row thinks: let a full scan decide
-    count = row.scan_events + len(scan.events)
-    info = LogInfo.healthy(sid, row.info.header, row.info.inherited_event_count, revision, count)
-    return attrs.evolve(  # the same log further on: its form and head stay
-        row,
-        info=info,
-        scan_end=row.scan_end + scan.complete_end,
-        scan_events=count - scan.recovered_events,
-        anchor=(row.anchor + tail[: scan.complete_end])[-ANCHOR:],
-    )
-
-
-def _damaged(
-    sid: SessionId,
-    record: HeaderRecord | HeaderError | None,
-    damage: Literal["corrupt", "unsupported"],
-    revision: Revision,
-    event_count: int,
-) -> LogInfo:
-    header = record.header if record is not None else None
-    k = record.inherited_event_count if record is not None else 0
-    return LogInfo(
-        id=sid,
-        header=header,
-        damage=damage,
-        inherited_event_count=Offset(k),
-        revision=revision,
-        event_count=Offset(event_count),
-        # A line 1 that is a JSON object but no valid header still says whose child it is.
-        claimed=record.claimed if isinstance(record, HeaderError) and header is None else None,
-    )
+        return scan_whole(sid, form, revision, data), True

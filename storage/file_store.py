@@ -5,44 +5,44 @@ writes no log: the first `append` publishes, writing header and batches to `publ
 fsyncing it, hard-linking it to the log name (which fails if a log exists, so publication never
 overwrites), then fsyncing the folder, `sessions/` and, once per store, the root. Later appends
 write at the end and fsync once per call; a failed write is truncated back (durably), a failed
-fsync kills the handle. `open_write` takes the lock before it looks at the tail, validates the
-whole log and cuts a torn tail, so readers and writers always agree on where the log ends.
+fsync kills the handle (the append path: file_append). `open_write` takes the lock before it
+looks at the tail, validates the whole log and cuts a torn tail, so readers and writers always
+agree on where the log ends. Checkpoints live in the index (file_checkpoints); listing is the
+catalog's (catalog).
 
 Every path is reached through the `Fs` seam without following links; every `OSError` is mapped
-here, once, into the storage error tree.
+once, into the storage error tree (file_handles).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-
-import attrs
+from collections.abc import Mapping, Sequence
 
 from ._codec import Event
-from ._records import HeaderError, HeaderRecord, encode_header_line
-from .append_check import check_append, check_new_session
-from .catalog import ANCHOR, SESSIONS, Catalog, still_holds
+from ._records import HeaderError, HeaderRecord
+from .append_check import check_new_session
+from .catalog import SESSIONS, Catalog
 from .errors import (
     AlreadyOwned,
     CorruptLog,
     HandleClosed,
     InvalidRange,
-    PersistenceFailed,
     SessionAlreadyExists,
     SessionNotFound,
     StorageError,
-    UnsafePath,
     UnsupportedLog,
 )
+from .file_append import FileAppender
+from .file_checkpoints import FileCheckpoints
+from .file_handles import ReadState, WriteState, mapped, write_all
 from .forms import FORMS, Compression, LogForm, ParsedLog
-from .fs import File, Folder, Fs, NotRegularFile, OsFs, open_folder
-from .index import INDEX_NAME, IndexRow, SessionIndex, StoredCheckpoint
+from .fs import File, Folder, Fs, OsFs, open_folder
+from .index import INDEX_NAME, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
-from .projection import CheckpointRow, Lifecycle
+from .projection import CheckpointRow
+from .scans import still_holds
 from .values import (
     AbortPoll,
     LogInfo,
@@ -60,24 +60,7 @@ log = logging.getLogger(__name__)
 
 _LOG_NAMES: dict[Compression, str] = {name: form.file_name for name, form in FORMS.items()}
 LOCK_NAME = "lock"
-PUBLISH_TEMP = "publish.tmp"
 _FOLDERS_KEPT = 1 << 16  # folder names kept at most (a few MB)
-
-
-@attrs.define(eq=False)
-class _WriteState:
-    lock: File
-    form: LogForm
-    file: File | None = None
-    end: int = 0  # bytes of the log this handle has written or validated
-    head_len: int = 0  # bytes of the stored header record
-
-
-@attrs.frozen
-class _ReadState:
-    path: str
-    form: LogForm
-    known: tuple[bytes, HeaderRecord] | None = None  # line 1 as open_read parsed it
 
 
 class FileLogStore:
@@ -98,7 +81,6 @@ class FileLogStore:
             raise ValueError(f"compression must be one of {sorted(FORMS)}, got {compression!r}")
         self.fs = fs
         self.compression: Compression = compression
-        self._root_durable = False
         if not use_index:
             index = None
         elif isinstance(fs, OsFs):
@@ -108,6 +90,8 @@ class FileLogStore:
         self._catalog = Catalog(fs, index, watch=watch)
         self._lock_paths: dict[str, str] = {}  # id -> its lock's path, for `held_elsewhere`
         self._folders: dict[str, str] = {}  # id -> its folder (encoding is not free)
+        self._appender = FileAppender(fs, self._catalog, self._folder)
+        self._checkpoints = FileCheckpoints(self._catalog)
 
     # --- paths ---
 
@@ -141,7 +125,7 @@ class FileLogStore:
     def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
         sid = check_new_session(header, inherited_event_count)
         folder = self._folder(sid)
-        with _mapped(sid, "create"):
+        with mapped(sid, "create"):
             self.fs.make_root()
             self.fs.mkdir(SESSIONS)
             self.fs.mkdir(folder)
@@ -158,7 +142,7 @@ class FileLogStore:
             inherited_event_count=inherited_event_count,
             next_seq=Offset(0),
             published=False,
-            impl=_WriteState(lock=lock, form=FORMS[self.compression]),
+            impl=WriteState(lock=lock, form=FORMS[self.compression]),
         )
 
     def _lock(self, sid: SessionId, folder: str) -> File:
@@ -171,7 +155,7 @@ class FileLogStore:
     def open_write(self, session_id: str) -> WriteHandle:
         sid = check_session_id(session_id)
         folder = self._folder(sid)
-        with _mapped(sid, "open for writing"):
+        with mapped(sid, "open for writing"):
             if self.fs.kind(folder) is None:
                 raise SessionNotFound(sid)
             lock = self._lock(sid, folder)
@@ -192,7 +176,7 @@ class FileLogStore:
                     count, head_len = Offset(len(parsed.events)), parsed.header_end
                 # The log may be visible without its folder entries being durable (a publication
                 # whose folder fsync failed): make them durable before acknowledging appends.
-                self._fsync_entries(folder)
+                self._appender.fsync_entries(folder)
             except BaseException:
                 if file is not None:
                     file.close()
@@ -205,13 +189,13 @@ class FileLogStore:
             next_seq=count,
             published=True,
             end_offset=end,
-            impl=_WriteState(lock=lock, form=form, file=file, end=end, head_len=head_len),
+            impl=WriteState(lock=lock, form=form, file=file, end=end, head_len=head_len),
         )
 
     def open_read(self, session_id: str) -> ReadHandle:
         sid = check_session_id(session_id)
         folder = self._folder(sid)
-        with _mapped(sid, "open for reading"):
+        with mapped(sid, "open for reading"):
             # One walk to the folder for the form check and the open (not one per step).
             with open_folder(self.fs, folder) as held:
                 name, form = self._form_in(sid, held)
@@ -224,7 +208,7 @@ class FileLogStore:
             session_id=sid,
             header=record.header,
             inherited_event_count=record.inherited_event_count,
-            impl=_ReadState(f"{folder}/{name}", form, (head, record)),
+            impl=ReadState(f"{folder}/{name}", form, (head, record)),
         )
 
     @staticmethod
@@ -252,7 +236,7 @@ class FileLogStore:
             return
         handle.closed = True
         state = handle.impl
-        if isinstance(state, _WriteState):
+        if isinstance(state, WriteState):
             for f in (state.file, state.lock):
                 if f is not None:
                     try:
@@ -262,205 +246,30 @@ class FileLogStore:
 
     # --- appending ---
 
+    # --- appending (file_append) ---
+
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
-        checked = check_append(handle, batches)
-        if checked is None:
-            return handle.next_seq
-        events, payload = checked
-        state = handle.impl
-        assert isinstance(state, _WriteState)
-        if handle.published:
-            self._append_durably(handle, state, payload)
-        else:
-            self._publish(handle, state, payload)
-        handle.next_seq = Offset(handle.next_seq + len(events))
-        if self._catalog.remembers(handle.session_id):
-            # The listing's row follows the log this handle writes (in memory: the index is
-            # saved at checkpoints), so the next listing finds it at its new revision and
-            # neither opens nor scans it; any other change to the file shows as another revision.
-            row = self._written_row(handle)
-            if row is not None:
-                self._catalog.remember(row)
-        return handle.next_seq
+        return self._appender.append(handle, batches)
 
-    def _append_durably(self, handle: WriteHandle, state: _WriteState, payload: bytes) -> None:
-        sid = handle.session_id
-        file = state.file
-        assert file is not None
-        data = state.form.append_bytes(payload)
-        try:
-            _write_all(file, data)
-        except OSError as exc:
-            self._roll_back(handle, state, exc)
-            raise _persistence(sid, "append", exc) from exc
-        self._fsync(handle, file, "fsync")
-        state.end += len(data)
-        handle.end_offset = state.end
-
-    def _roll_back(self, handle: WriteHandle, state: _WriteState, exc: OSError) -> None:
-        """Cut a failed write back to the last acknowledged byte, durably, or die trying."""
-        assert state.file is not None
-        try:
-            state.file.truncate(state.end)
-            state.file.fsync()
-        except OSError as cut:
-            handle.dead = f"rolling back a failed write ({exc.strerror}) failed: {cut.strerror}"
-
-    def _fsync(self, handle: WriteHandle, file: File, what: str) -> None:
-        try:
-            file.fsync()
-        except OSError as exc:
-            # After a failed fsync the kernel may have dropped the dirty pages: retrying could
-            # report durability that does not exist. The handle never writes again.
-            handle.dead = f"{what} failed: {exc.strerror}"
-            raise _persistence(handle.session_id, what, exc) from exc
-
-    def _publish(self, handle: WriteHandle, state: _WriteState, payload: bytes) -> None:
-        sid = handle.session_id
-        folder = self._folder(sid)
-        temp = f"{folder}/{PUBLISH_TEMP}"
-        head = state.form.head_bytes(
-            encode_header_line(HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count))
-        )
-        data = head + state.form.append_bytes(payload)
-        state.head_len = len(head)
-        with _mapped(sid, "publish"):
-            if self.fs.kind(temp) is not None:
-                self.fs.unlink(temp)  # a leftover of a crashed publication: never published
-            file = self.fs.open(temp, "create")
-        try:
-            try:
-                _write_all(file, data)
-            except OSError as exc:
-                raise _persistence(sid, "publish", exc) from exc
-            self._fsync(handle, file, "fsync of the new log")
-            try:
-                self.fs.link(temp, f"{folder}/{state.form.file_name}")
-            except FileExistsError:
-                raise SessionAlreadyExists(sid) from None
-            except OSError as exc:
-                raise _persistence(sid, "publish", exc) from exc
-        except BaseException:
-            file.close()
-            try:
-                self.fs.unlink(temp)
-            except OSError:
-                pass  # an unpublished leftover is invisible and the next publication removes it
-            raise
-        try:
-            self.fs.unlink(temp)
-        except OSError:
-            log.warning("session %r: removing %s failed", sid, temp, exc_info=True)
-        state.file = file
-        try:
-            self._fsync_entries(folder)
-        except OSError as exc:
-            handle.dead = f"fsync of the session's folders failed: {exc.strerror}"
-            raise _persistence(sid, "publish", exc) from exc
-        state.end = len(data)
-        handle.end_offset = state.end
-        handle.published = True
-
-    def _fsync_entries(self, folder: str) -> None:
-        """Make the session's folder, its entry in `sessions/` and `sessions/` itself durable."""
-        self.fs.fsync_dir(folder)
-        self.fs.fsync_dir(SESSIONS)
-        if not self._root_durable:
-            self.fs.fsync_dir("")
-            self._root_durable = True
-
-    # --- reading ---
-
-    # --- checkpoints (docs/format.md, "The index") ---
+    # --- checkpoints (file_checkpoints) ---
 
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
-        """Store the rows that cover exactly the durable log (seq = the last durable seq), at
-        its end offset, under the session's lifecycle identity. Fail-soft: False when not."""
-        if self._catalog.index is None or not handle.published or handle.dead is not None:
-            return False
-        self._record_row(handle)
-        last = handle.next_seq - 1
-        current = {key: row for key, row in rows.items() if row.seq == last}
-        if not current:
-            return True  # nothing to checkpoint (no units, or none healthy): not a failure
-        lifecycle = Lifecycle.of(handle.header, handle.inherited_event_count)
-        return self._catalog.index.save_checkpoint(handle.session_id, lifecycle, current, handle.end_offset)
+        return self._checkpoints.write_checkpoint(handle, rows)
 
     def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
-        """Store rows a reader proved by folding whole logs (docs/format.md, "The index"), in
-        one index transaction: each at the end offset of its log's index row, only while that
-        row, in memory and as stored, is still at the revision and event count observed (a log
-        edited and rescanned since by another process is not). Fail-soft, quiet (a read-only
-        folder is no error): how many sessions were written."""
-        return self._catalog.save_observed(observed)
-
-    def _record_row(self, handle: WriteHandle) -> None:
-        """The writer knows its log whole (every event it appended was valid): record the index
-        row, so the next open or listing need not scan the log. Fail-soft."""
-        row = self._written_row(handle)
-        if row is not None:
-            self._catalog.record(row)
-
-    def _written_row(self, handle: WriteHandle) -> IndexRow | None:
-        """The index row of the log exactly as this handle wrote it (None when it cannot tell:
-        bytes past its end, or the file cannot be read)."""
-        state = handle.impl
-        if not isinstance(state, _WriteState) or state.file is None or not state.head_len:
-            return None
-        try:
-            revision = state.file.revision()
-            if revision.size != state.end:
-                return None  # bytes past what this handle wrote: let a scan decide
-            head = state.file.pread(0, state.head_len)
-            anchor = state.file.pread(max(0, state.end - ANCHOR), min(ANCHOR, state.end))
-        except OSError:
-            return None
-        info = LogInfo.healthy(
-            handle.session_id, handle.header, handle.inherited_event_count, revision, handle.next_seq
-        )
-        return IndexRow(
-            info=info,
-            form=state.form.compression,
-            scan_end=state.end,
-            scan_events=handle.next_seq,
-            head=head,
-            anchor=anchor,
-        )
+        return self._checkpoints.write_observed_checkpoints(observed)
 
     def read_checkpoint(
         self, session_id: str, header: SessionHeader, inherited_event_count: int
     ) -> tuple[dict[str, CheckpointRow], int] | None:
-        """The stored rows of this lifecycle of the session and their log offset, if any."""
-        index = self._catalog.index
-        if index is None:
-            return None
-        loaded = index.load_checkpoints([session_id])
-        if not loaded or self._catalog.suspect([session_id]):
-            return None
-        lifecycle = Lifecycle.of(header, inherited_event_count)
-        stored = [s for s in loaded.get(session_id, []) if s.lifecycle == lifecycle]
-        if not stored:
-            return None
-        offset = stored[0].log_offset
-        seq = stored[0].row.seq
-        rows = {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}
-        return rows, offset
+        return self._checkpoints.read_checkpoint(session_id, header, inherited_event_count)
 
     def read_checkpoint_rows(
         self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
     ) -> dict[str, list[StoredCheckpoint]] | None:
-        """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; see
-        `SessionIndex.load_checkpoints` for `skip`), in one query (None on a cache miss); the
-        caller checks versions and lifecycles. None stored for a session whose rows may answer
-        for a revision that is gone (`Catalog.suspect`)."""
-        index = self._catalog.index
-        if index is None:
-            return None
-        found = index.load_checkpoints(list(session_ids), keys, skip)
-        if found:
-            for sid in self._catalog.suspect(found):
-                found[sid] = []
-        return found
+        return self._checkpoints.read_checkpoint_rows(session_ids, keys, skip)
+
+    # --- reading ---
 
     def read_after(
         self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None
@@ -476,13 +285,13 @@ class FileLogStore:
                 f"got {log_offset!r}, {first_seq!r}"
             )
         state = handle.impl
-        with _mapped(sid, "read"):
-            if isinstance(state, _WriteState):
+        with mapped(sid, "read"):
+            if isinstance(state, WriteState):
                 if state.file is None or log_offset > state.end:
                     return None
                 data = state.file.pread(log_offset, state.end - log_offset)
             else:
-                assert isinstance(state, _ReadState)
+                assert isinstance(state, ReadState)
                 file = self.fs.open(state.path, "read")
                 try:
                     size = file.size()
@@ -507,8 +316,8 @@ class FileLogStore:
         if type(start) is not int or start < 0 or (stop is not None and (type(stop) is not int or stop < start)):
             raise InvalidRange(f"session {sid!r}: read range [{start!r}, {stop!r}) is not a range of offsets")
         state = handle.impl
-        with _mapped(sid, "read"):
-            if isinstance(state, _WriteState):
+        with mapped(sid, "read"):
+            if isinstance(state, WriteState):
                 if not handle.published or state.file is None:
                     return []
                 data = state.file.pread(0, state.end)
@@ -517,7 +326,7 @@ class FileLogStore:
                 # construction, payloads included): their payloads need no second check.
                 payloads = False
             else:
-                assert isinstance(state, _ReadState)
+                assert isinstance(state, ReadState)
                 file = self.fs.open(state.path, "read")
                 try:
                     data = file.pread(0, file.size())
@@ -526,7 +335,7 @@ class FileLogStore:
                     payloads = not self._catalog.vouches(sid, state.form.compression, file.revision(), len(data))
                 finally:
                     file.close()
-        known = state.known if isinstance(state, _ReadState) else None
+        known = state.known if isinstance(state, ReadState) else None
         parsed = state.form.parse(sid, data, poll=poll, known=known, payloads=payloads)
         if parsed.record.header != handle.header:
             raise CorruptLog(sid, "the log's header changed since the handle was opened", offset=0)
@@ -564,6 +373,12 @@ class FileLogStore:
         except OSError:
             return set()  # advice for display only: an unreadable folder holds nothing we can see
         return {paths[path] for path in held}
+
+    @property
+    def leased(self) -> None:
+        """None: the file store's writers hold flocks, which need no renewal, and it has no
+        placement queue (a folder is not shared by hosts)."""
+        return None
 
     @property
     def watching(self) -> bool:
@@ -605,33 +420,7 @@ def _repair_tail(file: File, form: LogForm, parsed: ParsedLog) -> int:
     end = parsed.complete_end
     if parsed.recovered:
         framed = form.append_bytes(parsed.recovered)
-        _write_all(file, framed)
+        write_all(file, framed)
         end += len(framed)
     file.fsync()
     return end
-
-
-def _write_all(file: File, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = file.write(view)
-        view = view[n:]
-
-
-def _persistence(sid: str, op: str, exc: OSError) -> StorageError:
-    if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR):
-        return UnsafePath(f"session {sid!r}: {op}: refusing a symlink or non-regular file ({exc.filename})")
-    return PersistenceFailed(f"session {sid!r}: {op} failed: {exc.strerror or exc}")
-
-
-@contextmanager
-def _mapped(sid: SessionId, op: str) -> Iterator[None]:
-    """Map the foreign errors of one operation into the storage tree."""
-    try:
-        yield
-    except StorageError:
-        raise
-    except FileNotFoundError:
-        raise SessionNotFound(sid) from None
-    except OSError as exc:
-        raise _persistence(sid, op, exc) from exc

@@ -16,26 +16,38 @@ wrongly typed header or count handed to a listing. All access is serialized by o
 reach the index through one worker thread anyway).
 
 The checkpoint table holds projection checkpoints `{session, unit key} → {ver, seq, val,
-log_offset, lifecycle}`; its rows arrive with the projections (docs/format.md, "The index").
+log_offset, lifecycle}`; its rows arrive with the projections (docs/format.md, "The index"). The
+tables and the rows as stored (checksummed, checked when read back) are index_rows.py.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sqlite3
 import stat as stat_mod
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 import attrs
 import msgspec
 
+from .index_rows import (
+    CHECKPOINT_COLUMNS,
+    COLUMNS,
+    SCHEMA_SQL,
+    SCHEMA_VERSION,
+    UNREADABLE,
+    IndexRow,
+    StoredCheckpoint,
+    row_crc,
+    row_from_sql,
+    row_to_sql,
+    same_lifecycle,
+    stored_lifecycle,
+)
 from .projection import CheckpointRow, Lifecycle, ObservedCheckpoint
-from .values import HeaderClaim, LogInfo, Offset, Revision, SessionHeader, SessionId
+from .values import SessionId
 
 __all__ = ["INDEX_NAME", "SCHEMA_VERSION", "UNREADABLE", "IndexRow", "SessionIndex", "StoredCheckpoint"]
 
@@ -43,11 +55,6 @@ log = logging.getLogger(__name__)
 
 _json = msgspec.json
 INDEX_NAME = "index.sqlite3"
-# 3: the `claim` of a damaged header (docs/design.md, "Listing": candidates). 4: rows record
-# payload damage too (issue 13: every read validates known payloads; rows of an older build may
-# call such a log healthy, so they are dropped with the schema), and every row carries a
-# checksum.
-SCHEMA_VERSION = 4
 # Ids per query: SQLite >= 3.32 takes 32,766 bound parameters (older ones 999).
 _IN_LIMIT = 30_000 if sqlite3.sqlite_version_info >= (3, 32) else 900
 _LIFECYCLES = 1 << 16  # decoded lifecycle records kept at most (then forgotten at once)
@@ -55,241 +62,6 @@ _LIFECYCLES = 1 << 16  # decoded lifecycle records kept at most (then forgotten 
 # INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL): a miss now, another try next time. Any other
 # failure of the database (CORRUPT, NOTADB, a text that does not decode, ...) is a damaged file.
 _TRANSIENT = {3, 5, 6, 7, 8, 9, 10, 13, 14, 15}
-_UNREADABLE: Any = object()  # a stored checkpoint value that does not decode
-UNREADABLE = _UNREADABLE
-
-_SCHEMA = """
-CREATE TABLE sessions (
-    id TEXT PRIMARY KEY,
-    form TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    inode INTEGER NOT NULL,
-    has_header INTEGER NOT NULL,
-    format INTEGER,
-    created_at INTEGER,
-    is_seeded INTEGER,
-    delegation_depth INTEGER,
-    cwd TEXT,
-    parent_session TEXT,
-    origin TEXT,
-    agent_preset TEXT,
-    damage TEXT,
-    inherited_event_count INTEGER NOT NULL,
-    event_count INTEGER NOT NULL,
-    scan_end INTEGER NOT NULL,
-    scan_events INTEGER NOT NULL,
-    head BLOB NOT NULL,
-    anchor BLOB NOT NULL,
-    claim TEXT,
-    crc INTEGER NOT NULL
-);
-CREATE TABLE checkpoints (
-    session_id TEXT NOT NULL,
-    unit_key TEXT NOT NULL,
-    ver INTEGER NOT NULL,
-    seq INTEGER NOT NULL,
-    val BLOB NOT NULL,
-    log_offset INTEGER NOT NULL,
-    lifecycle BLOB NOT NULL,
-    crc INTEGER NOT NULL,
-    PRIMARY KEY (session_id, unit_key)
-);
-"""
-
-_COLUMNS = (
-    "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
-    "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
-    "scan_end, scan_events, head, anchor, claim, crc"
-)
-_CHECKPOINT_COLUMNS = "session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc"
-
-
-def _crc(values: tuple[Any, ...]) -> int:
-    """A checksum of a row's values as SQLite stores and returns them: a garbled value that still
-    has its column's type (a flipped byte in a text) makes its row a miss, not a wrong answer."""
-    parts = []
-    blobs = []
-    for value in values:
-        if value is None:
-            parts.append("\x00")
-        elif type(value) is bytes:
-            parts.append("\x01")
-            blobs.append(value)
-        else:
-            parts.append(str(value))
-    crc = zlib.crc32("\x1f".join(parts).encode("utf-8", "surrogatepass"))
-    for blob in blobs:
-        crc = zlib.crc32(blob, crc)
-    return crc
-
-
-@attrs.frozen(kw_only=True)
-class StoredCheckpoint:
-    """One stored checkpoint row. Its value stays JSON until `row` or `value()` is read: a
-    listing decodes only the rows of the unit it needs."""
-
-    key: str
-    ver: int
-    seq: int
-    val_json: bytes | str = attrs.field(repr=False)  # the value, still JSON
-    log_offset: int  # a record boundary just after `seq`
-    lifecycle: Lifecycle
-
-    @functools.cached_property
-    def row(self) -> CheckpointRow:
-        val = self.value()
-        if val is _UNREADABLE:
-            # Not a value this build wrote: a version no unit has (every state_version is
-            # >= 0), so every reader ignores the row, as if it were not there.
-            return CheckpointRow(ver=-1, seq=self.seq, val=None)
-        return CheckpointRow(ver=self.ver, seq=self.seq, val=val)
-
-    def value(self) -> Any:
-        """The decoded value (a fresh one on every call), or `UNREADABLE`."""
-        try:
-            return _json.decode(self.val_json)
-        except (msgspec.MsgspecError, ValueError, TypeError, RecursionError, MemoryError):
-            return _UNREADABLE  # garbled (or hostile: deeply nested) bytes
-
-
-@attrs.frozen(kw_only=True)
-class IndexRow:
-    """What a scan of one log at one revision found."""
-
-    info: LogInfo
-    form: str
-    scan_end: int  # bytes of complete records (plain) or frames (zstd) the scan covered
-    scan_events: int  # events in those bytes (a torn frame's recovered lines excluded)
-    # What a log that only grew must still hold: its first bytes and the bytes just before
-    # `scan_end`. A file rewritten in place (same inode, larger) fails this and is rescanned.
-    head: bytes = b""
-    anchor: bytes = b""
-
-    @property
-    def id(self) -> SessionId:
-        return self.info.id
-
-    @property
-    def revision(self) -> Revision:
-        return self.info.revision
-
-
-def _trusted_header(row: tuple[Any, ...]) -> SessionHeader:
-    """A header the index wrote from a validated one: rebuilt without re-running validators
-    (a listing of a thousand sessions must not pay for a thousand validations). `_row_from_sql`
-    has checked every field's type first."""
-    header = object.__new__(SessionHeader)
-    for name, value in (
-        ("id", row[0]),
-        ("format", row[6]),
-        ("created_at", row[7]),
-        ("is_seeded", bool(row[8])),
-        ("delegation_depth", row[9]),
-        ("cwd", row[10]),
-        ("parent_session", row[11]),
-        ("origin", row[12]),
-        ("agent_preset", row[13]),
-    ):
-        object.__setattr__(header, name, value)
-    return header
-
-
-_COUNTS = (2, 3, 4, 15, 16, 17, 18)  # size, mtime_ns, inode, inherited, event_count, scan_end, scan_events
-_OPTIONAL_TEXT = (10, 11, 12, 13)  # cwd, parent_session, origin, agent_preset
-
-
-def _row_from_sql(row: tuple[Any, ...]) -> IndexRow:
-    """A row as SQLite returns it (untyped columns, so every field's type is checked: a row
-    this build did not write, or a garbled one, raises ValueError and is rescanned)."""
-    if len(row) != 23 or _crc(row[:22]) != row[22]:
-        raise ValueError("the row's checksum does not match: garbled")
-    damage = row[14]
-    if damage not in (None, "corrupt", "unsupported"):
-        raise ValueError(f"unknown damage {damage!r}")
-    if type(row[0]) is not str or row[1] not in ("none", "zstd") or row[5] not in (0, 1):
-        raise ValueError("not a row this build wrote")
-    if (
-        any(type(row[i]) is not int or row[i] < 0 for i in _COUNTS)
-        or type(row[19]) is not bytes
-        or type(row[20]) is not bytes
-    ):
-        raise ValueError("not a row this build wrote")
-    if row[5]:
-        if any(type(row[i]) is not int or row[i] < 0 for i in (6, 7, 9)) or row[8] not in (0, 1):
-            raise ValueError("not a header this build wrote")
-        if any(row[i] is not None and type(row[i]) is not str for i in _OPTIONAL_TEXT):
-            raise ValueError("not a header this build wrote")
-    elif damage is None:
-        raise ValueError("a healthy log has a header")
-    info = LogInfo(
-        id=SessionId(row[0]),
-        header=_trusted_header(row) if row[5] else None,
-        damage=damage,
-        inherited_event_count=Offset(row[15]),
-        revision=Revision(size=row[2], mtime_ns=row[3], inode=row[4]),
-        event_count=Offset(row[16]),
-        claimed=_claim_from_sql(row[21]),
-    )
-    return IndexRow(
-        info=info,
-        form=row[1],
-        scan_end=row[17],
-        scan_events=row[18],
-        head=row[19],
-        anchor=row[20],
-    )
-
-
-def _row_to_sql(row: IndexRow) -> tuple[object, ...]:
-    values = _row_values(row)
-    return (*values, _crc(values))
-
-
-def _row_values(row: IndexRow) -> tuple[Any, ...]:
-    info = row.info
-    h = info.header
-    rev = info.revision
-    return (
-        info.id,
-        row.form,
-        rev.size,
-        rev.mtime_ns,
-        rev.inode,
-        1 if h is not None else 0,
-        h.format if h else None,
-        h.created_at if h else None,
-        int(h.is_seeded) if h else None,
-        h.delegation_depth if h else None,
-        h.cwd if h else None,
-        h.parent_session if h else None,
-        h.origin if h else None,
-        h.agent_preset if h else None,
-        info.damage,
-        info.inherited_event_count,
-        info.event_count,
-        row.scan_end,
-        row.scan_events,
-        row.head,
-        row.anchor,
-        None if info.claimed is None else _json.encode(list(info.claimed)).decode(),
-    )
-
-
-def _claim_from_sql(value: object) -> HeaderClaim | None:
-    """A stored claim (JSON `[origin, parent_session, created_at]`); another shape raises
-    ValueError, so the row is rescanned."""
-    if value is None:
-        return None
-    try:
-        origin, parent, created = _json.decode(str(value))
-    except (msgspec.DecodeError, TypeError, ValueError):
-        raise ValueError("unreadable claim") from None
-    if not (origin is None or type(origin) is str) or not (parent is None or type(parent) is str):
-        raise ValueError("unreadable claim")
-    if not (created is None or type(created) is int):
-        raise ValueError("unreadable claim")
-    return HeaderClaim(origin=origin, parent_session=parent, created_at=created)
 
 
 class SessionIndex:
@@ -370,7 +142,7 @@ class SessionIndex:
             if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                 for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
                     conn.execute(f'DROP TABLE "{name}"')
-                for statement in _SCHEMA.split(";"):
+                for statement in SCHEMA_SQL.split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -383,14 +155,14 @@ class SessionIndex:
         """Every row, or `None` when the index cannot be read (a cache miss)."""
         with self._lock:
             try:
-                rows = self._connect().execute(f"SELECT {_COLUMNS} FROM sessions").fetchall()
+                rows = self._connect().execute(f"SELECT {COLUMNS} FROM sessions").fetchall()
             except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
                 self._miss("read", exc)
                 return None
         out = {}
         for row in rows:
             try:
-                parsed = _row_from_sql(row)
+                parsed = row_from_sql(row)
             except Exception:  # a garbled row, or one this build did not write: it is rescanned
                 continue
             out[parsed.id] = parsed
@@ -424,8 +196,8 @@ class SessionIndex:
                 [(row.id, row.id, row.form, *row.revision) for row in rescanned],
             )
             conn.executemany(
-                f"INSERT OR REPLACE INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 23)})",
-                [_row_to_sql(row) for row in changed],
+                f"INSERT OR REPLACE INTO sessions ({COLUMNS}) VALUES ({', '.join('?' * 23)})",
+                [row_to_sql(row) for row in changed],
             )
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
             conn.executemany("DELETE FROM checkpoints WHERE session_id = ?", [(sid,) for sid in forget])
@@ -472,7 +244,7 @@ class SessionIndex:
             values = []
             for key, row in rows.items():
                 fields = (session_id, key, row.ver, row.seq, _json.encode(row.val), log_offset, life)
-                values.append((*fields, _crc(fields)))
+                values.append((*fields, row_crc(fields)))
         except (TypeError, ValueError, OverflowError) as exc:
             self._warn("session %r: checkpoint not JSON (%s); not written", session_id, exc)
             return False
@@ -480,7 +252,7 @@ class SessionIndex:
         def write(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (session_id,))
             conn.executemany(
-                f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 values,
             )
 
@@ -512,13 +284,13 @@ class SessionIndex:
                     "SELECT DISTINCT lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?", (sid, seq)
                 ).fetchall()
                 # (The bytes this build writes are equal for equal lifecycles: decoded only if not.)
-                if any(found == life or _same_lifecycle(found, one.lifecycle) for (found,) in stored):
+                if any(found == life or same_lifecycle(found, one.lifecycle) for (found,) in stored):
                     continue
                 conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
                 conn.executemany(
-                    f"INSERT INTO checkpoints ({_CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [
-                        (*fields, _crc(fields))
+                        (*fields, row_crc(fields))
                         for fields in ((sid, key, ver, seq, val, log_offset, life) for key, ver, val in one.rows)
                     ],
                 )
@@ -554,7 +326,7 @@ class SessionIndex:
                 for start in range(0, len(session_ids), step):
                     chunk = list(session_ids[start : start + step])
                     rows += conn.execute(
-                        f"SELECT {_CHECKPOINT_COLUMNS} FROM checkpoints "
+                        f"SELECT {CHECKPOINT_COLUMNS} FROM checkpoints "
                         f"WHERE session_id IN ({', '.join('?' * len(chunk))}){where}",
                         chunk + params,
                     ).fetchall()
@@ -568,7 +340,7 @@ class SessionIndex:
         for sid, key, ver, seq, val, offset, life, crc in rows:
             try:
                 if (
-                    crc != _crc((sid, key, ver, seq, val, offset, life))
+                    crc != row_crc((sid, key, ver, seq, val, offset, life))
                     or sid not in out
                     or type(key) is not str
                     or type(ver) is not int
@@ -584,7 +356,7 @@ class SessionIndex:
                 # listings: each distinct record is decoded once (Lifecycle is a frozen value).
                 lifecycle = lifecycles.get(life)
                 if lifecycle is None:
-                    lifecycle = _lifecycle(decode(life))
+                    lifecycle = stored_lifecycle(decode(life))
                     lifecycles[life] = lifecycle
                 stored = StoredCheckpoint(
                     key=key, ver=ver, seq=seq, val_json=val, log_offset=offset, lifecycle=lifecycle
@@ -599,15 +371,6 @@ class SessionIndex:
             self._reset()
 
 
-_LIFECYCLE_TYPES = {
-    "format": (int,),
-    "created_at": (int,),
-    "cwd": (str, type(None)),
-    "is_seeded": (bool,),
-    "inherited_event_count": (int,),
-}
-
-
 def _damaged(exc: Exception) -> bool:
     """Whether a failure says the file's contents are damaged (then it is rebuilt)."""
     if isinstance(exc, (OSError, MemoryError)):
@@ -620,25 +383,6 @@ def _damaged(exc: Exception) -> bool:
         # connection, a misuse) is not.
         return str(exc).startswith("Could not decode")
     return True  # a foreign exception from the file's contents (UnicodeDecodeError, ValueError, ...)
-
-
-def _same_lifecycle(stored: Any, lifecycle: Lifecycle) -> bool:
-    """Whether a stored lifecycle record (bytes or str, as SQLite returns it) is `lifecycle`."""
-    try:
-        return _lifecycle(_json.decode(stored)) == lifecycle
-    except Exception:  # a garbled record (or not a text at all): not this lifecycle
-        return False
-
-
-def _lifecycle(value: object) -> Lifecycle:
-    """A stored lifecycle record, its fields' types checked (a garbled one raises ValueError)."""
-    if type(value) is not dict:
-        raise ValueError("a lifecycle record is an object")
-    lifecycle = Lifecycle(**value)
-    for name, want in _LIFECYCLE_TYPES.items():
-        if type(getattr(lifecycle, name)) not in want:
-            raise ValueError(f"lifecycle field {name} has the wrong type")
-    return lifecycle
 
 
 def _open(path: str | None) -> sqlite3.Connection:

@@ -1,4 +1,4 @@
-"""The `LogStore` protocol, its handles and batches.
+"""The storage contract: the protocols its callers use, the handles and batches.
 
 A store is synchronous (actors call it from worker threads) and speaks in handles: `create`
 and `open_write` return a `WriteHandle` that holds the session's single-writer lock until
@@ -7,8 +7,19 @@ every batch and makes them durable with one fsync before it returns; each batch 
 it expects first, and a mismatch refuses the whole call with `SequenceConflict` before anything
 is written. Long reads take a `poll` (an `AbortPoll`) called between chunks.
 
-Kept as a protocol so that a store that is not made of files (PostgreSQL, planned: README, "What
-is not done yet") fits.
+The contract is cut by what its callers do, and each caller asks for the narrowest part:
+
+- `LogReader`: open a log without a lock, read its events, look sessions up and list them (the
+  cold reader, event streams, operator commands);
+- `LogWriter`: claim a session, append durably, checkpoint exactly what is durable, release (the
+  session actor);
+- `CheckpointRows`: the stored projection checkpoints, which any process reads and may refresh
+  (the index is a cache); `CheckpointedReader` is a reader of both (the store reader);
+- `LeasedStore`: the optional capability of a store shared by hosts (PostgreSQL): leases to
+  renew and a placement queue. `LogStore.leased` gives it, or None: nothing probes for it.
+
+`LogStore` is all of them, what a backend implements (the file store, PostgreSQL, the memory and
+faulty doubles in storage/testing) and what the session store and `open_runtime` hold.
 """
 
 from __future__ import annotations
@@ -20,12 +31,25 @@ import attrs
 
 from ._codec import Event
 from .projection import CheckpointRow, ObservedCheckpoint
-
-if TYPE_CHECKING:
-    from .index import StoredCheckpoint
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId
 
-__all__ = ["Batch", "Handle", "LogStore", "ObservedCheckpoint", "ReadHandle", "WriteHandle"]
+if TYPE_CHECKING:
+    from .index_rows import StoredCheckpoint
+    from .placements import Placements
+
+__all__ = [
+    "Batch",
+    "CheckpointRows",
+    "CheckpointedReader",
+    "Handle",
+    "LeasedStore",
+    "LogReader",
+    "LogStore",
+    "LogWriter",
+    "ObservedCheckpoint",
+    "ReadHandle",
+    "WriteHandle",
+]
 
 
 @attrs.frozen
@@ -52,6 +76,9 @@ class WriteHandle:
     inherited_event_count: Offset
     next_seq: Offset
     published: bool
+    # The epoch of the lease this handle writes under (a `LeasedStore`'s); None where the
+    # single-writer lock is not a lease (the file store's flock).
+    epoch: int | None = None
     closed: bool = False
     dead: str | None = None  # why the handle died (a failed fsync); it never writes again
     end_offset: int = 0  # the record boundary just after the last durable event
@@ -61,19 +88,11 @@ class WriteHandle:
 Handle = ReadHandle | WriteHandle  # what reads and `close` take
 
 
-class LogStore(Protocol):
-    def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
-        """Claim a new session; nothing is written until the first append publishes it."""
-        ...
+class LogReader(Protocol):
+    """Reading logs: handles that take no lock, their events, and the sessions' listing rows."""
 
-    def open_write(self, session_id: str) -> WriteHandle:
-        """Claim a published session: lock, validate the whole log, cut a torn tail."""
-        ...
-
-    def open_read(self, session_id: str) -> ReadHandle: ...
-
-    def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
-        """Write every batch and fsync once; returns the next seq. Durable when it returns."""
+    def open_read(self, session_id: str) -> ReadHandle:
+        """A handle on a published session's log (`SessionNotFound` when there is none)."""
         ...
 
     def read(
@@ -82,14 +101,18 @@ class LogStore(Protocol):
         """Events `[start, stop)` of the complete prefix (never a torn tail)."""
         ...
 
-    def stat(self, session_id: str) -> LogInfo | None: ...
+    def read_after(
+        self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None
+    ) -> list[Event] | None:
+        """Events from a record boundary that must hold `first_seq`; None when it does not."""
+        ...
+
+    def stat(self, session_id: str) -> LogInfo | None:
+        """One session's listing row, damage reported; None when it is not published."""
+        ...
 
     def list(self) -> list[LogInfo]:
         """Every published session, damage reported per session; fails only for an unreadable root."""
-        ...
-
-    def close(self, handle: Handle) -> None:
-        """Idempotent; releases a write handle's lock."""
         ...
 
     def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
@@ -98,16 +121,38 @@ class LogStore(Protocol):
         cannot tell. Advice for display: a writer may take or drop a lock the moment after."""
         ...
 
+    def close(self, handle: Handle) -> None:
+        """Idempotent; releases a write handle's lock."""
+        ...
+
+
+class LogWriter(Protocol):
+    """Writing logs: one writer per session, durable appends, checkpoints of what is durable."""
+
+    def create(self, header: SessionHeader, *, inherited_event_count: Offset = Offset(0)) -> WriteHandle:
+        """Claim a new session; nothing is written until the first append publishes it."""
+        ...
+
+    def open_write(self, session_id: str) -> WriteHandle:
+        """Claim a published session: lock, validate the whole log, cut a torn tail."""
+        ...
+
+    def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
+        """Write every batch and fsync once; returns the next seq. Durable when it returns."""
+        ...
+
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         """Store rows covering exactly the durable log; fail-soft (False when not stored)."""
         ...
 
-    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
-        """Store observed rows (the index is a cache: any process may refresh it), all in one
-        write: an entry only while its log is still at the revision and event count observed,
-        and never over stored rows of the same lifecycle at the same or a later seq. Fail-soft
-        and quiet (a store this process may not write is no error): how many were stored."""
+    def close(self, handle: Handle) -> None:
+        """Idempotent; releases a write handle's lock."""
         ...
+
+
+class CheckpointRows(Protocol):
+    """The stored projection checkpoints of the sessions, as readers (and a writer resuming
+    from them) find them; a cache, so any process may refresh it."""
 
     def read_checkpoint(
         self, session_id: str, header: SessionHeader, inherited_event_count: int
@@ -123,8 +168,45 @@ class LogStore(Protocol):
         cache miss."""
         ...
 
-    def read_after(
-        self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None
-    ) -> list[Event] | None:
-        """Events from a record boundary that must hold `first_seq`; None when it does not."""
+    def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:
+        """Store observed rows (the index is a cache: any process may refresh it), all in one
+        write: an entry only while its log is still at the revision and event count observed,
+        and never over stored rows of the same lifecycle at the same or a later seq. Fail-soft
+        and quiet (a store this process may not write is no error): how many were stored."""
+        ...
+
+
+class CheckpointedReader(LogReader, CheckpointRows, Protocol):
+    """A reader of the logs and of their checkpoint rows: what the read side needs."""
+
+
+class LeasedStore(Protocol):
+    """The capability of a store shared by hosts (PostgreSQL, SPEC §9): each write handle holds
+    a lease (`WriteHandle.epoch`) that must be renewed, and the hosts share a placement queue."""
+
+    @property
+    def lease_renew_interval(self) -> float:
+        """Seconds between two renewals (a third of the lease's ttl by default)."""
+        ...
+
+    def renew_leases(self) -> frozenset[SessionId]:
+        """Extend every lease held, in one statement; returns the sessions found lost (another
+        host took them over). `PersistenceFailed` or `StoreUnreachable` when it cannot."""
+        ...
+
+    def placements(self) -> Placements:
+        """The placement queue and host registry, as this host."""
+        ...
+
+
+class LogStore(LogReader, LogWriter, CheckpointRows, Protocol):
+    """The whole contract a backend implements."""
+
+    @property
+    def leased(self) -> LeasedStore | None:
+        """The store's leased capability, or None for a store whose writers need no lease."""
+        ...
+
+    def close_store(self) -> None:
+        """Release what the store holds (connections, the index); handles are closed one by one."""
         ...

@@ -17,7 +17,7 @@ import attrs
 import msgspec
 
 from .errors import StorageError
-from .index import StoredCheckpoint, _lifecycle
+from .index_rows import StoredCheckpoint, stored_lifecycle
 from .log_store import ObservedCheckpoint, WriteHandle
 from .pg_connect import Pool, first_line
 from .projection import CheckpointRow, Lifecycle
@@ -181,5 +181,5 @@ class PgCheckpoints:
             if found is None:
                 if len(self._lifecycles) > _LIFECYCLES:
                     self._lifecycles.clear()
-                found = self._lifecycles[raw] = _lifecycle(msgspec.json.decode(raw))
+                found = self._lifecycles[raw] = stored_lifecycle(msgspec.json.decode(raw))
         return found

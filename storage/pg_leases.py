@@ -47,7 +47,7 @@ from .values import SessionId
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "new_host_id"]
+__all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "lease_options", "new_host_id"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,20 @@ _HELD_ELSEWHERE = (
 def new_host_id() -> str:
     """A fresh host id: a ULID (sorts by start time)."""
     return new_delivery_id(int(time.time() * 1000))
+
+
+def lease_options(host_id: object, ttl: object, interval: object) -> tuple[str, float, float]:
+    """The checked lease options (`ValueError` for a caller's mistake)."""
+    if host_id is None:
+        host_id = new_host_id()
+    if type(host_id) is not str or not host_id or len(host_id) > 200 or not host_id.isprintable():
+        raise ValueError(f"host_id must be a non-empty printable str of at most 200 characters, got {host_id!r}")
+    seconds = []
+    for name, value in (("lease_ttl", ttl), ("lease_renew_interval", ttl if interval is None else interval)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e7:
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        seconds.append(float(value))
+    return host_id, seconds[0], seconds[1] if interval is not None else seconds[0] / 3
 
 
 @attrs.define(eq=False)

@@ -47,9 +47,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UnsupportedLog
+from .errors import StoreNotInitialized, UnsupportedLog
+from .pg_connect import redact
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "ensure_schema"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema"]
 
 SCHEMA_VERSION = 4
 _MIGRATION_LOCK = 0x5355_4241_4745_4E54  # "SUBAGENT": one key for every store's migration
@@ -179,3 +180,26 @@ def ensure_schema(conn: Any) -> int:
                 (SCHEMA_VERSION,),
             )
     return SCHEMA_VERSION
+
+
+def check_schema(conn: Any, url: str) -> None:
+    """The schema is the one this build writes: `StoreNotInitialized` when it is missing or
+    older (nothing created or migrated), `UnsupportedLog` when it is newer. Reads only."""
+    exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()[0]
+    row = conn.execute("SELECT version FROM schema_version").fetchone() if exists else None
+    found = row[0] if row else 0
+    if found > SCHEMA_VERSION:
+        raise UnsupportedLog(
+            None,
+            f"the PostgreSQL store at {redact(url)} has schema version {found}; "
+            f"this build knows versions up to {SCHEMA_VERSION}",
+        )
+    if found == 0:
+        raise StoreNotInitialized(
+            f"the PostgreSQL store at {redact(url)} is not initialized: run `subagents store init URL`"
+        )
+    if found < SCHEMA_VERSION:
+        raise StoreNotInitialized(
+            f"the PostgreSQL store at {redact(url)} has schema version {found} (this build: {SCHEMA_VERSION}): "
+            "run `subagents store init URL` to migrate it"
+        )

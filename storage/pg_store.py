@@ -3,26 +3,12 @@
 Theory of operation. The store speaks the `LogStore` contract of the file store, synchronously,
 from worker threads, over a small pool of autocommit connections (pg_connect). Each store is a
 host with a lease on every session it writes (pg_leases: the flock of the file store, with
-fencing): `create` and `open_write` take the lease at a new epoch — a second writer, in this store
-or any other, gets `AlreadyOwned` while the holder is alive and its lease unexpired. The first
-append publishes: one statement inserts the `sessions` row (line 1 exactly) and the batch row
-together, refused as "already exists" when the row is there. Every later append is one statement
-too: it advances `sessions.event_count` only where it still equals the expected seq and inserts the
-batch row (primary key `(session_id, first_seq)`) in the same transaction — a stale seq updates
-nothing and writes nothing (`SequenceConflict`). Both are fenced: they first renew the lease where
-owner and epoch are still the handle's, and write only from that update, the batch row recording
-the epoch (`batches.epoch`); a writer whose lease another host took writes nothing, gets
-`OwnershipLost`, and its handle never writes again. A lease that expired but was not taken over
-still lets its holder append (and the append renews it): safety comes from the epoch. A commit is
-durable when PostgreSQL acknowledges it (its own WAL fsync).
-
-A connection lost mid-append leaves the outcome unknown to the client, never half-done: the
-statement is one transaction. The append then asks, on a fresh connection, what the session's
-row says: the batch is there with exactly these bytes → it committed (acknowledged); the count
-still stands at the expected seq → it did not, and it is sent once more. If even that fails, the
-handle is dead (reopen to see what committed), as after a failed fsync in the file store. The
-batch found must carry this handle's epoch to count as committed; a resent statement is fenced
-like the first.
+fencing): `create` and `open_write` take the lease at a new epoch (`WriteHandle.epoch`) — a
+second writer, in this store or any other, gets `AlreadyOwned` while the holder is alive and its
+lease unexpired. Appends are single fenced statements (pg_append: publication, seq checks,
+`OwnershipLost`, and what a connection lost mid-append leaves). A lease that expired but was not
+taken over still lets its holder append (and the append renews it): safety comes from the epoch.
+A commit is durable when PostgreSQL acknowledges it (its own WAL fsync).
 
 Reads fetch the batch rows they need in one query and decode them with the file form's own line
 decoder (envelopes, seq continuity, known types, payloads), so damage planted in a row is
@@ -43,33 +29,29 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._codec import Event
-from ._records import HeaderRecord, encode_header_line
-from .append_check import check_append, check_new_session
+from .append_check import check_new_session
 from .errors import (
     CorruptLog,
     HandleClosed,
     InvalidRange,
-    OwnershipLost,
     PersistenceFailed,
-    SequenceConflict,
     SessionAlreadyExists,
     SessionNotFound,
     StorageError,
-    StoreNotInitialized,
     UnsupportedLog,
 )
 from .framing import decode_event_lines, is_seed_marker
-from .index import StoredCheckpoint
+from .index_rows import StoredCheckpoint
 from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
+from .pg_append import PgAppender
 from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Pool, check_url, first_line, redact
-from .pg_leases import Leases, LeaseState, new_host_id
+from .pg_leases import Leases, LeaseState, lease_options
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
-from .pg_schema import SCHEMA_VERSION, ensure_schema
+from .pg_schema import check_schema, ensure_schema
 from .pg_timeouts import is_timeout, timed_out
 from .projection import CheckpointRow
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
-from .zstd_framing import compress_frame
 
 if TYPE_CHECKING:
     from .pg_placements import PgPlacements
@@ -106,11 +88,12 @@ class PostgresLogStore:
         self.url = check_url(url)
         self.create_schema = create_schema
         self.compress_above = compress_above
-        host_id, lease_ttl, lease_renew_interval = _lease_options(host_id, lease_ttl, lease_renew_interval)
+        host_id, lease_ttl, lease_renew_interval = lease_options(host_id, lease_ttl, lease_renew_interval)
         self.lease_renew_interval = lease_renew_interval
         self._pool = Pool(url, size=pool_size)
         self._leases = Leases(url, self._pool.app, host_id=host_id, ttl=lease_ttl)
         self._placements: PgPlacements | None = None
+        self._appender = PgAppender(self._pool, self._leases, compress_above=compress_above)
         self._checkpoints = PgCheckpoints(self._pool)
         # id -> (what its row said, the listing row made from it); replaced whole by `list()`
         self._infos: dict[str, tuple[tuple[Any, ...], LogInfo]] = {}
@@ -121,7 +104,7 @@ class PostgresLogStore:
                 if create_schema:
                     ensure_schema(conn)
                 else:
-                    _check_schema(conn, url)
+                    check_schema(conn, url)
         except psycopg.Error as exc:  # a server that refuses the DDL (no privilege, say)
             self._pool.close()
             if is_timeout(exc):
@@ -150,6 +133,7 @@ class PostgresLogStore:
             inherited_event_count=inherited_event_count,
             next_seq=Offset(0),
             published=False,
+            epoch=lease.epoch,
             impl=lease,
         )
 
@@ -178,6 +162,7 @@ class PostgresLogStore:
             inherited_event_count=record.inherited_event_count,
             next_seq=Offset(row[2]),
             published=True,
+            epoch=lease.epoch,
             end_offset=row[2],
             impl=lease,
         )
@@ -210,6 +195,11 @@ class PostgresLogStore:
         store does so by itself when it first claims a session."""
         self._leases.register(capacity)
 
+    @property
+    def leased(self) -> PostgresLogStore:
+        """This store: its writers hold leases, and it has a placement queue (`LeasedStore`)."""
+        return self
+
     def placements(self) -> PgPlacements:
         """The placement queue and host registry of this database, as this host (pg_placements;
         one per store, sharing its pool and host identity)."""
@@ -225,160 +215,10 @@ class PostgresLogStore:
         `PersistenceFailed` or `StoreUnreachable` when the database cannot be reached."""
         return self._leases.renew()
 
-    def _lost(self, handle: WriteHandle, lease: LeaseState) -> OwnershipLost:
-        lease.lost = True
-        handle.dead = f"ownership lost (epoch {lease.epoch})"
-        return OwnershipLost(handle.session_id, lease.epoch)
-
-    # --- appending ---
+    # --- appending (pg_append) ---
 
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
-        sid = handle.session_id
-        lease = handle.impl
-        assert isinstance(lease, LeaseState), "a write handle of this store"
-        if not handle.closed:
-            if lease.lost:
-                raise self._lost(handle, lease)
-            if self._leases.closed:
-                raise PersistenceFailed(f"session {sid!r}: append failed: the store is closed")
-        checked = check_append(handle, batches)
-        if checked is None:
-            return handle.next_seq
-        events, payload = checked
-        first = handle.next_seq
-        compressed = len(payload) > self.compress_above
-        data = compress_frame(payload) if compressed else payload
-        args = {
-            "id": sid,
-            "first": first,
-            "n": len(events),
-            "data": data,
-            "z": compressed,
-            "size": len(payload),
-            "time": events[-1].time,
-            "me": self._leases.host_id,
-            "epoch": lease.epoch,
-            "ttl": self._leases.ttl,
-        }
-        if handle.published:
-            statement = _APPEND
-        else:
-            head = encode_header_line(
-                HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
-            )
-            h = handle.header
-            args |= {
-                "header": head,
-                "created_at": h.created_at,
-                "parent": h.parent_session,
-                "origin": h.origin,
-                "seeded": h.is_seeded,
-                "k": handle.inherited_event_count,
-                "depth": h.delegation_depth,
-                "size": len(head) + len(payload),
-            }
-            statement = _PUBLISH
-        self._write_once(handle, statement, args)
-        handle.published = True
-        handle.next_seq = Offset(first + len(events))
-        handle.end_offset = handle.next_seq
-        return handle.next_seq
-
-    def _write_once(self, handle: WriteHandle, statement: str, args: dict[str, Any]) -> None:
-        """Run the append statement; after a lost connection, find out whether it committed and
-        send it again only if it did not (at most once)."""
-        import psycopg
-
-        sid = handle.session_id
-        try:
-            self._write(handle, statement, args)
-            return
-        except _Lost as lost:
-            first = lost.cause
-        except psycopg.Error as exc:  # the statement failed whole (a full disk, say): nothing written
-            raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(exc)}") from None
-        outcome = self._resolve(handle, args)
-        if outcome == "committed":
-            return
-        if outcome == "absent":
-            try:
-                self._write(handle, statement, args)
-                return
-            except SequenceConflict:
-                # The lost statement may still have been running on the server and committed
-                # after the look: then the batch there is this very one.
-                if self._resolve(handle, args) == "committed":
-                    return
-                raise
-            except _Lost as lost:
-                handle.dead = f"the connection was lost twice mid-append ({first_line(lost.cause)})"
-                raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(lost.cause)}") from None
-            except psycopg.Error as exc:
-                raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(exc)}") from None
-        handle.dead = f"the connection was lost mid-append ({first_line(first)}) and what committed cannot be told"
-        raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(first)}")
-
-    def _write(self, handle: WriteHandle, statement: str, args: dict[str, Any]) -> None:
-        """One attempt: written, or a verdict (`SequenceConflict`, ...), or `_Lost`."""
-        import psycopg
-
-        with self._pool.connection() as conn:
-            try:
-                written = conn.execute(statement, args).rowcount
-            except psycopg.errors.UniqueViolation:
-                written = 0  # another writer's batch at this seq: a conflict like any other
-            except psycopg.Error as exc:
-                if conn.broken or conn.closed:
-                    raise _Lost(exc) from None
-                raise
-            if written != 1:
-                self._refuse(conn, handle, args)
-
-    def _refuse(self, conn: Any, handle: WriteHandle, args: dict[str, Any]) -> None:
-        """Nothing was written: say why (the lease is another's, the session exists already,
-        or its count moved)."""
-        sid = handle.session_id
-        row = conn.execute(
-            "SELECT (SELECT event_count FROM sessions WHERE id = %(id)s), "
-            "EXISTS (SELECT 1 FROM leases WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s)",
-            args,
-        ).fetchone()
-        count, ours = row
-        if not ours:
-            assert isinstance(handle.impl, LeaseState)
-            raise self._lost(handle, handle.impl)
-        if not handle.published:
-            raise SessionAlreadyExists(sid)
-        raise SequenceConflict(sid, expected=args["first"], actual=count or 0)
-
-    def _resolve(self, handle: WriteHandle, args: dict[str, Any]) -> str:
-        """After a lost connection: "committed" (the very batch is there), "absent" (the count
-        stands at the expected seq) or "unknown"."""
-        import psycopg
-
-        sid = handle.session_id
-        try:
-            with self._pool.connection() as conn:
-                row = conn.execute(
-                    "SELECT s.event_count, b.data, b.epoch FROM sessions s "
-                    "LEFT JOIN batches b ON b.session_id = s.id AND b.first_seq = %s WHERE s.id = %s",
-                    (args["first"], sid),
-                ).fetchone()
-        except (psycopg.Error, StorageError):
-            return "unknown"
-        if row is None:
-            return "absent" if not handle.published else "unknown"
-        count, data, epoch = row
-        if (
-            data is not None
-            and bytes(data) == args["data"]
-            and epoch == args["epoch"]
-            and count >= args["first"] + args["n"]
-        ):
-            return "committed"
-        if count == args["first"] and data is None:
-            return "absent"
-        return "unknown"
+        return self._appender.append(handle, batches)
 
     # --- reading ---
 
@@ -591,75 +431,6 @@ class PostgresLogStore:
         self._pool.close()
 
 
-# Fencing (SPEC §9): `l` renews the lease only where owner and epoch are still the handle's, and
-# everything else is written only from its row — a stale writer changes nothing.
-_FENCE = (
-    "WITH l AS (UPDATE leases SET expires_at = now() + make_interval(secs => %(ttl)s) "
-    "WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s RETURNING session_id), "
-)
-
-_PUBLISH = (
-    _FENCE + "s AS (INSERT INTO sessions (id, header, created_at, parent_session, origin, is_seeded, "
-    "inherited_event_count, delegation_depth, event_count, last_time, byte_size) SELECT session_id, %(header)s, "
-    "%(created_at)s, %(parent)s, %(origin)s, %(seeded)s, %(k)s, %(depth)s, %(n)s, %(time)s, %(size)s FROM l "
-    "ON CONFLICT (id) DO NOTHING RETURNING id) "
-    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
-    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
-)
-
-_APPEND = (
-    _FENCE + "s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
-    "last_time = %(time)s WHERE id = (SELECT session_id FROM l) AND event_count = %(first)s RETURNING id) "
-    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
-    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
-)
-
-
-def _lease_options(host_id: object, ttl: object, interval: object) -> tuple[str, float, float]:
-    """The checked lease options (`ValueError` for a caller's mistake)."""
-    if host_id is None:
-        host_id = new_host_id()
-    if type(host_id) is not str or not host_id or len(host_id) > 200 or not host_id.isprintable():
-        raise ValueError(f"host_id must be a non-empty printable str of at most 200 characters, got {host_id!r}")
-    seconds = []
-    for name, value in (("lease_ttl", ttl), ("lease_renew_interval", ttl if interval is None else interval)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e7:
-            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        seconds.append(float(value))
-    return host_id, seconds[0], seconds[1] if interval is not None else seconds[0] / 3
-
-
-def _check_schema(conn: Any, url: str) -> None:
-    """The schema is the one this build writes: `StoreNotInitialized` when it is missing or
-    older (nothing created or migrated), `UnsupportedLog` when it is newer. Reads only."""
-    exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()[0]
-    row = conn.execute("SELECT version FROM schema_version").fetchone() if exists else None
-    found = row[0] if row else 0
-    if found > SCHEMA_VERSION:
-        raise UnsupportedLog(
-            None,
-            f"the PostgreSQL store at {redact(url)} has schema version {found}; "
-            f"this build knows versions up to {SCHEMA_VERSION}",
-        )
-    if found == 0:
-        raise StoreNotInitialized(
-            f"the PostgreSQL store at {redact(url)} is not initialized: run `subagents store init URL`"
-        )
-    if found < SCHEMA_VERSION:
-        raise StoreNotInitialized(
-            f"the PostgreSQL store at {redact(url)} has schema version {found} (this build: {SCHEMA_VERSION}): "
-            "run `subagents store init URL` to migrate it"
-        )
-
-
 def _row_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """What makes a listing row: header bytes, event count, size, generation."""
     return (bytes(row[1]), row[2], row[3], row[4])
-
-
-class _Lost(Exception):
-    """The connection went away during a statement: whether it committed is unknown."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause

@@ -16,8 +16,8 @@ import attrs
 
 from .._codec import Event
 from ..errors import PersistenceFailed
-from ..index import StoredCheckpoint
-from ..log_store import Batch, Handle, LogStore, ObservedCheckpoint, ReadHandle, WriteHandle
+from ..index_rows import StoredCheckpoint
+from ..log_store import Batch, Handle, LeasedStore, LogStore, ObservedCheckpoint, ReadHandle, WriteHandle
 from ..projection import CheckpointRow
 from ..values import AbortPoll, LogInfo, Offset, SessionHeader
 
@@ -186,3 +186,11 @@ class FaultyLogStore:
     ) -> list[Event] | None:
         self._enter("read_after", handle.session_id, poll)
         return self.inner.read_after(handle, log_offset, first_seq, poll=poll)
+
+    @property
+    def leased(self) -> LeasedStore | None:
+        """None, whatever the inner store: the wrapper injects faults into logs, not leases."""
+        return None
+
+    def close_store(self) -> None:
+        self.inner.close_store()

@@ -12,7 +12,7 @@ from drafts import descriptor_draft, turn_start
 from log_lines import header
 from registries import subagent_registry
 from subagents.actors import ActorStopped, open_session_store, snapshot_all
-from subagents.actors.session_actor import _Append
+from subagents.actors.session_ref import AppendRequest as _Append
 from subagents.storage import ProjectionBroken
 from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 

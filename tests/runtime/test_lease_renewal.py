@@ -37,6 +37,10 @@ class LeasedStore(MemoryLogStore):
         self.renewals = 0
         self.threads: set[int] = set()
 
+    @property
+    def leased(self) -> LeasedStore:
+        return self
+
     def renew_leases(self) -> frozenset[SessionId]:
         self.renewals += 1
         self.threads.add(threading.get_ident())

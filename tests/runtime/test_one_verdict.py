@@ -22,7 +22,8 @@ from subagents.runtime.app import open_runtime
 from subagents.runtime.foundation.errors import SessionQueryError
 from subagents.runtime.hosts.transcript import transcript
 from subagents.storage import CorruptLog, InvalidPayload, StorageError
-from subagents.storage.index import _COLUMNS, _crc  # noqa: PLC2701 - forging an older build's row
+from subagents.storage.index_rows import COLUMNS as _COLUMNS  # forging an older build's row
+from subagents.storage.index_rows import row_crc as _crc
 
 now_ms = ticking_ms()
 

@@ -92,6 +92,10 @@ class _RenewingStore(FaultyLogStore):
         super().__init__(inner)
         self.lost: set[str] = set()
 
+    @property
+    def leased(self) -> _RenewingStore:
+        return self
+
     def renew_leases(self) -> frozenset[str]:
         lost, self.lost = frozenset(self.lost), set()
         return lost

@@ -136,7 +136,7 @@ def test_an_append_cut_before_it_committed_is_not_sent_again_past_a_takeover(
     store, other = pg_store_factory(), pg_store_factory()
     handle = store.create(header("s1"))
     store.append(handle, [batch(0, 1)])
-    real = store._resolve
+    real = store._appender._resolve  # the store's append path (pg_append)
     taken: list[Any] = []
 
     def takeover_meanwhile(*args: Any) -> str:
@@ -145,7 +145,7 @@ def test_an_append_cut_before_it_committed_is_not_sent_again_past_a_takeover(
         taken.append(other.open_write("s1"))
         return outcome
 
-    monkeypatch.setattr(store, "_resolve", takeover_meanwhile)
+    monkeypatch.setattr(store._appender, "_resolve", takeover_meanwhile)
     outcome: list[object] = []
     with psycopg.connect(pg_url) as blocker:  # holds the session row: the append waits on it
         blocker.execute("SELECT 1 FROM sessions WHERE id = 's1' FOR UPDATE")
@@ -227,14 +227,14 @@ def test_a_lost_append_that_commits_after_the_look_is_still_acknowledged(
     store = pg_store_factory()
     handle = store.create(header("s1"))
     store.append(handle, [batch(0, 1)])
-    real = store._resolve
+    real = store._appender._resolve  # the store's append path (pg_append)
     looks: list[str] = []
 
     def late_commit(*args: Any) -> str:
         looks.append(real(*args))
         return "absent" if len(looks) == 1 else looks[-1]
 
-    monkeypatch.setattr(store, "_resolve", late_commit)
+    monkeypatch.setattr(store._appender, "_resolve", late_commit)
     with _cut_after_commit(store, db):
         assert store.append(handle, [batch(1, 3)]) == 3
     assert looks == ["committed", "committed"]

@@ -25,11 +25,8 @@ from msgspec import UNSET, UnsetType
 from subagents.storage import Event, ProjectionBroken, ReplaceOp, SessionHeader, make_event
 from subagents.storage._codec import decode_event, decode_events
 from subagents.storage.events import KNOWN_TYPES, SOURCE_SEQ_TYPES, SURFACE_TYPES
-from subagents.storage.index import (
-    UNREADABLE,
-    SessionIndex,
-    _crc,  # noqa: PLC2701  # planting a row as a writer would
-)
+from subagents.storage.index import UNREADABLE, SessionIndex
+from subagents.storage.index_rows import row_crc as _crc  # planting a row as a writer would
 from subagents.storage.projection import CheckpointRow, Lifecycle, ProjectionRegistry
 
 HEADER = SessionHeader(id="s", created_at=1)  # type: ignore[arg-type]  # a plain str where the header takes a SessionId

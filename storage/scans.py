@@ -1,0 +1,107 @@
+"""Scanning one log into its index row: the whole log, or only what it gained since a row.
+
+Pure but for `still_holds`, which reads a row's head and anchor through the `File` seam: the
+catalog (catalog.py) decides which scan a log needs and hands over its bytes. A scan never
+raises for damage: a damaged log becomes a row whose `damage` says so.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from ._records import HeaderError, HeaderRecord
+from .errors import CorruptLog, UnsupportedLog
+from .forms import LogForm
+from .fs import File
+from .index_rows import IndexRow
+from .values import LogInfo, Offset, Revision, SessionId
+
+__all__ = ["ANCHOR", "damaged_info", "may_have_grown", "scan_growth", "scan_whole", "still_holds"]
+
+ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
+
+
+def may_have_grown(row: IndexRow, form: LogForm, revision: Revision) -> bool:
+    """Whether the log at `revision` may be the row's log grown by appends (then a tail scan
+    from the row's `scan_end` may do; `still_holds` and the scan decide)."""
+    return (
+        row.info.damage is None
+        and row.form == form.compression
+        and row.revision.inode == revision.inode
+        and row.revision.size < revision.size
+        # the seed marker must lie in what was scanned: the tail scan does not check it
+        and row.scan_events > row.info.inherited_event_count
+    )
+
+
+def still_holds(file: File, row: IndexRow) -> bool:
+    """Whether the file still starts with the row's head and holds its anchor before scan_end."""
+    if not row.head or not row.anchor:
+        return False
+    return (
+        file.pread(0, len(row.head)) == row.head
+        and file.pread(row.scan_end - len(row.anchor), len(row.anchor)) == row.anchor
+    )
+
+
+def scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -> IndexRow:
+    """The row of the whole log `data` (at `revision`): always authoritative."""
+    try:
+        parsed = form.parse(sid, data, poll=None)
+    except (CorruptLog, UnsupportedLog) as exc:
+        damage: Literal["corrupt", "unsupported"] = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
+        info = damaged_info(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
+        return IndexRow(info=info, form=form.compression, scan_end=0, scan_events=0)
+    recovered = parsed.recovered.count(b"\n")
+    record = parsed.record
+    info = LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, len(parsed.events))
+    end = parsed.complete_end
+    return IndexRow(
+        info=info,
+        form=form.compression,
+        scan_end=end,
+        scan_events=len(parsed.events) - recovered,
+        head=data[: parsed.header_end],
+        anchor=data[max(0, end - ANCHOR) : end],
+    )
+
+
+def scan_growth(sid: SessionId, form: LogForm, row: IndexRow, revision: Revision, tail: bytes) -> IndexRow | None:
+    """The row after scanning only what was appended since `row`, or None to rescan whole."""
+    try:
+        scan = form.scan_tail(sid, tail, first_seq=row.scan_events)
+    except (CorruptLog, UnsupportedLog):
+        return None  # the tail may not start where the row thinks: let a full scan decide
+    count = row.scan_events + len(scan.events)
+    info = LogInfo.healthy(sid, row.info.header, row.info.inherited_event_count, revision, count)
+    return attrs.evolve(  # the same log further on: its form and head stay
+        row,
+        info=info,
+        scan_end=row.scan_end + scan.complete_end,
+        scan_events=count - scan.recovered_events,
+        anchor=(row.anchor + tail[: scan.complete_end])[-ANCHOR:],
+    )
+
+
+def damaged_info(
+    sid: SessionId,
+    record: HeaderRecord | HeaderError | None,
+    damage: Literal["corrupt", "unsupported"],
+    revision: Revision,
+    event_count: int,
+) -> LogInfo:
+    """The listing row of a damaged log: what its line 1 still says (`record`), and the damage."""
+    header = record.header if record is not None else None
+    k = record.inherited_event_count if record is not None else 0
+    return LogInfo(
+        id=sid,
+        header=header,
+        damage=damage,
+        inherited_event_count=Offset(k),
+        revision=revision,
+        event_count=Offset(event_count),
+        # A line 1 that is a JSON object but no valid header still says whose child it is.
+        claimed=record.claimed if isinstance(record, HeaderError) and header is None else None,
+    )
