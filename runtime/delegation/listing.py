@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, Literal
 
 import attrs
@@ -46,6 +47,7 @@ from subagents.actors import (
     snapshot_all,
 )
 from subagents.runtime.foundation.errors import (
+    ListingParentNotFound,
     ProjectionsUnavailable,
     QueryUnavailable,
     SessionQueryError,
@@ -228,17 +230,22 @@ class ListingService:
         self._rows_made = _Rows()
         self._shape = _Shape()
 
-    async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
+    async def list_children(
+        self, parent_id: str, abort: Abort | None = None, *, require_parent: bool = False
+    ) -> list[Row]:
         """The rows of `parent_id`'s direct subagent children (README, "Listings"), in
         (`created_at`, id) order, with those only the parent's catalog names. Raises
-        `SubagentError` (a missing service, `CANCELLED`) or `SessionQueryError` (an unreadable
-        root)."""
-        return await self._edge(abort, self._children, parent_id)
+        `SubagentError` (a missing service, `CANCELLED`; `ListingParentNotFound` with
+        `require_parent` when the corpus has no record of `parent_id` — else the children that
+        name it are listed all the same) or `SessionQueryError` (an unreadable root)."""
+        return await self._edge(abort, partial(self._children, required=require_parent), parent_id)
 
-    async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
+    async def list_descendants(
+        self, root_id: str, abort: Abort | None = None, *, require_parent: bool = False
+    ) -> list[Row]:
         """The rows of every subagent below `root_id` in pre-order, each with `parent_id` and
         `depth`; raises as `list_children`."""
-        return await self._edge(abort, self._descendants, root_id)
+        return await self._edge(abort, partial(self._descendants, required=require_parent), root_id)
 
     async def _edge(
         self,
@@ -267,11 +274,13 @@ class ListingService:
             await self.query.write_observed(proved)  # the index is a cache: never an error
         return rows
 
-    async def _children(self, parent_id: str, proved: list[ObservedCheckpoint]) -> list[Row]:
+    async def _children(self, parent_id: str, proved: list[ObservedCheckpoint], *, required: bool) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         candidates = shape.children_of(parent_id)
         parent = shape.records.get(parent_id)
+        if parent is None and required:
+            raise ListingParentNotFound(f'session "{parent_id}" not found')
         catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates)
         entries = catalogs.get(parent_id)
         absent = absent_children(parent_id, entries, shape.records) if entries else []
@@ -286,10 +295,12 @@ class ListingService:
         )
         return [row for _, row in placed if row is not None]
 
-    async def _descendants(self, root_id: str, proved: list[ObservedCheckpoint]) -> list[Row]:
+    async def _descendants(self, root_id: str, proved: list[ObservedCheckpoint], *, required: bool) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         records = shape.records
+        if root_id not in records and required:
+            raise ListingParentNotFound(f'session "{root_id}" not found')
         # Catalogs can add children the corpus cannot place (and those may have children of their
         # own): walk, read the catalogs of the nodes not asked yet, walk again while that adds any.
         absent: dict[str, list[Absent]] = {}
