@@ -1,20 +1,26 @@
 """Session query (docs/design.md, "Session query"): the live-preferred corpus and observations
 of one session.
 
-`list_sessions(abort)` merges the log store's listing (through the index, one worker thread at
-a time) with the live sessions of the session store: a live header wins, and a persisted header
-that differs from it marks the record `conflict` instead of failing. Only an unreadable root
-fails it. `observe_session(id, abort)` is an async context manager yielding an `Observation`:
+It is the one read API above the actors: everything the runtime and its hosts read of the
+store (corpus, observations, stats, checkpoint rows, lock probes, partial log reads for streams
+and `tail`) goes through it and the `StoreReader` it keeps to itself (its index slot and cold
+reader). `list_sessions(abort)` merges the log store's listing (through the index, one worker
+thread at a time) with the live sessions of the session store: a live header wins, and a
+persisted header that differs from it marks the record `conflict` instead of failing. Only an
+unreadable root fails it. `observe_session(id, abort)` is an async context manager yielding an
+`Observation`:
 a live session's projections come from its actor (no log read), a persisted session is read by
 the cold reader, its interrupted turn closed in memory, and every projection unit folded and
 viewed (folded in the cold reader's worker thread). Prepared observations are kept in a small
 LRU keyed by the log's revision and bounded in bytes; failures are never cached. Errors are
-a `SessionQueryError`, one class per case (runtime/foundation/errors.py).
+a `SessionQueryError`, one class per case (runtime/foundation/errors.py). An `Abort` becomes
+cancellation once, at the edge of `observe_session` (`cancelled_when`): below it, Trio
+cancellation alone.
 
 Cheap at scale: records are reused while the store info and live ref they were made from are
 the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
 few lookups per session; observations under way at once share index hops for their stats, and
-their reads share thread hops in the cold reader (a listing's observations share one abort).
+their reads share thread hops in the cold reader (a listing's observations share one read group).
 """
 
 from __future__ import annotations
@@ -33,11 +39,11 @@ from subagents.actors import (
     ActorStopped,
     ColdRead,
     ColdReader,
-    ReadAborted,
     ReadGroup,
     SessionRef,
     SessionStore,
     StoreReader,
+    cancelled_when,
 )
 from subagents.storage import (
     CorruptLog,
@@ -74,6 +80,7 @@ from .foundation.errors import (
 __all__ = ["Observation", "SessionQuery", "SessionRecord"]
 
 _encode = msgspec.json.encode
+_LOG_READS_AT_ONCE = 4  # partial log reads under way at once (as the cold reader's full ones)
 
 
 @attrs.frozen(kw_only=True)
@@ -155,10 +162,10 @@ class SessionQuery:
         index_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         """`reader`: the one read side of `log_store` (made here from `cold_reader` and
-        `index_limiter` when not given)."""
+        `index_limiter` when not given); nothing above reads the store but through this query."""
         self.sessions = sessions
         self.registry = registry
-        self.reader = (
+        self._reader = (
             reader if reader is not None else StoreReader(log_store, cold=cold_reader, index_limiter=index_limiter)
         )
         self.cache_bytes = cache_bytes
@@ -169,33 +176,64 @@ class SessionQuery:
         self._order: list[SessionRecord] | None = None
         self._last_infos: list[LogInfo] = []  # what the last corpus was made from
         self._last_refs: list[SessionRef] = []
+        # Partial log reads (`read_from`: streams and `tail`) are whole-file reads in a worker
+        # thread each: a few at a time, as the cold reader's.
+        self._log_reads = trio.CapacityLimiter(_LOG_READS_AT_ONCE)
 
     @property
     def cold_reader(self) -> ColdReader:
         """The reader's cold reader (full log reads)."""
-        return self.reader.cold
+        return self._reader.cold
 
     @property
     def index_limiter(self) -> trio.CapacityLimiter:
         """The index's one worker slot (docs/format.md, "The index"), the reader's."""
-        return self.reader.index_limiter
+        return self._reader.index_limiter
 
-    # --- what listings ask of the store, through the reader ---
+    # --- what listings, streams and the service ask of the store, through the reader ---
+
+    async def stat(self, session_id: str) -> tuple[LogInfo | None, bool]:
+        """The store's stat of `session_id` and whether another process holds its lock,
+        through the index's one worker slot (stats asked at once share hops: `StoreReader.stat`).
+        Raises the store's `StorageError`."""
+        return await self._reader.stat(session_id)
+
+    async def read_from(self, session_id: str, start: int) -> tuple[int, list[Event]]:
+        """The session's inherited event count and its logged events from seq `start` (those
+        written so far, durable or not: a caller cuts a live session at its durable end), in a
+        worker thread, a few reads at a time. Raises the store's `StorageError`
+        (`SessionNotFound` for a log not published yet)."""
+        store = self._reader.store
+
+        def read() -> tuple[int, list[Event]]:
+            handle = store.open_read(session_id)
+            try:
+                return handle.inherited_event_count, store.read(handle, start)  # type: ignore[arg-type]  # `start` is an Offset (an int)
+            finally:
+                store.close(handle)
+
+        return await trio.to_thread.run_sync(read, limiter=self._log_reads)
+
+    def recorded(self, session_id: str) -> SessionRecord | None:
+        """The record of `session_id` in the corpus this query listed last (no store call):
+        what a listing's caller shows beside its rows, from the listing's own corpus."""
+        known = self._records.get(SessionId(session_id))
+        return None if known is None else known[2]
 
     async def checkpoint_rows(
         self, session_ids: Sequence[str], keys: Sequence[str], skip: Mapping[str, bytes] | None = None
     ) -> dict[str, list[StoredCheckpoint]]:
         """The stored checkpoint rows of `session_ids` (`StoreReader.checkpoint_rows`): every
         id asked is a key; any failure is a miss."""
-        return await self.reader.checkpoint_rows(session_ids, keys, skip)
+        return await self._reader.checkpoint_rows(session_ids, keys, skip)
 
     async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids another process holds the lock of (advice, never an error)."""
-        return await self.reader.held_elsewhere(session_ids)
+        return await self._reader.held_elsewhere(session_ids)
 
     async def stat_many(self, session_ids: Sequence[str]) -> list[LogInfo | None | Exception]:
         """The store's stat of each id afresh, in one index hop; failures are values."""
-        return await self.reader.stat_many(session_ids)
+        return await self._reader.stat_many(session_ids)
 
     # --- the corpus ---
 
@@ -204,7 +242,7 @@ class SessionQuery:
         holds the lock of (`held`), asked in the same thread hop as the listing."""
         _check(abort)
         try:
-            infos, held = await self.reader.list(probe_locks=probe_locks)
+            infos, held = await self._reader.list(probe_locks=probe_locks)
         except StorageError as exc:
             raise QueryPersistenceFailed(f"session persistence listing failed: {exc}") from exc
         _check(abort)
@@ -265,14 +303,31 @@ class SessionQuery:
     ) -> AsyncIterator[Observation]:
         """The session observed (see the module docstring). Observations made in the same
         `group` share the cold reader's thread hops."""
-        observation = await self._observe(session_id, abort, group)
+        observation = await self._edge(session_id, abort, group)
         try:
             yield observation
         finally:
             observation.released = True
 
-    async def _observe(self, session_id: str, abort: Abort | None, group: ReadGroup | None) -> Observation:
+    async def _edge(self, session_id: str, abort: Abort | None, group: ReadGroup | None) -> Observation:
+        """Where the caller's abort becomes cancellation, once (`cancelled_when`): below it the
+        observation is cancelled the Trio way. An abort set before, during, or as it ends is
+        `QueryAborted`, whatever was under way (a read failing as it was cancelled included)."""
         _check(abort)
+        if abort is None:
+            return await self._observe(session_id, group)
+        observation: Observation | None = None
+        try:
+            async with cancelled_when(abort):
+                observation = await self._observe(session_id, group)
+        except Exception:  # an abort set meanwhile is the answer, not the error it caused
+            _check(abort)
+            raise
+        _check(abort)
+        assert observation is not None  # only an abort cancels the body quietly
+        return observation
+
+    async def _observe(self, session_id: str, group: ReadGroup | None) -> Observation:
         try:
             sid = check_session_id(session_id)
         except InvalidSessionId:
@@ -286,10 +341,9 @@ class SessionQuery:
             except (ProjectionBroken, KeyError) as exc:
                 raise QueryCorruptSession(f"failed to project session {sid!r}: {exc}") from exc
             else:
-                events = await self._read_live(sid, abort, group)
+                events = await self._read_live(sid, group)
                 return Observation("live", ref.header, ref.inherited_event_count, events, projections)
-        prepared, held = await self._prepare(sid, abort, group)
-        _check(abort)
+        prepared, held = await self._prepare(sid, group)
         events = prepared.events
         if held and prepared.closers:
             # Its writer is alive in another process: the open turn is not interrupted.
@@ -304,21 +358,21 @@ class SessionQuery:
             observed=None if held else prepared.observed,
         )
 
-    async def _read_live(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[Event, ...]:
+    async def _read_live(self, sid: SessionId, group: ReadGroup | None) -> tuple[Event, ...]:
         """The durable events of a live session: none while it is not published yet, and no
         in-memory closers (its turn is not interrupted: its writer is alive)."""
         try:
-            read = await self._cold(sid, abort, group)
+            read = await self._cold(sid, group)
         except QuerySessionNotFound:
             if self.sessions.get(sid) is not None:
                 return ()
             raise
         return read.events[: len(read.events) - read.closers] if read.closers else read.events
 
-    async def _prepare(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[_Prepared, bool]:
+    async def _prepare(self, sid: SessionId, group: ReadGroup | None) -> tuple[_Prepared, bool]:
         """The prepared observation, and whether another writer holds the session's lock."""
         try:
-            info, held = await self.reader.stat(sid)
+            info, held = await self._reader.stat(sid)
         except StorageError as exc:
             raise _mapped(sid, exc) from exc
         if info is None:
@@ -327,13 +381,13 @@ class SessionQuery:
             damaged = QueryUnsupportedSession if info.damage == "unsupported" else QueryCorruptSession
             # The index knows only that it is damaged; a read finds where (the seq or byte
             # offset) and raises that. Listings never get here (a damaged record is a diagnostic).
-            await self._cold(sid, abort, group)
+            await self._cold(sid, group)
             raise damaged(f"stored session {sid!r} is {info.damage}")
         cached = self._cache.get(sid)
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
             return cached, held
-        read = await self._cold(sid, abort, group, self.registry)
+        read = await self._cold(sid, group, self.registry)
         if info.header is not None and headers_differ(info.header, read.header):
             raise QuerySourceConflict(f"session source headers conflict for session {sid!r}")
         cells = read.cells
@@ -387,18 +441,13 @@ class SessionQuery:
 
     async def write_observed(self, observed: Sequence[ObservedCheckpoint]) -> int:
         """Write back rows observations proved, in one index hop (`StoreReader.write_observed`)."""
-        return await self.reader.write_observed(observed)
+        return await self._reader.write_observed(observed)
 
     async def _cold(
-        self, sid: SessionId, abort: Abort | None, group: ReadGroup | None, registry: ProjectionRegistry | None = None
+        self, sid: SessionId, group: ReadGroup | None, registry: ProjectionRegistry | None = None
     ) -> ColdRead:
-        try:
-            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry, group=group)
-        except ReadAborted:
-            raise QueryAborted("session observation was aborted") from None
+        (result,) = await self.cold_reader.read_many([sid], registry=registry, group=group)
         if isinstance(result, StorageError):
-            if abort is not None and abort.is_set():
-                raise QueryAborted("session observation was aborted") from result
             raise _mapped(sid, result) from result
         return result
 
