@@ -18,14 +18,13 @@ cancellation once, at the edge of `observe_session` (`cancelled_when`): below it
 cancellation alone.
 
 Cheap at scale: records are reused while the store info and live ref they were made from are
-the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
-few lookups per session; observations under way at once share index hops for their stats, and
+the same objects (runtime/query_corpus.py: the store's warm index hands back the same infos),
+so a warm corpus costs a few lookups per session; observations under way at once share index hops for their stats, and
 their reads share thread hops in the cold reader (a listing's observations share one read group).
 """
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -40,7 +39,6 @@ from subagents.actors import (
     ColdRead,
     ColdReader,
     ReadGroup,
-    SessionRef,
     SessionStore,
     StoreReader,
     cancelled_when,
@@ -48,7 +46,6 @@ from subagents.actors import (
 from subagents.storage import (
     CorruptLog,
     Event,
-    HeaderClaim,
     InvalidSessionId,
     Lifecycle,
     LogInfo,
@@ -76,30 +73,12 @@ from .foundation.errors import (
     QueryUnsupportedSession,
     SessionQueryError,
 )
+from .query_corpus import Corpus, SessionRecord, headers_differ
 
-__all__ = ["Observation", "SessionQuery", "SessionRecord"]
+__all__ = ["Observation", "SessionQuery", "SessionRecord", "headers_differ"]
 
 _encode = msgspec.json.encode
 _LOG_READS_AT_ONCE = 4  # partial log reads under way at once (as the cold reader's full ones)
-
-
-@attrs.frozen(kw_only=True)
-class SessionRecord:
-    id: SessionId
-    header: SessionHeader | None  # None only for a damaged log whose line 1 does not parse
-    live: bool
-    persisted: bool
-    damage: Literal["corrupt", "unsupported"] | None
-    inherited_event_count: int
-    revision: Revision | None  # None for live-only records
-    event_count: int | None
-    conflict: bool = False
-    # A damaged persisted record whose line 1 is a JSON object but no valid header: what it says
-    # of its lineage, unvalidated (listings make it a diagnostic of the parent it names).
-    claimed: HeaderClaim | None = None
-    # Another writer (another process) holds its lock: it is live elsewhere. Filled only where a
-    # caller asks (`list_sessions(probe_locks=True)`); never set on a record live here.
-    held: bool = False
 
 
 @attrs.define(eq=False)
@@ -131,24 +110,6 @@ class _Prepared:
     observed: ObservedCheckpoint | None = None
 
 
-_WITNESSED = (
-    "format",
-    "id",
-    "created_at",
-    "cwd",
-    "parent_session",
-    "is_seeded",
-    "delegation_depth",
-    "origin",
-    "agent_preset",
-)
-
-
-def headers_differ(a: SessionHeader, b: SessionHeader) -> bool:
-    # Equal headers (the usual case) are equal in every witnessed field: one comparison.
-    return a != b and any(getattr(a, name) != getattr(b, name) for name in _WITNESSED)
-
-
 class SessionQuery:
     def __init__(
         self,
@@ -171,11 +132,7 @@ class SessionQuery:
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Prepared] = OrderedDict()
         self._cached = 0
-        # The last corpus: for each id, the store info and live ref its record was made from.
-        self._records: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
-        self._order: list[SessionRecord] | None = None
-        self._last_infos: list[LogInfo] = []  # what the last corpus was made from
-        self._last_refs: list[SessionRef] = []
+        self._corpus = Corpus()  # the last corpus's records, kept for reuse (runtime/query_corpus.py)
         # Partial log reads (`read_from`: streams and `tail`) are whole-file reads in a worker
         # thread each: a few at a time, as the cold reader's.
         self._log_reads = trio.CapacityLimiter(_LOG_READS_AT_ONCE)
@@ -217,8 +174,7 @@ class SessionQuery:
     def recorded(self, session_id: str) -> SessionRecord | None:
         """The record of `session_id` in the corpus this query listed last (no store call):
         what a listing's caller shows beside its rows, from the listing's own corpus."""
-        known = self._records.get(SessionId(session_id))
-        return None if known is None else known[2]
+        return self._corpus.recorded(session_id)
 
     async def checkpoint_rows(
         self, session_ids: Sequence[str], keys: Sequence[str], skip: Mapping[str, bytes] | None = None
@@ -246,54 +202,10 @@ class SessionQuery:
         except StorageError as exc:
             raise QueryPersistenceFailed(f"session persistence listing failed: {exc}") from exc
         _check(abort)
-        records = self._corpus(infos)
+        records = self._corpus.records(infos, self.sessions.list())
         if not held:
             return records
         return [attrs.evolve(r, held=True) if r.id in held and not r.live else r for r in records]
-
-    def _corpus(self, infos: list[LogInfo]) -> list[SessionRecord]:
-        # Records are values: one made from the very same store info and live ref as last time
-        # is reused, and when every record is, so is last time's order (a warm corpus of a
-        # thousand sessions then costs a few dict lookups per session, not new records).
-        refs = self.sessions.list()
-        if (
-            self._order is not None
-            and len(infos) == len(self._last_infos)
-            and len(refs) == len(self._last_refs)
-            and all(map(operator.is_, infos, self._last_infos))
-            and all(map(operator.is_, refs, self._last_refs))
-        ):
-            return list(self._order)  # the very same infos and live actors: the same records
-        self._last_infos, self._last_refs = infos, refs
-        made = self._records
-        kept: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
-        live = {ref.session_id: ref for ref in refs}
-        same = True
-        for info in infos:
-            sid = info.id
-            ref = live.get(sid)
-            known = made.get(sid)
-            if known is not None and known[0] is info and known[1] is ref:
-                kept[sid] = known
-                continue
-            same = False
-            stored = _persisted(info)
-            kept[sid] = (info, ref, stored if ref is None else _live(ref, stored))
-        for sid, ref in live.items():
-            if sid in kept:
-                continue  # persisted too: done above
-            known = made.get(sid)
-            if known is not None and known[0] is None and known[1] is ref:
-                kept[sid] = known
-                continue
-            same = False
-            kept[sid] = (None, ref, _live(ref, None))
-        self._records = kept
-        if same and len(kept) == len(made) and self._order is not None:
-            return list(self._order)
-        order = sorted((entry[2] for entry in kept.values()), key=_newest_first)
-        self._order = order
-        return list(order)
 
     # --- one session ---
 
@@ -493,38 +405,3 @@ def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
 def _at(seq: int | None, offset: int | None) -> str:
     where = [f"seq {seq}"] * (seq is not None) + [f"byte offset {offset}"] * (offset is not None)
     return f" at {', '.join(where)}" if where else ""
-
-
-def _live(ref: SessionRef, stored: SessionRecord | None) -> SessionRecord:
-    """A live session's record: its live header wins over the persisted one (docs/design.md,
-    "Session query")."""
-    return SessionRecord(
-        id=ref.session_id,
-        header=ref.header,
-        live=True,
-        persisted=stored is not None,
-        damage=stored.damage if stored is not None else None,
-        inherited_event_count=ref.inherited_event_count,
-        revision=stored.revision if stored is not None else None,
-        event_count=stored.event_count if stored is not None else None,
-        conflict=stored is not None and (stored.header is None or headers_differ(stored.header, ref.header)),
-    )
-
-
-def _persisted(info: LogInfo) -> SessionRecord:
-    return SessionRecord(
-        id=info.id,
-        header=info.header,
-        live=False,
-        persisted=True,
-        damage=info.damage,
-        inherited_event_count=info.inherited_event_count,
-        revision=info.revision,
-        event_count=info.event_count,
-        claimed=info.claimed,
-    )
-
-
-def _newest_first(record: SessionRecord) -> tuple[int, str]:
-    created = record.header.created_at if record.header is not None else -1
-    return (-created, record.id)
