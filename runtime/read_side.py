@@ -1,4 +1,5 @@
-"""`open_read_side`: what a read-only command (`children`, `agents`, `sessions`, `show`) opens.
+"""`open_read_side`: what a read-only command (`children`, `agents`, `sessions`, `show`, `tail`)
+opens, and what the operator commands (`send`, `interrupt`, `stop`) read through.
 
 The read half of `open_runtime` (runtime/app.py): the log store, the projection registry, the
 session store (no session is resident here; it serves the query's stats and the listing's live
