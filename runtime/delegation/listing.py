@@ -109,14 +109,16 @@ class ListingService:
         `SubagentError` (a missing service, `CANCELLED`; `ListingParentNotFound` with
         `require_parent` when the corpus has no record of `parent_id` — else the children that
         name it are listed all the same) or `SessionQueryError` (an unreadable root)."""
-        return await self._edge(abort, partial(self._children, required=require_parent), parent_id)
+        body = partial(self._children, required=True) if require_parent else self._children
+        return await self._edge(abort, body, parent_id)
 
     async def list_descendants(
         self, root_id: str, abort: Abort | None = None, *, require_parent: bool = False
     ) -> list[Row]:
         """The rows of every subagent below `root_id` in pre-order, each with `parent_id` and
         `depth`; raises as `list_children`."""
-        return await self._edge(abort, partial(self._descendants, required=require_parent), root_id)
+        body = partial(self._descendants, required=True) if require_parent else self._descendants
+        return await self._edge(abort, body, root_id)
 
     async def _edge(
         self,
@@ -145,7 +147,7 @@ class ListingService:
             await self.query.write_observed(proved)  # the index is a cache: never an error
         return rows
 
-    async def _children(self, parent_id: str, proved: list[ObservedCheckpoint], *, required: bool) -> list[Row]:
+    async def _children(self, parent_id: str, proved: list[ObservedCheckpoint], *, required: bool = False) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         candidates = shape.children_of(parent_id)
@@ -166,7 +168,9 @@ class ListingService:
         )
         return [row for _, row in placed if row is not None]
 
-    async def _descendants(self, root_id: str, proved: list[ObservedCheckpoint], *, required: bool) -> list[Row]:
+    async def _descendants(
+        self, root_id: str, proved: list[ObservedCheckpoint], *, required: bool = False
+    ) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         records = shape.records

@@ -14,7 +14,9 @@ owner task records it (runtime/agent/mailbox_owner.py). A session nobody runs:
 
 Every command reads through the session query of a read side (runtime/read_side.py): its stat
 (with the lock probe, through the index's one slot) and `tail`'s log reads; only the envelope's
-delivery writes, to the mailbox. `tail` prints a session's durable events as JSON lines (the `run --stream` form); with
+delivery writes, to the mailbox.
+
+`tail` prints a session's durable events as JSON lines (the `run --stream` form); with
 `--follow` it keeps printing events as they are written, by any process, looking at the log
 again every `FOLLOW_POLL` seconds, until Ctrl-C. Exit status: 0 done, 1 the store failed or the
 log is damaged, 2 bad input (an invalid id, not a root, no such session) or a store that cannot
