@@ -7,7 +7,8 @@ included. Per session it keeps a *cursor*, the next seq to deliver, so each even
 once and in seq order per session, whatever way it arrived. Events arrive two ways:
 
 - pushed by the session store's `DurableFeed` right after their fsync (the fast path);
-- read from the log: a session's first read when it joins the tree (so a child whose first
+- read from the log, through the session query (`SessionQuery.read_from`, a few reads at a
+  time): a session's first read when it joins the tree (so a child whose first
   events were written before its catalog loses nothing), a gap before a pushed batch, and a
   session whose pushes were dropped because this stream's feed buffer was full (*lagged*).
   A read of a session live in this runtime is cut at its actor's durable end (its handle
@@ -35,15 +36,16 @@ from typing import Any
 import attrs
 import msgspec
 import trio
-from subagents.actors import DurableBatch, FeedSubscription, SessionStore
-from subagents.storage import Event, LogStore, SessionNotFound, StorageError
+from subagents.actors import DurableBatch, FeedSubscription
+from subagents.storage import Event, SessionNotFound, StorageError
+
+from .query import SessionQuery
 
 __all__ = ["EventStream", "StreamEvent", "open_event_stream"]
 
 log = logging.getLogger(__name__)
 
 CATALOG_TYPE = "subagent/catalog"
-_READS_AT_ONCE = 4  # log reads of one stream under way at once (as the cold reader's)
 _encode = msgspec.json.Encoder().encode
 
 
@@ -104,8 +106,7 @@ class EventStream:
 class _Pump:
     def __init__(
         self,
-        sessions: SessionStore,
-        log_store: LogStore,
+        query: SessionQuery,
         subscription: FeedSubscription,
         send: trio.MemorySendChannel[StreamEvent],
         finish: trio.Event,
@@ -114,14 +115,12 @@ class _Pump:
     ) -> None:
         self.inherited = inherited
         self.descendants = descendants
-        self.sessions = sessions
-        self.log_store = log_store
+        self.query = query
+        self.sessions = sessions = query.sessions
         self.subscription = subscription
         self.send = send
         self.finish = finish
         self.tracked: dict[str, _Tracked] = {}
-        # Log reads (joins, gaps, lag) are whole-log reads: a few at a time, not one thread each.
-        self.read_limiter = trio.CapacityLimiter(_READS_AT_ONCE)
         # The durable end of every session live when the subscription started (taken with no
         # checkpoint in between, so every later push is at or past it).
         self.live_ends = {ref.session_id: int(ref.durable_next) for ref in sessions.list()}
@@ -178,9 +177,7 @@ class _Pump:
         if session_id in self.unread:
             self.unread.remove(session_id)
         try:
-            inherited, events = await trio.to_thread.run_sync(
-                self._read, session_id, tracked.cursor, limiter=self.read_limiter
-            )
+            inherited, events = await self.query.read_from(session_id, tracked.cursor)
         except SessionNotFound:
             inherited, events = None, []  # not published yet: its first push brings it
         except StorageError as exc:
@@ -199,13 +196,6 @@ class _Pump:
                 if tracked.start is None:  # history: deliver what came after the subscription
                     tracked.start = self.boundary(session_id, tracked.cursor + len(events))
         await self.deliver(session_id, tracked, events)
-
-    def _read(self, session_id: str, start: int) -> tuple[int, list[Event]]:
-        handle = self.log_store.open_read(session_id)
-        try:
-            return handle.inherited_event_count, self.log_store.read(handle, start)
-        finally:
-            self.log_store.close(handle)
 
     async def deliver(self, session_id: str, tracked: _Tracked, events: Any) -> None:
         for event in events:
@@ -240,8 +230,7 @@ def _catalog_child(event: Event) -> str | None:
 
 @asynccontextmanager
 async def open_event_stream(
-    sessions: SessionStore,
-    log_store: LogStore,
+    query: SessionQuery,
     root_id: str,
     *,
     from_seq: int = 0,
@@ -251,7 +240,8 @@ async def open_event_stream(
     descendants: bool = True,
 ) -> AsyncIterator[EventStream]:
     """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
-    §8). `buffer`: items waiting for the consumer; `feed_capacity`: pushed events waiting for
+    §8), read through `query` (the runtime's: `runtime.query`) and pushed by its session store's
+    feed. `buffer`: items waiting for the consumer; `feed_capacity`: pushed events waiting for
     the pump before its sessions are re-read from the log. `inherited=False` leaves out a
     fork's inherited prefix (its seqs below `inherited_event_count`: copies of its parent's
     events), so a forked session starts at its `session/end-seed` marker. `descendants=False`
@@ -262,8 +252,8 @@ async def open_event_stream(
     send, receive = trio.open_memory_channel[StreamEvent](buffer)
     finish = trio.Event()
     # Subscribed before the first read, so nothing durable after that read can be missed.
-    with sessions.feed.subscribe(feed_capacity) as subscription:
-        pump = _Pump(sessions, log_store, subscription, send, finish, inherited, descendants)
+    with query.sessions.feed.subscribe(feed_capacity) as subscription:
+        pump = _Pump(query, subscription, send, finish, inherited, descendants)
         pump.track(root_id, from_seq)
 
         def finish_stream() -> None:

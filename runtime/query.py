@@ -1,25 +1,30 @@
 """Session query (docs/design.md, "Session query"): the live-preferred corpus and observations
 of one session.
 
-`list_sessions(abort)` merges the log store's listing (through the index, one worker thread at
-a time) with the live sessions of the session store: a live header wins, and a persisted header
-that differs from it marks the record `conflict` instead of failing. Only an unreadable root
-fails it. `observe_session(id, abort)` is an async context manager yielding an `Observation`:
+It is the one read API above the actors: everything the runtime and its hosts read of the
+store (corpus, observations, stats, checkpoint rows, lock probes, partial log reads for streams
+and `tail`) goes through it and the `StoreReader` it keeps to itself (its index slot and cold
+reader). `list_sessions(abort)` merges the log store's listing (through the index, one worker
+thread at a time) with the live sessions of the session store: a live header wins, and a
+persisted header that differs from it marks the record `conflict` instead of failing. Only an
+unreadable root fails it. `observe_session(id, abort)` is an async context manager yielding an
+`Observation`:
 a live session's projections come from its actor (no log read), a persisted session is read by
 the cold reader, its interrupted turn closed in memory, and every projection unit folded and
 viewed (folded in the cold reader's worker thread). Prepared observations are kept in a small
 LRU keyed by the log's revision and bounded in bytes; failures are never cached. Errors are
-a `SessionQueryError`, one class per case (runtime/foundation/errors.py).
+a `SessionQueryError`, one class per case (runtime/foundation/errors.py). An `Abort` becomes
+cancellation once, at the edge of `observe_session` (`cancelled_when`): below it, Trio
+cancellation alone.
 
 Cheap at scale: records are reused while the store info and live ref they were made from are
-the same objects (the store's warm index hands back the same infos), so a warm corpus costs a
-few lookups per session; observations under way at once share index hops for their stats, and
-their reads share thread hops in the cold reader (a listing's observations share one abort).
+the same objects (runtime/query_corpus.py: the store's warm index hands back the same infos),
+so a warm corpus costs a few lookups per session; observations under way at once share index hops for their stats, and
+their reads share thread hops in the cold reader (a listing's observations share one read group).
 """
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -33,16 +38,14 @@ from subagents.actors import (
     ActorStopped,
     ColdRead,
     ColdReader,
-    ReadAborted,
     ReadGroup,
-    SessionRef,
     SessionStore,
     StoreReader,
+    cancelled_when,
 )
 from subagents.storage import (
     CorruptLog,
     Event,
-    HeaderClaim,
     InvalidSessionId,
     Lifecycle,
     LogInfo,
@@ -70,29 +73,12 @@ from .foundation.errors import (
     QueryUnsupportedSession,
     SessionQueryError,
 )
+from .query_corpus import Corpus, SessionRecord, headers_differ
 
-__all__ = ["Observation", "SessionQuery", "SessionRecord"]
+__all__ = ["Observation", "SessionQuery", "SessionRecord", "headers_differ"]
 
 _encode = msgspec.json.encode
-
-
-@attrs.frozen(kw_only=True)
-class SessionRecord:
-    id: SessionId
-    header: SessionHeader | None  # None only for a damaged log whose line 1 does not parse
-    live: bool
-    persisted: bool
-    damage: Literal["corrupt", "unsupported"] | None
-    inherited_event_count: int
-    revision: Revision | None  # None for live-only records
-    event_count: int | None
-    conflict: bool = False
-    # A damaged persisted record whose line 1 is a JSON object but no valid header: what it says
-    # of its lineage, unvalidated (listings make it a diagnostic of the parent it names).
-    claimed: HeaderClaim | None = None
-    # Another writer (another process) holds its lock: it is live elsewhere. Filled only where a
-    # caller asks (`list_sessions(probe_locks=True)`); never set on a record live here.
-    held: bool = False
+_LOG_READS_AT_ONCE = 4  # partial log reads under way at once (as the cold reader's full ones)
 
 
 @attrs.define(eq=False)
@@ -124,24 +110,6 @@ class _Prepared:
     observed: ObservedCheckpoint | None = None
 
 
-_WITNESSED = (
-    "format",
-    "id",
-    "created_at",
-    "cwd",
-    "parent_session",
-    "is_seeded",
-    "delegation_depth",
-    "origin",
-    "agent_preset",
-)
-
-
-def headers_differ(a: SessionHeader, b: SessionHeader) -> bool:
-    # Equal headers (the usual case) are equal in every witnessed field: one comparison.
-    return a != b and any(getattr(a, name) != getattr(b, name) for name in _WITNESSED)
-
-
 class SessionQuery:
     def __init__(
         self,
@@ -155,47 +123,73 @@ class SessionQuery:
         index_limiter: trio.CapacityLimiter | None = None,
     ) -> None:
         """`reader`: the one read side of `log_store` (made here from `cold_reader` and
-        `index_limiter` when not given)."""
+        `index_limiter` when not given); nothing above reads the store but through this query."""
         self.sessions = sessions
         self.registry = registry
-        self.reader = (
+        self._reader = (
             reader if reader is not None else StoreReader(log_store, cold=cold_reader, index_limiter=index_limiter)
         )
         self.cache_bytes = cache_bytes
         self._cache: OrderedDict[str, _Prepared] = OrderedDict()
         self._cached = 0
-        # The last corpus: for each id, the store info and live ref its record was made from.
-        self._records: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
-        self._order: list[SessionRecord] | None = None
-        self._last_infos: list[LogInfo] = []  # what the last corpus was made from
-        self._last_refs: list[SessionRef] = []
+        self._corpus = Corpus()  # the last corpus's records, kept for reuse (runtime/query_corpus.py)
+        # Partial log reads (`read_from`: streams and `tail`) are whole-file reads in a worker
+        # thread each: a few at a time, as the cold reader's.
+        self._log_reads = trio.CapacityLimiter(_LOG_READS_AT_ONCE)
 
     @property
     def cold_reader(self) -> ColdReader:
         """The reader's cold reader (full log reads)."""
-        return self.reader.cold
+        return self._reader.cold
 
     @property
     def index_limiter(self) -> trio.CapacityLimiter:
         """The index's one worker slot (docs/format.md, "The index"), the reader's."""
-        return self.reader.index_limiter
+        return self._reader.index_limiter
 
-    # --- what listings ask of the store, through the reader ---
+    # --- what listings, streams and the service ask of the store, through the reader ---
+
+    async def stat(self, session_id: str) -> tuple[LogInfo | None, bool]:
+        """The store's stat of `session_id` and whether another process holds its lock,
+        through the index's one worker slot (stats asked at once share hops: `StoreReader.stat`).
+        Raises the store's `StorageError`."""
+        return await self._reader.stat(session_id)
+
+    async def read_from(self, session_id: str, start: int) -> tuple[int, list[Event]]:
+        """The session's inherited event count and its logged events from seq `start` (those
+        written so far, durable or not: a caller cuts a live session at its durable end), in a
+        worker thread, a few reads at a time. Raises the store's `StorageError`
+        (`SessionNotFound` for a log not published yet)."""
+        store = self._reader.store
+
+        def read() -> tuple[int, list[Event]]:
+            handle = store.open_read(session_id)
+            try:
+                return handle.inherited_event_count, store.read(handle, start)  # type: ignore[arg-type]  # `start` is an Offset (an int)
+            finally:
+                store.close(handle)
+
+        return await trio.to_thread.run_sync(read, limiter=self._log_reads)
+
+    def recorded(self, session_id: str) -> SessionRecord | None:
+        """The record of `session_id` in the corpus this query listed last (no store call):
+        what a listing's caller shows beside its rows, from the listing's own corpus."""
+        return self._corpus.recorded(session_id)
 
     async def checkpoint_rows(
         self, session_ids: Sequence[str], keys: Sequence[str], skip: Mapping[str, bytes] | None = None
     ) -> dict[str, list[StoredCheckpoint]]:
         """The stored checkpoint rows of `session_ids` (`StoreReader.checkpoint_rows`): every
         id asked is a key; any failure is a miss."""
-        return await self.reader.checkpoint_rows(session_ids, keys, skip)
+        return await self._reader.checkpoint_rows(session_ids, keys, skip)
 
     async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids another process holds the lock of (advice, never an error)."""
-        return await self.reader.held_elsewhere(session_ids)
+        return await self._reader.held_elsewhere(session_ids)
 
     async def stat_many(self, session_ids: Sequence[str]) -> list[LogInfo | None | Exception]:
         """The store's stat of each id afresh, in one index hop; failures are values."""
-        return await self.reader.stat_many(session_ids)
+        return await self._reader.stat_many(session_ids)
 
     # --- the corpus ---
 
@@ -204,58 +198,14 @@ class SessionQuery:
         holds the lock of (`held`), asked in the same thread hop as the listing."""
         _check(abort)
         try:
-            infos, held = await self.reader.list(probe_locks=probe_locks)
+            infos, held = await self._reader.list(probe_locks=probe_locks)
         except StorageError as exc:
             raise QueryPersistenceFailed(f"session persistence listing failed: {exc}") from exc
         _check(abort)
-        records = self._corpus(infos)
+        records = self._corpus.records(infos, self.sessions.list())
         if not held:
             return records
         return [attrs.evolve(r, held=True) if r.id in held and not r.live else r for r in records]
-
-    def _corpus(self, infos: list[LogInfo]) -> list[SessionRecord]:
-        # Records are values: one made from the very same store info and live ref as last time
-        # is reused, and when every record is, so is last time's order (a warm corpus of a
-        # thousand sessions then costs a few dict lookups per session, not new records).
-        refs = self.sessions.list()
-        if (
-            self._order is not None
-            and len(infos) == len(self._last_infos)
-            and len(refs) == len(self._last_refs)
-            and all(map(operator.is_, infos, self._last_infos))
-            and all(map(operator.is_, refs, self._last_refs))
-        ):
-            return list(self._order)  # the very same infos and live actors: the same records
-        self._last_infos, self._last_refs = infos, refs
-        made = self._records
-        kept: dict[SessionId, tuple[LogInfo | None, SessionRef | None, SessionRecord]] = {}
-        live = {ref.session_id: ref for ref in refs}
-        same = True
-        for info in infos:
-            sid = info.id
-            ref = live.get(sid)
-            known = made.get(sid)
-            if known is not None and known[0] is info and known[1] is ref:
-                kept[sid] = known
-                continue
-            same = False
-            stored = _persisted(info)
-            kept[sid] = (info, ref, stored if ref is None else _live(ref, stored))
-        for sid, ref in live.items():
-            if sid in kept:
-                continue  # persisted too: done above
-            known = made.get(sid)
-            if known is not None and known[0] is None and known[1] is ref:
-                kept[sid] = known
-                continue
-            same = False
-            kept[sid] = (None, ref, _live(ref, None))
-        self._records = kept
-        if same and len(kept) == len(made) and self._order is not None:
-            return list(self._order)
-        order = sorted((entry[2] for entry in kept.values()), key=_newest_first)
-        self._order = order
-        return list(order)
 
     # --- one session ---
 
@@ -265,14 +215,31 @@ class SessionQuery:
     ) -> AsyncIterator[Observation]:
         """The session observed (see the module docstring). Observations made in the same
         `group` share the cold reader's thread hops."""
-        observation = await self._observe(session_id, abort, group)
+        observation = await self._edge(session_id, abort, group)
         try:
             yield observation
         finally:
             observation.released = True
 
-    async def _observe(self, session_id: str, abort: Abort | None, group: ReadGroup | None) -> Observation:
+    async def _edge(self, session_id: str, abort: Abort | None, group: ReadGroup | None) -> Observation:
+        """Where the caller's abort becomes cancellation, once (`cancelled_when`): below it the
+        observation is cancelled the Trio way. An abort set before, during, or as it ends is
+        `QueryAborted`, whatever was under way (a read failing as it was cancelled included)."""
         _check(abort)
+        if abort is None:
+            return await self._observe(session_id, group)
+        observation: Observation | None = None
+        try:
+            async with cancelled_when(abort):
+                observation = await self._observe(session_id, group)
+        except Exception:  # an abort set meanwhile is the answer, not the error it caused
+            _check(abort)
+            raise
+        _check(abort)
+        assert observation is not None  # only an abort cancels the body quietly
+        return observation
+
+    async def _observe(self, session_id: str, group: ReadGroup | None) -> Observation:
         try:
             sid = check_session_id(session_id)
         except InvalidSessionId:
@@ -286,10 +253,9 @@ class SessionQuery:
             except (ProjectionBroken, KeyError) as exc:
                 raise QueryCorruptSession(f"failed to project session {sid!r}: {exc}") from exc
             else:
-                events = await self._read_live(sid, abort, group)
+                events = await self._read_live(sid, group)
                 return Observation("live", ref.header, ref.inherited_event_count, events, projections)
-        prepared, held = await self._prepare(sid, abort, group)
-        _check(abort)
+        prepared, held = await self._prepare(sid, group)
         events = prepared.events
         if held and prepared.closers:
             # Its writer is alive in another process: the open turn is not interrupted.
@@ -304,21 +270,21 @@ class SessionQuery:
             observed=None if held else prepared.observed,
         )
 
-    async def _read_live(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[Event, ...]:
+    async def _read_live(self, sid: SessionId, group: ReadGroup | None) -> tuple[Event, ...]:
         """The durable events of a live session: none while it is not published yet, and no
         in-memory closers (its turn is not interrupted: its writer is alive)."""
         try:
-            read = await self._cold(sid, abort, group)
+            read = await self._cold(sid, group)
         except QuerySessionNotFound:
             if self.sessions.get(sid) is not None:
                 return ()
             raise
         return read.events[: len(read.events) - read.closers] if read.closers else read.events
 
-    async def _prepare(self, sid: SessionId, abort: Abort | None, group: ReadGroup | None) -> tuple[_Prepared, bool]:
+    async def _prepare(self, sid: SessionId, group: ReadGroup | None) -> tuple[_Prepared, bool]:
         """The prepared observation, and whether another writer holds the session's lock."""
         try:
-            info, held = await self.reader.stat(sid)
+            info, held = await self._reader.stat(sid)
         except StorageError as exc:
             raise _mapped(sid, exc) from exc
         if info is None:
@@ -327,13 +293,13 @@ class SessionQuery:
             damaged = QueryUnsupportedSession if info.damage == "unsupported" else QueryCorruptSession
             # The index knows only that it is damaged; a read finds where (the seq or byte
             # offset) and raises that. Listings never get here (a damaged record is a diagnostic).
-            await self._cold(sid, abort, group)
+            await self._cold(sid, group)
             raise damaged(f"stored session {sid!r} is {info.damage}")
         cached = self._cache.get(sid)
         if cached is not None and cached.revision == info.revision:
             self._cache.move_to_end(sid)
             return cached, held
-        read = await self._cold(sid, abort, group, self.registry)
+        read = await self._cold(sid, group, self.registry)
         if info.header is not None and headers_differ(info.header, read.header):
             raise QuerySourceConflict(f"session source headers conflict for session {sid!r}")
         cells = read.cells
@@ -387,18 +353,13 @@ class SessionQuery:
 
     async def write_observed(self, observed: Sequence[ObservedCheckpoint]) -> int:
         """Write back rows observations proved, in one index hop (`StoreReader.write_observed`)."""
-        return await self.reader.write_observed(observed)
+        return await self._reader.write_observed(observed)
 
     async def _cold(
-        self, sid: SessionId, abort: Abort | None, group: ReadGroup | None, registry: ProjectionRegistry | None = None
+        self, sid: SessionId, group: ReadGroup | None, registry: ProjectionRegistry | None = None
     ) -> ColdRead:
-        try:
-            (result,) = await self.cold_reader.read_many([sid], abort, registry=registry, group=group)
-        except ReadAborted:
-            raise QueryAborted("session observation was aborted") from None
+        (result,) = await self.cold_reader.read_many([sid], registry=registry, group=group)
         if isinstance(result, StorageError):
-            if abort is not None and abort.is_set():
-                raise QueryAborted("session observation was aborted") from result
             raise _mapped(sid, result) from result
         return result
 
@@ -444,38 +405,3 @@ def _mapped(sid: str, exc: StorageError) -> SessionQueryError:
 def _at(seq: int | None, offset: int | None) -> str:
     where = [f"seq {seq}"] * (seq is not None) + [f"byte offset {offset}"] * (offset is not None)
     return f" at {', '.join(where)}" if where else ""
-
-
-def _live(ref: SessionRef, stored: SessionRecord | None) -> SessionRecord:
-    """A live session's record: its live header wins over the persisted one (docs/design.md,
-    "Session query")."""
-    return SessionRecord(
-        id=ref.session_id,
-        header=ref.header,
-        live=True,
-        persisted=stored is not None,
-        damage=stored.damage if stored is not None else None,
-        inherited_event_count=ref.inherited_event_count,
-        revision=stored.revision if stored is not None else None,
-        event_count=stored.event_count if stored is not None else None,
-        conflict=stored is not None and (stored.header is None or headers_differ(stored.header, ref.header)),
-    )
-
-
-def _persisted(info: LogInfo) -> SessionRecord:
-    return SessionRecord(
-        id=info.id,
-        header=info.header,
-        live=False,
-        persisted=True,
-        damage=info.damage,
-        inherited_event_count=info.inherited_event_count,
-        revision=info.revision,
-        event_count=info.event_count,
-        claimed=info.claimed,
-    )
-
-
-def _newest_first(record: SessionRecord) -> tuple[int, str]:
-    created = record.header.created_at if record.header is not None else -1
-    return (-created, record.id)

@@ -1,4 +1,5 @@
-"""`open_read_side`: what a read-only command (`children`, `agents`, `sessions`, `show`) opens.
+"""`open_read_side`: what a read-only command (`children`, `agents`, `sessions`, `show`, `tail`)
+opens, and what the operator commands (`send`, `interrupt`, `stop`) read through.
 
 The read half of `open_runtime` (runtime/app.py): the log store, the projection registry, the
 session store (no session is resident here; it serves the query's stats and the listing's live
@@ -7,9 +8,10 @@ MCP servers, and none of their modules are imported, so a one-shot read starts i
 the storage, the actors and the listing alone (issue 20, start-up; tests/runtime/
 test_startup_imports.py checks which modules such a command loads).
 
-A command reads one state of the store: the corpus is listed once (`_OneShotQuery`) — `children`
-checks its parent against the same corpus the listing then uses — and a file store is opened
-without change notification (inotify watches only pay off from a store's second listing on, and
+A command reads one state of the store: the corpus is listed once — `children` learns that its
+parent exists from the listing itself (`ListingParentNotFound`) and shows creation times from
+the query's last corpus (`SessionQuery.recorded`) — and a file store is opened without change
+notification (inotify watches only pay off from a store's second listing on, and
 setting one up per session folder cost as much as the listing itself at 10,000 sessions).
 """
 
@@ -20,13 +22,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import attrs
-from subagents.actors import Abort, SessionStore, StoreReader, open_session_store
+from subagents.actors import SessionStore, open_session_store
 from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
 
 from .delegation.listing import ListingService
 from .delegation.units import SUBAGENT_UNITS
 from .foundation.clock import RealClock
-from .query import SessionQuery, SessionRecord
+from .query import SessionQuery
 from .store_select import is_pg_url, open_log_store
 from .usage import USAGE_UNIT
 
@@ -37,21 +39,6 @@ def runtime_registry() -> ProjectionRegistry:
     """The projection units every runtime folds: the subagent units and the usage unit (the
     same registry for `open_runtime` and a read-only command, so both read the same rows)."""
     return ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
-
-
-class _OneShotQuery(SessionQuery):
-    """A session query for one command: `list_sessions` lists the store the first time it is
-    asked (per `probe_locks`) and answers every later call from that corpus."""
-
-    def __init__(self, log_store: LogStore, sessions: SessionStore, registry: ProjectionRegistry) -> None:
-        super().__init__(log_store, sessions, registry, reader=StoreReader(log_store))
-        self._listed: dict[bool, list[SessionRecord]] = {}
-
-    async def list_sessions(self, abort: Abort | None = None, *, probe_locks: bool = False) -> list[SessionRecord]:
-        corpus = self._listed.get(probe_locks)
-        if corpus is None or (abort is not None and abort.is_set()):  # an abort set raises as it would
-            corpus = self._listed[probe_locks] = await super().list_sessions(abort, probe_locks=probe_locks)
-        return list(corpus)
 
 
 @attrs.frozen(kw_only=True)
@@ -74,7 +61,7 @@ async def open_read_side(root: str | os.PathLike[str], *, store: str | None = No
     try:
         registry = runtime_registry()
         async with open_session_store(logs, registry, now_ms=RealClock().now_ms) as sessions:
-            query = _OneShotQuery(logs, sessions, registry)
+            query = SessionQuery(logs, sessions, registry)
             listing = ListingService(registry=registry, sessions=sessions, query=query)
             yield ReadSide(log_store=logs, registry=registry, sessions=sessions, query=query, listing=listing)
     finally:

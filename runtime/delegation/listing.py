@@ -13,9 +13,11 @@ stopped meanwhile is treated as cold); cold candidates try the checkpoint rows o
 query for all; rows answer for the log revision they cover whole, or — lagging — for a log
 another process writes now), and only then one observation each through the cold reader (at
 most four reads in flight), `OBSERVERS` observations under way at a time, all in one read group
-so that their reads share thread hops. The caller's abort becomes cancellation once, at the edge of the call
-(`cancelled_when`): one watcher cancels everything under way when it is set. An
-identity counts only from the child's own suffix (`seq >= inherited_event_count`). Rows come
+so that their reads share thread hops (listing_observe; the rows, and what a listing keeps
+between listings: listing_rows). The caller's abort becomes cancellation once, at the edge of
+the call (`cancelled_when`): one watcher cancels everything under way when it is set; below the
+edge (the rungs, lineage, the query) Trio cancellation alone. With `require_parent`, a parent
+the corpus has no record of is `ListingParentNotFound`. An identity counts only from the child's own suffix (`seq >= inherited_event_count`). Rows come
 in four states: a child row, an omitted live child without an identity yet, and
 diagnostics `corrupt` / `unsupported` / `unavailable`. Typed query errors become rows; anything
 else fails the listing. An abort at any point ends it with `CANCELLED` and no rows.
@@ -31,28 +33,26 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from functools import partial
+from typing import Any
 
 import attrs
-import trio
 from subagents.actors import (
     Abort,
     ActorStopped,
-    ReadGroup,
     SessionRef,
     SessionStore,
     cancelled_when,
-    raise_bare_cancelled,
     snapshot_all,
 )
 from subagents.runtime.foundation.errors import (
+    ListingParentNotFound,
     ProjectionsUnavailable,
     QueryUnavailable,
-    SessionQueryError,
     SessionStoreUnavailable,
     SubagentCancelled,
 )
-from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
+from subagents.runtime.query import SessionQuery, SessionRecord
 from subagents.storage import LogInfo, ObservedCheckpoint, ProjectionRegistry, StoredCheckpoint
 
 from .lineage import (
@@ -63,62 +63,18 @@ from .lineage import (
     absent_reason,
     catalog_entries,
     catalog_owners,
-    children_of,
     is_subagent,
-    lineage,
     names_absent,
     order_key,
-    same_lifecycle,
     stored_catalog,
     walk_descendants,
 )
+from .listing_observe import observe_rows
+from .listing_rows import ChildRow, CorpusShape, DiagnosticRow, Row, RowCache, own_identity, stored_identities
 from .units import CATALOG_UNIT, IDENTITY_UNIT
 
 __all__ = ["ChildRow", "DiagnosticRow", "ListingService", "walk_descendants"]
 
-Reason = Literal["corrupt", "unsupported", "unavailable"]
-
-
-@attrs.frozen(kw_only=True)
-class ChildRow:
-    id: str
-    activity: Literal["running", "inactive"]
-    has_children: bool
-    mode: Literal["one-shot", "continuable"]
-    label: str | None = None
-    parent_id: str | None = None  # descendants only
-    depth: int | None = None  # descendants only
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "kind": "child",
-            "id": self.id,
-            "activity": self.activity,
-            "has_children": self.has_children,
-            "mode": self.mode,
-        }
-        if self.label is not None:
-            out["label"] = self.label
-        if self.parent_id is not None:
-            out |= {"parent_id": self.parent_id, "depth": self.depth}
-        return out
-
-
-@attrs.frozen(kw_only=True)
-class DiagnosticRow:
-    id: str
-    reason: Reason
-    parent_id: str | None = None
-    depth: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": "diagnostic", "id": self.id, "reason": self.reason}
-        if self.parent_id is not None:
-            out |= {"parent_id": self.parent_id, "depth": self.depth}
-        return out
-
-
-Row = ChildRow | DiagnosticRow
 _IDENTITY = [IDENTITY_UNIT.key]
 _CATALOG = [CATALOG_UNIT.key]
 _BOTH = [IDENTITY_UNIT.key, CATALOG_UNIT.key]  # a live child's identity and whether it has children
@@ -126,89 +82,6 @@ _ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key)  # the checkpoint rows a listi
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
-
-
-def _own(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
-    if isinstance(identity, dict) and type(identity.get("seq")) is int and identity["seq"] >= inherited_event_count:
-        return identity
-    return None
-
-
-_ROW_CACHE = 8192  # rows kept for reuse at most (a row is ~200 bytes)
-
-
-class _Rows:
-    """Child rows are values: the same child in the same state is the same row, reused from the
-    last listings instead of built again (a listing of a thousand live children then allocates
-    a thousand fewer objects, and the cyclic GC runs that much less often during it)."""
-
-    def __init__(self) -> None:
-        self._made: dict[tuple[str, bool, bool, object, object], ChildRow] = {}
-
-    def child(self, record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
-        mode, label = identity["mode"], identity.get("label")
-        if type(mode) is not str or (label is not None and type(label) is not str):
-            # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
-            return ChildRow(
-                id=record.id,
-                activity="running" if live else "inactive",
-                has_children=has_children,
-                mode=mode,
-                label=label,
-            )
-        key = (record.id, live, has_children, mode, label)
-        row = self._made.get(key)
-        if row is None:
-            if len(self._made) >= _ROW_CACHE:
-                self._made.clear()
-            row = self._made[key] = ChildRow(
-                id=record.id,
-                activity="running" if live else "inactive",
-                has_children=has_children,
-                mode=mode,
-                label=label,
-            )
-        return row
-
-
-class _Shape:
-    """What the listing derives from a corpus (who has children, the candidates per parent),
-    kept while the session query hands back the very same records (a warm corpus)."""
-
-    _PARENTS_KEPT = 64
-
-    def __init__(self) -> None:
-        self._corpus: list[SessionRecord] = []
-        self.parents: frozenset[str | None] = frozenset()
-        self._children: dict[str, list[SessionRecord]] = {}
-        self._records: dict[str, SessionRecord] | None = None
-
-    def of(self, corpus: list[SessionRecord]) -> _Shape:
-        if len(corpus) != len(self._corpus) or not all(map(operator.is_, corpus, self._corpus)):
-            self._corpus = corpus
-            # A damaged child whose line 1 names its parent lists (as a diagnostic): its parent has children.
-            self.parents = frozenset(
-                said[1] for said in map(lineage, corpus) if said is not None and said[0] == "subagent"
-            )
-            self._children = {}
-            self._records = None
-        return self
-
-    @property
-    def records(self) -> dict[str, SessionRecord]:
-        """The corpus by id."""
-        if self._records is None:
-            self._records = {record.id: record for record in self._corpus}
-        return self._records
-
-    def children_of(self, parent_id: str) -> list[SessionRecord]:
-        """The candidates of `parent_id`, in order (kept: not to be changed)."""
-        children = self._children.get(parent_id)
-        if children is None:
-            if len(self._children) >= self._PARENTS_KEPT:
-                self._children.clear()
-            children = self._children[parent_id] = children_of(self._corpus, parent_id)
-        return children
 
 
 class ListingService:
@@ -225,20 +98,27 @@ class ListingService:
         self.sessions = sessions
         self.query = query  # all it reads of the store, it reads through the query
         self.observers = OBSERVERS
-        self._rows_made = _Rows()
-        self._shape = _Shape()
+        self._rows_made = RowCache()
+        self._shape = CorpusShape()
 
-    async def list_children(self, parent_id: str, abort: Abort | None = None) -> list[Row]:
+    async def list_children(
+        self, parent_id: str, abort: Abort | None = None, *, require_parent: bool = False
+    ) -> list[Row]:
         """The rows of `parent_id`'s direct subagent children (README, "Listings"), in
         (`created_at`, id) order, with those only the parent's catalog names. Raises
-        `SubagentError` (a missing service, `CANCELLED`) or `SessionQueryError` (an unreadable
-        root)."""
-        return await self._edge(abort, self._children, parent_id)
+        `SubagentError` (a missing service, `CANCELLED`; `ListingParentNotFound` with
+        `require_parent` when the corpus has no record of `parent_id` — else the children that
+        name it are listed all the same) or `SessionQueryError` (an unreadable root)."""
+        body = partial(self._children, required=True) if require_parent else self._children
+        return await self._edge(abort, body, parent_id)
 
-    async def list_descendants(self, root_id: str, abort: Abort | None = None) -> list[Row]:
+    async def list_descendants(
+        self, root_id: str, abort: Abort | None = None, *, require_parent: bool = False
+    ) -> list[Row]:
         """The rows of every subagent below `root_id` in pre-order, each with `parent_id` and
         `depth`; raises as `list_children`."""
-        return await self._edge(abort, self._descendants, root_id)
+        body = partial(self._descendants, required=True) if require_parent else self._descendants
+        return await self._edge(abort, body, root_id)
 
     async def _edge(
         self,
@@ -267,11 +147,13 @@ class ListingService:
             await self.query.write_observed(proved)  # the index is a cache: never an error
         return rows
 
-    async def _children(self, parent_id: str, proved: list[ObservedCheckpoint]) -> list[Row]:
+    async def _children(self, parent_id: str, proved: list[ObservedCheckpoint], *, required: bool = False) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         candidates = shape.children_of(parent_id)
         parent = shape.records.get(parent_id)
+        if parent is None and required:
+            raise ListingParentNotFound(f'session "{parent_id}" not found')
         catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates)
         entries = catalogs.get(parent_id)
         absent = absent_children(parent_id, entries, shape.records) if entries else []
@@ -286,10 +168,14 @@ class ListingService:
         )
         return [row for _, row in placed if row is not None]
 
-    async def _descendants(self, root_id: str, proved: list[ObservedCheckpoint]) -> list[Row]:
+    async def _descendants(
+        self, root_id: str, proved: list[ObservedCheckpoint], *, required: bool = False
+    ) -> list[Row]:
         corpus = await self._corpus()
         shape = self._shape.of(corpus)
         records = shape.records
+        if root_id not in records and required:
+            raise ListingParentNotFound(f'session "{root_id}" not found')
         # Catalogs can add children the corpus cannot place (and those may have children of their
         # own): walk, read the catalogs of the nodes not asked yet, walk again while that adds any.
         absent: dict[str, list[Absent]] = {}
@@ -412,7 +298,7 @@ class ListingService:
 
     async def _rows(
         self,
-        shape: _Shape,
+        shape: CorpusShape,
         candidates: list[SessionRecord],
         stored: dict[str, list[StoredCheckpoint]],
         proved: list[ObservedCheckpoint],
@@ -444,7 +330,7 @@ class ListingService:
             elif isinstance(answer, Exception):
                 again.append(i)  # its identity alone may still be readable (a broken catalog cell)
             else:
-                identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
+                identity = own_identity(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                 if identity is not None:
                     has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
                     results[i] = child(record, identity, has, live=True)
@@ -459,7 +345,7 @@ class ListingService:
                 elif isinstance(answer, Exception):
                     results[i] = DiagnosticRow(id=record.id, reason="corrupt")
                 else:
-                    identity = _own(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
+                    identity = own_identity(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                     if identity is not None:
                         results[i] = child(record, identity, record.id in parents, live=True)
         cold.sort()
@@ -477,7 +363,7 @@ class ListingService:
         self,
         candidates: list[SessionRecord],
         cold: list[int],
-        shape: _Shape,
+        shape: CorpusShape,
         results: list[Row | None],
         stored: dict[str, list[StoredCheckpoint]],
         proved: list[ObservedCheckpoint],
@@ -511,56 +397,16 @@ class ListingService:
         if not observe:
             return
         assert self.query is not None
-        query = self.query
-        failures: list[BaseException] = []
-        # Every observation of this listing reads in one group: their reads share thread hops.
-        group = ReadGroup()
-
-        async def observe_one(i: int) -> None:
-            record = candidates[i]
-            try:
-                async with query.observe_session(record.id, group=group) as seen:
-                    if record.header is not None and headers_differ(record.header, seen.header):
-                        results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # lifecycle witness
-                        return
-                    identity = _own(seen.projections.get(IDENTITY_UNIT.key), seen.inherited_event_count)
-                    catalog = seen.projections.get(CATALOG_UNIT.key)
-                    elsewhere = seen.held
-                    observed = seen.observed
-            except SessionQueryError as exc:
-                if exc.diagnostic is None:
-                    failures.append(exc)
-                    return
-                results[i] = DiagnosticRow(id=record.id, reason=exc.diagnostic)
-                return
-            except Exception as exc:  # a bug must not hide as a row: it fails the listing
-                failures.append(exc)
-                return
-            if identity is None:
-                results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
-            else:
-                has = record.id in parents or names_absent(record.id, catalog, records)
-                results[i] = self._rows_made.child(record, identity, has, live=elsewhere)
-                if observed is not None and not elsewhere:
-                    proved.append(observed)  # a child row: what its observation proved is kept
-
-        try:
-            # A bounded number of observers take the candidates in turn: the listing's memory is
-            # bounded by the observations under way, not by the children, and enough stay under
-            # way for the cold reader to fill its thread hops.
-            queue = iter(observe)
-
-            async def observer() -> None:
-                for i in queue:
-                    await observe_one(i)
-
-            async with trio.open_nursery() as observations:
-                for _ in range(min(len(observe), self.observers)):
-                    observations.start_soon(observer)
-        except BaseExceptionGroup as group_error:  # only Cancelled can arrive grouped here: passed on bare
-            raise_bare_cancelled(group_error)  # everything else is kept as a value by observe_one
-        if failures:
-            raise failures[0]
+        await observe_rows(
+            self.query,
+            candidates,
+            observe,
+            shape=shape,
+            rows=self._rows_made,
+            results=results,
+            proved=proved,
+            observers=self.observers,
+        )
 
     async def _checkpoint_identities(
         self, records: Sequence[SessionRecord], stored: dict[str, list[StoredCheckpoint]] | None = None
@@ -574,21 +420,7 @@ class ListingService:
         unread = [r.id for r in records if r.id not in rows]
         if unread:
             rows = {**rows, **await self._stored_rows(unread)}
-        out = {}
-        key, version = IDENTITY_UNIT.key, IDENTITY_UNIT.state_version
-        for record in records:
-            header = record.header
-            if header is None or record.event_count is None:
-                continue
-            for row in rows.get(record.id, ()):
-                if row.key != key or row.ver != version or row.seq >= record.event_count:
-                    continue
-                if same_lifecycle(row.lifecycle, header, record.inherited_event_count):
-                    val = row.value()  # decoded only now (UNREADABLE, an object: no identity)
-                    identity = _own(val.get("identity") if type(val) is dict else None, record.inherited_event_count)
-                    if identity is not None:
-                        out[record.id] = (identity, row.seq == record.event_count - 1)
-        return out
+        return stored_identities(records, rows)
 
 
 def _check(abort: Abort | None) -> None:

@@ -26,6 +26,7 @@ for the query and the subagent service are the older unprefixed names (shown in 
     ├── ProjectionsUnavailable    SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE
     ├── SessionStoreUnavailable   SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE
     ├── QueryUnavailable          SUBAGENT_CONTROL_QUERY_UNAVAILABLE
+    ├── ListingParentNotFound     SUBAGENT_LISTING_PARENT_NOT_FOUND (a listing of a session no record is)
     ├── MalformedDescriptor       SUBAGENT_DESCRIPTOR_MALFORMED     (also a ValueError)
     └── AgentError                SUBAGENT_AGENT_ERROR              the agent registry [AgentError]
         ├── IdsExhausted          SUBAGENT_ID_EXHAUSTED             [AgentError ID_EXHAUSTED]
@@ -81,6 +82,7 @@ __all__ = [
     "DepthExceeded",
     "FamilyDraining",
     "IdsExhausted",
+    "ListingParentNotFound",
     "MalformedDescriptor",
     "ModelAuthFailed",
     "ModelBadResponse",
@@ -249,6 +251,12 @@ class SessionStoreUnavailable(SubagentError):
 
 class QueryUnavailable(SubagentError):
     code = "SUBAGENT_CONTROL_QUERY_UNAVAILABLE"
+
+
+class ListingParentNotFound(SubagentError):
+    """`list_children` / `list_descendants` of a session the corpus has no record of."""
+
+    code = "SUBAGENT_LISTING_PARENT_NOT_FOUND"
 
 
 class MalformedDescriptor(SubagentError, ValueError):

@@ -79,7 +79,7 @@ async def watch_run(
     if stream_to is None and progress is None:
         yield watch
         return
-    async with open_event_stream(runtime.sessions, runtime.log_store, root_id, from_seq=from_seq) as stream:
+    async with open_event_stream(runtime.query, root_id, from_seq=from_seq) as stream:
         done = trio.Event()
         body_error: BaseException | None = None
         async with trio.open_nursery() as nursery:

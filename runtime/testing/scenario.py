@@ -156,7 +156,7 @@ async def _prompt(runtime: Runtime, step: Json) -> Json:
     sid = step["session"]
     agent = runtime.agents.get(sid)
     if agent is None:
-        on_disk, _held = await runtime.query.reader.stat(sid)  # the index's one worker slot
+        on_disk, _held = await runtime.query.stat(sid)  # the index's one worker slot
         agent = await (runtime.agents.resume(sid) if on_disk is not None else runtime.agents.create(session_id=sid))
     name = step.get("cancel_on_tool")
     if name is not None:

@@ -70,7 +70,7 @@ async def test_a_live_run_streams_every_durable_event_of_the_tree_in_order(tmp_p
             tmp_path, model=model(), clock=ScenarioClock(), id_factory=CountingIds("child"), compression="none"
         ) as rt:
             agent = await rt.agents.create(session_id="parent")
-            async with open_event_stream(rt.sessions, rt.log_store, "parent") as stream:
+            async with open_event_stream(rt.query, "parent") as stream:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(collect, stream, items)
                     await agent.send("go")
@@ -98,7 +98,7 @@ async def test_a_late_subscriber_from_seq_0_misses_nothing(tmp_path: Path) -> No
             await agent.send("go")
             await rt.subagents.wait_tree_idle(agent)
             # Everything is written (the child's Activation is gone): the stream reads it all.
-            async with open_event_stream(rt.sessions, rt.log_store, "parent") as stream:
+            async with open_event_stream(rt.query, "parent") as stream:
                 stream.finish()
                 await collect(stream, items)
     assert_whole_tree(tmp_path, items, "parent")
@@ -121,7 +121,7 @@ async def test_without_descendants_the_root_alone_and_no_child_log_is_read(tmp_p
                 return real_read(session_id)
 
             rt.log_store.open_read = counting_open_read  # type: ignore[method-assign]  # counts the stream's log reads
-            async with open_event_stream(rt.sessions, rt.log_store, "parent", descendants=False) as stream:
+            async with open_event_stream(rt.query, "parent", descendants=False) as stream:
                 stream.finish()
                 await collect(stream, items)
     assert {item.session_id for item in items} == {"parent"}
@@ -138,7 +138,7 @@ async def test_a_slow_consumer_with_tiny_buffers_still_gets_everything_once(tmp_
             tmp_path, model=model(), clock=ScenarioClock(), id_factory=CountingIds("child"), compression="none"
         ) as rt:
             agent = await rt.agents.create(session_id="parent")
-            async with open_event_stream(rt.sessions, rt.log_store, "parent", buffer=1, feed_capacity=1) as stream:
+            async with open_event_stream(rt.query, "parent", buffer=1, feed_capacity=1) as stream:
                 await agent.send("go")
                 await rt.subagents.wait_tree_idle(agent)
                 stream.finish()
@@ -158,7 +158,7 @@ async def test_from_a_later_seq_only_what_comes_next_and_existing_children_only_
             await agent.send("go")
             await rt.subagents.wait_tree_idle(agent)
             start = agent.session.durable_next
-            async with open_event_stream(rt.sessions, rt.log_store, "parent", from_seq=start) as stream:
+            async with open_event_stream(rt.query, "parent", from_seq=start) as stream:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(collect, stream, items)
                     # The old child is history: appending to its log (as a resume would) is news.
@@ -207,7 +207,7 @@ async def test_an_event_is_never_streamed_before_it_is_durable(tmp_path: Path) -
         async with open_runtime(tmp_path, log_store=store, model=model(), clock=ScenarioClock()) as rt:
             ref = await rt.sessions.create(_header("s"))
             await ref.append([_draft()])
-            async with open_event_stream(rt.sessions, rt.log_store, "s") as live:
+            async with open_event_stream(rt.query, "s") as live:
                 assert (await live.receive()).event.seq == 0
                 store.armed = True
                 async with trio.open_nursery() as nursery:
@@ -215,7 +215,7 @@ async def test_an_event_is_never_streamed_before_it_is_durable(tmp_path: Path) -
                     await trio.to_thread.run_sync(store.holding.wait, GUARD)
                     # Seq 1 is in the file but not durable: neither the live stream nor a new
                     # one that reads the log from seq 0 may show it.
-                    async with open_event_stream(rt.sessions, rt.log_store, "s") as fresh:
+                    async with open_event_stream(rt.query, "s") as fresh:
                         early.append(await fresh.receive())
                         await trio.testing.wait_all_tasks_blocked()
                         early.extend(_ready(fresh))
@@ -268,7 +268,7 @@ async def test_a_fork_child_with_and_without_its_inherited_prefix(tmp_path: Path
 
     async def collect_all(rt: Any, root: str = "p", **options: Any) -> dict[str, list[int]]:
         items: list[StreamEvent] = []
-        async with open_event_stream(rt.sessions, rt.log_store, root, **options) as stream:
+        async with open_event_stream(rt.query, root, **options) as stream:
             stream.finish()
             await collect(stream, items)
         return {sid: [r["seq"] for r in records] for sid, records in by_session(items).items()}

@@ -16,7 +16,7 @@ from log_lines import header
 from open_fds import inotify_fds
 from places import Place
 from subagents.actors import SessionStore, open_session_store
-from subagents.runtime.delegation import listing as listing_module
+from subagents.runtime.delegation import listing_rows
 from subagents.runtime.delegation.listing import ListingService
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.runtime.query import SessionQuery
@@ -99,7 +99,7 @@ async def test_rows_are_reused_only_for_the_same_child_in_the_same_state(listing
 
 
 async def test_the_row_memory_is_bounded(listings: Listings, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(listing_module, "_ROW_CACHE", 4)
+    monkeypatch.setattr(listing_rows, "_ROW_CACHE", 4)
     for i in range(10):
         await listings.create(f"c{i}")
     for _ in range(2):
@@ -110,7 +110,7 @@ async def test_the_row_memory_is_bounded(listings: Listings, monkeypatch: pytest
 async def test_candidates_are_kept_per_parent_and_for_a_bounded_number_of_parents(
     listings: Listings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(listing_module._Shape, "_PARENTS_KEPT", 2)
+    monkeypatch.setattr(listing_rows.CorpusShape, "_PARENTS_KEPT", 2)
     for parent in ("p", "q", "r"):
         await listings.create(f"{parent}-child", parent=parent)
     for _ in range(2):
@@ -194,7 +194,7 @@ def test_an_identity_of_another_shape_gets_a_row_that_is_not_kept() -> None:
         revision=None,
         event_count=1,
     )
-    made = listing_module._Rows()
+    made = listing_rows.RowCache()
     row = made.child(record, {"mode": "continuable", "label": ["not", "a", "str"]}, False, False)
     assert row.label == ["not", "a", "str"] and made._made == {}
     assert made.child(record, {"mode": "continuable", "label": "ok"}, False, False) is made.child(

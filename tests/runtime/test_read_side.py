@@ -56,7 +56,7 @@ def test_no_runtime_module_stats_the_store_behind_the_readers_back() -> None:
 
 async def test_the_runtime_has_one_reader_and_one_index_slot(tmp_path: Path) -> None:
     async with open_runtime(tmp_path, model=None) as rt:
-        reader = rt.query.reader
+        reader = rt.query._reader  # white-box: the query keeps its reader to itself
         assert isinstance(reader, StoreReader)
         assert rt.agents.reader is reader and rt.subagents.query is rt.query
         assert rt.query.index_limiter is reader.index_limiter and rt.query.cold_reader is reader.cold

@@ -22,6 +22,7 @@ from subagents.runtime.delegation.units import SUBAGENT_UNITS
 from subagents.runtime.foundation.clock import ScenarioClock
 from subagents.runtime.foundation.errors import AgentStopped, SessionQueryError, SubagentError
 from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime.hosts.cli import common
 from subagents.runtime.hosts.cli import entry as cli
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.testing.script_format import load_script
@@ -327,20 +328,20 @@ def _limits(monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, fail: BaseExc
         if fail is not None:
             raise fail
 
-    monkeypatch.setattr(cli.resource, "getrlimit", getrlimit)
-    monkeypatch.setattr(cli.resource, "setrlimit", setrlimit)
+    monkeypatch.setattr(common.resource, "getrlimit", getrlimit)
+    monkeypatch.setattr(common.resource, "setrlimit", setrlimit)
     return calls
 
 
 def test_the_soft_open_file_limit_is_raised_to_the_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _limits(monkeypatch, 1024, 524288)
-    cli._raise_open_file_limit()
+    common.raise_open_file_limit()
     assert calls == [("get", resource.RLIMIT_NOFILE), ("set", resource.RLIMIT_NOFILE, (524288, 524288))]
 
 
 def test_a_soft_limit_already_at_the_hard_limit_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _limits(monkeypatch, 4096, 4096)
-    cli._raise_open_file_limit()
+    common.raise_open_file_limit()
     assert calls == [("get", resource.RLIMIT_NOFILE)]
 
 
@@ -349,7 +350,7 @@ def test_a_refused_raise_keeps_the_soft_limit_and_does_not_crash(
     monkeypatch: pytest.MonkeyPatch, error: BaseException
 ) -> None:
     calls = _limits(monkeypatch, 256, 10240, fail=error)
-    cli._raise_open_file_limit()
+    common.raise_open_file_limit()
     assert calls == [("get", resource.RLIMIT_NOFILE), ("set", resource.RLIMIT_NOFILE, (10240, 10240))]
 
 

@@ -508,9 +508,7 @@ class AcpServer:
         live = session.live
         with session.scope:
             # The session's own events only: a subagent's are its session's, not this one's.
-            stream_cm = open_event_stream(
-                runtime.sessions, runtime.log_store, sid, from_seq=from_seq, descendants=False
-            )
+            stream_cm = open_event_stream(runtime.query, sid, from_seq=from_seq, descendants=False)
             async with stream_cm as stream, trio.open_nursery() as nursery:
                 nursery.start_soon(self._stream_text, sid, live)
                 async for item in stream:

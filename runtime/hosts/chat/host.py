@@ -511,7 +511,7 @@ async def chat(
             on_ready()
         session = _Chat(runtime, agent, lines, view)
         asking.append(session)
-        async with open_event_stream(runtime.sessions, runtime.log_store, agent.session_id, from_seq=start) as stream:
+        async with open_event_stream(runtime.query, agent.session_id, from_seq=start) as stream:
             with trio.open_signal_receiver(signal.SIGINT) as signals:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(view.consume, stream)

@@ -12,6 +12,10 @@ owner task records it (runtime/agent/mailbox_owner.py). A session nobody runs:
 - `interrupt` and `stop` have nothing to stop: they say so and exit 0 (like `interrupt_agent`'s
   `not-running`), leaving nothing behind that could stop a later turn.
 
+Every command reads through the session query of a read side (runtime/read_side.py): its stat
+(with the lock probe, through the index's one slot) and `tail`'s log reads; only the envelope's
+delivery writes, to the mailbox.
+
 `tail` prints a session's durable events as JSON lines (the `run --stream` form); with
 `--follow` it keeps printing events as they are written, by any process, looking at the log
 again every `FOLLOW_POLL` seconds, until Ctrl-C. Exit status: 0 done, 1 the store failed or the
@@ -22,29 +26,36 @@ be reached or does not answer in time (its timeouts: storage/pg_timeouts.py).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
-from contextlib import contextmanager
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
-from subagents.storage import (
-    EnvelopeKind,
-    LogInfo,
-    LogStore,
-    SessionNotFound,
-    StorageError,
-    StoreUnreachable,
-)
+from subagents.storage import EnvelopeKind, LogInfo, SessionNotFound, StorageError, StoreUnreachable
 
 from ...event_stream import StreamEvent
 from ...foundation.errors import CommandFailed, UsageError
-from ...store_select import open_log_store, open_mailbox
+from ...query import SessionQuery
+from ...read_side import ReadSide, open_read_side
+from ...store_select import open_mailbox
+from .common import (
+    Interrupt,
+    check_session_arg,
+    command_setup,
+    one_line,
+    raise_open_file_limit,
+    read_only_store,
+    until_interrupted,
+    write_stdout,
+)
 
 __all__ = [
     "FOLLOW_POLL",
     "OPERATOR_COMMANDS",
     "add_operator_commands",
     "operator_command",
+    "operator_main",
     "runs_elsewhere",
     "tail_command",
 ]
@@ -83,37 +94,35 @@ def add_operator_commands(commands: Any, root: argparse.ArgumentParser, model_op
     )
 
 
-def runs_elsewhere(store_spec: str, session_id: str) -> bool:
-    """Whether another process holds the session (`UsageError` if there is none); `store_spec`
-    is a root folder or a store URL (runtime/store_select.py)."""
-    with _open_store(store_spec) as store:
-        return _stat(store, session_id)[1]
+async def runs_elsewhere(args: argparse.Namespace) -> bool:
+    """Whether another process holds the session `args` names (`UsageError` if there is none)."""
+    async with _opened(args) as side:
+        return (await _stat(side.query, args.session_id))[1]
 
 
-@contextmanager
-def _open_store(store_spec: str) -> Iterator[LogStore]:
-    """The store at `store_spec`, closed on leaving; a store error inside becomes the CLI's:
-    `UsageError` (exit 2) for one that does not answer in time, `CommandFailed` (exit 1) else."""
-    store = open_log_store(store_spec, create_schema=False)
-    try:
-        yield store
-    except StoreUnreachable as exc:  # no answer in time: as a refused connection
-        raise UsageError(str(exc)) from None
-    except StorageError as exc:
-        raise CommandFailed(str(exc)) from None
-    finally:
-        store.close_store()
+@asynccontextmanager
+async def _opened(args: argparse.Namespace) -> AsyncIterator[ReadSide]:
+    """The read side of the store the command names (`--store`, else `--root`), closed on
+    leaving; a store error inside becomes the CLI's: `UsageError` (exit 2) for one that does
+    not answer in time, `CommandFailed` (exit 1) else."""
+    async with open_read_side(args.root, store=getattr(args, "store", None)) as side:
+        try:
+            yield side
+        except StoreUnreachable as exc:  # no answer in time: as a refused connection
+            raise UsageError(str(exc)) from None
+        except StorageError as exc:
+            raise CommandFailed(str(exc)) from None
 
 
-def _stat(store: LogStore, session_id: str) -> tuple[LogInfo, bool]:
+async def _stat(query: SessionQuery, session_id: str) -> tuple[LogInfo, bool]:
     """The session's stat and whether another process holds it; `UsageError` if none."""
     try:
-        info = store.stat(session_id)
+        info, held = await query.stat(session_id)
     except SessionNotFound:
-        info = None
+        info, held = None, False
     if info is None:
         raise UsageError(f'session "{session_id}" not found')
-    return info, session_id in store.held_elsewhere([session_id])
+    return info, held
 
 
 async def operator_command(args: argparse.Namespace) -> int:
@@ -125,14 +134,14 @@ async def operator_command(args: argparse.Namespace) -> int:
 
     kind: EnvelopeKind = "message" if args.command == "send" else args.command
     sid = args.session_id
-    with _open_store(_store_spec(args)) as store:
-        info, held = await trio.to_thread.run_sync(_stat, store, sid)
+    async with _opened(args) as side:
+        info, held = await _stat(side.query, sid)
         if info.damage is not None:
             raise CommandFailed(f'session "{sid}" is damaged ({info.damage}): nothing delivered')
         if not held and kind != "message":
             print(f"session {sid} is not running: nothing to {args.command}")
             return 0
-        mailbox = open_mailbox(store, args.root)
+        mailbox = open_mailbox(side.log_store, args.root)
         await trio.to_thread.run_sync(mailbox.sync_clock)  # the clock the envelope is stamped on
         envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
         await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
@@ -146,11 +155,12 @@ async def operator_command(args: argparse.Namespace) -> int:
 async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
     """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
     sid = args.session_id
-    with _open_store(_store_spec(args)) as store:
-        await trio.to_thread.run_sync(_stat, store, sid)
+    async with _opened(args) as side:
+        query = side.query
+        await _stat(query, sid)
         cursor = 0
         while True:
-            events, k = await trio.to_thread.run_sync(_read_from, store, sid, cursor)
+            k, events = await query.read_from(sid, cursor)
             if events:
                 write(b"".join(StreamEvent(sid, e, k).json_bytes() + b"\n" for e in events))
                 cursor = events[-1].seq + 1
@@ -159,14 +169,29 @@ async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
             await trio.sleep(FOLLOW_POLL)  # another process's appends raise nothing here to wait on
 
 
-def _store_spec(args: argparse.Namespace) -> str:
-    """The store the command names: `--store` (a URL) if given, else `--root`."""
-    return getattr(args, "store", None) or args.root
+def operator_main(args: argparse.Namespace) -> int:
+    """`send`, `interrupt`, `stop`, `tail` (runtime/hosts/cli/operator.py)."""
+    check_session_arg(args.session_id)
+    read_only_store(args)
+    if args.command == "tail":
+        return trio.run(until_interrupted, _tail, args)
+    if args.command == "send" and not args.queue and not trio.run(runs_elsewhere, args):
+        # Nobody runs it: this process resumes it and runs the turn, as `run --session ID TEXT`
+        # (a message to a cold target is answered by the sender's process, as inside a runtime).
+        from .run import run_command
+
+        setup = command_setup(args)
+        raise_open_file_limit()
+        run_args = argparse.Namespace(
+            **vars(args), session=args.session_id, prompt=args.text, compression="zstd", json=False, stream=False
+        )
+        return trio.run(until_interrupted, run_command, run_args, setup)
+    return trio.run(operator_command, args)
 
 
-def _read_from(store: LogStore, session_id: str, start: int) -> tuple[list[Any], int]:
-    handle = store.open_read(session_id)
+async def _tail(args: argparse.Namespace, *, interrupt: Interrupt) -> int:
     try:
-        return store.read(handle, start), handle.inherited_event_count  # type: ignore[arg-type]  # `start` is an Offset (an int) by the caller
-    finally:
-        store.close(handle)
+        return await tail_command(args, write=write_stdout)
+    except CommandFailed as exc:  # a damaged log: one line, exit 1 (inside the interrupt's nursery)
+        print(f"subagents: {one_line(str(exc))}", file=sys.stderr)
+        return 1

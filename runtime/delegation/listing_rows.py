@@ -1,0 +1,175 @@
+"""The listing's rows and what it keeps between listings (docs/design.md, "Listing").
+
+`ChildRow` and `DiagnosticRow` are the rows a listing answers (and their JSON); `own_identity`
+is the identity a child's own suffix proves. Kept between listings, both bounded: `RowCache`
+(the same child in the same state is the same row) and `CorpusShape` (who has children and the
+candidates per parent, kept while the session query hands back the very same records). Pure:
+the listing does the IO.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+from subagents.runtime.query import SessionRecord
+from subagents.storage import StoredCheckpoint
+
+from .lineage import children_of, lineage, same_lifecycle
+from .units import IDENTITY_UNIT
+
+__all__ = ["ChildRow", "CorpusShape", "DiagnosticRow", "Reason", "Row", "RowCache", "own_identity", "stored_identities"]
+
+Reason = Literal["corrupt", "unsupported", "unavailable"]
+
+
+@attrs.frozen(kw_only=True)
+class ChildRow:
+    id: str
+    activity: Literal["running", "inactive"]
+    has_children: bool
+    mode: Literal["one-shot", "continuable"]
+    label: str | None = None
+    parent_id: str | None = None  # descendants only
+    depth: int | None = None  # descendants only
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "kind": "child",
+            "id": self.id,
+            "activity": self.activity,
+            "has_children": self.has_children,
+            "mode": self.mode,
+        }
+        if self.label is not None:
+            out["label"] = self.label
+        if self.parent_id is not None:
+            out |= {"parent_id": self.parent_id, "depth": self.depth}
+        return out
+
+
+@attrs.frozen(kw_only=True)
+class DiagnosticRow:
+    id: str
+    reason: Reason
+    parent_id: str | None = None
+    depth: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "diagnostic", "id": self.id, "reason": self.reason}
+        if self.parent_id is not None:
+            out |= {"parent_id": self.parent_id, "depth": self.depth}
+        return out
+
+
+Row = ChildRow | DiagnosticRow
+
+
+def own_identity(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
+    if isinstance(identity, dict) and type(identity.get("seq")) is int and identity["seq"] >= inherited_event_count:
+        return identity
+    return None
+
+
+_ROW_CACHE = 8192  # rows kept for reuse at most (a row is ~200 bytes)
+
+
+class RowCache:
+    """Child rows are values: the same child in the same state is the same row, reused from the
+    last listings instead of built again (a listing of a thousand live children then allocates
+    a thousand fewer objects, and the cyclic GC runs that much less often during it)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, bool, bool, object, object], ChildRow] = {}
+
+    def child(self, record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
+        mode, label = identity["mode"], identity.get("label")
+        if type(mode) is not str or (label is not None and type(label) is not str):
+            # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
+            return ChildRow(
+                id=record.id,
+                activity="running" if live else "inactive",
+                has_children=has_children,
+                mode=mode,
+                label=label,
+            )
+        key = (record.id, live, has_children, mode, label)
+        row = self._made.get(key)
+        if row is None:
+            if len(self._made) >= _ROW_CACHE:
+                self._made.clear()
+            row = self._made[key] = ChildRow(
+                id=record.id,
+                activity="running" if live else "inactive",
+                has_children=has_children,
+                mode=mode,
+                label=label,
+            )
+        return row
+
+
+class CorpusShape:
+    """What the listing derives from a corpus (who has children, the candidates per parent),
+    kept while the session query hands back the very same records (a warm corpus)."""
+
+    _PARENTS_KEPT = 64
+
+    def __init__(self) -> None:
+        self._corpus: list[SessionRecord] = []
+        self.parents: frozenset[str | None] = frozenset()
+        self._children: dict[str, list[SessionRecord]] = {}
+        self._records: dict[str, SessionRecord] | None = None
+
+    def of(self, corpus: list[SessionRecord]) -> CorpusShape:
+        if len(corpus) != len(self._corpus) or not all(map(operator.is_, corpus, self._corpus)):
+            self._corpus = corpus
+            # A damaged child whose line 1 names its parent lists (as a diagnostic): its parent has children.
+            self.parents = frozenset(
+                said[1] for said in map(lineage, corpus) if said is not None and said[0] == "subagent"
+            )
+            self._children = {}
+            self._records = None
+        return self
+
+    @property
+    def records(self) -> dict[str, SessionRecord]:
+        """The corpus by id."""
+        if self._records is None:
+            self._records = {record.id: record for record in self._corpus}
+        return self._records
+
+    def children_of(self, parent_id: str) -> list[SessionRecord]:
+        """The candidates of `parent_id`, in order (kept: not to be changed)."""
+        children = self._children.get(parent_id)
+        if children is None:
+            if len(self._children) >= self._PARENTS_KEPT:
+                self._children.clear()
+            children = self._children[parent_id] = children_of(self._corpus, parent_id)
+        return children
+
+
+def stored_identities(
+    records: Sequence[SessionRecord], rows: Mapping[str, Sequence[StoredCheckpoint]]
+) -> dict[str, tuple[dict[str, Any], bool]]:
+    """The identities the stored checkpoint `rows` prove for `records` (a row of this lifecycle
+    the record's view of the log covers), each with whether its row covers the log whole
+    (`seq` is its last event's)."""
+    out = {}
+    key, version = IDENTITY_UNIT.key, IDENTITY_UNIT.state_version
+    for record in records:
+        header = record.header
+        if header is None or record.event_count is None:
+            continue
+        for row in rows.get(record.id, ()):
+            if row.key != key or row.ver != version or row.seq >= record.event_count:
+                continue
+            if same_lifecycle(row.lifecycle, header, record.inherited_event_count):
+                val = row.value()  # decoded only now (UNREADABLE, an object: no identity)
+                identity = own_identity(
+                    val.get("identity") if type(val) is dict else None, record.inherited_event_count
+                )
+                if identity is not None:
+                    out[record.id] = (identity, row.seq == record.event_count - 1)
+    return out

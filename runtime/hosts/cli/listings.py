@@ -1,0 +1,161 @@
+"""The read-only listings: `children`, `agents`, `sessions` (with usage) and `show` (README,
+"The CLI").
+
+Each opens a read side (runtime/read_side.py), reads one state of the store through its session
+query and listing, and prints it; nothing is written but the index (a cache). A session that is
+not there is a usage error (exit 2); a damaged log `show` cannot read is one line naming the
+seq or byte offset (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from subagents.storage import StorageError, StoreUnreachable
+
+from ...delegation.agents_text import render_agents
+from ...delegation.listing import ChildRow
+from ...foundation.errors import CommandFailed, QuerySessionNotFound, SessionQueryError, SubagentError, UsageError
+from ...read_side import open_read_side
+from ...usage import own_totals, tree_json, tree_totals
+from ..transcript import render, transcript
+from .common import cell_text, iso_time, table_lines
+
+__all__ = ["children_command", "sessions_command", "show_command"]
+
+
+async def children_command(args: argparse.Namespace) -> int:
+    rows, created = await _list(args)
+    if args.command == "agents":
+        # Nothing runs in this process: a continuable child is `running` when another process
+        # holds it (the listing says so), `ready` otherwise.
+        running = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
+        print(render_agents(rows, args.descendants, lambda sid: "running" if sid in running else "ready"))
+    elif args.json:
+        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False))
+    else:
+        _print_table(rows, args.descendants, created)
+    return 0
+
+
+async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
+    async with open_read_side(args.root, store=args.store) as runtime:
+        try:
+            # A parent the corpus has no record of is `ListingParentNotFound` (a usage error).
+            if args.descendants:
+                rows = await runtime.listing.list_descendants(args.parent_id, require_parent=True)
+            else:
+                rows = await runtime.listing.list_children(args.parent_id, require_parent=True)
+        except (SessionQueryError, SubagentError) as exc:
+            raise UsageError(exc.message) from None
+        # Creation times from the very corpus the listing was made of (no second listing).
+        created = {}
+        for row in rows:
+            record = runtime.query.recorded(row.id)
+            if record is not None and record.header is not None:
+                created[row.id] = record.header.created_at
+    return list(rows), created
+
+
+async def sessions_command(args: argparse.Namespace) -> int:
+    async with open_read_side(args.root, store=args.store) as runtime:
+        try:
+            records = await runtime.query.list_sessions(probe_locks=True)
+        except SessionQueryError as exc:
+            raise UsageError(exc.message) from None
+        # Usage (JSON only): own totals from cells and checkpoint rows (a log is read only when
+        # neither answers), tree totals summed from those over the corpus's lineage, no more reads.
+        own = await own_totals(runtime.query, records) if args.json else {}
+    rows = [_session_row(r) for r in records]
+    if args.json:
+        trees = tree_totals(records, own)
+        for row in rows:
+            tokens, tree = own.get(row["id"]), trees.get(row["id"])
+            row["usage"] = None if tokens is None else tokens.to_json()
+            row["tree_usage"] = None if tree is None else tree_json(tree)
+        print(json.dumps(rows, ensure_ascii=False))
+        return 0
+    if not rows:
+        print("(no sessions)")
+        return 0
+    cells = []
+    for row in rows:
+        state = "live (another process)" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
+        cells.append(
+            [
+                row["id"],
+                iso_time(row["created"]),
+                row["origin"] or "-",
+                row["parent"] or "-",
+                cell_text(row["depth"]),
+                cell_text(row["events"]),
+                state,
+                row["damage"] or "-",
+            ]
+        )
+    print("\n".join(table_lines(["ID", "CREATED", "ORIGIN", "PARENT", "DEPTH", "EVENTS", "STATE", "DAMAGE"], cells)))
+    return 0
+
+
+def _session_row(record: Any) -> dict[str, Any]:
+    header = record.header
+    return {
+        "id": record.id,
+        "created": header.created_at if header is not None else None,
+        "origin": header.origin if header is not None else None,
+        "parent": header.parent_session if header is not None else None,
+        "depth": header.delegation_depth if header is not None else None,
+        "events": record.event_count,
+        "live": record.live or record.held,
+        "live_elsewhere": record.held,  # another process holds its lock
+        "persisted": record.persisted,
+        "damage": record.damage,
+    }
+
+
+async def show_command(args: argparse.Namespace) -> int:
+    async with open_read_side(args.root, store=args.store) as runtime:
+        try:
+            async with runtime.query.observe_session(args.session_id) as observation:
+                entries = transcript(
+                    observation.events,
+                    session_id=args.session_id,
+                    inherited_event_count=observation.inherited_event_count,
+                    inherited_from=observation.header.parent_session,
+                    held=observation.held,
+                )
+        except QuerySessionNotFound:
+            raise UsageError(f'session "{args.session_id}" not found') from None
+        except SessionQueryError as exc:
+            if isinstance(exc.__cause__, StoreUnreachable):  # the store did not answer: as a refused connection
+                raise UsageError(exc.message) from None
+            raise CommandFailed(exc.message) from None  # damaged, unsupported, unreadable
+        except StorageError as exc:  # a payload the transcript could not decode
+            seq = getattr(exc, "seq", None)
+            at = f" (seq {seq})" if seq is not None and f"seq {seq}" not in str(exc) else ""
+            raise CommandFailed(f"{exc}{at}") from None
+    if args.json:
+        print(json.dumps(entries, ensure_ascii=False))
+    else:
+        print("\n".join(render(entries)))
+    return 0
+
+
+def _print_table(rows: Sequence[Any], descendants: bool, created: dict[str, int]) -> None:
+    if not rows:
+        print("(no subagents)")
+        return
+    header = ["ID", *(["PARENT", "DEPTH"] if descendants else []), "STATE", "MODE", "CREATED", "CHILDREN", "LABEL"]
+    cells = []
+    for row in rows:
+        where = [row.parent_id, str(row.depth)] if descendants else []
+        when = iso_time(created.get(row.id))
+        if isinstance(row, ChildRow):
+            children = "yes" if row.has_children else "no"
+            cells.append([row.id, *where, row.activity, row.mode, when, children, cell_text(row.label)])
+        else:
+            cells.append([row.id, *where, f"diagnostic: {row.reason}", "-", when, "-", "-"])
+    print("\n".join(table_lines(header, cells)))
