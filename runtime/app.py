@@ -146,7 +146,8 @@ async def open_runtime(
         if mailbox is not None:
             await _sync_clock(mailbox)
         async with open_session_store(logs, registry, now_ms=now_ms or clock.now_ms) as sessions:
-            query = SessionQuery(logs, sessions, registry, reader=StoreReader(logs))
+            reader = StoreReader(logs)  # the one read side: the query's, and the registry's existence checks
+            query = SessionQuery(logs, sessions, registry, reader=reader)
             listing = ListingService(registry=registry, sessions=sessions, query=query)
             # The body's own error is re-raised after the nursery closes, unchanged rather than
             # wrapped in an ExceptionGroup (agents never raise out of their tasks).
@@ -175,7 +176,7 @@ async def open_runtime(
 
                 agents = AgentRegistry(
                     sessions=sessions,
-                    reader=query.reader,
+                    reader=reader,
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,

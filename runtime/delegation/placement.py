@@ -209,7 +209,7 @@ class Placement:
         the parent's stand-in. True once told, or when no parent can be named (nobody waits);
         False when it could not be told now (the caller tries again later)."""
         try:
-            info, _held = await self.query.reader.stat(child_id)
+            info, _held = await self.query.stat(child_id)
         except PersistenceFailed:
             return False
         except StorageError:
@@ -227,7 +227,7 @@ class Placement:
         for the caller to hold until its tree is idle. None: nothing to do. `AlreadyOwned` when
         another host took it first; `SubagentError` when it cannot be resumed."""
         try:
-            info, _held = await self.query.reader.stat(session_id)
+            info, _held = await self.query.stat(session_id)
         except StorageError as exc:
             raise unavailable(session_id) from exc
         if info is None or info.header is None:

@@ -52,7 +52,7 @@ class Routing:
         if self.mailbox is None or self.agents.sessions.get(session_id) is not None:
             return None
         try:
-            info, held = await self.query.reader.stat(session_id)
+            info, held = await self.query.stat(session_id)
         except StorageError:
             return None
         return info if held and info is not None else None
