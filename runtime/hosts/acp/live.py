@@ -2,7 +2,7 @@
 durable events (the `session/update`s the forwarder sends).
 
 Pure: one `LiveText` per open session; text deltas and durable events in, updates out. The
-rules (the chat's view follows the same, runtime/hosts/chat/host.py `_View`):
+rules (the chat's view follows the same, runtime/hosts/chat/view.py `ChatView`):
 
 - A model call is numbered by the session's `assistant/message` count when it began (`call`):
   its reply is the next such event. Its text is sent once every event durable when its first
