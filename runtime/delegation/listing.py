@@ -45,16 +45,16 @@ from subagents.actors import (
     raise_bare_cancelled,
     snapshot_all,
 )
-from subagents.runtime.foundation.errors import (
+from subagents.storage import LogInfo, ObservedCheckpoint, ProjectionRegistry, StoredCheckpoint
+
+from ..foundation.errors import (
     ProjectionsUnavailable,
     QueryUnavailable,
     SessionQueryError,
     SessionStoreUnavailable,
     SubagentCancelled,
 )
-from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
-from subagents.storage import LogInfo, ObservedCheckpoint, ProjectionRegistry, StoredCheckpoint
-
+from ..query import SessionQuery, SessionRecord, headers_differ
 from .lineage import (
     NO_CHILDREN,
     Absent,

@@ -25,7 +25,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
-from subagents.runtime.foundation.clock import Clock
+
+from ..foundation.clock import Clock
 
 __all__ = [
     "AnyModel",

@@ -50,8 +50,9 @@ from typing import Any
 import httpx
 import msgspec
 import trio
-from subagents.runtime.foundation.clock import Clock, RealClock
-from subagents.runtime.foundation.errors import (
+
+from ..foundation.clock import Clock, RealClock
+from ..foundation.errors import (
     ModelAuthFailed,
     ModelBadResponse,
     ModelError,
@@ -60,8 +61,8 @@ from subagents.runtime.foundation.errors import (
     ModelStreamInterrupted,
     ModelUnavailable,
 )
-from subagents.runtime.models.base import Chunk, ModelRequest
-from subagents.runtime.models.openai_wire import (
+from .base import Chunk, ModelRequest
+from .openai_wire import (
     StreamFault,
     StreamParser,
     error_message,

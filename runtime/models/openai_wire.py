@@ -24,15 +24,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
-from subagents.runtime.foundation.errors import (
+
+from ..foundation.errors import (
     ModelBadResponse,
     ModelBadStream,
     ModelContentFiltered,
     ModelError,
     ModelStreamInterrupted,
 )
-from subagents.runtime.models.base import Chunk, Finish, TextDelta, ToolCallDelta, ToolSpec, Usage
-from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent
+from .base import Chunk, Finish, TextDelta, ToolCallDelta, ToolSpec, Usage
+from .sse import SSEDecoder, SSEError, SSEEvent
 
 __all__ = ["EXCERPT", "StreamFault", "StreamParser", "error_message", "one_line", "openai_messages", "openai_tools"]
 
