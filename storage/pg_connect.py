@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -103,7 +103,7 @@ class Pool:
         self._closed = False
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self) -> Generator[psycopg.Connection[Any]]:
         self._slots.acquire()
         try:
             with self._lock:

@@ -15,12 +15,12 @@ import trio
 from subagents.actors import Abort
 
 from ..foundation.errors import ToolFailure
+from ..foundation.json_values import JsonObject as Json
 from .mcp_render import render_content
 from .mcp_spec import McpServerSpec
 
 __all__ = ["McpConnection"]
 
-Json = dict[str, Any]
 
 _META_KEY = "subagents/call"  # marks our tools/call request so its JSON-RPC id can be found to cancel it
 _STDERR_TAIL = 2000  # characters of a server's stderr kept to explain its failure
@@ -144,6 +144,7 @@ class McpConnection:
             return
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
+        assert spec.command is not None  # a spec without a url has a command (checked when made)
         params = StdioServerParameters(command=spec.command, args=list(spec.args), env=spec.env, cwd=spec.cwd)
         # The server's stderr goes to a pipe we read (its tail explains a failure), not to our
         # terminal, where a chat or an ACP client would show it.
@@ -195,7 +196,7 @@ class McpConnection:
                 root = getattr(item.message, "root", None)
                 params = getattr(root, "params", None)
                 meta = params.get("_meta") if isinstance(params, dict) else None
-                if isinstance(meta, dict) and meta.get(_META_KEY) in self._requests:
+                if root is not None and isinstance(meta, dict) and meta.get(_META_KEY) in self._requests:
                     self._requests[meta[_META_KEY]] = root.id
                 try:
                     await sink.send(item)

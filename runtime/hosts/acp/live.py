@@ -17,16 +17,13 @@ rules (the chat's view follows the same, runtime/hosts/chat/view.py `ChatView`):
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from subagents.storage import Event, decode_payload
 
+from ...foundation.json_values import JsonObject as Json
 from .updates import agent_text, message_text, updates_for
 
 __all__ = ["LiveText"]
-
-Json = dict[str, Any]
 
 
 class LiveText:

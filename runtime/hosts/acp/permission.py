@@ -4,18 +4,17 @@ approver's answer. Anything but a chosen allow option denies, and says why."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import trio
 
+from ...foundation.json_values import JsonObject as Json
+from ...foundation.json_values import JsonValue
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from .rpc import Incoming, request_line
 from .updates import tool_kind
 
 __all__ = ["Asked", "PermissionAsker", "answer"]
 
-Json = dict[str, Any]
 
 _PERMISSION_OPTIONS = [
     {"optionId": "allow_once", "name": "Allow", "kind": "allow_once"},
@@ -29,8 +28,8 @@ class Asked:
     """A request of ours waiting for the client's response."""
 
     done: trio.Event = attrs.field(factory=trio.Event)
-    result: Any = None  # the response's `result`, any JSON the client sent
-    error: Any = None  # the response's `error`, any JSON the client sent
+    result: JsonValue = None  # the response's `result`, any JSON the client sent
+    error: JsonValue = None  # the response's `error`, any JSON the client sent
 
 
 def answer(asked: Asked) -> PermissionAnswer:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
 from subagents.actors import ReadGroup
@@ -28,6 +27,8 @@ from subagents.storage import Event, InvalidSessionId, SessionNotFound, Subagent
 from ...agent.registry import SessionTools
 from ...app import Runtime
 from ...foundation.errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
+from ...foundation.json_values import JsonObject as Json
+from ...foundation.json_values import JsonValue
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...tools.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_tools
 from .client_servers import ClientServers
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 _LIST_READERS = 4  # `session/list` reads this many of its page's logs at once (one read group)
-Json = dict[str, Any]
 
 
 class AcpServer:
@@ -93,7 +93,7 @@ class AcpServer:
         self.client_capabilities: Json = {}  # fs and terminal, as the client said (for the tools issue)
         self._asker = PermissionAsker(out)
         self._session_workspace = session_workspace
-        self._methods: dict[str, Callable[[Any], Awaitable[Any]]] = {
+        self._methods: dict[str, Callable[[JsonValue], Awaitable[JsonValue]]] = {
             "initialize": self.initialize,
             "authenticate": self.authenticate,
             "session/new": self.new_session,
@@ -179,7 +179,7 @@ class AcpServer:
 
     # --- methods ----------------------------------------------------------------------------
 
-    async def initialize(self, params: Any) -> Json:
+    async def initialize(self, params: JsonValue) -> Json:
         p = convert_params(params, InitializeParams)
         self.client_capabilities = {
             "fs": p.client_capabilities.get("fs", {}),
@@ -197,10 +197,10 @@ class AcpServer:
             "agentInfo": {"name": "trio-subagents", "title": "trio-subagents", "version": self._version},
         }
 
-    async def authenticate(self, params: Any) -> Json:
+    async def authenticate(self, params: JsonValue) -> Json:
         return {}  # no auth methods are offered: the model's key comes from the environment
 
-    async def new_session(self, params: Any) -> Json:
+    async def new_session(self, params: JsonValue) -> Json:
         p = convert_params(params, NewParams)
         _absolute(p.cwd)
         record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
@@ -219,7 +219,7 @@ class AcpServer:
         self._start(session, from_seq=agent.session.durable_next, replies=0)
         return {"sessionId": agent.session_id}
 
-    async def load_session(self, params: Any) -> Json:
+    async def load_session(self, params: JsonValue) -> Json:
         p = convert_params(params, LoadParams)
         _absolute(p.cwd)
         sid = _session_id(p.session_id)
@@ -267,7 +267,7 @@ class AcpServer:
         self._start(session, from_seq=events[-1].seq + 1 if events else 0, replies=replies)
         return {}
 
-    async def list_sessions(self, params: Any) -> Json:
+    async def list_sessions(self, params: JsonValue) -> Json:
         p = convert_params(params, ListParams)
         try:
             records = await self.runtime.query.list_sessions()
@@ -315,7 +315,7 @@ class AcpServer:
             info["title"] = title
         return info
 
-    async def prompt(self, params: Any) -> Json:
+    async def prompt(self, params: JsonValue) -> Json:
         p = convert_params(params, PromptParams)
         session = self._session(p.session_id)
         text = prompt_text(p.prompt)
@@ -346,14 +346,14 @@ class AcpServer:
             )
         return {"stopReason": mapped}
 
-    async def cancel(self, params: Any) -> None:
+    async def cancel(self, params: JsonValue) -> None:
         p = convert_params(params, CancelParams)
         session = self._session(p.session_id)
         if session.prompt is not None:
             session.prompt.cancelled = True  # its turn is cancelled as it starts, if not yet begun
         session.agent.cancel("user")
 
-    async def close_session(self, params: Any) -> Json:
+    async def close_session(self, params: JsonValue) -> Json:
         p = convert_params(params, CloseParams)
         session = self._session(p.session_id)
         if session.prompt is not None:

@@ -10,7 +10,6 @@ under the session's lock, so lines keep that order.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import attrs
 import msgspec
@@ -20,13 +19,13 @@ from subagents.storage import Event, decode_payload
 from ...agent.loop import Agent
 from ...app import Runtime
 from ...event_stream import open_event_stream
+from ...foundation.json_values import JsonObject as Json
 from .client_servers import ClientServers
 from .live import LiveText
 from .record import ClientRecord
 
 __all__ = ["Live", "Notify", "Prompt", "Session", "forward"]
 
-Json = dict[str, Any]
 Notify = Callable[[str, Json], Awaitable[None]]
 """Sends one `session/update` of a session (its id, the update) to the client."""
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import trio
 from subagents.storage import SessionNotFound, StorageError
@@ -48,6 +48,9 @@ from ..transcript import render, transcript
 from .input import Asker
 from .terminal import CTRL_C
 from .view import ChatView, cut
+
+if TYPE_CHECKING:  # an annotation: the caller brings rich
+    from rich.console import Console
 
 __all__ = ["HELP", "Lines", "PipedLines", "chat", "mcp_failures"]
 
@@ -113,7 +116,7 @@ class _Chat:
         self.wait_scope: trio.CancelScope | None = None
         self.asker = Asker(lines, lambda text: view.say(text, "yellow"))
 
-    async def on_signals(self, signals: Any) -> None:
+    async def on_signals(self, signals: AsyncIterable[int]) -> None:
         async for _ in signals:
             self.ctrl_c()
 
@@ -133,6 +136,7 @@ class _Chat:
 
     async def loop(self) -> int:
         while not self.leaving:
+            line: str | object | None = None  # a cancelled read leaves (`leaving` is set first)
             with trio.CancelScope() as self.read_scope:
                 line = await self.asker.prompt("> ")
             self.read_scope = None
@@ -293,9 +297,9 @@ async def chat(
     model: AnyModel,
     *,
     session_id: str | None = None,
-    compression: Any = "zstd",
+    compression: Literal["zstd", "none"] = "zstd",
     lines: Lines,
-    console: Any,
+    console: Console,
     on_ready: Callable[[], None] | None = None,
     runtime_options: Mapping[str, Any] | None = None,
 ) -> int:

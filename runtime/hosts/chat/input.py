@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from .terminal import CTRL_C, INTERRUPTED
+
+if TYPE_CHECKING:  # an annotation: the host imports this module
+    from .host import Lines
 
 __all__ = ["Asker", "parse_answer"]
 
@@ -49,7 +52,7 @@ class Asker:
     """Reads lines for the chat's prompt and answers permission questions, one read at a time.
     `say` shows a question before it is asked (a pipe shows no prompt)."""
 
-    def __init__(self, lines: Any, say: Callable[[str], None]) -> None:
+    def __init__(self, lines: Lines, say: Callable[[str], None]) -> None:
         self.lines = lines
         self.say = say
         self._turn_to_read = trio.Lock()

@@ -5,8 +5,8 @@ runtime/hosts/acp/live.py, on a console)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterable, Callable
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -15,6 +15,9 @@ from subagents.storage import StorageError
 from ...event_stream import StreamEvent
 from ..run_progress import RunProgress
 from ..transcript import render, transcript
+
+if TYPE_CHECKING:  # an annotation: rich loads with the chat's console
+    from rich.console import Console
 
 __all__ = ["ChatView", "cut", "event_line"]
 
@@ -90,7 +93,9 @@ class ChatView:
     durable `assistant/message` then only ends the line; a reply nothing was streamed for is
     printed whole from the record."""
 
-    def __init__(self, console: Any, root_id: str, start: int, replies: int, durable_next: Callable[[], int]) -> None:
+    def __init__(
+        self, console: Console, root_id: str, start: int, replies: int, durable_next: Callable[[], int]
+    ) -> None:
         self.console = console
         self.root_id = root_id
         self.shown = start  # the root's next seq to show
@@ -161,7 +166,7 @@ class ChatView:
         self._changed = trio.Event()
         self._release()
 
-    async def consume(self, stream: Any) -> None:
+    async def consume(self, stream: AsyncIterable[StreamEvent]) -> None:
         try:
             async for item in stream:
                 self._show(item)
