@@ -10,7 +10,7 @@ service's `SubagentError`, whose pinned record makes the durable `tool/result` c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -122,7 +122,7 @@ class _ServiceTool:
 @attrs.frozen
 class _Delegate(_ServiceTool):
     name: str
-    provider: str
+    provider: Literal["spawn", "fork"]
     agent_types: Mapping[str, AgentType] = attrs.field(factory=dict)  # choosable by `agent_type` (spawn only)
 
     @property
@@ -157,7 +157,7 @@ class _Delegate(_ServiceTool):
             child_id = await self.service.start_continuable(
                 parent,
                 self.provider,
-                args["description"],  # type: ignore[arg-type]  # spawn or fork
+                args["description"],
                 args["prompt"],
                 ctx.abort,
                 reserved=ctx.prepared,
@@ -167,7 +167,7 @@ class _Delegate(_ServiceTool):
         result = await self.service.start(
             parent,
             self.provider,
-            args["prompt"],  # type: ignore[arg-type]  # spawn or fork
+            args["prompt"],
             label=args["description"],
             abort=ctx.abort,
             reserved=ctx.prepared,
