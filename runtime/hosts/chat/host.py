@@ -28,7 +28,7 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import AsyncIterable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 from subagents.storage import SessionNotFound, StorageError
@@ -45,7 +45,7 @@ from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...usage import session_usage, tree_usage, usage_lines
 from ..run_progress import ChildStatus, RunProgress
 from ..transcript import render, transcript
-from .input import Asker
+from .input import Asker, Lines
 from .terminal import CTRL_C
 from .view import ChatView, cut
 
@@ -65,22 +65,6 @@ commands:
   /wait              wait until the session and its subagents are idle (Ctrl-C stops waiting)
   /help              this text
   /quit              leave (Ctrl-D too; Ctrl-C cancels a running turn, or leaves when idle)"""
-
-
-class Lines(Protocol):
-    """Where the person's lines come from."""
-
-    async def read(self, prompt: str) -> str | object | None:
-        """The next line (without its newline), `CTRL_C`, or None at end of input."""
-        ...
-
-    def progress(self, progress: RunProgress) -> None:
-        """The session's activity and child tree changed (a terminal shows it under the prompt)."""
-        ...
-
-    def interrupt(self) -> None:
-        """Take away the prompt of the read in progress, if the reader can (thread-safe)."""
-        ...
 
 
 class PipedLines:

@@ -14,20 +14,34 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 import trio
 
 from ...tools.permissions import PermissionAnswer, PermissionRequest
+from ..run_progress import RunProgress
 from .terminal import CTRL_C, INTERRUPTED
 
-if TYPE_CHECKING:  # an annotation: the host imports this module
-    from .host import Lines
-
-__all__ = ["Asker", "parse_answer"]
+__all__ = ["Asker", "Lines", "parse_answer"]
 
 QUESTION = "allow? [y]es / [a]lways / [N]o "
+
+
+class Lines(Protocol):
+    """Where the person's lines come from."""
+
+    async def read(self, prompt: str) -> str | object | None:
+        """The next line (without its newline), `CTRL_C`, or None at end of input."""
+        ...
+
+    def progress(self, progress: RunProgress) -> None:
+        """The session's activity and child tree changed (a terminal shows it under the prompt)."""
+        ...
+
+    def interrupt(self) -> None:
+        """Take away the prompt of the read in progress, if the reader can (thread-safe)."""
+        ...
 
 
 def parse_answer(line: str | object | None) -> PermissionAnswer:
