@@ -45,7 +45,7 @@ from .pg_connect import close_quietly, connect, first_line
 from .values import SessionId
 
 if TYPE_CHECKING:
-    import psycopg
+    from .pg_connect import Connection
 
 __all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "new_host_id"]
 
@@ -124,7 +124,7 @@ class Leases:
         self.host_id = host_id
         self.ttl = ttl
         self.capacity: int | None = None
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: Connection | None = None
         self._lock = threading.Lock()
         self._held: dict[str, LeaseState | None] = {}  # None: being acquired
         self._registered = False  # the host's row written once: renewals keep it fresh
@@ -133,7 +133,7 @@ class Leases:
 
     # --- the owner connection ---
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self) -> Connection:
         """The owner connection; a new one takes the liveness lock and registers the host."""
         conn = self._conn
         if conn is not None and not (conn.closed or conn.broken):
@@ -153,7 +153,7 @@ class Leases:
         self._conn = conn
         return conn
 
-    def _take_liveness(self, conn: psycopg.Connection[Any]) -> None:
+    def _take_liveness(self, conn: Connection) -> None:
         """Take the liveness lock on `conn` (once: advisory locks count their takers)."""
         got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, LIVENESS_SEED))
         row = got.fetchone()
@@ -165,7 +165,7 @@ class Leases:
             # a second store given this host id.
             log.warning("host %s: its liveness lock is held by another connection", self.host_id)
 
-    def _run(self, op: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _run(self, op: str, fn: Callable[[Connection], T]) -> T:
         """`fn` on the owner connection (the caller holds `_lock`); a connection found lost is
         replaced once — every lease statement is safe to send again."""
         import psycopg
@@ -241,7 +241,7 @@ class Leases:
             except StorageError as exc:  # it expires by itself; a dead connection freed the liveness lock
                 log.warning("session %r: lease not released: %s", state.session_id, exc)
 
-    def _release(self, conn: psycopg.Connection[Any], states: Sequence[LeaseState]) -> None:
+    def _release(self, conn: Connection, states: Sequence[LeaseState]) -> None:
         conn.execute(
             _RELEASE,
             {"ids": [s.session_id for s in states], "epochs": [s.epoch for s in states], "me": self.host_id},
@@ -261,7 +261,7 @@ class Leases:
                 **self._register_args(),
             }
 
-            def renew(conn: psycopg.Connection[Any]) -> list[Any]:
+            def renew(conn: Connection) -> list[Any]:
                 if not self._live:
                     self._take_liveness(conn)
                 return conn.execute(_RENEW, args).fetchall()
@@ -273,7 +273,7 @@ class Leases:
                 state.lost = True
             return frozenset(s.session_id for s in lost)
 
-    def held_elsewhere(self, conn: psycopg.Connection[Any], ids: Iterable[str]) -> set[str]:
+    def held_elsewhere(self, conn: Connection, ids: Iterable[str]) -> set[str]:
         """The ids among `ids` another live host holds an unexpired lease on (on `conn`)."""
         rows = conn.execute(_HELD_ELSEWHERE, {"ids": list(ids), "me": self.host_id}).fetchall()  # pyright: ignore[reportArgumentType]  # a statement of this module, built from its constants alone
         return {row[0] for row in rows}
