@@ -11,8 +11,9 @@ way, and the edge tells an abort from an enclosing cancellation by `is_set()`. (
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from typing import TypeGuard
 
 import trio
 
@@ -41,7 +42,7 @@ class Abort:
 
 
 @asynccontextmanager
-async def cancelled_when(abort: Abort | None) -> AsyncIterator[None]:
+async def cancelled_when(abort: Abort | None) -> AsyncGenerator[None]:
     """The one place an `Abort` becomes cancellation: the body runs in a cancel scope that one
     watcher task cancels when `abort` is set (at once, if it already is). A body cancelled so
     ends quietly — the caller then sees `abort.is_set()` and answers as its API says; anything
@@ -63,9 +64,9 @@ async def cancelled_when(abort: Abort | None) -> AsyncIterator[None]:
         if rest is None:
             raise_bare_cancelled(group)  # an enclosing cancellation (the watcher's too)
         leaf: BaseException = rest
-        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+        while _is_group(leaf) and len(leaf.exceptions) == 1:
             leaf = leaf.exceptions[0]
-        if isinstance(leaf, BaseExceptionGroup):
+        if _is_group(leaf):
             raise  # several failures at once: nothing to pick from
         raise leaf from None  # the body's own error (the watcher never fails)
 
@@ -73,3 +74,9 @@ async def cancelled_when(abort: Abort | None) -> AsyncIterator[None]:
 async def _cancel_when_set(abort: Abort, scope: trio.CancelScope) -> None:
     await abort.wait()
     scope.cancel()
+
+
+def _is_group(exc: BaseException) -> TypeGuard[BaseExceptionGroup[BaseException]]:
+    """An exception group (to the type checker, one of exceptions: `isinstance` alone leaves its
+    leaves' type unknown)."""
+    return isinstance(exc, BaseExceptionGroup)

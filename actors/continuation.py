@@ -23,12 +23,12 @@ Activations carry on.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import attrs
 import trio
-from trio_util import RepeatedEvent
+from trio_util import RepeatedEvent  # pyright: ignore[reportMissingTypeStubs]  # trio-util ships no type marker; its source is typed
 
 from .errors import ActivationLimitReached, AlreadyResident, Draining, ParentClosing
 
@@ -227,7 +227,7 @@ def _ready(ready: Callable[[Activation], bool], activation: Activation) -> bool:
 @asynccontextmanager
 async def open_continuation_manager(
     *, max_active: int = 8, stop_grace: float = 5.0
-) -> AsyncIterator[ContinuationManager]:
+) -> AsyncGenerator[ContinuationManager]:
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
         manager = ContinuationManager(nursery, max_active=max_active, stop_grace=stop_grace)

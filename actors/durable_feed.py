@@ -12,7 +12,7 @@ slows an actor, its memory stays bounded, and it loses nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 
 import attrs
@@ -92,7 +92,7 @@ class DurableFeed:
             subscription.push(batch)
 
     @contextmanager
-    def subscribe(self, capacity: int = 4096) -> Iterator[FeedSubscription]:
+    def subscribe(self, capacity: int = 4096) -> Generator[FeedSubscription]:
         """A subscription for the length of the block (`capacity`: events it buffers)."""
         subscription = FeedSubscription(capacity)
         self._subscriptions.append(subscription)

@@ -126,7 +126,7 @@ class StoreReader:
         try:
             held = self.store.held_elsewhere([job.session_id for job in batch if isinstance(job.result, LogInfo)])
         except Exception:  # advice for display only: an unanswered probe is "not held"
-            held = set()
+            held = set[str]()
         for job in batch:
             job.held = job.session_id in held
 

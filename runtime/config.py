@@ -15,7 +15,7 @@ import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -53,9 +53,9 @@ class Config:
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
 
-    def rows(self) -> list[tuple[str, Any, str]]:
+    def rows(self) -> list[tuple[str, object, str]]:
         """(key, value, source) for every key, in a stable order, for `subagents config`."""
-        out: list[tuple[str, Any, str]] = []
+        out: list[tuple[str, object, str]] = []
         for key in _SCALARS:
             out.append((key, getattr(self, _FIELD.get(key, key)), self.sources.get(key, "default")))
         from .tools.permissions import DEFAULT_PERMISSIONS
@@ -72,17 +72,21 @@ class Config:
         return out
 
 
+_Table = dict[str, object]  # a TOML document or table, as read
+_V = TypeVar("_V")  # what a check makes of a value
+
+
 # ---- the keys -----------------------------------------------------------------------------------
 
 
-def _string(value: Any) -> str:
+def _string(value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"must be a non-empty string, got {_shown(value)}")
     return value
 
 
-def _integer(low: int) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
+def _integer(low: int) -> Callable[[object], int]:
+    def check(value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"must be an integer >= {low}, got {_shown(value)}")
         return value
@@ -90,26 +94,26 @@ def _integer(low: int) -> Callable[[Any], int]:
     return check
 
 
-def _seconds(value: Any) -> float:
+def _seconds(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"must be a number of seconds > 0, got {_shown(value)}")
     return float(value)
 
 
-def _boolean(value: Any) -> bool:
+def _boolean(value: object) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"must be true or false, got {_shown(value)}")
     return value
 
 
-def _names(value: Any) -> tuple[str, ...]:
+def _names(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError(f"must be a list of tool names, got {_shown(value)}")
     return tuple(value)
 
 
 # Top-level key (or `tools.KEY`) → its check; a field of `Config` of the same name unless _FIELD says.
-_SCALARS: dict[str, Callable[[Any], Any]] = {
+_SCALARS: dict[str, Callable[[object], object]] = {
     "model": _string,
     "base_url": _string,
     "stall_timeout": _seconds,
@@ -130,7 +134,7 @@ _FIELD = {
     "store.lease_ttl": "lease_ttl",
     "store.lease_renew_interval": "lease_renew_interval",
 }
-_BUDGET: dict[str, Callable[[Any], Any]] = {
+_BUDGET: dict[str, Callable[[object], object]] = {
     "max_turns": _integer(1),
     "max_tokens": _integer(1),
     "deadline_seconds": _seconds,
@@ -138,7 +142,7 @@ _BUDGET: dict[str, Callable[[Any], Any]] = {
 _TABLES = ("tools", "permissions", "budget", "mcp_servers", "store")
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):
@@ -160,11 +164,11 @@ def user_config_dir(env: Mapping[str, str] | None = None) -> str:
 
 
 def load_config(
-    project_dir: str = ".", *, flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    project_dir: str = ".", *, flags: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
     """The effective configuration: `flags` (dotted keys, None meaning not given) over the
     project's file over the user's over the defaults. Raises `ConfigInvalid`."""
-    layers: list[tuple[str, dict[str, Any]]] = []
+    layers: list[tuple[str, _Table]] = []
     files = []
     project_file = os.path.join(os.path.abspath(project_dir), PROJECT_FILE)
     for path in (os.path.join(user_config_dir(env), PROJECT_FILE), project_file):
@@ -220,7 +224,7 @@ def load_config(
     )
 
 
-def _read(path: str) -> dict[str, Any] | None:
+def _read(path: str) -> _Table | None:
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -236,9 +240,9 @@ def _read(path: str) -> dict[str, Any] | None:
         raise ConfigInvalid(f"{path}: not UTF-8 text") from None
 
 
-def _flatten(document: dict[str, Any], where: str) -> dict[str, Any]:
+def _flatten(document: _Table, where: str) -> dict[str, object]:
     """`tools.workspace`, `permissions.NAME`, `budget.KEY`, `mcp_servers.NAME` → value."""
-    flat: dict[str, Any] = {}
+    flat: dict[str, object] = {}
     for key, value in document.items():
         if key in _TABLES:
             if not isinstance(value, dict):
@@ -250,14 +254,14 @@ def _flatten(document: dict[str, Any], where: str) -> dict[str, Any]:
     return flat
 
 
-def _checked(where: str, key: str, value: Any, check: Callable[[Any], Any]) -> Any:
+def _checked(where: str, key: str, value: object, check: Callable[[object], _V]) -> _V:
     try:
         return check(value)
     except ValueError as exc:
         raise ConfigInvalid(f"{where}: {key} {exc}") from None
 
 
-def _decision(value: Any) -> str:
+def _decision(value: object) -> str:
     if value not in _DECISIONS:
         raise ValueError(f"must be allow, ask or deny, got {_shown(value)}")
     return str(value)
@@ -266,7 +270,7 @@ def _decision(value: Any) -> str:
 _SERVER_KEYS = frozenset({"command", "args", "env", "cwd", "url", "headers", "startup_timeout", "call_timeout"})
 
 
-def _server(where: str, name: str, value: Any, folder: str) -> McpServerSpec:
+def _server(where: str, name: str, value: object, folder: str) -> McpServerSpec:
     """One `[mcp_servers.NAME]` table as the spec the runtime starts; a relative `cwd` is taken
     from the folder of the file that names it."""
     key = f"mcp_servers.{name}"

@@ -12,7 +12,7 @@ any host that reaches the database reaches the session's owner, wherever it runs
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypedDict
 
 from subagents.storage import (
     FileLogStore,
@@ -27,6 +27,13 @@ from subagents.storage import (
 __all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
 
 PG_SCHEMES = ("postgresql", "postgres")
+
+
+class _LeaseOptions(TypedDict, total=False):
+    """The lease timing a PostgreSQL store is given (absent: its default)."""
+
+    lease_ttl: float
+    lease_renew_interval: float
 
 
 def is_pg_url(spec: str) -> bool:
@@ -55,7 +62,7 @@ def open_log_store(
     `InvalidStoreUrl`, a refused connection `StoreUnreachable`, a newer schema `UnsupportedLog`.
     The lease options go to a PostgreSQL store (the file store has flocks)."""
     if is_pg_url(spec):
-        leases: dict[str, float] = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
+        leases: _LeaseOptions = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
         if lease_renew_interval is not None:
             leases["lease_renew_interval"] = lease_renew_interval
         return PostgresLogStore(spec, create_schema=create_schema, **leases)

@@ -22,7 +22,7 @@ non-negative ints, is not counted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import attrs
 import msgspec
@@ -88,7 +88,8 @@ class Tokens:
         counts = [value.get(k) for k in ("input_tokens", "output_tokens", "calls", "reported")]
         if any(type(c) is not int or c < 0 for c in counts):
             return None
-        return cls(input_tokens=counts[0], output_tokens=counts[1], calls=counts[2], reported=counts[3])
+        ints = cast("list[int]", counts)  # each checked above
+        return cls(input_tokens=ints[0], output_tokens=ints[1], calls=ints[2], reported=ints[3])
 
 
 @attrs.frozen(kw_only=True)
@@ -364,7 +365,7 @@ async def tree_usage(query: SessionQuery, listing: ListingService, session_id: s
     errors when the tree cannot be listed."""
     root = await session_usage(query, session_id)
     rows = await listing.list_descendants(session_id)
-    corpus = {r.id: r for r in await query.list_sessions()}
+    corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()}
     skipped = [row.id for row in rows if isinstance(row, DiagnosticRow) or row.id not in corpus]
     wanted = [corpus[row.id] for row in rows if row.id not in skipped]
     totals = await own_totals(query, wanted)
@@ -392,7 +393,8 @@ def tree_totals(records: Sequence[SessionRecord], own: Mapping[str, Tokens | Non
         if mine is None:
             continue
         total, counted, skipped = mine, 1, []
-        seen, stack = {record.id}, list(children.get(record.id, ()))
+        seen: set[str] = {record.id}
+        stack = list(children.get(record.id, ()))
         while stack:
             sid = stack.pop()
             if sid in seen:

@@ -23,7 +23,7 @@ import math
 import struct
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -277,14 +277,16 @@ def check_lossless(value: object, path: str = "$") -> None:
             if isinstance(item, msgspec.Struct):
                 stack.append((msgspec.to_builtins(item), where, depth))
             elif isinstance(item, dict):  # exactly a dict (checked above)
-                for key, child in reversed(list(item.items())):
+                entries = cast("dict[object, object]", item)  # of JSON values, checked here
+                for key, child in reversed(list(entries.items())):
                     if type(key) is not str:
                         raise NonLosslessData(f"{where}: key {key!r} is not a str")
                     stack.append((child, f"{where}.{key}", depth + 1))
                     stack.append((key, where, depth + 1))
             elif isinstance(item, (list, tuple)):  # exactly a list or tuple (checked above)
-                for i in range(len(item) - 1, -1, -1):
-                    stack.append((item[i], f"{where}[{i}]", depth + 1))
+                items = cast("list[object] | tuple[object, ...]", item)  # of JSON values, checked here
+                for i in range(len(items) - 1, -1, -1):
+                    stack.append((items[i], f"{where}[{i}]", depth + 1))
         else:
             raise NonLosslessData(f"{where}: {t.__name__} is not a JSON value")
 

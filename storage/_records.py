@@ -7,7 +7,8 @@ but the rest of the record is still parsed so listings can show what the header 
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, cast
 
 import attrs
 import cattrs
@@ -42,7 +43,7 @@ class _Wire:
     agent_preset: str | None = None
 
 
-def _strict(kind: type) -> object:
+def _strict(kind: type) -> Callable[[object, object], object]:
     def hook(value: object, _type: object) -> object:
         if type(value) is not kind:
             raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
@@ -85,6 +86,7 @@ def decode_header_line(line: bytes | memoryview, expected_id: str) -> HeaderReco
         raise HeaderError(f"not JSON ({exc})", unsupported=False, header=None) from None
     if type(raw) is not dict:
         raise HeaderError("not a JSON object", unsupported=False, header=None)
+    raw = cast("dict[str, object]", raw)  # a JSON object: its keys are strings
     try:
         return _decode_object(raw, expected_id)
     except HeaderError as exc:

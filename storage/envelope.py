@@ -68,7 +68,7 @@ def _ulid_int(ulid: str) -> int:
 
 
 def _ulid_str(value: int) -> str:
-    chars = []
+    chars: list[str] = []
     for _ in range(26):
         value, digit = divmod(value, 32)
         chars.append(_CROCKFORD[digit])

@@ -127,9 +127,10 @@ class InvalidRange(StorageError, ValueError):
     code = "STORAGE_INVALID_RANGE"
 
 
-class _AboutSession:
+class _AboutSession(Exception):
     """Mixed into the errors about one session that need nothing else to say it: the message is
-    `session <id> <says>`, and `session_id` is kept."""
+    `session <id> <says>`, and `session_id` is kept. (An `Exception` so that its `super()` is
+    one to the type checker too; in the classes' order it still comes before their branch.)"""
 
     says: ClassVar[str]
 
@@ -218,7 +219,7 @@ class CorruptLog(StorageError):
         seq: int | None = None,
         offset: int | None = None,
     ) -> None:
-        where = []
+        where: list[str] = []
         if seq is not None:
             where.append(f"seq {seq}")
         if offset is not None:

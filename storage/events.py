@@ -66,17 +66,17 @@ class _Strict(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, fr
 # --- content blocks ---------------------------------------------------------------------------
 
 
-class TextBlock(_Strict, tag_field="type", tag="text"):
+class TextBlock(_Strict, frozen=True, tag_field="type", tag="text"):
     text: str
 
 
-class ToolCallBlock(_Strict, tag_field="type", tag="tool-call"):
+class ToolCallBlock(_Strict, frozen=True, tag_field="type", tag="tool-call"):
     id: str
     name: str
     arguments: str
 
 
-class ToolResultBlock(_Strict, tag_field="type", tag="tool-result"):
+class ToolResultBlock(_Strict, frozen=True, tag_field="type", tag="tool-result"):
     call_id: str
     content: list[Block]
     is_error: bool
@@ -87,34 +87,34 @@ Block = TextBlock | ToolCallBlock | ToolResultBlock
 # --- message sources --------------------------------------------------------------------------
 
 
-class UserSource(_Strict, tag_field="kind", tag="user"):
+class UserSource(_Strict, frozen=True, tag_field="kind", tag="user"):
     pass
 
 
-class ModelSource(_Strict, tag_field="kind", tag="model"):
+class ModelSource(_Strict, frozen=True, tag_field="kind", tag="model"):
     pass
 
 
-class ToolSource(_Strict, tag_field="kind", tag="tool"):
+class ToolSource(_Strict, frozen=True, tag_field="kind", tag="tool"):
     call_id: str
 
 
-class SubagentSettledSource(_Strict, tag_field="kind", tag="subagent-settled"):
+class SubagentSettledSource(_Strict, frozen=True, tag_field="kind", tag="subagent-settled"):
     sender_session_id: str
 
 
-class AgentMessageSource(_Strict, tag_field="kind", tag="agent-message"):
+class AgentMessageSource(_Strict, frozen=True, tag_field="kind", tag="agent-message"):
     sender_session_id: str
 
 
-class CompactionSource(_Strict, tag_field="kind", tag="compaction"):
+class CompactionSource(_Strict, frozen=True, tag_field="kind", tag="compaction"):
     pass
 
 
 Source = UserSource | ModelSource | ToolSource | SubagentSettledSource | AgentMessageSource | CompactionSource
 
 
-class Message(_Strict):
+class Message(_Strict, frozen=True):
     id: str
     role: Literal["system", "user", "assistant"]
     content: list[Block]
@@ -124,7 +124,7 @@ class Message(_Strict):
 # --- payloads ---------------------------------------------------------------------------------
 
 
-class MessageData(_Strict):
+class MessageData(_Strict, frozen=True):
     """`system/message` and `user/message`."""
 
     turn: int
@@ -136,7 +136,7 @@ class MessageData(_Strict):
 DELIVERY_ID_PATTERN = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
 
 
-class UserMessageData(MessageData):
+class UserMessageData(MessageData, frozen=True):
     """`user/message`: a message that came through the mailbox records its `delivery_id`, so a
     redelivered envelope is recognised and dropped (SPEC §9: at least once, recorded once)."""
 
@@ -147,12 +147,12 @@ class UserMessageData(MessageData):
             raise ValueError(f"delivery_id must be an upper-case ULID, got {self.delivery_id!r}")
 
 
-class Usage(_Strict):
+class Usage(_Strict, frozen=True):
     input_tokens: int
     output_tokens: int
 
 
-class AssistantMessageData(_Strict):
+class AssistantMessageData(_Strict, frozen=True):
     turn: int
     step: int
     message: Message
@@ -161,12 +161,12 @@ class AssistantMessageData(_Strict):
     interrupted: Literal[True] | UnsetType = UNSET
 
 
-class ToolError(_Strict):
+class ToolError(_Strict, frozen=True):
     name: str
     code: str
 
 
-class ToolResultData(_Strict):
+class ToolResultData(_Strict, frozen=True):
     turn: int
     step: int
     message: Message
@@ -187,16 +187,16 @@ class ToolResultData(_Strict):
             raise ValueError("a tool/result message's block and source name different calls")
 
 
-class TurnTrigger(_Strict):
+class TurnTrigger(_Strict, frozen=True):
     kind: Literal["message", "notice", "resume"]
 
 
-class TurnStartData(_Strict):
+class TurnStartData(_Strict, frozen=True):
     turn: int
     trigger: TurnTrigger | UnsetType = UNSET
 
 
-class TurnEndReason(_Strict):
+class TurnEndReason(_Strict, frozen=True):
     # "completed" | "aborted" | "blocked" | "error" | "max-tokens" | "interrupted" | "budget";
     # any other string is read too and treated as "error" by what interprets it (docs/format.md):
     # format 1 may grow reason kinds without making older logs' readers call them corrupt.
@@ -205,17 +205,17 @@ class TurnEndReason(_Strict):
     message: str | UnsetType = UNSET
 
 
-class TurnEndData(_Strict):
+class TurnEndData(_Strict, frozen=True):
     turn: int
     reason: TurnEndReason
 
 
-class StepData(_Strict):
+class StepData(_Strict, frozen=True):
     turn: int
     step: int
 
 
-class ToolCallData(_Strict):
+class ToolCallData(_Strict, frozen=True):
     turn: int
     step: int
     call_id: str
@@ -223,11 +223,11 @@ class ToolCallData(_Strict):
     arguments: str
 
 
-class EndSeedData(_Strict):
+class EndSeedData(_Strict, frozen=True):
     inherited: Literal[True] | UnsetType = UNSET
 
 
-class SubagentCatalogData(_Strict):
+class SubagentCatalogData(_Strict, frozen=True):
     version: Literal[1]
     child_id: str
     child_created_at: int
@@ -235,7 +235,7 @@ class SubagentCatalogData(_Strict):
     label: str | UnsetType = UNSET
 
 
-class SubagentSettledData(_Strict):
+class SubagentSettledData(_Strict, frozen=True):
     child_id: str
     reason_kind: str
     closing_text: str | UnsetType = UNSET
@@ -249,15 +249,15 @@ class SubagentSettledData(_Strict):
             raise ValueError(f"delivery_id must be an upper-case ULID, got {self.delivery_id!r}")
 
 
-class CompactionStartData(_Strict):
+class CompactionStartData(_Strict, frozen=True):
     turn: int
 
 
-class CompactionSummaryData(_Strict):
+class CompactionSummaryData(_Strict, frozen=True):
     text: str
 
 
-class CompactionEndData(_Strict):
+class CompactionEndData(_Strict, frozen=True):
     start_seq: int
     end_seq: int
 

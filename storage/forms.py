@@ -9,7 +9,7 @@ the recovered lines a writer must re-frame before it appends.
 from __future__ import annotations
 
 import bisect
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 import attrs
 
@@ -56,7 +56,7 @@ class ParsedLog:
 
 
 KnownHead = tuple[bytes, HeaderRecord]  # a header record's raw bytes and the record parsed from them
-Layout = PlainLayout | ZstdLayout  # where a whole log's parts lie, as each form finds them
+L = TypeVar("L", PlainLayout, ZstdLayout)  # where a whole log's parts lie, as each form finds them
 
 
 class LogForm:
@@ -78,21 +78,7 @@ class LogForm:
         """The whole log. `known`: the raw bytes of its header record as a reader already
         parsed them, and that record; when `data` starts with them, line 1 is not parsed again.
         `payloads=False`: the payloads were validated before (see `decode_event_lines`)."""
-        layout = self._layout(sid, data)
-        if known is not None and data.startswith(known[0]) and layout.header_end == len(known[0]):
-            record = known[1]  # the very bytes a reader parsed a moment ago
-        else:
-            record = self._read_header(sid, data, layout)
-        events = self._events(sid, data, layout, poll=poll, payloads=payloads)
-        check_seed_marker(sid, events, record.inherited_event_count)
-        return ParsedLog(
-            record=record,
-            events=events,
-            complete_end=layout.complete_end,
-            size=layout.size,
-            header_end=layout.header_end,
-            recovered=layout.recovered,
-        )
+        raise NotImplementedError
 
     def scan_tail(self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None) -> TailScan:
         """The events after a boundary a previous scan stopped at (offsets relative to `data`)."""
@@ -114,18 +100,46 @@ class LogForm:
         """Line 1 parsed on its own (for listing damaged logs), its error, or None."""
         raise NotImplementedError
 
+
+class _LaidOut(LogForm, Generic[L]):
+    """A form whose logs split into parts as layouts of type `L`: `parse` from its three steps."""
+
+    def parse(
+        self,
+        sid: SessionId,
+        data: bytes,
+        *,
+        poll: AbortPoll | None,
+        known: KnownHead | None = None,
+        payloads: bool = True,
+    ) -> ParsedLog:
+        """See `LogForm.parse`."""
+        layout = self._layout(sid, data)
+        if known is not None and data.startswith(known[0]) and layout.header_end == len(known[0]):
+            record = known[1]  # the very bytes a reader parsed a moment ago
+        else:
+            record = self._read_header(sid, data, layout)
+        events = self._events(sid, data, layout, poll=poll, payloads=payloads)
+        check_seed_marker(sid, events, record.inherited_event_count)
+        return ParsedLog(
+            record=record,
+            events=events,
+            complete_end=layout.complete_end,
+            size=layout.size,
+            header_end=layout.header_end,
+            recovered=layout.recovered,
+        )
+
     # What `parse` asks of a form: where a whole log's parts lie (`CorruptLog` when the header
     # record is not whole), line 1 parsed, and the events after it.
 
-    def _layout(self, sid: SessionId, data: bytes) -> Layout:
+    def _layout(self, sid: SessionId, data: bytes) -> L:
         raise NotImplementedError
 
-    def _read_header(self, sid: SessionId, data: bytes, layout: Layout) -> HeaderRecord:
+    def _read_header(self, sid: SessionId, data: bytes, layout: L) -> HeaderRecord:
         raise NotImplementedError
 
-    def _events(
-        self, sid: SessionId, data: bytes, layout: Layout, *, poll: AbortPoll | None, payloads: bool
-    ) -> list[Event]:
+    def _events(self, sid: SessionId, data: bytes, layout: L, *, poll: AbortPoll | None, payloads: bool) -> list[Event]:
         raise NotImplementedError
 
 
@@ -136,7 +150,7 @@ def _header(sid: SessionId, line: bytes | memoryview) -> HeaderRecord | HeaderEr
         return exc
 
 
-class PlainForm(LogForm):
+class PlainForm(_LaidOut[PlainLayout]):
     compression: Compression = "none"
     file_name = "session.jsonl"
 
@@ -170,7 +184,7 @@ class PlainForm(LogForm):
         return None if nl < 0 else _header(sid, memoryview(data)[:nl])
 
 
-class ZstdForm(LogForm):
+class ZstdForm(_LaidOut[ZstdLayout]):
     compression: Compression = "zstd"
     file_name = "session.jsonl.zst"
 

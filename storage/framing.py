@@ -20,6 +20,7 @@ exception.
 
 from __future__ import annotations
 
+import enum
 import re
 from typing import ClassVar, NoReturn
 
@@ -46,7 +47,12 @@ CHUNK_BYTES = 1 << 20
 _BAD_LINE_START = re.compile(rb"\n[^{]")
 _PAYLOAD_CHECKS = {t: decoder.decode for t, decoder in PAYLOAD_DECODERS.items()}  # bound once
 _NO_PAYLOAD_CHECKS: dict[str, None] = dict.fromkeys(PAYLOAD_DECODERS)  # known types, vouched for
-_UNKNOWN = object()
+
+
+class _Unknown(enum.Enum):
+    """The answer of the checks table for a type it has no entry for."""
+
+    TYPE = 0
 
 
 @attrs.frozen
@@ -132,8 +138,8 @@ def decode_event_lines(
         for event in decoded:
             if event.seq != expected:
                 _locate_damage(session_id, raw, pos, stop, chunk_first, payloads)
-            check = checks.get(event.type, _UNKNOWN)
-            if check is _UNKNOWN:
+            check = checks.get(event.type, _Unknown.TYPE)
+            if check is _Unknown.TYPE:
                 if event.ignorable is not True:
                     _refuse_unknown(session_id, event)
             elif check is not None:

@@ -112,7 +112,7 @@ class OsFile:
         return os.fstat(self._fd).st_size
 
     def pread(self, offset: int, size: int) -> bytes:
-        chunks = []
+        chunks: list[bytes] = []
         while size > 0:
             chunk = os.pread(self._fd, size, offset)
             if not chunk:
@@ -277,7 +277,7 @@ class OsFs:
                     watch.lose()  # not the sessions/ being watched: this pass vouches for nothing
                     watch = None
             if only is not None:
-                folders = []
+                folders: list[str] = []
                 for candidate in only:
                     try:
                         st = os.stat(candidate, dir_fd=dfd, follow_symlinks=False)
@@ -390,7 +390,7 @@ def _fsync_dir_fd(fd: int) -> None:
 
 
 def _scan_folders(dfd: int, folders: list[str], names: Sequence[str], watch: Watch | None) -> list[FolderScan]:
-    out = []
+    out: list[FolderScan] = []
     access, stat, isreg, F_OK = os.access, os.stat, stat_mod.S_ISREG, os.F_OK
     for folder in folders:
         if watch is not None and not watch.folder(folder):

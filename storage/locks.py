@@ -84,7 +84,7 @@ def held_paths(
         if not on_root:
             return set()  # the usual case: no other process holds a lock on this device
         known = inodes if inodes is not None else {}
-        out = set()
+        out: set[str] = set()
         for path in paths:
             ino = known.get(path)
             if ino is not None and ino not in on_root:

@@ -29,7 +29,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import NamedTuple, Protocol
 
@@ -363,7 +363,7 @@ def _unsafe(exc: OSError) -> bool:
 
 
 @contextmanager
-def _mapped(sid: SessionId, op: str) -> Iterator[None]:
+def _mapped(sid: SessionId, op: str) -> Generator[None]:
     """Map the OSErrors of one operation into the storage tree."""
     try:
         yield

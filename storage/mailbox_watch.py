@@ -36,9 +36,18 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Self
 
-from .watch import IN_CREATE, IN_DELETE_SELF, IN_IGNORED, IN_MOVE_SELF, IN_MOVED_TO, IN_ONLYDIR, LOCAL_FILE_SYSTEMS
-from .watch import _Libc as Libc
+from .watch import (
+    IN_CREATE,
+    IN_DELETE_SELF,
+    IN_IGNORED,
+    IN_MOVE_SELF,
+    IN_MOVED_TO,
+    IN_ONLYDIR,
+    LOCAL_FILE_SYSTEMS,
+    Libc,
+)
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "LocalWakeups", "MailboxWatch", "open_inotify_watch"]
 
@@ -57,15 +66,15 @@ class MailboxWatch:
     def __init__(self, fd: int, *, inotify: bool, poll_interval: float | None) -> None:
         self._fd = fd
         self._inotify = inotify
-        self._poll_interval = poll_interval
+        self._poll_interval: float | None = poll_interval
         self._write_fd = -1
         self._finalize = weakref.finalize(self, os.close, fd)  # a watch nobody closed frees its fd
-        self._write_finalize: weakref.finalize | None = None
+        self._write_finalize: weakref.finalize[[int], Self] | None = None
         self.on_close: Callable[[MailboxWatch], None] | None = None
         self._lock = threading.Lock()
 
     @classmethod
-    def pipe(cls, poll_interval: float | None) -> MailboxWatch:
+    def pipe(cls, poll_interval: float | None) -> Self:
         """A self-pipe watch: readable after `signal()`."""
         read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         watch = cls(read_fd, inotify=False, poll_interval=poll_interval)

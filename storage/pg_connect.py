@@ -15,16 +15,19 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import InvalidStoreUrl, StoreUnreachable
 from .pg_timeouts import connection_options
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations: psycopg is imported when a store opens on a PostgreSQL URL
     import psycopg
+    from psycopg.rows import TupleRow
+
+    Connection = psycopg.Connection[TupleRow]  # a connection with psycopg's default rows, tuples
 
 __all__ = ["Pool", "application_name", "check_url", "close_quietly", "connect", "first_line", "redact"]
 
@@ -81,7 +84,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def connect(url: str, app: str) -> psycopg.Connection[Any]:
+def connect(url: str, app: str) -> Connection:
     """One autocommit connection, or `StoreUnreachable` saying why in one line."""
     import psycopg
 
@@ -98,12 +101,12 @@ class Pool:
         self.url = url
         self.app = application_name()
         self._slots = threading.BoundedSemaphore(size)
-        self._idle: list[psycopg.Connection[Any]] = []
+        self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self._closed = False
 
     @contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+    def connection(self) -> Generator[Connection]:
         self._slots.acquire()
         try:
             with self._lock:
@@ -136,7 +139,7 @@ class Pool:
             close_quietly(conn)
 
 
-def close_quietly(conn: psycopg.Connection[Any]) -> None:
+def close_quietly(conn: Connection) -> None:
     """Close `conn`, ignoring a failure (it failed already)."""
     try:
         conn.close()

@@ -9,7 +9,7 @@ owner is not alive, or its owner is this very host (which holds no open handle o
 checks that first, without a query). Otherwise: `AlreadyOwned`.
 
 Host liveness is one session-level advisory lock per host, keyed by its id
-(`hashtextextended(id, _SEED)`), held by the store's *owner connection* for the store's
+(`hashtextextended(id, LIVENESS_SEED)`), held by the store's *owner connection* for the store's
 lifetime: PostgreSQL frees it when that connection ends, so a killed process's sessions can be
 taken at once, while a paused one keeps them until its leases expire. Every lease statement runs
 on the owner connection, one at a time (a lock): a lost owner connection is found by the next
@@ -45,7 +45,7 @@ from .pg_connect import close_quietly, connect, first_line
 from .values import SessionId
 
 if TYPE_CHECKING:
-    import psycopg
+    from .pg_connect import Connection
 
 __all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "lease_options", "new_host_id"]
 
@@ -54,11 +54,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LEASE_CHANNEL = "subagents_lease"  # NOTIFY'd with the session id when a lease is released
-_SEED = 0x5355_4241  # "SUBA": the seed of the liveness lock keys (hashtextextended)
+LIVENESS_SEED = 0x5355_4241  # "SUBA": the seed of the liveness lock keys (hashtextextended)
 
 # The liveness keys held now (advisory locks of this database, bigint form), computed once per
 # statement: `hashtextextended(owner, seed) IN (SELECT key FROM live)` tells a live host.
-_LIVE = (
+LIVE_HOSTS = (
     "live AS MATERIALIZED (SELECT (k.classid::bigint << 32) | k.objid::bigint AS key FROM pg_locks k "
     "WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1 "
     "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
@@ -66,12 +66,12 @@ _LIVE = (
 _EXPIRY = "now() + make_interval(secs => %(ttl)s)"
 
 _ACQUIRE = (
-    f"WITH {_LIVE} INSERT INTO leases AS l (session_id, owner, epoch, expires_at) "
+    f"WITH {LIVE_HOSTS} INSERT INTO leases AS l (session_id, owner, epoch, expires_at) "
     f"VALUES (%(id)s, %(me)s, 1, {_EXPIRY}) "
     "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1, "
     "expires_at = excluded.expires_at, released = false "
     "WHERE l.expires_at <= now() OR l.owner = %(me)s "
-    f"OR hashtextextended(l.owner, {_SEED}) NOT IN (SELECT key FROM live) "
+    f"OR hashtextextended(l.owner, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
     "RETURNING epoch"
 )
 _RELEASE = (
@@ -96,8 +96,8 @@ _RENEW = (
     "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
 )
 _HELD_ELSEWHERE = (
-    f"WITH {_LIVE} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
-    f"AND expires_at > now() AND hashtextextended(owner, {_SEED}) IN (SELECT key FROM live)"
+    f"WITH {LIVE_HOSTS} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
+    f"AND expires_at > now() AND hashtextextended(owner, {LIVENESS_SEED}) IN (SELECT key FROM live)"
 )
 
 
@@ -138,7 +138,7 @@ class Leases:
         self.host_id = host_id
         self.ttl = ttl
         self.capacity: int | None = None
-        self._conn: psycopg.Connection[Any] | None = None
+        self._conn: Connection | None = None
         self._lock = threading.Lock()
         self._held: dict[str, LeaseState | None] = {}  # None: being acquired
         self._registered = False  # the host's row written once: renewals keep it fresh
@@ -147,7 +147,7 @@ class Leases:
 
     # --- the owner connection ---
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self) -> Connection:
         """The owner connection; a new one takes the liveness lock and registers the host."""
         conn = self._conn
         if conn is not None and not (conn.closed or conn.broken):
@@ -167,17 +167,19 @@ class Leases:
         self._conn = conn
         return conn
 
-    def _take_liveness(self, conn: psycopg.Connection[Any]) -> None:
+    def _take_liveness(self, conn: Connection) -> None:
         """Take the liveness lock on `conn` (once: advisory locks count their takers)."""
-        got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, _SEED))
-        self._live = bool(got.fetchone()[0])
+        got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, %s))", (self.host_id, LIVENESS_SEED))
+        row = got.fetchone()
+        assert row is not None  # a SELECT without FROM returns one row
+        self._live = bool(row[0])
         if not self._live:
             # Another connection holds it: most likely a lost owner connection whose server
             # process has not ended yet (it still speaks for this host; renewals try again), or
             # a second store given this host id.
             log.warning("host %s: its liveness lock is held by another connection", self.host_id)
 
-    def _run(self, op: str, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    def _run(self, op: str, fn: Callable[[Connection], T]) -> T:
         """`fn` on the owner connection (the caller holds `_lock`); a connection found lost is
         replaced once — every lease statement is safe to send again."""
         import psycopg
@@ -230,7 +232,7 @@ class Leases:
             try:
                 row = self._run(
                     "taking a lease",
-                    lambda c: c.execute(_ACQUIRE, {"id": sid, "me": self.host_id, "ttl": self.ttl}).fetchone(),
+                    lambda c: c.execute(_ACQUIRE, {"id": sid, "me": self.host_id, "ttl": self.ttl}).fetchone(),  # pyright: ignore[reportArgumentType]  # a statement of this module, built from its constants alone
                 )
             except BaseException:  # nothing taken (re-raised)
                 del self._held[sid]
@@ -253,7 +255,7 @@ class Leases:
             except StorageError as exc:  # it expires by itself; a dead connection freed the liveness lock
                 log.warning("session %r: lease not released: %s", state.session_id, exc)
 
-    def _release(self, conn: psycopg.Connection[Any], states: Sequence[LeaseState]) -> None:
+    def _release(self, conn: Connection, states: Sequence[LeaseState]) -> None:
         conn.execute(
             _RELEASE,
             {"ids": [s.session_id for s in states], "epochs": [s.epoch for s in states], "me": self.host_id},
@@ -273,7 +275,7 @@ class Leases:
                 **self._register_args(),
             }
 
-            def renew(conn: psycopg.Connection[Any]) -> list[Any]:
+            def renew(conn: Connection) -> list[Any]:
                 if not self._live:
                     self._take_liveness(conn)
                 return conn.execute(_RENEW, args).fetchall()
@@ -285,9 +287,9 @@ class Leases:
                 state.lost = True
             return frozenset(s.session_id for s in lost)
 
-    def held_elsewhere(self, conn: psycopg.Connection[Any], ids: Iterable[str]) -> set[str]:
+    def held_elsewhere(self, conn: Connection, ids: Iterable[str]) -> set[str]:
         """The ids among `ids` another live host holds an unexpired lease on (on `conn`)."""
-        rows = conn.execute(_HELD_ELSEWHERE, {"ids": list(ids), "me": self.host_id}).fetchall()
+        rows = conn.execute(_HELD_ELSEWHERE, {"ids": list(ids), "me": self.host_id}).fetchall()  # pyright: ignore[reportArgumentType]  # a statement of this module, built from its constants alone
         return {row[0] for row in rows}
 
     def close(self) -> None:

@@ -87,7 +87,7 @@ class PgListener:
                 watch.close()
                 return None
             self._watches.setdefault(key, set()).add(watch)
-        watch.on_close = lambda closed: self._remove(key, closed)
+        watch.on_close = lambda _closed: self._remove(key, watch)  # `_closed` is `watch`
         return watch
 
     def _remove(self, key: bytes, watch: PgSessionWatch) -> None:

@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, LiteralString
 
 import msgspec
 
@@ -299,7 +299,7 @@ class PostgresMailbox:
         self,
         sid: str,
         op: str,
-        sql: str,
+        sql: LiteralString,
         params: Any,
         *,
         retry_lost: bool = False,

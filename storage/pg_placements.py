@@ -33,7 +33,7 @@ from typing import Any
 from .errors import PersistenceFailed
 from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
 from .pg_connect import Pool, close_quietly, connect, redact
-from .pg_leases import _LIVE, _SEED, LEASE_CHANNEL, Leases
+from .pg_leases import LEASE_CHANNEL, LIVE_HOSTS, LIVENESS_SEED, Leases
 from .pg_mailbox_watch import PgMailboxWatch
 from .placements import Claim, HostRow
 from .values import SessionId, check_session_id
@@ -42,7 +42,7 @@ __all__ = ["PLACEMENT_CHANNEL", "PgPlacements"]
 
 PLACEMENT_CHANNEL = "subagents_placement"
 
-_ALIVE = f"hashtextextended(%(host)s, {_SEED}) IN (SELECT key FROM live)"
+_ALIVE = f"hashtextextended(%(host)s, {LIVENESS_SEED}) IN (SELECT key FROM live)"
 _ENQUEUE = (
     "WITH i AS (INSERT INTO placements (session_id, attempts) VALUES (%(id)s, %(attempts)s) "
     "ON CONFLICT (session_id) DO NOTHING "
@@ -65,41 +65,41 @@ _UNCLAIM = (
     f"SELECT pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
 )
 _RECLAIM = (
-    f"WITH {_LIVE}, u AS (UPDATE placements p SET claimed_by = NULL, claimed_at = NULL "
+    f"WITH {LIVE_HOSTS}, u AS (UPDATE placements p SET claimed_by = NULL, claimed_at = NULL "
     "WHERE p.claimed_by IS NOT NULL AND p.claimed_by <> %(me)s AND ("
-    f"hashtextextended(p.claimed_by, {_SEED}) NOT IN (SELECT key FROM live) "
+    f"hashtextextended(p.claimed_by, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
     "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) "
     "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = p.session_id AND NOT l.released "
-    f"AND l.expires_at > now() AND hashtextextended(l.owner, {_SEED}) IN (SELECT key FROM live)) "
+    f"AND l.expires_at > now() AND hashtextextended(l.owner, {LIVENESS_SEED}) IN (SELECT key FROM live)) "
     "RETURNING p.session_id) "
     f"SELECT session_id, pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
 )
 _TAKE_BACK = (
-    f"WITH {_LIVE} DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by IS NULL "
-    f"OR hashtextextended(p.claimed_by, {_SEED}) NOT IN (SELECT key FROM live) "
+    f"WITH {LIVE_HOSTS} DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by IS NULL "
+    f"OR hashtextextended(p.claimed_by, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
     "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) RETURNING p.attempts"
 )
 _DROPPED = (
-    f"WITH {_LIVE} SELECT session_id FROM ("
+    f"WITH {LIVE_HOSTS} SELECT session_id FROM ("
     "SELECT l.session_id FROM leases l WHERE NOT l.released AND l.owner <> %(me)s "
-    f"AND (l.expires_at <= now() OR hashtextextended(l.owner, {_SEED}) NOT IN (SELECT key FROM live)) "
+    f"AND (l.expires_at <= now() OR hashtextextended(l.owner, {LIVENESS_SEED}) NOT IN (SELECT key FROM live)) "
     "UNION SELECT m.session_id FROM mailbox m WHERE NOT EXISTS (SELECT 1 FROM leases l "
     "WHERE l.session_id = m.session_id AND l.expires_at > now() "
-    f"AND hashtextextended(l.owner, {_SEED}) IN (SELECT key FROM live))"
+    f"AND hashtextextended(l.owner, {LIVENESS_SEED}) IN (SELECT key FROM live))"
     ") d WHERE session_id NOT IN (SELECT session_id FROM placements) ORDER BY session_id LIMIT %(n)s"
 )
 _SERVING = (
-    f"WITH {_LIVE} SELECT count(*) FROM hosts h WHERE h.capacity > 0 "
+    f"WITH {LIVE_HOSTS} SELECT count(*) FROM hosts h WHERE h.capacity > 0 "
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s) "
-    f"AND hashtextextended(h.id, {_SEED}) IN (SELECT key FROM live)"
+    f"AND hashtextextended(h.id, {LIVENESS_SEED}) IN (SELECT key FROM live)"
 )
 _HOSTS = (
-    f"WITH {_LIVE} SELECT h.id, (extract(epoch FROM h.started_at) * 1000)::bigint, coalesce(h.capacity, 0), "
+    f"WITH {LIVE_HOSTS} SELECT h.id, (extract(epoch FROM h.started_at) * 1000)::bigint, coalesce(h.capacity, 0), "
     "(SELECT count(*) FROM leases l WHERE l.owner = h.id AND l.expires_at > now()), "
     "(extract(epoch FROM h.renewed_at) * 1000)::bigint, h.pid, h.hostname, "
-    f"hashtextextended(h.id, {_SEED}) IN (SELECT key FROM live) "
+    f"hashtextextended(h.id, {LIVENESS_SEED}) IN (SELECT key FROM live) "
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s) "
     "FROM hosts h ORDER BY h.started_at, h.id"
 )
@@ -129,7 +129,7 @@ class PgPlacements:
 
         try:
             with self._pool.connection() as conn:
-                cursor = conn.execute(sql, args)
+                cursor = conn.execute(sql, args)  # pyright: ignore[reportArgumentType]  # `sql` is a statement of this module, built from its constants alone
                 return cursor.fetchall() if cursor.description is not None else []
         except psycopg.Error as exc:
             text = str(exc).strip()

@@ -25,7 +25,7 @@ another `ver` or identity is ignored, never migrated.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 
@@ -115,9 +115,12 @@ class _Cell:
 
 def _fast_paths(unit: ProjectionUnit) -> tuple[BatchFold | None, frozenset[str] | None]:
     """The unit's optional batch `fold` and `types` (anything else under those names is not)."""
-    batch = getattr(unit, "fold", None)
-    types = getattr(unit, "types", None)
-    return (batch if callable(batch) else None, types if isinstance(types, frozenset) else None)
+    batch: object = getattr(unit, "fold", None)
+    types: object = getattr(unit, "types", None)
+    return (
+        cast("BatchFold", batch) if callable(batch) else None,
+        cast("frozenset[str]", types) if isinstance(types, frozenset) else None,
+    )
 
 
 class ProjectionRegistry:

@@ -115,7 +115,7 @@ def _non_negative(_inst: object, attribute: attrs.Attribute[int], value: int) ->
         raise ValueError(f"{attribute.name} must be an int in [0, 2**63), got {value!r}")
 
 
-def _optional_id(_inst: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+def _optional_id(_inst: object, attribute: attrs.Attribute[SessionId | None], value: SessionId | None) -> None:
     if value is not None:
         check_session_id(value)
 

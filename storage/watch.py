@@ -32,6 +32,7 @@ import os
 import struct
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Self
 
 __all__ = ["LOCAL_FILE_SYSTEMS", "Watch"]
 
@@ -77,7 +78,7 @@ LOCAL_FILE_SYSTEMS = frozenset(
 AddWatch = Callable[[int, bytes, int], int]  # inotify_add_watch: a wd, or -1 with errno set
 
 
-class _Libc:
+class Libc:
     """The few libc calls a watch needs, with their C signatures."""
 
     def __init__(self, libc: ctypes.CDLL) -> None:
@@ -109,14 +110,14 @@ class Watch:
     log, a folder gone or renamed) are removed as its folder is re-scanned.
     """
 
-    def __init__(self, libc: _Libc, path: str, local: frozenset[int]) -> None:
+    def __init__(self, libc: Libc, path: str, local: frozenset[int]) -> None:
         self._libc = libc
         self._add_watch = libc.add_watch
         self.path = path
         self._local = local
         self._base = os.fsencode(path) + b"/"
         self._fd = -1
-        self._close: weakref.finalize | None = None
+        self._close: weakref.finalize[[int], Self] | None = None
         self._sessions_wd = -1
         self.identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the watched sessions/
         self._folders: dict[int, str | set[str]] = {}  # wd → the folder(s) it speaks for
@@ -131,7 +132,7 @@ class Watch:
         """A watch for the `sessions/` folder at `path`, or None where inotify cannot vouch for it
         (not Linux, or a file system not in `local`; also while `path` cannot be read)."""
         try:
-            libc = _Libc(ctypes.CDLL(None, use_errno=True))
+            libc = Libc(ctypes.CDLL(None, use_errno=True))
         except (OSError, AttributeError):
             return None
         fs_type = libc.fs_type(path)

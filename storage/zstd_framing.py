@@ -103,7 +103,7 @@ def frame_end(view: memoryview, start: int) -> int | None:
         if bytes(view[start:]) != _MAGIC[: size - start]:
             raise FrameDamage("not a zstd frame (bad magic number)", start)
         return None
-    if view[start : start + 4] != _MAGIC:
+    if view[start : start + 4] != _MAGIC:  # pyright: ignore[reportUnnecessaryComparison]  # a memoryview equals the bytes it holds
         raise FrameDamage("not a zstd frame (bad magic number)", start)
     descriptor = view[start + 4]
     fcs_flag = descriptor >> 6

@@ -19,7 +19,7 @@ for the version, no non-str where a str belongs — because the payload comes fr
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar, cast
 
 import attrs
 from subagents.storage import NonLosslessData, check_lossless
@@ -60,13 +60,17 @@ def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _str_tuple(value: object) -> object:
+_T = TypeVar("_T")  # a validated field's type: what the checks below test the value against
+
+
+def _str_tuple(value: object) -> tuple[str, ...] | None:
     # Lists are accepted for convenience and frozen into tuples; anything else is left for the
-    # validator to refuse (a bare str must not become a tuple of characters).
-    return tuple(value) if type(value) is list else value
+    # validator to refuse (a bare str must not become a tuple of characters): what the field
+    # holds once its validator passed is the declared type.
+    return cast("tuple[str, ...] | None", tuple(value) if type(value) is list else value)
 
 
-def _check_str_tuple(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _check_str_tuple(_inst: object, attribute: attrs.Attribute[_T], value: _T) -> None:
     if value is None:
         return
     if type(value) is not tuple:
@@ -88,27 +92,27 @@ class ToolFilter:
             raise ValueError("tool_filter needs at least one of allow or deny")
 
 
-def _check_str(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _check_str(_inst: object, attribute: attrs.Attribute[_T], value: _T) -> None:
     if type(value) is not str:
         raise TypeError(f"{attribute.name} must be a str, got {_type_name(value)}")
 
 
-def _check_optional_str(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _check_optional_str(_inst: object, attribute: attrs.Attribute[_T], value: _T) -> None:
     if value is not None:
         _check_str(_inst, attribute, value)
 
 
-def _check_mode(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
+def _check_mode(_inst: object, _attribute: attrs.Attribute[_T], value: _T) -> None:
     if value not in _MODES or type(value) is not str:
         raise ValueError(f'mode must be "one-shot" or "continuable", got {value!r}')
 
 
-def _check_filter(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
+def _check_filter(_inst: object, _attribute: attrs.Attribute[_T], value: _T) -> None:
     if value is not None and type(value) is not ToolFilter:
         raise TypeError(f"tool_filter must be a ToolFilter, got {_type_name(value)}")
 
 
-def _check_budget(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
+def _check_budget(_inst: object, _attribute: attrs.Attribute[_T], value: _T) -> None:
     # A recorded budget is absolute (resolved) and limits something.
     if value is None:
         return
@@ -259,7 +263,7 @@ def parse_descriptor(data: object) -> SubagentDescriptor | None:
             raise MalformedDescriptor(f'{_PAYLOAD} field "budget" {parsed}')
         budget = parsed
     return SubagentDescriptor(
-        mode=mode,  # type: ignore[arg-type]  # checked against _MODES above
+        mode=mode,  # checked against _MODES above
         provider=provider,
         label=label,
         tool_filter=tool_filter,

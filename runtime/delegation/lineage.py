@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
 import attrs
-from subagents.runtime.query import SessionRecord
 from subagents.storage import Lifecycle, LogInfo, SessionHeader, StoredCheckpoint
 
+from ..query import SessionRecord
 from .units import CATALOG_UNIT, catalog_children
 
 __all__ = [

@@ -45,16 +45,16 @@ from subagents.actors import (
     cancelled_when,
     snapshot_all,
 )
-from subagents.runtime.foundation.errors import (
+from subagents.storage import LogInfo, ObservedCheckpoint, ProjectionRegistry, StoredCheckpoint
+
+from ..foundation.errors import (
     ListingParentNotFound,
     ProjectionsUnavailable,
     QueryUnavailable,
     SessionStoreUnavailable,
     SubagentCancelled,
 )
-from subagents.runtime.query import SessionQuery, SessionRecord
-from subagents.storage import LogInfo, ObservedCheckpoint, ProjectionRegistry, StoredCheckpoint
-
+from ..query import SessionQuery, SessionRecord
 from .lineage import (
     NO_CHILDREN,
     Absent,

@@ -10,7 +10,7 @@ service's `SubagentError`, whose pinned record makes the durable `tool/result` c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -134,7 +134,7 @@ class _ServiceTool:
 @attrs.frozen
 class _Delegate(_ServiceTool):
     name: str
-    provider: str
+    provider: Literal["spawn", "fork"]
     agent_types: Mapping[str, AgentType] = attrs.field(factory=dict)  # choosable by `agent_type` (spawn only)
 
     @property
@@ -169,7 +169,7 @@ class _Delegate(_ServiceTool):
             child_id = await self.service.spawning.start_continuable(
                 parent,
                 self.provider,
-                args["description"],  # type: ignore[arg-type]  # spawn or fork
+                args["description"],
                 args["prompt"],
                 ctx.abort,
                 reserved=ctx.prepared,
@@ -179,7 +179,7 @@ class _Delegate(_ServiceTool):
         result = await self.service.spawning.start(
             parent,
             self.provider,
-            args["prompt"],  # type: ignore[arg-type]  # spawn or fork
+            args["prompt"],
             label=args["description"],
             abort=ctx.abort,
             reserved=ctx.prepared,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import TypeVar
 
 import attrs
 import msgspec
@@ -37,14 +38,17 @@ __all__ = [
 DEADLINE_TEXT = "deadline reached"
 
 
-def _check_count(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+_T = TypeVar("_T")  # a validated field's type: what the checks below test the value against
+
+
+def _check_count(_inst: object, attribute: attrs.Attribute[_T], value: _T) -> None:
     if value is None:
         return
     if type(value) is not int or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
-def _check_seconds(_inst: object, _attribute: attrs.Attribute[object], value: object) -> None:
+def _check_seconds(_inst: object, _attribute: attrs.Attribute[_T], value: _T) -> None:
     if value is None:
         return
     if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]  # `value` is an int or float once the type test passed

@@ -20,7 +20,7 @@ import json
 import sys
 from collections.abc import Callable
 from contextlib import aclosing
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import attrs
 import trio
@@ -260,7 +260,7 @@ async def run_demo(
     store: str | None = None,
 ) -> int:
     """The demo on `root` (`store`: a log store URL instead, runtime/store_select.py)."""
-    out = out or sys.stdout
+    out = out or cast(TextIO, sys.stdout)  # None only without a console (pythonw), where no demo runs
     live = out.isatty() if live is None else live
     # One instance: script positions carry on across the restart.
     model = _TakingTurns(ScriptedModel(load_script(json.dumps(demo_script()))), delay_scale)

@@ -15,17 +15,21 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import attrs
 import trio
 
 from ..event_stream import EventStream, StreamEvent, open_event_stream
+from ..foundation.json_values import JsonValue
 from ..usage import Tokens, usage_of
 from .run_progress import RunProgress, render_progress
 
-if TYPE_CHECKING:
-    from ..app import Runtime  # an annotation: `tail` writes through this module without the runtime
+if TYPE_CHECKING:  # annotations: `tail` writes through this module without the runtime, and rich loads late
+    from rich.console import Console
+    from rich.live import Live
+
+    from ..app import Runtime
 
 __all__ = ["RunWatch", "drop_stdout", "result_line", "watch_run"]
 
@@ -48,7 +52,7 @@ def stream_usage(batch: list[StreamEvent]) -> Tokens:
     return usage_of(own)[1]
 
 
-def result_line(session_id: str, output: str, usage: Tokens, reason: dict[str, Any]) -> bytes:
+def result_line(session_id: str, output: str, usage: Tokens, reason: dict[str, JsonValue]) -> bytes:
     """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage",
     "reason"}` (`usage`: `{input_tokens, output_tokens, calls, reported}`, as `show` and
     `sessions` give; `reason`: how the run ended, the root's last `turn/end` reason)."""
@@ -71,7 +75,7 @@ async def watch_run(
     from_seq: int,
     *,
     stream_to: BinaryIO | None,
-    progress: Any | None,
+    progress: Console | None,
 ) -> AsyncIterator[RunWatch]:
     """Stream `root_id`'s tree from `from_seq` while the block runs: JSON lines to `stream_to`
     (if given) and a live display on `progress` (a rich `Console`, if given)."""
@@ -100,7 +104,7 @@ async def _consume(
     stream: EventStream,
     watch: RunWatch,
     stream_to: BinaryIO | None,
-    console: Any | None,
+    console: Console | None,
     state: RunProgress,
     done: trio.Event,
 ) -> None:
@@ -156,7 +160,7 @@ async def _consume(
     done.set()
 
 
-async def _tick(live: Any) -> None:
+async def _tick(live: Live) -> None:
     while True:
         await trio.sleep(_TICK)
         live.refresh()

@@ -8,12 +8,17 @@ clock, no IO), so its states are tested with tables; `render` turns it into a ri
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 import msgspec
 
 from ..event_stream import StreamEvent
+from ..foundation.json_values import JsonValue
+
+if TYPE_CHECKING:  # annotations: rich loads only when a display is drawn
+    from rich.console import RenderableType
+    from rich.spinner import Spinner
 
 __all__ = ["ChildStatus", "RunProgress", "render_progress"]
 
@@ -75,7 +80,7 @@ class RunProgress:
             reason = _reason_kind(data)
             status.state = "idle" if reason == "completed" else reason
 
-    def _root(self, kind: str, data: dict[str, Any]) -> None:
+    def _root(self, kind: str, data: dict[str, JsonValue]) -> None:
         turn = data.get("turn")
         if type(turn) is int:
             self.turn = turn
@@ -119,7 +124,7 @@ _FOLDED = frozenset(
 )
 
 
-def _data(item: StreamEvent) -> dict[str, Any] | None:
+def _data(item: StreamEvent) -> dict[str, JsonValue] | None:
     try:
         data = msgspec.json.decode(item.event.data)
     except msgspec.DecodeError:
@@ -127,7 +132,7 @@ def _data(item: StreamEvent) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _reason_kind(data: dict[str, Any]) -> str:
+def _reason_kind(data: dict[str, JsonValue]) -> str:
     reason = data.get("reason")
     kind = reason.get("kind") if isinstance(reason, dict) else None
     return kind if isinstance(kind, str) else "error"
@@ -139,7 +144,7 @@ def child_line(child: ChildStatus) -> str:
     return f"{child.id} [{child.state}]{label}"
 
 
-def render_progress(progress: RunProgress, spinner: Any | None = None) -> Any:
+def render_progress(progress: RunProgress, spinner: Spinner | None = None) -> RenderableType:
     """The status line (behind a spinner) above the child tree, as one rich renderable. Pass
     the same rich `Spinner` on every call to keep it turning (a new one starts over)."""
     from rich.console import Group

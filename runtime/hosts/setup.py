@@ -57,7 +57,7 @@ class HostSetup:
     def runtime_options(self) -> dict[str, Any]:
         """Keyword arguments for `open_runtime` (without the model and the approver)."""
         config = self.config
-        compaction = CompactionPolicy(config.compaction_threshold) if config.compaction_threshold else None
+        compaction = CompactionPolicy(max_chars=config.compaction_threshold) if config.compaction_threshold else None
         return {
             "max_depth": config.max_depth,
             "max_active_subagents": config.max_active_subagents,

@@ -10,19 +10,18 @@ malformed one raises `InvalidPayload` like any other reader of the log.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import msgspec
 from subagents.storage import Event, decode_payload
 
+from ..foundation.json_values import JsonObject as Json
+from ..foundation.json_values import JsonValue
 from ..usage import Tokens, describe, usage_of
 
 __all__ = ["render", "transcript"]
 
-Json = dict[str, Any]
 
-
-def _text(content: Iterable[Mapping[str, Any]]) -> str:
+def _text(content: Iterable[Mapping[str, JsonValue]]) -> str:
     parts = []
     for block in content:
         if block.get("type") == "text":

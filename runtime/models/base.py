@@ -22,10 +22,12 @@ surface order.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import attrs
-from subagents.runtime.foundation.clock import Clock
+
+from ..foundation.clock import Clock
+from ..foundation.json_values import JsonValue
 
 __all__ = [
     "AnyModel",
@@ -43,7 +45,7 @@ __all__ = [
     "bind_model",
 ]
 
-Message = Mapping[str, Any]
+Message = Mapping[str, JsonValue]
 
 
 @attrs.frozen
@@ -82,7 +84,7 @@ class ToolSpec:
 
     name: str
     description: str
-    parameters: Mapping[str, Any]
+    parameters: Mapping[str, JsonValue]
 
 
 class ModelWaits(Protocol):

@@ -12,11 +12,13 @@ by the loop as it appends.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import attrs
 import msgspec
 from subagents.storage import SURFACE_TYPES, UNSET, Event, ReplaceOp, decode_payload
+
+from ..foundation.json_values import JsonObject as Json
+from ..foundation.json_values import JsonValue
 
 __all__ = [
     "Surface",
@@ -27,28 +29,30 @@ __all__ = [
     "tool_result_message",
 ]
 
-Json = dict[str, Any]
-
 
 def text_blocks(*texts: str) -> list[Json]:
     return [{"type": "text", "text": t} for t in texts]
 
 
-def message(msg_id: str, role: str, content: Sequence[Mapping[str, Any]], source: Mapping[str, Any]) -> Json:
+def message(
+    msg_id: str, role: str, content: Sequence[Mapping[str, JsonValue]], source: Mapping[str, JsonValue]
+) -> Json:
     return {"id": msg_id, "role": role, "content": [dict(b) for b in content], "source": dict(source)}
 
 
-def tool_result_message(msg_id: str, call_id: str, content: Sequence[Mapping[str, Any]], *, is_error: bool) -> Json:
+def tool_result_message(
+    msg_id: str, call_id: str, content: Sequence[Mapping[str, JsonValue]], *, is_error: bool
+) -> Json:
     block = {"type": "tool-result", "call_id": call_id, "content": [dict(b) for b in content], "is_error": is_error}
     return message(msg_id, "user", [block], {"kind": "tool", "call_id": call_id})
 
 
-def message_text(msg: Mapping[str, Any], *, sep: str = "\n") -> str:
+def message_text(msg: Mapping[str, JsonValue], *, sep: str = "\n") -> str:
     """The text blocks of a message joined with `sep` (tool-result contents included)."""
     return sep.join(_texts(msg.get("content", ())))
 
 
-def _texts(blocks: Iterable[Mapping[str, Any]]) -> Iterable[str]:
+def _texts(blocks: Iterable[Mapping[str, JsonValue]]) -> Iterable[str]:
     for block in blocks:
         if block.get("type") == "text":
             yield block["text"]
@@ -64,11 +68,7 @@ class SurfaceNode:
     # The first event seq the node stands for: its own seq, or for a compaction summary the
     # start of the range it replaced. Strictly increasing along the surface (a summary's own
     # seq is not: it is newer than the nodes after it).
-    first_seq: int = attrs.field()
-
-    @first_seq.default
-    def _own(self) -> int:
-        return self.seq
+    first_seq: int = attrs.field(default=attrs.Factory(lambda node: node.seq, takes_self=True))
 
 
 class Surface:
@@ -121,7 +121,7 @@ class Surface:
         return total
 
 
-def _block_size(block: Mapping[str, Any]) -> int:
+def _block_size(block: Mapping[str, JsonValue]) -> int:
     kind = block.get("type")
     if kind == "text":
         return len(block["text"])
@@ -132,5 +132,5 @@ def _block_size(block: Mapping[str, Any]) -> int:
     return 0
 
 
-def _to_json(value: Any) -> Any:
+def _to_json(value: object) -> JsonValue:
     return msgspec.to_builtins(value)

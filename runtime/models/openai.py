@@ -44,14 +44,15 @@ import email.utils
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+import ssl
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import httpx
 import msgspec
 import trio
-from subagents.runtime.foundation.clock import Clock, RealClock
-from subagents.runtime.foundation.errors import (
+
+from ..foundation.clock import Clock, RealClock
+from ..foundation.errors import (
     ModelAuthFailed,
     ModelBadResponse,
     ModelError,
@@ -60,8 +61,9 @@ from subagents.runtime.foundation.errors import (
     ModelStreamInterrupted,
     ModelUnavailable,
 )
-from subagents.runtime.models.base import Chunk, ModelRequest
-from subagents.runtime.models.openai_wire import (
+from ..foundation.json_values import JsonObject as Json
+from .base import Chunk, ModelRequest
+from .openai_wire import (
     StreamFault,
     StreamParser,
     error_message,
@@ -74,7 +76,6 @@ __all__ = ["CLOSE_GRACE", "DEFAULT_TIMEOUT", "OpenAIChatModel", "redact_secret"]
 
 logger = logging.getLogger(__name__)
 
-Json = dict[str, Any]
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=120.0, write=30.0, pool=30.0)
 # Closing a response (or a client the model made) is awaited shielded, for at most this long.
@@ -141,7 +142,7 @@ class OpenAIChatModel:
         self.timeout = timeout
         self._client = client
         self._rng = rng if rng is not None else random.Random()
-        self._ssl_context: Any = None
+        self._ssl_context: ssl.SSLContext | None = None
         self.clock: Clock = clock if clock is not None else RealClock()
 
     def __repr__(self) -> str:
@@ -165,6 +166,8 @@ class OpenAIChatModel:
             while not parser.done:
                 # Errors are raised outside the `except` blocks, so they chain no httpx error.
                 failure: ModelError | None = None
+                piece: bytes | None = None  # (each path below sets it or raises)
+                chunks: Sequence[Chunk] = ()
                 try:
                     piece = await anext(pieces, None)
                 except httpx.DecodingError as exc:

@@ -21,25 +21,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
-from subagents.runtime.foundation.errors import (
+
+from ..foundation.errors import (
     ModelBadResponse,
     ModelBadStream,
     ModelContentFiltered,
     ModelError,
     ModelStreamInterrupted,
 )
-from subagents.runtime.models.base import Chunk, Finish, TextDelta, ToolCallDelta, ToolSpec, Usage
-from subagents.runtime.models.sse import SSEDecoder, SSEError, SSEEvent
+from ..foundation.json_values import JsonObject as Json
+from ..foundation.json_values import JsonValue
+from .base import Chunk, Finish, TextDelta, ToolCallDelta, ToolSpec, Usage
+from .sse import SSEDecoder, SSEError, SSEEvent
 
 __all__ = ["EXCERPT", "StreamFault", "StreamParser", "error_message", "one_line", "openai_messages", "openai_tools"]
 
 # Logged as the transport's logger: one name to turn on for everything the model client says.
 logger = logging.getLogger("subagents.runtime.models.openai")
 
-Json = dict[str, Any]
 
 EXCERPT = 200  # characters of provider text quoted in an error
 FinishReason = Literal["stop", "tool-calls", "max-tokens"]
@@ -143,7 +145,7 @@ class StreamParser:
             return []
         return self._choice(choices[0])
 
-    def _choice(self, choice: Any) -> list[Chunk]:
+    def _choice(self, choice: JsonValue) -> list[Chunk]:
         n = self.events
         if not isinstance(choice, dict):
             raise _bad(f"event {n}: a choice is not an object")
@@ -191,7 +193,7 @@ class StreamParser:
         return chunks
 
 
-def _tool_call_delta(call: Any, position: int, n: int) -> ToolCallDelta | None:
+def _tool_call_delta(call: JsonValue, position: int, n: int) -> ToolCallDelta | None:
     if not isinstance(call, dict):
         raise _bad(f"event {n}: a tool call is not an object")
     index = call.get("index", position)
@@ -210,7 +212,7 @@ def _tool_call_delta(call: Any, position: int, n: int) -> ToolCallDelta | None:
     return ToolCallDelta(index=index, id=call_id or None, name=name or None, arguments=arguments)
 
 
-def _usage(usage: Any, n: int) -> Usage:
+def _usage(usage: JsonValue, n: int) -> Usage:
     if not isinstance(usage, dict):
         raise _bad(f"event {n}: usage is not an object")
     prompt = usage.get("prompt_tokens") or 0
@@ -223,7 +225,7 @@ def _usage(usage: Any, n: int) -> Usage:
 # -- conversion to the chat format ------------------------------------------------------
 
 
-def openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[Json]:
+def openai_messages(messages: Iterable[Mapping[str, JsonValue]]) -> list[Json]:
     """Logged messages (`{id, role, content: [blocks], source}`) → chat-completions messages.
 
     System and user text become `{role, content}` (text blocks joined with newlines); an assistant
@@ -234,7 +236,7 @@ def openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[Json]:
     out: list[Json] = []
     for msg in messages:
         role = msg["role"]
-        blocks: Sequence[Mapping[str, Any]] = msg.get("content", ())
+        blocks: Sequence[Mapping[str, JsonValue]] = msg.get("content", ())
         text = _text(blocks)
         if role == "assistant":
             calls = [
@@ -266,14 +268,14 @@ def openai_tools(tools: Iterable[ToolSpec]) -> list[Json]:
     ]
 
 
-def _text(blocks: Iterable[Mapping[str, Any]]) -> str:
+def _text(blocks: Iterable[Mapping[str, JsonValue]]) -> str:
     return "\n".join(b["text"] for b in blocks if b.get("type") == "text")
 
 
 # -- provider text -------------------------------------------------------------------------------
 
 
-def error_message(obj: Any) -> str | None:
+def error_message(obj: JsonValue) -> str | None:
     """The human part of a provider's JSON error body, if it has a recognizable one."""
     if not isinstance(obj, dict):
         return None

@@ -49,8 +49,9 @@ from typing import Any, Literal, NoReturn
 import attrs
 import msgspec
 from msgspec import UNSET, UnsetType
-from subagents.runtime.foundation.errors import ScriptError, ScriptUnreadable
-from subagents.runtime.models.base import Usage
+
+from ..foundation.errors import ScriptError, ScriptUnreadable
+from ..models.base import Usage
 
 __all__ = [
     "Arguments",

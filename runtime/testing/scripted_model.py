@@ -57,7 +57,9 @@ from functools import partial
 
 import attrs
 import trio
-from subagents.runtime.foundation.errors import (
+from trio_util import RepeatedEvent
+
+from ..foundation.errors import (
     ScriptedFailure,
     ScriptExhausted,
     ScriptNoAgent,
@@ -65,7 +67,7 @@ from subagents.runtime.foundation.errors import (
     ScriptNoWaits,
     ScriptStalled,
 )
-from subagents.runtime.models.base import (
+from ..models.base import (
     Chunk,
     Finish,
     Model,
@@ -74,8 +76,8 @@ from subagents.runtime.models.base import (
     TextDelta,
     ToolCallDelta,
 )
-from subagents.runtime.models.defaults import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
-from subagents.runtime.testing.script_format import (
+from ..models.defaults import DEFAULT_STALL_TIMEOUT, parse_stall_timeout
+from .script_format import (
     Script,
     ScriptedResponse,
     WaitFor,
@@ -84,7 +86,6 @@ from subagents.runtime.testing.script_format import (
     expand_templates,
     render_arguments,
 )
-from trio_util import RepeatedEvent
 
 __all__ = [
     "DEFAULT_STALL_TIMEOUT",

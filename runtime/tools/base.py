@@ -20,13 +20,14 @@ import attrs
 from subagents.actors import Abort
 from subagents.storage import SubagentsError
 
+from ..foundation.json_values import JsonObject as Json
+from ..foundation.json_values import JsonValue
 from ..models.base import ToolSpec
 from ..models.messages import text_blocks
 
 __all__ = ["FunctionTool", "Tool", "ToolContext", "ToolOutcome", "ToolSet", "check_schema", "validate_arguments"]
 
-Json = dict[str, Any]
-ToolOutput = str | Sequence[Mapping[str, Any]]
+ToolOutput = str | Sequence[Mapping[str, JsonValue]]
 
 
 @attrs.frozen(kw_only=True)
@@ -58,10 +59,16 @@ class Tool(Protocol):
     the tool sets it once it has written its own events to the caller's log (or never will),
     so those events sit before every result of the group, in model order."""
 
-    name: str
-    description: str
-    parameters: Mapping[str, Any]
-    parallel_safe: bool
+    # Read-only: a tool is a frozen value (its class may keep these as plain attributes).
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def parameters(self) -> Mapping[str, JsonValue]: ...
+    @property
+    def parallel_safe(self) -> bool: ...
+
     # Optional `server_validated = True`: the arguments are checked by the tool's server, not
     # against `parameters` here (MCP tools), so any JSON object schema is accepted.
 
@@ -74,7 +81,7 @@ class FunctionTool:
 
     name: str
     description: str
-    parameters: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
+    parameters: Mapping[str, JsonValue] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
     fn: Callable[[Json, ToolContext], Awaitable[ToolOutput]]
     parallel_safe: bool = True
 
@@ -260,14 +267,14 @@ _KEYWORDS = frozenset(
 _TYPES = frozenset({"object", "string", "integer", "number", "boolean", "array", "null"})
 
 
-def check_schema(schema: Mapping[str, Any], where: str) -> None:
+def check_schema(schema: Mapping[str, JsonValue], where: str) -> None:
     """Refuse a parameters schema the validator would not honour (a typo must not pass silently)."""
     if not isinstance(schema, Mapping) or schema.get("type") != "object":
         raise ValueError(f"{where}: the schema must be an object schema ({{'type': 'object', ...}})")
     _check_node(schema, where)
 
 
-def _check_node(schema: Any, where: str) -> None:
+def _check_node(schema: JsonValue, where: str) -> None:
     if not isinstance(schema, Mapping):
         raise ValueError(f"{where}: a schema must be an object")
     unknown = set(schema) - _KEYWORDS
@@ -298,7 +305,7 @@ def _check_node(schema: Any, where: str) -> None:
         _check_node(schema["items"], f"{where}[]")
 
 
-def validate_arguments(value: Any, schema: Mapping[str, Any], path: str = "$") -> None:
+def validate_arguments(value: JsonValue, schema: Mapping[str, JsonValue], path: str = "$") -> None:
     """Raise a readable error naming the JSON path of the first mismatch."""
     types = schema.get("type")
     if types is not None:
@@ -331,7 +338,7 @@ def validate_arguments(value: Any, schema: Mapping[str, Any], path: str = "$") -
             raise _ArgumentsError(f"{path} must be <= {schema['maximum']}")
 
 
-def _json_equal(a: Any, b: Any) -> bool:
+def _json_equal(a: JsonValue, b: JsonValue) -> bool:
     """Equality as JSON sees it: `true` is not `1`, and containers compare item by item."""
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
@@ -344,14 +351,14 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b)
 
 
-def _bounds(n: int, schema: Mapping[str, Any], lo: str, hi: str, path: str, unit: str) -> None:
+def _bounds(n: int, schema: Mapping[str, JsonValue], lo: str, hi: str, path: str, unit: str) -> None:
     if lo in schema and n < schema[lo]:
         raise _ArgumentsError(f"{path} must have at least {schema[lo]} {unit}")
     if hi in schema and n > schema[hi]:
         raise _ArgumentsError(f"{path} must have at most {schema[hi]} {unit}")
 
 
-def _is(value: Any, t: str) -> bool:
+def _is(value: JsonValue, t: str) -> bool:
     if t == "object":
         return isinstance(value, dict)
     if t == "array":
@@ -371,7 +378,7 @@ def _is(value: Any, t: str) -> bool:
     return False
 
 
-def _kind(value: Any) -> str:
+def _kind(value: JsonValue) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):

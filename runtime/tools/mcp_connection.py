@@ -8,19 +8,24 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import trio
 from subagents.actors import Abort
 
 from ..foundation.errors import ToolFailure
+from ..foundation.json_values import JsonObject as Json
 from .mcp_render import render_content
 from .mcp_spec import McpServerSpec
 
+if TYPE_CHECKING:  # annotations: the SDK is imported when a server starts, never before
+    from mcp import ClientSession
+    from mcp.types import RequestId
+    from mcp.types import Tool as ListedTool
+
 __all__ = ["McpConnection"]
 
-Json = dict[str, Any]
 
 _META_KEY = "subagents/call"  # marks our tools/call request so its JSON-RPC id can be found to cancel it
 _STDERR_TAIL = 2000  # characters of a server's stderr kept to explain its failure
@@ -42,15 +47,15 @@ class McpConnection:
         self.spec = spec
         self.state = "starting"
         self._reason: str | None = None
-        self.listed: list[Any] = []  # the tools the server listed (the SDK's `Tool`s)
+        self.listed: list[ListedTool] = []  # the tools the server listed
         self.settled = trio.Event()  # ready or failed
         self.done = trio.Event()  # the task has ended
         self._wake = trio.Event()  # stop asked, or the server went down
         self._down = trio.Event()
         self._scope = trio.CancelScope()
-        self._session: Any = None
+        self._session: ClientSession | None = None
         self._stderr = ""
-        self._requests: dict[str, Any] = {}  # our call token -> its JSON-RPC request id
+        self._requests: dict[str, RequestId | None] = {}  # our call token -> its JSON-RPC request id
         self._calls = 0
 
     # --- the task -------------------------------------------------------------------------
@@ -74,7 +79,7 @@ class McpConnection:
             self.settled.set()  # after the transport closed: the stderr tail is read by now
             self.done.set()
 
-    async def _keep_watch(self, session: Any) -> None:
+    async def _keep_watch(self, session: ClientSession) -> None:
         """Over HTTP, while calls are in flight, ping the server every few seconds: the SDK lets
         a response stream that broke off end quietly, leaving its call to wait for its timeout,
         so a server that died mid-call is found by its ping instead (a failed ping breaks the
@@ -89,12 +94,12 @@ class McpConnection:
             if waited.cancelled_caught:
                 self._went_down(f"it did not answer a ping within {_PING_TIMEOUT:g}s")
 
-    async def _initialize(self, session: Any) -> list[Any] | None:
+    async def _initialize(self, session: ClientSession) -> list[ListedTool] | None:
         """Initialize and list the tools, within the startup timeout; None if the server went
         down meanwhile (its reason is recorded)."""
         from mcp import McpError
 
-        listed: list[Any] | None = None
+        listed: list[ListedTool] | None = None
         async with trio.open_nursery() as nursery:
 
             async def watching() -> None:
@@ -114,7 +119,7 @@ class McpConnection:
         return listed
 
     @contextlib.asynccontextmanager
-    async def _open_session(self) -> AsyncIterator[Any]:
+    async def _open_session(self) -> AsyncIterator[ClientSession]:
         import anyio
         from mcp import ClientSession
 
@@ -144,6 +149,7 @@ class McpConnection:
             return
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
+        assert spec.command is not None  # a spec without a url has a command (checked when made)
         params = StdioServerParameters(command=spec.command, args=list(spec.args), env=spec.env, cwd=spec.cwd)
         # The server's stderr goes to a pipe we read (its tail explains a failure), not to our
         # terminal, where a chat or an ACP client would show it.
@@ -195,7 +201,7 @@ class McpConnection:
                 root = getattr(item.message, "root", None)
                 params = getattr(root, "params", None)
                 meta = params.get("_meta") if isinstance(params, dict) else None
-                if isinstance(meta, dict) and meta.get(_META_KEY) in self._requests:
+                if root is not None and isinstance(meta, dict) and meta.get(_META_KEY) in self._requests:
                     self._requests[meta[_META_KEY]] = root.id
                 try:
                     await sink.send(item)
@@ -203,7 +209,7 @@ class McpConnection:
                     self._went_down("its connection broke")
                     return
 
-    def _ready(self, session: Any, listed: list[Any]) -> None:
+    def _ready(self, session: ClientSession, listed: list[ListedTool]) -> None:
         self.listed = listed
         self._session = session
         self.state = "ready"
@@ -266,7 +272,7 @@ class McpConnection:
             outcome["timeout"] = waited.cancelled_caught
             nursery.cancel_scope.cancel()
 
-        async def watching(event: Any, key: str) -> None:
+        async def watching(event: trio.Event | Abort, key: str) -> None:
             await event.wait()
             outcome[key] = True
             nursery.cancel_scope.cancel()
@@ -308,7 +314,7 @@ class McpConnection:
         with trio.move_on_after(_STDERR_WAIT + 1):
             await self.done.wait()
 
-    async def _tell_cancelled(self, session: Any, request_id: Any) -> None:
+    async def _tell_cancelled(self, session: ClientSession, request_id: RequestId | None) -> None:
         """Tell the server we gave up on a call (best effort: it may have gone)."""
         if request_id is None or self._down.is_set():
             return
@@ -324,8 +330,8 @@ class McpConnection:
                 await session.send_notification(notice)
 
 
-async def _list_tools(session: Any) -> list[Any]:
-    tools: list[Any] = []
+async def _list_tools(session: ClientSession) -> list[ListedTool]:
+    tools: list[ListedTool] = []
     cursor = None
     while True:
         page = await session.list_tools(cursor)

@@ -9,14 +9,13 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+
+from ..foundation.json_values import JsonValue
 
 __all__ = ["render_content"]
 
-Json = dict[str, Any]
 
-
-def render_content(content: Sequence[Mapping[str, Any]], structured: Any, cap: int) -> str:
+def render_content(content: Sequence[Mapping[str, JsonValue]], structured: JsonValue, cap: int) -> str:
     """The result's content as one text, at most `cap` characters (and a note when cut)."""
     parts = [_block(block) for block in content]
     if not parts and structured is not None:
@@ -27,7 +26,7 @@ def render_content(content: Sequence[Mapping[str, Any]], structured: Any, cap: i
     return text
 
 
-def _block(block: Mapping[str, Any]) -> str:
+def _block(block: Mapping[str, JsonValue]) -> str:
     kind = block.get("type")
     if kind == "text":
         return str(block.get("text", ""))
@@ -47,7 +46,7 @@ def _block(block: Mapping[str, Any]) -> str:
     return f"[{kind or 'unknown'} content]"
 
 
-def _size(data: Any) -> str:
+def _size(data: JsonValue) -> str:
     if not isinstance(data, str):
         return "no data"
     try:

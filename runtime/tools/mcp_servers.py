@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 import trio
 
+from ..foundation.json_values import JsonObject as Json
+from ..foundation.json_values import JsonValue
 from .base import ToolContext
 from .mcp_connection import McpConnection
 from .mcp_spec import McpServerSpec, mcp_tool_name
 
 __all__ = ["McpServerStatus", "McpServers", "McpTool"]
 
-Json = dict[str, Any]
 
 _CLOSE_GRACE = 5.0  # seconds the servers get to shut down on close before they are cancelled
 
@@ -56,7 +57,7 @@ class McpTool:
 
     name: str
     description: str
-    parameters: Mapping[str, Any]
+    parameters: Mapping[str, JsonValue]
     parallel_safe: bool
     remote_name: str
     server: McpConnection

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from ..foundation.errors import ToolFailure
+from ..foundation.json_values import JsonValue
 
 if TYPE_CHECKING:
     # Annotations only: `subagents config` shows the default rules without loading the tools.
@@ -44,7 +45,7 @@ class Permissions:
     """A decision per tool name or glob (the first exact name wins, then the longest matching
     glob), and `default` for the tools no rule names."""
 
-    rules: Mapping[str, Decision] = attrs.field(factory=dict, converter=dict)
+    rules: Mapping[str, Decision] = attrs.field(factory=dict[str, Decision], converter=dict[str, Decision])
     default: Decision = "allow"
 
     def __attrs_post_init__(self) -> None:
@@ -78,11 +79,11 @@ class PermissionRequest:
     session_id: str
     call_id: str
     tool: str
-    arguments: Mapping[str, Any]
+    arguments: Mapping[str, JsonValue]
     title: str  # one line: the tool and its arguments, cut
 
     @classmethod
-    def of(cls, tool: str, args: Mapping[str, Any], ctx: ToolContext) -> PermissionRequest:
+    def of(cls, tool: str, args: Mapping[str, JsonValue], ctx: ToolContext) -> PermissionRequest:
         shown = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
         if len(shown) > 200:
             shown = shown[:199] + "…"

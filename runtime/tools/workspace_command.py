@@ -50,6 +50,7 @@ async def run_command(command: str | Sequence[str], *, cwd: str, time_limit: flo
             _kill_group(process.pid)
         with trio.CancelScope(shield=True):  # reaped even when the turn is cancelled
             await process.wait()
+            assert process.stdout is not None  # opened with stdout=PIPE
             await process.stdout.aclose()
     return CommandOutcome(process.returncode if finished else None, kept.text(), not finished)
 
@@ -70,7 +71,7 @@ class _Kept:
         self.tail = bytearray()
         self.cut = 0
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | bytearray) -> None:
         room = self.half - len(self.head)
         if room > 0:
             self.head += data[:room]

@@ -19,6 +19,7 @@ import attrs
 import trio
 
 from ..foundation.errors import ToolFailure
+from ..foundation.json_values import JsonObject as Json
 from .base import ToolContext
 from .workspace_command import run_command
 from .workspace_files import edit_text, glob_regex, list_folder, read_text, searchable_text, walk_files, write_text
@@ -26,7 +27,6 @@ from .workspace_paths import Workspace, refused
 
 __all__ = ["READ_TOOLS", "WORKSPACE_TOOL_NAMES", "WorkspaceLimits", "workspace_tools"]
 
-Json = dict[str, Any]
 T = TypeVar("T")
 
 READ_TOOLS = ("read_file", "list_dir", "glob", "grep")

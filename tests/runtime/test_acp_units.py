@@ -132,7 +132,8 @@ async def test_updates_for_a_turn_with_tool_calls_validate_against_the_sdk(tmp_p
 
 
 def test_a_permission_response_becomes_the_approvers_answer() -> None:
-    from subagents.runtime.hosts.acp.server import _answer, _Asked
+    from subagents.runtime.hosts.acp.permission import Asked as _Asked
+    from subagents.runtime.hosts.acp.permission import answer as _answer
     from subagents.runtime.tools.permissions import PermissionAnswer
 
     def answer(result: object = None, error: object = None) -> PermissionAnswer:

@@ -322,7 +322,7 @@ def _view(durable: list[int]) -> tuple[Any, Any]:
     import io
 
     from rich.console import Console
-    from subagents.runtime.hosts.chat.host import _View
+    from subagents.runtime.hosts.chat.view import ChatView as _View
 
     out = io.StringIO()
     view = _View(Console(file=out, width=200), "root", 0, 0, lambda: durable[0])

@@ -166,3 +166,13 @@ def test_the_store_table_sets_the_lease_timing(tmp_path: Path) -> None:
     (tmp_path / "other").mkdir()
     default = load(tmp_path / "other")
     assert (default.lease_ttl, default.lease_renew_interval) == (15.0, None)
+
+
+def test_a_compaction_threshold_reaches_the_agents_compaction_policy(tmp_path: Path) -> None:
+    """`compaction_threshold` builds the agents' policy (it once built it positionally, a
+    `TypeError` in every host that read such a file)."""
+    from subagents.runtime.hosts.setup import host_setup
+
+    project_dir, env = setup(tmp_path, project="compaction_threshold = 5000")
+    options = host_setup({}, project_dir=str(project_dir), env={**env, "DEEPSEEK_API_KEY": "k"}).runtime_options()
+    assert options["agent_config"].compaction.max_chars == 5000

@@ -56,6 +56,7 @@ HOST_MODULES = (
     "subagents.runtime.hosts.demo",
     "subagents.runtime.testing.scenario",
     "subagents.runtime.hosts.chat.host",
+    "subagents.runtime.hosts.chat.view",
     "subagents.runtime.hosts.chat.terminal",
     "subagents.runtime.delegation.service",
     "subagents.runtime.delegation.settlement",

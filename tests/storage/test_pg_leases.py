@@ -26,7 +26,8 @@ from subagents.storage import (
     SessionAlreadyExists,
     SessionNotFound,
 )
-from subagents.storage.pg_leases import _SEED, LEASE_CHANNEL
+from subagents.storage.pg_leases import LEASE_CHANNEL
+from subagents.storage.pg_leases import LIVENESS_SEED as _SEED
 from subagents.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION
 
 pytestmark = pytest.mark.pg

@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from ...agent.registry import SessionTools
+from ...foundation.json_values import JsonValue
 from ...tools.mcp_servers import McpServers
 from ...tools.mcp_spec import McpServerSpec, mcp_tool_name
 
@@ -33,10 +34,8 @@ __all__ = ["ClientServers", "client_specs"]
 
 log = logging.getLogger(__name__)
 
-Json = dict[str, Any]
 
-
-def client_specs(servers: Sequence[Any], cwd: str, session_id: str) -> list[McpServerSpec]:
+def client_specs(servers: Sequence[JsonValue], cwd: str, session_id: str) -> list[McpServerSpec]:
     """The specs of the servers a client named; each one that cannot be served is logged and
     left out."""
     specs: list[McpServerSpec] = []
@@ -57,7 +56,7 @@ def client_specs(servers: Sequence[Any], cwd: str, session_id: str) -> list[McpS
     return specs
 
 
-def _spec(server: Any, cwd: str) -> McpServerSpec:
+def _spec(server: JsonValue, cwd: str) -> McpServerSpec:
     if not isinstance(server, Mapping):
         raise ValueError("not an object")
     name = server.get("name")
@@ -80,15 +79,15 @@ def _spec(server: Any, cwd: str) -> McpServerSpec:
     raise ValueError(f"unknown server type {kind!r}")
 
 
-def _list(value: Any, label: str) -> list[Any]:
+def _list(value: JsonValue, label: str) -> list[JsonValue]:
     if not isinstance(value, list):
         raise ValueError(f"{label} must be a list")
     return value
 
 
-def _pairs(value: Any, label: str) -> dict[str, Any]:
+def _pairs(value: JsonValue, label: str) -> dict[str, JsonValue]:
     """ACP's `[{name, value}]` as a mapping (the spec checks the values are strings)."""
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for entry in _list(value, label):
         if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str) or "value" not in entry:
             raise ValueError(f"each of {label} must be {{name, value}}")
@@ -104,7 +103,9 @@ class ClientServers:
         self._servers = servers
 
     @classmethod
-    async def start(cls, nursery: trio.Nursery, servers: Sequence[Any], cwd: str, session_id: str) -> ClientServers:
+    async def start(
+        cls, nursery: trio.Nursery, servers: Sequence[JsonValue], cwd: str, session_id: str
+    ) -> ClientServers:
         """Start the servers a client named (in a task of `nursery`), each ready or failed when
         this returns; each one that failed is logged."""
         specs = client_specs(servers, cwd, session_id)

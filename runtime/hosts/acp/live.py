@@ -2,7 +2,7 @@
 durable events (the `session/update`s the forwarder sends).
 
 Pure: one `LiveText` per open session; text deltas and durable events in, updates out. The
-rules (the chat's view follows the same, runtime/hosts/chat/host.py `_View`):
+rules (the chat's view follows the same, runtime/hosts/chat/view.py `ChatView`):
 
 - A model call is numbered by the session's `assistant/message` count when it began (`call`):
   its reply is the next such event. Its text is sent once every event durable when its first
@@ -17,16 +17,13 @@ rules (the chat's view follows the same, runtime/hosts/chat/host.py `_View`):
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from subagents.storage import Event, decode_payload
 
+from ...foundation.json_values import JsonObject as Json
 from .updates import agent_text, message_text, updates_for
 
 __all__ = ["LiveText"]
-
-Json = dict[str, Any]
 
 
 class LiveText:

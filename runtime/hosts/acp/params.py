@@ -4,11 +4,12 @@ are ignored; a missing or mistyped field is a -32602."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
 from ...foundation.errors import AcpRequestError
+from ...foundation.json_values import JsonValue
 from .rpc import INVALID_PARAMS
 
 __all__ = [
@@ -30,24 +31,24 @@ class _Params(msgspec.Struct, rename="camel", kw_only=True):
 
 class InitializeParams(_Params):
     protocol_version: int
-    client_capabilities: dict[str, Any] = {}
-    client_info: dict[str, Any] | None = None
+    client_capabilities: dict[str, JsonValue] = {}
+    client_info: dict[str, JsonValue] | None = None
 
 
 class NewParams(_Params):
     cwd: str
-    mcp_servers: list[dict[str, Any]] = []
+    mcp_servers: list[dict[str, JsonValue]] = []
 
 
 class LoadParams(_Params):
     session_id: str
     cwd: str
-    mcp_servers: list[dict[str, Any]] = []
+    mcp_servers: list[dict[str, JsonValue]] = []
 
 
 class PromptParams(_Params):
     session_id: str
-    prompt: list[dict[str, Any]]
+    prompt: list[dict[str, JsonValue]]
 
 
 class CancelParams(_Params):
@@ -66,7 +67,7 @@ class ListParams(_Params):
 T = TypeVar("T")
 
 
-def convert_params(params: Any, kind: type[T]) -> T:
+def convert_params(params: JsonValue, kind: type[T]) -> T:
     """`params` as `kind`, or an `AcpRequestError` (-32602) naming what is wrong."""
     try:
         return msgspec.convert({} if params is None else params, kind)
@@ -74,7 +75,7 @@ def convert_params(params: Any, kind: type[T]) -> T:
         raise AcpRequestError(INVALID_PARAMS, f"Invalid params: {exc}") from None
 
 
-def prompt_text(blocks: list[dict[str, Any]]) -> str:
+def prompt_text(blocks: list[dict[str, JsonValue]]) -> str:
     """The text of a prompt's content blocks: text as is, a resource link as its URI, embedded
     text resources as their text. Images and audio are refused (not advertised)."""
     parts: list[str] = []

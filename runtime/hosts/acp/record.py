@@ -18,17 +18,18 @@ values) are not written: only their names. A client sends them again with every
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import attrs
 import msgspec
 from subagents.actors import EventDraft
 from subagents.storage import Event
 
+from ...foundation.json_values import JsonObject as Json
+from ...foundation.json_values import JsonValue
+
 __all__ = ["RECORD_TYPE", "ClientRecord", "last_record"]
 
 RECORD_TYPE = "acp/session"
-Json = dict[str, Any]
 
 
 @attrs.frozen
@@ -42,7 +43,7 @@ class ClientRecord:
 
     @classmethod
     def of(
-        cls, cwd: str, mcp_servers: Sequence[Mapping[str, Any]], client_capabilities: Mapping[str, Any]
+        cls, cwd: str, mcp_servers: Sequence[Mapping[str, JsonValue]], client_capabilities: Mapping[str, JsonValue]
     ) -> ClientRecord:
         return cls(cwd, tuple(_without_secrets(s) for s in mcp_servers), dict(client_capabilities))
 
@@ -75,7 +76,7 @@ def last_record(events: Sequence[Event], inherited_event_count: int = 0) -> Clie
     return None
 
 
-def _parse(data: Any) -> ClientRecord | None:
+def _parse(data: JsonValue) -> ClientRecord | None:
     if not isinstance(data, dict) or data.get("version") != 1:
         return None
     cwd, servers, capabilities = data.get("cwd"), data.get("mcp_servers"), data.get("client_capabilities")
@@ -86,7 +87,7 @@ def _parse(data: Any) -> ClientRecord | None:
     return ClientRecord(cwd, tuple(servers), capabilities)
 
 
-def _without_secrets(server: Mapping[str, Any]) -> Json:
+def _without_secrets(server: Mapping[str, JsonValue]) -> Json:
     """`server` with the values of its `env` and `headers` entries left out (names kept)."""
     out = dict(server)
     for key in ("env", "headers"):

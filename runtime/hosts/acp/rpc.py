@@ -6,10 +6,10 @@ dispatcher decides what a method means; this module only decides what is well-fo
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import msgspec
+
+from ...foundation.json_values import JsonValue
 
 __all__ = [
     "INTERNAL_ERROR",
@@ -40,11 +40,11 @@ class Incoming:
     """A well-formed request (`id` set), notification (`id` None) or response (`is_response`)."""
 
     method: str | None
-    params: Any
+    params: JsonValue
     id: Id | None
     is_response: bool = False
-    result: Any = None  # a response's
-    error: Any = None  # a response's error object
+    result: JsonValue = None  # a response's
+    error: JsonValue = None  # a response's error object
 
 
 _encoder = msgspec.json.Encoder()
@@ -78,20 +78,20 @@ def parse_line(line: bytes) -> Incoming | bytes:
     return Incoming(method=method, params=params, id=msg_id if "id" in value else None)
 
 
-def result_line(msg_id: Id, result: Any) -> bytes:
+def result_line(msg_id: Id, result: JsonValue) -> bytes:
     return _encoder.encode({"jsonrpc": "2.0", "id": msg_id, "result": result}) + b"\n"
 
 
-def error_line(msg_id: Id | None, code: int, message: str, data: Any = None) -> bytes:
-    error: dict[str, Any] = {"code": code, "message": message}
+def error_line(msg_id: Id | None, code: int, message: str, data: JsonValue = None) -> bytes:
+    error: dict[str, JsonValue] = {"code": code, "message": message}
     if data is not None:
         error["data"] = data
     return _encoder.encode({"jsonrpc": "2.0", "id": msg_id, "error": error}) + b"\n"
 
 
-def request_line(msg_id: Id, method: str, params: Any) -> bytes:
+def request_line(msg_id: Id, method: str, params: JsonValue) -> bytes:
     return _encoder.encode({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params}) + b"\n"
 
 
-def notification_line(method: str, params: Any) -> bytes:
+def notification_line(method: str, params: JsonValue) -> bytes:
     return _encoder.encode({"jsonrpc": "2.0", "method": method, "params": params}) + b"\n"

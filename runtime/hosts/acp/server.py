@@ -1,16 +1,15 @@
 """The ACP method dispatcher: one `AcpServer` per connection, over an open runtime.
 
 An ACP session is a runtime session (`sessionId` = session id). Each session this connection
-opened has one forwarder task that follows the runtime's event stream of the session (its
-durable events, runtime/event_stream.py), turns them into `session/update` notifications
-(`LiveText.event`) and watches for the prompt's own `turn/end`, so every update of a turn is
-written before the prompt's response. Beside it a text task sends the answer text the model
-streams (the host's `TeeModel` hands it to `on_text`) as soon as the events durable before it
-are sent (acp/live.py); the two take turns under the session's lock, so lines keep that order.
-A turn started by a settlement notice while no prompt runs streams the same way. The server
-holds nothing the log does not: `session/load` replays the log, and what the client said of a
-session (cwd, MCP servers, its capabilities) is recorded in it (acp/record.py). The MCP servers
-the client names are started for the session (acp/client_servers.py) before its agent starts, so
+opened has one forwarder task (acp/session.py) that turns its durable events into
+`session/update` notifications and watches for the prompt's own `turn/end`, so every update of a
+turn is written before the prompt's response; the answer text the model streams (the host's
+`TeeModel` hands it to `on_text`) goes out in order with those events (acp/live.py). A turn
+started by a settlement notice while no prompt runs streams the same way. The server holds
+nothing the log does not: `session/load` replays the log, and what the client said of a session
+(cwd, MCP servers, its capabilities) is recorded in it (acp/record.py). Permission questions
+about a tool call go to the client as requests of ours (acp/permission.py). The MCP servers the
+client names are started for the session (acp/client_servers.py) before its agent starts, so
 their tools are the session's and its descendants'; they stop when the session closes or the
 connection ends.
 """
@@ -20,19 +19,16 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-import attrs
-import msgspec
 import trio
 from subagents.actors import ReadGroup
-from subagents.storage import Event, InvalidSessionId, SessionNotFound, SubagentsError, check_session_id, decode_payload
+from subagents.storage import Event, InvalidSessionId, SessionNotFound, SubagentsError, check_session_id
 
-from ...agent.loop import Agent
 from ...agent.registry import SessionTools
 from ...app import Runtime
-from ...event_stream import open_event_stream
 from ...foundation.errors import AcpRequestError, AgentError, AgentStopped, SessionQueryError
+from ...foundation.json_values import JsonObject as Json
+from ...foundation.json_values import JsonValue
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...tools.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_tools
 from .client_servers import ClientServers
@@ -49,6 +45,7 @@ from .params import (
     convert_params,
     prompt_text,
 )
+from .permission import PermissionAsker
 from .record import ClientRecord, last_record
 from .rpc import (
     INTERNAL_ERROR,
@@ -59,89 +56,17 @@ from .rpc import (
     Incoming,
     error_line,
     notification_line,
-    request_line,
     result_line,
 )
-from .updates import stop_reason, tool_kind, updates_for
+from .session import Live, Prompt, Session, forward
+from .updates import stop_reason, updates_for
 
 __all__ = ["PROTOCOL_VERSION", "AcpServer"]
-
-_PERMISSION_OPTIONS = [
-    {"optionId": "allow_once", "name": "Allow", "kind": "allow_once"},
-    {"optionId": "allow_always", "name": "Always allow", "kind": "allow_always"},
-    {"optionId": "reject_once", "name": "Reject", "kind": "reject_once"},
-]
-
-
-def _answer(asked: _Asked) -> PermissionAnswer:
-    """The client's response as the approver's answer: a chosen allow option allows, anything
-    else (a reject, a cancelled request, an error, a malformed result) denies and says why."""
-    if asked.error is not None:
-        message = asked.error.get("message") if isinstance(asked.error, dict) else None
-        return PermissionAnswer("deny", f"the client could not ask: {message or asked.error}")
-    outcome = asked.result.get("outcome") if isinstance(asked.result, dict) else None
-    if isinstance(outcome, dict) and outcome.get("outcome") == "selected":
-        chosen = outcome.get("optionId")
-        if chosen == "allow_once":
-            return PermissionAnswer("allow")
-        if chosen == "allow_always":
-            return PermissionAnswer("always")
-        return PermissionAnswer("deny", "the person declined the permission request")
-    if isinstance(outcome, dict) and outcome.get("outcome") == "cancelled":
-        return PermissionAnswer("deny", "the permission request was cancelled")
-    return PermissionAnswer("deny", "the client's answer to the permission request was not understood")
-
 
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 _LIST_READERS = 4  # `session/list` reads this many of its page's logs at once (one read group)
-Json = dict[str, Any]
-
-
-@attrs.define
-class _Prompt:
-    done: trio.Event = attrs.field(factory=trio.Event)
-    turn: int | None = None  # the turn that answers it, once it started
-    reason: Json | None = None  # its `turn/end` reason
-    cancelled: bool = False
-
-
-@attrs.define
-class _Asked:
-    """A request of ours waiting for the client's response."""
-
-    done: trio.Event = attrs.field(factory=trio.Event)
-    result: Any = None
-    error: Any = None
-
-
-@attrs.define
-class _Live:
-    """A session's streamed text, from before its forwarder starts (a load's resume may start
-    a turn at once)."""
-
-    text: LiveText
-    lock: trio.Lock = attrs.field(factory=trio.Lock)  # the forwarder and the text task take turns
-    ready: trio.Event = attrs.field(factory=trio.Event)  # text arrived
-
-    def wake(self) -> None:
-        self.ready.set()
-
-
-@attrs.define
-class _Session:
-    agent: Agent
-    live: _Live
-    # What the client said of the session (recorded in its log; the MCP servers' secret values
-    # only here, in `mcp_servers`, and in the running `servers`).
-    record: ClientRecord
-    mcp_servers: list[Json]
-    servers: ClientServers
-    restored: ClientRecord | None = None  # the record a `session/load` found in the log
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    prompt: _Prompt | None = None
-    turn: int | None = None  # the turn the session's events are in, as the forwarder saw them
 
 
 class AcpServer:
@@ -163,13 +88,12 @@ class AcpServer:
         self._nursery = nursery
         self._out = out
         self._version = version
-        self._sessions: dict[str, _Session] = {}
-        self._live: dict[str, _Live] = {}  # by session id: the sessions whose text streams here
+        self._sessions: dict[str, Session] = {}
+        self._live: dict[str, Live] = {}  # by session id: the sessions whose text streams here
         self.client_capabilities: Json = {}  # fs and terminal, as the client said (for the tools issue)
-        self._asked: dict[str, _Asked] = {}  # our `session/request_permission` requests, by id
+        self._asker = PermissionAsker(out)
         self._session_workspace = session_workspace
-        self._next_request = 0
-        self._methods: dict[str, Callable[[Any], Awaitable[Any]]] = {
+        self._methods: dict[str, Callable[[JsonValue], Awaitable[JsonValue]]] = {
             "initialize": self.initialize,
             "authenticate": self.authenticate,
             "session/new": self.new_session,
@@ -235,33 +159,11 @@ class AcpServer:
         sid = self._client_session_of(request.session_id)
         if sid is None:
             return PermissionAnswer("deny", "no client session holds this agent: there is no one to ask")
-        self._next_request += 1
-        msg_id = f"permission-{self._next_request}"
-        asked = self._asked[msg_id] = _Asked()
-        call: Json = {
-            "toolCallId": request.call_id,
-            "title": request.title,
-            "kind": tool_kind(request.tool),
-            "status": "pending",
-            "rawInput": dict(request.arguments),
-        }
-        if request.session_id != sid:
-            call["title"] = f"{request.title} (subagent {request.session_id})"
-        params = {"sessionId": sid, "toolCall": call, "options": _PERMISSION_OPTIONS}
-        try:
-            await self._out.send(request_line(msg_id, "session/request_permission", params))
-            await asked.done.wait()
-        finally:
-            self._asked.pop(msg_id, None)
-        return _answer(asked)
+        return await self._asker.ask(sid, request)
 
     def on_response(self, message: Incoming) -> None:
         """The client's response to a request of ours (one we did not send is ignored)."""
-        asked = self._asked.get(str(message.id))
-        if asked is None or asked.done.is_set():
-            return
-        asked.result, asked.error = message.result, message.error
-        asked.done.set()
+        self._asker.on_response(message)
 
     def _client_session_of(self, session_id: str) -> str | None:
         """The session this connection opened that is `session_id` or its ancestor."""
@@ -277,7 +179,7 @@ class AcpServer:
 
     # --- methods ----------------------------------------------------------------------------
 
-    async def initialize(self, params: Any) -> Json:
+    async def initialize(self, params: JsonValue) -> Json:
         p = convert_params(params, InitializeParams)
         self.client_capabilities = {
             "fs": p.client_capabilities.get("fs", {}),
@@ -295,10 +197,10 @@ class AcpServer:
             "agentInfo": {"name": "trio-subagents", "title": "trio-subagents", "version": self._version},
         }
 
-    async def authenticate(self, params: Any) -> Json:
+    async def authenticate(self, params: JsonValue) -> Json:
         return {}  # no auth methods are offered: the model's key comes from the environment
 
-    async def new_session(self, params: Any) -> Json:
+    async def new_session(self, params: JsonValue) -> Json:
         p = convert_params(params, NewParams)
         _absolute(p.cwd)
         record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
@@ -312,12 +214,12 @@ class AcpServer:
             with trio.CancelScope(shield=True):
                 await self._close_servers(sid, servers)
             raise
-        live = self._live[agent.session_id] = _Live(LiveText(agent.session_id))
-        session = _Session(agent, live, record, p.mcp_servers, servers)
+        live = self._live[agent.session_id] = Live(LiveText(agent.session_id))
+        session = Session(agent, live, record, p.mcp_servers, servers)
         self._start(session, from_seq=agent.session.durable_next, replies=0)
         return {"sessionId": agent.session_id}
 
-    async def load_session(self, params: Any) -> Json:
+    async def load_session(self, params: JsonValue) -> Json:
         p = convert_params(params, LoadParams)
         _absolute(p.cwd)
         sid = _session_id(p.session_id)
@@ -325,7 +227,7 @@ class AcpServer:
             raise AcpRequestError(INVALID_REQUEST, f"session {sid!r} is already open on this connection")
         # Registered before the resume, which may start a turn at once: its text is kept until
         # the replay is sent (a reply the replay holds whole is then forgotten).
-        live = self._live[sid] = _Live(LiveText(sid))
+        live = self._live[sid] = Live(LiveText(sid))
         try:
             # Started before the resume, so the agent starts with their tools. (An agent this
             # runtime runs already keeps the tools it has.)
@@ -360,12 +262,12 @@ class AcpServer:
             with trio.CancelScope(shield=True):
                 await self._close_servers(sid, servers)
             raise
-        session = _Session(agent, live, record, p.mcp_servers, servers, restored=restored)
+        session = Session(agent, live, record, p.mcp_servers, servers, restored=restored)
         replies = sum(1 for e in events if e.type == "assistant/message")
         self._start(session, from_seq=events[-1].seq + 1 if events else 0, replies=replies)
         return {}
 
-    async def list_sessions(self, params: Any) -> Json:
+    async def list_sessions(self, params: JsonValue) -> Json:
         p = convert_params(params, ListParams)
         try:
             records = await self.runtime.query.list_sessions()
@@ -413,13 +315,13 @@ class AcpServer:
             info["title"] = title
         return info
 
-    async def prompt(self, params: Any) -> Json:
+    async def prompt(self, params: JsonValue) -> Json:
         p = convert_params(params, PromptParams)
         session = self._session(p.session_id)
         text = prompt_text(p.prompt)
         if session.prompt is not None:
             raise AcpRequestError(INVALID_REQUEST, "a prompt is already running in this session")
-        prompt = session.prompt = _Prompt()
+        prompt = session.prompt = Prompt()
         try:
             await session.agent.send(text)
             async with trio.open_nursery() as nursery:
@@ -444,14 +346,14 @@ class AcpServer:
             )
         return {"stopReason": mapped}
 
-    async def cancel(self, params: Any) -> None:
+    async def cancel(self, params: JsonValue) -> None:
         p = convert_params(params, CancelParams)
         session = self._session(p.session_id)
         if session.prompt is not None:
             session.prompt.cancelled = True  # its turn is cancelled as it starts, if not yet begun
         session.agent.cancel("user")
 
-    async def close_session(self, params: Any) -> Json:
+    async def close_session(self, params: JsonValue) -> Json:
         p = convert_params(params, CloseParams)
         session = self._session(p.session_id)
         if session.prompt is not None:
@@ -466,7 +368,7 @@ class AcpServer:
 
     # --- sessions ---------------------------------------------------------------------------
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None:
             raise AcpRequestError(RESOURCE_NOT_FOUND, f"session {session_id!r} is not open", {"uri": session_id})
@@ -488,12 +390,12 @@ class AcpServer:
         self.runtime.agents.drop_session_tools(sid)
         await servers.aclose()
 
-    def _start(self, session: _Session, *, from_seq: int, replies: int) -> None:
+    def _start(self, session: Session, *, from_seq: int, replies: int) -> None:
         """Stream `session` from seq `from_seq`, `replies` of the events before it replies."""
         self._sessions[session.agent.session_id] = session
         session.live.text.start(from_seq, replies)
         session.live.wake()  # text kept before the start may go now
-        self._nursery.start_soon(self._forward, session, from_seq)
+        self._nursery.start_soon(forward, self.runtime, self._notify, session, from_seq)
 
     async def _history(self, session_id: str) -> tuple[list[Event], int]:
         try:
@@ -501,53 +403,6 @@ class AcpServer:
                 return list(observation.events), observation.inherited_event_count
         except SessionQueryError as exc:
             raise AcpRequestError(INTERNAL_ERROR, exc.message) from None
-
-    async def _forward(self, session: _Session, from_seq: int) -> None:
-        sid = session.agent.session_id
-        runtime = self.runtime
-        live = session.live
-        with session.scope:
-            # The session's own events only: a subagent's are its session's, not this one's.
-            stream_cm = open_event_stream(runtime.query, sid, from_seq=from_seq, descendants=False)
-            async with stream_cm as stream, trio.open_nursery() as nursery:
-                nursery.start_soon(self._stream_text, sid, live)
-                async for item in stream:
-                    async with live.lock:
-                        for update in live.text.event(item.event):
-                            await self._notify(sid, update)
-                    self._track(session, item.event)
-                nursery.cancel_scope.cancel()
-
-    async def _stream_text(self, sid: str, live: _Live) -> None:
-        """Send the session's streamed text as it may go (see acp/live.py)."""
-        while True:
-            await live.ready.wait()
-            live.ready = trio.Event()
-            async with live.lock:
-                for update in live.text.release():
-                    await self._notify(sid, update)
-
-    def _track(self, session: _Session, event: Event) -> None:
-        """Find the prompt's turn among the events: the turn in which the person's message
-        (a `user/message` from the user) is written after the prompt was sent — whatever
-        started that turn (a notice claimed together with it may have)."""
-        if event.type not in ("turn/start", "turn/end", "user/message"):
-            return
-        data = msgspec.to_builtins(decode_payload(event, session_id=session.agent.session_id))
-        if event.type == "turn/start":
-            session.turn = data["turn"]
-            return
-        prompt = session.prompt
-        if prompt is None:
-            return
-        if event.type == "user/message":
-            if prompt.turn is None and data["message"]["source"]["kind"] == "user":
-                prompt.turn = session.turn
-                if prompt.cancelled:
-                    session.agent.cancel("user")
-        elif data["turn"] == prompt.turn:
-            prompt.reason = data["reason"]
-            prompt.done.set()
 
     async def _notify(self, session_id: str, update: Json) -> None:
         await self._out.send(notification_line("session/update", {"sessionId": session_id, "update": update}))

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import msgspec
 from subagents.storage import Event, decode_payload
 
+from ...foundation.json_values import JsonObject as Json
+from ...foundation.json_values import JsonValue
+
 __all__ = ["TOOL_KINDS", "agent_text", "message_text", "stop_reason", "tool_kind", "updates_for"]
 
-Json = dict[str, Any]
 
 _TITLE_WIDTH = 80
 
@@ -77,19 +78,19 @@ def updates_for(events: Iterable[Event], *, session_id: str = "", replay: bool =
 _MAPPED = frozenset({"user/message", "assistant/message", "tool/call", "tool/result"})
 
 
-def _chunks(update: str, message: Mapping[str, Any]) -> list[Json]:
+def _chunks(update: str, message: Mapping[str, JsonValue]) -> list[Json]:
     text = message_text(message)
     if not text:
         return []
     return [{"sessionUpdate": update, "content": {"type": "text", "text": text}, "messageId": message["id"]}]
 
 
-def message_text(message: Mapping[str, Any]) -> str:
+def message_text(message: Mapping[str, JsonValue]) -> str:
     """The text of a durable message (its text blocks, joined)."""
     return "".join(b["text"] for b in message["content"] if b.get("type") == "text")
 
 
-def _tool_call(data: Mapping[str, Any]) -> Json:
+def _tool_call(data: Mapping[str, JsonValue]) -> Json:
     name, arguments = data["name"], data["arguments"]
     update: Json = {
         "sessionUpdate": "tool_call",
@@ -105,7 +106,7 @@ def _tool_call(data: Mapping[str, Any]) -> Json:
     return update
 
 
-def _tool_result(message: Mapping[str, Any]) -> list[Json]:
+def _tool_result(message: Mapping[str, JsonValue]) -> list[Json]:
     out = []
     for block in message["content"]:
         if block.get("type") != "tool-result":
@@ -122,7 +123,7 @@ def _tool_result(message: Mapping[str, Any]) -> list[Json]:
     return out
 
 
-def _texts(blocks: Sequence[Mapping[str, Any]]) -> Iterable[str]:
+def _texts(blocks: Sequence[Mapping[str, JsonValue]]) -> Iterable[str]:
     for block in blocks:
         if block.get("type") == "text":
             yield block["text"]
@@ -133,7 +134,7 @@ def _title(name: str, arguments: str) -> str:
     return line if len(line) <= _TITLE_WIDTH else line[: _TITLE_WIDTH - 1] + "…"
 
 
-def stop_reason(reason: Mapping[str, Any]) -> str | None:
+def stop_reason(reason: Mapping[str, JsonValue]) -> str | None:
     """The ACP stop reason of a `turn/end` reason, or None for a turn that ended in error (a
     JSON-RPC error instead). A reason kind this mapping does not know counts as an error, as
     format 1 readers treat it."""

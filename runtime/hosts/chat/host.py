@@ -6,7 +6,7 @@ Theory of operation. Trio owns the runtime; `chat` is a thin host over `open_run
 - the *reader* asks for a line: on a terminal through prompt-toolkit (line editing, history)
   whose prompt runs in a worker thread (`trio.to_thread.run_sync`), otherwise plain lines from
   stdin, also read in a worker thread (so a pipe can script a session);
-- the *view* renders the event stream (`open_event_stream`: the durable events of the session
+- the *view* (chat/view.py) renders the event stream (`open_event_stream`: the durable events of the session
   and its descendants, from the seq the chat starts at) as one line per message, tool call,
   tool result, child start, turn end and settlement — a notice that starts a turn while the
   person is idle shows up as it happens. The session's answer text is shown as the model
@@ -25,13 +25,11 @@ resuming a session (`--session ID`) prints its last turns from the log.
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 import trio
 from subagents.storage import SessionNotFound, StorageError
 
@@ -39,7 +37,7 @@ from ...agent.loop import Agent
 from ...app import Runtime, open_runtime
 from ...delegation.listing import ChildRow
 from ...delegation.tools import agent_status, render_agents
-from ...event_stream import StreamEvent, open_event_stream
+from ...event_stream import open_event_stream
 from ...foundation.errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from ...models.base import AnyModel
 from ...models.tee import TeeModel
@@ -47,13 +45,16 @@ from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...usage import session_usage, tree_usage, usage_lines
 from ..run_progress import ChildStatus, RunProgress
 from ..transcript import render, transcript
-from .input import Asker
+from .input import Asker, Lines
 from .terminal import CTRL_C
+from .view import ChatView, cut
 
-__all__ = ["HELP", "Lines", "PipedLines", "TeeModel", "chat", "event_line", "mcp_failures"]
+if TYPE_CHECKING:  # an annotation: the caller brings rich
+    from rich.console import Console
+
+__all__ = ["HELP", "Lines", "PipedLines", "chat", "mcp_failures"]
 
 LAST_TURNS = 3  # turns a resumed session shows before its prompt
-_WIDTH = 160  # a tool call's arguments or result beyond this is cut (the log keeps all of it)
 
 HELP = """\
 commands:
@@ -64,22 +65,6 @@ commands:
   /wait              wait until the session and its subagents are idle (Ctrl-C stops waiting)
   /help              this text
   /quit              leave (Ctrl-D too; Ctrl-C cancels a running turn, or leaves when idle)"""
-
-
-class Lines(Protocol):
-    """Where the person's lines come from."""
-
-    async def read(self, prompt: str) -> str | object | None:
-        """The next line (without its newline), `CTRL_C`, or None at end of input."""
-        ...
-
-    def progress(self, progress: RunProgress) -> None:
-        """The session's activity and child tree changed (a terminal shows it under the prompt)."""
-        ...
-
-    def interrupt(self) -> None:
-        """Take away the prompt of the read in progress, if the reader can (thread-safe)."""
-        ...
 
 
 class PipedLines:
@@ -103,169 +88,8 @@ class PipedLines:
         pass  # a pipe's read cannot be taken back: its next line answers the question
 
 
-def _cut(text: str, width: int = _WIDTH) -> str:
-    one = " ".join(text.split())
-    return one if len(one) <= width else one[: width - 1] + "…"
-
-
-def event_line(item: StreamEvent, root_id: str) -> str | None:
-    """The line the chat shows for one durable event, or None for events it does not show.
-    Raises `StorageError` for a payload that does not decode."""
-    event = item.event
-    own = item.session_id == root_id
-    if not own:
-        # A descendant: when it starts and ends a turn (its detail is in its own log).
-        if event.type not in ("turn/start", "turn/end"):
-            return None
-    entries = [e for e in transcript([event], session_id=item.session_id) if e["type"] != "usage"]
-    if not entries:
-        return None
-    e = entries[0]
-    kind = e["type"]
-    if not own:
-        if kind == "turn/start":
-            return f"  ⋯ {item.session_id} working (turn {e['turn']})"
-        reason = e["reason"]
-        more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
-        return f"  ⋯ {item.session_id} turn {e['turn']} {reason['kind']}{_cut(more, 120)}"
-    if kind == "turn/start":
-        # A turn the person started says nothing more; one a notice started says so.
-        trigger = f" ({e['trigger']})" if e.get("trigger", "message") != "message" else ""
-        return f"── turn {e['turn']}{trigger}"
-    if kind == "turn/end":
-        reason = e["reason"]
-        if reason["kind"] == "completed":
-            return None
-        more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
-        return f"── turn {e['turn']} ended: {reason['kind']}{more}"
-    if kind == "assistant/message":
-        text = e["text"]
-        if e.get("interrupted"):
-            text += " [interrupted]"
-        return f"assistant: {text}" if text else None
-    if kind in ("user/message", "system/message"):
-        if e["source"] in ("user", "model") or kind == "system/message":
-            return None  # the person typed it; the system prompt is not news
-        return f"{e['source']}: {_cut(e['text'])}"
-    if kind == "tool/call":
-        arguments = e["arguments"]
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        return f"  → {e['name']}({_cut(arguments)})"
-    if kind == "tool/result":
-        mark = "✗" if e.get("is_error") else "←"
-        return f"  {mark} {_cut(e['text'])}"
-    if kind in ("subagent/catalog", "subagent/settled", "compaction/summary"):
-        lines = render([e])
-        return lines[0] if lines else None
-    return None
-
-
-class _View:
-    """Prints the event stream, and the root's answer text as it streams; knows how far the
-    root session has been shown.
-
-    A model call's text is shown live only once everything durable when it began answering is
-    shown (its turn's start and input, the session's earlier replies): the stream may deliver
-    those after a fast model has begun, and the text waits for them. The reply's
-    durable `assistant/message` then only ends the line; a reply nothing was streamed for is
-    printed whole from the record."""
-
-    def __init__(self, console: Any, root_id: str, start: int, replies: int, durable_next: Callable[[], int]) -> None:
-        self.console = console
-        self.root_id = root_id
-        self.shown = start  # the root's next seq to show
-        self.replies = replies  # the root's `assistant/message` events shown (or before the chat)
-        self.ended = False
-        self.streaming = False  # a line of streamed answer text is open (for call `replies`)
-        self.durable_next = durable_next  # the root's
-        self.progress = RunProgress(root_id, activity="idle")  # the root's activity and its tree
-        self.on_progress: Callable[[RunProgress], None] = lambda progress: None
-        self.gates: dict[int, int] = {}  # by call: the root's durable end when its text began
-        self.waiting: dict[int, list[str]] = {}  # text of calls not shown yet, by call
-        self._changed = trio.Event()
-
-    def say(self, text: str, style: str | None = None) -> None:
-        self.end_stream()
-        self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
-
-    def on_text(self, session_id: str, call: int, text: str) -> None:
-        """Answer text of `session_id`'s model call `call` as it streams (the root's only)."""
-        if session_id != self.root_id or not text:
-            return
-        gate = self.gates.setdefault(call, self.durable_next())
-        if call != self.replies or self.shown < gate:
-            self.waiting.setdefault(call, []).append(text)
-            return
-        if not self.streaming:
-            self.console.print("assistant: ", end="", markup=False, highlight=False, soft_wrap=True)
-            self.streaming = True
-        self.console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
-
-    def end_stream(self, suffix: str = "") -> None:
-        if self.streaming:
-            self.streaming = False
-            self.console.print(suffix, markup=False, highlight=False, soft_wrap=True)
-
-    def _release(self) -> None:
-        """Show the text waiting for the call whose reply comes next, if its turn is shown."""
-        for call in [c for c in self.gates if c < self.replies]:
-            self.gates.pop(call)
-            self.waiting.pop(call, None)  # its reply was printed from the record
-        if self.replies in self.waiting and self.shown >= self.gates[self.replies]:
-            self.on_text(self.root_id, self.replies, "".join(self.waiting.pop(self.replies)))
-
-    def _show(self, item: StreamEvent) -> None:
-        self.progress.apply(item)
-        self.on_progress(self.progress)
-        root = item.session_id == self.root_id
-        kind = item.event.type
-        if root and kind == "assistant/message":
-            self.replies += 1
-            if self.streaming:
-                # Its text was shown as it streamed: the durable record only ends the line.
-                self.end_stream(" [interrupted]" if _interrupted(item) else "")
-                self._shown(item)
-                return
-        try:
-            line = event_line(item, self.root_id)
-        except StorageError as exc:
-            line = f"  ! {item.session_id} seq {item.event.seq}: {exc}"
-        if line is not None:
-            self.say(line, None if line.startswith("assistant:") else "dim")
-        if root:
-            self._shown(item)
-
-    def _shown(self, item: StreamEvent) -> None:
-        self.shown = item.event.seq + 1
-        self._changed.set()
-        self._changed = trio.Event()
-        self._release()
-
-    async def consume(self, stream: Any) -> None:
-        try:
-            async for item in stream:
-                self._show(item)
-        finally:
-            self.ended = True
-            self._changed.set()
-
-    async def caught_up(self, durable_next: int) -> None:
-        """Until the root's events below `durable_next` have been shown."""
-        while self.shown < durable_next and not self.ended:
-            await self._changed.wait()
-
-
-def _interrupted(item: StreamEvent) -> bool:
-    try:
-        data = msgspec.json.decode(item.event.data)
-    except msgspec.DecodeError:
-        return False
-    return isinstance(data, dict) and data.get("interrupted") is True
-
-
 class _Chat:
-    def __init__(self, runtime: Runtime, agent: Agent, lines: Lines, view: _View) -> None:
+    def __init__(self, runtime: Runtime, agent: Agent, lines: Lines, view: ChatView) -> None:
         self.runtime = runtime
         self.agent = agent
         self.lines = lines
@@ -276,7 +100,7 @@ class _Chat:
         self.wait_scope: trio.CancelScope | None = None
         self.asker = Asker(lines, lambda text: view.say(text, "yellow"))
 
-    async def on_signals(self, signals: Any) -> None:
+    async def on_signals(self, signals: AsyncIterable[int]) -> None:
         async for _ in signals:
             self.ctrl_c()
 
@@ -296,6 +120,7 @@ class _Chat:
 
     async def loop(self) -> int:
         while not self.leaving:
+            line: str | object | None = None  # a cancelled read leaves (`leaving` is set first)
             with trio.CancelScope() as self.read_scope:
                 line = await self.asker.prompt("> ")
             self.read_scope = None
@@ -375,9 +200,9 @@ class _Chat:
                 tree = await tree_usage(self.runtime.query, self.runtime.listing, sid)
                 say("\n".join(usage_lines(own, tree)))
             else:
-                say(f"unknown command {_cut(name, 40)} (try /help)")
+                say(f"unknown command {cut(name, 40)} (try /help)")
         except SubagentsError as exc:
-            say(f"{name}: {_cut(getattr(exc, 'message', None) or str(exc))}", "red")
+            say(f"{name}: {cut(getattr(exc, 'message', None) or str(exc))}", "red")
         return False
 
     async def agents(self, descendants: bool) -> str:
@@ -456,9 +281,9 @@ async def chat(
     model: AnyModel,
     *,
     session_id: str | None = None,
-    compression: Any = "zstd",
+    compression: Literal["zstd", "none"] = "zstd",
     lines: Lines,
-    console: Any,
+    console: Console,
     on_ready: Callable[[], None] | None = None,
     runtime_options: Mapping[str, Any] | None = None,
 ) -> int:
@@ -466,7 +291,7 @@ async def chat(
     when the agent stopped). Raises `UsageError` for a session that cannot be taken.
     `runtime_options` go to `open_runtime` (workspace, permissions, limits: the host's
     configuration); the chat answers the permission questions itself."""
-    shown: list[_View] = []  # the view, once the session is known (the model is bound before)
+    shown: list[ChatView] = []  # the view, once the session is known (the model is bound before)
     asking: list[_Chat] = []  # the chat, once it runs (it answers permission questions)
 
     def on_text(sid: str, call: int, text: str) -> None:
@@ -485,7 +310,7 @@ async def chat(
         # One boundary for the history and the live stream: what its owner records while the
         # history is read (a queued message's turn) is streamed, not lost between the two.
         start = agent.session.durable_next
-        view = _View(
+        view = ChatView(
             console,
             agent.session_id,
             start,
@@ -497,7 +322,7 @@ async def chat(
             try:
                 history = await _last_turns(runtime, agent.session_id, LAST_TURNS, upto=start)
             except (SessionQueryError, StorageError) as exc:
-                history = [f"(its history cannot be shown: {_cut(str(exc))})"]
+                history = [f"(its history cannot be shown: {cut(str(exc))})"]
             for line in history:
                 view.say(line, "dim")
         for line in mcp_failures(runtime):

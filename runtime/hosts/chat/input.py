@@ -14,17 +14,34 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import attrs
 import trio
 
 from ...tools.permissions import PermissionAnswer, PermissionRequest
+from ..run_progress import RunProgress
 from .terminal import CTRL_C, INTERRUPTED
 
-__all__ = ["Asker", "parse_answer"]
+__all__ = ["Asker", "Lines", "parse_answer"]
 
 QUESTION = "allow? [y]es / [a]lways / [N]o "
+
+
+class Lines(Protocol):
+    """Where the person's lines come from."""
+
+    async def read(self, prompt: str) -> str | object | None:
+        """The next line (without its newline), `CTRL_C`, or None at end of input."""
+        ...
+
+    def progress(self, progress: RunProgress) -> None:
+        """The session's activity and child tree changed (a terminal shows it under the prompt)."""
+        ...
+
+    def interrupt(self) -> None:
+        """Take away the prompt of the read in progress, if the reader can (thread-safe)."""
+        ...
 
 
 def parse_answer(line: str | object | None) -> PermissionAnswer:
@@ -49,7 +66,7 @@ class Asker:
     """Reads lines for the chat's prompt and answers permission questions, one read at a time.
     `say` shows a question before it is asked (a pipe shows no prompt)."""
 
-    def __init__(self, lines: Any, say: Callable[[str], None]) -> None:
+    def __init__(self, lines: Lines, say: Callable[[str], None]) -> None:
         self.lines = lines
         self.say = say
         self._turn_to_read = trio.Lock()

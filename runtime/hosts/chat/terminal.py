@@ -24,10 +24,16 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Callable
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import trio
+
+if TYPE_CHECKING:  # annotations: rich and prompt-toolkit load only when a chat draws
+    from prompt_toolkit.application import Application
+    from rich.console import Console, RenderableType
+
+    from ..run_progress import RunProgress
 
 __all__ = ["CTRL_C", "INTERRUPTED", "TerminalLines", "TerminalOutput", "history_path", "toolbar_text"]
 
@@ -44,11 +50,14 @@ class TerminalOutput:
     ) -> None:
         """`in_terminal(write)`: in the prompt's loop, take the prompt off the screen, call
         `write`, draw it again (prompt-toolkit's `run_in_terminal` unless a test passes one)."""
-        self._stream = stream if stream is not None else sys.__stdout__
+        # `sys.__stdout__` is None only without a console (pythonw), where no chat runs.
+        self._stream = stream if stream is not None else cast(TextIO, sys.__stdout__)
         self._in_terminal = in_terminal
         self._lock = threading.Lock()
         self._prompting = False  # a prompt thread runs
-        self._app: Any = None  # its application once it runs (set in its loop before the first draw)
+        self._app: Application[Any] | None = (
+            None  # its application once it runs (set in its loop before the first draw)
+        )
         self._partial = ""  # text after the last newline, while a prompt thread runs
         self._queued: list[str] = []  # whole lines not written yet, in order
 
@@ -86,7 +95,7 @@ class TerminalOutput:
         with self._lock:
             self._prompting = True
 
-    def prompt_running(self, app: Any) -> None:
+    def prompt_running(self, app: Application[Any]) -> None:
         """In the prompt's loop, before its first draw."""
         with self._lock:
             self._app = app
@@ -107,16 +116,21 @@ class TerminalOutput:
         if in_terminal is None:
             from prompt_toolkit.application import run_in_terminal
 
-            def in_terminal(write: Callable[[], None]) -> Any:
+            def in_prompt_loop(write: Callable[[], None]) -> Any:
                 return run_in_terminal(write, in_executor=False)
+
+            in_terminal = in_prompt_loop
 
         def in_loop() -> None:
             in_terminal(self._write_queued_locked)
 
+        loop = getattr(self._app, "loop", None)  # None: the prompt is gone, or has no loop yet
+        if loop is None:
+            return  # its loop is gone: `prompt_ended` writes the queued lines
         try:
-            self._app.loop.call_soon_threadsafe(in_loop)
-        except (RuntimeError, AttributeError):
-            pass  # its loop is closed or gone: `prompt_ended` writes the queued lines
+            loop.call_soon_threadsafe(in_loop)
+        except RuntimeError:
+            pass  # its loop is closed: `prompt_ended` writes the queued lines
 
     def _write_queued_locked(self) -> None:
         with self._lock:
@@ -159,7 +173,7 @@ class TerminalLines:
         self._idle = threading.Event()  # no prompt thread runs
         self._idle.set()
 
-    def progress(self, progress: Any) -> None:
+    def progress(self, progress: RunProgress) -> None:
         from prompt_toolkit.formatted_text import ANSI
 
         self._toolbar = ANSI(toolbar_text(progress, shutil.get_terminal_size().columns))
@@ -179,7 +193,7 @@ class TerminalLines:
             except RuntimeError:
                 pass  # its loop closed: the prompt is over anyway
 
-    def _exit_if_asked(self, app: Any) -> None:
+    def _exit_if_asked(self, app: Application[Any]) -> None:
         """In the prompt's loop: end the prompt if an interrupt is pending and it still runs."""
         if self._interrupt.is_set() and app.is_running and app.future is not None and not app.future.done():
             app.exit(result=INTERRUPTED)
@@ -218,7 +232,7 @@ class TerminalLines:
             raise
 
 
-def toolbar_text(progress: Any, width: int, most: int = TREE_LINES) -> str:
+def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES) -> str:
     """The session's status line and its child tree (at most `most` children, the working ones
     first), rendered by rich as ANSI text `width` columns wide."""
     from rich.console import Console, Group
@@ -238,13 +252,13 @@ def toolbar_text(progress: Any, width: int, most: int = TREE_LINES) -> str:
     for child in children:  # in the order they started, under their parents
         if child.id in shown:
             nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child)))
-    parts: list[Any] = [status, tree]
+    parts: list[RenderableType] = [status, tree]
     if len(children) > most:
         parts.append(Text(f"… and {len(children) - most} more (/agents all)"))
     return _ansi(Console, Group(*parts), width)
 
 
-def _ansi(console_type: Any, renderable: Any, width: int) -> str:
+def _ansi(console_type: type[Console], renderable: RenderableType, width: int) -> str:
     buffer = io.StringIO()
     console_type(file=buffer, width=max(20, width), force_terminal=True, color_system="standard").print(
         renderable, end=""
@@ -252,7 +266,7 @@ def _ansi(console_type: Any, renderable: Any, width: int) -> str:
     return buffer.getvalue()
 
 
-def history_path(env: Any = None) -> str:
+def history_path(env: Mapping[str, str] | None = None) -> str:
     """Where the chat keeps the lines a person typed: `$XDG_STATE_HOME/subagents/chat_history`
     (`~/.local/state/...` when unset)."""
     env = os.environ if env is None else env

@@ -1,0 +1,120 @@
+"""An ACP session open on a connection, and the forwarder that streams it to the client.
+
+The forwarder follows the runtime's event stream of the session (its own durable events,
+runtime/event_stream.py), turns them into `session/update` notifications (`LiveText.event`) and
+watches for the running prompt's own `turn/end`. Beside it a text task sends the answer text the
+model streams as soon as the events durable before it are sent (acp/live.py); the two take turns
+under the session's lock, so lines keep that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import attrs
+import msgspec
+import trio
+from subagents.storage import Event, decode_payload
+
+from ...agent.loop import Agent
+from ...app import Runtime
+from ...event_stream import open_event_stream
+from ...foundation.json_values import JsonObject as Json
+from .client_servers import ClientServers
+from .live import LiveText
+from .record import ClientRecord
+
+__all__ = ["Live", "Notify", "Prompt", "Session", "forward"]
+
+Notify = Callable[[str, Json], Awaitable[None]]
+"""Sends one `session/update` of a session (its id, the update) to the client."""
+
+
+@attrs.define
+class Prompt:
+    """A `session/prompt` running in a session."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    turn: int | None = None  # the turn that answers it, once it started
+    reason: Json | None = None  # its `turn/end` reason
+    cancelled: bool = False
+
+
+@attrs.define
+class Live:
+    """A session's streamed text, from before its forwarder starts (a load's resume may start
+    a turn at once)."""
+
+    text: LiveText
+    lock: trio.Lock = attrs.field(factory=trio.Lock)  # the forwarder and the text task take turns
+    ready: trio.Event = attrs.field(factory=trio.Event)  # text arrived
+
+    def wake(self) -> None:
+        self.ready.set()
+
+
+@attrs.define
+class Session:
+    """A session open on a connection."""
+
+    agent: Agent
+    live: Live
+    # What the client said of the session (recorded in its log; the MCP servers' secret values
+    # only here, in `mcp_servers`, and in the running `servers`).
+    record: ClientRecord
+    mcp_servers: list[Json]
+    servers: ClientServers
+    restored: ClientRecord | None = None  # the record a `session/load` found in the log
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    prompt: Prompt | None = None
+    turn: int | None = None  # the turn the session's events are in, as the forwarder saw them
+
+
+async def forward(runtime: Runtime, notify: Notify, session: Session, from_seq: int) -> None:
+    """Stream `session` to the client from seq `from_seq` until its scope is cancelled."""
+    sid = session.agent.session_id
+    live = session.live
+    with session.scope:
+        # The session's own events only: a subagent's are its session's, not this one's.
+        stream_cm = open_event_stream(runtime.query, sid, from_seq=from_seq, descendants=False)
+        async with stream_cm as stream, trio.open_nursery() as nursery:
+            nursery.start_soon(_stream_text, notify, sid, live)
+            async for item in stream:
+                async with live.lock:
+                    for update in live.text.event(item.event):
+                        await notify(sid, update)
+                _track(session, item.event)
+            nursery.cancel_scope.cancel()
+
+
+async def _stream_text(notify: Notify, sid: str, live: Live) -> None:
+    """Send the session's streamed text as it may go (see acp/live.py)."""
+    while True:
+        await live.ready.wait()
+        live.ready = trio.Event()
+        async with live.lock:
+            for update in live.text.release():
+                await notify(sid, update)
+
+
+def _track(session: Session, event: Event) -> None:
+    """Find the prompt's turn among the events: the turn in which the person's message
+    (a `user/message` from the user) is written after the prompt was sent — whatever
+    started that turn (a notice claimed together with it may have)."""
+    if event.type not in ("turn/start", "turn/end", "user/message"):
+        return
+    data = msgspec.to_builtins(decode_payload(event, session_id=session.agent.session_id))
+    if event.type == "turn/start":
+        session.turn = data["turn"]
+        return
+    prompt = session.prompt
+    if prompt is None:
+        return
+    if event.type == "user/message":
+        if prompt.turn is None and data["message"]["source"]["kind"] == "user":
+            prompt.turn = session.turn
+            if prompt.cancelled:
+                session.agent.cancel("user")
+    elif data["turn"] == prompt.turn:
+        prompt.reason = data["reason"]
+        prompt.done.set()
