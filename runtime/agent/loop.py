@@ -30,18 +30,19 @@ from typing import Any, Literal
 import attrs
 import msgspec
 import trio
-from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
+from subagents.actors import Abort, ActorStopped, DurableFeed, EventDraft, SessionRef
 from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
 from trio_util import AsyncValue, RepeatedEvent, move_on_when
 
 from ..foundation.budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
 from ..foundation.clock import Clock
-from ..foundation.errors import AgentStopped, ModelError, ScriptWaitUnavailable
+from ..foundation.errors import AgentStopped, ModelError
 from ..models.base import (
     AnyModel,
     Finish,
     ModelRequest,
     SessionBinding,
+    SessionWaits,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -110,23 +111,6 @@ class _ModelReply:
     interrupted: bool = False
 
 
-class _Waits:
-    """`wait_for` hooks of the scripted model (`ModelWaits`), bound to one agent."""
-
-    def __init__(self, agent: Agent, settled: Callable[[str, str, int], Any] | None) -> None:
-        self._agent = agent
-        self._settled = settled
-        self.mark = 0
-
-    async def steered(self) -> None:
-        await self._agent.inbox.wait_received(self.mark)
-
-    async def settled(self, child: str, count: int = 1) -> None:
-        if self._settled is None:
-            raise ScriptWaitUnavailable("wait_for settled needs the subagent service")
-        await self._settled(self._agent.session_id, child, count)
-
-
 class Agent:
     def __init__(
         self,
@@ -138,7 +122,7 @@ class Agent:
         config: AgentConfig = AgentConfig(),
         events: Sequence[Event] = (),
         label: str | None = None,
-        wait_settled: Callable[[str, str, int], Any] | None = None,
+        feed: DurableFeed | None = None,  # the session store's: published to a bound model
         surface: Surface | None = None,  # already built from `events` (a resume builds it in a thread)
     ) -> None:
         self.session = session
@@ -164,7 +148,6 @@ class Agent:
         self._cause: Cause = "user"
         self._model_scope: trio.CancelScope | None = None
         self._staged: list[EventDraft] = []
-        self._waits = _Waits(self, wait_settled)
         # The model this session streams from; `self.model` stays what was given (a child may
         # be given its parent's).
         self._stream_model = bind_model(
@@ -174,7 +157,12 @@ class Agent:
                 label=label,
                 created_at=session.header.created_at,
                 clock=clock,
-                waits=self._waits,
+                waits=SessionWaits(
+                    inbox=self.inbox,
+                    history=events,
+                    inherited_event_count=session.inherited_event_count,
+                    feed=feed,
+                ),
                 assistant_count=lambda: self.assistant_count,
             ),
         )
@@ -319,7 +307,6 @@ class Agent:
         self._budget_stop = None
         self.spent = attrs.evolve(self.spent, turns=self.spent.turns + 1)
         self._turn_deadline = self._trio_deadline()
-        self._waits.mark = self.inbox.received
         trigger = claimed[-1].trigger if claimed else "message"
         self._stage("turn/start", {"turn": turn, "trigger": {"kind": trigger}})
         reason: Json = {"kind": "completed"}

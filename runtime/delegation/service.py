@@ -647,7 +647,6 @@ class SubagentService:
         if provider not in ("fork", "spawn"):
             raise NoProvider(f'no subagent provider registered for "{provider}"')
         draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
-        register = getattr(setup.model, "register_session", None)  # scripted: bind labels in order
         agent = await self.agents.create(
             session_id=child_id,
             parent_session=parent.session_id,
@@ -662,8 +661,6 @@ class SubagentService:
             config=setup.config,
             tools=setup.tools,
         )
-        if register is not None and descriptor.label is not None:
-            register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)
         return agent
 
     async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None, reserved: Reservation) -> None:
@@ -778,11 +775,6 @@ class SubagentService:
         """On resume: the settlement notices the parent's log holds undelivered, again
         (`Settlement.redeliver_notices`)."""
         self.settlement.redeliver_notices(agent, events)
-
-    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
-        """Until `count` settlements of a child (label or id) of `parent_id` are durable
-        (`Settlement.wait_settled`)."""
-        await self.settlement.wait_settled(parent_id, child, count)
 
     async def wait_tree_idle(self, agent: Agent) -> TurnResult | None:
         """Until the agent is idle and no Activation of its family is resident. `AgentStopped`

@@ -1,13 +1,13 @@
 """The keyless scripted model (docs/scripts.md): a `SessionModel` that answers from a `Script`.
 
 Theory of operation. The runtime binds the model to each session (`bind(SessionBinding)`: id,
-label, `created_at`, the runtime clock, the waits, the session's assistant-message count) and
-streams from the bound model. Its `stream(request)` registers the session (id, label,
-`created_at`) and returns an async generator; on its first step the generator yields to the
+label, `created_at`, the runtime clock, what the session publishes (`waits`), the session's
+assistant-message count) and streams from the bound model. Binding registers the session (id,
+label, `created_at`), as does each `stream(request)`, which returns an async generator; on its first step the generator yields to the
 scheduler once (shielded, so it cannot be cancelled there), then binds the session to a script
 entry and *consumes* that entry's next response — from then on the response is used up even if
 the call is cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}`
-templates against the request's text, hold on `wait_for` (through the binding's `waits`), sleep
+templates against the request's text, hold on `wait_for` (see "Waits" below), sleep
 `delay_ms` on the binding's `clock`, `hang` until cancelled, raise the scripted `error`, or
 stream — text as a few `TextDelta`s split at word boundaries, each tool call as one
 `ToolCallDelta` with id and name then its arguments in fragments, `Usage` if scripted, and one
@@ -25,13 +25,25 @@ runtime are not seen: in a scripted run every step makes a model call, so they c
 activity; a host with long-running tools calls `note_progress()` or raises the timeout.) While a scripted `delay_ms` sleeps,
 the watches are suspended (the delay's end is progress that is certain to come).
 
+Waits. A `wait_for` holds on what the runtime publishes anyway, never on a hook of its own:
+`steered` until the session's inbox has accepted a delivery since its turn claimed its input
+(`SessionWaits.inbox`: a steer accepted while the call is held is recorded only at the next
+step, so no log has it yet); `settled` until the session's own log holds `count`
+`subagent/settled` records of the child named by id or by the label its `subagent/catalog`
+gives — counted from the events the log held when the session was bound (`SessionWaits.history`,
+so a settlement an earlier process recorded counts) and from the store's durable feed, which
+the model observes from the first binding that carries it (a feed observer is called in the
+appending actor's stretch, so the hold is released as the record's append is answered);
+`waiting` until a session named by id or label holds on a `wait_for` of this model. A test that
+drives the model directly may give `bind` its own `ScriptWaits` instead.
+
 Binding (fixed for the life of the instance once a session's first call starts):
 1. an entry with `session` answers that session id;
 2. entries with a `label` are shared out among the sessions with that label: the entries not yet
    taken, in script order, go to the sessions with that label that are known and not yet bound,
    in (`created_at`, id) order, and the calling session takes the entry that falls to it.
-   "Known" means registered with `register_session` (the runtime can call it when a child is
-   created), or having started a call — including a call started in the same scheduler tick,
+   "Known" means bound (the runtime binds a child as it creates it), registered with
+   `register_session`, or having started a call — including a call started in the same scheduler tick,
    thanks to the yield before binding. Limitation: a session that calls while an earlier-created
    sibling with the same label is not yet known takes that sibling's entry;
 3. otherwise (no such entry, or none left for it) the session takes the next unnamed entry in
@@ -43,7 +55,8 @@ where it stopped; a new instance starts every entry at its first response.
 Error codes (`ModelError.code`): `MODEL_SCRIPTED_ERROR` (a scripted `error`, with its status),
 `MODEL_SCRIPT_NO_AGENT`, `MODEL_SCRIPT_EXHAUSTED` (responses or summaries ran out),
 `MODEL_SCRIPT_NO_MATCH` (a `{{from_request:...}}` regex found nothing),
-`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the session's binding carries no `waits`),
+`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the session's binding publishes nothing to
+hold on), `MODEL_SCRIPT_WAIT` (a `wait_for: settled` but the runtime publishes no durable feed),
 `MODEL_SCRIPT_STALLED` (a `wait_for` with no progress for `stall_timeout` seconds).
 """
 
@@ -84,6 +97,7 @@ from subagents.runtime.testing.script_format import (
     expand_templates,
     render_arguments,
 )
+from subagents.runtime.testing.script_waits import PublishedWaits, ScriptWaits, SettledTally
 from trio_util import RepeatedEvent
 
 __all__ = [
@@ -160,6 +174,7 @@ class ScriptedModel:
         self._labels: dict[str, str] = {}  # session id → its identity label
         self._holding: dict[str, int] = {}  # session id → calls held on a wait_for now
         self._hold_changed = RepeatedEvent()
+        self._settled = SettledTally()
 
     @property
     def script(self) -> Script:
@@ -227,17 +242,37 @@ class ScriptedModel:
             summaries_used=self._summaries_used,
         )
 
-    def bind(self, session: SessionBinding) -> Model:
-        """The model `session` streams from (see the module docstring); binding registers
-        nothing: the session becomes known when it calls or is registered."""
-        return _ScriptedSession(self, session)
+    def bind(self, session: SessionBinding, *, waits: ScriptWaits | None = None) -> Model:
+        """The model `session` streams from (see the module docstring); binding registers the
+        session. Its `wait_for` holds on `waits` when given (a test driving the model directly),
+        else on what the binding publishes (`session.waits`), else a hold fails with
+        `MODEL_SCRIPT_NO_WAITS`."""
+        self.register_session(session.session_id, label=session.label, created_at=session.created_at)
+        published = session.waits
+        if waits is None and published is not None:
+            if published.feed is not None:
+                self._settled.observe(published.feed)
+                self._settled.seed(session.session_id, published.history, published.inherited_event_count)
+            waits = PublishedWaits(session.session_id, published, self._settled)
+            # Folded already: the bound session need not keep the log it started with.
+            session = attrs.evolve(session, waits=attrs.evolve(published, history=()))
+        return _ScriptedSession(self, session, waits)
 
-    def _stream(self, session: SessionBinding, request: ModelRequest) -> AsyncIterator[Chunk]:
+    async def wait_settled(self, session_id: str, child: str, count: int = 1) -> None:
+        """Until `count` settlements of the child (id or label) of `session_id` are durable in
+        its log, as this model counts them for `wait_for: settled` (a test's checkpoint)."""
+        await self._settled.wait(session_id, child, count)
+
+    def _stream(
+        self, session: SessionBinding, waits: ScriptWaits | None, request: ModelRequest
+    ) -> AsyncIterator[Chunk]:
         self.register_session(session.session_id, label=session.label, created_at=session.created_at)
         # Read now, as the call starts: the count is the session's at the time of this request.
-        return self._play(session, request, session.assistant_count())
+        return self._play(session, waits, request, session.assistant_count())
 
-    async def _play(self, session: SessionBinding, request: ModelRequest, assistant_count: int) -> AsyncIterator[Chunk]:
+    async def _play(
+        self, session: SessionBinding, waits: ScriptWaits | None, request: ModelRequest, assistant_count: int
+    ) -> AsyncIterator[Chunk]:
         # Let calls started in the same tick register before binding; shielded so that the
         # response is consumed even if the call is cancelled already.
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -260,7 +295,10 @@ class ScriptedModel:
             self._hold_changed.set()
             try:
                 await self._watched(
-                    partial(_wait, wait, rendered.settled, session), session, n, _describe_wait(wait, rendered.settled)
+                    partial(_wait, wait, rendered.settled, session, waits),
+                    session,
+                    n,
+                    _describe_wait(wait, rendered.settled),
                 )
             finally:
                 self._holding[session.session_id] -= 1
@@ -357,11 +395,12 @@ class _ScriptedSession:
 
     _model: ScriptedModel
     _session: SessionBinding
+    _waits: ScriptWaits | None
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Answer `request` from the session's script entry; failures are raised as `ModelError`
         while iterating."""
-        return self._model._stream(self._session, request)
+        return self._model._stream(self._session, self._waits, request)
 
 
 # --- pure helpers -----------------------------------------------------------------------------
@@ -456,8 +495,7 @@ def _render(
     )
 
 
-async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding) -> None:
-    waits = session.waits
+async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding, waits: ScriptWaits | None) -> None:
     if waits is None:
         raise ScriptNoWaits(
             f'a scripted response of session "{session.session_id}" has wait_for but the session'
