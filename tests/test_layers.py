@@ -176,7 +176,15 @@ def test_the_face_check_refuses_deep_imports_and_the_test_doubles(tmp_path: Path
 RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
     ("foundation",),
     # models, and the model test bed they build from `scripted:PATH`; the read seam's bottom
-    ("models", "testing.scripted_model", "testing.script_format", "query", "store_select", "event_stream"),
+    (
+        "models",
+        "testing.scripted_model",
+        "testing.script_format",
+        "testing.script_waits",
+        "query",
+        "store_select",
+        "event_stream",
+    ),
     ("tools",),
     ("agent",),
     ("delegation",),
