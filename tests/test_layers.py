@@ -181,6 +181,8 @@ RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
         "testing.scripted_model",
         "testing.script_format",
         "testing.script_waits",
+        "testing.script_json",
+        "testing.script_render",
         "query",
         "store_select",
         "event_stream",

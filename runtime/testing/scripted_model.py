@@ -13,7 +13,8 @@ stream — text as a few `TextDelta`s split at word boundaries, each tool call a
 `ToolCallDelta` with id and name then its arguments in fragments, `Usage` if scripted, and one
 `Finish`. A checkpoint precedes every chunk, so a consumer can be cancelled between any two
 chunks and keep partial text. Compaction requests (`purpose == "compaction"`) take the next of
-the script's `summaries`.
+the script's `summaries`. Rendering a response (templates, call ids, the pieces it streams) is
+in `script_render.py`; what its waits hold on, in `script_waits.py`.
 
 Stalls. A `wait_for` that nothing will ever satisfy must not hang a run: each hold is watched
 on Trio's clock (never the runtime clock, whose sleeps may be virtual) and fails with
@@ -62,10 +63,8 @@ hold on), `MODEL_SCRIPT_WAIT` (a `wait_for: settled` but the runtime publishes n
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import attrs
@@ -74,7 +73,6 @@ from subagents.runtime.foundation.errors import (
     ScriptedFailure,
     ScriptExhausted,
     ScriptNoAgent,
-    ScriptNoMatch,
     ScriptNoWaits,
     ScriptStalled,
 )
@@ -94,8 +92,14 @@ from subagents.runtime.testing.script_format import (
     WaitFor,
     WaitForSettled,
     WaitForWaiting,
-    expand_templates,
-    render_arguments,
+)
+from subagents.runtime.testing.script_render import (
+    describe_wait,
+    dump_wait,
+    render_response,
+    request_text,
+    split_arguments,
+    split_text,
 )
 from subagents.runtime.testing.script_waits import PublishedWaits, ScriptWaits, SettledTally
 from trio_util import RepeatedEvent
@@ -110,10 +114,6 @@ __all__ = [
 ]
 
 
-_WORD_START = re.compile(r"(?<=\s)(?=\S)")
-_TEXT_PIECES = 3
-
-
 @attrs.frozen(kw_only=True)
 class ScriptedModelStatistics:
     """Where a `ScriptedModel` stands: calls started per entry (script order), the session each
@@ -122,14 +122,6 @@ class ScriptedModelStatistics:
     calls: tuple[int, ...]
     bindings: tuple[str | None, ...]
     summaries_used: int
-
-
-@attrs.frozen(kw_only=True)
-class _Rendered:
-    text: str
-    calls: tuple[tuple[str, str, str], ...]  # (id, name, arguments)
-    error_message: str | None
-    settled: str | None
 
 
 class ScriptedModel:
@@ -285,11 +277,11 @@ class ScriptedModel:
             yield Finish("stop")
             return
         response, n = self._next_response(session)
-        rendered = _render(response, session, request, assistant_count)
+        rendered = render_response(response, session, request, assistant_count)
         wait = response.wait_for
         if isinstance(wait, WaitForWaiting):
             target = rendered.settled or wait.session
-            await self._watched(partial(self._wait_until_holding, target), session, n, _dump({"waiting": target}))
+            await self._watched(partial(self._wait_until_holding, target), session, n, dump_wait({"waiting": target}))
         elif wait is not None:
             self._holding[session.session_id] = self._holding.get(session.session_id, 0) + 1
             self._hold_changed.set()
@@ -298,7 +290,7 @@ class ScriptedModel:
                     partial(_wait, wait, rendered.settled, session, waits),
                     session,
                     n,
-                    _describe_wait(wait, rendered.settled),
+                    describe_wait(wait, rendered.settled),
                 )
             finally:
                 self._holding[session.session_id] -= 1
@@ -322,7 +314,7 @@ class ScriptedModel:
         for index, (call_id, name, arguments) in enumerate(rendered.calls):
             await trio.lowlevel.checkpoint()
             yield ToolCallDelta(index, id=call_id, name=name)
-            for fragment in _split_arguments(arguments):
+            for fragment in split_arguments(arguments):
                 await trio.lowlevel.checkpoint()
                 yield ToolCallDelta(index, arguments=fragment)
         if response.usage is not None:
@@ -403,98 +395,6 @@ class _ScriptedSession:
         return self._model._stream(self._session, self._waits, request)
 
 
-# --- pure helpers -----------------------------------------------------------------------------
-
-
-def split_text(text: str) -> list[str]:
-    """`text` cut at word starts into at most three pieces of about equal word counts (none for
-    empty text); the pieces concatenate back to `text`."""
-    if not text:
-        return []
-    words = _WORD_START.split(text)
-    if len(words) > 1 and words[0].isspace():
-        words[:2] = [words[0] + words[1]]  # leading blanks belong to the first word
-    count = min(_TEXT_PIECES, len(words))
-    bounds = [round(j * len(words) / count) for j in range(count + 1)]
-    return ["".join(words[bounds[j] : bounds[j + 1]]) for j in range(count)]
-
-
-def _split_arguments(arguments: str) -> list[str]:
-    if len(arguments) < 2:
-        return [arguments]
-    middle = len(arguments) // 2
-    return [arguments[:middle], arguments[middle:]]
-
-
-def request_text(messages: Sequence[Mapping[str, object]]) -> str:
-    """The text `{{from_request:...}}` searches: every text block of every message, including
-    text inside tool-result blocks, in order, joined with newlines."""
-    texts: list[str] = []
-    for message in messages:
-        _collect_text(message.get("content"), texts)
-    return "\n".join(texts)
-
-
-def _collect_text(content: object, out: list[str]) -> None:
-    if not isinstance(content, list | tuple):
-        return
-    for block in content:
-        if not isinstance(block, Mapping):
-            continue
-        kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
-            out.append(block["text"])
-        elif kind == "tool-result":
-            _collect_text(block.get("content"), out)
-
-
-def _resolver(session: SessionBinding, request: ModelRequest) -> Callable[[str], str]:
-    text: str | None = None
-
-    def resolve(source: str) -> str:
-        nonlocal text
-        if text is None:
-            text = request_text(request.messages)
-        matches = list(re.finditer(source, text))
-        last = matches[-1] if matches else None
-        if last is None or last.group(1) is None:
-            raise ScriptNoMatch(
-                f"{{{{from_request:{source}}}}} found no match in the request messages of"
-                f' session "{session.session_id}"',
-            )
-        return last.group(1)
-
-    return resolve
-
-
-def _render(
-    response: ScriptedResponse, session: SessionBinding, request: ModelRequest, assistant_count: int
-) -> _Rendered:
-    resolve = _resolver(session, request)
-    n = assistant_count + 1
-    calls = tuple(
-        (
-            expand_templates(call.id, resolve) if call.id is not None else f"call_{n}_{i}",
-            expand_templates(call.name, resolve),
-            render_arguments(call.arguments, resolve),
-        )
-        for i, call in enumerate(response.tool_calls, start=1)
-    )
-    wait = response.wait_for
-    return _Rendered(
-        text=expand_templates(response.text, resolve),
-        calls=calls,
-        error_message=(expand_templates(response.error.message, resolve) if response.error is not None else None),
-        settled=(
-            expand_templates(wait.child, resolve)
-            if isinstance(wait, WaitForSettled)
-            else expand_templates(wait.session, resolve)
-            if isinstance(wait, WaitForWaiting)
-            else None
-        ),
-    )
-
-
 async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding, waits: ScriptWaits | None) -> None:
     if waits is None:
         raise ScriptNoWaits(
@@ -506,17 +406,3 @@ async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding,
         await waits.settled(settled, wait_for.count)
     else:
         await waits.steered()
-
-
-def _describe_wait(wait: WaitFor, settled: str | None) -> str:
-    """The wait as the script writes it, its templates expanded (for the stall message)."""
-    if isinstance(wait, WaitForSettled):
-        shown: dict[str, object] = {"settled": settled if settled is not None else wait.child}
-        if wait.count != 1:
-            shown["count"] = wait.count
-        return _dump(shown)
-    return _dump({"steered": True})
-
-
-def _dump(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
