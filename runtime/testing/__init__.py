@@ -1,15 +1,16 @@
-"""The runtime's test bed (as `subagents.storage.testing` holds the storage doubles): never
-imported by the product code above the models, which only resolves a `scripted:PATH` model
-spec to it.
+"""The runtime's test bed, as `subagents.storage.testing` holds the storage doubles: the product
+reaches it only where a host asks for it (a `scripted:PATH` model spec, the demo).
 
 - `ScriptedModel`, the keyless model that answers from a script (docs/scripts.md), with
   `load_script` and the script's types (`Script`, `ScriptEntry`, `ScriptedResponse`, …);
   `ScriptWaits` is what a test driving it directly may give `bind` to hold `wait_for` on.
 - The scenario runner (the golden runs under scenarios/): `run_scenario`, `check_scenario`,
   `update_scenario`, `scenario_dirs`, `normalize_log`.
-- The error branch of both, `ScriptError` (a script that does not load; `ScriptUnreadable`,
-  one that cannot be read) and the scripted
-  model's `ModelError`s; they live in `subagents.runtime.foundation.errors` with the whole tree.
+
+Their error branch (`ScriptError`, a script that does not load, and the scripted model's
+`ModelError`s: `ScriptedFailure`, `ScriptExhausted`, `ScriptNoAgent`, `ScriptNoMatch`,
+`ScriptNoWaits`, `ScriptWaitUnavailable`, `ScriptStalled`) lives with the whole tree in
+`subagents.runtime.foundation.errors`, its one import path (tests/test_error_tree.py).
 
 The names load on first use (module `__getattr__`, one table): importing the scripted model does
 not import the scenario runner, which opens runtimes.
@@ -21,15 +22,6 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..foundation.errors import ScriptedFailure as ScriptedFailure
-    from ..foundation.errors import ScriptError as ScriptError
-    from ..foundation.errors import ScriptExhausted as ScriptExhausted
-    from ..foundation.errors import ScriptNoAgent as ScriptNoAgent
-    from ..foundation.errors import ScriptNoMatch as ScriptNoMatch
-    from ..foundation.errors import ScriptNoWaits as ScriptNoWaits
-    from ..foundation.errors import ScriptStalled as ScriptStalled
-    from ..foundation.errors import ScriptUnreadable as ScriptUnreadable
-    from ..foundation.errors import ScriptWaitUnavailable as ScriptWaitUnavailable
     from .scenario import check_scenario as check_scenario
     from .scenario import normalize_log as normalize_log
     from .scenario import run_scenario as run_scenario
@@ -52,15 +44,6 @@ if TYPE_CHECKING:
 
 # Each name and the module it loads from: the one table (a test keeps the imports above in step).
 _WHERE: dict[str, str] = {
-    "ScriptedFailure": "..foundation.errors",
-    "ScriptError": "..foundation.errors",
-    "ScriptExhausted": "..foundation.errors",
-    "ScriptNoAgent": "..foundation.errors",
-    "ScriptNoMatch": "..foundation.errors",
-    "ScriptNoWaits": "..foundation.errors",
-    "ScriptStalled": "..foundation.errors",
-    "ScriptUnreadable": "..foundation.errors",
-    "ScriptWaitUnavailable": "..foundation.errors",
     "check_scenario": ".scenario",
     "normalize_log": ".scenario",
     "run_scenario": ".scenario",
