@@ -34,6 +34,7 @@ __all__ = [
     "AnyModel",
     "Chunk",
     "Finish",
+    "InboxCounts",
     "Model",
     "ModelRequest",
     "PublishedInbox",

@@ -3,18 +3,19 @@
 Theory of operation. The runtime binds the model to each session (`bind(SessionBinding)`: id,
 label, `created_at`, the runtime clock, what the session publishes (`waits`), the session's
 assistant-message count) and streams from the bound model. Binding registers the session (id,
-label, `created_at`), as does each `stream(request)`, which returns an async generator; on its first step the generator yields to the
-scheduler once (shielded, so it cannot be cancelled there), then binds the session to a script
-entry and *consumes* that entry's next response — from then on the response is used up even if
-the call is cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}`
-templates against the request's text, hold on `wait_for` (see "Waits" below), sleep
-`delay_ms` on the binding's `clock`, `hang` until cancelled, raise the scripted `error`, or
-stream — text as a few `TextDelta`s split at word boundaries, each tool call as one
-`ToolCallDelta` with id and name then its arguments in fragments, `Usage` if scripted, and one
-`Finish`. A checkpoint precedes every chunk, so a consumer can be cancelled between any two
-chunks and keep partial text. Compaction requests (`purpose == "compaction"`) take the next of
-the script's `summaries`. Rendering a response (templates, call ids, the pieces it streams) is
-in `script_render.py`; what its waits hold on, in `script_waits.py`.
+label, `created_at`), as does each `stream(request)`, which returns an async generator; on its
+first step the generator yields to the scheduler once (shielded, so it cannot be cancelled
+there), then binds the session to a script entry and *consumes* that entry's next response —
+from then on the response is used up even if the call is cancelled, hangs or fails. Playing a
+response is: expand its `{{from_request:...}}` templates against the request's text, hold on
+`wait_for` (see "Waits" below), sleep `delay_ms` on the binding's `clock`, `hang` until
+cancelled, raise the scripted `error`, or stream — text as a few `TextDelta`s split at word
+boundaries, each tool call as one `ToolCallDelta` with id and name then its arguments in
+fragments, `Usage` if scripted, and one `Finish`. A checkpoint precedes every chunk, so a
+consumer can be cancelled between any two chunks and keep partial text. Compaction requests
+(`purpose == "compaction"`) take the next of the script's `summaries`. Rendering a response
+(templates, call ids, the pieces it streams) is in `script_render.py`; what its waits hold on,
+in `script_waits.py`.
 
 Stalls. A `wait_for` that nothing will ever satisfy must not hang a run: each hold is watched
 on Trio's clock (never the runtime clock, whose sleeps may be virtual) and fails with
@@ -22,9 +23,10 @@ on Trio's clock (never the runtime clock, whose sleeps may be virtual) and fails
 `stall_timeout` seconds pass with no progress. Progress is anything the model sees move: a call
 starting, a response finishing or failing, a hold released, a session registered, a scripted
 delay ending, or a host calling `note_progress()`; each restarts every watch. (Appends by the
-runtime are not seen: in a scripted run every step makes a model call, so they come with model
-activity; a host with long-running tools calls `note_progress()` or raises the timeout.) While a scripted `delay_ms` sleeps,
-the watches are suspended (the delay's end is progress that is certain to come).
+runtime are not progress, though the settled count follows them: in a scripted run every step
+makes a model call, so they come with model activity; a host with long-running tools calls
+`note_progress()` or raises the timeout.) While a scripted `delay_ms` sleeps, the watches are
+suspended (the delay's end is progress that is certain to come).
 
 Waits. A `wait_for` holds on what the runtime publishes anyway, never on a hook of its own:
 `steered` until the session's inbox has accepted a delivery since its turn claimed its input
@@ -44,8 +46,8 @@ Binding (fixed for the life of the instance once a session's first call starts):
    taken, in script order, go to the sessions with that label that are known and not yet bound,
    in (`created_at`, id) order, and the calling session takes the entry that falls to it.
    "Known" means bound (the runtime binds a child as it creates it), registered with
-   `register_session`, or having started a call — including a call started in the same scheduler tick,
-   thanks to the yield before binding. Limitation: a session that calls while an earlier-created
+   `register_session`, or having started a call — including a call started in the same
+   scheduler tick, thanks to the yield before binding. Limitation: a session that calls while an earlier-created
    sibling with the same label is not yet known takes that sibling's entry;
 3. otherwise (no such entry, or none left for it) the session takes the next unnamed entry in
    first-call order; if there is none, the call fails with `MODEL_SCRIPT_NO_AGENT`.
