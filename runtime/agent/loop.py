@@ -176,11 +176,6 @@ class Agent(ModelSteps, ToolSteps):
             self._model_scope.cancel()
         return True
 
-    def note_recorded(self, *delivery_ids: str) -> None:
-        """Mailbox deliveries whose recording event is durable now (the owner acks them)."""
-        self.recorded_deliveries.update(delivery_ids)
-        self.deliveries_recorded.set()
-
     @property
     def quiet(self) -> bool:
         """True while the agent writes nothing of its own: no turn runs, or the turn waits on

@@ -9,11 +9,12 @@ the attributes it reads are the agent's, set in `Agent.__init__`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from subagents.actors import Abort, EventDraft, SessionRef
 from subagents.storage import Event
+from trio_util import RepeatedEvent
 
 from ..foundation.clock import Clock
 from ..models.messages import Surface, message, text_blocks
@@ -39,8 +40,17 @@ class StepWriter:
     _staged: list[EventDraft]
     _messages: int
     _turn_deadline: float  # the budget's deadline on Trio's clock, for this turn
-    note_recorded: Callable[..., None]
-    _expire: Callable[[Abort], None]  # the deadline passed mid-turn: stop it as a cancel does
+    recorded_deliveries: set[str]
+    deliveries_recorded: RepeatedEvent
+
+    def note_recorded(self, *delivery_ids: str) -> None:
+        """Mailbox deliveries whose recording event is durable now (the owner acks them)."""
+        self.recorded_deliveries.update(delivery_ids)
+        self.deliveries_recorded.set()
+
+    def _expire(self, abort: Abort) -> None:
+        """The budget's deadline passed mid-turn: stop the turn as a cancel does (the agent's)."""
+        raise NotImplementedError
 
     def _stage(self, type: str, data: Json, **envelope: Any) -> None:
         self._staged.append(EventDraft(type=type, data=data, time=self.clock.now_ms(), **envelope))
