@@ -8,18 +8,23 @@ raises: it appends the batch to every subscription's buffer. A buffer is bounded
 a batch that would overflow it is dropped and its session marked *lagged* — the subscriber then
 reads the log for that session, which holds every durable event. So a slow subscriber never
 slows an actor, its memory stays bounded, and it loses nothing.
+
+An *observer* (`add_observer`) is the synchronous form, for a fold that keeps only a little state
+(counts, a few labels): it is called with each batch inside `publish`, so it must be quick and
+must not raise (a raise is logged by the actor); it holds no buffer and so never lags. It stays
+for the life of the feed (that is, of its session store) unless removed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 
 import attrs
 import trio
 from subagents.storage import Event
 
-__all__ = ["DurableBatch", "DurableFeed", "FeedSubscription"]
+__all__ = ["DurableBatch", "DurableFeed", "FeedObserver", "FeedSubscription"]
 
 
 @attrs.frozen(kw_only=True)
@@ -29,6 +34,10 @@ class DurableBatch:
     session_id: str
     inherited_event_count: int
     events: tuple[Event, ...]
+
+
+# Called with every published batch, in the publishing actor's synchronous stretch.
+FeedObserver = Callable[[DurableBatch], None]
 
 
 class FeedSubscription:
@@ -77,6 +86,7 @@ class DurableFeed:
 
     def __init__(self) -> None:
         self._subscriptions: list[FeedSubscription] = []
+        self._observers: list[FeedObserver] = []
 
     def opened(self, session_id: str, durable_next: int) -> None:
         """Called by the session store when a session becomes live (its durable end then)."""
@@ -85,11 +95,21 @@ class DurableFeed:
 
     def publish(self, session_id: str, inherited_event_count: int, events: Sequence[Event]) -> None:
         """Called by an actor once `events` are durable; never blocks."""
-        if not events or not self._subscriptions:
+        if not events or not (self._subscriptions or self._observers):
             return
         batch = DurableBatch(session_id=session_id, inherited_event_count=inherited_event_count, events=tuple(events))
         for subscription in self._subscriptions:
             subscription.push(batch)
+        for observer in self._observers:
+            observer(batch)
+
+    def add_observer(self, observer: FeedObserver) -> None:
+        """Call `observer` with every batch published from now on (see the module docstring)."""
+        self._observers.append(observer)
+
+    def remove_observer(self, observer: FeedObserver) -> None:
+        """Stop calling `observer` (`ValueError` if it was not added)."""
+        self._observers.remove(observer)
 
     @contextmanager
     def subscribe(self, capacity: int = 4096) -> Generator[FeedSubscription]:

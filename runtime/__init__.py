@@ -47,9 +47,9 @@ if TYPE_CHECKING:
     from .models.base import Finish as Finish
     from .models.base import Model as Model
     from .models.base import ModelRequest as ModelRequest
-    from .models.base import ModelWaits as ModelWaits
     from .models.base import SessionBinding as SessionBinding
     from .models.base import SessionModel as SessionModel
+    from .models.base import SessionWaits as SessionWaits
     from .models.base import TextDelta as TextDelta
     from .models.base import ToolCallDelta as ToolCallDelta
     from .models.base import ToolSpec as ToolSpec
@@ -114,9 +114,9 @@ _WHERE: dict[str, str] = {
     "Finish": ".models.base",
     "Model": ".models.base",
     "ModelRequest": ".models.base",
-    "ModelWaits": ".models.base",
     "SessionBinding": ".models.base",
     "SessionModel": ".models.base",
+    "SessionWaits": ".models.base",
     "TextDelta": ".models.base",
     "ToolCallDelta": ".models.base",
     "ToolSpec": ".models.base",

@@ -7,6 +7,11 @@ steering and injections for the next step.
 
 Bounded (default 64 queued deliveries): a sender waits for room under its `Abort`, and an abort
 set before the delivery is accepted raises `DeliveryCancelled` with nothing delivered.
+
+Published state: `statistics()` (counts, frozen) and `wait_changed()` (a wake on every delivery
+or claim) let an observer pace itself on the inbox without reaching into it. A steer accepted
+while the model call is held is recorded only at the next step, so "a message arrived in this
+turn" can be known here before any log has it (the scripted model's `wait_for: steered`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import trio
 from subagents.actors import Abort
 from trio_util import RepeatedEvent, wait_any
 
-__all__ = ["Delivery", "DeliveryCancelled", "Inbox", "Mode", "Trigger"]
+__all__ = ["Delivery", "DeliveryCancelled", "Inbox", "InboxStatistics", "Mode", "Trigger"]
 
 Mode = Literal["follow-up", "steer", "inject"]
 Trigger = Literal["message", "notice", "resume"]
@@ -46,6 +51,16 @@ class Delivery:
     delivery_id: str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class InboxStatistics:
+    """Where an inbox stands: deliveries accepted since it was made (`received`) and since the
+    current (or last) turn claimed its input (`received_in_turn`), and those queued now."""
+
+    received: int
+    received_in_turn: int
+    queued: int
+
+
 class Inbox:
     def __init__(self, capacity: int = 64) -> None:
         if capacity < 1:
@@ -55,7 +70,8 @@ class Inbox:
         self._next_step: deque[tuple[Delivery, bool]] = deque()  # (delivery, wakes)
         self._changed = RepeatedEvent()  # anything arrived or was claimed
         self._changes = 0  # counts the sets of `_changed` (a waiter started later sees it moved)
-        self.received = 0  # deliveries accepted so far (scripted `wait_for: steered` counts them)
+        self.received = 0  # deliveries accepted so far
+        self._turn_mark = 0  # `received` when the last turn claimed its input
         self.parked = False  # after an interrupt: what is queued waits for a later waking delivery
 
     def __len__(self) -> int:
@@ -77,6 +93,11 @@ class Inbox:
     async def wait_changed(self) -> None:
         """Until the next delivery or claim (callers test the inbox again, then wait on)."""
         await self._changed.wait()
+
+    def statistics(self) -> InboxStatistics:
+        return InboxStatistics(
+            received=self.received, received_in_turn=self.received - self._turn_mark, queued=len(self)
+        )
 
     async def put(self, delivery: Delivery, mode: Mode, abort: Abort | None = None) -> None:
         while len(self) >= self.capacity:
@@ -112,6 +133,7 @@ class Inbox:
 
     def claim_turn(self) -> list[Delivery]:
         """The first step of a new turn: the next-step input plus one queued follow-up."""
+        self._turn_mark = self.received
         claimed = self.claim_step()
         if self._next_turn:
             claimed.append(self._next_turn.popleft())

@@ -17,6 +17,10 @@ recorded), then their scope is cancelled: a dispatched call with no result gets
 `Error: tool call was cancelled`, an undispatched one a `tool/call` and
 `Error: tool call aborted before dispatch`, and the turn ends `aborted` with its cause. Writes
 that close a turn run shielded, so the log and the in-memory surface never disagree.
+
+Here are the driver, the turn and its budget; a step's model call and compaction are in
+`model_steps.py`, its tool calls and their two-phase cancel in `tool_steps.py`, and the staging
+and durable flushing both share in `step_writer.py`.
 """
 
 from __future__ import annotations
@@ -24,33 +28,31 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import aclosing
 from typing import Any, Literal
 
 import attrs
 import msgspec
 import trio
-from subagents.actors import Abort, ActorStopped, EventDraft, SessionRef
-from subagents.storage import Event, ReplaceOp, StorageError, decode_payload
-from trio_util import AsyncValue, RepeatedEvent, move_on_when
+from subagents.actors import Abort, ActorStopped, DurableFeed, EventDraft, SessionRef
+from subagents.storage import Event, StorageError, decode_payload
+from trio_util import AsyncValue, RepeatedEvent
 
 from ..foundation.budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
 from ..foundation.clock import Clock
-from ..foundation.errors import AgentStopped, ModelError, ScriptWaitUnavailable
+from ..foundation.errors import AgentStopped
 from ..models.base import (
     AnyModel,
-    Finish,
-    ModelRequest,
     SessionBinding,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
+    SessionWaits,
     bind_model,
 )
-from ..models.messages import Surface, message, text_blocks, tool_result_message
-from ..tools.base import PreparedCall, ToolContext, ToolOutcome, ToolSet
-from .compaction import CompactionPolicy, plan_compaction
+from ..models.messages import Surface, text_blocks
+from ..tools.base import ToolSet
+from .agent_config import DEFAULT_CONFIG, AgentConfig
 from .inbox import Delivery, Inbox, Mode
+from .model_steps import ModelSteps
+from .step_writer import SURFACE_TYPES
+from .tool_steps import ToolSteps
 
 __all__ = ["Agent", "AgentConfig", "TurnResult", "recorded_delivery_ids"]
 
@@ -62,22 +64,6 @@ Cause = Literal["user", "parent", "disposed"]
 # (the step's input is durable, its reply not yet begun), or ended for good.
 Phase = Literal["idle", "writing", "model", "stopped"]
 
-CANCELLED_TEXT = "tool call was cancelled"
-NOT_DISPATCHED_TEXT = "tool call aborted before dispatch"
-
-
-@attrs.frozen(kw_only=True)
-class AgentConfig:
-    system_prompt: str | None = None
-    max_steps: int = 64
-    max_parallel_tools: int = 10
-    tool_abort_grace: float = 2.0
-    inbox_capacity: int = 64
-    compaction: CompactionPolicy | None = None
-    # Limits on the session's own work (runtime/foundation/budgets.py): the root's from the embedder, a
-    # child's from its descriptor.
-    budget: Budget | None = None
-
 
 @attrs.frozen(kw_only=True)
 class TurnResult:
@@ -87,47 +73,10 @@ class TurnResult:
     closing_text: str | None = None  # the text blocks of the turn's last assistant message
 
 
-@attrs.define
-class _Call:
-    index: int
-    id: str
-    name: str
-    arguments: str
-    outcome: ToolOutcome | None = None
-    prepared: PreparedCall | None = None
-    dispatched: bool = False
-    recorded: bool = False
-    done: trio.Event = attrs.field(factory=trio.Event)
+class Agent(ModelSteps, ToolSteps):
+    """One session's driver (see the module docstring); its model and tool steps are in
+    runtime/agent/model_steps.py and tool_steps.py, the writing they share in step_writer.py."""
 
-
-@attrs.define
-class _ModelReply:
-    text: str = ""
-    calls: list[_Call] = attrs.field(factory=list)
-    finish: str | None = None
-    usage: Json | None = None
-    error: str | None = None
-    interrupted: bool = False
-
-
-class _Waits:
-    """`wait_for` hooks of the scripted model (`ModelWaits`), bound to one agent."""
-
-    def __init__(self, agent: Agent, settled: Callable[[str, str, int], Any] | None) -> None:
-        self._agent = agent
-        self._settled = settled
-        self.mark = 0
-
-    async def steered(self) -> None:
-        await self._agent.inbox.wait_received(self.mark)
-
-    async def settled(self, child: str, count: int = 1) -> None:
-        if self._settled is None:
-            raise ScriptWaitUnavailable("wait_for settled needs the subagent service")
-        await self._settled(self._agent.session_id, child, count)
-
-
-class Agent:
     def __init__(
         self,
         session: SessionRef,
@@ -135,10 +84,10 @@ class Agent:
         model: AnyModel,
         tools: ToolSet,
         clock: Clock,
-        config: AgentConfig = AgentConfig(),
+        config: AgentConfig = DEFAULT_CONFIG,
         events: Sequence[Event] = (),
         label: str | None = None,
-        wait_settled: Callable[[str, str, int], Any] | None = None,
+        feed: DurableFeed | None = None,  # the session store's: published to a bound model
         surface: Surface | None = None,  # already built from `events` (a resume builds it in a thread)
     ) -> None:
         self.session = session
@@ -154,7 +103,7 @@ class Agent:
         # How many of its events end with its last closed turn (what a fork of it inherits).
         self.closed_prefix = next((e.seq + 1 for e in reversed(events) if e.type == "turn/end"), 0)
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
-        self._messages = sum(1 for e in events if e.type in _SURFACE)  # message ids stay unique
+        self._messages = sum(1 for e in events if e.type in SURFACE_TYPES)  # message ids stay unique
         self.last_result: TurnResult | None = None
         # Resumed with a turn its last host left open (closed by the closers): its work was cut.
         self.resumed_interrupted = False
@@ -164,7 +113,6 @@ class Agent:
         self._cause: Cause = "user"
         self._model_scope: trio.CancelScope | None = None
         self._staged: list[EventDraft] = []
-        self._waits = _Waits(self, wait_settled)
         # The model this session streams from; `self.model` stays what was given (a child may
         # be given its parent's).
         self._stream_model = bind_model(
@@ -174,7 +122,12 @@ class Agent:
                 label=label,
                 created_at=session.header.created_at,
                 clock=clock,
-                waits=self._waits,
+                waits=SessionWaits(
+                    inbox=self.inbox,
+                    history=events,
+                    inherited_event_count=session.inherited_event_count,
+                    feed=feed,
+                ),
                 assistant_count=lambda: self.assistant_count,
             ),
         )
@@ -222,11 +175,6 @@ class Agent:
         if self._model_scope is not None:
             self._model_scope.cancel()
         return True
-
-    def note_recorded(self, *delivery_ids: str) -> None:
-        """Mailbox deliveries whose recording event is durable now (the owner acks them)."""
-        self.recorded_deliveries.update(delivery_ids)
-        self.deliveries_recorded.set()
 
     @property
     def quiet(self) -> bool:
@@ -319,7 +267,6 @@ class Agent:
         self._budget_stop = None
         self.spent = attrs.evolve(self.spent, turns=self.spent.turns + 1)
         self._turn_deadline = self._trio_deadline()
-        self._waits.mark = self.inbox.received
         trigger = claimed[-1].trigger if claimed else "message"
         self._stage("turn/start", {"turn": turn, "trigger": {"kind": trigger}})
         reason: Json = {"kind": "completed"}
@@ -407,275 +354,7 @@ class Agent:
 
     # --- writing --------------------------------------------------------------------------
 
-    def _stage(self, type: str, data: Json, **envelope: Any) -> None:
-        self._staged.append(EventDraft(type=type, data=data, time=self.clock.now_ms(), **envelope))
 
-    async def _flush(self) -> list[Event]:
-        if not self._staged:
-            return []
-        drafts, self._staged = self._staged, []
-        result = await self.session.append(drafts)
-        recorded = [d.data["delivery_id"] for d in drafts if d.type == "user/message" and "delivery_id" in d.data]
-        if recorded:
-            self.note_recorded(*recorded)
-        for event in result.events:
-            if event.type in _SURFACE:
-                self.surface.apply(event, session_id=self.session_id)
-            elif event.type == "turn/end":
-                self.closed_prefix = event.seq + 1
-        return list(result.events)
-
-    def _next_message_id(self) -> str:
-        self._messages += 1
-        return f"msg-{self._messages}"
-
-    def _stage_input(self, turn: int, step: int, deliveries: Sequence[Delivery]) -> None:
-        system = self.config.system_prompt
-        if step == 1 and system is not None and self.surface.last_system_text() != system:
-            msg = message(self._next_message_id(), "system", text_blocks(system), {"kind": "user"})
-            self._stage("system/message", {"turn": turn, "step": step, "message": msg}, surface_op="append")
-        for d in deliveries:
-            msg = message(self._next_message_id(), "user", d.content, d.source)
-            seqs = list(d.source_event_seqs) if d.source_event_seqs else None
-            data: Json = {"turn": turn, "step": step, "message": msg}
-            if d.delivery_id is not None:
-                data["delivery_id"] = d.delivery_id
-            self._stage(
-                "user/message",
-                data,
-                surface_op="append",
-                source_event_seqs=seqs,
-            )
-
-    # --- the model ------------------------------------------------------------------------
-
-    def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
-        return ModelRequest(
-            messages=list(messages),
-            tools=self.tools.specs() if purpose == "turn" else (),
-            purpose=purpose,
-        )
-
-    async def _call_model(self, turn: int, step: int, abort: Abort) -> _ModelReply:
-        reply = _ModelReply()
-        parts: list[str] = []
-        calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
-        with trio.CancelScope(deadline=self._turn_deadline) as scope:
-            self._model_scope = scope
-            if abort.is_set():
-                scope.cancel()
-            self._phase.value = "model"
-            try:
-                async with aclosing(
-                    self._stream_model.stream(self._request("turn", self.surface.messages()))
-                ) as stream:
-                    async for chunk in stream:
-                        if isinstance(chunk, TextDelta):
-                            parts.append(chunk.text)
-                        elif isinstance(chunk, ToolCallDelta):
-                            slot = calls.setdefault(chunk.index, [None, None, []])
-                            slot[0] = slot[0] or chunk.id
-                            slot[1] = slot[1] or chunk.name
-                            slot[2].append(chunk.arguments)
-                        elif isinstance(chunk, Usage):
-                            reply.usage = {"input_tokens": chunk.input_tokens, "output_tokens": chunk.output_tokens}
-                        elif isinstance(chunk, Finish):
-                            reply.finish = chunk.reason
-            except ModelError as exc:
-                reply.error = exc.message
-            except Exception as exc:  # a transport bug must end the turn, not the runtime
-                log.exception("model transport failed for session %s", self.session_id)
-                reply.error = f"model call failed: {type(exc).__name__}: {exc}"
-            finally:
-                self._phase.value = "writing"
-        self._model_scope = None
-        reply.text = "".join(parts)
-        if scope.cancelled_caught and not abort.is_set():
-            self._expire(abort)  # only the budget's deadline cancels it without an abort
-        if scope.cancelled_caught or abort.is_set():
-            reply.interrupted = True
-            return reply
-        if reply.error is None and reply.finish is None:
-            reply.error = "the model stream ended without a finish"
-        n = self.assistant_count + 1
-        for i, index in enumerate(sorted(calls), start=1):
-            call_id, name, fragments = calls[index]
-            reply.calls.append(_Call(i - 1, call_id or f"call_{n}_{i}", name or "", "".join(fragments)))
-        return reply
-
-    async def _record_reply(self, turn: int, step: int, reply: _ModelReply) -> None:
-        content: list[Json] = text_blocks(reply.text) if reply.text else []
-        if reply.interrupted or reply.error is not None:
-            if not reply.text:
-                return  # nothing visible was produced: no assistant message
-            reply.calls = []
-            finish = "aborted" if reply.interrupted else "error"
-        else:
-            content += [
-                {"type": "tool-call", "id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.calls
-            ]
-            finish = "tool-calls" if reply.calls else (reply.finish or "stop")
-        data: Json = {
-            "turn": turn,
-            "step": step,
-            "message": message(self._next_message_id(), "assistant", content, {"kind": "model"}),
-            "finish": finish,
-        }
-        if reply.usage is not None:
-            data["usage"] = reply.usage
-            self.spent = attrs.evolve(
-                self.spent, tokens=self.spent.tokens + reply.usage["input_tokens"] + reply.usage["output_tokens"]
-            )
-        if reply.interrupted:
-            data["interrupted"] = True
-        self._stage("assistant/message", data, surface_op="append")
-        self.assistant_count += 1
-        self._closing_text = reply.text or None
-        if not reply.calls:
-            return
-        with trio.CancelScope(shield=True):
-            await self._flush()
-
-    # --- tools ----------------------------------------------------------------------------
-
-    async def _run_tools(self, turn: int, step: int, calls: list[_Call], abort: Abort) -> None:
-        limiter = trio.CapacityLimiter(self.config.max_parallel_tools)
-        async with move_on_when(self._grace, abort):
-            for group in _groups(calls, self.tools.parallel_safe):
-                if abort.is_set():
-                    break
-                for call in group:
-                    self._stage(
-                        "tool/call",
-                        {
-                            "turn": turn,
-                            "step": step,
-                            "call_id": call.id,
-                            "name": call.name,
-                            "arguments": call.arguments,
-                        },
-                    )
-                    call.dispatched = True
-                with trio.CancelScope(shield=True):
-                    await self._flush()
-                for call in group:  # in model order: ids and times drawn here follow it
-                    call.prepared = await self.tools.prepare(
-                        call.name, call.arguments, self._ctx(turn, step, call, abort)
-                    )
-                async with trio.open_nursery() as pool:
-                    for call in group:
-                        # Slots are taken in model order, so a call that waits on an
-                        # earlier one of its step (a child's catalog) never holds the slot
-                        # that earlier call needs.
-                        await limiter.acquire_on_behalf_of(call.index)
-                        pool.start_soon(self._execute, turn, step, call, abort, limiter)
-                    for call in group:
-                        await _announced(call)
-                    for call in group:
-                        await call.done.wait()
-                        await self._record_result(turn, step, call)
-        for call in calls:
-            if call.recorded:
-                continue
-            if call.outcome is not None:
-                pass  # it returned, but the cancel came before its result was written
-            elif call.dispatched:
-                call.outcome = ToolOutcome.failure(CANCELLED_TEXT, name="ToolCancelledError", code="CANCELLED")
-            else:
-                self._stage(
-                    "tool/call",
-                    {"turn": turn, "step": step, "call_id": call.id, "name": call.name, "arguments": call.arguments},
-                )
-                call.outcome = ToolOutcome.failure(
-                    NOT_DISPATCHED_TEXT, name="ToolAbortedError", code="ABORTED_BEFORE_DISPATCH"
-                )
-            await self._record_result(turn, step, call)
-
-    async def _grace(self, abort: Abort) -> None:
-        """Returns (and so cancels the running tools) `tool_abort_grace` after the abort."""
-        with trio.move_on_at(self._turn_deadline):
-            await abort.wait()
-        self._expire(abort)  # no-op when the abort came first
-        await self.clock.sleep(self.config.tool_abort_grace)
-
-    def _ctx(self, turn: int, step: int, call: _Call, abort: Abort) -> ToolContext:
-        return ToolContext(session_id=self.session_id, call_id=call.id, turn=turn, step=step, abort=abort, agent=self)
-
-    async def _execute(self, turn: int, step: int, call: _Call, abort: Abort, limiter: trio.CapacityLimiter) -> None:
-        assert call.prepared is not None
-        try:
-            call.outcome = await self.tools.run(call.prepared, self._ctx(turn, step, call, abort))
-        finally:
-            limiter.release_on_behalf_of(call.index)
-        call.done.set()
-
-    async def _record_result(self, turn: int, step: int, call: _Call) -> None:
-        outcome = call.outcome
-        assert outcome is not None
-        data: Json = {
-            "turn": turn,
-            "step": step,
-            "message": tool_result_message(
-                self._next_message_id(), call.id, outcome.content, is_error=outcome.is_error
-            ),
-        }
-        if outcome.error is not None:
-            data["error"] = outcome.error
-        self._stage("tool/result", data, surface_op="append")
-        call.recorded = True
-        with trio.CancelScope(shield=True):
-            await self._flush()
-
-    # --- compaction -----------------------------------------------------------------------
-
-    async def _maybe_compact(self, turn: int, step: int, abort: Abort) -> None:
-        policy = self.config.compaction
-        if policy is None or abort.is_set() or self.surface.size() <= policy.max_chars:
-            return
-        plan = plan_compaction(self.surface.nodes, keep_recent=policy.keep_recent)
-        if plan is None:
-            return
-        self._stage("compaction/start", {"turn": turn})
-        summary = await self._summarize([n.message for n in plan.nodes], abort)
-        if summary is None:
-            self._staged.pop()  # no summary, no compaction: the log shows none of it
-            return
-        self._stage("compaction/summary", {"text": summary})
-        replacement = message(
-            self._next_message_id(),
-            "user",
-            text_blocks(f"<compacted-summary>{summary}</compacted-summary>"),
-            {"kind": "compaction"},
-        )
-        self._stage(
-            "user/message",
-            {"turn": turn, "step": step, "message": replacement},
-            surface_op=ReplaceOp(op="replace", start_seq=plan.start_seq, end_seq=plan.end_seq),
-            source_event_seqs=sorted(n.seq for n in plan.nodes),
-        )
-        self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
-
-    async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
-        parts: list[str] = []
-        with trio.CancelScope(deadline=self._turn_deadline) as scope:
-            self._model_scope = scope
-            try:
-                async with aclosing(self._stream_model.stream(self._request("compaction", messages))) as stream:
-                    async for chunk in stream:
-                        if isinstance(chunk, TextDelta):
-                            parts.append(chunk.text)
-            except ModelError as exc:
-                log.warning("compaction of session %s failed: %s", self.session_id, exc.message)
-                return None
-        self._model_scope = None
-        if scope.cancelled_caught and not abort.is_set():
-            self._expire(abort)
-        if scope.cancelled_caught or abort.is_set() or not parts:
-            return None
-        return "".join(parts)
-
-
-_SURFACE = frozenset({"system/message", "user/message", "assistant/message", "tool/result"})
 _RECORDING = frozenset({"user/message", "subagent/settled"})  # the events that carry a delivery_id
 
 
@@ -706,22 +385,3 @@ def _last_turn(events: Sequence[Event], session_id: str) -> int:
         if event.type == "turn/start":
             return int(decode_payload(event, session_id=session_id).turn)
     return 0
-
-
-async def _announced(call: _Call) -> None:
-    """Until the call wrote what it writes to this session's log before its result (a child's
-    `subagent/catalog`): results then never interleave with a later call's such writes."""
-    announced = getattr(call.prepared.state if call.prepared is not None else None, "announced", None)
-    if isinstance(announced, trio.Event):
-        await announced.wait()
-
-
-def _groups(calls: list[_Call], parallel_safe: Callable[[str], bool]) -> list[list[_Call]]:
-    """Consecutive parallel-safe calls run together; an exclusive call runs alone (a barrier)."""
-    groups: list[list[_Call]] = []
-    for call in calls:
-        if parallel_safe(call.name) and groups and parallel_safe(groups[-1][0].name):
-            groups[-1].append(call)
-        else:
-            groups.append([call])
-    return groups

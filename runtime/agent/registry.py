@@ -83,10 +83,6 @@ class AgentHooks(Protocol):
         """The tools every agent is offered by default, with `extra` (a session's own)."""
         ...
 
-    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
-        """Until `count` settlements of a child of `parent_id` are durable (agents' waits)."""
-        ...
-
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
         """On resume, with the session's events: e.g. redeliver settlement notices."""
         ...
@@ -327,7 +323,7 @@ class AgentRegistry:
             config=config or self.config,
             events=events,
             label=label,
-            wait_settled=self.hooks.wait_settled,
+            feed=self.sessions.feed,
             surface=surface,
         )
         await self._nursery.start(agent.run)

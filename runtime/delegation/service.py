@@ -312,11 +312,6 @@ class SubagentService:
         """On resume: `Settlement.redeliver_notices`."""
         self.parts.settlement.redeliver_notices(agent, events)
 
-    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
-        """Until `count` settlements of a child (label or id) of `parent_id` are durable
-        (`Settlement.wait_settled`)."""
-        await self.parts.settlement.wait_settled(parent_id, child, count)
-
     async def release_children_of(self, session_id: str) -> None:
         """Before a session is released: `Residency.release_children_of`."""
         await self.parts.residency.release_children_of(session_id)

@@ -7,10 +7,6 @@ the parent, durably, and only after that delivers the notice: steered into a run
 starting a turn in an idle one. While the family is stopping (a drain, or the parent being
 released) the notice is not delivered: the durable record waits for the parent's next resume,
 where every own-suffix `subagent/settled` no notice references is delivered again, first.
-
-The settled counts (`wait_settled`, for scripted `wait_for: settled`) are kept here too: they
-grow with every record this process appends and are topped up from the log on every resume, as a
-settlement may have happened in another process.
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ import attrs
 import trio
 from subagents.actors import Activation, ContinuationManager, EventDraft
 from subagents.storage import Event, Mailbox, StorageError, decode_payload
-from trio_util import RepeatedEvent
 
 from ..agent.inbox import Delivery
 from ..agent.loop import Agent
@@ -85,15 +80,13 @@ def settled_pending(events: Sequence[Event], inherited_event_count: int) -> list
 
 @attrs.define(eq=False)
 class Settlement:
-    """Records settlements in the parent's log, delivers their notices, and counts them."""
+    """Records settlements in the parent's log and delivers their notices."""
 
     agents: AgentRegistry
     manager: ContinuationManager
     # Where a settlement goes when its parent is not live here (hosted by another process, or
     # by none): the parent's mailbox, drained by its owner (runtime/agent/mailbox_owner.py).
     mailbox: Mailbox | None = None
-    _settled: dict[str, list[tuple[str, str | None]]] = attrs.field(factory=dict)  # parent → (child, label)
-    _settled_changed: RepeatedEvent = attrs.field(factory=RepeatedEvent)
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
     _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
     _undelivered: set[str] = attrs.field(factory=set)  # children whose settlement `post` could not deliver
@@ -175,8 +168,6 @@ class Settlement:
         except Exception as exc:  # the child still lists as ready; only the notice is lost
             log.warning("could not record the settlement of %s: %s", activation.child_id, exc)
             return
-        self._settled.setdefault(activation.parent_id, []).append((activation.child_id, child.label))
-        self._settled_changed.set()
         parent_activation = self.manager.get(activation.parent_id)
         if (
             parent is None
@@ -218,8 +209,6 @@ class Settlement:
                 return False
             await trio.sleep(delay)
             delay *= 2
-        self._settled.setdefault(parent_id, []).append((child_id, None))
-        self._settled_changed.set()
         return True
 
     def take_undelivered(self, child_id: str) -> bool:
@@ -245,8 +234,6 @@ class Settlement:
             [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
         )
         parent.note_recorded(delivery_id)
-        self._settled.setdefault(parent.session_id, []).append((child_id, None))
-        self._settled_changed.set()
         if self.manager.draining or parent.session_id in self._disposing:
             return  # the durable record is delivered at the parent's next resume
         parent.inbox.put_nowait(
@@ -262,10 +249,7 @@ class Settlement:
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
         """On resume: every own-suffix `subagent/settled` that no own-suffix notice references
-        is delivered again, in one first turn (`trigger: resume`). Every settlement the log
-        holds also counts as settled for `wait_settled` (it may have happened in another
-        process)."""
-        self._remember_settled(agent.session_id, events[agent.session.inherited_event_count :])
+        is delivered again, in one first turn (`trigger: resume`)."""
         pending = [events[seq] for seq in settled_pending(events, agent.session.inherited_event_count)]
         for i, event in enumerate(pending):
             data = decode_payload(event, session_id=agent.session_id)
@@ -278,30 +262,3 @@ class Settlement:
                 trigger="resume",
             )
             agent.inbox.put_nowait(delivery, "follow-up" if i == len(pending) - 1 else "inject", force=True)
-
-    def _remember_settled(self, parent_id: str, own: Sequence[Event]) -> None:
-        # The log was read and checked already: its known payloads decode (typed) or it is corrupt.
-        labels: dict[str, str | None] = {}
-        settled: list[str] = []
-        for event in own:
-            if event.type == "subagent/catalog":
-                catalog = decode_payload(event, session_id=parent_id)
-                labels[catalog.child_id] = catalog.label if isinstance(catalog.label, str) else None
-            elif event.type == "subagent/settled":
-                settled.append(decode_payload(event, session_id=parent_id).child_id)
-        if not settled:
-            return
-        # Every settlement this process saw is in the log too: top each child up to the log's count
-        # (a child settles once per run, so repeats are real and count for `wait_for` counts).
-        known = self._settled.setdefault(parent_id, [])
-        for child_id in dict.fromkeys(settled):
-            entry = (child_id, labels.get(child_id))
-            seen = sum(1 for cid, _ in known if cid == child_id)
-            known.extend([entry] * (settled.count(child_id) - seen))
-        self._settled_changed.set()
-
-    async def wait_settled(self, parent_id: str, child: str, count: int = 1) -> None:
-        """For scripted `wait_for: settled`: until `count` settlements of a child (label or id)
-        of `parent_id` are durable (counting those its log held when it was resumed)."""
-        while sum(child in (cid, label) for cid, label in self._settled.get(parent_id, ())) < count:
-            await self._settled_changed.wait()

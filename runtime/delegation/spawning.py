@@ -348,7 +348,6 @@ class Spawning:
         if provider not in ("fork", "spawn"):
             raise NoProvider(f'no subagent provider registered for "{provider}"')
         draft = EventDraft(type="subagent/descriptor", data=snapshot_descriptor(descriptor))
-        register = getattr(setup.model, "register_session", None)  # scripted: bind labels in order
         agent = await self.agents.create(
             session_id=child_id,
             parent_session=parent.session_id,
@@ -363,8 +362,6 @@ class Spawning:
             config=setup.config,
             tools=setup.tools,
         )
-        if register is not None and descriptor.label is not None:
-            register(child_id, label=descriptor.label, created_at=agent.session.header.created_at)
         return agent
 
     async def _catalog(self, parent: Agent, child: Agent, mode: str, label: str | None, reserved: Reservation) -> None:

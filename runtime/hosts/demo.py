@@ -119,9 +119,6 @@ class _TakingTurns:
         self._parent_calls = 0
         self._changed = RepeatedEvent()
 
-    def register_session(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.register_session(*args, **kwargs)
-
     def bind(self, session: SessionBinding) -> Model:
         return _TurnTaker(self, session, self.inner.bind(session))
 

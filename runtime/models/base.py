@@ -10,9 +10,10 @@ at any chunk.
 
 The request holds nothing about the calling session. A model that answers per session (the
 scripted model binds script entries to sessions, numbers call ids, sleeps on the runtime clock
-and holds on `ModelWaits`) is a `SessionModel`: the agent calls its `bind(session)` once, when
-it starts, with a `SessionBinding`, and streams from the `Model` that returns. A transport that
-needs none of this (the OpenAI-compatible one) simply has no `bind`.
+and paces its `wait_for` holds on what the session publishes, `SessionWaits`) is a
+`SessionModel`: the agent calls its `bind(session)` once, when it starts, with a
+`SessionBinding`, and streams from the `Model` that returns. A transport that needs none of this
+(the OpenAI-compatible one) simply has no `bind`.
 
 Messages are the logged message values of docs/format.md, "The vocabulary (complete for format
 1)" (`{id, role, content: [blocks], source}`), so a transport sees exactly what the log holds, in
@@ -25,6 +26,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import attrs
+from subagents.actors import DurableFeed
+from subagents.storage import Event
 
 from ..foundation.clock import Clock
 from ..foundation.json_values import JsonValue
@@ -33,11 +36,13 @@ __all__ = [
     "AnyModel",
     "Chunk",
     "Finish",
+    "InboxCounts",
     "Model",
     "ModelRequest",
-    "ModelWaits",
+    "PublishedInbox",
     "SessionBinding",
     "SessionModel",
+    "SessionWaits",
     "TextDelta",
     "ToolCallDelta",
     "ToolSpec",
@@ -87,17 +92,44 @@ class ToolSpec:
     parameters: Mapping[str, JsonValue]
 
 
-class ModelWaits(Protocol):
-    """Hooks a scripted response can hold on (`wait_for`), provided by the runtime."""
+class InboxCounts(Protocol):
+    """What an inbox's `statistics()` tells (runtime/agent/inbox.py, `InboxStatistics`)."""
 
-    async def steered(self) -> None:
-        """Return once this session's inbox has received a message (now or earlier in the turn)."""
+    @property
+    def received(self) -> int:
+        """Deliveries accepted since the inbox was made."""
         ...
 
-    async def settled(self, child: str, count: int = 1) -> None:
-        """Return once `count` `subagent/settled` records of the child named by label or id are
-        durable in this session's log (those an earlier process recorded count too)."""
+    @property
+    def received_in_turn(self) -> int:
+        """Deliveries accepted since the current (or last) turn claimed its input."""
         ...
+
+
+class PublishedInbox(Protocol):
+    """A session's inbox as it is published: its counts, and a wake on each change."""
+
+    def statistics(self) -> InboxCounts: ...
+
+    async def wait_changed(self) -> None:
+        """Until the next delivery or claim (test the counts again, then wait on)."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class SessionWaits:
+    """What a running session publishes that a model may pace itself on (the scripted model's
+    `wait_for` holds are derived from it; nothing in it is for one model only).
+
+    `inbox` is the session's inbox (its counts, with a change notification); `history` the
+    events its log held when the agent started (`inherited_event_count` of them inherited by a
+    fork); `feed` the session store's durable feed, which carries every event appended since
+    (`None`: the runtime publishes none)."""
+
+    inbox: PublishedInbox
+    history: Sequence[Event] = ()
+    inherited_event_count: int = 0
+    feed: DurableFeed | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -122,8 +154,8 @@ class SessionBinding:
     """What the runtime tells a `SessionModel` about the one session it answers.
 
     `session_id`, `label` and `created_at` identify the session (the scripted model binds its
-    entries by them); `clock` is the runtime's clock (scripted delays sleep on it); `waits` are
-    the hooks a scripted `wait_for` holds on (`None`: the runtime offers none);
+    entries by them); `clock` is the runtime's clock (scripted delays sleep on it); `waits` is
+    what the running session publishes for a model to pace itself on (`None`: nothing);
     `assistant_count()` is the number of `assistant/message` events in the session's log when it
     is called — read at each `stream` call, it numbers default call ids (`call_<n>_<i>`)."""
 
@@ -131,7 +163,7 @@ class SessionBinding:
     label: str | None = None
     created_at: int = 0
     clock: Clock
-    waits: ModelWaits | None = None
+    waits: SessionWaits | None = None
     assistant_count: Callable[[], int] = _no_assistant_messages
 
 

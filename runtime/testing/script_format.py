@@ -18,8 +18,8 @@ The loader is strict because a script is untrusted input written by hand: unknow
 keys, wrong JSON types (no `true` or `1.0` where an integer belongs), duplicate object keys and
 `NaN`/`Infinity` are refused with a `ScriptError` naming the JSON path of the problem
 (`$.agents[1].responses[0].tool_calls[0].name`). The shape is declared once, as msgspec Structs
-that forbid unknown fields (msgspec's validation errors give the path); the rules a type cannot
-say are checked on the converted values. Decisions docs/scripts.md leaves open:
+that forbid unknown fields (script_json.py; msgspec's validation errors give the path); the rules
+a type cannot say are checked here on the converted values. Decisions docs/scripts.md leaves open:
 
 - `agents` is required and non-empty; an entry names a `session` or a `label`, never both (it
   would be unclear which one binds), and two entries may not name the same `session` (the second
@@ -44,14 +44,26 @@ import json
 import os
 import re
 from collections.abc import Callable
-from typing import Any, Literal, NoReturn
+from typing import Literal
 
 import attrs
-import msgspec
-from msgspec import UNSET, UnsetType
+from msgspec import UNSET
 
 from ..foundation.errors import ScriptError, ScriptUnreadable
 from ..models.base import Usage
+from .script_json import (
+    EntryShape,
+    ErrorShape,
+    ResponseShape,
+    ScriptShape,
+    ToolCallShape,
+    UsageShape,
+    WaitForShape,
+    decode_document,
+    fail,
+    index_path,
+    key_path,
+)
 
 __all__ = [
     "Arguments",
@@ -76,7 +88,6 @@ _FINISHES: tuple[ScriptedFinish, ...] = ("stop", "max-tokens")
 # Non-greedy: a template ends at the first "}}" after its prefix.
 _TEMPLATE = re.compile(r"\{\{from_request:(.*?)\}\}", re.DOTALL)
 _TEMPLATE_PREFIX = "{{from_request:"
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # --- values -----------------------------------------------------------------------------------
@@ -166,7 +177,7 @@ class Script:
         `source` (a file name) is only used in error messages. Raises `ScriptError`.
         """
         try:
-            return _script(_decode(data))
+            return _script(decode_document(data))
         except ScriptError as exc:
             if source is None:
                 raise
@@ -227,186 +238,15 @@ def _dump(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-# --- the shape (msgspec) ----------------------------------------------------------------------
-#
-# The document's shape is checked by msgspec against these Structs (`strict`: no `true` or `1.0`
-# where an integer belongs; unknown keys refused). Optional keys default to UNSET, not to a value,
-# because whether a key is *present* matters (`hang` and `error` exclude other keys). What the
-# Structs cannot say — bounds, non-empty strings, exclusions, templates, duplicates — is checked
-# after, in `_script`, on the converted values.
-
-
-class _ToolCallShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    id: str | UnsetType = UNSET
-    name: str
-    arguments: dict[str, Any] | str
-
-
-class _ErrorShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    status: int
-    message: str
-
-
-class _UsageShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    input_tokens: int
-    output_tokens: int
-
-
-class _WaitForShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    steered: bool | UnsetType = UNSET
-    settled: str | UnsetType = UNSET
-    waiting: str | UnsetType = UNSET
-    count: int | UnsetType = UNSET
-
-
-class _ResponseShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    text: str | UnsetType = UNSET
-    tool_calls: list[_ToolCallShape] | UnsetType = UNSET
-    delay_ms: int | UnsetType = UNSET
-    hang: bool | UnsetType = UNSET
-    error: _ErrorShape | UnsetType = UNSET
-    # Any: checked by hand, so every wrong value hears the two choices (msgspec's Literal
-    # message names none, and its type message none either).
-    finish: Any = UNSET
-    usage: _UsageShape | UnsetType = UNSET
-    wait_for: _WaitForShape | UnsetType = UNSET
-
-
-class _EntryShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    session: str | UnsetType = UNSET
-    label: str | UnsetType = UNSET
-    responses: list[_ResponseShape]
-
-
-class _ScriptShape(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    agents: list[_EntryShape]
-    summaries: list[str] | UnsetType = UNSET
-
-
-# Where each Struct sits, by its path with the indices left out (to name the allowed keys).
-_SHAPES: dict[str, type[msgspec.Struct]] = {
-    "$": _ScriptShape,
-    "$.agents": _EntryShape,
-    "$.agents.responses": _ResponseShape,
-    "$.agents.responses.tool_calls": _ToolCallShape,
-    "$.agents.responses.error": _ErrorShape,
-    "$.agents.responses.usage": _UsageShape,
-    "$.agents.responses.wait_for": _WaitForShape,
-}
-# msgspec's type names, in the loader's words (the same as JSON's).
-_EXPECTED = {
-    "int": "an integer",
-    "str": "a string",
-    "bool": "a boolean",
-    "array": "an array",
-    "object": "an object",
-    "str | object": "an object or a string",
-}
-_GOT = {
-    "int": "integer",
-    "str": "string",
-    "bool": "boolean",
-    "float": "number",
-    "null": "null",
-    "array": "array",
-    "object": "object",
-}
-_TYPE_ERROR = re.compile(r"Expected `([^`]+)`, got `([^`]+)`\Z")
-_FIELD_ERROR = re.compile(r"Object (contains unknown|missing required) field `([^`]*)`\Z")
-_AT = re.compile(r"(.*) - at `(\$[^`]*)`\Z", re.DOTALL)
-
-
-def _shape_error(exc: msgspec.ValidationError) -> ScriptError:
-    """A msgspec validation error as a `ScriptError` at its JSON path, in the loader's words."""
-    text = str(exc)
-    found = _AT.match(text)
-    message, path = (found.group(1), found.group(2)) if found else (text, "$")
-    typed = _TYPE_ERROR.match(message)
-    if typed and typed.group(1) in _EXPECTED and typed.group(2) in _GOT:
-        return ScriptError(path, f"must be {_EXPECTED[typed.group(1)]}, got {_GOT[typed.group(2)]}")
-    field = _FIELD_ERROR.match(message)
-    if field is None:
-        return ScriptError(path, message)
-    key_path = _key(path, field.group(2))
-    if field.group(1) == "missing required":
-        return ScriptError(key_path, "missing required key")
-    shape = _SHAPES.get(re.sub(r"\[\d+\]", "", path))
-    allowed = f" (allowed: {', '.join(shape.__struct_fields__)})" if shape is not None else ""
-    return ScriptError(key_path, f"unknown key{allowed}")
-
-
-# --- parsing ----------------------------------------------------------------------------------
-
-
-def _fail(path: str, problem: str) -> NoReturn:
-    raise ScriptError(path, problem)
-
-
-def _key(path: str, key: str) -> str:
-    if _IDENTIFIER.fullmatch(key):
-        return f"{path}.{key}"
-    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
-
-
-def _index(path: str, i: int) -> str:
-    return f"{path}[{i}]"
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"number {text} is out of range")
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {json.dumps(key, ensure_ascii=False)} in an object")
-        out[key] = value
-    return out
-
-
-def _decode(data: bytes | str) -> _ScriptShape:
-    # The text is read by the standard library first: msgspec keeps the last of duplicate keys
-    # and would take a number too large for a float as infinity, and a hand-written script
-    # deserves to hear about both.
-    if isinstance(data, bytes):
-        try:
-            data = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            _fail("$", f"not UTF-8 text ({exc.reason} at byte {exc.start})")
-    try:
-        document = json.loads(
-            data,
-            parse_constant=_reject_constant,
-            parse_float=_finite_float,
-            object_pairs_hook=_unique_keys,
-        )
-    except json.JSONDecodeError as exc:
-        _fail("$", f"not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})")
-    except ValueError as exc:
-        _fail("$", f"not JSON: {exc}")
-    try:
-        return msgspec.convert(document, _ScriptShape, strict=True)
-    except msgspec.ValidationError as exc:
-        raise _shape_error(exc) from None
-
-
 def _nonempty(value: str, path: str) -> str:
     if not value:
-        _fail(path, "must be a non-empty string")
+        fail(path, "must be a non-empty string")
     return value
 
 
 def _minimum(value: int, path: str, minimum: int) -> int:
     if value < minimum:
-        _fail(path, f"must be >= {minimum}, got {value}")
+        fail(path, f"must be >= {minimum}, got {value}")
     return value
 
 
@@ -423,9 +263,9 @@ def _check_templates(text: str, path: str) -> None:
         try:
             pattern = re.compile(source)
         except re.error as exc:
-            _fail(path, f"invalid regex {source!r} in {{{{from_request:...}}}}: {exc}")
+            fail(path, f"invalid regex {source!r} in {{{{from_request:...}}}}: {exc}")
         if pattern.groups < 1:
-            _fail(path, f"regex {source!r} in {{{{from_request:...}}}} has no capture group")
+            fail(path, f"regex {source!r} in {{{{from_request:...}}}} has no capture group")
 
 
 def _check_json_templates(value: object, path: str) -> None:
@@ -433,25 +273,25 @@ def _check_json_templates(value: object, path: str) -> None:
         _check_templates(value, path)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            _check_json_templates(item, _index(path, i))
+            _check_json_templates(item, index_path(path, i))
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_templates(key, _key(path, key))
-            _check_json_templates(item, _key(path, key))
+            _check_templates(key, key_path(path, key))
+            _check_json_templates(item, key_path(path, key))
 
 
-def _script(shape: _ScriptShape) -> Script:
+def _script(shape: ScriptShape) -> Script:
     agents_path = "$.agents"
     if not shape.agents:
-        _fail(agents_path, "must hold at least one entry")
+        fail(agents_path, "must hold at least one entry")
     entries = []
     sessions: dict[str, int] = {}
     for i, value in enumerate(shape.agents):
-        entry = _entry(value, _index(agents_path, i))
+        entry = _entry(value, index_path(agents_path, i))
         if entry.session is not None:
             if entry.session in sessions:
-                _fail(
-                    _key(_index(agents_path, i), "session"),
+                fail(
+                    key_path(index_path(agents_path, i), "session"),
                     f'session "{entry.session}" already has an entry at $.agents[{sessions[entry.session]}]',
                 )
             sessions[entry.session] = i
@@ -460,13 +300,13 @@ def _script(shape: _ScriptShape) -> Script:
     return Script(agents=tuple(entries), summaries=summaries)
 
 
-def _entry(shape: _EntryShape, path: str) -> ScriptEntry:
+def _entry(shape: EntryShape, path: str) -> ScriptEntry:
     if shape.session is not UNSET and shape.label is not UNSET:
-        _fail(_key(path, "label"), "an entry names a session or a label, not both")
-    session = None if shape.session is UNSET else _nonempty(shape.session, _key(path, "session"))
-    label = None if shape.label is UNSET else _nonempty(shape.label, _key(path, "label"))
-    responses_path = _key(path, "responses")
-    responses = tuple(_response(item, _index(responses_path, i)) for i, item in enumerate(shape.responses))
+        fail(key_path(path, "label"), "an entry names a session or a label, not both")
+    session = None if shape.session is UNSET else _nonempty(shape.session, key_path(path, "session"))
+    label = None if shape.label is UNSET else _nonempty(shape.label, key_path(path, "label"))
+    responses_path = key_path(path, "responses")
+    responses = tuple(_response(item, index_path(responses_path, i)) for i, item in enumerate(shape.responses))
     return ScriptEntry(session=session, label=label, responses=responses)
 
 
@@ -477,47 +317,47 @@ _EXCLUSIVE = (
 )
 
 
-def _response(shape: _ResponseShape, path: str) -> ScriptedResponse:
+def _response(shape: ResponseShape, path: str) -> ScriptedResponse:
     hang = shape.hang is True
     for key, excluded in _EXCLUSIVE:
         if getattr(shape, key) is not UNSET and (key != "hang" or hang):
             for other in excluded:
                 if getattr(shape, other) is not UNSET:
                     what = "hang: true" if key == "hang" else key
-                    _fail(_key(path, other), f"cannot be combined with {what}")
-    text = "" if shape.text is UNSET else _templated(shape.text, _key(path, "text"))
+                    fail(key_path(path, other), f"cannot be combined with {what}")
+    text = "" if shape.text is UNSET else _templated(shape.text, key_path(path, "text"))
     tool_calls: tuple[ScriptedToolCall, ...] = ()
     if shape.tool_calls is not UNSET:
-        calls_path = _key(path, "tool_calls")
-        tool_calls = tuple(_tool_call(item, _index(calls_path, i)) for i, item in enumerate(shape.tool_calls))
+        calls_path = key_path(path, "tool_calls")
+        tool_calls = tuple(_tool_call(item, index_path(calls_path, i)) for i, item in enumerate(shape.tool_calls))
         seen: set[str] = set()
         for i, call in enumerate(tool_calls):
             if call.id is not None:
                 if call.id in seen:
-                    _fail(_key(_index(calls_path, i), "id"), f'duplicate tool-call id "{call.id}"')
+                    fail(key_path(index_path(calls_path, i), "id"), f'duplicate tool-call id "{call.id}"')
                 seen.add(call.id)
-    delay_ms = 0 if shape.delay_ms is UNSET else _minimum(shape.delay_ms, _key(path, "delay_ms"), 0)
+    delay_ms = 0 if shape.delay_ms is UNSET else _minimum(shape.delay_ms, key_path(path, "delay_ms"), 0)
     finish: ScriptedFinish | None = None
     if shape.finish is not UNSET:
         if type(shape.finish) is not str or shape.finish not in _FINISHES:
-            _fail(_key(path, "finish"), f'must be "stop" or "max-tokens", got {json.dumps(shape.finish)}')
+            fail(key_path(path, "finish"), f'must be "stop" or "max-tokens", got {json.dumps(shape.finish)}')
         finish = shape.finish  # type: ignore[assignment]  # checked against _FINISHES
     return ScriptedResponse(
         text=text,
         tool_calls=tool_calls,
         delay_ms=delay_ms,
         hang=hang,
-        error=None if shape.error is UNSET else _error(shape.error, _key(path, "error")),
+        error=None if shape.error is UNSET else _error(shape.error, key_path(path, "error")),
         finish=finish,
-        usage=None if shape.usage is UNSET else _usage(shape.usage, _key(path, "usage")),
-        wait_for=None if shape.wait_for is UNSET else _wait_for(shape.wait_for, _key(path, "wait_for")),
+        usage=None if shape.usage is UNSET else _usage(shape.usage, key_path(path, "usage")),
+        wait_for=None if shape.wait_for is UNSET else _wait_for(shape.wait_for, key_path(path, "wait_for")),
     )
 
 
-def _tool_call(shape: _ToolCallShape, path: str) -> ScriptedToolCall:
-    name = _templated(shape.name, _key(path, "name"), nonempty=True)
-    call_id = None if shape.id is UNSET else _templated(shape.id, _key(path, "id"), nonempty=True)
-    arguments_path = _key(path, "arguments")
+def _tool_call(shape: ToolCallShape, path: str) -> ScriptedToolCall:
+    name = _templated(shape.name, key_path(path, "name"), nonempty=True)
+    call_id = None if shape.id is UNSET else _templated(shape.id, key_path(path, "id"), nonempty=True)
+    arguments_path = key_path(path, "arguments")
     arguments: Arguments
     if isinstance(shape.arguments, str):
         _check_templates(shape.arguments, arguments_path)
@@ -528,29 +368,31 @@ def _tool_call(shape: _ToolCallShape, path: str) -> ScriptedToolCall:
     return ScriptedToolCall(id=call_id, name=name, arguments=arguments)
 
 
-def _error(shape: _ErrorShape, path: str) -> ScriptedError:
-    return ScriptedError(status=shape.status, message=_templated(shape.message, _key(path, "message"), nonempty=True))
-
-
-def _usage(shape: _UsageShape, path: str) -> Usage:
-    return Usage(
-        input_tokens=_minimum(shape.input_tokens, _key(path, "input_tokens"), 0),
-        output_tokens=_minimum(shape.output_tokens, _key(path, "output_tokens"), 0),
+def _error(shape: ErrorShape, path: str) -> ScriptedError:
+    return ScriptedError(
+        status=shape.status, message=_templated(shape.message, key_path(path, "message"), nonempty=True)
     )
 
 
-def _wait_for(shape: _WaitForShape, path: str) -> WaitFor:
+def _usage(shape: UsageShape, path: str) -> Usage:
+    return Usage(
+        input_tokens=_minimum(shape.input_tokens, key_path(path, "input_tokens"), 0),
+        output_tokens=_minimum(shape.output_tokens, key_path(path, "output_tokens"), 0),
+    )
+
+
+def _wait_for(shape: WaitForShape, path: str) -> WaitFor:
     forms = [key for key in ("steered", "settled", "waiting") if getattr(shape, key) is not UNSET]
     if len(forms) != 1:
-        _fail(path, 'must hold exactly one of "steered", "settled" or "waiting"')
+        fail(path, 'must hold exactly one of "steered", "settled" or "waiting"')
     if shape.count is not UNSET and forms != ["settled"]:
-        _fail(_key(path, "count"), 'only goes with "settled"')
+        fail(key_path(path, "count"), 'only goes with "settled"')
     if shape.waiting is not UNSET:
-        return WaitForWaiting(session=_templated(shape.waiting, _key(path, "waiting"), nonempty=True))
+        return WaitForWaiting(session=_templated(shape.waiting, key_path(path, "waiting"), nonempty=True))
     if shape.steered is not UNSET:
         if shape.steered is not True:
-            _fail(_key(path, "steered"), "must be true")
+            fail(key_path(path, "steered"), "must be true")
         return WaitForSteered()
     assert shape.settled is not UNSET  # the one form left
-    count = 1 if shape.count is UNSET else _minimum(shape.count, _key(path, "count"), 1)
-    return WaitForSettled(child=_templated(shape.settled, _key(path, "settled"), nonempty=True), count=count)
+    count = 1 if shape.count is UNSET else _minimum(shape.count, key_path(path, "count"), 1)
+    return WaitForSettled(child=_templated(shape.settled, key_path(path, "settled"), nonempty=True), count=count)

@@ -1,19 +1,21 @@
 """The keyless scripted model (docs/scripts.md): a `SessionModel` that answers from a `Script`.
 
 Theory of operation. The runtime binds the model to each session (`bind(SessionBinding)`: id,
-label, `created_at`, the runtime clock, the waits, the session's assistant-message count) and
-streams from the bound model. Its `stream(request)` registers the session (id, label,
-`created_at`) and returns an async generator; on its first step the generator yields to the
-scheduler once (shielded, so it cannot be cancelled there), then binds the session to a script
-entry and *consumes* that entry's next response — from then on the response is used up even if
-the call is cancelled, hangs or fails. Playing a response is: expand its `{{from_request:...}}`
-templates against the request's text, hold on `wait_for` (through the binding's `waits`), sleep
-`delay_ms` on the binding's `clock`, `hang` until cancelled, raise the scripted `error`, or
-stream — text as a few `TextDelta`s split at word boundaries, each tool call as one
-`ToolCallDelta` with id and name then its arguments in fragments, `Usage` if scripted, and one
-`Finish`. A checkpoint precedes every chunk, so a consumer can be cancelled between any two
-chunks and keep partial text. Compaction requests (`purpose == "compaction"`) take the next of
-the script's `summaries`.
+label, `created_at`, the runtime clock, what the session publishes (`waits`), the session's
+assistant-message count) and streams from the bound model. Binding registers the session (id,
+label, `created_at`), as does each `stream(request)`, which returns an async generator; on its
+first step the generator yields to the scheduler once (shielded, so it cannot be cancelled
+there), then binds the session to a script entry and *consumes* that entry's next response —
+from then on the response is used up even if the call is cancelled, hangs or fails. Playing a
+response is: expand its `{{from_request:...}}` templates against the request's text, hold on
+`wait_for` (see "Waits" below), sleep `delay_ms` on the binding's `clock`, `hang` until
+cancelled, raise the scripted `error`, or stream — text as a few `TextDelta`s split at word
+boundaries, each tool call as one `ToolCallDelta` with id and name then its arguments in
+fragments, `Usage` if scripted, and one `Finish`. A checkpoint precedes every chunk, so a
+consumer can be cancelled between any two chunks and keep partial text. Compaction requests
+(`purpose == "compaction"`) take the next of the script's `summaries`. Rendering a response
+(templates, call ids, the pieces it streams) is in `script_render.py`; what its waits hold on,
+in `script_waits.py`.
 
 Stalls. A `wait_for` that nothing will ever satisfy must not hang a run: each hold is watched
 on Trio's clock (never the runtime clock, whose sleeps may be virtual) and fails with
@@ -21,18 +23,31 @@ on Trio's clock (never the runtime clock, whose sleeps may be virtual) and fails
 `stall_timeout` seconds pass with no progress. Progress is anything the model sees move: a call
 starting, a response finishing or failing, a hold released, a session registered, a scripted
 delay ending, or a host calling `note_progress()`; each restarts every watch. (Appends by the
-runtime are not seen: in a scripted run every step makes a model call, so they come with model
-activity; a host with long-running tools calls `note_progress()` or raises the timeout.) While a scripted `delay_ms` sleeps,
-the watches are suspended (the delay's end is progress that is certain to come).
+runtime are not progress, though the settled count follows them: in a scripted run every step
+makes a model call, so they come with model activity; a host with long-running tools calls
+`note_progress()` or raises the timeout.) While a scripted `delay_ms` sleeps, the watches are
+suspended (the delay's end is progress that is certain to come).
+
+Waits. A `wait_for` holds on what the runtime publishes anyway, never on a hook of its own:
+`steered` until the session's inbox has accepted a delivery since its turn claimed its input
+(`SessionWaits.inbox`: a steer accepted while the call is held is recorded only at the next
+step, so no log has it yet); `settled` until the session's own log holds `count`
+`subagent/settled` records of the child named by id or by the label its `subagent/catalog`
+gives — counted from the events the log held when the session was bound (`SessionWaits.history`,
+so a settlement an earlier process recorded counts) and from the store's durable feed, which
+the model observes from the first binding that carries it (a feed observer is called in the
+appending actor's stretch, so the hold is released as the record's append is answered);
+`waiting` until a session named by id or label holds on a `wait_for` of this model. A test that
+drives the model directly may give `bind` its own `ScriptWaits` instead.
 
 Binding (fixed for the life of the instance once a session's first call starts):
 1. an entry with `session` answers that session id;
 2. entries with a `label` are shared out among the sessions with that label: the entries not yet
    taken, in script order, go to the sessions with that label that are known and not yet bound,
    in (`created_at`, id) order, and the calling session takes the entry that falls to it.
-   "Known" means registered with `register_session` (the runtime can call it when a child is
-   created), or having started a call — including a call started in the same scheduler tick,
-   thanks to the yield before binding. Limitation: a session that calls while an earlier-created
+   "Known" means bound (the runtime binds a child as it creates it), registered with
+   `register_session`, or having started a call — including a call started in the same
+   scheduler tick, thanks to the yield before binding. Limitation: a session that calls while an earlier-created
    sibling with the same label is not yet known takes that sibling's entry;
 3. otherwise (no such entry, or none left for it) the session takes the next unnamed entry in
    first-call order; if there is none, the call fails with `MODEL_SCRIPT_NO_AGENT`.
@@ -43,16 +58,15 @@ where it stopped; a new instance starts every entry at its first response.
 Error codes (`ModelError.code`): `MODEL_SCRIPTED_ERROR` (a scripted `error`, with its status),
 `MODEL_SCRIPT_NO_AGENT`, `MODEL_SCRIPT_EXHAUSTED` (responses or summaries ran out),
 `MODEL_SCRIPT_NO_MATCH` (a `{{from_request:...}}` regex found nothing),
-`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the session's binding carries no `waits`),
+`MODEL_SCRIPT_NO_WAITS` (a `wait_for` response but the session's binding publishes nothing to
+hold on), `MODEL_SCRIPT_WAIT` (a `wait_for: settled` but the runtime publishes no durable feed),
 `MODEL_SCRIPT_STALLED` (a `wait_for` with no progress for `stall_timeout` seconds).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import attrs
@@ -63,7 +77,6 @@ from ..foundation.errors import (
     ScriptedFailure,
     ScriptExhausted,
     ScriptNoAgent,
-    ScriptNoMatch,
     ScriptNoWaits,
     ScriptStalled,
 )
@@ -83,9 +96,16 @@ from .script_format import (
     WaitFor,
     WaitForSettled,
     WaitForWaiting,
-    expand_templates,
-    render_arguments,
 )
+from .script_render import (
+    describe_wait,
+    dump_wait,
+    render_response,
+    request_text,
+    split_arguments,
+    split_text,
+)
+from .script_waits import PublishedWaits, ScriptWaits, SettledTally
 
 __all__ = [
     "DEFAULT_STALL_TIMEOUT",
@@ -97,10 +117,6 @@ __all__ = [
 ]
 
 
-_WORD_START = re.compile(r"(?<=\s)(?=\S)")
-_TEXT_PIECES = 3
-
-
 @attrs.frozen(kw_only=True)
 class ScriptedModelStatistics:
     """Where a `ScriptedModel` stands: calls started per entry (script order), the session each
@@ -109,14 +125,6 @@ class ScriptedModelStatistics:
     calls: tuple[int, ...]
     bindings: tuple[str | None, ...]
     summaries_used: int
-
-
-@attrs.frozen(kw_only=True)
-class _Rendered:
-    text: str
-    calls: tuple[tuple[str, str, str], ...]  # (id, name, arguments)
-    error_message: str | None
-    settled: str | None
 
 
 class ScriptedModel:
@@ -161,6 +169,7 @@ class ScriptedModel:
         self._labels: dict[str, str] = {}  # session id → its identity label
         self._holding: dict[str, int] = {}  # session id → calls held on a wait_for now
         self._hold_changed = RepeatedEvent()
+        self._settled = SettledTally()
 
     @property
     def script(self) -> Script:
@@ -228,17 +237,37 @@ class ScriptedModel:
             summaries_used=self._summaries_used,
         )
 
-    def bind(self, session: SessionBinding) -> Model:
-        """The model `session` streams from (see the module docstring); binding registers
-        nothing: the session becomes known when it calls or is registered."""
-        return _ScriptedSession(self, session)
+    def bind(self, session: SessionBinding, *, waits: ScriptWaits | None = None) -> Model:
+        """The model `session` streams from (see the module docstring); binding registers the
+        session. Its `wait_for` holds on `waits` when given (a test driving the model directly),
+        else on what the binding publishes (`session.waits`), else a hold fails with
+        `MODEL_SCRIPT_NO_WAITS`."""
+        self.register_session(session.session_id, label=session.label, created_at=session.created_at)
+        published = session.waits
+        if waits is None and published is not None:
+            if published.feed is not None:
+                self._settled.observe(published.feed)
+                self._settled.seed(session.session_id, published.history, published.inherited_event_count)
+            waits = PublishedWaits(session.session_id, published, self._settled)
+            # Folded already: the bound session need not keep the log it started with.
+            session = attrs.evolve(session, waits=attrs.evolve(published, history=()))
+        return _ScriptedSession(self, session, waits)
 
-    def _stream(self, session: SessionBinding, request: ModelRequest) -> AsyncIterator[Chunk]:
+    async def wait_settled(self, session_id: str, child: str, count: int = 1) -> None:
+        """Until `count` settlements of the child (id or label) of `session_id` are durable in
+        its log, as this model counts them for `wait_for: settled` (a test's checkpoint)."""
+        await self._settled.wait(session_id, child, count)
+
+    def _stream(
+        self, session: SessionBinding, waits: ScriptWaits | None, request: ModelRequest
+    ) -> AsyncIterator[Chunk]:
         self.register_session(session.session_id, label=session.label, created_at=session.created_at)
         # Read now, as the call starts: the count is the session's at the time of this request.
-        return self._play(session, request, session.assistant_count())
+        return self._play(session, waits, request, session.assistant_count())
 
-    async def _play(self, session: SessionBinding, request: ModelRequest, assistant_count: int) -> AsyncIterator[Chunk]:
+    async def _play(
+        self, session: SessionBinding, waits: ScriptWaits | None, request: ModelRequest, assistant_count: int
+    ) -> AsyncIterator[Chunk]:
         # Let calls started in the same tick register before binding; shielded so that the
         # response is consumed even if the call is cancelled already.
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -251,17 +280,20 @@ class ScriptedModel:
             yield Finish("stop")
             return
         response, n = self._next_response(session)
-        rendered = _render(response, session, request, assistant_count)
+        rendered = render_response(response, session, request, assistant_count)
         wait = response.wait_for
         if isinstance(wait, WaitForWaiting):
             target = rendered.settled or wait.session
-            await self._watched(partial(self._wait_until_holding, target), session, n, _dump({"waiting": target}))
+            await self._watched(partial(self._wait_until_holding, target), session, n, dump_wait({"waiting": target}))
         elif wait is not None:
             self._holding[session.session_id] = self._holding.get(session.session_id, 0) + 1
             self._hold_changed.set()
             try:
                 await self._watched(
-                    partial(_wait, wait, rendered.settled, session), session, n, _describe_wait(wait, rendered.settled)
+                    partial(_wait, wait, rendered.settled, session, waits),
+                    session,
+                    n,
+                    describe_wait(wait, rendered.settled),
                 )
             finally:
                 self._holding[session.session_id] -= 1
@@ -285,7 +317,7 @@ class ScriptedModel:
         for index, (call_id, name, arguments) in enumerate(rendered.calls):
             await trio.lowlevel.checkpoint()
             yield ToolCallDelta(index, id=call_id, name=name)
-            for fragment in _split_arguments(arguments):
+            for fragment in split_arguments(arguments):
                 await trio.lowlevel.checkpoint()
                 yield ToolCallDelta(index, arguments=fragment)
         if response.usage is not None:
@@ -358,107 +390,15 @@ class _ScriptedSession:
 
     _model: ScriptedModel
     _session: SessionBinding
+    _waits: ScriptWaits | None
 
     def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         """Answer `request` from the session's script entry; failures are raised as `ModelError`
         while iterating."""
-        return self._model._stream(self._session, request)
+        return self._model._stream(self._session, self._waits, request)
 
 
-# --- pure helpers -----------------------------------------------------------------------------
-
-
-def split_text(text: str) -> list[str]:
-    """`text` cut at word starts into at most three pieces of about equal word counts (none for
-    empty text); the pieces concatenate back to `text`."""
-    if not text:
-        return []
-    words = _WORD_START.split(text)
-    if len(words) > 1 and words[0].isspace():
-        words[:2] = [words[0] + words[1]]  # leading blanks belong to the first word
-    count = min(_TEXT_PIECES, len(words))
-    bounds = [round(j * len(words) / count) for j in range(count + 1)]
-    return ["".join(words[bounds[j] : bounds[j + 1]]) for j in range(count)]
-
-
-def _split_arguments(arguments: str) -> list[str]:
-    if len(arguments) < 2:
-        return [arguments]
-    middle = len(arguments) // 2
-    return [arguments[:middle], arguments[middle:]]
-
-
-def request_text(messages: Sequence[Mapping[str, object]]) -> str:
-    """The text `{{from_request:...}}` searches: every text block of every message, including
-    text inside tool-result blocks, in order, joined with newlines."""
-    texts: list[str] = []
-    for message in messages:
-        _collect_text(message.get("content"), texts)
-    return "\n".join(texts)
-
-
-def _collect_text(content: object, out: list[str]) -> None:
-    if not isinstance(content, list | tuple):
-        return
-    for block in content:
-        if not isinstance(block, Mapping):
-            continue
-        kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
-            out.append(block["text"])
-        elif kind == "tool-result":
-            _collect_text(block.get("content"), out)
-
-
-def _resolver(session: SessionBinding, request: ModelRequest) -> Callable[[str], str]:
-    text: str | None = None
-
-    def resolve(source: str) -> str:
-        nonlocal text
-        if text is None:
-            text = request_text(request.messages)
-        matches = list(re.finditer(source, text))
-        last = matches[-1] if matches else None
-        if last is None or last.group(1) is None:
-            raise ScriptNoMatch(
-                f"{{{{from_request:{source}}}}} found no match in the request messages of"
-                f' session "{session.session_id}"',
-            )
-        return last.group(1)
-
-    return resolve
-
-
-def _render(
-    response: ScriptedResponse, session: SessionBinding, request: ModelRequest, assistant_count: int
-) -> _Rendered:
-    resolve = _resolver(session, request)
-    n = assistant_count + 1
-    calls = tuple(
-        (
-            expand_templates(call.id, resolve) if call.id is not None else f"call_{n}_{i}",
-            expand_templates(call.name, resolve),
-            render_arguments(call.arguments, resolve),
-        )
-        for i, call in enumerate(response.tool_calls, start=1)
-    )
-    wait = response.wait_for
-    return _Rendered(
-        text=expand_templates(response.text, resolve),
-        calls=calls,
-        error_message=(expand_templates(response.error.message, resolve) if response.error is not None else None),
-        settled=(
-            expand_templates(wait.child, resolve)
-            if isinstance(wait, WaitForSettled)
-            else expand_templates(wait.session, resolve)
-            if isinstance(wait, WaitForWaiting)
-            else None
-        ),
-    )
-
-
-async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding) -> None:
-    waits = session.waits
+async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding, waits: ScriptWaits | None) -> None:
     if waits is None:
         raise ScriptNoWaits(
             f'a scripted response of session "{session.session_id}" has wait_for but the session'
@@ -469,17 +409,3 @@ async def _wait(wait_for: WaitFor, settled: str | None, session: SessionBinding)
         await waits.settled(settled, wait_for.count)
     else:
         await waits.steered()
-
-
-def _describe_wait(wait: WaitFor, settled: str | None) -> str:
-    """The wait as the script writes it, its templates expanded (for the stall message)."""
-    if isinstance(wait, WaitForSettled):
-        shown: dict[str, object] = {"settled": settled if settled is not None else wait.child}
-        if wait.count != 1:
-            shown["count"] = wait.count
-        return _dump(shown)
-    return _dump({"steered": True})
-
-
-def _dump(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))

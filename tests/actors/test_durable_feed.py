@@ -57,3 +57,18 @@ async def test_a_failing_subscriber_is_logged_and_the_session_carries_on(
             assert (await a.append([note()])).next_seq == 1
             assert (await a.append([note()])).next_seq == 2
     assert "a durable-event subscriber failed" in caplog.text
+
+
+async def test_an_observer_sees_each_batch_by_the_time_the_append_is_answered(backend: Backend) -> None:
+    async with open_session_store(backend.store, registry(), now_ms=now_ms) as store:
+        seen: list = []
+        store.feed.add_observer(seen.append)
+        with trio.fail_after(BOUND):
+            a = await store.create(header("a"))
+            await a.append([turn_start(1), note()])
+            assert pushed(seen) == [("a", 0, [0, 1])]  # no buffer, no take: called in the stretch
+            store.feed.remove_observer(seen.append)
+            await a.append([note()])
+        assert pushed(seen) == [("a", 0, [0, 1])]
+        with pytest.raises(ValueError):
+            store.feed.remove_observer(seen.append)

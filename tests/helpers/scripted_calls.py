@@ -21,6 +21,7 @@ class Call:
 
     session: SessionBinding
     request: ModelRequest
+    waits: Any = None  # the test's own `ScriptWaits` (the runtime's published ones are not here)
 
 
 def req(
@@ -40,15 +41,14 @@ def req(
         label=label,
         created_at=created_at,
         clock=clock if clock is not None else ScenarioClock(),
-        waits=waits,
         assistant_count=lambda: assistant_count,
     )
-    return Call(binding, ModelRequest(messages=messages, purpose=purpose))
+    return Call(binding, ModelRequest(messages=messages, purpose=purpose), waits)
 
 
 def stream(model: ScriptedModel, call: Call) -> AsyncIterator[Chunk]:
     """The call's stream, from the model bound to its session."""
-    return model.bind(call.session).stream(call.request)
+    return model.bind(call.session, waits=call.waits).stream(call.request)
 
 
 async def collect(model: ScriptedModel, call: Call) -> list[Chunk]:

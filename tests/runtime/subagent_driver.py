@@ -101,7 +101,7 @@ async def _wait_mark(rt: Any, model: HookedModel, conditions: list[dict[str, Any
             await model.event(session, n).wait()
         elif "settled" in cond:
             parent, child = cond["settled"]
-            await rt.subagents.wait_settled(parent, child)
+            await model.inner.wait_settled(parent, child)
         elif "idle" in cond:
             agent = rt.agents.get(cond["idle"])
             assert agent is not None, cond

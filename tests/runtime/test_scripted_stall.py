@@ -43,7 +43,7 @@ def model_of(document: Json, **options: Any) -> ScriptedModel:
 
 
 class Waits:
-    """Fake `ModelWaits`: each hold is an event the test sets."""
+    """Fake `ScriptWaits` (given to `bind`): each hold is an event the test sets."""
 
     def __init__(self) -> None:
         self.steer = trio.Event()

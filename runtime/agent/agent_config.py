@@ -1,0 +1,30 @@
+"""What an agent is configured with (runtime/agent/loop.py): its system prompt, step and tool
+limits, inbox size, compaction policy and budget."""
+
+from __future__ import annotations
+
+import attrs
+
+from ..foundation.budgets import Budget
+from .compaction import CompactionPolicy
+
+__all__ = ["DEFAULT_CONFIG", "AgentConfig"]
+
+
+@attrs.frozen(kw_only=True)
+class AgentConfig:
+    """An agent's limits and policies; the runtime's default, or a child's from its options."""
+
+    system_prompt: str | None = None
+    max_steps: int = 64
+    max_parallel_tools: int = 10
+    tool_abort_grace: float = 2.0
+    inbox_capacity: int = 64
+    compaction: CompactionPolicy | None = None
+    # Limits on the session's own work (runtime/foundation/budgets.py): the root's from the embedder, a
+    # child's from its descriptor.
+    budget: Budget | None = None
+
+
+# Frozen: one value serves every agent given no config.
+DEFAULT_CONFIG = AgentConfig()

@@ -1,0 +1,195 @@
+"""The model half of an agent's step (docs/design.md, "The agent loop and models"): one model
+call streamed into a reply, the reply kept as `assistant/message`, and compaction's summary call.
+
+The call runs in a cancel scope the turn's cancel (or its budget's deadline) cuts at any chunk:
+the text streamed so far is kept as `assistant/message {interrupted: true}`. A `ModelError`, or
+a transport's bug, ends the turn as an error; the loop never retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from contextlib import aclosing
+from typing import Any, Literal
+
+import attrs
+import trio
+from subagents.actors import Abort
+from subagents.storage import ReplaceOp
+from trio_util import AsyncValue
+
+from ..foundation.budgets import Spent
+from ..foundation.errors import ModelError
+from ..models.base import Finish, Model, ModelRequest, TextDelta, ToolCallDelta, Usage
+from ..models.messages import message, text_blocks
+from ..tools.base import ToolSet
+from .compaction import plan_compaction
+from .step_writer import StepWriter
+from .tool_steps import ToolCall
+
+__all__ = ["ModelReply", "ModelSteps"]
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+
+@attrs.define
+class ModelReply:
+    """What one model call gave: its text, tool calls, finish and usage, or its error, and
+    whether it was cut (`interrupted`)."""
+
+    text: str = ""
+    calls: list[ToolCall] = attrs.field(factory=list)
+    finish: str | None = None
+    usage: Json | None = None
+    error: str | None = None
+    interrupted: bool = False
+
+
+class ModelSteps(StepWriter):
+    """An agent's model calls (see the module docstring); the attributes are the agent's."""
+
+    tools: ToolSet
+    spent: Spent
+    assistant_count: int
+    _stream_model: Model
+    _model_scope: trio.CancelScope | None
+    _closing_text: str | None
+    _phase: AsyncValue[Any]
+
+    def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
+        return ModelRequest(
+            messages=list(messages),
+            tools=self.tools.specs() if purpose == "turn" else (),
+            purpose=purpose,
+        )
+
+    async def _call_model(self, turn: int, step: int, abort: Abort) -> ModelReply:
+        reply = ModelReply()
+        parts: list[str] = []
+        calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
+        with trio.CancelScope(deadline=self._turn_deadline) as scope:
+            self._model_scope = scope
+            if abort.is_set():
+                scope.cancel()
+            self._phase.value = "model"
+            try:
+                async with aclosing(
+                    self._stream_model.stream(self._request("turn", self.surface.messages()))
+                ) as stream:
+                    async for chunk in stream:
+                        if isinstance(chunk, TextDelta):
+                            parts.append(chunk.text)
+                        elif isinstance(chunk, ToolCallDelta):
+                            slot = calls.setdefault(chunk.index, [None, None, []])
+                            slot[0] = slot[0] or chunk.id
+                            slot[1] = slot[1] or chunk.name
+                            slot[2].append(chunk.arguments)
+                        elif isinstance(chunk, Usage):
+                            reply.usage = {"input_tokens": chunk.input_tokens, "output_tokens": chunk.output_tokens}
+                        elif isinstance(chunk, Finish):
+                            reply.finish = chunk.reason
+            except ModelError as exc:
+                reply.error = exc.message
+            except Exception as exc:  # a transport bug must end the turn, not the runtime
+                log.exception("model transport failed for session %s", self.session_id)
+                reply.error = f"model call failed: {type(exc).__name__}: {exc}"
+            finally:
+                self._phase.value = "writing"
+        self._model_scope = None
+        reply.text = "".join(parts)
+        if scope.cancelled_caught and not abort.is_set():
+            self._expire(abort)  # only the budget's deadline cancels it without an abort
+        if scope.cancelled_caught or abort.is_set():
+            reply.interrupted = True
+            return reply
+        if reply.error is None and reply.finish is None:
+            reply.error = "the model stream ended without a finish"
+        n = self.assistant_count + 1
+        for i, index in enumerate(sorted(calls), start=1):
+            call_id, name, fragments = calls[index]
+            reply.calls.append(ToolCall(i - 1, call_id or f"call_{n}_{i}", name or "", "".join(fragments)))
+        return reply
+
+    async def _record_reply(self, turn: int, step: int, reply: ModelReply) -> None:
+        content: list[Json] = text_blocks(reply.text) if reply.text else []
+        if reply.interrupted or reply.error is not None:
+            if not reply.text:
+                return  # nothing visible was produced: no assistant message
+            reply.calls = []
+            finish = "aborted" if reply.interrupted else "error"
+        else:
+            content += [
+                {"type": "tool-call", "id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.calls
+            ]
+            finish = "tool-calls" if reply.calls else (reply.finish or "stop")
+        data: Json = {
+            "turn": turn,
+            "step": step,
+            "message": message(self._next_message_id(), "assistant", content, {"kind": "model"}),
+            "finish": finish,
+        }
+        if reply.usage is not None:
+            data["usage"] = reply.usage
+            self.spent = attrs.evolve(
+                self.spent, tokens=self.spent.tokens + reply.usage["input_tokens"] + reply.usage["output_tokens"]
+            )
+        if reply.interrupted:
+            data["interrupted"] = True
+        self._stage("assistant/message", data, surface_op="append")
+        self.assistant_count += 1
+        self._closing_text = reply.text or None
+        if not reply.calls:
+            return
+        with trio.CancelScope(shield=True):
+            await self._flush()
+
+    # --- compaction -----------------------------------------------------------------------
+
+    async def _maybe_compact(self, turn: int, step: int, abort: Abort) -> None:
+        policy = self.config.compaction
+        if policy is None or abort.is_set() or self.surface.size() <= policy.max_chars:
+            return
+        plan = plan_compaction(self.surface.nodes, keep_recent=policy.keep_recent)
+        if plan is None:
+            return
+        self._stage("compaction/start", {"turn": turn})
+        summary = await self._summarize([n.message for n in plan.nodes], abort)
+        if summary is None:
+            self._staged.pop()  # no summary, no compaction: the log shows none of it
+            return
+        self._stage("compaction/summary", {"text": summary})
+        replacement = message(
+            self._next_message_id(),
+            "user",
+            text_blocks(f"<compacted-summary>{summary}</compacted-summary>"),
+            {"kind": "compaction"},
+        )
+        self._stage(
+            "user/message",
+            {"turn": turn, "step": step, "message": replacement},
+            surface_op=ReplaceOp(op="replace", start_seq=plan.start_seq, end_seq=plan.end_seq),
+            source_event_seqs=sorted(n.seq for n in plan.nodes),
+        )
+        self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
+
+    async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
+        parts: list[str] = []
+        with trio.CancelScope(deadline=self._turn_deadline) as scope:
+            self._model_scope = scope
+            try:
+                async with aclosing(self._stream_model.stream(self._request("compaction", messages))) as stream:
+                    async for chunk in stream:
+                        if isinstance(chunk, TextDelta):
+                            parts.append(chunk.text)
+            except ModelError as exc:
+                log.warning("compaction of session %s failed: %s", self.session_id, exc.message)
+                return None
+        self._model_scope = None
+        if scope.cancelled_caught and not abort.is_set():
+            self._expire(abort)
+        if scope.cancelled_caught or abort.is_set() or not parts:
+            return None
+        return "".join(parts)

@@ -1,0 +1,157 @@
+"""The tool half of an agent's step (docs/design.md, "The agent loop and models"): each requested
+call written as `tool/call` (durable before it runs), run, and its `tool/result` written in model
+order. Consecutive parallel-safe calls run together (at most `max_parallel_tools` at once); an
+exclusive call runs alone.
+
+Cancellation is two-phase: after the turn's abort, running tools get `tool_abort_grace` seconds
+of the runtime clock to return (what they return is recorded), then their scope is cancelled: a
+dispatched call with no result gets `Error: tool call was cancelled`, an undispatched one a
+`tool/call` and `Error: tool call aborted before dispatch`. Result writes run shielded, so the
+log and the in-memory surface never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import trio
+from subagents.actors import Abort
+from trio_util import move_on_when
+
+from ..models.messages import tool_result_message
+from ..tools.base import PreparedCall, ToolContext, ToolOutcome, ToolSet
+from .step_writer import Json, StepWriter
+
+__all__ = ["CANCELLED_TEXT", "NOT_DISPATCHED_TEXT", "ToolCall", "ToolSteps"]
+
+CANCELLED_TEXT = "tool call was cancelled"
+NOT_DISPATCHED_TEXT = "tool call aborted before dispatch"
+
+
+@attrs.define
+class ToolCall:
+    """One call the model asked for in this step, from dispatch to its recorded result."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+    outcome: ToolOutcome | None = None
+    prepared: PreparedCall | None = None
+    dispatched: bool = False
+    recorded: bool = False
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+
+class ToolSteps(StepWriter):
+    """An agent's tool calls (see the module docstring); the attributes are the agent's."""
+
+    tools: ToolSet
+
+    async def _run_tools(self, turn: int, step: int, calls: list[ToolCall], abort: Abort) -> None:
+        limiter = trio.CapacityLimiter(self.config.max_parallel_tools)
+        async with move_on_when(self._grace, abort):
+            for group in _groups(calls, self.tools.parallel_safe):
+                if abort.is_set():
+                    break
+                for call in group:
+                    self._stage(
+                        "tool/call",
+                        {
+                            "turn": turn,
+                            "step": step,
+                            "call_id": call.id,
+                            "name": call.name,
+                            "arguments": call.arguments,
+                        },
+                    )
+                    call.dispatched = True
+                with trio.CancelScope(shield=True):
+                    await self._flush()
+                for call in group:  # in model order: ids and times drawn here follow it
+                    call.prepared = await self.tools.prepare(
+                        call.name, call.arguments, self._ctx(turn, step, call, abort)
+                    )
+                async with trio.open_nursery() as pool:
+                    for call in group:
+                        # Slots are taken in model order, so a call that waits on an
+                        # earlier one of its step (a child's catalog) never holds the slot
+                        # that earlier call needs.
+                        await limiter.acquire_on_behalf_of(call.index)
+                        pool.start_soon(self._execute, turn, step, call, abort, limiter)
+                    for call in group:
+                        await _announced(call)
+                    for call in group:
+                        await call.done.wait()
+                        await self._record_result(turn, step, call)
+        for call in calls:
+            if call.recorded:
+                continue
+            if call.outcome is not None:
+                pass  # it returned, but the cancel came before its result was written
+            elif call.dispatched:
+                call.outcome = ToolOutcome.failure(CANCELLED_TEXT, name="ToolCancelledError", code="CANCELLED")
+            else:
+                self._stage(
+                    "tool/call",
+                    {"turn": turn, "step": step, "call_id": call.id, "name": call.name, "arguments": call.arguments},
+                )
+                call.outcome = ToolOutcome.failure(
+                    NOT_DISPATCHED_TEXT, name="ToolAbortedError", code="ABORTED_BEFORE_DISPATCH"
+                )
+            await self._record_result(turn, step, call)
+
+    async def _grace(self, abort: Abort) -> None:
+        """Returns (and so cancels the running tools) `tool_abort_grace` after the abort."""
+        with trio.move_on_at(self._turn_deadline):
+            await abort.wait()
+        self._expire(abort)  # no-op when the abort came first
+        await self.clock.sleep(self.config.tool_abort_grace)
+
+    def _ctx(self, turn: int, step: int, call: ToolCall, abort: Abort) -> ToolContext:
+        return ToolContext(session_id=self.session_id, call_id=call.id, turn=turn, step=step, abort=abort, agent=self)
+
+    async def _execute(self, turn: int, step: int, call: ToolCall, abort: Abort, limiter: trio.CapacityLimiter) -> None:
+        assert call.prepared is not None
+        try:
+            call.outcome = await self.tools.run(call.prepared, self._ctx(turn, step, call, abort))
+        finally:
+            limiter.release_on_behalf_of(call.index)
+        call.done.set()
+
+    async def _record_result(self, turn: int, step: int, call: ToolCall) -> None:
+        outcome = call.outcome
+        assert outcome is not None
+        data: Json = {
+            "turn": turn,
+            "step": step,
+            "message": tool_result_message(
+                self._next_message_id(), call.id, outcome.content, is_error=outcome.is_error
+            ),
+        }
+        if outcome.error is not None:
+            data["error"] = outcome.error
+        self._stage("tool/result", data, surface_op="append")
+        call.recorded = True
+        with trio.CancelScope(shield=True):
+            await self._flush()
+
+
+async def _announced(call: ToolCall) -> None:
+    """Until the call wrote what it writes to this session's log before its result (a child's
+    `subagent/catalog`): results then never interleave with a later call's such writes."""
+    announced = getattr(call.prepared.state if call.prepared is not None else None, "announced", None)
+    if isinstance(announced, trio.Event):
+        await announced.wait()
+
+
+def _groups(calls: list[ToolCall], parallel_safe: Callable[[str], bool]) -> list[list[ToolCall]]:
+    """Consecutive parallel-safe calls run together; an exclusive call runs alone (a barrier)."""
+    groups: list[list[ToolCall]] = []
+    for call in calls:
+        if parallel_safe(call.name) and groups and parallel_safe(groups[-1][0].name):
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+    return groups
