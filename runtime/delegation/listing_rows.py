@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
-from subagents.runtime.query import SessionRecord
 from subagents.storage import StoredCheckpoint
 
+from ..query import SessionRecord
 from .lineage import children_of, lineage, same_lifecycle
 from .units import IDENTITY_UNIT
 
