@@ -260,7 +260,7 @@ class ListingService:
             entries[owner.id] = stored_catalog(owner, stored.get(owner.id, ()))
         return entries, stored
 
-    async def _stored_rows(self, ids: list[str]) -> dict[str, list[StoredCheckpoint]]:
+    async def _stored_rows(self, ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]]:
         """The checkpoint rows of `ids` in one query and one index hop; every id asked is a key
         of the answer (no rows: the index is a cache, any failure is a miss)."""
         if self.query is None or not ids:

@@ -74,6 +74,7 @@ def own_identity(identity: object, inherited_event_count: int) -> dict[str, Any]
 
 
 _ROW_CACHE = 8192  # rows kept for reuse at most (a row is ~200 bytes)
+_MODES: tuple[Literal["one-shot"], Literal["continuable"]] = ("one-shot", "continuable")  # what a descriptor holds
 
 
 class RowCache:
@@ -86,7 +87,7 @@ class RowCache:
 
     def child(self, record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
         mode, label = identity["mode"], identity.get("label")
-        if type(mode) is not str or (label is not None and type(label) is not str):
+        if mode not in _MODES or (label is not None and type(label) is not str):
             # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
             return ChildRow(
                 id=record.id,

@@ -96,6 +96,8 @@ class Placement:
                     await settled.wait()
                 if settled.is_set():
                     return
+                # (bound first: a cancel scope's exit may swallow, so the checker cannot see the assignment done)
+                child: Agent | None = None
                 with trio.CancelScope(shield=True):  # a child resumed here is never left untracked
                     child = await self._take_back(child_id, settled)
                 if child is not None:

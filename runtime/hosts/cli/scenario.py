@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ...foundation.errors import ScenarioError, UsageError
 from .common import STALL_HELP, stall_timeout
 
+if TYPE_CHECKING:
+    from .common import Commands
+
 __all__ = ["add_scenario_command", "scenario_main"]
 
 
-def add_scenario_command(commands: Any) -> None:
+def add_scenario_command(commands: Commands) -> None:
     """The parser of `scenario`."""
     scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")
     scenario.add_argument(

@@ -14,16 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subagents.storage import HostRow, StorageError
 
 from ...foundation.errors import CommandFailed, UsageError
+from .common import Parser
+
+if TYPE_CHECKING:
+    from .common import Commands
 
 __all__ = ["add_serve_commands", "hosts_command", "serve_command"]
 
 
-def add_serve_commands(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
+def add_serve_commands(commands: Commands, root: Parser, model_options: Parser) -> None:
     serve = commands.add_parser(
         "serve",
         parents=[root, model_options],

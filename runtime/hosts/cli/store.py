@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from subagents.storage import StorageError
 
 from ...foundation.errors import UsageError
 from .common import read_only_root
 
+if TYPE_CHECKING:
+    from .common import Commands
+
 __all__ = ["add_store_commands", "select_store", "transfer_command"]
 
 
-def add_store_commands(commands: Any) -> None:
+def add_store_commands(commands: Commands) -> None:
     """`store init`, `export` and `import` (runtime/hosts/cli/transfer.py)."""
     store = commands.add_parser("store", help="manage a PostgreSQL store")
     store.add_argument("action", choices=("init",), metavar="ACTION", help="init: create or migrate the schema")
