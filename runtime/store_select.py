@@ -24,9 +24,16 @@ from subagents.storage import (
     PostgresMailbox,
 )
 
-__all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
+__all__ = ["PG_SCHEMES", "StoreOptions", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
 
 PG_SCHEMES = ("postgresql", "postgres")
+
+
+class StoreOptions(TypedDict, total=False):
+    """What `open_runtime` passes on to `open_log_store` besides the store (None: its default)."""
+
+    lease_ttl: float | None
+    lease_renew_interval: float | None
 
 
 class _LeaseOptions(TypedDict, total=False):

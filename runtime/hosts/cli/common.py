@@ -16,7 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 import trio
 from subagents.storage import InvalidSessionId, StorageError, check_session_id
@@ -158,7 +158,7 @@ class Interrupt:
                 scope.cancel()
 
 
-async def until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
+async def until_interrupted(fn: Callable[..., Awaitable[int]], *args: object) -> int:
     """Run `fn(*args, interrupt=...)`; Ctrl-C makes the status 130. SIGINT is taken as a
     signal here, so no KeyboardInterrupt lands in some agent's task."""
     with trio.open_signal_receiver(signal.SIGINT) as signals:

@@ -62,7 +62,7 @@ class _VersionAction(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kwargs: object) -> None:
         print(f"{parser.prog} {version()}")  # on stdout, as argparse's own version action
         parser.exit(0)
 

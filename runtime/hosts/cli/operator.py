@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 from subagents.storage import EnvelopeKind, LogInfo, SessionNotFound, StorageError, StoreUnreachable
@@ -156,7 +156,7 @@ async def operator_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
+async def tail_command(args: argparse.Namespace, *, write: Callable[[bytes], None]) -> int:
     """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
     sid = args.session_id
     async with _opened(args) as side:

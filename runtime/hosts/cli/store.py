@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from subagents.storage import StorageError
+from subagents.storage import LogStore, StorageError
 
 from ...foundation.errors import UsageError
 from .common import read_only_root
@@ -63,7 +63,7 @@ def _is_pg(spec: str) -> bool:
 _CREATES_SCHEMA = ("run", "chat", "acp", "demo", "serve")  # and `store init`, `import` (transfer_command)
 
 
-def _open_pg(url: str, *, create_schema: bool = True) -> Any:
+def _open_pg(url: str, *, create_schema: bool = True) -> LogStore:
     """The PostgreSQL store at `url`, or `UsageError` in one line (exit status 2)."""
     from ...store_select import open_log_store
 
