@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import trio
@@ -38,7 +38,7 @@ from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
 from .read_side import runtime_registry
-from .store_select import open_log_store, open_mailbox
+from .store_select import StoreOptions, open_log_store, open_mailbox
 from .tools.base import Tool, ToolSet
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
@@ -96,7 +96,7 @@ async def open_runtime(
     mailbox: Mailbox | None = None,
     store: str | None = None,
     placements: Placements | None = None,
-    store_options: Mapping[str, Any] | None = None,
+    store_options: StoreOptions | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -132,7 +132,7 @@ async def open_runtime(
     logs = (
         log_store
         if log_store is not None
-        else open_log_store(store or root, compression=compression, **(store_options or {}))
+        else open_log_store(store or root, compression=compression, **(store_options or StoreOptions()))
     )
     registry = runtime_registry()
     leased = logs.leased

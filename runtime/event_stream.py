@@ -29,9 +29,8 @@ pump task is owned by the nursery `open_event_stream` opens.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
 import attrs
 import msgspec
@@ -39,6 +38,7 @@ import trio
 from subagents.actors import DurableBatch, FeedSubscription
 from subagents.storage import Event, SessionNotFound, StorageError
 
+from .foundation.json_values import JsonObject
 from .query import SessionQuery
 
 __all__ = ["EventStream", "StreamEvent", "open_event_stream"]
@@ -64,9 +64,9 @@ class StreamEvent:
         (the log record's optional keys, such as `surface_op`, included as stored)."""
         return b'{"session_id":' + _encode(self.session_id) + b"," + _encode(self.event)[1:]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The record as plain JSON values."""
-        value: dict[str, Any] = msgspec.json.decode(self.json_bytes())
+        value: JsonObject = msgspec.json.decode(self.json_bytes())
         return value
 
 
@@ -123,7 +123,7 @@ class _Pump:
         self.tracked: dict[str, _Tracked] = {}
         # The durable end of every session live when the subscription started (taken with no
         # checkpoint in between, so every later push is at or past it).
-        self.live_ends = {ref.session_id: int(ref.durable_next) for ref in sessions.list()}
+        self.live_ends: dict[str, int] = {ref.session_id: int(ref.durable_next) for ref in sessions.list()}
         self.unread: list[str] = []  # tracked sessions waiting for their first read
 
     def boundary(self, session_id: str, read_end: int) -> int:
@@ -197,7 +197,7 @@ class _Pump:
                     tracked.start = self.boundary(session_id, tracked.cursor + len(events))
         await self.deliver(session_id, tracked, events)
 
-    async def deliver(self, session_id: str, tracked: _Tracked, events: Any) -> None:
+    async def deliver(self, session_id: str, tracked: _Tracked, events: Sequence[Event]) -> None:
         for event in events:
             if event.seq < tracked.cursor:
                 continue  # delivered already (read and pushed both)

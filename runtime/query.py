@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import msgspec
@@ -51,6 +51,7 @@ from subagents.storage import (
     LogInfo,
     LogStore,
     ObservedCheckpoint,
+    Offset,
     ProjectionBroken,
     ProjectionCells,
     ProjectionRegistry,
@@ -73,6 +74,7 @@ from .foundation.errors import (
     QueryUnsupportedSession,
     SessionQueryError,
 )
+from .foundation.json_values import JsonValue
 from .query_corpus import Corpus, SessionRecord, headers_differ
 
 __all__ = ["Observation", "SessionQuery", "SessionRecord", "headers_differ"]
@@ -87,7 +89,7 @@ class Observation:
     header: SessionHeader
     inherited_event_count: int
     events: tuple[Event, ...]
-    projections: dict[str, Any]
+    projections: dict[str, JsonValue]
     released: bool = False
     # Another process holds the session's lock (its turn may still be running): `events` are
     # as written, with no in-memory closers.
@@ -104,7 +106,7 @@ class _Prepared:
     header: SessionHeader
     inherited_event_count: int
     events: tuple[Event, ...]
-    projections: dict[str, Any]
+    projections: dict[str, JsonValue]
     size: int
     closers: int = 0  # how many of `events` are in-memory closers
     observed: ObservedCheckpoint | None = None
@@ -165,7 +167,7 @@ class SessionQuery:
         def read() -> tuple[int, list[Event]]:
             handle = store.open_read(session_id)
             try:
-                return handle.inherited_event_count, store.read(handle, start)  # type: ignore[arg-type]  # `start` is an Offset (an int)
+                return handle.inherited_event_count, store.read(handle, Offset(start))
             finally:
                 store.close(handle)
 
@@ -304,7 +306,7 @@ class SessionQuery:
             raise QuerySourceConflict(f"session source headers conflict for session {sid!r}")
         cells = read.cells
         if cells is None:  # a reader that does not fold: fold here
-            cells = self.registry.cells(read.header, read.inherited_event_count)
+            cells = self.registry.cells(read.header, Offset(read.inherited_event_count))
             cells.fold(read.events)
         try:
             projections = cells.snapshot()
@@ -333,7 +335,7 @@ class SessionQuery:
         if durable <= 0 or read.events[durable - 1].seq + 1 != info.event_count:
             return None
         if read.closers:  # rare (an interrupted turn): the cells before the closers, folded again
-            cells = self.registry.cells(read.header, read.inherited_event_count)
+            cells = self.registry.cells(read.header, Offset(read.inherited_event_count))
             cells.fold(read.events[:durable])
         rows = []
         for key, row in cells.checkpoint().items():

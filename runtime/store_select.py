@@ -24,9 +24,16 @@ from subagents.storage import (
     PostgresMailbox,
 )
 
-__all__ = ["PG_SCHEMES", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
+__all__ = ["PG_SCHEMES", "StoreOptions", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
 
 PG_SCHEMES = ("postgresql", "postgres")
+
+
+class StoreOptions(TypedDict, total=False):
+    """What `open_runtime` passes on to `open_log_store` besides the store (None: its default)."""
+
+    lease_ttl: float | None
+    lease_renew_interval: float | None
 
 
 class _LeaseOptions(TypedDict, total=False):
@@ -65,7 +72,9 @@ def open_log_store(
         leases: _LeaseOptions = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
         if lease_renew_interval is not None:
             leases["lease_renew_interval"] = lease_renew_interval
-        return PostgresLogStore(spec, create_schema=create_schema, **leases)
+        # Placements declares `host_id` a mutable attribute, which PgPlacements' property cannot be
+        # to the checker; declared read-only (a property) in storage/placements.py this goes.
+        return PostgresLogStore(spec, create_schema=create_schema, **leases)  # pyright: ignore[reportReturnType]
     return FileLogStore(spec, compression=compression)
 
 

@@ -170,6 +170,56 @@ def test_the_face_check_refuses_deep_imports_and_the_test_doubles(tmp_path: Path
     assert _face_problems("subagents.storage.fake", fake) == []
 
 
+def _own_layer_by_name(module: str, path: Path) -> list[str]:
+    """Imports of `module` (at `path`) that name its own layer absolutely (`subagents.<layer>...`).
+    Inside a layer the imports are relative: the type checker reads the layers through a link tree
+    (`.venv/typecheck`), so one file imported under both names is two modules to it, and their
+    classes two unrelated types."""
+    layer = _layer_of(module)
+    own = f"subagents.{layer}"
+    problems = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        problems.extend(
+            f"line {node.lineno}: {layer} imports its own layer as {name!r}"
+            for name in names
+            if name == own or name.startswith(f"{own}.")
+        )
+    return problems
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_a_layer_imports_its_own_modules_relatively(module: str) -> None:
+    assert _own_layer_by_name(module, MODULES[module]) == []
+
+
+def test_the_own_layer_check_refuses_absolute_names(tmp_path: Path) -> None:
+    fake = tmp_path / "fake.py"
+    fake.write_text(
+        "from subagents.runtime.query import SessionQuery\n"
+        "import subagents.runtime.app\n"
+        "from subagents.runtime import open_runtime\n"
+        "from subagents.storage import FileLogStore\n"
+        "from subagents.actors import SessionStore\n"
+        "from ..query import SessionRecord\n"
+        "from . import lineage\n"
+    )
+    assert _own_layer_by_name("subagents.runtime.delegation.fake", fake) == [
+        "line 1: runtime imports its own layer as 'subagents.runtime.query'",
+        "line 2: runtime imports its own layer as 'subagents.runtime.app'",
+        "line 3: runtime imports its own layer as 'subagents.runtime'",
+    ]
+    assert _own_layer_by_name("subagents.storage.fake", fake) == [
+        "line 4: storage imports its own layer as 'subagents.storage'"
+    ]
+    fake.write_text("from subagents.storagex import x\nfrom .file_store import FileLogStore\n")
+    assert _own_layer_by_name("subagents.storage.fake", fake) == []
+
+
 # The runtime's rooms, bottom to top (docs/design.md, "Rooms"). A module's room is the longest
 # prefix below that names it; it may import its own room and the rooms below, never one above.
 # The package faces (`__init__`) re-export lazily and are left out.

@@ -179,7 +179,9 @@ _NO_CHILDREN_TEXT = NO_CHILDREN.decode()
 def may_name_children(row: StoredCheckpoint) -> bool:
     """False for a stored catalog that is certainly empty (told from its JSON, not decoded)."""
     raw = row.val_json
-    return (NO_CHILDREN if isinstance(raw, bytes) else _NO_CHILDREN_TEXT) not in raw
+    if isinstance(raw, bytes):
+        return NO_CHILDREN not in raw
+    return _NO_CHILDREN_TEXT not in raw
 
 
 def catalog_owners(stored: Mapping[str, Sequence[StoredCheckpoint]]) -> set[str]:

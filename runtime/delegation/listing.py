@@ -34,7 +34,6 @@ from __future__ import annotations
 import operator
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
 
 import attrs
 from subagents.actors import (
@@ -54,6 +53,7 @@ from ..foundation.errors import (
     SessionStoreUnavailable,
     SubagentCancelled,
 )
+from ..foundation.json_values import JsonObject, JsonValue
 from ..query import SessionQuery, SessionRecord
 from .lineage import (
     NO_CHILDREN,
@@ -260,7 +260,7 @@ class ListingService:
             entries[owner.id] = stored_catalog(owner, stored.get(owner.id, ()))
         return entries, stored
 
-    async def _stored_rows(self, ids: list[str]) -> dict[str, list[StoredCheckpoint]]:
+    async def _stored_rows(self, ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]]:
         """The checkpoint rows of `ids` in one query and one index hop; every id asked is a key
         of the answer (no rows: the index is a cache, any failure is a miss)."""
         if self.query is None or not ids:
@@ -352,7 +352,7 @@ class ListingService:
         await self._cold_rows(candidates, cold, shape, results, stored, proved)
         return results
 
-    async def _live_answers(self, refs: list[SessionRef], keys: list[str]) -> list[Any]:
+    async def _live_answers(self, refs: list[SessionRef], keys: list[str]) -> list[dict[str, JsonValue] | Exception]:
         """All live asks for `keys` at once (a cancelled listing stops waiting: an actor stuck
         in storage must not hold it)."""
         if not refs:
@@ -410,7 +410,7 @@ class ListingService:
 
     async def _checkpoint_identities(
         self, records: Sequence[SessionRecord], stored: dict[str, list[StoredCheckpoint]] | None = None
-    ) -> dict[str, tuple[dict[str, Any], bool]]:
+    ) -> dict[str, tuple[JsonObject, bool]]:
         """Identities the index's checkpoint rows prove, for all cold candidates: the rows read
         with the catalogs, and the rest (those that stopped meanwhile) in one more query. With
         each, whether its row covers the log whole (`seq` is its last event's)."""

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import trio
 from subagents.actors import ReadGroup, raise_bare_cancelled
-from subagents.runtime.foundation.errors import SessionQueryError
-from subagents.runtime.query import SessionQuery, SessionRecord, headers_differ
 from subagents.storage import ObservedCheckpoint
 
+from ..foundation.errors import SessionQueryError
+from ..query import SessionQuery, SessionRecord, headers_differ
 from .lineage import names_absent
 from .listing_rows import CorpusShape, DiagnosticRow, Row, RowCache, own_identity
 from .units import CATALOG_UNIT, IDENTITY_UNIT

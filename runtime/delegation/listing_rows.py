@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
-from subagents.runtime.query import SessionRecord
 from subagents.storage import StoredCheckpoint
 
+from ..foundation.json_values import JsonObject
+from ..query import SessionRecord
 from .lineage import children_of, lineage, same_lifecycle
 from .units import IDENTITY_UNIT
 
@@ -35,8 +36,8 @@ class ChildRow:
     parent_id: str | None = None  # descendants only
     depth: int | None = None  # descendants only
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {
             "kind": "child",
             "id": self.id,
             "activity": self.activity,
@@ -57,8 +58,8 @@ class DiagnosticRow:
     parent_id: str | None = None
     depth: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": "diagnostic", "id": self.id, "reason": self.reason}
+    def to_json(self) -> JsonObject:
+        out: JsonObject = {"kind": "diagnostic", "id": self.id, "reason": self.reason}
         if self.parent_id is not None:
             out |= {"parent_id": self.parent_id, "depth": self.depth}
         return out
@@ -67,13 +68,14 @@ class DiagnosticRow:
 Row = ChildRow | DiagnosticRow
 
 
-def own_identity(identity: object, inherited_event_count: int) -> dict[str, Any] | None:
+def own_identity(identity: object, inherited_event_count: int) -> JsonObject | None:
     if isinstance(identity, dict) and type(identity.get("seq")) is int and identity["seq"] >= inherited_event_count:
         return identity
     return None
 
 
 _ROW_CACHE = 8192  # rows kept for reuse at most (a row is ~200 bytes)
+_MODES: tuple[Literal["one-shot"], Literal["continuable"]] = ("one-shot", "continuable")  # what a descriptor holds
 
 
 class RowCache:
@@ -84,9 +86,9 @@ class RowCache:
     def __init__(self) -> None:
         self._made: dict[tuple[str, bool, bool, object, object], ChildRow] = {}
 
-    def child(self, record: SessionRecord, identity: dict[str, Any], has_children: bool, live: bool) -> ChildRow:
+    def child(self, record: SessionRecord, identity: JsonObject, has_children: bool, live: bool) -> ChildRow:
         mode, label = identity["mode"], identity.get("label")
-        if type(mode) is not str or (label is not None and type(label) is not str):
+        if mode not in _MODES or (label is not None and type(label) is not str):
             # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
             return ChildRow(
                 id=record.id,
@@ -152,7 +154,7 @@ class CorpusShape:
 
 def stored_identities(
     records: Sequence[SessionRecord], rows: Mapping[str, Sequence[StoredCheckpoint]]
-) -> dict[str, tuple[dict[str, Any], bool]]:
+) -> dict[str, tuple[JsonObject, bool]]:
     """The identities the stored checkpoint `rows` prove for `records` (a row of this lifecycle
     the record's view of the log covers), each with whether its row covers the log whole
     (`seq` is its last event's)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import Any
 
 import attrs
 import trio
@@ -28,6 +27,7 @@ from subagents.storage import AlreadyOwned, Mailbox, PersistenceFailed, Placemen
 from ..agent.loop import Agent
 from ..agent.registry import AgentRegistry
 from ..foundation.errors import AgentError, NotResumable, SubagentError
+from ..foundation.json_values import JsonObject
 from ..query import SessionQuery
 from .residency import ChildHooks, Residency, unavailable
 from .routing import Routing
@@ -36,8 +36,6 @@ from .settlement import Settlement
 __all__ = ["Placement"]
 
 log = logging.getLogger(__name__)
-
-Json = dict[str, Any]
 
 
 @attrs.define(eq=False)
@@ -96,6 +94,8 @@ class Placement:
                     await settled.wait()
                 if settled.is_set():
                     return
+                # (bound first: a cancel scope's exit may swallow, so the checker cannot see the assignment done)
+                child: Agent | None = None
                 with trio.CancelScope(shield=True):  # a child resumed here is never left untracked
                     child = await self._take_back(child_id, settled)
                 if child is not None:
@@ -133,14 +133,14 @@ class Placement:
             return None
         if claims is None or settled.is_set():
             if claims is not None:
-                await self._place_again(child_id, claims)
+                await self._place_again(placements, child_id, claims)
             return None
         try:
             _header, identity = await self.routing.observe_child(child_id, None)
             child = await self.agents.resume(child_id, label=identity.get("label"))
         except (AlreadyOwned, StorageError, SubagentError) as exc:
             log.warning("placed child %s: no host serves it, and it cannot be run here now: %s", child_id, exc)
-            await self._place_again(child_id, claims)
+            await self._place_again(placements, child_id, claims)
             return None
         if self.residency.placed.get(child_id) is settled:
             del self.residency.placed[child_id]  # runs here from now on: messages and interrupts reach it directly
@@ -149,9 +149,9 @@ class Placement:
         log.info("placed child %s: no host serves it any more; it runs here", child_id)
         return child
 
-    async def _place_again(self, child_id: str, claims: int) -> None:
+    async def _place_again(self, placements: Placements, child_id: str, claims: int) -> None:
         try:
-            await trio.to_thread.run_sync(partial(self.placements.enqueue, claimed_before=claims > 0), child_id)  # type: ignore[union-attr]  # only called with placements
+            await trio.to_thread.run_sync(partial(placements.enqueue, claimed_before=claims > 0), child_id)
         except StorageError as exc:
             log.warning("placed child %s: could not be placed again: %s", child_id, exc)
 
@@ -216,7 +216,7 @@ class Placement:
             return True  # a log that cannot even name its parent: nobody to tell
         if info is None or info.header is None or info.header.parent_session is None:
             return True
-        data: Json = {"child_id": child_id, "reason_kind": "error", "reason_message": reason}
+        data: JsonObject = {"child_id": child_id, "reason_kind": "error", "reason_message": reason}
         return await self.settlement.post(info.header.parent_session, child_id, data)
 
     async def take_over(self, session_id: str) -> Activation | Agent | None:

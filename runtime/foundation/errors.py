@@ -67,7 +67,7 @@ tool-argument parser's `_ArgumentsError` (an `Error:` result).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from subagents.storage import SubagentsError
 
@@ -137,7 +137,7 @@ class SessionQueryError(SubagentsError):
     code = "QUERY_ERROR"
     record_name = "SessionQueryError"
     # How listing shows a child whose observation failed this way (None: the listing fails).
-    diagnostic: ClassVar[str | None] = None
+    diagnostic: ClassVar[Literal["corrupt", "unsupported", "unavailable"] | None] = None
 
 
 class QuerySessionNotFound(SessionQueryError):

@@ -42,8 +42,11 @@ INTERRUPTED = object()  # what it returns when `interrupt` took its prompt away 
 TREE_LINES = 8  # children the toolbar shows at most (the working ones first)
 
 
-class TerminalOutput:
-    """A text file for the chat's console (rich) that never writes through a drawn prompt."""
+class TerminalOutput(TextIO):
+    """A text file for the chat's console (rich) that never writes through a drawn prompt.
+
+    A `TextIO` because that is what rich's Console takes; rich calls only what is defined here
+    (write, flush, isatty, fileno, encoding)."""
 
     def __init__(
         self, stream: TextIO | None = None, in_terminal: Callable[[Callable[[], None]], Any] | None = None

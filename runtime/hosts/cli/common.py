@@ -16,7 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 import trio
 from subagents.storage import InvalidSessionId, StorageError, check_session_id
@@ -57,6 +57,12 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"subagents: {one_line(message)} (see '{self.prog} --help')\n")
+
+
+if TYPE_CHECKING:
+    # What `add_subparsers` hands back, each command group adding its parsers to it (argparse
+    # has no public name for the type, so the alias exists for the checker only).
+    Commands: TypeAlias = argparse._SubParsersAction[Parser]
 
 
 def one_line(text: str) -> str:
@@ -152,7 +158,7 @@ class Interrupt:
                 scope.cancel()
 
 
-async def until_interrupted(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
+async def until_interrupted(fn: Callable[..., Awaitable[int]], *args: object) -> int:
     """Run `fn(*args, interrupt=...)`; Ctrl-C makes the status 130. SIGINT is taken as a
     signal here, so no KeyboardInterrupt lands in some agent's task."""
     with trio.open_signal_receiver(signal.SIGINT) as signals:

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -50,6 +50,9 @@ from .scenario import add_scenario_command, scenario_main
 from .serve import add_serve_commands, hosts_command, serve_command
 from .store import add_store_commands, select_store, transfer_command
 
+if TYPE_CHECKING:
+    from .common import Commands
+
 __all__ = ["build_parser", "iso_time", "main"]
 
 
@@ -59,7 +62,7 @@ class _VersionAction(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object, **_kwargs: object) -> None:
         print(f"{parser.prog} {version()}")  # on stdout, as argparse's own version action
         parser.exit(0)
 
@@ -126,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _model_options() -> argparse.ArgumentParser:
+def _model_options() -> Parser:
     """The model options every host command (`run`, `chat`, `acp`) takes."""
     options = Parser(add_help=False)
     options.add_argument(
@@ -145,7 +148,7 @@ def _model_options() -> argparse.ArgumentParser:
     return options
 
 
-def _add_acp(commands: Any, model_options: argparse.ArgumentParser) -> None:
+def _add_acp(commands: Commands, model_options: Parser) -> None:
     acp = commands.add_parser(
         "acp", parents=[model_options], help="an Agent Client Protocol agent on stdin/stdout (for editors such as Zed)"
     )
@@ -153,7 +156,7 @@ def _add_acp(commands: Any, model_options: argparse.ArgumentParser) -> None:
     acp.add_argument("--store", metavar="URL", default=None, help=STORE_HELP)
 
 
-def _chat_parser(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
+def _chat_parser(commands: Commands, root: Parser, model_options: Parser) -> None:
     chat = commands.add_parser(
         "chat", parents=[root, model_options], help="an interactive session (created or resumed)"
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from subagents.storage import StorageError, StoreUnreachable
 
@@ -23,6 +23,11 @@ from ...read_side import open_read_side
 from ...usage import own_totals, tree_json, tree_totals
 from ..transcript import render, transcript
 from .common import cell_text, iso_time, table_lines
+
+if TYPE_CHECKING:
+    from ...delegation.listing_rows import Row
+    from ...foundation.json_values import JsonObject
+    from ...query import SessionRecord
 
 __all__ = ["children_command", "sessions_command", "show_command"]
 
@@ -41,7 +46,7 @@ async def children_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _list(args: argparse.Namespace) -> tuple[list[Any], dict[str, int]]:
+async def _list(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
     async with open_read_side(args.root, store=args.store) as runtime:
         try:
             # A parent the corpus has no record of is `ListingParentNotFound` (a usage error).
@@ -100,7 +105,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _session_row(record: Any) -> dict[str, Any]:
+def _session_row(record: SessionRecord) -> JsonObject:
     header = record.header
     return {
         "id": record.id,
@@ -144,7 +149,7 @@ async def show_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_table(rows: Sequence[Any], descendants: bool, created: dict[str, int]) -> None:
+def _print_table(rows: Sequence[Row], descendants: bool, created: dict[str, int]) -> None:
     if not rows:
         print("(no subagents)")
         return

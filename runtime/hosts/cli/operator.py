@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 from subagents.storage import EnvelopeKind, LogInfo, SessionNotFound, StorageError, StoreUnreachable
@@ -41,6 +41,7 @@ from ...read_side import ReadSide, open_read_side
 from ...store_select import open_mailbox
 from .common import (
     Interrupt,
+    Parser,
     check_session_arg,
     command_setup,
     one_line,
@@ -49,6 +50,9 @@ from .common import (
     until_interrupted,
     write_stdout,
 )
+
+if TYPE_CHECKING:
+    from .common import Commands
 
 __all__ = [
     "FOLLOW_POLL",
@@ -64,7 +68,7 @@ FOLLOW_POLL = 0.2  # seconds between looks at a followed log
 OPERATOR_COMMANDS = ("send", "interrupt", "stop")
 
 
-def add_operator_commands(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
+def add_operator_commands(commands: Commands, root: Parser, model_options: Parser) -> None:
     """The parsers of `send`, `interrupt`, `stop` and `tail`."""
     send = commands.add_parser(
         "send",
@@ -152,7 +156,7 @@ async def operator_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def tail_command(args: argparse.Namespace, *, write: Any) -> int:
+async def tail_command(args: argparse.Namespace, *, write: Callable[[bytes], None]) -> int:
     """`tail [-f]`: the session's events as JSON lines, through `write(bytes)`."""
     sid = args.session_id
     async with _opened(args) as side:

@@ -11,7 +11,7 @@ import json
 import sys
 from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 from subagents.storage import SessionNotFound, StorageError
@@ -33,6 +33,7 @@ from .common import (
 if TYPE_CHECKING:
     from ...agent.loop import Agent, TurnResult
     from ...app import Runtime
+    from ..chat.input import Lines
     from ..setup import HostSetup
 
 __all__ = ["acp_command", "chat_command", "demo_command", "run_command", "run_main"]
@@ -65,7 +66,7 @@ def chat_command(args: argparse.Namespace) -> int:
     from ..chat.host import PipedLines, chat
     from ..chat.terminal import TerminalLines, TerminalOutput, history_path
 
-    lines: Any = PipedLines()
+    lines: Lines = PipedLines()
     console = Console()
     if sys.stdin.isatty() and sys.stdout.isatty():
         output = TerminalOutput()

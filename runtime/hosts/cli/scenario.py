@@ -5,17 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from ...foundation.errors import ScenarioError, UsageError
 from .common import STALL_HELP, stall_timeout
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .common import Commands
+
 __all__ = ["add_scenario_command", "scenario_main"]
 
 
-def add_scenario_command(commands: Any) -> None:
+def add_scenario_command(commands: Commands) -> None:
     """The parser of `scenario`."""
     scenario = commands.add_parser("scenario", help="run, check or update keyless scenarios")
     scenario.add_argument(
@@ -40,7 +45,7 @@ def scenario_main(args: argparse.Namespace) -> int:
     return trio.run(scenario_command, args.action, dirs, stall)
 
 
-async def scenario_command(action: str, dirs: list[Any], stall_timeout: float) -> int:
+async def scenario_command(action: str, dirs: list[Path], stall_timeout: float) -> int:
     from ...testing.scenario import check_scenario, run_scenario, update_scenario
 
     failed = 0

@@ -14,16 +14,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from subagents.storage import HostRow, StorageError
 
 from ...foundation.errors import CommandFailed, UsageError
+from .common import Interrupt, Parser
+
+if TYPE_CHECKING:
+    from ...foundation.json_values import JsonObject
+    from ..serve import ServeStats
+    from ..setup import HostSetup
+    from .common import Commands
 
 __all__ = ["add_serve_commands", "hosts_command", "serve_command"]
 
 
-def add_serve_commands(commands: Any, root: argparse.ArgumentParser, model_options: argparse.ArgumentParser) -> None:
+def add_serve_commands(commands: Commands, root: Parser, model_options: Parser) -> None:
     serve = commands.add_parser(
         "serve",
         parents=[root, model_options],
@@ -53,7 +60,7 @@ def _pg_store(args: argparse.Namespace) -> str:
     return spec
 
 
-async def serve_command(args: argparse.Namespace, setup: Any, *, interrupt: Any) -> int:
+async def serve_command(args: argparse.Namespace, setup: HostSetup, *, interrupt: Interrupt) -> int:
     """`serve`: until Ctrl-C (status 130 after a clean drain)."""
     import trio
 
@@ -75,7 +82,7 @@ async def serve_command(args: argparse.Namespace, setup: Any, *, interrupt: Any)
         # Sweep as often as leases are renewed: a dead host's work is taken within a ttl and a sweep.
         sweep = getattr(runtime.log_store, "lease_renew_interval", None) or DEFAULT_SWEEP_INTERVAL
 
-        async def serving(task_status: trio.TaskStatus[Any]) -> None:
+        async def serving(task_status: trio.TaskStatus[ServeStats]) -> None:
             await serve_placements(
                 runtime.subagents,
                 placements,
@@ -102,7 +109,9 @@ def hosts_command(args: argparse.Namespace) -> int:
     try:
         store = open_log_store(url, create_schema=False)
         try:
-            rows = store.placements().hosts()  # type: ignore[attr-defined]  # a PostgresLogStore (checked above)
+            leased = store.leased
+            assert leased is not None  # a PostgreSQL store (checked above)
+            rows = leased.placements().hosts()
         finally:
             store.close_store()
     except StorageError as exc:
@@ -123,7 +132,7 @@ def hosts_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _row_json(row: HostRow) -> dict[str, Any]:
+def _row_json(row: HostRow) -> JsonObject:
     return {
         "host_id": row.host_id,
         "started_at": row.started_at,

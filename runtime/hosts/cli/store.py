@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
-from subagents.storage import StorageError
+from subagents.storage import LogStore, StorageError
 
 from ...foundation.errors import UsageError
 from .common import read_only_root
 
+if TYPE_CHECKING:
+    from .common import Commands
+
 __all__ = ["add_store_commands", "select_store", "transfer_command"]
 
 
-def add_store_commands(commands: Any) -> None:
+def add_store_commands(commands: Commands) -> None:
     """`store init`, `export` and `import` (runtime/hosts/cli/transfer.py)."""
     store = commands.add_parser("store", help="manage a PostgreSQL store")
     store.add_argument("action", choices=("init",), metavar="ACTION", help="init: create or migrate the schema")
@@ -60,7 +63,7 @@ def _is_pg(spec: str) -> bool:
 _CREATES_SCHEMA = ("run", "chat", "acp", "demo", "serve")  # and `store init`, `import` (transfer_command)
 
 
-def _open_pg(url: str, *, create_schema: bool = True) -> Any:
+def _open_pg(url: str, *, create_schema: bool = True) -> LogStore:
     """The PostgreSQL store at `url`, or `UsageError` in one line (exit status 2)."""
     from ...store_select import open_log_store
 
