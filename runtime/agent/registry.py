@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 import msgspec
@@ -30,6 +30,7 @@ from subagents.storage import (
     Offset,
     PersistenceFailed,
     SessionHeader,
+    SessionId,
     SessionNotFound,
     interrupted_closers,
 )
@@ -120,7 +121,7 @@ class AgentRegistry:
     id_factory: IdFactory
     model: AnyModel | None
     config: AgentConfig
-    _nursery: trio.Nursery
+    _nursery: trio.Nursery = attrs.field(alias="nursery")
     hooks: AgentHooks
     drain_grace: float = 5.0
     owners: AgentOwners | None = None  # started with each agent, stopped before it
@@ -186,7 +187,7 @@ class AgentRegistry:
         session_id: str | None = None,
         cwd: str | None = None,
         parent_session: str | None = None,
-        origin: str | None = None,
+        origin: Literal["subagent"] | None = None,
         delegation_depth: int = 0,
         agent_preset: str | None = None,
         inherited: Sequence[Event] = (),
@@ -204,14 +205,14 @@ class AgentRegistry:
         sid = session_id if session_id is not None else await self.new_id()
         seeded = bool(inherited) or (fork is not None and fork[1] > 0)
         header = SessionHeader(
-            id=sid,
+            id=SessionId(sid),
             created_at=created_at if created_at is not None else self.clock.now_ms(),
             is_seeded=seeded,
             delegation_depth=delegation_depth,
             cwd=cwd,
-            parent_session=parent_session,
+            parent_session=None if parent_session is None else SessionId(parent_session),
             origin=origin,
-            agent_preset=agent_preset,  # type: ignore[arg-type]  # validated by SessionHeader
+            agent_preset=agent_preset,
         )
         if fork is not None:
             source, prefix = fork

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any, TextIO, cast
 
@@ -31,7 +31,7 @@ from ..delegation.listing import ChildRow
 from ..foundation.clock import ScenarioClock
 from ..foundation.errors import CommandFailed
 from ..foundation.ids import CountingIds
-from ..models.base import Model, ModelRequest, SessionBinding
+from ..models.base import Chunk, Model, ModelRequest, SessionBinding
 from ..testing.script_format import load_script
 from ..testing.scripted_model import ScriptedModel
 
@@ -122,7 +122,7 @@ class _TakingTurns:
     def bind(self, session: SessionBinding) -> Model:
         return _TurnTaker(self, session, self.inner.bind(session))
 
-    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> Any:
+    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncGenerator[Chunk]:
         if request.purpose != "turn":
             return inner.stream(request)
         sid = session.session_id
@@ -133,7 +133,7 @@ class _TakingTurns:
         turn = _TURNS.get((session.label or "", n)) if sid != self.parent_id else None
         return self._held(turn, inner, request)
 
-    async def _held(self, turn: tuple[int, int] | None, inner: Model, request: ModelRequest) -> Any:
+    async def _held(self, turn: tuple[int, int] | None, inner: Model, request: ModelRequest) -> AsyncGenerator[Chunk]:
         if turn is not None:
             after, pause_ms = turn
             while self._parent_calls < after:
@@ -152,7 +152,7 @@ class _TurnTaker:
     session: SessionBinding
     inner: Model
 
-    def stream(self, request: ModelRequest) -> Any:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[Chunk]:
         return self.turns.answer(self.session, self.inner, request)
 
 

@@ -22,7 +22,7 @@ surface order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import attrs
@@ -168,9 +168,11 @@ class SessionBinding:
 
 
 class Model(Protocol):
-    """A transport: streams the chunks answering one request."""
+    """A transport: streams the chunks answering one request. The stream is an async generator,
+    so a caller that stops early closes it at once (`aclosing`), letting it release its
+    connection or its script position."""
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]: ...
+    def stream(self, request: ModelRequest) -> AsyncGenerator[Chunk]: ...
 
 
 @runtime_checkable

@@ -45,7 +45,7 @@ import logging
 import math
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 import httpx
 import msgspec
@@ -149,7 +149,7 @@ class OpenAIChatModel:
         key = "set" if self._api_key else "none"
         return f"OpenAIChatModel(model={self.model!r}, url={self.url!r}, api_key={key})"
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[Chunk]:
         """Stream one completion for `request`; see the module docstring for chunks and errors.
 
         Use inside `contextlib.aclosing`; closing or cancelling it closes the HTTP response.

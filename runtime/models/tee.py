@@ -4,7 +4,7 @@ the callback only sees text early."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 import attrs
@@ -26,9 +26,9 @@ class _TeedModel:
     session: SessionBinding
     on_text: OnText
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+    async def stream(self, request: ModelRequest) -> AsyncGenerator[Chunk]:
         call = self.session.assistant_count()
-        async with aclosing(self.inner.stream(request)) as chunks:  # type: ignore[type-var]  # the seam types stream() as an AsyncIterator; every transport's is an async generator
+        async with aclosing(self.inner.stream(request)) as chunks:
             async for chunk in chunks:
                 if isinstance(chunk, TextDelta) and request.purpose == "turn":
                     self.on_text(self.session.session_id, call, chunk.text)

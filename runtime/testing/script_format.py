@@ -341,7 +341,7 @@ def _response(shape: ResponseShape, path: str) -> ScriptedResponse:
     if shape.finish is not UNSET:
         if type(shape.finish) is not str or shape.finish not in _FINISHES:
             fail(key_path(path, "finish"), f'must be "stop" or "max-tokens", got {json.dumps(shape.finish)}')
-        finish = shape.finish  # type: ignore[assignment]  # checked against _FINISHES
+        finish = shape.finish
     return ScriptedResponse(
         text=text,
         tool_calls=tool_calls,

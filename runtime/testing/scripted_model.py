@@ -66,7 +66,7 @@ hold on), `MODEL_SCRIPT_WAIT` (a `wait_for: settled` but the runtime publishes n
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import partial
 
 import attrs
@@ -260,14 +260,14 @@ class ScriptedModel:
 
     def _stream(
         self, session: SessionBinding, waits: ScriptWaits | None, request: ModelRequest
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk]:
         self.register_session(session.session_id, label=session.label, created_at=session.created_at)
         # Read now, as the call starts: the count is the session's at the time of this request.
         return self._play(session, waits, request, session.assistant_count())
 
     async def _play(
         self, session: SessionBinding, waits: ScriptWaits | None, request: ModelRequest, assistant_count: int
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk]:
         # Let calls started in the same tick register before binding; shielded so that the
         # response is consumed even if the call is cancelled already.
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -392,7 +392,7 @@ class _ScriptedSession:
     _session: SessionBinding
     _waits: ScriptWaits | None
 
-    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+    def stream(self, request: ModelRequest) -> AsyncGenerator[Chunk]:
         """Answer `request` from the session's script entry; failures are raised as `ModelError`
         while iterating."""
         return self._model._stream(self._session, self._waits, request)
