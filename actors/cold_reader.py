@@ -23,9 +23,12 @@ whether a caller is *starting* one. A pump is a role, not a task of its own: the
 (in a call of several reads, the read's task in the call's nursery) runs it, so its owner is the
 call, it needs no nursery of the reader, and it is cancelled exactly when its caller is. A pump
 holds a slot and, batch after batch, takes what is queued at that moment (`receive_nowait` until
-empty) and runs it in one `to_thread.run_sync`; it stops when a batch finds nothing queued. The
-thread reads the batch's requests in order until it has worked `HOP_SECONDS`, leaving the rest for
-the pump's next batch, and each request is answered when its batch's hop ends.
+empty) and runs it in one `to_thread.run_sync` (a *hop*); it stops when a batch finds nothing
+queued. While the hop runs, a *feed* task of the hop's nursery moves the requests queued meanwhile
+into its batch (observations answered by one hop ask again while the next runs: without the feed
+the thread would idle between rounds). The thread reads the batch in order until it has worked
+`HOP_SECONDS`, leaving the rest for the pump's next batch; each request is answered when its
+hop ends.
 
 Who pumps. A caller looks at its group once, with no checkpoint between looking and acting: with
 no pump at work it becomes the pump (a call of several reads holds its slot already; a single read
@@ -38,15 +41,18 @@ is cancelled, a hop stalls — every queued request is answered unread ("handed 
 looks again, as above. A handed-back request is never reused: its owner asks again with a new
 one, so no event is ever re-armed and an answer never races a second wait.
 
-Stalls. A hop's pump runs a watch beside it (a task of the hop's own nursery): when the thread has
-not started a read for `STALL_SECONDS` (a slow or hung read), the watch answers the reads the
-thread has done, hands back those it has not started, stops counting the pump (which stops after
-that hop) and hands back the queue; their owners start pumps of their own, up to
-`max_in_flight`. So a hung read holds up only itself and the call whose task pumps it.
+Stalls. Each hop also runs a *watch* (a task of the hop's nursery): when the thread has not
+started a read for `STALL_SECONDS` (a slow or hung read), the watch ends the feed, answers the
+reads the thread has done, hands back those it has not started, stops counting the pump (which
+stops after that hop, handing back whatever is still in its batch then) and hands back the queue;
+their owners start pumps of their own, up to `max_in_flight`. So a hung read holds up only itself
+and the call whose task pumps it. (A feed cancelled just after the channel handed it a request
+still holds it: it hands it back rather than strand it behind the stuck read.)
 
 Threads without a lock. The only state a worker thread shares with Trio is its batch: a deque that
-the thread and the watch both drain with `popleft` (atomic, as `collections.deque` documents), so
-a request is read at most once, by whoever popped it; a list of the requests the thread popped
+the feed appends to and the thread and the watch both drain with `popleft` (atomic, as
+`collections.deque` documents), so a request is read at most once, by whoever popped it, and one
+appended after the thread stopped is left for the next hop; a list of the requests the thread popped
 (appended by the thread alone); a progress stamp; and each popped request's result, written once
 by the thread before the hop ends. Everything else — channels, counters, events — is touched only
 in Trio's thread, where no checkpoint falls between a look and the act it decides. When a hop
@@ -147,7 +153,9 @@ class _Batch:
     pending: deque[_Request]  # not yet started: drained with popleft only (thread-safe)
     taken: list[_Request] = attrs.Factory(list)  # popped by the thread (appended by it alone)
     progress: float = 0.0  # time.monotonic() when the thread last started a read
+    working: bool = True  # False once the thread is done (the loop may be late to hear it)
     stalled: bool = False  # the watch gave up waiting for it
+    feeding: trio.CancelScope = attrs.Factory(trio.CancelScope)  # the feed's: ended at a stall
 
 
 class ColdReader:
@@ -330,12 +338,16 @@ class ColdReader:
 
     async def _hop(self, batch: _Batch) -> None:
         """One worker thread reads `batch` (one `to_thread.run_sync`), watched for a stall;
-        then its popped requests are answered, and if the hop failed, the rest handed back."""
+        then its popped requests are answered, and if it failed or stalled, the rest handed back."""
         finished = False
         batch.progress = time.monotonic()
         try:
             async with trio.open_nursery() as hop:
+                hop.start_soon(self._feed, batch)
                 hop.start_soon(self._watch, batch)
+                # Let them start waiting first: from the moment the thread is off, every task
+                # here is blocked (as a test's `wait_all_tasks_blocked` expects of a hop).
+                await trio.lowlevel.checkpoint()
                 try:
                     await trio.to_thread.run_sync(self._work, batch)
                 finally:
@@ -346,8 +358,23 @@ class ColdReader:
         finally:
             for request in batch.taken:  # the thread is done: a result, or None if cancelled in it
                 request.done.set()
-            if not finished:
+            if not finished or batch.stalled:  # its pump stops: what is left goes back
                 self._hand_back(batch.pending)
+
+    @staticmethod
+    async def _feed(batch: _Batch) -> None:
+        """Until the hop ends (or stalls): move requests queued meanwhile into its batch, where
+        its thread takes them before it stops."""
+        with batch.feeding:
+            async for request in batch.group.receive:
+                if request.call.ended:
+                    continue
+                if batch.stalled:
+                    # Received just before the watch cancelled this feed (a value handed over
+                    # stays handed over): never strand it behind a stuck read.
+                    request.done.set()
+                else:
+                    batch.pending.append(request)  # atomic: the thread may pop meanwhile
 
     async def _watch(self, batch: _Batch) -> None:
         """Until cancelled at the hop's end: when the thread has started no read for
@@ -355,11 +382,15 @@ class ColdReader:
         stall = STALL_SECONDS
         while True:  # polled: the thread, not a task, stamps progress (no Trio event to wait on)
             late = time.monotonic() - batch.progress
-            if late >= stall:
+            if late < stall:
+                await trio.sleep(stall - late)
+            elif batch.working:
                 break
-            await trio.sleep(stall - late)
+            else:  # done, and the loop is late to resume the pump: no stall, the hop ends now
+                await trio.sleep_forever()
         group = batch.group
         batch.stalled = True
+        batch.feeding.cancel()
         group.pumps -= 1
         for request in list(batch.taken):  # a copy: the thread may append meanwhile
             if request.result is not None:
@@ -370,6 +401,12 @@ class ColdReader:
     def _work(self, batch: _Batch) -> None:
         """In a worker thread: read the batch's requests in order until `HOP_SECONDS` of work
         is done (the first always); drop those whose call has ended."""
+        try:
+            self._work_through(batch)
+        finally:
+            batch.working = False
+
+    def _work_through(self, batch: _Batch) -> None:
         pending, taken = batch.pending, batch.taken
         started = time.perf_counter()
         while True:
