@@ -1,43 +1,69 @@
 """The cold reader: reads persisted sessions for listings, bounded and cancellable
 (docs/design.md, "Listing").
 
-Theory of operation. `read_many(ids, abort)` reads each id in a worker thread holding one of at
-most `max_in_flight` (4) slots of a `CapacityLimiter`; the thread polls
-`trio.from_thread.check_cancelled` between decode chunks, so cancelling the caller's scope ends
-reads promptly. An abort becomes cancellation once, at the top of the call (`cancelled_when`):
-setting it cancels the call's reads the same way, and a read whose abort was set before it got
-a slot never starts. (A call of several reads runs one task per read in a nursery it owns; a
-call of one read — an observation — runs in its caller's task, under its caller's scope; a
-caller that made its abort a cancel scope already passes none.) Results are aligned with
-`ids`, never with completion order. A typed storage failure of one read is that entry's value;
-anything else (a bug) fails the whole call, re-raised bare — never inside an ExceptionGroup.
-When `abort` is set (before, during or after the reads) the call raises `ReadAborted` and
-returns nothing partial; a `trio.Cancelled` from an enclosing scope passes through unchanged.
+The contract. `read_many(ids, abort)` reads each id in a worker thread, at most `max_in_flight`
+(4) hops at a time (a `CapacityLimiter`); the thread polls `trio.from_thread.check_cancelled`
+between decode chunks and between reads, so cancelling the caller's scope ends its reads
+promptly. An abort becomes cancellation once, at the top of the call (`cancelled_when`): setting
+it cancels the call's reads the same way, and a read whose abort was set before it started never
+starts. Results are aligned with `ids`, never with completion order. A typed storage failure of
+one read is that entry's value; anything else (a bug) fails the whole call, re-raised bare —
+never inside an ExceptionGroup. When `abort` is set (before, during or after the reads) the call
+raises `ReadAborted` and returns nothing partial; a `trio.Cancelled` from an enclosing scope
+passes through unchanged. Given a projection registry, each read also folds fresh cells over its
+events in the same worker thread (the units are pure): the event loop never folds a cold log.
 
-Few large thread hops, and one CPU-bound hop at a time (a hop costs about 0.1 ms, a 100 KB log
-about 0.4 ms to read; msgspec holds the GIL, so two decoding threads on a 2-core machine only
-slow each other down). Every read waits in a queue shared by the calls made in the same
-`ReadGroup` (a listing makes one call per child, all in one group) or, without one, under the
-same `Abort`: its group. A read that finds
-no hop of its group at work takes a slot, claims itself and *pumps*: its worker thread, once
-that read is done, claims queued reads of the group until `HOP_SECONDS` of work is done or the
-queue is empty, and the task then starts another hop while the queue holds reads nobody has
-started. The other reads of the group wait for the pump without a slot (a call of several reads
-waits holding its slot, so that its tasks keep the slots they will need). One waiter watches
-for a stall — no read started for `STALL_SECONDS`: a slow or hung read — and then wakes the
-others, which start hops of their own, up to `max_in_flight`. So there are never more than
-`max_in_flight` reads in flight, a read never starts twice and never without a slot, and a hung
-read holds up only itself. A hop cancelled in the middle of another call's read hands it back
-unread, queued again; a read whose call has ended is never started. Calls with neither a group
-nor an `Abort` share nothing.
+Theory of operation. Thread hops are few and large (a hop costs about 0.1 ms, a 100 KB log about
+0.4 ms to read; msgspec holds the GIL, so two decoding threads on a 2-core machine only slow each
+other down). Reads made together share hops: the calls of one `ReadGroup` (a listing makes one
+call per child, all in one group) or, without one, of one `Abort` form a group; calls with
+neither share nothing. A group is a bounded memory channel of *requests* (one per read: the id,
+a `trio.Event` set once when it is answered, and the result) plus two counters: its *pumps* and
+whether a caller is *starting* one. A pump is a role, not a task of its own: the caller's task
+(in a call of several reads, the read's task in the call's nursery) runs it, so its owner is the
+call, it needs no nursery of the reader, and it is cancelled exactly when its caller is. A pump
+holds a slot and, batch after batch, takes what is queued at that moment (`receive_nowait` until
+empty) and runs it in one `to_thread.run_sync` (a *hop*); it stops when a batch finds nothing
+queued. While the hop runs, a *feed* task of the hop's nursery moves the requests queued meanwhile
+into its batch (observations answered by one hop ask again while the next runs: without the feed
+the thread would idle between rounds). The thread reads the batch in order until it has worked
+`HOP_SECONDS`, leaving the rest for the pump's next batch; each request is answered when its
+hop ends.
 
-Given a projection registry, each read also folds fresh cells over its events in the same
-worker thread (the units are pure): the event loop then never runs a fold of a cold log.
+Who pumps. A caller looks at its group once, with no checkpoint between looking and acting: with
+no pump at work it becomes the pump (a call of several reads holds its slot already; a single read
+— an observation — first marks the group *starting* and waits for a slot, while the reads that
+arrive meanwhile queue behind it); otherwise it queues its request and waits on its event. So a
+request waits in the channel only while a pump or a starter exists, and a request waiting with a
+slot in hand only behind a pump that has one (else four slot holders could wait forever behind a
+starter). Whenever a group is left with no pump at work — a pump ends by cancellation, a starter
+is cancelled, a hop stalls — every queued request is answered unread ("handed back"): its owner
+looks again, as above. A handed-back request is never reused: its owner asks again with a new
+one, so no event is ever re-armed and an answer never races a second wait.
+
+Stalls. Each hop also runs a *watch* (a task of the hop's nursery): when the thread has not
+started a read for `STALL_SECONDS` (a slow or hung read), the watch ends the feed, answers the
+reads the thread has done, hands back those it has not started, stops counting the pump (which
+stops after that hop, handing back whatever is still in its batch then) and hands back the queue;
+their owners start pumps of their own, up to `max_in_flight`. So a hung read holds up only itself
+and the call whose task pumps it. (A feed cancelled just after the channel handed it a request
+still holds it: it hands it back rather than strand it behind the stuck read.)
+
+Threads without a lock. The only state a worker thread shares with Trio is its batch: a deque that
+the feed appends to and the thread and the watch both drain with `popleft` (atomic, as
+`collections.deque` documents), so a request is read at most once, by whoever popped it, and one
+appended after the thread stopped is left for the next hop; a list of the requests the thread popped
+(appended by the thread alone); a progress stamp; and each popped request's result, written once
+by the thread before the hop ends. Everything else — channels, counters, events — is touched only
+in Trio's thread, where no checkpoint falls between a look and the act it decides. When a hop
+ends (the thread is done by then), its popped requests are answered: a result, or, if the hop was
+cancelled in the middle of one, handed back unread; a cancelled hop hands back what it had not
+started. A request whose call has ended is dropped unread, and a call that ends stops waiting, so
+cancelling one reader never loses or hangs another's read.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -59,10 +85,11 @@ from .abort import Abort, cancelled_when
 from .errors import ReadAborted
 from .groups import raise_bare_cancelled
 
-__all__ = ["HOP_SECONDS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadGroup"]
+__all__ = ["HOP_SECONDS", "QUEUED_READS", "STALL_SECONDS", "ColdRead", "ColdReader", "ReadGroup"]
 
-HOP_SECONDS = 0.005  # a hop claims more queued reads until it has worked this long
-STALL_SECONDS = 0.02  # a hop that has not started a read for this long may be stuck
+HOP_SECONDS = 0.005  # a hop's thread stops taking reads after this much work (the pump goes on)
+STALL_SECONDS = 0.02  # a hop whose thread has not started a read for this long may be stuck
+QUEUED_READS = 256  # requests one group's channel holds; a caller beyond it waits to queue
 
 
 class ReadGroup:
@@ -85,38 +112,60 @@ class ColdRead:
     cells: ProjectionCells | None = None  # folded over `events`, when read with a registry
 
 
-_PENDING, _CLAIMED, _DONE = 0, 1, 2
+@attrs.define(eq=False)
+class _Call:
+    ended: bool = False  # its reads are dropped unread from then on (read by worker threads)
+
+
+@attrs.define(eq=False)
+class _Request:
+    """One read asked of its group, answered once through `done`: with `result`, or handed back
+    unread (`result` still None), and then its owner asks again with a new request."""
+
+    session_id: str
+    registry: ProjectionRegistry | None
+    call: _Call
+    result: ColdRead | BaseException | None = None  # written once, by the thread that read it
+    done: trio.Event = attrs.Factory(trio.Event)
 
 
 @attrs.define(eq=False)
 class _Group:
-    """The reads queued in one group (a `ReadGroup`, or an abort), and the hops working on them."""
+    """The requests of one group (a `ReadGroup`, or an abort) and who pumps them."""
 
-    queue: deque[_Job] = attrs.Factory(deque)  # claimed entries are dropped as hops meet them
+    send: trio.MemorySendChannel[_Request]
+    receive: trio.MemoryReceiveChannel[_Request]
     calls: int = 0  # calls still running
-    hops: int = 0  # hops running
-    progress: float = 0.0  # time.monotonic() when a hop last started or claimed a read
-    watcher: _Job | None = None  # the waiter that watches for a stalled hop
-    waiters: dict[_Job, None] = attrs.Factory(dict)  # reads whose owners wait behind a hop, in order
+    pumps: int = 0  # pumps at work, each holding a slot; a stalled one no longer counts
+    starting: bool = False  # a caller without a slot is waiting for one, to pump
+
+    @classmethod
+    def open(cls) -> _Group:
+        send, receive = trio.open_memory_channel[_Request](QUEUED_READS)
+        return cls(send=send, receive=receive)
 
 
 @attrs.define(eq=False)
-class _Job:
-    session_id: str
-    registry: ProjectionRegistry | None
+class _Batch:
+    """The requests one hop reads; while the hop runs, its thread and its watch share it."""
+
     group: _Group
-    state: int = _PENDING  # changed only under the reader's lock
-    wanted: bool = True  # False once its call has ended: never started after that
-    result: ColdRead | BaseException | None = None
-    done: trio.Event = attrs.Factory(trio.Event)
+    pending: deque[_Request]  # not yet started: drained with popleft only (thread-safe)
+    taken: list[_Request] = attrs.Factory(list)  # popped by the thread (appended by it alone)
+    progress: float = 0.0  # time.monotonic() when the thread last started a read
+    working: bool = True  # False once the thread is done (the loop may be late to hear it)
+    stalled: bool = False  # the watch gave up waiting for it
+    feeding: trio.CancelScope = attrs.Factory(trio.CancelScope)  # the feed's: ended at a stall
 
 
 class ColdReader:
+    """Reads whole persisted sessions for listings (see the module docstring): bounded by
+    `max_in_flight` thread hops, aligned, cancellable; reads of one group share hops."""
+
     def __init__(self, store: LogStore, *, max_in_flight: int = 4) -> None:
         self.store = store
         self.limiter = trio.CapacityLimiter(max_in_flight)
-        self._lock = threading.Lock()
-        self._groups: dict[object, _Group] = {}  # by abort (see the docstring)
+        self._groups: dict[object, _Group] = {}  # by group or abort (see the module docstring)
 
     async def read_many(
         self,
@@ -128,200 +177,255 @@ class ColdReader:
     ) -> list[ColdRead | StorageError]:
         """Read every id (at most `max_in_flight` at a time), aligned with `ids`; with a
         `registry`, each result carries its cells folded over its events (closers included).
-        Reads share hops with the other calls of their `group` (without one: of their abort)."""
+        Reads share hops with the other calls of their `group` (without one: of their abort).
+        Raises `ReadAborted` when `abort` is set, and a read's error that is no `StorageError`."""
         if abort is not None and abort.is_set():
             raise ReadAborted
         key: object = group if group is not None else abort if abort is not None else object()
-        with self._lock:
-            group = self._groups.get(key)
-            if group is None:
-                group = self._groups[key] = _Group()
-            group.calls += 1
-            jobs = [_Job(session_id, registry, group) for session_id in ids]
-            group.queue.extend(jobs)
+        queue = self._groups.get(key)
+        if queue is None:
+            queue = self._groups[key] = _Group.open()
+        queue.calls += 1
+        call = _Call()
+        results: list[ColdRead | BaseException | None] = [None] * len(ids)
         try:
             # The abort becomes cancellation here, once: below, reads are cancelled the Trio
-            # way (their threads poll `check_cancelled` between decode chunks).
+            # way (their threads poll `check_cancelled`).
             async with cancelled_when(abort):
-                if len(jobs) == 1:
-                    # One read (an observation): no task of its own — whoever awaits it owns
-                    # the cancel scope.
-                    await self._run(jobs[0], alone=True)
+                if len(ids) == 1:
+                    # One read (an observation): no task of its own, and no slot unless it pumps.
+                    results[0] = await self._obtain(queue, call, ids[0], registry, holding_slot=False)
                 else:
                     async with trio.open_nursery() as reads:
-                        for job in jobs:
-                            reads.start_soon(partial(self._run, job, alone=False))
+                        for i, session_id in enumerate(ids):
+                            reads.start_soon(partial(self._read_held, queue, call, results, i, session_id, registry))
         except BaseExceptionGroup as group_error:
-            # Only an enclosing cancellation gets here (the tasks keep everything else as
-            # values): hand it on as the bare Cancelled the enclosing scope expects.
+            # Only an enclosing cancellation gets here (reads keep everything else as values):
+            # hand it on as the bare Cancelled the enclosing scope expects.
             raise_bare_cancelled(group_error)
         finally:
-            with self._lock:
-                for job in jobs:
-                    job.wanted = False
-                group.calls -= 1
-                if not group.calls:
-                    del self._groups[key]
+            call.ended = True
+            queue.calls -= 1
+            if not queue.calls:
+                del self._groups[key]
         if abort is not None and abort.is_set():
             raise ReadAborted
-        results: list[ColdRead | StorageError] = []
-        for job in jobs:
-            result = job.result
+        read: list[ColdRead | StorageError] = []
+        for session_id, result in zip(ids, results, strict=True):
             if isinstance(result, (ColdRead, StorageError)):
-                results.append(result)
+                read.append(result)
             elif isinstance(result, Exception):
                 raise result  # a bug: fails the call, bare
-            else:  # pragma: no cover - every job ends with a result unless aborted or cancelled
-                raise AssertionError(f"cold read of {job.session_id!r} ended without a result")
-        return results
+            else:  # pragma: no cover - every read ends with a result unless aborted or cancelled
+                raise AssertionError(f"cold read of {session_id!r} ended without a result")
+        return read
 
-    async def _run(self, job: _Job, *, alone: bool) -> None:
-        """Until `job` is read (or aborted): claim it and pump its group, or wait for the hop
-        that has it or will claim it. `alone`: the only read of its call (an observation)."""
-        group = job.group
+    async def _read_held(
+        self,
+        group: _Group,
+        call: _Call,
+        results: list[ColdRead | BaseException | None],
+        i: int,
+        session_id: str,
+        registry: ProjectionRegistry | None,
+    ) -> None:
+        """A read of a call of several: it holds a slot until it is read, so that at most
+        `max_in_flight` of the call's reads are under way."""
+        async with self.limiter:
+            results[i] = await self._obtain(group, call, session_id, registry, holding_slot=True)
+
+    async def _obtain(
+        self,
+        group: _Group,
+        call: _Call,
+        session_id: str,
+        registry: ProjectionRegistry | None,
+        *,
+        holding_slot: bool,
+    ) -> ColdRead | BaseException:
+        """Ask until answered with a result: pump, start a pump, or queue and wait (see "Who
+        pumps"). No checkpoint falls between looking at the group and acting on it."""
         while True:
-            state = job.state
-            if state == _DONE:
-                return
-            if state == _CLAIMED or (alone and self._busy(group)):
-                # Read by a hop of the group, or soon to be claimed by the one at work: a
-                # second CPU-bound hop would only fight it for the GIL. Wait without a slot.
-                await self._wait_behind(job)
-                continue
-            async with self.limiter:
-                while True:
-                    with self._lock:
-                        state = job.state
-                        mine = state == _PENDING and not self._busy(group)
-                        if mine:
-                            self._claim(job)
-                    if mine:
-                        await self._pump(job)
-                        return
-                    if state != _PENDING:
-                        break  # another hop has it: wait without the slot
-                    await self._defer(job)  # holding the slot (a call of several reads)
-
-    @staticmethod
-    def _busy(group: _Group) -> bool:
-        return group.hops > 0 and time.monotonic() - group.progress < STALL_SECONDS
-
-    def _claim(self, job: _Job) -> None:
-        """Under the lock: `job` is this hop's now."""
-        job.state = _CLAIMED
-        job.group.hops += 1
-        job.group.progress = time.monotonic()
-
-    async def _wait_behind(self, job: _Job) -> None:
-        """Wait until `job`'s read is handed over, or there is something to look at again.
-
-        The first waiter of a group watches: it wakes every `STALL_SECONDS`, and when no hop has
-        started a read for that long (a slow or hung read), it hands over every read already
-        done (a hop hands its reads over when it ends, and a hung one does not end) and wakes
-        the waiters whose reads nobody has started, so that they start hops of their own. When
-        it stops waiting, the watch passes to the waiter that came last."""
-        group = job.group
-        group.waiters[job] = None
-        try:
-            if group.watcher is None:
-                group.watcher = job
-                with trio.move_on_after(STALL_SECONDS):
-                    await job.done.wait()
-                if not job.done.is_set() and not self._busy(group):
-                    with self._lock:
-                        stuck = [w for w in group.waiters if w.state != _CLAIMED]
-                    for waiter in stuck:  # read, or never started: its owner looks again
-                        waiter.done.set()
+            request = _Request(session_id, registry, call)
+            if not group.pumps and holding_slot:
+                await self._pump(group, request)
+            elif not group.pumps and not group.starting:
+                await self._start_pump(group, request)
             else:
-                await job.done.wait()
-        finally:
-            del group.waiters[job]
-            if group.watcher is job:
-                group.watcher = None
-                if group.waiters:
-                    next(reversed(group.waiters)).done.set()  # looks again, and watches
-        if job.done.is_set() and job.state != _DONE:
-            job.done = trio.Event()  # woken, or handed back unread: look again
+                try:
+                    group.send.send_nowait(request)
+                except trio.WouldBlock:
+                    await group.send.send(request)
+            await request.done.wait()
+            if request.result is not None:
+                return request.result
+            # Handed back unread (its hop was cancelled or stalled): look again.
 
-    async def _defer(self, job: _Job) -> None:
-        """Wait (at most `STALL_SECONDS`) for the hop that will likely claim `job`."""
-        with trio.move_on_after(STALL_SECONDS):
-            await job.done.wait()
-        if job.done.is_set() and job.state == _PENDING:
-            job.done = trio.Event()  # handed back unread
-
-    async def _pump(self, job: _Job) -> None:
-        """Read `job` in a hop, then keep hopping while the group has reads nobody started
-        (the tasks of those reads wait without a slot meanwhile)."""
-        group = job.group
-        await self._hop(job)
-        while True:  # a cancelled pump stops as its next hop starts (or inside it)
-            with self._lock:
-                nxt = self._next_pending(group)
-                if nxt is None:
-                    return
-                self._claim(nxt)
-            await self._hop(nxt)
-
-    async def _hop(self, first: _Job) -> None:
-        claimed: list[_Job] = [first]
+    async def _start_pump(self, group: _Group, request: _Request) -> None:
+        """Wait for a slot (reads arriving meanwhile queue behind this one), then pump — unless
+        a caller holding a slot has started pumping meanwhile."""
+        group.starting = True
         try:
-            await trio.to_thread.run_sync(self._work, claimed)
+            await self.limiter.acquire()
+        except BaseException:
+            group.starting = False
+            self._orphaned(group)
+            raise
+        group.starting = False
+        if group.pumps:
+            self.limiter.release()
+            try:
+                group.send.send_nowait(request)
+            except trio.WouldBlock:
+                await group.send.send(request)
+            return
+        try:
+            await self._pump(group, request)
         finally:
-            with self._lock:
-                first.group.hops -= 1
-                for job in reversed(claimed):
-                    if job.result is not None:
-                        job.state = _DONE
-                    else:  # cancelled before its read finished: hand it back, queued again
-                        job.state = _PENDING
-                        first.group.queue.appendleft(job)
-            for job in claimed:
-                job.done.set()
+            self.limiter.release()
 
-    def _work(self, claimed: list[_Job]) -> None:
-        """In a worker thread: the first claimed read, then queued reads of its group. A read
-        is marked done as soon as it is; its owner is woken when the hop ends (or by the
-        group's watcher, if a later read of the hop hangs)."""
-        first = claimed[0]
-        group = first.group
-        self._finish(first, self._attempt(first))
-        started = time.perf_counter()
-        while time.perf_counter() - started < HOP_SECONDS:
-            trio.from_thread.check_cancelled()
-            job = self._claim_next(group)
-            if job is None:
-                return
-            claimed.append(job)
-            self._finish(job, self._attempt(job))
-
-    def _finish(self, job: _Job, result: ColdRead | BaseException) -> None:
-        with self._lock:
-            job.result = result
-            job.state = _DONE
-
-    def _claim_next(self, group: _Group) -> _Job | None:
-        """In a worker thread: the next queued read of the group, claimed for this hop."""
-        with self._lock:
-            job = self._next_pending(group)
-            if job is not None:
-                job.state = _CLAIMED
-                group.progress = time.monotonic()
-            return job
+    async def _pump(self, group: _Group, request: _Request) -> None:
+        """Holding a slot: read `request`, then what the group has queued, batch after batch,
+        until a batch finds nothing (or a hop stalls: others pump then)."""
+        group.pumps += 1
+        batch = _Batch(group, deque([request]))
+        try:
+            while True:
+                self._take_queued(group, batch.pending)
+                if not batch.pending:
+                    return
+                await self._hop(batch)
+                if batch.stalled:
+                    return
+                batch = _Batch(group, batch.pending)  # what the last hop left goes first
+        finally:
+            if not batch.stalled:
+                group.pumps -= 1
+            self._orphaned(group)
 
     @staticmethod
-    def _next_pending(group: _Group) -> _Job | None:
-        """Under the lock: the first queued read nobody has started and its call still wants."""
-        queue = group.queue
-        while queue:
-            job = queue.popleft()
-            if job.state == _PENDING and job.wanted:
-                return job
-        return None
+    def _take_queued(group: _Group, pending: deque[_Request]) -> None:
+        receive = group.receive
+        while True:
+            try:
+                request = receive.receive_nowait()
+            except trio.WouldBlock:
+                return
+            if not request.call.ended:
+                pending.append(request)
 
-    def _attempt(self, job: _Job) -> ColdRead | BaseException:
+    @staticmethod
+    def _orphaned(group: _Group) -> None:
+        """With no pump at work, hand back every queued request: its owner looks again."""
+        if group.pumps:
+            return
+        receive = group.receive
+        while True:
+            try:
+                request = receive.receive_nowait()
+            except trio.WouldBlock:
+                return
+            request.done.set()
+
+    @staticmethod
+    def _hand_back(pending: deque[_Request]) -> None:
+        while True:
+            try:
+                request = pending.popleft()  # atomic: the batch's thread may pop too
+            except IndexError:
+                return
+            request.done.set()
+
+    async def _hop(self, batch: _Batch) -> None:
+        """One worker thread reads `batch` (one `to_thread.run_sync`), watched for a stall;
+        then its popped requests are answered, and if it failed or stalled, the rest handed back."""
+        finished = False
+        batch.progress = time.monotonic()
         try:
-            return self._read(job.session_id, job.registry)
+            async with trio.open_nursery() as hop:
+                hop.start_soon(self._feed, batch)
+                hop.start_soon(self._watch, batch)
+                # Let them start waiting first: from the moment the thread is off, every task
+                # here is blocked (as a test's `wait_all_tasks_blocked` expects of a hop).
+                await trio.lowlevel.checkpoint()
+                try:
+                    await trio.to_thread.run_sync(self._work, batch)
+                finally:
+                    hop.cancel_scope.cancel()
+            finished = True
+        except BaseExceptionGroup as group_error:
+            raise_bare_cancelled(group_error)  # an enclosing cancellation, bare
+        finally:
+            for request in batch.taken:  # the thread is done: a result, or None if cancelled in it
+                request.done.set()
+            if not finished or batch.stalled:  # its pump stops: what is left goes back
+                self._hand_back(batch.pending)
+
+    @staticmethod
+    async def _feed(batch: _Batch) -> None:
+        """Until the hop ends (or stalls): move requests queued meanwhile into its batch, where
+        its thread takes them before it stops."""
+        with batch.feeding:
+            async for request in batch.group.receive:
+                if request.call.ended:
+                    continue
+                if batch.stalled:
+                    # Received just before the watch cancelled this feed (a value handed over
+                    # stays handed over): never strand it behind a stuck read.
+                    request.done.set()
+                else:
+                    batch.pending.append(request)  # atomic: the thread may pop meanwhile
+
+    async def _watch(self, batch: _Batch) -> None:
+        """Until cancelled at the hop's end: when the thread has started no read for
+        `STALL_SECONDS`, answer what it has read and hand back what it has not started."""
+        stall = STALL_SECONDS
+        while True:  # polled: the thread, not a task, stamps progress (no Trio event to wait on)
+            late = time.monotonic() - batch.progress
+            if late < stall:
+                await trio.sleep(stall - late)
+            elif batch.working:
+                break
+            else:  # done, and the loop is late to resume the pump: no stall, the hop ends now
+                await trio.sleep_forever()
+        group = batch.group
+        batch.stalled = True
+        batch.feeding.cancel()
+        group.pumps -= 1
+        for request in list(batch.taken):  # a copy: the thread may append meanwhile
+            if request.result is not None:
+                request.done.set()
+        self._hand_back(batch.pending)
+        self._orphaned(group)
+
+    def _work(self, batch: _Batch) -> None:
+        """In a worker thread: read the batch's requests in order until `HOP_SECONDS` of work
+        is done (the first always); drop those whose call has ended."""
+        try:
+            self._work_through(batch)
+        finally:
+            batch.working = False
+
+    def _work_through(self, batch: _Batch) -> None:
+        pending, taken = batch.pending, batch.taken
+        started = time.perf_counter()
+        while True:
+            try:
+                request = pending.popleft()  # atomic: the watch may empty it meanwhile
+            except IndexError:
+                return
+            if request.call.ended:
+                continue
+            taken.append(request)
+            batch.progress = time.monotonic()
+            request.result = self._attempt(request)
+            if time.perf_counter() - started >= HOP_SECONDS:
+                return
+            trio.from_thread.check_cancelled()
+
+    def _attempt(self, request: _Request) -> ColdRead | BaseException:
+        try:
+            return self._read(request.session_id, request.registry)
         except StorageError as exc:
             return exc
         except Exception as exc:  # a bug: fails its call
