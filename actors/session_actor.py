@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 from subagents.storage import (
@@ -53,6 +53,9 @@ from .session_ref import (
 __all__ = ["SessionActor", "close_handle"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 async def close_handle(store: LogWriter, handle: WriteHandle) -> None:
@@ -316,7 +319,7 @@ class SessionActor:
             self._since_checkpoint = 0
         return written
 
-    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _in_thread(self, fn: Callable[[*Ts], T], *args: *Ts) -> T:
         """A storage call in a worker thread. If the actor is cancelled meanwhile (the store gave
         up on it after a bounded wait), the call is abandoned and the thread keeps the handle."""
         self._in_storage = True
@@ -332,7 +335,7 @@ class SessionActor:
 
     def _number(self, drafts: Sequence[EventDraft], first: int) -> list[Event]:
         now: int | None = None  # one clock reading for every undated draft of a request
-        events = []
+        events: list[Event] = []
         for i, draft in enumerate(drafts):
             time = draft.time
             if time is None:

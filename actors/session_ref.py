@@ -156,7 +156,7 @@ async def snapshot_all(
     results: list[Any] = []  # a dict or an Exception per ref once done
     asked: list[tuple[int, SnapshotRequest]] = []
     for ref in refs:
-        actor = ref._actor  # noqa: SLF001 - same module as SessionRef
+        actor = ref._actor  # pyright: ignore[reportPrivateUsage]  # same module as SessionRef
         mailbox = actor.mailbox
         if mailbox.idle():
             # Parked with nothing queued, handed over or being served: asked, it would answer

@@ -13,7 +13,7 @@ keeps a module-level registry.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -233,7 +233,7 @@ class SessionStore:
             del self._actors[session_id]
 
     @asynccontextmanager
-    async def _claim(self, session_id: str) -> AsyncIterator[None]:
+    async def _claim(self, session_id: str) -> AsyncGenerator[None]:
         """Serialize creating/opening one id; different ids proceed concurrently."""
         lock = self._claims.setdefault(session_id, trio.Lock())
         try:
@@ -269,7 +269,7 @@ async def open_session_store(
     mailbox_capacity: int = DEFAULT_MAILBOX_CAPACITY,
     checkpoint_every: int = 256,
     checkpoint_interval: float | None = 30.0,
-) -> AsyncIterator[SessionStore]:
+) -> AsyncGenerator[SessionStore]:
     # The body's own error is re-raised after the nursery closes, so callers get it unchanged
     # rather than wrapped in an ExceptionGroup (the actors themselves never raise).
     interval_ok = checkpoint_interval is None or (

@@ -218,7 +218,7 @@ class Catalog:
         index = self.index
         if index is None:
             return 0
-        entries = []
+        entries: list[tuple[ObservedCheckpoint, int]] = []
         for one in observed:
             end = self.observed_end(one.session_id, one.revision, one.event_count)
             if end is not None:
@@ -349,7 +349,7 @@ class Catalog:
         gone: list[SessionId],
         whole: Sequence[IndexRow] = (),
     ) -> None:
-        forget = []
+        forget: list[SessionId] = []
         for row in changed:
             old = rows.get(row.id)
             if old is not None and (old.revision.inode != row.revision.inode or old.info.header != row.info.header):

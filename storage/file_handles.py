@@ -5,7 +5,7 @@ one mapping of foreign errors (`OSError`) into the storage tree (file_store, fil
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 
 import attrs
@@ -58,7 +58,7 @@ def persistence_error(sid: str, op: str, exc: OSError) -> StorageError:
 
 
 @contextmanager
-def mapped(sid: SessionId, op: str) -> Iterator[None]:
+def mapped(sid: SessionId, op: str) -> Generator[None]:
     """Map the foreign errors of one operation into the storage tree."""
     try:
         yield

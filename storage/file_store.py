@@ -104,7 +104,7 @@ class FileLogStore:
         return folder
 
     def _log_forms(self, folder: str) -> list[tuple[str, LogForm, Revision]]:
-        found = []
+        found: list[tuple[str, LogForm, Revision]] = []
         for form in FORMS.values():
             path = f"{folder}/{form.file_name}"
             rev = self.fs.revision(path)

@@ -28,6 +28,7 @@ import sqlite3
 import stat as stat_mod
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import msgspec
@@ -159,7 +160,7 @@ class SessionIndex:
             except Exception as exc:  # a cache: any failure is a miss (see the module docstring)
                 self._miss("read", exc)
                 return None
-        out = {}
+        out: dict[SessionId, IndexRow] = {}
         for row in rows:
             try:
                 parsed = row_from_sql(row)
@@ -241,7 +242,7 @@ class SessionIndex:
             return True
         try:
             life = _json.encode(attrs.asdict(lifecycle))
-            values = []
+            values: list[tuple[object, ...]] = []
             for key, row in rows.items():
                 fields = (session_id, key, row.ver, row.seq, _json.encode(row.val), log_offset, life)
                 values.append((*fields, row_crc(fields)))
@@ -311,7 +312,7 @@ class SessionIndex:
         out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
         if not session_ids:
             return out
-        where, params = "", []
+        where, params = "", list[object]()
         if keys is not None:
             where += f" AND unit_key IN ({', '.join('?' * len(keys))})"
             params += list(keys)
@@ -321,7 +322,7 @@ class SessionIndex:
         with self._lock:
             try:
                 conn = self._connect()
-                rows = []
+                rows: list[tuple[Any, ...]] = []  # what sqlite3 returns: each field is checked below
                 step = _IN_LIMIT - len(params)
                 for start in range(0, len(session_ids), step):
                     chunk = list(session_ids[start : start + step])

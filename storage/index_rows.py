@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import msgspec
@@ -90,11 +90,11 @@ COLUMNS = (
 CHECKPOINT_COLUMNS = "session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc"
 
 
-def row_crc(values: tuple[Any, ...]) -> int:
+def row_crc(values: tuple[object, ...]) -> int:
     """A checksum of a row's values as SQLite stores and returns them: a garbled value that still
     has its column's type (a flipped byte in a text) makes its row a miss, not a wrong answer."""
-    parts = []
-    blobs = []
+    parts: list[str] = []
+    blobs: list[bytes] = []
     for value in values:
         if value is None:
             parts.append("\x00")
@@ -231,7 +231,7 @@ def row_to_sql(row: IndexRow) -> tuple[object, ...]:
     return (*values, row_crc(values))
 
 
-def _row_values(row: IndexRow) -> tuple[Any, ...]:
+def _row_values(row: IndexRow) -> tuple[object, ...]:
     info = row.info
     h = info.header
     rev = info.revision
@@ -298,7 +298,9 @@ def stored_lifecycle(value: object) -> Lifecycle:
     """A stored lifecycle record, its fields' types checked (a garbled one raises ValueError)."""
     if type(value) is not dict:
         raise ValueError("a lifecycle record is an object")
-    lifecycle = Lifecycle(**value)
+    # A dict msgspec decoded: str keys; a missing or unknown field raises TypeError here, and each
+    # field's type is checked below.
+    lifecycle = Lifecycle(**cast("dict[str, Any]", value))
     for name, want in _LIFECYCLE_TYPES.items():
         if type(getattr(lifecycle, name)) not in want:
             raise ValueError(f"lifecycle field {name} has the wrong type")

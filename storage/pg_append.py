@@ -22,7 +22,7 @@ like the first.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final, LiteralString
 
 from ._records import HeaderRecord, encode_header_line
 from .append_check import check_append
@@ -98,7 +98,7 @@ class PgAppender:
         handle.end_offset = handle.next_seq
         return handle.next_seq
 
-    def _write_once(self, handle: WriteHandle, statement: str, args: dict[str, Any]) -> None:
+    def _write_once(self, handle: WriteHandle, statement: LiteralString, args: dict[str, Any]) -> None:
         """Run the append statement; after a lost connection, find out whether it committed and
         send it again only if it did not (at most once)."""
         import psycopg
@@ -132,7 +132,7 @@ class PgAppender:
         handle.dead = f"the connection was lost mid-append ({first_line(first)}) and what committed cannot be told"
         raise PersistenceFailed(f"session {sid!r}: append failed: {first_line(first)}")
 
-    def _write(self, handle: WriteHandle, statement: str, args: dict[str, Any]) -> None:
+    def _write(self, handle: WriteHandle, statement: LiteralString, args: dict[str, Any]) -> None:
         """One attempt: written, or a verdict (`SequenceConflict`, ...), or `_Lost`."""
         import psycopg
 
@@ -204,12 +204,12 @@ def ownership_lost(handle: WriteHandle, lease: LeaseState) -> OwnershipLost:
 
 # Fencing (SPEC §9): `l` renews the lease only where owner and epoch are still the handle's, and
 # everything else is written only from its row — a stale writer changes nothing.
-_FENCE = (
+_FENCE: Final = (
     "WITH l AS (UPDATE leases SET expires_at = now() + make_interval(secs => %(ttl)s) "
     "WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s RETURNING session_id), "
 )
 
-_PUBLISH = (
+_PUBLISH: Final = (
     _FENCE + "s AS (INSERT INTO sessions (id, header, created_at, parent_session, origin, is_seeded, "
     "inherited_event_count, delegation_depth, event_count, last_time, byte_size) SELECT session_id, %(header)s, "
     "%(created_at)s, %(parent)s, %(origin)s, %(seeded)s, %(k)s, %(depth)s, %(n)s, %(time)s, %(size)s FROM l "
@@ -218,7 +218,7 @@ _PUBLISH = (
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
 
-_APPEND = (
+_APPEND: Final = (
     _FENCE + "s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
     "last_time = %(time)s WHERE id = (SELECT session_id FROM l) AND event_count = %(first)s RETURNING id) "
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "

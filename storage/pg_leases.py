@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -45,6 +45,8 @@ from .pg_connect import close_quietly, connect, first_line
 from .values import SessionId
 
 if TYPE_CHECKING:
+    from psycopg.rows import TupleRow
+
     from .pg_connect import Connection
 
 __all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "lease_options", "new_host_id"]
@@ -112,7 +114,7 @@ def lease_options(host_id: object, ttl: object, interval: object) -> tuple[str, 
         host_id = new_host_id()
     if type(host_id) is not str or not host_id or len(host_id) > 200 or not host_id.isprintable():
         raise ValueError(f"host_id must be a non-empty printable str of at most 200 characters, got {host_id!r}")
-    seconds = []
+    seconds: list[float] = []
     for name, value in (("lease_ttl", ttl), ("lease_renew_interval", ttl if interval is None else interval)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < 1e7:
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -206,7 +208,7 @@ class Leases:
             self.capacity = capacity
             self._run("registering the host", lambda c: c.execute(_REGISTER, self._register_args()))
 
-    def _register_args(self) -> dict[str, Any]:
+    def _register_args(self) -> dict[str, object]:
         return {"me": self.host_id, "capacity": self.capacity, "pid": os.getpid(), "hostname": socket.gethostname()}
 
     @property
@@ -275,7 +277,7 @@ class Leases:
                 **self._register_args(),
             }
 
-            def renew(conn: Connection) -> list[Any]:
+            def renew(conn: Connection) -> list[TupleRow]:
                 if not self._live:
                     self._take_liveness(conn)
                 return conn.execute(_RENEW, args).fetchall()

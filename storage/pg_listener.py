@@ -26,10 +26,13 @@ import os
 import select
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .mailbox_watch import MailboxWatch
 from .pg_connect import close_quietly, first_line
+
+if TYPE_CHECKING:
+    from .pg_connect import Connection
 
 __all__ = ["PgListener", "PgSessionWatch"]
 
@@ -60,7 +63,9 @@ class PgListener:
     that signals the watches registered per session (see the module docstring). Thread-safe.
     `on_done` is called once, from the thread, when the listener stopped or broke."""
 
-    def __init__(self, conn: Any, channel: str, *, poll_interval: float, on_done: Callable[[PgListener], None]) -> None:
+    def __init__(
+        self, conn: Connection, channel: str, *, poll_interval: float, on_done: Callable[[PgListener], None]
+    ) -> None:
         self._conn = conn
         self._channel = channel
         self._poll_interval = poll_interval

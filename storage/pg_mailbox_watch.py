@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
 from .pg_connect import close_quietly
+
+if TYPE_CHECKING:
+    from .pg_connect import Connection
 
 __all__ = ["CHANNEL", "PgMailboxWatch"]
 
@@ -43,13 +46,13 @@ class PgMailboxWatch:
 
     def __init__(
         self,
-        conn: Any,
+        conn: Connection,
         session_id: str | None,
         *,
         channels: tuple[str, ...] = (CHANNEL,),
         poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
-        self._conn: Any = conn
+        self._conn: Connection = conn
         # None: every notification on the channels counts (the placement queue's watch)
         self._session = None if session_id is None else session_id.encode("utf-8")
         self._channels = frozenset(channel.encode("utf-8") for channel in channels)
@@ -66,7 +69,7 @@ class PgMailboxWatch:
     @property
     def listening(self) -> bool:
         """Whether the server signals every delivery, from any host, on `fileno()`."""
-        return self._conn is not None and self._fallback is None and not self._closed
+        return self._fallback is None and not self._closed  # the connection is there until closed
 
     @property
     def poll_interval(self) -> float | None:

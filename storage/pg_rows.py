@@ -7,7 +7,7 @@ hand: what is read is checked like a file's bytes, and damage is reported (a lis
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from ._records import HeaderError, HeaderRecord
 from .errors import CorruptLog, UnsupportedLog
@@ -18,7 +18,7 @@ from .zstd_framing import FrameDamage, walk_frames
 __all__ = ["SESSION_COLUMNS", "batch_lines", "header_record", "log_info"]
 
 # What `log_info` reads, in this order.
-SESSION_COLUMNS = "id, header, event_count, byte_size, generation"
+SESSION_COLUMNS: Final = "id, header, event_count, byte_size, generation"
 
 
 def header_record(sid: SessionId, header: bytes | memoryview) -> HeaderRecord:

@@ -25,8 +25,8 @@ an unexpired lease on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 from ._codec import Event
 from .append_check import check_new_session
@@ -54,11 +54,17 @@ from .projection import CheckpointRow
 from .values import AbortPoll, LogInfo, Offset, SessionHeader, SessionId, check_session_id
 
 if TYPE_CHECKING:
+    from psycopg import Cursor
+    from psycopg.abc import Params
+    from psycopg.rows import TupleRow
+
     from .pg_placements import PgPlacements
 
 __all__ = ["COMPRESS_ABOVE", "PostgresLogStore"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A batch's lines are stored as one zstd frame above this many bytes: below it a frame gains
 # little (SPEC §3.3: about 1.8x for one event) and costs a compression per append.
@@ -253,7 +259,7 @@ class PostgresLogStore:
         )
         if not rows:
             return []
-        base = rows[0][0]
+        base: int = rows[0][0]
         events: list[Event] = []
         expected = base
         for first_seq, count, data, compressed in rows:
@@ -315,7 +321,7 @@ class PostgresLogStore:
         header bytes) gives the very same `LogInfo` again: line 1 is parsed once per lifecycle."""
         rows = self._query_all(None, "list", f'SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id COLLATE "C"', ())
         known, infos = self._infos, {}
-        out = []
+        out: list[LogInfo] = []
         for row in rows:
             try:
                 info = self._info(row, known)
@@ -339,7 +345,7 @@ class PostgresLogStore:
         no lock; empty when it cannot be read."""
         import psycopg
 
-        ids = []
+        ids: list[SessionId] = []
         for session_id in session_ids:
             try:
                 ids.append(check_session_id(session_id))
@@ -383,13 +389,15 @@ class PostgresLogStore:
 
     # --- plumbing ---
 
-    def _query_one(self, sid: str | None, op: str, sql: str, params: Any) -> Any:
-        return self._query(sid, op, sql, params, one=True)
+    def _query_one(self, sid: str | None, op: str, sql: LiteralString, params: Params) -> TupleRow | None:
+        return self._query(sid, op, sql, params, lambda cur: cur.fetchone())
 
-    def _query_all(self, sid: str | None, op: str, sql: str, params: Any) -> list[Any]:
-        return self._query(sid, op, sql, params, one=False)
+    def _query_all(self, sid: str | None, op: str, sql: LiteralString, params: Params) -> list[TupleRow]:
+        return self._query(sid, op, sql, params, lambda cur: cur.fetchall())
 
-    def _query(self, sid: str | None, op: str, sql: str, params: Any, *, one: bool) -> Any:
+    def _query(
+        self, sid: str | None, op: str, sql: LiteralString, params: Params, fetch: Callable[[Cursor[TupleRow]], T]
+    ) -> T:
         """A read-only query; a connection found dead (an idle one after a server restart, say)
         is replaced once: reading again is harmless."""
         import psycopg
@@ -398,8 +406,7 @@ class PostgresLogStore:
             try:
                 with self._pool.connection() as conn:
                     try:
-                        cur = conn.execute(sql, params)
-                        return cur.fetchone() if one else cur.fetchall()
+                        return fetch(conn.execute(sql, params))
                     except psycopg.Error:
                         if attempt == 1 and (conn.broken or conn.closed):
                             continue

@@ -70,12 +70,15 @@ def scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -
 
 def scan_growth(sid: SessionId, form: LogForm, row: IndexRow, revision: Revision, tail: bytes) -> IndexRow | None:
     """The row after scanning only what was appended since `row`, or None to rescan whole."""
+    header = row.info.header
+    if header is None:  # a damaged log's row (`may_have_grown` says no to those): rescanned whole
+        return None
     try:
         scan = form.scan_tail(sid, tail, first_seq=row.scan_events)
     except (CorruptLog, UnsupportedLog):
         return None  # the tail may not start where the row thinks: let a full scan decide
     count = row.scan_events + len(scan.events)
-    info = LogInfo.healthy(sid, row.info.header, row.info.inherited_event_count, revision, count)
+    info = LogInfo.healthy(sid, header, row.info.inherited_event_count, revision, count)
     return attrs.evolve(  # the same log further on: its form and head stay
         row,
         info=info,

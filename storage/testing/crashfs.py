@@ -20,7 +20,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Concatenate, ParamSpec, TypeVar
 
 import attrs
 
@@ -30,19 +30,21 @@ from ..watch import Watch
 
 __all__ = ["CrashFs"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S", bound="CrashFs | CrashFile")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _locked(method: F) -> F:
+def _locked(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
     """One lock per CrashFs: actors call it from worker threads, like a real file system."""
 
     @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        fs = self if isinstance(self, CrashFs) else self._fs
-        with fs._mutex:
+    def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        fs = self if isinstance(self, CrashFs) else self.fs
+        with fs.mutex:
             return method(self, *args, **kwargs)
 
-    return cast(F, wrapper)
+    return wrapper
 
 
 @attrs.define(eq=False)
@@ -70,16 +72,16 @@ class _Fault:
 
 class CrashFile:
     def __init__(self, fs: CrashFs, node: _FileNode, path: str, generation: int) -> None:
-        self._fs = fs
+        self.fs = fs
         self._node = node
         self._path = path
         self._generation = generation
         self._closed = False
 
     def _check(self, op: str) -> _FileNode:
-        if self._closed or self._generation != self._fs._generation:
+        if self._closed or self._generation != self.fs.generation:
             raise OSError(errno.EBADF, f"bad file descriptor ({op})", self._path)
-        self._fs._hit(op, self._path)
+        self.fs.hit(op, self._path)
         return self._node
 
     @_locked
@@ -93,36 +95,36 @@ class CrashFile:
     @_locked
     def write(self, data: bytes | memoryview) -> int:
         node = self._check("write")
-        fault = self._fs._take_fault("write", self._path)
+        fault = self.fs.take_fault("write", self._path)
         if fault is not None:
             if fault.partial:
                 node.data += bytes(data[: fault.partial])
             raise fault.error
         node.data += data
-        node.mtime_ns = self._fs._tick()
+        node.mtime_ns = self.fs.tick()
         return len(data)
 
     @_locked
     def truncate(self, size: int) -> None:
         node = self._check("truncate")
-        self._fs._raise_fault("truncate", self._path)
+        self.fs.raise_fault("truncate", self._path)
         del node.data[size:]
-        node.mtime_ns = self._fs._tick()
+        node.mtime_ns = self.fs.tick()
 
     @_locked
     def fsync(self) -> None:
         node = self._check("fsync")
-        self._fs._raise_fault("fsync", self._path)
-        if "file" not in self._fs.drop_fsync:
+        self.fs.raise_fault("fsync", self._path)
+        if "file" not in self.fs.drop_fsync:
             node.durable = bytes(node.data)
 
     @_locked
     def try_lock(self) -> bool:
         node = self._check("lock")
-        holder = self._fs._locks.get(node.ino)
+        holder = self.fs.locks.get(node.ino)
         if holder is not None and holder is not self:
             return False
-        self._fs._locks[node.ino] = self
+        self.fs.locks[node.ino] = self
         return True
 
     @_locked
@@ -135,20 +137,20 @@ class CrashFile:
         if self._closed:
             return
         self._closed = True
-        if self._fs._locks.get(self._node.ino) is self:
-            del self._fs._locks[self._node.ino]
+        if self.fs.locks.get(self._node.ino) is self:
+            del self.fs.locks[self._node.ino]
 
 
 class CrashFs:
     def __init__(self, *, drop_fsync: Iterable[str] = ()) -> None:
         self.drop_fsync = frozenset(drop_fsync)
         self.counts: Counter[str] = Counter()
-        self._mutex = threading.RLock()
+        self.mutex = threading.RLock()
         self._root = _DirNode()
         self._inos = itertools.count(1)
         self._clock = itertools.count(1)
-        self._generation = 0
-        self._locks: dict[int, CrashFile] = {}
+        self.generation = 0
+        self.locks: dict[int, CrashFile] = {}
         self._faults: list[_Fault] = []
 
     # --- test controls ---
@@ -156,8 +158,8 @@ class CrashFs:
     @_locked
     def crash(self) -> None:
         """Lose everything no fsync covered; every open handle and lock is gone."""
-        self._generation += 1
-        self._locks.clear()
+        self.generation += 1
+        self.locks.clear()
         self._faults.clear()
         self._restore(self._root)
 
@@ -199,17 +201,20 @@ class CrashFs:
             parent.durable[name] = node
         node.data = bytearray(data)
         node.durable = bytes(data)
-        node.mtime_ns = self._tick()
+        node.mtime_ns = self.tick()
 
-    # --- internals ---
+    # --- what its CrashFiles use (`mutex`, `generation` and `locks` too) ---
 
-    def _tick(self) -> int:
+    def tick(self) -> int:
+        """The next modification time: a logical clock."""
         return next(self._clock)
 
-    def _hit(self, op: str, path: str) -> None:
+    def hit(self, op: str, path: str) -> None:
+        """Count one operation (`counts`)."""
         self.counts[op] += 1
 
-    def _take_fault(self, op: str, path: str) -> _Fault | None:
+    def take_fault(self, op: str, path: str) -> _Fault | None:
+        """The injected fault this operation on `path` meets, used up once; None if none."""
         for fault in self._faults:
             if fault.op == op and (fault.path_suffix is None or path.endswith(fault.path_suffix)):
                 fault.times -= 1
@@ -218,8 +223,9 @@ class CrashFs:
                 return fault
         return None
 
-    def _raise_fault(self, op: str, path: str) -> None:
-        fault = self._take_fault(op, path)
+    def raise_fault(self, op: str, path: str) -> None:
+        """Raise the injected fault this operation on `path` meets, if any."""
+        fault = self.take_fault(op, path)
         if fault is not None:
             raise fault.error
 
@@ -256,7 +262,7 @@ class CrashFs:
     @_locked
     def mkdir(self, path: str) -> None:
         self.counts["mkdir"] += 1
-        self._raise_fault("mkdir", path)
+        self.raise_fault("mkdir", path)
         parent, name = self._parent(path)
         existing = parent.entries.get(name)
         if existing is None:
@@ -267,7 +273,7 @@ class CrashFs:
     @_locked
     def listdir(self, path: str) -> list[str]:
         self.counts["listdir"] += 1
-        self._raise_fault("listdir", path)
+        self.raise_fault("listdir", path)
         node = self._lookup(path)
         if not isinstance(node, _DirNode):
             raise OSError(errno.ENOTDIR, "not a directory", path)
@@ -285,7 +291,7 @@ class CrashFs:
     @_locked
     def revision(self, path: str) -> Revision | None:
         self.counts["stat"] += 1
-        self._raise_fault("stat", path)
+        self.raise_fault("stat", path)
         try:
             node = self._lookup(path)
         except FileNotFoundError:
@@ -297,7 +303,7 @@ class CrashFs:
     @_locked
     def open(self, path: str, mode: OpenMode) -> CrashFile:
         self.counts["open"] += 1
-        self._raise_fault("open", path)
+        self.raise_fault("open", path)
         parent, name = self._parent(path)
         node = parent.entries.get(name)
         if isinstance(node, _DirNode):
@@ -305,16 +311,16 @@ class CrashFs:
         if node is None:
             if mode in ("read", "append"):
                 raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
-            node = _FileNode(next(self._inos), mtime_ns=self._tick())
+            node = _FileNode(next(self._inos), mtime_ns=self.tick())
             parent.entries[name] = node
         elif mode == "create":
             raise FileExistsError(errno.EEXIST, "file exists", path)
-        return CrashFile(self, node, path, self._generation)
+        return CrashFile(self, node, path, self.generation)
 
     @_locked
     def link(self, src: str, dst: str) -> None:
         self.counts["link"] += 1
-        self._raise_fault("link", dst)
+        self.raise_fault("link", dst)
         node = self._lookup(src)
         if isinstance(node, _DirNode):
             raise PermissionError(errno.EPERM, "hard links to folders are not allowed", src)  # as on Linux
@@ -326,7 +332,7 @@ class CrashFs:
     @_locked
     def unlink(self, path: str) -> None:
         self.counts["unlink"] += 1
-        self._raise_fault("unlink", path)
+        self.raise_fault("unlink", path)
         parent, name = self._parent(path)
         if name not in parent.entries:
             raise FileNotFoundError(errno.ENOENT, "no such file or directory", path)
@@ -337,13 +343,13 @@ class CrashFs:
         self, path: str, names: Sequence[str], only: Collection[str] | None = None, watch: Watch | None = None
     ) -> list[FolderScan]:
         self.counts["scan"] += 1
-        self._raise_fault("scan", path)
+        self.raise_fault("scan", path)
         node = self._lookup(path)
         if not isinstance(node, _DirNode):
             raise OSError(errno.ENOTDIR, "not a directory", path)
         entries = node.entries
         wanted = entries if only is None else {name: entries[name] for name in only if name in entries}
-        out = []
+        out: list[FolderScan] = []
         for name, child in wanted.items():
             if not isinstance(child, _DirNode):
                 continue
@@ -361,13 +367,13 @@ class CrashFs:
     def held_locks(self, paths: Sequence[str]) -> set[str]:
         """The `paths` some open `CrashFile` holds the lock of (its in-memory lock table: an
         in-memory file system has no processes, so every holder counts as elsewhere)."""
-        held = set()
+        held: set[str] = set()
         for path in paths:
             try:
                 node = self._lookup(path)
             except OSError:
                 continue  # no such file: nobody can hold its lock
-            if isinstance(node, _FileNode) and node.ino in self._locks:
+            if isinstance(node, _FileNode) and node.ino in self.locks:
                 held.add(path)
         return held
 
@@ -377,7 +383,7 @@ class CrashFs:
     @_locked
     def fsync_dir(self, path: str) -> None:
         self.counts["fsync_dir"] += 1
-        self._raise_fault("fsync_dir", path)
+        self.raise_fault("fsync_dir", path)
         node = self._lookup(path)
         if not isinstance(node, _DirNode):
             raise OSError(errno.ENOTDIR, "not a directory", path)

@@ -53,7 +53,7 @@ class MemoryPlacements:
         with self._shared.lock:
             queue = self._shared.queue.items()
             free = sorted((order, sid) for sid, (order, by) in queue if by is None and sid not in skip)
-            taken = []
+            taken: list[Claim] = []
             for _, sid in free[: max(limit, 0)]:
                 self._shared.queue[sid] = (self._shared.queue[sid][0], self.host_id)
                 attempt = self._shared.attempts[sid] = self._shared.attempts.get(sid, 0) + 1
