@@ -151,7 +151,7 @@ class _Batch:
 
     group: _Group
     pending: deque[_Request]  # not yet started: drained with popleft only (thread-safe)
-    taken: list[_Request] = attrs.Factory(list)  # popped by the thread (appended by it alone)
+    taken: list[_Request] = attrs.Factory(list[_Request])  # popped by the thread (appended by it alone)
     progress: float = 0.0  # time.monotonic() when the thread last started a read
     working: bool = True  # False once the thread is done (the loop may be late to hear it)
     stalled: bool = False  # the watch gave up waiting for it

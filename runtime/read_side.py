@@ -38,9 +38,7 @@ __all__ = ["ReadSide", "open_read_side", "runtime_registry"]
 def runtime_registry() -> ProjectionRegistry:
     """The projection units every runtime folds: the subagent units and the usage unit (the
     same registry for `open_runtime` and a read-only command, so both read the same rows)."""
-    # ProjectionUnit declares `view` a mutable attribute, which a unit's `view` method cannot be to
-    # the checker; declared read-only (a property) in storage/projection.py this goes.
-    return ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])  # pyright: ignore[reportArgumentType]
+    return ProjectionRegistry([*SUBAGENT_UNITS, USAGE_UNIT])
 
 
 @attrs.frozen(kw_only=True)

@@ -72,9 +72,7 @@ def open_log_store(
         leases: _LeaseOptions = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
         if lease_renew_interval is not None:
             leases["lease_renew_interval"] = lease_renew_interval
-        # Placements declares `host_id` a mutable attribute, which PgPlacements' property cannot be
-        # to the checker; declared read-only (a property) in storage/placements.py this goes.
-        return PostgresLogStore(spec, create_schema=create_schema, **leases)  # pyright: ignore[reportReturnType]
+        return PostgresLogStore(spec, create_schema=create_schema, **leases)
     return FileLogStore(spec, compression=compression)
 
 

@@ -77,6 +77,8 @@ class DrainResult(NamedTuple):
 class Mailbox(Protocol):
     """Durable deliveries to sessions (the file form here; PostgreSQL later, SPEC §9)."""
 
+    ids: DeliveryIds  # makes the delivery ids of the envelopes sent through it
+
     def deliver(self, session_id: str, envelope: Envelope) -> None:
         """Enqueue `envelope` for the session, durably before returning. Raises
         `InvalidSessionId`, `InvalidEnvelope`, `DeliveryConflict`, `PersistenceFailed`."""

@@ -53,7 +53,10 @@ class HostRow:
 class Placements(Protocol):
     """The placement queue and the host registry, as seen by one host (`host_id`)."""
 
-    host_id: str
+    @property
+    def host_id(self) -> str:
+        """The host these placements act for."""
+        ...
 
     def enqueue(self, session_id: str, *, claimed_before: bool = False) -> None:
         """Leave the session to the serving hosts, durably (idempotent: an enqueued session

@@ -48,7 +48,11 @@ JsonValue = Any  # plain JSON: None, bool, int, float, str, list, dict[str, ...]
 class ProjectionUnit(Protocol):
     key: str
     state_version: int
-    view: Callable[[JsonValue], JsonValue] | None
+
+    @property
+    def view(self) -> Callable[[JsonValue], JsonValue] | None:
+        """The client-visible value of a state (a unit's method; None: host-only)."""
+        ...
 
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonValue: ...
 
