@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .delegation.listing import ChildRow as ChildRow
     from .delegation.listing import DiagnosticRow as DiagnosticRow
     from .delegation.options import ChildOptions as ChildOptions
+    from .delegation.units import SUBAGENT_UNITS as SUBAGENT_UNITS
     from .event_stream import EventStream as EventStream
     from .event_stream import StreamEvent as StreamEvent
     from .event_stream import open_event_stream as open_event_stream
@@ -96,6 +97,7 @@ _WHERE: dict[str, str] = {
     "ChildRow": ".delegation.listing",
     "DiagnosticRow": ".delegation.listing",
     "ChildOptions": ".delegation.options",
+    "SUBAGENT_UNITS": ".delegation.units",
     "AgentError": ".foundation.errors",
     "AgentStopped": ".foundation.errors",
     "ModelError": ".foundation.errors",
