@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .delegation.listing import ChildRow as ChildRow
     from .delegation.listing import DiagnosticRow as DiagnosticRow
     from .delegation.options import ChildOptions as ChildOptions
-    from .event_stream import EventStream as EventStream
+    from .delegation.units import SUBAGENT_UNITS as SUBAGENT_UNITS
     from .event_stream import StreamEvent as StreamEvent
     from .event_stream import open_event_stream as open_event_stream
     from .foundation.budgets import Budget as Budget
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from .foundation.errors import ToolFailure as ToolFailure
     from .foundation.ids import CountingIds as CountingIds
     from .foundation.ids import RandomIds as RandomIds
-    from .models.base import AnyModel as AnyModel
     from .models.base import Chunk as Chunk
     from .models.base import Finish as Finish
     from .models.base import Model as Model
@@ -60,11 +59,8 @@ if TYPE_CHECKING:
     from .tools.base import FunctionTool as FunctionTool
     from .tools.base import Tool as Tool
     from .tools.base import ToolContext as ToolContext
-    from .tools.mcp_servers import McpServers as McpServers
-    from .tools.mcp_servers import McpServerStatus as McpServerStatus
     from .tools.mcp_spec import McpServerSpec as McpServerSpec
     from .tools.permissions import DEFAULT_PERMISSIONS as DEFAULT_PERMISSIONS
-    from .tools.permissions import Approver as Approver
     from .tools.permissions import PermissionAnswer as PermissionAnswer
     from .tools.permissions import PermissionRequest as PermissionRequest
     from .tools.permissions import Permissions as Permissions
@@ -96,6 +92,7 @@ _WHERE: dict[str, str] = {
     "ChildRow": ".delegation.listing",
     "DiagnosticRow": ".delegation.listing",
     "ChildOptions": ".delegation.options",
+    "SUBAGENT_UNITS": ".delegation.units",
     "AgentError": ".foundation.errors",
     "AgentStopped": ".foundation.errors",
     "ModelError": ".foundation.errors",
@@ -104,12 +101,10 @@ _WHERE: dict[str, str] = {
     "SubagentError": ".foundation.errors",
     "SubagentsError": ".foundation.errors",
     "ToolFailure": ".foundation.errors",
-    "EventStream": ".event_stream",
     "StreamEvent": ".event_stream",
     "open_event_stream": ".event_stream",
     "CountingIds": ".foundation.ids",
     "RandomIds": ".foundation.ids",
-    "AnyModel": ".models.base",
     "Chunk": ".models.base",
     "Finish": ".models.base",
     "Model": ".models.base",
@@ -124,11 +119,8 @@ _WHERE: dict[str, str] = {
     "OpenAIChatModel": ".models.openai",
     "load_script": ".testing.script_format",
     "ScriptedModel": ".testing.scripted_model",
-    "McpServers": ".tools.mcp_servers",
-    "McpServerStatus": ".tools.mcp_servers",
     "McpServerSpec": ".tools.mcp_spec",
     "DEFAULT_PERMISSIONS": ".tools.permissions",
-    "Approver": ".tools.permissions",
     "PermissionAnswer": ".tools.permissions",
     "PermissionRequest": ".tools.permissions",
     "Permissions": ".tools.permissions",

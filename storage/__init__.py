@@ -15,15 +15,10 @@ from ._codec import SurfaceOp as SurfaceOp
 from ._codec import check_lossless as check_lossless
 from ._codec import decode_payload as decode_payload
 from ._codec import make_event as make_event
-from .closers import TOOL_NOT_STARTED_TEXT as TOOL_NOT_STARTED_TEXT
-from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
 from .closers import interrupted_closers as interrupted_closers
-from .envelope import ENVELOPE_KINDS as ENVELOPE_KINDS
 from .envelope import DeliveryIds as DeliveryIds
 from .envelope import Envelope as Envelope
 from .envelope import EnvelopeKind as EnvelopeKind
-from .envelope import check_delivery_id as check_delivery_id
-from .envelope import new_delivery_id as new_delivery_id
 from .errors import AlreadyOwned as AlreadyOwned
 from .errors import CorruptLog as CorruptLog
 from .errors import DeliveryConflict as DeliveryConflict
@@ -55,26 +50,20 @@ from .errors import UnsupportedLog as UnsupportedLog
 from .events import SURFACE_TYPES as SURFACE_TYPES
 from .events import SubagentCatalogData as SubagentCatalogData
 from .file_store import FileLogStore as FileLogStore
-from .forms import Compression as Compression
 from .fs import Fs as Fs
 from .fs import OsFs as OsFs
 from .index_rows import StoredCheckpoint as StoredCheckpoint
 from .log_store import Batch as Batch
-from .log_store import CheckpointedReader as CheckpointedReader
 from .log_store import CheckpointRows as CheckpointRows
 from .log_store import LeasedStore as LeasedStore
 from .log_store import LogReader as LogReader
 from .log_store import LogStore as LogStore
 from .log_store import LogWriter as LogWriter
-from .log_store import ReadHandle as ReadHandle
 from .log_store import WriteHandle as WriteHandle
-from .mailbox import DrainResult as DrainResult
 from .mailbox import FileMailbox as FileMailbox
 from .mailbox import Mailbox as Mailbox
-from .mailbox import RejectedEnvelope as RejectedEnvelope
 from .mailbox_watch import LocalWakeups as LocalWakeups
 from .mailbox_watch import MailboxWatch as MailboxWatch
-from .pg_listener import PgSessionWatch as PgSessionWatch
 from .pg_mailbox import PostgresMailbox as PostgresMailbox
 from .pg_mailbox_watch import PgMailboxWatch as PgMailboxWatch
 from .pg_store import PostgresLogStore as PostgresLogStore
@@ -92,7 +81,6 @@ from .values import HeaderClaim as HeaderClaim
 from .values import LogInfo as LogInfo
 from .values import Offset as Offset
 from .values import Revision as Revision
-from .values import Seq as Seq
 from .values import SessionHeader as SessionHeader
 from .values import SessionId as SessionId
 from .values import check_session_id as check_session_id
@@ -105,14 +93,10 @@ __all__ = [
     "Batch",
     "CheckpointRow",
     "CheckpointRows",
-    "CheckpointedReader",
     "Claim",
-    "Compression",
     "CorruptLog",
     "DeliveryConflict",
     "DeliveryIds",
-    "DrainResult",
-    "ENVELOPE_KINDS",
     "Envelope",
     "EnvelopeKind",
     "Event",
@@ -147,7 +131,6 @@ __all__ = [
     "OwnershipLost",
     "PersistenceFailed",
     "PgMailboxWatch",
-    "PgSessionWatch",
     "Placements",
     "PostgresLogStore",
     "PostgresMailbox",
@@ -155,12 +138,9 @@ __all__ = [
     "ProjectionCells",
     "ProjectionRegistry",
     "ProjectionUnit",
-    "ReadHandle",
-    "RejectedEnvelope",
     "ReplaceOp",
     "Revision",
     "SURFACE_TYPES",
-    "Seq",
     "SequenceConflict",
     "SessionAlreadyExists",
     "SessionHeader",
@@ -173,15 +153,12 @@ __all__ = [
     "SubagentCatalogData",
     "SubagentsError",
     "SurfaceOp",
-    "TOOL_NOT_STARTED_TEXT",
-    "TOOL_OUTCOME_UNKNOWN_TEXT",
     "UNSET",
     "UnknownProjection",
     "UnsafePath",
     "UnsupportedEvent",
     "UnsupportedLog",
     "WriteHandle",
-    "check_delivery_id",
     "check_lossless",
     "check_session_id",
     "decode_payload",
@@ -189,5 +166,4 @@ __all__ = [
     "encode_session_id",
     "interrupted_closers",
     "make_event",
-    "new_delivery_id",
 ]

@@ -36,7 +36,7 @@ def pg_url(request: pytest.FixtureRequest, pg_server: EmbeddedServer) -> Iterato
 def pg_store_factory(request: pytest.FixtureRequest) -> Iterator[StoreFactory]:
     """PostgreSQL stores on the module's database, emptied for this test; closed after it
     (which releases their write locks)."""
-    from subagents.storage.pg_store import PostgresLogStore
+    from subagents.storage import PostgresLogStore
 
     url = request.getfixturevalue("pg_url")
     reset_tables(url)

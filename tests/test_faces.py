@@ -17,6 +17,8 @@ FACES = {
     "subagents.storage.testing": ("storage/testing/__init__.py", False),
     "subagents.actors": ("actors/__init__.py", False),
     "subagents.runtime": ("runtime/__init__.py", True),
+    "subagents.runtime.testing": ("runtime/testing/__init__.py", True),
+    "subagents.runtime.hosts.cli": ("runtime/hosts/cli/__init__.py", False),
 }
 
 

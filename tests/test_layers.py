@@ -1,8 +1,9 @@
 """The layering rules of SPEC 2, checked on the source: imports point downward only, each layer
 imports only the third-party packages its row allows, a layer imports a lower one only through
 its face (`subagents.storage`, `subagents.actors`; never a module past it, nor the test doubles
-of `subagents.storage.testing`), nothing imports a layer unprefixed, and no two modules import
-each other (directly or through a cycle)."""
+of `subagents.storage.testing`), nothing imports a layer unprefixed, no two modules import
+each other (directly or through a cycle), and tests import through the faces too, except a listed
+set of white-box tests of internals."""
 
 from __future__ import annotations
 
@@ -363,3 +364,155 @@ def test_tests_and_benchmarks_import_only_prefixed_names() -> None:
                     if n.split(".")[0] in LAYERS:
                         problems.append(f"{path.relative_to(REPO)}:{node.lineno}: {n}")
     assert problems == []
+
+
+# What a test may import of the layers: the faces, and the runtime's error tree (README,
+# "Errors": every class is in `subagents.runtime.foundation.errors`).
+TEST_FACES = {
+    "subagents.storage",
+    "subagents.storage.testing",
+    "subagents.actors",
+    "subagents.runtime",
+    "subagents.runtime.testing",
+    "subagents.runtime.hosts.cli",
+    "subagents.runtime.foundation.errors",
+}
+# White-box tests of internals: the only test modules that import past the faces, by kind.
+WHITE_BOX = {
+    # storage's byte format and its private parts (codecs, records, framing, file names, forms)
+    "tests/helpers/log_lines.py",  # hand-written log lines
+    "tests/storage/test_codec.py",
+    "tests/storage/test_closers.py",  # decodes the closers' events
+    "tests/storage/test_crash_durability.py",  # the Fs seam's File and OpenMode
+    "tests/storage/test_face.py",  # the face against the modules behind it
+    "tests/storage/test_hostile_input.py",  # counts framing's payload checks
+    "tests/storage/test_log_store_conformance.py",  # the log file names
+    "tests/storage/test_read_path.py",  # patches framing and the file store
+    "tests/storage/test_reader_fuzz.py",  # the reader's chunk size
+    "tests/storage/test_sigkill.py",
+    "tests/storage/test_zstd_form.py",
+    "tests/runtime/test_subagents_e2e.py",  # writes a damaged log by hand
+    # the mailbox's envelope bytes
+    "tests/storage/test_mailbox_conformance.py",
+    "tests/runtime/test_mailbox_cli.py",
+    # the listing's row cache (the session index and its rows)
+    "tests/storage/test_claimed_headers.py",
+    "tests/storage/test_index.py",
+    "tests/storage/test_projection_types.py",
+    "tests/runtime/test_one_verdict.py",
+    "tests/runtime/test_writeback.py",
+    # the PostgreSQL schema, leases and connections
+    "tests/storage/test_pg_leases.py",
+    "tests/storage/test_pg_mailbox.py",
+    "tests/storage/test_pg_store.py",
+    "tests/runtime/test_store_select.py",
+    # storage's lock table and folder watch
+    "tests/storage/test_locks.py",
+    "tests/storage/test_watch.py",
+    "tests/runtime/test_cli_live.py",  # which write locks a process holds
+    # the error modules of every layer, against the tree drawn at their tops
+    "tests/test_error_tree.py",
+    # the actors' internals (the actor mailbox, append requests)
+    "tests/actors/test_fanout.py",
+    "tests/actors/test_mailbox.py",
+    "tests/actors/test_session_store.py",  # the runtime's identity unit
+    # unit tests of one runtime module (descriptor, units, budgets, agent types, config, inbox,
+    # messages, compaction, tool framework, MCP rendering, the OpenAI wire, the scripted model's
+    # parsers, usage folds, the subagent tools' renders, lease renewal, the mailbox owner)
+    "tests/helpers/descriptors.py",
+    "tests/helpers/wrapped_models.py",  # binds a model as the tee does
+    "tests/runtime/test_agent_loop.py",  # the surface the loop folds
+    "tests/runtime/test_agent_types.py",
+    "tests/runtime/test_agent_units.py",
+    "tests/runtime/test_budgets.py",
+    "tests/runtime/test_catalog_unit.py",
+    "tests/runtime/test_child_options.py",
+    "tests/runtime/test_config.py",
+    "tests/runtime/test_descriptor.py",
+    "tests/runtime/test_inbox_statistics.py",
+    "tests/runtime/test_lease_renewal.py",
+    "tests/runtime/test_mailbox_owner.py",
+    "tests/runtime/test_mcp_units.py",
+    "tests/runtime/test_openai_model.py",
+    "tests/runtime/test_openai_secrets.py",
+    "tests/runtime/test_openai_wire.py",
+    "tests/runtime/test_ownership_lost.py",  # envelopes as the mailbox owner makes them
+    "tests/runtime/test_pg_clock.py",  # envelopes as the mailbox owner makes them
+    "tests/runtime/test_scripted_model.py",
+    "tests/runtime/test_scripted_stall.py",
+    "tests/runtime/test_subagent_tools.py",
+    "tests/runtime/test_units.py",
+    "tests/runtime/test_usage.py",
+    "tests/runtime/test_workspace_tools.py",
+    # the read seam built by hand (the query, the listing and its row cache, the read side)
+    "tests/runtime/test_listing.py",
+    "tests/runtime/test_listing_abort.py",
+    "tests/runtime/test_listing_memory.py",
+    "tests/runtime/test_listing_perf_semantics.py",
+    "tests/runtime/test_listing_warm.py",
+    "tests/runtime/test_query.py",
+    "tests/runtime/test_read_side.py",
+    "tests/runtime/test_spec_texts.py",
+    # the subagent service's seams (the crash driver's residency, routing, reservations)
+    "tests/runtime/subagent_driver.py",
+    "tests/runtime/test_deterministic_logs.py",
+    "tests/runtime/test_subagent_service.py",
+    # hosts below the CLI's face (ACP, chat, serve, demo, run output and progress, transfer)
+    "tests/helpers/acp_gated_agent.py",
+    "tests/helpers/memory_hosts.py",
+    "tests/runtime/test_acp_live.py",
+    "tests/runtime/test_acp_mcp.py",
+    "tests/runtime/test_acp_mcp_units.py",
+    "tests/runtime/test_acp_server.py",
+    "tests/runtime/test_acp_units.py",
+    "tests/runtime/test_chat.py",
+    "tests/runtime/test_chat_input.py",
+    "tests/runtime/test_chat_terminal.py",
+    "tests/runtime/test_cli_readable.py",  # patches the CLI's entry module
+    "tests/runtime/test_demo.py",
+    "tests/runtime/test_event_stream.py",
+    "tests/runtime/test_placement.py",
+    "tests/runtime/test_placement_faults.py",
+    "tests/runtime/test_run_progress.py",
+    "tests/runtime/test_store_transfer.py",
+}
+TEST_MODULES = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("*.py"))
+
+
+def _test_import_problems(path: Path) -> list[str]:
+    """Imports of the test module at `path` that reach a layer past the faces."""
+    problems = []
+    for target, line in _imports("tests.module", path):
+        if target.split(".")[0] == "subagents" and target not in TEST_FACES:
+            problems.append(f"line {line}: imports {target!r} past the faces")
+    return problems
+
+
+@pytest.mark.parametrize("path", [p for p in TEST_MODULES if p not in WHITE_BOX])
+def test_tests_import_through_the_faces(path: str) -> None:
+    assert _test_import_problems(REPO / path) == []
+
+
+@pytest.mark.parametrize("path", sorted(WHITE_BOX))
+def test_white_box_tests_do_reach_past_the_faces(path: str) -> None:
+    # A listed module that no longer imports an internal leaves the list.
+    assert _test_import_problems(REPO / path) != []
+
+
+def test_the_test_import_check_refuses_internals(tmp_path: Path) -> None:
+    fake = tmp_path / "test_fake.py"
+    fake.write_text(
+        "from subagents.storage import Batch, framing\n"
+        "from subagents.runtime.delegation.units import SUBAGENT_UNITS\n"
+        "import subagents.actors.cold_reader\n"
+        "from subagents.runtime.foundation import errors\n"
+        "from subagents.runtime.testing import ScriptedModel, scenario\n"
+        "from subagents.runtime.hosts.cli import main\n"
+        "import subagents.storage.testing\n"
+    )
+    assert _test_import_problems(fake) == [
+        "line 1: imports 'subagents.storage.framing' past the faces",
+        "line 2: imports 'subagents.runtime.delegation.units' past the faces",
+        "line 3: imports 'subagents.actors.cold_reader' past the faces",
+        "line 5: imports 'subagents.runtime.testing.scenario' past the faces",
+    ]

@@ -2,10 +2,11 @@
 reaches it only where a host asks for it (a `scripted:PATH` model spec, the demo).
 
 - `ScriptedModel`, the keyless model that answers from a script (docs/scripts.md), with
-  `load_script` and the script's types (`Script`, `ScriptEntry`, `ScriptedResponse`, …);
-  `ScriptWaits` is what a test driving it directly may give `bind` to hold `wait_for` on.
+  `load_script` (the script's types stay in `script_format`, for the tests of the format);
+  `ScriptWaits` is what a test driving it directly may give `bind` to hold `wait_for` on;
+  `DEFAULT_STALL_TIMEOUT`, how long a scripted wait goes without progress before it fails.
 - The scenario runner (the golden runs under scenarios/): `run_scenario`, `check_scenario`,
-  `update_scenario`, `scenario_dirs`, `normalize_log`.
+  `update_scenario`, `scenario_dirs`.
 
 Their error branch (`ScriptError`, a script that does not load, and the scripted model's
 `ModelError`s: `ScriptedFailure`, `ScriptExhausted`, `ScriptNoAgent`, `ScriptNoMatch`,
@@ -23,46 +24,24 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .scenario import check_scenario as check_scenario
-    from .scenario import normalize_log as normalize_log
     from .scenario import run_scenario as run_scenario
     from .scenario import scenario_dirs as scenario_dirs
     from .scenario import update_scenario as update_scenario
-    from .script_format import Script as Script
-    from .script_format import ScriptedError as ScriptedError
-    from .script_format import ScriptedResponse as ScriptedResponse
-    from .script_format import ScriptedToolCall as ScriptedToolCall
-    from .script_format import ScriptEntry as ScriptEntry
-    from .script_format import WaitFor as WaitFor
-    from .script_format import WaitForSettled as WaitForSettled
-    from .script_format import WaitForSteered as WaitForSteered
-    from .script_format import WaitForWaiting as WaitForWaiting
     from .script_format import load_script as load_script
     from .script_waits import ScriptWaits as ScriptWaits
     from .scripted_model import DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT
     from .scripted_model import ScriptedModel as ScriptedModel
-    from .scripted_model import ScriptedModelStatistics as ScriptedModelStatistics
 
 # Each name and the module it loads from: the one table (a test keeps the imports above in step).
 _WHERE: dict[str, str] = {
     "check_scenario": ".scenario",
-    "normalize_log": ".scenario",
     "run_scenario": ".scenario",
     "scenario_dirs": ".scenario",
     "update_scenario": ".scenario",
-    "Script": ".script_format",
-    "ScriptedError": ".script_format",
-    "ScriptedResponse": ".script_format",
-    "ScriptedToolCall": ".script_format",
-    "ScriptEntry": ".script_format",
-    "WaitFor": ".script_format",
-    "WaitForSettled": ".script_format",
-    "WaitForSteered": ".script_format",
-    "WaitForWaiting": ".script_format",
     "load_script": ".script_format",
     "ScriptWaits": ".script_waits",
     "DEFAULT_STALL_TIMEOUT": ".scripted_model",
     "ScriptedModel": ".scripted_model",
-    "ScriptedModelStatistics": ".scripted_model",
 }
 
 __all__ = sorted(_WHERE)

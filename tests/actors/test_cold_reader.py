@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from subagents.actors import Abort, ReadAborted
-from subagents.actors.cold_reader import ColdRead, ColdReader
+from subagents.actors import Abort, ColdRead, ColdReader, ReadAborted
 from subagents.storage import (
     Batch,
     CorruptLog,

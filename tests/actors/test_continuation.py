@@ -12,8 +12,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from subagents.actors import ActivationLimitReached, ActorError, Draining
-from subagents.actors.continuation import Activation, ContinuationManager, open_continuation_manager
+from subagents.actors import (
+    Activation,
+    ActivationLimitReached,
+    ActorError,
+    ContinuationManager,
+    Draining,
+    open_continuation_manager,
+)
 
 
 class Boom(Exception):

@@ -26,8 +26,7 @@ from drafts import turn_start
 from log_lines import encode_header, header, wire
 from places import Place
 from subagents.actors import EventDraft, open_session_store
-from subagents.storage import AlreadyOwned, Batch, FileLogStore, SessionHeader, make_event
-from subagents.storage.projection import ProjectionRegistry
+from subagents.storage import AlreadyOwned, Batch, FileLogStore, ProjectionRegistry, SessionHeader, make_event
 
 
 @attrs.define

@@ -40,7 +40,7 @@ from subagents.actors import (
     SessionRef,
     open_session_store,
 )
-from subagents.runtime.delegation.units import SUBAGENT_UNITS
+from subagents.runtime import SUBAGENT_UNITS
 from subagents.storage import (
     Event,
     InvalidEvent,
@@ -49,10 +49,10 @@ from subagents.storage import (
     Offset,
     PersistenceFailed,
     ProjectionBroken,
+    ProjectionRegistry,
     SequenceConflict,
     SessionHeader,
 )
-from subagents.storage.projection import ProjectionRegistry
 from subagents.storage.testing import FaultyLogStore
 from trio.testing import wait_all_tasks_blocked
 

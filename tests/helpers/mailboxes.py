@@ -21,6 +21,7 @@ from subagents.storage import (
     Envelope,
     FileLogStore,
     FileMailbox,
+    LocalWakeups,
     LogStore,
     MailboxWatch,
     PgMailboxWatch,
@@ -28,7 +29,6 @@ from subagents.storage import (
     PostgresMailbox,
     encode_session_id,
 )
-from subagents.storage.mailbox_watch import LocalWakeups
 from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox
 
 

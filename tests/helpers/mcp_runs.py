@@ -11,8 +11,7 @@ from typing import Any
 
 import msgspec
 from log_lines import read_all
-from subagents.runtime import McpServerSpec, ScriptedModel, load_script
-from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
+from subagents.runtime import McpServerSpec, Model, ModelRequest, ScriptedModel, SessionBinding, load_script
 from subagents.storage import FileLogStore
 from wrapped_models import WrappedModel
 

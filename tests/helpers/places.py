@@ -61,7 +61,7 @@ class Place:
         return {"store": self.url} if self.url is not None else {}
 
     def open_runtime(self, **options: Any) -> AbstractAsyncContextManager[Any]:
-        from subagents.runtime.app import open_runtime
+        from subagents.runtime import open_runtime
 
         if self.url is not None and "log_store" not in options:
             options = {"store": self.url, **options}

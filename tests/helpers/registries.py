@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.storage.projection import ProjectionRegistry
+from subagents.runtime import SUBAGENT_UNITS
+from subagents.storage import ProjectionRegistry
 
 
 def subagent_registry(*extra: Any) -> ProjectionRegistry:

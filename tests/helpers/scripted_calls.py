@@ -9,10 +9,8 @@ from typing import Any
 
 import attrs
 import pytest
-from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.runtime import Chunk, ModelRequest, ScenarioClock, ScriptedModel, SessionBinding, TextDelta
 from subagents.runtime.foundation.errors import ModelError
-from subagents.runtime.models.base import Chunk, ModelRequest, SessionBinding, TextDelta
-from subagents.runtime.testing.scripted_model import ScriptedModel
 
 
 @attrs.frozen

@@ -31,15 +31,8 @@ from subagents.runtime.models.messages import Surface
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.runtime.tools.base import FunctionTool, ToolContext
-from subagents.storage import (
-    TOOL_NOT_STARTED_TEXT,
-    TOOL_OUTCOME_UNKNOWN_TEXT,
-    UNSET,
-    Event,
-    FileLogStore,
-    ReplaceOp,
-    SessionNotFound,
-)
+from subagents.storage import UNSET, Event, FileLogStore, ReplaceOp, SessionNotFound
+from subagents.storage.closers import TOOL_NOT_STARTED_TEXT, TOOL_OUTCOME_UNKNOWN_TEXT
 from wrapped_models import WrappedModel
 
 Json = dict[str, Any]

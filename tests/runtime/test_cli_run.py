@@ -514,9 +514,8 @@ async def test_openai_run_against_a_local_server_never_leaks_the_key(nursery: tr
 
 
 async def test_open_runtime_builds_a_model_from_a_spec_and_an_explicit_key(tmp_path: Path, monkeypatch) -> None:
-    from subagents.runtime import open_runtime
+    from subagents.runtime import OpenAIChatModel, open_runtime
     from subagents.runtime.foundation.errors import ModelSpecError
-    from subagents.runtime.models.openai import OpenAIChatModel
 
     monkeypatch.setenv("OPENAI_API_KEY", "from-the-environment")
     async with open_runtime(tmp_path, model="openai:m", api_key="sk-explicit", base_url="http://127.0.0.1:9") as rt:

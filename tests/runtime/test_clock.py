@@ -8,11 +8,7 @@ import time
 from pathlib import Path
 
 from log_lines import read_all
-from subagents.runtime.app import open_runtime
-from subagents.runtime.foundation.clock import RealClock, ScenarioClock
-from subagents.runtime.foundation.ids import CountingIds
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime import CountingIds, RealClock, ScenarioClock, ScriptedModel, load_script, open_runtime
 from subagents.storage import FileLogStore
 
 

@@ -20,7 +20,7 @@ from descriptors import descriptor
 from garble import garble
 from hypothesis import HealthCheck, given, settings
 from log_lines import encode_header, header, json_line, new_log_file, zstd_frame
-from subagents.runtime.app import open_runtime
+from subagents.runtime import open_runtime
 from subagents.runtime.foundation.errors import SessionQueryError
 
 now_ms = ticking_ms(T + 10_000)

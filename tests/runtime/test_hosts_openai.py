@@ -29,6 +29,7 @@ import zstandard
 from cli_process import CLI, clean_env
 from log_lines import log_file
 from openai_server import OpenAIServer, Reply, last_message, request_problem, tool_messages
+from subagents.runtime import Chunk, Finish, ModelRequest, OpenAIChatModel, TextDelta, ToolCallDelta, ToolSpec, Usage
 from subagents.runtime.foundation.errors import (
     ModelAuthFailed,
     ModelBadStream,
@@ -36,8 +37,6 @@ from subagents.runtime.foundation.errors import (
     ModelStreamInterrupted,
     ModelUnavailable,
 )
-from subagents.runtime.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallDelta, ToolSpec, Usage
-from subagents.runtime.models.openai import OpenAIChatModel
 
 KEY = "sk-fake-HOSTS-4b9e1d7c2a6f0e83"
 GRAMS = {KEY[i : i + 8] for i in range(len(KEY) - 7)}  # any 8-character run of the key is a leak

@@ -31,11 +31,8 @@ import pytest
 import trio
 from listing_rows import rows
 from places import Place, open_place
-from subagents.runtime.foundation.clock import ScenarioClock
-from subagents.runtime.foundation.ids import CountingIds
+from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script
 from subagents.runtime.hosts.cli import main
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage.testing import FaultyLogStore
 
 PARENT = "parent"

@@ -32,7 +32,7 @@ from listing_rows import rows
 from log_lines import header, persist_log
 from places import Place
 from subagents.actors import Abort, EventDraft
-from subagents.runtime.app import Runtime
+from subagents.runtime import Runtime
 from subagents.runtime.foundation.errors import SubagentCancelled, SubagentError
 from subagents.storage import FileLogStore, LogStore, make_event
 from subagents.storage.testing import FaultyLogStore

@@ -16,12 +16,7 @@ import pytest
 from log_lines import plain_records
 from pg_server import drop_database, fresh_database
 from places import Place
-from subagents.runtime.agent.compaction import CompactionPolicy
-from subagents.runtime.agent.loop import AgentConfig
-from subagents.runtime.foundation.clock import ScenarioClock
-from subagents.runtime.foundation.ids import CountingIds
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime import AgentConfig, CompactionPolicy, CountingIds, ScenarioClock, ScriptedModel, load_script
 from subagents.storage import LogStore
 
 LONG = "x" * 300
@@ -44,7 +39,7 @@ def twins(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Plac
     if request.param == "file":
         yield Place("file", plain), Place("file", compacted)
         return
-    from subagents.storage.pg_store import PostgresLogStore
+    from subagents.storage import PostgresLogStore
 
     admin = request.getfixturevalue("pg_server").url
     url = request.getfixturevalue("pg_url")

@@ -27,7 +27,8 @@ from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.runtime.tools.base import FunctionTool
-from subagents.storage import DrainResult, Envelope, PersistenceFailed
+from subagents.storage import Envelope, PersistenceFailed
+from subagents.storage.mailbox import DrainResult
 from subagents.storage.testing import CrashFs, MemoryLogStore, MemoryMailbox
 
 Json = dict[str, Any]

@@ -17,9 +17,8 @@ import trio
 from drafts import descriptor_draft, turn_start
 from log_lines import header
 from subagents.actors import open_session_store
-from subagents.runtime.app import open_runtime
-from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.storage.projection import ProjectionRegistry
+from subagents.runtime import SUBAGENT_UNITS, open_runtime
+from subagents.storage import ProjectionRegistry
 
 pytestmark = pytest.mark.pg
 

@@ -13,11 +13,7 @@ import psycopg
 import pytest
 import trio
 from log_lines import read_all
-from subagents.runtime.app import open_runtime
-from subagents.runtime.foundation.clock import ScenarioClock
-from subagents.runtime.foundation.ids import CountingIds
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime
 from subagents.storage import FileLogStore, LogStore
 
 pytestmark = pytest.mark.pg

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from subagents.runtime.foundation.errors import ScenarioError
 from subagents.runtime.hosts.cli import main
-from subagents.runtime.testing.scenario import check_scenario, run_scenario, scenario_dirs
+from subagents.runtime.testing import check_scenario, run_scenario, scenario_dirs
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 ALL = scenario_dirs(SCENARIOS)

@@ -12,12 +12,16 @@ from typing import Any
 import msgspec
 import trio
 from log_lines import read_all
-from subagents.runtime.app import open_runtime
-from subagents.runtime.foundation.clock import ScenarioClock
-from subagents.runtime.foundation.ids import CountingIds
-from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime import (
+    CountingIds,
+    Model,
+    ModelRequest,
+    ScenarioClock,
+    ScriptedModel,
+    SessionBinding,
+    load_script,
+    open_runtime,
+)
 from subagents.storage import FileLogStore
 from wrapped_models import WrappedModel
 

@@ -32,10 +32,8 @@ from subagents.storage import (
     InvalidEnvelope,
     InvalidSessionId,
     UnsafePath,
-    check_delivery_id,
-    new_delivery_id,
 )
-from subagents.storage.envelope import delivery_id_ms, encode_envelope
+from subagents.storage.envelope import check_delivery_id, delivery_id_ms, encode_envelope, new_delivery_id
 
 SID = "child-1"
 

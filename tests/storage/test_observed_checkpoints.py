@@ -10,8 +10,16 @@ from pathlib import Path
 import msgspec
 import pytest
 from log_lines import header, persist_log
-from subagents.storage import Batch, FileLogStore, Lifecycle, LogStore, ObservedCheckpoint, Offset, make_event
-from subagents.storage.projection import CheckpointRow
+from subagents.storage import (
+    Batch,
+    CheckpointRow,
+    FileLogStore,
+    Lifecycle,
+    LogStore,
+    ObservedCheckpoint,
+    Offset,
+    make_event,
+)
 
 Factory = Callable[[], LogStore]
 

@@ -30,7 +30,6 @@ from subagents.storage import (
     MailboxWatch,
     Offset,
     PersistenceFailed,
-    PgSessionWatch,
     PostgresLogStore,
     PostgresMailbox,
     StoreUnreachable,
@@ -39,6 +38,7 @@ from subagents.storage import (
     pg_mailbox,
 )
 from subagents.storage.envelope import encode_envelope
+from subagents.storage.pg_listener import PgSessionWatch
 from subagents.storage.pg_schema import MIGRATIONS, SCHEMA_VERSION
 
 pytestmark = pytest.mark.pg
