@@ -12,8 +12,9 @@ transports and the tools it never runs (issue 20, start-up).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .foundation.lazy_face import lazy_face
 
 if TYPE_CHECKING:
     from .agent.compaction import CompactionPolicy as CompactionPolicy
@@ -138,15 +139,4 @@ _WHERE: dict[str, str] = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    """Load a re-exported name from its submodule on first use, then keep it here."""
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(where, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = lazy_face(__name__, _WHERE, globals())

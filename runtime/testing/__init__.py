@@ -19,8 +19,9 @@ not import the scenario runner, which opens runtimes.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..foundation.lazy_face import lazy_face
 
 if TYPE_CHECKING:
     from .scenario import check_scenario as check_scenario
@@ -47,15 +48,4 @@ _WHERE: dict[str, str] = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    """Load a name from its submodule on first use, then keep it here."""
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(where, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE})
+__getattr__, __dir__ = lazy_face(__name__, _WHERE, globals())
