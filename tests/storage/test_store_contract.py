@@ -25,7 +25,7 @@ def test_a_write_handle_carries_its_lease_epoch(store: LogStore) -> None:
         else:
             # The lease's own epoch (pg_leases), and a new claim takes the next one.
             assert made.epoch == made.impl.epoch == 1  # type: ignore[attr-defined]  # a LeaseState
-            assert again.epoch == again.impl.epoch == 2  # type: ignore[attr-defined]
+            assert again.epoch == again.impl.epoch == 2  # type: ignore[attr-defined]  # a LeaseState
     finally:
         store.close(again)
 
