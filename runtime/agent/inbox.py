@@ -144,6 +144,11 @@ class Inbox:
         while not self.wakes():
             await self._changed.wait()
 
+    async def wait_received(self, count: int) -> None:
+        """Return once more than `count` deliveries have been accepted."""
+        while self.received <= count:
+            await self._changed.wait()
+
     def _signal(self) -> None:
         self._changes += 1
         self._changed.set()
