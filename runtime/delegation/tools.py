@@ -231,13 +231,19 @@ class _ListAgents(_ServiceTool):
         # A child not resident here that the listing found `running` is held by another process.
         elsewhere = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
         agents = self.service.agents
-        return render_agents(
-            rows,
-            descendants,
-            lambda child_id: (
-                "running" if child_id in elsewhere and agents.get(child_id) is None else agent_status(agents, child_id)
-            ),
-        )
+        manager = self.service.spawning.manager
+
+        def status(child_id: str) -> str:
+            activation = manager.get(child_id)
+            if activation is not None and activation.closing:
+                # Settled, its disposal under way: its agent and its session go one after the
+                # other, and a parent woken by the settlement must not see either half.
+                return "ready"
+            if child_id in elsewhere and agents.get(child_id) is None:
+                return "running"
+            return agent_status(agents, child_id)
+
+        return render_agents(rows, descendants, status)
 
 
 class _SendMessage(_ServiceTool):

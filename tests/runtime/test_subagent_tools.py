@@ -143,3 +143,72 @@ async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: 
     assert result["error"] == {"name": "SessionQueryError", "code": "SESSION_QUERY_PERSISTENCE_FAILED"}
     text = result["message"]["content"][0]["content"][0]["text"]
     assert text.startswith("Error: session persistence listing failed") and "disk gone" in text
+
+
+async def test_a_settled_child_whose_disposal_is_under_way_lists_as_ready(tmp_path: Any, monkeypatch: Any) -> None:
+    """A parent woken by its child's settlement may list its children while the child is still
+    being disposed (agent, then session, released one after the other): the child is `ready`,
+    never `idle` or `running` (the demo's determinism rests on it)."""
+    import json
+
+    import msgspec
+    import trio
+    from subagents.runtime.agent.registry import AgentRegistry
+    from subagents.runtime.app import open_runtime
+    from subagents.runtime.foundation.clock import ScenarioClock
+    from subagents.runtime.foundation.ids import CountingIds
+    from subagents.runtime.testing.script_format import load_script
+    from subagents.runtime.testing.scripted_model import ScriptedModel
+    from subagents.storage import FileLogStore
+
+    script = {
+        "agents": [
+            {
+                "session": "p",
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Alpha", "prompt": "hi", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"wait_for": {"settled": "Alpha"}, "tool_calls": [{"name": "list_agents", "arguments": {}}]},
+                    {"text": "done"},
+                ],
+            },
+            {"label": "Alpha", "responses": [{"text": "ok"}]},
+        ]
+    }
+    gate, held = trio.Event(), trio.Event()
+    stop = AgentRegistry.stop
+
+    async def held_stop(self: AgentRegistry, session_id: str, *, cause: str = "disposed") -> None:
+        if session_id != "p":  # the child's disposal waits until the parent has listed
+            held.set()
+            await gate.wait()
+        await stop(self, session_id, cause=cause)
+
+    monkeypatch.setattr(AgentRegistry, "stop", held_stop)
+    with trio.fail_after(60):
+        async with open_runtime(
+            tmp_path,
+            model=ScriptedModel(load_script(json.dumps(script))),
+            clock=ScenarioClock(),
+            id_factory=CountingIds("child"),
+        ) as rt:
+            parent = await rt.agents.create(session_id="p")
+            await parent.send("go")
+            await held.wait()
+            await parent.wait_idle()
+            gate.set()
+            await rt.subagents.wait_tree_idle(parent)
+    store = FileLogStore(str(tmp_path))
+    handle = store.open_read("p")
+    events = list(store.read(handle))
+    store.close(handle)
+    store.close_store()
+    results = [msgspec.json.decode(e.data) for e in events if e.type == "tool/result"]
+    listed = results[-1]["message"]["content"][0]["content"][0]["text"]
+    assert listed == "child-1 [ready] — Alpha"
