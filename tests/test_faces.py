@@ -51,3 +51,11 @@ def test_every_face_declares_all_of_what_it_reexports(face: str) -> None:
         assert module._WHERE == reexported  # the loader's table and the checker's imports agree
     for name in names:
         assert getattr(module, name) is not None
+
+
+@pytest.mark.parametrize("face", ["subagents.runtime", "subagents.runtime.testing"])
+def test_a_lazy_face_refuses_a_name_it_does_not_hold(face: str) -> None:
+    module = importlib.import_module(face)
+    with pytest.raises(AttributeError, match=f"module '{face}' has no attribute 'nope'"):
+        module.nope  # noqa: B018
+    assert set(module.__all__) <= set(dir(module))

@@ -35,9 +35,6 @@ class Offering(WrappedModel):
         self.inner = ScriptedModel(load_script(json.dumps(script)))
         self.offered: list[dict[str, Any]] = []
 
-    def register_session(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.register_session(*args, **kwargs)
-
     def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Any]:
         if request.purpose == "turn":
             self.offered.append({t.name: t for t in request.tools})

@@ -57,9 +57,6 @@ class HookedModel:
     def event(self, session: str, n: int) -> trio.Event:
         return self._events.setdefault((session, n), trio.Event())
 
-    def register_session(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.register_session(*args, **kwargs)
-
     def bind(self, session: Any) -> Any:
         return _HookedSession(self, session.session_id, self.inner.bind(session))
 

@@ -121,9 +121,6 @@ class Offered(WrappedModel):
         self.inner = ScriptedModel(load_script(json.dumps(script)))
         self.offered: dict[str, list[set[str]]] = {}
 
-    def register_session(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.register_session(*args, **kwargs)
-
     def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Any]:
         if request.purpose == "turn":
             self.offered.setdefault(session.session_id, []).append({t.name for t in request.tools})

@@ -95,9 +95,6 @@ class Recording(WrappedModel):
         self.inner = ScriptedModel(load_script(json.dumps(script)))
         self.seen: dict[str, list[tuple[list[str], list[str]]]] = {}
 
-    def register_session(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.register_session(*args, **kwargs)
-
     def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Any]:
         systems = [
             block["text"]

@@ -42,9 +42,6 @@ class Recording(WrappedModel):
         self.name = name
         self.requests: list[tuple[str, ModelRequest]] = []
 
-    def register_session(self, session_id: str, *, label: str | None, created_at: int) -> None:
-        self.script.register_session(session_id, label=label, created_at=created_at)
-
     def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
         self.requests.append((session.session_id, request))
         return inner.stream(request)

@@ -16,7 +16,7 @@ from places import Place
 from subagents.actors import Abort, open_session_store
 from subagents.runtime.delegation.listing import ListingService, walk_descendants
 from subagents.runtime.delegation.units import SUBAGENT_UNITS
-from subagents.runtime.foundation.errors import SubagentError
+from subagents.runtime.foundation.errors import ListingParentNotFound, SubagentError
 from subagents.runtime.query import SessionQuery
 from subagents.storage import FileLogStore, LogStore, PersistenceFailed, make_event
 from subagents.storage.projection import ProjectionRegistry
@@ -191,6 +191,22 @@ async def test_an_abort_ends_in_cancelled_with_no_rows(base_store: Any) -> None:
         with pytest.raises(SubagentError) as info:
             await service.list_children("p", abort)
         assert (info.value.code, info.value.message) == ("SUBAGENT_CANCELLED", "subagent listing was cancelled")
+
+
+async def test_a_required_parent_the_corpus_has_no_record_of_is_a_typed_error(base_store: Any) -> None:
+    """`require_parent=True` (the CLI's): an unknown parent is `ListingParentNotFound`, where the
+    default lists it as no children; a known parent without children lists as no rows."""
+    base = base_store
+    child(base, "c1", 1, data=descriptor("one"))
+    registry = ProjectionRegistry(SUBAGENT_UNITS)
+    async with open_session_store(base, registry, now_ms=now_ms) as sessions:
+        service = ListingService(registry=registry, sessions=sessions, query=SessionQuery(base, sessions, registry))
+        for listing in (service.list_children, service.list_descendants):
+            assert await listing("nobody") == []
+            with pytest.raises(ListingParentNotFound) as info:
+                await listing("nobody", require_parent=True)
+            assert info.value.code == "SUBAGENT_LISTING_PARENT_NOT_FOUND"
+            assert await listing("c1", require_parent=True) == []
 
 
 def test_the_walk_is_iterative_and_never_loops() -> None:

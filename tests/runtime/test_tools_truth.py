@@ -35,9 +35,6 @@ class _Recording(WrappedModel):
         self.inner = ScriptedModel(load_script(json.dumps(script)))
         self.offered: dict[str, list[list[str]]] = {}
 
-    def register_session(self, *args: Any, **kwargs: Any) -> None:
-        self.inner.register_session(*args, **kwargs)
-
     def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Any]:
         if request.purpose == "turn":
             self.offered.setdefault(session.session_id, []).append([t.name for t in request.tools])
