@@ -15,7 +15,7 @@ listing-level fact (the identity unit resets to null), not a damaged log.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -39,6 +39,8 @@ __all__ = [
     "ModelSource",
     "Source",
     "StepData",
+    "SessionModelData",
+    "SessionStoppedData",
     "SubagentCatalogData",
     "SubagentSettledData",
     "SubagentSettledSource",
@@ -49,6 +51,7 @@ __all__ = [
     "ToolResultBlock",
     "ToolResultData",
     "ToolSource",
+    "TurnContinueData",
     "TurnEndData",
     "TurnEndReason",
     "TurnStartData",
@@ -159,6 +162,9 @@ class AssistantMessageData(_Strict, frozen=True):
     finish: Literal["stop", "tool-calls", "max-tokens", "error", "aborted"]
     usage: Usage | UnsetType = UNSET
     interrupted: Literal[True] | UnsetType = UNSET
+    # The reply of a model call issued again after its turn was continued (the lost call was
+    # attempt 1): docs/format.md, "Continued turns".
+    attempt: Annotated[int, msgspec.Meta(ge=2)] | UnsetType = UNSET
 
 
 class ToolError(_Strict, frozen=True):
@@ -171,6 +177,9 @@ class ToolResultData(_Strict, frozen=True):
     step: int
     message: Message
     error: ToolError | UnsetType = UNSET
+    # A call that had started and had no result when its process died, not run again because
+    # its tool is not idempotent: it may or may not have taken effect.
+    in_doubt: Literal[True] | UnsetType = UNSET
 
     def __post_init__(self) -> None:
         # docs/format.md, "The vocabulary": a tool-result message has role user, source {kind:
@@ -194,6 +203,15 @@ class TurnTrigger(_Strict, frozen=True):
 class TurnStartData(_Strict, frozen=True):
     turn: int
     trigger: TurnTrigger | UnsetType = UNSET
+
+
+class TurnContinueData(_Strict, frozen=True):
+    """`turn/continue`: a turn a crash left open goes on (docs/format.md, "Continued turns")."""
+
+    turn: int
+    step: int  # the step open at the crash, else the turn's last step (0: none had started)
+    attempt: Annotated[int, msgspec.Meta(ge=2)]  # 2 for the turn's first continuation
+    lost_model_call: bool  # the open step's model call was in flight: its usage is unknown
 
 
 class TurnEndReason(_Strict, frozen=True):
@@ -233,6 +251,7 @@ class SubagentCatalogData(_Strict, frozen=True):
     child_created_at: int
     mode: Literal["one-shot", "continuable"]
     label: str | UnsetType = UNSET
+    call_id: str | UnsetType = UNSET  # the `subagent` tool call that started the child
 
 
 class SubagentSettledData(_Strict, frozen=True):
@@ -242,6 +261,29 @@ class SubagentSettledData(_Strict, frozen=True):
     reason_message: str | UnsetType = UNSET  # the child's turn/end reason message (written for "budget")
     # Set when the settlement came through the parent's mailbox (a child hosted by another
     # process): its envelope's id, so a redelivery is recorded once (SPEC §9).
+    delivery_id: str | UnsetType = UNSET
+    # The child's run it settles (`<child_id>@<seq of the child's last turn/end>`): a second
+    # settlement of the same run (another host's claim of the same work) is not recorded.
+    run_key: str | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if self.delivery_id is not UNSET and not DELIVERY_ID_PATTERN.fullmatch(self.delivery_id):
+            raise ValueError(f"delivery_id must be an upper-case ULID, got {self.delivery_id!r}")
+
+
+class SessionModelData(_Strict, frozen=True):
+    """`session/model`: the model a session runs, so any host resumes it with the same one
+    (never a key; a base URL without userinfo or secret-bearing query parameters)."""
+
+    model: str  # "scheme:name"
+    base_url: str | UnsetType = UNSET
+
+
+class SessionStoppedData(_Strict, frozen=True):
+    """`session/stopped`: the durable stopped marker; only a later explicit message clears it."""
+
+    by: str  # the session or operator that stopped it
+    tree: bool  # stopped as part of a tree (`stop --tree`)
     delivery_id: str | UnsetType = UNSET
 
     def __post_init__(self) -> None:
@@ -273,6 +315,7 @@ PAYLOAD_TYPES: dict[str, type] = {
     "tool/result": ToolResultData,
     "turn/start": TurnStartData,
     "turn/end": TurnEndData,
+    "turn/continue": TurnContinueData,
     "step/start": StepData,
     "step/end": StepData,
     "tool/call": ToolCallData,
@@ -280,6 +323,8 @@ PAYLOAD_TYPES: dict[str, type] = {
     "subagent/descriptor": dict,
     "subagent/catalog": SubagentCatalogData,
     "subagent/settled": SubagentSettledData,
+    "session/model": SessionModelData,
+    "session/stopped": SessionStoppedData,
     "compaction/start": CompactionStartData,
     "compaction/summary": CompactionSummaryData,
     "compaction/end": CompactionEndData,

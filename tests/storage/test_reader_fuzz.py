@@ -212,6 +212,14 @@ def _str(v: object) -> bool:
     return type(v) is str
 
 
+def _attempt(v: object) -> bool:
+    return _int(v) and v >= 2  # type: ignore[operator]  # _int proved it an int
+
+
+def _bool(v: object) -> bool:
+    return type(v) is bool
+
+
 def _one_of(*values: object) -> Callable[[object], bool]:
     return lambda v: type(v) in (str, int, bool) and any(v == x and type(v) is type(x) for x in values)
 
@@ -271,7 +279,9 @@ _TURN_STEP = {"turn": _int, "step": _int}
 
 
 def _tool_result(v: object) -> bool:
-    if not _obj(_TURN_STEP | {"message": _MESSAGE}, {"error": _obj({"name": _str, "code": _str})})(v):
+    if not _obj(
+        _TURN_STEP | {"message": _MESSAGE}, {"error": _obj({"name": _str, "code": _str}), "in_doubt": _one_of(True)}
+    )(v):
         return False
     m = v["message"]  # type: ignore[index]  # the _obj check above proved v a dict
     content, source = m["content"], m["source"]
@@ -289,7 +299,11 @@ PAYLOADS: dict[str, Callable[[object], bool]] = {
     "user/message": _obj(_TURN_STEP | {"message": _MESSAGE}),
     "assistant/message": _obj(
         _TURN_STEP | {"message": _MESSAGE, "finish": _one_of("stop", "tool-calls", "max-tokens", "error", "aborted")},
-        {"usage": _obj({"input_tokens": _int, "output_tokens": _int}), "interrupted": _one_of(True)},
+        {
+            "usage": _obj({"input_tokens": _int, "output_tokens": _int}),
+            "interrupted": _one_of(True),
+            "attempt": _attempt,
+        },
     ),
     "tool/result": _tool_result,
     "turn/start": _obj({"turn": _int}, {"trigger": _obj({"kind": _one_of("message", "notice", "resume")})}),
@@ -302,6 +316,7 @@ PAYLOADS: dict[str, Callable[[object], bool]] = {
             ),
         }
     ),
+    "turn/continue": _obj({"turn": _int, "step": _int, "attempt": _attempt, "lost_model_call": _bool}),
     "step/start": _obj(_TURN_STEP),
     "step/end": _obj(_TURN_STEP),
     "tool/call": _obj(_TURN_STEP | {"call_id": _str, "name": _str, "arguments": _str}),
@@ -309,9 +324,13 @@ PAYLOADS: dict[str, Callable[[object], bool]] = {
     "subagent/descriptor": lambda v: type(v) is dict,  # its own domain judges the rest
     "subagent/catalog": _obj(
         {"version": _one_of(1), "child_id": _str, "child_created_at": _int, "mode": _one_of("one-shot", "continuable")},
-        {"label": _str},
+        {"label": _str, "call_id": _str},
     ),
-    "subagent/settled": _obj({"child_id": _str, "reason_kind": _str}, {"closing_text": _str, "reason_message": _str}),
+    "subagent/settled": _obj(
+        {"child_id": _str, "reason_kind": _str}, {"closing_text": _str, "reason_message": _str, "run_key": _str}
+    ),
+    "session/model": _obj({"model": _str}, {"base_url": _str}),
+    "session/stopped": _obj({"by": _str, "tree": _bool}),
     "compaction/start": _obj({"turn": _int}),
     "compaction/summary": _obj({"text": _str}),
     "compaction/end": _obj({"start_seq": _int, "end_seq": _int}),
