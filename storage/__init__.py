@@ -15,7 +15,12 @@ from ._codec import SurfaceOp as SurfaceOp
 from ._codec import check_lossless as check_lossless
 from ._codec import decode_payload as decode_payload
 from ._codec import make_event as make_event
+from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
 from .closers import interrupted_closers as interrupted_closers
+from .continuation import CatalogedChild as CatalogedChild
+from .continuation import Continuation as Continuation
+from .continuation import PendingCall as PendingCall
+from .continuation import plan_continuation as plan_continuation
 from .envelope import DeliveryIds as DeliveryIds
 from .envelope import Envelope as Envelope
 from .envelope import EnvelopeKind as EnvelopeKind
@@ -165,5 +170,10 @@ __all__ = [
     "decode_session_id",
     "encode_session_id",
     "interrupted_closers",
+    "plan_continuation",
+    "Continuation",
+    "PendingCall",
+    "CatalogedChild",
+    "TOOL_OUTCOME_UNKNOWN_TEXT",
     "make_event",
 ]
