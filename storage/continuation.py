@@ -61,8 +61,8 @@ class Continuation:
     step_open: bool
     attempt: int  # this continuation's: 2 for the turn's first, one more for each later one
     lost_model_call: bool  # the open step's input is durable, its reply is not: issue it again
-    started: tuple[PendingCall, ...] = ()  # `tool/call` durable, no result: re-run or in doubt
-    unstarted: tuple[PendingCall, ...] = ()  # requested, never recorded as started: they run
+    # The open step's calls that no `tool/result` answered, in the order they were requested.
+    pending: tuple[PendingCall, ...] = ()
     # The finish of the turn's last `assistant/message` (None: none): after the open step's
     # calls, "tool-calls" goes on to the next step as the loop does; anything else ends the turn.
     last_finish: str | None = None
@@ -71,6 +71,16 @@ class Continuation:
     # The open turn catalogued a child without a `call_id` (a log from before the key):
     # a started `subagent` call cannot be matched to its child, so it is in doubt.
     unkeyed_catalog: bool = False
+
+    @property
+    def started(self) -> tuple[PendingCall, ...]:
+        """The pending calls whose `tool/call` is durable: each runs again or is in doubt."""
+        return tuple(c for c in self.pending if c.call_seq is not None)
+
+    @property
+    def unstarted(self) -> tuple[PendingCall, ...]:
+        """The pending calls never recorded as started: they simply run."""
+        return tuple(c for c in self.pending if c.call_seq is None)
 
     def marker(self) -> dict[str, object]:
         """The `turn/continue` payload that records this continuation."""
@@ -137,15 +147,13 @@ def plan_continuation(events: Sequence[Event], *, session_id: str = "") -> Conti
                 unkeyed = True
     if turn is None:
         return None
-    calls = list(pending.values())
     return Continuation(
         turn=turn,
         step=step,
         step_open=step_open,
         attempt=attempt + 1,
         lost_model_call=step_open and not replied,
-        started=tuple(c for c in calls if c.call_seq is not None),
-        unstarted=tuple(c for c in calls if c.call_seq is None),
+        pending=tuple(pending.values()),
         last_finish=last_finish,
         catalog=catalog,
         unkeyed_catalog=unkeyed,

@@ -31,8 +31,10 @@ from subagents.storage import (
     PersistenceFailed,
     SessionHeader,
     SessionId,
+    Continuation,
     SessionNotFound,
     interrupted_closers,
+    plan_continuation,
 )
 
 from ..foundation.clock import Clock
@@ -253,8 +255,12 @@ class AgentRegistry:
                 setup = self.hooks.resume_setup(session_id, events, ref.inherited_event_count)
                 if setup is not None:
                     model, config, tools = setup
-            closers = interrupted_closers(events, session_id=session_id)
-            if closers:
+            policy = (config or self.config).on_interrupted_turn
+            plan = plan_continuation(events, session_id=session_id) if policy == "continue" else None
+            closers = [] if plan is not None else interrupted_closers(events, session_id=session_id)
+            if closers or plan is not None:
+                # The one-shot children the open turn left are closed either way: nobody else
+                # runs them, and a continued `subagent` call is reconciled, never re-run.
                 await self.hooks.close_interrupted_one_shots(session_id, events)
             if closers:
                 result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
@@ -262,8 +268,20 @@ class AgentRegistry:
                 for event in result.events:
                     if event.surface_op is not UNSET:
                         surface.apply(event, session_id=session_id)
+            if plan is not None:
+                # Durable before the turn goes on: a crash in the continuation counts one more attempt.
+                marker = EventDraft(type="turn/continue", data=plan.marker(), time=self.clock.now_ms())
+                result = await ref.append([marker], expected_seq=len(events))
+                events.extend(result.events)
             agent = await self._start(
-                ref, events, label=label, model=model, config=config, tools=tools, surface=surface
+                ref,
+                events,
+                label=label,
+                model=model,
+                config=config,
+                tools=tools,
+                surface=surface,
+                continuation=plan,
             )
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -311,6 +329,7 @@ class AgentRegistry:
         config: AgentConfig | None,
         tools: ToolSet | None,
         surface: Surface | None = None,
+        continuation: Continuation | None = None,
     ) -> Agent:
         chosen = model if model is not None else self.model
         if chosen is None:
@@ -326,6 +345,7 @@ class AgentRegistry:
             label=label,
             feed=self.sessions.feed,
             surface=surface,
+            continuation=continuation,
         )
         await self._nursery.start(agent.run)
         self._agents[ref.session_id] = agent
