@@ -69,6 +69,14 @@ def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
     return config if budget is None else attrs.evolve(config, budget=budget)
 
 
+def _with_policy(config: AgentConfig, policy: Literal["continue", "close"] | None) -> AgentConfig:
+    if policy is None:
+        return config
+    if policy not in ("continue", "close"):
+        raise ValueError(f'on_interrupted_turn must be "continue" or "close", got {policy!r}')
+    return attrs.evolve(config, on_interrupted_turn=policy)
+
+
 @asynccontextmanager
 async def open_runtime(
     root: str | os.PathLike[str],
@@ -97,6 +105,7 @@ async def open_runtime(
     store: str | None = None,
     placements: Placements | None = None,
     store_options: StoreOptions | None = None,
+    on_interrupted_turn: Literal["continue", "close"] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -120,7 +129,10 @@ async def open_runtime(
     (runtime/store_select.py). `placements` (a placement queue, SPEC §9) leaves background
     children to serving hosts while any serve (runtime/hosts/serve.py); it needs the mailbox, which
     carries their prompts and settlements. `store_options` go to the PostgreSQL store `store`
-    opens (`lease_ttl`, `lease_renew_interval`)."""
+    opens (`lease_ttl`, `lease_renew_interval`). `on_interrupted_turn` (default `agent_config`'s,
+    "continue") is what resuming a session whose last turn a crash left open does: continue that
+    turn, or close it as interrupted (docs/format.md, "Continued turns"); an agent type's own
+    choice wins for its children."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -180,7 +192,7 @@ async def open_runtime(
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,
-                    config=_with_budget(agent_config or AgentConfig(), budget),
+                    config=_with_policy(_with_budget(agent_config or AgentConfig(), budget), on_interrupted_turn),
                     nursery=nursery,
                     hooks=service,
                     owners=owners,
