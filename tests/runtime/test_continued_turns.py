@@ -269,3 +269,76 @@ async def test_a_turn_continued_after_its_reply_leaves_no_continuation_for_the_n
             agent = await rt.agents.resume("s-1")
             assert agent.status == "idle"
     assert read(tmp_path) == settled  # nothing more is appended
+
+
+# --- a `subagent` call cut after it started: reconciled from the parent's catalog ------------
+
+
+def _subagent_cut(root: Any, catalog: Json | None, *, background: bool = True) -> None:
+    arguments = json.dumps({"description": "helper", "prompt": "help", "run_in_background": background})
+    cut = Cut().start()
+    content = [{"type": "tool-call", "id": "call_1_1", "name": "subagent", "arguments": arguments}]
+    message = {"id": "msg-2", "role": "assistant", "content": content, "source": {"kind": "model"}}
+    cut.add("assistant/message", {"turn": 1, "step": 1, "finish": "tool-calls", "message": message}, surface_op="append")
+    cut.add("tool/call", {"turn": 1, "step": 1, "call_id": "call_1_1", "name": "subagent", "arguments": arguments})
+    if catalog is not None:
+        cut.add("subagent/catalog", {"version": 1, "child_created_at": T0, **catalog})
+    cut.write(root)
+
+
+async def _resume_parent(root: Any, child_responses: Sequence[Json] = ()) -> tuple[Any, list[Event]]:
+    script = {
+        "agents": [
+            {"session": "s-1", "responses": [{"text": "PARENT DONE"}, {"text": "NOTICED"}]},
+            {"label": "helper", "responses": list(child_responses)},
+        ]
+    }
+    async with runtime(root, ScriptedModel(load_script(json.dumps(script)))) as rt:
+        with trio.fail_after(GUARD):
+            agent = await rt.agents.resume("s-1")
+            result = await rt.subagents.wait_tree_idle(agent)
+    return result, read(root)
+
+
+def _subagent_result(events: list[Event]) -> tuple[str, Any, Any]:
+    (result,) = [e for e in events if e.type == "tool/result"]
+    call_id, text, error, in_doubt = result_of(result)
+    assert call_id == "call_1_1"
+    return text, error, in_doubt
+
+
+async def test_a_cut_subagent_call_whose_continuable_child_is_catalogued_is_not_started_again(tmp_path) -> None:
+    _subagent_cut(tmp_path, {"child_id": "kid-1", "mode": "continuable", "call_id": "call_1_1"})
+    result, events = await _resume_parent(tmp_path)
+    assert result is not None and result.text == "PARENT DONE"
+    assert _subagent_result(events) == ("started subagent kid-1", None, None)
+    assert len([e for e in events if e.type == "subagent/catalog"]) == 1
+    assert [e for e in events if e.type == "tool/call"][1:] == []  # not run again
+
+
+async def test_a_cut_subagent_call_with_no_catalog_never_reached_its_child_and_runs(tmp_path) -> None:
+    _subagent_cut(tmp_path, None)
+    result, events = await _resume_parent(tmp_path, [{"text": "CHILD DONE"}])
+    assert result is not None
+    (catalog,) = [data(e) for e in events if e.type == "subagent/catalog"]
+    assert catalog["call_id"] == "call_1_1"
+    text, error, in_doubt = _subagent_result(events)
+    assert text == f"started subagent {catalog['child_id']}" and (error, in_doubt) == (None, None)
+
+
+async def test_a_cut_subagent_call_in_a_log_without_call_ids_is_in_doubt(tmp_path) -> None:
+    _subagent_cut(tmp_path, {"child_id": "kid-1", "mode": "continuable"})
+    _, events = await _resume_parent(tmp_path)
+    assert _subagent_result(events) == (
+        TOOL_OUTCOME_UNKNOWN_TEXT,
+        {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"},
+        True,
+    )
+
+
+async def test_a_cut_one_shot_subagent_call_is_in_doubt_naming_its_child(tmp_path) -> None:
+    _subagent_cut(tmp_path, {"child_id": "kid-1", "mode": "one-shot", "call_id": "call_1_1"}, background=False)
+    _, events = await _resume_parent(tmp_path)
+    text, error, in_doubt = _subagent_result(events)
+    assert "kid-1" in text and "outcome is unknown" in text
+    assert (error["code"], in_doubt) == ("TOOL_OUTCOME_UNKNOWN", True)
