@@ -23,7 +23,11 @@ from subagents.runtime import (
     ScriptedModel,
     ToolContext,
     load_script,
+    SessionUsage,
+    Tokens,
     open_runtime,
+    usage_lines,
+    usage_of,
 )
 from subagents.storage import TOOL_OUTCOME_UNKNOWN_TEXT, Event, FileLogStore
 from wrapped_models import WrappedModel
@@ -141,6 +145,19 @@ async def test_a_lost_model_call_is_issued_again_in_the_same_turn_and_step(tmp_p
     assert (tail[1][1]["turn"], tail[1][1]["step"], tail[1][1]["attempt"]) == (1, 1, 2)
     assert tail[3][1] == {"turn": 1, "reason": {"kind": "completed"}}
     assert [t for t, _ in after(events, 0)].count("turn/start") == 1
+    # The lost call's usage is unknown, not zero: counted apart, and said so.
+    per_turn, total = usage_of(events)
+    assert per_turn[1] == Tokens(calls=1, reported=0, unknown_calls=1)
+    assert total.to_json()["unknown_calls"] == 1
+    shown = usage_lines(SessionUsage(session_id="s-1", turns=tuple(per_turn.items()), total=total))
+    assert shown == [
+        "turn 1: not reported (1 model call) +1 call unknown",
+        "session s-1: not reported (1 model call) +1 call unknown",
+    ]
+    more = Tokens(input_tokens=5, output_tokens=2, calls=2, reported=2, unknown_calls=2)
+    assert usage_lines(SessionUsage(session_id="x", turns=(), total=more)) == [
+        "session x: 5 in, 2 out tokens (2 model calls) +2 calls unknown"
+    ]
 
 
 async def test_a_started_idempotent_call_runs_again_and_the_turn_goes_on(tmp_path) -> None:
