@@ -156,6 +156,7 @@ class Spawning:
             persona=options.persona,
             tool_filter=options.tool_filter,
             budget=options.budget,
+            on_interrupted_turn=options.on_interrupted_turn,
         )
         setup = self._setup(options, parent.session_id)  # refusals before anything exists
         if abort is not None and abort.is_set():
