@@ -342,7 +342,10 @@ class Agent(ModelSteps, ToolSteps):
                 resume = None
                 attempt = None
                 if step >= self.config.max_steps:
-                    reason = {"kind": "blocked", "message": f"the turn reached its step limit ({self.config.max_steps})"}
+                    reason = {
+                        "kind": "blocked",
+                        "message": f"the turn reached its step limit ({self.config.max_steps})",
+                    }
                     break
                 step += 1
                 out = self._budget_out(step)

@@ -26,12 +26,12 @@ import trio
 from subagents.actors import EventDraft, SessionRef, SessionStore, StoreReader
 from subagents.storage import (
     UNSET,
+    Continuation,
     Event,
     Offset,
     PersistenceFailed,
     SessionHeader,
     SessionId,
-    Continuation,
     SessionNotFound,
     interrupted_closers,
     plan_continuation,

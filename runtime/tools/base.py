@@ -180,9 +180,7 @@ class ToolSet:
         tool = self._tools.get(name)
         return tool is not None and getattr(tool, "idempotent", False) is True
 
-    async def reconcile(
-        self, name: str, raw_arguments: str, child: CatalogedChild | None, unkeyed: bool
-    ) -> Reconciled:
+    async def reconcile(self, name: str, raw_arguments: str, child: CatalogedChild | None, unkeyed: bool) -> Reconciled:
         """A started call that a crash cut before its result (docs/format.md, "Continued
         turns"): the tool's own `reconcile` decides; else an idempotent tool runs again and any
         other is in doubt. `child` is the open turn's catalogued child of this call, if any;

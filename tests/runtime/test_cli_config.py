@@ -121,7 +121,9 @@ def test_a_run_killed_mid_command_resumes_with_the_closers_or_continues(tmp_path
 
     fifo = tmp_path / "started"
     os.mkfifo(fifo)
-    (tmp_path / "subagents.toml").write_text(f'on_interrupted_turn = "{policy}"\n[permissions]\nrun_command = "allow"\n')
+    (tmp_path / "subagents.toml").write_text(
+        f'on_interrupted_turn = "{policy}"\n[permissions]\nrun_command = "allow"\n'
+    )
     command = f"echo $$ > {fifo}; exec sleep 1000"
     script = {
         "agents": [
@@ -165,4 +167,3 @@ def test_a_run_killed_mid_command_resumes_with_the_closers_or_continues(tmp_path
         text = cli(tmp_path, "show", "--root", root, "s").stdout
         assert "── turn 1 continued (attempt 2)\n" in text
         assert "  ← in doubt: The tool call was interrupted after it was recorded" in text
-

@@ -21,10 +21,10 @@ from subagents.runtime import (
     Runtime,
     ScenarioClock,
     ScriptedModel,
-    ToolContext,
-    load_script,
     SessionUsage,
     Tokens,
+    ToolContext,
+    load_script,
     open_runtime,
     usage_lines,
     usage_of,
@@ -83,7 +83,12 @@ class Cut:
     def start(self, step: int = 1) -> Cut:
         self.add("turn/start", {"turn": 1, "trigger": {"kind": "message"}})
         self.add("step/start", {"turn": 1, "step": step})
-        message = {"id": "msg-1", "role": "user", "content": [{"type": "text", "text": "go"}], "source": {"kind": "user"}}
+        message = {
+            "id": "msg-1",
+            "role": "user",
+            "content": [{"type": "text", "text": "go"}],
+            "source": {"kind": "user"},
+        }
         return self.add("user/message", {"turn": 1, "step": step, "message": message}, surface_op="append")
 
     def reply(self, *calls: tuple[str, str]) -> Cut:
@@ -296,7 +301,9 @@ def _subagent_cut(root: Any, catalog: Json | None, *, background: bool = True) -
     cut = Cut().start()
     content = [{"type": "tool-call", "id": "call_1_1", "name": "subagent", "arguments": arguments}]
     message = {"id": "msg-2", "role": "assistant", "content": content, "source": {"kind": "model"}}
-    cut.add("assistant/message", {"turn": 1, "step": 1, "finish": "tool-calls", "message": message}, surface_op="append")
+    cut.add(
+        "assistant/message", {"turn": 1, "step": 1, "finish": "tool-calls", "message": message}, surface_op="append"
+    )
     cut.add("tool/call", {"turn": 1, "step": 1, "call_id": "call_1_1", "name": "subagent", "arguments": arguments})
     if catalog is not None:
         cut.add("subagent/catalog", {"version": 1, "child_created_at": T0, **catalog})

@@ -1498,7 +1498,7 @@ def test_a_one_shot_child_killed_mid_turn_is_closed_when_its_parent_resumes(tmp_
     again = {
         "session": "parent",
         "create": False,
-            "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
+        "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
         "prompt": "after restart",
         "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
     }
@@ -1540,7 +1540,11 @@ async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(
     handle = holder.open_write("child-1")
     try:
         with trio.fail_after(GUARD):
-            async with runtime(d.root, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}, on_interrupted_turn="close") as rt:
+            async with runtime(
+                d.root,
+                {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
+                on_interrupted_turn="close",
+            ) as rt:
                 parent = await rt.agents.resume("parent")
                 await parent.send("after restart")
                 result = await parent.wait_idle()
@@ -1576,7 +1580,7 @@ def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path)
             {
                 "session": "parent",
                 "create": False,
-            "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
+                "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
                 "prompt": "after restart",
                 "max_depth": 2,
                 "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
@@ -1621,7 +1625,9 @@ async def test_a_catalog_naming_a_session_that_is_not_its_child_closes_nothing(t
     store.close(parent)
     before = events_of(tmp_path, "other")
     with trio.fail_after(GUARD):
-        async with runtime(tmp_path, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}, on_interrupted_turn="close") as rt:
+        async with runtime(
+            tmp_path, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}, on_interrupted_turn="close"
+        ) as rt:
             await rt.agents.resume("parent")
     assert events_of(tmp_path, "other") == before  # still open: not this parent's to close
     assert turn_end(events_of(tmp_path, "parent"), 1) == {"kind": "interrupted"}

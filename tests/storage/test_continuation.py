@@ -60,7 +60,12 @@ class Log:
         return self._add("tool/call", data)
 
     def tool_result(self, turn: int, step: int, call_id: str) -> Log:
-        block = {"type": "tool-result", "call_id": call_id, "content": [{"type": "text", "text": "done"}], "is_error": False}
+        block = {
+            "type": "tool-result",
+            "call_id": call_id,
+            "content": [{"type": "text", "text": "done"}],
+            "is_error": False,
+        }
         message = {"id": f"r-{len(self.events)}", "role": "user", "content": [block]}
         message["source"] = {"kind": "tool", "call_id": call_id}
         return self._add("tool/result", {"turn": turn, "step": step, "message": message}, surface_op="append")
@@ -86,7 +91,9 @@ class Log:
 
 
 def _pending(call_id: str, step: int, call_seq: int | None = None) -> PendingCall:
-    return PendingCall(call_id=call_id, name=f"tool_{call_id}", arguments=f'{{"c":"{call_id}"}}', step=step, call_seq=call_seq)
+    return PendingCall(
+        call_id=call_id, name=f"tool_{call_id}", arguments=f'{{"c":"{call_id}"}}', step=step, call_seq=call_seq
+    )
 
 
 def test_no_turn_or_a_closed_turn_plans_nothing() -> None:
@@ -181,7 +188,11 @@ def test_the_turns_catalog_by_call_id() -> None:
     plan = plan_continuation(log.events)
     assert plan is not None
     assert set(plan.catalog) == {"s1"}
-    assert (plan.catalog["s1"].child_id, plan.catalog["s1"].mode, plan.unkeyed_catalog) == ("kid-1", "continuable", False)
+    assert (plan.catalog["s1"].child_id, plan.catalog["s1"].mode, plan.unkeyed_catalog) == (
+        "kid-1",
+        "continuable",
+        False,
+    )
     log.catalog("kid-2", "one-shot", None)
     plan = plan_continuation(log.events)
     assert plan is not None and plan.unkeyed_catalog
