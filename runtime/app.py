@@ -20,9 +20,17 @@ from typing import Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import LogStore, Mailbox, Placements, ProjectionRegistry, StorageError
+from subagents.storage import (
+    Continuation,
+    LogStore,
+    Mailbox,
+    Placements,
+    ProjectionRegistry,
+    StorageError,
+    plan_continuation,
+)
 
-from .agent.loop import AgentConfig
+from .agent.loop import Agent, AgentConfig
 from .agent.mailbox_owner import MailboxOwners
 from .agent.registry import AgentRegistry, SessionTools
 from .delegation.agent_types import AgentType
@@ -63,6 +71,34 @@ class Runtime:
     clock: Clock
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
     mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/agent/mailbox_owner.py)
+
+    async def resume(
+        self, session_id: str, *, on_interrupted_turn: Literal["continue", "close"] | None = None
+    ) -> Agent:
+        """The session's agent, live or resumed from its log. A turn a crash left open is
+        continued or closed (README "When a process dies") as `on_interrupted_turn` says — for
+        a host that asked the person — else as the session's own policy (its agent type's,
+        else the runtime's). Whether a session has such a turn: `open_turn`."""
+        return await self.agents.resume(session_id, on_interrupted_turn=on_interrupted_turn)
+
+    async def open_turn(self, session_id: str) -> Continuation | None:
+        """The turn a crash left open in the session's log — what resuming it would continue
+        (its turn, step, attempt, lost model call, cut tool calls) — or None. Readers close
+        such a turn in memory, so this reads the log itself (a whole read, in a thread). A
+        session running here has none to continue; one held elsewhere may be mid-turn."""
+        if self.agents.get(session_id) is not None:
+            return None
+        store = self.log_store
+
+        def read() -> Continuation | None:
+            handle = store.open_read(session_id)
+            try:
+                events = store.read(handle, poll=trio.from_thread.check_cancelled)
+            finally:
+                store.close(handle)
+            return plan_continuation(events, session_id=session_id)
+
+        return await trio.to_thread.run_sync(read)
 
 
 def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:

@@ -235,10 +235,14 @@ class AgentRegistry:
         model: AnyModel | None = None,
         config: AgentConfig | None = None,
         tools: ToolSet | None = None,
+        on_interrupted_turn: Literal["continue", "close"] | None = None,
     ) -> Agent:
         """The live agent, or the session resumed from its log. Without an explicit `model`,
         `config` or `tools`, `resume_setup` (the subagent service's) gives what the log's own
-        record asks for (a child's options), so every path that resumes a session agrees."""
+        record asks for (a child's options), so every path that resumes a session agrees.
+        A last turn a crash left open is continued (docs/format.md, "Continued turns": its
+        `turn/continue` appended durably first) or closed by the closers, as
+        `on_interrupted_turn` says, else as the config's policy."""
         live = self.get(session_id)
         if live is not None:
             return live
@@ -255,7 +259,7 @@ class AgentRegistry:
                 setup = self.hooks.resume_setup(session_id, events, ref.inherited_event_count)
                 if setup is not None:
                     model, config, tools = setup
-            policy = (config or self.config).on_interrupted_turn
+            policy = on_interrupted_turn or (config or self.config).on_interrupted_turn
             plan = plan_continuation(events, session_id=session_id) if policy == "continue" else None
             closers = [] if plan is not None else interrupted_closers(events, session_id=session_id)
             if closers or plan is not None:

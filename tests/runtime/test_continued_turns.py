@@ -366,3 +366,15 @@ async def test_a_cut_one_shot_subagent_call_is_in_doubt_naming_its_child(tmp_pat
     text, error, in_doubt = _subagent_result(events)
     assert "kid-1" in text and "outcome is unknown" in text
     assert (error["code"], in_doubt) == ("TOOL_OUTCOME_UNKNOWN", True)
+
+
+async def test_runtime_resume_may_choose_the_policy_for_this_resume(tmp_path) -> None:
+    """What a host that asked the person calls: the runtime's policy is continue, this resume closes."""
+    Cut().start().write(tmp_path)
+    async with runtime(tmp_path, scripted()) as rt:
+        with trio.fail_after(GUARD):
+            found = await rt.open_turn("s-1")
+            assert found is not None and found.marker() == {"turn": 1, "step": 1, "attempt": 2, "lost_model_call": True}
+            agent = await rt.resume("s-1", on_interrupted_turn="close")
+            assert agent.status == "idle" and agent.resumed_interrupted
+    assert data(read(tmp_path)[-1]) == {"turn": 1, "reason": {"kind": "interrupted"}}
