@@ -7,8 +7,13 @@ claims the next-step input plus one follow-up, and runs a turn: `turn/start`, th
 each requested tool call as `tool/call` → run → `tool/result` (results in model order),
 `step/end` — while the model calls tools or steering arrives, then `turn/end {reason}`.
 Everything goes through the session actor, so each write is durable before the loop moves on;
-a `tool/call` is durable before its tool runs, so a crash leaves an outcome-unknown closer
-rather than a silent retry.
+a `tool/call` is durable before its tool runs, so a crash never leads to a silent retry: a
+resume either closes the turn (an outcome-unknown closer) or continues it, running such a call
+again only if its tool is idempotent and otherwise recording it `in_doubt`.
+
+A continued turn (docs/format.md, "Continued turns") is handed to the agent by the registry's
+resume, its `turn/continue` durable already; the driver runs it before it waits for input, in the
+same step loop as any turn (`_steps`), entered where the crash left it.
 
 Cancellation is two-phase: `cancel(cause)` sets the turn's `Abort` and cuts the model stream at
 once (the text streamed so far is kept as `assistant/message {interrupted: true}`); tools that

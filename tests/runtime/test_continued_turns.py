@@ -378,3 +378,27 @@ async def test_runtime_resume_may_choose_the_policy_for_this_resume(tmp_path) ->
             agent = await rt.resume("s-1", on_interrupted_turn="close")
             assert agent.status == "idle" and agent.resumed_interrupted
     assert data(read(tmp_path)[-1]) == {"turn": 1, "reason": {"kind": "interrupted"}}
+
+
+async def test_steering_joins_a_continued_turn_at_its_next_step(tmp_path) -> None:
+    Cut().start().reply(("call_1_1", "look")).call("call_1_1", "look").write(tmp_path)
+    started, gate = trio.Event(), trio.Event()
+
+    async def held(args: Json, ctx: ToolContext) -> str:
+        started.set()
+        await gate.wait()
+        return "looked"
+
+    look = FunctionTool(name="look", description="look", fn=held, idempotent=True)
+    model = Counting(scripted({"text": "STEERED"}))
+    async with runtime(tmp_path, model, [look]) as rt:
+        with trio.fail_after(GUARD):
+            agent = await rt.agents.resume("s-1")
+            await started.wait()  # the continued step's call runs again
+            await agent.send("also this", "steer")
+            gate.set()
+            result = await agent.wait_idle()
+    assert result is not None and (result.turn, result.text) == (1, "STEERED")
+    steered = [(t, d) for t, d in after(read(tmp_path), 5) if t == "user/message"]
+    assert [(d["turn"], d["step"], d["message"]["content"][0]["text"]) for _, d in steered] == [(1, 2, "also this")]
+    assert model.requests[0][-1]["content"] == [{"type": "text", "text": "also this"}]
