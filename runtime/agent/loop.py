@@ -119,7 +119,9 @@ class Agent(ModelSteps, ToolSteps):
         self._continuation = continuation
         # Running from the start when it continues a turn: nobody may take it for idle.
         self._phase: AsyncValue[Phase] = AsyncValue("writing" if continuation is not None else "idle")
-        self._abort: Abort | None = None
+        # A continued turn's abort exists from the start: a cancel that comes before its driver
+        # runs still stops it.
+        self._abort: Abort | None = Abort() if continuation is not None else None
         self._cause: Cause = "user"
         self._model_scope: trio.CancelScope | None = None
         self._staged: list[EventDraft] = []
@@ -276,10 +278,12 @@ class Agent(ModelSteps, ToolSteps):
         """What is left of this agent's budget for a child it starts now (None: unlimited)."""
         return remainder(self.budget, self.spent, in_turn=self.status == "running")
 
-    def _begin(self) -> Abort:
-        """What every turn starts with, a new one or a continued one: its abort, its deadline."""
-        abort = self._abort = Abort()
-        self._cause = "user"
+    def _begin(self, abort: Abort | None = None) -> Abort:
+        """What every turn starts with, a new one or a continued one: its abort (a continued
+        turn's was made with the agent, and may be set already), its deadline."""
+        if abort is None:
+            abort = self._abort = Abort()
+            self._cause = "user"
         self._budget_stop = None
         self._turn_deadline = self._trio_deadline()
         self._closing_text = None
@@ -299,7 +303,10 @@ class Agent(ModelSteps, ToolSteps):
         `turn/continue` is durable already (the registry wrote it); the turn counts in the
         budget once, as it did when it started."""
         self.turn = plan.turn
-        return await self._steps(plan.turn, self._begin(), resume=plan)
+        abort = self._abort
+        if abort is None:
+            abort = self._abort = Abort()
+        return await self._steps(plan.turn, self._begin(abort), resume=plan)
 
     async def _steps(
         self, turn: int, abort: Abort, *, pending: list[Delivery] | None = None, resume: Continuation | None = None
@@ -330,6 +337,8 @@ class Agent(ModelSteps, ToolSteps):
                 reason = _ended_by(resume.last_finish)  # its last step had ended the turn
                 break
             if abort.is_set():
+                if resume is not None and resume.step_open:
+                    self._stage("step/end", {"turn": turn, "step": step})  # the open step, never re-issued
                 reason = self._aborted()
                 break
             lost = resume is not None and resume.lost_model_call

@@ -15,6 +15,7 @@ import msgspec
 import trio
 from log_lines import header_line, json_line, new_log_file, read_all
 from subagents.runtime import (
+    Agent,
     AgentConfig,
     CountingIds,
     FunctionTool,
@@ -29,7 +30,7 @@ from subagents.runtime import (
     usage_lines,
     usage_of,
 )
-from subagents.storage import TOOL_OUTCOME_UNKNOWN_TEXT, Event, FileLogStore
+from subagents.storage import TOOL_OUTCOME_UNKNOWN_TEXT, Event, FileLogStore, plan_continuation
 from wrapped_models import WrappedModel
 
 Json = dict[str, Any]
@@ -402,3 +403,45 @@ async def test_steering_joins_a_continued_turn_at_its_next_step(tmp_path) -> Non
     steered = [(t, d) for t, d in after(read(tmp_path), 5) if t == "user/message"]
     assert [(d["turn"], d["step"], d["message"]["content"][0]["text"]) for _, d in steered] == [(1, 2, "also this")]
     assert model.requests[0][-1]["content"] == [{"type": "text", "text": "also this"}]
+
+
+async def test_a_continued_turn_cancelled_as_soon_as_it_is_resumed_closes_its_open_step(tmp_path) -> None:
+    """Whether or not its driver has reached the model call yet, the cancel is not lost (the
+    continued turn's abort exists with the agent) and the open step is closed."""
+    Cut().start().write(tmp_path)
+    async with runtime(tmp_path, scripted({"hang": True})) as rt:
+        with trio.fail_after(GUARD):
+            agent = await rt.agents.resume("s-1")
+            assert agent.cancel("user")
+            result = await agent.wait_idle()
+    assert result is not None and result.reason == {"kind": "aborted", "cause": "user"}
+    assert after(read(tmp_path), 4) == [
+        ("step/end", {"turn": 1, "step": 1}),
+        ("turn/end", {"turn": 1, "reason": {"kind": "aborted", "cause": "user"}}),
+    ]
+
+
+async def test_a_cancel_before_the_continued_turns_driver_runs_closes_the_open_step_unasked(tmp_path) -> None:
+    """The branch a race may or may not reach above, forced: the agent is cancelled before its
+    driver starts; its model is never asked."""
+    Cut().start().write(tmp_path)
+    model = Counting(scripted({"text": "NEVER"}))
+    async with runtime(tmp_path, model) as rt:
+        with trio.fail_after(GUARD):
+            ref, events = await rt.sessions.open_with_events("s-1")
+            plan = plan_continuation(events, session_id="s-1")
+            agent = Agent(
+                ref, model=model, tools=rt.agents.tools("s-1"), clock=ScenarioClock(), events=events, continuation=plan
+            )
+            assert agent.status == "running" and agent.cancel("user")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(agent.run)
+                result = await agent.wait_idle()
+                await agent.stop()
+            await rt.sessions.release("s-1")
+    assert result is not None and result.reason == {"kind": "aborted", "cause": "user"}
+    assert model.requests == []
+    assert after(read(tmp_path), 3) == [
+        ("step/end", {"turn": 1, "step": 1}),
+        ("turn/end", {"turn": 1, "reason": {"kind": "aborted", "cause": "user"}}),
+    ]
