@@ -103,8 +103,9 @@ class AgentHooks(Protocol):
 
     async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
         """Called on resume with a session's events when its last turn was interrupted, before
-        the closers are appended (so a crash in between leaves the turn open and the call is
-        retried): e.g. close the one-shot children that turn left open."""
+        the closers or its `turn/continue` are appended (so a crash in between leaves the turn
+        open and the call is retried): e.g. close the one-shot children that turn left open
+        (a continued turn reconciles their calls as in doubt; nobody continues a one-shot child)."""
         ...
 
     async def release_children_of(self, session_id: str) -> None:
