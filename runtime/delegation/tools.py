@@ -13,11 +13,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import attrs
+from subagents.storage import CatalogedChild
 
 from ..agent.registry import AgentRegistry
 from ..foundation.budgets import Budget
 from ..foundation.errors import NoCallingAgent
-from ..tools.base import ToolContext
+from ..models.messages import text_blocks
+from ..tools.base import Reconciled, ToolContext, ToolOutcome, in_doubt_outcome
 from .agent_types import AgentType, describe_types
 from .agents_text import render_agents
 from .listing import ChildRow, ListingService
@@ -153,7 +155,28 @@ class _Delegate(_ServiceTool):
         return head + _BACKGROUND
 
     async def prepare(self, args: Json, ctx: ToolContext) -> Reservation:
-        return await self.service.spawning.reserve(ctx.session_id, (ctx.turn, ctx.step))
+        return await self.service.spawning.reserve(ctx.session_id, (ctx.turn, ctx.step), call_id=ctx.call_id)
+
+    def reconcile(self, args: Json, child: CatalogedChild | None, unkeyed: bool) -> Reconciled:
+        """A call a crash cut after it started (docs/format.md, "Continued turns"): its
+        catalog says whether it created its child. No catalog names it: it never got that far,
+        so it runs (unless the turn's catalog names no calls: an older log, where it is in doubt)."""
+        if child is None:
+            return Reconciled(in_doubt_outcome(), in_doubt=True) if unkeyed else Reconciled()
+        if child.mode == "continuable":
+            # What the call returned once its child was catalogued: the child runs on by itself
+            # (its own resume continues its turn) and its settlement comes as a notice.
+            return Reconciled(ToolOutcome(text_blocks(f"started subagent {child.child_id}")))
+        # A one-shot child ran inside this very call; its turn is closed on this resume (it is
+        # nobody else's to continue), so what it did is not known here.
+        return Reconciled(
+            in_doubt_outcome(
+                f"The one-shot subagent {child.child_id} was started by this call, but the call was interrupted "
+                "before its result was durably recorded; the subagent's turn was closed unfinished and its "
+                "outcome is unknown. Inspect its effects before starting the task again."
+            ),
+            in_doubt=True,
+        )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         try:
@@ -211,6 +234,7 @@ def agent_status(agents: Any, child_id: str) -> str:
 
 class _ListAgents(_ServiceTool):
     name: ClassVar[str] = "list_agents"
+    idempotent: ClassVar[bool] = True  # it only reads
     description: ClassVar[str] = LIST_AGENTS_DESCRIPTION
     parameters: ClassVar[Json] = _schema(
         scope={
