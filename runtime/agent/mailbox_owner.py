@@ -81,8 +81,9 @@ def message_content(sender: str | None, text: str) -> tuple[list[Json], Json]:
 class OwnerActions(Protocol):
     """What an owner asks of the subagent service (it implements this)."""
 
-    async def stop_resident(self, session_id: str, cause: str) -> None:
-        """Settle and dispose the session if it is a resident continuable child (else nothing)."""
+    async def stop_resident(self, session_id: str, cause: str, stop: Envelope | None = None) -> None:
+        """Settle and dispose the session if it is a resident continuable child (else nothing);
+        `stop`, the envelope of a `stop` delivery: its marker is recorded first."""
         ...
 
     async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
@@ -321,7 +322,7 @@ class _Owner:
             await self._ack(envelope)
             if kind == "stop" and envelope.created_at >= self.started:
                 # After the ack: the stop disposes this session, and with it this task.
-                self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user")
+                self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user", envelope)
         elif kind == "settled":
             try:
                 await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
