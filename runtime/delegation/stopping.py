@@ -184,9 +184,11 @@ class Stopping:
         """Write the marker into a session nobody runs: open it (its lock), append the closers
         of an interrupted last turn and the marker in one durable write, release. "already"
         when it was stopped; None when another process holds it now (the caller's to judge)."""
+        if self.agents.sessions.get(session_id) is not None:
+            return None  # open here after all (its agent is being started or stopped): not cold
         try:
             ref, events = await self.agents.sessions.open_with_events(session_id)
-        except AlreadyOwned:
+        except (AlreadyOwned, SessionNotFound):  # held elsewhere; or in its creation window
             return None
         try:
             if stopped(events, ref.inherited_event_count):
@@ -265,6 +267,12 @@ class Stopping:
                 cold = await self.mark_cold(sid, data)
                 if cold is not None:
                     outcomes[sid] = cold
+                    continue
+                if self.manager.get(sid) is not None or self.agents.sessions.get(sid) is not None:
+                    # Starting or stopping here right now (its creation window, its disposal):
+                    # nothing to append to yet; said, never guessed.
+                    outcomes[sid] = "live"
+                    unconfirmed.append(sid)
                     continue
             # Run by another process or host (or taken by one meanwhile): its owner there stops
             # it and what runs below it there; the next session waits for that.
