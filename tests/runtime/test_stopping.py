@@ -174,3 +174,54 @@ async def test_a_session_nobody_runs_is_marked_cold(tmp_path: Path) -> None:
             events = await _events(rt, sid)
             assert _types(events)[before[sid] :] == ["session/stopped"]
             assert rt.sessions.get(sid) is None  # released after the write
+
+
+async def test_a_parent_stops_its_childs_tree_with_interrupt_agents_stop_option(tmp_path: Path) -> None:
+    spawn = {"tool_calls": [{"name": "subagent", "arguments": {"description": "mid", "prompt": "work"}}]}
+    spawn_leaf = {"tool_calls": [{"name": "subagent", "arguments": {"description": "leaf", "prompt": "work"}}]}
+    held = {"wait_for": {"steered": True}, "text": "never"}
+    stop = {"name": "interrupt_agent", "arguments": {"agent_id": "s-1", "stop": True}}
+    script = {
+        "agents": [
+            {
+                "session": "parent",
+                "responses": [
+                    spawn,
+                    {"wait_for": {"waiting": "s-2"}, "tool_calls": [stop]},  # once the leaf is held
+                    {"text": "done"},
+                    {"text": "noted"},  # the notice of mid's settlement
+                ],
+            },
+            {"label": "mid", "responses": [spawn_leaf, held]},
+            {"label": "leaf", "responses": [held]},
+        ]
+    }
+    async with _open(tmp_path, ScriptedModel(load_script(json.dumps(script)))) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+        events = await _events(rt, "parent")
+        results = [_data(e)["message"]["content"][0]["content"][0]["text"] for e in events if e.type == "tool/result"]
+        assert results[1] == "stopped agent s-1 with its descendants s-2 (2 stopped for good)"
+        assert [_data(e)["child_id"] for e in events if e.type == "subagent/settled"] == ["s-1"]
+        for sid in ("s-1", "s-2"):
+            child = await _events(rt, sid)
+            assert [_data(e) for e in child if e.type == "session/stopped"] == [{"by": "parent", "tree": True}]
+            assert [_data(e)["reason"] for e in child if e.type == "turn/end"] == [
+                {"kind": "aborted", "cause": "parent"}
+            ]
+
+
+async def test_the_stop_option_reaches_only_below_the_caller(tmp_path: Path) -> None:
+    calls = [{"name": "interrupt_agent", "arguments": {"agent_id": sid, "stop": True}} for sid in ("parent", "other")]
+    script = {"agents": [{"session": "parent", "responses": [{"tool_calls": calls}, {"text": "ok"}]}]}
+    async with _open(tmp_path, ScriptedModel(load_script(json.dumps(script)))) as rt:
+        await rt.agents.create(session_id="other")  # a root of its own, not below the caller
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+        results = [_data(e)["message"]["content"][0] for e in await _events(rt, "parent") if e.type == "tool/result"]
+        assert [(r["is_error"], r["content"][0]["text"]) for r in results] == [
+            (True, f'Error: subagent "{sid}" is not a descendant of agent "parent"') for sid in ("parent", "other")
+        ]
+        assert not await rt.subagents.is_stopped("other")
