@@ -59,6 +59,7 @@ __all__ = [
     "Stopping",
     "TreeStop",
     "is_explicit_message",
+    "is_stopped",
     "stop_marker",
     "stopped",
     "tree_notice_tail",
@@ -126,6 +127,20 @@ def marker_data(by: str, tree: bool, delivery_id: str | None = None) -> Json:
     return data
 
 
+async def is_stopped(query: SessionQuery, session_id: str) -> bool:
+    """Whether the session's log says it is stopped (`stopped`; False for no such session): what
+    a resume path asks before it resumes a session on its own — a serving host's claim
+    (`Placement.adopt` with `settle_idle`: a stopped child with nothing in its inbox is let go
+    unsettled, its settlement was recorded when it was stopped) and its sweep
+    (`Placement.take_over`). A read of the log (live sessions included); storage errors are
+    the caller's."""
+    try:
+        inherited, events = await query.read_from(session_id, 0)
+    except SessionNotFound:
+        return False
+    return stopped(events, inherited)
+
+
 @attrs.frozen
 class TreeStop:
     """What a tree stop did: every session of the tree in pre-order (the target first), how each
@@ -160,12 +175,8 @@ class Stopping:
     # --- the marker ----------------------------------------------------------------------------
 
     async def is_stopped(self, session_id: str) -> bool:
-        """Whether the session's durable log says it is stopped (`stopped`); False for none."""
-        try:
-            inherited, events = await self.query.read_from(session_id, 0)
-        except SessionNotFound:
-            return False
-        return stopped(events, inherited)
+        """`is_stopped` through this runtime's session query."""
+        return await is_stopped(self.query, session_id)
 
     async def mark_live(self, agent: Agent, data: Json) -> bool:
         """Append the marker to a session live here (durable when this returns); False when it

@@ -107,6 +107,9 @@ def test_stop_tree_stops_a_subtree_for_good_across_processes_and_a_send_starts_i
         assert [e["data"]["reason"] for e in events if e["type"] == "turn/end"] == [
             {"kind": "aborted", "cause": "user"}
         ]
+    shown = _cli(chat.root, "show", mid)
+    assert shown.returncode == 0, shown.stderr
+    assert "── stopped by operator with its tree: nothing resumes it until a new message" in shown.stdout.splitlines()
     settled_in = {
         sid: [e["data"]["child_id"] for e in _log(chat.root, sid) if e["type"] == "subagent/settled"]
         for sid in (root_id, mid)
