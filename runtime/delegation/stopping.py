@@ -236,6 +236,21 @@ class Stopping:
     def _resident_below(self, session_id: str) -> list[str]:
         return [cid for cid in self.manager.resident if session_id in self.manager.ancestors(cid)]
 
+    async def tree_notice(self, child_id: str) -> str | None:
+        """The notice tail of a child stopped with its tree (`tree_notice_tail` over its stopped
+        descendants, pre-order), or None when its own marker is not a tree stop's — what its
+        settlement's notice says instead of "was stopped before it finished." (a call for
+        `Settlement.settle`, which builds the notice; see the README's "Stopping a tree")."""
+        try:
+            inherited, events = await self.query.read_from(child_id, 0)
+        except SessionNotFound:
+            return None
+        marker = stop_marker(events[inherited:])
+        if marker is None or marker.get("tree") is not True:
+            return None
+        below = [sid for sid in (await self.subtree(child_id))[1:] if await self.is_stopped(sid)]
+        return tree_notice_tail(below)
+
     # --- a tree ----------------------------------------------------------------------------------
 
     async def subtree(self, root_id: str) -> list[str]:

@@ -131,6 +131,12 @@ async def test_a_tree_stop_marks_and_settles_each_session_once_and_starts_no_tur
         assert [_data(e)["child_id"] for e in mid_events if e.type == "subagent/settled"] == [leaf]
         parent_events = await _events(rt, "parent")
         assert [_data(e)["child_id"] for e in parent_events if e.type == "subagent/settled"] == [mid]
+        # The notice text its settlement may give (the helper for the notice's builder).
+        assert (
+            await rt.subagents.stopping.tree_notice(mid)
+            == f"was stopped before it finished, with its descendant {leaf}."
+        )
+        assert await rt.subagents.stopping.tree_notice("parent") is None  # not stopped
         # Stopping it again: nothing more is written.
         again = await rt.subagents.stop_tree(mid, by="parent")
         assert again.sessions == ((mid, "already"), (leaf, "already"))
