@@ -271,16 +271,21 @@ class SubagentService:
         """`Residency.drain`: stop every family, children first."""
         await self.parts.residency.drain()
 
+    async def mark_stopped(self, session_id: str, stop: Envelope) -> None:
+        """A `stop` delivery, before its turn is ended (`OwnerActions`): its stopped marker, and
+        with a tree stop the markers of what runs below it here (`Stopping.mark_delivered`)."""
+        tree = stop.body.get("tree") is True
+        await self.parts.stopping.mark_delivered(
+            session_id, by=stop.sender or "operator", tree=tree, delivery_id=stop.delivery_id
+        )
+
     async def stop_resident(self, session_id: str, cause: str, stop: Envelope | None = None) -> None:
-        """A `stop` delivery (`OwnerActions`): the session's stopped marker (and with a tree
-        stop, its resident descendants'; `Stopping.on_stop_delivery`), then
+        """A `stop` delivery (`OwnerActions`), its marker recorded and its turn ended: a tree
+        stop stops what runs below it here too (`Stopping.stop_delivered`); else
         `Residency.stop_resident`."""
-        if stop is not None:
-            by, tree = stop.sender or "operator", stop.body.get("tree") is True
-            if await self.parts.stopping.on_stop_delivery(
-                session_id, cause, by=by, tree=tree, delivery_id=stop.delivery_id
-            ):
-                return
+        if stop is not None and stop.body.get("tree") is True:
+            await self.parts.stopping.stop_delivered(session_id, cause)
+            return
         await self.parts.residency.stop_resident(session_id, cause)
 
     # --- stopping for good (`Stopping`) -------------------------------------------------------

@@ -48,6 +48,7 @@ from subagents.storage import (
 
 from ..agent.loop import Agent
 from ..agent.registry import AgentRegistry
+from ..foundation.errors import SubagentError
 from ..query import SessionQuery
 from .lineage import walk_descendants
 from .residency import Residency
@@ -214,24 +215,25 @@ class Stopping:
 
     # --- one delivery of `stop` ------------------------------------------------------------------
 
-    async def on_stop_delivery(self, session_id: str, cause: str, *, by: str, tree: bool, delivery_id: str) -> bool:
-        """A `stop` envelope reached this session's owner here (its turn was ended already): its
-        marker; with `tree`, the markers of its descendants resident here too, and all of them
-        are stopped and settled here (True: the caller has nothing left to stop). A plain stop
-        leaves the settling to the caller (False)."""
+    async def mark_delivered(self, session_id: str, *, by: str, tree: bool, delivery_id: str) -> None:
+        """A `stop` envelope reached this session's owner here, before its turn is ended: its
+        marker (with the envelope's delivery id) — and with `tree`, the markers of what runs
+        below it here, which its stop takes down with it (`stop_delivered`)."""
         agent = self.agents.get(session_id)
         if agent is None:
-            return False
+            return
         await self.mark_live(agent, marker_data(by, tree, delivery_id))
-        if not tree:
-            return False
-        below = self._resident_below(session_id)
-        for child_id in below:
-            child = self.agents.get(child_id)
-            if child is not None:
-                await self.mark_live(child, marker_data(by, True))
-        await self._stop_live_here([session_id, *below], cause)
-        return True
+        if tree:
+            for child_id in self._resident_below(session_id):
+                child = self.agents.get(child_id)
+                if child is not None:
+                    await self.mark_live(child, marker_data(by, True))
+
+    async def stop_delivered(self, session_id: str, cause: str) -> None:
+        """After a tree stop's delivery was recorded (`mark_delivered`) and its turn ended: stop
+        and settle the session and what runs below it here, settlements among them recorded
+        without starting a turn (`_stop_live_here`)."""
+        await self._stop_live_here([session_id, *self._resident_below(session_id)], cause)
 
     def _resident_below(self, session_id: str) -> list[str]:
         return [cid for cid in self.manager.resident if session_id in self.manager.ancestors(cid)]
@@ -302,8 +304,16 @@ class Stopping:
                     continue
             # Run by another process or host (or taken by one meanwhile): its owner there stops
             # it and what runs below it there; the next session waits for that.
-            await self.routing.post(sid, "stop", {"tree": True, "by": by}, sender)
             outcomes[sid] = "elsewhere"
+            if self.mailbox is None:
+                unconfirmed.append(sid)  # no road to another process's sessions here
+                continue
+            try:
+                await self.routing.post(sid, "stop", {"tree": True, "by": by}, sender)
+            except SubagentError as exc:  # its mailbox failed: said, and the others go on
+                log.warning("session %s: its stop could not be delivered: %s", sid, exc)
+                unconfirmed.append(sid)
+                continue
             unconfirmed += await self._confirm([sid], data)
         return TreeStop(root_id, tuple((sid, outcomes[sid]) for sid in ids), tuple(unconfirmed))
 

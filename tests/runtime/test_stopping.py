@@ -14,6 +14,7 @@ from typing import Any
 
 import trio.testing
 from subagents.runtime import Agent, Runtime
+from subagents.runtime.agent.mailbox_owner import new_envelope
 from subagents.runtime.app import open_runtime
 from subagents.runtime.delegation.stopping import stop_marker, stopped, tree_notice_tail
 from subagents.runtime.foundation.clock import ScenarioClock
@@ -231,3 +232,41 @@ async def test_the_stop_option_reaches_only_below_the_caller(tmp_path: Path) -> 
             (True, f'Error: subagent "{sid}" is not a descendant of agent "parent"') for sid in ("parent", "other")
         ]
         assert not await rt.subagents.is_stopped("other")
+
+
+async def test_a_plain_stop_delivery_marks_the_child_with_its_delivery_id(tmp_path: Path) -> None:
+    """The owner's road (another process's `stop`): the marker, `tree: false`, with the
+    envelope's delivery id, before its turn ends; then it settles as before."""
+    async with _open(tmp_path, _script()) as rt:
+        _parent, mid, leaf = await _family(rt)
+        assert rt.mailbox is not None
+        plain = new_envelope(rt.mailbox, "stop", {})
+        await trio.to_thread.run_sync(rt.mailbox.deliver, leaf, plain)
+        while rt.subagents.manager.get(leaf) is not None:
+            await rt.subagents.manager.wait_changed()
+        events = await _events(rt, leaf)
+        assert [_data(e) for e in events if e.type == "session/stopped"] == [
+            {"by": "operator", "tree": False, "delivery_id": plain.delivery_id}
+        ]
+        assert _types(events)[-3:] == ["session/stopped", "step/end", "turn/end"]  # marked before its turn ended
+        assert [_data(e)["child_id"] for e in await _events(rt, mid) if e.type == "subagent/settled"] == [leaf]
+
+
+async def test_a_tree_stop_delivery_stops_what_runs_below_it_here(tmp_path: Path) -> None:
+    async with _open(tmp_path, _script()) as rt:
+        parent, mid, leaf = await _family(rt)
+        assert rt.mailbox is not None
+        tree = new_envelope(rt.mailbox, "stop", {"tree": True}, sender="parent")
+        await trio.to_thread.run_sync(rt.mailbox.deliver, mid, tree)
+        await rt.subagents.wait_tree_idle(parent)
+        assert [_data(e) for e in await _events(rt, mid) if e.type == "session/stopped"] == [
+            {"by": "parent", "tree": True, "delivery_id": tree.delivery_id}
+        ]
+        assert [_data(e) for e in await _events(rt, leaf) if e.type == "session/stopped"] == [
+            {"by": "parent", "tree": True}
+        ]
+        mid_events = await _events(rt, mid)
+        assert [_data(e)["child_id"] for e in mid_events if e.type == "subagent/settled"] == [leaf]
+        assert _types(mid_events).count("turn/start") == 1  # the leaf's settlement started no turn in it
+        settled = [_data(e)["child_id"] for e in await _events(rt, "parent") if e.type == "subagent/settled"]
+        assert settled == [mid]
