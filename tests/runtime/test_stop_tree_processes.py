@@ -116,6 +116,14 @@ def test_stop_tree_stops_a_subtree_for_good_across_processes_and_a_send_starts_i
     }
     assert settled_in == {root_id: [mid], mid: [leaf]}  # each settled once
 
+    # Stopped already: said, and nothing more written.
+    twice = _cli(chat.root, "stop", mid, "--tree")
+    assert (twice.returncode, twice.stdout) == (
+        0,
+        f"stopped 2 sessions: {mid} and its descendants {leaf} (2 of them stopped already)\n",
+    ), twice
+    assert {sid: _log(chat.root, sid) for sid in (mid, leaf)} == before
+
     # The host is gone; a new one resumes the root (its own new prompt): nothing below it runs.
     again = write_script(tmp_path / "again.json", {"agents": [{"responses": [{"text": "root again"}]}]})
     rerun = _cli(chat.root, "run", "--model", again, "--session", root_id, "hello again", cwd=tmp_path)

@@ -18,13 +18,15 @@ from ...foundation.errors import CommandFailed, UsageError
 __all__ = ["stop_tree_command", "stopped_line"]
 
 
-def stopped_line(target: str, descendants: list[str]) -> str:
-    """What the command prints: how many sessions were stopped, and which."""
+def stopped_line(target: str, descendants: list[str], already: int = 0) -> str:
+    """What the command prints: how many sessions were stopped, which, and how many of them
+    were stopped already (nothing was written to those)."""
     total = 1 + len(descendants)
     noun = "session" if total == 1 else "sessions"
+    tail = f" ({already} of them stopped already)" if already else ""
     if not descendants:
-        return f"stopped {total} {noun}: {target}"
-    return f"stopped {total} {noun}: {target} and its descendants {', '.join(descendants)}"
+        return f"stopped {total} {noun}: {target}{tail}"
+    return f"stopped {total} {noun}: {target} and its descendants {', '.join(descendants)}{tail}"
 
 
 async def stop_tree_command(args: argparse.Namespace) -> int:
@@ -45,7 +47,8 @@ async def stop_tree_command(args: argparse.Namespace) -> int:
     except StorageError as exc:
         raise CommandFailed(str(exc)) from None
     stopped = done.stopped
-    print(stopped_line(sid, [d for d in done.descendants if d in stopped]))
+    already = sum(1 for _sid, outcome in done.sessions if outcome == "already")
+    print(stopped_line(sid, [d for d in done.descendants if d in stopped], already))
     if done.unconfirmed:
         raise CommandFailed(f"stop delivered, but not yet recorded by the host that runs {', '.join(done.unconfirmed)}")
     return 0
