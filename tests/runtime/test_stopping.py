@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import trio.testing
+from subagents.actors import EventDraft
 from subagents.runtime import Agent, Runtime
 from subagents.runtime.agent.mailbox_owner import new_envelope
 from subagents.runtime.app import open_runtime
@@ -21,7 +22,7 @@ from subagents.runtime.foundation.clock import ScenarioClock
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
-from subagents.storage import Event, make_event
+from subagents.storage import Event, SessionHeader, SessionId, interrupted_closers, make_event
 
 Json = dict[str, Any]
 
@@ -270,3 +271,23 @@ async def test_a_tree_stop_delivery_stops_what_runs_below_it_here(tmp_path: Path
         assert _types(mid_events).count("turn/start") == 1  # the leaf's settlement started no turn in it
         settled = [_data(e)["child_id"] for e in await _events(rt, "parent") if e.type == "subagent/settled"]
         assert settled == [mid]
+
+
+async def test_a_cold_stop_closes_an_interrupted_turn_before_its_marker(tmp_path: Path) -> None:
+    """A session whose process died mid-turn, stopped while nobody runs it: the closers of its
+    open turn and the marker go in one write, so no resume finds a turn to continue."""
+    async with _open(tmp_path, _script()) as rt:
+        ref = await rt.sessions.create(SessionHeader(id=SessionId("crashed"), created_at=1))
+        await ref.append(
+            [
+                EventDraft(type="turn/start", data={"turn": 1}),
+                EventDraft(type="step/start", data={"turn": 1, "step": 1}),
+            ]
+        )
+        await rt.sessions.release("crashed")  # as a dead process leaves it: the turn open
+        assert interrupted_closers(await _events(rt, "crashed"))
+        done = await rt.subagents.stop_tree("crashed", by="operator")
+        assert done.sessions == (("crashed", "cold"),)
+        events = await _events(rt, "crashed")
+        assert _types(events) == ["turn/start", "step/start", "step/end", "turn/end", "session/stopped"]
+        assert interrupted_closers(events) == [] and stopped(events)
