@@ -61,6 +61,7 @@ __all__ = [
     "TreeStop",
     "is_explicit_message",
     "is_stopped",
+    "stopped_descendants",
     "stop_marker",
     "stopped",
     "tree_notice_tail",
@@ -140,6 +141,22 @@ async def is_stopped(query: SessionQuery, session_id: str) -> bool:
     except SessionNotFound:
         return False
     return stopped(events, inherited)
+
+
+async def stopped_descendants(query: SessionQuery, session_id: str) -> list[str] | None:
+    """The stopped descendants of a session stopped with its tree, in pre-order (each once), or
+    None when its marker in force is not a tree stop's: what the notice of its settlement names
+    (`tree_notice_tail`) — for `Settlement`, which builds that notice and holds no `Stopping`."""
+    try:
+        inherited, events = await query.read_from(session_id, 0)
+    except SessionNotFound:
+        return None
+    marker = stop_marker(events[inherited:])
+    if marker is None or marker.get("tree") is not True:
+        return None
+    corpus = await query.list_sessions()
+    below = [node.id for node, _parent, _depth in walk_descendants(corpus, session_id)]
+    return [sid for sid in below if await is_stopped(query, sid)]
 
 
 @attrs.frozen
@@ -239,19 +256,10 @@ class Stopping:
         return [cid for cid in self.manager.resident if session_id in self.manager.ancestors(cid)]
 
     async def tree_notice(self, child_id: str) -> str | None:
-        """The notice tail of a child stopped with its tree (`tree_notice_tail` over its stopped
-        descendants, pre-order), or None when its own marker is not a tree stop's — what its
-        settlement's notice says instead of "was stopped before it finished." (a call for
-        `Settlement.settle`, which builds the notice; see the README's "Stopping a tree")."""
-        try:
-            inherited, events = await self.query.read_from(child_id, 0)
-        except SessionNotFound:
-            return None
-        marker = stop_marker(events[inherited:])
-        if marker is None or marker.get("tree") is not True:
-            return None
-        below = [sid for sid in (await self.subtree(child_id))[1:] if await self.is_stopped(sid)]
-        return tree_notice_tail(below)
+        """The notice tail of a child stopped with its tree (`tree_notice_tail` over
+        `stopped_descendants`), or None when its marker is not a tree stop's."""
+        below = await stopped_descendants(self.query, child_id)
+        return None if below is None else tree_notice_tail(below)
 
     # --- a tree ----------------------------------------------------------------------------------
 
