@@ -243,7 +243,11 @@ async def open_runtime(
                     child_model=child_model,
                 )
                 delegation = DelegationParts(
-                    spawning=parts.spawning, messaging=parts.messaging, listing=listing, agents=agents
+                    spawning=parts.spawning,
+                    messaging=parts.messaging,
+                    listing=listing,
+                    agents=agents,
+                    stopping=parts.stopping,
                 )
 
                 def toolset(extra: SessionTools | None = None) -> ToolSet:

@@ -17,7 +17,7 @@ from subagents.storage import CatalogedChild
 
 from ..agent.registry import AgentRegistry
 from ..foundation.budgets import Budget
-from ..foundation.errors import NoCallingAgent
+from ..foundation.errors import NoCallingAgent, Unauthorized
 from ..models.messages import text_blocks
 from ..tools.base import Reconciled, ToolContext, ToolOutcome, in_doubt_outcome
 from .agent_types import AgentType, describe_types
@@ -26,6 +26,7 @@ from .listing import ChildRow, ListingService
 from .messaging import Messaging
 from .options import ChildOptions
 from .spawning import Reservation, Spawning
+from .stopping import Stopping
 
 __all__ = ["DelegationParts", "agent_status", "render_agents", "subagent_tools"]
 
@@ -122,6 +123,7 @@ class DelegationParts:
     messaging: Messaging
     listing: ListingService
     agents: AgentRegistry
+    stopping: Stopping  # `interrupt_agent`'s `stop` option (issue 27)
 
 
 @attrs.frozen
@@ -288,18 +290,41 @@ class _SendMessage(_ServiceTool):
         return f"message delivered to agent {args['agent_id']}"
 
 
+STOP_OPTION_DESCRIPTION = (
+    "Optional: true stops the agent and every agent below it for good, wherever they run: their turns end, "
+    "they are settled, and nothing resumes them until you send the agent a new message. Use it for work you no "
+    "longer want; the default (false) ends only the current turn."
+)
+
+
 class _InterruptAgent(_ServiceTool):
     name: ClassVar[str] = "interrupt_agent"
     description: ClassVar[str] = INTERRUPT_DESCRIPTION
     parameters: ClassVar[Json] = _schema(
-        ("agent_id",), agent_id=_text("string", "The agent id of the running agent to interrupt.")
+        ("agent_id",),
+        agent_id=_text("string", "The agent id of the running agent to interrupt."),
+        stop=_text("boolean", STOP_OPTION_DESCRIPTION),
     )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
+        if args.get("stop") is True:
+            return await _stop_tree(self.service.stopping, args["agent_id"], caller)
         outcome = await self.service.messaging.interrupt(args["agent_id"], caller)
         tail = " (it is not running)" if outcome == "not-running" else ""
         return f"interrupt requested for agent {args['agent_id']}{tail}"
+
+
+async def _stop_tree(stopping: Stopping, target_id: str, caller: Any) -> str:
+    """`interrupt_agent` with `stop: true`: the target must be below the caller (its lineage in
+    the store, wherever it runs); then its whole tree is stopped (`Stopping.stop_tree`)."""
+    if target_id == caller.session_id or target_id not in (await stopping.subtree(caller.session_id))[1:]:
+        raise Unauthorized(f'subagent "{target_id}" is not a descendant of agent "{caller.session_id}"')
+    done = await stopping.stop_tree(target_id, by=caller.session_id, cause="parent")
+    below = [sid for sid in done.descendants if sid in done.stopped]
+    tail = f" with its descendants {', '.join(below)}" if below else ""
+    late = f"; not yet confirmed: {', '.join(done.unconfirmed)}" if done.unconfirmed else ""
+    return f"stopped agent {target_id}{tail} ({len(done.stopped)} stopped for good){late}"
 
 
 def subagent_tools(service: DelegationParts, agent_types: Mapping[str, AgentType] | None = None) -> list[Any]:

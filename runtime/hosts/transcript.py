@@ -85,7 +85,7 @@ def transcript(
                     entry[key] = data[key]
             if message["content"] and message["content"][0].get("type") == "tool-result":
                 entry["is_error"] = message["content"][0]["is_error"]
-        else:  # subagent/* and compaction/* records
+        else:  # subagent/*, compaction/* and session/stopped records
             entry["data"] = data
         out.append(entry)
     turns = [{"turn": turn, **tokens.to_json()} for turn, tokens in per_turn.items()]
@@ -115,6 +115,7 @@ _SHOWN = frozenset(
         "subagent/settled",
         "compaction/summary",
         "compaction/end",
+        "session/stopped",  # issue 27: the durable stopped marker
     }
 )
 
@@ -178,6 +179,10 @@ def render(entries: Sequence[Json]) -> list[str]:
             )
         elif kind == "compaction/summary":
             lines.append(f"  ⋯ compacted: {_indent(e['data']['text'])}")
+        elif kind == "session/stopped":
+            d = e["data"]
+            tree = " with its tree" if d["tree"] else ""
+            lines.append(f"── stopped by {d['by']}{tree}: nothing resumes it until a new message")
     return lines
 
 
