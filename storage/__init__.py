@@ -81,6 +81,9 @@ from .projection import ObservedCheckpoint as ObservedCheckpoint
 from .projection import ProjectionCells as ProjectionCells
 from .projection import ProjectionRegistry as ProjectionRegistry
 from .projection import ProjectionUnit as ProjectionUnit
+from .stop_marker import is_explicit_message as is_explicit_message
+from .stop_marker import stop_marker as stop_marker
+from .stop_marker import stopped as stopped
 from .values import AbortPoll as AbortPoll
 from .values import HeaderClaim as HeaderClaim
 from .values import LogInfo as LogInfo
@@ -176,4 +179,7 @@ __all__ = [
     "interrupted_closers",
     "make_event",
     "plan_continuation",
+    "is_explicit_message",
+    "stop_marker",
+    "stopped",
 ]

@@ -35,6 +35,7 @@ from subagents.storage import (
     SessionNotFound,
     interrupted_closers,
     plan_continuation,
+    stopped,
 )
 
 from ..foundation.clock import Clock
@@ -261,6 +262,8 @@ class AgentRegistry:
                 if setup is not None:
                     model, config, tools = setup
             policy = on_interrupted_turn or (config or self.config).on_interrupted_turn
+            if stopped(events, ref.inherited_event_count):
+                policy = "close"  # stopped for good: a turn its stop left open is not continued
             plan = plan_continuation(events, session_id=session_id) if policy == "continue" else None
             closers = [] if plan is not None else interrupted_closers(events, session_id=session_id)
             if closers or plan is not None:

@@ -281,6 +281,21 @@ async def test_the_close_policy_closes_the_turn_as_before(tmp_path) -> None:
     assert "turn/continue" not in [t for t, _ in tail]
 
 
+async def test_a_stopped_session_s_open_turn_is_closed_not_continued(tmp_path) -> None:
+    # Its stop recorded the marker, then the process died before the turn closed: stopped means
+    # stopped, so the resume closes the turn whatever the policy says.
+    Cut().start().add("session/stopped", {"by": "operator", "tree": False}).write(tmp_path)
+    model = Counting(scripted({"text": "NEW"}))
+    async with runtime(tmp_path, model) as rt:
+        with trio.fail_after(GUARD):
+            agent = await rt.agents.resume("s-1")
+            assert agent.status == "idle" and agent.resumed_interrupted is True
+    tail = after(read(tmp_path), 4)
+    assert [t for t, _ in tail] == ["step/end", "turn/end"]
+    assert tail[-1][1]["reason"] == {"kind": "interrupted"}
+    assert model.requests == []
+
+
 async def test_a_turn_continued_after_its_reply_leaves_no_continuation_for_the_next_resume(tmp_path) -> None:
     Cut().start().write(tmp_path)
     async with runtime(tmp_path, scripted({"text": "ONE"})) as rt:
