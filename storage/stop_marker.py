@@ -25,8 +25,10 @@ def is_explicit_message(event: Event) -> bool:
     """Whether `event` is a `user/message` a person or another agent sent (it clears the marker)."""
     if event.type != "user/message":
         return False
-    source = msgspec.json.decode(event.data).get("message", {}).get("source", {})
-    return isinstance(source, dict) and source.get("kind") in EXPLICIT_SOURCES
+    data: Json = msgspec.json.decode(event.data)  # checked by every read of the log
+    message: Json = data.get("message", {})
+    source: object = message.get("source", {})
+    return isinstance(source, dict) and source.get("kind") in EXPLICIT_SOURCES  # pyright: ignore[reportUnknownMemberType]  # a JSON object's values are untyped
 
 
 def stop_marker(events: Sequence[Event]) -> Json | None:
