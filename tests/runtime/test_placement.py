@@ -212,3 +212,20 @@ async def test_a_host_that_serves_runs_its_own_placed_children_in_place_of_their
     if left:
         print("LEFT", left, stats, [(t, d) for t, d in memory_events(fs, left[0].session_id)])
     assert left == []
+
+
+def test_the_run_key_names_a_child_and_its_last_turn_end() -> None:
+    """Both sides of a settlement (the host settling, the parent recording) compute the key from
+    the child's log with `run_key_of`: the same log gives the same key."""
+    import msgspec
+    from subagents.runtime.delegation.run_key import run_key_of
+    from subagents.storage import Event
+
+    def event(seq: int, kind: str) -> Event:
+        return Event(seq=seq, type=kind, time=1, data=msgspec.Raw(b"{}"))
+
+    assert run_key_of("c1", []) is None
+    assert run_key_of("c1", [event(0, "turn/start"), event(1, "user/message")]) is None  # no turn ended yet
+    log = [event(0, "turn/start"), event(3, "turn/end"), event(4, "turn/start"), event(9, "turn/end")]
+    assert run_key_of("c1", log) == "c1@9"
+    assert run_key_of("c1", [*log, event(10, "turn/start")]) == "c1@9"  # an open turn: the last run that ended
