@@ -222,10 +222,11 @@ def test_the_run_key_names_a_child_and_its_last_turn_end() -> None:
     from subagents.storage import Event
 
     def event(seq: int, kind: str) -> Event:
-        return Event(seq=seq, type=kind, time=1, data=msgspec.Raw(b"{}"))
+        data = {"turn/start": {"turn": 1}, "turn/end": {"turn": 1, "reason": {"kind": "completed"}}}[kind]
+        return Event(seq=seq, type=kind, time=1, data=msgspec.Raw(msgspec.json.encode(data)))
 
     assert run_key_of("c1", []) is None
-    assert run_key_of("c1", [event(0, "turn/start"), event(1, "user/message")]) is None  # no turn ended yet
+    assert run_key_of("c1", [event(0, "turn/start")]) is None  # no turn ended yet
     log = [event(0, "turn/start"), event(3, "turn/end"), event(4, "turn/start"), event(9, "turn/end")]
     assert run_key_of("c1", log) == "c1@9"
     assert run_key_of("c1", [*log, event(10, "turn/start")]) == "c1@9"  # an open turn: the last run that ended
