@@ -86,6 +86,7 @@ def lease_in_force(lease: str) -> str:
     alive and still runs the session (it reconnects, renews, and takes its lock again)."""
     return f"({lease}.expires_at > now() AND NOT {host_gone(f'{lease}.owner')})"
 
+
 _ACQUIRE = (
     "INSERT INTO leases AS l (session_id, owner, epoch, expires_at) "
     f"VALUES (%(id)s, %(me)s, 1, {_EXPIRY}) "

@@ -12,9 +12,11 @@ claimable again (their children resume here or elsewhere, the interrupted turn c
 resume's closers), and sessions dropped with work — their writer went away without releasing
 them, or mail waits for them and nobody holds them (`Placements.dropped`) — are resumed here
 (`Placement.take_over`): a continuable child runs until it settles (it settles even with
-nothing left to do: its dead host may have finished its turn without settling it), any other
-session is held until its tree is idle, then let go. Taking the lease decides which sweeper gets a
-session; one this host cannot resume is not tried again by it.
+nothing left to do: its dead host may have finished its turn without settling it). A root is
+never resumed by a sweep — only by a host a person starts for it; what waits for it stays in
+its mailbox until then. Taking the lease decides which sweeper gets a session; one this host
+cannot resume is not tried again by it. A host is gone only when its lease expired (or its row
+is gone): a host whose connection to the database was cut for a moment keeps its children.
 
 A claimed child that cannot be adopted never leaves its parent waiting: a refusal of this host's
 — another host still holds the child, its family is at this host's `max_active_subagents`, a
@@ -40,12 +42,10 @@ from subagents.actors import Activation
 from subagents.storage import AlreadyOwned, Claim, OwnershipLost, PersistenceFailed, Placements, StorageError
 from trio_util import RepeatedEvent, wait_any
 
-from ..agent.loop import Agent
 from ..delegation.placement import Placement
 from ..delegation.service import SubagentService
 from ..foundation.errors import (
     ActivationLimit,
-    AgentStopped,
     FamilyDraining,
     OptionsNotReapplied,
     QueryPersistenceFailed,
@@ -301,27 +301,8 @@ async def _take_over(
     stats.taken_over += 1
     stats.running.add(session_id)
     stats.note("resumed", session_id)
-    if isinstance(taken, Activation):
-        watching.add(session_id)
-        nursery.start_soon(
-            _finish_when_disposed, placement, placement.placements, taken, stats, changed, None, watching
-        )
-    else:
-        nursery.start_soon(_release_when_idle, placement, taken, stats, changed)
-
-
-async def _release_when_idle(placement: Placement, agent: Agent, stats: ServeStats, changed: RepeatedEvent) -> None:
-    """Hold a resumed root session until it and its resident children are idle, then let go
-    (what comes later waits in its mailbox for the next sweep)."""
-    try:
-        await placement.residency.wait_tree_idle(agent)
-    except AgentStopped:
-        pass  # its log cannot be written here any more (taken over): let go all the same
-    with trio.CancelScope(shield=True):
-        await placement.agents.stop(agent.session_id, cause="disposed")
-    stats.running.discard(agent.session_id)
-    stats.note("finished", agent.session_id)
-    changed.set()
+    watching.add(session_id)
+    nursery.start_soon(_finish_when_disposed, placement, placement.placements, taken, stats, changed, None, watching)
 
 
 async def _finish_when_disposed(

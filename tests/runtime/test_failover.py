@@ -216,33 +216,66 @@ def test_a_paused_host_comes_back_to_find_its_epoch_refused_and_writes_nothing(
 
 
 @pytest.mark.slow  # three processes: the parent's run is killed while a serving host runs its children
-def test_a_killed_parent_host_s_session_is_resumed_where_its_children_settle(
+def test_a_killed_parent_host_s_session_waits_for_a_person_and_its_children_settle_once(
     cwd: Path, pg_url: str, procs: list[LineProcess]
 ) -> None:
+    """Issue 27: a sweep never resumes a root (before, the serving host resumed the dead parent
+    and ran notice turns with its own model). The children's settlements wait in the parent's
+    mailbox until a person resumes it (`run --session`); each is recorded once."""
     boss = "boss-whose-host-died"
     # The children answer once the parent's host is gone (held until then by a 6 s model call).
     script = _script(boss, {"delay_ms": 6000, "text": "done anyway"})
     model = write_script(cwd / "script.json", script)
-    # The serving host's model for the parent goes on where the dead host's stopped: the notices.
-    script["agents"][0]["responses"] = [{"text": "noted"}, {"text": "noted"}]
-    server = _serve(cwd, pg_url, write_script(cwd / "serving.json", script), procs)
+    server = _serve(cwd, pg_url, model, procs)
     run = _run(cwd, pg_url, model, procs, boss)
     for _ in range(2):
         server.expect(r"^claimed ")
     children = _children(pg_url, boss)
     run.proc.kill()  # the parent's host dies with its turn over and both children running
     run.proc.wait()
-    # The children settle into the parent's mailbox; the parent was dropped with that mail (its
-    # lease never released): the serving host's sweep resumes it, records both settlements and
-    # runs its notice turns, then lets go once its tree is idle.
-    server.expect(rf"^resumed {boss}$")
-    server.expect(rf"^finished {boss}$")
+    for _ in range(2):
+        server.expect(r"^finished ")
+    _until(
+        lambda: _rows(pg_url, "SELECT count(*) FROM mailbox WHERE session_id = %s", boss) == [(2,)],
+        "both settlements in the parent's mailbox",
+    )
+    _until(
+        lambda: _rows(pg_url, "SELECT expires_at <= now() FROM leases WHERE session_id = %s", boss) == [(True,)],
+        "the dead parent's lease expired",
+    )
+    from subagents.storage import PostgresLogStore
+
+    sweeper = PostgresLogStore(pg_url)
+    try:
+        assert sweeper.placements().dropped(10) == []  # what a sweep would resume: not the root
+    finally:
+        sweeper.close_store()
+    assert _settled(pg_url, boss) == []  # nothing ran the parent
+    # A person resumes it: the settlements are recorded once and noticed.
+    script["agents"][0]["responses"] = [{"text": "noted"}] * 4
+    resumed = LineProcess(
+        [
+            *CLI,
+            "run",
+            "--store",
+            pg_url,
+            "--model",
+            write_script(cwd / "resume.json", script),
+            "--session",
+            boss,
+            "go on",
+        ],
+        cwd,
+        clean_env(),
+    )
+    procs.append(resumed)
+    assert resumed.proc.wait(timeout=TIMEOUT) == 0, resumed.seen
     assert _settled(pg_url, boss) == sorted((c, "completed") for c in children)
     events = _events(pg_url, boss)
     notices = [d for _, t, d in events if t == "user/message" and d["message"]["source"]["kind"] == "subagent-settled"]
     assert sorted(n["message"]["source"]["sender_session_id"] for n in notices) == sorted(children)
-    assert [t for _, t, _ in events].count("turn/end") >= 2  # its first turn, and the notices'
     assert _rows(pg_url, "SELECT count(*) FROM mailbox WHERE session_id = %s", boss) == [(0,)]
+    assert not any(line.startswith(f"resumed {boss}") for line in server.seen)
     _check_one_writer_at_a_time(pg_url)
     assert server.interrupt()[0] == 130
 
