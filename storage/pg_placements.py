@@ -101,6 +101,11 @@ _DROPPED = (
     "AND session_id IN (SELECT id FROM sessions WHERE origin = 'subagent' AND parent_session IS NOT NULL) "
     "ORDER BY session_id LIMIT %(n)s"
 )
+_FORGET = (
+    "DELETE FROM hosts h WHERE h.id <> %(me)s "
+    "AND coalesce(h.renewed_at, h.started_at, '-infinity') < now() - make_interval(secs => %(age)s) "
+    f"AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.owner = h.id AND {lease_in_force('l')}) RETURNING h.id"
+)
 _SERVING = (
     f"WITH {LIVE_HOSTS} SELECT count(*) FROM hosts h WHERE h.capacity > 0 "
     "AND h.renewed_at > now() - make_interval(secs => %(ttl)s) "
@@ -199,6 +204,10 @@ class PgPlacements:
             )
             for r in rows
         ]
+
+    def forget_hosts(self, older_than: float) -> list[str]:
+        rows = self._execute("forgetting hosts gone long ago", _FORGET, self._args(age=float(older_than)))
+        return sorted(row[0] for row in rows)
 
     def watch(self) -> MailboxWatch:
         """Readable when a placement is enqueued or given back, or a lease is released."""

@@ -111,6 +111,12 @@ class Placements(Protocol):
         """Every registered host, oldest first."""
         ...
 
+    def forget_hosts(self, older_than: float) -> list[str]:
+        """Delete the rows of hosts not renewed for `older_than` seconds that hold no lease in
+        force (gone long ago: `subagents hosts` stops listing them); returns their ids. A
+        serving host's sweep calls it; a host that comes back writes its row again."""
+        ...
+
     def watch(self) -> MailboxWatch:
         """A wake-up for new placements (its fd becomes readable; `clear()` then)."""
         ...

@@ -61,6 +61,7 @@ T = TypeVar("T")
 
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_SWEEP_INTERVAL = 5.0
+DEFAULT_FORGET_HOSTS_AFTER = 86400.0  # a day: `[store] forget_hosts_after`
 _RETRIES = 5  # a finish or give-back is tried this often, waiting 0.5 s, 1 s, 2 s, … between
 _RETRY_FIRST_DELAY = 0.5
 
@@ -95,12 +96,14 @@ async def serve_placements(
     stats: ServeStats | None = None,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+    forget_hosts_after: float = DEFAULT_FORGET_HOSTS_AFTER,
     on_event: Callable[[str, str], None] | None = None,
     task_status: trio.TaskStatus[ServeStats] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve placements with at most `capacity` children at once, until cancelled. Started
     (`task_status`) once the host is announced. `on_event(what, child_id)` hears of each child
-    taken (`claimed`) and let go (`finished`)."""
+    taken (`claimed`) and let go (`finished`). Each sweep also forgets the hosts gone for
+    `forget_hosts_after` seconds (their rows deleted: `subagents hosts` lists them no more)."""
     if capacity < 1:
         raise ValueError("a serving host needs a capacity of at least 1")
     placement = service.placement  # the part of the service that serves placed children
@@ -130,6 +133,8 @@ async def serve_placements(
                     next_sweep = trio.current_time() + sweep_interval
                     given_back.deferred.clear()
                     stats.reclaimed += len(await _call(placements.reclaim_orphans) or ())
+                    for host_id in await _call(placements.forget_hosts, forget_hosts_after) or ():
+                        log.info("host %s is forgotten (gone for over %.0f s)", host_id, forget_hosts_after)
                     free = capacity - len(stats.running)
                     for session_id in await _call(placements.dropped, free + len(refused)) or ():
                         if len(stats.running) >= capacity:

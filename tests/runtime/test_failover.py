@@ -9,6 +9,7 @@ never for a time."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import time
@@ -281,16 +282,24 @@ def test_a_killed_parent_host_s_session_waits_for_a_person_and_its_children_sett
 
 
 @pytest.mark.slow  # two serving processes and the hosts command
-def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone(cwd: Path, pg_url: str, procs: list[LineProcess]) -> None:
+def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone_then_forgets_it(
+    cwd: Path, pg_url: str, procs: list[LineProcess]
+) -> None:
+    # Issue 27: the password goes in a query parameter (printed whole before), the times are UTC
+    # ISO 8601, and a host gone longer than `forget_hosts_after` is forgotten by a serving host.
+    password = "hunter2-never-printed"  # the embedded server trusts its socket: any password goes
+    url = f"{pg_url}&password={password}"
+    (cwd / "subagents.toml").write_text("[store]\nlease_ttl = 2\nlease_renew_interval = 0.5\nforget_hosts_after = 3\n")
     model = write_script(cwd / "script.json", _script("nobody", {"text": "unused"}))
-    first = _serve(cwd, pg_url, model, procs, capacity=3)
-    second = _serve(cwd, pg_url, model, procs, capacity=1)
+    first = _serve(cwd, url, model, procs, capacity=3)
+    second = _serve(cwd, url, model, procs, capacity=1)
     first_id = first.seen[0].split()[2]
     second_id = second.seen[0].split()[2]
+    assert password not in first.seen[0] and "password=***" in first.seen[0]
 
     def hosts() -> dict[str, Json]:
         done = subprocess.run(
-            [*CLI, "hosts", "--store", pg_url, "--json"],
+            [*CLI, "hosts", "--store", url, "--json"],
             cwd=cwd,
             env=clean_env(),
             capture_output=True,
@@ -300,20 +309,26 @@ def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone(cwd: Path, pg_url:
         assert done.returncode == 0 and done.stderr == "", done
         return {row["host_id"]: row for row in msgspec.json.decode(done.stdout)["hosts"]}
 
+    iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
     rows = hosts()
     assert rows[first_id]["capacity"] == 3 and rows[first_id]["alive"]
     assert rows[second_id]["capacity"] == 1 and rows[second_id]["alive"]
-    assert rows[first_id]["renewed_at"] is not None and rows[first_id]["sessions_held"] == 0
+    assert iso.match(rows[first_id]["renewed_at"]) and iso.match(rows[first_id]["started_at"])
+    assert rows[first_id]["sessions_held"] == 0
     second.proc.kill()
     second.proc.wait()
     _until(lambda: not hosts()[second_id]["alive"], "the killed host shown as gone")
     table = subprocess.run(
-        [*CLI, "hosts", "--store", pg_url], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT
+        [*CLI, "hosts", "--store", url], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT
     )
     assert table.returncode == 0, table
+    assert password not in table.stdout + table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["HOST", "STARTED", "CAPACITY", "HELD", "RENEWED", "STATE"]
-    assert any(line.startswith(first_id) and line.endswith("alive") for line in lines)
+    first_line = next(line.split() for line in lines if line.startswith(first_id))
+    assert iso.match(first_line[1]) and iso.match(first_line[4]) and first_line[5] == "alive"
     assert any(line.startswith(second_id) and line.endswith("gone") for line in lines)
+    _until(lambda: second_id not in hosts(), "the host gone past forget_hosts_after forgotten")
+    assert first_id in hosts()
     assert first.interrupt()[0] == 130
     assert first_id not in hosts()  # a host that stops cleanly withdraws its row

@@ -233,3 +233,21 @@ def test_sessions_dropped_with_work_are_found_and_released_ones_are_not(
     assert sweeper.dropped(10) == ["s-clean", "s-crashed", "s-nobody", "s-paused"]
     sweeper.enqueue("s-crashed")  # a placement covers it: the claims serve it, not the sweep
     assert sweeper.dropped(10) == ["s-clean", "s-nobody", "s-paused"]
+
+
+def test_hosts_gone_past_an_age_are_forgotten_unless_a_lease_of_theirs_is_in_force(
+    host: Factory, db: psycopg.Connection[Any]
+) -> None:
+    old, holding, recent, me = host("old"), host("holding"), host("recent"), host("me")
+    for store in (old, holding, recent, me):
+        store.register_host(None)
+    holding.create(header("s1"))
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '2 days' WHERE id IN ('old', 'holding', 'me')")
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '1 hour' WHERE id = 'recent'")
+    sweeper = me.placements()
+    # "holding" still has a lease in force (a ttl longer than its silence); "me" never forgets itself
+    assert sweeper.forget_hosts(86400) == ["old"]
+    assert sorted(row.host_id for row in sweeper.hosts()) == ["holding", "me", "recent"]
+    assert sweeper.forget_hosts(60) == ["recent"]
+    old.renew_leases()  # a forgotten host that comes back writes its row again
+    assert "old" in {row.host_id for row in sweeper.hosts()}
