@@ -217,7 +217,11 @@ async def _adopt(
             if serving is not None and claim.attempt >= serving:
                 # As many claims as hosts serve, this one unfit too: likely none of them can run it.
                 why, reason = "fatal", f"no serving host could run it: {reason}"
-        log.warning("placed child %s cannot be served here (%s): %s", child_id, why, reason)
+        # `held` is routine, not a fault: a starting parent's host holds a child it places until
+        # just after it enqueued it (spawning's order), so a quick claim meets its lease and is
+        # given back to be claimed again; a healthy run must not print warnings for it.
+        level = logging.INFO if why == "held" else logging.WARNING
+        log.log(level, "placed child %s cannot be served here (%s): %s", child_id, why, reason)
         if why == "fatal" and await placement.fail_placed(child_id, reason):
             await _retry(placements.finish, child_id)  # its parent was told: the placement is done
         else:
