@@ -23,6 +23,7 @@ import pytest
 from chat_driver import TIMEOUT, LineProcess
 from cli_process import CLI, clean_env, write_script
 from pg_server import EmbeddedServer, drop_database, fresh_database
+from subagents.storage.pg_leases import LIVENESS_SEED
 
 pytestmark = pytest.mark.pg
 
@@ -332,3 +333,123 @@ def test_hosts_lists_the_serving_hosts_and_a_dead_one_as_gone_then_forgets_it(
     assert first_id in hosts()
     assert first.interrupt()[0] == 130
     assert first_id not in hosts()  # a host that stops cleanly withdraws its row
+
+
+# --- a live host cut off for a moment (issue 27, "Settled twice") ------------------------------
+#
+# Before issue 27 a free liveness lock stood for a dead host: a serving host whose owner
+# connection was cut (or whose server restarted) while paused had its claims reclaimed and its
+# children's leases taken by another host's sweep, and the children ran and settled twice. Now
+# only an expired lease (or a host row gone) lets go: the host reconnects within its ttl and
+# finishes its children; the other host takes nothing. Each round: two children mid-call on the
+# victim, the victim paused (well inside its 5 s ttl) and cut off, the survivor sweeping twice
+# meanwhile, then the victim let go on.
+
+CUT_TTL = "[store]\nlease_ttl = 5\nlease_renew_interval = 0.5\n"
+
+
+def _cut_script(rounds: int) -> Json:
+    agents: list[Json] = []
+    for r in range(rounds):
+        starts = [
+            {"name": "subagent", "arguments": {"description": f"kid-{r}-{i}", "prompt": f"part {i}"}} for i in (1, 2)
+        ]
+        responses = [{"tool_calls": starts}, {"text": "started both"}, {"text": "noted"}, {"text": "noted"}]
+        agents.append({"session": f"boss-{r}", "responses": responses})
+        # each child answers 4 s after it is asked: the cut and the pause fall inside its call
+        agents += [{"label": f"kid-{r}-{i}", "responses": [{"delay_ms": 4000, "text": "done"}]} for i in (1, 2)]
+    return {"agents": agents}
+
+
+def _owner_backend(url: str, host_id: str) -> int:
+    """The server process holding a host's liveness lock: its owner connection."""
+    [(pid,)] = _rows(
+        url,
+        "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+        "AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended(%s, %s)",
+        host_id,
+        LIVENESS_SEED,
+    )
+    return int(pid)
+
+
+def _renewals(url: str, host_id: str, count: int) -> None:
+    """Until the host's row was renewed `count` more times (its sweeps run as often)."""
+    seen: set[tuple[Any, ...]] = set()
+
+    def renewed() -> bool:
+        seen.update(_rows(url, "SELECT renewed_at FROM hosts WHERE id = %s", host_id))
+        return len(seen) > count
+
+    _until(renewed, f"{count} renewals of host {host_id}")
+
+
+def _epochs(url: str, sid: str) -> set[int]:
+    return {e for (e,) in _rows(url, "SELECT DISTINCT epoch FROM batches WHERE session_id = %s", sid)}
+
+
+def _cut_rounds(
+    cwd: Path, url: str, procs: list[LineProcess], rounds: int, cut: Callable[[LineProcess, str], None]
+) -> None:
+    (cwd / "subagents.toml").write_text(CUT_TTL)
+    model = write_script(cwd / "script.json", _cut_script(rounds))
+    victim = _serve(cwd, url, model, procs)
+    survivor = _serve(cwd, url, model, procs)
+    victim_id, survivor_id = (p.seen[0].split()[2] for p in (victim, survivor))
+    duplicates = 0
+    for r in range(rounds):
+        boss = f"boss-{r}"
+        survivor.proc.send_signal(signal.SIGSTOP)  # the victim claims both children
+        run = _run(cwd, url, model, procs, boss)
+        claimed = sorted(victim.expect(r"^claimed (\S+)$").group(1) for _ in range(2))
+        children = _children(url, boss)
+        assert claimed == sorted(children)
+        _until(lambda: all(_mid_turn(url, c) for c in children), "both children mid-turn on the victim")
+        survivor.proc.send_signal(signal.SIGCONT)
+        victim.proc.send_signal(signal.SIGSTOP)
+        cut(victim, victim_id)
+        _renewals(url, survivor_id, 2)  # the survivor swept while the victim was away
+        victim.proc.send_signal(signal.SIGCONT)
+        assert run.proc.wait(timeout=TIMEOUT) == 0, run.seen
+        for _ in range(2):
+            victim.expect(r"^finished ")
+        settled = _settled(url, boss)
+        duplicates += len(settled) - len(set(settled))
+        assert settled == sorted((c, "completed") for c in children), settled  # each once
+        for child in children:
+            assert _epochs(url, child) == {1, 2}, child  # created, then the victim: nobody took it over
+        assert len(_epochs(url, boss)) == 1  # its run alone wrote the root: no sweep resumed it
+        assert not any(line.startswith(("claimed ", "resumed ")) for line in survivor.seen), survivor.seen
+    assert duplicates == 0
+    _check_one_writer_at_a_time(url)
+    for host in (victim, survivor):
+        status, stderr = host.interrupt()
+        assert status == 130 and "Traceback" not in stderr, stderr
+
+
+def _cut_owner_connection(url: str) -> Callable[[LineProcess, str], None]:
+    def cut(victim: LineProcess, victim_id: str) -> None:
+        _rows(url, "SELECT pg_terminate_backend(%s, 10000)", _owner_backend(url, victim_id))
+
+    return cut
+
+
+@pytest.mark.slow  # three processes, two rounds
+def test_a_host_cut_off_for_less_than_its_ttl_keeps_its_children_and_each_settles_once(
+    cwd: Path, pg_url: str, procs: list[LineProcess]
+) -> None:
+    _cut_rounds(cwd, pg_url, procs, 2, _cut_owner_connection(pg_url))
+
+
+@pytest.mark.slow  # three processes, twenty rounds (the issue's figure)
+def test_twenty_rounds_of_a_cut_owner_connection_settle_nothing_twice(
+    cwd: Path, pg_url: str, procs: list[LineProcess]
+) -> None:
+    _cut_rounds(cwd, pg_url, procs, 20, _cut_owner_connection(pg_url))
+
+
+@pytest.mark.slow  # three processes and a PostgreSQL restart per round
+def test_a_server_restart_mid_run_settles_nothing_twice_and_resumes_no_root(
+    cwd: Path, pg_url: str, pg_server: EmbeddedServer, procs: list[LineProcess]
+) -> None:
+    _cut_rounds(cwd, pg_url, procs, 2, lambda _victim, _id: pg_server.restart())
