@@ -303,7 +303,7 @@ async def _take_over(
         refused.add(session_id)
         if not isinstance(exc, (SubagentError, StorageError)):
             log.exception("dropped session %s: resuming it failed", session_id)
-        log.warning("dropped session %s cannot be resumed here: %s", session_id, exc)
+        log.warning("dropped session %s cannot be resumed here: %s", session_id, exc.__cause__ or exc)
         return
     if taken is None:
         return
