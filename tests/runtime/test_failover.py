@@ -453,3 +453,46 @@ def test_a_server_restart_mid_run_settles_nothing_twice_and_resumes_no_root(
     cwd: Path, pg_url: str, pg_server: EmbeddedServer, procs: list[LineProcess]
 ) -> None:
     _cut_rounds(cwd, pg_url, procs, 2, lambda _victim, _id: pg_server.restart())
+
+
+@pytest.mark.slow  # a serving process, a run and the operator commands
+def test_send_queue_to_a_settled_child_runs_nothing_under_serve(
+    cwd: Path, pg_url: str, procs: list[LineProcess]
+) -> None:
+    """Issue 27: queued mail to a settled child was taken by a sweep for dropped work and the child
+    ran its model. It stays queued now, and is recorded by whatever resumes the child next."""
+    boss = "boss-who-queues"
+    script = _script(boss, {"text": "done"})
+    script["agents"][0]["responses"][0]["tool_calls"] = [_start(1)]  # one child
+    model = write_script(cwd / "script.json", script)
+    server = _serve(cwd, pg_url, model, procs)
+    server_id = server.seen[0].split()[2]
+    run = _run(cwd, pg_url, model, procs, boss)
+    assert run.proc.wait(timeout=TIMEOUT) == 0, run.seen
+    [child] = _children(pg_url, boss)
+    assert _settled(pg_url, boss) == [(child, "completed")]
+    server.expect(rf"^finished {child}$")
+    before = _events(pg_url, child)
+
+    answers = {"agents": [{"session": child, "responses": [{"text": "heard you"}, {"text": "heard you"}]}]}
+    cold = write_script(cwd / "cold.json", answers)
+
+    def operator(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [*CLI, *args, "--store", pg_url, "--model", cold]
+        return subprocess.run(argv, cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+
+    queued = operator("send", child, "queued words", "--queue")
+    assert queued.returncode == 0, queued
+    _renewals(pg_url, server_id, 3)  # the server swept, more than once
+    assert _events(pg_url, child) == before  # nothing ran: no model, no record
+    assert _rows(pg_url, "SELECT count(*) FROM mailbox WHERE session_id = %s", child) == [(1,)]
+    assert server.seen[-1] == f"finished {child}"  # took nothing up again
+    # Something resumes it (an operator's cold send, here): the queued words are recorded first.
+    resumed = operator("send", child, "and now")
+    assert resumed.returncode == 0, resumed
+    texts = [
+        d["message"]["content"][0]["text"] for _, t, d in _events(pg_url, child)[len(before) :] if t == "user/message"
+    ]
+    assert texts == ["queued words", "and now"]
+    assert _rows(pg_url, "SELECT count(*) FROM mailbox WHERE session_id = %s", child) == [(0,)]
+    assert server.interrupt()[0] == 130
