@@ -32,6 +32,7 @@ from ..foundation.json_values import JsonObject
 from ..query import SessionQuery
 from .residency import ChildHooks, Residency, unavailable
 from .routing import Routing
+from .run_key import run_key_of
 from .settlement import Settlement
 
 __all__ = ["Placement"]
@@ -218,6 +219,13 @@ class Placement:
         if info is None or info.header is None or info.header.parent_session is None:
             return True
         data: JsonObject = {"child_id": child_id, "reason_kind": "error", "reason_message": reason}
+        try:
+            _next, events = await self.query.read_from(child_id, 0)
+        except StorageError:
+            events = []  # a log that cannot be read names no run: settled without a key
+        run_key = run_key_of(child_id, events)
+        if run_key is not None:
+            data["run_key"] = run_key  # the same run failed by two hosts is recorded once
         return await self.settlement.post(info.header.parent_session, child_id, data)
 
     async def take_over(self, session_id: str) -> Activation | None:
