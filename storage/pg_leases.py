@@ -148,6 +148,10 @@ class LeaseState:
     session_id: SessionId
     epoch: int
     lost: bool = False
+    # `time.monotonic()` when the statement that last set its expiry was sent: the lease ends no
+    # sooner than a ttl after it (the database stamps it later), so a host that could not renew
+    # since knows when another host may have taken the session.
+    renewed_from: float = 0.0
 
 
 class Leases:
@@ -165,6 +169,7 @@ class Leases:
         self._registered = False  # the host's row written once: renewals keep it fresh
         self._live = False  # the owner connection holds the liveness lock
         self._closed = False
+        self.monotonic: Callable[[], float] = time.monotonic  # the tests move it
 
     # --- the owner connection ---
 
@@ -250,6 +255,7 @@ class Leases:
             if sid in self._held:
                 raise AlreadyOwned(sid)
             self._held[sid] = None
+            sent = self.monotonic()
             try:
                 row = self._run(
                     "taking a lease",
@@ -261,7 +267,7 @@ class Leases:
             if row is None:
                 del self._held[sid]
                 raise AlreadyOwned(sid)
-            state = self._held[sid] = LeaseState(sid, row[0])
+            state = self._held[sid] = LeaseState(sid, row[0], renewed_from=sent)
             return state
 
     def release(self, state: LeaseState) -> None:
@@ -284,7 +290,10 @@ class Leases:
 
     def renew(self) -> frozenset[SessionId]:
         """Extend every held lease (and this host's `renewed_at`) in one statement; the sessions
-        found no longer this host's are marked lost and returned."""
+        found no longer this host's are marked lost and returned. When the statement fails (the
+        database cannot be reached), the leases not renewed for a ttl are given up — marked lost
+        and returned, so their sessions stop here before another host may take them — and any
+        others leave the failure raised (tried again at the next interval)."""
         with self._lock:
             if self._closed or not self._registered:
                 return frozenset()  # never registered: nothing held
@@ -301,8 +310,26 @@ class Leases:
                     self._take_liveness(conn)
                 return conn.execute(_RENEW, args).fetchall()
 
-            rows = self._run("renewing leases", renew)
+            sent = self.monotonic()
+            try:
+                rows = self._run("renewing leases", renew)
+            except StorageError as exc:
+                overdue = [s for s in states if sent - s.renewed_from >= self.ttl]
+                if not overdue:
+                    raise
+                log.warning(
+                    "host %s: leases not renewed for a ttl (%s): their %d sessions stop here",
+                    self.host_id,
+                    exc,
+                    len(overdue),
+                )
+                for state in overdue:
+                    state.lost = True
+                return frozenset(s.session_id for s in overdue)
             kept = {row[0] for row in rows}
+            for state in states:
+                if state.session_id in kept:
+                    state.renewed_from = sent
             lost = [s for s in states if s.session_id not in kept]
             for state in lost:
                 state.lost = True

@@ -402,3 +402,33 @@ def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Con
         store.close(handle)
     finally:
         store.close_store()
+
+
+def test_a_host_that_cannot_renew_for_a_ttl_gives_its_sessions_up_before_another_may_take_them(
+    host: Factory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: a host cut off from the database stops its sessions once its leases may have
+    expired (a ttl after the last renewal it sent), not later: another host may take them then."""
+    from subagents.storage import StoreUnreachable
+
+    a = host(lease_ttl=10)
+    leases = a._leases  # the store's lease book: its clock and its owner connection
+    now = [1000.0]
+    leases.monotonic = lambda: now[0]
+    handle = a.create(header("s1"))
+    a.append(handle, [batch(0, 1)])
+    assert a.renew_leases() == frozenset()  # renewed at 1000
+
+    def unreachable() -> Any:
+        raise StoreUnreachable("cannot connect to PostgreSQL (test)")
+
+    monkeypatch.setattr(leases, "_connection", unreachable)
+    now[0] = 1009.0
+    with pytest.raises(StoreUnreachable):
+        a.renew_leases()  # within the ttl: tried again at the next interval, nothing given up
+    now[0] = 1010.0
+    assert a.renew_leases() == {"s1"}  # a ttl since: given up here, its session stops
+    with pytest.raises(OwnershipLost):
+        a.append(handle, [batch(1, 2)])
+    monkeypatch.undo()
+    assert a.renew_leases() == frozenset()  # reachable again: nothing more to give up
