@@ -356,8 +356,8 @@ def _cut_script(rounds: int) -> Json:
         ]
         responses = [{"tool_calls": starts}, {"text": "started both"}, {"text": "noted"}, {"text": "noted"}]
         agents.append({"session": f"boss-{r}", "responses": responses})
-        # each child answers 4 s after it is asked: the cut and the pause fall inside its call
-        agents += [{"label": f"kid-{r}-{i}", "responses": [{"delay_ms": 4000, "text": "done"}]} for i in (1, 2)]
+        # each child answers 2.5 s after it is asked: the cut and the pause fall inside its call
+        agents += [{"label": f"kid-{r}-{i}", "responses": [{"delay_ms": 2500, "text": "done"}]} for i in (1, 2)]
     return {"agents": agents}
 
 
