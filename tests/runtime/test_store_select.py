@@ -137,6 +137,13 @@ def test_read_only_commands_do_not_import_psycopg(tmp_path: Path) -> None:
 
 
 @pytest.mark.pg
+def test_store_init_names_the_store_without_its_password(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"{pg_url}&password=sekrit-in-the-query"  # the embedded server trusts its socket
+    assert main(["store", "init", url]) == 0
+    out = capsys.readouterr().out
+    assert "sekrit" not in out and "password=***" in out and "schema ready" in out
+
+
 def test_open_runtime_with_a_postgresql_url_runs_on_postgresql(tmp_path: Path, pg_url: str) -> None:
     async def body() -> list[str]:
         async with open_runtime(tmp_path / "mail", store=pg_url) as rt:
