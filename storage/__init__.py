@@ -15,7 +15,12 @@ from ._codec import SurfaceOp as SurfaceOp
 from ._codec import check_lossless as check_lossless
 from ._codec import decode_payload as decode_payload
 from ._codec import make_event as make_event
+from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
 from .closers import interrupted_closers as interrupted_closers
+from .continuation import CatalogedChild as CatalogedChild
+from .continuation import Continuation as Continuation
+from .continuation import PendingCall as PendingCall
+from .continuation import plan_continuation as plan_continuation
 from .envelope import DeliveryIds as DeliveryIds
 from .envelope import Envelope as Envelope
 from .envelope import EnvelopeKind as EnvelopeKind
@@ -92,9 +97,11 @@ __all__ = [
     "AbortPoll",
     "AlreadyOwned",
     "Batch",
+    "CatalogedChild",
     "CheckpointRow",
     "CheckpointRows",
     "Claim",
+    "Continuation",
     "CorruptLog",
     "DeliveryConflict",
     "DeliveryIds",
@@ -130,6 +137,7 @@ __all__ = [
     "Offset",
     "OsFs",
     "OwnershipLost",
+    "PendingCall",
     "PersistenceFailed",
     "PgMailboxWatch",
     "Placements",
@@ -154,6 +162,7 @@ __all__ = [
     "SubagentCatalogData",
     "SubagentsError",
     "SurfaceOp",
+    "TOOL_OUTCOME_UNKNOWN_TEXT",
     "UNSET",
     "UnknownProjection",
     "UnsafePath",
@@ -167,5 +176,6 @@ __all__ = [
     "encode_session_id",
     "interrupted_closers",
     "make_event",
+    "plan_continuation",
     "redact_url",
 ]

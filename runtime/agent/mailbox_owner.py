@@ -14,8 +14,9 @@ delivery in the session's log, acknowledging it only once that record is durable
 - `interrupt` cancels the running turn (the agent's two-phase cancel) and is recorded by the
   `turn/end {aborted}` it causes: the owner acks once the turn is closed (that write is durable
   before the agent is idle again). With no turn running it is a no-op and acked at once.
-- `stop` does the same, then (a resident continuable child) settles the child as the service's
-  stop does (`subagent/settled` in its parent).
+- `stop` records the session's stopped marker first (`session/stopped`, issue 27), does the
+  same, then (a resident continuable child) settles the child as the service's stop does
+  (`subagent/settled` in its parent).
 - `settled` appends the `subagent/settled` (with the envelope's `delivery_id`) to this session
   — a parent whose child another process hosted — and delivers its notice (`Settlement`).
 
@@ -81,8 +82,13 @@ def message_content(sender: str | None, text: str) -> tuple[list[Json], Json]:
 class OwnerActions(Protocol):
     """What an owner asks of the subagent service (it implements this)."""
 
-    async def stop_resident(self, session_id: str, cause: str) -> None:
-        """Settle and dispose the session if it is a resident continuable child (else nothing)."""
+    async def mark_stopped(self, session_id: str, stop: Envelope) -> None:
+        """Record the stopped marker of a `stop` delivery (before its turn is ended), durably."""
+        ...
+
+    async def stop_resident(self, session_id: str, cause: str, stop: Envelope | None = None) -> None:
+        """Settle and dispose the session if it is a resident continuable child (else nothing);
+        `stop`, the envelope of a `stop` delivery (a tree stop takes what runs below it too)."""
         ...
 
     async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
@@ -314,14 +320,17 @@ class _Owner:
                 log.info(
                     "session %s: %s %s predates this host: acked without effect", self.sid, kind, envelope.delivery_id
                 )
-            elif self.agent.status == "running":
-                self.agent.inbox.park()  # as interrupt_agent does: queued input waits for new input
-                self.agent.cancel("user" if envelope.sender is None else "parent")
-                await self.agent.wait_turn_closed()  # its turn/end {aborted} is durable now
+            else:
+                if kind == "stop":  # its durable stopped marker first (issue 27): nothing resumes it now
+                    await self.owners.actions.mark_stopped(self.sid, envelope)
+                if self.agent.status == "running":
+                    self.agent.inbox.park()  # as interrupt_agent does: queued input waits for new input
+                    self.agent.cancel("user" if envelope.sender is None else "parent")
+                    await self.agent.wait_turn_closed()  # its turn/end {aborted} is durable now
             await self._ack(envelope)
             if kind == "stop" and envelope.created_at >= self.started:
                 # After the ack: the stop disposes this session, and with it this task.
-                self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user")
+                self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user", envelope)
         elif kind == "settled":
             try:
                 await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
