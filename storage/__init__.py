@@ -69,6 +69,7 @@ from .mailbox import FileMailbox as FileMailbox
 from .mailbox import Mailbox as Mailbox
 from .mailbox_watch import LocalWakeups as LocalWakeups
 from .mailbox_watch import MailboxWatch as MailboxWatch
+from .pg_connect import redact as redact_url
 from .pg_mailbox import PostgresMailbox as PostgresMailbox
 from .pg_mailbox_watch import PgMailboxWatch as PgMailboxWatch
 from .pg_store import PostgresLogStore as PostgresLogStore
@@ -182,4 +183,5 @@ __all__ = [
     "is_explicit_message",
     "stop_marker",
     "stopped",
+    "redact_url",
 ]

@@ -11,7 +11,8 @@ here, in the same Activation — a placed child never waits for hosts that are a
 
 The serving host's side: `adopt` a claimed child (resume it, let its mailbox owner hand it what
 waits, run it until it settles), `hand_back` one when the host stops cleanly, `fail_placed` one
-no host can serve (its parent is told), and `take_over` a session another host dropped.
+no host can serve (its parent is told), and `take_over` a continuable child another host
+dropped (never a root).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..foundation.json_values import JsonObject
 from ..query import SessionQuery
 from .residency import ChildHooks, Residency, unavailable
 from .routing import Routing
+from .run_key import run_key_of
 from .settlement import Settlement
 
 __all__ = ["Placement"]
@@ -217,29 +219,33 @@ class Placement:
         if info is None or info.header is None or info.header.parent_session is None:
             return True
         data: JsonObject = {"child_id": child_id, "reason_kind": "error", "reason_message": reason}
+        try:
+            _next, events = await self.query.read_from(child_id, 0)
+        except StorageError:
+            events = []  # a log that cannot be read names no run: settled without a key
+        run_key = run_key_of(child_id, events)
+        if run_key is not None:
+            data["run_key"] = run_key  # the same run failed by two hosts is recorded once
         return await self.settlement.post(info.header.parent_session, child_id, data)
 
-    async def take_over(self, session_id: str) -> Activation | Agent | None:
-        """Resume a session another host dropped with work (`subagents serve`'s sweep): a
-        continuable child is adopted (`adopt`; it settles even with nothing left to do — the
-        dead host may have finished its turn without settling it); any other session is resumed
-        as a root — its interrupted turn closed, its notices and mail taken in — and returned
-        for the caller to hold until its tree is idle. None: nothing to do. `AlreadyOwned` when
-        another host took it first; `SubagentError` when it cannot be resumed."""
+    async def take_over(self, session_id: str) -> Activation | None:
+        """Resume a continuable child another host dropped with work (`subagents serve`'s sweep):
+        it is adopted (`adopt`; it settles even with nothing left to do — the dead host may have
+        finished its turn without settling it). A root is never taken over — roots are resumed
+        only by a host a person starts for them (its mail waits in its mailbox) — and gives
+        `NotResumable`. None: nothing to do. `AlreadyOwned` when another host took it first;
+        `SubagentError` when it cannot be resumed."""
         try:
             info, _held = await self.query.stat(session_id)
         except StorageError as exc:
             raise unavailable(session_id) from exc
         if info is None or info.header is None:
             raise unavailable(session_id)
-        if info.header.parent_session is not None:
-            try:
-                return await self.adopt(session_id, settle_idle=True)
-            except SubagentError as exc:
-                if isinstance(exc.__cause__, AlreadyOwned):
-                    raise exc.__cause__ from None
-                raise
-        agent = await self.agents.resume(session_id)
-        if self.agents.owners is not None:
-            await self.agents.owners.first_drain(session_id)
-        return agent
+        if info.header.parent_session is None or info.header.origin != "subagent":
+            raise NotResumable(f"session {session_id!r} is a root: only a host a person starts resumes it")
+        try:
+            return await self.adopt(session_id, settle_idle=True)
+        except SubagentError as exc:
+            if isinstance(exc.__cause__, AlreadyOwned):
+                raise exc.__cause__ from None
+            raise
