@@ -21,9 +21,10 @@ import logging
 from functools import partial
 
 import attrs
+import msgspec
 import trio
 from subagents.actors import Activation, ContinuationManager
-from subagents.storage import AlreadyOwned, Mailbox, PersistenceFailed, Placements, StorageError
+from subagents.storage import AlreadyOwned, Event, Mailbox, PersistenceFailed, Placements, StorageError, stopped
 
 from ..agent.loop import Agent
 from ..agent.registry import AgentRegistry
@@ -177,6 +178,8 @@ class Placement:
         header, identity = await self.routing.observe_child(child_id, None)
         if header.parent_session is None:
             raise NotResumable(f"session {child_id!r} is not a subagent")
+        if await self._stopped(child_id, header.parent_session, settle=settle_idle):
+            return None
         await self.residency.wait_room(header.parent_session)
         activation = self.residency.admit(child_id, header.parent_session)
         try:
@@ -199,6 +202,29 @@ class Placement:
             return None
         self.residency.run(activation, child)
         return activation
+
+    async def _stopped(self, child_id: str, parent_id: str, *, settle: bool) -> bool:
+        """Whether the child is stopped for good (its log's `session/stopped` marker, README
+        "Stopping a tree"): then no claim or sweep runs it, whatever waits in its mailbox. A claim
+        made again (`settle`) settles it all the same, without running it — its stop may have
+        died between the marker and the settlement; the `run_key` makes a settlement that did
+        land the one the parent records. A log that cannot be read is not judged here (the
+        resume that follows says what is wrong with it)."""
+        try:
+            inherited, events = await self.query.read_from(child_id, 0)
+        except StorageError:
+            return False
+        if not stopped(events, inherited):
+            return False
+        if settle:
+            data: JsonObject = {"child_id": child_id, "reason_kind": _last_reason(events)}
+            run_key = run_key_of(child_id, events)
+            if run_key is not None:
+                data["run_key"] = run_key
+            if not await self.settlement.post(parent_id, child_id, data):
+                raise unavailable(child_id)  # not told: the placement is given back, tried again
+        log.info("placed child %s is stopped: not run", child_id)
+        return True
 
     async def hand_back(self, child_id: str) -> bool:
         """`Residency.hand_back`: let go of an adopted child without settling it."""
@@ -249,3 +275,14 @@ class Placement:
             if isinstance(exc.__cause__, AlreadyOwned):
                 raise exc.__cause__ from None
             raise
+
+
+def _last_reason(events: list[Event]) -> str:
+    """The reason kind of the child's last `turn/end` (`aborted` when it has none: a stop that
+    came before its first turn ended)."""
+    for event in reversed(events):
+        if event.type == "turn/end":
+            reason = msgspec.json.decode(event.data).get("reason", {})
+            kind = reason.get("kind") if isinstance(reason, dict) else None
+            return kind if isinstance(kind, str) else "aborted"
+    return "aborted"

@@ -273,3 +273,32 @@ async def test_a_resumed_child_runs_its_recorded_model_or_is_refused_naming_it(
         there.agents.model_factory = factory
         await there.agents.resume(child)
     assert built == [("deepseek:chat", None)]
+
+
+async def test_a_stopped_placed_child_is_never_run_by_the_host_that_claims_it_again(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    # Stopped while its claim sat with a host that then died: the serving host that claims it
+    # again settles it (its parent hears once) and never runs it, its first prompt unanswered.
+    parent_script = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "go")]}, {"text": "ok"}]}
+    kid = {"label": "kid-1", "responses": [{"text": "done"}]}
+    async with two_hosts(tmp_path, [parent_script], [kid]) as hosts:
+        fs, here = hosts.fs, hosts.here
+        dead = hosts.queue.sibling("dead-host")
+        dead.serve(1)
+        boss = await here.agents.create(session_id="boss")
+        await boss.send("go")
+        await until_virtual(lambda: len(_catalogued(fs, "boss")) == 1)
+        (child_id,) = _catalogued(fs, "boss")
+        await until_virtual(lambda: dead.claim(1) != [])
+        stop = await here.subagents.stop_tree(child_id, by="operator")
+        assert stop.stopped == [child_id]
+        stats = await hosts.serve(1)
+        dead.close()
+        await here.subagents.wait_tree_idle(boss)
+        await until_virtual(lambda: stats.reclaimed == 1)
+    kid_events = memory_events(fs, child_id)
+    assert [t for t, _ in kid_events if t in ("assistant/message", "turn/start")] == []
+    assert [t for t, _ in kid_events].count("session/stopped") == 1
+    settled = [d for t, d in memory_events(fs, "boss") if t == "subagent/settled"]
+    assert [d["child_id"] for d in settled] == [child_id]
