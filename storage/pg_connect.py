@@ -66,6 +66,9 @@ def redact(url: str) -> str:
     )
 
 
+redact_url = redact  # the face's name for it (`subagents.storage.redact_url`)
+
+
 def scrub(text: str, url: str) -> str:
     """`text` (a driver's error message about `url`) with each secret of `url` — in its raw and
     decoded forms — replaced by `***`: libpq quotes a malformed token of the URL back."""
