@@ -391,9 +391,8 @@ class ListingService:
             else:
                 pending.append(i)
         answering = [candidates[i] for i in pending]
-        rows = await self._checkpoint_rows(answering, stored)
-        checkpoints = stored_identities(answering, rows) if rows else {}
-        flagged = stored_flags(answering, rows) if checkpoints else {}
+        checkpoints = await self._checkpoint_identities(answering, stored)  # (adds the rows it read to `stored`)
+        flagged = stored_flags([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
         naming = catalog_owners(stored) if checkpoints else set()
         # Those another process holds the lock of are running there (observed ones learn it
         # from their observation's stat hop).
@@ -435,23 +434,17 @@ class ListingService:
     async def _checkpoint_identities(
         self, records: Sequence[SessionRecord], stored: dict[str, list[StoredCheckpoint]] | None = None
     ) -> dict[str, tuple[JsonObject, bool]]:
-        """Identities the index's checkpoint rows prove, for all cold candidates (see
-        `_checkpoint_rows`), each with whether its row covers the log whole (`seq` is its last
-        event's)."""
-        return stored_identities(records, await self._checkpoint_rows(records, stored))
-
-    async def _checkpoint_rows(
-        self, records: Sequence[SessionRecord], stored: dict[str, list[StoredCheckpoint]] | None = None
-    ) -> dict[str, list[StoredCheckpoint]]:
-        """The checkpoint rows of all cold candidates: the rows read with the catalogs, and the
-        rest (those that stopped meanwhile) in one more query."""
+        """Identities the index's checkpoint rows prove, for all cold candidates: the rows read
+        with the catalogs, and the rest (those that stopped meanwhile) in one more query, added
+        to `stored` (their flags rows are read from there). With each, whether its row covers
+        the log whole (`seq` is its last event's)."""
         if self.query is None or not records:
             return {}
-        rows = stored or {}
+        rows = stored if stored is not None else {}
         unread = [r.id for r in records if r.id not in rows]
         if unread:
-            rows = {**rows, **await self._stored_rows(unread)}
-        return rows
+            rows.update(await self._stored_rows(unread))
+        return stored_identities(records, rows)
 
 
 def _last_seq(record: SessionRecord) -> int:
