@@ -27,6 +27,10 @@ a log another process writes) in one index write after the rows are built, outsi
 the next listing answers those children from the rung. The index is a cache, so a read-only
 command may write it; a store this process may not write is still listed (the write is
 skipped, quietly). Listing never writes a log or an actor.
+
+A child row's flags (`stopped`, `in_doubt`: issue 27) come with its identity from the same rung:
+the live ask, the `subagent_flags` checkpoint row beside the identity row (the rung answers only
+when both do: a log checkpointed before the unit existed is observed), or the observation.
 """
 
 from __future__ import annotations
