@@ -267,3 +267,36 @@ def test_children_and_agents_commands_show_the_flags(tmp_path: Path, capsys: pyt
         ["inactive", "continuable"],
     ]
     assert "inactive, 2 in doubt  continuable" in lines[2]
+
+
+# --- end to end: a real stop, listed live and then by a new process ------------------------------
+
+
+async def test_a_child_stopped_for_real_lists_as_stopped_live_and_cold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import trio
+    import trio.testing
+    from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script
+
+    agents = [{"label": "kid", "responses": [{"hang": True}]}, {"responses": [{"text": "noted"}]}]
+    model = ScriptedModel(load_script(json.dumps({"agents": agents})))
+    async with open_runtime(
+        tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("s"), compression="none"
+    ) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        kid = await rt.subagents.start_continuable(parent, "spawn", "kid", "work")
+        while not ((a := rt.agents.get(kid)) is not None and a.status == "running" and a.quiet):
+            await trio.testing.wait_all_tasks_blocked()
+        (running,) = rows(await rt.listing.list_children("parent"))
+        assert "stopped" not in running
+        await rt.subagents.stop_tree(kid, by="parent")
+        await rt.subagents.wait_tree_idle(parent)
+        (live,) = rows(await rt.listing.list_children("parent"))
+        assert live["id"] == kid and live["stopped"] is True and "in_doubt" not in live
+    # A new process lists it stopped too (the commands run Trio of their own: in a thread).
+    root = str(tmp_path)
+    assert await trio.to_thread.run_sync(main, ["children", "parent", "--json", "--root", root]) == 0
+    assert json.loads(capsys.readouterr().out) == [{**live, "activity": "inactive"}]
+    assert await trio.to_thread.run_sync(main, ["agents", "parent", "--root", root]) == 0
+    assert capsys.readouterr().out == f"{kid} [stopped] — kid\n"
