@@ -409,7 +409,8 @@ class ListingService:
             # Rows answer for the log revision they cover whole; rows that lag it answer only
             # for a log another process writes now (its writer checkpoints it as it goes). The
             # identity and the flags both: a log checkpointed before the flags unit existed has
-            # no flags row, and is observed once (its rows then written back).
+            # no flags row, and is observed (until its next writer checkpoints it: the index
+            # keeps a writer's rows over an observation's of the same seq).
             if (
                 identity is not None
                 and flags is not None
