@@ -55,7 +55,8 @@ the parent must see that some of its work may or may not have happened; the chil
 (the parent's next message) clears it. An undecodable payload is not in doubt and not explicit.
 A state of any other shape (a tampered checkpoint row) is left as it is and views as `None`, so
 a listing shows no flags for it (the listing observes such a cold child afresh: its cold read
-folds from the start). The view is `{stopped, in_doubt}` or `None`.
+folds from the start). The view is `{stopped, in_doubt}` or `None`. Its batch `fold` gives the
+same state decoding only the payloads that can decide it (a cold read of a long log).
 """
 
 from __future__ import annotations
@@ -377,6 +378,41 @@ class SubagentFlagsUnit:
         if kind == "session/stopped":
             return state if stopped else _flags(own_from, True, in_doubt)
         return _flags(own_from, False, in_doubt) if stopped and _is_explicit(event) else state
+
+    def fold(self, state: JsonObject, events: Sequence[Event]) -> JsonObject:
+        """The left fold of `apply` over contiguous events, decoding only the payloads that can
+        decide the result: the `tool/result`s after the run's last `turn/start` (the earlier
+        ones are cleared by it), and — only when the session is stopped or the run holds a
+        marker — the `user/message`s after the run's last marker, from the end until one is
+        explicit (the last marker or explicit message decides; neither: as it was). A cold
+        read of a long log then decodes a handful of payloads, not every tool result."""
+        flags = flags_of(state)
+        if flags is None:
+            return state  # (as `apply`: a tampered state stays as it is)
+        own_from, stopped, in_doubt = flags
+        types = self.types
+        marks = [event for event in events if event.type in types and event.seq >= own_from]
+        if not marks:
+            return state
+        last_turn = len(marks) - 1
+        while last_turn >= 0 and marks[last_turn].type != "turn/start":
+            last_turn -= 1
+        doubt = 0 if last_turn >= 0 else in_doubt
+        for event in marks[last_turn + 1 :]:
+            if event.type == "tool/result" and _is_in_doubt(event):
+                doubt += 1
+        now = stopped
+        if stopped or any(event.type == "session/stopped" for event in marks):
+            for event in reversed(marks):
+                if event.type == "session/stopped":
+                    now = True
+                    break
+                if event.type == "user/message" and _is_explicit(event):
+                    now = False
+                    break
+        if (now, doubt) == (stopped, in_doubt):
+            return state
+        return _flags(own_from, now, doubt)
 
     def view(self, state: JsonObject) -> JsonObject | None:
         flags = flags_of(state)

@@ -5,6 +5,7 @@ in doubt, over its own suffix only; a pure fold that never raises on bad data.""
 from __future__ import annotations
 
 import itertools
+import random
 import json
 from typing import Any
 
@@ -198,3 +199,76 @@ def test_restoring_from_rows_at_every_split_matches_folding_from_scratch() -> No
         restored = registry.cells(HEADER, 0, rows)
         restored.fold(events[restored.floor + 1 :])
         assert restored.snapshot() == scratch.snapshot() and restored.checkpoint() == scratch.checkpoint()
+
+
+def _random_event(rng: random.Random, seq: int) -> Event:
+    kind = rng.choice(["stop", "user", "agent", "notice", "turn", "doubt", "result", "end", "bad-msg", "bad-res"])
+    if kind == "stop":
+        return stopped_event(seq)
+    if kind in ("user", "agent", "notice"):
+        return message_event(seq, {"user": "user", "agent": "agent-message", "notice": "subagent-settled"}[kind])
+    if kind == "turn":
+        return turn_start_event(seq, T)
+    if kind == "end":
+        return turn_end_event(seq, T)
+    if kind in ("doubt", "result"):
+        return result_event(seq, f"c{seq}", in_doubt=kind == "doubt")
+    if kind == "bad-msg":
+        return forced(message_event(seq), rng.choice([b"not json", b"[1]", b'{"message": {"source": {"kind": [1]}}}']))
+    return forced(result_event(seq, "x"), rng.choice([b"not json", b"[1]", b'{"in_doubt": "yes"}']))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_batch_fold_gives_exactly_the_left_fold_of_apply(seed: int) -> None:
+    """`fold` over any run, from any state the unit makes (or a tampered one), is the plain
+    left fold of `apply` (what the registry relies on when it calls it instead)."""
+    rng = random.Random(seed)
+    events = [_random_event(rng, seq) for seq in range(rng.randrange(1, 60))]
+    k = rng.choice([0, 0, rng.randrange(len(events))])
+    start = rng.randrange(len(events))
+    state = fold(events[:start], k)
+    if rng.random() < 0.1:
+        state = rng.choice([None, {"stopped": True}, {"own_from": 0, "stopped": False, "in_doubt": -2}])
+    run = events[start:]
+    expected = state
+    for event in run:
+        expected = FLAGS_UNIT.apply(expected, event)
+    assert FLAGS_UNIT.fold(state, run) == expected
+    if expected is state:
+        assert FLAGS_UNIT.fold(state, run) is state  # unchanged: the very same object
+
+
+def test_the_batch_fold_decodes_only_what_can_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long log never stopped: only the last turn's tool results are decoded, no message; once
+    stopped, only the messages after the marker, from the end until an explicit one."""
+    from subagents.runtime.delegation import units
+
+    events: list[Event] = []
+    for turn in range(1, 51):
+        events += [turn_start_event(len(events), T, turn), message_event(len(events) + 1, "user", turn)]
+        events += [result_event(len(events), f"c{len(events)}", turn) for _ in range(3)]
+    results: list[int] = []
+    messages: list[int] = []
+    doubt, explicit = units._doubt, units.is_explicit_message
+
+    class Counting:
+        def decode(self, data: Any) -> Any:
+            results.append(1)
+            return doubt.decode(data)
+
+    def counting_explicit(event: Event) -> bool:
+        messages.append(event.seq)
+        return explicit(event)
+
+    monkeypatch.setattr(units, "_doubt", Counting())
+    monkeypatch.setattr(units, "is_explicit_message", counting_explicit)
+    state = FLAGS_UNIT.fold(FLAGS_UNIT.initial(HEADER, 0), events)
+    assert FLAGS_UNIT.view(state) == {"stopped": False, "in_doubt": 3}
+    assert (len(results), messages) == (3, [])
+    results.clear()
+
+    n = len(events)
+    tail = [stopped_event(n), message_event(n + 1, "subagent-settled"), message_event(n + 2, "compaction")]
+    state = FLAGS_UNIT.fold(state, tail)
+    assert FLAGS_UNIT.view(state) == {"stopped": True, "in_doubt": 3}
+    assert (len(results), messages) == (0, [n + 2, n + 1])
