@@ -5,8 +5,8 @@ in doubt, over its own suffix only; a pure fold that never raises on bad data.""
 from __future__ import annotations
 
 import itertools
-import random
 import json
+import random
 from typing import Any
 
 import msgspec
