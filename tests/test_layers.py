@@ -431,6 +431,7 @@ WHITE_BOX = {
     "tests/runtime/test_child_options.py",
     "tests/runtime/test_config.py",
     "tests/runtime/test_descriptor.py",
+    "tests/runtime/test_flags_unit.py",
     "tests/runtime/test_inbox_statistics.py",
     "tests/runtime/test_lease_renewal.py",
     "tests/runtime/test_mailbox_owner.py",
