@@ -43,12 +43,12 @@ unreadable still shows as a diagnostic without the parent's log being read.
 (`seq >= K`: a fork's seed replays its parent's events, not its stop or its turns):
 
     session/stopped                       → stopped = true
-    user/message, explicit (storage.stop_marker.is_explicit_message) → stopped = false
+    user/message, explicit (storage.stop_verdict.is_explicit_message) → stopped = false
     turn/start                            → in_doubt = 0
     tool/result with `in_doubt: true`     → in_doubt += 1
 
 so `stopped` is the stop-marker verdict (the last marker not followed by an explicit message:
-`storage.stop_marker.stopped`, folded one event at a time) and `in_doubt` counts the in-doubt
+`storage.stop_verdict.stopped`, folded one event at a time) and `in_doubt` counts the in-doubt
 results of the session's last turn, open or ended. The last turn rather than the open one: a
 child's continued turn usually ends before its parent lists it (it settles), and it is then that
 the parent must see that some of its work may or may not have happened; the child's next turn

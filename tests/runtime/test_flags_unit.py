@@ -77,7 +77,7 @@ def _event(seq: int, kind: str) -> Event:
 
 @pytest.mark.parametrize("k", [0, 2])
 def test_stopped_is_the_stop_markers_verdict_after_every_event(k: int) -> None:
-    """The fold agrees with `storage.stop_marker.stopped` (the one definition the registry and
+    """The fold agrees with `storage.stop_verdict.stopped` (the one definition the registry and
     the tree stop read) on every prefix of every short log, a seeded one's inherited prefix
     included (a fork inherits its parent's history, not its stop)."""
     for kinds in itertools.product(KINDS, repeat=4):
