@@ -282,17 +282,33 @@ class SessionIndex:
                     continue  # the stored row is another revision's (a rescan forgot rows for it)
                 life = _json.encode(attrs.asdict(one.lifecycle))
                 stored = conn.execute(
-                    "SELECT DISTINCT lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?", (sid, seq)
+                    "SELECT unit_key, ver, seq, lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?",
+                    (sid, seq),
                 ).fetchall()
                 # (The bytes this build writes are equal for equal lifecycles: decoded only if not.)
-                if any(found == life or same_lifecycle(found, one.lifecycle) for (found,) in stored):
-                    continue
-                conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
+                ours = [
+                    (key, ver, at)
+                    for key, ver, at, found in stored
+                    if found == life or same_lifecycle(found, one.lifecycle)
+                ]
+                rows = one.rows
+                if ours:
+                    if any(at > seq for _key, _ver, at in ours):
+                        continue  # a writer's fresher rows win
+                    # Rows of this very revision, written by a build that folded fewer units:
+                    # the units they lack (or hold at another version) join them — else every listing
+                    # would read the log again.
+                    have = {(key, ver) for key, ver, _at in ours}
+                    rows = [row for row in rows if (row[0], row[1]) not in have]
+                    if not rows:
+                        continue
+                else:
+                    conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
                 conn.executemany(
-                    f"INSERT INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT OR REPLACE INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (*fields, row_crc(fields))
-                        for fields in ((sid, key, ver, seq, val, log_offset, life) for key, ver, val in one.rows)
+                        for fields in ((sid, key, ver, seq, val, log_offset, life) for key, ver, val in rows)
                     ],
                 )
                 written += 1

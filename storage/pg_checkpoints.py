@@ -95,20 +95,31 @@ class PgCheckpoints:
                     if found is None or (found[0], found[1]) != (one.event_count, one.revision.inode):
                         continue  # the log changed since it was read
                     stored = conn.execute(
-                        "SELECT lifecycle FROM checkpoints WHERE session_id = %s AND seq >= %s", (one.session_id, last)
+                        "SELECT unit, ver, seq, lifecycle FROM checkpoints WHERE session_id = %s AND seq >= %s",
+                        (one.session_id, last),
                     ).fetchall()
-                    if any(self._is(bytes(life), one.lifecycle) for (life,) in stored):
-                        continue  # rows of this revision or a later one are there already
+                    ours = [(key, ver, at) for key, ver, at, life in stored if self._is(bytes(life), one.lifecycle)]
+                    rows = one.rows
+                    if ours:
+                        if any(at > last for _key, _ver, at in ours):
+                            continue  # a writer's fresher rows win
+                        # Rows of this very revision, written by a build that folded fewer units:
+                        # the units they lack (or hold at another version) join them — else every
+                        # listing would read the log again.
+                        have = {(key, ver) for key, ver, _at in ours}
+                        rows = [row for row in rows if (row[0], row[1]) not in have]
+                        if not rows:
+                            continue
+                    else:
+                        conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (one.session_id,))
                     life = msgspec.json.encode(attrs.asdict(one.lifecycle))
-                    conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (one.session_id,))
                     with conn.cursor() as cur:
                         cur.executemany(
                             "INSERT INTO checkpoints (session_id, unit, ver, lifecycle, seq, log_offset, value) "
-                            "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                            [
-                                (one.session_id, key, ver, life, last, one.event_count, val)
-                                for key, ver, val in one.rows
-                            ],
+                            "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session_id, unit) DO UPDATE SET "
+                            "ver = excluded.ver, lifecycle = excluded.lifecycle, seq = excluded.seq, "
+                            "log_offset = excluded.log_offset, value = excluded.value",
+                            [(one.session_id, key, ver, life, last, one.event_count, val) for key, ver, val in rows],
                         )
                     written += 1
         except (psycopg.Error, StorageError) as exc:

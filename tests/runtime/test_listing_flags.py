@@ -152,10 +152,9 @@ async def test_rows_written_before_the_flags_unit_never_hide_a_row_or_its_flags(
     tmp_path: Path, make_store: Factory
 ) -> None:
     """Checkpoint rows of a writer that had no flags unit (identity and catalog rows that cover
-    the log whole, no flags row): the listing observes those children and lists them with their
-    flags. The index keeps a writer's rows over an observation's of the same seq, so they are
-    observed again until their next writer checkpoints them (with the flags row): then the rows
-    answer."""
+    the log whole, no flags row): the listing observes those children once and lists them with
+    their flags; its write-back adds the flags rows beside the writer's rows of the same seq
+    (they lack that unit), so the next listing reads no log. A next writer's rows answer too."""
     store = make_store()
     write_children(store)
     before = ProjectionRegistry([unit for unit in SUBAGENT_UNITS if unit.key != FLAGS])
@@ -163,9 +162,11 @@ async def test_rows_written_before_the_flags_unit_never_hide_a_row_or_its_flags(
         write_rows(store, sid, before)
     assert flags_rows(store, KINDS) == {}
 
-    for _ in range(2):
-        found, calls = await list_once(tmp_path, make_store())
-        assert found == EXPECTED and calls["read"] == 4
+    found, calls = await list_once(tmp_path, make_store())
+    assert found == EXPECTED and calls["read"] == 4
+    assert set(flags_rows(make_store(), KINDS)) == set(KINDS)  # written back beside the old rows
+    found, calls = await list_once(tmp_path, make_store())
+    assert found == EXPECTED and calls["read"] == 0
 
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     for sid in KINDS:
