@@ -13,11 +13,19 @@ delivery in the session's log, acknowledging it only once that record is durable
   it again does not hand it over twice.
 - `interrupt` cancels the running turn (the agent's two-phase cancel) and is recorded by the
   `turn/end {aborted}` it causes: the owner acks once the turn is closed (that write is durable
-  before the agent is idle again). With no turn running it is a no-op and acked at once.
-- `stop` does the same, then (a resident continuable child) settles the child as the service's
-  stop does (`subagent/settled` in its parent).
+  before the agent is idle again). With no turn running it is a no-op and acked at once. A
+  message delivered before it is not parked (as an in-process `interrupt_agent` parks what is
+  queued): it was delivered durably and must be recorded, so it starts the next turn and is
+  answered — never left unrecorded in the mailbox with nothing to wake the agent.
+- `stop` ends the running turn the same way, and every turn that a message delivered before it
+  starts, each as soon as it has recorded its input (no model answers it); then (a resident
+  continuable child) it settles the child as the service's stop does (`subagent/settled` in its
+  parent): the messages are recorded in the child's log before its settlement.
 - `settled` appends the `subagent/settled` (with the envelope's `delivery_id`) to this session
-  — a parent whose child another process hosted — and delivers its notice (`Settlement`).
+  — a parent whose child another process hosted — and delivers its notice (`Settlement`). It
+  waits for the agent to be quiet (never amid its step's writes), in a task of its own, so the
+  drain goes on meanwhile (an interrupt behind it is not held up); one of a run the log records
+  already is dropped and acked (settled once, runtime/delegation/settled_keys.py).
 
 Recorded once: the agent keeps the ids its log records (`Agent.recorded_deliveries`, folded from
 its events when it starts and updated after each durable write); a redelivered id is acked and
@@ -48,7 +56,7 @@ from trio_util import wait_any
 
 from ..models.messages import text_blocks
 from .inbox import Delivery
-from .loop import Agent
+from .loop import Agent, Cause
 
 __all__ = ["MailboxOwners", "OwnerActions", "message_content", "new_envelope"]
 
@@ -56,6 +64,7 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 RETRY_AFTER = 1.0  # seconds before an owner looks again after its mailbox could not be read
+SETTLED_QUEUE = 16  # settlements an owner holds while its agent is not quiet (then the drain waits)
 CLOSE_GRACE = 5.0  # seconds a stopping session's owner may spend acking what was recorded
 
 
@@ -162,12 +171,24 @@ class _Owner:
     drained: trio.Event  # set once the first drain has handed over what it found
     _pending: dict[str, Envelope] = attrs.field(factory=dict)  # handed to the agent, not yet recorded
     _stuck: set[str] = attrs.field(factory=set)  # bad files that could not be moved aside (logged)
+    # `settled` envelopes for the recorder task, in delivery order (bounded: the drain waits).
+    _settled: tuple[trio.MemorySendChannel[Envelope], trio.MemoryReceiveChannel[Envelope]] = attrs.field(
+        factory=lambda: trio.open_memory_channel[Envelope](SETTLED_QUEUE)
+    )
 
     @property
     def sid(self) -> str:
         return self.agent.session_id
 
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._record_settlements)
+            try:
+                await self._run()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _run(self) -> None:
         mailbox = self.owners.mailbox
         failing = False  # a streak of failures is logged once, as a warning
         while True:
@@ -314,20 +335,72 @@ class _Owner:
                 log.info(
                     "session %s: %s %s predates this host: acked without effect", self.sid, kind, envelope.delivery_id
                 )
-            elif self.agent.status == "running":
-                self.agent.inbox.park()  # as interrupt_agent does: queued input waits for new input
-                self.agent.cancel("user" if envelope.sender is None else "parent")
-                await self.agent.wait_turn_closed()  # its turn/end {aborted} is durable now
+            else:
+                await self._end_turns("user" if envelope.sender is None else "parent", stop=kind == "stop")
             await self._ack(envelope)
             if kind == "stop" and envelope.created_at >= self.started:
                 # After the ack: the stop disposes this session, and with it this task.
                 self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user")
         elif kind == "settled":
-            try:
-                await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
-            except ValueError as exc:
-                return await self._drop(envelope, str(exc))
+            self._pending[envelope.delivery_id] = envelope
+            await self._settled[0].send(envelope)
+
+    async def _end_turns(self, cause: Cause, *, stop: bool) -> None:
+        """An interrupt: end the running turn (two-phase); what was delivered before it starts
+        the next turn. A stop: also end each turn that input delivered before it starts, once
+        that turn has recorded it, until none is left — so the input is in the log (before the
+        settlement that follows) and no model answers it."""
+        agent = self.agent
+        while True:
+            if agent.status == "running":
+                agent.cancel(cause)  # (no-op for a turn whose abort is set already)
+                if not stop:
+                    await agent.wait_turn_closed()  # its turn/end {aborted} is durable now
+                    return
+                # Not `wait_turn_closed` alone: it returns only once the agent is idle when this
+                # task runs, which may be after a next turn answered what was queued. A claim
+                # changes the inbox as that turn starts: it is cancelled then, its input recorded.
+                await wait_any(agent.wait_turn_closed, agent.inbox.wait_changed, agent.wait_stopped)
+                continue
+            if not stop or agent.status == "stopped" or not agent.inbox.wakes():
+                return
+            # Input waits that will start a turn: once claimed, the driver is running it.
+            await wait_any(agent.inbox.wait_changed, agent.wait_stopped)
+
+    async def _record_settlements(self) -> None:
+        """Record the `settled` deliveries, one by one in delivery order (each waits for its
+        agent to be quiet: `Settlement.record_delivered`), and ack each once recorded (or
+        dropped). A storage failure is retried here; the agent stopping ends it (not acked: the
+        next host records it)."""
+        async for envelope in self._settled[1]:
+            while True:
+                try:
+                    await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
+                except ValueError as exc:
+                    self._pending.pop(envelope.delivery_id, None)
+                    log.warning("session %s: settled delivery %s dropped: %s", self.sid, envelope.delivery_id, exc)
+                    await self._ack_logged(envelope)
+                except (StorageError, ActorStopped) as exc:
+                    if self._lost() or self.agent.status == "stopped":
+                        return
+                    log.warning(
+                        "session %s: recording settlement %s failed (retrying): %s", self.sid, envelope.delivery_id, exc
+                    )
+                    if await self._agent_stopped_within(RETRY_AFTER):
+                        return
+                    continue
+                else:
+                    # Recorded (the drain may ack it too: whoever pops it acks), or a second
+                    # settlement of a recorded run, dropped: acked either way.
+                    if self._pending.pop(envelope.delivery_id, None) is not None:
+                        await self._ack_logged(envelope)
+                break
+
+    async def _ack_logged(self, envelope: Envelope) -> None:
+        try:
             await self._ack(envelope)
+        except StorageError as exc:
+            log.warning("session %s: ack of %s failed (redelivered later): %s", self.sid, envelope.delivery_id, exc)
 
     async def _drop(self, envelope: Envelope, why: str) -> None:
         log.warning("session %s: %s delivery %s dropped: %s", self.sid, envelope.kind, envelope.delivery_id, why)
