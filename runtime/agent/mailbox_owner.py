@@ -175,6 +175,7 @@ class _Owner:
     _settled: tuple[trio.MemorySendChannel[Envelope], trio.MemoryReceiveChannel[Envelope]] = attrs.field(
         factory=lambda: trio.open_memory_channel[Envelope](SETTLED_QUEUE)
     )
+    _settling: int = 0  # settlements queued for the recorder and not finished (they keep their order)
 
     @property
     def sid(self) -> str:
@@ -342,7 +343,17 @@ class _Owner:
                 # After the ack: the stop disposes this session, and with it this task.
                 self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user")
         elif kind == "settled":
+            if not self._settling and self.agent.quiet:
+                # Recorded here and now, as the drain goes (the first drain of a resumed parent
+                # records what waited for it before anyone asks whether its tree is idle).
+                try:
+                    await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
+                except ValueError as exc:
+                    return await self._drop(envelope, str(exc))
+                await self._ack(envelope)  # recorded, or a second settlement of its run: dropped
+                return
             self._pending[envelope.delivery_id] = envelope
+            self._settling += 1
             await self._settled[0].send(envelope)
 
     async def _end_turns(self, cause: Cause, *, stop: bool) -> None:
@@ -373,28 +384,34 @@ class _Owner:
         dropped). A storage failure is retried here; the agent stopping ends it (not acked: the
         next host records it)."""
         async for envelope in self._settled[1]:
-            while True:
-                try:
-                    await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
-                except ValueError as exc:
-                    self._pending.pop(envelope.delivery_id, None)
-                    log.warning("session %s: settled delivery %s dropped: %s", self.sid, envelope.delivery_id, exc)
+            try:
+                await self._record_settlement(envelope)
+            finally:
+                self._settling -= 1
+
+    async def _record_settlement(self, envelope: Envelope) -> None:
+        while True:
+            try:
+                await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
+            except ValueError as exc:
+                self._pending.pop(envelope.delivery_id, None)
+                log.warning("session %s: settled delivery %s dropped: %s", self.sid, envelope.delivery_id, exc)
+                await self._ack_logged(envelope)
+            except (StorageError, ActorStopped) as exc:
+                if self._lost() or self.agent.status == "stopped":
+                    return
+                log.warning(
+                    "session %s: recording settlement %s failed (retrying): %s", self.sid, envelope.delivery_id, exc
+                )
+                if await self._agent_stopped_within(RETRY_AFTER):
+                    return
+                continue
+            else:
+                # Recorded (the drain may ack it too: whoever pops it acks), or a second
+                # settlement of a recorded run, dropped: acked either way.
+                if self._pending.pop(envelope.delivery_id, None) is not None:
                     await self._ack_logged(envelope)
-                except (StorageError, ActorStopped) as exc:
-                    if self._lost() or self.agent.status == "stopped":
-                        return
-                    log.warning(
-                        "session %s: recording settlement %s failed (retrying): %s", self.sid, envelope.delivery_id, exc
-                    )
-                    if await self._agent_stopped_within(RETRY_AFTER):
-                        return
-                    continue
-                else:
-                    # Recorded (the drain may ack it too: whoever pops it acks), or a second
-                    # settlement of a recorded run, dropped: acked either way.
-                    if self._pending.pop(envelope.delivery_id, None) is not None:
-                        await self._ack_logged(envelope)
-                break
+            break
 
     async def _ack_logged(self, envelope: Envelope) -> None:
         try:
