@@ -364,15 +364,18 @@ class _Owner:
         agent = self.agent
         while True:
             if agent.status == "running":
+                turn = agent.turn
                 agent.cancel(cause)  # (no-op for a turn whose abort is set already)
+                # Until that turn has closed (its turn/end {aborted} is durable): not
+                # `wait_turn_closed` alone, which returns only once the agent is idle when this
+                # task runs — after the next turn, answering what was queued, for an interrupt
+                # (this drain, and an interrupt meant for that turn, would wait for it). A claim
+                # changes the inbox as the next turn starts.
+                while agent.status == "running" and agent.turn == turn:
+                    await wait_any(agent.wait_turn_closed, agent.inbox.wait_changed, agent.wait_stopped)
                 if not stop:
-                    await agent.wait_turn_closed()  # its turn/end {aborted} is durable now
                     return
-                # Not `wait_turn_closed` alone: it returns only once the agent is idle when this
-                # task runs, which may be after a next turn answered what was queued. A claim
-                # changes the inbox as that turn starts: it is cancelled then, its input recorded.
-                await wait_any(agent.wait_turn_closed, agent.inbox.wait_changed, agent.wait_stopped)
-                continue
+                continue  # a stop: a turn that started meanwhile has recorded its input: end it
             if not stop or agent.status == "stopped" or not agent.inbox.wakes():
                 return
             # Input waits that will start a turn: once claimed, the driver is running it.

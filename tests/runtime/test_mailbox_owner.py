@@ -502,3 +502,34 @@ async def test_a_message_delivered_before_a_stop_is_recorded_and_not_answered(
     assert {d["reason"]["kind"] for t, d in events if t == "turn/end"} == {"aborted"}
     texts = [b.get("text") for t, d in events if t == "assistant/message" for b in d["message"]["content"]]
     assert "NEVER" not in texts
+
+
+async def test_an_interrupt_of_the_turn_a_queued_message_started_is_not_held_up(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """The turn a message delivered before an interrupt starts can be interrupted in turn: the
+    owner acks the first interrupt once *its* turn has closed, not once the agent is idle (that
+    would wait for the next turn, and the second interrupt behind it)."""
+    fs = CrashFs()
+    mailbox = MemoryMailbox(fs=fs)
+    entered = trio.Event()
+    hang = {"tool_calls": [{"name": "slow", "arguments": {}}]}
+    model = _model({"responses": [hang, {"hang": True}, {"text": "SPARE"}]})
+    async with _runtime(tmp_path, model, fs, mailbox, tools=lambda: _forever_tool(entered)) as rt:
+        agent = await _running_with_slow_tool(rt, fs, mailbox, entered)
+        message = new_envelope(mailbox, "message", {"text": "do this instead"})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", message)
+        await until_virtual(lambda: len(agent.inbox) == 1)
+        first = new_envelope(mailbox, "interrupt", {})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", first)
+        await until_virtual(lambda: agent.turn == 2 and not _pending(fs, "root"))  # both acked
+        assert agent.status == "running"  # the message's turn, in its (hung) model call
+        second = new_envelope(mailbox, "interrupt", {})
+        await trio.to_thread.run_sync(mailbox.deliver, "root", second)
+        await until_virtual(lambda: not _pending(fs, "root"))
+        await agent.wait_idle()
+    events = memory_events(fs, "root")
+    ends = [d["reason"] for t, d in events if t == "turn/end"]
+    assert ends == [{"kind": "aborted", "cause": "user"}] * 2
+    (recorded,) = _recorded(events, message.delivery_id)
+    assert recorded["turn"] == 2
