@@ -147,16 +147,7 @@ class Messaging:
         try:
             # Its options come back from its descriptor (`resume_setup`, as on every resume).
             child = await self.agents.resume(target_id, label=identity.get("label"))
-        except AlreadyOwned as exc:
-            self.manager.forget(activation)
-            if self.routing.mailbox is None:
-                log.info("subagent %r: not resumable: %s", target_id, exc)
-                raise unavailable(target_id) from None
-            # Another process opened it between the look and this open (it lost the race): its
-            # owner there records the message, as for a child held elsewhere.
-            await self.routing.post(target_id, "message", {"text": text}, sender.session_id)
-            return True
-        except (StorageError, AgentError) as exc:
+        except (AlreadyOwned, StorageError, AgentError) as exc:
             log.info("subagent %r: not resumable: %s", target_id, exc)
             self.manager.forget(activation)
             raise unavailable(target_id) from None
