@@ -20,9 +20,17 @@ from typing import Literal
 import attrs
 import trio
 from subagents.actors import ContinuationManager, SessionStore, StoreReader, open_session_store
-from subagents.storage import LogStore, Mailbox, Placements, ProjectionRegistry, StorageError
+from subagents.storage import (
+    Continuation,
+    LogStore,
+    Mailbox,
+    Placements,
+    ProjectionRegistry,
+    StorageError,
+    plan_continuation,
+)
 
-from .agent.loop import AgentConfig
+from .agent.loop import Agent, AgentConfig
 from .agent.mailbox_owner import MailboxOwners
 from .agent.registry import AgentRegistry, SessionTools
 from .delegation.agent_types import AgentType
@@ -64,9 +72,45 @@ class Runtime:
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
     mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/agent/mailbox_owner.py)
 
+    async def resume(
+        self, session_id: str, *, on_interrupted_turn: Literal["continue", "close"] | None = None
+    ) -> Agent:
+        """The session's agent, live or resumed from its log. A turn a crash left open is
+        continued or closed (README "When a process dies") as `on_interrupted_turn` says — for
+        a host that asked the person — else as the session's own policy (its agent type's,
+        else the runtime's). Whether a session has such a turn: `open_turn`."""
+        return await self.agents.resume(session_id, on_interrupted_turn=on_interrupted_turn)
+
+    async def open_turn(self, session_id: str) -> Continuation | None:
+        """The turn a crash left open in the session's log — what resuming it would continue
+        (its turn, step, attempt, lost model call, cut tool calls) — or None. Readers close
+        such a turn in memory, so this reads the log itself (a whole read, in a thread). A
+        session running here has none to continue; one held elsewhere may be mid-turn."""
+        if self.agents.get(session_id) is not None:
+            return None
+        store = self.log_store
+
+        def read() -> Continuation | None:
+            handle = store.open_read(session_id)
+            try:
+                events = store.read(handle, poll=trio.from_thread.check_cancelled)
+            finally:
+                store.close(handle)
+            return plan_continuation(events, session_id=session_id)
+
+        return await trio.to_thread.run_sync(read)
+
 
 def _with_budget(config: AgentConfig, budget: Budget | None) -> AgentConfig:
     return config if budget is None else attrs.evolve(config, budget=budget)
+
+
+def _with_policy(config: AgentConfig, policy: Literal["continue", "close"] | None) -> AgentConfig:
+    if policy is None:
+        return config
+    if policy not in ("continue", "close"):
+        raise ValueError(f'on_interrupted_turn must be "continue" or "close", got {policy!r}')
+    return attrs.evolve(config, on_interrupted_turn=policy)
 
 
 @asynccontextmanager
@@ -97,6 +141,7 @@ async def open_runtime(
     store: str | None = None,
     placements: Placements | None = None,
     store_options: StoreOptions | None = None,
+    on_interrupted_turn: Literal["continue", "close"] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -120,7 +165,10 @@ async def open_runtime(
     (runtime/store_select.py). `placements` (a placement queue, SPEC §9) leaves background
     children to serving hosts while any serve (runtime/hosts/serve.py); it needs the mailbox, which
     carries their prompts and settlements. `store_options` go to the PostgreSQL store `store`
-    opens (`lease_ttl`, `lease_renew_interval`)."""
+    opens (`lease_ttl`, `lease_renew_interval`). `on_interrupted_turn` (default `agent_config`'s,
+    "continue") is what resuming a session whose last turn a crash left open does: continue that
+    turn, or close it as interrupted (docs/format.md, "Continued turns"); an agent type's own
+    choice wins for its children."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -180,7 +228,7 @@ async def open_runtime(
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,
-                    config=_with_budget(agent_config or AgentConfig(), budget),
+                    config=_with_policy(_with_budget(agent_config or AgentConfig(), budget), on_interrupted_turn),
                     nursery=nursery,
                     hooks=service,
                     owners=owners,
@@ -195,7 +243,11 @@ async def open_runtime(
                     child_model=child_model,
                 )
                 delegation = DelegationParts(
-                    spawning=parts.spawning, messaging=parts.messaging, listing=listing, agents=agents
+                    spawning=parts.spawning,
+                    messaging=parts.messaging,
+                    listing=listing,
+                    agents=agents,
+                    stopping=parts.stopping,
                 )
 
                 def toolset(extra: SessionTools | None = None) -> ToolSet:

@@ -40,6 +40,9 @@ class Config:
     max_depth: int = 1
     max_active_subagents: int = 8
     max_steps: int = 64
+    # What resuming a session whose last turn a crash left open does (docs/format.md,
+    # "Continued turns"): continue that turn, or close it as interrupted.
+    on_interrupted_turn: str = "continue"
     compaction_threshold: int | None = None
     workspace: str = "."
     workspace_tools: bool = True
@@ -106,6 +109,12 @@ def _boolean(value: object) -> bool:
     return value
 
 
+def _interrupted_turn_policy(value: object) -> str:
+    if value not in ("continue", "close"):
+        raise ValueError(f'must be "continue" or "close", got {_shown(value)}')
+    return str(value)
+
+
 def _names(value: object) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError(f"must be a list of tool names, got {_shown(value)}")
@@ -121,6 +130,7 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     "max_depth": _integer(0),
     "max_active_subagents": _integer(1),
     "max_steps": _integer(1),
+    "on_interrupted_turn": _interrupted_turn_policy,
     "compaction_threshold": _integer(1),
     "workspace": _string,
     "tools.workspace": _boolean,

@@ -5,6 +5,9 @@ Only a session's own suffix counts (seq >= `inherited_event_count`): a fork or a
 replays its parent's prefix, whose model calls its parent already counts. `calls` is the number
 of `assistant/message` events (model replies recorded) and `reported` how many of them carried a
 usage record, so a model that reports none shows as such instead of as zero tokens.
+`unknown_calls` counts the model calls a crash cut before their reply was recorded (a
+`turn/continue` with `lost_model_call`, docs/format.md "Continued turns"): their usage is
+unknown, and is shown as unknown (`+1 call unknown`), never as zero.
 
 Two ways in, one arithmetic:
 - `usage_of(events, inherited_event_count)` is the pure fold a reader with the events uses: per
@@ -52,6 +55,7 @@ __all__ = [
 ]
 
 ASSISTANT: Final = "assistant/message"
+CONTINUE: Final = "turn/continue"
 
 
 @attrs.frozen(kw_only=True)
@@ -62,6 +66,7 @@ class Tokens:
     output_tokens: int = 0
     calls: int = 0
     reported: int = 0
+    unknown_calls: int = 0  # model calls lost to a crash: their usage is unknown
 
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
@@ -69,15 +74,19 @@ class Tokens:
             output_tokens=self.output_tokens + other.output_tokens,
             calls=self.calls + other.calls,
             reported=self.reported + other.reported,
+            unknown_calls=self.unknown_calls + other.unknown_calls,
         )
 
     def to_json(self) -> dict[str, int]:
-        return {
+        out = {
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "calls": self.calls,
             "reported": self.reported,
         }
+        if self.unknown_calls:  # only when there are some: the common shape stays as it was
+            out["unknown_calls"] = self.unknown_calls
+        return out
 
     @classmethod
     def from_json(cls, value: object) -> Tokens | None:
@@ -89,7 +98,10 @@ class Tokens:
         if any(type(c) is not int or c < 0 for c in counts):
             return None
         ints = cast("list[int]", counts)  # each checked above
-        return cls(input_tokens=ints[0], output_tokens=ints[1], calls=ints[2], reported=ints[3])
+        unknown = value.get("unknown_calls", 0)
+        if type(unknown) is not int or unknown < 0:
+            return None
+        return cls(input_tokens=ints[0], output_tokens=ints[1], calls=ints[2], reported=ints[3], unknown_calls=unknown)
 
 
 @attrs.frozen(kw_only=True)
@@ -134,10 +146,12 @@ def describe(tokens: Tokens) -> str:
     """One line for people: `120 in, 30 out tokens (2 model calls)`, or `not reported (2 model
     calls)` when no reply carried usage; a partial report says how many did."""
     calls = f"{tokens.calls} model call{'s' if tokens.calls != 1 else ''}"
+    n = tokens.unknown_calls
+    unknown = f" +{n} call{'s' if n != 1 else ''} unknown" if n else ""
     if tokens.reported == 0:
-        return f"not reported ({calls})"
+        return f"not reported ({calls}){unknown}"
     partly = f", {tokens.reported} reporting" if tokens.reported != tokens.calls else ""
-    return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens ({calls}{partly})"
+    return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens ({calls}{partly}){unknown}"
 
 
 def usage_lines(session: SessionUsage, tree: TreeUsage | None = None) -> list[str]:
@@ -172,6 +186,25 @@ class _Reply(msgspec.Struct):
 _reply = msgspec.json.Decoder(_Reply)
 
 
+class _Continue(msgspec.Struct):
+    """The two keys of a `turn/continue` payload usage needs."""
+
+    turn: int
+    lost_model_call: bool = False
+
+
+_continue = msgspec.json.Decoder(_Continue)
+
+
+def _lost_call(event: Event) -> int | None:
+    """The turn of a `turn/continue` that lost a model call, else None (a bad payload too)."""
+    try:
+        marker = _continue.decode(event.data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    return marker.turn if marker.lost_model_call is True else None
+
+
 def _read(event: Event) -> tuple[int, int, int] | None:
     """(turn, input, output) of an assistant message — (turn, -1, -1) when it has no usable usage
     record — or None when its payload does not decode."""
@@ -187,12 +220,19 @@ def _read(event: Event) -> tuple[int, int, int] | None:
 
 def _own_replies(events: Iterable[Event], own_from: int) -> Iterator[tuple[int, int, int]]:
     """(turn, input tokens, output tokens) of each readable `assistant/message` at or after seq
-    `own_from`; tokens are -1 when the reply carries no usage record."""
+    `own_from`; tokens are -1 when the reply carries no usage record, -2 for a model call a
+    crash lost (a `turn/continue` with `lost_model_call`)."""
     for event in events:
-        if event.type == ASSISTANT and event.seq >= own_from:
+        if event.seq < own_from:
+            continue
+        if event.type == ASSISTANT:
             read = _read(event)
             if read is not None:
                 yield read
+        elif event.type == CONTINUE:
+            turn = _lost_call(event)
+            if turn is not None:
+                yield (turn, -2, -2)
 
 
 def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[dict[int, Tokens], Tokens]:
@@ -200,14 +240,17 @@ def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[d
     `inherited_event_count`). Pure; never raises on bad payloads (they are not counted)."""
     per_turn: dict[int, list[int]] = {}
     for turn, tokens_in, tokens_out in _own_replies(events, inherited_event_count):
-        counts = per_turn.setdefault(turn, [0, 0, 0, 0])
+        counts = per_turn.setdefault(turn, [0, 0, 0, 0, 0])
+        if tokens_in == -2:
+            counts[4] += 1
+            continue
         counts[2] += 1
         if tokens_in >= 0:
             counts[0] += tokens_in
             counts[1] += tokens_out
             counts[3] += 1
     turns = {
-        turn: Tokens(input_tokens=c[0], output_tokens=c[1], calls=c[2], reported=c[3])
+        turn: Tokens(input_tokens=c[0], output_tokens=c[1], calls=c[2], reported=c[3], unknown_calls=c[4])
         for turn, c in sorted(per_turn.items())
     }
     return turns, sum(turns.values(), Tokens())
@@ -222,13 +265,13 @@ class UsageUnit:
 
     key = "usage"
     state_version = 1
-    types: Final = frozenset({ASSISTANT})
+    types: Final = frozenset({ASSISTANT, CONTINUE})
 
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, int]:
         return {"own_from": inherited_event_count, **Tokens().to_json()}
 
     def apply(self, state: dict[str, int], event: Event) -> dict[str, int]:
-        if event.type != ASSISTANT:
+        if event.type not in self.types:
             return state
         return self.fold(state, (event,))
 
@@ -239,15 +282,19 @@ class UsageUnit:
         if type(own_from) is not int:
             return state  # not a state this unit made: left as it is
         counts = Tokens.from_json(state) or Tokens()
-        tokens_in, tokens_out, calls, reported = (
+        tokens_in, tokens_out, calls, reported, unknown = (
             counts.input_tokens,
             counts.output_tokens,
             counts.calls,
             counts.reported,
+            counts.unknown_calls,
         )
         changed = False
         for _turn, reply_in, reply_out in _own_replies(events, own_from):
             changed = True
+            if reply_in == -2:
+                unknown += 1
+                continue
             calls += 1
             if reply_in >= 0:
                 tokens_in += reply_in
@@ -255,13 +302,16 @@ class UsageUnit:
                 reported += 1
         if not changed:
             return state
-        return {
+        state = {
             "own_from": own_from,
             "input_tokens": tokens_in,
             "output_tokens": tokens_out,
             "calls": calls,
             "reported": reported,
         }
+        if unknown:
+            state["unknown_calls"] = unknown
+        return state
 
     def view(self, state: dict[str, int]) -> dict[str, int]:
         return (Tokens.from_json(state) or Tokens()).to_json()

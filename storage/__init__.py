@@ -15,7 +15,12 @@ from ._codec import SurfaceOp as SurfaceOp
 from ._codec import check_lossless as check_lossless
 from ._codec import decode_payload as decode_payload
 from ._codec import make_event as make_event
+from .closers import TOOL_OUTCOME_UNKNOWN_TEXT as TOOL_OUTCOME_UNKNOWN_TEXT
 from .closers import interrupted_closers as interrupted_closers
+from .continuation import CatalogedChild as CatalogedChild
+from .continuation import Continuation as Continuation
+from .continuation import PendingCall as PendingCall
+from .continuation import plan_continuation as plan_continuation
 from .envelope import DeliveryIds as DeliveryIds
 from .envelope import Envelope as Envelope
 from .envelope import EnvelopeKind as EnvelopeKind
@@ -76,6 +81,9 @@ from .projection import ObservedCheckpoint as ObservedCheckpoint
 from .projection import ProjectionCells as ProjectionCells
 from .projection import ProjectionRegistry as ProjectionRegistry
 from .projection import ProjectionUnit as ProjectionUnit
+from .stop_marker import is_explicit_message as is_explicit_message
+from .stop_marker import stop_marker as stop_marker
+from .stop_marker import stopped as stopped
 from .values import AbortPoll as AbortPoll
 from .values import HeaderClaim as HeaderClaim
 from .values import LogInfo as LogInfo
@@ -91,9 +99,11 @@ __all__ = [
     "AbortPoll",
     "AlreadyOwned",
     "Batch",
+    "CatalogedChild",
     "CheckpointRow",
     "CheckpointRows",
     "Claim",
+    "Continuation",
     "CorruptLog",
     "DeliveryConflict",
     "DeliveryIds",
@@ -129,6 +139,7 @@ __all__ = [
     "Offset",
     "OsFs",
     "OwnershipLost",
+    "PendingCall",
     "PersistenceFailed",
     "PgMailboxWatch",
     "Placements",
@@ -153,6 +164,7 @@ __all__ = [
     "SubagentCatalogData",
     "SubagentsError",
     "SurfaceOp",
+    "TOOL_OUTCOME_UNKNOWN_TEXT",
     "UNSET",
     "UnknownProjection",
     "UnsafePath",
@@ -166,4 +178,8 @@ __all__ = [
     "encode_session_id",
     "interrupted_closers",
     "make_event",
+    "plan_continuation",
+    "is_explicit_message",
+    "stop_marker",
+    "stopped",
 ]

@@ -3,6 +3,8 @@ limits, inbox size, compaction policy and budget."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import attrs
 
 from ..foundation.budgets import Budget
@@ -24,6 +26,9 @@ class AgentConfig:
     # Limits on the session's own work (runtime/foundation/budgets.py): the root's from the embedder, a
     # child's from its descriptor.
     budget: Budget | None = None
+    # What a resume does with a turn a crash left open (docs/format.md, "Continued turns"):
+    # continue it, or close it as interrupted (the closers).
+    on_interrupted_turn: Literal["continue", "close"] = "continue"
 
 
 # Frozen: one value serves every agent given no config.

@@ -7,8 +7,13 @@ claims the next-step input plus one follow-up, and runs a turn: `turn/start`, th
 each requested tool call as `tool/call` → run → `tool/result` (results in model order),
 `step/end` — while the model calls tools or steering arrives, then `turn/end {reason}`.
 Everything goes through the session actor, so each write is durable before the loop moves on;
-a `tool/call` is durable before its tool runs, so a crash leaves an outcome-unknown closer
-rather than a silent retry.
+a `tool/call` is durable before its tool runs, so a crash never leads to a silent retry: a
+resume either closes the turn (an outcome-unknown closer) or continues it, running such a call
+again only if its tool is idempotent and otherwise recording it `in_doubt`.
+
+A continued turn (docs/format.md, "Continued turns") is handed to the agent by the registry's
+resume, its `turn/continue` durable already; the driver runs it before it waits for input, in the
+same step loop as any turn (`_steps`), entered where the crash left it.
 
 Cancellation is two-phase: `cancel(cause)` sets the turn's `Abort` and cuts the model stream at
 once (the text streamed so far is kept as `assistant/message {interrupted: true}`); tools that
@@ -34,7 +39,7 @@ import attrs
 import msgspec
 import trio
 from subagents.actors import Abort, ActorStopped, DurableFeed, EventDraft, SessionRef
-from subagents.storage import Event, StorageError, decode_payload
+from subagents.storage import Continuation, Event, StorageError, decode_payload
 from trio_util import AsyncValue, RepeatedEvent
 
 from ..foundation.budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
@@ -89,6 +94,8 @@ class Agent(ModelSteps, ToolSteps):
         label: str | None = None,
         feed: DurableFeed | None = None,  # the session store's: published to a bound model
         surface: Surface | None = None,  # already built from `events` (a resume builds it in a thread)
+        # The open last turn of `events` to continue first (its `turn/continue` is durable).
+        continuation: Continuation | None = None,
     ) -> None:
         self.session = session
         self.session_id = session.session_id
@@ -105,11 +112,16 @@ class Agent(ModelSteps, ToolSteps):
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
         self._messages = sum(1 for e in events if e.type in SURFACE_TYPES)  # message ids stay unique
         self.last_result: TurnResult | None = None
-        # Resumed with a turn its last host left open (closed by the closers): its work was cut.
+        # Resumed with a turn its last host left open and closed by the closers (the `close`
+        # policy): its work was cut. A continued turn is not: it finishes as any turn does.
         self.resumed_interrupted = False
         self.failure: BaseException | None = None
-        self._phase: AsyncValue[Phase] = AsyncValue("idle")  # announces its own changes
-        self._abort: Abort | None = None
+        self._continuation = continuation
+        # Running from the start when it continues a turn: nobody may take it for idle.
+        self._phase: AsyncValue[Phase] = AsyncValue("writing" if continuation is not None else "idle")
+        # A continued turn's abort exists from the start: a cancel that comes before its driver
+        # runs still stops it.
+        self._abort: Abort | None = Abort() if continuation is not None else None
         self._cause: Cause = "user"
         self._model_scope: trio.CancelScope | None = None
         self._staged: list[EventDraft] = []
@@ -245,6 +257,13 @@ class Agent(ModelSteps, ToolSteps):
             self._phase.value = "stopped"
 
     async def _drive(self) -> None:
+        plan, self._continuation = self._continuation, None
+        if plan is not None:
+            try:
+                self.last_result = await self._continue_turn(plan)
+            finally:
+                self._abort = None
+                self._phase.value = "idle"
         while True:
             await self.inbox.wait_wake()
             claimed = self.inbox.claim_turn()
@@ -259,46 +278,107 @@ class Agent(ModelSteps, ToolSteps):
         """What is left of this agent's budget for a child it starts now (None: unlimited)."""
         return remainder(self.budget, self.spent, in_turn=self.status == "running")
 
+    def _begin(self, abort: Abort | None = None) -> Abort:
+        """What every turn starts with, a new one or a continued one: its abort (a continued
+        turn's was made with the agent, and may be set already), its deadline."""
+        if abort is None:
+            abort = self._abort = Abort()
+            self._cause = "user"
+        self._budget_stop = None
+        self._turn_deadline = self._trio_deadline()
+        self._closing_text = None
+        return abort
+
     async def _turn(self, claimed: list[Delivery]) -> TurnResult:
         self.turn += 1
         turn = self.turn
-        abort = self._abort = Abort()
-        self._cause = "user"
-        self._budget_stop = None
+        abort = self._begin()
         self.spent = attrs.evolve(self.spent, turns=self.spent.turns + 1)
-        self._turn_deadline = self._trio_deadline()
         trigger = claimed[-1].trigger if claimed else "message"
         self._stage("turn/start", {"turn": turn, "trigger": {"kind": trigger}})
+        return await self._steps(turn, abort, pending=claimed)
+
+    async def _continue_turn(self, plan: Continuation) -> TurnResult:
+        """Go on with the turn a crash left open (docs/format.md, "Continued turns"): its
+        `turn/continue` is durable already (the registry wrote it); the turn counts in the
+        budget once, as it did when it started."""
+        self.turn = plan.turn
+        abort = self._abort
+        if abort is None:
+            abort = self._abort = Abort()
+        return await self._steps(plan.turn, self._begin(abort), resume=plan)
+
+    async def _steps(
+        self, turn: int, abort: Abort, *, pending: list[Delivery] | None = None, resume: Continuation | None = None
+    ) -> TurnResult:
+        """A turn's steps until it ends, then its `turn/end`. `resume` enters a continued turn
+        where the crash left it: at the open step's lost model call, at its cut tool calls, or
+        (no step open) where the loop would go next."""
         reason: Json = {"kind": "completed"}
         text: str | None = None
-        self._closing_text = None
-        step = 0
-        pending = claimed
+        step = resume.step if resume is not None else 0
+        pending = pending or []
+        attempt: int | None = None  # the re-issued model call's attempt number
         while True:
+            if resume is not None and resume.step_open and not resume.lost_model_call:
+                # The open step's reply is durable: its cut calls, then on as after any step.
+                await self._finish_cut_calls(turn, step, resume, abort)
+                self._stage("step/end", {"turn": turn, "step": step})
+                finish, resume = resume.last_finish, None
+                if abort.is_set():
+                    reason = self._aborted()
+                    break
+                if finish != "tool-calls":
+                    reason = _ended_by(finish)
+                    break
+                pending = self.inbox.claim_step()
+                continue
+            if resume is not None and not resume.step_open and resume.step > 0 and resume.last_finish != "tool-calls":
+                reason = _ended_by(resume.last_finish)  # its last step had ended the turn
+                break
             if abort.is_set():
+                if resume is not None and resume.step_open:
+                    self._stage("step/end", {"turn": turn, "step": step})  # the open step, never re-issued
                 reason = self._aborted()
                 break
-            if step >= self.config.max_steps:
-                reason = {"kind": "blocked", "message": f"the turn reached its step limit ({self.config.max_steps})"}
-                break
-            step += 1
-            out = self._budget_out(step)
-            if out is not None:
-                # The input that came for this step is kept; no model call is made for it.
-                if pending:
-                    self._stage("step/start", {"turn": turn, "step": step})
-                    self._stage_input(turn, step, pending)
+            lost = resume is not None and resume.lost_model_call
+            if lost:
+                assert resume is not None
+                attempt = resume.attempt
+                resume = None
+                out = self._budget_out(step)
+                if out is not None:
                     self._stage("step/end", {"turn": turn, "step": step})
-                reason = {"kind": "budget", "message": out}
-                break
-            await self._maybe_compact(turn, step, abort)
-            self._stage("step/start", {"turn": turn, "step": step})
-            self._stage_input(turn, step, pending)
-            await self._flush()
+                    reason = {"kind": "budget", "message": out}
+                    break
+                # The step's input is durable: its model call is issued again.
+            else:
+                resume = None
+                attempt = None
+                if step >= self.config.max_steps:
+                    reason = {
+                        "kind": "blocked",
+                        "message": f"the turn reached its step limit ({self.config.max_steps})",
+                    }
+                    break
+                step += 1
+                out = self._budget_out(step)
+                if out is not None:
+                    # The input that came for this step is kept; no model call is made for it.
+                    if pending:
+                        self._stage("step/start", {"turn": turn, "step": step})
+                        self._stage_input(turn, step, pending)
+                        self._stage("step/end", {"turn": turn, "step": step})
+                    reason = {"kind": "budget", "message": out}
+                    break
+                await self._maybe_compact(turn, step, abort)
+                self._stage("step/start", {"turn": turn, "step": step})
+                self._stage_input(turn, step, pending)
+                await self._flush()
             reply = await self._call_model(turn, step, abort)
             if reply.text:
                 text = reply.text
-            await self._record_reply(turn, step, reply)
+            await self._record_reply(turn, step, reply, attempt=attempt)
             if reply.calls and not reply.interrupted and reply.error is None:
                 await self._run_tools(turn, step, reply.calls, abort)
             self._stage("step/end", {"turn": turn, "step": step})
@@ -378,6 +458,16 @@ class _DeliveryIdOnly(msgspec.Struct):
 
 
 _DELIVERY_ID = msgspec.json.Decoder(_DeliveryIdOnly)
+
+
+def _ended_by(finish: str | None) -> Json:
+    """The reason of a turn whose last durable reply ended it, though its `turn/end` was not
+    (a hand-written log: the loop writes such a reply with the turn's end)."""
+    if finish == "max-tokens":
+        return {"kind": "max-tokens"}
+    if finish in (None, "stop"):
+        return {"kind": "completed"}
+    return {"kind": "interrupted"}
 
 
 def _last_turn(events: Sequence[Event], session_id: str) -> int:

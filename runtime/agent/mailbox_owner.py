@@ -17,10 +17,12 @@ delivery in the session's log, acknowledging it only once that record is durable
   message delivered before it is not parked (as an in-process `interrupt_agent` parks what is
   queued): it was delivered durably and must be recorded, so it starts the next turn and is
   answered — never left unrecorded in the mailbox with nothing to wake the agent.
-- `stop` ends the running turn the same way, and every turn that a message delivered before it
-  starts, each as soon as it has recorded its input (no model answers it); then (a resident
-  continuable child) it settles the child as the service's stop does (`subagent/settled` in its
-  parent): the messages are recorded in the child's log before its settlement.
+- `stop` records the session's stopped marker first (`session/stopped`, issue 27), then ends the
+  running turn the same way, and every turn that a message delivered before it starts, each as
+  soon as it has recorded its input (no model answers it) — and, if it recorded any, the marker
+  again (an explicit message after a marker clears it: the stop must stay in force). Then (a
+  resident continuable child) it settles the child as the service's stop does
+  (`subagent/settled` in its parent): the messages are in the child's log before its settlement.
 - `settled` appends the `subagent/settled` (with the envelope's `delivery_id`) to this session
   — a parent whose child another process hosted — and delivers its notice (`Settlement`). It
   waits for the agent to be quiet (never amid its step's writes), in a task of its own, so the
@@ -90,8 +92,13 @@ def message_content(sender: str | None, text: str) -> tuple[list[Json], Json]:
 class OwnerActions(Protocol):
     """What an owner asks of the subagent service (it implements this)."""
 
-    async def stop_resident(self, session_id: str, cause: str) -> None:
-        """Settle and dispose the session if it is a resident continuable child (else nothing)."""
+    async def mark_stopped(self, session_id: str, stop: Envelope) -> None:
+        """Record the stopped marker of a `stop` delivery (before its turn is ended), durably."""
+        ...
+
+    async def stop_resident(self, session_id: str, cause: str, stop: Envelope | None = None) -> None:
+        """Settle and dispose the session if it is a resident continuable child (else nothing);
+        `stop`, the envelope of a `stop` delivery (a tree stop takes what runs below it too)."""
         ...
 
     async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
@@ -337,11 +344,17 @@ class _Owner:
                     "session %s: %s %s predates this host: acked without effect", self.sid, kind, envelope.delivery_id
                 )
             else:
-                await self._end_turns("user" if envelope.sender is None else "parent", stop=kind == "stop")
+                cause: Cause = "user" if envelope.sender is None else "parent"
+                if kind == "stop":  # its durable stopped marker first (issue 27): nothing resumes it now
+                    await self.owners.actions.mark_stopped(self.sid, envelope)
+                if await self._end_turns(cause, stop=kind == "stop"):
+                    # Messages delivered before the stop were recorded after its marker, which
+                    # an explicit message clears (storage/stop_marker.py): the marker again.
+                    await self.owners.actions.mark_stopped(self.sid, envelope)
             await self._ack(envelope)
             if kind == "stop" and envelope.created_at >= self.started:
                 # After the ack: the stop disposes this session, and with it this task.
-                self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user")
+                self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user", envelope)
         elif kind == "settled":
             if not self._settling and self.agent.quiet:
                 # Recorded here and now, as the drain goes (the first drain of a resumed parent
@@ -356,12 +369,14 @@ class _Owner:
             self._settling += 1
             await self._settled[0].send(envelope)
 
-    async def _end_turns(self, cause: Cause, *, stop: bool) -> None:
+    async def _end_turns(self, cause: Cause, *, stop: bool) -> bool:
         """An interrupt: end the running turn (two-phase); what was delivered before it starts
         the next turn. A stop: also end each turn that input delivered before it starts, once
         that turn has recorded it, until none is left — so the input is in the log (before the
-        settlement that follows) and no model answers it."""
+        settlement that follows) and no model answers it. True when a stop ended such a turn
+        (input was recorded after the stop arrived)."""
         agent = self.agent
+        entry = agent.turn  # a turn started after the stop arrived has a higher number
         while True:
             if agent.status == "running":
                 turn = agent.turn
@@ -374,10 +389,10 @@ class _Owner:
                 while agent.status == "running" and agent.turn == turn:
                     await wait_any(agent.wait_turn_closed, agent.inbox.wait_changed, agent.wait_stopped)
                 if not stop:
-                    return
+                    return False
                 continue  # a stop: a turn that started meanwhile has recorded its input: end it
             if not stop or agent.status == "stopped" or not agent.inbox.wakes():
-                return
+                return stop and agent.turn > entry
             # Input waits that will start a turn: once claimed, the driver is running it.
             await wait_any(agent.inbox.wait_changed, agent.wait_stopped)
 

@@ -113,7 +113,9 @@ class ModelSteps(StepWriter):
             reply.calls.append(ToolCall(i - 1, call_id or f"call_{n}_{i}", name or "", "".join(fragments)))
         return reply
 
-    async def _record_reply(self, turn: int, step: int, reply: ModelReply) -> None:
+    async def _record_reply(self, turn: int, step: int, reply: ModelReply, *, attempt: int | None = None) -> None:
+        """Keep the reply as `assistant/message`; `attempt`: it answers a model call issued again
+        after its turn was continued (docs/format.md, "Continued turns")."""
         content: list[Json] = text_blocks(reply.text) if reply.text else []
         if reply.interrupted or reply.error is not None:
             if not reply.text:
@@ -138,6 +140,8 @@ class ModelSteps(StepWriter):
             )
         if reply.interrupted:
             data["interrupted"] = True
+        if attempt is not None:
+            data["attempt"] = attempt
         self._stage("assistant/message", data, surface_op="append")
         self.assistant_count += 1
         self._closing_text = reply.text or None

@@ -26,6 +26,7 @@ import trio
 from subagents.actors import EventDraft, SessionRef, SessionStore, StoreReader
 from subagents.storage import (
     UNSET,
+    Continuation,
     Event,
     Offset,
     PersistenceFailed,
@@ -33,6 +34,8 @@ from subagents.storage import (
     SessionId,
     SessionNotFound,
     interrupted_closers,
+    plan_continuation,
+    stopped,
 )
 
 from ..foundation.clock import Clock
@@ -101,8 +104,9 @@ class AgentHooks(Protocol):
 
     async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
         """Called on resume with a session's events when its last turn was interrupted, before
-        the closers are appended (so a crash in between leaves the turn open and the call is
-        retried): e.g. close the one-shot children that turn left open."""
+        the closers or its `turn/continue` are appended (so a crash in between leaves the turn
+        open and the call is retried): e.g. close the one-shot children that turn left open
+        (a continued turn reconciles their calls as in doubt; nobody continues a one-shot child)."""
         ...
 
     async def release_children_of(self, session_id: str) -> None:
@@ -233,10 +237,14 @@ class AgentRegistry:
         model: AnyModel | None = None,
         config: AgentConfig | None = None,
         tools: ToolSet | None = None,
+        on_interrupted_turn: Literal["continue", "close"] | None = None,
     ) -> Agent:
         """The live agent, or the session resumed from its log. Without an explicit `model`,
         `config` or `tools`, `resume_setup` (the subagent service's) gives what the log's own
-        record asks for (a child's options), so every path that resumes a session agrees."""
+        record asks for (a child's options), so every path that resumes a session agrees.
+        A last turn a crash left open is continued (docs/format.md, "Continued turns": its
+        `turn/continue` appended durably first) or closed by the closers, as
+        `on_interrupted_turn` says, else as the config's policy."""
         live = self.get(session_id)
         if live is not None:
             return live
@@ -253,8 +261,14 @@ class AgentRegistry:
                 setup = self.hooks.resume_setup(session_id, events, ref.inherited_event_count)
                 if setup is not None:
                     model, config, tools = setup
-            closers = interrupted_closers(events, session_id=session_id)
-            if closers:
+            policy = on_interrupted_turn or (config or self.config).on_interrupted_turn
+            if stopped(events, ref.inherited_event_count):
+                policy = "close"  # stopped for good: a turn its stop left open is not continued
+            plan = plan_continuation(events, session_id=session_id) if policy == "continue" else None
+            closers = [] if plan is not None else interrupted_closers(events, session_id=session_id)
+            if closers or plan is not None:
+                # The one-shot children the open turn left are closed either way: nobody else
+                # runs them, and a continued `subagent` call is reconciled, never re-run.
                 await self.hooks.close_interrupted_one_shots(session_id, events)
             if closers:
                 result = await ref.append([_as_draft(e) for e in closers], expected_seq=len(events))
@@ -262,8 +276,20 @@ class AgentRegistry:
                 for event in result.events:
                     if event.surface_op is not UNSET:
                         surface.apply(event, session_id=session_id)
+            if plan is not None:
+                # Durable before the turn goes on: a crash in the continuation counts one more attempt.
+                marker = EventDraft(type="turn/continue", data=plan.marker(), time=self.clock.now_ms())
+                result = await ref.append([marker], expected_seq=len(events))
+                events.extend(result.events)
             agent = await self._start(
-                ref, events, label=label, model=model, config=config, tools=tools, surface=surface
+                ref,
+                events,
+                label=label,
+                model=model,
+                config=config,
+                tools=tools,
+                surface=surface,
+                continuation=plan,
             )
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -311,6 +337,7 @@ class AgentRegistry:
         config: AgentConfig | None,
         tools: ToolSet | None,
         surface: Surface | None = None,
+        continuation: Continuation | None = None,
     ) -> Agent:
         chosen = model if model is not None else self.model
         if chosen is None:
@@ -326,6 +353,7 @@ class AgentRegistry:
             label=label,
             feed=self.sessions.feed,
             surface=surface,
+            continuation=continuation,
         )
         await self._nursery.start(agent.run)
         self._agents[ref.session_id] = agent

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import attrs
 import trio
 from subagents.actors import Abort
+from subagents.storage import Continuation
 from trio_util import move_on_when
 
 from ..models.messages import tool_result_message
@@ -102,6 +103,25 @@ class ToolSteps(StepWriter):
                 )
             await self._record_result(turn, step, call)
 
+    async def _finish_cut_calls(self, turn: int, step: int, plan: Continuation, abort: Abort) -> None:
+        """A continued turn's open step: the calls its reply requested that have no result.
+        One recorded as started is reconciled first (`ToolSet.reconcile`: its recorded result,
+        in doubt, or run again), so every result that does not run is durable before anything
+        runs; then the rest run as any step's calls do (a new `tool/call` each)."""
+        rerun: list[ToolCall] = []
+        for cut in plan.pending:
+            if cut.call_seq is not None:
+                found = await self.tools.reconcile(
+                    cut.name, cut.arguments, plan.catalog.get(cut.call_id), plan.unkeyed_catalog
+                )
+                if found.outcome is not None:
+                    call = ToolCall(len(rerun), cut.call_id, cut.name, cut.arguments, outcome=found.outcome)
+                    await self._record_result(turn, step, call, in_doubt=found.in_doubt, call_seq=cut.call_seq)
+                    continue
+            rerun.append(ToolCall(len(rerun), cut.call_id, cut.name, cut.arguments))
+        if rerun:
+            await self._run_tools(turn, step, rerun, abort)
+
     async def _grace(self, abort: Abort) -> None:
         """Returns (and so cancels the running tools) `tool_abort_grace` after the abort."""
         with trio.move_on_at(self._turn_deadline):
@@ -120,7 +140,9 @@ class ToolSteps(StepWriter):
             limiter.release_on_behalf_of(call.index)
         call.done.set()
 
-    async def _record_result(self, turn: int, step: int, call: ToolCall) -> None:
+    async def _record_result(
+        self, turn: int, step: int, call: ToolCall, *, in_doubt: bool = False, call_seq: int | None = None
+    ) -> None:
         outcome = call.outcome
         assert outcome is not None
         data: Json = {
@@ -132,7 +154,10 @@ class ToolSteps(StepWriter):
         }
         if outcome.error is not None:
             data["error"] = outcome.error
-        self._stage("tool/result", data, surface_op="append")
+        if in_doubt:
+            data["in_doubt"] = True
+        seqs = {"source_event_seqs": [call_seq]} if call_seq is not None else {}
+        self._stage("tool/result", data, surface_op="append", **seqs)
         call.recorded = True
         with trio.CancelScope(shield=True):
             await self._flush()

@@ -1,7 +1,8 @@
 """Agent types: `agents/<name>.md` files a `subagent` call may pick by name (README "Agent types";
 SPEC §8).
 
-A file is front matter between `---` lines (`name`, `description`, `model`, `tools`) and a body,
+A file is front matter between `---` lines (`name`, `description`, `model`, `tools`,
+`on_interrupted_turn`: `continue` or `close`, see README "When a process dies") and a body,
 the type's system prompt. Front matter is the simple `key: value` form (a value may be quoted;
 `tools` is a YAML flow list `[a, b]` or a comma list; an indented line continues the value above).
 Types come from the project's
@@ -25,7 +26,7 @@ from .options import ChildOptions
 __all__ = ["AgentType", "AgentTypeProblem", "agent_type_dirs", "describe_types", "load_agent_types", "parse_agent_type"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_KEYS = frozenset({"name", "description", "model", "tools"})
+_KEYS = frozenset({"name", "description", "model", "tools", "on_interrupted_turn"})
 _MAX_FILE = 256 * 1024
 
 
@@ -36,6 +37,7 @@ class AgentType:
     prompt: str  # the system prompt (the file's body)
     model: str | None = None  # a model spec (`deepseek:MODEL`, `openai:MODEL`, `scripted:PATH`)
     tools: tuple[str, ...] | None = None  # the tools it may use (None: all)
+    on_interrupted_turn: str | None = None  # "continue" | "close" (None: the runtime's)
     path: str = ""
 
     def options(self) -> ChildOptions:
@@ -48,6 +50,7 @@ class AgentType:
             agent_model=model,
             persona=self.prompt,
             tool_filter=ToolFilter(allow=list(self.tools)) if self.tools is not None else None,
+            on_interrupted_turn=self.on_interrupted_turn,
         )
 
 
@@ -90,6 +93,9 @@ def parse_agent_type(text: str, path: str = "") -> AgentType:
     model = fields.get("model") or None
     if model is not None and ":" not in model:
         raise ValueError(f"model {model!r} must look like deepseek:MODEL, openai:MODEL or scripted:PATH")
+    policy = fields.get("on_interrupted_turn") or None
+    if policy is not None and policy not in ("continue", "close"):
+        raise ValueError(f"on_interrupted_turn {policy!r} must be continue or close")
     prompt = "\n".join(lines[end + 1 :]).strip()
     if not prompt:
         raise ValueError("its body (the system prompt) is empty")
@@ -99,6 +105,7 @@ def parse_agent_type(text: str, path: str = "") -> AgentType:
         prompt=prompt,
         model=model,
         tools=_tools(fields["tools"]) if "tools" in fields else None,
+        on_interrupted_turn=policy,
         path=path,
     )
 

@@ -7,7 +7,8 @@ suffix. The payload is versioned (`DESCRIPTOR_VERSION`, 2) and snake_case:
     {version: 2, mode: "one-shot" | "continuable", provider: str, label?: str,
      agent_provider?: str, agent_model?: str, agent_reasoning_effort?: str, persona?: str,
      tool_filter?: {allow?: [str], deny?: [str]},
-     budget?: {max_turns?: int, max_tokens?: int, deadline?: int}}
+     budget?: {max_turns?: int, max_tokens?: int, deadline?: int},
+     on_interrupted_turn?: "continue" | "close"}
 
 `label` is required for a continuable child and optional for a one-shot one; the fields after
 it exist only for continuable children. `parse_descriptor` sorts a payload into three outcomes:
@@ -46,7 +47,7 @@ _CONTINUABLE_STRINGS = ("agent_provider", "agent_model", "agent_reasoning_effort
 _COMMON_KEYS = frozenset({"version", "mode", "provider", "label"})
 _ALLOWED_KEYS: dict[str, frozenset[str]] = {
     "one-shot": _COMMON_KEYS,
-    "continuable": _COMMON_KEYS | {*_CONTINUABLE_STRINGS, "tool_filter", "budget"},
+    "continuable": _COMMON_KEYS | {*_CONTINUABLE_STRINGS, "tool_filter", "budget", "on_interrupted_turn"},
 }
 _FILTER_KEYS = ("allow", "deny")
 
@@ -140,13 +141,17 @@ class SubagentDescriptor:
     persona: str | None = attrs.field(default=None, validator=_check_optional_str)
     tool_filter: ToolFilter | None = attrs.field(default=None, validator=_check_filter)
     budget: Budget | None = attrs.field(default=None, validator=_check_budget)
+    # Its agent type's choice for a turn a crash leaves open (None: the runtime's).
+    on_interrupted_turn: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("continue", "close")))
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.mode == "continuable":
             if self.label is None:
                 raise ValueError("a continuable subagent descriptor requires a label")
             return
-        for name in (*_CONTINUABLE_STRINGS, "tool_filter", "budget"):
+        for name in (*_CONTINUABLE_STRINGS, "tool_filter", "budget", "on_interrupted_turn"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} is only allowed on a continuable subagent descriptor")
 
@@ -178,6 +183,8 @@ def snapshot_descriptor(descriptor: SubagentDescriptor) -> dict[str, object]:
         }
     if descriptor.budget is not None:
         payload["budget"] = budget_json(descriptor.budget)
+    if descriptor.on_interrupted_turn is not None:
+        payload["on_interrupted_turn"] = descriptor.on_interrupted_turn
     try:
         check_lossless(payload)
     except NonLosslessData as exc:
@@ -262,11 +269,19 @@ def parse_descriptor(data: object) -> SubagentDescriptor | None:
         if isinstance(parsed, str):
             raise MalformedDescriptor(f'{_PAYLOAD} field "budget" {parsed}')
         budget = parsed
+    policy: str | None = None
+    if "on_interrupted_turn" in data:
+        policy = data["on_interrupted_turn"]
+        if policy not in ("continue", "close"):
+            raise MalformedDescriptor(
+                f'{_PAYLOAD} field "on_interrupted_turn" must be "continue" or "close", got {policy!r}'
+            )
     return SubagentDescriptor(
         mode=mode,  # checked against _MODES above
         provider=provider,
         label=label,
         tool_filter=tool_filter,
         budget=budget,
+        on_interrupted_turn=policy,
         **strings,
     )

@@ -43,6 +43,10 @@ class ChildOptions:
     budget: Budget | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(Budget))
     )
+    # What resuming it does with a turn a crash left open (None: the runtime's policy).
+    on_interrupted_turn: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("continue", "close")))
+    )
 
     @property
     def selects_model(self) -> bool:
@@ -57,6 +61,7 @@ class ChildOptions:
             persona=descriptor.persona,
             tool_filter=descriptor.tool_filter,
             budget=descriptor.budget,
+            on_interrupted_turn=descriptor.on_interrupted_turn,
         )
 
     def with_budget(self, budget: Budget | None) -> ChildOptions:
@@ -68,6 +73,8 @@ class ChildOptions:
         changes: dict[str, object] = {"budget": self.budget}
         if self.persona is not None:
             changes["system_prompt"] = self.persona
+        if self.on_interrupted_turn is not None:
+            changes["on_interrupted_turn"] = self.on_interrupted_turn
         return attrs.evolve(base, **changes)
 
 

@@ -9,7 +9,8 @@ The work is done by parts, each constructed with what it needs, in dependency or
 - `Routing` (routing.py): reads of children not live here, and their mailboxes;
 - `Placement` (placement.py): children left to serving hosts, and the serving host's side;
 - `Spawning` (spawning.py): starting one-shot and continuable children, and a child's setup;
-- `Messaging` (messaging.py): `send_message` and `interrupt`.
+- `Messaging` (messaging.py): `send_message` and `interrupt`;
+- `Stopping` (stopping.py): the durable stopped marker, and the stop of a whole tree.
 
 `SubagentService` is what sits above none of them and below the agent registry: the registry's
 `AgentHooks` and the mailbox owners' `OwnerActions`, and `Runtime.subagents` for embedders. It is
@@ -33,7 +34,7 @@ from typing import Any
 
 import attrs
 from subagents.actors import Abort, Activation, ContinuationManager
-from subagents.storage import Event, Mailbox, Placements, SessionHeader
+from subagents.storage import Envelope, Event, Mailbox, Placements, SessionHeader
 
 from ..agent.loop import Agent, AgentConfig, TurnResult
 from ..agent.registry import AgentRegistry, SessionTools
@@ -47,6 +48,7 @@ from .residency import Residency
 from .routing import Routing
 from .settlement import Settlement, notice_blocks
 from .spawning import DELEGATION_TOOLS, Provider, Reservation, Spawning, return_guidance
+from .stopping import Stopping, TreeStop, stopped
 
 # These stay importable from here for existing callers.
 __all__ = [
@@ -76,6 +78,7 @@ class SubagentParts:
     placement: Placement
     spawning: Spawning
     messaging: Messaging
+    stopping: Stopping
 
     @classmethod
     def build(
@@ -115,6 +118,9 @@ class SubagentParts:
             child_model=child_model,
         )
         messaging = Messaging(agents=agents, manager=manager, residency=residency, routing=routing, placement=placement)
+        stopping = Stopping(
+            agents=agents, manager=manager, residency=residency, routing=routing, query=query, mailbox=mailbox
+        )
         return cls(
             settlement=settlement,
             residency=residency,
@@ -122,6 +128,7 @@ class SubagentParts:
             placement=placement,
             spawning=spawning,
             messaging=messaging,
+            stopping=stopping,
         )
 
 
@@ -168,6 +175,10 @@ class SubagentService:
     @property
     def messaging(self) -> Messaging:
         return self.parts.messaging
+
+    @property
+    def stopping(self) -> Stopping:
+        return self.parts.stopping
 
     @property
     def agents(self) -> AgentRegistry:
@@ -260,9 +271,33 @@ class SubagentService:
         """`Residency.drain`: stop every family, children first."""
         await self.parts.residency.drain()
 
-    async def stop_resident(self, session_id: str, cause: str) -> None:
-        """A `stop` delivery (`OwnerActions`): `Residency.stop_resident`."""
+    async def mark_stopped(self, session_id: str, stop: Envelope) -> None:
+        """A `stop` delivery, before its turn is ended (`OwnerActions`): its stopped marker, and
+        with a tree stop the markers of what runs below it here (`Stopping.mark_delivered`)."""
+        tree = stop.body.get("tree") is True
+        await self.parts.stopping.mark_delivered(
+            session_id, by=stop.sender or "operator", tree=tree, delivery_id=stop.delivery_id
+        )
+
+    async def stop_resident(self, session_id: str, cause: str, stop: Envelope | None = None) -> None:
+        """A `stop` delivery (`OwnerActions`), its marker recorded and its turn ended: a tree
+        stop stops what runs below it here too (`Stopping.stop_delivered`); else
+        `Residency.stop_resident`."""
+        if stop is not None and stop.body.get("tree") is True:
+            await self.parts.stopping.stop_delivered(session_id, cause)
+            return
         await self.parts.residency.stop_resident(session_id, cause)
+
+    # --- stopping for good (`Stopping`) -------------------------------------------------------
+
+    async def stop_tree(self, session_id: str, *, by: str = "operator", cause: str = "user") -> TreeStop:
+        """`Stopping.stop_tree`: the session and every descendant, wherever each runs, durably."""
+        return await self.parts.stopping.stop_tree(session_id, by=by, cause=cause)
+
+    async def is_stopped(self, session_id: str) -> bool:
+        """`Stopping.is_stopped`: whether the session's log says it is stopped (for the
+        resume paths other parts own: a serving host's claim and sweep)."""
+        return await self.parts.stopping.is_stopped(session_id)
 
     async def record_settled(self, parent: Agent, body: Json, delivery_id: str) -> None:
         """A `settled` delivery (`OwnerActions`): `Residency.record_settled`."""
@@ -309,7 +344,10 @@ class SubagentService:
         await self.parts.spawning.close_interrupted_one_shots(session_id, events)
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
-        """On resume: `Settlement.redeliver_notices`."""
+        """On resume: `Settlement.redeliver_notices` — not into a stopped session, which no notice
+        may start again (they stay durable: its resume after an explicit message delivers them)."""
+        if stopped(events, agent.session.inherited_event_count):
+            return
         self.parts.settlement.redeliver_notices(agent, events)
 
     async def release_children_of(self, session_id: str) -> None:

@@ -93,6 +93,9 @@ class Reservation:
     created_at: int
     after: trio.Event | None = attrs.field(default=None, eq=False)
     announced: trio.Event = attrs.field(factory=trio.Event, eq=False)  # see `ToolSet.prepare`
+    # The `subagent` tool call it was drawn for: its catalog names it, so a continued turn
+    # reconciles an interrupted call from the catalog (docs/format.md, "Continued turns").
+    call_id: str | None = None
 
 
 @attrs.define(eq=False)
@@ -109,7 +112,9 @@ class Spawning:
     # parent id → ((turn, step), the last reservation drawn in that step): the catalog chain
     _chains: dict[str, tuple[tuple[int, int], Reservation]] = attrs.field(factory=dict)
 
-    async def reserve(self, parent_id: str | None = None, step: tuple[int, int] | None = None) -> Reservation:
+    async def reserve(
+        self, parent_id: str | None = None, step: tuple[int, int] | None = None, *, call_id: str | None = None
+    ) -> Reservation:
         """A child id and creation time, drawn now (tools draw them in model order). With the
         parent and its (turn, step), the reservation's catalog waits for the one drawn before
         it in the same step."""
@@ -119,7 +124,7 @@ class Spawning:
             previous = self._chains.get(parent_id)
             if previous is not None and previous[0] == step:
                 after = previous[1].announced
-        reserved = Reservation(child_id, self.agents.clock.now_ms(), after)
+        reserved = Reservation(child_id, self.agents.clock.now_ms(), after, call_id=call_id)
         if parent_id is not None and step is not None:
             self._chains[parent_id] = (step, reserved)
         return reserved
@@ -151,6 +156,7 @@ class Spawning:
             persona=options.persona,
             tool_filter=options.tool_filter,
             budget=options.budget,
+            on_interrupted_turn=options.on_interrupted_turn,
         )
         setup = self._setup(options, parent.session_id)  # refusals before anything exists
         if abort is not None and abort.is_set():
@@ -373,6 +379,8 @@ class Spawning:
         }
         if label is not None:
             data["label"] = label
+        if reserved.call_id is not None:
+            data["call_id"] = reserved.call_id
         try:
             if reserved.after is not None:
                 await reserved.after.wait()  # the child drawn before it in this step goes first

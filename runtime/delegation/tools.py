@@ -13,17 +13,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import attrs
+from subagents.storage import CatalogedChild
 
 from ..agent.registry import AgentRegistry
 from ..foundation.budgets import Budget
-from ..foundation.errors import NoCallingAgent
-from ..tools.base import ToolContext
+from ..foundation.errors import NoCallingAgent, Unauthorized
+from ..models.messages import text_blocks
+from ..tools.base import Reconciled, ToolContext, ToolOutcome, in_doubt_outcome
 from .agent_types import AgentType, describe_types
 from .agents_text import render_agents
 from .listing import ChildRow, ListingService
 from .messaging import Messaging
 from .options import ChildOptions
 from .spawning import Reservation, Spawning
+from .stopping import Stopping
 
 __all__ = ["DelegationParts", "agent_status", "render_agents", "subagent_tools"]
 
@@ -120,6 +123,7 @@ class DelegationParts:
     messaging: Messaging
     listing: ListingService
     agents: AgentRegistry
+    stopping: Stopping  # `interrupt_agent`'s `stop` option (issue 27)
 
 
 @attrs.frozen
@@ -153,7 +157,28 @@ class _Delegate(_ServiceTool):
         return head + _BACKGROUND
 
     async def prepare(self, args: Json, ctx: ToolContext) -> Reservation:
-        return await self.service.spawning.reserve(ctx.session_id, (ctx.turn, ctx.step))
+        return await self.service.spawning.reserve(ctx.session_id, (ctx.turn, ctx.step), call_id=ctx.call_id)
+
+    def reconcile(self, args: Json, child: CatalogedChild | None, unkeyed: bool) -> Reconciled:
+        """A call a crash cut after it started (docs/format.md, "Continued turns"): its
+        catalog says whether it created its child. No catalog names it: it never got that far,
+        so it runs (unless the turn's catalog names no calls: an older log, where it is in doubt)."""
+        if child is None:
+            return Reconciled(in_doubt_outcome(), in_doubt=True) if unkeyed else Reconciled()
+        if child.mode == "continuable":
+            # What the call returned once its child was catalogued: the child runs on by itself
+            # (its own resume continues its turn) and its settlement comes as a notice.
+            return Reconciled(ToolOutcome(text_blocks(f"started subagent {child.child_id}")))
+        # A one-shot child ran inside this very call; its turn is closed on this resume (it is
+        # nobody else's to continue), so what it did is not known here.
+        return Reconciled(
+            in_doubt_outcome(
+                f"The one-shot subagent {child.child_id} was started by this call, but the call was interrupted "
+                "before its result was durably recorded; the subagent's turn was closed unfinished and its "
+                "outcome is unknown. Inspect its effects before starting the task again."
+            ),
+            in_doubt=True,
+        )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         try:
@@ -211,6 +236,7 @@ def agent_status(agents: Any, child_id: str) -> str:
 
 class _ListAgents(_ServiceTool):
     name: ClassVar[str] = "list_agents"
+    idempotent: ClassVar[bool] = True  # it only reads
     description: ClassVar[str] = LIST_AGENTS_DESCRIPTION
     parameters: ClassVar[Json] = _schema(
         scope={
@@ -264,18 +290,41 @@ class _SendMessage(_ServiceTool):
         return f"message delivered to agent {args['agent_id']}"
 
 
+STOP_OPTION_DESCRIPTION = (
+    "Optional: true stops the agent and every agent below it for good, wherever they run: their turns end, "
+    "they are settled, and nothing resumes them until you send the agent a new message. Use it for work you no "
+    "longer want; the default (false) ends only the current turn."
+)
+
+
 class _InterruptAgent(_ServiceTool):
     name: ClassVar[str] = "interrupt_agent"
     description: ClassVar[str] = INTERRUPT_DESCRIPTION
     parameters: ClassVar[Json] = _schema(
-        ("agent_id",), agent_id=_text("string", "The agent id of the running agent to interrupt.")
+        ("agent_id",),
+        agent_id=_text("string", "The agent id of the running agent to interrupt."),
+        stop=_text("boolean", STOP_OPTION_DESCRIPTION),
     )
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         caller = _caller(ctx, self.name)
+        if args.get("stop") is True:
+            return await _stop_tree(self.service.stopping, args["agent_id"], caller)
         outcome = await self.service.messaging.interrupt(args["agent_id"], caller)
         tail = " (it is not running)" if outcome == "not-running" else ""
         return f"interrupt requested for agent {args['agent_id']}{tail}"
+
+
+async def _stop_tree(stopping: Stopping, target_id: str, caller: Any) -> str:
+    """`interrupt_agent` with `stop: true`: the target must be below the caller (its lineage in
+    the store, wherever it runs); then its whole tree is stopped (`Stopping.stop_tree`)."""
+    if target_id == caller.session_id or target_id not in (await stopping.subtree(caller.session_id))[1:]:
+        raise Unauthorized(f'subagent "{target_id}" is not a descendant of agent "{caller.session_id}"')
+    done = await stopping.stop_tree(target_id, by=caller.session_id, cause="parent")
+    below = [sid for sid in done.descendants if sid in done.stopped]
+    tail = f" with its descendants {', '.join(below)}" if below else ""
+    late = f"; not yet confirmed: {', '.join(done.unconfirmed)}" if done.unconfirmed else ""
+    return f"stopped agent {target_id}{tail} ({len(done.stopped)} stopped for good){late}"
 
 
 def subagent_tools(service: DelegationParts, agent_types: Mapping[str, AgentType] | None = None) -> list[Any]:

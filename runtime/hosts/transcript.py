@@ -70,6 +70,8 @@ def transcript(
                     entry["usage"] = turn_usage.to_json()
             elif "trigger" in data:
                 entry["trigger"] = data["trigger"]["kind"]
+        elif kind == "turn/continue":
+            entry |= {k: data[k] for k in ("turn", "step", "attempt", "lost_model_call")}
         elif kind == "tool/call":
             entry |= {"call_id": data["call_id"], "name": data["name"], "arguments": data["arguments"]}
         elif kind in ("system/message", "user/message", "assistant/message", "tool/result"):
@@ -78,12 +80,12 @@ def transcript(
             calls = [b for b in message["content"] if b.get("type") == "tool-call"]
             if calls:
                 entry["tool_calls"] = [{"id": b["id"], "name": b["name"]} for b in calls]
-            for key in ("finish", "usage", "interrupted", "error"):
+            for key in ("finish", "usage", "interrupted", "error", "attempt", "in_doubt"):
                 if key in data:
                     entry[key] = data[key]
             if message["content"] and message["content"][0].get("type") == "tool-result":
                 entry["is_error"] = message["content"][0]["is_error"]
-        else:  # subagent/* and compaction/* records
+        else:  # subagent/*, compaction/* and session/stopped records
             entry["data"] = data
         out.append(entry)
     turns = [{"turn": turn, **tokens.to_json()} for turn, tokens in per_turn.items()]
@@ -93,13 +95,16 @@ def transcript(
 
 def _usage_line(usage: Json) -> str | None:
     tokens = Tokens.from_json(usage)
-    return None if tokens is None or tokens.calls == 0 else f"usage: {describe(tokens)}"
+    if tokens is None or (tokens.calls == 0 and tokens.unknown_calls == 0):
+        return None
+    return f"usage: {describe(tokens)}"
 
 
 _SHOWN = frozenset(
     {
         "turn/start",
         "turn/end",
+        "turn/continue",
         "system/message",
         "user/message",
         "assistant/message",
@@ -110,6 +115,7 @@ _SHOWN = frozenset(
         "subagent/settled",
         "compaction/summary",
         "compaction/end",
+        "session/stopped",  # issue 27: the durable stopped marker
     }
 )
 
@@ -135,6 +141,9 @@ def render(entries: Sequence[Json]) -> list[str]:
             line = _usage_line(e["usage"]) if "usage" in e else None
             if line is not None:
                 lines.append(f"   {line}")
+        elif kind == "turn/continue":
+            lost = ": the model call in flight was lost and is issued again" if e["lost_model_call"] else ""
+            lines.append(f"── turn {e['turn']} continued (attempt {e['attempt']}){lost}")
         elif kind == "usage":
             line = _usage_line(e["total"])
             if line is not None:
@@ -142,13 +151,16 @@ def render(entries: Sequence[Json]) -> list[str]:
         elif kind == "tool/call":
             lines.append(f"  → {e['name']}({e['arguments']})  [{e['call_id']}]")
         elif kind == "tool/result":
-            lines.append(f"  ← {_indent(e['text'])}")
+            doubt = "in doubt: " if e.get("in_doubt") else ""
+            lines.append(f"  ← {doubt}{_indent(e['text'])}")
         elif kind in ("system/message", "user/message", "assistant/message"):
             who = {"system": "system", "user": "user", "assistant": "assistant"}[e["role"]]
             if e["source"] not in ("user", "model"):
                 who += f" [{e['source']}]"
             if e.get("interrupted"):
                 who += " [interrupted]"
+            if "attempt" in e:
+                who += f" [attempt {e['attempt']}]"
             if e["text"]:
                 lines.append(f"{who}: {_indent(e['text'])}")
         elif kind == "subagent/catalog":
@@ -167,6 +179,10 @@ def render(entries: Sequence[Json]) -> list[str]:
             )
         elif kind == "compaction/summary":
             lines.append(f"  ⋯ compacted: {_indent(e['data']['text'])}")
+        elif kind == "session/stopped":
+            d = e["data"]
+            tree = " with its tree" if d["tree"] else ""
+            lines.append(f"── stopped by {d['by']}{tree}: nothing resumes it until a new message")
     return lines
 
 

@@ -3,7 +3,8 @@
 A scenario directory holds:
 
     scenario.json        {"description"?, "steps": [...], "compression"?, "max_depth"?,
-                          "max_active_subagents"?, "id_prefix"?, "system_prompt"?}
+                          "max_active_subagents"?, "id_prefix"?, "system_prompt"?,
+                          "on_interrupted_turn"?: "continue" | "close"}
     script.json          the scripted model (docs/scripts.md)
     seed/<id>.jsonl      optional hand-written logs (plain form) placed in the store first
     expected/output.json the outputs of the steps          ┐ goldens, written by
@@ -47,7 +48,16 @@ __all__ = ["check_scenario", "normalize_log", "run_scenario", "scenario_dirs", "
 
 Json = dict[str, Any]
 _MASK = "<time>"
-_TOP_KEYS = {"description", "steps", "compression", "max_depth", "max_active_subagents", "id_prefix", "system_prompt"}
+_TOP_KEYS = {
+    "description",
+    "steps",
+    "compression",
+    "max_depth",
+    "max_active_subagents",
+    "id_prefix",
+    "system_prompt",
+    "on_interrupted_turn",
+}
 _STEP_KEYS = {
     "prompt": ({"op", "session", "text"}, {"cancel_on_tool"}),
     "restart": ({"op"}, set()),
@@ -114,6 +124,8 @@ def _validate(spec: Any, directory: Path) -> None:
             raise ScenarioError(f"{where}: {path}.descendants must be true or false")
     if spec.get("compression", "none") not in ("none", "zstd"):
         raise ScenarioError(f'{where}: $.compression must be "none" or "zstd"')
+    if spec.get("on_interrupted_turn", "continue") not in ("continue", "close"):
+        raise ScenarioError(f'{where}: $.on_interrupted_turn must be "continue" or "close"')
     for key in ("max_depth", "max_active_subagents"):
         value = spec.get(key, 1)
         if type(value) is not int or value < 0:
@@ -206,6 +218,7 @@ async def run_scenario(
         max_depth=spec.get("max_depth", 1),
         max_active_subagents=spec.get("max_active_subagents", 8),
         agent_config=AgentConfig(system_prompt=spec.get("system_prompt")),
+        on_interrupted_turn=spec.get("on_interrupted_turn"),
     )
     outputs: list[Json] = []
     steps: list[Json] = spec["steps"]

@@ -18,14 +18,24 @@ from typing import Any, Protocol
 
 import attrs
 from subagents.actors import Abort
-from subagents.storage import SubagentsError
+from subagents.storage import TOOL_OUTCOME_UNKNOWN_TEXT, CatalogedChild, SubagentsError
 
 from ..foundation.json_values import JsonObject as Json
 from ..foundation.json_values import JsonValue
 from ..models.base import ToolSpec
 from ..models.messages import text_blocks
 
-__all__ = ["FunctionTool", "Tool", "ToolContext", "ToolOutcome", "ToolSet", "check_schema", "validate_arguments"]
+__all__ = [
+    "FunctionTool",
+    "Reconciled",
+    "Tool",
+    "ToolContext",
+    "ToolOutcome",
+    "ToolSet",
+    "check_schema",
+    "in_doubt_outcome",
+    "validate_arguments",
+]
 
 ToolOutput = str | Sequence[Mapping[str, JsonValue]]
 
@@ -71,6 +81,11 @@ class Tool(Protocol):
 
     # Optional `server_validated = True`: the arguments are checked by the tool's server, not
     # against `parameters` here (MCP tools), so any JSON object schema is accepted.
+    # Optional `idempotent = True`: running a call twice has the effect of running it once, so
+    # a call a crash cut after it started runs again when its turn is continued; any other is
+    # in doubt then (docs/format.md, "Continued turns").
+    # Optional `reconcile(args, child, unkeyed) -> Reconciled`: a tool that records what it
+    # started (`subagent`, by its catalog) says what became of a call a crash cut.
 
     async def run(self, args: Json, ctx: ToolContext) -> ToolOutput: ...
 
@@ -84,6 +99,7 @@ class FunctionTool:
     parameters: Mapping[str, JsonValue] = attrs.field(factory=lambda: {"type": "object", "properties": {}})
     fn: Callable[[Json, ToolContext], Awaitable[ToolOutput]]
     parallel_safe: bool = True
+    idempotent: bool = False
 
     async def run(self, args: Json, ctx: ToolContext) -> ToolOutput:
         return await self.fn(args, ctx)
@@ -98,6 +114,20 @@ class ToolOutcome:
     @classmethod
     def failure(cls, message: str, *, name: str, code: str) -> ToolOutcome:
         return cls(text_blocks(f"Error: {message}"), True, {"name": name, "code": code})
+
+
+def in_doubt_outcome(text: str = TOOL_OUTCOME_UNKNOWN_TEXT) -> ToolOutcome:
+    """The result of a call a crash cut after it started that is not run again (the closer's text)."""
+    return ToolOutcome(text_blocks(text), True, {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"})
+
+
+@attrs.frozen
+class Reconciled:
+    """What becomes of a call a crash cut after it started: `outcome` None runs it (again);
+    otherwise `outcome` is its result, recorded `in_doubt` when it says so."""
+
+    outcome: ToolOutcome | None = None
+    in_doubt: bool = False
 
 
 class ToolSet:
@@ -144,6 +174,31 @@ class ToolSet:
     def parallel_safe(self, name: str) -> bool:
         tool = self._tools.get(name)
         return tool is None or bool(tool.parallel_safe)  # an unknown tool fails at once: harmless
+
+    def idempotent(self, name: str) -> bool:
+        """Whether running a call of `name` twice does what running it once does."""
+        tool = self._tools.get(name)
+        return tool is not None and getattr(tool, "idempotent", False) is True
+
+    async def reconcile(self, name: str, raw_arguments: str, child: CatalogedChild | None, unkeyed: bool) -> Reconciled:
+        """A started call that a crash cut before its result (docs/format.md, "Continued
+        turns"): the tool's own `reconcile` decides; else an idempotent tool runs again and any
+        other is in doubt. `child` is the open turn's catalogued child of this call, if any;
+        `unkeyed`: that turn catalogued a child without naming its call (an older log)."""
+        tool = self._tools.get(name)
+        if tool is None:
+            return Reconciled()  # it fails at once as it did: "unknown tool"
+        reconcile = getattr(tool, "reconcile", None)
+        if reconcile is not None:
+            try:
+                args = _parse(raw_arguments)
+            except _ArgumentsError:
+                return Reconciled()  # it failed before it could do anything: it fails again
+            result: Reconciled = reconcile(args, child, unkeyed)
+            return result
+        if self.idempotent(name):
+            return Reconciled()
+        return Reconciled(in_doubt_outcome(), in_doubt=True)
 
     async def execute(self, name: str, raw_arguments: str, ctx: ToolContext) -> ToolOutcome:
         return await self.run(await self.prepare(name, raw_arguments, ctx), ctx)

@@ -60,6 +60,8 @@ class McpTool:
     parameters: Mapping[str, JsonValue]
     parallel_safe: bool
     remote_name: str
+    # Its server's annotations say it reads only, or is idempotent: a call a crash cut runs again.
+    idempotent: bool = False
     server: McpConnection
     server_validated: ClassVar[bool] = True
 
@@ -82,6 +84,8 @@ def _tools_of(server: McpConnection) -> list[McpTool]:
             description=tool.description or f"The {tool.name} tool of the MCP server {server.spec.name!r}.",
             parameters={"type": "object", **schema},
             parallel_safe=bool(getattr(annotations, "readOnlyHint", False)),
+            idempotent=getattr(annotations, "readOnlyHint", None) is True
+            or getattr(annotations, "idempotentHint", None) is True,
             remote_name=tool.name,
             server=server,
         )

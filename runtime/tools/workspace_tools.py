@@ -71,6 +71,9 @@ class _WorkspaceTool:
     description: ClassVar[str]
     parameters: ClassVar[Json]
     parallel_safe: ClassVar[bool] = True
+    # Runs again when a crash cut it (docs/format.md, "Continued turns"): reads, and a
+    # whole-file write; an edit or a command is in doubt instead.
+    idempotent: ClassVar[bool] = False
 
     async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
@@ -78,6 +81,7 @@ class _WorkspaceTool:
 
 class _ReadFile(_WorkspaceTool):
     name: ClassVar[str] = "read_file"
+    idempotent: ClassVar[bool] = True
     description: ClassVar[str] = (
         "Read a text file in the workspace. Returns numbered lines (`<n>\\t<line>`). Reads up to 2000 lines "
         "by default; use offset (1-based first line) and limit for other ranges of long files."
@@ -112,6 +116,7 @@ class _ReadFile(_WorkspaceTool):
 
 class _WriteFile(_WorkspaceTool):
     name: ClassVar[str] = "write_file"
+    idempotent: ClassVar[bool] = True
     description: ClassVar[str] = (
         "Write a text file in the workspace, replacing it if it exists (its folders are made as needed). "
         "Prefer edit_file to change part of an existing file."
@@ -155,6 +160,7 @@ class _EditFile(_WorkspaceTool):
 
 class _ListDir(_WorkspaceTool):
     name: ClassVar[str] = "list_dir"
+    idempotent: ClassVar[bool] = True
     description: ClassVar[str] = (
         "List a folder of the workspace (default: its root): folders end with /, symlinks show their target."
     )
@@ -169,6 +175,7 @@ class _ListDir(_WorkspaceTool):
 
 class _Glob(_WorkspaceTool):
     name: ClassVar[str] = "glob"
+    idempotent: ClassVar[bool] = True
     description: ClassVar[str] = (
         "Find workspace files whose path matches a glob pattern (`*` and `?` within a path component, `**` "
         "across folders, e.g. `**/*.py`), relative to path (default the root). Symlinks are not followed; "
@@ -195,6 +202,7 @@ class _Glob(_WorkspaceTool):
 
 class _Grep(_WorkspaceTool):
     name: ClassVar[str] = "grep"
+    idempotent: ClassVar[bool] = True
     description: ClassVar[str] = (
         "Search workspace files for a regular expression (Python syntax); returns `path:line:text` lines. "
         "path narrows the search to a folder or one file, glob to file names matching a pattern "

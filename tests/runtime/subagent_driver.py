@@ -14,8 +14,13 @@ The spec (JSON) says what one process does on a runtime root:
          #   {"model_call": [session, n]}  — that session's n-th model call has started
          #   {"settled": [parent, child]}  — `subagent/settled` of child (id or label) is durable
          #   {"idle": session}             — that agent is idle (no turn, no waking input)
-     "hold_settlement": bool}  # print "MARK" when a settlement begins — after the child's
+     "hold_settlement": bool,  # print "MARK" when a settlement begins — after the child's
                                # last turn/end, before `subagent/settled` — and wait to be killed
+     "on_interrupted_turn": "continue" | "close",  # open_runtime's (default: continue)
+     "workspace_tools": [name, ...],  # these workspace tools (acting in root/../workspace), given
+                                      # to every agent as they are (idempotent or not)
+     "hold_tools": bool}  # a workspace tool call holds before it runs, for the mark
+                          #   {"tool_started": name} — a call of that tool has started (durable)
 
 Without `mark`/`hold_settlement` it waits until the session's tree is idle, prints
 `RESULT {"reason": ..., "text": ...}` and exits 0. Model calls are counted per session (turn
@@ -37,6 +42,7 @@ from subagents.runtime.foundation.clock import ScenarioClock
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.tools.workspace_tools import workspace_tools
 
 
 def _say(line: str) -> None:
@@ -91,7 +97,45 @@ class _HookedSession:
         return self.hooked.answer(self.session_id, self.bound, request)
 
 
-async def _wait_mark(rt: Any, model: HookedModel, conditions: list[dict[str, Any]]) -> None:
+class HeldTool:
+    """A workspace tool as it is (name, schema, idempotent), whose calls say they started and,
+    with `hold`, wait there to be killed."""
+
+    def __init__(self, inner: Any, started: trio.Event, hold: bool) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.description = inner.description
+        self.parameters = inner.parameters
+        self.parallel_safe = inner.parallel_safe
+        self.idempotent = inner.idempotent
+        self._started = started
+        self._hold = hold
+
+    async def run(self, args: Any, ctx: Any) -> Any:
+        self._started.set()
+        if self._hold:
+            await trio.sleep_forever()
+        return await self.inner.run(args, ctx)
+
+
+def _tools(spec: dict[str, Any], started: dict[str, trio.Event]) -> list[Any]:
+    names = spec.get("workspace_tools") or []
+    if not names:
+        return []
+    import os
+
+    folder = os.path.join(os.path.dirname(spec["root"]), "workspace")
+    os.makedirs(folder, exist_ok=True)
+    return [
+        HeldTool(t, started.setdefault(t.name, trio.Event()), bool(spec.get("hold_tools")))
+        for t in workspace_tools(folder)
+        if t.name in names
+    ]
+
+
+async def _wait_mark(
+    rt: Any, model: HookedModel, conditions: list[dict[str, Any]], started: dict[str, trio.Event]
+) -> None:
     for cond in conditions:
         if "model_call" in cond:
             session, n = cond["model_call"]
@@ -99,6 +143,8 @@ async def _wait_mark(rt: Any, model: HookedModel, conditions: list[dict[str, Any
         elif "settled" in cond:
             parent, child = cond["settled"]
             await model.inner.wait_settled(parent, child)
+        elif "tool_started" in cond:
+            await started.setdefault(cond["tool_started"], trio.Event()).wait()
         elif "idle" in cond:
             agent = rt.agents.get(cond["idle"])
             assert agent is not None, cond
@@ -116,6 +162,8 @@ async def main(spec: dict[str, Any]) -> None:
 
         Residency._settle = held  # type: ignore[method-assign]  # the crash driver holds settlement at a marked point
     model = HookedModel(ScriptedModel(load_script(json.dumps(spec["script"]))), spec.get("gates", []))
+    started: dict[str, trio.Event] = {}
+    tools = _tools(spec, started)
     async with open_runtime(
         spec["root"],
         model=model,
@@ -124,6 +172,8 @@ async def main(spec: dict[str, Any]) -> None:
         compression="none",
         max_depth=spec.get("max_depth", 1),
         max_active_subagents=spec.get("max_active_subagents", 8),
+        on_interrupted_turn=spec.get("on_interrupted_turn"),
+        tools=lambda: list(tools),
     ) as rt:
         if spec["create"]:
             agent = await rt.agents.create(session_id=spec["session"])
@@ -132,7 +182,7 @@ async def main(spec: dict[str, Any]) -> None:
         if spec.get("prompt") is not None:
             await agent.send(spec["prompt"])
         if spec.get("mark") is not None:
-            await _wait_mark(rt, model, spec["mark"])
+            await _wait_mark(rt, model, spec["mark"], started)
             _say("MARK")
             await trio.sleep_forever()
         if spec.get("hold_settlement"):

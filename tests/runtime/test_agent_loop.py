@@ -837,7 +837,9 @@ async def _resume_cut_log(tmp_path, *, recorded: bool) -> list[Event]:
     async def write(args: Json, ctx: ToolContext) -> str:
         return f"wrote {args['path']}"
 
-    async with runtime(tmp_path, model, tools=[tool("write", write)]) as rt:
+    # The `close` policy: since issue 27 an open turn is continued by default (test_continued_turns.py).
+    close = AgentConfig(on_interrupted_turn="close")
+    async with runtime(tmp_path, model, tools=[tool("write", write)], config=close) as rt:
         agent = await rt.agents.resume("s-1")
         closed = read_log(tmp_path, "s-1")  # the closers are durable before anything else runs
         assert agent.status == "idle" and model.requests == []

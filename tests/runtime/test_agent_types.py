@@ -44,6 +44,9 @@ def test_a_type_file_parses_to_its_child_options() -> None:
     )
     assert (typed.description, typed.tools) == ("quick: answers", ("a", "b"))
     assert (typed.options().agent_provider, typed.options().agent_model) == ("openai", "gpt-x")
+    assert kind.options().on_interrupted_turn is None  # the runtime's policy
+    closing = parse_agent_type("---\nname: c\ndescription: d\non_interrupted_turn: close\n---\nGo.")
+    assert closing.options().on_interrupted_turn == "close"
 
 
 @pytest.mark.parametrize(
@@ -59,6 +62,7 @@ def test_a_type_file_parses_to_its_child_options() -> None:
         ("---\nname: x\ndescription: d\nmodel: gpt\n---\nbody", "must look like deepseek:MODEL"),
         ("---\nname: x\ndescription: d\n---\n  \n", "body (the system prompt) is empty"),
         ("---\nname: x\ndescription: d\ntools: [a b]\n---\nbody", "is not a tool name"),
+        ("---\nname: x\ndescription: d\non_interrupted_turn: retry\n---\nbody", "must be continue or close"),
     ],
 )
 def test_a_bad_type_file_says_why(text: str, reason: str) -> None:

@@ -112,13 +112,18 @@ def test_headless_run_denies_ask_and_says_how_to_allow_it(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow  # real subagents processes, one killed mid-command
-def test_a_run_killed_mid_command_resumes_with_the_closers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["close", "continue"])
+def test_a_run_killed_mid_command_resumes_with_the_closers_or_continues(tmp_path: Path, policy: str) -> None:
+    """`close` (the closers, as before issue 27) or `continue` (the default): the command cut
+    mid-run is not run again either way — its result says its outcome is unknown."""
     import os
     import signal
 
     fifo = tmp_path / "started"
     os.mkfifo(fifo)
-    (tmp_path / "subagents.toml").write_text('[permissions]\nrun_command = "allow"\n')
+    (tmp_path / "subagents.toml").write_text(
+        f'on_interrupted_turn = "{policy}"\n[permissions]\nrun_command = "allow"\n'
+    )
     command = f"echo $$ > {fifo}; exec sleep 1000"
     script = {
         "agents": [
@@ -146,7 +151,8 @@ def test_a_run_killed_mid_command_resumes_with_the_closers(tmp_path: Path) -> No
     run.wait(timeout=60)
     os.kill(sleeper, signal.SIGKILL)  # its own process group outlived the host
     # A script runs per process: the restarted host's session answers from its own.
-    after = write_script(tmp_path / "after.json", {"agents": [{"session": "s", "responses": [{"text": "resumed"}]}]})
+    responses = [{"text": "resumed"}] if policy == "close" else [{"text": "continued"}, {"text": "resumed"}]
+    after = write_script(tmp_path / "after.json", {"agents": [{"session": "s", "responses": responses}]})
     done = cli(tmp_path, "run", "--model", after, "--root", root, "--session", "s", "again")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "resumed\n"
@@ -154,4 +160,10 @@ def test_a_run_killed_mid_command_resumes_with_the_closers(tmp_path: Path) -> No
     (result,) = [e for e in shown if e["type"] == "tool/result"]
     assert result["is_error"] and result["text"].startswith("The tool call was interrupted after it was recorded")
     ends = [e["reason"]["kind"] for e in shown if e["type"] == "turn/end"]
-    assert ends == ["interrupted", "completed"]
+    assert ends == (["interrupted", "completed"] if policy == "close" else ["completed", "completed"])
+    assert [e["type"] == "turn/continue" for e in shown].count(True) == (policy == "continue")
+    # Not run again: a second run would block writing to the fifo nobody reads, and `run` would hang.
+    if policy == "continue":
+        text = cli(tmp_path, "show", "--root", root, "s").stdout
+        assert "── turn 1 continued (attempt 2)\n" in text
+        assert "  ← in doubt: The tool call was interrupted after it was recorded" in text

@@ -147,9 +147,11 @@ def test_a_reader_that_goes_away_ends_nothing_but_its_lines(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_stream_of_a_resumed_crashed_session_starts_with_its_closers(tmp_path: Path) -> None:
-    # A crash left turn 1 open: the resume closes it durably, and that is part of this run.
+    # A crash left turn 1 open: the resume closes it durably (the `close` policy; since issue 27
+    # the default continues it: the test below), and that is part of this run.
     from log_lines import header_line, json_line, log_file
 
+    (tmp_path / "subagents.toml").write_text('on_interrupted_turn = "close"\n')
     log = log_file(tmp_path / "root", "s1")
     log.parent.mkdir(parents=True)
     log.write_bytes(header_line("s1") + json_line(0, "turn/start", {"turn": 1}))
@@ -161,6 +163,34 @@ def test_stream_of_a_resumed_crashed_session_starts_with_its_closers(tmp_path: P
     assert events[0]["seq"] == 1 and events[0]["type"] == "turn/end"
     assert events[0]["data"]["reason"]["kind"] == "interrupted"
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+
+@pytest.mark.slow
+def test_stream_of_a_resumed_crashed_session_continues_its_turn_and_counts_the_lost_call(tmp_path: Path) -> None:
+    # A crash cut turn 1's model call: the resume continues the turn (`turn/continue` durable
+    # first, part of this run), issues the call again, then runs the new prompt's turn; the lost
+    # call's usage is unknown, not zero.
+    from log_lines import header_line, json_line, log_file
+
+    log = log_file(tmp_path / "root", "s1")
+    log.parent.mkdir(parents=True)
+    user = {"id": "msg-1", "role": "user", "content": [{"type": "text", "text": "go"}], "source": {"kind": "user"}}
+    log.write_bytes(
+        header_line("s1")
+        + json_line(0, "turn/start", {"turn": 1})
+        + json_line(1, "step/start", {"turn": 1, "step": 1})
+        + json_line(2, "user/message", {"turn": 1, "step": 1, "message": user}, surface_op="append")
+    )
+    script = {"agents": [{"session": "s1", "responses": [{"text": "CONTINUED"}, {"text": "AGAIN"}]}]}
+    done = run(tmp_path, script, "--session", "s1", "--stream", "again")
+    assert done.returncode == 0, done.stderr
+    events, result = parse(done.stdout)
+    assert result["output"] == "AGAIN"
+    assert (events[0]["seq"], events[0]["type"]) == (3, "turn/continue")
+    assert events[0]["data"] == {"turn": 1, "step": 1, "attempt": 2, "lost_model_call": True}
+    assert events[1]["type"] == "assistant/message" and events[1]["data"]["attempt"] == 2
+    assert result["usage"] == {"input_tokens": 0, "output_tokens": 0, "calls": 2, "reported": 0, "unknown_calls": 1}
+    assert [e["seq"] for e in events] == list(range(3, len(events) + 3))
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------

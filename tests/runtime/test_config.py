@@ -107,6 +107,7 @@ call_timeout = 5
     ("text", "message"),
     [
         ("modle = 'x'", "unknown key modle"),
+        ("on_interrupted_turn = 'retry'", 'on_interrupted_turn must be "continue" or "close", got \'retry\''),
         ("max_depth = 'deep'", "max_depth must be an integer >= 0, got 'deep'"),
         ("max_depth = true", "max_depth must be an integer >= 0, got True"),
         ("max_active_subagents = 0", "max_active_subagents must be an integer >= 1, got 0"),

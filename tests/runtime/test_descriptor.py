@@ -272,3 +272,22 @@ def test_tool_filter_refuses_invalid_lists(fields: dict[str, Any]) -> None:
 
 def test_tool_filter_freezes_lists() -> None:
     assert ToolFilter(allow=["a", "b"]).allow == ("a", "b")
+
+
+def test_an_interrupted_turn_policy_round_trips_and_reaches_the_childs_config() -> None:
+    """Issue 27: an agent type's `on_interrupted_turn`, recorded as other options are."""
+    from subagents.runtime import AgentConfig, ChildOptions
+
+    descriptor = SubagentDescriptor(mode="continuable", provider="spawn", label="L", on_interrupted_turn="close")
+    payload = snapshot_descriptor(descriptor)
+    assert payload["on_interrupted_turn"] == "close"
+    assert parse_descriptor(payload) == descriptor
+    options = ChildOptions.of(descriptor)
+    assert options.config(AgentConfig()).on_interrupted_turn == "close"
+    assert ChildOptions().config(AgentConfig(on_interrupted_turn="close")).on_interrupted_turn == "close"
+    with pytest.raises(MalformedDescriptor, match='"on_interrupted_turn" must be "continue" or "close"'):
+        parse_descriptor({**payload, "on_interrupted_turn": "retry"})
+    with pytest.raises(MalformedDescriptor, match="unknown field"):
+        parse_descriptor({"version": 2, "mode": "one-shot", "provider": "spawn", "on_interrupted_turn": "close"})
+    with pytest.raises(ValueError):
+        SubagentDescriptor(mode="continuable", provider="spawn", label="L", on_interrupted_turn="retry")

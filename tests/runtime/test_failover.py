@@ -142,11 +142,20 @@ def _settled(url: str, boss: str) -> list[tuple[str, str]]:
     return sorted((d["child_id"], d["reason_kind"]) for _, t, d in _events(url, boss) if t == "subagent/settled")
 
 
+def _policy(cwd: Path, policy: str) -> None:
+    """`on_interrupted_turn` for every process started in `cwd` (since issue 27 the default
+    continues a taken-over child's turn; `close` is the closers' behaviour these tests began with)."""
+    toml = cwd / "subagents.toml"
+    toml.write_text(f'on_interrupted_turn = "{policy}"\n' + toml.read_text())
+
+
 @pytest.mark.slow  # three processes and a SIGKILL
+@pytest.mark.parametrize("policy", ["close", "continue"])
 def test_a_killed_hosts_children_are_taken_over_and_settle_once(
-    cwd: Path, pg_url: str, procs: list[LineProcess]
+    cwd: Path, pg_url: str, procs: list[LineProcess], policy: str
 ) -> None:
     boss = "boss-of-the-killed"
+    _policy(cwd, policy)
     model = write_script(cwd / "script.json", _script(boss, {"hang": True}))
     victim = _serve(cwd, pg_url, model, procs)
     run = _run(cwd, pg_url, model, procs, boss)
@@ -157,19 +166,29 @@ def test_a_killed_hosts_children_are_taken_over_and_settle_once(
     _until(lambda: all(_mid_turn(pg_url, c) for c in children), "both children mid-turn on the victim")
     before = {c: _events(pg_url, c) for c in children}  # acknowledged before the kill
 
-    survivor = _serve(cwd, pg_url, model, procs)
+    # Continued, the survivor's children answer the model call their victim lost.
+    answers = model if policy == "close" else write_script(cwd / "after.json", _script(boss, {"text": "done here"}))
+    survivor = _serve(cwd, pg_url, answers, procs)
     victim.proc.kill()
     victim.proc.wait()
     taken = sorted(survivor.expect(r"^claimed (\S+)$").group(1) for _ in range(2))
     assert taken == sorted(children)
 
     assert run.proc.wait(timeout=TIMEOUT) == 0, run.seen
-    assert _settled(pg_url, boss) == sorted((c, "aborted") for c in children)  # each once
+    settled = "aborted" if policy == "close" else "completed"
+    assert _settled(pg_url, boss) == sorted((c, settled) for c in children)  # each once
     for child in children:
         events = _events(pg_url, child)
         assert events[: len(before[child])] == before[child]  # nothing acknowledged was lost
-        assert [t for _, t, _ in events[len(before[child]) :]] == ["step/end", "turn/end"]  # the closers
-        assert events[-1][2]["reason"]["kind"] == "interrupted"  # SPEC 3.4
+        tail = events[len(before[child]) :]
+        if policy == "close":
+            assert [t for _, t, _ in tail] == ["step/end", "turn/end"]  # the closers
+            assert events[-1][2]["reason"]["kind"] == "interrupted"  # SPEC 3.4
+        else:
+            assert [t for _, t, _ in tail] == ["turn/continue", "assistant/message", "step/end", "turn/end"]
+            assert tail[0][2] == {"turn": 1, "step": 1, "attempt": 2, "lost_model_call": True}
+            assert tail[1][2]["attempt"] == 2 and tail[1][2]["message"]["content"][0]["text"] == "done here"
+            assert events[-1][2]["reason"]["kind"] == "completed"
         epochs = {e for (e,) in _rows(pg_url, "SELECT DISTINCT epoch FROM batches WHERE session_id = %s", child)}
         assert epochs == {1, 2, 3}  # the parent's host created it, the victim ran it, the survivor closed it
     _check_one_writer_at_a_time(pg_url)
@@ -182,6 +201,7 @@ def test_a_paused_host_comes_back_to_find_its_epoch_refused_and_writes_nothing(
 ) -> None:
     # The child's model answers 5 s after it is asked: long enough to pause the host mid-call.
     boss = "boss-of-the-paused"
+    _policy(cwd, "close")  # the survivor closes the cut turns (continuing them: the test above)
     model = write_script(cwd / "script.json", _script(boss, {"delay_ms": 5000, "text": "late answer"}))
     paused = _serve(cwd, pg_url, model, procs)
     run = _run(cwd, pg_url, model, procs, boss)

@@ -415,17 +415,25 @@ def test_parallel_tool_calls_start_two_children_at_once_with_the_base_url_from_t
 
 
 @pytest.mark.slow  # two `subagents run` processes, one killed
-def test_a_run_killed_while_a_childs_model_streams_resumes_with_a_request_openai_accepts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["close", "continue"])
+def test_a_run_killed_while_a_childs_model_streams_resumes_with_a_request_openai_accepts(
+    tmp_path: Path, policy: str
+) -> None:
     """SIGKILL while the parent waits on a one-shot child mid-stream; `run --session` then closes
-    the interrupted turn (a synthetic tool result answers the open call) and the resumed request
-    passes the server's OpenAI checks (every tool call answered before the next user message)."""
+    the interrupted turn (`close`: a synthetic tool result answers the open call) or continues it
+    (the default: the call is in doubt, naming the one-shot child, and the turn goes on), and
+    every resumed request passes the server's OpenAI checks (every tool call answered before the
+    next user message)."""
     root = tmp_path / "root"
+    (tmp_path / "subagents.toml").write_text(f'on_interrupted_turn = "{policy}"\n')
     arguments = {"description": "Slow", "prompt": "take your time", "run_in_background": False}
     replies = [
         Reply.tool_call("subagent", arguments, usage=(10, 5), when="delegate"),
         Reply.text("still ", "thinking", "...", hold_after=2, when="take your time"),
         Reply.text("resumed ", "fine", usage=(3, 2), when="again"),
     ]
+    if policy == "continue":
+        replies.insert(2, Reply.text("in ", "doubt", usage=(4, 1), when=is_tool_result))
     command = [*CLI, "run", "--root", str(root), "--session", "s1", "--model", f"openai:{MODEL}"]
     with OpenAIServer(replies) as server:
         first = subprocess.Popen(
@@ -444,10 +452,15 @@ def test_a_run_killed_while_a_childs_model_streams_resumes_with_a_request_openai
     assert done.returncode == 0, done.stderr
     events, result = stream_lines(done.stdout)
     assert result["output"] == "resumed fine"
-    assert [e["data"]["reason"]["kind"] for e in events if e["type"] == "turn/end"] == ["interrupted", "completed"]
+    ends = [e["data"]["reason"]["kind"] for e in events if e["type"] == "turn/end"]
+    assert ends == (["interrupted", "completed"] if policy == "close" else ["completed", "completed"])
     assert server.leftovers() == {}
     last = server.bodies()[-1]["messages"]
-    assert [m["role"] for m in last] == ["user", "assistant", "tool", "user"]
+    if policy == "close":
+        assert [m["role"] for m in last] == ["user", "assistant", "tool", "user"]
+    else:
+        assert [m["role"] for m in last] == ["user", "assistant", "tool", "assistant", "user"]
+        assert "one-shot subagent" in last[2]["content"] and "outcome is unknown" in last[2]["content"]
     assert last[2]["tool_call_id"] == last[1]["tool_calls"][0]["id"] and "interrupted" in last[2]["content"]
     assert_no_leak(root, done.stdout, done.stderr)
 

@@ -167,6 +167,8 @@ def test_stop_ends_the_childs_turn_aborted_and_settles_it(tmp_path: Path) -> Non
 @pytest.mark.slow  # a host SIGKILLed mid-turn, then restarted twice
 def test_a_delivery_survives_a_sigkilled_host_and_is_recorded_exactly_once(tmp_path: Path) -> None:
     root = str(tmp_path / "root")
+    # The killed turn is closed on resume (since issue 27 the default continues it).
+    (tmp_path / "subagents.toml").write_text('on_interrupted_turn = "close"\n')
 
     def run(script: Json, *prompt: str) -> _Lines:
         model = write_script(tmp_path / "s.json", script)

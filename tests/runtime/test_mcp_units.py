@@ -137,3 +137,48 @@ async def test_without_the_sdk_a_configured_server_fails_saying_what_to_install(
         assert [(s.state, s.error) for s in rt.mcp.status()] == [
             ("failed", "the MCP SDK is not installed (install the `mcp` extra: pip install 'trio-subagents[mcp]')")
         ]
+
+
+def test_an_mcp_tool_is_idempotent_when_its_annotations_say_read_only_or_idempotent() -> None:
+    """Issue 27: a call of such a tool cut by a crash runs again when its turn is continued."""
+    from types import SimpleNamespace
+
+    from subagents.runtime.tools.mcp_servers import _tools_of
+
+    def listed(name: str, **hints: Any) -> Any:
+        annotations = SimpleNamespace(readOnlyHint=hints.get("read_only"), idempotentHint=hints.get("idempotent"))
+        return SimpleNamespace(name=name, description="d", inputSchema={}, annotations=annotations)
+
+    server = SimpleNamespace(
+        spec=SimpleNamespace(name="srv"),
+        listed=[
+            listed("reads", read_only=True),
+            listed("sets", idempotent=True),
+            listed("sends"),
+            listed("hinted_false", read_only=False, idempotent=False),
+            SimpleNamespace(name="bare", description=None, inputSchema={}),
+        ],
+    )
+    tools = {t.name.removeprefix("mcp__srv__"): t for t in _tools_of(server)}  # type: ignore[arg-type]  # a stand-in server
+    assert {name: t.idempotent for name, t in tools.items()} == {
+        "reads": True,
+        "sets": True,
+        "sends": False,
+        "hinted_false": False,
+        "bare": False,
+    }
+
+
+def test_the_workspace_tools_say_which_run_again_after_a_crash(tmp_path: Path) -> None:
+    from subagents.runtime import workspace_tools
+
+    idempotent = {t.name: t.idempotent for t in workspace_tools(str(tmp_path))}
+    assert idempotent == {
+        "read_file": True,
+        "write_file": True,  # the whole file: writing it twice leaves what writing it once does
+        "edit_file": False,
+        "list_dir": True,
+        "glob": True,
+        "grep": True,
+        "run_command": False,
+    }

@@ -92,7 +92,10 @@ async def resume_counting(tmp_path: Path, *, use_index: bool) -> FaultyLogStore:
     try:
         await persisted(tmp_path, base)
         faulty = FaultyLogStore(base)
-        async with open_runtime(tmp_path, model=idle_model(), clock=ScenarioClock(), log_store=faulty) as rt:
+        # The close policy: the resume closes the open turn and the agent is idle at once.
+        async with open_runtime(
+            tmp_path, model=idle_model(), clock=ScenarioClock(), log_store=faulty, on_interrupted_turn="close"
+        ) as rt:
             agent = await rt.agents.resume("s")
             assert agent.status == "idle" and agent.turn == 2
             reads = faulty.calls["read"]

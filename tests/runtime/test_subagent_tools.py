@@ -55,8 +55,10 @@ def test_names_and_parameters_are_exact() -> None:
     )
     assert send["properties"]["message"]["description"] == "The message to deliver to the agent."
     interrupt = tools["interrupt_agent"].parameters
-    assert interrupt["required"] == ["agent_id"] and list(interrupt["properties"]) == ["agent_id"]
+    # issue 27: `stop` stops the target's whole tree for good (the runtime offers it)
+    assert interrupt["required"] == ["agent_id"] and list(interrupt["properties"]) == ["agent_id", "stop"]
     assert interrupt["properties"]["agent_id"]["description"] == "The agent id of the running agent to interrupt."
+    assert interrupt["properties"]["stop"]["type"] == "boolean"
 
 
 @pytest.mark.parametrize(

@@ -370,6 +370,7 @@ def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) 
         "child_created_at": header["created_at"],
         "mode": "continuable",
         "label": label,
+        "call_id": "call_1_1",  # the `subagent` call that started it (issue 27)
     }
     (settled,) = settled_records(parent)
     assert settled["data"] == {
@@ -477,6 +478,7 @@ def test_sigkill_after_settlement_before_the_notice_is_consumed(tmp_path: Path) 
         {
             "session": "parent",
             "create": False,
+            "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
             "prompt": "after restart",
             "script": {
                 "agents": [{"session": "parent", "responses": [{"text": "NOTICE_SEEN"}, {"text": "PROMPT_SEEN"}]}]
@@ -500,6 +502,7 @@ def test_sigkill_after_settlement_before_the_notice_is_consumed(tmp_path: Path) 
         {
             "session": "parent",
             "create": False,
+            "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
             "prompt": "once more",
             "script": {
                 "agents": [
@@ -592,6 +595,7 @@ def test_sigkill_while_the_child_is_mid_turn(tmp_path: Path) -> None:
         {
             "session": "parent",
             "create": False,
+            "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
             "prompt": "check on it",
             "gates": [["child-1", 1, "parent", 3]],
             "script": {
@@ -628,6 +632,138 @@ def test_sigkill_while_the_child_is_mid_turn(tmp_path: Path) -> None:
     assert_ok(results_named(parent, "send_message")[0], "message delivered to agent child-1")
     (notice,) = notices(parent)
     assert texts(notice["data"]["message"]) == notice_texts("child-1", SUMMARY_DONE, "BACK")
+    assert_each_settlement_noticed_once(parent)
+
+
+@pytest.mark.slow
+def test_sigkill_while_the_childs_model_call_is_in_flight_continues_its_turn(tmp_path: Path) -> None:
+    """Issue 27: the child's turn a crash cut is continued on resume (its lost model call issued
+    again, attempt 2), completes with its answer, settles `completed` once, noticed once."""
+    d = Driver(tmp_path)
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "start hanger",
+            "mark": [{"model_call": ["child-1", 1]}, {"idle": "parent"}],
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("hanger"), {"text": "STARTED"}]},
+                    {"label": "hanger", "responses": [{"hang": True}]},
+                ]
+            },
+        }
+    )
+    _, child = read_log(d.root, "child-1")
+    assert child[-1]["type"] == "user/message"  # mid-turn: the step's input is durable
+    crashed_len = len(child)
+
+    d.run(
+        {
+            "session": "parent",
+            "create": False,
+            "prompt": "check on it",
+            "script": {
+                "agents": [
+                    {
+                        "session": "parent",
+                        "responses": [
+                            {"tool_calls": [call("send_message", agent_id="child-1", message="are you there?")]},
+                            {"wait_for": {"settled": "hanger"}, "text": "SENT"},
+                            {"text": "NOTED"},
+                        ],
+                    },
+                    {"label": "hanger", "responses": [{"text": "BACK"}, {"text": "HERE"}]},
+                ]
+            },
+        }
+    )
+    _, child = read_log(d.root, "child-1")
+    resumed = child[crashed_len:]
+    assert resumed[0] == {**resumed[0], "type": "turn/continue"}
+    assert resumed[0]["data"] == {"turn": 1, "step": 1, "attempt": 2, "lost_model_call": True}
+    reply = resumed[1]
+    assert reply["type"] == "assistant/message" and reply["data"]["attempt"] == 2
+    assert turn_end(child, 1) == {"kind": "completed"}
+    assert [e for e in child if e["type"] == "turn/end" and e["data"]["reason"]["kind"] == "interrupted"] == []
+    assert assistant_texts(child)[0] == "BACK"
+
+    assert assistant_texts(child) == ["BACK", "HERE"]  # then the parent's message, in turn 2
+    parent = events_of(d.root, "parent")
+    (settled,) = settled_records(parent, "child-1")
+    assert settled["data"]["reason_kind"] == "completed"
+    (notice,) = notices(parent)
+    assert texts(notice["data"]["message"]) == notice_texts("child-1", SUMMARY_DONE, "HERE")
+    assert_each_settlement_noticed_once(parent)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["read_file", "run_command"])
+def test_sigkill_while_the_childs_tool_call_is_in_flight(tmp_path: Path, tool: str) -> None:
+    """Issue 27: an idempotent tool (read_file) a crash cut runs again when the child's turn is
+    continued; run_command is not run again: its result is in doubt."""
+    d = Driver(tmp_path)
+    args = {"path": "notes.txt"} if tool == "read_file" else {"command": "echo ran > ran.txt"}
+    (tmp_path / "workspace").mkdir()
+    (tmp_path / "workspace" / "notes.txt").write_text("NOTES\n")
+    d.run_and_kill(
+        {
+            "session": "parent",
+            "create": True,
+            "prompt": "start worker",
+            "workspace_tools": [tool],
+            "hold_tools": True,
+            "mark": [{"tool_started": tool}, {"idle": "parent"}],
+            "script": {
+                "agents": [
+                    {"session": "parent", "responses": [delegate("worker"), {"text": "STARTED"}]},
+                    {"label": "worker", "responses": [{"tool_calls": [call(tool, **args)]}]},
+                ]
+            },
+        }
+    )
+    _, child = read_log(d.root, "child-1")
+    assert child[-1]["type"] == "tool/call"  # cut while its tool ran
+    crashed_len = len(child)
+
+    d.run(
+        {
+            "session": "parent",
+            "create": False,
+            "prompt": "check on it",
+            "workspace_tools": [tool],
+            "script": {
+                "agents": [
+                    {
+                        "session": "parent",
+                        "responses": [
+                            {"tool_calls": [call("send_message", agent_id="child-1", message="and then?")]},
+                            {"wait_for": {"settled": "worker"}, "text": "SENT"},
+                            {"text": "NOTED"},
+                        ],
+                    },
+                    {"label": "worker", "responses": [{"text": "WORKED"}, {"text": "THEN"}]},
+                ]
+            },
+        }
+    )
+    _, child = read_log(d.root, "child-1")
+    resumed = child[crashed_len:]
+    assert resumed[0]["type"] == "turn/continue"
+    assert resumed[0]["data"] == {"turn": 1, "step": 1, "attempt": 2, "lost_model_call": False}
+    (result,) = [e for e in child if e["type"] == "tool/result"]
+    if tool == "read_file":
+        assert [e["type"] for e in resumed[1:3]] == ["tool/call", "tool/result"]  # run again
+        assert "in_doubt" not in result["data"] and "NOTES" in json.dumps(result["data"]["message"])
+    else:
+        assert resumed[1] == result  # recorded at once, not run
+        assert result["data"]["in_doubt"] is True
+        assert result["data"]["error"] == {"name": "ToolOutcomeUnknownError", "code": "TOOL_OUTCOME_UNKNOWN"}
+        assert not (tmp_path / "workspace" / "ran.txt").exists()
+    assert turn_end(child, 1) == {"kind": "completed"}
+    assert assistant_texts(child) == ["", "WORKED", "THEN"]  # the tool call's, then step 2's, then turn 2's
+    parent = events_of(d.root, "parent")
+    assert [r["data"]["reason_kind"] for r in settled_records(parent, "child-1")] == ["completed"]
     assert_each_settlement_noticed_once(parent)
 
 
@@ -1396,6 +1532,7 @@ def test_a_one_shot_child_killed_mid_turn_is_closed_when_its_parent_resumes(tmp_
     again = {
         "session": "parent",
         "create": False,
+        "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
         "prompt": "after restart",
         "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
     }
@@ -1437,7 +1574,11 @@ async def test_a_one_shot_child_held_by_another_process_is_skipped_not_an_error(
     handle = holder.open_write("child-1")
     try:
         with trio.fail_after(GUARD):
-            async with runtime(d.root, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}) as rt:
+            async with runtime(
+                d.root,
+                {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
+                on_interrupted_turn="close",
+            ) as rt:
                 parent = await rt.agents.resume("parent")
                 await parent.send("after restart")
                 result = await parent.wait_idle()
@@ -1473,6 +1614,7 @@ def test_nested_one_shot_children_killed_mid_turn_are_all_closed(tmp_path: Path)
             {
                 "session": "parent",
                 "create": False,
+                "on_interrupted_turn": "close",  # the closers' behaviour (continuing: test_continued_runs.py)
                 "prompt": "after restart",
                 "max_depth": 2,
                 "script": {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]},
@@ -1517,7 +1659,9 @@ async def test_a_catalog_naming_a_session_that_is_not_its_child_closes_nothing(t
     store.close(parent)
     before = events_of(tmp_path, "other")
     with trio.fail_after(GUARD):
-        async with runtime(tmp_path, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}) as rt:
+        async with runtime(
+            tmp_path, {"agents": [{"session": "parent", "responses": [{"text": "BACK"}]}]}, on_interrupted_turn="close"
+        ) as rt:
             await rt.agents.resume("parent")
     assert events_of(tmp_path, "other") == before  # still open: not this parent's to close
     assert turn_end(events_of(tmp_path, "parent"), 1) == {"kind": "interrupted"}

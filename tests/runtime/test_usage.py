@@ -34,7 +34,7 @@ from subagents.runtime.query import SessionQuery
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.runtime.usage import USAGE_UNIT, own_totals, tree_totals
-from subagents.storage import Event, FileLogStore, ProjectionRegistry
+from subagents.storage import Event, FileLogStore, ProjectionRegistry, make_event
 from subagents.storage._codec import decode_event  # a reader's decode: payloads unchecked
 
 GUARD = 30.0  # seconds: a hang fails the test instead of blocking the suite
@@ -114,6 +114,29 @@ def test_the_unit_agrees_with_the_fold(k: int) -> None:
     again = registry.cells(header("s"), k, rows)
     again.fold(more)
     assert Tokens.from_json(again.snapshot()["usage"]) == usage_of([*events, *more], k)[1]
+
+
+def test_a_lost_model_call_counts_as_unknown_in_the_fold_and_the_unit() -> None:
+    """Issue 27: a `turn/continue` that lost a model call counts one `unknown_calls` of its turn
+    (never zero tokens); one that lost none counts nothing."""
+    events = [
+        turn_start_event(0, 1, 1),
+        make_event(1, "turn/continue", 2, {"turn": 1, "step": 1, "attempt": 2, "lost_model_call": True}),
+        make_event(2, "turn/continue", 3, {"turn": 1, "step": 1, "attempt": 3, "lost_model_call": False}),
+        assistant_event(3, 4, 1, usage=(10, 2)),
+        turn_end_event(4, 5, 1),
+    ]
+    turns, total = usage_of(events)
+    assert turns == {1: Tokens(input_tokens=10, output_tokens=2, calls=1, reported=1, unknown_calls=1)}
+    assert total.to_json() == {"input_tokens": 10, "output_tokens": 2, "calls": 1, "reported": 1, "unknown_calls": 1}
+    assert Tokens.from_json(total.to_json()) == total
+    state = USAGE_UNIT.fold(USAGE_UNIT.initial(header("s"), 0), events)
+    assert Tokens.from_json(USAGE_UNIT.view(state)) == total
+    one_by_one = USAGE_UNIT.initial(header("s"), 0)
+    for event in events:
+        one_by_one = USAGE_UNIT.apply(one_by_one, event)
+    assert one_by_one == state
+    assert (tokens(1, 1, 1) + total).unknown_calls == 1
 
 
 def test_the_unit_never_raises_on_a_tampered_state() -> None:

@@ -220,17 +220,54 @@ class _Chat:
         return render_agents(rows, descendants, status)
 
 
-async def _take_session(runtime: Runtime, session_id: str | None) -> tuple[Agent, bool]:
-    """The chat's agent, and whether it resumed an existing session."""
+async def _take_session(runtime: Runtime, session_id: str | None, lines: Lines, console: Console) -> tuple[Agent, bool]:
+    """The chat's agent, and whether it resumed an existing session. A session whose last turn
+    its process left open: the person says whether it goes on (README "When a process dies")."""
     try:
         if session_id is None:
             return await runtime.agents.create(), False
         try:
-            return await runtime.agents.resume(session_id), True
+            policy = await _ask_open_turn(runtime, session_id, lines, console)
+            return await runtime.resume(session_id, on_interrupted_turn=policy), True
         except SessionNotFound:
             return await runtime.agents.create(session_id=session_id), False
     except (StorageError, AgentError) as exc:
         raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
+
+
+async def _ask_open_turn(
+    runtime: Runtime, session_id: str, lines: Lines, console: Console
+) -> Literal["continue", "close"] | None:
+    """Ask whether a turn the session's last process left open goes on ("continue") or is closed
+    as interrupted ("close"); None when there is none, or the person gave no answer (the input
+    ended, or Ctrl-C): then the session's own policy decides."""
+    try:
+        cut_turn = await runtime.open_turn(session_id)
+    except StorageError:
+        return None  # no log, or a damaged one: the resume says what is wrong
+    if cut_turn is None:
+        return None
+    if cut_turn.lost_model_call:
+        what = "its model call was in flight"
+    elif cut_turn.started:
+        what = f"{len(cut_turn.started)} tool call(s) had started without a result"
+    else:
+        what = "between its steps"
+    console.print(
+        f"session {session_id}: turn {cut_turn.turn} was cut short when its process stopped ({what}).",
+        markup=False,
+        highlight=False,
+    )
+    while True:
+        answer = await lines.read("continue that turn? [Y/n] ")
+        if not isinstance(answer, str):
+            return None
+        word = answer.strip().lower()
+        if word in ("", "y", "yes"):
+            return "continue"
+        if word in ("n", "no"):
+            return "close"
+        console.print("answer y (go on with the turn) or n (close it as interrupted)", markup=False, highlight=False)
 
 
 def mcp_failures(runtime: Runtime) -> list[str]:
@@ -306,7 +343,7 @@ async def chat(
     options = dict(runtime_options or {})
     options["approver"] = approve
     async with open_runtime(root, model=TeeModel(model, on_text), compression=compression, **options) as runtime:
-        agent, resumed = await _take_session(runtime, session_id)
+        agent, resumed = await _take_session(runtime, session_id, lines, console)
         # One boundary for the history and the live stream: what its owner records while the
         # history is read (a queued message's turn) is streamed, not lost between the two.
         start = agent.session.durable_next

@@ -76,8 +76,9 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
         return f"  → {e['name']}({cut(arguments)})"
     if kind == "tool/result":
         mark = "✗" if e.get("is_error") else "←"
-        return f"  {mark} {cut(e['text'])}"
-    if kind in ("subagent/catalog", "subagent/settled", "compaction/summary"):
+        doubt = "in doubt: " if e.get("in_doubt") else ""  # cut by a crash, not run again
+        return f"  {mark} {doubt}{cut(e['text'])}"
+    if kind in ("subagent/catalog", "subagent/settled", "compaction/summary", "turn/continue"):
         lines = render([e])
         return lines[0] if lines else None
     return None

@@ -111,8 +111,31 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[root, model_options],
         help="run one prompt in a session (created or resumed) and print the answer",
     )
-    run.add_argument("prompt", metavar="PROMPT", help="the user message to send")
+    run.add_argument(
+        "prompt",
+        metavar="PROMPT",
+        nargs="?",
+        help="the user message to send (without one, --session ID resumes the session: an interrupted turn goes on)",
+    )
     run.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
+    _run_shape(run)
+    resume = commands.add_parser(
+        "resume",
+        parents=[root, model_options],
+        help="resume a session: an interrupted turn goes on, waiting notices and mail are taken, then the answer",
+    )
+    resume.add_argument("session_id", metavar="ID", help="the session to resume")
+    _run_shape(resume)
+    _add_acp(commands, model_options)
+    _chat_parser(commands, root, model_options)
+    add_operator_commands(commands, root, model_options)
+    add_serve_commands(commands, root, model_options)
+    add_store_commands(commands)
+    return parser
+
+
+def _run_shape(run: Parser) -> None:
+    """What `run` and `resume` share: the form of new logs and of the output."""
     run.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
     shape = run.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help='print {"session_id": ..., "output": ...}')
@@ -121,12 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every durable event of the session and its descendants as a JSON line, then a result line",
     )
-    _add_acp(commands, model_options)
-    _chat_parser(commands, root, model_options)
-    add_operator_commands(commands, root, model_options)
-    add_serve_commands(commands, root, model_options)
-    add_store_commands(commands)
-    return parser
 
 
 def _model_options() -> Parser:
@@ -254,6 +271,9 @@ def _command(args: argparse.Namespace) -> int:
             return scenario_main(args)
         if args.command == "config":
             return config_command(args)
+        if args.command == "resume":
+            args.session, args.prompt = args.session_id, None  # `run --session ID` without a prompt
+            args.command = "run"
         if args.command in ("run", "chat", "acp", "demo"):
             from .run import run_main
 

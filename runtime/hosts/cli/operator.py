@@ -107,6 +107,13 @@ def add_operator_commands(commands: Commands, root: Parser, model_options: Parse
     ):
         command = commands.add_parser(name, parents=[root], help=what)
         command.add_argument("session_id", metavar="ID", help="the session")
+        if name == "stop":  # issue 27: stop a whole tree, durably (runtime/hosts/cli/stop_tree.py)
+            command.add_argument(
+                "--tree",
+                action="store_true",
+                help="stop the session and every descendant wherever they run, for good: nothing "
+                "resumes them until an explicit `send`",
+            )
     tail = commands.add_parser(
         "tail", parents=[root], help="print a session's durable events as JSON lines (read-only)"
     )
@@ -197,6 +204,10 @@ def operator_main(args: argparse.Namespace) -> int:
     read_only_store(args)
     if args.command == "tail":
         return trio.run(until_interrupted, _tail, args)
+    if args.command == "stop" and args.tree:
+        from .stop_tree import stop_tree_command
+
+        return trio.run(stop_tree_command, args)
     if args.command == "send" and not args.queue:
         if not trio.run(runs_elsewhere, args):
             # Nobody runs it: this process resumes it and runs the turn, as `run --session ID

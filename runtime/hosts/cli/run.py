@@ -102,6 +102,14 @@ async def run_command(args: argparse.Namespace, setup: HostSetup, *, interrupt: 
     if isinstance(ran, int):
         return ran
     agent, result, watch = ran
+    if result is None and args.prompt is None and not interrupt.hit:
+        # A resume that found nothing to do: no open turn, no waiting notice or mail.
+        print(f"subagents: session {agent.session_id} had nothing to resume", file=sys.stderr)
+        if args.stream and not watch.reader_gone:
+            write_stdout(result_line(agent.session_id, "", watch.usage, {"kind": "completed"}))
+        elif args.json:
+            print_stdout(json.dumps({"session_id": agent.session_id, "output": ""}, ensure_ascii=False))
+        return 0
     output = (result.text if result is not None else None) or ""
     reason = result.reason if result is not None else {"kind": "error", "message": "no turn ran"}
     between_turns = interrupt.hit and (result is None or reason["kind"] == "completed")
@@ -138,7 +146,7 @@ async def _run_in(
     # turn it starts are part of this run.
     before = await _event_count(runtime, args.session) if watched else None
     try:
-        agent = await _session_agent(runtime, args.session)
+        agent = await _session_agent(runtime, args.session, create=args.prompt is not None)
     except (StorageError, AgentError) as exc:
         raise UsageError(str(exc)) from None  # a bad root, or a session that cannot be taken
     # Named before the work starts, so a person can resume it (`run --session ID`).
@@ -147,7 +155,10 @@ async def _run_in(
     stopped: AgentStopped | None = None
     async with _watching(runtime, agent, args, before) as watch:
         with interrupt.cancels():  # the first Ctrl-C stops the work
-            await agent.send(args.prompt)
+            if args.prompt is not None:
+                await agent.send(args.prompt)
+            else:
+                await _taken_up(runtime, agent)
             try:
                 result = await runtime.subagents.wait_tree_idle(agent)
             except AgentStopped as exc:
@@ -212,13 +223,24 @@ def _watching(
     return watch_run(runtime, agent.session_id, start, stream_to=stream_to, progress=progress)
 
 
-async def _session_agent(runtime: Runtime, session_id: str | None) -> Agent:
+async def _session_agent(runtime: Runtime, session_id: str | None, *, create: bool = True) -> Agent:
     if session_id is None:
         return await runtime.agents.create()
     try:
         return await runtime.agents.resume(session_id)
     except SessionNotFound:
+        if not create:  # a resume: there is nothing to resume
+            raise UsageError(f"session {session_id!r} not found") from None
         return await runtime.agents.create(session_id=session_id)
+
+
+async def _taken_up(runtime: Runtime, agent: Agent) -> None:
+    """A resume without a prompt: until what was waiting for the session is in its hands — its
+    mailbox drained once (queued mail), so the wait for the tree that follows does not end
+    before that work starts. (An interrupted turn and undelivered notices start with the agent.)"""
+    owners = runtime.agents.owners
+    if owners is not None:
+        await owners.first_drain(agent.session_id)
 
 
 async def demo_command(args: argparse.Namespace, *, interrupt: Interrupt) -> int:
@@ -244,6 +266,8 @@ def run_main(args: argparse.Namespace) -> int:
         return trio.run(until_interrupted, demo_command, args)
     if args.session is not None:
         check_session_arg(args.session)
+    elif args.prompt is None:
+        raise UsageError("run needs a PROMPT (or --session ID to resume a session)")
     setup = command_setup(args)
     raise_open_file_limit()
     return trio.run(until_interrupted, run_command, args, setup)
