@@ -502,6 +502,11 @@ async def test_a_message_delivered_before_a_stop_is_recorded_and_not_answered(
     assert {d["reason"]["kind"] for t, d in events if t == "turn/end"} == {"aborted"}
     texts = [b.get("text") for t, d in events if t == "assistant/message" for b in d["message"]["content"]]
     assert "NEVER" not in texts
+    # The stop stays in force: its marker is written again after the message it recorded (an
+    # explicit message after a marker clears it).
+    types = [t for t, _d in events]
+    message_at = next(i for i, (t, d) in enumerate(events) if d.get("delivery_id") == message.delivery_id)
+    assert max(i for i, t in enumerate(types) if t == "session/stopped") > message_at
 
 
 async def test_an_interrupt_of_the_turn_a_queued_message_started_is_not_held_up(

@@ -310,6 +310,8 @@ def test_a_message_sent_before_a_stop_is_recorded_before_the_settlement(tmp_path
     assert len([e for e in events if e["type"] == "user/message" and e["data"].get("delivery_id") == delivery]) == 1
     assert {e["data"]["reason"]["kind"] for e in events if e["type"] == "turn/end"} == {"aborted"}
     assert "NEVER" not in json.dumps(events)
+    message_at = next(i for i, e in enumerate(events) if e["data"].get("delivery_id") == delivery)
+    assert max(i for i, e in enumerate(events) if e["type"] == "session/stopped") > message_at  # still stopped
     parent = json.loads(run.seen[0])["session_id"]
     parent_events = _log(root, parent)
     settled = [e for e in parent_events if e["type"] == "subagent/settled"]
