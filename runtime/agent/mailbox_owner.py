@@ -183,6 +183,8 @@ class _Owner:
         factory=lambda: trio.open_memory_channel[Envelope](SETTLED_QUEUE)
     )
     _settling: int = 0  # settlements queued for the recorder and not finished (they keep their order)
+    # Interrupts and stops whose effect is durable, not acked yet (`close` acks them too).
+    _effective: dict[str, Envelope] = attrs.field(factory=dict)
 
     @property
     def sid(self) -> str:
@@ -300,6 +302,10 @@ class _Owner:
         await self._ack_recorded_pending()
 
     async def _ack_recorded_pending(self) -> None:
+        for delivery_id in list(self._effective):
+            effective = self._effective.pop(delivery_id, None)
+            if effective is not None:
+                await self._ack(effective)
         for delivery_id in [d for d in self._pending if d in self.agent.recorded_deliveries]:
             # `close` may ack them while the owner's loop does (each waits on its own acks).
             envelope = self._pending.pop(delivery_id, None)
@@ -347,10 +353,17 @@ class _Owner:
                 cause: Cause = "user" if envelope.sender is None else "parent"
                 if kind == "stop":  # its durable stopped marker first (issue 27): nothing resumes it now
                     await self.owners.actions.mark_stopped(self.sid, envelope)
-                if await self._end_turns(cause, stop=kind == "stop"):
+                recorded_input = await self._end_turns(cause, stop=kind == "stop")
+                # Its effect is durable: acked by whoever comes first — this, or `close` when the
+                # session settles and goes meanwhile (an interrupted child with nothing queued
+                # settles at once, and its disposal ends this task).
+                self._effective[envelope.delivery_id] = envelope
+                if recorded_input:
                     # Messages delivered before the stop were recorded after its marker, which
                     # an explicit message clears (storage/stop_marker.py): the marker again.
                     await self.owners.actions.mark_stopped(self.sid, envelope)
+                if self._effective.pop(envelope.delivery_id, None) is None:
+                    return  # acked by `close`
             await self._ack(envelope)
             if kind == "stop" and envelope.created_at >= self.started:
                 # After the ack: the stop disposes this session, and with it this task.
