@@ -32,6 +32,7 @@ from subagents.storage import (
 
 from .agent.loop import Agent, AgentConfig
 from .agent.mailbox_owner import MailboxOwners
+from .agent.model_record import ModelFactory
 from .agent.registry import AgentRegistry, SessionTools
 from .delegation.agent_types import AgentType
 from .delegation.listing import ListingService
@@ -128,6 +129,7 @@ async def open_runtime(
     max_depth: int = 1,
     max_active_subagents: int = 8,
     child_model: ChildModel | None = None,
+    model_factory: ModelFactory | None = None,
     log_store: LogStore | None = None,
     now_ms: Callable[[], int] | None = None,
     workspace: str | os.PathLike[str] | None = None,
@@ -148,6 +150,8 @@ async def open_runtime(
     never read here. `clock` and `id_factory` make runs deterministic; `now_ms` overrides only
     the clock's readings (tests of the storage-facing layers use it). `child_model` builds the
     model of a child whose `ChildOptions` select one (without it, such a child is refused).
+    `model_factory` builds the model a resumed subagent's log recorded (`session/model`) when it
+    is not `model` (runtime/agent/model_record.py); without it every session runs `model`.
     `workspace` (a folder) gives every agent the workspace tools acting in it; `permissions`
     (default `DEFAULT_PERMISSIONS` when a workspace is given) puts tools behind allow/ask/deny,
     `ask` answered by `approver` (none: denied). `agent_types` are offered by the `subagent`
@@ -232,6 +236,7 @@ async def open_runtime(
                     nursery=nursery,
                     hooks=service,
                     owners=owners,
+                    model_factory=model_factory,
                 )
                 parts = SubagentParts.build(
                     agents=agents,

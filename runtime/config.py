@@ -53,6 +53,7 @@ class Config:
     mcp_servers: Mapping[str, McpServerSpec] = attrs.field(factory=dict)
     lease_ttl: float = 15.0  # a PostgreSQL store's leases (SPEC §9)
     lease_renew_interval: float | None = None  # None: a third of the ttl
+    forget_hosts_after: float = 86400.0  # a serving host deletes the rows of hosts gone this long
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
 
@@ -137,12 +138,14 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     "tools.disabled": _names,
     "store.lease_ttl": _seconds,
     "store.lease_renew_interval": _seconds,
+    "store.forget_hosts_after": _seconds,
 }
 _FIELD = {
     "tools.workspace": "workspace_tools",
     "tools.disabled": "disabled_tools",
     "store.lease_ttl": "lease_ttl",
     "store.lease_renew_interval": "lease_renew_interval",
+    "store.forget_hosts_after": "forget_hosts_after",
 }
 _BUDGET: dict[str, Callable[[object], object]] = {
     "max_turns": _integer(1),

@@ -4,10 +4,13 @@
 `leased` capability is None (the file store: its flocks need no renewal). Every
 `lease_renew_interval` seconds it renews all the store's leases in one statement, in a worker
 thread. Sessions found lost (another host took them over: this host was paused or cut off past its
-ttl) are logged and handed to `on_lost` (the runtime stops their actors and mailbox owners at
+ttl; or the renewals failed for a whole ttl, so another host may take them now: storage/pg_leases.py)
+are logged and handed to `on_lost` (the runtime stops their actors and mailbox owners at
 once: an idle session's owner must not act for it; a running one's next append is refused with
 `OwnershipLost` anyway). A failed renewal is logged and tried again at the next interval: the
-leases last a ttl, three intervals by default.
+leases last a ttl, three intervals by default. A lost owner connection (cut by the server, or a
+restart) is replaced by the next renewal, which takes the host's liveness lock again: no other
+host takes a session from a host merely cut off, only from one whose leases expired.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ async def renew_leases(store: LogStore, on_lost: Callable[[str], None] | None = 
             log.warning("renewing the store's leases failed (tried again in %.1f s): %s", interval, exc)
             continue
         for session_id in sorted(lost):
-            log.warning("session %r: its lease was taken over by another host; it stops here", session_id)
+            log.warning(
+                "session %r: its lease is lost (taken over, or not renewed for a ttl); it stops here", session_id
+            )
             if on_lost is not None:
                 on_lost(session_id)

@@ -85,17 +85,13 @@ def open_mailbox(store: LogStore, root: str) -> Mailbox:
 
 
 def store_label(store: LogStore) -> str:
-    """How a message names a store: its folder, or its URL without the password."""
+    """How a message names a store: its folder, or its URL without its secrets."""
     if isinstance(store, PostgresLogStore):
         return _redacted(store.url)
     return str(getattr(store, "root", store))
 
 
 def _redacted(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
+    from subagents.storage import redact_url
 
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return redact_url(url)

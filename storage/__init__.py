@@ -69,6 +69,7 @@ from .mailbox import FileMailbox as FileMailbox
 from .mailbox import Mailbox as Mailbox
 from .mailbox_watch import LocalWakeups as LocalWakeups
 from .mailbox_watch import MailboxWatch as MailboxWatch
+from .pg_connect import redact_url as redact_url
 from .pg_mailbox import PostgresMailbox as PostgresMailbox
 from .pg_mailbox_watch import PgMailboxWatch as PgMailboxWatch
 from .pg_store import PostgresLogStore as PostgresLogStore
@@ -81,9 +82,9 @@ from .projection import ObservedCheckpoint as ObservedCheckpoint
 from .projection import ProjectionCells as ProjectionCells
 from .projection import ProjectionRegistry as ProjectionRegistry
 from .projection import ProjectionUnit as ProjectionUnit
-from .stop_marker import is_explicit_message as is_explicit_message
-from .stop_marker import stop_marker as stop_marker
-from .stop_marker import stopped as stopped
+from .stop_verdict import is_explicit_message as is_explicit_message
+from .stop_verdict import stop_marker as stop_marker
+from .stop_verdict import stopped as stopped
 from .values import AbortPoll as AbortPoll
 from .values import HeaderClaim as HeaderClaim
 from .values import LogInfo as LogInfo
@@ -177,9 +178,10 @@ __all__ = [
     "decode_session_id",
     "encode_session_id",
     "interrupted_closers",
+    "is_explicit_message",
     "make_event",
     "plan_continuation",
-    "is_explicit_message",
+    "redact_url",
     "stop_marker",
     "stopped",
 ]

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Generator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from .errors import InvalidStoreUrl, StoreUnreachable
 from .pg_timeouts import connection_options
@@ -34,18 +34,64 @@ __all__ = ["Pool", "application_name", "check_url", "close_quietly", "connect", 
 SCHEMES = ("postgresql", "postgres")
 
 
+# Query parameters whose value is a secret (libpq's `password`, `sslpassword`, and anything named
+# like one: a token, a key, a secret) or says where one is kept (`passfile`).
+_SECRET_PARTS = ("password", "secret", "token", "key", "passfile")
+_HIDDEN = "***"
+
+
+def _secret_name(name: str) -> bool:
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_PARTS)
+
+
 def redact(url: str) -> str:
-    """`url` without its password (for messages and logs)."""
+    """`url` without its secrets (for messages, banners and logs): a password in its userinfo
+    and the value of every secret-bearing query parameter (`password=`, `sslpassword=`, any
+    name with `password`, `secret`, `token` or `key` in it, `passfile=`) become `***`."""
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
     except ValueError:
         return "<an unparsable URL>"
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    netloc = parts.netloc
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:{_HIDDEN}@{hosts}"
+    query = "&".join(_redacted_param(param) for param in parts.query.split("&"))
+    # Put together by hand: `urlunsplit` drops the empty host of `postgresql:///db?host=/tmp`.
+    return (
+        f"{parts.scheme}://{netloc}{parts.path}"
+        + (f"?{query}" if parts.query else "")
+        + (f"#{parts.fragment}" if parts.fragment else "")
+    )
+
+
+redact_url = redact  # the face's name for it (`subagents.storage.redact_url`)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (a driver's error message about `url`) with each secret of `url` — in its raw and
+    decoded forms — replaced by `***`: libpq quotes a malformed token of the URL back."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return text
+    userinfo, at, _hosts = parts.netloc.rpartition("@")
+    secrets = [userinfo.partition(":")[2]] if at and ":" in userinfo else []
+    for param in parts.query.split("&"):
+        name, eq, value = param.partition("=")
+        if eq and _secret_name(unquote_plus(name)):
+            secrets.append(value)
+    for secret in sorted(
+        {form for s in secrets for form in (s, unquote_plus(s)) if len(form) >= 3}, key=len, reverse=True
+    ):
+        text = text.replace(secret, _HIDDEN)
+    return text
+
+
+def _redacted_param(param: str) -> str:
+    name, eq, _value = param.partition("=")
+    return f"{name}={_HIDDEN}" if eq and _secret_name(unquote_plus(name)) else param
 
 
 def check_url(url: object) -> str:
@@ -68,7 +114,7 @@ def check_url(url: object) -> str:
         conninfo.conninfo_to_dict(url)
         urlsplit(url).port  # noqa: B018  # a port that is not a number raises here
     except (ValueError, psycopg.Error) as exc:  # psycopg.ProgrammingError: a malformed conninfo
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = scrub(first_line(exc), url)
         raise InvalidStoreUrl(f"not a valid PostgreSQL URL {redact(url)!r}: {reason}") from None
     return url
 
@@ -91,7 +137,9 @@ def connect(url: str, app: str) -> Connection:
     try:
         return psycopg.connect(url, autocommit=True, application_name=app, **connection_options(url))
     except psycopg.Error as exc:
-        raise StoreUnreachable(f"cannot connect to PostgreSQL at {redact(url)}: {first_line(exc)}") from None
+        raise StoreUnreachable(
+            f"cannot connect to PostgreSQL at {redact(url)}: {scrub(first_line(exc), url)}"
+        ) from None
 
 
 class Pool:

@@ -6,15 +6,21 @@ for a row of `leases`: `(session_id, owner = a host id, epoch, expires_at)`, tim
 database clock. Taking a session (`acquire`, one statement) inserts its lease at epoch 1, or takes
 the row over — owner = this host, epoch + 1, a fresh expiry — only when the row has expired, or its
 owner is not alive, or its owner is this very host (which holds no open handle on it: the store
-checks that first, without a query). Otherwise: `AlreadyOwned`.
+checks that first, without a query), or its owner has no `hosts` row (it closed cleanly, or was
+forgotten). Otherwise: `AlreadyOwned`. Only the lease decides: a host is never judged dead by its
+connection, since a live host whose owner connection was cut (`pg_terminate_backend`, a server
+restart) goes on running its sessions — taking them at once would run them twice. A killed
+process's sessions therefore wait for their leases to expire (a ttl at most).
 
 Host liveness is one session-level advisory lock per host, keyed by its id
 (`hashtextextended(id, LIVENESS_SEED)`), held by the store's *owner connection* for the store's
-lifetime: PostgreSQL frees it when that connection ends, so a killed process's sessions can be
-taken at once, while a paused one keeps them until its leases expire. Every lease statement runs
-on the owner connection, one at a time (a lock): a lost owner connection is found by the next
-statement and replaced (the liveness lock and the `hosts` row taken again) before it is retried
-once.
+lifetime: `subagents hosts` shows a host whose lock is free as gone, and counting serving hosts
+skips it, but no lease or placement changes hands for it. Every lease statement runs on the
+owner connection, one at a time (a lock): a lost owner connection is found by the next statement
+(a renewal, every `lease_renew_interval`) and replaced — the liveness lock and the `hosts` row
+taken again — before it is retried once, well within the ttl; a host that cannot reconnect before
+its leases expire finds them taken at its next renewal or append (`OwnershipLost`) and stops those
+sessions.
 
 Fencing is in the append statements of pg_store: they update the lease only where owner and epoch
 are still this handle's (renewing it), and write the batch only from that update — a stale writer
@@ -24,7 +30,7 @@ safety comes from the epoch, not from the clock, so a slow renewal never stops a
 else wanted. Releasing (closing a handle) expires the row but keeps it, so epochs only grow, and
 notifies channel `subagents_lease` with the session id. `renew` extends every held lease in one
 statement and reports the ones found lost; `held_elsewhere` (listing's `running`) is an unexpired
-lease of another live host: exactly the leases `acquire` would refuse to take.
+lease of another registered host: exactly the leases `acquire` would refuse to take.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ if TYPE_CHECKING:
 
     from .pg_connect import Connection
 
-__all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "lease_options", "new_host_id"]
+__all__ = ["LEASE_CHANNEL", "LeaseState", "Leases", "host_gone", "lease_in_force", "lease_options", "new_host_id"]
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +73,26 @@ LIVE_HOSTS = (
 )
 _EXPIRY = "now() + make_interval(secs => %(ttl)s)"
 
+
+def host_gone(host: str) -> str:
+    """SQL: the host named by the column `host` has no `hosts` row (it closed cleanly, or was
+    forgotten): its leases bind nobody, expired or not."""
+    return f"NOT EXISTS (SELECT 1 FROM hosts gone WHERE gone.id = {host})"
+
+
+def lease_in_force(lease: str) -> str:
+    """SQL: the lease row `lease` binds every other host — unexpired, and its owner still
+    registered. A free liveness lock does not end it: a host whose owner connection was cut is
+    alive and still runs the session (it reconnects, renews, and takes its lock again)."""
+    return f"({lease}.expires_at > now() AND NOT {host_gone(f'{lease}.owner')})"
+
+
 _ACQUIRE = (
-    f"WITH {LIVE_HOSTS} INSERT INTO leases AS l (session_id, owner, epoch, expires_at) "
+    "INSERT INTO leases AS l (session_id, owner, epoch, expires_at) "
     f"VALUES (%(id)s, %(me)s, 1, {_EXPIRY}) "
     "ON CONFLICT (session_id) DO UPDATE SET owner = excluded.owner, epoch = l.epoch + 1, "
     "expires_at = excluded.expires_at, released = false "
-    "WHERE l.expires_at <= now() OR l.owner = %(me)s "
-    f"OR hashtextextended(l.owner, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
+    f"WHERE l.expires_at <= now() OR l.owner = %(me)s OR {host_gone('l.owner')} "
     "RETURNING epoch"
 )
 _RELEASE = (
@@ -98,8 +117,8 @@ _RENEW = (
     "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
 )
 _HELD_ELSEWHERE = (
-    f"WITH {LIVE_HOSTS} SELECT session_id FROM leases WHERE session_id = ANY(%(ids)s) AND owner <> %(me)s "
-    f"AND expires_at > now() AND hashtextextended(owner, {LIVENESS_SEED}) IN (SELECT key FROM live)"
+    "SELECT l.session_id FROM leases l WHERE l.session_id = ANY(%(ids)s) AND l.owner <> %(me)s "
+    f"AND {lease_in_force('l')}"
 )
 
 
@@ -129,6 +148,10 @@ class LeaseState:
     session_id: SessionId
     epoch: int
     lost: bool = False
+    # `time.monotonic()` when the statement that last set its expiry was sent: the lease ends no
+    # sooner than a ttl after it (the database stamps it later), so a host that could not renew
+    # since knows when another host may have taken the session.
+    renewed_from: float = 0.0
 
 
 class Leases:
@@ -146,6 +169,7 @@ class Leases:
         self._registered = False  # the host's row written once: renewals keep it fresh
         self._live = False  # the owner connection holds the liveness lock
         self._closed = False
+        self.monotonic: Callable[[], float] = time.monotonic  # the tests move it
 
     # --- the owner connection ---
 
@@ -231,6 +255,7 @@ class Leases:
             if sid in self._held:
                 raise AlreadyOwned(sid)
             self._held[sid] = None
+            sent = self.monotonic()
             try:
                 row = self._run(
                     "taking a lease",
@@ -242,7 +267,7 @@ class Leases:
             if row is None:
                 del self._held[sid]
                 raise AlreadyOwned(sid)
-            state = self._held[sid] = LeaseState(sid, row[0])
+            state = self._held[sid] = LeaseState(sid, row[0], renewed_from=sent)
             return state
 
     def release(self, state: LeaseState) -> None:
@@ -265,7 +290,10 @@ class Leases:
 
     def renew(self) -> frozenset[SessionId]:
         """Extend every held lease (and this host's `renewed_at`) in one statement; the sessions
-        found no longer this host's are marked lost and returned."""
+        found no longer this host's are marked lost and returned. When the statement fails (the
+        database cannot be reached), the leases not renewed for a ttl are given up — marked lost
+        and returned, so their sessions stop here before another host may take them — and any
+        others leave the failure raised (tried again at the next interval)."""
         with self._lock:
             if self._closed or not self._registered:
                 return frozenset()  # never registered: nothing held
@@ -282,8 +310,26 @@ class Leases:
                     self._take_liveness(conn)
                 return conn.execute(_RENEW, args).fetchall()
 
-            rows = self._run("renewing leases", renew)
+            sent = self.monotonic()
+            try:
+                rows = self._run("renewing leases", renew)
+            except StorageError as exc:
+                overdue = [s for s in states if sent - s.renewed_from >= self.ttl]
+                if not overdue:
+                    raise
+                log.warning(
+                    "host %s: leases not renewed for a ttl (%s): their %d sessions stop here",
+                    self.host_id,
+                    exc,
+                    len(overdue),
+                )
+                for state in overdue:
+                    state.lost = True
+                return frozenset(s.session_id for s in overdue)
             kept = {row[0] for row in rows}
+            for state in states:
+                if state.session_id in kept:
+                    state.renewed_from = sent
             lost = [s for s in states if s.session_id not in kept]
             for state in lost:
                 state.lost = True

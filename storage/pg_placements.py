@@ -8,18 +8,24 @@ this host's id; `finish` deletes a row this host claimed — or whose child's le
 holds or held last (the child settled here, even if its row was reclaimed meanwhile); `unclaim`
 gives one back.
 
-A claim is an *orphan* when its host is gone: its liveness lock (pg_leases) is free — the
-process died, or its connection did — or its `hosts` row has not been renewed for a lease ttl (a
-paused or partitioned host, whose leases expire in the same time) — and its child's lease is not
-held, unexpired, by a live host (a child still running is never reclaimed: its host may renew
-late, or the hosts use different ttls). `reclaim_orphans` makes them claimable again in one statement; the child's lease decides who may write it (a paused host that
-comes back finds its epoch taken and stops, pg_store's fencing).
+A claim is an *orphan* when its host is gone — its `hosts` row was removed (it closed) or has
+not been renewed for a lease ttl (killed, paused, or cut off past its leases) — and its child's
+lease is not in force (unexpired, its owner registered: a child still running is never
+reclaimed: its host may renew late, or the hosts use different ttls). A free liveness lock alone
+is not a dead host: a host whose owner connection was cut, or whose server restarted, reconnects
+and renews within its ttl, and reclaiming its claims then would run (and settle) its children
+twice. `reclaim_orphans` makes orphans claimable again in one statement; the child's lease
+decides who may write it (a paused host that comes back finds its epoch taken and stops,
+pg_store's fencing).
 
-A session is *dropped* when its lease was not released cleanly and its host is gone or silent
-past the lease (expired, or its liveness lock free) — it may have had an open turn, undelivered
-mail or unsettled children — or when mail waits for it and no live host holds it. `dropped`
-names such sessions that no placement covers; a serving host's sweep resumes them (the lease
-decides which sweeper gets one).
+A session is *dropped* when its lease was not released cleanly and is no longer in force (it
+expired, or its host's row is gone) — it may have had an open turn, undelivered mail or
+unsettled children — or when mail from a session (a parent's message, a child's settlement)
+waits for it and no lease in force holds it. Only continuable children are dropped work: a root
+is resumed only by a host a person starts for it, and an operator's message (`send`, `send
+--queue`) waits for whoever resumes the session next. `dropped` names such sessions that no
+placement covers; a serving host's sweep resumes them (the lease decides which sweeper gets
+one).
 
 A host serves when its `hosts.capacity` is above 0 (`serve`); `serving_hosts` counts the live
 ones, which is what a host starting a child asks before it leaves the child to them.
@@ -33,7 +39,7 @@ from typing import Any
 from .errors import PersistenceFailed
 from .mailbox_watch import DEFAULT_POLL_INTERVAL, MailboxWatch
 from .pg_connect import Pool, close_quietly, connect, redact
-from .pg_leases import LEASE_CHANNEL, LIVE_HOSTS, LIVENESS_SEED, Leases
+from .pg_leases import LEASE_CHANNEL, LIVE_HOSTS, LIVENESS_SEED, Leases, lease_in_force
 from .pg_mailbox_watch import PgMailboxWatch
 from .placements import Claim, HostRow
 from .values import SessionId, check_session_id
@@ -42,7 +48,6 @@ __all__ = ["PLACEMENT_CHANNEL", "PgPlacements"]
 
 PLACEMENT_CHANNEL = "subagents_placement"
 
-_ALIVE = f"hashtextextended(%(host)s, {LIVENESS_SEED}) IN (SELECT key FROM live)"
 _ENQUEUE = (
     "WITH i AS (INSERT INTO placements (session_id, attempts) VALUES (%(id)s, %(attempts)s) "
     "ON CONFLICT (session_id) DO NOTHING "
@@ -64,31 +69,42 @@ _UNCLAIM = (
     "WHERE session_id = %(id)s AND claimed_by = %(me)s RETURNING session_id) "
     f"SELECT pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
 )
+# A claimer is gone when its `hosts` row is (it closed) or was not renewed for a ttl (killed,
+# paused, cut off past its leases): never for a free liveness lock alone (pg_leases).
+_CLAIMER_GONE = (
+    "NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
+    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))"
+)
 _RECLAIM = (
-    f"WITH {LIVE_HOSTS}, u AS (UPDATE placements p SET claimed_by = NULL, claimed_at = NULL "
-    "WHERE p.claimed_by IS NOT NULL AND p.claimed_by <> %(me)s AND ("
-    f"hashtextextended(p.claimed_by, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
-    "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
-    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) "
-    "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = p.session_id AND NOT l.released "
-    f"AND l.expires_at > now() AND hashtextextended(l.owner, {LIVENESS_SEED}) IN (SELECT key FROM live)) "
+    "WITH u AS (UPDATE placements p SET claimed_by = NULL, claimed_at = NULL "
+    f"WHERE p.claimed_by IS NOT NULL AND p.claimed_by <> %(me)s AND {_CLAIMER_GONE} "
+    f"AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.session_id = p.session_id AND {lease_in_force('l')}) "
     "RETURNING p.session_id) "
     f"SELECT session_id, pg_notify('{PLACEMENT_CHANNEL}', session_id) FROM u"
 )
 _TAKE_BACK = (
-    f"WITH {LIVE_HOSTS} DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by IS NULL "
-    f"OR hashtextextended(p.claimed_by, {LIVENESS_SEED}) NOT IN (SELECT key FROM live) "
-    "OR NOT EXISTS (SELECT 1 FROM hosts h WHERE h.id = p.claimed_by "
-    "AND h.renewed_at > now() - make_interval(secs => %(ttl)s))) RETURNING p.attempts"
+    "DELETE FROM placements p WHERE p.session_id = %(id)s AND (p.claimed_by IS NULL "
+    f"OR {_CLAIMER_GONE}) RETURNING p.attempts"
 )
+# Only children that came from a `subagent` call are taken over (a root is resumed only by a host
+# a person starts for it), and an operator's message (`send`, `send --queue`: sender null) is not
+# work left behind — it waits for whoever resumes the session next; no model runs for it alone.
 _DROPPED = (
-    f"WITH {LIVE_HOSTS} SELECT session_id FROM ("
+    "SELECT session_id FROM ("
     "SELECT l.session_id FROM leases l WHERE NOT l.released AND l.owner <> %(me)s "
-    f"AND (l.expires_at <= now() OR hashtextextended(l.owner, {LIVENESS_SEED}) NOT IN (SELECT key FROM live)) "
+    f"AND NOT {lease_in_force('l')} "
     "UNION SELECT m.session_id FROM mailbox m WHERE NOT EXISTS (SELECT 1 FROM leases l "
-    "WHERE l.session_id = m.session_id AND l.expires_at > now() "
-    f"AND hashtextextended(l.owner, {LIVENESS_SEED}) IN (SELECT key FROM live))"
-    ") d WHERE session_id NOT IN (SELECT session_id FROM placements) ORDER BY session_id LIMIT %(n)s"
+    f"WHERE l.session_id = m.session_id AND {lease_in_force('l')}) "
+    # (the envelope's bytes as encode_envelope writes them; a damaged row is no reason to fail)
+    """AND position('"sender":null'::bytea IN m.envelope) = 0"""
+    ") d WHERE session_id NOT IN (SELECT session_id FROM placements) "
+    "AND session_id IN (SELECT id FROM sessions WHERE origin = 'subagent' AND parent_session IS NOT NULL) "
+    "ORDER BY session_id LIMIT %(n)s"
+)
+_FORGET = (
+    "DELETE FROM hosts h WHERE h.id <> %(me)s "
+    "AND coalesce(h.renewed_at, h.started_at, '-infinity') < now() - make_interval(secs => %(age)s) "
+    f"AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.owner = h.id AND {lease_in_force('l')}) RETURNING h.id"
 )
 _SERVING = (
     f"WITH {LIVE_HOSTS} SELECT count(*) FROM hosts h WHERE h.capacity > 0 "
@@ -188,6 +204,10 @@ class PgPlacements:
             )
             for r in rows
         ]
+
+    def forget_hosts(self, older_than: float) -> list[str]:
+        rows = self._execute("forgetting hosts gone long ago", _FORGET, self._args(age=float(older_than)))
+        return sorted(row[0] for row in rows)
 
     def watch(self) -> MailboxWatch:
         """Readable when a placement is enqueued or given back, or a lease is released."""

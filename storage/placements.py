@@ -6,8 +6,8 @@ creates the child's session (descriptor and first prompt durable), releases it a
 placement. A serving host with free capacity claims placements — each claim goes to exactly one
 host (PostgreSQL: `FOR UPDATE SKIP LOCKED`) — resumes the child, runs it until it settles (its
 settlement reaches the parent through the parent's mailbox) and finishes the placement. A claim
-whose host died is claimable again (`reclaim_orphans`): the child resumes elsewhere, its
-interrupted turn closed by the resume's closers (SPEC 3.4).
+whose host died is claimable again (`reclaim_orphans`) once its lease expired: the child
+resumes elsewhere, its interrupted turn closed by the resume's closers (SPEC 3.4).
 
 `PgPlacements` (pg_placements.py) is the real form; `MemoryPlacements` (storage/testing) is the
 in-process one the runtime's unit tests use.
@@ -86,14 +86,17 @@ class Placements(Protocol):
         ...
 
     def reclaim_orphans(self) -> list[SessionId]:
-        """Placements claimed by hosts that are gone, made claimable again — not while a live
-        host holds the session's lease unexpired; returns them."""
+        """Placements claimed by hosts that are gone (closed, or silent for a lease ttl — never
+        merely cut off from the database for a moment), made claimable again — not while the
+        session's lease is in force; returns them."""
         ...
 
     def dropped(self, limit: int) -> list[SessionId]:
-        """Up to `limit` sessions no placement covers that were dropped with work: their
-        writer went away without releasing them, or mail waits for them and no live host holds
-        them. The sweep of a serving host resumes them (taking the lease decides who does)."""
+        """Up to `limit` continuable children no placement covers that were dropped with work:
+        their writer went away without releasing them and their lease expired, or mail from a
+        session (not an operator's `send`) waits for them and no lease holds them. Never a root:
+        roots are resumed only by a host a person starts for them. The sweep of a serving host
+        resumes them (taking the lease decides who does)."""
         ...
 
     def serve(self, capacity: int) -> None:
@@ -106,6 +109,12 @@ class Placements(Protocol):
 
     def hosts(self) -> list[HostRow]:
         """Every registered host, oldest first."""
+        ...
+
+    def forget_hosts(self, older_than: float) -> list[str]:
+        """Delete the rows of hosts not renewed for `older_than` seconds that hold no lease in
+        force (gone long ago: `subagents hosts` stops listing them); returns their ids. A
+        serving host's sweep calls it; a host that comes back writes its row again."""
         ...
 
     def watch(self) -> MailboxWatch:

@@ -407,6 +407,7 @@ WHITE_BOX = {
     "tests/storage/test_pg_mailbox.py",
     "tests/storage/test_pg_store.py",
     "tests/runtime/test_store_select.py",
+    "tests/runtime/test_failover.py",  # finds a host's owner connection by its liveness lock key
     # storage's lock table and folder watch
     "tests/storage/test_locks.py",
     "tests/storage/test_watch.py",
@@ -430,9 +431,11 @@ WHITE_BOX = {
     "tests/runtime/test_child_options.py",
     "tests/runtime/test_config.py",
     "tests/runtime/test_descriptor.py",
+    "tests/runtime/test_flags_unit.py",
     "tests/runtime/test_inbox_statistics.py",
     "tests/runtime/test_lease_renewal.py",
     "tests/runtime/test_mailbox_owner.py",
+    "tests/runtime/test_model_record.py",
     "tests/runtime/test_mcp_units.py",
     "tests/runtime/test_openai_model.py",
     "tests/runtime/test_openai_secrets.py",

@@ -55,6 +55,7 @@ from ..models.messages import Surface, text_blocks
 from ..tools.base import ToolSet
 from .agent_config import DEFAULT_CONFIG, AgentConfig
 from .inbox import Delivery, Inbox, Mode
+from .model_record import ModelRecorder
 from .model_steps import ModelSteps
 from .step_writer import SURFACE_TYPES
 from .tool_steps import ToolSteps
@@ -107,6 +108,7 @@ class Agent(ModelSteps, ToolSteps):
         self.inbox = Inbox(config.inbox_capacity)
         self.surface = surface if surface is not None else Surface.from_events(events, session_id=self.session_id)
         self.turn = _last_turn(events, self.session_id)
+        self._model_recorder = ModelRecorder(events)  # `session/model` (model_record.py)
         # How many of its events end with its last closed turn (what a fork of it inherits).
         self.closed_prefix = next((e.seq + 1 for e in reversed(events) if e.type == "turn/end"), 0)
         self.assistant_count = sum(1 for e in events if e.type == "assistant/message")
@@ -295,6 +297,8 @@ class Agent(ModelSteps, ToolSteps):
         abort = self._begin()
         self.spent = attrs.evolve(self.spent, turns=self.spent.turns + 1)
         trigger = claimed[-1].trigger if claimed else "message"
+        if (model_changed := self._model_recorder.changed(self.model)) is not None:
+            self._stage("session/model", model_changed, ignorable=True)  # before the turn it runs
         self._stage("turn/start", {"turn": turn, "trigger": {"kind": trigger}})
         return await self._steps(turn, abort, pending=claimed)
 
@@ -306,6 +310,8 @@ class Agent(ModelSteps, ToolSteps):
         abort = self._abort
         if abort is None:
             abort = self._abort = Abort()
+        if (model_changed := self._model_recorder.changed(self.model)) is not None:
+            self._stage("session/model", model_changed, ignorable=True)  # another host's model goes on
         return await self._steps(plan.turn, self._begin(abort), resume=plan)
 
     async def _steps(

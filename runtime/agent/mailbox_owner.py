@@ -360,7 +360,7 @@ class _Owner:
                 self._effective[envelope.delivery_id] = envelope
                 if recorded_input:
                     # Messages delivered before the stop were recorded after its marker, which
-                    # an explicit message clears (storage/stop_marker.py): the marker again.
+                    # an explicit message clears (storage/stop_verdict.py): the marker again.
                     await self.owners.actions.mark_stopped(self.sid, envelope)
                 if self._effective.pop(envelope.delivery_id, None) is None:
                     return  # acked by `close`

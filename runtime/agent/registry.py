@@ -45,6 +45,7 @@ from ..models.base import AnyModel
 from ..models.messages import Surface
 from ..tools.base import Tool, ToolSet
 from .loop import Agent, AgentConfig
+from .model_record import ModelFactory, resumed_model
 
 __all__ = ["AgentHooks", "AgentOwners", "AgentRegistry", "SessionTools"]
 
@@ -129,6 +130,9 @@ class AgentRegistry:
     hooks: AgentHooks
     drain_grace: float = 5.0
     owners: AgentOwners | None = None  # started with each agent, stopped before it
+    # Builds the model a resumed subagent's log recorded, with this host's credentials (None:
+    # every session runs `model`): model_record.py.
+    model_factory: ModelFactory | None = None
     _agents: dict[str, Agent] = attrs.field(factory=dict)
     _session_tools: dict[str, SessionTools] = attrs.field(factory=dict)
 
@@ -342,6 +346,8 @@ class AgentRegistry:
         chosen = model if model is not None else self.model
         if chosen is None:
             raise NoModel("no model is configured: pass open_runtime(model=...)")
+        if chosen is self.model and ref.header.origin == "subagent":  # a root runs its host's model
+            chosen = resumed_model(ref.session_id, events, chosen, self.model_factory)
         offered = self.hooks.offered_tools(ref.header, tools if tools is not None else self.tools(ref.session_id))
         agent = Agent(
             ref,

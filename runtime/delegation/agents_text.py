@@ -13,14 +13,20 @@ __all__ = ["render_agents"]
 
 
 def render_agents(rows: Sequence[Any], descendants: bool, status: Callable[[str], str]) -> str:
-    """The `list_agents` text: one line per continuable child or diagnostic."""
+    """The `list_agents` text: one line per continuable child or diagnostic. A stopped child
+    that does not run is `stopped` (not ready or idle: nothing resumes it but a new message),
+    and a child whose last turn holds results in doubt says how many (issue 27)."""
     lines = []
     for row in rows:
         at = f" parent={row.parent_id} depth={row.depth}" if descendants else ""
         if isinstance(row, ChildRow):
             if row.mode != "continuable":
                 continue
-            lines.append(f"{row.id} [{status(row.id)}]{at} — {row.label}")
+            state = status(row.id)
+            if row.stopped and state in ("ready", "idle"):
+                state = "stopped"
+            doubt = f" ({row.in_doubt} in doubt)" if row.in_doubt > 0 else ""
+            lines.append(f"{row.id} [{state}]{at} — {row.label}{doubt}")
         else:
             lines.append(f"{row.id} [diagnostic: {row.reason}]{at}")
     return "\n".join(lines) if lines else "(no subagents)"

@@ -27,6 +27,10 @@ a log another process writes) in one index write after the rows are built, outsi
 the next listing answers those children from the rung. The index is a cache, so a read-only
 command may write it; a store this process may not write is still listed (the write is
 skipped, quietly). Listing never writes a log or an actor.
+
+A child row's flags (`stopped`, `in_doubt`: issue 27) come with its identity from the same rung:
+the live ask, the `subagent_flags` checkpoint row beside the identity row (the rung answers only
+when both do: a log checkpointed before the unit existed is observed), or the observation.
 """
 
 from __future__ import annotations
@@ -70,15 +74,26 @@ from .lineage import (
     walk_descendants,
 )
 from .listing_observe import observe_rows
-from .listing_rows import ChildRow, CorpusShape, DiagnosticRow, Row, RowCache, own_identity, stored_identities
-from .units import CATALOG_UNIT, IDENTITY_UNIT
+from .listing_rows import (
+    ChildRow,
+    CorpusShape,
+    DiagnosticRow,
+    Row,
+    RowCache,
+    flags_view,
+    own_identity,
+    stored_flags,
+    stored_identities,
+)
+from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT
 
 __all__ = ["ChildRow", "DiagnosticRow", "ListingService", "walk_descendants"]
 
 _IDENTITY = [IDENTITY_UNIT.key]
 _CATALOG = [CATALOG_UNIT.key]
-_BOTH = [IDENTITY_UNIT.key, CATALOG_UNIT.key]  # a live child's identity and whether it has children
-_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key)  # the checkpoint rows a listing reads
+# A live child's identity, whether it has children, and its flags (stopped, in doubt).
+_LIVE = [IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key]
+_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key)  # the checkpoint rows a listing reads
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
@@ -320,7 +335,7 @@ class ListingService:
                 refs.append(ref)
             else:
                 cold.append(i)
-        answers = await self._live_answers(refs, _BOTH)
+        answers = await self._live_answers(refs, _LIVE)
         child = self._rows_made.child
         again: list[int] = []
         for i, answer in zip(live_at, answers, strict=True):
@@ -328,12 +343,15 @@ class ListingService:
             if isinstance(answer, ActorStopped):
                 cold.append(i)  # it stopped meanwhile: read what it left
             elif isinstance(answer, Exception):
-                again.append(i)  # its identity alone may still be readable (a broken catalog cell)
+                # Its identity alone may still be readable (a broken catalog or flags cell): a
+                # row without flags then, never none.
+                again.append(i)
             else:
                 identity = own_identity(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                 if identity is not None:
                     has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
-                    results[i] = child(record, identity, has, live=True)
+                    flags = flags_view(answer.get(FLAGS_UNIT.key))
+                    results[i] = child(record, identity, has, live=True, flags=flags)
                 # else: omitted — a live child in its creation window
         if again:
             ref_at = dict(zip(live_at, refs, strict=True))
@@ -376,22 +394,32 @@ class ListingService:
                 results[i] = DiagnosticRow(id=record.id, reason=record.damage)
             else:
                 pending.append(i)
-        checkpoints = await self._checkpoint_identities([candidates[i] for i in pending], stored)
+        answering = [candidates[i] for i in pending]
+        checkpoints = await self._checkpoint_identities(answering, stored)  # (adds the rows it read to `stored`)
+        flagged = stored_flags([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
         naming = catalog_owners(stored) if checkpoints else set()
         # Those another process holds the lock of are running there (observed ones learn it
         # from their observation's stat hop).
         held = await self._held_elsewhere([candidates[i].id for i in pending if candidates[i].id in checkpoints])
         observe = []
         for i in pending:
-            identity, whole = checkpoints.get(candidates[i].id, (None, False))
+            record = candidates[i]
+            identity, whole = checkpoints.get(record.id, (None, False))
+            flags, flags_seq = flagged.get(record.id, (None, -1))
             # Rows answer for the log revision they cover whole; rows that lag it answer only
-            # for a log another process writes now (its writer checkpoints it as it goes).
-            if identity is not None and (whole or candidates[i].id in held):
-                record = candidates[i]
+            # for a log another process writes now (its writer checkpoints it as it goes). The
+            # identity and the flags both: a log checkpointed before the flags unit existed has
+            # no flags row, and is observed (until its next writer checkpoints it: the index
+            # keeps a writer's rows over an observation's of the same seq).
+            if (
+                identity is not None
+                and flags is not None
+                and ((whole and flags_seq == _last_seq(record)) or record.id in held)
+            ):
                 has = record.id in parents or (
                     record.id in naming and names_absent(record.id, stored_catalog(record, stored[record.id]), records)
                 )
-                results[i] = self._rows_made.child(record, identity, has, live=record.id in held)
+                results[i] = self._rows_made.child(record, identity, has, live=record.id in held, flags=flags)
             else:
                 observe.append(i)
         if not observe:
@@ -412,15 +440,21 @@ class ListingService:
         self, records: Sequence[SessionRecord], stored: dict[str, list[StoredCheckpoint]] | None = None
     ) -> dict[str, tuple[JsonObject, bool]]:
         """Identities the index's checkpoint rows prove, for all cold candidates: the rows read
-        with the catalogs, and the rest (those that stopped meanwhile) in one more query. With
-        each, whether its row covers the log whole (`seq` is its last event's)."""
+        with the catalogs, and the rest (those that stopped meanwhile) in one more query, added
+        to `stored` (their flags rows are read from there). With each, whether its row covers
+        the log whole (`seq` is its last event's)."""
         if self.query is None or not records:
             return {}
-        rows = stored or {}
+        rows = stored if stored is not None else {}
         unread = [r.id for r in records if r.id not in rows]
         if unread:
-            rows = {**rows, **await self._stored_rows(unread)}
+            rows.update(await self._stored_rows(unread))
         return stored_identities(records, rows)
+
+
+def _last_seq(record: SessionRecord) -> int:
+    """The seq of the record's last event (-1 for none: no row covers it)."""
+    return -1 if record.event_count is None else record.event_count - 1
 
 
 def _check(abort: Abort | None) -> None:

@@ -16,8 +16,8 @@ from subagents.storage import ObservedCheckpoint
 from ..foundation.errors import SessionQueryError
 from ..query import SessionQuery, SessionRecord, headers_differ
 from .lineage import names_absent
-from .listing_rows import CorpusShape, DiagnosticRow, Row, RowCache, own_identity
-from .units import CATALOG_UNIT, IDENTITY_UNIT
+from .listing_rows import CorpusShape, DiagnosticRow, Row, RowCache, flags_view, own_identity
+from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT
 
 __all__ = ["observe_rows"]
 
@@ -50,6 +50,7 @@ async def observe_rows(
                     return
                 identity = own_identity(seen.projections.get(IDENTITY_UNIT.key), seen.inherited_event_count)
                 catalog = seen.projections.get(CATALOG_UNIT.key)
+                flags = flags_view(seen.projections.get(FLAGS_UNIT.key))
                 elsewhere = seen.held
                 observed = seen.observed
         except SessionQueryError as exc:
@@ -65,7 +66,7 @@ async def observe_rows(
             results[i] = DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
         else:
             has = record.id in parents or names_absent(record.id, catalog, records)
-            results[i] = rows.child(record, identity, has, live=elsewhere)
+            results[i] = rows.child(record, identity, has, live=elsewhere, flags=flags)
             if observed is not None and not elsewhere:
                 proved.append(observed)  # a child row: what its observation proved is kept
 

@@ -19,9 +19,20 @@ from subagents.storage import StoredCheckpoint
 from ..foundation.json_values import JsonObject
 from ..query import SessionRecord
 from .lineage import children_of, lineage, same_lifecycle
-from .units import IDENTITY_UNIT
+from .units import FLAGS_UNIT, IDENTITY_UNIT
 
-__all__ = ["ChildRow", "CorpusShape", "DiagnosticRow", "Reason", "Row", "RowCache", "own_identity", "stored_identities"]
+__all__ = [
+    "ChildRow",
+    "CorpusShape",
+    "DiagnosticRow",
+    "Reason",
+    "Row",
+    "RowCache",
+    "flags_view",
+    "own_identity",
+    "stored_flags",
+    "stored_identities",
+]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
 
@@ -35,6 +46,10 @@ class ChildRow:
     label: str | None = None
     parent_id: str | None = None  # descendants only
     depth: int | None = None  # descendants only
+    # Issue 27 (its `subagent_flags` unit): in the JSON only when set, so rows without them
+    # keep the bytes of SPEC 5.4.
+    stopped: bool = False  # its stop marker is in force
+    in_doubt: int = 0  # results of its last turn in doubt
 
     def to_json(self) -> JsonObject:
         out: JsonObject = {
@@ -48,6 +63,10 @@ class ChildRow:
             out["label"] = self.label
         if self.parent_id is not None:
             out |= {"parent_id": self.parent_id, "depth": self.depth}
+        if self.stopped:
+            out["stopped"] = True
+        if self.in_doubt > 0:
+            out["in_doubt"] = self.in_doubt
         return out
 
 
@@ -74,6 +93,15 @@ def own_identity(identity: object, inherited_event_count: int) -> JsonObject | N
     return None
 
 
+def flags_view(view: object) -> tuple[bool, int]:
+    """(stopped, in_doubt) of a `subagent_flags` view; none set for anything else (a tampered
+    state views as None: the row is listed, without flags)."""
+    if type(view) is not dict:
+        return False, 0
+    stopped, in_doubt = view.get("stopped"), view.get("in_doubt")
+    return stopped is True, in_doubt if type(in_doubt) is int and in_doubt > 0 else 0
+
+
 _ROW_CACHE = 8192  # rows kept for reuse at most (a row is ~200 bytes)
 _MODES: tuple[Literal["one-shot"], Literal["continuable"]] = ("one-shot", "continuable")  # what a descriptor holds
 
@@ -84,10 +112,19 @@ class RowCache:
     a thousand fewer objects, and the cyclic GC runs that much less often during it)."""
 
     def __init__(self) -> None:
-        self._made: dict[tuple[str, bool, bool, object, object], ChildRow] = {}
+        self._made: dict[tuple[str, bool, bool, object, object, bool, int], ChildRow] = {}
 
-    def child(self, record: SessionRecord, identity: JsonObject, has_children: bool, live: bool) -> ChildRow:
+    def child(
+        self,
+        record: SessionRecord,
+        identity: JsonObject,
+        has_children: bool,
+        live: bool,
+        flags: tuple[bool, int] = (False, 0),
+    ) -> ChildRow:
+        """The row; `flags` is (stopped, in_doubt), from `flags_view`."""
         mode, label = identity["mode"], identity.get("label")
+        stopped, in_doubt = flags
         if mode not in _MODES or (label is not None and type(label) is not str):
             # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
             return ChildRow(
@@ -96,8 +133,10 @@ class RowCache:
                 has_children=has_children,
                 mode=mode,
                 label=label,
+                stopped=stopped,
+                in_doubt=in_doubt,
             )
-        key = (record.id, live, has_children, mode, label)
+        key = (record.id, live, has_children, mode, label, stopped, in_doubt)
         row = self._made.get(key)
         if row is None:
             if len(self._made) >= _ROW_CACHE:
@@ -108,6 +147,8 @@ class RowCache:
                 has_children=has_children,
                 mode=mode,
                 label=label,
+                stopped=stopped,
+                in_doubt=in_doubt,
             )
         return row
 
@@ -174,4 +215,27 @@ def stored_identities(
                 )
                 if identity is not None:
                     out[record.id] = (identity, row.seq == record.event_count - 1)
+    return out
+
+
+def stored_flags(
+    records: Sequence[SessionRecord], rows: Mapping[str, Sequence[StoredCheckpoint]]
+) -> dict[str, tuple[tuple[bool, int], int]]:
+    """The flags (stopped, in_doubt) the stored `subagent_flags` rows prove for `records` (a row
+    of this unit version and lifecycle, behind the log end, holding a state the unit makes),
+    each with the seq its row covers. A session with no such row — written before the unit, or
+    a tampered row — is not in the answer: the listing observes it (and writes its rows back)."""
+    out = {}
+    key, version = FLAGS_UNIT.key, FLAGS_UNIT.state_version
+    for record in records:
+        header = record.header
+        if header is None or record.event_count is None:
+            continue
+        for row in rows.get(record.id, ()):
+            if row.key != key or row.ver != version or row.seq >= record.event_count:
+                continue
+            if same_lifecycle(row.lifecycle, header, record.inherited_event_count):
+                view = FLAGS_UNIT.view(row.value())  # (UNREADABLE, or any other shape: None)
+                if view is not None:
+                    out[record.id] = (flags_view(view), row.seq)
     return out

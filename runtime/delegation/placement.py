@@ -11,7 +11,8 @@ here, in the same Activation — a placed child never waits for hosts that are a
 
 The serving host's side: `adopt` a claimed child (resume it, let its mailbox owner hand it what
 waits, run it until it settles), `hand_back` one when the host stops cleanly, `fail_placed` one
-no host can serve (its parent is told), and `take_over` a session another host dropped.
+no host can serve (its parent is told), and `take_over` a continuable child another host
+dropped (never a root).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import logging
 from functools import partial
 
 import attrs
+import msgspec
 import trio
 from subagents.actors import Activation, ContinuationManager
-from subagents.storage import AlreadyOwned, Mailbox, PersistenceFailed, Placements, StorageError
+from subagents.storage import AlreadyOwned, Event, Mailbox, PersistenceFailed, Placements, StorageError, stopped
 
 from ..agent.loop import Agent
 from ..agent.registry import AgentRegistry
@@ -31,6 +33,7 @@ from ..foundation.json_values import JsonObject
 from ..query import SessionQuery
 from .residency import ChildHooks, Residency, unavailable
 from .routing import Routing
+from .run_key import run_key_of
 from .settlement import Settlement
 
 __all__ = ["Placement"]
@@ -175,6 +178,8 @@ class Placement:
         header, identity = await self.routing.observe_child(child_id, None)
         if header.parent_session is None:
             raise NotResumable(f"session {child_id!r} is not a subagent")
+        if await self._stopped(child_id, header.parent_session, settle=settle_idle):
+            return None
         await self.residency.wait_room(header.parent_session)
         activation = self.residency.admit(child_id, header.parent_session)
         try:
@@ -198,6 +203,29 @@ class Placement:
         self.residency.run(activation, child)
         return activation
 
+    async def _stopped(self, child_id: str, parent_id: str, *, settle: bool) -> bool:
+        """Whether the child is stopped for good (its log's `session/stopped` marker, README
+        "Stopping a tree"): then no claim or sweep runs it, whatever waits in its mailbox. A claim
+        made again (`settle`) settles it all the same, without running it — its stop may have
+        died between the marker and the settlement; the `run_key` makes a settlement that did
+        land the one the parent records. A log that cannot be read is not judged here (the
+        resume that follows says what is wrong with it)."""
+        try:
+            inherited, events = await self.query.read_from(child_id, 0)
+        except StorageError:
+            return False
+        if not stopped(events, inherited):
+            return False
+        if settle:
+            data: JsonObject = {"child_id": child_id, "reason_kind": _last_reason(events)}
+            run_key = run_key_of(child_id, events)
+            if run_key is not None:
+                data["run_key"] = run_key
+            if not await self.settlement.post(parent_id, child_id, data):
+                raise unavailable(child_id)  # not told: the placement is given back, tried again
+        log.info("placed child %s is stopped: not run", child_id)
+        return True
+
     async def hand_back(self, child_id: str) -> bool:
         """`Residency.hand_back`: let go of an adopted child without settling it."""
         return await self.residency.hand_back(child_id)
@@ -217,29 +245,44 @@ class Placement:
         if info is None or info.header is None or info.header.parent_session is None:
             return True
         data: JsonObject = {"child_id": child_id, "reason_kind": "error", "reason_message": reason}
+        try:
+            _next, events = await self.query.read_from(child_id, 0)
+        except StorageError:
+            events = []  # a log that cannot be read names no run: settled without a key
+        run_key = run_key_of(child_id, events)
+        if run_key is not None:
+            data["run_key"] = run_key  # the same run failed by two hosts is recorded once
         return await self.settlement.post(info.header.parent_session, child_id, data)
 
-    async def take_over(self, session_id: str) -> Activation | Agent | None:
-        """Resume a session another host dropped with work (`subagents serve`'s sweep): a
-        continuable child is adopted (`adopt`; it settles even with nothing left to do — the
-        dead host may have finished its turn without settling it); any other session is resumed
-        as a root — its interrupted turn closed, its notices and mail taken in — and returned
-        for the caller to hold until its tree is idle. None: nothing to do. `AlreadyOwned` when
-        another host took it first; `SubagentError` when it cannot be resumed."""
+    async def take_over(self, session_id: str) -> Activation | None:
+        """Resume a continuable child another host dropped with work (`subagents serve`'s sweep):
+        it is adopted (`adopt`; it settles even with nothing left to do — the dead host may have
+        finished its turn without settling it). A root is never taken over — roots are resumed
+        only by a host a person starts for them (its mail waits in its mailbox) — and gives
+        `NotResumable`. None: nothing to do. `AlreadyOwned` when another host took it first;
+        `SubagentError` when it cannot be resumed."""
         try:
             info, _held = await self.query.stat(session_id)
         except StorageError as exc:
             raise unavailable(session_id) from exc
         if info is None or info.header is None:
             raise unavailable(session_id)
-        if info.header.parent_session is not None:
-            try:
-                return await self.adopt(session_id, settle_idle=True)
-            except SubagentError as exc:
-                if isinstance(exc.__cause__, AlreadyOwned):
-                    raise exc.__cause__ from None
-                raise
-        agent = await self.agents.resume(session_id)
-        if self.agents.owners is not None:
-            await self.agents.owners.first_drain(session_id)
-        return agent
+        if info.header.parent_session is None or info.header.origin != "subagent":
+            raise NotResumable(f"session {session_id!r} is a root: only a host a person starts resumes it")
+        try:
+            return await self.adopt(session_id, settle_idle=True)
+        except SubagentError as exc:
+            if isinstance(exc.__cause__, AlreadyOwned):
+                raise exc.__cause__ from None
+            raise
+
+
+def _last_reason(events: list[Event]) -> str:
+    """The reason kind of the child's last `turn/end` (`aborted` when it has none: a stop that
+    came before its first turn ended)."""
+    for event in reversed(events):
+        if event.type == "turn/end":
+            reason = msgspec.json.decode(event.data).get("reason", {})
+            kind = reason.get("kind") if isinstance(reason, dict) else None
+            return kind if isinstance(kind, str) else "aborted"
+    return "aborted"

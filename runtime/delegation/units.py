@@ -1,5 +1,5 @@
-"""The projection units of subagent sessions: `subagent` (identity), `subagent_timing` and the
-parent's `subagent_catalog`.
+"""The projection units of subagent sessions: `subagent` (identity), `subagent_timing`, the
+parent's `subagent_catalog` and `subagent_flags` (stopped, in doubt).
 
 All are pure folds over a session's events (docs/design.md, "Projections and checkpoints"):
 state is plain JSON, never mutated in place (every change is a new dict), and `apply` returns
@@ -37,6 +37,26 @@ replaces its child's entry; an invalid payload or an invalid child id is skipped
 must not hide the siblings the others name. The view is the `children` mapping. Listings take it
 from a live parent's cell or the parent's checkpoint row, so a child whose own log is missing or
 unreadable still shows as a diagnostic without the parent's log being read.
+
+`subagent_flags` (what a listing row says of a child beyond its identity; issue 27 items 2 and
+5). State `{own_from: K, stopped: bool, in_doubt: int}`, over the session's own suffix only
+(`seq >= K`: a fork's seed replays its parent's events, not its stop or its turns):
+
+    session/stopped                       → stopped = true
+    user/message, explicit (storage.stop_verdict.is_explicit_message) → stopped = false
+    turn/start                            → in_doubt = 0
+    tool/result with `in_doubt: true`     → in_doubt += 1
+
+so `stopped` is the stop-marker verdict (the last marker not followed by an explicit message:
+`storage.stop_verdict.stopped`, folded one event at a time) and `in_doubt` counts the in-doubt
+results of the session's last turn, open or ended. The last turn rather than the open one: a
+child's continued turn usually ends before its parent lists it (it settles), and it is then that
+the parent must see that some of its work may or may not have happened; the child's next turn
+(the parent's next message) clears it. An undecodable payload is not in doubt and not explicit.
+A state of any other shape (a tampered checkpoint row) is left as it is and views as `None`, so
+a listing shows no flags for it (the listing observes such a cold child afresh: its cold read
+folds from the start). The view is `{stopped, in_doubt}` or `None`. Its batch `fold` gives the
+same state decoding only the payloads that can decide it (a cold read of a long log).
 """
 
 from __future__ import annotations
@@ -45,15 +65,25 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
-from subagents.storage import Event, InvalidSessionId, Offset, SessionHeader, SubagentCatalogData, check_session_id
+from subagents.storage import (
+    Event,
+    InvalidSessionId,
+    Offset,
+    SessionHeader,
+    SubagentCatalogData,
+    check_session_id,
+    is_explicit_message,
+)
 
 from .descriptor import MalformedDescriptor, parse_descriptor
 
 __all__ = [
     "CATALOG_UNIT",
+    "FLAGS_UNIT",
     "IDENTITY_UNIT",
     "SUBAGENT_UNITS",
     "SubagentCatalogUnit",
+    "SubagentFlagsUnit",
     "TIMING_UNIT",
     "SubagentIdentityUnit",
     "SubagentTimingUnit",
@@ -283,7 +313,114 @@ class SubagentCatalogUnit:
         return {cid: dict(entry) for cid, entry in catalog_children(state).items() if type(entry) is dict}
 
 
+class _Doubt(msgspec.Struct):
+    """The one key of a `tool/result` payload the flags read (the others are skipped unbuilt)."""
+
+    in_doubt: object = None
+
+
+_doubt = msgspec.json.Decoder(_Doubt)
+
+
+def _is_in_doubt(event: Event) -> bool:
+    try:
+        return _doubt.decode(event.data).in_doubt is True
+    except (msgspec.DecodeError, RecursionError):  # not an object (hand-built data): not in doubt
+        return False
+
+
+def _is_explicit(event: Event) -> bool:
+    try:
+        return is_explicit_message(event)
+    except (msgspec.DecodeError, RecursionError, AttributeError, TypeError):
+        # Not JSON, not objects where a message has them, an unhashable `kind` (hand-built
+        # data): no message a person or an agent sent.
+        return False
+
+
+def _flags(own_from: int, stopped: bool, in_doubt: int) -> JsonObject:
+    return {"own_from": own_from, "stopped": stopped, "in_doubt": in_doubt}
+
+
+def flags_of(state: object) -> tuple[int, bool, int] | None:
+    """(own_from, stopped, in_doubt) of a state shaped as `_flags` builds them, else None."""
+    if type(state) is not dict or len(state) != 3:
+        return None
+    own_from, stopped, in_doubt = state.get("own_from"), state.get("stopped"), state.get("in_doubt")
+    if type(own_from) is not int or type(stopped) is not bool or type(in_doubt) is not int or in_doubt < 0:
+        return None
+    return own_from, stopped, in_doubt
+
+
+class SubagentFlagsUnit:
+    """The `subagent_flags` unit: whether the session is stopped, and how many results of its
+    last turn are in doubt."""
+
+    key = "subagent_flags"
+    state_version = 1
+    types: Final = frozenset({"session/stopped", "user/message", "turn/start", "tool/result"})
+
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> JsonObject:
+        return _flags(inherited_event_count, False, 0)
+
+    def apply(self, state: JsonObject, event: Event) -> JsonObject:
+        kind = event.type
+        if kind not in self.types:
+            return state
+        flags = flags_of(state)
+        if flags is None or event.seq < flags[0]:
+            return state  # a tampered state stays as it is; an inherited event is the parent's
+        own_from, stopped, in_doubt = flags
+        if kind == "tool/result":
+            return _flags(own_from, stopped, in_doubt + 1) if _is_in_doubt(event) else state
+        if kind == "turn/start":
+            return _flags(own_from, stopped, 0) if in_doubt else state
+        if kind == "session/stopped":
+            return state if stopped else _flags(own_from, True, in_doubt)
+        return _flags(own_from, False, in_doubt) if stopped and _is_explicit(event) else state
+
+    def fold(self, state: JsonObject, events: Sequence[Event]) -> JsonObject:
+        """The left fold of `apply` over contiguous events, decoding only the payloads that can
+        decide the result: the `tool/result`s after the run's last `turn/start` (the earlier
+        ones are cleared by it), and — only when the session is stopped or the run holds a
+        marker — the `user/message`s after the run's last marker, from the end until one is
+        explicit (the last marker or explicit message decides; neither: as it was). A cold
+        read of a long log then decodes a handful of payloads, not every tool result."""
+        flags = flags_of(state)
+        if flags is None:
+            return state  # (as `apply`: a tampered state stays as it is)
+        own_from, stopped, in_doubt = flags
+        types = self.types
+        marks = [event for event in events if event.type in types and event.seq >= own_from]
+        if not marks:
+            return state
+        last_turn = len(marks) - 1
+        while last_turn >= 0 and marks[last_turn].type != "turn/start":
+            last_turn -= 1
+        doubt = 0 if last_turn >= 0 else in_doubt
+        for event in marks[last_turn + 1 :]:
+            if event.type == "tool/result" and _is_in_doubt(event):
+                doubt += 1
+        now = stopped
+        if stopped or any(event.type == "session/stopped" for event in marks):
+            for event in reversed(marks):
+                if event.type == "session/stopped":
+                    now = True
+                    break
+                if event.type == "user/message" and _is_explicit(event):
+                    now = False
+                    break
+        if (now, doubt) == (stopped, in_doubt):
+            return state
+        return _flags(own_from, now, doubt)
+
+    def view(self, state: JsonObject) -> JsonObject | None:
+        flags = flags_of(state)
+        return None if flags is None else {"stopped": flags[1], "in_doubt": flags[2]}
+
+
 IDENTITY_UNIT: Final = SubagentIdentityUnit()
 TIMING_UNIT: Final = SubagentTimingUnit()
 CATALOG_UNIT: Final = SubagentCatalogUnit()
-SUBAGENT_UNITS: Final = (IDENTITY_UNIT, TIMING_UNIT, CATALOG_UNIT)
+FLAGS_UNIT: Final = SubagentFlagsUnit()
+SUBAGENT_UNITS: Final = (IDENTITY_UNIT, TIMING_UNIT, CATALOG_UNIT, FLAGS_UNIT)

@@ -12,9 +12,11 @@ claimable again (their children resume here or elsewhere, the interrupted turn c
 resume's closers), and sessions dropped with work — their writer went away without releasing
 them, or mail waits for them and nobody holds them (`Placements.dropped`) — are resumed here
 (`Placement.take_over`): a continuable child runs until it settles (it settles even with
-nothing left to do: its dead host may have finished its turn without settling it), any other
-session is held until its tree is idle, then let go. Taking the lease decides which sweeper gets a
-session; one this host cannot resume is not tried again by it.
+nothing left to do: its dead host may have finished its turn without settling it). A root is
+never resumed by a sweep — only by a host a person starts for it; what waits for it stays in
+its mailbox until then. Taking the lease decides which sweeper gets a session; one this host
+cannot resume is not tried again by it. A host is gone only when its lease expired (or its row
+is gone): a host whose connection to the database was cut for a moment keeps its children.
 
 A claimed child that cannot be adopted never leaves its parent waiting: a refusal of this host's
 — another host still holds the child, its family is at this host's `max_active_subagents`, a
@@ -40,12 +42,10 @@ from subagents.actors import Activation
 from subagents.storage import AlreadyOwned, Claim, OwnershipLost, PersistenceFailed, Placements, StorageError
 from trio_util import RepeatedEvent, wait_any
 
-from ..agent.loop import Agent
 from ..delegation.placement import Placement
 from ..delegation.service import SubagentService
 from ..foundation.errors import (
     ActivationLimit,
-    AgentStopped,
     FamilyDraining,
     OptionsNotReapplied,
     QueryPersistenceFailed,
@@ -61,6 +61,7 @@ T = TypeVar("T")
 
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_SWEEP_INTERVAL = 5.0
+DEFAULT_FORGET_HOSTS_AFTER = 86400.0  # a day: `[store] forget_hosts_after`
 _RETRIES = 5  # a finish or give-back is tried this often, waiting 0.5 s, 1 s, 2 s, … between
 _RETRY_FIRST_DELAY = 0.5
 
@@ -95,12 +96,14 @@ async def serve_placements(
     stats: ServeStats | None = None,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+    forget_hosts_after: float = DEFAULT_FORGET_HOSTS_AFTER,
     on_event: Callable[[str, str], None] | None = None,
     task_status: trio.TaskStatus[ServeStats] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve placements with at most `capacity` children at once, until cancelled. Started
     (`task_status`) once the host is announced. `on_event(what, child_id)` hears of each child
-    taken (`claimed`) and let go (`finished`)."""
+    taken (`claimed`) and let go (`finished`). Each sweep also forgets the hosts gone for
+    `forget_hosts_after` seconds (their rows deleted: `subagents hosts` lists them no more)."""
     if capacity < 1:
         raise ValueError("a serving host needs a capacity of at least 1")
     placement = service.placement  # the part of the service that serves placed children
@@ -130,6 +133,8 @@ async def serve_placements(
                     next_sweep = trio.current_time() + sweep_interval
                     given_back.deferred.clear()
                     stats.reclaimed += len(await _call(placements.reclaim_orphans) or ())
+                    for host_id in await _call(placements.forget_hosts, forget_hosts_after) or ():
+                        log.info("host %s is forgotten (gone for over %.0f s)", host_id, forget_hosts_after)
                     free = capacity - len(stats.running)
                     for session_id in await _call(placements.dropped, free + len(refused)) or ():
                         if len(stats.running) >= capacity:
@@ -212,7 +217,11 @@ async def _adopt(
             if serving is not None and claim.attempt >= serving:
                 # As many claims as hosts serve, this one unfit too: likely none of them can run it.
                 why, reason = "fatal", f"no serving host could run it: {reason}"
-        log.warning("placed child %s cannot be served here (%s): %s", child_id, why, reason)
+        # `held` is routine, not a fault: a starting parent's host holds a child it places until
+        # just after it enqueued it (spawning's order), so a quick claim meets its lease and is
+        # given back to be claimed again; a healthy run must not print warnings for it.
+        level = logging.INFO if why == "held" else logging.WARNING
+        log.log(level, "placed child %s cannot be served here (%s): %s", child_id, why, reason)
         if why == "fatal" and await placement.fail_placed(child_id, reason):
             await _retry(placements.finish, child_id)  # its parent was told: the placement is done
         else:
@@ -294,34 +303,15 @@ async def _take_over(
         refused.add(session_id)
         if not isinstance(exc, (SubagentError, StorageError)):
             log.exception("dropped session %s: resuming it failed", session_id)
-        log.warning("dropped session %s cannot be resumed here: %s", session_id, exc)
+        log.warning("dropped session %s cannot be resumed here: %s", session_id, exc.__cause__ or exc)
         return
     if taken is None:
         return
     stats.taken_over += 1
     stats.running.add(session_id)
     stats.note("resumed", session_id)
-    if isinstance(taken, Activation):
-        watching.add(session_id)
-        nursery.start_soon(
-            _finish_when_disposed, placement, placement.placements, taken, stats, changed, None, watching
-        )
-    else:
-        nursery.start_soon(_release_when_idle, placement, taken, stats, changed)
-
-
-async def _release_when_idle(placement: Placement, agent: Agent, stats: ServeStats, changed: RepeatedEvent) -> None:
-    """Hold a resumed root session until it and its resident children are idle, then let go
-    (what comes later waits in its mailbox for the next sweep)."""
-    try:
-        await placement.residency.wait_tree_idle(agent)
-    except AgentStopped:
-        pass  # its log cannot be written here any more (taken over): let go all the same
-    with trio.CancelScope(shield=True):
-        await placement.agents.stop(agent.session_id, cause="disposed")
-    stats.running.discard(agent.session_id)
-    stats.note("finished", agent.session_id)
-    changed.set()
+    watching.add(session_id)
+    nursery.start_soon(_finish_when_disposed, placement, placement.placements, taken, stats, changed, None, watching)
 
 
 async def _finish_when_disposed(

@@ -47,6 +47,14 @@ class HostSetup:
     env: Mapping[str, str]
     model: AnyModel  # the root's
 
+    def model_factory(self, spec: str, base_url: str | None) -> AnyModel:
+        """The model a resumed subagent's log recorded, with this host's keys (`ModelSpecError`
+        when it has none for that provider); without a recorded base URL, the one this host's
+        configuration gives a model of the same provider."""
+        if base_url is None and spec.partition(":")[0] == self.config.model.partition(":")[0]:
+            base_url = self.config.base_url
+        return _build(self.config, spec, base_url, self.env)
+
     def child_model(self, options: ChildOptions) -> AnyModel:
         """The model of a child whose type names one: the root's base URL goes only to a model
         of the same provider."""
@@ -68,6 +76,7 @@ class HostSetup:
             "permissions": self.permissions,
             "agent_types": self.agent_types,
             "child_model": self.child_model,
+            "model_factory": self.model_factory,
             "disabled_tools": config.disabled_tools,
             "budget": _budget(config.budget),
             "mcp_servers": list(self.config.mcp_servers.values()),

@@ -3,6 +3,11 @@
 Parsing is separate from building so the CLI can validate every argument — scheme, script
 file, API key — before it opens the runtime. Only the caller reads the environment; keys are
 passed in and never appear in an error text.
+
+A provider model built here carries its `ModelRecord` (`record_of`): `scheme:name` and its base
+URL without secrets, what a session writes as `session/model` so that whichever host resumes it
+runs the same model with its own credentials (runtime/agent/model_record.py). A scripted model
+records nothing: its script path is one machine's, and a run's log would differ by checkout.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import attrs
+from subagents.storage import redact_url
 
 from ..foundation.clock import Clock
 from ..foundation.errors import ModelSpecError, ScriptError
@@ -20,7 +26,7 @@ from .defaults import DEFAULT_MODEL as DEFAULT_MODEL  # where it was before (re-
 from .defaults import DEFAULT_STALL_TIMEOUT
 from .openai import OpenAIChatModel
 
-__all__ = ["ModelSpec", "build_model", "parse_model_spec"]
+__all__ = ["ModelRecord", "ModelSpec", "build_model", "parse_model_spec", "record_of"]
 
 _PROVIDERS = {
     # scheme: (API-key variable, base-URL variable or None, default base URL)
@@ -35,6 +41,31 @@ class ModelSpec:
     name: str  # the model name, or the script path for `scripted`
     base_url: str | None = None
     api_key: str | None = attrs.field(default=None, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class ModelRecord:
+    """Which model a session runs, as `session/model` records it: never a key, and a base URL
+    without userinfo or secret-bearing query parameters."""
+
+    model: str  # "scheme:name"
+    base_url: str | None = None
+
+    def data(self) -> dict[str, str]:
+        """The `session/model` payload."""
+        return {"model": self.model} | ({} if self.base_url is None else {"base_url": self.base_url})
+
+
+# The attribute a built provider model carries its record in: the transports are the models'
+# own classes, and what spec built one is the host's knowledge, not the transport's.
+_RECORD_ATTR = "subagents_model_record"
+
+
+def record_of(model: object) -> ModelRecord | None:
+    """The record of a model `build_model` made (None for any other: a scripted model, an
+    embedder's own)."""
+    record = getattr(model, _RECORD_ATTR, None)
+    return record if isinstance(record, ModelRecord) else None
 
 
 def parse_model_spec(
@@ -74,6 +105,9 @@ def build_model(
             raise ModelSpecError(str(exc).replace("invalid script", "bad script", 1)) from None
     assert spec.base_url is not None
     try:
-        return OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key, clock=clock)
+        model = OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key, clock=clock)
     except ValueError as exc:
         raise ModelSpecError(str(exc)) from None
+    record = ModelRecord(model=f"{spec.scheme}:{spec.name}", base_url=redact_url(spec.base_url))
+    setattr(model, _RECORD_ATTR, record)
+    return model

@@ -110,6 +110,9 @@ class MemoryPlacements:
         with self._shared.lock:
             return list(self._shared.hosts.values())
 
+    def forget_hosts(self, older_than: float) -> list[str]:
+        return []  # no clock in memory: a test's hosts are never gone long enough
+
     def watch(self) -> MailboxWatch:
         watch = MailboxWatch.pipe(None)
         with self._shared.lock:

@@ -6,7 +6,8 @@ what another process would see: `another()` is a second store over the same data
 `CrashFs`, or the same database), `read_log`/`reopen`/`listed`/`claimed` look through it, and
 `crash()` ends this process's hold: on memory a power cut (what was not fsynced is lost, every
 lock goes), on PostgreSQL the store's lock connection (`owner_backend_pid`) is terminated by
-the server, as when a process dies: what it held goes with it, what committed stays.
+the server, as when a process dies, and its leases made to have expired (the ttl a dead host's
+leases wait out, skipped): what it held goes with it, what committed stays.
 `durable_writes()` counts what makes an append durable (fsyncs; on PostgreSQL the store's append
 calls, each one transaction), `io()` every storage operation (the `CrashFs` counters; on
 PostgreSQL the store calls, counted by a transparent `FaultyLogStore` around each store).
@@ -164,5 +165,9 @@ def pg_backend(make_store: Callable[..., LogStore], url: str) -> Backend:
             if pid is not None:
                 # Waits (up to 5 s) until the backend is gone, and its advisory locks with it.
                 sql(url, "SELECT pg_terminate_backend(%s, 5000)", (pid,))
+            # A dead process renews nothing: its leases run out. (Since issue 27 a cut connection
+            # alone is not a dead host: another store may take its sessions only once their
+            # leases expired.) The ttl is skipped, not waited for.
+            sql(url, "UPDATE leases SET expires_at = now() - interval '1 second' WHERE owner = %s", (store.host_id,))
 
     return Backend("pg", make, crash, url)

@@ -59,6 +59,21 @@ def test_no_closes_it_as_interrupted_after_asking_again_on_nonsense(tmp_path: Pa
 
 
 @pytest.mark.slow  # a real chat process
+def test_enter_takes_the_configured_close_policy(tmp_path: Path) -> None:
+    _cut_session(tmp_path)
+    (tmp_path / "subagents.toml").write_text('on_interrupted_turn = "close"\n')
+    chat = Chat(tmp_path, SCRIPT, "--session", "s1")
+    chat.expect("was cut short")
+    chat.line("")
+    chat.expect("session s1 \\(/help for commands\\)")
+    status, _rest, err = chat.finish()
+    assert status == 0, err
+    records = plain_records(tmp_path / "root", "s1")[1:]
+    assert records[-1]["data"]["reason"] == {"kind": "interrupted"}
+    assert "turn/continue" not in [r["type"] for r in records]
+
+
+@pytest.mark.slow  # a real chat process
 def test_a_session_without_an_open_turn_is_not_asked_about(tmp_path: Path) -> None:
     path = new_log_file(tmp_path / "root", "s1", "none")
     with path.open("ab") as f:

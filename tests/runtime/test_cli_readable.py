@@ -154,7 +154,9 @@ def test_every_positional_argument_has_a_help_text(capsys) -> None:
             code, out, _ = _run(capsys, [name, "--help"])
             assert code == 0
             assert action.help.split(":")[0] in " ".join(out.split()), (name, action.help)
-    assert seen == 14  # children, agents, scenario (2), show, run, send (2), interrupt, stop, tail, store (2), import
+    assert (
+        seen == 15
+    )  # children, agents, scenario (2), show, run, resume, send (2), interrupt, stop, tail, store (2), import
     top = [a for a in build_parser()._actions if not a.option_strings]
     assert [a.help for a in top] == ["what to do (each takes --help)"]  # COMMAND
     code, out, _ = _run(capsys, ["--help"])

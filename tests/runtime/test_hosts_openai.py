@@ -373,6 +373,16 @@ def test_run_waits_for_a_background_child_whose_requests_overlap_the_parents(tmp
     ends = [e for e in events if e["type"] == "turn/end" and e["session_id"] == parent]
     assert [e["data"]["reason"]["kind"] for e in ends] in (["completed"], ["completed", "completed"])
     assert [e["type"] for e in events if e["session_id"] == parent][-1] == "turn/end"
+    # The model travels with each session (issue 27): recorded once, before its first turn, with
+    # its base URL and never its key — the parent's second turn records nothing again.
+    grouped = by_session(events)
+    assert set(grouped) == {parent, *(e["data"]["child_id"] for e in events if e["type"] == "subagent/catalog")}
+    for session_events in grouped.values():
+        types = [e["type"] for e in session_events]
+        assert types.count("session/model") == 1 and types.index("session/model") < types.index("turn/start"), types
+        [record] = [e for e in session_events if e["type"] == "session/model"]
+        assert record["data"] == {"model": f"openai:{MODEL}", "base_url": server.base_url}
+        assert record["ignorable"] is True
     assert_no_leak(root, done.stdout, done.stderr)
 
 

@@ -57,9 +57,13 @@ async def test_a_child_another_host_holds_lists_as_running_until_its_lease_is_no
             assert await activity() == "inactive"
             held = a.open_write("c")
             assert await activity() == "running"
-            # Host A's process dies: its leases stay unexpired, but nobody holds them.
+            # Host A's owner connection is cut (issue 27: a cut connection is not a dead host —
+            # before, the child listed as inactive at once and could be taken while A ran it):
+            # it is running until its lease expires, or A's row goes.
             pid = a.owner_backend_pid
             assert db.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,)).fetchone() == (True,)
             assert db.execute("SELECT expires_at > now() FROM leases WHERE session_id = 'c'").fetchone() == (True,)
-            assert await activity() == "inactive"
+            assert await activity() == "running"
+            db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 'c'")
+            assert await activity() == "inactive"  # A died: its lease ran out
             a.close(held)

@@ -212,3 +212,93 @@ async def test_a_host_that_serves_runs_its_own_placed_children_in_place_of_their
     if left:
         print("LEFT", left, stats, [(t, d) for t, d in memory_events(fs, left[0].session_id)])
     assert left == []
+
+
+def test_the_run_key_names_a_child_and_its_last_turn_end() -> None:
+    """Both sides of a settlement (the host settling, the parent recording) compute the key from
+    the child's log with `run_key_of`: the same log gives the same key."""
+    import msgspec
+    from subagents.runtime.delegation.run_key import run_key_of
+    from subagents.storage import Event
+
+    def event(seq: int, kind: str) -> Event:
+        data = {"turn/start": {"turn": 1}, "turn/end": {"turn": 1, "reason": {"kind": "completed"}}}[kind]
+        return Event(seq=seq, type=kind, time=1, data=msgspec.Raw(msgspec.json.encode(data)))
+
+    assert run_key_of("c1", []) is None
+    assert run_key_of("c1", [event(0, "turn/start")]) is None  # no turn ended yet
+    log = [event(0, "turn/start"), event(3, "turn/end"), event(4, "turn/start"), event(9, "turn/end")]
+    assert run_key_of("c1", log) == "c1@9"
+    assert run_key_of("c1", [*log, event(10, "turn/start")]) == "c1@9"  # an open turn: the last run that ended
+
+
+async def test_a_resumed_child_runs_its_recorded_model_or_is_refused_naming_it(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """Issue 27 item 4: the child records the model it ran; another host resuming it builds that
+    model with its own credentials (its `model_factory`), or refuses in one line naming it."""
+    import pytest
+    from subagents.runtime.foundation.errors import ModelSpecError, OptionsNotReapplied
+    from subagents.runtime.models.specs import ModelRecord
+
+    fs = CrashFs()
+    script = [
+        {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "go")]}, {"text": "ok"}, {"text": "ok"}]},
+        {"label": "kid-1", "responses": [{"text": "done here"}, {"text": "again"}]},
+    ]
+    async with memory_host(tmp_path, fs, MemoryMailbox(fs=fs), *script, ids="p") as here:
+        # as if built from `deepseek:chat` (models/specs.py marks the models it builds)
+        setattr(here.agents.model, "subagents_model_record", ModelRecord(model="deepseek:chat"))  # noqa: B010  # the mark build_model sets
+        boss = await here.agents.create(session_id="boss")
+        await boss.send("go")
+        await here.subagents.wait_tree_idle(boss)
+    (child,) = [d["child_id"] for t, d in memory_events(fs, "boss") if t == "subagent/catalog"]
+    recorded = [d for t, d in memory_events(fs, child) if t == "session/model"]
+    assert recorded == [{"model": "deepseek:chat"}]
+
+    def lacking(spec: str, base_url: str | None) -> Any:
+        raise ModelSpecError("DEEPSEEK_API_KEY is not set (needed for --model deepseek:...)")
+
+    async with memory_host(tmp_path, fs, MemoryMailbox(fs=fs), *script, ids="q", model_factory=lacking) as there:
+        with pytest.raises(OptionsNotReapplied, match=r"runs model deepseek:chat, which this host cannot run"):
+            await there.agents.resume(child)
+    built: list[tuple[str, str | None]] = []
+    async with memory_host(tmp_path, fs, MemoryMailbox(fs=fs), *script, ids="r") as there:
+        own = there.agents.model
+
+        def factory(spec: str, base_url: str | None) -> Any:
+            built.append((spec, base_url))
+            return own
+
+        there.agents.model_factory = factory
+        await there.agents.resume(child)
+    assert built == [("deepseek:chat", None)]
+
+
+async def test_a_stopped_placed_child_is_never_run_by_the_host_that_claims_it_again(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    # Stopped while its claim sat with a host that then died: the serving host that claims it
+    # again settles it (its parent hears once) and never runs it, its first prompt unanswered.
+    parent_script = {"session": "boss", "responses": [{"tool_calls": [_start("kid-1", "go")]}, {"text": "ok"}]}
+    kid = {"label": "kid-1", "responses": [{"text": "done"}]}
+    async with two_hosts(tmp_path, [parent_script], [kid]) as hosts:
+        fs, here = hosts.fs, hosts.here
+        dead = hosts.queue.sibling("dead-host")
+        dead.serve(1)
+        boss = await here.agents.create(session_id="boss")
+        await boss.send("go")
+        await until_virtual(lambda: len(_catalogued(fs, "boss")) == 1)
+        (child_id,) = _catalogued(fs, "boss")
+        await until_virtual(lambda: dead.claim(1) != [])
+        stop = await here.subagents.stop_tree(child_id, by="operator")
+        assert stop.stopped == [child_id]
+        stats = await hosts.serve(1)
+        dead.close()
+        await here.subagents.wait_tree_idle(boss)
+        await until_virtual(lambda: stats.reclaimed == 1)
+    kid_events = memory_events(fs, child_id)
+    assert [t for t, _ in kid_events if t in ("assistant/message", "turn/start")] == []
+    assert [t for t, _ in kid_events].count("session/stopped") == 1
+    settled = [d for t, d in memory_events(fs, "boss") if t == "subagent/settled"]
+    assert [d["child_id"] for d in settled] == [child_id]

@@ -72,6 +72,43 @@ def test_a_store_password_is_never_printed(tmp_path: Path, capsys: pytest.Captur
     assert "sekrit" not in err and "***" in err
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://me:sekrit@h:5432/db", "postgresql://me:***@h:5432/db"),
+        ("postgresql:///db?host=/tmp/s&password=sekrit", "postgresql:///db?host=/tmp/s&password=***"),
+        (
+            "postgres://me@h1:1,h2:2/db?sslpassword=sekrit&sslmode=require&api_token=sekrit",
+            "postgres://me@h1:1,h2:2/db?sslpassword=***&sslmode=require&api_token=***",
+        ),
+        ("postgresql://h/db?PassWord=sekrit&client_secret=sekrit&sslkey=sekrit", None),
+        ("postgresql://h/db?pass%77ord=sekrit&passfile=sekrit", None),
+        ("postgresql://me:se%40krit@h/db", "postgresql://me:***@h/db"),
+        ("postgresql://h/db?application_name=plain", "postgresql://h/db?application_name=plain"),
+    ],
+)
+def test_every_secret_of_a_store_url_is_redacted(url: str, shown: str | None) -> None:
+    """Issue 27: a password in a query parameter was printed whole. `redact_url` is what every
+    banner, listing and error names a store by."""
+    from subagents.storage import redact_url
+
+    redacted = redact_url(url)
+    assert "sekrit" not in redacted and "se%40krit" not in redacted
+    if shown is not None:
+        assert redacted == shown
+
+
+@pytest.mark.parametrize("command", [["sessions"], ["store", "init"], ["hosts"], ["serve"]])
+def test_a_query_parameter_password_is_never_printed_in_an_error(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"postgresql:///db?host=127.0.0.1&port={_closed_port()}&password=sekrit&connect_timeout=2"
+    args = [*command, url] if command[0] == "store" else [*command, "--store", url]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "sekrit" not in err and "password=***" in err, err
+
+
 def test_a_folder_store_is_the_file_store_at_that_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import io
 
@@ -100,6 +137,13 @@ def test_read_only_commands_do_not_import_psycopg(tmp_path: Path) -> None:
 
 
 @pytest.mark.pg
+def test_store_init_names_the_store_without_its_password(pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"{pg_url}&password=sekrit-in-the-query"  # the embedded server trusts its socket
+    assert main(["store", "init", url]) == 0
+    out = capsys.readouterr().out
+    assert "sekrit" not in out and "password=***" in out and "schema ready" in out
+
+
 def test_open_runtime_with_a_postgresql_url_runs_on_postgresql(tmp_path: Path, pg_url: str) -> None:
     async def body() -> list[str]:
         async with open_runtime(tmp_path / "mail", store=pg_url) as rt:

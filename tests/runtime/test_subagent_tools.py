@@ -110,6 +110,87 @@ def test_list_agents_render() -> None:
     assert render_agents(rows[1:2], False, lambda i: "ready") == "(no subagents)"  # one-shot children are hidden
 
 
+def test_list_agents_render_says_stopped_and_in_doubt() -> None:
+    """Issue 27: a stopped child that does not run is `stopped` (not ready or idle); a child
+    whose last turn holds results in doubt says how many; a running one stays `running`."""
+
+    def child(sid: str, **flags: Any) -> ChildRow:
+        return ChildRow(id=sid, activity="inactive", has_children=False, mode="continuable", label=sid, **flags)
+
+    rows = [
+        child("a", stopped=True),
+        child("b", stopped=True, in_doubt=1),
+        child("c", in_doubt=3),
+        child("d", stopped=True),
+        child("e"),
+    ]
+    status = {"b": "idle", "d": "running"}.get
+    assert render_agents(rows, False, lambda i: status(i) or "ready") == (
+        "a [stopped] — a\nb [stopped] — b (1 in doubt)\nc [ready] — c (3 in doubt)\nd [running] — d\ne [ready] — e"
+    )
+
+
+def test_child_rows_have_the_flags_in_their_json_only_when_set() -> None:
+    plain = ChildRow(id="a", activity="inactive", has_children=False, mode="continuable", label="x")
+    assert list(plain.to_json()) == ["kind", "id", "activity", "has_children", "mode", "label"]  # SPEC 5.4's bytes
+    flagged = ChildRow(
+        id="a",
+        activity="inactive",
+        has_children=False,
+        mode="continuable",
+        label="x",
+        parent_id="p",
+        depth=1,
+        stopped=True,
+        in_doubt=2,
+    )
+    assert flagged.to_json() == plain.to_json() | {"parent_id": "p", "depth": 1, "stopped": True, "in_doubt": 2}
+
+
+async def test_list_agents_tells_the_model_a_child_is_stopped_or_in_doubt(tmp_path: Any) -> None:
+    """The model-facing `list_agents` on a parent whose children's logs say so (issue 27)."""
+    import json
+
+    import msgspec
+    from descriptors import descriptor
+    from events import turn_end_event, turn_start_event
+    from flag_events import call_event, result_event, stopped_event
+    from log_lines import header, persist_log
+    from subagents.runtime.app import open_runtime
+    from subagents.runtime.foundation.clock import ScenarioClock
+    from subagents.runtime.testing.script_format import load_script
+    from subagents.runtime.testing.scripted_model import ScriptedModel
+    from subagents.storage import FileLogStore, make_event
+
+    store = FileLogStore(str(tmp_path), compression="none")
+    start = [make_event(0, "subagent/descriptor", 1, descriptor("stopped one")), turn_start_event(1, 2)]
+    persist_log(store, header("c1", 10, origin="subagent", parent_session="p"), [*start, stopped_event(2)])
+    doubt = [call_event(2, "a"), result_event(3, "a"), turn_end_event(4, 5)]
+    start[0] = make_event(0, "subagent/descriptor", 1, descriptor("doubtful one"))
+    persist_log(store, header("c2", 11, origin="subagent", parent_session="p"), [*start, *doubt])
+    script = {
+        "agents": [
+            {
+                "session": "p",
+                "responses": [{"tool_calls": [{"name": "list_agents", "arguments": {}}]}, {"text": "done"}],
+            }
+        ]
+    }
+    async with open_runtime(
+        tmp_path, model=ScriptedModel(load_script(json.dumps(script))), clock=ScenarioClock(), log_store=store
+    ) as rt:
+        parent = await rt.agents.create(session_id="p")
+        await parent.send("list them")
+        await parent.wait_idle()
+        handle = store.open_read("p")
+        events = list(store.read(handle))
+        store.close(handle)
+    (result,) = [msgspec.json.decode(e.data) for e in events if e.type == "tool/result"]
+    text = result["message"]["content"][0]["content"][0]["text"]
+    assert text == "c1 [stopped] — stopped one\nc2 [ready] — doubtful one (1 in doubt)"
+    store.close_store()
+
+
 async def test_a_failed_corpus_read_keeps_its_code_in_the_tool_result(tmp_path: Any) -> None:
     import json
 

@@ -480,6 +480,7 @@ EXPECTED_END_VIEWS = {
     "subagent": {"mode": "continuable", "label": "review", "seq": 14},
     "subagent_timing": {"settled_ms": 0, "active": {"since": T + 500, "through": T + 530}},
     "subagent_catalog": {},  # a child that made no children of its own
+    "subagent_flags": {"stopped": False, "in_doubt": 0},  # never stopped, nothing in doubt
 }
 
 
@@ -515,7 +516,12 @@ def test_registry_views_at_each_cut(count: int, identity: Any, timing: Any, own:
     events, cut = child_log()
     cells = ProjectionRegistry(SUBAGENT_UNITS).cells(SEEDED, cut)
     cells.fold(events[:count])
-    assert cells.snapshot() == {"subagent": identity, "subagent_timing": timing, "subagent_catalog": {}}
+    assert cells.snapshot() == {
+        "subagent": identity,
+        "subagent_timing": timing,
+        "subagent_catalog": {},
+        "subagent_flags": {"stopped": False, "in_doubt": 0},
+    }
     assert is_own_identity(cells.snapshot(["subagent"])["subagent"], cut) is own
 
 
@@ -536,6 +542,7 @@ def test_checkpoint_rows_carry_version_watermark_and_plain_json_state() -> None:
             val={"settled_ms": 0, "active": {"since": T + 500, "through": T + 530}, "descriptor_seen": True},
         ),
         "subagent_catalog": CheckpointRow(ver=1, seq=last, val={"own_from": cut, "children": {}}),
+        "subagent_flags": CheckpointRow(ver=1, seq=last, val={"own_from": cut, "stopped": False, "in_doubt": 0}),
     }
     for row in rows.values():
         assert json_round_trip(row.val) == row.val
@@ -588,7 +595,7 @@ def test_a_broken_view_of_another_unit_does_not_break_a_keyed_snapshot() -> None
     cells = ProjectionRegistry([*SUBAGENT_UNITS, HostileView()]).cells(SEEDED, cut)
     cells.fold(events)
     assert cells.snapshot(["subagent"]) == {"subagent": EXPECTED_END_VIEWS["subagent"]}
-    assert cells.snapshot(["subagent", "subagent_timing", "subagent_catalog"]) == EXPECTED_END_VIEWS
+    assert cells.snapshot(["subagent", "subagent_timing", "subagent_catalog", "subagent_flags"]) == EXPECTED_END_VIEWS
     with pytest.raises(ProjectionBroken) as exc:
         cells.snapshot(["hostile_view"])
     assert exc.value.key == "hostile_view"
@@ -610,5 +617,5 @@ def test_a_raising_apply_breaks_only_its_own_key() -> None:
     with pytest.raises(ProjectionBroken):
         cells.snapshot()
     assert cells.snapshot(["subagent"]) == {"subagent": EXPECTED_END_VIEWS["subagent"]}
-    assert cells.snapshot(["subagent", "subagent_timing", "subagent_catalog"]) == EXPECTED_END_VIEWS
-    assert set(cells.checkpoint()) == {"subagent", "subagent_timing", "subagent_catalog"}
+    assert cells.snapshot(["subagent", "subagent_timing", "subagent_catalog", "subagent_flags"]) == EXPECTED_END_VIEWS
+    assert set(cells.checkpoint()) == {"subagent", "subagent_timing", "subagent_catalog", "subagent_flags"}

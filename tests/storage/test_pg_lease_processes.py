@@ -1,5 +1,6 @@
-"""Leases across real processes (SPEC §9, issue 19): a host process SIGKILLed mid-run gives its
-sessions up at once (its liveness lock died with its connection); a host process SIGSTOPped
+"""Leases across real processes (SPEC §9, issues 19 and 27): a host process SIGKILLed mid-run
+gives its sessions up once their leases expire (a free liveness lock alone is not a dead host: a
+live host whose connections were cut keeps them and writes on); a host process SIGSTOPped
 keeps them until its lease expires, and once another host took over, its next append after
 SIGCONT writes nothing (`OwnershipLost`). The lease "expires" by an UPDATE of `expires_at`: no
 time passes for real. The child process is driven line by line over its stdin/stdout."""
@@ -88,9 +89,11 @@ def _wait_for_host_gone(db: psycopg.Connection[Any], host_pid: int) -> None:
 
 
 @pytest.mark.slow  # starts a host process
-def test_a_killed_host_s_session_is_taken_at_once(
+def test_a_killed_host_s_session_is_taken_once_its_lease_expires(
     host_process: subprocess.Popen[str], pg_store_factory: Factory, db: psycopg.Connection[Any]
 ) -> None:
+    """Issue 27: a free liveness lock is not a dead host (a live host's connection may have been
+    cut): a killed host's session waits for its lease — before, it was taken at once."""
     b = pg_store_factory()
     with pytest.raises(AlreadyOwned):
         b.open_write("s1")  # host A lives
@@ -99,11 +102,29 @@ def test_a_killed_host_s_session_is_taken_at_once(
     host_process.wait(timeout=30)
     _wait_for_host_gone(db, host_process.pid)
     assert db.execute("SELECT expires_at > now() FROM leases").fetchone() == (True,)  # an hour left
+    assert b.held_elsewhere(["s1"]) == {"s1"}
+    with pytest.raises(AlreadyOwned):
+        b.open_write("s1")
+    db.execute("UPDATE leases SET expires_at = now() - interval '1 second'")  # its ttl ran out
     assert b.held_elsewhere(["s1"]) == set()
     taken = b.open_write("s1")
     assert taken.impl.epoch == 2
     assert b.append(taken, [Batch(Offset(1), [turn_start_event(1, T)])]) == 2
     b.close(taken)
+
+
+@pytest.mark.slow  # starts a host process
+def test_a_host_whose_connections_are_cut_keeps_its_session_and_writes_on(
+    host_process: subprocess.Popen[str], pg_store_factory: Factory, db: psycopg.Connection[Any]
+) -> None:
+    """Every server process of a live host ended (`pg_terminate_backend`, as an operator or a
+    failover proxy would): nobody takes its session, and its next append goes through."""
+    b = pg_store_factory()
+    _wait_for_host_gone(db, host_process.pid)  # its liveness lock is free now
+    with pytest.raises(AlreadyOwned):
+        b.open_write("s1")
+    assert _ask(host_process) == "ok 2"  # reconnected: the same epoch writes on
+    assert db.execute("SELECT epoch FROM batches ORDER BY first_seq").fetchall() == [(1,), (1,)]
 
 
 @pytest.mark.slow  # starts a host process and pauses it

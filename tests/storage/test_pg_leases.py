@@ -1,7 +1,7 @@
 """Leases with fencing on the PostgreSQL store (SPEC §9, storage/pg_leases.py): two stores on one
-database are two hosts. One writer per session: a live host keeps its unexpired leases; an
-expired lease, or one whose host is gone (its liveness lock freed with its connection), is taken
-over at epoch + 1, and the old writer's next append writes nothing (`OwnershipLost`).
+database are two hosts. One writer per session: a host keeps its unexpired leases (a cut
+connection or a free liveness lock changes nothing); an expired lease, or one whose host's row is
+gone, is taken over at epoch + 1, and the old writer's next append writes nothing (`OwnershipLost`).
 
 Time never passes for real here: a lease "expires" by moving its `expires_at` into the past
 with an UPDATE (the database clock decides, as it does for the stores)."""
@@ -177,15 +177,37 @@ def test_an_expired_lease_nobody_took_still_lets_its_holder_append(host: Factory
     a.close(handle)
 
 
-def test_a_gone_host_s_sessions_are_taken_at_once(host: Factory, db: psycopg.Connection[Any]) -> None:
-    """A host whose owner connection ended (a killed process: simulated by closing it without
-    releasing anything) keeps no session, though its leases have not expired."""
+def test_a_host_cut_off_keeps_its_sessions_until_its_leases_expire(host: Factory, db: psycopg.Connection[Any]) -> None:
+    """A host whose owner connection ended (cut by `pg_terminate_backend`, or a killed process:
+    the server frees its liveness lock) keeps its sessions while their leases are in force —
+    before issue 27 they were taken at once, and a live host that lost its connection for a
+    moment had its sessions run (and settled) twice. It reconnects at its next statement and
+    takes its lock again; a killed one's sessions are taken once their leases expire."""
     a, b = host(lease_ttl=3600), host()
     handle = a.create(header("s1"))
     a.append(handle, [batch(0, 1)])
-    kill_owner_connection(db, a)  # the process died: the server frees its liveness lock
+    kill_owner_connection(db, a)
     assert lease(db, "s1") == (a.host_id, 1, True)
-    assert b.held_elsewhere(["s1"]) == set()  # unexpired, but nobody runs it
+    assert b.held_elsewhere(["s1"]) == {"s1"}  # unexpired: its host may well run it
+    with pytest.raises(AlreadyOwned):
+        b.open_write("s1")
+    assert a.renew_leases() == frozenset()  # reconnected: the lock and the sessions are its own
+    a.append(handle, [batch(1, 2)])
+    key = f"SELECT pg_try_advisory_lock(hashtextextended('{a.host_id}', {_SEED}))"
+    assert db.execute(key).fetchone() == (False,)  # its liveness lock is held again
+    kill_owner_connection(db, a)  # now it dies for good: it renews no more
+    db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 's1'")
+    taken = b.open_write("s1")
+    assert taken.impl.epoch == 2
+    b.close(taken)
+
+
+def test_a_host_whose_row_is_gone_keeps_no_session(host: Factory, db: psycopg.Connection[Any]) -> None:
+    """A lease whose owner has no `hosts` row (it closed, or was forgotten) binds nobody."""
+    a, b = host(lease_ttl=3600), host()
+    a.append(a.create(header("s1")), [batch(0, 1)])
+    db.execute("DELETE FROM hosts WHERE id = %s", (a.host_id,))
+    assert b.held_elsewhere(["s1"]) == set()
     taken = b.open_write("s1")
     assert taken.impl.epoch == 2
     b.close(taken)
@@ -313,8 +335,11 @@ def test_renewal_takes_a_liveness_lock_it_could_not_take_at_connection(
     a, b = host(host_id="host-x", lease_ttl=3600), host()
     handle = a.create(header("s1"))
     db.execute(key % ("pg_advisory_unlock", _SEED))
-    assert b.held_elsewhere(["s1"]) == set()  # nobody holds host-x's liveness lock now
+    # Nobody holds host-x's liveness lock now, and its lease binds all the same (issue 27: the
+    # lease decides, not the lock); the next renewal takes the lock.
+    assert b.held_elsewhere(["s1"]) == {"s1"}
     assert a.renew_leases() == frozenset()
+    assert db.execute(key % ("pg_try_advisory_lock", _SEED)).fetchone() == (False,)
     assert b.held_elsewhere(["s1"]) == {"s1"}
     with pytest.raises(AlreadyOwned):
         b.open_write("s1")
@@ -377,3 +402,33 @@ def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Con
         store.close(handle)
     finally:
         store.close_store()
+
+
+def test_a_host_that_cannot_renew_for_a_ttl_gives_its_sessions_up_before_another_may_take_them(
+    host: Factory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: a host cut off from the database stops its sessions once its leases may have
+    expired (a ttl after the last renewal it sent), not later: another host may take them then."""
+    from subagents.storage import StoreUnreachable
+
+    a = host(lease_ttl=10)
+    leases = a._leases  # the store's lease book: its clock and its owner connection
+    now = [1000.0]
+    leases.monotonic = lambda: now[0]
+    handle = a.create(header("s1"))
+    a.append(handle, [batch(0, 1)])
+    assert a.renew_leases() == frozenset()  # renewed at 1000
+
+    def unreachable() -> Any:
+        raise StoreUnreachable("cannot connect to PostgreSQL (test)")
+
+    monkeypatch.setattr(leases, "_connection", unreachable)
+    now[0] = 1009.0
+    with pytest.raises(StoreUnreachable):
+        a.renew_leases()  # within the ttl: tried again at the next interval, nothing given up
+    now[0] = 1010.0
+    assert a.renew_leases() == {"s1"}  # a ttl since: given up here, its session stops
+    with pytest.raises(OwnershipLost):
+        a.append(handle, [batch(1, 2)])
+    monkeypatch.undo()
+    assert a.renew_leases() == frozenset()  # reachable again: nothing more to give up

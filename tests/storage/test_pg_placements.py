@@ -1,7 +1,7 @@
 """The placement queue and host registry on PostgreSQL (storage/pg_placements.py, SPEC §9): two
 stores on one database are two hosts. A placement goes to exactly one claimer; a claim whose
-host is gone (its liveness lock freed, or its `hosts` row not renewed for a ttl) is claimable
-again; only live hosts with capacity count as serving.
+host is gone (its `hosts` row removed, or not renewed for a ttl — never a free liveness lock
+alone) is claimable again; only live hosts with capacity count as serving.
 
 Time never passes for real here: a host "stops renewing" by moving its `renewed_at` into the
 past with an UPDATE (the database clock decides, as it does for the stores)."""
@@ -190,24 +190,64 @@ def test_a_watch_wakes_on_an_enqueue_from_another_host(host: Factory) -> None:
 def test_sessions_dropped_with_work_are_found_and_released_ones_are_not(
     host: Factory, db: psycopg.Connection[Any]
 ) -> None:
-    crashed, paused, clean, me = host("crashed"), host("paused"), host("clean"), host("me")
-    for store, sid in ((crashed, "s-crashed"), (paused, "s-paused"), (clean, "s-clean"), (me, "s-mine")):
-        handle = store.create(header(sid))
+    crashed, paused, clean, me, cut = host("crashed"), host("paused"), host("clean"), host("me"), host("cut")
+    child = {"parent_session": "p", "origin": "subagent", "delegation_depth": 1}
+    stores = ((crashed, "s-crashed"), (paused, "s-paused"), (clean, "s-clean"), (me, "s-mine"), (cut, "s-cut"))
+    for store, sid in (*stores, (crashed, "s-root")):
+        handle = store.create(header(sid, **({} if sid == "s-root" else child)))
         store.append(handle, [Batch(Offset(0), [turn_start_event(0, T)])])
         if store is clean:
             store.close(handle)  # let go cleanly: no work left behind
+    for sid in ("s-nobody", "s-queued"):
+        handle = me.create(header(sid, **child))
+        me.append(handle, [Batch(Offset(0), [turn_start_event(0, T)])])
+        me.close(handle)
     sweeper = me.placements()
     assert sweeper.dropped(10) == []  # every holder is alive and within its lease
-    assert db.execute("SELECT pg_terminate_backend(%s, 10000)", (crashed.owner_backend_pid,)).fetchone() == (True,)
+    # A cut owner connection is not a dead host (issue 27): its sessions are not dropped while
+    # their leases are in force — before, "s-cut" was resumed elsewhere while its host ran it.
+    for store in (crashed, cut):
+        assert db.execute("SELECT pg_terminate_backend(%s, 10000)", (store.owner_backend_pid,)).fetchone() == (True,)
+    assert sweeper.dropped(10) == []
+    cut.renew_leases()  # its next renewal reconnects and takes its liveness lock again
+    assert cut.owner_backend_pid is not None
+    # "crashed" was killed (it renews no more): its leases expire; a root is never dropped work.
+    db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE owner = 'crashed'")
     db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 's-paused'")
     assert sweeper.dropped(10) == ["s-crashed", "s-paused"]
     assert sweeper.dropped(1) == ["s-crashed"]
-    # mail waiting for a session nobody holds is work too; for a held one it is its owner's
-    for sid in ("s-clean", "s-mine", "s-nobody"):
+    # mail from a session waiting for one nobody holds is work too; for a held one it is its
+    # owner's; an operator's (sender null: `send --queue`) runs nothing, and a root's waits for a person
+    for sid, envelope in (
+        ("s-clean", b"{}"),
+        ("s-mine", b"{}"),
+        ("s-nobody", b'{"kind":"message","sender":"p","body":{}}'),
+        ("s-queued", b'{"kind":"message","sender":null,"body":{"text":"later"}}'),
+        ("s-root", b"{}"),
+        ("s-cut", b"{}"),
+    ):
         db.execute(
-            "INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) VALUES (%s, %s, '\\x7b7d', 0)",
-            (sid, "01J00000000000000000000000"),
+            "INSERT INTO mailbox (session_id, delivery_id, envelope, created_at) VALUES (%s, %s, %s, 0)",
+            (sid, "01J00000000000000000000000", envelope),
         )
     assert sweeper.dropped(10) == ["s-clean", "s-crashed", "s-nobody", "s-paused"]
     sweeper.enqueue("s-crashed")  # a placement covers it: the claims serve it, not the sweep
     assert sweeper.dropped(10) == ["s-clean", "s-nobody", "s-paused"]
+
+
+def test_hosts_gone_past_an_age_are_forgotten_unless_a_lease_of_theirs_is_in_force(
+    host: Factory, db: psycopg.Connection[Any]
+) -> None:
+    old, holding, recent, me = host("old"), host("holding"), host("recent"), host("me")
+    for store in (old, holding, recent, me):
+        store.register_host(None)
+    holding.create(header("s1"))
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '2 days' WHERE id IN ('old', 'holding', 'me')")
+    db.execute("UPDATE hosts SET renewed_at = now() - interval '1 hour' WHERE id = 'recent'")
+    sweeper = me.placements()
+    # "holding" still has a lease in force (a ttl longer than its silence); "me" never forgets itself
+    assert sweeper.forget_hosts(86400) == ["old"]
+    assert sorted(row.host_id for row in sweeper.hosts()) == ["holding", "me", "recent"]
+    assert sweeper.forget_hosts(60) == ["recent"]
+    old.renew_leases()  # a forgotten host that comes back writes its row again
+    assert "old" in {row.host_id for row in sweeper.hosts()}

@@ -347,13 +347,18 @@ def test_a_lost_owner_connection_lets_another_host_take_over_and_fences_the_old_
     make: Factory, db: psycopg.Connection[Any]
 ) -> None:
     """The owner connection holds the host's liveness lock; when it is cut (here: terminated)
-    another host may take the session over at once (epoch + 1), and the old handle's next append
-    is refused by its lease epoch — `OwnershipLost`, nothing of it written, and never again."""
+    the host's lease still binds (issue 27: a cut connection is not a dead host; before, another
+    host took the session at once); once it expires — the host renewed nothing meanwhile —
+    another host takes the session over (epoch + 1), and the old handle's next append is refused
+    by its lease epoch — `OwnershipLost`, nothing of it written, and never again."""
     a, b = make(), make()
     old = a.create(header("s1"))
     a.append(old, [batch(0, 1)])
     # Terminated, waiting (at most 10 s) until its server process has exited: its lock is gone.
     assert db.execute("SELECT pg_terminate_backend(%s, 10000)", (a.owner_backend_pid,)).fetchone() == (True,)
+    with pytest.raises(AlreadyOwned):
+        b.open_write("s1")
+    db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 's1'")
     new = b.open_write("s1")
     assert new.impl.epoch == old.impl.epoch + 1
     b.append(new, [batch(1, 2)])

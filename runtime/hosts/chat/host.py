@@ -240,7 +240,7 @@ async def _ask_open_turn(
 ) -> Literal["continue", "close"] | None:
     """Ask whether a turn the session's last process left open goes on ("continue") or is closed
     as interrupted ("close"); None when there is none, or the person gave no answer (the input
-    ended, or Ctrl-C): then the session's own policy decides."""
+    ended, or Ctrl-C): then the session's own policy decides, as it does for an empty answer."""
     try:
         cut_turn = await runtime.open_turn(session_id)
     except StorageError:
@@ -258,12 +258,15 @@ async def _ask_open_turn(
         markup=False,
         highlight=False,
     )
+    # Enter takes the configured policy (`on_interrupted_turn`), shown as the capital letter.
+    policy = runtime.agents.config.on_interrupted_turn
+    choices = "[Y/n]" if policy == "continue" else "[y/N]"
     while True:
-        answer = await lines.read("continue that turn? [Y/n] ")
+        answer = await lines.read(f"continue that turn? {choices} ")
         if not isinstance(answer, str):
             return None
-        word = answer.strip().lower()
-        if word in ("", "y", "yes"):
+        word = answer.strip().lower() or ("y" if policy == "continue" else "n")
+        if word in ("y", "yes"):
             return "continue"
         if word in ("n", "no"):
             return "close"

@@ -160,7 +160,9 @@ def _print_table(rows: Sequence[Row], descendants: bool, created: dict[str, int]
         when = iso_time(created.get(row.id))
         if isinstance(row, ChildRow):
             children = "yes" if row.has_children else "no"
-            cells.append([row.id, *where, row.activity, row.mode, when, children, cell_text(row.label)])
+            state = row.activity + (", stopped" if row.stopped else "")
+            state += f", {row.in_doubt} in doubt" if row.in_doubt > 0 else ""
+            cells.append([row.id, *where, state, row.mode, when, children, cell_text(row.label)])
         else:
             cells.append([row.id, *where, f"diagnostic: {row.reason}", "-", when, "-", "-"])
     print("\n".join(table_lines(header, cells)))

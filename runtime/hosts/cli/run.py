@@ -227,11 +227,16 @@ async def _session_agent(runtime: Runtime, session_id: str | None, *, create: bo
     if session_id is None:
         return await runtime.agents.create()
     try:
-        return await runtime.agents.resume(session_id)
+        agent = await runtime.agents.resume(session_id)
     except SessionNotFound:
         if not create:  # a resume: there is nothing to resume
             raise UsageError(f"session {session_id!r} not found") from None
         return await runtime.agents.create(session_id=session_id)
+    if runtime.agents.owners is not None:
+        # What waited in its mailbox (settlements of its children, messages) is taken in before
+        # the prompt's turn: no sweep resumes a root, so this host is the one that records it.
+        await runtime.agents.owners.first_drain(session_id)
+    return agent
 
 
 async def _taken_up(runtime: Runtime, agent: Agent) -> None:

@@ -6,7 +6,9 @@ sharing a PostgreSQL store (SPEC §9; runtime/hosts/serve.py).
   stdout says `serving host <id> (capacity N) on <store>` once it serves, then one line per child
   it takes (`claimed <id>`) and lets go (`finished <id>`).
 - `hosts --store URL [--json]` lists the hosts the store knows: id, started, capacity, sessions
-  held (unexpired leases), last renewal, and whether it is alive. Read-only.
+  held (unexpired leases), last renewal (times in UTC, ISO 8601), and whether it is alive.
+  Read-only: the rows of hosts gone longer than `[store] forget_hosts_after` (a day) are
+  deleted by a serving host's sweep.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ async def serve_command(args: argparse.Namespace, setup: HostSetup, *, interrupt
                 args.capacity,
                 on_event=report,
                 sweep_interval=sweep,
+                forget_hosts_after=setup.config.forget_hosts_after,
                 task_status=task_status,
             )
 
@@ -122,23 +125,30 @@ def hosts_command(args: argparse.Namespace) -> int:
     if not rows:
         print("no hosts")
         return 0
-    now = time.time() * 1000
-    print(f"{'HOST':<28} {'STARTED':<20} {'CAPACITY':>8} {'HELD':>5}  {'RENEWED':<12} STATE")
+    print(f"{'HOST':<28} {'STARTED':<24} {'CAPACITY':>8} {'HELD':>5}  {'RENEWED':<24} STATE")
     for row in rows:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.started_at / 1000)) if row.started_at else "-"
-        renewed = f"{(now - row.renewed_at) / 1000:.1f}s ago" if row.renewed_at is not None else "never"
+        started, renewed = _iso(row.started_at or None) or "-", _iso(row.renewed_at) or "never"
         state = "alive" if row.alive else "gone"
-        print(f"{row.host_id:<28} {started:<20} {row.capacity:>8} {row.sessions_held:>5}  {renewed:<12} {state}")
+        print(f"{row.host_id:<28} {started:<24} {row.capacity:>8} {row.sessions_held:>5}  {renewed:<24} {state}")
     return 0
+
+
+def _iso(ms: int | None) -> str | None:
+    """An epoch-ms time of the database clock as UTC ISO 8601 (`2026-01-02T03:04:05.678Z`): the
+    same on every machine, whatever its time zone."""
+    if ms is None:
+        return None
+    seconds, millis = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
 def _row_json(row: HostRow) -> JsonObject:
     return {
         "host_id": row.host_id,
-        "started_at": row.started_at,
+        "started_at": _iso(row.started_at or None),
         "capacity": row.capacity,
         "sessions_held": row.sessions_held,
-        "renewed_at": row.renewed_at,
+        "renewed_at": _iso(row.renewed_at),
         "pid": row.pid,
         "hostname": row.hostname,
         "alive": row.alive,

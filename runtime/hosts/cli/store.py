@@ -10,7 +10,7 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from subagents.storage import LogStore, StorageError
+from subagents.storage import LogStore, StorageError, redact_url
 
 from ...foundation.errors import UsageError
 from .common import read_only_root
@@ -68,7 +68,7 @@ def _open_pg(url: str, *, create_schema: bool = True) -> LogStore:
     from ...store_select import open_log_store
 
     if not _is_pg(url):
-        raise UsageError(f"not a PostgreSQL URL (postgresql://...): {url}")
+        raise UsageError(f"not a PostgreSQL URL (postgresql://...): {redact_url(url)}")
     try:
         return open_log_store(url, create_schema=create_schema)
     except StorageError as exc:
