@@ -13,12 +13,21 @@ delivery in the session's log, acknowledging it only once that record is durable
   it again does not hand it over twice.
 - `interrupt` cancels the running turn (the agent's two-phase cancel) and is recorded by the
   `turn/end {aborted}` it causes: the owner acks once the turn is closed (that write is durable
-  before the agent is idle again). With no turn running it is a no-op and acked at once.
-- `stop` records the session's stopped marker first (`session/stopped`, issue 27), does the
-  same, then (a resident continuable child) settles the child as the service's stop does
-  (`subagent/settled` in its parent).
+  before the agent is idle again). With no turn running it is a no-op and acked at once. A
+  message delivered before it is not parked (as an in-process `interrupt_agent` parks what is
+  queued): it was delivered durably and must be recorded, so it starts the next turn and is
+  answered — never left unrecorded in the mailbox with nothing to wake the agent.
+- `stop` records the session's stopped marker first (`session/stopped`, issue 27), then ends the
+  running turn the same way, and every turn that a message delivered before it starts, each as
+  soon as it has recorded its input (no model answers it) — and, if it recorded any, the marker
+  again (an explicit message after a marker clears it: the stop must stay in force). Then (a
+  resident continuable child) it settles the child as the service's stop does
+  (`subagent/settled` in its parent): the messages are in the child's log before its settlement.
 - `settled` appends the `subagent/settled` (with the envelope's `delivery_id`) to this session
-  — a parent whose child another process hosted — and delivers its notice (`Settlement`).
+  — a parent whose child another process hosted — and delivers its notice (`Settlement`). It
+  waits for the agent to be quiet (never amid its step's writes), in a task of its own, so the
+  drain goes on meanwhile (an interrupt behind it is not held up); one of a run the log records
+  already is dropped and acked (settled once, runtime/delegation/settled_keys.py).
 
 Recorded once: the agent keeps the ids its log records (`Agent.recorded_deliveries`, folded from
 its events when it starts and updated after each durable write); a redelivered id is acked and
@@ -49,7 +58,7 @@ from trio_util import wait_any
 
 from ..models.messages import text_blocks
 from .inbox import Delivery
-from .loop import Agent
+from .loop import Agent, Cause
 
 __all__ = ["MailboxOwners", "OwnerActions", "message_content", "new_envelope"]
 
@@ -57,6 +66,7 @@ log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
 RETRY_AFTER = 1.0  # seconds before an owner looks again after its mailbox could not be read
+SETTLED_QUEUE = 16  # settlements an owner holds while its agent is not quiet (then the drain waits)
 CLOSE_GRACE = 5.0  # seconds a stopping session's owner may spend acking what was recorded
 
 
@@ -168,12 +178,27 @@ class _Owner:
     drained: trio.Event  # set once the first drain has handed over what it found
     _pending: dict[str, Envelope] = attrs.field(factory=dict)  # handed to the agent, not yet recorded
     _stuck: set[str] = attrs.field(factory=set)  # bad files that could not be moved aside (logged)
+    # `settled` envelopes for the recorder task, in delivery order (bounded: the drain waits).
+    _settled: tuple[trio.MemorySendChannel[Envelope], trio.MemoryReceiveChannel[Envelope]] = attrs.field(
+        factory=lambda: trio.open_memory_channel[Envelope](SETTLED_QUEUE)
+    )
+    _settling: int = 0  # settlements queued for the recorder and not finished (they keep their order)
+    # Interrupts and stops whose effect is durable, not acked yet (`close` acks them too).
+    _effective: dict[str, Envelope] = attrs.field(factory=dict)
 
     @property
     def sid(self) -> str:
         return self.agent.session_id
 
     async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._record_settlements)
+            try:
+                await self._run()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _run(self) -> None:
         mailbox = self.owners.mailbox
         failing = False  # a streak of failures is logged once, as a warning
         while True:
@@ -277,6 +302,10 @@ class _Owner:
         await self._ack_recorded_pending()
 
     async def _ack_recorded_pending(self) -> None:
+        for delivery_id in list(self._effective):
+            effective = self._effective.pop(delivery_id, None)
+            if effective is not None:
+                await self._ack(effective)
         for delivery_id in [d for d in self._pending if d in self.agent.recorded_deliveries]:
             # `close` may ack them while the owner's loop does (each waits on its own acks).
             envelope = self._pending.pop(delivery_id, None)
@@ -321,22 +350,105 @@ class _Owner:
                     "session %s: %s %s predates this host: acked without effect", self.sid, kind, envelope.delivery_id
                 )
             else:
+                cause: Cause = "user" if envelope.sender is None else "parent"
                 if kind == "stop":  # its durable stopped marker first (issue 27): nothing resumes it now
                     await self.owners.actions.mark_stopped(self.sid, envelope)
-                if self.agent.status == "running":
-                    self.agent.inbox.park()  # as interrupt_agent does: queued input waits for new input
-                    self.agent.cancel("user" if envelope.sender is None else "parent")
-                    await self.agent.wait_turn_closed()  # its turn/end {aborted} is durable now
+                recorded_input = await self._end_turns(cause, stop=kind == "stop")
+                # Its effect is durable: acked by whoever comes first — this, or `close` when the
+                # session settles and goes meanwhile (an interrupted child with nothing queued
+                # settles at once, and its disposal ends this task).
+                self._effective[envelope.delivery_id] = envelope
+                if recorded_input:
+                    # Messages delivered before the stop were recorded after its marker, which
+                    # an explicit message clears (storage/stop_verdict.py): the marker again.
+                    await self.owners.actions.mark_stopped(self.sid, envelope)
+                if self._effective.pop(envelope.delivery_id, None) is None:
+                    return  # acked by `close`
             await self._ack(envelope)
             if kind == "stop" and envelope.created_at >= self.started:
                 # After the ack: the stop disposes this session, and with it this task.
                 self.owners.nursery.start_soon(self.owners.actions.stop_resident, self.sid, "user", envelope)
         elif kind == "settled":
+            if not self._settling and self.agent.quiet:
+                # Recorded here and now, as the drain goes (the first drain of a resumed parent
+                # records what waited for it before anyone asks whether its tree is idle).
+                try:
+                    await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
+                except ValueError as exc:
+                    return await self._drop(envelope, str(exc))
+                await self._ack(envelope)  # recorded, or a second settlement of its run: dropped
+                return
+            self._pending[envelope.delivery_id] = envelope
+            self._settling += 1
+            await self._settled[0].send(envelope)
+
+    async def _end_turns(self, cause: Cause, *, stop: bool) -> bool:
+        """An interrupt: end the running turn (two-phase); what was delivered before it starts
+        the next turn. A stop: also end each turn that input delivered before it starts, once
+        that turn has recorded it, until none is left — so the input is in the log (before the
+        settlement that follows) and no model answers it. True when a stop ended such a turn
+        (input was recorded after the stop arrived)."""
+        agent = self.agent
+        entry = agent.turn  # a turn started after the stop arrived has a higher number
+        while True:
+            if agent.status == "running":
+                turn = agent.turn
+                agent.cancel(cause)  # (no-op for a turn whose abort is set already)
+                # Until that turn has closed (its turn/end {aborted} is durable): not
+                # `wait_turn_closed` alone, which returns only once the agent is idle when this
+                # task runs — after the next turn, answering what was queued, for an interrupt
+                # (this drain, and an interrupt meant for that turn, would wait for it). A claim
+                # changes the inbox as the next turn starts.
+                while agent.status == "running" and agent.turn == turn:
+                    await wait_any(agent.wait_turn_closed, agent.inbox.wait_changed, agent.wait_stopped)
+                if not stop:
+                    return False
+                continue  # a stop: a turn that started meanwhile has recorded its input: end it
+            if not stop or agent.status == "stopped" or not agent.inbox.wakes():
+                return stop and agent.turn > entry
+            # Input waits that will start a turn: once claimed, the driver is running it.
+            await wait_any(agent.inbox.wait_changed, agent.wait_stopped)
+
+    async def _record_settlements(self) -> None:
+        """Record the `settled` deliveries, one by one in delivery order (each waits for its
+        agent to be quiet: `Settlement.record_delivered`), and ack each once recorded (or
+        dropped). A storage failure is retried here; the agent stopping ends it (not acked: the
+        next host records it)."""
+        async for envelope in self._settled[1]:
+            try:
+                await self._record_settlement(envelope)
+            finally:
+                self._settling -= 1
+
+    async def _record_settlement(self, envelope: Envelope) -> None:
+        while True:
             try:
                 await self.owners.actions.record_settled(self.agent, envelope.body, envelope.delivery_id)
             except ValueError as exc:
-                return await self._drop(envelope, str(exc))
+                self._pending.pop(envelope.delivery_id, None)
+                log.warning("session %s: settled delivery %s dropped: %s", self.sid, envelope.delivery_id, exc)
+                await self._ack_logged(envelope)
+            except (StorageError, ActorStopped) as exc:
+                if self._lost() or self.agent.status == "stopped":
+                    return
+                log.warning(
+                    "session %s: recording settlement %s failed (retrying): %s", self.sid, envelope.delivery_id, exc
+                )
+                if await self._agent_stopped_within(RETRY_AFTER):
+                    return
+                continue
+            else:
+                # Recorded (the drain may ack it too: whoever pops it acks), or a second
+                # settlement of a recorded run, dropped: acked either way.
+                if self._pending.pop(envelope.delivery_id, None) is not None:
+                    await self._ack_logged(envelope)
+            break
+
+    async def _ack_logged(self, envelope: Envelope) -> None:
+        try:
             await self._ack(envelope)
+        except StorageError as exc:
+            log.warning("session %s: ack of %s failed (redelivered later): %s", self.sid, envelope.delivery_id, exc)
 
     async def _drop(self, envelope: Envelope, why: str) -> None:
         log.warning("session %s: %s delivery %s dropped: %s", self.sid, envelope.kind, envelope.delivery_id, why)

@@ -7,6 +7,12 @@ the parent, durably, and only after that delivers the notice: steered into a run
 starting a turn in an idle one. While the family is stopping (a drain, or the parent being
 released) the notice is not delivered: the durable record waits for the parent's next resume,
 where every own-suffix `subagent/settled` no notice references is delivered again, first.
+
+Settled once: each settlement carries the key of the child's run it settles (`run_key`), and a
+parent records one settlement per key (settled_keys.py): a second settlement of the same run —
+another host that claimed the same work — is dropped, with no notice. A settlement that comes
+through the parent's mailbox (its child ran in another process) is recorded, like a local one,
+only while the parent is quiet, so it never lands amid one of the parent's steps.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from ..agent.inbox import Delivery
 from ..agent.loop import Agent
 from ..agent.mailbox_owner import new_envelope
 from ..agent.registry import AgentRegistry
+from .settled_keys import SettledKeys, agent_run_key
 
 __all__ = ["Settlement", "notice_blocks", "settled_pending"]
 
@@ -90,6 +97,7 @@ class Settlement:
     _disposing: set[str] = attrs.field(factory=set)  # sessions being released: no notices into them
     _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
     _undelivered: set[str] = attrs.field(factory=set)  # children whose settlement `post` could not deliver
+    keys: SettledKeys = attrs.field(factory=SettledKeys)  # the run keys each parent records
 
     @contextmanager
     def disposing(self, session_id: str) -> Iterator[None]:
@@ -157,17 +165,26 @@ class Settlement:
             data["closing_text"] = closing
         if isinstance(message, str):
             data["reason_message"] = message  # which budget ran out, for the notice (and its redelivery)
+        run_key = agent_run_key(child)
+        if run_key is not None:
+            data["run_key"] = run_key
         if parent_ref is None:
             if not await self.post(activation.parent_id, activation.child_id, data):
                 self._undelivered.add(activation.child_id)
+            return
+        if not self.keys.claim(parent_ref, run_key):
+            log.info("subagent %s: its run %s is settled already: not recorded twice", activation.child_id, run_key)
             return
         try:
             appended = await parent_ref.append(
                 [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
             )
-        except Exception as exc:  # the child still lists as ready; only the notice is lost
+        except BaseException as exc:
+            self.keys.release(parent_ref, run_key)
+            if not isinstance(exc, Exception):
+                raise
             log.warning("could not record the settlement of %s: %s", activation.child_id, exc)
-            return
+            return  # the child still lists as ready; only the notice is lost
         parent_activation = self.manager.get(activation.parent_id)
         if (
             parent is None
@@ -220,19 +237,35 @@ class Settlement:
         return False
 
     async def record_delivered(self, parent: Agent, body: Json, delivery_id: str) -> None:
-        """A `settled` delivery from the parent's mailbox: append `subagent/settled` with its
-        `delivery_id` (durably), then deliver the notice as `settle` does. `ValueError` for a
-        body that is not a settlement."""
+        """A `settled` delivery from the parent's mailbox: once the parent is quiet (as a local
+        settlement waits, `wait_parent_quiet`), append `subagent/settled` with its `delivery_id`
+        (durably), then deliver the notice as `settle` does. A settlement of a run the parent
+        records already is dropped (returns with nothing written: its envelope is acked).
+        `ValueError` for a body that is not a settlement."""
         child_id, kind = body.get("child_id"), body.get("reason_kind")
         if not isinstance(child_id, str) or not isinstance(kind, str):
             raise ValueError('a settled body needs string "child_id" and "reason_kind"')
+        run_key = body.get("run_key")
+        if run_key is not None and not isinstance(run_key, str):
+            raise ValueError('a settled body\'s "run_key" must be a string')
         data: Json = {"child_id": child_id, "reason_kind": kind, "delivery_id": delivery_id}
-        for key in ("closing_text", "reason_message"):
+        for key in ("closing_text", "reason_message", "run_key"):
             if isinstance(body.get(key), str):
                 data[key] = body[key]
-        appended = await parent.session.append(
-            [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
-        )
+        # Never amid the parent's own step writes (a settlement mid-step lands between a step's
+        # catalog events and its tool results): the same rule as a local settlement's.
+        while not (parent.quiet or self.manager.draining or parent.session_id in self._disposing):
+            await parent.wait_quiet()
+        if not self.keys.claim(parent.session, run_key):
+            log.info("subagent %s: its run %s is settled already: delivery %s dropped", child_id, run_key, delivery_id)
+            return
+        try:
+            appended = await parent.session.append(
+                [EventDraft(type="subagent/settled", data=data, time=self.agents.clock.now_ms())]
+            )
+        except BaseException:
+            self.keys.release(parent.session, run_key)
+            raise
         parent.note_recorded(delivery_id)
         if self.manager.draining or parent.session_id in self._disposing:
             return  # the durable record is delivered at the parent's next resume
@@ -249,7 +282,9 @@ class Settlement:
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
         """On resume: every own-suffix `subagent/settled` that no own-suffix notice references
-        is delivered again, in one first turn (`trigger: resume`)."""
+        is delivered again, in one first turn (`trigger: resume`). The run keys the log records
+        are kept for `settle` and `record_delivered` (settled once)."""
+        self.keys.load(agent.session, events)
         pending = [events[seq] for seq in settled_pending(events, agent.session.inherited_event_count)]
         for i, event in enumerate(pending):
             data = decode_payload(event, session_id=agent.session_id)

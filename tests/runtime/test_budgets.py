@@ -141,10 +141,12 @@ async def test_a_child_out_of_turns_stops_before_its_model_call_and_the_notice_s
     # The message that started the second turn is kept, in a step without a model call.
     assert _texts(_of(events, "user/message")[-1]) == ["Agent parent sent a message: ", "one more thing"]
     parent_events = _events(tmp_path, "parent")
+    last_end = max(seq for seq, (t, _d) in enumerate(events) if t == "turn/end")
     assert _of(parent_events, "subagent/settled")[-1] == {
         "child_id": child,
         "reason_kind": "budget",
         "reason_message": "max_turns 1 reached",
+        "run_key": f"{child}@{last_end}",  # its run, by its last turn/end (issue 27)
     }
     assert _notices(parent_events)[-1] == [
         f"Background subagent {child} ran out of its budget before it finished (max_turns 1 reached).",

@@ -221,7 +221,13 @@ def _parent_and_child(root: Path, out: dict[str, Any]) -> tuple[str, str]:
     child_header = log_records(root, child)[0]
     assert (child_header["parent_session"], child_header["origin"]) == (parent, "subagent")
     [settled] = events(root, parent, "subagent/settled")
-    assert settled["data"] == {"child_id": child, "reason_kind": "completed", "closing_text": "CHILD_OK"}
+    run_key = f"{child}@{events(root, child, 'turn/end')[-1]['seq']}"  # its run, by its last turn/end
+    assert settled["data"] == {
+        "child_id": child,
+        "reason_kind": "completed",
+        "closing_text": "CHILD_OK",
+        "run_key": run_key,
+    }
     return parent, child
 
 

@@ -311,7 +311,9 @@ def test_ctrl_c_with_a_background_child_disposes_it_and_streams_both_to_the_end(
     [end] = [i for i, e in enumerate(parent) if e["type"] == "turn/end"]
     assert parent[end]["data"]["reason"] == ABORTED_USER
     assert [e["type"] for e in parent[end + 1 :]] == ["subagent/settled"]  # no notice turn
-    assert parent[-1]["data"] == {"child_id": child_id, "reason_kind": "aborted"}
+    # `run_key`: the child's run it settles, named by its last turn/end (issue 27).
+    run_key = f"{child_id}@{child[-1]['seq']}"
+    assert parent[-1]["data"] == {"child_id": child_id, "reason_kind": "aborted", "run_key": run_key}
     assert result["reason"] == ABORTED_USER and result["session_id"] == "p1"
     # The parent's call that started the child was answered; usage covers the tree's replies.
     assert result["usage"]["calls"] == 1

@@ -68,6 +68,11 @@ def _log(root: str, sid: str) -> list[Json]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+def _run_key(child: str, events: list[Json]) -> str:
+    """The run key of the child's settlement: `<child>@<seq of its last turn/end>` (issue 27)."""
+    return f"{child}@{[e['seq'] for e in events if e['type'] == 'turn/end'][-1]}"
+
+
 def _pending(root: str, sid: str) -> list[str]:
     folder = Path(root) / rel_mailbox(sid)
     return sorted(p.name for p in folder.glob("*.json")) if folder.is_dir() else []
@@ -126,7 +131,8 @@ def test_send_and_interrupt_reach_a_child_another_process_hosts(tmp_path: Path) 
     assert interrupt not in json.dumps(events)  # an interrupt is recorded by the turn/end it caused
     assert _pending(chat.root, child) == []  # both acked
     settled = [e["data"] for e in _log(chat.root, session) if e["type"] == "subagent/settled"]
-    assert settled == [{"child_id": child, "reason_kind": "aborted", "closing_text": "heard"}]
+    key = _run_key(child, events)
+    assert settled == [{"child_id": child, "reason_kind": "aborted", "closing_text": "heard", "run_key": key}]
 
 
 @pytest.mark.slow  # two processes: a chat host and the operator's stop
@@ -145,7 +151,7 @@ def test_stop_ends_the_childs_turn_aborted_and_settles_it(tmp_path: Path) -> Non
     events = _log(chat.root, child)
     assert [e["data"]["reason"] for e in events if e["type"] == "turn/end"] == [{"kind": "aborted", "cause": "user"}]
     settled = [e["data"] for e in _log(chat.root, session) if e["type"] == "subagent/settled"]
-    assert settled == [{"child_id": child, "reason_kind": "aborted"}]
+    assert settled == [{"child_id": child, "reason_kind": "aborted", "run_key": _run_key(child, events)}]
     assert _pending(chat.root, child) == []
     # Now nobody runs it: interrupt and stop say so, and leave nothing behind.
     for command in ("interrupt", "stop"):
@@ -211,3 +217,119 @@ def test_a_delivery_survives_a_sigkilled_host_and_is_recorded_exactly_once(tmp_p
         "notes.txt",
         "notes.txt.reason",
     ]
+
+
+@pytest.mark.slow  # five `send` processes at once, then `tail`
+def test_concurrent_sends_to_a_session_nobody_runs_are_each_recorded_once(tmp_path: Path) -> None:
+    """Issue 27: five `send`s at once to a session nobody runs. One resumes it and runs the
+    turn; each of the others either found it held or lost the race for its open (not a usage
+    error): it goes through the mailbox and waits until its message is recorded — resuming the
+    session itself if the holder let go first. All exit 0; each message is recorded once."""
+    root = str(tmp_path / "root")
+    model = write_script(tmp_path / "s.json", {"agents": [{"session": "main", "responses": [{"text": "ok"}] * 40}]})
+    made = _cli(root, "run", "--model", model, "--session", "main", "hello")
+    assert made.returncode == 0, made.stderr
+    texts = [f"message {i}" for i in range(5)]
+    sends = [
+        subprocess.Popen(
+            [*CLI, "send", "--root", root, "--model", model, "main", text],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for text in texts
+    ]
+    outcomes = [(p.wait(timeout=TIMEOUT), *p.communicate()) for p in sends]
+    assert [code for code, _out, _err in outcomes] == [0] * 5, outcomes
+    assert all("Traceback" not in err and "already owned" not in err for _c, _o, err in outcomes), outcomes
+    recorded = [
+        block["text"]
+        for e in _log(root, "main")
+        if e["type"] == "user/message"
+        for block in e["data"]["message"]["content"]
+    ]
+    assert sorted(t for t in recorded if t.startswith("message ")) == texts, recorded
+    assert _pending(root, "main") == []
+
+
+def _run_with_a_hung_child(tmp_path: Path, child: list[Json]) -> tuple[str, _Lines, str]:
+    """A `run --stream` whose parent starts a background child, ends its turn and waits for the
+    child, which is in its (hung) model call; the root, the run and the child's id."""
+    root = str(tmp_path / "root")
+    model = write_script(tmp_path / "s.json", _script(child))
+    run = _Lines([*CLI, "run", "--root", root, "--model", model, "--stream", "start a child"], tmp_path)
+    child_id = run.expect(r'"type":"subagent/catalog".*"child_id":"([^"]+)"').group(1)
+    run.expect(rf'"session_id":"{re.escape(child_id)}".*"type":"user/message"')  # its model call is next
+    return root, run, child_id
+
+
+@pytest.mark.slow  # a run hosting a parent and its child; the operator's send and interrupt
+def test_a_message_sent_before_an_interrupt_is_recorded_and_answered(tmp_path: Path) -> None:
+    """Issue 27: `send CHILD` to a running child, then `interrupt CHILD`: the turn ends aborted,
+    and the message — parked before, unrecorded, with nothing to wake the child: the parent's
+    `run` hung — starts the child's next turn, which answers it; the child settles and the run
+    ends."""
+    root, run, child = _run_with_a_hung_child(tmp_path, [{"hang": True}, {"text": "answered it"}])
+    sent = _cli(root, "send", child, "do this instead")
+    assert sent.returncode == 0, sent
+    delivery = _delivered(sent.stdout, "send", child)
+    stopped = _cli(root, "interrupt", child)
+    assert stopped.returncode == 0, stopped
+    assert run.proc.wait(timeout=TIMEOUT) == 0, run.seen
+    events = _log(root, child)
+    assert [e["data"]["reason"] for e in events if e["type"] == "turn/end"] == [
+        {"kind": "aborted", "cause": "user"},
+        {"kind": "completed"},
+    ]
+    (message,) = [e for e in events if e["type"] == "user/message" and e["data"].get("delivery_id") == delivery]
+    assert message["data"]["turn"] == 2
+    parent = json.loads(run.seen[0])["session_id"]
+    settled = [e["data"] for e in _log(root, parent) if e["type"] == "subagent/settled"]
+    assert settled == [
+        {
+            "child_id": child,
+            "reason_kind": "completed",
+            "closing_text": "answered it",
+            "run_key": _run_key(child, events),
+        }
+    ]
+    assert _pending(root, child) == []
+
+
+@pytest.mark.slow  # a run hosting a parent and its child; the operator's send and stop
+def test_a_message_sent_before_a_stop_is_recorded_before_the_settlement(tmp_path: Path) -> None:
+    """Issue 27: `send CHILD` to a running child, then `stop CHILD`: the message — orphaned in
+    the mailbox for good before — is recorded in the child's log (no model answers it), the
+    child settles `aborted` once, the parent is noticed and the run ends."""
+    root, run, child = _run_with_a_hung_child(tmp_path, [{"hang": True}, {"text": "NEVER"}])
+    sent = _cli(root, "send", child, "one more thing")
+    assert sent.returncode == 0, sent
+    delivery = _delivered(sent.stdout, "send", child)
+    stopped = _cli(root, "stop", child)
+    assert stopped.returncode == 0, stopped
+    assert run.proc.wait(timeout=TIMEOUT) == 0, run.seen
+    events = _log(root, child)
+    assert len([e for e in events if e["type"] == "user/message" and e["data"].get("delivery_id") == delivery]) == 1
+    assert {e["data"]["reason"]["kind"] for e in events if e["type"] == "turn/end"} == {"aborted"}
+    assert "NEVER" not in json.dumps(events)
+    message_at = next(i for i, e in enumerate(events) if e["data"].get("delivery_id") == delivery)
+    assert max(i for i, e in enumerate(events) if e["type"] == "session/stopped") > message_at  # still stopped
+    parent = json.loads(run.seen[0])["session_id"]
+    parent_events = _log(root, parent)
+    settled = [e for e in parent_events if e["type"] == "subagent/settled"]
+    assert [e["data"] for e in settled] == [
+        {"child_id": child, "reason_kind": "aborted", "run_key": _run_key(child, events)}
+    ]
+    # Recorded before the settlement: the run key names the child's last turn/end, which
+    # follows the message.
+    assert int(settled[0]["data"]["run_key"].rsplit("@", 1)[1]) > events.index(
+        next(e for e in events if e["data"].get("delivery_id") == delivery)
+    )
+    notices = [
+        e
+        for e in parent_events
+        if e["type"] == "user/message" and e["data"]["message"]["source"]["kind"] == "subagent-settled"
+    ]
+    assert len(notices) == 1
+    assert _pending(root, child) == []

@@ -21,6 +21,11 @@ pytestmark = pytest.mark.pg
 GUARD = 15.0  # seconds: a hang fails the test instead of blocking the suite
 
 
+def _run_key(child: str, events: list[dict[str, Any]]) -> str:
+    """The run key of the child's settlement: `<child>@<seq of its last turn/end>` (issue 27)."""
+    return f"{child}@{[e['seq'] for e in events if e['type'] == 'turn/end'][-1]}"
+
+
 def _model(*child_texts: str) -> ScriptedModel:
     agents = [{"label": "worker", "responses": [{"text": t} for t in child_texts]}]
     return ScriptedModel(load_script(json.dumps({"agents": agents})))
@@ -226,7 +231,8 @@ def test_send_and_interrupt_reach_a_child_a_host_runs_on_postgresql(tmp_path: Pa
     assert interrupt not in json.dumps(events)
     assert _rows(pg_url, "SELECT name, session_id FROM mailbox_rejected") == [(JUNK_ID, child)]
     settled = [e["data"] for e in _log_of(pg_url, session) if e["type"] == "subagent/settled"]
-    assert settled == [{"child_id": child, "reason_kind": "aborted", "closing_text": "heard"}]
+    key = _run_key(child, events)
+    assert settled == [{"child_id": child, "reason_kind": "aborted", "closing_text": "heard", "run_key": key}]
     assert not list(tmp_path.rglob("mailbox"))  # nothing of the mailbox under the root
 
 
@@ -250,7 +256,7 @@ def test_stop_settles_a_child_a_host_runs_on_postgresql(tmp_path: Path, pg_url: 
     events = _log_of(pg_url, child)
     assert [e["data"]["reason"] for e in events if e["type"] == "turn/end"] == [{"kind": "aborted", "cause": "user"}]
     settled = [e["data"] for e in _log_of(pg_url, session) if e["type"] == "subagent/settled"]
-    assert settled == [{"child_id": child, "reason_kind": "aborted"}]
+    assert settled == [{"child_id": child, "reason_kind": "aborted", "run_key": _run_key(child, events)}]
     for command in ("interrupt", "stop"):  # nobody runs it now
         cold = _cli(pg_url, command, child)
         assert (cold.returncode, cold.stdout, cold.stderr) == (

@@ -213,6 +213,12 @@ def notice_texts(child_id: str, summary: str, closing: str | None) -> list[str]:
     return [head, "It left no closing message."] if closing is None else [head, "Its closing message:", closing]
 
 
+def run_key(child_id: str, child_events: list[Json]) -> str:
+    """The `run_key` a settlement of the child's last run carries: `<child_id>@<seq of its last
+    turn/end>` (issue 27, settled once)."""
+    return f"{child_id}@{[e['seq'] for e in child_events if e['type'] == 'turn/end'][-1]}"
+
+
 def turn_end(events: list[Json], turn: int) -> Json:
     (end,) = [e for e in events if e["type"] == "turn/end" and e["data"]["turn"] == turn]
     return end["data"]["reason"]
@@ -367,7 +373,12 @@ def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) 
         "call_id": "call_1_1",  # the `subagent` call that started it (issue 27)
     }
     (settled,) = settled_records(parent)
-    assert settled["data"] == {"child_id": "child-1", "reason_kind": "completed", "closing_text": "CHILD_OK"}
+    assert settled["data"] == {
+        "child_id": "child-1",
+        "reason_kind": "completed",
+        "closing_text": "CHILD_OK",
+        "run_key": run_key("child-1", child),
+    }
     (notice,) = notices(parent)
     assert notice["source_event_seqs"] == [settled["seq"]]
     assert texts(notice["data"]["message"]) == notice_texts("child-1", SUMMARY_DONE, "CHILD_OK")
@@ -419,7 +430,13 @@ def test_continuable_child_survives_restart_and_is_cold_resumed(tmp_path: Path) 
     assert [e for e in child if e["type"] == "subagent/descriptor"] == [child[0]]  # no provider re-dispatch
 
     first_settled, second_settled = settled_records(parent, "child-1")
-    assert second_settled["data"] == {"child_id": "child-1", "reason_kind": "completed", "closing_text": "CHILD_OK_2"}
+    assert second_settled["data"] == {
+        "child_id": "child-1",
+        "reason_kind": "completed",
+        "closing_text": "CHILD_OK_2",
+        "run_key": run_key("child-1", child),  # another run than the first's: recorded too
+    }
+    assert first_settled["data"]["run_key"] != second_settled["data"]["run_key"]
     assert_each_settlement_noticed_once(parent)
     last_notice = notices(parent)[-1]
     assert last_notice["source_event_seqs"] == [second_settled["seq"]]
@@ -1044,8 +1061,17 @@ async def test_activation_limit_and_interrupt_by_the_parent(tmp_path: Path) -> N
 
     assert turn_end(events_of(root, "child-2"), 1) == {"kind": "aborted", "cause": "parent"}
     done, stopped = settled_records(events)
-    assert done["data"] == {"child_id": "child-1", "reason_kind": "completed", "closing_text": "FIRST_DONE"}
-    assert stopped["data"] == {"child_id": "child-2", "reason_kind": "aborted"}
+    assert done["data"] == {
+        "child_id": "child-1",
+        "reason_kind": "completed",
+        "closing_text": "FIRST_DONE",
+        "run_key": run_key("child-1", events_of(root, "child-1")),
+    }
+    assert stopped["data"] == {
+        "child_id": "child-2",
+        "reason_kind": "aborted",
+        "run_key": run_key("child-2", events_of(root, "child-2")),
+    }
     assert [texts(n["data"]["message"]) for n in notices(events)] == [
         notice_texts("child-1", SUMMARY_DONE, "FIRST_DONE"),
         notice_texts("child-2", SUMMARY_STOPPED, None),
@@ -1202,7 +1228,11 @@ async def test_grandparent_interrupts_and_a_child_messages_its_parent(tmp_path: 
     assert_ok(results_named(mid, "subagent")[0], "started subagent child-2")
     assert_ok(results_named(mid, "send_message")[0], "message delivered to agent parent")
     (leaf_settled,) = settled_records(mid, "child-2")
-    assert leaf_settled["data"] == {"child_id": "child-2", "reason_kind": "aborted"}
+    assert leaf_settled["data"] == {
+        "child_id": "child-2",
+        "reason_kind": "aborted",
+        "run_key": run_key("child-2", leaf),
+    }
     (leaf_notice,) = notices(mid)
     assert texts(leaf_notice["data"]["message"]) == notice_texts("child-2", SUMMARY_STOPPED, None)
     assert_each_settlement_noticed_once(mid)
@@ -1380,7 +1410,11 @@ async def test_a_draining_runtime_records_settlements_for_the_next_resume(tmp_pa
     assert turn_end(events_of(root, "child-1"), 1) == {"kind": "aborted", "cause": "disposed"}
     events = events_of(root, "parent")
     (settled,) = settled_records(events, "child-1")
-    assert settled["data"] == {"child_id": "child-1", "reason_kind": "aborted"}
+    assert settled["data"] == {
+        "child_id": "child-1",
+        "reason_kind": "aborted",
+        "run_key": run_key("child-1", events_of(root, "child-1")),
+    }
     assert settled["seq"] == len(events) - 1 and notices(events) == []
 
     script = {"agents": [{"session": "parent", "responses": [{"text": "SAW"}, {"text": "ANSWERED"}]}]}

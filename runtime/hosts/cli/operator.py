@@ -5,10 +5,17 @@ reached through its mailbox (the store's: rows of the PostgreSQL store, which ev
 files under `--root` with the file store): the command returns once the envelope is durable, and the host's
 owner task records it (runtime/agent/mailbox_owner.py). A session nobody runs:
 
-- `send` queues the message in its mailbox all the same: no model runs here. It is recorded,
-  and answered, by the next host that resumes the session (`run --session ID`, `chat --session
-  ID`, or a parent's `send_message` to a child): it is steered into that host's running turn, or
+- `send` resumes it here and runs the turn, as `run --session ID TEXT` does; with `--queue` it
+  only queues the message in its mailbox: no model runs here. A queued message is recorded, and
+  answered, by the next host that resumes the session (`run --session ID`, `chat --session ID`,
+  or a parent's `send_message` to a child): it is steered into that host's running turn, or
   starts one. (A `run` that ends before its owner drained it leaves it queued.)
+- A `send` that loses the race for the session (another `send` or host opened it between this
+  one's look and its own open: `AlreadyOwned`) is not a usage error: it goes through the
+  mailbox, as to a session live elsewhere, and waits until its delivery is recorded (acked) —
+  or, if the holder let the session go first, resumes it here so that its owner records it
+  (and the turn answers it). So concurrent `send`s each exit 0 and each message is recorded
+  once.
 - `interrupt` and `stop` have nothing to stop: they say so and exit 0 (like `interrupt_agent`'s
   `not-running`), leaving nothing behind that could stop a later turn.
 
@@ -32,7 +39,16 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import trio
-from subagents.storage import EnvelopeKind, LogInfo, SessionNotFound, StorageError, StoreUnreachable
+from subagents.storage import (
+    AlreadyOwned,
+    Envelope,
+    EnvelopeKind,
+    LogInfo,
+    Mailbox,
+    SessionNotFound,
+    StorageError,
+    StoreUnreachable,
+)
 
 from ...event_stream import StreamEvent
 from ...foundation.errors import CommandFailed, UsageError
@@ -45,6 +61,7 @@ from .common import (
     check_session_arg,
     command_setup,
     one_line,
+    print_stdout,
     raise_open_file_limit,
     read_only_store,
     until_interrupted,
@@ -65,6 +82,7 @@ __all__ = [
 ]
 
 FOLLOW_POLL = 0.2  # seconds between looks at a followed log
+RACE_POLL = 0.2  # seconds between looks at a race-lost send's delivery (recorded, or its holder gone)
 OPERATOR_COMMANDS = ("send", "interrupt", "stop")
 
 
@@ -190,18 +208,97 @@ def operator_main(args: argparse.Namespace) -> int:
         from .stop_tree import stop_tree_command
 
         return trio.run(stop_tree_command, args)
-    if args.command == "send" and not args.queue and not trio.run(runs_elsewhere, args):
-        # Nobody runs it: this process resumes it and runs the turn, as `run --session ID TEXT`
-        # (a message to a cold target is answered by the sender's process, as inside a runtime).
-        from .run import run_command
+    if args.command == "send" and not args.queue:
+        if not trio.run(runs_elsewhere, args):
+            # Nobody runs it: this process resumes it and runs the turn, as `run --session ID
+            # TEXT` (a message to a cold target is answered by the sender's process, as inside
+            # a runtime).
+            from .run import run_command
 
-        setup = command_setup(args)
-        raise_open_file_limit()
-        run_args = argparse.Namespace(
-            **vars(args), session=args.session_id, prompt=args.text, compression="zstd", json=False, stream=False
-        )
-        return trio.run(until_interrupted, run_command, run_args, setup)
+            setup = command_setup(args)
+            raise_open_file_limit()
+            try:
+                return trio.run(until_interrupted, run_command, _run_args(args, args.text), setup)
+            except UsageError as exc:
+                # `run` refuses a session another process opened meanwhile ("cannot be taken");
+                # the store's `AlreadyOwned` is kept as the refusal's context.
+                if not isinstance(exc.__context__, AlreadyOwned):
+                    raise
+            return trio.run(until_interrupted, _send_race_lost, args)
     return trio.run(operator_command, args)
+
+
+def _run_args(args: argparse.Namespace, prompt: str | None) -> argparse.Namespace:
+    return argparse.Namespace(
+        **vars(args), session=args.session_id, prompt=prompt, compression="zstd", json=False, stream=False
+    )
+
+
+async def _send_race_lost(args: argparse.Namespace, *, interrupt: Interrupt) -> int:
+    """`send` to a session another process opened while this one tried to: the message goes to
+    the session's mailbox; then, until it is recorded (acked), each time the session is free it
+    is resumed here (its owner records what the mailbox holds, and the turn answers it) — the
+    winner of the race, a `send` or `run` whose tree goes idle at once, may end before its
+    owner drained it, and this message must not be left queued for it."""
+    from ...agent.mailbox_owner import new_envelope
+
+    sid = args.session_id
+    async with _opened(args) as side:
+        info, _held = await _stat(side.query, sid)
+        if info.damage is not None:
+            raise CommandFailed(f'session "{sid}" is damaged ({info.damage}): nothing delivered')
+        mailbox = open_mailbox(side.log_store, args.root)
+        await trio.to_thread.run_sync(mailbox.sync_clock)  # the clock the envelope is stamped on
+        envelope = new_envelope(mailbox, "message", {"text": args.text})
+        await trio.to_thread.run_sync(mailbox.deliver, sid, envelope)
+        print(f"send {envelope.delivery_id} delivered to session {sid} (opened by another process meanwhile)")
+        with interrupt.cancels():  # Ctrl-C: it stays queued for the next host
+            while await _queued(mailbox, sid, envelope):
+                _info, held = await _stat(side.query, sid)
+                if not held:
+                    status = await _resume_for_mail(args, interrupt)
+                    if status is not None:
+                        return status
+                await _poll_pause()
+    return 130 if interrupt.hit else 0
+
+
+async def _queued(mailbox: Mailbox, sid: str, envelope: Envelope) -> bool:
+    """Whether the envelope is still in the session's mailbox (not recorded yet)."""
+    pending = await trio.to_thread.run_sync(mailbox.drain, sid)
+    return any(e.delivery_id == envelope.delivery_id for e in pending)
+
+
+async def _poll_pause() -> None:
+    # Another process's ack raises nothing here to wait on: look again a moment later.
+    await trio.sleep(RACE_POLL)
+
+
+async def _resume_for_mail(args: argparse.Namespace, interrupt: Interrupt) -> int | None:
+    """Resume the session here with no prompt of its own: its owner's first drain hands it
+    what its mailbox holds (this `send`'s message among it), and the run lasts until the tree
+    is idle, as `run` does. None when another process opened it first again."""
+    from ...app import open_runtime
+    from ..setup import headless_approver
+
+    setup = command_setup(args)
+    raise_open_file_limit()
+    options = {**setup.runtime_options(), "approver": headless_approver}
+    async with open_runtime(args.root, model=setup.model, compression="zstd", store=args.store, **options) as runtime:
+        try:
+            agent = await runtime.agents.resume(args.session_id)
+        except AlreadyOwned:
+            return None
+        owners = runtime.agents.owners
+        if owners is not None:
+            await owners.first_drain(args.session_id)
+        with interrupt.cancels():
+            result = await runtime.subagents.wait_tree_idle(agent)
+    if interrupt.hit:
+        return 130
+    if result is not None and result.text:
+        print_stdout(result.text)
+    return 0 if result is None or result.reason["kind"] == "completed" else 1
 
 
 async def _tail(args: argparse.Namespace, *, interrupt: Interrupt) -> int:
