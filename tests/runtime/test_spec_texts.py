@@ -298,10 +298,12 @@ async def test_a_child_that_ran_out_of_room_tells_its_parent_so(tmp_path: Path) 
         assert result is not None and result.text == "noted"
     events = _log(tmp_path, "parent")
     [settled] = [e for e in events if e["type"] == "subagent/settled"]
+    last_end = [e["seq"] for e in _log(tmp_path, child_id) if e["type"] == "turn/end"][-1]
     assert settled["data"] == {
         "child_id": child_id,
         "reason_kind": "max-tokens",
         "closing_text": "I got halfway through",
+        "run_key": f"{child_id}@{last_end}",  # the run it settles (issue 27: settled once per run)
     }
     [notice] = [e for e in events if e["type"] == "user/message" and e.get("source_event_seqs") == [settled["seq"]]]
     message = notice["data"]["message"]
