@@ -35,6 +35,7 @@ from .residency import ChildHooks, Residency, unavailable
 from .routing import Routing
 from .run_key import run_key_of
 from .settlement import Settlement
+from .stopped_tree import tree_stop_reason
 
 __all__ = ["Placement"]
 
@@ -218,6 +219,9 @@ class Placement:
             return False
         if settle:
             data: JsonObject = {"child_id": child_id, "reason_kind": _last_reason(events)}
+            detail = await tree_stop_reason(self.query, child_id) if data["reason_kind"] == "aborted" else None
+            if detail is not None:
+                data["reason_message"] = detail
             run_key = run_key_of(child_id, events)
             if run_key is not None:
                 data["run_key"] = run_key

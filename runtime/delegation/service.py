@@ -95,7 +95,7 @@ class SubagentParts:
         """Each part from the ones below it. `mailbox` carries deliveries to sessions another
         process holds; `placements` (with the mailbox) leaves background children to serving
         hosts; `child_model` builds the model a child's options select."""
-        settlement = Settlement(agents, manager, mailbox)
+        settlement = Settlement(agents, manager, mailbox, query=query)
         residency = Residency(agents=agents, manager=manager, settlement=settlement)
         routing = Routing(agents=agents, query=query, mailbox=mailbox)
         placement = Placement(

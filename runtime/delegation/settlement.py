@@ -31,7 +31,9 @@ from ..agent.inbox import Delivery
 from ..agent.loop import Agent
 from ..agent.mailbox_owner import new_envelope
 from ..agent.registry import AgentRegistry
+from ..query import SessionQuery
 from .settled_keys import SettledKeys, agent_run_key
+from .stopped_tree import tree_stop_reason
 
 __all__ = ["Settlement", "notice_blocks", "settled_pending"]
 
@@ -63,6 +65,8 @@ def notice_blocks(
         tail = "ran out of its budget before it finished" + (f" ({reason_message})." if reason_message else ".")
     elif reason_kind == "error" and reason_message:
         tail = f"failed before it finished ({reason_message})."  # e.g. no serving host could run it
+    elif reason_kind == "aborted" and reason_message:
+        tail = f"was stopped before it finished, {reason_message}."  # a tree stop names its descendants
     else:
         tail = _SUMMARIES.get(reason_kind, f"ended abnormally ({reason_kind}) before it finished.")
     blocks = [{"type": "text", "text": f"Background subagent {child_id} {tail}"}]
@@ -98,6 +102,8 @@ class Settlement:
     _gates: dict[str, trio.CancelScope] = attrs.field(factory=dict)  # child id → its settlement's wait
     _undelivered: set[str] = attrs.field(factory=set)  # children whose settlement `post` could not deliver
     keys: SettledKeys = attrs.field(factory=SettledKeys)  # the run keys each parent records
+    # Reads the stopped descendants a tree stop's notice names (none without it).
+    query: SessionQuery | None = None
 
     @contextmanager
     def disposing(self, session_id: str) -> Iterator[None]:
@@ -165,6 +171,10 @@ class Settlement:
             data["closing_text"] = closing
         if isinstance(message, str):
             data["reason_message"] = message  # which budget ran out, for the notice (and its redelivery)
+        elif kind == "aborted" and self.query is not None:
+            detail = await tree_stop_reason(self.query, activation.child_id)
+            if detail is not None:
+                data["reason_message"] = detail  # the descendants stopped with it, named once
         run_key = agent_run_key(child)
         if run_key is not None:
             data["run_key"] = run_key

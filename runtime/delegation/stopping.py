@@ -29,7 +29,6 @@ The notice a stopped child's parent is given names every stopped descendant once
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any, Literal
 
@@ -56,6 +55,7 @@ from ..query import SessionQuery
 from .lineage import walk_descendants
 from .residency import Residency
 from .routing import Routing
+from .stopped_tree import is_stopped, stopped_descendants, tree_notice_tail
 
 __all__ = [
     "StopOutcome",
@@ -81,52 +81,12 @@ CONFIRM_POLL = 0.1
 StopOutcome = Literal["live", "elsewhere", "cold", "already"]
 
 
-def tree_notice_tail(descendants: Sequence[str]) -> str:
-    """The tail of the notice of a child stopped with its tree: "was stopped before it finished,
-    with its descendants A, B, C." — each named once, in the order given (pre-order)."""
-    names = list(dict.fromkeys(descendants))
-    if not names:
-        return "was stopped before it finished."
-    noun = "descendant" if len(names) == 1 else "descendants"
-    return f"was stopped before it finished, with its {noun} {', '.join(names)}."
-
-
 def marker_data(by: str, tree: bool, delivery_id: str | None = None) -> Json:
     """The data of a `session/stopped` event (its append checks it against the payload struct)."""
     data: Json = {"by": by, "tree": tree}
     if delivery_id is not None:
         data["delivery_id"] = delivery_id
     return data
-
-
-async def is_stopped(query: SessionQuery, session_id: str) -> bool:
-    """Whether the session's log says it is stopped (`stopped`; False for no such session): what
-    a resume path asks before it resumes a session on its own — a serving host's claim
-    (`Placement.adopt` with `settle_idle`: a stopped child with nothing in its inbox is let go
-    unsettled, its settlement was recorded when it was stopped) and its sweep
-    (`Placement.take_over`). A read of the log (live sessions included); storage errors are
-    the caller's."""
-    try:
-        inherited, events = await query.read_from(session_id, 0)
-    except SessionNotFound:
-        return False
-    return stopped(events, inherited)
-
-
-async def stopped_descendants(query: SessionQuery, session_id: str) -> list[str] | None:
-    """The stopped descendants of a session stopped with its tree, in pre-order (each once), or
-    None when its marker in force is not a tree stop's: what the notice of its settlement names
-    (`tree_notice_tail`) — for `Settlement`, which builds that notice and holds no `Stopping`."""
-    try:
-        inherited, events = await query.read_from(session_id, 0)
-    except SessionNotFound:
-        return None
-    marker = stop_marker(events[inherited:])
-    if marker is None or marker.get("tree") is not True:
-        return None
-    corpus = await query.list_sessions()
-    below = [node.id for node, _parent, _depth in walk_descendants(corpus, session_id)]
-    return [sid for sid in below if await is_stopped(query, sid)]
 
 
 @attrs.frozen

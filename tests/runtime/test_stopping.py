@@ -133,6 +133,20 @@ async def test_a_tree_stop_marks_and_settles_each_session_once_and_starts_no_tur
         assert [_data(e)["child_id"] for e in mid_events if e.type == "subagent/settled"] == [leaf]
         parent_events = await _events(rt, "parent")
         assert [_data(e)["child_id"] for e in parent_events if e.type == "subagent/settled"] == [mid]
+        # The settlement names the descendants stopped with it, and so does its notice (the
+        # parent is still running its hung model call: the notice waits in its inbox).
+        (settled,) = [_data(e) for e in parent_events if e.type == "subagent/settled"]
+        assert settled["reason_kind"] == "aborted"
+        assert settled["reason_message"] == f"with its descendant {leaf}"
+        notices = [
+            _data(e)["message"]["content"][0]["text"]
+            for e in parent_events
+            if e.type == "user/message" and _data(e)["message"]["source"]["kind"] == "subagent-settled"
+        ]
+        assert notices == [f"Background subagent {mid} was stopped before it finished, with its descendant {leaf}."]
+        # The leaf's own settlement (in mid) names nobody: it had no descendants.
+        (leaf_settled,) = [_data(e) for e in mid_events if e.type == "subagent/settled"]
+        assert "reason_message" not in leaf_settled
         # The notice text its settlement may give (the helper for the notice's builder).
         assert (
             await rt.subagents.stopping.tree_notice(mid)
