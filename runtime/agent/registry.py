@@ -92,6 +92,11 @@ class AgentHooks(Protocol):
         """On resume, with the session's events: e.g. redeliver settlement notices."""
         ...
 
+    async def resume_children(self, agent: Agent, events: list[Event]) -> None:
+        """On resume, after `redeliver_notices`: e.g. take up the children whose turns a dead
+        process cut (they run under the agent until they settle)."""
+        ...
+
     def resume_setup(
         self, session_id: str, events: Sequence[Event], inherited_event_count: int
     ) -> tuple[AnyModel | None, AgentConfig, ToolSet] | None:
@@ -301,6 +306,7 @@ class AgentRegistry:
             raise
         agent.resumed_interrupted = bool(closers)
         self.hooks.redeliver_notices(agent, events)
+        await self.hooks.resume_children(agent, events)
         return agent
 
     async def close_interrupted(self, session_id: str, *, child_of: str) -> bool:

@@ -45,6 +45,7 @@ from .messaging import InterruptOutcome, Messaging
 from .options import ChildModel, ChildOptions
 from .placement import Placement
 from .residency import Residency
+from .revival import Revival
 from .routing import Routing
 from .settlement import Settlement, notice_blocks
 from .spawning import DELEGATION_TOOLS, Provider, Reservation, Spawning, return_guidance
@@ -79,6 +80,7 @@ class SubagentParts:
     spawning: Spawning
     messaging: Messaging
     stopping: Stopping
+    revival: Revival
 
     @classmethod
     def build(
@@ -121,7 +123,9 @@ class SubagentParts:
         stopping = Stopping(
             agents=agents, manager=manager, residency=residency, routing=routing, query=query, mailbox=mailbox
         )
+        revival = Revival(agents=agents, manager=manager, query=query, residency=residency, placement=placement)
         return cls(
+            revival=revival,
             settlement=settlement,
             residency=residency,
             routing=routing,
@@ -342,6 +346,12 @@ class SubagentService:
     async def close_interrupted_one_shots(self, session_id: str, events: list[Event]) -> None:
         """`Spawning.close_interrupted_one_shots`."""
         await self.parts.spawning.close_interrupted_one_shots(session_id, events)
+
+    async def resume_children(self, agent: Agent, events: list[Event]) -> None:
+        """On resume: `Revival.resume_cut_children` — not under a stopped session."""
+        if stopped(events, agent.session.inherited_event_count):
+            return
+        await self.parts.revival.resume_cut_children(agent, events)
 
     def redeliver_notices(self, agent: Agent, events: list[Event]) -> None:
         """On resume: `Settlement.redeliver_notices` — not into a stopped session, which no notice
