@@ -1,7 +1,8 @@
 """`interrupted_closers(events)`: the synthetic events that close a turn a crash left open.
 
-Pure (docs/format.md, "Interrupted turns", gives the exact events and texts). The scan tracks
-the open turn, the open step and the tool calls still waiting for a result: every `tool-call`
+Pure (docs/format.md, "Interrupted turns", gives the exact events and texts). The scan is
+`plan_continuation`'s (continuation.py): it tracks the open turn, the open step and the tool
+calls still waiting for a result: every `tool-call`
 block of an `assistant/message` registers a pending call with its step, a later `tool/call` with
 the same id records that it started, a `tool/result` answers it; `turn/start`, `turn/end` and
 `step/end` reset the pending set. If a turn is open, each pending call (in the order it was
@@ -15,17 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
-
-from ._codec import Event, decode_payload, make_event
-from .events import (
-    AssistantMessageData,
-    ToolCallBlock,
-    ToolCallData,
-    ToolResultBlock,
-    ToolResultData,
-    ToolSource,
-)
+from ._codec import Event, make_event
+from .continuation import plan_continuation
 
 __all__ = [
     "TOOL_NOT_STARTED_TEXT",
@@ -44,65 +36,23 @@ TOOL_NOT_STARTED_TEXT = (
 )
 
 
-@attrs.define
-class _Pending:
-    call_id: str
-    step: int
-    call_seq: int | None = None
-
-
 def interrupted_closers(events: Sequence[Event], *, session_id: str = "") -> list[Event]:
     """The events closing an interrupted last turn, or `[]` for a balanced or empty log.
 
-    Payloads are validated as they are used: a malformed one raises `InvalidPayload`.
+    The scan is `plan_continuation`'s (what a continuation of the same turn would take up:
+    its open step and the calls no result answered). Payloads are validated as they are used:
+    a malformed one raises `InvalidPayload`.
     """
-    open_turn: int | None = None
-    open_step: int | None = None
-    pending: dict[str, _Pending] = {}
-    # Every turn/start resets the scan, so only the last turn can be open: start there and
-    # leave the payloads of every earlier turn undecoded (a listing observes whole logs).
-    start = next((i for i in range(len(events) - 1, -1, -1) if events[i].type == "turn/start"), None)
-    if start is None:
+    plan = plan_continuation(events, session_id=session_id)
+    if plan is None or not events:
         return []
-    for event in events[start:]:
-        kind = event.type
-        if kind == "turn/start":
-            open_turn = decode_payload(event, session_id=session_id).turn
-            open_step = None
-            pending.clear()
-        elif kind == "turn/end":
-            open_turn = None
-            open_step = None
-            pending.clear()
-        elif kind == "step/start":
-            open_step = decode_payload(event, session_id=session_id).step
-        elif kind == "step/end":
-            open_step = None
-            pending.clear()
-        elif kind == "assistant/message":
-            data: AssistantMessageData = decode_payload(event, session_id=session_id)
-            for block in data.message.content:
-                if isinstance(block, ToolCallBlock):
-                    pending[block.id] = _Pending(block.id, data.step)
-        elif kind == "tool/call":
-            call: ToolCallData = decode_payload(event, session_id=session_id)
-            if call.call_id in pending:
-                pending[call.call_id].call_seq = event.seq
-        elif kind == "tool/result":
-            result: ToolResultData = decode_payload(event, session_id=session_id)
-            for block in result.message.content:
-                if isinstance(block, ToolResultBlock):
-                    pending.pop(block.call_id, None)
-            if isinstance(result.message.source, ToolSource):
-                pending.pop(result.message.source.call_id, None)
-    if open_turn is None or not events:
-        return []
-
+    open_turn = plan.turn
+    open_step = plan.step if plan.step_open else None
     last = events[-1]
     seq = last.seq + 1
     time = last.time
     closers: list[Event] = []
-    for p in pending.values():
+    for p in plan.pending:
         started = p.call_seq is not None
         message = {
             "id": f"interrupted-tool-result-{p.call_id}-{seq}",

@@ -291,18 +291,11 @@ class SessionIndex:
                     for key, ver, at, found in stored
                     if found == life or same_lifecycle(found, one.lifecycle)
                 ]
-                rows = one.rows
-                if ours:
-                    if any(at > seq for _key, _ver, at in ours):
-                        continue  # a writer's fresher rows win
-                    # Rows of this very revision, written by a build that folded fewer units:
-                    # the units they lack (or hold at another version) join them — else every listing
-                    # would read the log again.
-                    have = {(key, ver) for key, ver, _at in ours}
-                    rows = [row for row in rows if (row[0], row[1]) not in have]
-                    if not rows:
-                        continue
-                else:
+                plan = one.rows_to_write(ours)
+                if plan is None:
+                    continue
+                rows, replace = plan
+                if replace:
                     conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
                 conn.executemany(
                     f"INSERT OR REPLACE INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

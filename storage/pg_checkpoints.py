@@ -99,18 +99,11 @@ class PgCheckpoints:
                         (one.session_id, last),
                     ).fetchall()
                     ours = [(key, ver, at) for key, ver, at, life in stored if self._is(bytes(life), one.lifecycle)]
-                    rows = one.rows
-                    if ours:
-                        if any(at > last for _key, _ver, at in ours):
-                            continue  # a writer's fresher rows win
-                        # Rows of this very revision, written by a build that folded fewer units:
-                        # the units they lack (or hold at another version) join them — else every
-                        # listing would read the log again.
-                        have = {(key, ver) for key, ver, _at in ours}
-                        rows = [row for row in rows if (row[0], row[1]) not in have]
-                        if not rows:
-                            continue
-                    else:
+                    plan = one.rows_to_write(ours)
+                    if plan is None:
+                        continue
+                    rows, replace = plan
+                    if replace:
                         conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (one.session_id,))
                     life = msgspec.json.encode(attrs.asdict(one.lifecycle))
                     with conn.cursor() as cur:

@@ -106,6 +106,22 @@ class ObservedCheckpoint:
     event_count: int
     rows: tuple[tuple[str, int, bytes], ...]  # (unit key, state version, value as JSON)
 
+    def rows_to_write(self, stored: Sequence[tuple[str, int, int]]) -> tuple[list[tuple[str, int, bytes]], bool] | None:
+        """What an index writes of these rows, given `stored`: (unit key, version, seq) of the
+        rows it holds for this session's lifecycle at this seq or later. None: nothing (a writer's
+        fresher rows win, or the same rows are there); else (rows, replace): with none stored,
+        all of them in place of whatever the session had; with rows of this very seq stored (a
+        build that folded fewer units wrote them), only the units they lack or hold at another
+        version, beside them — else every listing would read the log again."""
+        seq = self.event_count - 1
+        if not stored:
+            return list(self.rows), True
+        if any(at > seq for _key, _ver, at in stored):
+            return None
+        have = {(key, ver) for key, ver, _at in stored}
+        missing = [row for row in self.rows if (row[0], row[1]) not in have]
+        return (missing, False) if missing else None
+
 
 @attrs.define(eq=False)
 class _Cell:
