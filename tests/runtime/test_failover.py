@@ -9,6 +9,7 @@ never for a time."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -422,6 +423,8 @@ def _cut_rounds(
         survivor.proc.send_signal(signal.SIGSTOP)  # the victim claims both children
         run = _run(cwd, url, model, procs, boss)
         claimed = sorted(victim.expect(r"^claimed (\S+)$").group(1) for _ in range(2))
+        # A child is placed once its session exists; its catalog in the parent may land just after.
+        _until(lambda: len(_children(url, boss)) == 2, f"both children of {boss} catalogued")
         children = _children(url, boss)
         assert claimed == sorted(children)
         _until(lambda: all(_mid_turn(url, c) for c in children), "both children mid-turn on the victim")
@@ -454,25 +457,23 @@ def _cut_owner_connection(url: str) -> Callable[[LineProcess, str], None]:
     return cut
 
 
-@pytest.mark.slow  # three processes, two rounds
+# Rounds per run of the two tests below: 2 in the suite (each round is some 4 s of real
+# processes); SUBAGENTS_FAILOVER_ROUNDS=20 gives the issue's figure (bench/README.md, "Issue 27").
+ROUNDS = int(os.environ.get("SUBAGENTS_FAILOVER_ROUNDS", "2"))
+
+
+@pytest.mark.slow  # three processes, ROUNDS rounds
 def test_a_host_cut_off_for_less_than_its_ttl_keeps_its_children_and_each_settles_once(
     cwd: Path, pg_url: str, procs: list[LineProcess]
 ) -> None:
-    _cut_rounds(cwd, pg_url, procs, 2, _cut_owner_connection(pg_url))
-
-
-@pytest.mark.slow  # three processes, twenty rounds (the issue's figure)
-def test_twenty_rounds_of_a_cut_owner_connection_settle_nothing_twice(
-    cwd: Path, pg_url: str, procs: list[LineProcess]
-) -> None:
-    _cut_rounds(cwd, pg_url, procs, 20, _cut_owner_connection(pg_url))
+    _cut_rounds(cwd, pg_url, procs, ROUNDS, _cut_owner_connection(pg_url))
 
 
 @pytest.mark.slow  # three processes and a PostgreSQL restart per round
 def test_a_server_restart_mid_run_settles_nothing_twice_and_resumes_no_root(
     cwd: Path, pg_url: str, pg_server: EmbeddedServer, procs: list[LineProcess]
 ) -> None:
-    _cut_rounds(cwd, pg_url, procs, 2, lambda _victim, _id: pg_server.restart())
+    _cut_rounds(cwd, pg_url, procs, ROUNDS, lambda _victim, _id: pg_server.restart())
 
 
 @pytest.mark.slow  # a serving process, a run and the operator commands
