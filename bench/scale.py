@@ -26,7 +26,9 @@ Every store is written with the storage layer directly (bench/corpus.py: the sto
 `create` + `append`, fsyncs skipped); the commands run with the bytecode cache on (as
 bench/startup.py). Run: `.venv/bin/python bench/scale.py` (10-15 minutes on 2 busy cores, then
 a few more to remove the 51,000 session folders; `--quick`: tiny sizes, a smoke run of about
-half a minute with no verdicts; `--only 1,4` some curves; `--dir` for the temporary stores).
+half a minute with no verdicts; `--only 1,4` some curves; `--dir` for the temporary stores;
+`--log-mb N` the size of 3's log; `--baseline-tree DIR` also reads it with the storage, actors and
+runtime packages in DIR, e.g. an older commit's `git archive`: before and after in one run).
 It always exits 0: a measurement, not a test.
 """
 
