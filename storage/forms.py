@@ -195,8 +195,8 @@ class ZstdForm(_LaidOut[ZstdLayout]):
         return layout
 
     def _read_header(self, sid: SessionId, data: bytes, layout: ZstdLayout) -> HeaderRecord:
-        head = layout.content(0)
-        if bytes(head).find(b"\n") != len(head) - 1:
+        head = bytes(layout.content(0))  # a copy: the record must not pin the whole log's buffer
+        if head.find(b"\n") != len(head) - 1:
             raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
         try:
             return parse_header_line(memoryview(head)[:-1], sid)
@@ -234,10 +234,10 @@ class ZstdForm(_LaidOut[ZstdLayout]):
             return None
         if not layout.frames:
             return None
-        head = layout.content(0)
-        if not head or head[-1] != 0x0A:
+        head = bytes(layout.content(0))
+        if not head.endswith(b"\n"):
             return None
-        return _header(sid, head[:-1])
+        return _header(sid, memoryview(head)[:-1])
 
 
 def _walk(sid: SessionId, data: bytes) -> ZstdLayout:
