@@ -26,13 +26,16 @@ Every store is written with the storage layer directly (bench/corpus.py: the sto
 `create` + `append`, fsyncs skipped); the commands run with the bytecode cache on (as
 bench/startup.py). Run: `.venv/bin/python bench/scale.py` (10-15 minutes on 2 busy cores, then
 a few more to remove the 51,000 session folders; `--quick`: tiny sizes, a smoke run of about
-half a minute with no verdicts; `--only 1,4` some curves; `--dir` for the temporary stores).
+half a minute with no verdicts; `--only 1,4` some curves; `--dir` for the temporary stores;
+`--log-mb N` the size of 3's log; `--baseline-tree DIR` also reads it with the storage, actors and
+runtime packages in DIR, e.g. an older commit's `git archive`: before and after in one run).
 It always exits 0: a measurement, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -126,6 +129,19 @@ if sys.argv[3] == "read":
 store.close(handle)
 store.close_store()
 """
+
+# The same read with the storage, actors and runtime packages of another tree (`--baseline-tree`,
+# e.g. `git archive OLD storage actors runtime | tar -x -C DIR`): the editable install's map of
+# packages is pointed there before anything imports them, so before and after run in one bench.
+_READ_LOG_FROM = (
+    """
+import sys
+tree = sys.argv.pop(1)
+finder = next(m for n, m in sys.modules.items() if n.startswith("__editable__") and hasattr(m, "MAPPING"))
+finder.MAPPING.update({f"subagents.{p}": f"{tree}/{p}" for p in ("storage", "actors", "runtime")})
+"""
+    + _READ_LOG
+)
 
 
 def peak_rss(argv: list[str], env: dict[str, str]) -> int:
@@ -360,7 +376,9 @@ def build_big_log(root: str, size_mb: int) -> tuple[int, int]:
     return blocks * len(block), blocks * block_bytes
 
 
-def bench_big_log(workdir: str, sizes: Sizes, env: dict[str, str]) -> tuple[int, int, list[int], list[int]]:
+def bench_big_log(
+    workdir: str, sizes: Sizes, env: dict[str, str], baseline_tree: str | None = None
+) -> tuple[int, int, list[int], list[int], list[int]]:
     root = os.path.join(workdir, "big")
     started = time.perf_counter()
     events, plain = build_big_log(root, sizes.log_mb)
@@ -374,11 +392,16 @@ def bench_big_log(workdir: str, sizes: Sizes, env: dict[str, str]) -> tuple[int,
     run = run_process(read, env=env)
     if int(run.stdout) != events:
         raise bug(f"the big log read back {run.stdout!r} events, not {events}")
-    reading, baseline = [], []
+    old = [sys.executable, "-c", _READ_LOG_FROM, baseline_tree or "", root, "big", "read"]
+    if baseline_tree is not None and int(run_process(old, env=env).stdout) != events:
+        raise bug(f"the baseline tree's read of the big log did not return {events} events")
+    reading, baseline, reading_old = [], [], []
     for _ in range(sizes.log_reps):
         reading.append(peak_rss(read, env))
         baseline.append(peak_rss(opened, env))
-    return events, plain, reading, baseline
+        if baseline_tree is not None:
+            reading_old.append(peak_rss(old, env))
+    return events, plain, reading, baseline, reading_old
 
 
 # --- 4: group commit ------------------------------------------------------------------------------
@@ -438,6 +461,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--quick", action="store_true", help="tiny sizes: a smoke run of about half a minute, no verdicts"
     )
     parser.add_argument("--only", default="1,2,3,4", help="which curves to run, e.g. 1,4 (3 needs 1's largest store)")
+    parser.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="3: also read the big log with the storage/actors/runtime packages of this directory (before/after)",
+    )
+    parser.add_argument("--log-mb", type=int, default=None, help="3: the big log's plain size in MB")
     parser.add_argument("--dir", default=None, help="where to put the temporary stores (default: the system temp dir)")
     return parser.parse_args(argv)
 
@@ -445,6 +474,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     sizes = QUICK if args.quick else FULL
+    if args.log_mb is not None:
+        sizes = dataclasses.replace(sizes, log_mb=args.log_mb)
     only = {part.strip() for part in args.only.split(",")}
     workdir = tempfile.mkdtemp(prefix="subagents-scale-bench-", dir=args.dir)
     env = bytecode_env(os.path.join(workdir, "pycache"))
@@ -470,12 +501,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 verdicts.append(
                     f"peak RSS, cold children of {sizes.children[-1]:,}: {commands.rss_cold_10k / MB:.0f} MB"
                 )
-            events, plain, reading, baseline = bench_big_log(workdir, sizes, env)
+            events, plain, reading, baseline, reading_old = bench_big_log(workdir, sizes, env, args.baseline_tree)
             peak, floor = statistics.median(reading), statistics.median(baseline)
             print(
                 f"   open_read + read of the whole log: peak {peak / MB:.0f} MB; open_read only: {floor / MB:.0f} MB; "
                 f"(peak - open) / plain size {(peak - floor) / plain:.2f}x"
             )
+            if reading_old:
+                old = statistics.median(reading_old)
+                print(
+                    f"   the same read with {args.baseline_tree}: peak {old / MB:.0f} MB, (peak - open) / plain size "
+                    f"{(old - floor) / plain:.2f}x; this tree's growth above open / the baseline's: "
+                    f"{(peak - floor) / (old - floor):.2f}x"
+                )
             verdicts.append(
                 f"peak RSS reading a {plain / MB:.0f} MB zstd log: {peak / MB:.0f} MB, "
                 f"{(peak - floor) / plain:.2f}x the plain size above the import"

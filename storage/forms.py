@@ -195,7 +195,7 @@ class ZstdForm(_LaidOut[ZstdLayout]):
         return layout
 
     def _read_header(self, sid: SessionId, data: bytes, layout: ZstdLayout) -> HeaderRecord:
-        head = layout.contents[0]
+        head = bytes(layout.content(0))  # a copy: the record must not pin the whole log's buffer
         if head.find(b"\n") != len(head) - 1:
             raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
         try:
@@ -232,9 +232,12 @@ class ZstdForm(_LaidOut[ZstdLayout]):
             layout = walk_frames(data[: _first_frame_end(data)])
         except FrameDamage:
             return None
-        if not layout.frames or not layout.contents[0].endswith(b"\n"):
+        if not layout.frames:
             return None
-        return _header(sid, memoryview(layout.contents[0])[:-1])
+        head = bytes(layout.content(0))
+        if not head.endswith(b"\n"):
+            return None
+        return _header(sid, memoryview(head)[:-1])
 
 
 def _walk(sid: SessionId, data: bytes) -> ZstdLayout:
@@ -253,19 +256,21 @@ def _decode_frames(
     poll: AbortPoll | None,
     payloads: bool = True,
 ) -> list[Event]:
-    """The events of frames `first..` and of the recovered lines, numbered from `first_seq`."""
-    starts = [0]  # where each frame's content starts in `body`
-    for index in range(first, len(layout.contents)):
-        if not layout.contents[index].endswith(b"\n"):
+    """The events of frames `first..` and of the recovered lines, numbered from `first_seq`,
+    decoded from the layout's one buffer in place (no join: a whole log is held once)."""
+    body, starts = layout.body, layout.starts
+    for index in range(first, len(layout.frames)):
+        end = starts[index + 1]
+        if end == starts[index] or body[end - 1] != 0x0A:
             raise CorruptLog(sid, "a frame ends inside a line", offset=layout.frames[index][0])
-        starts.append(starts[-1] + len(layout.contents[index]))
-    body = b"".join(layout.contents[first:]) + layout.recovered
     try:
-        return decode_event_lines(sid, body, 0, len(body), first_seq=first_seq, poll=poll, payloads=payloads)
+        return decode_event_lines(
+            sid, body, starts[first], len(body), first_seq=first_seq, poll=poll, payloads=payloads
+        )
     except CorruptLog as exc:
         # Offsets inside decompressed content mean nothing to a reader of the file: name the
         # frame that holds the damaged line instead (keeping the error's type: InvalidPayload).
-        frame = first + bisect.bisect_right(starts, exc.offset or 0) - 1
+        frame = bisect.bisect_right(starts, exc.offset or 0) - 1
         offset = layout.frames[frame][0] if frame < len(layout.frames) else layout.complete_end
         raise type(exc)(sid, exc.reason, seq=exc.seq, offset=offset) from None
 
