@@ -198,7 +198,10 @@ def stored_catalog(
     whole = newest == owner.event_count - 1
     if catalog is None or not may_name_children(catalog):
         return StoredCatalog([], whole)  # the usual row of a child with no children: not decoded
-    return StoredCatalog(state_entries(catalog.value()), whole)  # UNREADABLE, an object: no entries
+    state = catalog.value()
+    if type(state) is not dict or type(state.get("children")) is not dict:
+        return None  # a row that holds no catalog (UNREADABLE: a damaged index): the log answers
+    return StoredCatalog(state_entries(state), whole)
 
 
 NO_CHILDREN = b'"children":{}'  # how msgspec encodes the empty catalog (every stored one holds it)

@@ -583,3 +583,22 @@ async def test_a_child_naming_another_parent_is_listed_once_and_never_its_own_ch
         assert found == descendants(ids, want, child_row(ids["grand"], "grand"))
         assert rows(await rt.listing.list_children(victim)) == []  # never its own child
         assert [r["id"] for r in rows(await rt.listing.list_descendants(victim))] == []
+
+
+@pg_only
+@pytest.mark.parametrize("checkpoint", list(CHECKPOINT_DAMAGE))
+async def test_a_parents_unusable_rows_never_hide_a_catalogued_child(
+    corpus: tuple[Place, dict[str, str]], checkpoint: str
+) -> None:
+    """The parent's checkpoint rows garbled (the catalog row holds no catalog) or gone, and the
+    victim's log gone: the cold parent's log is read for its catalog (issue 28)."""
+    place, ids = corpus
+    assert place.url is not None
+    deleted(place, ids["victim"])
+    CHECKPOINT_DAMAGE[checkpoint](place.url, PARENT)
+    want = expected(ids, "unavailable", None)
+    async with place.open_runtime() as rt:
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert rows(await rt.listing.list_descendants(PARENT)) == descendants(
+            ids, want, child_row(ids["grand"], "grand")
+        )
