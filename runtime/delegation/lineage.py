@@ -171,30 +171,32 @@ def stored_catalog(
     owner: SessionRecord, rows: Sequence[StoredCheckpoint], versions: Mapping[str, int]
 ) -> StoredCatalog | None:
     """The catalog an owner's checkpoint rows hold, or None when they cannot answer for it: no
-    row of this lifecycle (of a unit in `versions`, key → state version) behind the corpus's
-    view of the log — the index is missing, damaged, rebuilt, or the log changed in place — or
-    a catalog row older than the newest row (a checkpoint whose catalog cell was broken). Every
-    checkpoint holds a row of every healthy cell at one seq, and the query leaves out the
-    catalog rows that name nobody: a newest row without a catalog row beside it is an empty
-    catalog. A header that does not parse, or a log without events, names nobody."""
+    full set of rows of this lifecycle (of every unit in `versions`, key → state version) at one
+    seq behind the corpus's view of the log — the index is missing, damaged or rebuilt, or the
+    log changed in place — or a catalog row that holds no catalog. Every checkpoint holds a row
+    of every healthy cell at one seq, and the query leaves out the catalog rows that name nobody:
+    the other rows of the newest seq without a catalog row beside them are an empty catalog (a
+    damaged index that kept only some of them answers nothing). A header that does not parse,
+    or a log without events, names nobody."""
     header = owner.header
     if header is None or owner.event_count == 0:
         return StoredCatalog([], True)
     if owner.event_count is None:
         return None
-    newest = -1
-    catalog: StoredCheckpoint | None = None
+    at: dict[str, StoredCheckpoint] = {}
     for row in rows:
         if (
             versions.get(row.key) == row.ver
             and row.seq < owner.event_count
             and same_lifecycle(row.lifecycle, header, owner.inherited_event_count)
         ):
-            newest = max(newest, row.seq)
-            if row.key == CATALOG_UNIT.key:
-                catalog = row
-    if newest < 0 or (catalog is not None and catalog.seq != newest):
+            at[row.key] = row
+    newest = max((row.seq for row in at.values()), default=-1)
+    if newest < 0 or any(row.seq != newest for row in at.values()):
         return None
+    catalog = at.get(CATALOG_UNIT.key)
+    if len(at) < len(versions) - (catalog is None):
+        return None  # not a full set: a unit's row is gone
     whole = newest == owner.event_count - 1
     if catalog is None or not may_name_children(catalog):
         return StoredCatalog([], whole)  # the usual row of a child with no children: not decoded
