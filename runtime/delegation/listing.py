@@ -8,9 +8,10 @@ whose line 1 still names the parent — as a valid header, or only as a JSON obj
 empty, not a file, not JSON), or names another parent, no parent or itself, come from the
 parent's `subagent_catalog` projection and become `corrupt`/`unavailable` diagnostics in
 (`child_created_at`, id) order (see `lineage`). The parent's catalog climbs the same ladder as an
-identity (issue 28, "nothing hidden"): its live cell; else its checkpoint rows, when a row of its
-lifecycle covers its log whole (or lags a log another process writes now); else one observation
-of its log, written back like a child's — so a missing, damaged or rebuilt index, or a parent
+identity (issue 28, "nothing hidden"): its live cell; else its checkpoint rows, when a full set
+of its lifecycle covers its log whole (or lags a log another process writes now: `lineage.
+stored_catalog`); else one observation of its log, written back like a child's (below a root, a
+node observed for its catalog lists from that observation: one read) — so a missing, damaged or rebuilt index, or a parent
 edited in place, never hides a catalogued child. Each candidate's identity climbs a
 ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
 stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
@@ -259,8 +260,8 @@ class ListingService:
     ) -> tuple[dict[str, list[CatalogEntry]], dict[str, list[StoredCheckpoint]]]:
         """The catalog entries of `owners` — a live owner's cell (no log read), else its
         checkpoint rows, else one observation of its log (its rows join `proved`, the row it
-        would list as `made`) — and, from the same index hop, the stored checkpoint rows of the candidates
-        that are cold now (for their identity rung)."""
+        would list as `made`) — and, from the same index hop, the stored checkpoint rows of
+        the candidates that are cold now (for their identity rung)."""
         assert self.sessions is not None
         sessions = self.sessions
         refs: list[SessionRef] = []
