@@ -165,6 +165,7 @@ class StoredCatalog(NamedTuple):
 
     entries: list[CatalogEntry]
     whole: bool
+    inferred: bool = False  # no catalog row beside the others: empty, unless the index lost it
 
 
 def stored_catalog(
@@ -198,7 +199,9 @@ def stored_catalog(
     if len(at) < len(versions) - (catalog is None):
         return None  # not a full set: a unit's row is gone
     whole = newest == owner.event_count - 1
-    if catalog is None or not may_name_children(catalog):
+    if catalog is None:
+        return StoredCatalog([], whole, inferred=True)
+    if not may_name_children(catalog):
         return StoredCatalog([], whole)  # the usual row of a child with no children: not decoded
     state = catalog.value()
     if type(state) is not dict or type(state.get("children")) is not dict:

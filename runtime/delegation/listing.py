@@ -285,10 +285,26 @@ class ListingService:
         ids = [c.id for c in candidates if c.damage is None and not (c.live and sessions.get(c.id) is not None)]
         ids += [owner.id for owner in cold if owner.persisted]
         stored = await self._stored_rows(ids)
+        # An empty catalog told only by its row's absence (the query leaves such rows out) while
+        # a record names the owner as its parent: its row is read after all (a damaged index may
+        # have lost it, and every child is catalogued before its log exists).
+        doubted = [
+            owner.id
+            for owner in cold
+            if owner.id in shape.parents
+            and (found := stored_catalog(owner, stored.get(owner.id, ()), _VERSIONS))
+            and found.inferred
+        ]
+        rows_of = stored
+        if doubted and self.query is not None:
+            catalog_rows = await self.query.checkpoint_rows(doubted, _CATALOG)
+            rows_of = {**stored, **{sid: [*stored.get(sid, ()), *catalog_rows.get(sid, ())] for sid in doubted}}
         lagging: list[tuple[SessionRecord, list[CatalogEntry]]] = []
         unanswered: list[SessionRecord] = []
         for owner in cold:
-            found = stored_catalog(owner, stored.get(owner.id, ()), _VERSIONS)
+            found = stored_catalog(owner, rows_of.get(owner.id, ()), _VERSIONS)
+            if found is not None and found.inferred and owner.id in doubted:
+                found = None  # no catalog row at all beside the others: the log answers
             if found is None:
                 if owner.persisted and owner.damage is None:
                     unanswered.append(owner)

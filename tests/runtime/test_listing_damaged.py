@@ -19,6 +19,7 @@ the listing must read the rows and report them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -583,6 +584,32 @@ async def test_a_child_naming_another_parent_is_listed_once_and_never_its_own_ch
         assert found == descendants(ids, want, child_row(ids["grand"], "grand"))
         assert rows(await rt.listing.list_children(victim)) == []  # never its own child
         assert [r["id"] for r in rows(await rt.listing.list_descendants(victim))] == []
+
+
+def catalog_row_lost(place: Place, sid: str) -> None:
+    """The session's catalog row alone gone (as a damaged index may lose it), its other rows kept."""
+    if place.url is not None:
+        pg_damage.sql(place.url, "DELETE FROM checkpoints WHERE session_id = %s AND unit = 'subagent_catalog'", (sid,))
+        return
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(place.root / "index.sqlite3")) as db, db:
+        deleted = db.execute("DELETE FROM checkpoints WHERE session_id = ? AND unit_key = 'subagent_catalog'", (sid,))
+        assert deleted.rowcount == 1
+
+
+async def test_a_parents_lost_catalog_row_never_hides_a_catalogued_child(corpus: tuple[Place, dict[str, str]]) -> None:
+    """Its identity and flags rows still cover the log, its catalog row is gone: no empty catalog
+    is inferred for a parent that records name (issue 28)."""
+    place, ids = corpus
+    deleted(place, ids["victim"])
+    catalog_row_lost(place, PARENT)
+    want = expected(ids, "unavailable", None)
+    async with place.open_runtime() as rt:
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert rows(await rt.listing.list_descendants(PARENT)) == descendants(
+            ids, want, child_row(ids["grand"], "grand")
+        )
 
 
 @pg_only
