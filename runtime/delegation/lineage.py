@@ -7,10 +7,12 @@ damaged), in (claimed `created_at` if an int else -1, id) order. A child whose l
 nothing at all (a log that is missing, empty, not a regular file or not JSON) would vanish, so
 the parent's `subagent_catalog` projection names it too: every catalogued id without a usable
 record becomes an `Absent` node, placed by the catalog's `child_created_at`. Its reason: a
-record that exists but says nothing (or names no subagent origin) is `corrupt`; no record at all
-is decided by a fresh stat (none → `unavailable`; a record with nothing usable → `corrupt`; a
-record that now names a parent → it was published after the corpus was taken: omitted, like a
-live child in its creation window). Also here: sibling order, the candidates of a parent, the
+record that exists but says nothing, names no subagent origin, or names another parent, no
+parent or itself (issue 28: a catalogued child is never hidden) is `corrupt`; no record at all
+is decided by a fresh stat (none → `unavailable`; a record with nothing usable, or naming
+another parent → `corrupt`; a record that now names this parent → it was published after the
+corpus was taken: omitted, like a live child in its creation window). A session is never its
+own child (a header naming itself as its parent places it under nobody). Also here: sibling order, the candidates of a parent, the
 pre-order walk below a root, and the catalog a parent's checkpoint row holds. Pure functions;
 the listing does the IO.
 """
@@ -41,6 +43,7 @@ __all__ = [
     "names_absent",
     "order_key",
     "same_lifecycle",
+    "StoredCatalog",
     "stored_catalog",
     "walk_descendants",
 ]
@@ -64,6 +67,7 @@ class Absent:
     id: str
     created_at: int
     record: SessionRecord | None  # the record that says nothing usable, or None: not in the corpus
+    owner: str  # the session whose catalog names it
 
 
 def catalog_entries(children: object) -> list[CatalogEntry]:
@@ -114,8 +118,10 @@ def order_key(node: SessionRecord | Absent) -> tuple[int, str]:
 
 
 def absent_children(owner_id: str, entries: list[CatalogEntry], records: Mapping[str, SessionRecord]) -> list[Absent]:
-    """The catalogued children of `owner_id` that no record lists as a subagent child: a record
-    naming a subagent origin lists under the parent it names (here, or elsewhere), never twice."""
+    """The catalogued children of `owner_id` that no record lists as its subagent child: a
+    record naming a subagent origin and this parent is a candidate already; one naming another
+    parent, no parent or itself would be hidden here, so it is placed (a diagnostic: its line 1
+    and the catalog disagree). Under a root a node is listed once (`walk_descendants`)."""
     out = []
     for entry in entries:
         if entry.id == owner_id:
@@ -123,21 +129,22 @@ def absent_children(owner_id: str, entries: list[CatalogEntry], records: Mapping
         record = records.get(entry.id)
         if record is not None:
             said = lineage(record)
-            if said is not None and said[0] == "subagent":
+            if said is not None and said[0] == "subagent" and said[1] == owner_id:
                 continue
-        out.append(Absent(entry.id, entry.created_at, record))
+        out.append(Absent(entry.id, entry.created_at, record, owner_id))
     return out
 
 
-def absent_reason(now: LogInfo | None | Exception) -> Reason | None:
-    """The row of an absent child not in the corpus, from a fresh `stat` (None: omitted)."""
+def absent_reason(now: LogInfo | None | Exception, owner_id: str) -> Reason | None:
+    """The row of an absent child of `owner_id` not in the corpus, from a fresh `stat` (None:
+    omitted)."""
     if now is None or isinstance(now, Exception):
         return "unavailable"  # gone, or it cannot be opened
     if now.header is None and now.claimed is None:
         return "corrupt"
     said = now.header or now.claimed
     assert said is not None
-    if said.origin == "subagent":
+    if said.origin == "subagent" and said.parent_session == owner_id:
         return None  # published after the corpus was taken: the next listing shows it
     return "corrupt"
 
@@ -153,23 +160,53 @@ def same_lifecycle(stored: Lifecycle, header: SessionHeader, inherited_event_cou
     )
 
 
-def stored_catalog(owner: SessionRecord, rows: Sequence[StoredCheckpoint]) -> list[CatalogEntry]:
-    """The catalog an owner's checkpoint row holds, when it is a row of this lifecycle that the
-    corpus's view of the log covers (else none: the log is never read for it)."""
+class StoredCatalog(NamedTuple):
+    """The catalog an owner's checkpoint rows hold, and whether they cover its log whole."""
+
+    entries: list[CatalogEntry]
+    whole: bool
+    inferred: bool = False  # no catalog row beside the others: empty, unless the index lost it
+
+
+def stored_catalog(
+    owner: SessionRecord, rows: Sequence[StoredCheckpoint], versions: Mapping[str, int]
+) -> StoredCatalog | None:
+    """The catalog an owner's checkpoint rows hold, or None when they cannot answer for it: no
+    full set of rows of this lifecycle (of every unit in `versions`, key → state version) at one
+    seq behind the corpus's view of the log — the index is missing, damaged or rebuilt, or the
+    log changed in place — or a catalog row that holds no catalog. Every checkpoint holds a row
+    of every healthy cell at one seq, and the query leaves out the catalog rows that name nobody:
+    the other rows of the newest seq without a catalog row beside them are an empty catalog (a
+    damaged index that kept only some of them answers nothing). A header that does not parse,
+    or a log without events, names nobody."""
     header = owner.header
-    if header is None or owner.event_count is None:
-        return []
+    if header is None or owner.event_count == 0:
+        return StoredCatalog([], True)
+    if owner.event_count is None:
+        return None
+    at: dict[str, StoredCheckpoint] = {}
     for row in rows:
         if (
-            row.key == CATALOG_UNIT.key
-            and row.ver == CATALOG_UNIT.state_version
+            versions.get(row.key) == row.ver
             and row.seq < owner.event_count
             and same_lifecycle(row.lifecycle, header, owner.inherited_event_count)
         ):
-            if not may_name_children(row):
-                return []  # the usual row of a child with no children: not decoded
-            return state_entries(row.value())  # UNREADABLE, an object: no entries
-    return []
+            at[row.key] = row
+    newest = max((row.seq for row in at.values()), default=-1)
+    if newest < 0 or any(row.seq != newest for row in at.values()):
+        return None
+    catalog = at.get(CATALOG_UNIT.key)
+    if len(at) < len(versions) - (catalog is None):
+        return None  # not a full set: a unit's row is gone
+    whole = newest == owner.event_count - 1
+    if catalog is None:
+        return StoredCatalog([], whole, inferred=True)
+    if not may_name_children(catalog):
+        return StoredCatalog([], whole)  # the usual row of a child with no children: not decoded
+    state = catalog.value()
+    if type(state) is not dict or type(state.get("children")) is not dict:
+        return None  # a row that holds no catalog (UNREADABLE: a damaged index): the log answers
+    return StoredCatalog(state_entries(state), whole)
 
 
 NO_CHILDREN = b'"children":{}'  # how msgspec encodes the empty catalog (every stored one holds it)
@@ -210,6 +247,8 @@ def children_of(corpus: list[SessionRecord], parent_id: str) -> list[SessionReco
     """The candidates of `parent_id` (docs/design.md, "Listing"), in sibling order."""
     out = []
     for r in corpus:
+        if r.id == parent_id:
+            continue  # a header naming itself as its parent: never its own child
         header = r.header
         if header is not None:
             if header.origin == "subagent" and header.parent_session == parent_id:
@@ -232,7 +271,7 @@ def walk_descendants(
     children: dict[str, list[Node]] = {}
     for record in corpus:
         said = lineage(record)
-        if said is not None and said[1] is not None:
+        if said is not None and said[1] is not None and said[1] != record.id:
             children.setdefault(said[1], []).append(record)
     for parent_id, absent in (catalogued or {}).items():
         children.setdefault(parent_id, []).extend(absent)

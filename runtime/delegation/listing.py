@@ -5,9 +5,14 @@ Theory of operation. The corpus is `list_sessions()` (a live header wins). Candi
 records with `origin == "subagent"` naming the parent, in (`created_at`, id) order; a damaged one
 whose line 1 still names the parent — as a valid header, or only as a JSON object (its
 `claimed` lineage) — becomes its diagnostic. Children whose line 1 says nothing (log missing,
-empty, not a file, not JSON) come from the parent's `subagent_catalog` projection — its live cell
-or its checkpoint row, never its log — and become diagnostics in (`child_created_at`, id) order
-(see `lineage`). Each candidate's identity climbs a
+empty, not a file, not JSON), or names another parent, no parent or itself, come from the
+parent's `subagent_catalog` projection and become `corrupt`/`unavailable` diagnostics in
+(`child_created_at`, id) order (see `lineage`). The parent's catalog climbs the same ladder as an
+identity (issue 28, "nothing hidden"): its live cell; else its checkpoint rows, when a full set
+of its lifecycle covers its log whole (or lags a log another process writes now: `lineage.
+stored_catalog`); else one observation of its log, written back like a child's (below a root, a
+node observed for its catalog lists from that observation: one read) — so a missing, damaged or rebuilt index, or a parent
+edited in place, never hides a catalogued child. Each candidate's identity climbs a
 ladder: live candidates are all asked at once for `snapshot(["subagent"])` (no log read; one that
 stopped meanwhile is treated as cold); cold candidates try the checkpoint rows of the index (one
 query for all; rows answer for the log revision they cover whole, or — lagging — for a log
@@ -73,7 +78,7 @@ from .lineage import (
     stored_catalog,
     walk_descendants,
 )
-from .listing_observe import observe_rows
+from .listing_observe import observe_catalogs, observe_rows
 from .listing_rows import (
     ChildRow,
     CorpusShape,
@@ -95,6 +100,7 @@ _CATALOG = [CATALOG_UNIT.key]
 _LIVE = [IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key]
 _ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key)  # the checkpoint rows a listing reads
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
+_VERSIONS = {unit.key: unit.state_version for unit in (IDENTITY_UNIT, CATALOG_UNIT, FLAGS_UNIT)}
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
 
@@ -169,7 +175,8 @@ class ListingService:
         parent = shape.records.get(parent_id)
         if parent is None and required:
             raise ListingParentNotFound(f'session "{parent_id}" not found')
-        catalogs, stored = await self._catalogs([parent] if parent is not None else [], candidates)
+        owners = [parent] if parent is not None else []
+        catalogs, stored = await self._catalogs(owners, candidates, proved, shape, {})
         entries = catalogs.get(parent_id)
         absent = absent_children(parent_id, entries, shape.records) if entries else []
         rows = await self._rows(shape, candidates, stored, proved)
@@ -196,6 +203,7 @@ class ListingService:
         absent: dict[str, list[Absent]] = {}
         asked: set[str] = set()
         stored: dict[str, list[StoredCheckpoint]] = {}
+        made: dict[str, Row] = {}  # the rows of nodes observed for their catalogs: not read again
         while True:
             placed = walk_descendants(corpus, root_id, absent)
             owners = [
@@ -207,7 +215,7 @@ class ListingService:
                 break
             asked.update(owner.id for owner in owners)
             wanted = [n for n, _, _ in placed if isinstance(n, SessionRecord) and is_subagent(n) and n.id not in stored]
-            catalogs, more = await self._catalogs(owners, wanted)
+            catalogs, more = await self._catalogs(owners, wanted, proved, shape, made)
             stored.update(more)
             grew = False
             for owner_id, entries in catalogs.items():
@@ -219,7 +227,7 @@ class ListingService:
                 break
         nodes = [node for node, _, _ in placed if isinstance(node, Absent) or is_subagent(node)]
         candidates = [node for node in nodes if isinstance(node, SessionRecord)]
-        rows = iter(await self._rows(shape, candidates, stored, proved))
+        rows = iter(await self._rows(shape, candidates, stored, proved, made))
         lost = [node for node in nodes if isinstance(node, Absent)]
         extra = iter(await self._absent_rows(lost) if lost else [])
         where = {node.id: (parent, depth) for node, parent, depth in placed}
@@ -243,11 +251,17 @@ class ListingService:
         return await self.query.list_sessions()
 
     async def _catalogs(
-        self, owners: list[SessionRecord], candidates: list[SessionRecord]
+        self,
+        owners: list[SessionRecord],
+        candidates: list[SessionRecord],
+        proved: list[ObservedCheckpoint],
+        shape: CorpusShape,
+        made: dict[str, Row],
     ) -> tuple[dict[str, list[CatalogEntry]], dict[str, list[StoredCheckpoint]]]:
         """The catalog entries of `owners` — a live owner's cell (no log read), else its
-        checkpoint row — and, from the same index hop, the stored checkpoint rows of the
-        candidates that are cold now (for their identity rung)."""
+        checkpoint rows, else one observation of its log (its rows join `proved`, the row it
+        would list as `made`) — and, from the same index hop, the stored checkpoint rows of
+        the candidates that are cold now (for their identity rung)."""
         assert self.sessions is not None
         sessions = self.sessions
         refs: list[SessionRef] = []
@@ -271,8 +285,52 @@ class ListingService:
         ids = [c.id for c in candidates if c.damage is None and not (c.live and sessions.get(c.id) is not None)]
         ids += [owner.id for owner in cold if owner.persisted]
         stored = await self._stored_rows(ids)
+        # An empty catalog told only by its row's absence (the query leaves such rows out) while
+        # a record names the owner as its parent: its row is read after all (a damaged index may
+        # have lost it, and every child is catalogued before its log exists).
+        doubted = [
+            owner.id
+            for owner in cold
+            if owner.id in shape.parents
+            and (found := stored_catalog(owner, stored.get(owner.id, ()), _VERSIONS))
+            and found.inferred
+        ]
+        rows_of = stored
+        if doubted and self.query is not None:
+            catalog_rows = await self.query.checkpoint_rows(doubted, _CATALOG)
+            rows_of = {**stored, **{sid: [*stored.get(sid, ()), *catalog_rows.get(sid, ())] for sid in doubted}}
+        lagging: list[tuple[SessionRecord, list[CatalogEntry]]] = []
+        unanswered: list[SessionRecord] = []
         for owner in cold:
-            entries[owner.id] = stored_catalog(owner, stored.get(owner.id, ()))
+            found = stored_catalog(owner, rows_of.get(owner.id, ()), _VERSIONS)
+            if found is not None and found.inferred and owner.id in doubted:
+                found = None  # no catalog row at all beside the others: the log answers
+            if found is None:
+                if owner.persisted and owner.damage is None:
+                    unanswered.append(owner)
+                else:
+                    entries[owner.id] = []  # nothing on disk to read it from (or a damaged log)
+            elif found.whole:
+                entries[owner.id] = found.entries
+            else:
+                lagging.append((owner, found.entries))
+        if lagging:
+            # Rows that lag the log answer only for a log another process writes now (its
+            # writer checkpoints as it goes); else the events after them may name a child.
+            held = await self._held_elsewhere([owner.id for owner, _ in lagging])
+            for owner, found_entries in lagging:
+                if owner.id in held:
+                    entries[owner.id] = found_entries
+                else:
+                    unanswered.append(owner)
+        if unanswered:
+            assert self.query is not None
+            observed, rows = await observe_catalogs(
+                self.query, unanswered, shape=shape, rows=self._rows_made, proved=proved, observers=self.observers
+            )
+            made.update(rows)
+            for owner in unanswered:
+                entries[owner.id] = observed.get(owner.id, [])
         return entries, stored
 
     async def _stored_rows(self, ids: Sequence[str]) -> dict[str, list[StoredCheckpoint]]:
@@ -301,7 +359,7 @@ class ListingService:
         if missing:
             now = await self._stat_all([absent[i].id for i in missing])
             for i, info in zip(missing, now, strict=True):
-                reason = absent_reason(info)
+                reason = absent_reason(info, absent[i].owner)
                 if reason is not None:
                     out[i] = DiagnosticRow(id=absent[i].id, reason=reason)
         return out
@@ -317,6 +375,7 @@ class ListingService:
         candidates: list[SessionRecord],
         stored: dict[str, list[StoredCheckpoint]],
         proved: list[ObservedCheckpoint],
+        made: dict[str, Row] | None = None,
     ) -> list[Row | None]:
         """Rows aligned to `candidates` (None: omitted); `stored`: checkpoint rows already read;
         `proved` collects the rows observations proved, to be written back.
@@ -367,7 +426,7 @@ class ListingService:
                     if identity is not None:
                         results[i] = child(record, identity, record.id in parents, live=True)
         cold.sort()
-        await self._cold_rows(candidates, cold, shape, results, stored, proved)
+        await self._cold_rows(candidates, cold, shape, results, stored, proved, made)
         return results
 
     async def _live_answers(self, refs: list[SessionRef], keys: list[str]) -> list[dict[str, JsonValue] | Exception]:
@@ -385,6 +444,7 @@ class ListingService:
         results: list[Row | None],
         stored: dict[str, list[StoredCheckpoint]],
         proved: list[ObservedCheckpoint],
+        made: dict[str, Row] | None,
     ) -> None:
         parents, records = shape.parents, shape.records
         pending = []
@@ -417,7 +477,7 @@ class ListingService:
                 and ((whole and flags_seq == _last_seq(record)) or record.id in held)
             ):
                 has = record.id in parents or (
-                    record.id in naming and names_absent(record.id, stored_catalog(record, stored[record.id]), records)
+                    record.id in naming and names_absent(record.id, _stored_entries(record, stored[record.id]), records)
                 )
                 results[i] = self._rows_made.child(record, identity, has, live=record.id in held, flags=flags)
             else:
@@ -434,6 +494,7 @@ class ListingService:
             results=results,
             proved=proved,
             observers=self.observers,
+            made=made,
         )
 
     async def _checkpoint_identities(
@@ -450,6 +511,12 @@ class ListingService:
         if unread:
             rows.update(await self._stored_rows(unread))
         return stored_identities(records, rows)
+
+
+def _stored_entries(record: SessionRecord, rows: Sequence[StoredCheckpoint]) -> list[CatalogEntry]:
+    """The catalog a child's rows hold (its identity rows answered: they cover its log)."""
+    found = stored_catalog(record, rows, _VERSIONS)
+    return found.entries if found is not None else []
 
 
 def _last_seq(record: SessionRecord) -> int:

@@ -168,9 +168,12 @@ class CorpusShape:
     def of(self, corpus: list[SessionRecord]) -> CorpusShape:
         if len(corpus) != len(self._corpus) or not all(map(operator.is_, corpus, self._corpus)):
             self._corpus = corpus
-            # A damaged child whose line 1 names its parent lists (as a diagnostic): its parent has children.
+            # A damaged child whose line 1 names its parent lists (as a diagnostic): its parent has
+            # children. A header naming itself makes no parent: a session is never its own child.
             self.parents = frozenset(
-                said[1] for said in map(lineage, corpus) if said is not None and said[0] == "subagent"
+                said[1]
+                for record, said in zip(corpus, map(lineage, corpus), strict=True)
+                if said is not None and said[0] == "subagent" and said[1] != record.id
             )
             self._children = {}
             self._records = None

@@ -35,8 +35,9 @@ open when the descriptor was written counts from its own start. The view is
 seed replays its parent's catalog, which names the parent's children, not the fork's) adds or
 replaces its child's entry; an invalid payload or an invalid child id is skipped — one bad entry
 must not hide the siblings the others name. The view is the `children` mapping. Listings take it
-from a live parent's cell or the parent's checkpoint row, so a child whose own log is missing or
-unreadable still shows as a diagnostic without the parent's log being read.
+from a live parent's cell, else the parent's checkpoint rows (so a child whose own log is missing
+or unreadable still shows as a diagnostic without the parent's log being read), else one
+observation of the parent's log (issue 28: no index row hides a child).
 
 `subagent_flags` (what a listing row says of a child beyond its identity; issue 27 items 2 and
 5). State `{own_from: K, stopped: bool, in_doubt: int}`, over the session's own suffix only

@@ -19,6 +19,7 @@ the listing must read the rows and report them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -170,6 +171,14 @@ def _add(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return lambda header: header.__setitem__(key, value)
 
 
+def _self_parent(header: dict[str, Any]) -> None:
+    header["parent_session"] = header["id"]
+
+
+def _rename(key: str, to: str) -> Callable[[dict[str, Any]], None]:
+    return lambda header: header.__setitem__(to, header.pop(key))
+
+
 # (how, the reason the victim lists with; None: it stays healthy and the copy is the diagnostic)
 DAMAGE: dict[str, tuple[Callable[[Place, str], str | None], str | None]] = {
     "unknown-header-key": (edit_line1(_add("colour", "blue")), "corrupt"),
@@ -183,6 +192,13 @@ DAMAGE: dict[str, tuple[Callable[[Place, str], str | None], str | None]] = {
     "log-deleted": (deleted, "unavailable"),
     "folder-removed": (folder_removed, "unavailable"),
     "header-row-torn": (torn_header, "corrupt"),
+    # Issue 28 ("nothing hidden"): a valid line 1 that names another parent, itself or no parent
+    # (or a garbled `parent_session` key) disagrees with the catalog that names it: `corrupt`
+    # under the catalog's owner, listed once, and never its own child.
+    "names-another-parent": (edit_line1(_add("parent_session", "someone-else")), "corrupt"),
+    "names-itself": (edit_line1(_self_parent), "corrupt"),
+    "names-no-parent": (edit_line1(_add("parent_session", None)), "corrupt"),
+    "parent-key-garbled": (edit_line1(_rename("parent_session", "parent_sessiom")), "corrupt"),
 }
 FILES_ONLY = {"log-is-a-directory", "log-is-a-fifo", "folder-removed"}  # no PostgreSQL form
 PG_ONLY = {"header-row-torn"}
@@ -492,3 +508,132 @@ async def test_damaged_rows_behind_checkpoints_that_cannot_answer_list_as_corrup
     async with place.open_runtime(log_store=store) as rt:
         assert rows(await rt.listing.list_children(PARENT)) == want
         assert store.calls["read"] >= 1  # the victim's rows were read: its checkpoint could not answer
+
+
+# --- issue 28: nothing hidden (the parent's catalog climbs the identity ladder) ----------------------
+
+
+def _index_files(place: Place) -> list[Path]:
+    return [place.root / name for name in ("index.sqlite3", "index.sqlite3-wal", "index.sqlite3-shm")]
+
+
+def index_deleted(place: Place) -> None:
+    """The index lost: on files the index file goes; on PostgreSQL (no index file) the parent's
+    checkpoint rows, its part of what an index holds."""
+    if place.url is not None:
+        pg_damage.sql(place.url, "DELETE FROM checkpoints WHERE session_id = %s", (PARENT,))
+        return
+    for path in _index_files(place):
+        path.unlink(missing_ok=True)
+
+
+def index_damaged(place: Place) -> None:
+    """The index garbled: on files a file that is no database; on PostgreSQL the parent's rows
+    name no lifecycle (a garbled value is `test_damaged_rows_behind_checkpoints…`'s case)."""
+    if place.url is not None:
+        pg_damage.garble_checkpoints(place.url, PARENT, lifecycle=b"\xff garbage")
+        return
+    index_deleted(place)
+    _index_files(place)[0].write_bytes(b"not a database at all\n" * 512)
+
+
+def parent_edited_in_place(place: Place) -> None:
+    """The parent's log written again in place, same bytes (an editor's save): on files a new
+    mtime on the same inode, on PostgreSQL a rewrite: either way its checkpoint rows go."""
+    place.overwrite(PARENT, lambda data: data)
+
+
+LOST_ROWS: dict[str, Callable[[Place], None]] = {
+    "index-deleted": index_deleted,
+    "index-damaged": index_damaged,
+    "parent-edited-in-place": parent_edited_in_place,
+}
+
+
+@pytest.mark.parametrize("lost", list(LOST_ROWS))
+async def test_a_catalogued_child_is_never_hidden_by_lost_parent_rows(
+    corpus: tuple[Place, dict[str, str]], lost: str
+) -> None:
+    """The victim's log is gone (only the parent's catalog names it) and the parent's checkpoint
+    rows are gone too: the cold parent's log is observed for its catalog, once, and written back
+    (the next listing reads no log at all)."""
+    place, ids = corpus
+    deleted(place, ids["victim"])
+    LOST_ROWS[lost](place)
+    want = expected(ids, "unavailable", None)
+    healthy_grand = child_row(ids["grand"], "grand")
+    store = FaultyLogStore(place.store())
+    async with place.open_runtime(log_store=store) as rt:
+        assert rt.sessions.get(PARENT) is None
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert rows(await rt.listing.list_descendants(PARENT)) == descendants(ids, want, healthy_grand)
+        assert store.calls["read"] >= 1  # the parent's log, at least: nothing else names the victim
+    store = FaultyLogStore(place.store())
+    async with place.open_runtime(log_store=store) as rt:  # the rows written back answer
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert rows(await rt.listing.list_descendants(PARENT)) == descendants(ids, want, healthy_grand)
+        assert store.calls["read"] == 0 and store.calls["open_read"] == 0
+
+
+@with_damage("names-another-parent", "names-itself", "names-no-parent", "parent-key-garbled")
+async def test_a_child_naming_another_parent_is_listed_once_and_never_its_own_child(
+    corpus: tuple[Place, dict[str, str]], how: str
+) -> None:
+    place, ids = corpus
+    victim = ids["victim"]
+    DAMAGE[how][0](place, victim)
+    if not place.is_pg:
+        index_deleted(place)  # the parent's catalog from its log, too
+    want = expected(ids, "corrupt", None)
+    async with place.open_runtime() as rt:
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        found = rows(await rt.listing.list_descendants(PARENT))
+        assert [r["id"] for r in found].count(victim) == 1
+        assert found == descendants(ids, want, child_row(ids["grand"], "grand"))
+        assert rows(await rt.listing.list_children(victim)) == []  # never its own child
+        assert [r["id"] for r in rows(await rt.listing.list_descendants(victim))] == []
+
+
+def catalog_row_lost(place: Place, sid: str) -> None:
+    """The session's catalog row alone gone (as a damaged index may lose it), its other rows kept."""
+    if place.url is not None:
+        pg_damage.sql(place.url, "DELETE FROM checkpoints WHERE session_id = %s AND unit = 'subagent_catalog'", (sid,))
+        return
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(place.root / "index.sqlite3")) as db, db:
+        deleted = db.execute("DELETE FROM checkpoints WHERE session_id = ? AND unit_key = 'subagent_catalog'", (sid,))
+        assert deleted.rowcount == 1
+
+
+async def test_a_parents_lost_catalog_row_never_hides_a_catalogued_child(corpus: tuple[Place, dict[str, str]]) -> None:
+    """Its identity and flags rows still cover the log, its catalog row is gone: no empty catalog
+    is inferred for a parent that records name (issue 28)."""
+    place, ids = corpus
+    deleted(place, ids["victim"])
+    catalog_row_lost(place, PARENT)
+    want = expected(ids, "unavailable", None)
+    async with place.open_runtime() as rt:
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert rows(await rt.listing.list_descendants(PARENT)) == descendants(
+            ids, want, child_row(ids["grand"], "grand")
+        )
+
+
+@pg_only
+@pytest.mark.parametrize("checkpoint", list(CHECKPOINT_DAMAGE))
+async def test_a_parents_unusable_rows_never_hide_a_catalogued_child(
+    corpus: tuple[Place, dict[str, str]], checkpoint: str
+) -> None:
+    """The parent's checkpoint rows garbled (the catalog row holds no catalog) or gone, and the
+    victim's log gone: the cold parent's log is read for its catalog (issue 28)."""
+    place, ids = corpus
+    assert place.url is not None
+    deleted(place, ids["victim"])
+    CHECKPOINT_DAMAGE[checkpoint](place.url, PARENT)
+    want = expected(ids, "unavailable", None)
+    async with place.open_runtime() as rt:
+        assert rows(await rt.listing.list_children(PARENT)) == want
+        assert rows(await rt.listing.list_descendants(PARENT)) == descendants(
+            ids, want, child_row(ids["grand"], "grand")
+        )
