@@ -544,10 +544,15 @@ def test_concurrent_listings_in_two_processes_keep_the_index_whole(tmp_path: Pat
     with sqlite3.connect(tmp_path / "index.sqlite3") as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         stored = conn.execute("SELECT session_id, unit_key, seq FROM checkpoints").fetchall()
-    # Every child's rows, one whole set each (every unit of the runtime at the log's last seq).
+    # Every child's rows, one whole set each (every unit of the runtime at the log's last seq),
+    # and the parent's: since issue 28 a cold parent without rows is read for its catalog and its
+    # rows written back like its children's.
     units = {key for sid, key, _ in stored if sid == "c00"}
     assert {IDENTITY, "subagent_catalog"} <= units
-    assert sorted(stored) == sorted((f"c{i:02d}", key, 2) for i in range(count) for key in units)
+    assert sorted(r for r in stored if r[0] == "p") == sorted(("p", key, 0) for key in units)
+    assert sorted(r for r in stored if r[0] != "p") == sorted(
+        (f"c{i:02d}", key, 2) for i in range(count) for key in units
+    )
 
     async def third() -> None:
         found, calls = await list_once(tmp_path, FileLogStore(str(tmp_path), compression="none"))
