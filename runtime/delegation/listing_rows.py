@@ -10,7 +10,7 @@ the listing does the IO.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
 import attrs
@@ -196,14 +196,12 @@ class CorpusShape:
         return children
 
 
-def stored_identities(
-    records: Sequence[SessionRecord], rows: Mapping[str, Sequence[StoredCheckpoint]]
-) -> dict[str, tuple[JsonObject, bool]]:
-    """The identities the stored checkpoint `rows` prove for `records` (a row of this lifecycle
-    the record's view of the log covers), each with whether its row covers the log whole
-    (`seq` is its last event's)."""
-    out = {}
-    key, version = IDENTITY_UNIT.key, IDENTITY_UNIT.state_version
+def _covering_rows(
+    records: Sequence[SessionRecord], rows: Mapping[str, Sequence[StoredCheckpoint]], key: str, version: int
+) -> Iterator[tuple[SessionRecord, StoredCheckpoint, int]]:
+    """Each record's stored rows of unit `key` at `version` that its log covers (behind its
+    end) and whose lifecycle is the record's — the rows that may answer for it — with its
+    event count."""
     for record in records:
         header = record.header
         if header is None or record.event_count is None:
@@ -212,12 +210,21 @@ def stored_identities(
             if row.key != key or row.ver != version or row.seq >= record.event_count:
                 continue
             if same_lifecycle(row.lifecycle, header, record.inherited_event_count):
-                val = row.value()  # decoded only now (UNREADABLE, an object: no identity)
-                identity = own_identity(
-                    val.get("identity") if type(val) is dict else None, record.inherited_event_count
-                )
-                if identity is not None:
-                    out[record.id] = (identity, row.seq == record.event_count - 1)
+                yield record, row, record.event_count
+
+
+def stored_identities(
+    records: Sequence[SessionRecord], rows: Mapping[str, Sequence[StoredCheckpoint]]
+) -> dict[str, tuple[JsonObject, bool]]:
+    """The identities the stored checkpoint `rows` prove for `records` (a row of this lifecycle
+    the record's view of the log covers), each with whether its row covers the log whole
+    (`seq` is its last event's)."""
+    out = {}
+    for record, row, event_count in _covering_rows(records, rows, IDENTITY_UNIT.key, IDENTITY_UNIT.state_version):
+        val = row.value()  # decoded only now (UNREADABLE, an object: no identity)
+        identity = own_identity(val.get("identity") if type(val) is dict else None, record.inherited_event_count)
+        if identity is not None:
+            out[record.id] = (identity, row.seq == event_count - 1)
     return out
 
 
@@ -229,16 +236,8 @@ def stored_flags(
     each with the seq its row covers. A session with no such row — written before the unit, or
     a tampered row — is not in the answer: the listing observes it (and writes its rows back)."""
     out = {}
-    key, version = FLAGS_UNIT.key, FLAGS_UNIT.state_version
-    for record in records:
-        header = record.header
-        if header is None or record.event_count is None:
-            continue
-        for row in rows.get(record.id, ()):
-            if row.key != key or row.ver != version or row.seq >= record.event_count:
-                continue
-            if same_lifecycle(row.lifecycle, header, record.inherited_event_count):
-                view = FLAGS_UNIT.view(row.value())  # (UNREADABLE, or any other shape: None)
-                if view is not None:
-                    out[record.id] = (flags_view(view), row.seq)
+    for record, row, _count in _covering_rows(records, rows, FLAGS_UNIT.key, FLAGS_UNIT.state_version):
+        view = FLAGS_UNIT.view(row.value())  # (UNREADABLE, or any other shape: None)
+        if view is not None:
+            out[record.id] = (flags_view(view), row.seq)
     return out
