@@ -7,14 +7,15 @@ event of the complete prefix, where that prefix ends in the file, and — for a 
 the recovered lines a writer must re-frame before it appends.
 
 Both also `stream` a log: the same events, validated by the same rules (framing, envelopes, seq
-continuity, known types, payloads, the seed marker, the torn tail), yielded a chunk of about
-`CHUNK_BYTES` of plain bytes at a time while the file is read through a bounded window — so a
-reader holds one chunk's plain bytes and a read-ahead, never the file (issue 28: a 500 MB zstd
-log). Each chunk's events reference that chunk's own bytes (`msgspec.Raw`), so keeping every chunk
-holds the plain form once, with no growth slack. Damage raises the error `parse` would raise for
-it once the stream reaches it, after the earlier chunks were yielded: a consumer folding chunks
-must discard what it folded then. (A log damaged in several places may name another of them
-than `parse`, which walks every frame before it decodes a line.)
+continuity, known types, payloads, the seed marker, the torn tail), yielded a chunk at a time —
+about `STREAM_BYTES` (zstd) or `CHUNK_BYTES` (plain) of plain bytes — while the file is read
+through a bounded window, so a reader holds one chunk's plain bytes and a read-ahead, never the
+file (issue 28: a 500 MB zstd log). Each chunk's events reference that chunk's own bytes
+(`msgspec.Raw`), so keeping every chunk holds the plain form once, with no growth slack. Damage
+raises the error `parse` would raise for it once the stream reaches it, after the earlier chunks
+were yielded: a consumer folding chunks must discard what it folded then. (A log damaged in
+several places may name another of them than `parse`, which walks every frame before it decodes
+a line.)
 """
 
 from __future__ import annotations
@@ -49,9 +50,23 @@ from .zstd_framing import (
     walk_frames,
 )
 
-__all__ = ["FORMS", "Compression", "LogForm", "ParsedLog", "PlainForm", "ReadAt", "TailScan", "ZstdForm"]
+__all__ = [
+    "FORMS",
+    "STREAM_BYTES",
+    "Compression",
+    "LogForm",
+    "ParsedLog",
+    "PlainForm",
+    "ReadAt",
+    "TailScan",
+    "ZstdForm",
+]
 
 ReadAt = Callable[[int, int], bytes]  # (offset, length) -> the file's bytes there (all of them)
+# Plain bytes per streamed chunk of a zstd log, and its walk's read-ahead: a streaming reader
+# holds a few times this (a chunk, its events, the next one being joined, the window), not the
+# log. A plain log streams in the chunks its decoder polls between (`CHUNK_BYTES`).
+STREAM_BYTES = 1 << 18
 
 Compression = Literal["none", "zstd"]
 
@@ -329,7 +344,7 @@ class ZstdForm(_LaidOut[ZstdLayout]):
         known: KnownHead | None,
         payloads: bool,
     ) -> Iterator[list[Event]]:
-        walk = FrameWalk(read, size, ahead=CHUNK_BYTES)
+        walk = FrameWalk(read, size, ahead=STREAM_BYTES)
         frames = _located(sid, walk)
         head = next(frames, None)
         if head is None:
@@ -353,7 +368,7 @@ class ZstdForm(_LaidOut[ZstdLayout]):
                 offsets.append(frame.start)
                 content_bytes += len(content)
                 del frame, content
-                if content_bytes < CHUNK_BYTES:
+                if content_bytes < STREAM_BYTES:
                     continue
             elif walk.recovered:
                 held.append(walk.recovered)  # the complete lines of a torn last frame (unverified)
