@@ -341,19 +341,20 @@ class FileLogStore:
         state = handle.impl
         with mapped(sid, "read"):
             if isinstance(state, WriteState):
-                if not handle.published or state.file is None:
+                if not (isinstance(handle, WriteHandle) and handle.published) or state.file is None:
                     return
-                file, size, known, owned = state.file, state.end, None, False
-                # Every byte up to `end` was validated when the handle opened (a parse, or a
-                # row the index vouches for) or appended by it (events are valid by
-                # construction, payloads included): their payloads need no second check.
-                payloads = False
+                file, owned = state.file, False
             else:
                 assert isinstance(state, ReadState)
-                file, known, owned = self.fs.open(state.path, "read"), state.known, True
+                file, owned = self.fs.open(state.path, "read"), True
             try:
-                if owned:
-                    size = file.size()
+                if isinstance(state, WriteState):
+                    # Every byte up to `end` was validated when the handle opened (a parse, or a
+                    # row the index vouches for) or appended by it (events are valid by
+                    # construction, payloads included): their payloads need no second check.
+                    size, known, payloads = state.end, None, False
+                else:
+                    size, known = file.size(), state.known
                     # Payloads are checked once per revision of a log: by the scan whose row
                     # vouches for exactly these bytes (or by the writer that recorded it).
                     payloads = not self._catalog.vouches(sid, state.form.compression, file.revision(), size)

@@ -21,7 +21,7 @@ a line.)
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, Literal, TypeVar
 
 import attrs

@@ -296,7 +296,9 @@ class PostgresLogStore:
             stop = handle.next_seq  # what this writer wrote, as `read` reads
         return self._event_chunks(handle, start, stop, poll)
 
-    def _event_chunks(self, handle: Handle, start: int, stop: int | None, poll: AbortPoll | None) -> Iterator[list[Event]]:
+    def _event_chunks(
+        self, handle: Handle, start: int, stop: int | None, poll: AbortPoll | None
+    ) -> Iterator[list[Event]]:
         """`_events`, row by row: the same checks (a missing batch, a batch's count, the seed
         marker where it falls), each batch's events yielded as soon as they are decoded."""
         sid = handle.session_id
@@ -312,7 +314,8 @@ class PostgresLogStore:
         )
         expected: int | None = None
         while rows:
-            for first_seq, count, data, compressed in rows:
+            for row in rows:
+                first_seq, count, data, compressed = int(row[0]), int(row[1]), row[2], bool(row[3])
                 if expected is None:
                     expected = first_seq
                 elif poll is not None:
@@ -320,10 +323,12 @@ class PostgresLogStore:
                 if first_seq != expected:
                     raise CorruptLog(sid, f"the batch holding seq {expected} is missing", seq=expected)
                 lines = batch_lines(sid, first_seq, bytes(data), compressed)
-                events = decode_event_lines(sid, lines, 0, len(lines), first_seq=first_seq, poll=poll)
+                events: list[Event] = decode_event_lines(sid, lines, 0, len(lines), first_seq=first_seq, poll=poll)
                 del lines
                 if len(events) != count:
-                    raise CorruptLog(sid, f"the batch at seq {first_seq} holds other than {count} events", seq=first_seq)
+                    raise CorruptLog(
+                        sid, f"the batch at seq {first_seq} holds other than {count} events", seq=first_seq
+                    )
                 if k and first_seq <= k < first_seq + count and not is_seed_marker(events[k - first_seq]):
                     raise CorruptLog(sid, f"seq {k} must be the tagged session/end-seed marker", seq=k)
                 expected = first_seq + count

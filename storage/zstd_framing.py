@@ -325,8 +325,8 @@ def _decompress(decompressor: zstandard.ZstdDecompressor, frame: memoryview) -> 
 
 def _complete_frame_after(view: memoryview, start: int, stop: int, tries: int = 64) -> bool:
     """Whether a frame that parses and decompresses starts somewhere in `view[start:stop]`."""
-    whole = isinstance(view.obj, bytes) and len(view.obj) == view.nbytes  # offsets agree
-    data = view.obj if whole else bytes(view)
+    obj = view.obj
+    data = obj if isinstance(obj, bytes) and len(obj) == view.nbytes else bytes(view)  # offsets agree
     pos = start
     for _ in range(tries):
         pos = data.find(_MAGIC, pos, stop)

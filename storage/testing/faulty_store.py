@@ -152,7 +152,9 @@ class FaultyLogStore:
         chunks = self.inner.read_chunks(handle, start=start, poll=poll)  # its argument errors now
         return self._streamed(handle.session_id, chunks, poll)
 
-    def _streamed(self, session_id: str, chunks: Iterator[list[Event]], poll: AbortPoll | None) -> Iterator[list[Event]]:
+    def _streamed(
+        self, session_id: str, chunks: Iterator[list[Event]], poll: AbortPoll | None
+    ) -> Iterator[list[Event]]:
         # A read's faults, met where a stream starts: rules for "read" script streams alike.
         self._enter("read", session_id, poll)
         yield from chunks

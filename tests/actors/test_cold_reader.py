@@ -165,7 +165,10 @@ def publish_long(store: FileLogStore, sid: str, turns: int) -> tuple[int, int]:
     drafts: list[Event] = []
     for n in range(1, turns + 1):
         seq = len(drafts)
-        drafts += [make_event(seq, "turn/start", 5, {"turn": n}), make_event(seq + 1, "step/start", 6, {"turn": n, "step": 1})]
+        drafts += [
+            make_event(seq, "turn/start", 5, {"turn": n}),
+            make_event(seq + 1, "step/start", 6, {"turn": n, "step": 1}),
+        ]
         for _ in range(60):
             text = "".join(rng.choices("abcdefghij klmnopqrstuvwxyz", k=1500))
             drafts.append(make_event(len(drafts), "compaction/summary", 7, {"text": text}))

@@ -359,7 +359,9 @@ def streamed(store: LogStore, handle: Any, start: int = 0) -> tuple[list[Event],
     return got, None, chunks
 
 
-def assert_streams_as_read(store: LogStore, handle: Any, start: int = 0) -> tuple[list[Event], StorageError | None, int]:
+def assert_streams_as_read(
+    store: LogStore, handle: Any, start: int = 0
+) -> tuple[list[Event], StorageError | None, int]:
     """`list(chain(read_chunks(start)))` is `read(start)`; a damaged log raises the same error
     (type, seq, offset, message) from both."""
     want: list[Event] | None
@@ -606,7 +608,7 @@ def test_held_elsewhere_takes_no_lock_and_names_only_held_sessions(store_factory
     process: tests/storage/test_locks.py holds one from another process); a closed handle, an
     unknown id or an invalid one is never held."""
     from subagents.storage import PostgresLogStore
-    from subagents.storage.testing import FaultyLogStore, MemoryLogStore
+    from subagents.storage.testing import MemoryLogStore
 
     a, b = store_factory(), store_factory()
     elsewhere = isinstance(a, (MemoryLogStore, PostgresLogStore))
