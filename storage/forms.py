@@ -41,7 +41,6 @@ from .framing import (
 )
 from .values import AbortPoll, SessionHeader, SessionId
 from .zstd_framing import (
-    Frame,
     FrameDamage,
     FrameWalk,
     ZstdLayout,
@@ -345,8 +344,11 @@ class ZstdForm(_LaidOut[ZstdLayout]):
         payloads: bool,
     ) -> Iterator[list[Event]]:
         walk = FrameWalk(read, size, ahead=STREAM_BYTES)
-        frames = _located(sid, walk)
-        head = next(frames, None)
+        frames = iter(walk)
+        try:
+            head = next(frames, None)
+        except FrameDamage as exc:
+            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
         if head is None:
             raise CorruptLog(sid, "the header frame is incomplete", offset=0)
         if known is not None and head.end == len(known[0]) and head.raw == known[0]:  # pyright: ignore[reportUnnecessaryComparison]  # a memoryview equals the bytes it holds
@@ -357,34 +359,37 @@ class ZstdForm(_LaidOut[ZstdLayout]):
         del head
         cut_at = _Cut(sid, record.inherited_event_count, start)
         seq, held, offsets, content_bytes = 0, list[bytes](), list[int](), 0
-        while True:
-            frame = next(frames, None)
-            done = frame is None
-            if frame is not None:
-                content = frame.content
+        try:
+            for frame_start, _, _, content in frames:  # one pass per frame: a log may hold one per event
                 if not content or content[-1] != 0x0A:
-                    raise CorruptLog(sid, "a frame ends inside a line", offset=frame.start)
+                    raise CorruptLog(sid, "a frame ends inside a line", offset=frame_start)
                 held.append(content)
-                offsets.append(frame.start)
+                offsets.append(frame_start)
                 content_bytes += len(content)
-                del frame, content
-                if content_bytes < STREAM_BYTES:
-                    continue
-            elif walk.recovered:
-                held.append(walk.recovered)  # the complete lines of a torn last frame (unverified)
-            if held:
-                if poll is not None and seq:
-                    poll()
-                events = _decoded_frames(sid, held, offsets, walk.complete_end, seq, poll, payloads)
-                seq += len(events)
-                held, offsets, content_bytes = [], [], 0
-                events = cut_at.take(events)
-                if events:
-                    yield events
-                del events
-            if done:
-                cut_at.end()
-                return
+                del content
+                if content_bytes >= STREAM_BYTES:
+                    if poll is not None and seq:
+                        poll()
+                    events = _decoded_frames(sid, held, offsets, walk.complete_end, seq, poll, payloads)
+                    seq += len(events)
+                    held, offsets, content_bytes = [], [], 0
+                    events = cut_at.take(events)
+                    if events:
+                        yield events
+                    del events
+        except FrameDamage as exc:
+            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
+        if walk.recovered:
+            held.append(walk.recovered)  # the complete lines of a torn last frame (unverified)
+        if held:
+            if poll is not None and seq:
+                poll()
+            events = _decoded_frames(sid, held, offsets, walk.complete_end, seq, poll, payloads)
+            events = cut_at.take(events)
+            if events:
+                yield events
+            del events
+        cut_at.end()
 
     def header_span(self, data: bytes) -> int:
         return _first_frame_end(data)
@@ -420,14 +425,6 @@ def _header_frame(sid: SessionId, head: bytes) -> HeaderRecord:
 def _check_header(sid: SessionId, record: HeaderRecord, header: SessionHeader) -> None:
     if record.header != header:
         raise CorruptLog(sid, "the log's header changed since the handle was opened", offset=0)
-
-
-def _located(sid: SessionId, walk: FrameWalk) -> Iterator[Frame]:
-    """The walk's frames, its damage reported as corruption of the session at that offset."""
-    try:
-        yield from walk
-    except FrameDamage as exc:
-        raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
 
 
 def _decoded(

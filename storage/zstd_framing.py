@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import attrs
 import zstandard
@@ -188,9 +189,9 @@ def walk_frames(data: bytes) -> ZstdLayout:
 Read = Callable[[int, int], "bytes | memoryview"]  # (offset, length) -> at most that many bytes
 
 
-@attrs.frozen(eq=False)
-class Frame:
-    """A complete frame met by a walk: where it lies in the file, its bytes and its content."""
+class Frame(NamedTuple):
+    """A complete frame met by a walk: where it lies in the file, its bytes and its content.
+    (A named tuple: a walk makes one per frame, and a log may hold one frame per event.)"""
 
     start: int
     end: int
@@ -250,8 +251,12 @@ class FrameWalk:
         decompressor = thread_decompressor()
         pos = 0
         need = 2 * _MAX_HEADER  # enough to tell a header torn into the padding from damage
+        view, base = memoryview(self._window), self._base
         while pos < padding:
-            view, at = self._hold(pos, need)
+            if pos + need > base + len(view) and base + len(view) < size:
+                view, at = self._hold(pos, need)
+                base = pos - at
+            at = pos - base
             held = len(view) - at  # bytes from `pos` in the window
             try:
                 end = frame_end(view, at)
@@ -284,8 +289,8 @@ class FrameWalk:
             start, pos = pos, pos + end - at
             self.complete_end = pos
             need = 2 * _MAX_HEADER
-            yield Frame(start=start, end=pos, raw=frame, content=content)
-            del frame, content, view
+            yield Frame(start, pos, frame, content)
+            del frame, content
 
 
 def _nul_run_start(read: Read, size: int) -> int:
