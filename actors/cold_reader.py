@@ -113,8 +113,8 @@ class ColdRead:
     # Every logged event, then the closers; read with `keep_events=False`, the closers only.
     events: tuple[Event, ...]
     closers: int  # how many of `events` are in-memory closers
+    logged: int  # how many logged events the read saw (kept in `events` or not)
     cells: ProjectionCells | None = None  # folded over the log and the closers, when read with a registry
-    logged: int = -1  # how many logged events the read saw (-1: not counted)
 
 
 @attrs.define(eq=False)
