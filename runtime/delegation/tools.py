@@ -311,7 +311,7 @@ class _InterruptAgent(_ServiceTool):
         if args.get("stop") is True:
             return await _stop_tree(self.service.stopping, args["agent_id"], caller)
         outcome = await self.service.messaging.interrupt(args["agent_id"], caller)
-        tail = " (it is not running)" if outcome == "not-running" else ""
+        tail = {"not-running": " (it is not running)", "idle": " (it was idle: nothing was running)"}.get(outcome, "")
         return f"interrupt requested for agent {args['agent_id']}{tail}"
 
 

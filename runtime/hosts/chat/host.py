@@ -44,6 +44,7 @@ from ...models.tee import TeeModel
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...usage import session_usage, tree_usage, usage_lines
 from ..run_progress import ChildStatus, RunProgress
+from ..setup import mcp_failures
 from ..transcript import render, transcript
 from .input import Asker, Lines
 from .terminal import CTRL_C
@@ -52,7 +53,7 @@ from .view import ChatView, cut
 if TYPE_CHECKING:  # an annotation: the caller brings rich
     from rich.console import Console
 
-__all__ = ["HELP", "Lines", "PipedLines", "chat", "mcp_failures"]
+__all__ = ["HELP", "Lines", "PipedLines", "chat"]
 
 LAST_TURNS = 3  # turns a resumed session shows before its prompt
 
@@ -271,17 +272,6 @@ async def _ask_open_turn(
         if word in ("n", "no"):
             return "close"
         console.print("answer y (go on with the turn) or n (close it as interrupted)", markup=False, highlight=False)
-
-
-def mcp_failures(runtime: Runtime) -> list[str]:
-    """A line per configured MCP server that did not start (its tools are not offered)."""
-    if runtime.mcp is None:
-        return []
-    return [
-        f"MCP server {status.name!r} is unavailable: {status.error}"
-        for status in runtime.mcp.status()
-        if status.state != "ready"
-    ]
 
 
 async def _known_tree(runtime: Runtime, session_id: str, progress: RunProgress) -> None:
