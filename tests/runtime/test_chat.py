@@ -114,7 +114,7 @@ def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_pa
     child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
     chat.expect(r"^assistant: started$")
     chat.line(f"/interrupt {child}")
-    chat.expect(rf"^{re.escape(child)}: requested$")
+    chat.expect(rf"^interrupt requested for agent {re.escape(child)}$")  # the tool's words
     chat.line("/wait")
     chat.expect(r"^assistant: heard it was interrupted$")
     chat.line("/interrupt")
@@ -468,7 +468,7 @@ def test_chat_on_a_terminal_interrupts_a_child_and_shows_its_notice_turn(tmp_pat
     term.expect(r"^assistant: started$")
     term.expect(r"^>")
     term.keys(f"/interrupt {child}\r".encode())
-    term.expect(rf"{re.escape(child)}: requested")
+    term.expect(rf"interrupt requested for agent {re.escape(child)}")
     # The child's turn ends aborted; its settlement starts a notice turn at the idle prompt.
     term.expect(rf"subagent {re.escape(child)} settled: aborted")
     term.expect(r"assistant: heard it was interrupted")

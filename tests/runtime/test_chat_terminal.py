@@ -202,4 +202,17 @@ async def test_the_chat_hands_its_tree_to_the_terminal_and_a_resumed_chat_starts
     again = RecordedLines([])
     model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": []}]})))
     await chat(root, model, session_id=session, lines=again, console=Console(file=io.StringIO()))
-    assert again.trees == [{child: "inactive"}]  # known from the listing, before any event
+    assert again.trees == [{child: "ready"}]  # known from the listing, before any event: as /agents says
+
+
+def test_a_descendants_turn_end_names_its_cause_apart_from_its_kind() -> None:
+    from subagents.runtime import StreamEvent
+    from subagents.runtime.hosts.chat.view import event_line
+    from subagents.storage import make_event
+
+    def end(reason: dict[str, Any]) -> str | None:
+        return event_line(StreamEvent("c1", make_event(5, "turn/end", 1, {"turn": 2, "reason": reason})), "root")
+
+    assert end({"kind": "aborted", "cause": "user"}) == "  ⋯ c1 turn 2 aborted user"  # not `aborteduser`
+    assert end({"kind": "error", "message": "the model  failed"}) == "  ⋯ c1 turn 2 error the model failed"
+    assert end({"kind": "completed"}) == "  ⋯ c1 turn 2 completed"

@@ -36,7 +36,8 @@ from subagents.storage import SessionNotFound, StorageError
 from ...agent.loop import Agent
 from ...app import Runtime, open_runtime
 from ...delegation.listing import ChildRow
-from ...delegation.tools import agent_status, render_agents
+from ...delegation.agents_text import state_word
+from ...delegation.tools import agent_status, interrupt_text, render_agents
 from ...event_stream import open_event_stream
 from ...foundation.errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from ...models.base import AnyModel
@@ -192,7 +193,7 @@ class _Chat:
                     say("usage: /interrupt ID")
                 else:
                     outcome = await self.runtime.subagents.interrupt(rest, by=self.agent)
-                    say(f"{rest}: {outcome}", "dim")
+                    say(interrupt_text(rest, outcome), "dim")  # the words interrupt_agent answers
             elif name == "/wait":
                 await self.wait_tree()
             elif name == "/usage":
@@ -288,7 +289,7 @@ async def _known_tree(runtime: Runtime, session_id: str, progress: RunProgress) 
                 parent=row.parent_id or session_id,
                 label=row.label,
                 mode=row.mode,
-                state="running" if row.activity == "running" else "inactive",
+                state=state_word(row, "running" if row.activity == "running" else "ready"),
             )
 
 

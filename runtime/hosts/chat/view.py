@@ -48,8 +48,8 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
         if kind == "turn/start":
             return f"  ⋯ {item.session_id} working (turn {e['turn']})"
         reason = e["reason"]
-        more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
-        return f"  ⋯ {item.session_id} turn {e['turn']} {reason['kind']}{cut(more, 120)}"
+        more = " ".join(str(reason[k]) for k in ("cause", "message") if k in reason)
+        return f"  ⋯ {item.session_id} turn {e['turn']} {reason['kind']}" + (f" {cut(more, 120)}" if more else "")
     if kind == "turn/start":
         # A turn the person started says nothing more; one a notice started says so.
         trigger = f" ({e['trigger']})" if e.get("trigger", "message") != "message" else ""
