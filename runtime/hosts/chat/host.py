@@ -35,8 +35,8 @@ from subagents.storage import SessionNotFound, StorageError
 
 from ...agent.loop import Agent
 from ...app import Runtime, open_runtime
-from ...delegation.listing import ChildRow
 from ...delegation.agents_text import state_word
+from ...delegation.listing import ChildRow
 from ...delegation.tools import agent_status, interrupt_text, render_agents
 from ...event_stream import open_event_stream
 from ...foundation.errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
