@@ -100,7 +100,7 @@ class _Chat:
         self.leaving = False
         self.read_scope: trio.CancelScope | None = None
         self.wait_scope: trio.CancelScope | None = None
-        self.asker = Asker(lines, lambda text: view.say(text, "yellow"))
+        self.asker = Asker(lines, lambda text: view.say(text, "yellow"), agent.session_id)
 
     async def on_signals(self, signals: AsyncIterable[int]) -> None:
         async for _ in signals:
