@@ -155,6 +155,39 @@ def test_chat_ctrl_c_at_an_idle_prompt_leaves_cleanly(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # a real subagents process
+def test_chat_ctrl_c_at_an_idle_prompt_asks_before_stopping_working_children(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, HANG)
+    session = chat.expect(r"^session (\S+) ").group(1)
+    chat.line("this will hang")
+    chat.expect(r"^── turn 1$")
+    chat.proc.send_signal(signal.SIGINT)
+    chat.expect(r"^── turn 1 ended: aborted user$")
+    chat.line("again")
+    chat.expect(r"^assistant: after the cancel$")
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started$")
+    asked = rf"^1 subagent still working: {re.escape(child)} — \[s\]top them and leave, \[w\]ait for them"
+    chat.proc.send_signal(signal.SIGINT)  # idle, but a child works: asked, not left
+    chat.expect(asked)
+    chat.line("")  # Enter: stay
+    chat.line("/agents")  # the line the interrupted read was reading is not lost either
+    chat.expect(rf"^{re.escape(child)} \[running\] — Hang$")
+    chat.proc.send_signal(signal.SIGINT)
+    chat.expect(asked)
+    chat.line("w")
+    chat.expect(r"^\(waiting for them; Ctrl-C stops them and leaves\)$")
+    chat.proc.send_signal(signal.SIGINT)  # while waiting: stop them and leave
+    status, rest, stderr = chat.finish()
+    assert (status, stderr) == (0, ""), rest
+    ends = [e for e in show_json(chat.root, child) if e["type"] == "turn/end"]
+    assert [e["reason"] for e in ends] == [{"kind": "aborted", "cause": "disposed"}]
+    assert [e["data"]["reason_kind"] for e in show_json(chat.root, session) if e["type"] == "subagent/settled"] == [
+        "aborted"
+    ]
+
+
+@pytest.mark.slow  # a real subagents process
 def test_chat_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
     for args, message in (
         (["--session", "../escape"], "subagents: "),
@@ -483,3 +516,39 @@ def test_chat_on_a_terminal_interrupts_a_child_and_shows_its_notice_turn(tmp_pat
     assert notice["text"] == f"Background subagent {child} was stopped before it finished.\nIt left no closing message."
     starts = [e["trigger"] for e in entries if e["type"] == "turn/start"]
     assert starts == ["message", "notice"]
+
+
+@pytest.mark.slow  # a chat on a pseudo-terminal
+def test_chat_on_a_terminal_ctrl_c_at_the_prompt_asks_and_s_stops_the_children(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Hang", "prompt": "hang", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"text": "started"},
+                ]
+            },
+            {"label": "Hang", "responses": [{"hang": True}]},
+        ]
+    }
+    term = Terminal(tmp_path, script)
+    term.expect(r"^>")
+    term.keys(b"start a child\r")
+    child = term.expect(r"← started subagent (\S+)$").group(1)
+    term.expect(r"^assistant: started$")
+    term.expect(r"^>")
+    term.keys(b"\x03")  # Ctrl-C at the prompt while the child works: a question, not a silent stop
+    term.expect(rf"1 subagent still working: {re.escape(child)}")
+    term.expect(r"leave\? \[s/w/Enter\]")
+    term.keys(b"s\r")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.text()
+    child_ends = [e["reason"] for e in show_json(term.root, child) if e["type"] == "turn/end"]
+    assert child_ends == [{"kind": "aborted", "cause": "disposed"}]

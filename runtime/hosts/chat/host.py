@@ -30,6 +30,7 @@ import sys
 from collections.abc import AsyncIterable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+import outcome
 import trio
 from subagents.storage import SessionNotFound, StorageError
 
@@ -69,6 +70,10 @@ commands:
   /quit              leave (Ctrl-D too; Ctrl-C cancels a running turn, or leaves when idle)"""
 
 
+LEAVE_CHOICES = "[s]top them and leave, [w]ait for them and then leave, or Enter to stay"
+LEAVE_QUESTION = "leave? [s/w/Enter] "
+
+
 class PipedLines:
     """Plain lines from a file (stdin when it is not a terminal), read in a worker thread."""
 
@@ -78,9 +83,31 @@ class PipedLines:
             # Bytes that are not UTF-8 become U+FFFD: bad input is a line like any other.
             file.reconfigure(errors="replace")
         self.file = file
+        # A read a cancel gave up on (Ctrl-C at the prompt) goes on in its thread: its line is
+        # the next read's answer, never lost to an abandoned thread.
+        self._pending: trio.Event | None = None
+        self._line: outcome.Outcome[str] | None = None
 
     async def read(self, prompt: str) -> str | object | None:
-        line = await trio.to_thread.run_sync(self.file.readline, abandon_on_cancel=True)
+        if self._pending is None:
+            done = self._pending = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+
+            def deliver(result: outcome.Outcome[str]) -> None:
+                def in_trio() -> None:
+                    self._line = result
+                    done.set()
+
+                try:
+                    token.run_sync_soon(in_trio)
+                except trio.RunFinishedError:
+                    pass  # the chat ended while this line was read: nobody wants it
+
+            trio.lowlevel.start_thread_soon(self.file.readline, deliver)
+        await self._pending.wait()
+        result, self._pending, self._line = self._line, None, None
+        assert result is not None
+        line = result.unwrap()
         return line.rstrip("\r\n") if line else None
 
     def progress(self, progress: RunProgress) -> None:
@@ -121,15 +148,22 @@ class _Chat:
             self.read_scope.cancel()
 
     async def loop(self) -> int:
-        while not self.leaving:
+        while True:
             line: str | object | None = None  # a cancelled read leaves (`leaving` is set first)
-            with trio.CancelScope() as self.read_scope:
-                line = await self.asker.prompt("> ")
-            self.read_scope = None
-            if self.leaving or line is None:
-                return 0
+            if not self.leaving:
+                with trio.CancelScope() as self.read_scope:
+                    line = await self.asker.prompt("> ")
+                self.read_scope = None
             if line is CTRL_C:
                 self.ctrl_c()
+            if self.leaving:
+                if await self.may_leave():
+                    return 0
+                self.leaving = False
+                continue
+            if line is None:
+                return 0  # end of input: leave (the runtime's close stops what still works)
+            if line is CTRL_C:
                 continue
             assert isinstance(line, str)
             text = line.strip()
@@ -143,6 +177,33 @@ class _Chat:
             if status is not None:
                 return status
         return 0
+
+    def working(self) -> list[str]:
+        """The subagents of this session's tree that are still resident (leaving stops them)."""
+        root = self.agent.session_id
+        return [a.child_id for a in self.runtime.subagents.manager.resident.values() if a.root_id == root]
+
+    async def may_leave(self) -> bool:
+        """Ctrl-C at the idle prompt: leave — but while subagents still work, ask first whether
+        to stop them, wait for them, or stay (never stop them silently)."""
+        working = self.working()
+        if not working:
+            return True
+        count = f"{len(working)} subagent{'s' if len(working) != 1 else ''}"
+        # Said whole: a pipe shows no prompt.
+        self.view.say(f"{count} still working: {', '.join(working)} — {LEAVE_CHOICES}", "yellow")
+        answer: str | object | None = None  # Ctrl-C again (a signal cancels the read): stop them
+        with trio.CancelScope() as self.read_scope:
+            answer = await self.asker.prompt(LEAVE_QUESTION)
+        self.read_scope = None
+        word = answer.strip().lower() if isinstance(answer, str) else "stop"  # Ctrl-C again, or no input
+        if word in ("s", "stop"):
+            return True  # the runtime's close stops them (their settlements are recorded)
+        if word in ("w", "wait"):
+            self.view.say("(waiting for them; Ctrl-C stops them and leaves)", "dim")
+            await self.wait_tree()
+            return True
+        return False
 
     async def turn(self, text: str) -> int | None:
         self.in_turn = True
