@@ -238,13 +238,15 @@ def test_chat_on_a_terminal_answers_cancels_with_ctrl_c_and_leaves(tmp_path: Pat
     session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
     term.expect(r"^>")
     term.keys(b"hi\r")
-    term.expect(r"^assistant: hello person$")
+    # Lines of a running turn are written above the `steer>` prompt (prompt-toolkit takes it off
+    # the screen first), so in this raw byte stream they follow the erased prompt, not a newline.
+    term.expect(r"assistant: hello person$")
     term.expect(r"^>")
     term.keys(b"this will hang\r")
-    term.expect(r"^── turn 2$")
-    term.keys(b"\x03")  # Ctrl-C mid-turn: the terminal sends SIGINT
-    # Printed before the prompt comes back, so at a line start (not `>── turn 2 ended`).
-    term.expect(r"^── turn 2 ended: aborted user$")
+    term.expect(r"── turn 2$")
+    term.expect(r"steer>")
+    term.keys(b"\x03")  # Ctrl-C mid-turn: a key at the steer prompt
+    term.expect(r"── turn 2 ended: aborted user$")
     term.expect(r"^>")
     term.keys(b"/nope\r")
     term.expect(r"unknown command /nope \(try /help\)$")
@@ -498,7 +500,7 @@ def test_chat_on_a_terminal_interrupts_a_child_and_shows_its_notice_turn(tmp_pat
     term.expect(r"^>")
     term.keys(b"start a child\r")
     child = term.expect(r"← started subagent (\S+)$").group(1)
-    term.expect(r"^assistant: started$")
+    term.expect(r"assistant: started$")  # above the steer prompt
     term.expect(r"^>")
     term.keys(f"/interrupt {child}\r".encode())
     term.expect(rf"interrupt requested for agent {re.escape(child)}")
@@ -542,7 +544,7 @@ def test_chat_on_a_terminal_ctrl_c_at_the_prompt_asks_and_s_stops_the_children(t
     term.expect(r"^>")
     term.keys(b"start a child\r")
     child = term.expect(r"← started subagent (\S+)$").group(1)
-    term.expect(r"^assistant: started$")
+    term.expect(r"assistant: started$")  # above the steer prompt
     term.expect(r"^>")
     term.keys(b"\x03")  # Ctrl-C at the prompt while the child works: a question, not a silent stop
     term.expect(rf"1 subagent still working: {re.escape(child)}")
@@ -552,3 +554,50 @@ def test_chat_on_a_terminal_ctrl_c_at_the_prompt_asks_and_s_stops_the_children(t
     assert "Traceback" not in term.text()
     child_ends = [e["reason"] for e in show_json(term.root, child) if e["type"] == "turn/end"]
     assert child_ends == [{"kind": "aborted", "cause": "disposed"}]
+
+
+@pytest.mark.slow  # a chat on a pseudo-terminal
+def test_chat_on_a_terminal_steers_the_running_turn_and_esc_interrupts_it(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {"wait_for": {"steered": True}, "text": "heard the first"},
+                    {"text": "took the steer"},
+                    {"hang": True},
+                    {"text": "after esc"},
+                ]
+            }
+        ]
+    }
+    term = Terminal(tmp_path, script)
+    session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
+    term.expect(r"^>")
+    term.keys(b"do the thing\r")
+    term.expect(r"steer>")  # the turn runs; the prompt stays up for steering
+    term.keys(b"also mind the tests\r")
+    term.expect(r"you \(steering\): also mind the tests")
+    term.expect(r"assistant: took the steer")
+    term.expect(r"^>")
+    term.keys(b"hang now\r")
+    term.expect(r"── turn 2")
+    term.expect(r"steer>")
+    term.keys(b"\x1b")  # Esc: interrupts the running turn
+    term.expect(r"── turn 2 ended: aborted user")
+    term.expect(r"^>")
+    term.keys(b"again\r")
+    term.expect(r"assistant: after esc")
+    term.expect(r"^>")
+    term.keys(b"/quit\r")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.text()
+    entries = show_json(term.root, session)
+    users, turn = [], None
+    for e in entries:
+        if e["type"] == "turn/start":
+            turn = e["turn"]
+        elif e["type"] == "user/message":
+            users.append((turn, e["text"]))
+    assert users == [(1, "do the thing"), (1, "also mind the tests"), (2, "hang now"), (3, "again")]
+    ends = [e["reason"] for e in entries if e["type"] == "turn/end"]
+    assert ends == [{"kind": "completed"}, {"kind": "aborted", "cause": "user"}, {"kind": "completed"}]

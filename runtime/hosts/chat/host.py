@@ -49,7 +49,7 @@ from ..run_progress import ChildStatus, RunProgress
 from ..setup import mcp_failures
 from ..transcript import render, transcript
 from .input import Asker, Lines
-from .terminal import CTRL_C
+from .terminal import CTRL_C, ESCAPE
 from .view import ChatView, cut
 
 if TYPE_CHECKING:  # an annotation: the caller brings rich
@@ -70,12 +70,15 @@ commands:
   /quit              leave (Ctrl-D too; Ctrl-C cancels a running turn, or leaves when idle)"""
 
 
+STEER_PROMPT = "steer> "  # the prompt while the person's turn runs: a line joins that turn
 LEAVE_CHOICES = "[s]top them and leave, [w]ait for them and then leave, or Enter to stay"
 LEAVE_QUESTION = "leave? [s/w/Enter] "
 
 
 class PipedLines:
     """Plain lines from a file (stdin when it is not a terminal), read in a worker thread."""
+
+    steers = False  # a script's next line is the next turn's, read once this one ended
 
     def __init__(self, file: Any = None) -> None:
         if file is None:
@@ -115,6 +118,9 @@ class PipedLines:
 
     def interrupt(self) -> None:
         pass  # a pipe's read cannot be taken back: its next line answers the question
+
+    def turn_running(self, running: bool) -> None:
+        pass
 
 
 class _Chat:
@@ -209,7 +215,13 @@ class _Chat:
         self.in_turn = True
         try:
             await self.agent.send(text)
-            await self.agent.wait_idle()
+            if self.lines.steers:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.steer)
+                    await self.agent.wait_idle()
+                    nursery.cancel_scope.cancel()  # the prompt goes; what was typed is carried over
+            else:
+                await self.agent.wait_idle()
         except AgentStopped as exc:
             self.view.say(f"subagents: {exc}", "red")
             return 1
@@ -217,6 +229,33 @@ class _Chat:
             self.in_turn = False
         await self.view.caught_up(self.agent.session.durable_next)
         return None
+
+    async def steer(self) -> None:
+        """While the person's turn runs (on a terminal): a line typed is steering for that turn
+        (it joins its next step; the view shows it when it is recorded), a `/command` runs as at
+        the idle prompt, Esc or Ctrl-C interrupts the turn."""
+        self.lines.turn_running(True)
+        try:
+            while True:
+                line = await self.asker.prompt(STEER_PROMPT)
+                if line is None:
+                    return  # end of input: the turn goes on; the chat leaves after it
+                if line is CTRL_C or line is ESCAPE:
+                    self.ctrl_c()
+                    continue
+                assert isinstance(line, str)
+                text = line.strip()
+                if not text:
+                    continue
+                if text.startswith("/"):
+                    if text.split()[0] in ("/quit", "/wait"):
+                        self.view.say("(a turn is running: Esc interrupts it first)", "dim")
+                    else:
+                        await self.command(text)
+                    continue
+                await self.agent.send(text, "steer")
+        finally:
+            self.lines.turn_running(False)
 
     async def wait_tree(self) -> None:
         self.in_turn = True

@@ -43,6 +43,14 @@ class Lines(Protocol):
         """Take away the prompt of the read in progress, if the reader can (thread-safe)."""
         ...
 
+    # Whether lines typed while a turn runs reach the chat (a terminal: steering, Esc); a pipe's
+    # next line waits for the turn's end, so a scripted session stays a sequence of turns.
+    steers: bool
+
+    def turn_running(self, running: bool) -> None:
+        """A turn starts or ends (a terminal binds Esc to interrupting it meanwhile)."""
+        ...
+
 
 def parse_answer(line: str | object | None) -> PermissionAnswer:
     """The person's answer to a permission question: y/yes, a/always; anything else denies."""

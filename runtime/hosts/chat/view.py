@@ -30,8 +30,9 @@ def cut(text: str, width: int = _WIDTH) -> str:
     return one if len(one) <= width else one[: width - 1] + "…"
 
 
-def event_line(item: StreamEvent, root_id: str) -> str | None:
-    """The line the chat shows for one durable event, or None for events it does not show.
+def event_line(item: StreamEvent, root_id: str, *, steering: bool = False) -> str | None:
+    """The line the chat shows for one durable event, or None for events it does not show;
+    `steering`: a message of the person's is not its turn's first (it joined the running turn).
     Raises `StorageError` for a payload that does not decode."""
     event = item.event
     own = item.session_id == root_id
@@ -66,6 +67,8 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
             text += " [interrupted]"
         return f"assistant: {text}" if text else None
     if kind in ("user/message", "system/message"):
+        if kind == "user/message" and e["source"] == "user" and steering:
+            return f"you (steering): {cut(e['text'])}"  # typed while the turn ran: it joined it
         if e["source"] in ("user", "model") or kind == "system/message":
             return None  # the person typed it; the system prompt is not news
         return f"{e['source']}: {cut(e['text'])}"
@@ -108,6 +111,7 @@ class ChatView:
         self.on_progress: Callable[[RunProgress], None] = lambda progress: None
         self.gates: dict[int, int] = {}  # by call: the root's durable end when its text began
         self.waiting: dict[int, list[str]] = {}  # text of calls not shown yet, by call
+        self.inputs = 0  # the root's user messages since its last turn/start (more than one: steering)
         self._changed = trio.Event()
 
     def say(self, text: str, style: str | None = None) -> None:
@@ -152,12 +156,16 @@ class ChatView:
                 self.end_stream(" [interrupted]" if _interrupted(item) else "")
                 self._shown(item)
                 return
+        if root and kind == "turn/start":
+            self.inputs = 0
         try:
-            line = event_line(item, self.root_id)
+            line = event_line(item, self.root_id, steering=root and kind == "user/message" and self.inputs > 0)
         except StorageError as exc:
             line = f"  ! {item.session_id} seq {item.event.seq}: {exc}"
+        if root and kind == "user/message":
+            self.inputs += 1
         if line is not None:
-            self.say(line, None if line.startswith("assistant:") else "dim")
+            self.say(line, None if line.startswith(("assistant:", "you (steering):")) else "dim")
         if root:
             self._shown(item)
 
