@@ -24,9 +24,11 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
+import attrs
 import trio
 
 if TYPE_CHECKING:  # annotations: rich and prompt-toolkit load only when a chat draws
@@ -203,13 +205,17 @@ class TerminalLines:
         self.session: Any = PromptSession(history=history, key_bindings=keys)
         self.output = output
         self._carry = ""  # what was typed at a prompt taken away (the turn ended): the next one starts with it
-        self._toolbar = ""  # the rendered tree (ANSI text), swapped whole: the prompt thread reads it
+        self._progress: RunProgress | None = None  # the session's status and tree, swapped whole
         self._interrupt = threading.Event()  # `interrupt` asked; cleared when a prompt returns for it
         self._idle = threading.Event()  # no prompt thread runs
         self._idle.set()
 
     def progress(self, progress: RunProgress) -> None:
-        self._toolbar = toolbar_text(progress, shutil.get_terminal_size().columns)
+        # A copy, swapped whole: the prompt thread renders it on every redraw (the "ago" of each
+        # child's last action moves with the clock), while this thread folds the next event.
+        self._progress = attrs.evolve(
+            progress, children={k: attrs.evolve(child) for k, child in progress.children.items()}
+        )
         app = self.session.app
         if app.is_running:
             app.invalidate()  # thread-safe: the prompt's loop redraws
@@ -219,7 +225,10 @@ class TerminalLines:
         above the status and tree."""
         from prompt_toolkit.formatted_text import ANSI
 
-        return ANSI(streaming_line(self.output.partial(), shutil.get_terminal_size().columns) + self._toolbar)
+        width = shutil.get_terminal_size().columns
+        progress = self._progress
+        tree = toolbar_text(progress, width, now_ms=int(time.time() * 1000)) if progress is not None else ""
+        return ANSI(streaming_line(self.output.partial(), width) + tree)
 
     def turn_running(self, running: bool) -> None:
         """A turn runs (Esc interrupts it) or not. Thread-safe: the prompt's loop reads it."""
@@ -260,6 +269,7 @@ class TerminalLines:
                     bottom_toolbar=self._bottom,
                     pre_run=started,
                     default=carried,
+                    refresh_interval=1.0,  # each child's "12s ago" keeps time
                 )
             except KeyboardInterrupt:
                 return CTRL_C
@@ -293,9 +303,10 @@ def streaming_line(partial: str, width: int) -> str:
     return ("…" + text[-(room - 1) :] if len(text) > room else text) + "\n"
 
 
-def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES) -> str:
+def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES, now_ms: int | None = None) -> str:
     """The session's status line and its child tree (at most `most` children, the working ones
-    first), rendered by rich as ANSI text `width` columns wide."""
+    first; with `now_ms`, each one's last action and how long ago), rendered by rich as ANSI text
+    `width` columns wide."""
     from rich.console import Console, Group
     from rich.text import Text
     from rich.tree import Tree
@@ -312,7 +323,7 @@ def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES) -> s
     nodes = {progress.root_id: tree}
     for child in children:  # in the order they started, under their parents
         if child.id in shown:
-            nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child)))
+            nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child, now_ms)))
     parts: list[RenderableType] = [status, tree]
     if len(children) > most:
         parts.append(Text(f"… and {len(children) - most} more (/agents all)"))
