@@ -100,6 +100,41 @@ def test_chat_answers_lists_a_background_child_sends_to_it_and_shows_its_notice_
     assert chat.seen[bogus + 1] == "usage: /send ID TEXT"
 
 
+@pytest.mark.slow  # a real subagents process
+def test_chat_watch_shows_a_child_in_place_of_the_session_until_watch_ends(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, BACKGROUND)
+    session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
+    chat.line("hi")
+    chat.expect(r"^assistant: hello person$")
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started it$")
+    chat.line("/watch nobody")
+    chat.expect(r"^/watch: nobody is not a subagent of this session \(/agents all lists them\)$")
+    chat.line(f"/watch {child}")
+    chat.expect(rf"^\(watching {re.escape(child)} — Bg: /watch to come back\)$")
+    chat.expect(r"^\[Bg\] ── turn 1$")  # its current turn so far, from its log
+    chat.line(f"/send {child} go on")
+    chat.expect(r"^\[Bg\] assistant: heard$")  # live, in place of the session's lines
+    chat.expect(r"^\[Bg\] assistant: child done$")
+    chat.line("/wait")  # the session's notice turn runs meanwhile: its lines wait for the watch's end
+    chat.line("/watch")
+    chat.expect(rf"^\(back to {re.escape(session)}: meanwhile\)$")
+    chat.expect(r"^── turn 3 \(notice\)$")
+    chat.expect(r"^assistant: noted the settlement$")
+    chat.line("/watch")
+    chat.expect(r"^usage: /watch ID \(a subagent of this session: /agents all lists them\)$")
+    status, rest, stderr = chat.finish()
+    assert (status, stderr) == (0, ""), rest
+    back = chat.seen.index(f"(back to {session}: meanwhile)")
+    # Nothing of the session's was shown between the watch's start and its end.
+    watched = chat.seen[chat.seen.index(f"(watching {child} — Bg: /watch to come back)") + 1 : back]
+    assert watched and all(line.startswith("[Bg] ") or line.startswith(f"sent to {child}") for line in watched), watched
+    # Each reply once, in the order of its log (its live text never shown twice).
+    replies = [line for line in watched if line.startswith("[Bg] assistant: ")]
+    assert replies == ["[Bg] assistant: heard", "[Bg] assistant: child done"], watched
+
+
 @pytest.mark.slow
 def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_path: Path) -> None:
     chat = Chat(tmp_path, HANG)
@@ -392,6 +427,40 @@ def test_the_view_prints_a_reply_from_the_record_when_nothing_streamed() -> None
     view.on_text("root", 0, "late")
     view._show(_view_events()[3])
     assert "late" not in out.getvalue()
+
+
+def test_a_watched_childs_text_streams_by_the_same_rules_and_the_roots_lines_wait() -> None:
+    from subagents.runtime import StreamEvent
+
+    view, out = _view([0])
+    kid = [StreamEvent("kid", item.event) for item in _view_events()]  # the same events, the child's
+    child_durable = [2]
+    view.watch("kid", "Kid", [], 0, lambda: child_durable[0])
+    assert out.getvalue() == "(watching kid — Kid: /watch to come back)\n"
+    view.on_text("kid", 0, "hello ")  # before its turn is shown: it waits
+    view.on_text("root", 0, "the root's")  # watching another: the root's text is not shown live
+    view._show(_view_events()[0])  # the root's lines wait for the watch's end
+    view._show(kid[0])
+    view._show(kid[1])
+    view.on_text("kid", 0, "person")
+    view._show(kid[2])  # ends the streamed line
+    view._show(kid[3])
+    assert out.getvalue().splitlines()[1:] == [
+        "[Kid] ── turn 1 (notice)",
+        "[Kid] subagent-settled: a child settled",
+        "[Kid] assistant: hello person",
+    ]
+    for item in _view_events()[1:]:
+        view._show(item)
+    view.on_text("root", 0, "late")  # its call was muted: its record prints it, once
+    view.unwatch()
+    assert out.getvalue().splitlines()[4:] == [
+        "(back to root: meanwhile)",
+        "── turn 1 (notice)",
+        "subagent-settled: a child settled",
+        "assistant: hello person",
+    ]
+    assert view.shown == 4 and view.replies == 1
 
 
 @pytest.mark.slow  # a real subagents process

@@ -39,7 +39,7 @@ from ...app import Runtime, open_runtime
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
 from ...delegation.tools import agent_status, interrupt_text, render_agents
-from ...event_stream import open_event_stream
+from ...event_stream import StreamEvent, open_event_stream
 from ...foundation.errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from ...models.base import AnyModel
 from ...models.tee import TeeModel
@@ -64,6 +64,7 @@ commands:
   /agents [all]      the session's subagents with status and label (all: the whole tree)
   /send ID TEXT      send TEXT to the subagent ID (as this session)
   /interrupt ID      stop the subagent ID's current turn
+  /watch [ID]        show subagent ID's text and tool calls live in place of this session's; /watch comes back
   /usage             token usage per turn, for the session and its tree
   /wait              wait until the session and its subagents are idle (Ctrl-C stops waiting)
   /help              this text
@@ -294,6 +295,8 @@ class _Chat:
                 else:
                     outcome = await self.runtime.subagents.interrupt(rest, by=self.agent)
                     say(interrupt_text(rest, outcome), "dim")  # the words interrupt_agent answers
+            elif name == "/watch":
+                await self.watch(rest)
             elif name == "/wait":
                 await self.wait_tree()
             elif name == "/usage":
@@ -306,6 +309,37 @@ class _Chat:
         except SubagentsError as exc:
             say(f"{name}: {cut(getattr(exc, 'message', None) or str(exc))}", "red")
         return False
+
+    async def watch(self, target: str) -> None:
+        """`/watch ID`: a descendant's lines and live text in place of the session's, from its
+        current turn on; `/watch` alone comes back."""
+        view = self.view
+        if not target:
+            if view.watching is None:
+                view.say("usage: /watch ID (a subagent of this session: /agents all lists them)")
+            view.unwatch()
+            return
+        if " " in target:
+            view.say("usage: /watch ID")
+            return
+        known = view.progress.children.get(target)
+        label = known.label if known is not None else None
+        if known is None:
+            rows = await self.runtime.listing.list_descendants(self.agent.session_id)
+            row = next((r for r in rows if r.id == target and isinstance(r, ChildRow)), None)
+            if row is None:
+                view.say(f"/watch: {cut(target, 40)} is not a subagent of this session (/agents all lists them)")
+                return
+            label = row.label
+        try:
+            _k, events = await self.runtime.query.read_from(target, 0)
+        except StorageError as exc:
+            view.say(f"/watch: {cut(str(exc))}", "red")
+            return
+        start = max((i for i, e in enumerate(events) if e.type == "turn/start"), default=len(events))
+        child = self.runtime.agents.get(target)  # its live text reaches this view only if it runs here
+        durable = (lambda: child.session.durable_next) if child is not None else (lambda: len(events))
+        view.watch(target, label or target, [StreamEvent(target, e) for e in events], start, durable)
 
     async def agents(self, descendants: bool) -> str:
         sid = self.agent.session_id
