@@ -13,7 +13,7 @@
    event). Context rows: the appender side alone (the same tasks and drafts asking bare actors
    that answer at once), whose CPU the actors' figure is also given net of; at N = 100 the
    synchronous `FileLogStore.append` of the same events, one event (one fsync) per call, and the
-   actors with the cyclic GC paused. `--baseline-tree DIR` also runs the actors of another tree,
+   actors and the bare asks with the cyclic GC paused. `--baseline-tree DIR` also runs the actors of another tree,
    alternating with this one (before/after in one run). Target (issue 28 item 3): the actors'
    CPU per event at N = 100, net of the appender side, <= 25 µs.
 3. resume: `SessionStore.open` of a ~10 MB (uncompressed) zstd log whose checkpoint lies 100
@@ -483,7 +483,7 @@ async def actor_appends(root: str, shape: Shape, profiling: bool = False, gc_off
         store_.close_store()
 
 
-async def bare_appends(shape: Shape) -> Measured:
+async def bare_appends(shape: Shape, gc_off: bool = False) -> Measured:
     """The appender side alone: the same tasks build the same drafts and ask a bare actor per
     session (a bounded channel as deep as a session mailbox, drained up to a group commit's
     worth at a time, every request answered at once: no storage, no fold, no thread hop)."""
@@ -529,7 +529,7 @@ async def bare_appends(shape: Shape) -> Measured:
                     for i in range(len(sends)):
                         nursery.start_soon(appender, i, a)
 
-        wall, cpu = await timed_part(all_asks)
+        wall, cpu = await timed_part(all_asks, gc_off)
         for send in sends:
             send.close()
     if answered[0] != shape.events:
@@ -547,7 +547,7 @@ def commit_child(argv: Sequence[str]) -> None:
         if kind == "sync":
             measured = sync_appends(root, shape)
         elif kind == "bare":
-            measured = trio.run(bare_appends, shape)
+            measured = trio.run(bare_appends, shape, gc_off == "1")
         else:
             measured = trio.run(actor_appends, root, shape, False, gc_off == "1")
     finally:
@@ -600,7 +600,8 @@ class CommitResult:
         """Per repetition: the subject's CPU per event less the appender side's (bare asks)."""
         events = self.shapes[appenders].events
         runs = self.runs[appenders]
-        return [(m.cpu - b.cpu) / events * 1e6 for m, b in zip(runs[subject], runs["bare"], strict=True)]
+        bare = runs["bare gc off" if subject == "gc off" else "bare"]
+        return [(m.cpu - b.cpu) / events * 1e6 for m, b in zip(runs[subject], bare, strict=True)]
 
     def rate(self, appenders: int, subject: str) -> float:
         return self.shapes[appenders].events / self.median(appenders, subject, "wall")
@@ -620,6 +621,7 @@ def bench_commit(workdir: str, sizes: Sizes, baseline_tree: str | None) -> Commi
             if a == HEADLINE_APPENDERS:
                 subjects["sync"] = lambda shape=shape: run_child("", "sync", shape, workdir)
                 subjects["gc off"] = lambda shape=shape: run_child("", "actors", shape, workdir, gc_off=True)
+                subjects["bare gc off"] = lambda shape=shape: run_child("", "bare", shape, workdir, gc_off=True)
             names = list(subjects)
             for name in names if rep % 2 == 0 else names[::-1]:
                 runs[a].setdefault(name, []).append(subjects[name]())
@@ -632,6 +634,7 @@ COMMIT_ROWS = {
     "before": "session actors (--baseline-tree)",
     "bare": "bare asks: the appender side alone (context)",
     "gc off": "session actors, GC paused during the run (context)",
+    "bare gc off": "bare asks, GC paused during the run (context)",
     "sync": "FileLogStore.append, 1 event per call (baseline)",
 }
 
@@ -640,7 +643,8 @@ def print_commit(result: CommitResult, sizes: Sizes, baseline_tree: str | None) 
     print(
         f"\n2. group commit: N appenders per session, one-event '{SMALL_EVENT}' appends, zstd form; "
         f"medians of {sizes.commit_reps} interleaved runs, each in a fresh process; CPU = user + sys of "
-        f"every thread of the process during the timed part; net = CPU less the bare asks' (same repetition)"
+        f"every thread of the process during the timed part; net = CPU less the bare asks' (same repetition, "
+        f"GC paused for both in the GC-paused row)"
     )
     print(
         f"{'N':>5} {'sessions x appenders x appends':>30} {'':<46} {'events/s':>9} {'CPU µs/ev':>9} "

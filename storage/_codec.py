@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, cast
 
 import msgspec
@@ -285,7 +285,38 @@ def _plain(value: object, depth: int) -> bool:
     """True when `value` is JSON that JSON carries losslessly, its strings aside (the encoder
     itself refuses a lone surrogate): `make_event`'s quick yes for the common case, without the
     JSON paths `check_lossless` builds for every value it visits. A no (and any Struct) is
-    judged again by `check_lossless`, which names the culprit, so the two never disagree."""
+    judged again by `check_lossless`, which names the culprit, so the two never disagree.
+    Scalars inside a container are judged inline: a call per container, not per value."""
+    t = type(value)
+    if t is dict:
+        if depth >= MAX_DEPTH:
+            return False
+        items: Iterable[tuple[object, object]] = value.items()  # type: ignore[union-attr]  # t is dict
+    elif t is list or t is tuple:
+        if depth >= MAX_DEPTH:
+            return False
+        items = enumerate(value)  # type: ignore[arg-type]  # t is list or tuple
+        t = list
+    else:
+        return _plain_scalar(value)
+    for key, child in items:
+        if t is dict and type(key) is not str:
+            return False
+        c = type(child)
+        if c is str or c is bool or child is None:
+            continue
+        if c is int:
+            if not _INT_MIN <= child <= _INT_MAX:  # type: ignore[operator]  # c is int
+                return False
+        elif c is float:
+            if not math.isfinite(child):  # type: ignore[arg-type]  # c is float
+                return False
+        elif not _plain(child, depth + 1):
+            return False
+    return True
+
+
+def _plain_scalar(value: object) -> bool:
     t = type(value)
     if t is str or value is None or t is bool:
         return True
@@ -293,20 +324,6 @@ def _plain(value: object, depth: int) -> bool:
         return _INT_MIN <= value <= _INT_MAX  # type: ignore[operator]  # t is int
     if t is float:
         return math.isfinite(value)  # type: ignore[arg-type]  # t is float
-    if t is dict:
-        if depth >= MAX_DEPTH:
-            return False
-        for key, child in value.items():  # type: ignore[union-attr]  # t is dict
-            if type(key) is not str or not _plain(child, depth + 1):
-                return False
-        return True
-    if t is list or t is tuple:
-        if depth >= MAX_DEPTH:
-            return False
-        for child in value:  # type: ignore[union-attr]  # t is list or tuple
-            if not _plain(child, depth + 1):
-                return False
-        return True
     return False
 
 
@@ -353,7 +370,19 @@ def make_event(
             surface_op=UNSET if surface_op is None else surface_op,
             source_event_seqs=UNSET if source_event_seqs is None else source_event_seqs,
         )
-        _check_envelope(event, trusted=True)  # the data was just encoded from checked values
+        if not (
+            seq.__class__ is int
+            and time.__class__ is int
+            and 0 <= seq <= _INT_MAX
+            and 0 <= time <= _INT_MAX
+            and surface_op is None
+            and source_event_seqs is None
+            and data.__class__ is dict
+            and type not in SURFACE_TYPES
+        ):
+            # (Else every rule `_check_envelope` makes holds already: ints in range, a dict
+            # encodes as an object, no surface op or source seqs on a type that takes none.)
+            _check_envelope(event, trusted=True)  # the data was just encoded from checked values
     except (ValueError, TypeError) as exc:
         raise InvalidEvent(f"event {type!r} at seq {seq}: {exc}") from None
     return event
@@ -361,7 +390,7 @@ def make_event(
 
 def _check_payload(type: str, raw: msgspec.Raw) -> None:
     try:
-        msgspec.json.decode(raw, type=PAYLOAD_TYPES[type])
+        _payload_decoders[type].decode(raw)
     except msgspec.ValidationError as exc:
         raise InvalidEvent(f"event {type!r}: invalid data: {exc}") from None
 
