@@ -288,14 +288,15 @@ def _plain(value: object, depth: int) -> bool:
     judged again by `check_lossless`, which names the culprit, so the two never disagree.
     Scalars inside a container are judged inline: a call per container, not per value."""
     t = type(value)
+    items: Iterable[tuple[object, object]]
     if t is dict:
         if depth >= MAX_DEPTH:
             return False
-        items: Iterable[tuple[object, object]] = value.items()  # type: ignore[union-attr]  # t is dict
+        items = cast("dict[object, object]", value).items()  # exactly a dict (checked above)
     elif t is list or t is tuple:
         if depth >= MAX_DEPTH:
             return False
-        items = enumerate(value)  # type: ignore[arg-type]  # t is list or tuple
+        items = enumerate(cast("list[object] | tuple[object, ...]", value))  # exactly one of them
         t = list
     else:
         return _plain_scalar(value)
