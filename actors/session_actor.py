@@ -4,9 +4,10 @@ Theory of operation. Requests arrive in a bounded mailbox. The actor takes one, 
 whatever else is already queued (`receive_nowait`, up to `batch_limit`) and serves the lot in
 order. Consecutive appends form one *group commit*: each request's expected seq is checked and
 its drafts become events with the next seqs, then the whole group is written with **one**
-storage `append` (one fsync) in one thread hop, and only then is every request in it
-acknowledged and every event folded into the projection cells — so a live snapshot costs no log
-read and never shows an event that is not durable. A request that fails its own checks (a stale
+storage `append` of one batch (one fsync) in one thread hop, and only then are its events
+folded into the projection cells, in one pass for the whole group, and every request in it
+acknowledged — so a live snapshot costs no log read, never shows an event that is not durable,
+and always shows an acknowledged one. A request that fails its own checks (a stale
 expected seq, an invalid event) fails alone; a failed write fails its whole group, and a dead
 handle stops the actor — as does `OwnershipLost` (another host took the session's lease: never
 retried, the new owner writes now). Any other request waits for the appends queued before it.
