@@ -668,6 +668,10 @@ def print_commit(result: CommitResult, sizes: Sizes, baseline_tree: str | None) 
                 f"{'':>5} {'':>30} {'after / before: events/s, CPU per event':<46} {statistics.median(ratios):>9.2f} "
                 f"{statistics.median(cpu):>9.2f}   ranges {spread(ratios)}, {spread(cpu)}"
             )
+    for name in ("actors", "before", "gc off"):
+        if name in result.runs[HEADLINE_APPENDERS]:
+            nets = ", ".join(f"{net:.1f}" for net in result.net_us(HEADLINE_APPENDERS, name))
+            print(f"net µs/event at {HEADLINE_APPENDERS} appenders, each repetition, {COMMIT_ROWS[name]}: {nets}")
     sync = result.runs[HEADLINE_APPENDERS]["sync"]
     ratios = per_rep([m.wall for m in sync], [m.wall for m in result.runs[HEADLINE_APPENDERS]["actors"]])
     checkpoints = [m.checkpoints for a in result.runs for m in result.runs[a]["actors"]]
