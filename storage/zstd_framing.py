@@ -97,10 +97,22 @@ class ZstdLayout:
         return self.frames[0][1]
 
 
+class _Compressors(threading.local):
+    compressor: zstandard.ZstdCompressor | None = None
+
+
+# One compressor per thread, made on first use: making one costs several times what compressing
+# a group commit's frame does (issue 28 item 3). Never handed to another thread.
+_compressors = _Compressors()
+
+
 def compress_frame(data: bytes, compressor: zstandard.ZstdCompressor | None = None) -> bytes:
-    """One checksummed frame holding `data` (its content size in the header)."""
+    """One checksummed frame holding `data` (its content size in the header). Each `compress`
+    is a whole frame, so a compressor is reused: this thread's, unless one is given."""
     if compressor is None:
-        compressor = new_compressor()
+        compressor = _compressors.compressor
+        if compressor is None:
+            compressor = _compressors.compressor = new_compressor()
     return compressor.compress(data)
 
 
