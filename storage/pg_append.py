@@ -21,8 +21,11 @@ like the first.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Final, LiteralString
+
+import zstandard
 
 from ._records import HeaderRecord, encode_header_line
 from .append_check import check_append
@@ -31,7 +34,7 @@ from .log_store import Batch, WriteHandle
 from .pg_connect import Pool, first_line
 from .pg_leases import Leases, LeaseState
 from .values import Offset
-from .zstd_framing import compress_frame
+from .zstd_framing import compress_frame, new_compressor
 
 __all__ = ["PgAppender", "ownership_lost"]
 
@@ -44,6 +47,9 @@ class PgAppender:
         self.pool = pool
         self.leases = leases
         self.compress_above = compress_above
+        # Making a compressor costs about three times compressing a batch of a few KB with it;
+        # a compressor is never used by two threads at once, so each worker thread keeps one.
+        self._per_thread = _PerThread()
 
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
         """`LogStore.append` on PostgreSQL: one fenced statement (see the module docstring)."""
@@ -61,7 +67,7 @@ class PgAppender:
         events, payload = checked
         first = handle.next_seq
         compressed = len(payload) > self.compress_above
-        data = compress_frame(payload) if compressed else payload
+        data = compress_frame(payload, self._per_thread.compressor()) if compressed else payload
         args = {
             "id": sid,
             "first": first,
@@ -136,9 +142,10 @@ class PgAppender:
         """One attempt: written, or a verdict (`SequenceConflict`, ...), or `_Lost`."""
         import psycopg
 
-        with self.pool.connection() as conn:
+        with self.pool.cursor() as cur:
+            conn = cur.connection
             try:
-                written = conn.execute(statement, args).rowcount
+                written = cur.execute(statement, args).rowcount
             except psycopg.errors.UniqueViolation:
                 written = 0  # another writer's batch at this seq: a conflict like any other
             except psycopg.Error as exc:
@@ -224,6 +231,15 @@ _APPEND: Final = (
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
+
+
+class _PerThread(threading.local):
+    _compressor: zstandard.ZstdCompressor | None = None
+
+    def compressor(self) -> zstandard.ZstdCompressor:
+        if self._compressor is None:
+            self._compressor = new_compressor()
+        return self._compressor
 
 
 class _Lost(Exception):

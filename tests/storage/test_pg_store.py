@@ -140,6 +140,61 @@ def test_batches_above_the_threshold_are_zstd_frames(make: Factory, db: psycopg.
     assert read_all(store, "s1") == [turn_start_event(0, T), big]
 
 
+def test_each_appending_thread_makes_one_compressor_and_keeps_it(
+    make: Factory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compressor costs more to make than a batch costs to compress: each thread that appends
+    makes one and keeps it; two threads appending at once each use their own (a zstd compressor
+    shared across threads is unsafe), and every frame reads back whole."""
+    from subagents.storage import pg_append, zstd_framing
+
+    made: list[str] = []
+    real = zstd_framing.new_compressor
+
+    def counting() -> zstandard.ZstdCompressor:
+        made.append(threading.current_thread().name)
+        return real()
+
+    for module in (pg_append, zstd_framing):  # made where the append calls it, or by compress_frame
+        monkeypatch.setattr(module, "new_compressor", counting)
+    store = make(compress_above=10)
+    barrier = threading.Barrier(2)
+
+    def appends(sid: str) -> None:
+        handle = store.create(header(sid))
+        barrier.wait()
+        for k in range(20):
+            store.append(handle, [Batch(Offset(k), [assistant_event(k, T + k, text=f"{sid} {k} " * 20)])])
+        store.close(handle)
+
+    threads = [threading.Thread(target=appends, args=(f"s{i}",), name=f"appender-{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(made) == ["appender-0", "appender-1"]
+    assert db.execute("SELECT count(*), bool_and(compressed) FROM batches").fetchone() == (40, True)
+    for sid in ("s0", "s1"):
+        assert read_all(store, sid) == [assistant_event(k, T + k, text=f"{sid} {k} " * 20) for k in range(20)]
+
+
+def test_the_pool_keeps_one_cursor_per_connection_and_drops_a_broken_ones(make: Factory) -> None:
+    """The append's statement runs on a cursor kept with its connection (no new cursor per
+    append); a connection the server cut is dropped with its cursor."""
+    pool = make()._pool
+    with pool.cursor() as first:
+        conn = first.connection
+    with pool.cursor() as again:
+        assert again is first and again.execute("SELECT 1").fetchone() == (1,)
+    with pool.connection() as same:
+        assert same is conn
+        same.close()  # as a cut connection is found
+    with pool.cursor() as fresh:
+        assert fresh is not first and fresh.connection is not conn
+        assert fresh.execute("SELECT 2").fetchone() == (2,)
+    assert list(pool._cursors) == [fresh.connection]
+
+
 def test_a_listing_and_a_stat_are_one_query_each(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
     store = make()
     for i in range(30):
