@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +305,70 @@ def test_a_checkpoint_never_leads_the_log(make: Factory, db: psycopg.Connection[
     db.execute("UPDATE sessions SET event_count = 2 WHERE id = 's1'")
     assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=1, val=object())}) is False  # not JSON
     store.close(handle)
+
+
+def test_a_checkpoint_write_is_one_statement(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One round trip (the count check, the stale units' delete and the rows' upsert together),
+    not a transaction of several statements: the actor waits for it between two commits."""
+    store = make()
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 2)])
+    assert store.write_checkpoint(
+        handle, {"u": CheckpointRow(ver=1, seq=1, val=1), "v": CheckpointRow(ver=1, seq=1, val=2)}
+    )
+    store.append(handle, [batch(2, 3)])
+    sent = _record_statements(store, monkeypatch)
+    assert store.write_checkpoint(
+        handle, {"u": CheckpointRow(ver=2, seq=2, val=3), "w": CheckpointRow(ver=1, seq=2, val=4)}
+    )
+    assert len(sent) == 1, sent
+    found = store.read_checkpoint("s1", header("s1"), 0)
+    assert found == ({"u": CheckpointRow(ver=2, seq=2, val=3), "w": CheckpointRow(ver=1, seq=2, val=4)}, 3)
+    store.close(handle)
+
+
+def _record_statements(store: PostgresLogStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement (and transaction block) the store sends from now on, on pooled connections."""
+    sent: list[str] = []
+    real = store._pool.connection
+
+    class Recorded:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(str(query)[:40])
+            return self._inner.execute(query, *args, **kwargs)
+
+        def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(str(query)[:40])
+            return self._inner.executemany(query, *args, **kwargs)
+
+        def transaction(self, *args: Any, **kwargs: Any) -> Any:
+            sent.append("BEGIN ... COMMIT")
+            return self._inner.transaction(*args, **kwargs)
+
+        def cursor(self, *args: Any, **kwargs: Any) -> Any:
+            return Recorded(self._inner.cursor(*args, **kwargs))
+
+        def __enter__(self) -> Any:
+            self._inner.__enter__()
+            return self
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self._inner.__exit__(*exc)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    @contextmanager
+    def connection() -> Iterator[Any]:
+        with real() as conn:
+            yield Recorded(conn)
+
+    monkeypatch.setattr(store._pool, "connection", connection)
+    monkeypatch.setattr(store._pool, "_cursors", {})  # the kept cursors are made anew, on recorded connections
+    return sent
 
 
 # --- damage planted in rows ---------------------------------------------------------------------
