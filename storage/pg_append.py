@@ -48,7 +48,9 @@ class PgAppender:
         self.leases = leases
         self.compress_above = compress_above
         # Making a compressor costs about three times compressing a batch of a few KB with it;
-        # a compressor is never used by two threads at once, so each worker thread keeps one.
+        # a compressor is never used by two threads at once, so each worker thread keeps one
+        # (for batches up to _KEEP_COMPRESSOR_UPTO: a context grows to the largest input it
+        # compressed, ~0.4 MB at 64 KB, and beyond that making one is a small part of the work).
         self._per_thread = _PerThread()
 
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
@@ -67,7 +69,10 @@ class PgAppender:
         events, payload = checked
         first = handle.next_seq
         compressed = len(payload) > self.compress_above
-        data = compress_frame(payload, self._per_thread.compressor()) if compressed else payload
+        data = payload
+        if compressed:
+            kept = self._per_thread.compressor() if len(payload) <= _KEEP_COMPRESSOR_UPTO else None
+            data = compress_frame(payload, kept)
         args = {
             "id": sid,
             "first": first,
@@ -231,6 +236,9 @@ _APPEND: Final = (
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
+
+
+_KEEP_COMPRESSOR_UPTO: Final = 64 << 10
 
 
 class _PerThread(threading.local):

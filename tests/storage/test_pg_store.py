@@ -179,6 +179,31 @@ def test_each_appending_thread_makes_one_compressor_and_keeps_it(
         assert read_all(store, sid) == [assistant_event(k, T + k, text=f"{sid} {k} " * 20) for k in range(20)]
 
 
+def test_a_batch_above_64_kb_is_compressed_by_a_compressor_of_its_own(
+    make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compressor keeps the memory of the largest input it compressed: the one a thread keeps
+    compresses batches up to 64 KB; a larger batch gets a compressor of its own, dropped after."""
+    from subagents.storage import pg_append, zstd_framing
+
+    made: list[zstandard.ZstdCompressor] = []
+    real = zstd_framing.new_compressor
+
+    def counting() -> zstandard.ZstdCompressor:
+        made.append(real())
+        return made[-1]
+
+    for module in (pg_append, zstd_framing):
+        monkeypatch.setattr(module, "new_compressor", counting)
+    store = make(compress_above=10)
+    big = [assistant_event(k, T + k, text="x" * 1000 + str(k)) for k in range(1, 80)]
+    publish(
+        store, "s1", [batch(0, 1)], [Batch(Offset(1), big)], [Batch(Offset(80), [assistant_event(80, T, text="y")])]
+    )
+    assert len(made) == 2  # the thread's own (for the small batches), one for the big batch
+    assert read_all(store, "s1")[1:80] == big
+
+
 def test_the_pool_keeps_one_cursor_per_connection_and_drops_a_broken_ones(make: Factory) -> None:
     """The append's statement runs on a cursor kept with its connection (no new cursor per
     append); a connection the server cut is dropped with its cursor."""
