@@ -2,9 +2,9 @@
 
 The rows of one session replace each other whole, in one statement (one transaction, one round
 trip) that also checks that the session's event count is still the one the writing handle knows:
-a checkpoint may lag the log, never lead it. `log_offset` here is the event count the rows cover (seq + 1), the place
-`read_after` continues from. Reads are single queries; any failure is a cache miss (None or
-False, logged), never an error a caller sees.
+a checkpoint may lag the log, never lead it. `log_offset` here is the event count the rows cover
+(seq + 1), the place `read_after` continues from. Reads are single queries; any failure is a
+cache miss (None or False, logged), never an error a caller sees.
 """
 
 from __future__ import annotations
