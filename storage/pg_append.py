@@ -21,11 +21,8 @@ like the first.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, Final, LiteralString
-
-import zstandard
 
 from ._records import HeaderRecord, encode_header_line
 from .append_check import check_append
@@ -34,7 +31,7 @@ from .log_store import Batch, WriteHandle
 from .pg_connect import Pool, first_line
 from .pg_leases import Leases, LeaseState
 from .values import Offset
-from .zstd_framing import compress_frame, new_compressor
+from .zstd_framing import compress_frame
 
 __all__ = ["PgAppender", "ownership_lost"]
 
@@ -47,11 +44,6 @@ class PgAppender:
         self.pool = pool
         self.leases = leases
         self.compress_above = compress_above
-        # Making a compressor costs about three times compressing a batch of a few KB with it;
-        # a compressor is never used by two threads at once, so each worker thread keeps one
-        # (for batches up to _KEEP_COMPRESSOR_UPTO: a context grows to the largest input it
-        # compressed, ~0.4 MB at 64 KB, and beyond that making one is a small part of the work).
-        self._per_thread = _PerThread()
 
     def append(self, handle: WriteHandle, batches: Sequence[Batch]) -> Offset:
         """`LogStore.append` on PostgreSQL: one fenced statement (see the module docstring)."""
@@ -69,10 +61,7 @@ class PgAppender:
         events, payload = checked
         first = handle.next_seq
         compressed = len(payload) > self.compress_above
-        data = payload
-        if compressed:
-            kept = self._per_thread.compressor() if len(payload) <= _KEEP_COMPRESSOR_UPTO else None
-            data = compress_frame(payload, kept)
+        data = compress_frame(payload) if compressed else payload  # the thread's kept compressor
         args = {
             "id": sid,
             "first": first,
@@ -236,18 +225,6 @@ _APPEND: Final = (
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
-
-
-_KEEP_COMPRESSOR_UPTO: Final = 64 << 10
-
-
-class _PerThread(threading.local):
-    _compressor: zstandard.ZstdCompressor | None = None
-
-    def compressor(self) -> zstandard.ZstdCompressor:
-        if self._compressor is None:
-            self._compressor = new_compressor()
-        return self._compressor
 
 
 class _Lost(Exception):

@@ -147,7 +147,7 @@ def test_each_appending_thread_makes_one_compressor_and_keeps_it(
     """A compressor costs more to make than a batch costs to compress: each thread that appends
     makes one and keeps it; two threads appending at once each use their own (a zstd compressor
     shared across threads is unsafe), and every frame reads back whole."""
-    from subagents.storage import pg_append, zstd_framing
+    from subagents.storage import zstd_framing
 
     made: list[str] = []
     real = zstd_framing.new_compressor
@@ -156,8 +156,7 @@ def test_each_appending_thread_makes_one_compressor_and_keeps_it(
         made.append(threading.current_thread().name)
         return real()
 
-    for module in (pg_append, zstd_framing):  # made where the append calls it, or by compress_frame
-        monkeypatch.setattr(module, "new_compressor", counting)
+    monkeypatch.setattr(zstd_framing, "new_compressor", counting)
     store = make(compress_above=10)
     barrier = threading.Barrier(2)
 
@@ -184,7 +183,7 @@ def test_a_batch_above_64_kb_is_compressed_by_a_compressor_of_its_own(
 ) -> None:
     """A compressor keeps the memory of the largest input it compressed: the one a thread keeps
     compresses batches up to 64 KB; a larger batch gets a compressor of its own, dropped after."""
-    from subagents.storage import pg_append, zstd_framing
+    from subagents.storage import zstd_framing
 
     made: list[zstandard.ZstdCompressor] = []
     real = zstd_framing.new_compressor
@@ -193,8 +192,8 @@ def test_a_batch_above_64_kb_is_compressed_by_a_compressor_of_its_own(
         made.append(real())
         return made[-1]
 
-    for module in (pg_append, zstd_framing):
-        monkeypatch.setattr(module, "new_compressor", counting)
+    monkeypatch.setattr(zstd_framing, "new_compressor", counting)
+    monkeypatch.setattr(zstd_framing._per_thread, "compressor", None)  # this thread's, made afresh
     store = make(compress_above=10)
     big = [assistant_event(k, T + k, text="x" * 1000 + str(k)) for k in range(1, 80)]
     publish(
