@@ -57,9 +57,15 @@ async def open_read_side(root: str | os.PathLike[str], *, store: str | None = No
     """Open the store at `store` (a `postgresql://` URL or a folder; default `root`) for reading
     and close it after."""
     spec = store or os.fspath(root)
-    logs = open_log_store(spec, create_schema=False) if is_pg_url(spec) else FileLogStore(spec, watch=False)
+    registry = runtime_registry()
+    # A file store given the registry writes a log's checkpoint rows as its index scans it:
+    # a command on a store without its index reads each log once (issue 28, item 1).
+    logs = (
+        open_log_store(spec, create_schema=False)
+        if is_pg_url(spec)
+        else FileLogStore(spec, watch=False, projections=registry)
+    )
     try:
-        registry = runtime_registry()
         async with open_session_store(logs, registry, now_ms=RealClock().now_ms) as sessions:
             query = SessionQuery(logs, sessions, registry)
             listing = ListingService(registry=registry, sessions=sessions, query=query)

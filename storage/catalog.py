@@ -9,7 +9,11 @@ rescanned whole. Checkpoint rows answer for the revision they were written at (o
 of it): a log rescanned whole (edited in place, replaced, re-created) forgets its session's
 checkpoint rows in the transaction that saves its new row, unless the stored row is already at
 that revision (`SessionIndex.save`); a changed inode or header forgets them whatever the scan;
-a vanished log loses its row. When that write fails, this process ignores those sessions'
+a vanished log loses its row. A catalog given the store's `projections` folds the events a
+whole rescan decoded to validate a healthy log into every unit and writes the checkpoint rows
+that proves (at the log's last event) in the same index transaction as the row, by the rules of
+a reader's observed rows (`SessionIndex.save_observed`): a listing that needs them finds them
+beside the row and never decodes those bytes again. When that write fails, this process ignores those sessions'
 stored rows (`suspect`) until a later write forgets them. Rows are mirrored in memory after the
 first load, and written back in one transaction per listing. A writer of this store keeps its log's row in step with its appends
 (`remember`, in memory; saved with the next index write or at close), so a listing finds that
@@ -32,7 +36,7 @@ from .errors import PersistenceFailed, UnsafePath
 from .forms import FORMS, LogForm
 from .fs import FolderScan, Fs, NotRegularFile
 from .index import IndexRow, SessionIndex
-from .projection import ObservedCheckpoint
+from .projection import ObservedCheckpoint, ProjectionRegistry
 from .scans import damaged_info, may_have_grown, scan_growth, scan_whole, still_holds
 from .values import LogInfo, Revision, SessionId, decode_session_id
 from .watch import Watch
@@ -48,9 +52,18 @@ _NO_REVISION = Revision(size=0, mtime_ns=0, inode=0)
 
 
 class Catalog:
-    def __init__(self, fs: Fs, index: SessionIndex | None, *, watch: bool = True) -> None:
+    def __init__(
+        self,
+        fs: Fs,
+        index: SessionIndex | None,
+        *,
+        watch: bool = True,
+        projections: ProjectionRegistry | None = None,
+    ) -> None:
         self.fs = fs
         self.index = index
+        # The units whose checkpoint rows a whole rescan proves for the index (None: none).
+        self._projections = projections if index is not None else None
         self._rows: dict[SessionId, IndexRow] | None = None
         self._ids: dict[str, SessionId | None] = {}  # folder name → id (decoding is not free)
         self._lock = threading.Lock()
@@ -89,6 +102,7 @@ class Catalog:
             complete = True
             changed: list[IndexRow] = []
             whole: list[IndexRow] = []
+            proved: list[ObservedCheckpoint] = []
             seen: set[SessionId] = set()
             known, ids = self._ids, {}
             forms = _FORM_BY_FILE
@@ -110,14 +124,14 @@ class Catalog:
                     ):
                         infos.append(row.info)
                         continue
-                info = self._info(sid, folder, rows, changed, whole)
+                info = self._info(sid, folder, rows, changed, whole, proved)
                 if info is not None:
                     infos.append(info)
                 else:
                     complete = False  # skipped after an I/O error: retried by the next listing
             self._ids = ids
             gone = [sid for sid in rows if sid not in seen]
-            self._commit(rows, changed, gone, whole)
+            self._commit(rows, changed, gone, whole, proved)
             if generation is not None and complete:
                 self._answer = (generation, infos)
                 return list(infos)
@@ -131,9 +145,10 @@ class Catalog:
             rows = self._load()
             changed: list[IndexRow] = []
             whole: list[IndexRow] = []
-            info = self._info(sid, folders[0], rows, changed, whole) if folders else None
+            proved: list[ObservedCheckpoint] = []
+            info = self._info(sid, folders[0], rows, changed, whole, proved) if folders else None
             gone = [sid] if info is None and sid in rows else []
-            self._commit(rows, changed, gone, whole)
+            self._commit(rows, changed, gone, whole, proved)
         return info
 
     def validated(self, sid: SessionId, name: str, compression: str, revision: Revision) -> IndexRow | None:
@@ -348,6 +363,7 @@ class Catalog:
         changed: list[IndexRow],
         gone: list[SessionId],
         whole: Sequence[IndexRow] = (),
+        proved: Sequence[ObservedCheckpoint] = (),
     ) -> None:
         forget: list[SessionId] = []
         for row in changed:
@@ -362,7 +378,7 @@ class Catalog:
         for sid in gone:
             self._suspect.pop(sid, None)  # its checkpoint rows go with its row
         if changed or gone:
-            self._save(rows, changed, gone, forget, whole)
+            self._save(rows, changed, gone, forget, whole, proved)
 
     def _save(
         self,
@@ -371,9 +387,11 @@ class Catalog:
         gone: list[SessionId],
         forget: list[SessionId],
         whole: Sequence[IndexRow],
+        proved: Sequence[ObservedCheckpoint] = (),
     ) -> bool:
-        """One index write (under the lock): the rows, with those writers kept in memory, and
-        the checkpoint rows to forget; what could not be forgotten becomes `suspect`."""
+        """One index write (under the lock): the rows, with those writers kept in memory, the
+        checkpoint rows to forget, and those whole rescans proved (`proved`, each at the end
+        offset of its new row); what could not be forgotten becomes `suspect`."""
         assert self.index is not None
         suspect = self._suspect
         # Rows writers kept in memory go with any write the index gets anyway (and at close).
@@ -384,7 +402,10 @@ class Catalog:
         retried = [row for sid, row in suspect.items() if rows.get(sid) is row]
         forget = [*forget, *(sid for sid, row in suspect.items() if rows.get(sid) is not row)]
         rescanned = [*whole, *retried]
-        if self.index.save([*kept, *retried, *changed], gone, forget, rescanned):
+        # Rows a rescan proved start over from where its scan stopped (its row's `scan_end`).
+        ends = {row.id: row.scan_end for row in changed}
+        observed = [(one, ends[one.session_id]) for one in proved if one.session_id in ends]
+        if self.index.save([*kept, *retried, *changed], gone, forget, rescanned, observed):
             suspect.clear()
             return True
         for row in rescanned:
@@ -402,6 +423,7 @@ class Catalog:
         rows: dict[SessionId, IndexRow],
         changed: list[IndexRow],
         whole: list[IndexRow],
+        proved: list[ObservedCheckpoint],
     ) -> LogInfo | None:
         files = folder.files
         if not files:
@@ -417,7 +439,7 @@ class Catalog:
         if row is not None and row.form == form.compression and row.revision == revision:
             return row.info
         try:
-            new, rescanned = self._rescan(sid, f"{path}/{file_name}", form, row)
+            new, rescanned, observed = self._rescan(sid, f"{path}/{file_name}", form, row)
         except OSError as exc:
             if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
                 return damaged_info(sid, None, "corrupt", _NO_REVISION, 0)
@@ -426,6 +448,8 @@ class Catalog:
         changed.append(new)
         if rescanned:
             whole.append(new)
+        if observed is not None:
+            proved.append(observed)
         return new.info
 
     def _plain_header(self, sid: SessionId, path: str) -> HeaderRecord | HeaderError | None:
@@ -439,8 +463,11 @@ class Catalog:
             return None
         return FORMS["none"].header_of(sid, head)
 
-    def _rescan(self, sid: SessionId, path: str, form: LogForm, row: IndexRow | None) -> tuple[IndexRow, bool]:
-        """The log's new row, and whether it was scanned whole (else only what it grew by)."""
+    def _rescan(
+        self, sid: SessionId, path: str, form: LogForm, row: IndexRow | None
+    ) -> tuple[IndexRow, bool, ObservedCheckpoint | None]:
+        """The log's new row, whether it was scanned whole (else only what it grew by), and the
+        checkpoint rows a whole scan proved (with the catalog's `projections`)."""
         file = self.fs.open(path, "read")
         try:
             revision = file.revision()
@@ -448,8 +475,9 @@ class Catalog:
                 tail = file.pread(row.scan_end, revision.size - row.scan_end)
                 grown = scan_growth(sid, form, row, revision, tail)
                 if grown is not None:
-                    return grown, False
+                    return grown, False, None
             data = file.pread(0, revision.size)
         finally:
             file.close()
-        return scan_whole(sid, form, revision, data), True
+        new, observed = scan_whole(sid, form, revision, data, self._projections)
+        return new, True, observed
