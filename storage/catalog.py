@@ -9,16 +9,22 @@ rescanned whole. Checkpoint rows answer for the revision they were written at (o
 of it): a log rescanned whole (edited in place, replaced, re-created) forgets its session's
 checkpoint rows in the transaction that saves its new row, unless the stored row is already at
 that revision (`SessionIndex.save`); a changed inode or header forgets them whatever the scan;
-a vanished log loses its row. A catalog given the store's `projections` folds the events a
-whole rescan decoded to validate a healthy log into every unit and writes the checkpoint rows
-that proves (at the log's last event) in the same index transaction as the row, by the rules of
-a reader's observed rows (`SessionIndex.save_observed`): a listing that needs them finds them
-beside the row and never decodes those bytes again. When that write fails, this process ignores those sessions'
+a vanished log loses its row. When that write fails, this process ignores those sessions'
 stored rows (`suspect`) until a later write forgets them. Rows are mirrored in memory after the
 first load, and written back in one transaction per listing. A writer of this store keeps its log's row in step with its appends
 (`remember`, in memory; saved with the next index write or at close), so a listing finds that
 log at the revision its writer left it and neither opens nor scans it. The index is a cache: when it cannot be read or written the listing
 is computed from the logs alone.
+
+One pass per byte (issue 28 item 1). A catalog given the store's `projections` folds the events
+a whole rescan decoded to validate a healthy log into every unit, and writes the checkpoint rows
+that proves (at the log's last event) in the same index transaction as the row, by the rules of
+a reader's observed rows (`SessionIndex.save_observed`): a listing that needs them finds them
+beside the row and never decodes those bytes again. A catalog with a `focus` (the one parent
+whose children a command lists) answers a log without a row whose line 1 is a valid header
+naming another parent from that line alone (`LogInfo.checked` False; kept in memory only, never
+an index row): the listing places such a log by its line 1 only, so its damage is not asked;
+`stat` (and so readers and writers) still reads it whole.
 
 Listing never fails because of one session: damage becomes the row's `damage`, and a log that
 cannot be read because of an I/O error is skipped (and logged) — it is retried next time.
@@ -38,7 +44,7 @@ from .fs import FolderScan, Fs, NotRegularFile
 from .index import IndexRow, SessionIndex
 from .projection import ObservedCheckpoint, ProjectionRegistry
 from .scans import damaged_info, may_have_grown, scan_growth, scan_whole, still_holds
-from .values import LogInfo, Revision, SessionId, decode_session_id
+from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
 from .watch import Watch
 
 __all__ = ["SESSIONS", "Catalog"]
@@ -59,9 +65,13 @@ class Catalog:
         *,
         watch: bool = True,
         projections: ProjectionRegistry | None = None,
+        focus: str | None = None,
     ) -> None:
         self.fs = fs
         self.index = index
+        # The one parent whose children the listings of this catalog are for (None: any).
+        self._focus = focus
+        self._heads: dict[SessionId, LogInfo] = {}  # line-1-only answers (`_head_only`), never stored
         # The units whose checkpoint rows a whole rescan proves for the index (None: none).
         self._projections = projections if index is not None else None
         self._rows: dict[SessionId, IndexRow] | None = None
@@ -124,9 +134,10 @@ class Catalog:
                     ):
                         infos.append(row.info)
                         continue
-                info = self._info(sid, folder, rows, changed, whole, proved)
+                info = self._info(sid, folder, rows, changed, whole, proved, heads=True)
                 if info is not None:
                     infos.append(info)
+                    complete = complete and info.checked  # line-1-only answers are never kept
                 else:
                     complete = False  # skipped after an I/O error: retried by the next listing
             self._ids = ids
@@ -424,7 +435,10 @@ class Catalog:
         changed: list[IndexRow],
         whole: list[IndexRow],
         proved: list[ObservedCheckpoint],
+        *,
+        heads: bool = False,
     ) -> LogInfo | None:
+        """`heads`: a log without a row may be answered from its line 1 (`_head_only`)."""
         files = folder.files
         if not files:
             return None  # unpublished: invisible
@@ -439,6 +453,13 @@ class Catalog:
         if row is not None and row.form == form.compression and row.revision == revision:
             return row.info
         try:
+            if (
+                heads
+                and row is None
+                and self._focus is not None
+                and (head := self._head_only(sid, path, form, revision))
+            ):
+                return head
             new, rescanned, observed = self._rescan(sid, f"{path}/{file_name}", form, row)
         except OSError as exc:
             if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
@@ -451,6 +472,45 @@ class Catalog:
         if observed is not None:
             proved.append(observed)
         return new.info
+
+    def _head_only(self, sid: SessionId, folder: str, form: LogForm, revision: Revision) -> LogInfo | None:
+        """The answer for a log without a row from its line 1 alone (`LogInfo.checked` False),
+        when that line is a valid header naming a parent other than the focus and the log is
+        not the focus's own; else None (the log is scanned whole). Kept in memory only: a
+        `stat`, a writer or a listing of another catalog reads such a log whole."""
+        known = self._heads.get(sid)
+        if known is not None and known.revision == revision:
+            return known
+        if sid == self._focus:
+            return None
+        file = self.fs.open(f"{folder}/{form.file_name}", "read")
+        try:
+            size, want = file.size(), 4096
+            while True:
+                head = file.pread(0, min(want, size))
+                found = form.header_of(sid, head)
+                if found is not None or len(head) >= size or want >= 1 << 20:
+                    break
+                want *= 8
+            now = file.revision()
+        finally:
+            file.close()
+        if not isinstance(found, HeaderRecord) or now != revision:
+            return None  # damage to judge, or a log changing under us: read it whole
+        header = found.header
+        if header.parent_session == self._focus:
+            return None
+        info = LogInfo(
+            id=sid,
+            header=header,
+            damage=None,
+            inherited_event_count=found.inherited_event_count,
+            revision=revision,
+            event_count=Offset(0),
+            checked=False,
+        )
+        self._heads[sid] = info
+        return info
 
     def _plain_header(self, sid: SessionId, path: str) -> HeaderRecord | HeaderError | None:
         try:

@@ -10,7 +10,9 @@ counted through the `Fs` seam (never timed).
 
 from __future__ import annotations
 
+import json
 import os
+import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -210,3 +212,100 @@ def test_a_sessions_listing_on_a_cold_store_leaves_the_rows_behind(
     for sid in labels:
         keys = {key for key, *_ in found[sid]}
         assert {"subagent", "subagent_catalog", "subagent_flags"} <= keys
+
+
+# --- a rebuild reads only what the command needs ---------------------------------------------------
+
+
+def noisy_child(store: LogStore, sid: str, parent: str, created_at: int) -> None:
+    """A child whose log does not compress away (so its first line is a small part of it in
+    either form)."""
+    noise = random.Random(sid)
+    events = [make_event(0, "subagent/descriptor", 1, descriptor(sid))]
+    for t in range(TURNS):
+        seq = 1 + 3 * t
+        text = "".join(noise.choice("0123456789abcdef") for _ in range(500))
+        events.append(make_event(seq, "turn/start", seq + 2, {"turn": t + 1}))
+        events.append(assistant_event(seq + 1, seq + 3, turn=t + 1, text=text))
+        events.append(make_event(seq + 2, "turn/end", seq + 4, {"turn": t + 1, "reason": {"kind": "completed"}}))
+    persist_log(store, header(sid, created_at, origin="subagent", parent_session=parent), events)
+
+
+def build_with_others(root: Path, form: str) -> dict[str, str]:
+    """`build`'s store, and three more children of "q" (an unrelated subtree)."""
+    labels = build(root, form)
+    store = FileLogStore(str(root), compression=form)  # type: ignore[arg-type]  # the fixture's names
+    try:
+        for i in range(3):
+            noisy_child(store, f"qn{i}", "q", 30 + i)
+    finally:
+        store.close_store()
+    drop_index(root)
+    return labels
+
+
+async def test_a_cold_children_listing_reads_only_line_1_of_unrelated_logs(tmp_path: Path, form: str) -> None:
+    labels = build_with_others(tmp_path, form)
+    fs = CountingFs(str(tmp_path))
+    store = FileLogStore(fs=fs, projections=UNITS, focus="p")
+    try:
+        async with open_runtime(tmp_path, log_store=store, now_ms=now_ms) as runtime:
+            assert rows(await runtime.listing.list_children("p")) == expected(labels)
+            unrelated = {info.id: info for info in store.list() if info.id in ("q", "qc", "qn0", "qn1", "qn2")}
+    finally:
+        store.close_store()
+    for sid in [*labels, "p"]:
+        # The children (and p): read whole once, after the head read that found whom line 1 names.
+        size = log_size(tmp_path, sid)
+        assert size <= fs.read[sid] <= size + 4096
+    for i in range(3):
+        sid = f"qn{i}"
+        assert log_size(tmp_path, sid) > 8192
+        assert 0 < fs.read[sid] <= 4096  # its line 1, no more
+    assert all(not info.checked and info.header is not None for info in unrelated.values())
+    # Never an index row (a later command reads them whole): no rows of theirs were written.
+    found = stored_rows(tmp_path, ["q", "qc", "qn0", *labels])
+    assert found["q"] == found["qc"] == found["qn0"] == []
+    assert all(found[sid] for sid in labels)
+
+
+async def test_a_focused_store_still_reads_a_stat_whole(tmp_path: Path, form: str) -> None:
+    build_with_others(tmp_path, form)
+    store = FileLogStore(str(tmp_path), projections=UNITS, focus="p")
+    try:
+        (listed,) = [info for info in store.list() if info.id == "qn1"]
+        assert not listed.checked and listed.event_count == 0
+        now = store.stat("qn1")
+        assert now is not None and now.checked and now.damage is None and now.event_count == 1 + 3 * TURNS
+        (again,) = [info for info in store.list() if info.id == "qn1"]
+        assert again == now  # its row now answers
+    finally:
+        store.close_store()
+
+
+def damage_after_line_1(root: Path, sid: str) -> None:
+    (name,) = [n for n in os.listdir(root / "sessions" / sid) if n.startswith("session.jsonl")]
+    path = root / "sessions" / sid / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_children_on_a_cold_store_with_damage_here_and_there(
+    tmp_path: Path, form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI's `children P` opens its store focused on P: a damaged child of P is still its
+    diagnostic row; a damaged log of another subtree is not judged by it (nor made a row), and
+    the next `sessions` reads it whole and reports it."""
+    labels = build_with_others(tmp_path, form)
+    damage_after_line_1(tmp_path, "c1")
+    damage_after_line_1(tmp_path, "qn1")
+    assert main(["children", "p", "--json", "--root", str(tmp_path)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    want = expected(labels)
+    want[1] = {"kind": "diagnostic", "id": "c1", "reason": "corrupt"}
+    assert listed == want
+    assert main(["sessions", "--json", "--root", str(tmp_path)]) == 0
+    sessions = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert sessions["qn1"]["damage"] == "corrupt" and sessions["c1"]["damage"] == "corrupt"
+    assert sessions["qn0"].get("damage") is None
