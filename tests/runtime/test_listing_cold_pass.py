@@ -10,9 +10,11 @@ counted through the `Fs` seam (never timed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -305,7 +307,17 @@ def test_children_on_a_cold_store_with_damage_here_and_there(
     want = expected(labels)
     want[1] = {"kind": "diagnostic", "id": "c1", "reason": "corrupt"}
     assert listed == want
+    # Only what the command needed has an index row: not the logs line 1 placed elsewhere.
+    assert {"p", *labels} <= index_ids(tmp_path)
+    assert not index_ids(tmp_path) & {"q", "qc", "qn0", "qn1", "qn2"}
     assert main(["sessions", "--json", "--root", str(tmp_path)]) == 0
     sessions = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
     assert sessions["qn1"]["damage"] == "corrupt" and sessions["c1"]["damage"] == "corrupt"
     assert sessions["qn0"].get("damage") is None
+    assert {"q", "qc", "qn0", "qn1", "qn2"} <= index_ids(tmp_path)
+
+
+def index_ids(root: Path) -> set[str]:
+    """The ids the index holds a session row for (read with sqlite3 itself)."""
+    with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as db:
+        return {sid for (sid,) in db.execute("SELECT id FROM sessions")}
