@@ -12,7 +12,10 @@ A command reads one state of the store: the corpus is listed once — `children`
 parent exists from the listing itself (`ListingParentNotFound`) and shows creation times from
 the query's last corpus (`SessionQuery.recorded`) — and a file store is opened without change
 notification (inotify watches only pay off from a store's second listing on, and
-setting one up per session folder cost as much as the listing itself at 10,000 sessions).
+setting one up per session folder cost as much as the listing itself at 10,000 sessions). A file
+store is given the projection units, so rebuilding a lost index also writes each log's checkpoint
+rows from the same read, and a `children P` command's store is focused on P (only line 1 of the
+logs naming another parent is read: issue 28, item 1).
 """
 
 from __future__ import annotations
