@@ -178,3 +178,48 @@ def test_a_grown_log_is_not_folded_again(tmp_path: Path, stores: list[FileLogSto
     (info,) = other.list()
     assert info.event_count == 5
     assert [row[:4] for row in stored(other, ["g"])["g"]] == [("count", 1, 1, 2)]
+
+
+# --- a store focused on one parent ----------------------------------------------------------------
+
+
+def test_a_focused_list_reads_whole_only_the_focus_and_what_names_it(
+    tmp_path: Path, stores: list[FileLogStore]
+) -> None:
+    writer = FileLogStore(str(tmp_path), compression="none", use_index=False)
+    stores.append(writer)
+    persist_log(writer, header("p", 1), events(2))
+    persist_log(writer, header("c", 2, origin="subagent", parent_session="p"), events(3))
+    persist_log(writer, header("o", 3, origin="subagent", parent_session="q"), events(4))
+    persist_log(writer, header("q", 4), events(5))
+    persist_log(writer, header("g", 5, origin="subagent", parent_session="q"), events(6))
+    garbled = log_path(tmp_path, "g")
+    garbled.write_bytes(b"{not a header\n" + garbled.read_bytes().split(b"\n", 1)[1])
+    store = FileLogStore(str(tmp_path), projections=UNITS, focus="p")
+    stores.append(store)
+    infos = {info.id: info for info in store.list()}
+    assert {sid for sid, info in infos.items() if info.checked} == {"p", "c", "g"}
+    assert (infos["p"].event_count, infos["c"].event_count, infos["g"].damage) == (2, 3, "corrupt")
+    for sid, created_at, parent in (("o", 3, "q"), ("q", 4, None)):
+        info = infos[sid]
+        assert info.header is not None and (info.header.created_at, info.header.parent_session) == (created_at, parent)
+        assert (info.damage, info.event_count) == (None, 0)
+    # Only the logs read whole have rows (and their checkpoint rows).
+    found = stored(store, ["p", "c", "o", "q"])
+    assert (bool(found["p"]), bool(found["c"]), found["o"], found["q"]) == (True, True, [], [])
+
+    # A line-1 answer follows its log: a grown log is answered from its line 1 again, at its
+    # new revision; a log whose line 1 now names the focus is read whole.
+    handle = writer.open_write("o")
+    try:
+        writer.append(handle, [Batch(handle.next_seq, events(1, start=4))])
+    finally:
+        writer.close(handle)
+    persist_log(writer, header("n", 6, origin="subagent", parent_session="p"), events(1))
+    again = {info.id: info for info in store.list()}
+    assert not again["o"].checked and again["o"].revision != infos["o"].revision
+    assert again["o"].revision.size == log_path(tmp_path, "o").stat().st_size
+    assert again["n"].checked and again["n"].event_count == 1
+    # A stat reads whole whatever the focus.
+    now = store.stat("o")
+    assert now is not None and now.checked and now.event_count == 5
