@@ -47,7 +47,9 @@ async def children_command(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
-    async with open_read_side(args.root, store=args.store) as runtime:
+    # One parent's children need no more than line 1 of the logs that name another parent.
+    focus = None if args.descendants else args.parent_id
+    async with open_read_side(args.root, store=args.store, focus=focus) as runtime:
         try:
             # A parent the corpus has no record of is `ListingParentNotFound` (a usage error).
             if args.descendants:
