@@ -321,3 +321,26 @@ def index_ids(root: Path) -> set[str]:
     """The ids the index holds a session row for (read with sqlite3 itself)."""
     with contextlib.closing(sqlite3.connect(root / "index.sqlite3")) as db:
         return {sid for (sid,) in db.execute("SELECT id FROM sessions")}
+
+
+async def test_open_runtime_gives_its_file_store_the_units(
+    tmp_path: Path, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime opened on a folder (chat, run, serve) rebuilds a lost index in one pass too:
+    its listing of a cold parent reads no child's log a second time."""
+    labels = build(tmp_path, form)
+    reads: Counter[str] = Counter()
+    for name in ("read", "read_chunks"):
+        real = getattr(FileLogStore, name, None)
+        if real is None:
+            continue
+
+        def counting(self: Any, handle: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            reads[handle.session_id] += 1
+            return _real(self, handle, *args, **kwargs)
+
+        monkeypatch.setattr(FileLogStore, name, counting)
+    async with open_runtime(tmp_path, now_ms=now_ms, compression=form) as runtime:  # type: ignore[arg-type]
+        found = rows(await runtime.listing.list_children("p"))
+    assert found == expected(labels)
+    assert [sid for sid in labels if reads[sid]] == []
