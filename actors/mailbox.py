@@ -138,7 +138,20 @@ class Mailbox:
     async def ask(self, request: Request[T]) -> T:
         if self._stopped is not None:
             raise ActorStopped(self.name, self._stopped)
+        # Cancelled already: nothing is sent, as `send` would have it. With room, the request is
+        # queued without the schedule point `send` takes (the wait for the reply is one): a
+        # task switch fewer per append.
+        await trio.lowlevel.checkpoint_if_cancelled()
         self.sent += 1
+        try:
+            self._send.send_nowait(request)
+        except trio.WouldBlock:
+            pass
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.sent -= 1
+            raise ActorStopped(self.name, self._stopped or "stopped") from None
+        else:
+            return await request.reply.wait()
         try:
             await self._send.send(request)
         except BaseException as exc:  # not sent (closed, or cancelled before it was queued): uncounted

@@ -4,9 +4,10 @@ Theory of operation. Requests arrive in a bounded mailbox. The actor takes one, 
 whatever else is already queued (`receive_nowait`, up to `batch_limit`) and serves the lot in
 order. Consecutive appends form one *group commit*: each request's expected seq is checked and
 its drafts become events with the next seqs, then the whole group is written with **one**
-storage `append` (one fsync) in one thread hop, and only then is every request in it
-acknowledged and every event folded into the projection cells — so a live snapshot costs no log
-read and never shows an event that is not durable. A request that fails its own checks (a stale
+storage `append` of one batch (one fsync) in one thread hop, and only then are its events
+folded into the projection cells, in one pass for the whole group, and every request in it
+acknowledged — so a live snapshot costs no log read, never shows an event that is not durable,
+and always shows an acknowledged one. A request that fails its own checks (a stale
 expected seq, an invalid event) fails alone; a failed write fails its whole group, and a dead
 handle stops the actor — as does `OwnershipLost` (another host took the session's lease: never
 retried, the new owner writes now). Any other request waits for the appends queued before it.
@@ -240,8 +241,8 @@ class SessionActor:
             return
         handle = self.handle
         seed = self._seed
-        nxt = Offset(handle.next_seq + len(seed))
-        batches: list[Batch] = [Batch(Offset(0), seed)] if seed else []
+        first = nxt = Offset(handle.next_seq + len(seed))
+        events: list[Event] = []  # the group's events, contiguous from `first`
         accepted: list[tuple[AppendRequest, list[Event]]] = []
         for request in group:
             if request.reply.done:
@@ -250,18 +251,20 @@ class SessionActor:
                 request.reply.fail(SequenceConflict(handle.session_id, expected=request.expected_seq, actual=nxt))
                 continue
             try:
-                events = self._number(request.drafts, nxt)
+                made = self._number(request.drafts, nxt)
             except StorageError as exc:
                 request.reply.fail(exc)
                 continue
             except Exception as exc:  # a draft no event can be made of: only its request fails
                 request.reply.fail(InvalidEvent(f"session {handle.session_id!r}: invalid draft: {exc!r}"))
                 continue
-            if events:
-                batches.append(Batch(Offset(nxt), events))
-            accepted.append((request, events))
-            nxt = Offset(nxt + len(events))
-        if any(batch.events for batch in batches[1 if seed else 0 :]):
+            events += made
+            accepted.append((request, made))
+            nxt = Offset(nxt + len(made))
+        # One batch for the whole group (its events are contiguous), after the seed's own.
+        batches: list[Batch] = [Batch(Offset(0), seed)] if seed else []
+        if events:
+            batches.append(Batch(first, events))
             try:
                 # Nobody hears of a group before its fsync finishes (or fails). Only when the
                 # store gives up on this actor (cancel after a bounded wait) is the hop abandoned:
@@ -278,22 +281,22 @@ class SessionActor:
                     self.mailbox.close(self._dead_reason)
                 return
             self.fsyncs += 1
-            durable = list(seed)
             if seed:
-                self.cells.fold(seed)
                 self._seed = []
-        else:
-            durable = []
-        ends_turn = False
-        if batches and not self._since_checkpoint:
-            self._dirty_since = trio.current_time()
-        for request, events in accepted:
-            self.cells.fold(events)
+                durable = seed + events
+            else:
+                durable = events
+            # One fold of the whole group (the cells take any contiguous run), before any ack:
+            # an acknowledged append is in every snapshot asked after it.
+            self.cells.fold(durable)
+            if not self._since_checkpoint:
+                self._dirty_since = trio.current_time()
             self._since_checkpoint += len(events)
-            ends_turn = ends_turn or any(e.type == "turn/end" for e in events)
-            first = events[0].seq if events else int(nxt)
-            request.reply.set(AppendResult(first, Offset(first + len(events)), tuple(events)))
-            durable.extend(events)
+        else:
+            durable = []  # (a seed is published with the first event of the session's own)
+        for request, made in accepted:
+            at = made[0].seq if made else int(nxt)
+            request.reply.set(AppendResult(at, Offset(at + len(made)), tuple(made)))
         if durable and self._on_durable is not None:
             # In the same synchronous stretch as the acks: an answered append has been published.
             try:
@@ -302,8 +305,11 @@ class SessionActor:
                 log.exception("session %r: a durable-event subscriber failed", handle.session_id)
         # Checkpoints cover only what is durable, so they are written after the acks: right
         # after publication, at every turn end, and every `checkpoint_every` events.
-        if batches and (
-            seed or batches[0].expected_seq == 0 or ends_turn or self._since_checkpoint >= self.checkpoint_every
+        if events and (
+            seed
+            or first == 0
+            or self._since_checkpoint >= self.checkpoint_every
+            or any(e.type == "turn/end" for e in events)
         ):
             await self._write_checkpoint()
 

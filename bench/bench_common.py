@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import statistics
 
 import trio
 
-__all__ = ["BareRequest", "bare_actor", "bare_ask", "bug", "load", "per_rep", "spread"]
+__all__ = ["BareRequest", "bare_actor", "bare_ask", "bug", "load", "per_rep", "quartiles", "spread"]
 
 
 def bug(what: str) -> SystemExit:
@@ -20,6 +21,14 @@ def per_rep(over: list[float], under: list[float]) -> list[float]:
 
 def spread(ratios: list[float]) -> str:
     return f"{min(ratios):.2f}..{max(ratios):.2f}"
+
+
+def quartiles(ratios: list[float]) -> str:
+    """The middle half of many ratios (their spread says little once there are dozens)."""
+    if len(ratios) < 4:
+        return spread(ratios)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return f"quartiles {q1:.2f}..{q3:.2f}"
 
 
 def load() -> str:

@@ -14,7 +14,9 @@ LOG_BYTES of events (bench/storage.py's realistic turns) in all.
 Measured, interleaved (the order reverses every repetition), page cache warm:
 - subject: `subagents children --root R bench-parent --json` in a new process (wall time);
 - childless: `subagents children --root R bench-lonely --json` (the same command with nothing to
-  observe: process start, imports, the corpus scan, the index write);
+  observe: process start, imports, the corpus scan, the index write; since issue 28 that scan
+  reads only line 1 of the logs naming another parent, so every child's whole read, validation
+  and fold is in the listing cost, as the index rebuild now does them);
 - baseline: in this process, every child's log file read and decoded with msgspec's untyped
   `Decoder().decode_lines` (for the zstd form, after one `stream_reader(...,
   read_across_frames=True)` decompression), every line including line 1, cyclic GC on (and,

@@ -132,9 +132,11 @@ def drop_index(root: str) -> None:
 
 
 def checkpointed(root: str) -> int:
-    """How many sessions have a `subagent` checkpoint row."""
+    """How many sessions other than the parent have a `subagent` checkpoint row (a cold parent's
+    own rows are written back too since issue 28 item 2: it is read for its catalog)."""
     with sqlite3.connect(os.path.join(root, "index.sqlite3")) as conn:
-        return conn.execute("SELECT count(*) FROM checkpoints WHERE unit_key = 'subagent'").fetchone()[0]
+        query = "SELECT count(*) FROM checkpoints WHERE unit_key = 'subagent' AND session_id != ?"
+        return conn.execute(query, (PARENT,)).fetchone()[0]
 
 
 @dataclass(frozen=True)
@@ -176,8 +178,10 @@ async def listing_time(root: str, parent: str, expected: int, spent: list[float]
                 began = time.perf_counter()
                 written = await write(observed)
                 spent.append(time.perf_counter() - began)
-                if written != expected:
-                    raise bug(f"the write-back wrote {written} children's rows, not {expected}")
+                if written != expected + 1:  # and the parent's, read for its catalog (issue 28 item 2)
+                    raise bug(
+                        f"the write-back wrote {written} sessions' rows, not {expected} children's and the parent's"
+                    )
                 return written
 
             query.write_observed = timed_write  # type: ignore[method-assign]  # a measurement seam

@@ -181,12 +181,14 @@ async def open_runtime(
     if log_store is not None and store is not None:
         raise TypeError("open_runtime takes log_store or store, not both")
     owned = log_store is None
+    registry = runtime_registry()
     logs = (
         log_store
         if log_store is not None
-        else open_log_store(store or root, compression=compression, **(store_options or StoreOptions()))
+        else open_log_store(
+            store or root, compression=compression, projections=registry, **(store_options or StoreOptions())
+        )
     )
-    registry = runtime_registry()
     leased = logs.leased
     if placements is None and owned and leased is not None:
         # A store shared by hosts (PostgreSQL) has a placement queue: children may be left to

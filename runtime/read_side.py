@@ -12,7 +12,10 @@ A command reads one state of the store: the corpus is listed once — `children`
 parent exists from the listing itself (`ListingParentNotFound`) and shows creation times from
 the query's last corpus (`SessionQuery.recorded`) — and a file store is opened without change
 notification (inotify watches only pay off from a store's second listing on, and
-setting one up per session folder cost as much as the listing itself at 10,000 sessions).
+setting one up per session folder cost as much as the listing itself at 10,000 sessions). A file
+store is given the projection units, so rebuilding a lost index also writes each log's checkpoint
+rows from the same read, and a `children P` command's store is focused on P (only line 1 of the
+logs naming another parent is read: issue 28, item 1).
 """
 
 from __future__ import annotations
@@ -53,13 +56,26 @@ class ReadSide:
 
 
 @asynccontextmanager
-async def open_read_side(root: str | os.PathLike[str], *, store: str | None = None) -> AsyncIterator[ReadSide]:
+async def open_read_side(
+    root: str | os.PathLike[str], *, store: str | None = None, focus: str | None = None
+) -> AsyncIterator[ReadSide]:
     """Open the store at `store` (a `postgresql://` URL or a folder; default `root`) for reading
-    and close it after."""
+    and close it after. `focus`: the one parent whose children the command lists — a file
+    store then reads only line 1 of a log without an index row whose line 1 names another
+    parent (`LogInfo.checked`); such a side serves that listing, not a corpus of every session."""
     spec = store or os.fspath(root)
-    logs = open_log_store(spec, create_schema=False) if is_pg_url(spec) else FileLogStore(spec, watch=False)
+    registry = runtime_registry()
+    # A file store given units writes a log's checkpoint rows as its index scans it: a command
+    # on a store without its index reads each log once (issue 28, item 1). A children listing
+    # folds only the units its rows come from (the usage unit is a sixth of a rebuild's fold);
+    # a later observation adds the rest beside them.
+    units = registry if focus is None else ProjectionRegistry(SUBAGENT_UNITS)
+    logs = (
+        open_log_store(spec, create_schema=False)
+        if is_pg_url(spec)
+        else FileLogStore(spec, watch=False, projections=units, focus=focus)
+    )
     try:
-        registry = runtime_registry()
         async with open_session_store(logs, registry, now_ms=RealClock().now_ms) as sessions:
             query = SessionQuery(logs, sessions, registry)
             listing = ListingService(registry=registry, sessions=sessions, query=query)

@@ -22,6 +22,7 @@ from subagents.storage import (
     Mailbox,
     PostgresLogStore,
     PostgresMailbox,
+    ProjectionRegistry,
 )
 
 __all__ = ["PG_SCHEMES", "StoreOptions", "is_pg_url", "open_log_store", "open_mailbox", "store_label"]
@@ -62,18 +63,20 @@ def open_log_store(
     lease_ttl: float | None = None,
     lease_renew_interval: float | None = None,
     create_schema: bool = True,
+    projections: ProjectionRegistry | None = None,
 ) -> LogStore:
     """The log store `spec` names, opened (the caller closes it with `close_store()`). A
     PostgreSQL URL connects and creates or migrates the schema here (only checks it without
     `create_schema`: `StoreNotInitialized` when missing or older): a malformed URL raises
     `InvalidStoreUrl`, a refused connection `StoreUnreachable`, a newer schema `UnsupportedLog`.
-    The lease options go to a PostgreSQL store (the file store has flocks)."""
+    The lease options go to a PostgreSQL store (the file store has flocks); `projections` to a
+    file store, whose index then writes a log's checkpoint rows as it scans it (issue 28 item 1)."""
     if is_pg_url(spec):
         leases: _LeaseOptions = {} if lease_ttl is None else {"lease_ttl": lease_ttl}
         if lease_renew_interval is not None:
             leases["lease_renew_interval"] = lease_renew_interval
         return PostgresLogStore(spec, create_schema=create_schema, **leases)
-    return FileLogStore(spec, compression=compression)
+    return FileLogStore(spec, compression=compression, projections=projections)
 
 
 def open_mailbox(store: LogStore, root: str) -> Mailbox:

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, cast
 
 import msgspec
@@ -62,15 +61,6 @@ class ReplaceOp(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only
 SurfaceOp = Literal["append"] | ReplaceOp
 
 
-class _Trust(threading.local):
-    """Set while the codec itself builds events (`make_event` encoding checked values): their
-    raw data needs no second look. Per thread, and never held across an await, so concurrent
-    writers cannot see each other's flag."""
-
-    on = False
-
-
-_trust = _Trust()
 _any_value = msgspec.json.Decoder()
 
 
@@ -94,7 +84,7 @@ class _EventMeta(msgspec.StructMeta):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         event = super().__call__(*args, **kwargs)
-        _check_envelope(event, trusted=_trust.on)
+        _check_envelope(event, trusted=False)
         return event
 
 
@@ -291,6 +281,58 @@ def check_lossless(value: object, path: str = "$") -> None:
             raise NonLosslessData(f"{where}: {t.__name__} is not a JSON value")
 
 
+def _plain(value: object, depth: int) -> bool:
+    """True when `value` is JSON that JSON carries losslessly, its strings aside (the encoder
+    itself refuses a lone surrogate): `make_event`'s quick yes for the common case, without the
+    JSON paths `check_lossless` builds for every value it visits. A no (and any Struct) is
+    judged again by `check_lossless`, which names the culprit, so the two never disagree.
+    Scalars inside a container are judged inline: a call per container, not per value."""
+    t = type(value)
+    items: Iterable[tuple[object, object]]
+    if t is dict:
+        if depth >= MAX_DEPTH:
+            return False
+        items = cast("dict[object, object]", value).items()  # exactly a dict (checked above)
+    elif t is list or t is tuple:
+        if depth >= MAX_DEPTH:
+            return False
+        items = enumerate(cast("list[object] | tuple[object, ...]", value))  # exactly one of them
+        t = list
+    else:
+        return _plain_scalar(value)
+    for key, child in items:
+        if t is dict and type(key) is not str:
+            return False
+        c = type(child)
+        if c is str or c is bool or child is None:
+            continue
+        if c is int:
+            if not _INT_MIN <= child <= _INT_MAX:  # type: ignore[operator]  # c is int
+                return False
+        elif c is float:
+            if not math.isfinite(child):  # type: ignore[arg-type]  # c is float
+                return False
+        elif not _plain(child, depth + 1):
+            return False
+    return True
+
+
+def _plain_scalar(value: object) -> bool:
+    t = type(value)
+    if t is str or value is None or t is bool:
+        return True
+    if t is int:
+        return _INT_MIN <= value <= _INT_MAX  # type: ignore[operator]  # t is int
+    if t is float:
+        return math.isfinite(value)  # type: ignore[arg-type]  # t is float
+    return False
+
+
+# The constructor `Event(...)` runs through `_EventMeta`, which checks untrusted events in full;
+# `make_event` builds from values it has just checked and calls `_check_envelope` itself.
+_build_struct = msgspec.StructMeta.__call__
+
+
 def make_event(
     seq: int,
     type: str,
@@ -307,15 +349,20 @@ def make_event(
         raise InvalidEvent(f"event type must be a str, got {type!r}")
     if not isinstance(data, (dict, msgspec.Struct)):
         raise InvalidEvent(f"event {type!r}: data must be an object, got {data.__class__.__name__}")
-    check_lossless(data, "$.data")
-    raw = msgspec.Raw(_encoder.encode(data))
+    if not _plain(data, 0):
+        check_lossless(data, "$.data")  # names what JSON cannot carry (a Struct may pass)
+    try:
+        raw = msgspec.Raw(_encoder.encode(data))
+    except UnicodeEncodeError:
+        check_lossless(data, "$.data")  # a lone surrogate: named by its JSON path
+        raise
     if type in KNOWN_TYPES:
         _check_payload(type, raw)
     elif not ignorable:
         raise InvalidEvent(f"event type {type!r} is not in the vocabulary and not ignorable")
-    prev, _trust.on = _trust.on, True  # the data was just encoded from checked values
     try:
-        return Event(
+        event: Event = _build_struct(
+            Event,
             seq=seq,
             type=type,
             time=time,
@@ -324,15 +371,27 @@ def make_event(
             surface_op=UNSET if surface_op is None else surface_op,
             source_event_seqs=UNSET if source_event_seqs is None else source_event_seqs,
         )
+        if not (
+            seq.__class__ is int
+            and time.__class__ is int
+            and 0 <= seq <= _INT_MAX
+            and 0 <= time <= _INT_MAX
+            and surface_op is None
+            and source_event_seqs is None
+            and data.__class__ is dict
+            and type not in SURFACE_TYPES
+        ):
+            # (Else every rule `_check_envelope` makes holds already: ints in range, a dict
+            # encodes as an object, no surface op or source seqs on a type that takes none.)
+            _check_envelope(event, trusted=True)  # the data was just encoded from checked values
     except (ValueError, TypeError) as exc:
         raise InvalidEvent(f"event {type!r} at seq {seq}: {exc}") from None
-    finally:
-        _trust.on = prev
+    return event
 
 
 def _check_payload(type: str, raw: msgspec.Raw) -> None:
     try:
-        msgspec.json.decode(raw, type=PAYLOAD_TYPES[type])
+        _payload_decoders[type].decode(raw)
     except msgspec.ValidationError as exc:
         raise InvalidEvent(f"event {type!r}: invalid data: {exc}") from None
 

@@ -16,6 +16,16 @@ first load, and written back in one transaction per listing. A writer of this st
 log at the revision its writer left it and neither opens nor scans it. The index is a cache: when it cannot be read or written the listing
 is computed from the logs alone.
 
+One pass per byte (issue 28 item 1). A catalog given the store's `projections` folds the events
+a whole rescan decoded to validate a healthy log into every unit, and writes the checkpoint rows
+that proves (at the log's last event) in the same index transaction as the row, by the rules of
+a reader's observed rows (`SessionIndex.save_observed`): a listing that needs them finds them
+beside the row and never decodes those bytes again. A catalog with a `focus` (the one parent
+whose children a command lists) answers a log without a row whose line 1 is a valid header
+naming another parent from that line alone (`LogInfo.checked` False; kept in memory only, never
+an index row): the listing places such a log by its line 1 only, so its damage is not asked;
+`stat` (and so readers and writers) still reads it whole.
+
 Listing never fails because of one session: damage becomes the row's `damage`, and a log that
 cannot be read because of an I/O error is skipped (and logged) — it is retried next time.
 """
@@ -32,9 +42,9 @@ from .errors import PersistenceFailed, UnsafePath
 from .forms import FORMS, LogForm
 from .fs import FolderScan, Fs, NotRegularFile
 from .index import IndexRow, SessionIndex
-from .projection import ObservedCheckpoint
+from .projection import ObservedCheckpoint, ProjectionRegistry
 from .scans import damaged_info, may_have_grown, scan_growth, scan_whole, still_holds
-from .values import LogInfo, Revision, SessionId, decode_session_id
+from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
 from .watch import Watch
 
 __all__ = ["SESSIONS", "Catalog"]
@@ -48,9 +58,22 @@ _NO_REVISION = Revision(size=0, mtime_ns=0, inode=0)
 
 
 class Catalog:
-    def __init__(self, fs: Fs, index: SessionIndex | None, *, watch: bool = True) -> None:
+    def __init__(
+        self,
+        fs: Fs,
+        index: SessionIndex | None,
+        *,
+        watch: bool = True,
+        projections: ProjectionRegistry | None = None,
+        focus: str | None = None,
+    ) -> None:
         self.fs = fs
         self.index = index
+        # The one parent whose children the listings of this catalog are for (None: any).
+        self._focus = focus
+        self._heads: dict[SessionId, LogInfo] = {}  # line-1-only answers (`_head_only`), never stored
+        # The units whose checkpoint rows a whole rescan proves for the index (None: none).
+        self._projections = projections if index is not None else None
         self._rows: dict[SessionId, IndexRow] | None = None
         self._ids: dict[str, SessionId | None] = {}  # folder name → id (decoding is not free)
         self._lock = threading.Lock()
@@ -89,6 +112,7 @@ class Catalog:
             complete = True
             changed: list[IndexRow] = []
             whole: list[IndexRow] = []
+            proved: list[ObservedCheckpoint] = []
             seen: set[SessionId] = set()
             known, ids = self._ids, {}
             forms = _FORM_BY_FILE
@@ -110,14 +134,15 @@ class Catalog:
                     ):
                         infos.append(row.info)
                         continue
-                info = self._info(sid, folder, rows, changed, whole)
+                info = self._info(sid, folder, rows, changed, whole, proved, heads=True)
                 if info is not None:
                     infos.append(info)
+                    complete = complete and info.checked  # line-1-only answers are never kept
                 else:
                     complete = False  # skipped after an I/O error: retried by the next listing
             self._ids = ids
             gone = [sid for sid in rows if sid not in seen]
-            self._commit(rows, changed, gone, whole)
+            self._commit(rows, changed, gone, whole, proved)
             if generation is not None and complete:
                 self._answer = (generation, infos)
                 return list(infos)
@@ -131,9 +156,10 @@ class Catalog:
             rows = self._load()
             changed: list[IndexRow] = []
             whole: list[IndexRow] = []
-            info = self._info(sid, folders[0], rows, changed, whole) if folders else None
+            proved: list[ObservedCheckpoint] = []
+            info = self._info(sid, folders[0], rows, changed, whole, proved) if folders else None
             gone = [sid] if info is None and sid in rows else []
-            self._commit(rows, changed, gone, whole)
+            self._commit(rows, changed, gone, whole, proved)
         return info
 
     def validated(self, sid: SessionId, name: str, compression: str, revision: Revision) -> IndexRow | None:
@@ -348,6 +374,7 @@ class Catalog:
         changed: list[IndexRow],
         gone: list[SessionId],
         whole: Sequence[IndexRow] = (),
+        proved: Sequence[ObservedCheckpoint] = (),
     ) -> None:
         forget: list[SessionId] = []
         for row in changed:
@@ -362,7 +389,7 @@ class Catalog:
         for sid in gone:
             self._suspect.pop(sid, None)  # its checkpoint rows go with its row
         if changed or gone:
-            self._save(rows, changed, gone, forget, whole)
+            self._save(rows, changed, gone, forget, whole, proved)
 
     def _save(
         self,
@@ -371,9 +398,11 @@ class Catalog:
         gone: list[SessionId],
         forget: list[SessionId],
         whole: Sequence[IndexRow],
+        proved: Sequence[ObservedCheckpoint] = (),
     ) -> bool:
-        """One index write (under the lock): the rows, with those writers kept in memory, and
-        the checkpoint rows to forget; what could not be forgotten becomes `suspect`."""
+        """One index write (under the lock): the rows, with those writers kept in memory, the
+        checkpoint rows to forget, and those whole rescans proved (`proved`, each at the end
+        offset of its new row); what could not be forgotten becomes `suspect`."""
         assert self.index is not None
         suspect = self._suspect
         # Rows writers kept in memory go with any write the index gets anyway (and at close).
@@ -384,7 +413,10 @@ class Catalog:
         retried = [row for sid, row in suspect.items() if rows.get(sid) is row]
         forget = [*forget, *(sid for sid, row in suspect.items() if rows.get(sid) is not row)]
         rescanned = [*whole, *retried]
-        if self.index.save([*kept, *retried, *changed], gone, forget, rescanned):
+        # Rows a rescan proved start over from where its scan stopped (its row's `scan_end`).
+        ends = {row.id: row.scan_end for row in changed}
+        observed = [(one, ends[one.session_id]) for one in proved if one.session_id in ends]
+        if self.index.save([*kept, *retried, *changed], gone, forget, rescanned, observed):
             suspect.clear()
             return True
         for row in rescanned:
@@ -402,7 +434,11 @@ class Catalog:
         rows: dict[SessionId, IndexRow],
         changed: list[IndexRow],
         whole: list[IndexRow],
+        proved: list[ObservedCheckpoint],
+        *,
+        heads: bool = False,
     ) -> LogInfo | None:
+        """`heads`: a log without a row may be answered from its line 1 (`_head_only`)."""
         files = folder.files
         if not files:
             return None  # unpublished: invisible
@@ -417,7 +453,14 @@ class Catalog:
         if row is not None and row.form == form.compression and row.revision == revision:
             return row.info
         try:
-            new, rescanned = self._rescan(sid, f"{path}/{file_name}", form, row)
+            if (
+                heads
+                and row is None
+                and self._focus is not None
+                and (head := self._head_only(sid, path, form, revision))
+            ):
+                return head
+            new, rescanned, observed = self._rescan(sid, f"{path}/{file_name}", form, row)
         except OSError as exc:
             if isinstance(exc, NotRegularFile) or exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
                 return damaged_info(sid, None, "corrupt", _NO_REVISION, 0)
@@ -426,7 +469,48 @@ class Catalog:
         changed.append(new)
         if rescanned:
             whole.append(new)
+        if observed is not None:
+            proved.append(observed)
         return new.info
+
+    def _head_only(self, sid: SessionId, folder: str, form: LogForm, revision: Revision) -> LogInfo | None:
+        """The answer for a log without a row from its line 1 alone (`LogInfo.checked` False),
+        when that line is a valid header naming a parent other than the focus and the log is
+        not the focus's own; else None (the log is scanned whole). Kept in memory only: a
+        `stat`, a writer or a listing of another catalog reads such a log whole."""
+        known = self._heads.get(sid)
+        if known is not None and known.revision == revision:
+            return known
+        if sid == self._focus:
+            return None
+        file = self.fs.open(f"{folder}/{form.file_name}", "read")
+        try:
+            size, want = file.size(), 4096
+            while True:
+                head = file.pread(0, min(want, size))
+                found = form.header_of(sid, head)
+                if found is not None or len(head) >= size or want >= 1 << 20:
+                    break
+                want *= 8
+            now = file.revision()
+        finally:
+            file.close()
+        if not isinstance(found, HeaderRecord) or now != revision:
+            return None  # damage to judge, or a log changing under us: read it whole
+        header = found.header
+        if header.parent_session == self._focus:
+            return None
+        info = LogInfo(
+            id=sid,
+            header=header,
+            damage=None,
+            inherited_event_count=found.inherited_event_count,
+            revision=revision,
+            event_count=Offset(0),
+            checked=False,
+        )
+        self._heads[sid] = info
+        return info
 
     def _plain_header(self, sid: SessionId, path: str) -> HeaderRecord | HeaderError | None:
         try:
@@ -439,8 +523,11 @@ class Catalog:
             return None
         return FORMS["none"].header_of(sid, head)
 
-    def _rescan(self, sid: SessionId, path: str, form: LogForm, row: IndexRow | None) -> tuple[IndexRow, bool]:
-        """The log's new row, and whether it was scanned whole (else only what it grew by)."""
+    def _rescan(
+        self, sid: SessionId, path: str, form: LogForm, row: IndexRow | None
+    ) -> tuple[IndexRow, bool, ObservedCheckpoint | None]:
+        """The log's new row, whether it was scanned whole (else only what it grew by), and the
+        checkpoint rows a whole scan proved (with the catalog's `projections`)."""
         file = self.fs.open(path, "read")
         try:
             revision = file.revision()
@@ -448,8 +535,9 @@ class Catalog:
                 tail = file.pread(row.scan_end, revision.size - row.scan_end)
                 grown = scan_growth(sid, form, row, revision, tail)
                 if grown is not None:
-                    return grown, False
+                    return grown, False, None
             data = file.pread(0, revision.size)
         finally:
             file.close()
-        return scan_whole(sid, form, revision, data), True
+        new, observed = scan_whole(sid, form, revision, data, self._projections)
+        return new, True, observed

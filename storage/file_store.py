@@ -42,7 +42,7 @@ from .forms import FORMS, Compression, LogForm, ParsedLog
 from .fs import File, Folder, Fs, OsFs, open_folder
 from .index import INDEX_NAME, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
-from .projection import CheckpointRow
+from .projection import CheckpointRow, ProjectionRegistry
 from .scans import still_holds
 from .values import (
     AbortPoll,
@@ -73,7 +73,14 @@ class FileLogStore:
         compression: Compression = "zstd",
         use_index: bool = True,
         watch: bool = True,
+        projections: ProjectionRegistry | None = None,
+        focus: str | None = None,
     ) -> None:
+        """`projections`: the units of the runtime that reads this store; given them, a log
+        the index scans whole gets its checkpoint rows in the same pass (`Catalog`). `focus`:
+        the one parent whose children this store is opened to list — `list()` answers a log
+        without an index row whose line 1 names another parent from that line alone
+        (`LogInfo.checked` False); `stat`, readers and writers still read such a log whole."""
         if fs is None:
             if root is None:
                 raise TypeError("FileLogStore needs a root or an fs")
@@ -88,7 +95,7 @@ class FileLogStore:
             index = SessionIndex(os.path.join(fs.root, INDEX_NAME))
         else:
             index = SessionIndex(None)  # an in-memory Fs gets an in-memory index
-        self._catalog = Catalog(fs, index, watch=watch)
+        self._catalog = Catalog(fs, index, watch=watch, projections=projections, focus=focus)
         self._lock_paths: dict[str, str] = {}  # id -> its lock's path, for `held_elsewhere`
         self._folders: dict[str, str] = {}  # id -> its folder (encoding is not free)
         self._appender = FileAppender(fs, self._catalog, self._folder)

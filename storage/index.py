@@ -175,6 +175,7 @@ class SessionIndex:
         deleted: Iterable[SessionId],
         forget_checkpoints: Iterable[SessionId] = (),
         rescanned: Iterable[IndexRow] = (),
+        observed: Sequence[tuple[ObservedCheckpoint, int]] = (),
     ) -> bool:
         """Write changed rows, delete rows of vanished logs and the checkpoint rows of
         `forget_checkpoints`; False (only logged) when not written. `rescanned`: rows a scan
@@ -182,12 +183,15 @@ class SessionIndex:
         their sessions' checkpoint rows go too, unless the stored row is already at that very
         revision (then whoever stored it answered for them). Decided here, against the stored
         row in the same transaction, not against a process's copy of it: a process that loaded
-        the index before the log had a row cannot tell an edit from a new log."""
+        the index before the log had a row cannot tell an edit from a new log. `observed`:
+        checkpoint rows the scans proved (with the log offset they start over from), written
+        last in the same transaction as `save_observed` writes them (so the rows a rescan
+        forgets never outlive it, and those it proved never go without their log's row)."""
         changed = list(changed)
         deleted = list(deleted)
         rescanned = list(rescanned)
         forget = set(forget_checkpoints) | set(deleted)
-        if not changed and not deleted and not forget and not rescanned:
+        if not changed and not deleted and not forget and not rescanned and not observed:
             return True
 
         def write(conn: sqlite3.Connection) -> None:
@@ -202,6 +206,7 @@ class SessionIndex:
             )
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])
             conn.executemany("DELETE FROM checkpoints WHERE session_id = ?", [(sid,) for sid in forget])
+            _put_observed(conn, observed)
 
         return self._write("rows", write)
 
@@ -272,39 +277,7 @@ class SessionIndex:
 
         def write(conn: sqlite3.Connection) -> None:
             nonlocal written
-            written = 0
-            for one, log_offset in entries:
-                sid, seq = one.session_id, one.event_count - 1
-                if not one.rows or seq < 0:
-                    continue
-                at = conn.execute("SELECT size, mtime_ns, inode FROM sessions WHERE id = ?", (sid,)).fetchone()
-                if at is None or tuple(at) != tuple(one.revision):
-                    continue  # the stored row is another revision's (a rescan forgot rows for it)
-                life = _json.encode(attrs.asdict(one.lifecycle))
-                stored = conn.execute(
-                    "SELECT unit_key, ver, seq, lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?",
-                    (sid, seq),
-                ).fetchall()
-                # (The bytes this build writes are equal for equal lifecycles: decoded only if not.)
-                ours = [
-                    (key, ver, at)
-                    for key, ver, at, found in stored
-                    if found == life or same_lifecycle(found, one.lifecycle)
-                ]
-                plan = one.rows_to_write(ours)
-                if plan is None:
-                    continue
-                rows, replace = plan
-                if replace:
-                    conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
-                conn.executemany(
-                    f"INSERT OR REPLACE INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (*fields, row_crc(fields))
-                        for fields in ((sid, key, ver, seq, val, log_offset, life) for key, ver, val in rows)
-                    ],
-                )
-                written += 1
+            written = _put_observed(conn, entries)
 
         return written if self._write("observed checkpoint", write, quiet=True) else 0
 
@@ -379,6 +352,43 @@ class SessionIndex:
     def close(self) -> None:
         with self._lock:
             self._reset()
+
+
+def _put_observed(conn: sqlite3.Connection, entries: Sequence[tuple[ObservedCheckpoint, int]]) -> int:
+    """Write observed checkpoint rows inside the caller's transaction (see `save_observed` for
+    the rules); how many sessions got rows."""
+    written = 0
+    for one, log_offset in entries:
+        sid, seq = one.session_id, one.event_count - 1
+        if not one.rows or seq < 0:
+            continue
+        at = conn.execute("SELECT size, mtime_ns, inode FROM sessions WHERE id = ?", (sid,)).fetchone()
+        if at is None or tuple(at) != tuple(one.revision):
+            continue  # the stored row is another revision's (a rescan forgot rows for it)
+        life = _json.encode(attrs.asdict(one.lifecycle))
+        stored = conn.execute(
+            "SELECT unit_key, ver, seq, lifecycle FROM checkpoints WHERE session_id = ? AND seq >= ?",
+            (sid, seq),
+        ).fetchall()
+        # (The bytes this build writes are equal for equal lifecycles: decoded only if not.)
+        ours = [
+            (key, ver, at) for key, ver, at, found in stored if found == life or same_lifecycle(found, one.lifecycle)
+        ]
+        plan = one.rows_to_write(ours)
+        if plan is None:
+            continue
+        rows, replace = plan
+        if replace:
+            conn.execute("DELETE FROM checkpoints WHERE session_id = ?", (sid,))
+        conn.executemany(
+            f"INSERT OR REPLACE INTO checkpoints ({CHECKPOINT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (*fields, row_crc(fields))
+                for fields in ((sid, key, ver, seq, val, log_offset, life) for key, ver, val in rows)
+            ],
+        )
+        written += 1
+    return written
 
 
 def _damaged(exc: Exception) -> bool:

@@ -61,7 +61,7 @@ class PgAppender:
         events, payload = checked
         first = handle.next_seq
         compressed = len(payload) > self.compress_above
-        data = compress_frame(payload) if compressed else payload
+        data = compress_frame(payload) if compressed else payload  # the thread's kept compressor
         args = {
             "id": sid,
             "first": first,
@@ -136,9 +136,10 @@ class PgAppender:
         """One attempt: written, or a verdict (`SequenceConflict`, ...), or `_Lost`."""
         import psycopg
 
-        with self.pool.connection() as conn:
+        with self.pool.cursor() as cur:
+            conn = cur.connection
             try:
-                written = conn.execute(statement, args).rowcount
+                written = cur.execute(statement, args).rowcount
             except psycopg.errors.UniqueViolation:
                 written = 0  # another writer's batch at this seq: a conflict like any other
             except psycopg.Error as exc:

@@ -1,10 +1,10 @@
 """Projection checkpoints in the PostgreSQL store (SPEC §3.5; table `checkpoints`, pg_schema).
 
-The rows of one session replace each other whole, in one transaction that also checks that the
-session's event count is still the one the writing handle knows: a checkpoint may lag the log,
-never lead it. `log_offset` here is the event count the rows cover (seq + 1), the place
-`read_after` continues from. Reads are single queries; any failure is a cache miss (None or
-False, logged), never an error a caller sees.
+The rows of one session replace each other whole, in one statement (one transaction, one round
+trip) that also checks that the session's event count is still the one the writing handle knows:
+a checkpoint may lag the log, never lead it. `log_offset` here is the event count the rows cover
+(seq + 1), the place `read_after` continues from. Reads are single queries; any failure is a
+cache miss (None or False, logged), never an error a caller sees.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 import attrs
 import msgspec
@@ -28,6 +29,21 @@ __all__ = ["PgCheckpoints"]
 log = logging.getLogger(__name__)
 
 _LIFECYCLES = 4096  # distinct lifecycle records kept decoded
+
+
+# A session's rows replaced in one statement (one round trip, one transaction): written only
+# while the session row, held FOR SHARE, still has the event count the writing handle knows; the
+# units not written are deleted and the others upserted — disjoint rows, so the two parts of the
+# statement never touch the same row.
+_REPLACE: Final = (
+    "WITH c AS (SELECT id FROM sessions WHERE id = %(id)s AND event_count = %(count)s FOR SHARE), "
+    "d AS (DELETE FROM checkpoints WHERE session_id = (SELECT id FROM c) AND NOT (unit = ANY(%(units)s::text[]))) "
+    "INSERT INTO checkpoints (session_id, unit, ver, lifecycle, seq, log_offset, value) "
+    "SELECT c.id, r.unit, r.ver, %(life)s, %(seq)s, %(count)s, r.value "
+    "FROM c, unnest(%(units)s::text[], %(vers)s::bigint[], %(values)s::bytea[]) AS r (unit, ver, value) "
+    "ON CONFLICT (session_id, unit) DO UPDATE SET ver = excluded.ver, lifecycle = excluded.lifecycle, "
+    "seq = excluded.seq, log_offset = excluded.log_offset, value = excluded.value"
+)
 
 
 class PgCheckpoints:
@@ -57,22 +73,23 @@ class PgCheckpoints:
         except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
             log.warning("session %r: checkpoint not JSON (%s); not written", sid, exc)
             return False
+        args = {
+            "id": sid,
+            "count": handle.next_seq,
+            "seq": last,
+            "life": life,
+            "units": [v[1] for v in values],
+            "vers": [v[2] for v in values],
+            "values": [v[6] for v in values],
+        }
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                row = conn.execute("SELECT event_count FROM sessions WHERE id = %s FOR SHARE", (sid,)).fetchone()
-                if row is None or row[0] != handle.next_seq:
-                    return False  # the log is not what this handle wrote: never lead it
-                conn.execute("DELETE FROM checkpoints WHERE session_id = %s", (sid,))
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO checkpoints (session_id, unit, ver, lifecycle, seq, log_offset, value) "
-                        "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                        values,
-                    )
+            with self._pool.cursor() as cur:
+                written = cur.execute(_REPLACE, args).rowcount
         except (psycopg.Error, StorageError) as exc:
             log.warning("session %r: checkpoint not written: %s", sid, first_line(exc))
             return False
-        return True
+        # None written: the session's count is not the one this handle knows (never lead the log).
+        return written == len(values)
 
     def write_observed(self, observed: Sequence[ObservedCheckpoint]) -> int:
         """Store rows a reader proved by folding whole logs, in one transaction: each only

@@ -6,8 +6,10 @@ transaction unless a caller opens a block (`conn.transaction()`), and carries th
 name `subagents <pid>@<host>` (what `pg_stat_activity` shows an operator).
 
 `Pool` hands out at most `size` connections, reusing idle ones; a connection a failure left
-broken is discarded, never handed out again. Each store also keeps one dedicated connection of
-its own, the owner connection that holds its host's liveness lock (pg_leases).
+broken is discarded, never handed out again. `Pool.cursor` hands out a cursor kept with its
+connection for the connection's life: the append path's one statement then does not pay for a new
+cursor (its adapters and transformer) every time. Each store also keeps one dedicated connection
+of its own, the owner connection that holds its host's liveness lock (pg_leases).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # annotations: psycopg is imported when a store opens on a Po
     from psycopg.rows import TupleRow
 
     Connection = psycopg.Connection[TupleRow]  # a connection with psycopg's default rows, tuples
+    Cursor = psycopg.Cursor[TupleRow]
 
 __all__ = ["Pool", "application_name", "check_url", "close_quietly", "connect", "first_line", "redact"]
 
@@ -150,6 +153,7 @@ class Pool:
         self.app = application_name()
         self._slots = threading.BoundedSemaphore(size)
         self._idle: list[Connection] = []
+        self._cursors: dict[Connection, Cursor] = {}  # a connection's kept cursor (`cursor`)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -159,7 +163,10 @@ class Pool:
         try:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
-            if conn is None or conn.closed:
+                if conn is not None and conn.closed:
+                    self._cursors.pop(conn, None)
+                    conn = None
+            if conn is None:
                 conn = connect(self.url, self.app)
             try:
                 yield conn
@@ -174,15 +181,30 @@ class Pool:
                     else:
                         stale = []
                         self._idle.append(conn)
+                    for old in stale:
+                        self._cursors.pop(old, None)
                 for old in stale:
                     close_quietly(old)
         finally:
             self._slots.release()
 
+    @contextmanager
+    def cursor(self) -> Generator[Cursor]:
+        """A cursor of a pooled connection, the same one every time that connection is handed
+        out (its `connection` is the connection)."""
+        with self.connection() as conn:
+            cur = self._cursors.get(conn)
+            if cur is None or cur.closed:
+                cur = conn.cursor()
+                with self._lock:
+                    self._cursors[conn] = cur
+            yield cur
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            self._cursors.clear()
         for conn in idle:
             close_quietly(conn)
 

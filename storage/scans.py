@@ -7,20 +7,25 @@ raises for damage: a damaged log becomes a row whose `damage` says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import attrs
+import msgspec
 
+from ._codec import Event
 from ._records import HeaderError, HeaderRecord
 from .errors import CorruptLog, UnsupportedLog
 from .forms import LogForm
 from .fs import File
 from .index_rows import IndexRow
+from .projection import Lifecycle, ObservedCheckpoint, ProjectionRegistry
 from .values import LogInfo, Offset, Revision, SessionId
 
-__all__ = ["ANCHOR", "damaged_info", "may_have_grown", "scan_growth", "scan_whole", "still_holds"]
+__all__ = ["ANCHOR", "damaged_info", "fold_whole", "may_have_grown", "scan_growth", "scan_whole", "still_holds"]
 
 ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
+_encode = msgspec.json.encode
 
 
 def may_have_grown(row: IndexRow, form: LogForm, revision: Revision) -> bool:
@@ -46,25 +51,64 @@ def still_holds(file: File, row: IndexRow) -> bool:
     )
 
 
-def scan_whole(sid: SessionId, form: LogForm, revision: Revision, data: bytes) -> IndexRow:
-    """The row of the whole log `data` (at `revision`): always authoritative."""
+def scan_whole(
+    sid: SessionId, form: LogForm, revision: Revision, data: bytes, projections: ProjectionRegistry | None = None
+) -> tuple[IndexRow, ObservedCheckpoint | None]:
+    """The row of the whole log `data` (at `revision`): always authoritative. With
+    `projections`, also the checkpoint rows its events prove (`fold_whole`): the events this
+    scan decoded to validate the log are folded while they are at hand, so a listing that needs
+    them finds them in the index and never decodes the same bytes again."""
     try:
         parsed = form.parse(sid, data, poll=None)
     except (CorruptLog, UnsupportedLog) as exc:
         damage: Literal["corrupt", "unsupported"] = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
         info = damaged_info(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
-        return IndexRow(info=info, form=form.compression, scan_end=0, scan_events=0)
+        return IndexRow(info=info, form=form.compression, scan_end=0, scan_events=0), None
     recovered = parsed.recovered.count(b"\n")
     record = parsed.record
     info = LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, len(parsed.events))
     end = parsed.complete_end
-    return IndexRow(
+    row = IndexRow(
         info=info,
         form=form.compression,
         scan_end=end,
         scan_events=len(parsed.events) - recovered,
         head=data[: parsed.header_end],
         anchor=data[max(0, end - ANCHOR) : end],
+    )
+    # Recovered lines of a torn frame are re-framed by the next writer: rows over them wait
+    # for that (as a reader's rows do: `Catalog.observed_end`).
+    proved = fold_whole(projections, info, parsed.events) if projections is not None and not recovered else None
+    return row, proved
+
+
+def fold_whole(projections: ProjectionRegistry, info: LogInfo, events: Sequence[Event]) -> ObservedCheckpoint | None:
+    """The checkpoint rows of every unit folded over all of a healthy log's `events` (its
+    durable events: a log holds no in-memory closers), at its last event — the rows a reader's
+    observation of the same revision proves. None for a log without events. A unit whose state
+    is not JSON (a unit bug) gets no row; a unit that raises breaks only its own cell."""
+    header = info.header
+    if header is None or not events:
+        return None
+    cells = projections.cells(header, info.inherited_event_count)
+    cells.fold(events)
+    last = info.event_count - 1
+    rows: list[tuple[str, int, bytes]] = []
+    for key, row in cells.checkpoint().items():
+        if row.seq != last:
+            continue
+        try:
+            rows.append((key, row.ver, _encode(row.val)))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+            continue
+    if not rows:
+        return None
+    return ObservedCheckpoint(
+        session_id=info.id,
+        lifecycle=Lifecycle.of(header, info.inherited_event_count),
+        revision=info.revision,
+        event_count=info.event_count,
+        rows=tuple(rows),
     )
 
 

@@ -206,6 +206,10 @@ class LogInfo:
     For a damaged log `header` is line 1 parsed with the format-1 rules except the `format`
     value, or `None` when even that fails; then `claimed` is what line 1 says of its lineage if
     it is at least a JSON object (else None). `event_count` counts the events before the damage.
+
+    `checked` False: only line 1 was read (a store told to list one parent's children reads no
+    more of a log whose line 1 names another parent): `header` is line 1's, and `damage` and
+    `event_count` (0) are unknown — a `stat` of the session reads it whole.
     """
 
     id: SessionId
@@ -215,6 +219,7 @@ class LogInfo:
     revision: Revision
     event_count: Offset
     claimed: HeaderClaim | None = None
+    checked: bool = True
 
     @classmethod
     def healthy(cls, id: SessionId, header: SessionHeader, k: int, revision: Revision, event_count: int) -> LogInfo:

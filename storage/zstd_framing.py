@@ -56,7 +56,10 @@ _MAX_RATIO = (128 << 10) // 4
 
 
 class _PerThread(threading.local):
+    # Each thread keeps one of each: making one costs several times what compressing a group
+    # commit's frame does (issue 28 item 3), and zstd contexts are unsafe across threads.
     decompressor: zstandard.ZstdDecompressor | None = None
+    compressor: zstandard.ZstdCompressor | None = None
 
 
 _per_thread = _PerThread()
@@ -111,10 +114,23 @@ class ZstdLayout:
         return self.frames[0][1]
 
 
+# A compressor keeps the memory of the largest input it compressed (~0.4 MB at 64 KB): the one
+# a thread keeps takes inputs up to this size; a larger one gets a compressor of its own, for
+# which making it is a small part of the work.
+_KEEP_COMPRESSOR_UPTO = 64 << 10
+
+
 def compress_frame(data: bytes, compressor: zstandard.ZstdCompressor | None = None) -> bytes:
-    """One checksummed frame holding `data` (its content size in the header)."""
+    """One checksummed frame holding `data` (its content size in the header). Each `compress`
+    is a whole frame, so a compressor is reused: this thread's (for inputs up to 64 KB),
+    unless one is given."""
     if compressor is None:
-        compressor = new_compressor()
+        if len(data) > _KEEP_COMPRESSOR_UPTO:
+            compressor = new_compressor()
+        else:
+            compressor = _per_thread.compressor
+            if compressor is None:
+                compressor = _per_thread.compressor = new_compressor()
     return compressor.compress(data)
 
 

@@ -9,7 +9,22 @@ from typing import Any
 
 from .listing import ChildRow
 
-__all__ = ["render_agents"]
+__all__ = ["render_agents", "state_word"]
+
+
+def state_word(row: ChildRow, status: str) -> str:
+    """The one word every human-facing listing gives a child (list_agents, `agents`, the
+    `children` table, the chat's tree): `status` is what its runner says — running, idle
+    (resident here between turns) or ready (nobody holds it) — refined by the log: a stopped
+    child that does not run is `stopped`, a one-shot child nobody runs is `done` (it cannot be
+    messaged), a continuable one `ready`."""
+    if status == "running":
+        return status
+    if row.stopped and status in ("ready", "idle"):
+        return "stopped"
+    if row.mode != "continuable" and status == "ready":
+        return "done"
+    return status
 
 
 def render_agents(rows: Sequence[Any], descendants: bool, status: Callable[[str], str]) -> str:
@@ -22,9 +37,7 @@ def render_agents(rows: Sequence[Any], descendants: bool, status: Callable[[str]
         if isinstance(row, ChildRow):
             if row.mode != "continuable":
                 continue
-            state = status(row.id)
-            if row.stopped and state in ("ready", "idle"):
-                state = "stopped"
+            state = state_word(row, status(row.id))
             doubt = f" ({row.in_doubt} in doubt)" if row.in_doubt > 0 else ""
             lines.append(f"{row.id} [{state}]{at} — {row.label}{doubt}")
         else:

@@ -38,7 +38,7 @@ __all__ = ["InterruptOutcome", "Messaging"]
 log = logging.getLogger(__name__)
 
 Json = dict[str, Any]
-InterruptOutcome = Literal["requested", "not-running"]
+InterruptOutcome = Literal["requested", "not-running", "idle"]
 
 
 @attrs.define(eq=False)
@@ -163,8 +163,9 @@ class Messaging:
 
     async def interrupt(self, target_id: str, by: Agent) -> InterruptOutcome:
         """Stop a live descendant's current turn (`requested`). A target that exists but is not
-        resident is an accepted no-op, never a cold resume (`not-running`); an id no session
-        has — or an invalid one — is `NOT_RESUMABLE` (unavailable)."""
+        resident is an accepted no-op, never a cold resume (`not-running`), as is one resident but
+        between turns (`idle`); an id no session has — or an invalid one — is `NOT_RESUMABLE`
+        (unavailable)."""
         if target_id == by.session_id:
             raise Unauthorized(f'agent "{target_id}" cannot interrupt itself')
         try:
@@ -196,6 +197,10 @@ class Messaging:
             return "requested"
         child = self.agents.get(target_id)
         if child is not None:
+            # Resident but between turns, with nothing queued to start one: nothing to stop.
+            idle = child.status != "running" and not child.inbox.wakes()
             child.inbox.park()
             child.cancel("parent")
+            if idle:
+                return "idle"
         return "requested"

@@ -64,12 +64,22 @@ _HEADLINES = {
 }
 
 
-def return_guidance(parent_id: str) -> str:
+def return_guidance(parent_id: str, *, can_send: bool = True) -> str:
+    """What a continuable child is told about returning its result; a child whose tools lack
+    `send_message` is told about its closing message only (never of a tool it does not have)."""
     pid = json.dumps(parent_id, ensure_ascii=False)
+    shares = (
+        "The parent shares your workspace but does not automatically receive your transcript, tool output, "
+        "or reasoning."
+    )
+    if not can_send:
+        return (
+            f"Your parent agent id is {pid}. When you finish, end your turn with a self-contained result: "
+            f"your closing message is what your parent is given. {shares}"
+        )
     return (
         f"Your parent agent id is {pid}. Before you finish, send your result to that agent with "
-        f'send_message({{ agent_id: {pid}, message: "<self-contained result>" }}). The parent shares your '
-        "workspace but does not automatically receive your transcript, tool output, or reasoning. Send "
+        f'send_message({{ agent_id: {pid}, message: "<self-contained result>" }}). {shares} Send '
         "earlier messages as well when a finding changes what the parent should do next; sending a "
         "message does not end your turn."
     )
@@ -171,11 +181,12 @@ class Spawning:
         except BaseException:
             self.manager.forget(activation)
             raise
+        guidance = return_guidance(parent.session_id, can_send="send_message" in setup.tools)
         if placed:
-            await self._start_placed(parent, child, activation, prompt, label, reserved)
+            await self._start_placed(parent, child, activation, prompt, label, reserved, guidance)
             return child_id
         try:
-            first = [{"type": "text", "text": prompt}, {"type": "text", "text": return_guidance(parent.session_id)}]
+            first = [{"type": "text", "text": prompt}, {"type": "text", "text": guidance}]
             await child.send(first, "follow-up", abort=abort)
             # Inside the guard: a cancel while the catalog waits for its turn in the step (or
             # for the parent's actor) must not leave an Activation that nothing runs, which a
@@ -248,7 +259,14 @@ class Spawning:
         return result
 
     async def _start_placed(
-        self, parent: Agent, child: Agent, activation: Activation, prompt: str, label: str, reserved: Reservation
+        self,
+        parent: Agent,
+        child: Agent,
+        activation: Activation,
+        prompt: str,
+        label: str,
+        reserved: Reservation,
+        guidance: str,
     ) -> None:
         """Leave a created child to a serving host: release it here (no turn ran), put its first
         prompt in its mailbox and enqueue it; a stand-in Activation keeps its place in the family
@@ -266,7 +284,7 @@ class Spawning:
             # Placed from now on: a message sent before its stand-in runs goes to its mailbox.
             settled = placed[child_id] = trio.Event()
             await self.placement.enqueue(child_id)
-            body = {"text": prompt, "first": True, "guidance": return_guidance(parent.session_id)}
+            body = {"text": prompt, "first": True, "guidance": guidance}
             await self.routing.post(child_id, "message", body, parent.session_id)
             await self.agents.stop(child_id, cause="parent")
             # Before its catalog: the catalogs of one step go one after the other (the model's

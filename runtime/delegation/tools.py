@@ -28,7 +28,7 @@ from .options import ChildOptions
 from .spawning import Reservation, Spawning
 from .stopping import Stopping
 
-__all__ = ["DelegationParts", "agent_status", "render_agents", "subagent_tools"]
+__all__ = ["DelegationParts", "agent_status", "interrupt_text", "render_agents", "subagent_tools"]
 
 Json = dict[str, Any]
 
@@ -228,6 +228,12 @@ def _child_options(args: Json, agent_types: Mapping[str, AgentType]) -> ChildOpt
     return attrs.evolve(options or ChildOptions(), budget=budget)
 
 
+def interrupt_text(agent_id: str, outcome: str) -> str:
+    """What an interrupt's outcome is called (the tool's answer, chat's `/interrupt`)."""
+    tail = {"not-running": " (it is not running)", "idle": " (it was idle: nothing was running)"}.get(outcome, "")
+    return f"interrupt requested for agent {agent_id}{tail}"
+
+
 def agent_status(agents: Any, child_id: str) -> str:
     """`list_agents` status from the agent registry: running, idle (resident), or ready (disk)."""
     agent = agents.get(child_id)
@@ -311,8 +317,7 @@ class _InterruptAgent(_ServiceTool):
         if args.get("stop") is True:
             return await _stop_tree(self.service.stopping, args["agent_id"], caller)
         outcome = await self.service.messaging.interrupt(args["agent_id"], caller)
-        tail = " (it is not running)" if outcome == "not-running" else ""
-        return f"interrupt requested for agent {args['agent_id']}{tail}"
+        return interrupt_text(args["agent_id"], outcome)
 
 
 async def _stop_tree(stopping: Stopping, target_id: str, caller: Any) -> str:

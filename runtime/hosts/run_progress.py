@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # annotations: rich loads only when a display is drawn
     from rich.console import RenderableType
     from rich.spinner import Spinner
 
-__all__ = ["ChildStatus", "RunProgress", "render_progress"]
+__all__ = ["ChildStatus", "RunProgress", "ago", "child_line", "render_progress"]
 
 
 @attrs.define(kw_only=True)
@@ -32,6 +32,8 @@ class ChildStatus:
     label: str | None
     mode: str
     state: str = "starting"  # starting | running | idle | <turn end kind> | settled: <kind>
+    last: str | None = None  # its last durable action, in a few words
+    last_at: int | None = None  # that event's time (ms)
 
 
 @attrs.define
@@ -72,7 +74,10 @@ class RunProgress:
             self._root(kind, data)
             return
         status = self.children.get(sid)
-        if status is None or status.state.startswith("settled"):
+        if status is None:
+            return
+        status.last, status.last_at = _action(kind, data), item.event.time
+        if status.state.startswith("settled"):
             return
         if kind == "turn/start":
             status.state = "running"
@@ -120,8 +125,24 @@ _FOLDED = frozenset(
         "tool/call",
         "tool/result",
         "compaction/start",
+        "assistant/message",  # a child's last action
     }
 )
+
+
+def _action(kind: str, data: dict[str, JsonValue]) -> str:
+    """A descendant's last durable action, in a few words (the tree shows it)."""
+    if kind == "tool/call":
+        return f"called {data.get('name')}"
+    if kind == "tool/result":
+        return "got a tool result"
+    if kind == "assistant/message":
+        return "replied"
+    if kind == "turn/start":
+        return f"started turn {data.get('turn')}"
+    if kind == "turn/end":
+        return f"ended its turn ({_reason_kind(data)})"
+    return "compacting" if kind == "compaction/start" else kind
 
 
 def _data(item: StreamEvent) -> dict[str, JsonValue] | None:
@@ -138,10 +159,25 @@ def _reason_kind(data: dict[str, JsonValue]) -> str:
     return kind if isinstance(kind, str) else "error"
 
 
-def child_line(child: ChildStatus) -> str:
-    """`<id> [<state>] — <label>` (the label omitted when there is none)."""
+def child_line(child: ChildStatus, now_ms: int | None = None) -> str:
+    """`<id> [<state>] — <label>` (the label omitted when there is none); with `now_ms`, its
+    last action and how long ago (`· called grep, 12s ago`)."""
     label = f" — {child.label}" if child.label else ""
-    return f"{child.id} [{child.state}]{label}"
+    last = ""
+    if now_ms is not None and child.last is not None and child.last_at is not None:
+        last = f" · {child.last}, {ago(now_ms - child.last_at)}"
+    return f"{child.id} [{child.state}]{label}{last}"
+
+
+def ago(ms: int) -> str:
+    """A duration as a person reads it: `just now`, `12s ago`, `3m ago`, `2h ago`, `4d ago`."""
+    seconds = max(0, ms) // 1000
+    if seconds < 1:
+        return "just now"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
 
 
 def render_progress(progress: RunProgress, spinner: Spinner | None = None) -> RenderableType:

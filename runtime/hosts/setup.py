@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
@@ -25,7 +25,22 @@ from ..models.specs import build_model, parse_model_spec
 from ..testing.scripted_model import DEFAULT_STALL_TIMEOUT
 from ..tools.permissions import DEFAULT_PERMISSIONS, Decision, PermissionAnswer, PermissionRequest, Permissions
 
-__all__ = ["HostSetup", "headless_approver", "host_setup"]
+if TYPE_CHECKING:
+    from ..app import Runtime
+
+__all__ = ["HostSetup", "headless_approver", "host_setup", "mcp_failures"]
+
+
+def mcp_failures(runtime: Runtime) -> list[str]:
+    """A line per configured MCP server that did not start (its tools are not offered): every
+    host says so where the person looks (chat's view, `run`'s stderr)."""
+    if runtime.mcp is None:
+        return []
+    return [
+        f"MCP server {status.name!r} is unavailable: {status.error}"
+        for status in runtime.mcp.status()
+        if status.state != "ready"
+    ]
 
 
 async def headless_approver(request: PermissionRequest) -> PermissionAnswer:

@@ -92,3 +92,66 @@ async def test_a_request_is_its_own_reply_and_try_post_never_blocks() -> None:
     mailbox.close("gone")
     with pytest.raises(ActorStopped):
         mailbox.try_post(Request())
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts the steps (resumptions) of the tasks named `asker`."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == "asker":
+            self.steps += 1
+
+
+async def test_an_ask_with_room_is_queued_at_once_and_resumes_only_for_its_reply() -> None:
+    # Issue 28 item 3: an append's ask costs its task one step to send and wait, and one more
+    # when its reply is set: no schedule point of its own between queueing and waiting.
+    mailbox = Mailbox("m", 4)
+    request: Request[int] = Request()
+    got: list[int] = []
+    steps = _Steps()
+
+    async def asker() -> None:
+        got.append(await mailbox.ask(request))
+
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(asker, name="asker")
+            await trio.testing.wait_all_tasks_blocked()
+            assert steps.steps == 1  # queued and parked on the reply in its first step
+            assert mailbox.receive.receive_nowait() is request
+            assert mailbox.sent == 1
+            request.reply.set(5)
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert got == [5] and steps.steps == 2
+
+
+async def test_an_ask_cancelled_before_it_starts_sends_nothing() -> None:
+    mailbox = Mailbox("m", 4)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await mailbox.ask(Request())
+    assert scope.cancelled_caught
+    assert mailbox.sent == 0
+    with pytest.raises(trio.WouldBlock):
+        mailbox.receive.receive_nowait()
+
+
+async def test_an_ask_to_a_full_mailbox_waits_for_room_then_for_its_reply() -> None:
+    mailbox = Mailbox("m", 1)
+    assert mailbox.try_post(Request())
+    request: Request[int] = Request()
+    got: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _append(got, request.reply), name="waiter")  # type: ignore[arg-type]
+        nursery.start_soon(lambda: mailbox.ask(request))
+        await trio.testing.wait_all_tasks_blocked()
+        assert mailbox.sent == 2
+        mailbox.receive.receive_nowait()  # room: the blocked ask is handed over
+        assert mailbox.receive.receive_nowait() is request
+        request.reply.set(3)
+    assert got == [3]

@@ -614,3 +614,86 @@ async def test_cancelled_requesters_leave_the_actor_working_and_the_log_consiste
         assert wire(survived[after.first_seq :]) == wire(after.events)
         # A request that was never sent (blocked on the full mailbox when cancelled) is absent.
         assert b'{"by":"sending"}' not in writers
+
+
+# --- one fold per group commit (issue 28 item 3) ------------------------------------------------
+
+
+class RecordsRuns:
+    """A unit with a batch `fold` that records the seqs of every run it is handed."""
+
+    key = "records_runs"
+    state_version = 1
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> Any:
+        return []
+
+    def apply(self, state: Any, event: Event) -> Any:
+        return [*state, event.seq]
+
+    def fold(self, state: Any, events: Sequence[Event]) -> Any:
+        self.runs.append([e.seq for e in events])
+        for event in events:
+            state = self.apply(state, event)
+        return state
+
+    def view(self, state: Any) -> Any:
+        return state
+
+
+async def test_a_group_commit_folds_its_events_once_in_seq_order_before_any_ack(backend: Backend) -> None:
+    recorder = RecordsRuns()
+    faulty = FaultyLogStore(backend.store)
+    async with open_session_store(faulty, registry(recorder), now_ms=now_ms) as store:
+        ref = await store.create(header("s"))
+        with _released(faulty), trio.fail_after(BOUND):
+            await ref.append([turn_start(1)])
+            recorder.runs.clear()
+            calls = await _one_group(
+                faulty,
+                ref,
+                [
+                    ("two", lambda: ref.append([note(i=1), note(i=2)])),
+                    ("stale", lambda: ref.append([note(i=3)], expected_seq=0)),  # fails alone
+                    ("empty", lambda: ref.append([])),
+                    ("one", lambda: ref.append([descriptor_draft("w")])),
+                    ("three", lambda: ref.append([note(i=4), note(i=5), note(i=6)])),
+                ],
+            )
+            assert isinstance(calls.errors["stale"], SequenceConflict)
+            # The held append was a group of its own (seq 1); the five requests queued behind it
+            # were one group: one batch fold of its six events, in seq order.
+            assert recorder.runs == [[1], [2, 3, 4, 5, 6, 7]]
+            assert [calls.results[n].first_seq for n in ("two", "one", "three")] == [2, 4, 5]
+            assert calls.results["empty"].events == ()
+            # Every acknowledged event is in the cells, exactly as a fold one event at a time.
+            reader = backend.store.open_read("s")
+            try:
+                every = backend.store.read(reader)
+            finally:
+                backend.store.close(reader)
+            one_by_one = registry(RecordsRuns()).cells(header("s"), Offset(0))
+            for event in every:
+                one_by_one.fold([event])
+            assert await ref.snapshot() == one_by_one.snapshot()
+            assert (await ref.snapshot(["records_runs"]))["records_runs"] == list(range(8))
+
+
+async def test_a_failed_group_commit_folds_nothing(backend: Backend) -> None:
+    recorder = RecordsRuns()
+    faulty = FaultyLogStore(backend.store)
+    async with open_session_store(faulty, registry(recorder), now_ms=now_ms) as store:
+        ref = await store.create(header("s"))
+        with _released(faulty), trio.fail_after(BOUND):
+            await ref.append([turn_start(1)])
+            recorder.runs.clear()
+            faulty.fail("append")
+            with pytest.raises(PersistenceFailed):
+                await ref.append([note(i=1), note(i=2)])
+            assert recorder.runs == []
+            assert (await ref.snapshot(["records_runs"]))["records_runs"] == [0]
+            assert (await ref.append([note(i=3)])).first_seq == 1  # the actor carries on
+            assert recorder.runs == [[1]]

@@ -100,6 +100,41 @@ def test_chat_answers_lists_a_background_child_sends_to_it_and_shows_its_notice_
     assert chat.seen[bogus + 1] == "usage: /send ID TEXT"
 
 
+@pytest.mark.slow  # a real subagents process
+def test_chat_watch_shows_a_child_in_place_of_the_session_until_watch_ends(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, BACKGROUND)
+    session = chat.expect(r"^session (\S+) \(/help for commands\)$").group(1)
+    chat.line("hi")
+    chat.expect(r"^assistant: hello person$")
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started it$")
+    chat.line("/watch nobody")
+    chat.expect(r"^/watch: nobody is not a subagent of this session \(/agents all lists them\)$")
+    chat.line(f"/watch {child}")
+    chat.expect(rf"^\(watching {re.escape(child)} — Bg: /watch to come back\)$")
+    chat.expect(r"^\[Bg\] ── turn 1$")  # its current turn so far, from its log
+    chat.line(f"/send {child} go on")
+    chat.expect(r"^\[Bg\] assistant: heard$")  # live, in place of the session's lines
+    chat.expect(r"^\[Bg\] assistant: child done$")
+    chat.line("/wait")  # the session's notice turn runs meanwhile: its lines wait for the watch's end
+    chat.line("/watch")
+    chat.expect(rf"^\(back to {re.escape(session)}: meanwhile\)$")
+    chat.expect(r"^── turn 3 \(notice\)$")
+    chat.expect(r"^assistant: noted the settlement$")
+    chat.line("/watch")
+    chat.expect(r"^usage: /watch ID \(a subagent of this session: /agents all lists them\)$")
+    status, rest, stderr = chat.finish()
+    assert (status, stderr) == (0, ""), rest
+    back = chat.seen.index(f"(back to {session}: meanwhile)")
+    # Nothing of the session's was shown between the watch's start and its end.
+    watched = chat.seen[chat.seen.index(f"(watching {child} — Bg: /watch to come back)") + 1 : back]
+    assert watched and all(line.startswith("[Bg] ") or line.startswith(f"sent to {child}") for line in watched), watched
+    # Each reply once, in the order of its log (its live text never shown twice).
+    replies = [line for line in watched if line.startswith("[Bg] assistant: ")]
+    assert replies == ["[Bg] assistant: heard", "[Bg] assistant: child done"], watched
+
+
 @pytest.mark.slow
 def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_path: Path) -> None:
     chat = Chat(tmp_path, HANG)
@@ -114,7 +149,7 @@ def test_chat_ctrl_c_cancels_the_turn_then_interrupts_a_child_and_resumes(tmp_pa
     child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
     chat.expect(r"^assistant: started$")
     chat.line(f"/interrupt {child}")
-    chat.expect(rf"^{re.escape(child)}: requested$")
+    chat.expect(rf"^interrupt requested for agent {re.escape(child)}$")  # the tool's words
     chat.line("/wait")
     chat.expect(r"^assistant: heard it was interrupted$")
     chat.line("/interrupt")
@@ -152,6 +187,39 @@ def test_chat_ctrl_c_at_an_idle_prompt_leaves_cleanly(tmp_path: Path) -> None:
     chat.expect(r"^assistant: hello person$")
     chat.proc.send_signal(signal.SIGINT)
     assert chat.proc.wait(timeout=TIMEOUT) == 0
+
+
+@pytest.mark.slow  # a real subagents process
+def test_chat_ctrl_c_at_an_idle_prompt_asks_before_stopping_working_children(tmp_path: Path) -> None:
+    chat = Chat(tmp_path, HANG)
+    session = chat.expect(r"^session (\S+) ").group(1)
+    chat.line("this will hang")
+    chat.expect(r"^── turn 1$")
+    chat.proc.send_signal(signal.SIGINT)
+    chat.expect(r"^── turn 1 ended: aborted user$")
+    chat.line("again")
+    chat.expect(r"^assistant: after the cancel$")
+    chat.line("start a child")
+    child = chat.expect(r"^  ← started subagent (\S+)$").group(1)
+    chat.expect(r"^assistant: started$")
+    asked = rf"^1 subagent still working: {re.escape(child)} — \[s\]top them and leave, \[w\]ait for them"
+    chat.proc.send_signal(signal.SIGINT)  # idle, but a child works: asked, not left
+    chat.expect(asked)
+    chat.line("")  # Enter: stay
+    chat.line("/agents")  # the line the interrupted read was reading is not lost either
+    chat.expect(rf"^{re.escape(child)} \[running\] — Hang$")
+    chat.proc.send_signal(signal.SIGINT)
+    chat.expect(asked)
+    chat.line("w")
+    chat.expect(r"^\(waiting for them; Ctrl-C stops them and leaves\)$")
+    chat.proc.send_signal(signal.SIGINT)  # while waiting: stop them and leave
+    status, rest, stderr = chat.finish()
+    assert (status, stderr) == (0, ""), rest
+    ends = [e for e in show_json(chat.root, child) if e["type"] == "turn/end"]
+    assert [e["reason"] for e in ends] == [{"kind": "aborted", "cause": "disposed"}]
+    assert [e["data"]["reason_kind"] for e in show_json(chat.root, session) if e["type"] == "subagent/settled"] == [
+        "aborted"
+    ]
 
 
 @pytest.mark.slow  # a real subagents process
@@ -205,13 +273,15 @@ def test_chat_on_a_terminal_answers_cancels_with_ctrl_c_and_leaves(tmp_path: Pat
     session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
     term.expect(r"^>")
     term.keys(b"hi\r")
-    term.expect(r"^assistant: hello person$")
+    # Lines of a running turn are written above the `steer>` prompt (prompt-toolkit takes it off
+    # the screen first), so in this raw byte stream they follow the erased prompt, not a newline.
+    term.expect(r"assistant: hello person$")
     term.expect(r"^>")
     term.keys(b"this will hang\r")
-    term.expect(r"^── turn 2$")
-    term.keys(b"\x03")  # Ctrl-C mid-turn: the terminal sends SIGINT
-    # Printed before the prompt comes back, so at a line start (not `>── turn 2 ended`).
-    term.expect(r"^── turn 2 ended: aborted user$")
+    term.expect(r"── turn 2$")
+    term.expect(r"steer>")
+    term.keys(b"\x03")  # Ctrl-C mid-turn: a key at the steer prompt
+    term.expect(r"── turn 2 ended: aborted user$")
     term.expect(r"^>")
     term.keys(b"/nope\r")
     term.expect(r"unknown command /nope \(try /help\)$")
@@ -359,6 +429,40 @@ def test_the_view_prints_a_reply_from_the_record_when_nothing_streamed() -> None
     assert "late" not in out.getvalue()
 
 
+def test_a_watched_childs_text_streams_by_the_same_rules_and_the_roots_lines_wait() -> None:
+    from subagents.runtime import StreamEvent
+
+    view, out = _view([0])
+    kid = [StreamEvent("kid", item.event) for item in _view_events()]  # the same events, the child's
+    child_durable = [2]
+    view.watch("kid", "Kid", [], 0, lambda: child_durable[0])
+    assert out.getvalue() == "(watching kid — Kid: /watch to come back)\n"
+    view.on_text("kid", 0, "hello ")  # before its turn is shown: it waits
+    view.on_text("root", 0, "the root's")  # watching another: the root's text is not shown live
+    view._show(_view_events()[0])  # the root's lines wait for the watch's end
+    view._show(kid[0])
+    view._show(kid[1])
+    view.on_text("kid", 0, "person")
+    view._show(kid[2])  # ends the streamed line
+    view._show(kid[3])
+    assert out.getvalue().splitlines()[1:] == [
+        "[Kid] ── turn 1 (notice)",
+        "[Kid] subagent-settled: a child settled",
+        "[Kid] assistant: hello person",
+    ]
+    for item in _view_events()[1:]:
+        view._show(item)
+    view.on_text("root", 0, "late")  # its call was muted: its record prints it, once
+    view.unwatch()
+    assert out.getvalue().splitlines()[4:] == [
+        "(back to root: meanwhile)",
+        "── turn 1 (notice)",
+        "subagent-settled: a child settled",
+        "assistant: hello person",
+    ]
+    assert view.shown == 4 and view.replies == 1
+
+
 @pytest.mark.slow  # a real subagents process
 def test_chat_takes_bytes_that_are_not_utf8_as_a_line(tmp_path: Path) -> None:
     model = write_script(tmp_path / "s.json", {"agents": [{"responses": [{"text": "hello person"}]}]})
@@ -465,10 +569,10 @@ def test_chat_on_a_terminal_interrupts_a_child_and_shows_its_notice_turn(tmp_pat
     term.expect(r"^>")
     term.keys(b"start a child\r")
     child = term.expect(r"← started subagent (\S+)$").group(1)
-    term.expect(r"^assistant: started$")
+    term.expect(r"assistant: started$")  # above the steer prompt
     term.expect(r"^>")
     term.keys(f"/interrupt {child}\r".encode())
-    term.expect(rf"{re.escape(child)}: requested")
+    term.expect(rf"interrupt requested for agent {re.escape(child)}")
     # The child's turn ends aborted; its settlement starts a notice turn at the idle prompt.
     term.expect(rf"subagent {re.escape(child)} settled: aborted")
     term.expect(r"assistant: heard it was interrupted")
@@ -483,3 +587,86 @@ def test_chat_on_a_terminal_interrupts_a_child_and_shows_its_notice_turn(tmp_pat
     assert notice["text"] == f"Background subagent {child} was stopped before it finished.\nIt left no closing message."
     starts = [e["trigger"] for e in entries if e["type"] == "turn/start"]
     assert starts == ["message", "notice"]
+
+
+@pytest.mark.slow  # a chat on a pseudo-terminal
+def test_chat_on_a_terminal_ctrl_c_at_the_prompt_asks_and_s_stops_the_children(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "tool_calls": [
+                            {
+                                "name": "subagent",
+                                "arguments": {"description": "Hang", "prompt": "hang", "run_in_background": True},
+                            }
+                        ]
+                    },
+                    {"text": "started"},
+                ]
+            },
+            {"label": "Hang", "responses": [{"hang": True}]},
+        ]
+    }
+    term = Terminal(tmp_path, script)
+    term.expect(r"^>")
+    term.keys(b"start a child\r")
+    child = term.expect(r"← started subagent (\S+)$").group(1)
+    term.expect(r"assistant: started$")  # above the steer prompt
+    term.expect(r"^>")
+    term.keys(b"\x03")  # Ctrl-C at the prompt while the child works: a question, not a silent stop
+    term.expect(rf"1 subagent still working: {re.escape(child)}")
+    term.expect(r"leave\? \[s/w/Enter\]")
+    term.keys(b"s\r")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.text()
+    child_ends = [e["reason"] for e in show_json(term.root, child) if e["type"] == "turn/end"]
+    assert child_ends == [{"kind": "aborted", "cause": "disposed"}]
+
+
+@pytest.mark.slow  # a chat on a pseudo-terminal
+def test_chat_on_a_terminal_steers_the_running_turn_and_esc_interrupts_it(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {"wait_for": {"steered": True}, "text": "heard the first"},
+                    {"text": "took the steer"},
+                    {"hang": True},
+                    {"text": "after esc"},
+                ]
+            }
+        ]
+    }
+    term = Terminal(tmp_path, script)
+    session = term.expect(r"session (\S+) \(/help for commands\)").group(1)
+    term.expect(r"^>")
+    term.keys(b"do the thing\r")
+    term.expect(r"steer>")  # the turn runs; the prompt stays up for steering
+    term.keys(b"also mind the tests\r")
+    term.expect(r"you \(steering\): also mind the tests")
+    term.expect(r"assistant: took the steer")
+    term.expect(r"^>")
+    term.keys(b"hang now\r")
+    term.expect(r"── turn 2")
+    term.expect(r"steer>")
+    term.keys(b"\x1b")  # Esc: interrupts the running turn
+    term.expect(r"── turn 2 ended: aborted user")
+    term.expect(r"^>")
+    term.keys(b"again\r")
+    term.expect(r"assistant: after esc")
+    term.expect(r"^>")
+    term.keys(b"/quit\r")
+    assert term.exit_status() == 0
+    assert "Traceback" not in term.text()
+    entries = show_json(term.root, session)
+    users, turn = [], None
+    for e in entries:
+        if e["type"] == "turn/start":
+            turn = e["turn"]
+        elif e["type"] == "user/message":
+            users.append((turn, e["text"]))
+    assert users == [(1, "do the thing"), (1, "also mind the tests"), (2, "hang now"), (3, "again")]
+    ends = [e["reason"] for e in entries if e["type"] == "turn/end"]
+    assert ends == [{"kind": "completed"}, {"kind": "aborted", "cause": "user"}, {"kind": "completed"}]

@@ -68,7 +68,7 @@ def test_answers() -> None:
 async def test_a_question_interrupts_the_idle_prompt_which_comes_back() -> None:
     lines = FakeLines(interruptible=True)
     said: list[str] = []
-    asker = Asker(lines, said.append)
+    asker = Asker(lines, said.append, "root")
     async with trio.open_nursery() as nursery:
         typed: list[object] = []
 
@@ -91,7 +91,7 @@ async def test_a_question_interrupts_the_idle_prompt_which_comes_back() -> None:
         assert lines.prompts == ["> ", QUESTION, "> "]  # and came back
         await lines.send.send("hello")
     assert typed == ["hello"]
-    assert said == ["permission: write_file({})", "(allowed: write_file)"]
+    assert said == ["permission (subagent s): write_file({})", "(allowed: write_file)"]
     assert lines.most_at_once == 1
 
 

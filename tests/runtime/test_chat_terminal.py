@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from subagents.runtime import ScriptedModel, load_script
 from subagents.runtime.hosts.chat.host import chat
-from subagents.runtime.hosts.chat.terminal import TerminalOutput, toolbar_text
+from subagents.runtime.hosts.chat.terminal import TerminalOutput, streaming_line, toolbar_text
 from subagents.runtime.hosts.run_progress import ChildStatus, RunProgress
 
 
@@ -40,6 +40,10 @@ class FakeLoop:
 class FakeApp:
     def __init__(self) -> None:
         self.loop = FakeLoop()
+        self.invalidated = 0  # redraws asked (the toolbar shows a partial line as it grows)
+
+    def invalidate(self) -> None:
+        self.invalidated += 1
 
 
 def output() -> tuple[TerminalOutput, io.StringIO]:
@@ -77,6 +81,30 @@ def test_while_the_prompt_is_up_whole_lines_go_through_its_loop_in_order() -> No
     out.write("ee\n")
     app.loop.run()
     assert screen.getvalue() == "one\ntwo\nthree\n"
+
+
+def test_a_partial_line_written_under_the_prompt_is_shown_in_its_toolbar_until_its_newline() -> None:
+    out, screen = output()
+    app = FakeApp()
+    assert out.partial() == ""
+    out.prompt_starting()
+    out.prompt_running(app)
+    out.write("assistant: str")
+    out.write("eaming")
+    assert (out.partial(), app.invalidated, screen.getvalue()) == ("assistant: streaming", 2, "")
+    out.write(" done\n")
+    app.loop.run()
+    assert (out.partial(), screen.getvalue()) == ("", "assistant: streaming done\n")
+    out.write("next")
+    out.prompt_ended()
+    assert (out.partial(), screen.getvalue()) == ("", "assistant: streaming done\nnext")  # no prompt: no toolbar line
+
+
+def test_the_streaming_line_in_the_toolbar_is_its_tail_without_control_characters() -> None:
+    assert streaming_line("", 80) == ""
+    assert streaming_line("assistant: hi\x1b[2Jthere", 80) == "assistant: hi[2Jthere\n"  # no escape reaches it
+    long = streaming_line("x" * 500, 40)
+    assert long.startswith("…") and len(long) == 80 and long.endswith("x\n")
 
 
 def test_lines_the_closing_loop_never_wrote_are_written_when_the_prompt_ends() -> None:
@@ -154,9 +182,14 @@ def test_a_long_tree_shows_the_working_children_first_then_how_many_more() -> No
 class RecordedLines:
     """A person who types `typed` and then leaves; keeps every tree the chat handed over."""
 
+    steers = False
+
     def __init__(self, typed: list[str]) -> None:
         self.typed = list(typed)
         self.trees: list[dict[str, str]] = []
+
+    def turn_running(self, running: bool) -> None:
+        pass
 
     async def read(self, prompt: str) -> str | None:
         return self.typed.pop(0) if self.typed else None
@@ -202,4 +235,17 @@ async def test_the_chat_hands_its_tree_to_the_terminal_and_a_resumed_chat_starts
     again = RecordedLines([])
     model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": []}]})))
     await chat(root, model, session_id=session, lines=again, console=Console(file=io.StringIO()))
-    assert again.trees == [{child: "inactive"}]  # known from the listing, before any event
+    assert again.trees == [{child: "ready"}]  # known from the listing, before any event: as /agents says
+
+
+def test_a_descendants_turn_end_names_its_cause_apart_from_its_kind() -> None:
+    from subagents.runtime import StreamEvent
+    from subagents.runtime.hosts.chat.view import event_line
+    from subagents.storage import make_event
+
+    def end(reason: dict[str, Any]) -> str | None:
+        return event_line(StreamEvent("c1", make_event(5, "turn/end", 1, {"turn": 2, "reason": reason})), "root")
+
+    assert end({"kind": "aborted", "cause": "user"}) == "  ⋯ c1 turn 2 aborted user"  # not `aborteduser`
+    assert end({"kind": "error", "message": "the model  failed"}) == "  ⋯ c1 turn 2 error the model failed"
+    assert end({"kind": "completed"}) == "  ⋯ c1 turn 2 completed"

@@ -147,6 +147,30 @@ async def test_a_continuable_child_records_its_options_and_gets_them_back_on_col
     assert set(_tool_names(again)) == set(parent_tools) - {"subagent", "subagent_fork"}
 
 
+def _user_texts(request: ModelRequest) -> list[str]:
+    return [block["text"] for m in request.messages if m["role"] == "user" for block in m["content"]]
+
+
+@pytest.mark.parametrize("deny", [[], ["send_message"]])
+async def test_the_return_guidance_names_only_tools_the_child_has(tmp_path: Path, deny: list[str]) -> None:
+    models = Models("done")
+    options = ChildOptions(persona=PERSONA, tool_filter=ToolFilter(deny=deny)) if deny else ChildOptions()
+    async with _runtime(tmp_path, models) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        child_id = await rt.subagents.start_continuable(parent, "spawn", "reviewer-child", "go", options=options)
+        await rt.subagents.wait_tree_idle(parent)
+    (first,) = models.default.of(child_id)
+    prompt, guidance = _user_texts(first)
+    assert prompt == "go"
+    assert guidance.startswith('Your parent agent id is "parent".')
+    if deny:
+        assert "send_message" not in _tool_names(first)
+        assert "send_message" not in guidance and "your closing message is what your parent is given" in guidance
+    else:
+        assert "send_message" in _tool_names(first)
+        assert 'send_message({ agent_id: "parent"' in guidance
+
+
 async def test_options_that_select_a_model_need_a_factory(tmp_path: Path) -> None:
     models = Models("first answer")
     async with open_runtime(

@@ -79,16 +79,17 @@ def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
     assert main(["children", "p", "--descendants", "--root", str(root)]) == 0
     # A table with a header and ISO-8601 creation times (UTC, milliseconds).
     assert capsys.readouterr().out.splitlines() == [
-        "ID  PARENT  DEPTH  STATE     MODE         CREATED                   CHILDREN  LABEL",
-        "c1  p       1      inactive  continuable  1970-01-01T00:00:00.002Z  yes       first",
-        "g   c1      2      inactive  continuable  1970-01-01T00:00:00.004Z  no        deep",
-        "c2  p       1      inactive  one-shot     1970-01-01T00:00:00.003Z  no        -",
+        "ID  PARENT  DEPTH  STATE  MODE         CREATED                   CHILDREN  LABEL",
+        "c1  p       1      ready  continuable  1970-01-01T00:00:00.002Z  yes       first",
+        "g   c1      2      ready  continuable  1970-01-01T00:00:00.004Z  no        deep",
+        "c2  p       1      done   one-shot     1970-01-01T00:00:00.003Z  no        -",
     ]
     assert main(["children", "p", "--root", str(root)]) == 0
+    # The words `agents` uses (issue 29: not `inactive` here and `ready` there).
     assert capsys.readouterr().out.splitlines() == [
-        "ID  STATE     MODE         CREATED                   CHILDREN  LABEL",
-        "c1  inactive  continuable  1970-01-01T00:00:00.002Z  yes       first",
-        "c2  inactive  one-shot     1970-01-01T00:00:00.003Z  no        -",
+        "ID  STATE  MODE         CREATED                   CHILDREN  LABEL",
+        "c1  ready  continuable  1970-01-01T00:00:00.002Z  yes       first",
+        "c2  done   one-shot     1970-01-01T00:00:00.003Z  no        -",
     ]
 
 

@@ -84,6 +84,18 @@ def test_chat_names_an_mcp_server_from_the_config_that_did_not_start(tmp_path: P
 
 
 @pytest.mark.slow  # a real subagents process
+def test_run_names_an_mcp_server_from_the_config_that_did_not_start(tmp_path: Path) -> None:
+    (tmp_path / "subagents.toml").write_text('[mcp_servers.broken]\ncommand = "/no/such/mcp-server"\n')
+    model = write_script(tmp_path / "s.json", {"agents": [{"responses": [{"text": "x"}]}]})
+    done = cli(tmp_path, "run", "--model", model, "--root", str(tmp_path / "root"), "go")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "x\n"
+    (line,) = [ln for ln in done.stderr.splitlines() if "MCP" in ln]
+    assert line.startswith("subagents: MCP server 'broken' is unavailable: ")
+    assert line.endswith(" (its tools are not offered)")
+
+
+@pytest.mark.slow  # a real subagents process
 def test_headless_run_denies_ask_and_says_how_to_allow_it(tmp_path: Path) -> None:
     script = {
         "agents": [

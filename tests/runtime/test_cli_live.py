@@ -136,6 +136,14 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
         [row] = json.loads(_cli(capsys, "children", "parent", "--json", "--root", r))
         assert (row["id"], row["activity"], row["mode"]) == (child, "running", "continuable")
         assert _cli(capsys, "agents", "parent", "--root", r) == f"{child} [running] — Busy\n"
+
+        # The parent is live but between turns (it waits for its child): nothing was running.
+        said = _cli(capsys, "interrupt", "parent", "--root", r).splitlines()
+        assert said[0].startswith("interrupt ") and said[0].endswith(
+            " delivered to session parent (live in another process, which records it)"
+        )
+        assert said[1:] == ["session parent was idle: nothing was running (no turn was open to interrupt)"]
+        assert rows == {row["id"]: row for row in json.loads(_cli(capsys, "sessions", "--json", "--root", r))}
     finally:
         process.send_signal(signal.SIGKILL)
         _, err = process.communicate(timeout=TIMEOUT)

@@ -266,12 +266,12 @@ def test_children_and_agents_commands_show_the_flags(tmp_path: Path, capsys: pyt
     # The table's STATE column says so too.
     assert [line.split()[1:3] for line in lines] == [
         ["STATE", "MODE"],
-        ["inactive,", "stopped"],
-        ["inactive,", "2"],
-        ["inactive", "continuable"],
-        ["inactive", "continuable"],
+        ["stopped", "continuable"],
+        ["ready,", "2"],
+        ["ready", "continuable"],
+        ["ready", "continuable"],
     ]
-    assert "inactive, 2 in doubt  continuable" in lines[2]
+    assert "ready, 2 in doubt  continuable" in lines[2]
 
 
 # --- end to end: a real stop, listed live and then by a new process ------------------------------

@@ -24,7 +24,7 @@ from log_lines import log_file
 from rich.console import Console
 from scripts import BACKGROUND_CHILD
 from subagents.runtime import StreamEvent
-from subagents.runtime.hosts.run_progress import RunProgress, render_progress
+from subagents.runtime.hosts.run_progress import RunProgress, ago, child_line, render_progress
 from subagents.storage import make_event
 
 TIMEOUT = 60  # real seconds: only reached if a subprocess hangs
@@ -115,6 +115,36 @@ def test_the_fold(items: list[StreamEvent], line: str, children: dict[str, str])
     progress = fold(*items)
     assert progress.status_line() == line
     assert {c.id: c.state for c in progress.children.values()} == children
+
+
+def test_each_child_keeps_its_last_action_and_when_and_the_line_says_how_long_ago() -> None:
+    def at(session_id: str, seq: int, kind: str, data: dict[str, Any], time: int) -> StreamEvent:
+        return StreamEvent(session_id, make_event(seq, kind, time, data))
+
+    call = {"turn": 1, "step": 1, "call_id": "c", "name": "grep", "arguments": "{}"}
+    progress = fold(
+        ev("root", 1, "subagent/catalog", catalog("kid")),
+        at("kid", 0, "turn/start", {"turn": 1}, 1_000),
+        at("kid", 1, "tool/call", call, 5_000),
+    )
+    kid = progress.children["kid"]
+    assert (kid.state, kid.last, kid.last_at) == ("running", "called grep", 5_000)
+    assert child_line(kid) == "kid [running] — helper"  # no clock: no time (run's display)
+    assert child_line(kid, now_ms=17_400) == "kid [running] — helper · called grep, 12s ago"
+    progress.apply(at("kid", 2, "turn/end", {"turn": 1, "reason": {"kind": "aborted", "cause": "user"}}, 20_000))
+    progress.apply(at("root", 2, "subagent/settled", {"child_id": "kid", "reason_kind": "aborted"}, 20_500))
+    assert child_line(kid, now_ms=20_000 + 3 * 3_600_000) == (
+        "kid [settled: aborted] — helper · ended its turn (aborted), 3h ago"
+    )
+    assert [ago(ms) for ms in (-5, 999, 1_000, 59_999, 60_000, 7_200_000, 2 * 86_400_000)] == [
+        "just now",
+        "just now",
+        "1s ago",
+        "59s ago",
+        "1m ago",
+        "2h ago",
+        "2d ago",
+    ]
 
 
 def test_the_render_shows_the_status_line_and_the_child_tree() -> None:

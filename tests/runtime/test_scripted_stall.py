@@ -431,6 +431,7 @@ def test_cli_run_stalls_with_one_line_and_exit_1(tmp_path: Path) -> None:
     )
     assert line in done.stderr.splitlines()
     assert [ln for ln in done.stderr.splitlines() if "stall" in ln] == [line]
+    assert done.stdout == ""  # a failed turn that said nothing prints nothing, not an empty line
 
 
 @pytest.mark.slow  # 8 subprocesses

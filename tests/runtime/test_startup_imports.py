@@ -137,8 +137,8 @@ def test_children_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["children", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == [
-        "ID      STATE     MODE         CREATED                   CHILDREN  LABEL",
-        "helper  inactive  continuable  2026-12-01T13:17:22.000Z  no        the helper",
+        "ID      STATE  MODE         CREATED                   CHILDREN  LABEL",
+        "helper  ready  continuable  2026-12-01T13:17:22.000Z  no        the helper",
     ]
     assert _heavy(modules) == []
     # What it does load: the storage, the actors, the query and the listing.

@@ -1066,6 +1066,34 @@ async def test_activation_limit_and_interrupt_by_the_parent(tmp_path: Path) -> N
     assert_each_settlement_noticed_once(events)
 
 
+async def test_an_interrupt_of_a_resident_child_between_turns_says_nothing_was_running(tmp_path: Path) -> None:
+    """A child whose turn ended stays resident while its own child works: interrupting it stops
+    nothing, and the outcome says so (issue 29 item 6); its running child is interrupted as ever."""
+    root = tmp_path / "root"
+    script = {
+        "agents": [
+            {"session": "parent", "responses": [delegate("mid"), {"text": "P_STARTED"}, {"text": "P_NOTED"}]},
+            {"label": "mid", "responses": [delegate("deep"), {"text": "MID_DONE"}, {"text": "MID_NOTED"}]},
+            {"label": "deep", "responses": [{"hang": True}]},
+        ]
+    }
+    with trio.fail_after(GUARD):
+        async with runtime(root, script, max_depth=2) as rt:
+            parent = await rt.agents.create(session_id="parent")
+            await parent.send("start")
+            await parent.wait_idle()
+            mid = rt.agents.get("child-1")
+            assert mid is not None
+            await mid.wait_idle()  # its turn ended; its child still runs, so it stays resident
+            assert rt.agents.status("child-2") == "running"
+            assert await rt.subagents.interrupt("child-1", parent) == "idle"
+            assert rt.agents.status("child-2") == "running"  # an idle child's interrupt reaches no further
+            assert await rt.subagents.interrupt("child-2", parent) == "requested"
+            await rt.subagents.wait_tree_idle(parent)
+    assert turn_end(events_of(root, "child-2"), 1) == {"kind": "aborted", "cause": "parent"}
+    assert [turn_end(events_of(root, "child-1"), n)["kind"] for n in (1, 2)] == ["completed", "completed"]
+
+
 async def test_interrupt_and_message_authority(tmp_path: Path) -> None:
     """Self, a resident sibling and a resident stranger are refused; a non-resident target is an
     accepted no-op that never resumes it; a stranger cannot message another parent's child."""

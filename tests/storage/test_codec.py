@@ -776,6 +776,51 @@ def test_custom_events_round_trip_through_one_line(seq: int, time: int, data: di
     assert msgspec.json.decode(back.data) == data
 
 
+# Leaves JSON cannot carry, and keys that are not strs, mixed into otherwise valid data.
+bad_leaves = st.sampled_from(
+    [math.nan, math.inf, 2**63, -(2**63) - 1, 10**30, "a\ud800", "\udfff", {1, 2}, b"x", decimal.Decimal(1), 1j]
+)
+mixed_values = st.recursive(
+    st.one_of(json_scalars, bad_leaves),
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.lists(children, max_size=3).map(tuple),
+        st.dictionaries(
+            st.one_of(st.text(max_size=3), st.sampled_from(["\ud800", 1, None, 2.5])), children, max_size=4
+        ),
+    ),
+    max_leaves=12,
+)
+
+
+def _nested(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for i in range(depth):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+@given(data=st.dictionaries(st.text(max_size=3), mixed_values, max_size=4))
+@example(data={"a": "\ud800", "b": math.nan})  # the first bad value in walk order is named
+@example(data={"a": math.nan, "\ud800": 1})
+@example(data={"a": _nested(198, 1)})  # just inside the depth cap
+@example(data={"a": _nested(199, 1)})
+@example(data={"a": _nested(199, "\ud800")})
+@example(data={"a": _nested(250, 1)})
+def test_make_event_refuses_exactly_what_check_lossless_refuses_and_names_it_alike(data: dict[str, Any]) -> None:
+    # Issue 28 item 3: `make_event` says yes to plain data without building JSON paths, and
+    # leaves every no (and every lone surrogate, which the encoder refuses) to `check_lossless`.
+    try:
+        check_lossless(data, "$.data")
+    except NonLosslessData as exc:
+        with pytest.raises(NonLosslessData) as info:
+            make_event(SEQ, "x/custom", TIME, data, ignorable=True)
+        assert str(info.value) == str(exc)
+        return
+    event = make_event(SEQ, "x/custom", TIME, data, ignorable=True)
+    assert bytes(event.data) == msgspec.json.encode(data)
+
+
 @given(text=st.text(), seq=st.integers(0, 1000))
 @example(text="\u2028\u2029", seq=0)
 @example(text="line\nbreak\r\n\x00", seq=1)

@@ -166,37 +166,38 @@ def test_an_append_cut_before_it_committed_is_not_sent_again_past_a_takeover(
 @contextmanager
 def _cut_after_commit(store: PostgresLogStore, db: psycopg.Connection[Any]) -> Iterator[list[int]]:
     """The next append statement commits, then its connection is terminated before the client
-    reads the reply: the client sees a lost connection, the server has the batch."""
-    real = store._pool.connection
+    reads the reply: the client sees a lost connection, the server has the batch. (The append
+    runs on the pool's kept cursor of a connection, `Pool.cursor`: the fault goes there.)"""
+    real = store._pool.cursor
     cut: list[int] = []
 
     @contextmanager
-    def connection() -> Iterator[Any]:
-        with real() as conn:
-            yield _CutAfterCommit(conn, db, cut)
+    def cursor() -> Iterator[Any]:
+        with real() as cur:
+            yield _CutAfterCommit(cur, db, cut)
 
-    store._pool.connection = connection  # type: ignore[method-assign]  # the fault under test
+    store._pool.cursor = cursor  # type: ignore[method-assign]  # the fault under test
     try:
         yield cut
     finally:
-        store._pool.connection = real  # type: ignore[method-assign]  # the fault under test, undone
+        store._pool.cursor = real  # type: ignore[method-assign]  # the fault under test, undone
 
 
 class _CutAfterCommit:
-    def __init__(self, conn: psycopg.Connection[Any], db: psycopg.Connection[Any], cut: list[int]) -> None:
-        self._conn, self._db, self._cut = conn, db, cut
+    def __init__(self, cur: psycopg.Cursor[Any], db: psycopg.Connection[Any], cut: list[int]) -> None:
+        self._cur, self._db, self._cut = cur, db, cut
 
     def execute(self, sql: str, params: Any = None) -> Any:
-        result = self._conn.execute(sql, params)
+        result = self._cur.execute(sql, params)
         if sql.startswith("WITH l AS (UPDATE leases") and not self._cut:
-            pid = self._conn.info.backend_pid
+            pid = self._cur.connection.info.backend_pid
             self._cut.append(pid)
             self._db.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            self._conn.execute("SELECT 1")  # raises: the server closed this connection
+            self._cur.execute("SELECT 1")  # raises: the server closed this connection
         return result
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
+        return getattr(self._cur, name)
 
 
 @pytest.mark.parametrize("published", [True, False], ids=["append", "publication"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,85 @@ def test_batches_above_the_threshold_are_zstd_frames(make: Factory, db: psycopg.
     assert read_all(store, "s1") == [turn_start_event(0, T), big]
 
 
+def test_each_appending_thread_makes_one_compressor_and_keeps_it(
+    make: Factory, db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compressor costs more to make than a batch costs to compress: each thread that appends
+    makes one and keeps it; two threads appending at once each use their own (a zstd compressor
+    shared across threads is unsafe), and every frame reads back whole."""
+    from subagents.storage import zstd_framing
+
+    made: list[str] = []
+    real = zstd_framing.new_compressor
+
+    def counting() -> zstandard.ZstdCompressor:
+        made.append(threading.current_thread().name)
+        return real()
+
+    monkeypatch.setattr(zstd_framing, "new_compressor", counting)
+    store = make(compress_above=10)
+    barrier = threading.Barrier(2)
+
+    def appends(sid: str) -> None:
+        handle = store.create(header(sid))
+        barrier.wait()
+        for k in range(20):
+            store.append(handle, [Batch(Offset(k), [assistant_event(k, T + k, text=f"{sid} {k} " * 20)])])
+        store.close(handle)
+
+    threads = [threading.Thread(target=appends, args=(f"s{i}",), name=f"appender-{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(made) == ["appender-0", "appender-1"]
+    assert db.execute("SELECT count(*), bool_and(compressed) FROM batches").fetchone() == (40, True)
+    for sid in ("s0", "s1"):
+        assert read_all(store, sid) == [assistant_event(k, T + k, text=f"{sid} {k} " * 20) for k in range(20)]
+
+
+def test_a_batch_above_64_kb_is_compressed_by_a_compressor_of_its_own(
+    make: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compressor keeps the memory of the largest input it compressed: the one a thread keeps
+    compresses batches up to 64 KB; a larger batch gets a compressor of its own, dropped after."""
+    from subagents.storage import zstd_framing
+
+    made: list[zstandard.ZstdCompressor] = []
+    real = zstd_framing.new_compressor
+
+    def counting() -> zstandard.ZstdCompressor:
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(zstd_framing, "new_compressor", counting)
+    monkeypatch.setattr(zstd_framing._per_thread, "compressor", None)  # this thread's, made afresh
+    store = make(compress_above=10)
+    big = [assistant_event(k, T + k, text="x" * 1000 + str(k)) for k in range(1, 80)]
+    publish(
+        store, "s1", [batch(0, 1)], [Batch(Offset(1), big)], [Batch(Offset(80), [assistant_event(80, T, text="y")])]
+    )
+    assert len(made) == 2  # the thread's own (for the small batches), one for the big batch
+    assert read_all(store, "s1")[1:80] == big
+
+
+def test_the_pool_keeps_one_cursor_per_connection_and_drops_a_broken_ones(make: Factory) -> None:
+    """The append's statement runs on a cursor kept with its connection (no new cursor per
+    append); a connection the server cut is dropped with its cursor."""
+    pool = make()._pool
+    with pool.cursor() as first:
+        conn = first.connection
+    with pool.cursor() as again:
+        assert again is first and again.execute("SELECT 1").fetchone() == (1,)
+    with pool.connection() as same:
+        assert same is conn
+        same.close()  # as a cut connection is found
+    with pool.cursor() as fresh:
+        assert fresh is not first and fresh.connection is not conn
+        assert fresh.execute("SELECT 2").fetchone() == (2,)
+    assert list(pool._cursors) == [fresh.connection]
+
+
 def test_a_listing_and_a_stat_are_one_query_each(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
     store = make()
     for i in range(30):
@@ -249,6 +329,70 @@ def test_a_checkpoint_never_leads_the_log(make: Factory, db: psycopg.Connection[
     db.execute("UPDATE sessions SET event_count = 2 WHERE id = 's1'")
     assert store.write_checkpoint(handle, {"u": CheckpointRow(ver=1, seq=1, val=object())}) is False  # not JSON
     store.close(handle)
+
+
+def test_a_checkpoint_write_is_one_statement(make: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One round trip (the count check, the stale units' delete and the rows' upsert together),
+    not a transaction of several statements: the actor waits for it between two commits."""
+    store = make()
+    handle = store.create(header("s1"))
+    store.append(handle, [batch(0, 2)])
+    assert store.write_checkpoint(
+        handle, {"u": CheckpointRow(ver=1, seq=1, val=1), "v": CheckpointRow(ver=1, seq=1, val=2)}
+    )
+    store.append(handle, [batch(2, 3)])
+    sent = _record_statements(store, monkeypatch)
+    assert store.write_checkpoint(
+        handle, {"u": CheckpointRow(ver=2, seq=2, val=3), "w": CheckpointRow(ver=1, seq=2, val=4)}
+    )
+    assert len(sent) == 1, sent
+    found = store.read_checkpoint("s1", header("s1"), 0)
+    assert found == ({"u": CheckpointRow(ver=2, seq=2, val=3), "w": CheckpointRow(ver=1, seq=2, val=4)}, 3)
+    store.close(handle)
+
+
+def _record_statements(store: PostgresLogStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement (and transaction block) the store sends from now on, on pooled connections."""
+    sent: list[str] = []
+    real = store._pool.connection
+
+    class Recorded:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(str(query)[:40])
+            return self._inner.execute(query, *args, **kwargs)
+
+        def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(str(query)[:40])
+            return self._inner.executemany(query, *args, **kwargs)
+
+        def transaction(self, *args: Any, **kwargs: Any) -> Any:
+            sent.append("BEGIN ... COMMIT")
+            return self._inner.transaction(*args, **kwargs)
+
+        def cursor(self, *args: Any, **kwargs: Any) -> Any:
+            return Recorded(self._inner.cursor(*args, **kwargs))
+
+        def __enter__(self) -> Any:
+            self._inner.__enter__()
+            return self
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self._inner.__exit__(*exc)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+    @contextmanager
+    def connection() -> Iterator[Any]:
+        with real() as conn:
+            yield Recorded(conn)
+
+    monkeypatch.setattr(store._pool, "connection", connection)
+    monkeypatch.setattr(store._pool, "_cursors", {})  # the kept cursors are made anew, on recorded connections
+    return sent
 
 
 # --- damage planted in rows ---------------------------------------------------------------------

@@ -30,29 +30,32 @@ import sys
 from collections.abc import AsyncIterable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+import outcome
 import trio
 from subagents.storage import SessionNotFound, StorageError
 
 from ...agent.loop import Agent
 from ...app import Runtime, open_runtime
+from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
-from ...delegation.tools import agent_status, render_agents
-from ...event_stream import open_event_stream
+from ...delegation.tools import agent_status, interrupt_text, render_agents
+from ...event_stream import StreamEvent, open_event_stream
 from ...foundation.errors import AgentError, AgentStopped, SessionQueryError, SubagentsError, UsageError
 from ...models.base import AnyModel
 from ...models.tee import TeeModel
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...usage import session_usage, tree_usage, usage_lines
 from ..run_progress import ChildStatus, RunProgress
+from ..setup import mcp_failures
 from ..transcript import render, transcript
 from .input import Asker, Lines
-from .terminal import CTRL_C
+from .terminal import CTRL_C, ESCAPE
 from .view import ChatView, cut
 
 if TYPE_CHECKING:  # an annotation: the caller brings rich
     from rich.console import Console
 
-__all__ = ["HELP", "Lines", "PipedLines", "chat", "mcp_failures"]
+__all__ = ["HELP", "Lines", "PipedLines", "chat"]
 
 LAST_TURNS = 3  # turns a resumed session shows before its prompt
 
@@ -61,14 +64,22 @@ commands:
   /agents [all]      the session's subagents with status and label (all: the whole tree)
   /send ID TEXT      send TEXT to the subagent ID (as this session)
   /interrupt ID      stop the subagent ID's current turn
+  /watch [ID]        show subagent ID's text and tool calls live in place of this session's; /watch comes back
   /usage             token usage per turn, for the session and its tree
   /wait              wait until the session and its subagents are idle (Ctrl-C stops waiting)
   /help              this text
   /quit              leave (Ctrl-D too; Ctrl-C cancels a running turn, or leaves when idle)"""
 
 
+STEER_PROMPT = "steer> "  # the prompt while the person's turn runs: a line joins that turn
+LEAVE_CHOICES = "[s]top them and leave, [w]ait for them and then leave, or Enter to stay"
+LEAVE_QUESTION = "leave? [s/w/Enter] "
+
+
 class PipedLines:
     """Plain lines from a file (stdin when it is not a terminal), read in a worker thread."""
+
+    steers = False  # a script's next line is the next turn's, read once this one ended
 
     def __init__(self, file: Any = None) -> None:
         if file is None:
@@ -76,9 +87,31 @@ class PipedLines:
             # Bytes that are not UTF-8 become U+FFFD: bad input is a line like any other.
             file.reconfigure(errors="replace")
         self.file = file
+        # A read a cancel gave up on (Ctrl-C at the prompt) goes on in its thread: its line is
+        # the next read's answer, never lost to an abandoned thread.
+        self._pending: trio.Event | None = None
+        self._line: outcome.Outcome[str] | None = None
 
     async def read(self, prompt: str) -> str | object | None:
-        line = await trio.to_thread.run_sync(self.file.readline, abandon_on_cancel=True)
+        if self._pending is None:
+            done = self._pending = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+
+            def deliver(result: outcome.Outcome[str]) -> None:
+                def in_trio() -> None:
+                    self._line = result
+                    done.set()
+
+                try:
+                    token.run_sync_soon(in_trio)
+                except trio.RunFinishedError:
+                    pass  # the chat ended while this line was read: nobody wants it
+
+            trio.lowlevel.start_thread_soon(self.file.readline, deliver)
+        await self._pending.wait()
+        result, self._pending, self._line = self._line, None, None
+        assert result is not None
+        line = result.unwrap()
         return line.rstrip("\r\n") if line else None
 
     def progress(self, progress: RunProgress) -> None:
@@ -86,6 +119,9 @@ class PipedLines:
 
     def interrupt(self) -> None:
         pass  # a pipe's read cannot be taken back: its next line answers the question
+
+    def turn_running(self, running: bool) -> None:
+        pass
 
 
 class _Chat:
@@ -98,7 +134,7 @@ class _Chat:
         self.leaving = False
         self.read_scope: trio.CancelScope | None = None
         self.wait_scope: trio.CancelScope | None = None
-        self.asker = Asker(lines, lambda text: view.say(text, "yellow"))
+        self.asker = Asker(lines, lambda text: view.say(text, "yellow"), agent.session_id)
 
     async def on_signals(self, signals: AsyncIterable[int]) -> None:
         async for _ in signals:
@@ -119,15 +155,22 @@ class _Chat:
             self.read_scope.cancel()
 
     async def loop(self) -> int:
-        while not self.leaving:
+        while True:
             line: str | object | None = None  # a cancelled read leaves (`leaving` is set first)
-            with trio.CancelScope() as self.read_scope:
-                line = await self.asker.prompt("> ")
-            self.read_scope = None
-            if self.leaving or line is None:
-                return 0
+            if not self.leaving:
+                with trio.CancelScope() as self.read_scope:
+                    line = await self.asker.prompt("> ")
+                self.read_scope = None
             if line is CTRL_C:
                 self.ctrl_c()
+            if self.leaving:
+                if await self.may_leave():
+                    return 0
+                self.leaving = False
+                continue
+            if line is None:
+                return 0  # end of input: leave (the runtime's close stops what still works)
+            if line is CTRL_C:
                 continue
             assert isinstance(line, str)
             text = line.strip()
@@ -142,11 +185,44 @@ class _Chat:
                 return status
         return 0
 
+    def working(self) -> list[str]:
+        """The subagents of this session's tree that are still resident (leaving stops them)."""
+        root = self.agent.session_id
+        return [a.child_id for a in self.runtime.subagents.manager.resident.values() if a.root_id == root]
+
+    async def may_leave(self) -> bool:
+        """Ctrl-C at the idle prompt: leave — but while subagents still work, ask first whether
+        to stop them, wait for them, or stay (never stop them silently)."""
+        working = self.working()
+        if not working:
+            return True
+        count = f"{len(working)} subagent{'s' if len(working) != 1 else ''}"
+        # Said whole: a pipe shows no prompt.
+        self.view.say(f"{count} still working: {', '.join(working)} — {LEAVE_CHOICES}", "yellow")
+        answer: str | object | None = None  # Ctrl-C again (a signal cancels the read): stop them
+        with trio.CancelScope() as self.read_scope:
+            answer = await self.asker.prompt(LEAVE_QUESTION)
+        self.read_scope = None
+        word = answer.strip().lower() if isinstance(answer, str) else "stop"  # Ctrl-C again, or no input
+        if word in ("s", "stop"):
+            return True  # the runtime's close stops them (their settlements are recorded)
+        if word in ("w", "wait"):
+            self.view.say("(waiting for them; Ctrl-C stops them and leaves)", "dim")
+            await self.wait_tree()
+            return True
+        return False
+
     async def turn(self, text: str) -> int | None:
         self.in_turn = True
         try:
             await self.agent.send(text)
-            await self.agent.wait_idle()
+            if self.lines.steers:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.steer)
+                    await self.agent.wait_idle()
+                    nursery.cancel_scope.cancel()  # the prompt goes; what was typed is carried over
+            else:
+                await self.agent.wait_idle()
         except AgentStopped as exc:
             self.view.say(f"subagents: {exc}", "red")
             return 1
@@ -154,6 +230,33 @@ class _Chat:
             self.in_turn = False
         await self.view.caught_up(self.agent.session.durable_next)
         return None
+
+    async def steer(self) -> None:
+        """While the person's turn runs (on a terminal): a line typed is steering for that turn
+        (it joins its next step; the view shows it when it is recorded), a `/command` runs as at
+        the idle prompt, Esc or Ctrl-C interrupts the turn."""
+        self.lines.turn_running(True)
+        try:
+            while True:
+                line = await self.asker.prompt(STEER_PROMPT)
+                if line is None:
+                    return  # end of input: the turn goes on; the chat leaves after it
+                if line is CTRL_C or line is ESCAPE:
+                    self.ctrl_c()
+                    continue
+                assert isinstance(line, str)
+                text = line.strip()
+                if not text:
+                    continue
+                if text.startswith("/"):
+                    if text.split()[0] in ("/quit", "/wait"):
+                        self.view.say("(a turn is running: Esc interrupts it first)", "dim")
+                    else:
+                        await self.command(text)
+                    continue
+                await self.agent.send(text, "steer")
+        finally:
+            self.lines.turn_running(False)
 
     async def wait_tree(self) -> None:
         self.in_turn = True
@@ -191,7 +294,9 @@ class _Chat:
                     say("usage: /interrupt ID")
                 else:
                     outcome = await self.runtime.subagents.interrupt(rest, by=self.agent)
-                    say(f"{rest}: {outcome}", "dim")
+                    say(interrupt_text(rest, outcome), "dim")  # the words interrupt_agent answers
+            elif name == "/watch":
+                await self.watch(rest)
             elif name == "/wait":
                 await self.wait_tree()
             elif name == "/usage":
@@ -204,6 +309,37 @@ class _Chat:
         except SubagentsError as exc:
             say(f"{name}: {cut(getattr(exc, 'message', None) or str(exc))}", "red")
         return False
+
+    async def watch(self, target: str) -> None:
+        """`/watch ID`: a descendant's lines and live text in place of the session's, from its
+        current turn on; `/watch` alone comes back."""
+        view = self.view
+        if not target:
+            if view.watching is None:
+                view.say("usage: /watch ID (a subagent of this session: /agents all lists them)")
+            view.unwatch()
+            return
+        if " " in target:
+            view.say("usage: /watch ID")
+            return
+        known = view.progress.children.get(target)
+        label = known.label if known is not None else None
+        if known is None:
+            rows = await self.runtime.listing.list_descendants(self.agent.session_id)
+            row = next((r for r in rows if r.id == target and isinstance(r, ChildRow)), None)
+            if row is None:
+                view.say(f"/watch: {cut(target, 40)} is not a subagent of this session (/agents all lists them)")
+                return
+            label = row.label
+        try:
+            _k, events = await self.runtime.query.read_from(target, 0)
+        except StorageError as exc:
+            view.say(f"/watch: {cut(str(exc))}", "red")
+            return
+        start = max((i for i, e in enumerate(events) if e.type == "turn/start"), default=len(events))
+        child = self.runtime.agents.get(target)  # its live text reaches this view only if it runs here
+        durable = (lambda: child.session.durable_next) if child is not None else (lambda: len(events))
+        view.watch(target, label or target, [StreamEvent(target, e) for e in events], start, durable)
 
     async def agents(self, descendants: bool) -> str:
         sid = self.agent.session_id
@@ -273,17 +409,6 @@ async def _ask_open_turn(
         console.print("answer y (go on with the turn) or n (close it as interrupted)", markup=False, highlight=False)
 
 
-def mcp_failures(runtime: Runtime) -> list[str]:
-    """A line per configured MCP server that did not start (its tools are not offered)."""
-    if runtime.mcp is None:
-        return []
-    return [
-        f"MCP server {status.name!r} is unavailable: {status.error}"
-        for status in runtime.mcp.status()
-        if status.state != "ready"
-    ]
-
-
 async def _known_tree(runtime: Runtime, session_id: str, progress: RunProgress) -> None:
     """Seed a resumed chat's tree with the descendants the listing knows (the stream shows
     only what happens from now on)."""
@@ -298,7 +423,7 @@ async def _known_tree(runtime: Runtime, session_id: str, progress: RunProgress) 
                 parent=row.parent_id or session_id,
                 label=row.label,
                 mode=row.mode,
-                state="running" if row.activity == "running" else "inactive",
+                state=state_word(row, "running" if row.activity == "running" else "ready"),
             )
 
 

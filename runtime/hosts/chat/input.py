@@ -43,6 +43,14 @@ class Lines(Protocol):
         """Take away the prompt of the read in progress, if the reader can (thread-safe)."""
         ...
 
+    # Whether lines typed while a turn runs reach the chat (a terminal: steering, Esc); a pipe's
+    # next line waits for the turn's end, so a scripted session stays a sequence of turns.
+    steers: bool
+
+    def turn_running(self, running: bool) -> None:
+        """A turn starts or ends (a terminal binds Esc to interrupting it meanwhile)."""
+        ...
+
 
 def parse_answer(line: str | object | None) -> PermissionAnswer:
     """The person's answer to a permission question: y/yes, a/always; anything else denies."""
@@ -64,11 +72,13 @@ class _Question:
 
 class Asker:
     """Reads lines for the chat's prompt and answers permission questions, one read at a time.
-    `say` shows a question before it is asked (a pipe shows no prompt)."""
+    `say` shows a question before it is asked (a pipe shows no prompt), naming the session that
+    asks: `root_id`'s own, or a subagent's."""
 
-    def __init__(self, lines: Lines, say: Callable[[str], None]) -> None:
+    def __init__(self, lines: Lines, say: Callable[[str], None], root_id: str | None = None) -> None:
         self.lines = lines
         self.say = say
+        self.root_id = root_id  # the chat's session: a question from any other names who asks
         self._turn_to_read = trio.Lock()
         self._questions: deque[_Question] = deque()
         self._prompt_up = False  # the holder is at the chat's prompt (a question interrupts it)
@@ -110,7 +120,9 @@ class Asker:
     async def _answer_questions(self) -> None:
         while self._questions:
             question = self._questions[0]
-            self.say(f"permission: {question.request.title}")
+            asking = question.request.session_id
+            who = "this session" if asking == self.root_id else f"subagent {asking}"
+            self.say(f"permission ({who}): {question.request.title}")
             line = await self.lines.read(QUESTION)
             if line is INTERRUPTED:
                 continue  # a stale interrupt: ask again

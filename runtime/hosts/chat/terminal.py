@@ -24,9 +24,11 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
+import attrs
 import trio
 
 if TYPE_CHECKING:  # annotations: rich and prompt-toolkit load only when a chat draws
@@ -35,9 +37,19 @@ if TYPE_CHECKING:  # annotations: rich and prompt-toolkit load only when a chat 
 
     from ..run_progress import RunProgress
 
-__all__ = ["CTRL_C", "INTERRUPTED", "TerminalLines", "TerminalOutput", "history_path", "toolbar_text"]
+__all__ = [
+    "CTRL_C",
+    "ESCAPE",
+    "INTERRUPTED",
+    "TerminalLines",
+    "TerminalOutput",
+    "history_path",
+    "streaming_line",
+    "toolbar_text",
+]
 
 CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
+ESCAPE = object()  # what it returns when the person pressed Esc while a turn runs
 INTERRUPTED = object()  # what it returns when `interrupt` took its prompt away (a question came)
 TREE_LINES = 8  # children the toolbar shows at most (the working ones first)
 
@@ -76,7 +88,15 @@ class TerminalOutput(TextIO):
                 self._queued.append(whole + newline)
                 if self._app is not None:
                     self._hand_to_prompt()
+            elif self._app is not None:
+                self._app.invalidate()  # thread-safe: the toolbar shows the line as it grows
         return len(text)
+
+    def partial(self) -> str:
+        """The line being written while a prompt is up (streamed answer text waiting for its
+        newline): the prompt's toolbar shows it meanwhile."""
+        with self._lock:
+            return self._partial if self._prompting else ""
 
     def flush(self) -> None:
         with self._lock:
@@ -156,9 +176,13 @@ class TerminalLines:
     in a worker thread so Trio keeps the main thread; imported here only, so other commands
     never load it."""
 
+    steers = True  # lines typed while a turn runs reach it (the chat reads them then)
+
     def __init__(self, output: TerminalOutput, history_file: str | None = None) -> None:
         from prompt_toolkit import PromptSession
+        from prompt_toolkit.filters import Condition
         from prompt_toolkit.history import FileHistory, InMemoryHistory
+        from prompt_toolkit.key_binding import KeyBindings
 
         history: Any = InMemoryHistory()
         if history_file is not None:
@@ -169,20 +193,46 @@ class TerminalLines:
                 history = FileHistory(history_file)
             except OSError:
                 pass  # no place for it (read-only home): this chat's lines only
-        self.session: Any = PromptSession(history=history)
+        # Esc interrupts a running turn. Eager (no wait for a longer key sequence), so only
+        # while a turn runs: at the idle prompt Esc keeps its editing meaning (Alt-keys).
+        self._running = False
+        keys = KeyBindings()
+
+        @keys.add("escape", eager=True, filter=Condition(lambda: self._running))
+        def _escape(event: Any) -> None:
+            event.app.exit(result=ESCAPE)
+
+        self.session: Any = PromptSession(history=history, key_bindings=keys)
         self.output = output
-        self._toolbar: Any = ""  # the rendered tree (ANSI), swapped whole: the prompt thread reads it
+        self._carry = ""  # what was typed at a prompt taken away (the turn ended): the next one starts with it
+        self._progress: RunProgress | None = None  # the session's status and tree, swapped whole
         self._interrupt = threading.Event()  # `interrupt` asked; cleared when a prompt returns for it
         self._idle = threading.Event()  # no prompt thread runs
         self._idle.set()
 
     def progress(self, progress: RunProgress) -> None:
-        from prompt_toolkit.formatted_text import ANSI
-
-        self._toolbar = ANSI(toolbar_text(progress, shutil.get_terminal_size().columns))
+        # A copy, swapped whole: the prompt thread renders it on every redraw (the "ago" of each
+        # child's last action moves with the clock), while this thread folds the next event.
+        self._progress = attrs.evolve(
+            progress, children={k: attrs.evolve(child) for k, child in progress.children.items()}
+        )
         app = self.session.app
         if app.is_running:
             app.invalidate()  # thread-safe: the prompt's loop redraws
+
+    def _bottom(self) -> Any:
+        """The toolbar (in the prompt's loop): the answer line streaming meanwhile, if any,
+        above the status and tree."""
+        from prompt_toolkit.formatted_text import ANSI
+
+        width = shutil.get_terminal_size().columns
+        progress = self._progress
+        tree = toolbar_text(progress, width, now_ms=int(time.time() * 1000)) if progress is not None else ""
+        return ANSI(streaming_line(self.output.partial(), width) + tree)
+
+    def turn_running(self, running: bool) -> None:
+        """A turn runs (Esc interrupts it) or not. Thread-safe: the prompt's loop reads it."""
+        self._running = running
 
     def interrupt(self) -> None:
         """Take the prompt away: the read in progress (or the next, if it is just starting)
@@ -199,6 +249,7 @@ class TerminalLines:
     def _exit_if_asked(self, app: Application[Any]) -> None:
         """In the prompt's loop: end the prompt if an interrupt is pending and it still runs."""
         if self._interrupt.is_set() and app.is_running and app.future is not None and not app.future.done():
+            self._carry = app.current_buffer.text
             app.exit(result=INTERRUPTED)
 
     async def read(self, prompt: str) -> str | object | None:
@@ -207,11 +258,18 @@ class TerminalLines:
             self.output.prompt_running(app)
             self._exit_if_asked(app)  # an interrupt that came while it started
 
+        carried, self._carry = self._carry, ""
+
         def ask() -> str | object | None:
             try:
                 # The worker thread cannot own signal handlers; Ctrl-C arrives as a key.
                 line = self.session.prompt(
-                    prompt, handle_sigint=False, bottom_toolbar=lambda: self._toolbar, pre_run=started
+                    prompt,
+                    handle_sigint=False,
+                    bottom_toolbar=self._bottom,
+                    pre_run=started,
+                    default=carried,
+                    refresh_interval=1.0,  # each child's "12s ago" keeps time
                 )
             except KeyboardInterrupt:
                 return CTRL_C
@@ -235,9 +293,20 @@ class TerminalLines:
             raise
 
 
-def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES) -> str:
+def streaming_line(partial: str, width: int) -> str:
+    """The tail of a line being streamed, as toolbar text (its own line, at most two screen
+    lines' worth; control characters dropped: the text is the model's, never escapes)."""
+    if not partial:
+        return ""
+    text = "".join(ch for ch in partial if ch.isprintable())
+    room = max(20, width) * 2 - 1
+    return ("…" + text[-(room - 1) :] if len(text) > room else text) + "\n"
+
+
+def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES, now_ms: int | None = None) -> str:
     """The session's status line and its child tree (at most `most` children, the working ones
-    first), rendered by rich as ANSI text `width` columns wide."""
+    first; with `now_ms`, each one's last action and how long ago), rendered by rich as ANSI text
+    `width` columns wide."""
     from rich.console import Console, Group
     from rich.text import Text
     from rich.tree import Tree
@@ -254,7 +323,7 @@ def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES) -> s
     nodes = {progress.root_id: tree}
     for child in children:  # in the order they started, under their parents
         if child.id in shown:
-            nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child)))
+            nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child, now_ms)))
     parts: list[RenderableType] = [status, tree]
     if len(children) > most:
         parts.append(Text(f"… and {len(children) - most} more (/agents all)"))

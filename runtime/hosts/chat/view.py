@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterable, Callable
 from typing import TYPE_CHECKING
 
+import attrs
 import msgspec
 import trio
 from subagents.storage import StorageError
@@ -30,8 +31,9 @@ def cut(text: str, width: int = _WIDTH) -> str:
     return one if len(one) <= width else one[: width - 1] + "…"
 
 
-def event_line(item: StreamEvent, root_id: str) -> str | None:
-    """The line the chat shows for one durable event, or None for events it does not show.
+def event_line(item: StreamEvent, root_id: str, *, steering: bool = False) -> str | None:
+    """The line the chat shows for one durable event, or None for events it does not show;
+    `steering`: a message of the person's is not its turn's first (it joined the running turn).
     Raises `StorageError` for a payload that does not decode."""
     event = item.event
     own = item.session_id == root_id
@@ -48,8 +50,8 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
         if kind == "turn/start":
             return f"  ⋯ {item.session_id} working (turn {e['turn']})"
         reason = e["reason"]
-        more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
-        return f"  ⋯ {item.session_id} turn {e['turn']} {reason['kind']}{cut(more, 120)}"
+        more = " ".join(str(reason[k]) for k in ("cause", "message") if k in reason)
+        return f"  ⋯ {item.session_id} turn {e['turn']} {reason['kind']}" + (f" {cut(more, 120)}" if more else "")
     if kind == "turn/start":
         # A turn the person started says nothing more; one a notice started says so.
         trigger = f" ({e['trigger']})" if e.get("trigger", "message") != "message" else ""
@@ -66,6 +68,8 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
             text += " [interrupted]"
         return f"assistant: {text}" if text else None
     if kind in ("user/message", "system/message"):
+        if kind == "user/message" and e["source"] == "user" and steering:
+            return f"you (steering): {cut(e['text'])}"  # typed while the turn ran: it joined it
         if e["source"] in ("user", "model") or kind == "system/message":
             return None  # the person typed it; the system prompt is not news
         return f"{e['source']}: {cut(e['text'])}"
@@ -84,6 +88,26 @@ def event_line(item: StreamEvent, root_id: str) -> str | None:
     return None
 
 
+@attrs.define(eq=False)
+class _Live:
+    """One session whose answer text the view shows as it streams (the root, or the watched
+    child): how far its events are shown, and the text of its model calls not shown yet."""
+
+    session_id: str
+    tag: str  # what each of its lines starts with ("" for the root, "[label] " for a watched child)
+    shown: int  # its next seq to show
+    replies: int  # its `assistant/message` events shown (or before the view saw it)
+    durable_next: Callable[[], int]  # its log's durable end now
+    gates: dict[int, int] = attrs.field(factory=dict)  # by call: its durable end when the text began
+    waiting: dict[int, list[str]] = attrs.field(factory=dict)  # text of calls not shown yet, by call
+    muted: set[int] = attrs.field(factory=set)  # calls whose text went unseen: printed from the record
+
+    @property
+    def prefix(self) -> str:
+        """What its streamed answer line starts with."""
+        return f"{self.tag}assistant: "
+
+
 class ChatView:
     """Prints the event stream, and the root's answer text as it streams; knows how far the
     root session has been shown.
@@ -92,80 +116,162 @@ class ChatView:
     shown (its turn's start and input, the session's earlier replies): the stream may deliver
     those after a fast model has begun, and the text waits for them. The reply's
     durable `assistant/message` then only ends the line; a reply nothing was streamed for is
-    printed whole from the record."""
+    printed whole from the record.
+
+    `/watch ID` (`watch`) shows a descendant's lines and live text, by the same rules, in place
+    of the root's, which wait in `held` until `unwatch` (a root call whose text streamed
+    meanwhile is printed from its record)."""
 
     def __init__(
         self, console: Console, root_id: str, start: int, replies: int, durable_next: Callable[[], int]
     ) -> None:
         self.console = console
         self.root_id = root_id
-        self.shown = start  # the root's next seq to show
-        self.replies = replies  # the root's `assistant/message` events shown (or before the chat)
+        self.root = _Live(root_id, "", start, replies, durable_next)
         self.ended = False
-        self.streaming = False  # a line of streamed answer text is open (for call `replies`)
-        self.durable_next = durable_next  # the root's
+        self.streaming: _Live | None = None  # whose line of streamed answer text is open
         self.progress = RunProgress(root_id, activity="idle")  # the root's activity and its tree
         self.on_progress: Callable[[RunProgress], None] = lambda progress: None
-        self.gates: dict[int, int] = {}  # by call: the root's durable end when its text began
-        self.waiting: dict[int, list[str]] = {}  # text of calls not shown yet, by call
+        self.inputs = 0  # the root's user messages since its last turn/start (more than one: steering)
+        self.watched: _Live | None = None
+        self.held: list[tuple[str, str | None]] = []
         self._changed = trio.Event()
+
+    @property
+    def shown(self) -> int:
+        """The root's next seq to show."""
+        return self.root.shown
+
+    @property
+    def replies(self) -> int:
+        return self.root.replies
+
+    @property
+    def watching(self) -> str | None:
+        return self.watched.session_id if self.watched is not None else None
 
     def say(self, text: str, style: str | None = None) -> None:
         self.end_stream()
         self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
     def on_text(self, session_id: str, call: int, text: str) -> None:
-        """Answer text of `session_id`'s model call `call` as it streams (the root's only)."""
-        if session_id != self.root_id or not text:
+        """Answer text of `session_id`'s model call `call` as it streams (the root's, or the
+        watched child's)."""
+        live = self.watched if self.watched is not None else self.root
+        if not text:
             return
-        gate = self.gates.setdefault(call, self.durable_next())
-        if call != self.replies or self.shown < gate:
-            self.waiting.setdefault(call, []).append(text)
+        if session_id != live.session_id:
+            if session_id == self.root_id:
+                self.root.muted.add(call)  # watching another: the root's record prints it whole
             return
-        if not self.streaming:
-            self.console.print("assistant: ", end="", markup=False, highlight=False, soft_wrap=True)
-            self.streaming = True
+        if call in live.muted:
+            return
+        gate = live.gates.setdefault(call, live.durable_next())
+        if call != live.replies or live.shown < gate:
+            live.waiting.setdefault(call, []).append(text)
+            return
+        if self.streaming is not live:
+            self.end_stream()
+            self.console.print(live.prefix, end="", markup=False, highlight=False, soft_wrap=True)
+            self.streaming = live
         self.console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 
     def end_stream(self, suffix: str = "") -> None:
-        if self.streaming:
-            self.streaming = False
+        if self.streaming is not None:
+            self.streaming = None
             self.console.print(suffix, markup=False, highlight=False, soft_wrap=True)
 
-    def _release(self) -> None:
+    def watch(
+        self, session_id: str, name: str, events: list[StreamEvent], start: int, durable_next: Callable[[], int]
+    ) -> None:
+        """Show `session_id`'s lines and live text in place of the root's: its log's `events`
+        so far, those from index `start` (its current turn) shown first."""
+        self.unwatch(quiet=True)
+        replies = sum(1 for item in events if item.event.type == "assistant/message")
+        shown = events[-1].event.seq + 1 if events else 0
+        self.say(f"(watching {session_id}{'' if name == session_id else ' — ' + name}: /watch to come back)", "dim")
+        for item in events[start:]:
+            line = self._line(item, session_id)
+            if line is not None:
+                self.say(f"[{name}] {line}", _style(line))
+        self.watched = _Live(session_id, f"[{name}] ", shown, replies, durable_next)
+
+    def unwatch(self, *, quiet: bool = False) -> None:
+        """Back to the root: the lines it wrote meanwhile first."""
+        if self.watched is None:
+            return
+        self.end_stream()
+        self.watched = None
+        if not quiet:
+            self.say(f"(back to {self.root_id}{': meanwhile' if self.held else ''})", "dim")
+        held, self.held = self.held, []
+        for line, style in held:
+            self.say(line, style)
+
+    def _release(self, live: _Live) -> None:
         """Show the text waiting for the call whose reply comes next, if its turn is shown."""
-        for call in [c for c in self.gates if c < self.replies]:
-            self.gates.pop(call)
-            self.waiting.pop(call, None)  # its reply was printed from the record
-        if self.replies in self.waiting and self.shown >= self.gates[self.replies]:
-            self.on_text(self.root_id, self.replies, "".join(self.waiting.pop(self.replies)))
+        for call in [c for c in live.gates if c < live.replies]:
+            live.gates.pop(call)
+            live.waiting.pop(call, None)  # its reply was printed from the record
+        if live.replies in live.waiting and live.shown >= live.gates[live.replies]:
+            self.on_text(live.session_id, live.replies, "".join(live.waiting.pop(live.replies)))
+
+    def _line(self, item: StreamEvent, own: str, *, steering: bool = False) -> str | None:
+        try:
+            return event_line(item, own, steering=steering)
+        except StorageError as exc:
+            return f"  ! {item.session_id} seq {item.event.seq}: {exc}"
 
     def _show(self, item: StreamEvent) -> None:
         self.progress.apply(item)
         self.on_progress(self.progress)
-        root = item.session_id == self.root_id
+        sid = item.session_id
         kind = item.event.type
-        if root and kind == "assistant/message":
-            self.replies += 1
-            if self.streaming:
+        watched = self.watched
+        if watched is not None and sid == watched.session_id:
+            if item.event.seq >= watched.shown:
+                self._followed(watched, item)
+            return
+        if sid != self.root_id:
+            line = self._line(item, self.root_id)
+            if line is not None:
+                self.say(line, "dim")
+            return
+        if kind == "turn/start":
+            self.inputs = 0
+        steering = kind == "user/message" and self.inputs > 0
+        if kind == "user/message":
+            self.inputs += 1
+        if watched is None:
+            self._followed(self.root, item, steering=steering)
+            return
+        if kind == "assistant/message":
+            self.root.replies += 1
+        line = self._line(item, self.root_id, steering=steering)
+        if line is not None:
+            self.held.append((line, _style(line)))  # shown when the watch ends
+        self._shown(self.root, item)
+
+    def _followed(self, live: _Live, item: StreamEvent, *, steering: bool = False) -> None:
+        """One event of a session whose text streams: its line, or the end of its streamed one."""
+        if item.event.type == "assistant/message":
+            live.replies += 1
+            if self.streaming is live:
                 # Its text was shown as it streamed: the durable record only ends the line.
                 self.end_stream(" [interrupted]" if _interrupted(item) else "")
-                self._shown(item)
+                self._shown(live, item)
                 return
-        try:
-            line = event_line(item, self.root_id)
-        except StorageError as exc:
-            line = f"  ! {item.session_id} seq {item.event.seq}: {exc}"
+        line = self._line(item, live.session_id, steering=steering)
         if line is not None:
-            self.say(line, None if line.startswith("assistant:") else "dim")
-        if root:
-            self._shown(item)
+            self.say(live.tag + line, _style(line))
+        self._shown(live, item)
 
-    def _shown(self, item: StreamEvent) -> None:
-        self.shown = item.event.seq + 1
-        self._changed.set()
-        self._changed = trio.Event()
-        self._release()
+    def _shown(self, live: _Live, item: StreamEvent) -> None:
+        live.shown = item.event.seq + 1
+        if live is self.root:
+            self._changed.set()
+            self._changed = trio.Event()
+        self._release(live)
 
     async def consume(self, stream: AsyncIterable[StreamEvent]) -> None:
         try:
@@ -177,8 +283,12 @@ class ChatView:
 
     async def caught_up(self, durable_next: int) -> None:
         """Until the root's events below `durable_next` have been shown."""
-        while self.shown < durable_next and not self.ended:
+        while self.root.shown < durable_next and not self.ended:
             await self._changed.wait()
+
+
+def _style(line: str) -> str | None:
+    return None if line.startswith(("assistant:", "you (steering):")) else "dim"
 
 
 def _interrupted(item: StreamEvent) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from subagents.storage import StorageError, StoreUnreachable
 
-from ...delegation.agents_text import render_agents
+from ...delegation.agents_text import render_agents, state_word
 from ...delegation.listing import ChildRow
 from ...foundation.errors import CommandFailed, QuerySessionNotFound, SessionQueryError, SubagentError, UsageError
 from ...read_side import open_read_side
@@ -47,7 +47,9 @@ async def children_command(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
-    async with open_read_side(args.root, store=args.store) as runtime:
+    # One parent's children need no more than line 1 of the logs that name another parent.
+    focus = None if args.descendants else args.parent_id
+    async with open_read_side(args.root, store=args.store, focus=focus) as runtime:
         try:
             # A parent the corpus has no record of is `ListingParentNotFound` (a usage error).
             if args.descendants:
@@ -160,7 +162,8 @@ def _print_table(rows: Sequence[Row], descendants: bool, created: dict[str, int]
         when = iso_time(created.get(row.id))
         if isinstance(row, ChildRow):
             children = "yes" if row.has_children else "no"
-            state = row.activity + (", stopped" if row.stopped else "")
+            # The words `agents` uses (the JSON keeps the SPEC's `activity`).
+            state = state_word(row, "running" if row.activity == "running" else "ready")
             state += f", {row.in_doubt} in doubt" if row.in_doubt > 0 else ""
             cells.append([row.id, *where, state, row.mode, when, children, cell_text(row.label)])
         else:

@@ -170,6 +170,9 @@ async def operator_command(args: argparse.Namespace) -> int:
         if not held and kind != "message":
             print(f"session {sid} is not running: nothing to {args.command}")
             return 0
+        # A live session between turns: the interrupt or stop finds nothing running (told
+        # here, since its holder acts on it later, out of sight).
+        idle = held and kind != "message" and not await _turn_open(side.query, sid)
         mailbox = open_mailbox(side.log_store, args.root)
         await trio.to_thread.run_sync(mailbox.sync_clock)  # the clock the envelope is stamped on
         envelope = new_envelope(mailbox, kind, {"text": args.text} if kind == "message" else {})
@@ -178,7 +181,25 @@ async def operator_command(args: argparse.Namespace) -> int:
         "live in another process, which records it" if held else "not running: the next host that resumes it records it"
     )
     print(f"{args.command} {envelope.delivery_id} delivered to session {sid} ({where})")
+    if idle:
+        effect = "it stops between turns" if kind == "stop" else "no turn was open to interrupt"
+        print(f"session {sid} was idle: nothing was running ({effect})")
     return 0
+
+
+async def _turn_open(query: SessionQuery, sid: str) -> bool:
+    """Whether the log's last turn is open (for a session held elsewhere: it is running); a
+    log that cannot be read counts as open, so nothing is claimed about it."""
+    try:
+        _k, events = await query.read_from(sid, 0)
+    except StorageError:
+        return True
+    for event in reversed(events):
+        if event.type == "turn/end":
+            return False
+        if event.type == "turn/start":
+            return True
+    return False
 
 
 async def tail_command(args: argparse.Namespace, *, write: Callable[[bytes], None]) -> int:

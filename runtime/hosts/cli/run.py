@@ -86,12 +86,14 @@ def chat_command(args: argparse.Namespace) -> int:
 
 async def run_command(args: argparse.Namespace, setup: HostSetup, *, interrupt: Interrupt) -> int:
     from ...app import open_runtime
-    from ..setup import headless_approver
+    from ..setup import headless_approver, mcp_failures
 
     options = {**setup.runtime_options(), "approver": headless_approver}
     async with open_runtime(
         args.root, model=setup.model, compression=args.compression, store=args.store, **options
     ) as runtime:
+        for line in mcp_failures(runtime):
+            print(f"subagents: {line} (its tools are not offered)", file=sys.stderr)
         # Ctrl-C: the first stops the work and drains (below), the second stops the waiting for
         # stdout's reader; either way the runtime then closes normally. (A third stops it all.)
         with interrupt.cancels(on=2) as again:
@@ -123,8 +125,8 @@ async def run_command(args: argparse.Namespace, setup: HostSetup, *, interrupt: 
     elif not interrupt.hit:
         if args.json:
             print_stdout(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))
-        else:
-            print_stdout(output)
+        elif output or reason["kind"] == "completed":
+            print_stdout(output)  # a failed turn that said nothing prints nothing (the error is on stderr)
     if between_turns:
         print("subagents: interrupted while no turn ran (running subagents were stopped)", file=sys.stderr)
     elif reason["kind"] != "completed":
