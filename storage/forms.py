@@ -265,29 +265,32 @@ class PlainForm(_LaidOut[PlainLayout]):
                 raise exc.to_storage_error(sid) from None
         _check_header(sid, record, header)
         cut_at = _Cut(sid, record.inherited_event_count, start)
-        base, held = nl + 1, held[nl + 1 :]
-        seq, first = 0, True
-        while True:
-            end = base + len(held)
-            cut = held.rfind(b"\n") + 1 if end >= size or len(held) >= CHUNK_BYTES else 0
-            if cut:
-                chunk, held = (held, b"") if cut == len(held) else (held[:cut], held[cut:])
-                if poll is not None and not first:
-                    poll()
-                events = _decoded(sid, chunk, base, seq, poll, payloads)
-                base, seq, first = base + cut, seq + len(events), False
-                del chunk
-                events = cut_at.take(events)
-                if events:
-                    yield events
-                del events
+        base, seq, length = nl + 1, 0, CHUNK_BYTES
+        del held
+        while base < size:
+            # Each chunk is read afresh from the record boundary it starts at: what the last
+            # read held past its last newline is read again (a line's worth) rather than joined.
+            held = read(base, min(length, size - base))
+            cut = held.rfind(b"\n") + 1
+            if not cut:
+                if base + len(held) >= size:
+                    break  # a torn tail: an incomplete last line, or NUL padding
+                length = 2 * len(held)  # a line longer than a chunk: held whole (doubling: linear)
                 continue
-            if end >= size:
-                cut_at.end()
-                return  # what is left is a torn tail: an incomplete last line, or NUL padding
-            # Up to a chunk; past it only for a line longer than a chunk (doubling: linear).
-            want = CHUNK_BYTES - len(held) if len(held) < CHUNK_BYTES else len(held)
-            held += read(end, min(want, size - end))
+            # The chunk's events reference its buffer: a short incomplete last line may stay in
+            # it (copying the lines out would copy every byte), a long one does not.
+            chunk = held if len(held) - cut <= len(held) >> 4 else held[:cut]
+            del held
+            if poll is not None and seq:
+                poll()
+            events = _decoded(sid, chunk, cut, base, seq, poll, payloads)
+            base, seq, length = base + cut, seq + len(events), CHUNK_BYTES
+            del chunk
+            events = cut_at.take(events)
+            if events:
+                yield events
+            del events
+        cut_at.end()
 
     def header_span(self, data: bytes) -> int:
         return data.find(b"\n") + 1
@@ -428,11 +431,12 @@ def _check_header(sid: SessionId, record: HeaderRecord, header: SessionHeader) -
 
 
 def _decoded(
-    sid: SessionId, chunk: bytes, base: int, first_seq: int, poll: AbortPoll | None, payloads: bool
+    sid: SessionId, chunk: bytes, end: int, base: int, first_seq: int, poll: AbortPoll | None, payloads: bool
 ) -> list[Event]:
-    """The complete lines of `chunk` (the file's bytes from `base`), damage located in the file."""
+    """The complete lines of `chunk[:end]` (the file's bytes from `base`), damage located in the
+    file."""
     try:
-        return decode_event_lines(sid, chunk, 0, len(chunk), first_seq=first_seq, poll=poll, payloads=payloads)
+        return decode_event_lines(sid, chunk, 0, end, first_seq=first_seq, poll=poll, payloads=payloads)
     except CorruptLog as exc:
         offset = None if exc.offset is None else base + exc.offset
         raise type(exc)(sid, exc.reason, seq=exc.seq, offset=offset) from None
