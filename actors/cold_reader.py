@@ -12,6 +12,9 @@ never inside an ExceptionGroup. When `abort` is set (before, during or after the
 raises `ReadAborted` and returns nothing partial; a `trio.Cancelled` from an enclosing scope
 passes through unchanged. Given a projection registry, each read also folds fresh cells over its
 events in the same worker thread (the units are pure): the event loop never folds a cold log.
+A read streams the log (`LogReader.read_chunks`) and folds a chunk at a time; with
+`keep_events=False` it keeps only the last turn's events (what the in-memory closers need), so
+folding a log of any size holds about one chunk of it.
 
 Theory of operation. Thread hops are few and large (a hop costs about 0.1 ms, a 100 KB log about
 0.4 ms to read; msgspec holds the GIL, so two decoding threads on a 2-core machine only slow each
@@ -107,9 +110,11 @@ class ColdRead:
     session_id: str
     header: SessionHeader
     inherited_event_count: int
+    # Every logged event, then the closers; read with `keep_events=False`, the closers only.
     events: tuple[Event, ...]
     closers: int  # how many of `events` are in-memory closers
-    cells: ProjectionCells | None = None  # folded over `events`, when read with a registry
+    logged: int  # how many logged events the read saw (kept in `events` or not)
+    cells: ProjectionCells | None = None  # folded over the log and the closers, when read with a registry
 
 
 @attrs.define(eq=False)
@@ -125,6 +130,7 @@ class _Request:
     session_id: str
     registry: ProjectionRegistry | None
     call: _Call
+    keep_events: bool = True
     result: ColdRead | BaseException | None = None  # written once, by the thread that read it
     done: trio.Event = attrs.Factory(trio.Event)
 
@@ -174,9 +180,12 @@ class ColdReader:
         *,
         registry: ProjectionRegistry | None = None,
         group: ReadGroup | None = None,
+        keep_events: bool = True,
     ) -> list[ColdRead | StorageError]:
         """Read every id (at most `max_in_flight` at a time), aligned with `ids`; with a
         `registry`, each result carries its cells folded over its events (closers included).
+        `keep_events=False`: a result holds only the closers as events (a caller that wants
+        the cells of a log, not its events, holds one chunk of it at a time).
         Reads share hops with the other calls of their `group` (without one: of their abort).
         Raises `ReadAborted` when `abort` is set, and a read's error that is no `StorageError`."""
         if abort is not None and abort.is_set():
@@ -194,11 +203,15 @@ class ColdReader:
             async with cancelled_when(abort):
                 if len(ids) == 1:
                     # One read (an observation): no task of its own, and no slot unless it pumps.
-                    results[0] = await self._obtain(queue, call, ids[0], registry, holding_slot=False)
+                    results[0] = await self._obtain(
+                        queue, call, ids[0], registry, keep_events=keep_events, holding_slot=False
+                    )
                 else:
                     async with trio.open_nursery() as reads:
                         for i, session_id in enumerate(ids):
-                            reads.start_soon(partial(self._read_held, queue, call, results, i, session_id, registry))
+                            reads.start_soon(
+                                partial(self._read_held, queue, call, results, i, session_id, registry, keep_events)
+                            )
         except BaseExceptionGroup as group_error:
             # Only an enclosing cancellation gets here (reads keep everything else as values):
             # hand it on as the bare Cancelled the enclosing scope expects.
@@ -228,11 +241,14 @@ class ColdReader:
         i: int,
         session_id: str,
         registry: ProjectionRegistry | None,
+        keep_events: bool,
     ) -> None:
         """A read of a call of several: it holds a slot until it is read, so that at most
         `max_in_flight` of the call's reads are under way."""
         async with self.limiter:
-            results[i] = await self._obtain(group, call, session_id, registry, holding_slot=True)
+            results[i] = await self._obtain(
+                group, call, session_id, registry, keep_events=keep_events, holding_slot=True
+            )
 
     async def _obtain(
         self,
@@ -241,12 +257,13 @@ class ColdReader:
         session_id: str,
         registry: ProjectionRegistry | None,
         *,
+        keep_events: bool = True,
         holding_slot: bool,
     ) -> ColdRead | BaseException:
         """Ask until answered with a result: pump, start a pump, or queue and wait (see "Who
         pumps"). No checkpoint falls between looking at the group and acting on it."""
         while True:
-            request = _Request(session_id, registry, call)
+            request = _Request(session_id, registry, call, keep_events)
             if not group.pumps and holding_slot:
                 await self._pump(group, request)
             elif not group.pumps and not group.starting:
@@ -425,27 +442,39 @@ class ColdReader:
 
     def _attempt(self, request: _Request) -> ColdRead | BaseException:
         try:
-            return self._read(request.session_id, request.registry)
+            return self._read(request.session_id, request.registry, keep_events=request.keep_events)
         except StorageError as exc:
             return exc
         except Exception as exc:  # a bug: fails its call
             return exc
 
-    def _read(self, session_id: str, registry: ProjectionRegistry | None = None) -> ColdRead:
+    def _read(
+        self, session_id: str, registry: ProjectionRegistry | None = None, *, keep_events: bool = True
+    ) -> ColdRead:
         store = self.store
         handle = store.open_read(session_id)
+        cells = None if registry is None else registry.cells(handle.header, handle.inherited_event_count)
+        kept: list[Event] = []
+        logged = 0
         try:
-            # Between decode chunks: a cancelled scope (an abort, or an enclosing cancellation)
-            # raises `trio.Cancelled` in this thread.
-            events = store.read(handle, poll=trio.from_thread.check_cancelled)
+            # Chunk by chunk; between decode chunks a cancelled scope (an abort, or an enclosing
+            # cancellation) raises `trio.Cancelled` in this thread. A damaged log raises
+            # after some chunks were folded: those cells are dropped with the error.
+            for chunk in store.read_chunks(handle, poll=trio.from_thread.check_cancelled):
+                if cells is not None:
+                    cells.fold(chunk)
+                logged += len(chunk)
+                if keep_events:
+                    kept.extend(chunk)
+                else:
+                    kept = _last_turn(kept, chunk)
+                del chunk
         finally:
             store.close(handle)
-        closers = interrupted_closers(events, session_id=handle.session_id)
-        every = tuple(events) + tuple(closers) if closers else tuple(events)
-        cells = None
-        if registry is not None:
-            cells = registry.cells(handle.header, handle.inherited_event_count)
-            cells.fold(every)
+        closers = interrupted_closers(kept, session_id=handle.session_id)
+        if cells is not None and closers:
+            cells.fold(closers)
+        every = tuple(kept) + tuple(closers) if keep_events else tuple(closers)
         return ColdRead(
             session_id=handle.session_id,
             header=handle.header,
@@ -453,4 +482,16 @@ class ColdReader:
             events=every,
             closers=len(closers),
             cells=cells,
+            logged=logged,
         )
+
+
+def _last_turn(kept: list[Event], chunk: list[Event]) -> list[Event]:
+    """The events from the last `turn/start` of `kept` then `chunk` on (none before the first):
+    all that `interrupted_closers` reads (`plan_continuation` reads the last turn only)."""
+    for i in range(len(chunk) - 1, -1, -1):
+        if chunk[i].type == "turn/start":
+            return chunk[i:]
+    if kept:
+        kept.extend(chunk)
+    return kept

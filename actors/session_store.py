@@ -167,9 +167,9 @@ class SessionStore:
                         return handle, cells, cells.fold(events), every
                     # A unit without a usable row (another state_version) folds from the start;
                     # the others skip what their rows cover.
-                    return handle, cells, cells.fold(every if every is not None else store.read(handle)), every
+                    return handle, cells, _fold(cells, store, handle, every), every
             cells = self.registry.cells(handle.header, k)
-            return handle, cells, cells.fold(every if every is not None else store.read(handle)), every
+            return handle, cells, _fold(cells, store, handle, every), every
         except BaseException:
             store.close(handle)
             raise
@@ -293,3 +293,11 @@ async def open_session_store(
             nursery.cancel_scope.cancel()
     if body_error is not None:
         raise body_error
+
+
+def _fold(cells: ProjectionCells, store: LogStore, handle: WriteHandle, every: list[Event] | None) -> int:
+    """Fold the whole log into `cells`: the events read already, else a chunk at a time
+    (`read_chunks`: a log of any size is never held whole to be folded)."""
+    if every is not None:
+        return cells.fold(every)
+    return sum(cells.fold(chunk) for chunk in store.read_chunks(handle))

@@ -6,9 +6,13 @@ and of group commit grows with size.
    index, a cache, removed first: every child is read and observed) and **warm** (the next run,
    over the index that run left).
 2. `subagents sessions` of a store of 10,000 and 50,000 sessions, cold and warm as in 1.
-3. Peak RSS of a new process: the cold listing of 10,000 children (1), and reading a 500 MB
-   (uncompressed) zstd log through the storage layer (`open_read` + `read`), against a process
-   that only opens it (`open_read`: the imports and the header).
+3. Peak RSS of a new process: the cold listing of 10,000 children (1), and (3b) reading a 500 MB
+   (uncompressed) zstd log through the storage layer — `open_read` + `read` (every event in a
+   list), `read_chunks` (the stream, each chunk dropped once counted), and the cold reader
+   folding the runtime's projection units over it (`ColdReader.read_many` with the runtime's
+   registry, as an observation reads a session: every event kept; and with
+   `keep_events=False`: only the cells) — against a process that only opens it (`open_read`:
+   the imports and the header; with the actors and runtime imported for the cold reader).
 4. Group commit: one session, A = 1 / 10 / 100 / 1,000 concurrent appenders through its actor
    (`SessionRef.append`, one event per call, fsynced before it is acknowledged): events/s and
    events per fsync.
@@ -26,7 +30,8 @@ Every store is written with the storage layer directly (bench/corpus.py: the sto
 `create` + `append`, fsyncs skipped); the commands run with the bytecode cache on (as
 bench/startup.py). Run: `.venv/bin/python bench/scale.py` (10-15 minutes on 2 busy cores, then
 a few more to remove the 51,000 session folders; `--quick`: tiny sizes, a smoke run of about
-half a minute with no verdicts; `--only 1,4` some curves; `--dir` for the temporary stores;
+half a minute with no verdicts; `--only 1,4` some curves (`3b`: only the big log of 3, without
+1's stores); `--dir` for the temporary stores;
 `--log-mb N` the size of 3's log; `--baseline-tree DIR` also reads it with the storage, actors and
 runtime packages in DIR, e.g. an older commit's `git archive`: before and after in one run).
 It always exits 0: a measurement, not a test.
@@ -123,9 +128,22 @@ _READ_LOG = """
 import sys
 from subagents.storage import FileLogStore
 store = FileLogStore(sys.argv[1])
-handle = store.open_read(sys.argv[2])
-if sys.argv[3] == "read":
+sid, mode = sys.argv[2], sys.argv[3]
+if mode.startswith("cold"):
+    import trio
+    from subagents.actors import ColdReader
+    from subagents.runtime.read_side import runtime_registry
+    async def cold():
+        keep = {"keep_events": False} if mode == "cold-fold" else {}
+        (read,) = await ColdReader(store).read_many([sid], registry=runtime_registry(), **keep)
+        assert read.cells is not None
+        return read.logged if mode == "cold-fold" else len(read.events) - read.closers
+    print(trio.run(cold) if mode != "cold-open" else 0)
+handle = store.open_read(sid)
+if mode == "read":
     print(len(store.read(handle)))
+elif mode == "stream":
+    print(sum(len(chunk) for chunk in store.read_chunks(handle)))
 store.close(handle)
 store.close_store()
 """
@@ -376,9 +394,27 @@ def build_big_log(root: str, size_mb: int) -> tuple[int, int]:
     return blocks * len(block), blocks * block_bytes
 
 
-def bench_big_log(
-    workdir: str, sizes: Sizes, env: dict[str, str], baseline_tree: str | None = None
-) -> tuple[int, int, list[int], list[int], list[int]]:
+@dataclass
+class BigLogPeaks:
+    """Peak RSS of each way of reading the big log (bytes, one entry per repetition); `old_*`
+    with the baseline tree's packages (empty without one)."""
+
+    events: int
+    plain: int
+    peaks: dict[str, list[int]] = field(default_factory=dict)
+
+
+# What each mode measures, and the mode it is measured above (the same imports, no read).
+BIG_LOG_MODES = {
+    "read": ("open_read + read (every event in a list)", "open"),
+    "stream": ("open_read + read_chunks (each chunk dropped)", "open"),
+    "cold": ("cold reader + runtime registry, events kept (an observation)", "cold-open"),
+    "cold-fold": ("cold reader + runtime registry, keep_events=False", "cold-open"),
+}
+OLD_MODES = ("read", "cold")  # what a tree without read_chunks can run
+
+
+def bench_big_log(workdir: str, sizes: Sizes, env: dict[str, str], baseline_tree: str | None = None) -> BigLogPeaks:
     root = os.path.join(workdir, "big")
     started = time.perf_counter()
     events, plain = build_big_log(root, sizes.log_mb)
@@ -387,21 +423,48 @@ def bench_big_log(
         f"\n3b. one zstd log of {events:,} events, {plain / MB:.0f} MB plain, {on_disk / MB:.0f} MB on disk "
         f"(frames of 256 events), built in {time.perf_counter() - started:.0f} s"
     )
-    read = [sys.executable, "-c", _READ_LOG, root, "big", "read"]
-    opened = [sys.executable, "-c", _READ_LOG, root, "big", "open"]
-    run = run_process(read, env=env)
-    if int(run.stdout) != events:
-        raise bug(f"the big log read back {run.stdout!r} events, not {events}")
-    old = [sys.executable, "-c", _READ_LOG_FROM, baseline_tree or "", root, "big", "read"]
-    if baseline_tree is not None and int(run_process(old, env=env).stdout) != events:
-        raise bug(f"the baseline tree's read of the big log did not return {events} events")
-    reading, baseline, reading_old = [], [], []
-    for _ in range(sizes.log_reps):
-        reading.append(peak_rss(read, env))
-        baseline.append(peak_rss(opened, env))
-        if baseline_tree is not None:
-            reading_old.append(peak_rss(old, env))
-    return events, plain, reading, baseline, reading_old
+
+    def argv(mode: str, old: bool = False) -> list[str]:
+        if old:
+            return [sys.executable, "-c", _READ_LOG_FROM, baseline_tree or "", root, "big", mode]
+        return [sys.executable, "-c", _READ_LOG, root, "big", mode]
+
+    runs = [(mode, False) for mode in BIG_LOG_MODES]
+    if baseline_tree is not None:
+        runs += [(mode, True) for mode in OLD_MODES]
+    for mode, old in runs:  # untimed: each way reads every event back
+        got = int(run_process(argv(mode, old), env=env).stdout)
+        if got != events:
+            raise bug(
+                f"{'the baseline tree' if old else 'this tree'}: {mode} of the big log gave {got} events, not {events}"
+            )
+    out = BigLogPeaks(events=events, plain=plain)
+    floors = ["open", "cold-open"]
+    for _ in range(sizes.log_reps):  # alternated: before and after, in the same minutes
+        for mode in floors:
+            out.peaks.setdefault(mode, []).append(peak_rss(argv(mode), env))
+        for mode, old in runs:
+            out.peaks.setdefault(f"old_{mode}" if old else mode, []).append(peak_rss(argv(mode, old), env))
+    return out
+
+
+def report_big_log(big: BigLogPeaks, baseline_tree: str | None) -> list[str]:
+    """Print the peaks of 3b; returns the verdict lines."""
+    plain = big.plain
+    median = {key: statistics.median(values) for key, values in big.peaks.items()}
+    verdicts = []
+    for mode, (what, floor_mode) in BIG_LOG_MODES.items():
+        floor = median[floor_mode]
+        growth = (median[mode] - floor) / plain
+        line = f"   {what}: peak {median[mode] / MB:.0f} MB, above its floor {floor / MB:.0f} MB: {growth:.2f}x plain"
+        if f"old_{mode}" in median:
+            old = (median[f"old_{mode}"] - floor) / plain
+            line += f"; {baseline_tree}: {median[f'old_{mode}'] / MB:.0f} MB, {old:.2f}x (this tree / baseline {growth / old:.2f}x)"
+        print(line)
+        verdicts.append(
+            f"peak RSS reading a {plain / MB:.0f} MB zstd log, {mode}: {growth:.2f}x the plain size above the import"
+        )
+    return verdicts
 
 
 # --- 4: group commit ------------------------------------------------------------------------------
@@ -501,23 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 verdicts.append(
                     f"peak RSS, cold children of {sizes.children[-1]:,}: {commands.rss_cold_10k / MB:.0f} MB"
                 )
-            events, plain, reading, baseline, reading_old = bench_big_log(workdir, sizes, env, args.baseline_tree)
-            peak, floor = statistics.median(reading), statistics.median(baseline)
-            print(
-                f"   open_read + read of the whole log: peak {peak / MB:.0f} MB; open_read only: {floor / MB:.0f} MB; "
-                f"(peak - open) / plain size {(peak - floor) / plain:.2f}x"
-            )
-            if reading_old:
-                old = statistics.median(reading_old)
-                print(
-                    f"   the same read with {args.baseline_tree}: peak {old / MB:.0f} MB, (peak - open) / plain size "
-                    f"{(old - floor) / plain:.2f}x; this tree's growth above open / the baseline's: "
-                    f"{(peak - floor) / (old - floor):.2f}x"
-                )
-            verdicts.append(
-                f"peak RSS reading a {plain / MB:.0f} MB zstd log: {peak / MB:.0f} MB, "
-                f"{(peak - floor) / plain:.2f}x the plain size above the import"
-            )
+        if "3" in only or "3b" in only:
+            big = bench_big_log(workdir, sizes, env, args.baseline_tree)
+            verdicts += report_big_log(big, args.baseline_tree)
         if "4" in only:
             commit = bench_commit(workdir, sizes)
             print(f"\n4. group commit: one session, one-event appends, medians of {sizes.commit_reps}")

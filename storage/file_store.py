@@ -16,9 +16,10 @@ once, into the storage error tree (file_handles).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from ._codec import Event
 from ._records import HeaderError, HeaderRecord
@@ -322,31 +323,63 @@ class FileLogStore:
             raise HandleClosed(sid, "read")
         if type(start) is not int or start < 0 or (stop is not None and (type(stop) is not int or stop < start)):
             raise InvalidRange(f"session {sid!r}: read range [{start!r}, {stop!r}) is not a range of offsets")
+        # The stream, kept whole: it never holds the file (a zstd log's compressed bytes) nor a
+        # growing buffer, only each chunk's plain bytes, which the events reference. Every
+        # event is validated, those past `stop` too, as a whole read always has.
+        events: list[Event] = []
+        for chunk in self._chunks(handle, Offset(start), poll):
+            events.extend(chunk)
+        return events if stop is None else events[: max(0, stop - start)]
+
+    def read_chunks(
+        self, handle: Handle, *, start: Offset = Offset(0), poll: AbortPoll | None = None
+    ) -> Iterator[list[Event]]:
+        """`read(handle, start)` a chunk at a time (`LogReader.read_chunks`): the file is read
+        through a bounded window (forms: `LogForm.stream`)."""
+        sid = handle.session_id
+        if handle.closed:
+            raise HandleClosed(sid, "read")
+        if type(start) is not int or start < 0:
+            raise InvalidRange(f"session {sid!r}: read start {start!r} is not an offset")
+        return self._chunks(handle, start, poll)
+
+    def _chunks(self, handle: Handle, start: Offset, poll: AbortPoll | None) -> Iterator[list[Event]]:
+        sid = handle.session_id
         state = handle.impl
         with mapped(sid, "read"):
             if isinstance(state, WriteState):
-                if not handle.published or state.file is None:
-                    return []
-                data = state.file.pread(0, state.end)
-                # Every byte up to `end` was validated when the handle opened (a parse, or a
-                # row the index vouches for) or appended by it (events are valid by
-                # construction, payloads included): their payloads need no second check.
-                payloads = False
+                if not (isinstance(handle, WriteHandle) and handle.published) or state.file is None:
+                    return
+                file, owned = state.file, False
             else:
                 assert isinstance(state, ReadState)
-                file = self.fs.open(state.path, "read")
-                try:
-                    data = file.pread(0, file.size())
+                file, owned = self.fs.open(state.path, "read"), True
+            try:
+                if isinstance(state, WriteState):
+                    # Every byte up to `end` was validated when the handle opened (a parse, or a
+                    # row the index vouches for) or appended by it (events are valid by
+                    # construction, payloads included): their payloads need no second check.
+                    size, known, payloads = state.end, None, False
+                else:
+                    size, known = file.size(), state.known
                     # Payloads are checked once per revision of a log: by the scan whose row
                     # vouches for exactly these bytes (or by the writer that recorded it).
-                    payloads = not self._catalog.vouches(sid, state.form.compression, file.revision(), len(data))
-                finally:
-                    file.close()
-        known = state.known if isinstance(state, ReadState) else None
-        parsed = state.form.parse(sid, data, poll=poll, known=known, payloads=payloads)
-        if parsed.record.header != handle.header:
-            raise CorruptLog(sid, "the log's header changed since the handle was opened", offset=0)
-        return parsed.events[start:stop]
+                    payloads = not self._catalog.vouches(sid, state.form.compression, file.revision(), size)
+
+                def read_at(offset: int, length: int) -> bytes:
+                    got = file.pread(offset, length)
+                    if len(got) != length:
+                        # Logs only grow, but a writer may cut a torn tail meanwhile: an IO
+                        # failure of this read (a retry reads the repaired log), never a loop.
+                        raise OSError(errno.EIO, f"the log ended at byte {offset + len(got)} while being read")
+                    return got
+
+                yield from state.form.stream(
+                    sid, read_at, size, header=handle.header, start=start, poll=poll, known=known, payloads=payloads
+                )
+            finally:
+                if owned:
+                    file.close()  # each read opens the log afresh, at its path
 
     # --- listing ---
 

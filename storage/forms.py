@@ -1,14 +1,27 @@
-"""The two file forms of format 1 behind one interface: parse a whole log, frame new bytes.
+"""The two file forms of format 1 behind one interface: parse a whole log, stream one, frame
+new bytes.
 
 `PlainForm` is newline-delimited JSON; `ZstdForm` is one checksummed zstd frame for the header
 line and one per durable append. Both parse into the same `ParsedLog`: the header record, every
 event of the complete prefix, where that prefix ends in the file, and — for a torn zstd frame —
 the recovered lines a writer must re-frame before it appends.
+
+Both also `stream` a log: the same events, validated by the same rules (framing, envelopes, seq
+continuity, known types, payloads, the seed marker, the torn tail), yielded a chunk at a time —
+about `STREAM_BYTES` (zstd) or `CHUNK_BYTES` (plain) of plain bytes — while the file is read
+through a bounded window, so a reader holds one chunk's plain bytes and a read-ahead, never the
+file (issue 28: a 500 MB zstd log). Each chunk's events reference that chunk's own bytes
+(`msgspec.Raw`), so keeping every chunk holds the plain form once, with no growth slack. Damage
+raises the error `parse` would raise for it once the stream reaches it, after the earlier chunks
+were yielded: a consumer folding chunks must discard what it folded then. (A log damaged in
+several places may name another of them than `parse`, which walks every frame before it decodes
+a line.)
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterator
 from typing import Generic, Literal, TypeVar
 
 import attrs
@@ -16,17 +29,43 @@ import attrs
 from ._codec import Event
 from ._records import HeaderError, HeaderRecord
 from .errors import CorruptLog
-from .framing import PlainLayout, check_seed_marker, decode_event_lines, parse_header_line, plain_layout, read_header
-from .values import AbortPoll, SessionId
+from .framing import (
+    CHUNK_BYTES,
+    PlainLayout,
+    check_seed_marker,
+    decode_event_lines,
+    is_seed_marker,
+    parse_header_line,
+    plain_layout,
+    read_header,
+)
+from .values import AbortPoll, SessionHeader, SessionId
 from .zstd_framing import (
     FrameDamage,
+    FrameWalk,
     ZstdLayout,
     compress_frame,
     frame_end,
     walk_frames,
 )
 
-__all__ = ["FORMS", "Compression", "LogForm", "ParsedLog", "PlainForm", "TailScan", "ZstdForm"]
+__all__ = [
+    "FORMS",
+    "STREAM_BYTES",
+    "Compression",
+    "LogForm",
+    "ParsedLog",
+    "PlainForm",
+    "ReadAt",
+    "TailScan",
+    "ZstdForm",
+]
+
+ReadAt = Callable[[int, int], bytes]  # (offset, length) -> the file's bytes there (all of them)
+# Plain bytes per streamed chunk of a zstd log, and its walk's read-ahead: a streaming reader
+# holds a few times this (a chunk, its events, the next one being joined, the window), not the
+# log. A plain log streams in the chunks its decoder polls between (`CHUNK_BYTES`).
+STREAM_BYTES = 1 << 18
 
 Compression = Literal["none", "zstd"]
 
@@ -82,6 +121,37 @@ class LogForm:
 
     def scan_tail(self, sid: SessionId, data: bytes, *, first_seq: int, poll: AbortPoll | None = None) -> TailScan:
         """The events after a boundary a previous scan stopped at (offsets relative to `data`)."""
+        raise NotImplementedError
+
+    def stream(
+        self,
+        sid: SessionId,
+        read: ReadAt,
+        size: int,
+        *,
+        header: SessionHeader,
+        start: int = 0,
+        poll: AbortPoll | None = None,
+        known: KnownHead | None = None,
+        payloads: bool = True,
+    ) -> Iterator[list[Event]]:
+        """The events from seq `start` of the log's first `size` bytes, read through `read`, in
+        chunks (non-empty lists; see the module docstring): what `parse` returns, validated
+        alike. `header`: the logical header the caller expects (a handle's); another one is
+        corruption (the log changed since). `known` and `payloads` as for `parse`."""
+        return self._chunks(sid, read, size, header, start, poll, known, payloads)
+
+    def _chunks(
+        self,
+        sid: SessionId,
+        read: ReadAt,
+        size: int,
+        header: SessionHeader,
+        start: int,
+        poll: AbortPoll | None,
+        known: KnownHead | None,
+        payloads: bool,
+    ) -> Iterator[list[Event]]:
         raise NotImplementedError
 
     def header_span(self, data: bytes) -> int:
@@ -170,6 +240,58 @@ class PlainForm(_LaidOut[PlainLayout]):
         events = decode_event_lines(sid, data, 0, end, first_seq=first_seq, poll=poll)
         return TailScan(events=events, complete_end=end)
 
+    def _chunks(
+        self,
+        sid: SessionId,
+        read: ReadAt,
+        size: int,
+        header: SessionHeader,
+        start: int,
+        poll: AbortPoll | None,
+        known: KnownHead | None,
+        payloads: bool,
+    ) -> Iterator[list[Event]]:
+        held = b""  # the file's bytes from `base` on, read and not yet decoded
+        while (nl := held.find(b"\n")) < 0:  # line 1, however long
+            if len(held) >= size:
+                raise CorruptLog(sid, "the header line is incomplete", offset=0)
+            held += read(len(held), min(max(CHUNK_BYTES, len(held)), size - len(held)))
+        if known is not None and nl + 1 == len(known[0]) and held.startswith(known[0]):
+            record = known[1]  # the very bytes a reader parsed a moment ago
+        else:
+            try:
+                record = parse_header_line(memoryview(held)[:nl], sid)
+            except HeaderError as exc:
+                raise exc.to_storage_error(sid) from None
+        _check_header(sid, record, header)
+        cut_at = _Cut(sid, record.inherited_event_count, start)
+        base, seq, length = nl + 1, 0, CHUNK_BYTES
+        del held
+        while base < size:
+            # Each chunk is read afresh from the record boundary it starts at: what the last
+            # read held past its last newline is read again (a line's worth) rather than joined.
+            held = read(base, min(length, size - base))
+            cut = held.rfind(b"\n") + 1
+            if not cut:
+                if base + len(held) >= size:
+                    break  # a torn tail: an incomplete last line, or NUL padding
+                length = 2 * len(held)  # a line longer than a chunk: held whole (doubling: linear)
+                continue
+            # The chunk's events reference its buffer: a short incomplete last line may stay in
+            # it (copying the lines out would copy every byte), a long one does not.
+            chunk = held if len(held) - cut <= len(held) >> 4 else held[:cut]
+            del held
+            if poll is not None and seq:
+                poll()
+            events = _decoded(sid, chunk, cut, base, seq, poll, payloads)
+            base, seq, length = base + cut, seq + len(events), CHUNK_BYTES
+            del chunk
+            events = cut_at.take(events)
+            if events:
+                yield events
+            del events
+        cut_at.end()
+
     def header_span(self, data: bytes) -> int:
         return data.find(b"\n") + 1
 
@@ -195,13 +317,8 @@ class ZstdForm(_LaidOut[ZstdLayout]):
         return layout
 
     def _read_header(self, sid: SessionId, data: bytes, layout: ZstdLayout) -> HeaderRecord:
-        head = bytes(layout.content(0))  # a copy: the record must not pin the whole log's buffer
-        if head.find(b"\n") != len(head) - 1:
-            raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
-        try:
-            return parse_header_line(memoryview(head)[:-1], sid)
-        except HeaderError as exc:
-            raise exc.to_storage_error(sid) from None
+        # A copy: the record must not pin the whole log's buffer.
+        return _header_frame(sid, bytes(layout.content(0)))
 
     def _events(
         self, sid: SessionId, data: bytes, layout: ZstdLayout, *, poll: AbortPoll | None, payloads: bool
@@ -217,6 +334,65 @@ class ZstdForm(_LaidOut[ZstdLayout]):
             recovered_events=layout.recovered.count(b"\n"),
             recovered=layout.recovered,
         )
+
+    def _chunks(
+        self,
+        sid: SessionId,
+        read: ReadAt,
+        size: int,
+        header: SessionHeader,
+        start: int,
+        poll: AbortPoll | None,
+        known: KnownHead | None,
+        payloads: bool,
+    ) -> Iterator[list[Event]]:
+        walk = FrameWalk(read, size, ahead=STREAM_BYTES)
+        frames = iter(walk)
+        try:
+            head = next(frames, None)
+        except FrameDamage as exc:
+            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
+        if head is None:
+            raise CorruptLog(sid, "the header frame is incomplete", offset=0)
+        if known is not None and head.end == len(known[0]) and head.raw == known[0]:  # pyright: ignore[reportUnnecessaryComparison]  # a memoryview equals the bytes it holds
+            record = known[1]  # the very bytes a reader parsed a moment ago
+        else:
+            record = _header_frame(sid, head.content)
+        _check_header(sid, record, header)
+        del head
+        cut_at = _Cut(sid, record.inherited_event_count, start)
+        seq, held, offsets, content_bytes = 0, list[bytes](), list[int](), 0
+        try:
+            for frame_start, _, _, content in frames:  # one pass per frame: a log may hold one per event
+                if not content or content[-1] != 0x0A:
+                    raise CorruptLog(sid, "a frame ends inside a line", offset=frame_start)
+                held.append(content)
+                offsets.append(frame_start)
+                content_bytes += len(content)
+                del content
+                if content_bytes >= STREAM_BYTES:
+                    if poll is not None and seq:
+                        poll()
+                    events = _decoded_frames(sid, held, offsets, walk.complete_end, seq, poll, payloads)
+                    seq += len(events)
+                    held, offsets, content_bytes = [], [], 0
+                    events = cut_at.take(events)
+                    if events:
+                        yield events
+                    del events
+        except FrameDamage as exc:
+            raise CorruptLog(sid, exc.reason, offset=exc.offset) from None
+        if walk.recovered:
+            held.append(walk.recovered)  # the complete lines of a torn last frame (unverified)
+        if held:
+            if poll is not None and seq:
+                poll()
+            events = _decoded_frames(sid, held, offsets, walk.complete_end, seq, poll, payloads)
+            events = cut_at.take(events)
+            if events:
+                yield events
+            del events
+        cut_at.end()
 
     def header_span(self, data: bytes) -> int:
         return _first_frame_end(data)
@@ -238,6 +414,80 @@ class ZstdForm(_LaidOut[ZstdLayout]):
         if not head.endswith(b"\n"):
             return None
         return _header(sid, memoryview(head)[:-1])
+
+
+def _header_frame(sid: SessionId, head: bytes) -> HeaderRecord:
+    if head.find(b"\n") != len(head) - 1:
+        raise CorruptLog(sid, "the header frame must hold exactly the header line", offset=0)
+    try:
+        return parse_header_line(memoryview(head)[:-1], sid)
+    except HeaderError as exc:
+        raise exc.to_storage_error(sid) from None
+
+
+def _check_header(sid: SessionId, record: HeaderRecord, header: SessionHeader) -> None:
+    if record.header != header:
+        raise CorruptLog(sid, "the log's header changed since the handle was opened", offset=0)
+
+
+def _decoded(
+    sid: SessionId, chunk: bytes, end: int, base: int, first_seq: int, poll: AbortPoll | None, payloads: bool
+) -> list[Event]:
+    """The complete lines of `chunk[:end]` (the file's bytes from `base`), damage located in the
+    file."""
+    try:
+        return decode_event_lines(sid, chunk, 0, end, first_seq=first_seq, poll=poll, payloads=payloads)
+    except CorruptLog as exc:
+        offset = None if exc.offset is None else base + exc.offset
+        raise type(exc)(sid, exc.reason, seq=exc.seq, offset=offset) from None
+
+
+def _decoded_frames(
+    sid: SessionId,
+    contents: list[bytes],
+    offsets: list[int],
+    complete_end: int,
+    first_seq: int,
+    poll: AbortPoll | None,
+    payloads: bool,
+) -> list[Event]:
+    """The lines of consecutive frames' `contents` (the frames at `offsets`; a last content
+    without an offset is a torn frame's recovered lines), decoded from one buffer of their own."""
+    chunk = contents[0] if len(contents) == 1 else b"".join(contents)
+    starts = [0]
+    for content in contents:
+        starts.append(starts[-1] + len(content))
+    contents.clear()  # the chunk holds them now
+    try:
+        return decode_event_lines(sid, chunk, 0, len(chunk), first_seq=first_seq, poll=poll, payloads=payloads)
+    except CorruptLog as exc:
+        # Name the frame that holds the damaged line, as `_decode_frames` does.
+        frame = bisect.bisect_right(starts, exc.offset or 0) - 1
+        offset = offsets[frame] if frame < len(offsets) else complete_end
+        raise type(exc)(sid, exc.reason, seq=exc.seq, offset=offset) from None
+
+
+@attrs.define
+class _Cut:
+    """A stream's events from seq `start` on, the seed marker checked a chunk at a time as
+    `check_seed_marker` checks a whole log (`k`: the record's inherited event count)."""
+
+    sid: SessionId
+    k: int
+    start: int
+    seen: int = 0
+
+    def take(self, events: list[Event]) -> list[Event]:
+        k, seen = self.k, self.seen
+        if k and seen <= k < seen + len(events) and not is_seed_marker(events[k - seen]):
+            raise CorruptLog(self.sid, f"seq {k} must be the tagged session/end-seed marker", seq=k)
+        self.seen = seen + len(events)
+        return events if self.start <= seen else events[self.start - seen :]
+
+    def end(self) -> None:
+        k = self.k
+        if k and self.seen <= k:
+            raise CorruptLog(self.sid, f"seeded log ends before its end-seed marker at seq {k}", seq=min(k, self.seen))
 
 
 def _walk(sid: SessionId, data: bytes) -> ZstdLayout:

@@ -5,7 +5,8 @@ and `open_write` return a `WriteHandle` that holds the session's single-writer l
 `close`; `open_read` returns a `ReadHandle` that takes no lock. `append(handle, batches)` writes
 every batch and makes them durable with one fsync before it returns; each batch states the seq
 it expects first, and a mismatch refuses the whole call with `SequenceConflict` before anything
-is written. Long reads take a `poll` (an `AbortPoll`) called between chunks.
+is written. Long reads take a `poll` (an `AbortPoll`) called between chunks; `read_chunks`
+streams a log for consumers that need not hold every event at once.
 
 The contract is cut by what its callers do, and each caller asks for the narrowest part:
 
@@ -24,7 +25,7 @@ faulty doubles in storage/testing) and what the session store and `open_runtime`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -99,6 +100,19 @@ class LogReader(Protocol):
         self, handle: Handle, start: Offset = Offset(0), stop: Offset | None = None, *, poll: AbortPoll | None = None
     ) -> list[Event]:
         """Events `[start, stop)` of the complete prefix (never a torn tail)."""
+        ...
+
+    def read_chunks(
+        self, handle: Handle, *, start: Offset = Offset(0), poll: AbortPoll | None = None
+    ) -> Iterator[list[Event]]:
+        """`read(handle, start)` a chunk at a time, for a consumer that folds or forwards the
+        events and need not hold them all: non-empty lists in seq order whose concatenation is
+        exactly what `read` returns, validated by the same rules (torn tail, damage, seed
+        marker). The store holds one chunk's bytes and a bounded read-ahead at a time (a
+        frame or about a MB of plain bytes on files, a page of batch rows on PostgreSQL).
+        `HandleClosed` and `InvalidRange` are raised at the call; everything else while
+        iterating: damage met mid-stream raises the error `read` raises for it after the
+        earlier chunks were yielded, so a consumer must discard what it folded from them."""
         ...
 
     def read_after(

@@ -25,7 +25,7 @@ an unexpired lease on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
 from ._codec import Event
@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 __all__ = ["COMPRESS_ABOVE", "PostgresLogStore"]
 
 log = logging.getLogger(__name__)
+
+STREAM_PAGE_ROWS = 64  # batch rows a streaming read fetches per query
 
 T = TypeVar("T")
 
@@ -276,6 +278,75 @@ class PostgresLogStore:
         if k and base <= k < expected and not is_seed_marker(events[k - base]):
             raise CorruptLog(sid, f"seq {k} must be the tagged session/end-seed marker", seq=k)
         return events[start - base : None if stop is None else stop - base]
+
+    def read_chunks(
+        self, handle: Handle, *, start: Offset = Offset(0), poll: AbortPoll | None = None
+    ) -> Iterator[list[Event]]:
+        """`read(handle, start)` a batch row at a time (`LogReader.read_chunks`), fetched a
+        page of `STREAM_PAGE_ROWS` rows per query (a log is append-only: the pages agree)."""
+        sid = handle.session_id
+        if handle.closed:
+            raise HandleClosed(sid, "read")
+        if type(start) is not int or start < 0:
+            raise InvalidRange(f"session {sid!r}: read start {start!r} is not an offset")
+        stop: int | None = None
+        if isinstance(handle, WriteHandle):
+            if not handle.published or handle.next_seq <= start:
+                return iter(())
+            stop = handle.next_seq  # what this writer wrote, as `read` reads
+        return self._event_chunks(handle, start, stop, poll)
+
+    def _event_chunks(
+        self, handle: Handle, start: int, stop: int | None, poll: AbortPoll | None
+    ) -> Iterator[list[Event]]:
+        """`_events`, row by row: the same checks (a missing batch, a batch's count, the seed
+        marker where it falls), each batch's events yielded as soon as they are decoded."""
+        sid = handle.session_id
+        k = handle.inherited_event_count
+        rows = self._query_all(
+            sid,
+            "read",
+            "SELECT first_seq, count, data, compressed FROM batches WHERE session_id = %(id)s "
+            "AND first_seq >= coalesce((SELECT max(first_seq) FROM batches "
+            "WHERE session_id = %(id)s AND first_seq <= %(start)s), 0) "
+            "AND (%(stop)s::bigint IS NULL OR first_seq < %(stop)s) ORDER BY first_seq LIMIT %(page)s",
+            {"id": sid, "start": start, "stop": stop, "page": STREAM_PAGE_ROWS},
+        )
+        expected: int | None = None
+        while rows:
+            for row in rows:
+                first_seq, count, data, compressed = int(row[0]), int(row[1]), row[2], bool(row[3])
+                if expected is None:
+                    expected = first_seq
+                elif poll is not None:
+                    poll()
+                if first_seq != expected:
+                    raise CorruptLog(sid, f"the batch holding seq {expected} is missing", seq=expected)
+                lines = batch_lines(sid, first_seq, bytes(data), compressed)
+                events: list[Event] = decode_event_lines(sid, lines, 0, len(lines), first_seq=first_seq, poll=poll)
+                del lines
+                if len(events) != count:
+                    raise CorruptLog(
+                        sid, f"the batch at seq {first_seq} holds other than {count} events", seq=first_seq
+                    )
+                if k and first_seq <= k < first_seq + count and not is_seed_marker(events[k - first_seq]):
+                    raise CorruptLog(sid, f"seq {k} must be the tagged session/end-seed marker", seq=k)
+                expected = first_seq + count
+                low = max(0, start - first_seq)
+                high = count if stop is None else max(0, min(count, stop - first_seq))
+                if low < high:
+                    yield events if (low, high) == (0, count) else events[low:high]
+                del events
+            if len(rows) < STREAM_PAGE_ROWS:
+                return
+            rows = self._query_all(
+                sid,
+                "read",
+                "SELECT first_seq, count, data, compressed FROM batches WHERE session_id = %(id)s "
+                "AND first_seq >= %(next)s AND (%(stop)s::bigint IS NULL OR first_seq < %(stop)s) "
+                "ORDER BY first_seq LIMIT %(page)s",
+                {"id": sid, "next": expected, "stop": stop, "page": STREAM_PAGE_ROWS},
+            )
 
     def read_after(
         self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None

@@ -6,9 +6,12 @@ Frame 1 holds exactly the header line; each later frame holds the lines of one d
 Theory of operation. The walk reads each frame's header and block headers (RFC 8878) over a
 `memoryview` to find where the frame ends without decompressing — linear in the file, unlike a
 `decompressobj` per frame — then decompresses each complete frame in one call, which verifies
-its content checksum, and appends its content to one buffer (`ZstdLayout.body`): a walk holds the
-plain bytes once plus one frame's content, never the contents apart and then their join (a
-500 MB log peaked at 3.1x its plain size that way). What remains after the last complete frame is the tail:
+its content checksum (`FrameWalk`). The walk reads the file through a window from the current
+frame on, so a streaming read (forms: `ZstdForm.stream`) holds one frame and a bounded read-ahead,
+never the file; `walk_frames` walks bytes held whole and appends every content to one buffer
+(`ZstdLayout.body`): the plain bytes once plus one frame's content, never the contents apart and
+then their join (a 500 MB log peaked at 3.1x its plain size that way). What remains after the
+last complete frame is the tail:
 - nothing, or only NUL bytes: no torn data (NUL padding is what a crash can leave);
 - the start of a frame (the walk ran out of bytes inside it): a torn last frame. Its complete
   blocks are decompressed without verification (the checksum is missing) and their complete
@@ -25,11 +28,22 @@ has crashed the interpreter here).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import attrs
 import zstandard
 
-__all__ = ["FrameDamage", "ZstdLayout", "compress_frame", "frame_end", "new_compressor", "walk_frames"]
+__all__ = [
+    "Frame",
+    "FrameDamage",
+    "FrameWalk",
+    "ZstdLayout",
+    "compress_frame",
+    "frame_end",
+    "new_compressor",
+    "walk_frames",
+]
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
 _FCS_SIZES = (0, 2, 4, 8)
@@ -165,78 +179,153 @@ def frame_end(view: memoryview, start: int) -> int | None:
 
 
 def walk_frames(data: bytes) -> ZstdLayout:
-    """Split a zstd log into its complete frames, their contents and a torn tail.
+    """Split a zstd log held whole into its complete frames, their contents and a torn tail.
 
     Raises `FrameDamage` for damage inside a complete frame or a frame-level mess.
     """
-    view = memoryview(data)
-    size = len(data)
-    padding = _nul_run_start(data)
-    decompressor = thread_decompressor()
+    walk = FrameWalk.over(data)
     frames: list[tuple[int, int]] = []
     body = bytearray()
     starts = [0]
-    pos = 0
-    recovered = b""
-    while pos < padding:
-        try:
-            end = frame_end(view, pos)
-        except FrameDamage:
-            if _header_torn_into_padding(data, pos, padding, size):
-                break  # the start of a frame header, then the zeros a crash left
-            raise
-        if end is None:
-            # Only the last frame can be torn: a frame that seems to run past the end while a
-            # complete frame follows it had its sizes damaged.
-            if _complete_frame_after(view, pos + 4, padding):
-                raise FrameDamage("the frame's sizes run past later frames", pos)
-            recovered = _recover(view[pos:padding])
-            break
-        try:
-            content = _decompress(decompressor, view[pos:end])
-        except MemoryError:
-            raise FrameDamage("the frame's content does not fit in memory", pos) from None
-        except zstandard.ZstdError as exc:
-            # A last frame that runs into the zeros a crash left at the end of the file (it
-            # grew, its last pages never reached the disk) is torn, not damaged.
-            if padding < end:
-                recovered = _recover(view[pos:padding])
-                break
-            raise FrameDamage(f"the frame does not decompress ({exc})", pos) from None
-        frames.append((pos, end))
-        body += content  # grown in place (realloc): one frame's content is held apart at a time
-        del content
+    for frame in walk:
+        frames.append((frame.start, frame.end))
+        body += frame.content  # grown in place (realloc): one frame's content is held apart at a time
         starts.append(len(body))
-        pos = end
-    complete_end = frames[-1][1] if frames else 0
-    body += recovered
+    body += walk.recovered
     return ZstdLayout(
         frames=tuple(frames),
         body=body,
         starts=tuple(starts),
-        recovered=recovered,
-        complete_end=complete_end,
-        size=size,
+        recovered=walk.recovered,
+        complete_end=walk.complete_end,
+        size=walk.size,
     )
 
 
-def _nul_run_start(data: bytes) -> int:
-    """Where the run of NUL bytes that ends the file starts (`len(data)` if there is none)."""
-    end = len(data)
+Read = Callable[[int, int], "bytes | memoryview"]  # (offset, length) -> at most that many bytes
+
+
+class Frame(NamedTuple):
+    """A complete frame met by a walk: where it lies in the file, its bytes and its content.
+    (A named tuple: a walk makes one per frame, and a log may hold one frame per event.)"""
+
+    start: int
+    end: int
+    raw: memoryview  # the frame as stored (a view into the walk's window: use it before the next)
+    content: bytes  # decompressed, checksum verified
+
+
+class FrameWalk:
+    """The walk of a zstd log's frames, in file order, reading through `read(offset, length)`.
+
+    Iterating yields every complete `Frame`; when it ends, `recovered` holds the complete lines of
+    a torn last frame and `complete_end` where the last complete frame ends. It holds a window of
+    the file from the current frame on: at least `ahead` bytes (or up to the end), grown to hold
+    one whole frame when a frame is longer — so a streaming read holds one frame's raw bytes
+    and content, plus `ahead`, never the file. Over bytes held whole (`over`) the window is
+    those bytes and nothing is copied.
+    """
+
+    def __init__(self, read: Read, size: int, *, ahead: int = 1 << 20) -> None:
+        self._read = read
+        self.size = size
+        self._ahead = ahead
+        self.padding = _nul_run_start(read, size)
+        self.recovered = b""
+        self.complete_end = 0
+        self._window: bytes | memoryview = b""
+        self._base = 0  # the file offset of the window's first byte
+
+    @classmethod
+    def over(cls, data: bytes) -> FrameWalk:
+        """A walk of bytes held whole."""
+        view = memoryview(data)
+        walk = cls(lambda offset, length: view[offset : offset + length], len(data))
+        walk._window = data
+        return walk
+
+    def _hold(self, pos: int, need: int) -> tuple[memoryview, int]:
+        """The window as a view of all of it, holding at least `[pos, pos + need)` of the file
+        (or up to its end), and where `pos` is in it. A window that falls short is read anew
+        from `pos`, `ahead` bytes beyond what is needed: the bytes kept (less than a frame)
+        are copied once per window, not once per frame."""
+        stop = min(self.size, pos + need)
+        window, base = self._window, self._base
+        if pos < base or stop > base + len(window):
+            kept = bytes(window[pos - base :]) if base <= pos < base + len(window) else b""
+            stop = min(self.size, pos + need + self._ahead)
+            more = self._read(pos + len(kept), stop - pos - len(kept))
+            window = kept + bytes(more) if kept else bytes(more)
+            if len(window) < stop - pos:
+                raise OSError(f"the log ended at byte {pos + len(window)}, before byte {stop}")
+            self._window, self._base = window, base = window, pos
+        # `_complete_frame_after` searches `view.obj`: the view must span its whole object.
+        return memoryview(window), pos - base
+
+    def __iter__(self) -> Iterator[Frame]:
+        padding, size = self.padding, self.size
+        decompressor = thread_decompressor()
+        pos = 0
+        need = 2 * _MAX_HEADER  # enough to tell a header torn into the padding from damage
+        view, base = memoryview(self._window), self._base
+        while pos < padding:
+            if pos + need > base + len(view) and base + len(view) < size:
+                view, at = self._hold(pos, need)
+                base = pos - at
+            at = pos - base
+            held = len(view) - at  # bytes from `pos` in the window
+            try:
+                end = frame_end(view, at)
+            except FrameDamage as exc:
+                if _header_torn_into_padding(view, at, padding - pos + at, size - pos + at):
+                    break  # the start of a frame header, then the zeros a crash left
+                raise FrameDamage(exc.reason, pos) from None
+            if end is None:
+                if pos + held < size:
+                    need = 2 * held  # a frame longer than the window: hold all of it
+                    continue
+                # Only the last frame can be torn: a frame that seems to run past the end while a
+                # complete frame follows it had its sizes damaged.
+                if _complete_frame_after(view, at + 4, padding - pos + at):
+                    raise FrameDamage("the frame's sizes run past later frames", pos)
+                self.recovered = _recover(view[at : padding - pos + at])
+                break
+            frame = view[at:end]
+            try:
+                content = _decompress(decompressor, frame)
+            except MemoryError:
+                raise FrameDamage("the frame's content does not fit in memory", pos) from None
+            except zstandard.ZstdError as exc:
+                # A last frame that runs into the zeros a crash left at the end of the file (it
+                # grew, its last pages never reached the disk) is torn, not damaged.
+                if padding < pos + end - at:
+                    self.recovered = _recover(view[at : padding - pos + at])
+                    break
+                raise FrameDamage(f"the frame does not decompress ({exc})", pos) from None
+            start, pos = pos, pos + end - at
+            self.complete_end = pos
+            need = 2 * _MAX_HEADER
+            yield Frame(start, pos, frame, content)
+            del frame, content
+
+
+def _nul_run_start(read: Read, size: int) -> int:
+    """Where the run of NUL bytes that ends the file starts (`size` if there is none)."""
+    end = size
     window = 1 << 16
     while end > 0:
         start = max(0, end - window)
-        kept = len(data[start:end].rstrip(b"\x00"))
+        kept = len(bytes(read(start, end - start)).rstrip(b"\x00"))
         if kept:
             return start + kept
         end = start
     return 0
 
 
-def _header_torn_into_padding(data: bytes, pos: int, padding: int, size: int) -> bool:
+def _header_torn_into_padding(view: memoryview, pos: int, padding: int, size: int) -> bool:
     if padding == size or pos + _MAX_HEADER < padding:
         return False
-    kept = data[pos:padding]
+    kept = bytes(view[pos:padding])
     return _MAGIC.startswith(kept) or kept.startswith(_MAGIC)
 
 
@@ -257,7 +346,8 @@ def _decompress(decompressor: zstandard.ZstdDecompressor, frame: memoryview) -> 
 
 def _complete_frame_after(view: memoryview, start: int, stop: int, tries: int = 64) -> bool:
     """Whether a frame that parses and decompresses starts somewhere in `view[start:stop]`."""
-    data = view.obj if isinstance(view.obj, bytes) else bytes(view)
+    obj = view.obj
+    data = obj if isinstance(obj, bytes) and len(obj) == view.nbytes else bytes(view)  # offsets agree
     pos = start
     for _ in range(tries):
         pos = data.find(_MAGIC, pos, stop)

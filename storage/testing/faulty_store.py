@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
 import attrs
@@ -145,6 +145,19 @@ class FaultyLogStore:
     ) -> list[Event]:
         self._enter("read", handle.session_id, poll)
         return self.inner.read(handle, start, stop, poll=poll)
+
+    def read_chunks(
+        self, handle: Handle, *, start: Offset = Offset(0), poll: AbortPoll | None = None
+    ) -> Iterator[list[Event]]:
+        chunks = self.inner.read_chunks(handle, start=start, poll=poll)  # its argument errors now
+        return self._streamed(handle.session_id, chunks, poll)
+
+    def _streamed(
+        self, session_id: str, chunks: Iterator[list[Event]], poll: AbortPoll | None
+    ) -> Iterator[list[Event]]:
+        # A read's faults, met where a stream starts: rules for "read" script streams alike.
+        self._enter("read", session_id, poll)
+        yield from chunks
 
     def stat(self, session_id: str) -> LogInfo | None:
         self._enter("stat", session_id)

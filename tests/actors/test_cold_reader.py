@@ -4,8 +4,13 @@ Real threads (the reads run in worker threads), so the real clock; waits are on 
 
 from __future__ import annotations
 
+import random
+import tracemalloc
 from pathlib import Path
+from typing import Any
 
+import attrs
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -13,7 +18,10 @@ from subagents.actors import Abort, ColdRead, ColdReader, ReadAborted
 from subagents.storage import (
     Batch,
     CorruptLog,
+    Event,
     FileLogStore,
+    Offset,
+    ProjectionRegistry,
     SessionHeader,
     SessionNotFound,
     make_event,
@@ -133,3 +141,78 @@ async def test_an_enclosing_cancel_passes_through_bare(faulty: FaultyLogStore) -
     assert len(seen) == 1 and type(seen[0]) is trio.Cancelled  # not an ExceptionGroup
     assert reader.limiter.borrowed_tokens == 0
     faulty.release()
+
+
+@attrs.define
+class _Count:
+    """Counts events, and turn ends apart."""
+
+    key: str = "count"
+    state_version: int = 1
+    view: Any = staticmethod(lambda state: state)
+
+    def initial(self, header: SessionHeader, inherited_event_count: int) -> list[int]:
+        return [0, 0]
+
+    def apply(self, state: list[int], event: Event) -> list[int]:
+        return [state[0] + 1, state[1] + (event.type == "turn/end")]
+
+
+def publish_long(store: FileLogStore, sid: str, turns: int) -> tuple[int, int]:
+    """`turns` turns of 60 text events each (about 1.5 KB apiece), the last one left open in a
+    step; in appends of 256 events (a frame each). Returns (events, plain bytes of their lines)."""
+    rng = random.Random(5)
+    drafts: list[Event] = []
+    for n in range(1, turns + 1):
+        seq = len(drafts)
+        drafts += [
+            make_event(seq, "turn/start", 5, {"turn": n}),
+            make_event(seq + 1, "step/start", 6, {"turn": n, "step": 1}),
+        ]
+        for _ in range(60):
+            text = "".join(rng.choices("abcdefghij klmnopqrstuvwxyz", k=1500))
+            drafts.append(make_event(len(drafts), "compaction/summary", 7, {"text": text}))
+        if n < turns:
+            drafts += [
+                make_event(len(drafts), "step/end", 8, {"turn": n, "step": 1}),
+                make_event(len(drafts) + 1, "turn/end", 9, {"turn": n, "reason": {"kind": "completed"}}),
+            ]
+    handle = store.create(SessionHeader(id=sid, created_at=1))
+    for i in range(0, len(drafts), 256):  # a zstd frame each
+        store.append(handle, [Batch(Offset(i), drafts[i : i + 256])])
+    store.close(handle)
+    return len(drafts), sum(len(msgspec.json.encode(e)) + 1 for e in drafts)
+
+
+async def test_a_read_that_keeps_no_events_folds_and_closes_as_a_whole_read(tmp_path: Path) -> None:
+    store = FileLogStore(str(tmp_path))
+    count, plain = publish_long(store, "long", 40)
+    assert plain > 3_000_000  # several chunks
+    registry = ProjectionRegistry([_Count()])
+    reader = ColdReader(store)
+    (whole,) = await reader.read_many(["long"], registry=registry)
+    (folded,) = await reader.read_many(["long"], registry=registry, keep_events=False)
+    assert isinstance(whole, ColdRead) and isinstance(folded, ColdRead)
+    assert len(whole.events) == count + 2 and whole.logged == folded.logged == count
+    assert whole.closers == folded.closers == 2  # step/end and turn/end of the open turn
+    assert folded.events == whole.events[-2:]
+    assert whole.cells is not None and folded.cells is not None
+    assert folded.cells.snapshot() == whole.cells.snapshot() == {"count": [count + 2, 40]}
+
+
+async def test_a_read_that_keeps_no_events_holds_about_one_chunk(tmp_path: Path) -> None:
+    """Folding a log of several MB without keeping its events peaks at a small fraction of
+    its plain size (a whole read holds every event and the plain bytes: above 1x)."""
+    store = FileLogStore(str(tmp_path))
+    _, plain = publish_long(store, "long", 100)
+    assert plain > 9_000_000
+    registry = ProjectionRegistry([_Count()])
+    reader = ColdReader(store)
+    tracemalloc.start()
+    try:
+        (folded,) = await reader.read_many(["long"], registry=registry, keep_events=False)
+        retained, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert isinstance(folded, ColdRead) and folded.closers == 2
+    assert (peak - retained) / plain < 0.25, (peak, retained, plain)

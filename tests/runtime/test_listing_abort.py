@@ -167,6 +167,15 @@ class SequencedStore(FaultyLogStore):
         with self._running("read"):
             return super().read(handle, *args, **kwargs)
 
+    def read_chunks(self, handle: Any, **kwargs: Any) -> Any:
+        chunks = super().read_chunks(handle, **kwargs)
+
+        def counted() -> Any:  # a streamed read runs (and may raise) while it is iterated
+            with self._running("read"):
+                yield from chunks
+
+        return counted()
+
     def close(self, handle: Any) -> None:
         with self._running("close"):
             super().close(handle)

@@ -224,13 +224,25 @@ class GatedStore(FaultyLogStore):
         self.reads = 0
 
     def read(self, handle: Any, *args: Any, poll: Any = None, **kwargs: Any) -> Any:
+        self._gate(handle, poll)
+        return super().read(handle, *args, poll=poll, **kwargs)
+
+    def read_chunks(self, handle: Any, *, poll: Any = None, **kwargs: Any) -> Any:
+        chunks = super().read_chunks(handle, poll=poll, **kwargs)
+
+        def gated() -> Any:  # the cold reader streams: gated where the stream starts
+            self._gate(handle, poll)
+            yield from chunks
+
+        return gated()
+
+    def _gate(self, handle: Any, poll: Any) -> None:
         self.reads += 1
         sid = handle.session_id
         if sid in self.gates:
             self.entered[sid].set()
             while not self.gates[sid].wait(0.002):
                 poll()
-        return super().read(handle, *args, poll=poll, **kwargs)
 
 
 async def test_a_hop_cancelled_in_another_calls_read_hands_it_back(

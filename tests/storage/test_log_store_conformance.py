@@ -9,25 +9,31 @@ all of them (projection checkpoints included); the file-system walks at the end 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pg_damage
 import pytest
+import zstandard
 from clocks import T
 from events import seed_marker
 from log_lines import header, read_all, rel_folder, wire
 from subagents.storage import (
     AlreadyOwned,
     Batch,
+    CorruptLog,
     Event,
     FileLogStore,
     HandleClosed,
     InvalidEvent,
+    InvalidRange,
     InvalidSessionId,
     LogStore,
     Offset,
+    PostgresLogStore,
     SequenceConflict,
     SessionAlreadyExists,
     SessionId,
@@ -38,7 +44,7 @@ from subagents.storage import (
 )
 from subagents.storage.file_store import _LOG_NAMES
 from subagents.storage.projection import CheckpointRow, Lifecycle
-from subagents.storage.testing import MemoryLogStore
+from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 
 StoreFactory = Callable[[], LogStore]
 
@@ -312,6 +318,193 @@ def test_read_handle_survives_the_writer_closing(store: LogStore) -> None:
     reader = store.open_read("s1")
     store.close(writer)
     assert store.read(reader) == events(0, 2)
+    store.close(reader)
+
+
+# --- streaming reads (read_chunks) ---------------------------------------------------------------
+
+BIG_TEXT = 4_000  # characters of each summary: a log of 800 events is about 3.3 MB plain
+
+
+def summary(seq: int) -> Event:
+    text = f"{seq:06d} " + "".join(random.Random(seq).choices("abcdefghijklmnopqrstuvwxyz ", k=BIG_TEXT))
+    return make_event(seq, "compaction/summary", T0 + seq, {"text": text})
+
+
+def publish_big(store: LogStore, sid: str = "s1", events: int = 800, per_batch: int = 5, k: int = 0) -> None:
+    """A log of several MB in many batches (several chunks on files, pages of rows on
+    PostgreSQL); seeded with `k` inherited events when `k`."""
+    handle = store.create(header(sid, is_seeded=k > 0), inherited_event_count=Offset(k))
+    every = [summary(seq) for seq in range(k)]
+    if k:
+        every.append(seed_marker(k, T0 + k))
+    every += [summary(seq) for seq in range(len(every), events)]
+    batches = [Batch(Offset(i), every[i : i + per_batch]) for i in range(0, events, per_batch)]
+    for call in range(0, len(batches), 8):  # a zstd frame per call
+        store.append(handle, batches[call : call + 8])
+    store.close(handle)
+
+
+def streamed(store: LogStore, handle: Any, start: int = 0) -> tuple[list[Event], StorageError | None, int]:
+    """The stream's events, concatenated; the error that ended it, if any; how many chunks."""
+    got: list[Event] = []
+    chunks = 0
+    try:
+        for chunk in store.read_chunks(handle, start=Offset(start)):
+            assert chunk, "a stream yields non-empty chunks"
+            got.extend(chunk)
+            chunks += 1
+    except StorageError as exc:
+        return got, exc, chunks
+    return got, None, chunks
+
+
+def assert_streams_as_read(
+    store: LogStore, handle: Any, start: int = 0
+) -> tuple[list[Event], StorageError | None, int]:
+    """`list(chain(read_chunks(start)))` is `read(start)`; a damaged log raises the same error
+    (type, seq, offset, message) from both."""
+    want: list[Event] | None
+    try:
+        want, error = store.read(handle, Offset(start)), None
+    except StorageError as exc:
+        want, error = None, exc
+    got, got_error, chunks = streamed(store, handle, start)
+    if error is None:
+        assert got_error is None, got_error
+        assert got == want
+    else:
+        assert type(got_error) is type(error) and str(got_error) == str(error), (got_error, error)
+    return got, got_error, chunks
+
+
+@pytest.mark.parametrize("start", [0, 1, 7, 399, 799, 800, 900])
+def test_read_chunks_concatenate_to_read(store: LogStore, start: int) -> None:
+    publish_big(store)
+    reader = store.open_read("s1")
+    got, error, _ = assert_streams_as_read(store, reader, start)
+    assert error is None and [e.seq for e in got] == list(range(start, 800))
+    writer = store.open_write("s1")
+    assert_streams_as_read(store, writer, start)
+    store.close(writer)
+    store.close(reader)
+
+
+@pytest.mark.parametrize("start", [0, 2, 3, 4, 500])
+def test_read_chunks_of_a_seeded_log(store: LogStore, start: int) -> None:
+    publish_big(store, k=3)
+    reader = store.open_read("s1")
+    got, error, _ = assert_streams_as_read(store, reader, start)
+    assert error is None and len(got) == 800 - start
+    store.close(reader)
+
+
+def test_read_chunks_of_small_and_unpublished_logs(store: LogStore) -> None:
+    writer = store.create(header())
+    assert list(store.read_chunks(writer)) == []
+    store.append(writer, [batch(0, 3)])
+    assert [e for chunk in store.read_chunks(writer) for e in chunk] == events(0, 3)
+    reader = store.open_read("s1")
+    assert list(store.read_chunks(reader)) == [events(0, 3)]
+    assert list(store.read_chunks(reader, start=Offset(3))) == []
+    store.append(writer, [batch(3, 5)])  # a reader sees later appends, as `read` does
+    assert_streams_as_read(store, reader)
+    store.close(writer)
+    store.close(reader)
+
+
+def test_read_chunks_refuses_a_closed_handle_and_a_bad_start_at_the_call(store: LogStore) -> None:
+    publish(store, "s1", 2)
+    reader = store.open_read("s1")
+    with pytest.raises(InvalidRange):
+        store.read_chunks(reader, start=-1)  # type: ignore[arg-type]  # what a caller may pass
+    store.close(reader)
+    with raises(HandleClosed, "s1"):
+        store.read_chunks(reader)
+
+
+def test_read_chunks_calls_the_poll_and_passes_its_exception(store: LogStore) -> None:
+    publish_big(store)
+    reader = store.open_read("s1")
+    polls: list[int] = []
+    assert sum(len(c) for c in store.read_chunks(reader, poll=lambda: polls.append(1))) == 800
+    assert polls  # between chunks (and rows)
+
+    class Stop(Exception):
+        pass
+
+    def stop() -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        for _ in store.read_chunks(reader, poll=stop):
+            pass
+    store.close(reader)
+
+
+def _file_store(store: LogStore) -> FileLogStore | None:
+    inner = store.inner if isinstance(store, FaultyLogStore) else store
+    return inner if isinstance(inner, FileLogStore) else None
+
+
+def _edit_log(store: FileLogStore, sid: str, edit: Callable[[bytes], bytes]) -> None:
+    """Rewrite a log file in place through the store's own `Fs` (on disk or in memory)."""
+    folder = rel_folder(sid)
+    (path,) = [f"{folder}/{name}" for name in _LOG_NAMES.values() if store.fs.revision(f"{folder}/{name}")]
+    file = store.fs.open(path, "append")
+    try:
+        data = edit(file.pread(0, file.size()))
+        file.truncate(0)
+        file.write(data)
+    finally:
+        file.close()
+
+
+def _damage(store: LogStore, sid: str, where: str) -> None:
+    """Damage the log at about 60% of it (`where="middle"`), or tear its tail (`"tail"`)."""
+    files = _file_store(store)
+    if files is None:
+        assert isinstance(store, PostgresLogStore)
+        if where == "middle":
+            pg_damage.garble_batch(store.url, sid, 480)
+        else:
+            pytest.skip("a PostgreSQL batch row is whole or absent: it has no torn tail")
+        return
+    zstd = files.compression == "zstd"
+
+    def edit(data: bytes) -> bytes:
+        if where == "tail":
+            if zstd:
+                frame = zstandard.ZstdCompressor(write_checksum=True).compress(
+                    b"".join(wire([summary(seq) for seq in range(800, 803)]))
+                )
+                return data + frame[: len(frame) // 2] + b"\0" * 100
+            return data + wire([summary(800)])[0] + b'{"seq":801,"type":"compaction/sum'
+        at = len(data) * 3 // 5
+        if zstd:
+            return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
+        line = data.index(b'{"seq":', at)
+        return data[:line] + b'{"seq":!' + data[line + len(b'{"seq":') :]
+
+    _edit_log(files, sid, edit)
+
+
+@pytest.mark.parametrize("where", ["middle", "tail"])
+@pytest.mark.parametrize("start", [0, 600])
+def test_read_chunks_of_a_damaged_or_torn_log_fail_or_end_as_read(store: LogStore, where: str, start: int) -> None:
+    publish_big(store)
+    _damage(store, "s1", where)
+    reader = store.open_read("s1")
+    got, error, chunks = assert_streams_as_read(store, reader, start)
+    if where == "tail":
+        assert error is None and [e.seq for e in got] == list(range(start, 800 + len(got) - (800 - start)))
+        assert len(got) >= 800 - start  # a torn zstd frame may give back its complete lines
+    elif _file_store(store) is None and start > 480:
+        assert error is None  # PostgreSQL reads the rows from `start` on only, `read` alike
+    else:
+        assert isinstance(error, CorruptLog)
+        if start == 0:
+            assert chunks >= 1 and got and got[-1].seq < 480 + 5  # the earlier chunks came first
     store.close(reader)
 
 

@@ -649,6 +649,10 @@ def check_case(root: Path, data: bytes, sid: str = SID, folder: str = FOLDER) ->
         if handle.header != exp.header.header or handle.inherited_event_count != exp.header.k:
             p.append(f"open_read: header {handle.header} / {handle.inherited_event_count}, expected {exp.header}")
         events, exc = run("read", p, lambda: store.read(handle))
+        # The stream: the same events, or the same error, whatever the damage.
+        streamed, stream_exc = run("read_chunks", p, lambda: [e for c in store.read_chunks(handle) for e in c])
+        if (type(stream_exc), str(stream_exc), streamed) != (type(exc), str(exc), events):
+            p.append(f"read_chunks: {streamed!r} / {stream_exc!r}, read gave {events!r} / {exc!r}")
         if exp.damaged:
             if exc is None:
                 p.append(f"read: succeeded with {len(events)} events, expected {exp.kind} at seq {exp.seq}")

@@ -1042,3 +1042,39 @@ def test_a_read_holds_the_plain_bytes_once() -> None:
     # The file's bytes (as read), the growth slack of the one buffer, and a frame: well under
     # the plain size. Holding the contents and their join as well would add twice that.
     assert (peak - retained) / plain < 0.5 + 2 * len(data) / plain, (peak, retained, plain, len(data))
+
+
+def _many_frames(events: int) -> tuple[bytes, int]:
+    """A zstd log of `events` text events in frames of 256 (as 256-event appends write them),
+    and its plain size."""
+    cctx = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True)
+    frames, plain = [cctx.compress(header_line(SID))], 0
+    for first in range(0, events, 256):
+        lines = b"".join(encode_event(text_event(seq, 0, 150 + seq % 97)) for seq in range(first, first + 256))
+        plain += len(lines)
+        frames.append(cctx.compress(lines))
+    return b"".join(frames), plain
+
+
+def test_a_streaming_read_holds_one_chunk_not_the_log() -> None:
+    """`read_chunks` of a multi-frame zstd log of several MB, each chunk dropped once looked at,
+    peaks at a small fraction of the plain size: one chunk's plain bytes and events and the
+    read window, never the file nor every event (issue 28: a 500 MB log). A read of the whole
+    log holds at least the plain size (its events reference the plain bytes)."""
+    data, plain = _many_frames(40_960)
+    fs = CrashFs()
+    plant(fs, SID, data)
+    store = FileLogStore(fs=fs, compression="zstd")
+    handle = store.open_read(SID)
+    seen, chunks = 0, 0
+    tracemalloc.start()
+    try:
+        for chunk in store.read_chunks(handle):
+            seen += len(chunk)
+            chunks += 1
+            del chunk
+        retained, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert seen == 40_960 and plain > 8_000_000 and chunks > 4
+    assert (peak - retained) / plain < 0.25, (peak, retained, plain)
