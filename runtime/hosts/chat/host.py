@@ -30,7 +30,6 @@ import sys
 from collections.abc import AsyncIterable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-import outcome
 import trio
 from subagents.storage import SessionNotFound, StorageError
 
@@ -90,14 +89,14 @@ class PipedLines:
         # A read a cancel gave up on (Ctrl-C at the prompt) goes on in its thread: its line is
         # the next read's answer, never lost to an abandoned thread.
         self._pending: trio.Event | None = None
-        self._line: outcome.Outcome[str] | None = None
+        self._line: Any = None  # the thread's outcome (trio's `outcome.Outcome[str]`)
 
     async def read(self, prompt: str) -> str | object | None:
         if self._pending is None:
             done = self._pending = trio.Event()
             token = trio.lowlevel.current_trio_token()
 
-            def deliver(result: outcome.Outcome[str]) -> None:
+            def deliver(result: Any) -> None:
                 def in_trio() -> None:
                     self._line = result
                     done.set()
@@ -111,7 +110,7 @@ class PipedLines:
         await self._pending.wait()
         result, self._pending, self._line = self._line, None, None
         assert result is not None
-        line = result.unwrap()
+        line: str = result.unwrap()
         return line.rstrip("\r\n") if line else None
 
     def progress(self, progress: RunProgress) -> None:
