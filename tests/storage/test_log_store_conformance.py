@@ -465,10 +465,8 @@ def _damage(store: LogStore, sid: str, where: str) -> None:
     files = _file_store(store)
     if files is None:
         assert isinstance(store, PostgresLogStore)
-        if where == "middle":
-            pg_damage.garble_batch(store.url, sid, 480)
-        else:
-            pytest.skip("a PostgreSQL batch row is whole or absent: it has no torn tail")
+        assert where == "middle", "a PostgreSQL batch row is whole or absent: it has no torn tail"
+        pg_damage.garble_batch(store.url, sid, 480)
         return
     zstd = files.compression == "zstd"
 
@@ -489,7 +487,15 @@ def _damage(store: LogStore, sid: str, where: str) -> None:
     _edit_log(files, sid, edit)
 
 
-@pytest.mark.parametrize("where", ["middle", "tail"])
+# A PostgreSQL batch row is whole or absent: it has no torn tail (its damage is the middle case).
+_TORN_AND_DAMAGED = [
+    *[pytest.param(backend, "middle") for backend in ("file", "file-zstd", "memory", "memory-zstd", "faulty")],
+    pytest.param("pg", "middle", marks=pytest.mark.pg),
+    *[pytest.param(backend, "tail") for backend in ("file", "file-zstd", "memory", "memory-zstd", "faulty")],
+]
+
+
+@pytest.mark.parametrize(("store_factory", "where"), _TORN_AND_DAMAGED, indirect=["store_factory"])
 @pytest.mark.parametrize("start", [0, 600])
 def test_read_chunks_of_a_damaged_or_torn_log_fail_or_end_as_read(store: LogStore, where: str, start: int) -> None:
     publish_big(store)
