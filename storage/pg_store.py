@@ -249,35 +249,8 @@ class PostgresLogStore:
         return self._events(handle, start, stop, poll)
 
     def _events(self, handle: Handle, start: int, stop: int | None, poll: AbortPoll | None) -> list[Event]:
-        sid = handle.session_id
-        rows = self._query_all(
-            sid,
-            "read",
-            "SELECT first_seq, count, data, compressed FROM batches WHERE session_id = %(id)s "
-            "AND first_seq >= coalesce((SELECT max(first_seq) FROM batches "
-            "WHERE session_id = %(id)s AND first_seq <= %(start)s), 0) "
-            "AND (%(stop)s::bigint IS NULL OR first_seq < %(stop)s) ORDER BY first_seq",
-            {"id": sid, "start": start, "stop": stop},
-        )
-        if not rows:
-            return []
-        base: int = rows[0][0]
-        events: list[Event] = []
-        expected = base
-        for first_seq, count, data, compressed in rows:
-            if poll is not None and events:
-                poll()
-            if first_seq != expected:
-                raise CorruptLog(sid, f"the batch holding seq {expected} is missing", seq=expected)
-            lines = batch_lines(sid, first_seq, bytes(data), compressed)
-            got = decode_event_lines(sid, lines, 0, len(lines), first_seq=first_seq, poll=poll, out=events)
-            if len(got) != expected - base + count:
-                raise CorruptLog(sid, f"the batch at seq {first_seq} holds other than {count} events", seq=first_seq)
-            expected = first_seq + count
-        k = handle.inherited_event_count
-        if k and base <= k < expected and not is_seed_marker(events[k - base]):
-            raise CorruptLog(sid, f"seq {k} must be the tagged session/end-seed marker", seq=k)
-        return events[start - base : None if stop is None else stop - base]
+        """`read`'s events: the stream's, from one query of every row."""
+        return [event for chunk in self._event_chunks(handle, start, stop, poll, page=None) for event in chunk]
 
     def read_chunks(
         self, handle: Handle, *, start: Offset = Offset(0), poll: AbortPoll | None = None
@@ -297,10 +270,17 @@ class PostgresLogStore:
         return self._event_chunks(handle, start, stop, poll)
 
     def _event_chunks(
-        self, handle: Handle, start: int, stop: int | None, poll: AbortPoll | None
+        self,
+        handle: Handle,
+        start: int,
+        stop: int | None,
+        poll: AbortPoll | None,
+        *,
+        page: int | None = STREAM_PAGE_ROWS,
     ) -> Iterator[list[Event]]:
-        """`_events`, row by row: the same checks (a missing batch, a batch's count, the seed
-        marker where it falls), each batch's events yielded as soon as they are decoded."""
+        """The events from `start` (before `stop`) a batch row at a time, checked as they come
+        (a missing batch, a batch's count, the seed marker where it falls); rows fetched `page`
+        at a time (None: all in one query, as `read` takes them)."""
         sid = handle.session_id
         k = handle.inherited_event_count
         rows = self._query_all(
@@ -310,7 +290,7 @@ class PostgresLogStore:
             "AND first_seq >= coalesce((SELECT max(first_seq) FROM batches "
             "WHERE session_id = %(id)s AND first_seq <= %(start)s), 0) "
             "AND (%(stop)s::bigint IS NULL OR first_seq < %(stop)s) ORDER BY first_seq LIMIT %(page)s",
-            {"id": sid, "start": start, "stop": stop, "page": STREAM_PAGE_ROWS},
+            {"id": sid, "start": start, "stop": stop, "page": page},
         )
         expected: int | None = None
         while rows:
@@ -337,7 +317,7 @@ class PostgresLogStore:
                 if low < high:
                     yield events if (low, high) == (0, count) else events[low:high]
                 del events
-            if len(rows) < STREAM_PAGE_ROWS:
+            if page is None or len(rows) < page:
                 return
             rows = self._query_all(
                 sid,
@@ -345,7 +325,7 @@ class PostgresLogStore:
                 "SELECT first_seq, count, data, compressed FROM batches WHERE session_id = %(id)s "
                 "AND first_seq >= %(next)s AND (%(stop)s::bigint IS NULL OR first_seq < %(stop)s) "
                 "ORDER BY first_seq LIMIT %(page)s",
-                {"id": sid, "next": expected, "stop": stop, "page": STREAM_PAGE_ROWS},
+                {"id": sid, "next": expected, "stop": stop, "page": page},
             )
 
     def read_after(
