@@ -340,7 +340,7 @@ async def test_open_runtime_gives_its_file_store_the_units(
             return _real(self, handle, *args, **kwargs)
 
         monkeypatch.setattr(FileLogStore, name, counting)
-    async with open_runtime(tmp_path, now_ms=now_ms, compression=form) as runtime:  # type: ignore[arg-type]
+    async with open_runtime(tmp_path, now_ms=now_ms, compression=form) as runtime:  # type: ignore[arg-type]  # the fixture's names
         found = rows(await runtime.listing.list_children("p"))
     assert found == expected(labels)
     assert [sid for sid in labels if reads[sid]] == []
