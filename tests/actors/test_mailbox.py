@@ -147,7 +147,7 @@ async def test_an_ask_to_a_full_mailbox_waits_for_room_then_for_its_reply() -> N
     request: Request[int] = Request()
     got: list[int] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: _append(got, request.reply), name="waiter")  # type: ignore[arg-type]  # trio types start_soon's name as a str or a callable, as here
+        nursery.start_soon(lambda: _append(got, request.reply), name="waiter")
         nursery.start_soon(lambda: mailbox.ask(request))
         await trio.testing.wait_all_tasks_blocked()
         assert mailbox.sent == 2
