@@ -225,6 +225,12 @@ class TerminalLines:
         above the status and tree."""
         from prompt_toolkit.formatted_text import ANSI
 
+        if self._interrupt.is_set():
+            # An interrupt that came while the prompt was starting (before its loop could be
+            # asked): this draw, at the latest the next refresh, ends the prompt instead.
+            app = self.session.app
+            if app.loop is not None:
+                app.loop.call_soon(self._exit_if_asked, app)
         width = shutil.get_terminal_size().columns
         progress = self._progress
         tree = toolbar_text(progress, width, now_ms=int(time.time() * 1000)) if progress is not None else ""
