@@ -216,10 +216,14 @@ class _Chat:
         try:
             await self.agent.send(text)
             if self.lines.steers:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self.steer)
-                    await self.agent.wait_idle()
-                    nursery.cancel_scope.cancel()  # the prompt goes; what was typed is carried over
+                self.view.stream_root = False
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self.steer)
+                        await self.agent.wait_idle()
+                        nursery.cancel_scope.cancel()  # the prompt goes; what was typed is carried over
+                finally:
+                    self.view.stream_root = True
             else:
                 await self.agent.wait_idle()
         except AgentStopped as exc:

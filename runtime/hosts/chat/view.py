@@ -134,6 +134,9 @@ class ChatView:
         self.on_progress: Callable[[RunProgress], None] = lambda progress: None
         self.inputs = 0  # the root's user messages since its last turn/start (more than one: steering)
         self.watched: _Live | None = None
+        # False while a steer prompt is up (the person's turn, on a terminal): the root's text is
+        # then printed from its record, whole, never as a partial line a prompt could draw over.
+        self.stream_root = True
         self.held: list[tuple[str, str | None]] = []
         self._changed = trio.Event()
 
@@ -164,6 +167,8 @@ class ChatView:
             if session_id == self.root_id:
                 self.root.muted.add(call)  # watching another: the root's record prints it whole
             return
+        if live is self.root and not self.stream_root:
+            live.muted.add(call)
         if call in live.muted:
             return
         gate = live.gates.setdefault(call, live.durable_next())
