@@ -670,3 +670,19 @@ def test_chat_on_a_terminal_steers_the_running_turn_and_esc_interrupts_it(tmp_pa
     assert users == [(1, "do the thing"), (1, "also mind the tests"), (2, "hang now"), (3, "again")]
     ends = [e["reason"] for e in entries if e["type"] == "turn/end"]
     assert ends == [{"kind": "completed"}, {"kind": "aborted", "cause": "user"}, {"kind": "completed"}]
+
+
+def test_a_line_that_cuts_a_streamed_reply_short_leaves_its_record_printed_whole() -> None:
+    view, out = _view([2])
+    events = _view_events()
+    view._show(events[0])
+    view._show(events[1])
+    view.on_text("root", 0, "hello ")
+    view.say("  ⋯ c1 working (turn 1)", "dim")  # a descendant's line arrives meanwhile
+    view.on_text("root", 0, "person")  # the rest of the cut reply is not shown in a new half
+    view._show(events[2])
+    assert out.getvalue().splitlines()[2:] == [
+        "assistant: hello ",
+        "  ⋯ c1 working (turn 1)",
+        "assistant: hello person",
+    ]

@@ -154,6 +154,10 @@ class ChatView:
         return self.watched.session_id if self.watched is not None else None
 
     def say(self, text: str, style: str | None = None) -> None:
+        if self.streaming is not None:
+            # A line cuts a streamed reply short: the rest of its text is not shown, its record
+            # is printed whole instead (never a reply in two halves).
+            self.streaming.muted.add(self.streaming.replies)
         self.end_stream()
         self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
