@@ -57,12 +57,13 @@ class ReadSide:
 
 @asynccontextmanager
 async def open_read_side(
-    root: str | os.PathLike[str], *, store: str | None = None, focus: str | None = None
+    root: str | os.PathLike[str], *, store: str | None = None, focus: str | None = None, subtree: bool = False
 ) -> AsyncIterator[ReadSide]:
     """Open the store at `store` (a `postgresql://` URL or a folder; default `root`) for reading
     and close it after. `focus`: the one parent whose children the command lists — a file
     store then reads only line 1 of a log without an index row whose line 1 names another
-    parent (`LogInfo.checked`); such a side serves that listing, not a corpus of every session."""
+    parent (`LogInfo.checked`); such a side serves that listing, not a corpus of every session.
+    `subtree`: the command lists the focus's descendants (line 1 must place a log outside them)."""
     spec = store or os.fspath(root)
     registry = runtime_registry()
     # A file store given units writes a log's checkpoint rows as its index scans it: a command
@@ -73,7 +74,7 @@ async def open_read_side(
     logs = (
         open_log_store(spec, create_schema=False)
         if is_pg_url(spec)
-        else FileLogStore(spec, watch=False, projections=units, focus=focus)
+        else FileLogStore(spec, watch=False, projections=units, focus=focus, subtree=subtree)
     )
     try:
         async with open_session_store(logs, registry, now_ms=RealClock().now_ms) as sessions:

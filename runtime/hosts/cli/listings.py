@@ -47,9 +47,9 @@ async def children_command(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
-    # One parent's children need no more than line 1 of the logs that name another parent.
-    focus = None if args.descendants else args.parent_id
-    async with open_read_side(args.root, store=args.store, focus=focus) as runtime:
+    # One parent's children (or one root's descendants) need no more than line 1 of the logs
+    # that line 1 places elsewhere.
+    async with open_read_side(args.root, store=args.store, focus=args.parent_id, subtree=args.descendants) as runtime:
         try:
             # A parent the corpus has no record of is `ListingParentNotFound` (a usage error).
             if args.descendants:
