@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 _LIST_READERS = 4  # `session/list` reads this many of its page's logs at once (one read group)
+_ANNOUNCE_WAIT = 5.0  # seconds a child's permission question waits for the child's announcement
 
 
 class AcpServer:
@@ -161,8 +162,17 @@ class AcpServer:
         sid = self._client_session_of(request.session_id)
         if sid is None:
             return PermissionAnswer("deny", "no client session holds this agent: there is no one to ask")
-        if request.session_id in self._sessions[sid].announced:
-            sid = request.session_id  # a child session the client knows: asked under its own id
+        session = self._sessions[sid]
+        if session.tree is not None and request.session_id != sid:
+            # Asked under the child's own id, once the client was told of it (its catalog may be
+            # durable a moment after the child began); a child never announced is asked about
+            # under the session the client opened, as without the opt-in.
+            if request.session_id not in session.announced:
+                seen = session.waiting.setdefault(request.session_id, trio.Event())
+                with trio.move_on_after(_ANNOUNCE_WAIT):
+                    await seen.wait()
+            if request.session_id in session.announced:
+                sid = request.session_id
         return await self._asker.ask(sid, request)
 
     def on_response(self, message: Incoming) -> None:

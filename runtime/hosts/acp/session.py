@@ -75,6 +75,7 @@ class Session:
     turn: int | None = None  # the turn the session's events are in, as the forwarder saw them
     tree: ChildTree | None = None  # its descendants, for a client that opted in to subagents
     announced: set[str] = attrs.field(factory=set)  # descendants whose announcement was sent
+    waiting: dict[str, trio.Event] = attrs.field(factory=dict)  # descendants a question waits to see announced
 
 
 async def forward(
@@ -118,6 +119,9 @@ async def send_tree(notify: Notify, session: Session, notifications: list[Notifi
         await notify(target, update)
         if update["sessionUpdate"] == "subagent_update":
             session.announced.add(update["sessionId"])
+            waiting = session.waiting.pop(update["sessionId"], None)
+            if waiting is not None:
+                waiting.set()
 
 
 async def _stream_text(notify: Notify, sid: str, live: Live) -> None:
