@@ -548,3 +548,73 @@ async def test_session_load_replays_the_children_and_streams_what_follows(tmp_pa
     assert idle == [
         {"state": "idle", "stopReason": "end_turn", "usage": {"totalTokens": 4, "inputTokens": 3, "outputTokens": 1}}
     ]
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("subagents", [True, "yes", 1, [], None])
+async def test_a_subagents_capability_that_is_not_an_object_does_not_opt_in(tmp_path: Path, subagents: Any) -> None:
+    with trio.fail_after(30):
+        async with serving(tmp_path, CANCEL_SCRIPT) as (client, _runtime):
+            sid = await _open(client, tmp_path, {"subagents": subagents})
+            await client.send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}, 99)
+            await client.until(lambda m: m.get("params", {}).get("update", {}).get("status") == "completed")
+            await client.send("session/cancel", {"sessionId": sid})
+            response = await client.until(lambda m: m.get("id") == 99)
+    assert response["result"] == {"stopReason": "cancelled"}
+    assert all(s == sid and u["sessionUpdate"] != "subagent_update" for s, u in client.updates())
+
+
+async def test_a_cancel_of_an_unknown_session_or_of_an_idle_child_is_answered_not_raised(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with serving(tmp_path, CANCEL_SCRIPT) as (client, _runtime):
+            sid = await _open(client, tmp_path, {"subagents": {}})
+            unknown = await client.call("session/cancel", {"sessionId": "no-such-session"})
+            assert unknown["error"]["code"] == -32002
+            await client.send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}, 99)
+            announce = await client.until(lambda m: m.get("params", {}).get("update", {}).get("title") == "Alpha")
+            child = announce["params"]["update"]["sessionId"]
+            await client.until(
+                lambda m: (
+                    m.get("params", {}).get("sessionId") == child and m["params"]["update"].get("status") == "completed"
+                )
+            )
+            assert (await client.call("session/cancel", {"sessionId": child}))["result"] == {}
+            await client.until(lambda m: m.get("id") == 99)
+            # Idle now (its turn was cancelled and it settled): a second cancel stops nothing.
+            assert (await client.call("session/cancel", {"sessionId": child}))["result"] == {}
+            bad = await client.call("session/cancel", {"sessionId": 7})
+            assert bad["error"]["code"] == -32602
+    states = [u["state"] for _s, u in client.updates() if u["sessionUpdate"] == "subagent_update"]
+    assert states == [{"state": "running"}, {"state": "idle", "stopReason": "cancelled"}]
+
+
+async def test_a_child_whose_log_is_damaged_is_replayed_as_unknown(tmp_path: Path) -> None:
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {"tool_calls": [_subagent("Alpha", "Say hi.")]},
+                    {"wait_for": {"settled": "Alpha"}, "text": "done"},
+                    {"text": "noted"},
+                ]
+            },
+            {"label": "Alpha", "responses": [{"text": "hi"}]},
+        ]
+    }
+    with trio.fail_after(30):
+        async with serving(tmp_path, script) as (first, _runtime):
+            sid = await _open(first, tmp_path, {"subagents": {}})
+            await first.call("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]})
+            child = next(u["sessionId"] for _s, u in first.updates() if u["sessionUpdate"] == "subagent_update")
+        (log,) = (tmp_path / "root" / "sessions" / child).glob("session.jsonl*")
+        log.write_bytes(b'{"this is": "not a session log"}\n')
+        async with serving(tmp_path, script) as (second, _runtime):
+            await second.call("initialize", {"protocolVersion": 1, "clientCapabilities": {"subagents": {}}})
+            loaded = await second.call("session/load", {"sessionId": sid, "cwd": str(tmp_path), "mcpServers": []})
+    assert loaded["result"] == {}
+    about = [u for _s, u in second.updates() if u.get("sessionId") == child]
+    assert [u.get("title") for u in about] == ["Alpha", None]
+    assert about[-1]["state"] == {"state": "unknown"}
+    assert not [s for s, _u in second.updates() if s == child]  # nothing of its history
