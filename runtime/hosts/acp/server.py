@@ -11,7 +11,9 @@ nothing the log does not: `session/load` replays the log, and what the client sa
 about a tool call go to the client as requests of ours (acp/permission.py). The MCP servers the
 client names are started for the session (acp/client_servers.py) before its agent starts, so
 their tools are the session's and its descendants'; they stop when the session closes or the
-connection ends.
+connection ends. A client that advertised `subagents` sees each session's descendants as child
+sessions (acp/children.py): announced, streamed, replayed by `session/load`, cancelled by
+`session/cancel` with their own ids.
 """
 
 from __future__ import annotations
