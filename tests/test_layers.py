@@ -466,6 +466,7 @@ WHITE_BOX = {
     # hosts below the CLI's face (ACP, chat, serve, demo, run output and progress, transfer)
     "tests/helpers/acp_gated_agent.py",
     "tests/helpers/memory_hosts.py",
+    "tests/runtime/test_acp_children.py",
     "tests/runtime/test_acp_live.py",
     "tests/runtime/test_acp_mcp.py",
     "tests/runtime/test_acp_mcp_units.py",
