@@ -220,7 +220,9 @@ class Block:
             raw = json.dumps(self.input) if self.input else ""
             size = max(1, -(-len(raw) // self.fragments))
             out = [delta({"type": "input_json_delta", "partial_json": ""})]  # as the API opens one
-            out += [delta({"type": "input_json_delta", "partial_json": raw[i : i + size]}) for i in range(0, len(raw), size)]
+            out += [
+                delta({"type": "input_json_delta", "partial_json": raw[i : i + size]}) for i in range(0, len(raw), size)
+            ]
         elif self.type == "thinking":
             start = {"type": "thinking", "thinking": "", "signature": ""}
             out = [delta({"type": "thinking_delta", "thinking": p}) for p in self.pieces]
@@ -261,7 +263,9 @@ class Reply:
         return cls(blocks=(*head, *blocks), stop_reason="tool_use", **options)
 
     @classmethod
-    def error(cls, status: int, message: str, *, kind: str = "invalid_request_error", retry_after: str | None = None) -> Reply:
+    def error(
+        cls, status: int, message: str, *, kind: str = "invalid_request_error", retry_after: str | None = None
+    ) -> Reply:
         body = json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
         headers = () if retry_after is None else (("retry-after", retry_after),)
         return cls(status=status, error_body=body, headers=headers)
@@ -418,7 +422,9 @@ def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(int(self.headers.get("content-length", "0")))
             seen = Seen("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, raw)
             if self.path != "/v1/messages":
-                self._json(404, {"type": "error", "error": {"type": "not_found_error", "message": f"no route {self.path}"}})
+                self._json(
+                    404, {"type": "error", "error": {"type": "not_found_error", "message": f"no route {self.path}"}}
+                )
                 return
             try:
                 body = json.loads(raw)
@@ -429,7 +435,9 @@ def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
                 self._json(400, {"type": "error", "error": {"type": "invalid_request_error", "message": problem}})
                 return
             if reply.status != 200:
-                self._head(reply.status, "application/json", [*reply.headers, ("Content-Length", str(len(reply.error_body)))])
+                self._head(
+                    reply.status, "application/json", [*reply.headers, ("Content-Length", str(len(reply.error_body)))]
+                )
                 self.wfile.write(reply.error_body)
                 return
             self._stream(reply, reply.events(str(body["model"]) if isinstance(body, dict) else ""))
