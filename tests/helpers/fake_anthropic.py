@@ -33,13 +33,12 @@ import sys
 import threading
 import types
 import typing
-
-import typing_extensions
 from collections.abc import Callable, Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import attrs
+import typing_extensions
 from http_request import Seen
 
 __all__ = ["AnthropicServer", "Block", "Reply", "request_problem", "sdk_problem"]

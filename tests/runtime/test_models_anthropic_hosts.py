@@ -143,6 +143,7 @@ def test_run_with_thinking_and_two_children_from_parallel_tool_use(tmp_path: Pat
     shown = cli(root, "show", parent)
     assert shown.returncode == 0, shown.stderr
     assert "They said HI and BYE" in shown.stdout and not leaks(shown.stdout)
+    assert "usage: 42 in, 46 out tokens, cache 900 read, 950 written (2 model calls)" in shown.stdout
     shown_json = cli(root, "show", parent, "--json")
     calls = [e for e in json.loads(shown_json.stdout) if e["type"] == "assistant/message"]
     assert calls[-1]["usage"]["cache_read_tokens"] == 900
