@@ -5,7 +5,9 @@ Theory of operation — the request. `anthropic_body` maps the surface: system m
 top-level `system` blocks; user text stays text; a `tool-result` becomes a `tool_result` block
 (placed before the text of its message, as the API wants them first); an assistant message keeps
 its blocks in order — `thinking` (with its signature) and `redacted_thinking` (opaque) only when
-thinking is on, text, and `tool_use` with its arguments parsed back to an object. Consecutive
+thinking is on, text, and `tool_use` with its arguments parsed back to an object. (A call that
+continues a tool-use turn whose assistant message holds no thinking goes without thinking: the
+API refuses thinking there.) Consecutive
 messages of one role are merged into one (the API wants roles to alternate, so the results of
 parallel tool calls travel in one user message). Empty text is dropped (the API refuses it).
 
@@ -109,9 +111,20 @@ def anthropic_body(model: str, request: ModelRequest, options: AnthropicOptions)
         body["system"] = system
     if tools:
         body["tools"] = tools
-    if thinking:
+    if thinking and not _unthought_tool_turn(messages):
         body["thinking"] = {"type": "enabled", "budget_tokens": options.thinking_budget}
     return body
+
+
+def _unthought_tool_turn(messages: Sequence[Json]) -> bool:
+    """Whether the request continues a tool-use turn whose assistant message holds no thinking
+    (a history from a model that did not think, or from before thinking was turned on): with
+    thinking on, the API refuses it, so that one call is sent without thinking."""
+    if len(messages) < 2 or messages[-2]["role"] != "assistant":
+        return False
+    content: list[Json] = messages[-2]["content"]  # type: ignore[assignment]
+    calls = any(b["type"] == "tool_use" for b in content)
+    return calls and content[0]["type"] not in ("thinking", "redacted_thinking")
 
 
 def anthropic_messages(messages: Iterable[Mapping[str, JsonValue]], *, thinking: bool = False) -> list[Json]:
