@@ -122,7 +122,7 @@ def _unthought_tool_turn(messages: Sequence[Json]) -> bool:
     thinking on, the API refuses it, so that one call is sent without thinking."""
     if len(messages) < 2 or messages[-2]["role"] != "assistant":
         return False
-    content: list[Json] = messages[-2]["content"]  # type: ignore[assignment]
+    content: list[Json] = messages[-2]["content"]
     calls = any(b["type"] == "tool_use" for b in content)
     return calls and content[0]["type"] not in ("thinking", "redacted_thinking")
 
