@@ -2,13 +2,15 @@
 (tests/helpers/fake_anthropic.py), which refuses any request the API or the SDK's request types
 would refuse: `run --stream` whose parent thinks, then starts two children with parallel
 `tool_use` blocks of the `subagent` tool, then gets both results back in one user message with
-its thinking replayed; a piped `chat`; a 401 that is one line with the key nowhere.
+its thinking replayed; a piped `chat`; `acp` with a child started by a `tool_use` and an
+overloaded stream; a 401 that is one line with the key nowhere.
 
 The subprocess tests wait for the process to end; their timeouts are only hang guards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
+from acp.schema import AgentMessageChunk, ClientCapabilities, SessionNotification, ToolCallProgress, ToolCallStart
 from cli_process import CLI, clean_env
 from fake_anthropic import AnthropicServer, Block, Reply
 
@@ -216,3 +220,64 @@ def test_the_base_url_from_the_environment_and_a_missing_key(tmp_path: Path) -> 
     missing = cli(root, "run", "--model", f"anthropic:{MODEL}", "hi", env=clean_env())
     assert missing.returncode != 0
     assert "ANTHROPIC_API_KEY is not set" in missing.stderr and "Traceback" not in missing.stderr
+
+
+class Recorder:
+    """The ACP client side: every `session/update` kept, validated by the SDK's schema types."""
+
+    def __init__(self) -> None:
+        self.updates: list[Any] = []
+
+    async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+        raw = {"sessionId": session_id, "update": update.model_dump(by_alias=True, exclude_none=True)}
+        SessionNotification.model_validate(raw)
+        self.updates.append(update)
+
+    async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no permission is asked for")
+
+
+def test_acp_prompt_with_a_child_from_tool_use_then_an_overloaded_stream(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    arguments = {"description": "Say hi", "prompt": "Reply HI please", "run_in_background": False}
+    replies = [
+        Reply.tool_uses(Block.tool_use("subagent", arguments, id="toolu_p"), usage=(50, 10, 0, 700), when="delegate"),
+        Reply.text("H", "I", when="Reply HI please"),
+        Reply.text("The child ", "said HI", usage=(8, 4, 700, 0), when=has_results),
+        Reply.text("never", "whole", error_after=3, when="second prompt"),
+    ]
+
+    async def main() -> None:
+        recorder = Recorder()
+        command = (*CLI, "acp", "--root", str(root), "--model", f"anthropic:{MODEL}", "--base-url", server.base_url)
+        async with spawn_agent_process(
+            recorder,
+            command[0],
+            *command[1:],
+            env=clean_env(ANTHROPIC_API_KEY=KEY),
+            transport_kwargs={"stderr": (tmp_path / "stderr").open("wb")},
+            use_unstable_protocol=True,
+        ) as (conn, _process):
+            await asyncio.wait_for(
+                conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities()), TIMEOUT
+            )
+            new = await asyncio.wait_for(conn.new_session(cwd=str(tmp_path), mcp_servers=[]), TIMEOUT)
+            sid = new.session_id
+            response = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("delegate it")]), TIMEOUT)
+            assert response.stop_reason == "end_turn"
+            kinds = [type(u) for u in recorder.updates]
+            assert kinds[:2] == [ToolCallStart, ToolCallProgress] and set(kinds[2:]) == {AgentMessageChunk}
+            start, progress, *chunks = recorder.updates
+            assert start.raw_input == arguments and progress.content[0].content.text == "HI"
+            assert "".join(c.content.text for c in chunks) == "The child said HI"
+            with pytest.raises(RequestError) as caught:
+                await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("second prompt")]), TIMEOUT)
+            detail = json.dumps(caught.value.to_error_obj())
+            assert "overloaded_error: Overloaded" in detail and not leaks(detail)
+            await asyncio.wait_for(conn.close_session(session_id=sid), TIMEOUT)
+
+    with AnthropicServer(replies) as server:
+        asyncio.run(main())
+        assert server.leftovers() == {}
+    assert (tmp_path / "stderr").read_bytes() == b""
+    assert_store_clean(root)
