@@ -11,6 +11,9 @@ API refuses thinking there.) Consecutive
 messages of one role are merged into one (the API wants roles to alternate, so the results of
 parallel tool calls travel in one user message). Empty text is dropped (the API refuses it).
 
+A compaction call (`purpose: "compaction"`) goes without thinking and ends with a user message
+asking for the summary (`SUMMARIZE`).
+
 Prompt caching, on unless `cache=False`: `cache_control: {"type": "ephemeral"}` on the last tool
 definition, the last system block, the last block of the final message (so this call writes the
 whole prefix) and the last block of the user message before the final one (the previous call's
@@ -92,9 +95,18 @@ class AnthropicOptions:
 # -- the request ---------------------------------------------------------------------------------
 
 
+# A compaction call sends the range to summarize; the API wants a user message last (an
+# assistant message last would be continued, not summarized), so it ends with this request.
+SUMMARIZE = (
+    "Summarize the conversation above for your own later use: the task, what was done and found, "
+    "the decisions taken and what is still open. Reply with the summary only."
+)
+
+
 def anthropic_body(model: str, request: ModelRequest, options: AnthropicOptions) -> Json:
     """The streaming Messages API body for `request` (see the module docstring)."""
-    thinking = options.thinking_budget is not None
+    compaction = request.purpose == "compaction"
+    thinking = options.thinking_budget is not None and not compaction
     system = [
         {"type": "text", "text": text}
         for msg in request.messages
@@ -102,7 +114,10 @@ def anthropic_body(model: str, request: ModelRequest, options: AnthropicOptions)
         for text in [_text(msg.get("content", ()))]
         if text
     ]
-    messages = anthropic_messages(request.messages, thinking=thinking)
+    logged = list(request.messages)
+    if compaction:
+        logged.append({"role": "user", "content": [{"type": "text", "text": SUMMARIZE}]})
+    messages = anthropic_messages(logged, thinking=thinking)
     tools = anthropic_tools(request.tools)
     if options.cache:
         _mark_cache(system, messages, tools)

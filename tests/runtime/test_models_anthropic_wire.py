@@ -142,6 +142,17 @@ def test_every_body_passes_the_sdks_types_and_the_apis_rules(
     assert ("thinking" in sent) == (thinking is not None and not unthought)
 
 
+def test_a_compaction_call_asks_for_the_summary_last_and_does_not_think() -> None:
+    history = [*HISTORY, msg("assistant", THINK, text("done"), kind="model")]
+    request = ModelRequest(messages=history, purpose="compaction")
+    sent = anthropic_body("claude-x", request, AnthropicOptions(thinking_budget=1024))
+    assert "thinking" not in sent and "tools" not in sent
+    last = sent["messages"][-1]
+    assert last["role"] == "user" and last["content"][-1]["text"].startswith("Summarize the conversation above")
+    assert all(b["type"] != "thinking" for m in sent["messages"] for b in m["content"])
+    assert sdk_problem(sent) is None and request_problem(sent, HEADERS, set()) is None
+
+
 def test_the_checker_refuses_what_the_api_refuses() -> None:
     good = body(HISTORY, thinking_budget=1024)
     assert sdk_problem({**good, "temperature": "hot"}) is not None
