@@ -151,13 +151,6 @@ def test_run_with_thinking_and_two_children_from_parallel_tool_use(tmp_path: Pat
     shown_json = cli(root, "show", parent, "--json")
     calls = [e for e in json.loads(shown_json.stdout) if e["type"] == "assistant/message"]
     assert calls[-1]["usage"]["cache_read_tokens"] == 900
-    notes = Path("/work/notes")
-    if notes.is_dir():  # the "Show" (kept for the report; not part of the assertion)
-        (notes / "anthropic-show.txt").write_text(
-            f"$ subagents show {parent}\n{shown.stdout}\n$ subagents show {parent} --json (assistant messages)\n"
-            + json.dumps(calls, indent=2)
-            + "\n"
-        )
 
 
 def test_piped_chat_on_anthropic_streams_and_sends_the_history(tmp_path: Path) -> None:
