@@ -21,7 +21,8 @@ its deltas (`text_delta`, `input_json_delta` in fragments, `thinking_delta` then
 `signature_delta`) and `content_block_stop`, a `ping`, `message_delta` (stop reason, output
 usage) and `message_stop`. Fault modes: an HTTP error with the API's JSON error body and
 `retry-after` (`Reply.error`), an `error` event after some events (`error_after`), a connection
-cut (`cut_after`).
+cut (`cut_after`), a stream held open until the client goes away (`hold_after`; `holding` is set
+once it holds).
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ class Reply:
     when: Match | str | None = None
     cut_after: int | None = None  # send this many events, then drop the connection
     error_after: int | None = None  # send this many events, then an `error` event
+    hold_after: int | None = None  # send this many events, then hold until the client leaves
     error_kind: str = "overloaded_error"
     taken: threading.Event | None = None
 
@@ -342,6 +344,8 @@ class AnthropicServer:
         self.unmatched: list[Seen] = []
         self.refused: list[tuple[Seen, str]] = []
         self.failures: list[str] = []
+        self.holding = threading.Event()  # set once a reply holds its stream open (`hold_after`)
+        self._held: set[socket.socket] = set()
         self._httpd = _HTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.failures = self.failures
         self._thread = threading.Thread(
@@ -376,6 +380,13 @@ class AnthropicServer:
 
     def __exit__(self, *exc: object) -> None:
         self._httpd.shutdown()
+        with self._lock:
+            held = list(self._held)
+        for sock in held:  # a held stream's thread is waiting on the client: end it
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._httpd.server_close()
         self._thread.join()
 
@@ -463,6 +474,9 @@ def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if n == reply.hold_after:
+                    self._hold()
+                    return
                 if n == reply.error_after:
                     error = {"type": "error", "error": {"type": reply.error_kind, "message": "Overloaded"}}
                     self._chunk(b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n")
@@ -472,5 +486,19 @@ def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
                     name, data = events[n]
                     self._chunk(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
             self._chunk(b"")
+
+        def _hold(self) -> None:
+            self.close_connection = True
+            with server._lock:
+                server._held.add(self.connection)
+            server.holding.set()
+            try:
+                while self.connection.recv(1):
+                    pass
+            except OSError:
+                pass
+            finally:
+                with server._lock:
+                    server._held.discard(self.connection)
 
     return Handler

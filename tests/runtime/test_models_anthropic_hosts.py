@@ -153,6 +153,52 @@ def test_run_with_thinking_and_two_children_from_parallel_tool_use(tmp_path: Pat
     assert calls[-1]["usage"]["cache_read_tokens"] == 900
 
 
+def test_a_run_killed_mid_turn_resumes_with_its_thinking_sent_back(tmp_path: Path) -> None:
+    """SIGKILL while the parent's one-shot child streams; `run --session` continues the turn (the
+    call is in doubt) and issues the parent's model call again: its tool-use message must still
+    start with the thinking block (and signature) the log kept, or the fake refuses it."""
+    root = tmp_path / "root"
+    arguments = {"description": "Slow", "prompt": "take your time", "run_in_background": False}
+    thinking = Block.thinking("I will ", "delegate.", signature="sig-kept")
+    replies = [
+        Reply(
+            blocks=(thinking, Block.tool_use("subagent", arguments, id="toolu_s")),
+            stop_reason="tool_use",
+            when="delegate",
+        ),
+        Reply.text("still ", "going", hold_after=4, when="take your time"),
+        Reply.text("in doubt", when=has_results),
+        Reply.text("resumed ", "fine", when="again"),
+    ]
+    spec = f"anthropic:{MODEL},thinking=1024"
+    command = [*CLI, "run", "--root", str(root), "--session", "s1", "--model", spec]
+    with AnthropicServer(replies) as server:
+        first = subprocess.Popen(
+            [*command, "--base-url", server.base_url, "delegate it"],
+            cwd=tmp_path,
+            env=clean_env(ANTHROPIC_API_KEY=KEY),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert server.holding.wait(TIMEOUT)
+        finally:
+            first.kill()
+            first.wait(TIMEOUT)
+        done = cli(root, "run", "--session", "s1", "--model", spec, "--base-url", server.base_url, "again")
+        assert done.returncode == 0, (done.stdout, done.stderr, server.leftovers())
+        assert server.leftovers() == {}
+        bodies = server.bodies()
+    assert done.stdout.strip() == "resumed fine"
+    continued = [b for b in bodies if has_results(b)][-1]
+    assistant = continued["messages"][1]["content"]
+    assert assistant[0] == {"type": "thinking", "thinking": "I will delegate.", "signature": "sig-kept"}
+    assert continued["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    [result] = continued["messages"][2]["content"]
+    assert result["tool_use_id"] == "toolu_s" and "outcome is unknown" in result["content"][0]["text"]
+    assert_store_clean(root)
+
+
 def test_piped_chat_on_anthropic_streams_and_sends_the_history(tmp_path: Path) -> None:
     root = tmp_path / "root"
     replies = [
