@@ -5,11 +5,11 @@ Theory of operation — the request. `anthropic_body` maps the surface: system m
 top-level `system` blocks; user text stays text; a `tool-result` becomes a `tool_result` block
 (placed before the text of its message, as the API wants them first); an assistant message keeps
 its blocks in order — `thinking` (with its signature) and `redacted_thinking` (opaque) only when
-thinking is on, text, and `tool_use` with its arguments parsed back to an object. (A call that
-continues a tool-use turn whose assistant message holds no thinking goes without thinking: the
-API refuses thinking there.) Consecutive
+thinking is on, text, and `tool_use` with its arguments parsed back to an object. Consecutive
 messages of one role are merged into one (the API wants roles to alternate, so the results of
-parallel tool calls travel in one user message). Empty text is dropped (the API refuses it).
+parallel tool calls travel in one user message). Empty text is dropped (the API refuses it). A
+call that continues a tool-use turn whose assistant message holds no thinking goes without
+thinking (the API refuses thinking there: a history from a model that did not think).
 
 A compaction call (`purpose: "compaction"`) goes without thinking and ends with a user message
 asking for the summary (`SUMMARIZE`).
@@ -472,8 +472,8 @@ class StreamParser:
         if known is None:
             logger.debug("unknown stop_reason %s", self._quote(repr(self._stop)))
         reason: FinishReason
-        if known is None or known == "stop":
-            reason = "tool-calls" if self._saw_tool_calls and known is None else (known or "stop")
+        if known is None:
+            reason = "tool-calls" if self._saw_tool_calls else "stop"
         else:
             reason = known
         chunks: list[Chunk] = []
