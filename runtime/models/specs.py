@@ -14,6 +14,7 @@ records nothing: its script path is one machine's, and a run's log would differ 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 from subagents.storage import redact_url
@@ -22,11 +23,13 @@ from ..foundation.clock import Clock
 from ..foundation.errors import ModelSpecError, ScriptError
 from ..testing.script_format import load_script
 from ..testing.scripted_model import ScriptedModel
-from .anthropic_wire import AnthropicOptions
 from .base import Model, SessionModel
 from .defaults import DEFAULT_MODEL as DEFAULT_MODEL  # where it was before (re-exported)
 from .defaults import DEFAULT_STALL_TIMEOUT
 from .openai import OpenAIChatModel
+
+if TYPE_CHECKING:
+    from .anthropic_wire import AnthropicOptions
 
 __all__ = ["ModelRecord", "ModelSpec", "anthropic_options", "build_model", "parse_model_spec", "record_of"]
 
@@ -130,6 +133,8 @@ def anthropic_options(name: str) -> tuple[str, AnthropicOptions]:
     """`MODEL[,thinking=TOKENS][,max_tokens=N][,cache=on|off]` → the model name and its options.
     The options are part of the spec, so a session records them with its model and a resume on
     any host asks the same. `ModelSpecError` for an unknown, repeated or malformed option."""
+    from .anthropic_wire import AnthropicOptions  # only an anthropic: spec loads the wire module
+
     model, *pairs = name.split(",")
     if not model:
         raise ModelSpecError(f"anthropic:{name} names no model")
