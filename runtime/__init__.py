@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from .foundation.errors import ToolFailure as ToolFailure
     from .foundation.ids import CountingIds as CountingIds
     from .foundation.ids import RandomIds as RandomIds
+    from .models.anthropic import AnthropicModel as AnthropicModel
+    from .models.anthropic_wire import AnthropicOptions as AnthropicOptions
     from .models.base import Chunk as Chunk
     from .models.base import Finish as Finish
     from .models.base import Model as Model
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from .models.base import SessionModel as SessionModel
     from .models.base import SessionWaits as SessionWaits
     from .models.base import TextDelta as TextDelta
+    from .models.base import Thinking as Thinking
     from .models.base import ToolCallDelta as ToolCallDelta
     from .models.base import ToolSpec as ToolSpec
     from .models.base import Usage as Usage
@@ -114,10 +117,13 @@ _WHERE: dict[str, str] = {
     "SessionModel": ".models.base",
     "SessionWaits": ".models.base",
     "TextDelta": ".models.base",
+    "Thinking": ".models.base",
     "ToolCallDelta": ".models.base",
     "ToolSpec": ".models.base",
     "Usage": ".models.base",
     "OpenAIChatModel": ".models.openai",
+    "AnthropicModel": ".models.anthropic",
+    "AnthropicOptions": ".models.anthropic_wire",
     "load_script": ".testing.script_format",
     "ScriptedModel": ".testing.scripted_model",
     "McpServerSpec": ".tools.mcp_spec",

@@ -145,7 +145,7 @@ async def open_runtime(
     store_options: StoreOptions | None = None,
     on_interrupted_turn: Literal["continue", "close"] | None = None,
 ) -> AsyncIterator[Runtime]:
-    """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`,
+    """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`, `anthropic:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
     never read here. `clock` and `id_factory` make runs deterministic; `now_ms` overrides only
     the clock's readings (tests of the storage-facing layers use it). `child_model` builds the

@@ -441,6 +441,8 @@ WHITE_BOX = {
     "tests/runtime/test_openai_model.py",
     "tests/runtime/test_openai_secrets.py",
     "tests/runtime/test_openai_wire.py",
+    "tests/runtime/test_models_anthropic.py",  # the Anthropic transport, its options and clock
+    "tests/runtime/test_models_anthropic_wire.py",  # the Anthropic wire and the model specs
     "tests/runtime/test_ownership_lost.py",  # envelopes as the mailbox owner makes them
     "tests/runtime/test_pg_clock.py",  # envelopes as the mailbox owner makes them
     "tests/runtime/test_scripted_model.py",

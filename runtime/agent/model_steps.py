@@ -21,7 +21,7 @@ from trio_util import AsyncValue
 
 from ..foundation.budgets import Spent
 from ..foundation.errors import ModelError
-from ..models.base import Finish, Model, ModelRequest, TextDelta, ToolCallDelta, Usage
+from ..models.base import Finish, Model, ModelRequest, TextDelta, Thinking, ToolCallDelta, Usage
 from ..models.messages import message, text_blocks
 from ..tools.base import ToolSet
 from .compaction import plan_compaction
@@ -42,6 +42,7 @@ class ModelReply:
 
     text: str = ""
     calls: list[ToolCall] = attrs.field(factory=list)
+    thinking: list[Json] = attrs.field(factory=list)  # whole thinking blocks, as logged
     finish: str | None = None
     usage: Json | None = None
     error: str | None = None
@@ -87,8 +88,10 @@ class ModelSteps(StepWriter):
                             slot[0] = slot[0] or chunk.id
                             slot[1] = slot[1] or chunk.name
                             slot[2].append(chunk.arguments)
+                        elif isinstance(chunk, Thinking):
+                            reply.thinking.append(chunk.block())
                         elif isinstance(chunk, Usage):
-                            reply.usage = {"input_tokens": chunk.input_tokens, "output_tokens": chunk.output_tokens}
+                            reply.usage = chunk.record()
                         elif isinstance(chunk, Finish):
                             reply.finish = chunk.reason
             except ModelError as exc:
@@ -116,7 +119,8 @@ class ModelSteps(StepWriter):
     async def _record_reply(self, turn: int, step: int, reply: ModelReply, *, attempt: int | None = None) -> None:
         """Keep the reply as `assistant/message`; `attempt`: it answers a model call issued again
         after its turn was continued (docs/format.md, "Continued turns")."""
-        content: list[Json] = text_blocks(reply.text) if reply.text else []
+        # Thinking first, as the provider gave it: it is sent back ahead of the text and calls.
+        content: list[Json] = [*reply.thinking, *(text_blocks(reply.text) if reply.text else [])]
         if reply.interrupted or reply.error is not None:
             if not reply.text:
                 return  # nothing visible was produced: no assistant message
@@ -135,9 +139,7 @@ class ModelSteps(StepWriter):
         }
         if reply.usage is not None:
             data["usage"] = reply.usage
-            self.spent = attrs.evolve(
-                self.spent, tokens=self.spent.tokens + reply.usage["input_tokens"] + reply.usage["output_tokens"]
-            )
+            self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + sum(reply.usage.values()))
         if reply.interrupted:
             data["interrupted"] = True
         if attempt is not None:

@@ -11,7 +11,13 @@ from typing import Any
 
 _SCRIPT = Path(sys.executable).parent / "subagents"
 CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.hosts.cli"]
-_PROVIDER_SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY")
+_PROVIDER_SETTINGS = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "DEEPSEEK_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -36,7 +36,19 @@ sys.exit(code)
 """
 
 # Third-party packages no read-only command may load (psycopg: the store here is files).
-HEAVY_PACKAGES = ("httpx", "httpcore", "h11", "rich", "pygments", "prompt_toolkit", "mcp", "anyio", "psycopg")
+HEAVY_PACKAGES = (
+    "httpx",
+    "httpcore",
+    "h11",
+    "rich",
+    "pygments",
+    "prompt_toolkit",
+    "mcp",
+    "anyio",
+    "psycopg",
+    "anthropic",
+    "pydantic",
+)
 # Runtime modules of the hosts: the agent loop, the models, the tools, the composition root and
 # what only a host (run, chat, acp, demo, scenario) uses.
 HOST_MODULES = (
@@ -45,6 +57,9 @@ HOST_MODULES = (
     "subagents.runtime.models.base",
     "subagents.runtime.models.openai",
     "subagents.runtime.models.openai_wire",
+    "subagents.runtime.models.http_stream",
+    "subagents.runtime.models.anthropic",
+    "subagents.runtime.models.anthropic_wire",
     "subagents.runtime.models.sse",
     "subagents.runtime.models.specs",
     "subagents.runtime.testing.scripted_model",
