@@ -23,6 +23,7 @@ from ..foundation.budgets import Spent
 from ..foundation.errors import ModelError
 from ..models.base import Finish, Model, ModelRequest, TextDelta, ToolCallDelta, Usage
 from ..models.messages import message, text_blocks
+from ..telemetry.seam import TurnTrace
 from ..tools.base import ToolSet
 from .compaction import plan_compaction
 from .step_writer import StepWriter
@@ -58,6 +59,7 @@ class ModelSteps(StepWriter):
     _model_scope: trio.CancelScope | None
     _closing_text: str | None
     _phase: AsyncValue[Any]
+    _turn_trace: TurnTrace
 
     def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
         return ModelRequest(
@@ -67,6 +69,25 @@ class ModelSteps(StepWriter):
         )
 
     async def _call_model(self, turn: int, step: int, abort: Abort) -> ModelReply:
+        """The step's model call, in its `chat` span (runtime/telemetry/seam.py)."""
+        messages = self.surface.messages()
+        chat = self._turn_trace.chat(messages)
+        try:
+            reply = await self._stream_reply(messages, abort)
+        except BaseException as exc:
+            chat.fail(exc)
+            raise
+        chat.end(
+            text=reply.text,
+            calls=[(c.id, c.name, c.arguments) for c in reply.calls],
+            finish=reply.finish,
+            usage=reply.usage,
+            error=reply.error,
+            interrupted=reply.interrupted,
+        )
+        return reply
+
+    async def _stream_reply(self, messages: list[Json], abort: Abort) -> ModelReply:
         reply = ModelReply()
         parts: list[str] = []
         calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
@@ -76,9 +97,7 @@ class ModelSteps(StepWriter):
                 scope.cancel()
             self._phase.value = "model"
             try:
-                async with aclosing(
-                    self._stream_model.stream(self._request("turn", self.surface.messages()))
-                ) as stream:
+                async with aclosing(self._stream_model.stream(self._request("turn", messages))) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)
