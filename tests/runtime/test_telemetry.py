@@ -37,7 +37,11 @@ def _model(script: dict[str, Any]) -> ScriptedModel:
 
 async def _run_background_child(root: Path, telemetry: OtelTelemetry | None) -> None:
     async with open_runtime(
-        root, model=_model(BACKGROUND_CHILD), clock=ScenarioClock(), id_factory=CountingIds("child"), telemetry=telemetry
+        root,
+        model=_model(BACKGROUND_CHILD),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("child"),
+        telemetry=telemetry,
     ) as rt:
         parent = await rt.agents.create(session_id="parent")
         await parent.send("Delegate the thing.")
@@ -132,7 +136,9 @@ async def test_a_tree_is_one_trace_of_gen_ai_spans(tmp_path: Path) -> None:
         assert text not in shown
     assert "gen_ai.input.messages" not in shown and "gen_ai.tool.call.result" not in shown
     # Each log keeps its anchor: the root its first turn's span, the child its parent's call.
-    assert _records(tmp_path, "parent") == [{"seq": 1, "ignorable": True, "version": 1, "traceparent": _traceparent(turn)}]
+    assert _records(tmp_path, "parent") == [
+        {"seq": 1, "ignorable": True, "version": 1, "traceparent": _traceparent(turn)}
+    ]
     assert [r["traceparent"] for r in _records(tmp_path, "child-1")] == [_traceparent(spawn)]
 
 
