@@ -451,6 +451,7 @@ WHITE_BOX = {
     "tests/runtime/test_scripted_stall.py",
     "tests/runtime/test_stopping.py",  # the stopped projection (issue 27)
     "tests/runtime/test_subagent_tools.py",
+    "tests/runtime/test_telemetry_settings.py",  # the tracing settings table
     "tests/runtime/test_units.py",
     "tests/runtime/test_usage.py",
     "tests/runtime/test_workspace_tools.py",
