@@ -199,6 +199,24 @@ class ModelSteps(StepWriter):
         self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
 
     async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
+        """Compaction's summary call, in a `chat` span of its own."""
+        chat = self._turn_trace.chat(messages)
+        try:
+            summary = await self._summary_call(messages, abort)
+        except BaseException as exc:
+            chat.fail(exc)
+            raise
+        chat.end(
+            text=summary or "",
+            calls=(),
+            finish="stop" if summary is not None else None,
+            usage=None,
+            error=None,
+            interrupted=summary is None and abort.is_set(),
+        )
+        return summary
+
+    async def _summary_call(self, messages: list[Json], abort: Abort) -> str | None:
         parts: list[str] = []
         with trio.CancelScope(deadline=self._turn_deadline) as scope:
             self._model_scope = scope

@@ -249,3 +249,19 @@ async def test_a_stopped_turn_ends_its_span(tmp_path: Path, capture: bool) -> No
     assert names == ["chat ScriptedModel", "invoke_agent"]
     chat = _one(exporter.get_finished_spans(), "chat ScriptedModel")
     assert dict(chat.attributes or {})["subagents.interrupted"] is True
+
+
+async def test_a_child_resumed_in_a_new_runtime_goes_on_under_its_parents_call(tmp_path: Path) -> None:
+    first, exported = _telemetry()
+    await _run_background_child(tmp_path, first)
+    spawn = _one(exported.get_finished_spans(), "execute_tool subagent")
+    second, exported_again = _telemetry()
+    script = {"agents": [{"session": "child-1", "responses": [{"text": "MORE"}]}]}
+    async with open_runtime(tmp_path, model=_model(script), clock=ScenarioClock(), telemetry=second) as rt:
+        child = await rt.agents.resume("child-1", label="helper")  # as the service resumes a child
+        await child.send("one more thing")
+        await child.wait_idle()
+    turn = _one(exported_again.get_finished_spans(), "invoke_agent helper")
+    assert turn.context.trace_id == spawn.context.trace_id
+    assert turn.parent is not None and turn.parent.span_id == spawn.context.span_id
+    assert dict(turn.attributes or {})["subagents.turn"] == 2
