@@ -84,6 +84,13 @@ def _under(parent: SpanContext | Span | None) -> otel_context.Context:
     return set_span_in_context(span, otel_context.Context())
 
 
+def _error_name(exc: BaseException) -> str:
+    """An exception's class name; a group's first leaf's (a nursery's cancellation is `Cancelled`)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return type(exc).__name__
+
+
 def _error(span: Span, kind: str, description: str | None = None) -> None:
     span.set_attribute("error.type", kind)
     span.set_status(Status(StatusCode.ERROR, description))
@@ -139,6 +146,7 @@ class _TurnTrace:
         self._provider = provider
         self._model = model
         self._tokens = [0, 0]  # input, output: the turn's sums
+        self._open: dict[str, Span] = {}  # the turn's tool spans not ended yet
 
     def chat(self, messages: Sequence[Json]) -> ChatTrace:
         attributes: dict[str, Any] = {
@@ -166,11 +174,24 @@ class _TurnTrace:
         span = self._session._tracer.start_span(
             f"execute_tool {name}", context=_under(self._span), kind=SpanKind.INTERNAL, attributes=attributes
         )
-        self._session._tools[call_id] = span
-        return _ToolTrace(self._session, call_id, span)
+        self._session._tools[call_id] = self._open[call_id] = span
+        return _ToolTrace(self, call_id, span)
+
+    def _close_tools(self, kind: str) -> None:
+        """Tool calls still open when their turn ends (its task was cancelled mid-call)."""
+        for call_id, span in list(self._open.items()):
+            _error(span, kind)
+            span.end()
+            self._forget(call_id, span)
+
+    def _forget(self, call_id: str, span: Span) -> None:
+        self._open.pop(call_id, None)
+        if self._session._tools.get(call_id) is span:
+            del self._session._tools[call_id]
 
     def end(self, reason: Mapping[str, Any]) -> None:
         kind = str(reason.get("kind"))
+        self._close_tools(kind)
         self._span.set_attribute("subagents.turn.end_reason", kind)
         self._span.set_attribute("gen_ai.usage.input_tokens", self._tokens[0])
         self._span.set_attribute("gen_ai.usage.output_tokens", self._tokens[1])
@@ -180,7 +201,8 @@ class _TurnTrace:
         self._span.end()
 
     def fail(self, exc: BaseException) -> None:
-        _error(self._span, type(exc).__name__)
+        self._close_tools(_error_name(exc))
+        _error(self._span, _error_name(exc))
         self._span.end()
 
 
@@ -221,20 +243,21 @@ class _ChatTrace:
         span.end()
 
     def fail(self, exc: BaseException) -> None:
-        _error(self._span, type(exc).__name__)
+        _error(self._span, _error_name(exc))
         self._span.end()
 
 
 class _ToolTrace:
-    def __init__(self, session: _SessionTrace, call_id: str, span: Span) -> None:
-        self._session = session
+    def __init__(self, turn: _TurnTrace, call_id: str, span: Span) -> None:
+        self._turn = turn
         self._call_id = call_id
         self._span = span
 
     def end(self, *, content: Sequence[Json], is_error: bool, error: Mapping[str, str] | None) -> None:
-        if self._session._tools.get(self._call_id) is self._span:
-            del self._session._tools[self._call_id]
-        if self._session._capture:
+        if self._turn._open.get(self._call_id) is not self._span:
+            return  # ended with its turn already
+        self._turn._forget(self._call_id, self._span)
+        if self._turn._session._capture:
             self._span.set_attribute("gen_ai.tool.call.result", _text(content))
         if is_error:
             name = error.get("name") if error is not None else None

@@ -20,7 +20,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from scripts import BACKGROUND_CHILD
-from subagents.runtime import CountingIds, OtelTelemetry, ScenarioClock, ScriptedModel, load_script, open_runtime
+from subagents.runtime import (
+    CountingIds,
+    FunctionTool,
+    OtelTelemetry,
+    ScenarioClock,
+    ScriptedModel,
+    load_script,
+    open_runtime,
+)
 from subagents.storage import FileLogStore
 
 
@@ -265,3 +273,31 @@ async def test_a_child_resumed_in_a_new_runtime_goes_on_under_its_parents_call(t
     assert turn.context.trace_id == spawn.context.trace_id
     assert turn.parent is not None and turn.parent.span_id == spawn.context.span_id
     assert dict(turn.attributes or {})["subagents.turn"] == 2
+
+
+async def test_an_agent_stopped_mid_tool_call_ends_every_span(tmp_path: Path) -> None:
+    """An agent stopped while a tool runs (its task is cancelled, as when its process shuts
+    down): the tool's span and the turn's end with the cancellation as their error."""
+    telemetry, exporter = _telemetry()
+    started = trio.Event()
+
+    async def hang(args: dict[str, Any], ctx: object) -> str:
+        started.set()
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    tool = FunctionTool(name="hang", description="never returns", parameters={"type": "object"}, fn=hang)
+    script = {"agents": [{"session": "s", "responses": [{"tool_calls": [{"name": "hang", "arguments": {}}]}]}]}
+    async with open_runtime(
+        tmp_path, model=_model(script), clock=ScenarioClock(), telemetry=telemetry, tools=lambda: [tool]
+    ) as rt:
+        agent = await rt.agents.create(session_id="s")
+        await agent.send("hi")
+        await started.wait()
+        await agent.stop()
+    spans = exporter.get_finished_spans()
+    assert sorted(s.name for s in spans) == ["chat ScriptedModel", "execute_tool hang", "invoke_agent"]
+    for name in ("execute_tool hang", "invoke_agent"):
+        span = _one(spans, name)
+        assert span.status.status_code is StatusCode.ERROR
+        assert dict(span.attributes or {})["error.type"] == "Cancelled"
