@@ -200,9 +200,26 @@ async def test_errors_set_the_span_status(tmp_path: Path) -> None:
 
 
 async def test_a_session_resumed_in_a_new_runtime_goes_on_in_the_same_trace(tmp_path: Path) -> None:
+    await _restarted(tmp_path, None)
+    assert len(_records(tmp_path, "s")) == 1  # the anchor is recorded once
+
+
+@pytest.mark.pg
+async def test_a_session_taken_over_by_another_host_goes_on_in_the_same_trace(tmp_path: Path, pg_url: str) -> None:
+    """Two runtimes on one PostgreSQL store, one after the other: two hosts, the second taking
+    the session over from the log the first wrote."""
+    from pg_server import reset_tables
+
+    reset_tables(pg_url)
+    await _restarted(tmp_path, pg_url)
+
+
+async def _restarted(tmp_path: Path, store: str | None) -> None:
+    """A turn of session `s` in one runtime, a second turn in another on the same store: the
+    second's span is a child of the first's, in its trace."""
     first, exported = _telemetry()
     script = {"agents": [{"session": "s", "responses": [{"text": "one"}, {"text": "two"}]}]}
-    async with open_runtime(tmp_path, model=_model(script), clock=ScenarioClock(), telemetry=first) as rt:
+    async with open_runtime(tmp_path, model=_model(script), clock=ScenarioClock(), telemetry=first, store=store) as rt:
         agent = await rt.agents.create(session_id="s")
         await agent.send("first")
         await agent.wait_idle()
@@ -210,7 +227,7 @@ async def test_a_session_resumed_in_a_new_runtime_goes_on_in_the_same_trace(tmp_
     # A new runtime on the same store (a restart, or another host): a cold resume from the log.
     second, exported_again = _telemetry()
     script = {"agents": [{"session": "s", "responses": [{"text": "two"}]}]}
-    async with open_runtime(tmp_path, model=_model(script), clock=ScenarioClock(), telemetry=second) as rt:
+    async with open_runtime(tmp_path, model=_model(script), clock=ScenarioClock(), telemetry=second, store=store) as rt:
         agent = await rt.agents.resume("s")
         await agent.send("second")
         await agent.wait_idle()
@@ -218,7 +235,6 @@ async def test_a_session_resumed_in_a_new_runtime_goes_on_in_the_same_trace(tmp_
     assert turn2.context.trace_id == turn1.context.trace_id
     assert turn2.parent is not None and turn2.parent.span_id == turn1.context.span_id
     assert dict(turn2.attributes or {})["subagents.turn"] == 2
-    assert len(_records(tmp_path, "s")) == 1  # the anchor is recorded once
 
 
 async def test_a_damaged_trace_record_is_ignored(tmp_path: Path) -> None:
