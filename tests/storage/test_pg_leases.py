@@ -165,15 +165,27 @@ def test_the_publication_is_fenced_too(host: Factory, db: psycopg.Connection[Any
 
 
 def test_an_expired_lease_nobody_took_still_lets_its_holder_append(host: Factory, db: psycopg.Connection[Any]) -> None:
-    """The deliberate choice (pg_leases): safety comes from the epoch; the append renews."""
-    a = host()
+    """The deliberate choice (pg_leases): safety comes from the epoch. An append is fenced on the
+    session row (pg_append) and renews the lease itself only once half a ttl has passed since the
+    handle's last renewal (by the host's clock; the renewal task keeps it fresh otherwise)."""
+    a = host(lease_ttl=10)
+    now = [1000.0]
+    a._leases.monotonic = lambda: now[0]
     handle = a.create(header("s1"))
-    a.append(handle, [batch(0, 1)])
+    a.append(handle, [batch(0, 1)])  # the publication renews (at 1000)
     expire(db, "s1")
     assert lease(db, "s1") == (a.host_id, 1, False)
-    assert a.append(handle, [batch(1, 2)]) == 2
+    now[0] = 1004.9
+    assert a.append(handle, [batch(1, 2)]) == 2  # under half a ttl: the lease row is not written
+    assert lease(db, "s1") == (a.host_id, 1, False)
+    now[0] = 1005.0
+    assert a.append(handle, [batch(2, 3)]) == 3  # half a ttl: renewed in the same statement
     assert lease(db, "s1") == (a.host_id, 1, True)
-    assert batches(db) == [(0, 1, 1), (1, 1, 1)]
+    expire(db, "s1")
+    now[0] = 1009.9
+    assert a.append(handle, [batch(3, 4)]) == 4  # renewed at 1005: not due again before 1010
+    assert lease(db, "s1") == (a.host_id, 1, False)
+    assert batches(db) == [(0, 1, 1), (1, 1, 1), (2, 1, 1), (3, 1, 1)]
     a.close(handle)
 
 
@@ -377,7 +389,7 @@ def test_bad_lease_options_are_refused(pg_url: str, options: dict[str, Any]) -> 
 def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Connection[Any]) -> None:
     """A database as a version 2 build left it (a session, batch epochs NULL, no lease tables)
     gains the lease tables in one step; its sessions are claimed at epoch 1."""
-    assert SCHEMA_VERSION == 4 and set(MIGRATIONS) == {1, 2, 3, 4}
+    assert SCHEMA_VERSION == 5 and set(MIGRATIONS) == {1, 2, 3, 4, 5}
     store = PostgresLogStore(pg_url)
     try:
         handle = store.create(header("s1"))
@@ -388,6 +400,9 @@ def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Con
     db.execute("UPDATE batches SET epoch = NULL")
     db.execute("DROP TABLE leases, hosts, placements")
     db.execute("DROP TRIGGER batches_updated ON batches; DROP TRIGGER batches_deleted ON batches")  # version 4's
+    db.execute(
+        "ALTER TABLE sessions DROP COLUMN writer, DROP COLUMN writer_epoch"
+    )  # version 5's (its triggers: on leases)
     db.execute("UPDATE schema_version SET version = 2")
     store = PostgresLogStore(pg_url)
     try:
@@ -398,6 +413,7 @@ def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Con
         assert handle.impl.epoch == 1
         store.append(handle, [batch(1, 2)])
         assert batches(db) == [(0, 1, None), (1, 1, 1)]
+        assert db.execute("SELECT writer, writer_epoch FROM sessions").fetchall() == [(store.host_id, 1)]
         assert read_all(store, "s1") == turns(0, 2)
         store.close(handle)
     finally:
