@@ -176,6 +176,44 @@ def test_an_append_in_flight_and_a_takeover_are_ordered_by_the_session_row(
     a.close(old)
 
 
+def test_a_takeover_that_waited_on_the_publication_names_its_writer_in_the_published_row(
+    pg_store_factory: Factory, db: psycopg.Connection[Any], pg_url: str
+) -> None:
+    """The takeover's statement began before the session row existed and waited on the lease row
+    the publication held: its trigger still finds the row the publication committed (a fresh
+    snapshot per statement in the trigger), so the publisher's next append is fenced."""
+    a, b = pg_store_factory(lease_ttl=10), pg_store_factory(lease_ttl=10)
+    handle = a.create(header("s1"))
+    outcomes: dict[str, object] = {}
+    threads: list[threading.Thread] = []
+
+    def run(name: str, fn: Callable[..., Any], *args: Any) -> None:
+        thread = threading.Thread(target=lambda: outcomes.__setitem__(name, outcome_of(fn, *args)))
+        thread.start()
+        threads.append(thread)
+
+    with psycopg.connect(pg_url) as blocker:
+        blocker.execute("SELECT 1 FROM leases WHERE session_id = 's1' FOR UPDATE")
+        run("publish", a.append, handle, [batch(0, 1)])
+        lock_waiter(db, "WITH l AS (UPDATE leases", "the publication")
+        db.execute("DELETE FROM hosts WHERE id = %s", (a.host_id,))  # A "closed": its lease binds nobody
+        run("takeover", b.open_write, "s1")
+        lock_waiter(db, "INSERT INTO leases", "the takeover")
+        blocker.rollback()
+        for thread in threads:
+            thread.join(BOUND)
+            assert not thread.is_alive()
+    assert outcomes["publish"] == 1, outcomes
+    new = outcomes["takeover"]
+    assert not isinstance(new, Exception), outcomes
+    assert new.impl.epoch == 2 and new.next_seq == 1
+    assert writer(db, "s1") == (b.host_id, 2)
+    refused_and_nothing_written(a, handle, db)
+    assert b.append(new, [batch(1, 2)]) == 2
+    b.close(new)
+    a.close(handle)
+
+
 def test_a_renewing_append_racing_a_takeover_does_not_deadlock(
     pg_store_factory: Factory, db: psycopg.Connection[Any], pg_url: str
 ) -> None:
