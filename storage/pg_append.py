@@ -184,8 +184,9 @@ class PgAppender:
             args,
         ).fetchone()
         count, fenced_in, ours = row
-        # Published: the session row is the fence (and the lease row, when the append renewed it).
-        if not ours or (handle.published and not fenced_in):
+        # Published: the session row is the fence (and the lease row, when the append renewed it);
+        # a session row gone (deleted by hand) is a moved count, as before the fence moved there.
+        if not ours or (handle.published and count is not None and not fenced_in):
             assert isinstance(handle.impl, LeaseState)
             raise ownership_lost(handle, handle.impl)
         if not handle.published:
