@@ -65,6 +65,7 @@ from .log_store import LogReader as LogReader
 from .log_store import LogStore as LogStore
 from .log_store import LogWriter as LogWriter
 from .log_store import WriteHandle as WriteHandle
+from .log_watch import LogWatch as LogWatch
 from .mailbox import FileMailbox as FileMailbox
 from .mailbox import Mailbox as Mailbox
 from .mailbox_watch import LocalWakeups as LocalWakeups
@@ -134,6 +135,7 @@ __all__ = [
     "LogStore",
     "LogWriter",
     "Mailbox",
+    "LogWatch",
     "MailboxWatch",
     "NonLosslessData",
     "ObservedCheckpoint",

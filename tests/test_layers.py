@@ -238,6 +238,7 @@ RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
         "query_corpus",
         "store_select",
         "event_stream",
+        "log_follow",
     ),
     ("tools",),
     ("agent",),
