@@ -90,6 +90,11 @@ class _Tracked:
     read: bool = False  # its first read from the log is done
     broken: bool = False  # its log could not be read: no longer followed
     mark: Mark | None = None  # a boundary of its log at or before the cursor (a stat proved it)
+    seen: Mark | None = None  # the boundary its last stat proved: its mark once the cursor is past it
+
+    def promote(self) -> None:
+        if self.seen is not None and self.seen[1] <= self.cursor:  # a cursor only moves on
+            self.mark = self.seen
 
 
 class EventStream:
@@ -208,15 +213,15 @@ class _Pump:
         grown, marks = await look(self.query, self.followed())
         for session_id, mark in marks.items():
             tracked = self.tracked[session_id]
-            if mark[1] <= tracked.cursor:  # a cursor only moves on: the mark stays behind it
-                tracked.mark = mark
+            tracked.seen = mark
+            tracked.promote()
         if grown:
             self.grown |= grown
             self.subscription.wake()
 
     async def read_unread(self) -> None:
         while self.unread:
-            await self.catch_up(self.unread.pop(0))
+            await self.catch_up(self.unread[0])  # left in `unread` (not followed) until read
 
     async def on_batch(self, batch: DurableBatch) -> None:
         tracked = self.tracked.get(batch.session_id)
@@ -230,18 +235,19 @@ class _Pump:
     async def catch_up(self, session_id: str) -> None:
         """Read the session's durable events from its cursor and deliver them."""
         tracked = self.tracked[session_id]
-        if tracked.broken:
-            return
-        if session_id in self.unread:
-            self.unread.remove(session_id)
         try:
+            if tracked.broken:
+                return
             inherited, events = await self.query.read_from(session_id, tracked.cursor, after=tracked.mark)
         except SessionNotFound:
-            inherited, events = None, []  # not published yet: its first push brings it
+            inherited, events = None, []  # not published yet: its first push (or a look) brings it
         except StorageError as exc:
             log.warning("event stream: session %r cannot be read, no longer followed: %s", session_id, exc)
             tracked.broken = True
             return
+        finally:
+            if session_id in self.unread:
+                self.unread.remove(session_id)
         ref = self.sessions.get(session_id)
         if ref is not None:
             # Live here: bytes past its durable end may be a write whose fsync is not done.
@@ -254,6 +260,7 @@ class _Pump:
                 if tracked.start is None:  # history: deliver what came after the subscription
                     tracked.start = self.boundary(session_id, tracked.cursor + len(events))
         await self.deliver(session_id, tracked, events)
+        tracked.promote()
 
     async def deliver(self, session_id: str, tracked: _Tracked, events: Sequence[Event]) -> None:
         for event in events:

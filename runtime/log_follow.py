@@ -53,8 +53,8 @@ def check_interval(interval: float) -> float:
 async def look(query: SessionQuery, followed: Mapping[str, int | None]) -> tuple[set[str], dict[str, Mark]]:
     """Stat every followed session (id → the stream's cursor, None when its log was not found
     yet) in one index hop. Returns the sessions to read (published and past the cursor, or
-    published at last) and, for each session whose log holds no event past the cursor, the
-    boundary its stat proved. A session whose stat failed is looked at again next time."""
+    published at last) and the boundary each healthy log's stat proved. A session whose stat
+    failed is looked at again next time."""
     ids = list(followed)
     if not ids:
         return set(), {}
@@ -69,7 +69,7 @@ async def look(query: SessionQuery, followed: Mapping[str, int | None]) -> tuple
         cursor = followed[session_id]
         if cursor is None or info.event_count > cursor:
             grown.add(session_id)
-        elif info.damage is None:
+        if info.damage is None:
             marks[session_id] = _mark(info)
     return grown, marks
 

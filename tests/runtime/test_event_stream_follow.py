@@ -1,0 +1,227 @@
+"""The event stream follows the sessions of its tree that are not live in its runtime (issue 29):
+a child another runtime on the same store writes, one released here and written elsewhere, one
+published only after the stream read its catalog — each delivered once, in seq order, and read
+from where it grew rather than whole.
+
+Two runtimes on one folder stand for two processes (each session's lock is a flock per open
+file, so they exclude each other as processes do). Real files and the real clock; the tests
+wait on what the stream delivers, `trio.fail_after` only guards against hangs. The polled form
+(no change notification: an in-memory store) runs on the autojump clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from log_lines import plain_records
+from subagents.actors import EventDraft
+from subagents.runtime import StreamEvent, open_event_stream, open_runtime
+from subagents.runtime.foundation.clock import ScenarioClock
+from subagents.storage import FileLogStore, LogInfo, Offset, SessionHeader
+from subagents.storage.testing import CrashFs, MemoryLogStore
+
+GUARD = 20.0
+
+
+def _draft(text: str = "x") -> EventDraft:
+    return EventDraft(type="compaction/summary", data={"text": text})
+
+
+def _catalog(child: str) -> EventDraft:
+    data = {"version": 1, "child_id": child, "child_created_at": 2, "mode": "continuable", "label": child}
+    return EventDraft(type="subagent/catalog", data=data)
+
+
+def _child(session_id: str, parent: str = "p") -> SessionHeader:
+    return SessionHeader(id=session_id, created_at=2, parent_session=parent, origin="subagent", delegation_depth=1)
+
+
+class _Reads(FileLogStore):
+    """A file store that counts whole reads and reads past a boundary, per session, and says
+    when a session has been stat'ed `n` times."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(str(root), compression="none")
+        self.whole: dict[str, int] = {}
+        self.after: dict[str, int] = {}
+        self.stats: dict[str, int] = {}
+        self.stat_waits: list[tuple[str, int, threading.Event]] = []
+        self.lock = threading.Lock()
+
+    def read(self, handle: Any, start: Offset = Offset(0), stop: Offset | None = None, **kw: Any) -> Any:
+        with self.lock:
+            self.whole[handle.session_id] = self.whole.get(handle.session_id, 0) + 1
+        return super().read(handle, start, stop, **kw)
+
+    def read_after(self, handle: Any, log_offset: int, first_seq: int, **kw: Any) -> Any:
+        with self.lock:
+            self.after[handle.session_id] = self.after.get(handle.session_id, 0) + 1
+        return super().read_after(handle, log_offset, first_seq, **kw)
+
+    def stat(self, session_id: str) -> LogInfo | None:
+        info = super().stat(session_id)
+        with self.lock:
+            n = self.stats[session_id] = self.stats.get(session_id, 0) + 1
+            for sid, target, event in self.stat_waits:
+                if sid == session_id and n >= target:
+                    event.set()
+        return info
+
+    async def wait_stats(self, session_id: str, more: int) -> None:
+        """Until `session_id` has been stat'ed `more` more times than now."""
+        event = threading.Event()
+        with self.lock:
+            self.stat_waits.append((session_id, self.stats.get(session_id, 0) + more, event))
+        await trio.to_thread.run_sync(event.wait, GUARD)
+        assert event.is_set()
+
+
+async def _until(stream: Any, into: list[StreamEvent], session_id: str, seq: int) -> None:
+    """Receive into `into` until `session_id`'s event `seq` has arrived."""
+    while not any(i.session_id == session_id and i.event.seq == seq for i in into):
+        into.append(await stream.receive())
+
+
+def _seqs(items: Sequence[StreamEvent]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for item in items:
+        out.setdefault(item.session_id, []).append(item.event.seq)
+    return out
+
+
+def _disk_seqs(root: Path, session_id: str) -> list[int]:
+    _header, *events = plain_records(root, session_id)
+    return [e["seq"] for e in events]
+
+
+async def test_a_child_written_by_another_runtime_is_followed_once_in_order(tmp_path: Path) -> None:
+    store = _Reads(tmp_path)
+    items: list[StreamEvent] = []
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime(tmp_path, log_store=store, clock=ScenarioClock()) as here,
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as there,
+        ):
+            child = await there.sessions.create(_child("c"))
+            await child.append([_draft()])
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            await parent.append([_draft(), _catalog("c")])
+            assert here.sessions.get("c") is None
+            async with open_event_stream(here.query, "p", follow_interval=0.05) as stream:
+                await _until(stream, items, "c", 0)
+                # A look has proved where the child's log ends: what it writes next is read from there.
+                await store.wait_stats("c", 2)
+                for n in range(1, 6):
+                    await child.append([_draft(f"{n}")])
+                    await _until(stream, items, "c", n)
+                await parent.append([_draft()])  # pushed by this runtime's feed meanwhile
+                await child.append([_draft(), _draft()])  # durable before `finish`: delivered too
+                stream.finish()
+                async for item in stream:
+                    items.append(item)
+    assert _seqs(items) == {"p": [0, 1, 2], "c": list(range(8))}
+    assert _disk_seqs(tmp_path, "c") == list(range(8))
+    # One whole read (its first), every later one from where the last stat left it.
+    assert store.whole["c"] == 1
+    assert store.after["c"] >= 5
+
+
+async def test_a_session_released_here_and_written_elsewhere_is_followed(tmp_path: Path) -> None:
+    items: list[StreamEvent] = []
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as here,
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as there,
+        ):
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            child = await here.sessions.create(_child("c"))
+            await child.append([_draft()])
+            await parent.append([_catalog("c")])
+            async with open_event_stream(here.query, "p", follow_interval=0.05) as stream:
+                await _until(stream, items, "c", 0)
+                await child.append([_draft()])  # live here: pushed
+                await _until(stream, items, "c", 1)
+                await here.sessions.release("c")
+                moved = await there.sessions.open("c")  # "another process" takes it over
+                await moved.append([_draft()])
+                await _until(stream, items, "c", 2)
+                await there.sessions.release("c")
+                back = await here.sessions.open("c")  # live here again: pushed again
+                await back.append([_draft()])
+                await _until(stream, items, "c", 3)
+                stream.finish()
+                async for item in stream:
+                    items.append(item)
+    assert _seqs(items) == {"p": [0], "c": [0, 1, 2, 3]}
+
+
+async def test_a_child_published_after_its_catalog_was_read_is_found_by_a_look(tmp_path: Path) -> None:
+    items: list[StreamEvent] = []
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as here,
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as there,
+        ):
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            await parent.append([_catalog("late")])
+            async with open_event_stream(here.query, "p", follow_interval=0.05) as stream:
+                await _until(stream, items, "p", 0)
+                late = await there.sessions.create(_child("late"))
+                await late.append([_draft(), _draft()])
+                await _until(stream, items, "late", 1)
+                stream.finish()
+                async for item in stream:
+                    items.append(item)
+    assert _seqs(items) == {"p": [0], "late": [0, 1]}
+
+
+async def test_without_change_notification_logs_are_polled_and_an_idle_one_is_only_stat_ed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    fs = CrashFs()  # an in-memory folder shared by two stores: no inotify, so the follower polls
+    here_store, there_store = MemoryLogStore(fs=fs, compression="none"), MemoryLogStore(fs=fs, compression="none")
+    opened: list[str] = []
+    real_open = here_store.open_read
+
+    def counting_open_read(session_id: str) -> Any:
+        opened.append(session_id)
+        return real_open(session_id)
+
+    here_store.open_read = counting_open_read  # type: ignore[method-assign]  # counts the stream's log reads
+    items: list[StreamEvent] = []
+    async with (
+        open_runtime("unused-here", log_store=here_store, clock=ScenarioClock()) as here,
+        open_runtime("unused-there", log_store=there_store, clock=ScenarioClock()) as there,
+    ):
+        assert here.query.log_watch() is None
+        child = await there.sessions.create(_child("c"))
+        await child.append([_draft()])
+        parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+        await parent.append([_catalog("c")])
+        async with open_event_stream(here.query, "p", follow_interval=1.0) as stream:
+            await _until(stream, items, "c", 0)
+            reads = opened.count("c")
+            await trio.sleep(60)  # sixty looks at an idle log (virtual time)
+            assert opened.count("c") == reads  # stat'ed, never read
+            await child.append([_draft()])
+            before = trio.current_time()
+            await _until(stream, items, "c", 1)
+            assert trio.current_time() - before <= 1.0 + 1e-6  # within one interval
+            stream.finish()
+            async for item in stream:
+                items.append(item)
+    assert _seqs(items) == {"p": [0], "c": [0, 1]}
+
+
+@pytest.mark.parametrize("interval", [0, -1, float("nan"), "1", True, None])
+async def test_a_follow_interval_that_is_not_a_positive_number_is_refused(tmp_path: Path, interval: Any) -> None:
+    async with open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as rt:
+        with pytest.raises(ValueError, match="follow_interval must be a positive number"):
+            async with open_event_stream(rt.query, "p", follow_interval=interval):
+                pass  # pragma: no cover - refused before
