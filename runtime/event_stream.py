@@ -147,6 +147,7 @@ class _Pump:
         self.unread: list[str] = []  # tracked sessions waiting for their first read
         self.grown: set[str] = set()  # followed sessions whose log grew: the pump reads them
         self.looked_last = False  # `finish` looked at the followed sessions once more
+        self.followed_changed = trio.Event()  # a session joined the followed ones: watch it too
 
     def boundary(self, session_id: str, read_end: int) -> int:
         """The first seq made durable after the subscription started: the end a live session
@@ -191,10 +192,23 @@ class _Pump:
         watch = self.query.log_watch()
         try:
             while True:
+                self.followed_changed = trio.Event()
+                followed = self.followed()
                 if watch is not None:
-                    watch.follow(self.followed())
-                await self.look()
-                await wait_for_change(self.follow_interval, watch)
+                    watch.follow(followed)
+                await self.look(followed)
+                deadline = trio.current_time() + self.follow_interval
+                while True:
+                    if await wait_for_change(deadline, watch, self.followed_changed):
+                        break
+                    # Sessions joined: watched from now on, and looked at once (what they
+                    # wrote between their read and their watch raised nothing).
+                    self.followed_changed = trio.Event()
+                    now = self.followed()
+                    if watch is not None:
+                        watch.follow(now)
+                    await self.look({s: c for s, c in now.items() if s not in followed})
+                    followed = now
         finally:
             if watch is not None:
                 watch.close()
@@ -209,8 +223,9 @@ class _Pump:
             if not tracked.broken and session_id not in self.unread and live(session_id) is None
         }
 
-    async def look(self) -> None:
-        grown, marks = await look(self.query, self.followed())
+    async def look(self, followed: dict[str, int | None] | None = None) -> None:
+        """Stat the followed sessions (all, or those of `followed`) and mark those that grew."""
+        grown, marks = await look(self.query, self.followed() if followed is None else followed)
         for session_id, mark in marks.items():
             tracked = self.tracked[session_id]
             tracked.seen = mark
@@ -257,6 +272,7 @@ class _Pump:
             tracked.inherited = inherited
             if not tracked.read:
                 tracked.read = True
+                self.followed_changed.set()
                 if tracked.start is None:  # history: deliver what came after the subscription
                     tracked.start = self.boundary(session_id, tracked.cursor + len(events))
         await self.deliver(session_id, tracked, events)

@@ -13,7 +13,8 @@ log past it is read, from the boundary an earlier stat proved (a `Mark`: that re
 and event count, handed to `SessionQuery.read_from(after=)`): the file store then reads the
 bytes past it, not the whole log; PostgreSQL reads the rows from the cursor's seq anyway.
 
-When. Every `interval` seconds, or at once when the store says a followed log changed
+When. Every `interval` seconds, at once when a session joins the followed ones (its first read
+done), or when the store says a followed log changed
 (`LogWatch`: inotify on each followed session's folder of a file store on a local file system;
 a change notification only wakes the look early, the poll stays as the floor, so a change the
 watch cannot vouch for — a folder created after the look, a full event queue — waits one
@@ -80,10 +81,27 @@ def _mark(info: LogInfo) -> Mark:
     return int(info.revision.size), int(info.event_count)
 
 
-async def wait_for_change(interval: float, watch: LogWatch | None) -> None:
-    """Until the watch says a followed log changed, or `interval` seconds pass."""
-    with trio.move_on_after(interval):
-        if watch is None or not watch.vouches:
-            await trio.sleep_forever()
-        while not watch.clear():
-            await trio.lowlevel.wait_readable(watch.fileno())
+async def wait_for_change(deadline: float, watch: LogWatch | None, followed_changed: trio.Event) -> bool:
+    """Until the watch says a followed log changed or the `deadline` (trio time) passes: True,
+    look now; or until the set of followed sessions changed: False, the caller watches the
+    new ones too and waits on (a session that joins was just read: nothing to look at)."""
+    joined = False
+    with trio.move_on_at(deadline):
+        async with trio.open_nursery() as nursery:
+            if watch is not None and watch.vouches:
+                nursery.start_soon(_readable, watch, nursery.cancel_scope)
+
+            async def on_join() -> None:
+                nonlocal joined
+                await followed_changed.wait()
+                joined = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(on_join)
+    return not joined
+
+
+async def _readable(watch: LogWatch, done: trio.CancelScope) -> None:
+    while not watch.clear():
+        await trio.lowlevel.wait_readable(watch.fileno())
+    done.cancel()

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import trio
-import trio.testing
 from log_lines import plain_records
 from subagents.actors import EventDraft
 from subagents.runtime import StreamEvent, open_event_stream, open_runtime
@@ -42,30 +41,29 @@ def _child(session_id: str, parent: str = "p") -> SessionHeader:
     return SessionHeader(id=session_id, created_at=2, parent_session=parent, origin="subagent", delegation_depth=1)
 
 
-class _Reads(FileLogStore):
-    """A file store that counts whole reads and reads past a boundary, per session, and says
+class _Counting:
+    """A store mixin that counts whole reads and reads past a boundary, per session, and says
     when a session has been stat'ed `n` times."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(str(root), compression="none")
+    def count_from_here(self) -> None:
         self.whole: dict[str, int] = {}
         self.after: dict[str, int] = {}
         self.stats: dict[str, int] = {}
         self.stat_waits: list[tuple[str, int, threading.Event]] = []
         self.lock = threading.Lock()
 
-    def read(self, handle: Any, start: Offset = Offset(0), stop: Offset | None = None, **kw: Any) -> Any:
+    def read(self, handle: Any, start: Any = 0, stop: Offset | None = None, **kw: Any) -> Any:
         with self.lock:
             self.whole[handle.session_id] = self.whole.get(handle.session_id, 0) + 1
-        return super().read(handle, start, stop, **kw)
+        return super().read(handle, start, stop, **kw)  # type: ignore[misc]  # a mixin of a store
 
     def read_after(self, handle: Any, log_offset: int, first_seq: int, **kw: Any) -> Any:
         with self.lock:
             self.after[handle.session_id] = self.after.get(handle.session_id, 0) + 1
-        return super().read_after(handle, log_offset, first_seq, **kw)
+        return super().read_after(handle, log_offset, first_seq, **kw)  # type: ignore[misc]
 
     def stat(self, session_id: str) -> LogInfo | None:
-        info = super().stat(session_id)
+        info: LogInfo | None = super().stat(session_id)  # type: ignore[misc]
         with self.lock:
             n = self.stats[session_id] = self.stats.get(session_id, 0) + 1
             for sid, target, event in self.stat_waits:
@@ -80,6 +78,20 @@ class _Reads(FileLogStore):
             self.stat_waits.append((session_id, self.stats.get(session_id, 0) + more, event))
         await trio.to_thread.run_sync(event.wait, GUARD)
         assert event.is_set()
+
+
+class _Reads(_Counting, FileLogStore):
+    def __init__(self, root: Path) -> None:
+        FileLogStore.__init__(self, str(root), compression="none")
+        self.count_from_here()
+
+
+class _MemoryReads(_Counting, MemoryLogStore):
+    """Over an in-memory folder: no change notification, so the follower polls."""
+
+    def __init__(self, fs: CrashFs) -> None:
+        MemoryLogStore.__init__(self, fs=fs, compression="none")
+        self.count_from_here()
 
 
 async def _until(stream: Any, into: list[StreamEvent], session_id: str, seq: int) -> None:
@@ -181,42 +193,60 @@ async def test_a_child_published_after_its_catalog_was_read_is_found_by_a_look(t
     assert _seqs(items) == {"p": [0], "late": [0, 1]}
 
 
-async def test_without_change_notification_logs_are_polled_and_an_idle_one_is_only_stat_ed(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    fs = CrashFs()  # an in-memory folder shared by two stores: no inotify, so the follower polls
-    here_store, there_store = MemoryLogStore(fs=fs, compression="none"), MemoryLogStore(fs=fs, compression="none")
-    opened: list[str] = []
-    real_open = here_store.open_read
-
-    def counting_open_read(session_id: str) -> Any:
-        opened.append(session_id)
-        return real_open(session_id)
-
-    here_store.open_read = counting_open_read  # type: ignore[method-assign]  # counts the stream's log reads
+async def test_without_change_notification_logs_are_polled_and_an_idle_one_is_only_stat_ed() -> None:
+    fs = CrashFs()  # an in-memory folder shared by two stores: no change notification
+    here_store = _MemoryReads(fs)
     items: list[StreamEvent] = []
-    async with (
-        open_runtime("unused-here", log_store=here_store, clock=ScenarioClock()) as here,
-        open_runtime("unused-there", log_store=there_store, clock=ScenarioClock()) as there,
-    ):
-        assert here.query.log_watch() is None
-        child = await there.sessions.create(_child("c"))
-        await child.append([_draft()])
-        parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
-        await parent.append([_catalog("c")])
-        async with open_event_stream(here.query, "p", follow_interval=1.0) as stream:
-            await _until(stream, items, "c", 0)
-            reads = opened.count("c")
-            await trio.sleep(60)  # sixty looks at an idle log (virtual time)
-            assert opened.count("c") == reads  # stat'ed, never read
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime("unused-here", log_store=here_store, clock=ScenarioClock()) as here,
+            open_runtime(
+                "unused-there", log_store=MemoryLogStore(fs=fs, compression="none"), clock=ScenarioClock()
+            ) as there,
+        ):
+            assert here.query.log_watch() is None
+            child = await there.sessions.create(_child("c"))
             await child.append([_draft()])
-            before = trio.current_time()
-            await _until(stream, items, "c", 1)
-            assert trio.current_time() - before <= 1.0 + 1e-6  # within one interval
-            stream.finish()
-            async for item in stream:
-                items.append(item)
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            await parent.append([_catalog("c")])
+            async with open_event_stream(here.query, "p", follow_interval=0.01) as stream:
+                await _until(stream, items, "c", 0)
+                reads = here_store.whole.get("c", 0) + here_store.after.get("c", 0)
+                await here_store.wait_stats("c", 5)  # five looks at an idle log
+                assert here_store.whole.get("c", 0) + here_store.after.get("c", 0) == reads  # never read
+                await child.append([_draft()])
+                await _until(stream, items, "c", 1)
+                stream.finish()
+                async for item in stream:
+                    items.append(item)
     assert _seqs(items) == {"p": [0], "c": [0, 1]}
+    assert here_store.whole["c"] == 1 and here_store.after["c"] >= 1
+
+
+async def test_on_a_local_folder_a_change_notification_wakes_the_follower(tmp_path: Path) -> None:
+    # A minute between looks: only the watch can bring the child's events within the guard.
+    items: list[StreamEvent] = []
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as here,
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as there,
+        ):
+            watch = here.query.log_watch()
+            assert watch is not None and watch.vouches
+            watch.close()
+            child = await there.sessions.create(_child("c"))
+            await child.append([_draft()])
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            await parent.append([_catalog("c")])
+            async with open_event_stream(here.query, "p", follow_interval=60.0) as stream:
+                await _until(stream, items, "c", 0)
+                for n in range(1, 4):
+                    await child.append([_draft()])
+                    await _until(stream, items, "c", n)
+                stream.finish()
+                async for item in stream:
+                    items.append(item)
+    assert _seqs(items) == {"p": [0], "c": [0, 1, 2, 3]}
 
 
 @pytest.mark.parametrize("interval", [0, -1, float("nan"), "1", True, None])
