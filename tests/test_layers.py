@@ -479,6 +479,7 @@ WHITE_BOX = {
     "tests/runtime/test_cli_readable.py",  # patches the CLI's entry module
     "tests/runtime/test_demo.py",
     "tests/runtime/test_event_stream.py",
+    "tests/runtime/test_event_stream_follow.py",
     "tests/runtime/test_placement.py",
     "tests/runtime/test_placement_faults.py",
     "tests/runtime/test_run_progress.py",

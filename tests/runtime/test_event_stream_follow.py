@@ -12,7 +12,7 @@ wait on what the stream delivers, `trio.fail_after` only guards against hangs. T
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +247,40 @@ async def test_on_a_local_folder_a_change_notification_wakes_the_follower(tmp_pa
                 async for item in stream:
                     items.append(item)
     assert _seqs(items) == {"p": [0], "c": [0, 1, 2, 3]}
+
+
+@pytest.mark.pg
+async def test_on_postgresql_a_child_written_by_another_host_is_polled_once_in_order(
+    tmp_path: Path, pg_store_factory: Callable[..., Any]
+) -> None:
+    # PostgreSQL appends raise no notification: the follower polls (each look one `sessions`
+    # row per followed session; the read from the cursor's seq).
+    items: list[StreamEvent] = []
+    here_store, there_store = pg_store_factory(), pg_store_factory()
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime(tmp_path / "here", log_store=here_store, clock=ScenarioClock()) as here,
+            open_runtime(tmp_path / "there", log_store=there_store, clock=ScenarioClock()) as there,
+        ):
+            assert here.query.log_watch() is None
+            child = await there.sessions.create(_child("c"))
+            await child.append([_draft()])
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            await parent.append([_draft(), _catalog("c")])
+            async with open_event_stream(here.query, "p", follow_interval=0.02) as stream:
+                await _until(stream, items, "c", 0)
+                for n in range(1, 4):
+                    await child.append([_draft(f"{n}")])
+                    await _until(stream, items, "c", n)
+                await child.append([_draft()])  # durable before `finish`: delivered too
+                stream.finish()
+                async for item in stream:
+                    items.append(item)
+            handle = here_store.open_read("c")
+            stored = here_store.read(handle)
+            here_store.close(handle)
+    assert _seqs(items) == {"p": [0, 1], "c": [0, 1, 2, 3, 4]}
+    assert [(i.event.seq, i.event.data) for i in items if i.session_id == "c"] == [(e.seq, e.data) for e in stored]
 
 
 @pytest.mark.parametrize("interval", [0, -1, float("nan"), "1", True, None])
