@@ -413,6 +413,7 @@ WHITE_BOX = {
     # storage's lock table and folder watch
     "tests/storage/test_locks.py",
     "tests/storage/test_watch.py",
+    "tests/storage/test_log_watch.py",
     "tests/runtime/test_cli_live.py",  # which write locks a process holds
     # the error modules of every layer, against the tree drawn at their tops
     "tests/test_error_tree.py",
