@@ -53,9 +53,9 @@ def check_interval(interval: float) -> float:
 
 async def look(query: SessionQuery, followed: Mapping[str, int | None]) -> tuple[set[str], dict[str, Mark]]:
     """Stat every followed session (id → the stream's cursor, None when its log was not found
-    yet) in one index hop. Returns the sessions to read (published and past the cursor, or
-    published at last) and the boundary each healthy log's stat proved. A session whose stat
-    failed is looked at again next time."""
+    yet) in one index hop. Returns the sessions to read (published and past the cursor,
+    published at last, or damaged) and the boundary each healthy log's stat proved. A session
+    whose stat failed is looked at again next time."""
     ids = list(followed)
     if not ids:
         return set(), {}
@@ -68,7 +68,9 @@ async def look(query: SessionQuery, followed: Mapping[str, int | None]) -> tuple
         if info is None:
             continue  # not published (yet): nothing to read
         cursor = followed[session_id]
-        if cursor is None or info.event_count > cursor:
+        if cursor is None or info.event_count > cursor or info.damage is not None:
+            # Damaged: read once more, to deliver what precedes the damage and let the read's
+            # error drop it from the stream (with a warning) rather than stat it forever.
             grown.add(session_id)
         if info.damage is None:
             marks[session_id] = _mark(info)

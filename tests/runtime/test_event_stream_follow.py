@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import trio
-from log_lines import plain_records
+from log_lines import log_file, plain_records
 from subagents.actors import EventDraft
 from subagents.runtime import StreamEvent, open_event_stream, open_runtime
 from subagents.runtime.foundation.clock import ScenarioClock
@@ -42,40 +42,47 @@ def _child(session_id: str, parent: str = "p") -> SessionHeader:
 
 
 class _Counting:
-    """A store mixin that counts whole reads and reads past a boundary, per session, and says
-    when a session has been stat'ed `n` times."""
+    """A store mixin that counts, per session, whole reads, reads past a boundary and stats,
+    and says when one of those counts has grown by `n`."""
 
     def count_from_here(self) -> None:
         self.whole: dict[str, int] = {}
         self.after: dict[str, int] = {}
         self.stats: dict[str, int] = {}
-        self.stat_waits: list[tuple[str, int, threading.Event]] = []
+        self.waits: list[tuple[dict[str, int], str, int, threading.Event]] = []
         self.lock = threading.Lock()
 
-    def read(self, handle: Any, start: Any = 0, stop: Offset | None = None, **kw: Any) -> Any:
+    def _count(self, counts: dict[str, int], session_id: str) -> None:
         with self.lock:
-            self.whole[handle.session_id] = self.whole.get(handle.session_id, 0) + 1
+            n = counts[session_id] = counts.get(session_id, 0) + 1
+            for which, sid, target, event in self.waits:
+                if which is counts and sid == session_id and n >= target:
+                    event.set()
+
+    def read(self, handle: Any, start: Any = 0, stop: Offset | None = None, **kw: Any) -> Any:
+        self._count(self.whole, handle.session_id)
         return super().read(handle, start, stop, **kw)  # type: ignore[misc]  # a mixin of a store
 
     def read_after(self, handle: Any, log_offset: int, first_seq: int, **kw: Any) -> Any:
-        with self.lock:
-            self.after[handle.session_id] = self.after.get(handle.session_id, 0) + 1
+        self._count(self.after, handle.session_id)
         return super().read_after(handle, log_offset, first_seq, **kw)  # type: ignore[misc]
 
     def stat(self, session_id: str) -> LogInfo | None:
         info: LogInfo | None = super().stat(session_id)  # type: ignore[misc]
-        with self.lock:
-            n = self.stats[session_id] = self.stats.get(session_id, 0) + 1
-            for sid, target, event in self.stat_waits:
-                if sid == session_id and n >= target:
-                    event.set()
+        self._count(self.stats, session_id)
         return info
 
     async def wait_stats(self, session_id: str, more: int) -> None:
         """Until `session_id` has been stat'ed `more` more times than now."""
+        await self._wait(self.stats, session_id, more)
+
+    async def wait_whole_reads(self, session_id: str, more: int) -> None:
+        await self._wait(self.whole, session_id, more)
+
+    async def _wait(self, counts: dict[str, int], session_id: str, more: int) -> None:
         event = threading.Event()
         with self.lock:
-            self.stat_waits.append((session_id, self.stats.get(session_id, 0) + more, event))
+            self.waits.append((counts, session_id, counts.get(session_id, 0) + more, event))
         await trio.to_thread.run_sync(event.wait, GUARD)
         assert event.is_set()
 
@@ -247,6 +254,37 @@ async def test_on_a_local_folder_a_change_notification_wakes_the_follower(tmp_pa
                 async for item in stream:
                     items.append(item)
     assert _seqs(items) == {"p": [0], "c": [0, 1, 2, 3]}
+
+
+async def test_a_followed_log_damaged_by_hand_is_dropped_with_a_warning_and_the_rest_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _Reads(tmp_path)
+    items: list[StreamEvent] = []
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime(tmp_path, log_store=store, clock=ScenarioClock()) as here,
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as there,
+        ):
+            child = await there.sessions.create(_child("c"))
+            await child.append([_draft()])
+            await there.sessions.release("c")
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            await parent.append([_catalog("c")])
+            async with open_event_stream(here.query, "p", follow_interval=0.01) as stream:
+                await _until(stream, items, "c", 0)
+                await store.wait_stats("c", 2)  # its mark is set: the damage is met past it
+                with log_file(tmp_path, "c").open("ab") as f:
+                    f.write(b'{"seq": 1, "type": "compaction/summary", "time": 1, "data": {}}\nnot json\n')
+                # A look finds it damaged; the pump reads it whole (past its mark: damage) and drops it.
+                await store.wait_whole_reads("c", 1)
+                await parent.append([_draft()])  # the rest of the tree is streamed as before
+                await _until(stream, items, "p", 1)
+                stream.finish()
+                async for item in stream:
+                    items.append(item)
+    assert _seqs(items) == {"p": [0, 1], "c": [0]}
+    assert "session 'c' cannot be read, no longer followed" in caplog.text
 
 
 @pytest.mark.pg
