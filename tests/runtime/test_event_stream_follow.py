@@ -287,6 +287,29 @@ async def test_a_followed_log_damaged_by_hand_is_dropped_with_a_warning_and_the_
     assert "session 'c' cannot be read, no longer followed" in caplog.text
 
 
+async def test_a_read_past_a_mark_falls_back_to_a_whole_read_where_the_mark_is_no_boundary(tmp_path: Path) -> None:
+    store = _Reads(tmp_path)
+    async with open_runtime(tmp_path, log_store=store, clock=ScenarioClock()) as rt:
+        ref = await rt.sessions.create(SessionHeader(id="c", created_at=1))
+        await ref.append([_draft("a")])
+        await ref.append([_draft("b"), _draft("c")])
+        await rt.sessions.release("c")
+        info = await rt.query.stat_many(["c"])
+        assert isinstance(info[0], LogInfo) and info[0].event_count == 3
+        size = info[0].revision.size
+
+        async def seqs(start: int, after: tuple[int, int] | None) -> list[int]:
+            _k, events = await rt.query.read_from("c", start, after=after)
+            return [e.seq for e in events]
+
+        assert await seqs(3, (size, 3)) == []  # the end: nothing past it, nothing read whole
+        assert (store.whole.get("c", 0), store.after["c"]) == (0, 1)
+        assert await seqs(2, (size - 5, 2)) == [2]  # mid-record: refused, read whole
+        assert (store.whole["c"], store.after["c"]) == (1, 2)
+        assert await seqs(1, (size, 3)) == [1, 2]  # a mark past `start` is not used
+        assert (store.whole["c"], store.after["c"]) == (2, 2)
+
+
 @pytest.mark.pg
 async def test_on_postgresql_a_child_written_by_another_host_is_polled_once_in_order(
     tmp_path: Path, pg_store_factory: Callable[..., Any]
