@@ -11,8 +11,11 @@ wait on what the stream delivers, `trio.fail_after` only guards against hangs. T
 
 from __future__ import annotations
 
+import argparse
+import json
 import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from log_lines import log_file, plain_records
 from subagents.actors import EventDraft
 from subagents.runtime import StreamEvent, open_event_stream, open_runtime
 from subagents.runtime.foundation.clock import ScenarioClock
-from subagents.storage import FileLogStore, LogInfo, Offset, SessionHeader
+from subagents.storage import Batch, FileLogStore, LogInfo, Offset, SessionHeader, make_event
 from subagents.storage.testing import CrashFs, MemoryLogStore
 
 GUARD = 20.0
@@ -308,6 +311,43 @@ async def test_a_read_past_a_mark_falls_back_to_a_whole_read_where_the_mark_is_n
         assert (store.whole["c"], store.after["c"]) == (1, 2)
         assert await seqs(1, (size, 3)) == [1, 2]  # a mark past `start` is not used
         assert (store.whole["c"], store.after["c"]) == (2, 2)
+
+
+async def test_tail_follow_prints_what_another_process_appends(tmp_path: Path) -> None:
+    from subagents.runtime.hosts.cli.operator import tail_command
+
+    writer = FileLogStore(str(tmp_path), compression="none")
+    handle = writer.create(SessionHeader(id="s", created_at=1))
+    lines: list[dict[str, Any]] = []
+    wrote = trio.Event()
+
+    def write(data: bytes) -> None:
+        lines.extend(json.loads(line) for line in data.splitlines())
+        wrote.set()
+
+    def append() -> None:
+        writer.append(
+            handle, [Batch(handle.next_seq, [make_event(handle.next_seq, "compaction/summary", 1, {"text": "x"})])]
+        )
+
+    async def until(n: int) -> None:
+        nonlocal wrote
+        while len(lines) < n:
+            await wrote.wait()
+            wrote = trio.Event()
+
+    append()
+    args = argparse.Namespace(root=str(tmp_path), store=None, session_id="s", follow=True)
+    with trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(tail_command, args, write=write))
+            await until(1)
+            for n in range(2, 5):
+                append()  # by another store, as another process
+                await until(n)
+            nursery.cancel_scope.cancel()
+    writer.close(handle)
+    assert [line["seq"] for line in lines] == [0, 1, 2, 3]
 
 
 @pytest.mark.pg
