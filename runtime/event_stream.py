@@ -40,14 +40,14 @@ pump and follower tasks are owned by the nursery `open_event_stream` opens.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
 import msgspec
 import trio
 from subagents.actors import DurableBatch, FeedSubscription
-from subagents.storage import Event, SessionNotFound, StorageError
+from subagents.storage import Event, LogWatch, SessionNotFound, StorageError
 
 from .foundation.json_values import JsonObject
 from .log_follow import DEFAULT_FOLLOW_INTERVAL, Mark, check_interval, look, wait_for_change
@@ -189,13 +189,23 @@ class _Pump:
 
     async def follow(self) -> None:
         """Look at the followed sessions' logs until cancelled (the module docstring)."""
-        watch = self.query.log_watch()
+        # Opened once there is something to follow: inotify instances are a small per-user
+        # budget (128 by default), and a stream whose sessions all live here needs none.
+        watch: LogWatch | None = None
+        opened = False
+
+        def watch_only(followed: Collection[str]) -> None:
+            nonlocal watch, opened
+            if followed and not opened:
+                opened, watch = True, self.query.log_watch()
+            if watch is not None:
+                watch.follow(followed)
+
         try:
             while True:
                 self.followed_changed = trio.Event()
                 followed = self.followed()
-                if watch is not None:
-                    watch.follow(followed)
+                watch_only(followed)
                 await self.look(followed)
                 deadline = trio.current_time() + self.follow_interval
                 while True:
@@ -205,8 +215,7 @@ class _Pump:
                     # wrote between their read and their watch raised nothing).
                     self.followed_changed = trio.Event()
                     now = self.followed()
-                    if watch is not None:
-                        watch.follow(now)
+                    watch_only(now)
                     await self.look({s: c for s, c in now.items() if s not in followed})
                     followed = now
         finally:

@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from log_lines import log_file, plain_records
+from open_fds import inotify_fds
 from subagents.actors import EventDraft
 from subagents.runtime import StreamEvent, open_event_stream, open_runtime
 from subagents.runtime.foundation.clock import ScenarioClock
@@ -382,6 +384,32 @@ async def test_on_postgresql_a_child_written_by_another_host_is_polled_once_in_o
             here_store.close(handle)
     assert _seqs(items) == {"p": [0, 1], "c": [0, 1, 2, 3, 4]}
     assert [(i.event.seq, i.event.data) for i in items if i.session_id == "c"] == [(e.seq, e.data) for e in stored]
+
+
+async def test_a_stream_whose_sessions_all_live_here_holds_no_watch_and_one_that_follows_closes_it(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(GUARD):
+        async with (
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as here,
+            open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as there,
+        ):
+            parent = await here.sessions.create(SessionHeader(id="p", created_at=1))
+            await parent.append([_draft()])
+            before = inotify_fds()
+            async with open_event_stream(here.query, "p") as stream:
+                await stream.receive()
+                await trio.testing.wait_all_tasks_blocked()
+                assert inotify_fds() == before  # inotify instances are a small per-user budget
+                child = await there.sessions.create(_child("c"))
+                await child.append([_draft()])
+                await parent.append([_catalog("c")])
+                items: list[StreamEvent] = []
+                await _until(stream, items, "c", 0)
+                await child.append([_draft()])
+                await _until(stream, items, "c", 1)
+                assert inotify_fds() == before + 1  # one per stream, whatever it follows
+            assert inotify_fds() == before
 
 
 @pytest.mark.parametrize("interval", [0, -1, float("nan"), "1", True, None])
