@@ -9,36 +9,48 @@ once and in seq order per session, whatever way it arrived. Events arrive two wa
 - pushed by the session store's `DurableFeed` right after their fsync (the fast path);
 - read from the log, through the session query (`SessionQuery.read_from`, a few reads at a
   time): a session's first read when it joins the tree (so a child whose first
-  events were written before its catalog loses nothing), a gap before a pushed batch, and a
-  session whose pushes were dropped because this stream's feed buffer was full (*lagged*).
+  events were written before its catalog loses nothing), a gap before a pushed batch, a
+  session whose pushes were dropped because this stream's feed buffer was full (*lagged*),
+  and a session not live in this runtime whose log grew (*followed*: run by another process
+  on the same folder, placed on another host, or released here; runtime/log_follow.py).
   A read of a session live in this runtime is cut at its actor's durable end (its handle
-  advances only after the fsync), so no read can show an event that is not yet durable.
+  advances only after the fsync), so no read can show an event that is not yet durable; a
+  session live elsewhere is read as far as its writer's complete records go (a store's reads
+  never show a torn tail; another writer's append is acknowledged only after its fsync).
 
 `from_seq` says where the root starts: 0 delivers its whole log and every child's from seq 0,
 so a subscriber that asks from 0 misses nothing however late it subscribes. With a later
 `from_seq`, the root's earlier events are read only to find its existing children (their
 catalogs are history), whose deliveries start at their durable end when the stream reads them.
 
+Followed sessions: one follower task per stream looks at every tracked session not live here
+(one stat of each, in one index hop) each `follow_interval` seconds, or at once when the file
+store's change notification says a followed log changed; a log past the stream's cursor is
+marked *grown* and the pump reads it (the follower never delivers: the pump alone moves the
+cursors, so order and exactly-once hold as for the other ways). `finish` looks at them once
+more, so what another process made durable before it is delivered too.
+
 Bounds: the feed subscription buffers at most `feed_capacity` events; delivery to the consumer
 goes through a memory channel of `buffer` items. A slow consumer blocks only this stream's pump
 (backpressure); the pump's feed buffer then overflows into lagged sessions, re-read from the log
 later — the runtime never waits for a stream and the stream never loses a durable event. The
-pump task is owned by the nursery `open_event_stream` opens.
+pump and follower tasks are owned by the nursery `open_event_stream` opens.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
 import msgspec
 import trio
 from subagents.actors import DurableBatch, FeedSubscription
-from subagents.storage import Event, SessionNotFound, StorageError
+from subagents.storage import Event, LogWatch, SessionNotFound, StorageError
 
 from .foundation.json_values import JsonObject
+from .log_follow import DEFAULT_FOLLOW_INTERVAL, Mark, check_interval, look, wait_for_change
 from .query import SessionQuery
 
 __all__ = ["EventStream", "StreamEvent", "open_event_stream"]
@@ -77,6 +89,12 @@ class _Tracked:
     inherited: int = 0
     read: bool = False  # its first read from the log is done
     broken: bool = False  # its log could not be read: no longer followed
+    mark: Mark | None = None  # a boundary of its log at or before the cursor (a stat proved it)
+    seen: Mark | None = None  # the boundary its last stat proved: its mark once the cursor is past it
+
+    def promote(self) -> None:
+        if self.seen is not None and self.seen[1] <= self.cursor:  # a cursor only moves on
+            self.mark = self.seen
 
 
 class EventStream:
@@ -112,7 +130,9 @@ class _Pump:
         finish: trio.Event,
         inherited: bool = True,
         descendants: bool = True,
+        follow_interval: float = DEFAULT_FOLLOW_INTERVAL,
     ) -> None:
+        self.follow_interval = follow_interval
         self.inherited = inherited
         self.descendants = descendants
         self.query = query
@@ -125,6 +145,9 @@ class _Pump:
         # checkpoint in between, so every later push is at or past it).
         self.live_ends: dict[str, int] = {ref.session_id: int(ref.durable_next) for ref in sessions.list()}
         self.unread: list[str] = []  # tracked sessions waiting for their first read
+        self.grown: set[str] = set()  # followed sessions whose log grew: the pump reads them
+        self.looked_last = False  # `finish` looked at the followed sessions once more
+        self.followed_changed = trio.Event()  # a session joined the followed ones: watch it too
 
     def boundary(self, session_id: str, read_end: int) -> int:
         """The first seq made durable after the subscription started: the end a live session
@@ -150,15 +173,79 @@ class _Pump:
                 for session_id in sorted(lagged):
                     if session_id in self.tracked:
                         await self.catch_up(session_id)
-                if batches or lagged or self.unread:
+                grown, self.grown = self.grown, set()
+                for session_id in sorted(grown):
+                    await self.catch_up(session_id)
+                if batches or lagged or self.unread or grown:
                     continue
                 if self.finish.is_set():
-                    return  # everything pushed before `finish` has been delivered
+                    if not self.looked_last:
+                        # What other processes made durable before `finish` is due too.
+                        self.looked_last = True
+                        await self.look()
+                        continue
+                    return  # everything durable before `finish` has been delivered
                 await self.subscription.wait_pushed()
+
+    async def follow(self) -> None:
+        """Look at the followed sessions' logs until cancelled (the module docstring)."""
+        # Opened once there is something to follow: inotify instances are a small per-user
+        # budget (128 by default), and a stream whose sessions all live here needs none.
+        watch: LogWatch | None = None
+        opened = False
+
+        def watch_only(followed: Collection[str]) -> None:
+            nonlocal watch, opened
+            if followed and not opened:
+                opened, watch = True, self.query.log_watch()
+            if watch is not None:
+                watch.follow(followed)
+
+        try:
+            while True:
+                self.followed_changed = trio.Event()
+                followed = self.followed()
+                watch_only(followed)
+                await self.look(followed)
+                deadline = trio.current_time() + self.follow_interval
+                while True:
+                    if await wait_for_change(deadline, watch, self.followed_changed):
+                        break
+                    # Sessions joined: watched from now on, and looked at once (what they
+                    # wrote between their read and their watch raised nothing).
+                    self.followed_changed = trio.Event()
+                    now = self.followed()
+                    watch_only(now)
+                    await self.look({s: c for s, c in now.items() if s not in followed})
+                    followed = now
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def followed(self) -> dict[str, int | None]:
+        """The tracked sessions no feed pushes: not live here, not waiting for a first read,
+        not broken; each with its cursor (None: its log was not found yet)."""
+        live = self.sessions.get
+        return {
+            session_id: tracked.cursor if tracked.read else None
+            for session_id, tracked in self.tracked.items()
+            if not tracked.broken and session_id not in self.unread and live(session_id) is None
+        }
+
+    async def look(self, followed: dict[str, int | None] | None = None) -> None:
+        """Stat the followed sessions (all, or those of `followed`) and mark those that grew."""
+        grown, marks = await look(self.query, self.followed() if followed is None else followed)
+        for session_id, mark in marks.items():
+            tracked = self.tracked[session_id]
+            tracked.seen = mark
+            tracked.promote()
+        if grown:
+            self.grown |= grown
+            self.subscription.wake()
 
     async def read_unread(self) -> None:
         while self.unread:
-            await self.catch_up(self.unread.pop(0))
+            await self.catch_up(self.unread[0])  # left in `unread` (not followed) until read
 
     async def on_batch(self, batch: DurableBatch) -> None:
         tracked = self.tracked.get(batch.session_id)
@@ -172,18 +259,19 @@ class _Pump:
     async def catch_up(self, session_id: str) -> None:
         """Read the session's durable events from its cursor and deliver them."""
         tracked = self.tracked[session_id]
-        if tracked.broken:
-            return
-        if session_id in self.unread:
-            self.unread.remove(session_id)
         try:
-            inherited, events = await self.query.read_from(session_id, tracked.cursor)
+            if tracked.broken:
+                return
+            inherited, events = await self.query.read_from(session_id, tracked.cursor, after=tracked.mark)
         except SessionNotFound:
-            inherited, events = None, []  # not published yet: its first push brings it
+            inherited, events = None, []  # not published yet: its first push (or a look) brings it
         except StorageError as exc:
             log.warning("event stream: session %r cannot be read, no longer followed: %s", session_id, exc)
             tracked.broken = True
             return
+        finally:
+            if session_id in self.unread:
+                self.unread.remove(session_id)
         ref = self.sessions.get(session_id)
         if ref is not None:
             # Live here: bytes past its durable end may be a write whose fsync is not done.
@@ -193,9 +281,11 @@ class _Pump:
             tracked.inherited = inherited
             if not tracked.read:
                 tracked.read = True
+                self.followed_changed.set()
                 if tracked.start is None:  # history: deliver what came after the subscription
                     tracked.start = self.boundary(session_id, tracked.cursor + len(events))
         await self.deliver(session_id, tracked, events)
+        tracked.promote()
 
     async def deliver(self, session_id: str, tracked: _Tracked, events: Sequence[Event]) -> None:
         for event in events:
@@ -238,6 +328,7 @@ async def open_event_stream(
     feed_capacity: int = 4096,
     inherited: bool = True,
     descendants: bool = True,
+    follow_interval: float = DEFAULT_FOLLOW_INTERVAL,
 ) -> AsyncIterator[EventStream]:
     """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
     §8), read through `query` (the runtime's: `runtime.query`) and pushed by its session store's
@@ -245,15 +336,17 @@ async def open_event_stream(
     the pump before its sessions are re-read from the log. `inherited=False` leaves out a
     fork's inherited prefix (its seqs below `inherited_event_count`: copies of its parent's
     events), so a forked session starts at its `session/end-seed` marker. `descendants=False`
-    follows the root alone (its children's logs are never read). Leaving the block stops the
-    stream."""
+    follows the root alone (its children's logs are never read). `follow_interval`: seconds
+    between two looks at the logs of tracked sessions not live in this runtime (where no change
+    notification wakes it sooner). Leaving the block stops the stream."""
     if type(from_seq) is not int or from_seq < 0:
         raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
+    follow_interval = check_interval(follow_interval)
     send, receive = trio.open_memory_channel[StreamEvent](buffer)
     finish = trio.Event()
     # Subscribed before the first read, so nothing durable after that read can be missed.
     with query.sessions.feed.subscribe(feed_capacity) as subscription:
-        pump = _Pump(query, subscription, send, finish, inherited, descendants)
+        pump = _Pump(query, subscription, send, finish, inherited, descendants, follow_interval)
         pump.track(root_id, from_seq)
 
         def finish_stream() -> None:
@@ -265,6 +358,7 @@ async def open_event_stream(
         body_error: BaseException | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pump.run)
+            nursery.start_soon(pump.follow)
             try:
                 yield EventStream(receive, finish_stream)
             except BaseException as exc:  # re-raised bare once the pump's nursery has closed

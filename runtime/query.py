@@ -46,10 +46,12 @@ from subagents.actors import (
 from subagents.storage import (
     CorruptLog,
     Event,
+    FileLogStore,
     InvalidSessionId,
     Lifecycle,
     LogInfo,
     LogStore,
+    LogWatch,
     ObservedCheckpoint,
     Offset,
     ProjectionBroken,
@@ -157,21 +159,35 @@ class SessionQuery:
         Raises the store's `StorageError`."""
         return await self._reader.stat(session_id)
 
-    async def read_from(self, session_id: str, start: int) -> tuple[int, list[Event]]:
+    async def read_from(
+        self, session_id: str, start: int, *, after: tuple[int, int] | None = None
+    ) -> tuple[int, list[Event]]:
         """The session's inherited event count and its logged events from seq `start` (those
         written so far, durable or not: a caller cuts a live session at its durable end), in a
-        worker thread, a few reads at a time. Raises the store's `StorageError`
-        (`SessionNotFound` for a log not published yet)."""
+        worker thread, a few reads at a time. `after`: a `(log_offset, seq)` boundary known to
+        hold a seq <= `start` (a stat's revision size and event count): only the bytes past it
+        are read where the store can (`LogReader.read_after`), else the whole log is. Raises the
+        store's `StorageError` (`SessionNotFound` for a log not published yet)."""
         store = self._reader.store
 
         def read() -> tuple[int, list[Event]]:
             handle = store.open_read(session_id)
             try:
+                if after is not None and after[1] <= start:
+                    tail = store.read_after(handle, after[0], after[1])
+                    if tail is not None:
+                        return handle.inherited_event_count, [e for e in tail if e.seq >= start]
                 return handle.inherited_event_count, store.read(handle, Offset(start))
             finally:
                 store.close(handle)
 
         return await trio.to_thread.run_sync(read, limiter=self._log_reads)
+
+    def log_watch(self) -> LogWatch | None:
+        """A change notification for logs any process on this host writes (the file store's,
+        on a local file system; the caller closes it), or None: such logs must be polled."""
+        store = self._reader.store
+        return store.log_watch() if isinstance(store, FileLogStore) else None
 
     def recorded(self, session_id: str) -> SessionRecord | None:
         """The record of `session_id` in the corpus this query listed last (no store call):

@@ -65,6 +65,7 @@ from .log_store import LogReader as LogReader
 from .log_store import LogStore as LogStore
 from .log_store import LogWriter as LogWriter
 from .log_store import WriteHandle as WriteHandle
+from .log_watch import LogWatch as LogWatch
 from .mailbox import FileMailbox as FileMailbox
 from .mailbox import Mailbox as Mailbox
 from .mailbox_watch import LocalWakeups as LocalWakeups
@@ -132,6 +133,7 @@ __all__ = [
     "LogInfo",
     "LogReader",
     "LogStore",
+    "LogWatch",
     "LogWriter",
     "Mailbox",
     "MailboxWatch",

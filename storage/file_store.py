@@ -42,6 +42,7 @@ from .forms import FORMS, Compression, LogForm, ParsedLog
 from .fs import File, Folder, Fs, OsFs, open_folder
 from .index import INDEX_NAME, SessionIndex, StoredCheckpoint
 from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandle
+from .log_watch import LogWatch
 from .projection import CheckpointRow, ProjectionRegistry
 from .scans import still_holds
 from .values import (
@@ -427,6 +428,13 @@ class FileLogStore:
     def watching(self) -> bool:
         """Whether change notification spares the next `list()` a stat per session (`watch`)."""
         return self._catalog.watching
+
+    def log_watch(self) -> LogWatch | None:
+        """A change notification for followed logs (`log_watch`), or None where the kernel
+        cannot vouch for this store's folders (an in-memory Fs, a network file system)."""
+        if not isinstance(self.fs, OsFs):
+            return None
+        return LogWatch.open(self.fs.root, self._folder)
 
     def close_store(self) -> None:
         """Release the index connection (handles are closed one by one with `close`)."""

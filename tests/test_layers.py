@@ -242,6 +242,7 @@ RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
         "query_corpus",
         "store_select",
         "event_stream",
+        "log_follow",
     ),
     ("tools",),
     ("agent",),
@@ -416,6 +417,7 @@ WHITE_BOX = {
     # storage's lock table and folder watch
     "tests/storage/test_locks.py",
     "tests/storage/test_watch.py",
+    "tests/storage/test_log_watch.py",
     "tests/runtime/test_cli_live.py",  # which write locks a process holds
     # the error modules of every layer, against the tree drawn at their tops
     "tests/test_error_tree.py",
@@ -485,6 +487,7 @@ WHITE_BOX = {
     "tests/runtime/test_cli_readable.py",  # patches the CLI's entry module
     "tests/runtime/test_demo.py",
     "tests/runtime/test_event_stream.py",
+    "tests/runtime/test_event_stream_follow.py",
     "tests/runtime/test_placement.py",
     "tests/runtime/test_placement_faults.py",
     "tests/runtime/test_run_progress.py",

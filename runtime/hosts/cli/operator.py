@@ -24,8 +24,9 @@ Every command reads through the session query of a read side (runtime/read_side.
 delivery writes, to the mailbox.
 
 `tail` prints a session's durable events as JSON lines (the `run --stream` form); with
-`--follow` it keeps printing events as they are written, by any process, looking at the log
-again every `FOLLOW_POLL` seconds, until Ctrl-C. Exit status: 0 done, 1 the store failed or the
+`--follow` it keeps printing events as they are written, by any process, until Ctrl-C: a stat
+of the log every `FOLLOW_POLL` seconds, or at once when inotify says it changed (a folder on a
+local file system), and a read of only what it grew by (runtime/log_follow.py). Exit status: 0 done, 1 the store failed or the
 log is damaged, 2 bad input (an invalid id, not a root, no such session) or a store that cannot
 be reached or does not answer in time (its timeouts: storage/pg_timeouts.py).
 """
@@ -44,6 +45,7 @@ from subagents.storage import (
     Envelope,
     EnvelopeKind,
     LogInfo,
+    LogWatch,
     Mailbox,
     SessionNotFound,
     StorageError,
@@ -52,6 +54,7 @@ from subagents.storage import (
 
 from ...event_stream import StreamEvent
 from ...foundation.errors import CommandFailed, UsageError
+from ...log_follow import Mark, wait_for_change
 from ...query import SessionQuery
 from ...read_side import ReadSide, open_read_side
 from ...store_select import open_mailbox
@@ -208,15 +211,36 @@ async def tail_command(args: argparse.Namespace, *, write: Callable[[bytes], Non
     async with _opened(args) as side:
         query = side.query
         await _stat(query, sid)
-        cursor = 0
-        while True:
-            k, events = await query.read_from(sid, cursor)
-            if events:
-                write(b"".join(StreamEvent(sid, e, k).json_bytes() + b"\n" for e in events))
-                cursor = events[-1].seq + 1
-            if not args.follow:
-                return 0
-            await trio.sleep(FOLLOW_POLL)  # another process's appends raise nothing here to wait on
+        cursor, mark = 0, None
+        watch = query.log_watch() if args.follow else None
+        try:
+            while True:
+                k, events = await query.read_from(sid, cursor, after=mark)
+                if events:
+                    write(b"".join(StreamEvent(sid, e, k).json_bytes() + b"\n" for e in events))
+                    cursor = events[-1].seq + 1
+                if not args.follow:
+                    return 0
+                mark = await _until_grown(query, sid, cursor, mark, watch)
+        finally:
+            if watch is not None:
+                watch.close()
+
+
+async def _until_grown(
+    query: SessionQuery, sid: str, cursor: int, mark: Mark | None, watch: LogWatch | None
+) -> Mark | None:
+    """Until the log holds more than `cursor` events (or is damaged: the read says how):
+    a stat each `FOLLOW_POLL` seconds, or as soon as the watch says the log changed. Returns
+    the boundary to read from (runtime/log_follow.py): only the bytes past it are read."""
+    while True:
+        if watch is not None:
+            watch.follow([sid])
+        info, _held = await _stat(query, sid)
+        if info.event_count > cursor or info.damage is not None:
+            return mark
+        mark = (int(info.revision.size), int(info.event_count))
+        await wait_for_change(trio.current_time() + FOLLOW_POLL, watch, trio.Event())
 
 
 def operator_main(args: argparse.Namespace) -> int:
