@@ -98,6 +98,9 @@ class Observation:
     # live, held elsewhere, or read past the revision it was stat'ed at): a listing writes
     # them back (docs/design.md, "Listing": observations feed the checkpoint rung).
     observed: ObservedCheckpoint | None = None
+    # The log's last turn has no end (in-memory closers end it in `events` unless `held`):
+    # a listing tells from it a child whose runner is gone mid-turn (`orphaned`).
+    turn_open: bool = False
 
 
 @attrs.frozen
@@ -270,6 +273,7 @@ class SessionQuery:
             dict(prepared.projections),
             held=held,
             observed=None if held else prepared.observed,
+            turn_open=prepared.closers > 0,
         )
 
     async def _read_live(self, sid: SessionId, group: ReadGroup | None) -> tuple[Event, ...]:

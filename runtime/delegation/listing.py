@@ -41,6 +41,7 @@ when both do: a log checkpointed before the unit existed is observed), or the ob
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
@@ -80,6 +81,8 @@ from .lineage import (
 )
 from .listing_observe import observe_catalogs, observe_rows
 from .listing_rows import (
+    ELSEWHERE,
+    HERE,
     ChildRow,
     CorpusShape,
     DiagnosticRow,
@@ -89,20 +92,26 @@ from .listing_rows import (
     own_identity,
     stored_flags,
     stored_identities,
+    stored_turns,
+    turn_is_open,
+    with_stall,
 )
-from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT
+from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT, TIMING_UNIT
 
 __all__ = ["ChildRow", "DiagnosticRow", "ListingService", "walk_descendants"]
 
 _IDENTITY = [IDENTITY_UNIT.key]
 _CATALOG = [CATALOG_UNIT.key]
 # A live child's identity, whether it has children, and its flags (stopped, in doubt).
-_LIVE = [IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key]
-_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key)  # the checkpoint rows a listing reads
+# ... and whether its turn is open (liveness: issue 29 item 4).
+_LIVE = [IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key, TIMING_UNIT.key]
+# The checkpoint rows a listing reads (in one query).
+_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key, TIMING_UNIT.key)
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 _VERSIONS = {unit.key: unit.state_version for unit in (IDENTITY_UNIT, CATALOG_UNIT, FLAGS_UNIT)}
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
+STALL_AFTER = 300.0  # seconds a running child may go without a durable event before it is `stalled`
 
 
 class ListingService:
@@ -114,11 +123,17 @@ class ListingService:
         registry: ProjectionRegistry | None,
         sessions: SessionStore | None,
         query: SessionQuery | None,
+        now_ms: Callable[[], int] | None = None,
+        stall_after: float = STALL_AFTER,
     ) -> None:
+        """`now_ms` (default the wall clock) and `stall_after` (seconds) decide which running
+        children are `stalled`."""
         self.registry = registry
         self.sessions = sessions
         self.query = query  # all it reads of the store, it reads through the query
         self.observers = OBSERVERS
+        self.now_ms = now_ms if now_ms is not None else _wall_ms
+        self.stall_after_ms = round(stall_after * 1000)
         self._rows_made = RowCache()
         self._shape = CorpusShape()
 
@@ -166,7 +181,16 @@ class ListingService:
         assert rows is not None  # only an abort cancels the body quietly
         if proved and self.query is not None:
             await self.query.write_observed(proved)  # the index is a cache: never an error
-        return rows
+        return self._stalls(rows)
+
+    def _stalls(self, rows: list[Row]) -> list[Row]:
+        """`rows` with the running children whose open turn made no durable progress for
+        `stall_after` marked `stalled` (one clock reading per listing, taken only when some
+        child runs a turn)."""
+        if not any(isinstance(row, ChildRow) and row.runner is not None and row.turn_open for row in rows):
+            return rows
+        now, after = self.now_ms(), self.stall_after_ms
+        return [with_stall(row, now, after) if isinstance(row, ChildRow) else row for row in rows]
 
     async def _children(self, parent_id: str, proved: list[ObservedCheckpoint], *, required: bool = False) -> list[Row]:
         corpus = await self._corpus()
@@ -410,7 +434,8 @@ class ListingService:
                 if identity is not None:
                     has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
                     flags = flags_view(answer.get(FLAGS_UNIT.key))
-                    results[i] = child(record, identity, has, live=True, flags=flags)
+                    turn = turn_is_open(answer.get(TIMING_UNIT.key))
+                    results[i] = child(record, identity, has, HERE, flags=flags, turn_open=turn)
                 # else: omitted — a live child in its creation window
         if again:
             ref_at = dict(zip(live_at, refs, strict=True))
@@ -424,7 +449,7 @@ class ListingService:
                 else:
                     identity = own_identity(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                     if identity is not None:
-                        results[i] = child(record, identity, record.id in parents, live=True)
+                        results[i] = child(record, identity, record.id in parents, HERE)
         cold.sort()
         await self._cold_rows(candidates, cold, shape, results, stored, proved, made)
         return results
@@ -458,6 +483,7 @@ class ListingService:
         checkpoints = await self._checkpoint_identities(answering, stored)  # (adds the rows it read to `stored`)
         flagged = stored_flags([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
         naming = catalog_owners(stored) if checkpoints else set()
+        turns = stored_turns([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
         # Those another process holds the lock of are running there (observed ones learn it
         # from their observation's stat hop).
         held = await self._held_elsewhere([candidates[i].id for i in pending if candidates[i].id in checkpoints])
@@ -479,7 +505,13 @@ class ListingService:
                 has = record.id in parents or (
                     record.id in naming and names_absent(record.id, _stored_entries(record, stored[record.id]), records)
                 )
-                results[i] = self._rows_made.child(record, identity, has, live=record.id in held, flags=flags)
+                # A turn open in rows that lag the log may have ended since: only a writer's
+                # (held) rows answer then — and they only make a running child `stalled` or not.
+                turn_open, turn_seq = turns.get(record.id, (False, -1))
+                held_here = record.id in held
+                turn_open = turn_open and (held_here or turn_seq == _last_seq(record))
+                runner = ELSEWHERE if held_here else None
+                results[i] = self._rows_made.child(record, identity, has, runner, flags=flags, turn_open=turn_open)
             else:
                 observe.append(i)
         if not observe:
@@ -522,6 +554,10 @@ def _stored_entries(record: SessionRecord, rows: Sequence[StoredCheckpoint]) -> 
 def _last_seq(record: SessionRecord) -> int:
     """The seq of the record's last event (-1 for none: no row covers it)."""
     return -1 if record.event_count is None else record.event_count - 1
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _check(abort: Abort | None) -> None:

@@ -38,8 +38,11 @@ def test_unknown_option_is_exit_2_without_traceback(capsys) -> None:
     assert "Traceback" not in err
 
 
-def _root_with_children(tmp_path: Path) -> Path:
+def _root_with_children(tmp_path: Path, *, ended: bool = False) -> Path:
+    """p with children c1 (continuable, with child g) and c2 (one-shot); with `ended`, every
+    turn ended (else each log ends in an open turn nobody runs: orphaned)."""
     from descriptors import descriptor
+    from events import turn_end_event
     from subagents.storage import FileLogStore, make_event
 
     store = FileLogStore(str(tmp_path))
@@ -56,12 +59,14 @@ def _root_with_children(tmp_path: Path) -> Path:
             data = descriptor(label, mode)
             events.insert(0, make_event(0, "subagent/descriptor", 1, data))
             events[1] = make_event(1, "turn/start", 1, {"turn": 1})
+        if ended:
+            events.append(turn_end_event(len(events), 1))
         persist_log(store, session_header, events)
     return tmp_path
 
 
 def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
-    root = _root_with_children(tmp_path)
+    root = _root_with_children(tmp_path, ended=True)
     assert main(["children", "p", "--json", "--root", str(root)]) == 0
     import json
 
@@ -114,7 +119,7 @@ def test_children_bad_input_is_exit_2_with_one_line(tmp_path: Path, capsys, args
 
 
 def test_agents_renders_like_list_agents(tmp_path: Path, capsys) -> None:
-    root = _root_with_children(tmp_path)
+    root = _root_with_children(tmp_path, ended=True)
     assert main(["agents", "p", "--root", str(root)]) == 0
     # c2 is an unlabeled one-shot child: list_agents never shows one-shot children.
     assert capsys.readouterr().out == "c1 [ready] — first\n"
