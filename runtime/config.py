@@ -54,6 +54,9 @@ class Config:
     lease_ttl: float = 15.0  # a PostgreSQL store's leases (SPEC §9)
     lease_renew_interval: float | None = None  # None: a third of the ttl
     forget_hosts_after: float = 86400.0  # a serving host deletes the rows of hosts gone this long
+    # Seconds a running child may go without a durable event before listings call it `stalled`
+    # (issue 29; read-only listings read it with runtime/delegation/listing_stall.py).
+    stall_after: float = 300.0
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
 
@@ -139,6 +142,7 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     "store.lease_ttl": _seconds,
     "store.lease_renew_interval": _seconds,
     "store.forget_hosts_after": _seconds,
+    "stall_after": _seconds,
 }
 _FIELD = {
     "tools.workspace": "workspace_tools",

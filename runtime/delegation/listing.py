@@ -96,6 +96,7 @@ from .listing_rows import (
     turn_is_open,
     with_stall,
 )
+from .listing_stall import STALL_AFTER
 from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT, TIMING_UNIT
 
 __all__ = ["ChildRow", "DiagnosticRow", "ListingService", "walk_descendants"]
@@ -111,7 +112,6 @@ _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows
 _VERSIONS = {unit.key: unit.state_version for unit in (IDENTITY_UNIT, CATALOG_UNIT, FLAGS_UNIT)}
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
 _CANCELLED = "subagent listing was cancelled"
-STALL_AFTER = 300.0  # seconds a running child may go without a durable event before it is `stalled`
 
 
 class ListingService:
