@@ -159,8 +159,8 @@ class PostgresLogStore:
             if row is None:
                 raise SessionNotFound(sid)
             record = header_record(sid, row[1])
-            if row[5] != row[2]:
-                raise CorruptLog(sid, f"its batches hold {row[5]} events but the session row counts {row[2]}")
+            if row[6] != row[2]:
+                raise CorruptLog(sid, f"its batches hold {row[6]} events but the session row counts {row[2]}")
         except BaseException:  # the lease released if the claim fails (re-raised)
             self._leases.release(lease)
             raise

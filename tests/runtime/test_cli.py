@@ -206,7 +206,10 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
     from subagents.runtime.hosts.cli.common import iso_time
 
     p = iso_time(_written(root, "p"))
-    assert lines[0] == "ID  CREATED                   ORIGIN    PARENT  DEPTH  EVENTS  STATE      LAST EVENT                DAMAGE"
+    assert (
+        lines[0]
+        == "ID  CREATED                   ORIGIN    PARENT  DEPTH  EVENTS  STATE      LAST EVENT                DAMAGE"
+    )
     assert lines[-1] == f"p   1970-01-01T00:00:00.001Z  -         -       0      1       persisted  {p}  -"
 
 
