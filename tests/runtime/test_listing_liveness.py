@@ -48,7 +48,7 @@ def _row(**changes: Any) -> ChildRow:
         (_row(), "ready", "ready"),
         (_row(liveness="orphaned", turn_open=True), "ready", "orphaned"),
         (_row(liveness="orphaned", turn_open=True, mode="one-shot"), "ready", "orphaned"),  # not `done`
-        (_row(liveness="orphaned", turn_open=True, stopped=True), "ready", "orphaned"),
+        (_row(liveness="orphaned", turn_open=True, stopped=True), "ready", "stopped"),  # stays stopped
         (_row(activity="running", runner=HERE, turn_open=True), "running", "running"),
         (_row(activity="running", runner=HERE, turn_open=True, liveness="stalled"), "running", "stalled"),
         (_row(activity="running", runner=HERE, liveness="stalled"), "idle", "idle"),  # not running a turn
