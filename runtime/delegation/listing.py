@@ -483,7 +483,9 @@ class ListingService:
         checkpoints = await self._checkpoint_identities(answering, stored)  # (adds the rows it read to `stored`)
         flagged = stored_flags([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
         naming = catalog_owners(stored) if checkpoints else set()
-        turns = stored_turns([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
+        turns: dict[str, tuple[bool, int]] = (
+            stored_turns([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
+        )
         # Those another process holds the lock of are running there (observed ones learn it
         # from their observation's stat hop).
         held = await self._held_elsewhere([candidates[i].id for i in pending if candidates[i].id in checkpoints])
@@ -507,10 +509,10 @@ class ListingService:
                 )
                 # A turn open in rows that lag the log may have ended since: only a writer's
                 # (held) rows answer then — and they only make a running child `stalled` or not.
-                turn_open, turn_seq = turns.get(record.id, (False, -1))
-                held_here = record.id in held
-                turn_open = turn_open and (held_here or turn_seq == _last_seq(record))
-                runner = ELSEWHERE if held_here else None
+                turn_open, turn_seq = turns.get(candidates[i].id, (False, -1))
+                held_there = record.id in held
+                turn_open = turn_open and (held_there or turn_seq == _last_seq(record))
+                runner = ELSEWHERE if held_there else None
                 results[i] = self._rows_made.child(record, identity, has, runner, flags=flags, turn_open=turn_open)
             else:
                 observe.append(i)
