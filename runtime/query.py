@@ -188,6 +188,11 @@ class SessionQuery:
         id asked is a key; any failure is a miss."""
         return await self._reader.checkpoint_rows(session_ids, keys, skip)
 
+    async def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """Who holds each of the ids another process holds the lock of: `pid N`, `host H` or
+        `another process` (`LogStore.holders`; advice, never an error)."""
+        return await self._reader.holders(session_ids)
+
     async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids another process holds the lock of (advice, never an error)."""
         return await self._reader.held_elsewhere(session_ids)

@@ -394,6 +394,10 @@ class PostgresLogStore:
         """The ids another live host (another store, in this process or any other) holds an
         unexpired lease on — SPEC §9 "Activity across hosts": running there. One query, taking
         no lock; empty when it cannot be read."""
+        return set(self.holders(session_ids))
+
+    def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """`held_elsewhere` with who holds each: `host H`, the lease owner's host id."""
         import psycopg
 
         ids: list[SessionId] = []
@@ -403,12 +407,13 @@ class PostgresLogStore:
             except StorageError:
                 continue
         if not ids:
-            return set()
+            return {}
         try:
             with self._pool.connection() as conn:
-                return self._leases.held_elsewhere(conn, ids)
+                held = self._leases.held_elsewhere(conn, ids)
         except (psycopg.Error, StorageError):
-            return set()
+            return {}
+        return {sid: f"host {owner}" for sid, owner in held.items()}
 
     # --- checkpoints (pg_checkpoints) ---
 

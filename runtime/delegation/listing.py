@@ -181,7 +181,23 @@ class ListingService:
         assert rows is not None  # only an abort cancels the body quietly
         if proved and self.query is not None:
             await self.query.write_observed(proved)  # the index is a cache: never an error
-        return self._stalls(rows)
+        return self._stalls(await self._runners(rows))
+
+    async def _runners(self, rows: list[Row]) -> list[Row]:
+        """`rows` with the children another process runs named by who runs them (`pid N`,
+        `host H`): one more lock or lease probe, only when some child runs elsewhere."""
+        elsewhere = [row.id for row in rows if isinstance(row, ChildRow) and row.runner == ELSEWHERE]
+        if not elsewhere or self.query is None:
+            return rows
+        named = await self.query.holders(elsewhere)
+        if not named:
+            return rows
+        return [
+            attrs.evolve(row, runner=named[row.id])
+            if isinstance(row, ChildRow) and row.runner == ELSEWHERE and row.id in named
+            else row
+            for row in rows
+        ]
 
     def _stalls(self, rows: list[Row]) -> list[Row]:
         """`rows` with the running children whose open turn made no durable progress for

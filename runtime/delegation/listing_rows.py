@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
 import attrs
-from subagents.storage import StoredCheckpoint
+from subagents.storage import ANOTHER_PROCESS, StoredCheckpoint
 
 from ..foundation.json_values import JsonObject
 from ..query import SessionRecord
@@ -44,7 +44,7 @@ __all__ = [
 Reason = Literal["corrupt", "unsupported", "unavailable"]
 Liveness = Literal["stalled", "orphaned"]
 HERE = "this process"  # the runner of a child resident in the listing's own process
-ELSEWHERE = "another process"  # ... of one another writer holds (its pid or host when known)
+ELSEWHERE = ANOTHER_PROCESS  # ... of one another writer holds (named `pid N`/`host H` when known)
 
 
 @attrs.frozen(kw_only=True)

@@ -157,8 +157,10 @@ class _HeldElsewhere(FaultyLogStore):
         self.held = held
 
     def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
-        self.calls["held_elsewhere"] += 1
-        return {sid for sid in session_ids if sid in self.held}
+        return set(self.holders(session_ids))
+
+    def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        return {sid: "pid 4242" for sid in session_ids if sid in self.held}
 
 
 async def test_a_child_another_process_runs_is_stalled_after_stall_after(tmp_path: Path) -> None:
@@ -175,10 +177,10 @@ async def test_a_child_another_process_runs_is_stalled_after_stall_after(tmp_pat
             query = SessionQuery(held, sessions, registry)
             service = ListingService(registry=registry, sessions=sessions, query=query, now_ms=lambda: now[0])
             now[0] = written + STALL
-            assert _liveness(await service.list_children("p"))[0] == ("open", "running", ELSEWHERE, None, True)
+            assert _liveness(await service.list_children("p"))[0] == ("open", "running", "pid 4242", None, True)
             now[0] = written + STALL + 1
             found = await service.list_children("p")
-            assert _liveness(found)[0] == ("open", "running", ELSEWHERE, "stalled", True)
+            assert _liveness(found)[0] == ("open", "running", "pid 4242", "stalled", True)
             assert state_word(found[0], "running") == "stalled"
             # `stall_after` is the listing's: ten minutes here.
             service.stall_after_ms = 2 * STALL
@@ -245,7 +247,7 @@ async def test_on_postgresql_a_held_child_stalls_and_is_orphaned_when_its_lease_
             assert (row.activity, row.runner, row.liveness, row.last_event) == ("inactive", None, "orphaned", last_time)
             held = a.open_write("c")  # host A runs the child
             [row] = await rt.listing.list_children("p")
-            assert (row.activity, row.runner, row.liveness) == ("running", ELSEWHERE, None)
+            assert (row.activity, row.runner, row.liveness) == ("running", f"host {a.host_id}", None)
             now[0] += 1
             [row] = await rt.listing.list_children("p")
             assert (row.activity, row.liveness) == ("running", "stalled")

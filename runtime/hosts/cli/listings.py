@@ -79,7 +79,10 @@ async def sessions_command(args: argparse.Namespace) -> int:
         # Usage (JSON only): own totals from cells and checkpoint rows (a log is read only when
         # neither answers), tree totals summed from those over the corpus's lineage, no more reads.
         own = await own_totals(runtime.query, records) if args.json else {}
-    rows = [_session_row(r) for r in records]
+        # Who runs the sessions another process holds (one more probe, only when any is held).
+        held = [r.id for r in records if r.held]
+        runners = await runtime.query.holders(held) if held else {}
+    rows = [_session_row(r, runners.get(r.id)) for r in records]
     if args.json:
         trees = tree_totals(records, own)
         for row in rows:
@@ -93,7 +96,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
         return 0
     cells = []
     for row in rows:
-        state = "live (another process)" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
+        state = f"live ({row['runner']})" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
         last = row["last_event"]
         cells.append(
             [
@@ -113,7 +116,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _session_row(record: SessionRecord) -> JsonObject:
+def _session_row(record: SessionRecord, runner: str | None = None) -> JsonObject:
     header = record.header
     return {
         "id": record.id,
@@ -129,7 +132,7 @@ def _session_row(record: SessionRecord) -> JsonObject:
         # Issue 29: when its log was last written (a file's mtime; PostgreSQL: its last event's
         # time), and who runs it while it is live.
         "last_event": last_event_ms(record),
-        "runner": ELSEWHERE if record.held else HERE if record.live else None,
+        "runner": (runner or ELSEWHERE) if record.held else HERE if record.live else None,
     }
 
 
