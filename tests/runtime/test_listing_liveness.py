@@ -255,3 +255,89 @@ async def test_on_postgresql_a_held_child_stalls_and_is_orphaned_when_its_lease_
             [row] = await rt.listing.list_children("p")
             assert (row.activity, row.runner, row.liveness) == ("inactive", None, "orphaned")  # never running
             a.close(held)
+
+
+# --- stall_after in subagents.toml ----------------------------------------------------------------
+
+
+def _config(tmp_path: Path, user: str | None, project: str | None) -> tuple[str, dict[str, str]]:
+    (tmp_path / "user").mkdir()
+    (tmp_path / "project").mkdir()
+    if user is not None:
+        (tmp_path / "user" / "subagents.toml").write_text(user)
+    if project is not None:
+        (tmp_path / "project" / "subagents.toml").write_text(project)
+    return str(tmp_path / "project"), {"SUBAGENTS_CONFIG_DIR": str(tmp_path / "user")}
+
+
+@pytest.mark.parametrize(
+    ("user", "project", "expected"),
+    [
+        (None, None, 300.0),
+        ("stall_after = 60", None, 60.0),
+        ("stall_after = 60", "stall_after = 90.5", 90.5),
+        ("stall_after = 60", "model = 'openai:x'", 60.0),  # the project sets another key
+    ],
+)
+def test_stall_after_from_subagents_toml(
+    tmp_path: Path, user: str | None, project: str | None, expected: float
+) -> None:
+    from subagents.runtime.config import load_config
+    from subagents.runtime.delegation.listing_stall import configured_stall_after
+
+    folder, env = _config(tmp_path, user, project)
+    # The read-only listings' reader and the hosts' configuration agree.
+    assert configured_stall_after(folder, env=env) == expected == load_config(folder, env=env).stall_after
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("stall_after = 0", "stall_after must be a number of seconds > 0, got 0"),
+        ("stall_after = -5", "stall_after must be a number of seconds > 0, got -5"),
+        ("stall_after = true", "stall_after must be a number of seconds > 0, got True"),
+        ("stall_after = nan", "stall_after must be a number of seconds > 0, got nan"),
+        ("stall_after = '5m'", "stall_after must be a number of seconds > 0, got '5m'"),
+        ("stall_after = [1]", "stall_after must be a number of seconds > 0, got a list"),
+        ("stall_after = ", "not valid TOML"),
+    ],
+)
+def test_a_bad_stall_after_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    from subagents.runtime.delegation.listing_stall import configured_stall_after
+    from subagents.runtime.foundation.errors import ConfigInvalid
+
+    folder, env = _config(tmp_path, None, text)
+    with pytest.raises(ConfigInvalid) as caught:
+        configured_stall_after(folder, env=env)
+    assert str(caught.value).startswith(str(Path(folder) / "subagents.toml") + ": ")
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_children_command_uses_stall_after_and_refuses_a_bad_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`children` reads `stall_after` from subagents.toml: a held child silent for longer is
+    `stalled`; a bad value is exit 2 with one line, and nothing is listed."""
+    import os
+    import time
+
+    from subagents.runtime.hosts.cli import main
+
+    root = tmp_path / "root"
+    store = FileLogStore(str(root))
+    _write_children(store)
+    store.close_store()
+    log = root / "sessions" / "open" / "session.jsonl.zst"
+    quiet = time.time() - 120  # its last durable event two minutes ago
+    os.utime(log, (quiet, quiet))
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "no-user-config"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(FileLogStore, "holders", lambda self, ids: {s: "pid 4242" for s in ids if s == "open"})
+    for setting, word in (("stall_after = 600", "running"), ("stall_after = 60", "stalled")):
+        (tmp_path / "subagents.toml").write_text(setting)
+        assert main(["agents", "p", "--root", str(root)]) == 0
+        assert capsys.readouterr().out == f"open [{word}] — open\nended [ready] — ended\n"
+    (tmp_path / "subagents.toml").write_text("stall_after = 'soon'")
+    assert main(["children", "p", "--root", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "stall_after must be a number of seconds > 0" in err
