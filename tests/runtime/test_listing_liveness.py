@@ -341,3 +341,18 @@ def test_the_children_command_uses_stall_after_and_refuses_a_bad_one(
     assert main(["children", "p", "--root", str(root)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "stall_after must be a number of seconds > 0" in err
+
+
+def test_the_user_file_is_where_platformdirs_puts_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without $SUBAGENTS_CONFIG_DIR, the read-only listings find the user's file where
+    `subagents config` does (platformdirs), without importing platformdirs on Linux."""
+    import platformdirs
+    from subagents.runtime.delegation.listing_stall import configured_stall_after
+
+    monkeypatch.delenv("SUBAGENTS_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "subagents").mkdir(parents=True)
+    (tmp_path / "xdg" / "subagents" / "subagents.toml").write_text("stall_after = 42")
+    (tmp_path / "project").mkdir()
+    assert platformdirs.user_config_dir("subagents", appauthor=False) == str(tmp_path / "xdg" / "subagents")
+    assert configured_stall_after(str(tmp_path / "project")) == 42.0
