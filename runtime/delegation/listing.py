@@ -36,6 +36,14 @@ skipped, quietly). Listing never writes a log or an actor.
 A child row's flags (`stopped`, `in_doubt`: issue 27) come with its identity from the same rung:
 the live ask, the `subagent_flags` checkpoint row beside the identity row (the rung answers only
 when both do: a log checkpointed before the unit existed is observed), or the observation.
+
+Liveness (issue 29 item 4) costs no read either: `last_event` is the record's revision (a log's
+mtime, PostgreSQL's `last_time`); whether the last turn is open comes from the same rung (the live
+`subagent_timing` cell, its checkpoint row — trusted only when it covers the log whole, or is a
+running writer's —, or the observation's in-memory closers); the runner is this process, or
+another one (named by one `holders` probe after the rows are built, only when some child runs
+elsewhere). A turn open that nobody runs is `orphaned`; a running one whose last event is older
+than `stall_after` by `now_ms` is `stalled` (one clock reading per listing, at its end).
 """
 
 from __future__ import annotations
