@@ -6,7 +6,8 @@ then damaged at random: one to three damages drawn from DAMAGES (the index delet
 cut; the parent's log written again in place; a child's log deleted, emptied or its folder
 removed; a child's line 1 made garbage, naming another parent, itself or no parent, a garbled
 `parent_session` key, an unknown key). Then a fresh runtime lists the parent's children and
-descendants, cold. A store *hides* a child when a catalogued child is not listed (as a row or a
+descendants, cold: as a runtime does, and as the CLI does (a store focused on the parent, or on
+its subtree). A store *hides* a child when a catalogued child is not listed (as a row or a
 diagnostic) by `list_children`, or not exactly once by `list_descendants`, or when a session
 lists itself as its own child; a listing that raises counts as a failure. Printed: the stores
 that hid a child (0 expected), by the damages they drew, and the failures.
@@ -33,6 +34,7 @@ from typing import Any
 import subagents.runtime
 import trio
 from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime
+from subagents.runtime.read_side import open_read_side
 
 PARENT = "parent"
 CHILDREN = 5
@@ -168,6 +170,27 @@ async def check(root: Path, ids: list[str]) -> list[str]:
     return wrong
 
 
+async def check_focused(root: Path, ids: list[str]) -> list[str]:
+    """The same, as the CLI lists them: `children P` on a store focused on P, and
+    `children P --descendants` on one focused on P's subtree (each on its own copy of the
+    damaged store, since each writes back its own index rows)."""
+    wrong = []
+    for subtree in (False, True):
+        with tempfile.TemporaryDirectory(prefix="hidden-copy-") as tmp:
+            copy = Path(tmp) / "store"
+            shutil.copytree(root, copy)
+            async with open_read_side(copy, focus=PARENT, subtree=subtree) as side:
+                if subtree:
+                    rows = [row.id for row in await side.listing.list_descendants(PARENT)]
+                else:
+                    rows = [row.id for row in await side.listing.list_children(PARENT)]
+        what = "focused descendants" if subtree else "focused children"
+        wrong += [f"{sid} {rows.count(sid)}x in {what}" for sid in ids if rows.count(sid) != 1]
+        if PARENT in rows:
+            wrong.append(f"the parent in its own {what}")
+    return wrong
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stores", type=int, default=1000)
@@ -188,7 +211,8 @@ async def main() -> None:
             for name in names:
                 DAMAGES[name](root, rng, ids)
             try:
-                wrong = await check(root, ids)
+                wrong = await check_focused(root, ids)
+                wrong += await check(root, ids)
             except Exception as exc:  # a listing that raises: counted, shown
                 failed += 1
                 print(f"store {n} {names}: {type(exc).__name__}: {exc}", file=sys.stderr)

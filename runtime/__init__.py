@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from .foundation.errors import ToolFailure as ToolFailure
     from .foundation.ids import CountingIds as CountingIds
     from .foundation.ids import RandomIds as RandomIds
+    from .models.anthropic import AnthropicModel as AnthropicModel
+    from .models.anthropic_wire import AnthropicOptions as AnthropicOptions
     from .models.base import Chunk as Chunk
     from .models.base import Finish as Finish
     from .models.base import Model as Model
@@ -51,10 +53,14 @@ if TYPE_CHECKING:
     from .models.base import SessionModel as SessionModel
     from .models.base import SessionWaits as SessionWaits
     from .models.base import TextDelta as TextDelta
+    from .models.base import Thinking as Thinking
     from .models.base import ToolCallDelta as ToolCallDelta
     from .models.base import ToolSpec as ToolSpec
     from .models.base import Usage as Usage
     from .models.openai import OpenAIChatModel as OpenAIChatModel
+    from .telemetry.gen_ai import OtelTelemetry as OtelTelemetry
+    from .telemetry.seam import Telemetry as Telemetry
+    from .telemetry.settings import TelemetrySettings as TelemetrySettings
     from .testing.script_format import load_script as load_script
     from .testing.scripted_model import ScriptedModel as ScriptedModel
     from .tools.base import FunctionTool as FunctionTool
@@ -114,10 +120,16 @@ _WHERE: dict[str, str] = {
     "SessionModel": ".models.base",
     "SessionWaits": ".models.base",
     "TextDelta": ".models.base",
+    "Thinking": ".models.base",
     "ToolCallDelta": ".models.base",
     "ToolSpec": ".models.base",
     "Usage": ".models.base",
     "OpenAIChatModel": ".models.openai",
+    "AnthropicModel": ".models.anthropic",
+    "AnthropicOptions": ".models.anthropic_wire",
+    "OtelTelemetry": ".telemetry.gen_ai",  # the `otel` extra: imported on first use only
+    "Telemetry": ".telemetry.seam",
+    "TelemetrySettings": ".telemetry.settings",
     "load_script": ".testing.script_format",
     "ScriptedModel": ".testing.scripted_model",
     "McpServerSpec": ".tools.mcp_spec",

@@ -21,6 +21,7 @@ import attrs
 
 from .foundation.errors import ConfigInvalid
 from .models.defaults import DEFAULT_MODEL
+from .telemetry.settings import check_endpoint
 from .tools.mcp_spec import McpServerSpec
 
 __all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir"]
@@ -57,6 +58,10 @@ class Config:
     # Seconds a running child may go without a durable event before listings call it `stalled`
     # (issue 29; read-only listings read it with runtime/delegation/listing_stall.py).
     stall_after: float = 300.0
+    # [telemetry] (README "Traces (OpenTelemetry)"; telemetry/settings.py adds the OTEL_* variables)
+    telemetry_enabled: bool = False
+    telemetry_endpoint: str | None = None  # an OTLP/HTTP base URL; None: the default collector's
+    telemetry_capture_content: bool = False
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
 
@@ -143,6 +148,10 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     "store.lease_renew_interval": _seconds,
     "store.forget_hosts_after": _seconds,
     "stall_after": _seconds,
+    # [telemetry]
+    "telemetry.enabled": _boolean,
+    "telemetry.endpoint": check_endpoint,
+    "telemetry.capture_content": _boolean,
 }
 _FIELD = {
     "tools.workspace": "workspace_tools",
@@ -150,13 +159,17 @@ _FIELD = {
     "store.lease_ttl": "lease_ttl",
     "store.lease_renew_interval": "lease_renew_interval",
     "store.forget_hosts_after": "forget_hosts_after",
+    # [telemetry]
+    "telemetry.enabled": "telemetry_enabled",
+    "telemetry.endpoint": "telemetry_endpoint",
+    "telemetry.capture_content": "telemetry_capture_content",
 }
 _BUDGET: dict[str, Callable[[object], object]] = {
     "max_turns": _integer(1),
     "max_tokens": _integer(1),
     "deadline_seconds": _seconds,
 }
-_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store")
+_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "telemetry")
 
 
 def _shown(value: object) -> str:

@@ -62,12 +62,14 @@ async def open_read_side(
     *,
     store: str | None = None,
     focus: str | None = None,
+    subtree: bool = False,
     stall_after: float = STALL_AFTER,
 ) -> AsyncIterator[ReadSide]:
     """Open the store at `store` (a `postgresql://` URL or a folder; default `root`) for reading
     and close it after. `focus`: the one parent whose children the command lists — a file
     store then reads only line 1 of a log without an index row whose line 1 names another
     parent (`LogInfo.checked`); such a side serves that listing, not a corpus of every session.
+    `subtree`: the command lists the focus's descendants (line 1 must place a log outside them).
     `stall_after` (seconds): when the listing calls a running child `stalled`."""
     spec = store or os.fspath(root)
     registry = runtime_registry()
@@ -79,7 +81,7 @@ async def open_read_side(
     logs = (
         open_log_store(spec, create_schema=False)
         if is_pg_url(spec)
-        else FileLogStore(spec, watch=False, projections=units, focus=focus)
+        else FileLogStore(spec, watch=False, projections=units, focus=focus, subtree=subtree)
     )
     try:
         async with open_session_store(logs, registry, now_ms=RealClock().now_ms) as sessions:

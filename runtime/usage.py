@@ -67,6 +67,9 @@ class Tokens:
     calls: int = 0
     reported: int = 0
     unknown_calls: int = 0  # model calls lost to a crash: their usage is unknown
+    # Prompt-cache counts (apart from `input_tokens`, as a model call's usage records them).
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
@@ -75,6 +78,8 @@ class Tokens:
             calls=self.calls + other.calls,
             reported=self.reported + other.reported,
             unknown_calls=self.unknown_calls + other.unknown_calls,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
         )
 
     def to_json(self) -> dict[str, int]:
@@ -86,6 +91,9 @@ class Tokens:
         }
         if self.unknown_calls:  # only when there are some: the common shape stays as it was
             out["unknown_calls"] = self.unknown_calls
+        for key in ("cache_read_tokens", "cache_write_tokens"):  # likewise
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
@@ -98,10 +106,19 @@ class Tokens:
         if any(type(c) is not int or c < 0 for c in counts):
             return None
         ints = cast("list[int]", counts)  # each checked above
-        unknown = value.get("unknown_calls", 0)
-        if type(unknown) is not int or unknown < 0:
+        optional = [value.get(k, 0) for k in ("unknown_calls", "cache_read_tokens", "cache_write_tokens")]
+        if any(type(c) is not int or c < 0 for c in optional):
             return None
-        return cls(input_tokens=ints[0], output_tokens=ints[1], calls=ints[2], reported=ints[3], unknown_calls=unknown)
+        unknown, cache_read, cache_write = cast("list[int]", optional)
+        return cls(
+            input_tokens=ints[0],
+            output_tokens=ints[1],
+            calls=ints[2],
+            reported=ints[3],
+            unknown_calls=unknown,
+            cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -151,7 +168,10 @@ def describe(tokens: Tokens) -> str:
     if tokens.reported == 0:
         return f"not reported ({calls}){unknown}"
     partly = f", {tokens.reported} reporting" if tokens.reported != tokens.calls else ""
-    return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens ({calls}{partly}){unknown}"
+    cache = ""
+    if tokens.cache_read_tokens or tokens.cache_write_tokens:
+        cache = f", cache {tokens.cache_read_tokens} read, {tokens.cache_write_tokens} written"
+    return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens{cache} ({calls}{partly}){unknown}"
 
 
 def usage_lines(session: SessionUsage, tree: TreeUsage | None = None) -> list[str]:
@@ -174,6 +194,8 @@ def usage_lines(session: SessionUsage, tree: TreeUsage | None = None) -> list[st
 class _Counts(msgspec.Struct):
     input_tokens: int
     output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class _Reply(msgspec.Struct):
@@ -205,23 +227,24 @@ def _lost_call(event: Event) -> int | None:
     return marker.turn if marker.lost_model_call is True else None
 
 
-def _read(event: Event) -> tuple[int, int, int] | None:
-    """(turn, input, output) of an assistant message — (turn, -1, -1) when it has no usable usage
-    record — or None when its payload does not decode."""
+def _read(event: Event) -> tuple[int, int, int, int, int] | None:
+    """(turn, input, output, cache read, cache written) of an assistant message — (turn, -1, -1,
+    0, 0) when it has no usable usage record — or None when its payload does not decode."""
     try:
         reply = _reply.decode(event.data)
     except (msgspec.DecodeError, RecursionError):
         return None
     usage = reply.usage
-    if usage is None or usage.input_tokens < 0 or usage.output_tokens < 0:
-        return (reply.turn, -1, -1)
-    return (reply.turn, usage.input_tokens, usage.output_tokens)
+    if usage is None or min(usage.input_tokens, usage.output_tokens) < 0:
+        return (reply.turn, -1, -1, 0, 0)
+    cache_read, cache_write = max(usage.cache_read_tokens, 0), max(usage.cache_write_tokens, 0)
+    return (reply.turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write)
 
 
-def _own_replies(events: Iterable[Event], own_from: int) -> Iterator[tuple[int, int, int]]:
-    """(turn, input tokens, output tokens) of each readable `assistant/message` at or after seq
-    `own_from`; tokens are -1 when the reply carries no usage record, -2 for a model call a
-    crash lost (a `turn/continue` with `lost_model_call`)."""
+def _own_replies(events: Iterable[Event], own_from: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(turn, input, output, cache read, cache written tokens) of each readable `assistant/message`
+    at or after seq `own_from`; input and output are -1 when the reply carries no usage record,
+    -2 for a model call a crash lost (a `turn/continue` with `lost_model_call`)."""
     for event in events:
         if event.seq < own_from:
             continue
@@ -232,27 +255,43 @@ def _own_replies(events: Iterable[Event], own_from: int) -> Iterator[tuple[int, 
         elif event.type == CONTINUE:
             turn = _lost_call(event)
             if turn is not None:
-                yield (turn, -2, -2)
+                yield (turn, -2, -2, 0, 0)
+
+
+def _count(counts: list[int], reply: tuple[int, int, int, int, int]) -> None:
+    """Add one reply to `[input, output, calls, reported, unknown, cache read, cache written]`."""
+    _turn, tokens_in, tokens_out, cache_read, cache_write = reply
+    if tokens_in == -2:
+        counts[4] += 1
+        return
+    counts[2] += 1
+    if tokens_in >= 0:
+        counts[0] += tokens_in
+        counts[1] += tokens_out
+        counts[3] += 1
+        counts[5] += cache_read
+        counts[6] += cache_write
+
+
+def _tokens(c: Sequence[int]) -> Tokens:
+    return Tokens(
+        input_tokens=c[0],
+        output_tokens=c[1],
+        calls=c[2],
+        reported=c[3],
+        unknown_calls=c[4],
+        cache_read_tokens=c[5],
+        cache_write_tokens=c[6],
+    )
 
 
 def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[dict[int, Tokens], Tokens]:
     """Usage per turn and in total over the own suffix of a session's `events` (seq >=
     `inherited_event_count`). Pure; never raises on bad payloads (they are not counted)."""
     per_turn: dict[int, list[int]] = {}
-    for turn, tokens_in, tokens_out in _own_replies(events, inherited_event_count):
-        counts = per_turn.setdefault(turn, [0, 0, 0, 0, 0])
-        if tokens_in == -2:
-            counts[4] += 1
-            continue
-        counts[2] += 1
-        if tokens_in >= 0:
-            counts[0] += tokens_in
-            counts[1] += tokens_out
-            counts[3] += 1
-    turns = {
-        turn: Tokens(input_tokens=c[0], output_tokens=c[1], calls=c[2], reported=c[3], unknown_calls=c[4])
-        for turn, c in sorted(per_turn.items())
-    }
+    for reply in _own_replies(events, inherited_event_count):
+        _count(per_turn.setdefault(reply[0], [0] * 7), reply)
+    turns = {turn: _tokens(c) for turn, c in sorted(per_turn.items())}
     return turns, sum(turns.values(), Tokens())
 
 
@@ -261,7 +300,8 @@ def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[d
 
 class UsageUnit:
     """The `usage` unit: a session's own token totals. State `{own_from: K, input_tokens,
-    output_tokens, calls, reported}`; the view is the four counts (`Tokens.to_json`)."""
+    output_tokens, calls, reported}` (plus `unknown_calls` and the cache counts when not 0); the
+    view is the counts (`Tokens.to_json`)."""
 
     key = "usage"
     state_version = 1
@@ -281,37 +321,23 @@ class UsageUnit:
         own_from = state.get("own_from") if type(state) is dict else None
         if type(own_from) is not int:
             return state  # not a state this unit made: left as it is
-        counts = Tokens.from_json(state) or Tokens()
-        tokens_in, tokens_out, calls, reported, unknown = (
-            counts.input_tokens,
-            counts.output_tokens,
-            counts.calls,
-            counts.reported,
-            counts.unknown_calls,
-        )
+        t = Tokens.from_json(state) or Tokens()
+        counts = [
+            t.input_tokens,
+            t.output_tokens,
+            t.calls,
+            t.reported,
+            t.unknown_calls,
+            t.cache_read_tokens,
+            t.cache_write_tokens,
+        ]
         changed = False
-        for _turn, reply_in, reply_out in _own_replies(events, own_from):
+        for reply in _own_replies(events, own_from):
             changed = True
-            if reply_in == -2:
-                unknown += 1
-                continue
-            calls += 1
-            if reply_in >= 0:
-                tokens_in += reply_in
-                tokens_out += reply_out
-                reported += 1
+            _count(counts, reply)
         if not changed:
             return state
-        state = {
-            "own_from": own_from,
-            "input_tokens": tokens_in,
-            "output_tokens": tokens_out,
-            "calls": calls,
-            "reported": reported,
-        }
-        if unknown:
-            state["unknown_calls"] = unknown
-        return state
+        return {"own_from": own_from, **_tokens(counts).to_json()}
 
     def view(self, state: dict[str, int]) -> dict[str, int]:
         return (Tokens.from_json(state) or Tokens()).to_json()

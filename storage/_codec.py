@@ -225,10 +225,13 @@ def decode_event(line: bytes | memoryview) -> Event:
     return event
 
 
-def decode_events(buf: bytes | memoryview) -> list[Event]:
+def decode_events(buf: bytes | memoryview, *, utf8: bool = True) -> list[Event]:
     """Decode newline-delimited events; raises `UnicodeDecodeError` or msgspec errors whose
-    path names the line index."""
-    str(buf, "utf-8")  # the decoder does not look inside raw data
+    path names the line index. `utf8=False` leaves the raw `data` values' UTF-8 to the caller:
+    the decoder checks every other byte (the envelope forbids unknown fields), and a payload
+    check's strict decode checks all of a `data` it accepts (see `decode_event_lines`)."""
+    if utf8:
+        str(buf, "utf-8")  # the decoder does not look inside raw data
     events = _decoder.decode_lines(buf)
     _check_decoded(events, lines=True)
     return events

@@ -24,7 +24,9 @@ beside the row and never decodes those bytes again. A catalog with a `focus` (th
 whose children a command lists) answers a log without a row whose line 1 is a valid header
 naming another parent from that line alone (`LogInfo.checked` False; kept in memory only, never
 an index row): the listing places such a log by its line 1 only, so its damage is not asked;
-`stat` (and so readers and writers) still reads it whole.
+`stat` (and so readers and writers) still reads it whole. A `subtree` focus (a command listing
+the focus's descendants) first reads line 1 of every log without a row, then reads whole the
+ones the focus's tree reaches through the parents those lines name.
 
 Listing never fails because of one session: damage becomes the row's `damage`, and a log that
 cannot be read because of an I/O error is skipped (and logged) — it is retried next time.
@@ -66,11 +68,14 @@ class Catalog:
         watch: bool = True,
         projections: ProjectionRegistry | None = None,
         focus: str | None = None,
+        subtree: bool = False,
     ) -> None:
         self.fs = fs
         self.index = index
-        # The one parent whose children the listings of this catalog are for (None: any).
+        # The one parent whose children (or, `subtree`, whose descendants) the listings of this
+        # catalog are for (None: any).
         self._focus = focus
+        self._subtree = subtree and focus is not None
         self._heads: dict[SessionId, LogInfo] = {}  # line-1-only answers (`_head_only`), never stored
         # The units whose checkpoint rows a whole rescan proves for the index (None: none).
         self._projections = projections if index is not None else None
@@ -108,7 +113,8 @@ class Catalog:
             if generation is not None and answer is not None and answer[0] == generation:
                 return list(answer[1])  # the kernel reports no change since
             rows = self._load()
-            infos: list[LogInfo] = []
+            slots: list[LogInfo | None] = []
+            deferred: list[tuple[int, SessionId, FolderScan]] = []
             complete = True
             changed: list[IndexRow] = []
             whole: list[IndexRow] = []
@@ -132,14 +138,21 @@ class Catalog:
                         and row.form == forms[file_name].compression
                         and row.info.revision == revision
                     ):
-                        infos.append(row.info)
+                        slots.append(row.info)
                         continue
+                if self._subtree and sid not in rows:
+                    deferred.append((len(slots), sid, folder))
+                    slots.append(None)  # placed once the focus's tree is known
+                    continue
                 info = self._info(sid, folder, rows, changed, whole, proved, heads=True)
                 if info is not None:
-                    infos.append(info)
+                    slots.append(info)
                     complete = complete and info.checked  # line-1-only answers are never kept
                 else:
                     complete = False  # skipped after an I/O error: retried by the next listing
+            if deferred:
+                complete = self._place_subtree(deferred, slots, rows, changed, whole, proved) and complete
+            infos = [info for info in slots if info is not None]
             self._ids = ids
             gone = [sid for sid in rows if sid not in seen]
             self._commit(rows, changed, gone, whole, proved)
@@ -478,11 +491,75 @@ class Catalog:
         when that line is a valid header naming a parent other than the focus and the log is
         not the focus's own; else None (the log is scanned whole). Kept in memory only: a
         `stat`, a writer or a listing of another catalog reads such a log whole."""
+        if sid == self._focus:
+            return None
+        head = self._line_one(sid, folder, form, revision)
+        if head is None or head.header is None or head.header.parent_session == self._focus:
+            return None
+        return head
+
+    def _place_subtree(
+        self,
+        deferred: list[tuple[int, SessionId, FolderScan]],
+        slots: list[LogInfo | None],
+        rows: dict[SessionId, IndexRow],
+        changed: list[IndexRow],
+        whole: list[IndexRow],
+        proved: list[ObservedCheckpoint],
+    ) -> bool:
+        """A subtree focus's logs without a row: each is placed by its line 1 first; those the
+        focus's tree reaches through the parents line 1 names (and every log whose line 1 does
+        not place it) are then read whole, the rest answered from line 1 (`checked` False).
+        Fills `slots`; False when an answer is not one to keep (line 1 only, or skipped)."""
+        complete = True
+        heads: dict[SessionId, LogInfo] = {}
+        for at, sid, folder in deferred:
+            head = None
+            if sid != self._focus and len(folder.files) == 1:
+                ((file_name, revision),) = folder.files.items()
+                if revision is not None:
+                    form = _FORM_BY_FILE[file_name]
+                    try:
+                        head = self._line_one(sid, f"{SESSIONS}/{folder.name}", form, revision)
+                    except OSError:
+                        head = None  # the whole read below meets it again and answers for it
+            if head is not None:
+                heads[sid] = head
+                continue
+            slots[at] = info = self._info(sid, folder, rows, changed, whole, proved)
+            complete = complete and info is not None
+        below: dict[str, list[str]] = {}  # parent id -> the ids whose line 1 (or claim) names it
+        for info in [*(i for i in slots if i is not None), *heads.values()]:
+            parent = info.header.parent_session if info.header is not None else None
+            if parent is None and info.claimed is not None:
+                parent = info.claimed.parent_session  # a damaged log's claim: read its children too
+            if parent is not None:
+                below.setdefault(parent, []).append(info.id)
+        assert self._focus is not None
+        tree, todo = {self._focus}, [self._focus]
+        while todo:
+            for child in below.get(todo.pop(), ()):
+                if child not in tree:
+                    tree.add(child)
+                    todo.append(child)
+        for at, sid, folder in deferred:
+            head = heads.get(sid)
+            if head is None:
+                continue
+            if sid in tree:
+                slots[at] = info = self._info(sid, folder, rows, changed, whole, proved)
+                complete = complete and info is not None
+            else:
+                slots[at] = head
+                complete = False  # line-1-only answers are never kept
+        return complete
+
+    def _line_one(self, sid: SessionId, folder: str, form: LogForm, revision: Revision) -> LogInfo | None:
+        """A log's answer from its line 1 alone (`checked` False) when that line is a valid
+        header and the log did not change meanwhile; else None (damage to judge: read it whole)."""
         known = self._heads.get(sid)
         if known is not None and known.revision == revision:
             return known
-        if sid == self._focus:
-            return None
         file = self.fs.open(f"{folder}/{form.file_name}", "read")
         try:
             size, want = file.size(), 4096
@@ -497,12 +574,9 @@ class Catalog:
             file.close()
         if not isinstance(found, HeaderRecord) or now != revision:
             return None  # damage to judge, or a log changing under us: read it whole
-        header = found.header
-        if header.parent_session == self._focus:
-            return None
         info = LogInfo(
             id=sid,
-            header=header,
+            header=found.header,
             damage=None,
             inherited_event_count=found.inherited_event_count,
             revision=revision,

@@ -37,6 +37,7 @@ __all__ = [
     "Message",
     "MessageData",
     "ModelSource",
+    "RedactedThinkingBlock",
     "Source",
     "StepData",
     "SessionModelData",
@@ -45,6 +46,7 @@ __all__ = [
     "SubagentSettledData",
     "SubagentSettledSource",
     "TextBlock",
+    "ThinkingBlock",
     "ToolCallBlock",
     "ToolCallData",
     "ToolError",
@@ -85,7 +87,21 @@ class ToolResultBlock(_Strict, frozen=True, tag_field="type", tag="tool-result")
     is_error: bool
 
 
-Block = TextBlock | ToolCallBlock | ToolResultBlock
+class ThinkingBlock(_Strict, frozen=True, tag_field="type", tag="thinking"):
+    """A model's reasoning, kept with the provider's `signature` so it can be sent back (an
+    Anthropic model with extended thinking needs it on the next call of a tool-use turn)."""
+
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(_Strict, frozen=True, tag_field="type", tag="redacted-thinking"):
+    """Reasoning the provider encrypted: opaque `data`, only ever sent back as it came."""
+
+    data: str
+
+
+Block = TextBlock | ToolCallBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 
 # --- message sources --------------------------------------------------------------------------
 
@@ -151,8 +167,13 @@ class UserMessageData(MessageData, frozen=True):
 
 
 class Usage(_Strict, frozen=True):
+    """A model call's tokens; the cache counts are absent (0) for a provider without a prompt
+    cache, and in every log written before they were recorded."""
+
     input_tokens: int
     output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class AssistantMessageData(_Strict, frozen=True):

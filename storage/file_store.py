@@ -76,12 +76,15 @@ class FileLogStore:
         watch: bool = True,
         projections: ProjectionRegistry | None = None,
         focus: str | None = None,
+        subtree: bool = False,
     ) -> None:
         """`projections`: the units of the runtime that reads this store; given them, a log
         the index scans whole gets its checkpoint rows in the same pass (`Catalog`). `focus`:
         the one parent whose children this store is opened to list — `list()` answers a log
         without an index row whose line 1 names another parent from that line alone
-        (`LogInfo.checked` False); `stat`, readers and writers still read such a log whole."""
+        (`LogInfo.checked` False); `stat`, readers and writers still read such a log whole. With
+        `subtree`, the focus's descendants are listed: a log's line 1 must place it outside the
+        focus's tree (by the parents line 1 names) to be answered from that line."""
         if fs is None:
             if root is None:
                 raise TypeError("FileLogStore needs a root or an fs")
@@ -96,7 +99,7 @@ class FileLogStore:
             index = SessionIndex(os.path.join(fs.root, INDEX_NAME))
         else:
             index = SessionIndex(None)  # an in-memory Fs gets an in-memory index
-        self._catalog = Catalog(fs, index, watch=watch, projections=projections, focus=focus)
+        self._catalog = Catalog(fs, index, watch=watch, projections=projections, focus=focus, subtree=subtree)
         self._lock_paths: dict[str, str] = {}  # id -> its lock's path, for `held_elsewhere`
         self._folders: dict[str, str] = {}  # id -> its folder (encoding is not free)
         self._appender = FileAppender(fs, self._catalog, self._folder)

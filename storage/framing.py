@@ -128,8 +128,11 @@ def decode_event_lines(
         try:
             # decode_lines splits `{..}{..}` into two values and skips blank lines, so the fast
             # path also needs every line to start with "{" and exactly one value per line;
-            # anything else is located line by line. (decode_events checks UTF-8 itself.)
-            decoded = decode_events(chunk)
+            # anything else is located line by line. UTF-8: decode_events checks every byte but
+            # the raw `data` values; with the payload checks, each known type's strict decode
+            # (no unknown field, no raw value inside) checks all of its data, and an ignorable
+            # unknown type's data is checked below — one pass over those bytes, not two.
+            decoded = decode_events(chunk, utf8=not payloads)
         except DECODE_ERRORS:
             decoded = None  # not raised: the per-line pass below locates the damage and raises it
         if (
@@ -151,6 +154,11 @@ def decode_event_lines(
             if check is _Unknown.TYPE:
                 if event.ignorable is not True:
                     _refuse_unknown(session_id, event)
+                if payloads:
+                    try:
+                        str(memoryview(event.data), "utf-8")
+                    except UnicodeDecodeError:
+                        _locate_damage(session_id, raw, pos, stop, chunk_first, payloads)
             elif check is not None:
                 try:
                     check(event.data)  # the payload: validated, then dropped

@@ -36,6 +36,8 @@ ALLOWED_THIRD_PARTY = {
         "platformdirs",
         "mcp",
         "anyio",
+        # opentelemetry: the `otel` extra, imported only when tracing is on (runtime/telemetry/).
+        "opentelemetry",
     },
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -226,6 +228,8 @@ def test_the_own_layer_check_refuses_absolute_names(tmp_path: Path) -> None:
 # The package faces (`__init__`) re-export lazily and are left out.
 RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
     ("foundation",),
+    # tracing's seam and its OpenTelemetry implementation, below the loop that calls it
+    ("telemetry",),
     # models, and the model test bed they build from `scripted:PATH`; the read seam's bottom
     (
         "models",
@@ -441,12 +445,15 @@ WHITE_BOX = {
     "tests/runtime/test_openai_model.py",
     "tests/runtime/test_openai_secrets.py",
     "tests/runtime/test_openai_wire.py",
+    "tests/runtime/test_models_anthropic.py",  # the Anthropic transport, its options and clock
+    "tests/runtime/test_models_anthropic_wire.py",  # the Anthropic wire and the model specs
     "tests/runtime/test_ownership_lost.py",  # envelopes as the mailbox owner makes them
     "tests/runtime/test_pg_clock.py",  # envelopes as the mailbox owner makes them
     "tests/runtime/test_scripted_model.py",
     "tests/runtime/test_scripted_stall.py",
     "tests/runtime/test_stopping.py",  # the stopped projection (issue 27)
     "tests/runtime/test_subagent_tools.py",
+    "tests/runtime/test_telemetry_settings.py",  # the tracing settings table
     "tests/runtime/test_units.py",
     "tests/runtime/test_usage.py",
     "tests/runtime/test_workspace_tools.py",
@@ -466,6 +473,7 @@ WHITE_BOX = {
     # hosts below the CLI's face (ACP, chat, serve, demo, run output and progress, transfer)
     "tests/helpers/acp_gated_agent.py",
     "tests/helpers/memory_hosts.py",
+    "tests/runtime/test_acp_children.py",
     "tests/runtime/test_acp_live.py",
     "tests/runtime/test_acp_mcp.py",
     "tests/runtime/test_acp_mcp_units.py",

@@ -8,6 +8,7 @@ from typing import Literal
 import attrs
 
 from ..foundation.budgets import Budget
+from ..telemetry.seam import Telemetry
 from .compaction import CompactionPolicy
 
 __all__ = ["DEFAULT_CONFIG", "AgentConfig"]
@@ -29,6 +30,8 @@ class AgentConfig:
     # What a resume does with a turn a crash left open (docs/format.md, "Continued turns"):
     # continue it, or close it as interrupted (the closers).
     on_interrupted_turn: Literal["continue", "close"] = "continue"
+    # Tracing (README "Traces (OpenTelemetry)"); None: off, and nothing of it is imported.
+    telemetry: Telemetry | None = None
 
 
 # Frozen: one value serves every agent given no config.

@@ -21,8 +21,9 @@ from trio_util import AsyncValue
 
 from ..foundation.budgets import Spent
 from ..foundation.errors import ModelError
-from ..models.base import Finish, Model, ModelRequest, TextDelta, ToolCallDelta, Usage
+from ..models.base import Finish, Model, ModelRequest, TextDelta, Thinking, ToolCallDelta, Usage
 from ..models.messages import message, text_blocks
+from ..telemetry.seam import TurnTrace
 from ..tools.base import ToolSet
 from .compaction import plan_compaction
 from .step_writer import StepWriter
@@ -42,6 +43,7 @@ class ModelReply:
 
     text: str = ""
     calls: list[ToolCall] = attrs.field(factory=list)
+    thinking: list[Json] = attrs.field(factory=list)  # whole thinking blocks, as logged
     finish: str | None = None
     usage: Json | None = None
     error: str | None = None
@@ -58,6 +60,7 @@ class ModelSteps(StepWriter):
     _model_scope: trio.CancelScope | None
     _closing_text: str | None
     _phase: AsyncValue[Any]
+    _turn_trace: TurnTrace
 
     def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
         return ModelRequest(
@@ -67,6 +70,25 @@ class ModelSteps(StepWriter):
         )
 
     async def _call_model(self, turn: int, step: int, abort: Abort) -> ModelReply:
+        """The step's model call, in its `chat` span (runtime/telemetry/seam.py)."""
+        messages = self.surface.messages()
+        chat = self._turn_trace.chat(messages)
+        try:
+            reply = await self._stream_reply(messages, abort)
+        except BaseException as exc:
+            chat.fail(exc)
+            raise
+        chat.end(
+            text=reply.text,
+            calls=[(c.id, c.name, c.arguments) for c in reply.calls],
+            finish=reply.finish,
+            usage=reply.usage,
+            error=reply.error,
+            interrupted=reply.interrupted,
+        )
+        return reply
+
+    async def _stream_reply(self, messages: list[Json], abort: Abort) -> ModelReply:
         reply = ModelReply()
         parts: list[str] = []
         calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
@@ -76,9 +98,7 @@ class ModelSteps(StepWriter):
                 scope.cancel()
             self._phase.value = "model"
             try:
-                async with aclosing(
-                    self._stream_model.stream(self._request("turn", self.surface.messages()))
-                ) as stream:
+                async with aclosing(self._stream_model.stream(self._request("turn", messages))) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)
@@ -87,8 +107,10 @@ class ModelSteps(StepWriter):
                             slot[0] = slot[0] or chunk.id
                             slot[1] = slot[1] or chunk.name
                             slot[2].append(chunk.arguments)
+                        elif isinstance(chunk, Thinking):
+                            reply.thinking.append(chunk.block())
                         elif isinstance(chunk, Usage):
-                            reply.usage = {"input_tokens": chunk.input_tokens, "output_tokens": chunk.output_tokens}
+                            reply.usage = chunk.record()
                         elif isinstance(chunk, Finish):
                             reply.finish = chunk.reason
             except ModelError as exc:
@@ -116,7 +138,8 @@ class ModelSteps(StepWriter):
     async def _record_reply(self, turn: int, step: int, reply: ModelReply, *, attempt: int | None = None) -> None:
         """Keep the reply as `assistant/message`; `attempt`: it answers a model call issued again
         after its turn was continued (docs/format.md, "Continued turns")."""
-        content: list[Json] = text_blocks(reply.text) if reply.text else []
+        # Thinking first, as the provider gave it: it is sent back ahead of the text and calls.
+        content: list[Json] = [*reply.thinking, *(text_blocks(reply.text) if reply.text else [])]
         if reply.interrupted or reply.error is not None:
             if not reply.text:
                 return  # nothing visible was produced: no assistant message
@@ -135,9 +158,7 @@ class ModelSteps(StepWriter):
         }
         if reply.usage is not None:
             data["usage"] = reply.usage
-            self.spent = attrs.evolve(
-                self.spent, tokens=self.spent.tokens + reply.usage["input_tokens"] + reply.usage["output_tokens"]
-            )
+            self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + sum(reply.usage.values()))
         if reply.interrupted:
             data["interrupted"] = True
         if attempt is not None:
@@ -180,6 +201,24 @@ class ModelSteps(StepWriter):
         self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
 
     async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
+        """Compaction's summary call, in a `chat` span of its own."""
+        chat = self._turn_trace.chat(messages)
+        try:
+            summary = await self._summary_call(messages, abort)
+        except BaseException as exc:
+            chat.fail(exc)
+            raise
+        chat.end(
+            text=summary or "",
+            calls=(),
+            finish="stop" if summary is not None else None,
+            usage=None,
+            error=None,
+            interrupted=summary is None and abort.is_set(),
+        )
+        return summary
+
+    async def _summary_call(self, messages: list[Json], abort: Abort) -> str | None:
         parts: list[str] = []
         with trio.CancelScope(deadline=self._turn_deadline) as scope:
             self._model_scope = scope

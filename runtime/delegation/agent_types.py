@@ -35,7 +35,7 @@ class AgentType:
     name: str
     description: str
     prompt: str  # the system prompt (the file's body)
-    model: str | None = None  # a model spec (`deepseek:MODEL`, `openai:MODEL`, `scripted:PATH`)
+    model: str | None = None  # a model spec (`deepseek:MODEL`, `openai:MODEL`, `anthropic:MODEL`, `scripted:PATH`)
     tools: tuple[str, ...] | None = None  # the tools it may use (None: all)
     on_interrupted_turn: str | None = None  # "continue" | "close" (None: the runtime's)
     path: str = ""
@@ -92,7 +92,9 @@ def parse_agent_type(text: str, path: str = "") -> AgentType:
         raise ValueError(f"name {fields['name']!r} must be letters, digits, _ . - (at most 64)")
     model = fields.get("model") or None
     if model is not None and ":" not in model:
-        raise ValueError(f"model {model!r} must look like deepseek:MODEL, openai:MODEL or scripted:PATH")
+        raise ValueError(
+            f"model {model!r} must look like deepseek:MODEL, openai:MODEL, anthropic:MODEL or scripted:PATH"
+        )
     policy = fields.get("on_interrupted_turn") or None
     if policy is not None and policy not in ("continue", "close"):
         raise ValueError(f"on_interrupted_turn {policy!r} must be continue or close")

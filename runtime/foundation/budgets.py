@@ -95,7 +95,7 @@ def _lower(a: int | None, b: int | None) -> int | None:
 
 @attrs.frozen
 class Spent:
-    """What a session has used of its budget: turns started and tokens (input + output)."""
+    """What a session has used of its budget: turns started and tokens (input, output and cache)."""
 
     turns: int = 0
     tokens: int = 0
@@ -104,6 +104,8 @@ class Spent:
 class _Counts(msgspec.Struct):
     input_tokens: int
     output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 class _Reply(msgspec.Struct):
@@ -114,15 +116,17 @@ _reply = msgspec.json.Decoder(_Reply)
 
 
 def reply_tokens(event: Event) -> int:
-    """Input + output tokens of an `assistant/message`'s usage record (0 when it has none or it
-    does not decode: bad data is not counted, as in runtime/usage.py)."""
+    """Every token of an `assistant/message`'s usage record — input, output, cache read and
+    written, as the running agent counts them — (0 when it has none or it does not decode: bad
+    data is not counted, as in runtime/usage.py)."""
     try:
         usage = _reply.decode(event.data).usage
     except (msgspec.DecodeError, RecursionError):
         return 0
     if usage is None or usage.input_tokens < 0 or usage.output_tokens < 0:
         return 0
-    return usage.input_tokens + usage.output_tokens
+    cache = max(usage.cache_read_tokens, 0) + max(usage.cache_write_tokens, 0)
+    return usage.input_tokens + usage.output_tokens + cache
 
 
 def spent_of(events: Iterable[Event], inherited_event_count: int) -> Spent:

@@ -54,8 +54,9 @@ def stream_usage(batch: list[StreamEvent]) -> Tokens:
 
 def result_line(session_id: str, output: str, usage: Tokens, reason: dict[str, JsonValue]) -> bytes:
     """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage",
-    "reason"}` (`usage`: `{input_tokens, output_tokens, calls, reported}`, as `show` and
-    `sessions` give; `reason`: how the run ended, the root's last `turn/end` reason)."""
+    "reason"}` (`usage`: `{input_tokens, output_tokens, calls, reported}` and the cache counts
+    when any, as `show` and `sessions` give; `reason`: how the run ended, the root's last
+    `turn/end` reason)."""
     import json
 
     record = {

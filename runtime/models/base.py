@@ -3,7 +3,8 @@
 
 A transport turns a `ModelRequest` (the session's surface messages, its tool specs and what the
 call is for) into an async iterator of chunks: text deltas, tool-call deltas (reassembled by
-index), usage and one final `Finish`. Failures are raised as `ModelError` with a stable code; the
+index), whole thinking blocks (kept in the reply's message for the provider that needs them
+back), usage and one final `Finish`. Failures are raised as `ModelError` with a stable code; the
 agent loop records them (`turn/end {kind: "error"}`), it never retries — retrying is the
 transport's business. The loop consumes a stream inside `contextlib.aclosing` and may cancel it
 at any chunk.
@@ -44,6 +45,7 @@ __all__ = [
     "SessionModel",
     "SessionWaits",
     "TextDelta",
+    "Thinking",
     "ToolCallDelta",
     "ToolSpec",
     "Usage",
@@ -71,8 +73,47 @@ class ToolCallDelta:
 
 @attrs.frozen
 class Usage:
+    """The tokens one model call used. The four counts are disjoint: `input_tokens` are the
+    prompt tokens neither read from nor written to the provider's prompt cache (a provider that
+    reports no cache counts all its prompt here), `cache_read_tokens` those read from it,
+    `cache_write_tokens` those written to it, `output_tokens` the reply (thinking included)."""
+
     input_tokens: int
     output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def record(self) -> dict[str, int]:
+        """The `usage` of the call's `assistant/message` (cache counts only when there are any, so
+        a provider without a cache writes what it always wrote)."""
+        out = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if self.cache_read_tokens:
+            out["cache_read_tokens"] = self.cache_read_tokens
+        if self.cache_write_tokens:
+            out["cache_write_tokens"] = self.cache_write_tokens
+        return out
+
+    def total(self) -> int:
+        """Every token the call was charged for (a token budget counts these)."""
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+
+@attrs.frozen
+class Thinking:
+    """A whole thinking block of the reply (a provider's reasoning, kept so it can be sent back
+    as that provider requires): its text and the `signature` that vouches for it, or for a
+    redacted block only its opaque `data`. Recorded in the reply's message, never shown as its
+    text."""
+
+    text: str = ""
+    signature: str = ""
+    redacted: str | None = None
+
+    def block(self) -> dict[str, str]:
+        """The logged content block (docs/format.md: `thinking` or `redacted-thinking`)."""
+        if self.redacted is not None:
+            return {"type": "redacted-thinking", "data": self.redacted}
+        return {"type": "thinking", "thinking": self.text, "signature": self.signature}
 
 
 @attrs.frozen
@@ -80,7 +121,7 @@ class Finish:
     reason: Literal["stop", "tool-calls", "max-tokens"]
 
 
-Chunk = TextDelta | ToolCallDelta | Usage | Finish
+Chunk = TextDelta | ToolCallDelta | Thinking | Usage | Finish
 
 
 @attrs.frozen

@@ -14,7 +14,8 @@ reason is read as tool-calls if tool calls were streamed, else stop; `content_fi
 `MODEL_CONTENT_FILTERED` fault. A body that ends cleanly after a `finish_reason` but without
 `[DONE]` is accepted (some compatible servers omit it). Only the first choice is read; delta
 fields other than `content` and `tool_calls` (DeepSeek's `reasoning_content`, `refusal`) are
-ignored; when usage arrives more than once the last wins.
+ignored; when usage arrives more than once the last wins. Cached prompt tokens are counted apart
+from the input (`_usage`).
 """
 
 from __future__ import annotations
@@ -213,13 +214,22 @@ def _tool_call_delta(call: JsonValue, position: int, n: int) -> ToolCallDelta | 
 
 
 def _usage(usage: JsonValue, n: int) -> Usage:
+    """The usage record; prompt tokens the provider read from its cache (OpenAI's
+    `prompt_tokens_details.cached_tokens`, DeepSeek's `prompt_cache_hit_tokens`), which its
+    `prompt_tokens` includes, are counted apart as cache reads (the seam's counts are disjoint)."""
     if not isinstance(usage, dict):
         raise _bad(f"event {n}: usage is not an object")
     prompt = usage.get("prompt_tokens") or 0
     completion = usage.get("completion_tokens") or 0
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    details = usage.get("prompt_tokens_details")
+    cached = usage.get("prompt_cache_hit_tokens")
+    if cached is None and isinstance(details, dict):
+        cached = details.get("cached_tokens")
+    cached = cached or 0
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in (prompt, completion, cached)):
         raise _bad(f"event {n}: usage token counts are not integers")
-    return Usage(input_tokens=prompt, output_tokens=completion)
+    cached = min(max(cached, 0), max(prompt, 0))  # a count past the prompt is not believed
+    return Usage(input_tokens=prompt - cached, output_tokens=completion, cache_read_tokens=cached)
 
 
 # -- conversion to the chat format ------------------------------------------------------

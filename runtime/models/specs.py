@@ -1,4 +1,5 @@
-"""Model specs of the CLI (README, "The CLI"): `scripted:PATH`, `deepseek:MODEL`, `openai:MODEL`.
+"""Model specs of the CLI (README, "The CLI"): `scripted:PATH`, `deepseek:MODEL`, `openai:MODEL`,
+`anthropic:MODEL` (with options: `anthropic:MODEL,thinking=TOKENS,max_tokens=N,cache=off`).
 
 Parsing is separate from building so the CLI can validate every argument — scheme, script
 file, API key — before it opens the runtime. Only the caller reads the environment; keys are
@@ -13,6 +14,7 @@ records nothing: its script path is one machine's, and a run's log would differ 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 from subagents.storage import redact_url
@@ -26,13 +28,18 @@ from .defaults import DEFAULT_MODEL as DEFAULT_MODEL  # where it was before (re-
 from .defaults import DEFAULT_STALL_TIMEOUT
 from .openai import OpenAIChatModel
 
-__all__ = ["ModelRecord", "ModelSpec", "build_model", "parse_model_spec", "record_of"]
+if TYPE_CHECKING:
+    from .anthropic_wire import AnthropicOptions
+
+__all__ = ["ModelRecord", "ModelSpec", "anthropic_options", "build_model", "parse_model_spec", "record_of"]
 
 _PROVIDERS = {
     # scheme: (API-key variable, base-URL variable or None, default base URL)
     "deepseek": ("DEEPSEEK_API_KEY", None, "https://api.deepseek.com"),
     "openai": ("OPENAI_API_KEY", "OPENAI_BASE_URL", "https://api.openai.com/v1"),
+    "anthropic": ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
 }
+_SCHEMES = "scripted:PATH, deepseek:MODEL, openai:MODEL or anthropic:MODEL"
 
 
 @attrs.frozen(kw_only=True)
@@ -75,11 +82,13 @@ def parse_model_spec(
     `os.environ`)."""
     scheme, sep, name = spec.partition(":")
     if not sep or not name:
-        raise ModelSpecError(f"model must look like scripted:PATH, deepseek:MODEL or openai:MODEL, got {spec!r}")
+        raise ModelSpecError(f"model must look like {_SCHEMES}, got {spec!r}")
     if scheme == "scripted":
         return ModelSpec(scheme=scheme, name=name)
     if scheme not in _PROVIDERS:
-        raise ModelSpecError(f"unknown model scheme {scheme!r} (use scripted, deepseek or openai)")
+        raise ModelSpecError(f"unknown model scheme {scheme!r} (use scripted, deepseek, openai or anthropic)")
+    if scheme == "anthropic":
+        anthropic_options(name)  # a bad option fails before the key is looked for
     key_var, url_var, default_url = _PROVIDERS[scheme]
     key = api_key or env.get(key_var)
     if not key:
@@ -105,9 +114,50 @@ def build_model(
             raise ModelSpecError(str(exc).replace("invalid script", "bad script", 1)) from None
     assert spec.base_url is not None
     try:
-        model = OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key, clock=clock)
+        model: Model
+        if spec.scheme == "anthropic":
+            from .anthropic import AnthropicModel  # only a run on Anthropic loads it
+
+            name, options = anthropic_options(spec.name)
+            model = AnthropicModel(name, base_url=spec.base_url, api_key=spec.api_key, options=options, clock=clock)
+        else:
+            model = OpenAIChatModel(spec.name, base_url=spec.base_url, api_key=spec.api_key, clock=clock)
     except ValueError as exc:
         raise ModelSpecError(str(exc)) from None
     record = ModelRecord(model=f"{spec.scheme}:{spec.name}", base_url=redact_url(spec.base_url))
     setattr(model, _RECORD_ATTR, record)
     return model
+
+
+def anthropic_options(name: str) -> tuple[str, AnthropicOptions]:
+    """`MODEL[,thinking=TOKENS][,max_tokens=N][,cache=on|off]` → the model name and its options.
+    The options are part of the spec, so a session records them with its model and a resume on
+    any host asks the same. `ModelSpecError` for an unknown, repeated or malformed option."""
+    from .anthropic_wire import AnthropicOptions  # only an anthropic: spec loads the wire module
+
+    model, *pairs = name.split(",")
+    if not model:
+        raise ModelSpecError(f"anthropic:{name} names no model")
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in ("thinking", "max_tokens", "cache") or key in values:
+            raise ModelSpecError(
+                f"bad option {pair!r} in anthropic:{name} (use thinking=TOKENS, max_tokens=N, cache=on|off, once each)"
+            )
+        values[key] = value
+    numbers: dict[str, int] = {}
+    for key in ("thinking", "max_tokens"):
+        if key in values:
+            if not values[key].isdigit() or int(values[key]) < 1:
+                raise ModelSpecError(f"{key} must be a positive integer in anthropic:{name}, got {values[key]!r}")
+            numbers[key] = int(values[key])
+    cache = values.get("cache", "on")
+    if cache not in ("on", "off"):
+        raise ModelSpecError(f"cache must be on or off in anthropic:{name}, got {cache!r}")
+    default = AnthropicOptions()
+    max_tokens = numbers.get("max_tokens", default.max_tokens)
+    thinking = numbers.get("thinking")
+    if thinking is not None and "max_tokens" not in numbers and thinking >= max_tokens:
+        max_tokens = thinking + default.max_tokens  # room for the answer after the thinking
+    return model, AnthropicOptions(max_tokens=max_tokens, thinking_budget=thinking, cache=cache == "on")

@@ -11,13 +11,20 @@ from typing import Any
 
 _SCRIPT = Path(sys.executable).parent / "subagents"
 CLI: list[str] = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "subagents.runtime.hosts.cli"]
-_PROVIDER_SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY")
+_PROVIDER_SETTINGS = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "DEEPSEEK_API_KEY",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without any provider settings or user configuration, plus
     `extra`."""
-    env = {k: v for k, v in os.environ.items() if k not in _PROVIDER_SETTINGS}
+    # Nor the OTEL_* variables: they would turn tracing on (README "Traces (OpenTelemetry)").
+    env = {k: v for k, v in os.environ.items() if k not in _PROVIDER_SETTINGS and not k.startswith("OTEL_")}
     # Never the person's own ~/.config/subagents: a test that wants a user file passes its own.
     env["SUBAGENTS_CONFIG_DIR"] = os.path.join(os.sep, "nonexistent", "subagents-config")
     env.update(extra)

@@ -28,7 +28,7 @@ from subagents.runtime.delegation.descriptor import (
     parse_descriptor,
     snapshot_descriptor,
 )
-from subagents.runtime.foundation.budgets import Spent, parse_budget, remainder
+from subagents.runtime.foundation.budgets import Spent, parse_budget, remainder, reply_tokens
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
@@ -597,3 +597,12 @@ def test_the_descriptor_records_a_budget_strictly() -> None:
         parse_descriptor({"version": 2, "mode": "one-shot", "provider": "spawn", "budget": {"max_turns": 1}})
     with pytest.raises(ValueError):  # a recorded budget is resolved
         SubagentDescriptor(mode="continuable", provider="spawn", label="w", budget=Budget(seconds=5))
+
+
+def test_a_token_budget_counts_cache_reads_and_writes_as_the_running_agent_does() -> None:
+    usage = {"input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 900, "cache_write_tokens": 40}
+    message = {"id": "m", "role": "assistant", "content": [], "source": {"kind": "model"}}
+    data = {"turn": 1, "step": 1, "message": message, "finish": "stop", "usage": usage}
+    assert reply_tokens(make_event(0, "assistant/message", 1, data, surface_op="append")) == 955
+    plain = {**data, "usage": {"input_tokens": 10, "output_tokens": 5}}
+    assert reply_tokens(make_event(0, "assistant/message", 1, plain, surface_op="append")) == 15

@@ -615,6 +615,12 @@ def test_chat_on_a_terminal_ctrl_c_at_the_prompt_asks_and_s_stops_the_children(t
     child = term.expect(r"← started subagent (\S+)$").group(1)
     term.expect(r"assistant: started$")  # above the steer prompt
     term.expect(r"^>")
+    term.keys(b"\x1bOQ")  # F2: watch the next working subagent
+    term.expect(rf"\(watching {re.escape(child)} — Hang: /watch to come back\)")
+    term.expect(r"^>")
+    term.keys(b"\x1bOQ")  # F2 past the last one: back to the session
+    term.expect(r"\(back to ")
+    term.expect(r"^>")
     term.keys(b"\x03")  # Ctrl-C at the prompt while the child works: a question, not a silent stop
     term.expect(rf"1 subagent still working: {re.escape(child)}")
     term.expect(r"leave\? \[s/w/Enter\]")

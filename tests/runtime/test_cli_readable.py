@@ -179,8 +179,10 @@ BAD_INPUT = {
     "invalid-id": (["agents", "bad\x01id", "--root", "{root}"], "control character"),
     "bad-root": (["sessions", "--root", "{tmp}/absent"], "not a subagents root"),
     "bad-script": (["run", "--root", "{tmp}/new", "--model", "scripted:{tmp}/none.json", "hi"], "none.json"),
-    "unknown-model-scheme": (["run", "--root", "{tmp}/new", "--model", "anthropic:x", "hi"], "anthropic"),
+    "unknown-model-scheme": (["run", "--root", "{tmp}/new", "--model", "mistral:x", "hi"], "mistral"),
     "missing-key": (["run", "--root", "{tmp}/new", "--model", "openai:m", "hi"], "OPENAI_API_KEY"),
+    "missing-anthropic-key": (["run", "--root", "{tmp}/new", "--model", "anthropic:m", "hi"], "ANTHROPIC_API_KEY"),
+    "bad-anthropic-option": (["run", "--root", "{tmp}/new", "--model", "anthropic:m,thinking=x", "hi"], "thinking"),
     "bad-compression": (["run", "--root", "{tmp}/new", "--compression", "xz", "hi"], "xz"),
     "missing-prompt": (["run", "--root", "{tmp}/new"], "PROMPT"),
     "missing-parent": (["children"], "PARENT_ID"),
@@ -195,7 +197,7 @@ BAD_INPUT = {
 
 @pytest.mark.parametrize("case", list(BAD_INPUT))
 def test_every_exit_2_error_is_one_line(case: str, store_root: Path, tmp_path: Path, capsys, monkeypatch) -> None:
-    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY"):
+    for key in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "DEEPSEEK_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
         monkeypatch.delenv(key, raising=False)
     args, word = BAD_INPUT[case]
     args = [a.format(root=store_root, tmp=tmp_path) for a in args]

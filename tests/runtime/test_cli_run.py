@@ -319,7 +319,7 @@ BAD_INPUT = {
         {},
         ["bad script", "no-such-script.json"],
     ),
-    "unknown-scheme": (None, ["--model", "anthropic:claude"], {}, ["unknown model scheme", "anthropic"]),
+    "unknown-scheme": (None, ["--model", "mistral:large"], {}, ["unknown model scheme", "mistral"]),
     "no-scheme": (None, ["--model", "gpt-4o"], {}, ["gpt-4o"]),
     "missing-openai-key": (
         None,

@@ -25,7 +25,7 @@ from descriptors import descriptor
 from events import assistant_event, seed_marker
 from listing_rows import rows
 from log_lines import header, persist_log
-from subagents.runtime import SUBAGENT_UNITS, open_runtime
+from subagents.runtime import SUBAGENT_UNITS, ChildRow, open_runtime
 from subagents.runtime.hosts.cli import main
 from subagents.storage import FileLogStore, LogStore, OsFs, ProjectionRegistry, make_event
 from subagents.storage.testing import FaultyLogStore
@@ -320,6 +320,77 @@ def test_children_on_a_cold_store_with_damage_here_and_there(
     assert sessions["qn1"]["damage"] == "corrupt" and sessions["c1"]["damage"] == "corrupt"
     assert sessions["qn0"].get("damage") is None
     assert {"q", "qc", "qn0", "qn1", "qn2"} <= index_ids(tmp_path)
+
+
+def garble_line_1(root: Path, sid: str) -> None:
+    (name,) = [n for n in os.listdir(root / "sessions" / sid) if n.startswith("session.jsonl")]
+    path = root / "sessions" / sid / name
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def build_tree_with_others(root: Path, form: str) -> None:
+    """`build_with_others`' store, plus a grandchild "g" under p's child c1 and one "qg" under q's."""
+    build_with_others(root, form)
+    store = FileLogStore(str(root), compression=form)  # type: ignore[arg-type]  # the fixture's names
+    try:
+        noisy_child(store, "g", "c1", 40)
+        noisy_child(store, "qg", "qc", 41)
+    finally:
+        store.close_store()
+    drop_index(root)
+
+
+async def test_a_cold_descendants_listing_reads_only_line_1_outside_the_tree(tmp_path: Path, form: str) -> None:
+    """A store focused on p's subtree reads whole p, its children and grandchild (the tree line 1
+    names), and only line 1 of q's subtree; the walk lists the grandchild."""
+    build_tree_with_others(tmp_path, form)
+    fs = CountingFs(str(tmp_path))
+    store = FileLogStore(fs=fs, projections=UNITS, focus="p", subtree=True)
+    try:
+        async with open_runtime(tmp_path, log_store=store, now_ms=now_ms) as runtime:
+            listed = await runtime.listing.list_descendants("p")
+    finally:
+        store.close_store()
+    assert [(row.id, row.depth) for row in listed] == [("c0", 1), ("c1", 1), ("g", 2), ("c2", 1), ("c3", 1)]
+    assert all(isinstance(row, ChildRow) for row in listed)
+    for sid in ["p", "c0", "c1", "c2", "c3", "g"]:
+        size = log_size(tmp_path, sid)
+        assert size <= fs.read[sid] <= size + 4096
+    for sid in ["qn0", "qn1", "qn2", "qg"]:
+        assert log_size(tmp_path, sid) > 8192
+        assert 0 < fs.read[sid] <= 4096  # its line 1, no more
+
+
+def test_descendants_on_a_cold_store_with_damage_here_and_there(
+    tmp_path: Path, form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI's `children P --descendants` opens its store focused on P's subtree: a damaged
+    grandchild is its diagnostic row, a log whose line 1 is garbled is read whole (a damaged
+    log's claim still places it), and a damaged log of another subtree is neither judged nor
+    made a row; the next `sessions` reads it whole and reports it."""
+    build_tree_with_others(tmp_path, form)
+    damage_after_line_1(tmp_path, "g")
+    damage_after_line_1(tmp_path, "qg")
+    garble_line_1(tmp_path, "qn2")
+    assert main(["children", "p", "--descendants", "--json", "--root", str(tmp_path)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(row["id"], row["kind"], row["depth"]) for row in listed] == [
+        ("c0", "child", 1),
+        ("c1", "child", 1),
+        ("g", "diagnostic", 2),
+        ("c2", "child", 1),
+        ("c3", "child", 1),
+    ]
+    assert listed[2]["reason"] == "corrupt"
+    assert {"p", "c0", "c1", "c2", "c3", "g"} <= index_ids(tmp_path)
+    assert not index_ids(tmp_path) & {"q", "qc", "qn0", "qn1", "qg"}
+    assert "qn2" in index_ids(tmp_path)  # its line 1 placed it nowhere: read whole, judged
+    assert main(["sessions", "--json", "--root", str(tmp_path)]) == 0
+    sessions = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert sessions["qg"]["damage"] == "corrupt" and sessions["g"]["damage"] == "corrupt"
+    assert {"q", "qc", "qn0", "qn1", "qn2", "qg"} <= index_ids(tmp_path)
 
 
 def index_ids(root: Path) -> set[str]:

@@ -80,6 +80,39 @@ STREAMS = [
         True,
         id="last-usage-wins",
     ),
+    pytest.param(
+        [
+            delta("stop"),
+            data(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 50,
+                        "completion_tokens": 4,
+                        "prompt_tokens_details": {"cached_tokens": 32},
+                    },
+                }
+            ),
+            DONE,
+        ],
+        [Usage(18, 4, cache_read_tokens=32), Finish("stop")],
+        True,
+        id="openai-cached-prompt-apart",
+    ),
+    pytest.param(
+        [
+            data(
+                {
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 40, "completion_tokens": 2, "prompt_cache_hit_tokens": 64},
+                }
+            ),
+            DONE,
+        ],
+        [Usage(0, 2, cache_read_tokens=40), Finish("stop")],
+        True,
+        id="deepseek-cache-hits-apart-and-never-past-the-prompt",
+    ),
     pytest.param([delta("mystery"), DONE], [Finish("stop")], True, id="unknown-reason"),
     pytest.param(
         [delta(content="x", reasoning_content="ignored"), delta("stop")],

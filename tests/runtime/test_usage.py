@@ -362,3 +362,37 @@ def test_usage_lines_for_a_host() -> None:
         "session p: 10 in, 1 out tokens (3 model calls, 1 reporting)",
         "with 1 subagent: 110 in, 11 out tokens (4 model calls, 2 reporting); skipped (unreadable): bad",
     ]
+
+
+def test_cache_counts_are_summed_shown_and_kept_by_the_unit() -> None:
+    # Issue 30: a call's usage may count prompt-cache reads and writes apart from its input.
+    cached = _read_back(
+        1,
+        {
+            "turn": 1,
+            "usage": {"input_tokens": 10, "output_tokens": 5, "cache_read_tokens": 900, "cache_write_tokens": 40},
+        },
+    )
+    plain = _read_back(2, {"turn": 1, "usage": {"input_tokens": 3, "output_tokens": 2}})
+    negative = _read_back(3, {"turn": 2, "usage": {"input_tokens": 1, "output_tokens": 1, "cache_read_tokens": -7}})
+    turns, total = usage_of([cached, plain, negative])
+    assert total == Tokens(
+        input_tokens=14, output_tokens=8, calls=3, reported=3, cache_read_tokens=900, cache_write_tokens=40
+    )
+    assert turns[2] == tokens(1, 1, 1)  # a negative cache count is not counted
+    assert total.to_json() == {
+        "input_tokens": 14,
+        "output_tokens": 8,
+        "calls": 3,
+        "reported": 3,
+        "cache_read_tokens": 900,
+        "cache_write_tokens": 40,
+    }
+    assert Tokens.from_json(total.to_json()) == total
+    assert Tokens.from_json({**total.to_json(), "cache_read_tokens": "900"}) is None  # a tampered row: a miss
+    assert "cache_read_tokens" not in tokens(1, 1, 1).to_json()  # the old shape stays as it was
+    assert usage_lines(SessionUsage(session_id="s", turns=(), total=total)) == [
+        "session s: 14 in, 8 out tokens, cache 900 read, 40 written (3 model calls)"
+    ]
+    state = USAGE_UNIT.fold(USAGE_UNIT.initial(header("s"), 0), [cached, plain, negative])
+    assert Tokens.from_json(USAGE_UNIT.view(state)) == total

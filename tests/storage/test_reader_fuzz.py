@@ -1071,6 +1071,47 @@ def test_invalid_utf8_inside_data_is_corruption(tmp_path: Path) -> None:
     assert (info.value.seq, info.value.offset) == (2, _offset_of(2))
 
 
+def _string_spots(line: bytes) -> list[int]:
+    """The offsets of the first byte inside each JSON string value or key of `line`'s data."""
+    data_at = line.index(b'"data":') + len(b'"data":')
+    return [i + 1 for i in range(data_at, len(line) - 1) if line[i] == 0x22 and line[i + 1] not in b'",:}]']
+
+
+UNKNOWN_IGNORABLE = {
+    "seq": 7,
+    "type": "team/task",
+    "time": T + 8,
+    "data": {"note": "abc", "k": ["x"]},
+    "ignorable": True,
+}
+DESCRIPTOR = {"seq": 7, "type": "subagent/descriptor", "time": T + 8, "data": {"label": "abc", "more": {"k": "v"}}}
+
+
+@pytest.mark.parametrize("extra", [None, UNKNOWN_IGNORABLE, DESCRIPTOR], ids=["vocabulary", "unknown", "descriptor"])
+def test_a_stray_byte_in_any_string_of_any_payload_is_corruption_at_read(tmp_path: Path, extra: Any) -> None:
+    """Every string of every event's data — a known type's (checked by its strict payload
+    decode), a descriptor's free-form object, an ignorable unknown type's — is UTF-8 checked by
+    the read itself: the log is corrupt at that record, never read."""
+    events = [*EVENTS, extra] if extra is not None else EVENTS
+    lines = [jline(e) for e in events]
+    cases = [(n, spot) for n, line in enumerate(lines) for spot in _string_spots(line)]
+    assert len(cases) > 30
+    for n, spot in cases:
+        bad = lines[n][:spot] + b"\xe9" + lines[n][spot:]
+        data = log_bytes(header_dict(), [*lines[:n], bad, *lines[n + 1 :]])
+        root = tmp_path / f"case-{n}-{spot}"
+        write_log(root, data)
+        store = FileLogStore(str(root))
+        try:
+            (row,) = store.list()
+            assert (row.damage, row.event_count) == ("corrupt", n), (n, bad)
+            with pytest.raises(CorruptLog) as info:
+                store.read(store.open_read(SID))
+            assert (info.value.seq, info.value.offset) == (n, len(jline(header_dict())) + sum(map(len, lines[:n])))
+        finally:
+            store.close_store()
+
+
 # --- NUL padding --------------------------------------------------------------------------------
 
 

@@ -11,7 +11,9 @@ nothing the log does not: `session/load` replays the log, and what the client sa
 about a tool call go to the client as requests of ours (acp/permission.py). The MCP servers the
 client names are started for the session (acp/client_servers.py) before its agent starts, so
 their tools are the session's and its descendants'; they stop when the session closes or the
-connection ends.
+connection ends. A client that advertised `subagents` sees each session's descendants as child
+sessions (acp/children.py): announced, streamed, replayed by `session/load`, cancelled by
+`session/cancel` with their own ids.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ...foundation.json_values import JsonObject as Json
 from ...foundation.json_values import JsonValue
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...tools.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_tools
+from .children import ChildTree, catalog_children, usage_object
 from .client_servers import ClientServers
 from .listing import Row, iso_time, page, title_of
 from .live import LiveText
@@ -58,7 +61,7 @@ from .rpc import (
     notification_line,
     result_line,
 )
-from .session import Live, Prompt, Session, forward
+from .session import Live, Prompt, Session, forward, send_tree
 from .updates import stop_reason, updates_for
 
 __all__ = ["PROTOCOL_VERSION", "AcpServer"]
@@ -67,6 +70,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 _LIST_READERS = 4  # `session/list` reads this many of its page's logs at once (one read group)
+_ANNOUNCE_WAIT = 5.0  # seconds a child's permission question waits for the child's announcement
 
 
 class AcpServer:
@@ -91,6 +95,7 @@ class AcpServer:
         self._sessions: dict[str, Session] = {}
         self._live: dict[str, Live] = {}  # by session id: the sessions whose text streams here
         self.client_capabilities: Json = {}  # fs and terminal, as the client said (for the tools issue)
+        self.subagents = False  # the client advertised `subagents`: descendants are child sessions
         self._asker = PermissionAsker(out)
         self._session_workspace = session_workspace
         self._methods: dict[str, Callable[[JsonValue], Awaitable[JsonValue]]] = {
@@ -159,6 +164,17 @@ class AcpServer:
         sid = self._client_session_of(request.session_id)
         if sid is None:
             return PermissionAnswer("deny", "no client session holds this agent: there is no one to ask")
+        session = self._sessions[sid]
+        if session.tree is not None and request.session_id != sid:
+            # Asked under the child's own id, once the client was told of it (its catalog may be
+            # durable a moment after the child began); a child never announced is asked about
+            # under the session the client opened, as without the opt-in.
+            if request.session_id not in session.announced:
+                seen = session.waiting.setdefault(request.session_id, trio.Event())
+                with trio.move_on_after(_ANNOUNCE_WAIT):
+                    await seen.wait()
+            if request.session_id in session.announced:
+                sid = request.session_id
         return await self._asker.ask(sid, request)
 
     def on_response(self, message: Incoming) -> None:
@@ -185,6 +201,8 @@ class AcpServer:
             "fs": p.client_capabilities.get("fs", {}),
             "terminal": p.client_capabilities.get("terminal", False),
         }
+        # `{}` opts in; omitted or null does not (ACP v1, unstable `subagents`).
+        self.subagents = isinstance(p.client_capabilities.get("subagents"), dict)
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
@@ -215,8 +233,8 @@ class AcpServer:
                 await self._close_servers(sid, servers)
             raise
         live = self._live[agent.session_id] = Live(LiveText(agent.session_id))
-        session = Session(agent, live, record, p.mcp_servers, servers)
-        self._start(session, from_seq=agent.session.durable_next, replies=0)
+        session = Session(agent, live, record, p.mcp_servers, servers, tree=self._tree(agent.session_id))
+        await self._start(session, from_seq=agent.session.durable_next, replies=0)
         return {"sessionId": agent.session_id}
 
     async def load_session(self, params: JsonValue) -> Json:
@@ -251,8 +269,12 @@ class AcpServer:
             # the agent writes meanwhile is in the log, so the stream reads it: nothing lost,
             # nothing twice).
             events, inherited = await self._history(sid)
-            for update in updates_for(events, session_id=sid, replay=True):
-                await self._notify(sid, update)
+            tree = self._tree(sid)
+            for event in events:
+                for update in updates_for([event], session_id=sid, replay=True):
+                    await self._notify(sid, update)
+                for target, update in tree.event(sid, event, inherited) if tree is not None else ():
+                    await self._notify(target, update)
             restored = last_record(events, inherited)
             record = ClientRecord.of(p.cwd, p.mcp_servers, self.client_capabilities)
             if record != restored:
@@ -262,9 +284,19 @@ class AcpServer:
             with trio.CancelScope(shield=True):
                 await self._close_servers(sid, servers)
             raise
-        session = Session(agent, live, record, p.mcp_servers, servers, restored=restored)
+        session = Session(agent, live, record, p.mcp_servers, servers, restored=restored, tree=tree)
         replies = sum(1 for e in events if e.type == "assistant/message")
-        self._start(session, from_seq=events[-1].seq + 1 if events else 0, replies=replies)
+        from_seq = events[-1].seq + 1 if events else 0
+        if tree is None:
+            await self._start(session, from_seq=from_seq, replies=replies)
+            return {}
+        session.announced.update(tree.parents)
+        # The descendants' histories are read once the stream is subscribed, so what they write
+        # meanwhile is streamed (what the replay sent too is skipped: `ChildTree.next_seq`);
+        # the stream waits for the lock until the replay is sent.
+        async with live.lock:
+            await self._start(session, from_seq=from_seq, replies=replies)
+            await self._replay_children(session, events, inherited)
         return {}
 
     async def list_sessions(self, params: JsonValue) -> Json:
@@ -344,10 +376,17 @@ class AcpServer:
             raise AcpRequestError(
                 INTERNAL_ERROR, reason.get("message") or "the turn ended in error", {"reason": reason}
             )
-        return {"stopReason": mapped}
+        result: Json = {"stopReason": mapped}
+        if session.tree is not None and prompt.usage != (0, 0):
+            result["usage"] = usage_object(prompt.usage)  # the turn's tokens (unstable `usage`)
+        return result
 
     async def cancel(self, params: JsonValue) -> None:
         p = convert_params(params, CancelParams)
+        owner = self._owner_of(p.session_id) if p.session_id not in self._sessions else None
+        if owner is not None:
+            await self._cancel_child(owner, p.session_id)
+            return
         session = self._session(p.session_id)
         if session.prompt is not None:
             session.prompt.cancelled = True  # its turn is cancelled as it starts, if not yet begun
@@ -367,6 +406,56 @@ class AcpServer:
         return {}
 
     # --- sessions ---------------------------------------------------------------------------
+
+    def _tree(self, session_id: str) -> ChildTree | None:
+        return ChildTree(session_id) if self.subagents else None
+
+    def _owner_of(self, child_id: str) -> Session | None:
+        """The open session that announced descendant `child_id` to the client."""
+        for session in self._sessions.values():
+            if child_id in session.announced:
+                return session
+        return None
+
+    async def _cancel_child(self, owner: Session, child_id: str) -> None:
+        """`session/cancel` of a child session: its current turn is interrupted, as its parent
+        would (`interrupt_agent`): the direct parent where it runs here (it may interrupt its
+        child wherever that runs), else the session the client opened (an ancestor)."""
+        assert owner.tree is not None  # only a tree announces children
+        by = self.runtime.agents.get(owner.tree.parents[child_id]) or owner.agent
+        outcome = await self.runtime.subagents.interrupt(child_id, by=by)
+        log.info("acp: session/cancel of child session %s: %s", child_id, outcome)
+
+    async def _replay_children(self, session: Session, events: list[Event], inherited: int) -> None:
+        """Send the histories of the descendants `events` announced, depth first (each child's
+        own children are announced by its history, then replayed)."""
+        tree = session.tree
+        assert tree is not None
+        stack = [(child, session.agent.session_id) for child in reversed(catalog_children(events, inherited))]
+        while stack:
+            child, parent = stack.pop()
+            if tree.parents.get(child) != parent:
+                continue  # not announced (under this parent): nothing of it may be sent
+            try:
+                child_events, child_inherited = await self._durable_history(child)
+            except (SessionQueryError, SubagentsError) as exc:
+                log.warning("acp: the history of child session %s cannot be read: %s", child, exc)
+                await send_tree(self._notify, session, tree.unreadable(child))
+                continue
+            notifications = [n for e in child_events for n in tree.event(child, e, child_inherited)]
+            await send_tree(self._notify, session, notifications)
+            grandchildren = catalog_children(child_events, child_inherited)
+            stack.extend((grandchild, child) for grandchild in reversed(grandchildren))
+
+    async def _durable_history(self, session_id: str) -> tuple[list[Event], int]:
+        """A session's events, up to its durable end when it is live here (bytes past it may be
+        a write whose fsync is not done)."""
+        async with self.runtime.query.observe_session(session_id) as observation:
+            events, inherited = list(observation.events), observation.inherited_event_count
+        ref = self.runtime.query.sessions.get(session_id)
+        if ref is not None:
+            events = [e for e in events if e.seq < ref.durable_next]
+        return events, inherited
 
     def _session(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
@@ -390,12 +479,13 @@ class AcpServer:
         self.runtime.agents.drop_session_tools(sid)
         await servers.aclose()
 
-    def _start(self, session: Session, *, from_seq: int, replies: int) -> None:
-        """Stream `session` from seq `from_seq`, `replies` of the events before it replies."""
+    async def _start(self, session: Session, *, from_seq: int, replies: int) -> None:
+        """Stream `session` from seq `from_seq`, `replies` of the events before it replies
+        (returns once the stream is subscribed)."""
         self._sessions[session.agent.session_id] = session
         session.live.text.start(from_seq, replies)
         session.live.wake()  # text kept before the start may go now
-        self._nursery.start_soon(forward, self.runtime, self._notify, session, from_seq)
+        await self._nursery.start(forward, self.runtime, self._notify, session, from_seq)
 
     async def _history(self, session_id: str) -> tuple[list[Event], int]:
         try:

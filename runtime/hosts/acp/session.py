@@ -5,6 +5,9 @@ runtime/event_stream.py), turns them into `session/update` notifications (`LiveT
 watches for the running prompt's own `turn/end`. Beside it a text task sends the answer text the
 model streams as soon as the events durable before it are sent (acp/live.py); the two take turns
 under the session's lock, so lines keep that order.
+
+For a client that opted in to subagents the stream follows the session's whole tree, and its
+descendants' events become child-session updates (acp/children.py) in the same order.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ...agent.loop import Agent
 from ...app import Runtime
 from ...event_stream import open_event_stream
 from ...foundation.json_values import JsonObject as Json
+from .children import ChildTree, Notification, turn_usage
 from .client_servers import ClientServers
 from .live import LiveText
 from .record import ClientRecord
@@ -38,6 +42,7 @@ class Prompt:
     turn: int | None = None  # the turn that answers it, once it started
     reason: Json | None = None  # its `turn/end` reason
     cancelled: bool = False
+    usage: tuple[int, int] = (0, 0)  # input and output tokens its turn's replies recorded
 
 
 @attrs.define
@@ -68,23 +73,55 @@ class Session:
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     prompt: Prompt | None = None
     turn: int | None = None  # the turn the session's events are in, as the forwarder saw them
+    tree: ChildTree | None = None  # its descendants, for a client that opted in to subagents
+    announced: set[str] = attrs.field(factory=set)  # descendants whose announcement was sent
+    waiting: dict[str, trio.Event] = attrs.field(factory=dict)  # descendants a question waits to see announced
 
 
-async def forward(runtime: Runtime, notify: Notify, session: Session, from_seq: int) -> None:
-    """Stream `session` to the client from seq `from_seq` until its scope is cancelled."""
+async def forward(
+    runtime: Runtime,
+    notify: Notify,
+    session: Session,
+    from_seq: int,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Stream `session` to the client from seq `from_seq` until its scope is cancelled; started
+    once the stream is subscribed (what becomes durable from then on is delivered)."""
     sid = session.agent.session_id
     live = session.live
+    tree = session.tree
     with session.scope:
-        # The session's own events only: a subagent's are its session's, not this one's.
-        stream_cm = open_event_stream(runtime.query, sid, from_seq=from_seq, descendants=False)
+        # Without a tree, the session's own events only: a subagent's are its session's. With
+        # one, the descendants' too (the tree leaves out a fork's copy of its parent's events).
+        stream_cm = open_event_stream(runtime.query, sid, from_seq=from_seq, descendants=tree is not None)
         async with stream_cm as stream, trio.open_nursery() as nursery:
             nursery.start_soon(_stream_text, notify, sid, live)
+            task_status.started()
             async for item in stream:
+                own = item.session_id == sid
                 async with live.lock:
-                    for update in live.text.event(item.event):
-                        await notify(sid, update)
-                _track(session, item.event)
+                    if own:
+                        for update in live.text.event(item.event):
+                            await notify(sid, update)
+                    if tree is not None:
+                        await send_tree(
+                            notify, session, tree.event(item.session_id, item.event, item.inherited_event_count)
+                        )
+                if own:
+                    _track(session, item.event)
             nursery.cancel_scope.cancel()
+
+
+async def send_tree(notify: Notify, session: Session, notifications: list[Notification]) -> None:
+    """Send a tree's notifications, noting each child whose announcement went out."""
+    for target, update in notifications:
+        await notify(target, update)
+        if update["sessionUpdate"] == "subagent_update":
+            session.announced.add(update["sessionId"])
+            waiting = session.waiting.pop(update["sessionId"], None)
+            if waiting is not None:
+                waiting.set()
 
 
 async def _stream_text(notify: Notify, sid: str, live: Live) -> None:
@@ -101,7 +138,7 @@ def _track(session: Session, event: Event) -> None:
     """Find the prompt's turn among the events: the turn in which the person's message
     (a `user/message` from the user) is written after the prompt was sent — whatever
     started that turn (a notice claimed together with it may have)."""
-    if event.type not in ("turn/start", "turn/end", "user/message"):
+    if event.type not in ("turn/start", "turn/end", "user/message", "assistant/message"):
         return
     data = msgspec.to_builtins(decode_payload(event, session_id=session.agent.session_id))
     if event.type == "turn/start":
@@ -110,7 +147,10 @@ def _track(session: Session, event: Event) -> None:
     prompt = session.prompt
     if prompt is None:
         return
-    if event.type == "user/message":
+    if event.type == "assistant/message":
+        if prompt.turn is not None and data["turn"] == prompt.turn and isinstance(data.get("usage"), dict):
+            prompt.usage = turn_usage(prompt.usage, data["usage"])
+    elif event.type == "user/message":
         if prompt.turn is None and data["message"]["source"]["kind"] == "user":
             prompt.turn = session.turn
             if prompt.cancelled:

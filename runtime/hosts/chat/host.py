@@ -48,7 +48,7 @@ from ..run_progress import ChildStatus, RunProgress
 from ..setup import mcp_failures
 from ..transcript import render, transcript
 from .input import Asker, Lines
-from .terminal import CTRL_C, ESCAPE
+from .terminal import CTRL_C, ESCAPE, WATCH_NEXT
 from .view import ChatView, cut
 
 if TYPE_CHECKING:  # an annotation: the caller brings rich
@@ -64,6 +64,7 @@ commands:
   /send ID TEXT      send TEXT to the subagent ID (as this session)
   /interrupt ID      stop the subagent ID's current turn
   /watch [ID]        show subagent ID's text and tool calls live in place of this session's; /watch comes back
+                     (on a terminal F2 watches the next working subagent, and after the last comes back)
   /usage             token usage per turn, for the session and its tree
   /wait              wait until the session and its subagents are idle (Ctrl-C stops waiting)
   /help              this text
@@ -171,6 +172,9 @@ class _Chat:
                 return 0  # end of input: leave (the runtime's close stops what still works)
             if line is CTRL_C:
                 continue
+            if line is WATCH_NEXT:
+                await self.watch_next()
+                continue
             assert isinstance(line, str)
             text = line.strip()
             if not text:
@@ -246,6 +250,9 @@ class _Chat:
                     return  # end of input: the turn goes on; the chat leaves after it
                 if line is CTRL_C or line is ESCAPE:
                     self.ctrl_c()
+                    continue
+                if line is WATCH_NEXT:
+                    await self.watch_next()
                     continue
                 assert isinstance(line, str)
                 text = line.strip()
@@ -343,6 +350,19 @@ class _Chat:
         child = self.runtime.agents.get(target)  # its live text reaches this view only if it runs here
         durable = (lambda: child.session.durable_next) if child is not None else (lambda: len(events))
         view.watch(target, label or target, [StreamEvent(target, e) for e in events], start, durable)
+
+    async def watch_next(self) -> None:
+        """F2: watch the next working subagent in the tree's order; past the last, come back."""
+        view = self.view
+        working = [c.id for c in view.progress.children.values() if c.state in ("starting", "running")]
+        current = view.watching
+        after = working[working.index(current) + 1 :] if current in working else working
+        if after:
+            await self.watch(after[0])
+        elif current is not None:
+            view.unwatch()
+        else:
+            view.say("(no subagent is working: F2 watches the next one that is)", "dim")
 
     async def agents(self, descendants: bool) -> str:
         sid = self.agent.session_id

@@ -21,7 +21,7 @@ import trio
 
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ..run_progress import RunProgress
-from .terminal import CTRL_C, INTERRUPTED
+from .terminal import INTERRUPTED
 
 __all__ = ["Asker", "Lines", "parse_answer"]
 
@@ -95,7 +95,7 @@ class Asker:
                     self._prompt_up = False
                 if line is INTERRUPTED:
                     continue
-                if self._questions and line is not CTRL_C and line is not None:
+                if self._questions and isinstance(line, str):
                     self._settle(self._questions.popleft(), line)  # a pipe's line, read before the question
                     continue
                 return line

@@ -41,6 +41,7 @@ __all__ = [
     "CTRL_C",
     "ESCAPE",
     "INTERRUPTED",
+    "WATCH_NEXT",
     "TerminalLines",
     "TerminalOutput",
     "history_path",
@@ -51,6 +52,7 @@ __all__ = [
 CTRL_C = object()  # what a reader returns when the person pressed Ctrl-C at its prompt
 ESCAPE = object()  # what it returns when the person pressed Esc while a turn runs
 INTERRUPTED = object()  # what it returns when `interrupt` took its prompt away (a question came)
+WATCH_NEXT = object()  # what it returns when the person pressed F2: watch the next working subagent
 TREE_LINES = 8  # children the toolbar shows at most (the working ones first)
 
 
@@ -201,6 +203,12 @@ class TerminalLines:
         @keys.add("escape", eager=True, filter=Condition(lambda: self._running))
         def _escape(event: Any) -> None:
             event.app.exit(result=ESCAPE)
+
+        # F2 follows the working subagents in turn (`/watch` by key); what was typed stays.
+        @keys.add("f2")
+        def _watch_next(event: Any) -> None:
+            self._carry = event.app.current_buffer.text
+            event.app.exit(result=WATCH_NEXT)
 
         self.session: Any = PromptSession(history=history, key_bindings=keys)
         self.output = output

@@ -152,7 +152,7 @@ def _model_options() -> Parser:
     options.add_argument(
         "--model",
         default=None,
-        help=f"scripted:PATH, deepseek:MODEL or openai:MODEL (default: subagents.toml's, else {DEFAULT_MODEL})",
+        help=f"scripted:PATH, deepseek:MODEL, openai:MODEL or anthropic:MODEL[,thinking=N] (default: subagents.toml's, else {DEFAULT_MODEL})",
     )
     options.add_argument(
         "--workspace",

@@ -49,10 +49,12 @@ async def children_command(args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
-    # One parent's children need no more than line 1 of the logs that name another parent.
-    focus = None if args.descendants else args.parent_id
+    # One parent's children (or one root's descendants) need no more than line 1 of the logs
+    # that line 1 places elsewhere.
     stall_after = configured_stall_after()  # subagents.toml's, or 5 minutes (a bad value: exit 2)
-    async with open_read_side(args.root, store=args.store, focus=focus, stall_after=stall_after) as runtime:
+    async with open_read_side(
+        args.root, store=args.store, focus=args.parent_id, subtree=args.descendants, stall_after=stall_after
+    ) as runtime:
         try:
             # A parent the corpus has no record of is `ListingParentNotFound` (a usage error).
             if args.descendants:
