@@ -98,9 +98,9 @@ from .values import decode_session_id as decode_session_id
 from .values import encode_session_id as encode_session_id
 
 __all__ = [
+    "ANOTHER_PROCESS",
     "AbortPoll",
     "AlreadyOwned",
-    "ANOTHER_PROCESS",
     "Batch",
     "CatalogedChild",
     "CheckpointRow",

@@ -71,8 +71,6 @@ def _written(root: Path, sid: str) -> int:
 
 
 def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
-    from subagents.runtime.hosts.cli.common import iso_time
-
     root = _root_with_children(tmp_path, ended=True)
     assert main(["children", "p", "--json", "--root", str(root)]) == 0
     import json
@@ -203,8 +201,6 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
     }
     assert main(["sessions", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    from subagents.runtime.hosts.cli.common import iso_time
-
     p = iso_time(_written(root, "p"))
     assert (
         lines[0]
@@ -261,3 +257,10 @@ def test_read_only_commands_never_create_the_root(tmp_path: Path, capsys, comman
     assert main([*command, "--root", str(root)]) == 2
     assert capsys.readouterr().err == f"subagents: not a subagents root: {root}\n"
     assert not root.exists()
+
+
+def iso_time(ms: int) -> str:
+    """Epoch milliseconds as the CLI's tables print them (ISO 8601, UTC, milliseconds)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"

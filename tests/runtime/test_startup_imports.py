@@ -153,8 +153,6 @@ def _run(args: list[str], tmp_path: Path, cwd: Path) -> tuple[subprocess.Complet
 def test_children_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["children", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
-    from subagents.runtime.hosts.cli.common import iso_time
-
     written = iso_time((root / "sessions" / "helper" / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000)
     # Its turn is open and nobody runs it (issue 29: orphaned).
     assert done.stdout.splitlines() == [
@@ -310,3 +308,10 @@ def test_children_lists_the_store_once_and_sets_no_watch(
     assert "the helper" in capsys.readouterr().out
     assert main(["children", "--root", str(root), "nobody"]) == 2  # still checked against the corpus
     assert 'session "nobody" not found' in capsys.readouterr().err
+
+
+def iso_time(ms: int) -> str:
+    """Epoch milliseconds as the CLI's tables print them (ISO 8601, UTC, milliseconds)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
