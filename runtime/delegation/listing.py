@@ -38,7 +38,8 @@ the live ask, the `subagent_flags` checkpoint row beside the identity row (the r
 when both do: a log checkpointed before the unit existed is observed), or the observation.
 
 Liveness (issue 29 item 4) costs no read either: `last_event` is the record's revision (a log's
-mtime, PostgreSQL's `last_time`); whether the last turn is open comes from the same rung (the live
+mtime, PostgreSQL's `last_time`) — or, for a child resident here with an open turn, the time its
+live `subagent_timing` cell holds for that turn's last event (the runtime clock's); whether the last turn is open comes from the same rung (the live
 `subagent_timing` cell, its checkpoint row — trusted only when it covers the log whole, or is a
 running writer's —, or the observation's in-memory closers); the runner is this process, or
 another one (named by one `holders` probe after the rows are built, only when some child runs
@@ -97,11 +98,11 @@ from .listing_rows import (
     Row,
     RowCache,
     flags_view,
+    open_turn_time,
     own_identity,
     stored_flags,
     stored_identities,
     stored_turns,
-    turn_is_open,
     with_stall,
 )
 from .listing_stall import STALL_AFTER
@@ -458,8 +459,12 @@ class ListingService:
                 if identity is not None:
                     has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
                     flags = flags_view(answer.get(FLAGS_UNIT.key))
-                    turn = turn_is_open(answer.get(TIMING_UNIT.key))
-                    results[i] = child(record, identity, has, HERE, flags=flags, turn_open=turn)
+                    # Resident here: its cell has the exact time of its open turn's last event
+                    # (the runtime clock's, as `stall_after` is counted), else the log's mtime.
+                    through = open_turn_time(answer.get(TIMING_UNIT.key))
+                    results[i] = child(
+                        record, identity, has, HERE, flags=flags, turn_open=through is not None, last_event=through
+                    )
                 # else: omitted — a live child in its creation window
         if again:
             ref_at = dict(zip(live_at, refs, strict=True))

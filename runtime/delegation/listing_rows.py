@@ -39,6 +39,7 @@ __all__ = [
     "HERE",
     "Liveness",
     "last_event_ms",
+    "open_turn_time",
 ]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
@@ -149,14 +150,17 @@ class RowCache:
         runner: str | None,
         flags: tuple[bool, int] = (False, 0),
         turn_open: bool = False,
+        last_event: int | None = None,
     ) -> ChildRow:
         """The row; `runner` is who runs it (None: nobody — `inactive`), `flags` is
         (stopped, in_doubt), from `flags_view`, `turn_open` whether its last turn has no end
-        yet (`turn_is_open`). A turn open that nobody runs is `orphaned`; `stalled` is the
-        listing's to say (it needs the clock: `with_stall`)."""
+        yet (`turn_is_open`), `last_event` its last durable event's time when the caller knows
+        it exactly (a live cell: `open_turn_time`; else the record's `last_event_ms`). A turn
+        open that nobody runs is `orphaned`; `stalled` is the listing's to say (it needs the
+        clock: `with_stall`)."""
         mode, label = identity["mode"], identity.get("label")
         stopped, in_doubt = flags
-        last = last_event_ms(record)
+        last = last_event if last_event is not None else last_event_ms(record)
         orphaned: Liveness | None = "orphaned" if turn_open and runner is None else None
         if mode not in _MODES or (label is not None and type(label) is not str):
             # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
@@ -211,6 +215,16 @@ def turn_is_open(view: object) -> bool:
         return False
     active = view.get("active")
     return type(active) is dict and type(active.get("since")) is int and type(active.get("through")) is int
+
+
+def open_turn_time(view: object) -> int | None:
+    """The time of the last event of the open turn a `subagent_timing` state or view holds
+    (its `active.through`: every event of an open turn moves it), or None when no turn is open."""
+    if not turn_is_open(view):
+        return None
+    assert type(view) is dict
+    through: int = view["active"]["through"]
+    return through
 
 
 def with_stall(row: ChildRow, now_ms: int, stall_after_ms: int) -> ChildRow:
