@@ -183,6 +183,16 @@ class StoreReader:
         except Exception:  # the index is a cache: a refresh that fails is skipped
             return 0
 
+    async def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """Who holds each of the ids another process holds the lock of (`LogStore.holders`: one
+        thread hop; advice, never an error)."""
+        if not session_ids:
+            return {}
+        try:
+            return await trio.to_thread.run_sync(self.store.holders, list(session_ids))
+        except Exception:  # advice for display only: unanswered is "not held"
+            return {}
+
     async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids another process holds the lock of (one thread hop; advice, never an error)."""
         if not session_ids:

@@ -36,6 +36,7 @@ from .agent.model_record import ModelFactory
 from .agent.registry import AgentRegistry, SessionTools
 from .delegation.agent_types import AgentType
 from .delegation.listing import ListingService
+from .delegation.listing_stall import STALL_AFTER
 from .delegation.options import ChildModel
 from .delegation.service import SubagentParts, SubagentService
 from .delegation.tools import DelegationParts, subagent_tools
@@ -146,6 +147,7 @@ async def open_runtime(
     placements: Placements | None = None,
     store_options: StoreOptions | None = None,
     on_interrupted_turn: Literal["continue", "close"] | None = None,
+    stall_after: float = STALL_AFTER,
     telemetry: TelemetrySettings | Telemetry | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`, `anthropic:MODEL`,
@@ -179,7 +181,8 @@ async def open_runtime(
     conventions (README "Traces (OpenTelemetry)"): settings (the runtime builds the exporter
     from the `otel` extra and flushes it when it closes) or a `Telemetry` of the caller's (an SDK
     tracer provider it owns: `OtelTelemetry(provider)`); None (the default) traces nothing and
-    imports none of it."""
+    imports none of it. `stall_after` (seconds, default 300): listings call a running child
+    whose open turn made no durable progress for that long `stalled` (by `clock`)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -216,7 +219,13 @@ async def open_runtime(
         async with open_session_store(logs, registry, now_ms=now_ms or clock.now_ms) as sessions:
             reader = StoreReader(logs)  # the one read side: the query's, and the registry's existence checks
             query = SessionQuery(logs, sessions, registry, reader=reader)
-            listing = ListingService(registry=registry, sessions=sessions, query=query)
+            listing = ListingService(
+                registry=registry,
+                sessions=sessions,
+                query=query,
+                now_ms=now_ms or clock.now_ms,
+                stall_after=stall_after,
+            )
             # The body's own error is re-raised after the nursery closes, unchanged rather than
             # wrapped in an ExceptionGroup (agents never raise out of their tasks).
             body_error: BaseException | None = None

@@ -55,6 +55,9 @@ class Config:
     lease_ttl: float = 15.0  # a PostgreSQL store's leases (SPEC §9)
     lease_renew_interval: float | None = None  # None: a third of the ttl
     forget_hosts_after: float = 86400.0  # a serving host deletes the rows of hosts gone this long
+    # Seconds a running child may go without a durable event before listings call it `stalled`
+    # (issue 29; read-only listings read it with runtime/delegation/listing_stall.py).
+    stall_after: float = 300.0
     # [telemetry] (README "Traces (OpenTelemetry)"; telemetry/settings.py adds the OTEL_* variables)
     telemetry_enabled: bool = False
     telemetry_endpoint: str | None = None  # an OTLP/HTTP base URL; None: the default collector's
@@ -144,6 +147,7 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     "store.lease_ttl": _seconds,
     "store.lease_renew_interval": _seconds,
     "store.forget_hosts_after": _seconds,
+    "stall_after": _seconds,
     # [telemetry]
     "telemetry.enabled": _boolean,
     "telemetry.endpoint": check_endpoint,

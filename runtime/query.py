@@ -100,6 +100,9 @@ class Observation:
     # live, held elsewhere, or read past the revision it was stat'ed at): a listing writes
     # them back (docs/design.md, "Listing": observations feed the checkpoint rung).
     observed: ObservedCheckpoint | None = None
+    # The log's last turn has no end (in-memory closers end it in `events` unless `held`):
+    # a listing tells from it a child whose runner is gone mid-turn (`orphaned`).
+    turn_open: bool = False
 
 
 @attrs.frozen
@@ -201,6 +204,11 @@ class SessionQuery:
         id asked is a key; any failure is a miss."""
         return await self._reader.checkpoint_rows(session_ids, keys, skip)
 
+    async def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """Who holds each of the ids another process holds the lock of: `pid N`, `host H` or
+        `another process` (`LogStore.holders`; advice, never an error)."""
+        return await self._reader.holders(session_ids)
+
     async def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         """The ids another process holds the lock of (advice, never an error)."""
         return await self._reader.held_elsewhere(session_ids)
@@ -286,6 +294,7 @@ class SessionQuery:
             dict(prepared.projections),
             held=held,
             observed=None if held else prepared.observed,
+            turn_open=prepared.closers > 0,
         )
 
     async def _read_live(self, sid: SessionId, group: ReadGroup | None) -> tuple[Event, ...]:

@@ -29,6 +29,7 @@ from subagents.actors import SessionStore, open_session_store
 from subagents.storage import FileLogStore, LogStore, ProjectionRegistry
 
 from .delegation.listing import ListingService
+from .delegation.listing_stall import STALL_AFTER
 from .delegation.units import SUBAGENT_UNITS
 from .foundation.clock import RealClock
 from .query import SessionQuery
@@ -57,13 +58,19 @@ class ReadSide:
 
 @asynccontextmanager
 async def open_read_side(
-    root: str | os.PathLike[str], *, store: str | None = None, focus: str | None = None, subtree: bool = False
+    root: str | os.PathLike[str],
+    *,
+    store: str | None = None,
+    focus: str | None = None,
+    subtree: bool = False,
+    stall_after: float = STALL_AFTER,
 ) -> AsyncIterator[ReadSide]:
     """Open the store at `store` (a `postgresql://` URL or a folder; default `root`) for reading
     and close it after. `focus`: the one parent whose children the command lists — a file
     store then reads only line 1 of a log without an index row whose line 1 names another
     parent (`LogInfo.checked`); such a side serves that listing, not a corpus of every session.
-    `subtree`: the command lists the focus's descendants (line 1 must place a log outside them)."""
+    `subtree`: the command lists the focus's descendants (line 1 must place a log outside them).
+    `stall_after` (seconds): when the listing calls a running child `stalled`."""
     spec = store or os.fspath(root)
     registry = runtime_registry()
     # A file store given units writes a log's checkpoint rows as its index scans it: a command
@@ -79,7 +86,7 @@ async def open_read_side(
     try:
         async with open_session_store(logs, registry, now_ms=RealClock().now_ms) as sessions:
             query = SessionQuery(logs, sessions, registry)
-            listing = ListingService(registry=registry, sessions=sessions, query=query)
+            listing = ListingService(registry=registry, sessions=sessions, query=query, stall_after=stall_after)
             yield ReadSide(log_store=logs, registry=registry, sessions=sessions, query=query, listing=listing)
     finally:
         logs.close_store()

@@ -86,6 +86,7 @@ from .projection import ProjectionUnit as ProjectionUnit
 from .stop_verdict import is_explicit_message as is_explicit_message
 from .stop_verdict import stop_marker as stop_marker
 from .stop_verdict import stopped as stopped
+from .values import ANOTHER_PROCESS as ANOTHER_PROCESS
 from .values import AbortPoll as AbortPoll
 from .values import HeaderClaim as HeaderClaim
 from .values import LogInfo as LogInfo
@@ -98,6 +99,7 @@ from .values import decode_session_id as decode_session_id
 from .values import encode_session_id as encode_session_id
 
 __all__ = [
+    "ANOTHER_PROCESS",
     "AbortPoll",
     "AlreadyOwned",
     "Batch",

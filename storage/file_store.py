@@ -46,6 +46,7 @@ from .log_watch import LogWatch
 from .projection import CheckpointRow, ProjectionRegistry
 from .scans import still_holds
 from .values import (
+    ANOTHER_PROCESS,
     AbortPoll,
     LogInfo,
     Offset,
@@ -399,6 +400,11 @@ class FileLogStore:
         holds now, read from the lock table without taking any lock (`locks`); empty where
         the table cannot be read. Invalid ids are never held. (Over an in-memory Fs, every
         holder counts: it has no processes.)"""
+        return set(self.holders(session_ids))
+
+    def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """`held_elsewhere` with who holds each: `pid N` from the lock table (`another
+        process` where it names none: an in-memory Fs)."""
         known = self._lock_paths
         paths: dict[str, str] = {}
         for session_id in session_ids:
@@ -411,12 +417,12 @@ class FileLogStore:
                 path = known[sid] = f"{self._folder(sid)}/{LOCK_NAME}"
             paths[path] = session_id
         if not paths:
-            return set()
+            return {}
         try:
             held = self.fs.held_locks(list(paths))
         except OSError:
-            return set()  # advice for display only: an unreadable folder holds nothing we can see
-        return {paths[path] for path in held}
+            return {}  # advice for display only: an unreadable folder holds nothing we can see
+        return {paths[path]: ANOTHER_PROCESS if pid is None else f"pid {pid}" for path, pid in held.items()}
 
     @property
     def leased(self) -> None:

@@ -18,7 +18,7 @@ import stat as stat_mod
 from collections.abc import Collection, Sequence
 from typing import Literal, NamedTuple, Protocol
 
-from .locks import held_paths
+from .locks import holder_paths
 from .values import Revision
 from .watch import Watch
 
@@ -76,9 +76,10 @@ class Fs(Protocol):
         each folder and file is watched before it is stat'ed."""
         ...
 
-    def held_locks(self, paths: Sequence[str]) -> set[str]:
+    def held_locks(self, paths: Sequence[str]) -> dict[str, int | None]:
         """The `paths` whose lock a writer elsewhere holds now (another process; for an
-        in-memory Fs, any open file), found without taking them."""
+        in-memory Fs, any open file), found without taking them, each with its holder's pid
+        (None where there is no process to name)."""
         ...
 
     def watch(self, path: str) -> Watch | None:
@@ -292,9 +293,9 @@ class OsFs:
         finally:
             os.close(dfd)
 
-    def held_locks(self, paths: Sequence[str]) -> set[str]:
+    def held_locks(self, paths: Sequence[str]) -> dict[str, int | None]:
         # A plain stat per path (no O_NOFOLLOW walk): the answer is only shown, never acted on.
-        return held_paths(self.root, paths, inodes=self._lock_inodes)
+        return dict(holder_paths(self.root, paths, inodes=self._lock_inodes))
 
     def watch(self, path: str) -> Watch | None:
         return Watch.open(os.path.join(os.path.abspath(self.root), path))

@@ -27,64 +27,98 @@ import os
 import stat as stat_mod
 from collections.abc import Sequence
 
-__all__ = ["PROC_LOCKS", "held_flocks", "held_paths", "parse_flocks"]
+__all__ = [
+    "PROC_LOCKS",
+    "flock_holders",
+    "held_flocks",
+    "held_paths",
+    "holder_paths",
+    "parse_flock_holders",
+    "parse_flocks",
+]
 
 PROC_LOCKS = "/proc/locks"
 
 LockKey = tuple[int, int, int]  # (device major, device minor, inode)
 
 
-def parse_flocks(table: str, *, exclude_pid: int | None = None) -> set[LockKey]:
-    """The files `table` (the text of `/proc/locks`) shows an `flock` held on, but for those
-    held by `exclude_pid`; waiters, other lock kinds and lines that do not parse are skipped."""
-    held: set[LockKey] = set()
+def parse_flock_holders(table: str, *, exclude_pid: int | None = None) -> dict[LockKey, int]:
+    """The files `table` (the text of `/proc/locks`) shows an `flock` held on, each with its
+    holder's pid, but for those held by `exclude_pid`; waiters, other lock kinds and lines that
+    do not parse are skipped."""
+    held: dict[LockKey, int] = {}
     for line in table.splitlines():
         fields = line.split()
         if len(fields) < 6 or fields[1] != "FLOCK":  # `->` marks a waiter; POSIX/OFDLCK/LEASE are not ours
             continue
         try:
-            if exclude_pid is not None and int(fields[4]) == exclude_pid:
+            pid = int(fields[4])
+            if exclude_pid is not None and pid == exclude_pid:
                 continue
             major, minor, inode = fields[5].split(":")
-            held.add((int(major, 16), int(minor, 16), int(inode)))
+            held[(int(major, 16), int(minor, 16), int(inode))] = pid
         except ValueError:
             continue  # a line of another shape (a lock kind this table may add): not a held flock
     return held
 
 
+def parse_flocks(table: str, *, exclude_pid: int | None = None) -> set[LockKey]:
+    """The files `table` shows an `flock` held on (`parse_flock_holders` without the pids)."""
+    return set(parse_flock_holders(table, exclude_pid=exclude_pid))
+
+
+def flock_holders(path: str = PROC_LOCKS, *, exclude_pid: int | None = None) -> dict[LockKey, int] | None:
+    """The held `flock`s of the whole system (but `exclude_pid`'s) with their holders' pids, or
+    None where the table cannot be read."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as table:
+            return parse_flock_holders(table.read(), exclude_pid=exclude_pid)
+    except OSError:
+        return None  # no /proc/locks (not Linux, or hidden): the caller reports nothing as held
+
+
 def held_flocks(path: str = PROC_LOCKS, *, exclude_pid: int | None = None) -> set[LockKey] | None:
     """The held `flock`s of the whole system (but `exclude_pid`'s), or None where the table
     cannot be read."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as table:
-            return parse_flocks(table.read(), exclude_pid=exclude_pid)
-    except OSError:
-        return None  # no /proc/locks (not Linux, or hidden): the caller reports nothing as held
+    found = flock_holders(path, exclude_pid=exclude_pid)
+    return None if found is None else set(found)
 
 
 def held_paths(
     root: str, paths: Sequence[str], *, inodes: dict[str, int] | None = None, table: str = PROC_LOCKS
 ) -> set[str]:
     """The `paths` (relative to `root`) of regular files another process holds an `flock`
-    on now. Paths that do not exist, links and other files are not held; an unreadable
-    table or root means nothing is. `inodes` (path -> inode, kept by the caller between
-    calls) spares a `stat` per path once known: lock files are never deleted."""
+    on now (`holder_paths` without the pids)."""
+    return set(holder_paths(root, paths, inodes=inodes, table=table))
+
+
+def holder_paths(
+    root: str, paths: Sequence[str], *, inodes: dict[str, int] | None = None, table: str = PROC_LOCKS
+) -> dict[str, int]:
+    """The `paths` (relative to `root`) of regular files another process holds an `flock`
+    on now, each with the holder's pid. Paths that do not exist, links and other files are not
+    held; an unreadable table or root means nothing is. `inodes` (path -> inode, kept by the
+    caller between calls) spares a `stat` per path once known: lock files are never deleted."""
     if not paths:
-        return set()
-    held = held_flocks(table, exclude_pid=os.getpid())
+        return {}
+    held = flock_holders(table, exclude_pid=os.getpid())
     if not held:
-        return set()
+        return {}
     try:
         dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return set()  # an unreadable root: nothing in it can be seen as held
+        return {}  # an unreadable root: nothing in it can be seen as held
     try:
         device = os.fstat(dfd).st_dev
-        on_root = {ino for major, minor, ino in held if (major, minor) == (os.major(device), os.minor(device))}
+        on_root = {
+            ino: pid
+            for (major, minor, ino), pid in held.items()
+            if (major, minor) == (os.major(device), os.minor(device))
+        }
         if not on_root:
-            return set()  # the usual case: no other process holds a lock on this device
+            return {}  # the usual case: no other process holds a lock on this device
         known = inodes if inodes is not None else {}
-        out: set[str] = set()
+        out: dict[str, int] = {}
         for path in paths:
             ino = known.get(path)
             if ino is not None and ino not in on_root:
@@ -99,7 +133,7 @@ def held_paths(
                 continue
             known[path] = st.st_ino  # a fresh stat: also what confirms a cached match
             if st.st_ino in on_root:
-                out.add(path)
+                out[path] = on_root[st.st_ino]
         return out
     finally:
         os.close(dfd)

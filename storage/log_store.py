@@ -135,6 +135,12 @@ class LogReader(Protocol):
         cannot tell. Advice for display: a writer may take or drop a lock the moment after."""
         ...
 
+    def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """`held_elsewhere` with who holds each id: `pid N` (files: the lock table's holder),
+        `host H` (PostgreSQL: the lease's owner host), or `ANOTHER_PROCESS` where the store
+        cannot name it. Advice for display, like `held_elsewhere` (its keys are the same ids)."""
+        ...
+
     def close(self, handle: Handle) -> None:
         """Idempotent; releases a write handle's lock."""
         ...

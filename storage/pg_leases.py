@@ -119,7 +119,7 @@ _RENEW = (
     "WHERE l.session_id = held.sid AND l.owner = %(me)s AND l.epoch = held.epoch RETURNING l.session_id"
 )
 _HELD_ELSEWHERE = (
-    "SELECT l.session_id FROM leases l WHERE l.session_id = ANY(%(ids)s) AND l.owner <> %(me)s "
+    "SELECT l.session_id, l.owner FROM leases l WHERE l.session_id = ANY(%(ids)s) AND l.owner <> %(me)s "
     f"AND {lease_in_force('l')}"
 )
 
@@ -337,10 +337,11 @@ class Leases:
                 state.lost = True
             return frozenset(s.session_id for s in lost)
 
-    def held_elsewhere(self, conn: Connection, ids: Iterable[str]) -> set[str]:
-        """The ids among `ids` another live host holds an unexpired lease on (on `conn`)."""
+    def held_elsewhere(self, conn: Connection, ids: Iterable[str]) -> dict[str, str]:
+        """The ids among `ids` another live host holds an unexpired lease on (on `conn`), each
+        with that host's id."""
         rows = conn.execute(_HELD_ELSEWHERE, {"ids": list(ids), "me": self.host_id}).fetchall()  # pyright: ignore[reportArgumentType]  # a statement of this module, built from its constants alone
-        return {row[0] for row in rows}
+        return {row[0]: row[1] for row in rows}
 
     def close(self) -> None:
         """Release every held lease, drop this host's row and end the owner connection (and with

@@ -18,7 +18,7 @@ from .zstd_framing import FrameDamage, walk_frames
 __all__ = ["SESSION_COLUMNS", "batch_lines", "header_record", "log_info"]
 
 # What `log_info` reads, in this order.
-SESSION_COLUMNS: Final = "id, header, event_count, byte_size, generation"
+SESSION_COLUMNS: Final = "id, header, event_count, byte_size, generation, last_time"
 
 
 def header_record(sid: SessionId, header: bytes | memoryview) -> HeaderRecord:
@@ -34,10 +34,13 @@ def header_record(sid: SessionId, header: bytes | memoryview) -> HeaderRecord:
 
 def log_info(row: tuple[Any, ...]) -> LogInfo:
     """A listing row from the `SESSION_COLUMNS` of a `sessions` row; damage is reported. The
-    revision: `size` is the plain form's bytes, `inode` the lifecycle's generation."""
+    revision: `size` is the plain form's bytes, `inode` the lifecycle's generation, `mtime_ns`
+    its last event's time (a file's mtime says when its log was last written; listings show
+    either as the session's last event: issue 29), 0 when the row has none."""
     sid = check_session_id(row[0])
     header_line, count, size, generation = bytes(row[1]), row[2], row[3], row[4]
-    revision = Revision(size=size, mtime_ns=0, inode=generation)
+    last_time = row[5] if type(row[5]) is int and row[5] > 0 else 0
+    revision = Revision(size=size, mtime_ns=last_time * 1_000_000, inode=generation)
     try:
         record = header_record(sid, header_line)
     except (CorruptLog, UnsupportedLog):

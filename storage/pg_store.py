@@ -160,8 +160,8 @@ class PostgresLogStore:
             if row is None:
                 raise SessionNotFound(sid)
             record = header_record(sid, row[1])
-            if row[5] != row[2]:
-                raise CorruptLog(sid, f"its batches hold {row[5]} events but the session row counts {row[2]}")
+            if row[6] != row[2]:
+                raise CorruptLog(sid, f"its batches hold {row[6]} events but the session row counts {row[2]}")
         except BaseException:  # the lease released if the claim fails (re-raised)
             self._leases.release(lease)
             raise
@@ -395,6 +395,10 @@ class PostgresLogStore:
         """The ids another live host (another store, in this process or any other) holds an
         unexpired lease on — SPEC §9 "Activity across hosts": running there. One query, taking
         no lock; empty when it cannot be read."""
+        return set(self.holders(session_ids))
+
+    def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        """`held_elsewhere` with who holds each: `host H`, the lease owner's host id."""
         import psycopg
 
         ids: list[SessionId] = []
@@ -404,12 +408,13 @@ class PostgresLogStore:
             except StorageError:
                 continue
         if not ids:
-            return set()
+            return {}
         try:
             with self._pool.connection() as conn:
-                return self._leases.held_elsewhere(conn, ids)
+                held = self._leases.held_elsewhere(conn, ids)
         except (psycopg.Error, StorageError):
-            return set()
+            return {}
+        return {sid: f"host {owner}" for sid, owner in held.items()}
 
     # --- checkpoints (pg_checkpoints) ---
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
-from typing import Literal, NamedTuple, NewType
+from typing import Final, Literal, NamedTuple, NewType
 
 import attrs
 
 from .errors import InvalidSessionId
 
 __all__ = [
+    "ANOTHER_PROCESS",
     "FORMAT_VERSION",
     "AbortPoll",
     "MAX_ID_BYTES",
@@ -160,6 +161,9 @@ class SessionHeader:
     )
     agent_preset: str | None = attrs.field(default=None, validator=_optional_text)
     format: int = FORMAT_VERSION
+
+
+ANOTHER_PROCESS: Final = "another process"  # a lock holder `LogReader.holders` cannot name
 
 
 class Revision(NamedTuple):

@@ -462,6 +462,7 @@ WHITE_BOX = {
     # the read seam built by hand (the query, the listing and its row cache, the read side)
     "tests/runtime/test_listing.py",
     "tests/runtime/test_listing_abort.py",
+    "tests/runtime/test_listing_liveness.py",  # the rows' liveness, the state words, stall_after's reader
     "tests/runtime/test_listing_memory.py",
     "tests/runtime/test_listing_perf_semantics.py",
     "tests/runtime/test_listing_warm.py",

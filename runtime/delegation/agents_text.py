@@ -15,13 +15,18 @@ __all__ = ["render_agents", "state_word"]
 def state_word(row: ChildRow, status: str) -> str:
     """The one word every human-facing listing gives a child (list_agents, `agents`, the
     `children` table, the chat's tree): `status` is what its runner says — running, idle
-    (resident here between turns) or ready (nobody holds it) — refined by the log: a stopped
-    child that does not run is `stopped`, a one-shot child nobody runs is `done` (it cannot be
-    messaged), a continuable one `ready`."""
+    (resident here between turns) or ready (nobody holds it) — refined by the log and the
+    listing's liveness (issue 29): a running child whose open turn made no durable progress
+    for `stall_after` is `stalled`; one nobody runs whose last turn has no end (its runner
+    died mid-turn) is `orphaned`, never `running` nor `ready`, unless it is stopped; a stopped
+    child that does not run is `stopped`, a one-shot child nobody runs is `done` (it cannot be messaged), a
+    continuable one `ready`."""
     if status == "running":
-        return status
+        return "stalled" if row.liveness == "stalled" else status
     if row.stopped and status in ("ready", "idle"):
-        return "stopped"
+        return "stopped"  # (over `orphaned`: a stopped tree stays stopped, whatever its turn)
+    if row.liveness == "orphaned" and status == "ready":
+        return "orphaned"
     if row.mode != "continuable" and status == "ready":
         return "done"
     return status

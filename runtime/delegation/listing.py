@@ -36,11 +36,21 @@ skipped, quietly). Listing never writes a log or an actor.
 A child row's flags (`stopped`, `in_doubt`: issue 27) come with its identity from the same rung:
 the live ask, the `subagent_flags` checkpoint row beside the identity row (the rung answers only
 when both do: a log checkpointed before the unit existed is observed), or the observation.
+
+Liveness (issue 29 item 4) costs no read either: `last_event` is the record's revision (a log's
+mtime, PostgreSQL's `last_time`) — or, for a child resident here with an open turn, the time its
+live `subagent_timing` cell holds for that turn's last event (the runtime clock's); whether the last turn is open comes from the same rung (the live
+`subagent_timing` cell, its checkpoint row — trusted only when it covers the log whole, or is a
+running writer's —, or the observation's in-memory closers); the runner is this process, or
+another one (named by one `holders` probe after the rows are built, only when some child runs
+elsewhere). A turn open that nobody runs is `orphaned`; a running one whose last event is older
+than `stall_after` by `now_ms` is `stalled` (one clock reading per listing, at its end).
 """
 
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
@@ -80,25 +90,33 @@ from .lineage import (
 )
 from .listing_observe import observe_catalogs, observe_rows
 from .listing_rows import (
+    ELSEWHERE,
+    HERE,
     ChildRow,
     CorpusShape,
     DiagnosticRow,
     Row,
     RowCache,
     flags_view,
+    open_turn_time,
     own_identity,
     stored_flags,
     stored_identities,
+    stored_turns,
+    with_stall,
 )
-from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT
+from .listing_stall import STALL_AFTER
+from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT, TIMING_UNIT
 
 __all__ = ["ChildRow", "DiagnosticRow", "ListingService", "walk_descendants"]
 
 _IDENTITY = [IDENTITY_UNIT.key]
 _CATALOG = [CATALOG_UNIT.key]
 # A live child's identity, whether it has children, and its flags (stopped, in doubt).
-_LIVE = [IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key]
-_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key)  # the checkpoint rows a listing reads
+# ... and whether its turn is open (liveness: issue 29 item 4).
+_LIVE = [IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key, TIMING_UNIT.key]
+# The checkpoint rows a listing reads (in one query).
+_ROW_KEYS = (IDENTITY_UNIT.key, CATALOG_UNIT.key, FLAGS_UNIT.key, TIMING_UNIT.key)
 _EMPTY_CATALOG = {CATALOG_UNIT.key: NO_CHILDREN}  # ... but not the catalog rows that name nobody
 _VERSIONS = {unit.key: unit.state_version for unit in (IDENTITY_UNIT, CATALOG_UNIT, FLAGS_UNIT)}
 OBSERVERS = 32  # cold observations under way at once (their reads: at most the cold reader's 4)
@@ -114,11 +132,17 @@ class ListingService:
         registry: ProjectionRegistry | None,
         sessions: SessionStore | None,
         query: SessionQuery | None,
+        now_ms: Callable[[], int] | None = None,
+        stall_after: float = STALL_AFTER,
     ) -> None:
+        """`now_ms` (default the wall clock) and `stall_after` (seconds) decide which running
+        children are `stalled`."""
         self.registry = registry
         self.sessions = sessions
         self.query = query  # all it reads of the store, it reads through the query
         self.observers = OBSERVERS
+        self.now_ms = now_ms if now_ms is not None else _wall_ms
+        self.stall_after_ms = round(stall_after * 1000)
         self._rows_made = RowCache()
         self._shape = CorpusShape()
 
@@ -166,7 +190,32 @@ class ListingService:
         assert rows is not None  # only an abort cancels the body quietly
         if proved and self.query is not None:
             await self.query.write_observed(proved)  # the index is a cache: never an error
-        return rows
+        return self._stalls(await self._runners(rows))
+
+    async def _runners(self, rows: list[Row]) -> list[Row]:
+        """`rows` with the children another process runs named by who runs them (`pid N`,
+        `host H`): one more lock or lease probe, only when some child runs elsewhere."""
+        elsewhere = [row.id for row in rows if isinstance(row, ChildRow) and row.runner == ELSEWHERE]
+        if not elsewhere or self.query is None:
+            return rows
+        named = await self.query.holders(elsewhere)
+        if not named:
+            return rows
+        return [
+            attrs.evolve(row, runner=named[row.id])
+            if isinstance(row, ChildRow) and row.runner == ELSEWHERE and row.id in named
+            else row
+            for row in rows
+        ]
+
+    def _stalls(self, rows: list[Row]) -> list[Row]:
+        """`rows` with the running children whose open turn made no durable progress for
+        `stall_after` marked `stalled` (one clock reading per listing, taken only when some
+        child runs a turn)."""
+        if not any(isinstance(row, ChildRow) and row.runner is not None and row.turn_open for row in rows):
+            return rows
+        now, after = self.now_ms(), self.stall_after_ms
+        return [with_stall(row, now, after) if isinstance(row, ChildRow) else row for row in rows]
 
     async def _children(self, parent_id: str, proved: list[ObservedCheckpoint], *, required: bool = False) -> list[Row]:
         corpus = await self._corpus()
@@ -410,7 +459,12 @@ class ListingService:
                 if identity is not None:
                     has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
                     flags = flags_view(answer.get(FLAGS_UNIT.key))
-                    results[i] = child(record, identity, has, live=True, flags=flags)
+                    # Resident here: its cell has the exact time of its open turn's last event
+                    # (the runtime clock's, as `stall_after` is counted), else the log's mtime.
+                    through = open_turn_time(answer.get(TIMING_UNIT.key))
+                    results[i] = child(
+                        record, identity, has, HERE, flags=flags, turn_open=through is not None, last_event=through
+                    )
                 # else: omitted — a live child in its creation window
         if again:
             ref_at = dict(zip(live_at, refs, strict=True))
@@ -424,7 +478,7 @@ class ListingService:
                 else:
                     identity = own_identity(answer.get(IDENTITY_UNIT.key), record.inherited_event_count)
                     if identity is not None:
-                        results[i] = child(record, identity, record.id in parents, live=True)
+                        results[i] = child(record, identity, record.id in parents, HERE)
         cold.sort()
         await self._cold_rows(candidates, cold, shape, results, stored, proved, made)
         return results
@@ -458,6 +512,9 @@ class ListingService:
         checkpoints = await self._checkpoint_identities(answering, stored)  # (adds the rows it read to `stored`)
         flagged = stored_flags([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
         naming = catalog_owners(stored) if checkpoints else set()
+        turns: dict[str, tuple[bool, int]] = (
+            stored_turns([r for r in answering if r.id in checkpoints], stored) if checkpoints else {}
+        )
         # Those another process holds the lock of are running there (observed ones learn it
         # from their observation's stat hop).
         held = await self._held_elsewhere([candidates[i].id for i in pending if candidates[i].id in checkpoints])
@@ -479,7 +536,13 @@ class ListingService:
                 has = record.id in parents or (
                     record.id in naming and names_absent(record.id, _stored_entries(record, stored[record.id]), records)
                 )
-                results[i] = self._rows_made.child(record, identity, has, live=record.id in held, flags=flags)
+                # A turn open in rows that lag the log may have ended since: only a writer's
+                # (held) rows answer then — and they only make a running child `stalled` or not.
+                turn_open, turn_seq = turns.get(candidates[i].id, (False, -1))
+                held_there = record.id in held
+                turn_open = turn_open and (held_there or turn_seq == _last_seq(record))
+                runner = ELSEWHERE if held_there else None
+                results[i] = self._rows_made.child(record, identity, has, runner, flags=flags, turn_open=turn_open)
             else:
                 observe.append(i)
         if not observe:
@@ -522,6 +585,10 @@ def _stored_entries(record: SessionRecord, rows: Sequence[StoredCheckpoint]) -> 
 def _last_seq(record: SessionRecord) -> int:
     """The seq of the record's last event (-1 for none: no row covers it)."""
     return -1 if record.event_count is None else record.event_count - 1
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _check(abort: Abort | None) -> None:

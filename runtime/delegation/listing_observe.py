@@ -23,7 +23,17 @@ from ..foundation.errors import SessionQueryError
 from ..foundation.json_values import JsonObject
 from ..query import SessionQuery, SessionRecord, headers_differ
 from .lineage import CatalogEntry, catalog_entries, names_absent
-from .listing_rows import ChildRow, CorpusShape, DiagnosticRow, Reason, Row, RowCache, flags_view, own_identity
+from .listing_rows import (
+    ELSEWHERE,
+    ChildRow,
+    CorpusShape,
+    DiagnosticRow,
+    Reason,
+    Row,
+    RowCache,
+    flags_view,
+    own_identity,
+)
 from .units import CATALOG_UNIT, FLAGS_UNIT, IDENTITY_UNIT
 
 __all__ = ["observe_catalogs", "observe_rows"]
@@ -39,6 +49,7 @@ class Seen:
     flags: tuple[bool, int] = (False, 0)
     held: bool = False
     diagnostic: Reason | None = None
+    turn_open: bool = False
 
 
 async def _observe(
@@ -52,7 +63,8 @@ async def _observe(
             identity = own_identity(seen.projections.get(IDENTITY_UNIT.key), seen.inherited_event_count)
             catalog = catalog_entries(seen.projections.get(CATALOG_UNIT.key))
             flags = flags_view(seen.projections.get(FLAGS_UNIT.key))
-            return Seen(catalog, identity, flags, seen.held), None if seen.held else seen.observed
+            found = Seen(catalog, identity, flags, seen.held, turn_open=seen.turn_open)
+            return found, None if seen.held else seen.observed
     except SessionQueryError as exc:
         if exc.diagnostic is None:
             return exc
@@ -67,7 +79,8 @@ def _row(record: SessionRecord, seen: Seen, shape: CorpusShape, rows: RowCache) 
     if seen.identity is None:
         return DiagnosticRow(id=record.id, reason="corrupt")  # no own identity
     has = record.id in shape.parents or names_absent(record.id, seen.catalog, shape.records)
-    return rows.child(record, seen.identity, has, live=seen.held, flags=seen.flags)
+    runner = ELSEWHERE if seen.held else None
+    return rows.child(record, seen.identity, has, runner, flags=seen.flags, turn_open=seen.turn_open)
 
 
 async def _each(items: list[int], observers: int, one: Callable[[int], Awaitable[None]]) -> None:

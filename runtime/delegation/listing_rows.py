@@ -14,27 +14,38 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Literal
 
 import attrs
-from subagents.storage import StoredCheckpoint
+from subagents.storage import ANOTHER_PROCESS, StoredCheckpoint
 
 from ..foundation.json_values import JsonObject
 from ..query import SessionRecord
 from .lineage import children_of, lineage, same_lifecycle
-from .units import FLAGS_UNIT, IDENTITY_UNIT
+from .units import FLAGS_UNIT, IDENTITY_UNIT, TIMING_UNIT
 
 __all__ = [
     "ChildRow",
     "CorpusShape",
     "DiagnosticRow",
+    "ELSEWHERE",
+    "HERE",
+    "Liveness",
     "Reason",
     "Row",
     "RowCache",
     "flags_view",
+    "last_event_ms",
+    "open_turn_time",
     "own_identity",
     "stored_flags",
     "stored_identities",
+    "stored_turns",
+    "turn_is_open",
+    "with_stall",
 ]
 
 Reason = Literal["corrupt", "unsupported", "unavailable"]
+Liveness = Literal["stalled", "orphaned"]
+HERE = "this process"  # the runner of a child resident in the listing's own process
+ELSEWHERE = ANOTHER_PROCESS  # ... of one another writer holds (named `pid N`/`host H` when known)
 
 
 @attrs.frozen(kw_only=True)
@@ -50,8 +61,16 @@ class ChildRow:
     # keep the bytes of SPEC 5.4.
     stopped: bool = False  # its stop marker is in force
     in_doubt: int = 0  # results of its last turn in doubt
+    # Issue 29 item 4 (liveness). In the JSON only when known or set, as the flags.
+    last_event: int | None = None  # when its last durable event was written (epoch ms)
+    runner: str | None = None  # who runs it, while it runs: HERE, ELSEWHERE, "pid N", "host H"
+    turn_open: bool = False  # its log's last turn has no end (its timing unit is active)
+    liveness: Liveness | None = None  # running without progress / its runner gone mid-turn
 
-    def to_json(self) -> JsonObject:
+    def to_json(self, *, liveness: bool = False) -> JsonObject:
+        """The row as SPEC 5.4 has it (and the flags, when set); with `liveness`, also the keys
+        of issue 29 item 4: `last_event` (when known), `runner` (while it runs) and `liveness`
+        (`stalled`/`orphaned`, when so)."""
         out: JsonObject = {
             "kind": "child",
             "id": self.id,
@@ -67,6 +86,14 @@ class ChildRow:
             out["stopped"] = True
         if self.in_doubt > 0:
             out["in_doubt"] = self.in_doubt
+        if not liveness:
+            return out
+        if self.last_event is not None:
+            out["last_event"] = self.last_event
+        if self.runner is not None:
+            out["runner"] = self.runner
+        if self.liveness is not None:
+            out["liveness"] = self.liveness
         return out
 
 
@@ -77,7 +104,8 @@ class DiagnosticRow:
     parent_id: str | None = None
     depth: int | None = None
 
-    def to_json(self) -> JsonObject:
+    def to_json(self, *, liveness: bool = False) -> JsonObject:
+        """The row as SPEC 5.4 has it (`liveness`: nothing more; a diagnostic has none)."""
         out: JsonObject = {"kind": "diagnostic", "id": self.id, "reason": self.reason}
         if self.parent_id is not None:
             out |= {"parent_id": self.parent_id, "depth": self.depth}
@@ -112,45 +140,105 @@ class RowCache:
     a thousand fewer objects, and the cyclic GC runs that much less often during it)."""
 
     def __init__(self) -> None:
-        self._made: dict[tuple[str, bool, bool, object, object, bool, int], ChildRow] = {}
+        self._made: dict[tuple[object, ...], ChildRow] = {}
 
     def child(
         self,
         record: SessionRecord,
         identity: JsonObject,
         has_children: bool,
-        live: bool,
+        runner: str | None,
         flags: tuple[bool, int] = (False, 0),
+        turn_open: bool = False,
+        last_event: int | None = None,
     ) -> ChildRow:
-        """The row; `flags` is (stopped, in_doubt), from `flags_view`."""
+        """The row; `runner` is who runs it (None: nobody — `inactive`), `flags` is
+        (stopped, in_doubt), from `flags_view`, `turn_open` whether its last turn has no end
+        yet (`turn_is_open`), `last_event` its last durable event's time when the caller knows
+        it exactly (a live cell: `open_turn_time`; else the record's `last_event_ms`). A turn
+        open that nobody runs is `orphaned`; `stalled` is the listing's to say (it needs the
+        clock: `with_stall`)."""
         mode, label = identity["mode"], identity.get("label")
         stopped, in_doubt = flags
+        last = last_event if last_event is not None else last_event_ms(record)
+        orphaned: Liveness | None = "orphaned" if turn_open and runner is None else None
         if mode not in _MODES or (label is not None and type(label) is not str):
             # Not what a descriptor holds (a tampered checkpoint row): built, never kept.
             return ChildRow(
                 id=record.id,
-                activity="running" if live else "inactive",
+                activity="running" if runner is not None else "inactive",
                 has_children=has_children,
                 mode=mode,
                 label=label,
                 stopped=stopped,
                 in_doubt=in_doubt,
+                last_event=last,
+                runner=runner,
+                turn_open=turn_open,
+                liveness=orphaned,
             )
-        key = (record.id, live, has_children, mode, label, stopped, in_doubt)
+        key = (record.id, runner, has_children, mode, label, stopped, in_doubt, last, turn_open)
         row = self._made.get(key)
         if row is None:
             if len(self._made) >= _ROW_CACHE:
                 self._made.clear()
             row = self._made[key] = ChildRow(
                 id=record.id,
-                activity="running" if live else "inactive",
+                activity="running" if runner is not None else "inactive",
                 has_children=has_children,
                 mode=mode,
                 label=label,
                 stopped=stopped,
                 in_doubt=in_doubt,
+                last_event=last,
+                runner=runner,
+                turn_open=turn_open,
+                liveness=orphaned,
             )
         return row
+
+
+def last_event_ms(record: SessionRecord) -> int | None:
+    """When the record's last durable event was written (epoch ms), from what its store
+    listing already holds: a log file's modification time, a PostgreSQL session's `last_time`
+    (`LogInfo.revision.mtime_ns`). None when unknown (no event yet, no stored revision)."""
+    revision = record.revision
+    if revision is None or not record.event_count or revision.mtime_ns <= 0:
+        return None
+    return revision.mtime_ns // 1_000_000
+
+
+def turn_is_open(view: object) -> bool:
+    """Whether a `subagent_timing` state or view says a turn is open (an `active` span with
+    int bounds; anything else — idle, a tampered row — is not)."""
+    if type(view) is not dict:
+        return False
+    active = view.get("active")
+    return type(active) is dict and type(active.get("since")) is int and type(active.get("through")) is int
+
+
+def open_turn_time(view: object) -> int | None:
+    """The time of the last event of the open turn a `subagent_timing` state or view holds
+    (its `active.through`: every event of an open turn moves it), or None when no turn is open."""
+    if not turn_is_open(view):
+        return None
+    assert type(view) is dict
+    through: int = view["active"]["through"]
+    return through
+
+
+def with_stall(row: ChildRow, now_ms: int, stall_after_ms: int) -> ChildRow:
+    """`row` marked `stalled` when it runs, its turn is open and its last durable event is
+    older than `stall_after_ms` at `now_ms`; else `row` itself."""
+    if (
+        row.runner is None
+        or not row.turn_open
+        or row.last_event is None
+        or row.liveness is not None
+        or now_ms - row.last_event <= stall_after_ms
+    ):
+        return row
+    return attrs.evolve(row, liveness="stalled")
 
 
 class CorpusShape:
@@ -241,3 +329,16 @@ def stored_flags(
         if view is not None:
             out[record.id] = (flags_view(view), row.seq)
     return out
+
+
+def stored_turns(
+    records: Sequence[SessionRecord], rows: Mapping[str, Sequence[StoredCheckpoint]]
+) -> dict[str, tuple[bool, int]]:
+    """Whether the stored `subagent_timing` row of each of `records` (of this lifecycle, behind
+    the log end) says a turn is open, with the seq its row covers. A session without such a row
+    (written before liveness was listed, a tampered row) is not in the answer: nothing is read
+    to learn more (its row says no turn is open)."""
+    return {
+        record.id: (turn_is_open(row.value()), row.seq)
+        for record, row, _count in _covering_rows(records, rows, TIMING_UNIT.key, TIMING_UNIT.state_version)
+    }

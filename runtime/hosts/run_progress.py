@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # annotations: rich loads only when a display is drawn
     from rich.console import RenderableType
     from rich.spinner import Spinner
 
-__all__ = ["ChildStatus", "RunProgress", "ago", "child_line", "render_progress"]
+__all__ = ["STALL_AFTER_MS", "ChildStatus", "RunProgress", "ago", "child_line", "render_progress", "shown_state"]
 
 
 @attrs.define(kw_only=True)
@@ -159,14 +159,31 @@ def _reason_kind(data: dict[str, JsonValue]) -> str:
     return kind if isinstance(kind, str) else "error"
 
 
-def child_line(child: ChildStatus, now_ms: int | None = None) -> str:
+STALL_AFTER_MS = 300_000  # subagents.toml's `stall_after` default (5 minutes), in ms
+
+
+def shown_state(child: ChildStatus, now_ms: int | None = None, stall_after_ms: int = STALL_AFTER_MS) -> str:
+    """The state the tree shows: a running child whose last durable event is older than
+    `stall_after_ms` at `now_ms` is `stalled` (issue 29), else its state."""
+    if (
+        child.state == "running"
+        and now_ms is not None
+        and child.last_at is not None
+        and now_ms - child.last_at > stall_after_ms
+    ):
+        return "stalled"
+    return child.state
+
+
+def child_line(child: ChildStatus, now_ms: int | None = None, stall_after_ms: int = STALL_AFTER_MS) -> str:
     """`<id> [<state>] — <label>` (the label omitted when there is none); with `now_ms`, its
-    last action and how long ago (`· called grep, 12s ago`)."""
+    last action and how long ago (`· called grep, 12s ago`), and `stalled` for a running child
+    whose last durable event is older than `stall_after_ms`."""
     label = f" — {child.label}" if child.label else ""
     last = ""
     if now_ms is not None and child.last is not None and child.last_at is not None:
         last = f" · {child.last}, {ago(now_ms - child.last_at)}"
-    return f"{child.id} [{child.state}]{label}{last}"
+    return f"{child.id} [{shown_state(child, now_ms, stall_after_ms)}]{label}{last}"
 
 
 def ago(ms: int) -> str:

@@ -99,6 +99,7 @@ class HostSetup:
             "mcp_servers": list(self.config.mcp_servers.values()),
             "store_options": {"lease_ttl": config.lease_ttl, "lease_renew_interval": config.lease_renew_interval},
             "on_interrupted_turn": config.on_interrupted_turn,
+            "stall_after": config.stall_after,
             "telemetry": self.telemetry,
         }
 

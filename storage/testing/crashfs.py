@@ -364,17 +364,18 @@ class CrashFs:
         return out
 
     @_locked
-    def held_locks(self, paths: Sequence[str]) -> set[str]:
+    def held_locks(self, paths: Sequence[str]) -> dict[str, int | None]:
         """The `paths` some open `CrashFile` holds the lock of (its in-memory lock table: an
-        in-memory file system has no processes, so every holder counts as elsewhere)."""
-        held: set[str] = set()
+        in-memory file system has no processes, so every holder counts as elsewhere, and has
+        no pid)."""
+        held: dict[str, int | None] = {}
         for path in paths:
             try:
                 node = self._lookup(path)
             except OSError:
                 continue  # no such file: nobody can hold its lock
             if isinstance(node, _FileNode) and node.ino in self.locks:
-                held.add(path)
+                held[path] = None
         return held
 
     def watch(self, path: str) -> Watch | None:

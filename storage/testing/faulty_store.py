@@ -174,6 +174,9 @@ class FaultyLogStore:
     def held_elsewhere(self, session_ids: Sequence[str]) -> set[str]:
         return self.inner.held_elsewhere(session_ids)  # advice only: no faults are injected here
 
+    def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
+        return self.inner.holders(session_ids)  # advice only: no faults are injected here
+
     def write_checkpoint(self, handle: WriteHandle, rows: Mapping[str, CheckpointRow]) -> bool:
         self._enter("write_checkpoint", handle.session_id)
         return self.inner.write_checkpoint(handle, rows)

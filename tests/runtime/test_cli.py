@@ -38,8 +38,11 @@ def test_unknown_option_is_exit_2_without_traceback(capsys) -> None:
     assert "Traceback" not in err
 
 
-def _root_with_children(tmp_path: Path) -> Path:
+def _root_with_children(tmp_path: Path, *, ended: bool = False) -> Path:
+    """p with children c1 (continuable, with child g) and c2 (one-shot); with `ended`, every
+    turn ended (else each log ends in an open turn nobody runs: orphaned)."""
     from descriptors import descriptor
+    from events import turn_end_event
     from subagents.storage import FileLogStore, make_event
 
     store = FileLogStore(str(tmp_path))
@@ -56,12 +59,19 @@ def _root_with_children(tmp_path: Path) -> Path:
             data = descriptor(label, mode)
             events.insert(0, make_event(0, "subagent/descriptor", 1, data))
             events[1] = make_event(1, "turn/start", 1, {"turn": 1})
+        if ended:
+            events.append(turn_end_event(len(events), 1))
         persist_log(store, session_header, events)
     return tmp_path
 
 
+def _written(root: Path, sid: str) -> int:
+    """When the log of `sid` was last written (ms): what listings show as its last event."""
+    return (root / "sessions" / sid / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000
+
+
 def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
-    root = _root_with_children(tmp_path)
+    root = _root_with_children(tmp_path, ended=True)
     assert main(["children", "p", "--json", "--root", str(root)]) == 0
     import json
 
@@ -73,24 +83,53 @@ def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
             "has_children": True,
             "mode": "continuable",
             "label": "first",
+            "last_event": _written(root, "c1"),  # issue 29: when its log was last written
         },
-        {"kind": "child", "id": "c2", "activity": "inactive", "has_children": False, "mode": "one-shot"},
+        {
+            "kind": "child",
+            "id": "c2",
+            "activity": "inactive",
+            "has_children": False,
+            "mode": "one-shot",
+            "last_event": _written(root, "c2"),
+        },
     ]
+    c1, c2, g = (iso_time(_written(root, sid)) for sid in ("c1", "c2", "g"))
     assert main(["children", "p", "--descendants", "--root", str(root)]) == 0
     # A table with a header and ISO-8601 creation times (UTC, milliseconds).
     assert capsys.readouterr().out.splitlines() == [
-        "ID  PARENT  DEPTH  STATE  MODE         CREATED                   CHILDREN  LABEL",
-        "c1  p       1      ready  continuable  1970-01-01T00:00:00.002Z  yes       first",
-        "g   c1      2      ready  continuable  1970-01-01T00:00:00.004Z  no        deep",
-        "c2  p       1      done   one-shot     1970-01-01T00:00:00.003Z  no        -",
+        "ID  PARENT  DEPTH  STATE  MODE         CREATED                   LAST EVENT                RUNNER  CHILDREN  LABEL",
+        f"c1  p       1      ready  continuable  1970-01-01T00:00:00.002Z  {c1}  -       yes       first",
+        f"g   c1      2      ready  continuable  1970-01-01T00:00:00.004Z  {g}  -       no        deep",
+        f"c2  p       1      done   one-shot     1970-01-01T00:00:00.003Z  {c2}  -       no        -",
     ]
     assert main(["children", "p", "--root", str(root)]) == 0
     # The words `agents` uses (issue 29: not `inactive` here and `ready` there).
     assert capsys.readouterr().out.splitlines() == [
-        "ID  STATE  MODE         CREATED                   CHILDREN  LABEL",
-        "c1  ready  continuable  1970-01-01T00:00:00.002Z  yes       first",
-        "c2  done   one-shot     1970-01-01T00:00:00.003Z  no        -",
+        "ID  STATE  MODE         CREATED                   LAST EVENT                RUNNER  CHILDREN  LABEL",
+        f"c1  ready  continuable  1970-01-01T00:00:00.002Z  {c1}  -       yes       first",
+        f"c2  done   one-shot     1970-01-01T00:00:00.003Z  {c2}  -       no        -",
     ]
+
+
+def test_children_whose_runner_is_gone_mid_turn_are_orphaned(tmp_path: Path, capsys) -> None:
+    """Issue 29: a log whose last turn has no end and whose lock nobody holds is `orphaned` in
+    every listing (never running, never ready), the JSON saying `liveness`."""
+    import json
+
+    root = _root_with_children(tmp_path)  # every turn left open; no process runs them
+    assert main(["children", "p", "--json", "--root", str(root)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["id"], r["activity"], r.get("liveness"), "runner" in r) for r in rows] == [
+        ("c1", "inactive", "orphaned", False),
+        ("c2", "inactive", "orphaned", False),
+    ]
+    assert main(["children", "p", "--root", str(root)]) == 0
+    assert [line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]] == ["orphaned", "orphaned"]
+    assert main(["agents", "p", "--descendants", "--root", str(root)]) == 0
+    assert capsys.readouterr().out == (
+        "c1 [orphaned] parent=p depth=1 — first\ng [orphaned] parent=c1 depth=2 — deep\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -114,7 +153,7 @@ def test_children_bad_input_is_exit_2_with_one_line(tmp_path: Path, capsys, args
 
 
 def test_agents_renders_like_list_agents(tmp_path: Path, capsys) -> None:
-    root = _root_with_children(tmp_path)
+    root = _root_with_children(tmp_path, ended=True)
     assert main(["agents", "p", "--root", str(root)]) == 0
     # c2 is an unlabeled one-shot child: list_agents never shows one-shot children.
     assert capsys.readouterr().out == "c1 [ready] — first\n"
@@ -154,14 +193,20 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
         "live_elsewhere": False,
         "persisted": True,
         "damage": None,
+        "last_event": _written(root, "g"),  # issue 29: when its log was last written
+        "runner": None,  # nobody runs it
         # Usage (issue 15 item 4): hand-written logs with no model calls count zero.
         "usage": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0},
         "tree_usage": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0, "sessions": 1, "skipped": []},
     }
     assert main(["sessions", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "ID  CREATED                   ORIGIN    PARENT  DEPTH  EVENTS  STATE      DAMAGE"
-    assert lines[-1] == "p   1970-01-01T00:00:00.001Z  -         -       0      1       persisted  -"
+    p = iso_time(_written(root, "p"))
+    assert (
+        lines[0]
+        == "ID  CREATED                   ORIGIN    PARENT  DEPTH  EVENTS  STATE      LAST EVENT                DAMAGE"
+    )
+    assert lines[-1] == f"p   1970-01-01T00:00:00.001Z  -         -       0      1       persisted  {p}  -"
 
 
 def test_sessions_reports_damage(tmp_path: Path, capsys) -> None:
@@ -212,3 +257,10 @@ def test_read_only_commands_never_create_the_root(tmp_path: Path, capsys, comman
     assert main([*command, "--root", str(root)]) == 2
     assert capsys.readouterr().err == f"subagents: not a subagents root: {root}\n"
     assert not root.exists()
+
+
+def iso_time(ms: int) -> str:
+    """Epoch milliseconds as the CLI's tables print them (ISO 8601, UTC, milliseconds)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"

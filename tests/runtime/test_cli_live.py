@@ -126,15 +126,18 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
         assert "live in another process" in _cli(capsys, "show", "parent", "--root", r)
 
         rows = {row["id"]: row for row in json.loads(_cli(capsys, "sessions", "--json", "--root", r))}
-        assert {sid: (row["live"], row["live_elsewhere"]) for sid, row in rows.items()} == {
-            "parent": (True, True),
-            child: (True, True),
+        # Issue 29: who runs them, from the lock table (the `run` process's pid).
+        runner = f"pid {process.pid}"
+        assert {sid: (row["live"], row["live_elsewhere"], row["runner"]) for sid, row in rows.items()} == {
+            "parent": (True, True, runner),
+            child: (True, True, runner),
         }
         table = _cli(capsys, "sessions", "--root", r).splitlines()
-        assert all("live (another process)" in line for line in table[1:]) and len(table) == 3
+        assert all(f"live ({runner})" in line for line in table[1:]) and len(table) == 3
 
         [row] = json.loads(_cli(capsys, "children", "parent", "--json", "--root", r))
-        assert (row["id"], row["activity"], row["mode"]) == (child, "running", "continuable")
+        assert (row["id"], row["activity"], row["mode"], row["runner"]) == (child, "running", "continuable", runner)
+        assert row.get("liveness") is None  # its turn runs and made progress just now
         assert _cli(capsys, "agents", "parent", "--root", r) == f"{child} [running] — Busy\n"
 
         # The parent is live but between turns (it waits for its child): nothing was running.
@@ -159,8 +162,9 @@ def test_a_running_process_shows_as_live_until_it_is_killed(tmp_path: Path, caps
         child: (False, False),
     }
     [row] = json.loads(_cli(capsys, "children", "parent", "--json", "--root", r))
-    assert row["activity"] == "inactive"
-    assert _cli(capsys, "agents", "parent", "--root", r) == f"{child} [ready] — Busy\n"
+    # Issue 29: killed mid-turn, its runner gone: orphaned, never running (nor plain ready).
+    assert (row["activity"], row["liveness"], "runner" in row) == ("inactive", "orphaned", False)
+    assert _cli(capsys, "agents", "parent", "--root", r) == f"{child} [orphaned] — Busy\n"
 
 
 # --- the same, below the CLI: a writer of another store on the same data -------------------

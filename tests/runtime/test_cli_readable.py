@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,14 @@ def test_times_are_iso_8601_in_utc() -> None:
 
 def test_sessions_table_shows_iso_times(tmp_path: Path, capsys) -> None:
     _plain_log(tmp_path, "a", '{"seq":0,"type":"turn/start","time":1796131041124,"data":{"turn":1}}')
+    # LAST EVENT (issue 29): when the log was last written, set here to a known instant.
+    log = tmp_path / "sessions" / "a" / "session.jsonl"
+    os.utime(log, ns=(1796131042456_000_000, 1796131042456_000_000))
     code, out, err = _run(capsys, ["sessions", "--root", str(tmp_path)])
     assert (code, err) == (0, "")
     assert out.splitlines() == [
-        "ID  CREATED                   ORIGIN  PARENT  DEPTH  EVENTS  STATE      DAMAGE",
-        "a   2026-12-01T13:17:21.123Z  -       -       0      1       persisted  -",
+        "ID  CREATED                   ORIGIN  PARENT  DEPTH  EVENTS  STATE      LAST EVENT                DAMAGE",
+        "a   2026-12-01T13:17:21.123Z  -       -       0      1       persisted  2026-12-01T13:17:22.456Z  -",
     ]
 
 

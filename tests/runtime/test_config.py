@@ -132,6 +132,8 @@ call_timeout = 5
         ("mcp_servers = {x = 1}", "mcp_servers.x must be a table, got 1"),
         ("max_depth = ", "not valid TOML"),
         ("[store]\nlease_ttl = 0", "store.lease_ttl must be a number of seconds > 0, got 0"),
+        ("stall_after = 0", "stall_after must be a number of seconds > 0, got 0"),
+        ("stall_after = '5m'", "stall_after must be a number of seconds > 0, got '5m'"),
         ("[store]\nlease = 1", "unknown key store.lease"),
     ],
 )

@@ -306,6 +306,11 @@ def test_children_on_a_cold_store_with_damage_here_and_there(
     listed = json.loads(capsys.readouterr().out)
     want = expected(labels)
     want[1] = {"kind": "diagnostic", "id": "c1", "reason": "corrupt"}
+    # Issue 29: the CLI's rows say when each log was last written (its file's mtime).
+    for row in want:
+        if row["kind"] == "child":
+            (name,) = [n for n in os.listdir(tmp_path / "sessions" / row["id"]) if n.startswith("session.jsonl")]
+            row["last_event"] = (tmp_path / "sessions" / row["id"] / name).stat().st_mtime_ns // 1_000_000
     assert listed == want
     # Only what the command needed has an index row: not the logs line 1 placed elsewhere.
     assert {"p", *labels} <= index_ids(tmp_path)

@@ -195,8 +195,8 @@ def test_an_identity_of_another_shape_gets_a_row_that_is_not_kept() -> None:
         event_count=1,
     )
     made = listing_rows.RowCache()
-    row = made.child(record, {"mode": "continuable", "label": ["not", "a", "str"]}, False, False)
+    row = made.child(record, {"mode": "continuable", "label": ["not", "a", "str"]}, False, None)
     assert row.label == ["not", "a", "str"] and made._made == {}
-    assert made.child(record, {"mode": "continuable", "label": "ok"}, False, False) is made.child(
-        record, {"mode": "continuable", "label": "ok"}, False, False
+    assert made.child(record, {"mode": "continuable", "label": "ok"}, False, None) is made.child(
+        record, {"mode": "continuable", "label": "ok"}, False, None
     )

@@ -131,6 +131,12 @@ def test_each_child_keeps_its_last_action_and_when_and_the_line_says_how_long_ag
     assert (kid.state, kid.last, kid.last_at) == ("running", "called grep", 5_000)
     assert child_line(kid) == "kid [running] — helper"  # no clock: no time (run's display)
     assert child_line(kid, now_ms=17_400) == "kid [running] — helper · called grep, 12s ago"
+    # Issue 29: no durable progress for longer than stall_after (default 5 minutes): stalled.
+    assert child_line(kid, now_ms=5_000 + 300_000) == "kid [running] — helper · called grep, 5m ago"
+    assert child_line(kid, now_ms=5_001 + 300_000) == "kid [stalled] — helper · called grep, 5m ago"
+    assert child_line(kid, now_ms=5_001 + 300_000, stall_after_ms=600_000) == (
+        "kid [running] — helper · called grep, 5m ago"
+    )
     progress.apply(at("kid", 2, "turn/end", {"turn": 1, "reason": {"kind": "aborted", "cause": "user"}}, 20_000))
     progress.apply(at("root", 2, "subagent/settled", {"child_id": "kid", "reason_kind": "aborted"}, 20_500))
     assert child_line(kid, now_ms=20_000 + 3 * 3_600_000) == (

@@ -153,9 +153,11 @@ def _run(args: list[str], tmp_path: Path, cwd: Path) -> tuple[subprocess.Complet
 def test_children_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["children", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
+    written = iso_time((root / "sessions" / "helper" / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000)
+    # Its turn is open and nobody runs it (issue 29: orphaned).
     assert done.stdout.splitlines() == [
-        "ID      STATE  MODE         CREATED                   CHILDREN  LABEL",
-        "helper  ready  continuable  2026-12-01T13:17:22.000Z  no        the helper",
+        "ID      STATE     MODE         CREATED                   LAST EVENT                RUNNER  CHILDREN  LABEL",
+        f"helper  orphaned  continuable  2026-12-01T13:17:22.000Z  {written}  -       no        the helper",
     ]
     assert _heavy(modules) == []
     # What it does load: the storage, the actors, the query and the listing.
@@ -180,7 +182,7 @@ def test_children_json_and_descendants_load_no_host_module(root: Path, tmp_path:
 def test_agents_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["agents", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == "helper [ready] — the helper\n"
+    assert done.stdout == "helper [orphaned] — the helper\n"  # its turn is open, nobody runs it
     assert _heavy(modules) == []
 
 
@@ -306,3 +308,10 @@ def test_children_lists_the_store_once_and_sets_no_watch(
     assert "the helper" in capsys.readouterr().out
     assert main(["children", "--root", str(root), "nobody"]) == 2  # still checked against the corpus
     assert 'session "nobody" not found' in capsys.readouterr().err
+
+
+def iso_time(ms: int) -> str:
+    """Epoch milliseconds as the CLI's tables print them (ISO 8601, UTC, milliseconds)."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ms // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"

@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 
 from subagents.storage import Batch, FileLogStore, SessionHeader, make_event
-from subagents.storage.locks import PROC_LOCKS, held_flocks, held_paths, parse_flocks
+from subagents.storage.locks import (
+    PROC_LOCKS,
+    held_flocks,
+    held_paths,
+    holder_paths,
+    parse_flock_holders,
+    parse_flocks,
+)
 
 TABLE = """\
 1: FLOCK  ADVISORY  WRITE 5373 fe:00:2148449 0 EOF
@@ -33,6 +40,8 @@ def test_only_held_flocks_count() -> None:
     # Waiters (`->`), POSIX and OFD locks and unparsable lines are not a held flock.
     assert parse_flocks(TABLE) == {(0xFE, 0, 2148449), (0xFE, 0, 31337), (0x103, 0x1F, 12)}
     assert parse_flocks(TABLE, exclude_pid=4242) == {(0xFE, 0, 2148449), (0x103, 0x1F, 12)}  # our own
+    # ... each with its holder's pid (issue 29: who runs a listed session).
+    assert parse_flock_holders(TABLE) == {(0xFE, 0, 2148449): 5373, (0xFE, 0, 31337): 4242, (0x103, 0x1F, 12): 9}
 
 
 def test_an_unreadable_table_holds_nothing(tmp_path: Path) -> None:
@@ -62,6 +71,7 @@ def test_paths_match_the_table_by_device_and_inode(tmp_path: Path) -> None:
     paths = ["a", "b", "c", "missing"]
     assert held_paths(str(tmp_path), paths, inodes=inodes, table=str(table)) == {"a"}
     assert inodes == {"a": st_a.st_ino, "b": st_b.st_ino}  # kept: the next call needs no stat
+    assert holder_paths(str(tmp_path), paths, inodes=inodes, table=str(table)) == {"a": 1}  # with the pid
     assert held_paths(str(tmp_path), paths, inodes=inodes, table=str(table)) == {"a"}
     inodes["b"] = st_a.st_ino  # a stale inode that happens to be held: a fresh stat decides
     assert held_paths(str(tmp_path), paths, inodes=inodes, table=str(table)) == {"a"}
@@ -108,6 +118,7 @@ def test_a_lock_held_by_another_process_is_seen_without_taking_it(tmp_path: Path
             patched.setattr(fcntl, "flock", no_probe)
             for _ in range(2):  # the second time from the inodes it kept
                 assert store.held_elsewhere(["busy", "idle", "absent", "bad\x01id"]) == {"busy"}
+                assert store.holders(["busy", "idle", "absent"]) == {"busy": f"pid {holder.pid}"}
         store.close(mine)
     finally:
         assert holder.stdin is not None

@@ -636,6 +636,28 @@ def test_held_elsewhere_takes_no_lock_and_names_only_held_sessions(store_factory
     assert a.held_elsewhere(["s1"]) == set() and a.held_elsewhere([]) == set()
 
 
+def test_holders_name_who_holds_what_held_elsewhere_names(store_factory: StoreFactory) -> None:
+    """`holders` (issue 29: who runs a listed session) answers for the same ids as
+    `held_elsewhere`, each with its holder: the owner host of the lease on PostgreSQL, `another
+    process` for the memory store (it has no processes to name: tests/storage/test_locks.py
+    names a real pid)."""
+    from subagents.storage import ANOTHER_PROCESS, PostgresLogStore
+    from subagents.storage.testing import MemoryLogStore
+
+    a, b = store_factory(), store_factory()
+    first = a.create(header("s1"))
+    a.append(first, [batch(0, 1)])
+    if isinstance(a, PostgresLogStore):
+        assert b.holders(["s1", "nobody", "bad\x01id"]) == {"s1": f"host {a.host_id}"}
+    elif isinstance(a, MemoryLogStore):
+        assert b.holders(["s1", "nobody", "bad\x01id"]) == {"s1": ANOTHER_PROCESS}
+    else:
+        assert b.holders(["s1", "nobody", "bad\x01id"]) == {}  # this very process
+    assert set(b.holders(["s1"])) == b.held_elsewhere(["s1"])
+    a.close(first)
+    assert b.holders(["s1"]) == {} and b.holders([]) == {}
+
+
 def test_ownership_is_released_after_close(store: LogStore) -> None:
     first = store.create(header())
     store.close(first)

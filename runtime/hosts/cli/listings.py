@@ -18,6 +18,8 @@ from subagents.storage import StorageError, StoreUnreachable
 
 from ...delegation.agents_text import render_agents, state_word
 from ...delegation.listing import ChildRow
+from ...delegation.listing_rows import ELSEWHERE, HERE, last_event_ms
+from ...delegation.listing_stall import configured_stall_after
 from ...foundation.errors import CommandFailed, QuerySessionNotFound, SessionQueryError, SubagentError, UsageError
 from ...read_side import open_read_side
 from ...usage import own_totals, tree_json, tree_totals
@@ -40,7 +42,7 @@ async def children_command(args: argparse.Namespace) -> int:
         running = {row.id for row in rows if isinstance(row, ChildRow) and row.activity == "running"}
         print(render_agents(rows, args.descendants, lambda sid: "running" if sid in running else "ready"))
     elif args.json:
-        print(json.dumps([row.to_json() for row in rows], ensure_ascii=False))
+        print(json.dumps([row.to_json(liveness=True) for row in rows], ensure_ascii=False))
     else:
         _print_table(rows, args.descendants, created)
     return 0
@@ -49,7 +51,10 @@ async def children_command(args: argparse.Namespace) -> int:
 async def _list(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
     # One parent's children (or one root's descendants) need no more than line 1 of the logs
     # that line 1 places elsewhere.
-    async with open_read_side(args.root, store=args.store, focus=args.parent_id, subtree=args.descendants) as runtime:
+    stall_after = configured_stall_after()  # subagents.toml's, or 5 minutes (a bad value: exit 2)
+    async with open_read_side(
+        args.root, store=args.store, focus=args.parent_id, subtree=args.descendants, stall_after=stall_after
+    ) as runtime:
         try:
             # A parent the corpus has no record of is `ListingParentNotFound` (a usage error).
             if args.descendants:
@@ -76,7 +81,10 @@ async def sessions_command(args: argparse.Namespace) -> int:
         # Usage (JSON only): own totals from cells and checkpoint rows (a log is read only when
         # neither answers), tree totals summed from those over the corpus's lineage, no more reads.
         own = await own_totals(runtime.query, records) if args.json else {}
-    rows = [_session_row(r) for r in records]
+        # Who runs the sessions another process holds (one more probe, only when any is held).
+        held = [r.id for r in records if r.held]
+        runners = await runtime.query.holders(held) if held else {}
+    rows = [_session_row(r, runners.get(r.id)) for r in records]
     if args.json:
         trees = tree_totals(records, own)
         for row in rows:
@@ -90,7 +98,8 @@ async def sessions_command(args: argparse.Namespace) -> int:
         return 0
     cells = []
     for row in rows:
-        state = "live (another process)" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
+        state = f"live ({row['runner']})" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
+        last = row["last_event"]
         cells.append(
             [
                 row["id"],
@@ -100,14 +109,16 @@ async def sessions_command(args: argparse.Namespace) -> int:
                 cell_text(row["depth"]),
                 cell_text(row["events"]),
                 state,
+                iso_time(last if isinstance(last, int) else None),
                 row["damage"] or "-",
             ]
         )
-    print("\n".join(table_lines(["ID", "CREATED", "ORIGIN", "PARENT", "DEPTH", "EVENTS", "STATE", "DAMAGE"], cells)))
+    header = ["ID", "CREATED", "ORIGIN", "PARENT", "DEPTH", "EVENTS", "STATE", "LAST EVENT", "DAMAGE"]
+    print("\n".join(table_lines(header, cells)))
     return 0
 
 
-def _session_row(record: SessionRecord) -> JsonObject:
+def _session_row(record: SessionRecord, runner: str | None = None) -> JsonObject:
     header = record.header
     return {
         "id": record.id,
@@ -120,6 +131,10 @@ def _session_row(record: SessionRecord) -> JsonObject:
         "live_elsewhere": record.held,  # another process holds its lock
         "persisted": record.persisted,
         "damage": record.damage,
+        # Issue 29: when its log was last written (a file's mtime; PostgreSQL: its last event's
+        # time), and who runs it while it is live.
+        "last_event": last_event_ms(record),
+        "runner": (runner or ELSEWHERE) if record.held else HERE if record.live else None,
     }
 
 
@@ -155,17 +170,29 @@ def _print_table(rows: Sequence[Row], descendants: bool, created: dict[str, int]
     if not rows:
         print("(no subagents)")
         return
-    header = ["ID", *(["PARENT", "DEPTH"] if descendants else []), "STATE", "MODE", "CREATED", "CHILDREN", "LABEL"]
+    header = [
+        "ID",
+        *(["PARENT", "DEPTH"] if descendants else []),
+        "STATE",
+        "MODE",
+        "CREATED",
+        "LAST EVENT",
+        "RUNNER",
+        "CHILDREN",
+        "LABEL",
+    ]
     cells = []
     for row in rows:
         where = [row.parent_id, str(row.depth)] if descendants else []
         when = iso_time(created.get(row.id))
         if isinstance(row, ChildRow):
             children = "yes" if row.has_children else "no"
-            # The words `agents` uses (the JSON keeps the SPEC's `activity`).
+            # The words `agents` uses (the JSON keeps the SPEC's `activity`, and says `liveness`).
             state = state_word(row, "running" if row.activity == "running" else "ready")
             state += f", {row.in_doubt} in doubt" if row.in_doubt > 0 else ""
-            cells.append([row.id, *where, state, row.mode, when, children, cell_text(row.label)])
+            last = iso_time(row.last_event)
+            runner = cell_text(row.runner)
+            cells.append([row.id, *where, state, row.mode, when, last, runner, children, cell_text(row.label)])
         else:
-            cells.append([row.id, *where, f"diagnostic: {row.reason}", "-", when, "-", "-"])
+            cells.append([row.id, *where, f"diagnostic: {row.reason}", "-", when, "-", "-", "-", "-"])
     print("\n".join(table_lines(header, cells)))
