@@ -34,6 +34,7 @@ from .agent.loop import Agent, AgentConfig
 from .agent.mailbox_owner import MailboxOwners
 from .agent.model_record import ModelFactory
 from .agent.registry import AgentRegistry, SessionTools
+from .agent.tree_ledger import TreeLedger, TreeSpent
 from .delegation.agent_types import AgentType
 from .delegation.listing import ListingService
 from .delegation.options import ChildModel
@@ -42,6 +43,7 @@ from .delegation.tools import DelegationParts, subagent_tools
 from .foundation.budgets import Budget
 from .foundation.clock import Clock, RealClock
 from .foundation.ids import IdFactory, RandomIds
+from .foundation.pricing import PriceTable
 from .lease_renewal import renew_leases
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
@@ -53,6 +55,7 @@ from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.workspace_tools import workspace_tools
+from .usage import descendant_spent
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -144,6 +147,7 @@ async def open_runtime(
     placements: Placements | None = None,
     store_options: StoreOptions | None = None,
     on_interrupted_turn: Literal["continue", "close"] | None = None,
+    prices: PriceTable | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`, `anthropic:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -172,7 +176,9 @@ async def open_runtime(
     opens (`lease_ttl`, `lease_renew_interval`). `on_interrupted_turn` (default `agent_config`'s,
     "continue") is what resuming a session whose last turn a crash left open does: continue that
     turn, or close it as interrupted (docs/format.md, "Continued turns"); an agent type's own
-    choice wins for its children."""
+    choice wins for its children. `prices` (`[prices]`, runtime/foundation/pricing.py) price the
+    model calls a `max_cost` budget counts; budgets are shared down each tree through one ledger
+    per runtime (runtime/agent/tree_ledger.py)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -228,13 +234,22 @@ async def open_runtime(
 
                 nursery.start_soon(renew_leases, logs, lost)  # a PostgreSQL store's leases (none: returns)
 
+                prices = prices if prices is not None else PriceTable()
+
+                async def seed(session_id: str) -> TreeSpent:
+                    return await descendant_spent(query, listing, session_id, prices)
+
+                ledger = TreeLedger(prices=prices, seeder=seed)
                 agents = AgentRegistry(
                     sessions=sessions,
                     reader=reader,
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,
-                    config=_with_policy(_with_budget(agent_config or AgentConfig(), budget), on_interrupted_turn),
+                    config=attrs.evolve(
+                        _with_policy(_with_budget(agent_config or AgentConfig(), budget), on_interrupted_turn),
+                        ledger=ledger,
+                    ),
                     nursery=nursery,
                     hooks=service,
                     owners=owners,

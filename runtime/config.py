@@ -21,6 +21,7 @@ import attrs
 
 from .foundation.errors import ConfigInvalid
 from .models.defaults import DEFAULT_MODEL
+from .foundation.pricing import Price, PriceTable, parse_price
 from .tools.mcp_spec import McpServerSpec
 
 __all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir"]
@@ -51,6 +52,7 @@ class Config:
     default_permission: str | None = None
     budget: Mapping[str, float] = attrs.field(factory=dict)  # max_turns, max_tokens, deadline_seconds
     mcp_servers: Mapping[str, McpServerSpec] = attrs.field(factory=dict)
+    prices: PriceTable = attrs.field(factory=PriceTable)  # `[prices]`: per model, per million tokens
     lease_ttl: float = 15.0  # a PostgreSQL store's leases (SPEC §9)
     lease_renew_interval: float | None = None  # None: a third of the ttl
     forget_hosts_after: float = 86400.0  # a serving host deletes the rows of hosts gone this long
@@ -70,6 +72,9 @@ class Config:
         out.append(("permissions.default", default, self.sources.get("permissions.default", "default")))
         for key, value in sorted(self.budget.items()):
             out.append((f"budget.{key}", value, self.sources[f"budget.{key}"]))
+        for model, price in sorted(self.prices.prices.items()):
+            shown_price = f"input {price.input}, output {price.output}, cache_read {price.cache_read}, cache_write {price.cache_write}"
+            out.append((f'prices."{model}"', shown_price, self.sources[f"prices.{model}"]))
         for name, server in sorted(self.mcp_servers.items()):
             shown = server.url if server.url is not None else " ".join([server.command or "", *server.args])
             out.append((f"mcp_servers.{name}", shown, self.sources[f"mcp_servers.{name}"]))
@@ -147,12 +152,21 @@ _FIELD = {
     "store.lease_renew_interval": "lease_renew_interval",
     "store.forget_hosts_after": "forget_hosts_after",
 }
+def _cost(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a number >= 0 (the prices' currency), got {_shown(value)}")
+    return float(value)
+
+
 _BUDGET: dict[str, Callable[[object], object]] = {
     "max_turns": _integer(1),
     "max_tokens": _integer(1),
     "deadline_seconds": _seconds,
+    "max_cost": _cost,
+    "max_descendants": _integer(0),
 }
-_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store")
+_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "prices")
+
 
 
 def _shown(value: object) -> str:
@@ -194,6 +208,7 @@ def load_config(
     permissions: dict[str, str] = {}
     budget: dict[str, Any] = {}
     servers: dict[str, McpServerSpec] = {}
+    prices: dict[str, Price] = {}
     for path, document in layers:
         where = f"{path}"
         for key, value in _flatten(document, where).items():
@@ -211,6 +226,9 @@ def load_config(
                         f"{where}: unknown key {key} (known: {', '.join(f'budget.{k}' for k in _BUDGET)})"
                     )
                 budget[rest] = _checked(where, key, value, _BUDGET[rest])
+                sources[key] = where
+            elif section == "prices":  # `[prices."MODEL"]`: runtime/pricing.py
+                prices[rest] = _checked(where, f'prices."{rest}"', value, parse_price)
                 sources[key] = where
             elif section == "mcp_servers":
                 servers[rest] = _server(where, rest, value, os.path.dirname(path))
@@ -232,6 +250,7 @@ def load_config(
         permissions=permissions,
         budget=budget,
         mcp_servers=servers,
+        prices=PriceTable(prices),
         sources=sources,
         files=tuple(files),
     )

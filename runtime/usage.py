@@ -24,18 +24,20 @@ non-negative ints, is not counted.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 import msgspec
 import trio
 from subagents.actors import ActorStopped, ReadGroup, snapshot_all
-from subagents.storage import Event, Offset, SessionHeader
+from subagents.storage import Event, Offset, SessionHeader, SubagentsError
 
 from .delegation.lineage import same_lifecycle
 from .delegation.listing import DiagnosticRow, ListingService
 from .foundation.errors import SessionQueryError
+from .foundation.pricing import PriceTable, format_cost
 from .query import SessionQuery, SessionRecord
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "Tokens",
     "TreeUsage",
     "UsageUnit",
+    "cost_of",
+    "descendant_spent",
     "describe",
     "own_totals",
     "tree_json",
@@ -54,8 +58,31 @@ __all__ = [
     "usage_of",
 ]
 
+if TYPE_CHECKING:
+    from .agent.tree_ledger import TreeSpent
+
+_log = logging.getLogger(__name__)
+
 ASSISTANT: Final = "assistant/message"
 CONTINUE: Final = "turn/continue"
+MODEL: Final = "session/model"
+
+# One model's counts: (model spec as `session/model` recorded it, "" when none was; input,
+# output, cache read, cache written tokens). What cost is derived from (runtime/pricing.py).
+ModelCounts = tuple[str, int, int, int, int]
+
+
+def _merged(a: tuple[ModelCounts, ...], b: tuple[ModelCounts, ...]) -> tuple[ModelCounts, ...]:
+    if not b:
+        return a
+    if not a:
+        return b
+    out: dict[str, list[int]] = {}
+    for model, *counts in (*a, *b):
+        slot = out.setdefault(model, [0, 0, 0, 0])
+        for i, n in enumerate(counts):
+            slot[i] += n
+    return tuple((m, *c) for m, c in sorted(out.items()))  # type: ignore[misc]  # four ints each
 
 
 @attrs.frozen(kw_only=True)
@@ -70,6 +97,9 @@ class Tokens:
     # Prompt-cache counts (apart from `input_tokens`, as a model call's usage records them).
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    # The same reported counts by the model that made the calls (sorted by model): cost's input.
+    # Not compared: two `Tokens` are equal when their counts are.
+    models: tuple[ModelCounts, ...] = attrs.field(default=(), eq=False)
 
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
@@ -80,6 +110,7 @@ class Tokens:
             unknown_calls=self.unknown_calls + other.unknown_calls,
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            models=_merged(self.models, other.models),
         )
 
     def to_json(self) -> dict[str, int]:
@@ -110,6 +141,9 @@ class Tokens:
         if any(type(c) is not int or c < 0 for c in optional):
             return None
         unknown, cache_read, cache_write = cast("list[int]", optional)
+        models = _models_from_json(value.get("models", {}))
+        if models is None:
+            return None
         return cls(
             input_tokens=ints[0],
             output_tokens=ints[1],
@@ -118,7 +152,43 @@ class Tokens:
             unknown_calls=unknown,
             cache_read_tokens=cache_read,
             cache_write_tokens=cache_write,
+            models=models,
         )
+
+
+def _models_from_json(value: object) -> tuple[ModelCounts, ...] | None:
+    """The per-model counts of a unit state (`{model: [in, out, cache read, cache written]}`),
+    or None for any other shape."""
+    if type(value) is not dict:
+        return None
+    out: list[ModelCounts] = []
+    for model, counts in sorted(value.items()):
+        if type(counts) is not list or len(counts) != 4 or any(type(c) is not int or c < 0 for c in counts):
+            return None
+        out.append((model, *counts))
+    return tuple(out)
+
+
+def _models_json(models: tuple[ModelCounts, ...]) -> dict[str, list[int]]:
+    return {model: list(counts) for model, *counts in models}
+
+
+def cost_of(tokens: Tokens, prices: PriceTable) -> float | None:
+    """What `tokens` cost at `prices`, or None (unknown) when a call's usage is unknown (not
+    reported, or lost to a crash) or a model that made calls has no price."""
+    if tokens.reported != tokens.calls or tokens.unknown_calls:
+        return None
+    total = 0.0
+    for model, tokens_in, tokens_out, cache_read, cache_write in tokens.models:
+        price = prices.price_of(model)
+        if price is None:
+            return None
+        total += price.cost(tokens_in, tokens_out, cache_read, cache_write)
+    if sum(t[1] + t[2] + t[3] + t[4] for t in tokens.models) != (
+        tokens.input_tokens + tokens.output_tokens + tokens.cache_read_tokens + tokens.cache_write_tokens
+    ):
+        return None  # counts from a reader that kept no models (an old checkpoint row): unknown
+    return total
 
 
 @attrs.frozen(kw_only=True)
@@ -159,9 +229,17 @@ class TreeUsage:
         }
 
 
-def describe(tokens: Tokens) -> str:
+def describe(tokens: Tokens, prices: PriceTable | None = None) -> str:
     """One line for people: `120 in, 30 out tokens (2 model calls)`, or `not reported (2 model
-    calls)` when no reply carried usage; a partial report says how many did."""
+    calls)` when no reply carried usage; a partial report says how many did. Given a price table
+    (a non-empty one), `, cost $0.0012` or `, cost unknown` follows."""
+    line = _describe(tokens)
+    if prices and tokens.calls + tokens.unknown_calls:
+        line += f", cost {format_cost(cost_of(tokens, prices))}"
+    return line
+
+
+def _describe(tokens: Tokens) -> str:
     calls = f"{tokens.calls} model call{'s' if tokens.calls != 1 else ''}"
     n = tokens.unknown_calls
     unknown = f" +{n} call{'s' if n != 1 else ''} unknown" if n else ""
@@ -174,14 +252,16 @@ def describe(tokens: Tokens) -> str:
     return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens{cache} ({calls}{partly}){unknown}"
 
 
-def usage_lines(session: SessionUsage, tree: TreeUsage | None = None) -> list[str]:
+def usage_lines(
+    session: SessionUsage, tree: TreeUsage | None = None, prices: PriceTable | None = None
+) -> list[str]:
     """What a host shows for `/usage`: a line per turn, the session's total and, given the tree,
-    its total (naming the descendants it skipped)."""
-    lines = [f"turn {turn}: {describe(tokens)}" for turn, tokens in session.turns]
-    lines.append(f"session {session.session_id}: {describe(session.total)}")
+    its total (naming the descendants it skipped); with prices, each line's cost."""
+    lines = [f"turn {turn}: {describe(tokens, prices)}" for turn, tokens in session.turns]
+    lines.append(f"session {session.session_id}: {describe(session.total, prices)}")
     if tree is not None:
         others = tree.sessions - 1
-        line = f"with {others} subagent{'s' if others != 1 else ''}: {describe(tree.total)}"
+        line = f"with {others} subagent{'s' if others != 1 else ''}: {describe(tree.total, prices)}"
         if tree.skipped:
             line += f"; skipped (unreadable): {', '.join(tree.skipped)}"
         lines.append(line)
@@ -241,26 +321,51 @@ def _read(event: Event) -> tuple[int, int, int, int, int] | None:
     return (reply.turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write)
 
 
-def _own_replies(events: Iterable[Event], own_from: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(turn, input, output, cache read, cache written tokens) of each readable `assistant/message`
-    at or after seq `own_from`; input and output are -1 when the reply carries no usage record,
-    -2 for a model call a crash lost (a `turn/continue` with `lost_model_call`)."""
+class _Model(msgspec.Struct):
+    model: str | None = None
+
+
+_model = msgspec.json.Decoder(_Model)
+
+
+def _model_of(event: Event) -> str:
+    """The model a `session/model` event names ("" when unreadable: it is ignorable)."""
+    try:
+        model = _model.decode(event.data).model
+    except (msgspec.DecodeError, RecursionError):
+        return ""
+    return model if isinstance(model, str) else ""
+
+
+Reply = tuple[int, int, int, int, int, str]
+
+
+def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Iterator[Reply]:
+    """(turn, input, output, cache read, cache written tokens, model) of each readable
+    `assistant/message` at or after seq `own_from`; input and output are -1 when the reply
+    carries no usage record, -2 for a model call a crash lost (a `turn/continue` with
+    `lost_model_call`). `model` is the one in force before `events` ("" for none); the
+    `session/model` events met on the way (an inherited prefix's too) change it."""
     for event in events:
+        if event.type == MODEL:
+            model = _model_of(event)
+            continue
         if event.seq < own_from:
             continue
         if event.type == ASSISTANT:
             read = _read(event)
             if read is not None:
-                yield read
+                yield (*read, model)
         elif event.type == CONTINUE:
             turn = _lost_call(event)
             if turn is not None:
-                yield (turn, -2, -2, 0, 0)
+                yield (turn, -2, -2, 0, 0, model)
 
 
-def _count(counts: list[int], reply: tuple[int, int, int, int, int]) -> None:
-    """Add one reply to `[input, output, calls, reported, unknown, cache read, cache written]`."""
-    _turn, tokens_in, tokens_out, cache_read, cache_write = reply
+def _count(counts: list[int], reply: Reply, models: dict[str, list[int]]) -> None:
+    """Add one reply to `[input, output, calls, reported, unknown, cache read, cache written]`
+    and to its model's `[input, output, cache read, cache written]`."""
+    _turn, tokens_in, tokens_out, cache_read, cache_write, model = reply
     if tokens_in == -2:
         counts[4] += 1
         return
@@ -271,9 +376,14 @@ def _count(counts: list[int], reply: tuple[int, int, int, int, int]) -> None:
         counts[3] += 1
         counts[5] += cache_read
         counts[6] += cache_write
+        slot = models.setdefault(model, [0, 0, 0, 0])
+        slot[0] += tokens_in
+        slot[1] += tokens_out
+        slot[2] += cache_read
+        slot[3] += cache_write
 
 
-def _tokens(c: Sequence[int]) -> Tokens:
+def _tokens(c: Sequence[int], models: Mapping[str, list[int]]) -> Tokens:
     return Tokens(
         input_tokens=c[0],
         output_tokens=c[1],
@@ -282,16 +392,18 @@ def _tokens(c: Sequence[int]) -> Tokens:
         unknown_calls=c[4],
         cache_read_tokens=c[5],
         cache_write_tokens=c[6],
+        models=tuple((m, *n) for m, n in sorted(models.items())),  # type: ignore[misc]  # four ints each
     )
 
 
 def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[dict[int, Tokens], Tokens]:
     """Usage per turn and in total over the own suffix of a session's `events` (seq >=
     `inherited_event_count`). Pure; never raises on bad payloads (they are not counted)."""
-    per_turn: dict[int, list[int]] = {}
+    per_turn: dict[int, tuple[list[int], dict[str, list[int]]]] = {}
     for reply in _own_replies(events, inherited_event_count):
-        _count(per_turn.setdefault(reply[0], [0] * 7), reply)
-    turns = {turn: _tokens(c) for turn, c in sorted(per_turn.items())}
+        counts, models = per_turn.setdefault(reply[0], ([0] * 7, {}))
+        _count(counts, reply, models)
+    turns = {turn: _tokens(c, m) for turn, (c, m) in sorted(per_turn.items())}
     return turns, sum(turns.values(), Tokens())
 
 
@@ -300,22 +412,24 @@ def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[d
 
 class UsageUnit:
     """The `usage` unit: a session's own token totals. State `{own_from: K, input_tokens,
-    output_tokens, calls, reported}` (plus `unknown_calls` and the cache counts when not 0); the
-    view is the counts (`Tokens.to_json`)."""
+    output_tokens, calls, reported}` (plus `unknown_calls` and the cache counts when not 0),
+    `model` (the one its last `session/model` named) and `models` (`{model: [input, output, cache
+    read, cache written]}`, what cost is derived from); the view is the counts (`Tokens.to_json`
+    with `models`)."""
 
     key = "usage"
-    state_version = 1
-    types: Final = frozenset({ASSISTANT, CONTINUE})
+    state_version = 2  # 2: `model` and `models` (a version-1 row is not read: its log is)
+    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL})
 
-    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, int]:
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, Any]:
         return {"own_from": inherited_event_count, **Tokens().to_json()}
 
-    def apply(self, state: dict[str, int], event: Event) -> dict[str, int]:
+    def apply(self, state: dict[str, Any], event: Event) -> dict[str, Any]:
         if event.type not in self.types:
             return state
         return self.fold(state, (event,))
 
-    def fold(self, state: dict[str, int], events: Sequence[Event]) -> dict[str, int]:
+    def fold(self, state: dict[str, Any], events: Sequence[Event]) -> dict[str, Any]:
         """The left fold of `apply` over contiguous events, counted in locals and built once (a
         long read costs one decode per reply, not a new state per reply)."""
         own_from = state.get("own_from") if type(state) is dict else None
@@ -331,16 +445,31 @@ class UsageUnit:
             t.cache_read_tokens,
             t.cache_write_tokens,
         ]
+        models = {m: list(n) for m, *n in t.models}
+        before = state.get("model", "")
+        before = model = before if type(before) is str else ""
         changed = False
-        for reply in _own_replies(events, own_from):
+        for event in events:
+            if event.type == MODEL:
+                changed, model = True, _model_of(event)
+        for reply in _own_replies(events, own_from, before):
             changed = True
-            _count(counts, reply)
+            _count(counts, reply, models)
         if not changed:
             return state
-        return {"own_from": own_from, **_tokens(counts).to_json()}
+        out: dict[str, Any] = {"own_from": own_from, **_tokens(counts, models).to_json()}
+        if model:
+            out["model"] = model
+        if models:
+            out["models"] = _models_json(_tokens(counts, models).models)
+        return out
 
-    def view(self, state: dict[str, int]) -> dict[str, int]:
-        return (Tokens.from_json(state) or Tokens()).to_json()
+    def view(self, state: dict[str, Any]) -> dict[str, Any]:
+        tokens = Tokens.from_json(state) or Tokens()
+        out: dict[str, Any] = tokens.to_json()
+        if tokens.models:
+            out["models"] = _models_json(tokens.models)
+        return out
 
 
 USAGE_UNIT: Final = UsageUnit()
@@ -492,3 +621,27 @@ def tree_json(tree: TreeUsage) -> dict[str, Any]:
     """A tree's totals as `sessions --json` shows them: the counts, how many sessions they sum
     and the ids skipped."""
     return {**tree.total.to_json(), "sessions": tree.sessions, "skipped": list(tree.skipped)}
+
+
+async def descendant_spent(
+    query: SessionQuery, listing: ListingService, session_id: str, prices: PriceTable
+) -> TreeSpent:
+    """What `session_id`'s descendants have spent, for the tree ledger's seed (runtime/agent/
+    tree_ledger.py): their tokens (every kind), cost at `prices` (None: unknown) and how many
+    there are. From their cells and checkpoint rows (`own_totals`), a log only when neither
+    answers. A descendant that cannot be read counts as nothing spent — it is still bounded by
+    its own recorded budget; a tree that cannot be listed, likewise (a warning is logged)."""
+    from .agent.tree_ledger import TreeSpent
+
+    try:
+        rows = await listing.list_descendants(session_id)
+        corpus = {r.id: r for r in await query.list_sessions()}
+    except SubagentsError as exc:
+        _log.warning("the budget of %s is seeded without its descendants: %s", session_id, exc)
+        return TreeSpent()
+    wanted = [corpus[row.id] for row in rows if not isinstance(row, DiagnosticRow) and row.id in corpus]
+    totals = await own_totals(query, wanted)
+    total = sum((t for t in totals.values() if t is not None), Tokens())
+    tokens = total.input_tokens + total.output_tokens + total.cache_read_tokens + total.cache_write_tokens
+    cost = cost_of(total, prices) if total.calls or total.unknown_calls else 0.0
+    return TreeSpent(tokens=tokens, cost=cost, descendants=len(rows))

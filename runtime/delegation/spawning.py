@@ -30,6 +30,7 @@ from ..agent.loop import Agent, AgentConfig, TurnResult
 from ..agent.registry import AgentRegistry
 from ..foundation.errors import (
     AgentStopped,
+    BudgetExhausted,
     DepthExceeded,
     FamilyDraining,
     NoProvider,
@@ -303,8 +304,15 @@ class Spawning:
         asked = options.budget
         if asked is not None and asked.seconds is not None:
             asked = asked.resolved(self.agents.clock.now_ms())
+        ledger = parent.config.ledger
+        if ledger is not None:  # budgets shared down the tree (runtime/agent/tree_ledger.py)
+            refused = ledger.start_refusal(parent.session_id)
+            if refused is not None:
+                raise BudgetExhausted(f"no subagent started: {refused}")
         ceiling = parent.budget_remaining()
         budget = asked.clamped(ceiling) if asked is not None else ceiling
+        if ledger is not None:
+            ledger.start_child(parent.session_id)  # reserved: counted before the child exists
         return options.with_budget(None if budget is None or budget.unlimited else budget)
 
     def _child_depth(self, parent: Agent) -> int:
