@@ -117,6 +117,7 @@ class _Node:
     cost: float | None = 0.0
     descendants: int = 0
     open: bool = True  # holds its reservation (started or in a turn, not settled)
+    inflight: int = 0  # the estimates of its tree's calls sent and not yet charged
     unpriced: str | None = None  # a model of its tree that has no price (why its cost is unknown)
 
 
@@ -127,6 +128,7 @@ class TreeLedger:
     prices: PriceTable = attrs.field(factory=PriceTable)
     seeder: Seeder | None = None
     _nodes: dict[str, _Node] = attrs.field(factory=dict)
+    _sent: dict[str, int] = attrs.field(factory=dict)  # session → its call in flight's estimate
 
     # --- joining --------------------------------------------------------------------------
 
@@ -171,6 +173,7 @@ class TreeLedger:
     def leave(self, session_id: str) -> None:
         """A session stopped here: its totals stay for its ancestors (they have them already);
         its reservation is returned."""
+        self._land(session_id)  # a call that left no usage record is over too
         node = self._nodes.get(session_id)
         if node is not None:
             node.open = False
@@ -202,6 +205,7 @@ class TreeLedger:
         """One recorded reply's `usage`, made by `model`, charged to the session and every
         ancestor."""
         tokens = sum(max(0, int(n)) for n in usage.values())
+        self._land(session_id)
         price = self.prices.price_of(model)
         cost = None
         if price is not None:
@@ -220,19 +224,43 @@ class TreeLedger:
 
     # --- checking -------------------------------------------------------------------------
 
+    def _land(self, session_id: str) -> None:
+        """The session's call in flight is over (charged, or replaced by its next one)."""
+        estimate = self._sent.pop(session_id, 0)
+        if estimate:
+            for _sid, node in self._chain(session_id):
+                node.inflight = max(0, node.inflight - estimate)
+
     def refusal(self, session_id: str, estimate: int, model: str | None) -> str | None:
         """Before a model call of `session_id` whose request is about `estimate` tokens: the
-        message of the first budget of it or an ancestor the call would cross, or None."""
+        message of the first budget of it or an ancestor the call would cross, or None — and
+        then the estimate is held as in flight until the reply is charged, so calls of one
+        tree made at the same time are checked against each other too."""
+        self._land(session_id)
+        refused = self._refusal(session_id, estimate, model)
+        if refused is None and estimate > 0 and session_id in self._nodes:
+            self._sent[session_id] = estimate
+            for _sid, node in self._chain(session_id):
+                node.inflight += estimate
+        return refused
+
+    def _refusal(self, session_id: str, estimate: int, model: str | None) -> str | None:
         price = self.prices.price_of(model)
         for sid, node in self._chain(session_id):
             budget = node.budget
             if budget is None:
                 continue
             whose = "" if sid == session_id else f"ancestor {sid}'s "
-            if budget.max_tokens is not None and node.tokens + estimate > budget.max_tokens:
+            if budget.max_tokens is not None and node.tokens + node.inflight + estimate > budget.max_tokens:
                 over = node.tokens - budget.max_tokens
-                tail = f" ({over} over)" if over > 0 else f", this call ~{estimate}"
-                return f"{whose}max_tokens {budget.max_tokens} reached: {node.tokens} used{tail}"
+                if over >= 0:  # the last call's overshoot, reported
+                    tail = f" ({over} over)" if over else ""
+                    return f"{whose}max_tokens {budget.max_tokens} reached: {node.tokens} used{tail}"
+                sent = f", ~{node.inflight} in flight" if node.inflight else ""
+                return (
+                    f"{whose}max_tokens {budget.max_tokens} would be crossed: {node.tokens} used{sent}, "
+                    f"this call ~{estimate}"
+                )
             if budget.max_cost is not None:
                 limit = format_cost(budget.max_cost)
                 if node.cost is None:
@@ -242,8 +270,11 @@ class TreeLedger:
                 guess = price.cost(estimate, 0, 0, 0)
                 if node.cost + guess > budget.max_cost:
                     over = node.cost - budget.max_cost
-                    tail = f" ({format_cost(over)} over)" if over > 0 else ""
-                    return f"{whose}max_cost {limit} reached: {format_cost(node.cost)} used{tail}"
+                    if over >= 0:
+                        tail = f" ({format_cost(over)} over)" if over else ""
+                        return f"{whose}max_cost {limit} reached: {format_cost(node.cost)} used{tail}"
+                    used = format_cost(node.cost)
+                    return f"{whose}max_cost {limit} would be crossed: {used} used, this call ~{format_cost(guess)}"
         return None
 
     def remainder(self, session_id: str) -> Budget | None:
@@ -294,10 +325,14 @@ class TreeLedger:
                 return f"{whose}max_descendants {limit} reached: {node.descendants} started"
         return None
 
-    def start_child(self, parent: str) -> None:
-        """A child of `parent` was made: one more descendant for it and every ancestor."""
+    def start_child(self, parent: str, child_id: str | None, budget: Budget | None) -> None:
+        """A child of `parent` is being made: one more descendant for it and every ancestor, and,
+        its id known, its reservation held from now (before a sibling started in the same step
+        asks for its own)."""
         for _sid, node in self._chain(parent):
             node.descendants += 1
+        if child_id is not None and child_id not in self._nodes and parent in self._nodes:
+            self._nodes[child_id] = _Node(parent, budget)
 
     def spent(self, session_id: str) -> TreeSpent | None:
         """What the session's tree has spent, as far as this runtime knows (None: not here)."""

@@ -156,7 +156,7 @@ class Spawning:
         if self.manager.draining:
             raise FamilyDraining(DRAINING_TEXT)
         depth = self._child_depth(parent)
-        options = self._budgeted(parent, options or ChildOptions())
+        options = self._budgeted(parent, options or ChildOptions(), reserved)
         descriptor = SubagentDescriptor(
             mode="continuable",
             provider=provider,
@@ -216,7 +216,7 @@ class Spawning:
         """A one-shot foreground child: run it to the end of its turn and return the result.
         `options` apply to this run only (a one-shot descriptor records none)."""
         depth = self._child_depth(parent)
-        setup = self._setup(self._budgeted(parent, options or ChildOptions()), parent.session_id)
+        setup = self._setup(self._budgeted(parent, options or ChildOptions(), reserved), parent.session_id)
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         child = await self._create_child(
@@ -297,7 +297,7 @@ class Spawning:
             raise
         self.placement.stand_in(activation, settled)
 
-    def _budgeted(self, parent: Agent, options: ChildOptions) -> ChildOptions:
+    def _budgeted(self, parent: Agent, options: ChildOptions, reserved: Reservation | None = None) -> ChildOptions:
         """`options` with the child's effective budget: what was asked (its `seconds` counted
         from now), lowered to the parent's remainder — a child never outlives or outspends its
         parent. None when neither limits anything."""
@@ -311,8 +311,8 @@ class Spawning:
                 raise BudgetExhausted(f"no subagent started: {refused}")
         ceiling = parent.budget_remaining()
         budget = asked.clamped(ceiling) if asked is not None else ceiling
-        if ledger is not None:
-            ledger.start_child(parent.session_id)  # reserved: counted before the child exists
+        if ledger is not None:  # reserved now, before a sibling started in the same step asks
+            ledger.start_child(parent.session_id, None if reserved is None else reserved.child_id, budget)
         return options.with_budget(None if budget is None or budget.unlimited else budget)
 
     def _child_depth(self, parent: Agent) -> int:
