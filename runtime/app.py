@@ -75,6 +75,7 @@ class Runtime:
     clock: Clock
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
     mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/agent/mailbox_owner.py)
+    prices: PriceTable = attrs.field(factory=PriceTable)  # `[prices]`: what costs are shown at
 
     async def resume(
         self, session_id: str, *, on_interrupted_turn: Literal["continue", "close"] | None = None
@@ -297,6 +298,7 @@ async def open_runtime(
                         clock=clock,
                         mcp=mcp,
                         mailbox=mailbox,
+                        prices=prices,
                     )
                 except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 import attrs
 
 from .foundation.errors import ConfigInvalid
-from .models.defaults import DEFAULT_MODEL
 from .foundation.pricing import Price, PriceTable, parse_price
+from .models.defaults import DEFAULT_MODEL
 from .tools.mcp_spec import McpServerSpec
 
-__all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir"]
+__all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir", "with_budget_flags"]
 
 PROJECT_FILE = "subagents.toml"
 _DECISIONS = ("allow", "ask", "deny")
@@ -152,6 +152,8 @@ _FIELD = {
     "store.lease_renew_interval": "lease_renew_interval",
     "store.forget_hosts_after": "forget_hosts_after",
 }
+
+
 def _cost(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"must be a number >= 0 (the prices' currency), got {_shown(value)}")
@@ -166,7 +168,6 @@ _BUDGET: dict[str, Callable[[object], object]] = {
     "max_descendants": _integer(0),
 }
 _TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "prices")
-
 
 
 def _shown(value: object) -> str:
@@ -254,6 +255,30 @@ def load_config(
         sources=sources,
         files=tuple(files),
     )
+
+
+_BUDGET_FLAGS = {"max_tokens": "--budget-tokens", "max_cost": "--budget-cost", "max_turns": "--budget-turns"}
+
+
+def with_budget_flags(config: Config, flags: Mapping[str, str | None]) -> Config:
+    """`config` with the `--budget-*` flags given (text, as argparse keeps it) over its
+    `[budget]`. Raises `ConfigInvalid` naming the flag."""
+    budget: dict[str, Any] = dict(config.budget)
+    sources = dict(config.sources)
+    for key, text in flags.items():
+        if text is None:
+            continue
+        flag = _BUDGET_FLAGS[key]
+        try:
+            value: object = float(text) if key == "max_cost" else int(text)
+        except ValueError:
+            raise ConfigInvalid(f"{flag} must be a number, got {text!r}") from None
+        try:
+            budget[key] = _BUDGET[key](value)
+        except ValueError as exc:
+            raise ConfigInvalid(f"{flag} {exc}") from None
+        sources[f"budget.{key}"] = f"flag {flag}"
+    return attrs.evolve(config, budget=budget, sources=sources)
 
 
 def _read(path: str) -> _Table | None:

@@ -50,6 +50,8 @@ __all__ = [
     "descendant_spent",
     "describe",
     "own_totals",
+    "prompt_usage_fields",
+    "recorded_model",
     "tree_json",
     "tree_totals",
     "session_usage",
@@ -252,9 +254,7 @@ def _describe(tokens: Tokens) -> str:
     return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens{cache} ({calls}{partly}){unknown}"
 
 
-def usage_lines(
-    session: SessionUsage, tree: TreeUsage | None = None, prices: PriceTable | None = None
-) -> list[str]:
+def usage_lines(session: SessionUsage, tree: TreeUsage | None = None, prices: PriceTable | None = None) -> list[str]:
     """What a host shows for `/usage`: a line per turn, the session's total and, given the tree,
     its total (naming the descendants it skipped); with prices, each line's cost."""
     lines = [f"turn {turn}: {describe(tokens, prices)}" for turn, tokens in session.turns]
@@ -328,7 +328,7 @@ class _Model(msgspec.Struct):
 _model = msgspec.json.Decoder(_Model)
 
 
-def _model_of(event: Event) -> str:
+def recorded_model(event: Event) -> str:  # public: `show` tracks the model in force with it
     """The model a `session/model` event names ("" when unreadable: it is ignorable)."""
     try:
         model = _model.decode(event.data).model
@@ -348,7 +348,7 @@ def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Ite
     `session/model` events met on the way (an inherited prefix's too) change it."""
     for event in events:
         if event.type == MODEL:
-            model = _model_of(event)
+            model = recorded_model(event)
             continue
         if event.seq < own_from:
             continue
@@ -396,11 +396,14 @@ def _tokens(c: Sequence[int], models: Mapping[str, list[int]]) -> Tokens:
     )
 
 
-def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[dict[int, Tokens], Tokens]:
+def usage_of(
+    events: Iterable[Event], inherited_event_count: int = 0, model: str = ""
+) -> tuple[dict[int, Tokens], Tokens]:
     """Usage per turn and in total over the own suffix of a session's `events` (seq >=
-    `inherited_event_count`). Pure; never raises on bad payloads (they are not counted)."""
+    `inherited_event_count`); `model` is the one in force before them (a stream's earlier batch
+    named it). Pure; never raises on bad payloads (they are not counted)."""
     per_turn: dict[int, tuple[list[int], dict[str, list[int]]]] = {}
-    for reply in _own_replies(events, inherited_event_count):
+    for reply in _own_replies(events, inherited_event_count, model):
         counts, models = per_turn.setdefault(reply[0], ([0] * 7, {}))
         _count(counts, reply, models)
     turns = {turn: _tokens(c, m) for turn, (c, m) in sorted(per_turn.items())}
@@ -451,7 +454,7 @@ class UsageUnit:
         changed = False
         for event in events:
             if event.type == MODEL:
-                changed, model = True, _model_of(event)
+                changed, model = True, recorded_model(event)
         for reply in _own_replies(events, own_from, before):
             changed = True
             _count(counts, reply, models)
@@ -635,7 +638,7 @@ async def descendant_spent(
 
     try:
         rows = await listing.list_descendants(session_id)
-        corpus = {r.id: r for r in await query.list_sessions()}
+        corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()}
     except SubagentsError as exc:
         _log.warning("the budget of %s is seeded without its descendants: %s", session_id, exc)
         return TreeSpent()
@@ -645,3 +648,39 @@ async def descendant_spent(
     tokens = total.input_tokens + total.output_tokens + total.cache_read_tokens + total.cache_write_tokens
     cost = cost_of(total, prices) if total.calls or total.unknown_calls else 0.0
     return TreeSpent(tokens=tokens, cost=cost, descendants=len(rows))
+
+
+async def prompt_usage_fields(
+    query: SessionQuery, listing: ListingService, session_id: str, turn: int | None, prices: PriceTable
+) -> dict[str, Any]:
+    """What an ACP `session/prompt` answer carries of usage (the one host with its own shape):
+    the turn's `usage` as the SDK's schema has it (`inputTokens`, `outputTokens`,
+    `cachedReadTokens`, `cachedWriteTokens`, `totalTokens`) and, under `_meta["trio-subagents"]`
+    (the schema has no place for them), the turn's `cost` with prices and the `tree`'s usage
+    (the session and its descendants, as `sessions --json` gives it, with its `cost`). Empty when
+    nothing can be read: a prompt's answer never fails for its usage."""
+    try:
+        session = await session_usage(query, session_id)
+        tree = await tree_usage(query, listing, session_id)
+    except SubagentsError:
+        return {}
+    tokens = dict(session.turns).get(turn) if turn is not None else None
+    out: dict[str, Any] = {}
+    meta: dict[str, Any] = {"tree": tree_json(tree)}
+    if prices:
+        meta["tree"]["cost"] = None if tree.skipped else cost_of(tree.total, prices)
+    if tokens is not None and tokens.reported:
+        out["usage"] = {
+            "inputTokens": tokens.input_tokens,
+            "outputTokens": tokens.output_tokens,
+            "cachedReadTokens": tokens.cache_read_tokens,
+            "cachedWriteTokens": tokens.cache_write_tokens,
+            "totalTokens": tokens.input_tokens
+            + tokens.output_tokens
+            + tokens.cache_read_tokens
+            + tokens.cache_write_tokens,
+        }
+        if prices:
+            meta["cost"] = cost_of(tokens, prices)
+    out["_meta"] = {"trio-subagents": meta}
+    return out

@@ -95,7 +95,10 @@ def own_spent(events: Iterable[Event], inherited_event_count: int, prices: Price
                 continue
             if usage is None:
                 continue
-            counts = [max(0, n) for n in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens)]
+            counts = [
+                max(0, n)
+                for n in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens)
+            ]
             tokens += sum(counts)
             price = prices.price_of(model)
             if price is None:
@@ -138,9 +141,7 @@ class TreeLedger:
             budget.max_tokens is None and budget.max_cost is None and budget.max_descendants is None
         )
 
-    async def join(
-        self, session_id: str, parent: str | None, budget: Budget | None, own: Mapping[str, object]
-    ) -> None:
+    async def join(self, session_id: str, parent: str | None, budget: Budget | None, own: Mapping[str, object]) -> None:
         """Enter (or enter again) a session: its own spending `own` (`tokens`, `cost`,
         `unpriced`), its descendants' from the seeder when its budget is shared. A session
         already here keeps its totals (they have been charged all along)."""

@@ -14,11 +14,13 @@ model (a scripted one) — makes the sum `unknown`, never a wrong figure.
 from __future__ import annotations
 
 import math
+import os
+import tomllib
 from collections.abc import Mapping
 
 import attrs
 
-__all__ = ["PRICE_KEYS", "Price", "PriceTable", "format_cost", "parse_price"]
+__all__ = ["PRICE_KEYS", "Price", "PriceTable", "format_cost", "load_prices", "parse_price"]
 
 PRICE_KEYS = ("input", "output", "cache_read", "cache_write")
 _MILLION = 1_000_000
@@ -91,3 +93,34 @@ def format_cost(cost: float | None) -> str:
     if cost is None:
         return "unknown"
     return f"${cost:.4f}" if cost < 1 else f"${cost:.2f}"
+
+
+def load_prices(project_dir: str = ".", env: Mapping[str, str] | None = None) -> PriceTable:
+    """The `[prices]` of the user's and the project's `subagents.toml` (the project's entries
+    win), for the read-only commands, which do not load the whole configuration (runtime/
+    config.py checks the same table for the hosts). Raises `ValueError` with a one-line reason
+    naming the file and key."""
+    env = os.environ if env is None else env
+    folder = env.get("SUBAGENTS_CONFIG_DIR")
+    if not folder:
+        import platformdirs
+
+        folder = platformdirs.user_config_dir("subagents", appauthor=False)
+    prices: dict[str, Price] = {}
+    for path in (os.path.join(folder, "subagents.toml"), os.path.join(os.path.abspath(project_dir), "subagents.toml")):
+        try:
+            with open(path, "rb") as f:
+                document = tomllib.load(f)
+        except FileNotFoundError:
+            continue
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: cannot be read: {exc}") from None
+        table = document.get("prices", {})
+        if not isinstance(table, dict):
+            raise ValueError(f"{path}: prices must be a table ([prices])")
+        for model, value in table.items():
+            try:
+                prices[model] = parse_price(value)
+            except ValueError as exc:
+                raise ValueError(f'{path}: prices."{model}" {exc}') from None
+    return PriceTable(prices)

@@ -40,8 +40,7 @@ def _logs(root: Path) -> dict[str, list[tuple[str, Json]]]:
     store = FileLogStore(str(root), compression="none")
     try:
         return {
-            info.id: [(e.type, msgspec.json.decode(e.data)) for e in read_all(store, info.id)]
-            for info in store.list()
+            info.id: [(e.type, msgspec.json.decode(e.data)) for e in read_all(store, info.id)] for info in store.list()
         }
     finally:
         store.close_store()
@@ -110,7 +109,9 @@ async def test_children_that_together_would_exceed_the_root_stop_at_its_limit(tm
     logs = _logs(tmp_path)
     by_label = {_label(events) or sid: events for sid, events in logs.items()}
     assert set(by_label) == {"parent", "L1", "L2a", "L2b"}
-    budgets = {label: d.get("budget") for label, events in by_label.items() for t, d in events if t == "subagent/descriptor"}
+    budgets = {
+        label: d.get("budget") for label, events in by_label.items() for t, d in events if t == "subagent/descriptor"
+    }
     # Reservations: L1 got what the root had left; L2b what L1 had left beside L2a's reservation.
     assert budgets["L1"] == {"max_tokens": 9000}
     assert budgets["L2a"] == {"max_tokens": 5000}
@@ -154,7 +155,11 @@ async def test_max_descendants_refuses_a_child_past_the_limit(tmp_path: Path) ->
         ]
     )
     async with open_runtime(
-        tmp_path, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none",
+        tmp_path,
+        model=model,
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
         budget=Budget(max_descendants=1),
     ) as rt:
         parent = await rt.agents.create(session_id="parent")
@@ -163,10 +168,7 @@ async def test_max_descendants_refuses_a_child_past_the_limit(tmp_path: Path) ->
     logs = _logs(tmp_path)
     assert len(logs) == 2  # the root and one child
     results = [
-        b["content"][0]["text"]
-        for t, d in logs["parent"]
-        if t == "tool/result"
-        for b in d["message"]["content"]
+        b["content"][0]["text"] for t, d in logs["parent"] if t == "tool/result" for b in d["message"]["content"]
     ]
     assert any("no subagent started: max_descendants 1 reached: 1 started" in r for r in results), results
 
@@ -197,7 +199,9 @@ def test_the_ledger_charges_ancestors_reserves_and_returns() -> None:
     trio.run(join, "b", "root", None)  # no budget of its own: only its ancestors' limits
     assert ledger.refusal("b", 701, "m") == "ancestor root's max_tokens 1000 would be crossed: 300 used, this call ~701"
     assert ledger.refusal("b", 600, "m") is None  # sent: held in flight until charged
-    assert ledger.refusal("root", 101, "m") == "max_tokens 1000 would be crossed: 300 used, ~600 in flight, this call ~101"
+    assert (
+        ledger.refusal("root", 101, "m") == "max_tokens 1000 would be crossed: 300 used, ~600 in flight, this call ~101"
+    )
     ledger.charge("b", {"input_tokens": 0, "output_tokens": 0}, "m")  # landed: nothing in flight
     ledger.charge("a", {"input_tokens": 800, "output_tokens": 0}, "m")
     assert ledger.refusal("a", 1, "m") == "max_tokens 600 reached: 1100 used (500 over)"
