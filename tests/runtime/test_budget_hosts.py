@@ -85,17 +85,6 @@ def test_show_sessions_and_the_result_line_price_the_usage(tmp_path: Path) -> No
     assert rows["s1"]["tree_cost"] == pytest.approx(result["usage"]["cost"])
     (child,) = set(rows) - {"s1"}
     assert rows[child]["cost"] == pytest.approx((20 * 3 + 2 * 15) / 1e6)
-    notes = Path("/work/notes")
-    if notes.is_dir():  # the "Show": kept beside the branch's notes when run there
-        (notes / "budgets-show.txt").write_text(
-            "$ subagents show s1   # subagents.toml:"
-            + PRICES.replace("\n", "\n#   ")
-            + "\n"
-            + shown.stdout
-            + "\n$ subagents run --stream ... (result line)\n"
-            + done.stdout.splitlines()[-1]
-            + "\n"
-        )
 
     # Without a price for the model: the same figures, `cost unknown`.
     (tmp_path / "subagents.toml").write_text('[prices."anthropic:another"]\ninput = 1\noutput = 1\n')

@@ -132,11 +132,6 @@ async def test_children_that_together_would_exceed_the_root_stop_at_its_limit(tm
         if b["type"] == "text"
     ]
     assert any("ran out of its budget before it finished (ancestor parent's max_tokens 10000" in t for t in l1_texts)
-    excerpt = tmp_path.parent / "budget-tree-excerpt.txt"
-    lines = [f"tree total {total} tokens (root limit 10000, asked together {asked})"]
-    for label, events in by_label.items():
-        lines.append(f"{label}: budget {budgets.get(label)}, spent {_spent(events)}, turn ends {_ends(events)}")
-    excerpt.write_text("\n".join(lines) + "\n")
 
 
 async def test_max_descendants_refuses_a_child_past_the_limit(tmp_path: Path) -> None:
