@@ -654,8 +654,8 @@ async def prompt_usage_fields(
     query: SessionQuery, listing: ListingService, session_id: str, turn: int | None, prices: PriceTable
 ) -> dict[str, Any]:
     """What an ACP `session/prompt` answer carries of usage (the one host with its own shape):
-    the turn's `usage` as the SDK's schema has it (`inputTokens`, `outputTokens`,
-    `cachedReadTokens`, `cachedWriteTokens`, `totalTokens`) and, under `_meta["trio-subagents"]`
+    the turn's `usage` as the SDK's schema has it (`totalTokens`, `inputTokens`, `outputTokens`,
+    and `cachedReadTokens`, `cachedWriteTokens` when the cache was used) and, under `_meta["trio-subagents"]`
     (the schema has no place for them), the turn's `cost` with prices and the `tree`'s usage
     (the session and its descendants, as `sessions --json` gives it, with its `cost`). Empty when
     nothing can be read: a prompt's answer never fails for its usage."""
@@ -670,16 +670,17 @@ async def prompt_usage_fields(
     if prices:
         meta["tree"]["cost"] = None if tree.skipped else cost_of(tree.total, prices)
     if tokens is not None and tokens.reported:
-        out["usage"] = {
-            "inputTokens": tokens.input_tokens,
-            "outputTokens": tokens.output_tokens,
-            "cachedReadTokens": tokens.cache_read_tokens,
-            "cachedWriteTokens": tokens.cache_write_tokens,
+        usage = {
             "totalTokens": tokens.input_tokens
             + tokens.output_tokens
             + tokens.cache_read_tokens
             + tokens.cache_write_tokens,
+            "inputTokens": tokens.input_tokens,
+            "outputTokens": tokens.output_tokens,
         }
+        if tokens.cache_read_tokens or tokens.cache_write_tokens:  # only then: the common shape stays
+            usage |= {"cachedReadTokens": tokens.cache_read_tokens, "cachedWriteTokens": tokens.cache_write_tokens}
+        out["usage"] = usage
         if prices:
             meta["cost"] = cost_of(tokens, prices)
     out["_meta"] = {"trio-subagents": meta}
