@@ -438,7 +438,7 @@ class Agent(ModelSteps, ToolSteps):
             if out is not None:
                 return out
         ledger = self.config.ledger
-        if ledger is None:
+        if ledger is None or not ledger.bounded(self.session_id):
             return None
         # Its own and every ancestor's shared limits, with this call's estimated size on top.
         return ledger.refusal(self.session_id, request_estimate(self.surface.messages()), self.model_spec())

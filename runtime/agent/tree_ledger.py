@@ -78,12 +78,15 @@ _reply = msgspec.json.Decoder(_Reply)
 
 def own_spent(events: Iterable[Event], inherited_event_count: int, prices: PriceTable) -> dict[str, object]:
     """A session's own spending over its own suffix, for `join`: `tokens` (every kind), `cost`
-    (None when a call's model has no price) and `unpriced` (that model). Bad payloads are not
-    counted (as in runtime/usage.py)."""
+    (None when a call's model has no price), `unpriced` (that model) and `parent` (it started
+    children: only then are its descendants read when it joins). Bad payloads are not counted
+    (as in runtime/usage.py)."""
     model: str | None = None
-    tokens, cost, unpriced = 0, 0.0, None
+    tokens, cost, unpriced, parent = 0, 0.0, None, False
     for event in events:
-        if event.type == "session/model":
+        if event.type == "subagent/catalog" and event.seq >= inherited_event_count:
+            parent = True  # it started children: a resume reads what they spent
+        elif event.type == "session/model":
             try:
                 model = _model.decode(event.data).model
             except (msgspec.DecodeError, RecursionError):
@@ -105,7 +108,7 @@ def own_spent(events: Iterable[Event], inherited_event_count: int, prices: Price
                 unpriced = unpriced or (model or "(none recorded)")
             else:
                 cost += price.cost(*counts)
-    return {"tokens": tokens, "cost": None if unpriced else cost, "unpriced": unpriced}
+    return {"tokens": tokens, "cost": None if unpriced else cost, "unpriced": unpriced, "parent": parent}
 
 
 # session id → what its descendants (not itself) have spent, read from the store.
@@ -152,7 +155,7 @@ class TreeLedger:
         tokens = int(own.get("tokens", 0))  # type: ignore[call-overload]  # an int by contract
         cost = own.get("cost", 0.0)
         spent = TreeSpent(tokens, cost if isinstance(cost, (int, float)) else None)
-        if self.seeder is not None and self.shares(budget):
+        if self.seeder is not None and self.shares(budget) and own.get("parent"):
             below = await self.seeder(session_id)
             spent = TreeSpent(
                 spent.tokens + below.tokens,
@@ -231,6 +234,11 @@ class TreeLedger:
         if estimate:
             for _sid, node in self._chain(session_id):
                 node.inflight = max(0, node.inflight - estimate)
+
+    def bounded(self, session_id: str) -> bool:
+        """Whether a limit of the session or an ancestor is shared (else no call needs an
+        estimate)."""
+        return any(self.shares(node.budget) for _sid, node in self._chain(session_id))
 
     def refusal(self, session_id: str, estimate: int, model: str | None) -> str | None:
         """Before a model call of `session_id` whose request is about `estimate` tokens: the

@@ -86,6 +86,22 @@ def test_show_sessions_and_the_result_line_price_the_usage(tmp_path: Path) -> No
     (child,) = set(rows) - {"s1"}
     assert rows[child]["cost"] == pytest.approx((20 * 3 + 2 * 15) / 1e6)
 
+    chat = subprocess.run(
+        [*CLI, "chat", "--root", str(root), "--session", "s1", "--model", f"anthropic:{MODEL}"],
+        cwd=tmp_path,
+        env=clean_env(ANTHROPIC_API_KEY=KEY),
+        input="/usage\n/quit\n",
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert chat.returncode == 0, chat.stderr
+    assert "session s1: 42 in, 46 out tokens, cache 900 read, 950 written (2 model calls), cost $0.0046" in chat.stdout
+    assert (
+        "with 1 subagent: 62 in, 48 out tokens, cache 900 read, 950 written (3 model calls), cost $0.0047"
+        in chat.stdout
+    )
+
     # Without a price for the model: the same figures, `cost unknown`.
     (tmp_path / "subagents.toml").write_text('[prices."anthropic:another"]\ninput = 1\noutput = 1\n')
     unpriced = cli(root, "show", "s1")
