@@ -1,16 +1,21 @@
 """Budgets (SPEC §8, docs/format.md "Budgets"): how much an agent may still do.
 
-A `Budget` bounds a session's own work: `max_turns` (turns started, the current one included),
-`max_tokens` (input + output of the usage records of its `assistant/message` events) and
-`deadline` (epoch ms on the runtime clock). `seconds` is a deadline relative to the moment the
-budget is applied (`resolved`): the root's budget is resolved when the runtime opens, a
-`subagent` call's when the child is made. What is spent is never stored: it is recounted from the
-session's own log (`spent_of`), so a cold resume carries on where the last process stopped.
+A `Budget` bounds a session: `max_turns` (its turns started, the current one included) and
+`deadline` (epoch ms on the runtime clock) its own work; `max_tokens` (every token of the usage
+records of its `assistant/message` events), `max_cost` (their cost at the `[prices]` table's
+prices) and `max_descendants` (subagents started below it) its work *and its descendants'*:
+those are shared down the tree, charged to every ancestor and checked against every ancestor
+before each model call by the runtime's ledger (runtime/agent/tree_ledger.py). `seconds` is a
+deadline relative to the moment the budget is applied (`resolved`): the root's budget is
+resolved when the runtime opens, a `subagent` call's when the child is made. What is spent is
+never stored: it is recounted from the logs (`spent_of` here for a session's own turns and
+tokens), so a cold resume carries on where the last process stopped.
 
 A child's budget is its parent's remainder, lowered by what its caller asked for (`clamped`),
-and recorded in its descriptor: a child can never outlive or outspend its parent. The agent loop
-checks it before each model call (`exhausted`) and ends the turn with
-`turn/end {reason: {kind: "budget", message}}`; the message names the budget that ran out.
+and recorded in its descriptor: a reservation out of its parent's remainder. The agent loop
+checks its own turns, tokens and deadline here (`exhausted`) and the shared limits through the
+ledger, and ends the turn with `turn/end {reason: {kind: "budget", message}}`; the message names
+the budget that ran out, and by how much the last call overshot it.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import pytest
 from log_lines import read_all
 from subagents.runtime import Budget, ScenarioClock, open_runtime
 from subagents.runtime.agent.tree_ledger import TreeLedger
+from subagents.runtime.foundation.budgets import budget_json, parse_budget
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.foundation.pricing import Price, PriceTable
 from subagents.runtime.testing.script_format import load_script
@@ -202,3 +203,18 @@ def test_the_ledger_charges_ancestors_reserves_and_returns() -> None:
     assert ledger.refusal("a", 1, "m") == "max_tokens 600 reached: 1100 used (500 over)"
     ledger.charge("root", {"input_tokens": 1}, "unpriced-model")
     assert ledger.refusal("root", 0, "m") == "max_tokens 1000 reached: 1101 used (101 over)"
+
+
+def test_the_shared_limits_are_recorded_in_the_descriptor_strictly() -> None:
+    budget = Budget(max_tokens=10, max_cost=1.5, max_descendants=2)
+    assert budget_json(budget) == {"max_tokens": 10, "max_cost": 1.5, "max_descendants": 2}
+    assert parse_budget(budget_json(budget)) == budget
+    assert parse_budget({"max_cost": 2}) == Budget(max_cost=2)
+    assert parse_budget({"max_cost": -1}) == 'field "max_cost" must be a number >= 0'
+    assert parse_budget({"max_cost": "1"}) == 'field "max_cost" must be a number >= 0'
+    assert parse_budget({"max_descendants": 1.5}) == 'field "max_descendants" must be an int >= 0'
+    assert Budget(max_tokens=100, max_cost=2.0).clamped(Budget(max_cost=1.0, max_descendants=3)) == Budget(
+        max_tokens=100, max_cost=1.0, max_descendants=3
+    )
+    with pytest.raises(ValueError, match="max_cost must be a finite number >= 0"):
+        Budget(max_cost=float("inf"))
