@@ -18,6 +18,7 @@ from subagents.runtime.agent.tree_ledger import TreeLedger
 from subagents.runtime.foundation.budgets import budget_json, parse_budget
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.foundation.pricing import Price, PriceTable
+from subagents.runtime.models.specs import ModelRecord
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.storage import FileLogStore
@@ -218,3 +219,67 @@ def test_the_shared_limits_are_recorded_in_the_descriptor_strictly() -> None:
     )
     with pytest.raises(ValueError, match="max_cost must be a finite number >= 0"):
         Budget(max_cost=float("inf"))
+
+
+def _priced(model: ScriptedModel, spec: str) -> ScriptedModel:
+    """The scripted model as if built from `spec` (its `session/model` record names it)."""
+    setattr(model, "subagents_model_record", ModelRecord(model=spec))  # noqa: B010  # the builder's attribute
+    return model
+
+
+async def test_a_cost_budget_stops_the_tree_and_an_unpriced_model_is_refused(tmp_path: Path) -> None:
+    """`max_cost` 0.01 at 10 per million tokens: the root spends 0.006, its child gets the 0.004
+    left and spends 0.003 a call: it is stopped before its second, and the root's next call is
+    refused with the tree's cost (0.009) counted."""
+    model = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [_delegate("worker")], "usage": _usage(600)},
+                    {"text": "started"},
+                    *[{"text": "noted"}] * 3,
+                ],
+            },
+            _worker("worker", 300),
+        ]
+    )
+    prices = PriceTable({"fake-model": Price(input=10.0, output=10.0, cache_read=1.0, cache_write=10.0)})
+    async with open_runtime(
+        tmp_path / "priced",
+        model=_priced(model, "scripted:fake-model"),
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        budget=Budget(max_cost=0.01),
+        prices=prices,
+    ) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+    logs = _logs(tmp_path / "priced")
+    total = sum(_spent(events) for events in logs.values())
+    assert total * 10 / 1e6 <= 0.01  # the estimates held it under
+    (budget,) = [d["budget"] for t, d in logs["c-1"] if t == "subagent/descriptor"]
+    assert budget == {"max_cost": pytest.approx(0.004)}  # the root's remainder when it started
+    (child_stop,) = _ends(logs["c-1"])
+    assert child_stop["message"] == "max_cost $0.0040 would be crossed: $0.0030 used, this call ~$0.0022"
+    # The root's own call for the notice: its tree's cost counted (its own 600 tokens cost 0.006).
+    assert _ends(logs["parent"])[-1]["message"].startswith("max_cost $0.0100 would be crossed: $0.0090 used")
+
+    # The same budget with no price for the model: no call is made at all.
+    async with open_runtime(
+        tmp_path / "unpriced",
+        model=_model([{"session": "parent", "responses": [{"text": "never asked for"}]}]),
+        clock=ScenarioClock(),
+        compression="none",
+        budget=Budget(max_cost=0.01),
+        prices=prices,
+    ) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await parent.wait_idle()
+    (events,) = _logs(tmp_path / "unpriced").values()
+    assert _ends(events) == [
+        {"kind": "budget", "message": "max_cost $0.0100: cost unknown (no price for (none recorded))"}
+    ]
