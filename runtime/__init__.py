@@ -60,6 +60,9 @@ if TYPE_CHECKING:
     from .models.base import ToolSpec as ToolSpec
     from .models.base import Usage as Usage
     from .models.openai import OpenAIChatModel as OpenAIChatModel
+    from .telemetry.gen_ai import OtelTelemetry as OtelTelemetry
+    from .telemetry.seam import Telemetry as Telemetry
+    from .telemetry.settings import TelemetrySettings as TelemetrySettings
     from .testing.script_format import load_script as load_script
     from .testing.scripted_model import ScriptedModel as ScriptedModel
     from .tools.base import FunctionTool as FunctionTool
@@ -129,6 +132,9 @@ _WHERE: dict[str, str] = {
     "OpenAIChatModel": ".models.openai",
     "AnthropicModel": ".models.anthropic",
     "AnthropicOptions": ".models.anthropic_wire",
+    "OtelTelemetry": ".telemetry.gen_ai",  # the `otel` extra: imported on first use only
+    "Telemetry": ".telemetry.seam",
+    "TelemetrySettings": ".telemetry.settings",
     "load_script": ".testing.script_format",
     "ScriptedModel": ".testing.scripted_model",
     "McpServerSpec": ".tools.mcp_spec",

@@ -50,6 +50,8 @@ from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
 from .read_side import runtime_registry
 from .store_select import StoreOptions, open_log_store, open_mailbox
+from .telemetry.seam import Telemetry
+from .telemetry.settings import TelemetrySettings
 from .tools.base import Tool, ToolSet
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
@@ -148,6 +150,7 @@ async def open_runtime(
     placements: Placements | None = None,
     store_options: StoreOptions | None = None,
     on_interrupted_turn: Literal["continue", "close"] | None = None,
+    telemetry: TelemetrySettings | Telemetry | None = None,
     prices: PriceTable | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`, `anthropic:MODEL`,
@@ -177,9 +180,13 @@ async def open_runtime(
     opens (`lease_ttl`, `lease_renew_interval`). `on_interrupted_turn` (default `agent_config`'s,
     "continue") is what resuming a session whose last turn a crash left open does: continue that
     turn, or close it as interrupted (docs/format.md, "Continued turns"); an agent type's own
-    choice wins for its children. `prices` (`[prices]`, runtime/foundation/pricing.py) price the
-    model calls a `max_cost` budget counts; budgets are shared down each tree through one ledger
-    per runtime (runtime/agent/tree_ledger.py)."""
+    choice wins for its children. `telemetry` traces every agent in the OpenTelemetry GenAI
+    conventions (README "Traces (OpenTelemetry)"): settings (the runtime builds the exporter
+    from the `otel` extra and flushes it when it closes) or a `Telemetry` of the caller's (an SDK
+    tracer provider it owns: `OtelTelemetry(provider)`); None (the default) traces nothing and
+    imports none of it. `prices` (`[prices]`, runtime/foundation/pricing.py) price
+    the model calls a `max_cost` budget counts; budgets are shared down each tree through one
+    ledger per runtime (runtime/agent/tree_ledger.py)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -188,6 +195,13 @@ async def open_runtime(
     if log_store is not None and store is not None:
         raise TypeError("open_runtime takes log_store or store, not both")
     owned = log_store is None
+    owned_telemetry: Telemetry | None = None
+    if isinstance(telemetry, TelemetrySettings):
+        from .telemetry.exporting import open_telemetry
+
+        telemetry = owned_telemetry = open_telemetry(telemetry)
+    if telemetry is not None:
+        agent_config = attrs.evolve(agent_config or AgentConfig(), telemetry=telemetry)
     registry = runtime_registry()
     logs = (
         log_store
@@ -316,6 +330,15 @@ async def open_runtime(
             # The store this call made: its index connection and change notification go with
             # it (a store passed in belongs to the caller).
             logs.close_store()
+        if owned_telemetry is not None:
+            await _flush_telemetry(owned_telemetry)
+
+
+async def _flush_telemetry(telemetry: Telemetry) -> None:
+    """Export the spans left (every agent has stopped) and stop the exporter; bounded, so a
+    collector that is down delays the close by seconds, never holds it."""
+    with trio.move_on_after(10, shield=True):
+        await trio.to_thread.run_sync(telemetry.shutdown, abandon_on_cancel=True)
 
 
 async def _sync_clock(mailbox: Mailbox) -> None:

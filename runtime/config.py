@@ -22,6 +22,7 @@ import attrs
 from .foundation.errors import ConfigInvalid
 from .foundation.pricing import Price, PriceTable, parse_price
 from .models.defaults import DEFAULT_MODEL
+from .telemetry.settings import check_endpoint
 from .tools.mcp_spec import McpServerSpec
 
 __all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir", "with_budget_flags"]
@@ -56,6 +57,10 @@ class Config:
     lease_ttl: float = 15.0  # a PostgreSQL store's leases (SPEC §9)
     lease_renew_interval: float | None = None  # None: a third of the ttl
     forget_hosts_after: float = 86400.0  # a serving host deletes the rows of hosts gone this long
+    # [telemetry] (README "Traces (OpenTelemetry)"; telemetry/settings.py adds the OTEL_* variables)
+    telemetry_enabled: bool = False
+    telemetry_endpoint: str | None = None  # an OTLP/HTTP base URL; None: the default collector's
+    telemetry_capture_content: bool = False
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
 
@@ -144,6 +149,10 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     "store.lease_ttl": _seconds,
     "store.lease_renew_interval": _seconds,
     "store.forget_hosts_after": _seconds,
+    # [telemetry]
+    "telemetry.enabled": _boolean,
+    "telemetry.endpoint": check_endpoint,
+    "telemetry.capture_content": _boolean,
 }
 _FIELD = {
     "tools.workspace": "workspace_tools",
@@ -151,6 +160,10 @@ _FIELD = {
     "store.lease_ttl": "lease_ttl",
     "store.lease_renew_interval": "lease_renew_interval",
     "store.forget_hosts_after": "forget_hosts_after",
+    # [telemetry]
+    "telemetry.enabled": "telemetry_enabled",
+    "telemetry.endpoint": "telemetry_endpoint",
+    "telemetry.capture_content": "telemetry_capture_content",
 }
 
 
@@ -167,7 +180,7 @@ _BUDGET: dict[str, Callable[[object], object]] = {
     "max_cost": _cost,
     "max_descendants": _integer(0),
 }
-_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "prices")
+_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "telemetry", "prices")
 
 
 def _shown(value: object) -> str:

@@ -6,9 +6,29 @@ exactly) and the batch row together, refused as "already exists" when the row is
 later append is one statement too: it advances `sessions.event_count` only where it still equals
 the expected seq and inserts the batch row (primary key `(session_id, first_seq)`) in the same
 transaction — a stale seq updates nothing and writes nothing (`SequenceConflict`). Both are
-fenced: they first renew the lease where owner and epoch are still the handle's, and write only
-from that update, the batch row recording the epoch (`batches.epoch`); a writer whose lease
+fenced, the batch row recording the writer's epoch (`batches.epoch`); a writer whose lease
 another host took writes nothing, gets `OwnershipLost`, and its handle never writes again.
+
+The fence (schema version 5). The publication is fenced on the lease row: it renews the lease
+where owner and epoch are still the handle's and inserts the session row only from that update,
+copying owner and epoch into `sessions.writer` / `writer_epoch`. A later append is fenced on the
+session row it writes anyway: its count UPDATE also requires `writer = me AND writer_epoch =
+epoch`. The invariant it relies on: **the session row names the lease's current owner and epoch
+in every committed state** — a trigger on `leases` (pg_schema, `leases_writer`) rewrites the two
+columns in the very transaction that takes a lease over (by any build, or by hand) or deletes it.
+So an append and a takeover both write the session row and are ordered by its row lock: an
+append that commits first was acknowledged before the takeover (the new writer, which reads the
+log after its takeover commits, sees it); an append that comes second re-checks its WHERE on the
+takeover's row version (READ COMMITTED re-evaluates an UPDATE's condition on the newest row) and
+updates nothing — no batch, `OwnershipLost`. No acknowledged event is lost, no stale write lands.
+
+The lease itself is renewed by the runtime's renewal task (every ttl / 3); an append renews it
+too, in the same statement, only when the handle's lease was last renewed half a ttl ago or more
+(by the client's clock: that is liveness, not safety — the epoch fences). That statement takes
+the lease row first and the session row second (the session UPDATE reads the lease UPDATE's
+result), the order a takeover takes them in (its lease row, then the trigger's session row), and
+a renewal or a release locks lease rows only: no two statements wait on each other in opposite
+orders, so renewal and takeover cannot deadlock. Checkpoint writes lock the session row only.
 
 A connection lost mid-append leaves the outcome unknown to the client, never half-done: the
 statement is one transaction. The append then asks, on a fresh connection, what the session's
@@ -74,8 +94,10 @@ class PgAppender:
             "epoch": lease.epoch,
             "ttl": self.leases.ttl,
         }
+        renews = not handle.published or self.leases.monotonic() - lease.renewed_from >= self.leases.ttl / 2
+        sent = self.leases.monotonic() if renews else 0.0
         if handle.published:
-            statement = _APPEND
+            statement = _APPEND_RENEWING if renews else _APPEND
         else:
             head = encode_header_line(
                 HeaderRecord(header=handle.header, inherited_event_count=handle.inherited_event_count)
@@ -93,6 +115,8 @@ class PgAppender:
             }
             statement = _PUBLISH
         self._write_once(handle, statement, args)
+        if renews:
+            lease.renewed_from = max(lease.renewed_from, sent)  # the lease now ends a ttl after `sent` at the soonest
         handle.published = True
         handle.next_seq = Offset(first + len(events))
         handle.end_offset = handle.next_seq
@@ -154,12 +178,15 @@ class PgAppender:
         or its count moved)."""
         sid = handle.session_id
         row = conn.execute(
-            "SELECT (SELECT event_count FROM sessions WHERE id = %(id)s), "
-            "EXISTS (SELECT 1 FROM leases WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s)",
+            "SELECT s.event_count, s.writer = %(me)s AND s.writer_epoch = %(epoch)s, "
+            "EXISTS (SELECT 1 FROM leases WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s) "
+            "FROM (SELECT 1) one LEFT JOIN sessions s ON s.id = %(id)s",
             args,
         ).fetchone()
-        count, ours = row
-        if not ours:
+        count, fenced_in, ours = row
+        # Published: the session row is the fence (and the lease row, when the append renewed it);
+        # a session row gone (deleted by hand) is a moved count, as before the fence moved there.
+        if not ours or (handle.published and count is not None and not fenced_in):
             assert isinstance(handle.impl, LeaseState)
             raise ownership_lost(handle, handle.impl)
         if not handle.published:
@@ -203,8 +230,8 @@ def ownership_lost(handle: WriteHandle, lease: LeaseState) -> OwnershipLost:
     return OwnershipLost(handle.session_id, lease.epoch)
 
 
-# Fencing (SPEC §9): `l` renews the lease only where owner and epoch are still the handle's, and
-# everything else is written only from its row — a stale writer changes nothing.
+# Fencing (SPEC §9, schema version 5; see the module docstring). `l` renews the lease only where
+# owner and epoch are still the handle's, and what follows it is written only from its row.
 _FENCE: Final = (
     "WITH l AS (UPDATE leases SET expires_at = now() + make_interval(secs => %(ttl)s) "
     "WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s RETURNING session_id), "
@@ -212,19 +239,29 @@ _FENCE: Final = (
 
 _PUBLISH: Final = (
     _FENCE + "s AS (INSERT INTO sessions (id, header, created_at, parent_session, origin, is_seeded, "
-    "inherited_event_count, delegation_depth, event_count, last_time, byte_size) SELECT session_id, %(header)s, "
-    "%(created_at)s, %(parent)s, %(origin)s, %(seeded)s, %(k)s, %(depth)s, %(n)s, %(time)s, %(size)s FROM l "
-    "ON CONFLICT (id) DO NOTHING RETURNING id) "
+    "inherited_event_count, delegation_depth, event_count, last_time, byte_size, writer, writer_epoch) "
+    "SELECT session_id, %(header)s, %(created_at)s, %(parent)s, %(origin)s, %(seeded)s, %(k)s, %(depth)s, %(n)s, "
+    "%(time)s, %(size)s, %(me)s, %(epoch)s FROM l ON CONFLICT (id) DO NOTHING RETURNING id) "
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
 
-_APPEND: Final = (
-    _FENCE + "s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
-    "last_time = %(time)s WHERE id = (SELECT session_id FROM l) AND event_count = %(first)s RETURNING id) "
+# The count advanced only where the session row still names this writer: two rows written.
+_ADVANCE: Final = (
+    "s AS (UPDATE sessions SET event_count = event_count + %(n)s, byte_size = byte_size + %(size)s, "
+    "last_time = %(time)s WHERE id = "
+)
+_ADVANCED: Final = (
+    " AND event_count = %(first)s AND writer = %(me)s AND writer_epoch = %(epoch)s RETURNING id) "
     "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
     "SELECT id, %(first)s, %(n)s, %(data)s, %(z)s, %(epoch)s FROM s"
 )
+
+_APPEND: Final = "WITH " + _ADVANCE + "%(id)s" + _ADVANCED
+
+# The same, renewing the lease first: the lease row locked before the session row, as a takeover
+# locks them (its trigger writes the session row), so the two cannot deadlock.
+_APPEND_RENEWING: Final = _FENCE + _ADVANCE + "(SELECT session_id FROM l)" + _ADVANCED
 
 
 class _Lost(Exception):

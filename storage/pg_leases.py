@@ -22,12 +22,14 @@ taken again — before it is retried once, well within the ttl; a host that cann
 its leases expire finds them taken at its next renewal or append (`OwnershipLost`) and stops those
 sessions.
 
-Fencing is in the append statements of pg_store: they update the lease only where owner and epoch
-are still this handle's (renewing it), and write the batch only from that update — a stale writer
-writes nothing and learns `OwnershipLost`. Deliberately, a lease that expired but that no other
-host took over (same owner, same epoch) still lets its holder append, and the append renews it:
-safety comes from the epoch, not from the clock, so a slow renewal never stops a session nobody
-else wanted. Releasing (closing a handle) expires the row but keeps it, so epochs only grow, and
+Fencing is in the append statements of pg_append: a publication updates the lease only where
+owner and epoch are still this handle's; a later append advances the session row's count only
+where that row still names this owner and epoch (`sessions.writer`, `writer_epoch`: a trigger on
+this table rewrites them in every transaction that takes a lease over or deletes it) — a stale
+writer writes nothing and learns `OwnershipLost`. Deliberately, a lease that expired but that no
+other host took over (same owner, same epoch) still lets its holder append, and an append made
+half a ttl or more after the handle's last renewal renews it: safety comes from the epoch, not
+from the clock, so a slow renewal never stops a session nobody else wanted. Releasing (closing a handle) expires the row but keeps it, so epochs only grow, and
 notifies channel `subagents_lease` with the session id. `renew` extends every held lease in one
 statement and reports the ones found lost; `held_elsewhere` (listing's `running`) is an unexpired
 lease of another registered host: exactly the leases `acquire` would refuse to take.

@@ -41,6 +41,15 @@ only ever INSERTs batches, so an UPDATE or DELETE of one (a hand edit, a repair)
 session's checkpoint rows in the same transaction (two statement-level triggers), and the next
 listing or open reads the log again — as the file store's index drops the rows of a log edited
 in place.
+
+Version 5 moves the append's fence onto the session row (pg_append): `sessions.writer` and
+`sessions.writer_epoch` are the owner and epoch of the session's lease, kept equal to them by a
+row trigger on `leases` (`leases_writer`: an insert, a change of owner or epoch — every takeover
+— or a delete of a lease row writes them in the same transaction; a renewal or a release, which
+change neither, fires nothing) and a statement trigger on its TRUNCATE. So whatever code takes a
+lease over — this version's, an older one's, an operator's UPDATE — the session row says so when
+that transaction commits. The step takes the lease table's lock first (its trigger), then copies
+every lease into its session's row, so no takeover slips between the copy and the trigger.
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from .pg_connect import redact
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "check_schema", "ensure_schema"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _MIGRATION_LOCK = 0x5355_4241_4745_4E54  # "SUBAGENT": one key for every store's migration
 
 _V1 = [
@@ -152,8 +161,40 @@ _V4 = [
     "FOR EACH STATEMENT EXECUTE FUNCTION subagents_forget_checkpoints()",
 ]
 
+_V5 = [
+    """CREATE OR REPLACE FUNCTION subagents_lease_writer() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP = 'UPDATE' AND OLD.session_id = NEW.session_id AND OLD.owner IS NOT DISTINCT FROM NEW.owner
+                AND OLD.epoch IS NOT DISTINCT FROM NEW.epoch THEN
+            RETURN NULL;
+        END IF;
+        IF TG_OP = 'DELETE' OR (TG_OP = 'UPDATE' AND OLD.session_id <> NEW.session_id) THEN
+            UPDATE sessions SET writer = NULL, writer_epoch = NULL WHERE id = OLD.session_id;
+        END IF;
+        IF TG_OP <> 'DELETE' THEN
+            UPDATE sessions SET writer = NEW.owner, writer_epoch = NEW.epoch WHERE id = NEW.session_id;
+        END IF;
+        RETURN NULL;
+    END $$""",
+    """CREATE OR REPLACE FUNCTION subagents_leases_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE sessions SET writer = NULL, writer_epoch = NULL WHERE writer IS NOT NULL OR writer_epoch IS NOT NULL;
+        RETURN NULL;
+    END $$""",
+    "DROP TRIGGER IF EXISTS leases_writer ON leases",
+    "DROP TRIGGER IF EXISTS leases_truncated ON leases",
+    # First on `leases` (the trigger's lock, held to the commit: no lease changes hands until
+    # then), then the session rows; an append of an older build locks them in the same order.
+    "CREATE TRIGGER leases_writer AFTER INSERT OR DELETE OR UPDATE OF session_id, owner, epoch ON leases "
+    "FOR EACH ROW EXECUTE FUNCTION subagents_lease_writer()",
+    "CREATE TRIGGER leases_truncated AFTER TRUNCATE ON leases FOR EACH STATEMENT "
+    "EXECUTE FUNCTION subagents_leases_truncated()",
+    "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS writer text, ADD COLUMN IF NOT EXISTS writer_epoch bigint",
+    "UPDATE sessions s SET writer = l.owner, writer_epoch = l.epoch FROM leases l WHERE l.session_id = s.id",
+]
+
 # version -> the statements that bring the version before it to this one (0: an empty database)
-MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4}
+MIGRATIONS: dict[int, list[str]] = {1: _V1, 2: _V2, 3: _V3, 4: _V4, 5: _V5}
 
 
 def ensure_schema(conn: Any) -> int:

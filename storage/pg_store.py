@@ -7,7 +7,8 @@ fencing): `create` and `open_write` take the lease at a new epoch (`WriteHandle.
 second writer, in this store or any other, gets `AlreadyOwned` while the holder is alive and its
 lease unexpired. Appends are single fenced statements (pg_append: publication, seq checks,
 `OwnershipLost`, and what a connection lost mid-append leaves). A lease that expired but was not
-taken over still lets its holder append (and the append renews it): safety comes from the epoch.
+taken over still lets its holder append (and an append renews it once half a ttl has passed since
+its last renewal): safety comes from the epoch, fenced on the session row.
 A commit is durable when PostgreSQL acknowledges it (its own WAL fsync).
 
 Reads fetch the batch rows they need in one query and decode them with the file form's own line

@@ -36,6 +36,8 @@ ALLOWED_THIRD_PARTY = {
         "platformdirs",
         "mcp",
         "anyio",
+        # opentelemetry: the `otel` extra, imported only when tracing is on (runtime/telemetry/).
+        "opentelemetry",
     },
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -226,6 +228,8 @@ def test_the_own_layer_check_refuses_absolute_names(tmp_path: Path) -> None:
 # The package faces (`__init__`) re-export lazily and are left out.
 RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
     ("foundation",),
+    # tracing's seam and its OpenTelemetry implementation, below the loop that calls it
+    ("telemetry",),
     # models, and the model test bed they build from `scripted:PATH`; the read seam's bottom
     (
         "models",
@@ -451,6 +455,7 @@ WHITE_BOX = {
     "tests/runtime/test_scripted_stall.py",
     "tests/runtime/test_stopping.py",  # the stopped projection (issue 27)
     "tests/runtime/test_subagent_tools.py",
+    "tests/runtime/test_telemetry_settings.py",  # the tracing settings table
     "tests/runtime/test_units.py",
     "tests/runtime/test_usage.py",
     "tests/runtime/test_workspace_tools.py",

@@ -8,6 +8,7 @@ from typing import Literal
 import attrs
 
 from ..foundation.budgets import Budget
+from ..telemetry.seam import Telemetry
 from .compaction import CompactionPolicy
 from .tree_ledger import TreeLedger
 
@@ -33,6 +34,8 @@ class AgentConfig:
     # The runtime's running totals of budgets shared down the tree (tree_ledger.py; None: each
     # session counts only its own work, as an agent built outside `open_runtime` does).
     ledger: TreeLedger | None = attrs.field(default=None, eq=False)
+    # Tracing (README "Traces (OpenTelemetry)"); None: off, and nothing of it is imported.
+    telemetry: Telemetry | None = None
 
 
 # Frozen: one value serves every agent given no config.

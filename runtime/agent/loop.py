@@ -52,6 +52,8 @@ from ..models.base import (
     bind_model,
 )
 from ..models.messages import Surface, text_blocks
+from ..models.specs import record_of
+from ..telemetry.seam import NO_TURN, TRACE_TYPE, TurnTrace, trace_of
 from ..tools.base import ToolSet
 from .agent_config import DEFAULT_CONFIG, AgentConfig
 from .inbox import Delivery, Inbox, Mode
@@ -161,6 +163,15 @@ class Agent(ModelSteps, ToolSteps):
         # redelivered id (SPEC §9, "recorded once").
         self.recorded_deliveries: set[str] = recorded_delivery_ids(events)
         self.deliveries_recorded = RepeatedEvent()
+        # Spans (runtime/telemetry/seam.py): no-ops when tracing is off.
+        self._trace = trace_of(
+            config.telemetry,
+            session_id=self.session_id,
+            label=label,
+            events=events,
+            inherited_event_count=session.inherited_event_count,
+        )
+        self._turn_trace: TurnTrace = NO_TURN
 
     # --- the public face ------------------------------------------------------------------
 
@@ -329,6 +340,29 @@ class Agent(ModelSteps, ToolSteps):
         return await self._steps(plan.turn, self._begin(abort), resume=plan)
 
     async def _steps(
+        self, turn: int, abort: Abort, *, pending: list[Delivery] | None = None, resume: Continuation | None = None
+    ) -> TurnResult:
+        """`_turn_steps` in the turn's `invoke_agent` span (and the session's trace anchor
+        recorded with the first traced turn: runtime/telemetry/seam.py)."""
+        provider, model = _model_names(self.model)
+        trace = self._turn_trace = self._trace.turn(turn, provider=provider, model=model, continued=resume is not None)
+        if (record := self._trace.anchor_record()) is not None:
+            self._stage(TRACE_TYPE, record, ignorable=True)
+        try:
+            result = await self._turn_steps(turn, abort, pending=pending, resume=resume)
+        except BaseException as exc:
+            trace.fail(exc)
+            raise
+        trace.end(result.reason)
+        return result
+
+    def child_trace(self, call_id: str | None) -> list[EventDraft]:
+        """What a child started by the tool call `call_id` records of its trace with its first
+        append: its anchor, that call's span (none when tracing is off)."""
+        record = self._trace.child_record(call_id)
+        return [] if record is None else [EventDraft(type=TRACE_TYPE, data=record, ignorable=True)]
+
+    async def _turn_steps(
         self, turn: int, abort: Abort, *, pending: list[Delivery] | None = None, resume: Continuation | None = None
     ) -> TurnResult:
         """A turn's steps until it ends, then its `turn/end`. `resume` enters a continued turn
@@ -505,6 +539,16 @@ def _ended_by(finish: str | None) -> Json:
     if finish in (None, "stop"):
         return {"kind": "completed"}
     return {"kind": "interrupted"}
+
+
+def _model_names(model: object) -> tuple[str, str]:
+    """(provider, model name) for spans: a built model's record (`deepseek:deepseek-chat`), else
+    this runtime and the model's class (a scripted model, an embedder's own)."""
+    record = record_of(getattr(model, "inner", model))
+    if record is None:
+        return "subagents", type(model).__name__
+    provider, _, name = record.model.partition(":")
+    return provider, name
 
 
 def _last_turn(events: Sequence[Event], session_id: str) -> int:

@@ -24,6 +24,7 @@ from ..foundation.errors import ModelError
 from ..models.base import Finish, Model, ModelRequest, TextDelta, Thinking, ToolCallDelta, Usage
 from ..models.messages import message, text_blocks
 from ..models.specs import record_of
+from ..telemetry.seam import TurnTrace
 from ..tools.base import ToolSet
 from .compaction import plan_compaction
 from .step_writer import StepWriter
@@ -60,6 +61,7 @@ class ModelSteps(StepWriter):
     _model_scope: trio.CancelScope | None
     _closing_text: str | None
     _phase: AsyncValue[Any]
+    _turn_trace: TurnTrace
     model: Any
 
     def model_spec(self) -> str | None:
@@ -75,6 +77,25 @@ class ModelSteps(StepWriter):
         )
 
     async def _call_model(self, turn: int, step: int, abort: Abort) -> ModelReply:
+        """The step's model call, in its `chat` span (runtime/telemetry/seam.py)."""
+        messages = self.surface.messages()
+        chat = self._turn_trace.chat(messages)
+        try:
+            reply = await self._stream_reply(messages, abort)
+        except BaseException as exc:
+            chat.fail(exc)
+            raise
+        chat.end(
+            text=reply.text,
+            calls=[(c.id, c.name, c.arguments) for c in reply.calls],
+            finish=reply.finish,
+            usage=reply.usage,
+            error=reply.error,
+            interrupted=reply.interrupted,
+        )
+        return reply
+
+    async def _stream_reply(self, messages: list[Json], abort: Abort) -> ModelReply:
         reply = ModelReply()
         parts: list[str] = []
         calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument fragments]]
@@ -84,9 +105,7 @@ class ModelSteps(StepWriter):
                 scope.cancel()
             self._phase.value = "model"
             try:
-                async with aclosing(
-                    self._stream_model.stream(self._request("turn", self.surface.messages()))
-                ) as stream:
+                async with aclosing(self._stream_model.stream(self._request("turn", messages))) as stream:
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)
@@ -191,6 +210,24 @@ class ModelSteps(StepWriter):
         self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
 
     async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
+        """Compaction's summary call, in a `chat` span of its own."""
+        chat = self._turn_trace.chat(messages)
+        try:
+            summary = await self._summary_call(messages, abort)
+        except BaseException as exc:
+            chat.fail(exc)
+            raise
+        chat.end(
+            text=summary or "",
+            calls=(),
+            finish="stop" if summary is not None else None,
+            usage=None,
+            error=None,
+            interrupted=summary is None and abort.is_set(),
+        )
+        return summary
+
+    async def _summary_call(self, messages: list[Json], abort: Abort) -> str | None:
         parts: list[str] = []
         with trio.CancelScope(deadline=self._turn_deadline) as scope:
             self._model_scope = scope

@@ -21,6 +21,7 @@ from subagents.storage import Continuation
 from trio_util import move_on_when
 
 from ..models.messages import tool_result_message
+from ..telemetry.seam import ToolTrace, TurnTrace
 from ..tools.base import PreparedCall, ToolContext, ToolOutcome, ToolSet
 from .step_writer import Json, StepWriter
 
@@ -43,12 +44,14 @@ class ToolCall:
     dispatched: bool = False
     recorded: bool = False
     done: trio.Event = attrs.field(factory=trio.Event)
+    trace: ToolTrace | None = None  # its `execute_tool` span, from dispatch to its result
 
 
 class ToolSteps(StepWriter):
     """An agent's tool calls (see the module docstring); the attributes are the agent's."""
 
     tools: ToolSet
+    _turn_trace: TurnTrace
 
     async def _run_tools(self, turn: int, step: int, calls: list[ToolCall], abort: Abort) -> None:
         limiter = trio.CapacityLimiter(self.config.max_parallel_tools)
@@ -68,6 +71,7 @@ class ToolSteps(StepWriter):
                         },
                     )
                     call.dispatched = True
+                    call.trace = self._turn_trace.tool(call.id, call.name, call.arguments)
                 with trio.CancelScope(shield=True):
                     await self._flush()
                 for call in group:  # in model order: ids and times drawn here follow it
@@ -159,6 +163,8 @@ class ToolSteps(StepWriter):
         seqs = {"source_event_seqs": [call_seq]} if call_seq is not None else {}
         self._stage("tool/result", data, surface_op="append", **seqs)
         call.recorded = True
+        trace = call.trace or self._turn_trace.tool(call.id, call.name, call.arguments)
+        trace.end(content=outcome.content, is_error=outcome.is_error, error=outcome.error)
         with trio.CancelScope(shield=True):
             await self._flush()
 

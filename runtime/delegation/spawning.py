@@ -387,7 +387,7 @@ class Spawning:
             delegation_depth=depth,
             cwd=parent.session.header.cwd,
             fork=fork,
-            first=[draft],
+            first=[draft, *parent.child_trace(reserved.call_id)],  # its trace goes on under that call
             label=descriptor.label,
             created_at=reserved.created_at,
             model=setup.model,

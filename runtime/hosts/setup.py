@@ -22,6 +22,7 @@ from ..foundation.budgets import Budget
 from ..foundation.errors import ConfigInvalid, ModelSpecError
 from ..models.base import AnyModel
 from ..models.specs import build_model, parse_model_spec
+from ..telemetry.settings import TelemetrySettings, require_extra, resolve_telemetry
 from ..testing.scripted_model import DEFAULT_STALL_TIMEOUT
 from ..tools.permissions import DEFAULT_PERMISSIONS, Decision, PermissionAnswer, PermissionRequest, Permissions
 
@@ -61,6 +62,7 @@ class HostSetup:
     permissions: Permissions
     env: Mapping[str, str]
     model: AnyModel  # the root's
+    telemetry: TelemetrySettings | None = None  # tracing: [telemetry] and the OTEL_* variables
 
     def model_factory(self, spec: str, base_url: str | None) -> AnyModel:
         """The model a resumed subagent's log recorded, with this host's keys (`ModelSpecError`
@@ -98,6 +100,7 @@ class HostSetup:
             "mcp_servers": list(self.config.mcp_servers.values()),
             "store_options": {"lease_ttl": config.lease_ttl, "lease_renew_interval": config.lease_renew_interval},
             "on_interrupted_turn": config.on_interrupted_turn,
+            "telemetry": self.telemetry,
         }
 
 
@@ -132,7 +135,16 @@ def host_setup(
         model = _build(config, config.model, config.base_url, env)
     except ModelSpecError as exc:
         raise ConfigInvalid(str(exc)) from None
+    telemetry = resolve_telemetry(
+        enabled=config.telemetry_enabled,
+        endpoint=config.telemetry_endpoint,
+        capture_content=config.telemetry_capture_content,
+        env=env,
+    )
+    if telemetry is not None:
+        require_extra(telemetry)
     return HostSetup(
+        telemetry=telemetry,
         config=config,
         agent_types=types,
         problems=tuple(problems),

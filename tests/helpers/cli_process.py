@@ -23,7 +23,8 @@ _PROVIDER_SETTINGS = (
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without any provider settings or user configuration, plus
     `extra`."""
-    env = {k: v for k, v in os.environ.items() if k not in _PROVIDER_SETTINGS}
+    # Nor the OTEL_* variables: they would turn tracing on (README "Traces (OpenTelemetry)").
+    env = {k: v for k, v in os.environ.items() if k not in _PROVIDER_SETTINGS and not k.startswith("OTEL_")}
     # Never the person's own ~/.config/subagents: a test that wants a user file passes its own.
     env["SUBAGENTS_CONFIG_DIR"] = os.path.join(os.sep, "nonexistent", "subagents-config")
     env.update(extra)

@@ -35,7 +35,8 @@ finally:
 sys.exit(code)
 """
 
-# Third-party packages no read-only command may load (psycopg: the store here is files).
+# Third-party packages no read-only command may load (psycopg: the store here is files;
+# opentelemetry: the `otel` extra, loaded only by a host with tracing on).
 HEAVY_PACKAGES = (
     "httpx",
     "httpcore",
@@ -48,6 +49,7 @@ HEAVY_PACKAGES = (
     "psycopg",
     "anthropic",
     "pydantic",
+    "opentelemetry",
 )
 # Runtime modules of the hosts: the agent loop, the models, the tools, the composition root and
 # what only a host (run, chat, acp, demo, scenario) uses.
@@ -223,8 +225,10 @@ def test_tail_loads_no_host_module(root: Path, tmp_path: Path) -> None:
 def test_config_loads_no_host_module(tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    (project / "subagents.toml").write_text('model = "scripted:s.json"\n')
+    # Tracing turned on in the file: `config` shows it and still loads none of the extra.
+    (project / "subagents.toml").write_text('model = "scripted:s.json"\n[telemetry]\nenabled = true\n')
     done, modules = _run(["config"], tmp_path, project)
+    assert "telemetry.enabled = true" in done.stdout
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines()[0].startswith('model = "scripted:s.json"')
     assert _heavy(modules, CONFIG_ALLOWED) == []
@@ -241,6 +245,11 @@ def test_a_host_command_still_loads_what_it_runs(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (0, "done\n")
     assert "subagents.runtime.agent.loop" in _heavy(modules)
     assert "subagents.runtime.testing.scripted_model" in _heavy(modules)
+    # Tracing is off (no [telemetry], no OTEL_* variable): nothing of OpenTelemetry is loaded,
+    # nor the tracing modules that import it.
+    assert [m for m in modules if m.split(".")[0] == "opentelemetry"] == []
+    assert "subagents.runtime.telemetry.gen_ai" not in modules
+    assert "subagents.runtime.telemetry.seam" in modules  # the no-op seam the loop calls
 
 
 @slow  # a new interpreter per command

@@ -99,8 +99,9 @@ def test_a_missing_database_is_unreachable(pg_server: EmbeddedServer) -> None:
 
 
 def _wait_for_lock_waiter(db: psycopg.Connection[Any]) -> int:
-    """The backend of the append blocked on the session row."""
-    return lock_waiter(db, "WITH l AS (UPDATE leases", "the append")
+    """The backend of the append blocked on the session row (an append whose lease needs no
+    renewal is fenced on that row alone: pg_append)."""
+    return lock_waiter(db, "WITH s AS (UPDATE sessions", "the append")
 
 
 def test_an_append_cut_before_it_committed_is_sent_once_more(
@@ -189,7 +190,7 @@ class _CutAfterCommit:
 
     def execute(self, sql: str, params: Any = None) -> Any:
         result = self._cur.execute(sql, params)
-        if sql.startswith("WITH l AS (UPDATE leases") and not self._cut:
+        if "INSERT INTO batches" in sql and not self._cut:  # an append statement, of either form
             pid = self._cur.connection.info.backend_pid
             self._cut.append(pid)
             self._db.execute("SELECT pg_terminate_backend(%s)", (pid,))

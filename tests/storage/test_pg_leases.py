@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from events import turn_batch as batch
 from events import turn_starts as turns
-from log_lines import header, read_all
+from log_lines import header, read_all, wire
 from subagents.storage import (
     AlreadyOwned,
     HandleClosed,
@@ -165,15 +165,27 @@ def test_the_publication_is_fenced_too(host: Factory, db: psycopg.Connection[Any
 
 
 def test_an_expired_lease_nobody_took_still_lets_its_holder_append(host: Factory, db: psycopg.Connection[Any]) -> None:
-    """The deliberate choice (pg_leases): safety comes from the epoch; the append renews."""
-    a = host()
+    """The deliberate choice (pg_leases): safety comes from the epoch. An append is fenced on the
+    session row (pg_append) and renews the lease itself only once half a ttl has passed since the
+    handle's last renewal (by the host's clock; the renewal task keeps it fresh otherwise)."""
+    a = host(lease_ttl=10)
+    now = [1000.0]
+    a._leases.monotonic = lambda: now[0]
     handle = a.create(header("s1"))
-    a.append(handle, [batch(0, 1)])
+    a.append(handle, [batch(0, 1)])  # the publication renews (at 1000)
     expire(db, "s1")
     assert lease(db, "s1") == (a.host_id, 1, False)
-    assert a.append(handle, [batch(1, 2)]) == 2
+    now[0] = 1004.9
+    assert a.append(handle, [batch(1, 2)]) == 2  # under half a ttl: the lease row is not written
+    assert lease(db, "s1") == (a.host_id, 1, False)
+    now[0] = 1005.0
+    assert a.append(handle, [batch(2, 3)]) == 3  # half a ttl: renewed in the same statement
     assert lease(db, "s1") == (a.host_id, 1, True)
-    assert batches(db) == [(0, 1, 1), (1, 1, 1)]
+    expire(db, "s1")
+    now[0] = 1009.9
+    assert a.append(handle, [batch(3, 4)]) == 4  # renewed at 1005: not due again before 1010
+    assert lease(db, "s1") == (a.host_id, 1, False)
+    assert batches(db) == [(0, 1, 1), (1, 1, 1), (2, 1, 1), (3, 1, 1)]
     a.close(handle)
 
 
@@ -377,7 +389,7 @@ def test_bad_lease_options_are_refused(pg_url: str, options: dict[str, Any]) -> 
 def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Connection[Any]) -> None:
     """A database as a version 2 build left it (a session, batch epochs NULL, no lease tables)
     gains the lease tables in one step; its sessions are claimed at epoch 1."""
-    assert SCHEMA_VERSION == 4 and set(MIGRATIONS) == {1, 2, 3, 4}
+    assert SCHEMA_VERSION == 5 and set(MIGRATIONS) == {1, 2, 3, 4, 5}
     store = PostgresLogStore(pg_url)
     try:
         handle = store.create(header("s1"))
@@ -388,6 +400,9 @@ def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Con
     db.execute("UPDATE batches SET epoch = NULL")
     db.execute("DROP TABLE leases, hosts, placements")
     db.execute("DROP TRIGGER batches_updated ON batches; DROP TRIGGER batches_deleted ON batches")  # version 4's
+    db.execute(
+        "ALTER TABLE sessions DROP COLUMN writer, DROP COLUMN writer_epoch"
+    )  # version 5's (its triggers: on leases)
     db.execute("UPDATE schema_version SET version = 2")
     store = PostgresLogStore(pg_url)
     try:
@@ -398,6 +413,7 @@ def test_a_version_2_database_is_migrated_to_leases(pg_url: str, db: psycopg.Con
         assert handle.impl.epoch == 1
         store.append(handle, [batch(1, 2)])
         assert batches(db) == [(0, 1, None), (1, 1, 1)]
+        assert db.execute("SELECT writer, writer_epoch FROM sessions").fetchall() == [(store.host_id, 1)]
         assert read_all(store, "s1") == turns(0, 2)
         store.close(handle)
     finally:
@@ -432,3 +448,84 @@ def test_a_host_that_cannot_renew_for_a_ttl_gives_its_sessions_up_before_another
         a.append(handle, [batch(1, 2)])
     monkeypatch.undo()
     assert a.renew_leases() == frozenset()  # reachable again: nothing more to give up
+
+
+def session_writer(db: psycopg.Connection[Any], sid: str) -> tuple[str | None, int | None]:
+    """(writer, writer_epoch) of the session row: its lease's owner and epoch (schema version 5)."""
+    return db.execute("SELECT writer, writer_epoch FROM sessions WHERE id = %s", (sid,)).fetchone()
+
+
+# --- upgrade ------------------------------------------------------------------------------------
+
+# Version 4's append, as its builds send it (fenced on the lease row): still fenced after the
+# upgrade, by its own lease update.
+_V4_APPEND = (
+    "WITH l AS (UPDATE leases SET expires_at = now() + interval '15 seconds' "
+    "WHERE session_id = %(id)s AND owner = %(me)s AND epoch = %(epoch)s RETURNING session_id), "
+    "s AS (UPDATE sessions SET event_count = event_count + 1, byte_size = byte_size + %(size)s, last_time = 1 "
+    "WHERE id = (SELECT session_id FROM l) AND event_count = %(first)s RETURNING id) "
+    "INSERT INTO batches (session_id, first_seq, count, data, compressed, epoch) "
+    "SELECT id, %(first)s, 1, %(data)s, false, %(epoch)s FROM s"
+)
+
+
+def _older_append(owner: str, epoch: int, seq: int) -> dict[str, Any]:
+    """The arguments of version 4's append of the one event at `seq`."""
+    data = b"".join(wire(turns(seq, seq + 1)))
+    return {"id": "s1", "me": owner, "epoch": epoch, "first": seq, "size": len(data), "data": data}
+
+
+def _drop_all_tables(db: psycopg.Connection[Any]) -> None:
+    db.execute(
+        "DROP TABLE IF EXISTS checkpoints, batches, sessions, schema_version, mailbox, mailbox_rejected, "
+        "leases, hosts, placements"
+    )
+    db.execute("DROP SEQUENCE IF EXISTS sessions_generation_seq")
+
+
+def test_a_version_4_database_opens_and_upgrades(db: psycopg.Connection[Any], pg_url: str) -> None:
+    """A database as version 4 left it, one session held by a live older host: the upgrade copies
+    the lease into the session row; the older host's appends stay fenced by its lease; a takeover
+    by this build fences it; nothing acknowledged is lost."""
+    assert SCHEMA_VERSION == 5
+    _drop_all_tables(db)
+    try:
+        for version in (1, 2, 3, 4):
+            for statement in MIGRATIONS[version]:
+                db.execute(statement)
+        db.execute("INSERT INTO schema_version (version) VALUES (4)")
+        store = PostgresLogStore(pg_url)  # a version 5 store writes the session, then it is made older
+        handle = store.create(header("s1"))
+        store.append(handle, [batch(0, 1)])
+        store.close(handle)
+        store.close_store()
+        db.execute("DROP TRIGGER leases_writer ON leases; DROP TRIGGER leases_truncated ON leases")
+        db.execute("ALTER TABLE sessions DROP COLUMN writer, DROP COLUMN writer_epoch")
+        db.execute("UPDATE schema_version SET version = 4")
+        # An older host holds the session now, unexpired, at epoch 2.
+        db.execute("UPDATE leases SET owner = 'older', epoch = 2, expires_at = now() + interval '1 hour'")
+        db.execute("INSERT INTO hosts (id) VALUES ('older')")
+        older = _older_append("older", 2, 1)
+        assert db.execute(_V4_APPEND, older).rowcount == 1  # before the upgrade
+
+        upgraded = PostgresLogStore(pg_url)
+        try:
+            assert db.execute("SELECT version FROM schema_version").fetchall() == [(5,)]
+            assert session_writer(db, "s1") == ("older", 2)  # copied from the lease
+            with pytest.raises(AlreadyOwned):
+                upgraded.open_write("s1")
+            assert db.execute(_V4_APPEND, _older_append("older", 2, 2)).rowcount == 1
+            expire(db, "s1")
+            new = upgraded.open_write("s1")
+            assert new.impl.epoch == 3 and new.next_seq == 3 and session_writer(db, "s1") == (upgraded.host_id, 3)
+            assert db.execute(_V4_APPEND, _older_append("older", 2, 3)).rowcount == 0  # the older host is fenced
+            assert upgraded.append(new, [batch(3, 4)]) == 4
+            assert [e.seq for e in read_all(upgraded, "s1")] == [0, 1, 2, 3]
+            assert batches(db) == [(0, 1, 1), (1, 1, 2), (2, 1, 2), (3, 1, 3)]
+            upgraded.close(new)
+        finally:
+            upgraded.close_store()
+        PostgresLogStore(pg_url).close_store()  # current: nothing to do
+        assert db.execute("SELECT version FROM schema_version").fetchall() == [(5,)]
+    finally:
+        _drop_all_tables(db)
