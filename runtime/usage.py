@@ -99,6 +99,7 @@ class Tokens:
     # Prompt-cache counts (apart from `input_tokens`, as a model call's usage records them).
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0  # of `output_tokens`, what providers reported as reasoning
     # The same reported counts by the model that made the calls (sorted by model): cost's input.
     # Not compared: two `Tokens` are equal when their counts are.
     models: tuple[ModelCounts, ...] = attrs.field(default=(), eq=False)
@@ -112,6 +113,7 @@ class Tokens:
             unknown_calls=self.unknown_calls + other.unknown_calls,
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
             models=_merged(self.models, other.models),
         )
 
@@ -124,7 +126,7 @@ class Tokens:
         }
         if self.unknown_calls:  # only when there are some: the common shape stays as it was
             out["unknown_calls"] = self.unknown_calls
-        for key in ("cache_read_tokens", "cache_write_tokens"):  # likewise
+        for key in ("cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):  # likewise
             if getattr(self, key):
                 out[key] = getattr(self, key)
         return out
@@ -139,10 +141,11 @@ class Tokens:
         if any(type(c) is not int or c < 0 for c in counts):
             return None
         ints = cast("list[int]", counts)  # each checked above
-        optional = [value.get(k, 0) for k in ("unknown_calls", "cache_read_tokens", "cache_write_tokens")]
+        optional_keys = ("unknown_calls", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
+        optional = [value.get(k, 0) for k in optional_keys]
         if any(type(c) is not int or c < 0 for c in optional):
             return None
-        unknown, cache_read, cache_write = cast("list[int]", optional)
+        unknown, cache_read, cache_write, reasoning = cast("list[int]", optional)
         models = _models_from_json(value.get("models", {}))
         if models is None:
             return None
@@ -154,6 +157,7 @@ class Tokens:
             unknown_calls=unknown,
             cache_read_tokens=cache_read,
             cache_write_tokens=cache_write,
+            reasoning_tokens=reasoning,
             models=models,
         )
 
@@ -251,7 +255,9 @@ def _describe(tokens: Tokens) -> str:
     cache = ""
     if tokens.cache_read_tokens or tokens.cache_write_tokens:
         cache = f", cache {tokens.cache_read_tokens} read, {tokens.cache_write_tokens} written"
-    return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens{cache} ({calls}{partly}){unknown}"
+    reasoning = f" ({tokens.reasoning_tokens} reasoning)" if tokens.reasoning_tokens else ""
+    out = f"{tokens.output_tokens} out tokens{reasoning}"
+    return f"{tokens.input_tokens} in, {out}{cache} ({calls}{partly}){unknown}"
 
 
 def usage_lines(session: SessionUsage, tree: TreeUsage | None = None, prices: PriceTable | None = None) -> list[str]:
@@ -276,6 +282,7 @@ class _Counts(msgspec.Struct):
     output_tokens: int
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 class _Reply(msgspec.Struct):
@@ -307,18 +314,20 @@ def _lost_call(event: Event) -> int | None:
     return marker.turn if marker.lost_model_call is True else None
 
 
-def _read(event: Event) -> tuple[int, int, int, int, int] | None:
-    """(turn, input, output, cache read, cache written) of an assistant message — (turn, -1, -1,
-    0, 0) when it has no usable usage record — or None when its payload does not decode."""
+def _read(event: Event) -> tuple[int, int, int, int, int, int] | None:
+    """(turn, input, output, cache read, cache written, reasoning) of an assistant message —
+    (turn, -1, -1, 0, 0, 0) when it has no usable usage record — or None when its payload does
+    not decode."""
     try:
         reply = _reply.decode(event.data)
     except (msgspec.DecodeError, RecursionError):
         return None
     usage = reply.usage
     if usage is None or min(usage.input_tokens, usage.output_tokens) < 0:
-        return (reply.turn, -1, -1, 0, 0)
+        return (reply.turn, -1, -1, 0, 0, 0)
     cache_read, cache_write = max(usage.cache_read_tokens, 0), max(usage.cache_write_tokens, 0)
-    return (reply.turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write)
+    reasoning = min(max(usage.reasoning_tokens, 0), usage.output_tokens)
+    return (reply.turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write, reasoning)
 
 
 class _Model(msgspec.Struct):
@@ -337,7 +346,8 @@ def recorded_model(event: Event) -> str:  # public: `show` tracks the model in f
     return model if isinstance(model, str) else ""
 
 
-Reply = tuple[int, int, int, int, int, str]
+# (turn, input, output, cache read, cache written, model, reasoning)
+Reply = tuple[int, int, int, int, int, str, int]
 
 
 def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Iterator[Reply]:
@@ -355,17 +365,17 @@ def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Ite
         if event.type == ASSISTANT:
             read = _read(event)
             if read is not None:
-                yield (*read, model)
+                yield (*read[:5], model, read[5])
         elif event.type == CONTINUE:
             turn = _lost_call(event)
             if turn is not None:
-                yield (turn, -2, -2, 0, 0, model)
+                yield (turn, -2, -2, 0, 0, model, 0)
 
 
 def _count(counts: list[int], reply: Reply, models: dict[str, list[int]]) -> None:
-    """Add one reply to `[input, output, calls, reported, unknown, cache read, cache written]`
-    and to its model's `[input, output, cache read, cache written]`."""
-    _turn, tokens_in, tokens_out, cache_read, cache_write, model = reply
+    """Add one reply to `[input, output, calls, reported, unknown, cache read, cache written,
+    reasoning]` and to its model's `[input, output, cache read, cache written]`."""
+    _turn, tokens_in, tokens_out, cache_read, cache_write, model, reasoning = reply
     if tokens_in == -2:
         counts[4] += 1
         return
@@ -376,6 +386,7 @@ def _count(counts: list[int], reply: Reply, models: dict[str, list[int]]) -> Non
         counts[3] += 1
         counts[5] += cache_read
         counts[6] += cache_write
+        counts[7] += reasoning
         slot = models.setdefault(model, [0, 0, 0, 0])
         slot[0] += tokens_in
         slot[1] += tokens_out
@@ -392,6 +403,7 @@ def _tokens(c: Sequence[int], models: Mapping[str, list[int]]) -> Tokens:
         unknown_calls=c[4],
         cache_read_tokens=c[5],
         cache_write_tokens=c[6],
+        reasoning_tokens=c[7],
         models=tuple((m, *n) for m, n in sorted(models.items())),  # type: ignore[misc]  # four ints each
     )
 
@@ -404,7 +416,7 @@ def usage_of(
     named it). Pure; never raises on bad payloads (they are not counted)."""
     per_turn: dict[int, tuple[list[int], dict[str, list[int]]]] = {}
     for reply in _own_replies(events, inherited_event_count, model):
-        counts, models = per_turn.setdefault(reply[0], ([0] * 7, {}))
+        counts, models = per_turn.setdefault(reply[0], ([0] * 8, {}))
         _count(counts, reply, models)
     turns = {turn: _tokens(c, m) for turn, (c, m) in sorted(per_turn.items())}
     return turns, sum(turns.values(), Tokens())
@@ -447,6 +459,7 @@ class UsageUnit:
             t.unknown_calls,
             t.cache_read_tokens,
             t.cache_write_tokens,
+            t.reasoning_tokens,
         ]
         models = {m: list(n) for m, *n in t.models}
         before = state.get("model", "")

@@ -29,6 +29,7 @@ from ..tools.base import ToolSet
 from .compaction import plan_compaction
 from .step_writer import StepWriter
 from .tool_steps import ToolCall
+from .tree_ledger import CHARGED_COUNTS
 
 __all__ = ["ModelReply", "ModelSteps"]
 
@@ -165,7 +166,8 @@ class ModelSteps(StepWriter):
         }
         if reply.usage is not None:
             data["usage"] = reply.usage
-            self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + sum(reply.usage.values()))
+            charged = sum(reply.usage.get(k, 0) for k in CHARGED_COUNTS)  # reasoning is part of output
+            self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + charged)
             if self.config.ledger is not None:  # charged to it and every ancestor (tree_ledger.py)
                 self.config.ledger.charge(self.session_id, reply.usage, self.model_spec())
         if reply.interrupted:

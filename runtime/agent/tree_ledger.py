@@ -38,7 +38,11 @@ from subagents.storage import Event
 from ..foundation.budgets import Budget
 from ..foundation.pricing import PriceTable, format_cost
 
-__all__ = ["Seeder", "TreeLedger", "TreeSpent", "own_spent", "request_estimate"]
+__all__ = ["CHARGED_COUNTS", "Seeder", "TreeLedger", "TreeSpent", "own_spent", "request_estimate"]
+
+# The disjoint counts of a usage record a token budget adds up (`reasoning_tokens` is a part of
+# `output_tokens`, not one more).
+CHARGED_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
 
 
 def request_estimate(messages: object) -> int:
@@ -208,7 +212,7 @@ class TreeLedger:
     def charge(self, session_id: str, usage: Mapping[str, int], model: str | None) -> None:
         """One recorded reply's `usage`, made by `model`, charged to the session and every
         ancestor."""
-        tokens = sum(max(0, int(n)) for n in usage.values())
+        tokens = sum(max(0, int(usage.get(k, 0))) for k in CHARGED_COUNTS)
         self._land(session_id)
         price = self.prices.price_of(model)
         cost = None

@@ -123,3 +123,20 @@ def test_budget_flags_win_over_the_file_and_bad_ones_name_the_flag(tmp_path: Pat
         with pytest.raises(ConfigInvalid) as caught:
             with_budget_flags(config, flags)  # type: ignore[arg-type]
         assert str(caught.value) == message
+
+
+def test_reasoning_tokens_are_summed_shown_and_not_charged_twice() -> None:
+    events = _events(
+        ("session/model", {"model": "m"}),
+        _reply(1, input_tokens=100, output_tokens=40, reasoning_tokens=32),
+        _reply(2, input_tokens=100, output_tokens=10),
+    )
+    turns, total = usage_of(events)
+    assert (turns[1].reasoning_tokens, total.reasoning_tokens, total.output_tokens) == (32, 32, 50)
+    assert describe(total) == "200 in, 50 out tokens (32 reasoning) (2 model calls)"
+    assert total.to_json()["reasoning_tokens"] == 32 and "reasoning_tokens" not in turns[2].to_json()
+    assert Tokens.from_json(total.to_json()) == total
+    # Cost: reasoning is output, priced once.
+    assert cost_of(total, PriceTable({"m": Price(input=1, output=2, cache_read=1, cache_write=1)})) == pytest.approx(
+        (200 + 100) / 1e6
+    )
