@@ -54,12 +54,11 @@ def stream_usage(batch: list[StreamEvent], models: dict[str, str] | None = None)
     session by session, each call with the model its session recorded (`models`, kept across
     batches, is updated)."""
     models = {} if models is None else models
-    by_session: dict[str, list[Event]] = {}
+    by_session: dict[str, tuple[int, list[Event]]] = {}
     for item in batch:
-        by_session.setdefault(item.session_id, []).append(item.event)
+        by_session.setdefault(item.session_id, (item.inherited_event_count, []))[1].append(item.event)
     total = Tokens()
-    for sid, events in by_session.items():
-        inherited = next(i.inherited_event_count for i in batch if i.session_id == sid)
+    for sid, (inherited, events) in by_session.items():
         total = total + usage_of(events, inherited, models.get(sid, ""))[1]
         for event in events:
             if event.type == MODEL:
