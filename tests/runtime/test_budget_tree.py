@@ -283,3 +283,40 @@ async def test_a_cost_budget_stops_the_tree_and_an_unpriced_model_is_refused(tmp
     assert _ends(events) == [
         {"kind": "budget", "message": "max_cost $0.0100: cost unknown (no price for (none recorded))"}
     ]
+
+
+async def test_a_child_resumed_without_its_ancestors_is_held_to_its_own_reservation(tmp_path: Path) -> None:
+    """What a host that runs only the child (a serving host, a takeover) enforces: the budget its
+    descriptor recorded — reserved out of its parent's remainder when it started — and its own
+    spending read back from its log."""
+    first = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [_delegate("worker", max_tokens=1000)], "usage": _usage(100)},
+                    {"text": "started"},
+                    {"text": "noted"},
+                ],
+            },
+            {"label": "worker", "responses": [{"text": "part one", "usage": _usage(600)}]},
+        ]
+    )
+    options: dict[str, Any] = {"clock": ScenarioClock(), "id_factory": CountingIds("c"), "compression": "none"}
+    async with open_runtime(tmp_path, model=first, budget=Budget(max_tokens=10_000), **options) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+    second = _model([{"session": "c-1", "responses": [{"text": "part two", "usage": _usage(600)}, {"text": "never"}]}])
+    async with open_runtime(tmp_path, model=second, **options) as rt:  # another host: no root budget, no parent
+        child = await rt.agents.resume("c-1")
+        await child.send("more")
+        await child.wait_idle()
+        await child.send("and more")
+        await child.wait_idle()
+    ends = _ends(_logs(tmp_path)["c-1"])
+    assert ends == [
+        {"kind": "completed"},
+        {"kind": "completed"},  # 600 spent, read back from its log: one more call fits
+        {"kind": "budget", "message": "max_tokens 1000 reached: 1200 used (200 over)"},
+    ]
