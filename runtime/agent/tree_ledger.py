@@ -38,7 +38,7 @@ from subagents.storage import Event
 from ..foundation.budgets import Budget
 from ..foundation.pricing import PriceTable, format_cost
 
-__all__ = ["CHARGED_COUNTS", "Seeder", "TreeLedger", "TreeSpent", "own_spent", "request_estimate"]
+__all__ = ["CHARGED_COUNTS", "OwnSpent", "Seeder", "TreeLedger", "TreeSpent", "own_spent", "request_estimate"]
 
 # The disjoint counts of a usage record a token budget adds up (`reasoning_tokens` is a part of
 # `output_tokens`, not one more).
@@ -61,6 +61,18 @@ class TreeSpent:
     descendants: int = 0
 
 
+@attrs.frozen(kw_only=True)
+class OwnSpent:
+    """What a session spent itself, as it joins: `tokens` (every kind), `cost` (None: a call's
+    model has no price), `unpriced` (that model) and `parent` (it started children: only then
+    are its descendants read when it joins)."""
+
+    tokens: int = 0
+    cost: float | None = 0.0
+    unpriced: str | None = None
+    parent: bool = False
+
+
 class _Model(msgspec.Struct):
     model: str | None = None
 
@@ -80,10 +92,8 @@ _model = msgspec.json.Decoder(_Model)
 _reply = msgspec.json.Decoder(_Reply)
 
 
-def own_spent(events: Iterable[Event], inherited_event_count: int, prices: PriceTable) -> dict[str, object]:
-    """A session's own spending over its own suffix, for `join`: `tokens` (every kind), `cost`
-    (None when a call's model has no price), `unpriced` (that model) and `parent` (it started
-    children: only then are its descendants read when it joins). Bad payloads are not counted
+def own_spent(events: Iterable[Event], inherited_event_count: int, prices: PriceTable) -> OwnSpent:
+    """A session's own spending over its own suffix, for `join`. Bad payloads are not counted
     (as in runtime/usage.py)."""
     model: str | None = None
     tokens, cost, unpriced, parent = 0, 0.0, None, False
@@ -112,7 +122,7 @@ def own_spent(events: Iterable[Event], inherited_event_count: int, prices: Price
                 unpriced = unpriced or (model or "(none recorded)")
             else:
                 cost += price.cost(*counts)
-    return {"tokens": tokens, "cost": None if unpriced else cost, "unpriced": unpriced, "parent": parent}
+    return OwnSpent(tokens=tokens, cost=None if unpriced else cost, unpriced=unpriced, parent=parent)
 
 
 # session id → what its descendants (not itself) have spent, read from the store.
@@ -148,18 +158,16 @@ class TreeLedger:
             budget.max_tokens is None and budget.max_cost is None and budget.max_descendants is None
         )
 
-    async def join(self, session_id: str, parent: str | None, budget: Budget | None, own: Mapping[str, object]) -> None:
-        """Enter (or enter again) a session: its own spending `own` (`tokens`, `cost`,
-        `unpriced`), its descendants' from the seeder when its budget is shared. A session
-        already here keeps its totals (they have been charged all along)."""
+    async def join(self, session_id: str, parent: str | None, budget: Budget | None, own: OwnSpent) -> None:
+        """Enter (or enter again) a session: its own spending `own`, its descendants' from the
+        seeder when its budget is shared and it started children. A session already here keeps
+        its totals (they have been charged all along)."""
         node = self._nodes.get(session_id)
         if node is not None:
             node.budget, node.open = budget, True
             return
-        tokens = int(own.get("tokens", 0))  # type: ignore[call-overload]  # an int by contract
-        cost = own.get("cost", 0.0)
-        spent = TreeSpent(tokens, cost if isinstance(cost, (int, float)) else None)
-        if self.seeder is not None and self.shares(budget) and own.get("parent"):
+        spent = TreeSpent(own.tokens, own.cost)
+        if self.seeder is not None and self.shares(budget) and own.parent:
             below = await self.seeder(session_id)
             spent = TreeSpent(
                 spent.tokens + below.tokens,
@@ -168,14 +176,8 @@ class TreeLedger:
             )
         if session_id in self._nodes:  # joined meanwhile (the seeder awaited)
             return
-        unpriced = own.get("unpriced")
         self._nodes[session_id] = _Node(
-            parent,
-            budget,
-            spent.tokens,
-            spent.cost,
-            spent.descendants,
-            unpriced=unpriced if isinstance(unpriced, str) else None,
+            parent, budget, spent.tokens, spent.cost, spent.descendants, unpriced=own.unpriced
         )
 
     def leave(self, session_id: str) -> None:

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from log_lines import read_all
 from subagents.runtime import Budget, ScenarioClock, open_runtime
-from subagents.runtime.agent.tree_ledger import TreeLedger
+from subagents.runtime.agent.tree_ledger import OwnSpent, TreeLedger
 from subagents.runtime.foundation.budgets import budget_json, parse_budget
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.foundation.pricing import Price, PriceTable
@@ -175,7 +175,7 @@ def test_the_ledger_charges_ancestors_reserves_and_returns() -> None:
     ledger = TreeLedger(prices=PriceTable({"m": Price(input=1.0, output=2.0, cache_read=0.1, cache_write=1.25)}))
 
     async def join(sid: str, parent: str | None, budget: Budget | None) -> None:
-        await ledger.join(sid, parent, budget, {"tokens": 0, "cost": 0.0})
+        await ledger.join(sid, parent, budget, OwnSpent())
 
     import trio
 
