@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from .foundation.errors import ToolFailure as ToolFailure
     from .foundation.ids import CountingIds as CountingIds
     from .foundation.ids import RandomIds as RandomIds
+    from .foundation.pricing import Price as Price
+    from .foundation.pricing import PriceTable as PriceTable
     from .models.anthropic import AnthropicModel as AnthropicModel
     from .models.anthropic_wire import AnthropicOptions as AnthropicOptions
     from .models.base import Chunk as Chunk
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
     from .usage import SessionUsage as SessionUsage
     from .usage import Tokens as Tokens
     from .usage import TreeUsage as TreeUsage
+    from .usage import cost_of as cost_of
     from .usage import session_usage as session_usage
     from .usage import tree_usage as tree_usage
     from .usage import usage_lines as usage_lines
@@ -93,6 +96,8 @@ _WHERE: dict[str, str] = {
     "Runtime": ".app",
     "open_runtime": ".app",
     "Budget": ".foundation.budgets",
+    "Price": ".foundation.pricing",
+    "PriceTable": ".foundation.pricing",
     "RealClock": ".foundation.clock",
     "ScenarioClock": ".foundation.clock",
     "ToolFilter": ".delegation.descriptor",
@@ -145,6 +150,7 @@ _WHERE: dict[str, str] = {
     "session_usage": ".usage",
     "tree_usage": ".usage",
     "usage_lines": ".usage",
+    "cost_of": ".usage",
     "usage_of": ".usage",
 }
 

@@ -34,6 +34,7 @@ from .agent.loop import Agent, AgentConfig
 from .agent.mailbox_owner import MailboxOwners
 from .agent.model_record import ModelFactory
 from .agent.registry import AgentRegistry, SessionTools
+from .agent.tree_ledger import TreeLedger, TreeSpent
 from .delegation.agent_types import AgentType
 from .delegation.listing import ListingService
 from .delegation.listing_stall import STALL_AFTER
@@ -43,6 +44,7 @@ from .delegation.tools import DelegationParts, subagent_tools
 from .foundation.budgets import Budget
 from .foundation.clock import Clock, RealClock
 from .foundation.ids import IdFactory, RandomIds
+from .foundation.pricing import PriceTable
 from .lease_renewal import renew_leases
 from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
@@ -56,6 +58,7 @@ from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.workspace_tools import workspace_tools
+from .usage import descendant_spent
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -75,6 +78,7 @@ class Runtime:
     clock: Clock
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
     mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/agent/mailbox_owner.py)
+    prices: PriceTable = attrs.field(factory=PriceTable)  # `[prices]`: what costs are shown at
 
     async def resume(
         self, session_id: str, *, on_interrupted_turn: Literal["continue", "close"] | None = None
@@ -149,6 +153,7 @@ async def open_runtime(
     on_interrupted_turn: Literal["continue", "close"] | None = None,
     stall_after: float = STALL_AFTER,
     telemetry: TelemetrySettings | Telemetry | None = None,
+    prices: PriceTable | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`, `anthropic:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -182,7 +187,9 @@ async def open_runtime(
     from the `otel` extra and flushes it when it closes) or a `Telemetry` of the caller's (an SDK
     tracer provider it owns: `OtelTelemetry(provider)`); None (the default) traces nothing and
     imports none of it. `stall_after` (seconds, default 300): listings call a running child
-    whose open turn made no durable progress for that long `stalled` (by `clock`)."""
+    whose open turn made no durable progress for that long `stalled` (by `clock`). `prices`
+    (`[prices]`, runtime/foundation/pricing.py) price the model calls a `max_cost` budget counts;
+    budgets are shared down each tree through one ledger per runtime (runtime/agent/tree_ledger.py)."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -251,13 +258,22 @@ async def open_runtime(
 
                 nursery.start_soon(renew_leases, logs, lost)  # a PostgreSQL store's leases (none: returns)
 
+                prices = prices if prices is not None else PriceTable()
+
+                async def seed(session_id: str) -> TreeSpent:
+                    return await descendant_spent(query, listing, session_id, prices)
+
+                ledger = TreeLedger(prices=prices, seeder=seed)
                 agents = AgentRegistry(
                     sessions=sessions,
                     reader=reader,
                     clock=clock,
                     id_factory=id_factory or RandomIds(),
                     model=model,
-                    config=_with_policy(_with_budget(agent_config or AgentConfig(), budget), on_interrupted_turn),
+                    config=attrs.evolve(
+                        _with_policy(_with_budget(agent_config or AgentConfig(), budget), on_interrupted_turn),
+                        ledger=ledger,
+                    ),
                     nursery=nursery,
                     hooks=service,
                     owners=owners,
@@ -305,6 +321,7 @@ async def open_runtime(
                         clock=clock,
                         mcp=mcp,
                         mailbox=mailbox,
+                        prices=prices,
                     )
                 except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc

@@ -20,11 +20,12 @@ from typing import Any, TypeVar
 import attrs
 
 from .foundation.errors import ConfigInvalid
+from .foundation.pricing import Price, PriceTable, parse_price
 from .models.defaults import DEFAULT_MODEL
 from .telemetry.settings import check_endpoint
 from .tools.mcp_spec import McpServerSpec
 
-__all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir"]
+__all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir", "with_budget_flags"]
 
 PROJECT_FILE = "subagents.toml"
 _DECISIONS = ("allow", "ask", "deny")
@@ -52,6 +53,7 @@ class Config:
     default_permission: str | None = None
     budget: Mapping[str, float] = attrs.field(factory=dict)  # max_turns, max_tokens, deadline_seconds
     mcp_servers: Mapping[str, McpServerSpec] = attrs.field(factory=dict)
+    prices: PriceTable = attrs.field(factory=PriceTable)  # `[prices]`: per model, per million tokens
     lease_ttl: float = 15.0  # a PostgreSQL store's leases (SPEC §9)
     lease_renew_interval: float | None = None  # None: a third of the ttl
     forget_hosts_after: float = 86400.0  # a serving host deletes the rows of hosts gone this long
@@ -78,6 +80,9 @@ class Config:
         out.append(("permissions.default", default, self.sources.get("permissions.default", "default")))
         for key, value in sorted(self.budget.items()):
             out.append((f"budget.{key}", value, self.sources[f"budget.{key}"]))
+        for model, price in sorted(self.prices.prices.items()):
+            shown_price = f"input {price.input}, output {price.output}, cache_read {price.cache_read}, cache_write {price.cache_write}"
+            out.append((f'prices."{model}"', shown_price, self.sources[f"prices.{model}"]))
         for name, server in sorted(self.mcp_servers.items()):
             shown = server.url if server.url is not None else " ".join([server.command or "", *server.args])
             out.append((f"mcp_servers.{name}", shown, self.sources[f"mcp_servers.{name}"]))
@@ -164,12 +169,22 @@ _FIELD = {
     "telemetry.endpoint": "telemetry_endpoint",
     "telemetry.capture_content": "telemetry_capture_content",
 }
+
+
+def _cost(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a number >= 0 (the prices' currency), got {_shown(value)}")
+    return float(value)
+
+
 _BUDGET: dict[str, Callable[[object], object]] = {
     "max_turns": _integer(1),
     "max_tokens": _integer(1),
     "deadline_seconds": _seconds,
+    "max_cost": _cost,
+    "max_descendants": _integer(0),
 }
-_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "telemetry")
+_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "telemetry", "prices")
 
 
 def _shown(value: object) -> str:
@@ -211,6 +226,7 @@ def load_config(
     permissions: dict[str, str] = {}
     budget: dict[str, Any] = {}
     servers: dict[str, McpServerSpec] = {}
+    prices: dict[str, Price] = {}
     for path, document in layers:
         where = f"{path}"
         for key, value in _flatten(document, where).items():
@@ -228,6 +244,9 @@ def load_config(
                         f"{where}: unknown key {key} (known: {', '.join(f'budget.{k}' for k in _BUDGET)})"
                     )
                 budget[rest] = _checked(where, key, value, _BUDGET[rest])
+                sources[key] = where
+            elif section == "prices":  # `[prices."MODEL"]`: runtime/pricing.py
+                prices[rest] = _checked(where, f'prices."{rest}"', value, parse_price)
                 sources[key] = where
             elif section == "mcp_servers":
                 servers[rest] = _server(where, rest, value, os.path.dirname(path))
@@ -249,9 +268,34 @@ def load_config(
         permissions=permissions,
         budget=budget,
         mcp_servers=servers,
+        prices=PriceTable(prices),
         sources=sources,
         files=tuple(files),
     )
+
+
+_BUDGET_FLAGS = {"max_tokens": "--budget-tokens", "max_cost": "--budget-cost", "max_turns": "--budget-turns"}
+
+
+def with_budget_flags(config: Config, flags: Mapping[str, str | None]) -> Config:
+    """`config` with the `--budget-*` flags given (text, as argparse keeps it) over its
+    `[budget]`. Raises `ConfigInvalid` naming the flag."""
+    budget: dict[str, Any] = dict(config.budget)
+    sources = dict(config.sources)
+    for key, text in flags.items():
+        if text is None:
+            continue
+        flag = _BUDGET_FLAGS[key]
+        try:
+            value: object = float(text) if key == "max_cost" else int(text)
+        except ValueError:
+            raise ConfigInvalid(f"{flag} must be a number, got {text!r}") from None
+        try:
+            budget[key] = _BUDGET[key](value)
+        except ValueError as exc:
+            raise ConfigInvalid(f"{flag} {exc}") from None
+        sources[f"budget.{key}"] = f"flag {flag}"
+    return attrs.evolve(config, budget=budget, sources=sources)
 
 
 def _read(path: str) -> _Table | None:

@@ -24,18 +24,20 @@ non-negative ints, is not counted.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 import msgspec
 import trio
 from subagents.actors import ActorStopped, ReadGroup, snapshot_all
-from subagents.storage import Event, Offset, SessionHeader
+from subagents.storage import Event, Offset, SessionHeader, SubagentsError
 
 from .delegation.lineage import same_lifecycle
 from .delegation.listing import DiagnosticRow, ListingService
 from .foundation.errors import SessionQueryError
+from .foundation.pricing import PriceTable, format_cost
 from .query import SessionQuery, SessionRecord
 
 __all__ = [
@@ -44,8 +46,12 @@ __all__ = [
     "Tokens",
     "TreeUsage",
     "UsageUnit",
+    "cost_of",
+    "descendant_spent",
     "describe",
     "own_totals",
+    "prompt_usage_fields",
+    "recorded_model",
     "tree_json",
     "tree_totals",
     "session_usage",
@@ -54,8 +60,31 @@ __all__ = [
     "usage_of",
 ]
 
+if TYPE_CHECKING:
+    from .agent.tree_ledger import TreeSpent
+
+_log = logging.getLogger(__name__)
+
 ASSISTANT: Final = "assistant/message"
 CONTINUE: Final = "turn/continue"
+MODEL: Final = "session/model"
+
+# One model's counts: (model spec as `session/model` recorded it, "" when none was; input,
+# output, cache read, cache written tokens). What cost is derived from (runtime/pricing.py).
+ModelCounts = tuple[str, int, int, int, int]
+
+
+def _merged(a: tuple[ModelCounts, ...], b: tuple[ModelCounts, ...]) -> tuple[ModelCounts, ...]:
+    if not b:
+        return a
+    if not a:
+        return b
+    out: dict[str, list[int]] = {}
+    for model, *counts in (*a, *b):
+        slot = out.setdefault(model, [0, 0, 0, 0])
+        for i, n in enumerate(counts):
+            slot[i] += n
+    return tuple((m, *c) for m, c in sorted(out.items()))  # type: ignore[misc]  # four ints each
 
 
 @attrs.frozen(kw_only=True)
@@ -70,6 +99,10 @@ class Tokens:
     # Prompt-cache counts (apart from `input_tokens`, as a model call's usage records them).
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0  # of `output_tokens`, what providers reported as reasoning
+    # The same reported counts by the model that made the calls (sorted by model): cost's input.
+    # Not compared: two `Tokens` are equal when their counts are.
+    models: tuple[ModelCounts, ...] = attrs.field(default=(), eq=False)
 
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
@@ -80,6 +113,8 @@ class Tokens:
             unknown_calls=self.unknown_calls + other.unknown_calls,
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            models=_merged(self.models, other.models),
         )
 
     def to_json(self) -> dict[str, int]:
@@ -91,7 +126,7 @@ class Tokens:
         }
         if self.unknown_calls:  # only when there are some: the common shape stays as it was
             out["unknown_calls"] = self.unknown_calls
-        for key in ("cache_read_tokens", "cache_write_tokens"):  # likewise
+        for key in ("cache_read_tokens", "cache_write_tokens", "reasoning_tokens"):  # likewise
             if getattr(self, key):
                 out[key] = getattr(self, key)
         return out
@@ -106,10 +141,14 @@ class Tokens:
         if any(type(c) is not int or c < 0 for c in counts):
             return None
         ints = cast("list[int]", counts)  # each checked above
-        optional = [value.get(k, 0) for k in ("unknown_calls", "cache_read_tokens", "cache_write_tokens")]
+        optional_keys = ("unknown_calls", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
+        optional = [value.get(k, 0) for k in optional_keys]
         if any(type(c) is not int or c < 0 for c in optional):
             return None
-        unknown, cache_read, cache_write = cast("list[int]", optional)
+        unknown, cache_read, cache_write, reasoning = cast("list[int]", optional)
+        models = _models_from_json(value.get("models", {}))
+        if models is None:
+            return None
         return cls(
             input_tokens=ints[0],
             output_tokens=ints[1],
@@ -118,7 +157,44 @@ class Tokens:
             unknown_calls=unknown,
             cache_read_tokens=cache_read,
             cache_write_tokens=cache_write,
+            reasoning_tokens=reasoning,
+            models=models,
         )
+
+
+def _models_from_json(value: object) -> tuple[ModelCounts, ...] | None:
+    """The per-model counts of a unit state (`{model: [in, out, cache read, cache written]}`),
+    or None for any other shape."""
+    if type(value) is not dict:
+        return None
+    out: list[ModelCounts] = []
+    for model, counts in sorted(value.items()):
+        if type(counts) is not list or len(counts) != 4 or any(type(c) is not int or c < 0 for c in counts):
+            return None
+        out.append((model, *counts))
+    return tuple(out)
+
+
+def _models_json(models: tuple[ModelCounts, ...]) -> dict[str, list[int]]:
+    return {model: list(counts) for model, *counts in models}
+
+
+def cost_of(tokens: Tokens, prices: PriceTable) -> float | None:
+    """What `tokens` cost at `prices`, or None (unknown) when a call's usage is unknown (not
+    reported, or lost to a crash) or a model that made calls has no price."""
+    if tokens.reported != tokens.calls or tokens.unknown_calls:
+        return None
+    total = 0.0
+    for model, tokens_in, tokens_out, cache_read, cache_write in tokens.models:
+        price = prices.price_of(model)
+        if price is None:
+            return None
+        total += price.cost(tokens_in, tokens_out, cache_read, cache_write)
+    if sum(t[1] + t[2] + t[3] + t[4] for t in tokens.models) != (
+        tokens.input_tokens + tokens.output_tokens + tokens.cache_read_tokens + tokens.cache_write_tokens
+    ):
+        return None  # counts from a reader that kept no models (an old checkpoint row): unknown
+    return total
 
 
 @attrs.frozen(kw_only=True)
@@ -159,9 +235,17 @@ class TreeUsage:
         }
 
 
-def describe(tokens: Tokens) -> str:
+def describe(tokens: Tokens, prices: PriceTable | None = None) -> str:
     """One line for people: `120 in, 30 out tokens (2 model calls)`, or `not reported (2 model
-    calls)` when no reply carried usage; a partial report says how many did."""
+    calls)` when no reply carried usage; a partial report says how many did. Given a price table
+    (a non-empty one), `, cost $0.0012` or `, cost unknown` follows."""
+    line = _describe(tokens)
+    if prices and tokens.calls + tokens.unknown_calls:
+        line += f", cost {format_cost(cost_of(tokens, prices))}"
+    return line
+
+
+def _describe(tokens: Tokens) -> str:
     calls = f"{tokens.calls} model call{'s' if tokens.calls != 1 else ''}"
     n = tokens.unknown_calls
     unknown = f" +{n} call{'s' if n != 1 else ''} unknown" if n else ""
@@ -171,17 +255,19 @@ def describe(tokens: Tokens) -> str:
     cache = ""
     if tokens.cache_read_tokens or tokens.cache_write_tokens:
         cache = f", cache {tokens.cache_read_tokens} read, {tokens.cache_write_tokens} written"
-    return f"{tokens.input_tokens} in, {tokens.output_tokens} out tokens{cache} ({calls}{partly}){unknown}"
+    reasoning = f" ({tokens.reasoning_tokens} reasoning)" if tokens.reasoning_tokens else ""
+    out = f"{tokens.output_tokens} out tokens{reasoning}"
+    return f"{tokens.input_tokens} in, {out}{cache} ({calls}{partly}){unknown}"
 
 
-def usage_lines(session: SessionUsage, tree: TreeUsage | None = None) -> list[str]:
+def usage_lines(session: SessionUsage, tree: TreeUsage | None = None, prices: PriceTable | None = None) -> list[str]:
     """What a host shows for `/usage`: a line per turn, the session's total and, given the tree,
-    its total (naming the descendants it skipped)."""
-    lines = [f"turn {turn}: {describe(tokens)}" for turn, tokens in session.turns]
-    lines.append(f"session {session.session_id}: {describe(session.total)}")
+    its total (naming the descendants it skipped); with prices, each line's cost."""
+    lines = [f"turn {turn}: {describe(tokens, prices)}" for turn, tokens in session.turns]
+    lines.append(f"session {session.session_id}: {describe(session.total, prices)}")
     if tree is not None:
         others = tree.sessions - 1
-        line = f"with {others} subagent{'s' if others != 1 else ''}: {describe(tree.total)}"
+        line = f"with {others} subagent{'s' if others != 1 else ''}: {describe(tree.total, prices)}"
         if tree.skipped:
             line += f"; skipped (unreadable): {', '.join(tree.skipped)}"
         lines.append(line)
@@ -196,6 +282,7 @@ class _Counts(msgspec.Struct):
     output_tokens: int
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 class _Reply(msgspec.Struct):
@@ -227,40 +314,68 @@ def _lost_call(event: Event) -> int | None:
     return marker.turn if marker.lost_model_call is True else None
 
 
-def _read(event: Event) -> tuple[int, int, int, int, int] | None:
-    """(turn, input, output, cache read, cache written) of an assistant message — (turn, -1, -1,
-    0, 0) when it has no usable usage record — or None when its payload does not decode."""
+def _read(event: Event) -> tuple[int, int, int, int, int, int] | None:
+    """(turn, input, output, cache read, cache written, reasoning) of an assistant message —
+    (turn, -1, -1, 0, 0, 0) when it has no usable usage record — or None when its payload does
+    not decode."""
     try:
         reply = _reply.decode(event.data)
     except (msgspec.DecodeError, RecursionError):
         return None
     usage = reply.usage
     if usage is None or min(usage.input_tokens, usage.output_tokens) < 0:
-        return (reply.turn, -1, -1, 0, 0)
+        return (reply.turn, -1, -1, 0, 0, 0)
     cache_read, cache_write = max(usage.cache_read_tokens, 0), max(usage.cache_write_tokens, 0)
-    return (reply.turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write)
+    reasoning = min(max(usage.reasoning_tokens, 0), usage.output_tokens)
+    return (reply.turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write, reasoning)
 
 
-def _own_replies(events: Iterable[Event], own_from: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(turn, input, output, cache read, cache written tokens) of each readable `assistant/message`
-    at or after seq `own_from`; input and output are -1 when the reply carries no usage record,
-    -2 for a model call a crash lost (a `turn/continue` with `lost_model_call`)."""
+class _Model(msgspec.Struct):
+    model: str | None = None
+
+
+_model = msgspec.json.Decoder(_Model)
+
+
+def recorded_model(event: Event) -> str:  # public: `show` tracks the model in force with it
+    """The model a `session/model` event names ("" when unreadable: it is ignorable)."""
+    try:
+        model = _model.decode(event.data).model
+    except (msgspec.DecodeError, RecursionError):
+        return ""
+    return model if isinstance(model, str) else ""
+
+
+# (turn, input, output, cache read, cache written, model, reasoning)
+Reply = tuple[int, int, int, int, int, str, int]
+
+
+def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Iterator[Reply]:
+    """(turn, input, output, cache read, cache written tokens, model) of each readable
+    `assistant/message` at or after seq `own_from`; input and output are -1 when the reply
+    carries no usage record, -2 for a model call a crash lost (a `turn/continue` with
+    `lost_model_call`). `model` is the one in force before `events` ("" for none); the
+    `session/model` events met on the way (an inherited prefix's too) change it."""
     for event in events:
+        if event.type == MODEL:
+            model = recorded_model(event)
+            continue
         if event.seq < own_from:
             continue
         if event.type == ASSISTANT:
             read = _read(event)
             if read is not None:
-                yield read
+                yield (*read[:5], model, read[5])
         elif event.type == CONTINUE:
             turn = _lost_call(event)
             if turn is not None:
-                yield (turn, -2, -2, 0, 0)
+                yield (turn, -2, -2, 0, 0, model, 0)
 
 
-def _count(counts: list[int], reply: tuple[int, int, int, int, int]) -> None:
-    """Add one reply to `[input, output, calls, reported, unknown, cache read, cache written]`."""
-    _turn, tokens_in, tokens_out, cache_read, cache_write = reply
+def _count(counts: list[int], reply: Reply, models: dict[str, list[int]]) -> None:
+    """Add one reply to `[input, output, calls, reported, unknown, cache read, cache written,
+    reasoning]` and to its model's `[input, output, cache read, cache written]`."""
+    _turn, tokens_in, tokens_out, cache_read, cache_write, model, reasoning = reply
     if tokens_in == -2:
         counts[4] += 1
         return
@@ -271,9 +386,15 @@ def _count(counts: list[int], reply: tuple[int, int, int, int, int]) -> None:
         counts[3] += 1
         counts[5] += cache_read
         counts[6] += cache_write
+        counts[7] += reasoning
+        slot = models.setdefault(model, [0, 0, 0, 0])
+        slot[0] += tokens_in
+        slot[1] += tokens_out
+        slot[2] += cache_read
+        slot[3] += cache_write
 
 
-def _tokens(c: Sequence[int]) -> Tokens:
+def _tokens(c: Sequence[int], models: Mapping[str, list[int]]) -> Tokens:
     return Tokens(
         input_tokens=c[0],
         output_tokens=c[1],
@@ -282,16 +403,22 @@ def _tokens(c: Sequence[int]) -> Tokens:
         unknown_calls=c[4],
         cache_read_tokens=c[5],
         cache_write_tokens=c[6],
+        reasoning_tokens=c[7],
+        models=tuple((m, *n) for m, n in sorted(models.items())),  # type: ignore[misc]  # four ints each
     )
 
 
-def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[dict[int, Tokens], Tokens]:
+def usage_of(
+    events: Iterable[Event], inherited_event_count: int = 0, model: str = ""
+) -> tuple[dict[int, Tokens], Tokens]:
     """Usage per turn and in total over the own suffix of a session's `events` (seq >=
-    `inherited_event_count`). Pure; never raises on bad payloads (they are not counted)."""
-    per_turn: dict[int, list[int]] = {}
-    for reply in _own_replies(events, inherited_event_count):
-        _count(per_turn.setdefault(reply[0], [0] * 7), reply)
-    turns = {turn: _tokens(c) for turn, c in sorted(per_turn.items())}
+    `inherited_event_count`); `model` is the one in force before them (a stream's earlier batch
+    named it). Pure; never raises on bad payloads (they are not counted)."""
+    per_turn: dict[int, tuple[list[int], dict[str, list[int]]]] = {}
+    for reply in _own_replies(events, inherited_event_count, model):
+        counts, models = per_turn.setdefault(reply[0], ([0] * 8, {}))
+        _count(counts, reply, models)
+    turns = {turn: _tokens(c, m) for turn, (c, m) in sorted(per_turn.items())}
     return turns, sum(turns.values(), Tokens())
 
 
@@ -300,22 +427,24 @@ def usage_of(events: Iterable[Event], inherited_event_count: int = 0) -> tuple[d
 
 class UsageUnit:
     """The `usage` unit: a session's own token totals. State `{own_from: K, input_tokens,
-    output_tokens, calls, reported}` (plus `unknown_calls` and the cache counts when not 0); the
-    view is the counts (`Tokens.to_json`)."""
+    output_tokens, calls, reported}` (plus `unknown_calls` and the cache counts when not 0),
+    `model` (the one its last `session/model` named) and `models` (`{model: [input, output, cache
+    read, cache written]}`, what cost is derived from); the view is the counts (`Tokens.to_json`
+    with `models`)."""
 
     key = "usage"
-    state_version = 1
-    types: Final = frozenset({ASSISTANT, CONTINUE})
+    state_version = 2  # 2: `model` and `models` (a version-1 row is not read: its log is)
+    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL})
 
-    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, int]:
+    def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, Any]:
         return {"own_from": inherited_event_count, **Tokens().to_json()}
 
-    def apply(self, state: dict[str, int], event: Event) -> dict[str, int]:
+    def apply(self, state: dict[str, Any], event: Event) -> dict[str, Any]:
         if event.type not in self.types:
             return state
         return self.fold(state, (event,))
 
-    def fold(self, state: dict[str, int], events: Sequence[Event]) -> dict[str, int]:
+    def fold(self, state: dict[str, Any], events: Sequence[Event]) -> dict[str, Any]:
         """The left fold of `apply` over contiguous events, counted in locals and built once (a
         long read costs one decode per reply, not a new state per reply)."""
         own_from = state.get("own_from") if type(state) is dict else None
@@ -330,17 +459,33 @@ class UsageUnit:
             t.unknown_calls,
             t.cache_read_tokens,
             t.cache_write_tokens,
+            t.reasoning_tokens,
         ]
+        models = {m: list(n) for m, *n in t.models}
+        before = state.get("model", "")
+        before = model = before if type(before) is str else ""
         changed = False
-        for reply in _own_replies(events, own_from):
+        for event in events:
+            if event.type == MODEL:
+                changed, model = True, recorded_model(event)
+        for reply in _own_replies(events, own_from, before):
             changed = True
-            _count(counts, reply)
+            _count(counts, reply, models)
         if not changed:
             return state
-        return {"own_from": own_from, **_tokens(counts).to_json()}
+        out: dict[str, Any] = {"own_from": own_from, **_tokens(counts, models).to_json()}
+        if model:
+            out["model"] = model
+        if models:
+            out["models"] = _models_json(_tokens(counts, models).models)
+        return out
 
-    def view(self, state: dict[str, int]) -> dict[str, int]:
-        return (Tokens.from_json(state) or Tokens()).to_json()
+    def view(self, state: dict[str, Any]) -> dict[str, Any]:
+        tokens = Tokens.from_json(state) or Tokens()
+        out: dict[str, Any] = tokens.to_json()
+        if tokens.models:
+            out["models"] = _models_json(tokens.models)
+        return out
 
 
 USAGE_UNIT: Final = UsageUnit()
@@ -492,3 +637,64 @@ def tree_json(tree: TreeUsage) -> dict[str, Any]:
     """A tree's totals as `sessions --json` shows them: the counts, how many sessions they sum
     and the ids skipped."""
     return {**tree.total.to_json(), "sessions": tree.sessions, "skipped": list(tree.skipped)}
+
+
+async def descendant_spent(
+    query: SessionQuery, listing: ListingService, session_id: str, prices: PriceTable
+) -> TreeSpent:
+    """What `session_id`'s descendants have spent, for the tree ledger's seed (runtime/agent/
+    tree_ledger.py): their tokens (every kind), cost at `prices` (None: unknown) and how many
+    there are. From their cells and checkpoint rows (`own_totals`), a log only when neither
+    answers. A descendant that cannot be read counts as nothing spent — it is still bounded by
+    its own recorded budget; a tree that cannot be listed, likewise (a warning is logged)."""
+    from .agent.tree_ledger import TreeSpent
+
+    try:
+        rows = await listing.list_descendants(session_id)
+        corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()}
+    except SubagentsError as exc:
+        _log.warning("the budget of %s is seeded without its descendants: %s", session_id, exc)
+        return TreeSpent()
+    wanted = [corpus[row.id] for row in rows if not isinstance(row, DiagnosticRow) and row.id in corpus]
+    totals = await own_totals(query, wanted)
+    total = sum((t for t in totals.values() if t is not None), Tokens())
+    tokens = total.input_tokens + total.output_tokens + total.cache_read_tokens + total.cache_write_tokens
+    cost = cost_of(total, prices) if total.calls or total.unknown_calls else 0.0
+    return TreeSpent(tokens=tokens, cost=cost, descendants=len(rows))
+
+
+async def prompt_usage_fields(
+    query: SessionQuery, listing: ListingService, session_id: str, turn: int | None, prices: PriceTable
+) -> dict[str, Any]:
+    """What an ACP `session/prompt` answer carries of usage (the one host with its own shape):
+    the turn's `usage` as the SDK's schema has it (`totalTokens`, `inputTokens`, `outputTokens`,
+    and `cachedReadTokens`, `cachedWriteTokens` when the cache was used) and, under `_meta["trio-subagents"]`
+    (the schema has no place for them), the turn's `cost` with prices and the `tree`'s usage
+    (the session and its descendants, as `sessions --json` gives it, with its `cost`). Empty when
+    nothing can be read: a prompt's answer never fails for its usage."""
+    try:
+        session = await session_usage(query, session_id)
+        tree = await tree_usage(query, listing, session_id)
+    except SubagentsError:
+        return {}
+    tokens = dict(session.turns).get(turn) if turn is not None else None
+    out: dict[str, Any] = {}
+    meta: dict[str, Any] = {"tree": tree_json(tree)}
+    if prices:
+        meta["tree"]["cost"] = None if tree.skipped else cost_of(tree.total, prices)
+    if tokens is not None and tokens.reported:
+        usage = {
+            "totalTokens": tokens.input_tokens
+            + tokens.output_tokens
+            + tokens.cache_read_tokens
+            + tokens.cache_write_tokens,
+            "inputTokens": tokens.input_tokens,
+            "outputTokens": tokens.output_tokens,
+        }
+        if tokens.cache_read_tokens or tokens.cache_write_tokens:  # only then: the common shape stays
+            usage |= {"cachedReadTokens": tokens.cache_read_tokens, "cachedWriteTokens": tokens.cache_write_tokens}
+        out["usage"] = usage
+        if prices:
+            meta["cost"] = cost_of(tokens, prices)
+    out["_meta"] = {"trio-subagents": meta}
+    return out

@@ -168,12 +168,14 @@ class UserMessageData(MessageData, frozen=True):
 
 class Usage(_Strict, frozen=True):
     """A model call's tokens; the cache counts are absent (0) for a provider without a prompt
-    cache, and in every log written before they were recorded."""
+    cache, and in every log written before they were recorded. `reasoning_tokens` is the part of
+    `output_tokens` a provider reports as reasoning (absent: not reported), not another count."""
 
     input_tokens: int
     output_tokens: int
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 class AssistantMessageData(_Strict, frozen=True):

@@ -434,6 +434,8 @@ WHITE_BOX = {
     "tests/runtime/test_agent_types.py",
     "tests/runtime/test_agent_units.py",
     "tests/runtime/test_budgets.py",
+    "tests/runtime/test_budget_tree.py",  # the tree ledger and the prices, without a runtime
+    "tests/runtime/test_pricing.py",  # the config loader and the usage fold beside the prices
     "tests/runtime/test_catalog_unit.py",
     "tests/runtime/test_child_options.py",
     "tests/runtime/test_config.py",

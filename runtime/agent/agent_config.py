@@ -10,6 +10,7 @@ import attrs
 from ..foundation.budgets import Budget
 from ..telemetry.seam import Telemetry
 from .compaction import CompactionPolicy
+from .tree_ledger import TreeLedger
 
 __all__ = ["DEFAULT_CONFIG", "AgentConfig"]
 
@@ -30,6 +31,9 @@ class AgentConfig:
     # What a resume does with a turn a crash left open (docs/format.md, "Continued turns"):
     # continue it, or close it as interrupted (the closers).
     on_interrupted_turn: Literal["continue", "close"] = "continue"
+    # The runtime's running totals of budgets shared down the tree (tree_ledger.py; None: each
+    # session counts only its own work, as an agent built outside `open_runtime` does).
+    ledger: TreeLedger | None = attrs.field(default=None, eq=False)
     # Tracing (README "Traces (OpenTelemetry)"); None: off, and nothing of it is imported.
     telemetry: Telemetry | None = None
 

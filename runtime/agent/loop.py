@@ -61,6 +61,7 @@ from .model_record import ModelRecorder
 from .model_steps import ModelSteps
 from .step_writer import SURFACE_TYPES
 from .tool_steps import ToolSteps
+from .tree_ledger import own_spent, request_estimate
 
 __all__ = ["Agent", "AgentConfig", "TurnResult", "recorded_delivery_ids"]
 
@@ -155,6 +156,8 @@ class Agent(ModelSteps, ToolSteps):
         self.budget: Budget | None = None if budget is None or budget.unlimited else budget
         self.spent = spent_of(events, session.inherited_event_count) if self.budget is not None else Spent()
         self._budget_stop: str | None = None  # the budget that ran out mid-turn (its message)
+        ledger = config.ledger  # budgets shared down the tree: joined when the driver starts
+        self._own_spent = own_spent(events, session.inherited_event_count, ledger.prices) if ledger else None
         self._turn_deadline = math.inf  # the budget's deadline on Trio's clock, for this turn
         # The mailbox deliveries its log records (durably): the owner acks them and drops a
         # redelivered id (SPEC §9, "recorded once").
@@ -243,6 +246,7 @@ class Agent(ModelSteps, ToolSteps):
     # --- the driver -----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self._join_ledger()
         task_status.started()
         try:
             with self._scope:
@@ -268,6 +272,8 @@ class Agent(ModelSteps, ToolSteps):
             self.failure = exc
         finally:
             self._phase.value = "stopped"
+            if self.config.ledger is not None:
+                self.config.ledger.leave(self.session_id)  # its unused reservation returns
 
     async def _drive(self) -> None:
         plan, self._continuation = self._continuation, None
@@ -288,8 +294,14 @@ class Agent(ModelSteps, ToolSteps):
                 self._phase.value = "idle"
 
     def budget_remaining(self) -> Budget | None:
-        """What is left of this agent's budget for a child it starts now (None: unlimited)."""
-        return remainder(self.budget, self.spent, in_turn=self.status == "running")
+        """What is left of this agent's budget for a child it starts now (None: unlimited): its
+        own turns and deadline, and what it and its ancestors can still reserve of the limits
+        shared down the tree."""
+        own = remainder(self.budget, self.spent, in_turn=self.status == "running")
+        shared = self.config.ledger.remainder(self.session_id) if self.config.ledger is not None else None
+        if shared is None:
+            return own
+        return shared.clamped(own) if own is not None else shared
 
     def _begin(self, abort: Abort | None = None) -> Abort:
         """What every turn starts with, a new one or a continued one: its abort (a continued
@@ -307,6 +319,8 @@ class Agent(ModelSteps, ToolSteps):
         turn = self.turn
         abort = self._begin()
         self.spent = attrs.evolve(self.spent, turns=self.spent.turns + 1)
+        if self.config.ledger is not None:
+            self.config.ledger.turn_started(self.session_id)  # holds its reservation again
         trigger = claimed[-1].trigger if claimed else "message"
         if (model_changed := self._model_recorder.changed(self.model)) is not None:
             self._stage("session/model", model_changed, ignorable=True)  # before the turn it runs
@@ -438,6 +452,8 @@ class Agent(ModelSteps, ToolSteps):
         self._stage("turn/end", {"turn": turn, "reason": reason})
         with trio.CancelScope(shield=True):
             await self._flush()
+        if self.config.ledger is not None:
+            self.config.ledger.settled(self.session_id)  # what it did not use returns to its parent
         return TurnResult(turn=turn, reason=reason, text=text, closing_text=self._closing_text)
 
     def _aborted(self) -> Json:
@@ -450,10 +466,25 @@ class Agent(ModelSteps, ToolSteps):
     def _budget_out(self, step: int) -> str | None:
         """Before a model call: the message of the budget that has run out, or None."""
         budget = self.budget
-        if budget is None:
+        if budget is not None:
+            now = self.clock.now_ms() if budget.deadline is not None else None
+            out = exhausted(budget, self.spent, first_call=step == 1, now_ms=now)
+            if out is not None:
+                return out
+        ledger = self.config.ledger
+        if ledger is None or not ledger.bounded(self.session_id):
             return None
-        now = self.clock.now_ms() if budget.deadline is not None else None
-        return exhausted(budget, self.spent, first_call=step == 1, now_ms=now)
+        # Its own and every ancestor's shared limits, with this call's estimated size on top.
+        return ledger.refusal(self.session_id, request_estimate(self.surface.messages()), self.model_spec())
+
+    async def _join_ledger(self) -> None:
+        """Enter the runtime's ledger (tree_ledger.py) with what this session spent, and, when
+        its budget is shared, what its descendants spent (read once, here)."""
+        ledger, header = self.config.ledger, self.session.header
+        if ledger is None or self._own_spent is None:
+            return
+        parent = header.parent_session if header.origin == "subagent" else None
+        await ledger.join(self.session_id, parent, self.budget, self._own_spent)
 
     def _trio_deadline(self) -> float:
         """The budget's deadline (runtime clock) as a Trio deadline for this turn's waits."""

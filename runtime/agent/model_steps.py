@@ -23,11 +23,13 @@ from ..foundation.budgets import Spent
 from ..foundation.errors import ModelError
 from ..models.base import Finish, Model, ModelRequest, TextDelta, Thinking, ToolCallDelta, Usage
 from ..models.messages import message, text_blocks
+from ..models.specs import record_of
 from ..telemetry.seam import TurnTrace
 from ..tools.base import ToolSet
 from .compaction import plan_compaction
 from .step_writer import StepWriter
 from .tool_steps import ToolCall
+from .tree_ledger import CHARGED_COUNTS
 
 __all__ = ["ModelReply", "ModelSteps"]
 
@@ -61,6 +63,12 @@ class ModelSteps(StepWriter):
     _closing_text: str | None
     _phase: AsyncValue[Any]
     _turn_trace: TurnTrace
+    model: Any
+
+    def model_spec(self) -> str | None:
+        """The spec of the model this session runs (`session/model`'s), for prices."""
+        record = record_of(self.model)
+        return None if record is None else record.model
 
     def _request(self, purpose: Literal["turn", "compaction"], messages: Sequence[Json]) -> ModelRequest:
         return ModelRequest(
@@ -158,7 +166,10 @@ class ModelSteps(StepWriter):
         }
         if reply.usage is not None:
             data["usage"] = reply.usage
-            self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + sum(reply.usage.values()))
+            charged = sum(reply.usage.get(k, 0) for k in CHARGED_COUNTS)  # reasoning is part of output
+            self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + charged)
+            if self.config.ledger is not None:  # charged to it and every ancestor (tree_ledger.py)
+                self.config.ledger.charge(self.session_id, reply.usage, self.model_spec())
         if reply.interrupted:
             data["interrupted"] = True
         if attempt is not None:

@@ -7,7 +7,7 @@ suffix. The payload is versioned (`DESCRIPTOR_VERSION`, 2) and snake_case:
     {version: 2, mode: "one-shot" | "continuable", provider: str, label?: str,
      agent_provider?: str, agent_model?: str, agent_reasoning_effort?: str, persona?: str,
      tool_filter?: {allow?: [str], deny?: [str]},
-     budget?: {max_turns?: int, max_tokens?: int, deadline?: int},
+     budget?: {max_turns?: int, max_tokens?: int, deadline?: int, max_cost?: number, max_descendants?: int},
      on_interrupted_turn?: "continue" | "close"}
 
 `label` is required for a continuable child and optional for a one-shot one; the fields after

@@ -30,6 +30,7 @@ from ..agent.loop import Agent, AgentConfig, TurnResult
 from ..agent.registry import AgentRegistry
 from ..foundation.errors import (
     AgentStopped,
+    BudgetExhausted,
     DepthExceeded,
     FamilyDraining,
     NoProvider,
@@ -155,7 +156,7 @@ class Spawning:
         if self.manager.draining:
             raise FamilyDraining(DRAINING_TEXT)
         depth = self._child_depth(parent)
-        options = self._budgeted(parent, options or ChildOptions())
+        options = self._budgeted(parent, options or ChildOptions(), reserved)
         descriptor = SubagentDescriptor(
             mode="continuable",
             provider=provider,
@@ -215,7 +216,7 @@ class Spawning:
         """A one-shot foreground child: run it to the end of its turn and return the result.
         `options` apply to this run only (a one-shot descriptor records none)."""
         depth = self._child_depth(parent)
-        setup = self._setup(self._budgeted(parent, options or ChildOptions()), parent.session_id)
+        setup = self._setup(self._budgeted(parent, options or ChildOptions(), reserved), parent.session_id)
         reserved = reserved or await self.reserve()
         child_id = reserved.child_id
         child = await self._create_child(
@@ -296,15 +297,22 @@ class Spawning:
             raise
         self.placement.stand_in(activation, settled)
 
-    def _budgeted(self, parent: Agent, options: ChildOptions) -> ChildOptions:
+    def _budgeted(self, parent: Agent, options: ChildOptions, reserved: Reservation | None = None) -> ChildOptions:
         """`options` with the child's effective budget: what was asked (its `seconds` counted
         from now), lowered to the parent's remainder — a child never outlives or outspends its
         parent. None when neither limits anything."""
         asked = options.budget
         if asked is not None and asked.seconds is not None:
             asked = asked.resolved(self.agents.clock.now_ms())
+        ledger = parent.config.ledger
+        if ledger is not None:  # budgets shared down the tree (runtime/agent/tree_ledger.py)
+            refused = ledger.start_refusal(parent.session_id)
+            if refused is not None:
+                raise BudgetExhausted(f"no subagent started: {refused}")
         ceiling = parent.budget_remaining()
         budget = asked.clamped(ceiling) if asked is not None else ceiling
+        if ledger is not None:  # reserved now, before a sibling started in the same step asks
+            ledger.start_child(parent.session_id, None if reserved is None else reserved.child_id, budget)
         return options.with_budget(None if budget is None or budget.unlimited else budget)
 
     def _child_depth(self, parent: Agent) -> int:

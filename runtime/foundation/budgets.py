@@ -1,16 +1,21 @@
 """Budgets (SPEC §8, docs/format.md "Budgets"): how much an agent may still do.
 
-A `Budget` bounds a session's own work: `max_turns` (turns started, the current one included),
-`max_tokens` (input + output of the usage records of its `assistant/message` events) and
-`deadline` (epoch ms on the runtime clock). `seconds` is a deadline relative to the moment the
-budget is applied (`resolved`): the root's budget is resolved when the runtime opens, a
-`subagent` call's when the child is made. What is spent is never stored: it is recounted from the
-session's own log (`spent_of`), so a cold resume carries on where the last process stopped.
+A `Budget` bounds a session: `max_turns` (its turns started, the current one included) and
+`deadline` (epoch ms on the runtime clock) its own work; `max_tokens` (every token of the usage
+records of its `assistant/message` events), `max_cost` (their cost at the `[prices]` table's
+prices) and `max_descendants` (subagents started below it) its work *and its descendants'*:
+those are shared down the tree, charged to every ancestor and checked against every ancestor
+before each model call by the runtime's ledger (runtime/agent/tree_ledger.py). `seconds` is a
+deadline relative to the moment the budget is applied (`resolved`): the root's budget is
+resolved when the runtime opens, a `subagent` call's when the child is made. What is spent is
+never stored: it is recounted from the logs (`spent_of` here for a session's own turns and
+tokens), so a cold resume carries on where the last process stopped.
 
 A child's budget is its parent's remainder, lowered by what its caller asked for (`clamped`),
-and recorded in its descriptor: a child can never outlive or outspend its parent. The agent loop
-checks it before each model call (`exhausted`) and ends the turn with
-`turn/end {reason: {kind: "budget", message}}`; the message names the budget that ran out.
+and recorded in its descriptor: a reservation out of its parent's remainder. The agent loop
+checks its own turns, tokens and deadline here (`exhausted`) and the shared limits through the
+ledger, and ends the turn with `turn/end {reason: {kind: "budget", message}}`; the message names
+the budget that ran out, and by how much the last call overshot it.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ DEADLINE_TEXT = "deadline reached"
 
 
 _T = TypeVar("_T")  # a validated field's type: what the checks below test the value against
+_N = TypeVar("_N", int, float)
 
 
 def _check_count(_inst: object, attribute: attrs.Attribute[_T], value: _T) -> None:
@@ -46,6 +52,13 @@ def _check_count(_inst: object, attribute: attrs.Attribute[_T], value: _T) -> No
         return
     if type(value) is not int or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _check_cost(_inst: object, _attribute: attrs.Attribute[_T], value: _T) -> None:
+    if value is None:
+        return
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type]  # an int or float once the type test passed
+        raise ValueError(f"max_cost must be a finite number >= 0, got {value!r}")
 
 
 def _check_seconds(_inst: object, _attribute: attrs.Attribute[_T], value: _T) -> None:
@@ -64,10 +77,15 @@ class Budget:
     max_tokens: int | None = attrs.field(default=None, validator=_check_count)
     deadline: int | None = attrs.field(default=None, validator=_check_count)  # epoch ms, runtime clock
     seconds: float | None = attrs.field(default=None, validator=_check_seconds)  # relative, until resolved
+    # Shared down the tree (runtime/agent/tree_ledger.py): the cost of the session's and its
+    # descendants' model calls (at the `[prices]` table's prices), and how many descendants it
+    # may start.
+    max_cost: float | None = attrs.field(default=None, validator=_check_cost)
+    max_descendants: int | None = attrs.field(default=None, validator=_check_count)
 
     @property
     def unlimited(self) -> bool:
-        return self.max_turns is None and self.max_tokens is None and self.deadline is None and self.seconds is None
+        return all(getattr(self, key) is None for key in (*_KEYS, "seconds"))
 
     def resolved(self, now_ms: int) -> Budget:
         """`seconds` turned into an absolute `deadline` (the earlier of the two)."""
@@ -84,10 +102,12 @@ class Budget:
             max_turns=_lower(self.max_turns, ceiling.max_turns),
             max_tokens=_lower(self.max_tokens, ceiling.max_tokens),
             deadline=_lower(self.deadline, ceiling.deadline),
+            max_cost=_lower(self.max_cost, ceiling.max_cost),
+            max_descendants=_lower(self.max_descendants, ceiling.max_descendants),
         )
 
 
-def _lower(a: int | None, b: int | None) -> int | None:
+def _lower(a: _N | None, b: _N | None) -> _N | None:
     if a is None:
         return b
     return a if b is None else min(a, b)
@@ -150,7 +170,8 @@ def exhausted(budget: Budget, spent: Spent, *, first_call: bool, now_ms: int | N
     if first_call and budget.max_turns is not None and spent.turns > budget.max_turns:
         return f"max_turns {budget.max_turns} reached"
     if budget.max_tokens is not None and spent.tokens >= budget.max_tokens:
-        return f"max_tokens {budget.max_tokens} reached: {spent.tokens} used"
+        over = spent.tokens - budget.max_tokens  # the last call's overshoot, reported
+        return f"max_tokens {budget.max_tokens} reached: {spent.tokens} used" + (f" ({over} over)" if over else "")
     if budget.deadline is not None and now_ms is not None and now_ms >= budget.deadline:
         return DEADLINE_TEXT
     return None
@@ -171,10 +192,10 @@ def remainder(budget: Budget | None, spent: Spent, *, in_turn: bool) -> Budget |
 
 # --- the descriptor's `budget` extra ----------------------------------------------------------
 
-_KEYS = ("max_turns", "max_tokens", "deadline")
+_KEYS = ("max_turns", "max_tokens", "deadline", "max_cost", "max_descendants")
 
 
-def budget_json(budget: Budget) -> dict[str, int]:
+def budget_json(budget: Budget) -> dict[str, int | float]:
     """The descriptor's `budget` object: the limits that are set (a resolved budget)."""
     return {key: getattr(budget, key) for key in _KEYS if getattr(budget, key) is not None}
 
@@ -184,10 +205,13 @@ def parse_budget(value: object) -> Budget | str:
     if type(value) is not dict:
         return "must be an object"
     if not value:
-        return "needs at least one of max_turns, max_tokens, deadline"
+        return "needs at least one of " + ", ".join(_KEYS)
     for key, item in value.items():
         if key not in _KEYS:
             return f'has unknown field "{key}"'
-        if type(item) is not int or item < 0:
+        if key == "max_cost":
+            if type(item) not in (int, float) or not math.isfinite(item) or item < 0:
+                return f'field "{key}" must be a number >= 0'
+        elif type(item) is not int or item < 0:
             return f'field "{key}" must be an int >= 0'
     return Budget(**value)

@@ -16,6 +16,7 @@ for the query and the subagent service are the older unprefixed names (shown in 
     ├── NotResumable              SUBAGENT_NOT_RESUMABLE            [SubagentError NOT_RESUMABLE]
     ├── ParentUnavailable         SUBAGENT_PARENT_UNAVAILABLE       [SubagentError PARENT_UNAVAILABLE]
     ├── DepthExceeded             SUBAGENT_DEPTH_EXCEEDED           [SubagentError DEPTH_EXCEEDED]
+    ├── BudgetExhausted           SUBAGENT_BUDGET_EXHAUSTED         [SubagentError BUDGET_EXHAUSTED]
     ├── ActivationLimit           SUBAGENT_ACTIVATION_LIMIT_REACHED [SubagentError ACTIVATION_LIMIT_REACHED]
     ├── FamilyDraining            SUBAGENT_DRAINING                 [SubagentError DRAINING]
     ├── SubagentCancelled         SUBAGENT_CANCELLED                [SubagentError CANCELLED]
@@ -74,6 +75,7 @@ from subagents.storage import SubagentsError
 __all__ = [
     "AcpRequestError",
     "ActivationLimit",
+    "BudgetExhausted",
     "AgentError",
     "AgentStopped",
     "CliError",
@@ -204,6 +206,13 @@ class ParentUnavailable(SubagentError):
 class DepthExceeded(SubagentError):
     code = "SUBAGENT_DEPTH_EXCEEDED"
     record_code = "DEPTH_EXCEEDED"
+
+
+class BudgetExhausted(SubagentError):
+    """A child was not started: its parent's (or an ancestor's) `max_descendants` is used up."""
+
+    code = "SUBAGENT_BUDGET_EXHAUSTED"
+    record_code = "BUDGET_EXHAUSTED"
 
 
 class ActivationLimit(SubagentError):

@@ -22,12 +22,14 @@ import trio
 
 from ..event_stream import EventStream, StreamEvent, open_event_stream
 from ..foundation.json_values import JsonValue
-from ..usage import Tokens, usage_of
+from ..foundation.pricing import PriceTable
+from ..usage import MODEL, Tokens, cost_of, recorded_model, usage_of
 from .run_progress import RunProgress, render_progress
 
 if TYPE_CHECKING:  # annotations: `tail` writes through this module without the runtime, and rich loads late
     from rich.console import Console
     from rich.live import Live
+    from subagents.storage import Event
 
     from ..app import Runtime
 
@@ -42,28 +44,46 @@ class RunWatch:
 
     usage: Tokens = attrs.field(factory=Tokens)
     reader_gone: bool = False  # stdout's reader went away: no more lines are written
+    models: dict[str, str] = attrs.field(factory=dict)  # session → the model it runs (for cost)
 
 
-def stream_usage(batch: list[StreamEvent]) -> Tokens:
+def stream_usage(batch: list[StreamEvent], models: dict[str, str] | None = None) -> Tokens:
     """The usage the `assistant/message` events of `batch` record, own events only (a fork's
     inherited copies are its parent's, counted there): `runtime.usage`'s arithmetic, applied
-    to what a run streamed — the root's events from the run's start and its descendants'."""
-    own = [item.event for item in batch if item.event.seq >= item.inherited_event_count]
-    return usage_of(own)[1]
+    to what a run streamed — the root's events from the run's start and its descendants' —
+    session by session, each call with the model its session recorded (`models`, kept across
+    batches, is updated)."""
+    models = {} if models is None else models
+    by_session: dict[str, tuple[int, list[Event]]] = {}
+    for item in batch:
+        by_session.setdefault(item.session_id, (item.inherited_event_count, []))[1].append(item.event)
+    total = Tokens()
+    for sid, (inherited, events) in by_session.items():
+        total = total + usage_of(events, inherited, models.get(sid, ""))[1]
+        for event in events:
+            if event.type == MODEL:
+                models[sid] = recorded_model(event)
+    return total
 
 
-def result_line(session_id: str, output: str, usage: Tokens, reason: dict[str, JsonValue]) -> bytes:
+def result_line(
+    session_id: str, output: str, usage: Tokens, reason: dict[str, JsonValue], prices: PriceTable | None = None
+) -> bytes:
     """The `--stream` output's last line: `{"type": "result", "session_id", "output", "usage",
     "reason"}` (`usage`: `{input_tokens, output_tokens, calls, reported}` and the cache counts
-    when any, as `show` and `sessions` give; `reason`: how the run ended, the root's last
+    when any, as `show` and `sessions` give, over the session and its descendants; with prices,
+    `cost` — a number, or null when unknown; `reason`: how the run ended, the root's last
     `turn/end` reason)."""
     import json
 
+    counts: dict[str, JsonValue] = dict(usage.to_json())
+    if prices:
+        counts["cost"] = cost_of(usage, prices)
     record = {
         "type": "result",
         "session_id": session_id,
         "output": output,
-        "usage": usage.to_json(),
+        "usage": counts,
         "reason": reason,
     }
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
@@ -141,7 +161,7 @@ async def _consume(
                         batch.append(stream.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                watch.usage = watch.usage + stream_usage(batch)
+                watch.usage = watch.usage + stream_usage(batch, watch.models)
                 for item in batch:
                     state.apply(item)
                 if stream_to is not None and not watch.reader_gone:

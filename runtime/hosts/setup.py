@@ -96,6 +96,7 @@ class HostSetup:
             "model_factory": self.model_factory,
             "disabled_tools": config.disabled_tools,
             "budget": _budget(config.budget),
+            "prices": config.prices,
             "mcp_servers": list(self.config.mcp_servers.values()),
             "store_options": {"lease_ttl": config.lease_ttl, "lease_renew_interval": config.lease_renew_interval},
             "on_interrupted_turn": config.on_interrupted_turn,
@@ -104,13 +105,20 @@ class HostSetup:
         }
 
 
-def host_setup(flags: Mapping[str, Any], *, project_dir: str = ".", env: Mapping[str, str] | None = None) -> HostSetup:
-    """Load the configuration (flags on top) and the agent types. Raises `ConfigInvalid` (a usage
-    error) for a bad file, flag or model spec."""
-    from ..config import load_config
+def host_setup(
+    flags: Mapping[str, Any],
+    *,
+    project_dir: str = ".",
+    env: Mapping[str, str] | None = None,
+    budget_flags: Mapping[str, str | None] | None = None,
+) -> HostSetup:
+    """Load the configuration (flags on top; `budget_flags`, `--budget-*` as given, over
+    `[budget]`) and the agent types. Raises `ConfigInvalid` (a usage error) for a bad file, flag
+    or model spec."""
+    from ..config import load_config, with_budget_flags
 
     env = os.environ if env is None else env
-    config = load_config(project_dir, flags=flags, env=env)
+    config = with_budget_flags(load_config(project_dir, flags=flags, env=env), budget_flags or {})
     types, problems = load_agent_types(agent_type_dirs(project_dir, user_config_dir(env)))
     workspace = None
     if config.workspace_tools:
@@ -153,10 +161,13 @@ def _budget(table: Mapping[str, float]) -> Budget | None:
     if not table:
         return None
     turns, tokens, seconds = table.get("max_turns"), table.get("max_tokens"), table.get("deadline_seconds")
+    descendants = table.get("max_descendants")
     return Budget(
         max_turns=None if turns is None else int(turns),
         max_tokens=None if tokens is None else int(tokens),
         seconds=seconds,
+        max_cost=table.get("max_cost"),
+        max_descendants=None if descendants is None else int(descendants),
     )
 
 

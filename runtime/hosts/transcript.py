@@ -16,7 +16,8 @@ from subagents.storage import Event, decode_payload
 
 from ..foundation.json_values import JsonObject as Json
 from ..foundation.json_values import JsonValue
-from ..usage import Tokens, describe, usage_of
+from ..foundation.pricing import PriceTable, format_cost
+from ..usage import MODEL, Tokens, cost_of, describe, recorded_model, usage_of
 
 __all__ = ["render", "transcript"]
 
@@ -38,15 +39,26 @@ def transcript(
     inherited_event_count: int = 0,
     inherited_from: str | None = None,
     held: bool = False,
+    prices: PriceTable | None = None,
 ) -> list[Json]:
     """The entries of a session's events. A fork's inherited prefix (seq `0..K-1`, K =
     `inherited_event_count`) is framed by an `inherited` entry (naming `inherited_from`, the
     session it came from, when known) and an `own` entry where its own events start; `held`
     (another process writes the session now) puts a `live-elsewhere` entry first. A `turn/end` of
     the own suffix whose turn made model calls carries that turn's `usage`; the last entry is
-    `{"type": "usage", "turns": [...], "total": {...}}`, the own suffix's usage (runtime/usage.py)."""
+    `{"type": "usage", "turns": [...], "total": {...}}`, the own suffix's usage (runtime/usage.py).
+    With `prices` (a non-empty table), each usage object — a call's, a turn's, the total — gains
+    `cost` (a number, or null when unknown), derived from the usage and the model recorded then."""
     out: list[Json] = []
     per_turn, total = usage_of(events, inherited_event_count)
+    model = ""  # the model in force (`session/model`), for a call's cost
+
+    def priced(tokens: Tokens) -> Json:
+        usage: Json = dict(tokens.to_json())
+        if prices:
+            usage["cost"] = cost_of(tokens, prices)
+        return usage
+
     if held:
         out.append({"type": "live-elsewhere"})
     own_marked = inherited_event_count <= 0
@@ -57,6 +69,8 @@ def transcript(
             out.append({"type": "own", "first_seq": inherited_event_count})
             own_marked = True
         kind = event.type
+        if kind == MODEL:
+            model = recorded_model(event)
         if kind not in _SHOWN:
             continue
         data = msgspec.to_builtins(decode_payload(event, session_id=session_id))
@@ -67,7 +81,7 @@ def transcript(
                 entry["reason"] = data["reason"]
                 turn_usage = per_turn.get(data["turn"]) if event.seq >= inherited_event_count else None
                 if turn_usage is not None:
-                    entry["usage"] = turn_usage.to_json()
+                    entry["usage"] = priced(turn_usage)
             elif "trigger" in data:
                 entry["trigger"] = data["trigger"]["kind"]
         elif kind == "turn/continue":
@@ -83,21 +97,44 @@ def transcript(
             for key in ("finish", "usage", "interrupted", "error", "attempt", "in_doubt"):
                 if key in data:
                     entry[key] = data[key]
+            if prices and isinstance(data.get("usage"), dict) and event.seq >= inherited_event_count:
+                call = _call_tokens(data["usage"], model)
+                if call is not None:
+                    entry["usage"] = {**data["usage"], "cost": cost_of(call, prices)}
             if message["content"] and message["content"][0].get("type") == "tool-result":
                 entry["is_error"] = message["content"][0]["is_error"]
         else:  # subagent/*, compaction/* and session/stopped records
             entry["data"] = data
         out.append(entry)
-    turns = [{"turn": turn, **tokens.to_json()} for turn, tokens in per_turn.items()]
-    out.append({"type": "usage", "turns": turns, "total": total.to_json()})
+    turns = [{"turn": turn, **priced(tokens)} for turn, tokens in per_turn.items()]
+    out.append({"type": "usage", "turns": turns, "total": priced(total)})
     return out
+
+
+def _call_tokens(usage: Json, model: str) -> Tokens | None:
+    """One call's recorded usage as `Tokens` of `model` (None when it is not counts)."""
+    counts = [usage.get(k, 0) for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")]
+    if any(type(c) is not int or c < 0 for c in counts):
+        return None
+    n_in, n_out, n_read, n_write = (int(c) for c in counts)
+    return Tokens(
+        input_tokens=n_in,
+        output_tokens=n_out,
+        cache_read_tokens=n_read,
+        cache_write_tokens=n_write,
+        calls=1,
+        reported=1,
+        models=((model, n_in, n_out, n_read, n_write),),
+    )
 
 
 def _usage_line(usage: Json) -> str | None:
     tokens = Tokens.from_json(usage)
     if tokens is None or (tokens.calls == 0 and tokens.unknown_calls == 0):
         return None
-    return f"usage: {describe(tokens)}"
+    cost = usage.get("cost", ...)
+    priced = "" if cost is ... else f", cost {format_cost(cost if isinstance(cost, (int, float)) else None)}"
+    return f"usage: {describe(tokens)}{priced}"
 
 
 _SHOWN = frozenset(
@@ -163,6 +200,12 @@ def render(entries: Sequence[Json]) -> list[str]:
                 who += f" [attempt {e['attempt']}]"
             if e["text"]:
                 lines.append(f"{who}: {_indent(e['text'])}")
+            if isinstance(e.get("usage"), dict) and "cost" in e["usage"]:  # priced: each call's cost
+                call = _call_tokens(e["usage"], "")
+                if call is not None:
+                    cost = e["usage"]["cost"]
+                    shown = format_cost(cost if isinstance(cost, (int, float)) else None)
+                    lines.append(f"   call: {describe(call)}, cost {shown}")
         elif kind == "subagent/catalog":
             d = e["data"]
             label = f" — {d['label']}" if "label" in d else ""

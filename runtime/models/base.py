@@ -76,12 +76,15 @@ class Usage:
     """The tokens one model call used. The four counts are disjoint: `input_tokens` are the
     prompt tokens neither read from nor written to the provider's prompt cache (a provider that
     reports no cache counts all its prompt here), `cache_read_tokens` those read from it,
-    `cache_write_tokens` those written to it, `output_tokens` the reply (thinking included)."""
+    `cache_write_tokens` those written to it, `output_tokens` the reply (thinking included).
+    `reasoning_tokens` is the part of `output_tokens` the provider reports as reasoning (OpenAI's
+    `completion_tokens_details.reasoning_tokens`; 0: not reported), not another count."""
 
     input_tokens: int
     output_tokens: int
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
 
     def record(self) -> dict[str, int]:
         """The `usage` of the call's `assistant/message` (cache counts only when there are any, so
@@ -91,6 +94,8 @@ class Usage:
             out["cache_read_tokens"] = self.cache_read_tokens
         if self.cache_write_tokens:
             out["cache_write_tokens"] = self.cache_write_tokens
+        if self.reasoning_tokens:
+            out["reasoning_tokens"] = self.reasoning_tokens
         return out
 
     def total(self) -> int:

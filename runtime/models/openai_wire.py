@@ -229,7 +229,15 @@ def _usage(usage: JsonValue, n: int) -> Usage:
     if not all(isinstance(c, int) and not isinstance(c, bool) for c in (prompt, completion, cached)):
         raise _bad(f"event {n}: usage token counts are not integers")
     cached = min(max(cached, 0), max(prompt, 0))  # a count past the prompt is not believed
-    return Usage(input_tokens=prompt - cached, output_tokens=completion, cache_read_tokens=cached)
+    # Reasoning models report the part of the completion spent reasoning (kept, not added).
+    completion_details = usage.get("completion_tokens_details")
+    reasoning = completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None
+    if not isinstance(reasoning, int) or isinstance(reasoning, bool):
+        reasoning = 0
+    reasoning = min(max(reasoning, 0), max(completion, 0))
+    return Usage(
+        input_tokens=prompt - cached, output_tokens=completion, cache_read_tokens=cached, reasoning_tokens=reasoning
+    )
 
 
 # -- conversion to the chat format ------------------------------------------------------

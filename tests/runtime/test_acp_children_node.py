@@ -193,10 +193,13 @@ def test_the_typescript_sdk_sees_two_children_a_grandchild_a_cancel_and_a_replay
         {"state": "running"},
         {"state": "idle", "stopReason": "end_turn", "usage": {"totalTokens": 15, "inputTokens": 12, "outputTokens": 3}},
     ]
+    meta = live["promptResponse"].pop("_meta")["trio-subagents"]
     assert live["promptResponse"] == {
         "stopReason": "end_turn",
         "usage": {"totalTokens": 120, "inputTokens": 100, "outputTokens": 20},
     }
+    # The whole tree's usage (issue 30 item 2), where the schema has no place for it.
+    assert meta["tree"]["sessions"] == 4 and meta["tree"]["input_tokens"] >= 100
 
     # The children's own sessions: their task from their parent, their tool calls and text, and
     # the notices of their own children; the root hears from both of its children.

@@ -101,6 +101,54 @@ STREAMS = [
     ),
     pytest.param(
         [
+            delta("stop"),
+            data(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 10,
+                        "completion_tokens": 40,
+                        "completion_tokens_details": {"reasoning_tokens": 99},
+                    },
+                }
+            ),
+            data(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 10,
+                        "completion_tokens": 40,
+                        "completion_tokens_details": {"reasoning_tokens": 32},
+                    },
+                }
+            ),
+            DONE,
+        ],
+        [Usage(10, 40, reasoning_tokens=32), Finish("stop")],
+        True,
+        id="openai-reasoning-kept-as-a-part-of-the-completion",
+    ),
+    pytest.param(
+        [
+            delta("stop"),
+            data(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 10,
+                        "completion_tokens": 40,
+                        "completion_tokens_details": {"reasoning_tokens": 99},
+                    },
+                }
+            ),
+            DONE,
+        ],
+        [Usage(10, 40, reasoning_tokens=40), Finish("stop")],
+        True,
+        id="openai-reasoning-never-past-the-completion",
+    ),
+    pytest.param(
+        [
             data(
                 {
                     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],

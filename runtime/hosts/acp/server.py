@@ -33,6 +33,7 @@ from ...foundation.json_values import JsonObject as Json
 from ...foundation.json_values import JsonValue
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...tools.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_tools
+from ...usage import prompt_usage_fields
 from .children import ChildTree, catalog_children, usage_object
 from .client_servers import ClientServers
 from .listing import Row, iso_time, page, title_of
@@ -379,6 +380,10 @@ class AcpServer:
         result: Json = {"stopReason": mapped}
         if session.tree is not None and prompt.usage != (0, 0):
             result["usage"] = usage_object(prompt.usage)  # the turn's tokens (unstable `usage`)
+            runtime = self.runtime  # with the cache counts, and the cost and tree in `_meta`
+            result |= await prompt_usage_fields(
+                runtime.query, runtime.listing, p.session_id, prompt.turn, runtime.prices
+            )
         return result
 
     async def cancel(self, params: JsonValue) -> None:

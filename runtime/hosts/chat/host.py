@@ -313,7 +313,7 @@ class _Chat:
                 sid = self.agent.session_id
                 own = await session_usage(self.runtime.query, sid)
                 tree = await tree_usage(self.runtime.query, self.runtime.listing, sid)
-                say("\n".join(usage_lines(own, tree)))
+                say("\n".join(usage_lines(own, tree, self.runtime.prices)))
             else:
                 say(f"unknown command {cut(name, 40)} (try /help)")
         except SubagentsError as exc:

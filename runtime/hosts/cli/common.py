@@ -260,7 +260,12 @@ def command_setup(args: argparse.Namespace) -> HostSetup:
         "stall_timeout": None if args.stall_timeout is None else stall_timeout(args),
         "workspace": args.workspace,
     }
-    setup = host_setup(flags)
+    budget_flags = {
+        "max_tokens": getattr(args, "budget_tokens", None),
+        "max_cost": getattr(args, "budget_cost", None),
+        "max_turns": getattr(args, "budget_turns", None),
+    }
+    setup = host_setup(flags, budget_flags=budget_flags)
     for problem in setup.problems:
         print(f"subagents: agent type {problem.path} left out: {one_line(problem.reason)}", file=sys.stderr)
     return setup

@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the user message to send (without one, --session ID resumes the session: an interrupted turn goes on)",
     )
     run.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
+    _budget_options(run)
     _run_shape(run)
     resume = commands.add_parser(
         "resume",
@@ -179,6 +180,15 @@ def _chat_parser(commands: Commands, root: Parser, model_options: Parser) -> Non
     )
     chat.add_argument("--session", metavar="ID", help="resume this session (or create it with this id)")
     chat.add_argument("--compression", choices=("zstd", "none"), default="zstd", help="the form of new logs")
+    _budget_options(chat)
+
+
+def _budget_options(command: Parser) -> None:
+    """The root session's budget, over subagents.toml's [budget] (README "Budgets")."""
+    group = command.add_argument_group("budget (shared with every subagent below the session)")
+    group.add_argument("--budget-tokens", metavar="N", default=None, help="tokens of every kind the tree may use")
+    group.add_argument("--budget-cost", metavar="AMOUNT", default=None, help="cost at [prices] the tree may run up")
+    group.add_argument("--budget-turns", metavar="N", default=None, help="turns the session may start")
 
 
 class _OneLineHandler(logging.Handler):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -21,8 +22,9 @@ from ...delegation.listing import ChildRow
 from ...delegation.listing_rows import ELSEWHERE, HERE, last_event_ms
 from ...delegation.listing_stall import configured_stall_after
 from ...foundation.errors import CommandFailed, QuerySessionNotFound, SessionQueryError, SubagentError, UsageError
+from ...foundation.pricing import PriceTable, load_prices
 from ...read_side import open_read_side
-from ...usage import own_totals, tree_json, tree_totals
+from ...usage import cost_of, own_totals, tree_json, tree_totals
 from ..transcript import render, transcript
 from .common import cell_text, iso_time, table_lines
 
@@ -87,10 +89,14 @@ async def sessions_command(args: argparse.Namespace) -> int:
     rows = [_session_row(r, runners.get(r.id)) for r in records]
     if args.json:
         trees = tree_totals(records, own)
+        prices = _prices()
         for row in rows:
             tokens, tree = own.get(row["id"]), trees.get(row["id"])
             row["usage"] = None if tokens is None else tokens.to_json()
             row["tree_usage"] = None if tree is None else tree_json(tree)
+            if prices:  # derived from the usage and the models recorded (null: unknown)
+                row["cost"] = None if tokens is None else cost_of(tokens, prices)
+                row["tree_cost"] = None if tree is None or tree.skipped else cost_of(tree.total, prices)
         print(json.dumps(rows, ensure_ascii=False))
         return 0
     if not rows:
@@ -116,6 +122,16 @@ async def sessions_command(args: argparse.Namespace) -> int:
     header = ["ID", "CREATED", "ORIGIN", "PARENT", "DEPTH", "EVENTS", "STATE", "LAST EVENT", "DAMAGE"]
     print("\n".join(table_lines(header, cells)))
     return 0
+
+
+def _prices() -> PriceTable | None:
+    """`[prices]` of subagents.toml for the costs shown; a table that cannot be used is named on
+    stderr and the costs are left out (a read-only command still shows what it can)."""
+    try:
+        return load_prices()
+    except ValueError as exc:
+        print(f"subagents: costs not shown: {exc}", file=sys.stderr)
+        return None
 
 
 def _session_row(record: SessionRecord, runner: str | None = None) -> JsonObject:
@@ -148,6 +164,7 @@ async def show_command(args: argparse.Namespace) -> int:
                     inherited_event_count=observation.inherited_event_count,
                     inherited_from=observation.header.parent_session,
                     held=observation.held,
+                    prices=_prices(),
                 )
         except QuerySessionNotFound:
             raise UsageError(f'session "{args.session_id}" not found') from None

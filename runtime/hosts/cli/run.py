@@ -108,7 +108,7 @@ async def run_command(args: argparse.Namespace, setup: HostSetup, *, interrupt: 
         # A resume that found nothing to do: no open turn, no waiting notice or mail.
         print(f"subagents: session {agent.session_id} had nothing to resume", file=sys.stderr)
         if args.stream and not watch.reader_gone:
-            write_stdout(result_line(agent.session_id, "", watch.usage, {"kind": "completed"}))
+            write_stdout(result_line(agent.session_id, "", watch.usage, {"kind": "completed"}, setup.config.prices))
         elif args.json:
             print_stdout(json.dumps({"session_id": agent.session_id, "output": ""}, ensure_ascii=False))
         return 0
@@ -121,7 +121,7 @@ async def run_command(args: argparse.Namespace, setup: HostSetup, *, interrupt: 
         reason = {"kind": "aborted", "cause": "user"}
     if args.stream:
         if not watch.reader_gone:
-            write_stdout(result_line(agent.session_id, output, watch.usage, reason))
+            write_stdout(result_line(agent.session_id, output, watch.usage, reason, setup.config.prices))
     elif not interrupt.hit:
         if args.json:
             print_stdout(json.dumps({"session_id": agent.session_id, "output": output}, ensure_ascii=False))

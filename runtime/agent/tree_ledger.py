@@ -1,0 +1,355 @@
+"""Budgets shared down the tree (README "Budgets"; issue 30 item 4): one runtime's running totals.
+
+Theory of operation. Every agent of a runtime joins its `TreeLedger` (one per runtime, built by
+`open_runtime`) with its parent's id, its budget and what its tree had spent when it joined:
+its own usage records (from the events its resume read) plus, for a session whose budget limits
+anything the tree shares, its descendants' (`seed`, from their `usage` cells and checkpoint rows
+— runtime/usage.py `descendant_totals` — read once, at join). From then on nothing is re-read:
+each recorded reply is charged (`charge`) to its session and every ancestor in the ledger, so an
+ancestor's spent total is a dict walk, not a read of every descendant's log.
+
+Reservations. Starting a child reserves its budget out of its parent's remainder (`start_child`):
+what a parent can give a new child is its limit less its tree's spending less what its open
+children still hold (their limit less their own tree's spending); a child is open from its start
+until its turn ends (it settles), and again from each turn it starts, so a settled child's
+unused reservation returns to its parent. The number of descendants is charged at start.
+
+The check (`refusal`) runs before every model call: the call's estimated size (its request's
+characters / 4) on top of what each ancestor's tree has spent must fit each limit; otherwise
+the call is not sent, and the message names the session whose budget would be crossed. An
+estimate is not the bill: the final call may overshoot, and the message of the refusal that
+follows says by how much (`... 1042 used (42 over)`).
+
+Durable: nothing here is stored. Limits are in the descriptors (and the embedder's root
+budget), spending in the usage records; a restarted or taken-over runtime rebuilds the totals
+when its agents join again. A child that runs in another process (a serving host) is checked
+there against its own budget and whatever of its ancestors that process holds; its own budget
+was reserved out of its parent's remainder when it started, so it cannot spend more than that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+
+import attrs
+import msgspec
+from subagents.storage import Event
+
+from ..foundation.budgets import Budget
+from ..foundation.pricing import PriceTable, format_cost
+
+__all__ = ["CHARGED_COUNTS", "OwnSpent", "Seeder", "TreeLedger", "TreeSpent", "own_spent", "request_estimate"]
+
+# The disjoint counts of a usage record a token budget adds up (`reasoning_tokens` is a part of
+# `output_tokens`, not one more).
+CHARGED_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def request_estimate(messages: object) -> int:
+    """A model call's size before it is sent: its messages' encoded length / 4 (about a token
+    per four characters); the tool definitions are left out (a provider's cache holds them)."""
+    return len(msgspec.json.encode(messages)) // 4
+
+
+@attrs.frozen
+class TreeSpent:
+    """What a tree has spent: tokens (every kind), cost (None: unknown — a call of a model with
+    no price), and descendants started."""
+
+    tokens: int = 0
+    cost: float | None = 0.0
+    descendants: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class OwnSpent:
+    """What a session spent itself, as it joins: `tokens` (every kind), `cost` (None: a call's
+    model has no price), `unpriced` (that model) and `parent` (it started children: only then
+    are its descendants read when it joins)."""
+
+    tokens: int = 0
+    cost: float | None = 0.0
+    unpriced: str | None = None
+    parent: bool = False
+
+
+class _Model(msgspec.Struct):
+    model: str | None = None
+
+
+class _Counts(msgspec.Struct):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class _Reply(msgspec.Struct):
+    usage: _Counts | None = None
+
+
+_model = msgspec.json.Decoder(_Model)
+_reply = msgspec.json.Decoder(_Reply)
+
+
+def own_spent(events: Iterable[Event], inherited_event_count: int, prices: PriceTable) -> OwnSpent:
+    """A session's own spending over its own suffix, for `join`. Bad payloads are not counted
+    (as in runtime/usage.py)."""
+    model: str | None = None
+    tokens, cost, unpriced, parent = 0, 0.0, None, False
+    for event in events:
+        if event.type == "subagent/catalog" and event.seq >= inherited_event_count:
+            parent = True  # it started children: a resume reads what they spent
+        elif event.type == "session/model":
+            try:
+                model = _model.decode(event.data).model
+            except (msgspec.DecodeError, RecursionError):
+                model = None
+        elif event.type == "assistant/message" and event.seq >= inherited_event_count:
+            try:
+                usage = _reply.decode(event.data).usage
+            except (msgspec.DecodeError, RecursionError):
+                continue
+            if usage is None:
+                continue
+            counts = [
+                max(0, n)
+                for n in (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens)
+            ]
+            tokens += sum(counts)
+            price = prices.price_of(model)
+            if price is None:
+                unpriced = unpriced or (model or "(none recorded)")
+            else:
+                cost += price.cost(*counts)
+    return OwnSpent(tokens=tokens, cost=None if unpriced else cost, unpriced=unpriced, parent=parent)
+
+
+# session id → what its descendants (not itself) have spent, read from the store.
+Seeder = Callable[[str], Awaitable[TreeSpent]]
+
+
+@attrs.define(eq=False)
+class _Node:
+    parent: str | None
+    budget: Budget | None
+    tokens: int = 0
+    cost: float | None = 0.0
+    descendants: int = 0
+    open: bool = True  # holds its reservation (started or in a turn, not settled)
+    inflight: int = 0  # the estimates of its tree's calls sent and not yet charged
+    unpriced: str | None = None  # a model of its tree that has no price (why its cost is unknown)
+
+
+@attrs.define(eq=False)
+class TreeLedger:
+    """The running totals of a runtime's sessions (see the module docstring)."""
+
+    prices: PriceTable = attrs.field(factory=PriceTable)
+    seeder: Seeder | None = None
+    _nodes: dict[str, _Node] = attrs.field(factory=dict)
+    _sent: dict[str, int] = attrs.field(factory=dict)  # session → its call in flight's estimate
+
+    # --- joining --------------------------------------------------------------------------
+
+    def shares(self, budget: Budget | None) -> bool:
+        """Whether `budget` limits something its descendants' spending counts against."""
+        return budget is not None and not (
+            budget.max_tokens is None and budget.max_cost is None and budget.max_descendants is None
+        )
+
+    async def join(self, session_id: str, parent: str | None, budget: Budget | None, own: OwnSpent) -> None:
+        """Enter (or enter again) a session: its own spending `own`, its descendants' from the
+        seeder when its budget is shared and it started children. A session already here keeps
+        its totals (they have been charged all along)."""
+        node = self._nodes.get(session_id)
+        if node is not None:
+            node.budget, node.open = budget, True
+            return
+        spent = TreeSpent(own.tokens, own.cost)
+        if self.seeder is not None and self.shares(budget) and own.parent:
+            below = await self.seeder(session_id)
+            spent = TreeSpent(
+                spent.tokens + below.tokens,
+                None if spent.cost is None or below.cost is None else spent.cost + below.cost,
+                below.descendants,
+            )
+        if session_id in self._nodes:  # joined meanwhile (the seeder awaited)
+            return
+        self._nodes[session_id] = _Node(
+            parent, budget, spent.tokens, spent.cost, spent.descendants, unpriced=own.unpriced
+        )
+
+    def leave(self, session_id: str) -> None:
+        """A session stopped here: its totals stay for its ancestors (they have them already);
+        its reservation is returned."""
+        self._land(session_id)  # a call that left no usage record is over too
+        node = self._nodes.get(session_id)
+        if node is not None:
+            node.open = False
+
+    def turn_started(self, session_id: str) -> None:
+        node = self._nodes.get(session_id)
+        if node is not None:
+            node.open = True
+
+    def settled(self, session_id: str) -> None:
+        """Its turn ended: what it did not use of its reservation returns to its parent."""
+        self.leave(session_id)
+
+    # --- charging -------------------------------------------------------------------------
+
+    def _chain(self, session_id: str) -> Iterator[tuple[str, _Node]]:
+        """The session and its ancestors that are in the ledger, nearest first."""
+        seen: set[str] = set()
+        sid: str | None = session_id
+        while sid is not None and sid not in seen:
+            seen.add(sid)
+            node = self._nodes.get(sid)
+            if node is None:
+                return
+            yield sid, node
+            sid = node.parent
+
+    def charge(self, session_id: str, usage: Mapping[str, int], model: str | None) -> None:
+        """One recorded reply's `usage`, made by `model`, charged to the session and every
+        ancestor."""
+        tokens = sum(max(0, int(usage.get(k, 0))) for k in CHARGED_COUNTS)
+        self._land(session_id)
+        price = self.prices.price_of(model)
+        cost = None
+        if price is not None:
+            cost = price.cost(
+                usage.get("input_tokens", 0),
+                usage.get("output_tokens", 0),
+                usage.get("cache_read_tokens", 0),
+                usage.get("cache_write_tokens", 0),
+            )
+        for _sid, node in self._chain(session_id):
+            node.tokens += tokens
+            if cost is None:
+                node.cost, node.unpriced = None, node.unpriced or (model or "(none recorded)")
+            elif node.cost is not None:
+                node.cost += cost
+
+    # --- checking -------------------------------------------------------------------------
+
+    def _land(self, session_id: str) -> None:
+        """The session's call in flight is over (charged, or replaced by its next one)."""
+        estimate = self._sent.pop(session_id, 0)
+        if estimate:
+            for _sid, node in self._chain(session_id):
+                node.inflight = max(0, node.inflight - estimate)
+
+    def bounded(self, session_id: str) -> bool:
+        """Whether a limit of the session or an ancestor is shared (else no call needs an
+        estimate)."""
+        return any(self.shares(node.budget) for _sid, node in self._chain(session_id))
+
+    def refusal(self, session_id: str, estimate: int, model: str | None) -> str | None:
+        """Before a model call of `session_id` whose request is about `estimate` tokens: the
+        message of the first budget of it or an ancestor the call would cross, or None — and
+        then the estimate is held as in flight until the reply is charged, so calls of one
+        tree made at the same time are checked against each other too."""
+        self._land(session_id)
+        refused = self._refusal(session_id, estimate, model)
+        if refused is None and estimate > 0 and session_id in self._nodes:
+            self._sent[session_id] = estimate
+            for _sid, node in self._chain(session_id):
+                node.inflight += estimate
+        return refused
+
+    def _refusal(self, session_id: str, estimate: int, model: str | None) -> str | None:
+        price = self.prices.price_of(model)
+        for sid, node in self._chain(session_id):
+            budget = node.budget
+            if budget is None:
+                continue
+            whose = "" if sid == session_id else f"ancestor {sid}'s "
+            if budget.max_tokens is not None and node.tokens + node.inflight + estimate > budget.max_tokens:
+                over = node.tokens - budget.max_tokens
+                if over >= 0:  # the last call's overshoot, reported
+                    tail = f" ({over} over)" if over else ""
+                    return f"{whose}max_tokens {budget.max_tokens} reached: {node.tokens} used{tail}"
+                sent = f", ~{node.inflight} in flight" if node.inflight else ""
+                return (
+                    f"{whose}max_tokens {budget.max_tokens} would be crossed: {node.tokens} used{sent}, "
+                    f"this call ~{estimate}"
+                )
+            if budget.max_cost is not None:
+                limit = format_cost(budget.max_cost)
+                if node.cost is None:
+                    return f"{whose}max_cost {limit}: cost unknown (no price for {node.unpriced})"
+                if price is None:
+                    return f"{whose}max_cost {limit}: cost unknown (no price for {model or '(none recorded)'})"
+                guess = price.cost(estimate, 0, 0, 0)
+                if node.cost + guess > budget.max_cost:
+                    over = node.cost - budget.max_cost
+                    if over >= 0:
+                        tail = f" ({format_cost(over)} over)" if over else ""
+                        return f"{whose}max_cost {limit} reached: {format_cost(node.cost)} used{tail}"
+                    used = format_cost(node.cost)
+                    return f"{whose}max_cost {limit} would be crossed: {used} used, this call ~{format_cost(guess)}"
+        return None
+
+    def remainder(self, session_id: str) -> Budget | None:
+        """What `session_id` can reserve for a new child of the shared limits: each limit of it
+        and its ancestors, less their trees' spending and what their open children hold."""
+        tokens: int | None = None
+        cost: float | None = None
+        descendants: int | None = None
+        below: str | None = None  # the chain's previous session: the new child draws on its reservation
+        for sid, node in self._chain(session_id):
+            budget, via, below = node.budget, below, sid
+            if budget is None:
+                continue
+            held_tokens, held_cost = self._held(sid, via)
+            if budget.max_tokens is not None:
+                left = max(0, budget.max_tokens - node.tokens - held_tokens)
+                tokens = left if tokens is None else min(tokens, left)
+            if budget.max_cost is not None:
+                left_cost = max(0.0, budget.max_cost - (node.cost or 0.0) - held_cost)
+                cost = left_cost if cost is None else min(cost, left_cost)
+            if budget.max_descendants is not None:
+                left_n = max(0, budget.max_descendants - node.descendants - 1)  # the child itself
+                descendants = left_n if descendants is None else min(descendants, left_n)
+        if tokens is None and cost is None and descendants is None:
+            return None
+        return Budget(max_tokens=tokens, max_cost=cost, max_descendants=descendants)
+
+    def _held(self, session_id: str, via: str | None) -> tuple[int, float]:
+        """What the open children of `session_id` (but `via`, the one a grandchild is started
+        under) hold of their reservations, unused."""
+        tokens, cost = 0, 0.0
+        for sid, node in self._nodes.items():
+            if node.parent != session_id or sid == via or not node.open or node.budget is None:
+                continue
+            if node.budget.max_tokens is not None:
+                tokens += max(0, node.budget.max_tokens - node.tokens)
+            if node.budget.max_cost is not None:
+                cost += max(0.0, node.budget.max_cost - (node.cost or 0.0))
+        return tokens, cost
+
+    def start_refusal(self, parent: str) -> str | None:
+        """Before a child of `parent` is made: the message of the `max_descendants` it would
+        cross, or None."""
+        for sid, node in self._chain(parent):
+            limit = None if node.budget is None else node.budget.max_descendants
+            if limit is not None and node.descendants + 1 > limit:
+                whose = "" if sid == parent else f"ancestor {sid}'s "
+                return f"{whose}max_descendants {limit} reached: {node.descendants} started"
+        return None
+
+    def start_child(self, parent: str, child_id: str | None, budget: Budget | None) -> None:
+        """A child of `parent` is being made: one more descendant for it and every ancestor, and,
+        its id known, its reservation held from now (before a sibling started in the same step
+        asks for its own)."""
+        for _sid, node in self._chain(parent):
+            node.descendants += 1
+        if child_id is not None and child_id not in self._nodes and parent in self._nodes:
+            self._nodes[child_id] = _Node(parent, budget)
+
+    def spent(self, session_id: str) -> TreeSpent | None:
+        """What the session's tree has spent, as far as this runtime knows (None: not here)."""
+        node = self._nodes.get(session_id)
+        return None if node is None else TreeSpent(node.tokens, node.cost, node.descendants)
