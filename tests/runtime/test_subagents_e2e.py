@@ -628,7 +628,8 @@ def test_sigkill_while_the_child_is_mid_turn(tmp_path: Path) -> None:
     assert assistant_texts(child) == ["BACK"]
 
     parent = events_of(d.root, "parent")
-    assert_ok(results_named(parent, "list_agents")[0], "child-1 [ready] — hanger")
+    # Listed before the child was resumed: its cut turn is open and nobody runs it (issue 29 item 4).
+    assert_ok(results_named(parent, "list_agents")[0], "child-1 [orphaned] — hanger")
     assert_ok(results_named(parent, "send_message")[0], "message delivered to agent child-1")
     (notice,) = notices(parent)
     assert texts(notice["data"]["message"]) == notice_texts("child-1", SUMMARY_DONE, "BACK")
