@@ -21,6 +21,7 @@ from cli_process import write_script
 from subagents.runtime.app import Runtime, open_runtime
 from subagents.runtime.hosts.acp.children import META_KEY, ChildTree, catalog_children, idle_state
 from subagents.runtime.hosts.acp.host import TextRelay, serve_acp
+from subagents.runtime.hosts.acp.session import liveness_every
 from subagents.runtime.models.specs import build_model, parse_model_spec
 from subagents.runtime.models.tee import TeeModel
 from subagents.runtime.tools.permissions import Permissions
@@ -618,3 +619,59 @@ async def test_a_child_whose_log_is_damaged_is_replayed_as_unknown(tmp_path: Pat
     assert [u.get("title") for u in about] == ["Alpha", None]
     assert about[-1]["state"] == {"state": "unknown"}
     assert not [s for s, _u in second.updates() if s == child]  # nothing of its history
+
+
+# --- liveness (issue 29 item 4) -------------------------------------------------------------------
+
+
+def test_liveness_is_sent_when_it_changes_and_never_over_an_ended_turn() -> None:
+    tree = announced_tree()
+    child = next(iter(tree.parents))
+    parent = tree.parents[child]
+    assert tree.liveness(child, None, 5, None) == []  # nothing said yet, nothing to take back
+    (stalled,) = tree.liveness(child, "stalled", 1_000, "pid 42")
+    assert stalled == (
+        parent,
+        {
+            "sessionUpdate": "subagent_update",
+            "sessionId": child,
+            "state": {"state": "running"},
+            "_meta": {"trio-subagents": {"liveness": "stalled", "lastEvent": 1_000, "runner": "pid 42"}},
+        },
+    )
+    assert tree.liveness(child, "stalled", 2_000, "pid 42") == []  # unchanged
+    (orphaned,) = tree.liveness(child, "orphaned", 2_000, None)
+    assert orphaned[1]["state"] == {"state": "unknown"}
+    assert orphaned[1]["_meta"] == {"trio-subagents": {"liveness": "orphaned", "lastEvent": 2_000}}
+    assert tree.liveness("not-announced", "orphaned", 1, None) == []
+    # Its turn ends (a resume closed it): that state is sent, and a stale listing says nothing over it.
+    (idle,) = tree.event(child, turn_end(9, {"kind": "interrupted"}))
+    assert idle[1]["state"]["state"] == "idle"
+    assert tree.liveness(child, "orphaned", 2_000, None) == []
+    _valid([stalled, orphaned, idle])
+
+
+async def test_an_open_tree_is_listed_again_and_a_child_without_progress_is_sent_stalled(tmp_path: Path) -> None:
+    """While a session is open its tree is listed every `liveness_every` (a fifth of
+    `stall_after`, at least a second): a child running here whose open turn made no durable
+    progress for `stall_after` is sent as still `running`, `stalled` in `_meta`, once."""
+    with trio.fail_after(30):
+        async with serving(tmp_path, CANCEL_SCRIPT, stall_after=0.001) as (client, runtime):
+            assert liveness_every(runtime) == 1.0
+            sid = await _open(client, tmp_path, {"subagents": {}})
+            await client.send("session/prompt", {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}, 99)
+            stalled = await client.until(
+                lambda m: (
+                    (m.get("params") or {}).get("update", {}).get("_meta", {}).get("trio-subagents", {}).get("liveness")
+                    == "stalled"
+                )
+            )
+            child = stalled["params"]["update"]["sessionId"]
+            assert (await client.call("session/cancel", {"sessionId": child}))["result"] == {}
+            await client.until(lambda m: m.get("id") == 99)
+    update = stalled["params"]["update"]
+    assert stalled["params"]["sessionId"] == sid and update["state"] == {"state": "running"}
+    meta = update["_meta"]["trio-subagents"]
+    assert meta["runner"] == "this process" and isinstance(meta["lastEvent"], int)
+    said = [u for _s, u in client.updates() if u.get("sessionId") == child and u["sessionUpdate"] == "subagent_update"]
+    assert [u["state"]["state"] for u in said] == ["running", "running", "idle"]  # announced, stalled, cancelled

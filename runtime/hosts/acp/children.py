@@ -20,6 +20,11 @@ stream brings it again (`next_seq`).
   tool calls and results); its `turn/start` and `turn/end` become `state` snapshots on its
   parent (`running`; `idle` with the stop reason, an error's message, and the turn's token
   usage).
+- Liveness (issue 29 item 4): what a listing of the tree says of a child it announced, when it
+  changed (`liveness`): `stalled` (running, no durable progress for `stall_after`) stays
+  `running`, `orphaned` (its turn open, its runner gone) is `unknown`; the word, the last durable
+  event's time and who runs it go in `_meta`. The server lists the tree after a load's replay and
+  then every `LIVENESS_EVERY` seconds while the session is open.
 - Messages between sessions are `session_message` upserts, on the session that received them:
   a child's first prompt (from its parent), a message an agent sent (`agent-message`) and a
   settlement notice (`subagent-settled`, from the child that settled). A sender this client was
@@ -63,6 +68,7 @@ class ChildTree:
         self._tasks: dict[tuple[str, str], str] = {}  # (session, call id): a delegating call's task
         self._usage: dict[str, tuple[int, int]] = {}  # each descendant: its open turn's tokens so far
         self._prompted: set[str] = set()  # descendants whose first prompt (from their parent) was mapped
+        self._liveness: dict[str, str | None] = {}  # each descendant: the liveness last sent
 
     def knows(self, session_id: str) -> bool:
         """`session_id` is the root or a descendant announced to the client."""
@@ -96,6 +102,30 @@ class ChildTree:
         if kind == "assistant/message" and isinstance(data.get("usage"), dict):
             self._usage[session_id] = turn_usage(self._usage.get(session_id, (0, 0)), data["usage"])
         return [(session_id, update) for update in updates_for([event], session_id=session_id)]
+
+    def liveness(
+        self, child_id: str, liveness: str | None, last_event: int | None, runner: str | None
+    ) -> list[Notification]:
+        """A listing's liveness of an announced child (issue 29 item 4), sent when it changed: a
+        `stalled` child is still `running`, an `orphaned` one (its turn open, its runner gone)
+        `unknown`; the words, the last durable event's time and who runs it in `_meta`."""
+        if child_id not in self.parents or self._liveness.get(child_id) == liveness:
+            return []
+        if liveness is None and child_id not in self._liveness:
+            return []  # nothing was said: its turns' states say the rest
+        if self._states.get(child_id) == "idle":
+            return []  # its turn ended since the listing read it: that state was sent
+        self._liveness[child_id] = liveness
+        state: Json = {"state": "unknown" if liveness == "orphaned" else "running"}
+        self._states[child_id] = state["state"]
+        meta: Json = {"liveness": liveness}
+        if last_event is not None:
+            meta["lastEvent"] = last_event
+        if runner is not None:
+            meta["runner"] = runner
+        update: Json = {"sessionUpdate": "subagent_update", "sessionId": child_id, "state": state}
+        update["_meta"] = {META_KEY: meta}
+        return [(self.parents[child_id], update)]
 
     def unreadable(self, child_id: str) -> list[Notification]:
         """An announced child whose log could not be read: its activity is not known."""
@@ -160,6 +190,7 @@ class ChildTree:
         if state["state"] == "running" and self._states.get(child) == "running":
             return []  # announced running, and its first turn starts: nothing new
         self._states[child] = state["state"]
+        self._liveness.pop(child, None)  # a turn's own state says it is alive
         return [(self.parents[child], {"sessionUpdate": "subagent_update", "sessionId": child, "state": state})]
 
 

@@ -62,7 +62,7 @@ from .rpc import (
     notification_line,
     result_line,
 )
-from .session import Live, Prompt, Session, forward, send_tree
+from .session import Live, Prompt, Session, forward, send_liveness, send_tree
 from .updates import stop_reason, updates_for
 
 __all__ = ["PROTOCOL_VERSION", "AcpServer"]
@@ -298,6 +298,9 @@ class AcpServer:
         async with live.lock:
             await self._start(session, from_seq=from_seq, replies=replies)
             await self._replay_children(session, events, inherited)
+        # What the replay cannot say: a child whose runner is gone mid-turn (`orphaned`), or one
+        # running without progress (`stalled`), from one listing of the tree.
+        await send_liveness(self.runtime, self._notify, session)
         return {}
 
     async def list_sessions(self, params: JsonValue) -> Json:

@@ -21,14 +21,16 @@ from subagents.storage import Event, decode_payload
 
 from ...agent.loop import Agent
 from ...app import Runtime
+from ...delegation.listing import ChildRow
 from ...event_stream import open_event_stream
+from ...foundation.errors import SubagentsError
 from ...foundation.json_values import JsonObject as Json
 from .children import ChildTree, Notification, turn_usage
 from .client_servers import ClientServers
 from .live import LiveText
 from .record import ClientRecord
 
-__all__ = ["Live", "Notify", "Prompt", "Session", "forward"]
+__all__ = ["Live", "Notify", "Prompt", "Session", "forward", "liveness_every", "send_liveness"]
 
 Notify = Callable[[str, Json], Awaitable[None]]
 """Sends one `session/update` of a session (its id, the update) to the client."""
@@ -97,6 +99,8 @@ async def forward(
         stream_cm = open_event_stream(runtime.query, sid, from_seq=from_seq, descendants=tree is not None)
         async with stream_cm as stream, trio.open_nursery() as nursery:
             nursery.start_soon(_stream_text, notify, sid, live)
+            if tree is not None:
+                nursery.start_soon(_watch_liveness, runtime, notify, session)
             task_status.started()
             async for item in stream:
                 own = item.session_id == sid
@@ -111,6 +115,34 @@ async def forward(
                 if own:
                     _track(session, item.event)
             nursery.cancel_scope.cancel()
+
+
+def liveness_every(runtime: Runtime) -> float:
+    """Seconds between two liveness listings of an open tree: a fifth of `stall_after`, so a
+    child is shown `stalled` soon after it is, within [1 s, 60 s]."""
+    return min(60.0, max(1.0, runtime.listing.stall_after_ms / 5000))
+
+
+async def send_liveness(runtime: Runtime, notify: Notify, session: Session) -> None:
+    """List the session's descendants once and send each announced child's liveness that
+    changed (a listing that fails says nothing: the next one tries again)."""
+    tree = session.tree
+    assert tree is not None
+    try:
+        rows = await runtime.listing.list_descendants(session.agent.session_id)
+    except SubagentsError:
+        return
+    async with session.live.lock:  # between the forwarder's sends, never inside one
+        for row in rows:
+            if isinstance(row, ChildRow):
+                await send_tree(notify, session, tree.liveness(row.id, row.liveness, row.last_event, row.runner))
+
+
+async def _watch_liveness(runtime: Runtime, notify: Notify, session: Session) -> None:
+    every = liveness_every(runtime)
+    while True:
+        await trio.sleep(every)
+        await send_liveness(runtime, notify, session)
 
 
 async def send_tree(notify: Notify, session: Session, notifications: list[Notification]) -> None:
