@@ -44,6 +44,7 @@ class RunProgress:
     turn: int | None = None
     activity: str = "starting"
     children: dict[str, ChildStatus] = attrs.field(factory=dict)
+    stall_after_ms: int = 300_000  # subagents.toml's `stall_after` (default 5 minutes), in ms
 
     def apply(self, item: StreamEvent) -> None:
         """Fold one durable event (of the root or of a descendant)."""

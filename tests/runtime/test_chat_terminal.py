@@ -187,6 +187,7 @@ class RecordedLines:
     def __init__(self, typed: list[str]) -> None:
         self.typed = list(typed)
         self.trees: list[dict[str, str]] = []
+        self.stall_after_ms: list[int] = []
 
     def turn_running(self, running: bool) -> None:
         pass
@@ -196,6 +197,7 @@ class RecordedLines:
 
     def progress(self, progress: RunProgress) -> None:
         self.trees.append({c.id: c.state for c in progress.children.values()})
+        self.stall_after_ms.append(progress.stall_after_ms)
 
 
 ONE_CHILD = {
@@ -236,6 +238,17 @@ async def test_the_chat_hands_its_tree_to_the_terminal_and_a_resumed_chat_starts
     model = ScriptedModel(load_script(json.dumps({"agents": [{"responses": []}]})))
     await chat(root, model, session_id=session, lines=again, console=Console(file=io.StringIO()))
     assert again.trees == [{child: "ready"}]  # known from the listing, before any event: as /agents says
+    assert set(first.stall_after_ms) == {300_000}  # the tree's `stalled` is the listings' (default 5 minutes)
+    third = RecordedLines([])
+    await chat(
+        root,
+        model,
+        session_id=session,
+        lines=third,
+        console=Console(file=io.StringIO()),
+        runtime_options={"stall_after": 90},
+    )
+    assert set(third.stall_after_ms) == {90_000}  # subagents.toml's `stall_after`, as the host passes it
 
 
 def test_a_descendants_turn_end_names_its_cause_apart_from_its_kind() -> None:

@@ -505,6 +505,7 @@ async def chat(
             agent.assistant_count,
             lambda: agent.session.durable_next,
         )
+        view.progress.stall_after_ms = runtime.listing.stall_after_ms  # the tree's `stalled`, as listings say it
         shown.append(view)
         if resumed:
             try:

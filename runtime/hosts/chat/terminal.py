@@ -337,7 +337,9 @@ def toolbar_text(progress: RunProgress, width: int, most: int = TREE_LINES, now_
     nodes = {progress.root_id: tree}
     for child in children:  # in the order they started, under their parents
         if child.id in shown:
-            nodes[child.id] = nodes.get(child.parent, tree).add(Text(child_line(child, now_ms)))
+            nodes[child.id] = nodes.get(child.parent, tree).add(
+                Text(child_line(child, now_ms, progress.stall_after_ms))
+            )
     parts: list[RenderableType] = [status, tree]
     if len(children) > most:
         parts.append(Text(f"… and {len(children) - most} more (/agents all)"))
