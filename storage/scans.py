@@ -181,9 +181,10 @@ _decode_timed = msgspec.json.Decoder(_Timed).decode
 
 def good_time(form: LogForm, data: bytes, count: int) -> int:
     """The `time` of event `count - 1` of a damaged log held whole in `data`: the last event the
-    failed parse validated before the damage (seq `count`), so line `count` after line 1. From
-    bytes already read (no read of the log); 0 when unknown (no such event, or the zstd frames
-    themselves are damaged: nothing before the damage was decoded)."""
+    failed parse validated before the damage at seq `count` (one line each, after line 1). From
+    the bytes the scan holds, never another read of the log; a zstd log's frames are walked
+    again (only a damaged log's, once: its row is then in the index). 0 when unknown (no such
+    event, or damaged zstd frames: nothing before the damage was decoded)."""
     if count <= 0:
         return 0
     if form.compression == "zstd":
