@@ -37,6 +37,8 @@ class SessionRecord:
     # Another writer (another process) holds its lock: it is live elsewhere. Filled only where a
     # caller asks (`list_sessions(probe_locks=True)`); never set on a record live here.
     held: bool = False
+    # The `time` of its last durable event (`LogInfo.last_time`; 0 when unknown or live-only).
+    last_time: int = 0
 
 
 _WITNESSED = (
@@ -130,6 +132,7 @@ def _live(ref: SessionRef, stored: SessionRecord | None) -> SessionRecord:
         inherited_event_count=ref.inherited_event_count,
         revision=stored.revision if stored is not None else None,
         event_count=stored.event_count if stored is not None else None,
+        last_time=stored.last_time if stored is not None else 0,
         conflict=stored is not None and (stored.header is None or headers_differ(stored.header, ref.header)),
     )
 
@@ -145,6 +148,7 @@ def _persisted(info: LogInfo) -> SessionRecord:
         revision=info.revision,
         event_count=info.event_count,
         claimed=info.claimed,
+        last_time=info.last_time,
     )
 
 

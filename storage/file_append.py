@@ -52,6 +52,8 @@ class FileAppender:
         else:
             self._publish(handle, state, payload)
         handle.next_seq = Offset(handle.next_seq + len(events))
+        if events:
+            state.last_time = events[-1].time
         if self.catalog.remembers(handle.session_id):
             # The listing's row follows the log this handle writes (in memory: the index is
             # saved at checkpoints), so the next listing finds it at its new revision and

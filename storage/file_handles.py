@@ -31,6 +31,7 @@ class WriteState:
     file: File | None = None
     end: int = 0  # bytes of the log this handle has written or validated
     head_len: int = 0  # bytes of the stored header record
+    last_time: int = 0  # the `time` of the log's last event (listing rows carry it: `LogInfo`)
 
 
 @attrs.frozen
@@ -84,7 +85,9 @@ def written_row(handle: WriteHandle) -> IndexRow | None:
         anchor = state.file.pread(max(0, state.end - ANCHOR), min(ANCHOR, state.end))
     except OSError:
         return None
-    info = LogInfo.healthy(handle.session_id, handle.header, handle.inherited_event_count, revision, handle.next_seq)
+    info = LogInfo.healthy(
+        handle.session_id, handle.header, handle.inherited_event_count, revision, handle.next_seq, state.last_time
+    )
     return IndexRow(
         info=info,
         form=state.form.compression,

@@ -182,11 +182,13 @@ class FileLogStore:
                 if row is not None and row.info.header is not None and still_holds(file, row):
                     header, k = row.info.header, row.info.inherited_event_count
                     count, end, head_len = row.info.event_count, row.scan_end, len(row.head)
+                    last_time = row.info.last_time
                 else:
                     parsed = form.parse(sid, file.pread(0, file.size()), poll=None)
                     end = _repair_tail(file, form, parsed)
                     header, k = parsed.record.header, parsed.record.inherited_event_count
                     count, head_len = Offset(len(parsed.events)), parsed.header_end
+                    last_time = parsed.events[-1].time if parsed.events else 0
                 # The log may be visible without its folder entries being durable (a publication
                 # whose folder fsync failed): make them durable before acknowledging appends.
                 self._appender.fsync_entries(folder)
@@ -202,7 +204,7 @@ class FileLogStore:
             next_seq=count,
             published=True,
             end_offset=end,
-            impl=WriteState(lock=lock, form=form, file=file, end=end, head_len=head_len),
+            impl=WriteState(lock=lock, form=form, file=file, end=end, head_len=head_len, last_time=last_time),
         )
 
     def open_read(self, session_id: str) -> ReadHandle:

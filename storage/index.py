@@ -36,6 +36,7 @@ import msgspec
 from .index_rows import (
     CHECKPOINT_COLUMNS,
     COLUMNS,
+    ROW_WIDTH,
     SCHEMA_SQL,
     SCHEMA_VERSION,
     UNREADABLE,
@@ -201,7 +202,7 @@ class SessionIndex:
                 [(row.id, row.id, row.form, *row.revision) for row in rescanned],
             )
             conn.executemany(
-                f"INSERT OR REPLACE INTO sessions ({COLUMNS}) VALUES ({', '.join('?' * 23)})",
+                f"INSERT OR REPLACE INTO sessions ({COLUMNS}) VALUES ({', '.join('?' * ROW_WIDTH)})",
                 [row_to_sql(row) for row in changed],
             )
             conn.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deleted])

@@ -22,6 +22,7 @@ from .values import HeaderClaim, LogInfo, Offset, Revision, SessionHeader, Sessi
 __all__ = [
     "CHECKPOINT_COLUMNS",
     "COLUMNS",
+    "ROW_WIDTH",
     "SCHEMA_SQL",
     "SCHEMA_VERSION",
     "UNREADABLE",
@@ -38,8 +39,9 @@ _json = msgspec.json
 # 3: the `claim` of a damaged header (docs/design.md, "Listing": candidates). 4: rows record
 # payload damage too (issue 13: every read validates known payloads; rows of an older build may
 # call such a log healthy, so they are dropped with the schema), and every row carries a
-# checksum.
-SCHEMA_VERSION = 4
+# checksum. 5: `last_time`, the last event's time (listings show it: issue 29); rows of an older
+# build lack it, so they are dropped with the schema.
+SCHEMA_VERSION = 5
 _UNREADABLE: Any = object()  # a stored checkpoint value that does not decode
 UNREADABLE = _UNREADABLE
 
@@ -67,6 +69,7 @@ CREATE TABLE sessions (
     head BLOB NOT NULL,
     anchor BLOB NOT NULL,
     claim TEXT,
+    last_time INTEGER NOT NULL,
     crc INTEGER NOT NULL
 );
 CREATE TABLE checkpoints (
@@ -85,8 +88,9 @@ CREATE TABLE checkpoints (
 COLUMNS = (
     "id, form, size, mtime_ns, inode, has_header, format, created_at, is_seeded, delegation_depth, "
     "cwd, parent_session, origin, agent_preset, damage, inherited_event_count, event_count, "
-    "scan_end, scan_events, head, anchor, claim, crc"
+    "scan_end, scan_events, head, anchor, claim, last_time, crc"
 )
+ROW_WIDTH = COLUMNS.count(",") + 1
 CHECKPOINT_COLUMNS = "session_id, unit_key, ver, seq, val, log_offset, lifecycle, crc"
 
 
@@ -180,14 +184,15 @@ def _trusted_header(row: tuple[Any, ...]) -> SessionHeader:
     return header
 
 
-_COUNTS = (2, 3, 4, 15, 16, 17, 18)  # size, mtime_ns, inode, inherited, event_count, scan_end, scan_events
+# size, mtime_ns, inode, inherited, event_count, scan_end, scan_events, last_time
+_COUNTS = (2, 3, 4, 15, 16, 17, 18, 22)
 _OPTIONAL_TEXT = (10, 11, 12, 13)  # cwd, parent_session, origin, agent_preset
 
 
 def row_from_sql(row: tuple[Any, ...]) -> IndexRow:
     """A row as SQLite returns it (untyped columns, so every field's type is checked: a row
     this build did not write, or a garbled one, raises ValueError and is rescanned)."""
-    if len(row) != 23 or row_crc(row[:22]) != row[22]:
+    if len(row) != ROW_WIDTH or row_crc(row[:-1]) != row[-1]:
         raise ValueError("the row's checksum does not match: garbled")
     damage = row[14]
     if damage not in (None, "corrupt", "unsupported"):
@@ -215,6 +220,7 @@ def row_from_sql(row: tuple[Any, ...]) -> IndexRow:
         revision=Revision(size=row[2], mtime_ns=row[3], inode=row[4]),
         event_count=Offset(row[16]),
         claimed=_claim_from_sql(row[21]),
+        last_time=row[22],
     )
     return IndexRow(
         info=info,
@@ -258,6 +264,7 @@ def _row_values(row: IndexRow) -> tuple[object, ...]:
         row.head,
         row.anchor,
         None if info.claimed is None else _json.encode(list(info.claimed)).decode(),
+        info.last_time,
     )
 
 

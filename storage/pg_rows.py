@@ -34,13 +34,13 @@ def header_record(sid: SessionId, header: bytes | memoryview) -> HeaderRecord:
 
 def log_info(row: tuple[Any, ...]) -> LogInfo:
     """A listing row from the `SESSION_COLUMNS` of a `sessions` row; damage is reported. The
-    revision: `size` is the plain form's bytes, `inode` the lifecycle's generation, `mtime_ns`
-    its last event's time (a file's mtime says when its log was last written; listings show
-    either as the session's last event: issue 29), 0 when the row has none."""
+    revision: `size` is the plain form's bytes, `inode` the lifecycle's generation (`mtime_ns` 0:
+    a row has no file). `last_time`: its last event's `time`, 0 when the row has none."""
     sid = check_session_id(row[0])
     header_line, count, size, generation = bytes(row[1]), row[2], row[3], row[4]
     last_time = row[5] if type(row[5]) is int and row[5] > 0 else 0
-    revision = Revision(size=size, mtime_ns=last_time * 1_000_000, inode=generation)
+    last_time = last_time if count else 0
+    revision = Revision(size=size, mtime_ns=0, inode=generation)
     try:
         record = header_record(sid, header_line)
     except (CorruptLog, UnsupportedLog):
@@ -58,6 +58,7 @@ def log_info(row: tuple[Any, ...]) -> LogInfo:
                 revision=revision,
                 event_count=Offset(count),
                 claimed=found.claimed,
+                last_time=last_time,
             )
         return LogInfo(
             id=sid,
@@ -66,8 +67,9 @@ def log_info(row: tuple[Any, ...]) -> LogInfo:
             inherited_event_count=found.inherited_event_count,
             revision=revision,
             event_count=Offset(count),
+            last_time=last_time,
         )
-    return LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, count)
+    return LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, count, last_time)
 
 
 def batch_lines(sid: SessionId, first_seq: int, data: bytes, compressed: bool) -> bytes:

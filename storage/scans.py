@@ -21,8 +21,18 @@ from .fs import File
 from .index_rows import IndexRow
 from .projection import Lifecycle, ObservedCheckpoint, ProjectionRegistry
 from .values import LogInfo, Offset, Revision, SessionId
+from .zstd_framing import FrameDamage, walk_frames
 
-__all__ = ["ANCHOR", "damaged_info", "fold_whole", "may_have_grown", "scan_growth", "scan_whole", "still_holds"]
+__all__ = [
+    "ANCHOR",
+    "damaged_info",
+    "fold_whole",
+    "good_time",
+    "may_have_grown",
+    "scan_growth",
+    "scan_whole",
+    "still_holds",
+]
 
 ANCHOR = 32  # bytes before scan_end a row keeps to recognise its log
 _encode = msgspec.json.encode
@@ -62,11 +72,14 @@ def scan_whole(
         parsed = form.parse(sid, data, poll=None)
     except (CorruptLog, UnsupportedLog) as exc:
         damage: Literal["corrupt", "unsupported"] = "unsupported" if isinstance(exc, UnsupportedLog) else "corrupt"
-        info = damaged_info(sid, form.header_of(sid, data), damage, revision, exc.seq or 0)
+        count = exc.seq or 0
+        info = damaged_info(sid, form.header_of(sid, data), damage, revision, count, good_time(form, data, count))
         return IndexRow(info=info, form=form.compression, scan_end=0, scan_events=0), None
     recovered = parsed.recovered.count(b"\n")
     record = parsed.record
-    info = LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, len(parsed.events))
+    events = parsed.events
+    last_time = events[-1].time if events else 0
+    info = LogInfo.healthy(sid, record.header, record.inherited_event_count, revision, len(events), last_time)
     end = parsed.complete_end
     row = IndexRow(
         info=info,
@@ -122,7 +135,9 @@ def scan_growth(sid: SessionId, form: LogForm, row: IndexRow, revision: Revision
     except (CorruptLog, UnsupportedLog):
         return None  # the tail may not start where the row thinks: let a full scan decide
     count = row.scan_events + len(scan.events)
-    info = LogInfo.healthy(sid, header, row.info.inherited_event_count, revision, count)
+    # No new complete event (only a torn tail's worth): the row's last event is still the last.
+    last_time = scan.events[-1].time if scan.events else row.info.last_time
+    info = LogInfo.healthy(sid, header, row.info.inherited_event_count, revision, count, last_time)
     return attrs.evolve(  # the same log further on: its form and head stay
         row,
         info=info,
@@ -138,8 +153,10 @@ def damaged_info(
     damage: Literal["corrupt", "unsupported"],
     revision: Revision,
     event_count: int,
+    last_time: int = 0,
 ) -> LogInfo:
-    """The listing row of a damaged log: what its line 1 still says (`record`), and the damage."""
+    """The listing row of a damaged log: what its line 1 still says (`record`), the damage, and
+    the `time` of the last event before it (`good_time`; 0 when unknown)."""
     header = record.header if record is not None else None
     k = record.inherited_event_count if record is not None else 0
     return LogInfo(
@@ -151,4 +168,42 @@ def damaged_info(
         event_count=Offset(event_count),
         # A line 1 that is a JSON object but no valid header still says whose child it is.
         claimed=record.claimed if isinstance(record, HeaderError) and header is None else None,
+        last_time=last_time if event_count else 0,
     )
+
+
+class _Timed(msgspec.Struct):
+    time: int
+
+
+_decode_timed = msgspec.json.Decoder(_Timed).decode
+
+
+def good_time(form: LogForm, data: bytes, count: int) -> int:
+    """The `time` of event `count - 1` of a damaged log held whole in `data`: the last event the
+    failed parse validated before the damage at seq `count` (one line each, after line 1). From
+    the bytes the scan holds, never another read of the log; a zstd log's frames are walked
+    again (only a damaged log's, once: its row is then in the index). 0 when unknown (no such
+    event, or damaged zstd frames: nothing before the damage was decoded)."""
+    if count <= 0:
+        return 0
+    if form.compression == "zstd":
+        try:
+            lines: bytes | bytearray = walk_frames(data).body
+        except FrameDamage:
+            return 0
+    else:
+        lines = data
+    start = 0
+    for _ in range(count):
+        start = lines.find(b"\n", start) + 1
+        if not start:
+            return 0
+    end = lines.find(b"\n", start)
+    if end < 0:
+        return 0
+    try:
+        time = _decode_timed(memoryview(lines)[start:end]).time
+    except (msgspec.MsgspecError, ValueError, TypeError, RecursionError):
+        return 0
+    return time if 0 <= time < 2**63 else 0

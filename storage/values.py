@@ -211,9 +211,13 @@ class LogInfo:
     value, or `None` when even that fails; then `claimed` is what line 1 says of its lineage if
     it is at least a JSON object (else None). `event_count` counts the events before the damage.
 
+    `last_time`: the `time` field of the last event counted (epoch ms): the session's last durable
+    event, the same on every backend (a log file's mtime is not: a copy or an export moves it).
+    0 when unknown: no event, or a damaged log whose events before the damage were not decoded.
+
     `checked` False: only line 1 was read (a store told to list one parent's children reads no
-    more of a log whose line 1 names another parent): `header` is line 1's, and `damage` and
-    `event_count` (0) are unknown — a `stat` of the session reads it whole.
+    more of a log whose line 1 names another parent): `header` is line 1's, and `damage`,
+    `event_count` and `last_time` (0) are unknown — a `stat` of the session reads it whole.
     """
 
     id: SessionId
@@ -224,9 +228,21 @@ class LogInfo:
     event_count: Offset
     claimed: HeaderClaim | None = None
     checked: bool = True
+    last_time: int = 0
 
     @classmethod
-    def healthy(cls, id: SessionId, header: SessionHeader, k: int, revision: Revision, event_count: int) -> LogInfo:
-        """A log read whole without damage: its header, `k` inherited events and `event_count`."""
+    def healthy(
+        cls, id: SessionId, header: SessionHeader, k: int, revision: Revision, event_count: int, last_time: int
+    ) -> LogInfo:
+        """A log read whole without damage: its header, `k` inherited events, `event_count` and
+        the last one's `time` (0 without events)."""
         k, count = Offset(k), Offset(event_count)
-        return cls(id=id, header=header, damage=None, inherited_event_count=k, revision=revision, event_count=count)
+        return cls(
+            id=id,
+            header=header,
+            damage=None,
+            inherited_event_count=k,
+            revision=revision,
+            event_count=count,
+            last_time=last_time if event_count else 0,
+        )

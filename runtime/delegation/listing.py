@@ -37,8 +37,8 @@ A child row's flags (`stopped`, `in_doubt`: issue 27) come with its identity fro
 the live ask, the `subagent_flags` checkpoint row beside the identity row (the rung answers only
 when both do: a log checkpointed before the unit existed is observed), or the observation.
 
-Liveness (issue 29 item 4) costs no read either: `last_event` is the record's revision (a log's
-mtime, PostgreSQL's `last_time`) — or, for a child resident here with an open turn, the time its
+Liveness (issue 29 item 4) costs no read either: `last_event` is the record's `last_time` (its last
+event's `time` field, as every store lists it) — or, for a child resident here with an open turn, the time its
 live `subagent_timing` cell holds for that turn's last event (the runtime clock's); whether the last turn is open comes from the same rung (the live
 `subagent_timing` cell, its checkpoint row — trusted only when it covers the log whole, or is a
 running writer's —, or the observation's in-memory closers); the runner is this process, or
@@ -460,7 +460,7 @@ class ListingService:
                     has = record.id in parents or names_absent(record.id, answer.get(CATALOG_UNIT.key), records)
                     flags = flags_view(answer.get(FLAGS_UNIT.key))
                     # Resident here: its cell has the exact time of its open turn's last event
-                    # (the runtime clock's, as `stall_after` is counted), else the log's mtime.
+                    # (the runtime clock's, as `stall_after` is counted), else the listed last event's time.
                     through = open_turn_time(answer.get(TIMING_UNIT.key))
                     results[i] = child(
                         record, identity, has, HERE, flags=flags, turn_open=through is not None, last_event=through

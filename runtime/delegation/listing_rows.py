@@ -199,13 +199,13 @@ class RowCache:
 
 
 def last_event_ms(record: SessionRecord) -> int | None:
-    """When the record's last durable event was written (epoch ms), from what its store
-    listing already holds: a log file's modification time, a PostgreSQL session's `last_time`
-    (`LogInfo.revision.mtime_ns`). None when unknown (no event yet, no stored revision)."""
-    revision = record.revision
-    if revision is None or not record.event_count or revision.mtime_ns <= 0:
+    """The `time` field of the record's last durable event (epoch ms), from what its store
+    listing already holds (`LogInfo.last_time`, alike on every store: a file's mtime is not, since
+    a copy or an export moves it, and under a scenario clock it is another clock). None when
+    unknown (no event yet, a live-only record, a damaged log read no further than its damage)."""
+    if not record.event_count or record.last_time <= 0:
         return None
-    return revision.mtime_ns // 1_000_000
+    return record.last_time
 
 
 def turn_is_open(view: object) -> bool:

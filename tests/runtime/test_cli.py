@@ -53,21 +53,23 @@ def _root_with_children(tmp_path: Path, *, ended: bool = False) -> Path:
         ("g", 4, "c1", "deep"),
     ):
         session_header = header(sid, created, parent_session=parent, origin="subagent" if parent else None)
-        events = [make_event(0, "turn/start", 1, {"turn": 1})]
+        at = _written(sid)
+        events = [make_event(0, "turn/start", at, {"turn": 1})]
         if parent is not None:
             mode = "continuable" if label else "one-shot"
             data = descriptor(label, mode)
             events.insert(0, make_event(0, "subagent/descriptor", 1, data))
-            events[1] = make_event(1, "turn/start", 1, {"turn": 1})
+            events[1] = make_event(1, "turn/start", at, {"turn": 1})
         if ended:
-            events.append(turn_end_event(len(events), 1))
+            events.append(turn_end_event(len(events), at))
         persist_log(store, session_header, events)
     return tmp_path
 
 
-def _written(root: Path, sid: str) -> int:
-    """When the log of `sid` was last written (ms): what listings show as its last event."""
-    return (root / "sessions" / sid / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000
+def _written(sid: str) -> int:
+    """The time of the last event of `sid` in `_root_with_children` (ms): what listings show as
+    its last event (its log file's mtime is another time)."""
+    return {"p": 1_001, "c1": 2_002, "c2": 3_003, "g": 4_004}[sid]
 
 
 def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
@@ -83,7 +85,7 @@ def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
             "has_children": True,
             "mode": "continuable",
             "label": "first",
-            "last_event": _written(root, "c1"),  # issue 29: when its log was last written
+            "last_event": _written("c1"),  # issue 29: its last event's time
         },
         {
             "kind": "child",
@@ -91,10 +93,10 @@ def test_children_prints_the_rows(tmp_path: Path, capsys) -> None:
             "activity": "inactive",
             "has_children": False,
             "mode": "one-shot",
-            "last_event": _written(root, "c2"),
+            "last_event": _written("c2"),
         },
     ]
-    c1, c2, g = (iso_time(_written(root, sid)) for sid in ("c1", "c2", "g"))
+    c1, c2, g = (iso_time(_written(sid)) for sid in ("c1", "c2", "g"))
     assert main(["children", "p", "--descendants", "--root", str(root)]) == 0
     # A table with a header and ISO-8601 creation times (UTC, milliseconds).
     assert capsys.readouterr().out.splitlines() == [
@@ -193,7 +195,7 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
         "live_elsewhere": False,
         "persisted": True,
         "damage": None,
-        "last_event": _written(root, "g"),  # issue 29: when its log was last written
+        "last_event": _written("g"),  # issue 29: its last event's time
         "runner": None,  # nobody runs it
         # Usage (issue 15 item 4): hand-written logs with no model calls count zero.
         "usage": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0},
@@ -201,7 +203,7 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
     }
     assert main(["sessions", "--root", str(root)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    p = iso_time(_written(root, "p"))
+    p = iso_time(_written("p"))
     assert (
         lines[0]
         == "ID  CREATED                   ORIGIN    PARENT  DEPTH  EVENTS  STATE      LAST EVENT                DAMAGE"

@@ -46,10 +46,10 @@ def test_times_are_iso_8601_in_utc() -> None:
 
 
 def test_sessions_table_shows_iso_times(tmp_path: Path, capsys) -> None:
-    _plain_log(tmp_path, "a", '{"seq":0,"type":"turn/start","time":1796131041124,"data":{"turn":1}}')
-    # LAST EVENT (issue 29): when the log was last written, set here to a known instant.
+    _plain_log(tmp_path, "a", '{"seq":0,"type":"turn/start","time":1796131042456,"data":{"turn":1}}')
+    # LAST EVENT (issue 29): the last event's own time, not when its file was last written.
     log = tmp_path / "sessions" / "a" / "session.jsonl"
-    os.utime(log, ns=(1796131042456_000_000, 1796131042456_000_000))
+    os.utime(log, ns=(1796131099999_000_000, 1796131099999_000_000))
     code, out, err = _run(capsys, ["sessions", "--root", str(tmp_path)])
     assert (code, err) == (0, "")
     assert out.splitlines() == [

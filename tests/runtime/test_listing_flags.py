@@ -308,8 +308,8 @@ async def test_a_child_stopped_for_real_lists_as_stopped_live_and_cold(
 
 
 def _without_last_event(out: str) -> list[dict[str, Any]]:
-    """The rows `children --json` printed, each without `last_event` (issue 29: when its log was
-    last written; tests/runtime/test_listing_liveness.py checks it), which must be an int."""
+    """The rows `children --json` printed, each without `last_event` (issue 29: its last event's
+    time; tests/runtime/test_listing_liveness.py checks it), which must be an int."""
     found = json.loads(out)
     assert all(type(row.pop("last_event")) is int for row in found if row["kind"] == "child")
     return found

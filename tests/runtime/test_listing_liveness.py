@@ -21,7 +21,7 @@ import trio.testing
 from descriptors import descriptor
 from drafts import descriptor_draft, turn_start
 from events import turn_end_event
-from log_lines import header, persist_log
+from log_lines import header, persist_log, read_all
 from subagents.actors import open_session_store
 from subagents.runtime import SUBAGENT_UNITS, open_runtime
 from subagents.runtime.delegation.agents_text import render_agents, state_word
@@ -116,11 +116,16 @@ def test_list_agents_shows_the_liveness_words() -> None:
 # --- listings over real stores ----------------------------------------------------------------
 
 
-def _write_children(store: LogStore) -> None:
-    """p with children `open` (its turn open: its runner died mid-turn) and `ended`."""
+def _write_children(store: LogStore, open_at: int = 2) -> None:
+    """p with children `open` (its turn open: its runner died mid-turn; its last event at
+    `open_at`) and `ended`."""
     persist_log(store, header("p", 1), [make_event(0, "turn/start", 1, {"turn": 1})])
     for sid, created, ended in (("open", 2, False), ("ended", 3, True)):
-        events = [make_event(0, "subagent/descriptor", 1, descriptor(sid)), make_event(1, "turn/start", 2, {"turn": 1})]
+        started = open_at if sid == "open" else 2
+        events = [
+            make_event(0, "subagent/descriptor", 1, descriptor(sid)),
+            make_event(1, "turn/start", started, {"turn": 1}),
+        ]
         if ended:
             events.append(turn_end_event(2, 3))
         persist_log(store, header(sid, created, parent_session="p", origin="subagent"), events)
@@ -145,9 +150,9 @@ async def test_orphaned_cold_children_observed_then_from_their_rows_with_no_adde
             rows = await runtime.listing.list_children("p")
         assert _liveness(rows) == expected
         assert (faulty.calls["read"], faulty.calls["open_read"]) == (reads, reads)
-        # The time is the log's own (its file's mtime), not the clock's.
-        written = (tmp_path / "sessions" / "open" / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000
-        assert rows[0].last_event == written
+        # The time is the log's own (its last event's `time` field), not the clock's nor its
+        # file's mtime.
+        assert rows[0].last_event == 2 == read_all(store, "open")[-1].time
 
 
 class _HeldElsewhere(FaultyLogStore):
@@ -167,7 +172,7 @@ class _HeldElsewhere(FaultyLogStore):
 async def test_a_child_another_process_runs_is_stalled_after_stall_after(tmp_path: Path) -> None:
     store = FileLogStore(str(tmp_path))
     _write_children(store)
-    written = (tmp_path / "sessions" / "open" / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000
+    written = read_all(store, "open")[-1].time  # its last event's time: what the listing shows
     now = [written]
     registry = ProjectionRegistry(SUBAGENT_UNITS)
     # Observed (the parent and both children), then only the held child: as before liveness, a
@@ -193,7 +198,8 @@ async def test_a_live_child_here_is_stalled_by_the_runtime_clock(tmp_path: Path)
     """A child resident in this process whose turn is open: `running` by `this process`, its
     last event the time its open turn's last event carries (the runtime clock's), then `stalled`
     once the injected clock passes `stall_after` beyond it — no log read (its live cell says all
-    of it). Between turns it is never stalled, and its last event is its log's mtime."""
+    of it). Between turns it is never stalled, and its last event is its log's last (the time the runtime
+    clock gave it)."""
     store = FileLogStore(str(tmp_path))
     faulty = FaultyLogStore(store)
     now = [1_000]
@@ -221,8 +227,7 @@ async def test_a_live_child_here_is_stalled_by_the_runtime_clock(tmp_path: Path)
             assert state_word(row, "running") == "stalled"
             await child.append([make_draft_turn_end()])
             [row] = await rt.listing.list_children("p")
-            written = (tmp_path / "sessions" / "c" / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000
-            assert (row.turn_open, row.liveness, row.last_event) == (False, None, written)
+            assert (row.turn_open, row.liveness, row.last_event) == (False, None, 2_000 + 60_001)
             assert (faulty.calls["read"], faulty.calls["open_read"]) == before  # no log read
             await sessions.release("c")
             await sessions.release("p")
@@ -385,18 +390,14 @@ def test_the_children_command_uses_stall_after_and_refuses_a_bad_one(
 ) -> None:
     """`children` reads `stall_after` from subagents.toml: a held child silent for longer is
     `stalled`; a bad value is exit 2 with one line, and nothing is listed."""
-    import os
     import time
 
     from subagents.runtime.hosts.cli import main
 
     root = tmp_path / "root"
     store = FileLogStore(str(root))
-    _write_children(store)
+    _write_children(store, open_at=int(time.time() * 1000) - 120_000)  # its last event two minutes ago
     store.close_store()
-    log = root / "sessions" / "open" / "session.jsonl.zst"
-    quiet = time.time() - 120  # its last durable event two minutes ago
-    os.utime(log, (quiet, quiet))
     monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "no-user-config"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(FileLogStore, "holders", lambda self, ids: {s: "pid 4242" for s in ids if s == "open"})

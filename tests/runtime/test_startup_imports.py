@@ -17,6 +17,7 @@ import pytest
 from cli_process import clean_env
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
+from log_lines import plain_bytes
 from subagents.runtime.hosts.cli import main
 from subagents.storage import Batch, Event, FileLogStore, LogStore, Offset, OsFs, SessionHeader, make_event
 
@@ -153,7 +154,10 @@ def _run(args: list[str], tmp_path: Path, cwd: Path) -> tuple[subprocess.Complet
 def test_children_loads_no_host_module(root: Path, tmp_path: Path) -> None:
     done, modules = _run(["children", "--root", str(root), "boss"], tmp_path, tmp_path)
     assert (done.returncode, done.stderr) == (0, "")
-    written = iso_time((root / "sessions" / "helper" / "session.jsonl.zst").stat().st_mtime_ns // 1_000_000)
+    # Issue 29: its last event's own time (read here from its file).
+    written = iso_time(
+        json.loads(plain_bytes(root / "sessions" / "helper" / "session.jsonl.zst").splitlines()[-1])["time"]
+    )
     # Its turn is open and nobody runs it (issue 29: orphaned).
     assert done.stdout.splitlines() == [
         "ID      STATE     MODE         CREATED                   LAST EVENT                RUNNER  CHILDREN  LABEL",

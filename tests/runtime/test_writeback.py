@@ -596,8 +596,8 @@ async def test_a_database_role_without_write_rights_still_lists(
 
 
 def _listed(out: str) -> list[dict[str, Any]]:
-    """The rows `children --json` printed, each without `last_event` (issue 29: when its log was
-    last written; tests/runtime/test_listing_liveness.py checks it), which must be an int."""
+    """The rows `children --json` printed, each without `last_event` (issue 29: its last event's
+    time; tests/runtime/test_listing_liveness.py checks it), which must be an int."""
     rows = json.loads(out)
     assert all(type(r.pop("last_event")) is int for r in rows if r["kind"] == "child")
     return rows

@@ -877,6 +877,34 @@ def test_a_user_version_mismatch_drops_and_rebuilds(
     assert cold_fs.logs_opened() == []
 
 
+def test_an_index_of_schema_4_is_rebuilt_with_each_last_events_time(
+    tmp_path: Path, closing: Callable[..., FileLogStore]
+) -> None:
+    """Schema 5 adds the last event's time; a schema 4 index (rows without it) is dropped and
+    rebuilt, so no row lists 0 for a log with events; a garbled `last_time` is a miss."""
+    first = closing(FileLogStore(str(tmp_path)))
+    persist_log(first, header("a"), [make_event(0, "turn/start", T + 70, {"turn": 1})])
+    persist_log(first, header("b"), [make_event(0, "turn/start", T + 90, {"turn": 1})])
+    assert sorted((i.id, i.last_time) for i in first.list()) == [("a", T + 70), ("b", T + 90)]
+    first.close_store()
+    conn = index_db(tmp_path)
+    conn.execute("ALTER TABLE sessions DROP COLUMN last_time")
+    conn.execute("PRAGMA user_version=4")
+    conn.close()
+    fs = CountingOsFs(str(tmp_path))
+    second = closing(FileLogStore(fs=fs))
+    assert sorted((i.id, i.last_time) for i in second.list()) == [("a", T + 70), ("b", T + 90)]
+    assert sorted(fs.logs_opened()) == [rel_log("a", "zstd"), rel_log("b", "zstd")]
+    assert user_version(tmp_path) == SCHEMA_VERSION == 5
+    second.close_store()
+    conn = index_db(tmp_path)
+    conn.execute("UPDATE sessions SET last_time = 1 WHERE id = 'a'")  # its checksum no longer holds
+    conn.close()
+    fs = CountingOsFs(str(tmp_path))
+    assert sorted((i.id, i.last_time) for i in closing(FileLogStore(fs=fs)).list()) == [("a", T + 70), ("b", T + 90)]
+    assert fs.logs_opened() == [rel_log("a", "zstd")]
+
+
 def _outside_database(path: Path) -> bytes:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("CREATE TABLE precious (x)")

@@ -20,7 +20,7 @@ import pytest
 import zstandard
 from clocks import T
 from events import seed_marker
-from log_lines import header, read_all, rel_folder, wire
+from log_lines import header, log_file, read_all, rel_folder, wire
 from subagents.storage import (
     AlreadyOwned,
     Batch,
@@ -42,7 +42,10 @@ from subagents.storage import (
     encode_session_id,
     make_event,
 )
+from subagents.storage import catalog as catalog_module
 from subagents.storage.file_store import _LOG_NAMES
+from subagents.storage.fs import OsFs
+from subagents.storage.index import INDEX_NAME
 from subagents.storage.projection import CheckpointRow, Lifecycle
 from subagents.storage.testing import FaultyLogStore, MemoryLogStore
 
@@ -875,6 +878,105 @@ def test_list_rows_match_stat(store: LogStore) -> None:
         assert info.damage is None
         assert info.header == header(sid)
     assert rows["a/b"].event_count == 3
+
+
+def timed(seq: int, time: int) -> Event:
+    return make_event(seq, "turn/start", time, {"turn": 1})
+
+
+def test_list_and_stat_report_the_last_events_time(store_factory: StoreFactory) -> None:
+    """`last_time` is the last event's `time` field — not the greatest, not a file's mtime —
+    after appends, after a reopen, and from a fresh store that rebuilds its rows (issue 29)."""
+    store = store_factory()
+    writer = store.create(header("s1"))
+    assert store.stat("s1") is None
+    store.append(writer, [Batch(Offset(0), [timed(0, T0 + 50), timed(1, T0 + 10)])])
+    info = store.stat("s1")
+    assert info is not None and info.last_time == T0 + 10
+    assert [i.last_time for i in store.list()] == [T0 + 10]
+    store.append(writer, [Batch(Offset(2), [timed(2, T0 + 7)])])
+    assert [i.last_time for i in store.list()] == [T0 + 7]
+    assert store.stat("s1") == store.list()[0]
+    store.close(writer)
+    again = store_factory()
+    assert [i.last_time for i in again.list()] == [T0 + 7]
+    reopened = again.open_write("s1")
+    again.append(reopened, [Batch(Offset(3), [timed(3, T0 + 99)])])
+    info = again.stat("s1")
+    assert info is not None and (info.event_count, info.last_time) == (4, T0 + 99)
+    again.close(reopened)
+    files = _file_store(again)
+    if files is not None and isinstance(files.fs, OsFs):
+        os.remove(os.path.join(files.fs.root, INDEX_NAME))  # every row rebuilt by a whole scan
+    fresh = store_factory()
+    assert [(i.event_count, i.last_time) for i in fresh.list()] == [(4, T0 + 99)]
+    stat = fresh.stat("s1")
+    assert stat is not None and stat.last_time == T0 + 99
+
+
+@pytest.mark.parametrize(("store_factory", "where"), _TORN_AND_DAMAGED, indirect=["store_factory"])
+def test_a_damaged_or_torn_log_lists_its_last_good_events_time(store_factory: StoreFactory, where: str) -> None:
+    """A damaged log's row has the time of the last event before the damage; a torn one's, the
+    last complete event's (every event of `publish_big` has time T0 + seq)."""
+    store = store_factory()
+    publish_big(store)
+    _damage(store, "s1", where)
+    for info in (store_factory().stat("s1"), *store_factory().list()):
+        assert info is not None
+        if info.event_count:
+            assert info.last_time == T0 + info.event_count - 1
+        else:
+            assert info.last_time == 0
+        files = _file_store(store)
+        if where == "middle" and files is not None and files.compression == "none":
+            # a damaged log's events before the damage were decoded: their last time is known
+            # (a garbled zstd frame hides them all: 0 events, and no time)
+            assert info.damage == "corrupt" and 0 < info.event_count < 800 and info.last_time > 0
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("bad", [b'{"seq":!\n', b'{"seq":5,"type":"turn/start","time":1,"data":{}}\n', b"\xff\n"])
+def test_a_log_damaged_after_its_events_lists_the_last_good_events_time(
+    tmp_path: Path, compression: Any, bad: bytes
+) -> None:
+    """Damage inside whole records (a line that is no event, a seq gap, no UTF-8) after good
+    events: the row counts the events before it and has the last one's time, from the bytes the
+    scan read (a zstd log: its frames are intact, only a line is bad)."""
+    store = FileLogStore(str(tmp_path), compression=compression)
+    writer = store.create(header("s1"))
+    store.append(writer, [Batch(Offset(0), [timed(0, T0 + 5), timed(1, T0 + 9)])])
+    store.append(writer, [Batch(Offset(2), [timed(2, T0 + 3)])])
+    store.close(writer)
+    lines = b"".join(wire([timed(3, T0 + 8)])) + bad + b"".join(wire([timed(5, T0 + 70)]))
+    with open(log_file(tmp_path, "s1", compression), "ab") as f:
+        f.write(zstandard.ZstdCompressor(write_checksum=True).compress(lines) if compression == "zstd" else lines)
+    for fresh in (store, FileLogStore(str(tmp_path), compression=compression)):
+        (info,) = fresh.list()
+        assert (info.damage, info.event_count, info.last_time) == ("corrupt", 4, T0 + 8)
+        assert fresh.stat("s1") == info
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_growth_scan_reports_the_last_appended_events_time(
+    tmp_path: Path, compression: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log that only grew (appended to by another writer) is scanned from its row's end, and
+    the row then has the time of the last event it gained."""
+    store = FileLogStore(str(tmp_path), compression=compression)
+    writer = store.create(header("s1"))
+    store.append(writer, [Batch(Offset(0), [timed(0, T0 + 5)])])
+    store.close(writer)
+    assert [i.last_time for i in store.list()] == [T0 + 5]
+    lines = b"".join(wire([timed(1, T0 + 40), timed(2, T0 + 30)]))
+    with open(log_file(tmp_path, "s1", compression), "ab") as f:
+        f.write(zstandard.ZstdCompressor(write_checksum=True).compress(lines) if compression == "zstd" else lines)
+
+    def whole(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("scanned whole: expected a growth scan")
+
+    monkeypatch.setattr(catalog_module, "scan_whole", whole)
+    for fresh in (store, FileLogStore(str(tmp_path), compression=compression)):
+        assert [(i.event_count, i.last_time) for i in fresh.list()] == [(3, T0 + 30)]
 
 
 def test_list_skips_unpublished_sessions(store: LogStore) -> None:

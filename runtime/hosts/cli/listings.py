@@ -147,8 +147,7 @@ def _session_row(record: SessionRecord, runner: str | None = None) -> JsonObject
         "live_elsewhere": record.held,  # another process holds its lock
         "persisted": record.persisted,
         "damage": record.damage,
-        # Issue 29: when its log was last written (a file's mtime; PostgreSQL: its last event's
-        # time), and who runs it while it is live.
+        # Issue 29: the time its last durable event carries, and who runs it while it is live.
         "last_event": last_event_ms(record),
         "runner": (runner or ELSEWHERE) if record.held else HERE if record.live else None,
     }
