@@ -23,6 +23,7 @@ from subagents.runtime.foundation.errors import SessionQueryError
 from subagents.runtime.hosts.transcript import transcript
 from subagents.storage import CorruptLog, InvalidPayload, StorageError
 from subagents.storage.index_rows import COLUMNS as _COLUMNS  # forging an older build's row
+from subagents.storage.index_rows import ROW_WIDTH as _ROW_WIDTH
 from subagents.storage.index_rows import row_crc as _crc
 
 now_ms = ticking_ms()
@@ -154,9 +155,9 @@ async def test_a_stale_index_row_cannot_call_an_invalid_payload_healthy(tmp_path
     # What an older build recorded: the same revision, no damage (a checksum that matches), and
     # its schema version.
     (values,) = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = 'kid'").fetchall()
-    values = (*values[:14], None, values[15], 3, values[2], 3, *values[19:22])  # damage, counts, scan_end; no crc
+    values = (*values[:14], None, values[15], 3, values[2], 3, *values[19:-1])  # damage, counts, scan_end; no crc
     conn.execute("DELETE FROM sessions WHERE id = 'kid'")
-    conn.execute(f"INSERT INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * 23)})", (*values, _crc(values)))
+    conn.execute(f"INSERT INTO sessions ({_COLUMNS}) VALUES ({', '.join('?' * _ROW_WIDTH)})", (*values, _crc(values)))
     conn.execute("PRAGMA user_version = 3")
     conn.close()
     async with open_runtime(tmp_path, now_ms=now_ms) as runtime:  # `subagents sessions`
