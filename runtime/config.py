@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
 
+from .foundation.config_files import CONFIG_FILE, config_files, read_config_file, user_config_dir
 from .foundation.errors import ConfigInvalid
 from .foundation.pricing import Price, PriceTable, parse_price
 from .models.defaults import DEFAULT_MODEL
@@ -27,7 +27,7 @@ from .tools.mcp_spec import McpServerSpec
 
 __all__ = ["PROJECT_FILE", "Config", "load_config", "user_config_dir", "with_budget_flags"]
 
-PROJECT_FILE = "subagents.toml"
+PROJECT_FILE = CONFIG_FILE
 _DECISIONS = ("allow", "ask", "deny")
 
 
@@ -198,16 +198,6 @@ def _shown(value: object) -> str:
 # ---- loading ------------------------------------------------------------------------------------
 
 
-def user_config_dir(env: Mapping[str, str] | None = None) -> str:
-    """The user's config folder: `$SUBAGENTS_CONFIG_DIR`, else platformdirs' (imported here only)."""
-    env = os.environ if env is None else env
-    if env.get("SUBAGENTS_CONFIG_DIR"):
-        return env["SUBAGENTS_CONFIG_DIR"]
-    import platformdirs
-
-    return platformdirs.user_config_dir("subagents", appauthor=False)
-
-
 def load_config(
     project_dir: str = ".", *, flags: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None
 ) -> Config:
@@ -215,9 +205,8 @@ def load_config(
     project's file over the user's over the defaults. Raises `ConfigInvalid`."""
     layers: list[tuple[str, _Table]] = []
     files = []
-    project_file = os.path.join(os.path.abspath(project_dir), PROJECT_FILE)
-    for path in (os.path.join(user_config_dir(env), PROJECT_FILE), project_file):
-        document = _read(path)
+    for path in config_files(project_dir, env):
+        document = read_config_file(path)
         if document is not None:
             layers.append((path, document))
             files.append(path)
@@ -296,22 +285,6 @@ def with_budget_flags(config: Config, flags: Mapping[str, str | None]) -> Config
             raise ConfigInvalid(f"{flag} {exc}") from None
         sources[f"budget.{key}"] = f"flag {flag}"
     return attrs.evolve(config, budget=budget, sources=sources)
-
-
-def _read(path: str) -> _Table | None:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError:
-        raise ConfigInvalid(f"{path}: is a folder, not a file") from None
-    except OSError as exc:
-        raise ConfigInvalid(f"{path}: cannot be read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigInvalid(f"{path}: not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigInvalid(f"{path}: not UTF-8 text") from None
 
 
 def _flatten(document: _Table, where: str) -> dict[str, object]:

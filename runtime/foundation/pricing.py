@@ -14,11 +14,12 @@ model (a scripted one) — makes the sum `unknown`, never a wrong figure.
 from __future__ import annotations
 
 import math
-import os
-import tomllib
 from collections.abc import Mapping
 
 import attrs
+
+from .config_files import config_files, read_config_file
+from .errors import ConfigInvalid
 
 __all__ = ["PRICE_KEYS", "Price", "PriceTable", "format_cost", "load_prices", "parse_price"]
 
@@ -100,21 +101,14 @@ def load_prices(project_dir: str = ".", env: Mapping[str, str] | None = None) ->
     win), for the read-only commands, which do not load the whole configuration (runtime/
     config.py checks the same table for the hosts). Raises `ValueError` with a one-line reason
     naming the file and key."""
-    env = os.environ if env is None else env
-    folder = env.get("SUBAGENTS_CONFIG_DIR")
-    if not folder:
-        import platformdirs
-
-        folder = platformdirs.user_config_dir("subagents", appauthor=False)
     prices: dict[str, Price] = {}
-    for path in (os.path.join(folder, "subagents.toml"), os.path.join(os.path.abspath(project_dir), "subagents.toml")):
+    for path in config_files(project_dir, env):
         try:
-            with open(path, "rb") as f:
-                document = tomllib.load(f)
-        except FileNotFoundError:
+            document = read_config_file(path)
+        except ConfigInvalid as exc:
+            raise ValueError(exc.message) from None
+        if document is None:
             continue
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: cannot be read: {exc}") from None
         table = document.get("prices", {})
         if not isinstance(table, dict):
             raise ValueError(f"{path}: prices must be a table ([prices])")

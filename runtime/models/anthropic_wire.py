@@ -52,17 +52,15 @@ import attrs
 import msgspec
 
 from ..foundation.errors import (
-    ModelBadResponse,
     ModelBadStream,
     ModelContentFiltered,
-    ModelStreamInterrupted,
     ModelUnavailable,
 )
 from ..foundation.json_values import JsonObject as Json
 from ..foundation.json_values import JsonValue
 from .base import Chunk, Finish, ModelRequest, TextDelta, Thinking, ToolCallDelta, ToolSpec, Usage
-from .openai_wire import StreamFault, one_line
-from .sse import SSEDecoder, SSEError, SSEEvent
+from .openai_wire import EventStreamParser, StreamFault, one_line
+from .sse import SSEEvent
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicOptions", "StreamParser", "anthropic_body", "anthropic_messages"]
 
@@ -257,58 +255,22 @@ class _Block:
     data: str = ""
 
 
-class StreamParser:
-    """Body bytes in, chunks out: `feed(bytes)`, then `end()` at a clean end of body; both raise
-    `StreamFault`. `events` counts the events read and `done` is set at `message_stop`. Provider
-    text quoted in a fault is passed through `redact` before it is cut to an excerpt."""
+class StreamParser(EventStreamParser):
+    """Messages API events as the runtime's chunks (`EventStreamParser`): `done` is set at
+    `message_stop`."""
+
+    END_TEXT = "message_stop or a stop_reason"
 
     def __init__(self, redact: Callable[[str], str] = str) -> None:
-        self._redact = redact
-        self._sse = SSEDecoder(redact=redact)
-        self.events = 0
-        self.done = False
+        super().__init__(redact)
         self._started = False
         self._blocks: dict[int, _Block] = {}
         self._stop: str | None = None
         self._usage: dict[str, int] = {}
         self._saw_tool_calls = False
 
-    def feed(self, data: bytes) -> list[Chunk]:
-        """The chunks the events completed by `data` make, in order."""
-        if self.done:
-            return []
-        try:
-            events = self._sse.feed(data)
-        except SSEError as exc:
-            raise StreamFault(ModelBadResponse, f"the body is not an event stream: {exc}") from None
-        return self._events(events)
-
-    def end(self) -> list[Chunk]:
-        """The body ended cleanly: the last chunks, or a fault if the stream is incomplete."""
-        if self.done:
-            return []
-        try:
-            chunks = self._events(self._sse.close())
-        except SSEError as exc:
-            raise StreamFault(ModelBadResponse, f"the body is not an event stream: {exc}") from None
-        if self.done:
-            return chunks
-        if self._stop is None:
-            raise StreamFault(
-                ModelStreamInterrupted,
-                f"stream ended after {self.events} events without message_stop or a stop_reason",
-            )
-        self.done = True
-        return chunks + self._closing()
-
-    def _events(self, events: Iterable[SSEEvent]) -> list[Chunk]:
-        chunks: list[Chunk] = []
-        for event in events:
-            if self.done:
-                break
-            self.events += 1
-            chunks.extend(self._event(event))
-        return chunks
+    def _finished(self) -> bool:
+        return self._stop is not None
 
     def _event(self, event: SSEEvent) -> list[Chunk]:
         n = self.events

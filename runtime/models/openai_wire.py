@@ -38,7 +38,16 @@ from ..foundation.json_values import JsonValue
 from .base import Chunk, Finish, TextDelta, ToolCallDelta, ToolSpec, Usage
 from .sse import SSEDecoder, SSEError, SSEEvent
 
-__all__ = ["EXCERPT", "StreamFault", "StreamParser", "error_message", "one_line", "openai_messages", "openai_tools"]
+__all__ = [
+    "EXCERPT",
+    "EventStreamParser",
+    "StreamFault",
+    "StreamParser",
+    "error_message",
+    "one_line",
+    "openai_messages",
+    "openai_tools",
+]
 
 # Logged as the transport's logger: one name to turn on for everything the model client says.
 logger = logging.getLogger("subagents.runtime.models.openai")
@@ -68,20 +77,21 @@ def _bad(message: str) -> StreamFault:
     return StreamFault(ModelBadStream, message)
 
 
-class StreamParser:
-    """Body bytes in, chunks out: `feed(bytes)`, then `end()` at a clean end of body; both raise
-    `StreamFault`. `events` counts the events read so far and `done` is set once the stream is
-    complete (further input is ignored). Provider text quoted in a fault is passed through
-    `redact` before it is cut to an excerpt."""
+class EventStreamParser:
+    """An event-stream body in, chunks out: `feed(bytes)`, then `end()` at a clean end of body;
+    both raise `StreamFault`. `events` counts the events read so far and `done` is set once the
+    stream is complete (further input is ignored). A provider's parser maps one event
+    (`_event`), says whether the stream told how it finished (`_finished`) and what a complete
+    stream ends with (`END_TEXT`), and gives the closing chunks (`_closing`). Provider text
+    quoted in a fault is passed through `redact` before it is cut to an excerpt."""
+
+    END_TEXT = "its end"
 
     def __init__(self, redact: Callable[[str], str] = str) -> None:
         self._redact = redact
         self._sse = SSEDecoder(redact=redact)
         self.events = 0
         self.done = False
-        self._finish: str | None = None
-        self._usage: Usage | None = None
-        self._saw_tool_calls = False
 
     def feed(self, data: bytes) -> list[Chunk]:
         """The chunks the events completed by `data` make, in order."""
@@ -103,10 +113,9 @@ class StreamParser:
             raise StreamFault(ModelBadResponse, f"the body is not an event stream: {exc}") from None
         if self.done:
             return chunks
-        if self._finish is None:
+        if not self._finished():
             raise StreamFault(
-                ModelStreamInterrupted,
-                f"stream ended after {self.events} events without [DONE] or a finish_reason",
+                ModelStreamInterrupted, f"stream ended after {self.events} events without {self.END_TEXT}"
             )
         self.done = True
         return chunks + self._closing()
@@ -119,6 +128,30 @@ class StreamParser:
             self.events += 1
             chunks.extend(self._event(event))
         return chunks
+
+    def _event(self, event: SSEEvent) -> list[Chunk]:
+        raise NotImplementedError
+
+    def _finished(self) -> bool:
+        raise NotImplementedError
+
+    def _closing(self) -> list[Chunk]:
+        raise NotImplementedError
+
+
+class StreamParser(EventStreamParser):
+    """Chat-completion chunks (`data:` events, then `[DONE]`) as the runtime's chunks."""
+
+    END_TEXT = "[DONE] or a finish_reason"
+
+    def __init__(self, redact: Callable[[str], str] = str) -> None:
+        super().__init__(redact)
+        self._finish: str | None = None
+        self._usage: Usage | None = None
+        self._saw_tool_calls = False
+
+    def _finished(self) -> bool:
+        return self._finish is not None
 
     def _event(self, event: SSEEvent) -> list[Chunk]:
         if event.event == "error":
