@@ -19,7 +19,6 @@ import ctypes
 import errno
 import logging
 import os
-import struct
 import weakref
 from collections.abc import Callable, Collection
 
@@ -33,6 +32,7 @@ from .watch import (
     IN_Q_OVERFLOW,
     LOCAL_FILE_SYSTEMS,
     Libc,
+    inotify_events,
 )
 
 __all__ = ["LogWatch"]
@@ -40,7 +40,6 @@ __all__ = ["LogWatch"]
 log = logging.getLogger(__name__)
 
 _MASK = IN_MODIFY | IN_CREATE | IN_MOVED_TO | IN_ONLYDIR | IN_DONT_FOLLOW
-_EVENT = struct.Struct("iIII")
 
 
 class LogWatch:
@@ -118,10 +117,7 @@ class LogWatch:
             if not data:
                 return any_event
             any_event = True
-            pos = 0
-            while pos + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-                pos += _EVENT.size + length
+            for wd, mask in inotify_events(data):
                 if mask & IN_Q_OVERFLOW:
                     self._lost = True
                 elif mask & IN_IGNORED:

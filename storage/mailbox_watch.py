@@ -32,7 +32,6 @@ import ctypes
 import errno
 import logging
 import os
-import struct
 import threading
 import weakref
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from .watch import (
     IN_ONLYDIR,
     LOCAL_FILE_SYSTEMS,
     Libc,
+    inotify_events,
 )
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "LocalWakeups", "MailboxWatch", "open_inotify_watch"]
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 DEFAULT_POLL_INTERVAL = 1.0  # seconds between looks when nothing can signal a delivery
 _MASK = IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR
 _GONE = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
-_EVENT = struct.Struct("iIII")
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -134,10 +133,7 @@ class MailboxWatch:
                 self._take(data)
 
     def _take(self, data: bytes) -> None:
-        pos = 0
-        while pos + _EVENT.size <= len(data):
-            _wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
-            pos += _EVENT.size + length
+        for _wd, mask in inotify_events(data):
             if mask & _GONE:
                 # The folder this watch speaks for is gone: nothing will signal again.
                 self._poll_interval = self._poll_interval or DEFAULT_POLL_INTERVAL

@@ -31,7 +31,7 @@ import logging
 import os
 import struct
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
 __all__ = ["LOCAL_FILE_SYSTEMS", "Watch"]
@@ -58,6 +58,17 @@ _DIR_MASK = _EVENTS | IN_ONLYDIR | IN_DONT_FOLLOW
 _FILE_MASK = _EVENTS | IN_DONT_FOLLOW
 _LOST = IN_Q_OVERFLOW | IN_UNMOUNT
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
+
+
+def inotify_events(data: bytes) -> Iterator[tuple[int, int]]:
+    """The (watch descriptor, mask) of each `struct inotify_event` one read returned."""
+    pos = 0
+    while pos + _EVENT.size <= len(data):
+        wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
+        pos += _EVENT.size + length
+        yield wd, mask
+
+
 _READ_SIZE = 1 << 16
 
 # statfs f_type values of local file systems, where every change made on this host is reported.
