@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = ["children_command", "sessions_command", "show_command"]
 
+_TURN_OPEN = {TIMING_UNIT.key: b'"active"'}  # in a `subagent_timing` row only while its turn is open
+
 
 async def children_command(args: argparse.Namespace) -> int:
     rows, created = await _list(args)
@@ -151,7 +153,10 @@ async def _liveness(query: SessionQuery, records: Sequence[SessionRecord], stall
     ]
     if not children:
         return {}
-    turns = stored_turns(children, await query.checkpoint_rows([r.id for r in children], (TIMING_UNIT.key,)))
+    # Only the rows of an open turn (its `active` span) come back: an idle child's row is not
+    # fetched nor decoded (the query costs about a tenth of what all the rows would).
+    rows = await query.checkpoint_rows([r.id for r in children], (TIMING_UNIT.key,), keep=_TURN_OPEN)
+    turns = stored_turns(children, rows)
     now = time.time_ns() // 1_000_000
     out = {}
     for record in children:
