@@ -329,6 +329,49 @@ async def test_on_postgresql_a_held_child_stalls_and_is_orphaned_when_its_lease_
             a.close(held)
 
 
+@pytest.mark.pg
+async def test_on_postgresql_sessions_says_stalled_then_orphaned_when_the_lease_expires(
+    tmp_path: Path,
+    pg_store_factory: Callable[..., Any],
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`sessions` over PostgreSQL: a child whose turn is open is `orphaned` while nobody holds its
+    lease, `stalled` (its last event long past) while a host holds it, and `orphaned` again once
+    that lease expires — never plainly live."""
+    import argparse
+    import json
+
+    import psycopg
+    from subagents.runtime.hosts.cli.listings import sessions_command
+
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "none"))
+    monkeypatch.chdir(tmp_path)
+    a = pg_store_factory()
+    with trio.fail_after(GUARD), psycopg.connect(pg_url, autocommit=True) as db:
+        async with open_session_store(a, ProjectionRegistry(SUBAGENT_UNITS), now_ms=lambda: 1_000) as sessions:
+            parent = await sessions.create(header("p", 1))
+            await parent.append([turn_start(1)])
+            ref = await sessions.create(header("c", 2, parent_session="p", origin="subagent"))
+            await ref.append([descriptor_draft("Busy")])
+            await ref.append([turn_start(1)])
+            await sessions.release("c")  # checkpoint rows written
+            await sessions.release("p")
+
+        async def shown() -> dict[str, tuple[bool, str | None, str | None]]:
+            assert await sessions_command(argparse.Namespace(root=str(tmp_path), store=pg_url, json=True)) == 0
+            rows = json.loads(capsys.readouterr().out)
+            return {row["id"]: (row["live"], row["runner"], row.get("liveness")) for row in rows}
+
+        assert await shown() == {"c": (False, None, "orphaned"), "p": (False, None, None)}
+        held = a.open_write("c")  # host A runs the child (its last event: at 1 s past the epoch)
+        assert await shown() == {"c": (True, f"host {a.host_id}", "stalled"), "p": (False, None, None)}
+        db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 'c'")
+        assert (await shown())["c"] == (False, None, "orphaned")
+        a.close(held)
+
+
 # --- stall_after in subagents.toml ----------------------------------------------------------------
 
 
