@@ -152,17 +152,21 @@ class StoreReader:
     # --- checkpoint rows and locks ---
 
     async def checkpoint_rows(
-        self, session_ids: Sequence[str], keys: Sequence[str], skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str],
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]]:
         """The stored checkpoint rows of `session_ids` (units `keys`; see
-        `LogStore.read_checkpoint_rows` for `skip`) in one query and one index hop; every id
+        `LogStore.read_checkpoint_rows` for `skip` and `keep`) in one query and one index hop; every id
         asked is a key of the answer (no rows: the index is a cache, any failure is a miss)."""
         out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
         if not session_ids:
             return out
         try:
             rows = await trio.to_thread.run_sync(
-                self.store.read_checkpoint_rows, list(session_ids), keys, skip, limiter=self.index_limiter
+                self.store.read_checkpoint_rows, list(session_ids), keys, skip, keep, limiter=self.index_limiter
             )
         except Exception:  # the index is a cache: any failure is a miss
             return out

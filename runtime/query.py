@@ -198,11 +198,15 @@ class SessionQuery:
         return self._corpus.recorded(session_id)
 
     async def checkpoint_rows(
-        self, session_ids: Sequence[str], keys: Sequence[str], skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str],
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]]:
         """The stored checkpoint rows of `session_ids` (`StoreReader.checkpoint_rows`): every
         id asked is a key; any failure is a miss."""
-        return await self._reader.checkpoint_rows(session_ids, keys, skip)
+        return await self._reader.checkpoint_rows(session_ids, keys, skip, keep)
 
     async def holders(self, session_ids: Sequence[str]) -> dict[str, str]:
         """Who holds each of the ids another process holds the lock of: `pid N`, `host H` or

@@ -76,16 +76,20 @@ class FileCheckpoints:
         return rows, offset
 
     def read_checkpoint_rows(
-        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]] | None:
         """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; see
-        `SessionIndex.load_checkpoints` for `skip`), in one query (None on a cache miss); the
+        `SessionIndex.load_checkpoints` for `skip` and `keep`), in one query (None on a cache miss); the
         caller checks versions and lifecycles. None stored for a session whose rows may answer
         for a revision that is gone (`Catalog.suspect`)."""
         index = self.catalog.index
         if index is None:
             return None
-        found = index.load_checkpoints(list(session_ids), keys, skip)
+        found = index.load_checkpoints(list(session_ids), keys, skip, keep)
         if found:
             for sid in self.catalog.suspect(found):
                 found[sid] = []

@@ -280,9 +280,13 @@ class FileLogStore:
         return self._checkpoints.read_checkpoint(session_id, header, inherited_event_count)
 
     def read_checkpoint_rows(
-        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]] | None:
-        return self._checkpoints.read_checkpoint_rows(session_ids, keys, skip)
+        return self._checkpoints.read_checkpoint_rows(session_ids, keys, skip, keep)
 
     # --- reading ---
 

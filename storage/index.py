@@ -287,11 +287,14 @@ class SessionIndex:
         session_ids: Sequence[str],
         keys: Sequence[str] | None = None,
         skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]] | None:
         """The checkpoint rows of the given sessions in one query; None on any error (a miss).
         `keys`: only the rows of these units. `skip`: unit key → bytes; a row of that unit whose
         stored JSON contains them is not returned (a caller's cheap pre-filter, e.g. for a
-        unit's usual empty state, so a listing does not fetch a row per session for nothing)."""
+        unit's usual empty state, so a listing does not fetch a row per session for nothing).
+        `keep`: the converse; a row of that unit is returned only when its JSON contains them
+        (e.g. a state only a rare case has, so a listing fetches only the rows of that case)."""
         out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
         if not session_ids:
             return out
@@ -301,6 +304,9 @@ class SessionIndex:
             params += list(keys)
         for key, part in (skip or {}).items():
             where += " AND NOT (unit_key = ? AND instr(val, ?) > 0)"
+            params += [key, bytes(part)]
+        for key, part in (keep or {}).items():
+            where += " AND (unit_key <> ? OR instr(val, ?) > 0)"
             params += [key, bytes(part)]
         with self._lock:
             try:

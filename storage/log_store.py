@@ -181,11 +181,15 @@ class CheckpointRows(Protocol):
         ...
 
     def read_checkpoint_rows(
-        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]] | None:
         """Every stored checkpoint row of these sessions (of the unit `keys` only, if given; a
-        row of unit `k` whose JSON contains `skip[k]` may be left out) in one query; None on a
-        cache miss."""
+        row of unit `k` whose JSON contains `skip[k]` may be left out, and one whose JSON does not
+        contain `keep[k]`) in one query; None on a cache miss."""
         ...
 
     def write_observed_checkpoints(self, observed: Sequence[ObservedCheckpoint]) -> int:

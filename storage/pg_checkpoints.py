@@ -157,10 +157,15 @@ class PgCheckpoints:
         return {s.key: s.row for s in stored if s.log_offset == offset and s.row.seq == seq}, offset
 
     def rows(
-        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]] | None:
         """Every stored checkpoint row of these sessions (of the units `keys` only, if given; a
-        row of unit `k` whose JSON contains `skip[k]` left out), in one query; None on a failure."""
+        row of unit `k` whose JSON contains `skip[k]` left out, and one whose JSON does not contain
+        `keep[k]`), in one query; None on a failure."""
         import psycopg
 
         out: dict[str, list[StoredCheckpoint]] = {sid: [] for sid in session_ids}
@@ -172,6 +177,9 @@ class PgCheckpoints:
             params.append(list(keys))
         for key, part in (skip or {}).items():
             where += " AND NOT (unit = %s AND position(%s::bytea IN value) > 0)"
+            params += [key, bytes(part)]
+        for key, part in (keep or {}).items():
+            where += " AND (unit <> %s OR position(%s::bytea IN value) > 0)"
             params += [key, bytes(part)]
         try:
             with self._pool.connection() as conn:

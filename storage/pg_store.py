@@ -438,11 +438,16 @@ class PostgresLogStore:
         return self._checkpoints.read(session_id, header, inherited_event_count)
 
     def read_checkpoint_rows(
-        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]] | None:
         """Every stored checkpoint row of these sessions (of the units `keys` only, if given; a
-        row of unit `k` whose JSON contains `skip[k]` left out), in one query; None on a failure."""
-        return self._checkpoints.rows(session_ids, keys, skip)
+        row of unit `k` whose JSON contains `skip[k]` left out, and one whose JSON does not contain
+        `keep[k]`), in one query; None on a failure."""
+        return self._checkpoints.rows(session_ids, keys, skip, keep)
 
     # --- plumbing ---
 

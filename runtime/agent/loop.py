@@ -170,6 +170,7 @@ class Agent(ModelSteps, ToolSteps):
             label=label,
             events=events,
             inherited_event_count=session.inherited_event_count,
+            header=session.header,  # a root's spans are named too (`agent_name`)
         )
         self._turn_trace: TurnTrace = NO_TURN
 

@@ -35,6 +35,7 @@ __all__ = [
     "last_event_ms",
     "open_turn_time",
     "own_identity",
+    "session_liveness",
     "stored_flags",
     "stored_identities",
     "stored_turns",
@@ -239,6 +240,24 @@ def with_stall(row: ChildRow, now_ms: int, stall_after_ms: int) -> ChildRow:
     ):
         return row
     return attrs.evolve(row, liveness="stalled")
+
+
+def session_liveness(
+    record: SessionRecord, turn: tuple[bool, int] | None, now_ms: int, stall_after_ms: int
+) -> Liveness | None:
+    """What `sessions` says of a record beside `live`: `orphaned` when its stored
+    `subagent_timing` row (`turn`: from `stored_turns`) covers its log whole and says a turn is
+    open while nobody runs it (no lock holder, no lease), `stalled` when it runs — here or
+    elsewhere, whose writer's rows may lag its log — with a turn open and its last durable event
+    older than `stall_after_ms` at `now_ms`; else None (idle, no such row, a row that lags a log
+    nobody writes: unknown without a read, and `sessions` adds none)."""
+    if turn is None or not turn[0]:
+        return None
+    runs = record.held or record.live
+    if not runs:
+        return "orphaned" if record.event_count is not None and turn[1] == record.event_count - 1 else None
+    last = last_event_ms(record)
+    return "stalled" if last is not None and now_ms - last > stall_after_ms else None
 
 
 class CorpusShape:

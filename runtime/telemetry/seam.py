@@ -23,25 +23,28 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
-from subagents.storage import Event
+from subagents.storage import Event, SessionHeader
 
 __all__ = [
     "NO_CHAT",
     "NO_TOOL",
     "NO_TRACE",
     "NO_TURN",
+    "ROOT_AGENT_NAME",
     "TRACE_TYPE",
     "ChatTrace",
     "SessionTrace",
     "Telemetry",
     "ToolTrace",
     "TurnTrace",
+    "agent_name",
     "recorded_traceparent",
     "trace_of",
     "trace_record",
 ]
 
 TRACE_TYPE = "telemetry/trace"
+ROOT_AGENT_NAME = "root"  # `gen_ai.agent.name` of a root session with no preset (`agent_name`)
 
 Json = dict[str, Any]
 
@@ -161,13 +164,29 @@ def trace_of(
     label: str | None,
     events: Sequence[Event],
     inherited_event_count: int,
+    header: SessionHeader | None = None,
 ) -> SessionTrace:
-    """An agent's tracing: `NO_TRACE` when tracing is off (its log is not even looked at)."""
+    """An agent's tracing: `NO_TRACE` when tracing is off (its log is not even looked at).
+    With the session's `header`, a root is named (`agent_name`)."""
     if telemetry is None:
         return NO_TRACE
     return telemetry.session(
-        session_id=session_id, label=label, anchor=recorded_traceparent(events, inherited_event_count)
+        session_id=session_id,
+        label=label if header is None else agent_name(label, header),
+        anchor=recorded_traceparent(events, inherited_event_count),
     )
+
+
+def agent_name(label: str | None, header: SessionHeader) -> str | None:
+    """The `gen_ai.agent.name` of a session's spans: a child's label (an unlabeled child has
+    none); a root's label, else its header's `agent_preset`, else `root`. The conventions ask for
+    the name "when available" and name the span `invoke_agent {gen_ai.agent.name}`; a root has no
+    agent type (types select children) and no label, yet it is the one agent every tree starts
+    from — named, its turns can be found by name in a trace backend (`gen_ai.agent.id` tells one
+    root from another) and are never mistaken for an unlabeled child's."""
+    if label is not None or header.origin is not None:
+        return label
+    return header.agent_preset or ROOT_AGENT_NAME
 
 
 def trace_record(traceparent: str) -> Json:

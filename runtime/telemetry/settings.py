@@ -18,7 +18,14 @@ import attrs
 
 from ..foundation.errors import ConfigInvalid
 
-__all__ = ["DEFAULT_ENDPOINT", "TelemetrySettings", "check_endpoint", "require_extra", "resolve_telemetry"]
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "TelemetrySettings",
+    "check_endpoint",
+    "require_extra",
+    "resolve_telemetry",
+    "tracing_rows",
+]
 
 DEFAULT_ENDPOINT = "http://localhost:4318"  # OTLP/HTTP's default collector address
 _TRUE = ("true", "1", "yes", "on")
@@ -127,3 +134,82 @@ def require_extra(settings: TelemetrySettings) -> None:
                 f"tracing is on ({settings.because}) but the otel extra is not installed: "
                 "pip install 'trio-subagents[otel]'"
             )
+
+
+def tracing_rows(
+    *,
+    enabled: bool,
+    endpoint: str | None,
+    capture_content: bool,
+    sources: Mapping[str, str],
+    env: Mapping[str, str],
+) -> list[tuple[str, object, str]]:
+    """`subagents config`'s rows of the tracing in effect — `[telemetry]` (`enabled`,
+    `endpoint`, `capture_content`; `sources`: the configuration's, a file path per key it set)
+    with the `OTEL_*` variables over it, as a host resolves them — each (key, value, source),
+    the source a file path, `$VARIABLE` or `default`. Header values are never shown (they carry
+    credentials): only their names. `ConfigInvalid` as `resolve_telemetry`."""
+
+    def file(key: str) -> str:
+        return sources.get(f"telemetry.{key}", "default")
+
+    def variable(*names: str) -> str | None:
+        return next((f"${name}" for name in names if env.get(name, "").strip()), None)
+
+    settings = resolve_telemetry(enabled=enabled, endpoint=endpoint, capture_content=capture_content, env=env)
+    if settings is None:
+        exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            why = "$OTEL_SDK_DISABLED=true"
+        elif exporter == "none":
+            why = "$OTEL_TRACES_EXPORTER=none"
+        else:
+            why = file("enabled")  # `enabled = false` in a file, or nothing said
+        return [("tracing", "off", why)]
+    state = "on"
+    if not _extra_installed(settings):
+        state = "on, but the otel extra is not installed (hosts refuse to start): pip install 'trio-subagents[otel]'"
+    because = settings.because
+    rows: list[tuple[str, object, str]] = [
+        ("tracing", state, file("enabled") if because == "[telemetry] enabled" else f"${because}"),
+        ("tracing.exporter", settings.exporter, variable("OTEL_TRACES_EXPORTER") or "default"),
+    ]
+    if settings.exporter == "otlp":
+        where = variable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT") or file("endpoint")
+        rows.append(("tracing.endpoint", settings.endpoint, where))
+        if settings.headers:
+            names = sorted(settings.headers)
+            rows.append(
+                (
+                    "tracing.headers",
+                    names,
+                    variable("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS") or "default",
+                )
+            )
+    capture = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+    rows.append(
+        (
+            "tracing.capture_content",
+            settings.capture_content,
+            f"${capture}" if capture in env else file("capture_content"),
+        )
+    )
+    rows.append(("tracing.service_name", settings.service_name, variable("OTEL_SERVICE_NAME") or "default"))
+    return rows
+
+
+def _extra_installed(settings: TelemetrySettings) -> bool:
+    """Whether the distributions of the otel extra are installed, asked of their metadata:
+    `require_extra`'s `find_spec` imports the parent packages (`opentelemetry`, ...) to look,
+    which a read-only command must not (tests/runtime/test_startup_imports.py)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    needed = ["opentelemetry-sdk"]
+    if settings.exporter == "otlp":
+        needed.append("opentelemetry-exporter-otlp-proto-http")
+    for name in needed:
+        try:
+            distribution(name)
+        except PackageNotFoundError:
+            return False
+    return True

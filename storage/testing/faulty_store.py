@@ -192,10 +192,14 @@ class FaultyLogStore:
         return self.inner.read_checkpoint(session_id, header, inherited_event_count)
 
     def read_checkpoint_rows(
-        self, session_ids: Sequence[str], keys: Sequence[str] | None = None, skip: Mapping[str, bytes] | None = None
+        self,
+        session_ids: Sequence[str],
+        keys: Sequence[str] | None = None,
+        skip: Mapping[str, bytes] | None = None,
+        keep: Mapping[str, bytes] | None = None,
     ) -> dict[str, list[StoredCheckpoint]] | None:
         self._enter("read_checkpoint", None)
-        return self.inner.read_checkpoint_rows(session_ids, keys, skip)
+        return self.inner.read_checkpoint_rows(session_ids, keys, skip, keep)
 
     def read_after(
         self, handle: Handle, log_offset: int, first_seq: int, *, poll: AbortPoll | None = None

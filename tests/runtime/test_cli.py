@@ -197,6 +197,7 @@ def test_sessions_lists_every_session(tmp_path: Path, capsys) -> None:
         "damage": None,
         "last_event": _written("g"),  # issue 29: its last event's time
         "runner": None,  # nobody runs it
+        "liveness": "orphaned",  # ... and its turn is open (its timing row says so)
         # Usage (issue 15 item 4): hand-written logs with no model calls count zero.
         "usage": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0},
         "tree_usage": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0, "sessions": 1, "skipped": []},

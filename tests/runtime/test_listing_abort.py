@@ -180,9 +180,9 @@ class SequencedStore(FaultyLogStore):
         with self._running("close"):
             super().close(handle)
 
-    def read_checkpoint_rows(self, session_ids: Any, keys: Any = None, skip: Any = None) -> Any:
+    def read_checkpoint_rows(self, session_ids: Any, keys: Any = None, skip: Any = None, keep: Any = None) -> Any:
         with self._running("read_checkpoint"):
-            return super().read_checkpoint_rows(session_ids, keys, skip)
+            return super().read_checkpoint_rows(session_ids, keys, skip, keep)
 
 
 class CountingQuery(SessionQuery):

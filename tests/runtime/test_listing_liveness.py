@@ -329,6 +329,49 @@ async def test_on_postgresql_a_held_child_stalls_and_is_orphaned_when_its_lease_
             a.close(held)
 
 
+@pytest.mark.pg
+async def test_on_postgresql_sessions_says_stalled_then_orphaned_when_the_lease_expires(
+    tmp_path: Path,
+    pg_store_factory: Callable[..., Any],
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`sessions` over PostgreSQL: a child whose turn is open is `orphaned` while nobody holds its
+    lease, `stalled` (its last event long past) while a host holds it, and `orphaned` again once
+    that lease expires — never plainly live."""
+    import argparse
+    import json
+
+    import psycopg
+    from subagents.runtime.hosts.cli.listings import sessions_command
+
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "none"))
+    monkeypatch.chdir(tmp_path)
+    a = pg_store_factory()
+    with trio.fail_after(GUARD), psycopg.connect(pg_url, autocommit=True) as db:
+        async with open_session_store(a, ProjectionRegistry(SUBAGENT_UNITS), now_ms=lambda: 1_000) as sessions:
+            parent = await sessions.create(header("p", 1))
+            await parent.append([turn_start(1)])
+            ref = await sessions.create(header("c", 2, parent_session="p", origin="subagent"))
+            await ref.append([descriptor_draft("Busy")])
+            await ref.append([turn_start(1)])
+            await sessions.release("c")  # checkpoint rows written
+            await sessions.release("p")
+
+        async def shown() -> dict[str, tuple[bool, str | None, str | None]]:
+            assert await sessions_command(argparse.Namespace(root=str(tmp_path), store=pg_url, json=True)) == 0
+            rows = json.loads(capsys.readouterr().out)
+            return {row["id"]: (row["live"], row["runner"], row.get("liveness")) for row in rows}
+
+        assert await shown() == {"c": (False, None, "orphaned"), "p": (False, None, None)}
+        held = a.open_write("c")  # host A runs the child (its last event: at 1 s past the epoch)
+        assert await shown() == {"c": (True, f"host {a.host_id}", "stalled"), "p": (False, None, None)}
+        db.execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE session_id = 'c'")
+        assert (await shown())["c"] == (False, None, "orphaned")
+        a.close(held)
+
+
 # --- stall_after in subagents.toml ----------------------------------------------------------------
 
 
@@ -424,3 +467,123 @@ def test_the_user_file_is_where_platformdirs_puts_it(tmp_path: Path, monkeypatch
     (tmp_path / "project").mkdir()
     assert platformdirs.user_config_dir("subagents", appauthor=False) == str(tmp_path / "xdg" / "subagents")
     assert configured_stall_after(str(tmp_path / "project")) == 42.0
+
+
+# --- `sessions` ----------------------------------------------------------------------------------
+
+
+async def _write_running_children(root: Path, last_event: int) -> None:
+    """p with children `open` (a turn open since `last_event`), `ended` (its turn ended) and
+    `lagging` (its turn open in rows that lag its log: the events after them may end it),
+    written by a runtime whose release left their checkpoint rows."""
+    async with open_runtime(root, now_ms=lambda: last_event) as rt:
+        sessions = rt.sessions
+        parent = await sessions.create(header("p", 1))
+        await parent.append([turn_start(1)])  # a root's open turn: no timing unit tells it
+        for sid, created in (("open", 2), ("ended", 3), ("lagging", 4)):
+            child = await sessions.create(header(sid, created, parent_session="p", origin="subagent"))
+            await child.append([descriptor_draft(sid)])
+            await child.append([turn_start(1)])
+            if sid == "ended":
+                await child.append([make_draft_turn_end()])
+            await sessions.release(sid)
+        await sessions.release("p")
+    # Events the rows do not cover (as if its runner died between two checkpoints).
+    store = FileLogStore(str(root))
+    persist_more(store, "lagging", [make_event(2, "x/note", last_event, {"n": 1}, ignorable=True)])
+    store.close_store()
+
+
+def persist_more(store: LogStore, sid: str, events: list[Any]) -> None:
+    from subagents.storage import Batch, Offset
+
+    handle = store.open_write(sid)
+    try:
+        store.append(handle, [Batch(Offset(events[0].seq), events)])
+    finally:
+        store.close(handle)
+
+
+def test_sessions_shows_orphaned_and_stalled_children_with_no_log_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`sessions` (table and JSON) says `orphaned` of a child whose turn is open and whose lock
+    nobody holds, and `stalled` of one another process runs whose last event is older than
+    `stall_after` — from one checkpoint-row query, reading no log; an idle child, a root, and a
+    child whose rows lag its log (unknown without a read) say nothing more."""
+    import json
+    import time
+
+    from subagents.runtime.hosts.cli import main
+
+    root = tmp_path / "root"
+    trio.run(_write_running_children, root, int(time.time() * 1000) - 120_000)  # two minutes ago
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "no-user-config"))
+    monkeypatch.chdir(tmp_path)
+    calls: dict[str, int] = {"read": 0, "open_read": 0, "read_checkpoint_rows": 0}
+    for name in calls:
+        original = getattr(FileLogStore, name)
+
+        def counted(self: FileLogStore, *args: Any, _name: str = name, _original: Any = original) -> Any:
+            calls[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(FileLogStore, name, counted)
+
+    def states(held: set[str]) -> dict[str, str]:
+        monkeypatch.setattr(FileLogStore, "holders", lambda self, ids: {s: "pid 4242" for s in ids if s in held})
+        assert main(["sessions", "--root", str(root)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        at = lines[0].index("STATE")
+        return {line.split()[0]: line[at:].split("  ")[0] for line in lines[1:]}
+
+    (tmp_path / "subagents.toml").write_text("stall_after = 60")
+    assert states(set()) == {
+        "lagging": "persisted",
+        "ended": "persisted",
+        "open": "orphaned",
+        "p": "persisted",
+    }
+    assert calls == {"read": 0, "open_read": 0, "read_checkpoint_rows": 1}
+    assert states({"open", "ended", "lagging"}) == {
+        "lagging": "stalled (pid 4242)",  # a runner's rows answer, lagging or not
+        "ended": "live (pid 4242)",  # idle: never stalled
+        "open": "stalled (pid 4242)",
+        "p": "persisted",
+    }
+    (tmp_path / "subagents.toml").write_text("stall_after = 600")
+    assert states({"open"})["open"] == "live (pid 4242)"
+    # The JSON has `liveness` only when set.
+    (tmp_path / "subagents.toml").write_text("stall_after = 60")
+    monkeypatch.setattr(FileLogStore, "holders", lambda self, ids: {s: "pid 4242" for s in ids if s == "lagging"})
+    assert main(["sessions", "--root", str(root), "--json"]) == 0
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert {sid: row.get("liveness") for sid, row in rows.items()} == {
+        "lagging": "stalled",
+        "ended": None,
+        "open": "orphaned",
+        "p": None,
+    }
+    assert "liveness" not in rows["p"] and (rows["open"]["live"], rows["lagging"]["runner"]) == (False, "pid 4242")
+    # A bad stall_after is the one-line error `children` gives, and nothing is listed.
+    (tmp_path / "subagents.toml").write_text("stall_after = 0")
+    assert main(["sessions", "--root", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "stall_after must be a number of seconds > 0" in err
+
+
+def test_sessions_without_children_reads_no_checkpoint_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from subagents.runtime.hosts.cli import main
+
+    root = tmp_path / "root"
+    store = FileLogStore(str(root))
+    persist_log(store, header("p", 1), [make_event(0, "turn/start", 1, {"turn": 1})])
+    store.close_store()
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "no-user-config"))
+    monkeypatch.chdir(tmp_path)
+    queried: list[object] = []
+    monkeypatch.setattr(FileLogStore, "read_checkpoint_rows", lambda self, *args: queried.append(args) or {})
+    assert main(["sessions", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[6] == "persisted" and queried == []

@@ -7,7 +7,7 @@ trace."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,9 @@ from subagents.runtime import (
     load_script,
     open_runtime,
 )
+from subagents.runtime.models.base import Chunk, Finish, Model, ModelRequest, SessionBinding, Usage
 from subagents.storage import FileLogStore
+from wrapped_models import WrappedModel
 
 
 def _telemetry(*, capture_content: bool = False) -> tuple[OtelTelemetry, InMemorySpanExporter]:
@@ -100,10 +102,10 @@ async def test_a_tree_is_one_trace_of_gen_ai_spans(tmp_path: Path) -> None:
         "chat ScriptedModel",
         "execute_tool list_agents",
         "execute_tool subagent",
-        "invoke_agent",
         "invoke_agent helper",
+        "invoke_agent root",
     ]
-    turn = _one(spans, "invoke_agent")
+    turn = _one(spans, "invoke_agent root")
     child_turn = _one(spans, "invoke_agent helper")
     spawn = _one(spans, "execute_tool subagent")
     assert turn.parent is None and turn.kind is SpanKind.INTERNAL
@@ -112,6 +114,7 @@ async def test_a_tree_is_one_trace_of_gen_ai_spans(tmp_path: Path) -> None:
         "gen_ai.provider.name": "subagents",
         "gen_ai.request.model": "ScriptedModel",
         "gen_ai.agent.id": "parent",
+        "gen_ai.agent.name": "root",  # a root has no label: named for what it is
         "gen_ai.conversation.id": "parent",
         "subagents.turn": 1,
         "subagents.turn.end_reason": "completed",
@@ -194,7 +197,7 @@ async def test_errors_set_the_span_status(tmp_path: Path) -> None:
     failed_chat = _by_name(spans, "chat ScriptedModel")[-1]
     assert failed_chat.status.status_code is StatusCode.ERROR
     assert dict(failed_chat.attributes or {})["error.type"] == "model_error"
-    turn = _one(spans, "invoke_agent")
+    turn = _one(spans, "invoke_agent root")
     assert turn.status.status_code is StatusCode.ERROR
     assert dict(turn.attributes or {})["subagents.turn.end_reason"] == "error"
 
@@ -223,7 +226,7 @@ async def _restarted(tmp_path: Path, store: str | None) -> None:
         agent = await rt.agents.create(session_id="s")
         await agent.send("first")
         await agent.wait_idle()
-    (turn1,) = _by_name(exported.get_finished_spans(), "invoke_agent")
+    (turn1,) = _by_name(exported.get_finished_spans(), "invoke_agent root")
     # A new runtime on the same store (a restart, or another host): a cold resume from the log.
     second, exported_again = _telemetry()
     script = {"agents": [{"session": "s", "responses": [{"text": "two"}]}]}
@@ -231,7 +234,7 @@ async def _restarted(tmp_path: Path, store: str | None) -> None:
         agent = await rt.agents.resume("s")
         await agent.send("second")
         await agent.wait_idle()
-    (turn2,) = _by_name(exported_again.get_finished_spans(), "invoke_agent")
+    (turn2,) = _by_name(exported_again.get_finished_spans(), "invoke_agent root")
     assert turn2.context.trace_id == turn1.context.trace_id
     assert turn2.parent is not None and turn2.parent.span_id == turn1.context.span_id
     assert dict(turn2.attributes or {})["subagents.turn"] == 2
@@ -251,7 +254,7 @@ async def test_a_damaged_trace_record_is_ignored(tmp_path: Path) -> None:
         agent = await rt.agents.resume("s")
         await agent.send("hi")
         await agent.wait_idle()
-    (turn,) = _by_name(exporter.get_finished_spans(), "invoke_agent")
+    (turn,) = _by_name(exporter.get_finished_spans(), "invoke_agent root")
     assert turn.parent is None
     assert [r["traceparent"] for r in _records(tmp_path, "s")] == ["00-zz-not-a-trace", _traceparent(turn)]
 
@@ -270,7 +273,7 @@ async def test_a_stopped_turn_ends_its_span(tmp_path: Path, capture: bool) -> No
         result = await agent.wait_idle()
     assert result is not None and result.reason["kind"] == "aborted"
     names = sorted(s.name for s in exporter.get_finished_spans())
-    assert names == ["chat ScriptedModel", "invoke_agent"]
+    assert names == ["chat ScriptedModel", "invoke_agent root"]
     chat = _one(exporter.get_finished_spans(), "chat ScriptedModel")
     assert dict(chat.attributes or {})["subagents.interrupted"] is True
 
@@ -312,8 +315,109 @@ async def test_an_agent_stopped_mid_tool_call_ends_every_span(tmp_path: Path) ->
         await started.wait()
         await agent.stop()
     spans = exporter.get_finished_spans()
-    assert sorted(s.name for s in spans) == ["chat ScriptedModel", "execute_tool hang", "invoke_agent"]
-    for name in ("execute_tool hang", "invoke_agent"):
+    assert sorted(s.name for s in spans) == ["chat ScriptedModel", "execute_tool hang", "invoke_agent root"]
+    for name in ("execute_tool hang", "invoke_agent root"):
         span = _one(spans, name)
         assert span.status.status_code is StatusCode.ERROR
         assert dict(span.attributes or {})["error.type"] == "Cancelled"
+
+
+@pytest.mark.parametrize(
+    ("label", "origin", "preset", "name"),
+    [
+        (None, None, None, "root"),  # a root: named for what it is
+        (None, None, "reviewer", "reviewer"),  # ... or for its preset, when its header has one
+        ("chat", None, None, "chat"),  # a root an embedder labelled
+        ("helper", "subagent", None, "helper"),  # a child: its label
+        (None, "subagent", None, None),  # an unlabeled child: no name (nothing to tell)
+    ],
+)
+def test_the_agent_name_of_roots_and_children(
+    label: str | None, origin: str | None, preset: str | None, name: str | None
+) -> None:
+    from subagents.runtime.telemetry.seam import agent_name
+    from subagents.storage import SessionHeader
+
+    header = SessionHeader(
+        id="s",  # type: ignore[arg-type]  # a plain str id
+        created_at=1,
+        parent_session="p" if origin else None,  # type: ignore[arg-type]
+        origin=origin,  # type: ignore[arg-type]
+        delegation_depth=1 if origin else 0,
+        agent_preset=preset,
+    )
+    assert agent_name(label, header) == name
+
+
+class _SummaryUsage(WrappedModel):
+    """The scripted model, with the usage a provider reports for a compaction summary call."""
+
+    def __init__(self, inner: ScriptedModel) -> None:
+        self.inner = inner
+
+    async def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
+        async for chunk in inner.stream(request):
+            if request.purpose == "compaction" and isinstance(chunk, Finish):
+                yield Usage(input_tokens=700, output_tokens=40)
+            yield chunk
+
+
+async def test_the_compaction_summary_has_its_own_chat_span_with_its_usage(tmp_path: Path) -> None:
+    """Compaction's summary call is a `chat` span of its turn, with the tokens it used — counted
+    in its turn's sums like any model call — and, without content capture, no summary text."""
+    from subagents.runtime.agent.compaction import CompactionPolicy
+    from subagents.runtime.agent.loop import AgentConfig
+
+    telemetry, exporter = _telemetry()
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {
+                        "text": "Step one.",
+                        "tool_calls": [{"name": "echo", "arguments": {}}],
+                        "usage": {"input_tokens": 10, "output_tokens": 1},
+                    },
+                    {
+                        "text": "Step two.",
+                        "tool_calls": [{"name": "echo", "arguments": {}}],
+                        "usage": {"input_tokens": 20, "output_tokens": 2},
+                    },
+                    {"text": "Done.", "usage": {"input_tokens": 30, "output_tokens": 3}},
+                ]
+            }
+        ],
+        "summaries": ["They echoed."],
+    }
+
+    async def echoed(args: dict[str, Any], ctx: object) -> str:
+        return "echoed"
+
+    echo = FunctionTool(name="echo", description="Echo.", parameters={"type": "object"}, fn=echoed)
+    config = AgentConfig(compaction=CompactionPolicy(max_chars=10, keep_recent=2))
+    async with open_runtime(
+        tmp_path,
+        model=_SummaryUsage(_model(script)),
+        clock=ScenarioClock(),
+        telemetry=telemetry,
+        agent_config=config,
+        tools=lambda: [echo],
+    ) as rt:
+        agent = await rt.agents.create(session_id="a")
+        await agent.send("Go.")
+        assert (await agent.wait_idle()).reason == {"kind": "completed"}
+    spans = exporter.get_finished_spans()
+    turn = _one(spans, "invoke_agent root")
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    assert all(s.parent is not None and s.parent.span_id == turn.context.span_id for s in chats)
+    usage = [
+        (dict(s.attributes or {})["gen_ai.usage.input_tokens"], dict(s.attributes or {})["gen_ai.usage.output_tokens"])
+        for s in chats
+    ]
+    assert sorted(usage) == [(10, 1), (20, 2), (30, 3), (700, 40)]
+    (summary,) = [s for s in chats if dict(s.attributes or {})["gen_ai.usage.input_tokens"] == 700]
+    assert dict(summary.attributes or {})["gen_ai.response.finish_reasons"] == ("stop",)
+    assert summary.kind is SpanKind.CLIENT and summary.status.status_code is StatusCode.UNSET
+    assert "They echoed" not in json.dumps([dict(s.attributes or {}) for s in spans], default=list)
+    turn_attributes = dict(turn.attributes or {})
+    assert (turn_attributes["gen_ai.usage.input_tokens"], turn_attributes["gen_ai.usage.output_tokens"]) == (760, 46)

@@ -52,19 +52,20 @@ def test_run_exports_gen_ai_spans_over_otlp_http_and_a_restart_continues_the_tra
         "chat ScriptedModel",
         "execute_tool list_agents",
         "execute_tool subagent",
-        "invoke_agent",
         "invoke_agent helper",
+        "invoke_agent root",
     ]
     assert {s.service_name for s in receiver.spans} == {"subagents"}
-    (turn1,) = [s for s in first if s.name == "invoke_agent"]
+    (turn1,) = [s for s in first if s.name == "invoke_agent root"]
     (spawn,) = [s for s in first if s.name == "execute_tool subagent"]
     (child,) = [s for s in first if s.name == "invoke_agent helper"]
     assert turn1.parent_span_id == "" and turn1.attributes["gen_ai.agent.id"] == "s1"
+    assert turn1.attributes["gen_ai.agent.name"] == "root"
     assert turn1.attributes["gen_ai.usage.input_tokens"] == 60
     assert child.parent_span_id == spawn.span_id
     assert "Delegate" not in str([s.attributes for s in receiver.spans])  # no content by default
-    assert sorted(s.name for s in second) == ["chat ScriptedModel", "invoke_agent"]
-    (turn2,) = [s for s in second if s.name == "invoke_agent"]
+    assert sorted(s.name for s in second) == ["chat ScriptedModel", "invoke_agent root"]
+    (turn2,) = [s for s in second if s.name == "invoke_agent root"]
     assert (turn2.trace_id, turn2.parent_span_id) == (turn1.trace_id, turn1.span_id)
     assert turn2.attributes["subagents.turn"] == 2
     assert {s.trace_id for s in receiver.spans} == {turn1.trace_id}

@@ -164,3 +164,150 @@ def test_tracing_on_without_the_extra_is_one_line(
         "tracing is on ([telemetry] enabled) but the otel extra is not installed: pip install 'trio-subagents[otel]'"
     )
     assert err.count("\n") == 1
+
+
+_OTEL = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_SERVICE_NAME",
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+)
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "expected"),
+    [
+        ("", {}, {"tracing": ("off", "default")}),
+        ("[telemetry]\nenabled = false\n", {}, {"tracing": ("off", "FILE")}),
+        (
+            "[telemetry]\nenabled = true\n",
+            {},
+            {
+                "tracing": ("on", "FILE"),
+                "tracing.exporter": ("otlp", "default"),
+                "tracing.endpoint": (LOCAL, "default"),
+                "tracing.capture_content": (False, "default"),
+                "tracing.service_name": ("subagents", "default"),
+            },
+        ),
+        # A variable over the file, either way.
+        (
+            "[telemetry]\nenabled = true\n",
+            {"OTEL_SDK_DISABLED": "true"},
+            {"tracing": ("off", "$OTEL_SDK_DISABLED=true")},
+        ),
+        (
+            "[telemetry]\nenabled = true\n",
+            {"OTEL_TRACES_EXPORTER": "none"},
+            {"tracing": ("off", "$OTEL_TRACES_EXPORTER=none")},
+        ),
+        (
+            '[telemetry]\nenabled = false\nendpoint = "http://file:1"\ncapture_content = true\n',
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:1",
+                "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20secret-token,x-team=a",
+                "OTEL_SERVICE_NAME": "billing",
+            },
+            {
+                "tracing": ("on", "$OTEL_EXPORTER_OTLP_ENDPOINT"),
+                "tracing.exporter": ("otlp", "default"),
+                "tracing.endpoint": ("http://x:1/v1/traces", "$OTEL_EXPORTER_OTLP_ENDPOINT"),
+                "tracing.headers": (["authorization", "x-team"], "$OTEL_EXPORTER_OTLP_HEADERS"),  # names only
+                "tracing.capture_content": (True, "FILE"),
+                "tracing.service_name": ("billing", "$OTEL_SERVICE_NAME"),
+            },
+        ),
+        (
+            '[telemetry]\nendpoint = "http://file:1"\n',
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "false"},
+            {
+                "tracing": ("on", "$OTEL_TRACES_EXPORTER=otlp"),
+                "tracing.exporter": ("otlp", "$OTEL_TRACES_EXPORTER"),
+                "tracing.endpoint": ("http://file:1/v1/traces", "FILE"),
+                "tracing.capture_content": (False, "$OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"),
+                "tracing.service_name": ("subagents", "default"),
+            },
+        ),
+        (
+            "",
+            {"OTEL_TRACES_EXPORTER": "console"},
+            {
+                "tracing": ("on", "$OTEL_TRACES_EXPORTER=console"),
+                "tracing.exporter": ("console", "$OTEL_TRACES_EXPORTER"),  # (no endpoint: stdout)
+                "tracing.capture_content": (False, "default"),
+                "tracing.service_name": ("subagents", "default"),
+            },
+        ),
+    ],
+)
+def test_config_shows_the_tracing_in_effect_and_its_source(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    toml: str,
+    env: dict[str, str],
+    expected: dict[str, tuple[object, str]],
+) -> None:
+    """`config` shows whether tracing is on, what turned it on or off (the file, an OTEL_*
+    variable, the default) and where spans go, as a host resolves it; never a header's value."""
+    import json
+
+    (tmp_path / "subagents.toml").write_text(toml)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "none"))
+    for name in _OTEL:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = _cli(capsys, ["config", "--json"])
+    assert (code, err) == (0, "")
+    file = str(tmp_path / "subagents.toml")
+    rows = {r["key"]: (r["value"], r["source"]) for r in json.loads(out)["values"] if r["key"].startswith("tracing")}
+    assert rows == {key: (value, file if source == "FILE" else source) for key, (value, source) in expected.items()}
+    code, out, err = _cli(capsys, ["config"])
+    assert code == 0 and "secret-token" not in out
+    state, source = expected["tracing"]
+    assert f'tracing = "{state}"' in out and f"# {file if source == 'FILE' else source}\n" in out
+
+
+def test_config_says_when_tracing_is_on_without_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "none"))
+    for name in _OTEL:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://x:1")
+    import importlib.metadata
+
+    found = importlib.metadata.distribution
+
+    def without_otel(name: str) -> Any:
+        if name.startswith("opentelemetry"):
+            raise importlib.metadata.PackageNotFoundError(name)
+        return found(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", without_otel)
+    code, out, err = _cli(capsys, ["config"])
+    assert (code, err) == (0, "")
+    assert (
+        "tracing = \"on, but the otel extra is not installed (hosts refuse to start): pip install 'trio-subagents[otel]'\""
+        in out
+    )
+
+
+def test_config_refuses_a_bad_variable_as_a_host_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "none"))
+    for name in _OTEL:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "x:1")
+    code, out, err = _cli(capsys, ["config"])
+    assert (code, out) == (2, "")
+    assert err == "subagents: OTEL_EXPORTER_OTLP_ENDPOINT='x:1' must be an http:// or https:// URL\n"

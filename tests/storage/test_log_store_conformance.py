@@ -1025,6 +1025,13 @@ def test_checkpoints_round_trip_and_restore_from_their_offset(store: LogStore) -
     assert loaded["s1"][0].lifecycle == Lifecycle.of(header("s1"), 0)
     skipped = store.read_checkpoint_rows(["s1"], skip={"u": b'"n":3'})
     assert skipped is not None and [s.key for s in skipped["s1"]] == ["v"]
+    # `keep`, the converse: a row of that unit only when its JSON holds the bytes.
+    kept = store.read_checkpoint_rows(["s1"], keep={"u": b'"n":3'})
+    assert kept is not None and sorted(s.key for s in kept["s1"]) == ["u", "v"]
+    kept = store.read_checkpoint_rows(["s1"], keep={"u": b'"n":4'})
+    assert kept is not None and [s.key for s in kept["s1"]] == ["v"]
+    kept = store.read_checkpoint_rows(["s1", "other"], ["u"], keep={"u": b'"n":4', "v": b"nothing"})
+    assert kept == {"s1": [], "other": []}
     store.close(reader)
     store.close(handle)
 

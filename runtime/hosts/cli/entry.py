@@ -238,19 +238,31 @@ def config_command(args: argparse.Namespace) -> int:
     """`config`: every key with its value and source, then the agent types found."""
     from ...config import load_config, user_config_dir
     from ...delegation.agent_types import agent_type_dirs, load_agent_types
+    from ...telemetry.settings import tracing_rows
 
     config = load_config(".")
+    # The tracing in effect: the [telemetry] keys with the OTEL_* variables over them.
+    tracing = tracing_rows(
+        enabled=config.telemetry_enabled,
+        endpoint=config.telemetry_endpoint,
+        capture_content=config.telemetry_capture_content,
+        sources=config.sources,
+        env=os.environ,
+    )
     types, problems = load_agent_types(agent_type_dirs(".", user_config_dir()))
     if args.json:
         document = {
-            "values": [{"key": k, "value": v, "source": src} for k, v, src in config.rows()],
+            "values": [{"key": k, "value": v, "source": src} for k, v, src in [*config.rows(), *tracing]],
             "files": list(config.files),
             "agent_types": [{"name": t.name, "path": t.path} for t in types.values()],
             "agent_type_problems": [{"path": p.path, "reason": p.reason} for p in problems],
         }
         print(json.dumps(document, ensure_ascii=False, default=list))
         return 0
-    rows = [(key, json.dumps(value, ensure_ascii=False, default=list), source) for key, value, source in config.rows()]
+    rows = [
+        (key, json.dumps(value, ensure_ascii=False, default=list), source)
+        for key, value, source in [*config.rows(), *tracing]
+    ]
     width = max(len(key) + len(value) for key, value, _ in rows) + 3
     for key, value, source in rows:
         print(f"{f'{key} = {value}':<{width}}  # {source}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,8 +20,9 @@ from subagents.storage import StorageError, StoreUnreachable
 
 from ...delegation.agents_text import render_agents, state_word
 from ...delegation.listing import ChildRow
-from ...delegation.listing_rows import ELSEWHERE, HERE, last_event_ms
+from ...delegation.listing_rows import ELSEWHERE, HERE, last_event_ms, session_liveness, stored_turns
 from ...delegation.listing_stall import configured_stall_after
+from ...delegation.units import TIMING_UNIT
 from ...foundation.errors import CommandFailed, QuerySessionNotFound, SessionQueryError, SubagentError, UsageError
 from ...foundation.pricing import PriceTable, load_prices
 from ...read_side import open_read_side
@@ -29,11 +31,13 @@ from ..transcript import render, transcript
 from .common import cell_text, iso_time, table_lines
 
 if TYPE_CHECKING:
-    from ...delegation.listing_rows import Row
+    from ...delegation.listing_rows import Liveness, Row
     from ...foundation.json_values import JsonObject
-    from ...query import SessionRecord
+    from ...query import SessionQuery, SessionRecord
 
 __all__ = ["children_command", "sessions_command", "show_command"]
+
+_TURN_OPEN = {TIMING_UNIT.key: b'"active"'}  # in a `subagent_timing` row only while its turn is open
 
 
 async def children_command(args: argparse.Namespace) -> int:
@@ -75,6 +79,7 @@ async def _list(args: argparse.Namespace) -> tuple[list[Row], dict[str, int]]:
 
 
 async def sessions_command(args: argparse.Namespace) -> int:
+    stall_after = configured_stall_after()  # as `children` (a bad value: exit 2)
     async with open_read_side(args.root, store=args.store) as runtime:
         try:
             records = await runtime.query.list_sessions(probe_locks=True)
@@ -86,7 +91,8 @@ async def sessions_command(args: argparse.Namespace) -> int:
         # Who runs the sessions another process holds (one more probe, only when any is held).
         held = [r.id for r in records if r.held]
         runners = await runtime.query.holders(held) if held else {}
-    rows = [_session_row(r, runners.get(r.id)) for r in records]
+        liveness = await _liveness(runtime.query, records, round(stall_after * 1000))
+    rows = [_session_row(r, runners.get(r.id), liveness.get(r.id)) for r in records]
     if args.json:
         trees = tree_totals(records, own)
         prices = _prices()
@@ -104,7 +110,9 @@ async def sessions_command(args: argparse.Namespace) -> int:
         return 0
     cells = []
     for row in rows:
-        state = f"live ({row['runner']})" if row["live_elsewhere"] else "live" if row["live"] else "persisted"
+        # `stalled` (it runs) and `orphaned` (nobody does) in place of `live`/`persisted`.
+        word = str(row.get("liveness") or ("live" if row["live"] else "persisted"))
+        state = f"{word} ({row['runner']})" if row["live_elsewhere"] else word
         last = row["last_event"]
         cells.append(
             [
@@ -134,9 +142,33 @@ def _prices() -> PriceTable | None:
         return None
 
 
-def _session_row(record: SessionRecord, runner: str | None = None) -> JsonObject:
+async def _liveness(query: SessionQuery, records: Sequence[SessionRecord], stall_after_ms: int) -> dict[str, Liveness]:
+    """`stalled`/`orphaned` of the subagent sessions (issue 29 item 4; only a child's
+    `subagent_timing` unit tells an open turn) from their stored timing rows, read in one
+    query — no log read; one clock reading."""
+    children = [
+        r
+        for r in records
+        if r.header is not None and r.header.origin == "subagent" and r.damage is None and r.event_count
+    ]
+    if not children:
+        return {}
+    # Only the rows of an open turn (its `active` span) come back: an idle child's row is not
+    # fetched nor decoded (the query costs about a tenth of what all the rows would).
+    rows = await query.checkpoint_rows([r.id for r in children], (TIMING_UNIT.key,), keep=_TURN_OPEN)
+    turns = stored_turns(children, rows)
+    now = time.time_ns() // 1_000_000
+    out = {}
+    for record in children:
+        said = session_liveness(record, turns.get(record.id), now, stall_after_ms)
+        if said is not None:
+            out[record.id] = said
+    return out
+
+
+def _session_row(record: SessionRecord, runner: str | None = None, liveness: Liveness | None = None) -> JsonObject:
     header = record.header
-    return {
+    row: JsonObject = {
         "id": record.id,
         "created": header.created_at if header is not None else None,
         "origin": header.origin if header is not None else None,
@@ -151,6 +183,9 @@ def _session_row(record: SessionRecord, runner: str | None = None) -> JsonObject
         "last_event": last_event_ms(record),
         "runner": (runner or ELSEWHERE) if record.held else HERE if record.live else None,
     }
+    if liveness is not None:  # issue 29: `stalled` (it runs) or `orphaned` (nobody does), only when so
+        row["liveness"] = liveness
+    return row
 
 
 async def show_command(args: argparse.Namespace) -> int:
