@@ -58,6 +58,7 @@ __all__ = [
     "tree_usage",
     "usage_lines",
     "usage_of",
+    "with_descendants",
 ]
 
 if TYPE_CHECKING:
@@ -68,6 +69,10 @@ _log = logging.getLogger(__name__)
 ASSISTANT: Final = "assistant/message"
 CONTINUE: Final = "turn/continue"
 MODEL: Final = "session/model"
+# Compaction's summary call is a model call too: its `usage` is counted in the turn its
+# `compaction/start` names.
+SUMMARY: Final = "compaction/summary"
+COMPACTING: Final = "compaction/start"
 
 # One model's counts: (model spec as `session/model` recorded it, "" when none was; input,
 # output, cache read, cache written tokens). What cost is derived from (runtime/pricing.py).
@@ -295,6 +300,36 @@ class _Reply(msgspec.Struct):
 _reply = msgspec.json.Decoder(_Reply)
 
 
+class _Summary(msgspec.Struct):
+    """The key of a `compaction/summary` payload usage needs."""
+
+    usage: _Counts | None = None
+
+
+_summary = msgspec.json.Decoder(_Summary)
+
+
+class _Turn(msgspec.Struct):
+    turn: int = 0
+
+
+_turn = msgspec.json.Decoder(_Turn)
+
+
+def _read_summary(event: Event, turn: int) -> tuple[int, int, int, int, int, int] | None:
+    """As `_read`, for a `compaction/summary`: None when it does not decode or carries no usage
+    (a summary call of a version that did not record it was never counted)."""
+    try:
+        usage = _summary.decode(event.data).usage
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if usage is None or min(usage.input_tokens, usage.output_tokens) < 0:
+        return None
+    cache_read, cache_write = max(usage.cache_read_tokens, 0), max(usage.cache_write_tokens, 0)
+    reasoning = min(max(usage.reasoning_tokens, 0), usage.output_tokens)
+    return (turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write, reasoning)
+
+
 class _Continue(msgspec.Struct):
     """The two keys of a `turn/continue` payload usage needs."""
 
@@ -356,6 +391,7 @@ def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Ite
     carries no usage record, -2 for a model call a crash lost (a `turn/continue` with
     `lost_model_call`). `model` is the one in force before `events` ("" for none); the
     `session/model` events met on the way (an inherited prefix's too) change it."""
+    compacting = 0  # the turn of the compaction in progress
     for event in events:
         if event.type == MODEL:
             model = recorded_model(event)
@@ -364,6 +400,15 @@ def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Ite
             continue
         if event.type == ASSISTANT:
             read = _read(event)
+            if read is not None:
+                yield (*read[:5], model, read[5])
+        elif event.type == COMPACTING:
+            try:
+                compacting = _turn.decode(event.data).turn
+            except (msgspec.DecodeError, RecursionError):
+                compacting = 0
+        elif event.type == SUMMARY:
+            read = _read_summary(event, compacting)
             if read is not None:
                 yield (*read[:5], model, read[5])
         elif event.type == CONTINUE:
@@ -434,7 +479,7 @@ class UsageUnit:
 
     key = "usage"
     state_version = 2  # 2: `model` and `models` (a version-1 row is not read: its log is)
-    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL})
+    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL, SUMMARY})
 
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, Any]:
         return {"own_from": inherited_event_count, **Tokens().to_json()}
@@ -585,18 +630,24 @@ async def tree_usage(query: SessionQuery, listing: ListingService, session_id: s
     the query's `SessionQueryError` when `session_id` itself cannot be read, and the listing's
     errors when the tree cannot be listed."""
     root = await session_usage(query, session_id)
+    return await with_descendants(query, listing, session_id, root.total)
+
+
+async def with_descendants(query: SessionQuery, listing: ListingService, session_id: str, own: Tokens) -> TreeUsage:
+    """`own` (the session's own usage, already read) plus that of every subagent below it, as
+    `tree_usage`. Raises the listing's errors when the tree cannot be listed."""
     rows = await listing.list_descendants(session_id)
-    corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()}
+    corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()} if rows else {}
     skipped = [row.id for row in rows if isinstance(row, DiagnosticRow) or row.id not in corpus]
     wanted = [corpus[row.id] for row in rows if row.id not in skipped]
-    totals = await own_totals(query, wanted)
-    total, counted = root.total, 1
+    totals = await own_totals(query, wanted) if wanted else {}
+    total, counted = own, 1
     for sid, tokens in totals.items():
         if tokens is None:
             skipped.append(sid)
         else:
             total, counted = total + tokens, counted + 1
-    return TreeUsage(session_id=session_id, own=root.total, total=total, sessions=counted, skipped=tuple(skipped))
+    return TreeUsage(session_id=session_id, own=own, total=total, sessions=counted, skipped=tuple(skipped))
 
 
 def tree_totals(records: Sequence[SessionRecord], own: Mapping[str, Tokens | None]) -> dict[str, TreeUsage]:

@@ -418,14 +418,16 @@ class Agent(ModelSteps, ToolSteps):
                 step += 1
                 out = self._budget_out(step)
                 if out is not None:
-                    # The input that came for this step is kept; no model call is made for it.
-                    if pending:
-                        self._stage("step/start", {"turn": turn, "step": step})
-                        self._stage_input(turn, step, pending)
-                        self._stage("step/end", {"turn": turn, "step": step})
+                    self._stage_refused(turn, step, pending)
                     reason = {"kind": "budget", "message": out}
                     break
-                await self._maybe_compact(turn, step, abort)
+                compacted, out = await self._maybe_compact(turn, step, abort)
+                if compacted:
+                    out = self._budget_out(step)  # the call is smaller now, its spending larger
+                if out is not None:
+                    self._stage_refused(turn, step, pending)
+                    reason = {"kind": "budget", "message": out}
+                    break
                 self._stage("step/start", {"turn": turn, "step": step})
                 self._stage_input(turn, step, pending)
                 await self._flush()
@@ -456,6 +458,14 @@ class Agent(ModelSteps, ToolSteps):
             self.config.ledger.settled(self.session_id)  # what it did not use returns to its parent
         return TurnResult(turn=turn, reason=reason, text=text, closing_text=self._closing_text)
 
+    def _stage_refused(self, turn: int, step: int, pending: list[Delivery]) -> None:
+        """A step whose model call a budget refused: the input that came for it is kept, in a
+        step without a model call."""
+        if pending:
+            self._stage("step/start", {"turn": turn, "step": step})
+            self._stage_input(turn, step, pending)
+            self._stage("step/end", {"turn": turn, "step": step})
+
     def _aborted(self) -> Json:
         if self._budget_stop is not None:
             return {"kind": "budget", "message": self._budget_stop}
@@ -475,7 +485,8 @@ class Agent(ModelSteps, ToolSteps):
         if ledger is None or not ledger.bounded(self.session_id):
             return None
         # Its own and every ancestor's shared limits, with this call's estimated size on top.
-        return ledger.refusal(self.session_id, request_estimate(self.surface.messages()), self.model_spec())
+        estimate = request_estimate(self.surface.messages())
+        return ledger.refusal(self.session_id, estimate, self.model_spec(), first_call=step == 1)
 
     async def _join_ledger(self) -> None:
         """Enter the runtime's ledger (tree_ledger.py) with what this session spent, and, when

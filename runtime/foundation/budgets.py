@@ -158,7 +158,7 @@ def spent_of(events: Iterable[Event], inherited_event_count: int) -> Spent:
             continue
         if event.type == "turn/start":
             turns += 1
-        elif event.type == "assistant/message":
+        elif event.type in ("assistant/message", "compaction/summary"):  # a model call's usage
             tokens += reply_tokens(event)
     return Spent(turns, tokens)
 
