@@ -416,14 +416,15 @@ class Agent(ModelSteps, ToolSteps):
                     }
                     break
                 step += 1
-                out = self._budget_out(step)
-                if out is not None:
-                    self._stage_refused(turn, step, pending)
-                    reason = {"kind": "budget", "message": out}
-                    break
-                compacted, out = await self._maybe_compact(turn, step, abort)
-                if compacted:
-                    out = self._budget_out(step)  # the call is smaller now, its spending larger
+                # What has run out already, then compaction (its summary call checked on its
+                # own: a surface too large for the remainder may fit once compacted), then the
+                # step's call with its size.
+                out = self._budget_out(step, sized=False)
+                size = None
+                if out is None:
+                    out, size = await self._maybe_compact(turn, step, abort)
+                if out is None:
+                    out = self._budget_out(step, size=size)
                 if out is not None:
                     self._stage_refused(turn, step, pending)
                     reason = {"kind": "budget", "message": out}
@@ -473,8 +474,10 @@ class Agent(ModelSteps, ToolSteps):
 
     # --- budgets --------------------------------------------------------------------------
 
-    def _budget_out(self, step: int) -> str | None:
-        """Before a model call: the message of the budget that has run out, or None."""
+    def _budget_out(self, step: int, *, sized: bool = True, size: int | None = None) -> str | None:
+        """Before a model call: the message of the budget that has run out, or None; `sized`:
+        with the call's estimated size (`size`, else the surface's) on top of what was spent
+        (else only what has run out)."""
         budget = self.budget
         if budget is not None:
             now = self.clock.now_ms() if budget.deadline is not None else None
@@ -485,7 +488,7 @@ class Agent(ModelSteps, ToolSteps):
         if ledger is None or not ledger.bounded(self.session_id):
             return None
         # Its own and every ancestor's shared limits, with this call's estimated size on top.
-        estimate = request_estimate(self.surface.messages())
+        estimate = 0 if not sized else size if size is not None else request_estimate(self.surface.messages())
         return ledger.refusal(self.session_id, estimate, self.model_spec(), first_call=step == 1)
 
     async def _join_ledger(self) -> None:

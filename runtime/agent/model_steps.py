@@ -189,27 +189,29 @@ class ModelSteps(StepWriter):
 
     # --- compaction -----------------------------------------------------------------------
 
-    async def _maybe_compact(self, turn: int, step: int, abort: Abort) -> tuple[bool, str | None]:
-        """Compact the surface when it is over the policy's size: (whether it did, the message
-        of the budget its summary call would have crossed — then it was not sent)."""
+    async def _maybe_compact(self, turn: int, step: int, abort: Abort) -> tuple[str | None, int | None]:
+        """Compact the surface when it is over the policy's size. Returns the message of the
+        budget its summary call would have crossed (then it was not sent), and, when it
+        compacted, the estimated size of the step's call with the summary in place of the range
+        (the surface changes only when the events are written, with the step's input)."""
         policy = self.config.compaction
         if policy is None or abort.is_set() or self.surface.size() <= policy.max_chars:
-            return False, None
+            return None, None
         plan = plan_compaction(self.surface.nodes, keep_recent=policy.keep_recent)
         if plan is None:
-            return False, None
+            return None, None
         messages = [n.message for n in plan.nodes]
         ledger = self.config.ledger
         if ledger is not None and ledger.bounded(self.session_id):
             # Checked like a step's call: its estimated size against every ancestor's remainder.
             refused = ledger.refusal(self.session_id, request_estimate(messages), self.model_spec())
             if refused is not None:
-                return False, refused
+                return refused, None
         self._stage("compaction/start", {"turn": turn})
         summary, usage = await self._summarize(messages, abort)
         if summary is None:
             self._staged.pop()  # no summary, no compaction: the log shows none of it
-            return False, None
+            return None, None
         data: Json = {"text": summary}
         if usage is not None:
             data["usage"] = usage
@@ -228,7 +230,8 @@ class ModelSteps(StepWriter):
             source_event_seqs=sorted(n.seq for n in plan.nodes),
         )
         self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
-        return True, None
+        size = request_estimate(self.surface.messages()) - request_estimate(messages)
+        return None, max(0, size) + request_estimate([replacement])
 
     async def _summarize(self, messages: list[Json], abort: Abort) -> tuple[str | None, Json | None]:
         """Compaction's summary call, in a `chat` span of its own: its text and usage."""

@@ -248,8 +248,8 @@ def _tree_line(e: Json) -> str:
     if "error" in e:
         return f"── with its subagents: usage unknown ({e['error']})"
     others = e["sessions"] - 1
-    line = _usage_line(e["total"]) or "usage: none"
-    line = f"── with {others} subagent{'s' if others != 1 else ''} {line}"
+    line = (_usage_line(e["total"]) or "usage: none").removeprefix("usage: ")
+    line = f"── with {others} subagent{'s' if others != 1 else ''}: {line}"  # as chat /usage says it
     if e["skipped"]:
         line += f"; skipped (unreadable): {', '.join(e['skipped'])}"
     return line

@@ -80,7 +80,7 @@ def test_show_sessions_and_the_result_line_price_the_usage(tmp_path: Path) -> No
     assert "── total usage: 42 in, 46 out tokens, cache 900 read, 950 written (2 model calls), cost $0.0046" in lines
     # The subtree's total last: the session and its one-shot child, as chat /usage sums them.
     assert lines[-1] == (
-        "── with 1 subagent usage: 62 in, 48 out tokens, cache 900 read, 950 written (3 model calls), cost $0.0047"
+        "── with 1 subagent: 62 in, 48 out tokens, cache 900 read, 950 written (3 model calls), cost $0.0047"
     )
     as_json = json.loads(cli(root, "show", "s1", "--json").stdout)
     assert as_json[-2]["type"] == "usage"
