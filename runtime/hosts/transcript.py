@@ -199,7 +199,9 @@ def render(entries: Sequence[Json]) -> list[str]:
             if line is not None:
                 lines.append(f"── total {line}")
         elif kind == "tree-usage":
-            lines.append(_tree_line(e))
+            tree_line = _tree_line(e)
+            if tree_line is not None:
+                lines.append(tree_line)
         elif kind == "tool/call":
             lines.append(f"  → {e['name']}({e['arguments']})  [{e['call_id']}]")
         elif kind == "tool/result":
@@ -244,11 +246,16 @@ def render(entries: Sequence[Json]) -> list[str]:
     return lines
 
 
-def _tree_line(e: Json) -> str:
+def _tree_line(e: Json) -> str | None:
+    """The subtree's line (none when the tree made no model call and skipped nothing, as for
+    the session's own total)."""
     if "error" in e:
         return f"── with its subagents: usage unknown ({e['error']})"
     others = e["sessions"] - 1
-    line = (_usage_line(e["total"]) or "usage: none").removeprefix("usage: ")
+    usage = _usage_line(e["total"])
+    if usage is None and not e["skipped"]:
+        return None
+    line = (usage or "usage: none").removeprefix("usage: ")
     line = f"── with {others} subagent{'s' if others != 1 else ''}: {line}"  # as chat /usage says it
     if e["skipped"]:
         line += f"; skipped (unreadable): {', '.join(e['skipped'])}"

@@ -108,6 +108,45 @@ async def test_a_descendants_turns_count_against_every_ancestors_max_turns(tmp_p
     assert len(_of(root, "assistant/message")) == 3  # delegate, started, noted 1
 
 
+async def test_a_descendants_turns_before_a_restart_still_count_after_it(tmp_path: Path) -> None:
+    """Root `max_turns` 5. First process: root 1, worker 1, root's notice 2 (3 turns). A new
+    process resumes the root, which reads its worker's turn from the worker's `usage` row: worker
+    2 (4), root's notice 3 (5), worker 3 (6: refused for the root, though within the worker's own
+    4). Counting only what ran in the second process would have let it run."""
+    options: dict[str, Any] = {"clock": ScenarioClock(), "compression": "none", "budget": Budget(max_turns=5)}
+    first = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [{"tool_calls": [_delegate("worker")]}, {"text": "started"}, {"text": "noted"}],
+            },
+            {"label": "worker", "responses": [{"text": "answer 1"}]},
+        ]
+    )
+    async with open_runtime(tmp_path, model=first, id_factory=CountingIds("c"), **options) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+    second = _model(
+        [
+            {"session": "parent", "responses": [{"text": "noted again"}] * 2},
+            {"session": "c-1", "responses": [{"text": "answer 2"}, {"text": "never sent"}]},
+        ]
+    )
+    async with open_runtime(tmp_path, model=second, **options) as rt:
+        parent = await rt.agents.resume("parent")
+        for text in ("again", "a third time"):
+            await rt.subagents.send_message(parent, "c-1", text)
+            await rt.subagents.wait_tree_idle(parent)
+    worker = _logs(tmp_path)["c-1"]
+    assert _of(worker, "subagent/descriptor")[0]["budget"] == {"max_turns": 4}
+    assert _ends(worker) == [
+        {"kind": "completed"},
+        {"kind": "completed"},
+        {"kind": "budget", "message": "ancestor parent's max_turns 5 reached: 6 started (with its subagents')"},
+    ]
+
+
 def test_the_ledger_charges_turns_to_ancestors_and_reserves_them() -> None:
     ledger = TreeLedger(prices=PriceTable())
 
@@ -149,6 +188,26 @@ def test_own_turns_are_recounted_from_the_log_for_the_ledger() -> None:
     own = own_spent(events, 1, PriceTable())
     assert (own.turns, own.tokens) == (2, 35)
     assert spent_of(events, 1).tokens == 35
+
+
+def test_the_usage_unit_counts_own_turns_for_a_seed_and_ignores_a_tampered_count() -> None:
+    from subagents.runtime.usage import USAGE_UNIT
+    from subagents.storage import Event, SessionHeader
+
+    def event(seq: int, type_: str, data: Json) -> Event:
+        return Event(seq=seq, type=type_, time=1, data=msgspec.Raw(msgspec.json.encode(data)))
+
+    start = {"turn": 1, "trigger": {"kind": "message"}}
+    events = [event(0, "turn/start", start), event(1, "turn/start", start), event(2, "turn/start", start)]
+    header = SessionHeader(id="s", created_at=1)
+    state = USAGE_UNIT.fold(USAGE_UNIT.initial(header, 1), events)  # the first is inherited
+    assert state["turns"] == 2 and USAGE_UNIT.view(state)["turns"] == 2
+    one_by_one = USAGE_UNIT.initial(header, 1)
+    for each in events:
+        one_by_one = USAGE_UNIT.apply(one_by_one, each)
+    assert one_by_one == state
+    assert "turns" not in USAGE_UNIT.view({**state, "turns": "many"})
+    assert USAGE_UNIT.fold({**state, "turns": -3}, events[2:])["turns"] == 1  # counted again from 0
 
 
 # --- compaction -----------------------------------------------------------------------------------
