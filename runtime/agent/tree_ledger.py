@@ -5,8 +5,10 @@ Theory of operation. Every agent of a runtime joins its `TreeLedger` (one per ru
 its own usage records (from the events its resume read) plus, for a session whose budget limits
 anything the tree shares, its descendants' (`seed`, from their `usage` cells and checkpoint rows
 — runtime/usage.py `descendant_totals` — read once, at join). From then on nothing is re-read:
-each recorded reply is charged (`charge`) to its session and every ancestor in the ledger, so an
-ancestor's spent total is a dict walk, not a read of every descendant's log.
+each recorded reply (a step's or compaction's) is charged (`charge`) to its session and every
+ancestor in the ledger, and each new turn (`turn_started`) likewise, so an ancestor's spent total
+is a dict walk, not a read of every descendant's log. A turn is checked against every
+`max_turns` of the chain before its first call.
 
 Reservations. Starting a child reserves its budget out of its parent's remainder (`start_child`):
 what a parent can give a new child is its limit less its tree's spending less what its open
