@@ -58,6 +58,7 @@ __all__ = [
     "tree_usage",
     "usage_lines",
     "usage_of",
+    "with_descendants",
 ]
 
 if TYPE_CHECKING:
@@ -68,6 +69,11 @@ _log = logging.getLogger(__name__)
 ASSISTANT: Final = "assistant/message"
 CONTINUE: Final = "turn/continue"
 MODEL: Final = "session/model"
+TURN: Final = "turn/start"
+# Compaction's summary call is a model call too: its `usage` is counted in the turn its
+# `compaction/start` names.
+SUMMARY: Final = "compaction/summary"
+COMPACTING: Final = "compaction/start"
 
 # One model's counts: (model spec as `session/model` recorded it, "" when none was; input,
 # output, cache read, cache written tokens). What cost is derived from (runtime/pricing.py).
@@ -295,6 +301,36 @@ class _Reply(msgspec.Struct):
 _reply = msgspec.json.Decoder(_Reply)
 
 
+class _Summary(msgspec.Struct):
+    """The key of a `compaction/summary` payload usage needs."""
+
+    usage: _Counts | None = None
+
+
+_summary = msgspec.json.Decoder(_Summary)
+
+
+class _Turn(msgspec.Struct):
+    turn: int = 0
+
+
+_turn = msgspec.json.Decoder(_Turn)
+
+
+def _read_summary(event: Event, turn: int) -> tuple[int, int, int, int, int, int] | None:
+    """As `_read`, for a `compaction/summary`: None when it does not decode or carries no usage
+    (a summary call of a version that did not record it was never counted)."""
+    try:
+        usage = _summary.decode(event.data).usage
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if usage is None or min(usage.input_tokens, usage.output_tokens) < 0:
+        return None
+    cache_read, cache_write = max(usage.cache_read_tokens, 0), max(usage.cache_write_tokens, 0)
+    reasoning = min(max(usage.reasoning_tokens, 0), usage.output_tokens)
+    return (turn, usage.input_tokens, usage.output_tokens, cache_read, cache_write, reasoning)
+
+
 class _Continue(msgspec.Struct):
     """The two keys of a `turn/continue` payload usage needs."""
 
@@ -356,6 +392,7 @@ def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Ite
     carries no usage record, -2 for a model call a crash lost (a `turn/continue` with
     `lost_model_call`). `model` is the one in force before `events` ("" for none); the
     `session/model` events met on the way (an inherited prefix's too) change it."""
+    compacting = 0  # the turn of the compaction in progress
     for event in events:
         if event.type == MODEL:
             model = recorded_model(event)
@@ -364,6 +401,15 @@ def _own_replies(events: Iterable[Event], own_from: int, model: str = "") -> Ite
             continue
         if event.type == ASSISTANT:
             read = _read(event)
+            if read is not None:
+                yield (*read[:5], model, read[5])
+        elif event.type == COMPACTING:
+            try:
+                compacting = _turn.decode(event.data).turn
+            except (msgspec.DecodeError, RecursionError):
+                compacting = 0
+        elif event.type == SUMMARY:
+            read = _read_summary(event, compacting)
             if read is not None:
                 yield (*read[:5], model, read[5])
         elif event.type == CONTINUE:
@@ -433,8 +479,9 @@ class UsageUnit:
     with `models`)."""
 
     key = "usage"
-    state_version = 2  # 2: `model` and `models` (a version-1 row is not read: its log is)
-    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL})
+    # 2: `model` and `models`; 3: `turns` (an older row is not read: its log is)
+    state_version = 3
+    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL, SUMMARY, TURN})
 
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, Any]:
         return {"own_from": inherited_event_count, **Tokens().to_json()}
@@ -464,10 +511,13 @@ class UsageUnit:
         models = {m: list(n) for m, *n in t.models}
         before = state.get("model", "")
         before = model = before if type(before) is str else ""
+        turns = _turns_of(state)
         changed = False
         for event in events:
             if event.type == MODEL:
                 changed, model = True, recorded_model(event)
+            elif event.type == TURN and event.seq >= own_from:
+                changed, turns = True, turns + 1
         for reply in _own_replies(events, own_from, before):
             changed = True
             _count(counts, reply, models)
@@ -478,6 +528,8 @@ class UsageUnit:
             out["model"] = model
         if models:
             out["models"] = _models_json(_tokens(counts, models).models)
+        if turns:
+            out["turns"] = turns
         return out
 
     def view(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -485,7 +537,16 @@ class UsageUnit:
         out: dict[str, Any] = tokens.to_json()
         if tokens.models:
             out["models"] = _models_json(tokens.models)
+        if turns := _turns_of(state):
+            out["turns"] = turns
         return out
+
+
+def _turns_of(value: object) -> int:
+    """The turns a unit state or view counts (its own `turn/start` events; 0 when absent or
+    tampered): what a budget's `max_turns` shared down the tree reads of a descendant."""
+    turns = value.get("turns", 0) if type(value) is dict else 0
+    return turns if type(turns) is int and turns > 0 else 0
 
 
 USAGE_UNIT: Final = UsageUnit()
@@ -510,7 +571,13 @@ async def own_totals(query: SessionQuery, records: Sequence[SessionRecord]) -> d
     its `usage` cell, a cold one from a checkpoint row of its lifecycle that covers its whole log,
     else one observation (at most `OBSERVERS` at once, their reads in one group). Never raises
     for one session's trouble."""
-    out: dict[str, Tokens | None] = {}
+    values = await _own_values(query, records)
+    return {sid: None if value is None else Tokens.from_json(value) for sid, value in values.items()}
+
+
+async def _own_values(query: SessionQuery, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any] | None]:
+    """`own_totals`' answers as the unit's views (its counts and `turns`)."""
+    out: dict[str, dict[str, Any] | None] = {}
     live_refs, live_ids, cold = [], [], []
     for record in records:
         ref = query.sessions.get(record.id) if record.live else None
@@ -520,7 +587,7 @@ async def own_totals(query: SessionQuery, records: Sequence[SessionRecord]) -> d
         elif record.damage is not None or record.header is None:
             out[record.id] = None
         elif record.event_count is not None and record.event_count <= record.inherited_event_count:
-            out[record.id] = Tokens()  # no own events: nothing to read
+            out[record.id] = Tokens().to_json()  # no own events: nothing to read
         else:
             cold.append(record)
     by_id = {r.id: r for r in records}
@@ -532,7 +599,7 @@ async def own_totals(query: SessionQuery, records: Sequence[SessionRecord]) -> d
             elif isinstance(answer, Exception):
                 out[sid] = None  # a broken cell
             else:
-                out[sid] = Tokens.from_json(answer.get(USAGE_UNIT.key))
+                out[sid] = _valid(answer.get(USAGE_UNIT.key))
     observe = []
     if cold:
         rows = await query.checkpoint_rows([r.id for r in cold], [USAGE_UNIT.key])
@@ -550,7 +617,7 @@ async def own_totals(query: SessionQuery, records: Sequence[SessionRecord]) -> d
             async with limiter:
                 try:
                     async with query.observe_session(record.id, group=group) as seen:
-                        out[record.id] = Tokens.from_json(seen.projections.get(USAGE_UNIT.key))
+                        out[record.id] = _valid(seen.projections.get(USAGE_UNIT.key))
                 except SessionQueryError:
                     out[record.id] = None
 
@@ -560,7 +627,12 @@ async def own_totals(query: SessionQuery, records: Sequence[SessionRecord]) -> d
     return {r.id: out.get(r.id) for r in records}
 
 
-def _from_rows(record: SessionRecord, rows: Iterable[Any]) -> Tokens | None:
+def _valid(value: object) -> dict[str, Any] | None:
+    """A unit view or state whose counts read (else None: a broken cell, a tampered row)."""
+    return value if type(value) is dict and Tokens.from_json(value) is not None else None
+
+
+def _from_rows(record: SessionRecord, rows: Iterable[Any]) -> dict[str, Any] | None:
     """The totals a checkpoint row proves: this unit's version, this lifecycle, and its last folded
     seq the log's last event (a row behind the log would miss the events after it)."""
     header, count = record.header, record.event_count
@@ -575,7 +647,7 @@ def _from_rows(record: SessionRecord, rows: Iterable[Any]) -> Tokens | None:
         ):
             value = row.value()
             if type(value) is dict and value.get("own_from") == record.inherited_event_count:
-                return Tokens.from_json(value)
+                return _valid(value)
     return None
 
 
@@ -585,18 +657,24 @@ async def tree_usage(query: SessionQuery, listing: ListingService, session_id: s
     the query's `SessionQueryError` when `session_id` itself cannot be read, and the listing's
     errors when the tree cannot be listed."""
     root = await session_usage(query, session_id)
+    return await with_descendants(query, listing, session_id, root.total)
+
+
+async def with_descendants(query: SessionQuery, listing: ListingService, session_id: str, own: Tokens) -> TreeUsage:
+    """`own` (the session's own usage, already read) plus that of every subagent below it, as
+    `tree_usage`. Raises the listing's errors when the tree cannot be listed."""
     rows = await listing.list_descendants(session_id)
-    corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()}
+    corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()} if rows else {}
     skipped = [row.id for row in rows if isinstance(row, DiagnosticRow) or row.id not in corpus]
     wanted = [corpus[row.id] for row in rows if row.id not in skipped]
-    totals = await own_totals(query, wanted)
-    total, counted = root.total, 1
+    totals = await own_totals(query, wanted) if wanted else {}
+    total, counted = own, 1
     for sid, tokens in totals.items():
         if tokens is None:
             skipped.append(sid)
         else:
             total, counted = total + tokens, counted + 1
-    return TreeUsage(session_id=session_id, own=root.total, total=total, sessions=counted, skipped=tuple(skipped))
+    return TreeUsage(session_id=session_id, own=own, total=total, sessions=counted, skipped=tuple(skipped))
 
 
 def tree_totals(records: Sequence[SessionRecord], own: Mapping[str, Tokens | None]) -> dict[str, TreeUsage]:
@@ -643,8 +721,8 @@ async def descendant_spent(
     query: SessionQuery, listing: ListingService, session_id: str, prices: PriceTable
 ) -> TreeSpent:
     """What `session_id`'s descendants have spent, for the tree ledger's seed (runtime/agent/
-    tree_ledger.py): their tokens (every kind), cost at `prices` (None: unknown) and how many
-    there are. From their cells and checkpoint rows (`own_totals`), a log only when neither
+    tree_ledger.py): their tokens (every kind), cost at `prices` (None: unknown), how many
+    there are and the turns they started. From their cells and checkpoint rows (`own_totals`), a log only when neither
     answers. A descendant that cannot be read counts as nothing spent — it is still bounded by
     its own recorded budget; a tree that cannot be listed, likewise (a warning is logged)."""
     from .agent.tree_ledger import TreeSpent
@@ -656,11 +734,12 @@ async def descendant_spent(
         _log.warning("the budget of %s is seeded without its descendants: %s", session_id, exc)
         return TreeSpent()
     wanted = [corpus[row.id] for row in rows if not isinstance(row, DiagnosticRow) and row.id in corpus]
-    totals = await own_totals(query, wanted)
-    total = sum((t for t in totals.values() if t is not None), Tokens())
+    values = [v for v in (await _own_values(query, wanted)).values() if v is not None]
+    total = sum((Tokens.from_json(v) or Tokens() for v in values), Tokens())
     tokens = total.input_tokens + total.output_tokens + total.cache_read_tokens + total.cache_write_tokens
     cost = cost_of(total, prices) if total.calls or total.unknown_calls else 0.0
-    return TreeSpent(tokens=tokens, cost=cost, descendants=len(rows))
+    turns = sum(_turns_of(v) for v in values)
+    return TreeSpent(tokens=tokens, cost=cost, descendants=len(rows), turns=turns)
 
 
 async def prompt_usage_fields(

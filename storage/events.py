@@ -320,6 +320,7 @@ class CompactionStartData(_Strict, frozen=True):
 
 class CompactionSummaryData(_Strict, frozen=True):
     text: str
+    usage: Usage | UnsetType = UNSET  # the summary call's tokens (counted like a step's call)
 
 
 class CompactionEndData(_Strict, frozen=True):

@@ -417,16 +417,19 @@ class Agent(ModelSteps, ToolSteps):
                     }
                     break
                 step += 1
-                out = self._budget_out(step)
+                # What has run out already, then compaction (its summary call checked on its
+                # own: a surface too large for the remainder may fit once compacted), then the
+                # step's call with its size.
+                out = self._budget_out(step, sized=False)
+                size = None
+                if out is None:
+                    out, size = await self._maybe_compact(turn, step, abort)
+                if out is None:
+                    out = self._budget_out(step, size=size)
                 if out is not None:
-                    # The input that came for this step is kept; no model call is made for it.
-                    if pending:
-                        self._stage("step/start", {"turn": turn, "step": step})
-                        self._stage_input(turn, step, pending)
-                        self._stage("step/end", {"turn": turn, "step": step})
+                    self._stage_refused(turn, step, pending)
                     reason = {"kind": "budget", "message": out}
                     break
-                await self._maybe_compact(turn, step, abort)
                 self._stage("step/start", {"turn": turn, "step": step})
                 self._stage_input(turn, step, pending)
                 await self._flush()
@@ -457,6 +460,14 @@ class Agent(ModelSteps, ToolSteps):
             self.config.ledger.settled(self.session_id)  # what it did not use returns to its parent
         return TurnResult(turn=turn, reason=reason, text=text, closing_text=self._closing_text)
 
+    def _stage_refused(self, turn: int, step: int, pending: list[Delivery]) -> None:
+        """A step whose model call a budget refused: the input that came for it is kept, in a
+        step without a model call."""
+        if pending:
+            self._stage("step/start", {"turn": turn, "step": step})
+            self._stage_input(turn, step, pending)
+            self._stage("step/end", {"turn": turn, "step": step})
+
     def _aborted(self) -> Json:
         if self._budget_stop is not None:
             return {"kind": "budget", "message": self._budget_stop}
@@ -464,8 +475,10 @@ class Agent(ModelSteps, ToolSteps):
 
     # --- budgets --------------------------------------------------------------------------
 
-    def _budget_out(self, step: int) -> str | None:
-        """Before a model call: the message of the budget that has run out, or None."""
+    def _budget_out(self, step: int, *, sized: bool = True, size: int | None = None) -> str | None:
+        """Before a model call: the message of the budget that has run out, or None; `sized`:
+        with the call's estimated size (`size`, else the surface's) on top of what was spent
+        (else only what has run out)."""
         budget = self.budget
         if budget is not None:
             now = self.clock.now_ms() if budget.deadline is not None else None
@@ -476,7 +489,8 @@ class Agent(ModelSteps, ToolSteps):
         if ledger is None or not ledger.bounded(self.session_id):
             return None
         # Its own and every ancestor's shared limits, with this call's estimated size on top.
-        return ledger.refusal(self.session_id, request_estimate(self.surface.messages()), self.model_spec())
+        estimate = 0 if not sized else size if size is not None else request_estimate(self.surface.messages())
+        return ledger.refusal(self.session_id, estimate, self.model_spec(), first_call=step == 1)
 
     async def _join_ledger(self) -> None:
         """Enter the runtime's ledger (tree_ledger.py) with what this session spent, and, when

@@ -29,7 +29,7 @@ from ..tools.base import ToolSet
 from .compaction import plan_compaction
 from .step_writer import StepWriter
 from .tool_steps import ToolCall
-from .tree_ledger import CHARGED_COUNTS
+from .tree_ledger import CHARGED_COUNTS, request_estimate
 
 __all__ = ["ModelReply", "ModelSteps"]
 
@@ -166,10 +166,7 @@ class ModelSteps(StepWriter):
         }
         if reply.usage is not None:
             data["usage"] = reply.usage
-            charged = sum(reply.usage.get(k, 0) for k in CHARGED_COUNTS)  # reasoning is part of output
-            self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + charged)
-            if self.config.ledger is not None:  # charged to it and every ancestor (tree_ledger.py)
-                self.config.ledger.charge(self.session_id, reply.usage, self.model_spec())
+            self._charge(reply.usage)
         if reply.interrupted:
             data["interrupted"] = True
         if attempt is not None:
@@ -182,21 +179,44 @@ class ModelSteps(StepWriter):
         with trio.CancelScope(shield=True):
             await self._flush()
 
+    def _charge(self, usage: Json) -> None:
+        """A recorded model call's usage: charged to its own count and, through the ledger, to
+        it and every ancestor (tree_ledger.py)."""
+        charged = sum(usage.get(k, 0) for k in CHARGED_COUNTS)  # reasoning is part of output
+        self.spent = attrs.evolve(self.spent, tokens=self.spent.tokens + charged)
+        if self.config.ledger is not None:
+            self.config.ledger.charge(self.session_id, usage, self.model_spec())
+
     # --- compaction -----------------------------------------------------------------------
 
-    async def _maybe_compact(self, turn: int, step: int, abort: Abort) -> None:
+    async def _maybe_compact(self, turn: int, step: int, abort: Abort) -> tuple[str | None, int | None]:
+        """Compact the surface when it is over the policy's size. Returns the message of the
+        budget its summary call would have crossed (then it was not sent), and, when it
+        compacted, the estimated size of the step's call with the summary in place of the range
+        (the surface changes only when the events are written, with the step's input)."""
         policy = self.config.compaction
         if policy is None or abort.is_set() or self.surface.size() <= policy.max_chars:
-            return
+            return None, None
         plan = plan_compaction(self.surface.nodes, keep_recent=policy.keep_recent)
         if plan is None:
-            return
+            return None, None
+        messages = [n.message for n in plan.nodes]
+        ledger = self.config.ledger
+        if ledger is not None and ledger.bounded(self.session_id):
+            # Checked like a step's call: its estimated size against every ancestor's remainder.
+            refused = ledger.refusal(self.session_id, request_estimate(messages), self.model_spec())
+            if refused is not None:
+                return refused, None
         self._stage("compaction/start", {"turn": turn})
-        summary = await self._summarize([n.message for n in plan.nodes], abort)
+        summary, usage = await self._summarize(messages, abort)
         if summary is None:
             self._staged.pop()  # no summary, no compaction: the log shows none of it
-            return
-        self._stage("compaction/summary", {"text": summary})
+            return None, None
+        data: Json = {"text": summary}
+        if usage is not None:
+            data["usage"] = usage
+            self._charge(usage)
+        self._stage("compaction/summary", data)
         replacement = message(
             self._next_message_id(),
             "user",
@@ -210,12 +230,14 @@ class ModelSteps(StepWriter):
             source_event_seqs=sorted(n.seq for n in plan.nodes),
         )
         self._stage("compaction/end", {"start_seq": plan.start_seq, "end_seq": plan.end_seq})
+        size = request_estimate(self.surface.messages()) - request_estimate(messages)
+        return None, max(0, size) + request_estimate([replacement])
 
-    async def _summarize(self, messages: list[Json], abort: Abort) -> str | None:
-        """Compaction's summary call, in a `chat` span of its own."""
+    async def _summarize(self, messages: list[Json], abort: Abort) -> tuple[str | None, Json | None]:
+        """Compaction's summary call, in a `chat` span of its own: its text and usage."""
         chat = self._turn_trace.chat(messages)
         try:
-            summary = await self._summary_call(messages, abort)
+            summary, usage = await self._summary_call(messages, abort)
         except BaseException as exc:
             chat.fail(exc)
             raise
@@ -223,14 +245,15 @@ class ModelSteps(StepWriter):
             text=summary or "",
             calls=(),
             finish="stop" if summary is not None else None,
-            usage=None,
+            usage=usage,
             error=None,
             interrupted=summary is None and abort.is_set(),
         )
-        return summary
+        return summary, usage
 
-    async def _summary_call(self, messages: list[Json], abort: Abort) -> str | None:
+    async def _summary_call(self, messages: list[Json], abort: Abort) -> tuple[str | None, Json | None]:
         parts: list[str] = []
+        usage: Json | None = None
         with trio.CancelScope(deadline=self._turn_deadline) as scope:
             self._model_scope = scope
             try:
@@ -238,12 +261,14 @@ class ModelSteps(StepWriter):
                     async for chunk in stream:
                         if isinstance(chunk, TextDelta):
                             parts.append(chunk.text)
+                        elif isinstance(chunk, Usage):
+                            usage = chunk.record()
             except ModelError as exc:
                 log.warning("compaction of session %s failed: %s", self.session_id, exc.message)
-                return None
+                return None, None
         self._model_scope = None
         if scope.cancelled_caught and not abort.is_set():
             self._expire(abort)
         if scope.cancelled_caught or abort.is_set() or not parts:
-            return None
-        return "".join(parts)
+            return None, None
+        return "".join(parts), usage

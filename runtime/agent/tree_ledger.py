@@ -5,8 +5,10 @@ Theory of operation. Every agent of a runtime joins its `TreeLedger` (one per ru
 its own usage records (from the events its resume read) plus, for a session whose budget limits
 anything the tree shares, its descendants' (`seed`, from their `usage` cells and checkpoint rows
 — runtime/usage.py `descendant_totals` — read once, at join). From then on nothing is re-read:
-each recorded reply is charged (`charge`) to its session and every ancestor in the ledger, so an
-ancestor's spent total is a dict walk, not a read of every descendant's log.
+each recorded reply (a step's or compaction's) is charged (`charge`) to its session and every
+ancestor in the ledger, and each new turn (`turn_started`) likewise, so an ancestor's spent total
+is a dict walk, not a read of every descendant's log. A turn is checked against every
+`max_turns` of the chain before its first call.
 
 Reservations. Starting a child reserves its budget out of its parent's remainder (`start_child`):
 what a parent can give a new child is its limit less its tree's spending less what its open
@@ -59,18 +61,20 @@ class TreeSpent:
     tokens: int = 0
     cost: float | None = 0.0
     descendants: int = 0
+    turns: int = 0
 
 
 @attrs.frozen(kw_only=True)
 class OwnSpent:
     """What a session spent itself, as it joins: `tokens` (every kind), `cost` (None: a call's
     model has no price), `unpriced` (that model) and `parent` (it started children: only then
-    are its descendants read when it joins)."""
+    are its descendants read when it joins) and `turns` (its turns started)."""
 
     tokens: int = 0
     cost: float | None = 0.0
     unpriced: str | None = None
     parent: bool = False
+    turns: int = 0
 
 
 class _Model(msgspec.Struct):
@@ -88,6 +92,9 @@ class _Reply(msgspec.Struct):
     usage: _Counts | None = None
 
 
+# The events whose `usage` record is a model call's: a turn's step and compaction's summary.
+_CALLS = frozenset({"assistant/message", "compaction/summary"})
+
 _model = msgspec.json.Decoder(_Model)
 _reply = msgspec.json.Decoder(_Reply)
 
@@ -96,16 +103,18 @@ def own_spent(events: Iterable[Event], inherited_event_count: int, prices: Price
     """A session's own spending over its own suffix, for `join`. Bad payloads are not counted
     (as in runtime/usage.py)."""
     model: str | None = None
-    tokens, cost, unpriced, parent = 0, 0.0, None, False
+    tokens, cost, unpriced, parent, turns = 0, 0.0, None, False, 0
     for event in events:
         if event.type == "subagent/catalog" and event.seq >= inherited_event_count:
             parent = True  # it started children: a resume reads what they spent
+        elif event.type == "turn/start" and event.seq >= inherited_event_count:
+            turns += 1
         elif event.type == "session/model":
             try:
                 model = _model.decode(event.data).model
             except (msgspec.DecodeError, RecursionError):
                 model = None
-        elif event.type == "assistant/message" and event.seq >= inherited_event_count:
+        elif event.type in _CALLS and event.seq >= inherited_event_count:
             try:
                 usage = _reply.decode(event.data).usage
             except (msgspec.DecodeError, RecursionError):
@@ -122,7 +131,7 @@ def own_spent(events: Iterable[Event], inherited_event_count: int, prices: Price
                 unpriced = unpriced or (model or "(none recorded)")
             else:
                 cost += price.cost(*counts)
-    return OwnSpent(tokens=tokens, cost=None if unpriced else cost, unpriced=unpriced, parent=parent)
+    return OwnSpent(tokens=tokens, cost=None if unpriced else cost, unpriced=unpriced, parent=parent, turns=turns)
 
 
 # session id → what its descendants (not itself) have spent, read from the store.
@@ -136,6 +145,7 @@ class _Node:
     tokens: int = 0
     cost: float | None = 0.0
     descendants: int = 0
+    turns: int = 0  # turns started in its tree (its own and its descendants')
     open: bool = True  # holds its reservation (started or in a turn, not settled)
     inflight: int = 0  # the estimates of its tree's calls sent and not yet charged
     unpriced: str | None = None  # a model of its tree that has no price (why its cost is unknown)
@@ -155,7 +165,10 @@ class TreeLedger:
     def shares(self, budget: Budget | None) -> bool:
         """Whether `budget` limits something its descendants' spending counts against."""
         return budget is not None and not (
-            budget.max_tokens is None and budget.max_cost is None and budget.max_descendants is None
+            budget.max_tokens is None
+            and budget.max_cost is None
+            and budget.max_descendants is None
+            and budget.max_turns is None
         )
 
     async def join(self, session_id: str, parent: str | None, budget: Budget | None, own: OwnSpent) -> None:
@@ -166,18 +179,19 @@ class TreeLedger:
         if node is not None:
             node.budget, node.open = budget, True
             return
-        spent = TreeSpent(own.tokens, own.cost)
+        spent = TreeSpent(own.tokens, own.cost, 0, own.turns)
         if self.seeder is not None and self.shares(budget) and own.parent:
             below = await self.seeder(session_id)
             spent = TreeSpent(
                 spent.tokens + below.tokens,
                 None if spent.cost is None or below.cost is None else spent.cost + below.cost,
                 below.descendants,
+                spent.turns + below.turns,
             )
         if session_id in self._nodes:  # joined meanwhile (the seeder awaited)
             return
         self._nodes[session_id] = _Node(
-            parent, budget, spent.tokens, spent.cost, spent.descendants, unpriced=own.unpriced
+            parent, budget, spent.tokens, spent.cost, spent.descendants, spent.turns, unpriced=own.unpriced
         )
 
     def leave(self, session_id: str) -> None:
@@ -189,9 +203,13 @@ class TreeLedger:
             node.open = False
 
     def turn_started(self, session_id: str) -> None:
+        """A new turn (not a continued one): one more turn for it and every ancestor, and it
+        holds its reservation again."""
         node = self._nodes.get(session_id)
         if node is not None:
             node.open = True
+        for _sid, each in self._chain(session_id):
+            each.turns += 1
 
     def settled(self, session_id: str) -> None:
         """Its turn ended: what it did not use of its reservation returns to its parent."""
@@ -246,18 +264,30 @@ class TreeLedger:
         estimate)."""
         return any(self.shares(node.budget) for _sid, node in self._chain(session_id))
 
-    def refusal(self, session_id: str, estimate: int, model: str | None) -> str | None:
+    def refusal(self, session_id: str, estimate: int, model: str | None, *, first_call: bool = False) -> str | None:
         """Before a model call of `session_id` whose request is about `estimate` tokens: the
         message of the first budget of it or an ancestor the call would cross, or None — and
         then the estimate is held as in flight until the reply is charged, so calls of one
-        tree made at the same time are checked against each other too."""
+        tree made at the same time are checked against each other too. Before a turn's first
+        call (`first_call`) the turns its tree started are checked too."""
         self._land(session_id)
-        refused = self._refusal(session_id, estimate, model)
+        refused = self._turns_refusal(session_id) if first_call else None
+        refused = refused or self._refusal(session_id, estimate, model)
         if refused is None and estimate > 0 and session_id in self._nodes:
             self._sent[session_id] = estimate
             for _sid, node in self._chain(session_id):
                 node.inflight += estimate
         return refused
+
+    def _turns_refusal(self, session_id: str) -> str | None:
+        """The `max_turns` of it or an ancestor that the turns started in its tree (this one
+        included) have crossed."""
+        for sid, node in self._chain(session_id):
+            limit = None if node.budget is None else node.budget.max_turns
+            if limit is not None and node.turns > limit:
+                whose = "" if sid == session_id else f"ancestor {sid}'s "
+                return f"{whose}max_turns {limit} reached: {node.turns} started (with its subagents')"
+        return None
 
     def _refusal(self, session_id: str, estimate: int, model: str | None) -> str | None:
         price = self.prices.price_of(model)
@@ -298,12 +328,16 @@ class TreeLedger:
         tokens: int | None = None
         cost: float | None = None
         descendants: int | None = None
+        turns: int | None = None
         below: str | None = None  # the chain's previous session: the new child draws on its reservation
         for sid, node in self._chain(session_id):
             budget, via, below = node.budget, below, sid
             if budget is None:
                 continue
-            held_tokens, held_cost = self._held(sid, via)
+            held_tokens, held_cost, held_turns = self._held(sid, via)
+            if budget.max_turns is not None:
+                left_turns = max(0, budget.max_turns - node.turns - held_turns)
+                turns = left_turns if turns is None else min(turns, left_turns)
             if budget.max_tokens is not None:
                 left = max(0, budget.max_tokens - node.tokens - held_tokens)
                 tokens = left if tokens is None else min(tokens, left)
@@ -313,14 +347,14 @@ class TreeLedger:
             if budget.max_descendants is not None:
                 left_n = max(0, budget.max_descendants - node.descendants - 1)  # the child itself
                 descendants = left_n if descendants is None else min(descendants, left_n)
-        if tokens is None and cost is None and descendants is None:
+        if tokens is None and cost is None and descendants is None and turns is None:
             return None
-        return Budget(max_tokens=tokens, max_cost=cost, max_descendants=descendants)
+        return Budget(max_turns=turns, max_tokens=tokens, max_cost=cost, max_descendants=descendants)
 
-    def _held(self, session_id: str, via: str | None) -> tuple[int, float]:
+    def _held(self, session_id: str, via: str | None) -> tuple[int, float, int]:
         """What the open children of `session_id` (but `via`, the one a grandchild is started
-        under) hold of their reservations, unused."""
-        tokens, cost = 0, 0.0
+        under) hold of their reservations, unused: tokens, cost, turns."""
+        tokens, cost, turns = 0, 0.0, 0
         for sid, node in self._nodes.items():
             if node.parent != session_id or sid == via or not node.open or node.budget is None:
                 continue
@@ -328,7 +362,9 @@ class TreeLedger:
                 tokens += max(0, node.budget.max_tokens - node.tokens)
             if node.budget.max_cost is not None:
                 cost += max(0.0, node.budget.max_cost - (node.cost or 0.0))
-        return tokens, cost
+            if node.budget.max_turns is not None:
+                turns += max(0, node.budget.max_turns - node.turns)
+        return tokens, cost, turns
 
     def start_refusal(self, parent: str) -> str | None:
         """Before a child of `parent` is made: the message of the `max_descendants` it would
@@ -352,4 +388,4 @@ class TreeLedger:
     def spent(self, session_id: str) -> TreeSpent | None:
         """What the session's tree has spent, as far as this runtime knows (None: not here)."""
         node = self._nodes.get(session_id)
-        return None if node is None else TreeSpent(node.tokens, node.cost, node.descendants)
+        return None if node is None else TreeSpent(node.tokens, node.cost, node.descendants, node.turns)

@@ -1,11 +1,13 @@
 """Budgets (SPEC §8, docs/format.md "Budgets"): how much an agent may still do.
 
-A `Budget` bounds a session: `max_turns` (its turns started, the current one included) and
-`deadline` (epoch ms on the runtime clock) its own work; `max_tokens` (every token of the usage
-records of its `assistant/message` events), `max_cost` (their cost at the `[prices]` table's
-prices) and `max_descendants` (subagents started below it) its work *and its descendants'*:
-those are shared down the tree, charged to every ancestor and checked against every ancestor
-before each model call by the runtime's ledger (runtime/agent/tree_ledger.py). `seconds` is a
+A `Budget` bounds a session: `deadline` (epoch ms on the runtime clock) its own work (a child's
+is never later than its parent's); `max_turns` (turns started, the current one included),
+`max_tokens` (every token of the usage records of its `assistant/message` and
+`compaction/summary` events), `max_cost` (their cost at the `[prices]` table's prices) and
+`max_descendants` (subagents started below it) its work *and its descendants'*: those are shared
+down the tree, charged to every ancestor and checked against every ancestor before each model
+call by the runtime's ledger (runtime/agent/tree_ledger.py); `exhausted` here checks the
+session's own turns and tokens (what a session without a ledger has). `seconds` is a
 deadline relative to the moment the budget is applied (`resolved`): the root's budget is
 resolved when the runtime opens, a `subagent` call's when the child is made. What is spent is
 never stored: it is recounted from the logs (`spent_of` here for a session's own turns and
@@ -158,7 +160,7 @@ def spent_of(events: Iterable[Event], inherited_event_count: int) -> Spent:
             continue
         if event.type == "turn/start":
             turns += 1
-        elif event.type == "assistant/message":
+        elif event.type in ("assistant/message", "compaction/summary"):  # a model call's usage
             tokens += reply_tokens(event)
     return Spent(turns, tokens)
 
@@ -178,9 +180,9 @@ def exhausted(budget: Budget, spent: Spent, *, first_call: bool, now_ms: int | N
 
 
 def remainder(budget: Budget | None, spent: Spent, *, in_turn: bool) -> Budget | None:
-    """What is left of `budget` for a child: the turns not yet started (the current one counts as
-    left, so a parent in its last turn can still delegate it), the tokens not yet used, the same
-    deadline. None when unlimited."""
+    """What is left of `budget` for a child by the session's own spending: the turns not yet
+    started (the current one counts as left), the tokens not yet used, the same deadline. None
+    when unlimited. The ledger's remainder (its tree's turns and tokens) lowers it further."""
     if budget is None:
         return None
     turns = None

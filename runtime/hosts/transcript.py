@@ -17,9 +17,9 @@ from subagents.storage import Event, decode_payload
 from ..foundation.json_values import JsonObject as Json
 from ..foundation.json_values import JsonValue
 from ..foundation.pricing import PriceTable, format_cost
-from ..usage import MODEL, Tokens, cost_of, describe, recorded_model, usage_of
+from ..usage import MODEL, Tokens, TreeUsage, cost_of, describe, recorded_model, usage_of
 
-__all__ = ["render", "transcript"]
+__all__ = ["render", "transcript", "tree_entry"]
 
 
 def _text(content: Iterable[Mapping[str, JsonValue]]) -> str:
@@ -111,6 +111,19 @@ def transcript(
     return out
 
 
+def tree_entry(tree: TreeUsage | str, prices: PriceTable | None = None) -> Json:
+    """The entry `show` ends with for a session that has subagents: `{"type": "tree-usage",
+    "sessions", "skipped", "total"}` — the session and all its descendants, as `sessions --json`
+    and chat `/usage` sum them (with prices, `total.cost`: null when unknown or a descendant was
+    skipped) — or `{"type": "tree-usage", "error"}` when the tree could not be listed."""
+    if isinstance(tree, str):
+        return {"type": "tree-usage", "error": tree}
+    total: Json = dict(tree.total.to_json())
+    if prices:
+        total["cost"] = None if tree.skipped else cost_of(tree.total, prices)
+    return {"type": "tree-usage", "sessions": tree.sessions, "skipped": list(tree.skipped), "total": total}
+
+
 def _call_tokens(usage: Json, model: str) -> Tokens | None:
     """One call's recorded usage as `Tokens` of `model` (None when it is not counts)."""
     counts = [usage.get(k, 0) for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")]
@@ -185,6 +198,10 @@ def render(entries: Sequence[Json]) -> list[str]:
             line = _usage_line(e["total"])
             if line is not None:
                 lines.append(f"── total {line}")
+        elif kind == "tree-usage":
+            tree_line = _tree_line(e)
+            if tree_line is not None:
+                lines.append(tree_line)
         elif kind == "tool/call":
             lines.append(f"  → {e['name']}({e['arguments']})  [{e['call_id']}]")
         elif kind == "tool/result":
@@ -227,6 +244,22 @@ def render(entries: Sequence[Json]) -> list[str]:
             tree = " with its tree" if d["tree"] else ""
             lines.append(f"── stopped by {d['by']}{tree}: nothing resumes it until a new message")
     return lines
+
+
+def _tree_line(e: Json) -> str | None:
+    """The subtree's line (none when the tree made no model call and skipped nothing, as for
+    the session's own total)."""
+    if "error" in e:
+        return f"── with its subagents: usage unknown ({e['error']})"
+    others = e["sessions"] - 1
+    usage = _usage_line(e["total"])
+    if usage is None and not e["skipped"]:
+        return None
+    line = (usage or "usage: none").removeprefix("usage: ")
+    line = f"── with {others} subagent{'s' if others != 1 else ''}: {line}"  # as chat /usage says it
+    if e["skipped"]:
+        line += f"; skipped (unreadable): {', '.join(e['skipped'])}"
+    return line
 
 
 def _indent(text: str) -> str:

@@ -78,8 +78,17 @@ def test_show_sessions_and_the_result_line_price_the_usage(tmp_path: Path) -> No
     assert "   call: 12 in, 40 out tokens, cache 0 read, 900 written (1 model call), cost $0.0040" in lines
     assert "   call: 30 in, 6 out tokens, cache 900 read, 50 written (1 model call), cost $0.0006" in lines
     assert "── total usage: 42 in, 46 out tokens, cache 900 read, 950 written (2 model calls), cost $0.0046" in lines
+    # The subtree's total last: the session and its one-shot child, as chat /usage sums them.
+    assert lines[-1] == (
+        "── with 1 subagent: 62 in, 48 out tokens, cache 900 read, 950 written (3 model calls), cost $0.0047"
+    )
     as_json = json.loads(cli(root, "show", "s1", "--json").stdout)
-    assert as_json[-1]["total"]["cost"] == pytest.approx(4648.5 / 1e6)
+    assert as_json[-2]["type"] == "usage"
+    assert as_json[-2]["total"]["cost"] == pytest.approx(4648.5 / 1e6)
+    tree = as_json[-1]
+    assert (tree["type"], tree["sessions"], tree["skipped"]) == ("tree-usage", 2, [])
+    assert (tree["total"]["input_tokens"], tree["total"]["output_tokens"], tree["total"]["calls"]) == (62, 48, 3)
+    assert tree["total"]["cost"] == pytest.approx(result["usage"]["cost"])
     rows = {row["id"]: row for row in json.loads(cli(root, "sessions", "--json").stdout)}
     assert rows["s1"]["cost"] == pytest.approx(4648.5 / 1e6)
     assert rows["s1"]["tree_cost"] == pytest.approx(result["usage"]["cost"])

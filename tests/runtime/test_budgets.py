@@ -312,23 +312,24 @@ async def test_budgets_are_inherited_and_clamped_down_three_levels(tmp_path: Pat
                     {"text": "root noted"},
                 ],
             },
-            _level("L1", (50, 5), _delegate("L2", max_turns=2)),  # lowers the turns
+            _level("L1", (50, 5), _delegate("L2", max_turns=4)),  # lowers the turns
             _level("L2", (20, 2), _delegate("L3", deadline_seconds=10)),  # lowers the deadline
             _level("L3", (1, 1)),
         ]
     )
-    root_budget = Budget(max_turns=5, max_tokens=1000, seconds=600)
+    root_budget = Budget(max_turns=10, max_tokens=1000, seconds=600)
     async with _runtime(tmp_path, model, budget=root_budget, max_depth=3) as rt:
         parent, _ = await _started(rt)
         assert parent.budget is not None and parent.budget.seconds is None
         deadline = parent.budget.deadline  # the root's 600 s, resolved when it started
         assert deadline is not None
         ids = {label: _child_with_label(rt, label) for label in ("L1", "L2", "L3")}
-    # The root was in its first of 5 turns (the current turn counts as left) and had spent 110.
-    assert _budget_of(tmp_path, ids["L1"]) == {"max_turns": 5, "max_tokens": 890, "deadline": deadline}
-    assert _budget_of(tmp_path, ids["L2"]) == {"max_turns": 2, "max_tokens": 835, "deadline": deadline}
+    # The root was in its first of 10 turns and had spent 110: turns are shared down the tree
+    # too, so a child gets the turns its ancestors have left (the current one is spent).
+    assert _budget_of(tmp_path, ids["L1"]) == {"max_turns": 9, "max_tokens": 890, "deadline": deadline}
+    assert _budget_of(tmp_path, ids["L2"]) == {"max_turns": 4, "max_tokens": 835, "deadline": deadline}
     l3 = _budget_of(tmp_path, ids["L3"])
-    assert l3 is not None and (l3["max_turns"], l3["max_tokens"]) == (2, 813)
+    assert l3 is not None and (l3["max_turns"], l3["max_tokens"]) == (3, 813)
     assert l3["deadline"] < deadline
     assert 10_000 <= l3["deadline"] - _child_created_at(tmp_path, ids["L3"]) <= 11_000
     for sid in ids.values():  # every level finished within its budget

@@ -232,10 +232,17 @@ def test_show_prints_a_transcript(tmp_path: Path, capsys) -> None:
     assert main(["show", "c1", "--json", "--root", str(root)]) == 0
     entries = __import__("json").loads(capsys.readouterr().out)
     # The last entry is the session's usage (issue 15 item 4): none here, no model call was made.
-    assert [e["type"] for e in entries] == ["subagent/descriptor", "turn/start", "turn/end", "usage"]
-    assert entries[-1] == {
+    # Then its subtree's (c1 has a child): no model call either, and no line for it in the text.
+    assert [e["type"] for e in entries] == ["subagent/descriptor", "turn/start", "turn/end", "usage", "tree-usage"]
+    assert entries[-2] == {
         "type": "usage",
         "turns": [],
+        "total": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0},
+    }
+    assert entries[-1] == {
+        "type": "tree-usage",
+        "sessions": 2,
+        "skipped": [],
         "total": {"input_tokens": 0, "output_tokens": 0, "calls": 0, "reported": 0},
     }
 

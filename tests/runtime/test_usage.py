@@ -280,6 +280,15 @@ async def test_a_damaged_child_is_skipped_and_named(tmp_path: Path) -> None:
     assert tree == TreeUsage(session_id="parent", own=PARENT, total=PARENT + FORK, sessions=2, skipped=("child-1",))
 
 
+def test_show_names_a_damaged_descendant_its_subtree_total_skipped(tmp_path: Path, capsys: Any) -> None:
+    trio.run(_scripted_tree, tmp_path)
+    [log] = (tmp_path / "sessions" / "child-1").glob("session.jsonl*")
+    log.write_bytes(log.read_bytes()[:-3] + b"xyz")  # a checksum failure inside a complete frame
+    assert main(["show", "parent", "--root", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == ("── with 1 subagent: 1100 in, 110 out tokens (5 model calls); skipped (unreadable): child-1")
+
+
 def test_show_prints_usage_per_turn_and_in_total(tmp_path: Path, capsys: Any) -> None:
     trio.run(_scripted_tree, tmp_path)
     assert main(["show", "parent", "--root", str(tmp_path)]) == 0
@@ -288,7 +297,9 @@ def test_show_prints_usage_per_turn_and_in_total(tmp_path: Path, capsys: Any) ->
     assert lines[end_1 + 1] == "   usage: 10 in, 1 out tokens (1 model call)"
     end_2 = lines.index("── end of turn 2: completed")
     assert lines[end_2 + 1] == "   usage: 90 in, 9 out tokens (3 model calls)"
-    assert lines[-1] == "── total usage: 100 in, 10 out tokens (4 model calls)"
+    assert lines[-2] == "── total usage: 100 in, 10 out tokens (4 model calls)"
+    # Then the subtree's: the session and its two subagents (a helper and a fork).
+    assert lines[-1] == "── with 2 subagents: 1200 in, 120 out tokens (6 model calls)"
 
     assert main(["show", "child-2", "--root", str(tmp_path)]) == 0
     fork_lines = capsys.readouterr().out.splitlines()
@@ -299,6 +310,12 @@ def test_show_prints_usage_per_turn_and_in_total(tmp_path: Path, capsys: Any) ->
     assert main(["show", "parent", "--json", "--root", str(tmp_path)]) == 0
     entries = json.loads(capsys.readouterr().out)
     assert entries[-1] == {
+        "type": "tree-usage",
+        "sessions": 3,
+        "skipped": [],
+        "total": {"input_tokens": 1200, "output_tokens": 120, "calls": 6, "reported": 6},
+    }
+    assert entries[-2] == {
         "type": "usage",
         "turns": [
             {"turn": 1, "input_tokens": 10, "output_tokens": 1, "calls": 1, "reported": 1},

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from subagents.storage import StorageError, StoreUnreachable
+from subagents.storage import StorageError, StoreUnreachable, SubagentsError
 
 from ...delegation.agents_text import render_agents, state_word
 from ...delegation.listing import ChildRow
@@ -26,8 +26,8 @@ from ...delegation.units import TIMING_UNIT
 from ...foundation.errors import CommandFailed, QuerySessionNotFound, SessionQueryError, SubagentError, UsageError
 from ...foundation.pricing import PriceTable, load_prices
 from ...read_side import open_read_side
-from ...usage import cost_of, own_totals, tree_json, tree_totals
-from ..transcript import render, transcript
+from ...usage import TreeUsage, cost_of, own_totals, tree_json, tree_totals, usage_of, with_descendants
+from ..transcript import render, transcript, tree_entry
 from .common import cell_text, iso_time, table_lines
 
 if TYPE_CHECKING:
@@ -191,6 +191,7 @@ def _session_row(record: SessionRecord, runner: str | None = None, liveness: Liv
 async def show_command(args: argparse.Namespace) -> int:
     async with open_read_side(args.root, store=args.store) as runtime:
         try:
+            prices = _prices()
             async with runtime.query.observe_session(args.session_id) as observation:
                 entries = transcript(
                     observation.events,
@@ -198,8 +199,17 @@ async def show_command(args: argparse.Namespace) -> int:
                     inherited_event_count=observation.inherited_event_count,
                     inherited_from=observation.header.parent_session,
                     held=observation.held,
-                    prices=_prices(),
+                    prices=prices,
                 )
+                own = usage_of(observation.events, observation.inherited_event_count)[1]
+            # The subtree's total, as `sessions --json` and chat `/usage` give it: its
+            # descendants' own totals from their cells and checkpoint rows.
+            try:
+                tree: TreeUsage | str = await with_descendants(runtime.query, runtime.listing, args.session_id, own)
+            except SubagentsError as exc:  # a tree that cannot be listed: the transcript still shows
+                tree = getattr(exc, "message", None) or str(exc)
+            if isinstance(tree, str) or tree.sessions > 1 or tree.skipped:
+                entries.append(tree_entry(tree, prices))
         except QuerySessionNotFound:
             raise UsageError(f'session "{args.session_id}" not found') from None
         except SessionQueryError as exc:
