@@ -435,6 +435,7 @@ WHITE_BOX = {
     "tests/runtime/test_agent_units.py",
     "tests/runtime/test_budgets.py",
     "tests/runtime/test_budget_tree.py",  # the tree ledger and the prices, without a runtime
+    "tests/runtime/test_budget_shared.py",  # the ledger's turns and the usage unit, beside a runtime
     "tests/runtime/test_pricing.py",  # the config loader and the usage fold beside the prices
     "tests/runtime/test_catalog_unit.py",
     "tests/runtime/test_child_options.py",
@@ -458,6 +459,7 @@ WHITE_BOX = {
     "tests/runtime/test_stopping.py",  # the stopped projection (issue 27)
     "tests/runtime/test_subagent_tools.py",
     "tests/runtime/test_telemetry_settings.py",  # the tracing settings table
+    "tests/runtime/test_telemetry.py",  # the seam's agent name (a pure table) beside the span trees
     "tests/runtime/test_units.py",
     "tests/runtime/test_usage.py",
     "tests/runtime/test_workspace_tools.py",

@@ -14,10 +14,7 @@ from typing import Any
 import msgspec
 import psycopg
 import pytest
-from subagents.runtime import Budget, ScenarioClock, open_runtime
-from subagents.runtime.foundation.ids import CountingIds
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime import Budget, CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime
 from subagents.storage import PostgresLogStore
 
 pytestmark = pytest.mark.pg

@@ -21,15 +21,20 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from scripts import BACKGROUND_CHILD
 from subagents.runtime import (
+    Chunk,
     CountingIds,
+    Finish,
     FunctionTool,
+    Model,
+    ModelRequest,
     OtelTelemetry,
     ScenarioClock,
     ScriptedModel,
+    SessionBinding,
+    Usage,
     load_script,
     open_runtime,
 )
-from subagents.runtime.models.base import Chunk, Finish, Model, ModelRequest, SessionBinding, Usage
 from subagents.storage import FileLogStore
 from wrapped_models import WrappedModel
 
@@ -365,8 +370,7 @@ class _SummaryUsage(WrappedModel):
 async def test_the_compaction_summary_has_its_own_chat_span_with_its_usage(tmp_path: Path) -> None:
     """Compaction's summary call is a `chat` span of its turn, with the tokens it used — counted
     in its turn's sums like any model call — and, without content capture, no summary text."""
-    from subagents.runtime.agent.compaction import CompactionPolicy
-    from subagents.runtime.agent.loop import AgentConfig
+    from subagents.runtime import AgentConfig, CompactionPolicy
 
     telemetry, exporter = _telemetry()
     script = {
