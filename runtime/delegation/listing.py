@@ -523,14 +523,17 @@ class ListingService:
             record = candidates[i]
             identity, whole = checkpoints.get(record.id, (None, False))
             flags, flags_seq = flagged.get(record.id, (None, -1))
+            timing = turns.get(record.id)
             # Rows answer for the log revision they cover whole; rows that lag it answer only
             # for a log another process writes now (its writer checkpoints it as it goes). The
-            # identity and the flags both: a log checkpointed before the flags unit existed has
-            # no flags row, and is observed (until its next writer checkpoints it: the index
-            # keeps a writer's rows over an observation's of the same seq).
+            # identity, the flags and the timing (whether a turn is open: `orphaned`) all: a log
+            # checkpointed before a unit existed, or whose row a damaged index lost, has no such
+            # row, and is observed (until its next writer checkpoints it: the index keeps a
+            # writer's rows over an observation's of the same seq) — one answer, index or not.
             if (
                 identity is not None
                 and flags is not None
+                and timing is not None
                 and ((whole and flags_seq == _last_seq(record)) or record.id in held)
             ):
                 has = record.id in parents or (
@@ -538,7 +541,7 @@ class ListingService:
                 )
                 # A turn open in rows that lag the log may have ended since: only a writer's
                 # (held) rows answer then — and they only make a running child `stalled` or not.
-                turn_open, turn_seq = turns.get(candidates[i].id, (False, -1))
+                turn_open, turn_seq = timing
                 held_there = record.id in held
                 turn_open = turn_open and (held_there or turn_seq == _last_seq(record))
                 runner = ELSEWHERE if held_there else None

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["children_command", "sessions_command", "show_command"]
 
-_TURN_OPEN = {TIMING_UNIT.key: b'"active"'}  # in a `subagent_timing` row only while its turn is open
-
 
 async def children_command(args: argparse.Namespace) -> int:
     rows, created = await _list(args)
@@ -145,7 +143,9 @@ def _prices() -> PriceTable | None:
 async def _liveness(query: SessionQuery, records: Sequence[SessionRecord], stall_after_ms: int) -> dict[str, Liveness]:
     """`stalled`/`orphaned` of the subagent sessions (issue 29 item 4; only a child's
     `subagent_timing` unit tells an open turn) from their stored timing rows, read in one
-    query — no log read; one clock reading."""
+    query; one clock reading. A child without such a row (a damaged index lost it, or it was
+    checkpointed before the unit existed) is observed — its log read once, its rows written
+    back — so a damaged index never changes the answer (the index is a cache)."""
     children = [
         r
         for r in records
@@ -153,10 +153,21 @@ async def _liveness(query: SessionQuery, records: Sequence[SessionRecord], stall
     ]
     if not children:
         return {}
-    # Only the rows of an open turn (its `active` span) come back: an idle child's row is not
-    # fetched nor decoded (the query costs about a tenth of what all the rows would).
-    rows = await query.checkpoint_rows([r.id for r in children], (TIMING_UNIT.key,), keep=_TURN_OPEN)
+    rows = await query.checkpoint_rows([r.id for r in children], (TIMING_UNIT.key,))
     turns = stored_turns(children, rows)
+    proved = []
+    for record in children:
+        if record.id in turns:
+            continue
+        try:
+            async with query.observe_session(record.id) as seen:
+                if seen.observed is not None:
+                    proved.append(seen.observed)
+                turns[record.id] = (seen.turn_open, record.event_count - 1 if record.event_count else -1)
+        except SessionQueryError:
+            continue  # unreadable now: its row says what it can next time
+    if proved:
+        await query.write_observed(proved)  # the index is a cache: never an error
     now = time.time_ns() // 1_000_000
     out = {}
     for record in children:
