@@ -146,7 +146,10 @@ def _log(root: Path, session_id: str) -> list[dict[str, Any]]:
     )
     assert done.returncode == 0, done.stderr
     entries = json.loads(done.stdout)
-    assert entries[-1]["type"] == "usage"  # `show --json` ends with the session's usage summary
+    # `show --json` ends with the session's usage summary, then its subtree's when it has subagents
+    if entries[-1]["type"] == "tree-usage":
+        entries = entries[:-1]
+    assert entries[-1]["type"] == "usage"
     return entries[:-1]  # the transcript entries, in log order
 
 
