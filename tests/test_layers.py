@@ -38,6 +38,11 @@ ALLOWED_THIRD_PARTY = {
         "anyio",
         # opentelemetry: the `otel` extra, imported only when tracing is on (runtime/telemetry/).
         "opentelemetry",
+        # starlette, hypercorn, jinja2: the `web` extra, imported only by runtime/hosts/web/ (the
+        # `web` command loads it when it runs).
+        "starlette",
+        "hypercorn",
+        "jinja2",
     },
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -485,6 +490,7 @@ WHITE_BOX = {
     "tests/runtime/test_acp_server.py",
     "tests/runtime/test_acp_units.py",
     "tests/runtime/test_chat.py",
+    "tests/runtime/test_web.py",  # the web console's app, security rules and server
     "tests/runtime/test_chat_input.py",
     "tests/runtime/test_chat_terminal.py",
     "tests/runtime/test_cli_readable.py",  # patches the CLI's entry module
