@@ -317,6 +317,22 @@ def test_the_room_check_refuses_a_host_import_from_the_library(tmp_path: Path) -
     ]
 
 
+WEB_PACKAGES = ("starlette", "hypercorn", "jinja2")  # the `web` extra
+
+
+def test_only_the_web_room_imports_the_web_extra() -> None:
+    """The `web` extra is optional: no module outside runtime/hosts/web/ imports it (the CLI's
+    `web` command reaches that room only when it runs)."""
+    found = [
+        f"{module} imports {target}"
+        for module, path in MODULES.items()
+        if not module.startswith("subagents.runtime.hosts.web")
+        for target, _line in _imports(module, path)
+        if target.split(".")[0] in WEB_PACKAGES
+    ]
+    assert found == []
+
+
 def test_no_import_cycles() -> None:
     graph: dict[str, set[str]] = {}
     for module, path in MODULES.items():

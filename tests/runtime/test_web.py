@@ -14,6 +14,7 @@ import pytest
 import trio
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
+from subagents.runtime.foundation.errors import UsageError
 from subagents.runtime.hosts.cli import main
 from subagents.runtime.hosts.web.app import WebSettings, build_app
 from subagents.runtime.hosts.web.security import (
@@ -25,7 +26,6 @@ from subagents.runtime.hosts.web.security import (
 )
 from subagents.runtime.hosts.web.serve import allowed_hosts, serve_console
 from subagents.runtime.read_side import open_read_side
-from subagents.runtime.foundation.errors import UsageError
 from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
 
 TOKEN = "a-test-token-of-some-length"

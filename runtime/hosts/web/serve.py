@@ -4,6 +4,7 @@ kept open while it serves."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 from hypercorn.config import Config
@@ -13,7 +14,10 @@ from ...read_side import open_read_side
 from .app import WebSettings, build_app
 from .security import Access, is_loopback
 
-__all__ = ["serve_console"]
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+__all__ = ["allowed_hosts", "serve_console"]
 
 
 def allowed_hosts(host: str) -> frozenset[str]:
@@ -57,5 +61,11 @@ async def serve_console(
             task_status.started(urls)
 
 
-async def _serve(app, config: Config, shutdown, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN001
-    await serve(app, config, shutdown_trigger=shutdown, task_status=task_status)
+async def _serve(
+    app: ASGIApp,
+    config: Config,
+    shutdown: Callable[[], Awaitable[None]] | None,
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await serve(app, config, shutdown_trigger=shutdown, task_status=task_status)  # type: ignore[arg-type]  # Starlette's ASGI types are Hypercorn's in another spelling
