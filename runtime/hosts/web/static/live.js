@@ -21,7 +21,8 @@
     const text = document.createElement("pre");
     text.textContent = item.lines.join("\n");
     entry.append(seq, " ", text);
-    list.append(entry);
+    // Before the session's usage total, which stays the last entry.
+    list.insertBefore(entry, list.querySelector("li[data-type='usage']"));
     after = Math.max(after, item.seq + 1);
   };
 })();
