@@ -511,3 +511,57 @@ def _browse(url: str, root: Path, shots: Path) -> dict[str, object]:
         finally:
             browser.close()
     return seen
+
+
+_HOLDER = """
+import sys
+from subagents.storage import Batch, FileLogStore, Offset, make_event
+store = FileLogStore(sys.argv[1], compression="none")
+handle = store.open_write("helper")
+store.append(handle, [Batch(Offset(1), [make_event(1, "turn/start", int(sys.argv[2]), {"turn": 1})])])
+print("holding", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+store.close(handle)
+store.close_store()
+"""
+
+
+@pytest.mark.slow  # another process holds the child's log
+async def test_overview_shows_a_stalled_child_held_elsewhere(root: Path) -> None:
+    """`helper`'s log held by a writer in another process (live elsewhere), its turn open and its
+    last event a day old: the overview counts it live elsewhere and lists it as stalled, and
+    the tree calls it stalled."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(root), str(T0 + 1)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert await trio.to_thread.run_sync(holder.stdout.readline) == "holding\n"
+        async with _client(root) as client:
+            body = (await client.get("/")).text
+            tree = (await client.get("/tree/boss")).text
+        holder.stdin.close()
+        assert await trio.to_thread.run_sync(holder.wait) == 0
+    finally:
+        holder.kill()
+    assert "<tr><td>live elsewhere</td><td>1</td></tr>" in body
+    stalled = body.split("<h2>Stalled</h2>")[1].split("<h2>")[0]
+    assert f'<a href="/session/helper">helper</a></td><td>boss</td><td>stalled</td><td>pid {holder.pid}</td>' in stalled
+    assert ">stalled<" in tree
+
+
+def test_a_port_in_use_is_a_usage_error(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["web", "--root", str(root), "--port", str(port)]) == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err

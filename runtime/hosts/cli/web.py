@@ -88,7 +88,4 @@ def web_main(args: argparse.Namespace) -> int:
             )
         return 0
 
-    try:
-        return trio.run(until_interrupted, serve)
-    except OSError as exc:  # the address is taken or cannot be bound
-        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    return trio.run(until_interrupted, serve)

@@ -6,10 +6,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import os
+import socket
+
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from ...foundation.errors import UsageError
 from ...read_side import open_read_side
 from .app import WebSettings, build_app
 from .security import Access, is_loopback
@@ -42,23 +46,40 @@ async def serve_console(
     shutdown: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until `shutdown` returns (or the caller is cancelled); `ready(urls)` once bound."""
-    async with open_read_side(root, store=store, stall_after=stall_after) as side:
-        settings = WebSettings(
-            root=root,
-            access=access,
-            read_only=read_only,
-            private_reads=not is_loopback(host),
-            hosts=allowed_hosts(host),
-        )
-        config = Config()
-        config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-        config.accesslog = None
-        config.errorlog = None  # a request's error is its page; the server's own go to stderr below
-        async with trio.open_nursery() as nursery:
-            urls = await nursery.start(_serve, build_app(side, settings), config, shutdown)
-            ready(urls)
-            task_status.started(urls)
+    """Serve until `shutdown` returns (or the caller is cancelled); `ready(urls)` once bound. An
+    address that cannot be bound is a `UsageError`, before the store is opened."""
+    fd = _listening_socket(host, port)
+    handed = False
+    try:
+        async with open_read_side(root, store=store, stall_after=stall_after) as side:
+            settings = WebSettings(
+                root=root,
+                access=access,
+                read_only=read_only,
+                private_reads=not is_loopback(host),
+                hosts=allowed_hosts(host),
+            )
+            config = Config()
+            config.bind = [f"fd://{fd}"]  # bound here, so a refusal is one clear error
+            config.accesslog = None
+            async with trio.open_nursery() as nursery:
+                handed = True  # Hypercorn's listener owns (and closes) the socket from here
+                urls = await nursery.start(_serve, build_app(side, settings), config, shutdown)
+                ready(urls)
+                task_status.started(urls)
+    finally:
+        if not handed:
+            os.close(fd)
+
+
+def _listening_socket(host: str, port: int) -> int:
+    """A socket bound to `host:port`, as a file descriptor for Hypercorn's `fd://` bind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        sock = socket.create_server((host.strip("[]"), port), family=family)
+    except OSError as exc:
+        raise UsageError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    return sock.detach()
 
 
 async def _serve(
