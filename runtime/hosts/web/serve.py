@@ -3,11 +3,10 @@ kept open while it serves."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
-
 import os
 import socket
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 from hypercorn.config import Config
