@@ -534,20 +534,22 @@ async def test_overview_shows_a_stalled_child_held_elsewhere(root: Path) -> None
     import subprocess
     import sys
 
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(root), str(T0 + 1)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+    holder = await trio.lowlevel.open_process(
+        [sys.executable, "-c", _HOLDER, str(root), str(T0 + 1)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         assert holder.stdout is not None and holder.stdin is not None
-        assert await trio.to_thread.run_sync(holder.stdout.readline) == "holding\n"
+        said = b""
+        while not said.endswith(b"\n"):
+            chunk = await holder.stdout.receive_some()
+            assert chunk, f"the holder ended: {said!r}"
+            said += chunk
+        assert said == b"holding\n"
         async with _client(root) as client:
             body = (await client.get("/")).text
             tree = (await client.get("/tree/boss")).text
-        holder.stdin.close()
-        assert await trio.to_thread.run_sync(holder.wait) == 0
+        await holder.stdin.aclose()
+        assert await holder.wait() == 0
     finally:
         holder.kill()
     assert "<tr><td>live elsewhere</td><td>1</td></tr>" in body
