@@ -405,6 +405,12 @@ async def test_live_feed_streams_new_events_over_a_real_server(root: Path) -> No
                 await trio.to_thread.run_sync(_append_turn, root)
                 new = await _next_data(lines)
                 assert (new["seq"], new["type"], new["lines"]) == (4, "turn/start", ["── turn 2"])
+            # A damaged log: one `problem` event naming the damage, and the end.
+            async with client.stream("GET", "/session/broken/events?after=0") as response:
+                told = [line async for line in response.aiter_lines() if line]
+            assert told == ["event: problem", 'data: {"problem": "the log is damaged (corrupt)"}']
+            missing = await client.get("/session/nobody/events")
+            assert missing.status_code == 404
         nursery.cancel_scope.cancel()
 
 

@@ -211,9 +211,6 @@ class _EventsRoute:
         self.session_arg = session_arg
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from ...event_stream import open_event_stream
-        from ..transcript import render, transcript
-
         request = Request(scope, receive)
         sid = self.session_arg(request)
         try:
@@ -228,6 +225,9 @@ class _EventsRoute:
             raise HTTPException(404, f'session "{sid}" not found')
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), *security_headers()]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if info.damage is not None:  # the stream would stop following it in silence: say so, and end
+            await send({"type": "http.response.body", "body": _problem(f"the log is damaged ({info.damage})")})
+            return
         async with trio.open_nursery() as nursery:
 
             async def until_gone() -> None:
@@ -236,20 +236,25 @@ class _EventsRoute:
                 nursery.cancel_scope.cancel()  # the client went away: nothing more to read
 
             nursery.start_soon(until_gone)
-            async with open_event_stream(self.side.query, sid, from_seq=max(after, 0), descendants=False) as stream:
-                await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
-                async for item in stream:
-                    try:
-                        entries = transcript([item.event], session_id=sid)[:-1]  # no usage total
-                    except StorageError as exc:
-                        entries = [{"seq": item.event.seq, "type": "damaged", "text": str(exc)}]
-                    for entry in entries:
-                        lines = render([entry]) if entry["type"] != "damaged" else [str(entry["text"])]
-                        data = json.dumps({"seq": item.event.seq, "type": entry["type"], "lines": lines})
-                        await send(
-                            {"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True}
-                        )
+            try:
+                await self._pump(sid, after, send)
+            except* (StorageError, SessionQueryError) as group:
+                # A log damaged (or a store gone) under the stream: said once, then the stream
+                # ends; the page's script shows it and looks again later.
+                await send({"type": "http.response.body", "body": _problem(str(_first_leaf(group))), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
+
+    async def _pump(self, sid: str, after: int, send: Send) -> None:
+        from ...event_stream import open_event_stream
+        from ..transcript import render, transcript
+
+        async with open_event_stream(self.side.query, sid, from_seq=max(after, 0), descendants=False) as stream:
+            await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
+            async for item in stream:
+                for entry in transcript([item.event], session_id=sid)[:-1]:  # no usage total
+                    data = json.dumps({"seq": item.event.seq, "type": entry["type"], "lines": render([entry])})
+                    await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
 
 
 class _Guard:
@@ -292,6 +297,17 @@ class _Guard:
             await send(message)
 
         await self.app(scope, receive, secured)
+
+
+def _problem(text: str) -> bytes:
+    return f"event: problem\ndata: {json.dumps({'problem': text})}\n\n".encode()
+
+
+def _first_leaf(group: BaseExceptionGroup[Exception]) -> BaseException:
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first
 
 
 def _host_name(host: str) -> str:

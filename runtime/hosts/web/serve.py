@@ -61,6 +61,7 @@ async def serve_console(
             config = Config()
             config.bind = [f"fd://{fd}"]  # bound here, so a refusal is one clear error
             config.accesslog = None
+            config.loglevel = "WARNING"  # its "Running on" line repeats ours
             async with trio.open_nursery() as nursery:
                 handed = True  # Hypercorn's listener owns (and closes) the socket from here
                 urls = await nursery.start(_serve, build_app(side, settings), config, shutdown)
