@@ -573,3 +573,32 @@ def test_a_port_in_use_is_a_usage_error(root: Path, capsys: pytest.CaptureFixtur
         port = taken.getsockname()[1]
         assert main(["web", "--root", str(root), "--port", str(port)]) == 2
     assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.pg
+async def test_overview_on_postgresql_lists_the_hosts(pg_url: str) -> None:
+    """On a PostgreSQL store the overview has the hosts table (`subagents hosts`'s rows): a
+    host that announced itself with capacity 3, alive, holding nothing; a folder has none."""
+    from subagents.runtime.store_select import open_log_store
+
+    store = open_log_store(pg_url, create_schema=True)
+    try:
+        leased = store.leased
+        assert leased is not None
+        placements = leased.placements()
+        await trio.to_thread.run_sync(placements.serve, 3)
+        async with open_read_side(".", store=pg_url) as side:
+            app = build_app(side, _settings(Path(".")))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client:
+                body = (await client.get("/")).text
+                assert "0 roots; page 1 of 1." in (await client.get("/tree")).text
+                assert (await client.get("/session/nobody")).status_code == 404
+    finally:
+        store.close_store()
+    hosts = body.split("<h2>Hosts</h2>")[1].split("<h2>")[0]
+    assert f"<tr><td>{placements.host_id}</td>" in hosts
+    assert "<td>3</td><td>0</td>" in hosts and "<td>alive</td>" in hosts
+
+
+async def test_overview_on_a_folder_has_no_hosts_table(client: httpx.AsyncClient) -> None:
+    assert "<h2>Hosts</h2>" not in (await client.get("/")).text

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 import attrs
+import trio
 
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
@@ -111,6 +112,7 @@ async def overview(side: ReadSide) -> JsonObject:
             if isinstance(row, ChildRow) and row.liveness is not None:
                 stalled.append(child_row(row, now, parent))
     return {
+        "hosts": await _hosts(side, now),
         "total": len(records),
         "roots": sum(1 for r in records if r.header is not None and r.header.parent_session is None),
         "counts": sorted(counts.items()),
@@ -118,6 +120,25 @@ async def overview(side: ReadSide) -> JsonObject:
         "stalled": stalled,
         "stall_after": stall_ms // 1000,
     }
+
+
+async def _hosts(side: ReadSide, now_ms: int) -> list[JsonObject] | None:
+    """The hosts a PostgreSQL store knows (as `subagents hosts`); None on a folder."""
+    leased = side.log_store.leased
+    if leased is None:
+        return None
+    rows = await trio.to_thread.run_sync(lambda: leased.placements().hosts())
+    return [
+        {
+            "id": row.host_id,
+            "started": moment(row.started_at or None, now_ms),
+            "capacity": row.capacity,
+            "held": row.sessions_held,
+            "renewed": moment(row.renewed_at, now_ms),
+            "alive": row.alive,
+        }
+        for row in rows
+    ]
 
 
 async def roots_page(side: ReadSide, page: int) -> JsonObject:
