@@ -602,3 +602,57 @@ async def test_overview_on_postgresql_lists_the_hosts(pg_url: str) -> None:
 
 async def test_overview_on_a_folder_has_no_hosts_table(client: httpx.AsyncClient) -> None:
     assert "<h2>Hosts</h2>" not in (await client.get("/")).text
+
+
+@pytest.mark.slow  # the command in its own process
+async def test_the_command_serves_prints_its_token_and_stops_on_ctrl_c(root: Path, tmp_path: Path) -> None:
+    """`subagents web --port 0`: it prints where it serves and the token; the token signs in;
+    Ctrl-C ends it with status 130. With `--token-file` and `--read-only` no token is printed."""
+    import signal
+    import subprocess
+
+    from cli_process import CLI, clean_env
+
+    async def started(*extra: str) -> tuple[trio.Process, list[str]]:
+        proc = await trio.lowlevel.open_process(
+            [*CLI, "web", "--root", str(root), "--port", "0", *extra],
+            stdout=subprocess.PIPE,
+            env=clean_env(),
+            cwd=tmp_path,
+        )
+        assert proc.stdout is not None
+        said = b""
+        want = 1 if extra else 2
+        while said.count(b"\n") < want:
+            chunk = await proc.stdout.receive_some()
+            assert chunk, f"it ended: {said!r}"
+            said += chunk
+        return proc, said.decode().splitlines()
+
+    proc, lines = await started()
+    try:
+        assert lines[0].startswith(f"subagents web: serving {root} at http://127.0.0.1:")
+        url = lines[0].rsplit(" at ", 1)[1]
+        assert lines[1].startswith("access token: ")
+        token = lines[1].removeprefix("access token: ")
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/")).status_code == 200
+            assert (await client.post("/login", data={"token": token})).status_code == 303
+        proc.send_signal(signal.SIGINT)
+        assert await proc.wait() == 130
+    finally:
+        proc.kill()
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    proc, lines = await started("--token-file", str(token_file), "--read-only")
+    try:
+        assert lines[0].endswith("(read-only)")
+        proc.send_signal(signal.SIGINT)
+        assert await proc.wait() == 130
+        assert proc.stdout is not None
+        rest = b""
+        while chunk := await proc.stdout.receive_some():
+            rest += chunk
+        assert TOKEN.encode() not in rest
+    finally:
+        proc.kill()
