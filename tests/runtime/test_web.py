@@ -79,7 +79,7 @@ def root(tmp_path: Path) -> Path:
             [
                 turn_start_event(0, T0),
                 _user(1, f"hello {SCRIPT}"),
-                assistant_event(2, T0 + 2, text="hi <b>x</b>"),
+                assistant_event(2, T0 + 2, text="hi <b>x</b>", usage=(120, 30)),
                 turn_end_event(3, T0 + 3),
             ],
         )
@@ -168,6 +168,12 @@ async def test_subtree_lists_children_escaped(client: httpx.AsyncClient) -> None
     assert '<a href="/session/helper">helper</a>' in body
     assert "the &lt;i&gt;helper&lt;/i&gt;" in body and "<i>helper</i>" not in body
     assert ">ready<" in body and ">continuable<" in body
+    # Usage: boss's own model call; its tree (boss and helper, which made none) the same.
+    assert (
+        "<p>Its own usage: 120 in, 30 out tokens (1 model call). With its subagents: 120 in, 30 out tokens (1 model call).</p>"
+        in body
+    )
+    assert "<td>not reported (0 model calls)</td><td>-</td>" in body  # helper's own, and no subtree
     missing = await client.get("/tree/nobody")
     assert missing.status_code == 404 and "session &#34;nobody&#34; not found" in missing.text
 

@@ -94,10 +94,10 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def subtree_page(request: Request) -> Response:
         sid = session_arg(request)
         try:
-            rows = await subtree(side, sid)
+            view = await subtree(side, sid)
         except SubagentError as exc:  # ListingParentNotFound
             raise HTTPException(404, exc.message) from None
-        return page(request, "subtree.html", root=sid, rows=rows)
+        return page(request, "subtree.html", root=sid, view=view)
 
     async def session_page(request: Request) -> Response:
         sid = session_arg(request)

@@ -17,6 +17,7 @@ import trio
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
 from ...delegation.listing_rows import last_event_ms
+from ...usage import Tokens, TreeUsage, describe, own_totals, tree_totals
 from ..cli.common import iso_time
 from ..transcript import render, transcript
 
@@ -188,18 +189,35 @@ def child_row(row: ChildRow, now_ms: int, parent: str | None = None) -> JsonObje
     }
 
 
-async def subtree(side: ReadSide, root_id: str) -> list[JsonObject]:
-    """The descendants of `root_id` in pre-order: child rows and diagnostic rows."""
+async def subtree(side: ReadSide, root_id: str) -> JsonObject:
+    """The descendants of `root_id` in pre-order (child rows and diagnostic rows), each child
+    with its own usage and its subtree's, and the root's: from the usage cells and checkpoint
+    rows of these sessions only (a log is read only when neither answers)."""
     now = _now_ms()
-    out: list[JsonObject] = []
-    for row in await side.listing.list_descendants(root_id, require_parent=True):
+    listed = await side.listing.list_descendants(root_id, require_parent=True)
+    # The records of the corpus the listing was made of: no second listing.
+    records = [r for r in (side.query.recorded(sid) for sid in [root_id, *(row.id for row in listed)]) if r is not None]
+    own = await own_totals(side.query, records)
+    trees = tree_totals(records, own)
+    rows: list[JsonObject] = []
+    for row in listed:
         if isinstance(row, ChildRow):
-            out.append(child_row(row, now))
+            shown = child_row(row, now)
+            shown |= _usage(own.get(row.id), trees.get(row.id))
+            rows.append(shown)
         else:
-            out.append(
+            rows.append(
                 {"id": row.id, "kind": "diagnostic", "reason": row.reason, "parent": row.parent_id, "depth": row.depth}
             )
-    return out
+    return {"rows": rows, **_usage(own.get(root_id), trees.get(root_id))}
+
+
+def _usage(own: Tokens | None, tree: TreeUsage | None) -> JsonObject:
+    return {
+        "usage": describe(own) if own is not None else None,
+        "tree_usage": None if tree is None or tree.sessions <= 1 else describe(tree.total),
+        "tree_skipped": list(tree.skipped) if tree is not None else [],
+    }
 
 
 async def session_view(side: ReadSide, session_id: str) -> JsonObject:
