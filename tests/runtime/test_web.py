@@ -662,3 +662,17 @@ async def test_the_command_serves_prints_its_token_and_stops_on_ctrl_c(root: Pat
         assert TOKEN.encode() not in rest
     finally:
         proc.kill()
+
+
+async def test_a_store_that_disappears_is_a_503_page_and_recovers(root: Path, tmp_path: Path) -> None:
+    async with _client(root) as client:
+        assert (await client.get("/")).status_code == 200
+        away = tmp_path.with_name(tmp_path.name + "-away")  # the store is tmp_path itself
+        root.rename(away)
+        for path in ("/", "/tree", "/tree/boss"):
+            response = await client.get(path)
+            assert response.status_code == 503, path
+            assert "<h1>Store unavailable</h1>" in response.text
+        away.rename(root)
+        for path in ("/", "/tree", "/tree/boss", "/session/boss"):
+            assert (await client.get(path)).status_code == 200, path
