@@ -676,3 +676,27 @@ async def test_a_store_that_disappears_is_a_503_page_and_recovers(root: Path, tm
         away.rename(root)
         for path in ("/", "/tree", "/tree/boss", "/session/boss"):
             assert (await client.get(path)).status_code == 200, path
+
+
+@pytest.mark.parametrize("sid", ["x<img src=y onerror=alert(1)>\"'&", "a/b c?#%x<img>"])
+async def test_a_hostile_session_id_is_escaped_everywhere(tmp_path: Path, sid: str) -> None:
+    store = FileLogStore(str(tmp_path), compression="none")
+    try:
+        _write(store, _header(sid), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
+    finally:
+        store.close_store()
+    async with _client(tmp_path) as client:
+        await _signed_in(client)
+        link = quote(sid, safe="/")
+        shown = sid.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
+        shown = shown.replace("'", "&#39;")
+        for path in ("/", "/tree", f"/session/{link}", f"/tree/{link}"):
+            response = await client.get(path)
+            assert response.status_code == 200, path
+            assert "<img" not in response.text, path
+            assert shown in response.text, path
+        assert f'href="/session/{link}"' in (await client.get("/")).text
+        page = (await client.get(f"/session/{link}")).text
+        assert f'action="/session/{link}/stop"' in page
+        stopped = await client.post(f"/session/{link}/stop", data={"csrf": Access(TOKEN).csrf_value})
+        assert stopped.status_code == 200 and "is not running: nothing to stop" in stopped.text

@@ -157,10 +157,11 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     routes = [
         Route("/", overview_page),
         Route("/tree", tree_page),
-        Route("/tree/{session_id}", subtree_page),
-        Route("/session/{session_id}/events", _EventsRoute(side, session_arg)),
-        Route("/session/{session_id}/{action:str}", control, methods=["POST"]),
-        Route("/session/{session_id}", session_page),
+        # `:path`: a session id may hold `/` (the links quote every other special character).
+        Route("/tree/{session_id:path}", subtree_page),
+        Route("/session/{session_id:path}/events", _EventsRoute(side, session_arg)),
+        Route("/session/{session_id:path}/{action:str}", control, methods=["POST"]),
+        Route("/session/{session_id:path}", session_page),
         Route("/login", login_form, methods=["GET"]),
         Route("/login", login, methods=["POST"]),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
