@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import quote
 
+import attrs
 import httpx
 import pytest
 import trio
 from descriptors import descriptor
-from events import assistant_event, turn_end_event, turn_start_event
+from events import assistant_event, seed_marker, turn_end_event, turn_start_event
 from subagents.runtime.foundation.errors import UsageError
 from subagents.runtime.hosts.cli import main
 from subagents.runtime.hosts.web.app import WebSettings, build_app
@@ -700,3 +701,25 @@ async def test_a_hostile_session_id_is_escaped_everywhere(tmp_path: Path, sid: s
         assert f'action="/session/{link}/stop"' in page
         stopped = await client.post(f"/session/{link}/stop", data={"csrf": Access(TOKEN).csrf_value})
         assert stopped.status_code == 200 and "is not running: nothing to stop" in stopped.text
+
+
+async def test_a_forks_inherited_prefix_is_marked(tmp_path: Path) -> None:
+    store = FileLogStore(str(tmp_path), compression="none")
+    try:
+        _write(store, _header("origin"), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
+        head = attrs.evolve(_header("fork"), is_seeded=True, parent_session="origin")
+        handle = store.create(head, inherited_event_count=Offset(2))
+        try:
+            inherited = [turn_start_event(0, T0), turn_end_event(1, T0 + 1), seed_marker(2, T0 + 2)]
+            store.append(handle, [Batch(Offset(0), inherited)])
+            store.append(handle, [Batch(Offset(3), [turn_start_event(3, T0 + 3, turn=2)])])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()
+    async with _client(tmp_path) as client:
+        body = (await client.get("/session/fork")).text
+    assert "--- inherited from origin (events 0..1) ---" in body
+    assert '<li class="entry inherited" data-type="turn/start"><span class="seq">0</span>' in body
+    assert '<li class="entry inherited" data-type="turn/end"><span class="seq">1</span>' in body
+    assert '<li class="entry" data-type="turn/start"><span class="seq">3</span> <pre>── turn 2</pre>' in body
