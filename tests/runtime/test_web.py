@@ -723,3 +723,18 @@ async def test_a_forks_inherited_prefix_is_marked(tmp_path: Path) -> None:
     assert '<li class="entry inherited" data-type="turn/start"><span class="seq">0</span>' in body
     assert '<li class="entry inherited" data-type="turn/end"><span class="seq">1</span>' in body
     assert '<li class="entry" data-type="turn/start"><span class="seq">3</span> <pre>── turn 2</pre>' in body
+
+
+async def test_stop_tree_stops_the_session_and_its_descendants(client: httpx.AsyncClient) -> None:
+    """`stop --tree` from the page: boss and helper, nobody runs them, get their stop markers
+    here; the tree then shows helper stopped, and a second stop says both were stopped already."""
+    await _signed_in(client)
+    assert 'action="/session/boss/stop-tree"' in (await client.get("/session/boss")).text
+    response = await client.post("/session/boss/stop-tree", data={"csrf": Access(TOKEN).csrf_value})
+    assert response.status_code == 200
+    assert "stopped 2 sessions: boss and its descendants helper" in response.text
+    assert ">stopped<" in (await client.get("/tree/boss")).text
+    again = await client.post("/session/boss/stop-tree", data={"csrf": Access(TOKEN).csrf_value})
+    assert "(2 of them stopped already)" in again.text
+    refused = await client.post("/session/boss/stop-tree", data={"csrf": "forged"})
+    assert refused.status_code == 403

@@ -36,13 +36,14 @@ if TYPE_CHECKING:
 __all__ = ["WebSettings", "build_app"]
 
 _HERE = Path(__file__).parent
-_CONTROLS: dict[str, Control] = {"send": "send", "interrupt": "interrupt", "stop": "stop"}
+_CONTROLS: dict[str, Control] = {"send": "send", "interrupt": "interrupt", "stop": "stop", "stop-tree": "stop-tree"}
 MAX_FORM = 64 * 1024  # bytes of a form body (a message to an agent included)
 
 
 @attrs.frozen(kw_only=True)
 class WebSettings:
     root: str  # the file store's folder (its mailbox lives there), or the working folder
+    store: str | None = None  # a PostgreSQL store's URL (`--store`), else None: the folder `root`
     access: Access
     read_only: bool = False
     # Whether reads need the token too (a console reachable from other machines).
@@ -139,7 +140,9 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
         if not access.csrf_matches(form.get("csrf")) or not _same_origin(request):
             return problem(request, 403, "Refused", "the form's CSRF check failed: nothing was sent")
         try:
-            outcome = await deliver(side, settings.root, sid, _CONTROLS[action], form.get("text", ""))
+            outcome = await deliver(
+                side, settings.root, sid, _CONTROLS[action], form.get("text", ""), store=settings.store
+            )
         except ControlRefused as exc:
             return problem(request, exc.status, "Not delivered", exc.message)
         return page(request, "outcome.html", session_id=sid, outcome=outcome)

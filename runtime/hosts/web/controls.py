@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Control", "ControlRefused", "deliver"]
 
-Control = Literal["send", "interrupt", "stop"]
+Control = Literal["send", "interrupt", "stop", "stop-tree"]
 
 
 class ControlRefused(Exception):
@@ -31,8 +31,11 @@ class ControlRefused(Exception):
         self.status = status
 
 
-async def deliver(side: ReadSide, root: str, session_id: str, control: Control, text: str = "") -> str:
-    """Deliver `control` to the session; the outcome as one sentence."""
+async def deliver(
+    side: ReadSide, root: str, session_id: str, control: Control, text: str = "", *, store: str | None = None
+) -> str:
+    """Deliver `control` to the session; the outcome as one sentence. `stop-tree` is
+    `subagents stop ID --tree` (runtime/hosts/cli/stop_tree.py) on the store at `store`/`root`."""
     # Here, not at the top: the mailbox owner's module loads the agent loop.
     from ...agent.mailbox_owner import new_envelope
 
@@ -46,6 +49,8 @@ async def deliver(side: ReadSide, root: str, session_id: str, control: Control, 
         raise ControlRefused(f'session "{session_id}" is damaged ({info.damage}): nothing delivered', 409)
     if control == "send" and not text.strip():
         raise ControlRefused("an empty message: nothing delivered", 400)
+    if control == "stop-tree":
+        return await _stop_tree(root, store, session_id)
     if not held and control != "send":
         return f"session {session_id} is not running: nothing to {control}"
     mailbox = open_mailbox(side.log_store, root)
@@ -57,3 +62,20 @@ async def deliver(side: ReadSide, root: str, session_id: str, control: Control, 
         "live in another process, which records it" if held else "not running: the next host that resumes it records it"
     )
     return f"{control} {envelope.delivery_id} delivered to session {session_id} ({where})"
+
+
+async def _stop_tree(root: str, store: str | None, session_id: str) -> str:
+    """The session and every descendant stopped for good, as `stop --tree` does: a runtime
+    without a model on the same store (it starts no agent) writes the markers of the sessions
+    nobody runs and sends a `stop` to those another process runs."""
+    from ...app import open_runtime  # the runtime's weight, only for this control
+    from ..cli.stop_tree import stopped_line
+
+    async with open_runtime(root, store=store) as runtime:
+        done = await runtime.subagents.stop_tree(session_id, by="operator")
+    stopped = done.stopped
+    already = sum(1 for _sid, outcome in done.sessions if outcome == "already")
+    line = stopped_line(session_id, [d for d in done.descendants if d in stopped], already)
+    if done.unconfirmed:
+        line += f"; delivered, but not yet recorded by the host that runs {', '.join(done.unconfirmed)}"
+    return line

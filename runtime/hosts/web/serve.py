@@ -53,6 +53,7 @@ async def serve_console(
         async with open_read_side(root, store=store, stall_after=stall_after) as side:
             settings = WebSettings(
                 root=root,
+                store=store,
                 access=access,
                 read_only=read_only,
                 private_reads=not is_loopback(host),
