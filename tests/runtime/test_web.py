@@ -481,6 +481,7 @@ async def test_a_real_browser_reads_follows_and_controls(root: Path, tmp_path: P
     assert [m for m in seen["console"] if "Content Security Policy" in m] == []
     assert SCRIPT in seen["user_text"]
     assert seen["live"] == "── turn 2"
+    assert "helper" in str(seen["tree_rows"]) and "the <i>helper</i>" in str(seen["tree_rows"])
     assert "send " in seen["sent"] and "delivered to session boss" in seen["sent"]
     assert seen["stopped"] == "session boss is not running: nothing to stop"
     for name in ("overview", "tree", "session"):
@@ -511,6 +512,13 @@ def _browse(url: str, root: Path, shots: Path) -> dict[str, object]:
             _append_turn(root)
             seen["live"] = page.inner_text("li.live[data-type='turn/start'] pre")
             page.screenshot(path=str(shots / "session.png"), full_page=True)
+            page.goto(url + "/tree/boss")
+            page.wait_for_selector("#live-status:has-text('following the tree')")
+            with page.expect_response(lambda r: r.url == url + "/tree/boss") as reloaded:
+                _append(root, "boss", turn_end_event(5, T0 + 5, turn=2))
+            assert reloaded.value.status == 200  # the page fetched itself again
+            page.wait_for_selector("#live-status:has-text('boss #5 turn/end')")
+            seen["tree_rows"] = page.inner_text("#tree-live")  # reloaded in place, still the rows
             page.goto(url + "/login")
             page.fill("input[name=token]", TOKEN)
             page.click("button[type=submit]")
@@ -738,3 +746,61 @@ async def test_stop_tree_stops_the_session_and_its_descendants(client: httpx.Asy
     assert "(2 of them stopped already)" in again.text
     refused = await client.post("/session/boss/stop-tree", data={"csrf": "forged"})
     assert refused.status_code == 403
+
+
+async def test_the_tree_feed_tells_of_events_anywhere_in_the_tree(tmp_path: Path) -> None:
+    """`/tree/lead/events` over a real server: nothing from history, then an event another
+    writer appends to the existing child `kid` (known from lead's catalog), then one of lead's."""
+    catalog = {
+        "version": 1,
+        "child_id": "kid",
+        "child_created_at": T0,
+        "mode": "continuable",
+        "label": "the kid",
+        "call_id": "call_1",
+    }
+    store = FileLogStore(str(tmp_path), compression="none")
+    try:
+        _write(store, _header("lead"), [turn_start_event(0, T0), make_event(1, "subagent/catalog", T0 + 1, catalog)])
+        _write(store, _header("kid", "lead"), [make_event(0, "subagent/descriptor", T0, descriptor("the kid"))])
+    finally:
+        store.close_store()
+    urls: list[str] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: serve_console(
+                root=str(tmp_path),
+                store=None,
+                host="127.0.0.1",
+                port=0,
+                access=Access(TOKEN),
+                read_only=False,
+                stall_after=300.0,
+                ready=urls.extend,
+                task_status=task_status,
+            )
+        )
+        async with httpx.AsyncClient(base_url=urls[0], timeout=30) as client:
+            page = (await client.get("/tree/lead")).text
+            assert 'data-root="lead"' in page and '<script src="/static/tree.js"></script>' in page
+            async with client.stream("GET", "/tree/lead/events") as response:
+                lines = response.aiter_lines()
+                assert await anext(lines) == ": open"
+                await trio.to_thread.run_sync(_append, tmp_path, "kid", turn_start_event(1, T0 + 5))
+                assert await _next_data(lines) == {"session_id": "kid", "seq": 1, "type": "turn/start"}
+                await trio.to_thread.run_sync(_append, tmp_path, "lead", turn_end_event(2, T0 + 6))
+                assert await _next_data(lines) == {"session_id": "lead", "seq": 2, "type": "turn/end"}
+            assert (await client.get("/tree/nobody/events")).status_code == 404
+        nursery.cancel_scope.cancel()
+
+
+def _append(root: Path, sid: str, event: Event) -> None:
+    store = FileLogStore(str(root), compression="none")
+    try:
+        handle = store.open_write(sid)
+        try:
+            store.append(handle, [Batch(Offset(event.seq), [event])])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()

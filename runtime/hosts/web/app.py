@@ -161,6 +161,7 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
         Route("/", overview_page),
         Route("/tree", tree_page),
         # `:path`: a session id may hold `/` (the links quote every other special character).
+        Route("/tree/{session_id:path}/events", _EventsRoute(side, session_arg, tree=True)),
         Route("/tree/{session_id:path}", subtree_page),
         Route("/session/{session_id:path}/events", _EventsRoute(side, session_arg)),
         Route("/session/{session_id:path}/{action:str}", control, methods=["POST"]),
@@ -207,12 +208,15 @@ def _same_origin(request: Request) -> bool:
 class _EventsRoute:
     """`GET /session/ID/events`: the session's durable events from `?after=SEQ` on, as
     server-sent events, each `{"seq", "type", "lines"}` (lines as `show` renders them), until
-    the client goes away. A raw ASGI endpoint: the stream's nursery lives in this call, not in
-    a generator a response would iterate."""
+    the client goes away. With `tree` (`GET /tree/ID/events`): the events its tree makes from
+    now on — the root's and every descendant's the stream knows from the catalogs — each
+    `{"session_id", "seq", "type"}`, for the tree page to reload its rows. A raw ASGI endpoint:
+    the stream's nursery lives in this call, not in a generator a response would iterate."""
 
-    def __init__(self, side: ReadSide, session_arg: Any) -> None:
+    def __init__(self, side: ReadSide, session_arg: Any, *, tree: bool = False) -> None:
         self.side = side
         self.session_arg = session_arg
+        self.tree = tree
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -241,13 +245,27 @@ class _EventsRoute:
 
             nursery.start_soon(until_gone)
             try:
-                await self._pump(sid, after, send)
+                if self.tree:
+                    await self._tree(sid, int(info.event_count), send)
+                else:
+                    await self._pump(sid, after, send)
             except* (StorageError, SessionQueryError) as group:
                 # A log damaged (or a store gone) under the stream: said once, then the stream
                 # ends; the page's script shows it and looks again later.
                 await send({"type": "http.response.body", "body": _problem(str(_first_leaf(group))), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
+
+    async def _tree(self, sid: str, now: int, send: Send) -> None:
+        from ...event_stream import open_event_stream
+
+        # From the root's end: its history is read once to find the existing children, whose
+        # events are delivered from their durable end on (runtime/event_stream.py).
+        async with open_event_stream(self.side.query, sid, from_seq=now, descendants=True) as stream:
+            await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
+            async for item in stream:
+                data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})
+                await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
 
     async def _pump(self, sid: str, after: int, send: Send) -> None:
         from ...event_stream import open_event_stream
