@@ -38,6 +38,11 @@ ALLOWED_THIRD_PARTY = {
         "anyio",
         # opentelemetry: the `otel` extra, imported only when tracing is on (runtime/telemetry/).
         "opentelemetry",
+        # starlette, hypercorn, jinja2: the `web` extra, imported only by runtime/hosts/web/ (the
+        # `web` command loads it when it runs).
+        "starlette",
+        "hypercorn",
+        "jinja2",
     },
 }
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -312,6 +317,22 @@ def test_the_room_check_refuses_a_host_import_from_the_library(tmp_path: Path) -
     ]
 
 
+WEB_PACKAGES = ("starlette", "hypercorn", "jinja2")  # the `web` extra
+
+
+def test_only_the_web_room_imports_the_web_extra() -> None:
+    """The `web` extra is optional: no module outside runtime/hosts/web/ imports it (the CLI's
+    `web` command reaches that room only when it runs)."""
+    found = [
+        f"{module} imports {target}"
+        for module, path in MODULES.items()
+        if not module.startswith("subagents.runtime.hosts.web")
+        for target, _line in _imports(module, path)
+        if target.split(".")[0] in WEB_PACKAGES
+    ]
+    assert found == []
+
+
 def test_no_import_cycles() -> None:
     graph: dict[str, set[str]] = {}
     for module, path in MODULES.items():
@@ -487,6 +508,7 @@ WHITE_BOX = {
     "tests/runtime/test_acp_server.py",
     "tests/runtime/test_acp_units.py",
     "tests/runtime/test_chat.py",
+    "tests/runtime/test_web.py",  # the web console's app, security rules and server
     "tests/runtime/test_chat_input.py",
     "tests/runtime/test_chat_terminal.py",
     "tests/runtime/test_cli_readable.py",  # patches the CLI's entry module

@@ -37,7 +37,8 @@ sys.exit(code)
 """
 
 # Third-party packages no read-only command may load (psycopg: the store here is files;
-# opentelemetry: the `otel` extra, loaded only by a host with tracing on).
+# opentelemetry: the `otel` extra, loaded only by a host with tracing on; starlette, hypercorn,
+# jinja2: the `web` extra, loaded only by `subagents web`).
 HEAVY_PACKAGES = (
     "httpx",
     "httpcore",
@@ -51,6 +52,9 @@ HEAVY_PACKAGES = (
     "anthropic",
     "pydantic",
     "opentelemetry",
+    "starlette",
+    "hypercorn",
+    "jinja2",
 )
 # Runtime modules of the hosts: the agent loop, the models, the tools, the composition root and
 # what only a host (run, chat, acp, demo, scenario) uses.
@@ -78,6 +82,7 @@ HOST_MODULES = (
     "subagents.runtime.hosts.chat.terminal",
     "subagents.runtime.delegation.service",
     "subagents.runtime.delegation.settlement",
+    "subagents.runtime.hosts.web",
 )
 # `config` reads the MCP server entries of subagents.toml (plain values; nothing there imports mcp)
 # and shows the default permission rules (their module loads no tool).

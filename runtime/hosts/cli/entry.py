@@ -49,6 +49,7 @@ from .operator import OPERATOR_COMMANDS, add_operator_commands, operator_main
 from .scenario import add_scenario_command, scenario_main
 from .serve import add_serve_commands, hosts_command, serve_command
 from .store import add_store_commands, select_store, transfer_command
+from .web import add_web_command, web_main
 
 if TYPE_CHECKING:
     from .common import Commands
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     _chat_parser(commands, root, model_options)
     add_operator_commands(commands, root, model_options)
     add_serve_commands(commands, root, model_options)
+    add_web_command(commands, root)
     add_store_commands(commands)
     return parser
 
@@ -308,6 +310,8 @@ def _command(args: argparse.Namespace) -> int:
             return trio.run(until_interrupted, serve_command, args, setup)
         if args.command == "hosts":
             return hosts_command(args)
+        if args.command == "web":
+            return web_main(args)
     except UsageError as exc:
         print(f"subagents: {one_line(str(exc))}", file=sys.stderr)
         return 2

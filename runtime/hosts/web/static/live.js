@@ -1,0 +1,46 @@
+// Follows the session page's transcript live (server-sent events from /session/ID/events).
+// Text goes in through textContent only: a log text is never parsed as HTML.
+"use strict";
+(function () {
+  const list = document.getElementById("transcript");
+  const status = document.getElementById("live-status");
+  if (!list || !window.EventSource) return;
+  let after = Number(list.dataset.after);
+  const RETRY_MS = 3000;
+
+  function add(item) {
+    if (item.seq < after) return; // already shown
+    const entry = document.createElement("li");
+    entry.className = "entry live";
+    entry.dataset.type = item.type;
+    const seq = document.createElement("span");
+    seq.className = "seq";
+    seq.textContent = String(item.seq);
+    const text = document.createElement("pre");
+    text.textContent = item.lines.join("\n");
+    entry.append(seq, " ", text);
+    // Before the session's usage total, which stays the last entry.
+    list.insertBefore(entry, list.querySelector("li[data-type='usage']"));
+    after = Math.max(after, item.seq + 1);
+  }
+
+  function follow() {
+    // Our own reconnection, not EventSource's: it would ask again from the first `after`.
+    const source = new EventSource(
+      "/session/" + encodeURIComponent(list.dataset.session) + "/events?after=" + after
+    );
+    source.onopen = () => { status.textContent = "following new events"; };
+    source.onmessage = (message) => add(JSON.parse(message.data));
+    source.addEventListener("problem", (message) => {
+      status.textContent = "the live feed stopped: " + JSON.parse(message.data).problem;
+    });
+    source.onerror = () => {
+      source.close();
+      if (!status.textContent.startsWith("the live feed stopped")) {
+        status.textContent = "the live feed is interrupted (the console or its store is gone); retrying";
+      }
+      setTimeout(follow, RETRY_MS);
+    };
+  }
+  follow();
+})();
