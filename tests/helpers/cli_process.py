@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +37,16 @@ def write_script(path: Path, script: Any) -> str:
     """Write a model script to `path`; the `--model` value that names it."""
     path.write_text(json.dumps(script))
     return f"scripted:{path}"
+
+
+def kill_when_held(
+    argv: list[str], holding: threading.Event, *, cwd: Path, env: dict[str, str], timeout: float
+) -> None:
+    """Run `argv` until a fake provider server holds its model call (`holding` set), then
+    SIGKILL it: a process that dies mid-call, as a crash leaves it."""
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert holding.wait(timeout), f"{argv[:4]}: the model call was never held"
+    finally:
+        process.kill()
+        process.wait(timeout)

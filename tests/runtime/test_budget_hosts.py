@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_process import CLI, clean_env
+from cli_process import CLI, clean_env, kill_when_held
 from fake_anthropic import AnthropicServer, Block, Reply
 
 pytestmark = pytest.mark.slow  # every test runs a host process
@@ -154,18 +154,13 @@ def test_a_tree_budget_survives_a_sigkill_and_is_checked_again_on_resume(tmp_pat
     spec = f"anthropic:{MODEL}"
     command = [*CLI, "run", "--root", str(root), "--session", "s1", "--model", spec, "--budget-tokens", "5000"]
     with AnthropicServer(replies) as server:
-        first = subprocess.Popen(
+        kill_when_held(
             [*command, "--base-url", server.base_url, "Delegate the work."],
+            server.holding,
             cwd=tmp_path,
             env=clean_env(ANTHROPIC_API_KEY=KEY),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            timeout=TIMEOUT,
         )
-        try:
-            assert server.holding.wait(TIMEOUT)
-        finally:
-            first.kill()
-            first.wait(TIMEOUT)
         done = subprocess.run(
             [*command, "--base-url", server.base_url, "--stream", "again"],
             cwd=tmp_path,

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import trio
 import zstandard
-from cli_process import CLI, clean_env
+from cli_process import CLI, clean_env, kill_when_held
 from log_lines import log_file
 from openai_server import OpenAIServer, Reply, last_message, request_problem, tool_messages
 from subagents.runtime import Chunk, Finish, ModelRequest, OpenAIChatModel, TextDelta, ToolCallDelta, ToolSpec, Usage
@@ -446,18 +446,13 @@ def test_a_run_killed_while_a_childs_model_streams_resumes_with_a_request_openai
         replies.insert(2, Reply.text("in ", "doubt", usage=(4, 1), when=is_tool_result))
     command = [*CLI, "run", "--root", str(root), "--session", "s1", "--model", f"openai:{MODEL}"]
     with OpenAIServer(replies) as server:
-        first = subprocess.Popen(
+        kill_when_held(
             [*command, "--base-url", server.base_url, "delegate it"],
+            server.holding,
             cwd=tmp_path,
             env=clean_env(OPENAI_API_KEY=KEY),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            timeout=TIMEOUT,
         )
-        try:
-            assert server.holding.wait(TIMEOUT)
-        finally:
-            first.kill()
-            first.wait(TIMEOUT)
         done = run(root, server, "--session", "s1", "--stream", "again")
     assert done.returncode == 0, done.stderr
     events, result = stream_lines(done.stdout)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
 from acp.schema import AgentMessageChunk, ClientCapabilities, SessionNotification, ToolCallProgress, ToolCallStart
-from cli_process import CLI, clean_env
+from cli_process import CLI, clean_env, kill_when_held
 from fake_anthropic import AnthropicServer, Block, Reply
 
 pytestmark = pytest.mark.slow  # every test runs a host process
@@ -173,18 +173,13 @@ def test_a_run_killed_mid_turn_resumes_with_its_thinking_sent_back(tmp_path: Pat
     spec = f"anthropic:{MODEL},thinking=1024"
     command = [*CLI, "run", "--root", str(root), "--session", "s1", "--model", spec]
     with AnthropicServer(replies) as server:
-        first = subprocess.Popen(
+        kill_when_held(
             [*command, "--base-url", server.base_url, "delegate it"],
+            server.holding,
             cwd=tmp_path,
             env=clean_env(ANTHROPIC_API_KEY=KEY),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            timeout=TIMEOUT,
         )
-        try:
-            assert server.holding.wait(TIMEOUT)
-        finally:
-            first.kill()
-            first.wait(TIMEOUT)
         done = cli(root, "run", "--session", "s1", "--model", spec, "--base-url", server.base_url, "again")
         assert done.returncode == 0, (done.stdout, done.stderr, server.leftovers())
         assert server.leftovers() == {}
