@@ -79,10 +79,10 @@ if TYPE_CHECKING:
     from .usage import Tokens as Tokens
     from .usage import TreeUsage as TreeUsage
     from .usage import cost_of as cost_of
-    from .usage import session_usage as session_usage
-    from .usage import tree_usage as tree_usage
     from .usage import usage_lines as usage_lines
     from .usage import usage_of as usage_of
+    from .usage_totals import session_usage as session_usage
+    from .usage_totals import tree_usage as tree_usage
 
 # Each public name and the submodule that defines it.
 _WHERE: dict[str, str] = {
@@ -147,8 +147,8 @@ _WHERE: dict[str, str] = {
     "SessionUsage": ".usage",
     "Tokens": ".usage",
     "TreeUsage": ".usage",
-    "session_usage": ".usage",
-    "tree_usage": ".usage",
+    "session_usage": ".usage_totals",
+    "tree_usage": ".usage_totals",
     "usage_lines": ".usage",
     "cost_of": ".usage",
     "usage_of": ".usage",

@@ -58,7 +58,7 @@ from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
 from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
 from .tools.workspace_tools import workspace_tools
-from .usage import descendant_spent
+from .usage_totals import descendant_spent
 
 __all__ = ["Runtime", "open_runtime"]
 

@@ -45,8 +45,8 @@ from .forms import FORMS, LogForm
 from .fs import FolderScan, Fs, NotRegularFile
 from .index import IndexRow, SessionIndex
 from .projection import ObservedCheckpoint, ProjectionRegistry
-from .scans import damaged_info, may_have_grown, scan_growth, scan_whole, still_holds
-from .values import LogInfo, Offset, Revision, SessionId, decode_session_id
+from .scans import damaged_info, may_have_grown, scan_growth, scan_line_one, scan_whole, still_holds
+from .values import LogInfo, Revision, SessionId, decode_session_id
 from .watch import Watch
 
 __all__ = ["SESSIONS", "Catalog"]
@@ -555,35 +555,17 @@ class Catalog:
         return complete
 
     def _line_one(self, sid: SessionId, folder: str, form: LogForm, revision: Revision) -> LogInfo | None:
-        """A log's answer from its line 1 alone (`checked` False) when that line is a valid
-        header and the log did not change meanwhile; else None (damage to judge: read it whole)."""
+        """`scan_line_one`, kept in memory for this revision (never an index row)."""
         known = self._heads.get(sid)
         if known is not None and known.revision == revision:
             return known
         file = self.fs.open(f"{folder}/{form.file_name}", "read")
         try:
-            size, want = file.size(), 4096
-            while True:
-                head = file.pread(0, min(want, size))
-                found = form.header_of(sid, head)
-                if found is not None or len(head) >= size or want >= 1 << 20:
-                    break
-                want *= 8
-            now = file.revision()
+            info = scan_line_one(file, sid, form, revision)
         finally:
             file.close()
-        if not isinstance(found, HeaderRecord) or now != revision:
-            return None  # damage to judge, or a log changing under us: read it whole
-        info = LogInfo(
-            id=sid,
-            header=found.header,
-            damage=None,
-            inherited_event_count=found.inherited_event_count,
-            revision=revision,
-            event_count=Offset(0),
-            checked=False,
-        )
-        self._heads[sid] = info
+        if info is not None:
+            self._heads[sid] = info
         return info
 
     def _plain_header(self, sid: SessionId, path: str) -> HeaderRecord | HeaderError | None:

@@ -26,6 +26,7 @@ from .zstd_framing import FrameDamage, walk_frames
 __all__ = [
     "ANCHOR",
     "damaged_info",
+    "scan_line_one",
     "fold_whole",
     "good_time",
     "may_have_grown",
@@ -58,6 +59,31 @@ def still_holds(file: File, row: IndexRow) -> bool:
     return (
         file.pread(0, len(row.head)) == row.head
         and file.pread(row.scan_end - len(row.anchor), len(row.anchor)) == row.anchor
+    )
+
+
+def scan_line_one(file: File, sid: SessionId, form: LogForm, revision: Revision) -> LogInfo | None:
+    """A log's answer from its line 1 alone (`checked` False: its damage and event count are not
+    known) when that line is a valid header and the file is still at `revision`; else None
+    (damage to judge, or a log changing under us: read it whole). Reads 4 KB, more only for a
+    longer line 1 (at most 1 MB)."""
+    size, want = file.size(), 4096
+    while True:
+        head = file.pread(0, min(want, size))
+        found = form.header_of(sid, head)
+        if found is not None or len(head) >= size or want >= 1 << 20:
+            break
+        want *= 8
+    if not isinstance(found, HeaderRecord) or file.revision() != revision:
+        return None
+    return LogInfo(
+        id=sid,
+        header=found.header,
+        damage=None,
+        inherited_event_count=found.inherited_event_count,
+        revision=revision,
+        event_count=Offset(0),
+        checked=False,
     )
 
 

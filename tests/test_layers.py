@@ -253,7 +253,7 @@ RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
     ("agent",),
     ("delegation",),
     # the library a host embeds
-    ("app", "read_side", "usage", "config", "lease_renewal"),
+    ("app", "read_side", "usage", "usage_totals", "config", "lease_renewal"),
     # hosts, and the scenario runner that drives the library like one
     ("hosts", "testing"),
 )

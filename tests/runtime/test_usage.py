@@ -33,7 +33,8 @@ from subagents.runtime.hosts.cli import main
 from subagents.runtime.query import SessionQuery
 from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
-from subagents.runtime.usage import USAGE_UNIT, own_totals, tree_totals
+from subagents.runtime.usage import USAGE_UNIT
+from subagents.runtime.usage_totals import own_totals, tree_totals
 from subagents.storage import Event, FileLogStore, ProjectionRegistry, make_event
 from subagents.storage._codec import decode_event  # a reader's decode: payloads unchecked
 

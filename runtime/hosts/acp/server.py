@@ -33,7 +33,7 @@ from ...foundation.json_values import JsonObject as Json
 from ...foundation.json_values import JsonValue
 from ...tools.permissions import PermissionAnswer, PermissionRequest
 from ...tools.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_tools
-from ...usage import prompt_usage_fields
+from ...usage_totals import prompt_usage_fields
 from .children import ChildTree, catalog_children, usage_object
 from .client_servers import ClientServers
 from .listing import Row, iso_time, page, title_of

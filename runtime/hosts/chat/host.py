@@ -43,7 +43,8 @@ from ...foundation.errors import AgentError, AgentStopped, SessionQueryError, Su
 from ...models.base import AnyModel
 from ...models.tee import TeeModel
 from ...tools.permissions import PermissionAnswer, PermissionRequest
-from ...usage import session_usage, tree_usage, usage_lines
+from ...usage import usage_lines
+from ...usage_totals import session_usage, tree_usage
 from ..run_progress import ChildStatus, RunProgress
 from ..setup import mcp_failures
 from ..transcript import render, transcript

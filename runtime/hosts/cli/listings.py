@@ -26,7 +26,8 @@ from ...delegation.units import TIMING_UNIT
 from ...foundation.errors import CommandFailed, QuerySessionNotFound, SessionQueryError, SubagentError, UsageError
 from ...foundation.pricing import PriceTable, load_prices
 from ...read_side import open_read_side
-from ...usage import TreeUsage, cost_of, own_totals, tree_json, tree_totals, usage_of, with_descendants
+from ...usage import TreeUsage, cost_of, usage_of
+from ...usage_totals import own_totals, tree_json, tree_totals, with_descendants
 from ..transcript import render, transcript, tree_entry
 from .common import cell_text, iso_time, table_lines
 

@@ -17,7 +17,8 @@ import trio
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
 from ...delegation.listing_rows import last_event_ms
-from ...usage import Tokens, TreeUsage, describe, own_totals, tree_totals
+from ...usage import Tokens, TreeUsage, describe
+from ...usage_totals import own_totals, tree_totals
 from ..cli.common import iso_time
 from ..transcript import render, transcript
 
