@@ -351,7 +351,7 @@ class Agent(ModelSteps, ToolSteps):
             self._stage(TRACE_TYPE, record, ignorable=True)
         try:
             result = await self._turn_steps(turn, abort, pending=pending, resume=resume)
-        except BaseException as exc:
+        except BaseException as exc:  # the span ends failed on any exit (a cancel too); re-raised
             trace.fail(exc)
             raise
         trace.end(result.reason)

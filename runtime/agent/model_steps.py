@@ -83,7 +83,7 @@ class ModelSteps(StepWriter):
         chat = self._turn_trace.chat(messages)
         try:
             reply = await self._stream_reply(messages, abort)
-        except BaseException as exc:
+        except BaseException as exc:  # the span ends failed on any exit (a cancel too); re-raised
             chat.fail(exc)
             raise
         chat.end(
@@ -238,7 +238,7 @@ class ModelSteps(StepWriter):
         chat = self._turn_trace.chat(messages)
         try:
             summary, usage = await self._summary_call(messages, abort)
-        except BaseException as exc:
+        except BaseException as exc:  # the span ends failed on any exit (a cancel too); re-raised
             chat.fail(exc)
             raise
         chat.end(
