@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
 
 import attrs
@@ -157,6 +158,20 @@ class Spawning:
             raise FamilyDraining(DRAINING_TEXT)
         depth = self._child_depth(parent)
         options = self._budgeted(parent, options or ChildOptions(), reserved)
+        with self._reservation_returned_on_failure(parent, reserved):
+            return await self._start_continuable(parent, provider, label, prompt, abort, reserved, options, depth)
+
+    async def _start_continuable(
+        self,
+        parent: Agent,
+        provider: Provider,
+        label: str,
+        prompt: str,
+        abort: Abort | None,
+        reserved: Reservation | None,
+        options: ChildOptions,
+        depth: int,
+    ) -> str:
         descriptor = SubagentDescriptor(
             mode="continuable",
             provider=provider,
@@ -216,17 +231,19 @@ class Spawning:
         """A one-shot foreground child: run it to the end of its turn and return the result.
         `options` apply to this run only (a one-shot descriptor records none)."""
         depth = self._child_depth(parent)
-        setup = self._setup(self._budgeted(parent, options or ChildOptions(), reserved), parent.session_id)
-        reserved = reserved or await self.reserve()
+        budgeted = self._budgeted(parent, options or ChildOptions(), reserved)
+        with self._reservation_returned_on_failure(parent, reserved):  # (once it runs, its stop returns it)
+            setup = self._setup(budgeted, parent.session_id)
+            reserved = reserved or await self.reserve()
+            child = await self._create_child(
+                parent,
+                reserved,
+                provider,
+                depth,
+                SubagentDescriptor(mode="one-shot", provider=provider, label=label),
+                setup,
+            )
         child_id = reserved.child_id
-        child = await self._create_child(
-            parent,
-            reserved,
-            provider,
-            depth,
-            SubagentDescriptor(mode="one-shot", provider=provider, label=label),
-            setup,
-        )
         try:
             await self._catalog(parent, child, "one-shot", label, reserved)
             await child.send(prompt)
@@ -296,6 +313,19 @@ class Spawning:
             await self.residency.dispose_unannounced(activation)
             raise
         self.placement.stand_in(activation, settled)
+
+    @contextmanager
+    def _reservation_returned_on_failure(self, parent: Agent, reserved: Reservation | None) -> Iterator[None]:
+        """A start that fails after `_budgeted` reserved the child's budget (a refusal, a cancel,
+        a failed write) gives the reservation back to the parent's tree at once, not when the
+        parent stops; re-raised."""
+        try:
+            yield
+        except BaseException:
+            ledger = parent.config.ledger
+            if ledger is not None and reserved is not None:
+                ledger.leave(reserved.child_id)
+            raise
 
     def _budgeted(self, parent: Agent, options: ChildOptions, reserved: Reservation | None = None) -> ChildOptions:
         """`options` with the child's effective budget: what was asked (its `seconds` counted

@@ -15,6 +15,7 @@ import pytest
 from log_lines import read_all
 from subagents.runtime import Budget, ScenarioClock, open_runtime
 from subagents.runtime.agent.tree_ledger import OwnSpent, TreeLedger
+from subagents.runtime.delegation.agent_types import AgentType
 from subagents.runtime.foundation.budgets import budget_json, parse_budget
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.foundation.pricing import Price, PriceTable
@@ -320,3 +321,42 @@ async def test_a_child_resumed_without_its_ancestors_is_held_to_its_own_reservat
         {"kind": "completed"},  # 600 spent, read back from its log: one more call fits
         {"kind": "budget", "message": "max_tokens 1000 reached: 1200 used (200 over)"},
     ]
+
+
+async def test_a_start_refused_after_its_reservation_gives_the_reservation_back(tmp_path: Path) -> None:
+    """A `subagent` call refused after its budget was reserved (here: an agent type that selects
+    a model this runtime cannot build) returns the reservation at once: the next child gets the
+    whole remainder, not what the refused one would have left."""
+    picky = AgentType(name="picky", description="wants its own model", prompt="p", model="openai:other")
+    model = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [_delegate("Bad", agent_type="picky")], "usage": _usage(1000)},
+                    {"tool_calls": [_delegate("L1")], "usage": _usage(1000)},
+                    {"text": "root started"},
+                    *[{"text": "root noted"}] * 3,
+                ],
+            },
+            {"label": "L1", "responses": [{"text": "L1 done", "usage": _usage(10)}]},
+        ]
+    )
+    async with open_runtime(
+        tmp_path,
+        model=model,
+        clock=ScenarioClock(),
+        id_factory=CountingIds("c"),
+        compression="none",
+        budget=Budget(max_tokens=10_000),
+        agent_types={"picky": picky},
+    ) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+    logs = _logs(tmp_path)
+    refused = [d for t, d in logs["parent"] if t == "tool/result"][0]
+    assert refused["message"]["content"][0]["is_error"] is True
+    by_label = {_label(events) or sid: events for sid, events in logs.items()}
+    (descriptor,) = [d for t, d in by_label["L1"] if t == "subagent/descriptor"]
+    assert descriptor["budget"] == {"max_tokens": 8000}  # 10,000 less the root's two calls
