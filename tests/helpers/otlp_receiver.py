@@ -91,7 +91,7 @@ def otlp_receiver() -> Iterator[Receiver]:
             self.wfile.write(reply)
 
         def log_message(self, format: str, *args: Any) -> None:
-            pass  # quiet
+            pass  # the test output stays quiet: http.server logs every request to stderr
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     receiver = Receiver(url=f"http://127.0.0.1:{server.server_address[1]}")

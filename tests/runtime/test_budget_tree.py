@@ -191,7 +191,7 @@ def test_the_ledger_charges_ancestors_reserves_and_returns() -> None:
     left = ledger.remainder("root")
     assert left is not None and left.max_tokens == 400 and left.max_cost == pytest.approx(1.0 - 0.0004)
     ledger.settled("a")  # its unused 300 returns
-    assert ledger.remainder("root").max_tokens == 700  # type: ignore[union-attr]
+    assert ledger.remainder("root").max_tokens == 700
     assert ledger.refusal("a", 50, "m") is None
     assert ledger.refusal("a", 301, "m") == "max_tokens 600 would be crossed: 300 used, this call ~301"
     trio.run(join, "b", "root", None)  # no budget of its own: only its ancestors' limits

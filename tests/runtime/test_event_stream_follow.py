@@ -66,14 +66,14 @@ class _Counting:
 
     def read(self, handle: Any, start: Any = 0, stop: Offset | None = None, **kw: Any) -> Any:
         self._count(self.whole, handle.session_id)
-        return super().read(handle, start, stop, **kw)  # type: ignore[misc]  # a mixin of a store
+        return super().read(handle, start, stop, **kw)
 
     def read_after(self, handle: Any, log_offset: int, first_seq: int, **kw: Any) -> Any:
         self._count(self.after, handle.session_id)
-        return super().read_after(handle, log_offset, first_seq, **kw)  # type: ignore[misc]
+        return super().read_after(handle, log_offset, first_seq, **kw)
 
     def stat(self, session_id: str) -> LogInfo | None:
-        info: LogInfo | None = super().stat(session_id)  # type: ignore[misc]
+        info: LogInfo | None = super().stat(session_id)
         self._count(self.stats, session_id)
         return info
 
@@ -417,4 +417,4 @@ async def test_a_follow_interval_that_is_not_a_positive_number_is_refused(tmp_pa
     async with open_runtime(tmp_path, clock=ScenarioClock(), compression="none") as rt:
         with pytest.raises(ValueError, match="follow_interval must be a positive number"):
             async with open_event_stream(rt.query, "p", follow_interval=interval):
-                pass  # pragma: no cover - refused before
+                pass  # never reached: the stream refuses the interval as it opens

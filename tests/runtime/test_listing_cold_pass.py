@@ -92,7 +92,7 @@ def seeded_child(store: LogStore, sid: str, parent: str, created_at: int, label:
 def build(root: Path, form: str) -> dict[str, str]:
     """Parent "p" with four children (one seeded), and an unrelated root "q" with one child:
     id → label of p's children."""
-    store = FileLogStore(str(root), compression=form)  # type: ignore[arg-type]  # the fixture's names
+    store = FileLogStore(str(root), compression=form)
     try:
         persist_log(store, header("p", 1), [make_event(0, "turn/start", 2, {"turn": 1})])
         persist_log(store, header("q", 2), [make_event(0, "turn/start", 2, {"turn": 1})])
@@ -236,7 +236,7 @@ def noisy_child(store: LogStore, sid: str, parent: str, created_at: int) -> None
 def build_with_others(root: Path, form: str) -> dict[str, str]:
     """`build`'s store, and three more children of "q" (an unrelated subtree)."""
     labels = build(root, form)
-    store = FileLogStore(str(root), compression=form)  # type: ignore[arg-type]  # the fixture's names
+    store = FileLogStore(str(root), compression=form)
     try:
         for i in range(3):
             noisy_child(store, f"qn{i}", "q", 30 + i)
@@ -333,7 +333,7 @@ def garble_line_1(root: Path, sid: str) -> None:
 def build_tree_with_others(root: Path, form: str) -> None:
     """`build_with_others`' store, plus a grandchild "g" under p's child c1 and one "qg" under q's."""
     build_with_others(root, form)
-    store = FileLogStore(str(root), compression=form)  # type: ignore[arg-type]  # the fixture's names
+    store = FileLogStore(str(root), compression=form)
     try:
         noisy_child(store, "g", "c1", 40)
         noisy_child(store, "qg", "qc", 41)
@@ -416,7 +416,7 @@ async def test_open_runtime_gives_its_file_store_the_units(
             return _real(self, handle, *args, **kwargs)
 
         monkeypatch.setattr(FileLogStore, name, counting)
-    async with open_runtime(tmp_path, now_ms=now_ms, compression=form) as runtime:  # type: ignore[arg-type]  # the fixture's names
+    async with open_runtime(tmp_path, now_ms=now_ms, compression=form) as runtime:
         found = rows(await runtime.listing.list_children("p"))
     assert found == expected(labels)
     assert [sid for sid in labels if reads[sid]] == []

@@ -244,7 +244,7 @@ def test_a_full_reply_reads_as_thinking_text_two_calls_usage_and_finish() -> Non
 )
 def test_stop_reasons(stop: str, finish: str) -> None:
     chunks = read(frame(Reply.text("x", stop_reason=stop).events("m")))
-    assert chunks[-1] == Finish(finish)  # type: ignore[arg-type]
+    assert chunks[-1] == Finish(finish)
 
 
 def fault(data: bytes) -> StreamFault:
@@ -400,7 +400,7 @@ def test_the_spec_reads_the_key_and_base_url_from_the_environment_and_records_no
     assert record is not None
     assert record.data() == {"model": "anthropic:claude-x,thinking=2048", "base_url": "http://proxy.test:8080"}
     assert "sk-ant-env" not in repr(model)
-    assert model.url == "http://proxy.test:8080/v1/messages"  # type: ignore[union-attr]
+    assert model.url == "http://proxy.test:8080/v1/messages"
     with pytest.raises(ModelSpecError, match="ANTHROPIC_API_KEY is not set"):
         parse_model_spec("anthropic:claude-x", env={"OTHER": "x"})
     with pytest.raises(ModelSpecError, match="thinking budget"):

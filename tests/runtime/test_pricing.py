@@ -43,7 +43,7 @@ def test_cost_is_derived_per_model_from_the_usage_and_the_model_recorded() -> No
     # by bare name (options stripped) and by whole spec
     assert cost_of(turns[1], prices) == pytest.approx((1000 * 3 + 100 * 15 + 10_000 * 0.3 + 2000 * 3.75) / 1e6)
     assert cost_of(turns[2], prices) == pytest.approx((500 + 100) / 1e6)
-    assert cost_of(total, prices) == pytest.approx(cost_of(turns[1], prices) + cost_of(turns[2], prices))  # type: ignore[operator]
+    assert cost_of(total, prices) == pytest.approx(cost_of(turns[1], prices) + cost_of(turns[2], prices))
     assert describe(turns[2], prices).endswith(", cost $0.0006")
     # One model without a price: the sum is unknown, never a partial figure.
     only_sonnet = PriceTable({"claude-sonnet": SONNET})
@@ -79,9 +79,9 @@ def _load(tmp_path: Path, text: str) -> object:
 
 def test_a_price_table_is_read_with_cache_prices_defaulting_to_input(tmp_path: Path) -> None:
     config = _load(tmp_path, '[prices."anthropic:claude-sonnet"]\ninput = 3\noutput = 15\ncache_read = 0.3\n')
-    price = config.prices.price_of("anthropic:claude-sonnet,thinking=1024")  # type: ignore[attr-defined]
+    price = config.prices.price_of("anthropic:claude-sonnet,thinking=1024")
     assert price == Price(input=3.0, output=15.0, cache_read=0.3, cache_write=3.0)
-    rows = {key: value for key, value, _source in config.rows()}  # type: ignore[attr-defined]
+    rows = {key: value for key, value, _source in config.rows()}
     assert rows['prices."anthropic:claude-sonnet"'] == "input 3.0, output 15.0, cache_read 0.3, cache_write 3.0"
 
 
@@ -111,7 +111,7 @@ def test_a_bad_price_table_is_one_line_naming_the_file_and_key(tmp_path: Path, t
 
 def test_budget_flags_win_over_the_file_and_bad_ones_name_the_flag(tmp_path: Path) -> None:
     config = _load(tmp_path, "[budget]\nmax_tokens = 100\nmax_turns = 3\n")
-    flagged = with_budget_flags(config, {"max_tokens": "5000", "max_cost": "2.5", "max_turns": None})  # type: ignore[arg-type]
+    flagged = with_budget_flags(config, {"max_tokens": "5000", "max_cost": "2.5", "max_turns": None})
     assert dict(flagged.budget) == {"max_tokens": 5000, "max_turns": 3, "max_cost": 2.5}
     assert flagged.sources["budget.max_tokens"] == "flag --budget-tokens"
     for flags, message in (
@@ -121,7 +121,7 @@ def test_budget_flags_win_over_the_file_and_bad_ones_name_the_flag(tmp_path: Pat
         ({"max_turns": "1.5"}, "--budget-turns must be a number, got '1.5'"),
     ):
         with pytest.raises(ConfigInvalid) as caught:
-            with_budget_flags(config, flags)  # type: ignore[arg-type]
+            with_budget_flags(config, flags)
         assert str(caught.value) == message
 
 

@@ -344,10 +344,10 @@ def test_the_agent_name_of_roots_and_children(
     from subagents.storage import SessionHeader
 
     header = SessionHeader(
-        id="s",  # type: ignore[arg-type]  # a plain str id
+        id="s",
         created_at=1,
-        parent_session="p" if origin else None,  # type: ignore[arg-type]
-        origin=origin,  # type: ignore[arg-type]
+        parent_session="p" if origin else None,
+        origin=origin,
         delegation_depth=1 if origin else 0,
         agent_preset=preset,
     )

@@ -59,11 +59,11 @@ def _write(store: FileLogStore, header: SessionHeader, events: list[Event]) -> N
 
 def _header(sid: str, parent: str | None = None) -> SessionHeader:
     return SessionHeader(
-        id=sid,  # type: ignore[arg-type]  # a plain str id
+        id=sid,
         created_at=T0,
         delegation_depth=0 if parent is None else 1,
         cwd="/w",
-        parent_session=parent,  # type: ignore[arg-type]
+        parent_session=parent,
         origin=None if parent is None else "subagent",
     )
 
@@ -110,7 +110,7 @@ def _settings(root: Path, **changes: object) -> WebSettings:
         "access": Access(TOKEN),
         "hosts": allowed_hosts("127.0.0.1"),
     }
-    return WebSettings(**{**base, **changes})  # type: ignore[arg-type]
+    return WebSettings(**{**base, **changes})
 
 
 class _client:
@@ -496,8 +496,8 @@ def _browse(url: str, root: Path, shots: Path) -> dict[str, object]:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:
             page = browser.new_page()
-            page.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))  # type: ignore[union-attr]
-            page.on("console", lambda m: seen["console"].append(m.text))  # type: ignore[union-attr]
+            page.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
+            page.on("console", lambda m: seen["console"].append(m.text))
             page.goto(url + "/")
             page.wait_for_selector("text=3 sessions, 2 roots.")
             page.screenshot(path=str(shots / "overview.png"), full_page=True)
