@@ -30,16 +30,16 @@ from __future__ import annotations
 import collections.abc
 import json
 import socket
-import sys
 import threading
 import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import attrs
 import typing_extensions
+from fake_server import FakeServer
 from http_request import Seen
 
 __all__ = ["AnthropicServer", "Block", "Reply", "request_problem", "sdk_problem"]
@@ -333,62 +333,16 @@ def last_text(body: Json) -> str:
     return "\n".join(parts)
 
 
-class AnthropicServer:
+class AnthropicServer(FakeServer[Reply]):
     """The server; use as a context manager, then point the client at `server.base_url`."""
 
     def __init__(self, replies: Iterable[Reply] = ()) -> None:
-        self._lock = threading.Lock()
-        self._replies: list[Reply] = list(replies)
+        super().__init__(replies, _handler, "anthropic-server")
         self.signatures: set[str] = set()  # of the thinking blocks streamed so far
-        self.requests: list[Seen] = []
-        self.unmatched: list[Seen] = []
-        self.refused: list[tuple[Seen, str]] = []
-        self.failures: list[str] = []
-        self.holding = threading.Event()  # set once a reply holds its stream open (`hold_after`)
-        self._held: set[socket.socket] = set()
-        self._httpd = _HTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.failures = self.failures
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="anthropic-server", daemon=True
-        )
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def add(self, *replies: Reply) -> None:
-        with self._lock:
-            self._replies.extend(replies)
-
-    def bodies(self) -> list[Json]:
-        with self._lock:
-            return [seen.json() for seen in self.requests]
-
-    def leftovers(self) -> dict[str, list[Any]]:
-        with self._lock:
-            found = {
-                "pending": list(self._replies),
-                "unmatched": [seen.json() for seen in self.unmatched],
-                "refused": [problem for _seen, problem in self.refused],
-                "failures": list(self.failures),
-            }
-        return {kind: items for kind, items in found.items() if items}
-
-    def __enter__(self) -> AnthropicServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        with self._lock:
-            held = list(self._held)
-        for sock in held:  # a held stream's thread is waiting on the client: end it
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._httpd.server_close()
-        self._thread.join()
+        return f"http://127.0.0.1:{self.port}"
 
     def _take(self, seen: Seen, body: Json | None) -> tuple[Reply | None, str | None]:
         with self._lock:
@@ -409,16 +363,6 @@ class AnthropicServer:
                     return self._replies.pop(i), None
             self.unmatched.append(seen)
             return None, "the test server has no reply for this request"
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    failures: list[str]
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if not isinstance(error, ConnectionError):
-            self.failures.append(repr(error))
 
 
 def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
@@ -489,8 +433,7 @@ def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
 
         def _hold(self) -> None:
             self.close_connection = True
-            with server._lock:
-                server._held.add(self.connection)
+            server._hold(self.connection, True)
             server.holding.set()
             try:
                 while self.connection.recv(1):
@@ -498,7 +441,6 @@ def _handler(server: AnthropicServer) -> type[BaseHTTPRequestHandler]:
             except OSError:
                 pass
             finally:
-                with server._lock:
-                    server._held.discard(self.connection)
+                server._hold(self.connection, False)
 
     return Handler

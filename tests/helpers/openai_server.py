@@ -30,13 +30,13 @@ from __future__ import annotations
 import json
 import re
 import socket
-import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import attrs
+from fake_server import FakeServer
 from http_request import Seen
 
 __all__ = ["OpenAIServer", "Reply", "last_message", "request_problem", "tool_messages"]
@@ -246,77 +246,15 @@ class Reply:
         return events
 
 
-class OpenAIServer:
-    """The server; use as a context manager (`with OpenAIServer([...]) as server:`), then point
-    the client at `server.base_url`. `add` queues more replies at any time; `requests` and
-    `unmatched` are safe to read once the client is done."""
+class OpenAIServer(FakeServer[Reply]):
+    """The server (`with OpenAIServer([...]) as server:`), at `server.base_url`."""
 
     def __init__(self, replies: Iterable[Reply] = ()) -> None:
-        self._lock = threading.Lock()
-        self._replies: list[Reply] = list(replies)
-        self.requests: list[Seen] = []
-        self.unmatched: list[Seen] = []
-        self.refused: list[tuple[Seen, str]] = []  # requests OpenAI would refuse, with the reason
-        self.holding = threading.Event()
-        self._held: set[socket.socket] = set()
-        self.failures: list[str] = []  # the server's own errors (a client hanging up is none)
-        self._httpd = _HTTPServer(("127.0.0.1", 0), _handler(self))
-        self._httpd.failures = self.failures
-        # `shutdown` waits for the serving loop to notice, which polls at this interval.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="openai-server", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        super().__init__(replies, _handler, "openai-server")
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def pending(self) -> list[Reply]:
-        """Replies not used yet."""
-        with self._lock:
-            return list(self._replies)
-
-    def add(self, *replies: Reply) -> None:
-        with self._lock:
-            self._replies.extend(replies)
-
-    def leftovers(self) -> dict[str, list[Any]]:
-        """What a test that scripted every request expects to be empty, by kind: replies not
-        used, requests no reply matched, requests OpenAI would refuse, the server's own errors."""
-        with self._lock:
-            found = {
-                "pending": list(self._replies),
-                "unmatched": [seen.json() for seen in self.unmatched],
-                "refused": [problem for _seen, problem in self.refused],
-                "failures": list(self.failures),
-            }
-        return {kind: items for kind, items in found.items() if items}
-
-    def bodies(self) -> list[Json]:
-        """The JSON bodies of the chat-completions requests, in arrival order."""
-        with self._lock:
-            return [seen.json() for seen in self.requests]
-
-    def __enter__(self) -> OpenAIServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        with self._lock:
-            held = list(self._held)
-        for sock in held:  # a held stream's thread is waiting on the client: end it
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._httpd.server_close()
-        self._thread.join()
 
     # -- called from the handler threads -------------------------------------------------------
 
@@ -338,20 +276,6 @@ class OpenAIServer:
                     return self._replies.pop(i)
             self.unmatched.append(seen)
             return None
-
-    def _hold(self, sock: socket.socket, on: bool) -> None:
-        with self._lock:
-            (self._held.add if on else self._held.discard)(sock)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    failures: list[str]
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if not isinstance(error, ConnectionError):  # a client that hung up is the client's business
-            self.failures.append(repr(error))
 
 
 def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:
