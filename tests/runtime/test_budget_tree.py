@@ -35,6 +35,17 @@ def _delegate(label: str, **arguments: Any) -> Json:
     return {"name": "subagent", "arguments": {"description": label, "prompt": "work", **arguments}}
 
 
+async def _run_tree(root: Path, model: ScriptedModel, **options: Any) -> None:
+    """The root `parent` told "go" and run until its tree is idle, on a runtime with the
+    scenario clock and counting ids (`c-1`, …), plain logs and `options` (its budget)."""
+    async with open_runtime(
+        root, model=model, clock=ScenarioClock(), id_factory=CountingIds("c"), compression="none", **options
+    ) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+
+
 def _usage(n: int) -> Json:
     return {"input_tokens": n, "output_tokens": 0}
 
@@ -97,18 +108,7 @@ async def test_children_that_together_would_exceed_the_root_stop_at_its_limit(tm
             _worker("L2b", 400),
         ]
     )
-    async with open_runtime(
-        tmp_path,
-        model=model,
-        clock=ScenarioClock(),
-        id_factory=CountingIds("c"),
-        compression="none",
-        budget=Budget(max_tokens=10_000),
-        max_depth=2,
-    ) as rt:
-        parent = await rt.agents.create(session_id="parent")
-        await parent.send("go")
-        await rt.subagents.wait_tree_idle(parent)
+    await _run_tree(tmp_path, model, budget=Budget(max_tokens=10_000), max_depth=2)
     logs = _logs(tmp_path)
     by_label = {_label(events) or sid: events for sid, events in logs.items()}
     assert set(by_label) == {"parent", "L1", "L2a", "L2b"}
@@ -152,17 +152,7 @@ async def test_max_descendants_refuses_a_child_past_the_limit(tmp_path: Path) ->
             {"label": "two", "responses": [{"text": "two done"}]},
         ]
     )
-    async with open_runtime(
-        tmp_path,
-        model=model,
-        clock=ScenarioClock(),
-        id_factory=CountingIds("c"),
-        compression="none",
-        budget=Budget(max_descendants=1),
-    ) as rt:
-        parent = await rt.agents.create(session_id="parent")
-        await parent.send("go")
-        await rt.subagents.wait_tree_idle(parent)
+    await _run_tree(tmp_path, model, budget=Budget(max_descendants=1))
     logs = _logs(tmp_path)
     assert len(logs) == 2  # the root and one child
     results = [
@@ -342,18 +332,7 @@ async def test_a_start_refused_after_its_reservation_gives_the_reservation_back(
             {"label": "L1", "responses": [{"text": "L1 done", "usage": _usage(10)}]},
         ]
     )
-    async with open_runtime(
-        tmp_path,
-        model=model,
-        clock=ScenarioClock(),
-        id_factory=CountingIds("c"),
-        compression="none",
-        budget=Budget(max_tokens=10_000),
-        agent_types={"picky": picky},
-    ) as rt:
-        parent = await rt.agents.create(session_id="parent")
-        await parent.send("go")
-        await rt.subagents.wait_tree_idle(parent)
+    await _run_tree(tmp_path, model, budget=Budget(max_tokens=10_000), agent_types={"picky": picky})
     logs = _logs(tmp_path)
     refused = [d for t, d in logs["parent"] if t == "tool/result"][0]
     assert refused["message"]["content"][0]["is_error"] is True
