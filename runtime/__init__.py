@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from .models.base import ToolSpec as ToolSpec
     from .models.base import Usage as Usage
     from .models.openai import OpenAIChatModel as OpenAIChatModel
+    from .sandbox.policy import SandboxPolicy as SandboxPolicy
     from .telemetry.gen_ai import OtelTelemetry as OtelTelemetry
     from .telemetry.seam import Telemetry as Telemetry
     from .telemetry.settings import TelemetrySettings as TelemetrySettings
@@ -135,6 +136,7 @@ _WHERE: dict[str, str] = {
     "OtelTelemetry": ".telemetry.gen_ai",  # the `otel` extra: imported on first use only
     "Telemetry": ".telemetry.seam",
     "TelemetrySettings": ".telemetry.settings",
+    "SandboxPolicy": ".sandbox.policy",
     "load_script": ".testing.script_format",
     "ScriptedModel": ".testing.scripted_model",
     "McpServerSpec": ".tools.mcp_spec",

@@ -50,13 +50,15 @@ from .models.base import AnyModel
 from .models.specs import build_model, parse_model_spec
 from .query import SessionQuery
 from .read_side import runtime_registry
+from .sandbox.box import Sandbox
+from .sandbox.policy import SandboxPolicy
 from .store_select import StoreOptions, open_log_store, open_mailbox
 from .telemetry.seam import Telemetry
 from .telemetry.settings import TelemetrySettings
 from .tools.base import Tool, ToolSet
 from .tools.mcp_servers import McpServers
 from .tools.mcp_spec import McpServerSpec
-from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, guard_tools
+from .tools.permissions import DEFAULT_PERMISSIONS, Approver, Permissions, Remembered, default_permissions, guard_tools
 from .tools.workspace_tools import workspace_tools
 from .usage_totals import descendant_spent
 
@@ -79,6 +81,7 @@ class Runtime:
     mcp: McpServers | None = None  # the MCP servers' status, for the host to show
     mailbox: Mailbox | None = None  # deliveries to any session (SPEC §9; runtime/agent/mailbox_owner.py)
     prices: PriceTable = attrs.field(factory=PriceTable)  # `[prices]`: what costs are shown at
+    sandbox: Sandbox | None = None  # `run_command`'s box (README "Sandbox"): a host's own workspace tools use it
 
     async def resume(
         self, session_id: str, *, on_interrupted_turn: Literal["continue", "close"] | None = None
@@ -154,6 +157,7 @@ async def open_runtime(
     stall_after: float = STALL_AFTER,
     telemetry: TelemetrySettings | Telemetry | None = None,
     prices: PriceTable | None = None,
+    sandbox: SandboxPolicy | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open the runtime on `root`. `model` is a `Model` or a spec (`openai:MODEL`, `anthropic:MODEL`,
     `deepseek:MODEL`, `scripted:PATH`) built with `api_key` and `base_url` — the environment is
@@ -189,7 +193,10 @@ async def open_runtime(
     imports none of it. `stall_after` (seconds, default 300): listings call a running child
     whose open turn made no durable progress for that long `stalled` (by `clock`). `prices`
     (`[prices]`, runtime/foundation/pricing.py) price the model calls a `max_cost` budget counts;
-    budgets are shared down each tree through one ledger per runtime (runtime/agent/tree_ledger.py)."""
+    budgets are shared down each tree through one ledger per runtime (runtime/agent/tree_ledger.py).
+    `sandbox` (README "Sandbox"; None: commands run unconfined) confines `run_command` and the
+    MCP servers marked `sandbox` in bubblewrap when its mode is on, with `root` (and `store`'s
+    folder) hidden from them; the default permissions then allow boxed commands."""
     McpServers.check(mcp_servers)
     root = os.fspath(root)
     clock = clock if clock is not None else RealClock()
@@ -239,10 +246,20 @@ async def open_runtime(
             async with trio.open_nursery() as nursery:
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
 
-                shared = workspace_tools(os.fspath(workspace)) if workspace is not None else []
-                mcp = await McpServers.start(nursery, mcp_servers) if mcp_servers else None
+                hidden = [root] if store is None or "://" in store else [root, store]
+                box = Sandbox(sandbox, hidden=hidden) if sandbox is not None else None
+                # A server marked `sandbox` is boxed even when commands are not (by the default policy).
+                server_box = box if box is not None else Sandbox(SandboxPolicy(), hidden=hidden)
+                folder = os.fspath(workspace) if workspace is not None else None
+                shared = workspace_tools(folder, sandbox=box) if folder is not None else []
+                mcp = (
+                    await McpServers.start(nursery, mcp_servers, sandbox=server_box, workspace=folder)
+                    if mcp_servers
+                    else None
+                )
                 shared = [*shared, *(mcp.tools() if mcp is not None else ())]
-                policy = permissions if permissions is not None else (DEFAULT_PERMISSIONS if shared else None)
+                defaults = default_permissions(box is not None and box.on)
+                policy = permissions if permissions is not None else (defaults if shared else None)
                 remembered = Remembered()
 
                 # The registry's hooks and the owners' actions; its parts are bound below.
@@ -322,6 +339,7 @@ async def open_runtime(
                         mcp=mcp,
                         mailbox=mailbox,
                         prices=prices,
+                        sandbox=box,
                     )
                 except BaseException as exc:  # re-raised bare once the nursery has closed
                     body_error = exc

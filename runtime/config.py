@@ -22,6 +22,7 @@ from .foundation.config_files import CONFIG_FILE, config_files, read_config_file
 from .foundation.errors import ConfigInvalid
 from .foundation.pricing import Price, PriceTable, parse_price
 from .models.defaults import DEFAULT_MODEL
+from .sandbox.policy import SandboxPolicy, check_mode, check_paths
 from .telemetry.settings import check_endpoint
 from .tools.mcp_spec import McpServerSpec
 
@@ -64,19 +65,33 @@ class Config:
     telemetry_enabled: bool = False
     telemetry_endpoint: str | None = None  # an OTLP/HTTP base URL; None: the default collector's
     telemetry_capture_content: bool = False
+    # [sandbox] (README "Sandbox"): bubblewrap around run_command and the servers marked sandbox
+    sandbox_mode: str = "on"
+    sandbox_network: bool = False
+    sandbox_writable: tuple[str, ...] = ()
+    sandbox_readable_hidden: tuple[str, ...] = ()
     sources: Mapping[str, str] = attrs.field(factory=dict)
     files: tuple[str, ...] = ()  # the files read, lowest precedence first
+
+    def sandbox_policy(self) -> SandboxPolicy:
+        return SandboxPolicy(
+            mode=check_mode(self.sandbox_mode),
+            network=self.sandbox_network,
+            writable=self.sandbox_writable,
+            readable_hidden=self.sandbox_readable_hidden,
+        )
 
     def rows(self) -> list[tuple[str, object, str]]:
         """(key, value, source) for every key, in a stable order, for `subagents config`."""
         out: list[tuple[str, object, str]] = []
         for key in _SCALARS:
             out.append((key, getattr(self, _FIELD.get(key, key)), self.sources.get(key, "default")))
-        from .tools.permissions import DEFAULT_PERMISSIONS
+        from .tools.permissions import default_permissions
 
-        for name, decision in sorted({**DEFAULT_PERMISSIONS.rules, **self.permissions}.items()):
+        defaults = default_permissions(self.sandbox_mode == "on")
+        for name, decision in sorted({**defaults.rules, **self.permissions}.items()):
             out.append((f"permissions.{name}", decision, self.sources.get(f"permissions.{name}", "default")))
-        default = self.default_permission or DEFAULT_PERMISSIONS.default
+        default = self.default_permission or defaults.default
         out.append(("permissions.default", default, self.sources.get("permissions.default", "default")))
         for key, value in sorted(self.budget.items()):
             out.append((f"budget.{key}", value, self.sources[f"budget.{key}"]))
@@ -157,6 +172,11 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     "telemetry.enabled": _boolean,
     "telemetry.endpoint": check_endpoint,
     "telemetry.capture_content": _boolean,
+    # [sandbox]
+    "sandbox.mode": check_mode,
+    "sandbox.network": _boolean,
+    "sandbox.writable": check_paths,
+    "sandbox.readable_hidden": check_paths,
 }
 _FIELD = {
     "tools.workspace": "workspace_tools",
@@ -168,6 +188,11 @@ _FIELD = {
     "telemetry.enabled": "telemetry_enabled",
     "telemetry.endpoint": "telemetry_endpoint",
     "telemetry.capture_content": "telemetry_capture_content",
+    # [sandbox]
+    "sandbox.mode": "sandbox_mode",
+    "sandbox.network": "sandbox_network",
+    "sandbox.writable": "sandbox_writable",
+    "sandbox.readable_hidden": "sandbox_readable_hidden",
 }
 
 
@@ -184,7 +209,7 @@ _BUDGET: dict[str, Callable[[object], object]] = {
     "max_cost": _cost,
     "max_descendants": _integer(0),
 }
-_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "telemetry", "prices")
+_TABLES = ("tools", "permissions", "budget", "mcp_servers", "store", "telemetry", "prices", "sandbox")
 
 
 def _shown(value: object) -> str:
@@ -314,7 +339,9 @@ def _decision(value: object) -> str:
     return str(value)
 
 
-_SERVER_KEYS = frozenset({"command", "args", "env", "cwd", "url", "headers", "startup_timeout", "call_timeout"})
+_SERVER_KEYS = frozenset(
+    {"command", "args", "env", "cwd", "url", "headers", "startup_timeout", "call_timeout", "sandbox"}
+)
 
 
 def _server(where: str, name: str, value: object, folder: str) -> McpServerSpec:
@@ -346,6 +373,8 @@ def _server(where: str, name: str, value: object, folder: str) -> McpServerSpec:
     for sub in ("startup_timeout", "call_timeout"):
         if sub in value:
             fields[sub] = _checked(where, f"{key}.{sub}", value[sub], _seconds)
+    if "sandbox" in value:
+        fields["sandbox"] = _checked(where, f"{key}.sandbox", value["sandbox"], _boolean)
     try:
         return McpServerSpec(**fields)
     except ValueError as exc:

@@ -249,6 +249,8 @@ RUNTIME_ROOMS: tuple[tuple[str, ...], ...] = (
         "event_stream",
         "log_follow",
     ),
+    # the command sandbox (bubblewrap), below the tools that run commands in it
+    ("sandbox",),
     ("tools",),
     ("agent",),
     ("delegation",),
@@ -484,6 +486,8 @@ WHITE_BOX = {
     "tests/runtime/test_units.py",
     "tests/runtime/test_usage.py",
     "tests/runtime/test_workspace_tools.py",
+    "tests/runtime/test_sandbox.py",  # the box around run_command, with a fake HOME and PATH
+    "tests/runtime/test_sandbox_units.py",  # the argv, the environment, the policy, the permissions
     # the read seam built by hand (the query, the listing and its row cache, the read side)
     "tests/runtime/test_listing.py",
     "tests/runtime/test_listing_abort.py",

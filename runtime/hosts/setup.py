@@ -22,9 +22,10 @@ from ..foundation.budgets import Budget
 from ..foundation.errors import ConfigInvalid, ModelSpecError
 from ..models.base import AnyModel
 from ..models.specs import build_model, parse_model_spec
+from ..sandbox.policy import SandboxPolicy
 from ..telemetry.settings import TelemetrySettings, require_extra, resolve_telemetry
 from ..testing.scripted_model import DEFAULT_STALL_TIMEOUT
-from ..tools.permissions import DEFAULT_PERMISSIONS, Decision, PermissionAnswer, PermissionRequest, Permissions
+from ..tools.permissions import Decision, PermissionAnswer, PermissionRequest, Permissions, default_permissions
 
 if TYPE_CHECKING:
     from ..app import Runtime
@@ -63,6 +64,7 @@ class HostSetup:
     env: Mapping[str, str]
     model: AnyModel  # the root's
     telemetry: TelemetrySettings | None = None  # tracing: [telemetry] and the OTEL_* variables
+    sandbox: SandboxPolicy | None = None  # [sandbox], the user's config folder hidden too
 
     def model_factory(self, spec: str, base_url: str | None) -> AnyModel:
         """The model a resumed subagent's log recorded, with this host's keys (`ModelSpecError`
@@ -102,6 +104,7 @@ class HostSetup:
             "on_interrupted_turn": config.on_interrupted_turn,
             "stall_after": config.stall_after,
             "telemetry": self.telemetry,
+            "sandbox": self.sandbox,
         }
 
 
@@ -128,7 +131,9 @@ def host_setup(
                 f"workspace {config.workspace!r} is not a folder ({config.sources.get('workspace', 'default')})"
             )
     # The decisions were checked when the file was read.
-    permissions = DEFAULT_PERMISSIONS.with_rules(cast("Mapping[str, Decision]", config.permissions))
+    policy = config.sandbox_policy()
+    policy = attrs.evolve(policy, readable_hidden=(*policy.readable_hidden, user_config_dir(env)))
+    permissions = default_permissions(policy.on).with_rules(cast("Mapping[str, Decision]", config.permissions))
     if config.default_permission is not None:
         permissions = Permissions(permissions.rules, cast("Decision", config.default_permission))
     try:
@@ -146,6 +151,7 @@ def host_setup(
         require_extra(telemetry)
     return HostSetup(
         telemetry=telemetry,
+        sandbox=policy,
         config=config,
         agent_types=types,
         problems=tuple(problems),

@@ -16,6 +16,7 @@ from subagents.actors import Abort
 
 from ..foundation.errors import ToolFailure
 from ..foundation.json_values import JsonObject as Json
+from ..sandbox.box import Sandbox, SandboxUnavailable
 from .mcp_render import render_content
 from .mcp_spec import McpServerSpec
 
@@ -43,8 +44,10 @@ class McpConnection:
     """One server's connection: its task (`run`) holds the SDK session from start to close;
     `call` calls one of its tools."""
 
-    def __init__(self, spec: McpServerSpec) -> None:
+    def __init__(self, spec: McpServerSpec, *, sandbox: Sandbox | None = None, workspace: str | None = None) -> None:
         self.spec = spec
+        self._sandbox = sandbox
+        self._workspace = workspace
         self.state = "starting"
         self._reason: str | None = None
         self.listed: list[ListedTool] = []  # the tools the server listed
@@ -150,7 +153,10 @@ class McpConnection:
         from mcp.client.stdio import StdioServerParameters, stdio_client
 
         assert spec.command is not None  # a spec without a url has a command (checked when made)
-        params = StdioServerParameters(command=spec.command, args=list(spec.args), env=spec.env, cwd=spec.cwd)
+        argv = [spec.command, *spec.args]
+        if spec.sandbox:
+            argv = await self._boxed(argv)
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=spec.env, cwd=spec.cwd)
         # The server's stderr goes to a pipe we read (its tail explains a failure), not to our
         # terminal, where a chat or an ACP client would show it.
         read_fd, write_fd = os.pipe()
@@ -169,6 +175,18 @@ class McpConnection:
                 with trio.move_on_after(_STDERR_WAIT):
                     await stderr_read.wait()
                 nursery.cancel_scope.cancel()
+
+    async def _boxed(self, argv: list[str]) -> list[str]:
+        """`argv` inside the runtime's sandbox, the workspace (else the server's folder) writable.
+        The environment stays the SDK's small one plus the spec's `env`."""
+        if self._sandbox is None:
+            raise _StartFailed("it asks for the sandbox and this runtime has none")
+        folder = self.spec.cwd or self._workspace or os.getcwd()
+        try:
+            boxed, _ = await self._sandbox.wrap(argv, workspace=self._workspace or folder, cwd=folder)
+        except SandboxUnavailable as exc:
+            raise _StartFailed(str(exc)) from None
+        return boxed
 
     async def _read_stderr(self, fd: int, finished: trio.Event) -> None:
         async with trio.lowlevel.FdStream(fd) as stream:

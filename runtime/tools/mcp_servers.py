@@ -28,6 +28,7 @@ import trio
 
 from ..foundation.json_values import JsonObject as Json
 from ..foundation.json_values import JsonValue
+from ..sandbox.box import Sandbox
 from .base import ToolContext
 from .mcp_connection import McpConnection
 from .mcp_spec import McpServerSpec, mcp_tool_name
@@ -100,8 +101,16 @@ class McpServers:
         self._tools = {id(s): _tools_of(s) for s in self._servers}  # fixed at start: no list_changed
 
     @classmethod
-    async def start(cls, nursery: trio.Nursery, specs: Sequence[McpServerSpec]) -> McpServers:
-        """Start every server in `nursery` and wait until each is ready or has failed."""
+    async def start(
+        cls,
+        nursery: trio.Nursery,
+        specs: Sequence[McpServerSpec],
+        *,
+        sandbox: Sandbox | None = None,
+        workspace: str | None = None,
+    ) -> McpServers:
+        """Start every server in `nursery` and wait until each is ready or has failed; a server
+        marked `sandbox` runs in `sandbox` with `workspace` writable."""
         cls.check(specs)
         # The SDK logs a server's protocol noise (a stray line on its stdout) with a traceback;
         # with no handler anywhere, Python's last resort would print it over the host's terminal.
@@ -109,7 +118,7 @@ class McpServers:
         sdk_log = logging.getLogger("mcp")
         if not any(isinstance(h, logging.NullHandler) for h in sdk_log.handlers):
             sdk_log.addHandler(logging.NullHandler())
-        servers = [McpConnection(spec) for spec in specs]
+        servers = [McpConnection(spec, sandbox=sandbox, workspace=workspace) for spec in specs]
         for server in servers:
             nursery.start_soon(server.run)
         for server in servers:

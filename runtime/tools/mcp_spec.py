@@ -45,6 +45,7 @@ class McpServerSpec:
     startup_timeout: float = 30.0
     call_timeout: float = 300.0
     output_chars: int = 30_000
+    sandbox: bool = False
 
     def __attrs_post_init__(self) -> None:
         where = f"MCP server {self.name!r}"
@@ -64,6 +65,8 @@ class McpServerSpec:
             raise ValueError(f"{where}: url must start with http:// or https://, got {self.url!r}")
         if self.url is not None and (self.args or self.env is not None or self.cwd is not None):
             raise ValueError(f"{where}: args, env and cwd belong to a stdio server (command), not a url")
+        if self.sandbox is not False and (self.sandbox is not True or self.url is not None):
+            raise ValueError(f"{where}: sandbox must be true or false, and belongs to a stdio server (command)")
         if self.command is not None and self.headers:
             raise ValueError(f"{where}: headers belong to an HTTP server (url), not a command")
         for label in ("startup_timeout", "call_timeout"):

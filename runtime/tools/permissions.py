@@ -7,6 +7,11 @@ its `tool/call` is durable, so a client has seen the call it is asked about). Th
 allow (this call), always (every later call of this tool in this runtime) or deny, with a reason
 the model reads. Without an approver `ask` is a denial that says nobody could be asked. Waiting
 for an answer is part of the tool call: a cancelled turn stops it like any tool.
+
+A tool may judge a call under another name than its own: one with `permission_names` (every name
+it uses) and `permission_name(args)` (the one of this call). `run_command` with its sandbox on
+does: a call asking to leave the box is `run_command_unsandboxed`, `ask` by default, while a
+boxed call is `run_command`, `allow` by default (`SANDBOXED_PERMISSIONS`, README "Sandbox").
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PERMISSIONS",
+    "SANDBOXED_PERMISSIONS",
     "Approver",
     "Decision",
     "PermissionAnswer",
     "PermissionRequest",
     "Permissions",
     "Remembered",
+    "default_permissions",
     "guard_tools",
 ]
 
@@ -70,6 +77,23 @@ DEFAULT_PERMISSIONS = Permissions(
     {"write_file": "ask", "edit_file": "ask", "run_command": "ask", "mcp__*": "ask"},
     default="allow",
 )
+# With the sandbox on, a command runs inside the box without asking (so unattended agents can
+# build and test); leaving the box asks, and `run` (headless) refuses it.
+SANDBOXED_PERMISSIONS = Permissions(
+    {
+        "write_file": "ask",
+        "edit_file": "ask",
+        "run_command": "allow",
+        "run_command_unsandboxed": "ask",
+        "mcp__*": "ask",
+    },
+    default="allow",
+)
+
+
+def default_permissions(sandboxed: bool) -> Permissions:
+    """The default rules: `SANDBOXED_PERMISSIONS` when the sandbox is on, else `DEFAULT_PERMISSIONS`."""
+    return SANDBOXED_PERMISSIONS if sandboxed else DEFAULT_PERMISSIONS
 
 
 @attrs.frozen(kw_only=True)
@@ -111,7 +135,7 @@ class _Guarded:
     """A tool behind its permission; everything else (`prepare` included) is the tool's own."""
 
     tool: Any
-    decision: Decision
+    permissions: Permissions
     approver: Approver | None
     remembered: Remembered
 
@@ -125,28 +149,30 @@ class _Guarded:
         return str(self.tool.name)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        if self.decision == "deny":
+        judged = _judged_name(self.tool, args)
+        decision = self.permissions.decision(judged)
+        if decision == "deny":
             raise ToolFailure(
-                f"{self.name} is not allowed here (its permission is deny)",
+                f"{judged} is not allowed here (its permission is deny)",
                 code="PERMISSION_DENIED",
                 name="PermissionDenied",
             )
-        if self.name not in self.remembered.tools:
+        if decision == "ask" and judged not in self.remembered.tools:
             if self.approver is None:
                 raise ToolFailure(
-                    f"{self.name} needs permission and there is no one to ask here: denied",
+                    f"{judged} needs permission and there is no one to ask here: denied",
                     code="PERMISSION_DENIED",
                     name="PermissionDenied",
                 )
-            answer = await self.approver(PermissionRequest.of(self.name, args, ctx))
+            answer = await self.approver(PermissionRequest.of(judged, args, ctx))
             if answer.outcome == "deny":
                 raise ToolFailure(
-                    answer.reason or f"permission to run {self.name} was denied",
+                    answer.reason or f"permission to run {judged} was denied",
                     code="PERMISSION_DENIED",
                     name="PermissionDenied",
                 )
             if answer.outcome == "always":
-                self.remembered.tools.add(self.name)
+                self.remembered.tools.add(judged)
         result: ToolOutput = await self.tool.run(args, ctx)
         return result
 
@@ -157,6 +183,13 @@ def guard_tools(
     """`tools`, each one whose decision is not `allow` behind its permission."""
     out: list[Any] = []  # a `_Guarded` is a Tool by delegation
     for tool in tools:
-        decision = permissions.decision(tool.name)
-        out.append(tool if decision == "allow" else _Guarded(tool, decision, approver, remembered))
+        names: tuple[str, ...] = getattr(tool, "permission_names", (tool.name,))
+        free = all(permissions.decision(name) == "allow" for name in names)
+        out.append(tool if free else _Guarded(tool, permissions, approver, remembered))
     return out
+
+
+def _judged_name(tool: Any, args: dict[str, Any]) -> str:
+    """The name this call's permission is looked up by: the tool's own unless it says otherwise."""
+    choose = getattr(tool, "permission_name", None)
+    return str(choose(args)) if choose is not None else str(tool.name)

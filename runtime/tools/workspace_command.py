@@ -1,6 +1,9 @@
 """`run_command`'s process: one command in its own process group, stdout and stderr merged, the
 output kept up to a cap (its head and its tail, the middle counted), a timeout that kills the
 whole group, and a kill on cancellation too (a cancelled turn leaves no process behind).
+A sandboxed command is the same process with bubblewrap in front (runtime/sandbox/): killing
+its group kills bwrap, and `--die-with-parent` with its PID namespace takes the box's every
+process along.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import trio
@@ -23,14 +26,17 @@ class CommandOutcome:
     timed_out: bool
 
 
-async def run_command(command: str | Sequence[str], *, cwd: str, time_limit: float, cap: int) -> CommandOutcome:
-    """Run `command` (a shell string through /bin/sh, or an argv) in `cwd`. Raises `OSError`
-    when it cannot start (no such program)."""
+async def run_command(
+    command: str | Sequence[str], *, cwd: str, time_limit: float, cap: int, env: Mapping[str, str] | None = None
+) -> CommandOutcome:
+    """Run `command` (a shell string through /bin/sh, or an argv) in `cwd`, with `env` (None:
+    ours). Raises `OSError` when it cannot start (no such program)."""
     shell = isinstance(command, str)
     process = await trio.lowlevel.open_process(
         command if shell else list(command),
         shell=shell,
         cwd=cwd,
+        env=None if env is None else dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
@@ -20,16 +20,19 @@ import trio
 
 from ..foundation.errors import ToolFailure
 from ..foundation.json_values import JsonObject as Json
+from ..sandbox.box import Sandbox, SandboxUnavailable
 from .base import ToolContext
 from .workspace_command import run_command
 from .workspace_files import edit_text, glob_regex, list_folder, read_text, searchable_text, walk_files, write_text
 from .workspace_paths import Workspace, refused
 
-__all__ = ["READ_TOOLS", "WORKSPACE_TOOL_NAMES", "WorkspaceLimits", "workspace_tools"]
+__all__ = ["READ_TOOLS", "UNSANDBOXED", "WORKSPACE_TOOL_NAMES", "WorkspaceLimits", "workspace_tools"]
 
 T = TypeVar("T")
 
 READ_TOOLS = ("read_file", "list_dir", "glob", "grep")
+# The permission of a `run_command` call asking to run outside the sandbox (README "Sandbox").
+UNSANDBOXED = "run_command_unsandboxed"
 WORKSPACE_TOOL_NAMES = ("read_file", "write_file", "edit_file", "list_dir", "glob", "grep", "run_command")
 
 
@@ -67,9 +70,8 @@ class _WorkspaceTool:
     workspace: Workspace
     limits: WorkspaceLimits
     limiter: trio.CapacityLimiter
-    name: ClassVar[str]
-    description: ClassVar[str]
-    parameters: ClassVar[Json]
+    sandbox: Sandbox | None = None  # `run_command`'s box (None: commands run unconfined)
+    name: ClassVar[str]  # and a description and parameters, each tool's own
     parallel_safe: ClassVar[bool] = True
     # Runs again when a crash cut it (docs/format.md, "Continued turns"): reads, and a
     # whole-file write; an edit or a command is in doubt instead.
@@ -252,39 +254,91 @@ class _Grep(_WorkspaceTool):
 
 class _RunCommand(_WorkspaceTool):
     name: ClassVar[str] = "run_command"
-    description: ClassVar[str] = (
+    description_unconfined: ClassVar[str] = (
         "Run a command in the workspace: a shell string (run by /bin/sh) or an argv array. stdout and stderr "
         "come back merged with the exit code; long output keeps its head and tail. The command is killed "
         "(with everything it started) when the timeout passes. stdin is empty."
     )
-    parameters: ClassVar[Json] = _schema(
-        ("command",),
-        command={
-            "type": ["string", "array"],
-            "description": "A shell command line, or the program and its arguments as an array.",
-            "items": {"type": "string"},
-            "minItems": 1,
-            "minLength": 1,
-        },
-        timeout_seconds=_p("number", "Seconds before the command is killed (default 120, at most 600).", minimum=0),
-        cwd=_p("string", "The folder to run in, relative to the workspace root (default .)."),
+    _SANDBOXED: ClassVar[str] = (
+        " It runs in a sandbox: the workspace is writable, the rest of the file system read-only, /tmp "
+        "private and empty, the network {network}, credentials hidden and API keys unset; every process it "
+        "started ends with it. A command that truly needs more may ask to run outside the sandbox "
+        "(unsandboxed: true, with a reason); a person must approve that, and unattended runs refuse it."
     )
+    _COMMAND: ClassVar[Json] = {
+        "type": ["string", "array"],
+        "description": "A shell command line, or the program and its arguments as an array.",
+        "items": {"type": "string"},
+        "minItems": 1,
+        "minLength": 1,
+    }
+    _TIMEOUT: ClassVar[Json] = _p(
+        "number", "Seconds before the command is killed (default 120, at most 600).", minimum=0
+    )
+    _CWD: ClassVar[Json] = _p("string", "The folder to run in, relative to the workspace root (default .).")
     parallel_safe: ClassVar[bool] = False  # commands may depend on each other's effects: model order
+
+    @property
+    def boxed(self) -> bool:
+        return self.sandbox is not None and self.sandbox.on
+
+    @property
+    def description(self) -> str:
+        if self.sandbox is None or not self.boxed:
+            return self.description_unconfined
+        network = "on" if self.sandbox.policy.network else "off"
+        return self.description_unconfined + self._SANDBOXED.format(network=network)
+
+    @property
+    def parameters(self) -> Json:
+        if not self.boxed:
+            return _schema(("command",), command=self._COMMAND, timeout_seconds=self._TIMEOUT, cwd=self._CWD)
+        return _schema(
+            ("command",),
+            command=self._COMMAND,
+            timeout_seconds=self._TIMEOUT,
+            cwd=self._CWD,
+            unsandboxed=_p("boolean", "Run outside the sandbox (needs a person's approval; default false)."),
+            reason=_p("string", "Why the command must run outside the sandbox (required with unsandboxed)."),
+        )
+
+    @property
+    def permission_names(self) -> tuple[str, ...]:
+        """The names its calls are judged under (tools/permissions.py): leaving the box is its own."""
+        return (self.name, UNSANDBOXED) if self.boxed else (self.name,)
+
+    def permission_name(self, args: Json) -> str:
+        return UNSANDBOXED if self.boxed and args.get("unsandboxed") is True else self.name
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         limits = self.limits
         timeout = min(float(args.get("timeout_seconds", limits.command_timeout)), limits.max_command_timeout)
         cwd = await self._thread(lambda: _folder(self.workspace, args.get("cwd", ".")))
+        command: str | list[str] = args["command"]
+        env: Mapping[str, str] | None = None
+        ran = ""
+        if self.boxed and args.get("unsandboxed") is True:
+            reason = str(args.get("reason", "")).strip()
+            if not reason:
+                raise refused("unsandboxed: true needs a reason (say why the sandbox is not enough)", "REASON_MISSING")
+            ran = " (ran outside the sandbox)"
+        elif self.sandbox is not None and self.sandbox.on:
+            argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+            try:
+                command, env = await self.sandbox.wrap(argv, workspace=self.workspace.root, cwd=cwd)
+            except SandboxUnavailable as exc:
+                raise ToolFailure(f"run_command did not run: {exc}", code="SANDBOX_UNAVAILABLE") from None
+            ran = f" (sandboxed: {self.sandbox.policy.summary()})"
         try:
-            outcome = await run_command(args["command"], cwd=cwd, time_limit=timeout, cap=limits.output_chars)
+            outcome = await run_command(command, cwd=cwd, time_limit=timeout, cap=limits.output_chars, env=env)
         except OSError as exc:
             raise ToolFailure(f"the command cannot start: {exc.strerror or exc}", code="COMMAND_NOT_STARTED") from None
         if outcome.timed_out:
             raise ToolFailure(
-                f"the command timed out after {timeout:g}s and was killed; its output so far:\n{outcome.output}",
+                f"the command timed out after {timeout:g}s and was killed{ran}; its output so far:\n{outcome.output}",
                 code="COMMAND_TIMEOUT",
             )
-        return f"exit code: {outcome.exit_code}\n{outcome.output}".rstrip("\n")
+        return f"exit code: {outcome.exit_code}{ran}\n{outcome.output}".rstrip("\n")
 
 
 def _folder(ws: Workspace, path: str) -> str:
@@ -308,9 +362,10 @@ def _capped(items: list[str], most: int, what: str) -> str:
 _TOOLS: tuple[type[_WorkspaceTool], ...] = (_ReadFile, _WriteFile, _EditFile, _ListDir, _Glob, _Grep, _RunCommand)
 
 
-def workspace_tools(root: str, limits: WorkspaceLimits | None = None) -> list[Any]:
-    """The seven workspace tools acting in `root` (an existing folder)."""
+def workspace_tools(root: str, limits: WorkspaceLimits | None = None, *, sandbox: Sandbox | None = None) -> list[Any]:
+    """The seven workspace tools acting in `root` (an existing folder); `run_command` runs in
+    `sandbox` when it is on (README "Sandbox")."""
     limits = limits or WorkspaceLimits()
     workspace = Workspace(root)
     limiter = trio.CapacityLimiter(limits.threads)
-    return [tool(workspace, limits, limiter) for tool in _TOOLS]
+    return [tool(workspace, limits, limiter, sandbox) for tool in _TOOLS]

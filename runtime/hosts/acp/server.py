@@ -479,7 +479,9 @@ class AcpServer:
         own = started.session_tools(configured)
         if self._session_workspace:
             # The editor's project is the session's workspace: its tools replace the runtime's.
-            own = SessionTools([*own.tools, *workspace_tools(cwd)], own.hides | set(WORKSPACE_TOOL_NAMES))
+            own = SessionTools(
+                [*own.tools, *workspace_tools(cwd, sandbox=self.runtime.sandbox)], own.hides | set(WORKSPACE_TOOL_NAMES)
+            )
         self.runtime.agents.add_session_tools(sid, own)
         return started
 

@@ -1,0 +1,1 @@
+"""The command sandbox (README "Sandbox"): bubblewrap around `run_command` and stdio MCP servers."""

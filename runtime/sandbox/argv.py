@@ -1,0 +1,107 @@
+"""The bubblewrap command line around one command (pure: paths in, argv out; README "Sandbox").
+
+The box: the whole file system read-only (`--ro-bind / /`), a fresh `/dev` and `/proc`, a private
+`/tmp`, every namespace unshared (`--unshare-all`: no network unless the policy allows it, a PID
+namespace whose processes all die with the command), `--die-with-parent` (killing bwrap kills the
+box) and `--new-session` (no terminal to push keystrokes into). Secrets are covered: a hidden
+folder by an empty read-only tmpfs, a hidden file by `/dev/null`. The workspace and the
+`writable` folders are bound read-write.
+
+Mounts apply in order and a later one covers an earlier one, so they are sorted by depth: a
+folder's mount comes before the mounts of what lies inside it. That keeps a workspace under
+`/tmp` or under a hidden folder (the runtime's root, in tests) visible and writable, and a hidden
+folder inside the workspace (its `.subagents` root) hidden. On the same path the writable bind
+wins over hiding. A hidden folder is made read-only last, after the mount points inside it exist.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from .policy import HIDDEN_HOME_PATHS, SandboxPolicy
+
+__all__ = ["bwrap_argv", "hidden_paths"]
+
+_Kind = Literal["tmp", "hide", "reveal", "bind"]
+_ORDER: dict[_Kind, int] = {"tmp": 0, "hide": 1, "reveal": 2, "bind": 3}
+
+# /run holds the sockets of local daemons (docker, dbus, an ssh agent): a Unix socket is reached
+# through the file system, whatever the network namespace, so it is hidden. With the network
+# allowed, the resolver's folder there comes back (`/etc/resolv.conf` may link into it).
+_RUN = "/run"
+_RESOLVER = "/run/systemd/resolve"
+
+
+def hidden_paths(policy: SandboxPolicy, *, hidden: Sequence[str], home: str | None, base: str) -> list[str]:
+    """Every path a command must not read, absolute: `hidden` (the runtime's own: its root, the
+    user's config folder), the usual secrets under `home`, the policy's `readable_hidden`."""
+    paths = [*hidden, *policy.readable_hidden]
+    if home:
+        paths += [os.path.join(home, name) for name in HIDDEN_HOME_PATHS]
+    return [_absolute(p, home, base) for p in paths]
+
+
+def bwrap_argv(
+    bwrap: str,
+    command: Sequence[str],
+    *,
+    policy: SandboxPolicy,
+    workspace: str,
+    cwd: str,
+    hidden: Sequence[str],
+    home: str | None,
+    exists: Callable[[str], str | None] = lambda p: _kind_of(p),
+) -> list[str]:
+    """The argv running `command` (an argv) in the box, in `cwd`, with `workspace` writable.
+    `exists(path)` says "dir", "file" or None (missing paths are neither hidden nor bound)."""
+    mounts: list[tuple[str, _Kind]] = [("/tmp", "tmp"), (_RUN, "hide")]
+    if policy.network:
+        mounts.append((_RESOLVER, "reveal"))
+    for path in hidden_paths(policy, hidden=hidden, home=home, base=workspace):
+        mounts.append((path, "hide"))
+    for path in (workspace, *policy.writable):
+        mounts.append((_absolute(path, home, workspace), "bind"))
+    mounts.sort(key=lambda m: (_depth(m[0]), _ORDER[m[1]]))
+    argv = [bwrap, "--die-with-parent", "--unshare-all"]
+    if policy.network:
+        argv.append("--share-net")
+    argv += ["--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    read_only: list[str] = []
+    for path, kind in mounts:
+        what = exists(path)
+        if kind == "tmp":
+            argv += ["--tmpfs", path]
+        elif what is None:
+            continue
+        elif kind == "hide" and what == "dir":
+            argv += ["--tmpfs", path]
+            read_only.append(path)
+        elif kind == "hide":
+            argv += ["--ro-bind", "/dev/null", path]
+        elif kind == "reveal":
+            argv += ["--ro-bind", path, path]
+        else:
+            argv += ["--bind", path, path]
+    for path in read_only:
+        argv += ["--remount-ro", path]
+    argv += ["--chdir", cwd, "--", *command]
+    return argv
+
+
+def _absolute(path: str, home: str | None, base: str) -> str:
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    # Symlinks resolved: a mount lands on the real folder, and two spellings sort as one.
+    return os.path.realpath(os.path.join(base, path))
+
+
+def _depth(path: str) -> int:
+    return len([part for part in path.split("/") if part])
+
+
+def _kind_of(path: str) -> str | None:
+    if os.path.isdir(path):
+        return "dir"
+    return "file" if os.path.lexists(path) else None

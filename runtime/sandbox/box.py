@@ -1,0 +1,68 @@
+"""One runtime's sandbox: its policy, what it hides, and its probe, run once and kept.
+
+`open_runtime(sandbox=SandboxPolicy(...))` makes one `Sandbox` and hands it to `run_command` and
+to the stdio MCP servers marked `sandbox = true`. The probe runs on first use (not at start: a
+runtime that never runs a command never pays for it) and its answer is kept for the runtime's
+life, in this object rather than a module global. `wrap` gives the argv and environment of one
+command in the box.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import trio
+
+from .argv import bwrap_argv
+from .environment import scrubbed_env
+from .policy import SandboxPolicy
+from .probe import FIX, ProbeResult, probe_bwrap
+
+__all__ = ["Sandbox", "SandboxUnavailable"]
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox is on but bubblewrap cannot run here; the message says why and the fix."""
+
+
+class Sandbox:
+    """`policy`, the paths hidden besides the policy's (`hidden`: the runtime's root, the user's
+    config folder), and `env`: the environment commands start from (secrets removed) and where
+    `bwrap` is looked for (None: this process's, read when a command starts)."""
+
+    def __init__(
+        self, policy: SandboxPolicy, *, hidden: Sequence[str] = (), env: Mapping[str, str] | None = None
+    ) -> None:
+        self.policy = policy
+        self.hidden = tuple(hidden)
+        self._env = env
+        self._probe: ProbeResult | None = None
+        self._probing = trio.Lock()
+
+    @property
+    def on(self) -> bool:
+        return self.policy.on
+
+    def environment(self) -> Mapping[str, str]:
+        return self._env if self._env is not None else os.environ
+
+    async def probe(self) -> ProbeResult:
+        """Whether bubblewrap works here (probed once; later calls answer from memory)."""
+        async with self._probing:
+            if self._probe is None:
+                env = dict(self.environment())
+                self._probe = await trio.to_thread.run_sync(probe_bwrap, env)
+            return self._probe
+
+    async def wrap(self, command: Sequence[str], *, workspace: str, cwd: str) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment running `command` in the box. Raises `SandboxUnavailable`."""
+        probed = await self.probe()
+        if not probed.works or probed.bwrap is None:
+            raise SandboxUnavailable(f"the sandbox is on but {probed.reason}: {FIX}")
+        env = scrubbed_env(self.environment())
+        home = env.get("HOME")
+        argv = bwrap_argv(
+            probed.bwrap, command, policy=self.policy, workspace=workspace, cwd=cwd, hidden=self.hidden, home=home
+        )
+        return argv, env
