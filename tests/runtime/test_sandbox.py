@@ -1,0 +1,272 @@
+"""`run_command` in the bubblewrap sandbox (issue 32; README "Sandbox"), with the real `bwrap`.
+
+Each attempt to get out runs as an agent's command would, through the tool, with a fake HOME
+(its `.ssh` holding a key) and an environment carrying a model API key; the store's root sits
+beside the workspace. What the box must refuse fails inside the command or finds nothing, and
+nothing outside the workspace changes (a snapshot of the whole test folder, before and after).
+The test folders live in /var/tmp, not pytest's /tmp: the box's /tmp is private, so a tree under
+/tmp would be hidden whole and prove nothing about the rest of the file system.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from subagents.actors import Abort
+from subagents.runtime.sandbox.box import Sandbox
+from subagents.runtime.sandbox.policy import SandboxPolicy
+from subagents.runtime.tools.base import ToolContext, ToolOutcome, ToolSet
+from subagents.runtime.tools.workspace_tools import workspace_tools
+
+from .test_workspace_tools import gone, snapshot
+
+BWRAP = shutil.which("bwrap")
+# Installed by ./dev test and .ci/run (apt) where missing: a machine without it fails loudly here.
+assert BWRAP is not None, "bubblewrap (bwrap) is not installed: ./dev test installs it"
+
+
+class Box:
+    """A workspace, a store root and a fake HOME in `folder`, and the tools in a sandbox."""
+
+    def __init__(self, folder: Path, policy: SandboxPolicy | None = None, *, path: str | None = None) -> None:
+        self.tmp = folder
+        self.ws = folder / "ws"
+        self.ws.mkdir()
+        self.store = folder / "store"
+        self.store.mkdir()
+        (self.store / "index.sqlite3").write_bytes(b"SQLite format 3\0 the store's index")
+        self.home = folder / "home"
+        (self.home / ".ssh").mkdir(parents=True)
+        (self.home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+        (self.home / "notes.txt").write_text("readable\n")
+        env = {
+            "PATH": path if path is not None else os.environ["PATH"],
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            "OPENAI_API_KEY": "sk-test-openai",
+            "ANTHROPIC_API_KEY": "sk-ant-test",
+            "GITHUB_TOKEN": "ghp_test",
+            "CC": "gcc",
+        }
+        self.sandbox = Sandbox(policy or SandboxPolicy(), hidden=[str(self.store)], env=env)
+        self.tools = ToolSet(workspace_tools(str(self.ws), sandbox=self.sandbox))
+
+    async def call(self, **args: Any) -> ToolOutcome:
+        ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+        return await self.tools.execute("run_command", json.dumps(args), ctx)
+
+    async def run(self, command: str | list[str], **args: Any) -> tuple[int, str]:
+        """The exit code and output of a command that ran in the box."""
+        outcome = await self.call(command=command, **args)
+        assert not outcome.is_error, outcome.content
+        text = outcome.content[0]["text"]
+        first, _, output = text.partition("\n")
+        assert " (sandboxed: workspace writable, network o" in first, first
+        return int(first.split()[2]), output
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A fresh folder outside /tmp (see the module's docstring)."""
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir="/var/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.fixture
+def box(base: Path) -> Iterator[Box]:
+    made = Box(base)
+    before = snapshot(base)
+    yield made
+    # Whatever a test's commands tried, outside the workspace nothing changed.
+    after = {k: v for k, v in snapshot(base).items() if not k.startswith(str(made.ws))}
+    assert after == {k: v for k, v in before.items() if not k.startswith(str(made.ws))}
+
+
+async def test_a_build_like_command_works_inside(box: Box) -> None:
+    script = (
+        "mkdir -p build && printf 'print(6 * 7)\\n' > build/main.py && python3 build/main.py > build/out.txt"
+        " && cat build/out.txt && python3 -c 'import ssl, sqlite3; print(ssl.OPENSSL_VERSION_NUMBER > 0)'"
+        " && ls /usr/lib > /dev/null && echo libs && echo tmp > /tmp/scratch && cat /tmp/scratch"
+    )
+    code, output = await box.run(script)
+    assert (code, output) == (0, "42\nTrue\nlibs\ntmp")
+    assert (box.ws / "build" / "out.txt").read_text() == "42\n"
+    assert await box.run(["python3", "-c", "import os; print(os.getcwd())"], cwd="build") == (0, f"{box.ws}/build")
+
+
+async def test_writes_outside_the_workspace_fail_and_change_nothing(box: Box) -> None:
+    # The fixture's snapshot checks that nothing outside the workspace changed.
+    for target in (box.tmp / "new.txt", box.home / "notes.txt", box.store / "index.sqlite3", Path("/etc/sandbox-t")):
+        code, output = await box.run(f"echo x >> {target}")
+        assert code != 0, target
+        assert "Read-only file system" in output or "No such file or directory" in output, output
+    code, output = await box.run(f"rm -rf {box.home}/notes.txt")
+    assert code != 0 and "Read-only file system" in output
+    assert (box.home / "notes.txt").read_text() == "readable\n"
+
+
+async def test_secrets_are_hidden(box: Box) -> None:
+    assert await box.run(f"ls -A {box.home}/.ssh; cat {box.home}/.ssh/id_ed25519") != (0, "")
+    code, output = await box.run(f"ls -A {box.home}/.ssh | wc -l; ls -A {box.store} | wc -l")
+    assert (code, output) == (0, "0\n0")  # the folders are there, empty
+    code, output = await box.run(f"cat {box.store}/index.sqlite3")
+    assert code != 0 and "No such file or directory" in output
+    assert await box.run(f"cat {box.home}/notes.txt") == (0, "readable")  # the rest of HOME is readable
+
+
+async def test_the_environment_carries_no_keys(box: Box) -> None:
+    code, output = await box.run('echo "[$OPENAI_API_KEY][$ANTHROPIC_API_KEY][$GITHUB_TOKEN][$CC][$LANG]"; env')
+    assert code == 0
+    assert output.splitlines()[0] == "[][][][gcc][C.UTF-8]"
+    assert "sk-" not in output and "ghp_" not in output
+    assert f"HOME={box.home}" in output
+
+
+def _listener() -> tuple[socket.socket, int]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # the kernel completes connections from its backlog: no accept needed
+    return server, server.getsockname()[1]
+
+
+_CONNECT = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5); print('connected')"
+
+
+async def test_the_network_is_off_loopback_included(box: Box) -> None:
+    server, port = _listener()
+    with server:
+        code, output = await box.run(["python3", "-c", _CONNECT, str(port)])
+    assert code == 1
+    assert "ConnectionRefusedError" in output or "Network is unreachable" in output, output
+
+
+async def test_the_network_is_on_when_allowed(base: Path) -> None:
+    # The control of the test above: the same connection from a box that allows the network.
+    open_box = Box(base, SandboxPolicy(network=True))
+    server, port = _listener()
+    with server:
+        code, output = await open_box.run(["python3", "-c", _CONNECT, str(port)])
+    assert (code, output) == (0, "connected")
+
+
+def _pids_running(marker: str) -> list[int]:
+    """The processes whose command line holds `marker` (seen from outside the box)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue  # it ended while we looked
+    return found
+
+
+async def test_a_process_that_outlives_the_command_is_gone(box: Box) -> None:
+    marker = f"{os.getpid()}7654"
+    # Unconfined, the sleep would live on (its output goes nowhere, so the command returns).
+    assert await box.run(f"sleep {marker} > /dev/null 2>&1 & echo started") == (0, "started")
+    # bwrap returns the command's status as soon as it has it; the kernel kills what is left in
+    # the box's PID namespace a moment later, as its first process ends (gone: waits on a pidfd).
+    left = await trio.to_thread.run_sync(_pids_running, f"sleep\0{marker}")
+    assert await trio.to_thread.run_sync(lambda: all(gone(pid) for pid in left))
+
+
+def test_a_timeout_kills_the_whole_tree(base: Path) -> None:
+    made = Box(base)
+    marker = f"{os.getpid()}8765"
+    clock = trio.testing.MockClock()
+
+    async def main() -> tuple[ToolOutcome, list[int]]:
+        outcome: list[ToolOutcome] = []
+
+        async def call() -> None:
+            outcome.append(await made.call(command=f"sleep {marker} & sleep {marker}; wait", timeout_seconds=5))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call)
+            sleepers: list[int] = []
+            while len(sleepers) < 2:  # both started (seen from here, by their command lines)
+                await trio.sleep(0)
+                sleepers = await trio.to_thread.run_sync(_pids_running, f"sleep\0{marker}")
+            clock.autojump_threshold = 0  # then time jumps to the tool's timeout
+        return outcome[0], sleepers
+
+    outcome, sleepers = trio.run(main, clock=clock)
+    assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_TIMEOUT"}
+    assert "killed (sandboxed: " in outcome.content[0]["text"]
+    assert all(gone(pid) for pid in sleepers)
+
+
+async def test_without_bwrap_on_path_the_result_says_so_and_nothing_runs(base: Path) -> None:
+    made = Box(base, path=str(base / "empty-bin"))
+    outcome = await made.call(command=f"touch {made.ws}/ran")
+    assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "SANDBOX_UNAVAILABLE"}
+    text = outcome.content[0]["text"]
+    assert "the sandbox is on but bwrap (bubblewrap) is not on PATH" in text
+    assert "apt-get install bubblewrap" in text and 'mode = "off"' in text
+    assert not (made.ws / "ran").exists()  # never a silent fallback to running unconfined
+
+
+async def test_the_probe_runs_once_per_sandbox(base: Path) -> None:
+    made = Box(base)
+    first = await made.sandbox.probe()
+    assert first.works and first.bwrap == BWRAP
+    assert await made.sandbox.probe() is first  # kept: the next command does not probe again
+    (base / "other").mkdir()
+    other = Box(base / "other")
+    assert await other.sandbox.probe() is not first  # each runtime's sandbox probes for itself
+
+
+async def test_a_workspace_under_the_hidden_root_stays_writable(base: Path) -> None:
+    # As in tests, and in a project whose workspace holds its `.subagents` root: the nested
+    # mounts go in depth order, so the workspace shows through a hidden parent and a hidden
+    # child stays hidden inside the workspace.
+    root = base / "root"
+    ws = root / "ws"
+    (ws / ".subagents").mkdir(parents=True)
+    (ws / ".subagents" / "index.sqlite3").write_text("index")
+    env = {"PATH": os.environ["PATH"], "HOME": str(base)}
+    sandbox = Sandbox(SandboxPolicy(), hidden=[str(root), str(ws / ".subagents")], env=env)
+    tools = ToolSet(workspace_tools(str(ws), sandbox=sandbox))
+    ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+    command = "echo made > f && cat f && ls -A .subagents | wc -l && ls -A .. "
+    outcome = await tools.execute("run_command", json.dumps({"command": command}), ctx)
+    assert outcome.content[0]["text"].splitlines()[1:] == ["made", "0", "ws"]
+    assert (ws / "f").read_text() == "made\n"
+    assert (ws / ".subagents" / "index.sqlite3").read_text() == "index"
+
+
+async def test_extra_writable_folders_and_hidden_paths(base: Path) -> None:
+    cache = base / "cache"
+    cache.mkdir()
+    private = base / "private.txt"
+    private.write_text("private\n")
+    made = Box(base, SandboxPolicy(writable=[str(cache)], readable_hidden=[str(private)]))
+    code, output = await made.run(f"echo hit > {cache}/x && cat {private}")
+    assert code == 1 and output == f"cat: {private}: Permission denied"  # /dev/null covers it
+    assert (cache / "x").read_text() == "hit\n"
+    assert private.read_text() == "private\n"
+
+
+async def test_mode_off_runs_unconfined_as_before(base: Path) -> None:
+    made = Box(base, SandboxPolicy(mode="off"))
+    outcome = await made.call(command=f"echo out > {base}/outside.txt")
+    assert outcome.content[0]["text"] == "exit code: 0"  # no word of a sandbox
+    assert (base / "outside.txt").read_text() == "out\n"
+    (spec,) = [spec for spec in made.tools.specs() if spec.name == "run_command"]
+    assert "unsandboxed" not in json.dumps(spec.parameters) and "sandbox" not in spec.description
