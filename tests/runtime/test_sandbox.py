@@ -142,7 +142,9 @@ def _listener() -> tuple[socket.socket, int]:
     return server, server.getsockname()[1]
 
 
-_CONNECT = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5); print('connected')"
+_CONNECT = (
+    "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=5); print('connected')"
+)
 
 
 async def test_the_network_is_off_loopback_included(box: Box) -> None:
@@ -189,26 +191,29 @@ async def test_a_process_that_outlives_the_command_is_gone(box: Box) -> None:
 def test_a_timeout_kills_the_whole_tree(base: Path) -> None:
     made = Box(base)
     marker = f"{os.getpid()}8765"
+    fifo = made.ws / "ready"
+    os.mkfifo(fifo)  # the workspace is bound into the box: the fifo works across
     clock = trio.testing.MockClock()
+    command = f"sleep {marker} & sleep {marker} & echo ready > {fifo}; wait"
 
     async def main() -> tuple[ToolOutcome, list[int]]:
         outcome: list[ToolOutcome] = []
 
         async def call() -> None:
-            outcome.append(await made.call(command=f"sleep {marker} & sleep {marker}; wait", timeout_seconds=5))
+            outcome.append(await made.call(command=command, timeout_seconds=5))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call)
-            sleepers: list[int] = []
-            while len(sleepers) < 2:  # both started (seen from here, by their command lines)
-                await trio.sleep(0)
-                sleepers = await trio.to_thread.run_sync(_pids_running, f"sleep\0{marker}")
+            await trio.to_thread.run_sync(fifo.read_text)  # both sleeps have started
+            # Seen from here by their command lines (their PIDs inside the box mean nothing here).
+            sleepers = await trio.to_thread.run_sync(_pids_running, f"sleep\0{marker}")
             clock.autojump_threshold = 0  # then time jumps to the tool's timeout
         return outcome[0], sleepers
 
     outcome, sleepers = trio.run(main, clock=clock)
     assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_TIMEOUT"}
     assert "killed (sandboxed: " in outcome.content[0]["text"]
+    assert len(sleepers) == 2
     assert all(gone(pid) for pid in sleepers)
 
 

@@ -1,0 +1,327 @@
+"""The sandbox's pure parts (issue 32; README "Sandbox"): the bwrap argv's mounts in depth order,
+the scrubbed environment, `[sandbox]` in `subagents.toml`, and the permission a call is judged
+by (a boxed `run_command` is `allow`, leaving the box is `ask`, and `run` refuses it)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from subagents.actors import Abort
+from subagents.runtime.config import load_config
+from subagents.runtime.foundation.errors import ConfigInvalid
+from subagents.runtime.hosts.setup import headless_approver
+from subagents.runtime.sandbox.argv import bwrap_argv
+from subagents.runtime.sandbox.box import Sandbox
+from subagents.runtime.sandbox.environment import scrubbed_env
+from subagents.runtime.sandbox.policy import SandboxPolicy
+from subagents.runtime.tools.base import ToolContext, ToolSet
+from subagents.runtime.tools.permissions import (
+    DEFAULT_PERMISSIONS,
+    PermissionAnswer,
+    PermissionRequest,
+    Remembered,
+    default_permissions,
+    guard_tools,
+)
+from subagents.runtime.tools.workspace_tools import workspace_tools
+
+DIRS = {"/", "/tmp", "/run", "/srv", "/srv/ws", "/srv/ws/.subagents", "/home/u", "/home/u/.ssh", "/data/root"}
+FILES = {"/home/u/.netrc"}
+
+
+def exists(path: str) -> str | None:
+    return "dir" if path in DIRS else "file" if path in FILES else None
+
+
+def mounts(argv: list[str]) -> list[tuple[str, ...]]:
+    """The mount options of an argv after its fixed head, as (option, arguments…)."""
+    start = argv.index("/proc") + 1
+    out: list[tuple[str, ...]] = []
+    i = start
+    while argv[i] != "--chdir":
+        width = {"--tmpfs": 1, "--remount-ro": 1, "--bind": 2, "--ro-bind": 2}[argv[i]]
+        out.append(tuple(argv[i : i + 1 + width]))
+        i += 1 + width
+    return out
+
+
+def argv_for(workspace: str, hidden: list[str], policy: SandboxPolicy | None = None) -> list[str]:
+    return bwrap_argv(
+        "/usr/bin/bwrap",
+        ["make", "test"],
+        policy=policy or SandboxPolicy(),
+        workspace=workspace,
+        cwd=workspace,
+        hidden=hidden,
+        home="/home/u",
+        exists=exists,
+    )
+
+
+def test_the_head_and_the_tail_of_the_argv() -> None:
+    argv = argv_for("/srv/ws", [])
+    assert argv[:12] == [
+        "/usr/bin/bwrap",
+        "--die-with-parent",
+        "--unshare-all",
+        "--new-session",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+    ]
+    assert argv[-5:] == ["--chdir", "/srv/ws", "--", "make", "test"]
+    assert "--share-net" not in argv
+    assert argv_for("/srv/ws", [], SandboxPolicy(network=True))[:4] == [
+        "/usr/bin/bwrap",
+        "--die-with-parent",
+        "--unshare-all",
+        "--share-net",
+    ]
+
+
+# (workspace, hidden) -> the mounts, in order: a folder's before what lies inside it.
+MOUNT_TABLE: list[tuple[str, list[str], list[tuple[str, ...]]]] = [
+    # the usual: the store's root elsewhere, secrets in HOME (a folder: tmpfs; a file: /dev/null)
+    (
+        "/srv/ws",
+        ["/data/root"],
+        [
+            ("--tmpfs", "/tmp"),
+            ("--tmpfs", "/run"),
+            ("--tmpfs", "/data/root"),
+            ("--bind", "/srv/ws", "/srv/ws"),
+            ("--tmpfs", "/home/u/.ssh"),
+            ("--ro-bind", "/dev/null", "/home/u/.netrc"),
+            ("--remount-ro", "/run"),
+            ("--remount-ro", "/data/root"),
+            ("--remount-ro", "/home/u/.ssh"),
+        ],
+    ),
+    # the store's root inside the workspace: bound first, then hidden over
+    (
+        "/srv/ws",
+        ["/srv/ws/.subagents"],
+        [
+            ("--tmpfs", "/tmp"),
+            ("--tmpfs", "/run"),
+            ("--bind", "/srv/ws", "/srv/ws"),
+            ("--tmpfs", "/srv/ws/.subagents"),
+            ("--tmpfs", "/home/u/.ssh"),
+            ("--ro-bind", "/dev/null", "/home/u/.netrc"),
+            ("--remount-ro", "/run"),
+            ("--remount-ro", "/srv/ws/.subagents"),
+            ("--remount-ro", "/home/u/.ssh"),
+        ],
+    ),
+    # the workspace inside a hidden folder (tests: under the root): hidden first, then bound
+    (
+        "/srv/ws",
+        ["/srv"],
+        [
+            ("--tmpfs", "/tmp"),
+            ("--tmpfs", "/run"),
+            ("--tmpfs", "/srv"),
+            ("--bind", "/srv/ws", "/srv/ws"),
+            ("--tmpfs", "/home/u/.ssh"),
+            ("--ro-bind", "/dev/null", "/home/u/.netrc"),
+            ("--remount-ro", "/run"),
+            ("--remount-ro", "/srv"),
+            ("--remount-ro", "/home/u/.ssh"),
+        ],
+    ),
+    # the workspace under /tmp: the private /tmp first, then the workspace
+    (
+        "/tmp",
+        [],
+        [
+            ("--tmpfs", "/tmp"),
+            ("--tmpfs", "/run"),
+            ("--bind", "/tmp", "/tmp"),
+            ("--tmpfs", "/home/u/.ssh"),
+            ("--ro-bind", "/dev/null", "/home/u/.netrc"),
+            ("--remount-ro", "/run"),
+            ("--remount-ro", "/home/u/.ssh"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("workspace", "hidden", "expected"), MOUNT_TABLE)
+def test_mounts_go_in_depth_order(workspace: str, hidden: list[str], expected: list[tuple[str, ...]]) -> None:
+    assert mounts(argv_for(workspace, hidden)) == expected
+
+
+def test_the_same_path_writable_and_hidden_is_writable() -> None:
+    got = mounts(argv_for("/srv/ws", ["/srv/ws"]))
+    assert got.index(("--tmpfs", "/srv/ws")) < got.index(("--bind", "/srv/ws", "/srv/ws"))
+
+
+def test_policy_paths_home_relative_and_missing() -> None:
+    policy = SandboxPolicy(writable=["~/.cache", "out", "/nowhere"], readable_hidden=["~"])
+    DIRS.update({"/home/u/.cache", "/srv/ws/out"})
+    try:
+        got = mounts(argv_for("/srv/ws", [], policy))
+    finally:
+        DIRS.difference_update({"/home/u/.cache", "/srv/ws/out"})
+    assert ("--bind", "/home/u/.cache", "/home/u/.cache") in got
+    assert ("--bind", "/srv/ws/out", "/srv/ws/out") in got  # relative: from the workspace
+    assert ("--tmpfs", "/home/u") in got
+    assert not any("/nowhere" in m for m in got)  # a missing path is neither bound nor hidden
+
+
+def test_with_the_network_the_resolver_folder_comes_back() -> None:
+    DIRS.add("/run/systemd/resolve")
+    try:
+        got = mounts(argv_for("/srv/ws", [], SandboxPolicy(network=True)))
+    finally:
+        DIRS.discard("/run/systemd/resolve")
+    assert got.index(("--tmpfs", "/run")) < got.index(("--ro-bind", "/run/systemd/resolve", "/run/systemd/resolve"))
+
+
+@pytest.mark.parametrize(
+    ("name", "kept"),
+    [
+        ("PATH", True),
+        ("HOME", True),
+        ("LANG", True),
+        ("VIRTUAL_ENV", True),
+        ("CC", True),
+        ("PYTHONPATH", True),
+        ("OPENAI_API_KEY", False),
+        ("ANTHROPIC_API_KEY", False),
+        ("DEEPSEEK_API_KEY", False),
+        ("GEMINI_APIKEY", False),
+        ("GITHUB_TOKEN", False),
+        ("AWS_ACCESS_KEY_ID", False),
+        ("AWS_SECRET_ACCESS_KEY", False),
+        ("MY_CLIENT_SECRET", False),
+        ("PGPASSWORD", False),
+        ("DATABASE_URL", False),
+        ("SUBAGENTS_STORE", False),
+        ("SSH_AUTH_SOCK", False),
+        ("SIGNING_KEY", False),
+    ],
+)
+def test_the_environment_keeps_what_builds_need_and_no_secrets(name: str, kept: bool) -> None:
+    assert (name in scrubbed_env({name: "v"})) is kept
+
+
+# ---- [sandbox] in subagents.toml ------------------------------------------------------------------
+
+
+def load(tmp_path: Path, text: str) -> Any:
+    (tmp_path / "subagents.toml").write_text(text)
+    return load_config(str(tmp_path), env={"SUBAGENTS_CONFIG_DIR": str(tmp_path / "none")})
+
+
+def test_sandbox_keys_and_their_defaults(tmp_path: Path) -> None:
+    default = load(tmp_path, "")
+    assert default.sandbox_policy() == SandboxPolicy(mode="on", network=False)
+    rows = {key: (value, source) for key, value, source in default.rows()}
+    assert rows["sandbox.mode"] == ("on", "default")
+    assert rows["permissions.run_command"] == ("allow", "default")
+    assert rows["permissions.run_command_unsandboxed"] == ("ask", "default")
+    config = load(
+        tmp_path,
+        '[sandbox]\nmode = "off"\nnetwork = true\nwritable = ["~/.cache"]\nreadable_hidden = ["/srv/keys"]\n'
+        "[mcp_servers.fs]\ncommand = 'fs-mcp'\nsandbox = true\n",
+    )
+    assert config.sandbox_policy() == SandboxPolicy(
+        mode="off", network=True, writable=["~/.cache"], readable_hidden=["/srv/keys"]
+    )
+    assert config.mcp_servers["fs"].sandbox is True
+    rows = {key: (value, source) for key, value, source in config.rows()}
+    assert rows["sandbox.mode"] == ("off", str(tmp_path / "subagents.toml"))
+    assert rows["permissions.run_command"] == ("ask", "default")  # unconfined: ask, as before
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[sandbox]\nmode = "maybe"\n', 'sandbox.mode must be "on" or "off", got \'maybe\''),
+        ('[sandbox]\nnetwork = "yes"\n', "sandbox.network must be true or false"),
+        ('[sandbox]\nwritable = "/tmp"\n', "sandbox.writable must be a list of paths"),
+        ("[sandbox]\nreadable_hidden = [1]\n", "sandbox.readable_hidden must be a list of paths"),
+        ("[sandbox]\nshell = true\n", "unknown key sandbox.shell"),
+        ('sandbox = "on"\n', "sandbox must be a table ([sandbox])"),
+        ("[mcp_servers.w]\nurl = 'http://x/mcp'\nsandbox = true\n", "sandbox must be true or false, and belongs"),
+        ("[mcp_servers.w]\ncommand = 'x'\nsandbox = 'yes'\n", "mcp_servers.w.sandbox must be true or false"),
+    ],
+)
+def test_bad_sandbox_keys_are_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigInvalid) as caught:
+        load(tmp_path, text)
+    assert message in str(caught.value)
+
+
+# ---- the permission of a call ---------------------------------------------------------------------
+
+
+def ctx() -> ToolContext:
+    return ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+
+
+class Asked:
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.requests: list[PermissionRequest] = []
+
+    async def __call__(self, request: PermissionRequest) -> PermissionAnswer:
+        self.requests.append(request)
+        return PermissionAnswer("allow" if self.answer == "allow" else "deny", "no")
+
+
+def boxed_tools(tmp_path: Path, approver: Any, mode: str = "on") -> ToolSet:
+    # A box that cannot work (no bwrap on its PATH): a boxed call's result says so, which tells
+    # the boxed calls from the ones that ran outside.
+    sandbox = Sandbox(SandboxPolicy(mode="on" if mode == "on" else "off"), env={"PATH": str(tmp_path / "no-bin")})
+    tools = workspace_tools(str(tmp_path), sandbox=sandbox)
+    policy = default_permissions(sandbox.on)
+    return ToolSet(guard_tools(tools, policy, approver, Remembered()))
+
+
+async def test_a_boxed_command_is_allowed_and_leaving_the_box_asks(tmp_path: Path) -> None:
+    asked = Asked("allow")
+    tools = boxed_tools(tmp_path, asked)
+    boxed = await tools.execute("run_command", json.dumps({"command": "true"}), ctx())
+    assert boxed.error == {"name": "ToolFailure", "code": "SANDBOX_UNAVAILABLE"} and asked.requests == []
+    args = {"command": "echo out > outside.txt", "unsandboxed": True, "reason": "needs the docker socket"}
+    outside = await tools.execute("run_command", json.dumps(args), ctx())
+    assert [r.tool for r in asked.requests] == ["run_command_unsandboxed"]
+    assert asked.requests[0].arguments["reason"] == "needs the docker socket"
+    assert outside.content[0]["text"] == "exit code: 0 (ran outside the sandbox)"
+    assert (tmp_path / "outside.txt").read_text() == "out\n"
+
+
+async def test_leaving_the_box_needs_a_reason(tmp_path: Path) -> None:
+    tools = boxed_tools(tmp_path, Asked("allow"))
+    outcome = await tools.execute("run_command", json.dumps({"command": "true", "unsandboxed": True}), ctx())
+    assert outcome.error == {"name": "WorkspaceError", "code": "REASON_MISSING"}
+
+
+async def test_run_refuses_leaving_the_box_headless(tmp_path: Path) -> None:
+    tools = boxed_tools(tmp_path, headless_approver)
+    args = {"command": "touch ran", "unsandboxed": True, "reason": "because"}
+    outcome = await tools.execute("run_command", json.dumps(args), ctx())
+    assert outcome.error == {"name": "PermissionDenied", "code": "PERMISSION_DENIED"}
+    assert "run_command_unsandboxed needs permission and `subagents run` cannot ask" in outcome.content[0]["text"]
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_with_the_sandbox_off_run_command_asks_as_before(tmp_path: Path) -> None:
+    asked = Asked("deny")
+    tools = boxed_tools(tmp_path, asked, mode="off")
+    outcome = await tools.execute("run_command", json.dumps({"command": "touch ran"}), ctx())
+    assert outcome.error == {"name": "PermissionDenied", "code": "PERMISSION_DENIED"}
+    assert [r.tool for r in asked.requests] == ["run_command"]
+    assert default_permissions(False) is DEFAULT_PERMISSIONS
+    assert not os.path.exists(tmp_path / "ran")
