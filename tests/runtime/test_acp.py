@@ -113,14 +113,19 @@ def _agent(root: Path, model: str) -> tuple[str, ...]:
 
 
 async def _connect(
-    recorder: Recorder, root: Path, model: str, stderr: Path, command: tuple[str, ...] | None = None
+    recorder: Recorder,
+    root: Path,
+    model: str,
+    stderr: Path,
+    command: tuple[str, ...] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Any:
     command = command or _agent(root, model)
     return spawn_agent_process(
         recorder,
         command[0],
         *command[1:],
-        env=clean_env(),
+        env=env or clean_env(),
         transport_kwargs={"stderr": stderr.open("wb")},
         use_unstable_protocol=True,
     )
@@ -542,13 +547,17 @@ def test_a_tool_whose_permission_is_ask_asks_the_client_and_its_answer_decides(t
     script = {"agents": [{"responses": [*({"tool_calls": [c]} for c in calls), {"text": "done"}]}]}
     model = write_script(tmp_path / "script.json", script)
     root = tmp_path / "root"
+    # Unconfined, run_command asks (with the sandbox on, a boxed command is allowed: test_sandbox*).
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "subagents.toml").write_text('[sandbox]\nmode = "off"\n')
+    unconfined = clean_env(SUBAGENTS_CONFIG_DIR=str(tmp_path / "user"))
     command = (*_agent(root, model), "--workspace", str(ws))
 
     async def main() -> tuple[str, Recorder]:
         # write a: allowed once; write b: rejected; run c: always; run d: remembered (not asked);
         # a second question for run e never comes.
         recorder = Recorder(["allow_once", "reject_once", "allow_always"])
-        async with await _connect(recorder, root, model, tmp_path / "stderr", command) as (conn, _process):
+        async with await _connect(recorder, root, model, tmp_path / "stderr", command, unconfined) as (conn, _process):
             await _initialize(conn)
             new = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
             response = await asyncio.wait_for(

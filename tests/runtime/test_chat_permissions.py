@@ -30,6 +30,8 @@ WRITE_THEN_RUN = {
 
 @pytest.mark.slow  # a real subagents process
 def test_on_a_pipe_the_next_line_answers_the_question(tmp_path: Path) -> None:
+    # Unconfined, run_command asks (with the sandbox on, a boxed command is allowed: test_sandbox*).
+    (tmp_path / "subagents.toml").write_text('[sandbox]\nmode = "off"\n')
     chat = Chat(tmp_path, WRITE_THEN_RUN)
     session = chat.expect(r"^session (\S+) ").group(1)
     chat.line("write it")

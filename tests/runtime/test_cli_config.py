@@ -97,6 +97,8 @@ def test_run_names_an_mcp_server_from_the_config_that_did_not_start(tmp_path: Pa
 
 @pytest.mark.slow  # a real subagents process
 def test_headless_run_denies_ask_and_says_how_to_allow_it(tmp_path: Path) -> None:
+    # Unconfined, run_command asks (with the sandbox on, a boxed command is allowed: test_sandbox*).
+    (tmp_path / "subagents.toml").write_text('[sandbox]\nmode = "off"\n')
     script = {
         "agents": [
             {
@@ -118,7 +120,7 @@ def test_headless_run_denies_ask_and_says_how_to_allow_it(tmp_path: Path) -> Non
         'To let it run unattended, set `run_command = "allow"` under [permissions] in subagents.toml.'
     )
     assert not (tmp_path / "x").exists()
-    (tmp_path / "subagents.toml").write_text('[permissions]\nrun_command = "allow"\n')
+    (tmp_path / "subagents.toml").write_text('[sandbox]\nmode = "off"\n[permissions]\nrun_command = "allow"\n')
     assert cli(tmp_path, "run", "--model", model, "--root", str(tmp_path / "root"), "go").returncode == 0
     assert (tmp_path / "x").exists()
 

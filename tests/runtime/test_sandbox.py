@@ -184,7 +184,7 @@ async def test_a_process_that_outlives_the_command_is_gone(box: Box) -> None:
     assert await box.run(f"sleep {marker} > /dev/null 2>&1 & echo started") == (0, "started")
     # bwrap returns the command's status as soon as it has it; the kernel kills what is left in
     # the box's PID namespace a moment later, as its first process ends (gone: waits on a pidfd).
-    left = await trio.to_thread.run_sync(_pids_running, f"sleep\0{marker}")
+    left = await trio.to_thread.run_sync(_pids_running, marker)
     assert await trio.to_thread.run_sync(lambda: all(gone(pid) for pid in left))
 
 
@@ -205,15 +205,17 @@ def test_a_timeout_kills_the_whole_tree(base: Path) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(call)
             await trio.to_thread.run_sync(fifo.read_text)  # both sleeps have started
-            # Seen from here by their command lines (their PIDs inside the box mean nothing here).
-            sleepers = await trio.to_thread.run_sync(_pids_running, f"sleep\0{marker}")
+            # The whole tree, seen from here by the marker in its command lines (bwrap's, the
+            # shell's, the two forks', exec'd into sleep or not yet); PIDs inside the box mean
+            # nothing here.
+            sleepers = await trio.to_thread.run_sync(_pids_running, marker)
             clock.autojump_threshold = 0  # then time jumps to the tool's timeout
         return outcome[0], sleepers
 
     outcome, sleepers = trio.run(main, clock=clock)
     assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_TIMEOUT"}
     assert "killed (sandboxed: " in outcome.content[0]["text"]
-    assert len(sleepers) == 2
+    assert len(sleepers) == 5, sleepers  # bwrap, its PID 1, the shell, the two sleeps
     assert all(gone(pid) for pid in sleepers)
 
 
