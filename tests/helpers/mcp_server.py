@@ -6,7 +6,7 @@
     python mcp_server.py broken   write a complaint to stderr and exit 3 before initializing
 
 Tools: echo, add, optional (an anyOf schema), fail (raises: an isError result), picture (an image
-block), sleep (waits until cancelled), cancellations (how many sleeps were cancelled, waiting
+block), look (a file's text, or the error reading it: what a sandboxed server sees), sleep (waits until cancelled), cancellations (how many sleeps were cancelled, waiting
 for the first), header (an HTTP request header) and exit (the process dies, mid-call).
 """
 
@@ -40,6 +40,16 @@ def add(a: int, b: int) -> int:
 def optional(x: int | None = None) -> str:
     """Say whether `x` was given (its schema is an anyOf)."""
     return "no x" if x is None else f"x={x}"
+
+
+@server.tool()
+def look(path: str) -> str:
+    """The text of the file at `path`, or the error reading it."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror}"
 
 
 @server.tool()

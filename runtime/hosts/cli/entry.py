@@ -252,6 +252,7 @@ def config_command(args: argparse.Namespace) -> int:
         env=os.environ,
     )
     types, problems = load_agent_types(agent_type_dirs(".", user_config_dir()))
+    tracing = [*tracing, _sandbox_row(config.sandbox_mode)]
     if args.json:
         document = {
             "values": [{"key": k, "value": v, "source": src} for k, v, src in [*config.rows(), *tracing]],
@@ -273,6 +274,17 @@ def config_command(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"agent type left out: {problem.path}: {one_line(problem.reason)}")
     return 0
+
+
+def _sandbox_row(mode: str) -> tuple[str, str, str]:
+    """Whether bubblewrap works here, and why not (README "Sandbox"): one trial run."""
+    from ...sandbox.probe import FIX, probe_bwrap
+
+    probed = probe_bwrap(os.environ)
+    shown = probed.describe()
+    if not probed.works and mode == "on":
+        shown += f"; run_command fails until you {FIX}"
+    return ("sandbox.status", shown, "probe: bwrap --unshare-all … true")
 
 
 def _command(args: argparse.Namespace) -> int:
