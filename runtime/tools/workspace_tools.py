@@ -6,6 +6,11 @@ root is an error result and touches nothing. File work runs in worker threads be
 `CapacityLimiter` per tool set; results are text the model reads, capped so one call cannot
 flood the context (each cap is named in the result when it cut something). A failure is a
 `ToolFailure` whose `{name, code}` the durable `tool/result` records.
+
+`run_command` runs in the runtime's sandbox when it is on (README "Sandbox"; runtime/sandbox/):
+its result says so, and a call may ask to leave the box (`unsandboxed` with a `reason`), which
+is judged under its own permission name, `UNSANDBOXED`. Where the box cannot be made the call is
+an error result (`SANDBOX_UNAVAILABLE`): it never falls back to running unconfined.
 """
 
 from __future__ import annotations
