@@ -215,7 +215,7 @@ def test_a_timeout_kills_the_whole_tree(base: Path) -> None:
     outcome, sleepers = trio.run(main, clock=clock)
     assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_TIMEOUT"}
     assert "killed (sandboxed: " in outcome.content[0]["text"]
-    assert len(sleepers) == 5, sleepers  # bwrap, its PID 1, the shell, the two sleeps
+    assert len(sleepers) >= 4, sleepers  # bwrap (here: and its PID 1), the shell, the two sleeps
     assert all(gone(pid) for pid in sleepers)
 
 
