@@ -6,12 +6,14 @@ request (the store's index built by it when `--no-index`, else already there), t
 and the worst of `--reps` more.
 
 Run: `.venv/bin/python bench/web.py` (`--reps N`, default 10; `--sessions` per root 100 by
-default; `--dir` for the temporary store). A measurement, not a test: it always exits 0.
+default; `--dir` for the temporary store; `--store DIR` keeps one store between runs, so two
+versions of the console can be measured on the same files). A measurement, not a test: it always exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -50,12 +52,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--roots", type=int, default=100)
     parser.add_argument("--children", type=int, default=99, help="children per root")
     parser.add_argument("--dir", default=None)
+    parser.add_argument(
+        "--store", default=None, help="a folder kept between runs (written when empty): before/after on one store"
+    )
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(dir=args.dir) as root:
+    with tempfile.TemporaryDirectory(dir=args.dir) as scratch:
+        root = args.store or scratch
         roots = [f"r{i:03d}" for i in range(args.roots)]
-        start = time.perf_counter()
-        n = build_store(root, roots=roots, children=[(r, args.children) for r in roots])
-        print(f"store: {n} sessions written in {time.perf_counter() - start:.1f} s")
+        if not os.path.isdir(os.path.join(root, "sessions")):
+            start = time.perf_counter()
+            n = build_store(root, roots=roots, children=[(r, args.children) for r in roots])
+            print(f"store: {n} sessions written in {time.perf_counter() - start:.1f} s")
         for label, drop in (("no index (the first request builds it)", True), ("index in place", False)):
             if drop:
                 drop_index(root)

@@ -49,16 +49,21 @@ async def session_usage(query: SessionQuery, session_id: str) -> SessionUsage:
 OBSERVERS = 8  # sessions `own_totals` reads at once when no cell or row answers
 
 
-async def own_totals(query: SessionQuery, records: Sequence[SessionRecord]) -> dict[str, Tokens | None]:
+async def own_totals(
+    query: SessionQuery, records: Sequence[SessionRecord], *, observe: bool = True
+) -> dict[str, Tokens | None]:
     """Each record's own totals (None: damaged or unreadable), keyed by id: a live session from
     its `usage` cell, a cold one from a checkpoint row of its lifecycle that covers its whole log,
     else one observation (at most `OBSERVERS` at once, their reads in one group). Never raises
-    for one session's trouble."""
-    values = await _own_values(query, records)
+    for one session's trouble. `observe=False`: no log is read, and a record neither a cell nor
+    a row answers for is left out of the answer (the web console's roots page: bounded work)."""
+    values = await _own_values(query, records, observe=observe)
     return {sid: None if value is None else Tokens.from_json(value) for sid, value in values.items()}
 
 
-async def _own_values(query: SessionQuery, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any] | None]:
+async def _own_values(
+    query: SessionQuery, records: Sequence[SessionRecord], *, observe: bool = True
+) -> dict[str, dict[str, Any] | None]:
     """`own_totals`' answers as the unit's views (its counts and `turns`)."""
     out: dict[str, dict[str, Any] | None] = {}
     live_refs, live_ids, cold = [], [], []
@@ -83,16 +88,16 @@ async def _own_values(query: SessionQuery, records: Sequence[SessionRecord]) -> 
                 out[sid] = None  # a broken cell
             else:
                 out[sid] = _valid(answer.get(USAGE_UNIT.key))
-    observe = []
+    observing = []
     if cold:
         rows = await query.checkpoint_rows([r.id for r in cold], [USAGE_UNIT.key])
         for record in cold:
             found = _from_rows(record, rows.get(record.id, ()))
             if found is None:
-                observe.append(record)
+                observing.append(record)
             else:
                 out[record.id] = found
-    if observe:
+    if observing and observe:
         group = ReadGroup()
         limiter = trio.CapacityLimiter(OBSERVERS)
 
@@ -105,9 +110,9 @@ async def _own_values(query: SessionQuery, records: Sequence[SessionRecord]) -> 
                     out[record.id] = None
 
         async with trio.open_nursery() as nursery:
-            for record in observe:
+            for record in observing:
                 nursery.start_soon(observe_one, record)
-    return {r.id: out.get(r.id) for r in records}
+    return {r.id: out.get(r.id) for r in records if observe or r.id in out}
 
 
 def _valid(value: object) -> dict[str, Any] | None:

@@ -17,10 +17,12 @@ import trio
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
 from ...delegation.listing_rows import last_event_ms
+from ...foundation.pricing import PriceTable, load_prices
 from ...usage import Tokens, TreeUsage, describe
 from ...usage_totals import own_totals, tree_totals
 from ..cli.common import iso_time
 from ..transcript import render, transcript
+from .stalled import stalled_sessions
 
 if TYPE_CHECKING:
     from ...foundation.json_values import JsonObject
@@ -31,7 +33,6 @@ __all__ = ["PAGE_SIZE", "Moment", "overview", "roots_page", "session_view", "sub
 
 PAGE_SIZE = 50  # roots per tree page
 RECENT = 20  # sessions on the overview
-QUIET_PARENTS = 10  # parents whose children the overview lists to find the stalled ones
 
 
 @attrs.frozen
@@ -90,8 +91,8 @@ def record_row(record: SessionRecord, now_ms: int, runners: dict[str, str]) -> J
 
 
 async def overview(side: ReadSide) -> JsonObject:
-    """Counts by state, the most recent sessions and the stalled children (those of the parents
-    of the running sessions that have been quiet longest: a bounded number of listings)."""
+    """Counts by state, the most recent sessions and the stalled or orphaned children of the
+    whole store (runtime/hosts/web/stalled.py: stored timing rows, bounded reads)."""
     records = await side.query.list_sessions(probe_locks=True)
     now = _now_ms()
     held = [r.id for r in records if r.held]
@@ -99,27 +100,26 @@ async def overview(side: ReadSide) -> JsonObject:
     counts = Counter(state_of(r) for r in records)
     recent = sorted(records, key=lambda r: last_event_ms(r) or 0, reverse=True)[:RECENT]
     stall_ms = side.listing.stall_after_ms
-    quiet = [
-        r
-        for r in records
-        if (r.live or r.held)
-        and r.header is not None
-        and r.header.parent_session is not None
-        and now - (last_event_ms(r) or now) > stall_ms
-    ]
-    parents = list(dict.fromkeys(str(r.header.parent_session) for r in quiet if r.header is not None))
-    stalled: list[JsonObject] = []
-    for parent in parents[:QUIET_PARENTS]:
-        for row in await side.listing.list_children(parent):
-            if isinstance(row, ChildRow) and row.liveness is not None:
-                stalled.append(child_row(row, now, parent))
+    stalled = await stalled_sessions(side.query, records, now, stall_ms, runners)
     return {
         "hosts": await _hosts(side, now),
         "total": len(records),
         "roots": sum(1 for r in records if r.header is not None and r.header.parent_session is None),
         "counts": sorted(counts.items()),
         "recent": [record_row(r, now, runners) for r in recent],
-        "stalled": stalled,
+        "stalled": [
+            {
+                "id": row.id,
+                "parent": row.parent,
+                "state": row.liveness,
+                "runner": row.runner,
+                "last_event": moment(row.last_ms, now),
+                "label": row.label,
+                "agent_type": row.agent_type,
+            }
+            for row in stalled.rows
+        ],
+        "unchecked": stalled.unchecked,
         "stall_after": stall_ms // 1000,
     }
 
@@ -146,7 +146,8 @@ async def _hosts(side: ReadSide, now_ms: int) -> list[JsonObject] | None:
 async def roots_page(side: ReadSide, page: int) -> JsonObject:
     """One page of root sessions (no parent; and damaged logs whose lineage is unknown, as
     diagnostic rows), newest first, each with how many sessions of the corpus name it as an
-    ancestor."""
+    ancestor, its agent type (its header's `agent_preset`, in the listing row), the models its
+    recorded calls ran, its own usage and its subtree's (`_page_usage`)."""
     records = await side.query.list_sessions(probe_locks=True)
     now = _now_ms()
     parent_of = {r.id: r.header.parent_session for r in records if r.header is not None}
@@ -164,12 +165,78 @@ async def roots_page(side: ReadSide, page: int) -> JsonObject:
     shown = roots[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
     held = [r.id for r in shown if r.held]
     runners = await side.query.holders(held) if held else {}
+    prices, price_problem = _prices()
+    usage = await _page_usage(side, records, shown, prices)
     rows = []
     for r in shown:
         row = record_row(r, now, runners)
         row["descendants"] = below.get(r.id, 0)
+        row |= usage.get(r.id, {})
         rows.append(row)
-    return {"rows": rows, "page": page, "pages": pages, "roots": len(roots)}
+    return {"rows": rows, "page": page, "pages": pages, "roots": len(roots), "price_problem": price_problem}
+
+
+async def _page_usage(
+    side: ReadSide, records: list[SessionRecord], shown: list[SessionRecord], prices: PriceTable | None
+) -> dict[str, JsonObject]:
+    """The usage of the roots `shown`: each root's own from its `usage` checkpoint row (a log
+    read only when no row answers: at most a page of logs), its subtree's from the rows of its
+    descendants in the corpus's lineage only — one index query, no log read; a descendant no row
+    answers for is counted as not read (its tree page reads it)."""
+    by_parent: dict[str, list[SessionRecord]] = {}
+    for r in records:
+        if r.header is not None and r.header.parent_session is not None:
+            by_parent.setdefault(str(r.header.parent_session), []).append(r)
+    trees: dict[str, list[SessionRecord]] = {}
+    for root in shown:
+        seen, stack, found = {root.id}, list(by_parent.get(root.id, ())), []
+        while stack:
+            r = stack.pop()
+            if r.id not in seen:  # a lineage loop in damaged headers ends here
+                seen.add(r.id)
+                found.append(r)
+                stack.extend(by_parent.get(r.id, ()))
+        trees[root.id] = found
+    own = await own_totals(side.query, shown)
+    below = await own_totals(side.query, [r for found in trees.values() for r in found], observe=False)
+    out: dict[str, JsonObject] = {}
+    for root in shown:
+        mine = own.get(root.id)
+        total, unread, skipped = mine, 0, 0
+        for r in trees[root.id]:
+            if r.id not in below:
+                unread += 1
+            elif (tokens := below[r.id]) is None:
+                skipped += 1
+            elif total is not None:
+                total = total + tokens
+        out[root.id] = {
+            "agent_type": root.header.agent_preset if root.header is not None else None,
+            "model": _models(mine),
+            "usage": describe(mine, prices) if mine is not None else None,
+            "tree_usage": _described(total, prices, bool(unread or skipped))
+            if total is not None and trees[root.id]
+            else None,
+            "tree_unread": unread,
+            "tree_skipped_count": skipped,
+        }
+    return out
+
+
+def _models(tokens: Tokens | None) -> str | None:
+    """The models a session's recorded calls ran (its usage's per-model counts), or None."""
+    names = sorted({model for model, *_ in tokens.models if model}) if tokens is not None else []
+    return ", ".join(names) or None
+
+
+def _prices() -> tuple[PriceTable | None, str | None]:
+    """`[prices]` of subagents.toml, read per page (two small files) so an edit shows on the next
+    load; a table that cannot be used leaves costs out and is named on the page."""
+    try:
+        prices = load_prices()
+    except ValueError as exc:
+        return None, str(exc)
+    return (prices or None), None
 
 
 def child_row(row: ChildRow, now_ms: int, parent: str | None = None) -> JsonObject:
@@ -192,33 +259,50 @@ def child_row(row: ChildRow, now_ms: int, parent: str | None = None) -> JsonObje
 
 async def subtree(side: ReadSide, root_id: str) -> JsonObject:
     """The descendants of `root_id` in pre-order (child rows and diagnostic rows), each child
-    with its own usage and its subtree's, and the root's: from the usage cells and checkpoint
-    rows of these sessions only (a log is read only when neither answers)."""
+    with its agent type (its header's, from the corpus record the listing was made of), the
+    models its recorded calls ran, its own usage and its subtree's, and the root's: from the
+    usage cells and checkpoint rows of these sessions only (a log is read only when neither
+    answers)."""
     now = _now_ms()
     listed = await side.listing.list_descendants(root_id, require_parent=True)
     # The records of the corpus the listing was made of: no second listing.
     records = [r for r in (side.query.recorded(sid) for sid in [root_id, *(row.id for row in listed)]) if r is not None]
+    by_id: dict[str, SessionRecord] = {r.id: r for r in records}
     own = await own_totals(side.query, records)
     trees = tree_totals(records, own)
+    prices, price_problem = _prices()
     rows: list[JsonObject] = []
     for row in listed:
         if isinstance(row, ChildRow):
             shown = child_row(row, now)
-            shown |= _usage(own.get(row.id), trees.get(row.id))
+            record = by_id.get(row.id)
+            shown["agent_type"] = record.header.agent_preset if record is not None and record.header else None
+            shown["model"] = _models(own.get(row.id))
+            shown |= _usage(own.get(row.id), trees.get(row.id), prices)
             rows.append(shown)
         else:
             rows.append(
                 {"id": row.id, "kind": "diagnostic", "reason": row.reason, "parent": row.parent_id, "depth": row.depth}
             )
-    return {"rows": rows, **_usage(own.get(root_id), trees.get(root_id))}
+    return {"rows": rows, "price_problem": price_problem, **_usage(own.get(root_id), trees.get(root_id), prices)}
 
 
-def _usage(own: Tokens | None, tree: TreeUsage | None) -> JsonObject:
+def _usage(own: Tokens | None, tree: TreeUsage | None, prices: PriceTable | None = None) -> JsonObject:
     return {
-        "usage": describe(own) if own is not None else None,
-        "tree_usage": None if tree is None or tree.sessions <= 1 else describe(tree.total),
+        "usage": describe(own, prices) if own is not None else None,
+        "tree_usage": None
+        if tree is None or tree.sessions <= 1
+        else _described(tree.total, prices, bool(tree.skipped)),
         "tree_skipped": list(tree.skipped) if tree is not None else [],
     }
+
+
+def _described(tokens: Tokens, prices: PriceTable | None, partial: bool) -> str:
+    """`describe`, its cost unknown when sessions of the sum were not counted (a partial sum
+    is no price)."""
+    if not (partial and prices):
+        return describe(tokens, prices)
+    return describe(tokens) + (", cost unknown" if tokens.calls + tokens.unknown_calls else "")
 
 
 async def session_view(side: ReadSide, session_id: str) -> JsonObject:

@@ -1,0 +1,214 @@
+"""The web console's data (issue 31, the data gaps): usage, agent type and model on the roots
+page and in the tree rows, the overview's stalled list store-wide, the feed routes' prefix form
+(a session id ending in `/events`), the session page's paging with usage per turn and in-doubt
+results, and a tree feed that starts its followers at each log's end. Through httpx's ASGI
+transport on Trio, as tests/runtime/test_web.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from descriptors import descriptor
+from events import assistant_event, turn_end_event, turn_start_event
+from subagents.runtime.hosts.web.app import WebSettings, build_app
+from subagents.runtime.hosts.web.security import Access
+from subagents.runtime.hosts.web.serve import allowed_hosts
+from subagents.runtime.read_side import open_read_side
+from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+
+TOKEN = "a-test-token-of-some-length"
+BASE = "http://127.0.0.1:8765"
+T0 = 1796131041000
+PRICES = '[prices."openai:gpt-x"]\ninput = 1.0\noutput = 2.0\n'
+
+
+def _header(sid: str, parent: str | None = None, preset: str | None = None, depth: int | None = None) -> SessionHeader:
+    return SessionHeader(
+        id=sid,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+        created_at=T0,
+        delegation_depth=depth if depth is not None else 0 if parent is None else 1,
+        cwd="/w",
+        parent_session=parent,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+        origin=None if parent is None else "subagent",
+        agent_preset=preset,
+    )
+
+
+def _model(seq: int, spec: str) -> Event:
+    return make_event(seq, "session/model", T0 + seq, {"model": spec})
+
+
+def _write(root: Path, header: SessionHeader, events: list[Event]) -> None:
+    store = FileLogStore(str(root), compression="none")
+    try:
+        handle = store.create(header)
+        try:
+            store.append(handle, [Batch(Offset(0), events)])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()
+
+
+def _a_turn(first: int, turn: int, usage: tuple[int, int], model: str | None = None) -> list[Event]:
+    events = [] if model is None else [_model(first, model)]
+    seq = first + len(events)
+    return [
+        *events,
+        turn_start_event(seq, T0 + seq, turn=turn),
+        assistant_event(seq + 1, T0 + seq + 1, turn=turn, text=f"answer {turn}", usage=usage),
+        turn_end_event(seq + 2, T0 + seq + 2, turn=turn),
+    ]
+
+
+@pytest.fixture
+def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`lead` (agent type `planner`, model openai:gpt-x, 100 in / 20 out) with a child `kid`
+    (`researcher`, another model, 50 / 5) and a grandchild `grand` (7 / 1); a second root `solo`
+    with no subagent. Prices for openai:gpt-x only, in the project's subagents.toml."""
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "no-user-config"))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "subagents.toml").write_text(PRICES)
+    monkeypatch.chdir(project)
+    store = tmp_path / "store"
+    catalog = {"version": 1, "child_id": "kid", "child_created_at": T0, "mode": "continuable", "label": "the kid"}
+    _write(
+        store,
+        _header("lead", preset="planner"),
+        [*_a_turn(0, 1, (100, 20), "openai:gpt-x"), make_event(4, "subagent/catalog", T0 + 4, catalog)],
+    )
+    kid_catalog = {**catalog, "child_id": "grand", "label": "the grandchild"}
+    _write(
+        store,
+        _header("kid", "lead", preset="researcher"),
+        [
+            make_event(0, "subagent/descriptor", T0, descriptor("the kid")),
+            *_a_turn(1, 1, (50, 5), "anthropic:claude-x"),
+            make_event(5, "subagent/catalog", T0 + 5, kid_catalog),
+        ],
+    )
+    _write(
+        store,
+        _header("grand", "kid", depth=2),
+        [make_event(0, "subagent/descriptor", T0, descriptor("the grandchild")), *_a_turn(1, 1, (7, 1))],
+    )
+    _write(store, _header("solo"), _a_turn(0, 1, (1, 1), "openai:gpt-x"))
+    return store
+
+
+def _settings(root: Path) -> WebSettings:
+    return WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
+
+
+@asynccontextmanager
+async def _client(root: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with open_read_side(str(root)) as side:
+        transport = httpx.ASGITransport(app=build_app(side, _settings(root)))
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+            yield client
+
+
+def _row(body: str, sid: str) -> str:
+    """The table row of `sid` on a page."""
+    start = body.index(f'<a href="/session/{sid}">{sid}</a>')
+    return body[body.rindex("<tr", 0, start) : body.index("</tr>", start)]
+
+
+# --- item 1: usage, agent type and model ---
+
+
+async def test_roots_page_shows_usage_agent_type_and_model(tree: Path) -> None:
+    async with _client(tree) as client:
+        body = (await client.get("/tree")).text
+    lead = _row(body, "lead")
+    assert "<th>Type</th><th>Model</th><th>Usage</th><th>With its subagents</th><th>Below</th>" in body
+    assert "<td>planner</td><td>openai:gpt-x</td>" in lead
+    # Its own usage, priced (1 and 2 per million tokens): 100 * 1e-6 + 20 * 2e-6.
+    assert '<td class="usage">100 in, 20 out tokens (1 model call), cost $0.0001</td>' in lead
+    # With kid and grand (their rows written when the index was built): a model without a price
+    # makes the tree's cost unknown.
+    assert '<td class="usage">157 in, 26 out tokens (3 model calls), cost unknown</td>' in lead
+    assert '<a href="/tree/lead">2 below</a>' in lead
+    solo = _row(body, "solo")
+    assert "<td>-</td><td>openai:gpt-x</td>" in solo  # no agent type recorded
+    assert '<td class="usage">-</td>' in solo  # no subagents: no tree sum
+
+
+async def test_roots_page_reads_no_descendant_log(tree: Path) -> None:
+    """A descendant no checkpoint row answers for (the index lost its rows) is counted as not
+    read, with a link to the tree page that reads it — the roots page reads no descendant's log."""
+    import sqlite3
+
+    from subagents.storage.index import INDEX_NAME
+
+    async with _client(tree) as client:
+        await client.get("/tree")  # the index, with its rows
+    with sqlite3.connect(tree / INDEX_NAME) as db:
+        db.execute("DELETE FROM checkpoints WHERE session_id IN ('kid', 'grand')")
+    async with _client(tree) as client:
+        lead = _row((await client.get("/tree")).text, "lead")
+        assert "100 in, 20 out tokens (1 model call), cost unknown" in lead  # lead alone: partial
+        assert '(+2 not read yet: <a href="/tree/lead">its tree</a> reads them)' in lead
+        await client.get("/tree/lead")  # its listing observes kid and grand, and writes their rows back
+        lead = _row((await client.get("/tree")).text, "lead")
+    assert "157 in, 26 out tokens (3 model calls), cost unknown" in lead and "not read yet" not in lead
+
+
+async def test_tree_rows_show_agent_type_and_model(tree: Path) -> None:
+    async with _client(tree) as client:
+        body = (await client.get("/tree/lead")).text
+    assert "<th>Label</th><th>Type</th><th>Model</th><th>Usage</th><th>With its subagents</th>" in body
+    kid = _row(body, "kid")
+    assert "<td>the kid</td><td>researcher</td><td>anthropic:claude-x</td>" in kid
+    assert "<td>50 in, 5 out tokens (1 model call), cost unknown</td>" in kid  # no price for its model
+    grand = _row(body, "grand")
+    # grand's calls ran before any `session/model`: no model recorded, and so no price.
+    assert (
+        "<td>the grandchild</td><td>-</td><td>-</td><td>7 in, 1 out tokens (1 model call), cost unknown</td>" in grand
+    )
+    assert "Its own usage: 100 in, 20 out tokens (1 model call), cost $0.0001." in body
+
+
+async def test_a_bad_price_table_is_named_and_costs_left_out(tree: Path) -> None:
+    Path("subagents.toml").write_text('[prices."openai:gpt-x"]\ninput = "free"\noutput = 1\n')
+    async with _client(tree) as client:
+        body = (await client.get("/tree")).text
+        sub = (await client.get("/tree/lead")).text
+    for page in (body, sub):
+        assert '<p class="diagnostic">Costs not shown: ' in page and "must be a number" in page
+        assert "cost $" not in page and "cost unknown" not in page
+
+
+# --- item 2: the stalled list, store-wide ---
+
+
+async def test_overview_lists_orphaned_children_of_every_parent(tmp_path: Path) -> None:
+    """Twelve roots nobody runs, each with a child whose last turn has no end (its runner died
+    mid-turn): all twelve are `orphaned` on the overview — not the children of 10 parents — from
+    their stored timing rows; a closed child and a child of an open root are not listed."""
+    for i in range(12):
+        _write(tmp_path, _header(f"p{i:02d}"), _a_turn(0, 1, (1, 1)))
+        _write(
+            tmp_path,
+            _header(f"p{i:02d}-c", f"p{i:02d}"),
+            [make_event(0, "subagent/descriptor", T0, descriptor(f"child {i}")), turn_start_event(1, T0 + 1)],
+        )
+    _write(
+        tmp_path,
+        _header("p00-done", "p00"),
+        [make_event(0, "subagent/descriptor", T0, descriptor("done")), *_a_turn(1, 1, (1, 1))],
+    )
+    async with _client(tmp_path) as client:
+        body = (await client.get("/")).text
+    stalled = body.split("<h2>Stalled</h2>")[1].split("<h2>")[0]
+    for i in range(12):
+        assert (
+            f'<a href="/session/p{i:02d}-c">p{i:02d}-c</a></td><td>p{i:02d}</td><td>orphaned</td><td>-</td>' in stalled
+        )
+        assert f"<td>child {i}</td>" in stalled  # its label, from its identity row
+    assert stalled.count("<tr><td>") == 12 and "p00-done" not in stalled
