@@ -212,3 +212,79 @@ async def test_overview_lists_orphaned_children_of_every_parent(tmp_path: Path) 
         )
         assert f"<td>child {i}</td>" in stalled  # its label, from its identity row
     assert stalled.count("<tr><td>") == 12 and "p00-done" not in stalled
+
+
+# --- item 3: the feeds' prefix paths (a session id may end in `/events`) ---
+
+
+@pytest.fixture
+def ambiguous(tmp_path: Path) -> Path:
+    """`a`, `a/events` (an id the first feed path took for the feed of `a`) and `d`, damaged."""
+    _write(tmp_path, _header("a"), _a_turn(0, 1, (1, 1)))
+    _write(tmp_path, _header("a/events"), [turn_start_event(0, T0), assistant_event(1, T0 + 1, text="I am a/events")])
+    _write(tmp_path, _header("d"), [turn_start_event(0, T0)])
+    [log] = (tmp_path / "sessions" / "d").glob("session.jsonl*")
+    with log.open("ab") as out:
+        out.write(b'{"seq": 1, "type": garbled\n')
+    return tmp_path
+
+
+async def test_a_session_id_ending_in_events_is_its_page(ambiguous: Path) -> None:
+    async with _client(ambiguous) as client:
+        page = await client.get("/session/a/events")
+        tree = await client.get("/tree/a/events")
+        plain = await client.get("/session/a%2Fevents")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<h1>Session a/events</h1>" in page.text and "assistant: I am a/events" in page.text
+    assert 'data-session="a/events"' in page.text
+    assert tree.status_code == 200 and "Tree of" in tree.text and ">a/events</a></h1>" in tree.text
+    assert plain.status_code == 200 and "<h1>Session a/events</h1>" in plain.text
+
+
+async def test_the_feeds_answer_under_their_prefix(ambiguous: Path) -> None:
+    async with _client(ambiguous) as client:
+        fed = await client.get("/events/session/d")
+        old = await client.get("/session/d/events")  # no session `d/events`: the feed of `d`, as before
+        assert (await client.get("/events/session/nobody")).status_code == 404
+        assert (await client.get("/events/tree/nobody")).status_code == 404
+        assert (await client.get("/events/session/a%01b")).status_code == 404
+        live = (await client.get("/static/live.js")).text
+        tree = (await client.get("/static/tree.js")).text
+    for response in (fed, old):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.text.splitlines()[:2] == ["event: problem", 'data: {"problem": "the log is damaged (corrupt)"}']
+    assert '"/events/session/" + encodeURIComponent(' in live
+    assert '"/events/tree/" + encodeURIComponent(' in tree
+
+
+async def test_the_feed_of_a_session_id_ending_in_events_over_a_real_server(ambiguous: Path) -> None:
+    """Hypercorn on a loopback port: `/events/session/a%2Fevents` streams `a/events`'s events."""
+    import json
+
+    import trio
+    from subagents.runtime.hosts.web.serve import serve_console
+
+    urls: list[str] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            lambda task_status: serve_console(
+                root=str(ambiguous),
+                store=None,
+                host="127.0.0.1",
+                port=0,
+                access=Access(TOKEN),
+                read_only=False,
+                stall_after=300.0,
+                ready=urls.extend,
+                task_status=task_status,
+            )
+        )
+        async with httpx.AsyncClient(base_url=urls[0], timeout=30) as client:
+            async with client.stream("GET", "/events/session/a%2Fevents?after=1") as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        got = json.loads(line.removeprefix("data: "))
+                        break
+        nursery.cancel_scope.cancel()
+    assert got == {"seq": 1, "type": "assistant/message", "lines": ["assistant: I am a/events"]}

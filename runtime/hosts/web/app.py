@@ -25,6 +25,7 @@ from subagents.storage import InvalidSessionId, StorageError, StoreUnreachable, 
 
 from ...foundation.errors import QuerySessionNotFound, SessionQueryError, SubagentError
 from .controls import Control, ControlRefused, deliver
+from .feed_paths import OldFeedPath
 from .security import AUTH_COOKIE, Access, security_headers
 from .views import overview, roots_page, session_view, subtree
 
@@ -157,13 +158,19 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def store_error(request: Request, exc: Exception) -> Response:
         return problem(request, 503, "Store unavailable", f"the store did not answer: {exc}")
 
+    tree_feed = _EventsRoute(side, session_arg, tree=True)
+    session_feed = _EventsRoute(side, session_arg)
     routes = [
         Route("/", overview_page),
         Route("/tree", tree_page),
         # `:path`: a session id may hold `/` (the links quote every other special character).
-        Route("/tree/{session_id:path}/events", _EventsRoute(side, session_arg, tree=True)),
+        # The feeds sit under their own prefix: a session id ending in `/events` is a page.
+        Route("/events/tree/{session_id:path}", tree_feed),
+        Route("/events/session/{session_id:path}", session_feed),
+        # The first feed paths, kept where they are unambiguous (runtime/hosts/web/feed_paths.py).
+        Route("/tree/{session_id:path}/events", OldFeedPath(side, tree_feed, subtree_page)),
         Route("/tree/{session_id:path}", subtree_page),
-        Route("/session/{session_id:path}/events", _EventsRoute(side, session_arg)),
+        Route("/session/{session_id:path}/events", OldFeedPath(side, session_feed, session_page)),
         Route("/session/{session_id:path}/{action:str}", control, methods=["POST"]),
         Route("/session/{session_id:path}", session_page),
         Route("/login", login_form, methods=["GET"]),
@@ -206,9 +213,9 @@ def _same_origin(request: Request) -> bool:
 
 
 class _EventsRoute:
-    """`GET /session/ID/events`: the session's durable events from `?after=SEQ` on, as
+    """`GET /events/session/ID`: the session's durable events from `?after=SEQ` on, as
     server-sent events, each `{"seq", "type", "lines"}` (lines as `show` renders them), until
-    the client goes away. With `tree` (`GET /tree/ID/events`): the events its tree makes from
+    the client goes away. With `tree` (`GET /events/tree/ID`): the events its tree makes from
     now on — the root's and every descendant's the stream knows from the catalogs — each
     `{"session_id", "seq", "type"}`, for the tree page to reload its rows. A raw ASGI endpoint:
     the stream's nursery lives in this call, not in a generator a response would iterate."""
