@@ -14,6 +14,7 @@ import httpx
 import pytest
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
+from flag_events import call_data, result_data
 from subagents.runtime.hosts.web.app import WebSettings, build_app
 from subagents.runtime.hosts.web.security import Access
 from subagents.runtime.hosts.web.serve import allowed_hosts
@@ -28,11 +29,11 @@ PRICES = '[prices."openai:gpt-x"]\ninput = 1.0\noutput = 2.0\n'
 
 def _header(sid: str, parent: str | None = None, preset: str | None = None, depth: int | None = None) -> SessionHeader:
     return SessionHeader(
-        id=sid,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+        id=sid,
         created_at=T0,
         delegation_depth=depth if depth is not None else 0 if parent is None else 1,
         cwd="/w",
-        parent_session=parent,  # type: ignore[arg-type]  # plain strs where the header takes SessionIds
+        parent_session=parent,
         origin=None if parent is None else "subagent",
         agent_preset=preset,
     )
@@ -288,3 +289,109 @@ async def test_the_feed_of_a_session_id_ending_in_events_over_a_real_server(ambi
                         break
         nursery.cancel_scope.cancel()
     assert got == {"seq": 1, "type": "assistant/message", "lines": ["assistant: I am a/events"]}
+
+
+# --- item 4: the session page pages its log; usage per turn, in-doubt results; the tree feed ---
+
+
+def _turns(count: int) -> list[Event]:
+    """`count` turns of three events each (seq 3k is turn k+1's start), turn n using (n, 1)."""
+    events: list[Event] = []
+    for turn in range(1, count + 1):
+        events += _a_turn(len(events), turn, (turn, 1))
+    return events
+
+
+async def test_a_long_session_page_shows_its_last_events_with_earlier_links(tmp_path: Path) -> None:
+    _write(tmp_path, _header("long"), _turns(150))  # 450 events
+    async with _client(tmp_path) as client:
+        latest = (await client.get("/session/long")).text
+        middle = (await client.get("/session/long?before=250")).text
+        first = (await client.get("/session/long?before=50")).text
+        bad = await client.get("/session/long?before=x")
+    assert "Events 250 to 449 of 450." in latest
+    assert 'href="/session/long?before=250">earlier</a>' in latest and ">later</a>" not in latest
+    assert latest.count('<li class="entry') == 200 + 1  # its events and the (empty) usage entry
+    assert '<span class="seq">249</span>' not in latest and '<span class="seq">449</span>' in latest
+    assert 'id="transcript"' in latest and 'data-after="450"' in latest and "/static/live.js" in latest
+    # Seq 250 is turn 84's reply: its end shows no usage (the window has part of it), turn 85's does.
+    turn_end_84 = latest.split("── end of turn 84: completed")[1].split("</pre>")[0]
+    assert "usage" not in turn_end_84
+    assert "── end of turn 85: completed\n   usage: 85 in, 1 out tokens (1 model call)" in latest
+    usage = latest.split("<h2>Usage per turn</h2>")[1]
+    assert "<tr><td>85</td><td>85 in, 1 out tokens (1 model call)</td></tr>" in usage and "<td>84</td>" not in usage
+    # An earlier window: no live following (its events are not the last ones).
+    assert "Events 50 to 249 of 450." in middle
+    assert 'href="/session/long?before=50">earlier</a>' in middle
+    assert 'href="/session/long?before=450">later</a> <a href="/session/long">latest</a>' in middle
+    assert "/static/live.js" not in middle and 'id="transcript-window"' in middle
+    assert "Events 0 to 49 of 450." in first and ">earlier</a>" not in first
+    assert bad.status_code == 400 and "before must be a whole number" in bad.text
+
+
+async def test_a_short_session_page_shows_usage_per_turn_and_in_doubt_results(tmp_path: Path) -> None:
+    events = [
+        *_turns(2),
+        turn_start_event(6, T0 + 6, turn=3),
+        make_event(7, "assistant/message", T0 + 7, call_data("c1", 3), surface_op="append"),
+        make_event(8, "tool/result", T0 + 8, result_data("c1", 3), surface_op="append"),
+        turn_end_event(9, T0 + 9, turn=3),
+    ]
+    _write(tmp_path, _header("short", preset="planner"), events)
+    async with _client(tmp_path) as client:
+        body = (await client.get("/session/short")).text
+    assert "Events 0 to" not in body and ">earlier</a>" not in body  # one page: no pager
+    assert "<dt>Type</dt><dd>planner</dd>" in body
+    usage = body.split("<h2>Usage per turn</h2>")[1]
+    assert "<tr><td>1</td><td>1 in, 1 out tokens (1 model call)</td></tr>" in usage
+    assert "<tr><td>2</td><td>2 in, 1 out tokens (1 model call)</td></tr>" in usage
+    assert (
+        '<li class="entry in-doubt" data-type="tool/result"><span class="seq">8</span> <pre>  ← in doubt: ?</pre>'
+        in body
+    )
+    assert body.count("in-doubt") == 1
+
+
+async def test_the_tree_feed_follows_each_session_from_its_listed_end(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tree feed's stream starts at each log's end its listing knows: every read is from
+    that end on (never seq 0: no history), and what is appended after arrives."""
+    import trio
+    from subagents.runtime.event_stream import open_event_stream
+    from subagents.runtime.hosts.web.feed_start import tree_ends
+
+    async with open_read_side(str(tree)) as side:
+        info, _held = await side.query.stat("lead")
+        assert info is not None
+        ends = await tree_ends(side, "lead", info)
+        assert ends is not None and sorted(ends) == ["grand", "kid", "lead"]
+        assert ends["kid"][1] == 6 and ends["grand"][1] == 4 and ends["lead"][1] == 5
+        reads: list[tuple[str, int, object]] = []
+        read_from = side.query.read_from
+
+        async def counted(session_id: str, start: int, *, after: tuple[int, int] | None = None) -> object:
+            reads.append((session_id, start, after))
+            return await read_from(session_id, start, after=after)
+
+        monkeypatch.setattr(side.query, "read_from", counted)  # a spy on the stream's one read path
+        async with open_event_stream(side.query, "lead", from_seq=5, known=ends, follow_interval=0.05) as stream:
+            await trio.to_thread.run_sync(_append, tree, "grand", turn_start_event(4, T0 + 9, turn=2))
+            got = await stream.receive()
+    assert (got.session_id, got.event.seq, got.event.type) == ("grand", 4, "turn/start")
+    first = {}
+    for sid, start, after in reads:
+        first.setdefault(sid, (start, after))
+    assert first == {sid: (end, (size, end)) for sid, (size, end) in ends.items()}
+
+
+def _append(root: Path, sid: str, event: Event) -> None:
+    store = FileLogStore(str(root), compression="none")
+    try:
+        handle = store.open_write(sid)
+        try:
+            store.append(handle, [Batch(Offset(event.seq), [event])])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()

@@ -31,6 +31,7 @@ from .views import overview, roots_page, session_view, subtree
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
+    from subagents.storage import LogInfo
 
     from ...read_side import ReadSide
 
@@ -104,7 +105,11 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def session_page(request: Request) -> Response:
         sid = session_arg(request)
         try:
-            view = await session_view(side, sid)
+            before = int(request.query_params["before"]) if "before" in request.query_params else None
+        except ValueError:
+            raise HTTPException(400, "before must be a whole number") from None
+        try:
+            view = await session_view(side, sid, before)
         except QuerySessionNotFound:
             raise HTTPException(404, f'session "{sid}" not found') from None
         except SessionQueryError as exc:
@@ -253,7 +258,7 @@ class _EventsRoute:
             nursery.start_soon(until_gone)
             try:
                 if self.tree:
-                    await self._tree(sid, int(info.event_count), send)
+                    await self._tree(sid, info, send)
                 else:
                     await self._pump(sid, after, send)
             except* (StorageError, SessionQueryError) as group:
@@ -263,12 +268,16 @@ class _EventsRoute:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
 
-    async def _tree(self, sid: str, now: int, send: Send) -> None:
+    async def _tree(self, sid: str, info: LogInfo, send: Send) -> None:
         from ...event_stream import open_event_stream
+        from .feed_start import tree_ends
 
-        # From the root's end: its history is read once to find the existing children, whose
-        # events are delivered from their durable end on (runtime/event_stream.py).
-        async with open_event_stream(self.side.query, sid, from_seq=now, descendants=True) as stream:
+        # From each log's end as the tree's listing knows it (runtime/hosts/web/feed_start.py):
+        # no history is read, the root's to find its children neither.
+        known = await tree_ends(self.side, sid, info)
+        async with open_event_stream(
+            self.side.query, sid, from_seq=int(info.event_count), descendants=True, known=known
+        ) as stream:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
                 data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})

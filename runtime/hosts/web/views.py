@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
+from subagents.storage import StorageError
 
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
 from ...delegation.listing_rows import last_event_ms
-from ...foundation.pricing import PriceTable, load_prices
+from ...foundation.pricing import PriceTable, format_cost, load_prices
 from ...usage import Tokens, TreeUsage, describe
 from ...usage_totals import own_totals, tree_totals
 from ..cli.common import iso_time
@@ -25,6 +26,8 @@ from ..transcript import render, transcript
 from .stalled import stalled_sessions
 
 if TYPE_CHECKING:
+    from subagents.storage import SessionHeader
+
     from ...foundation.json_values import JsonObject
     from ...query import SessionRecord
     from ...read_side import ReadSide
@@ -305,9 +308,61 @@ def _described(tokens: Tokens, prices: PriceTable | None, partial: bool) -> str:
     return describe(tokens) + (", cost unknown" if tokens.calls + tokens.unknown_calls else "")
 
 
-async def session_view(side: ReadSide, session_id: str) -> JsonObject:
-    """A session's transcript entries, each with its rendered lines (runtime/hosts/transcript.py);
-    raises what `observe_session` and the transcript raise (the app maps them to pages)."""
+async def session_view(side: ReadSide, session_id: str, before: int | None = None) -> JsonObject:
+    """A session's transcript entries, each with its rendered lines (runtime/hosts/transcript.py),
+    at most `PAGE_EVENTS` of them: a log that long or longer shows its last `PAGE_EVENTS` events
+    (or those before seq `before`), read from the window's first seq (`SessionQuery.read_from`:
+    on PostgreSQL only those rows; a log file is scanned but only the window is decoded into a
+    transcript), with links to the events before and after it. A shorter log is observed whole
+    as `show` does. Raises what `observe_session`, the store and the transcript raise (the app
+    maps them to pages)."""
+    try:
+        info, held = await side.query.stat(session_id)
+    except StorageError:
+        info, held = None, False  # the observation below meets it again and says it as before
+    count = int(info.event_count) if info is not None and info.damage is None and info.header is not None else None
+    if count is None or (before is None and count <= PAGE_EVENTS):
+        return await _whole_view(side, session_id)
+    assert info is not None and info.header is not None  # `count` says so
+    header = info.header
+    end = count if before is None else min(max(before, 0), count)
+    start = max(0, end - PAGE_EVENTS)
+    try:
+        inherited_count, events = await side.query.read_from(session_id, start)
+    except StorageError:  # gone or unreachable since the stat: the observation says which, as before
+        return await _whole_view(side, session_id)
+    events = [e for e in events if e.seq < end]
+    prices, _problem = _prices()
+    entries = transcript(
+        events,
+        session_id=session_id,
+        inherited_event_count=inherited_count,
+        inherited_from=header.parent_session,
+        held=held and before is None,
+        prices=prices,
+    )
+    if start > 0:  # a window: a marker of a cut outside it, and the usage of part of a turn, left out
+        entries = _windowed(entries, start, inherited_count)
+    now = _now_ms()
+    return {
+        **_facts(header, session_id, now, last=info.last_time or None, count=count, held=held),
+        "entries": [_shown(entry, inherited_count) for entry in entries],
+        "turn_usage": _turn_usage(entries),
+        "first": start,
+        "end": end,
+        "earlier": start if start > 0 else None,
+        "later": None if end >= count else min(end + PAGE_EVENTS, count),
+        "latest": end >= count,
+    }
+
+
+PAGE_EVENTS = 200  # events a session page shows at most
+
+
+async def _whole_view(side: ReadSide, session_id: str) -> JsonObject:
+    """A session observed whole (a short log; or one the stat could not place: its damage or
+    absence is raised here as the page's error)."""
+    prices, _problem = _prices()
     async with side.query.observe_session(session_id) as observation:
         header = observation.header
         entries = transcript(
@@ -316,34 +371,85 @@ async def session_view(side: ReadSide, session_id: str) -> JsonObject:
             inherited_event_count=observation.inherited_event_count,
             inherited_from=header.parent_session,
             held=observation.held,
+            prices=prices,
         )
         last = observation.events[-1].time if observation.events else None
         count = len(observation.events)
-    now = _now_ms()
-    shown = []
-    inherited = False
-    for entry in entries:
-        kind = str(entry["type"])
-        if kind == "inherited":
-            inherited = True
-        elif kind == "own":
-            inherited = False
-        shown.append(
-            {
-                "seq": entry.get("seq"),
-                "type": kind,
-                "lines": render([entry]),
-                "inherited": inherited and kind != "inherited",
-            }
-        )
+        inherited_count = observation.inherited_event_count
+        held = observation.held
+    return {
+        **_facts(header, session_id, _now_ms(), last=last, count=count, held=held),
+        "entries": [_shown(entry, inherited_count) for entry in entries],
+        "turn_usage": _turn_usage(entries),
+        "first": 0,
+        "end": count,
+        "earlier": None,
+        "later": None,
+        "latest": True,
+    }
+
+
+def _facts(header: SessionHeader, session_id: str, now: int, *, last: int | None, count: int, held: bool) -> JsonObject:
     return {
         "id": session_id,
         "parent": header.parent_session,
         "origin": header.origin,
         "depth": header.delegation_depth,
+        "agent_type": header.agent_preset,
         "created": moment(header.created_at, now),
         "last_event": moment(last, now),
         "events": count,
-        "held": observation.held,
-        "entries": shown,
+        "held": held,
     }
+
+
+def _shown(entry: JsonObject, inherited_count: int) -> JsonObject:
+    kind = str(entry["type"])
+    seq = entry.get("seq")
+    return {
+        "seq": seq,
+        "type": kind,
+        "lines": render([entry]),
+        # A fork's copy of its parent's event (its seq below the inherited cut).
+        "inherited": isinstance(seq, int) and seq < inherited_count,
+        "in_doubt": bool(entry.get("in_doubt")),
+    }
+
+
+def _windowed(entries: list[JsonObject], start: int, inherited_count: int) -> list[JsonObject]:
+    """`entries` of a window of the log from seq `start`: the `inherited` marker goes when the
+    window holds no inherited event and the `own` marker when it holds only own ones; a turn
+    end whose start is before the window loses its usage (the window holds part of its calls),
+    and so does the window's total (the tree page has the session's)."""
+    started = {e.get("turn") for e in entries if e["type"] == "turn/start"}
+    out = []
+    for entry in entries:
+        kind = entry["type"]
+        if (kind == "inherited" and start >= inherited_count) or (kind == "own" and start >= inherited_count):
+            continue
+        if kind == "turn/end" and entry.get("turn") not in started and "usage" in entry:
+            entry = {k: v for k, v in entry.items() if k != "usage"}
+        if kind == "usage":
+            turns = entry["turns"]
+            kept = (
+                [t for t in turns if isinstance(t, dict) and t.get("turn") in started]
+                if isinstance(turns, list)
+                else []
+            )
+            entry = {"type": "usage", "turns": kept, "total": None}
+        out.append(entry)
+    return out
+
+
+def _turn_usage(entries: list[JsonObject]) -> list[JsonObject]:
+    """Each turn's usage as the transcript's last entry sums it (a window: its whole turns)."""
+    last = entries[-1] if entries else None
+    turns = last.get("turns") if last is not None and last["type"] == "usage" else None
+    out = []
+    for item in turns if isinstance(turns, list) else []:
+        tokens = Tokens.from_json(item)
+        if isinstance(item, dict) and tokens is not None:
+            cost = item.get("cost", ...)
+            priced = "" if cost is ... else f", cost {format_cost(cost if isinstance(cost, (int, float)) else None)}"
+            out.append({"turn": item.get("turn"), "usage": describe(tokens) + priced})
+    return out
