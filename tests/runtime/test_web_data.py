@@ -322,10 +322,16 @@ async def test_a_long_session_page_shows_its_last_events_with_earlier_links(tmp_
     assert "<tr><td>85</td><td>85 in, 1 out tokens (1 model call)</td></tr>" in usage and "<td>84</td>" not in usage
     # An earlier window: no live following (its events are not the last ones).
     assert "Events 50 to 249 of 450." in middle
+    # Seq 249 is turn 84's start: the window has none of its calls, and turn 83 (from 246) whole.
+    window_usage = middle.split("<h2>Usage per turn</h2>")[1]
+    assert "<td>83</td>" in window_usage and "<td>84</td>" not in window_usage and "<td>17</td>" not in window_usage
+    assert "<td>18</td>" in window_usage  # seq 51 is turn 18's start
     assert 'href="/session/long?before=50">earlier</a>' in middle
     assert 'href="/session/long?before=450">later</a> <a href="/session/long">latest</a>' in middle
     assert "/static/live.js" not in middle and 'id="transcript-window"' in middle
     assert "Events 0 to 49 of 450." in first and ">earlier</a>" not in first
+    # Seq 49 is turn 17's reply, its end outside the window: its usage is not shown.
+    assert "<td>16</td>" in first.split("<h2>Usage per turn</h2>")[1] and "<td>17</td>" not in first
     assert bad.status_code == 400 and "before must be a whole number" in bad.text
 
 

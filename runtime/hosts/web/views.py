@@ -341,8 +341,8 @@ async def session_view(side: ReadSide, session_id: str, before: int | None = Non
         held=held and before is None,
         prices=prices,
     )
-    if start > 0:  # a window: a marker of a cut outside it, and the usage of part of a turn, left out
-        entries = _windowed(entries, start, inherited_count)
+    if start > 0 or end < count:  # a window: a cut's marker outside it, and part of a turn's usage, left out
+        entries = _windowed(entries, start, inherited_count, last=end >= count)
     now = _now_ms()
     return {
         **_facts(header, session_id, now, last=info.last_time or None, count=count, held=held),
@@ -416,25 +416,26 @@ def _shown(entry: JsonObject, inherited_count: int) -> JsonObject:
     }
 
 
-def _windowed(entries: list[JsonObject], start: int, inherited_count: int) -> list[JsonObject]:
-    """`entries` of a window of the log from seq `start`: the `inherited` marker goes when the
-    window holds no inherited event and the `own` marker when it holds only own ones; a turn
-    end whose start is before the window loses its usage (the window holds part of its calls),
-    and so does the window's total (the tree page has the session's)."""
+def _windowed(entries: list[JsonObject], start: int, inherited_count: int, *, last: bool) -> list[JsonObject]:
+    """`entries` of a window of the log from seq `start`: the `inherited` and `own` markers go
+    when the window holds only own events; a turn begun before the window loses its usage (the
+    window holds part of its calls), and so does one that ends after it unless the window is the
+    log's `last` (its open turn's usage is as far as it went); the window's total goes too (the
+    tree page has the session's)."""
     started = {e.get("turn") for e in entries if e["type"] == "turn/start"}
+    ended = {e.get("turn") for e in entries if e["type"] == "turn/end"}
+    whole = started if last else started & ended
     out = []
     for entry in entries:
         kind = entry["type"]
-        if (kind == "inherited" and start >= inherited_count) or (kind == "own" and start >= inherited_count):
+        if kind in ("inherited", "own") and start >= inherited_count:
             continue
-        if kind == "turn/end" and entry.get("turn") not in started and "usage" in entry:
+        if kind == "turn/end" and entry.get("turn") not in whole and "usage" in entry:
             entry = {k: v for k, v in entry.items() if k != "usage"}
         if kind == "usage":
             turns = entry["turns"]
             kept = (
-                [t for t in turns if isinstance(t, dict) and t.get("turn") in started]
-                if isinstance(turns, list)
-                else []
+                [t for t in turns if isinstance(t, dict) and t.get("turn") in whole] if isinstance(turns, list) else []
             )
             entry = {"type": "usage", "turns": kept, "total": None}
         out.append(entry)
