@@ -401,3 +401,50 @@ def _append(root: Path, sid: str, event: Event) -> None:
             store.close(handle)
     finally:
         store.close_store()
+
+
+async def test_the_stalled_list_observes_at_most_its_bound_and_counts_the_rest() -> None:
+    """25 children held elsewhere, quiet for a day, none with a timing row: 20 are observed
+    (each says its turn is open: stalled), the other 5 are counted as unchecked, never read."""
+    from contextlib import asynccontextmanager as observing
+    from types import SimpleNamespace
+
+    from subagents.runtime.hosts.web.stalled import OBSERVED, stalled_sessions
+    from subagents.runtime.query import SessionRecord
+
+    observed: list[str] = []
+
+    class Query:
+        async def checkpoint_rows(
+            self, session_ids: list[str], keys: list[str], **_: object
+        ) -> dict[str, list[object]]:
+            return {sid: [] for sid in session_ids}
+
+        @observing
+        async def observe_session(self, session_id: str) -> AsyncIterator[object]:
+            observed.append(session_id)
+            yield SimpleNamespace(turn_open=True, observed=None)
+
+        async def write_observed(self, proved: list[object]) -> int:
+            raise AssertionError("nothing was proved")
+
+    records = [
+        SessionRecord(
+            id=f"c{i:02d}",
+            header=_header(f"c{i:02d}", "p"),
+            live=False,
+            persisted=True,
+            damage=None,
+            inherited_event_count=0,
+            revision=None,
+            event_count=3,
+            held=True,
+            last_time=T0 + i,
+        )
+        for i in range(25)
+    ]
+    found = await stalled_sessions(Query(), records, T0 + 86_400_000, 300_000, {"c00": "pid 7"})
+    assert OBSERVED == 20 and observed == [f"c{i:02d}" for i in range(20)]
+    assert [row.id for row in found.rows] == observed and found.unchecked == 5
+    assert {row.liveness for row in found.rows} == {"stalled"}
+    assert (found.rows[0].runner, found.rows[1].runner) == ("pid 7", "another process")
