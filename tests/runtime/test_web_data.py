@@ -448,3 +448,44 @@ async def test_the_stalled_list_observes_at_most_its_bound_and_counts_the_rest()
     assert [row.id for row in found.rows] == observed and found.unchecked == 5
     assert {row.liveness for row in found.rows} == {"stalled"}
     assert (found.rows[0].runner, found.rows[1].runner) == ("pid 7", "another process")
+
+
+async def test_usage_and_paging_on_postgresql(pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """On PostgreSQL: the roots page sums what the rows hold (the descendants first not read,
+    then read by the tree page's listing, which writes their rows back), and a 450-event
+    session shows its last 200 events."""
+    import trio
+    from subagents.runtime.store_select import open_log_store
+
+    monkeypatch.setenv("SUBAGENTS_CONFIG_DIR", str(tmp_path / "no-user-config"))
+    monkeypatch.chdir(tmp_path)
+    store = open_log_store(pg_url, create_schema=True)
+
+    def write(header: SessionHeader, events: list[Event]) -> None:
+        handle = store.create(header)
+        try:
+            store.append(handle, [Batch(Offset(0), events)])
+        finally:
+            store.close(handle)
+
+    try:
+        catalog = {"version": 1, "child_id": "pg-kid", "child_created_at": T0, "mode": "continuable", "label": "k"}
+        await trio.to_thread.run_sync(
+            write, _header("pg-lead"), [*_a_turn(0, 1, (100, 20)), make_event(3, "subagent/catalog", T0 + 3, catalog)]
+        )
+        kid = [make_event(0, "subagent/descriptor", T0, descriptor("k")), *_a_turn(1, 1, (50, 5))]
+        await trio.to_thread.run_sync(write, _header("pg-kid", "pg-lead"), kid)
+        await trio.to_thread.run_sync(write, _header("pg-long"), _turns(150))
+        async with open_read_side(".", store=pg_url) as side:
+            app = build_app(side, _settings(tmp_path))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client:
+                first = _row((await client.get("/tree")).text, "pg-lead")
+                await client.get("/tree/pg-lead")
+                then = _row((await client.get("/tree")).text, "pg-lead")
+                long = (await client.get("/session/pg-long")).text
+    finally:
+        store.close_store()
+    assert '<td class="usage">100 in, 20 out tokens (1 model call)</td>' in first
+    assert "(+1 not read yet" in first
+    assert '<td class="usage">150 in, 25 out tokens (2 model calls)</td>' in then and "not read yet" not in then
+    assert "Events 250 to 449 of 450." in long and long.count('<li class="entry') == 201
