@@ -63,9 +63,9 @@ def _of(events: list[tuple[str, Json]], type_: str) -> list[Json]:
 async def test_a_descendants_turns_count_against_every_ancestors_max_turns(tmp_path: Path) -> None:
     """Root `max_turns` 4. Its first turn starts a worker (which gets the 3 turns left). The
     tree's turns: root 1, worker 1, root's notice 2 (3), worker 2 (4), root's notice 3 (5: the
-    root's own 3 are within its limit, its tree's are not: refused before its model call), worker
-    3 (6: within the worker's own 3, refused for the root's). No model call is made for a refused
-    turn."""
+    root's own 3 are within its limit, its tree's are not: refused before its model call, and
+    then not counted: 4), worker 3 (5: within the worker's own 3, refused for the root's; 4
+    again), root's notice 4 (5, refused). No model call is made for a refused turn."""
     model = _model(
         [
             {
@@ -96,14 +96,14 @@ async def test_a_descendants_turns_count_against_every_ancestors_max_turns(tmp_p
     assert _ends(worker) == [
         {"kind": "completed"},
         {"kind": "completed"},
-        {"kind": "budget", "message": "ancestor parent's max_turns 4 reached: 6 started (with its subagents')"},
+        {"kind": "budget", "message": "ancestor parent's max_turns 4 reached: 5 started (with its subagents')"},
     ]
     assert len(_of(worker, "assistant/message")) == 2
     assert _ends(root) == [
         {"kind": "completed"},
         {"kind": "completed"},
         {"kind": "budget", "message": "max_turns 4 reached: 5 started (with its subagents')"},
-        {"kind": "budget", "message": "max_turns 4 reached: 7 started (with its subagents')"},
+        {"kind": "budget", "message": "max_turns 4 reached: 5 started (with its subagents')"},
     ]
     assert len(_of(root, "assistant/message")) == 3  # delegate, started, noted 1
 
