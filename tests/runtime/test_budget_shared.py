@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 from events import assistant_event
 from log_lines import read_all
@@ -30,6 +31,7 @@ from subagents.storage import FileLogStore
 from wrapped_models import WrappedModel
 
 Json = dict[str, Any]
+T0 = 1_700_000_000_000
 
 
 def _model(agents: list[Json], summaries: list[str] | None = None) -> ScriptedModel:
@@ -330,6 +332,45 @@ def test_every_count_of_turns_leaves_out_a_turn_a_budget_ended_before_any_call()
         one_by_one = USAGE_UNIT.apply(one_by_one, each)
     assert one_by_one == at_once
     assert USAGE_UNIT.state_version == 4  # rows of version 3 counted refused turns: not read
+
+
+@pytest.mark.parametrize("lost_call", [False, True])
+async def test_a_continued_turn_refused_counts_only_if_a_call_was_sent_before_the_crash(
+    tmp_path: Path, lost_call: bool
+) -> None:
+    """A crash left turn 1 open; the resume continues it under `max_turns` 0, which refuses its
+    next call. Had its step's call been sent before the crash (a lost call: issued again, so
+    refused now) the turn counts; if no step had started, nothing was ever sent and it does
+    not — as the log recounts it after."""
+    from log_lines import header_line, json_line, new_log_file
+
+    start = {"turn": 1, "trigger": {"kind": "message"}}
+    lines = [json_line(0, "turn/start", start, time=T0)]
+    if lost_call:
+        user = {"id": "msg-1", "role": "user", "content": [{"type": "text", "text": "go"}], "source": {"kind": "user"}}
+        lines.append(json_line(1, "step/start", {"turn": 1, "step": 1}, time=T0))
+        lines.append(
+            json_line(2, "user/message", {"turn": 1, "step": 1, "message": user}, time=T0, surface_op="append")
+        )
+    new_log_file(tmp_path, "s", "none").write_bytes(header_line("s", created_at=T0) + b"".join(lines))
+    async with open_runtime(
+        tmp_path,
+        model=_model([{"responses": [{"text": "never sent"}]}]),
+        clock=ScenarioClock(),
+        compression="none",
+        budget=Budget(max_turns=0),
+    ) as rt:
+        agent = await rt.agents.resume("s")
+        result = await agent.wait_idle()
+        assert agent.spent.turns == (1 if lost_call else 0)  # live, as the log recounts it below
+    assert result is not None and result.reason == {"kind": "budget", "message": "max_turns 0 reached"}
+    store = FileLogStore(str(tmp_path), compression="none")
+    try:
+        events = read_all(store, "s")
+    finally:
+        store.close_store()
+    assert [e.type for e in events][-2:] == (["step/end", "turn/end"] if lost_call else ["turn/continue", "turn/end"])
+    assert spent_of(events, 0).turns == own_spent(events, 0, PriceTable()).turns == (1 if lost_call else 0)
 
 
 # --- compaction -----------------------------------------------------------------------------------
