@@ -25,11 +25,13 @@ from subagents.storage import InvalidSessionId, StorageError, StoreUnreachable, 
 
 from ...foundation.errors import QuerySessionNotFound, SessionQueryError, SubagentError
 from .controls import Control, ControlRefused, deliver
+from .feed_paths import OldFeedPath
 from .security import AUTH_COOKIE, Access, security_headers
 from .views import overview, roots_page, session_view, subtree
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
+    from subagents.storage import LogInfo
 
     from ...read_side import ReadSide
 
@@ -103,7 +105,11 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def session_page(request: Request) -> Response:
         sid = session_arg(request)
         try:
-            view = await session_view(side, sid)
+            before = int(request.query_params["before"]) if "before" in request.query_params else None
+        except ValueError:
+            raise HTTPException(400, "before must be a whole number") from None
+        try:
+            view = await session_view(side, sid, before)
         except QuerySessionNotFound:
             raise HTTPException(404, f'session "{sid}" not found') from None
         except SessionQueryError as exc:
@@ -157,13 +163,19 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def store_error(request: Request, exc: Exception) -> Response:
         return problem(request, 503, "Store unavailable", f"the store did not answer: {exc}")
 
+    tree_feed = _EventsRoute(side, session_arg, tree=True)
+    session_feed = _EventsRoute(side, session_arg)
     routes = [
         Route("/", overview_page),
         Route("/tree", tree_page),
         # `:path`: a session id may hold `/` (the links quote every other special character).
-        Route("/tree/{session_id:path}/events", _EventsRoute(side, session_arg, tree=True)),
+        # The feeds sit under their own prefix: a session id ending in `/events` is a page.
+        Route("/events/tree/{session_id:path}", tree_feed),
+        Route("/events/session/{session_id:path}", session_feed),
+        # The first feed paths, kept where they are unambiguous (runtime/hosts/web/feed_paths.py).
+        Route("/tree/{session_id:path}/events", OldFeedPath(side, tree_feed, subtree_page)),
         Route("/tree/{session_id:path}", subtree_page),
-        Route("/session/{session_id:path}/events", _EventsRoute(side, session_arg)),
+        Route("/session/{session_id:path}/events", OldFeedPath(side, session_feed, session_page)),
         Route("/session/{session_id:path}/{action:str}", control, methods=["POST"]),
         Route("/session/{session_id:path}", session_page),
         Route("/login", login_form, methods=["GET"]),
@@ -206,9 +218,9 @@ def _same_origin(request: Request) -> bool:
 
 
 class _EventsRoute:
-    """`GET /session/ID/events`: the session's durable events from `?after=SEQ` on, as
+    """`GET /events/session/ID`: the session's durable events from `?after=SEQ` on, as
     server-sent events, each `{"seq", "type", "lines"}` (lines as `show` renders them), until
-    the client goes away. With `tree` (`GET /tree/ID/events`): the events its tree makes from
+    the client goes away. With `tree` (`GET /events/tree/ID`): the events its tree makes from
     now on — the root's and every descendant's the stream knows from the catalogs — each
     `{"session_id", "seq", "type"}`, for the tree page to reload its rows. A raw ASGI endpoint:
     the stream's nursery lives in this call, not in a generator a response would iterate."""
@@ -246,7 +258,7 @@ class _EventsRoute:
             nursery.start_soon(until_gone)
             try:
                 if self.tree:
-                    await self._tree(sid, int(info.event_count), send)
+                    await self._tree(sid, info, send)
                 else:
                     await self._pump(sid, after, send)
             except* (StorageError, SessionQueryError) as group:
@@ -256,12 +268,16 @@ class _EventsRoute:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
 
-    async def _tree(self, sid: str, now: int, send: Send) -> None:
+    async def _tree(self, sid: str, info: LogInfo, send: Send) -> None:
         from ...event_stream import open_event_stream
+        from .feed_start import tree_ends
 
-        # From the root's end: its history is read once to find the existing children, whose
-        # events are delivered from their durable end on (runtime/event_stream.py).
-        async with open_event_stream(self.side.query, sid, from_seq=now, descendants=True) as stream:
+        # From each log's end as the tree's listing knows it (runtime/hosts/web/feed_start.py):
+        # no history is read, the root's to find its children neither.
+        known = await tree_ends(self.side, sid, info)
+        async with open_event_stream(
+            self.side.query, sid, from_seq=int(info.event_count), descendants=True, known=known
+        ) as stream:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
                 data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})
