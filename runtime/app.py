@@ -247,7 +247,12 @@ async def open_runtime(
                 manager = ContinuationManager(nursery, max_active=max_active_subagents)
 
                 hidden = [root] if store is None or "://" in store else [root, store]
-                box = Sandbox(sandbox, hidden=hidden) if sandbox is not None else None
+                box = None
+                if sandbox is not None:
+                    # An agent type may change the box of its agents (found by their header's type).
+                    by_type = {name: t.sandbox_policy(sandbox) for name, t in (agent_types or {}).items()}
+                    own = {name: policy for name, policy in by_type.items() if policy is not None}
+                    box = Sandbox(sandbox, hidden=hidden, by_type=own)
                 # A server marked `sandbox` is boxed even when commands are not (by the default policy).
                 server_box = box if box is not None else Sandbox(SandboxPolicy(), hidden=hidden)
                 folder = os.fspath(workspace) if workspace is not None else None

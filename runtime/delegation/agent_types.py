@@ -2,7 +2,8 @@
 SPEC §8).
 
 A file is front matter between `---` lines (`name`, `description`, `model`, `tools`,
-`on_interrupted_turn`: `continue` or `close`, see README "When a process dies") and a body,
+`on_interrupted_turn`: `continue` or `close`, see README "When a process dies"; `sandbox`: `on`
+or `off` and `sandbox_network`: `true` or `false`, see README "Sandbox") and a body,
 the type's system prompt. Front matter is the simple `key: value` form (a value may be quoted;
 `tools` is a YAML flow list `[a, b]` or a comma list; an indented line continues the value above).
 Types come from the project's
@@ -20,13 +21,14 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
+from ..sandbox.policy import SandboxPolicy, check_mode
 from .descriptor import ToolFilter
 from .options import ChildOptions
 
 __all__ = ["AgentType", "AgentTypeProblem", "agent_type_dirs", "describe_types", "load_agent_types", "parse_agent_type"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_KEYS = frozenset({"name", "description", "model", "tools", "on_interrupted_turn"})
+_KEYS = frozenset({"name", "description", "model", "tools", "on_interrupted_turn", "sandbox", "sandbox_network"})
 _MAX_FILE = 256 * 1024
 
 
@@ -38,7 +40,20 @@ class AgentType:
     model: str | None = None  # a model spec (`deepseek:MODEL`, `openai:MODEL`, `anthropic:MODEL`, `scripted:PATH`)
     tools: tuple[str, ...] | None = None  # the tools it may use (None: all)
     on_interrupted_turn: str | None = None  # "continue" | "close" (None: the runtime's)
+    # Its agents' commands (README "Sandbox"): "on" | "off" and the network (None: the runtime's).
+    # Read from the file when a runtime starts, by the type name in a child's header, not recorded
+    # in its descriptor.
+    sandbox: str | None = None
+    sandbox_network: bool | None = None
     path: str = ""
+
+    def sandbox_policy(self, base: SandboxPolicy) -> SandboxPolicy | None:
+        """`base` with this type's changes (None when it makes none)."""
+        if self.sandbox is None and self.sandbox_network is None:
+            return None
+        mode = check_mode(self.sandbox) if self.sandbox is not None else base.mode
+        network = self.sandbox_network if self.sandbox_network is not None else base.network
+        return attrs.evolve(base, mode=mode, network=network)
 
     def options(self) -> ChildOptions:
         """The child options this type selects (recorded in the child's descriptor)."""
@@ -99,6 +114,12 @@ def parse_agent_type(text: str, path: str = "") -> AgentType:
     policy = fields.get("on_interrupted_turn") or None
     if policy is not None and policy not in ("continue", "close"):
         raise ValueError(f"on_interrupted_turn {policy!r} must be continue or close")
+    sandbox = fields.get("sandbox") or None
+    if sandbox is not None and sandbox not in ("on", "off"):
+        raise ValueError(f"sandbox {sandbox!r} must be on or off")
+    network = fields.get("sandbox_network") or None
+    if network is not None and network not in ("true", "false"):
+        raise ValueError(f"sandbox_network {network!r} must be true or false")
     prompt = "\n".join(lines[end + 1 :]).strip()
     if not prompt:
         raise ValueError("its body (the system prompt) is empty")
@@ -109,6 +130,8 @@ def parse_agent_type(text: str, path: str = "") -> AgentType:
         model=model,
         tools=_tools(fields["tools"]) if "tools" in fields else None,
         on_interrupted_turn=policy,
+        sandbox=sandbox,
+        sandbox_network=None if network is None else network == "true",
         path=path,
     )
 

@@ -29,20 +29,37 @@ class SandboxUnavailable(Exception):
 class Sandbox:
     """`policy`, the paths hidden besides the policy's (`hidden`: the runtime's root, the user's
     config folder), and `env`: the environment commands start from (secrets removed) and where
-    `bwrap` is looked for (None: this process's, read when a command starts)."""
+    `bwrap` is looked for (None: this process's, read when a command starts). `by_type`: the
+    policy of the agents of an agent type that sets its own (README "Agent types")."""
 
     def __init__(
-        self, policy: SandboxPolicy, *, hidden: Sequence[str] = (), env: Mapping[str, str] | None = None
+        self,
+        policy: SandboxPolicy,
+        *,
+        hidden: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        by_type: Mapping[str, SandboxPolicy] | None = None,
     ) -> None:
         self.policy = policy
         self.hidden = tuple(hidden)
+        self.by_type = dict(by_type or {})
         self._env = env
         self._probe: ProbeResult | None = None
         self._probing = trio.Lock()
 
     @property
     def on(self) -> bool:
+        """Whether commands are boxed by default (an agent type may say otherwise)."""
         return self.policy.on
+
+    @property
+    def ever_on(self) -> bool:
+        """Whether any agent's commands may be boxed (the runtime's, or an agent type's)."""
+        return self.policy.on or any(p.on for p in self.by_type.values())
+
+    def policy_for(self, agent_type: str | None) -> SandboxPolicy:
+        """The policy of an agent of `agent_type` (None, or a type that sets none: the runtime's)."""
+        return self.by_type.get(agent_type, self.policy) if agent_type is not None else self.policy
 
     def environment(self) -> Mapping[str, str]:
         return self._env if self._env is not None else os.environ
@@ -55,14 +72,23 @@ class Sandbox:
                 self._probe = await trio.to_thread.run_sync(probe_bwrap, env)
             return self._probe
 
-    async def wrap(self, command: Sequence[str], *, workspace: str, cwd: str) -> tuple[list[str], dict[str, str]]:
-        """The argv and environment running `command` in the box. Raises `SandboxUnavailable`."""
+    async def wrap(
+        self, command: Sequence[str], *, workspace: str, cwd: str, policy: SandboxPolicy | None = None
+    ) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment running `command` in the box (of `policy`, default the
+        runtime's). Raises `SandboxUnavailable`."""
         probed = await self.probe()
         if not probed.works or probed.bwrap is None:
             raise SandboxUnavailable(f"the sandbox is on but {probed.reason}: {FIX}")
         env = scrubbed_env(self.environment())
         home = env.get("HOME")
         argv = bwrap_argv(
-            probed.bwrap, command, policy=self.policy, workspace=workspace, cwd=cwd, hidden=self.hidden, home=home
+            probed.bwrap,
+            command,
+            policy=policy or self.policy,
+            workspace=workspace,
+            cwd=cwd,
+            hidden=self.hidden,
+            home=home,
         )
         return argv, env

@@ -9,7 +9,7 @@ the model reads. Without an approver `ask` is a denial that says nobody could be
 for an answer is part of the tool call: a cancelled turn stops it like any tool.
 
 A tool may judge a call under another name than its own: one with `permission_names` (every name
-it uses) and `permission_name(args)` (the one of this call). `run_command` with its sandbox on
+it uses) and `permission_name(args, ctx)` (the one of this call). `run_command` with its sandbox on
 does: a call asking to leave the box is `run_command_unsandboxed`, `ask` by default, while a
 boxed call is `run_command`, `allow` by default (`SANDBOXED_PERMISSIONS`, README "Sandbox").
 """
@@ -149,7 +149,7 @@ class _Guarded:
         return str(self.tool.name)
 
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        judged = _judged_name(self.tool, args)
+        judged = _judged_name(self.tool, args, ctx)
         decision = self.permissions.decision(judged)
         if decision == "deny":
             raise ToolFailure(
@@ -189,7 +189,7 @@ def guard_tools(
     return out
 
 
-def _judged_name(tool: Any, args: dict[str, Any]) -> str:
+def _judged_name(tool: Any, args: dict[str, Any], ctx: ToolContext) -> str:
     """The name this call's permission is looked up by: the tool's own unless it says otherwise."""
     choose = getattr(tool, "permission_name", None)
-    return str(choose(args)) if choose is not None else str(tool.name)
+    return str(choose(args, ctx)) if choose is not None else str(tool.name)

@@ -285,18 +285,19 @@ class _RunCommand(_WorkspaceTool):
 
     @property
     def boxed(self) -> bool:
+        """Whether commands are boxed by default (the runtime's policy)."""
         return self.sandbox is not None and self.sandbox.on
 
     @property
     def description(self) -> str:
-        if self.sandbox is None or not self.boxed:
+        if self.sandbox is None or not self.sandbox.on:
             return self.description_unconfined
         network = "on" if self.sandbox.policy.network else "off"
         return self.description_unconfined + self._SANDBOXED.format(network=network)
 
     @property
     def parameters(self) -> Json:
-        if not self.boxed:
+        if self.sandbox is None or not self.sandbox.ever_on:
             return _schema(("command",), command=self._COMMAND, timeout_seconds=self._TIMEOUT, cwd=self._CWD)
         return _schema(
             ("command",),
@@ -310,10 +311,18 @@ class _RunCommand(_WorkspaceTool):
     @property
     def permission_names(self) -> tuple[str, ...]:
         """The names its calls are judged under (tools/permissions.py): leaving the box is its own."""
-        return (self.name, UNSANDBOXED) if self.boxed else (self.name,)
+        return (self.name, UNSANDBOXED) if self.sandbox is not None else (self.name,)
 
-    def permission_name(self, args: Json) -> str:
-        return UNSANDBOXED if self.boxed and args.get("unsandboxed") is True else self.name
+    def permission_name(self, args: Json, ctx: ToolContext) -> str:
+        """`UNSANDBOXED` for a call that runs outside a box its agent would otherwise be in: one
+        asking to (`unsandboxed`), or any of an agent whose type turns the sandbox off while the
+        runtime's is on."""
+        if self.sandbox is None:
+            return self.name
+        policy = self.sandbox.policy_for(_agent_type(ctx))
+        if policy.on:
+            return UNSANDBOXED if args.get("unsandboxed") is True else self.name
+        return UNSANDBOXED if self.sandbox.on else self.name
 
     async def run(self, args: Json, ctx: ToolContext) -> str:
         limits = self.limits
@@ -322,18 +331,22 @@ class _RunCommand(_WorkspaceTool):
         command: str | list[str] = args["command"]
         env: Mapping[str, str] | None = None
         ran = ""
-        if self.boxed and args.get("unsandboxed") is True:
+        kind = _agent_type(ctx)
+        policy = self.sandbox.policy_for(kind) if self.sandbox is not None else None
+        if policy is not None and policy.on and args.get("unsandboxed") is True:
             reason = str(args.get("reason", "")).strip()
             if not reason:
                 raise refused("unsandboxed: true needs a reason (say why the sandbox is not enough)", "REASON_MISSING")
             ran = " (ran outside the sandbox)"
-        elif self.sandbox is not None and self.sandbox.on:
+        elif self.sandbox is not None and policy is not None and policy.on:
             argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
             try:
-                command, env = await self.sandbox.wrap(argv, workspace=self.workspace.root, cwd=cwd)
+                command, env = await self.sandbox.wrap(argv, workspace=self.workspace.root, cwd=cwd, policy=policy)
             except SandboxUnavailable as exc:
                 raise ToolFailure(f"run_command did not run: {exc}", code="SANDBOX_UNAVAILABLE") from None
-            ran = f" (sandboxed: {self.sandbox.policy.summary()})"
+            ran = f" (sandboxed: {policy.summary()})"
+        elif self.sandbox is not None and self.sandbox.on:
+            ran = f" (ran outside the sandbox: agent type {kind!r} turns it off)"
         try:
             outcome = await run_command(command, cwd=cwd, time_limit=timeout, cap=limits.output_chars, env=env)
         except OSError as exc:
@@ -344,6 +357,14 @@ class _RunCommand(_WorkspaceTool):
                 code="COMMAND_TIMEOUT",
             )
         return f"exit code: {outcome.exit_code}{ran}\n{outcome.output}".rstrip("\n")
+
+
+def _agent_type(ctx: ToolContext) -> str | None:
+    """The agent type the calling agent was spawned as (its header's `agent_preset`), if any."""
+    session = getattr(ctx.agent, "session", None)
+    header = getattr(session, "header", None)
+    preset = getattr(header, "agent_preset", None)
+    return preset if isinstance(preset, str) else None
 
 
 def _folder(ws: Workspace, path: str) -> str:

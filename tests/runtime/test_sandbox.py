@@ -17,6 +17,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,7 +39,14 @@ assert BWRAP is not None, "bubblewrap (bwrap) is not installed: ./dev test insta
 class Box:
     """A workspace, a store root and a fake HOME in `folder`, and the tools in a sandbox."""
 
-    def __init__(self, folder: Path, policy: SandboxPolicy | None = None, *, path: str | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        policy: SandboxPolicy | None = None,
+        *,
+        path: str | None = None,
+        by_type: dict[str, SandboxPolicy] | None = None,
+    ) -> None:
         self.tmp = folder
         self.ws = folder / "ws"
         self.ws.mkdir()
@@ -58,16 +66,18 @@ class Box:
             "GITHUB_TOKEN": "ghp_test",
             "CC": "gcc",
         }
-        self.sandbox = Sandbox(policy or SandboxPolicy(), hidden=[str(self.store)], env=env)
+        self.sandbox = Sandbox(policy or SandboxPolicy(), hidden=[str(self.store)], env=env, by_type=by_type)
         self.tools = ToolSet(workspace_tools(str(self.ws), sandbox=self.sandbox))
 
-    async def call(self, **args: Any) -> ToolOutcome:
-        ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+    async def call(self, agent_type: str | None = None, **args: Any) -> ToolOutcome:
+        # The calling agent, as far as the tool looks: the agent type in its header.
+        agent = SimpleNamespace(session=SimpleNamespace(header=SimpleNamespace(agent_preset=agent_type)))
+        ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort(), agent=agent)
         return await self.tools.execute("run_command", json.dumps(args), ctx)
 
-    async def run(self, command: str | list[str], **args: Any) -> tuple[int, str]:
+    async def run(self, command: str | list[str], agent_type: str | None = None, **args: Any) -> tuple[int, str]:
         """The exit code and output of a command that ran in the box."""
-        outcome = await self.call(command=command, **args)
+        outcome = await self.call(agent_type, command=command, **args)
         assert not outcome.is_error, outcome.content
         text = outcome.content[0]["text"]
         first, _, output = text.partition("\n")
@@ -162,6 +172,15 @@ async def test_the_network_is_on_when_allowed(base: Path) -> None:
     with server:
         code, output = await open_box.run(["python3", "-c", _CONNECT, str(port)])
     assert (code, output) == (0, "connected")
+
+
+async def test_an_agent_type_may_open_the_network_for_its_agents(base: Path) -> None:
+    typed = Box(base, by_type={"fetcher": SandboxPolicy(network=True)})
+    server, port = _listener()
+    with server:
+        assert await typed.run(["python3", "-c", _CONNECT, str(port)], "fetcher") == (0, "connected")
+        code, _ = await typed.run(["python3", "-c", _CONNECT, str(port)], "other")
+    assert code == 1  # any other agent's box has no network
 
 
 def _pids_running(marker: str) -> list[int]:

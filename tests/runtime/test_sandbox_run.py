@@ -95,6 +95,40 @@ def test_a_background_child_under_run_runs_an_allowed_command_in_the_box(base: P
     assert not (base / "escaped").exists()
 
 
+def test_a_child_of_a_type_that_turns_the_sandbox_off_is_refused_under_run(base: Path) -> None:
+    project = base / "project"
+    (project / ".subagents" / "agents").mkdir(parents=True)
+    (project / ".subagents" / "agents" / "wild.md").write_text(
+        "---\nname: wild\ndescription: Runs unconfined\nsandbox: off\n---\nRun things."
+    )
+    spawn = {"description": "wild one", "prompt": "go", "agent_type": "wild"}
+    script = {
+        "agents": [
+            {
+                "responses": [
+                    {"tool_calls": [call("subagent", **spawn)]},
+                    {"wait_for": {"settled": "wild one"}, "text": "STARTED", "tool_calls": [call("list_agents")]},
+                    {"text": "NOTED"},
+                ]
+            },
+            {
+                "label": "wild one",
+                "responses": [{"tool_calls": [call("run_command", command="touch ran")]}, {"text": "x"}],
+            },
+        ]
+    }
+    model = write_script(base / "s.json", script)
+    root = base / "root"
+    done = cli(project, "run", "--root", str(root), "--model", model, "--json", "go")
+    assert done.returncode == 0, done.stderr
+    parent = json.loads(done.stdout)["session_id"]
+    (child,) = [row["id"] for row in json.loads(cli(project, "children", "--root", str(root), "--json", parent).stdout)]
+    shown = json.loads(cli(project, "show", "--root", str(root), "--json", child).stdout)
+    (result,) = [e["text"] for e in shown if e["type"] == "tool/result"]
+    assert result.startswith("Error: run_command_unsandboxed needs permission and `subagents run` cannot ask")
+    assert not (project / "ran").exists()
+
+
 def test_config_says_whether_the_sandbox_works_here_and_why_not(base: Path) -> None:
     done = cli(base, "config", "--json")
     values = {row["key"]: (row["value"], row["source"]) for row in json.loads(done.stdout)["values"]}

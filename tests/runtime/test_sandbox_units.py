@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from subagents.actors import Abort
 from subagents.runtime.config import load_config
+from subagents.runtime.delegation.agent_types import parse_agent_type
 from subagents.runtime.foundation.errors import ConfigInvalid
 from subagents.runtime.hosts.setup import headless_approver
 from subagents.runtime.sandbox.argv import bwrap_argv
@@ -325,3 +327,50 @@ async def test_with_the_sandbox_off_run_command_asks_as_before(tmp_path: Path) -
     assert [r.tool for r in asked.requests] == ["run_command"]
     assert default_permissions(False) is DEFAULT_PERMISSIONS
     assert not os.path.exists(tmp_path / "ran")
+
+
+# ---- per agent type -------------------------------------------------------------------------------
+
+
+def test_an_agent_type_may_set_its_sandbox() -> None:
+    text = "---\nname: wild\ndescription: d\nsandbox: off\nsandbox_network: true\n---\nGo."
+    kind = parse_agent_type(text)
+    assert (kind.sandbox, kind.sandbox_network) == ("off", True)
+    base = SandboxPolicy(writable=["/cache"])
+    assert kind.sandbox_policy(base) == SandboxPolicy(mode="off", network=True, writable=["/cache"])
+    plain = parse_agent_type("---\nname: plain\ndescription: d\n---\nGo.")
+    assert plain.sandbox_policy(base) is None  # the runtime's, unchanged
+    for line, message in [
+        ("sandbox: maybe", "sandbox 'maybe' must be on or off"),
+        ("sandbox_network: 1", "true or false"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_agent_type(f"---\nname: x\ndescription: d\n{line}\n---\nGo.")
+
+
+def typed_ctx(agent_type: str | None) -> ToolContext:
+    """A call from an agent spawned as `agent_type` (its header's `agent_preset`)."""
+    agent = SimpleNamespace(session=SimpleNamespace(header=SimpleNamespace(agent_preset=agent_type)))
+    return ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort(), agent=agent)
+
+
+async def test_an_agent_type_with_the_sandbox_off_asks_as_leaving_the_box(tmp_path: Path) -> None:
+    asked = Asked("allow")
+    policy = SandboxPolicy()
+    sandbox = Sandbox(policy, env={"PATH": str(tmp_path / "no-bin")}, by_type={"wild": SandboxPolicy(mode="off")})
+    tools = ToolSet(
+        guard_tools(workspace_tools(str(tmp_path), sandbox=sandbox), default_permissions(True), asked, Remembered())
+    )
+    plain = await tools.execute("run_command", json.dumps({"command": "true"}), typed_ctx("plain"))
+    assert plain.error == {"name": "ToolFailure", "code": "SANDBOX_UNAVAILABLE"} and asked.requests == []
+    wild = await tools.execute("run_command", json.dumps({"command": "echo hi > w.txt"}), typed_ctx("wild"))
+    assert [r.tool for r in asked.requests] == ["run_command_unsandboxed"]
+    assert wild.content[0]["text"] == "exit code: 0 (ran outside the sandbox: agent type 'wild' turns it off)"
+    assert (tmp_path / "w.txt").read_text() == "hi\n"
+    refused = await ToolSet(
+        guard_tools(
+            workspace_tools(str(tmp_path), sandbox=sandbox), default_permissions(True), headless_approver, Remembered()
+        )
+    ).execute("run_command", json.dumps({"command": "touch x"}), typed_ctx("wild"))
+    assert refused.error == {"name": "PermissionDenied", "code": "PERMISSION_DENIED"}  # run refuses it
+    assert not (tmp_path / "x").exists()
