@@ -131,7 +131,9 @@ class _Pump:
         inherited: bool = True,
         descendants: bool = True,
         follow_interval: float = DEFAULT_FOLLOW_INTERVAL,
+        on_broken: Callable[[str, StorageError], None] | None = None,
     ) -> None:
+        self.on_broken = on_broken
         self.follow_interval = follow_interval
         self.inherited = inherited
         self.descendants = descendants
@@ -268,6 +270,8 @@ class _Pump:
         except StorageError as exc:
             log.warning("event stream: session %r cannot be read, no longer followed: %s", session_id, exc)
             tracked.broken = True
+            if self.on_broken is not None:
+                self.on_broken(session_id, exc)
             return
         finally:
             if session_id in self.unread:
@@ -329,6 +333,7 @@ async def open_event_stream(
     inherited: bool = True,
     descendants: bool = True,
     follow_interval: float = DEFAULT_FOLLOW_INTERVAL,
+    on_broken: Callable[[str, StorageError], None] | None = None,
 ) -> AsyncIterator[EventStream]:
     """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
     §8), read through `query` (the runtime's: `runtime.query`) and pushed by its session store's
@@ -338,7 +343,9 @@ async def open_event_stream(
     events), so a forked session starts at its `session/end-seed` marker. `descendants=False`
     follows the root alone (its children's logs are never read). `follow_interval`: seconds
     between two looks at the logs of tracked sessions not live in this runtime (where no change
-    notification wakes it sooner). Leaving the block stops the stream."""
+    notification wakes it sooner). `on_broken(session_id, error)` is called (in the pump's task,
+    after every event read before it was delivered) when a tracked session's log cannot be
+    read any more and the stream stops following it. Leaving the block stops the stream."""
     if type(from_seq) is not int or from_seq < 0:
         raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
     follow_interval = check_interval(follow_interval)
@@ -346,7 +353,7 @@ async def open_event_stream(
     finish = trio.Event()
     # Subscribed before the first read, so nothing durable after that read can be missed.
     with query.sessions.feed.subscribe(feed_capacity) as subscription:
-        pump = _Pump(query, subscription, send, finish, inherited, descendants, follow_interval)
+        pump = _Pump(query, subscription, send, finish, inherited, descendants, follow_interval, on_broken)
         pump.track(root_id, from_seq)
 
         def finish_stream() -> None:

@@ -188,8 +188,9 @@ async def test_session_page_renders_the_transcript_as_text(client: httpx.AsyncCl
     assert "assistant: hi &lt;b&gt;x&lt;/b&gt;" in body
     assert "── end of turn 1: completed" in body
     assert 'data-after="4"' in body  # where the live feed starts
-    assert '<script src="/static/live.js"></script>' in body  # the only script: no inline one
-    assert body.count("<script") == 1
+    # The page's own scripts, and no inline one: its feed's and the store banner's (every page's).
+    assert body.count("<script") == 2
+    assert '<script src="/static/live.js"></script>' in body and '<script src="/static/pulse.js"></script>' in body
 
 
 @pytest.mark.parametrize(

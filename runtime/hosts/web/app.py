@@ -25,6 +25,8 @@ from subagents.storage import InvalidSessionId, StorageError, StoreUnreachable, 
 
 from ...foundation.errors import QuerySessionNotFound, SessionQueryError, SubagentError
 from .controls import Control, ControlRefused, deliver
+from .feeds import Broken, open_feed
+from .pulse import CorpusPulse, LiveRoute
 from .security import AUTH_COOKIE, Access, security_headers
 from .views import overview, roots_page, session_view, subtree
 
@@ -50,6 +52,8 @@ class WebSettings:
     private_reads: bool = False
     # The `Host` headers this console answers (a DNS-rebinding page names another).
     hosts: frozenset[str] = frozenset()
+    # Seconds between two looks at the corpus for the live pages (runtime/hosts/web/pulse.py).
+    live_interval: float = 1.0
 
 
 def _environment() -> jinja2.Environment:
@@ -159,6 +163,7 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
 
     routes = [
         Route("/", overview_page),
+        Route("/live", LiveRoute(CorpusPulse(side, settings.live_interval))),
         Route("/tree", tree_page),
         # `:path`: a session id may hold `/` (the links quote every other special character).
         Route("/tree/{session_id:path}/events", _EventsRoute(side, session_arg, tree=True)),
@@ -257,23 +262,28 @@ class _EventsRoute:
             nursery.cancel_scope.cancel()
 
     async def _tree(self, sid: str, now: int, send: Send) -> None:
-        from ...event_stream import open_event_stream
-
         # From the root's end: its history is read once to find the existing children, whose
         # events are delivered from their durable end on (runtime/event_stream.py).
-        async with open_event_stream(self.side.query, sid, from_seq=now, descendants=True) as stream:
+        async with open_feed(self.side.query, sid, from_seq=now, descendants=True) as stream:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
-                data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})
+                if isinstance(item, Broken):  # a log damaged under the feed: its row says so now
+                    data = json.dumps(
+                        {"session_id": item.session_id, "seq": item.seq, "type": "damaged", "problem": item.problem}
+                    )
+                else:
+                    data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})
                 await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
 
     async def _pump(self, sid: str, after: int, send: Send) -> None:
-        from ...event_stream import open_event_stream
         from ..transcript import render, transcript
 
-        async with open_event_stream(self.side.query, sid, from_seq=max(after, 0), descendants=False) as stream:
+        async with open_feed(self.side.query, sid, from_seq=max(after, 0), descendants=False) as stream:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
+                if isinstance(item, Broken):  # damaged under the feed: said once, and the feed ends
+                    await send({"type": "http.response.body", "body": _problem(_damage(item)), "more_body": True})
+                    return
                 for entry in transcript([item.event], session_id=sid)[:-1]:  # no usage total
                     data = json.dumps({"seq": item.event.seq, "type": entry["type"], "lines": render([entry])})
                     await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
@@ -323,6 +333,11 @@ class _Guard:
 
 def _problem(text: str) -> bytes:
     return f"event: problem\ndata: {json.dumps({'problem': text})}\n\n".encode()
+
+
+def _damage(broken: Broken) -> str:
+    at = f" at seq {broken.seq}" if broken.seq is not None and f"seq {broken.seq}" not in broken.problem else ""
+    return f"the log is damaged{at}: {broken.problem}"
 
 
 def _first_leaf(group: BaseExceptionGroup[Exception]) -> BaseException:

@@ -41,6 +41,7 @@ async def serve_console(
     access: Access,
     read_only: bool,
     stall_after: float,
+    live_interval: float = 1.0,
     ready: Callable[[list[str]], None],
     shutdown: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -58,6 +59,7 @@ async def serve_console(
                 read_only=read_only,
                 private_reads=not is_loopback(host),
                 hosts=allowed_hosts(host),
+                live_interval=live_interval,
             )
             config = Config()
             config.bind = [f"fd://{fd}"]  # bound here, so a refusal is one clear error
