@@ -16,12 +16,13 @@ import pytest
 import trio
 from descriptors import descriptor
 from events import turn_end_event, turn_start_event
+from pg_server import EmbeddedServer
 from subagents.runtime.hosts.web.app import WebSettings, build_app
 from subagents.runtime.hosts.web.pulse import CorpusPulse, Pulse
 from subagents.runtime.hosts.web.security import Access
 from subagents.runtime.hosts.web.serve import allowed_hosts, serve_console
 from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Batch, Event, FileLogStore, LogStore, Offset, SessionHeader, make_event
 
 TOKEN = "a-test-token-of-some-length"
 BASE = "http://127.0.0.1:8765"
@@ -260,3 +261,33 @@ async def test_a_descendant_damaged_under_the_tree_feed_is_a_damaged_event(root:
                 assert await _next(lines) == ("message", {"session_id": "lead", "seq": 2, "type": "turn/end"})
         rows = (await client.get("/tree/lead")).text
         assert 'class="diagnostic"' in rows and "kid" in rows
+
+
+@pytest.mark.pg
+async def test_the_pulse_comes_back_after_a_postgresql_restart(pg_url: str, pg_server: EmbeddedServer) -> None:
+    """The server restarted under the console (every connection cut): the pulse's next looks
+    answer again — a look that failed meanwhile is a `problem` generation, and the one after it
+    is back — and a session created after the restart is named."""
+    from subagents.runtime.store_select import open_log_store
+
+    store = open_log_store(pg_url, create_schema=True)
+    try:
+        _pg_create(store, "before")
+        async with open_read_side(".", store=pg_url) as side:
+            pulse = CorpusPulse(side, interval=0.05)
+            seen = await pulse.after(-1)
+            await trio.to_thread.run_sync(pg_server.restart)
+            await trio.to_thread.run_sync(_pg_create, store, "after")
+            with trio.fail_after(HANG):
+                while not (seen.problem is None and "after" in seen.changed):
+                    seen = await pulse.after(seen.generation)
+    finally:
+        store.close_store()
+
+
+def _pg_create(store: LogStore, sid: str) -> None:
+    handle = store.create(_header(sid))
+    try:
+        store.append(handle, [Batch(Offset(0), [turn_start_event(0, T0)])])
+    finally:
+        store.close(handle)
