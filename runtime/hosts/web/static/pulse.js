@@ -49,6 +49,7 @@
     const source = new EventSource("/live");
     source.addEventListener("store", (message) => {
       const state = JSON.parse(message.data);
+      document.body.dataset.store = state.up ? "up" : "down";
       if (!state.up) {
         down = true;
         show("The store does not answer (" + state.problem + "): what this page shows may be out of date. It recovers when the store is back.");
