@@ -100,9 +100,18 @@ class _Tracked:
 class EventStream:
     """An async iterable of `StreamEvent`s; see the module docstring."""
 
-    def __init__(self, receive: trio.MemoryReceiveChannel[StreamEvent], finish: Callable[[], None]) -> None:
+    def __init__(
+        self, receive: trio.MemoryReceiveChannel[StreamEvent], finish: Callable[[], None], started: trio.Event
+    ) -> None:
         self._receive = receive
         self._finish = finish
+        self._started = started
+
+    async def wait_started(self) -> None:
+        """Until the logs of the sessions tracked at the start (the root's, and those of the
+        children its history names, and theirs) have been read once: an event appended to any
+        of them after this returns is delivered (one appended before may count as history)."""
+        await self._started.wait()
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._receive.__aiter__()
@@ -150,6 +159,7 @@ class _Pump:
         self.grown: set[str] = set()  # followed sessions whose log grew: the pump reads them
         self.looked_last = False  # `finish` looked at the followed sessions once more
         self.followed_changed = trio.Event()  # a session joined the followed ones: watch it too
+        self.started = trio.Event()  # the sessions tracked at the start have been read once
 
     def boundary(self, session_id: str, read_end: int) -> int:
         """The first seq made durable after the subscription started: the end a live session
@@ -169,6 +179,7 @@ class _Pump:
         async with self.send:
             while True:
                 await self.read_unread()
+                self.started.set()
                 batches, lagged = self.subscription.take()
                 for batch in batches:
                     await self.on_batch(batch)
@@ -367,7 +378,7 @@ async def open_event_stream(
             nursery.start_soon(pump.run)
             nursery.start_soon(pump.follow)
             try:
-                yield EventStream(receive, finish_stream)
+                yield EventStream(receive, finish_stream, pump.started)
             except BaseException as exc:  # re-raised bare once the pump's nursery has closed
                 body_error = exc
             finally:

@@ -239,7 +239,7 @@ async def test_a_log_damaged_under_the_session_feed_is_said_and_the_feed_ends(ro
                 await trio.to_thread.run_sync(_garble_tail, root, "lead")
                 name, data = await _next(lines)
                 assert name == "problem"
-                assert str(data["problem"]).startswith("the log is damaged")
+                assert str(data["problem"]).startswith("the log is damaged: session 'lead' is corrupt at seq 3")
                 assert [line async for line in lines if line] == []  # and the feed ends
 
 

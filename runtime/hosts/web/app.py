@@ -268,8 +268,9 @@ class _EventsRoute:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
                 if isinstance(item, Broken):  # a log damaged under the feed: its row says so now
+                    kind = "damaged" if item.damaged else "unreadable"
                     data = json.dumps(
-                        {"session_id": item.session_id, "seq": item.seq, "type": "damaged", "problem": item.problem}
+                        {"session_id": item.session_id, "seq": item.seq, "type": kind, "problem": item.problem}
                     )
                 else:
                     data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})
@@ -336,6 +337,8 @@ def _problem(text: str) -> bytes:
 
 
 def _damage(broken: Broken) -> str:
+    if not broken.damaged:
+        return f"the log could not be read any more: {broken.problem}"
     at = f" at seq {broken.seq}" if broken.seq is not None and f"seq {broken.seq}" not in broken.problem else ""
     return f"the log is damaged{at}: {broken.problem}"
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
-from subagents.storage import StorageError
+from subagents.storage import CorruptLog, StorageError, UnsupportedLog
 
 from ...event_stream import EventStream, StreamEvent, open_event_stream
 
@@ -32,6 +32,7 @@ class Broken:
     session_id: str
     problem: str
     seq: int | None  # where the damage is, when the store says
+    damaged: bool = True  # its log is damaged (else it could not be read: a store gone, a failed read)
 
 
 @asynccontextmanager
@@ -45,12 +46,16 @@ async def open_feed(
 
     def on_broken(session_id: str, error: StorageError) -> None:
         nonlocal noticed
-        broken.append(Broken(session_id, str(error), getattr(error, "seq", None)))
+        damaged = isinstance(error, CorruptLog | UnsupportedLog)
+        broken.append(Broken(session_id, str(error), getattr(error, "seq", None), damaged))
         noticed.set()
 
     async with open_event_stream(
         query, root_id, from_seq=from_seq, descendants=descendants, on_broken=on_broken
     ) as stream:
+        # A page opens its feed after it was rendered: what its sessions write from now on must
+        # reach it, so the feed says it is open only once the stream has read them.
+        await stream.wait_started()
 
         async def items() -> AsyncIterator[StreamEvent | Broken]:
             nonlocal noticed

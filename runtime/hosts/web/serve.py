@@ -51,7 +51,10 @@ async def serve_console(
     fd = _listening_socket(host, port)
     handed = False
     try:
-        async with open_read_side(root, store=store, stall_after=stall_after) as side:
+        # With change notification: the console lists the corpus again and again (each page,
+        # and the pulse of the live pages every interval), and a warm listing then re-stats
+        # only the session folders the kernel named.
+        async with open_read_side(root, store=store, stall_after=stall_after, watch=True) as side:
             settings = WebSettings(
                 root=root,
                 store=store,
