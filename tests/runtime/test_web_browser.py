@@ -90,6 +90,7 @@ async def main(root, script):
         await lead.send("start the worker")
         await rt.subagents.wait_tree_idle(lead)
         print("IDLE", flush=True)
+        await trio.to_thread.run_sync(sys.stdin.readline)  # lets its sessions go when told
 
 trio.run(main, sys.argv[1], sys.argv[2])
 """
@@ -131,9 +132,6 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
             )
             seen = await trio.to_thread.run_sync(_browse, urls[0], host, worker, shots)
             nursery.cancel_scope.cancel()
-        assert (
-            await trio.to_thread.run_sync(_expect, host, "IDLE") == "IDLE"
-        )  # the lead heard of the stop: its tree is idle
         assert await trio.to_thread.run_sync(host.wait) == 0
     finally:
         if host.poll() is None:
@@ -141,7 +139,8 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
             host.wait()
     assert seen["dialogs"] == []  # the message's script never ran
     assert [m for m in seen["console"] if "Content Security Policy" in m] == []
-    assert seen["overview_followed"] != ""  # the overview fetched itself again, without a reload
+    # The overview fetched itself again, without a reload: the worker's event count grew.
+    assert seen["overview_followed"] and int(seen["events_after"]) > int(seen["events_before"])
     assert "Worker <i>one</i>" in seen["tree"] and "running" in seen["tree"]  # the label as text
     assert seen["done"] == "  ← step 1 done (go on)"
     assert (
@@ -151,6 +150,8 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
     assert seen["answer"] == "assistant: you asked six times seven: it is 42"
     assert seen["stopped"].startswith("stop ") and f"delivered to session {worker}" in seen["stopped"]
     assert seen["ended"].startswith("── end of turn 1: aborted user")
+    assert seen["idle"] == "IDLE"
+    assert "live elsewhere" in seen["roots_before"] and "persisted" in seen["roots_after"]
     for name in ("overview", "tree", "session"):
         assert (shots / f"web-{name}.png").stat().st_size > 0
 
@@ -177,7 +178,7 @@ def release(host: subprocess.Popen[str], line: str) -> None:
 
 
 def _browse(url: str, host: subprocess.Popen[str], worker: str, shots: Path) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     seen: dict[str, Any] = {"dialogs": [], "console": []}
     with sync_playwright() as playwright:
@@ -216,9 +217,12 @@ def _browse(url: str, host: subprocess.Popen[str], worker: str, shots: Path) -> 
             # The overview, open while the worker's second step ends: it fetches itself again.
             page.goto(url + "/")
             page.wait_for_selector("text=2 sessions, 1 roots.")
-            page.wait_for_selector("body[data-store='up']")  # following the pulse: what comes next is a change
+            page.wait_for_selector("body[data-store='up']")  # following the pulse
+            events = page.locator(f"table.sessions tr:has(a:text-is('{worker}')) td").nth(4)
+            seen["events_before"] = events.inner_text()
             release(host, "and rest")
-            page.wait_for_selector("main[data-generation]")
+            expect(events).not_to_have_text(seen["events_before"], timeout=HANG)  # its row, again
+            seen["events_after"] = events.inner_text()
             seen["overview_followed"] = page.get_attribute("main", "data-generation")
             page.screenshot(path=str(shots / "web-overview.png"), full_page=True)
             page.goto(url + f"/session/{worker}")
@@ -230,6 +234,14 @@ def _browse(url: str, host: subprocess.Popen[str], worker: str, shots: Path) -> 
             page.click("text=Back to session")
             ended = page.wait_for_selector("li[data-type='turn/end'] pre")
             seen["ended"] = ended.inner_text() if ended else ""
+            # The roots page, open while the host lets its sessions go: the lead's row follows.
+            page.goto(url + "/tree")
+            page.wait_for_selector("body[data-store='up']")
+            seen["idle"] = _expect(host, "IDLE")  # the lead heard of the stop: its tree is idle
+            seen["roots_before"] = page.inner_text("main table")
+            release(host, "bye")
+            page.wait_for_selector("main table td:text-is('persisted')")
+            seen["roots_after"] = page.inner_text("main table")
         finally:
             browser.close()
     return seen
