@@ -130,7 +130,7 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
                     task_status=task_status,
                 )
             )
-            seen = await trio.to_thread.run_sync(_browse, urls[0], host, worker, shots)
+            seen = await trio.to_thread.run_sync(_browse, urls[0], root, host, worker, shots)
             nursery.cancel_scope.cancel()
         assert await trio.to_thread.run_sync(host.wait) == 0
     finally:
@@ -152,6 +152,8 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
     assert seen["ended"].startswith("── end of turn 1: aborted user")
     assert seen["idle"] == "IDLE"
     assert "live elsewhere" in seen["roots_before"] and "persisted" in seen["roots_after"]
+    assert seen["damaged"].startswith(f"the log is damaged: session '{worker}' is corrupt at seq ")
+    assert seen["damaged_status"].startswith("the live feed stopped: the log is damaged")
     for name in ("overview", "tree", "session"):
         assert (shots / f"web-{name}.png").stat().st_size > 0
 
@@ -177,7 +179,14 @@ def release(host: subprocess.Popen[str], line: str) -> None:
     host.stdin.flush()
 
 
-def _browse(url: str, host: subprocess.Popen[str], worker: str, shots: Path) -> dict[str, Any]:
+def _garble_tail(root: Path, sid: str) -> None:
+    """A line that is no record, after the log's last one."""
+    [log] = (root / "sessions" / sid).glob("session.jsonl*")
+    with log.open("ab") as out:
+        out.write(b'{"seq": 99, "type": garbled\n')
+
+
+def _browse(url: str, root: Path, host: subprocess.Popen[str], worker: str, shots: Path) -> dict[str, Any]:
     from playwright.sync_api import expect, sync_playwright
 
     seen: dict[str, Any] = {"dialogs": [], "console": []}
@@ -242,6 +251,12 @@ def _browse(url: str, host: subprocess.Popen[str], worker: str, shots: Path) -> 
             release(host, "bye")
             page.wait_for_selector("main table td:text-is('persisted')")
             seen["roots_after"] = page.inner_text("main table")
+            # The worker's page while its log is damaged under it: said where its events stop.
+            page.goto(url + f"/session/{worker}")
+            page.wait_for_selector("#live-status:has-text('following new events')")
+            _garble_tail(root, worker)
+            seen["damaged"] = page.inner_text("li.diagnostic[data-type='damaged'] pre")
+            seen["damaged_status"] = page.inner_text("#live-status")
         finally:
             browser.close()
     return seen

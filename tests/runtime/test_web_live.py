@@ -18,7 +18,7 @@ from descriptors import descriptor
 from events import turn_end_event, turn_start_event
 from pg_server import EmbeddedServer
 from subagents.runtime.hosts.web.app import WebSettings, build_app
-from subagents.runtime.hosts.web.pulse import CorpusPulse, Pulse
+from subagents.runtime.hosts.web.pulse import CorpusPulse, LiveRoute, Pulse
 from subagents.runtime.hosts.web.security import Access
 from subagents.runtime.hosts.web.serve import allowed_hosts, serve_console
 from subagents.runtime.read_side import open_read_side
@@ -175,6 +175,44 @@ async def test_the_pulse_says_when_the_store_is_gone_and_when_it_is_back(root: P
         assert (back.generation, back.problem) == (2, None)
 
 
+async def test_a_store_gone_from_the_first_look_is_news_when_it_comes(root: Path) -> None:
+    async with open_read_side(str(root)) as side:
+        await side.query.list_sessions()  # the side opened while the store was there
+        away = root.with_name("away")
+        root.rename(away)
+        pulse = CorpusPulse(side, interval=0.05)
+        with trio.fail_after(HANG):
+            gone = await pulse.after(-1)
+            assert gone.generation == 1 and gone.problem is not None
+            away.rename(root)
+            back = await pulse.after(1)
+        assert (back.generation, back.problem, back.changed) == (2, None, ())
+
+
+async def test_a_live_client_that_goes_away_ends_its_stream(root: Path) -> None:
+    """The stream ends as soon as its client is gone: it waits for no look, and makes none."""
+    async with open_read_side(str(root)) as side:
+        pulse = CorpusPulse(side, interval=3600)  # a look after the first would take an hour
+        sent: list[bytes] = []
+        gone = trio.Event()
+
+        async def receive() -> dict[str, object]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            body = message.get("body", b"")
+            assert isinstance(body, bytes)
+            sent.append(body)
+            if body.startswith(b"event: store"):
+                gone.set()
+
+        with trio.fail_after(HANG):
+            await LiveRoute(pulse)({"type": "http"}, receive, send)
+        assert pulse.looks == 1
+        assert sent[-1] == b'event: store\ndata: {"up": true, "problem": null}\n\n'
+
+
 async def test_the_pulse_interval_must_be_positive(root: Path) -> None:
     async with open_read_side(str(root)) as side:
         with pytest.raises(ValueError, match="positive"):
@@ -238,7 +276,7 @@ async def test_a_log_damaged_under_the_session_feed_is_said_and_the_feed_ends(ro
                 assert (name, data["seq"], data["type"]) == ("message", 2, "turn/end")
                 await trio.to_thread.run_sync(_garble_tail, root, "lead")
                 name, data = await _next(lines)
-                assert name == "problem"
+                assert name == "problem" and data["damaged"] is True
                 assert str(data["problem"]).startswith("the log is damaged: session 'lead' is corrupt at seq 3")
                 assert [line async for line in lines if line] == []  # and the feed ends
 

@@ -283,7 +283,9 @@ class _EventsRoute:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
                 if isinstance(item, Broken):  # damaged under the feed: said once, and the feed ends
-                    await send({"type": "http.response.body", "body": _problem(_damage(item)), "more_body": True})
+                    await send(
+                        {"type": "http.response.body", "body": _problem(_damage(item), item.damaged), "more_body": True}
+                    )
                     return
                 for entry in transcript([item.event], session_id=sid)[:-1]:  # no usage total
                     data = json.dumps({"seq": item.event.seq, "type": entry["type"], "lines": render([entry])})
@@ -332,8 +334,11 @@ class _Guard:
         await self.app(scope, receive, secured)
 
 
-def _problem(text: str) -> bytes:
-    return f"event: problem\ndata: {json.dumps({'problem': text})}\n\n".encode()
+def _problem(text: str, damaged: bool | None = None) -> bytes:
+    # `damaged`, when known: true, the page stops asking (it would hear the same); false, it
+    # asks again later (a store that failed a read may answer the next).
+    data: dict[str, object] = {"problem": text} if damaged is None else {"problem": text, "damaged": damaged}
+    return f"event: problem\ndata: {json.dumps(data)}\n\n".encode()
 
 
 def _damage(broken: Broken) -> str:

@@ -102,8 +102,8 @@ class CorpusPulse:
             return
         before = self._marks
         self._marks = marks
-        if before is None:  # the first answer is the baseline (or the store is back)
-            if current.problem is not None or self.looks > 0:
+        if before is None:  # the first answer is the baseline; after a failed first look, news
+            if current.problem is not None:
                 self.current = Pulse(current.generation + 1, None)
             return
         changed = [sid for sid, mark in marks.items() if before.get(sid) != mark]

@@ -33,12 +33,14 @@
     source.onopen = () => { status.textContent = "following new events"; };
     source.onmessage = (message) => add(JSON.parse(message.data));
     source.addEventListener("problem", (message) => {
-      // The log cannot be followed further (damaged): said in the transcript, where it stops,
-      // and not asked again (it would say the same).
-      const problem = JSON.parse(message.data).problem;
+      const data = JSON.parse(message.data);
+      status.textContent = "the live feed stopped: " + data.problem;
+      if (data.damaged !== true) return; // asked again after RETRY_MS (the stream ends next)
+      // Damaged under the feed: said in the transcript, where its events stop, and not asked
+      // again (it would say the same).
+      const problem = data.problem;
       source.close();
       stopped = true;
-      status.textContent = "the live feed stopped: " + problem;
       const entry = document.createElement("li");
       entry.className = "entry diagnostic";
       entry.dataset.type = "damaged";
@@ -50,7 +52,9 @@
     source.onerror = () => {
       source.close();
       if (stopped) return;
-      status.textContent = "the live feed is interrupted (the console or its store is gone); retrying";
+      if (!status.textContent.startsWith("the live feed stopped")) {
+        status.textContent = "the live feed is interrupted (the console or its store is gone); retrying";
+      }
       setTimeout(follow, RETRY_MS);
     };
   }
