@@ -154,6 +154,8 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
     assert "live elsewhere" in seen["roots_before"] and "persisted" in seen["roots_after"]
     assert seen["damaged"].startswith(f"the log is damaged: session '{worker}' is corrupt at seq ")
     assert seen["damaged_status"].startswith("the live feed stopped: the log is damaged")
+    assert seen["banner"].startswith("The store does not answer (")
+    assert (seen["unavailable"], seen["banner_after"]) == ("Store unavailable", False)
     for name in ("overview", "tree", "session"):
         assert (shots / f"web-{name}.png").stat().st_size > 0
 
@@ -257,6 +259,20 @@ def _browse(url: str, root: Path, host: subprocess.Popen[str], worker: str, shot
             _garble_tail(root, worker)
             seen["damaged"] = page.inner_text("li.diagnostic[data-type='damaged'] pre")
             seen["damaged_status"] = page.inner_text("#live-status")
+            # The store moved away under an open page: a banner; a page loaded meanwhile is
+            # "Store unavailable", and loads itself again once the store is back.
+            page.goto(url + "/")
+            page.wait_for_selector("body[data-store='up']")
+            away = root.with_name("away")
+            root.rename(away)
+            seen["banner"] = page.wait_for_selector("#store-banner", state="visible").inner_text()
+            page.goto(url + "/")
+            seen["unavailable"] = page.inner_text("h1")
+            page.wait_for_selector("body[data-store='down']")
+            away.rename(root)
+            page.wait_for_selector("h1:text-is('Overview')")  # it loaded itself again
+            page.wait_for_selector("body[data-store='up']")
+            seen["banner_after"] = page.is_visible("#store-banner")
         finally:
             browser.close()
     return seen
