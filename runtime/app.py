@@ -34,7 +34,7 @@ from .agent.loop import Agent, AgentConfig
 from .agent.mailbox_owner import MailboxOwners
 from .agent.model_record import ModelFactory
 from .agent.registry import AgentRegistry, SessionTools
-from .agent.tree_ledger import TreeLedger, TreeSpent
+from .agent.tree_ledger import Seeded, TreeLedger
 from .delegation.agent_types import AgentType
 from .delegation.listing import ListingService
 from .delegation.listing_stall import STALL_AFTER
@@ -260,7 +260,7 @@ async def open_runtime(
 
                 prices = prices if prices is not None else PriceTable()
 
-                async def seed(session_id: str) -> TreeSpent:
+                async def seed(session_id: str) -> dict[str, Seeded]:
                     return await descendant_spent(query, listing, session_id, prices)
 
                 ledger = TreeLedger(prices=prices, seeder=seed)

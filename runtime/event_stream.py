@@ -40,7 +40,7 @@ pump and follower tasks are owned by the nursery `open_event_stream` opens.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import attrs
@@ -344,6 +344,7 @@ async def open_event_stream(
     inherited: bool = True,
     descendants: bool = True,
     follow_interval: float = DEFAULT_FOLLOW_INTERVAL,
+    known: Mapping[str, Mark] | None = None,
     on_broken: Callable[[str, StorageError], None] | None = None,
 ) -> AsyncIterator[EventStream]:
     """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
@@ -354,9 +355,14 @@ async def open_event_stream(
     events), so a forked session starts at its `session/end-seed` marker. `descendants=False`
     follows the root alone (its children's logs are never read). `follow_interval`: seconds
     between two looks at the logs of tracked sessions not live in this runtime (where no change
-    notification wakes it sooner). `on_broken(session_id, error)` is called (in the pump's task,
-    after every event read before it was delivered) when a tracked session's log cannot be
-    read any more and the stream stops following it. Leaving the block stops the stream."""
+    notification wakes it sooner). `known`: sessions of the tree, each with a record boundary
+    of its log (`(log size, event count)`, as a listing's record has it), followed from that
+    end on: only the bytes past it are read and its history is not (the root's too, whatever
+    `from_seq`; so the children its history names must be among them — the web console's tree
+    feed gives the root and its listed descendants). `on_broken(session_id, error)` is called
+    (in the pump's task, after every event read before it was delivered) when a tracked
+    session's log cannot be read any more and the stream stops following it. Leaving the block
+    stops the stream."""
     if type(from_seq) is not int or from_seq < 0:
         raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
     follow_interval = check_interval(follow_interval)
@@ -365,6 +371,9 @@ async def open_event_stream(
     # Subscribed before the first read, so nothing durable after that read can be missed.
     with query.sessions.feed.subscribe(feed_capacity) as subscription:
         pump = _Pump(query, subscription, send, finish, inherited, descendants, follow_interval, on_broken)
+        for session_id, (size, end) in (known or {}).items():
+            pump.tracked[session_id] = _Tracked(end, cursor=end, mark=(size, end))
+            pump.unread.append(session_id)
         pump.track(root_id, from_seq)
 
         def finish_stream() -> None:

@@ -32,6 +32,7 @@ import attrs
 import msgspec
 from subagents.storage import Event, Offset, SessionHeader
 
+from .foundation.budgets import TurnCount, count_turns
 from .foundation.pricing import PriceTable, format_cost
 
 __all__ = [
@@ -56,6 +57,7 @@ ASSISTANT: Final = "assistant/message"
 CONTINUE: Final = "turn/continue"
 MODEL: Final = "session/model"
 TURN: Final = "turn/start"
+TURN_END: Final = "turn/end"  # a budget's end of a turn with no model call: not counted
 # Compaction's summary call is a model call too: its `usage` is counted in the turn its
 # `compaction/start` names.
 SUMMARY: Final = "compaction/summary"
@@ -461,13 +463,15 @@ class UsageUnit:
     """The `usage` unit: a session's own token totals. State `{own_from: K, input_tokens,
     output_tokens, calls, reported}` (plus `unknown_calls` and the cache counts when not 0),
     `model` (the one its last `session/model` named) and `models` (`{model: [input, output, cache
-    read, cache written]}`, what cost is derived from); the view is the counts (`Tokens.to_json`
-    with `models`)."""
+    read, cache written]}`, what cost is derived from), `turns` (its turns that count: budgets.py
+    `turn_counted`) and `bare` (its last turn has recorded no model call yet); the view is the
+    counts (`Tokens.to_json` with `models` and `turns`)."""
 
     key = "usage"
-    # 2: `model` and `models`; 3: `turns` (an older row is not read: its log is)
-    state_version = 3
-    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL, SUMMARY, TURN})
+    # 2: `model` and `models`; 3: `turns`; 4: `turns` less a turn a budget refused before its
+    # first call, and `bare` (an older row is not read: its log is)
+    state_version = 4
+    types: Final = frozenset({ASSISTANT, CONTINUE, MODEL, SUMMARY, TURN, TURN_END})
 
     def initial(self, header: SessionHeader, inherited_event_count: Offset) -> dict[str, Any]:
         return {"own_from": inherited_event_count, **Tokens().to_json()}
@@ -497,13 +501,13 @@ class UsageUnit:
         models = {m: list(n) for m, *n in t.models}
         before = state.get("model", "")
         before = model = before if type(before) is str else ""
-        turns = turns_of(state)
+        counted = TurnCount(turns_of(state), state.get("bare") is True)
         changed = False
         for event in events:
             if event.type == MODEL:
                 changed, model = True, recorded_model(event)
-            elif event.type == TURN and event.seq >= own_from:
-                changed, turns = True, turns + 1
+        if (after := count_turns(events, own_from, counted)) != counted:
+            changed, counted = True, after
         for reply in _own_replies(events, own_from, before):
             changed = True
             _count(counts, reply, models)
@@ -514,8 +518,10 @@ class UsageUnit:
             out["model"] = model
         if models:
             out["models"] = _models_json(_tokens(counts, models).models)
-        if turns:
-            out["turns"] = turns
+        if counted.turns:
+            out["turns"] = counted.turns
+        if counted.bare:
+            out["bare"] = True
         return out
 
     def view(self, state: dict[str, Any]) -> dict[str, Any]:

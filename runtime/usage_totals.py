@@ -22,7 +22,7 @@ from .query import SessionQuery, SessionRecord
 from .usage import USAGE_UNIT, SessionUsage, Tokens, TreeUsage, cost_of, turns_of, usage_of
 
 if TYPE_CHECKING:
-    from .agent.tree_ledger import TreeSpent
+    from .agent.tree_ledger import Seeded
 
 __all__ = [
     "descendant_spent",
@@ -49,16 +49,21 @@ async def session_usage(query: SessionQuery, session_id: str) -> SessionUsage:
 OBSERVERS = 8  # sessions `own_totals` reads at once when no cell or row answers
 
 
-async def own_totals(query: SessionQuery, records: Sequence[SessionRecord]) -> dict[str, Tokens | None]:
+async def own_totals(
+    query: SessionQuery, records: Sequence[SessionRecord], *, observe: bool = True
+) -> dict[str, Tokens | None]:
     """Each record's own totals (None: damaged or unreadable), keyed by id: a live session from
     its `usage` cell, a cold one from a checkpoint row of its lifecycle that covers its whole log,
     else one observation (at most `OBSERVERS` at once, their reads in one group). Never raises
-    for one session's trouble."""
-    values = await _own_values(query, records)
+    for one session's trouble. `observe=False`: no log is read, and a record neither a cell nor
+    a row answers for is left out of the answer (the web console's roots page: bounded work)."""
+    values = await _own_values(query, records, observe=observe)
     return {sid: None if value is None else Tokens.from_json(value) for sid, value in values.items()}
 
 
-async def _own_values(query: SessionQuery, records: Sequence[SessionRecord]) -> dict[str, dict[str, Any] | None]:
+async def _own_values(
+    query: SessionQuery, records: Sequence[SessionRecord], *, observe: bool = True
+) -> dict[str, dict[str, Any] | None]:
     """`own_totals`' answers as the unit's views (its counts and `turns`)."""
     out: dict[str, dict[str, Any] | None] = {}
     live_refs, live_ids, cold = [], [], []
@@ -83,16 +88,16 @@ async def _own_values(query: SessionQuery, records: Sequence[SessionRecord]) -> 
                 out[sid] = None  # a broken cell
             else:
                 out[sid] = _valid(answer.get(USAGE_UNIT.key))
-    observe = []
+    observing = []
     if cold:
         rows = await query.checkpoint_rows([r.id for r in cold], [USAGE_UNIT.key])
         for record in cold:
             found = _from_rows(record, rows.get(record.id, ()))
             if found is None:
-                observe.append(record)
+                observing.append(record)
             else:
                 out[record.id] = found
-    if observe:
+    if observing and observe:
         group = ReadGroup()
         limiter = trio.CapacityLimiter(OBSERVERS)
 
@@ -105,9 +110,9 @@ async def _own_values(query: SessionQuery, records: Sequence[SessionRecord]) -> 
                     out[record.id] = None
 
         async with trio.open_nursery() as nursery:
-            for record in observe:
+            for record in observing:
                 nursery.start_soon(observe_one, record)
-    return {r.id: out.get(r.id) for r in records}
+    return {r.id: out.get(r.id) for r in records if observe or r.id in out}
 
 
 def _valid(value: object) -> dict[str, Any] | None:
@@ -202,27 +207,35 @@ def tree_json(tree: TreeUsage) -> dict[str, Any]:
 
 async def descendant_spent(
     query: SessionQuery, listing: ListingService, session_id: str, prices: PriceTable
-) -> TreeSpent:
-    """What `session_id`'s descendants have spent, for the tree ledger's seed (runtime/agent/
-    tree_ledger.py): their tokens (every kind), cost at `prices` (None: unknown), how many
-    there are and the turns they started. From their cells and checkpoint rows (`own_totals`), a log only when neither
-    answers. A descendant that cannot be read counts as nothing spent — it is still bounded by
-    its own recorded budget; a tree that cannot be listed, likewise (a warning is logged)."""
-    from .agent.tree_ledger import TreeSpent
+) -> dict[str, Seeded]:
+    """`session_id`'s descendants for the tree ledger's seed (runtime/agent/tree_ledger.py), by
+    id: each one's parent and own spending — tokens (every kind), cost at `prices` (None:
+    unknown), turns started. From their cells and checkpoint rows (`own_totals`), a log only
+    when neither answers. A descendant that cannot be read counts as nothing spent — it is still
+    bounded by its own recorded budget; a tree that cannot be listed, likewise (a warning is
+    logged)."""
+    from .agent.tree_ledger import OwnSpent, Seeded
 
     try:
         rows = await listing.list_descendants(session_id)
         corpus: dict[str, SessionRecord] = {r.id: r for r in await query.list_sessions()}
     except SubagentsError as exc:
         _log.warning("the budget of %s is seeded without its descendants: %s", session_id, exc)
-        return TreeSpent()
+        return {}
     wanted = [corpus[row.id] for row in rows if not isinstance(row, DiagnosticRow) and row.id in corpus]
-    values = [v for v in (await _own_values(query, wanted)).values() if v is not None]
-    total = sum((Tokens.from_json(v) or Tokens() for v in values), Tokens())
-    tokens = total.input_tokens + total.output_tokens + total.cache_read_tokens + total.cache_write_tokens
-    cost = cost_of(total, prices) if total.calls or total.unknown_calls else 0.0
-    turns = sum(turns_of(v) for v in values)
-    return TreeSpent(tokens=tokens, cost=cost, descendants=len(rows), turns=turns)
+    values = await _own_values(query, wanted)
+    out: dict[str, Seeded] = {}
+    for row in rows:
+        value = values.get(row.id)
+        tokens = (Tokens.from_json(value) if value is not None else None) or Tokens()
+        cost = cost_of(tokens, prices) if tokens.calls or tokens.unknown_calls else 0.0
+        unpriced = None
+        if cost is None:  # the model without a price, if that is why
+            unpriced = next((m or "(none recorded)" for m, *_n in tokens.models if prices.price_of(m) is None), None)
+        count = tokens.input_tokens + tokens.output_tokens + tokens.cache_read_tokens + tokens.cache_write_tokens
+        spent = OwnSpent(tokens=count, cost=cost, unpriced=unpriced, turns=turns_of(value))
+        out[row.id] = Seeded(parent=row.parent_id or session_id, spent=spent)
+    return out
 
 
 async def prompt_usage_fields(

@@ -42,7 +42,7 @@ from subagents.actors import Abort, ActorStopped, DurableFeed, EventDraft, Sessi
 from subagents.storage import Continuation, Event, StorageError, decode_payload
 from trio_util import AsyncValue, RepeatedEvent
 
-from ..foundation.budgets import DEADLINE_TEXT, Budget, Spent, exhausted, remainder, spent_of
+from ..foundation.budgets import DEADLINE_TEXT, Budget, Spent, count_turns, exhausted, remainder, spent_of, turn_counted
 from ..foundation.clock import Clock
 from ..foundation.errors import AgentStopped
 from ..models.base import (
@@ -156,6 +156,9 @@ class Agent(ModelSteps, ToolSteps):
         self.budget: Budget | None = None if budget is None or budget.unlimited else budget
         self.spent = spent_of(events, session.inherited_event_count) if self.budget is not None else Spent()
         self._budget_stop: str | None = None  # the budget that ran out mid-turn (its message)
+        # Whether the turn in progress recorded a model call: a continued one's may have before
+        # the crash (what its log says).
+        self._turn_called = continuation is not None and not count_turns(events, session.inherited_event_count).bare
         ledger = config.ledger  # budgets shared down the tree: joined when the driver starts
         self._own_spent = own_spent(events, session.inherited_event_count, ledger.prices) if ledger else None
         self._turn_deadline = math.inf  # the budget's deadline on Trio's clock, for this turn
@@ -319,6 +322,7 @@ class Agent(ModelSteps, ToolSteps):
         self.turn += 1
         turn = self.turn
         abort = self._begin()
+        self._turn_called = False
         self.spent = attrs.evolve(self.spent, turns=self.spent.turns + 1)
         if self.config.ledger is not None:
             self.config.ledger.turn_started(self.session_id)  # holds its reservation again
@@ -333,6 +337,7 @@ class Agent(ModelSteps, ToolSteps):
         `turn/continue` is durable already (the registry wrote it); the turn counts in the
         budget once, as it did when it started."""
         self.turn = plan.turn
+        self._turn_called = self._turn_called or plan.lost_model_call  # a lost call was sent
         abort = self._abort
         if abort is None:
             abort = self._abort = Abort()
@@ -453,6 +458,8 @@ class Agent(ModelSteps, ToolSteps):
                 pending = self.inbox.claim_step()
                 continue
             break
+        if not turn_counted(self._turn_called, reason["kind"]):
+            self._refund_turn()  # before any await: nothing reads the count in between
         self._stage("turn/end", {"turn": turn, "reason": reason})
         with trio.CancelScope(shield=True):
             await self._flush()
@@ -467,6 +474,13 @@ class Agent(ModelSteps, ToolSteps):
             self._stage("step/start", {"turn": turn, "step": step})
             self._stage_input(turn, step, pending)
             self._stage("step/end", {"turn": turn, "step": step})
+
+    def _refund_turn(self) -> None:
+        """A budget ended the turn before any model call of it was recorded: it does not count
+        as started (budgets.py `turn_counted`), here and in every ancestor's count."""
+        self.spent = attrs.evolve(self.spent, turns=max(0, self.spent.turns - 1))
+        if self.config.ledger is not None:
+            self.config.ledger.turn_refused(self.session_id)
 
     def _aborted(self) -> Json:
         if self._budget_stop is not None:

@@ -16,6 +16,7 @@ from subagents.actors import Abort, EventDraft, SessionRef
 from subagents.storage import Event
 from trio_util import RepeatedEvent
 
+from ..foundation.budgets import CALL_TYPES
 from ..foundation.clock import Clock
 from ..models.messages import Surface, message, text_blocks
 from .agent_config import AgentConfig
@@ -42,6 +43,7 @@ class StepWriter:
     _turn_deadline: float  # the budget's deadline on Trio's clock, for this turn
     recorded_deliveries: set[str]
     deliveries_recorded: RepeatedEvent
+    _turn_called: bool  # the turn in progress has recorded a model call (budgets.py `turn_counted`)
 
     def note_recorded(self, *delivery_ids: str) -> None:
         """Mailbox deliveries whose recording event is durable now (the owner acks them)."""
@@ -53,6 +55,8 @@ class StepWriter:
         raise NotImplementedError
 
     def _stage(self, type: str, data: Json, **envelope: Any) -> None:
+        if type in CALL_TYPES:
+            self._turn_called = True
         self._staged.append(EventDraft(type=type, data=data, time=self.clock.now_ms(), **envelope))
 
     async def _flush(self) -> list[Event]:

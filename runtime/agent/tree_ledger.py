@@ -3,12 +3,23 @@
 Theory of operation. Every agent of a runtime joins its `TreeLedger` (one per runtime, built by
 `open_runtime`) with its parent's id, its budget and what its tree had spent when it joined:
 its own usage records (from the events its resume read) plus, for a session whose budget limits
-anything the tree shares, its descendants' (`seed`, from their `usage` cells and checkpoint rows
-— runtime/usage.py `descendant_totals` — read once, at join). From then on nothing is re-read:
-each recorded reply (a step's or compaction's) is charged (`charge`) to its session and every
-ancestor in the ledger, and each new turn (`turn_started`) likewise, so an ancestor's spent total
-is a dict walk, not a read of every descendant's log. A turn is checked against every
-`max_turns` of the chain before its first call.
+anything the tree shares, its descendants' (`seeder`: their tree and each one's own spending,
+from their `usage` cells and checkpoint rows — runtime/usage_totals.py `descendant_spent` — read
+once, at join). From then on nothing is re-read: each recorded reply (a step's or compaction's)
+is charged (`charge`) to its session and every ancestor in the ledger, and each new turn
+(`turn_started`) likewise — less a turn a budget refused before its first call (`turn_refused`,
+budgets.py `turn_counted`) — so an ancestor's spent total is a dict walk, not a read of every
+descendant's log. A turn is checked against every `max_turns` of the chain before its first call.
+
+Joining is exact whatever runs meanwhile. The read awaits, and a descendant in the ledger may
+be charged (or join) during it: its charge stops below the joining session, which is not in the
+ledger yet, and the read may or may not have seen it. So the read's totals are not added up
+until it returns, and then in one synchronous step (nothing interleaves) the descendants that
+are in the ledger by then bring their ledger totals (all they were charged, their subtree's
+included) and only the others what the read found — each of those plus, by the same rule, its
+children. A node whose totals lack its descendants' spending from before it joined (it joined
+unseeded with children already) keeps its own spending apart (`_Node.own`) until such a join
+completes it.
 
 Reservations. Starting a child reserves its budget out of its parent's remainder (`start_child`):
 what a parent can give a new child is its limit less its tree's spending less what its open
@@ -37,10 +48,19 @@ import attrs
 import msgspec
 from subagents.storage import Event
 
-from ..foundation.budgets import Budget
+from ..foundation.budgets import Budget, count_turns
 from ..foundation.pricing import PriceTable, format_cost
 
-__all__ = ["CHARGED_COUNTS", "OwnSpent", "Seeder", "TreeLedger", "TreeSpent", "own_spent", "request_estimate"]
+__all__ = [
+    "CHARGED_COUNTS",
+    "OwnSpent",
+    "Seeded",
+    "Seeder",
+    "TreeLedger",
+    "TreeSpent",
+    "own_spent",
+    "request_estimate",
+]
 
 # The disjoint counts of a usage record a token budget adds up (`reasoning_tokens` is a part of
 # `output_tokens`, not one more).
@@ -103,12 +123,10 @@ def own_spent(events: Iterable[Event], inherited_event_count: int, prices: Price
     """A session's own spending over its own suffix, for `join`. Bad payloads are not counted
     (as in runtime/usage.py)."""
     model: str | None = None
-    tokens, cost, unpriced, parent, turns = 0, 0.0, None, False, 0
+    tokens, cost, unpriced, parent = 0, 0.0, None, False
     for event in events:
         if event.type == "subagent/catalog" and event.seq >= inherited_event_count:
             parent = True  # it started children: a resume reads what they spent
-        elif event.type == "turn/start" and event.seq >= inherited_event_count:
-            turns += 1
         elif event.type == "session/model":
             try:
                 model = _model.decode(event.data).model
@@ -131,11 +149,21 @@ def own_spent(events: Iterable[Event], inherited_event_count: int, prices: Price
                 unpriced = unpriced or (model or "(none recorded)")
             else:
                 cost += price.cost(*counts)
+    turns = count_turns(events, inherited_event_count).turns
     return OwnSpent(tokens=tokens, cost=None if unpriced else cost, unpriced=unpriced, parent=parent, turns=turns)
 
 
-# session id → what its descendants (not itself) have spent, read from the store.
-Seeder = Callable[[str], Awaitable[TreeSpent]]
+@attrs.frozen
+class Seeded:
+    """A descendant as the store has it when a session joins: its parent and its own spending
+    (`spent.parent` is not read: the tree is the parents)."""
+
+    parent: str
+    spent: OwnSpent
+
+
+# session id → its descendants (not itself) by id, read from the store.
+Seeder = Callable[[str], Awaitable[Mapping[str, Seeded]]]
 
 
 @attrs.define(eq=False)
@@ -149,6 +177,28 @@ class _Node:
     open: bool = True  # holds its reservation (started or in a turn, not settled)
     inflight: int = 0  # the estimates of its tree's calls sent and not yet charged
     unpriced: str | None = None  # a model of its tree that has no price (why its cost is unknown)
+    # Its own spending, kept only while its totals lack its descendants' from before it joined
+    # (None: they are its whole tree's). A join above it uses this and completes it.
+    own: OwnSpent | None = None
+
+
+@attrs.define
+class _Sum:
+    """A subtree's totals being added up by `TreeLedger._combine`."""
+
+    tokens: int = 0
+    cost: float | None = 0.0
+    unpriced: str | None = None
+    turns: int = 0
+    descendants: int = 0
+
+    def add(self, tokens: int, cost: float | None, unpriced: str | None, turns: int) -> None:
+        self.tokens += tokens
+        self.turns += turns
+        if cost is None or self.cost is None:
+            self.cost, self.unpriced = None, self.unpriced or unpriced or "(usage not reported)"
+        else:
+            self.cost += cost
 
 
 @attrs.define(eq=False)
@@ -173,26 +223,69 @@ class TreeLedger:
 
     async def join(self, session_id: str, parent: str | None, budget: Budget | None, own: OwnSpent) -> None:
         """Enter (or enter again) a session: its own spending `own`, its descendants' from the
-        seeder when its budget is shared and it started children. A session already here keeps
-        its totals (they have been charged all along)."""
+        seeder when its budget is shared and it started children (see the module docstring:
+        exact whatever is charged while the seeder reads). A session already here keeps its
+        totals (they have been charged all along)."""
         node = self._nodes.get(session_id)
         if node is not None:
             node.budget, node.open = budget, True
             return
-        spent = TreeSpent(own.tokens, own.cost, 0, own.turns)
+        seeds: Mapping[str, Seeded] | None = None
         if self.seeder is not None and self.shares(budget) and own.parent:
-            below = await self.seeder(session_id)
-            spent = TreeSpent(
-                spent.tokens + below.tokens,
-                None if spent.cost is None or below.cost is None else spent.cost + below.cost,
-                below.descendants,
-                spent.turns + below.turns,
-            )
+            seeds = await self.seeder(session_id)
         if session_id in self._nodes:  # joined meanwhile (the seeder awaited)
             return
-        self._nodes[session_id] = _Node(
-            parent, budget, spent.tokens, spent.cost, spent.descendants, spent.turns, unpriced=own.unpriced
-        )
+        # Unseeded with children already: its totals lack theirs, so its own are kept apart.
+        incomplete = seeds is None and own.parent
+        node = _Node(parent, budget, own.tokens, own.cost, 0, own.turns, unpriced=own.unpriced)
+        node.own = own if incomplete else None
+        self._nodes[session_id] = node
+        if seeds is not None:
+            self._combine(session_id, own, seeds)  # no await since the read: nothing interleaves
+
+    def _combine(self, root: str, own: OwnSpent, seeds: Mapping[str, Seeded]) -> None:
+        """Set the totals of `root` (just entered) to its whole tree's: `own`, and for each
+        session below it, the ledger's totals where they are complete, else its own spending
+        (the ledger's, else the read's `seeds`) plus, by the same rule, its children's. The
+        incomplete ones met are completed on the way."""
+        children: dict[str, dict[str, None]] = {}  # parent → children, in order, once each
+        for sid, seed in seeds.items():
+            children.setdefault(seed.parent, {})[sid] = None
+        for sid, each in self._nodes.items():
+            if each.parent is not None:
+                children.setdefault(each.parent, {})[sid] = None
+        # The sessions whose own spending is added up (parents before children); a complete
+        # node below brings its totals instead, and its subtree is not walked.
+        order: list[str] = []
+        stack, seen = [root], {root}
+        while stack:
+            sid = stack.pop()
+            order.append(sid)
+            for child in children.get(sid, {}):
+                node = self._nodes.get(child)
+                if child not in seen and (node is None or node.own is not None):
+                    seen.add(child)
+                    stack.append(child)
+        sums: dict[str, _Sum] = {}
+        for sid in reversed(order):  # children before parents: each sum is whole when read
+            node = self._nodes.get(sid)
+            mine = own if sid == root else node.own if node is not None and node.own is not None else None
+            if mine is None:
+                mine = seeds[sid].spent if sid in seeds else OwnSpent()
+            total = sums[sid] = _Sum()
+            total.add(mine.tokens, mine.cost, mine.unpriced, mine.turns)
+            for child in children.get(sid, {}):
+                below = self._nodes.get(child)
+                if child in sums:
+                    sub = sums[child]
+                    total.add(sub.tokens, sub.cost, sub.unpriced, sub.turns)
+                    total.descendants += 1 + sub.descendants
+                elif below is not None and below.own is None and child != root:
+                    total.add(below.tokens, below.cost, below.unpriced, below.turns)
+                    total.descendants += 1 + below.descendants
+            if node is not None:  # the root, or an incomplete one: whole from now on
+                node.tokens, node.cost, node.unpriced = total.tokens, total.cost, total.unpriced
+                node.turns, node.descendants, node.own = total.turns, total.descendants, None
 
     def leave(self, session_id: str) -> None:
         """A session stopped here: its totals stay for its ancestors (they have them already);
@@ -208,8 +301,20 @@ class TreeLedger:
         node = self._nodes.get(session_id)
         if node is not None:
             node.open = True
+            if node.own is not None:
+                node.own = attrs.evolve(node.own, turns=node.own.turns + 1)
         for _sid, each in self._chain(session_id):
             each.turns += 1
+
+    def turn_refused(self, session_id: str) -> None:
+        """Its turn ended by a budget before any model call of it was recorded (budgets.py
+        `turn_counted`): not counted after all — one turn less for it and every ancestor, as
+        the logs recount it."""
+        node = self._nodes.get(session_id)
+        if node is not None and node.own is not None:
+            node.own = attrs.evolve(node.own, turns=max(0, node.own.turns - 1))
+        for _sid, each in self._chain(session_id):
+            each.turns = max(0, each.turns - 1)
 
     def settled(self, session_id: str) -> None:
         """Its turn ended: what it did not use of its reservation returns to its parent."""
@@ -242,6 +347,15 @@ class TreeLedger:
                 usage.get("output_tokens", 0),
                 usage.get("cache_read_tokens", 0),
                 usage.get("cache_write_tokens", 0),
+            )
+        mine = self._nodes.get(session_id)
+        if mine is not None and mine.own is not None:
+            own = mine.own
+            mine.own = attrs.evolve(
+                own,
+                tokens=own.tokens + tokens,
+                cost=None if cost is None or own.cost is None else own.cost + cost,
+                unpriced=own.unpriced or (None if cost is not None else model or "(none recorded)"),
             )
         for _sid, node in self._chain(session_id):
             node.tokens += tokens

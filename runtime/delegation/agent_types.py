@@ -51,6 +51,7 @@ class AgentType:
             persona=self.prompt,
             tool_filter=ToolFilter(allow=list(self.tools)) if self.tools is not None else None,
             on_interrupted_turn=self.on_interrupted_turn,
+            agent_type=self.name,
         )
 
 

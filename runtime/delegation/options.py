@@ -47,6 +47,9 @@ class ChildOptions:
     on_interrupted_turn: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.in_(("continue", "close")))
     )
+    # The agent type that chose these options: written as the child's header `agent_preset` at
+    # its creation (what a listing shows), never in its descriptor.
+    agent_type: str | None = attrs.field(default=None, validator=_optional_str)
 
     @property
     def selects_model(self) -> bool:

@@ -193,7 +193,9 @@ class Spawning:
         await self.residency.wait_room(parent.session_id, abort)
         activation = self.residency.admit(child_id, parent.session_id)
         try:
-            child = await self._create_child(parent, reserved, provider, depth, descriptor, setup)
+            child = await self._create_child(
+                parent, reserved, provider, depth, descriptor, setup, agent_type=options.agent_type
+            )
         except BaseException:
             self.manager.forget(activation)
             raise
@@ -242,6 +244,7 @@ class Spawning:
                 depth,
                 SubagentDescriptor(mode="one-shot", provider=provider, label=label),
                 setup,
+                agent_type=budgeted.agent_type,
             )
         child_id = reserved.child_id
         try:
@@ -402,6 +405,8 @@ class Spawning:
         depth: int,
         descriptor: SubagentDescriptor,
         setup: _Setup,
+        *,
+        agent_type: str | None = None,
     ) -> Agent:
         child_id = reserved.child_id
         # A fork inherits the parent's events up to its last `turn/end` (captured once, at
@@ -415,6 +420,7 @@ class Spawning:
             parent_session=parent.session_id,
             origin="subagent",
             delegation_depth=depth,
+            agent_preset=agent_type,  # the agent type it was spawned as (listings show it)
             cwd=parent.session.header.cwd,
             fork=fork,
             first=[draft, *parent.child_trace(reserved.call_id)],  # its trace goes on under that call

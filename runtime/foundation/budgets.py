@@ -34,12 +34,16 @@ __all__ = [
     "DEADLINE_TEXT",
     "Budget",
     "Spent",
+    "CALL_TYPES",
+    "TurnCount",
     "budget_json",
+    "count_turns",
     "exhausted",
     "parse_budget",
     "remainder",
     "reply_tokens",
     "spent_of",
+    "turn_counted",
 ]
 
 DEADLINE_TEXT = "deadline reached"
@@ -152,17 +156,82 @@ def reply_tokens(event: Event) -> int:
 
 
 def spent_of(events: Iterable[Event], inherited_event_count: int) -> Spent:
-    """Turns started and tokens used over a session's own suffix (seq >= the inherited count):
-    a fork's inherited prefix was its parent's spending."""
-    turns = tokens = 0
+    """Turns started (`count_turns`) and tokens used over a session's own suffix (seq >= the
+    inherited count): a fork's inherited prefix was its parent's spending."""
+    tokens = 0
     for event in events:
-        if event.seq < inherited_event_count:
-            continue
-        if event.type == "turn/start":
-            turns += 1
-        elif event.type in ("assistant/message", "compaction/summary"):  # a model call's usage
+        if event.seq >= inherited_event_count and event.type in CALL_TYPES:  # a model call's usage
             tokens += reply_tokens(event)
-    return Spent(turns, tokens)
+    return Spent(count_turns(events, inherited_event_count).turns, tokens)
+
+
+# --- which turns count ------------------------------------------------------------------------
+
+# The events that record a model call (its reply, compaction's summary).
+CALL_TYPES = frozenset({"assistant/message", "compaction/summary"})
+
+
+def turn_counted(called: bool, reason_kind: object) -> bool:
+    """Whether a turn counts as started (for `max_turns`, its own and every ancestor's): every
+    turn does but one that a budget ended (`reason_kind` "budget") before any model call of it
+    was recorded (`called`) — its first call was refused, so nothing was sent. (A deadline that
+    cuts the first call before it answers leaves no record either: that turn does not count.)"""
+    return called or reason_kind != "budget"
+
+
+@attrs.frozen
+class TurnCount:
+    """A fold's running count: the turns counted, and whether the last turn started has
+    recorded no model call yet (`bare`: it is not counted if a budget ends it so)."""
+
+    turns: int = 0
+    bare: bool = False
+
+
+class _Reason(msgspec.Struct):
+    kind: object = None
+
+
+class _End(msgspec.Struct):
+    reason: _Reason | None = None
+
+
+class _Continue(msgspec.Struct):
+    lost_model_call: object = False
+
+
+_end = msgspec.json.Decoder(_End)
+_continue = msgspec.json.Decoder(_Continue)
+
+
+def count_turns(events: Iterable[Event], own_from: int, start: TurnCount = TurnCount()) -> TurnCount:
+    """The turns of the events at or after seq `own_from` that count (`turn_counted`), on top
+    of `start` (an earlier batch's count). A model call is an `assistant/message`, a
+    `compaction/summary` or a `turn/continue` that lost one (it was sent). A payload that does
+    not decode is read as no call and no budget end."""
+    turns, bare = start.turns, start.bare
+    for event in events:
+        if event.seq < own_from:
+            continue
+        kind = event.type
+        if kind == "turn/start":
+            turns, bare = turns + 1, True
+        elif kind in CALL_TYPES:
+            bare = False
+        elif kind == "turn/continue" and bare:
+            try:
+                bare = _continue.decode(event.data).lost_model_call is not True
+            except (msgspec.DecodeError, RecursionError):
+                pass
+        elif kind == "turn/end" and bare:
+            try:
+                reason = _end.decode(event.data).reason
+            except (msgspec.DecodeError, RecursionError):
+                reason = None
+            if not turn_counted(False, None if reason is None else reason.kind):
+                turns = max(0, turns - 1)
+            bare = False
+    return TurnCount(turns, bare)
 
 
 def exhausted(budget: Budget, spent: Spent, *, first_call: bool, now_ms: int | None) -> str | None:

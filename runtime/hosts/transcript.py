@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 from subagents.storage import Event, decode_payload
 
+from ..foundation.budgets import TurnCount, count_turns
 from ..foundation.json_values import JsonObject as Json
 from ..foundation.json_values import JsonValue
 from ..foundation.pricing import PriceTable, format_cost
@@ -45,13 +46,16 @@ def transcript(
     `inherited_event_count`) is framed by an `inherited` entry (naming `inherited_from`, the
     session it came from, when known) and an `own` entry where its own events start; `held`
     (another process writes the session now) puts a `live-elsewhere` entry first. A `turn/end` of
-    the own suffix whose turn made model calls carries that turn's `usage`; the last entry is
+    the own suffix whose turn made model calls carries that turn's `usage`, one a budget ended
+    before any model call `counted: false` (it does not count toward `max_turns`: budgets.py
+    `turn_counted`); the last entry is
     `{"type": "usage", "turns": [...], "total": {...}}`, the own suffix's usage (runtime/usage.py).
     With `prices` (a non-empty table), each usage object — a call's, a turn's, the total — gains
     `cost` (a number, or null when unknown), derived from the usage and the model recorded then."""
     out: list[Json] = []
     per_turn, total = usage_of(events, inherited_event_count)
     model = ""  # the model in force (`session/model`), for a call's cost
+    counted = TurnCount()  # the own turns that count toward `max_turns` (budgets.py)
 
     def priced(tokens: Tokens) -> Json:
         usage: Json = dict(tokens.to_json())
@@ -71,6 +75,7 @@ def transcript(
         kind = event.type
         if kind == MODEL:
             model = recorded_model(event)
+        before, counted = counted, count_turns((event,), inherited_event_count, counted)
         if kind not in _SHOWN:
             continue
         data = msgspec.to_builtins(decode_payload(event, session_id=session_id))
@@ -82,6 +87,8 @@ def transcript(
                 turn_usage = per_turn.get(data["turn"]) if event.seq >= inherited_event_count else None
                 if turn_usage is not None:
                     entry["usage"] = priced(turn_usage)
+                if counted.turns < before.turns:  # a budget ended it before any model call
+                    entry["counted"] = False
             elif "trigger" in data:
                 entry["trigger"] = data["trigger"]["kind"]
         elif kind == "turn/continue":
@@ -187,7 +194,8 @@ def render(entries: Sequence[Json]) -> list[str]:
         elif kind == "turn/end":
             reason = e["reason"]
             more = "".join(f" {reason[k]}" for k in ("cause", "message") if k in reason)
-            lines.append(f"── end of turn {e['turn']}: {reason['kind']}{more}")
+            uncounted = " (no model call: not counted as started)" if e.get("counted") is False else ""
+            lines.append(f"── end of turn {e['turn']}: {reason['kind']}{more}{uncounted}")
             line = _usage_line(e["usage"]) if "usage" in e else None
             if line is not None:
                 lines.append(f"   {line}")

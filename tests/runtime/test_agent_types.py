@@ -14,6 +14,7 @@ import trio
 from subagents.runtime import CountingIds, ScenarioClock, ScriptedModel, load_script, open_runtime
 from subagents.runtime.delegation.agent_types import agent_type_dirs, load_agent_types, parse_agent_type
 from subagents.runtime.models.base import Model, ModelRequest, SessionBinding
+from subagents.storage import FileLogStore
 from wrapped_models import WrappedModel
 
 REVIEWER = """---
@@ -37,6 +38,7 @@ def test_a_type_file_parses_to_its_child_options() -> None:
     )
     options = kind.options()
     assert options.persona == "You review code. Be terse."
+    assert options.agent_type == "reviewer"  # the child's header `agent_preset` (listings show it)
     assert options.tool_filter is not None and options.tool_filter.allow == ("read_file", "grep")
     assert not options.selects_model
     typed = parse_agent_type(
@@ -151,6 +153,12 @@ async def test_a_chosen_type_shapes_the_child_and_survives_a_cold_resume_without
     ((child_systems, child_tools),) = first.seen["child-1"]
     assert child_systems == ["You review code. Be terse."]
     assert child_tools == ["read_file", "grep"]  # the type's filter over every tool
+    store = FileLogStore(str(tmp_path / "root"), compression="none")
+    try:
+        info = store.stat("child-1")
+    finally:
+        store.close_store()
+    assert info is not None and info.header is not None and info.header.agent_preset == "reviewer"
 
     (tmp_path / "agents" / "reviewer.md").unlink()  # the type is gone; the descriptor keeps it
     second = Recording(

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 import trio
+from events import assistant_event
 from log_lines import read_all
 from subagents.runtime import Budget, ScenarioClock, open_runtime
 from subagents.runtime.agent.compaction import CompactionPolicy
@@ -29,6 +31,7 @@ from subagents.storage import FileLogStore
 from wrapped_models import WrappedModel
 
 Json = dict[str, Any]
+T0 = 1_700_000_000_000
 
 
 def _model(agents: list[Json], summaries: list[str] | None = None) -> ScriptedModel:
@@ -63,9 +66,9 @@ def _of(events: list[tuple[str, Json]], type_: str) -> list[Json]:
 async def test_a_descendants_turns_count_against_every_ancestors_max_turns(tmp_path: Path) -> None:
     """Root `max_turns` 4. Its first turn starts a worker (which gets the 3 turns left). The
     tree's turns: root 1, worker 1, root's notice 2 (3), worker 2 (4), root's notice 3 (5: the
-    root's own 3 are within its limit, its tree's are not: refused before its model call), worker
-    3 (6: within the worker's own 3, refused for the root's). No model call is made for a refused
-    turn."""
+    root's own 3 are within its limit, its tree's are not: refused before its model call, and
+    then not counted: 4), worker 3 (5: within the worker's own 3, refused for the root's; 4
+    again), root's notice 4 (5, refused). No model call is made for a refused turn."""
     model = _model(
         [
             {
@@ -96,14 +99,14 @@ async def test_a_descendants_turns_count_against_every_ancestors_max_turns(tmp_p
     assert _ends(worker) == [
         {"kind": "completed"},
         {"kind": "completed"},
-        {"kind": "budget", "message": "ancestor parent's max_turns 4 reached: 6 started (with its subagents')"},
+        {"kind": "budget", "message": "ancestor parent's max_turns 4 reached: 5 started (with its subagents')"},
     ]
     assert len(_of(worker, "assistant/message")) == 2
     assert _ends(root) == [
         {"kind": "completed"},
         {"kind": "completed"},
         {"kind": "budget", "message": "max_turns 4 reached: 5 started (with its subagents')"},
-        {"kind": "budget", "message": "max_turns 4 reached: 7 started (with its subagents')"},
+        {"kind": "budget", "message": "max_turns 4 reached: 5 started (with its subagents')"},
     ]
     assert len(_of(root, "assistant/message")) == 3  # delegate, started, noted 1
 
@@ -208,6 +211,166 @@ def test_the_usage_unit_counts_own_turns_for_a_seed_and_ignores_a_tampered_count
     assert one_by_one == state
     assert "turns" not in USAGE_UNIT.view({**state, "turns": "many"})
     assert USAGE_UNIT.fold({**state, "turns": -3}, events[2:])["turns"] == 1  # counted again from 0
+
+
+async def test_a_turn_refused_before_its_first_call_is_not_counted_live_cold_or_in_show(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Root `max_turns` 4, its worker 3. First process: root 1, worker 1, root's notice 2,
+    worker 2, then the root's notice 3 and the worker's 3 and the root's 4 are refused before
+    their first call: none counts (each refusal says 5 started, the tree's 4 and its own). A new
+    process resumes them from the logs (the root's own turns from its log, the worker's from
+    its `usage` row): the tree has 4 again, so the worker's next turn is refused for the root's
+    limit at 5 — within its own 3 (2 counted), which it would have crossed had its refused turn
+    counted. `show` marks the refused turns."""
+    from subagents.runtime.hosts.cli import main
+    from subagents.runtime.usage import USAGE_UNIT
+    from subagents.storage import SessionHeader
+
+    options: dict[str, Any] = {"clock": ScenarioClock(), "compression": "none", "budget": Budget(max_turns=4)}
+    first = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [{"tool_calls": [_delegate("worker")]}, {"text": "started"}, {"text": "noted"}],
+            },
+            {"label": "worker", "responses": [{"text": "answer 1"}, {"text": "answer 2"}]},
+        ]
+    )
+    refused_at_5 = "ancestor parent's max_turns 4 reached: 5 started (with its subagents')"
+    async with open_runtime(tmp_path, model=first, id_factory=CountingIds("c"), **options) as rt:
+        parent = await rt.agents.create(session_id="parent")
+        await parent.send("go")
+        await rt.subagents.wait_tree_idle(parent)
+        for text in ("again", "a third time"):
+            await rt.subagents.send_message(parent, "c-1", text)
+            await rt.subagents.wait_tree_idle(parent)
+    logs = _logs(tmp_path)
+    assert _ends(logs["c-1"])[-1] == {"kind": "budget", "message": refused_at_5}
+    assert (
+        _ends(logs["parent"])[-2:]
+        == [{"kind": "budget", "message": "max_turns 4 reached: 5 started (with its subagents')"}] * 2
+    )
+    # Recounted from the logs as the next process will: the refused turns are not counted.
+    store = FileLogStore(str(tmp_path), compression="none")
+    try:
+        raw = {sid: read_all(store, sid) for sid in ("parent", "c-1")}
+    finally:
+        store.close_store()
+    for sid, turns in (("parent", 2), ("c-1", 2)):
+        assert len([e for e in raw[sid] if e.type == "turn/start"]) == turns + (2 if sid == "parent" else 1)
+        assert spent_of(raw[sid], 0).turns == own_spent(raw[sid], 0, PriceTable()).turns == turns
+        state = USAGE_UNIT.fold(USAGE_UNIT.initial(SessionHeader(id=sid, created_at=1), 0), raw[sid])
+        assert USAGE_UNIT.view(state)["turns"] == turns and "bare" not in state
+    second = _model([{"session": "c-1", "responses": [{"text": "never sent"}]}])
+    async with open_runtime(tmp_path, model=second, **options) as rt:
+        parent = await rt.agents.resume("parent")
+        await rt.subagents.send_message(parent, "c-1", "once more")
+        await rt.subagents.wait_tree_idle(parent)
+    worker = _logs(tmp_path)["c-1"]
+    assert _ends(worker)[-1] == {"kind": "budget", "message": refused_at_5}
+    assert len(_of(worker, "assistant/message")) == 2
+    # `show` (a CLI command runs its own Trio loop: in a thread here).
+    assert await trio.to_thread.run_sync(main, ["show", "parent", "--json", "--root", str(tmp_path)]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    ends = [(e["turn"], e.get("counted", True)) for e in entries if e["type"] == "turn/end"]
+    assert ends == [(1, True), (2, True), (3, False), (4, False), (5, False)]
+    assert await trio.to_thread.run_sync(main, ["show", "parent", "--root", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "── end of turn 2: completed\n" in text
+    assert (
+        "── end of turn 3: budget max_turns 4 reached: 5 started (with its subagents') "
+        "(no model call: not counted as started)\n" in text
+    )
+
+
+def test_every_count_of_turns_leaves_out_a_turn_a_budget_ended_before_any_call() -> None:
+    """One predicate (budgets.py `turn_counted`), the same count wherever turns are counted
+    from a log: `spent_of`, `own_spent`, the `usage` unit folded at once or an event at a time
+    (a turn's start and its end in different batches: `bare` carries over)."""
+    from subagents.runtime.foundation.budgets import TurnCount, count_turns
+    from subagents.runtime.usage import USAGE_UNIT
+    from subagents.storage import Event, SessionHeader
+
+    def event(seq: int, type_: str, data: Json) -> Event:
+        return Event(seq=seq, type=type_, time=1, data=msgspec.Raw(msgspec.json.encode(data)))
+
+    def start(turn: int) -> Json:
+        return {"turn": turn, "trigger": {"kind": "message"}}
+
+    def end(turn: int, kind: str) -> Json:
+        return {"turn": turn, "reason": {"kind": kind, "message": "max_turns 1 reached"}}
+
+    events = [
+        event(0, "turn/start", start(1)),  # inherited: not its own
+        event(1, "turn/start", start(1)),  # refused before its first call: not counted
+        event(2, "step/start", {"turn": 1, "step": 1}),
+        event(3, "step/end", {"turn": 1, "step": 1}),
+        event(4, "turn/end", end(1, "budget")),
+        event(5, "turn/start", start(2)),  # a call, then a budget: counted
+        assistant_event(6, 1, turn=2, usage=(3, 1)),
+        event(7, "turn/end", end(2, "budget")),
+        event(8, "turn/start", start(3)),  # its call lost to a crash was sent: counted
+        event(9, "turn/continue", {"turn": 3, "step": 1, "attempt": 2, "lost_model_call": True}),
+        event(10, "turn/end", end(3, "budget")),
+        event(11, "turn/start", start(4)),  # continued without a lost call, then refused
+        event(12, "turn/continue", {"turn": 4, "step": 0, "attempt": 2, "lost_model_call": False}),
+        event(13, "turn/end", end(4, "budget")),
+        event(14, "turn/start", start(5)),  # no call, another end: counted
+        event(15, "turn/end", end(5, "error")),
+        event(16, "turn/start", start(6)),  # open, no call yet: counted for now
+    ]
+    assert count_turns(events, 1) == TurnCount(turns=4, bare=True)
+    assert count_turns(events[:5], 1) == TurnCount(turns=0, bare=False)
+    assert count_turns(events[2:], 1, count_turns(events[:2], 1)) == TurnCount(turns=4, bare=True)
+    assert spent_of(events, 1).turns == own_spent(events, 1, PriceTable()).turns == 4
+    header = SessionHeader(id="s", created_at=1)
+    at_once = USAGE_UNIT.fold(USAGE_UNIT.initial(header, 1), events)
+    assert (at_once["turns"], at_once["bare"]) == (4, True) and "bare" not in USAGE_UNIT.view(at_once)
+    one_by_one = USAGE_UNIT.initial(header, 1)
+    for each in events:
+        one_by_one = USAGE_UNIT.apply(one_by_one, each)
+    assert one_by_one == at_once
+    assert USAGE_UNIT.state_version == 4  # rows of version 3 counted refused turns: not read
+
+
+@pytest.mark.parametrize("lost_call", [False, True])
+async def test_a_continued_turn_refused_counts_only_if_a_call_was_sent_before_the_crash(
+    tmp_path: Path, lost_call: bool
+) -> None:
+    """A crash left turn 1 open; the resume continues it under `max_turns` 0, which refuses its
+    next call. Had its step's call been sent before the crash (a lost call: issued again, so
+    refused now) the turn counts; if no step had started, nothing was ever sent and it does
+    not — as the log recounts it after."""
+    from log_lines import header_line, json_line, new_log_file
+
+    start = {"turn": 1, "trigger": {"kind": "message"}}
+    lines = [json_line(0, "turn/start", start, time=T0)]
+    if lost_call:
+        user = {"id": "msg-1", "role": "user", "content": [{"type": "text", "text": "go"}], "source": {"kind": "user"}}
+        lines.append(json_line(1, "step/start", {"turn": 1, "step": 1}, time=T0))
+        lines.append(
+            json_line(2, "user/message", {"turn": 1, "step": 1, "message": user}, time=T0, surface_op="append")
+        )
+    new_log_file(tmp_path, "s", "none").write_bytes(header_line("s", created_at=T0) + b"".join(lines))
+    async with open_runtime(
+        tmp_path,
+        model=_model([{"responses": [{"text": "never sent"}]}]),
+        clock=ScenarioClock(),
+        compression="none",
+        budget=Budget(max_turns=0),
+    ) as rt:
+        agent = await rt.agents.resume("s")
+        result = await agent.wait_idle()
+        assert agent.spent.turns == (1 if lost_call else 0)  # live, as the log recounts it below
+    assert result is not None and result.reason == {"kind": "budget", "message": "max_turns 0 reached"}
+    store = FileLogStore(str(tmp_path), compression="none")
+    try:
+        events = read_all(store, "s")
+    finally:
+        store.close_store()
+    assert [e.type for e in events][-2:] == (["step/end", "turn/end"] if lost_call else ["turn/continue", "turn/end"])
+    assert spent_of(events, 0).turns == own_spent(events, 0, PriceTable()).turns == (1 if lost_call else 0)
 
 
 # --- compaction -----------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ from typing import Any
 
 import msgspec
 import pytest
+import trio
 from log_lines import read_all
 from subagents.runtime import Budget, ScenarioClock, open_runtime
-from subagents.runtime.agent.tree_ledger import OwnSpent, TreeLedger
+from subagents.runtime.agent.tree_ledger import OwnSpent, Seeded, TreeLedger
 from subagents.runtime.delegation.agent_types import AgentType
 from subagents.runtime.foundation.budgets import budget_json, parse_budget
 from subagents.runtime.foundation.ids import CountingIds
@@ -339,3 +340,119 @@ async def test_a_start_refused_after_its_reservation_gives_the_reservation_back(
     by_label = {_label(events) or sid: events for sid, events in logs.items()}
     (descriptor,) = [d for t, d in by_label["L1"] if t == "subagent/descriptor"]
     assert descriptor["budget"] == {"max_tokens": 8000}  # 10,000 less the root's two calls
+
+
+# --- joining while the descendants are read -------------------------------------------------------
+
+
+class HeldSeeder:
+    """A seeder that answers what a test gives it, and holds its read open until released:
+    what the ledger sees of a store read that awaits while the tree goes on running."""
+
+    def __init__(self, seeds: dict[str, Seeded]) -> None:
+        self.seeds = seeds
+        self.reading = trio.Event()
+        self.release = trio.Event()
+
+    async def __call__(self, session_id: str) -> dict[str, Seeded]:
+        self.reading.set()
+        await self.release.wait()
+        return self.seeds
+
+
+def _totals(ledger: TreeLedger, sid: str) -> tuple[int, float | None, int, int]:
+    spent = ledger.spent(sid)
+    assert spent is not None
+    return (spent.tokens, spent.cost, spent.descendants, spent.turns)
+
+
+async def _join_while(ledger: TreeLedger, seeder: HeldSeeder, meanwhile: Any, own: OwnSpent) -> None:
+    """`root` joins (budget shared, children started) and, while its seeder reads,
+    `meanwhile()` runs: charges and joins of its descendants."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ledger.join, "root", None, Budget(max_tokens=10_000, max_turns=50), own)
+        await seeder.reading.wait()
+        await meanwhile()
+        seeder.release.set()
+
+
+ROOT_OWN = OwnSpent(tokens=7, cost=0.0, parent=True, turns=2)
+
+
+async def test_a_descendants_charge_during_the_seed_counts_once() -> None:
+    """Root's tree: a (in the ledger, running, its child g started live) and d (only on disk,
+    with its child e). While the root's seed reads, g is charged 100 tokens and starts a turn:
+    the charge stops at a (the root is not in the ledger yet). The read saw none of it. The
+    root's totals are exact: a brings its ledger totals (g's charge included), d and e what the
+    read found. Adding the read's totals to the root, as the ledger did, missed g's 100."""
+    seeder = HeldSeeder(
+        {
+            "a": Seeded("root", OwnSpent(tokens=10, turns=1)),
+            "g": Seeded("a", OwnSpent()),  # the read: nothing yet
+            "d": Seeded("root", OwnSpent(tokens=20, turns=1)),
+            "e": Seeded("d", OwnSpent(tokens=3, turns=1)),
+        }
+    )
+    ledger = TreeLedger(prices=PriceTable(), seeder=seeder)
+    await ledger.join("a", "root", Budget(max_tokens=500), OwnSpent(tokens=10, turns=1))
+    ledger.start_child("a", "g", Budget(max_tokens=400))
+    await ledger.join("g", "a", Budget(max_tokens=400), OwnSpent())
+
+    async def meanwhile() -> None:
+        ledger.turn_started("g")
+        ledger.charge("g", _usage(100), None)
+
+    await _join_while(ledger, seeder, meanwhile, ROOT_OWN)
+    assert _totals(ledger, "a") == (110, None, 1, 2)
+    assert _totals(ledger, "root") == (7 + 110 + 20 + 3, None, 4, 2 + 2 + 2)
+    ledger.charge("g", _usage(5), None)  # from now on charged all the way up
+    assert _totals(ledger, "root")[0] == 145
+
+
+async def test_a_charge_the_seed_read_saw_too_counts_once() -> None:
+    """The same charge, but the read saw it (the store had it): counted once, not twice."""
+    seeder = HeldSeeder({"a": Seeded("root", OwnSpent(tokens=60, turns=1))})
+    ledger = TreeLedger(prices=PriceTable(), seeder=seeder)
+    await ledger.join("a", "root", Budget(max_tokens=500), OwnSpent(tokens=10, turns=1))
+
+    async def meanwhile() -> None:
+        ledger.charge("a", _usage(50), None)
+
+    await _join_while(ledger, seeder, meanwhile, ROOT_OWN)
+    assert _totals(ledger, "root") == (7 + 60, None, 1, 3)
+
+
+async def test_a_descendant_that_joins_during_the_seed_counts_once() -> None:
+    """a is not in the ledger when the root's read starts; it joins (from its log: 10 tokens,
+    one turn) and is charged 50 while the read is open, which found a's 10. The root counts
+    a's ledger totals: 60, once."""
+    seeder = HeldSeeder({"a": Seeded("root", OwnSpent(tokens=10, turns=1))})
+    ledger = TreeLedger(prices=PriceTable(), seeder=seeder)
+
+    async def meanwhile() -> None:
+        await ledger.join("a", "root", Budget(max_tokens=500), OwnSpent(tokens=10, turns=1))
+        ledger.turn_started("a")
+        ledger.charge("a", _usage(50), None)
+
+    await _join_while(ledger, seeder, meanwhile, ROOT_OWN)
+    assert _totals(ledger, "root") == (7 + 60, None, 1, 2 + 2)
+
+
+async def test_an_unseeded_descendant_is_completed_by_the_join_above_it() -> None:
+    """a joined without a shared budget while it had a child already (g, on disk only: 30
+    tokens), so its totals lacked g's; charged 5 while the root's read is open. The root
+    counts a's own spending as the ledger has it (10 + 5) and g's as read, and a's totals are
+    its whole tree's from then on."""
+    seeder = HeldSeeder(
+        {"a": Seeded("root", OwnSpent(tokens=10, turns=1)), "g": Seeded("a", OwnSpent(tokens=30, turns=1))}
+    )
+    ledger = TreeLedger(prices=PriceTable(), seeder=seeder)
+    await ledger.join("a", "root", None, OwnSpent(tokens=10, turns=1, parent=True))
+    assert _totals(ledger, "a") == (10, 0.0, 0, 1)
+
+    async def meanwhile() -> None:
+        ledger.charge("a", _usage(5), None)
+
+    await _join_while(ledger, seeder, meanwhile, ROOT_OWN)
+    assert _totals(ledger, "a") == (45, None, 1, 2)
+    assert _totals(ledger, "root") == (7 + 45, None, 2, 2 + 2)

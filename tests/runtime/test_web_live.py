@@ -267,7 +267,7 @@ async def test_every_page_carries_the_banner_and_the_pulse_script(root: Path) ->
 
 async def test_a_log_damaged_under_the_session_feed_is_said_and_the_feed_ends(root: Path) -> None:
     async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
-        async with client.stream("GET", "/session/lead/events?after=2") as response:
+        async with client.stream("GET", "/events/session/lead?after=2") as response:
             lines = response.aiter_lines()
             with trio.fail_after(HANG):
                 assert await anext(lines) == ": open"
@@ -285,7 +285,7 @@ async def test_a_descendant_damaged_under_the_tree_feed_is_a_damaged_event(root:
     """The tree feed goes on for the others: a `damaged` item for `kid` (the tree page reloads
     and shows its diagnostic row), then `lead`'s next event."""
     async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
-        async with client.stream("GET", "/tree/lead/events") as response:
+        async with client.stream("GET", "/events/tree/lead") as response:
             lines = response.aiter_lines()
             with trio.fail_after(HANG):
                 assert await anext(lines) == ": open"

@@ -25,6 +25,7 @@ from subagents.storage import InvalidSessionId, StorageError, StoreUnreachable, 
 
 from ...foundation.errors import QuerySessionNotFound, SessionQueryError, SubagentError
 from .controls import Control, ControlRefused, deliver
+from .feed_paths import OldFeedPath
 from .feeds import Broken, open_feed
 from .pulse import CorpusPulse, LiveRoute
 from .security import AUTH_COOKIE, Access, security_headers
@@ -32,6 +33,7 @@ from .views import overview, roots_page, session_view, subtree
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
+    from subagents.storage import LogInfo
 
     from ...read_side import ReadSide
 
@@ -107,7 +109,11 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def session_page(request: Request) -> Response:
         sid = session_arg(request)
         try:
-            view = await session_view(side, sid)
+            before = int(request.query_params["before"]) if "before" in request.query_params else None
+        except ValueError:
+            raise HTTPException(400, "before must be a whole number") from None
+        try:
+            view = await session_view(side, sid, before)
         except QuerySessionNotFound:
             raise HTTPException(404, f'session "{sid}" not found') from None
         except SessionQueryError as exc:
@@ -161,14 +167,20 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def store_error(request: Request, exc: Exception) -> Response:
         return problem(request, 503, "Store unavailable", f"the store did not answer: {exc}")
 
+    tree_feed = _EventsRoute(side, session_arg, tree=True)
+    session_feed = _EventsRoute(side, session_arg)
     routes = [
         Route("/", overview_page),
         Route("/live", LiveRoute(CorpusPulse(side, settings.live_interval))),
         Route("/tree", tree_page),
         # `:path`: a session id may hold `/` (the links quote every other special character).
-        Route("/tree/{session_id:path}/events", _EventsRoute(side, session_arg, tree=True)),
+        # The feeds sit under their own prefix: a session id ending in `/events` is a page.
+        Route("/events/tree/{session_id:path}", tree_feed),
+        Route("/events/session/{session_id:path}", session_feed),
+        # The first feed paths, kept where they are unambiguous (runtime/hosts/web/feed_paths.py).
+        Route("/tree/{session_id:path}/events", OldFeedPath(side, tree_feed, subtree_page)),
         Route("/tree/{session_id:path}", subtree_page),
-        Route("/session/{session_id:path}/events", _EventsRoute(side, session_arg)),
+        Route("/session/{session_id:path}/events", OldFeedPath(side, session_feed, session_page)),
         Route("/session/{session_id:path}/{action:str}", control, methods=["POST"]),
         Route("/session/{session_id:path}", session_page),
         Route("/login", login_form, methods=["GET"]),
@@ -211,9 +223,9 @@ def _same_origin(request: Request) -> bool:
 
 
 class _EventsRoute:
-    """`GET /session/ID/events`: the session's durable events from `?after=SEQ` on, as
+    """`GET /events/session/ID`: the session's durable events from `?after=SEQ` on, as
     server-sent events, each `{"seq", "type", "lines"}` (lines as `show` renders them), until
-    the client goes away. With `tree` (`GET /tree/ID/events`): the events its tree makes from
+    the client goes away. With `tree` (`GET /events/tree/ID`): the events its tree makes from
     now on — the root's and every descendant's the stream knows from the catalogs — each
     `{"session_id", "seq", "type"}`, for the tree page to reload its rows. A raw ASGI endpoint:
     the stream's nursery lives in this call, not in a generator a response would iterate."""
@@ -251,7 +263,7 @@ class _EventsRoute:
             nursery.start_soon(until_gone)
             try:
                 if self.tree:
-                    await self._tree(sid, int(info.event_count), send)
+                    await self._tree(sid, info, send)
                 else:
                     await self._pump(sid, after, send)
             except* (StorageError, SessionQueryError) as group:
@@ -261,10 +273,15 @@ class _EventsRoute:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             nursery.cancel_scope.cancel()
 
-    async def _tree(self, sid: str, now: int, send: Send) -> None:
-        # From the root's end: its history is read once to find the existing children, whose
-        # events are delivered from their durable end on (runtime/event_stream.py).
-        async with open_feed(self.side.query, sid, from_seq=now, descendants=True) as stream:
+    async def _tree(self, sid: str, info: LogInfo, send: Send) -> None:
+        from .feed_start import tree_ends
+
+        # From each log's end as the tree's listing knows it (runtime/hosts/web/feed_start.py):
+        # no history is read, the root's to find its children neither.
+        known = await tree_ends(self.side, sid, info)
+        async with open_feed(
+            self.side.query, sid, from_seq=int(info.event_count), descendants=True, known=known
+        ) as stream:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
                 if isinstance(item, Broken):  # a log damaged under the feed: its row says so now

@@ -9,7 +9,7 @@ the stream holds is delivered first, then the notice.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from subagents.storage import CorruptLog, StorageError, UnsupportedLog
 from ...event_stream import EventStream, StreamEvent, open_event_stream
 
 if TYPE_CHECKING:
+    from ...log_follow import Mark
     from ...query import SessionQuery
 
 __all__ = ["Broken", "open_feed"]
@@ -37,10 +38,10 @@ class Broken:
 
 @asynccontextmanager
 async def open_feed(
-    query: SessionQuery, root_id: str, *, from_seq: int, descendants: bool
+    query: SessionQuery, root_id: str, *, from_seq: int, descendants: bool, known: Mapping[str, Mark] | None = None
 ) -> AsyncIterator[AsyncIterator[StreamEvent | Broken]]:
-    """The events of `root_id` (and its descendants) from `from_seq`, and a `Broken` for each
-    log the stream stops following."""
+    """The events of `root_id` (and its descendants) from `from_seq` (`known`: as
+    `open_event_stream`'s), and a `Broken` for each log the stream stops following."""
     broken: list[Broken] = []
     noticed = trio.Event()
 
@@ -51,7 +52,7 @@ async def open_feed(
         noticed.set()
 
     async with open_event_stream(
-        query, root_id, from_seq=from_seq, descendants=descendants, on_broken=on_broken
+        query, root_id, from_seq=from_seq, descendants=descendants, known=known, on_broken=on_broken
     ) as stream:
         # A page opens its feed after it was rendered: what its sessions write from now on must
         # reach it, so the feed says it is open only once the stream has read them.

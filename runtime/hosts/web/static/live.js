@@ -28,7 +28,7 @@
   function follow() {
     // Our own reconnection, not EventSource's: it would ask again from the first `after`.
     const source = new EventSource(
-      "/session/" + encodeURIComponent(list.dataset.session) + "/events?after=" + after
+      "/events/session/" + encodeURIComponent(list.dataset.session) + "?after=" + after
     );
     source.onopen = () => { status.textContent = "following new events"; };
     source.onmessage = (message) => add(JSON.parse(message.data));

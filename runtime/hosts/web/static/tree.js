@@ -1,4 +1,4 @@
-// Keeps a tree page current: the tree's events (server-sent, from /tree/ID/events) say that
+// Keeps a tree page current: the tree's events (server-sent, from /events/tree/ID) say that
 // something changed; the page then fetches itself again and puts in the new rows (this
 // console's own escaped HTML). Reloads are spaced by at least RELOAD_MS.
 "use strict";
@@ -24,7 +24,7 @@
 
   function follow() {
     const source = new EventSource(
-      "/tree/" + encodeURIComponent(live.dataset.root) + "/events"
+      "/events/tree/" + encodeURIComponent(live.dataset.root)
     );
     source.onopen = () => { status.textContent = "following the tree"; };
     source.onmessage = (message) => {
