@@ -49,18 +49,26 @@ SCRIPT = {
                         }
                     ]
                 },
-                {"text": "started the worker"},
-                {"text": "noted: the worker stopped"},
+                {"text": "started the worker", "usage": {"input_tokens": 1400, "output_tokens": 12}},
+                {"text": "noted: the worker stopped", "usage": {"input_tokens": 1500, "output_tokens": 9}},
             ],
         },
         {
             "label": "Worker <i>one</i>",
             "responses": [
-                {"tool_calls": [{"name": "work", "arguments": {"step": 1}}]},
-                {"wait_for": {"steered": True}, "text": "step 1 is done; waiting for word"},
+                {
+                    "tool_calls": [{"name": "work", "arguments": {"step": 1}}],
+                    "usage": {"input_tokens": 900, "output_tokens": 20},
+                },
+                {
+                    "wait_for": {"steered": True},
+                    "text": "step 1 is done; waiting for word",
+                    "usage": {"input_tokens": 950, "output_tokens": 11},
+                },
                 {
                     "text": "you asked {{from_request:(six times seven)}}: it is 42",
                     "tool_calls": [{"name": "work", "arguments": {"step": 2}}],
+                    "usage": {"input_tokens": 1010, "output_tokens": 30},
                 },
                 {"hang": True},
             ],
