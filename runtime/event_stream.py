@@ -100,9 +100,18 @@ class _Tracked:
 class EventStream:
     """An async iterable of `StreamEvent`s; see the module docstring."""
 
-    def __init__(self, receive: trio.MemoryReceiveChannel[StreamEvent], finish: Callable[[], None]) -> None:
+    def __init__(
+        self, receive: trio.MemoryReceiveChannel[StreamEvent], finish: Callable[[], None], started: trio.Event
+    ) -> None:
         self._receive = receive
         self._finish = finish
+        self._started = started
+
+    async def wait_started(self) -> None:
+        """Until the logs of the sessions tracked at the start (the root's, and those of the
+        children its history names, and theirs) have been read once: an event appended to any
+        of them after this returns is delivered (one appended before may count as history)."""
+        await self._started.wait()
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
         return self._receive.__aiter__()
@@ -131,7 +140,9 @@ class _Pump:
         inherited: bool = True,
         descendants: bool = True,
         follow_interval: float = DEFAULT_FOLLOW_INTERVAL,
+        on_broken: Callable[[str, StorageError], None] | None = None,
     ) -> None:
+        self.on_broken = on_broken
         self.follow_interval = follow_interval
         self.inherited = inherited
         self.descendants = descendants
@@ -148,6 +159,7 @@ class _Pump:
         self.grown: set[str] = set()  # followed sessions whose log grew: the pump reads them
         self.looked_last = False  # `finish` looked at the followed sessions once more
         self.followed_changed = trio.Event()  # a session joined the followed ones: watch it too
+        self.started = trio.Event()  # the sessions tracked at the start have been read once
 
     def boundary(self, session_id: str, read_end: int) -> int:
         """The first seq made durable after the subscription started: the end a live session
@@ -167,6 +179,7 @@ class _Pump:
         async with self.send:
             while True:
                 await self.read_unread()
+                self.started.set()
                 batches, lagged = self.subscription.take()
                 for batch in batches:
                     await self.on_batch(batch)
@@ -268,6 +281,8 @@ class _Pump:
         except StorageError as exc:
             log.warning("event stream: session %r cannot be read, no longer followed: %s", session_id, exc)
             tracked.broken = True
+            if self.on_broken is not None:
+                self.on_broken(session_id, exc)
             return
         finally:
             if session_id in self.unread:
@@ -330,6 +345,7 @@ async def open_event_stream(
     descendants: bool = True,
     follow_interval: float = DEFAULT_FOLLOW_INTERVAL,
     known: Mapping[str, Mark] | None = None,
+    on_broken: Callable[[str, StorageError], None] | None = None,
 ) -> AsyncIterator[EventStream]:
     """Stream the durable events of `root_id` (from `from_seq`) and of its descendants (SPEC
     §8), read through `query` (the runtime's: `runtime.query`) and pushed by its session store's
@@ -343,7 +359,10 @@ async def open_event_stream(
     of its log (`(log size, event count)`, as a listing's record has it), followed from that
     end on: only the bytes past it are read and its history is not (the root's too, whatever
     `from_seq`; so the children its history names must be among them — the web console's tree
-    feed gives the root and its listed descendants). Leaving the block stops the stream."""
+    feed gives the root and its listed descendants). `on_broken(session_id, error)` is called
+    (in the pump's task, after every event read before it was delivered) when a tracked
+    session's log cannot be read any more and the stream stops following it. Leaving the block
+    stops the stream."""
     if type(from_seq) is not int or from_seq < 0:
         raise ValueError(f"from_seq must be an int >= 0, got {from_seq!r}")
     follow_interval = check_interval(follow_interval)
@@ -351,7 +370,7 @@ async def open_event_stream(
     finish = trio.Event()
     # Subscribed before the first read, so nothing durable after that read can be missed.
     with query.sessions.feed.subscribe(feed_capacity) as subscription:
-        pump = _Pump(query, subscription, send, finish, inherited, descendants, follow_interval)
+        pump = _Pump(query, subscription, send, finish, inherited, descendants, follow_interval, on_broken)
         for session_id, (size, end) in (known or {}).items():
             pump.tracked[session_id] = _Tracked(end, cursor=end, mark=(size, end))
             pump.unread.append(session_id)
@@ -368,7 +387,7 @@ async def open_event_stream(
             nursery.start_soon(pump.run)
             nursery.start_soon(pump.follow)
             try:
-                yield EventStream(receive, finish_stream)
+                yield EventStream(receive, finish_stream, pump.started)
             except BaseException as exc:  # re-raised bare once the pump's nursery has closed
                 body_error = exc
             finally:

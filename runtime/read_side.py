@@ -64,13 +64,15 @@ async def open_read_side(
     focus: str | None = None,
     subtree: bool = False,
     stall_after: float = STALL_AFTER,
+    watch: bool = False,
 ) -> AsyncIterator[ReadSide]:
     """Open the store at `store` (a `postgresql://` URL or a folder; default `root`) for reading
     and close it after. `focus`: the one parent whose children the command lists — a file
     store then reads only line 1 of a log without an index row whose line 1 names another
     parent (`LogInfo.checked`); such a side serves that listing, not a corpus of every session.
     `subtree`: the command lists the focus's descendants (line 1 must place a log outside them).
-    `stall_after` (seconds): when the listing calls a running child `stalled`."""
+    `stall_after` (seconds): when the listing calls a running child `stalled`. `watch`: a file
+    store lists with change notification (a side that lists again and again: `subagents web`)."""
     spec = store or os.fspath(root)
     registry = runtime_registry()
     # A file store given units writes a log's checkpoint rows as its index scans it: a command
@@ -81,7 +83,7 @@ async def open_read_side(
     logs = (
         open_log_store(spec, create_schema=False)
         if is_pg_url(spec)
-        else FileLogStore(spec, watch=False, projections=units, focus=focus, subtree=subtree)
+        else FileLogStore(spec, watch=watch, projections=units, focus=focus, subtree=subtree)
     )
     try:
         async with open_session_store(logs, registry, now_ms=RealClock().now_ms) as sessions:

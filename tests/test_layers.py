@@ -513,6 +513,8 @@ WHITE_BOX = {
     "tests/runtime/test_acp_units.py",
     "tests/runtime/test_chat.py",
     "tests/runtime/test_web.py",  # the web console's app, security rules and server
+    "tests/runtime/test_web_live.py",  # the console's pulse, store banner and damaged feeds
+    "tests/runtime/test_web_browser.py",  # the console in a real browser, with a real host
     "tests/runtime/test_web_data.py",  # the web console's data: its app, views and feed start
     "tests/runtime/test_chat_input.py",
     "tests/runtime/test_chat_terminal.py",

@@ -26,6 +26,8 @@ from subagents.storage import InvalidSessionId, StorageError, StoreUnreachable, 
 from ...foundation.errors import QuerySessionNotFound, SessionQueryError, SubagentError
 from .controls import Control, ControlRefused, deliver
 from .feed_paths import OldFeedPath
+from .feeds import Broken, open_feed
+from .pulse import CorpusPulse, LiveRoute
 from .security import AUTH_COOKIE, Access, security_headers
 from .views import overview, roots_page, session_view, subtree
 
@@ -52,6 +54,8 @@ class WebSettings:
     private_reads: bool = False
     # The `Host` headers this console answers (a DNS-rebinding page names another).
     hosts: frozenset[str] = frozenset()
+    # Seconds between two looks at the corpus for the live pages (runtime/hosts/web/pulse.py).
+    live_interval: float = 1.0
 
 
 def _environment() -> jinja2.Environment:
@@ -167,6 +171,7 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     session_feed = _EventsRoute(side, session_arg)
     routes = [
         Route("/", overview_page),
+        Route("/live", LiveRoute(CorpusPulse(side, settings.live_interval))),
         Route("/tree", tree_page),
         # `:path`: a session id may hold `/` (the links quote every other special character).
         # The feeds sit under their own prefix: a session id ending in `/events` is a page.
@@ -269,27 +274,36 @@ class _EventsRoute:
             nursery.cancel_scope.cancel()
 
     async def _tree(self, sid: str, info: LogInfo, send: Send) -> None:
-        from ...event_stream import open_event_stream
         from .feed_start import tree_ends
 
         # From each log's end as the tree's listing knows it (runtime/hosts/web/feed_start.py):
         # no history is read, the root's to find its children neither.
         known = await tree_ends(self.side, sid, info)
-        async with open_event_stream(
+        async with open_feed(
             self.side.query, sid, from_seq=int(info.event_count), descendants=True, known=known
         ) as stream:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
-                data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})
+                if isinstance(item, Broken):  # a log damaged under the feed: its row says so now
+                    kind = "damaged" if item.damaged else "unreadable"
+                    data = json.dumps(
+                        {"session_id": item.session_id, "seq": item.seq, "type": kind, "problem": item.problem}
+                    )
+                else:
+                    data = json.dumps({"session_id": item.session_id, "seq": item.event.seq, "type": item.event.type})
                 await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
 
     async def _pump(self, sid: str, after: int, send: Send) -> None:
-        from ...event_stream import open_event_stream
         from ..transcript import render, transcript
 
-        async with open_event_stream(self.side.query, sid, from_seq=max(after, 0), descendants=False) as stream:
+        async with open_feed(self.side.query, sid, from_seq=max(after, 0), descendants=False) as stream:
             await send({"type": "http.response.body", "body": b": open\n\n", "more_body": True})
             async for item in stream:
+                if isinstance(item, Broken):  # damaged under the feed: said once, and the feed ends
+                    await send(
+                        {"type": "http.response.body", "body": _problem(_damage(item), item.damaged), "more_body": True}
+                    )
+                    return
                 for entry in transcript([item.event], session_id=sid)[:-1]:  # no usage total
                     data = json.dumps({"seq": item.event.seq, "type": entry["type"], "lines": render([entry])})
                     await send({"type": "http.response.body", "body": f"data: {data}\n\n".encode(), "more_body": True})
@@ -337,8 +351,18 @@ class _Guard:
         await self.app(scope, receive, secured)
 
 
-def _problem(text: str) -> bytes:
-    return f"event: problem\ndata: {json.dumps({'problem': text})}\n\n".encode()
+def _problem(text: str, damaged: bool | None = None) -> bytes:
+    # `damaged`, when known: true, the page stops asking (it would hear the same); false, it
+    # asks again later (a store that failed a read may answer the next).
+    data: dict[str, object] = {"problem": text} if damaged is None else {"problem": text, "damaged": damaged}
+    return f"event: problem\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _damage(broken: Broken) -> str:
+    if not broken.damaged:
+        return f"the log could not be read any more: {broken.problem}"
+    at = f" at seq {broken.seq}" if broken.seq is not None and f"seq {broken.seq}" not in broken.problem else ""
+    return f"the log is damaged{at}: {broken.problem}"
 
 
 def _first_leaf(group: BaseExceptionGroup[Exception]) -> BaseException:

@@ -41,6 +41,7 @@ async def serve_console(
     access: Access,
     read_only: bool,
     stall_after: float,
+    live_interval: float = 1.0,
     ready: Callable[[list[str]], None],
     shutdown: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -50,7 +51,10 @@ async def serve_console(
     fd = _listening_socket(host, port)
     handed = False
     try:
-        async with open_read_side(root, store=store, stall_after=stall_after) as side:
+        # With change notification: the console lists the corpus again and again (each page,
+        # and the pulse of the live pages every interval), and a warm listing then re-stats
+        # only the session folders the kernel named.
+        async with open_read_side(root, store=store, stall_after=stall_after, watch=True) as side:
             settings = WebSettings(
                 root=root,
                 store=store,
@@ -58,6 +62,7 @@ async def serve_console(
                 read_only=read_only,
                 private_reads=not is_loopback(host),
                 hosts=allowed_hosts(host),
+                live_interval=live_interval,
             )
             config = Config()
             config.bind = [f"fd://{fd}"]  # bound here, so a refusal is one clear error

@@ -7,6 +7,7 @@
   if (!list || !window.EventSource) return;
   let after = Number(list.dataset.after);
   const RETRY_MS = 3000;
+  let stopped = false;
 
   function add(item) {
     if (item.seq < after) return; // already shown
@@ -32,10 +33,25 @@
     source.onopen = () => { status.textContent = "following new events"; };
     source.onmessage = (message) => add(JSON.parse(message.data));
     source.addEventListener("problem", (message) => {
-      status.textContent = "the live feed stopped: " + JSON.parse(message.data).problem;
+      const data = JSON.parse(message.data);
+      status.textContent = "the live feed stopped: " + data.problem;
+      if (data.damaged !== true) return; // asked again after RETRY_MS (the stream ends next)
+      // Damaged under the feed: said in the transcript, where its events stop, and not asked
+      // again (it would say the same).
+      const problem = data.problem;
+      source.close();
+      stopped = true;
+      const entry = document.createElement("li");
+      entry.className = "entry diagnostic";
+      entry.dataset.type = "damaged";
+      const text = document.createElement("pre");
+      text.textContent = problem;
+      entry.append(text);
+      list.insertBefore(entry, list.querySelector("li[data-type='usage']"));
     });
     source.onerror = () => {
       source.close();
+      if (stopped) return;
       if (!status.textContent.startsWith("the live feed stopped")) {
         status.textContent = "the live feed is interrupted (the console or its store is gone); retrying";
       }

@@ -1,0 +1,88 @@
+"""The web console's corpus pulse at 10,000 sessions (issue 31: the live overview and roots pages
+must stay bounded per event). A store of 100 roots with 99 continuable children each (bench/
+corpus.py), one read side, one `CorpusPulse`: the time of one look (a listing with the lock
+probe, each session reduced to its mark, compared with the last look) — the first, then the
+median and worst of `--reps` looks with nothing changed, then of looks after one session grew.
+A look is made at most once per interval (1 s by default) whatever the number of pages open and
+of events appended, so its time over the interval is the pulse's share of a core.
+
+Run: `.venv/bin/python bench/web_live.py` (`--reps N`, default 10; `--dir` for the temporary
+store). A measurement, not a test: it always exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+
+import trio
+from corpus import build_store
+from subagents.runtime.hosts.web.pulse import CorpusPulse
+from subagents.runtime.read_side import open_read_side
+from subagents.storage import Batch, FileLogStore, Offset, make_event
+
+
+def _grow(root: str, sid: str, seq: int) -> None:
+    store = FileLogStore(root)
+    try:
+        handle = store.open_write(sid)
+        try:
+            store.append(handle, [Batch(Offset(seq), [make_event(seq, "turn/start", 1, {"turn": seq})])])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()
+
+
+async def measure(root: str, reps: int, watch: bool) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"first": [], "unchanged": [], "one grew": []}
+    async with open_read_side(root, watch=watch) as side:
+        pulse = CorpusPulse(side, interval=0.001)
+        start = time.perf_counter()
+        seen = await pulse.after(-1)
+        out["first"].append(time.perf_counter() - start)
+        for _ in range(reps):
+            start = time.perf_counter()
+            await pulse._look()  # one look, changed or not
+            out["unchanged"].append(time.perf_counter() - start)
+        info, _held = await side.query.stat("r000-c00000")
+        assert info is not None
+        seq = int(info.event_count)
+        for _ in range(reps):
+            await trio.to_thread.run_sync(_grow, root, "r000-c00000", seq)
+            seq += 1
+            start = time.perf_counter()
+            seen = await pulse.after(seen.generation)
+            out["one grew"].append(time.perf_counter() - start)
+            assert seen.changed == ("r000-c00000",), seen
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--roots", type=int, default=100)
+    parser.add_argument("--children", type=int, default=99, help="children per root")
+    parser.add_argument("--dir", default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(dir=args.dir) as root:
+        roots = [f"r{i:03d}" for i in range(args.roots)]
+        start = time.perf_counter()
+        n = build_store(root, roots=roots, children=[(r, args.children) for r in roots])
+        print(f"store: {n} sessions written in {time.perf_counter() - start:.1f} s")
+        for watch in (True, False):
+            print(f"-- the store {'with' if watch else 'without'} change notification (`subagents web` watches)")
+            figures = trio.run(measure, root, args.reps, watch)
+            for label, times in figures.items():
+                print(
+                    f"{label:10} median {statistics.median(times) * 1000:7.1f} ms   worst {max(times) * 1000:7.1f} ms"
+                    f"   ({len(times)} looks)"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

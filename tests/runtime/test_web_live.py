@@ -1,0 +1,331 @@
+"""The web console's live parts (issue 31): the corpus pulse behind the live overview and roots
+pages and the store banner (`/live`), and a log damaged while its feed runs.
+
+Real files, a real Hypercorn server on a loopback port for the streams, the real clock with a
+short pulse interval: the tests wait on what a stream says; `trio.fail_after` only guards
+against hangs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from descriptors import descriptor
+from events import turn_end_event, turn_start_event
+from pg_server import EmbeddedServer
+from subagents.runtime.hosts.web.app import WebSettings, build_app
+from subagents.runtime.hosts.web.pulse import CorpusPulse, LiveRoute, Pulse
+from subagents.runtime.hosts.web.security import Access
+from subagents.runtime.hosts.web.serve import allowed_hosts, serve_console
+from subagents.runtime.read_side import open_read_side
+from subagents.storage import Batch, Event, FileLogStore, LogStore, Offset, SessionHeader, make_event
+
+TOKEN = "a-test-token-of-some-length"
+BASE = "http://127.0.0.1:8765"
+T0 = 1796131041000
+HANG = 30  # seconds: only a hang reaches it
+
+
+def _header(sid: str, parent: str | None = None) -> SessionHeader:
+    return SessionHeader(
+        id=sid,
+        created_at=T0,
+        delegation_depth=0 if parent is None else 1,
+        cwd="/w",
+        parent_session=parent,
+        origin=None if parent is None else "subagent",
+    )
+
+
+def _create(root: Path, sid: str, events: list[Event], parent: str | None = None) -> None:
+    store = FileLogStore(str(root), compression="none")
+    try:
+        handle = store.create(_header(sid, parent))
+        try:
+            store.append(handle, [Batch(Offset(0), events)])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()
+
+
+def _append(root: Path, sid: str, events: list[Event]) -> None:
+    store = FileLogStore(str(root), compression="none")
+    try:
+        handle = store.open_write(sid)
+        try:
+            store.append(handle, [Batch(Offset(events[0].seq), events)])
+        finally:
+            store.close(handle)
+    finally:
+        store.close_store()
+
+
+def _garble_tail(root: Path, sid: str) -> None:
+    """A line that is no record, after the log's last one (a torn or foreign write)."""
+    [log] = (root / "sessions" / sid).glob("session.jsonl*")
+    with log.open("ab") as out:
+        out.write(b'{"seq": 9, "type": garbled\n')
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """`lead` (its catalog names `kid`) and `kid`, under `store/` (so the test can move it)."""
+    folder = tmp_path / "store"
+    catalog = {
+        "version": 1,
+        "child_id": "kid",
+        "child_created_at": T0,
+        "mode": "continuable",
+        "label": "the kid",
+        "call_id": "call_1",
+    }
+    _create(folder, "lead", [turn_start_event(0, T0), make_event(1, "subagent/catalog", T0 + 1, catalog)])
+    _create(folder, "kid", [make_event(0, "subagent/descriptor", T0, descriptor("the kid"))], parent="lead")
+    return folder
+
+
+class _served:
+    """The console over `root` on a loopback port; `url` once it listens."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = ""
+
+    async def __aenter__(self) -> _served:
+        self._nursery_manager = trio.open_nursery()
+        self._nursery = await self._nursery_manager.__aenter__()
+        urls: list[str] = []
+        await self._nursery.start(
+            lambda task_status: serve_console(
+                root=str(self.root),
+                store=None,
+                host="127.0.0.1",
+                port=0,
+                access=Access(TOKEN),
+                read_only=False,
+                stall_after=300.0,
+                live_interval=0.05,
+                ready=urls.extend,
+                task_status=task_status,
+            )
+        )
+        self.url = urls[0]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._nursery.cancel_scope.cancel()
+        await self._nursery_manager.__aexit__(*exc)
+
+
+async def _next(lines: AsyncIterator[str]) -> tuple[str, dict[str, object]]:
+    """The next server-sent event: its name (`message` when it has none) and its data."""
+    name = "message"
+    async for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            return name, json.loads(line.removeprefix("data: "))
+    raise AssertionError("the stream ended")
+
+
+# --- the pulse ---
+
+
+async def test_the_pulse_looks_once_for_every_follower_and_names_what_changed(root: Path) -> None:
+    """A baseline look, then fifty appends and a new session before the next look: two followers
+    get the same generation, from one more look, naming both sessions."""
+    async with open_read_side(str(root)) as side:
+        pulse = CorpusPulse(side, interval=0.05)
+        first = await pulse.after(-1)
+        assert (first.generation, first.problem, pulse.looks) == (0, None, 1)
+        events = [turn_end_event(2, T0 + 2)] + [turn_start_event(seq, T0 + seq, turn=seq) for seq in range(3, 52)]
+        await trio.to_thread.run_sync(_append, root, "lead", events)
+        await trio.to_thread.run_sync(_create, root, "late", [turn_start_event(0, T0)])
+        got: list[Pulse] = []
+        with trio.fail_after(HANG):
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(lambda: _collect(pulse, 0, got))
+        assert pulse.looks == 2
+        assert len(got) == 2 and got[0] == got[1]
+        assert (got[0].generation, sorted(got[0].changed), got[0].count) == (1, ["late", "lead"], 2)
+
+
+async def _collect(pulse: CorpusPulse, generation: int, into: list[Pulse]) -> None:
+    into.append(await pulse.after(generation))
+
+
+async def test_the_pulse_says_when_the_store_is_gone_and_when_it_is_back(root: Path) -> None:
+    async with open_read_side(str(root)) as side:
+        pulse = CorpusPulse(side, interval=0.05)
+        await pulse.after(-1)
+        away = root.with_name("away")
+        root.rename(away)
+        with trio.fail_after(HANG):
+            gone = await pulse.after(0)
+        assert gone.generation == 1 and gone.problem is not None
+        away.rename(root)
+        with trio.fail_after(HANG):
+            back = await pulse.after(1)
+        assert (back.generation, back.problem) == (2, None)
+
+
+async def test_a_store_gone_from_the_first_look_is_news_when_it_comes(root: Path) -> None:
+    async with open_read_side(str(root)) as side:
+        await side.query.list_sessions()  # the side opened while the store was there
+        away = root.with_name("away")
+        root.rename(away)
+        pulse = CorpusPulse(side, interval=0.05)
+        with trio.fail_after(HANG):
+            gone = await pulse.after(-1)
+            assert gone.generation == 1 and gone.problem is not None
+            away.rename(root)
+            back = await pulse.after(1)
+        assert (back.generation, back.problem, back.changed) == (2, None, ())
+
+
+async def test_a_live_client_that_goes_away_ends_its_stream(root: Path) -> None:
+    """The stream ends as soon as its client is gone: it waits for no look, and makes none."""
+    async with open_read_side(str(root)) as side:
+        pulse = CorpusPulse(side, interval=3600)  # a look after the first would take an hour
+        sent: list[bytes] = []
+        gone = trio.Event()
+
+        async def receive() -> dict[str, object]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            body = message.get("body", b"")
+            assert isinstance(body, bytes)
+            sent.append(body)
+            if body.startswith(b"event: store"):
+                gone.set()
+
+        with trio.fail_after(HANG):
+            await LiveRoute(pulse)({"type": "http"}, receive, send)
+        assert pulse.looks == 1
+        assert sent[-1] == b'event: store\ndata: {"up": true, "problem": null}\n\n'
+
+
+async def test_the_pulse_interval_must_be_positive(root: Path) -> None:
+    async with open_read_side(str(root)) as side:
+        with pytest.raises(ValueError, match="positive"):
+            CorpusPulse(side, interval=0)
+
+
+# --- over a real server ---
+
+
+async def test_live_tells_of_changes_and_of_the_store_going_and_coming_back(root: Path) -> None:
+    """`/live`: the store's state first, then a generation naming the session another writer
+    appended to; the store moved away is `event: store` up false, moved back up true, and a
+    generation follows (the page fetches itself again)."""
+    async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
+        async with client.stream("GET", "/live") as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert response.headers["content-security-policy"].startswith("default-src 'none'")
+            lines = response.aiter_lines()
+            with trio.fail_after(HANG):
+                assert await _next(lines) == ("store", {"up": True, "problem": None})
+                await trio.to_thread.run_sync(_append, root, "kid", [turn_start_event(1, T0 + 5)])
+                name, data = await _next(lines)
+                assert (name, data["changed"], data["count"]) == ("message", ["kid"], 1)
+                away = root.with_name("away")
+                root.rename(away)
+                name, data = await _next(lines)
+                assert name == "store" and data["up"] is False and data["problem"]
+                away.rename(root)
+                assert await _next(lines) == ("store", {"up": True, "problem": None})
+                name, data = await _next(lines)
+                assert name == "message" and data["changed"] == []
+
+
+async def test_every_page_carries_the_banner_and_the_pulse_script(root: Path) -> None:
+    async with open_read_side(str(root)) as side:
+        settings = WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
+        transport = httpx.ASGITransport(app=build_app(side, settings))
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+            for path in ("/", "/tree", "/tree/lead", "/session/lead", "/session/nobody", "/login"):
+                body = (await client.get(path)).text
+                assert '<p id="store-banner" class="banner" role="alert" hidden></p>' in body, path
+                assert '<script src="/static/pulse.js"></script>' in body, path
+            script = await client.get("/static/pulse.js")
+            assert script.status_code == 200 and 'new EventSource("/live")' in script.text
+            root.rename(root.with_name("away"))
+            gone = await client.get("/")
+            assert gone.status_code == 503 and 'id="store-unavailable"' in gone.text  # reloads once back
+
+
+# --- a log damaged under its feed ---
+
+
+async def test_a_log_damaged_under_the_session_feed_is_said_and_the_feed_ends(root: Path) -> None:
+    async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
+        async with client.stream("GET", "/events/session/lead?after=2") as response:
+            lines = response.aiter_lines()
+            with trio.fail_after(HANG):
+                assert await anext(lines) == ": open"
+                await trio.to_thread.run_sync(_append, root, "lead", [turn_end_event(2, T0 + 2)])
+                name, data = await _next(lines)
+                assert (name, data["seq"], data["type"]) == ("message", 2, "turn/end")
+                await trio.to_thread.run_sync(_garble_tail, root, "lead")
+                name, data = await _next(lines)
+                assert name == "problem" and data["damaged"] is True
+                assert str(data["problem"]).startswith("the log is damaged: session 'lead' is corrupt at seq 3")
+                assert [line async for line in lines if line] == []  # and the feed ends
+
+
+async def test_a_descendant_damaged_under_the_tree_feed_is_a_damaged_event(root: Path) -> None:
+    """The tree feed goes on for the others: a `damaged` item for `kid` (the tree page reloads
+    and shows its diagnostic row), then `lead`'s next event."""
+    async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
+        async with client.stream("GET", "/events/tree/lead") as response:
+            lines = response.aiter_lines()
+            with trio.fail_after(HANG):
+                assert await anext(lines) == ": open"
+                await trio.to_thread.run_sync(_append, root, "kid", [turn_start_event(1, T0 + 5)])
+                assert await _next(lines) == ("message", {"session_id": "kid", "seq": 1, "type": "turn/start"})
+                await trio.to_thread.run_sync(_garble_tail, root, "kid")
+                name, data = await _next(lines)
+                assert (name, data["session_id"], data["type"]) == ("message", "kid", "damaged")
+                assert data["problem"]
+                await trio.to_thread.run_sync(_append, root, "lead", [turn_end_event(2, T0 + 6)])
+                assert await _next(lines) == ("message", {"session_id": "lead", "seq": 2, "type": "turn/end"})
+        rows = (await client.get("/tree/lead")).text
+        assert 'class="diagnostic"' in rows and "kid" in rows
+
+
+@pytest.mark.pg
+async def test_the_pulse_comes_back_after_a_postgresql_restart(pg_url: str, pg_server: EmbeddedServer) -> None:
+    """The server restarted under the console (every connection cut): the pulse's next looks
+    answer again — a look that failed meanwhile is a `problem` generation, and the one after it
+    is back — and a session created after the restart is named."""
+    from subagents.runtime.store_select import open_log_store
+
+    store = open_log_store(pg_url, create_schema=True)
+    try:
+        _pg_create(store, "before")
+        async with open_read_side(".", store=pg_url) as side:
+            pulse = CorpusPulse(side, interval=0.05)
+            seen = await pulse.after(-1)
+            await trio.to_thread.run_sync(pg_server.restart)
+            await trio.to_thread.run_sync(_pg_create, store, "after")
+            with trio.fail_after(HANG):
+                while not (seen.problem is None and "after" in seen.changed):
+                    seen = await pulse.after(seen.generation)
+    finally:
+        store.close_store()
+
+
+def _pg_create(store: LogStore, sid: str) -> None:
+    handle = store.create(_header(sid))
+    try:
+        store.append(handle, [Batch(Offset(0), [turn_start_event(0, T0)])])
+    finally:
+        store.close(handle)
