@@ -489,3 +489,23 @@ async def test_usage_and_paging_on_postgresql(pg_url: str, monkeypatch: pytest.M
     assert "(+1 not read yet" in first
     assert '<td class="usage">150 in, 25 out tokens (2 model calls)</td>' in then and "not read yet" not in then
     assert "Events 250 to 449 of 450." in long and long.count('<li class="entry') == 201
+
+
+@pytest.mark.parametrize("unchecked", [0, 5])
+def test_the_overview_says_how_many_running_children_it_left_unchecked(unchecked: int) -> None:
+    """The count `stalled_sessions` leaves unobserved is on the page, and only when there is one."""
+    from subagents.runtime.hosts.web.app import _environment
+
+    view = {
+        "hosts": None,
+        "total": 0,
+        "roots": 0,
+        "counts": [],
+        "recent": [],
+        "stalled": [],
+        "unchecked": unchecked,
+        "stall_after": 300,
+    }
+    body = _environment().get_template("overview.html").render(read_only=True, authed=False, csrf="", view=view)
+    assert ("5 running children not checked" in body) == (unchecked == 5)
+    assert ("not checked" in body) == bool(unchecked)

@@ -29,7 +29,9 @@
     source.onopen = () => { status.textContent = "following the tree"; };
     source.onmessage = (message) => {
       const item = JSON.parse(message.data);
-      status.textContent = "following the tree; last: " + item.session_id + " #" + item.seq + " " + item.type;
+      // A damaged child the listing could not place has no seq: its line names it without one.
+      const at = item.seq === null || item.seq === undefined ? "" : " #" + item.seq;
+      status.textContent = "following the tree; last: " + item.session_id + at + " " + item.type;
       if (pending === null) pending = setTimeout(reload, RELOAD_MS);
     };
     source.onerror = () => {
