@@ -163,6 +163,7 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
     assert seen["damaged"].startswith(f"the log is damaged: session '{worker}' is corrupt at seq ")
     assert seen["damaged_status"].startswith("the live feed stopped: the log is damaged")
     assert seen["banner"].startswith("The store does not answer (")
+    assert seen["session_banner"].startswith("The store does not answer (")
     assert (seen["unavailable"], seen["banner_after"]) == ("Store unavailable", False)
     for name in ("overview", "tree", "session"):
         assert (shots / f"web-{name}.png").stat().st_size > 0
@@ -267,6 +268,13 @@ def _browse(url: str, root: Path, host: subprocess.Popen[str], worker: str, shot
             _garble_tail(root, worker)
             seen["damaged"] = page.inner_text("li.diagnostic[data-type='damaged'] pre")
             seen["damaged_status"] = page.inner_text("#live-status")
+            # A page with its own feed asks /live/state now and then (it holds no /live stream):
+            # the store moved away under it is a banner too, gone once the store is back.
+            page.wait_for_selector("body[data-store='up']")
+            root.rename(root.with_name("away"))
+            seen["session_banner"] = page.wait_for_selector("#store-banner", state="visible").inner_text()
+            root.with_name("away").rename(root)
+            page.wait_for_selector("#store-banner", state="hidden")
             # The store moved away under an open page: a banner; a page loaded meanwhile is
             # "Store unavailable", and loads itself again once the store is back.
             page.goto(url + "/")

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.testing
 from descriptors import descriptor
 from events import turn_end_event, turn_start_event
 from pg_server import EmbeddedServer
@@ -260,6 +261,33 @@ async def test_every_page_carries_the_banner_and_the_pulse_script(root: Path) ->
             root.rename(root.with_name("away"))
             gone = await client.get("/")
             assert gone.status_code == 503 and 'id="store-unavailable"' in gone.text  # reloads once back
+
+
+async def test_live_state_answers_once_from_a_fresh_look(root: Path, mock_clock: trio.testing.MockClock) -> None:
+    """`/live/state` (what a page with its own feed polls instead of holding `/live` open): the
+    store's state from a look at most one interval old, no stream; the store moved away is up
+    false with the problem, moved back up true. The clock is moved by hand past the interval
+    (Trio's mock clock, still: the real file IO does not wait on it)."""
+    async with open_read_side(str(root)) as side:
+        settings = WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
+        transport = httpx.ASGITransport(app=build_app(side, settings))
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+            up = await client.get("/live/state")
+            assert up.status_code == 200 and up.json() == {"up": True, "problem": None}
+            assert up.headers["content-type"] == "application/json"
+            assert up.headers["cache-control"] == "no-store"
+            assert up.headers["content-security-policy"].startswith("default-src 'none'")
+            away = root.with_name("away")
+            root.rename(away)
+            assert (await client.get("/live/state")).json()["up"] is True  # within the interval: no new look
+            mock_clock.jump(1.0)
+            gone = (await client.get("/live/state")).json()
+            assert gone["up"] is False and gone["problem"]
+            away.rename(root)
+            mock_clock.jump(1.0)
+            assert (await client.get("/live/state")).json() == {"up": True, "problem": None}
+            script = (await client.get("/static/pulse.js")).text
+            assert 'fetch("/live/state"' in script and "if (fed) poll();" in script
 
 
 # --- a log damaged under its feed ---

@@ -27,7 +27,7 @@ from ...foundation.errors import QuerySessionNotFound, SessionQueryError, Subage
 from .controls import Control, ControlRefused, deliver
 from .feed_paths import OldFeedPath
 from .feeds import Broken, open_feed
-from .pulse import CorpusPulse, LiveRoute
+from .pulse import CorpusPulse, LiveRoute, StateRoute
 from .security import AUTH_COOKIE, Access, security_headers
 from .views import overview, roots_page, session_view, subtree
 
@@ -167,11 +167,13 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
     async def store_error(request: Request, exc: Exception) -> Response:
         return problem(request, 503, "Store unavailable", f"the store did not answer: {exc}")
 
+    pulse = CorpusPulse(side, settings.live_interval)
     tree_feed = _EventsRoute(side, session_arg, tree=True)
     session_feed = _EventsRoute(side, session_arg)
     routes = [
         Route("/", overview_page),
-        Route("/live", LiveRoute(CorpusPulse(side, settings.live_interval))),
+        Route("/live", LiveRoute(pulse)),
+        Route("/live/state", StateRoute(pulse)),
         Route("/tree", tree_page),
         # `:path`: a session id may hold `/` (the links quote every other special character).
         # The feeds sit under their own prefix: a session id ending in `/events` is a page.

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ...query_corpus import SessionRecord
     from ...read_side import ReadSide
 
-__all__ = ["CorpusPulse", "LiveRoute", "Pulse"]
+__all__ = ["CorpusPulse", "LiveRoute", "Pulse", "StateRoute"]
 
 NAMED = 20  # changed session ids a pulse names (the rest are counted)
 Mark = tuple[object, ...]
@@ -79,6 +79,14 @@ class CorpusPulse:
                 if self.current.generation > generation and self.looks > 0:
                     break
                 await trio.sleep_until(self._looked + self.interval)
+                await self._look()
+        return self.current
+
+    async def fresh(self) -> Pulse:
+        """The pulse as of a look at most one interval old (a page that holds its own feed asks
+        this now and then instead of holding a `/live` stream too)."""
+        async with self._lock:
+            if self.looks == 0 or trio.current_time() - self._looked >= self.interval:
                 await self._look()
         return self.current
 
@@ -163,6 +171,26 @@ class LiveRoute:
                 if pulse.problem is None:
                     data = {"generation": pulse.generation, "changed": list(pulse.changed), "count": pulse.count}
                     await _event(send, None, data)
+
+
+class StateRoute:
+    """`GET /live/state`: the store's state once, `{"up": bool, "problem"}`, from a look at most
+    one interval old. Pages that follow their own feed poll it: a browser holds six HTTP/1.1
+    connections per host, and a feed plus a `/live` stream per tab would stall the fourth tab."""
+
+    def __init__(self, pulse: CorpusPulse) -> None:
+        self.pulse = pulse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pulse = await self.pulse.fresh()
+        body = json.dumps({"up": pulse.problem is None, "problem": pulse.problem}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"cache-control", b"no-store"),
+            *security_headers(),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 async def _event(send: Send, name: str | None, data: dict[str, Any]) -> None:
