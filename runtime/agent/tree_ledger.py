@@ -21,6 +21,20 @@ children. A node whose totals lack its descendants' spending from before it join
 unseeded with children already) keeps its own spending apart (`_Node.own`) until such a join
 completes it.
 
+A charge goes up through the ledger's nodes, so every session between a descendant and an
+ancestor here must be a node, even one that never runs here (a child resumed on its own: by a
+message, on a serving host). Two joins see to it, whichever comes first. A session joining
+while its parent is not here looks its ancestors up in the store (`lineage`: the headers'
+parents, at most `LINK_DEPTH`), up to the first one that is here, and (after the reads, in the
+same synchronous step) puts stand-ins for the missing ones between (`_link`): closed, no
+budget, nothing spent — the ancestor's totals are left as they are, since its own join counted
+their spending until then. A stand-in's totals are only what was charged through it since
+(`_Node.stand_in`): its own join, or a seed above it (which reads its own spending), completes
+them. And an ancestor that joins seeded after such a descendant puts the sessions its read
+found between them in whole (`_combine`: their totals are what it just added up). A stand-in has
+no budget: a descriptor is in its log's body, not its header (a whole log read), and the
+descendant under it was reserved out of its remainder when it started.
+
 Reservations. Starting a child reserves its budget out of its parent's remainder (`start_child`):
 what a parent can give a new child is its limit less its tree's spending less what its open
 children still hold (their limit less their own tree's spending); a child is open from its start
@@ -303,7 +317,8 @@ class TreeLedger:
         """Set the totals of `root` (just entered) to its whole tree's: `own`, and for each
         session below it, the ledger's totals where they are complete, else its own spending
         (the ledger's, else the read's `seeds`) plus, by the same rule, its children's. The
-        incomplete ones met are completed on the way."""
+        incomplete ones and stand-ins met are completed on the way, and those read that are not
+        here but above one that is are put in, whole, so that its charges reach `root`."""
         children: dict[str, dict[str, None]] = {}  # parent → children, in order, once each
         for sid, seed in seeds.items():
             children.setdefault(seed.parent, {})[sid] = None
