@@ -103,6 +103,24 @@ async def test_a_leaf_that_joins_under_an_absent_parent_is_charged_to_the_ancest
     assert _spent(ledger, "P")[0] == 50 + 810  # its own and C's charges since it was put in
 
 
+async def test_a_stand_in_that_joins_seeded_is_completed_and_its_ancestor_left_as_charged() -> None:
+    """P, put in as C's parent, joins here after all with a shared budget: its read (C: 30 as
+    the store has it) gives it its whole tree's totals, C's from the ledger (30 + 100 charged);
+    A's are what it counted and was charged. Then C's charges reach both."""
+    store = Store({"A": {"P": P_SEED, "C": Seeded("P", C_OWN)}, "P": {"C": Seeded("P", C_OWN)}})
+    ledger = store.ledger()
+    await ledger.join("A", None, LIMIT, A_OWN)
+    await ledger.join("C", "P", None, C_OWN)
+    ledger.charge("C", _tokens(100), None)
+    assert _spent(ledger, "P") == (100, 0, 0)  # a stand-in: only what was charged through it
+    await ledger.join("P", "A", Budget(max_tokens=400), OwnSpent(tokens=50, turns=1, parent=True))
+    assert _spent(ledger, "P") == (180, 1, 2)
+    assert _spent(ledger, "A") == (187, 2, 4)
+    ledger.charge("C", _tokens(300), None)
+    assert ledger.refusal("C", 1, None) == "ancestor P's max_tokens 400 reached: 480 used (80 over)"
+    assert _spent(ledger, "A")[0] == 487
+
+
 async def test_a_leaf_here_before_its_ancestor_is_linked_by_the_ancestors_seed() -> None:
     """Order (b): C joins first (nobody above it here: nothing to link), is charged 100; then
     A joins, its seed (which saw C's 30 only) adds C's ledger totals and puts P in, whole, so
