@@ -285,7 +285,15 @@ async def open_runtime(
                 async def seed(session_id: str) -> dict[str, Seeded]:
                     return await descendant_spent(query, listing, session_id, prices)
 
-                ledger = TreeLedger(prices=prices, seeder=seed)
+                async def parent_of(session_id: str) -> str | None:
+                    try:
+                        info, _held = await query.stat(session_id)
+                    except StorageError:
+                        return None  # unreadable: the ledger links no ancestor through it
+                    header = None if info is None else info.header
+                    return header.parent_session if header is not None and header.origin == "subagent" else None
+
+                ledger = TreeLedger(prices=prices, seeder=seed, lineage=parent_of)
                 agents = AgentRegistry(
                     sessions=sessions,
                     reader=reader,

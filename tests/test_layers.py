@@ -459,6 +459,7 @@ WHITE_BOX = {
     "tests/runtime/test_budgets.py",
     "tests/runtime/test_budget_tree.py",  # the tree ledger and the prices, without a runtime
     "tests/runtime/test_budget_shared.py",  # the ledger's turns and the usage unit, beside a runtime
+    "tests/runtime/test_budget_links.py",  # the ledger's links past an absent parent, beside a runtime
     "tests/runtime/test_pricing.py",  # the config loader and the usage fold beside the prices
     "tests/runtime/test_catalog_unit.py",
     "tests/runtime/test_child_options.py",

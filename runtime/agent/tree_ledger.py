@@ -21,6 +21,20 @@ children. A node whose totals lack its descendants' spending from before it join
 unseeded with children already) keeps its own spending apart (`_Node.own`) until such a join
 completes it.
 
+A charge goes up through the ledger's nodes, so every session between a descendant and an
+ancestor here must be a node, even one that never runs here (a child resumed on its own: by a
+message, on a serving host). Two joins see to it, whichever comes first. A session joining
+while its parent is not here looks its ancestors up in the store (`lineage`: the headers'
+parents, at most `LINK_DEPTH`), up to the first one that is here, and (after the reads, in the
+same synchronous step) puts stand-ins for the missing ones between (`_link`): closed, no
+budget, nothing spent — the ancestor's totals are left as they are, since its own join counted
+their spending until then. A stand-in's totals are only what was charged through it since
+(`_Node.stand_in`): its own join, or a seed above it (which reads its own spending), completes
+them. And an ancestor that joins seeded after such a descendant puts the sessions its read
+found between them in whole (`_combine`: their totals are what it just added up). A stand-in has
+no budget: a descriptor is in its log's body, not its header (a whole log read), and the
+descendant under it was reserved out of its remainder when it started.
+
 Reservations. Starting a child reserves its budget out of its parent's remainder (`start_child`):
 what a parent can give a new child is its limit less its tree's spending less what its open
 children still hold (their limit less their own tree's spending); a child is open from its start
@@ -53,6 +67,8 @@ from ..foundation.pricing import PriceTable, format_cost
 
 __all__ = [
     "CHARGED_COUNTS",
+    "LINK_DEPTH",
+    "Lineage",
     "OwnSpent",
     "Seeded",
     "Seeder",
@@ -164,6 +180,10 @@ class Seeded:
 
 # session id → its descendants (not itself) by id, read from the store.
 Seeder = Callable[[str], Awaitable[Mapping[str, Seeded]]]
+# session id → its parent as its header names it (None: a root, or its log cannot be read).
+Lineage = Callable[[str], Awaitable[str | None]]
+
+LINK_DEPTH = 32  # the ancestors a join looks up at most for one that is here (`_lookup`)
 
 
 @attrs.define(eq=False)
@@ -180,6 +200,10 @@ class _Node:
     # Its own spending, kept only while its totals lack its descendants' from before it joined
     # (None: they are its whole tree's). A join above it uses this and completes it.
     own: OwnSpent | None = None
+    # Put between a descendant that joined and an ancestor that is here, for a session that never
+    # joined (`_link`): its totals are only what was charged through it since, its own spending is
+    # unknown (`own` is empty: a seed above reads it) — its join, or one above it, completes it.
+    stand_in: bool = False
 
 
 @attrs.define
@@ -207,6 +231,7 @@ class TreeLedger:
 
     prices: PriceTable = attrs.field(factory=PriceTable)
     seeder: Seeder | None = None
+    lineage: Lineage | None = None
     _nodes: dict[str, _Node] = attrs.field(factory=dict)
     _sent: dict[str, int] = attrs.field(factory=dict)  # session → its call in flight's estimate
 
@@ -223,31 +248,77 @@ class TreeLedger:
 
     async def join(self, session_id: str, parent: str | None, budget: Budget | None, own: OwnSpent) -> None:
         """Enter (or enter again) a session: its own spending `own`, its descendants' from the
-        seeder when its budget is shared and it started children (see the module docstring:
-        exact whatever is charged while the seeder reads). A session already here keeps its
-        totals (they have been charged all along)."""
+        seeder when its budget is shared and it started children, and, when its parent is not
+        here, the missing sessions between it and the nearest ancestor that is (see the module
+        docstring: exact whatever is charged while the store is read). A session already here
+        keeps its totals (they have been charged all along)."""
         node = self._nodes.get(session_id)
-        if node is not None:
+        if node is not None and not node.stand_in:
             node.budget, node.open = budget, True
             return
         seeds: Mapping[str, Seeded] | None = None
         if self.seeder is not None and self.shares(budget) and own.parent:
             seeds = await self.seeder(session_id)
-        if session_id in self._nodes:  # joined meanwhile (the seeder awaited)
+        path = await self._lookup(parent) if parent is not None and parent not in self._nodes else []
+        # No await from here: nothing interleaves.
+        node = self._nodes.get(session_id)
+        if node is not None and not node.stand_in:  # joined meanwhile, or put here whole by a seed
+            node.budget, node.open = budget, True
             return
-        # Unseeded with children already: its totals lack theirs, so its own are kept apart.
-        incomplete = seeds is None and own.parent
-        node = _Node(parent, budget, own.tokens, own.cost, 0, own.turns, unpriced=own.unpriced)
-        node.own = own if incomplete else None
-        self._nodes[session_id] = node
+        if parent is not None:
+            self._link(parent, path)
+        if node is None:
+            node = _Node(parent, budget, own.tokens, own.cost, 0, own.turns, unpriced=own.unpriced)
+            # Unseeded with children already: its totals lack theirs, so its own are kept apart.
+            node.own = own if seeds is None and own.parent else None
+            self._nodes[session_id] = node
+        else:  # a stand-in: what was charged through it stays, its own spending is added
+            node.budget, node.open, node.stand_in, node.own = budget, True, False, own
+            node.tokens, node.turns = node.tokens + own.tokens, node.turns + own.turns
+            if own.cost is None or node.cost is None:
+                node.cost, node.unpriced = None, node.unpriced or own.unpriced or "(usage not reported)"
+            else:
+                node.cost += own.cost
         if seeds is not None:
-            self._combine(session_id, own, seeds)  # no await since the read: nothing interleaves
+            self._combine(session_id, own, seeds)
+
+    async def _lookup(self, parent: str) -> list[tuple[str, str | None]]:
+        """The sessions from `parent` up to the first one that is here, a root, or one whose log
+        cannot be read (at most `LINK_DEPTH`), each with its parent, nearest first."""
+        path: list[tuple[str, str | None]] = []
+        sid: str | None = parent
+        seen: set[str] = set()
+        while self.lineage is not None and sid is not None and sid not in self._nodes and sid not in seen:
+            if len(path) >= LINK_DEPTH:
+                return []  # no ancestor here within reach: nothing to link
+            seen.add(sid)
+            above = await self.lineage(sid)
+            path.append((sid, above))
+            sid = above
+        return path
+
+    def _link(self, parent: str, path: list[tuple[str, str | None]]) -> None:
+        """Put stand-ins (closed, no budget, nothing spent) for the sessions of `path` (read by
+        `_lookup`) that are not here, up to the first one that is, so that the charges of a
+        session joining under `parent` reach it. Nothing is added to that ancestor: its own
+        join counted their spending until then. No ancestor here: nothing is put."""
+        missing: list[tuple[str, str | None]] = []
+        for sid, above in path:
+            if sid in self._nodes:
+                break
+            missing.append((sid, above))
+        else:
+            if not missing or missing[-1][1] not in self._nodes:
+                return
+        for sid, above in missing:
+            self._nodes[sid] = _Node(above, None, open=False, own=OwnSpent(), stand_in=True)
 
     def _combine(self, root: str, own: OwnSpent, seeds: Mapping[str, Seeded]) -> None:
         """Set the totals of `root` (just entered) to its whole tree's: `own`, and for each
         session below it, the ledger's totals where they are complete, else its own spending
         (the ledger's, else the read's `seeds`) plus, by the same rule, its children's. The
-        incomplete ones met are completed on the way."""
+        incomplete ones and stand-ins met are completed on the way, and those read that are not
+        here but above one that is are put in, whole, so that its charges reach `root`."""
         children: dict[str, dict[str, None]] = {}  # parent → children, in order, once each
         for sid, seed in seeds.items():
             children.setdefault(seed.parent, {})[sid] = None
@@ -269,7 +340,9 @@ class TreeLedger:
         sums: dict[str, _Sum] = {}
         for sid in reversed(order):  # children before parents: each sum is whole when read
             node = self._nodes.get(sid)
-            mine = own if sid == root else node.own if node is not None and node.own is not None else None
+            mine = own if sid == root else None
+            if mine is None and node is not None and node.own is not None and not node.stand_in:
+                mine = node.own
             if mine is None:
                 mine = seeds[sid].spent if sid in seeds else OwnSpent()
             total = sums[sid] = _Sum()
@@ -283,9 +356,13 @@ class TreeLedger:
                 elif below is not None and below.own is None and child != root:
                     total.add(below.tokens, below.cost, below.unpriced, below.turns)
                     total.descendants += 1 + below.descendants
-            if node is not None:  # the root, or an incomplete one: whole from now on
+            if node is None and sid in seeds and any(child in self._nodes for child in children.get(sid, {})):
+                # Not here, but above a descendant that is: put in, whole, so its charges reach root.
+                node = self._nodes[sid] = _Node(seeds[sid].parent, None, open=False)
+            if node is not None:  # the root, an incomplete one, or one just put in: whole from now on
                 node.tokens, node.cost, node.unpriced = total.tokens, total.cost, total.unpriced
                 node.turns, node.descendants, node.own = total.turns, total.descendants, None
+                node.stand_in = False
 
     def leave(self, session_id: str) -> None:
         """A session stopped here: its totals stay for its ancestors (they have them already);
