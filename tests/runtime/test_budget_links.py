@@ -7,23 +7,23 @@ recount agreeing with the live totals."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import trio
 import trio.testing
-from log_lines import read_all
+from budget_trees import delegate as _delegate
+from budget_trees import ends as _ends
+from budget_trees import label_of as _label
+from budget_trees import logs as _logs
+from budget_trees import scripted as _model
+from budget_trees import usage as _usage
 from subagents.runtime import Budget, ScenarioClock, open_runtime
 from subagents.runtime.agent.tree_ledger import OwnSpent, Seeded, TreeLedger, TreeSpent
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.foundation.pricing import PriceTable
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
-from subagents.storage import FileLogStore
 
 Json = dict[str, Any]
 
@@ -177,36 +177,6 @@ async def test_a_leafs_charge_during_the_ancestors_seed_counts_once_and_links() 
 
 
 # --- a runtime on real files ----------------------------------------------------------------------
-
-
-def _model(agents: list[Json]) -> ScriptedModel:
-    return ScriptedModel(load_script(json.dumps({"agents": agents})))
-
-
-def _usage(n: int) -> Json:
-    return {"input_tokens": n, "output_tokens": 0}
-
-
-def _delegate(label: str, **arguments: Any) -> Json:
-    return {"name": "subagent", "arguments": {"description": label, "prompt": "work", **arguments}}
-
-
-def _logs(root: Path) -> dict[str, list[tuple[str, Json]]]:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        return {
-            info.id: [(e.type, msgspec.json.decode(e.data)) for e in read_all(store, info.id)] for info in store.list()
-        }
-    finally:
-        store.close_store()
-
-
-def _ends(events: list[tuple[str, Json]]) -> list[Json]:
-    return [d["reason"] for t, d in events if t == "turn/end"]
-
-
-def _label(events: list[tuple[str, Json]]) -> str | None:
-    return next((d.get("label") for t, d in events if t == "subagent/descriptor"), None)
 
 
 OPTIONS: dict[str, Any] = {

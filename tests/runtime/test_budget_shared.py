@@ -13,6 +13,10 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+from budget_trees import delegate as _delegate
+from budget_trees import ends as _ends
+from budget_trees import logs as _logs
+from budget_trees import scripted as _model
 from events import assistant_event
 from log_lines import read_all
 from subagents.runtime import Budget, ScenarioClock, open_runtime
@@ -23,7 +27,6 @@ from subagents.runtime.foundation.budgets import spent_of
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.foundation.pricing import PriceTable
 from subagents.runtime.models.base import Chunk, Finish, Model, ModelRequest, SessionBinding, Usage
-from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
 from subagents.runtime.tools.base import FunctionTool, ToolContext
 from subagents.runtime.usage import usage_of
@@ -32,28 +35,6 @@ from wrapped_models import WrappedModel
 
 Json = dict[str, Any]
 T0 = 1_700_000_000_000
-
-
-def _model(agents: list[Json], summaries: list[str] | None = None) -> ScriptedModel:
-    return ScriptedModel(load_script(json.dumps({"agents": agents, "summaries": summaries or []})))
-
-
-def _delegate(label: str, **arguments: Any) -> Json:
-    return {"name": "subagent", "arguments": {"description": label, "prompt": "work", **arguments}}
-
-
-def _logs(root: Path) -> dict[str, list[tuple[str, Json]]]:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        return {
-            info.id: [(e.type, msgspec.json.decode(e.data)) for e in read_all(store, info.id)] for info in store.list()
-        }
-    finally:
-        store.close_store()
-
-
-def _ends(events: list[tuple[str, Json]]) -> list[Json]:
-    return [d["reason"] for t, d in events if t == "turn/end"]
 
 
 def _of(events: list[tuple[str, Json]], type_: str) -> list[Json]:

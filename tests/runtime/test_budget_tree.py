@@ -6,14 +6,17 @@ Scripted models on real files, synchronised on the runtime's own waits."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import trio
-from log_lines import read_all
+from budget_trees import delegate as _delegate
+from budget_trees import ends as _ends
+from budget_trees import label_of as _label
+from budget_trees import logs as _logs
+from budget_trees import scripted as _model
+from budget_trees import usage as _usage
 from subagents.runtime import Budget, ScenarioClock, open_runtime
 from subagents.runtime.agent.tree_ledger import OwnSpent, Seeded, TreeLedger
 from subagents.runtime.delegation.agent_types import AgentType
@@ -21,19 +24,9 @@ from subagents.runtime.foundation.budgets import budget_json, parse_budget
 from subagents.runtime.foundation.ids import CountingIds
 from subagents.runtime.foundation.pricing import Price, PriceTable
 from subagents.runtime.models.specs import ModelRecord
-from subagents.runtime.testing.script_format import load_script
 from subagents.runtime.testing.scripted_model import ScriptedModel
-from subagents.storage import FileLogStore
 
 Json = dict[str, Any]
-
-
-def _model(agents: list[Json]) -> ScriptedModel:
-    return ScriptedModel(load_script(json.dumps({"agents": agents})))
-
-
-def _delegate(label: str, **arguments: Any) -> Json:
-    return {"name": "subagent", "arguments": {"description": label, "prompt": "work", **arguments}}
 
 
 async def _run_tree(root: Path, model: ScriptedModel, **options: Any) -> None:
@@ -47,30 +40,8 @@ async def _run_tree(root: Path, model: ScriptedModel, **options: Any) -> None:
         await rt.subagents.wait_tree_idle(parent)
 
 
-def _usage(n: int) -> Json:
-    return {"input_tokens": n, "output_tokens": 0}
-
-
-def _logs(root: Path) -> dict[str, list[tuple[str, Json]]]:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        return {
-            info.id: [(e.type, msgspec.json.decode(e.data)) for e in read_all(store, info.id)] for info in store.list()
-        }
-    finally:
-        store.close_store()
-
-
 def _spent(events: list[tuple[str, Json]]) -> int:
     return sum(sum(d["usage"].values()) for t, d in events if t == "assistant/message" and "usage" in d)
-
-
-def _ends(events: list[tuple[str, Json]]) -> list[Json]:
-    return [d["reason"] for t, d in events if t == "turn/end"]
-
-
-def _label(events: list[tuple[str, Json]]) -> str | None:
-    return next((d.get("label") for t, d in events if t == "subagent/descriptor"), None)
 
 
 def _worker(label: str, per_call: int) -> Json:
