@@ -344,6 +344,8 @@ class _RunCommand(_WorkspaceTool):
                 command, env = await self.sandbox.wrap(argv, workspace=self.workspace.root, cwd=cwd, policy=policy)
             except SandboxUnavailable as exc:
                 raise ToolFailure(f"run_command did not run: {exc}", code="SANDBOX_UNAVAILABLE") from None
+            except OSError as exc:  # the program is missing, or hidden in the box
+                raise ToolFailure(f"the command cannot start: {exc.strerror or exc}", code="COMMAND_NOT_STARTED") from None
             ran = f" (sandboxed: {policy.summary()})"
         elif self.sandbox is not None and self.sandbox.on:
             ran = f" (ran outside the sandbox: agent type {kind!r} turns it off)"

@@ -296,3 +296,39 @@ async def test_mode_off_runs_unconfined_as_before(base: Path) -> None:
     assert (base / "outside.txt").read_text() == "out\n"
     (spec,) = [spec for spec in made.tools.specs() if spec.name == "run_command"]
     assert "unsandboxed" not in json.dumps(spec.parameters) and "sandbox" not in spec.description
+
+
+async def test_a_missing_program_is_not_started_boxed_as_unboxed(base: Path) -> None:
+    boxed = Box(base)
+    (base / "off").mkdir()
+    unboxed = Box(base / "off", SandboxPolicy(mode="off"))
+    for made in (boxed, unboxed):
+        outcome = await made.call(command=["no-such-program-here", "x"])
+        assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+        assert outcome.content[0]["text"] == "Error: the command cannot start: No such file or directory"
+    # A shell line is /bin/sh's to report, boxed or not: it runs, and says so with 127.
+    code, output = await boxed.run("no-such-program-here")
+    assert code == 127 and "not found" in output
+
+
+async def test_a_program_visible_only_outside_the_box_is_not_started(base: Path) -> None:
+    made = Box(base)
+    tool = made.store / "tool.sh"  # under the store's root: hidden in the box
+    tool.write_text("#!/bin/sh\necho ran\n")
+    tool.chmod(0o755)
+    outcome = await made.call(command=[str(tool)])
+    assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+    assert f"({tool} is hidden in the sandbox)" in outcome.content[0]["text"]
+    # The same program in the workspace runs, by a relative name and on the command's PATH.
+    shutil.copy(tool, made.ws / "tool.sh")
+    assert await made.run(["./tool.sh"]) == (0, "ran")
+    (made.ws / "notes").write_text("x\n")
+    outcome = await made.call(command=["./notes"])  # there, not executable: as execvp says
+    assert outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+    assert outcome.content[0]["text"].endswith("Permission denied")
+    (base / "second").mkdir()
+    on_path = Box(base / "second", path=f"{base}/second/store:{os.environ['PATH']}")
+    shutil.copy(tool, on_path.store / "tool.sh")  # found on PATH outside, hidden inside
+    outcome = await on_path.call(command=["tool.sh"])
+    assert outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+    assert "tool.sh is hidden in the sandbox)" in outcome.content[0]["text"]
