@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from .policy import HIDDEN_HOME_PATHS, SandboxPolicy
+from .policy import HIDDEN_HOME_PATHS, PolicyRefused, SandboxPolicy
 
 __all__ = ["bwrap_argv", "box_mounts", "find_program", "hidden_paths"]
 
@@ -92,14 +92,22 @@ def box_mounts(
     policy: SandboxPolicy, *, workspace: str, hidden: Sequence[str], home: str | None
 ) -> list[tuple[str, _Kind]]:
     """The box's mounts over its read-only `/`, in the order they apply (a later one covers an
-    earlier one on the same path or above it)."""
+    earlier one on the same path or above it). Raises `PolicyRefused` for a `type_writable`
+    path at or under a hidden one (or `/tmp`)."""
     mounts: list[tuple[str, _Kind]] = [("/tmp", "tmp"), (_RUN, "hide")]
     if policy.network:
         mounts.append((_RESOLVER, "reveal"))
     for path in hidden_paths(policy, hidden=hidden, home=home, base=workspace):
         mounts.append((path, "hide"))
+    covered = [path for path, kind in mounts if kind in ("tmp", "hide")]
     for path in (workspace, *policy.writable):
         mounts.append((_absolute(path, home, workspace), "bind"))
+    for written in policy.type_writable:
+        path = _absolute(written, home, workspace)
+        over = next((c for c in covered if path == c or path.startswith(c.rstrip("/") + "/")), None)
+        if over is not None:  # an agent type adds writable folders, never uncovers hidden ones
+            raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is at or under the hidden {over}")
+        mounts.append((path, "bind"))
     mounts.sort(key=lambda m: (_depth(m[0]), _ORDER[m[1]]))
     return mounts
 

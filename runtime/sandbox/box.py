@@ -89,6 +89,8 @@ class Sandbox:
         def build() -> list[str]:
             mounts = box_mounts(chosen, workspace=workspace, hidden=self.hidden, home=home)
             find_program(command[0], cwd=cwd, search_path=env.get("PATH"), mounts=mounts)
-            return bwrap_argv(bwrap, command, policy=chosen, workspace=workspace, cwd=cwd, hidden=self.hidden, home=home)
+            return bwrap_argv(
+                bwrap, command, policy=chosen, workspace=workspace, cwd=cwd, hidden=self.hidden, home=home
+            )
 
         return await trio.to_thread.run_sync(build), env

@@ -26,6 +26,7 @@ import trio
 from ..foundation.errors import ToolFailure
 from ..foundation.json_values import JsonObject as Json
 from ..sandbox.box import Sandbox, SandboxUnavailable
+from ..sandbox.policy import PolicyRefused
 from .base import ToolContext
 from .workspace_command import run_command
 from .workspace_files import edit_text, glob_regex, list_folder, read_text, searchable_text, walk_files, write_text
@@ -344,8 +345,12 @@ class _RunCommand(_WorkspaceTool):
                 command, env = await self.sandbox.wrap(argv, workspace=self.workspace.root, cwd=cwd, policy=policy)
             except SandboxUnavailable as exc:
                 raise ToolFailure(f"run_command did not run: {exc}", code="SANDBOX_UNAVAILABLE") from None
+            except PolicyRefused as exc:
+                raise ToolFailure(f"run_command did not run: {exc}", code="SANDBOX_REFUSED") from None
             except OSError as exc:  # the program is missing, or hidden in the box
-                raise ToolFailure(f"the command cannot start: {exc.strerror or exc}", code="COMMAND_NOT_STARTED") from None
+                raise ToolFailure(
+                    f"the command cannot start: {exc.strerror or exc}", code="COMMAND_NOT_STARTED"
+                ) from None
             ran = f" (sandboxed: {policy.summary()})"
         elif self.sandbox is not None and self.sandbox.on:
             ran = f" (ran outside the sandbox: agent type {kind!r} turns it off)"

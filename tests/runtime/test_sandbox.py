@@ -332,3 +332,25 @@ async def test_a_program_visible_only_outside_the_box_is_not_started(base: Path)
     outcome = await on_path.call(command=["tool.sh"])
     assert outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
     assert "tool.sh is hidden in the sandbox)" in outcome.content[0]["text"]
+
+
+async def test_an_agent_type_adds_writable_and_hidden_paths_for_its_agents(base: Path) -> None:
+    cache = base / "cache"
+    cache.mkdir()
+    private = base / "home" / "private.txt"
+    typed = Box(base, by_type={"builder": SandboxPolicy(type_writable=[str(cache)], readable_hidden=["~/private.txt"])})
+    private.write_text("private\n")
+    code, output = await typed.run(f"echo hit > {cache}/x && cat {private}", "builder")
+    assert code == 1 and output == f"cat: {private}: Permission denied"
+    assert (cache / "x").read_text() == "hit\n"
+    code, output = await typed.run(f"cat {private}; echo other > {cache}/y", "other")
+    assert code == 2 and output.startswith("private\n") and "Read-only file system" in output
+    assert not (cache / "y").exists()  # any other agent's box is the runtime's
+
+
+async def test_an_agent_type_cannot_make_a_secret_writable(base: Path) -> None:
+    typed = Box(base, by_type={"thief": SandboxPolicy(type_writable=["~/.ssh"])})
+    outcome = await typed.call("thief", command="cat ~/.ssh/id_ed25519 > stolen")
+    assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "SANDBOX_REFUSED"}
+    assert "sandbox_writable '~/.ssh' is at or under the hidden" in outcome.content[0]["text"]
+    assert not (typed.ws / "stolen").exists()  # nothing ran

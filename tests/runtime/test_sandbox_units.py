@@ -19,7 +19,7 @@ from subagents.runtime.hosts.setup import headless_approver
 from subagents.runtime.sandbox.argv import bwrap_argv
 from subagents.runtime.sandbox.box import Sandbox
 from subagents.runtime.sandbox.environment import scrubbed_env
-from subagents.runtime.sandbox.policy import SandboxPolicy
+from subagents.runtime.sandbox.policy import PolicyRefused, SandboxPolicy
 from subagents.runtime.tools.base import ToolContext, ToolSet
 from subagents.runtime.tools.permissions import (
     DEFAULT_PERMISSIONS,
@@ -346,6 +346,54 @@ def test_an_agent_type_may_set_its_sandbox() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             parse_agent_type(f"---\nname: x\ndescription: d\n{line}\n---\nGo.")
+
+
+def test_an_agent_type_adds_writable_and_hidden_paths() -> None:
+    text = (
+        "---\nname: builder\ndescription: d\nsandbox_writable: [~/.cache/pip, 'out dir']\n"
+        "sandbox_readable_hidden: ~/work/credentials.json, secrets\n---\nBuild."
+    )
+    kind = parse_agent_type(text)
+    assert kind.sandbox_writable == ("~/.cache/pip", "out dir")
+    assert kind.sandbox_readable_hidden == ("~/work/credentials.json", "secrets")
+    base = SandboxPolicy(writable=["/cache"], readable_hidden=["/etc/private"])
+    merged = kind.sandbox_policy(base)
+    assert merged == SandboxPolicy(
+        writable=["/cache"],  # the runtime's, which may uncover a hidden path (the person's choice)
+        type_writable=["~/.cache/pip", "out dir"],  # the type's, which may not
+        readable_hidden=["/etc/private", "~/work/credentials.json", "secrets"],  # only ever more
+    )
+    assert "also writable: /cache, ~/.cache/pip, out dir" in merged.summary()
+    for line, message in [
+        ("sandbox_writable: ['']", "sandbox_writable must be a list of paths"),
+        ('sandbox_readable_hidden: [a, ""]', "sandbox_readable_hidden must be a list of paths"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_agent_type(f"---\nname: x\ndescription: d\n{line}\n---\nGo.")
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "~/.ssh",
+        "~/.ssh/keys",
+        "/home/u/.netrc",
+        "/data/root",
+        "/data/root/logs",
+        "/run/user/1000",
+        "/tmp/x",
+        "~/.config/subagents",
+    ],
+)
+def test_an_agent_type_never_makes_a_hidden_path_writable(written: str) -> None:
+    with pytest.raises(PolicyRefused, match="is at or under the hidden"):
+        argv_for("/srv/ws", ["/data/root"], SandboxPolicy(type_writable=[written]))
+
+
+def test_an_agent_types_writable_folder_around_hidden_ones_keeps_them_hidden() -> None:
+    got = mounts(argv_for("/srv/ws", ["/data/root"], SandboxPolicy(type_writable=["~"])))
+    assert got.index(("--bind", "/home/u", "/home/u")) < got.index(("--tmpfs", "/home/u/.ssh"))
+    assert got.index(("--bind", "/home/u", "/home/u")) < got.index(("--ro-bind", "/dev/null", "/home/u/.netrc"))
 
 
 def typed_ctx(agent_type: str | None) -> ToolContext:
