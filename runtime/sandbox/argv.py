@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from .policy import HIDDEN_HOME_PATHS, PolicyRefused, SandboxPolicy
+from .policy import HIDDEN_HOME_PATHS, HIDDEN_SOCKET_FOLDERS, PolicyRefused, SandboxPolicy
 
 __all__ = ["bwrap_argv", "box_mounts", "find_program", "hidden_paths"]
 
@@ -41,8 +41,9 @@ _RESOLVER = "/run/systemd/resolve"
 
 def hidden_paths(policy: SandboxPolicy, *, hidden: Sequence[str], home: str | None, base: str) -> list[str]:
     """Every path a command must not read, absolute: `hidden` (the runtime's own: its root, the
-    user's config folder), the usual secrets under `home`, the policy's `readable_hidden`."""
-    paths = [*hidden, *policy.readable_hidden]
+    user's config folder, the sockets its environment names), daemons' socket folders, the usual
+    secrets under `home`, the policy's `readable_hidden`."""
+    paths = [*hidden, *HIDDEN_SOCKET_FOLDERS, *policy.readable_hidden]
     if home:
         paths += [os.path.join(home, name) for name in HIDDEN_HOME_PATHS]
     return [_absolute(p, home, base) for p in paths]
@@ -108,7 +109,8 @@ def box_mounts(
         if over is not None:  # an agent type adds writable folders, never uncovers hidden ones
             raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is at or under the hidden {over}")
         mounts.append((path, "bind"))
-    mounts.sort(key=lambda m: (_depth(m[0]), _ORDER[m[1]]))
+    # One mount per path and kind: /var/run is /run where it links there.
+    mounts = sorted(dict.fromkeys(mounts), key=lambda m: (_depth(m[0]), _ORDER[m[1]]))
     return mounts
 
 

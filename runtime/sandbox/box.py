@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import trio
 
 from .argv import box_mounts, bwrap_argv, find_program
-from .environment import scrubbed_env
+from .environment import scrubbed_env, socket_paths
 from .policy import SandboxPolicy
 from .probe import FIX, ProbeResult, probe_bwrap
 
@@ -85,12 +85,12 @@ class Sandbox:
         env = scrubbed_env(self.environment())
         home = env.get("HOME")
         chosen = policy or self.policy
+        # The sockets our environment names are hidden even though their variables are gone.
+        hidden = (*self.hidden, *socket_paths(self.environment()))
 
         def build() -> list[str]:
-            mounts = box_mounts(chosen, workspace=workspace, hidden=self.hidden, home=home)
+            mounts = box_mounts(chosen, workspace=workspace, hidden=hidden, home=home)
             find_program(command[0], cwd=cwd, search_path=env.get("PATH"), mounts=mounts)
-            return bwrap_argv(
-                bwrap, command, policy=chosen, workspace=workspace, cwd=cwd, hidden=self.hidden, home=home
-            )
+            return bwrap_argv(bwrap, command, policy=chosen, workspace=workspace, cwd=cwd, hidden=hidden, home=home)
 
         return await trio.to_thread.run_sync(build), env

@@ -13,13 +13,39 @@ from typing import Literal
 
 import attrs
 
-__all__ = ["HIDDEN_HOME_PATHS", "PolicyRefused", "SandboxMode", "SandboxPolicy", "check_mode", "check_paths"]
+__all__ = [
+    "HIDDEN_HOME_PATHS",
+    "HIDDEN_SOCKET_FOLDERS",
+    "PolicyRefused",
+    "SandboxMode",
+    "SandboxPolicy",
+    "check_mode",
+    "check_paths",
+]
 
 SandboxMode = Literal["on", "off"]
 
 # Under the home folder: what a person expects no command of an agent to read (keys, cloud
-# credentials, this program's own configuration with its model keys).
-HIDDEN_HOME_PATHS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/subagents")
+# credentials, this program's own configuration with its model keys), and the folders where a
+# container engine's VM puts its socket (colima, lima, Rancher Desktop, podman machine): a
+# command that reaches a docker socket is root on that engine.
+HIDDEN_HOME_PATHS = (
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".netrc",
+    ".docker",
+    ".kube",
+    ".config/gh",
+    ".config/subagents",
+    ".colima",
+    ".lima",
+    ".rd",
+    ".local/share/containers/podman/machine",
+)
+# Outside the home folder, besides /run and /tmp (argv.py): daemons' sockets elsewhere
+# (/var/run where it is a folder rather than a link to /run; LXD's, root-equivalent).
+HIDDEN_SOCKET_FOLDERS = ("/var/run", "/var/snap/lxd/common/lxd", "/var/lib/lxd")
 
 
 class PolicyRefused(ValueError):

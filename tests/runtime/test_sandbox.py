@@ -46,6 +46,7 @@ class Box:
         *,
         path: str | None = None,
         by_type: dict[str, SandboxPolicy] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.tmp = folder
         self.ws = folder / "ws"
@@ -57,7 +58,9 @@ class Box:
         (self.home / ".ssh").mkdir(parents=True)
         (self.home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
         (self.home / "notes.txt").write_text("readable\n")
+        given = env or {}
         env = {
+            **given,
             "PATH": path if path is not None else os.environ["PATH"],
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
@@ -354,3 +357,53 @@ async def test_an_agent_type_cannot_make_a_secret_writable(base: Path) -> None:
     assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "SANDBOX_REFUSED"}
     assert "sandbox_writable '~/.ssh' is at or under the hidden" in outcome.content[0]["text"]
     assert not (typed.ws / "stolen").exists()  # nothing ran
+
+
+_UNIX_CONNECT = (
+    "import socket, sys\n"
+    "for path in sys.argv[1:]:\n"
+    "    c = socket.socket(socket.AF_UNIX)\n"
+    "    try:\n"
+    "        c.connect(path)\n"
+    "        print('connected')\n"
+    "    except OSError as exc:\n"
+    "        print(type(exc).__name__)\n"
+)
+
+
+async def test_the_sockets_our_environment_names_are_hidden(base: Path) -> None:
+    # A read-only mount does not stop connect(): each socket must be covered, or its folder.
+    runtime_dir = base / "xdg"
+    runtime_dir.mkdir()
+    places = {
+        "agent": base / "agent.sock",  # SSH_AUTH_SOCK (the variable is removed; the socket stays)
+        "docker": base / "docker.sock",  # DOCKER_HOST=unix://…
+        "bus": base / "bus.sock",  # DBUS_SESSION_BUS_ADDRESS=unix:path=…
+        "runtime": runtime_dir / "wayland-0",  # under XDG_RUNTIME_DIR
+        "elsewhere": base / "elsewhere.sock",  # named by nothing: still reachable
+    }
+    env = {
+        "SSH_AUTH_SOCK": str(places["agent"]),
+        "DOCKER_HOST": f"unix://{places['docker']}",
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={places['bus']},guid=0",
+        "XDG_RUNTIME_DIR": str(runtime_dir),
+    }
+    made = Box(base, env=env)
+    listeners = []
+    for path in places.values():
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.listen()
+        listeners.append(server)
+    try:
+        code, output = await made.run(["python3", "-c", _UNIX_CONNECT, *map(str, places.values())])
+        hidden = Box(base / "ws", SandboxPolicy(readable_hidden=[str(places["elsewhere"])]))
+        _, listed = await hidden.run(["python3", "-c", _UNIX_CONNECT, str(places["elsewhere"])])
+    finally:
+        for server in listeners:
+            server.close()
+    assert (code, output.splitlines()) == (
+        0,
+        ["ConnectionRefusedError"] * 3 + ["FileNotFoundError", "connected"],  # /dev/null over each; the folder empty
+    )
+    assert listed == "ConnectionRefusedError"  # readable_hidden covers a socket elsewhere

@@ -23,7 +23,7 @@ from subagents.runtime.foundation.errors import ConfigInvalid
 from subagents.runtime.hosts.setup import headless_approver
 from subagents.runtime.sandbox.argv import bwrap_argv
 from subagents.runtime.sandbox.box import Sandbox
-from subagents.runtime.sandbox.environment import scrubbed_env
+from subagents.runtime.sandbox.environment import scrubbed_env, socket_paths
 from subagents.runtime.sandbox.policy import PolicyRefused
 from subagents.runtime.tools.base import ToolContext, ToolSet
 from subagents.runtime.tools.permissions import (
@@ -332,6 +332,25 @@ async def test_with_the_sandbox_off_run_command_asks_as_before(tmp_path: Path) -
     assert [r.tool for r in asked.requests] == ["run_command"]
     assert default_permissions(False) is DEFAULT_PERMISSIONS
     assert not os.path.exists(tmp_path / "ran")
+
+
+def test_the_sockets_an_environment_names() -> None:
+    env = {
+        "XDG_RUNTIME_DIR": "/run/user/1000",
+        "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1",
+        "DOCKER_HOST": "unix:///home/u/.rd/docker.sock",
+        "CONTAINER_HOST": "ssh://core@host/run/podman.sock",  # not a path: nothing here to hide
+        "GPG_AGENT_INFO": "/home/u/.gnupg/S.gpg-agent:0:1",
+        "DBUS_SESSION_BUS_ADDRESS": "unix:abstract=/tmp/dbus-x,guid=1;unix:path=/home/u/bus,guid=2",
+    }
+    assert socket_paths(env) == [
+        "/run/user/1000",
+        "/tmp/ssh-x/agent.1",
+        "/home/u/.rd/docker.sock",
+        "/home/u/.gnupg/S.gpg-agent",
+        "/home/u/bus",  # an abstract address has no path
+    ]
+    assert socket_paths({}) == []
 
 
 # ---- per agent type -------------------------------------------------------------------------------
