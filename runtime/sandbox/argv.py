@@ -108,6 +108,8 @@ def box_mounts(
         over = next((c for c in covered if path == c or path.startswith(c.rstrip("/") + "/")), None)
         if over is not None:  # an agent type adds writable folders, never uncovers hidden ones
             raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is at or under the hidden {over}")
+        if path == "/":  # its bind would cover the box's own /dev and /proc with the host's
+            raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is the whole file system")
         mounts.append((path, "bind"))
     # One mount per path and kind: /var/run is /run where it links there.
     mounts = sorted(dict.fromkeys(mounts), key=lambda m: (_depth(m[0]), _ORDER[m[1]]))

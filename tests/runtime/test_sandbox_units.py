@@ -414,6 +414,11 @@ def test_an_agent_type_never_makes_a_hidden_path_writable(written: str) -> None:
         argv_for("/srv/ws", ["/data/root"], SandboxPolicy(type_writable=[written]))
 
 
+def test_an_agent_type_never_makes_the_whole_file_system_writable() -> None:
+    with pytest.raises(PolicyRefused, match="is the whole file system"):
+        argv_for("/srv/ws", [], SandboxPolicy(type_writable=["/srv/ws/../.."]))
+
+
 def test_an_agent_types_writable_folder_around_hidden_ones_keeps_them_hidden() -> None:
     got = mounts(argv_for("/srv/ws", ["/data/root"], SandboxPolicy(type_writable=["~"])))
     assert got.index(("--bind", "/home/u", "/home/u")) < got.index(("--tmpfs", "/home/u/.ssh"))
