@@ -3,7 +3,8 @@ SPEC §8).
 
 A file is front matter between `---` lines (`name`, `description`, `model`, `tools`,
 `on_interrupted_turn`: `continue` or `close`, see README "When a process dies"; `sandbox`: `on`
-or `off` and `sandbox_network`: `true` or `false`, see README "Sandbox") and a body,
+or `off`, `sandbox_network`: `true` or `false`, and the path lists `sandbox_writable` and
+`sandbox_readable_hidden`, see README "Sandbox") and a body,
 the type's system prompt. Front matter is the simple `key: value` form (a value may be quoted;
 `tools` is a YAML flow list `[a, b]` or a comma list; an indented line continues the value above).
 Types come from the project's
@@ -21,14 +22,26 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from ..sandbox.policy import SandboxPolicy, check_mode
+from ..sandbox.policy import SandboxPolicy, check_mode, check_paths
 from .descriptor import ToolFilter
 from .options import ChildOptions
 
 __all__ = ["AgentType", "AgentTypeProblem", "agent_type_dirs", "describe_types", "load_agent_types", "parse_agent_type"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_KEYS = frozenset({"name", "description", "model", "tools", "on_interrupted_turn", "sandbox", "sandbox_network"})
+_KEYS = frozenset(
+    {
+        "name",
+        "description",
+        "model",
+        "tools",
+        "on_interrupted_turn",
+        "sandbox",
+        "sandbox_network",
+        "sandbox_writable",
+        "sandbox_readable_hidden",
+    }
+)
 _MAX_FILE = 256 * 1024
 
 
@@ -43,17 +56,29 @@ class AgentType:
     # Its agents' commands (README "Sandbox"): "on" | "off" and the network (None: the runtime's).
     # Read from the file when a runtime starts, by the type name in a child's header, not recorded
     # in its descriptor.
+    # The paths it adds to the runtime's `writable` (never at or under a hidden path) and
+    # `readable_hidden`, as written (`~/` from HOME, relative from the workspace).
     sandbox: str | None = None
     sandbox_network: bool | None = None
+    sandbox_writable: tuple[str, ...] = ()
+    sandbox_readable_hidden: tuple[str, ...] = ()
     path: str = ""
 
     def sandbox_policy(self, base: SandboxPolicy) -> SandboxPolicy | None:
-        """`base` with this type's changes (None when it makes none)."""
+        """`base` with this type's changes (None when it makes none). Paths only add: a type
+        hides more and writes more than the runtime's box, never hides less."""
         if self.sandbox is None and self.sandbox_network is None:
-            return None
+            if not self.sandbox_writable and not self.sandbox_readable_hidden:
+                return None
         mode = check_mode(self.sandbox) if self.sandbox is not None else base.mode
         network = self.sandbox_network if self.sandbox_network is not None else base.network
-        return attrs.evolve(base, mode=mode, network=network)
+        return attrs.evolve(
+            base,
+            mode=mode,
+            network=network,
+            type_writable=(*base.type_writable, *self.sandbox_writable),
+            readable_hidden=(*base.readable_hidden, *self.sandbox_readable_hidden),
+        )
 
     def options(self) -> ChildOptions:
         """The child options this type selects (recorded in the child's descriptor)."""
@@ -120,6 +145,7 @@ def parse_agent_type(text: str, path: str = "") -> AgentType:
     network = fields.get("sandbox_network") or None
     if network is not None and network not in ("true", "false"):
         raise ValueError(f"sandbox_network {network!r} must be true or false")
+    paths = {key: _paths(key, fields[key]) for key in ("sandbox_writable", "sandbox_readable_hidden") if key in fields}
     prompt = "\n".join(lines[end + 1 :]).strip()
     if not prompt:
         raise ValueError("its body (the system prompt) is empty")
@@ -132,6 +158,8 @@ def parse_agent_type(text: str, path: str = "") -> AgentType:
         on_interrupted_turn=policy,
         sandbox=sandbox,
         sandbox_network=None if network is None else network == "true",
+        sandbox_writable=paths.get("sandbox_writable", ()),
+        sandbox_readable_hidden=paths.get("sandbox_readable_hidden", ()),
         path=path,
     )
 
@@ -150,6 +178,17 @@ def _tools(value: str) -> tuple[str, ...]:
         if not re.fullmatch(r"[A-Za-z0-9_.*-]+", name):
             raise ValueError(f"tools: {name!r} is not a tool name")
     return names
+
+
+def _paths(key: str, value: str) -> tuple[str, ...]:
+    """A path list (`[a, b]` or `a, b`; an item may be quoted), checked as `[sandbox]`'s are."""
+    if value.startswith("[") and value.endswith("]"):
+        value = value[1:-1]
+    paths = [_unquote(v.strip()) for v in value.split(",") if v.strip()]
+    try:
+        return check_paths(paths)
+    except ValueError as exc:
+        raise ValueError(f"{key} {exc}") from None
 
 
 def agent_type_dirs(project_dir: str, user_config_dir: str) -> list[str]:

@@ -356,7 +356,9 @@ class Spawning:
 
     def offered_tools(self, header: SessionHeader, tools: ToolSet) -> ToolSet:
         """`tools` as a session with `header` is offered them: an agent at the depth limit does
-        not see the delegation tools at all (a call would only be refused)."""
+        not see the delegation tools at all (a call would only be refused); a tool described by
+        its caller's agent type (`run_command`'s box) is described for this one."""
+        tools = tools.for_agent_type(header.agent_preset)
         if header.delegation_depth < self.max_depth:
             return tools
         return ToolSet(tool for tool in tools if tool.name not in DELEGATION_TOOLS)

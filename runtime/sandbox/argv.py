@@ -12,17 +12,22 @@ folder's mount comes before the mounts of what lies inside it. That keeps a work
 `/tmp` or under a hidden folder (the runtime's root, in tests) visible and writable, and a hidden
 folder inside the workspace (its `.subagents` root) hidden. On the same path the writable bind
 wins over hiding. A hidden folder is made read-only last, after the mount points inside it exist.
+
+`find_program` looks a command's program up as `execvp` will inside, before the box is made: a
+program that is missing, or hidden there (under a hidden folder, or in the outside `/tmp`), is an
+`OSError` the caller reports as not started, rather than bwrap's own message and exit code 1.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from .policy import HIDDEN_HOME_PATHS, SandboxPolicy
+from .policy import HIDDEN_HOME_PATHS, HIDDEN_SOCKET_FOLDERS, PolicyRefused, SandboxPolicy
 
-__all__ = ["bwrap_argv", "hidden_paths"]
+__all__ = ["bwrap_argv", "box_mounts", "find_program", "hidden_paths"]
 
 _Kind = Literal["tmp", "hide", "reveal", "bind"]
 _ORDER: dict[_Kind, int] = {"tmp": 0, "hide": 1, "reveal": 2, "bind": 3}
@@ -36,8 +41,9 @@ _RESOLVER = "/run/systemd/resolve"
 
 def hidden_paths(policy: SandboxPolicy, *, hidden: Sequence[str], home: str | None, base: str) -> list[str]:
     """Every path a command must not read, absolute: `hidden` (the runtime's own: its root, the
-    user's config folder), the usual secrets under `home`, the policy's `readable_hidden`."""
-    paths = [*hidden, *policy.readable_hidden]
+    user's config folder, the sockets its environment names), daemons' socket folders, the usual
+    secrets under `home`, the policy's `readable_hidden`."""
+    paths = [*hidden, *HIDDEN_SOCKET_FOLDERS, *policy.readable_hidden]
     if home:
         paths += [os.path.join(home, name) for name in HIDDEN_HOME_PATHS]
     return [_absolute(p, home, base) for p in paths]
@@ -56,14 +62,7 @@ def bwrap_argv(
 ) -> list[str]:
     """The argv running `command` (an argv) in the box, in `cwd`, with `workspace` writable.
     `exists(path)` says "dir", "file" or None (missing paths are neither hidden nor bound)."""
-    mounts: list[tuple[str, _Kind]] = [("/tmp", "tmp"), (_RUN, "hide")]
-    if policy.network:
-        mounts.append((_RESOLVER, "reveal"))
-    for path in hidden_paths(policy, hidden=hidden, home=home, base=workspace):
-        mounts.append((path, "hide"))
-    for path in (workspace, *policy.writable):
-        mounts.append((_absolute(path, home, workspace), "bind"))
-    mounts.sort(key=lambda m: (_depth(m[0]), _ORDER[m[1]]))
+    mounts = box_mounts(policy, workspace=workspace, hidden=hidden, home=home)
     argv = [bwrap, "--die-with-parent", "--unshare-all"]
     if policy.network:
         argv.append("--share-net")
@@ -88,6 +87,70 @@ def bwrap_argv(
         argv += ["--remount-ro", path]
     argv += ["--chdir", cwd, "--", *command]
     return argv
+
+
+def box_mounts(
+    policy: SandboxPolicy, *, workspace: str, hidden: Sequence[str], home: str | None
+) -> list[tuple[str, _Kind]]:
+    """The box's mounts over its read-only `/`, in the order they apply (a later one covers an
+    earlier one on the same path or above it). Raises `PolicyRefused` for a `type_writable`
+    path at or under a hidden one (or `/tmp`)."""
+    mounts: list[tuple[str, _Kind]] = [("/tmp", "tmp"), (_RUN, "hide")]
+    if policy.network:
+        mounts.append((_RESOLVER, "reveal"))
+    for path in hidden_paths(policy, hidden=hidden, home=home, base=workspace):
+        mounts.append((path, "hide"))
+    covered = [path for path, kind in mounts if kind in ("tmp", "hide")]
+    for path in (workspace, *policy.writable):
+        mounts.append((_absolute(path, home, workspace), "bind"))
+    for written in policy.type_writable:
+        path = _absolute(written, home, workspace)
+        over = next((c for c in covered if path == c or path.startswith(c.rstrip("/") + "/")), None)
+        if over is not None:  # an agent type adds writable folders, never uncovers hidden ones
+            raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is at or under the hidden {over}")
+        if path == "/":  # its bind would cover the box's own /dev and /proc with the host's
+            raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is the whole file system")
+        mounts.append((path, "bind"))
+    # One mount per path and kind: /var/run is /run where it links there.
+    mounts = sorted(dict.fromkeys(mounts), key=lambda m: (_depth(m[0]), _ORDER[m[1]]))
+    return mounts
+
+
+def find_program(name: str, *, cwd: str, search_path: str | None, mounts: Sequence[tuple[str, _Kind]]) -> str:
+    """Where `execvp(name)` finds the program inside the box (a name with a `/` is taken from
+    `cwd`, else each folder of `search_path` in turn; None: the default PATH). Raises OSError
+    (ENOENT, or EACCES for a file that is not executable) when it will find none."""
+    if "/" in name:
+        candidates = [os.path.join(cwd, name)]
+    else:
+        folders = (search_path if search_path is not None else os.defpath).split(os.pathsep)
+        candidates = [os.path.join(cwd, folder or ".", name) for folder in folders]
+    hidden_at: str | None = None
+    denied = False
+    for candidate in candidates:
+        if not os.path.isfile(candidate):
+            continue
+        if not _visible(os.path.realpath(candidate), mounts):
+            hidden_at = hidden_at or candidate
+        elif os.access(candidate, os.X_OK):
+            return candidate
+        else:
+            denied = True
+    if denied:
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), name)
+    said = os.strerror(errno.ENOENT)
+    if hidden_at is not None:
+        said += f" ({hidden_at} is hidden in the sandbox)"
+    raise OSError(errno.ENOENT, said, name)
+
+
+def _visible(path: str, mounts: Sequence[tuple[str, _Kind]]) -> bool:
+    """Whether `path` (real) shows inside: the last mount over it decides (none: the read-only `/`)."""
+    kind: _Kind | None = None
+    for mount, what in mounts:
+        if path == mount or path.startswith(mount.rstrip("/") + "/"):
+            kind = what
+    return kind not in ("tmp", "hide")
 
 
 def _absolute(path: str, home: str | None, base: str) -> str:

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import trio
 
-from .argv import bwrap_argv
-from .environment import scrubbed_env
+from .argv import box_mounts, bwrap_argv, find_program
+from .environment import scrubbed_env, socket_paths
 from .policy import SandboxPolicy
 from .probe import FIX, ProbeResult, probe_bwrap
 
@@ -76,19 +76,21 @@ class Sandbox:
         self, command: Sequence[str], *, workspace: str, cwd: str, policy: SandboxPolicy | None = None
     ) -> tuple[list[str], dict[str, str]]:
         """The argv and environment running `command` in the box (of `policy`, default the
-        runtime's). Raises `SandboxUnavailable`."""
+        runtime's). Raises `SandboxUnavailable`, and OSError when the program is not found or is
+        hidden inside (as starting it unboxed would)."""
         probed = await self.probe()
         if not probed.works or probed.bwrap is None:
             raise SandboxUnavailable(f"the sandbox is on but {probed.reason}: {FIX}")
+        bwrap = probed.bwrap
         env = scrubbed_env(self.environment())
         home = env.get("HOME")
-        argv = bwrap_argv(
-            probed.bwrap,
-            command,
-            policy=policy or self.policy,
-            workspace=workspace,
-            cwd=cwd,
-            hidden=self.hidden,
-            home=home,
-        )
-        return argv, env
+        chosen = policy or self.policy
+        # The sockets our environment names are hidden even though their variables are gone.
+        hidden = (*self.hidden, *socket_paths(self.environment()))
+
+        def build() -> list[str]:
+            mounts = box_mounts(chosen, workspace=workspace, hidden=hidden, home=home)
+            find_program(command[0], cwd=cwd, search_path=env.get("PATH"), mounts=mounts)
+            return bwrap_argv(bwrap, command, policy=chosen, workspace=workspace, cwd=cwd, hidden=hidden, home=home)
+
+        return await trio.to_thread.run_sync(build), env

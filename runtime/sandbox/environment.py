@@ -5,6 +5,11 @@ loses what would let it act as us elsewhere: every model API key, and any variab
 says it holds a key, token, secret, password or credential, or this program's own settings (a
 store URL may carry a password). The names are matched, not the values: a secret under an
 innocent name passes, which is why `readable_hidden` and the sandbox's files exist too.
+
+`socket_paths` reads the other side: where our environment says local daemons listen (an ssh or
+gpg agent, the session bus, docker, podman, the user's runtime folder). Removing the variable
+does not remove the socket, and a read-only mount does not stop `connect()` on it, so the box
+hides those paths too.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["is_secret_name", "scrubbed_env"]
+__all__ = ["is_secret_name", "scrubbed_env", "socket_paths"]
 
 _SECRET = re.compile(
     r"API_?KEY|_KEY\Z|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|\AAWS_|\ASUBAGENTS_|\APG|DATABASE_URL|\ASSH_AUTH_SOCK\Z"
@@ -29,3 +34,24 @@ def is_secret_name(name: str) -> bool:
 def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` without the variables `is_secret_name` picks out."""
     return {name: value for name, value in env.items() if not is_secret_name(name)}
+
+
+# Variables naming a socket (or a folder of them) by its path, as is or after a URL-ish prefix.
+_SOCKET_VARIABLES = ("XDG_RUNTIME_DIR", "SSH_AUTH_SOCK", "DOCKER_HOST", "CONTAINER_HOST", "PODMAN_HOST")
+
+
+def socket_paths(env: Mapping[str, str]) -> list[str]:
+    """The absolute socket paths (and the runtime folder) `env` names: to hide in the box.
+    An abstract socket (`unix:abstract=…`) has no path; the box's network namespace holds it."""
+    found: list[str] = []
+    for name in _SOCKET_VARIABLES:
+        value = env.get(name, "")
+        found.append(value.removeprefix("unix://"))
+    found.append(env.get("GPG_AGENT_INFO", "").split(":")[0])
+    for address in env.get("DBUS_SESSION_BUS_ADDRESS", "").split(";"):
+        _, _, options = address.partition(":")
+        for option in options.split(","):
+            key, _, value = option.partition("=")
+            if key == "path":
+                found.append(value)
+    return [path for path in found if path.startswith("/")]

@@ -13,13 +13,43 @@ from typing import Literal
 
 import attrs
 
-__all__ = ["HIDDEN_HOME_PATHS", "SandboxMode", "SandboxPolicy", "check_mode", "check_paths"]
+__all__ = [
+    "HIDDEN_HOME_PATHS",
+    "HIDDEN_SOCKET_FOLDERS",
+    "PolicyRefused",
+    "SandboxMode",
+    "SandboxPolicy",
+    "check_mode",
+    "check_paths",
+]
 
 SandboxMode = Literal["on", "off"]
 
 # Under the home folder: what a person expects no command of an agent to read (keys, cloud
-# credentials, this program's own configuration with its model keys).
-HIDDEN_HOME_PATHS = (".ssh", ".aws", ".gnupg", ".netrc", ".docker", ".kube", ".config/gh", ".config/subagents")
+# credentials, this program's own configuration with its model keys), and the folders where a
+# container engine's VM puts its socket (colima, lima, Rancher Desktop, podman machine): a
+# command that reaches a docker socket is root on that engine.
+HIDDEN_HOME_PATHS = (
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".netrc",
+    ".docker",
+    ".kube",
+    ".config/gh",
+    ".config/subagents",
+    ".colima",
+    ".lima",
+    ".rd",
+    ".local/share/containers/podman/machine",
+)
+# Outside the home folder, besides /run and /tmp (argv.py): daemons' sockets elsewhere
+# (/var/run where it is a folder rather than a link to /run; LXD's, root-equivalent).
+HIDDEN_SOCKET_FOLDERS = ("/var/run", "/var/snap/lxd/common/lxd", "/var/lib/lxd")
+
+
+class PolicyRefused(ValueError):
+    """An agent type asks to make writable a path the box hides (its message names both)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -27,17 +57,21 @@ class SandboxPolicy:
     """`mode`: confine commands ("on") or not ("off"). `network`: commands may reach the
     network (off: a private network namespace with nothing in it, loopback included).
     `writable`: folders writable besides the workspace. `readable_hidden`: paths hidden besides
-    the defaults (the runtime's root, `HIDDEN_HOME_PATHS`)."""
+    the defaults (the runtime's root, `HIDDEN_HOME_PATHS`). `type_writable`: the folders an
+    agent type adds to `writable` (README "Agent types"), refused (`PolicyRefused`) at or under a
+    hidden path, where `writable`'s own would uncover it."""
 
     mode: SandboxMode = "on"
     network: bool = False
     writable: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     readable_hidden: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    type_writable: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
     def __attrs_post_init__(self) -> None:
         check_mode(self.mode)
         check_paths(list(self.writable))
         check_paths(list(self.readable_hidden))
+        check_paths(list(self.type_writable))
 
     @property
     def on(self) -> bool:
@@ -46,8 +80,8 @@ class SandboxPolicy:
     def summary(self) -> str:
         """One line for a tool result: what the box lets through."""
         parts = ["workspace writable", f"network {'on' if self.network else 'off'}"]
-        if self.writable:
-            parts.append(f"also writable: {', '.join(self.writable)}")
+        if self.writable or self.type_writable:
+            parts.append(f"also writable: {', '.join((*self.writable, *self.type_writable))}")
         return ", ".join(parts)
 
 

@@ -168,6 +168,18 @@ class ToolSet:
     def __iter__(self) -> Iterator[Tool]:
         return iter(list(self._tools.values()))
 
+    def for_agent_type(self, agent_type: str | None) -> ToolSet:
+        """These tools as an agent of `agent_type` is offered them: a tool whose description
+        depends on its caller's type (`for_agent_type(agent_type)`: `run_command`'s box) is
+        swapped for that caller's; the same set when none changes."""
+        chosen: list[Tool] = []
+        for tool in self._tools.values():
+            special = getattr(tool, "for_agent_type", None)
+            chosen.append(special(agent_type) if special is not None else tool)
+        if all(new is old for new, old in zip(chosen, self._tools.values(), strict=True)):
+            return self
+        return ToolSet(chosen)
+
     def specs(self) -> list[ToolSpec]:
         return [ToolSpec(t.name, t.description, t.parameters) for t in self._tools.values()]
 

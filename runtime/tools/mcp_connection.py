@@ -186,6 +186,8 @@ class McpConnection:
             boxed, _ = await self._sandbox.wrap(argv, workspace=self._workspace or folder, cwd=folder)
         except SandboxUnavailable as exc:
             raise _StartFailed(str(exc)) from None
+        except OSError as exc:  # its program is missing, or hidden in the box
+            raise _StartFailed(f"{argv[0]} cannot start in the sandbox: {exc.strerror or exc}") from None
         return boxed
 
     async def _read_stderr(self, fd: int, finished: trio.Event) -> None:

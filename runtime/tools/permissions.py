@@ -148,6 +148,12 @@ class _Guarded:
     def name(self) -> str:
         return str(self.tool.name)
 
+    def for_agent_type(self, agent_type: str | None) -> _Guarded:
+        """The tool as offered to an agent of `agent_type` (tools/base.py), still guarded."""
+        special = getattr(self.tool, "for_agent_type", None)
+        chosen = special(agent_type) if special is not None else self.tool
+        return self if chosen is self.tool else attrs.evolve(self, tool=chosen)
+
     async def run(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         judged = _judged_name(self.tool, args, ctx)
         decision = self.permissions.decision(judged)

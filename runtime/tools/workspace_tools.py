@@ -26,6 +26,7 @@ import trio
 from ..foundation.errors import ToolFailure
 from ..foundation.json_values import JsonObject as Json
 from ..sandbox.box import Sandbox, SandboxUnavailable
+from ..sandbox.policy import PolicyRefused, SandboxPolicy
 from .base import ToolContext
 from .workspace_command import run_command
 from .workspace_files import edit_text, glob_regex, list_folder, read_text, searchable_text, walk_files, write_text
@@ -76,6 +77,9 @@ class _WorkspaceTool:
     limits: WorkspaceLimits
     limiter: trio.CapacityLimiter
     sandbox: Sandbox | None = None  # `run_command`'s box (None: commands run unconfined)
+    # `run_command` as offered to one agent type's agents (`for_agent_type`): its description
+    # and parameters tell of their box. Unset: offered to any agent, it tells of the runtime's.
+    offered_to: tuple[str | None] | None = None
     name: ClassVar[str]  # and a description and parameters, each tool's own
     parallel_safe: ClassVar[bool] = True
     # Runs again when a crash cut it (docs/format.md, "Continued turns"): reads, and a
@@ -265,7 +269,7 @@ class _RunCommand(_WorkspaceTool):
         "(with everything it started) when the timeout passes. stdin is empty."
     )
     _SANDBOXED: ClassVar[str] = (
-        " It runs in a sandbox: the workspace is writable, the rest of the file system read-only, /tmp "
+        " It runs in a sandbox: {writable} writable, the rest of the file system read-only, /tmp "
         "private and empty, the network {network}, credentials hidden and API keys unset; every process it "
         "started ends with it. A command that truly needs more may ask to run outside the sandbox "
         "(unsandboxed: true, with a reason); a person must approve that, and unattended runs refuse it."
@@ -283,21 +287,42 @@ class _RunCommand(_WorkspaceTool):
     _CWD: ClassVar[Json] = _p("string", "The folder to run in, relative to the workspace root (default .).")
     parallel_safe: ClassVar[bool] = False  # commands may depend on each other's effects: model order
 
-    @property
-    def boxed(self) -> bool:
-        """Whether commands are boxed by default (the runtime's policy)."""
-        return self.sandbox is not None and self.sandbox.on
+    _OUTSIDE: ClassVar[str] = (
+        " It runs outside the sandbox (your agent type turns it off): a person must approve each command, "
+        "and unattended runs refuse it."
+    )
+
+    def for_agent_type(self, agent_type: str | None) -> _RunCommand:
+        """This tool as offered to an agent of `agent_type` (tools/base.py `ToolSet.for_agent_type`)."""
+        if self.sandbox is None or not self.sandbox.by_type:
+            return self  # every agent's box is the runtime's: one description fits all
+        return attrs.evolve(self, offered_to=(agent_type,))
+
+    def _offered_policy(self) -> SandboxPolicy | None:
+        """The box the description tells of: the offered agent type's, else the runtime's."""
+        if self.sandbox is None:
+            return None
+        return self.sandbox.policy if self.offered_to is None else self.sandbox.policy_for(self.offered_to[0])
 
     @property
     def description(self) -> str:
-        if self.sandbox is None or not self.sandbox.on:
+        policy = self._offered_policy()
+        if self.sandbox is None or policy is None:
             return self.description_unconfined
-        network = "on" if self.sandbox.policy.network else "off"
-        return self.description_unconfined + self._SANDBOXED.format(network=network)
+        if not policy.on:
+            return self.description_unconfined + (self._OUTSIDE if self.sandbox.on else "")
+        writable = ", ".join(("the workspace", *policy.writable, *policy.type_writable))
+        network = "on" if policy.network else "off"
+        return self.description_unconfined + self._SANDBOXED.format(writable=writable, network=network)
 
     @property
     def parameters(self) -> Json:
-        if self.sandbox is None or not self.sandbox.ever_on:
+        policy = self._offered_policy()
+        # Offered to any agent, the way out is offered where any box exists; to one type's, where its does.
+        leaving = self.sandbox is not None and (
+            self.sandbox.ever_on if self.offered_to is None else policy is not None and policy.on
+        )
+        if not leaving:
             return _schema(("command",), command=self._COMMAND, timeout_seconds=self._TIMEOUT, cwd=self._CWD)
         return _schema(
             ("command",),
@@ -344,6 +369,12 @@ class _RunCommand(_WorkspaceTool):
                 command, env = await self.sandbox.wrap(argv, workspace=self.workspace.root, cwd=cwd, policy=policy)
             except SandboxUnavailable as exc:
                 raise ToolFailure(f"run_command did not run: {exc}", code="SANDBOX_UNAVAILABLE") from None
+            except PolicyRefused as exc:
+                raise ToolFailure(f"run_command did not run: {exc}", code="SANDBOX_REFUSED") from None
+            except OSError as exc:  # the program is missing, or hidden in the box
+                raise ToolFailure(
+                    f"the command cannot start: {exc.strerror or exc}", code="COMMAND_NOT_STARTED"
+                ) from None
             ran = f" (sandboxed: {policy.summary()})"
         elif self.sandbox is not None and self.sandbox.on:
             ran = f" (ran outside the sandbox: agent type {kind!r} turns it off)"

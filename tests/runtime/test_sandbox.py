@@ -46,6 +46,7 @@ class Box:
         *,
         path: str | None = None,
         by_type: dict[str, SandboxPolicy] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.tmp = folder
         self.ws = folder / "ws"
@@ -57,7 +58,9 @@ class Box:
         (self.home / ".ssh").mkdir(parents=True)
         (self.home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
         (self.home / "notes.txt").write_text("readable\n")
+        given = env or {}
         env = {
+            **given,
             "PATH": path if path is not None else os.environ["PATH"],
             "HOME": str(self.home),
             "LANG": "C.UTF-8",
@@ -296,3 +299,111 @@ async def test_mode_off_runs_unconfined_as_before(base: Path) -> None:
     assert (base / "outside.txt").read_text() == "out\n"
     (spec,) = [spec for spec in made.tools.specs() if spec.name == "run_command"]
     assert "unsandboxed" not in json.dumps(spec.parameters) and "sandbox" not in spec.description
+
+
+async def test_a_missing_program_is_not_started_boxed_as_unboxed(base: Path) -> None:
+    boxed = Box(base)
+    (base / "off").mkdir()
+    unboxed = Box(base / "off", SandboxPolicy(mode="off"))
+    for made in (boxed, unboxed):
+        outcome = await made.call(command=["no-such-program-here", "x"])
+        assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+        assert outcome.content[0]["text"] == "Error: the command cannot start: No such file or directory"
+    # A shell line is /bin/sh's to report, boxed or not: it runs, and says so with 127.
+    code, output = await boxed.run("no-such-program-here")
+    assert code == 127 and "not found" in output
+
+
+async def test_a_program_visible_only_outside_the_box_is_not_started(base: Path) -> None:
+    made = Box(base)
+    tool = made.store / "tool.sh"  # under the store's root: hidden in the box
+    tool.write_text("#!/bin/sh\necho ran\n")
+    tool.chmod(0o755)
+    outcome = await made.call(command=[str(tool)])
+    assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+    assert f"({tool} is hidden in the sandbox)" in outcome.content[0]["text"]
+    # The same program in the workspace runs, by a relative name and on the command's PATH.
+    shutil.copy(tool, made.ws / "tool.sh")
+    assert await made.run(["./tool.sh"]) == (0, "ran")
+    (made.ws / "notes").write_text("x\n")
+    outcome = await made.call(command=["./notes"])  # there, not executable: as execvp says
+    assert outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+    assert outcome.content[0]["text"].endswith("Permission denied")
+    (base / "second").mkdir()
+    on_path = Box(base / "second", path=f"{base}/second/store:{os.environ['PATH']}")
+    shutil.copy(tool, on_path.store / "tool.sh")  # found on PATH outside, hidden inside
+    outcome = await on_path.call(command=["tool.sh"])
+    assert outcome.error == {"name": "ToolFailure", "code": "COMMAND_NOT_STARTED"}
+    assert "tool.sh is hidden in the sandbox)" in outcome.content[0]["text"]
+
+
+async def test_an_agent_type_adds_writable_and_hidden_paths_for_its_agents(base: Path) -> None:
+    cache = base / "cache"
+    cache.mkdir()
+    private = base / "home" / "private.txt"
+    typed = Box(base, by_type={"builder": SandboxPolicy(type_writable=[str(cache)], readable_hidden=["~/private.txt"])})
+    private.write_text("private\n")
+    code, output = await typed.run(f"echo hit > {cache}/x && cat {private}", "builder")
+    assert code == 1 and output == f"cat: {private}: Permission denied"
+    assert (cache / "x").read_text() == "hit\n"
+    code, output = await typed.run(f"cat {private}; echo other > {cache}/y", "other")
+    assert code == 2 and output.startswith("private\n") and "Read-only file system" in output
+    assert not (cache / "y").exists()  # any other agent's box is the runtime's
+
+
+async def test_an_agent_type_cannot_make_a_secret_writable(base: Path) -> None:
+    typed = Box(base, by_type={"thief": SandboxPolicy(type_writable=["~/.ssh"])})
+    outcome = await typed.call("thief", command="cat ~/.ssh/id_ed25519 > stolen")
+    assert outcome.is_error and outcome.error == {"name": "ToolFailure", "code": "SANDBOX_REFUSED"}
+    assert "sandbox_writable '~/.ssh' is at or under the hidden" in outcome.content[0]["text"]
+    assert not (typed.ws / "stolen").exists()  # nothing ran
+
+
+_UNIX_CONNECT = (
+    "import socket, sys\n"
+    "for path in sys.argv[1:]:\n"
+    "    c = socket.socket(socket.AF_UNIX)\n"
+    "    try:\n"
+    "        c.connect(path)\n"
+    "        print('connected')\n"
+    "    except OSError as exc:\n"
+    "        print(type(exc).__name__)\n"
+)
+
+
+async def test_the_sockets_our_environment_names_are_hidden(base: Path) -> None:
+    # A read-only mount does not stop connect(): each socket must be covered, or its folder.
+    runtime_dir = base / "xdg"
+    runtime_dir.mkdir()
+    places = {
+        "agent": base / "agent.sock",  # SSH_AUTH_SOCK (the variable is removed; the socket stays)
+        "docker": base / "docker.sock",  # DOCKER_HOST=unix://…
+        "bus": base / "bus.sock",  # DBUS_SESSION_BUS_ADDRESS=unix:path=…
+        "runtime": runtime_dir / "wayland-0",  # under XDG_RUNTIME_DIR
+        "elsewhere": base / "elsewhere.sock",  # named by nothing: still reachable
+    }
+    env = {
+        "SSH_AUTH_SOCK": str(places["agent"]),
+        "DOCKER_HOST": f"unix://{places['docker']}",
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={places['bus']},guid=0",
+        "XDG_RUNTIME_DIR": str(runtime_dir),
+    }
+    made = Box(base, env=env)
+    listeners = []
+    for path in places.values():
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.listen()
+        listeners.append(server)
+    try:
+        code, output = await made.run(["python3", "-c", _UNIX_CONNECT, *map(str, places.values())])
+        hidden = Box(base / "ws", SandboxPolicy(readable_hidden=[str(places["elsewhere"])]))
+        _, listed = await hidden.run(["python3", "-c", _UNIX_CONNECT, str(places["elsewhere"])])
+    finally:
+        for server in listeners:
+            server.close()
+    assert (code, output.splitlines()) == (
+        0,
+        ["ConnectionRefusedError"] * 3 + ["FileNotFoundError", "connected"],  # /dev/null over each; the folder empty
+    )
+    assert listed == "ConnectionRefusedError"  # readable_hidden covers a socket elsewhere

@@ -1,25 +1,30 @@
 """The sandbox's pure parts (issue 32; README "Sandbox"): the bwrap argv's mounts in depth order,
 the scrubbed environment, `[sandbox]` in `subagents.toml`, and the permission a call is judged
-by (a boxed `run_command` is `allow`, leaving the box is `ask`, and `run` refuses it)."""
+by (a boxed `run_command` is `allow`, leaving the box is `ask`, and `run` refuses it), an agent
+type's box and what `run_command` tells each agent of its own (no command runs here)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import trio
+from mcp_runs import Offering, call
 from subagents.actors import Abort
+from subagents.runtime import Model, ModelRequest, SandboxPolicy, ScenarioClock, SessionBinding, open_runtime
 from subagents.runtime.config import load_config
 from subagents.runtime.delegation.agent_types import parse_agent_type
 from subagents.runtime.foundation.errors import ConfigInvalid
 from subagents.runtime.hosts.setup import headless_approver
 from subagents.runtime.sandbox.argv import bwrap_argv
 from subagents.runtime.sandbox.box import Sandbox
-from subagents.runtime.sandbox.environment import scrubbed_env
-from subagents.runtime.sandbox.policy import SandboxPolicy
+from subagents.runtime.sandbox.environment import scrubbed_env, socket_paths
+from subagents.runtime.sandbox.policy import PolicyRefused
 from subagents.runtime.tools.base import ToolContext, ToolSet
 from subagents.runtime.tools.permissions import (
     DEFAULT_PERMISSIONS,
@@ -329,6 +334,25 @@ async def test_with_the_sandbox_off_run_command_asks_as_before(tmp_path: Path) -
     assert not os.path.exists(tmp_path / "ran")
 
 
+def test_the_sockets_an_environment_names() -> None:
+    env = {
+        "XDG_RUNTIME_DIR": "/run/user/1000",
+        "SSH_AUTH_SOCK": "/tmp/ssh-x/agent.1",
+        "DOCKER_HOST": "unix:///home/u/.rd/docker.sock",
+        "CONTAINER_HOST": "ssh://core@host/run/podman.sock",  # not a path: nothing here to hide
+        "GPG_AGENT_INFO": "/home/u/.gnupg/S.gpg-agent:0:1",
+        "DBUS_SESSION_BUS_ADDRESS": "unix:abstract=/tmp/dbus-x,guid=1;unix:path=/home/u/bus,guid=2",
+    }
+    assert socket_paths(env) == [
+        "/run/user/1000",
+        "/tmp/ssh-x/agent.1",
+        "/home/u/.rd/docker.sock",
+        "/home/u/.gnupg/S.gpg-agent",
+        "/home/u/bus",  # an abstract address has no path
+    ]
+    assert socket_paths({}) == []
+
+
 # ---- per agent type -------------------------------------------------------------------------------
 
 
@@ -346,6 +370,59 @@ def test_an_agent_type_may_set_its_sandbox() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             parse_agent_type(f"---\nname: x\ndescription: d\n{line}\n---\nGo.")
+
+
+def test_an_agent_type_adds_writable_and_hidden_paths() -> None:
+    text = (
+        "---\nname: builder\ndescription: d\nsandbox_writable: [~/.cache/pip, 'out dir']\n"
+        "sandbox_readable_hidden: ~/work/credentials.json, secrets\n---\nBuild."
+    )
+    kind = parse_agent_type(text)
+    assert kind.sandbox_writable == ("~/.cache/pip", "out dir")
+    assert kind.sandbox_readable_hidden == ("~/work/credentials.json", "secrets")
+    base = SandboxPolicy(writable=["/cache"], readable_hidden=["/etc/private"])
+    merged = kind.sandbox_policy(base)
+    assert merged == SandboxPolicy(
+        writable=["/cache"],  # the runtime's, which may uncover a hidden path (the person's choice)
+        type_writable=["~/.cache/pip", "out dir"],  # the type's, which may not
+        readable_hidden=["/etc/private", "~/work/credentials.json", "secrets"],  # only ever more
+    )
+    assert "also writable: /cache, ~/.cache/pip, out dir" in merged.summary()
+    for line, message in [
+        ("sandbox_writable: ['']", "sandbox_writable must be a list of paths"),
+        ('sandbox_readable_hidden: [a, ""]', "sandbox_readable_hidden must be a list of paths"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_agent_type(f"---\nname: x\ndescription: d\n{line}\n---\nGo.")
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "~/.ssh",
+        "~/.ssh/keys",
+        "/home/u/.netrc",
+        "/data/root",
+        "/data/root/logs",
+        "/run/user/1000",
+        "/tmp/x",
+        "~/.config/subagents",
+    ],
+)
+def test_an_agent_type_never_makes_a_hidden_path_writable(written: str) -> None:
+    with pytest.raises(PolicyRefused, match="is at or under the hidden"):
+        argv_for("/srv/ws", ["/data/root"], SandboxPolicy(type_writable=[written]))
+
+
+def test_an_agent_type_never_makes_the_whole_file_system_writable() -> None:
+    with pytest.raises(PolicyRefused, match="is the whole file system"):
+        argv_for("/srv/ws", [], SandboxPolicy(type_writable=["/srv/ws/../.."]))
+
+
+def test_an_agent_types_writable_folder_around_hidden_ones_keeps_them_hidden() -> None:
+    got = mounts(argv_for("/srv/ws", ["/data/root"], SandboxPolicy(type_writable=["~"])))
+    assert got.index(("--bind", "/home/u", "/home/u")) < got.index(("--tmpfs", "/home/u/.ssh"))
+    assert got.index(("--bind", "/home/u", "/home/u")) < got.index(("--ro-bind", "/dev/null", "/home/u/.netrc"))
 
 
 def typed_ctx(agent_type: str | None) -> ToolContext:
@@ -374,3 +451,89 @@ async def test_an_agent_type_with_the_sandbox_off_asks_as_leaving_the_box(tmp_pa
     ).execute("run_command", json.dumps({"command": "touch x"}), typed_ctx("wild"))
     assert refused.error == {"name": "PermissionDenied", "code": "PERMISSION_DENIED"}  # run refuses it
     assert not (tmp_path / "x").exists()
+
+
+def run_command_spec(tools: ToolSet) -> tuple[str, dict[str, Any]]:
+    (spec,) = [spec for spec in tools.specs() if spec.name == "run_command"]
+    properties = spec.parameters["properties"]
+    assert isinstance(properties, dict)
+    return spec.description, properties
+
+
+async def test_run_commands_description_tells_of_the_callers_box(tmp_path: Path) -> None:
+    by_type = {
+        "fetcher": SandboxPolicy(network=True),
+        "builder": SandboxPolicy(type_writable=["~/.cache/pip"]),
+        "wild": SandboxPolicy(mode="off"),
+    }
+    sandbox = Sandbox(SandboxPolicy(), env={"PATH": str(tmp_path / "no-bin")}, by_type=by_type)
+    asked = Asked("allow")
+    tools = ToolSet(
+        guard_tools(workspace_tools(str(tmp_path), sandbox=sandbox), default_permissions(True), asked, Remembered())
+    )
+    text, params = run_command_spec(tools)  # offered to any agent: the runtime's box
+    assert "network off" in text and "unsandboxed" in params
+    text, params = run_command_spec(tools.for_agent_type("fetcher"))
+    assert "It runs in a sandbox: the workspace writable" in text and "the network on" in text
+    assert "unsandboxed" in params
+    text, _ = run_command_spec(tools.for_agent_type("builder"))
+    assert "the workspace, ~/.cache/pip writable" in text and "the network off" in text
+    for other in ("other", None):  # a type that sets nothing, a root: the runtime's box
+        text, _ = run_command_spec(tools.for_agent_type(other))
+        assert "It runs in a sandbox: the workspace writable" in text and "the network off" in text
+    text, params = run_command_spec(tools.for_agent_type("wild"))
+    assert "It runs outside the sandbox (your agent type turns it off)" in text and "network" not in text
+    assert "unsandboxed" not in params  # nothing to leave
+    # Described for its type, the tool is still behind its permission: leaving the box asks.
+    wild = tools.for_agent_type("wild")
+    outcome = await wild.execute("run_command", json.dumps({"command": "echo hi"}), typed_ctx("wild"))
+    assert [r.tool for r in asked.requests] == ["run_command_unsandboxed"] and not outcome.is_error
+    unchanged = ToolSet(workspace_tools(str(tmp_path), sandbox=Sandbox(SandboxPolicy())))
+    assert unchanged.for_agent_type("fetcher") is unchanged  # no type sets a box: one description
+
+
+class Described(Offering):
+    """The scripted model, remembering `run_command`'s description in each session's requests."""
+
+    def __init__(self, script: dict[str, Any]) -> None:
+        super().__init__(script)
+        self.seen: dict[str, str] = {}
+
+    def answer(self, session: SessionBinding, inner: Model, request: ModelRequest) -> AsyncIterator[Any]:
+        for tool in request.tools:
+            if tool.name == "run_command":
+                self.seen[session.label or "root"] = tool.description
+        return super().answer(session, inner, request)
+
+
+async def test_a_child_is_told_of_its_own_types_box(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    fetcher = parse_agent_type("---\nname: fetcher\ndescription: Fetches\nsandbox_network: true\n---\nFetch.")
+    spawn = {"description": "fetch one", "prompt": "go", "agent_type": "fetcher"}
+    script = {
+        "agents": [
+            {
+                "session": "s",
+                "responses": [
+                    {"tool_calls": [call("subagent", **spawn)]},
+                    {"wait_for": {"settled": "fetch one"}, "text": "done"},
+                ],
+            },
+            {"label": "fetch one", "responses": [{"text": "fetched"}]},
+        ]
+    }
+    model = Described(script)
+    with trio.fail_after(60):  # real seconds: only reached if something hangs
+        async with open_runtime(
+            tmp_path / "root",
+            model=model,
+            clock=ScenarioClock(),
+            workspace=tmp_path / "ws",
+            sandbox=SandboxPolicy(),
+            agent_types={"fetcher": fetcher},
+        ) as rt:
+            agent = await rt.agents.create(session_id="s")
+            await agent.send("go")
+            await agent.wait_idle()
+    assert "the network off" in model.seen["root"] and "the network on" not in model.seen["root"]
+    assert "the network on" in model.seen["fetch one"]
