@@ -9,8 +9,7 @@ from typing import Any
 
 import msgspec
 from log_lines import read_all
-from subagents.runtime.testing.script_format import load_script
-from subagents.runtime.testing.scripted_model import ScriptedModel
+from subagents.runtime.testing import ScriptedModel, load_script
 from subagents.storage import FileLogStore
 
 Json = dict[str, Any]
