@@ -22,7 +22,7 @@ from .foundation.config_files import CONFIG_FILE, config_files, read_config_file
 from .foundation.errors import ConfigInvalid
 from .foundation.pricing import Price, PriceTable, parse_price
 from .models.defaults import DEFAULT_MODEL
-from .sandbox.policy import SandboxPolicy, check_mode, check_paths
+from .sandbox.policy import SandboxPolicy, check_mode, check_paths, check_writable
 from .telemetry.settings import check_endpoint
 from .tools.mcp_spec import McpServerSpec
 
@@ -175,7 +175,7 @@ _SCALARS: dict[str, Callable[[object], object]] = {
     # [sandbox]
     "sandbox.mode": check_mode,
     "sandbox.network": _boolean,
-    "sandbox.writable": check_paths,
+    "sandbox.writable": check_writable,
     "sandbox.readable_hidden": check_paths,
 }
 _FIELD = {

@@ -9,6 +9,7 @@ known.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import attrs
@@ -21,6 +22,7 @@ __all__ = [
     "SandboxPolicy",
     "check_mode",
     "check_paths",
+    "check_writable",
 ]
 
 SandboxMode = Literal["on", "off"]
@@ -69,7 +71,7 @@ class SandboxPolicy:
 
     def __attrs_post_init__(self) -> None:
         check_mode(self.mode)
-        check_paths(list(self.writable))
+        check_writable(list(self.writable))
         check_paths(list(self.readable_hidden))
         check_paths(list(self.type_writable))
 
@@ -92,6 +94,17 @@ def check_mode(value: object) -> SandboxMode:
     if value == "off":
         return "off"
     raise ValueError(f'must be "on" or "off", got {value!r}')
+
+
+def check_writable(value: object) -> tuple[str, ...]:
+    """`sandbox.writable`: `check_paths`, and never the root itself — bound writable over the box
+    it would cover its private /dev, /proc and /tmp with the host's (`mode = "off"` is the
+    honest way to run unconfined)."""
+    paths = check_paths(value)
+    for path in paths:
+        if os.path.normpath(path) in ("/", "//"):
+            raise ValueError(f'may not hold {path!r}: the root writable is no box (set mode = "off" instead)')
+    return paths
 
 
 def check_paths(value: object) -> tuple[str, ...]:

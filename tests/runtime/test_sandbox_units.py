@@ -257,6 +257,8 @@ def test_sandbox_keys_and_their_defaults(tmp_path: Path) -> None:
         ('[sandbox]\nmode = "maybe"\n', 'sandbox.mode must be "on" or "off", got \'maybe\''),
         ('[sandbox]\nnetwork = "yes"\n', "sandbox.network must be true or false"),
         ('[sandbox]\nwritable = "/tmp"\n', "sandbox.writable must be a list of paths"),
+        ('[sandbox]\nwritable = ["/srv", "/"]\n', "sandbox.writable may not hold '/': the root writable is no box"),
+        ('[sandbox]\nwritable = ["/./"]\n', "sandbox.writable may not hold '/./'"),
         ("[sandbox]\nreadable_hidden = [1]\n", "sandbox.readable_hidden must be a list of paths"),
         ("[sandbox]\nshell = true\n", "unknown key sandbox.shell"),
         ('sandbox = "on"\n', "sandbox must be a table ([sandbox])"),
