@@ -23,6 +23,7 @@ from ...usage import Tokens, TreeUsage, describe
 from ...usage_totals import own_totals, tree_totals
 from ..cli.common import iso_time
 from ..transcript import render, transcript
+from .recorded_model import models_recorded
 from .stalled import stalled_sessions
 
 if TYPE_CHECKING:
@@ -223,6 +224,9 @@ async def _page_usage(
             "tree_unread": unread,
             "tree_skipped_count": skipped,
         }
+    recorded = await models_recorded(side, shown, {sid: _text(row["model"]) for sid, row in out.items()})
+    for sid, model in recorded.items():
+        out[sid]["model"] = model
     return out
 
 
@@ -230,6 +234,10 @@ def _models(tokens: Tokens | None) -> str | None:
     """The models a session's recorded calls ran (its usage's per-model counts), or None."""
     names = sorted({model for model, *_ in tokens.models if model}) if tokens is not None else []
     return ", ".join(names) or None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _prices() -> tuple[PriceTable | None, str | None]:
@@ -287,6 +295,11 @@ async def subtree(side: ReadSide, root_id: str) -> JsonObject:
             rows.append(
                 {"id": row.id, "kind": "diagnostic", "reason": row.reason, "parent": row.parent_id, "depth": row.depth}
             )
+    children = [r for r in records if r.id != root_id]
+    recorded = await models_recorded(side, children, {str(row["id"]): _text(row.get("model")) for row in rows})
+    for row in rows:
+        if (model := recorded.get(str(row["id"]))) is not None:
+            row["model"] = model
     return {"rows": rows, "price_problem": price_problem, **_usage(own.get(root_id), trees.get(root_id), prices)}
 
 
