@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
-from subagents.storage import StorageError
+from subagents.storage import FileLogStore, StorageError
 
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
@@ -27,7 +27,7 @@ from .recorded_model import models_recorded
 from .stalled import stalled_sessions
 
 if TYPE_CHECKING:
-    from subagents.storage import SessionHeader
+    from subagents.storage import Event, SessionHeader
 
     from ...foundation.json_values import JsonObject
     from ...query import SessionRecord
@@ -341,10 +341,9 @@ async def session_view(side: ReadSide, session_id: str, before: int | None = Non
     end = count if before is None else min(max(before, 0), count)
     start = max(0, end - PAGE_EVENTS)
     try:
-        inherited_count, events = await side.query.read_from(session_id, start)
+        inherited_count, events = await _window(side, session_id, start, end)
     except StorageError:  # gone or unreachable since the stat: the observation says which, as before
         return await _whole_view(side, session_id)
-    events = [e for e in events if e.seq < end]
     prices, _problem = _prices()
     entries = transcript(
         events,
@@ -370,6 +369,28 @@ async def session_view(side: ReadSide, session_id: str, before: int | None = Non
 
 
 PAGE_EVENTS = 200  # events a session page shows at most
+
+
+async def _window(side: ReadSide, session_id: str, start: int, end: int) -> tuple[int, list[Event]]:
+    """The session's inherited event count and its events `[start, end)`: from a log file, only
+    the records holding them are decoded (`FileLogStore.read_window`); elsewhere, or when the
+    file does not split as expected, `SessionQuery.read_from` (PostgreSQL reads from a seq)."""
+    store = side.log_store
+    if isinstance(store, FileLogStore) and start < end:
+
+        def read() -> tuple[int, list[Event]] | None:
+            handle = store.open_read(session_id)
+            try:
+                window = store.read_window(handle, start, end)
+                return None if window is None else (handle.inherited_event_count, window)
+            finally:
+                store.close(handle)
+
+        found = await trio.to_thread.run_sync(read)
+        if found is not None:
+            return found
+    inherited_count, events = await side.query.read_from(session_id, start)
+    return inherited_count, [e for e in events if e.seq < end]
 
 
 async def _whole_view(side: ReadSide, session_id: str) -> JsonObject:
