@@ -24,7 +24,7 @@ from ...usage_totals import own_totals, tree_totals
 from ..cli.common import iso_time
 from ..transcript import render, transcript
 from .recorded_model import models_recorded
-from .stalled import stalled_sessions
+from .stalled import TurnMemo, stalled_sessions
 
 if TYPE_CHECKING:
     from subagents.storage import Event, SessionHeader
@@ -94,7 +94,7 @@ def record_row(record: SessionRecord, now_ms: int, runners: dict[str, str]) -> J
     }
 
 
-async def overview(side: ReadSide) -> JsonObject:
+async def overview(side: ReadSide, memo: TurnMemo | None = None) -> JsonObject:
     """Counts by state, the most recent sessions and the stalled or orphaned children of the
     whole store (runtime/hosts/web/stalled.py: stored timing rows, bounded reads)."""
     records = await side.query.list_sessions(probe_locks=True)
@@ -104,7 +104,7 @@ async def overview(side: ReadSide) -> JsonObject:
     counts = Counter(state_of(r) for r in records)
     recent = sorted(records, key=lambda r: last_event_ms(r) or 0, reverse=True)[:RECENT]
     stall_ms = side.listing.stall_after_ms
-    stalled = await stalled_sessions(side.query, records, now, stall_ms, runners)
+    stalled = await stalled_sessions(side.query, records, now, stall_ms, runners, memo)
     return {
         "hosts": await _hosts(side, now),
         "total": len(records),
@@ -124,6 +124,7 @@ async def overview(side: ReadSide) -> JsonObject:
             for row in stalled.rows
         ],
         "unchecked": stalled.unchecked,
+        "unchecked_resting": stalled.unchecked_resting,
         "stall_after": stall_ms // 1000,
     }
 
