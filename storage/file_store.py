@@ -326,6 +326,36 @@ class FileLogStore:
             return None
         return scan.events
 
+    def read_window(self, handle: ReadHandle, start: int, stop: int) -> list[Event] | None:
+        """Events `[start, stop)` of the log, decoding only the records that hold them: where they
+        lie is found by counting line ends (`LogForm.window`: no event decoded before them, a zstd
+        frame only decompressed), then those bytes are decoded and checked as `read_after` checks
+        a tail. None when the log holds no such seqs or its bytes do not split as expected: read
+        it as before. Damage before `start` is not looked for (a whole read finds it)."""
+        sid = handle.session_id
+        if handle.closed:
+            raise HandleClosed(sid, "read")
+        if type(start) is not int or type(stop) is not int or not 0 <= start < stop:
+            raise InvalidRange(f"session {sid!r}: window [{start!r}, {stop!r}) is not a range of seqs")
+        state = handle.impl
+        assert isinstance(state, ReadState)  # a ReadHandle's
+        with mapped(sid, "read"):
+            file = self.fs.open(state.path, "read")
+            try:
+                found = state.form.window(file.pread, file.size(), start, stop)
+                if found is None:
+                    return None
+                offset, first_seq, end = found
+                data = file.pread(offset, end - offset)
+            finally:
+                file.close()
+        try:
+            events = state.form.scan_tail(sid, data, first_seq=first_seq).events
+        except (CorruptLog, UnsupportedLog):
+            return None
+        window = [e for e in events if start <= e.seq < stop]
+        return window if len(window) == stop - start else None
+
     def read(
         self, handle: Handle, start: Offset = Offset(0), stop: Offset | None = None, *, poll: AbortPoll | None = None
     ) -> list[Event]:

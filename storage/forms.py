@@ -154,6 +154,15 @@ class LogForm:
     ) -> Iterator[list[Event]]:
         raise NotImplementedError
 
+    def window(self, read: ReadAt, size: int, start: int, stop: int) -> tuple[int, int, int] | None:
+        """Where the events `[start, stop)` of the log's first `size` bytes lie, found by counting
+        line ends — no event decoded, a zstd frame only decompressed: `(offset, first_seq, end)`,
+        the record boundary at or before seq `start`, the seq of the event there, and the record
+        boundary at or after the end of seq `stop - 1` (`0 <= start < stop`). None when the log
+        holds no such seqs or its bytes do not split as expected (the caller reads as before;
+        `scan_tail` of those bytes checks every seq, so a wrong count is never served)."""
+        raise NotImplementedError
+
     def header_span(self, data: bytes) -> int:
         """How many raw bytes of `data` hold the header record (0 if it is not whole)."""
         raise NotImplementedError
@@ -292,6 +301,25 @@ class PlainForm(_LaidOut[PlainLayout]):
             del events
         cut_at.end()
 
+    def window(self, read: ReadAt, size: int, start: int, stop: int) -> tuple[int, int, int] | None:
+        # Line 1 is the header: seq s starts after line end number s + 1 and ends with number s + 2.
+        wanted, found = [start + 1, stop + 1], list[int]()
+        base, seen = 0, 0  # line ends before `base`
+        while base < size:
+            held = read(base, min(CHUNK_BYTES, size - base))
+            if not held:
+                return None  # cut shorter meanwhile: the caller reads as before
+            ends = held.count(b"\n")
+            while wanted and seen + ends >= wanted[0]:  # the wanted line end is in this chunk
+                at = -1
+                for _ in range(wanted.pop(0) - seen):
+                    at = held.index(b"\n", at + 1)
+                found.append(base + at + 1)
+            if not wanted:
+                return found[0], start, found[1]
+            seen, base = seen + ends, base + len(held)
+        return None
+
     def header_span(self, data: bytes) -> int:
         return data.find(b"\n") + 1
 
@@ -393,6 +421,23 @@ class ZstdForm(_LaidOut[ZstdLayout]):
                 yield events
             del events
         cut_at.end()
+
+    def window(self, read: ReadAt, size: int, start: int, stop: int) -> tuple[int, int, int] | None:
+        frames = iter(FrameWalk(read, size, ahead=STREAM_BYTES))
+        first, begin = 0, None  # the seq of the frame's first event; where the window begins
+        try:
+            if next(frames, None) is None:  # the header frame: no event
+                return None
+            for frame_start, frame_end, _, content in frames:
+                count = content.count(b"\n")
+                if begin is None and first + count > start:
+                    begin = (frame_start, first)
+                first += count
+                if begin is not None and first >= stop:
+                    return begin[0], begin[1], frame_end
+        except FrameDamage:
+            return None
+        return None
 
     def header_span(self, data: bytes) -> int:
         return _first_frame_end(data)

@@ -222,6 +222,11 @@ class LeasedStore(Protocol):
         """The placement queue and host registry, as this host."""
         ...
 
+    def change_mark(self) -> object:
+        """A cheap value (one small query) that differs whenever `list()` or `held_elsewhere`
+        could answer otherwise: a reader that polls the corpus lists again only when it moved."""
+        ...
+
 
 class LogStore(LogReader, LogWriter, CheckpointRows, Protocol):
     """The whole contract a backend implements."""

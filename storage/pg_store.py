@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar, cast
 
 from ._codec import Event
 from .append_check import check_new_session
@@ -47,7 +47,7 @@ from .log_store import Batch, Handle, ObservedCheckpoint, ReadHandle, WriteHandl
 from .pg_append import PgAppender
 from .pg_checkpoints import PgCheckpoints
 from .pg_connect import Pool, check_url, first_line, redact
-from .pg_leases import Leases, LeaseState, lease_options
+from .pg_leases import Leases, LeaseState, lease_in_force, lease_options
 from .pg_rows import SESSION_COLUMNS, batch_lines, header_record, log_info
 from .pg_schema import check_schema, ensure_schema
 from .pg_timeouts import is_timeout, timed_out
@@ -217,6 +217,16 @@ class PostgresLogStore:
 
             self._placements = PgPlacements(self.url, self._pool, self._leases)
         return self._placements
+
+    def change_mark(self) -> object:
+        """What moves whenever `list()` or `held_elsewhere` could answer otherwise, in one query:
+        the sessions table's row count, its sums of event counts, sizes and generations and its
+        largest generation (an append grows a count and a size; a session made, removed or made
+        again moves a generation), and which leases another live host holds in force, at which
+        epoch (an md5 of them: expiry and a host's end move it). A session row changes in no
+        other way a listing sees (line 1 is written once). `StorageError` as `list()`."""
+        row = self._query_one(None, "change mark", _CHANGE_MARK, {"me": self._leases.host_id})
+        return None if row is None else tuple(row)
 
     def renew_leases(self) -> frozenset[SessionId]:
         """Extend every lease this store holds, in one statement (and the host's `renewed_at`);
@@ -498,6 +508,15 @@ class PostgresLogStore:
         appends no more."""
         self._leases.close()
         self._pool.close()
+
+
+# Built from this package's constants alone (`lease_in_force` is SQL text, no input): literal.
+_CHANGE_MARK = cast(
+    "LiteralString",
+    "SELECT (SELECT row(count(*), sum(event_count), sum(byte_size), sum(generation), max(generation))::text "
+    "FROM sessions), (SELECT row(count(*), md5(string_agg(l.session_id || ' ' || l.owner || ' ' || l.epoch, "
+    f"',' ORDER BY l.session_id COLLATE \"C\")))::text FROM leases l WHERE l.owner <> %(me)s AND {lease_in_force('l')})",
+)
 
 
 def _row_key(row: tuple[Any, ...]) -> tuple[Any, ...]:

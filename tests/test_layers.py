@@ -517,6 +517,9 @@ WHITE_BOX = {
     "tests/runtime/test_web_live.py",  # the console's pulse, store banner and damaged feeds
     "tests/runtime/test_web_browser.py",  # the console in a real browser, with a real host
     "tests/runtime/test_web_data.py",  # the web console's data: its app, views and feed start
+    "tests/runtime/test_web_models.py",  # the console's model before a first call: its views and descriptors
+    "tests/runtime/test_web_pulse_pg.py",  # the console's pulse on PostgreSQL
+    "tests/runtime/test_web_orphans.py",  # the console's overview: its stalled module and app
     "tests/runtime/test_chat_input.py",
     "tests/runtime/test_chat_terminal.py",
     "tests/runtime/test_cli_readable.py",  # patches the CLI's entry module

@@ -504,6 +504,7 @@ def test_the_overview_says_how_many_running_children_it_left_unchecked(unchecked
         "recent": [],
         "stalled": [],
         "unchecked": unchecked,
+        "unchecked_resting": 0,
         "stall_after": 300,
     }
     body = _environment().get_template("overview.html").render(read_only=True, authed=False, csrf="", view=view)

@@ -29,6 +29,7 @@ from .feed_paths import OldFeedPath
 from .feeds import Broken, open_feed
 from .pulse import CorpusPulse, LiveRoute, StateRoute
 from .security import AUTH_COOKIE, Access, security_headers
+from .stalled import TurnMemo
 from .views import overview, roots_page, session_view, subtree
 
 if TYPE_CHECKING:
@@ -88,8 +89,10 @@ def build_app(side: ReadSide, settings: WebSettings) -> ASGIApp:
             raise HTTPException(404, "no such session: not a valid session id") from None
         return sid
 
+    memo = TurnMemo()  # the children nobody runs whose last turn the overviews learned
+
     async def overview_page(request: Request) -> Response:
-        return page(request, "overview.html", view=await overview(side))
+        return page(request, "overview.html", view=await overview(side, memo))
 
     async def tree_page(request: Request) -> Response:
         try:

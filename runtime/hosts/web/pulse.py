@@ -17,6 +17,13 @@ generation passes when a mark differs from the last look's (a session added, gro
 taken or let go, removed) or the store's state changed (it failed to answer, or answered again).
 A page learns the generation and what changed, and fetches itself again; the listing it
 renders from is its own (a page is one request, as when it was loaded).
+
+On PostgreSQL, which tells a reader of no change, a look first asks the store's change mark
+(`LeasedStore.change_mark`: one small aggregate query over the sessions and the leases in force)
+and lists the corpus only when it moved, or when the sessions live in this process changed;
+otherwise the last listing's records stand, and only the running ones are judged again against
+the clock (stalled is a matter of time). A folder store lists with inotify instead (its warm
+listing re-stats only the folders the kernel named).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from ...foundation.errors import SessionQueryError
 from .security import security_headers
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from starlette.types import Receive, Scope, Send
 
     from ...query_corpus import SessionRecord
@@ -60,16 +69,20 @@ class Pulse:
 class CorpusPulse:
     """One console's look at the corpus (see the module docstring)."""
 
-    def __init__(self, side: ReadSide, interval: float = 1.0) -> None:
+    def __init__(self, side: ReadSide, interval: float = 1.0, now_ms: Callable[[], int] | None = None) -> None:
+        """`now_ms`: the wall clock stalled is judged by (epoch ms; the real one by default)."""
         if not interval > 0:
             raise ValueError(f"the pulse interval must be a positive number of seconds, got {interval!r}")
         self.side = side
+        self._now_ms = now_ms or _wall_ms
         self.interval = float(interval)
         self._lock = trio.Lock()
         self._looked = -math.inf  # trio time of the last look
         self._marks: dict[str, Mark] | None = None  # None: no look has answered yet
         self.current = Pulse(0, None)
-        self.looks = 0  # listings made (the tests read it to see the coalescing)
+        self.looks = 0  # looks made (the tests read it to see the coalescing)
+        self.listings = 0  # of them, the full listings (on PostgreSQL, only when the mark moved)
+        self._listed: tuple[object, list[SessionRecord]] | None = None  # (change key, records)
 
     async def after(self, generation: int) -> Pulse:
         """The first pulse past `generation` (-1: the current one, after a first look). Waits
@@ -121,16 +134,33 @@ class CorpusPulse:
 
     async def _marks_now(self) -> dict[str, Mark]:
         side = self.side
-        records = await side.query.list_sessions(probe_locks=True)
-        now = time.time_ns() // 1_000_000
+        now = self._now_ms()
         stall_ms = side.listing.stall_after_ms
-        marks = {str(r.id): _mark(r, now, stall_ms) for r in records}
         leased = side.log_store.leased
+        listed, before = self._listed, self._marks
+        key: object = None
+        if leased is not None:  # no change notification: one small query says whether to list
+            mark = await trio.to_thread.run_sync(leased.change_mark)
+            key = (mark, frozenset(str(ref.session_id) for ref in side.sessions.list()))
+        if key is not None and listed is not None and listed[0] == key and before is not None:
+            marks = {sid: m for sid, m in before.items() if not sid.startswith("host:")}
+            for r in listed[1]:
+                if r.live or r.held:  # only a running session turns stalled with time alone
+                    marks[str(r.id)] = _mark(r, now, stall_ms)
+        else:
+            records = await side.query.list_sessions(probe_locks=True)
+            self.listings += 1
+            self._listed = None if key is None else (key, records)
+            marks = {str(r.id): _mark(r, now, stall_ms) for r in records}
         if leased is not None:  # PostgreSQL: the hosts table is part of the overview
             hosts = await trio.to_thread.run_sync(lambda: leased.placements().hosts())
             for host in hosts:
                 marks[f"host:{host.host_id}"] = (host.alive, host.capacity, host.sessions_held)
         return marks
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _mark(record: SessionRecord, now_ms: int, stall_ms: int) -> Mark:

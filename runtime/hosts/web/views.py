@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 import trio
-from subagents.storage import StorageError
+from subagents.storage import FileLogStore, StorageError
 
 from ...delegation.agents_text import state_word
 from ...delegation.listing import ChildRow
@@ -23,10 +23,11 @@ from ...usage import Tokens, TreeUsage, describe
 from ...usage_totals import own_totals, tree_totals
 from ..cli.common import iso_time
 from ..transcript import render, transcript
-from .stalled import stalled_sessions
+from .recorded_model import models_recorded
+from .stalled import TurnMemo, stalled_sessions
 
 if TYPE_CHECKING:
-    from subagents.storage import SessionHeader
+    from subagents.storage import Event, SessionHeader
 
     from ...foundation.json_values import JsonObject
     from ...query import SessionRecord
@@ -93,7 +94,7 @@ def record_row(record: SessionRecord, now_ms: int, runners: dict[str, str]) -> J
     }
 
 
-async def overview(side: ReadSide) -> JsonObject:
+async def overview(side: ReadSide, memo: TurnMemo | None = None) -> JsonObject:
     """Counts by state, the most recent sessions and the stalled or orphaned children of the
     whole store (runtime/hosts/web/stalled.py: stored timing rows, bounded reads)."""
     records = await side.query.list_sessions(probe_locks=True)
@@ -103,7 +104,7 @@ async def overview(side: ReadSide) -> JsonObject:
     counts = Counter(state_of(r) for r in records)
     recent = sorted(records, key=lambda r: last_event_ms(r) or 0, reverse=True)[:RECENT]
     stall_ms = side.listing.stall_after_ms
-    stalled = await stalled_sessions(side.query, records, now, stall_ms, runners)
+    stalled = await stalled_sessions(side.query, records, now, stall_ms, runners, memo)
     return {
         "hosts": await _hosts(side, now),
         "total": len(records),
@@ -123,6 +124,7 @@ async def overview(side: ReadSide) -> JsonObject:
             for row in stalled.rows
         ],
         "unchecked": stalled.unchecked,
+        "unchecked_resting": stalled.unchecked_resting,
         "stall_after": stall_ms // 1000,
     }
 
@@ -223,6 +225,9 @@ async def _page_usage(
             "tree_unread": unread,
             "tree_skipped_count": skipped,
         }
+    recorded = await models_recorded(side, shown, {sid: _text(row["model"]) for sid, row in out.items()})
+    for sid, model in recorded.items():
+        out[sid]["model"] = model
     return out
 
 
@@ -230,6 +235,10 @@ def _models(tokens: Tokens | None) -> str | None:
     """The models a session's recorded calls ran (its usage's per-model counts), or None."""
     names = sorted({model for model, *_ in tokens.models if model}) if tokens is not None else []
     return ", ".join(names) or None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _prices() -> tuple[PriceTable | None, str | None]:
@@ -287,6 +296,11 @@ async def subtree(side: ReadSide, root_id: str) -> JsonObject:
             rows.append(
                 {"id": row.id, "kind": "diagnostic", "reason": row.reason, "parent": row.parent_id, "depth": row.depth}
             )
+    children = [r for r in records if r.id != root_id]
+    recorded = await models_recorded(side, children, {str(row["id"]): _text(row.get("model")) for row in rows})
+    for row in rows:
+        if (model := recorded.get(str(row["id"]))) is not None:
+            row["model"] = model
     return {"rows": rows, "price_problem": price_problem, **_usage(own.get(root_id), trees.get(root_id), prices)}
 
 
@@ -328,10 +342,9 @@ async def session_view(side: ReadSide, session_id: str, before: int | None = Non
     end = count if before is None else min(max(before, 0), count)
     start = max(0, end - PAGE_EVENTS)
     try:
-        inherited_count, events = await side.query.read_from(session_id, start)
+        inherited_count, events = await _window(side, session_id, start, end)
     except StorageError:  # gone or unreachable since the stat: the observation says which, as before
         return await _whole_view(side, session_id)
-    events = [e for e in events if e.seq < end]
     prices, _problem = _prices()
     entries = transcript(
         events,
@@ -357,6 +370,28 @@ async def session_view(side: ReadSide, session_id: str, before: int | None = Non
 
 
 PAGE_EVENTS = 200  # events a session page shows at most
+
+
+async def _window(side: ReadSide, session_id: str, start: int, end: int) -> tuple[int, list[Event]]:
+    """The session's inherited event count and its events `[start, end)`: from a log file, only
+    the records holding them are decoded (`FileLogStore.read_window`); elsewhere, or when the
+    file does not split as expected, `SessionQuery.read_from` (PostgreSQL reads from a seq)."""
+    store = side.log_store
+    if isinstance(store, FileLogStore) and start < end:
+
+        def read() -> tuple[int, list[Event]] | None:
+            handle = store.open_read(session_id)
+            try:
+                window = store.read_window(handle, start, end)
+                return None if window is None else (handle.inherited_event_count, window)
+            finally:
+                store.close(handle)
+
+        found = await trio.to_thread.run_sync(read)
+        if found is not None:
+            return found
+    inherited_count, events = await side.query.read_from(session_id, start)
+    return inherited_count, [e for e in events if e.seq < end]
 
 
 async def _whole_view(side: ReadSide, session_id: str) -> JsonObject:
