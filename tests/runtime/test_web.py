@@ -18,7 +18,7 @@ from descriptors import descriptor
 from events import assistant_event, seed_marker, turn_end_event, turn_start_event
 from subagents.runtime.foundation.errors import UsageError
 from subagents.runtime.hosts.cli import main
-from subagents.runtime.hosts.web.app import WebSettings, build_app
+from subagents.runtime.hosts.web.app import build_app
 from subagents.runtime.hosts.web.security import (
     AUTH_COOKIE,
     CONTENT_SECURITY_POLICY,
@@ -26,13 +26,23 @@ from subagents.runtime.hosts.web.security import (
     is_loopback,
     read_token_file,
 )
-from subagents.runtime.hosts.web.serve import allowed_hosts, serve_console
 from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Batch, Event, FileLogStore, Offset, make_event
+from web_console import (
+    T0,
+    TOKEN,
+    app_client,
+    append_log,
+    asgi_client,
+    console_settings,
+    garble_tail,
+    next_data,
+    served,
+    session_header,
+    write_lead_and_kid,
+    write_to,
+)
 
-TOKEN = "a-test-token-of-some-length"
-BASE = "http://127.0.0.1:8765"
-T0 = 1796131041000
 SCRIPT = '<script>alert("pwned")</script>'
 
 
@@ -50,34 +60,15 @@ def _user(seq: int, text: str) -> Event:
     return make_event(seq, "user/message", T0 + seq, data, surface_op="append")
 
 
-def _write(store: FileLogStore, header: SessionHeader, events: list[Event]) -> None:
-    handle = store.create(header)
-    try:
-        store.append(handle, [Batch(Offset(0), events)])
-    finally:
-        store.close(handle)
-
-
-def _header(sid: str, parent: str | None = None) -> SessionHeader:
-    return SessionHeader(
-        id=sid,
-        created_at=T0,
-        delegation_depth=0 if parent is None else 1,
-        cwd="/w",
-        parent_session=parent,
-        origin=None if parent is None else "subagent",
-    )
-
-
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """`boss` (a root whose user message holds a script tag) with one child `helper` (its label
     holds markup), and `broken`, a root whose log has a garbled line after its header."""
     store = FileLogStore(str(tmp_path), compression="none")
     try:
-        _write(
+        write_to(
             store,
-            _header("boss"),
+            session_header("boss"),
             [
                 turn_start_event(0, T0),
                 _user(1, f"hello {SCRIPT}"),
@@ -85,49 +76,22 @@ def root(tmp_path: Path) -> Path:
                 turn_end_event(3, T0 + 3),
             ],
         )
-        _write(
+        write_to(
             store,
-            _header("helper", "boss"),
+            session_header("helper", "boss"),
             [make_event(0, "subagent/descriptor", T0, descriptor("the <i>helper</i>"))],
         )
-        _write(store, _header("broken"), [turn_start_event(0, T0)])
+        write_to(store, session_header("broken"), [turn_start_event(0, T0)])
     finally:
         store.close_store()
-    [log] = (tmp_path / "sessions" / "broken").glob("session.jsonl*")
-    with log.open("ab") as out:
-        out.write(b'{"seq": 1, "type": garbled\n')
+    garble_tail(tmp_path, "broken", 1)
     return tmp_path
 
 
 @pytest.fixture
 async def client(root: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with _client(root) as c:
+    async with asgi_client(root) as c:
         yield c
-
-
-def _settings(root: Path, **changes: object) -> WebSettings:
-    base: dict[str, object] = {
-        "root": str(root),
-        "access": Access(TOKEN),
-        "hosts": allowed_hosts("127.0.0.1"),
-    }
-    return WebSettings(**{**base, **changes})
-
-
-class _client:
-    def __init__(self, root: Path, **changes: object) -> None:
-        self.root, self.changes = root, changes
-
-    async def __aenter__(self) -> httpx.AsyncClient:
-        self._side = open_read_side(str(self.root))
-        side = await self._side.__aenter__()
-        app = build_app(side, _settings(self.root, **self.changes))
-        self._client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE)
-        return await self._client.__aenter__()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._client.__aexit__(*exc)
-        await self._side.__aexit__(*exc)
 
 
 async def _signed_in(client: httpx.AsyncClient) -> None:
@@ -267,7 +231,7 @@ async def test_control_from_another_origin_is_refused(
 
 
 async def test_read_only_console_refuses_every_control(root: Path) -> None:
-    async with _client(root, read_only=True) as client:
+    async with asgi_client(root, read_only=True) as client:
         await _signed_in(client)
         assert 'action="/session/boss/send"' not in (await client.get("/session/boss")).text
         for action in ("send", "interrupt", "stop"):
@@ -332,7 +296,7 @@ async def test_a_foreign_host_header_is_refused(client: httpx.AsyncClient) -> No
 
 
 async def test_private_reads_ask_for_sign_in_first(root: Path) -> None:
-    async with _client(root, private_reads=True, hosts=frozenset()) as client:
+    async with asgi_client(root, private_reads=True, hosts=frozenset()) as client:
         response = await client.get("/session/boss")
         assert (response.status_code, response.headers["location"]) == (303, "/login")
         assert (await client.get("/static/style.css")).status_code == 200
@@ -386,33 +350,18 @@ def test_web_on_a_folder_that_is_no_root_is_refused(tmp_path: Path, capsys: pyte
 async def test_live_feed_streams_new_events_over_a_real_server(root: Path) -> None:
     """Hypercorn's Trio worker on a loopback port: the session's events after `after` arrive as
     server-sent events, then an event another writer appends arrives too."""
-    urls: list[str] = []
-    async with trio.open_nursery() as nursery:
-        await nursery.start(
-            lambda task_status: serve_console(
-                root=str(root),
-                store=None,
-                host="127.0.0.1",
-                port=0,
-                access=Access(TOKEN),
-                read_only=False,
-                stall_after=300.0,
-                ready=urls.extend,
-                task_status=task_status,
-            )
-        )
-        [url] = urls
+    async with served(root) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             page = await client.get("/session/boss")
             assert page.status_code == 200 and page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
             async with client.stream("GET", "/session/boss/events?after=2") as response:
                 assert response.headers["content-type"].startswith("text/event-stream")
                 lines = response.aiter_lines()
-                got = [await _next_data(lines), await _next_data(lines)]
+                got = [await next_data(lines), await next_data(lines)]
                 assert [(g["seq"], g["type"]) for g in got] == [(2, "assistant/message"), (3, "turn/end")]
                 assert got[0]["lines"] == ["assistant: hi <b>x</b>"]  # raw text: the page sets it as textContent
-                await trio.to_thread.run_sync(_append_turn, root)
-                new = await _next_data(lines)
+                await trio.to_thread.run_sync(append_log, root, "boss", [turn_start_event(4, T0 + 4, turn=2)])
+                new = await next_data(lines)
                 assert (new["seq"], new["type"], new["lines"]) == (4, "turn/start", ["── turn 2"])
             # A damaged log: one `problem` event naming the damage, and the end.
             async with client.stream("GET", "/session/broken/events?after=0") as response:
@@ -420,26 +369,6 @@ async def test_live_feed_streams_new_events_over_a_real_server(root: Path) -> No
             assert told == ["event: problem", 'data: {"problem": "the log is damaged (corrupt)"}']
             missing = await client.get("/session/nobody/events")
             assert missing.status_code == 404
-        nursery.cancel_scope.cancel()
-
-
-async def _next_data(lines: AsyncIterator[str]) -> dict[str, object]:
-    async for line in lines:
-        if line.startswith("data: "):
-            return json.loads(line.removeprefix("data: "))
-    raise AssertionError("the stream ended")
-
-
-def _append_turn(root: Path) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.open_write("boss")
-        try:
-            store.append(handle, [Batch(Offset(4), [turn_start_event(4, T0 + 4, turn=2)])])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
 
 
 def test_token_values_differ_by_purpose() -> None:
@@ -482,7 +411,7 @@ async def test_overview_shows_a_stalled_child_held_elsewhere(root: Path) -> None
             assert chunk, f"the holder ended: {said!r}"
             said += chunk
         assert said == b"holding\n"
-        async with _client(root) as client:
+        async with asgi_client(root) as client:
             body = (await client.get("/")).text
             tree = (await client.get("/tree/boss")).text
         await holder.stdin.aclose()
@@ -519,8 +448,7 @@ async def test_overview_on_postgresql_lists_the_hosts(pg_url: str) -> None:
         placements = leased.placements()
         await trio.to_thread.run_sync(placements.serve, 3)
         async with open_read_side(".", store=pg_url) as side:
-            app = build_app(side, _settings(Path(".")))
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client:
+            async with app_client(build_app(side, console_settings(Path(".")))) as client:
                 body = (await client.get("/")).text
                 assert "0 roots; page 1 of 1." in (await client.get("/tree")).text
                 assert (await client.get("/session/nobody")).status_code == 404
@@ -590,7 +518,7 @@ async def test_the_command_serves_prints_its_token_and_stops_on_ctrl_c(root: Pat
 
 
 async def test_a_store_that_disappears_is_a_503_page_and_recovers(root: Path, tmp_path: Path) -> None:
-    async with _client(root) as client:
+    async with asgi_client(root) as client:
         assert (await client.get("/")).status_code == 200
         away = tmp_path.with_name(tmp_path.name + "-away")  # the store is tmp_path itself
         root.rename(away)
@@ -607,10 +535,10 @@ async def test_a_store_that_disappears_is_a_503_page_and_recovers(root: Path, tm
 async def test_a_hostile_session_id_is_escaped_everywhere(tmp_path: Path, sid: str) -> None:
     store = FileLogStore(str(tmp_path), compression="none")
     try:
-        _write(store, _header(sid), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
+        write_to(store, session_header(sid), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
     finally:
         store.close_store()
-    async with _client(tmp_path) as client:
+    async with asgi_client(tmp_path) as client:
         await _signed_in(client)
         link = quote(sid, safe="/")
         shown = sid.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&#34;")
@@ -630,8 +558,8 @@ async def test_a_hostile_session_id_is_escaped_everywhere(tmp_path: Path, sid: s
 async def test_a_forks_inherited_prefix_is_marked(tmp_path: Path) -> None:
     store = FileLogStore(str(tmp_path), compression="none")
     try:
-        _write(store, _header("origin"), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
-        head = attrs.evolve(_header("fork"), is_seeded=True, parent_session="origin")
+        write_to(store, session_header("origin"), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
+        head = attrs.evolve(session_header("fork"), is_seeded=True, parent_session="origin")
         handle = store.create(head, inherited_event_count=Offset(2))
         try:
             inherited = [turn_start_event(0, T0), turn_end_event(1, T0 + 1), seed_marker(2, T0 + 2)]
@@ -641,7 +569,7 @@ async def test_a_forks_inherited_prefix_is_marked(tmp_path: Path) -> None:
             store.close(handle)
     finally:
         store.close_store()
-    async with _client(tmp_path) as client:
+    async with asgi_client(tmp_path) as client:
         body = (await client.get("/session/fork")).text
     assert "--- inherited from origin (events 0..1) ---" in body
     assert '<li class="entry inherited" data-type="turn/start"><span class="seq">0</span>' in body
@@ -667,56 +595,16 @@ async def test_stop_tree_stops_the_session_and_its_descendants(client: httpx.Asy
 async def test_the_tree_feed_tells_of_events_anywhere_in_the_tree(tmp_path: Path) -> None:
     """`/tree/lead/events` over a real server: nothing from history, then an event another
     writer appends to the existing child `kid` (known from lead's catalog), then one of lead's."""
-    catalog = {
-        "version": 1,
-        "child_id": "kid",
-        "child_created_at": T0,
-        "mode": "continuable",
-        "label": "the kid",
-        "call_id": "call_1",
-    }
-    store = FileLogStore(str(tmp_path), compression="none")
-    try:
-        _write(store, _header("lead"), [turn_start_event(0, T0), make_event(1, "subagent/catalog", T0 + 1, catalog)])
-        _write(store, _header("kid", "lead"), [make_event(0, "subagent/descriptor", T0, descriptor("the kid"))])
-    finally:
-        store.close_store()
-    urls: list[str] = []
-    async with trio.open_nursery() as nursery:
-        await nursery.start(
-            lambda task_status: serve_console(
-                root=str(tmp_path),
-                store=None,
-                host="127.0.0.1",
-                port=0,
-                access=Access(TOKEN),
-                read_only=False,
-                stall_after=300.0,
-                ready=urls.extend,
-                task_status=task_status,
-            )
-        )
-        async with httpx.AsyncClient(base_url=urls[0], timeout=30) as client:
+    write_lead_and_kid(tmp_path)
+    async with served(tmp_path) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             page = (await client.get("/tree/lead")).text
             assert 'data-root="lead"' in page and '<script src="/static/tree.js"></script>' in page
             async with client.stream("GET", "/tree/lead/events") as response:
                 lines = response.aiter_lines()
                 assert await anext(lines) == ": open"
-                await trio.to_thread.run_sync(_append, tmp_path, "kid", turn_start_event(1, T0 + 5))
-                assert await _next_data(lines) == {"session_id": "kid", "seq": 1, "type": "turn/start"}
-                await trio.to_thread.run_sync(_append, tmp_path, "lead", turn_end_event(2, T0 + 6))
-                assert await _next_data(lines) == {"session_id": "lead", "seq": 2, "type": "turn/end"}
+                await trio.to_thread.run_sync(append_log, tmp_path, "kid", [turn_start_event(1, T0 + 5)])
+                assert await next_data(lines) == {"session_id": "kid", "seq": 1, "type": "turn/start"}
+                await trio.to_thread.run_sync(append_log, tmp_path, "lead", [turn_end_event(2, T0 + 6)])
+                assert await next_data(lines) == {"session_id": "lead", "seq": 2, "type": "turn/end"}
             assert (await client.get("/tree/nobody/events")).status_code == 404
-        nursery.cancel_scope.cancel()
-
-
-def _append(root: Path, sid: str, event: Event) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.open_write(sid)
-        try:
-            store.append(handle, [Batch(Offset(event.seq), [event])])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
