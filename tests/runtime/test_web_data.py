@@ -7,7 +7,6 @@ transport on Trio, as tests/runtime/test_web.py."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -15,44 +14,28 @@ import pytest
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
 from flag_events import call_data, result_data
-from subagents.runtime.hosts.web.app import WebSettings, build_app
-from subagents.runtime.hosts.web.security import Access
-from subagents.runtime.hosts.web.serve import allowed_hosts
+from subagents.runtime.hosts.web.app import build_app
 from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, make_event
+from subagents.storage import Event, make_event
+from web_console import (
+    T0,
+    app_client,
+    append_log,
+    asgi_client,
+    console_settings,
+    garble_tail,
+    next_data,
+    served,
+    session_header,
+    write_log,
+    write_to,
+)
 
-TOKEN = "a-test-token-of-some-length"
-BASE = "http://127.0.0.1:8765"
-T0 = 1796131041000
 PRICES = '[prices."openai:gpt-x"]\ninput = 1.0\noutput = 2.0\n'
-
-
-def _header(sid: str, parent: str | None = None, preset: str | None = None, depth: int | None = None) -> SessionHeader:
-    return SessionHeader(
-        id=sid,
-        created_at=T0,
-        delegation_depth=depth if depth is not None else 0 if parent is None else 1,
-        cwd="/w",
-        parent_session=parent,
-        origin=None if parent is None else "subagent",
-        agent_preset=preset,
-    )
 
 
 def _model(seq: int, spec: str) -> Event:
     return make_event(seq, "session/model", T0 + seq, {"model": spec})
-
-
-def _write(root: Path, header: SessionHeader, events: list[Event]) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.create(header)
-        try:
-            store.append(handle, [Batch(Offset(0), events)])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
 
 
 def _a_turn(first: int, turn: int, usage: tuple[int, int], model: str | None = None) -> list[Event]:
@@ -78,40 +61,28 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(project)
     store = tmp_path / "store"
     catalog = {"version": 1, "child_id": "kid", "child_created_at": T0, "mode": "continuable", "label": "the kid"}
-    _write(
+    write_log(
         store,
-        _header("lead", preset="planner"),
+        session_header("lead", preset="planner"),
         [*_a_turn(0, 1, (100, 20), "openai:gpt-x"), make_event(4, "subagent/catalog", T0 + 4, catalog)],
     )
     kid_catalog = {**catalog, "child_id": "grand", "label": "the grandchild"}
-    _write(
+    write_log(
         store,
-        _header("kid", "lead", preset="researcher"),
+        session_header("kid", "lead", preset="researcher"),
         [
             make_event(0, "subagent/descriptor", T0, descriptor("the kid")),
             *_a_turn(1, 1, (50, 5), "anthropic:claude-x"),
             make_event(5, "subagent/catalog", T0 + 5, kid_catalog),
         ],
     )
-    _write(
+    write_log(
         store,
-        _header("grand", "kid", depth=2),
+        session_header("grand", "kid", depth=2),
         [make_event(0, "subagent/descriptor", T0, descriptor("the grandchild")), *_a_turn(1, 1, (7, 1))],
     )
-    _write(store, _header("solo"), _a_turn(0, 1, (1, 1), "openai:gpt-x"))
+    write_log(store, session_header("solo"), _a_turn(0, 1, (1, 1), "openai:gpt-x"))
     return store
-
-
-def _settings(root: Path) -> WebSettings:
-    return WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
-
-
-@asynccontextmanager
-async def _client(root: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with open_read_side(str(root)) as side:
-        transport = httpx.ASGITransport(app=build_app(side, _settings(root)))
-        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-            yield client
 
 
 def _row(body: str, sid: str) -> str:
@@ -124,7 +95,7 @@ def _row(body: str, sid: str) -> str:
 
 
 async def test_roots_page_shows_usage_agent_type_and_model(tree: Path) -> None:
-    async with _client(tree) as client:
+    async with asgi_client(tree) as client:
         body = (await client.get("/tree")).text
     lead = _row(body, "lead")
     assert "<th>Type</th><th>Model</th><th>Usage</th><th>With its subagents</th><th>Below</th>" in body
@@ -147,11 +118,11 @@ async def test_roots_page_reads_no_descendant_log(tree: Path) -> None:
 
     from subagents.storage.index import INDEX_NAME
 
-    async with _client(tree) as client:
+    async with asgi_client(tree) as client:
         await client.get("/tree")  # the index, with its rows
     with sqlite3.connect(tree / INDEX_NAME) as db:
         db.execute("DELETE FROM checkpoints WHERE session_id IN ('kid', 'grand')")
-    async with _client(tree) as client:
+    async with asgi_client(tree) as client:
         lead = _row((await client.get("/tree")).text, "lead")
         assert "100 in, 20 out tokens (1 model call), cost unknown" in lead  # lead alone: partial
         assert '(+2 not read yet: <a href="/tree/lead">its tree</a> reads them)' in lead
@@ -161,7 +132,7 @@ async def test_roots_page_reads_no_descendant_log(tree: Path) -> None:
 
 
 async def test_tree_rows_show_agent_type_and_model(tree: Path) -> None:
-    async with _client(tree) as client:
+    async with asgi_client(tree) as client:
         body = (await client.get("/tree/lead")).text
     assert "<th>Label</th><th>Type</th><th>Model</th><th>Usage</th><th>With its subagents</th>" in body
     kid = _row(body, "kid")
@@ -177,7 +148,7 @@ async def test_tree_rows_show_agent_type_and_model(tree: Path) -> None:
 
 async def test_a_bad_price_table_is_named_and_costs_left_out(tree: Path) -> None:
     Path("subagents.toml").write_text('[prices."openai:gpt-x"]\ninput = "free"\noutput = 1\n')
-    async with _client(tree) as client:
+    async with asgi_client(tree) as client:
         body = (await client.get("/tree")).text
         sub = (await client.get("/tree/lead")).text
     for page in (body, sub):
@@ -193,18 +164,18 @@ async def test_overview_lists_orphaned_children_of_every_parent(tmp_path: Path) 
     mid-turn): all twelve are `orphaned` on the overview — not the children of 10 parents — from
     their stored timing rows; a closed child and a child of an open root are not listed."""
     for i in range(12):
-        _write(tmp_path, _header(f"p{i:02d}"), _a_turn(0, 1, (1, 1)))
-        _write(
+        write_log(tmp_path, session_header(f"p{i:02d}"), _a_turn(0, 1, (1, 1)))
+        write_log(
             tmp_path,
-            _header(f"p{i:02d}-c", f"p{i:02d}"),
+            session_header(f"p{i:02d}-c", f"p{i:02d}"),
             [make_event(0, "subagent/descriptor", T0, descriptor(f"child {i}")), turn_start_event(1, T0 + 1)],
         )
-    _write(
+    write_log(
         tmp_path,
-        _header("p00-done", "p00"),
+        session_header("p00-done", "p00"),
         [make_event(0, "subagent/descriptor", T0, descriptor("done")), *_a_turn(1, 1, (1, 1))],
     )
-    async with _client(tmp_path) as client:
+    async with asgi_client(tmp_path) as client:
         body = (await client.get("/")).text
     stalled = body.split("<h2>Stalled</h2>")[1].split("<h2>")[0]
     for i in range(12):
@@ -221,17 +192,19 @@ async def test_overview_lists_orphaned_children_of_every_parent(tmp_path: Path) 
 @pytest.fixture
 def ambiguous(tmp_path: Path) -> Path:
     """`a`, `a/events` (an id the first feed path took for the feed of `a`) and `d`, damaged."""
-    _write(tmp_path, _header("a"), _a_turn(0, 1, (1, 1)))
-    _write(tmp_path, _header("a/events"), [turn_start_event(0, T0), assistant_event(1, T0 + 1, text="I am a/events")])
-    _write(tmp_path, _header("d"), [turn_start_event(0, T0)])
-    [log] = (tmp_path / "sessions" / "d").glob("session.jsonl*")
-    with log.open("ab") as out:
-        out.write(b'{"seq": 1, "type": garbled\n')
+    write_log(tmp_path, session_header("a"), _a_turn(0, 1, (1, 1)))
+    write_log(
+        tmp_path,
+        session_header("a/events"),
+        [turn_start_event(0, T0), assistant_event(1, T0 + 1, text="I am a/events")],
+    )
+    write_log(tmp_path, session_header("d"), [turn_start_event(0, T0)])
+    garble_tail(tmp_path, "d", 1)
     return tmp_path
 
 
 async def test_a_session_id_ending_in_events_is_its_page(ambiguous: Path) -> None:
-    async with _client(ambiguous) as client:
+    async with asgi_client(ambiguous) as client:
         page = await client.get("/session/a/events")
         tree = await client.get("/tree/a/events")
         plain = await client.get("/session/a%2Fevents")
@@ -243,7 +216,7 @@ async def test_a_session_id_ending_in_events_is_its_page(ambiguous: Path) -> Non
 
 
 async def test_the_feeds_answer_under_their_prefix(ambiguous: Path) -> None:
-    async with _client(ambiguous) as client:
+    async with asgi_client(ambiguous) as client:
         fed = await client.get("/events/session/d")
         old = await client.get("/session/d/events")  # no session `d/events`: the feed of `d`, as before
         assert (await client.get("/events/session/nobody")).status_code == 404
@@ -260,34 +233,11 @@ async def test_the_feeds_answer_under_their_prefix(ambiguous: Path) -> None:
 
 async def test_the_feed_of_a_session_id_ending_in_events_over_a_real_server(ambiguous: Path) -> None:
     """Hypercorn on a loopback port: `/events/session/a%2Fevents` streams `a/events`'s events."""
-    import json
-
-    import trio
-    from subagents.runtime.hosts.web.serve import serve_console
-
-    urls: list[str] = []
-    async with trio.open_nursery() as nursery:
-        await nursery.start(
-            lambda task_status: serve_console(
-                root=str(ambiguous),
-                store=None,
-                host="127.0.0.1",
-                port=0,
-                access=Access(TOKEN),
-                read_only=False,
-                stall_after=300.0,
-                ready=urls.extend,
-                task_status=task_status,
-            )
-        )
-        async with httpx.AsyncClient(base_url=urls[0], timeout=30) as client:
+    async with served(ambiguous) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             async with client.stream("GET", "/events/session/a%2Fevents?after=1") as response:
                 assert response.headers["content-type"].startswith("text/event-stream")
-                async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        got = json.loads(line.removeprefix("data: "))
-                        break
-        nursery.cancel_scope.cancel()
+                got = await next_data(response.aiter_lines())
     assert got == {"seq": 1, "type": "assistant/message", "lines": ["assistant: I am a/events"]}
 
 
@@ -303,8 +253,8 @@ def _turns(count: int) -> list[Event]:
 
 
 async def test_a_long_session_page_shows_its_last_events_with_earlier_links(tmp_path: Path) -> None:
-    _write(tmp_path, _header("long"), _turns(150))  # 450 events
-    async with _client(tmp_path) as client:
+    write_log(tmp_path, session_header("long"), _turns(150))  # 450 events
+    async with asgi_client(tmp_path) as client:
         latest = (await client.get("/session/long")).text
         middle = (await client.get("/session/long?before=250")).text
         first = (await client.get("/session/long?before=50")).text
@@ -343,8 +293,8 @@ async def test_a_short_session_page_shows_usage_per_turn_and_in_doubt_results(tm
         make_event(8, "tool/result", T0 + 8, result_data("c1", 3), surface_op="append"),
         turn_end_event(9, T0 + 9, turn=3),
     ]
-    _write(tmp_path, _header("short", preset="planner"), events)
-    async with _client(tmp_path) as client:
+    write_log(tmp_path, session_header("short", preset="planner"), events)
+    async with asgi_client(tmp_path) as client:
         body = (await client.get("/session/short")).text
     assert "Events 0 to" not in body and ">earlier</a>" not in body  # one page: no pager
     assert "<dt>Type</dt><dd>planner</dd>" in body
@@ -382,25 +332,13 @@ async def test_the_tree_feed_follows_each_session_from_its_listed_end(
 
         monkeypatch.setattr(side.query, "read_from", counted)  # a spy on the stream's one read path
         async with open_event_stream(side.query, "lead", from_seq=5, known=ends, follow_interval=0.05) as stream:
-            await trio.to_thread.run_sync(_append, tree, "grand", turn_start_event(4, T0 + 9, turn=2))
+            await trio.to_thread.run_sync(append_log, tree, "grand", [turn_start_event(4, T0 + 9, turn=2)])
             got = await stream.receive()
     assert (got.session_id, got.event.seq, got.event.type) == ("grand", 4, "turn/start")
     first = {}
     for sid, start, after in reads:
         first.setdefault(sid, (start, after))
     assert first == {sid: (end, (size, end)) for sid, (size, end) in ends.items()}
-
-
-def _append(root: Path, sid: str, event: Event) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.open_write(sid)
-        try:
-            store.append(handle, [Batch(Offset(event.seq), [event])])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
 
 
 async def test_the_stalled_list_observes_at_most_its_bound_and_counts_the_rest() -> None:
@@ -431,7 +369,7 @@ async def test_the_stalled_list_observes_at_most_its_bound_and_counts_the_rest()
     records = [
         SessionRecord(
             id=f"c{i:02d}",
-            header=_header(f"c{i:02d}", "p"),
+            header=session_header(f"c{i:02d}", "p"),
             live=False,
             persisted=True,
             damage=None,
@@ -461,24 +399,19 @@ async def test_usage_and_paging_on_postgresql(pg_url: str, monkeypatch: pytest.M
     monkeypatch.chdir(tmp_path)
     store = open_log_store(pg_url, create_schema=True)
 
-    def write(header: SessionHeader, events: list[Event]) -> None:
-        handle = store.create(header)
-        try:
-            store.append(handle, [Batch(Offset(0), events)])
-        finally:
-            store.close(handle)
-
     try:
         catalog = {"version": 1, "child_id": "pg-kid", "child_created_at": T0, "mode": "continuable", "label": "k"}
         await trio.to_thread.run_sync(
-            write, _header("pg-lead"), [*_a_turn(0, 1, (100, 20)), make_event(3, "subagent/catalog", T0 + 3, catalog)]
+            write_to,
+            store,
+            session_header("pg-lead"),
+            [*_a_turn(0, 1, (100, 20)), make_event(3, "subagent/catalog", T0 + 3, catalog)],
         )
         kid = [make_event(0, "subagent/descriptor", T0, descriptor("k")), *_a_turn(1, 1, (50, 5))]
-        await trio.to_thread.run_sync(write, _header("pg-kid", "pg-lead"), kid)
-        await trio.to_thread.run_sync(write, _header("pg-long"), _turns(150))
+        await trio.to_thread.run_sync(write_to, store, session_header("pg-kid", "pg-lead"), kid)
+        await trio.to_thread.run_sync(write_to, store, session_header("pg-long"), _turns(150))
         async with open_read_side(".", store=pg_url) as side:
-            app = build_app(side, _settings(tmp_path))
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client:
+            async with app_client(build_app(side, console_settings(tmp_path))) as client:
                 first = _row((await client.get("/tree")).text, "pg-lead")
                 await client.get("/tree/pg-lead")
                 then = _row((await client.get("/tree")).text, "pg-lead")
