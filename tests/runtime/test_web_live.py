@@ -7,131 +7,38 @@ against hangs."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 import trio
 import trio.testing
-from descriptors import descriptor
 from events import turn_end_event, turn_start_event
 from pg_server import EmbeddedServer
-from subagents.runtime.hosts.web.app import WebSettings, build_app
 from subagents.runtime.hosts.web.pulse import CorpusPulse, LiveRoute, Pulse
-from subagents.runtime.hosts.web.security import Access
-from subagents.runtime.hosts.web.serve import allowed_hosts, serve_console
 from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, Event, FileLogStore, LogStore, Offset, SessionHeader, make_event
+from web_console import (
+    T0,
+    append_log,
+    asgi_client,
+    garble_tail,
+    next_event,
+    served,
+    session_header,
+    write_lead_and_kid,
+    write_log,
+    write_to,
+)
 
-TOKEN = "a-test-token-of-some-length"
-BASE = "http://127.0.0.1:8765"
-T0 = 1796131041000
 HANG = 30  # seconds: only a hang reaches it
-
-
-def _header(sid: str, parent: str | None = None) -> SessionHeader:
-    return SessionHeader(
-        id=sid,
-        created_at=T0,
-        delegation_depth=0 if parent is None else 1,
-        cwd="/w",
-        parent_session=parent,
-        origin=None if parent is None else "subagent",
-    )
-
-
-def _create(root: Path, sid: str, events: list[Event], parent: str | None = None) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.create(_header(sid, parent))
-        try:
-            store.append(handle, [Batch(Offset(0), events)])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
-
-
-def _append(root: Path, sid: str, events: list[Event]) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.open_write(sid)
-        try:
-            store.append(handle, [Batch(Offset(events[0].seq), events)])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
-
-
-def _garble_tail(root: Path, sid: str) -> None:
-    """A line that is no record, after the log's last one (a torn or foreign write)."""
-    [log] = (root / "sessions" / sid).glob("session.jsonl*")
-    with log.open("ab") as out:
-        out.write(b'{"seq": 9, "type": garbled\n')
 
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """`lead` (its catalog names `kid`) and `kid`, under `store/` (so the test can move it)."""
     folder = tmp_path / "store"
-    catalog = {
-        "version": 1,
-        "child_id": "kid",
-        "child_created_at": T0,
-        "mode": "continuable",
-        "label": "the kid",
-        "call_id": "call_1",
-    }
-    _create(folder, "lead", [turn_start_event(0, T0), make_event(1, "subagent/catalog", T0 + 1, catalog)])
-    _create(folder, "kid", [make_event(0, "subagent/descriptor", T0, descriptor("the kid"))], parent="lead")
+    write_lead_and_kid(folder)
     return folder
-
-
-class _served:
-    """The console over `root` on a loopback port; `url` once it listens."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.url = ""
-
-    async def __aenter__(self) -> _served:
-        self._nursery_manager = trio.open_nursery()
-        self._nursery = await self._nursery_manager.__aenter__()
-        urls: list[str] = []
-        await self._nursery.start(
-            lambda task_status: serve_console(
-                root=str(self.root),
-                store=None,
-                host="127.0.0.1",
-                port=0,
-                access=Access(TOKEN),
-                read_only=False,
-                stall_after=300.0,
-                live_interval=0.05,
-                ready=urls.extend,
-                task_status=task_status,
-            )
-        )
-        self.url = urls[0]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._nursery.cancel_scope.cancel()
-        await self._nursery_manager.__aexit__(*exc)
-
-
-async def _next(lines: AsyncIterator[str]) -> tuple[str, dict[str, object]]:
-    """The next server-sent event: its name (`message` when it has none) and its data."""
-    name = "message"
-    async for line in lines:
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            return name, json.loads(line.removeprefix("data: "))
-    raise AssertionError("the stream ended")
 
 
 # --- the pulse ---
@@ -145,8 +52,8 @@ async def test_the_pulse_looks_once_for_every_follower_and_names_what_changed(ro
         first = await pulse.after(-1)
         assert (first.generation, first.problem, pulse.looks) == (0, None, 1)
         events = [turn_end_event(2, T0 + 2)] + [turn_start_event(seq, T0 + seq, turn=seq) for seq in range(3, 52)]
-        await trio.to_thread.run_sync(_append, root, "lead", events)
-        await trio.to_thread.run_sync(_create, root, "late", [turn_start_event(0, T0)])
+        await trio.to_thread.run_sync(append_log, root, "lead", events)
+        await trio.to_thread.run_sync(write_log, root, session_header("late"), [turn_start_event(0, T0)])
         got: list[Pulse] = []
         with trio.fail_after(HANG):
             async with trio.open_nursery() as nursery:
@@ -227,40 +134,37 @@ async def test_live_tells_of_changes_and_of_the_store_going_and_coming_back(root
     """`/live`: the store's state first, then a generation naming the session another writer
     appended to; the store moved away is `event: store` up false, moved back up true, and a
     generation follows (the page fetches itself again)."""
-    async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
+    async with served(root, live_interval=0.05) as url, httpx.AsyncClient(base_url=url, timeout=HANG) as client:
         async with client.stream("GET", "/live") as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             assert response.headers["content-security-policy"].startswith("default-src 'none'")
             lines = response.aiter_lines()
             with trio.fail_after(HANG):
-                assert await _next(lines) == ("store", {"up": True, "problem": None})
-                await trio.to_thread.run_sync(_append, root, "kid", [turn_start_event(1, T0 + 5)])
-                name, data = await _next(lines)
+                assert await next_event(lines) == ("store", {"up": True, "problem": None})
+                await trio.to_thread.run_sync(append_log, root, "kid", [turn_start_event(1, T0 + 5)])
+                name, data = await next_event(lines)
                 assert (name, data["changed"], data["count"]) == ("message", ["kid"], 1)
                 away = root.with_name("away")
                 root.rename(away)
-                name, data = await _next(lines)
+                name, data = await next_event(lines)
                 assert name == "store" and data["up"] is False and data["problem"]
                 away.rename(root)
-                assert await _next(lines) == ("store", {"up": True, "problem": None})
-                name, data = await _next(lines)
+                assert await next_event(lines) == ("store", {"up": True, "problem": None})
+                name, data = await next_event(lines)
                 assert name == "message" and data["changed"] == []
 
 
 async def test_every_page_carries_the_banner_and_the_pulse_script(root: Path) -> None:
-    async with open_read_side(str(root)) as side:
-        settings = WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
-        transport = httpx.ASGITransport(app=build_app(side, settings))
-        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-            for path in ("/", "/tree", "/tree/lead", "/session/lead", "/session/nobody", "/login"):
-                body = (await client.get(path)).text
-                assert '<p id="store-banner" class="banner" role="alert" hidden></p>' in body, path
-                assert '<script src="/static/pulse.js"></script>' in body, path
-            script = await client.get("/static/pulse.js")
-            assert script.status_code == 200 and 'new EventSource("/live")' in script.text
-            root.rename(root.with_name("away"))
-            gone = await client.get("/")
-            assert gone.status_code == 503 and 'id="store-unavailable"' in gone.text  # reloads once back
+    async with asgi_client(root) as client:
+        for path in ("/", "/tree", "/tree/lead", "/session/lead", "/session/nobody", "/login"):
+            body = (await client.get(path)).text
+            assert '<p id="store-banner" class="banner" role="alert" hidden></p>' in body, path
+            assert '<script src="/static/pulse.js"></script>' in body, path
+        script = await client.get("/static/pulse.js")
+        assert script.status_code == 200 and 'new EventSource("/live")' in script.text
+        root.rename(root.with_name("away"))
+        gone = await client.get("/")
+        assert gone.status_code == 503 and 'id="store-unavailable"' in gone.text  # reloads once back
 
 
 async def test_live_state_answers_once_from_a_fresh_look(root: Path, mock_clock: trio.testing.MockClock) -> None:
@@ -268,42 +172,39 @@ async def test_live_state_answers_once_from_a_fresh_look(root: Path, mock_clock:
     store's state from a look at most one interval old, no stream; the store moved away is up
     false with the problem, moved back up true. The clock is moved by hand past the interval
     (Trio's mock clock, still: the real file IO does not wait on it)."""
-    async with open_read_side(str(root)) as side:
-        settings = WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
-        transport = httpx.ASGITransport(app=build_app(side, settings))
-        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-            up = await client.get("/live/state")
-            assert up.status_code == 200 and up.json() == {"up": True, "problem": None}
-            assert up.headers["content-type"] == "application/json"
-            assert up.headers["cache-control"] == "no-store"
-            assert up.headers["content-security-policy"].startswith("default-src 'none'")
-            away = root.with_name("away")
-            root.rename(away)
-            assert (await client.get("/live/state")).json()["up"] is True  # within the interval: no new look
-            mock_clock.jump(1.0)
-            gone = (await client.get("/live/state")).json()
-            assert gone["up"] is False and gone["problem"]
-            away.rename(root)
-            mock_clock.jump(1.0)
-            assert (await client.get("/live/state")).json() == {"up": True, "problem": None}
-            script = (await client.get("/static/pulse.js")).text
-            assert 'fetch("/live/state"' in script and "if (fed) poll();" in script
+    async with asgi_client(root) as client:
+        up = await client.get("/live/state")
+        assert up.status_code == 200 and up.json() == {"up": True, "problem": None}
+        assert up.headers["content-type"] == "application/json"
+        assert up.headers["cache-control"] == "no-store"
+        assert up.headers["content-security-policy"].startswith("default-src 'none'")
+        away = root.with_name("away")
+        root.rename(away)
+        assert (await client.get("/live/state")).json()["up"] is True  # within the interval: no new look
+        mock_clock.jump(1.0)
+        gone = (await client.get("/live/state")).json()
+        assert gone["up"] is False and gone["problem"]
+        away.rename(root)
+        mock_clock.jump(1.0)
+        assert (await client.get("/live/state")).json() == {"up": True, "problem": None}
+        script = (await client.get("/static/pulse.js")).text
+        assert 'fetch("/live/state"' in script and "if (fed) poll();" in script
 
 
 # --- a log damaged under its feed ---
 
 
 async def test_a_log_damaged_under_the_session_feed_is_said_and_the_feed_ends(root: Path) -> None:
-    async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
+    async with served(root, live_interval=0.05) as url, httpx.AsyncClient(base_url=url, timeout=HANG) as client:
         async with client.stream("GET", "/events/session/lead?after=2") as response:
             lines = response.aiter_lines()
             with trio.fail_after(HANG):
                 assert await anext(lines) == ": open"
-                await trio.to_thread.run_sync(_append, root, "lead", [turn_end_event(2, T0 + 2)])
-                name, data = await _next(lines)
+                await trio.to_thread.run_sync(append_log, root, "lead", [turn_end_event(2, T0 + 2)])
+                name, data = await next_event(lines)
                 assert (name, data["seq"], data["type"]) == ("message", 2, "turn/end")
-                await trio.to_thread.run_sync(_garble_tail, root, "lead")
-                name, data = await _next(lines)
+                await trio.to_thread.run_sync(garble_tail, root, "lead", 9)
+                name, data = await next_event(lines)
                 assert name == "problem" and data["damaged"] is True
                 assert str(data["problem"]).startswith("the log is damaged: session 'lead' is corrupt at seq 3")
                 assert [line async for line in lines if line] == []  # and the feed ends
@@ -312,19 +213,19 @@ async def test_a_log_damaged_under_the_session_feed_is_said_and_the_feed_ends(ro
 async def test_a_descendant_damaged_under_the_tree_feed_is_a_damaged_event(root: Path) -> None:
     """The tree feed goes on for the others: a `damaged` item for `kid` (the tree page reloads
     and shows its diagnostic row), then `lead`'s next event."""
-    async with _served(root) as served, httpx.AsyncClient(base_url=served.url, timeout=HANG) as client:
+    async with served(root, live_interval=0.05) as url, httpx.AsyncClient(base_url=url, timeout=HANG) as client:
         async with client.stream("GET", "/events/tree/lead") as response:
             lines = response.aiter_lines()
             with trio.fail_after(HANG):
                 assert await anext(lines) == ": open"
-                await trio.to_thread.run_sync(_append, root, "kid", [turn_start_event(1, T0 + 5)])
-                assert await _next(lines) == ("message", {"session_id": "kid", "seq": 1, "type": "turn/start"})
-                await trio.to_thread.run_sync(_garble_tail, root, "kid")
-                name, data = await _next(lines)
+                await trio.to_thread.run_sync(append_log, root, "kid", [turn_start_event(1, T0 + 5)])
+                assert await next_event(lines) == ("message", {"session_id": "kid", "seq": 1, "type": "turn/start"})
+                await trio.to_thread.run_sync(garble_tail, root, "kid", 9)
+                name, data = await next_event(lines)
                 assert (name, data["session_id"], data["type"]) == ("message", "kid", "damaged")
                 assert data["problem"]
-                await trio.to_thread.run_sync(_append, root, "lead", [turn_end_event(2, T0 + 6)])
-                assert await _next(lines) == ("message", {"session_id": "lead", "seq": 2, "type": "turn/end"})
+                await trio.to_thread.run_sync(append_log, root, "lead", [turn_end_event(2, T0 + 6)])
+                assert await next_event(lines) == ("message", {"session_id": "lead", "seq": 2, "type": "turn/end"})
         rows = (await client.get("/tree/lead")).text
         assert 'class="diagnostic"' in rows and "kid" in rows
 
@@ -338,22 +239,14 @@ async def test_the_pulse_comes_back_after_a_postgresql_restart(pg_url: str, pg_s
 
     store = open_log_store(pg_url, create_schema=True)
     try:
-        _pg_create(store, "before")
+        write_to(store, session_header("before"), [turn_start_event(0, T0)])
         async with open_read_side(".", store=pg_url) as side:
             pulse = CorpusPulse(side, interval=0.05)
             seen = await pulse.after(-1)
             await trio.to_thread.run_sync(pg_server.restart)
-            await trio.to_thread.run_sync(_pg_create, store, "after")
+            await trio.to_thread.run_sync(write_to, store, session_header("after"), [turn_start_event(0, T0)])
             with trio.fail_after(HANG):
                 while not (seen.problem is None and "after" in seen.changed):
                     seen = await pulse.after(seen.generation)
     finally:
         store.close_store()
-
-
-def _pg_create(store: LogStore, sid: str) -> None:
-    handle = store.create(_header(sid))
-    try:
-        store.append(handle, [Batch(Offset(0), [turn_start_event(0, T0)])])
-    finally:
-        store.close(handle)
