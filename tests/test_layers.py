@@ -506,6 +506,7 @@ WHITE_BOX = {
     # hosts below the CLI's face (ACP, chat, serve, demo, run output and progress, transfer)
     "tests/helpers/acp_gated_agent.py",
     "tests/helpers/memory_hosts.py",
+    "tests/helpers/web_console.py",  # the web tests' shared set-up: the console's app and server
     "tests/runtime/test_acp_children.py",
     "tests/runtime/test_acp_live.py",
     "tests/runtime/test_acp_mcp.py",
@@ -515,7 +516,6 @@ WHITE_BOX = {
     "tests/runtime/test_chat.py",
     "tests/runtime/test_web.py",  # the web console's app, security rules and server
     "tests/runtime/test_web_live.py",  # the console's pulse, store banner and damaged feeds
-    "tests/runtime/test_web_browser.py",  # the console in a real browser, with a real host
     "tests/runtime/test_web_data.py",  # the web console's data: its app, views and feed start
     "tests/runtime/test_web_models.py",  # the console's model before a first call: its views and descriptors
     "tests/runtime/test_web_pulse_pg.py",  # the console's pulse on PostgreSQL

@@ -24,11 +24,9 @@ from typing import Any
 
 import pytest
 import trio
-from subagents.runtime.hosts.web.security import Access
-from subagents.runtime.hosts.web.serve import serve_console
+from web_console import TOKEN, garble_tail, served
 
 CHROMIUM = "/usr/bin/chromium"
-TOKEN = "a-test-token-of-some-length"
 HANG = 30_000  # ms a browser wait may take: only a hang reaches it
 QUESTION = 'what is six times seven? <script>alert("pwned")</script>'
 
@@ -122,24 +120,8 @@ async def test_a_real_browser_follows_a_running_worker_talks_to_it_and_stops_it(
         worker = (await trio.to_thread.run_sync(_expect, host, "WORKING")).split()[
             1
         ]  # its first step runs until the test says
-        urls: list[str] = []
-        async with trio.open_nursery() as nursery:
-            await nursery.start(
-                lambda task_status: serve_console(
-                    root=str(root),
-                    store=None,
-                    host="127.0.0.1",
-                    port=0,
-                    access=Access(TOKEN),
-                    read_only=False,
-                    stall_after=300.0,
-                    live_interval=0.2,
-                    ready=urls.extend,
-                    task_status=task_status,
-                )
-            )
-            seen = await trio.to_thread.run_sync(_browse, urls[0], root, host, worker, shots)
-            nursery.cancel_scope.cancel()
+        async with served(root, live_interval=0.2) as url:
+            seen = await trio.to_thread.run_sync(_browse, url, root, host, worker, shots)
         assert await trio.to_thread.run_sync(host.wait) == 0
     finally:
         if host.poll() is None:
@@ -188,13 +170,6 @@ def release(host: subprocess.Popen[str], line: str) -> None:
     assert host.stdin is not None
     host.stdin.write(line + "\n")
     host.stdin.flush()
-
-
-def _garble_tail(root: Path, sid: str) -> None:
-    """A line that is no record, after the log's last one."""
-    [log] = (root / "sessions" / sid).glob("session.jsonl*")
-    with log.open("ab") as out:
-        out.write(b'{"seq": 99, "type": garbled\n')
 
 
 def _browse(url: str, root: Path, host: subprocess.Popen[str], worker: str, shots: Path) -> dict[str, Any]:
@@ -265,7 +240,7 @@ def _browse(url: str, root: Path, host: subprocess.Popen[str], worker: str, shot
             # The worker's page while its log is damaged under it: said where its events stop.
             page.goto(url + f"/session/{worker}")
             page.wait_for_selector("#live-status:has-text('following new events')")
-            _garble_tail(root, worker)
+            garble_tail(root, worker, 99)
             seen["damaged"] = page.inner_text("li.diagnostic[data-type='damaged'] pre")
             seen["damaged_status"] = page.inner_text("#live-status")
             # A page with its own feed asks /live/state now and then (it holds no /live stream):

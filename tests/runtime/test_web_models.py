@@ -6,36 +6,15 @@ its header. Through httpx's ASGI transport on Trio, as tests/runtime/test_web_da
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot_descriptor
 from subagents.runtime.hosts.web import recorded_model
-from subagents.runtime.hosts.web.app import WebSettings, build_app
-from subagents.runtime.hosts.web.security import Access
-from subagents.runtime.hosts.web.serve import allowed_hosts
 from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, SessionId, make_event
+from subagents.storage import Event, make_event
 from subagents.storage.index import INDEX_NAME
-
-TOKEN = "a-test-token-of-some-length"
-BASE = "http://127.0.0.1:8765"
-T0 = 1796131041000
-
-
-def _header(sid: str, parent: str | None = None, preset: str | None = None) -> SessionHeader:
-    return SessionHeader(
-        id=SessionId(sid),
-        created_at=T0,
-        delegation_depth=0 if parent is None else 1,
-        cwd="/w",
-        parent_session=None if parent is None else SessionId(parent),
-        origin=None if parent is None else "subagent",
-        agent_preset=preset,
-    )
+from web_console import T0, asgi_client, session_header, write_log
 
 
 def _descriptor(label: str, provider: str | None = None, model: str | None = None) -> Event:
@@ -52,18 +31,6 @@ def _waiting(first: int) -> list[Event]:
     return [make_event(first, "turn/start", T0 + first, {"turn": 1})]
 
 
-def _write(root: Path, header: SessionHeader, events: list[Event]) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.create(header)
-        try:
-            store.append(handle, [Batch(Offset(0), events)])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
-
-
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """`lead` (a root an embedder made with agent type `planner`), waiting on its first call on
@@ -73,21 +40,14 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     root = tmp_path / "store"
     model = make_event(0, "session/model", T0, {"model": "openai:gpt-x"})
-    _write(root, _header("lead", preset="planner"), [model, *_waiting(1)])
+    write_log(root, session_header("lead", preset="planner"), [model, *_waiting(1)])
     kid_model = make_event(1, "session/model", T0 + 1, {"model": "anthropic:claude-y"})
-    _write(root, _header("kid", "lead", "researcher"), [_descriptor("the kid"), kid_model, *_waiting(2)])
-    _write(root, _header("typed", "lead", "coder"), [_descriptor("typed", "google", "gemini-z"), *_waiting(1)])
-    _write(root, _header("scripted", "lead"), [_descriptor("scripted"), *_waiting(1)])
+    write_log(root, session_header("kid", "lead", "researcher"), [_descriptor("the kid"), kid_model, *_waiting(2)])
+    write_log(
+        root, session_header("typed", "lead", "coder"), [_descriptor("typed", "google", "gemini-z"), *_waiting(1)]
+    )
+    write_log(root, session_header("scripted", "lead"), [_descriptor("scripted"), *_waiting(1)])
     return root
-
-
-@asynccontextmanager
-async def _client(root: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
-    async with open_read_side(str(root)) as side:
-        transport = httpx.ASGITransport(app=build_app(side, settings))
-        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-            yield client
 
 
 def _row(body: str, sid: str) -> str:
@@ -102,7 +62,7 @@ def _drop_rows(root: Path) -> None:
 
 
 async def test_a_root_before_its_first_call_shows_its_model_and_agent_type(store: Path) -> None:
-    async with _client(store) as client:
+    async with asgi_client(store) as client:
         roots = (await client.get("/tree")).text
         page = (await client.get("/session/lead")).text
     assert "<td>planner</td><td>openai:gpt-x</td>" in _row(roots, "lead")
@@ -114,10 +74,10 @@ async def test_children_before_their_first_call_show_the_model_they_recorded(sto
     """From the usage rows the index wrote as it listed, or (rows dropped) from each log's head:
     `session/model`, else the descriptor's route; a child that recorded neither shows none."""
     if rows == "dropped":
-        async with _client(store) as client:
+        async with asgi_client(store) as client:
             await client.get("/tree")  # the index, then without its rows
         _drop_rows(store)
-    async with _client(store) as client:
+    async with asgi_client(store) as client:
         body = (await client.get("/tree/lead")).text
     assert "<td>the kid</td><td>researcher</td><td>anthropic:claude-y</td>" in _row(body, "kid")
     assert "<td>typed</td><td>coder</td><td>google:gemini-z</td>" in _row(body, "typed")
@@ -127,7 +87,7 @@ async def test_children_before_their_first_call_show_the_model_they_recorded(sto
 async def test_at_most_head_reads_heads_are_read_a_page(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No row answers (the index forgot them) and one head may be read (HEAD_READS set to 1):
     one of the two children whose heads name a model is named, the other not."""
-    async with _client(store) as client:
+    async with asgi_client(store) as client:
         await client.get("/tree")
     _drop_rows(store)
     monkeypatch.setattr(recorded_model, "HEAD_READS", 1)

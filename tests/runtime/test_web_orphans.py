@@ -6,70 +6,25 @@ through httpx's ASGI transport on Trio, as tests/runtime/test_web_data.py."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 from descriptors import descriptor
 from events import assistant_event, turn_end_event, turn_start_event
 from subagents.runtime.hosts.web import stalled as stalled_module
-from subagents.runtime.hosts.web.app import WebSettings, build_app
-from subagents.runtime.hosts.web.security import Access
-from subagents.runtime.hosts.web.serve import allowed_hosts
-from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, Event, FileLogStore, Offset, SessionHeader, SessionId, make_event
+from subagents.storage import make_event
 from subagents.storage.index import INDEX_NAME
-
-TOKEN = "a-test-token-of-some-length"
-BASE = "http://127.0.0.1:8765"
-T0 = 1796131041000
-
-
-def _header(sid: str, parent: str | None = None) -> SessionHeader:
-    return SessionHeader(
-        id=SessionId(sid),
-        created_at=T0,
-        delegation_depth=0 if parent is None else 1,
-        cwd="/w",
-        parent_session=None if parent is None else SessionId(parent),
-        origin=None if parent is None else "subagent",
-    )
-
-
-def _write(root: Path, header: SessionHeader, events: list[Event]) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.create(header)
-        try:
-            store.append(handle, [Batch(Offset(0), events)])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
-
-
-def _append(root: Path, sid: str, events: list[Event]) -> None:
-    store = FileLogStore(str(root), compression="none")
-    try:
-        handle = store.open_write(sid)
-        try:
-            store.append(handle, [Batch(Offset(events[0].seq), events)])
-        finally:
-            store.close(handle)
-    finally:
-        store.close_store()
+from web_console import T0, append_log, asgi_client, session_header, write_log
 
 
 def _child(root: Path, i: int, *, open_turn: bool = True) -> None:
     """A root `p<i>` nobody runs and its child `p<i>-c`, last active at T0 + i, whose turn is
     open (its runner died mid-turn) or closed."""
-    _write(root, _header(f"p{i}"), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
+    write_log(root, session_header(f"p{i}"), [turn_start_event(0, T0), turn_end_event(1, T0 + 1)])
     events = [make_event(0, "subagent/descriptor", T0, descriptor(f"child {i}")), turn_start_event(1, T0 + 1 + i)]
     if not open_turn:
         events += [assistant_event(2, T0 + 2 + i, text="done"), turn_end_event(3, T0 + 3 + i)]
-    _write(root, _header(f"p{i}-c", f"p{i}"), events)
+    write_log(root, session_header(f"p{i}-c", f"p{i}"), events)
 
 
 def _timing_rows(root: Path) -> set[str]:
@@ -82,17 +37,8 @@ def _forget_timing_rows(root: Path) -> None:
         db.execute("DELETE FROM checkpoints WHERE unit_key = 'subagent_timing'")
 
 
-@asynccontextmanager
-async def _client(root: Path) -> AsyncIterator[httpx.AsyncClient]:
-    settings = WebSettings(root=str(root), access=Access(TOKEN), hosts=allowed_hosts("127.0.0.1"))
-    async with open_read_side(str(root)) as side:
-        transport = httpx.ASGITransport(app=build_app(side, settings))
-        async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-            yield client
-
-
 async def _stalled(root: Path) -> str:
-    async with _client(root) as client:
+    async with asgi_client(root) as client:
         body = (await client.get("/")).text
     return body.split("<h2>Stalled</h2>")[1].split("<h2>")[0]
 
@@ -116,9 +62,9 @@ async def test_an_orphan_whose_row_is_behind_its_log_is_read_and_listed(tmp_path
     """A child whose last turn closed (its row says so), then a turn opened by a runner that died
     before any row was written: its row is behind its log, and the overview reads it."""
     _child(tmp_path, 1, open_turn=False)
-    async with _client(tmp_path) as client:  # one console: what its first overview learned is
+    async with asgi_client(tmp_path) as client:  # one console: what its first overview learned is
         before = (await client.get("/")).text  # forgotten for a log that grew since
-        _append(tmp_path, "p1-c", [turn_start_event(4, T0 + 10, turn=2)])
+        append_log(tmp_path, "p1-c", [turn_start_event(4, T0 + 10, turn=2)])
         after = (await client.get("/")).text
     assert _listed(before.split("<h2>Stalled</h2>")[1].split("<h2>")[0]) == []
     stalled = after.split("<h2>Stalled</h2>")[1].split("<h2>")[0]
@@ -133,7 +79,7 @@ async def test_at_most_observed_orphans_are_read_an_overview(tmp_path: Path, mon
     await _stalled(tmp_path)
     _forget_timing_rows(tmp_path)
     monkeypatch.setattr(stalled_module, "OBSERVED", 1)
-    async with _client(tmp_path) as client:
+    async with asgi_client(tmp_path) as client:
         first = (await client.get("/")).text
         second = (await client.get("/")).text
     assert _listed(first.split("<h2>Stalled</h2>")[1].split("<h2>")[0]) == ["p3-c"]

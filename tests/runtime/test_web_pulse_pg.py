@@ -12,32 +12,20 @@ import trio
 from events import turn_end_event, turn_start_event
 from subagents.runtime.hosts.web.pulse import CorpusPulse
 from subagents.runtime.read_side import open_read_side
-from subagents.storage import Batch, LogStore, Offset, PostgresLogStore, SessionHeader
+from subagents.storage import LogStore, PostgresLogStore
+from web_console import T0, append_to, session_header, write_to
 
 pytestmark = pytest.mark.pg
 
-T0 = 1796131041000
 TICK = 1e-6  # seconds: every `fresh()` is a look
 
 
-def _header(sid: str) -> SessionHeader:
-    return SessionHeader(id=sid, created_at=T0, delegation_depth=0, cwd="/w")
-
-
 def _create(store: LogStore, sid: str) -> None:
-    handle = store.create(_header(sid))
-    try:
-        store.append(handle, [Batch(Offset(0), [turn_start_event(0, T0)])])
-    finally:
-        store.close(handle)
+    write_to(store, session_header(sid), [turn_start_event(0, T0)])
 
 
 def _append(store: LogStore, sid: str, seq: int) -> None:
-    handle = store.open_write(sid)
-    try:
-        store.append(handle, [Batch(Offset(seq), [turn_end_event(seq, T0 + 1)])])
-    finally:
-        store.close(handle)
+    append_to(store, sid, [turn_end_event(seq, T0 + 1)])
 
 
 async def test_an_idle_store_makes_no_listing_and_an_append_passes_a_generation(pg_url: str) -> None:
