@@ -1,11 +1,13 @@
 """What the web console's tests (tests/runtime/test_web*.py) build alike: session headers and
-logs written, appended to and garbled on a folder or through any `LogStore`, the console's app
+logs written, appended to and garbled on a folder or through any `LogStore`, the folder index's
+checkpoint rows forgotten, the console's app
 behind httpx's ASGI transport, and a real console on a loopback port with its URL."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -20,6 +22,7 @@ from subagents.runtime.hosts.web.security import Access
 from subagents.runtime.hosts.web.serve import allowed_hosts, serve_console
 from subagents.runtime.read_side import open_read_side
 from subagents.storage import Batch, Event, FileLogStore, LogStore, Offset, SessionHeader, SessionId, make_event
+from subagents.storage.index import INDEX_NAME
 
 TOKEN = "a-test-token-of-some-length"
 BASE = "http://127.0.0.1:8765"  # what the ASGI client calls itself: no socket behind it
@@ -62,20 +65,30 @@ def append_to(store: LogStore, sid: str, events: list[Event]) -> None:
 
 def write_log(root: Path, head: SessionHeader, events: list[Event]) -> None:
     """`write_to` through a store of its own on the folder `root` (another writer's, closed after)."""
-    store = FileLogStore(str(root), compression="none")
-    try:
-        write_to(store, head, events)
-    finally:
-        store.close_store()
+    _on_folder(root, partial(write_to, head=head, events=events))
 
 
 def append_log(root: Path, sid: str, events: list[Event]) -> None:
     """`append_to` through a store of its own on the folder `root` (another writer's, closed after)."""
+    _on_folder(root, partial(append_to, sid=sid, events=events))
+
+
+def _on_folder(root: Path, step: Callable[[LogStore], None]) -> None:
     store = FileLogStore(str(root), compression="none")
     try:
-        append_to(store, sid, events)
+        step(store)
     finally:
         store.close_store()
+
+
+def forget_checkpoints(root: Path, unit_key: str | None = None) -> None:
+    """The folder's index forgets its checkpoint rows (of `unit_key` only, when given): what they
+    held must be read again from the logs."""
+    with sqlite3.connect(root / INDEX_NAME) as db:
+        if unit_key is None:
+            db.execute("DELETE FROM checkpoints")
+        else:
+            db.execute("DELETE FROM checkpoints WHERE unit_key = ?", (unit_key,))
 
 
 def garble_tail(root: Path, sid: str, seq: int) -> None:

@@ -5,7 +5,6 @@ its header. Through httpx's ASGI transport on Trio, as tests/runtime/test_web_da
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot
 from subagents.runtime.hosts.web import recorded_model
 from subagents.runtime.read_side import open_read_side
 from subagents.storage import Event, make_event
-from subagents.storage.index import INDEX_NAME
-from web_console import T0, asgi_client, session_header, write_log
+from web_console import T0, asgi_client, forget_checkpoints, session_header, write_log
 
 
 def _descriptor(label: str, provider: str | None = None, model: str | None = None) -> Event:
@@ -55,12 +53,6 @@ def _row(body: str, sid: str) -> str:
     return body[body.rindex("<tr", 0, start) : body.index("</tr>", start)]
 
 
-def _drop_rows(root: Path) -> None:
-    """The index forgets every checkpoint row: only the logs' heads can say."""
-    with sqlite3.connect(root / INDEX_NAME) as db:
-        db.execute("DELETE FROM checkpoints")
-
-
 async def test_a_root_before_its_first_call_shows_its_model_and_agent_type(store: Path) -> None:
     async with asgi_client(store) as client:
         roots = (await client.get("/tree")).text
@@ -76,7 +68,7 @@ async def test_children_before_their_first_call_show_the_model_they_recorded(sto
     if rows == "dropped":
         async with asgi_client(store) as client:
             await client.get("/tree")  # the index, then without its rows
-        _drop_rows(store)
+        forget_checkpoints(store)  # every row: only the logs' heads can say
     async with asgi_client(store) as client:
         body = (await client.get("/tree/lead")).text
     assert "<td>the kid</td><td>researcher</td><td>anthropic:claude-y</td>" in _row(body, "kid")
@@ -89,7 +81,7 @@ async def test_at_most_head_reads_heads_are_read_a_page(store: Path, monkeypatch
     one of the two children whose heads name a model is named, the other not."""
     async with asgi_client(store) as client:
         await client.get("/tree")
-    _drop_rows(store)
+    forget_checkpoints(store)  # every row: only the logs' heads can say
     monkeypatch.setattr(recorded_model, "HEAD_READS", 1)
     async with open_read_side(str(store)) as side:
         records = [r for r in await side.query.list_sessions() if r.id in ("kid", "typed")]

@@ -14,7 +14,7 @@ from events import assistant_event, turn_end_event, turn_start_event
 from subagents.runtime.hosts.web import stalled as stalled_module
 from subagents.storage import make_event
 from subagents.storage.index import INDEX_NAME
-from web_console import T0, append_log, asgi_client, session_header, write_log
+from web_console import T0, append_log, asgi_client, forget_checkpoints, session_header, write_log
 
 
 def _child(root: Path, i: int, *, open_turn: bool = True) -> None:
@@ -32,11 +32,6 @@ def _timing_rows(root: Path) -> set[str]:
         return {sid for (sid,) in db.execute("SELECT session_id FROM checkpoints WHERE unit_key = 'subagent_timing'")}
 
 
-def _forget_timing_rows(root: Path) -> None:
-    with sqlite3.connect(root / INDEX_NAME) as db:
-        db.execute("DELETE FROM checkpoints WHERE unit_key = 'subagent_timing'")
-
-
 async def _stalled(root: Path) -> str:
     async with asgi_client(root) as client:
         body = (await client.get("/")).text
@@ -51,7 +46,7 @@ async def test_an_orphan_without_a_timing_row_is_read_and_listed(tmp_path: Path)
     _child(tmp_path, 1)
     _child(tmp_path, 2, open_turn=False)
     await _stalled(tmp_path)  # the index, with the rows its scan wrote
-    _forget_timing_rows(tmp_path)
+    forget_checkpoints(tmp_path, "subagent_timing")
     stalled = await _stalled(tmp_path)
     assert _listed(stalled) == ["p1-c"] and "orphaned" in stalled
     assert {"p1-c", "p2-c"} <= _timing_rows(tmp_path)  # written back: the next overview reads neither
@@ -77,7 +72,7 @@ async def test_at_most_observed_orphans_are_read_an_overview(tmp_path: Path, mon
     for i in (1, 2, 3):
         _child(tmp_path, i)
     await _stalled(tmp_path)
-    _forget_timing_rows(tmp_path)
+    forget_checkpoints(tmp_path, "subagent_timing")
     monkeypatch.setattr(stalled_module, "OBSERVED", 1)
     async with asgi_client(tmp_path) as client:
         first = (await client.get("/")).text
