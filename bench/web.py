@@ -111,12 +111,18 @@ def _write_fed(store: FileLogStore, turns: int) -> None:
         write_log(store, header(kid, 2_000_000 + i, "fed"), events, batch=11)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def corpus_options(parser: argparse.ArgumentParser) -> None:
+    """The options this bench and bench/web_live.py share: repetitions, the corpus's roots and
+    children per root, the folder for the temporary store."""
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--roots", type=int, default=100)
     parser.add_argument("--children", type=int, default=99, help="children per root")
     parser.add_argument("--dir", default=None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    corpus_options(parser)
     parser.add_argument("--fed-turns", type=int, default=FED_TURNS, help="turns of each of fed's children")
     parser.add_argument(
         "--store", default=None, help="a folder kept between runs (written when empty): before/after on one store"

@@ -32,6 +32,7 @@ from corpus import build_store, child_events, header, root_events, write_log  # 
 from subagents.runtime.hosts.web.pulse import CorpusPulse  # noqa: E402  # after the sys.path line
 from subagents.runtime.read_side import open_read_side  # noqa: E402  # after the sys.path line
 from subagents.storage import Batch, FileLogStore, LogStore, Offset, make_event  # noqa: E402  # after the sys.path line
+from web import corpus_options  # noqa: E402  # bench/web.py's options, after the sys.path line
 
 
 def _open(spec: str) -> LogStore:
@@ -99,10 +100,7 @@ async def measure(root: str, reps: int, watch: bool) -> dict[str, list[float]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--roots", type=int, default=100)
-    parser.add_argument("--children", type=int, default=99, help="children per root")
-    parser.add_argument("--dir", default=None)
+    corpus_options(parser)
     parser.add_argument("--store", choices=("folder", "pg"), default="folder")
     args = parser.parse_args(argv)
     roots = [f"r{i:03d}" for i in range(args.roots)]
