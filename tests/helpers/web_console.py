@@ -164,6 +164,12 @@ async def served(root: Path, *, live_interval: float | None = None) -> AsyncIter
         nursery.cancel_scope.cancel()
 
 
+def table_row(body: str, marker: str) -> str:
+    """The table row of a page that holds the first `marker` (a link, say)."""
+    start = body.index(marker)
+    return body[body.rindex("<tr", 0, start) : body.index("</tr>", start)]
+
+
 async def next_event(lines: AsyncIterator[str]) -> tuple[str, dict[str, object]]:
     """The next server-sent event: its name (`message` when it has none) and its data."""
     name = "message"

@@ -27,6 +27,7 @@ from web_console import (
     next_data,
     served,
     session_header,
+    table_row,
     write_log,
     write_to,
 )
@@ -87,8 +88,7 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _row(body: str, sid: str) -> str:
     """The table row of `sid` on a page."""
-    start = body.index(f'<a href="/session/{sid}">{sid}</a>')
-    return body[body.rindex("<tr", 0, start) : body.index("</tr>", start)]
+    return table_row(body, f'<a href="/session/{sid}">{sid}</a>')
 
 
 # --- item 1: usage, agent type and model ---

@@ -12,7 +12,7 @@ from subagents.runtime.delegation.descriptor import SubagentDescriptor, snapshot
 from subagents.runtime.hosts.web import recorded_model
 from subagents.runtime.read_side import open_read_side
 from subagents.storage import Event, make_event
-from web_console import T0, asgi_client, forget_checkpoints, session_header, write_log
+from web_console import T0, asgi_client, forget_checkpoints, session_header, table_row, write_log
 
 
 def _descriptor(label: str, provider: str | None = None, model: str | None = None) -> Event:
@@ -49,8 +49,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _row(body: str, sid: str) -> str:
-    start = body.index(f">{sid}</a>")
-    return body[body.rindex("<tr", 0, start) : body.index("</tr>", start)]
+    return table_row(body, f">{sid}</a>")
 
 
 async def test_a_root_before_its_first_call_shows_its_model_and_agent_type(store: Path) -> None:
