@@ -250,3 +250,19 @@ async def test_the_pulse_comes_back_after_a_postgresql_restart(pg_url: str, pg_s
                     seen = await pulse.after(seen.generation)
     finally:
         store.close_store()
+
+
+async def test_the_console_reads_the_store_once_before_it_says_it_is_ready(root: Path) -> None:
+    """`subagents web` lists the corpus before it prints its URL: the first listing of a store
+    reads the index whole and sets the change watches, so the first page a person opens costs
+    what every later one does. Seen here as the index the listing builds: there before any
+    request."""
+    import sqlite3
+
+    from subagents.storage.index import INDEX_NAME
+
+    (root / INDEX_NAME).unlink(missing_ok=True)
+    async with served(root):
+        with sqlite3.connect(root / INDEX_NAME) as db:
+            listed = sorted(sid for (sid,) in db.execute("SELECT id FROM sessions"))
+    assert listed == ["kid", "lead"]

@@ -11,14 +11,17 @@ from typing import TYPE_CHECKING
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
+from subagents.storage import StorageError
 
-from ...foundation.errors import UsageError
+from ...foundation.errors import SessionQueryError, UsageError
 from ...read_side import open_read_side
 from .app import WebSettings, build_app
 from .security import Access, is_loopback
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
+
+    from ...read_side import ReadSide
 
 __all__ = ["allowed_hosts", "serve_console"]
 
@@ -68,6 +71,7 @@ async def serve_console(
             config.bind = [f"fd://{fd}"]  # bound here, so a refusal is one clear error
             config.accesslog = None
             config.loglevel = "WARNING"  # its "Running on" line repeats ours
+            await _warm(side)
             async with trio.open_nursery() as nursery:
                 handed = True  # Hypercorn's listener owns (and closes) the socket from here
                 urls = await nursery.start(_serve, build_app(side, settings), config, shutdown)
@@ -76,6 +80,17 @@ async def serve_console(
     finally:
         if not handed:
             os.close(fd)
+
+
+async def _warm(side: ReadSide) -> None:
+    """One listing before the console says it is ready: the first listing of a store reads the
+    index whole and sets the change watches (about 0.3 s at 10,000 sessions), the later ones
+    re-stat what changed, so the first page a person opens costs what every later one does. A
+    store that does not answer now is the first page's to say (a 503 page and the banner)."""
+    try:
+        await side.query.list_sessions(probe_locks=True)
+    except (StorageError, SessionQueryError, OSError):
+        pass  # said by the pages, which ask again
 
 
 def _listening_socket(host: str, port: int) -> int:
