@@ -427,3 +427,31 @@ async def test_an_unseeded_descendant_is_completed_by_the_join_above_it() -> Non
     await _join_while(ledger, seeder, meanwhile, ROOT_OWN)
     assert _totals(ledger, "a") == (45, None, 1, 2)
     assert _totals(ledger, "root") == (7 + 45, None, 2, 2 + 2)
+
+
+def test_calls_in_flight_are_checked_against_a_cost_limit_too() -> None:
+    """Two calls of one tree sent at once: each fits `max_cost` alone, not both — the second is
+    refused, as it would be under `max_tokens` (the first's estimate is held in flight, priced
+    at the second call's model)."""
+    ledger = TreeLedger(prices=PriceTable({"m": Price(input=1_000_000.0, output=0.0, cache_read=0.0, cache_write=0.0)}))
+    trio.run(ledger.join, "root", None, Budget(max_cost=10.0), OwnSpent())
+    trio.run(ledger.join, "a", "root", None, OwnSpent())
+    trio.run(ledger.join, "b", "root", None, OwnSpent())
+    assert ledger.refusal("a", 6, "m") is None  # $6 of $10: sent, held in flight
+    assert ledger.refusal("b", 6, "m") == (
+        "ancestor root's max_cost $10.00 would be crossed: $0.0000 used, ~$6.00 in flight, this call ~$6.00"
+    )
+    ledger.charge("a", {"input_tokens": 1}, "m")  # a's reply: $1 spent, nothing in flight
+    assert ledger.refusal("b", 6, "m") is None
+
+
+def test_a_negative_count_in_a_reply_costs_nothing() -> None:
+    """A reply's counts are clamped at zero for its cost as for its tokens (as `own_spent`
+    recounts it from the log on a resume): a negative count does not lower what was spent."""
+    prices = PriceTable({"m": Price(input=1.0, output=1.0, cache_read=1.0, cache_write=1.0)})
+    ledger = TreeLedger(prices=prices)
+    trio.run(ledger.join, "root", None, Budget(max_cost=1.0), OwnSpent())
+    ledger.charge("root", {"input_tokens": 1000, "output_tokens": -500}, "m")
+    spent = ledger.spent("root")
+    assert spent is not None and spent.tokens == 1000
+    assert spent.cost == pytest.approx(0.001)
