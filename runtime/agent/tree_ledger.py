@@ -577,6 +577,15 @@ class TreeLedger:
         if child_id is not None and child_id not in self._nodes and parent in self._nodes:
             self._nodes[child_id] = _Node(parent, budget)
 
+    def start_failed(self, parent: str, child_id: str | None) -> None:
+        """A start of a child of `parent` failed before its catalog was written: the descendant
+        `start_child` counted is none (a recount from the logs does not find it), and its
+        reservation returns."""
+        for _sid, node in self._chain(parent):
+            node.descendants = max(0, node.descendants - 1)
+        if child_id is not None:
+            self.leave(child_id)
+
     def spent(self, session_id: str) -> TreeSpent | None:
         """What the session's tree has spent, as far as this runtime knows (None: not here)."""
         node = self._nodes.get(session_id)

@@ -455,3 +455,28 @@ def test_a_negative_count_in_a_reply_costs_nothing() -> None:
     spent = ledger.spent("root")
     assert spent is not None and spent.tokens == 1000
     assert spent.cost == pytest.approx(0.001)
+
+
+async def test_a_start_refused_after_its_reservation_is_no_descendant(tmp_path: Path) -> None:
+    """Under `max_descendants 1`, a `subagent` call refused after its budget was reserved (an
+    agent type whose model this runtime cannot build) starts no descendant: the next child
+    starts, as a recount from the logs (no catalog for the refused one) would allow."""
+    picky = AgentType(name="picky", description="wants its own model", prompt="p", model="openai:other")
+    model = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [_delegate("Bad", agent_type="picky")], "usage": _usage(10)},
+                    {"tool_calls": [_delegate("L1")], "usage": _usage(10)},
+                    {"text": "root started"},
+                    *[{"text": "root noted"}] * 3,
+                ],
+            },
+            {"label": "L1", "responses": [{"text": "L1 done", "usage": _usage(10)}]},
+        ]
+    )
+    await _run_tree(tmp_path, model, budget=Budget(max_descendants=1), agent_types={"picky": picky})
+    results = [d for t, d in _logs(tmp_path)["parent"] if t == "tool/result"]
+    assert [r["message"]["content"][0]["is_error"] for r in results[:2]] == [True, False]
+    assert "L1" in {_label(events) for events in _logs(tmp_path).values()}
