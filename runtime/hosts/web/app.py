@@ -327,7 +327,9 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         named = [value for name, value in scope["headers"] if name.lower() == b"host"]
-        if len(named) > 1:  # the check below and the origin check could each read another one
+        # Two: the check below and the origin check could each read another one (h11 refuses
+        # them already under HTTP/1.1; the app does not count on its server for it).
+        if len(named) > 1:
             await _plain(send, 400, "a request names one host")
             return
         host = named[0].decode("latin-1") if named else ""
