@@ -42,10 +42,11 @@ until its turn ends (it settles), and again from each turn it starts, so a settl
 unused reservation returns to its parent. The number of descendants is charged at start.
 
 The check (`refusal`) runs before every model call: the call's estimated size (its request's
-characters / 4) on top of what each ancestor's tree has spent must fit each limit; otherwise
-the call is not sent, and the message names the session whose budget would be crossed. An
-estimate is not the bill: the final call may overshoot, and the message of the refusal that
-follows says by how much (`... 1042 used (42 over)`).
+characters / 4) on top of what each ancestor's tree has spent and has in flight (the estimates
+of its calls sent and not yet charged; under `max_cost` priced as this call) must fit each
+limit; otherwise the call is not sent, and the message names the session whose budget would be
+crossed. An estimate is not the bill: the final call may overshoot, and the message of the
+refusal that follows says by how much (`... 1042 used (42 over)`).
 
 Durable: nothing here is stored. Limits are in the descriptors (and the embedder's root
 budget), spending in the usage records; a restarted or taken-over runtime rebuilds the totals
@@ -414,17 +415,12 @@ class TreeLedger:
     def charge(self, session_id: str, usage: Mapping[str, int], model: str | None) -> None:
         """One recorded reply's `usage`, made by `model`, charged to the session and every
         ancestor."""
-        tokens = sum(max(0, int(usage.get(k, 0))) for k in CHARGED_COUNTS)
+        # Clamped at zero for the cost as for the tokens, as `own_spent` recounts them on a resume.
+        counts = [max(0, int(usage.get(k, 0))) for k in CHARGED_COUNTS]
+        tokens = sum(counts)
         self._land(session_id)
         price = self.prices.price_of(model)
-        cost = None
-        if price is not None:
-            cost = price.cost(
-                usage.get("input_tokens", 0),
-                usage.get("output_tokens", 0),
-                usage.get("cache_read_tokens", 0),
-                usage.get("cache_write_tokens", 0),
-            )
+        cost = None if price is None else price.cost(*counts)
         mine = self._nodes.get(session_id)
         if mine is not None and mine.own is not None:
             own = mine.own
@@ -504,13 +500,18 @@ class TreeLedger:
                 if price is None:
                     return f"{whose}max_cost {limit}: cost unknown (no price for {model or '(none recorded)'})"
                 guess = price.cost(estimate, 0, 0, 0)
-                if node.cost + guess > budget.max_cost:
+                # The tree's calls in flight, priced as this one (their models' are not held).
+                held = price.cost(node.inflight, 0, 0, 0)
+                if node.cost + held + guess > budget.max_cost:
                     over = node.cost - budget.max_cost
                     if over >= 0:
                         tail = f" ({format_cost(over)} over)" if over else ""
                         return f"{whose}max_cost {limit} reached: {format_cost(node.cost)} used{tail}"
                     used = format_cost(node.cost)
-                    return f"{whose}max_cost {limit} would be crossed: {used} used, this call ~{format_cost(guess)}"
+                    sent = f", ~{format_cost(held)} in flight" if node.inflight else ""
+                    return (
+                        f"{whose}max_cost {limit} would be crossed: {used} used{sent}, this call ~{format_cost(guess)}"
+                    )
         return None
 
     def remainder(self, session_id: str) -> Budget | None:
@@ -575,6 +576,15 @@ class TreeLedger:
             node.descendants += 1
         if child_id is not None and child_id not in self._nodes and parent in self._nodes:
             self._nodes[child_id] = _Node(parent, budget)
+
+    def start_failed(self, parent: str, child_id: str | None) -> None:
+        """A start of a child of `parent` failed before its catalog was written: the descendant
+        `start_child` counted is none (a recount from the logs does not find it), and its
+        reservation returns."""
+        for _sid, node in self._chain(parent):
+            node.descendants = max(0, node.descendants - 1)
+        if child_id is not None:
+            self.leave(child_id)
 
     def spent(self, session_id: str) -> TreeSpent | None:
         """What the session's tree has spent, as far as this runtime knows (None: not here)."""

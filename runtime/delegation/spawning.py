@@ -321,13 +321,13 @@ class Spawning:
     def _reservation_returned_on_failure(self, parent: Agent, reserved: Reservation | None) -> Iterator[None]:
         """A start that fails after `_budgeted` reserved the child's budget (a refusal, a cancel,
         a failed write) gives the reservation back to the parent's tree at once, not when the
-        parent stops; re-raised."""
+        parent stops, and the descendant it counted; re-raised."""
         try:
             yield
         except BaseException:
             ledger = parent.config.ledger
-            if ledger is not None and reserved is not None:
-                ledger.leave(reserved.child_id)
+            if ledger is not None:
+                ledger.start_failed(parent.session_id, None if reserved is None else reserved.child_id)
             raise
 
     def _budgeted(self, parent: Agent, options: ChildOptions, reserved: Reservation | None = None) -> ChildOptions:

@@ -427,3 +427,56 @@ async def test_an_unseeded_descendant_is_completed_by_the_join_above_it() -> Non
     await _join_while(ledger, seeder, meanwhile, ROOT_OWN)
     assert _totals(ledger, "a") == (45, None, 1, 2)
     assert _totals(ledger, "root") == (7 + 45, None, 2, 2 + 2)
+
+
+def test_calls_in_flight_are_checked_against_a_cost_limit_too() -> None:
+    """Two calls of one tree sent at once: each fits `max_cost` alone, not both — the second is
+    refused, as it would be under `max_tokens` (the first's estimate is held in flight, priced
+    at the second call's model)."""
+    ledger = TreeLedger(prices=PriceTable({"m": Price(input=1_000_000.0, output=0.0, cache_read=0.0, cache_write=0.0)}))
+    trio.run(ledger.join, "root", None, Budget(max_cost=10.0), OwnSpent())
+    trio.run(ledger.join, "a", "root", None, OwnSpent())
+    trio.run(ledger.join, "b", "root", None, OwnSpent())
+    assert ledger.refusal("a", 6, "m") is None  # $6 of $10: sent, held in flight
+    assert ledger.refusal("b", 6, "m") == (
+        "ancestor root's max_cost $10.00 would be crossed: $0.0000 used, ~$6.00 in flight, this call ~$6.00"
+    )
+    ledger.charge("a", {"input_tokens": 1}, "m")  # a's reply: $1 spent, nothing in flight
+    assert ledger.refusal("b", 6, "m") is None
+
+
+def test_a_negative_count_in_a_reply_costs_nothing() -> None:
+    """A reply's counts are clamped at zero for its cost as for its tokens (as `own_spent`
+    recounts it from the log on a resume): a negative count does not lower what was spent."""
+    prices = PriceTable({"m": Price(input=1.0, output=1.0, cache_read=1.0, cache_write=1.0)})
+    ledger = TreeLedger(prices=prices)
+    trio.run(ledger.join, "root", None, Budget(max_cost=1.0), OwnSpent())
+    ledger.charge("root", {"input_tokens": 1000, "output_tokens": -500}, "m")
+    spent = ledger.spent("root")
+    assert spent is not None and spent.tokens == 1000
+    assert spent.cost == pytest.approx(0.001)
+
+
+async def test_a_start_refused_after_its_reservation_is_no_descendant(tmp_path: Path) -> None:
+    """Under `max_descendants 1`, a `subagent` call refused after its budget was reserved (an
+    agent type whose model this runtime cannot build) starts no descendant: the next child
+    starts, as a recount from the logs (no catalog for the refused one) would allow."""
+    picky = AgentType(name="picky", description="wants its own model", prompt="p", model="openai:other")
+    model = _model(
+        [
+            {
+                "session": "parent",
+                "responses": [
+                    {"tool_calls": [_delegate("Bad", agent_type="picky")], "usage": _usage(10)},
+                    {"tool_calls": [_delegate("L1")], "usage": _usage(10)},
+                    {"text": "root started"},
+                    *[{"text": "root noted"}] * 3,
+                ],
+            },
+            {"label": "L1", "responses": [{"text": "L1 done", "usage": _usage(10)}]},
+        ]
+    )
+    await _run_tree(tmp_path, model, budget=Budget(max_descendants=1), agent_types={"picky": picky})
+    results = [d for t, d in _logs(tmp_path)["parent"] if t == "tool/result"]
+    assert [r["message"]["content"][0]["is_error"] for r in results[:2]] == [True, False]
+    assert "L1" in {_label(events) for events in _logs(tmp_path).values()}
