@@ -3,9 +3,10 @@
 The box: the whole file system read-only (`--ro-bind / /`), a fresh `/dev` and `/proc`, a private
 `/tmp`, every namespace unshared (`--unshare-all`: no network unless the policy allows it, a PID
 namespace whose processes all die with the command), `--die-with-parent` (killing bwrap kills the
-box) and `--new-session` (no terminal to push keystrokes into). Secrets are covered: a hidden
-folder by an empty read-only tmpfs, a hidden file by `/dev/null`. The workspace and the
-`writable` folders are bound read-write.
+box), `--new-session` (no terminal to push keystrokes into) and `--cap-drop ALL` (run by root,
+bwrap would keep every capability inside, enough to unmount what hides a secret). Secrets are
+covered: a hidden folder by an empty read-only tmpfs, a hidden file by `/dev/null`. The workspace
+and the `writable` folders are bound read-write.
 
 Mounts apply in order and a later one covers an earlier one, so they are sorted by depth: a
 folder's mount comes before the mounts of what lies inside it. That keeps a workspace under
@@ -66,7 +67,9 @@ def bwrap_argv(
     argv = [bwrap, "--die-with-parent", "--unshare-all"]
     if policy.network:
         argv.append("--share-net")
-    argv += ["--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # Run by root, bwrap keeps every capability inside unless told: the command could unmount
+    # what hides a secret, or remount `/` writable over the host's disk.
+    argv += ["--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     read_only: list[str] = []
     for path, kind in mounts:
         what = exists(path)

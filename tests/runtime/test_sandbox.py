@@ -140,6 +140,20 @@ async def test_secrets_are_hidden(box: Box) -> None:
     assert await box.run(f"cat {box.home}/notes.txt") == (0, "readable")  # the rest of HOME is readable
 
 
+async def test_the_command_has_no_capabilities_to_undo_its_mounts(box: Box) -> None:
+    # Run by root, bwrap keeps every capability inside unless told to drop them: the command
+    # could unmount what hides a secret, or remount `/` writable and write to the host's disk.
+    # The fixture's snapshot checks that nothing outside the workspace changed.
+    code, output = await box.run(
+        f"grep CapEff /proc/self/status; umount {box.store}; cat {box.store}/index.sqlite3;"
+        f" umount {box.home}/.ssh; cat {box.home}/.ssh/id_ed25519;"
+        f" mount -o remount,bind,rw / && touch {box.tmp}/escaped; mount -t tmpfs none {box.home}"
+    )
+    assert output.splitlines()[0] == "CapEff:\t0000000000000000", output
+    assert "SQLite" not in output and "PRIVATE KEY" not in output, output
+    assert not (box.tmp / "escaped").exists()
+
+
 async def test_the_environment_carries_no_keys(box: Box) -> None:
     code, output = await box.run('echo "[$OPENAI_API_KEY][$ANTHROPIC_API_KEY][$GITHUB_TOKEN][$CC][$LANG]"; env')
     assert code == 0

@@ -71,11 +71,13 @@ def argv_for(workspace: str, hidden: list[str], policy: SandboxPolicy | None = N
 
 def test_the_head_and_the_tail_of_the_argv() -> None:
     argv = argv_for("/srv/ws", [])
-    assert argv[:12] == [
+    assert argv[:14] == [
         "/usr/bin/bwrap",
         "--die-with-parent",
         "--unshare-all",
         "--new-session",
+        "--cap-drop",
+        "ALL",
         "--ro-bind",
         "/",
         "/",
