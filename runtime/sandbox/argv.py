@@ -97,17 +97,19 @@ def box_mounts(
 ) -> list[tuple[str, _Kind]]:
     """The box's mounts over its read-only `/`, in the order they apply (a later one covers an
     earlier one on the same path or above it). Raises `PolicyRefused` for a `type_writable`
-    path at or under a hidden one (or `/tmp`)."""
+    path at or under a hidden one (or `/tmp`), and for a writable path that goes through a
+    symlink inside the workspace or another writable folder (`_bound`)."""
     mounts: list[tuple[str, _Kind]] = [("/tmp", "tmp"), (_RUN, "hide")]
     if policy.network:
         mounts.append((_RESOLVER, "reveal"))
     for path in hidden_paths(policy, hidden=hidden, home=home, base=workspace):
         mounts.append((path, "hide"))
     covered = [path for path, kind in mounts if kind in ("tmp", "hide")]
+    folders = [_lexical(p, home, workspace) for p in (workspace, *policy.writable, *policy.type_writable)]
     for path in (workspace, *policy.writable):
-        mounts.append((_absolute(path, home, workspace), "bind"))
+        mounts.append((_bound(path, home, workspace, folders), "bind"))
     for written in policy.type_writable:
-        path = _absolute(written, home, workspace)
+        path = _bound(written, home, workspace, folders)
         over = next((c for c in covered if path == c or path.startswith(c.rstrip("/") + "/")), None)
         if over is not None:  # an agent type adds writable folders, never uncovers hidden ones
             raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is at or under the hidden {over}")
@@ -157,10 +159,30 @@ def _visible(path: str, mounts: Sequence[tuple[str, _Kind]]) -> bool:
 
 
 def _absolute(path: str, home: str | None, base: str) -> str:
+    # Symlinks resolved: a mount lands on the real folder, and two spellings sort as one.
+    return os.path.realpath(_lexical(path, home, base))
+
+
+def _lexical(path: str, home: str | None, base: str) -> str:
     if home and (path == "~" or path.startswith("~/")):
         path = home + path[1:]
-    # Symlinks resolved: a mount lands on the real folder, and two spellings sort as one.
-    return os.path.realpath(os.path.join(base, path))
+    return os.path.normpath(os.path.join(base, path))
+
+
+def _bound(written: str, home: str | None, base: str, folders: Sequence[str]) -> str:
+    """The real path of the writable `written`. Raises `PolicyRefused` when its part inside
+    another folder the box writes (`folders`: the workspace, the writable ones) goes through a
+    symlink: a command could have pointed it anywhere (HOME, the store's root, `/`)."""
+    lexical = _lexical(written, home, base)
+    real = os.path.realpath(lexical)
+    for folder in folders:
+        if lexical != folder and lexical.startswith(folder.rstrip("/") + "/"):
+            if real != os.path.join(os.path.realpath(folder), lexical[len(folder.rstrip("/")) + 1 :]):
+                raise PolicyRefused(
+                    f"the writable {lexical} goes through a symlink inside the writable {folder}"
+                    f" (to {real}): a command may have made it; make it a real folder"
+                )
+    return real
 
 
 def _depth(path: str) -> int:

@@ -306,6 +306,38 @@ async def test_extra_writable_folders_and_hidden_paths(base: Path) -> None:
     assert private.read_text() == "private\n"
 
 
+async def test_a_writable_folder_a_command_turns_into_a_symlink_is_refused(base: Path) -> None:
+    # `writable = ["build"]` is from the workspace, which the box writes: a command that makes
+    # `build` a symlink must not have the next command's box bind its target writable (HOME's
+    # start-up files, the store's root, `/` itself with the host's /dev).
+    made = Box(base, SandboxPolicy(writable=["build", "../cache"]))
+    (base / "cache").mkdir()
+    (base / "cache" / "pip").mkdir()
+    assert await made.run(f"ln -s {made.home} build") == (0, "")
+    for target in (made.home, made.store, Path("/")):
+        (made.ws / "build").unlink()  # refused from now on: the person must mend it
+        (made.ws / "build").symlink_to(target)
+        outcome = await made.call(command=f"touch {made.home}/.bashrc; cat {made.store}/index.sqlite3")
+        assert outcome.error == {"name": "ToolFailure", "code": "SANDBOX_REFUSED"}, outcome.content
+        text = outcome.content[0]["text"]
+        assert f"{made.ws}/build" in text and "symlink" in text, text
+        assert not (made.home / ".bashrc").exists()
+    (made.ws / "build").unlink()
+    (made.ws / "build").mkdir()
+    # The same under another writable folder (`../cache` is writable, `../cache/pip` too); a
+    # symlink outside every writable folder is the person's own, as configured, and followed.
+    (base / "inner").mkdir()
+    os.symlink(base / "cache" / "pip", base / "linked")
+    inner = Box(base / "inner", SandboxPolicy(writable=[f"{base}/cache", f"{base}/cache/pip", f"{base}/linked"]))
+    assert await made.run(f"rm -rf ../cache/pip; ln -s {made.home} ../cache/pip") == (0, "")
+    outcome = await inner.call(command="true")
+    assert outcome.is_error and f"{base}/cache/pip" in outcome.content[0]["text"], outcome.content
+    assert await made.run("rm ../cache/pip; mkdir ../cache/pip") == (0, "")
+    assert await inner.run(f"echo ok > {base}/linked/y") == (0, "")
+    assert await made.run("echo ok > build/x") == (0, "")
+    assert (base / "cache" / "pip" / "y").read_text() == "ok\n"
+
+
 async def test_mode_off_runs_unconfined_as_before(base: Path) -> None:
     made = Box(base, SandboxPolicy(mode="off"))
     outcome = await made.call(command=f"echo out > {base}/outside.txt")
