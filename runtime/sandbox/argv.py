@@ -11,8 +11,9 @@ and the `writable` folders are bound read-write.
 Mounts apply in order and a later one covers an earlier one, so they are sorted by depth: a
 folder's mount comes before the mounts of what lies inside it. That keeps a workspace under
 `/tmp` or under a hidden folder (the runtime's root, in tests) visible and writable, and a hidden
-folder inside the workspace (its `.subagents` root) hidden. On the same path the writable bind
-wins over hiding. A hidden folder is made read-only last, after the mount points inside it exist.
+folder inside the workspace (its `.subagents` root) hidden. On the same path a `writable` bind
+wins over hiding; a workspace there is refused (`--root .` would hand commands the store). A
+hidden folder is made read-only last, after the mount points inside it exist.
 
 `find_program` looks a command's program up as `execvp` will inside, before the box is made: a
 program that is missing, or hidden there (under a hidden folder, or in the outside `/tmp`), is an
@@ -97,14 +98,21 @@ def box_mounts(
 ) -> list[tuple[str, _Kind]]:
     """The box's mounts over its read-only `/`, in the order they apply (a later one covers an
     earlier one on the same path or above it). Raises `PolicyRefused` for a `type_writable`
-    path at or under a hidden one (or `/tmp`), and for a writable path that goes through a
-    symlink inside the workspace or another writable folder (`_bound`)."""
+    path at or under a hidden one (or `/tmp`), for a workspace that is a hidden path, and for a
+    writable path that goes through a symlink inside the workspace or another writable folder
+    (`_bound`)."""
     mounts: list[tuple[str, _Kind]] = [("/tmp", "tmp"), (_RUN, "hide")]
     if policy.network:
         mounts.append((_RESOLVER, "reveal"))
     for path in hidden_paths(policy, hidden=hidden, home=home, base=workspace):
         mounts.append((path, "hide"))
     covered = [path for path, kind in mounts if kind in ("tmp", "hide")]
+    real_workspace = _absolute(workspace, home, workspace)
+    if any(path == real_workspace for path, kind in mounts if kind == "hide"):  # `--root .`, say
+        raise PolicyRefused(
+            f"the workspace {real_workspace} is hidden in the sandbox (the store's root, or a secret):"
+            " bound writable, its commands would read and rewrite it; choose another workspace"
+        )
     folders = [_lexical(p, home, workspace) for p in (workspace, *policy.writable, *policy.type_writable)]
     for path in (workspace, *policy.writable):
         mounts.append((_bound(path, home, workspace, folders), "bind"))

@@ -294,6 +294,26 @@ async def test_a_workspace_under_the_hidden_root_stays_writable(base: Path) -> N
     assert (ws / ".subagents" / "index.sqlite3").read_text() == "index"
 
 
+async def test_a_workspace_that_is_the_hidden_root_is_refused(base: Path) -> None:
+    # `--root .` in the project: the workspace's writable bind would uncover the store (its logs,
+    # `index.sqlite3`) for commands to read and rewrite; so would a workspace at `~/.ssh`.
+    root = base / "root"
+    root.mkdir()
+    (root / "index.sqlite3").write_text("index")
+    (base / ".ssh").mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(base)}
+    sandbox = Sandbox(SandboxPolicy(), hidden=[str(root)], env=env)
+    ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+    for ws in (root, base / ".ssh"):
+        tools = ToolSet(workspace_tools(str(ws), sandbox=sandbox))
+        command = json.dumps({"command": "cat index.sqlite3; echo forged > index.sqlite3; echo ran > ran"})
+        outcome = await tools.execute("run_command", command, ctx)
+        assert outcome.error == {"name": "ToolFailure", "code": "SANDBOX_REFUSED"}, outcome.content
+        assert f"the workspace {ws} is hidden" in outcome.content[0]["text"], outcome.content
+        assert not (ws / "ran").exists()
+    assert (root / "index.sqlite3").read_text() == "index"
+
+
 async def test_extra_writable_folders_and_hidden_paths(base: Path) -> None:
     cache = base / "cache"
     cache.mkdir()
