@@ -10,6 +10,7 @@ command in the box.
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Mapping, Sequence
 
 import trio
@@ -83,7 +84,8 @@ class Sandbox:
             raise SandboxUnavailable(f"the sandbox is on but {probed.reason}: {FIX}")
         bwrap = probed.bwrap
         env = scrubbed_env(self.environment())
-        home = env.get("HOME")
+        # Without HOME (a service's environment) the secrets are still in the account's home.
+        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
         chosen = policy or self.policy
         # The sockets our environment names are hidden even though their variables are gone.
         hidden = (*self.hidden, *socket_paths(self.environment()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import tempfile
@@ -152,6 +153,27 @@ async def test_the_command_has_no_capabilities_to_undo_its_mounts(box: Box) -> N
     assert output.splitlines()[0] == "CapEff:\t0000000000000000", output
     assert "SQLite" not in output and "PRIVATE KEY" not in output, output
     assert not (box.tmp / "escaped").exists()
+
+
+async def test_without_home_in_the_environment_the_accounts_home_is_still_hidden(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A service started without HOME (a root systemd unit): the secrets are where the account's
+    # home folder is, whatever the environment says.
+    home = base / "account"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: SimpleNamespace(pw_dir=str(home)))
+    (base / "ws").mkdir()
+    sandbox = Sandbox(SandboxPolicy(), env={"PATH": os.environ["PATH"]})
+    tools = ToolSet(workspace_tools(str(base / "ws"), sandbox=sandbox))
+    ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+    command = json.dumps({"command": f"cat {home}/.ssh/id_ed25519; ls -A {home}/.ssh | wc -l"})
+    outcome = await tools.execute("run_command", command, ctx)
+    assert outcome.content[0]["text"].splitlines()[1:] == [
+        f"cat: {home}/.ssh/id_ed25519: No such file or directory",
+        "0",
+    ], outcome.content
 
 
 async def test_the_environment_carries_no_keys(box: Box) -> None:
