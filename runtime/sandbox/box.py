@@ -42,7 +42,9 @@ class Sandbox:
         by_type: Mapping[str, SandboxPolicy] | None = None,
     ) -> None:
         self.policy = policy
-        self.hidden = tuple(hidden)
+        # From the folder the runtime starts in (`--root ./.subagents`), not from the workspace
+        # the box reads relative paths from: the store's root may lie outside the workspace.
+        self.hidden = tuple(os.path.abspath(path) for path in hidden)
         self.by_type = dict(by_type or {})
         self._env = env
         self._probe: ProbeResult | None = None

@@ -156,6 +156,23 @@ def test_a_command_cannot_rewrite_the_projects_own_configuration(base: Path) -> 
     assert "sandbox" not in (project / ".subagents" / "agents" / "helper.md").read_text()
 
 
+def test_the_default_root_is_hidden_from_a_workspace_elsewhere(base: Path) -> None:
+    # `--root` defaults to `./.subagents`, relative to the folder the host starts in, not to
+    # the workspace: with `--workspace src` the store is `../.subagents` seen from the workspace.
+    project = base / "project"
+    (project / "src").mkdir(parents=True)
+    command = "ls -A ../.subagents | wc -l; ls ../.subagents/index.sqlite3"
+    script = {"agents": [{"responses": [{"tool_calls": [call("run_command", command=command)]}, {"text": "DONE"}]}]}
+    model = write_script(base / "s.json", script)
+    done = cli(project, "run", "--workspace", "src", "--model", model, "--json", "go", HOME=str(base / "home"))
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session_id"]
+    assert (project / ".subagents").is_dir()
+    shown = json.loads(cli(project, "show", "--json", session).stdout)
+    (result,) = [e["text"] for e in shown if e["type"] == "tool/result"]
+    assert result.splitlines()[1] == "0", result  # an empty folder
+
+
 def test_config_says_whether_the_sandbox_works_here_and_why_not(base: Path) -> None:
     done = cli(base, "config", "--json")
     values = {row["key"]: (row["value"], row["source"]) for row in json.loads(done.stdout)["values"]}
