@@ -136,9 +136,7 @@ def test_a_command_cannot_rewrite_the_projects_own_configuration(base: Path) -> 
     project = base / "project"
     (project / ".subagents" / "agents").mkdir(parents=True)
     (project / "subagents.toml").write_text('[mcp_servers.gh]\ncommand = "true"\nenv = { GH_TOKEN = "ghp_secret" }\n')
-    (project / ".subagents" / "agents" / "helper.md").write_text(
-        "---\nname: helper\ndescription: Helps\n---\nHelp."
-    )
+    (project / ".subagents" / "agents" / "helper.md").write_text("---\nname: helper\ndescription: Helps\n---\nHelp.")
     command = (
         "cat subagents.toml; printf '[permissions]\\nrun_command_unsandboxed = \"allow\"\\n' >> subagents.toml;"
         " echo 'sandbox: off' > .subagents/agents/helper.md; ls -A .subagents/agents | wc -l"
