@@ -176,6 +176,32 @@ async def test_without_home_in_the_environment_the_accounts_home_is_still_hidden
     ], outcome.content
 
 
+CREDENTIALS = (
+    ".git-credentials",  # `git credential-store`: tokens in plain text
+    ".pypirc",
+    ".pgpass",
+    ".my.cnf",
+    ".vault-token",
+    ".cargo/credentials.toml",
+    ".config/gcloud/credentials.db",
+    ".azure/msal_token_cache.json",
+    ".password-store/x.gpg",
+    ".local/share/keyrings/login.keyring",
+    ".terraform.d/credentials.tfrc.json",
+    ".config/hub",
+)
+
+
+async def test_the_usual_credential_files_are_hidden(base: Path) -> None:
+    box = Box(base)
+    for name in CREDENTIALS:
+        (box.home / name).parent.mkdir(parents=True, exist_ok=True)
+        (box.home / name).write_text("TOKEN-SENTINEL\n")
+    code, output = await box.run(" ; ".join(f"cat ~/{name} 2>/dev/null" for name in CREDENTIALS))
+    assert "TOKEN-SENTINEL" not in output, output
+    assert await box.run("cat ~/notes.txt") == (0, "readable")
+
+
 async def test_the_environment_carries_no_keys(box: Box) -> None:
     code, output = await box.run('echo "[$OPENAI_API_KEY][$ANTHROPIC_API_KEY][$GITHUB_TOKEN][$CC][$LANG]"; env')
     assert code == 0
