@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import trio
 
 from .argv import box_mounts, bwrap_argv, find_program
-from .environment import scrubbed_env, socket_paths
+from .environment import credential_files, scrubbed_env, socket_paths
 from .policy import SandboxPolicy
 from .probe import FIX, ProbeResult, probe_bwrap
 
@@ -89,8 +89,8 @@ class Sandbox:
         # Without HOME (a service's environment) the secrets are still in the account's home.
         home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
         chosen = policy or self.policy
-        # The sockets our environment names are hidden even though their variables are gone.
-        hidden = (*self.hidden, *socket_paths(self.environment()))
+        # The sockets and credential files our environment names are hidden (their variables may be gone).
+        hidden = (*self.hidden, *socket_paths(self.environment()), *credential_files(self.environment()))
 
         def build() -> list[str]:
             mounts = box_mounts(chosen, workspace=workspace, hidden=hidden, home=home)

@@ -202,6 +202,31 @@ async def test_the_usual_credential_files_are_hidden(base: Path) -> None:
     assert await box.run("cat ~/notes.txt") == (0, "readable")
 
 
+async def test_the_credential_files_our_environment_names_are_hidden(base: Path) -> None:
+    # The variable is removed (its name says credential) or kept (KUBECONFIG), the file would stay.
+    keys = base / "keys"
+    keys.mkdir()
+    named = {
+        "GOOGLE_APPLICATION_CREDENTIALS": "sa.json",
+        "AWS_SHARED_CREDENTIALS_FILE": "aws",
+        "PGPASSFILE": "pgpass",
+        "NETRC": "netrc",
+        "KUBECONFIG": "kube-a:{keys}/kube-b",
+        "DOCKER_CONFIG": "docker",
+        "CLOUDSDK_CONFIG": "gcloud",
+    }
+    env = {name: f"{keys}/{value.format(keys=keys)}" for name, value in named.items()}
+    for name in ("sa.json", "aws", "pgpass", "netrc", "kube-a", "kube-b"):
+        (keys / name).write_text("TOKEN-SENTINEL\n")
+    for name in ("docker", "gcloud"):
+        (keys / name).mkdir()
+        (keys / name / "config.json").write_text("TOKEN-SENTINEL\n")
+    made = Box(base, env=env)
+    code, output = await made.run(f"cat {keys}/* {keys}/*/* 2>&1; ls {keys}")
+    assert "TOKEN-SENTINEL" not in output, output
+    assert "kube-b" in output  # the folder around them stays readable
+
+
 async def test_the_environment_carries_no_keys(box: Box) -> None:
     code, output = await box.run('echo "[$OPENAI_API_KEY][$ANTHROPIC_API_KEY][$GITHUB_TOKEN][$CC][$LANG]"; env')
     assert code == 0
