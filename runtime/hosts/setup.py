@@ -15,7 +15,7 @@ import attrs
 
 from ..agent.compaction import CompactionPolicy
 from ..agent.loop import AgentConfig
-from ..config import Config, user_config_dir
+from ..config import PROJECT_FILE, Config, user_config_dir
 from ..delegation.agent_types import AgentType, AgentTypeProblem, agent_type_dirs, load_agent_types
 from ..delegation.options import ChildOptions
 from ..foundation.budgets import Budget
@@ -122,7 +122,8 @@ def host_setup(
 
     env = os.environ if env is None else env
     config = with_budget_flags(load_config(project_dir, flags=flags, env=env), budget_flags or {})
-    types, problems = load_agent_types(agent_type_dirs(project_dir, user_config_dir(env)))
+    type_dirs = agent_type_dirs(project_dir, user_config_dir(env))
+    types, problems = load_agent_types(type_dirs)
     workspace = None
     if config.workspace_tools:
         workspace = os.path.abspath(os.path.join(project_dir, config.workspace))
@@ -132,7 +133,10 @@ def host_setup(
             )
     # The decisions were checked when the file was read.
     policy = config.sandbox_policy()
-    policy = attrs.evolve(policy, readable_hidden=(*policy.readable_hidden, user_config_dir(env)))
+    # Commands never see our configuration: the user's, and the project's (in the workspace,
+    # where a command that rewrote it, or an agent type, would leave the box at the next start).
+    own = (user_config_dir(env), os.path.join(project_dir, PROJECT_FILE), *type_dirs)
+    policy = attrs.evolve(policy, readable_hidden=(*policy.readable_hidden, *map(os.path.abspath, own)))
     permissions = default_permissions(policy.on).with_rules(cast("Mapping[str, Decision]", config.permissions))
     if config.default_permission is not None:
         permissions = Permissions(permissions.rules, cast("Decision", config.default_permission))

@@ -3,15 +3,17 @@
 The box: the whole file system read-only (`--ro-bind / /`), a fresh `/dev` and `/proc`, a private
 `/tmp`, every namespace unshared (`--unshare-all`: no network unless the policy allows it, a PID
 namespace whose processes all die with the command), `--die-with-parent` (killing bwrap kills the
-box) and `--new-session` (no terminal to push keystrokes into). Secrets are covered: a hidden
-folder by an empty read-only tmpfs, a hidden file by `/dev/null`. The workspace and the
-`writable` folders are bound read-write.
+box), `--new-session` (no terminal to push keystrokes into) and `--cap-drop ALL` (run by root,
+bwrap would keep every capability inside, enough to unmount what hides a secret). Secrets are
+covered: a hidden folder by an empty read-only tmpfs, a hidden file by `/dev/null`. The workspace
+and the `writable` folders are bound read-write.
 
 Mounts apply in order and a later one covers an earlier one, so they are sorted by depth: a
 folder's mount comes before the mounts of what lies inside it. That keeps a workspace under
 `/tmp` or under a hidden folder (the runtime's root, in tests) visible and writable, and a hidden
-folder inside the workspace (its `.subagents` root) hidden. On the same path the writable bind
-wins over hiding. A hidden folder is made read-only last, after the mount points inside it exist.
+folder inside the workspace (its `.subagents` root) hidden. On the same path a `writable` bind
+wins over hiding; a workspace there is refused (`--root .` would hand commands the store). A
+hidden folder is made read-only last, after the mount points inside it exist.
 
 `find_program` looks a command's program up as `execvp` will inside, before the box is made: a
 program that is missing, or hidden there (under a hidden folder, or in the outside `/tmp`), is an
@@ -66,7 +68,9 @@ def bwrap_argv(
     argv = [bwrap, "--die-with-parent", "--unshare-all"]
     if policy.network:
         argv.append("--share-net")
-    argv += ["--new-session", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    # Run by root, bwrap keeps every capability inside unless told: the command could unmount
+    # what hides a secret, or remount `/` writable over the host's disk.
+    argv += ["--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     read_only: list[str] = []
     for path, kind in mounts:
         what = exists(path)
@@ -94,17 +98,26 @@ def box_mounts(
 ) -> list[tuple[str, _Kind]]:
     """The box's mounts over its read-only `/`, in the order they apply (a later one covers an
     earlier one on the same path or above it). Raises `PolicyRefused` for a `type_writable`
-    path at or under a hidden one (or `/tmp`)."""
+    path at or under a hidden one (or `/tmp`), for a workspace that is a hidden path, and for a
+    writable path that goes through a symlink inside the workspace or another writable folder
+    (`_bound`)."""
     mounts: list[tuple[str, _Kind]] = [("/tmp", "tmp"), (_RUN, "hide")]
     if policy.network:
         mounts.append((_RESOLVER, "reveal"))
     for path in hidden_paths(policy, hidden=hidden, home=home, base=workspace):
         mounts.append((path, "hide"))
     covered = [path for path, kind in mounts if kind in ("tmp", "hide")]
+    real_workspace = _absolute(workspace, home, workspace)
+    if any(path == real_workspace for path, kind in mounts if kind == "hide"):  # `--root .`, say
+        raise PolicyRefused(
+            f"the workspace {real_workspace} is hidden in the sandbox (the store's root, or a secret):"
+            " bound writable, its commands would read and rewrite it; choose another workspace"
+        )
+    folders = [_lexical(p, home, workspace) for p in (workspace, *policy.writable, *policy.type_writable)]
     for path in (workspace, *policy.writable):
-        mounts.append((_absolute(path, home, workspace), "bind"))
+        mounts.append((_bound(path, home, workspace, folders), "bind"))
     for written in policy.type_writable:
-        path = _absolute(written, home, workspace)
+        path = _bound(written, home, workspace, folders)
         over = next((c for c in covered if path == c or path.startswith(c.rstrip("/") + "/")), None)
         if over is not None:  # an agent type adds writable folders, never uncovers hidden ones
             raise PolicyRefused(f"the agent type's sandbox_writable {written!r} is at or under the hidden {over}")
@@ -154,10 +167,30 @@ def _visible(path: str, mounts: Sequence[tuple[str, _Kind]]) -> bool:
 
 
 def _absolute(path: str, home: str | None, base: str) -> str:
+    # Symlinks resolved: a mount lands on the real folder, and two spellings sort as one.
+    return os.path.realpath(_lexical(path, home, base))
+
+
+def _lexical(path: str, home: str | None, base: str) -> str:
     if home and (path == "~" or path.startswith("~/")):
         path = home + path[1:]
-    # Symlinks resolved: a mount lands on the real folder, and two spellings sort as one.
-    return os.path.realpath(os.path.join(base, path))
+    return os.path.normpath(os.path.join(base, path))
+
+
+def _bound(written: str, home: str | None, base: str, folders: Sequence[str]) -> str:
+    """The real path of the writable `written`. Raises `PolicyRefused` when its part inside
+    another folder the box writes (`folders`: the workspace, the writable ones) goes through a
+    symlink: a command could have pointed it anywhere (HOME, the store's root, `/`)."""
+    lexical = _lexical(written, home, base)
+    real = os.path.realpath(lexical)
+    for folder in folders:
+        if lexical != folder and lexical.startswith(folder.rstrip("/") + "/"):
+            if real != os.path.join(os.path.realpath(folder), lexical[len(folder.rstrip("/")) + 1 :]):
+                raise PolicyRefused(
+                    f"the writable {lexical} goes through a symlink inside the writable {folder}"
+                    f" (to {real}): a command may have made it; make it a real folder"
+                )
+    return real
 
 
 def _depth(path: str) -> int:

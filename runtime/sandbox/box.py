@@ -10,12 +10,13 @@ command in the box.
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Mapping, Sequence
 
 import trio
 
 from .argv import box_mounts, bwrap_argv, find_program
-from .environment import scrubbed_env, socket_paths
+from .environment import credential_files, scrubbed_env, socket_paths
 from .policy import SandboxPolicy
 from .probe import FIX, ProbeResult, probe_bwrap
 
@@ -41,7 +42,9 @@ class Sandbox:
         by_type: Mapping[str, SandboxPolicy] | None = None,
     ) -> None:
         self.policy = policy
-        self.hidden = tuple(hidden)
+        # From the folder the runtime starts in (`--root ./.subagents`), not from the workspace
+        # the box reads relative paths from: the store's root may lie outside the workspace.
+        self.hidden = tuple(os.path.abspath(path) for path in hidden)
         self.by_type = dict(by_type or {})
         self._env = env
         self._probe: ProbeResult | None = None
@@ -83,10 +86,11 @@ class Sandbox:
             raise SandboxUnavailable(f"the sandbox is on but {probed.reason}: {FIX}")
         bwrap = probed.bwrap
         env = scrubbed_env(self.environment())
-        home = env.get("HOME")
+        # Without HOME (a service's environment) the secrets are still in the account's home.
+        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
         chosen = policy or self.policy
-        # The sockets our environment names are hidden even though their variables are gone.
-        hidden = (*self.hidden, *socket_paths(self.environment()))
+        # The sockets and credential files our environment names are hidden (their variables may be gone).
+        hidden = (*self.hidden, *socket_paths(self.environment()), *credential_files(self.environment()))
 
         def build() -> list[str]:
             mounts = box_mounts(chosen, workspace=workspace, hidden=hidden, home=home)

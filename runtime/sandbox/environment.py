@@ -9,7 +9,7 @@ innocent name passes, which is why `readable_hidden` and the sandbox's files exi
 `socket_paths` reads the other side: where our environment says local daemons listen (an ssh or
 gpg agent, the session bus, docker, podman, the user's runtime folder). Removing the variable
 does not remove the socket, and a read-only mount does not stop `connect()` on it, so the box
-hides those paths too.
+hides those paths too; and `credential_files`, the key files it names (a cloud's, kubectl's).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-__all__ = ["is_secret_name", "scrubbed_env", "socket_paths"]
+__all__ = ["credential_files", "is_secret_name", "scrubbed_env", "socket_paths"]
 
 _SECRET = re.compile(
     r"API_?KEY|_KEY\Z|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL|\AAWS_|\ASUBAGENTS_|\APG|DATABASE_URL|\ASSH_AUTH_SOCK\Z"
@@ -54,4 +54,25 @@ def socket_paths(env: Mapping[str, str]) -> list[str]:
             key, _, value = option.partition("=")
             if key == "path":
                 found.append(value)
+    return [path for path in found if path.startswith("/")]
+
+
+# Variables naming a credential file or folder (KUBECONFIG: a list of files, `:`-separated).
+_CREDENTIAL_VARIABLES = (
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "PGPASSFILE",
+    "NETRC",
+    "KUBECONFIG",
+    "DOCKER_CONFIG",
+    "CLOUDSDK_CONFIG",
+    "AZURE_CONFIG_DIR",
+)
+
+
+def credential_files(env: Mapping[str, str]) -> list[str]:
+    """The absolute credential paths `env` names: to hide in the box (the variable may be
+    removed, the file would stay)."""
+    found = [path for name in _CREDENTIAL_VARIABLES for path in env.get(name, "").split(":")]
     return [path for path in found if path.startswith("/")]

@@ -47,8 +47,8 @@ def probe_bwrap(env: Mapping[str, str]) -> ProbeResult:
     bwrap = find_bwrap(env)
     if bwrap is None:
         return ProbeResult(False, None, "bwrap (bubblewrap) is not on PATH")
-    argv = [bwrap, "--die-with-parent", "--unshare-all", "--new-session", "--ro-bind", "/", "/"]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--", "true"]
+    argv = [bwrap, "--die-with-parent", "--unshare-all", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--", "true"]
     try:
         done = subprocess.run(
             argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=_PROBE_TIMEOUT, env=dict(env), check=False

@@ -17,6 +17,7 @@ from subagents.actors import Abort
 from ..foundation.errors import ToolFailure
 from ..foundation.json_values import JsonObject as Json
 from ..sandbox.box import Sandbox, SandboxUnavailable
+from ..sandbox.policy import PolicyRefused
 from .mcp_render import render_content
 from .mcp_spec import McpServerSpec
 
@@ -184,7 +185,7 @@ class McpConnection:
         folder = self.spec.cwd or self._workspace or os.getcwd()
         try:
             boxed, _ = await self._sandbox.wrap(argv, workspace=self._workspace or folder, cwd=folder)
-        except SandboxUnavailable as exc:
+        except (SandboxUnavailable, PolicyRefused) as exc:  # refused: a writable folder made a symlink
             raise _StartFailed(str(exc)) from None
         except OSError as exc:  # its program is missing, or hidden in the box
             raise _StartFailed(f"{argv[0]} cannot start in the sandbox: {exc.strerror or exc}") from None

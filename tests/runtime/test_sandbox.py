@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import tempfile
@@ -138,6 +139,92 @@ async def test_secrets_are_hidden(box: Box) -> None:
     code, output = await box.run(f"cat {box.store}/index.sqlite3")
     assert code != 0 and "No such file or directory" in output
     assert await box.run(f"cat {box.home}/notes.txt") == (0, "readable")  # the rest of HOME is readable
+
+
+async def test_the_command_has_no_capabilities_to_undo_its_mounts(box: Box) -> None:
+    # Run by root, bwrap keeps every capability inside unless told to drop them: the command
+    # could unmount what hides a secret, or remount `/` writable and write to the host's disk.
+    # The fixture's snapshot checks that nothing outside the workspace changed.
+    code, output = await box.run(
+        f"grep CapEff /proc/self/status; umount {box.store}; cat {box.store}/index.sqlite3;"
+        f" umount {box.home}/.ssh; cat {box.home}/.ssh/id_ed25519;"
+        f" mount -o remount,bind,rw / && touch {box.tmp}/escaped; mount -t tmpfs none {box.home}"
+    )
+    assert output.splitlines()[0] == "CapEff:\t0000000000000000", output
+    assert "SQLite" not in output and "PRIVATE KEY" not in output, output
+    assert not (box.tmp / "escaped").exists()
+
+
+async def test_without_home_in_the_environment_the_accounts_home_is_still_hidden(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A service started without HOME (a root systemd unit): the secrets are where the account's
+    # home folder is, whatever the environment says.
+    home = base / "account"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: SimpleNamespace(pw_dir=str(home)))
+    (base / "ws").mkdir()
+    sandbox = Sandbox(SandboxPolicy(), env={"PATH": os.environ["PATH"]})
+    tools = ToolSet(workspace_tools(str(base / "ws"), sandbox=sandbox))
+    ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+    command = json.dumps({"command": f"cat {home}/.ssh/id_ed25519; ls -A {home}/.ssh | wc -l"})
+    outcome = await tools.execute("run_command", command, ctx)
+    assert outcome.content[0]["text"].splitlines()[1:] == [
+        f"cat: {home}/.ssh/id_ed25519: No such file or directory",
+        "0",
+    ], outcome.content
+
+
+CREDENTIALS = (
+    ".git-credentials",  # `git credential-store`: tokens in plain text
+    ".pypirc",
+    ".pgpass",
+    ".my.cnf",
+    ".vault-token",
+    ".cargo/credentials.toml",
+    ".config/gcloud/credentials.db",
+    ".azure/msal_token_cache.json",
+    ".password-store/x.gpg",
+    ".local/share/keyrings/login.keyring",
+    ".terraform.d/credentials.tfrc.json",
+    ".config/hub",
+)
+
+
+async def test_the_usual_credential_files_are_hidden(base: Path) -> None:
+    box = Box(base)
+    for name in CREDENTIALS:
+        (box.home / name).parent.mkdir(parents=True, exist_ok=True)
+        (box.home / name).write_text("TOKEN-SENTINEL\n")
+    code, output = await box.run(" ; ".join(f"cat ~/{name} 2>/dev/null" for name in CREDENTIALS))
+    assert "TOKEN-SENTINEL" not in output, output
+    assert await box.run("cat ~/notes.txt") == (0, "readable")
+
+
+async def test_the_credential_files_our_environment_names_are_hidden(base: Path) -> None:
+    # The variable is removed (its name says credential) or kept (KUBECONFIG), the file would stay.
+    keys = base / "keys"
+    keys.mkdir()
+    named = {
+        "GOOGLE_APPLICATION_CREDENTIALS": "sa.json",
+        "AWS_SHARED_CREDENTIALS_FILE": "aws",
+        "PGPASSFILE": "pgpass",
+        "NETRC": "netrc",
+        "KUBECONFIG": "kube-a:{keys}/kube-b",
+        "DOCKER_CONFIG": "docker",
+        "CLOUDSDK_CONFIG": "gcloud",
+    }
+    env = {name: f"{keys}/{value.format(keys=keys)}" for name, value in named.items()}
+    for name in ("sa.json", "aws", "pgpass", "netrc", "kube-a", "kube-b"):
+        (keys / name).write_text("TOKEN-SENTINEL\n")
+    for name in ("docker", "gcloud"):
+        (keys / name).mkdir()
+        (keys / name / "config.json").write_text("TOKEN-SENTINEL\n")
+    made = Box(base, env=env)
+    code, output = await made.run(f"cat {keys}/* {keys}/*/* 2>&1; ls {keys}")
+    assert "TOKEN-SENTINEL" not in output, output
+    assert "kube-b" in output  # the folder around them stays readable
 
 
 async def test_the_environment_carries_no_keys(box: Box) -> None:
@@ -280,6 +367,26 @@ async def test_a_workspace_under_the_hidden_root_stays_writable(base: Path) -> N
     assert (ws / ".subagents" / "index.sqlite3").read_text() == "index"
 
 
+async def test_a_workspace_that_is_the_hidden_root_is_refused(base: Path) -> None:
+    # `--root .` in the project: the workspace's writable bind would uncover the store (its logs,
+    # `index.sqlite3`) for commands to read and rewrite; so would a workspace at `~/.ssh`.
+    root = base / "root"
+    root.mkdir()
+    (root / "index.sqlite3").write_text("index")
+    (base / ".ssh").mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(base)}
+    sandbox = Sandbox(SandboxPolicy(), hidden=[str(root)], env=env)
+    ctx = ToolContext(session_id="s-1", call_id="call-1", turn=1, step=1, abort=Abort())
+    for ws in (root, base / ".ssh"):
+        tools = ToolSet(workspace_tools(str(ws), sandbox=sandbox))
+        command = json.dumps({"command": "cat index.sqlite3; echo forged > index.sqlite3; echo ran > ran"})
+        outcome = await tools.execute("run_command", command, ctx)
+        assert outcome.error == {"name": "ToolFailure", "code": "SANDBOX_REFUSED"}, outcome.content
+        assert f"the workspace {ws} is hidden" in outcome.content[0]["text"], outcome.content
+        assert not (ws / "ran").exists()
+    assert (root / "index.sqlite3").read_text() == "index"
+
+
 async def test_extra_writable_folders_and_hidden_paths(base: Path) -> None:
     cache = base / "cache"
     cache.mkdir()
@@ -290,6 +397,38 @@ async def test_extra_writable_folders_and_hidden_paths(base: Path) -> None:
     assert code == 1 and output == f"cat: {private}: Permission denied"  # /dev/null covers it
     assert (cache / "x").read_text() == "hit\n"
     assert private.read_text() == "private\n"
+
+
+async def test_a_writable_folder_a_command_turns_into_a_symlink_is_refused(base: Path) -> None:
+    # `writable = ["build"]` is from the workspace, which the box writes: a command that makes
+    # `build` a symlink must not have the next command's box bind its target writable (HOME's
+    # start-up files, the store's root, `/` itself with the host's /dev).
+    made = Box(base, SandboxPolicy(writable=["build", "../cache"]))
+    (base / "cache").mkdir()
+    (base / "cache" / "pip").mkdir()
+    assert await made.run(f"ln -s {made.home} build") == (0, "")
+    for target in (made.home, made.store, Path("/")):
+        (made.ws / "build").unlink()  # refused from now on: the person must mend it
+        (made.ws / "build").symlink_to(target)
+        outcome = await made.call(command=f"touch {made.home}/.bashrc; cat {made.store}/index.sqlite3")
+        assert outcome.error == {"name": "ToolFailure", "code": "SANDBOX_REFUSED"}, outcome.content
+        text = outcome.content[0]["text"]
+        assert f"{made.ws}/build" in text and "symlink" in text, text
+        assert not (made.home / ".bashrc").exists()
+    (made.ws / "build").unlink()
+    (made.ws / "build").mkdir()
+    # The same under another writable folder (`../cache` is writable, `../cache/pip` too); a
+    # symlink outside every writable folder is the person's own, as configured, and followed.
+    (base / "inner").mkdir()
+    os.symlink(base / "cache" / "pip", base / "linked")
+    inner = Box(base / "inner", SandboxPolicy(writable=[f"{base}/cache", f"{base}/cache/pip", f"{base}/linked"]))
+    assert await made.run(f"rm -rf ../cache/pip; ln -s {made.home} ../cache/pip") == (0, "")
+    outcome = await inner.call(command="true")
+    assert outcome.is_error and f"{base}/cache/pip" in outcome.content[0]["text"], outcome.content
+    assert await made.run("rm ../cache/pip; mkdir ../cache/pip") == (0, "")
+    assert await inner.run(f"echo ok > {base}/linked/y") == (0, "")
+    assert await made.run("echo ok > build/x") == (0, "")
+    assert (base / "cache" / "pip" / "y").read_text() == "ok\n"
 
 
 async def test_mode_off_runs_unconfined_as_before(base: Path) -> None:

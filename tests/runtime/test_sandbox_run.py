@@ -129,6 +129,48 @@ def test_a_child_of_a_type_that_turns_the_sandbox_off_is_refused_under_run(base:
     assert not (project / "ran").exists()
 
 
+def test_a_command_cannot_rewrite_the_projects_own_configuration(base: Path) -> None:
+    # The workspace is the project: a command that rewrote its `subagents.toml` or an agent
+    # type (`sandbox: off`, `sandbox_writable: [~]`) would leave the box at the next start, and
+    # the file may hold an MCP server's token. Both are hidden, as the user's config folder is.
+    project = base / "project"
+    (project / ".subagents" / "agents").mkdir(parents=True)
+    (project / "subagents.toml").write_text('[mcp_servers.gh]\ncommand = "true"\nenv = { GH_TOKEN = "ghp_secret" }\n')
+    (project / ".subagents" / "agents" / "helper.md").write_text("---\nname: helper\ndescription: Helps\n---\nHelp.")
+    command = (
+        "cat subagents.toml; printf '[permissions]\\nrun_command_unsandboxed = \"allow\"\\n' >> subagents.toml;"
+        " echo 'sandbox: off' > .subagents/agents/helper.md; ls -A .subagents/agents | wc -l"
+    )
+    script = {"agents": [{"responses": [{"tool_calls": [call("run_command", command=command)]}, {"text": "DONE"}]}]}
+    model = write_script(base / "s.json", script)
+    root = base / "root"
+    done = cli(project, "run", "--root", str(root), "--model", model, "--json", "go", HOME=str(base / "home"))
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session_id"]
+    shown = json.loads(cli(project, "show", "--root", str(root), "--json", session).stdout)
+    (result,) = [e["text"] for e in shown if e["type"] == "tool/result"]
+    assert "ghp_secret" not in result, result
+    assert (project / "subagents.toml").read_text().count("[") == 1  # unchanged
+    assert "sandbox" not in (project / ".subagents" / "agents" / "helper.md").read_text()
+
+
+def test_the_default_root_is_hidden_from_a_workspace_elsewhere(base: Path) -> None:
+    # `--root` defaults to `./.subagents`, relative to the folder the host starts in, not to
+    # the workspace: with `--workspace src` the store is `../.subagents` seen from the workspace.
+    project = base / "project"
+    (project / "src").mkdir(parents=True)
+    command = "ls -A ../.subagents | wc -l; ls ../.subagents/index.sqlite3"
+    script = {"agents": [{"responses": [{"tool_calls": [call("run_command", command=command)]}, {"text": "DONE"}]}]}
+    model = write_script(base / "s.json", script)
+    done = cli(project, "run", "--workspace", "src", "--model", model, "--json", "go", HOME=str(base / "home"))
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session_id"]
+    assert (project / ".subagents").is_dir()
+    shown = json.loads(cli(project, "show", "--json", session).stdout)
+    (result,) = [e["text"] for e in shown if e["type"] == "tool/result"]
+    assert result.splitlines()[1] == "0", result  # an empty folder
+
+
 def test_config_says_whether_the_sandbox_works_here_and_why_not(base: Path) -> None:
     done = cli(base, "config", "--json")
     values = {row["key"]: (row["value"], row["source"]) for row in json.loads(done.stdout)["values"]}

@@ -71,11 +71,13 @@ def argv_for(workspace: str, hidden: list[str], policy: SandboxPolicy | None = N
 
 def test_the_head_and_the_tail_of_the_argv() -> None:
     argv = argv_for("/srv/ws", [])
-    assert argv[:12] == [
+    assert argv[:14] == [
         "/usr/bin/bwrap",
         "--die-with-parent",
         "--unshare-all",
         "--new-session",
+        "--cap-drop",
+        "ALL",
         "--ro-bind",
         "/",
         "/",
@@ -168,8 +170,14 @@ def test_mounts_go_in_depth_order(workspace: str, hidden: list[str], expected: l
 
 
 def test_the_same_path_writable_and_hidden_is_writable() -> None:
-    got = mounts(argv_for("/srv/ws", ["/srv/ws"]))
-    assert got.index(("--tmpfs", "/srv/ws")) < got.index(("--bind", "/srv/ws", "/srv/ws"))
+    got = mounts(argv_for("/srv/ws", ["/data/root"], SandboxPolicy(writable=["/data/root"])))
+    assert got.index(("--tmpfs", "/data/root")) < got.index(("--bind", "/data/root", "/data/root"))
+
+
+def test_a_workspace_at_a_hidden_path_is_refused() -> None:
+    # Not written by a person as `writable` is: `--root .` would hand commands the store.
+    with pytest.raises(PolicyRefused, match="the workspace /srv/ws is hidden in the sandbox"):
+        argv_for("/srv/ws", ["/srv/ws"])
 
 
 def test_policy_paths_home_relative_and_missing() -> None:
